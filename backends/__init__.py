@@ -1,0 +1,46 @@
+"""Tuning backends by name; each imports its heavy framework only when used."""
+
+from __future__ import annotations
+
+import importlib
+
+from backends.base import Backend, Budget, Progress, ProgressFn, Runnable, SearchResult, Trial
+from tunecache.errors import InvalidInput
+
+# name -> "module:Class"; modules are imported on first use so `import backends` stays light.
+_REGISTRY: dict[str, str] = {
+    "tvm": "backends.tvm:TVMBackend",
+    "inductor": "backends.inductor:InductorBackend",
+}
+
+
+def get_backend(name: str) -> Backend:
+    """A fresh instance of the backend called ``name``.
+
+    Raises:
+        InvalidInput: no backend has that name.
+    """
+    try:
+        target = _REGISTRY[name]
+    except KeyError:
+        raise InvalidInput(f"unknown backend {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+    module, _, cls = target.partition(":")
+    backend: Backend = getattr(importlib.import_module(module), cls)()
+    return backend
+
+
+def backend_names() -> tuple[str, ...]:
+    return tuple(sorted(_REGISTRY))
+
+
+__all__ = [
+    "Backend",
+    "Budget",
+    "Progress",
+    "ProgressFn",
+    "Runnable",
+    "SearchResult",
+    "Trial",
+    "backend_names",
+    "get_backend",
+]

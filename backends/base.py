@@ -1,0 +1,107 @@
+"""The backend interface: a generic engine that searches and builds kernels for any workload.
+
+A backend knows no kernel math. Given a workload, a problem and a dtype it can
+
+* ``search`` the configuration space under a :class:`Budget` and report every trial, and
+* ``build`` a runnable for any config it produced (or the workload's default config).
+
+A runnable takes the workload's CPU input tensors and returns a fresh output tensor.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+    from workloads.base import Workload
+
+Runnable = Callable[..., "torch.Tensor"]
+TrialStatus = Literal["ok", "invalid", "compile_error", "runtime_error", "timeout", "wrong_answer"]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much search a tuning run may spend."""
+
+    trials: int = 32
+    seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.trials < 1:
+            raise ValueError(f"budget trials must be >= 1, got {self.trials}")
+        if self.seconds is not None and self.seconds <= 0:
+            raise ValueError(f"budget seconds must be > 0, got {self.seconds}")
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One candidate the search evaluated; ``time_ms`` is set exactly when ``status == 'ok'``."""
+
+    config: Mapping[str, Any]
+    status: TrialStatus
+    time_ms: float | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A progress report from a running search."""
+
+    done: int
+    total: int
+    best_ms: float | None = None
+    message: str = ""
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+@dataclass
+class SearchResult:
+    """What a search found: the best config, every trial, and (optionally) its built runnable."""
+
+    config: dict[str, Any]
+    trials: list[Trial]
+    strategy: str
+    seconds: float
+    runnable: Runnable | None = None
+    ranked: list[dict[str, Any]] = field(default_factory=list)  # next-best configs, best first
+
+
+class Backend(abc.ABC):
+    """A tuning backend (``tvm``, ``inductor``, later ``triton``)."""
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def unavailable_reason(self) -> str | None:
+        """Why this backend cannot run here (a missing package, no GPU), or ``None``."""
+
+    @abc.abstractmethod
+    def search(
+        self,
+        workload: Workload,
+        problem: Mapping[str, int],
+        dtype: str,
+        budget: Budget,
+        *,
+        workdir: Path,
+        progress: ProgressFn | None = None,
+    ) -> SearchResult:
+        """Searches the config space of ``workload`` at ``problem`` and returns the best config."""
+
+    @abc.abstractmethod
+    def build(
+        self, workload: Workload, problem: Mapping[str, int], dtype: str, config: Mapping[str, Any]
+    ) -> Runnable:
+        """A runnable for ``config`` (a config ``search`` returned, or the default config)."""
+
+    @abc.abstractmethod
+    def summarize(self, config: Mapping[str, Any]) -> str:
+        """The config in a few words, for tables (``tiles i=4x8 j=16 k=8, vec 16, par 2``)."""

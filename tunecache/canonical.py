@@ -1,0 +1,56 @@
+"""Canonical JSON and the hashes built on it.
+
+Keys and configs are hashed as canonical JSON — sorted keys, no whitespace, UTF-8, integers kept as
+integers — never as ``repr()``, so a hash computed by the client in one process equals the hash the
+tuner computed in another, on another machine, in another Python version.
+
+Example:
+    >>> canonical_json({"b": 1, "a": [1, 2.5]})
+    '{"a":[1,2.5],"b":1}'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+from tunecache.errors import InvalidInput
+
+JSONValue = None | bool | int | float | str | list["JSONValue"] | dict[str, "JSONValue"]
+
+
+def _check(value: Any, path: str) -> None:
+    if value is None or isinstance(value, bool | int | str):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidInput(f"{path}: non-finite float {value!r} has no canonical JSON form")
+        return
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check(item, f"{path}[{i}]")
+        return
+    if isinstance(value, dict):
+        for k, item in value.items():
+            if not isinstance(k, str):
+                raise InvalidInput(f"{path}: object key {k!r} is not a string")
+            _check(item, f"{path}.{k}")
+        return
+    raise InvalidInput(f"{path}: {type(value).__name__} is not JSON data")
+
+
+def canonical_json(value: Any) -> str:
+    """Serialises JSON data canonically: sorted keys, compact separators, no NaN.
+
+    Raises:
+        InvalidInput: ``value`` holds something that is not plain JSON data.
+    """
+    _check(value, "$")
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def digest(value: Any) -> str:
+    """The SHA-256 hex digest of ``value``'s canonical JSON."""
+    return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()

@@ -1,0 +1,242 @@
+"""Wire schemas shared by the client, the tuner and the cache server.
+
+Naming follows the FastAPI template: ``XCreate`` is what a client sends, ``XPublic`` what the server
+returns. Every model forbids unknown fields and bounds its sizes, so a malformed or oversized upload
+is a 4xx with a reason, never a 5xx.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tunecache.canonical import canonical_json
+from tunecache.errors import InvalidInput
+from tunecache.key import BACKENDS, DTYPES, Key, check_problem
+
+MAX_TRIALS = 20_000
+MAX_CHECKS = 256
+MAX_CONFIG_BYTES = 256 * 1024
+
+Backend = Literal["triton", "tvm", "inductor"]
+assert set(BACKENDS) == {"triton", "tvm", "inductor"}
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$")]
+ShortText = Annotated[str, Field(max_length=512)]
+Millis = Annotated[float, Field(gt=0, lt=1e9, allow_inf_nan=False)]
+JSONObject = dict[str, Any]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_config(value: JSONObject) -> JSONObject:
+    try:
+        size = len(canonical_json(value).encode())
+    except InvalidInput as exc:
+        raise ValueError(str(exc)) from None
+    if size > MAX_CONFIG_BYTES:
+        raise ValueError(f"config is {size} bytes; the limit is {MAX_CONFIG_BYTES}")
+    return value
+
+
+class DeviceModel(_Strict):
+    kind: Literal["cpu", "cuda", "rocm"]
+    arch: Name
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    units: Annotated[int, Field(ge=1, le=1_000_000)]
+    memory_gb: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    flags: Annotated[list[Name], Field(max_length=64)] = []
+
+
+class KeyModel(_Strict):
+    """A :class:`tunecache.key.Key` on the wire."""
+
+    schema_: Annotated[int, Field(alias="schema")] = 1
+    kernel: Name
+    source_hash: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[0-9a-f]+$")]
+    backend: Backend
+    problem: dict[str, int | bool | str]
+    dtype: str
+    device: DeviceModel
+    environment: Annotated[dict[str, Annotated[str, Field(max_length=64)]], Field(max_length=16)]
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("dtype")
+    @classmethod
+    def _known_dtype(cls, value: str) -> str:
+        if value not in DTYPES:
+            raise ValueError(f"unknown dtype {value!r}; expected one of {DTYPES}")
+        return value
+
+    @field_validator("problem")
+    @classmethod
+    def _valid_problem(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if len(value) > 32:
+            raise ValueError("problem has more than 32 parameters")
+        try:
+            return check_problem(value)
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
+
+    @classmethod
+    def from_key(cls, key: Key) -> KeyModel:
+        return cls.model_validate(key.to_json())
+
+    def to_key(self) -> Key:
+        return Key.from_json(self.model_dump(by_alias=True))
+
+    def digest(self) -> str:
+        return self.to_key().digest()
+
+
+class TimingModel(_Strict):
+    """A timing: median of ``repeats`` runs after ``warmup`` runs, with its spread."""
+
+    median_ms: Millis
+    min_ms: Millis
+    max_ms: Millis
+    iqr_ms: Annotated[float, Field(ge=0, lt=1e9, allow_inf_nan=False)] = 0.0
+    repeats: Annotated[int, Field(ge=1, le=1_000_000)]
+    warmup: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    timer: Annotated[str, Field(max_length=64)] = "perf_counter"
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TimingModel:
+        if not self.min_ms <= self.median_ms <= self.max_ms:
+            raise ValueError("timing must satisfy min_ms <= median_ms <= max_ms")
+        return self
+
+
+class CheckModel(_Strict):
+    """One comparison of a candidate's output with the float64 golden reference."""
+
+    problem: dict[str, int | bool | str]
+    seed: Annotated[int, Field(ge=0)]
+    rel_error: Annotated[float, Field(ge=0)]  # ‖out − ref‖ / ‖ref‖; inf when NaN or unwritten
+    max_abs_error: Annotated[float, Field(ge=0)]
+    tolerance: Annotated[float, Field(gt=0)]
+    passed: bool
+    note: ShortText = ""
+
+
+class ValidationReport(_Strict):
+    """How a winner was checked against the golden reference."""
+
+    passed: bool
+    tolerance: Annotated[float, Field(gt=0)]
+    max_rel_error: Annotated[float, Field(ge=0)]
+    checks: Annotated[list[CheckModel], Field(min_length=1, max_length=MAX_CHECKS)]
+    reference: Annotated[str, Field(max_length=128)] = "float64"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ValidationReport:
+        if self.passed and not all(c.passed for c in self.checks):
+            raise ValueError("validation.passed is true but a check failed")
+        worst = max(c.rel_error for c in self.checks)
+        if not math.isclose(worst, self.max_rel_error, rel_tol=1e-9, abs_tol=1e-300):
+            raise ValueError("validation.max_rel_error is not the worst check's rel_error")
+        return self
+
+
+TrialStatus = Literal["ok", "invalid", "compile_error", "runtime_error", "timeout", "wrong_answer"]
+
+
+class TrialModel(_Strict):
+    """One evaluated candidate of a search."""
+
+    config: JSONObject
+    status: TrialStatus
+    time_ms: Millis | None = None
+    error: Annotated[str, Field(max_length=2048)] = ""
+
+    _config_size = field_validator("config")(_check_config)
+
+    @model_validator(mode="after")
+    def _time_iff_ok(self) -> TrialModel:
+        if (self.status == "ok") != (self.time_ms is not None):
+            raise ValueError("a trial has time_ms exactly when its status is 'ok'")
+        return self
+
+
+class SearchModel(_Strict):
+    """How the winner was found."""
+
+    strategy: Annotated[str, Field(max_length=64)]
+    trials: Annotated[int, Field(ge=0, le=10_000_000)]
+    seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class BaselineModel(_Strict):
+    name: Annotated[str, Field(max_length=64)]  # "torch_eager", "default_config", "cublas"
+    timing: TimingModel
+
+
+class Provenance(_Strict):
+    machine: Annotated[str, Field(max_length=255)] = ""
+    tool_version: Annotated[str, Field(max_length=64)] = ""
+    device_raw_name: Annotated[str, Field(max_length=255)] = ""
+
+
+class RecordCreate(_Strict):
+    """A tuning result as uploaded by a tuner."""
+
+    key: KeyModel
+    config: JSONObject
+    config_summary: Annotated[str, Field(max_length=256)] = ""
+    timing: TimingModel
+    baselines: Annotated[list[BaselineModel], Field(max_length=16)] = []
+    validation: ValidationReport
+    search: SearchModel
+    trials: Annotated[list[TrialModel], Field(max_length=MAX_TRIALS)] = []
+    provenance: Provenance = Provenance()
+
+    _config_size = field_validator("config")(_check_config)
+
+
+class RecordPublic(RecordCreate):
+    """A stored record as the server returns it."""
+
+    id: int
+    key_hash: str
+    created_at: datetime
+    is_winner: bool = False
+
+    def speedup(self, baseline: str = "torch_eager") -> float | None:
+        """Baseline median / winner median, or ``None`` without that baseline."""
+        for b in self.baselines:
+            if b.name == baseline:
+                return b.timing.median_ms / self.timing.median_ms
+        return None
+
+
+class UploadResult(_Strict):
+    record_id: int
+    key_hash: str
+    winner_record_id: int | None
+    is_winner: bool
+
+
+class LookupRequest(_Strict):
+    key: KeyModel
+
+
+class LookupResponse(_Strict):
+    record: RecordPublic
+    match: Literal["exact"] = "exact"
+
+
+class RecordList(_Strict):
+    items: list[RecordPublic]
+    count: int
+
+
+class Health(_Strict):
+    status: Literal["ok"] = "ok"
+    database: str
+    records: int
+    version: str
