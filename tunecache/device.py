@@ -7,7 +7,8 @@ name, SM or core count, memory). Marketing names are unstable (``NVIDIA H100 80G
 Reading the fingerprint never imports torch on a CPU; the CUDA path uses torch only when asked.
 
 Example:
-    >>> fp = cpu_fingerprint(cpuinfo="model name : Intel Xeon\\nflags : fpu avx avx2 fma\\n", cores=2)
+    >>> info = "model name : Intel Xeon\\nflags : fpu avx avx2 fma\\n"
+    >>> fp = cpu_fingerprint(cpuinfo=info, cores=2)
     >>> fp.arch, fp.name
     ('cpu-avx2', 'intel-xeon')
 """
@@ -31,7 +32,10 @@ _ARM_FLAGS = ("asimd", "asimdhp", "sve", "sve2", "bf16", "i8mm")
 
 
 def normalise_name(raw: str) -> str:
-    """Lower-case, vendor prefix and punctuation dropped: ``NVIDIA H100 80GB HBM3`` → ``h100-80gb-hbm3``."""
+    """Lower-cased, vendor and punctuation dropped.
+
+    ``NVIDIA H100 80GB HBM3`` → ``h100-80gb-hbm3``.
+    """
     name = raw.lower()
     name = re.sub(r"\((r|tm)\)|\bcpu\b|@.*$", " ", name)
     name = re.sub(r"^\s*(nvidia|amd)\s+", "", name)

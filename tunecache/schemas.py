@@ -117,8 +117,9 @@ class CheckModel(_Strict):
 
     problem: dict[str, int | bool | str]
     seed: Annotated[int, Field(ge=0)]
-    rel_error: Annotated[float, Field(ge=0)]  # ‖out − ref‖ / ‖ref‖; inf when NaN or unwritten
-    max_abs_error: Annotated[float, Field(ge=0)]
+    # ‖out − ref‖ / ‖ref‖; None when the output could not be compared (NaN, crash, wrong shape).
+    rel_error: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None
+    max_abs_error: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None
     tolerance: Annotated[float, Field(gt=0)]
     passed: bool
     note: ShortText = ""
@@ -129,7 +130,7 @@ class ValidationReport(_Strict):
 
     passed: bool
     tolerance: Annotated[float, Field(gt=0)]
-    max_rel_error: Annotated[float, Field(ge=0)]
+    max_rel_error: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None
     checks: Annotated[list[CheckModel], Field(min_length=1, max_length=MAX_CHECKS)]
     reference: Annotated[str, Field(max_length=128)] = "float64"
 
@@ -137,8 +138,13 @@ class ValidationReport(_Strict):
     def _consistent(self) -> ValidationReport:
         if self.passed and not all(c.passed for c in self.checks):
             raise ValueError("validation.passed is true but a check failed")
-        worst = max(c.rel_error for c in self.checks)
-        if not math.isclose(worst, self.max_rel_error, rel_tol=1e-9, abs_tol=1e-300):
+        errors = [c.rel_error for c in self.checks]
+        worst = None if None in errors else max(e for e in errors if e is not None)
+        if (worst is None) != (self.max_rel_error is None) or (
+            worst is not None
+            and self.max_rel_error is not None
+            and not math.isclose(worst, self.max_rel_error, rel_tol=1e-9, abs_tol=1e-300)
+        ):
             raise ValueError("validation.max_rel_error is not the worst check's rel_error")
         return self
 

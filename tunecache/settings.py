@@ -1,14 +1,9 @@
 """Every environment variable tunecache reads, in one place.
 
-==========================  =====================================================  ===============
-variable                    meaning                                                default
-==========================  =====================================================  ===============
-``TUNECACHE_URL``           cache server the client and CLI talk to                ``http://127.0.0.1:8765``
-``TUNECACHE_TIMEOUT``       seconds a run-time lookup may take before falling back  ``0.5``
-``TUNECACHE_DB``            database URL for ``tunecache serve``                   SQLite file in the user cache dir
-``TUNECACHE_HOST``          address ``tunecache serve`` binds                      ``127.0.0.1``
-``TUNECACHE_PORT``          port ``tunecache serve`` binds                         ``8765``
-==========================  =====================================================  ===============
+- ``TUNECACHE_URL``: the cache server the client and CLI talk to (``http://127.0.0.1:8765``)
+- ``TUNECACHE_TIMEOUT``: seconds a run-time lookup may take before falling back (``0.5``)
+
+The server's own settings (``TUNECACHE_SERVER_*``) are in :mod:`cache_server.settings`.
 
 A bad value raises :class:`ValueError` naming the variable.
 """
@@ -37,9 +32,6 @@ class Settings:
 
     url: str = f"http://127.0.0.1:{DEFAULT_PORT}"
     timeout: float = 0.5
-    db: str | None = None
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -59,20 +51,14 @@ class Settings:
                 value = kind(raw)
             except ValueError:
                 raise ValueError(f"{name}={raw!r} is not a {kind.__name__}") from None
-            if value <= 0:
+            if not value > 0:
                 raise ValueError(f"{name}={raw!r} must be positive")
             return value
 
         url = env.get("TUNECACHE_URL") or defaults.url
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"TUNECACHE_URL={url!r} must start with http:// or https://")
-        port = int(number("TUNECACHE_PORT", defaults.port, int))
-        if port > 65535:
-            raise ValueError(f"TUNECACHE_PORT={port} is not a TCP port")
         return cls(
             url=url.rstrip("/"),
             timeout=number("TUNECACHE_TIMEOUT", defaults.timeout, float),
-            db=env.get("TUNECACHE_DB") or None,
-            host=env.get("TUNECACHE_HOST") or defaults.host,
-            port=port,
         )

@@ -1,0 +1,92 @@
+"""Records: upload a tuning result, look a key up, list and read records."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, status
+
+from cache_server import queries
+from cache_server.api.deps import SessionDep, SettingsDep
+from tunecache.schemas import (
+    Backend,
+    LookupRequest,
+    LookupResponse,
+    RecordCreate,
+    RecordList,
+    RecordPublic,
+    UploadResult,
+)
+
+router = APIRouter(prefix="/v1", tags=["records"])
+
+
+@router.post("/records", status_code=status.HTTP_201_CREATED)
+def upload_record(record: RecordCreate, session: SessionDep) -> UploadResult:
+    """Stores a tuning result with all its trials.
+
+    The key's winner becomes this record only if it passed validation and is strictly faster than
+    the current winner; the answer says which record is the winner now.
+    """
+    key_hash = record.key.digest()
+    record_id, winner = queries.add_record(session, key_hash=key_hash, record=record)
+    return UploadResult(
+        record_id=record_id,
+        key_hash=key_hash,
+        winner_record_id=winner,
+        is_winner=winner == record_id,
+    )
+
+
+@router.post("/lookup", responses={404: {"description": "no validated record for this key"}})
+def lookup(request: LookupRequest, session: SessionDep) -> LookupResponse:
+    """The validated winner of exactly this key (404 on a miss)."""
+    key_hash = request.key.digest()
+    record = queries.get_winner(session, key_hash=key_hash)
+    if record is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no validated record for key {key_hash}")
+    return LookupResponse(record=record)
+
+
+@router.get("/records")
+def list_records(
+    session: SessionDep,
+    settings: SettingsDep,
+    kernel: str | None = None,
+    backend: Backend | None = None,
+    dtype: str | None = None,
+    device_arch: str | None = None,
+    key_hash: Annotated[str | None, Query(pattern=r"^[0-9a-f]{64}$")] = None,
+    validated: bool | None = None,
+    winners_only: bool = False,
+    limit: Annotated[int, Query(ge=1)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> RecordList:
+    """Records matching every given filter, newest first (trials are left out)."""
+    if limit > settings.list_limit:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_ENTITY,
+            f"limit {limit} is over the server's maximum of {settings.list_limit}",
+        )
+    items, total = queries.list_records(
+        session,
+        kernel=kernel,
+        backend=backend,
+        dtype=dtype,
+        device_arch=device_arch,
+        key_hash=key_hash,
+        validated=validated,
+        winners_only=winners_only,
+        limit=limit,
+        offset=offset,
+    )
+    return RecordList(items=items, count=total)
+
+
+@router.get("/records/{record_id}", responses={404: {"description": "no such record"}})
+def get_record(record_id: int, session: SessionDep) -> RecordPublic:
+    """One record with every trial of its search."""
+    record = queries.get_record(session, record_id=record_id)
+    if record is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no record {record_id}")
+    return record

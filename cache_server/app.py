@@ -1,0 +1,57 @@
+"""The FastAPI application factory.
+
+Example:
+    >>> from cache_server.app import create_app
+    >>> from cache_server.settings import ServerSettings
+    >>> app = create_app(ServerSettings(db="sqlite:///tunecache.db"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from cache_server.api.limits import BodySizeLimit
+from cache_server.api.routes import health, records
+from cache_server.db import make_engine, make_sessionmaker
+from cache_server.migrate import check_schema
+from cache_server.settings import ServerSettings
+from tunecache import __version__
+from tunecache.errors import InvalidInput
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: ServerSettings | None = None) -> FastAPI:
+    """A cache server app on ``settings.db``; it refuses to start on an outdated schema."""
+    settings = settings or ServerSettings()
+    engine = make_engine(settings.db)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        check_schema(engine)
+        logger.info("serving %s", engine.url.render_as_string(hide_password=True))
+        yield
+        engine.dispose()
+
+    app = FastAPI(
+        title="tunecache",
+        version=__version__,
+        summary="Validated kernel tuning results, served by key.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.sessionmaker = make_sessionmaker(engine)
+    app.include_router(health.router)
+    app.include_router(records.router)
+
+    @app.exception_handler(InvalidInput)
+    async def invalid_input(_request: Request, exc: InvalidInput) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body)
+    return app

@@ -1,0 +1,66 @@
+"""An in-process cache server: uvicorn on a loopback port in a background thread.
+
+Example:
+    >>> with EmbeddedServer("sqlite:///demo.db") as server:  # doctest: +SKIP
+    ...     server.url
+    'http://127.0.0.1:54321'
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+
+from cache_server.app import create_app
+from cache_server.migrate import upgrade
+from cache_server.settings import ServerSettings
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class EmbeddedServer:
+    """Migrates ``db`` to the head revision and serves it until the context exits."""
+
+    def __init__(self, db: str, *, host: str = "127.0.0.1", port: int | None = None) -> None:
+        self.db = db
+        self.host = host
+        self.port = port or free_port(host)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        upgrade(self.db)
+        app = create_app(ServerSettings(db=self.db))
+        config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name="tunecache-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"embedded server on {self.url} did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> EmbeddedServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,55 @@
+"""Schema management through Alembic only: upgrade, and the start-up check.
+
+The server never calls ``create_all``: it refuses to start unless the database is at the head
+revision, and names the command that upgrades it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+
+from cache_server import SchemaOutdated
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+UPGRADE_COMMAND = "tunecache db upgrade --db {url}"
+
+
+def alembic_config(url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Brings the database at ``url`` to ``revision`` (creating it when empty)."""
+    command.upgrade(alembic_config(url), revision)
+
+
+def check_schema(engine: Engine) -> None:
+    """Raises :class:`SchemaOutdated` unless the database is at the head revision."""
+    current, head = current_revision(engine), head_revision()
+    if current != head:
+        url = engine.url.render_as_string(hide_password=True)
+        state = "has no tunecache schema" if current is None else f"is at revision {current}"
+        raise SchemaOutdated(
+            f"the database {state}; this server needs revision {head}. "
+            f"Run: {UPGRADE_COMMAND.format(url=url)}"
+        )

@@ -1,0 +1,71 @@
+"""SQLAlchemy 2.0 models: every uploaded record, its trials, and the winner of each key."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class RecordRow(Base):
+    """One uploaded tuning result (validated or not), with the key's columns for filtering."""
+
+    __tablename__ = "records"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key_hash: Mapped[str] = mapped_column(String(64), index=True)
+    kernel: Mapped[str] = mapped_column(String(128))
+    backend: Mapped[str] = mapped_column(String(16))
+    dtype: Mapped[str] = mapped_column(String(32))
+    device_arch: Mapped[str] = mapped_column(String(128))
+    device_name: Mapped[str] = mapped_column(String(128))
+    key: Mapped[dict[str, Any]]
+    config: Mapped[dict[str, Any]]
+    config_summary: Mapped[str] = mapped_column(String(256), default="")
+    time_ms: Mapped[float] = mapped_column(Float)
+    timing: Mapped[dict[str, Any]]
+    baselines: Mapped[list[Any]]
+    validated: Mapped[bool] = mapped_column(Boolean)
+    max_rel_error: Mapped[float | None] = mapped_column(Float, nullable=True)
+    validation: Mapped[dict[str, Any]]
+    search: Mapped[dict[str, Any]]
+    provenance: Mapped[dict[str, Any]]
+    trial_count: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (Index("ix_records_kernel_backend_dtype", "kernel", "backend", "dtype"),)
+
+
+class TrialRow(Base):
+    """One candidate a search evaluated; kept for analysis and warm starts."""
+
+    __tablename__ = "trials"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    record_id: Mapped[int] = mapped_column(ForeignKey("records.id", ondelete="CASCADE"), index=True)
+    position: Mapped[int] = mapped_column(Integer)
+    config: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(String(32))
+    time_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    error: Mapped[str] = mapped_column(Text, default="")
+
+
+class WinnerRow(Base):
+    """The fastest validated record of each key; replaced only by a strictly faster one."""
+
+    __tablename__ = "winners"
+
+    key_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    record_id: Mapped[int] = mapped_column(ForeignKey("records.id", ondelete="CASCADE"))
+    time_ms: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -1,0 +1,200 @@
+"""Query functions. Keyword-only, typed, and they never commit: the session's owner does.
+
+The winner upsert is one statement,
+``INSERT … ON CONFLICT DO UPDATE … WHERE winners.time_ms > excluded.time_ms``, atomic on SQLite and
+PostgreSQL alike: concurrent uploads of one key leave the fastest validated record as the winner
+whatever order they commit in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Select, func, insert, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from cache_server.models import RecordRow, TrialRow, WinnerRow, utcnow
+from tunecache.schemas import RecordCreate, RecordPublic, TrialModel
+
+
+def _insert_winner(session: Session) -> Any:
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        return postgresql.insert(WinnerRow)
+    if dialect == "sqlite":
+        return sqlite.insert(WinnerRow)
+    raise NotImplementedError(f"no atomic upsert for database dialect {dialect!r}")
+
+
+def add_record(session: Session, *, key_hash: str, record: RecordCreate) -> tuple[int, int | None]:
+    """Stores ``record`` and its trials; makes it the key's winner if validated and fastest.
+
+    Returns:
+        ``(record_id, winner_record_id)``; the winner is ``None`` while the key has no
+        validated record.
+    """
+    key = record.key
+    row = RecordRow(
+        key_hash=key_hash,
+        kernel=key.kernel,
+        backend=key.backend,
+        dtype=key.dtype,
+        device_arch=key.device.arch,
+        device_name=key.device.name,
+        key=key.model_dump(mode="json", by_alias=True),
+        config=record.config,
+        config_summary=record.config_summary,
+        time_ms=record.timing.median_ms,
+        timing=record.timing.model_dump(mode="json"),
+        baselines=[b.model_dump(mode="json") for b in record.baselines],
+        validated=record.validation.passed,
+        max_rel_error=record.validation.max_rel_error,
+        validation=record.validation.model_dump(mode="json"),
+        search=record.search.model_dump(mode="json"),
+        provenance=record.provenance.model_dump(mode="json"),
+        trial_count=len(record.trials),
+    )
+    session.add(row)
+    session.flush()
+    if record.trials:
+        session.execute(
+            insert(TrialRow),
+            [
+                {
+                    "record_id": row.id,
+                    "position": i,
+                    "config": t.config,
+                    "status": t.status,
+                    "time_ms": t.time_ms,
+                    "error": t.error,
+                }
+                for i, t in enumerate(record.trials)
+            ],
+        )
+    if record.validation.passed:
+        stmt = _insert_winner(session).values(
+            key_hash=key_hash, record_id=row.id, time_ms=row.time_ms, updated_at=utcnow()
+        )
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[WinnerRow.key_hash],
+            set_={
+                "record_id": stmt.excluded.record_id,
+                "time_ms": stmt.excluded.time_ms,
+                "updated_at": stmt.excluded.updated_at,
+            },
+            where=WinnerRow.time_ms > stmt.excluded.time_ms,
+        )
+        session.execute(stmt)
+    winner = session.scalar(select(WinnerRow.record_id).where(WinnerRow.key_hash == key_hash))
+    return row.id, winner
+
+
+def _public(row: RecordRow, *, is_winner: bool, trials: Sequence[TrialRow] = ()) -> RecordPublic:
+    return RecordPublic.model_validate(
+        {
+            "id": row.id,
+            "key_hash": row.key_hash,
+            "created_at": row.created_at,
+            "is_winner": is_winner,
+            "key": row.key,
+            "config": row.config,
+            "config_summary": row.config_summary,
+            "timing": row.timing,
+            "baselines": row.baselines,
+            "validation": row.validation,
+            "search": row.search,
+            "provenance": row.provenance,
+            "trials": [
+                TrialModel(config=t.config, status=t.status, time_ms=t.time_ms, error=t.error)  # type: ignore[arg-type]
+                for t in trials
+            ],
+        }
+    )
+
+
+def get_winner(session: Session, *, key_hash: str) -> RecordPublic | None:
+    """The winning record of ``key_hash`` (without its trials), or ``None`` on a miss."""
+    row = session.scalar(
+        select(RecordRow)
+        .join(WinnerRow, WinnerRow.record_id == RecordRow.id)
+        .where(WinnerRow.key_hash == key_hash)
+    )
+    return None if row is None else _public(row, is_winner=True)
+
+
+def get_record(
+    session: Session, *, record_id: int, with_trials: bool = True
+) -> RecordPublic | None:
+    """One record by id, with its trials in the order they ran."""
+    row = session.get(RecordRow, record_id)
+    if row is None:
+        return None
+    trials: Sequence[TrialRow] = ()
+    if with_trials:
+        trials = session.scalars(
+            select(TrialRow).where(TrialRow.record_id == record_id).order_by(TrialRow.position)
+        ).all()
+    winner = session.scalar(select(WinnerRow.record_id).where(WinnerRow.key_hash == row.key_hash))
+    return _public(row, is_winner=winner == row.id, trials=trials)
+
+
+def _filtered(
+    stmt: Select[Any],
+    *,
+    kernel: str | None,
+    backend: str | None,
+    dtype: str | None,
+    device_arch: str | None,
+    key_hash: str | None,
+    validated: bool | None,
+) -> Select[Any]:
+    for column, value in (
+        (RecordRow.kernel, kernel),
+        (RecordRow.backend, backend),
+        (RecordRow.dtype, dtype),
+        (RecordRow.device_arch, device_arch),
+        (RecordRow.key_hash, key_hash),
+        (RecordRow.validated, validated),
+    ):
+        if value is not None:
+            stmt = stmt.where(column == value)
+    return stmt
+
+
+def list_records(
+    session: Session,
+    *,
+    kernel: str | None = None,
+    backend: str | None = None,
+    dtype: str | None = None,
+    device_arch: str | None = None,
+    key_hash: str | None = None,
+    validated: bool | None = None,
+    winners_only: bool = False,
+    limit: int = 100,
+    offset: int = 0,
+) -> tuple[list[RecordPublic], int]:
+    """Records matching every given filter, newest first, and the total count matching."""
+    filters = dict(
+        kernel=kernel,
+        backend=backend,
+        dtype=dtype,
+        device_arch=device_arch,
+        key_hash=key_hash,
+        validated=validated,
+    )
+    base = select(RecordRow, WinnerRow.record_id).outerjoin(
+        WinnerRow, WinnerRow.record_id == RecordRow.id
+    )
+    if winners_only:
+        base = base.where(WinnerRow.record_id.is_not(None))
+    base = _filtered(base, **filters)
+    total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
+    rows = session.execute(base.order_by(RecordRow.id.desc()).limit(limit).offset(offset)).all()
+    return [_public(row, is_winner=winner is not None) for row, winner in rows], total
+
+
+def count_records(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(RecordRow)) or 0

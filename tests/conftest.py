@@ -1,0 +1,70 @@
+"""Shared fixtures: a real cache server (uvicorn in a subprocess, SQLite file on disk)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cache_server.embedded import free_port
+
+
+@dataclass
+class LiveServer:
+    url: str
+    db: str
+    db_path: Path
+    process: subprocess.Popen[bytes]
+
+
+def start_server(db: str, db_path: Path, log: Path) -> LiveServer:
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tunecache.cli", "serve", "--db", db, "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode}: {log.read_text()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return LiveServer(url=url, db=db, db_path=db_path, process=process)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"server did not come up: {log.read_text()}")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LiveServer]:
+    """A fresh uvicorn cache server on loopback over a new SQLite file."""
+    db_path = tmp_path / "cache.db"
+    live = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "server.log")
+    yield live
+    live.process.terminate()
+    live.process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One server for a whole module (for tests that only add distinct keys)."""
+    tmp = tmp_path_factory.mktemp("shared-server")
+    db_path = tmp / "cache.db"
+    live = start_server(f"sqlite:///{db_path}", db_path, tmp / "server.log")
+    yield live
+    live.process.terminate()
+    live.process.wait(timeout=10)

@@ -1,0 +1,72 @@
+"""Hand-built keys and records for tests of the server and the client (not of the tuner)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tunecache.device import DeviceFingerprint
+from tunecache.key import Key
+from tunecache.schemas import (
+    BaselineModel,
+    CheckModel,
+    KeyModel,
+    RecordCreate,
+    SearchModel,
+    TimingModel,
+    TrialModel,
+    ValidationReport,
+)
+
+CPU = DeviceFingerprint(kind="cpu", arch="cpu-avx2", name="test-cpu", units=2, flags=("avx2",))
+
+
+def make_key(m: int = 64, *, kernel: str = "matmul", backend: str = "tvm", dtype: str = "float32") -> Key:
+    return Key(
+        kernel=kernel,
+        source_hash="0123456789abcdef",
+        backend=backend,
+        problem={"M": m, "N": 64, "K": 64},
+        dtype=dtype,
+        device=CPU,
+        environment={"apache-tvm": "0.27.0.post1"},
+    )
+
+
+def timing(ms: float) -> TimingModel:
+    return TimingModel(median_ms=ms, min_ms=ms * 0.9, max_ms=ms * 1.2, iqr_ms=ms * 0.05, repeats=50)
+
+
+def make_record(
+    key: Key | None = None,
+    *,
+    time_ms: float = 1.0,
+    passed: bool = True,
+    trials: int = 3,
+    config: dict[str, Any] | None = None,
+) -> RecordCreate:
+    key = key or make_key()
+    error = 1e-6 if passed else 0.5
+    check = CheckModel(
+        problem=dict(key.problem),
+        seed=1,
+        rel_error=error,
+        max_abs_error=error,
+        tolerance=1e-4,
+        passed=passed,
+    )
+    return RecordCreate(
+        key=KeyModel.from_key(key),
+        config=config or {"tile": [4, 8], "time": time_ms},
+        config_summary="tile 4x8",
+        timing=timing(time_ms),
+        baselines=[BaselineModel(name="torch_eager", timing=timing(time_ms * 2))],
+        validation=ValidationReport(
+            passed=passed, tolerance=1e-4, max_rel_error=error, checks=[check]
+        ),
+        search=SearchModel(strategy="test", trials=trials, seconds=1.0),
+        trials=[
+            TrialModel(config={"tile": [i, 8]}, status="ok", time_ms=time_ms + i)
+            for i in range(trials - 1)
+        ]
+        + [TrialModel(config={"tile": [99, 8]}, status="compile_error", error="boom")][:trials],
+    )

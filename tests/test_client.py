@@ -1,0 +1,143 @@
+"""The run-time client: memo, misses, a dead or broken server, and a real server."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+
+from cache_server.embedded import free_port
+from tests.conftest import LiveServer
+from tests.factories import make_key, make_record
+from tunecache import Client, ServerError
+from tunecache.key import Key
+from tunecache.schemas import LookupResponse, RecordPublic
+
+DEFAULT = {"schedule": "default"}
+
+
+def stored(record) -> RecordPublic:  # type: ignore[no-untyped-def]
+    return RecordPublic(
+        **record.model_dump(), id=7, key_hash=record.key.digest(), created_at=datetime.now(UTC)
+    )
+
+
+class CountingTransport(httpx.MockTransport):
+    """An in-memory server: answers lookups from a dict and counts requests."""
+
+    def __init__(self, records: dict[str, RecordPublic]) -> None:
+        self.calls = 0
+        self.records = records
+        super().__init__(self.answer)
+
+    def answer(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        key = Key.from_json(json.loads(request.content)["key"])
+        hit = self.records.get(key.digest())
+        if hit is None:
+            return httpx.Response(404, json={"detail": "miss"})
+        return httpx.Response(200, content=LookupResponse(record=hit).model_dump_json(by_alias=True))
+
+
+def test_hit_is_memoised_and_miss_is_remembered() -> None:
+    key, other = make_key(m=64), make_key(m=128)
+    transport = CountingTransport({key.digest(): stored(make_record(key, time_ms=1.5))})
+    with Client("http://cache.test", transport=transport, miss_ttl=60) as client:
+        first = client.lookup(key, default=DEFAULT)
+        second = client.lookup(key, default=DEFAULT)
+        miss1 = client.lookup(other, default=DEFAULT)
+        miss2 = client.lookup(other, default=DEFAULT)
+    assert (first.source, second.source) == ("server", "memo")
+    assert first.hit and first.config == {"tile": [4, 8], "time": 1.5}
+    assert (miss1.source, miss2.source) == ("default", "default")
+    assert miss1.config == DEFAULT and not miss1.hit
+    assert transport.calls == 2  # one per key: the memo and the miss TTL answered the rest
+
+
+def test_miss_is_asked_again_after_its_ttl() -> None:
+    key = make_key()
+    transport = CountingTransport({})
+    with Client("http://cache.test", transport=transport, miss_ttl=0.05) as client:
+        client.lookup(key)
+        time.sleep(0.1)
+        client.lookup(key)
+    assert transport.calls == 2
+
+
+def test_garbage_answer_falls_back_to_default() -> None:
+    transport = httpx.MockTransport(lambda r: httpx.Response(200, content=b"<html>proxy</html>"))
+    with Client("http://cache.test", transport=transport) as client:
+        result = client.lookup(make_key(), default=DEFAULT)
+    assert result.config == DEFAULT and result.source == "default"
+
+
+def test_server_error_falls_back_to_default() -> None:
+    transport = httpx.MockTransport(lambda r: httpx.Response(503, text="overloaded"))
+    with Client("http://cache.test", transport=transport) as client:
+        assert client.lookup(make_key(), default=DEFAULT).config == DEFAULT
+        with pytest.raises(ServerError, match="503"):
+            client.fetch(make_key())
+
+
+def test_dead_server_never_raises_logs_once_and_is_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens here
+    caplog.set_level(logging.DEBUG, logger="tunecache.client")
+    with Client(url, timeout=0.5, retry_after=0.0) as client:
+        started = time.monotonic()
+        results = [client.lookup(make_key(m=m), default=DEFAULT) for m in (8, 16, 32)]
+        elapsed = time.monotonic() - started
+    assert all(r.config == DEFAULT and r.source == "default" for r in results)
+    assert elapsed < 3 * 0.5 + 1.0  # each lookup bounded by its timeout
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and url in warnings[0].getMessage()
+
+
+def test_connect_timeout_falls_back_to_default() -> None:
+    def hang(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectTimeout("timed out", request=request)
+
+    with Client("http://cache.test", transport=httpx.MockTransport(hang)) as client:
+        assert client.lookup(make_key(), default=DEFAULT).config == DEFAULT
+
+
+def test_after_a_failure_the_server_is_skipped_for_retry_after() -> None:
+    calls = 0
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        raise httpx.ConnectError("refused", request=request)
+
+    with Client("http://cache.test", transport=httpx.MockTransport(refuse), retry_after=60) as client:
+        for m in (8, 16, 32, 64):
+            assert client.lookup(make_key(m=m), default=DEFAULT).source == "default"
+    assert calls == 1
+
+
+def test_real_server_round_trip(server: LiveServer) -> None:
+    key = make_key(m=256)
+    with Client(server.url) as client:
+        assert client.lookup(key, default=DEFAULT).source == "default"
+        uploaded = client.upload(make_record(key, time_ms=0.75))
+        assert uploaded.is_winner
+        # The miss above is remembered; a new client sees the upload at once.
+    with Client(server.url) as client:
+        result = client.lookup(key, default=DEFAULT)
+        assert result.source == "server" and result.record is not None
+        assert result.record.id == uploaded.record_id
+        assert client.list_records(kernel="matmul").count == 1
+        assert client.health()["records"] == 1
+
+
+def test_upload_rejection_raises_server_error_with_reason(server: LiveServer) -> None:
+    record = make_record()
+    body = record.model_dump(mode="json", by_alias=True)
+    body["timing"]["median_ms"] = -1
+    with Client(server.url) as client, pytest.raises(ServerError) as info:
+        client._call("POST", "/v1/records", json=body)
+    assert info.value.status_code == 422
+    assert "median_ms" in str(info.value)

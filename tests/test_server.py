@@ -1,0 +1,213 @@
+"""The cache server through a real uvicorn process on loopback, over a real SQLite file."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer
+from tests.factories import make_key, make_record
+from tunecache.schemas import LookupResponse, RecordList, RecordPublic, UploadResult
+
+
+def upload(url: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{url}/v1/records", json=body, timeout=30)
+
+
+def body_of(record) -> dict:  # type: ignore[no-untyped-def]
+    return record.model_dump(mode="json", by_alias=True)
+
+
+def lookup(url: str, key) -> httpx.Response:  # type: ignore[no-untyped-def]
+    return httpx.post(
+        f"{url}/v1/lookup", json={"key": key.to_json()}, timeout=10
+    )
+
+
+def test_upload_then_lookup_returns_the_record(server: LiveServer) -> None:
+    key = make_key()
+    response = upload(server.url, body_of(make_record(key, time_ms=2.0, trials=4)))
+    assert response.status_code == 201
+    result = UploadResult.model_validate(response.json())
+    assert result.is_winner and result.key_hash == key.digest()
+
+    hit = lookup(server.url, key)
+    assert hit.status_code == 200
+    record = LookupResponse.model_validate(hit.json()).record
+    assert record.id == result.record_id
+    assert record.timing.median_ms == 2.0
+    assert record.key.to_key() == key
+    assert record.speedup() == pytest.approx(2.0)
+
+    full = RecordPublic.model_validate(
+        httpx.get(f"{server.url}/v1/records/{result.record_id}").json()
+    )
+    assert [t.status for t in full.trials] == ["ok", "ok", "ok", "compile_error"]
+    assert full.trials[0].time_ms == 2.0 and full.trials[-1].error == "boom"
+
+
+def test_lookup_of_unknown_key_is_404(server: LiveServer) -> None:
+    response = lookup(server.url, make_key(m=4096))
+    assert response.status_code == 404
+    assert make_key(m=4096).digest() in response.json()["detail"]
+
+
+def test_winner_is_the_fastest_validated_record(server: LiveServer) -> None:
+    key = make_key()
+    ids = {}
+    for ms, passed in [(5.0, True), (2.0, True), (3.0, True), (0.5, False), (2.0, True)]:
+        result = UploadResult.model_validate(
+            upload(server.url, body_of(make_record(key, time_ms=ms, passed=passed))).json()
+        )
+        ids.setdefault((ms, passed), result.record_id)
+    winner = LookupResponse.model_validate(lookup(server.url, key).json()).record
+    # 0.5 ms failed validation and can never win; a tie (second 2.0) does not replace the first.
+    assert winner.id == ids[(2.0, True)]
+    assert winner.timing.median_ms == 2.0
+    with sqlite3.connect(server.db_path) as db:
+        assert db.execute("select count(*) from records").fetchone()[0] == 5
+        assert db.execute("select count(*) from trials").fetchone()[0] == 15
+
+
+def test_unvalidated_record_is_stored_but_never_served(server: LiveServer) -> None:
+    key = make_key(m=32)
+    result = UploadResult.model_validate(
+        upload(server.url, body_of(make_record(key, passed=False))).json()
+    )
+    assert not result.is_winner and result.winner_record_id is None
+    assert lookup(server.url, key).status_code == 404
+    listed = RecordList.model_validate(
+        httpx.get(f"{server.url}/v1/records", params={"validated": "false"}).json()
+    )
+    assert [r.id for r in listed.items] == [result.record_id]
+
+
+def test_list_filters(server: LiveServer) -> None:
+    for m, kernel, backend in [(16, "matmul", "tvm"), (32, "matmul", "inductor"), (16, "softmax", "tvm")]:
+        assert upload(
+            server.url, body_of(make_record(make_key(m, kernel=kernel, backend=backend)))
+        ).status_code == 201
+
+    def listed(**params: str) -> list[tuple[str, str]]:
+        page = RecordList.model_validate(httpx.get(f"{server.url}/v1/records", params=params).json())
+        return sorted((r.key.kernel, r.key.backend) for r in page.items)
+
+    assert listed(kernel="matmul") == [("matmul", "inductor"), ("matmul", "tvm")]
+    assert listed(backend="tvm") == [("matmul", "tvm"), ("softmax", "tvm")]
+    assert listed(kernel="softmax", backend="inductor") == []
+    assert listed(device_arch="cpu-avx2", winners_only="true") == sorted(
+        [("matmul", "inductor"), ("matmul", "tvm"), ("softmax", "tvm")]
+    )
+    page = RecordList.model_validate(httpx.get(f"{server.url}/v1/records", params={"limit": 1}).json())
+    assert len(page.items) == 1 and page.count == 3
+
+
+def test_concurrent_uploads_keep_the_fastest(server: LiveServer) -> None:
+    key = make_key(m=8)
+    times = [float(t) for t in range(40, 0, -1)] + [0.25]
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda t: upload(server.url, body_of(make_record(key, time_ms=t))).status_code, times))
+    assert codes == [201] * len(times)
+    winner = LookupResponse.model_validate(lookup(server.url, key).json()).record
+    assert winner.timing.median_ms == 0.25
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"{not json", "JSON decode error"),
+        (b"[]", "valid dictionary"),
+        (b'{"key": {}}', "Field required"),
+    ],
+)
+def test_malformed_uploads_are_422(server: LiveServer, content: bytes, reason: str) -> None:
+    response = httpx.post(
+        f"{server.url}/v1/records", content=content, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert reason in response.text
+
+
+def _mutated(path: list[str | int], value: object) -> dict:
+    body = body_of(make_record())
+    target = body
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = value
+    return body
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "reason"),
+    [
+        (["surprise"], 1, "Extra inputs are not permitted"),
+        (["key", "backend"], "cuda-magic", "triton"),
+        (["key", "dtype"], "float3", "unknown dtype"),
+        (["key", "problem", "M"], -4, "outside"),
+        (["key", "problem", "M"], 2**40, "outside"),
+        (["timing", "median_ms"], -1.0, "greater than 0"),
+        (["timing", "min_ms"], 100.0, "min_ms <= median_ms"),
+        (["validation", "passed"], True, None),  # consistent already: stays valid
+        (["validation", "max_rel_error"], 0.3, "worst check"),
+        (["trials", 0, "status"], "great", "ok"),
+        (["trials", 0, "time_ms"], None, "time_ms exactly when"),
+    ],
+)
+def test_invalid_fields_are_422_with_the_reason(
+    server: LiveServer, path: list[str | int], value: object, reason: str | None
+) -> None:
+    response = upload(server.url, _mutated(path, value))
+    if reason is None:
+        assert response.status_code == 201
+    else:
+        assert response.status_code == 422, response.text
+        assert reason in response.text
+
+
+def test_failed_check_cannot_claim_validation(server: LiveServer) -> None:
+    body = body_of(make_record(passed=False))
+    body["validation"]["passed"] = True
+    response = upload(server.url, body)
+    assert response.status_code == 422
+    assert "a check failed" in response.text
+
+
+def test_oversized_upload_is_413_and_stores_nothing(server: LiveServer) -> None:
+    body = body_of(make_record())
+    body["config"] = {"blob": "x" * (17 * 2**20)}
+    response = httpx.post(f"{server.url}/v1/records", content=json.dumps(body), timeout=30)
+    assert response.status_code == 413
+    assert "limit" in response.json()["detail"]
+    big_config = body_of(make_record())
+    big_config["config"] = {"blob": "x" * (300 * 1024)}
+    response = upload(server.url, big_config)
+    assert response.status_code == 422 and "config is" in response.text
+    assert httpx.get(f"{server.url}/health").json()["records"] == 0
+
+
+def test_streamed_oversized_upload_is_413(server: LiveServer) -> None:
+    def chunks():  # type: ignore[no-untyped-def]
+        for _ in range(20):
+            yield b"x" * 2**20
+
+    response = httpx.post(f"{server.url}/v1/records", content=chunks(), timeout=30)
+    assert response.status_code == 413
+
+
+def test_bad_query_parameters_are_4xx(server: LiveServer) -> None:
+    assert httpx.get(f"{server.url}/v1/records", params={"limit": 0}).status_code == 422
+    assert httpx.get(f"{server.url}/v1/records", params={"limit": 10**6}).status_code == 422
+    assert httpx.get(f"{server.url}/v1/records", params={"backend": "x"}).status_code == 422
+    assert httpx.get(f"{server.url}/v1/records", params={"key_hash": "zz"}).status_code == 422
+    assert httpx.get(f"{server.url}/v1/records/999").status_code == 404
+    assert httpx.get(f"{server.url}/v1/records/abc").status_code == 422
+
+
+def test_openapi_docs_are_served(server: LiveServer) -> None:
+    assert httpx.get(f"{server.url}/docs").status_code == 200
+    spec = httpx.get(f"{server.url}/openapi.json").json()
+    assert {"/v1/records", "/v1/lookup", "/health"} <= set(spec["paths"])

@@ -1,0 +1,65 @@
+"""The ``tunecache`` command line.
+
+Exit codes: 0 success (a hit for ``get``), 1 a miss or a failed run, 2 bad input, 3 the server could
+not be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from tunecache.cli import db, demo, get, serve, tune, workloads
+from tunecache.errors import InvalidInput, ServerError, TuningError
+
+EXIT_BAD_INPUT = 2
+EXIT_UNREACHABLE = 3
+COMMANDS = (serve, db, tune, get, workloads, demo)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="tunecache",
+        description="Tune GPU/CPU kernels, validate the winners, and serve them from a shared cache.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for module in COMMANDS:
+        module.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the CLI; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        code: int = args.run(args)
+    except InvalidInput as exc:
+        print(f"tunecache: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ServerError as exc:
+        print(f"tunecache: error: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE if exc.status_code is None else 1
+    except TuningError as exc:
+        print(f"tunecache: tuning failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("tunecache: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+def entry() -> None:
+    sys.exit(main())

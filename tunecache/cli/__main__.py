@@ -1,0 +1,3 @@
+from tunecache.cli import entry
+
+entry()

@@ -1,0 +1,64 @@
+"""Argument parsing shared by the commands: shapes, servers, key options."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tunecache.errors import InvalidInput
+from tunecache.key import BACKENDS, DTYPES
+from tunecache.settings import Settings
+
+
+def parse_shape(text: str) -> dict[str, int]:
+    """``"M=64,N=64,K=64"`` → ``{"M": 64, "N": 64, "K": 64}``.
+
+    Raises:
+        InvalidInput: naming the malformed part.
+    """
+    shape: dict[str, int] = {}
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        name, value = name.strip(), value.strip()
+        if not sep or not name or not value:
+            raise InvalidInput(f"malformed shape {text!r}: expected NAME=INT[,NAME=INT...]")
+        if name in shape:
+            raise InvalidInput(f"malformed shape {text!r}: {name} given twice")
+        try:
+            size = int(value)
+        except ValueError:
+            raise InvalidInput(f"malformed shape {text!r}: {name}={value!r} is not an integer") from None
+        if size < 1:
+            raise InvalidInput(f"malformed shape {text!r}: {name}={size} must be positive")
+        shape[name] = size
+    return shape
+
+
+def add_server(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--server", metavar="URL", help="cache server (default: $TUNECACHE_URL or the local one)"
+    )
+
+
+def server_url(args: argparse.Namespace) -> str:
+    url: str = args.server or Settings.from_env().url
+    if not url.startswith(("http://", "https://")):
+        raise InvalidInput(f"--server {url!r} must start with http:// or https://")
+    return url.rstrip("/")
+
+
+def add_key(parser: argparse.ArgumentParser, *, default_trials: bool = False) -> None:
+    parser.add_argument("workload", help="workload name (see `tunecache workloads`)")
+    # Backends and dtypes are checked by the workload, so the error names what it supports.
+    parser.add_argument("--backend", required=True, help=f"one of {', '.join(BACKENDS)}")
+    parser.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
+    parser.add_argument("--shape", required=True, help="shape parameters, e.g. M=64,N=64,K=64")
+
+
+def key_parts(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "workload": args.workload,
+        "backend": args.backend,
+        "problem": parse_shape(args.shape),
+        "dtype": args.dtype,
+    }

@@ -1,0 +1,136 @@
+"""``tunecache demo``: the whole loop on this machine, on an embedded SQLite server.
+
+1. start a cache server in this process on a SQLite file;
+2. tune a small set of keys with TVM and Inductor, validate and upload each winner;
+3. print the table of winners;
+4. fetch every key through the client from a fresh process and report hit or miss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from tunecache.cli.table import ms, render
+
+DEMO_WORKLOADS = ("matmul", "softmax")
+ALL_WORKLOADS = ("matmul", "softmax", "layernorm", "bias_gelu")
+DEMO_BACKENDS = ("tvm", "inductor")
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("demo", help="tune, store, serve and fetch a small set, end to end")
+    parser.add_argument("--db", metavar="URL", help="database URL (default: a temporary SQLite file)")
+    parser.add_argument("--trials", type=int, default=16, help="TVM search budget per key")
+    parser.add_argument(
+        "--all", action="store_true", help=f"tune every workload ({', '.join(ALL_WORKLOADS)})"
+    )
+    parser.set_defaults(run=run)
+
+
+def _tune_all(url: str, workdir: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from backends import Budget
+    from tunecache.cli.progress import ProgressPrinter
+    from tunecache.client import Client
+    from tunecache.errors import TuningError
+    from tuner import tune
+    from workloads import get_workload, make_key
+
+    rows: list[dict[str, Any]] = []
+    names = ALL_WORKLOADS if args.all else DEMO_WORKLOADS
+    with Client(url) as client:
+        for name in names:
+            problem = dict(get_workload(name).demo_problem)
+            for backend in DEMO_BACKENDS:
+                spec = {"workload": name, "backend": backend, "problem": problem, "dtype": "float32"}
+                label = make_key(**spec).short()
+                try:
+                    outcome = tune(
+                        name,
+                        backend,
+                        problem,
+                        "float32",
+                        Budget(trials=args.trials),
+                        workdir=workdir,
+                        progress=ProgressPrinter(label),
+                    )
+                except TuningError as exc:
+                    print(f"{label}: FAILED: {exc}", file=sys.stderr)
+                    rows.append({"spec": spec, "label": label, "record": None})
+                    continue
+                uploaded = client.upload(outcome.record)
+                rows.append(
+                    {"spec": spec, "label": label, "record": client.get_record(uploaded.record_id)}
+                )
+    return rows
+
+
+def _winners_table(rows: list[dict[str, Any]]) -> str:
+    table = []
+    for row in rows:
+        record = row["record"]
+        if record is None:
+            table.append([row["label"], row["spec"]["backend"], "FAILED", "-", "-", "-", "-"])
+            continue
+        eager = next((b.timing.median_ms for b in record.baselines if b.name == "torch_eager"), None)
+        speedup = record.speedup()
+        table.append(
+            [
+                record.key.to_key().short().rsplit(" ", 2)[0],
+                record.key.backend,
+                record.config_summary[:48],
+                ms(record.timing.median_ms),
+                ms(eager),
+                f"{speedup:.2f}x" if speedup else "-",
+                f"{record.validation.max_rel_error:.1e}",
+            ]
+        )
+    header = ["key", "backend", "best config", "winner ms", "eager ms", "speedup", "max rel err"]
+    return render(header, table)
+
+
+def _fetch_in_fresh_process(url: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    request = json.dumps({"server": url, "keys": [row["spec"] for row in rows]})
+    done = subprocess.run(
+        [sys.executable, "-m", "tunecache.cli.fetch"],
+        input=request,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        print(done.stderr, file=sys.stderr)
+    return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+
+
+def run(args: argparse.Namespace) -> int:
+    from cache_server.embedded import EmbeddedServer
+
+    with tempfile.TemporaryDirectory(prefix="tunecache-demo-") as tmp:
+        db = args.db or f"sqlite:///{Path(tmp) / 'tunecache.db'}"
+        with EmbeddedServer(db) as server:
+            print(f"embedded cache server on {server.url}, database {db}", file=sys.stderr)
+            rows = _tune_all(server.url, Path(tmp) / "work", args)
+            print("\nValidated winners (times: median ms on this CPU)\n")
+            print(_winners_table(rows))
+            fetched = _fetch_in_fresh_process(server.url, rows)
+        print("\nFetched through tunecache.Client in a fresh process\n")
+        print(
+            render(
+                ["key", "result", "record"],
+                [
+                    [f["label"], "hit" if f["hit"] else "MISS", f["record_id"] or "-"]
+                    for f in fetched
+                ],
+            )
+        )
+    validated = sum(1 for row in rows if row["record"] is not None)
+    hits = sum(1 for f in fetched if f["hit"])
+    print(f"\n{validated} validated records, {hits}/{len(rows)} fetched as hits")
+    return 0 if validated == len(rows) == hits else 1

@@ -1,0 +1,63 @@
+"""``tunecache serve``: run the cache server in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from tunecache.errors import InvalidInput
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("serve", help="run the cache server")
+    parser.add_argument("--db", metavar="URL", help="database URL (default: a SQLite file)")
+    parser.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="port to bind (default 8765)")
+    parser.add_argument(
+        "--no-create",
+        action="store_true",
+        help="refuse to start on an empty database instead of creating the schema",
+    )
+    parser.set_defaults(run=run)
+
+
+def server_settings(args: argparse.Namespace) -> Any:
+    """``ServerSettings`` from the environment, overridden by the command's flags."""
+    from pydantic import ValidationError
+
+    from cache_server.settings import ServerSettings
+
+    overrides = {k: getattr(args, k, None) for k in ("db", "host", "port")}
+    try:
+        return ServerSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise InvalidInput(f"bad server setting: {problems}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from cache_server import SchemaOutdated
+    from cache_server.app import create_app
+    from cache_server.db import make_engine
+    from cache_server.migrate import check_schema, current_revision, upgrade
+
+    settings = server_settings(args)
+    url = settings.db
+    try:
+        engine = make_engine(url)
+        fresh = current_revision(engine) is None
+        engine.dispose()
+        if fresh and not args.no_create:
+            upgrade(url)  # an empty database gets the schema; an old one must be upgraded by hand
+        check_schema(make_engine(url))
+    except (SchemaOutdated, SQLAlchemyError, ValueError) as exc:
+        print(f"tunecache serve: {exc}", file=sys.stderr)
+        return 2
+    host, port = settings.host, settings.port
+    print(f"tunecache: serving {url} on http://{host}:{port} (OpenAPI at /docs)", file=sys.stderr)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+    return 0

@@ -1,0 +1,211 @@
+"""The run-time client: look a key up, fall back quietly, never break the caller.
+
+A lookup tries the in-process memo, then the server (bounded by a :class:`Timeout`), then the
+caller's default config. Network failures, timeouts and bad answers are logged once and answered
+with the default; after a failure the server is not asked again for ``retry_after`` seconds, so a
+dead server costs one timeout, not one per call.
+
+Example:
+    >>> from workloads import make_key
+    >>> key = make_key("matmul", "tvm", {"M": 64, "N": 64, "K": 64}, "float32")  # doctest: +SKIP
+    >>> with Client("http://127.0.0.1:8765") as client:  # doctest: +SKIP
+    ...     hit = client.lookup(key, default={"schedule": "default"})
+    ...     hit.source, hit.config
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+from pydantic import ValidationError
+
+from tunecache.errors import ServerError
+from tunecache.key import Key
+from tunecache.schemas import (
+    KeyModel,
+    LookupRequest,
+    LookupResponse,
+    RecordCreate,
+    RecordList,
+    RecordPublic,
+    UploadResult,
+)
+from tunecache.settings import Settings
+
+logger = logging.getLogger(__name__)
+Source = Literal["memo", "server", "default"]
+
+
+@dataclass(frozen=True)
+class Timeout:
+    """Seconds a lookup may spend connecting and reading; writes get ``write`` seconds in all."""
+
+    lookup: float = 0.5
+    connect: float | None = None  # defaults to ``lookup``
+    write: float = 60.0
+
+    def for_lookup(self) -> httpx.Timeout:
+        return httpx.Timeout(self.lookup, connect=self.connect or self.lookup)
+
+    def for_write(self) -> httpx.Timeout:
+        return httpx.Timeout(self.write, connect=self.connect or min(self.write, 5.0))
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    """What a lookup found: the config to launch, where it came from, and the record on a hit."""
+
+    config: dict[str, Any] | None
+    source: Source
+    record: RecordPublic | None = None
+
+    @property
+    def hit(self) -> bool:
+        return self.record is not None
+
+
+class Client:
+    """A client of one tunecache server.
+
+    Args:
+        url: the server, e.g. ``http://127.0.0.1:8765``; ``TUNECACHE_URL`` when omitted.
+        timeout: a :class:`Timeout`, or seconds for lookups.
+        transport: an ``httpx`` transport (tests pass an in-memory one).
+        retry_after: seconds to skip the server after a failed lookup.
+        miss_ttl: seconds a miss is remembered before the server is asked again.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        timeout: Timeout | float | None = None,
+        transport: httpx.BaseTransport | None = None,
+        retry_after: float = 30.0,
+        miss_ttl: float = 60.0,
+    ) -> None:
+        settings = Settings.from_env() if url is None or timeout is None else None
+        self.url = (url or (settings.url if settings else "")).rstrip("/")
+        if isinstance(timeout, int | float):
+            timeout = Timeout(lookup=float(timeout))
+        self.timeout = timeout or Timeout(lookup=settings.timeout if settings else 0.5)
+        self.retry_after = retry_after
+        self.miss_ttl = miss_ttl
+        self._http = httpx.Client(base_url=self.url, transport=transport)
+        self._lock = threading.Lock()
+        self._memo: dict[str, RecordPublic] = {}
+        self._misses: dict[str, float] = {}
+        self._down_until = 0.0
+        self._warned = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- run-time lookups ------------------------------------------------------------------
+    def lookup(self, key: Key, *, default: dict[str, Any] | None = None) -> LookupResult:
+        """The winning config of ``key``, or ``default``. Never raises on a server failure."""
+        digest = key.digest()
+        now = time.monotonic()
+        with self._lock:
+            if digest in self._memo:
+                record = self._memo[digest]
+                return LookupResult(config=record.config, source="memo", record=record)
+            if self._misses.get(digest, -1.0) > now or self._down_until > now:
+                return LookupResult(config=default, source="default")
+        record = self._fetch(key)
+        with self._lock:
+            if record is not None:
+                self._memo[digest] = record
+                return LookupResult(config=record.config, source="server", record=record)
+            if self._down_until <= now:
+                self._misses[digest] = now + self.miss_ttl
+        return LookupResult(config=default, source="default")
+
+    def _fetch(self, key: Key) -> RecordPublic | None:
+        try:
+            return self.fetch(key, timeout=self.timeout.for_lookup())
+        except ServerError as exc:
+            self._failed(exc)
+            return None
+
+    def fetch(self, key: Key, *, timeout: httpx.Timeout | None = None) -> RecordPublic | None:
+        """The winner of exactly ``key`` from the server, ``None`` on a miss; no memo, no fallback.
+
+        Raises:
+            ServerError: the server is unreachable or gave a bad answer.
+        """
+        body = LookupRequest(key=KeyModel.from_key(key)).model_dump(mode="json", by_alias=True)
+        try:
+            response = self._http.post(
+                "/v1/lookup", json=body, timeout=timeout or self.timeout.for_lookup()
+            )
+            if response.status_code == 404:
+                return None
+            response.raise_for_status()
+            return LookupResponse.model_validate_json(response.content).record
+        except (httpx.HTTPError, ValidationError, ValueError) as exc:
+            raise ServerError(f"lookup at {self.url} failed: {type(exc).__name__}: {exc}") from exc
+
+    def _failed(self, exc: Exception) -> None:
+        with self._lock:
+            self._down_until = time.monotonic() + self.retry_after
+            first, self._warned = not self._warned, True
+        log = logger.warning if first else logger.debug
+        log("%s; using default configs, retrying in %.0f s", exc, self.retry_after)
+
+    # -- tuner and tooling calls (these raise ServerError) ----------------------------------
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, timeout=self.timeout.for_write(), **kwargs)
+        except httpx.HTTPError as exc:
+            raise ServerError(f"{method} {self.url}{path} failed: {exc}") from exc
+        if response.is_error:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise ServerError(
+                f"{method} {path} → {response.status_code}: {detail}",
+                status_code=response.status_code,
+            )
+        return response
+
+    def upload(self, record: RecordCreate) -> UploadResult:
+        """Uploads a tuning result.
+
+        Raises:
+            ServerError: the server is unreachable or rejected the record.
+        """
+        body = record.model_dump(mode="json", by_alias=True)
+        return UploadResult.model_validate_json(
+            self._call("POST", "/v1/records", json=body).content
+        )
+
+    def list_records(self, **filters: Any) -> RecordList:
+        """Records matching ``filters`` (``kernel``, ``backend``, ``dtype``, ``device_arch`` …)."""
+        params = {k: v for k, v in filters.items() if v is not None}
+        return RecordList.model_validate_json(
+            self._call("GET", "/v1/records", params=params).content
+        )
+
+    def get_record(self, record_id: int) -> RecordPublic:
+        """One record with all its trials."""
+        return RecordPublic.model_validate_json(
+            self._call("GET", f"/v1/records/{record_id}").content
+        )
+
+    def health(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/health").json()
+        return result

@@ -1,0 +1,111 @@
+"""Correctness against the float64 golden reference.
+
+Every check uses fresh seeded random non-zero inputs, compares ‖out − ref‖ / ‖ref‖ with the
+workload's tolerance for the dtype, and fails on NaN, a wrong shape or an exception. A winner is
+checked on several seeds and on the workload's edge problem (odd sizes, not a multiple of a tile).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from tunecache.schemas import CheckModel, ValidationReport
+
+if TYPE_CHECKING:
+    import torch
+
+    from backends.base import Runnable
+    from workloads.base import Workload
+
+logger = logging.getLogger(__name__)
+DEFAULT_SEEDS = (1, 2, 3)
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[float | None, float | None, str]:
+    """``(relative error, max abs error, note)``; errors are ``None`` when not comparable."""
+    import torch
+
+    if not isinstance(out, torch.Tensor):
+        return None, None, f"returned {type(out).__name__}, not a tensor"
+    if tuple(out.shape) != tuple(ref.shape):
+        return None, None, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
+    diff = out.double() - ref
+    if not torch.isfinite(diff).all():
+        return None, None, "output has NaN or inf"
+    norm = ref.norm().item()
+    rel = diff.norm().item() / norm if norm > 0 else diff.norm().item()
+    return rel, diff.abs().max().item(), ""
+
+
+def check(
+    runnable: Runnable, workload: Workload, problem: Mapping[str, int], dtype: str, seed: int
+) -> CheckModel:
+    """Runs ``runnable`` on seeded inputs and compares with the reference."""
+    tolerance = workload.tolerance(dtype)
+    inputs = workload.make_inputs(problem, dtype, seed)
+    ref = workload.reference(*inputs)
+    try:
+        out = runnable(*inputs)
+        rel, max_abs, note = compare(out, ref)
+    except Exception as exc:  # a candidate may fail in any way; that is a failed check
+        logger.debug("candidate raised on %s seed %d", dict(problem), seed, exc_info=True)
+        rel, max_abs, note = None, None, f"raised {type(exc).__name__}: {exc}"[:500]
+    return CheckModel(
+        problem=dict(problem),
+        seed=seed,
+        rel_error=rel,
+        max_abs_error=max_abs,
+        tolerance=tolerance,
+        passed=rel is not None and rel <= tolerance,
+        note=note,
+    )
+
+
+def validate(
+    build: Callable[[Mapping[str, int]], Runnable],
+    workload: Workload,
+    problem: Mapping[str, int],
+    dtype: str,
+    *,
+    seeds: Sequence[int] = DEFAULT_SEEDS,
+    edge: bool = True,
+) -> ValidationReport:
+    """Checks a config on ``seeds`` at ``problem`` and once at the workload's edge problem.
+
+    Args:
+        build: makes the runnable for a problem (called once per distinct problem).
+    """
+    problems: list[Mapping[str, int]] = [problem]
+    edge_problem = workload.edge_problem(problem) if edge else None
+    if edge_problem is not None:
+        problems.append(edge_problem)
+    checks: list[CheckModel] = []
+    for i, p in enumerate(problems):
+        try:
+            runnable = build(p)
+        except Exception as exc:
+            note = f"build failed: {type(exc).__name__}: {exc}"[:500]
+            checks.append(
+                CheckModel(
+                    problem=dict(p),
+                    seed=seeds[0],
+                    rel_error=None,
+                    max_abs_error=None,
+                    tolerance=workload.tolerance(dtype),
+                    passed=False,
+                    note=note,
+                )
+            )
+            continue
+        for seed in seeds if i == 0 else seeds[:1]:
+            checks.append(check(runnable, workload, p, dtype, seed))
+    errors = [c.rel_error for c in checks]
+    worst = None if None in errors else max(e for e in errors if e is not None)
+    return ValidationReport(
+        passed=all(c.passed for c in checks),
+        tolerance=workload.tolerance(dtype),
+        max_rel_error=worst,
+        checks=checks,
+    )
