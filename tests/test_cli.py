@@ -1,0 +1,100 @@
+"""The command line: bad input exits 2 with one line naming the problem and stores nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer
+from tunecache.cli.args import parse_shape
+from tunecache.errors import InvalidInput
+
+
+def tunecache(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tunecache.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+BAD = [
+    (["tune", "conv2d", "--backend", "tvm", "--shape", "M=8"], "unknown workload 'conv2d'"),
+    (["tune", "matmul", "--backend", "cudnn", "--shape", "M=8,N=8,K=8"], "not 'cudnn'"),
+    (["tune", "matmul", "--backend", "tvm", "--dtype", "fp8", "--shape", "M=8,N=8,K=8"], "not 'fp8'"),
+    (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8"], "missing K"),
+    (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=x"], "K='x' is not an integer"),
+    (["tune", "matmul", "--backend", "tvm", "--shape", "M8,N=8,K=8"], "malformed shape"),
+    (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=-8"], "must be positive"),
+    (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8", "--trials", "0"], "trials"),
+    (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8,Q=2"], "unknown Q"),
+    (["get", "softmax", "--backend", "tvm", "--shape", "M=8,N=8,K=8"], "unknown K"),
+    (["tune", "matmul", "--shape", "M=8,N=8,K=8"], "--backend"),
+    (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8", "--trials", "many"], "invalid int"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD)
+def test_bad_input_exits_2_with_one_line_and_stores_nothing(
+    shared_server: LiveServer, argv: list[str], message: str
+) -> None:
+    done = tunecache(*argv, "--server", shared_server.url)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert len([line for line in done.stderr.splitlines() if "error" in line]) == 1
+    assert httpx.get(f"{shared_server.url}/health").json()["records"] == 0
+
+
+def test_bad_server_url_is_exit_2() -> None:
+    done = tunecache("get", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8", "--server", "ftp://x")
+    assert done.returncode == 2 and "http://" in done.stderr
+
+
+def test_get_unreachable_server_is_exit_3() -> None:
+    from cache_server.embedded import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    done = tunecache("get", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8", "--server", url)
+    assert done.returncode == 3 and "Connect" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_get_miss_is_exit_1(shared_server: LiveServer) -> None:
+    done = tunecache("get", "matmul", "--backend", "inductor", "--shape", "M=8,N=8,K=8",
+                     "--server", shared_server.url)  # fmt: skip
+    assert done.returncode == 1 and done.stdout.startswith("miss: matmul")
+
+
+def test_workloads_lists_every_workload() -> None:
+    done = tunecache("workloads")
+    assert done.returncode == 0
+    for name, shape in [("matmul", "M,N,K"), ("softmax", "M,N"), ("layernorm", "M,N"), ("bias_gelu", "M,N,K")]:
+        assert any(line.split()[:2] == [name, shape] for line in done.stdout.splitlines())
+
+
+def test_parse_shape() -> None:
+    assert parse_shape(" M=4, N = 8 ") == {"M": 4, "N": 8}
+    for bad in ("", "M", "M=", "=4", "M=4,M=5", "M=1.5"):
+        with pytest.raises(InvalidInput):
+            parse_shape(bad)
+
+
+def test_get_json_prints_the_record(server: LiveServer) -> None:
+    from tests.factories import make_record
+    from tunecache.client import Client
+    from workloads import make_key
+
+    key = make_key("matmul", "tvm", {"M": 8, "N": 8, "K": 8}, "float32")
+    with Client(server.url) as client:
+        client.upload(make_record(key, time_ms=0.5))
+    done = tunecache("get", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8", "--json",
+                     "--server", server.url)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["key"]["problem"] == {"K": 8, "M": 8, "N": 8}
+    assert record["timing"]["median_ms"] == 0.5
+    plain = tunecache("get", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8",
+                      "--server", server.url)  # fmt: skip
+    assert plain.returncode == 0 and "1.00x" not in plain.stdout and "2.00x" in plain.stdout

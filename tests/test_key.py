@@ -1,0 +1,172 @@
+"""Canonical JSON, key hashing, device fingerprints, environment versions and settings."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from tests.factories import CPU, make_key
+from tunecache.canonical import canonical_json, digest
+from tunecache.device import cpu_fingerprint, cuda_fingerprint_from_properties, normalise_name
+from tunecache.environment import environment_for
+from tunecache.errors import InvalidInput
+from tunecache.key import Key
+from tunecache.settings import Settings
+
+
+def test_canonical_json_sorts_keys_and_is_compact() -> None:
+    assert canonical_json({"b": [1, {"d": 2, "c": 1}], "a": "é"}) == '{"a":"é","b":[1,{"c":1,"d":2}]}'
+
+
+def test_canonical_json_keeps_ints_and_floats_distinct() -> None:
+    assert canonical_json({"x": 1}) != canonical_json({"x": 1.0})
+
+
+@pytest.mark.parametrize("bad", [{"x": float("nan")}, {"x": float("inf")}, {1: 2}, {"x": object()}])
+def test_canonical_json_rejects_non_json(bad: object) -> None:
+    with pytest.raises(InvalidInput):
+        canonical_json(bad)
+
+
+def test_digest_is_sha256_of_canonical_json() -> None:
+    value = {"z": 1, "a": [True, None, 2.5]}
+    expected = hashlib.sha256(
+        json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
+    assert digest(value) == expected
+
+
+def test_key_digest_ignores_construction_order() -> None:
+    a = Key(
+        kernel="matmul", source_hash="ab", backend="tvm", problem={"M": 1, "N": 2, "K": 3},
+        dtype="float32", device=CPU, environment={"b": "1", "a": "2"},
+    )  # fmt: skip
+    b = Key(
+        kernel="matmul", source_hash="ab", backend="tvm", problem={"K": 3, "N": 2, "M": 1},
+        dtype="float32", device=CPU, environment={"a": "2", "b": "1"},
+    )  # fmt: skip
+    assert a == b and a.digest() == b.digest() and hash(a) == hash(b)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"kernel": "softmax"},
+        {"source_hash": "ffff"},
+        {"backend": "inductor"},
+        {"problem": {"M": 65, "N": 64, "K": 64}},
+        {"dtype": "float16"},
+        {"device": CPU.__class__(kind="cpu", arch="cpu-avx512", name="test-cpu", units=2)},
+        {"device": CPU.__class__(kind="cpu", arch="cpu-avx2", name="test-cpu", units=4)},
+        {"environment": {"apache-tvm": "0.28.0"}},
+    ],
+)
+def test_every_field_changes_the_digest(change: dict) -> None:
+    base = make_key()
+    fields = {**base.__dict__, **change}
+    assert Key(**fields).digest() != base.digest()
+
+
+def test_key_json_round_trip() -> None:
+    key = make_key()
+    again = Key.from_json(json.loads(json.dumps(key.to_json())))
+    assert again == key and again.digest() == key.digest()
+
+
+def test_key_digest_is_stable_across_processes() -> None:
+    code = (
+        "from tests.factories import make_key; print(make_key().digest())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == make_key().digest()
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"backend": "cuda"}, "unknown backend"),
+        ({"dtype": "fp32"}, "unknown dtype"),
+        ({"kernel": "has space"}, "not an identifier"),
+        ({"problem": {"M": 0}}, "outside"),
+        ({"problem": {"M": 1.5}}, "not an integer"),
+        ({"problem": {}}, "at least one"),
+    ],
+)
+def test_bad_keys_are_rejected_with_a_reason(fields: dict, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        Key(**{**make_key().__dict__, **fields})
+
+
+def test_from_json_names_a_missing_field() -> None:
+    data = make_key().to_json()
+    del data["dtype"]
+    with pytest.raises(InvalidInput, match="'dtype'"):
+        Key.from_json(data)
+
+
+CPUINFO_AVX512 = """processor : 0
+model name : Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags : fpu sse4_2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512_bf16 amx_tile
+processor : 1
+model name : Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags : fpu sse4_2 avx avx2 fma f16c avx512f avx512bw avx512vl avx512_bf16 amx_tile
+"""
+
+
+def test_cpu_fingerprint_from_cpuinfo() -> None:
+    fp = cpu_fingerprint(cpuinfo=CPUINFO_AVX512, cores=2)
+    assert fp.kind == "cpu" and fp.arch == "cpu-avx512" and fp.units == 2
+    assert fp.name == "intel-xeon-platinum-8481c"
+    assert {"avx2", "avx512f", "avx512_bf16", "amx_tile"} <= set(fp.flags)
+    assert "fpu" not in fp.flags
+    assert cpu_fingerprint(cpuinfo="model name : X\nflags : avx avx2\n", cores=1).arch == "cpu-avx2"
+    assert cpu_fingerprint(cpuinfo="Features : fp asimd sve\n", cores=1).arch == "cpu-sve"
+
+
+def test_local_cpu_fingerprint_reads_this_machine() -> None:
+    fp = cpu_fingerprint()
+    assert fp.kind == "cpu" and fp.units >= 1 and fp.arch.startswith("cpu-")
+
+
+def test_cuda_fingerprint_normalises_the_name() -> None:
+    props = SimpleNamespace(
+        name="NVIDIA H100 80GB HBM3", major=9, minor=0, multi_processor_count=132,
+        total_memory=85 * 2**30,
+    )  # fmt: skip
+    fp = cuda_fingerprint_from_properties(props)
+    assert (fp.arch, fp.name, fp.units, fp.memory_gb) == ("sm_90", "h100-80gb-hbm3", 132, 85)
+    assert fp.raw_name == "NVIDIA H100 80GB HBM3"
+    assert normalise_name("H100_80GB_HBM3") == fp.name
+
+
+def test_environment_names_each_backends_packages() -> None:
+    tvm_env = environment_for("tvm")
+    assert set(tvm_env) <= {"apache-tvm"}
+    assert "torch" in environment_for("inductor")
+    with pytest.raises(ValueError, match="unknown backend"):
+        environment_for("cuda")
+
+
+def test_settings_from_env() -> None:
+    s = Settings.from_env({"TUNECACHE_URL": "http://cache:9000/", "TUNECACHE_TIMEOUT": "0.25"})
+    assert (s.url, s.timeout) == ("http://cache:9000", 0.25)
+    assert Settings.from_env({}).url == Settings().url
+
+
+@pytest.mark.parametrize(
+    ("env", "name"),
+    [
+        ({"TUNECACHE_TIMEOUT": "soon"}, "TUNECACHE_TIMEOUT"),
+        ({"TUNECACHE_TIMEOUT": "-1"}, "TUNECACHE_TIMEOUT"),
+        ({"TUNECACHE_TIMEOUT": "nan"}, "TUNECACHE_TIMEOUT"),
+        ({"TUNECACHE_URL": "cache:9000"}, "TUNECACHE_URL"),
+    ],
+)
+def test_bad_settings_name_the_variable(env: dict[str, str], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        Settings.from_env(env)

@@ -1,0 +1,62 @@
+"""Schema management: Alembic creates the schema; the server refuses a database not at head."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cache_server import SchemaOutdated
+from cache_server.db import make_engine
+from cache_server.migrate import check_schema, current_revision, head_revision, upgrade
+
+
+def test_upgrade_creates_every_table(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    assert current_revision(engine) == head_revision()
+    check_schema(engine)  # does not raise
+    with sqlite3.connect(tmp_path / "new.db") as db:
+        tables = {r[0] for r in db.execute("select name from sqlite_master where type='table'")}
+        mode = db.execute("pragma journal_mode").fetchone()[0]
+    assert {"records", "trials", "winners", "alembic_version"} <= tables
+    assert mode == "wal"
+
+
+def test_empty_database_is_refused_with_the_upgrade_command(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'empty.db'}")
+    with pytest.raises(SchemaOutdated, match="tunecache db upgrade --db sqlite:///"):
+        check_schema(engine)
+
+
+def test_unknown_revision_is_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    upgrade(url)
+    with sqlite3.connect(tmp_path / "old.db") as db:
+        db.execute("update alembic_version set version_num = '0000'")
+    with pytest.raises(SchemaOutdated, match="revision 0000"):
+        check_schema(make_engine(url))
+
+
+def test_serve_refuses_an_empty_database_when_told_not_to_create(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'empty.db'}"
+    done = subprocess.run(
+        [sys.executable, "-m", "tunecache.cli", "serve", "--db", url, "--no-create", "--port", "1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "tunecache db upgrade" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_db_upgrade_command(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    done = subprocess.run(
+        [sys.executable, "-m", "tunecache.cli", "db", "upgrade", "--db", url],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert current_revision(make_engine(url)) == head_revision()

@@ -1,0 +1,93 @@
+"""Workloads: problems, seeded non-zero inputs, the float64 reference, costs, keys."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tunecache.errors import InvalidInput
+from workloads import WORKLOADS, get_workload, make_key
+
+SMALL = {"matmul": {"M": 8, "N": 16, "K": 12}, "softmax": {"M": 4, "N": 33},
+         "layernorm": {"M": 4, "N": 33}, "bias_gelu": {"M": 8, "N": 16, "K": 12}}  # fmt: skip
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_torch_fn_matches_the_reference(name: str) -> None:
+    w = get_workload(name)
+    problem = w.problem(SMALL[name])
+    inputs = w.make_inputs(problem, "float32", seed=3)
+    out, ref = w.torch_fn(*inputs), w.reference(*inputs)
+    assert ref.dtype == torch.float64
+    assert tuple(out.shape) == w.output_shape(problem) == tuple(ref.shape)
+    assert rel_error(out, ref) < w.tolerance("float32")
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_inputs_are_seeded_nonzero_and_vary(name: str) -> None:
+    w = get_workload(name)
+    a = w.make_inputs(SMALL[name], "float32", seed=1)
+    b = w.make_inputs(SMALL[name], "float32", seed=1)
+    c = w.make_inputs(SMALL[name], "float32", seed=2)
+    assert [t.shape for t in a] == [torch.Size(s) for s in w.input_shapes(SMALL[name])]
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not all(torch.equal(x, y) for x, y in zip(a, c, strict=True))
+    assert all((t != 0).all() and t.unique().numel() > 1 for t in a)
+    assert all(t.dtype == torch.float32 for t in a)
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_reference_catches_a_perturbed_output(name: str) -> None:
+    w = get_workload(name)
+    inputs = w.make_inputs(SMALL[name], "float32", seed=5)
+    out = w.torch_fn(*inputs).clone()
+    out[0, 0] += 0.05 * out.abs().max()
+    assert rel_error(out, w.reference(*inputs)) > w.tolerance("float32")
+
+
+def test_costs() -> None:
+    mm = get_workload("matmul")
+    assert mm.flops({"M": 2, "N": 3, "K": 4}) == 48
+    assert mm.bytes_moved({"M": 2, "N": 3, "K": 4}, "float32") == (8 + 12 + 6) * 4
+    assert get_workload("softmax").bytes_moved({"M": 2, "N": 8}, "float32") == 2 * 16 * 4
+
+
+def test_edge_problem_has_odd_sizes() -> None:
+    edge = get_workload("matmul").edge_problem({"M": 64, "N": 128, "K": 32})
+    assert edge == {"M": 63, "N": 127, "K": 31}
+    assert get_workload("softmax").edge_problem({"M": 1, "N": 1}) is None
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        ({"M": 4, "N": 4}, "missing K"),
+        ({"M": 4, "N": 4, "K": 4, "B": 2}, "unknown B"),
+        ({"M": 0, "N": 4, "K": 4}, "outside"),
+        ({"M": "4", "N": 4, "K": 4}, "not an integer"),
+    ],
+)
+def test_bad_problems_name_the_parameter(sizes: dict, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        get_workload("matmul").problem(sizes)
+
+
+def test_make_key_checks_workload_backend_and_dtype() -> None:
+    with pytest.raises(InvalidInput, match="unknown workload 'conv'; known: bias_gelu"):
+        make_key("conv", "tvm", {"M": 1}, "float32")
+    with pytest.raises(InvalidInput, match="has backends tvm, inductor, not 'cuda'"):
+        make_key("matmul", "cuda", {"M": 1, "N": 1, "K": 1}, "float32")
+    with pytest.raises(InvalidInput, match="supports dtypes"):
+        make_key("matmul", "tvm", {"M": 1, "N": 1, "K": 1}, "float17")
+
+
+def test_source_hash_depends_on_the_backend_sources() -> None:
+    mm = get_workload("matmul")
+    assert mm.source_hash("tvm") != mm.source_hash("inductor")
+    assert mm.source_hash("tvm") != get_workload("bias_gelu").source_hash("tvm")
+    key = make_key("matmul", "inductor", {"M": 4, "N": 4, "K": 4}, "float32")
+    assert key.source_hash == mm.source_hash("inductor") and "torch" in key.environment
