@@ -23,7 +23,9 @@ def get_backend(name: str) -> Backend:
     try:
         target = _REGISTRY[name]
     except KeyError:
-        raise InvalidInput(f"unknown backend {name!r}; known: {', '.join(sorted(_REGISTRY))}") from None
+        raise InvalidInput(
+            f"unknown backend {name!r}; known: {', '.join(sorted(_REGISTRY))}"
+        ) from None
     module, _, cls = target.partition(":")
     backend: Backend = getattr(importlib.import_module(module), cls)()
     return backend

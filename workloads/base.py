@@ -95,7 +95,9 @@ class Workload(abc.ABC):
 
     def check_dtype(self, dtype: str) -> None:
         if dtype not in self.dtypes:
-            raise InvalidInput(f"{self.name} supports dtypes {', '.join(self.dtypes)}, not {dtype!r}")
+            raise InvalidInput(
+                f"{self.name} supports dtypes {', '.join(self.dtypes)}, not {dtype!r}"
+            )
 
     def check_backend(self, backend: str) -> None:
         if backend not in self.backends:

@@ -1,0 +1,158 @@
+"""The TVM backend: MetaSchedule search and llvm builds for any workload's TE compute."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from backends.base import Backend, Budget, Progress, ProgressFn, Runnable, SearchResult
+
+if TYPE_CHECKING:
+    from tvm.tirx import PrimFunc
+
+    from workloads.base import Workload
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = "apache-tvm is not installed: pip install 'tunecache[tvm]'"
+
+
+class TVMBackend(Backend):
+    """Tunes TE computes with MetaSchedule on this CPU's llvm target.
+
+    Configs are JSON: ``{"schedule": "default"}`` (the unscheduled PrimFunc, the honest no-tuning
+    baseline) or ``{"schedule": "meta_schedule", "trace": [...], "target": {...}}`` (a
+    MetaSchedule trace, replayed on the workload's PrimFunc at build time).
+
+    Example:
+        >>> from workloads import get_workload
+        >>> backend, matmul = TVMBackend(), get_workload("matmul")
+        >>> problem = {"M": 64, "N": 64, "K": 64}
+        >>> result = backend.search(matmul, problem, "float32", Budget(trials=8), workdir=tmp)
+        >>> out = result.runnable(*matmul.make_inputs(problem, "float32", seed=0))
+    """
+
+    name: ClassVar[str] = "tvm"
+
+    def unavailable_reason(self) -> str | None:
+        """``None`` when TVM imports, else why not (with the install command)."""
+        try:
+            import tvm  # noqa: F401
+            from tvm.s_tir import meta_schedule  # noqa: F401
+        except ImportError as exc:
+            logger.debug("TVM is unavailable: %s", exc)
+            return INSTALL_HINT
+        except Exception as exc:  # a broken install (missing shared library, ABI mismatch)
+            return f"apache-tvm failed to import ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
+        return None
+
+    def search(
+        self,
+        workload: Workload,
+        problem: Mapping[str, int],
+        dtype: str,
+        budget: Budget,
+        *,
+        workdir: Path,
+        progress: ProgressFn | None = None,
+    ) -> SearchResult:
+        """Tunes ``workload`` at ``problem`` with MetaSchedule for this CPU.
+
+        Records go to a JSON database under ``workdir/<sha(target)>-tvm<version>/``; a second
+        search of the same workload starts from them and may return an earlier winner.
+
+        Raises:
+            TuningError: no candidate compiled and ran.
+        """
+        from backends.tvm.search import tune
+        from backends.tvm.target import canonical_target, host_cores, host_target
+
+        started = time.monotonic()
+        target = canonical_target(host_target())
+        if progress is not None:
+            progress(Progress(0, budget.trials, None, "meta_schedule: starting"))
+        outcome = tune(
+            self._prim_func(workload, problem, dtype),
+            target,
+            budget,
+            workdir=Path(workdir),
+            progress=progress,
+            cores=host_cores(),
+        )
+        winner = outcome.configs[0]
+        runnable = self.build(workload, problem, dtype, winner)
+        seconds = time.monotonic() - started
+        ok = sum(t.status == "ok" for t in outcome.trials)
+        logger.info(
+            "%s %s: %d candidates (%d ok) in %.1f s; best %s",
+            workload.name,
+            dict(problem),
+            len(outcome.trials),
+            ok,
+            seconds,
+            self.summarize(winner),
+        )
+        if progress is not None:
+            progress(
+                Progress(len(outcome.trials), budget.trials, outcome.best_ms, "meta_schedule: done")
+            )
+        return SearchResult(
+            config=winner,
+            trials=outcome.trials,
+            strategy="meta_schedule",
+            seconds=seconds,
+            runnable=runnable,
+            ranked=outcome.configs[1:],
+        )
+
+    def build(
+        self, workload: Workload, problem: Mapping[str, int], dtype: str, config: Mapping[str, Any]
+    ) -> Runnable:
+        """Compiles ``config`` for ``workload`` at ``problem`` (any size, not only the tuned one).
+
+        Raises:
+            InvalidInput: ``config`` is not a TVM config.
+            TuningError: the trace cannot be replayed at this problem, or compiling failed.
+        """
+        from backends.tvm.runnable import compile_module, make_runnable
+        from backends.tvm.schedule import SCHEDULE_DEFAULT, apply_trace, config_schedule
+        from backends.tvm.target import host_target
+        from workloads.base import torch_dtype
+
+        kind = config_schedule(config)
+        func = self._prim_func(workload, problem, dtype)
+        # Always this CPU: the runnable must run here. A config tuned on another CPU still
+        # replays (a trace names loops and tiles, not instructions) but may be slower.
+        target = host_target()
+        tuned_for = config.get("target")
+        if isinstance(tuned_for, Mapping) and tuned_for.get("mcpu") != target.get("mcpu"):
+            logger.debug("config tuned for %s, built for %s", tuned_for, target)
+        if kind == SCHEDULE_DEFAULT:
+            lib = compile_module(func, target)
+        else:
+            where = f" on {workload.name} {dict(problem)}"
+            sch = apply_trace(func, config["trace"], where=where)
+            lib = compile_module(sch.mod, target)
+        return make_runnable(lib, workload.output_shape(problem), torch_dtype(dtype))
+
+    def summarize(self, config: Mapping[str, Any]) -> str:
+        """``default (no schedule)`` or the trace's tiles and unroll, under 60 characters."""
+        from backends.tvm.schedule import SCHEDULE_DEFAULT, summarize_trace
+
+        if config.get("schedule") == SCHEDULE_DEFAULT:
+            return "default (no schedule)"
+        trace = config.get("trace")
+        if config.get("schedule") != "meta_schedule" or not isinstance(trace, list):
+            return f"unknown TVM config {str(config.get('schedule'))[:30]!r}"
+        return summarize_trace(trace)
+
+    @staticmethod
+    def _prim_func(workload: Workload, problem: Mapping[str, int], dtype: str) -> PrimFunc:
+        from tvm import te
+
+        tensors = workload.backend_module("tvm").compute(problem, dtype)
+        func: PrimFunc = te.create_prim_func(tensors)
+        return func

@@ -1,0 +1,120 @@
+"""A fast MetaSchedule builder: a small build function in a pool of warm worker processes.
+
+Three costs of MetaSchedule's ``LocalBuilder`` and ``LocalRunner`` dominate a small CPU tune:
+
+* its default build function imports ``tvm.s_tir.tensor_intrin`` (~20 s) in every fresh worker;
+  llvm candidates need none of it, so :func:`fast_build` only strips the layout-rewrite blocks and
+  calls ``tvm.tirx.build``;
+* it starts a new process pool for every batch (and one more for a sanity check), and each
+  worker spends ~2.5 s importing TVM. :class:`WarmPool` keeps one pool for the whole search,
+  starts its workers at once (while the search space is being generated) and recycles each
+  worker after :data:`MAX_USES` tasks, which bounds the leak ``LocalBuilder`` restarts for;
+* ``LocalRunner`` blocks until its own worker has imported TVM: here the runner
+  (:mod:`backends.tvm.runner`) measures in the same warm pool, one candidate at a time, after the
+  batch is built, so a search starts ``cores`` TVM processes instead of ``2 + cores`` per batch.
+
+Workers receive :func:`fast_build` through cloudpickle *by value* (see the registration at the
+bottom), so they need not be able to import this repository.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tvm.ir import IRModule
+    from tvm.runtime import Module
+    from tvm.target import Target
+
+logger = logging.getLogger(__name__)
+
+MAX_USES = 64  # builds per worker process before it is replaced
+
+
+def fast_build(mod: IRModule, target: Target, _params: dict[str, Any] | None) -> Module:
+    """Compiles one candidate for ``target`` (the ``LocalBuilder`` ``f_build`` signature)."""
+    import tvm
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm.tirx.build(mod, target=target)
+
+
+def fast_export(mod: Module) -> str:
+    """Links ``mod`` into a shared library in a fresh directory; returns its path.
+
+    A shared library, not MetaSchedule's default tar of object files: the tar is linked when
+    the runner loads it (~40 ms a candidate, serially), the library here in parallel workers.
+    """
+    import os
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(prefix="tunecache-tvm-"), "candidate.so")
+    mod.export_library(path)
+    return path
+
+
+def _ready() -> bool:
+    """Runs in a worker once it has imported TVM: the warm-up task."""
+    return True
+
+
+class WarmPool:
+    """A process pool that outlives batches; its workers start importing TVM on creation."""
+
+    def __init__(self, max_workers: int, timeout_sec: float) -> None:
+        from tvm.support.popen_pool import PopenPoolExecutor
+
+        self.timeout_sec = timeout_sec
+        self.pool = PopenPoolExecutor(
+            max_workers=max_workers, timeout=timeout_sec, maximum_process_uses=MAX_USES
+        )
+        # One warm-up task per worker thread: each starts its process now, in the background.
+        self._warmup = [self.pool.submit(_ready) for _ in range(max_workers)]
+
+    def build(self, build_inputs: list[Any]) -> list[Any]:
+        """Builds and exports every input; failures become ``BuilderResult`` errors."""
+        from tvm.s_tir.meta_schedule.builder import BuilderResult
+        from tvm.s_tir.meta_schedule.builder.local_builder import _worker_func
+        from tvm.support.popen_pool import StatusKind
+
+        args = [(fast_build, fast_export, b.mod, b.target, None) for b in build_inputs]
+        results: list[Any] = []
+        for outcome in self.pool.map_with_error_catching(lambda a: _worker_func(*a), args):
+            if outcome.status == StatusKind.COMPLETE:
+                results.append(BuilderResult(outcome.value, None))
+            elif outcome.status == StatusKind.TIMEOUT:
+                message = f"build timed out after {self.timeout_sec:g} s"
+                results.append(BuilderResult(None, message))
+            else:
+                results.append(BuilderResult(None, f"build failed: {outcome.value}"))
+        return results
+
+    def close(self) -> None:
+        """Stops the worker processes."""
+        self.pool.shutdown()
+
+
+def make_builder(pool: WarmPool) -> Any:
+    """A MetaSchedule ``Builder`` that builds through ``pool``."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.builder import PyBuilder
+
+    @derived_object
+    class WarmBuilder(PyBuilder):
+        def build(self, build_inputs: list[Any]) -> list[Any]:
+            return pool.build(build_inputs)
+
+    return WarmBuilder()
+
+
+def _pickle_by_value() -> None:
+    import sys
+
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+_pickle_by_value()

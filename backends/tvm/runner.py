@@ -1,0 +1,53 @@
+"""A MetaSchedule runner that times candidates in the builder's warm worker pool.
+
+Like ``LocalRunner`` it runs one candidate at a time (MetaSchedule builds a whole batch before it
+measures it, so the workers are idle then) with TVM's ``time_evaluator`` on random inputs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from backends.tvm.builder import WarmPool
+
+
+def make_runner(pool: WarmPool, *, repeat: int, min_repeat_ms: int) -> Any:
+    """A MetaSchedule ``Runner``: each candidate timed ``repeat`` times, ≥ ``min_repeat_ms``."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, PyRunner
+    from tvm.s_tir.meta_schedule.runner.local_runner import LocalRunnerFuture, _worker_func
+
+    config = EvaluatorConfig(
+        number=1, repeat=repeat, min_repeat_ms=min_repeat_ms, enable_cpu_cache_flush=False
+    )
+
+    @derived_object
+    class WarmRunner(PyRunner):
+        def run(self, runner_inputs: list[Any]) -> list[Any]:
+            futures = []
+            for item in runner_inputs:
+                args_info = tuple(info.as_json() for info in item.args_info)
+                job = pool.pool.submit(
+                    _worker_func,
+                    None,
+                    None,
+                    None,
+                    config,
+                    1,
+                    str(item.artifact_path),
+                    str(item.device_type),
+                    args_info,
+                )
+                try:
+                    costs = job.result()
+                except TimeoutError:
+                    message = f"run timed out after {pool.timeout_sec:g} s"
+                    futures.append(LocalRunnerFuture(res=None, error_message=message))
+                except Exception as exc:
+                    futures.append(LocalRunnerFuture(res=None, error_message=f"run failed: {exc}"))
+                else:
+                    futures.append(LocalRunnerFuture(res=costs, error_message=None))
+            return futures
+
+    return WarmRunner()

@@ -1,0 +1,217 @@
+"""A MetaSchedule search on the llvm target, reporting every measured candidate."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from backends.base import Budget, Progress, ProgressFn, Trial, TrialStatus
+from backends.tvm.builder import WarmPool, make_builder
+from backends.tvm.database import best_records, mean_seconds, normalize_module, open_database
+from backends.tvm.intrin import cpu_intrinsics_only
+from backends.tvm.runner import make_runner
+from backends.tvm.schedule import SCHEDULE_META, trace_json
+from tunecache.errors import TuningError
+
+if TYPE_CHECKING:
+    from tvm.tirx import PrimFunc
+
+logger = logging.getLogger(__name__)
+
+MAX_ERROR_CHARS = 2000
+MAX_TRIALS_PER_ITER = 16
+# Each candidate is timed for at least REPEAT × MIN_REPEAT_MS milliseconds.
+REPEAT = 3
+MIN_REPEAT_MS = 15
+RANKED = 5
+WORKER_TIMEOUT_S = 10.0  # per build and per measurement: slower candidates are junk
+MIN_POPULATION, MAX_POPULATION = 64, 512
+
+
+@dataclass
+class _Recorder:
+    """What the measure callback sees, kept in plain Python."""
+
+    total: int
+    target: dict[str, Any]
+    deadline: float | None
+    progress: ProgressFn | None
+    trials: list[Trial] = field(default_factory=list)
+    best_ms: float | None = None
+    error: BaseException | None = None
+
+    def record(self, candidates: Any, builder_results: Any, runner_results: Any) -> None:
+        for cand, built, ran in zip(candidates, builder_results, runner_results, strict=False):
+            config = {
+                "schedule": SCHEDULE_META,
+                "trace": trace_json(cand.sch.trace),
+                "target": self.target,
+            }
+            self.trials.append(trial_from_results(config, built, ran))
+            time_ms = self.trials[-1].time_ms
+            if time_ms is not None and (self.best_ms is None or time_ms < self.best_ms):
+                self.best_ms = time_ms
+        if self.progress is not None and self.error is None:
+            try:
+                self.progress(
+                    Progress(len(self.trials), self.total, self.best_ms, "measured a batch")
+                )
+            except Exception as exc:  # re-raised once MetaSchedule has returned
+                self.error = exc
+
+    def should_stop(self) -> bool:
+        if self.error is not None:
+            return True
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+
+def trial_from_results(config: dict[str, Any], built: Any, ran: Any) -> Trial:
+    """One candidate's :class:`Trial` from MetaSchedule's ``BuilderResult`` and ``RunnerResult``.
+
+    A failed build is ``compile_error``, a failed run ``runtime_error``, either one that ran out
+    of time ``timeout``; ``ok`` trials take the mean of the runner's timings, in milliseconds.
+    """
+    checks: tuple[tuple[Any, TrialStatus], ...] = (
+        (built.error_msg, "compile_error"),
+        (ran.error_msg, "runtime_error"),
+    )
+    for failed, status in checks:
+        if failed:
+            text = str(failed)
+            if "timeout" in text.lower() or "timed out" in text.lower():
+                status = "timeout"
+            return Trial(config, status, error=text[:MAX_ERROR_CHARS])
+    secs = [float(s.value if hasattr(s, "value") else s) for s in (ran.run_secs or [])]
+    if not secs:
+        return Trial(config, "runtime_error", error="the runner returned no timings")
+    return Trial(config, "ok", time_ms=1e3 * sum(secs) / len(secs))
+
+
+def _make_callback(recorder: _Recorder) -> Any:
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+
+    @derived_object
+    class RecordTrials(PyMeasureCallback):
+        def apply(
+            self,
+            task_scheduler: Any,
+            task_id: int,
+            measure_candidates: Any,
+            builder_results: Any,
+            runner_results: Any,
+        ) -> None:
+            recorder.record(measure_candidates, builder_results, runner_results)
+            if recorder.should_stop():
+                task_scheduler.terminate_task(task_id)
+
+    return RecordTrials()
+
+
+def _run_meta_schedule(
+    mod: Any,
+    target: dict[str, Any],
+    budget: Budget,
+    database: Any,
+    pool: WarmPool,
+    recorder: _Recorder,
+    cores: int,
+    work_dir: str,
+) -> None:
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.tune import tune_tasks
+    from tvm.target import Target
+
+    # TuneContext and tune_tasks directly, not tune_tir: tune_tir reconfigures logging (a DEBUG
+    # console handler on stdout); this way MetaSchedule logs through the caller's handlers.
+    context = ms.TuneContext(
+        mod=mod,
+        target=Target(dict(target)),
+        space_generator="post-order-apply",
+        search_strategy=ms.search_strategy.EvolutionarySearch(
+            population_size=population_size(budget.trials)
+        ),
+        task_name="main",
+        num_threads=cores,
+        logger=logging.getLogger(f"{__name__}.meta_schedule"),
+    ).clone()
+    callbacks = [*ms.measure_callback.MeasureCallback.create("default")]
+    callbacks.append(_make_callback(recorder))
+    tune_tasks(
+        tasks=[context],
+        task_weights=[1.0],
+        work_dir=work_dir,
+        max_trials_global=budget.trials,
+        num_trials_per_iter=min(budget.trials, MAX_TRIALS_PER_ITER),
+        builder=make_builder(pool),
+        runner=make_runner(pool, repeat=REPEAT, min_repeat_ms=MIN_REPEAT_MS),
+        database=database,
+        measure_callbacks=callbacks,
+        task_scheduler="round-robin",
+    )
+
+
+def population_size(trials: int) -> int:
+    """The evolutionary search's population: smaller for small budgets (it costs ~1 ms each).
+
+    Until about 100 candidates are measured the XGBoost cost model ranks almost at random, so a
+    large population buys little for a small budget.
+    """
+    return max(MIN_POPULATION, min(MAX_POPULATION, 8 * trials))
+
+
+@dataclass
+class Outcome:
+    """What :func:`tune` found: measured trials and the best configs, fastest first."""
+
+    trials: list[Trial]
+    configs: list[dict[str, Any]]
+    best_ms: float | None
+
+
+def tune(
+    func: PrimFunc,
+    target: dict[str, Any],
+    budget: Budget,
+    *,
+    workdir: Path,
+    progress: ProgressFn | None,
+    cores: int,
+) -> Outcome:
+    """Tunes ``func`` for ``target`` with MetaSchedule within ``budget``.
+
+    Raises:
+        TuningError: no candidate compiled and ran.
+    """
+    begin = time.monotonic()
+    deadline = None if budget.seconds is None else begin + budget.seconds
+    recorder = _Recorder(budget.trials, target, deadline, progress)
+    database = open_database(workdir, target)
+    mod = normalize_module(func)
+    pool = WarmPool(max_workers=cores, timeout_sec=WORKER_TIMEOUT_S)  # workers start now
+    try:
+        with cpu_intrinsics_only():
+            _run_meta_schedule(mod, target, budget, database, pool, recorder, cores, str(workdir))
+    except Exception as exc:
+        if recorder.error is not None:
+            raise recorder.error from exc
+        raise TuningError(f"MetaSchedule failed: {str(exc)[-MAX_ERROR_CHARS:]}") from exc
+    finally:
+        pool.close()
+    if recorder.error is not None:
+        raise recorder.error
+    records = best_records(database, mod, RANKED + 1)
+    if not records:
+        errors = "; ".join(t.error.splitlines()[-1] for t in recorder.trials[:3] if t.error)
+        raise TuningError(
+            f"MetaSchedule measured {len(recorder.trials)} candidates and none ran"
+            + (f": {errors}" if errors else "")
+        )
+    configs = [
+        {"schedule": SCHEDULE_META, "trace": trace_json(r.trace), "target": target} for r in records
+    ]
+    best = mean_seconds(records[0])
+    return Outcome(recorder.trials, configs, None if best is None else 1e3 * best)

@@ -1,0 +1,310 @@
+"""The TVM backend: real MetaSchedule searches and llvm builds on CPU, on tiny shapes."""
+
+from __future__ import annotations
+
+import builtins
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from backends import Budget, Progress, SearchResult
+from backends.tvm import TVMBackend
+from tunecache.errors import InvalidInput, TuningError
+from workloads import get_workload
+from workloads.base import Workload
+
+DTYPE = "float32"
+MATMUL = get_workload("matmul")
+SOFTMAX = get_workload("softmax")
+MATMUL_PROBLEM = {"M": 32, "N": 48, "K": 64}
+SOFTMAX_PROBLEM = {"M": 32, "N": 64}
+TINY = {
+    "matmul": {"M": 24, "N": 40, "K": 16},
+    "softmax": {"M": 8, "N": 48},
+    "layernorm": {"M": 8, "N": 48},
+    "bias_gelu": {"M": 24, "N": 40, "K": 16},
+}
+STATUSES = {"ok", "compile_error", "runtime_error", "timeout"}
+
+
+def rel_error(workload: Workload, out: Any, inputs: tuple[Any, ...]) -> float:
+    ref = workload.reference(*inputs)
+    assert tuple(out.shape) == tuple(ref.shape)
+    return float((out.double() - ref).norm() / ref.norm())
+
+
+def assert_correct(
+    workload: Workload, runnable: Any, problem: Mapping[str, int], seed: int
+) -> None:
+    inputs = workload.make_inputs(problem, DTYPE, seed)
+    assert rel_error(workload, runnable(*inputs), inputs) <= workload.tolerance(DTYPE)
+
+
+def roundtrip(config: Mapping[str, Any]) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(json.dumps(config))
+    return data
+
+
+@pytest.fixture(scope="module")
+def backend() -> TVMBackend:
+    pytest.importorskip("tvm")
+    return TVMBackend()
+
+
+def run_search(
+    backend: TVMBackend,
+    workload: Workload,
+    problem: Mapping[str, int],
+    budget: Budget,
+    workdir: Path,
+) -> tuple[SearchResult, list[Progress]]:
+    reports: list[Progress] = []
+    result = backend.search(
+        workload, problem, DTYPE, budget, workdir=workdir, progress=reports.append
+    )
+    return result, reports
+
+
+@pytest.fixture(scope="module")
+def matmul_search(
+    backend: TVMBackend, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[SearchResult, list[Progress], Path]:
+    workdir = tmp_path_factory.mktemp("tvm-matmul")
+    result, reports = run_search(backend, MATMUL, MATMUL_PROBLEM, Budget(trials=8), workdir)
+    return result, reports, workdir
+
+
+# -- availability (no TVM needed) -------------------------------------------------------------
+def test_unavailable_reason_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_import = builtins.__import__
+
+    def no_tvm(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "tvm" or name.startswith("tvm."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tvm)
+    reason = TVMBackend().unavailable_reason()
+    assert reason is not None
+    assert "pip install 'tunecache[tvm]'" in reason
+    assert "\n" not in reason
+
+
+def test_summarize_default_config() -> None:
+    assert TVMBackend().summarize({"schedule": "default"}) == "default (no schedule)"
+
+
+# -- default configs ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_available_here(backend: TVMBackend) -> None:
+    assert backend.unavailable_reason() is None
+    assert backend.name == "tvm"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_default_config_builds_and_is_correct(backend: TVMBackend, name: str) -> None:
+    workload = get_workload(name)
+    problem = TINY[name]
+    runnable = backend.build(workload, problem, DTYPE, workload.default_config("tvm"))
+    assert_correct(workload, runnable, problem, seed=1)
+    # A fresh output each call, of the workload's shape.
+    inputs = workload.make_inputs(problem, DTYPE, 2)
+    first, second = runnable(*inputs), runnable(*inputs)
+    assert first.data_ptr() != second.data_ptr()
+    assert tuple(first.shape) == workload.output_shape(problem)
+    edge = workload.edge_problem(problem)
+    assert edge is not None
+    assert_correct(workload, backend.build(workload, edge, DTYPE, {"schedule": "default"}), edge, 3)
+
+
+@pytest.mark.slow
+def test_runnable_rejects_wrong_inputs(backend: TVMBackend) -> None:
+    problem = TINY["matmul"]
+    runnable = backend.build(MATMUL, problem, DTYPE, {"schedule": "default"})
+    a, b = MATMUL.make_inputs(problem, DTYPE, 0)
+    with pytest.raises((ValueError, TypeError)):
+        runnable(a.double(), b)
+    with pytest.raises((ValueError, TypeError)):
+        runnable(b, a)  # transposed shapes
+
+
+@pytest.mark.slow
+def test_malformed_configs_are_rejected(backend: TVMBackend) -> None:
+    problem = TINY["matmul"]
+    with pytest.raises(InvalidInput):
+        backend.build(MATMUL, problem, DTYPE, {"schedule": "autotvm"})
+    with pytest.raises(InvalidInput):
+        backend.build(MATMUL, problem, DTYPE, {"schedule": "meta_schedule"})
+    bad_trace = [[["GetSBlock", [], ["no_such_block", "main"], ["b0"]]], []]
+    with pytest.raises(TuningError, match=r"instruction #0 GetSBlock"):
+        backend.build(MATMUL, problem, DTYPE, {"schedule": "meta_schedule", "trace": bad_trace})
+
+
+# -- search --------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_search_reports_every_trial(
+    matmul_search: tuple[SearchResult, list[Progress], Path],
+) -> None:
+    result, reports, _ = matmul_search
+    assert result.strategy == "meta_schedule"
+    assert 1 <= len(result.trials) <= 8
+    assert result.seconds > 0
+    for trial in result.trials:
+        assert trial.status in STATUSES
+        assert (trial.time_ms is not None) == (trial.status == "ok")
+        if trial.status == "ok":
+            assert trial.time_ms is not None and trial.time_ms > 0
+        else:
+            assert trial.error and len(trial.error) <= 2000
+        assert trial.config["schedule"] == "meta_schedule"
+    ok_times = [t.time_ms for t in result.trials if t.time_ms is not None]
+    assert ok_times, "no candidate ran"
+    # The winner is the fastest measured candidate (a fresh workdir: no earlier records).
+    fastest = min(result.trials, key=lambda t: t.time_ms if t.time_ms is not None else 1e30)
+    assert fastest.config["trace"] == result.config["trace"]
+    # Progress: a start report, one per measured batch, an end report with the trial count.
+    assert reports[0].done == 0 and reports[0].total == 8
+    assert reports[-1].done == len(result.trials)
+    assert reports[-1].best_ms == pytest.approx(min(ok_times))
+    assert [p.done for p in reports] == sorted(p.done for p in reports)
+
+
+@pytest.mark.slow
+def test_search_winner_is_correct_and_json(
+    backend: TVMBackend, matmul_search: tuple[SearchResult, list[Progress], Path]
+) -> None:
+    result, _, _ = matmul_search
+    assert result.runnable is not None
+    assert_correct(MATMUL, result.runnable, MATMUL_PROBLEM, seed=5)
+    config = roundtrip(result.config)
+    assert config == result.config
+    assert config["schedule"] == "meta_schedule"
+    assert config["target"]["kind"] == "llvm"
+    # Rebuilt from JSON alone: at the tuned problem and at an odd-sized edge problem.
+    assert_correct(MATMUL, backend.build(MATMUL, MATMUL_PROBLEM, DTYPE, config), MATMUL_PROBLEM, 6)
+    edge = MATMUL.edge_problem(MATMUL_PROBLEM)
+    assert edge == {"M": 31, "N": 47, "K": 63}
+    assert_correct(MATMUL, backend.build(MATMUL, edge, DTYPE, config), edge, seed=7)
+    summary = backend.summarize(config)
+    assert summary.startswith("tiles ") and len(summary) <= 60
+
+
+@pytest.mark.slow
+def test_search_ranks_other_configs(
+    backend: TVMBackend, matmul_search: tuple[SearchResult, list[Progress], Path]
+) -> None:
+    result, _, _ = matmul_search
+    ok = [t for t in result.trials if t.status == "ok"]
+    assert len(result.ranked) == min(5, len(ok) - 1)
+    traces = [json.dumps(c["trace"]) for c in [result.config, *result.ranked]]
+    assert len(set(traces)) == len(traces)
+    times = {json.dumps(t.config["trace"]): t.time_ms for t in ok}
+    ranked_times = [times[trace] for trace in traces]
+    assert ranked_times == sorted(ranked_times)  # type: ignore[type-var]
+    assert_correct(
+        MATMUL, backend.build(MATMUL, MATMUL_PROBLEM, DTYPE, result.ranked[0]), MATMUL_PROBLEM, 8
+    )
+
+
+@pytest.mark.slow
+def test_database_is_partitioned_and_warm_starts(
+    backend: TVMBackend, matmul_search: tuple[SearchResult, list[Progress], Path]
+) -> None:
+    from backends.tvm.database import database_dir
+    from backends.tvm.target import host_target, tvm_version
+
+    first, _, workdir = matmul_search
+    partition = database_dir(workdir, host_target())
+    assert partition.parent == workdir
+    assert partition.name.endswith(f"-tvm{tvm_version()}")
+    records = (partition / "database_tuning_record.json").read_text().splitlines()
+    assert len(records) == len(first.trials)
+    # Re-tuning: the earlier records seed the search, the seconds budget stops it after one
+    # batch, and the winner is the fastest record of both runs.
+    second, _ = run_search(backend, MATMUL, MATMUL_PROBLEM, Budget(trials=64, seconds=0.1), workdir)
+    assert 1 <= len(second.trials) <= 16
+    records = (partition / "database_tuning_record.json").read_text().splitlines()
+    assert len(records) == len(first.trials) + len(second.trials)
+    both = [t for t in [*first.trials, *second.trials] if t.time_ms is not None]
+    fastest = min(both, key=lambda t: t.time_ms or 0.0)
+    assert second.config["trace"] == fastest.config["trace"]
+
+
+@pytest.mark.slow
+def test_different_targets_get_different_databases(backend: TVMBackend, tmp_path: Path) -> None:
+    from backends.tvm.database import database_dir, open_database
+    from backends.tvm.target import host_target
+
+    mine = host_target()
+    other = {**mine, "num-cores": mine["num-cores"] + 1}
+    generic = {"kind": "llvm", "num-cores": mine["num-cores"]}
+    dirs = {database_dir(tmp_path, t) for t in (mine, other, generic)}
+    assert len(dirs) == 3
+    assert database_dir(tmp_path, dict(mine)) == database_dir(tmp_path, mine)
+    for target in (mine, other):
+        open_database(tmp_path, target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        database_dir(tmp_path, t).name for t in (mine, other)
+    )
+
+
+@pytest.mark.slow
+def test_host_target_uses_the_cpu_name(backend: TVMBackend) -> None:
+    from tvm.target import Target, codegen
+
+    from backends.tvm.target import host_target
+
+    target = host_target()
+    assert target["kind"] == "llvm" and target["num-cores"] >= 1
+    if "mcpu" in target:  # then LLVM sees the host's vector extensions
+        host = codegen.llvm_get_cpu_features(Target(target))
+        generic = codegen.llvm_get_cpu_features(Target({"kind": "llvm"}))
+        simd = {f for f in generic if f.startswith(("sse", "avx"))}
+        assert simd <= host
+        assert {f for f in host if f.startswith(("sse", "avx"))} - simd
+
+
+@pytest.mark.slow
+def test_softmax_search_and_edge_rebuild(backend: TVMBackend, tmp_path: Path) -> None:
+    result, _ = run_search(backend, SOFTMAX, SOFTMAX_PROBLEM, Budget(trials=8), tmp_path)
+    assert result.runnable is not None
+    assert_correct(SOFTMAX, result.runnable, SOFTMAX_PROBLEM, seed=11)
+    edge = SOFTMAX.edge_problem(SOFTMAX_PROBLEM)
+    assert edge is not None
+    # A trace replays on odd sizes, or fails with a TuningError naming the instruction
+    # (re-sampled tiles can change a reduction's loop nest); some config among the best does.
+    built = 0
+    for config in [result.config, *result.ranked]:
+        try:
+            runnable = backend.build(SOFTMAX, edge, DTYPE, roundtrip(config))
+        except TuningError as exc:
+            assert "instruction #" in str(exc)
+            continue
+        assert_correct(SOFTMAX, runnable, edge, seed=12)
+        built += 1
+    assert built >= 1
+
+
+# -- trial bookkeeping ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_trial_statuses_from_results(backend: TVMBackend) -> None:
+    from backends.tvm.search import trial_from_results
+
+    config = {"schedule": "meta_schedule", "trace": [[], []]}
+    built, not_built = SimpleNamespace(error_msg=None), SimpleNamespace(error_msg="x" * 5000)
+    ran = SimpleNamespace(error_msg=None, run_secs=[1e-3, 3e-3])
+    ok = trial_from_results(config, built, ran)
+    assert ok.status == "ok" and ok.time_ms == pytest.approx(2.0)
+    failed = trial_from_results(config, not_built, SimpleNamespace(error_msg="skipped"))
+    assert failed.status == "compile_error" and len(failed.error) == 2000
+    crashed = trial_from_results(
+        config, built, SimpleNamespace(error_msg="segfault", run_secs=None)
+    )
+    assert crashed.status == "runtime_error" and crashed.error == "segfault"
+    slow = trial_from_results(config, built, SimpleNamespace(error_msg="run timed out after 10 s"))
+    assert slow.status == "timeout" and slow.time_ms is None

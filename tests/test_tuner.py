@@ -1,0 +1,102 @@
+"""The tuner end to end with real backends: tune → validate → upload → fetch from a new process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from backends import Backend, Budget, Runnable, SearchResult, get_backend
+from tests.conftest import LiveServer
+from tunecache.errors import TuningError
+from tuner import tune
+from tuner.timing import TimerSettings
+
+pytestmark = pytest.mark.slow
+QUICK_TIMER = TimerSettings(warmup=1, min_repeats=3, max_repeats=5, target_s=0.01)
+
+
+def tunecache(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tunecache.cli", *args], capture_output=True, text=True, timeout=900
+    )
+
+
+@pytest.mark.parametrize(
+    ("workload", "backend", "shape"),
+    [("matmul", "tvm", "M=32,N=32,K=32"), ("softmax", "inductor", "M=16,N=64")],
+)
+def test_tune_upload_then_get_from_another_process(
+    server: LiveServer, workload: str, backend: str, shape: str
+) -> None:
+    tuned = tunecache("tune", workload, "--backend", backend, "--shape", shape, "--trials", "4",
+                      "--server", server.url)  # fmt: skip
+    assert tuned.returncode == 0, tuned.stderr
+    assert "validating" in tuned.stderr and "uploaded record #1" in tuned.stderr  # progress shown
+    got = tunecache("get", workload, "--backend", backend, "--shape", shape, "--json",
+                    "--server", server.url)  # fmt: skip
+    assert got.returncode == 0, got.stderr
+    record = json.loads(got.stdout)
+    assert record["is_winner"] and record["validation"]["passed"]
+    problems = [c["problem"] for c in record["validation"]["checks"]]
+    assert len(problems) >= 4 and len({json.dumps(p) for p in problems}) == 2  # seeds + edge shape
+    assert record["validation"]["max_rel_error"] < record["validation"]["tolerance"]
+    assert {b["name"] for b in record["baselines"]} >= {"torch_eager"}
+    assert record["search"]["trials"] >= 1 and record["timing"]["median_ms"] > 0
+
+
+class PoisonedBackend(Backend):
+    """Wraps a real backend; its search puts a deliberately wrong candidate first."""
+
+    def __init__(self, inner: Backend, *, poison_all: bool = False) -> None:
+        self.inner = inner
+        self.name = inner.name  # type: ignore[misc]
+        self.poison_all = poison_all
+
+    def unavailable_reason(self) -> str | None:
+        return self.inner.unavailable_reason()
+
+    def search(self, workload, problem, dtype, budget, *, workdir, progress=None) -> SearchResult:  # type: ignore[no-untyped-def]
+        real = self.inner.search(workload, problem, dtype, budget, workdir=workdir, progress=progress)
+        poisoned = {**real.config, "poison": True}
+        ranked = [{**c, "poison": True} for c in [real.config, *real.ranked]] if self.poison_all else [real.config]
+        return SearchResult(config=poisoned, trials=real.trials, strategy=real.strategy,
+                            seconds=real.seconds, runnable=None, ranked=ranked)  # fmt: skip
+
+    def build(self, workload, problem, dtype, config: Mapping[str, Any]) -> Runnable:  # type: ignore[no-untyped-def]
+        clean = {k: v for k, v in config.items() if k != "poison"}
+        runnable = self.inner.build(workload, problem, dtype, clean)
+        if not config.get("poison"):
+            return runnable
+
+        def wrong(*inputs: torch.Tensor) -> torch.Tensor:
+            out = runnable(*inputs)
+            out[..., -1] = 0.0  # forgets the last column: the classic ragged-edge bug
+            return out
+
+        return wrong
+
+    def summarize(self, config: Mapping[str, Any]) -> str:
+        return ("POISONED " if config.get("poison") else "") + self.inner.summarize(config)
+
+
+def test_wrong_winner_is_rejected_and_next_best_wins(tmp_path: Path) -> None:
+    backend = PoisonedBackend(get_backend("tvm"))
+    outcome = tune("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32", Budget(trials=4),
+                   workdir=tmp_path, backend=backend, timer=QUICK_TIMER)  # fmt: skip
+    assert len(outcome.rejected) == 1 and not outcome.rejected[0].passed
+    assert "poison" not in outcome.record.config
+    assert outcome.record.validation.passed
+
+
+def test_no_correct_candidate_means_no_record(tmp_path: Path) -> None:
+    backend = PoisonedBackend(get_backend("tvm"), poison_all=True)
+    with pytest.raises(TuningError, match="passed validation"):
+        tune("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32", Budget(trials=4),
+             workdir=tmp_path, backend=backend, timer=QUICK_TIMER)  # fmt: skip
