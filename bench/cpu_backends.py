@@ -52,9 +52,15 @@ def main(argv: list[str] | None = None) -> int:
                 outcome = tune(name, backend, problem, "float32", Budget(trials=args.trials))
                 record = outcome.record
                 times[backend] = record.timing.median_ms
-                eager = next(b for b in record.baselines if b.name == "torch_eager").timing.median_ms
-                print(f"{name} {problem} {backend}: {times[backend]:.4g} ms "
-                      f"({record.config_summary})", file=sys.stderr, flush=True)
+                eager = next(
+                    b for b in record.baselines if b.name == "torch_eager"
+                ).timing.median_ms
+                print(
+                    f"{name} {problem} {backend}: {times[backend]:.4g} ms "
+                    f"({record.config_summary})",
+                    file=sys.stderr,
+                    flush=True,
+                )
             assert eager is not None
             gflops = workload.flops(problem) / 1e6
             rows.append([

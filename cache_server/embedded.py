@@ -45,7 +45,9 @@ class EmbeddedServer:
         app = create_app(ServerSettings(db=self.db))
         config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning")
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="tunecache-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, name="tunecache-server", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self._server.started:

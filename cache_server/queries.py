@@ -9,7 +9,7 @@ whatever order they commit in.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Select, func, insert, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -17,6 +17,8 @@ from sqlalchemy.orm import Session
 
 from cache_server.models import RecordRow, TrialRow, WinnerRow, utcnow
 from tunecache.schemas import RecordCreate, RecordPublic, TrialModel
+
+S = TypeVar("S", bound=Select)
 
 
 def _insert_winner(session: Session) -> Any:
@@ -141,7 +143,7 @@ def get_record(
 
 
 def _filtered(
-    stmt: Select[Any],
+    stmt: S,
     *,
     kernel: str | None,
     backend: str | None,
@@ -149,7 +151,7 @@ def _filtered(
     device_arch: str | None,
     key_hash: str | None,
     validated: bool | None,
-) -> Select[Any]:
+) -> S:
     for column, value in (
         (RecordRow.kernel, kernel),
         (RecordRow.backend, backend),
@@ -177,7 +179,13 @@ def list_records(
     offset: int = 0,
 ) -> tuple[list[RecordPublic], int]:
     """Records matching every given filter, newest first, and the total count matching."""
-    filters = dict(
+    base = select(RecordRow, WinnerRow.record_id).outerjoin(
+        WinnerRow, WinnerRow.record_id == RecordRow.id
+    )
+    if winners_only:
+        base = base.where(WinnerRow.record_id.is_not(None))
+    base = _filtered(
+        base,
         kernel=kernel,
         backend=backend,
         dtype=dtype,
@@ -185,15 +193,9 @@ def list_records(
         key_hash=key_hash,
         validated=validated,
     )
-    base = select(RecordRow, WinnerRow.record_id).outerjoin(
-        WinnerRow, WinnerRow.record_id == RecordRow.id
-    )
-    if winners_only:
-        base = base.where(WinnerRow.record_id.is_not(None))
-    base = _filtered(base, **filters)
     total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
     rows = session.execute(base.order_by(RecordRow.id.desc()).limit(limit).offset(offset)).all()
-    return [_public(row, is_winner=winner is not None) for row, winner in rows], total
+    return [_public(r[0], is_winner=r[1] is not None) for r in rows], total
 
 
 def count_records(session: Session) -> int:

@@ -20,7 +20,9 @@ from tunecache.schemas import (
 CPU = DeviceFingerprint(kind="cpu", arch="cpu-avx2", name="test-cpu", units=2, flags=("avx2",))
 
 
-def make_key(m: int = 64, *, kernel: str = "matmul", backend: str = "tvm", dtype: str = "float32") -> Key:
+def make_key(
+    m: int = 64, *, kernel: str = "matmul", backend: str = "tvm", dtype: str = "float32"
+) -> Key:
     return Key(
         kernel=kernel,
         source_hash="0123456789abcdef",

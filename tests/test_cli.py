@@ -16,7 +16,10 @@ from tunecache.errors import InvalidInput
 
 def tunecache(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", *args], capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", "tunecache.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -49,7 +52,9 @@ def test_bad_input_exits_2_with_one_line_and_stores_nothing(
 
 
 def test_bad_server_url_is_exit_2() -> None:
-    done = tunecache("get", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8", "--server", "ftp://x")
+    done = tunecache(
+        "get", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8", "--server", "ftp://x"
+    )
     assert done.returncode == 2 and "http://" in done.stderr
 
 
@@ -70,7 +75,12 @@ def test_get_miss_is_exit_1(shared_server: LiveServer) -> None:
 def test_workloads_lists_every_workload() -> None:
     done = tunecache("workloads")
     assert done.returncode == 0
-    for name, shape in [("matmul", "M,N,K"), ("softmax", "M,N"), ("layernorm", "M,N"), ("bias_gelu", "M,N,K")]:
+    for name, shape in [
+        ("matmul", "M,N,K"),
+        ("softmax", "M,N"),
+        ("layernorm", "M,N"),
+        ("bias_gelu", "M,N,K"),
+    ]:
         assert any(line.split()[:2] == [name, shape] for line in done.stdout.splitlines())
 
 

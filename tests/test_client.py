@@ -40,7 +40,9 @@ class CountingTransport(httpx.MockTransport):
         hit = self.records.get(key.digest())
         if hit is None:
             return httpx.Response(404, json={"detail": "miss"})
-        return httpx.Response(200, content=LookupResponse(record=hit).model_dump_json(by_alias=True))
+        return httpx.Response(
+            200, content=LookupResponse(record=hit).model_dump_json(by_alias=True)
+        )
 
 
 def test_hit_is_memoised_and_miss_is_remembered() -> None:
@@ -83,7 +85,9 @@ def test_server_error_falls_back_to_default() -> None:
             client.fetch(make_key())
 
 
-def test_dead_server_never_raises_logs_once_and_is_bounded(caplog: pytest.LogCaptureFixture) -> None:
+def test_dead_server_never_raises_logs_once_and_is_bounded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens here
     caplog.set_level(logging.DEBUG, logger="tunecache.client")
     with Client(url, timeout=0.5, retry_after=0.0) as client:
@@ -112,7 +116,9 @@ def test_after_a_failure_the_server_is_skipped_for_retry_after() -> None:
         calls += 1
         raise httpx.ConnectError("refused", request=request)
 
-    with Client("http://cache.test", transport=httpx.MockTransport(refuse), retry_after=60) as client:
+    with Client(
+        "http://cache.test", transport=httpx.MockTransport(refuse), retry_after=60
+    ) as client:
         for m in (8, 16, 32, 64):
             assert client.lookup(make_key(m=m), default=DEFAULT).source == "default"
     assert calls == 1

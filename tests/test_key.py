@@ -20,7 +20,9 @@ from tunecache.settings import Settings
 
 
 def test_canonical_json_sorts_keys_and_is_compact() -> None:
-    assert canonical_json({"b": [1, {"d": 2, "c": 1}], "a": "é"}) == '{"a":"é","b":[1,{"c":1,"d":2}]}'
+    assert (
+        canonical_json({"b": [1, {"d": 2, "c": 1}], "a": "é"}) == '{"a":"é","b":[1,{"c":1,"d":2}]}'
+    )
 
 
 def test_canonical_json_keeps_ints_and_floats_distinct() -> None:
@@ -79,9 +81,7 @@ def test_key_json_round_trip() -> None:
 
 
 def test_key_digest_is_stable_across_processes() -> None:
-    code = (
-        "from tests.factories import make_key; print(make_key().digest())"
-    )
+    code = "from tests.factories import make_key; print(make_key().digest())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == make_key().digest()
 

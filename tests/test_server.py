@@ -23,9 +23,7 @@ def body_of(record) -> dict:  # type: ignore[no-untyped-def]
 
 
 def lookup(url: str, key) -> httpx.Response:  # type: ignore[no-untyped-def]
-    return httpx.post(
-        f"{url}/v1/lookup", json={"key": key.to_json()}, timeout=10
-    )
+    return httpx.post(f"{url}/v1/lookup", json={"key": key.to_json()}, timeout=10)
 
 
 def test_upload_then_lookup_returns_the_record(server: LiveServer) -> None:
@@ -87,13 +85,22 @@ def test_unvalidated_record_is_stored_but_never_served(server: LiveServer) -> No
 
 
 def test_list_filters(server: LiveServer) -> None:
-    for m, kernel, backend in [(16, "matmul", "tvm"), (32, "matmul", "inductor"), (16, "softmax", "tvm")]:
-        assert upload(
-            server.url, body_of(make_record(make_key(m, kernel=kernel, backend=backend)))
-        ).status_code == 201
+    for m, kernel, backend in [
+        (16, "matmul", "tvm"),
+        (32, "matmul", "inductor"),
+        (16, "softmax", "tvm"),
+    ]:
+        assert (
+            upload(
+                server.url, body_of(make_record(make_key(m, kernel=kernel, backend=backend)))
+            ).status_code
+            == 201
+        )
 
     def listed(**params: str) -> list[tuple[str, str]]:
-        page = RecordList.model_validate(httpx.get(f"{server.url}/v1/records", params=params).json())
+        page = RecordList.model_validate(
+            httpx.get(f"{server.url}/v1/records", params=params).json()
+        )
         return sorted((r.key.kernel, r.key.backend) for r in page.items)
 
     assert listed(kernel="matmul") == [("matmul", "inductor"), ("matmul", "tvm")]
@@ -102,7 +109,9 @@ def test_list_filters(server: LiveServer) -> None:
     assert listed(device_arch="cpu-avx2", winners_only="true") == sorted(
         [("matmul", "inductor"), ("matmul", "tvm"), ("softmax", "tvm")]
     )
-    page = RecordList.model_validate(httpx.get(f"{server.url}/v1/records", params={"limit": 1}).json())
+    page = RecordList.model_validate(
+        httpx.get(f"{server.url}/v1/records", params={"limit": 1}).json()
+    )
     assert len(page.items) == 1 and page.count == 3
 
 
@@ -110,7 +119,12 @@ def test_concurrent_uploads_keep_the_fastest(server: LiveServer) -> None:
     key = make_key(m=8)
     times = [float(t) for t in range(40, 0, -1)] + [0.25]
     with ThreadPoolExecutor(8) as pool:
-        codes = list(pool.map(lambda t: upload(server.url, body_of(make_record(key, time_ms=t))).status_code, times))
+        codes = list(
+            pool.map(
+                lambda t: upload(server.url, body_of(make_record(key, time_ms=t))).status_code,
+                times,
+            )
+        )
     assert codes == [201] * len(times)
     winner = LookupResponse.model_validate(lookup(server.url, key).json()).record
     assert winner.timing.median_ms == 0.25

@@ -63,9 +63,15 @@ class PoisonedBackend(Backend):
         return self.inner.unavailable_reason()
 
     def search(self, workload, problem, dtype, budget, *, workdir, progress=None) -> SearchResult:  # type: ignore[no-untyped-def]
-        real = self.inner.search(workload, problem, dtype, budget, workdir=workdir, progress=progress)
+        real = self.inner.search(
+            workload, problem, dtype, budget, workdir=workdir, progress=progress
+        )
         poisoned = {**real.config, "poison": True}
-        ranked = [{**c, "poison": True} for c in [real.config, *real.ranked]] if self.poison_all else [real.config]
+        ranked = (
+            [{**c, "poison": True} for c in [real.config, *real.ranked]]
+            if self.poison_all
+            else [real.config]
+        )
         return SearchResult(config=poisoned, trials=real.trials, strategy=real.strategy,
                             seconds=real.seconds, runnable=None, ranked=ranked)  # fmt: skip
 

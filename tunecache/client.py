@@ -119,9 +119,8 @@ class Client:
         digest = key.digest()
         now = time.monotonic()
         with self._lock:
-            if digest in self._memo:
-                record = self._memo[digest]
-                return LookupResult(config=record.config, source="memo", record=record)
+            if (memo := self._memo.get(digest)) is not None:
+                return LookupResult(config=memo.config, source="memo", record=memo)
             if self._misses.get(digest, -1.0) > now or self._down_until > now:
                 return LookupResult(config=default, source="default")
         record = self._fetch(key)

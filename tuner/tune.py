@@ -89,7 +89,7 @@ def _validated_winner(
             p: Mapping[str, int], config: dict[str, Any] = config, first: Any = first
         ) -> Runnable:
             if first is not None and dict(p) == dict(problem):
-                return first  # type: ignore[no-any-return]
+                return first
             return backend.build(workload, p, dtype, config)
 
         report = validate(build, workload, problem, dtype, seeds=seeds)

@@ -10,7 +10,7 @@ Message = dict[str, Any]
 
 
 class BodyTooLarge(BaseException):
-    """Raised from ``receive``; a ``BaseException`` so body parsers' ``except Exception`` miss it."""
+    """Raised from ``receive``; a ``BaseException`` so parsers' ``except Exception`` miss it."""
 
 
 class BodySizeLimit:

@@ -27,7 +27,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="tunecache",
-        description="Tune GPU/CPU kernels, validate the winners, and serve them from a shared cache.",
+        description="Tune kernels, validate the winners, serve them from a shared cache.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)

@@ -27,7 +27,9 @@ def parse_shape(text: str) -> dict[str, int]:
         try:
             size = int(value)
         except ValueError:
-            raise InvalidInput(f"malformed shape {text!r}: {name}={value!r} is not an integer") from None
+            raise InvalidInput(
+                f"malformed shape {text!r}: {name}={value!r} is not an integer"
+            ) from None
         if size < 1:
             raise InvalidInput(f"malformed shape {text!r}: {name}={size} must be positive")
         shape[name] = size

@@ -24,8 +24,8 @@ DEMO_BACKENDS = ("tvm", "inductor")
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser("demo", help="tune, store, serve and fetch a small set, end to end")
-    parser.add_argument("--db", metavar="URL", help="database URL (default: a temporary SQLite file)")
+    parser = commands.add_parser("demo", help="tune, store, serve and fetch a small set")
+    parser.add_argument("--db", metavar="URL", help="database URL (default: a temp SQLite file)")
     parser.add_argument("--trials", type=int, default=16, help="TVM search budget per key")
     parser.add_argument(
         "--all", action="store_true", help=f"tune every workload ({', '.join(ALL_WORKLOADS)})"
@@ -47,7 +47,12 @@ def _tune_all(url: str, workdir: Path, args: argparse.Namespace) -> list[dict[st
         for name in names:
             problem = dict(get_workload(name).demo_problem)
             for backend in DEMO_BACKENDS:
-                spec = {"workload": name, "backend": backend, "problem": problem, "dtype": "float32"}
+                spec: dict[str, Any] = {
+                    "workload": name,
+                    "backend": backend,
+                    "problem": problem,
+                    "dtype": "float32",
+                }
                 label = make_key(**spec).short()
                 try:
                     outcome = tune(
@@ -77,7 +82,9 @@ def _winners_table(rows: list[dict[str, Any]]) -> str:
         if record is None:
             table.append([row["label"], row["spec"]["backend"], "FAILED", "-", "-", "-", "-"])
             continue
-        eager = next((b.timing.median_ms for b in record.baselines if b.name == "torch_eager"), None)
+        eager = next(
+            (b.timing.median_ms for b in record.baselines if b.name == "torch_eager"), None
+        )
         speedup = record.speedup()
         table.append(
             [

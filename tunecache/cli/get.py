@@ -1,4 +1,4 @@
-"""``tunecache get``: look one key up on the server (exit 0 hit, 1 miss, 2 bad input, 3 unreachable)."""
+"""``tunecache get``: look one key up (exit 0 hit, 1 miss, 2 bad input, 3 unreachable)."""
 
 from __future__ import annotations
 
