@@ -13,6 +13,7 @@ import threading
 import time
 
 import uvicorn
+from fastapi import FastAPI
 
 from cache_server.app import create_app
 from cache_server.migrate import upgrade
@@ -33,6 +34,7 @@ class EmbeddedServer:
         self.db = db
         self.host = host
         self.port = port or free_port(host)
+        self.app: FastAPI | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -42,7 +44,7 @@ class EmbeddedServer:
 
     def start(self, timeout: float = 30.0) -> None:
         upgrade(self.db)
-        app = create_app(ServerSettings(db=self.db))
+        self.app = app = create_app(ServerSettings(db=self.db))
         config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

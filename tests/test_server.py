@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import event
 
+from cache_server.embedded import EmbeddedServer
 from tests.conftest import LiveServer
 from tests.factories import make_key, make_record
 from tunecache.schemas import LookupResponse, RecordList, RecordPublic, UploadResult
@@ -46,6 +50,23 @@ def test_upload_then_lookup_returns_the_record(server: LiveServer) -> None:
     )
     assert [t.status for t in full.trials] == ["ok", "ok", "ok", "compile_error"]
     assert full.trials[0].time_ms == 2.0 and full.trials[-1].error == "boom"
+
+
+def test_an_acknowledged_upload_is_committed_before_the_answer(tmp_path: Path) -> None:
+    # Slow every commit down: if the server answered before committing, the record would not be
+    # visible to a second connection at the moment the client is told 201.
+    with EmbeddedServer(f"sqlite:///{tmp_path / 'slow.db'}") as live:
+        assert live.app is not None
+        engine = live.app.state.sessionmaker.kw["bind"]
+        event.listen(engine, "commit", lambda conn: time.sleep(0.3))
+        for m in (1, 2, 3):
+            result = upload(live.url, body_of(make_record(make_key(m=m))))
+            assert result.status_code == 201
+            with sqlite3.connect(tmp_path / "slow.db") as db:
+                row = db.execute(
+                    "select 1 from records where id = ?", (result.json()["record_id"],)
+                )
+                assert row.fetchone() is not None
 
 
 def test_lookup_of_unknown_key_is_404(server: LiveServer) -> None:

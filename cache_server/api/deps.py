@@ -1,5 +1,9 @@
 """Request dependencies. The session dependency owns the transaction: commit on success, roll
-back on any error; query functions never commit."""
+back on any error; query functions never commit.
+
+``scope="function"`` makes FastAPI finish the dependency (the commit) when the path function
+returns, *before* the response is sent; by default it would commit after, and a client could be
+told 201 for a write that is not yet durable, or never is."""
 
 from __future__ import annotations
 
@@ -27,5 +31,5 @@ def get_settings(request: Request) -> ServerSettings:
     return settings
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SettingsDep = Annotated[ServerSettings, Depends(get_settings)]
