@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -106,3 +107,34 @@ def test_no_correct_candidate_means_no_record(tmp_path: Path) -> None:
     with pytest.raises(TuningError, match="passed validation"):
         tune("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32", Budget(trials=4),
              workdir=tmp_path, backend=backend, timer=QUICK_TIMER)  # fmt: skip
+
+
+class SlowedBackend(PoisonedBackend):
+    """Wraps a real backend; its searched winner is correct but deliberately slow."""
+
+    def search(self, workload, problem, dtype, budget, *, workdir, progress=None) -> SearchResult:  # type: ignore[no-untyped-def]
+        real = self.inner.search(workload, problem, dtype, budget, workdir=workdir, progress=progress)
+        return SearchResult(config={**real.config, "slow": True}, trials=real.trials,
+                            strategy=real.strategy, seconds=real.seconds)  # fmt: skip
+
+    def build(self, workload, problem, dtype, config: Mapping[str, Any]) -> Runnable:  # type: ignore[no-untyped-def]
+        runnable = self.inner.build(workload, problem, dtype, {k: v for k, v in config.items() if k != "slow"})
+        if not config.get("slow"):
+            return runnable
+
+        def slow(*inputs: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.002)
+            return runnable(*inputs)
+
+        return slow
+
+
+def test_default_config_wins_when_the_search_winner_is_slower(tmp_path: Path) -> None:
+    outcome = tune("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32", Budget(trials=4),
+                   workdir=tmp_path, backend=SlowedBackend(get_backend("tvm")), timer=QUICK_TIMER)  # fmt: skip
+    record = outcome.record
+    assert record.config == {"schedule": "default"}
+    assert record.validation.passed
+    default = next(b for b in record.baselines if b.name == "default_config")
+    assert record.timing == default.timing
+    assert record.trials[-1].config == {"schedule": "default"} and record.trials[-1].status == "ok"

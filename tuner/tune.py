@@ -59,49 +59,91 @@ def default_workdir() -> Path:
     return Path(platformdirs.user_cache_dir("tunecache")) / "work"
 
 
-def _time_runnable(
-    runnable: Runnable,
-    workload: Workload,
-    problem: Mapping[str, int],
-    dtype: str,
-    timer: TimerSettings,
-) -> TimingModel:
-    inputs = workload.make_inputs(problem, dtype, seed=0)
-    return time_cpu(lambda: runnable(*inputs), timer)
+@dataclass
+class _Job:
+    """One tuning run's fixed parts: what is tuned, with what, and how it is checked and timed."""
+
+    backend: Backend
+    workload: Workload
+    problem: dict[str, int]
+    dtype: str
+    seeds: Sequence[int]
+    timer: TimerSettings
+    emit: Callable[[str], None]
+
+    def builder(self, config: dict[str, Any], built: Runnable | None) -> Callable[..., Runnable]:
+        """Builds ``config`` once per problem; ``built`` is the runnable at the tuned problem."""
+        cache: dict[tuple[tuple[str, int], ...], Runnable] = {}
+        if built is not None:
+            cache[tuple(sorted(self.problem.items()))] = built
+
+        def build(p: Mapping[str, int]) -> Runnable:
+            key = tuple(sorted(p.items()))
+            if key not in cache:
+                cache[key] = self.backend.build(self.workload, p, self.dtype, config)
+            return cache[key]
+
+        return build
+
+    def validate(self, build: Callable[..., Runnable]) -> ValidationReport:
+        return validate(build, self.workload, self.problem, self.dtype, seeds=self.seeds)
+
+    def time(self, runnable: Runnable) -> TimingModel:
+        inputs = self.workload.make_inputs(self.problem, self.dtype, seed=0)
+        return time_cpu(lambda: runnable(*inputs), self.timer)
 
 
-def _validated_winner(
-    backend: Backend,
-    workload: Workload,
-    problem: Mapping[str, int],
-    dtype: str,
-    result: SearchResult,
-    seeds: Sequence[int],
-    emit: Callable[[str], None],
-) -> tuple[dict[str, Any], Runnable, ValidationReport, list[ValidationReport]]:
+@dataclass
+class _Winner:
+    config: dict[str, Any]
+    runnable: Runnable
+    report: ValidationReport
+
+
+def _validated_winner(job: _Job, result: SearchResult) -> tuple[_Winner, list[ValidationReport]]:
+    """The best-ranked candidate that passes validation, and the reports of those that failed."""
     rejected: list[ValidationReport] = []
     candidates = [result.config, *result.ranked[: MAX_FALLBACK_CANDIDATES - 1]]
     for i, config in enumerate(candidates):
-        emit(f"validating candidate {i + 1}/{len(candidates)}: {backend.summarize(config)}")
-        first = result.runnable if i == 0 else None
-
-        def build(
-            p: Mapping[str, int], config: dict[str, Any] = config, first: Any = first
-        ) -> Runnable:
-            if first is not None and dict(p) == dict(problem):
-                return first
-            return backend.build(workload, p, dtype, config)
-
-        report = validate(build, workload, problem, dtype, seeds=seeds)
+        job.emit(f"validating candidate {i + 1}/{len(candidates)}: {job.backend.summarize(config)}")
+        build = job.builder(config, result.runnable if i == 0 else None)
+        report = job.validate(build)
         if report.passed:
-            return config, build(problem), report, rejected
+            return _Winner(config, build(job.problem), report), rejected
         worst = next(c for c in report.checks if not c.passed)
-        emit(f"rejected: {worst.note or f'error {worst.rel_error:.3g} > {worst.tolerance:g}'}")
+        job.emit(f"rejected: {worst.note or f'error {worst.rel_error:.3g} > {worst.tolerance:g}'}")
         rejected.append(report)
     raise TuningError(
-        f"no candidate of {workload.name} on {backend.name} passed validation "
+        f"no candidate of {job.workload.name} on {job.backend.name} passed validation "
         f"({len(rejected)} tried); first failure: {rejected[0].checks}"
     )
+
+
+def _measure(
+    job: _Job, winner: _Winner
+) -> tuple[_Winner, TimingModel, list[BaselineModel], list[TrialModel]]:
+    """Times the winner, torch eager and the default config; the default wins if faster and valid.
+
+    Returns the (possibly replaced) winner, its timing, the baselines, and the default config as
+    an extra trial when it was measured.
+    """
+    job.emit("timing winner and baselines")
+    timing = job.time(winner.runnable)
+    baselines = [BaselineModel(name="torch_eager", timing=job.time(job.workload.torch_fn))]
+    default = job.workload.default_config(job.backend.name)
+    if winner.config == default:
+        return winner, timing, baselines, []
+    default_runnable = job.backend.build(job.workload, job.problem, job.dtype, default)
+    default_timing = job.time(default_runnable)
+    baselines.append(BaselineModel(name="default_config", timing=default_timing))
+    extra = [TrialModel(config=default, status="ok", time_ms=default_timing.median_ms)]
+    if default_timing.median_ms < timing.median_ms:
+        # The untuned config is a candidate too: never store a "tuned" config slower than it.
+        job.emit("the default config timed faster than the search's winner; validating it")
+        report = job.validate(job.builder(default, default_runnable))
+        if report.passed:
+            return _Winner(default, default_runnable, report), default_timing, baselines, extra
+    return winner, timing, baselines, extra
 
 
 def tune(
@@ -128,64 +170,51 @@ def tune(
     """
     workload = get_workload(workload_name)
     key = make_key(workload, backend_name, problem, dtype)
-    problem = dict(key.problem)
     backend = backend or get_backend(backend_name)
     if backend.name != backend_name:
         raise InvalidInput(f"backend instance {backend.name!r} is not {backend_name!r}")
     if (reason := backend.unavailable_reason()) is not None:
         raise TuningError(f"backend {backend_name} is unavailable: {reason}")
 
-    def emit(message: str, done: int = 0, total: int = 0, best: float | None = None) -> None:
+    def emit(message: str, done: int = 0, total: int = 0) -> None:
         logger.info("%s: %s", key.short(), message)
         if progress is not None:
-            progress(Progress(done=done, total=total, best_ms=best, message=message))
+            progress(Progress(done=done, total=total, message=message))
 
+    job = _Job(backend, workload, workload.problem(problem), dtype, seeds, timer, emit)
     emit(f"searching ({budget.trials} trials)", 0, budget.trials)
     started = time.perf_counter()
     result = backend.search(
-        workload, problem, dtype, budget, workdir=workdir or default_workdir(), progress=progress
+        workload,
+        job.problem,
+        dtype,
+        budget,
+        workdir=workdir or default_workdir(),
+        progress=progress,
     )
-    config, runnable, report, rejected = _validated_winner(
-        backend, workload, problem, dtype, result, seeds, emit
-    )
-    emit("timing winner and baselines")
-    timing = _time_runnable(runnable, workload, problem, dtype, timer)
-    baselines = [
-        BaselineModel(
-            name="torch_eager",
-            timing=_time_runnable(workload.torch_fn, workload, problem, dtype, timer),
-        )
+    winner, rejected = _validated_winner(job, result)
+    winner, timing, baselines, extra_trials = _measure(job, winner)
+    trials = [
+        TrialModel(config=dict(t.config), status=t.status, time_ms=t.time_ms, error=t.error[:2048])
+        for t in result.trials
     ]
-    default = workload.default_config(backend_name)
-    if config != default:
-        default_runnable = backend.build(workload, problem, dtype, default)
-        baselines.append(
-            BaselineModel(
-                name="default_config",
-                timing=_time_runnable(default_runnable, workload, problem, dtype, timer),
-            )
-        )
     record = RecordCreate(
         key=KeyModel.from_key(key),
-        config=config,
-        config_summary=backend.summarize(config)[:256],
+        config=winner.config,
+        config_summary=backend.summarize(winner.config)[:256],
         timing=timing,
         baselines=baselines,
-        validation=report,
+        validation=winner.report,
         search=SearchModel(
             strategy=result.strategy,
             trials=len(result.trials),
             seconds=round(time.perf_counter() - started, 3),
         ),
-        trials=[
-            TrialModel(
-                config=dict(t.config), status=t.status, time_ms=t.time_ms, error=t.error[:2048]
-            )
-            for t in result.trials
-        ],
+        trials=trials + extra_trials,
         provenance=Provenance(
             machine=platform.node(), tool_version=__version__, device_raw_name=key.device.raw_name
         ),
     )
-    emit(f"done: {timing.median_ms:.4f} ms, validated (max error {report.max_rel_error:.2e})")
-    return TuneOutcome(key=key, record=record, runnable=runnable, rejected=rejected)
+    error = winner.report.max_rel_error
+    emit(f"done: {timing.median_ms:.4f} ms, validated (max error {error:.2e})")
+    return TuneOutcome(key=key, record=record, runnable=winner.runnable, rejected=rejected)
