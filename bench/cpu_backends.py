@@ -1,6 +1,6 @@
 """Per workload on this CPU: TVM-tuned, Inductor max-autotune and torch eager times, and ratios.
 
-Every time is the validated winner's median (tuner.timing, perf_counter) on the same inputs.
+Every time is the validated winner's median (tunecache.timing, perf_counter) on the same inputs.
 Prints a table and writes it to ``bench/results/cpu_backends-<cpu>.md``. Figures, never pass/fail.
 
     python -m bench.cpu_backends [--trials 64] [--workloads matmul,softmax] [--shapes small]

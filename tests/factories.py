@@ -17,6 +17,13 @@ from tunecache.schemas import (
     ValidationReport,
 )
 
+# Problems small enough to compile and check every workload in a second, with ragged sizes.
+TINY = {
+    "matmul": {"M": 24, "N": 40, "K": 16},
+    "softmax": {"M": 8, "N": 48},
+    "layernorm": {"M": 8, "N": 48},
+    "bias_gelu": {"M": 24, "N": 40, "K": 16},
+}
 CPU = DeviceFingerprint(kind="cpu", arch="cpu-avx2", name="test-cpu", units=2, flags=("avx2",))
 
 

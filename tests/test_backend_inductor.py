@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 from backends import Budget, Progress, SearchResult, get_backend  # noqa: E402
 from backends.inductor import InductorBackend  # noqa: E402
+from tests.factories import TINY  # noqa: E402
 from tunecache.errors import InvalidInput  # noqa: E402
 from workloads import get_workload  # noqa: E402
 from workloads.base import Workload  # noqa: E402
@@ -26,12 +27,6 @@ MATMUL = get_workload("matmul")
 SOFTMAX = get_workload("softmax")
 MATMUL_PROBLEM = {"M": 64, "N": 64, "K": 64}
 SOFTMAX_PROBLEM = {"M": 32, "N": 128}
-TINY = {
-    "matmul": {"M": 24, "N": 40, "K": 16},
-    "softmax": {"M": 8, "N": 48},
-    "layernorm": {"M": 8, "N": 48},
-    "bias_gelu": {"M": 24, "N": 40, "K": 16},
-}
 
 
 def rel_error(workload: Workload, out: Any, inputs: tuple[Any, ...]) -> float:

@@ -13,6 +13,7 @@ import pytest
 
 from backends import Budget, Progress, SearchResult
 from backends.tvm import TVMBackend
+from tests.factories import TINY
 from tunecache.errors import InvalidInput, TuningError
 from workloads import get_workload
 from workloads.base import Workload
@@ -22,12 +23,6 @@ MATMUL = get_workload("matmul")
 SOFTMAX = get_workload("softmax")
 MATMUL_PROBLEM = {"M": 32, "N": 48, "K": 64}
 SOFTMAX_PROBLEM = {"M": 32, "N": 64}
-TINY = {
-    "matmul": {"M": 24, "N": 40, "K": 16},
-    "softmax": {"M": 8, "N": 48},
-    "layernorm": {"M": 8, "N": 48},
-    "bias_gelu": {"M": 24, "N": 40, "K": 16},
-}
 STATUSES = {"ok", "compile_error", "runtime_error", "timeout"}
 
 

@@ -16,8 +16,8 @@ import torch
 from backends import Backend, Budget, Runnable, SearchResult, get_backend
 from tests.conftest import LiveServer
 from tunecache.errors import TuningError
+from tunecache.timing import TimerSettings
 from tuner import tune
-from tuner.timing import TimerSettings
 
 pytestmark = pytest.mark.slow
 QUICK_TIMER = TimerSettings(warmup=1, min_repeats=3, max_repeats=5, target_s=0.01)
@@ -113,12 +113,16 @@ class SlowedBackend(PoisonedBackend):
     """Wraps a real backend; its searched winner is correct but deliberately slow."""
 
     def search(self, workload, problem, dtype, budget, *, workdir, progress=None) -> SearchResult:  # type: ignore[no-untyped-def]
-        real = self.inner.search(workload, problem, dtype, budget, workdir=workdir, progress=progress)
+        real = self.inner.search(
+            workload, problem, dtype, budget, workdir=workdir, progress=progress
+        )
         return SearchResult(config={**real.config, "slow": True}, trials=real.trials,
                             strategy=real.strategy, seconds=real.seconds)  # fmt: skip
 
     def build(self, workload, problem, dtype, config: Mapping[str, Any]) -> Runnable:  # type: ignore[no-untyped-def]
-        runnable = self.inner.build(workload, problem, dtype, {k: v for k, v in config.items() if k != "slow"})
+        runnable = self.inner.build(
+            workload, problem, dtype, {k: v for k, v in config.items() if k != "slow"}
+        )
         if not config.get("slow"):
             return runnable
 

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from tuner.timing import TimerSettings, time_cpu
+from tunecache.timing import TimerSettings, time_cpu
 from tuner.validation import validate
 from workloads import get_workload
 

@@ -35,7 +35,7 @@ from tunecache.schemas import (
     TrialModel,
     ValidationReport,
 )
-from tuner.timing import DEFAULT_TIMER, TimerSettings, time_cpu
+from tunecache.timing import DEFAULT_TIMER, TimerSettings, time_cpu
 from tuner.validation import DEFAULT_SEEDS, validate
 from workloads import Workload, get_workload, make_key
 

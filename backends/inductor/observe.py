@@ -14,9 +14,7 @@ import logging
 import math
 import os
 import re
-import statistics
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,26 +112,6 @@ class ChoiceObserver:
                 savers[:] = [fn for fn in savers if fn != self._save]
             else:  # an unknown layout: leave the saver; it only appends to this observer
                 logger.debug("could not unregister the Inductor feedback saver")
-
-
-def median_ms(
-    fn: Callable[[], Any], *, warmup: int = 3, min_runs: int = 20, min_seconds: float = 0.2
-) -> float:
-    """Median milliseconds of ``fn()`` over ``perf_counter`` runs after ``warmup`` calls.
-
-    Runs at least ``min_runs`` times and at least ``min_seconds`` (at most 10 000 runs).
-    """
-    for _ in range(warmup):
-        fn()
-    samples: list[float] = []
-    started = time.perf_counter()
-    while len(samples) < min_runs or (
-        time.perf_counter() - started < min_seconds and len(samples) < 10_000
-    ):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
 
 
 def other_load() -> float | None:

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backends.base import Budget, Progress, ProgressFn, SearchResult, Trial
-from backends.inductor.observe import AutotunedOp, ChoiceObserver, median_ms, other_load
+from backends.inductor.observe import AutotunedOp, ChoiceObserver, other_load
 from backends.inductor.options import MODE_MAX_AUTOTUNE
 from backends.inductor.runnable import InductorRunnable, default_frozen_inputs
+from tunecache.timing import TimerSettings, time_cpu
 
 if TYPE_CHECKING:
     import torch
@@ -39,6 +40,7 @@ STRATEGY = "inductor_max_autotune"
 FUSED_CHOICE = "fused-cpp"  # no op was autotuned: the code Inductor generates under these settings
 MAX_RETIMED = 3  # pinned candidates re-timed end to end (fewer if the budget allows fewer trials)
 RETIME_ROUNDS = 5
+RETIME_TIMER = TimerSettings(warmup=2, min_repeats=10, max_repeats=50, target_s=0.04)
 
 
 def ms_or_none(value: float) -> float | None:
@@ -95,7 +97,7 @@ def _retime(
     best = [math.inf] * len(candidates)
     for _ in range(RETIME_ROUNDS):
         for i, (_config, runnable) in enumerate(candidates):
-            ms = median_ms(partial(runnable, *inputs), warmup=2, min_runs=10, min_seconds=0.04)
+            ms = time_cpu(partial(runnable, *inputs), RETIME_TIMER).median_ms
             best[i] = min(best[i], ms)
     return best
 
