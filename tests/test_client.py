@@ -60,6 +60,17 @@ def test_hit_is_memoised_and_miss_is_remembered() -> None:
     assert transport.calls == 2  # one per key: the memo and the miss TTL answered the rest
 
 
+def test_without_a_default_the_backend_default_config_is_returned() -> None:
+    transport = CountingTransport({})
+    with Client("http://cache.test", transport=transport) as client:
+        tvm = client.lookup(make_key(backend="tvm"))
+        inductor = client.lookup(make_key(backend="inductor"))
+    assert tvm.config == {"schedule": "default"} and inductor.config == {"mode": "default"}
+    tvm.config["schedule"] = "mutated"  # a caller's edit must not leak into the next fallback
+    with Client("http://cache.test", transport=transport) as client:
+        assert client.lookup(make_key(m=3, backend="tvm")).config == {"schedule": "default"}
+
+
 def test_miss_is_asked_again_after_its_ttl() -> None:
     key = make_key()
     transport = CountingTransport({})

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import ValidationError
 
+from tunecache.defaults import default_config
 from tunecache.errors import ServerError
 from tunecache.key import Key
 from tunecache.schemas import (
@@ -115,7 +116,12 @@ class Client:
 
     # -- run-time lookups ------------------------------------------------------------------
     def lookup(self, key: Key, *, default: dict[str, Any] | None = None) -> LookupResult:
-        """The winning config of ``key``, or ``default``. Never raises on a server failure."""
+        """The winning config of ``key``; else ``default``, or the backend's default config.
+
+        Never raises on a server failure and never blocks longer than the lookup timeout.
+        """
+        if default is None:
+            default = default_config(key.backend)
         digest = key.digest()
         now = time.monotonic()
         with self._lock:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from tunecache.defaults import default_config
 from tunecache.errors import InvalidInput
 from tunecache.key import check_problem
 
@@ -149,7 +150,10 @@ class Workload(abc.ABC):
     def default_config(self, backend: str) -> dict[str, Any]:
         """The config used without tuning (and timed as the ``default_config`` baseline)."""
         self.check_backend(backend)
-        return {"tvm": {"schedule": "default"}, "inductor": {"mode": "default"}}[backend]
+        config = default_config(backend)
+        if config is None:
+            raise NotImplementedError(f"{self.name} defines no default config for {backend}")
+        return config
 
     # -- backend hooks ---------------------------------------------------------------------
     def backend_module(self, backend: str) -> Any:
