@@ -31,12 +31,15 @@ class Budget:
 
     trials: int = 32
     seconds: float | None = None
+    patience: int | None = None  # stop early after this many trials without improvement
 
     def __post_init__(self) -> None:
         if self.trials < 1:
             raise ValueError(f"budget trials must be >= 1, got {self.trials}")
         if self.seconds is not None and self.seconds <= 0:
             raise ValueError(f"budget seconds must be > 0, got {self.seconds}")
+        if self.patience is not None and self.patience < 1:
+            raise ValueError(f"budget patience must be >= 1, got {self.patience}")
 
 
 @dataclass(frozen=True)

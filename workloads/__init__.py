@@ -52,7 +52,7 @@ def make_key(
     """
     w = get_workload(workload) if isinstance(workload, str) else workload
     w.check_backend(backend)
-    w.check_dtype(dtype)
+    w.check_dtype(dtype, backend)
     return Key(
         kernel=w.name,
         source_hash=w.source_hash(backend),

@@ -62,7 +62,17 @@ class Workload(abc.ABC):
     description: ClassVar[str]
     params: ClassVar[tuple[str, ...]]  # the problem's shape parameters, in order
     backends: ClassVar[tuple[str, ...]] = ("tvm", "inductor")
-    dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    # dtypes each backend runs this workload in (CPU backends: float32; Triton adds half types).
+    backend_dtypes: ClassVar[Mapping[str, tuple[str, ...]]] = {
+        "tvm": ("float32",),
+        "inductor": ("float32",),
+        "triton": ("float32", "float16", "bfloat16"),
+    }
+
+    def dtypes(self, backend: str) -> tuple[str, ...]:
+        """The dtypes ``backend`` runs this workload in."""
+        self.check_backend(backend)
+        return self.backend_dtypes.get(backend, ())
     demo_problem: ClassVar[Mapping[str, int]]
 
     # -- problems ---------------------------------------------------------------------------
@@ -94,10 +104,11 @@ class Workload(abc.ABC):
         edge = {k: (v - 1 if v > 2 else v) | 1 for k, v in problem.items()}
         return edge if edge != dict(problem) else None
 
-    def check_dtype(self, dtype: str) -> None:
-        if dtype not in self.dtypes:
+    def check_dtype(self, dtype: str, backend: str) -> None:
+        supported = self.dtypes(backend)
+        if dtype not in supported:
             raise InvalidInput(
-                f"{self.name} supports dtypes {', '.join(self.dtypes)}, not {dtype!r}"
+                f"{self.name} on {backend} supports dtypes {', '.join(supported)}, not {dtype!r}"
             )
 
     def check_backend(self, backend: str) -> None:

@@ -17,8 +17,13 @@ def run(args: argparse.Namespace) -> int:
     from workloads import WORKLOADS
 
     rows = [
-        [w.name, ",".join(w.params), ",".join(w.backends), ",".join(w.dtypes), w.description]
+        [
+            w.name,
+            ",".join(w.params),
+            " ".join(f"{b}({','.join(w.dtypes(b))})" for b in w.backends),
+            w.description,
+        ]
         for w in WORKLOADS.values()
     ]
-    print(render(["workload", "shape", "backends", "dtypes", "computes"], rows))
+    print(render(["workload", "shape", "backends (dtypes)", "computes"], rows))
     return 0

@@ -1,0 +1,125 @@
+"""Kernel configs as values, and the discrete spaces they are drawn from.
+
+A :class:`Config` is a frozen, hashable mapping of parameter name to a JSON scalar, so timings can
+be ``dict[Config, float]`` and a config travels as canonical JSON. A :class:`SearchSpace` names
+each parameter's choices (categorical, ordered as given) and an optional constraint that prunes
+configs before anything is compiled.
+
+Example:
+    >>> def too_big(c):
+    ...     return "too big" if c["BLOCK_M"] * c["num_warps"] > 256 else None
+    >>> space = SearchSpace({"BLOCK_M": (32, 64), "num_warps": (4, 8)}, constraint=too_big)
+    >>> [str(c) for c in space.configs()]
+    ['BLOCK_M=32 num_warps=4', 'BLOCK_M=32 num_warps=8', 'BLOCK_M=64 num_warps=4']
+    >>> space.size, space.pruned_count()
+    (4, 1)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunecache.canonical import canonical_json, digest
+from tunecache.errors import InvalidInput
+
+Scalar = int | float | str | bool
+Constraint = Callable[["Config"], str | None]  # returns why a config is pruned, or None
+
+
+@dataclass(frozen=True)
+class Config:
+    """An immutable kernel config: sorted ``(name, value)`` pairs with JSON scalar values."""
+
+    items: tuple[tuple[str, Scalar], ...]
+
+    def __post_init__(self) -> None:
+        for name, value in self.items:
+            if not isinstance(name, str) or not isinstance(value, int | float | str | bool):
+                raise InvalidInput(f"config parameter {name!r}={value!r} is not a JSON scalar")
+
+    @classmethod
+    def of(cls, values: Mapping[str, Scalar]) -> Config:
+        return cls(tuple(sorted(values.items())))
+
+    from_json = of
+
+    def to_json(self) -> dict[str, Scalar]:
+        return dict(self.items)
+
+    def __getitem__(self, name: str) -> Scalar:
+        for key, value in self.items:
+            if key == name:
+                return value
+        raise KeyError(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def replace(self, **values: Scalar) -> Config:
+        return Config.of({**self.to_json(), **values})
+
+    def digest(self) -> str:
+        return digest(self.to_json())
+
+    def __str__(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.items)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The cartesian product of each parameter's choices, minus what ``constraint`` prunes."""
+
+    params: Mapping[str, tuple[Scalar, ...]]
+    constraint: Constraint | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.params:
+            raise InvalidInput("a search space needs at least one parameter")
+        for name, choices in self.params.items():
+            if not choices:
+                raise InvalidInput(f"search space parameter {name!r} has no choices")
+            canonical_json(list(choices))  # JSON scalars only
+        object.__setattr__(self, "params", {k: tuple(v) for k, v in self.params.items()})
+
+    @property
+    def size(self) -> int:
+        """Configs before pruning."""
+        n = 1
+        for choices in self.params.values():
+            n *= len(choices)
+        return n
+
+    def prune_reason(self, config: Config) -> str | None:
+        """Why ``config`` is outside the space (a value not offered, or the constraint), or None."""
+        values = config.to_json()
+        if set(values) != set(self.params):
+            return f"parameters {sorted(values)} are not {sorted(self.params)}"
+        for name, value in values.items():
+            if value not in self.params[name]:
+                return f"{name}={value!r} is not one of {self.params[name]}"
+        return self.constraint(config) if self.constraint else None
+
+    def contains(self, config: Config) -> bool:
+        return self.prune_reason(config) is None
+
+    def all_configs(self) -> Iterator[Config]:
+        """Every config of the product, pruned or not, in a fixed order."""
+        names = list(self.params)
+        for values in itertools.product(*(self.params[n] for n in names)):
+            yield Config.of(dict(zip(names, values, strict=True)))
+
+    def configs(self) -> Iterator[Config]:
+        """Every config that survives pruning, in a fixed order."""
+        return (c for c in self.all_configs() if self.constraint is None or not self.constraint(c))
+
+    def pruned_count(self) -> int:
+        return sum(1 for _ in self.all_configs()) - sum(1 for _ in self.configs())
+
+    def to_json(self) -> dict[str, list[Scalar]]:
+        return {name: list(choices) for name, choices in self.params.items()}

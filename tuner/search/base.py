@@ -1,0 +1,42 @@
+"""The search-strategy interface: ask for a config, tell how it did.
+
+A strategy only proposes; measuring is the caller's job (:mod:`tuner.search.loop` drives a
+strategy against an evaluator — the measurement harness, or a landscape replayed as a simulated
+device). Strategies are registered by name in :mod:`tuner.search`.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import ClassVar
+
+from tunecache.space import Config, SearchSpace
+
+
+class SearchStrategy(abc.ABC):
+    """Proposes configs from ``space``; ``warm_start`` configs are proposed first, in order.
+
+    Args:
+        space: the (pruned) space to search.
+        seed: makes every proposal sequence reproducible.
+        warm_start: configs to try first (the winners of neighbouring keys); those outside the
+            space are skipped.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(
+        self, space: SearchSpace, *, seed: int = 0, warm_start: Sequence[Config] = ()
+    ) -> None:
+        self.space = space
+        self.seed = seed
+        self.warm_start = [c for c in dict.fromkeys(warm_start) if space.contains(c)]
+
+    @abc.abstractmethod
+    def ask(self) -> Config | None:
+        """The next config to measure, or ``None`` when the strategy has nothing left to try."""
+
+    @abc.abstractmethod
+    def tell(self, config: Config, time_ms: float | None) -> None:
+        """Reports a measured config: its time, or ``None`` if it failed (never a winner)."""
