@@ -50,6 +50,7 @@ class Trial:
     status: TrialStatus
     time_ms: float | None = None
     error: str = ""
+    times_ms: tuple[float, ...] = ()  # the spread behind time_ms, where the measurer keeps it
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,11 @@
-"""CPU timing: warm-up, then the median of many samples on ``perf_counter``.
+"""Timers: warm-up, then the median of many samples.
 
-Calls shorter than ``min_sample_s`` are batched (``number`` calls per sample, as ``timeit`` does) so
-the timer's own resolution and overhead stay out of the figure. Pure functions: no search here.
+* CPU: ``perf_counter``; calls shorter than ``min_sample_s`` are batched (``number`` calls per
+  sample, as ``timeit`` does) so the timer's own resolution and overhead stay out of the figure.
+* CUDA: a pair of CUDA events around every call, the L2 cache flushed before each by zeroing a
+  256 MB buffer (as Triton's ``do_bench`` does), one synchronisation at the end.
+
+Pure functions: no search here. torch is imported only by the CUDA timer.
 """
 
 from __future__ import annotations
@@ -48,6 +52,15 @@ def time_cpu(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) -> 
         elapsed = time.perf_counter() - start
         spent += elapsed
         samples.append(elapsed / number * 1e3)
+    return _stats(
+        samples, settings, number, f"perf_counter median of {len(samples)} samples x {number} calls"
+    )
+
+
+L2_FLUSH_BYTES = 256 * 2**20
+
+
+def _stats(samples: list[float], settings: TimerSettings, number: int, timer: str) -> TimingModel:
     quartiles = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [samples[0]] * 3
     return TimingModel(
         median_ms=statistics.median(samples),
@@ -56,5 +69,37 @@ def time_cpu(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) -> 
         iqr_ms=max(0.0, quartiles[2] - quartiles[0]),
         repeats=len(samples) * number,
         warmup=settings.warmup,
-        timer=f"perf_counter median of {len(samples)} samples x {number} calls",
+        timer=timer,
     )
+
+
+def time_cuda(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) -> TimingModel:
+    """Times ``fn()`` on the current CUDA device with events, flushing L2 before every call."""
+    import torch
+
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    for _ in range(settings.warmup):
+        fn()
+    torch.cuda.synchronize()
+    # Estimate one call (with its flush) to size the run to ``target_s``.
+    first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    first.record()
+    for _ in range(5):
+        flush.zero_()
+        fn()
+    last.record()
+    torch.cuda.synchronize()
+    estimate_s = max(first.elapsed_time(last) / 5 / 1e3, 1e-7)
+    count = int(
+        min(settings.max_repeats, max(settings.min_repeats, settings.target_s / estimate_s))
+    )
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    for start, end in zip(starts, ends, strict=True):
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
+    return _stats(samples, settings, 1, f"cuda events, L2 flushed, median of {count}")

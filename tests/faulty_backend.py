@@ -1,0 +1,68 @@
+"""A backend whose candidates misbehave on purpose, to test the measurement harness.
+
+Each config's ``mode`` says what its runnable (or its build) does: ``ok`` computes the right
+answer after sleeping ``sleep_ms``; ``wrong`` is off by 1 %; ``segfault`` dereferences NULL;
+``hang`` never returns; ``raise`` raises; ``build_raise`` fails to build; ``build_segfault``
+crashes while building. It wraps nothing: correct answers come from the workload's own torch_fn.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from backends import Backend, Budget, ProgressFn, Runnable, SearchResult
+from tunecache.space import SearchSpace
+from workloads.base import Workload
+
+MODES = ("ok", "wrong", "segfault", "hang", "raise", "build_raise", "build_segfault")
+
+
+def _segfault() -> None:
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
+class FaultyBackend(Backend):
+    name = "faulty"  # type: ignore[assignment]
+
+    def unavailable_reason(self) -> str | None:
+        return None
+
+    def space(self) -> SearchSpace:
+        return SearchSpace({"mode": MODES, "sleep_ms": (0.0, 1.0)})
+
+    def search(self, workload: Workload, problem: Mapping[str, int], dtype: str, budget: Budget,
+               *, workdir: Path, progress: ProgressFn | None = None) -> SearchResult:  # fmt: skip
+        raise NotImplementedError("searched by tuner.search strategies")
+
+    def build(
+        self, workload: Workload, problem: Mapping[str, int], dtype: str, config: Mapping[str, Any]
+    ) -> Runnable:
+        mode = config["mode"]
+        if mode == "build_raise":
+            raise RuntimeError("this candidate does not compile")
+        if mode == "build_segfault":
+            _segfault()
+        sleep_s = float(config.get("sleep_ms", 0.0)) / 1e3
+
+        def run(*inputs: torch.Tensor) -> torch.Tensor:
+            if mode == "segfault":
+                _segfault()
+            if mode == "hang":
+                time.sleep(3600)
+            if mode == "raise":
+                raise RuntimeError("illegal memory access (simulated)")
+            if sleep_s:
+                time.sleep(sleep_s)
+            out = workload.torch_fn(*inputs)
+            return out * 1.01 if mode == "wrong" else out
+
+        return run
+
+    def summarize(self, config: Mapping[str, Any]) -> str:
+        return f"{config['mode']} {config.get('sleep_ms', 0)}ms"
