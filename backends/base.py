@@ -2,7 +2,10 @@
 
 A backend knows no kernel math. Given a workload, a problem and a dtype it can
 
-* ``search`` the configuration space under a :class:`Budget` and report every trial, and
+* offer an enumerable ``space`` of configs that the tuner searches with its own strategies
+  (:mod:`tuner.search`) through the isolating measurement harness, and/or
+* ``search`` with a strategy of its own (``native_strategy``: MetaSchedule, Inductor's autotuner)
+  under a :class:`Budget` and report every trial, and
 * ``build`` a runnable for any config it produced (or the workload's default config).
 
 A runnable takes the workload's CPU input tensors and returns a fresh output tensor.
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 if TYPE_CHECKING:
     import torch
 
+    from tunecache.space import SearchSpace
     from workloads.base import Workload
 
 Runnable = Callable[..., "torch.Tensor"]
@@ -82,12 +86,26 @@ class Backend(abc.ABC):
     """A tuning backend (``tvm``, ``inductor``, later ``triton``)."""
 
     name: ClassVar[str]
+    native_strategy: ClassVar[str | None] = None  # the name of ``search``'s own strategy
 
     @abc.abstractmethod
     def unavailable_reason(self) -> str | None:
         """Why this backend cannot run here (a missing package, no GPU), or ``None``."""
 
-    @abc.abstractmethod
+    def space(
+        self, workload: Workload, problem: Mapping[str, int], dtype: str
+    ) -> SearchSpace | None:
+        """The enumerable config space (pruned by device limits), or ``None`` if there is none."""
+        return None
+
+    def device(self) -> str:
+        """Where this backend's candidates run and are timed: ``"cpu"`` or ``"cuda"``."""
+        return "cpu"
+
+    def measures_meaningfully(self) -> str | None:
+        """Why timings taken here mean nothing (an interpreter), or ``None`` when they count."""
+        return None
+
     def search(
         self,
         workload: Workload,
@@ -98,7 +116,12 @@ class Backend(abc.ABC):
         workdir: Path,
         progress: ProgressFn | None = None,
     ) -> SearchResult:
-        """Searches the config space of ``workload`` at ``problem`` and returns the best config."""
+        """Searches with ``native_strategy`` and returns the best config.
+
+        Raises:
+            NotImplementedError: the backend has no search of its own (only a ``space``).
+        """
+        raise NotImplementedError(f"{self.name} has no search of its own; use a tuner strategy")
 
     @abc.abstractmethod
     def build(

@@ -58,6 +58,7 @@ class PoisonedBackend(Backend):
     def __init__(self, inner: Backend, *, poison_all: bool = False) -> None:
         self.inner = inner
         self.name = inner.name  # type: ignore[misc]
+        self.native_strategy = inner.native_strategy  # type: ignore[misc]
         self.poison_all = poison_all
 
     def unavailable_reason(self) -> str | None:

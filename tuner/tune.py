@@ -21,7 +21,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends import Backend, Budget, Progress, ProgressFn, Runnable, SearchResult, get_backend
+from backends import (
+    Backend,
+    Budget,
+    Progress,
+    ProgressFn,
+    Runnable,
+    SearchResult,
+    Trial,
+    get_backend,
+)
 from tunecache import __version__
 from tunecache.errors import InvalidInput, TuningError
 from tunecache.key import Key
@@ -35,7 +44,11 @@ from tunecache.schemas import (
     TrialModel,
     ValidationReport,
 )
+from tunecache.space import Config
 from tunecache.timing import DEFAULT_TIMER, TimerSettings, time_cpu
+from tuner.harness import Job
+from tuner.search import DEFAULT_STRATEGY, STRATEGIES
+from tuner.tune_space import tune_space
 from tuner.validation import DEFAULT_SEEDS, validate
 from workloads import Workload, get_workload, make_key
 
@@ -49,7 +62,7 @@ class TuneOutcome:
 
     key: Key
     record: RecordCreate
-    runnable: Runnable
+    runnable: Runnable | None  # in-process only for a backend's own search (None: in workers)
     rejected: list[ValidationReport]  # searched winners that failed validation, in order
 
 
@@ -121,7 +134,7 @@ def _validated_winner(job: _Job, result: SearchResult) -> tuple[_Winner, list[Va
 
 def _measure(
     job: _Job, winner: _Winner
-) -> tuple[_Winner, TimingModel, list[BaselineModel], list[TrialModel]]:
+) -> tuple[_Winner, TimingModel, list[BaselineModel], list[Trial]]:
     """Times the winner, torch eager and the default config; the default wins if faster and valid.
 
     Returns the (possibly replaced) winner, its timing, the baselines, and the default config as
@@ -136,7 +149,7 @@ def _measure(
     default_runnable = job.backend.build(job.workload, job.problem, job.dtype, default)
     default_timing = job.time(default_runnable)
     baselines.append(BaselineModel(name="default_config", timing=default_timing))
-    extra = [TrialModel(config=default, status="ok", time_ms=default_timing.median_ms)]
+    extra = [Trial(config=default, status="ok", time_ms=default_timing.median_ms)]
     if default_timing.median_ms < timing.median_ms:
         # The untuned config is a candidate too: never store a "tuned" config slower than it.
         job.emit("the default config timed faster than the search's winner; validating it")
@@ -146,6 +159,30 @@ def _measure(
     return winner, timing, baselines, extra
 
 
+@dataclass
+class _Found:
+    """A validated, timed winner and how it was found."""
+
+    config: dict[str, Any]
+    timing: TimingModel
+    report: ValidationReport
+    baselines: list[BaselineModel]
+    trials: list[Trial]
+    rejected: list[ValidationReport]
+    runnable: Runnable | None
+
+
+def _tune_native(job: _Job, budget: Budget, workdir: Path, progress: ProgressFn | None) -> _Found:
+    """The backend's own search, then validation and timing in this process."""
+    result = job.backend.search(
+        job.workload, job.problem, job.dtype, budget, workdir=workdir, progress=progress
+    )
+    winner, rejected = _validated_winner(job, result)
+    winner, timing, baselines, extra = _measure(job, winner)
+    return _Found(winner.config, timing, winner.report, baselines,
+                  [*result.trials, *extra], rejected, winner.runnable)  # fmt: skip
+
+
 def tune(
     workload_name: str,
     backend_name: str,
@@ -153,19 +190,31 @@ def tune(
     dtype: str,
     budget: Budget,
     *,
+    strategy: str | None = None,
+    seed: int = 0,
+    warm_start: Sequence[Config] = (),
     workdir: Path | None = None,
     progress: ProgressFn | None = None,
     seeds: Sequence[int] = DEFAULT_SEEDS,
     timer: TimerSettings = DEFAULT_TIMER,
     backend: Backend | None = None,
+    backend_ref: str | None = None,
+    workers: int | None = None,
 ) -> TuneOutcome:
     """Tunes one key and returns the validated record, ready to upload.
 
     Args:
+        strategy: the backend's own search (``meta_schedule``, ``inductor_max_autotune``) or one
+            of :data:`tuner.search.STRATEGIES` over the backend's enumerable space; default: the
+            backend's own where it has one, else ``optuna``.
+        warm_start: configs to try first (the winners of neighbouring keys).
         backend: an already built backend instance (tests inject one); by name otherwise.
+        backend_ref: how measurement workers import ``backend`` (``"module:Class"``); its name
+            by default.
+        workers: measurement worker processes for enumerable searches (default: CPU count).
 
     Raises:
-        InvalidInput: unknown workload, backend or dtype, or a malformed problem.
+        InvalidInput: unknown workload, backend, dtype or strategy, or a malformed problem.
         TuningError: the backend is unavailable, or no candidate passed validation.
     """
     workload = get_workload(workload_name)
@@ -175,6 +224,11 @@ def tune(
         raise InvalidInput(f"backend instance {backend.name!r} is not {backend_name!r}")
     if (reason := backend.unavailable_reason()) is not None:
         raise TuningError(f"backend {backend_name} is unavailable: {reason}")
+    native = backend.native_strategy
+    strategy = strategy or native or DEFAULT_STRATEGY
+    if strategy != native and strategy not in STRATEGIES:
+        known = ", ".join(sorted({*STRATEGIES, *([native] if native else [])}))
+        raise InvalidInput(f"unknown strategy {strategy!r} for {backend_name}; known: {known}")
 
     def emit(message: str, done: int = 0, total: int = 0) -> None:
         logger.info("%s: %s", key.short(), message)
@@ -182,39 +236,49 @@ def tune(
             progress(Progress(done=done, total=total, message=message))
 
     job = _Job(backend, workload, workload.problem(problem), dtype, seeds, timer, emit)
-    emit(f"searching ({budget.trials} trials)", 0, budget.trials)
+    emit(f"searching with {strategy} ({budget.trials} trials)", 0, budget.trials)
     started = time.perf_counter()
-    result = backend.search(
-        workload,
-        job.problem,
-        dtype,
-        budget,
-        workdir=workdir or default_workdir(),
-        progress=progress,
-    )
-    winner, rejected = _validated_winner(job, result)
-    winner, timing, baselines, extra_trials = _measure(job, winner)
-    trials = [
-        TrialModel(config=dict(t.config), status=t.status, time_ms=t.time_ms, error=t.error[:2048])
-        for t in result.trials
-    ]
+    if strategy == native:
+        found = _tune_native(job, budget, workdir or default_workdir(), progress)
+    else:
+        harness_job = Job(
+            backend=backend_ref or backend.name,
+            workload=workload.name,
+            problem=job.problem,
+            dtype=dtype,
+            device=backend.device(),
+            timer=timer,
+        )
+        measured = tune_space(
+            backend, workload, harness_job, budget, strategy=strategy, seed=seed,
+            warm_start=warm_start, seeds=seeds, workers=workers, progress=progress, emit=emit,
+        )  # fmt: skip
+        found = _Found(
+            measured.config, measured.timing, measured.report, measured.baselines,
+            [*measured.log.trials, *measured.extra_trials], measured.rejected, None,
+        )  # fmt: skip
+    timing, report = found.timing, found.report
     record = RecordCreate(
         key=KeyModel.from_key(key),
-        config=winner.config,
-        config_summary=backend.summarize(winner.config)[:256],
+        config=found.config,
+        config_summary=backend.summarize(found.config)[:256],
         timing=timing,
-        baselines=baselines,
-        validation=winner.report,
+        baselines=found.baselines,
+        validation=report,
         search=SearchModel(
-            strategy=result.strategy,
-            trials=len(result.trials),
+            strategy=strategy,
+            trials=len(found.trials),
             seconds=round(time.perf_counter() - started, 3),
         ),
-        trials=trials + extra_trials,
+        trials=[_trial_model(t) for t in found.trials],
         provenance=Provenance(
             machine=platform.node(), tool_version=__version__, device_raw_name=key.device.raw_name
         ),
     )
-    error = winner.report.max_rel_error
-    emit(f"done: {timing.median_ms:.4f} ms, validated (max error {error:.2e})")
-    return TuneOutcome(key=key, record=record, runnable=winner.runnable, rejected=rejected)
+    emit(f"done: {timing.median_ms:.4f} ms, validated (max error {report.max_rel_error:.2e})")
+    return TuneOutcome(key=key, record=record, runnable=found.runnable, rejected=found.rejected)
+
+
+def _trial_model(trial: Trial) -> TrialModel:
+    return TrialModel(config=dict(trial.config), status=trial.status, time_ms=trial.time_ms,
+                      error=trial.error[:2048])  # fmt: skip

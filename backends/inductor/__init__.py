@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from backends.base import Backend, Budget, ProgressFn, Runnable, SearchResult
 from backends.inductor.options import MODE_DEFAULT, MODE_MAX_AUTOTUNE
 from backends.inductor.runnable import InductorRunnable, default_frozen_inputs
-from backends.inductor.search import run_search, summarize_config
+from backends.inductor.search import STRATEGY, run_search, summarize_config
 from tunecache.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ class InductorBackend(Backend):
     """Tunes a workload's ``torch_fn`` with Inductor's max-autotune on CPU."""
 
     name = "inductor"
+    native_strategy = STRATEGY
 
     def unavailable_reason(self) -> str | None:
         """``None`` when torch ≥ 2.5 and its Inductor import, else why not."""

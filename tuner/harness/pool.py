@@ -25,6 +25,7 @@ import os
 import signal
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -32,12 +33,14 @@ from typing import Any
 
 from backends import Trial
 from tunecache.errors import TuningError
+from tunecache.schemas import CheckModel, ValidationReport
 from tunecache.space import Config
 from tuner.harness.job import Job
 from tuner.harness.worker import worker_main
 
 logger = logging.getLogger(__name__)
 _CONTEXT = multiprocessing.get_context("spawn")  # no fork: CUDA and thread pools don't survive it
+_EAGER = Config.of({"baseline": "torch_eager"})  # marks a request that times torch eager
 
 
 @dataclass
@@ -140,10 +143,12 @@ class Harness:
         self.close()
 
     # -- requests ---------------------------------------------------------------------------
-    def _send(self, index: int, op: str, config: Config, timeout: float) -> None:
+    def _send(
+        self, index: int, op: str, config: Config | None, timeout: float, **extra: Any
+    ) -> None:
         slot = self._slots[index]
-        slot.config, slot.deadline = config, time.monotonic() + timeout
-        slot.conn.send({"op": op, "config": config.to_json()})
+        slot.config, slot.deadline = config or _EAGER, time.monotonic() + timeout
+        slot.conn.send({"op": op, "config": None if config is None else config.to_json(), **extra})
 
     def _collect(self, index: int, phase: str) -> dict[str, Any]:
         """The answer of worker ``index``, or a failure if it died; replaces a dead worker."""
@@ -188,17 +193,41 @@ class Harness:
                 self._slots[i].config = None
         return answers
 
-    def _measure(self, config: Config) -> dict[str, Any]:
-        # Any worker can measure: one that did not build the config builds it first.
-        self._send(0, "measure", config, self.build_timeout + self.run_timeout)
+    def _request(self, op: str, config: Config | None, **extra: Any) -> dict[str, Any]:
+        """One request to worker 0, waited for; a death or a timeout becomes the answer."""
+        # Any worker can serve it: one that did not build the config builds it first.
+        self._send(0, op, config, self.build_timeout + self.run_timeout, **extra)
         slot = self._slots[0]
         answer = (
-            self._collect(0, "measure")
+            self._collect(0, op)
             if slot.conn.poll(max(0.0, slot.deadline - time.monotonic()))
-            else self._expire(0, "measure")
+            else self._expire(0, op)
         )
         self._slots[0].config = None
         return answer
+
+    def measure(self, config: Config | None) -> dict[str, Any]:
+        """Checks and times one config (``None``: the workload's torch eager function)."""
+        return self._request("measure", config)
+
+    def validate(self, config: Config, seeds: Sequence[int]) -> ValidationReport:
+        """The full golden-reference validation of ``config``, run in a worker.
+
+        A worker that dies or hangs while validating yields a failed report naming why.
+        """
+        answer = self._request("validate", config, seeds=list(seeds))
+        if answer["status"] == "ok":
+            return ValidationReport.model_validate(answer["report"])
+        check = CheckModel(
+            problem=dict(self.job.problem.items()),
+            seed=seeds[0],
+            rel_error=None,
+            max_abs_error=None,
+            tolerance=1.0,
+            passed=False,
+            note=f"{answer['status']}: {answer.get('error', '')}"[:500],
+        )
+        return ValidationReport(passed=False, tolerance=1.0, max_rel_error=None, checks=[check])
 
     def evaluate(self, configs: list[Config]) -> list[Trial]:
         """Builds ``configs`` in parallel, then checks and times each; one trial per config."""
@@ -207,7 +236,7 @@ class Harness:
         for config in configs:
             answer = built[config]
             if answer["status"] == "ok":
-                answer = self._measure(config)
+                answer = self.measure(config)
             status = answer["status"]
             if status != "ok":
                 self.failures[status] += 1

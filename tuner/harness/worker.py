@@ -6,7 +6,10 @@ starts a replacement. Requests and answers are plain dicts over a ``multiprocess
 
 * ``{"op": "build", "config": {...}}`` → ``{"status": "ok" | "compile_error", "error", "seconds"}``
 * ``{"op": "measure", "config": {...}}`` → ``{"status": "ok" | "wrong_answer" | "runtime_error" |
-  "compile_error", "time_ms", "times_ms", "rel_error", "error"}``
+  "compile_error", "time_ms", "times_ms", "rel_error", "error"}``; ``"config": null`` times the
+  workload's torch eager function (the baseline) the same way
+* ``{"op": "validate", "config": {...}, "seeds": [...]}`` → ``{"status": "ok", "report": {...}}``:
+  the full golden-reference validation (several seeds and the edge problem), in the worker
 
 A candidate is checked against the float64 reference on fresh random inputs, with its output
 buffer poisoned (NaN) beforehand where the runnable takes one, before its time counts.
@@ -63,11 +66,34 @@ class _Worker:
             return {"status": "compile_error", "error": _describe(exc)}
         return {"status": "ok", "seconds": time.perf_counter() - started}
 
-    def handle_measure(self, config: dict[str, Any]) -> dict[str, Any]:
+    def handle_validate(self, config: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
+        from tuner.validation import validate
+
+        def build(problem: Any) -> Runnable:
+            if dict(problem) == self.job.problem:
+                return self.build(config)
+            return self.backend.build(self.workload, problem, self.job.dtype, config)
+
+        runnable_device = self.job.device
+
+        def on_device(problem: Any) -> Runnable:
+            runnable = build(problem)
+            if runnable_device == "cpu":
+                return runnable
+
+            def run(*inputs: Any) -> Any:
+                return runnable(*(t.to(runnable_device) for t in inputs)).cpu()
+
+            return run
+
+        report = validate(on_device, self.workload, self.job.problem, self.job.dtype, seeds=seeds)
+        return {"status": "ok", "report": report.model_dump(mode="json")}
+
+    def handle_measure(self, config: dict[str, Any] | None) -> dict[str, Any]:
         from tuner.validation import compare
 
         try:
-            runnable = self.build(config)
+            runnable = self.workload.torch_fn if config is None else self.build(config)
         except Exception as exc:
             return {"status": "compile_error", "error": _describe(exc)}
         try:
@@ -87,6 +113,7 @@ class _Worker:
             "status": "ok",
             "time_ms": timing.median_ms,
             "times_ms": [timing.min_ms, timing.median_ms, timing.max_ms],
+            "timing": timing.model_dump(mode="json"),
             "rel_error": rel,
         }
 
@@ -135,5 +162,7 @@ def worker_main(conn: Connection, job_json: dict[str, Any]) -> None:
             conn.send(worker.handle_build(request["config"]))
         elif op == "measure":
             conn.send(worker.handle_measure(request["config"]))
+        elif op == "validate":
+            conn.send(worker.handle_validate(request["config"], request["seeds"]))
         else:
             conn.send({"status": "invalid", "error": f"unknown request {op!r}"})
