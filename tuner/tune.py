@@ -32,6 +32,7 @@ from backends import (
     get_backend,
 )
 from tunecache import __version__
+from tunecache.client import Client
 from tunecache.errors import InvalidInput, TuningError
 from tunecache.key import Key
 from tunecache.schemas import (
@@ -50,6 +51,7 @@ from tuner.harness import Job
 from tuner.search import DEFAULT_STRATEGY, STRATEGIES
 from tuner.tune_space import tune_space
 from tuner.validation import DEFAULT_SEEDS, validate
+from tuner.warm_start import neighbour_configs
 from workloads import Workload, get_workload, make_key
 
 logger = logging.getLogger(__name__)
@@ -64,6 +66,7 @@ class TuneOutcome:
     record: RecordCreate
     runnable: Runnable | None  # in-process only for a backend's own search (None: in workers)
     rejected: list[ValidationReport]  # searched winners that failed validation, in order
+    trials: list[Trial]  # every measured candidate, with its repeats where kept
 
 
 def default_workdir() -> Path:
@@ -200,6 +203,7 @@ def tune(
     backend: Backend | None = None,
     backend_ref: str | None = None,
     workers: int | None = None,
+    cache: Client | None = None,
 ) -> TuneOutcome:
     """Tunes one key and returns the validated record, ready to upload.
 
@@ -212,6 +216,7 @@ def tune(
         backend_ref: how measurement workers import ``backend`` (``"module:Class"``); its name
             by default.
         workers: measurement worker processes for enumerable searches (default: CPU count).
+        cache: a cache server whose winners for neighbouring keys warm-start the search.
 
     Raises:
         InvalidInput: unknown workload, backend, dtype or strategy, or a malformed problem.
@@ -252,6 +257,7 @@ def tune(
         measured = tune_space(
             backend, workload, harness_job, budget, strategy=strategy, seed=seed,
             warm_start=warm_start, seeds=seeds, workers=workers, progress=progress, emit=emit,
+            neighbours=(lambda space: neighbour_configs(cache, key, space)) if cache else None,
         )  # fmt: skip
         found = _Found(
             measured.config, measured.timing, measured.report, measured.baselines,
@@ -276,7 +282,8 @@ def tune(
         ),
     )
     emit(f"done: {timing.median_ms:.4f} ms, validated (max error {report.max_rel_error:.2e})")
-    return TuneOutcome(key=key, record=record, runnable=found.runnable, rejected=found.rejected)
+    return TuneOutcome(key=key, record=record, runnable=found.runnable, rejected=found.rejected,
+                       trials=found.trials)  # fmt: skip
 
 
 def _trial_model(trial: Trial) -> TrialModel:

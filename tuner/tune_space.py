@@ -85,10 +85,19 @@ def tune_space(
     workers: int | None,
     progress: ProgressFn | None,
     emit: Callable[[str], None],
+    neighbours: Callable[[SearchSpace], list[Config]] | None = None,
 ) -> SpaceOutcome:
-    """Searches ``backend``'s space for ``job`` with ``strategy`` and names a validated winner."""
+    """Searches ``backend``'s space for ``job`` with ``strategy`` and names a validated winner.
+
+    Args:
+        neighbours: finds warm-start configs in the space (the cache's neighbouring winners).
+    """
     space = enumerable_space(backend, workload, job.problem, job.dtype)
     emit(f"space: {space.size} configs, {space.pruned_count()} pruned by device limits")
+    if neighbours is not None:
+        found = neighbours(space)
+        emit(f"warm start: {len(found)} configs of neighbouring keys from the cache")
+        warm_start = [*warm_start, *found]
     with Harness(job, workers=workers) as harness:
         searcher = get_strategy(strategy, space, seed=seed, warm_start=warm_start)
         batch = len(harness._slots)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from tunecache.cli.args import add_key, add_server, key_parts, server_url
@@ -13,15 +14,57 @@ from tunecache.errors import InvalidInput
 def register(commands: Any) -> None:
     parser = commands.add_parser("tune", help="tune one key and upload the validated winner")
     add_key(parser)
+    parser.add_argument(
+        "--strategy",
+        help="exhaustive, random, optuna, or the backend's own (the default where it has one: "
+        "tvm: meta_schedule; inductor: inductor_max_autotune)",
+    )
     parser.add_argument("--trials", type=int, default=32, help="search budget in trials")
     parser.add_argument("--seconds", type=float, help="search budget in seconds")
+    parser.add_argument("--patience", type=int, help="stop after N trials without improvement")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the search strategy")
+    parser.add_argument("--workers", type=int, help="measurement worker processes")
+    parser.add_argument("--landscape", type=Path, metavar="FILE",
+                        help="measure every valid config and write them to FILE")  # fmt: skip
     parser.add_argument("--no-upload", action="store_true", help="tune and print, store nothing")
     add_server(parser)
     parser.set_defaults(run=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def _budget(args: argparse.Namespace) -> Any:
     from backends import Budget
+
+    trials = 10**9 if args.landscape else args.trials  # a landscape is the whole space
+    try:
+        return Budget(trials=trials, seconds=args.seconds, patience=args.patience)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def _write_landscape(path: Path, outcome: Any, parts: dict[str, Any]) -> None:
+    from backends import get_backend
+    from tunecache.space import Config
+    from tuner.landscape import Landscape, LandscapeEntry
+    from workloads import get_workload
+
+    backend = get_backend(parts["backend"])
+    space = backend.space(get_workload(parts["workload"]), parts["problem"], parts["dtype"])
+    assert space is not None
+    entries = [
+        LandscapeEntry(Config.of(t.config), t.status, t.times_ms, t.error)
+        for t in outcome.trials
+        if space.contains(Config.of(t.config))
+    ]
+    device = outcome.key.device
+    landscape = Landscape(
+        key=outcome.key.to_json(), space=space.to_json(), entries=entries,
+        device=f"{device.raw_name or device.name}, {device.units} {device.kind} units",
+    )  # fmt: skip
+    landscape.save(path)
+    print(f"wrote {len(entries)} configs to {path}", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
     from tunecache.cli.get import describe
     from tunecache.cli.progress import ProgressPrinter
     from tunecache.client import Client
@@ -30,24 +73,21 @@ def run(args: argparse.Namespace) -> int:
 
     parts = key_parts(args)
     key = make_key(**parts)  # bad input fails here, before anything is compiled
-    try:
-        budget = Budget(trials=args.trials, seconds=args.seconds)
-    except ValueError as exc:
-        raise InvalidInput(str(exc)) from None
+    budget = _budget(args)
+    strategy = "exhaustive" if args.landscape else args.strategy
     url = None if args.no_upload else server_url(args)
-    outcome = tune(
-        parts["workload"],
-        parts["backend"],
-        parts["problem"],
-        parts["dtype"],
-        budget,
-        progress=ProgressPrinter(key.short()),
-    )
-    record = outcome.record
-    if url is None:
-        print(record.model_dump_json(by_alias=True, indent=2, exclude={"trials"}))
-        return 0
-    with Client(url) as client:
+    with Client(url or server_url(args)) as client:
+        outcome = tune(
+            parts["workload"], parts["backend"], parts["problem"], parts["dtype"], budget,
+            strategy=strategy, seed=args.seed, workers=args.workers,
+            progress=ProgressPrinter(key.short()), cache=None if url is None else client,
+        )  # fmt: skip
+        if args.landscape:
+            _write_landscape(args.landscape, outcome, parts)
+        record = outcome.record
+        if url is None:
+            print(record.model_dump_json(by_alias=True, indent=2, exclude={"trials"}))
+            return 0
         result = client.upload(record)
         stored = client.get_record(result.record_id)
     print(describe(stored))
