@@ -1,0 +1,260 @@
+"""Landscape files: record, save/load, replay as a simulated device; the search-efficiency bench."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backends.base import Budget, Progress
+from bench import search_efficiency
+from tunecache.errors import InvalidInput
+from tunecache.space import Config, Scalar, SearchSpace
+from tuner.landscape import FORMAT, Landscape, LandscapeEntry, record_landscape
+from tuner.search import get_strategy, run_search
+
+BOWL_PARAMS: dict[str, tuple[Scalar, ...]] = {
+    "BLOCK_M": (16, 32, 64, 128, 256, 512, 1024, 2048),
+    "BLOCK_N": (16, 32, 64, 128, 256, 512, 1024, 2048),
+    "num_warps": (1, 2, 4, 8),
+    "num_stages": (2, 3),
+}  # 512 configs
+
+
+def bowl_landscape(
+    seed: int,
+    params: Mapping[str, tuple[Scalar, ...]] | None = None,
+    *,
+    fail_rate: float = 0.05,
+    device: str = "synthetic bowl",
+) -> Landscape:
+    """A smooth bowl over the choices' indices, centred at random, with some failed configs.
+
+    Configs whose BLOCK_M * BLOCK_N reaches 2**20 are pruned (unrecorded) when both exist.
+    """
+    params = params or BOWL_PARAMS
+    rng = random.Random(seed)
+    centre = {name: rng.uniform(0, len(choices) - 1) for name, choices in params.items()}
+    weight = {name: rng.uniform(0.5, 2.0) for name in params}
+
+    def too_big(config: Config) -> str | None:
+        area = int(config.get("BLOCK_M", 1)) * int(config.get("BLOCK_N", 1))
+        return "too big" if area >= 2**20 else None
+
+    def measure(config: Config) -> LandscapeEntry:
+        if rng.random() < fail_rate:
+            return LandscapeEntry(config, rng.choice(["compile_error", "timeout"]), error="boom")
+        index = {name: params[name].index(config[name]) for name in params}
+        t = 1.0 + sum(weight[n] * (index[n] - centre[n]) ** 2 for n in params)
+        return LandscapeEntry(config, "ok", tuple(t * (1 + 0.01 * rng.random()) for _ in range(3)))
+
+    space = SearchSpace(params, constraint=too_big)
+    return record_landscape(space, measure, key={"kernel": "bowl", "seed": seed}, device=device)
+
+
+def tiny_landscape() -> Landscape:
+    a, b, c = (Config.of({"x": x}) for x in (1, 2, 3))
+    return Landscape(
+        key={"kernel": "tiny", "problem": {"N": 8}},
+        space={"x": [1, 2, 3, 4]},
+        entries=[
+            LandscapeEntry(a, "ok", (3.0, 1.0, 2.0)),
+            LandscapeEntry(b, "compile_error", error="too many registers"),
+            LandscapeEntry(c, "ok", (1.5,)),
+        ],
+        device="test device",
+        note="hand-made",
+    )
+
+
+class TestEntry:
+    def test_time_is_median_of_repeats_and_none_unless_ok(self) -> None:
+        landscape = tiny_landscape()
+        assert [e.time_ms for e in landscape.entries] == [2.0, None, 1.5]
+
+    @pytest.mark.parametrize(
+        ("status", "times"), [("fast", (1.0,)), ("ok", ()), ("ok", (float("nan"),))]
+    )
+    def test_rejects_bad_status_and_times(self, status: str, times: tuple[float, ...]) -> None:
+        with pytest.raises(InvalidInput):
+            LandscapeEntry(Config.of({"x": 1}), status, times)
+
+
+class TestFile:
+    def test_round_trip(self, tmp_path: Path) -> None:
+        landscape = tiny_landscape()
+        path = tmp_path / "sub" / "tiny.json"
+        landscape.save(path)
+        assert json.loads(path.read_text())["format"] == FORMAT
+        assert Landscape.load(path) == landscape
+
+    def test_save_is_atomic(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        path = tmp_path / "tiny.json"
+        tiny_landscape().save(path)
+        before = path.read_text()
+
+        def broken_dump(*args: Any, **kwargs: Any) -> None:
+            raise OSError("disk full")
+
+        monkeypatch.setattr(json, "dump", broken_dump)
+        changed = tiny_landscape()
+        changed.note = "changed"
+        with pytest.raises(OSError, match="disk full"):
+            changed.save(path)
+        assert path.read_text() == before  # the old file is intact
+        assert [p.name for p in tmp_path.iterdir()] == ["tiny.json"]  # no temp file left
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "not json {",
+            "[1, 2]",
+            json.dumps({"format": "other/1"}),
+            json.dumps({"format": FORMAT, "key": {}, "space": {"x": [1]}, "device": "d"}),
+            json.dumps(
+                {"format": FORMAT, "key": {}, "space": {"x": 1}, "entries": [], "device": "d"}
+            ),
+            json.dumps(
+                {"format": FORMAT, "key": {}, "space": {"x": []}, "entries": [], "device": "d"}
+            ),
+        ],
+    )
+    def test_malformed_file_is_invalid_input(self, tmp_path: Path, text: str) -> None:
+        path = tmp_path / "bad.json"
+        path.write_text(text)
+        with pytest.raises(InvalidInput, match="landscape"):
+            Landscape.load(path)
+
+    @pytest.mark.parametrize(
+        "entry",
+        [
+            {"config": {"x": 1}, "status": "exploded"},
+            {"config": {"x": 1}, "status": "ok", "times_ms": []},
+            {"config": {"x": 1}, "status": "ok", "times_ms": ["fast"]},
+            {"config": {"x": [1]}, "status": "invalid"},
+            {"config": {"x": 9}, "status": "invalid"},
+            {"config": {"y": 1}, "status": "invalid"},
+            {"status": "invalid"},
+            "x=1",
+        ],
+    )
+    def test_malformed_entry_is_invalid_input(self, tmp_path: Path, entry: Any) -> None:
+        data = tiny_landscape().to_json()
+        data["entries"].append(entry)
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(data))
+        with pytest.raises(InvalidInput):
+            Landscape.load(path)
+
+    def test_duplicate_config_is_invalid_input(self, tmp_path: Path) -> None:
+        data = tiny_landscape().to_json()
+        data["entries"].append(data["entries"][0])
+        path = tmp_path / "dup.json"
+        path.write_text(json.dumps(data))
+        with pytest.raises(InvalidInput, match="twice"):
+            Landscape.load(path)
+
+    def test_missing_file_is_invalid_input(self, tmp_path: Path) -> None:
+        with pytest.raises(InvalidInput):
+            Landscape.load(tmp_path / "nowhere.json")
+
+
+class TestReplay:
+    def test_optimum_is_fastest_ok_entry(self) -> None:
+        assert tiny_landscape().optimum().config == Config.of({"x": 3})
+        only_failures = tiny_landscape()
+        only_failures.entries = only_failures.entries[1:2]
+        with pytest.raises(InvalidInput, match="no ok entry"):
+            only_failures.optimum()
+
+    def test_search_space_is_restricted_to_recorded_configs(self) -> None:
+        space = tiny_landscape().search_space()
+        assert list(space.configs()) == [Config.of({"x": x}) for x in (1, 2, 3)]
+        assert not space.contains(Config.of({"x": 4}))
+
+    def test_evaluator_simulates_the_device(self) -> None:
+        evaluate = tiny_landscape().evaluator()
+        trials = evaluate([Config.of({"x": x}) for x in (1, 2, 3, 4)])
+        assert [(t.status, t.time_ms) for t in trials] == [
+            ("ok", 2.0),
+            ("compile_error", None),
+            ("ok", 1.5),
+            ("invalid", None),
+        ]
+        assert trials[1].error == "too many registers"
+        assert trials[0].config == {"x": 1}
+
+    @pytest.mark.parametrize("strategy", ["exhaustive", "random", "optuna"])
+    def test_replay_is_deterministic(self, strategy: str) -> None:
+        landscape = bowl_landscape(3)
+
+        def replay() -> list[tuple[Config, str, float | None]]:
+            search = get_strategy(strategy, landscape.search_space(), seed=7)
+            log = run_search(search, landscape.evaluator(), Budget(trials=30))
+            return [(c, t.status, t.time_ms) for c, t in log]
+
+        first = replay()
+        assert len(first) == 30
+        assert replay() == first
+
+
+class TestRecord:
+    def test_records_every_unpruned_config_in_order(self) -> None:
+        space = SearchSpace(
+            {"a": (1, 2, 3), "b": (1, 2)},
+            constraint=lambda c: "odd" if (int(c["a"]) + int(c["b"])) % 5 == 0 else None,
+        )
+        seen: list[Progress] = []
+
+        def measure(config: Config) -> LandscapeEntry:
+            if config == Config.of({"a": 2, "b": 1}):
+                raise RuntimeError("worker died")
+            return LandscapeEntry(config, "ok", (float(config["a"]) * float(config["b"]),))
+
+        landscape = record_landscape(
+            space, measure, key={"kernel": "k"}, device="cpu", note="n", progress=seen.append
+        )
+        assert [e.config for e in landscape.entries] == list(space.configs())
+        assert len(landscape.entries) == 5  # a=3, b=2 pruned
+        assert [e.status for e in landscape.entries] == ["ok", "ok", "runtime_error", "ok", "ok"]
+        assert "worker died" in landscape.entries[2].error
+        assert landscape.space == {"a": [1, 2, 3], "b": [1, 2]}
+        assert (landscape.key, landscape.device, landscape.note) == ({"kernel": "k"}, "cpu", "n")
+        assert [(p.done, p.total, p.best_ms) for p in seen][-1] == (5, 5, 1.0)
+        assert not landscape.search_space().contains(Config.of({"a": 3, "b": 2}))
+
+    def test_entry_for_another_config_is_rejected(self) -> None:
+        space = SearchSpace({"a": (1, 2)})
+        with pytest.raises(InvalidInput, match="returned an entry"):
+            record_landscape(
+                space,
+                lambda c: LandscapeEntry(Config.of({"a": 1}), "invalid"),
+                key={},
+                device="cpu",
+            )
+
+
+class TestSearchEfficiencyBench:
+    def test_writes_table_for_every_landscape_and_strategy(self, tmp_path: Path) -> None:
+        small = {"BLOCK_M": (16, 32, 64, 128), "BLOCK_N": (32, 64, 128), "num_warps": (2, 4, 8)}
+        bowl_landscape(1, small, device="Synthetic GPU A").save(tmp_path / "a.json")
+        bowl_landscape(2, device="Synthetic GPU B").save(tmp_path / "b.json")
+        out = tmp_path / "results" / "search_efficiency.md"
+        code = search_efficiency.main([str(tmp_path), "--seeds", "2", "--out", str(out)])
+        assert code == 0
+        text = out.read_text()
+        assert "Synthetic GPU A" in text and "Synthetic GPU B" in text
+        assert "36 configs" in text
+        rows = [line for line in text.splitlines() if line.startswith("| ")]
+        assert len(rows) == 1 + 3 * 3  # header, 2 landscapes + average, 3 strategies each
+        exhaustive_a = next(r for r in rows if r.startswith("| a | exhaustive"))
+        assert exhaustive_a.split(" | ")[-2] == "1.000"  # @200, capped at the size (36)
+
+    def test_empty_folder_and_unknown_strategy(self, tmp_path: Path) -> None:
+        assert search_efficiency.main([str(tmp_path), "--out", str(tmp_path / "x.md")]) == 2
+        with pytest.raises(SystemExit):
+            search_efficiency.main([str(tmp_path), "--strategies", "annealing"])

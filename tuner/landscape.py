@@ -1,0 +1,267 @@
+"""Landscapes: every config of one key with its measured times or its failure, recorded once.
+
+A landscape replays as a simulated device (:meth:`Landscape.evaluator`), so search strategies are
+compared offline, deterministically and on CPU (``bench/search_efficiency.py``). The file is
+JSON::
+
+    {"format": "tunecache-landscape/1", "key": {...}, "device": "NVIDIA H100 80GB HBM3",
+     "note": "", "space": {"BLOCK_M": [32, 64], ...},
+     "entries": [{"config": {...}, "status": "ok", "times_ms": [0.1, 0.11], "error": ""}, ...]}
+
+Example:
+    >>> from tunecache.space import SearchSpace
+    >>> space = SearchSpace({"BLOCK": (16, 32, 64)})
+    >>> def measure(config):
+    ...     return LandscapeEntry(config, "ok", (float(config["BLOCK"]), 99.0, 1.0))
+    >>> landscape = record_landscape(space, measure, key={"kernel": "demo"}, device="test")
+    >>> str(landscape.optimum().config), landscape.optimum().time_ms
+    ('BLOCK=16', 16.0)
+    >>> [t.time_ms for t in landscape.evaluator()([Config.of({"BLOCK": 32})])]
+    [32.0]
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import statistics
+import tempfile
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backends.base import Progress, ProgressFn, Trial, TrialStatus
+from tunecache.errors import InvalidInput
+from tunecache.space import Config, SearchSpace
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "tunecache-landscape/1"
+STATUSES: tuple[str, ...] = typing.get_args(TrialStatus)
+
+
+@dataclass(frozen=True)
+class LandscapeEntry:
+    """One config's outcome: every repeat's time if ``ok``, else its failure status and error."""
+
+    config: Config
+    status: str  # a Trial status
+    times_ms: tuple[float, ...] = ()  # every repeat measured (ok entries), for noise
+    error: str = ""
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise InvalidInput(f"landscape entry status {self.status!r} is not one of {STATUSES}")
+        times = tuple(float(t) for t in self.times_ms)
+        if self.status == "ok" and not times:
+            raise InvalidInput(f"landscape entry {self.config} is ok but has no times")
+        if not all(math.isfinite(t) and t >= 0 for t in times):
+            raise InvalidInput(f"landscape entry {self.config} has a bad time in {times}")
+        object.__setattr__(self, "times_ms", times)
+
+    @property
+    def time_ms(self) -> float | None:
+        """The median of ``times_ms``; ``None`` unless the entry is ``ok``."""
+        return statistics.median(self.times_ms) if self.status == "ok" else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_json(),
+            "status": self.status,
+            "times_ms": list(self.times_ms),
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LandscapeEntry:
+        """Builds an entry from :meth:`to_json`'s output.
+
+        Raises:
+            InvalidInput: a field is missing or malformed.
+        """
+        try:
+            return cls(
+                config=Config.of(data["config"]),
+                status=data["status"],
+                times_ms=tuple(data.get("times_ms", ())),
+                error=str(data.get("error", "")),
+            )
+        except InvalidInput:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InvalidInput(f"malformed landscape entry {data!r}: {exc!r}") from exc
+
+
+@dataclass
+class Landscape:
+    """Every config of one key, measured on one device."""
+
+    key: dict[str, Any]  # Key.to_json() of the key measured
+    space: dict[str, list[Any]]  # SearchSpace.to_json()
+    entries: list[LandscapeEntry]
+    device: str  # e.g. "AMD EPYC, 2 cores" or "NVIDIA H100 80GB HBM3"
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "key": self.key,
+            "device": self.device,
+            "note": self.note,
+            "space": self.space,
+            "entries": [entry.to_json() for entry in self.entries],
+        }
+
+    def save(self, path: Path) -> None:
+        """Writes the landscape as JSON, atomically (a temp file beside it, then ``os.replace``)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                json.dump(self.to_json(), out, indent=1)
+                out.write("\n")
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    @classmethod
+    def load(cls, path: Path) -> Landscape:
+        """Reads a landscape written by :meth:`save`.
+
+        Raises:
+            InvalidInput: the file is unreadable, not JSON, of another format, or malformed.
+        """
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InvalidInput(f"cannot read landscape {path}: {exc}") from exc
+        try:
+            return cls.from_json(data)
+        except InvalidInput as exc:
+            raise InvalidInput(f"landscape {path}: {exc}") from exc
+
+    @classmethod
+    def from_json(cls, data: Any) -> Landscape:
+        """Builds a landscape from :meth:`to_json`'s output.
+
+        Raises:
+            InvalidInput: another format, or a missing or malformed field.
+        """
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise InvalidInput(f"format is {found!r}, not {FORMAT!r}")
+        for name, kind in (("key", dict), ("space", dict), ("entries", list), ("device", str)):
+            if not isinstance(data.get(name), kind):
+                raise InvalidInput(f"field {name!r} is missing or not a {kind.__name__}")
+        if not all(isinstance(choices, list) for choices in data["space"].values()):
+            raise InvalidInput(f"space {data['space']!r} does not map names to lists of choices")
+        landscape = cls(
+            key=data["key"],
+            space=data["space"],
+            entries=[LandscapeEntry.from_json(e) for e in data["entries"]],
+            device=data["device"],
+            note=str(data.get("note", "")),
+        )
+        space = landscape.search_space()  # the space must be well formed
+        seen: set[Config] = set()
+        for entry in landscape.entries:
+            if entry.config in seen:
+                raise InvalidInput(f"config {entry.config} is recorded twice")
+            if (reason := space.prune_reason(entry.config)) is not None:
+                raise InvalidInput(f"config {entry.config} is outside the space: {reason}")
+            seen.add(entry.config)
+        return landscape
+
+    def optimum(self) -> LandscapeEntry:
+        """The fastest ``ok`` entry (the first recorded on a tie).
+
+        Raises:
+            InvalidInput: no entry is ``ok``.
+        """
+        ok = [entry for entry in self.entries if entry.status == "ok"]
+        if not ok:
+            raise InvalidInput(f"landscape of {self.key} has no ok entry")
+        return min(ok, key=lambda entry: entry.time_ms or 0.0)
+
+    def search_space(self) -> SearchSpace:
+        """The recorded space, with a constraint that prunes every config not recorded."""
+        recorded = {entry.config for entry in self.entries}
+
+        def unrecorded(config: Config) -> str | None:
+            return None if config in recorded else "not recorded in the landscape"
+
+        try:
+            params = {name: tuple(choices) for name, choices in self.space.items()}
+            return SearchSpace(params, constraint=unrecorded)
+        except (TypeError, ValueError) as exc:
+            raise InvalidInput(f"malformed landscape space {self.space!r}: {exc}") from exc
+
+    def evaluator(self) -> Callable[[list[Config]], list[Trial]]:
+        """Replays the landscape as a simulated device.
+
+        An ``ok`` config gives its median time, a failed one its status and error, and a config
+        not recorded ``invalid``. Deterministic: the same configs always give the same trials.
+        """
+        by_config = {entry.config: entry for entry in self.entries}
+
+        def evaluate(configs: list[Config]) -> list[Trial]:
+            trials = []
+            for config in configs:
+                entry = by_config.get(config)
+                if entry is None:
+                    trials.append(Trial(config.to_json(), "invalid", error="not in the landscape"))
+                else:
+                    status = typing.cast(TrialStatus, entry.status)
+                    trials.append(Trial(config.to_json(), status, entry.time_ms, entry.error))
+            return trials
+
+        return evaluate
+
+
+def record_landscape(
+    space: SearchSpace,
+    measure: Callable[[Config], LandscapeEntry],
+    *,
+    key: dict[str, Any],
+    device: str,
+    note: str = "",
+    progress: ProgressFn | None = None,
+) -> Landscape:
+    """Measures every config of ``space`` (after pruning), in order, into a landscape.
+
+    Args:
+        space: the space to record.
+        measure: times one config (several repeats) or reports its failure. An exception it
+            raises is recorded as a ``runtime_error`` entry (and logged) rather than losing the run.
+        key: ``Key.to_json()`` of the key measured.
+        device: the device's name, for reports.
+        note: free text (the timer settings, the harness version).
+        progress: called after every config.
+    """
+    configs = list(space.configs())
+    entries: list[LandscapeEntry] = []
+    best: float | None = None
+    for done, config in enumerate(configs, start=1):
+        try:
+            entry = measure(config)
+        except Exception as exc:
+            logger.warning(
+                "landscape: measuring %s raised %r; recorded as runtime_error", config, exc
+            )
+            entry = LandscapeEntry(config, "runtime_error", error=repr(exc))
+        if entry.config != config:
+            raise InvalidInput(f"measure({config}) returned an entry for {entry.config}")
+        entries.append(entry)
+        if entry.time_ms is not None and (best is None or entry.time_ms < best):
+            best = entry.time_ms
+        if progress is not None:
+            progress(Progress(done, len(configs), best, f"{config}: {entry.status}"))
+    return Landscape(
+        key=dict(key), space=space.to_json(), entries=entries, device=device, note=note
+    )

@@ -1,0 +1,61 @@
+"""Search strategies by name, and the loop that drives one against an evaluator.
+
+Example:
+    >>> from tunecache.space import SearchSpace
+    >>> space = SearchSpace({"BLOCK": (16, 32, 64)})
+    >>> get_strategy("random", space, seed=3).name
+    'random'
+    >>> sorted(STRATEGIES)
+    ['exhaustive', 'optuna', 'random']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tunecache.errors import InvalidInput
+from tunecache.space import Config, SearchSpace
+from tuner.search.base import SearchStrategy
+from tuner.search.exhaustive import ExhaustiveSearch
+from tuner.search.loop import Evaluator, SearchLog, run_search
+from tuner.search.optuna_tpe import OptunaSearch
+from tuner.search.random_search import RandomSearch
+
+STRATEGIES: dict[str, type[SearchStrategy]] = {
+    cls.name: cls for cls in (ExhaustiveSearch, RandomSearch, OptunaSearch)
+}
+DEFAULT_STRATEGY = "optuna"
+
+
+def get_strategy(
+    name: str, space: SearchSpace, *, seed: int = 0, warm_start: Sequence[Config] = ()
+) -> SearchStrategy:
+    """A fresh strategy called ``name`` over ``space``.
+
+    Args:
+        name: a key of :data:`STRATEGIES`.
+        space: the (pruned) space to search.
+        seed: makes the proposal sequence reproducible.
+        warm_start: configs to propose first (those outside the space are skipped).
+
+    Raises:
+        InvalidInput: no strategy has that name.
+    """
+    try:
+        cls = STRATEGIES[name]
+    except KeyError:
+        raise InvalidInput(
+            f"unknown search strategy {name!r}; known: {', '.join(sorted(STRATEGIES))}"
+        ) from None
+    return cls(space, seed=seed, warm_start=warm_start)
+
+
+__all__ = [
+    "DEFAULT_STRATEGY",
+    "STRATEGIES",
+    "Evaluator",
+    "SearchLog",
+    "SearchStrategy",
+    "get_strategy",
+    "run_search",
+]

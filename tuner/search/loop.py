@@ -1,0 +1,166 @@
+"""Drive a search strategy against an evaluator under a budget, and log every trial.
+
+The evaluator measures a batch of configs (the measurement harness, in parallel; or a landscape
+replayed as a simulated device). The loop stops at the first of: ``budget.trials`` configs
+evaluated, ``budget.seconds`` spent (checked between batches), ``budget.patience`` consecutive
+trials that did not improve the best time, or the strategy having nothing left to propose.
+
+Example:
+    >>> from backends.base import Budget, Trial
+    >>> from tunecache.space import SearchSpace
+    >>> from tuner.search import get_strategy
+    >>> space = SearchSpace({"BLOCK": (16, 32, 64, 128)})
+    >>> def evaluate(configs):
+    ...     return [Trial(c.to_json(), "ok", abs(c["BLOCK"] - 64) + 1.0) for c in configs]
+    >>> log = run_search(get_strategy("exhaustive", space), evaluate, Budget(trials=10))
+    >>> str(log.best[0]), log.stopped_because, len(log)
+    ('BLOCK=64', 'exhausted', 4)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from backends.base import Budget, Progress, ProgressFn, Trial
+from tunecache.errors import TuningError
+from tunecache.space import Config
+from tuner.search.base import SearchStrategy
+
+logger = logging.getLogger(__name__)
+
+Evaluator = Callable[[list[Config]], list[Trial]]
+StopReason = Literal["trials", "seconds", "patience", "exhausted"]
+
+
+def trial_time(trial: Trial) -> float | None:
+    """The trial's time if it is a usable measurement (``ok`` and finite), else ``None``."""
+    if trial.status != "ok" or trial.time_ms is None or not math.isfinite(trial.time_ms):
+        return None
+    return trial.time_ms
+
+
+@dataclass
+class SearchLog:
+    """Every ``(config, trial)`` in evaluation order, and why the search stopped."""
+
+    entries: list[tuple[Config, Trial]] = field(default_factory=list)
+    stopped_because: StopReason = "exhausted"
+    strategy: str = ""
+    seconds: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self) -> Iterator[tuple[Config, Trial]]:
+        return iter(self.entries)
+
+    @property
+    def trials(self) -> list[Trial]:
+        return [trial for _, trial in self.entries]
+
+    @property
+    def best(self) -> tuple[Config, Trial] | None:
+        """The fastest ``ok`` entry (the first one on a tie), or ``None`` if none succeeded."""
+        ranked = self.ranked()
+        return ranked[0] if ranked else None
+
+    @property
+    def best_ms(self) -> float | None:
+        best = self.best
+        return None if best is None else trial_time(best[1])
+
+    def ranked(self) -> list[tuple[Config, Trial]]:
+        """The ``ok`` entries, fastest first (stable, so ties keep evaluation order)."""
+        ok = [(c, t) for c, t in self.entries if trial_time(t) is not None]
+        return sorted(ok, key=lambda entry: trial_time(entry[1]) or 0.0)
+
+    def best_after(self, n: int) -> float | None:
+        """The best time among the first ``n`` evaluations, or ``None`` if none succeeded."""
+        times = [trial_time(t) for _, t in self.entries[:n]]
+        return min((t for t in times if t is not None), default=None)
+
+
+def run_search(
+    strategy: SearchStrategy,
+    evaluate: Evaluator,
+    budget: Budget,
+    *,
+    batch_size: int = 1,
+    progress: ProgressFn | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> SearchLog:
+    """Asks ``strategy`` for configs, measures them with ``evaluate``, and tells it the results.
+
+    Args:
+        strategy: proposes configs; told each result (``None`` for a failed trial).
+        evaluate: measures a batch of configs; returns one :class:`Trial` per config, in order.
+        budget: trials, seconds and patience limits.
+        batch_size: configs asked for and evaluated together (the harness runs them in parallel).
+        progress: called after every batch.
+        clock: seconds, monotonic; injectable for tests.
+
+    Returns:
+        The log of every evaluated config and why the loop stopped.
+
+    Raises:
+        TuningError: the evaluator returned a different number of trials than configs.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    started = clock()
+    log = SearchLog(strategy=getattr(strategy, "name", type(strategy).__name__))
+    best: float | None = None
+    stale = 0  # consecutive trials that did not improve ``best``
+    while True:
+        reason = _should_stop(log, budget, stale, clock() - started)
+        if reason is None:
+            batch, exhausted = _ask_batch(strategy, min(batch_size, budget.trials - len(log)))
+            trials = evaluate(batch) if batch else []
+            if len(trials) != len(batch):
+                raise TuningError(f"evaluator returned {len(trials)} trials for {len(batch)}")
+            for config, trial in zip(batch, trials, strict=True):
+                time_ms = trial_time(trial)
+                strategy.tell(config, time_ms)
+                log.entries.append((config, trial))
+                if time_ms is not None and (best is None or time_ms < best):
+                    best, stale = time_ms, 0
+                else:
+                    stale += 1
+            if batch and progress is not None:
+                progress(Progress(len(log), budget.trials, best, f"{log.strategy}: {batch[-1]}"))
+            reason = "exhausted" if exhausted else None
+        if reason is not None:
+            log.stopped_because = reason
+            break
+    log.seconds = clock() - started
+    logger.debug(
+        "search %s stopped (%s) after %d trials", log.strategy, log.stopped_because, len(log)
+    )
+    return log
+
+
+def _should_stop(log: SearchLog, budget: Budget, stale: int, elapsed: float) -> StopReason | None:
+    """Which budget limit the search has reached, checked between batches, or ``None``."""
+    if len(log) >= budget.trials:
+        return "trials"
+    if budget.patience is not None and stale >= budget.patience:
+        return "patience"
+    if budget.seconds is not None and elapsed >= budget.seconds:
+        return "seconds"
+    return None
+
+
+def _ask_batch(strategy: SearchStrategy, n: int) -> tuple[list[Config], bool]:
+    """Up to ``n`` configs from ``strategy``, and whether it ran out (returned ``None``)."""
+    batch: list[Config] = []
+    while len(batch) < n:
+        config = strategy.ask()
+        if config is None:
+            return batch, True
+        batch.append(config)
+    return batch, False
