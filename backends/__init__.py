@@ -11,6 +11,7 @@ from tunecache.errors import InvalidInput
 _REGISTRY: dict[str, str] = {
     "tvm": "backends.tvm:TVMBackend",
     "inductor": "backends.inductor:InductorBackend",
+    "triton": "backends.triton:TritonBackend",
 }
 
 

@@ -1,8 +1,18 @@
-"""Shared fixtures: a real cache server (uvicorn in a subprocess, SQLite file on disk)."""
+"""Shared fixtures: a real cache server (uvicorn in a subprocess, SQLite file on disk).
+
+Without a GPU, Triton kernels run in Triton's CPU interpreter. Triton decides that when it is first
+imported (Inductor imports it too), so the choice is made here, before any test module loads; the
+measurement harness's worker processes inherit it.
+"""
 
 from __future__ import annotations
 
 import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 import subprocess
 import sys
 import time

@@ -22,6 +22,7 @@ TINY = {
     "matmul": {"M": 24, "N": 40, "K": 16},
     "softmax": {"M": 8, "N": 48},
     "layernorm": {"M": 8, "N": 48},
+    "rmsnorm": {"M": 8, "N": 48},
     "bias_gelu": {"M": 24, "N": 40, "K": 16},
 }
 CPU = DeviceFingerprint(kind="cpu", arch="cpu-avx2", name="test-cpu", units=2, flags=("avx2",))

@@ -108,3 +108,31 @@ def test_get_json_prints_the_record(server: LiveServer) -> None:
     plain = tunecache("get", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8",
                       "--server", server.url)  # fmt: skip
     assert plain.returncode == 0 and "1.00x" not in plain.stdout and "2.00x" in plain.stdout
+
+
+def test_tuning_triton_without_a_gpu_says_why_and_stores_nothing(shared_server: LiveServer) -> None:
+    import os
+
+    for interpret in ("0", "1"):
+        env = {**os.environ, "TRITON_INTERPRET": interpret}
+        done = subprocess.run(
+            [sys.executable, "-m", "tunecache.cli", "tune", "matmul", "--backend", "triton",
+             "--dtype", "float16", "--shape", "M=64,N=64,K=64", "--server", shared_server.url],
+            capture_output=True, text=True, timeout=300, env=env,
+        )  # fmt: skip
+        assert done.returncode in (1, 2), done.stderr
+        assert "Traceback" not in done.stderr
+        assert "interpreter" in done.stderr and "timings" in done.stderr
+    assert httpx.get(f"{shared_server.url}/health").json()["records"] == 0
+
+
+def test_replay_runs_strategies_on_a_landscape(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from tests.test_landscape import bowl_landscape
+
+    path = tmp_path / "bowl.json"
+    bowl_landscape(seed=1).save(path)
+    done = tunecache("replay", str(path), "--trials", "20")
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split() for line in done.stdout.splitlines()[3:]}
+    assert set(rows) == {"exhaustive", "random", "optuna"}
+    assert all(int(r[1]) <= 20 for r in rows.values())

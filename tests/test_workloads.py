@@ -9,7 +9,8 @@ from tunecache.errors import InvalidInput
 from workloads import WORKLOADS, get_workload, make_key
 
 SMALL = {"matmul": {"M": 8, "N": 16, "K": 12}, "softmax": {"M": 4, "N": 33},
-         "layernorm": {"M": 4, "N": 33}, "bias_gelu": {"M": 8, "N": 16, "K": 12}}  # fmt: skip
+         "layernorm": {"M": 4, "N": 33}, "rmsnorm": {"M": 4, "N": 33},
+         "bias_gelu": {"M": 8, "N": 16, "K": 12}}  # fmt: skip
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -79,7 +80,7 @@ def test_bad_problems_name_the_parameter(sizes: dict, message: str) -> None:
 def test_make_key_checks_workload_backend_and_dtype() -> None:
     with pytest.raises(InvalidInput, match="unknown workload 'conv'; known: bias_gelu"):
         make_key("conv", "tvm", {"M": 1}, "float32")
-    with pytest.raises(InvalidInput, match="has backends tvm, inductor, not 'cuda'"):
+    with pytest.raises(InvalidInput, match="has backends tvm, inductor, triton, not 'cuda'"):
         make_key("matmul", "cuda", {"M": 1, "N": 1, "K": 1}, "float32")
     with pytest.raises(InvalidInput, match="supports dtypes"):
         make_key("matmul", "tvm", {"M": 1, "N": 1, "K": 1}, "float17")

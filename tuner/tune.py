@@ -146,7 +146,7 @@ def _measure(
     job.emit("timing winner and baselines")
     timing = job.time(winner.runnable)
     baselines = [BaselineModel(name="torch_eager", timing=job.time(job.workload.torch_fn))]
-    default = job.workload.default_config(job.backend.name)
+    default = job.workload.default_config(job.backend.name, job.problem, job.dtype)
     if winner.config == default:
         return winner, timing, baselines, []
     default_runnable = job.backend.build(job.workload, job.problem, job.dtype, default)

@@ -109,7 +109,9 @@ def tune_space(
         default = next((b for b in baselines if b.name == "default_config"), None)
         if default is not None and default.timing.median_ms < timing.median_ms:
             emit("the default config timed faster than the search's winner; validating it")
-            default_config = Config.of(workload.default_config(backend.name))
+            default_config = Config.of(
+                workload.default_config(backend.name, job.problem, job.dtype)
+            )
             default_report = harness.validate(default_config, seeds)
             if default_report.passed:
                 config, timing, report = default_config, default.timing, default_report
@@ -124,7 +126,8 @@ def _baselines(
     if (eager := _timing(harness.measure(None))) is not None:
         baselines.append(BaselineModel(name="torch_eager", timing=eager))
     try:
-        default = Config.of(workload.default_config(backend))
+        job = harness.job
+        default = Config.of(workload.default_config(backend, job.problem, job.dtype))
     except NotImplementedError:
         return baselines, extra
     answer = harness.measure(default)

@@ -19,9 +19,12 @@ from workloads.base import Workload
 from workloads.bias_gelu import BiasGelu
 from workloads.layernorm import LayerNorm
 from workloads.matmul import Matmul
+from workloads.rmsnorm import RMSNorm
 from workloads.softmax import Softmax
 
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (Matmul(), Softmax(), LayerNorm(), BiasGelu())}
+WORKLOADS: dict[str, Workload] = {
+    w.name: w for w in (Matmul(), Softmax(), LayerNorm(), BiasGelu(), RMSNorm())
+}
 
 
 def get_workload(name: str) -> Workload:

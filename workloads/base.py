@@ -73,6 +73,7 @@ class Workload(abc.ABC):
         """The dtypes ``backend`` runs this workload in."""
         self.check_backend(backend)
         return self.backend_dtypes.get(backend, ())
+
     demo_problem: ClassVar[Mapping[str, int]]
 
     # -- problems ---------------------------------------------------------------------------
@@ -158,13 +159,24 @@ class Workload(abc.ABC):
     def tolerance(self, dtype: str) -> float:
         return TOLERANCES[dtype]
 
-    def default_config(self, backend: str) -> dict[str, Any]:
-        """The config used without tuning (and timed as the ``default_config`` baseline)."""
+    def default_config(
+        self, backend: str, problem: Mapping[str, int] | None = None, dtype: str | None = None
+    ) -> dict[str, Any]:
+        """The config used without tuning (and timed as the ``default_config`` baseline).
+
+        The backend-wide default when there is one; else the backend module's
+        ``default_config(problem, dtype)`` (Triton's depend on both; ``problem`` defaults to
+        ``demo_problem``, ``dtype`` to the backend's first dtype).
+        """
         self.check_backend(backend)
         config = default_config(backend)
-        if config is None:
+        if config is not None:
+            return config
+        hook = getattr(self.backend_module(backend), "default_config", None)
+        if hook is None:
             raise NotImplementedError(f"{self.name} defines no default config for {backend}")
-        return config
+        chosen = hook(self.problem(problem or self.demo_problem), dtype or self.dtypes(backend)[0])
+        return dict(chosen.to_json())
 
     # -- backend hooks ---------------------------------------------------------------------
     def backend_module(self, backend: str) -> Any:

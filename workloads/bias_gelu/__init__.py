@@ -15,6 +15,7 @@ class BiasGelu(Workload):
     name = "bias_gelu"
     description = "Y = gelu(X @ W + b) (X: M×K, W: K×N, b: N; exact erf GELU)"
     params = ("M", "N", "K")
+    backends = ("tvm", "inductor", "triton")
     demo_problem = {"M": 128, "N": 128, "K": 128}
 
     def input_shapes(self, problem: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:

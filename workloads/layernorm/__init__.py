@@ -17,6 +17,7 @@ class LayerNorm(Workload):
     name = "layernorm"
     description = "Y = layer_norm(X, (N,), weight, bias, eps=1e-5) (X: M×N)"
     params = ("M", "N")
+    backends = ("tvm", "inductor", "triton")
     demo_problem = {"M": 256, "N": 1024}
 
     def input_shapes(self, problem: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:

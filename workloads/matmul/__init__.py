@@ -15,6 +15,7 @@ class Matmul(Workload):
     name = "matmul"
     description = "C = A @ B (A: M×K, B: K×N)"
     params = ("M", "N", "K")
+    backends = ("tvm", "inductor", "triton")
     demo_problem = {"M": 128, "N": 128, "K": 128}
 
     def input_shapes(self, problem: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:

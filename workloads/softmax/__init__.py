@@ -15,6 +15,7 @@ class Softmax(Workload):
     name = "softmax"
     description = "Y = softmax(X, dim=-1) (X: M×N)"
     params = ("M", "N")
+    backends = ("tvm", "inductor", "triton")
     demo_problem = {"M": 256, "N": 1024}
 
     def input_shapes(self, problem: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:

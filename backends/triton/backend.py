@@ -1,0 +1,174 @@
+"""The Triton backend: each workload's hand-written Triton kernel, launched with a config.
+
+A config names the kernel's meta-parameters and launch options, as JSON scalars::
+
+    {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+    {"BLOCK_N": 1024, "ROWS_PER_PROGRAM": 1, "num_warps": 4, "num_stages": 1}
+
+The backend knows no kernel: ``workloads.<name>.triton`` defines the kernel, its ``space``, its
+``default_config`` and ``launch``. The tuner searches the space with its own strategies
+(:mod:`tuner.search`); this backend has no search of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from backends.base import Backend, Budget, ProgressFn, Runnable, SearchResult
+from backends.triton.limits import DeviceLimits, current_limits
+from backends.triton.settings import INTERPRET_VAR, interpret_enabled
+from tunecache.errors import InvalidInput
+from tunecache.space import Config, SearchSpace
+
+if TYPE_CHECKING:
+    import torch
+
+    from workloads.base import Workload
+
+logger = logging.getLogger(__name__)
+
+INSTALL_HINT = "triton is not installed: pip install 'tunecache[triton]'"
+INTERPRETER_NOTE = (
+    f"{INTERPRET_VAR}=1: kernels run in Triton's CPU interpreter, for correctness only "
+    "(its timings are meaningless)"
+)
+
+
+class TritonRunnable:
+    """Launches a workload's Triton kernel with one config; picklable, cheap to build."""
+
+    def __init__(self, workload: Workload, config: Config) -> None:
+        self.workload = workload
+        self.config = config
+
+    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The output for ``inputs`` (on the inputs' device).
+
+        Without the interpreter, CPU inputs are copied to the GPU and the output back, so
+        correctness checks can pass CPU tensors; timing should pass CUDA tensors.
+        """
+        launch = self.workload.backend_module("triton").launch
+        if interpret_enabled() or all(t.is_cuda for t in inputs):
+            return launch(self.config, *inputs)
+        out = launch(self.config, *(t.cuda() for t in inputs))
+        return out.cpu()
+
+    def __repr__(self) -> str:
+        return f"TritonRunnable({self.workload.name}, {self.config})"
+
+
+class TritonBackend(Backend):
+    """Launches each workload's Triton kernel with configs drawn from its pruned space.
+
+    Example:
+        >>> from workloads import get_workload
+        >>> backend, matmul = TritonBackend(), get_workload("matmul")
+        >>> problem = {"M": 64, "N": 64, "K": 64}
+        >>> space = backend.space(matmul, problem, "float16")
+        >>> config = matmul.default_config("triton", problem, "float16")
+        >>> run = backend.build(matmul, problem, "float16", config)  # doctest: +SKIP
+        >>> out = run(*matmul.make_inputs(problem, "float16", seed=0))  # doctest: +SKIP
+    """
+
+    name: ClassVar[str] = "triton"
+
+    def unavailable_reason(self) -> str | None:
+        """``None`` when Triton imports and there is a CUDA GPU or ``TRITON_INTERPRET=1``."""
+        try:
+            import torch
+            import triton  # noqa: F401
+        except ImportError as exc:
+            logger.debug("Triton is unavailable: %s", exc)
+            return INSTALL_HINT
+        except Exception as exc:  # a broken install (missing shared library, ABI mismatch)
+            return f"triton failed to import ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
+        from backends.triton.jit import mode_mismatch
+
+        try:
+            if (mismatch := mode_mismatch()) is not None:
+                return mismatch
+            if torch.cuda.is_available() or interpret_enabled():
+                return None
+        except ValueError as exc:
+            return str(exc)
+        return (
+            f"no CUDA GPU; set {INTERPRET_VAR}=1 to run the kernels in Triton's CPU interpreter "
+            "(correct results, meaningless timings)"
+        )
+
+    def measures_meaningfully(self) -> str | None:
+        """Why timings taken here mean nothing (the interpreter), or ``None`` on a GPU."""
+        return INTERPRETER_NOTE if interpret_enabled() else None
+
+    def device(self) -> str:
+        """``"cuda"``, or ``"cpu"`` under the interpreter."""
+        return "cpu" if interpret_enabled() else "cuda"
+
+    def space(
+        self,
+        workload: Workload,
+        problem: Mapping[str, int],
+        dtype: str,
+        limits: DeviceLimits | None = None,
+    ) -> SearchSpace:
+        """The workload's Triton space at ``problem``, pruned for ``limits`` (by default this
+        CUDA device's, or the H100-like ``CPU_INTERPRETER`` preset without one).
+
+        Raises:
+            InvalidInput: the workload has no Triton kernel, or ``problem``/``dtype`` are bad.
+        """
+        workload.check_dtype(dtype, self.name)
+        module = workload.backend_module(self.name)
+        space: SearchSpace = module.space(
+            workload.problem(problem), dtype, limits or current_limits()
+        )
+        return space
+
+    def search(
+        self,
+        workload: Workload,
+        problem: Mapping[str, int],
+        dtype: str,
+        budget: Budget,
+        *,
+        workdir: Path,
+        progress: ProgressFn | None = None,
+    ) -> SearchResult:
+        """Not offered: the tuner searches :meth:`space` with its own strategies.
+
+        Raises:
+            NotImplementedError: always.
+        """
+        raise NotImplementedError(
+            "the triton backend has no search of its own: the tuner drives Triton searches "
+            "over TritonBackend.space() with tuner.search strategies"
+        )
+
+    def build(
+        self, workload: Workload, problem: Mapping[str, int], dtype: str, config: Mapping[str, Any]
+    ) -> Runnable:
+        """A runnable launching the workload's kernel with ``config`` (nothing compiles yet).
+
+        Raises:
+            InvalidInput: ``config`` is outside the workload's space at ``problem`` on this
+                device (unknown parameters, or pruned: the reason is in the message).
+        """
+        chosen = Config.from_json(config)
+        reason = self.space(workload, problem, dtype).prune_reason(chosen)
+        if reason is not None:
+            raise InvalidInput(f"triton config {chosen} for {workload.name}: {reason}")
+        return TritonRunnable(workload, chosen)
+
+    def summarize(self, config: Mapping[str, Any]) -> str:
+        """``128x256x64 g8 w8 s3`` for GEMMs, ``block 1024 r1 w4 s1`` for row kernels."""
+        c = dict(config)
+        tail = f"w{c.get('num_warps', '?')} s{c.get('num_stages', '?')}"
+        if "BLOCK_M" in c:
+            tiles = f"{c['BLOCK_M']}x{c.get('BLOCK_N', '?')}x{c.get('BLOCK_K', '?')}"
+            return f"{tiles} g{c.get('GROUP_M', 1)} {tail}"
+        if "BLOCK_N" in c:
+            return f"block {c['BLOCK_N']} r{c.get('ROWS_PER_PROGRAM', 1)} {tail}"
+        return " ".join(f"{k}={v}" for k, v in sorted(c.items())) or "default"

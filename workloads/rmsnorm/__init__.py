@@ -1,0 +1,40 @@
+"""``rmsnorm``: Y = X / sqrt(mean(X², −1) + eps) · weight over the last dimension (eps = 1e-6)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from workloads.base import Workload
+
+if TYPE_CHECKING:
+    import torch
+
+EPS = 1e-6
+
+
+class RMSNorm(Workload):
+    name = "rmsnorm"
+    description = "Y = X / sqrt(mean(X², -1) + 1e-6) · weight (X: M×N, weight: N)"
+    params = ("M", "N")
+    backends = ("tvm", "inductor", "triton")
+    demo_problem = {"M": 256, "N": 1024}
+
+    def input_shapes(self, problem: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:
+        return (problem["M"], problem["N"]), (problem["N"],)
+
+    def output_shape(self, problem: Mapping[str, int]) -> tuple[int, ...]:
+        return problem["M"], problem["N"]
+
+    def torch_fn(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        import torch.nn.functional as F
+
+        return F.rms_norm(x, (x.shape[-1],), weight, EPS)
+
+    def reference(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        x = x.double()
+        return x / (x.pow(2).mean(dim=-1, keepdim=True) + EPS).sqrt() * weight.double()
+
+    def flops(self, problem: Mapping[str, int]) -> int:
+        # square, sum, then per element: scale by the row's 1/rms and by the weight.
+        return 4 * problem["M"] * problem["N"]
