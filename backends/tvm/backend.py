@@ -1,4 +1,4 @@
-"""The TVM backend: MetaSchedule search and llvm builds for any workload's TE compute."""
+"""The TVM backend: MetaSchedule search, knob spaces, and llvm builds of any workload's compute."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from backends.base import Backend, Budget, Progress, ProgressFn, Runnable, Searc
 if TYPE_CHECKING:
     from tvm.tirx import PrimFunc
 
+    from tunecache.space import SearchSpace
     from workloads.base import Workload
 
 logger = logging.getLogger(__name__)
@@ -21,11 +22,13 @@ INSTALL_HINT = "apache-tvm is not installed: pip install 'tunecache[tvm]'"
 
 
 class TVMBackend(Backend):
-    """Tunes TE computes with MetaSchedule on this CPU's llvm target.
+    """Tunes TE computes on this CPU's llvm target: MetaSchedule, or our strategies over knobs.
 
     Configs are JSON: ``{"schedule": "default"}`` (the unscheduled PrimFunc, the honest no-tuning
-    baseline) or ``{"schedule": "meta_schedule", "trace": [...], "target": {...}}`` (a
-    MetaSchedule trace, replayed on the workload's PrimFunc at build time).
+    baseline), ``{"schedule": "meta_schedule", "trace": [...], "target": {...}}`` (a
+    MetaSchedule trace, replayed on the workload's PrimFunc at build time; what ``search``
+    returns), or ``{"schedule": "knobs", "tile_i": 8, ...}`` (a config of the enumerable knob
+    ``space``, applied by a hand-written schedule template: :mod:`backends.tvm.knobs`).
 
     Example:
         >>> from workloads import get_workload
@@ -36,6 +39,7 @@ class TVMBackend(Backend):
     """
 
     name: ClassVar[str] = "tvm"
+    native_strategy: ClassVar[str | None] = "meta_schedule"
 
     def unavailable_reason(self) -> str | None:
         """``None`` when TVM imports, else why not (with the install command)."""
@@ -48,6 +52,20 @@ class TVMBackend(Backend):
         except Exception as exc:  # a broken install (missing shared library, ABI mismatch)
             return f"apache-tvm failed to import ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
         return None
+
+    def space(
+        self, workload: Workload, problem: Mapping[str, int], dtype: str
+    ) -> SearchSpace | None:
+        """The knob space of ``workload`` at ``problem`` (``None`` without a knob template).
+
+        Its configs carry ``"schedule": "knobs"`` and go to :meth:`build` as they are.
+
+        Raises:
+            InvalidInput: a dtype TVM does not run the workload in, or a malformed problem.
+        """
+        from backends.tvm.knobs import has_knobs, knob_space
+
+        return knob_space(workload, problem, dtype) if has_knobs(workload) else None
 
     def search(
         self,
@@ -115,18 +133,23 @@ class TVMBackend(Backend):
 
         Raises:
             InvalidInput: ``config`` is not a TVM config.
-            TuningError: the trace cannot be replayed at this problem, or compiling failed.
+            TuningError: the trace or knob schedule cannot be applied at this problem, or
+                compiling failed.
         """
+        from backends.tvm.knobs import SCHEDULE_KNOBS, apply_knobs
         from backends.tvm.runnable import compile_module, make_runnable
         from backends.tvm.schedule import SCHEDULE_DEFAULT, apply_trace, config_schedule
         from backends.tvm.target import host_target
         from workloads.base import torch_dtype
 
-        kind = config_schedule(config)
-        func = self._prim_func(workload, problem, dtype)
         # Always this CPU: the runnable must run here. A config tuned on another CPU still
         # replays (a trace names loops and tiles, not instructions) but may be slower.
         target = host_target()
+        if config.get("schedule") == SCHEDULE_KNOBS:
+            lib = compile_module(apply_knobs(workload, problem, dtype, config), target)
+            return make_runnable(lib, workload.output_shape(problem), torch_dtype(dtype))
+        kind = config_schedule(config)
+        func = self._prim_func(workload, problem, dtype)
         tuned_for = config.get("target")
         if isinstance(tuned_for, Mapping) and tuned_for.get("mcpu") != target.get("mcpu"):
             logger.debug("config tuned for %s, built for %s", tuned_for, target)
@@ -139,11 +162,14 @@ class TVMBackend(Backend):
         return make_runnable(lib, workload.output_shape(problem), torch_dtype(dtype))
 
     def summarize(self, config: Mapping[str, Any]) -> str:
-        """``default (no schedule)`` or the trace's tiles and unroll, under 60 characters."""
+        """``default (no schedule)``, ``knobs i8 j32 k16 vec par u16``, or the trace's tiles."""
+        from backends.tvm.knobs import SCHEDULE_KNOBS, summarize_knobs
         from backends.tvm.schedule import SCHEDULE_DEFAULT, summarize_trace
 
         if config.get("schedule") == SCHEDULE_DEFAULT:
             return "default (no schedule)"
+        if config.get("schedule") == SCHEDULE_KNOBS:
+            return summarize_knobs(config)
         trace = config.get("trace")
         if config.get("schedule") != "meta_schedule" or not isinstance(trace, list):
             return f"unknown TVM config {str(config.get('schedule'))[:30]!r}"
