@@ -33,7 +33,9 @@ class FaultyBackend(Backend):
     def unavailable_reason(self) -> str | None:
         return None
 
-    def space(self) -> SearchSpace:
+    def space(
+        self, workload: Workload, problem: Mapping[str, int], dtype: str
+    ) -> SearchSpace:
         return SearchSpace({"mode": MODES, "sleep_ms": (0.0, 1.0)})
 
     def search(self, workload: Workload, problem: Mapping[str, int], dtype: str, budget: Budget,
@@ -66,3 +68,9 @@ class FaultyBackend(Backend):
 
     def summarize(self, config: Mapping[str, Any]) -> str:
         return f"{config['mode']} {config.get('sleep_ms', 0)}ms"
+
+
+class FaultyTVM(FaultyBackend):
+    """The same misbehaving candidates, under a real backend's name so keys can be made."""
+
+    name = "tvm"  # type: ignore[assignment]

@@ -78,3 +78,22 @@ def test_real_backend_through_the_harness() -> None:
     with Harness(job(backend="tvm"), workers=2) as harness:
         trials = harness.evaluate(configs)
     assert all(t.status == "ok" and t.time_ms for t in trials)
+
+
+def test_tuner_finishes_records_each_failure_and_picks_a_correct_winner(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from backends import Budget
+    from tests.faulty_backend import FaultyTVM
+    from tuner import tune
+
+    outcome = tune(
+        "matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32", Budget(trials=14),
+        strategy="exhaustive", backend=FaultyTVM(), backend_ref="tests.faulty_backend:FaultyTVM",
+        workers=2, timer=QUICK, workdir=tmp_path, run_timeout=3,
+    )  # fmt: skip
+    record = outcome.record
+    assert record.config["mode"] == "ok" and record.validation.passed
+    statuses = {t.status for t in record.trials}
+    assert {"ok", "wrong_answer", "runtime_error", "timeout", "compile_error"} <= statuses
+    assert record.search.strategy == "exhaustive"
+    wrong = [t for t in record.trials if t.config.get("mode") == "wrong"]
+    assert wrong and all(t.time_ms is None for t in wrong)

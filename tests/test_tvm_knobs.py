@@ -297,3 +297,28 @@ def test_key_specs_parse() -> None:
     for bad in ("matmul", "matmul:M=2,N=x,K=1", "matmul:M=2,N=2", "nope:M=1"):
         with pytest.raises(InvalidInput):
             record_landscapes.KeySpec.parse(bad)
+
+
+@pytest.mark.slow
+def test_cli_tune_writes_a_landscape_and_replays_it(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tuner.landscape import Landscape
+
+    path = tmp_path / "softmax.json"
+    base = [sys.executable, "-m", "tunecache.cli"]
+    tuned = subprocess.run(
+        [*base, "tune", "softmax", "--backend", "tvm", "--shape", "M=4,N=32", "--landscape",
+         str(path), "--no-upload", "--workers", "2"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert tuned.returncode == 0, tuned.stderr
+    landscape = Landscape.load(path)
+    space = landscape.search_space()
+    assert len(landscape.entries) == sum(1 for _ in space.configs()) > 10
+    assert landscape.optimum().status == "ok"
+    assert "pruned by device limits" in tuned.stderr
+    replayed = subprocess.run([*base, "replay", str(path), "--trials", "10"],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert replayed.returncode == 0 and "optuna" in replayed.stdout

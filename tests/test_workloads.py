@@ -92,3 +92,10 @@ def test_source_hash_depends_on_the_backend_sources() -> None:
     assert mm.source_hash("tvm") != get_workload("bias_gelu").source_hash("tvm")
     key = make_key("matmul", "inductor", {"M": 4, "N": 4, "K": 4}, "float32")
     assert key.source_hash == mm.source_hash("inductor") and "torch" in key.environment
+
+
+def test_shared_kernel_sources_are_in_the_source_hash(monkeypatch: pytest.MonkeyPatch) -> None:
+    bias_gelu = get_workload("bias_gelu")
+    with_shared = bias_gelu.source_hash("triton")
+    monkeypatch.setattr(type(bias_gelu), "shared_sources", {})
+    assert bias_gelu.source_hash("triton") != with_shared  # matmul/triton.py's GEMM counts

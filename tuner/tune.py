@@ -203,6 +203,7 @@ def tune(
     backend: Backend | None = None,
     backend_ref: str | None = None,
     workers: int | None = None,
+    run_timeout: float = 60.0,
     cache: Client | None = None,
 ) -> TuneOutcome:
     """Tunes one key and returns the validated record, ready to upload.
@@ -216,6 +217,7 @@ def tune(
         backend_ref: how measurement workers import ``backend`` (``"module:Class"``); its name
             by default.
         workers: measurement worker processes for enumerable searches (default: CPU count).
+        run_timeout: seconds one candidate's check and timing may take before it is killed.
         cache: a cache server whose winners for neighbouring keys warm-start the search.
 
     Raises:
@@ -256,7 +258,8 @@ def tune(
         )
         measured = tune_space(
             backend, workload, harness_job, budget, strategy=strategy, seed=seed,
-            warm_start=warm_start, seeds=seeds, workers=workers, progress=progress, emit=emit,
+            warm_start=warm_start, seeds=seeds, workers=workers, run_timeout=run_timeout,
+            progress=progress, emit=emit,
             neighbours=(lambda space: neighbour_configs(cache, key, space)) if cache else None,
         )  # fmt: skip
         found = _Found(

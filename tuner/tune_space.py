@@ -83,6 +83,7 @@ def tune_space(
     warm_start: Sequence[Config],
     seeds: Sequence[int],
     workers: int | None,
+    run_timeout: float,
     progress: ProgressFn | None,
     emit: Callable[[str], None],
     neighbours: Callable[[SearchSpace], list[Config]] | None = None,
@@ -98,10 +99,11 @@ def tune_space(
         found = neighbours(space)
         emit(f"warm start: {len(found)} configs of neighbouring keys from the cache")
         warm_start = [*warm_start, *found]
-    with Harness(job, workers=workers) as harness:
+    with Harness(job, workers=workers, run_timeout=run_timeout) as harness:
         searcher = get_strategy(strategy, space, seed=seed, warm_start=warm_start)
-        batch = len(harness._slots)
-        log = run_search(searcher, harness.evaluate, budget, batch_size=batch, progress=progress)
+        log = run_search(
+            searcher, harness.evaluate, budget, batch_size=harness.workers, progress=progress
+        )
         emit(f"searched {len(log)} configs ({log.stopped_because}); failures: "
              f"{dict(harness.failures) or 'none'}")  # fmt: skip
         config, timing, report, rejected = _winner(harness, log, seeds, emit)

@@ -75,6 +75,9 @@ class Workload(abc.ABC):
         return self.backend_dtypes.get(backend, ())
 
     demo_problem: ClassVar[Mapping[str, int]]
+    # Per backend, files (relative to ``workloads/``) beyond this package's own that define the
+    # kernel: they go into the source hash, so a change there invalidates cached entries.
+    shared_sources: ClassVar[Mapping[str, tuple[str, ...]]] = {}
 
     # -- problems ---------------------------------------------------------------------------
     def problem(self, sizes: Mapping[str, Any]) -> dict[str, int]:
@@ -188,6 +191,7 @@ class Workload(abc.ABC):
         """SHA-256 (16 hex) of the sources that define this kernel for ``backend``."""
         package = Path(importlib.import_module(type(self).__module__).__file__ or "").parent
         files = [package / "__init__.py", package / f"{backend}.py"]
+        files += [package.parent / name for name in self.shared_sources.get(backend, ())]
         h = hashlib.sha256()
         for path in files:
             if path.exists():

@@ -26,7 +26,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -49,6 +49,7 @@ class _Slot:
     conn: Connection
     config: Config | None = None  # the request in flight
     deadline: float = 0.0
+    built: set[Config] = field(default_factory=set)  # what this process has compiled
 
 
 def _death(process: BaseProcess) -> str:
@@ -92,6 +93,11 @@ class Harness:
         self._slots = [self._start() for _ in range(count)]
         for slot in self._slots:
             self._await_ready(slot)
+
+    @property
+    def workers(self) -> int:
+        """How many worker processes build in parallel."""
+        return len(self._slots)
 
     # -- worker lifecycle -----------------------------------------------------------------
     def _start(self) -> _Slot:
@@ -186,6 +192,8 @@ class Harness:
                 assert config is not None
                 if slot.conn in ready:
                     answers[config] = self._collect(i, "build")
+                    if answers[config]["status"] == "ok":
+                        self._slots[i].built.add(config)
                 elif time.monotonic() >= slot.deadline:
                     answers[config] = self._expire(i, "build")
                 else:
@@ -193,18 +201,35 @@ class Harness:
                 self._slots[i].config = None
         return answers
 
-    def _request(self, op: str, config: Config | None, **extra: Any) -> dict[str, Any]:
-        """One request to worker 0, waited for; a death or a timeout becomes the answer."""
-        # Any worker can serve it: one that did not build the config builds it first.
-        self._send(0, op, config, self.build_timeout + self.run_timeout, **extra)
-        slot = self._slots[0]
+    def _call(
+        self, index: int, op: str, config: Config | None, timeout: float, **extra: Any
+    ) -> dict[str, Any]:
+        """One request to worker ``index``, waited for; a death or a timeout is the answer."""
+        self._send(index, op, config, timeout, **extra)
+        slot = self._slots[index]
         answer = (
-            self._collect(0, op)
+            self._collect(index, op)
             if slot.conn.poll(max(0.0, slot.deadline - time.monotonic()))
-            else self._expire(0, op)
+            else self._expire(index, op)
         )
-        self._slots[0].config = None
+        self._slots[index].config = None
         return answer
+
+    def _request(self, op: str, config: Config | None, **extra: Any) -> dict[str, Any]:
+        """``op`` on the worker that built ``config``, within ``run_timeout``.
+
+        If no live worker has it (its builder was replaced), it is built first, within
+        ``build_timeout``. ``validate`` also builds the edge problem, so it gets both.
+        """
+        index = next((i for i, s in enumerate(self._slots) if config in s.built), None)
+        if config is not None and index is None:
+            index = 0
+            answer = self._call(index, "build", config, self.build_timeout)
+            if answer["status"] != "ok":
+                return answer
+            self._slots[index].built.add(config)
+        timeout = self.run_timeout + (self.build_timeout if op == "validate" else 0.0)
+        return self._call(index or 0, op, config, timeout, **extra)
 
     def measure(self, config: Config | None) -> dict[str, Any]:
         """Checks and times one config (``None``: the workload's torch eager function)."""

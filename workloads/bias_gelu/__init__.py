@@ -17,6 +17,7 @@ class BiasGelu(Workload):
     params = ("M", "N", "K")
     backends = ("tvm", "inductor", "triton")
     demo_problem = {"M": 128, "N": 128, "K": 128}
+    shared_sources = {"triton": ("matmul/triton.py",)}  # the GEMM kernel with a fused epilogue
 
     def input_shapes(self, problem: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:
         return (problem["M"], problem["K"]), (problem["K"], problem["N"]), (problem["N"],)

@@ -5,6 +5,10 @@ of ``BLOCK_K``; program ids are remapped so ``GROUP_M`` tile rows share B column
 tiles wrap their A and B loads (``% M``, ``% N``, as the tutorial) and mask K and the store.
 float32 operands use ``tl.dot(input_precision="tf32x3")`` (about fp32 accuracy on tensor cores;
 plain tf32 misses the float32 tolerance); the output has the inputs' dtype.
+
+The same kernel serves ``bias_gelu``: its ``EPILOGUE`` meta-parameter fuses the bias add and the
+exact GELU, ``0.5·y·(1 + erf(y/√2))`` (``tl.math.erf``, fp32; in Triton 3.6 and 3.9), into the
+tile before the store, as the matmul tutorial fuses its activation.
 """
 
 from __future__ import annotations
@@ -26,10 +30,10 @@ FP32_DOT_PRECISION = "tf32x3"
 
 @lazy_jit
 def matmul_kernel(
-    a_ptr, b_ptr, c_ptr, M, N, K,
+    a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, EPILOGUE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
@@ -61,6 +65,10 @@ def matmul_kernel(
 
     offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if EPILOGUE == "bias_gelu":
+        bias = tl.load(bias_ptr + offs_cn, mask=offs_cn < N, other=0.0).to(tl.float32)
+        acc = acc + bias[None, :]
+        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
     c_ptrs = c_ptr + stride_cm * offs_cm[:, None] + stride_cn * offs_cn[None, :]
     c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
@@ -87,20 +95,37 @@ def dot_options(dtype: torch.dtype) -> dict[str, object]:
     }
 
 
-def launch(config: Config, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """C = A @ B with ``config``'s tiles; C is a new tensor on A's device in A's dtype."""
+def gemm(
+    config: Config, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """A @ B, or GELU(A @ B + bias) with ``bias``, with ``config``'s tiles.
+
+    Returns a new tensor on A's device in A's dtype.
+    """
     m, k = a.shape
     k_b, n = b.shape
-    if k != k_b or a.dtype != b.dtype:
-        raise ValueError(f"matmul of {tuple(a.shape)} {a.dtype} and {tuple(b.shape)} {b.dtype}")
+    if (
+        k != k_b
+        or a.dtype != b.dtype
+        or (bias is not None and (tuple(bias.shape) != (n,) or bias.dtype != a.dtype))
+    ):
+        extra = "" if bias is None else f" and bias {tuple(bias.shape)} {bias.dtype}"
+        raise ValueError(
+            f"GEMM of {tuple(a.shape)} {a.dtype} and {tuple(b.shape)} {b.dtype}{extra}"
+        )
     c = torch.empty((m, n), device=a.device, dtype=a.dtype)
     bm, bn = int(config["BLOCK_M"]), int(config["BLOCK_N"])
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     matmul_kernel[grid](
-        a, b, c, m, n, k,
+        a, b, c if bias is None else bias, c, m, n, k,  # no bias: a pointer never read
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=int(config["BLOCK_K"]), GROUP_M=int(config["GROUP_M"]),
-        **dot_options(a.dtype),
+        **dot_options(a.dtype), EPILOGUE="none" if bias is None else "bias_gelu",
         num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
     )  # fmt: skip
     return c
+
+
+def launch(config: Config, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """C = A @ B with ``config``'s tiles; C is a new tensor on A's device in A's dtype."""
+    return gemm(config, a, b)
