@@ -33,9 +33,7 @@ class FaultyBackend(Backend):
     def unavailable_reason(self) -> str | None:
         return None
 
-    def space(
-        self, workload: Workload, problem: Mapping[str, int], dtype: str
-    ) -> SearchSpace:
+    def space(self, workload: Workload, problem: Mapping[str, int], dtype: str) -> SearchSpace:
         return SearchSpace({"mode": MODES, "sleep_ms": (0.0, 1.0)})
 
     def search(self, workload: Workload, problem: Mapping[str, int], dtype: str, budget: Budget,
