@@ -29,6 +29,8 @@ class ServerSettings(BaseSettings):
     @field_validator("db")
     @classmethod
     def _known_scheme(cls, value: str) -> str:
-        if not value.startswith(("sqlite://", "postgresql://", "postgresql+psycopg://")):
+        if value.startswith("postgresql://"):  # SQLAlchemy would pick psycopg2; we ship psycopg 3
+            return "postgresql+psycopg://" + value.removeprefix("postgresql://")
+        if not value.startswith(("sqlite://", "postgresql+psycopg://")):
             raise ValueError(f"database URL {value!r} must be sqlite:// or postgresql://")
         return value

@@ -30,14 +30,18 @@ from cache_server.embedded import free_port
 class LiveServer:
     url: str
     db: str
-    db_path: Path
+    db_path: Path | None  # the SQLite file; None on PostgreSQL
     process: subprocess.Popen[bytes]
 
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
 
-def start_server(db: str, db_path: Path, log: Path) -> LiveServer:
-    port = free_port()
+
+def start_server(db: str, db_path: Path | None, log: Path, port: int | None = None) -> LiveServer:
+    port = port or free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with log.open("wb") as out:
+    with log.open("ab") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "tunecache.cli", "serve", "--db", db, "--port", str(port)],
             stdout=out,
@@ -78,3 +82,42 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServ
     yield live
     live.process.terminate()
     live.process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def postgres_admin() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster for the session (required on CI, else skipped if absent)."""
+    from tests.pg import postgres_cluster, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI needs PostgreSQL: {reason}")
+        pytest.skip(reason)
+    with postgres_cluster() as url:
+        yield url
+
+
+_databases = iter(range(1_000_000))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path | None]:
+    """A fresh, empty database URL of each kind (and the SQLite file, for SQLite)."""
+    if request.param == "sqlite":
+        path = tmp_path / "cache.db"
+        return f"sqlite:///{path}", path
+    from tests.pg import create_database
+
+    admin = request.getfixturevalue("postgres_admin")
+    return create_database(admin, f"test_{os.getpid()}_{next(_databases)}"), None
+
+
+@pytest.fixture
+def any_server(database: tuple[str, Path | None], tmp_path: Path) -> Iterator[LiveServer]:
+    """A uvicorn cache server on loopback over each kind of database."""
+    url, path = database
+    live = start_server(url, path, tmp_path / "server.log")
+    yield live
+    if live.process.poll() is None:
+        live.stop()

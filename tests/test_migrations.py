@@ -60,3 +60,12 @@ def test_db_upgrade_command(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert current_revision(make_engine(url)) == head_revision()
+
+
+def test_plain_postgresql_urls_use_psycopg_3() -> None:
+    from cache_server.settings import ServerSettings
+
+    settings = ServerSettings(db="postgresql://u:p@host/db")
+    assert settings.db == "postgresql+psycopg://u:p@host/db"
+    with pytest.raises(ValueError, match="must be sqlite"):
+        ServerSettings(db="mysql://host/db")
