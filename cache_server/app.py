@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from cache_server.api.limits import BodySizeLimit
-from cache_server.api.routes import health, records
+from cache_server.api.routes import health, jobs, records
 from cache_server.db import make_engine, make_sessionmaker
 from cache_server.migrate import check_schema
 from cache_server.settings import ServerSettings
@@ -48,6 +48,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.sessionmaker = make_sessionmaker(engine)
     app.include_router(health.router)
     app.include_router(records.router)
+    app.include_router(jobs.router)
 
     @app.exception_handler(InvalidInput)
     async def invalid_input(_request: Request, exc: InvalidInput) -> JSONResponse:

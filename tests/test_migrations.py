@@ -69,3 +69,31 @@ def test_plain_postgresql_urls_use_psycopg_3() -> None:
     assert settings.db == "postgresql+psycopg://u:p@host/db"
     with pytest.raises(ValueError, match="must be sqlite"):
         ServerSettings(db="mysql://host/db")
+
+
+@pytest.mark.slow
+def test_upgrade_from_the_first_revision_keeps_the_data(database: tuple[str, Path | None]) -> None:
+    from sqlalchemy import inspect
+
+    from cache_server.db import make_engine, make_sessionmaker
+    from cache_server.queries import add_record, get_winner
+    from tests.factories import make_key, make_record
+
+    url, _ = database
+    upgrade(url, "0001")
+    engine = make_engine(url)
+    assert current_revision(engine) == "0001"
+    assert "jobs" not in inspect(engine).get_table_names()
+    with pytest.raises(SchemaOutdated, match="revision 0001"):
+        check_schema(engine)
+    key = make_key()
+    with make_sessionmaker(engine)() as session:
+        add_record(session, key_hash=key.digest(), record=make_record(key, time_ms=0.5))
+        session.commit()
+    upgrade(url)
+    engine = make_engine(url)
+    check_schema(engine)
+    assert "jobs" in inspect(engine).get_table_names()
+    with make_sessionmaker(engine)() as session:
+        record = get_winner(session, key_hash=key.digest())
+    assert record is not None and record.timing.median_ms == 0.5

@@ -246,3 +246,56 @@ class Health(_Strict):
     database: str
     records: int
     version: str
+
+
+JobState = Literal["queued", "running", "done", "failed"]
+
+
+class JobCreate(_Strict):
+    key: KeyModel
+    priority: Annotated[int, Field(ge=-1000, le=1000)] = 0
+    max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
+    source: Annotated[str, Field(max_length=32, pattern=r"^[a-z_]+$")] = "api"
+
+
+class JobPublic(_Strict):
+    id: int
+    key_hash: str
+    key: KeyModel
+    state: JobState
+    priority: int
+    source: str
+    attempts: int
+    max_attempts: int
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    error: str
+    record_id: int | None
+    created_at: datetime
+    updated_at: datetime
+
+
+class JobEnqueued(_Strict):
+    job: JobPublic
+    created: bool  # False: a job for this key already existed (deduplicated)
+
+
+class ClaimRequest(_Strict):
+    worker: Annotated[str, Field(min_length=1, max_length=128)]
+    lease_seconds: Annotated[float, Field(gt=0, le=86_400)] = 300.0
+
+
+class LeaseRequest(_Strict):
+    worker: Annotated[str, Field(min_length=1, max_length=128)]
+    lease_seconds: Annotated[float, Field(gt=0, le=86_400)] = 300.0
+
+
+class JobResult(_Strict):
+    worker: Annotated[str, Field(min_length=1, max_length=128)]
+    record_id: int | None = None
+    error: Annotated[str, Field(max_length=4096)] = ""
+
+
+class JobList(_Strict):
+    items: list[JobPublic]
+    count: int

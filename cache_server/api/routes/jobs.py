@@ -1,0 +1,117 @@
+"""The tuning-job queue: create (deduplicated by key), claim with a lease, heartbeat, finish."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Response, status
+
+from cache_server import jobs
+from cache_server.api.deps import SessionDep
+from cache_server.models import JobRow
+from tunecache.schemas import (
+    ClaimRequest,
+    JobCreate,
+    JobEnqueued,
+    JobList,
+    JobPublic,
+    JobResult,
+    JobState,
+    LeaseRequest,
+    LookupRequest,
+)
+
+router = APIRouter(prefix="/v1", tags=["jobs"])
+MISS_PRIORITY = -10  # misses seen in production queue behind explicit pre-tuning
+
+
+def public(job: JobRow) -> JobPublic:
+    return JobPublic.model_validate(job, from_attributes=True)
+
+
+def _held(job: JobRow | None, job_id: int) -> JobPublic:
+    if job is None:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"job {job_id} is not running under this worker's lease"
+        )
+    return public(job)
+
+
+@router.post("/jobs", status_code=status.HTTP_201_CREATED)
+def create_job(request: JobCreate, session: SessionDep, response: Response) -> JobEnqueued:
+    """Queues a tuning job for a key; an existing job for the key is returned instead (200)."""
+    job, created = jobs.enqueue(
+        session,
+        key_hash=request.key.digest(),
+        key=request.key.model_dump(mode="json", by_alias=True),
+        priority=request.priority,
+        max_attempts=request.max_attempts,
+        source=request.source,
+    )
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return JobEnqueued(job=public(job), created=created)
+
+
+@router.post("/misses", status_code=status.HTTP_202_ACCEPTED)
+def report_miss(request: LookupRequest, session: SessionDep) -> JobEnqueued:
+    """A client could not serve this key: queue it (deduplicated) behind pre-tuning jobs."""
+    job, created = jobs.enqueue(
+        session,
+        key_hash=request.key.digest(),
+        key=request.key.model_dump(mode="json", by_alias=True),
+        priority=MISS_PRIORITY,
+        source="miss",
+    )
+    return JobEnqueued(job=public(job), created=created)
+
+
+@router.post(
+    "/jobs/claim",
+    response_model=JobPublic,
+    responses={204: {"description": "no job to claim"}},
+)
+def claim_job(request: ClaimRequest, session: SessionDep) -> JobPublic | Response:
+    """Leases the most urgent queued (or lease-expired) job to the worker."""
+    job = jobs.claim(session, worker=request.worker, lease_seconds=request.lease_seconds)
+    return Response(status_code=status.HTTP_204_NO_CONTENT) if job is None else public(job)
+
+
+@router.post("/jobs/{job_id}/heartbeat", responses={409: {"description": "lease lost"}})
+def heartbeat(job_id: int, request: LeaseRequest, session: SessionDep) -> JobPublic:
+    job = jobs.heartbeat(
+        session, job_id=job_id, worker=request.worker, lease_seconds=request.lease_seconds
+    )
+    return _held(job, job_id)
+
+
+@router.post("/jobs/{job_id}/complete", responses={409: {"description": "lease lost"}})
+def complete(job_id: int, request: JobResult, session: SessionDep) -> JobPublic:
+    job = jobs.complete(session, job_id=job_id, worker=request.worker, record_id=request.record_id)
+    return _held(job, job_id)
+
+
+@router.post("/jobs/{job_id}/fail", responses={409: {"description": "lease lost"}})
+def fail(job_id: int, request: JobResult, session: SessionDep) -> JobPublic:
+    """A failed attempt: the job is queued again until it runs out of attempts."""
+    job = jobs.fail(session, job_id=job_id, worker=request.worker, error=request.error)
+    return _held(job, job_id)
+
+
+@router.get("/jobs")
+def list_jobs(
+    session: SessionDep,
+    state: JobState | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JobList:
+    rows, total = jobs.list_jobs(session, state=state, limit=limit, offset=offset)
+    return JobList(items=[public(r) for r in rows], count=total)
+
+
+@router.get("/jobs/{job_id}", responses={404: {"description": "no such job"}})
+def get_job(job_id: int, session: SessionDep) -> JobPublic:
+    job = jobs.get_job(session, job_id=job_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
+    return public(job)

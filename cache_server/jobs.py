@@ -1,0 +1,135 @@
+"""Job-queue query functions. Keyword-only; they never commit (the session's owner does).
+
+A claim is one statement — ``UPDATE jobs … WHERE id = (SELECT id … LIMIT 1 FOR UPDATE SKIP
+LOCKED) RETURNING id`` — so concurrent claimers never get the same job: PostgreSQL skips rows
+another transaction holds; SQLite runs the statement under its single write lock (``FOR UPDATE``
+is not rendered there). A running job whose lease has expired is claimable again.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, case, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from cache_server.models import JobRow, utcnow
+
+
+def _insert(session: Session) -> Any:
+    return (postgresql if session.get_bind().dialect.name == "postgresql" else sqlite).insert(
+        JobRow
+    )
+
+
+def enqueue(
+    session: Session,
+    *,
+    key_hash: str,
+    key: dict[str, Any],
+    priority: int = 0,
+    max_attempts: int = 3,
+    source: str = "api",
+) -> tuple[JobRow, bool]:
+    """Queues a job for ``key_hash`` unless one exists; returns it and whether it is new."""
+    now = utcnow()
+    stmt = _insert(session).values(
+        key_hash=key_hash, key=key, state="queued", priority=priority, source=source,
+        attempts=0, max_attempts=max_attempts, error="", created_at=now, updated_at=now,
+    )  # fmt: skip
+    new_id = session.execute(
+        stmt.on_conflict_do_nothing(index_elements=["key_hash"]).returning(JobRow.id)
+    ).scalar()
+    job = session.scalar(select(JobRow).where(JobRow.key_hash == key_hash))
+    assert job is not None
+    return job, new_id is not None
+
+
+def _claimable(now: datetime) -> ColumnElement[bool]:
+    expired = and_(
+        JobRow.state == "running",
+        JobRow.lease_expires_at < now,
+        JobRow.attempts < JobRow.max_attempts,
+    )
+    return or_(JobRow.state == "queued", expired)
+
+
+def claim(session: Session, *, worker: str, lease_seconds: float) -> JobRow | None:
+    """Leases the most urgent claimable job to ``worker``, or ``None`` when there is none."""
+    now = utcnow()
+    pick = (
+        select(JobRow.id)
+        .where(_claimable(now))
+        .order_by(JobRow.priority.desc(), JobRow.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    stmt = (
+        update(JobRow)
+        .where(JobRow.id == pick, _claimable(now))
+        .values(
+            state="running",
+            lease_owner=worker,
+            attempts=JobRow.attempts + 1,
+            lease_expires_at=now + timedelta(seconds=lease_seconds),
+            updated_at=now,
+        )
+        .returning(JobRow.id)
+        .execution_options(synchronize_session=False)
+    )
+    job_id = session.execute(stmt).scalar()
+    return None if job_id is None else session.get(JobRow, job_id, populate_existing=True)
+
+
+def _owned(job_id: int, worker: str) -> ColumnElement[bool]:
+    return and_(JobRow.id == job_id, JobRow.state == "running", JobRow.lease_owner == worker)
+
+
+def _change(session: Session, job_id: int, worker: str, **values: Any) -> JobRow | None:
+    stmt = (
+        update(JobRow)
+        .where(_owned(job_id, worker))
+        .values(updated_at=utcnow(), **values)
+        .returning(JobRow.id)
+        .execution_options(synchronize_session=False)
+    )
+    if session.execute(stmt).scalar() is None:
+        return None
+    return session.get(JobRow, job_id, populate_existing=True)
+
+
+def heartbeat(session: Session, *, job_id: int, worker: str, lease_seconds: float) -> JobRow | None:
+    """Extends ``worker``'s lease; ``None`` if it no longer holds the job."""
+    expires = utcnow() + timedelta(seconds=lease_seconds)
+    return _change(session, job_id, worker, lease_expires_at=expires)
+
+
+def complete(session: Session, *, job_id: int, worker: str, record_id: int | None) -> JobRow | None:
+    """Marks the job done; ``None`` if ``worker`` no longer holds it."""
+    return _change(session, job_id, worker, state="done", record_id=record_id,
+                   lease_owner=None, lease_expires_at=None)  # fmt: skip
+
+
+def fail(session: Session, *, job_id: int, worker: str, error: str) -> JobRow | None:
+    """Records a failed attempt: back to the queue, or ``failed`` once out of attempts."""
+    state = case((JobRow.attempts >= JobRow.max_attempts, "failed"), else_="queued")
+    return _change(session, job_id, worker, state=state, error=error,
+                   lease_owner=None, lease_expires_at=None)  # fmt: skip
+
+
+def list_jobs(
+    session: Session, *, state: str | None = None, limit: int = 100, offset: int = 0
+) -> tuple[list[JobRow], int]:
+    stmt = select(JobRow)
+    if state is not None:
+        stmt = stmt.where(JobRow.state == state)
+    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
+    rows = session.scalars(stmt.order_by(JobRow.id).limit(limit).offset(offset)).all()
+    return list(rows), total
+
+
+def get_job(session: Session, *, job_id: int) -> JobRow | None:
+    return session.get(JobRow, job_id)

@@ -1,0 +1,119 @@
+"""The job queue through a real server, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer
+from tests.factories import make_key
+
+pytestmark = pytest.mark.slow
+
+
+def create(http: httpx.Client, m: int, **fields: object) -> httpx.Response:
+    return http.post("/v1/jobs", json={"key": make_key(m=m).to_json(), **fields})
+
+
+def claim(http: httpx.Client, worker: str, lease: float = 60.0) -> dict | None:  # type: ignore[type-arg]
+    response = http.post("/v1/jobs/claim", json={"worker": worker, "lease_seconds": lease})
+    if response.status_code == 204:
+        return None
+    assert response.status_code == 200, response.text
+    job: dict = response.json()  # type: ignore[type-arg]
+    return job
+
+
+def test_jobs_are_deduplicated_by_key(any_server: LiveServer) -> None:
+    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+        first = create(http, 64)
+        again = create(http, 64, priority=5)
+        miss = http.post("/v1/misses", json={"key": make_key(m=64).to_json()})
+        other = http.post("/v1/misses", json={"key": make_key(m=65).to_json()})
+    assert (first.status_code, again.status_code, miss.status_code) == (201, 200, 202)
+    assert first.json()["created"] and not again.json()["created"] and not miss.json()["created"]
+    assert again.json()["job"]["id"] == first.json()["job"]["id"] == miss.json()["job"]["id"]
+    assert other.json()["created"] and other.json()["job"]["source"] == "miss"
+    assert other.json()["job"]["priority"] < 0
+
+
+def test_claims_follow_priority_then_age(any_server: LiveServer) -> None:
+    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+        http.post("/v1/misses", json={"key": make_key(m=1).to_json()})
+        create(http, 2)
+        create(http, 3, priority=10)
+        order = [claim(http, "w")["key"]["problem"]["M"] for _ in range(3)]  # type: ignore[index]
+        assert claim(http, "w") is None
+    assert order == [3, 2, 1]
+
+
+def test_concurrent_claimers_never_share_a_job(any_server: LiveServer) -> None:
+    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+        for m in range(1, 41):
+            assert create(http, m).status_code == 201
+    claimed: list[int] = []
+    lock = threading.Lock()
+
+    def worker(name: str) -> None:
+        with httpx.Client(base_url=any_server.url, timeout=30) as http:
+            while (job := claim(http, name)) is not None:
+                with lock:
+                    claimed.append(job["id"])
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    counts = Counter(claimed)
+    assert len(counts) == 40 and set(counts.values()) == {1}
+
+
+def test_an_expired_lease_is_claimed_again(any_server: LiveServer) -> None:
+    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+        create(http, 7)
+        first = claim(http, "slow", lease=0.5)
+        assert first is not None and first["attempts"] == 1
+        assert claim(http, "fast") is None  # leased, not expired yet
+        alive = http.post(
+            f"/v1/jobs/{first['id']}/heartbeat", json={"worker": "slow", "lease_seconds": 0.5}
+        )
+        assert alive.status_code == 200
+        time.sleep(1.2)
+        second = claim(http, "fast")
+        assert second is not None and second["id"] == first["id"] and second["attempts"] == 2
+        late = http.post(f"/v1/jobs/{first['id']}/complete", json={"worker": "slow"})
+        assert late.status_code == 409  # the lease moved on
+        done = http.post(f"/v1/jobs/{first['id']}/complete", json={"worker": "fast"})
+        assert done.status_code == 200 and done.json()["state"] == "done"
+        assert claim(http, "fast") is None
+
+
+def test_failures_retry_until_the_limit(any_server: LiveServer) -> None:
+    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+        create(http, 9, max_attempts=2)
+        for expected in ("queued", "failed"):
+            job = claim(http, "w")
+            assert job is not None
+            failed = http.post(f"/v1/jobs/{job['id']}/fail", json={"worker": "w", "error": "oom"})
+            assert failed.json()["state"] == expected and failed.json()["error"] == "oom"
+        assert claim(http, "w") is None
+        listed = http.get("/v1/jobs", params={"state": "failed"}).json()
+        assert listed["count"] == 1 and listed["items"][0]["attempts"] == 2
+
+
+def test_bad_job_requests_are_4xx(any_server: LiveServer) -> None:
+    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+        assert (
+            http.post("/v1/jobs/claim", json={"worker": "w", "lease_seconds": -1}).status_code
+            == 422
+        )
+        assert http.post("/v1/jobs/claim", json={"lease_seconds": 5}).status_code == 422
+        assert http.post("/v1/jobs/5/heartbeat", json={"worker": "w"}).status_code == 409
+        assert http.get("/v1/jobs/999").status_code == 404
+        assert http.get("/v1/jobs", params={"state": "lost"}).status_code == 422
+        assert create(http, 1, max_attempts=0).status_code == 422
