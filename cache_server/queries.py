@@ -93,7 +93,9 @@ def add_record(session: Session, *, key_hash: str, record: RecordCreate) -> tupl
     return row.id, winner
 
 
-def _public(row: RecordRow, *, is_winner: bool, trials: Sequence[TrialRow] = ()) -> RecordPublic:
+def public_record(
+    row: RecordRow, *, is_winner: bool, trials: Sequence[TrialRow] = ()
+) -> RecordPublic:
     return RecordPublic.model_validate(
         {
             "id": row.id,
@@ -123,7 +125,7 @@ def get_winner(session: Session, *, key_hash: str) -> RecordPublic | None:
         .join(WinnerRow, WinnerRow.record_id == RecordRow.id)
         .where(WinnerRow.key_hash == key_hash)
     )
-    return None if row is None else _public(row, is_winner=True)
+    return None if row is None else public_record(row, is_winner=True)
 
 
 def get_record(
@@ -139,7 +141,7 @@ def get_record(
             select(TrialRow).where(TrialRow.record_id == record_id).order_by(TrialRow.position)
         ).all()
     winner = session.scalar(select(WinnerRow.record_id).where(WinnerRow.key_hash == row.key_hash))
-    return _public(row, is_winner=winner == row.id, trials=trials)
+    return public_record(row, is_winner=winner == row.id, trials=trials)
 
 
 def _filtered(
@@ -195,7 +197,7 @@ def list_records(
     )
     total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
     rows = session.execute(base.order_by(RecordRow.id.desc()).limit(limit).offset(offset)).all()
-    return [_public(r[0], is_winner=r[1] is not None) for r in rows], total
+    return [public_record(r[0], is_winner=r[1] is not None) for r in rows], total
 
 
 def count_records(session: Session) -> int:

@@ -7,8 +7,9 @@ import math
 from tests.conftest import LiveServer
 from tests.factories import make_key, make_record
 from tunecache.client import Client
+from tunecache.policies import shape_distance
 from tunecache.space import SearchSpace
-from tuner.warm_start import neighbour_configs, shape_distance
+from tuner.warm_start import neighbour_configs
 
 SPACE = SearchSpace({"tile": (4, 8, 16, 32), "unroll": (0, 16)})
 

@@ -7,24 +7,14 @@ of that arch, or this one at another shape). Their configs are tried first by th
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Mapping
-from typing import Any
 
 from tunecache.client import Client
 from tunecache.errors import InvalidInput, ServerError
 from tunecache.key import Key
+from tunecache.policies import shape_distance
 from tunecache.space import Config, SearchSpace
 
 logger = logging.getLogger(__name__)
-
-
-def shape_distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
-    """Sum of |log2(a/b)| over the integer parameters both problems share (∞ if none)."""
-    common = [k for k in a if k in b and isinstance(a[k], int) and isinstance(b[k], int)]
-    if not common:
-        return math.inf
-    return sum(abs(math.log2(a[k] / b[k])) for k in common if a[k] > 0 and b[k] > 0)
 
 
 def neighbour_configs(

@@ -1,0 +1,96 @@
+"""Lookup rules and version policies, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session
+
+from cache_server.db import make_engine, make_sessionmaker
+from cache_server.lookup import find_winner
+from cache_server.migrate import upgrade
+from cache_server.queries import add_record
+from tests.factories import CPU, make_record
+from tunecache.device import DeviceFingerprint
+from tunecache.key import Key
+from tunecache.policies import BUCKETS, next_power_of_two, versions_match
+from tunecache.schemas import KeyModel
+
+pytestmark = pytest.mark.slow
+OTHER_CPU = DeviceFingerprint(kind="cpu", arch="cpu-avx2", name="other-cpu", units=8)
+THIRD_CPU = DeviceFingerprint(kind="cpu", arch="cpu-avx2", name="third-cpu", units=6)
+OTHER_ARCH = DeviceFingerprint(kind="cpu", arch="cpu-avx512", name="test-cpu", units=2)
+
+
+def key(m: int = 64, n: int = 64, *, device: DeviceFingerprint = CPU, tvm: str = "0.27.0") -> Key:
+    return Key(kernel="matmul", source_hash="abcd", backend="tvm", problem={"M": m, "N": n, "K": 64},
+               dtype="float32", device=device, environment={"apache-tvm": tvm})  # fmt: skip
+
+
+@pytest.fixture
+def session(database: tuple[str, Path | None]) -> Iterator[Session]:
+    url, _ = database
+    upgrade(url)
+    with make_sessionmaker(make_engine(url))() as s:
+        yield s
+
+
+def store(session: Session, k: Key, ms: float, *, passed: bool = True) -> int:
+    record_id, _ = add_record(
+        session, key_hash=k.digest(), record=make_record(k, time_ms=ms, passed=passed)
+    )
+    session.commit()
+    return record_id
+
+
+def lookup(session: Session, k: Key, policy: str = "strict") -> tuple[int, str] | None:
+    found = find_winner(session, key=KeyModel.from_key(k), policy=policy)  # type: ignore[arg-type]
+    return None if found is None else (found[0].id, found[1])
+
+
+def test_rules_in_order(session: Session) -> None:
+    bucket_mate = store(session, key(m=100), 1.0)  # M=100 buckets with 65..128
+    other_device = store(session, key(m=96, device=OTHER_CPU), 1.0)
+    exact = store(session, key(m=96), 2.0)
+    assert lookup(session, key(m=96)) == (exact, "exact")
+    assert lookup(session, key(m=96, device=OTHER_CPU)) == (other_device, "exact")
+    # Another device of the arch: the record from the device with the nearest core count.
+    assert lookup(session, key(m=96, device=THIRD_CPU)) == (other_device, "same_arch")
+    assert lookup(session, key(m=120)) == (bucket_mate, "bucket")  # nearest shape of the bucket
+    assert lookup(session, key(m=97, device=OTHER_CPU))[1] == "bucket"  # type: ignore[index]
+    assert lookup(session, key(m=200)) is None  # the next bucket
+    assert lookup(session, key(m=96, n=128)) is None  # only M is bucketed
+    assert lookup(session, key(m=96, device=OTHER_ARCH)) is None  # never across architectures
+
+
+def test_nearest_bucket_mate_wins(session: Session) -> None:
+    far = store(session, key(m=65), 0.5)
+    near = store(session, key(m=120), 3.0)
+    assert lookup(session, key(m=128)) == (near, "bucket")
+    assert far != near
+
+
+def test_unvalidated_records_never_serve(session: Session) -> None:
+    store(session, key(m=96), 0.1, passed=False)
+    assert lookup(session, key(m=96)) is None
+    assert lookup(session, key(m=100)) is None
+
+
+def test_version_policies(session: Session) -> None:
+    tuned = store(session, key(m=96, tvm="0.27.0"), 1.0)
+    patch, minor = key(m=96, tvm="0.27.1"), key(m=96, tvm="0.28.0")
+    assert lookup(session, patch, "strict") is None
+    assert lookup(session, patch, "compatible") == (tuned, "exact")
+    assert lookup(session, minor, "compatible") is None
+    assert lookup(session, minor, "any") == (tuned, "exact")
+
+
+def test_policy_functions() -> None:
+    assert [next_power_of_two(n) for n in (1, 2, 3, 64, 65, 4096)] == [1, 2, 4, 64, 128, 4096]
+    assert BUCKETS["softmax"].bucket({"M": 3, "N": 100}) == {"M": 4, "N": 100}
+    assert not versions_match(
+        {"torch": "2.11.0"}, {"torch": "2.11.0", "triton": "3.6"}, "compatible"
+    )
+    assert versions_match({"torch": "2.11.0+cu130"}, {"torch": "2.11.2"}, "compatible")
