@@ -16,8 +16,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from cache_server.api.limits import BodySizeLimit
-from cache_server.api.routes import health, jobs, records
+from cache_server.api.routes import health, jobs, records, snapshots
 from cache_server.db import make_engine, make_sessionmaker
+from cache_server.metrics import Metrics, ObserveRequests
+from cache_server.metrics import router as metrics_router
 from cache_server.migrate import check_schema
 from cache_server.settings import ServerSettings
 from tunecache import __version__
@@ -46,13 +48,17 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.sessionmaker = make_sessionmaker(engine)
+    app.state.metrics = Metrics(app.state.sessionmaker)
     app.include_router(health.router)
+    app.include_router(metrics_router)
     app.include_router(records.router)
     app.include_router(jobs.router)
+    app.include_router(snapshots.router)
 
     @app.exception_handler(InvalidInput)
     async def invalid_input(_request: Request, exc: InvalidInput) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body)
+    app.add_middleware(ObserveRequests, metrics=app.state.metrics)  # outermost: sees 413s too
     return app

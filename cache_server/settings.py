@@ -5,9 +5,12 @@
 - ``TUNECACHE_SERVER_PORT``: the port ``tunecache serve`` binds (default 8765)
 - ``TUNECACHE_SERVER_MAX_BODY``: largest accepted request body, in bytes (default 16 MiB)
 - ``TUNECACHE_SERVER_LIST_LIMIT``: most records one list request returns (default 1000)
+- ``TUNECACHE_SERVER_WORKERS``: server processes ``tunecache serve`` runs (default 1)
 """
 
 from __future__ import annotations
+
+import os
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -25,6 +28,13 @@ class ServerSettings(BaseSettings):
     port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
     max_body: int = Field(default=16 * 2**20, gt=0)
     list_limit: int = Field(default=1000, gt=0)
+    workers: int = Field(default=1, ge=1, le=64)
+
+    def export(self) -> None:
+        """Puts these settings into this process's environment, for the worker processes that
+        ``tunecache serve --workers N`` starts (each builds its app from the environment)."""
+        for name, value in self.model_dump().items():
+            os.environ[f"TUNECACHE_SERVER_{name.upper()}"] = str(value)
 
     @field_validator("db")
     @classmethod

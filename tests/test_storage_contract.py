@@ -150,3 +150,20 @@ def test_acknowledged_uploads_survive_kill_9(
             assert http.get("/health").json()["records"] >= len(acknowledged)
     finally:
         again.stop()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [("key", "device", "name"), ("config_summary",), ("trials", 0, "error"), ("config", "x")],
+)
+def test_nul_characters_are_422_not_500(any_server: LiveServer, path: tuple) -> None:  # type: ignore[type-arg]
+    body = make_record(make_key(m=5)).model_dump(mode="json", by_alias=True)
+    target = body
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = "bad\x00value"
+    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+        response = http.post("/v1/records", json=body)
+        assert response.status_code == 422, response.text
+        assert "NUL" in response.text
+        assert http.get("/health").json()["records"] == 0

@@ -1,7 +1,8 @@
 """The run-time client: look a key up, fall back quietly, never break the caller.
 
-A lookup tries the in-process memo, then the server (bounded by a :class:`Timeout`), then the
-caller's default config. Network failures, timeouts and bad answers are logged once and answered
+A lookup tries the in-process memo, then a local snapshot file if one was given (see
+:mod:`tunecache.snapshot`), then the server (bounded by a :class:`Timeout`), then the caller's
+default config. Network failures, timeouts and bad answers are logged once and answered
 with the default; after a failure the server is not asked again for ``retry_after`` seconds, so a
 dead server costs one timeout, not one per call.
 
@@ -18,14 +19,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
 from pydantic import ValidationError
 
 from tunecache.defaults import default_config
-from tunecache.errors import ServerError
+from tunecache.errors import InvalidInput, ServerError
 from tunecache.key import Key
 from tunecache.schemas import (
     KeyModel,
@@ -34,12 +37,14 @@ from tunecache.schemas import (
     RecordCreate,
     RecordList,
     RecordPublic,
+    SnapshotImportResult,
+    SnapshotPublic,
     UploadResult,
 )
 from tunecache.settings import Settings
 
 logger = logging.getLogger(__name__)
-Source = Literal["memo", "server", "default"]
+Source = Literal["memo", "snapshot", "server", "default"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,11 @@ class Timeout:
 
 @dataclass(frozen=True)
 class LookupResult:
-    """What a lookup found: the config to launch, where it came from, and the record on a hit."""
+    """What a lookup found: the config to launch, where it came from, and the record on a hit.
+
+    ``record`` is the server's record on a memo or server hit; a snapshot hit has none (a snapshot
+    holds the winners' data without server ids), but is still a :attr:`hit`.
+    """
 
     config: dict[str, Any] | None
     source: Source
@@ -67,7 +76,7 @@ class LookupResult:
 
     @property
     def hit(self) -> bool:
-        return self.record is not None
+        return self.source != "default"
 
 
 class Client:
@@ -79,6 +88,9 @@ class Client:
         transport: an ``httpx`` transport (tests pass an in-memory one).
         retry_after: seconds to skip the server after a failed lookup.
         miss_ttl: seconds a miss is remembered before the server is asked again.
+        snapshot: a snapshot file (:func:`tunecache.snapshot.save_snapshot`) to answer lookups
+            from before asking the server; read once, on the first lookup. A missing or corrupt
+            file is logged once and ignored.
     """
 
     def __init__(
@@ -89,6 +101,7 @@ class Client:
         transport: httpx.BaseTransport | None = None,
         retry_after: float = 30.0,
         miss_ttl: float = 60.0,
+        snapshot: Path | None = None,
     ) -> None:
         settings = Settings.from_env() if url is None or timeout is None else None
         self.url = (url or (settings.url if settings else "")).rstrip("/")
@@ -103,6 +116,9 @@ class Client:
         self._misses: dict[str, float] = {}
         self._down_until = 0.0
         self._warned = False
+        self._snapshot_path = snapshot
+        self._snapshot: dict[str, RecordCreate] | None = None
+        self._snapshot_lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
@@ -127,6 +143,9 @@ class Client:
         with self._lock:
             if (memo := self._memo.get(digest)) is not None:
                 return LookupResult(config=memo.config, source="memo", record=memo)
+        if (local := self._snapshot_index().get(digest)) is not None:
+            return LookupResult(config=local.config, source="snapshot")
+        with self._lock:
             if self._misses.get(digest, -1.0) > now or self._down_until > now:
                 return LookupResult(config=default, source="default")
         record = self._fetch(key)
@@ -137,6 +156,26 @@ class Client:
             if self._down_until <= now:
                 self._misses[digest] = now + self.miss_ttl
         return LookupResult(config=default, source="default")
+
+    def _snapshot_index(self) -> dict[str, RecordCreate]:
+        if self._snapshot is None:
+            with self._snapshot_lock:
+                if self._snapshot is None:
+                    self._snapshot = self._load_snapshot()
+        return self._snapshot
+
+    def _load_snapshot(self) -> dict[str, RecordCreate]:
+        if self._snapshot_path is None:
+            return {}
+        from tunecache.snapshot import index_snapshot, load_snapshot
+
+        try:
+            index = index_snapshot(load_snapshot(self._snapshot_path))
+        except InvalidInput as exc:
+            logger.warning("%s; ignoring the snapshot", exc)
+            return {}
+        logger.debug("snapshot %s: %d winners", self._snapshot_path, len(index))
+        return index
 
     def _fetch(self, key: Key) -> RecordPublic | None:
         try:
@@ -210,6 +249,47 @@ class Client:
         return RecordPublic.model_validate_json(
             self._call("GET", f"/v1/records/{record_id}").content
         )
+
+    def export_snapshot(
+        self, device_arch: str, **filters: str | None
+    ) -> tuple[dict[str, Any], str]:
+        """The winners of ``device_arch`` as a snapshot document, and its ETag.
+
+        Args:
+            device_arch: the device arch, e.g. ``"sm_90"``.
+            **filters: ``device_name``, ``kernel``, ``backend`` to narrow it (``None``: unset).
+
+        Returns:
+            ``(document, etag)``; :func:`tunecache.snapshot.save_snapshot` writes the document.
+
+        Raises:
+            ServerError: the server is unreachable, rejected the filters, or sent no snapshot.
+        """
+        params = {"device_arch": device_arch, **{k: v for k, v in filters.items() if v is not None}}
+        response = self._call("GET", "/v1/snapshot", params=params)
+        try:
+            document: dict[str, Any] = response.json()
+            SnapshotPublic.model_validate(document)
+        except (ValidationError, ValueError) as exc:
+            raise ServerError(f"GET /v1/snapshot sent no valid snapshot: {exc}") from exc
+        return document, response.headers.get("etag", "")
+
+    def import_snapshot(self, document: Mapping[str, Any] | SnapshotPublic) -> dict[str, int]:
+        """Merges a snapshot into the server: the faster validated record of each key wins.
+
+        Returns:
+            ``{"imported": n, "winners_changed": m}``.
+
+        Raises:
+            ServerError: the server is unreachable or rejected the snapshot (413, 422).
+        """
+        if isinstance(document, SnapshotPublic):
+            document = document.model_dump(mode="json", by_alias=True)
+        response = self._call("POST", "/v1/snapshot", json=dict(document))
+        try:
+            return SnapshotImportResult.model_validate_json(response.content).model_dump()
+        except ValidationError as exc:
+            raise ServerError(f"POST /v1/snapshot gave a bad answer: {exc}") from exc
 
     def health(self) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", "/health").json()

@@ -29,8 +29,28 @@ Millis = Annotated[float, Field(gt=0, lt=1e9, allow_inf_nan=False)]
 JSONObject = dict[str, Any]
 
 
+def _reject_nul(value: Any, path: str = "body") -> None:
+    """PostgreSQL text cannot hold NUL; reject it anywhere so no database ever sees one."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(f"{path} contains a NUL character")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _reject_nul(key, path)
+            _reject_nul(item, f"{path}.{key}")
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _reject_nul(item, f"{path}[{i}]")
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        _reject_nul(data, cls.__name__)
+        return data
 
 
 def _check_config(value: JSONObject) -> JSONObject:
@@ -299,3 +319,67 @@ class JobResult(_Strict):
 class JobList(_Strict):
     items: list[JobPublic]
     count: int
+
+
+SNAPSHOT_FORMAT = "tunecache-snapshot/1"
+MAX_SNAPSHOT_RECORDS = 50_000
+
+
+class SnapshotFilters(_Strict):
+    """Which winners a snapshot holds: one device arch, optionally narrowed further."""
+
+    device_arch: Name
+    device_name: (
+        Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")] | None
+    ) = None
+    kernel: Name | None = None
+    backend: Backend | None = None
+
+    def mismatch(self, key: KeyModel) -> str | None:
+        """Why ``key`` falls outside these filters, or ``None`` when it matches them."""
+        for name, wanted, actual in (
+            ("device_arch", self.device_arch, key.device.arch),
+            ("device_name", self.device_name, key.device.name),
+            ("kernel", self.kernel, key.kernel),
+            ("backend", self.backend, key.backend),
+        ):
+            if wanted is not None and actual != wanted:
+                return f"{name} is {actual!r}, not the snapshot's {wanted!r}"
+        return None
+
+
+class SnapshotPublic(_Strict):
+    """The validated winners of one device arch, as one document.
+
+    Only winners are exported, without their trials (``trials`` is empty), to keep snapshots
+    small. On import every record, validated or not, must match ``filters``; the count is checked
+    before any record is parsed, so an oversized snapshot is refused at once.
+    """
+
+    format: Literal["tunecache-snapshot/1"]
+    filters: SnapshotFilters
+    records: Annotated[list[RecordCreate], Field(max_length=MAX_SNAPSHOT_RECORDS)]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            records = data.get("records")
+            if isinstance(records, list) and len(records) > MAX_SNAPSHOT_RECORDS:
+                raise ValueError(
+                    f"a snapshot holds at most {MAX_SNAPSHOT_RECORDS} records, not "
+                    f"{len(records)}; split it by kernel or backend"
+                )
+        return data
+
+    @model_validator(mode="after")
+    def _records_match_filters(self) -> SnapshotPublic:
+        for i, record in enumerate(self.records):
+            if (why := self.filters.mismatch(record.key)) is not None:
+                raise ValueError(f"records[{i}]: key {why}")
+        return self
+
+
+class SnapshotImportResult(_Strict):
+    imported: int  # records stored, validated or not
+    winners_changed: int  # keys whose winner is now a record of this snapshot

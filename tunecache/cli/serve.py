@@ -14,10 +14,17 @@ def register(commands: Any) -> None:
     parser.add_argument("--db", metavar="URL", help="database URL (default: a SQLite file)")
     parser.add_argument("--host", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port to bind (default 8765)")
+    parser.add_argument("--workers", type=int, help="server processes (default 1)")
     parser.add_argument(
         "--no-create",
         action="store_true",
         help="refuse to start on an empty database instead of creating the schema",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="server logs on stderr as text lines or one JSON object a line (default text)",
     )
     parser.set_defaults(run=run)
 
@@ -28,7 +35,7 @@ def server_settings(args: argparse.Namespace) -> Any:
 
     from cache_server.settings import ServerSettings
 
-    overrides = {k: getattr(args, k, None) for k in ("db", "host", "port")}
+    overrides = {k: getattr(args, k, None) for k in ("db", "host", "port", "workers")}
     try:
         return ServerSettings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
@@ -40,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
     from sqlalchemy.exc import SQLAlchemyError
 
-    from cache_server import SchemaOutdated
+    from cache_server import SchemaOutdated, logs
     from cache_server.app import create_app
     from cache_server.db import make_engine
     from cache_server.migrate import check_schema, current_revision, upgrade
@@ -58,6 +65,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"tunecache serve: {exc}", file=sys.stderr)
         return 2
     host, port = settings.host, settings.port
-    print(f"tunecache: serving {url} on http://{host}:{port} (OpenAPI at /docs)", file=sys.stderr)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+    if args.log_format == "text":  # in JSON, every stderr line is a log record
+        print(
+            f"tunecache: serving {url} on http://{host}:{port} (OpenAPI at /docs)", file=sys.stderr
+        )
+    logs.configure(args.log_format, verbose=getattr(args, "verbose", False))
+    # Our access log (cache_server.access) replaces uvicorn's; log_config=None keeps ours.
+    options: dict[str, Any] = {"host": host, "port": port, "log_config": None,
+                               "log_level": "info", "access_log": False}  # fmt: skip
+    if settings.workers == 1:
+        uvicorn.run(create_app(settings), **options)
+    else:  # each worker process builds its own app (and engine) from the environment
+        settings.export()
+        factory = "cache_server.app:create_app"
+        uvicorn.run(factory, factory=True, workers=settings.workers, **options)
     return 0

@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, Response, status
 
 from cache_server import jobs
 from cache_server.api.deps import SessionDep
+from cache_server.metrics import MetricsDep
 from cache_server.models import JobRow
 from tunecache.schemas import (
     ClaimRequest,
@@ -54,7 +55,7 @@ def create_job(request: JobCreate, session: SessionDep, response: Response) -> J
 
 
 @router.post("/misses", status_code=status.HTTP_202_ACCEPTED)
-def report_miss(request: LookupRequest, session: SessionDep) -> JobEnqueued:
+def report_miss(request: LookupRequest, session: SessionDep, metrics: MetricsDep) -> JobEnqueued:
     """A client could not serve this key: queue it (deduplicated) behind pre-tuning jobs."""
     job, created = jobs.enqueue(
         session,
@@ -63,6 +64,7 @@ def report_miss(request: LookupRequest, session: SessionDep) -> JobEnqueued:
         priority=MISS_PRIORITY,
         source="miss",
     )
+    metrics.count_miss_report()
     return JobEnqueued(job=public(job), created=created)
 
 

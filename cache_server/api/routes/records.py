@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 
 from cache_server import queries
 from cache_server.api.deps import SessionDep, SettingsDep
+from cache_server.metrics import MetricsDep
 from tunecache.schemas import (
     Backend,
     LookupRequest,
@@ -22,7 +23,7 @@ router = APIRouter(prefix="/v1", tags=["records"])
 
 
 @router.post("/records", status_code=status.HTTP_201_CREATED)
-def upload_record(record: RecordCreate, session: SessionDep) -> UploadResult:
+def upload_record(record: RecordCreate, session: SessionDep, metrics: MetricsDep) -> UploadResult:
     """Stores a tuning result with all its trials.
 
     The key's winner becomes this record only if it passed validation and is strictly faster than
@@ -30,6 +31,7 @@ def upload_record(record: RecordCreate, session: SessionDep) -> UploadResult:
     """
     key_hash = record.key.digest()
     record_id, winner = queries.add_record(session, key_hash=key_hash, record=record)
+    metrics.count_upload(validated=record.validation.passed, is_winner=winner == record_id)
     return UploadResult(
         record_id=record_id,
         key_hash=key_hash,
@@ -39,13 +41,16 @@ def upload_record(record: RecordCreate, session: SessionDep) -> UploadResult:
 
 
 @router.post("/lookup", responses={404: {"description": "no validated record for this key"}})
-def lookup(request: LookupRequest, session: SessionDep) -> LookupResponse:
+def lookup(request: LookupRequest, session: SessionDep, metrics: MetricsDep) -> LookupResponse:
     """The validated winner of exactly this key (404 on a miss)."""
     key_hash = request.key.digest()
     record = queries.get_winner(session, key_hash=key_hash)
     if record is None:
+        metrics.count_lookup(rule=None)
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no validated record for key {key_hash}")
-    return LookupResponse(record=record)
+    response = LookupResponse(record=record)
+    metrics.count_lookup(rule=response.match)
+    return response
 
 
 @router.get("/records")

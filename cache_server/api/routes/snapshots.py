@@ -1,0 +1,61 @@
+"""Snapshots: export the winners of a device arch as one document with an ETag; import one."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response, status
+
+from cache_server import snapshots
+from cache_server.api.deps import SessionDep
+from tunecache.schemas import SnapshotFilters, SnapshotImportResult, SnapshotPublic
+from tunecache.snapshot import render_snapshot
+
+router = APIRouter(prefix="/v1", tags=["snapshots"])
+
+
+def _matches(if_none_match: str, etag: str) -> bool:
+    """RFC 9110 weak comparison of ``If-None-Match`` against our strong ETag."""
+    tags = [tag.strip() for tag in if_none_match.split(",")]
+    return "*" in tags or etag in (tag.removeprefix("W/") for tag in tags)
+
+
+@router.get(
+    "/snapshot",
+    response_model=SnapshotPublic,
+    responses={304: {"description": "the snapshot still has the ETag in If-None-Match"}},
+)
+def export_snapshot(
+    filters: Annotated[SnapshotFilters, Query()],
+    session: SessionDep,
+    if_none_match: Annotated[str | None, Header()] = None,
+) -> Response:
+    """The validated winner of every key of ``device_arch`` (narrowed by the other filters).
+
+    Only winners are exported, and without their trials, to keep snapshots small. The body is
+    canonical JSON with records ordered by key hash and no timestamp, so its ``ETag`` (SHA-256 of
+    the canonical records) changes exactly when the winners do; send it back in
+    ``If-None-Match`` to get 304 with no body while they have not.
+    """
+    body, etag = render_snapshot(filters, snapshots.snapshot_winners(session, filters=filters))
+    headers = {"ETag": etag, "Cache-Control": "no-cache"}
+    if if_none_match is not None and _matches(if_none_match, etag):
+        return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
+
+
+@router.post(
+    "/snapshot",
+    responses={
+        413: {"description": "the body is over the server's size limit"},
+        422: {"description": "malformed, over the record limit, or a record outside the filters"},
+    },
+)
+def import_snapshot(snapshot: SnapshotPublic, session: SessionDep) -> SnapshotImportResult:
+    """Merges a snapshot in one transaction: each record is added as if uploaded.
+
+    A key's winner becomes an imported record only if it is validated and strictly faster;
+    unvalidated records are stored but never served.
+    """
+    imported, changed = snapshots.import_records(session, records=snapshot.records)
+    return SnapshotImportResult(imported=imported, winners_changed=changed)

@@ -1,0 +1,73 @@
+"""Snapshot queries: the winners of a device arch, and merging a snapshot's records.
+
+Keyword-only and typed, and they never commit: the session's owner does, so an import is one
+transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.exc import DataError
+from sqlalchemy.orm import Session
+
+from cache_server.models import RecordRow, WinnerRow
+from cache_server.queries import add_record
+from tunecache.errors import InvalidInput
+from tunecache.schemas import RecordCreate, SnapshotFilters
+
+
+def _create(row: RecordRow) -> RecordCreate:
+    return RecordCreate.model_validate(
+        {
+            "key": row.key,
+            "config": row.config,
+            "config_summary": row.config_summary,
+            "timing": row.timing,
+            "baselines": row.baselines,
+            "validation": row.validation,
+            "search": row.search,
+            "provenance": row.provenance,
+        }
+    )
+
+
+def snapshot_winners(session: Session, *, filters: SnapshotFilters) -> list[RecordCreate]:
+    """The winner of every key matching ``filters``, by key hash, without trials."""
+    stmt = (
+        select(RecordRow)
+        .join(WinnerRow, WinnerRow.record_id == RecordRow.id)
+        .where(RecordRow.device_arch == filters.device_arch)
+        .order_by(WinnerRow.key_hash)
+    )
+    for column, value in (
+        (RecordRow.device_name, filters.device_name),
+        (RecordRow.kernel, filters.kernel),
+        (RecordRow.backend, filters.backend),
+    ):
+        if value is not None:
+            stmt = stmt.where(column == value)
+    return [_create(row) for row in session.scalars(stmt)]
+
+
+def import_records(session: Session, *, records: Sequence[RecordCreate]) -> tuple[int, int]:
+    """Adds every record through :func:`add_record`: the faster validated record of a key wins.
+
+    Returns:
+        ``(imported, winners_changed)``: records stored, and keys whose winner is now one of them.
+
+    Raises:
+        InvalidInput: the database refused a record's data (PostgreSQL refuses NUL characters in
+            text columns, for one); the caller's rollback then undoes the whole import.
+    """
+    changed: set[str] = set()
+    for i, record in enumerate(records):
+        key_hash = record.key.digest()
+        try:
+            record_id, winner = add_record(session, key_hash=key_hash, record=record)
+        except DataError as exc:
+            raise InvalidInput(f"records[{i}]: the database refused it: {exc.orig}") from exc
+        if winner == record_id:
+            changed.add(key_hash)
+    return len(records), len(changed)

@@ -1,0 +1,289 @@
+"""Observability: /metrics from a real server on SQLite and PostgreSQL, request ids, JSON logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sqlite3
+import subprocess
+import sys
+import time
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cache_server.embedded import EmbeddedServer, free_port
+from cache_server.logs import JsonFormatter, request_id
+from cache_server.metrics import Metrics
+from tests.conftest import LiveServer
+from tests.factories import make_key, make_record
+from tunecache.key import Key
+
+Labels = frozenset[tuple[str, str]]
+
+
+class Scrape:
+    """One parsed /metrics answer: every sample by name and labels."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.families = {f.name: f for f in text_string_to_metric_families(text)}
+        self.samples: dict[tuple[str, Labels], float] = {
+            (s.name, frozenset(s.labels.items())): s.value
+            for family in self.families.values()
+            for s in family.samples
+        }
+
+    def value(self, name: str, **labels: str) -> float | None:
+        return self.samples.get((name, frozenset(labels.items())))
+
+    def label_values(self, name: str, label: str) -> set[str]:
+        return {dict(labels)[label] for sample, labels in self.samples if sample == name}
+
+
+def scrape(http: httpx.Client) -> Scrape:
+    response = http.get("/metrics")
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain; version=")
+    return Scrape(response.text)
+
+
+def body_of(key: Key, **fields: Any) -> dict[str, Any]:
+    return make_record(key, **fields).model_dump(mode="json", by_alias=True)
+
+
+def post_ok(http: httpx.Client, path: str, body: object, status: int) -> dict[str, Any]:
+    response = http.post(path, json=body)
+    assert response.status_code == status, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+@pytest.mark.slow
+def test_metrics_count_what_the_server_did(any_server: LiveServer) -> None:
+    k1, k2, k3 = make_key(m=1), make_key(m=2), make_key(m=3)
+    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+        # Uploads: a winner, a slower validated one (kept), an unvalidated one.
+        won = post_ok(http, "/v1/records", body_of(k1, time_ms=1.0), 201)
+        kept = post_ok(http, "/v1/records", body_of(k1, time_ms=2.0), 201)
+        unvalidated = post_ok(http, "/v1/records", body_of(k2, passed=False), 201)
+        assert won["is_winner"] and not kept["is_winner"] and not unvalidated["is_winner"]
+        # Lookups: two hits, two misses (k2 has no validated record, k3 nothing at all).
+        for key, status in ((k1, 200), (k1, 200), (k2, 404), (k3, 404)):
+            assert http.post("/v1/lookup", json={"key": key.to_json()}).status_code == status
+        # Two misses reported: queued jobs at the back of the queue.
+        for key in (k2, k3):
+            post_ok(http, "/v1/misses", {"key": key.to_json()}, 202)
+        # Three jobs: one fails for good, one is done, one stays running.
+        doomed = post_ok(http, "/v1/jobs", {"key": make_key(m=4).to_json(), "priority": 5,
+                                            "max_attempts": 1}, 201)["job"]  # fmt: skip
+        done = post_ok(http, "/v1/jobs", {"key": make_key(m=5).to_json()}, 201)["job"]
+        running = post_ok(http, "/v1/jobs", {"key": make_key(m=6).to_json()}, 201)["job"]
+        worker = {"worker": "w1"}
+        for job, action in ((doomed, "fail"), (done, "complete"), (running, None)):
+            assert post_ok(http, "/v1/jobs/claim", worker, 200)["id"] == job["id"]
+            if action is not None:
+                post_ok(http, f"/v1/jobs/{job['id']}/{action}", worker, 200)
+        # Routes with a path parameter, no route at all, and one of Starlette's own.
+        assert http.get(f"/v1/records/{won['record_id']}").status_code == 200
+        assert http.get("/v1/records/999999").status_code == 404
+        assert http.get("/no/such/route").status_code == 404
+        assert "/metrics" not in http.get("/openapi.json").json()["paths"]
+
+        first = scrape(http)
+        second = scrape(http)
+
+    lookups = "tunecache_lookups_total"
+    assert first.value(lookups, result="hit", rule="exact") == 2
+    assert first.value(lookups, result="miss", rule="none") == 2
+    uploads = "tunecache_uploads_total"
+    assert first.value(uploads, outcome="winner") == 1
+    assert first.value(uploads, outcome="kept") == 1
+    assert first.value(uploads, outcome="unvalidated") == 1
+    assert first.value("tunecache_misses_reported_total") == 2
+    assert {state: first.value("tunecache_jobs", state=state)
+            for state in ("queued", "running", "done", "failed")} == {
+        "queued": 2, "running": 1, "done": 1, "failed": 1}  # fmt: skip
+    assert first.value("tunecache_records") == 3
+
+    requests = "tunecache_http_requests_total"
+    expected = {
+        ("POST", "/v1/records", "201"): 3,
+        ("POST", "/v1/lookup", "200"): 2,
+        ("POST", "/v1/lookup", "404"): 2,
+        ("POST", "/v1/misses", "202"): 2,
+        ("POST", "/v1/jobs", "201"): 3,
+        ("POST", "/v1/jobs/claim", "200"): 3,
+        ("POST", "/v1/jobs/{job_id}/fail", "200"): 1,
+        ("POST", "/v1/jobs/{job_id}/complete", "200"): 1,
+        ("GET", "/v1/records/{record_id}", "200"): 1,
+        ("GET", "/v1/records/{record_id}", "404"): 1,
+        ("GET", "unmatched", "404"): 1,
+        ("GET", "/openapi.json", "200"): 1,
+    }
+    for (method, route, code), count in expected.items():
+        assert first.value(requests, method=method, route=route, status=code) == count, route
+    # Templates only: no raw paths such as /v1/records/1 (and /health from start-up polling).
+    routes = {route for _, route, _ in expected} | {"/health"}
+    assert first.label_values(requests, "route") == routes
+    assert second.label_values(requests, "route") == routes | {"/metrics"}
+    assert first.value(requests, method="GET", route="/metrics", status="200") is None
+    assert second.value(requests, method="GET", route="/metrics", status="200") == 1
+
+    duration = "tunecache_http_request_duration_seconds"
+    lookup = {"method": "POST", "route": "/v1/lookup"}
+    assert first.value(f"{duration}_count", **lookup) == 4
+    assert first.value(f"{duration}_bucket", **lookup, le="+Inf") == 4
+    assert (first.value(f"{duration}_sum", **lookup) or 0) > 0
+    assert first.value(f"{duration}_bucket", **lookup, le="0.0005") is not None
+    assert first.value(f"{duration}_bucket", **lookup, le="10.0") is not None
+
+
+@pytest.mark.slow
+def test_request_ids_are_echoed_or_replaced(server: LiveServer) -> None:
+    header = "X-Request-ID"
+    generated = re.compile(r"[0-9a-f]{32}")
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        kept = http.get("/health", headers={header: "client-42.retry_1"})
+        assert kept.headers[header] == "client-42.retry_1"
+        for bad in ("has space", "x" * 65, "semi;colon", "é"):
+            replaced = http.get("/health", headers=[(header.encode(), bad.encode())])
+            assert generated.fullmatch(replaced.headers[header]), bad
+        fresh = {http.get("/health").headers[header] for _ in range(2)}
+        missing = http.get("/v1/records/999999")  # error answers carry it too
+    assert len(fresh) == 2 and all(generated.fullmatch(rid) for rid in fresh)
+    assert generated.fullmatch(missing.headers[header])
+    assert len(missing.headers.get_list(header)) == 1
+
+
+def test_json_formatter_writes_one_object_a_line_with_extras() -> None:
+    formatter = JsonFormatter()
+    logger = logging.getLogger("tests.json")
+    record = logger.makeRecord(
+        "tests.json", logging.WARNING, __file__, 1, "two\nlines %s", ("here",), None,
+        extra={"duration_ms": 1.5, "route": "/v1/lookup", "odd": object()},
+    )  # fmt: skip
+    line = formatter.format(record)
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert entry["level"] == "WARNING" and entry["logger"] == "tests.json"
+    assert entry["message"] == "two\nlines here"
+    assert entry["duration_ms"] == 1.5 and entry["route"] == "/v1/lookup"
+    assert entry["odd"].startswith("<object object")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", entry["time"])
+    assert "request_id" not in entry and "args" not in entry and "exception" not in entry
+
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        failed = logger.makeRecord("tests.json", logging.ERROR, __file__, 2, "failed", (),
+                                   sys.exc_info())  # fmt: skip
+    token = request_id.set("req-1")  # as while a request is served
+    try:
+        in_request = json.loads(formatter.format(failed))
+    finally:
+        request_id.reset(token)
+    assert in_request["request_id"] == "req-1"
+    assert "ValueError: boom" in in_request["exception"]
+
+
+def test_access_log_has_one_line_per_request(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="cache_server.access")
+    with (
+        EmbeddedServer(f"sqlite:///{tmp_path / 'cache.db'}") as live,
+        httpx.Client(base_url=live.url, timeout=10) as http,
+    ):
+        answers = [
+            http.get("/health", headers={"X-Request-ID": "first"}),
+            http.get("/v1/records/7"),
+            http.post("/v1/lookup", json={"key": make_key().to_json()}),
+        ]
+    # The server has stopped: every request's middleware has finished logging.
+    records = [r for r in caplog.records if r.name == "cache_server.access"]
+    assert len(records) == 3
+    fields = [{k: getattr(r, k) for k in ("method", "route", "path", "status")} for r in records]
+    assert fields == [
+        {"method": "GET", "route": "/health", "path": "/health", "status": 200},
+        {"method": "GET", "route": "/v1/records/{record_id}", "path": "/v1/records/7",
+         "status": 404},
+        {"method": "POST", "route": "/v1/lookup", "path": "/v1/lookup", "status": 404},
+    ]  # fmt: skip
+    assert [r.request_id for r in records] == [a.headers["X-Request-ID"] for a in answers]  # type: ignore[attr-defined]
+    assert records[0].request_id == "first"  # type: ignore[attr-defined]
+    assert all(r.duration_ms > 0 for r in records)  # type: ignore[attr-defined]
+    assert records[0].getMessage().startswith("GET /health 200 ")
+
+
+def test_a_database_error_leaves_the_gauges_out_of_the_scrape(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / "cache.db"
+    with (
+        EmbeddedServer(f"sqlite:///{db}") as live,
+        httpx.Client(base_url=live.url, timeout=10) as http,
+    ):
+        assert scrape(http).value("tunecache_jobs", state="queued") == 0
+        with closing(sqlite3.connect(db)) as conn:
+            conn.execute("DROP TABLE jobs")
+        broken = scrape(http)
+    assert "tunecache_jobs" not in broken.families
+    assert "tunecache_records" not in broken.families
+    assert broken.value("tunecache_http_requests_total", method="GET", route="/metrics",
+                        status="200") == 1  # fmt: skip
+    assert any("database gauges left out" in r.getMessage() for r in caplog.records)
+
+
+def test_each_app_counts_in_its_own_registry() -> None:
+    one, two = Metrics(), Metrics()
+    one.count_lookup(rule="exact")
+    one.observe_request(method="BREW", route="unmatched", status=405, seconds=0.001)
+    a, b = Scrape(one.generate_latest().decode()), Scrape(two.generate_latest().decode())
+    assert a.value("tunecache_lookups_total", result="hit", rule="exact") == 1
+    assert b.value("tunecache_lookups_total", result="hit", rule="exact") == 0
+    assert a.value("tunecache_http_requests_total", method="OTHER", route="unmatched",
+                   status="405") == 1  # fmt: skip
+    assert "tunecache_jobs" not in a.families  # no sessionmaker, no database gauges
+
+
+@pytest.mark.slow
+def test_serve_logs_json_lines(tmp_path: Path) -> None:
+    port, log = free_port(), tmp_path / "server.log"
+    command = [sys.executable, "-m", "tunecache.cli", "serve", "--db",
+               f"sqlite:///{tmp_path / 'cache.db'}", "--port", str(port), "--log-format", "json"]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        httpx.get(f"{url}/v1/records/5", headers={"X-Request-ID": "probe-1"}, timeout=10)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    access = [e for e in entries if e["logger"] == "cache_server.access"]
+    assert [e["route"] for e in access][-1] == "/v1/records/{record_id}"
+    assert access[-1] | {"duration_ms": 0} == {
+        "time": access[-1]["time"], "level": "INFO", "logger": "cache_server.access",
+        "message": access[-1]["message"], "request_id": "probe-1", "method": "GET",
+        "path": "/v1/records/5", "route": "/v1/records/{record_id}", "status": 404,
+        "duration_ms": 0,
+    }  # fmt: skip
+    assert all(e["route"] == "/health" for e in access[:-1])
+    assert not any(e["logger"] == "uvicorn.access" for e in entries)
+    assert any(e["logger"].startswith("uvicorn") for e in entries)  # uvicorn's own, as JSON
+    assert not any("color_message" in e for e in entries)

@@ -1,0 +1,405 @@
+"""Snapshots: export the winners of an arch with an ETag, import with "the faster wins", the
+client's local snapshot file, and the ``tunecache snapshot`` commands."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from cache_server.embedded import free_port
+from tests.conftest import LiveServer, start_server
+from tests.factories import make_key, make_record
+from tunecache import Client, InvalidInput
+from tunecache.device import DeviceFingerprint
+from tunecache.key import Key
+from tunecache.schemas import (
+    MAX_SNAPSHOT_RECORDS,
+    SNAPSHOT_FORMAT,
+    RecordCreate,
+    SnapshotFilters,
+    SnapshotPublic,
+)
+from tunecache.snapshot import load_snapshot, render_snapshot, save_snapshot, snapshot_etag
+
+DEFAULT = {"schedule": "default"}
+ARCH = "cpu-avx2"  # the arch of tests.factories.CPU
+H100 = DeviceFingerprint(kind="cuda", arch="sm_90", name="h100", units=132, memory_gb=80)
+
+
+def gpu_key(m: int = 64) -> Key:
+    return Key(
+        kernel="matmul",
+        source_hash="0123456789abcdef",
+        backend="triton",
+        problem={"M": m, "N": 64, "K": 64},
+        dtype="float16",
+        device=H100,
+        environment={"triton": "3.2.0"},
+    )
+
+
+def body_of(record: RecordCreate) -> dict[str, Any]:
+    return record.model_dump(mode="json", by_alias=True)
+
+
+def upload(url: str, record: RecordCreate) -> None:
+    response = httpx.post(f"{url}/v1/records", json=body_of(record), timeout=30)
+    assert response.status_code == 201, response.text
+
+
+def export(url: str, headers: dict[str, str] | None = None, **params: str) -> httpx.Response:
+    params.setdefault("device_arch", ARCH)
+    return httpx.get(f"{url}/v1/snapshot", params=params, headers=headers, timeout=30)
+
+
+def import_(url: str, document: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{url}/v1/snapshot", json=document, timeout=60)
+
+
+def document(*records: RecordCreate, arch: str = ARCH) -> dict[str, Any]:
+    return {
+        "format": SNAPSHOT_FORMAT,
+        "filters": {"device_arch": arch},
+        "records": [body_of(r) for r in records],
+    }
+
+
+def record_count(url: str) -> int:
+    count: int = httpx.get(f"{url}/health", timeout=10).json()["records"]
+    return count
+
+
+def times(response: httpx.Response) -> dict[str, float]:
+    """Winner median times by key digest, checking the records are in key-hash order."""
+    snapshot = SnapshotPublic.model_validate(response.json())
+    digests = [r.key.digest() for r in snapshot.records]
+    assert digests == sorted(digests)
+    return {r.key.digest(): r.timing.median_ms for r in snapshot.records}
+
+
+# -- export -----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_export_holds_exactly_the_winners_of_the_arch(any_server: LiveServer) -> None:
+    url = any_server.url
+    fast, unvalidated, softmax = make_key(64), make_key(128), make_key(64, kernel="softmax")
+    for record in (
+        make_record(fast, time_ms=2.0),
+        make_record(fast, time_ms=1.0),
+        make_record(fast, time_ms=0.5, passed=False),  # faster but never served
+        make_record(unvalidated, time_ms=0.3, passed=False),
+        make_record(softmax, time_ms=3.0),
+        make_record(gpu_key(), time_ms=0.1),  # another arch
+    ):
+        upload(url, record)
+
+    response = export(url)
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert body["format"] == SNAPSHOT_FORMAT and body["filters"] == {"device_arch": ARCH}
+    assert "created_at" not in body
+    assert all("trials" not in record for record in body["records"])  # winners only, no trials
+    assert times(response) == {fast.digest(): 1.0, softmax.digest(): 3.0}
+
+    assert times(export(url, kernel="softmax")) == {softmax.digest(): 3.0}
+    assert times(export(url, backend="tvm", device_name="test-cpu")) == {
+        fast.digest(): 1.0,
+        softmax.digest(): 3.0,
+    }
+    assert times(export(url, device_name="other-cpu")) == {}
+    assert times(export(url, device_arch="sm_90")) == {gpu_key().digest(): 0.1}
+    assert times(export(url, device_arch="sm_80")) == {}
+
+
+@pytest.mark.slow
+def test_etag_is_stable_until_a_faster_winner_and_honours_if_none_match(
+    any_server: LiveServer,
+) -> None:
+    url, key = any_server.url, make_key()
+    upload(url, make_record(key, time_ms=1.0))
+    first, second = export(url), export(url)
+    etag = first.headers["etag"]
+    assert etag == second.headers["etag"] and first.content == second.content
+    assert etag == snapshot_etag(SnapshotPublic.model_validate(first.json()).records)
+
+    for header in (etag, f"W/{etag}", f'"other", {etag}', "*"):
+        cached = export(url, headers={"If-None-Match": header})
+        assert cached.status_code == 304, header
+        assert cached.content == b"" and cached.headers["etag"] == etag
+    assert export(url, headers={"If-None-Match": '"other"'}).status_code == 200
+
+    upload(url, make_record(key, time_ms=2.0))  # slower: the winner stays
+    upload(url, make_record(key, time_ms=0.1, passed=False))  # unvalidated: never served
+    assert export(url).headers["etag"] == etag
+    upload(url, make_record(key, time_ms=0.5))  # faster: a new winner, a new ETag
+    changed = export(url, headers={"If-None-Match": etag})
+    assert changed.status_code == 200 and changed.headers["etag"] != etag
+    assert times(changed) == {key.digest(): 0.5}
+
+
+# -- import -----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_import_reproduces_the_winners_and_the_faster_validated_record_wins(
+    any_server: LiveServer, tmp_path: Path
+) -> None:
+    url, a, b = any_server.url, make_key(64), make_key(128)
+    upload(url, make_record(a, time_ms=1.0))
+    upload(url, make_record(b, time_ms=3.0))
+    exported = export(url)
+
+    (tmp_path / "copy").mkdir()
+    copy_db = tmp_path / "copy" / "cache.db"
+    copy = start_server(f"sqlite:///{copy_db}", copy_db, tmp_path / "copy" / "server.log")
+    try:
+        result = import_(copy.url, exported.json())
+        assert result.status_code == 200, result.text
+        assert result.json() == {"imported": 2, "winners_changed": 2}
+        again = export(copy.url)
+        assert again.headers["etag"] == exported.headers["etag"]
+        assert again.content == exported.content  # byte-identical on another server and database
+    finally:
+        copy.stop()
+
+    before = record_count(url)
+    slower = import_(url, document(make_record(a, time_ms=2.0)))
+    assert slower.json() == {"imported": 1, "winners_changed": 0}
+    assert export(url).headers["etag"] == exported.headers["etag"]
+
+    new_key = make_key(256)
+    merged = import_(
+        url,
+        document(
+            make_record(a, time_ms=0.5),
+            make_record(a, time_ms=0.1, passed=False),
+            make_record(new_key, time_ms=0.2, passed=False),
+        ),
+    )
+    assert merged.json() == {"imported": 3, "winners_changed": 1}
+    assert times(export(url)) == {a.digest(): 0.5, b.digest(): 3.0}  # unvalidated: stored only
+    assert record_count(url) == before + 4
+    listed = httpx.get(f"{url}/v1/records", params={"validated": False}, timeout=10).json()
+    assert listed["count"] == 2
+
+    # One document: a record no database may hold (a NUL character) fails the whole import with
+    # a 422 naming it, never a 5xx, and stores nothing — on every database alike.
+    refused = body_of(make_record(make_key(512)))
+    refused["config_summary"] = "tile\u0000"
+    mixed = document() | {"records": [body_of(make_record(make_key(1024))), refused]}
+    response = import_(url, mixed)
+    assert response.status_code == 422 and "NUL" in response.text, response.text
+    assert record_count(url) == before + 4
+
+
+def _with_record(**changes: Any) -> dict[str, Any]:
+    record = body_of(make_record())
+    for path, value in changes.items():
+        target = record
+        *parents, last = path.split("__")
+        for part in parents:
+            target = target[part]
+        target[last] = value
+    return document() | {"records": [record]}
+
+
+MALFORMED = {
+    "not-json": (b"{not json", "JSON decode error"),
+    "a-list": (b"[]", "valid dictionary"),
+    "format": (document() | {"format": "tunecache-snapshot/2"}, SNAPSHOT_FORMAT),
+    "no-filters": ({"format": SNAPSHOT_FORMAT, "records": []}, "Field required"),
+    "extra-field": (document() | {"created_by": "me"}, "Extra inputs are not permitted"),
+    "bad-arch": (document() | {"filters": {"device_arch": "not an arch"}}, "pattern"),
+    "bad-timing": (_with_record(timing__median_ms=-1.0), "greater than 0"),
+    "bad-backend": (_with_record(key__backend="cuda-magic"), "triton"),
+    "other-arch": (document(make_record(), make_record(gpu_key())), "device_arch is 'sm_90'"),
+    "too-many": (document() | {"records": [{}] * (MAX_SNAPSHOT_RECORDS + 1)}, "at most 50000"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("content", "reason"), MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_imports_are_422_with_the_reason_and_store_nothing(
+    shared_server: LiveServer, content: bytes | dict[str, Any], reason: str
+) -> None:
+    data = content if isinstance(content, bytes) else json.dumps(content).encode()
+    response = httpx.post(
+        f"{shared_server.url}/v1/snapshot",
+        content=data,
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert response.status_code == 422, response.text
+    assert reason in response.text
+    assert record_count(shared_server.url) == 0
+
+
+@pytest.mark.slow
+def test_an_import_over_the_body_limit_is_413(shared_server: LiveServer) -> None:
+    record = body_of(make_record())
+    record["config"] = {"blob": "x" * (17 * 2**20)}
+    response = import_(shared_server.url, document() | {"records": [record]})
+    assert response.status_code == 413
+    assert "limit" in response.json()["detail"]
+    assert record_count(shared_server.url) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "params",
+    [
+        {},
+        {"device_arch": "a b"},
+        {"device_arch": ARCH, "backend": "cuda"},
+        {"device_arch": ARCH, "arch": "x"},
+    ],
+)
+def test_bad_export_filters_are_422(shared_server: LiveServer, params: dict[str, str]) -> None:
+    response = httpx.get(f"{shared_server.url}/v1/snapshot", params=params, timeout=10)
+    assert response.status_code == 422, response.text
+
+
+# -- the client's local snapshot file ---------------------------------------------------------
+
+
+class RefusingTransport(httpx.MockTransport):
+    """No server at all: every request fails to connect, and is counted."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        super().__init__(self.refuse)
+
+    def refuse(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        raise httpx.ConnectError("connection refused", request=request)
+
+
+def test_client_looks_up_from_a_snapshot_file_without_a_server(tmp_path: Path) -> None:
+    a, b, c = make_key(64), make_key(128), make_key(256)
+    records = [
+        make_record(a, time_ms=2.0),
+        make_record(a, time_ms=1.0),  # two for one key: the faster is served
+        make_record(b, time_ms=0.5, passed=False),  # unvalidated: never served
+    ]
+    body, etag = render_snapshot(SnapshotFilters(device_arch=ARCH), records)
+    path = tmp_path / "images" / "winners.json"
+    save_snapshot(path, json.loads(body))
+    assert path.read_bytes() == body  # written byte for byte, atomically
+    assert [p.name for p in path.parent.iterdir()] == ["winners.json"]
+    assert snapshot_etag(load_snapshot(path).records) == etag
+
+    transport = RefusingTransport()
+    with Client("http://cache.test", transport=transport, snapshot=path) as client:
+        hits = [client.lookup(a, default=DEFAULT) for _ in range(3)]
+        assert transport.calls == 0  # answered from the snapshot, no server asked
+        unvalidated = client.lookup(b, default=DEFAULT)
+        miss = client.lookup(c, default=DEFAULT)
+    assert {hit.source for hit in hits} == {"snapshot"}
+    assert hits[0].hit and hits[0].config == {"tile": [4, 8], "time": 1.0}
+    assert hits[0].record is None  # a snapshot holds no server record ids
+    assert (unvalidated.source, unvalidated.config) == ("default", DEFAULT)
+    assert (miss.source, miss.hit) == ("default", False)
+    assert transport.calls == 1  # the first miss; the server is then skipped for retry_after
+
+
+@pytest.mark.parametrize(
+    "content",
+    [None, b"", b"{not json", b'{"format": "other"}', b'{"format": "tunecache-snapshot/1", "filt'],
+    ids=["missing", "empty", "not-json", "wrong-format", "truncated"],
+)
+def test_a_missing_or_corrupt_snapshot_is_logged_once_and_ignored(
+    tmp_path: Path, content: bytes | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "winners.json"
+    if content is not None:
+        path.write_bytes(content)
+    key = make_key()
+    with (
+        caplog.at_level(logging.WARNING, logger="tunecache.client"),
+        Client("http://cache.test", transport=RefusingTransport(), snapshot=path) as client,
+    ):
+        results = [client.lookup(key, default=DEFAULT) for _ in range(3)]
+    assert [(r.source, r.config) for r in results] == [("default", DEFAULT)] * 3
+    snapshot_warnings = [r for r in caplog.records if "snapshot" in r.getMessage()]
+    assert len(snapshot_warnings) == 1
+    assert str(path) in snapshot_warnings[0].getMessage()
+
+
+def test_save_snapshot_refuses_an_invalid_document_and_keeps_the_old_file(tmp_path: Path) -> None:
+    path = tmp_path / "winners.json"
+    save_snapshot(path, document(make_record()))
+    good = path.read_bytes()
+    with pytest.raises(InvalidInput, match="not a valid snapshot"):
+        save_snapshot(path, document(make_record(gpu_key())))
+    with pytest.raises(InvalidInput, match="cannot write"):
+        save_snapshot(tmp_path, document(make_record()))  # a directory
+    assert path.read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["winners.json"]
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+def tunecache(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tunecache.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.slow
+def test_cli_export_import_round_trip(server: LiveServer, tmp_path: Path) -> None:
+    upload(server.url, make_record(make_key(64), time_ms=1.0))
+    upload(server.url, make_record(make_key(128), time_ms=2.0))
+    upload(server.url, make_record(gpu_key(), time_ms=0.1))
+    out = tmp_path / "snap" / "cpu.json"
+
+    done = tunecache("snapshot", "export", "--arch", ARCH, "--server", server.url, "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    served = export(server.url)
+    assert out.read_bytes() == served.content
+    assert "exported 2 winners" in done.stdout and served.headers["etag"] in done.stdout
+
+    done = tunecache("snapshot", "import", str(out), "--server", server.url)
+    assert done.returncode == 0, done.stderr
+    assert "imported 2 records" in done.stdout and "0 winners changed" in done.stdout
+    assert export(server.url).headers["etag"] == served.headers["etag"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["export", "--arch", "not an arch", "-o", "x.json"], 2, "--arch"),
+        (["export", "--arch", ARCH, "--backend", "cuda", "-o", "x.json"], 2, "--backend"),
+        (["export", "--arch", ARCH], 2, "-o/--output"),
+        (["import", "missing.json"], 2, "cannot read snapshot"),
+        (["import", "corrupt.json"], 2, "is not a valid snapshot"),
+        (["export", "--arch", ARCH, "-o", "x.json", "--server", "ftp://x"], 2, "http://"),
+        (["export", "--arch", ARCH, "-o", "x.json", "--server", "DEAD"], 3, "failed"),
+        (["import", "good.json", "--server", "DEAD"], 3, "failed"),
+    ],
+)
+def test_cli_bad_input_exits_2_and_an_unreachable_server_3(
+    tmp_path: Path, argv: list[str], code: int, message: str
+) -> None:
+    (tmp_path / "corrupt.json").write_text('{"format": "tunecache-snapshot/1"')
+    save_snapshot(tmp_path / "good.json", document(make_record()))
+    dead = f"http://127.0.0.1:{free_port()}"
+    argv = [str(tmp_path / a) if a.endswith(".json") else a for a in argv]
+    done = tunecache("snapshot", *[dead if a == "DEAD" else a for a in argv])
+    assert done.returncode == code, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x.json").exists()

@@ -1,0 +1,87 @@
+"""``tunecache snapshot export|import``: the winners of a device arch as one file, and back.
+
+``export`` writes the server's snapshot atomically to ``-o FILE`` (a file ``Client(snapshot=…)``
+answers lookups from, or one to bake into an image); ``import`` merges a file into a server, where
+the faster validated record of each key wins. Exit 0 done, 1 rejected by the server, 2 bad input
+(bad filter, unreadable or invalid file), 3 server unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from tunecache.cli.args import add_server, server_url
+from tunecache.errors import InvalidInput
+from tunecache.schemas import SnapshotFilters
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("snapshot", help="export or import the winners of a device arch")
+    actions = parser.add_subparsers(dest="action", required=True)
+    export = actions.add_parser("export", help="write the winners of a device arch to a file")
+    export.add_argument("--arch", required=True, help="device arch, e.g. sm_90 or cpu-avx2")
+    export.add_argument("--device-name", help="only this device name")
+    export.add_argument("--kernel", help="only this kernel")
+    export.add_argument("--backend", help="only this backend")
+    export.add_argument("-o", "--output", required=True, type=Path, metavar="FILE")
+    add_server(export)
+    export.set_defaults(run=run_export)
+    merge = actions.add_parser("import", help="merge a snapshot file into the server")
+    merge.add_argument("file", type=Path, metavar="FILE")
+    add_server(merge)
+    merge.set_defaults(run=run_import)
+
+
+_FLAGS = {"device_arch": "--arch", "device_name": "--device-name"}
+
+
+def _filters(args: argparse.Namespace) -> SnapshotFilters:
+    given = {
+        "device_arch": args.arch,
+        "device_name": args.device_name,
+        "kernel": args.kernel,
+        "backend": args.backend,
+    }
+    try:
+        return SnapshotFilters.model_validate({k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = str(first["loc"][0]) if first["loc"] else ""
+        raise InvalidInput(f"{_FLAGS.get(name, f'--{name}')}: {first['msg']}") from None
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from tunecache.client import Client
+    from tunecache.snapshot import save_snapshot
+
+    filters = _filters(args)
+    url = server_url(args)
+    with Client(url) as client:
+        document, etag = client.export_snapshot(
+            filters.device_arch,
+            device_name=filters.device_name,
+            kernel=filters.kernel,
+            backend=filters.backend,
+        )
+    save_snapshot(args.output, document)
+    print(f"exported {len(document['records'])} winners to {args.output} (ETag {etag})")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from tunecache.client import Client
+    from tunecache.snapshot import load_snapshot
+
+    snapshot = load_snapshot(args.file)
+    url = server_url(args)
+    with Client(url) as client:
+        result = client.import_snapshot(snapshot)
+    print(
+        f"imported {result['imported']} records from {args.file} into {url}: "
+        f"{result['winners_changed']} winners changed"
+    )
+    return 0

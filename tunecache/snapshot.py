@@ -1,0 +1,153 @@
+"""Snapshots: the validated winners of one device arch as one file.
+
+A snapshot is a :class:`tunecache.schemas.SnapshotPublic` document, ``{"format", "filters",
+"records"}``, written as canonical JSON with records ordered by key hash. It carries no timestamp
+and no trials, so the same winners always give the same bytes, and its ETag (the SHA-256 of the
+canonical records) is a pure function of the winners: two servers holding the same winners give
+the same ETag. Clients keep one as a local file for lookups without a server
+(``Client(snapshot=path)``), and images can have one baked in.
+
+Example:
+    >>> from pathlib import Path
+    >>> from tunecache import Client
+    >>> with Client("http://127.0.0.1:8765") as client:  # doctest: +SKIP
+    ...     document, etag = client.export_snapshot("cpu-avx2")
+    ...     save_snapshot(Path("winners.json"), document)
+    >>> client = Client(snapshot=Path("winners.json"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from tunecache.canonical import canonical_json
+from tunecache.errors import InvalidInput
+from tunecache.schemas import SNAPSHOT_FORMAT, RecordCreate, SnapshotFilters, SnapshotPublic
+
+__all__ = [
+    "SNAPSHOT_FORMAT",
+    "index_snapshot",
+    "load_snapshot",
+    "parse_snapshot",
+    "render_snapshot",
+    "save_snapshot",
+    "snapshot_etag",
+]
+
+
+def _records_json(records: Sequence[RecordCreate]) -> list[dict[str, Any]]:
+    return [r.model_dump(mode="json", by_alias=True, exclude={"trials"}) for r in records]
+
+
+def snapshot_etag(records: Sequence[RecordCreate]) -> str:
+    """The quoted ETag of ``records``: the SHA-256 of their canonical JSON, trials left out.
+
+    Records must be in snapshot order (by key hash), as the server exports them.
+    """
+    text = canonical_json(_records_json(records))
+    return f'"{hashlib.sha256(text.encode("utf-8")).hexdigest()}"'
+
+
+def render_snapshot(filters: SnapshotFilters, records: Sequence[RecordCreate]) -> tuple[bytes, str]:
+    """The canonical document bytes of a snapshot and its ETag.
+
+    Args:
+        filters: what the snapshot was selected by (unset filters are left out).
+        records: the winners, ordered by key hash; their trials are left out.
+    """
+    document = {
+        "format": SNAPSHOT_FORMAT,
+        "filters": filters.model_dump(mode="json", exclude_none=True),
+        "records": _records_json(records),
+    }
+    return canonical_json(document).encode("utf-8"), snapshot_etag(records)
+
+
+def _problems(exc: ValidationError, limit: int = 3) -> str:
+    errors = exc.errors()
+    shown = "; ".join(f"{'.'.join(map(str, e['loc'])) or '$'}: {e['msg']}" for e in errors[:limit])
+    more = len(errors) - limit
+    return shown + (f" (and {more} more)" if more > 0 else "")
+
+
+def parse_snapshot(document: Mapping[str, Any] | SnapshotPublic) -> SnapshotPublic:
+    """Validates a snapshot document.
+
+    Raises:
+        InvalidInput: the document is not a valid snapshot, naming the first problems.
+    """
+    if isinstance(document, SnapshotPublic):
+        return document
+    try:
+        return SnapshotPublic.model_validate(document)
+    except ValidationError as exc:
+        raise InvalidInput(f"not a valid snapshot: {_problems(exc)}") from None
+
+
+def load_snapshot(path: Path) -> SnapshotPublic:
+    """Reads and validates a snapshot file.
+
+    Raises:
+        InvalidInput: the file cannot be read or is not a valid snapshot.
+    """
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        raise InvalidInput(f"cannot read snapshot {path}: {exc.strerror or exc}") from None
+    try:
+        return SnapshotPublic.model_validate_json(text)
+    except ValidationError as exc:
+        raise InvalidInput(f"{path} is not a valid snapshot: {_problems(exc)}") from None
+
+
+def index_snapshot(snapshot: SnapshotPublic) -> dict[str, RecordCreate]:
+    """The snapshot's validated records by key digest; of two for one key, the faster wins."""
+    index: dict[str, RecordCreate] = {}
+    for record in snapshot.records:
+        if not record.validation.passed:
+            continue  # stored by an import, never served
+        digest = record.key.digest()
+        held = index.get(digest)
+        if held is None or record.timing.median_ms < held.timing.median_ms:
+            index[digest] = record
+    return index
+
+
+def save_snapshot(path: Path, document: Mapping[str, Any] | SnapshotPublic) -> None:
+    """Writes a snapshot atomically (temp file, fsync, ``os.replace``) as canonical JSON.
+
+    A dict from :meth:`tunecache.Client.export_snapshot` is written byte for byte as the server
+    sent it; it is validated first, so a file this writes always loads.
+
+    Raises:
+        InvalidInput: ``document`` is not a valid snapshot, or ``path`` cannot be written.
+    """
+    snapshot = parse_snapshot(document)
+    if isinstance(document, SnapshotPublic):
+        data = render_snapshot(snapshot.filters, snapshot.records)[0]
+    else:
+        data = canonical_json(dict(document)).encode("utf-8")
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise InvalidInput(f"cannot write snapshot {path}: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
