@@ -81,7 +81,9 @@ def fill(url: str, keys: int) -> list[dict[str, Any]]:
     return bodies
 
 
-async def open_loop(url: str, bodies: list[dict[str, Any]], rate: float, seconds: float) -> list[float]:
+async def open_loop(
+    url: str, bodies: list[dict[str, Any]], rate: float, seconds: float
+) -> list[float]:
     latencies: list[float] = []
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(base_url=url, timeout=10, limits=limits) as http:
@@ -103,7 +105,9 @@ async def open_loop(url: str, bodies: list[dict[str, Any]], rate: float, seconds
     return latencies
 
 
-async def closed_loop(url: str, bodies: list[dict[str, Any]], concurrency: int, seconds: float) -> float:
+async def closed_loop(
+    url: str, bodies: list[dict[str, Any]], concurrency: int, seconds: float
+) -> float:
     done = 0
     stop = time.perf_counter() + seconds
     async with httpx.AsyncClient(base_url=url, timeout=10) as http:
