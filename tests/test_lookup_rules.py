@@ -94,3 +94,21 @@ def test_policy_functions() -> None:
         {"torch": "2.11.0"}, {"torch": "2.11.0", "triton": "3.6"}, "compatible"
     )
     assert versions_match({"torch": "2.11.0+cu130"}, {"torch": "2.11.2"}, "compatible")
+
+
+def test_rules_and_policies_through_the_server_and_client(server) -> None:  # type: ignore[no-untyped-def]
+    from tunecache.client import Client
+
+    with Client(server.url) as client:
+        client.upload(make_record(key(m=100), time_ms=1.0))
+    import httpx
+
+    answer = httpx.post(f"{server.url}/v1/lookup", json={"key": key(m=120).to_json()}).json()
+    assert (answer["match"], answer["policy"]) == ("bucket", "strict")
+    newer = key(m=100, tvm="0.27.9")
+    assert httpx.post(f"{server.url}/v1/lookup", json={"key": newer.to_json()}).status_code == 404
+    with Client(server.url, policy="compatible") as client:
+        result = client.lookup(newer)
+    assert result.source == "server" and result.record is not None
+    bad = httpx.post(f"{server.url}/v1/lookup", json={"key": newer.to_json(), "policy": "loose"})
+    assert bad.status_code == 422

@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from tunecache.defaults import default_config
 from tunecache.errors import InvalidInput, ServerError
 from tunecache.key import Key
+from tunecache.policies import VersionPolicy
 from tunecache.schemas import (
     KeyModel,
     LookupRequest,
@@ -88,6 +89,8 @@ class Client:
         transport: an ``httpx`` transport (tests pass an in-memory one).
         retry_after: seconds to skip the server after a failed lookup.
         miss_ttl: seconds a miss is remembered before the server is asked again.
+        policy: which environment versions the server may serve: ``strict`` (the versions
+            installed here), ``compatible`` (same major.minor) or ``any``.
         snapshot: a snapshot file (:func:`tunecache.snapshot.save_snapshot`) to answer lookups
             from before asking the server; read once, on the first lookup. A missing or corrupt
             file is logged once and ignored.
@@ -101,6 +104,7 @@ class Client:
         transport: httpx.BaseTransport | None = None,
         retry_after: float = 30.0,
         miss_ttl: float = 60.0,
+        policy: VersionPolicy = "strict",
         snapshot: Path | None = None,
     ) -> None:
         settings = Settings.from_env() if url is None or timeout is None else None
@@ -110,6 +114,7 @@ class Client:
         self.timeout = timeout or Timeout(lookup=settings.timeout if settings else 0.5)
         self.retry_after = retry_after
         self.miss_ttl = miss_ttl
+        self.policy: VersionPolicy = policy
         self._http = httpx.Client(base_url=self.url, transport=transport)
         self._lock = threading.Lock()
         self._memo: dict[str, RecordPublic] = {}
@@ -190,7 +195,8 @@ class Client:
         Raises:
             ServerError: the server is unreachable or gave a bad answer.
         """
-        body = LookupRequest(key=KeyModel.from_key(key)).model_dump(mode="json", by_alias=True)
+        request = LookupRequest(key=KeyModel.from_key(key), policy=self.policy)
+        body = request.model_dump(mode="json", by_alias=True)
         try:
             response = self._http.post(
                 "/v1/lookup", json=body, timeout=timeout or self.timeout.for_lookup()

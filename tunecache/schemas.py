@@ -249,11 +249,17 @@ class UploadResult(_Strict):
 
 class LookupRequest(_Strict):
     key: KeyModel
+    # Which environment versions may be served: strict (equal), compatible (same major.minor),
+    # any. See tunecache.policies.
+    policy: Literal["strict", "compatible", "any"] = "strict"
 
 
 class LookupResponse(_Strict):
     record: RecordPublic
-    match: Literal["exact"] = "exact"
+    # The rule that matched: the key itself, the same problem on another device of the arch,
+    # or the nearest shape in the key's bucket (tunecache.policies).
+    match: Literal["exact", "same_arch", "bucket"] = "exact"
+    policy: Literal["strict", "compatible", "any"] = "strict"
 
 
 class RecordList(_Strict):

@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 
 from cache_server import queries
 from cache_server.api.deps import SessionDep, SettingsDep
+from cache_server.lookup import find_winner
 from cache_server.metrics import MetricsDep
 from tunecache.schemas import (
     Backend,
@@ -42,15 +43,22 @@ def upload_record(record: RecordCreate, session: SessionDep, metrics: MetricsDep
 
 @router.post("/lookup", responses={404: {"description": "no validated record for this key"}})
 def lookup(request: LookupRequest, session: SessionDep, metrics: MetricsDep) -> LookupResponse:
-    """The validated winner of exactly this key (404 on a miss)."""
-    key_hash = request.key.digest()
-    record = queries.get_winner(session, key_hash=key_hash)
-    if record is None:
+    """The best validated winner that may serve this key (404 on a miss).
+
+    Rules, in order: the exact key; the same problem on another device of the same arch; the
+    nearest shape in the key's bucket. ``policy`` decides which environment versions may serve.
+    """
+    found = find_winner(session, key=request.key, policy=request.policy)
+    if found is None:
         metrics.count_lookup(rule=None)
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no validated record for key {key_hash}")
-    response = LookupResponse(record=record)
-    metrics.count_lookup(rule=response.match)
-    return response
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND,
+            f"no validated record may serve key {request.key.digest()} "
+            f"under the {request.policy} version policy",
+        )
+    record, rule = found
+    metrics.count_lookup(rule=rule)
+    return LookupResponse(record=record, match=rule, policy=request.policy)
 
 
 @router.get("/records")
