@@ -9,22 +9,18 @@ Prints a table and writes it to ``bench/results/cpu_backends-<cpu>.md``. Figures
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 import sys
 import time
-from pathlib import Path
 
 import torch
 
 from backends import Budget
+from bench.report import write_result
 from tunecache.cli.table import render
-from tunecache.device import local_fingerprint
 from tunecache.environment import package_version
 from tuner import tune
 from workloads import WORKLOADS, get_workload
 
-RESULTS = Path(__file__).with_name("results")
 SHAPES = {
     "matmul": [{"M": 128, "N": 128, "K": 128}, {"M": 512, "N": 512, "K": 512}],
     "softmax": [{"M": 256, "N": 1024}, {"M": 512, "N": 2048}],
@@ -40,7 +36,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small", action="store_true", help="only the first shape of each")
     args = parser.parse_args(argv)
 
-    device = local_fingerprint("cpu")
     rows = []
     started = time.perf_counter()
     for name in args.workloads.split(","):
@@ -77,26 +72,17 @@ def main(argv: list[str] | None = None) -> int:
               "eager/inductor", "tuned GFLOP/s"]  # fmt: skip
     table = render(header, rows)
     print(table)
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    text = "\n".join([
-        f"# CPU backends: TVM-tuned vs Inductor max-autotune vs torch eager ({device.name})",
-        "",
-        f"- machine: {device.raw_name or device.name}, {device.units} cores, arch {device.arch} "
-        f"({platform.machine()}); no GPU",
-        f"- torch {torch.__version__}, apache-tvm {package_version('apache-tvm')}, float32",
-        f"- TVM: MetaSchedule, {args.trials} trials per key; Inductor: max-autotune (freezing on)",
-        "- times: median ms of the validated winner, perf_counter, warm-up first, same inputs",
-        f"- run: {stamp}, {time.perf_counter() - started:.0f} s in all",
-        "",
-        "```",
+    write_result(
+        "cpu_backends",
+        "CPU backends: TVM-tuned vs Inductor max-autotune vs torch eager",
+        [
+            f"torch {torch.__version__}, apache-tvm {package_version('apache-tvm')}, float32",
+            f"TVM: MetaSchedule, {args.trials} trials per key; Inductor: max-autotune (freezing on)",
+            "times: median ms of the validated winner, perf_counter, warm-up first, same inputs",
+            f"{time.perf_counter() - started:.0f} s in all",
+        ],
         table,
-        "```",
-        "",
-    ])  # fmt: skip
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"cpu_backends-{device.name}.md"
-    out.write_text(text)
-    print(f"wrote {out}", file=sys.stderr)
+    )
     return 0
 
 

@@ -17,7 +17,6 @@ to ``bench/results/server_load-<cpu>.md``. Figures, never pass/fail.
 from __future__ import annotations
 
 import argparse
-import datetime
 import http.client
 import json
 import os
@@ -30,18 +29,16 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
 
+from bench.report import write_result
 from cache_server.embedded import free_port
 from tests.factories import make_key, make_record
 from tests.pg import create_database, postgres_cluster
 from tunecache.cli.table import render
-from tunecache.device import local_fingerprint
 
-RESULTS = Path(__file__).with_name("results")
 OPEN_LOOP_THREADS = 32  # keep-alive connections serving the open-loop schedule
 
 
@@ -190,26 +187,17 @@ def main(argv: list[str] | None = None) -> int:
     header = ["database", "workers", "rate", "answered", "p50 ms", "p99 ms"]
     table = render(header, rows)
     print(table)
-    device = local_fingerprint("cpu")
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    text = "\n".join([
-        f"# Cache server lookup latency and throughput ({device.raw_name or device.name})",
-        "",
-        f"- machine: {device.raw_name}, {device.units} cores, no GPU; server and load generator "
-        "on the same machine (the client takes about one core)",
-        f"- {args.keys} winners stored; POST /v1/lookup of stored keys; open loop "
-        f"{args.seconds:g} s per rate; max = closed loop, {args.concurrency} concurrent clients",
-        f"- run: {stamp}",
-        "",
-        "```",
+    write_result(
+        "server_load",
+        "Cache server lookup latency and throughput",
+        [
+            "server and load generator on the same machine, sharing its cores",
+            f"{args.keys} winners stored; POST /v1/lookup of stored keys; open loop "
+            f"{args.seconds:g} s per rate, latency from each request's due time; max = closed "
+            f"loop, {args.concurrency} concurrent clients",
+        ],
         table,
-        "```",
-        "",
-    ])  # fmt: skip
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"server_load-{device.name}.md"
-    out.write_text(text)
-    print(f"wrote {out}", file=sys.stderr)
+    )
     return 0
 
 
