@@ -82,6 +82,22 @@ class SearchResult:
     ranked: list[dict[str, Any]] = field(default_factory=list)  # next-best configs, best first
 
 
+def import_failure(modules: tuple[str, ...], package: str, hint: str) -> str | None:
+    """Why ``modules`` cannot be imported (with the install ``hint``), or ``None`` if they can."""
+    import importlib
+    import logging
+
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    except ImportError as exc:
+        logging.getLogger(__name__).debug("%s is unavailable: %s", package, exc)
+        return hint
+    except Exception as exc:  # a broken install (missing shared library, ABI mismatch)
+        return f"{package} failed to import ({type(exc).__name__}: {exc}); {hint}"
+    return None
+
+
 class Backend(abc.ABC):
     """A tuning backend (``tvm``, ``inductor``, later ``triton``)."""
 

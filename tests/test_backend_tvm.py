@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import builtins
 import json
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -75,14 +75,7 @@ def matmul_search(
 
 # -- availability (no TVM needed) -------------------------------------------------------------
 def test_unavailable_reason_names_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_import = builtins.__import__
-
-    def no_tvm(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name == "tvm" or name.startswith("tvm."):
-            raise ImportError(f"No module named {name!r}")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_tvm)
+    monkeypatch.setitem(sys.modules, "tvm", None)  # any import of tvm now raises ImportError
     reason = TVMBackend().unavailable_reason()
     assert reason is not None
     assert "pip install 'tunecache[tvm]'" in reason
@@ -303,3 +296,10 @@ def test_trial_statuses_from_results(backend: TVMBackend) -> None:
     assert crashed.status == "runtime_error" and crashed.error == "segfault"
     slow = trial_from_results(config, built, SimpleNamespace(error_msg="run timed out after 10 s"))
     assert slow.status == "timeout" and slow.time_ms is None
+
+
+def test_import_failure_says_why() -> None:
+    from backends.base import import_failure
+
+    assert import_failure(("json",), "json", "pip install x") is None
+    assert import_failure(("no_such_module_xyz",), "xyz", "pip install xyz") == "pip install xyz"

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from backends.base import Backend, Budget, ProgressFn, Runnable, SearchResult
+from backends.base import Backend, Budget, ProgressFn, Runnable, SearchResult, import_failure
 from backends.triton.limits import DeviceLimits, current_limits
 from backends.triton.settings import INTERPRET_VAR, interpret_enabled
 from tunecache.errors import InvalidInput
@@ -77,14 +77,10 @@ class TritonBackend(Backend):
 
     def unavailable_reason(self) -> str | None:
         """``None`` when Triton imports and there is a CUDA GPU or ``TRITON_INTERPRET=1``."""
-        try:
-            import torch
-            import triton  # noqa: F401
-        except ImportError as exc:
-            logger.debug("Triton is unavailable: %s", exc)
-            return INSTALL_HINT
-        except Exception as exc:  # a broken install (missing shared library, ABI mismatch)
-            return f"triton failed to import ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
+        if (failure := import_failure(("torch", "triton"), "triton", INSTALL_HINT)) is not None:
+            return failure
+        import torch
+
         from backends.triton.jit import mode_mismatch
 
         try:

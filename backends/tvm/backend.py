@@ -8,7 +8,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from backends.base import Backend, Budget, Progress, ProgressFn, Runnable, SearchResult
+from backends.base import (
+    Backend,
+    Budget,
+    Progress,
+    ProgressFn,
+    Runnable,
+    SearchResult,
+    import_failure,
+)
 
 if TYPE_CHECKING:
     from tvm.tirx import PrimFunc
@@ -43,15 +51,7 @@ class TVMBackend(Backend):
 
     def unavailable_reason(self) -> str | None:
         """``None`` when TVM imports, else why not (with the install command)."""
-        try:
-            import tvm  # noqa: F401
-            from tvm.s_tir import meta_schedule  # noqa: F401
-        except ImportError as exc:
-            logger.debug("TVM is unavailable: %s", exc)
-            return INSTALL_HINT
-        except Exception as exc:  # a broken install (missing shared library, ABI mismatch)
-            return f"apache-tvm failed to import ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
-        return None
+        return import_failure(("tvm", "tvm.s_tir.meta_schedule"), "apache-tvm", INSTALL_HINT)
 
     def space(
         self, workload: Workload, problem: Mapping[str, int], dtype: str
