@@ -15,12 +15,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from cache_server import tokens
 from cache_server.api.limits import BodySizeLimit
 from cache_server.api.routes import health, jobs, records, snapshots
+from cache_server.api.routes import tokens as token_routes
 from cache_server.db import make_engine, make_sessionmaker
 from cache_server.metrics import Metrics, ObserveRequests
 from cache_server.metrics import router as metrics_router
 from cache_server.migrate import check_schema
+from cache_server.ratelimit import RateLimiter
 from cache_server.settings import ServerSettings
 from tunecache import __version__
 from tunecache.errors import InvalidInput
@@ -36,6 +39,8 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         check_schema(engine)
+        if settings.bootstrap_token is not None:
+            _bootstrap(app, settings.bootstrap_token)
         logger.info("serving %s", engine.url.render_as_string(hide_password=True))
         yield
         engine.dispose()
@@ -49,11 +54,13 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.sessionmaker = make_sessionmaker(engine)
     app.state.metrics = Metrics(app.state.sessionmaker)
+    app.state.miss_limiter = RateLimiter(settings.miss_reports_per_minute)
     app.include_router(health.router)
     app.include_router(metrics_router)
     app.include_router(records.router)
     app.include_router(jobs.router)
     app.include_router(snapshots.router)
+    app.include_router(token_routes.router)
 
     @app.exception_handler(InvalidInput)
     async def invalid_input(_request: Request, exc: InvalidInput) -> JSONResponse:
@@ -62,3 +69,9 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body)
     app.add_middleware(ObserveRequests, metrics=app.state.metrics)  # outermost: sees 413s too
     return app
+
+
+def _bootstrap(app: FastAPI, token: str) -> None:
+    with app.state.sessionmaker.begin() as session:
+        if tokens.ensure(session, token=token, name="bootstrap", scope="admin"):
+            logger.info("stored the bootstrap admin token (hashed)")

@@ -15,9 +15,11 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
+from cache_server import tokens
 from cache_server.app import create_app
 from cache_server.migrate import upgrade
 from cache_server.settings import ServerSettings
+from tunecache.tokens import Scope
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -56,6 +58,14 @@ class EmbeddedServer:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(f"embedded server on {self.url} did not start")
             time.sleep(0.02)
+
+    def issue_token(self, name: str, scope: Scope) -> str:
+        """A new API token on this server's database (the embedded owner needs no admin)."""
+        if self.app is None:
+            raise RuntimeError("the embedded server is not started")
+        with self.app.state.sessionmaker.begin() as session:
+            token, _row = tokens.issue(session, name=name, scope=scope)
+        return token
 
     def stop(self) -> None:
         if self._server is not None and self._thread is not None:

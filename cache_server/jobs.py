@@ -42,9 +42,19 @@ def enqueue(
     new_id = session.execute(
         stmt.on_conflict_do_nothing(index_elements=["key_hash"]).returning(JobRow.id)
     ).scalar()
-    job = session.scalar(select(JobRow).where(JobRow.key_hash == key_hash))
+    job = find(session, key_hash=key_hash)
     assert job is not None
     return job, new_id is not None
+
+
+def find(session: Session, *, key_hash: str) -> JobRow | None:
+    return session.scalar(select(JobRow).where(JobRow.key_hash == key_hash))
+
+
+def count_created(session: Session, *, source: str, since: datetime) -> int:
+    """Jobs from ``source`` created at or after ``since`` (whatever their state now)."""
+    stmt = select(func.count()).where(JobRow.source == source, JobRow.created_at >= since)
+    return session.scalar(stmt) or 0
 
 
 def _claimable(now: datetime) -> ColumnElement[bool]:

@@ -15,13 +15,21 @@ default, so apps built side by side in one process count apart). Families, with 
 ``"unmatched"`` when no route matched; ``method`` is one of the standard methods or ``"OTHER"``:
 label values come from a fixed, small set whatever clients send.
 
-``rule`` is the lookup rule that answered, as in ``LookupResponse.match`` (today only
-``"exact"``); a miss, where no rule answered, has ``rule="none"``. Rules added later are new
-values of the label on hits, and ``result="miss"`` stays one series.
+``rule`` is the lookup rule that answered, as in ``LookupResponse.match`` (``"exact"``,
+``"same_arch"`` or ``"bucket"``); a miss, where no rule answered, has ``rule="none"``. Rules
+added later are new values of the label on hits, and ``result="miss"`` stays one series.
 
 The two gauges are read from the database at scrape time, with one ``GROUP BY`` and one
 ``COUNT`` in a short session of their own; when the database fails, the scrape still answers,
 without them, and the failure is logged.
+
+With several worker processes (``tunecache serve --workers N``), prometheus_client runs in its
+multiprocess mode (see :mod:`cache_server.metrics_multiprocess`): every worker writes its
+counters and histograms to files in ``PROMETHEUS_MULTIPROC_DIR``, and whichever worker answers
+a scrape sums all the workers' files (a dead worker's counts included: counters never go down),
+then adds the two database gauges once. Counters and histograms then have no ``_created``
+samples, and apps in one process no longer count apart. In one process, each app's registry
+answers alone.
 
 Example:
     >>> metrics = Metrics()  # no sessionmaker: no database gauges
@@ -46,7 +54,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from cache_server import logs
+from cache_server import logs, metrics_multiprocess
 from cache_server.models import JobRow
 from cache_server.queries import count_records
 from tunecache.schemas import JobState
@@ -153,8 +161,11 @@ class Metrics:
         self.lookups.labels(result="miss", rule=MISS_RULE)
         for outcome in UPLOAD_OUTCOMES:
             self.uploads.labels(outcome=outcome)
-        if sessionmaker is not None:
-            self.registry.register(DatabaseCollector(sessionmaker))
+        self._database = None if sessionmaker is None else DatabaseCollector(sessionmaker)
+        if self._database is not None:
+            self.registry.register(self._database)
+        # Set when this process's counters live in files shared with other workers.
+        self._multiprocess_dir = metrics_multiprocess.multiprocess_dir()
 
     def count_lookup(self, *, rule: str | None) -> None:
         """Counts a lookup answered by ``rule`` (a hit), or by none (``None``: a miss)."""
@@ -179,8 +190,11 @@ class Metrics:
         self.duration.labels(method=method, route=route).observe(seconds)
 
     def generate_latest(self) -> bytes:
-        """Every metric in the Prometheus text format."""
-        return _generate_latest(self.registry)
+        """Every metric in the Prometheus text format (every worker's, in multiprocess mode)."""
+        if self._multiprocess_dir is None:
+            return _generate_latest(self.registry)
+        database = () if self._database is None else (self._database,)
+        return metrics_multiprocess.generate_latest(self._multiprocess_dir, *database)
 
 
 def get_metrics(request: Request) -> Metrics:

@@ -43,6 +43,19 @@ def upgrade(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
+def prepare(url: str, *, create: bool = True) -> Engine:
+    """An engine on ``url`` at the head revision: an empty database gets the schema (unless
+    ``create`` is false); one at an older revision raises :class:`SchemaOutdated`, for it must be
+    upgraded on purpose."""
+    from cache_server.db import make_engine
+
+    engine = make_engine(url)
+    if create and current_revision(engine) is None:
+        upgrade(url)
+    check_schema(engine)
+    return engine
+
+
 def check_schema(engine: Engine) -> None:
     """Raises :class:`SchemaOutdated` unless the database is at the head revision."""
     current, head = current_revision(engine), head_revision()

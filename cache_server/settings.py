@@ -6,22 +6,35 @@
 - ``TUNECACHE_SERVER_MAX_BODY``: largest accepted request body, in bytes (default 16 MiB)
 - ``TUNECACHE_SERVER_LIST_LIMIT``: most records one list request returns (default 1000)
 - ``TUNECACHE_SERVER_WORKERS``: server processes ``tunecache serve`` runs (default 1)
+- ``TUNECACHE_SERVER_MISS_REPORTS_PER_MINUTE``: miss reports one caller (token, or address) may
+  send a minute to one server process (default 120); more get 429
+- ``TUNECACHE_SERVER_MISS_JOBS_PER_MINUTE``: new jobs misses may create a minute, counted in the
+  database across every server process (default 60); reports of keys already queued don't count
+- ``TUNECACHE_SERVER_READS``: ``open`` (default: lookups and other reads need no token) or
+  ``token`` (they need a token with the ``read`` scope). Writes always need ``write``.
+- ``TUNECACHE_SERVER_BOOTSTRAP_TOKEN``: an ``admin`` token (at least 32 characters) the server
+  stores, hashed, at start-up if it does not know it yet; for deployments that provision secrets
+  (docker compose). Revoking it works as for any token.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tunecache.settings import DEFAULT_PORT, default_db_url
+from tunecache.tokens import MIN_TOKEN_CHARS
 
 
 class ServerSettings(BaseSettings):
     """Typed server settings; a bad value raises ``ValueError`` naming the variable."""
 
-    model_config = SettingsConfigDict(env_prefix="TUNECACHE_SERVER_", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="TUNECACHE_SERVER_", env_ignore_empty=True, frozen=True
+    )
 
     db: str = Field(default_factory=default_db_url)
     host: str = "127.0.0.1"
@@ -29,11 +42,15 @@ class ServerSettings(BaseSettings):
     max_body: int = Field(default=16 * 2**20, gt=0)
     list_limit: int = Field(default=1000, gt=0)
     workers: int = Field(default=1, ge=1, le=64)
+    miss_reports_per_minute: int = Field(default=120, ge=1, le=1_000_000)
+    miss_jobs_per_minute: int = Field(default=60, ge=1, le=1_000_000)
+    reads: Literal["open", "token"] = "open"
+    bootstrap_token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS, repr=False)
 
     def export(self) -> None:
         """Puts these settings into this process's environment, for the worker processes that
         ``tunecache serve --workers N`` starts (each builds its app from the environment)."""
-        for name, value in self.model_dump().items():
+        for name, value in self.model_dump(exclude_none=True).items():
             os.environ[f"TUNECACHE_SERVER_{name.upper()}"] = str(value)
 
     @field_validator("db")

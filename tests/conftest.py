@@ -1,5 +1,9 @@
 """Shared fixtures: a real cache server (uvicorn in a subprocess, SQLite file on disk).
 
+Every server started here knows one admin token (``tests.factories.TEST_TOKEN``, through
+``TUNECACHE_SERVER_BOOTSTRAP_TOKEN``), and clients and CLI runs send it (``TUNECACHE_TOKEN``);
+tests of auth itself pass other tokens, or none, explicitly.
+
 Without a GPU, Triton kernels run in Triton's CPU interpreter. Triton decides that when it is first
 imported (Inductor imports it too), so the choice is made here, before any test module loads; the
 measurement harness's worker processes inherit it.
@@ -15,8 +19,13 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 import subprocess
 import sys
+
+from tests.factories import TEST_TOKEN
+
+os.environ["TUNECACHE_TOKEN"] = TEST_TOKEN
+os.environ["TUNECACHE_SERVER_BOOTSTRAP_TOKEN"] = TEST_TOKEN
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,12 +47,22 @@ class LiveServer:
         self.process.wait(timeout=10)
 
 
-def start_server(db: str, db_path: Path | None, log: Path, port: int | None = None) -> LiveServer:
+def start_server(
+    db: str,
+    db_path: Path | None,
+    log: Path,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    args: Sequence[str] = (),
+) -> LiveServer:
+    """``tunecache serve`` in a subprocess, with more ``args``; ``env`` adds to this process's
+    environment. Returns once it answers ``/health``."""
     port = port or free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    command = ["serve", "--db", db, "--port", str(port), *args]
     with log.open("ab") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tunecache.cli", "serve", "--db", db, "--port", str(port)],
+            [sys.executable, "-m", "tunecache.cli", *command],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

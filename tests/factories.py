@@ -16,6 +16,12 @@ from tunecache.schemas import (
     TrialModel,
     ValidationReport,
 )
+from tunecache.tokens import new_token
+
+# The admin token of every server the tests start: conftest gives it to the servers as their
+# bootstrap token and to clients and CLI runs as TUNECACHE_TOKEN. Raw requests send AUTH.
+TEST_TOKEN = new_token()
+AUTH = {"Authorization": f"Bearer {TEST_TOKEN}"}
 
 # Problems small enough to compile and check every workload in a second, with ragged sizes.
 TINY = {

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer
-from tests.factories import make_key
+from tests.factories import AUTH, make_key
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ def claim(http: httpx.Client, worker: str, lease: float = 60.0) -> dict | None: 
 
 
 def test_jobs_are_deduplicated_by_key(any_server: LiveServer) -> None:
-    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         first = create(http, 64)
         again = create(http, 64, priority=5)
         miss = http.post("/v1/misses", json={"key": make_key(m=64).to_json()})
@@ -42,7 +42,7 @@ def test_jobs_are_deduplicated_by_key(any_server: LiveServer) -> None:
 
 
 def test_claims_follow_priority_then_age(any_server: LiveServer) -> None:
-    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         http.post("/v1/misses", json={"key": make_key(m=1).to_json()})
         create(http, 2)
         create(http, 3, priority=10)
@@ -52,14 +52,14 @@ def test_claims_follow_priority_then_age(any_server: LiveServer) -> None:
 
 
 def test_concurrent_claimers_never_share_a_job(any_server: LiveServer) -> None:
-    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         for m in range(1, 41):
             assert create(http, m).status_code == 201
     claimed: list[int] = []
     lock = threading.Lock()
 
     def worker(name: str) -> None:
-        with httpx.Client(base_url=any_server.url, timeout=30) as http:
+        with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
             while (job := claim(http, name)) is not None:
                 with lock:
                     claimed.append(job["id"])
@@ -74,7 +74,7 @@ def test_concurrent_claimers_never_share_a_job(any_server: LiveServer) -> None:
 
 
 def test_an_expired_lease_is_claimed_again(any_server: LiveServer) -> None:
-    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         create(http, 7)
         first = claim(http, "slow", lease=0.5)
         assert first is not None and first["attempts"] == 1
@@ -94,7 +94,7 @@ def test_an_expired_lease_is_claimed_again(any_server: LiveServer) -> None:
 
 
 def test_failures_retry_until_the_limit(any_server: LiveServer) -> None:
-    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         create(http, 9, max_attempts=2)
         for expected in ("queued", "failed"):
             job = claim(http, "w")
@@ -107,7 +107,7 @@ def test_failures_retry_until_the_limit(any_server: LiveServer) -> None:
 
 
 def test_bad_job_requests_are_4xx(any_server: LiveServer) -> None:
-    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         assert (
             http.post("/v1/jobs/claim", json={"worker": "w", "lease_seconds": -1}).status_code
             == 422

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sqlite3
-import subprocess
 import sys
 import time
 from contextlib import closing
@@ -15,13 +15,15 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from cache_server.embedded import EmbeddedServer, free_port
+from cache_server.embedded import EmbeddedServer
 from cache_server.logs import JsonFormatter, request_id
 from cache_server.metrics import Metrics
-from tests.conftest import LiveServer
-from tests.factories import make_key, make_record
+from cache_server.metrics_multiprocess import ENV, worker_metrics_dir
+from tests.conftest import LiveServer, start_server
+from tests.factories import AUTH, make_key, make_record
 from tunecache.key import Key
 
 Labels = frozenset[tuple[str, str]]
@@ -67,7 +69,7 @@ def post_ok(http: httpx.Client, path: str, body: object, status: int) -> dict[st
 @pytest.mark.slow
 def test_metrics_count_what_the_server_did(any_server: LiveServer) -> None:
     k1, k2, k3 = make_key(m=1), make_key(m=2), make_key(m=3)
-    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+    with httpx.Client(base_url=any_server.url, timeout=30, headers=AUTH) as http:
         # Uploads: a winner, a slower validated one (kept), an unvalidated one.
         won = post_ok(http, "/v1/records", body_of(k1, time_ms=1.0), 201)
         kept = post_ok(http, "/v1/records", body_of(k1, time_ms=2.0), 201)
@@ -254,26 +256,13 @@ def test_each_app_counts_in_its_own_registry() -> None:
 
 @pytest.mark.slow
 def test_serve_logs_json_lines(tmp_path: Path) -> None:
-    port, log = free_port(), tmp_path / "server.log"
-    command = [sys.executable, "-m", "tunecache.cli", "serve", "--db",
-               f"sqlite:///{tmp_path / 'cache.db'}", "--port", str(port), "--log-format", "json"]  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    log = tmp_path / "server.log"
+    db = f"sqlite:///{tmp_path / 'cache.db'}"
+    live = start_server(db, None, log, args=["--log-format", "json"])
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        httpx.get(f"{url}/v1/records/5", headers={"X-Request-ID": "probe-1"}, timeout=10)
+        httpx.get(f"{live.url}/v1/records/5", headers={"X-Request-ID": "probe-1"}, timeout=10)
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        live.stop()
     entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     access = [e for e in entries if e["logger"] == "cache_server.access"]
     assert [e["route"] for e in access][-1] == "/v1/records/{record_id}"
@@ -287,3 +276,124 @@ def test_serve_logs_json_lines(tmp_path: Path) -> None:
     assert not any(e["logger"] == "uvicorn.access" for e in entries)
     assert any(e["logger"].startswith("uvicorn") for e in entries)  # uvicorn's own, as JSON
     assert not any("color_message" in e for e in entries)
+
+
+def test_workers_get_a_private_metrics_dir_unless_the_user_set_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    with worker_metrics_dir() as made:
+        assert os.environ[ENV] == made and Path(made).name.startswith("tunecache-metrics-")
+        (Path(made) / "counter_1.db").write_bytes(b"")  # a worker's file
+    assert ENV not in os.environ and not Path(made).exists()
+
+    monkeypatch.setenv(ENV, str(tmp_path))
+    with worker_metrics_dir() as given:
+        assert given == str(tmp_path)
+        (tmp_path / "counter_1.db").write_bytes(b"")
+    assert os.environ[ENV] == str(tmp_path) and (tmp_path / "counter_1.db").exists()
+
+    monkeypatch.setenv(ENV, str(tmp_path / "missing"))
+    with pytest.raises(NotADirectoryError, match="missing"), worker_metrics_dir():
+        pass
+
+
+def served_by_worker(metrics_dir: Path, name: str, **labels: str) -> dict[str, float]:
+    """Each worker's own count of one counter sample, read from its file (``counter_<pid>.db``)."""
+    counts: dict[str, float] = {}
+    for path in metrics_dir.glob("counter_*.db"):
+        pid = path.stem.removeprefix("counter_")
+        for metric in MultiProcessCollector.merge([str(path)]):
+            for s in metric.samples:
+                if s.name == name and s.labels == labels:
+                    counts[pid] = s.value
+    return counts
+
+
+def settle(metrics_dir: Path, route: str, count: int) -> None:
+    """Waits until the workers' files count ``count`` requests to ``route`` (timed, too): a worker
+    counts a request just after answering it, so a client can be a little quicker."""
+    labels = {"method": "GET" if route == "/metrics" else "POST", "route": route}
+    deadline = time.monotonic() + 10
+    while True:
+        files = [str(path) for path in metrics_dir.glob("*.db")]
+        samples = {(s.name, frozenset(s.labels.items())): s.value
+                   for m in MultiProcessCollector.merge(files) for s in m.samples}  # fmt: skip
+        counted = samples.get(("tunecache_http_request_duration_seconds_count",
+                               frozenset(labels.items())))  # fmt: skip
+        if (counted or 0) == count:
+            return
+        assert time.monotonic() < deadline, (route, counted, count)
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_every_scrape_sums_all_workers(tmp_path: Path) -> None:
+    log, tmp = tmp_path / "server.log", tmp_path / "tmp"
+    tmp.mkdir()  # the server's TMPDIR: where its metrics directory goes
+    env = {"TMPDIR": str(tmp), "PROMETHEUS_MULTIPROC_DIR": ""}  # empty: unset, make its own
+    fresh = {"Connection": "close"}  # a connection a request: requests spread over the workers
+    lookup = {"key": make_key().to_json()}
+    miss = {"result": "miss", "rule": "none"}
+    live = start_server(f"sqlite:///{tmp_path / 'cache.db'}", None, log, env=env,
+                        args=["--workers", "2"])  # fmt: skip
+    url, process = live.url, live.process
+    deadline = time.monotonic() + 60
+    try:
+        # Made before uvicorn started the workers; each worker adds its files as it builds its app.
+        dirs = list(tmp.glob("tunecache-metrics-*"))
+        assert len(dirs) == 1, f"no metrics directory of its own in {tmp}: {dirs}"
+        (metrics_dir,) = dirs
+        while len(list(metrics_dir.glob("counter_*.db"))) < 2:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+
+        def misses_by_worker() -> dict[str, float]:
+            return served_by_worker(metrics_dir, "tunecache_lookups_total", **miss)
+
+        sent = 0  # lookups (misses), until each worker has answered some of them
+        while sent < 60 or min(misses_by_worker().values()) == 0:
+            assert sent < 600, misses_by_worker()
+            for _ in range(20):
+                answer = httpx.post(f"{url}/v1/lookup", json=lookup, headers=fresh, timeout=10)
+                assert answer.status_code == 404, answer.text
+            sent += 20
+        per_worker = misses_by_worker()
+        settle(metrics_dir, "/v1/lookup", sent)
+        scrapes = []
+        for scraped in range(6):
+            settle(metrics_dir, "/metrics", scraped)
+            response = httpx.get(f"{url}/metrics", headers=fresh, timeout=10)
+            assert response.status_code == 200, response.text
+            scrapes.append(Scrape(response.text))
+    finally:
+        process.terminate()  # SIGTERM: uvicorn stops its workers, then serve removes the directory
+        process.wait(timeout=30)
+    assert process.returncode == 0, log.read_text()
+    assert not metrics_dir.exists()
+    assert list(tmp.iterdir()) == []
+
+    assert len(per_worker) == 2 and sum(per_worker.values()) == sent
+    requests = "tunecache_http_requests_total"
+    duration = "tunecache_http_request_duration_seconds"
+    for scraped, scrape_ in enumerate(scrapes):
+        assert scrape_.value(requests, method="POST", route="/v1/lookup", status="404") == sent
+        assert scrape_.value("tunecache_lookups_total", **miss) == sent
+        assert scrape_.value("tunecache_lookups_total", result="hit", rule="exact") == 0
+        assert scrape_.value(f"{duration}_count", method="POST", route="/v1/lookup") == sent
+        assert scrape_.value(f"{duration}_bucket", method="POST", route="/v1/lookup",
+                             le="+Inf") == sent  # fmt: skip
+        # The scrapes before this one, whichever worker answered them (counted once answered).
+        metrics_requests = scrape_.value(requests, method="GET", route="/metrics", status="200")
+        assert (metrics_requests or 0) == scraped
+        # Database gauges: once, from the answering worker, with no per-worker ("pid") label.
+        lines = scrape_.text.splitlines()
+        assert [line for line in lines if line.startswith("tunecache_records")] == [
+            "tunecache_records 0.0"
+        ]
+        jobs = [line for line in lines if line.startswith("tunecache_jobs")]
+        assert len(jobs) == 4 and {scrape_.value("tunecache_jobs", state=state) for state in
+                                   ("queued", "running", "done", "failed")} == {0}  # fmt: skip
+        assert lines.count("# TYPE tunecache_records gauge") == 1
+        assert lines.count("# TYPE tunecache_jobs gauge") == 1
+        assert 'pid="' not in scrape_.text

@@ -14,12 +14,12 @@ from sqlalchemy import event
 
 from cache_server.embedded import EmbeddedServer
 from tests.conftest import LiveServer
-from tests.factories import make_key, make_record
+from tests.factories import AUTH, make_key, make_record
 from tunecache.schemas import LookupResponse, RecordList, RecordPublic, UploadResult
 
 
 def upload(url: str, body: dict) -> httpx.Response:
-    return httpx.post(f"{url}/v1/records", json=body, timeout=30)
+    return httpx.post(f"{url}/v1/records", json=body, headers=AUTH, timeout=30)
 
 
 def body_of(record) -> dict:  # type: ignore[no-untyped-def]
@@ -161,7 +161,7 @@ def test_concurrent_uploads_keep_the_fastest(server: LiveServer) -> None:
 )
 def test_malformed_uploads_are_422(server: LiveServer, content: bytes, reason: str) -> None:
     response = httpx.post(
-        f"{server.url}/v1/records", content=content, headers={"content-type": "application/json"}
+        f"{server.url}/v1/records", content=content, headers={"content-type": "application/json", **AUTH}
     )
     assert response.status_code == 422
     assert reason in response.text
@@ -214,7 +214,7 @@ def test_failed_check_cannot_claim_validation(server: LiveServer) -> None:
 def test_oversized_upload_is_413_and_stores_nothing(server: LiveServer) -> None:
     body = body_of(make_record())
     body["config"] = {"blob": "x" * (17 * 2**20)}
-    response = httpx.post(f"{server.url}/v1/records", content=json.dumps(body), timeout=30)
+    response = httpx.post(f"{server.url}/v1/records", content=json.dumps(body), headers=AUTH, timeout=30)
     assert response.status_code == 413
     assert "limit" in response.json()["detail"]
     big_config = body_of(make_record())
@@ -229,7 +229,7 @@ def test_streamed_oversized_upload_is_413(server: LiveServer) -> None:
         for _ in range(20):
             yield b"x" * 2**20
 
-    response = httpx.post(f"{server.url}/v1/records", content=chunks(), timeout=30)
+    response = httpx.post(f"{server.url}/v1/records", content=chunks(), headers=AUTH, timeout=30)
     assert response.status_code == 413
 
 

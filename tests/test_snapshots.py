@@ -15,7 +15,7 @@ import pytest
 
 from cache_server.embedded import free_port
 from tests.conftest import LiveServer, start_server
-from tests.factories import make_key, make_record
+from tests.factories import AUTH, make_key, make_record
 from tunecache import Client, InvalidInput
 from tunecache.device import DeviceFingerprint
 from tunecache.key import Key
@@ -50,7 +50,7 @@ def body_of(record: RecordCreate) -> dict[str, Any]:
 
 
 def upload(url: str, record: RecordCreate) -> None:
-    response = httpx.post(f"{url}/v1/records", json=body_of(record), timeout=30)
+    response = httpx.post(f"{url}/v1/records", json=body_of(record), headers=AUTH, timeout=30)
     assert response.status_code == 201, response.text
 
 
@@ -60,7 +60,7 @@ def export(url: str, headers: dict[str, str] | None = None, **params: str) -> ht
 
 
 def import_(url: str, document: dict[str, Any]) -> httpx.Response:
-    return httpx.post(f"{url}/v1/snapshot", json=document, timeout=60)
+    return httpx.post(f"{url}/v1/snapshot", json=document, headers=AUTH, timeout=60)
 
 
 def document(*records: RecordCreate, arch: str = ARCH) -> dict[str, Any]:
@@ -235,7 +235,7 @@ def test_malformed_imports_are_422_with_the_reason_and_store_nothing(
     response = httpx.post(
         f"{shared_server.url}/v1/snapshot",
         content=data,
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", **AUTH},
         timeout=60,
     )
     assert response.status_code == 422, response.text

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, start_server
-from tests.factories import make_key, make_record
+from tests.factories import AUTH, make_key, make_record
 from tunecache.key import Key
 
 pytestmark = pytest.mark.slow
@@ -46,7 +46,7 @@ def winner(http: httpx.Client, key: Key) -> dict | None:  # type: ignore[type-ar
 class TestStorageContract:
     def test_keep_the_fastest_validated_and_every_trial(self, any_server: LiveServer) -> None:
         key = make_key(m=77)
-        with httpx.Client(base_url=any_server.url, timeout=30) as http:
+        with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
             assert winner(http, key) is None
             ids = {ms: upload(http, key, ms) for ms in (3.0, 1.5, 2.0)}
             upload(http, key, 0.1, passed=False)  # faster but wrong: never served
@@ -57,7 +57,7 @@ class TestStorageContract:
             assert http.get("/health").json()["records"] == 4
 
     def test_list_filters(self, any_server: LiveServer) -> None:
-        with httpx.Client(base_url=any_server.url, timeout=30) as http:
+        with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
             upload(http, make_key(m=8, kernel="softmax"), 1.0)
             upload(http, make_key(m=8, backend="inductor"), 1.0)
             upload(http, make_key(m=16), 1.0, passed=False)
@@ -80,7 +80,7 @@ class TestStorageContract:
             ])  # fmt: skip
 
         def write(jobs: list[tuple[Key, float, bool]]) -> int:
-            with httpx.Client(base_url=any_server.url, timeout=120) as http:
+            with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=120) as http:
                 for key, ms, passed in jobs:
                     upload(http, key, ms, passed=passed, trials=trials_each)
             return len(jobs)
@@ -93,7 +93,7 @@ class TestStorageContract:
                 if passed:
                     digest = key.digest()
                     expected[digest] = min(ms, expected.get(digest, float("inf")))
-        with httpx.Client(base_url=any_server.url, timeout=30) as http:
+        with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
             keys = {k.digest(): k for jobs in plan for k, _, _ in jobs}
             for digest, fastest in expected.items():
                 record = winner(http, keys[digest])
@@ -115,7 +115,7 @@ def test_acknowledged_uploads_survive_kill_9(
     stop = threading.Event()
 
     def write(worker: int) -> None:
-        with httpx.Client(base_url=live.url, timeout=10) as http:
+        with httpx.Client(headers=AUTH, base_url=live.url, timeout=10) as http:
             n = 0
             while not stop.is_set():
                 n += 1
@@ -144,7 +144,7 @@ def test_acknowledged_uploads_survive_kill_9(
     assert len(acknowledged) >= 150
     again = start_server(url, path, log)
     try:
-        with httpx.Client(base_url=again.url, timeout=30) as http:
+        with httpx.Client(headers=AUTH, base_url=again.url, timeout=30) as http:
             for record_id in acknowledged:
                 assert http.get(f"/v1/records/{record_id}").status_code == 200, record_id
             assert http.get("/health").json()["records"] >= len(acknowledged)
@@ -162,7 +162,7 @@ def test_nul_characters_are_422_not_500(any_server: LiveServer, path: tuple) -> 
     for part in path[:-1]:
         target = target[part]
     target[path[-1]] = "bad\x00value"
-    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         response = http.post("/v1/records", json=body)
         assert response.status_code == 422, response.text
         assert "NUL" in response.text

@@ -32,6 +32,7 @@ from tunecache.errors import InvalidInput, ServerError
 from tunecache.key import Key
 from tunecache.policies import VersionPolicy
 from tunecache.schemas import (
+    JobEnqueued,
     KeyModel,
     LookupRequest,
     LookupResponse,
@@ -43,6 +44,7 @@ from tunecache.schemas import (
     UploadResult,
 )
 from tunecache.settings import Settings
+from tunecache.tokens import Scope, TokenCreate, TokenCreated, TokenList, TokenPublic
 
 logger = logging.getLogger(__name__)
 Source = Literal["memo", "snapshot", "server", "default"]
@@ -91,6 +93,10 @@ class Client:
         miss_ttl: seconds a miss is remembered before the server is asked again.
         policy: which environment versions the server may serve: ``strict`` (the versions
             installed here), ``compatible`` (same major.minor) or ``any``.
+        report_misses: on a server miss, ask the server to tune the key (``POST /v1/misses``,
+            within the lookup timeout, at most once per key per ``miss_ttl``); refusals, such as
+            the server's rate limit, are logged at debug level and otherwise ignored.
+        token: the API token to send; ``TUNECACHE_TOKEN`` when omitted, none when ``""``.
         snapshot: a snapshot file (:func:`tunecache.snapshot.save_snapshot`) to answer lookups
             from before asking the server; read once, on the first lookup. A missing or corrupt
             file is logged once and ignored.
@@ -105,9 +111,12 @@ class Client:
         retry_after: float = 30.0,
         miss_ttl: float = 60.0,
         policy: VersionPolicy = "strict",
+        report_misses: bool = False,
+        token: str | None = None,
         snapshot: Path | None = None,
     ) -> None:
-        settings = Settings.from_env() if url is None or timeout is None else None
+        need_env = url is None or timeout is None or token is None
+        settings = Settings.from_env() if need_env else None
         self.url = (url or (settings.url if settings else "")).rstrip("/")
         if isinstance(timeout, int | float):
             timeout = Timeout(lookup=float(timeout))
@@ -115,7 +124,10 @@ class Client:
         self.retry_after = retry_after
         self.miss_ttl = miss_ttl
         self.policy: VersionPolicy = policy
-        self._http = httpx.Client(base_url=self.url, transport=transport)
+        self.report_misses = report_misses
+        token = token if token is not None else (settings.token if settings else None)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.url, transport=transport, headers=headers)
         self._lock = threading.Lock()
         self._memo: dict[str, RecordPublic] = {}
         self._misses: dict[str, float] = {}
@@ -158,8 +170,14 @@ class Client:
             if record is not None:
                 self._memo[digest] = record
                 return LookupResult(config=record.config, source="server", record=record)
-            if self._down_until <= now:
+            missed = self._down_until <= now  # the server answered: a miss, not a failure
+            if missed:
                 self._misses[digest] = now + self.miss_ttl
+        if missed and self.report_misses:
+            try:
+                self.report_miss(key, timeout=self.timeout.for_lookup())
+            except ServerError as exc:
+                logger.debug("miss of %s not reported: %s", key.short(), exc)
         return LookupResult(config=default, source="default")
 
     def _snapshot_index(self) -> dict[str, RecordCreate]:
@@ -203,7 +221,8 @@ class Client:
             )
             if response.status_code == 404:
                 return None
-            response.raise_for_status()
+            if response.is_error:
+                raise _rejected("POST", "/v1/lookup", response)
             return LookupResponse.model_validate_json(response.content).record
         except (httpx.HTTPError, ValidationError, ValueError) as exc:
             raise ServerError(f"lookup at {self.url} failed: {type(exc).__name__}: {exc}") from exc
@@ -216,20 +235,16 @@ class Client:
         log("%s; using default configs, retrying in %.0f s", exc, self.retry_after)
 
     # -- tuner and tooling calls (these raise ServerError) ----------------------------------
-    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _call(
+        self, method: str, path: str, timeout: httpx.Timeout | None = None, **kwargs: Any
+    ) -> httpx.Response:
         try:
-            response = self._http.request(method, path, timeout=self.timeout.for_write(), **kwargs)
+            timeout = timeout or self.timeout.for_write()
+            response = self._http.request(method, path, timeout=timeout, **kwargs)
         except httpx.HTTPError as exc:
             raise ServerError(f"{method} {self.url}{path} failed: {exc}") from exc
         if response.is_error:
-            try:
-                detail = response.json().get("detail", response.text)
-            except ValueError:
-                detail = response.text
-            raise ServerError(
-                f"{method} {path} → {response.status_code}: {detail}",
-                status_code=response.status_code,
-            )
+            raise _rejected(method, path, response)
         return response
 
     def upload(self, record: RecordCreate) -> UploadResult:
@@ -242,6 +257,18 @@ class Client:
         return UploadResult.model_validate_json(
             self._call("POST", "/v1/records", json=body).content
         )
+
+    def report_miss(self, key: Key, *, timeout: httpx.Timeout | None = None) -> JobEnqueued:
+        """Asks the server to tune ``key``: it queues a job, or answers with the one queued.
+
+        Raises:
+            ServerError: the server is unreachable or refused (429: over its rate limit).
+        """
+        body = LookupRequest(key=KeyModel.from_key(key), policy=self.policy).model_dump(
+            mode="json", by_alias=True
+        )
+        response = self._call("POST", "/v1/misses", json=body, timeout=timeout)
+        return JobEnqueued.model_validate_json(response.content)
 
     def list_records(self, **filters: Any) -> RecordList:
         """Records matching ``filters`` (``kernel``, ``backend``, ``dtype``, ``device_arch`` …)."""
@@ -297,6 +324,33 @@ class Client:
         except ValidationError as exc:
             raise ServerError(f"POST /v1/snapshot gave a bad answer: {exc}") from exc
 
+    # -- token management (needs a token with the admin scope) ---------------------------
+    def create_token(self, name: str, scope: Scope) -> TokenCreated:
+        """A new token; the answer holds it in clear, for the only time."""
+        body = TokenCreate(name=name, scope=scope).model_dump()
+        return TokenCreated.model_validate_json(self._call("POST", "/v1/tokens", json=body).content)
+
+    def list_tokens(self, *, include_revoked: bool = False) -> list[TokenPublic]:
+        params = {"include_revoked": "true"} if include_revoked else {}
+        response = self._call("GET", "/v1/tokens", params=params)
+        return TokenList.model_validate_json(response.content).items
+
+    def revoke_token(self, token_id: int) -> TokenPublic:
+        return TokenPublic.model_validate_json(
+            self._call("DELETE", f"/v1/tokens/{token_id}").content
+        )
+
     def health(self) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", "/health").json()
         return result
+
+
+def _rejected(method: str, path: str, response: httpx.Response) -> ServerError:
+    """The server's error answer as a :class:`ServerError` carrying its status and reason."""
+    try:
+        detail = response.json().get("detail", response.text)
+    except (ValueError, AttributeError):
+        detail = response.text
+    return ServerError(
+        f"{method} {path} → {response.status_code}: {detail}", status_code=response.status_code
+    )

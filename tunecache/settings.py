@@ -2,6 +2,8 @@
 
 - ``TUNECACHE_URL``: the cache server the client and CLI talk to (``http://127.0.0.1:8765``)
 - ``TUNECACHE_TIMEOUT``: seconds a run-time lookup may take before falling back (``0.5``)
+- ``TUNECACHE_TOKEN``: the API token sent to the server (``tunecache token create``); reads
+  need none unless the server says so, uploads need one with the ``write`` scope
 
 The server's own settings (``TUNECACHE_SERVER_*``) are in :mod:`cache_server.settings`.
 
@@ -32,6 +34,7 @@ class Settings:
 
     url: str = f"http://127.0.0.1:{DEFAULT_PORT}"
     timeout: float = 0.5
+    token: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -61,4 +64,5 @@ class Settings:
         return cls(
             url=url.rstrip("/"),
             timeout=number("TUNECACHE_TIMEOUT", defaults.timeout, float),
+            token=env.get("TUNECACHE_TOKEN") or None,
         )

@@ -34,7 +34,9 @@ def register(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def _tune_all(url: str, workdir: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+def _tune_all(
+    url: str, token: str, workdir: Path, args: argparse.Namespace
+) -> list[dict[str, Any]]:
     from backends import Budget
     from tunecache.cli.progress import ProgressPrinter
     from tunecache.client import Client
@@ -44,7 +46,7 @@ def _tune_all(url: str, workdir: Path, args: argparse.Namespace) -> list[dict[st
 
     rows: list[dict[str, Any]] = []
     names = [get_workload(n.strip()).name for n in args.workloads.split(",")]
-    with Client(url) as client:
+    with Client(url, token=token) as client:
         for name in names:
             problem = dict(get_workload(name).demo_problem)
             for backend in DEMO_BACKENDS:
@@ -125,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         db = args.db or f"sqlite:///{Path(tmp) / 'tunecache.db'}"
         with EmbeddedServer(db) as server:
             print(f"embedded cache server on {server.url}, database {db}", file=sys.stderr)
-            rows = _tune_all(server.url, Path(tmp) / "work", args)
+            token = server.issue_token("demo", "write")
+            rows = _tune_all(server.url, token, Path(tmp) / "work", args)
             print(
                 "\nValidated winners. Median ms on this CPU; default = the backend untuned "
                 "(TVM: no schedule, Inductor: torch.compile default), eager = torch eager.\n"

@@ -1,9 +1,15 @@
-"""``tunecache serve``: run the cache server in the foreground."""
+"""``tunecache serve``: run the cache server in the foreground.
+
+With ``--workers N`` (N > 1), /metrics sums all N worker processes: their counters go to files in
+a private temporary directory, removed when the server stops, or, when ``PROMETHEUS_MULTIPROC_DIR``
+is set, in that directory, which is left in place (see :mod:`cache_server.metrics_multiprocess`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from contextlib import ExitStack
 from typing import Any
 
 from tunecache.errors import InvalidInput
@@ -49,18 +55,13 @@ def run(args: argparse.Namespace) -> int:
 
     from cache_server import SchemaOutdated, logs
     from cache_server.app import create_app
-    from cache_server.db import make_engine
-    from cache_server.migrate import check_schema, current_revision, upgrade
+    from cache_server.metrics_multiprocess import worker_metrics_dir
+    from cache_server.migrate import prepare
 
     settings = server_settings(args)
     url = settings.db
-    try:
-        engine = make_engine(url)
-        fresh = current_revision(engine) is None
-        engine.dispose()
-        if fresh and not args.no_create:
-            upgrade(url)  # an empty database gets the schema; an old one must be upgraded by hand
-        check_schema(make_engine(url))
+    try:  # an empty database gets the schema; an old one must be upgraded on purpose
+        prepare(url, create=not args.no_create).dispose()
     except (SchemaOutdated, SQLAlchemyError, ValueError) as exc:
         print(f"tunecache serve: {exc}", file=sys.stderr)
         return 2
@@ -75,7 +76,16 @@ def run(args: argparse.Namespace) -> int:
                                "log_level": "info", "access_log": False}  # fmt: skip
     if settings.workers == 1:
         uvicorn.run(create_app(settings), **options)
-    else:  # each worker process builds its own app (and engine) from the environment
+        return 0
+    # Each worker process builds its own app (and engine) from the environment. Their metrics go
+    # to files that whichever worker is scraped sums: see cache_server.metrics_multiprocess for
+    # the directory (a fresh one removed on exit, or the user's PROMETHEUS_MULTIPROC_DIR, kept).
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(worker_metrics_dir())  # before uvicorn spawns the workers
+        except NotADirectoryError as exc:
+            print(f"tunecache serve: {exc}", file=sys.stderr)
+            return 2
         settings.export()
         factory = "cache_server.app:create_app"
         uvicorn.run(factory, factory=True, workers=settings.workers, **options)

@@ -9,6 +9,7 @@ from typing import Any
 
 from tunecache.cli.args import add_key, add_server, key_parts, server_url
 from tunecache.errors import InvalidInput
+from tunecache.settings import Settings
 
 
 def register(commands: Any) -> None:
@@ -76,6 +77,11 @@ def run(args: argparse.Namespace) -> int:
     budget = _budget(args)
     strategy = "exhaustive" if args.landscape else args.strategy
     url = None if args.no_upload else server_url(args)
+    if url is not None and not Settings.from_env().token:
+        raise InvalidInput(
+            "uploading needs a token with the 'write' scope in $TUNECACHE_TOKEN "
+            "(tunecache token create --name NAME --scope write), or --no-upload"
+        )
     with Client(url or server_url(args)) as client:
         outcome = tune(
             parts["workload"], parts["backend"], parts["problem"], parts["dtype"], budget,

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
+from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Response, status
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
 from cache_server import jobs
-from cache_server.api.deps import SessionDep
+from cache_server.api.auth import READ, WRITE, ReadAccess
+from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.metrics import MetricsDep
-from cache_server.models import JobRow
+from cache_server.models import JobRow, utcnow
 from tunecache.schemas import (
     ClaimRequest,
     JobCreate,
@@ -23,6 +26,7 @@ from tunecache.schemas import (
 )
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
+LEASE_LOST: dict[int | str, dict[str, str]] = {409: {"description": "lease lost"}}
 MISS_PRIORITY = -10  # misses seen in production queue behind explicit pre-tuning
 
 
@@ -38,7 +42,7 @@ def _held(job: JobRow | None, job_id: int) -> JobPublic:
     return public(job)
 
 
-@router.post("/jobs", status_code=status.HTTP_201_CREATED)
+@router.post("/jobs", status_code=status.HTTP_201_CREATED, dependencies=[WRITE])
 def create_job(request: JobCreate, session: SessionDep, response: Response) -> JobEnqueued:
     """Queues a tuning job for a key; an existing job for the key is returned instead (200)."""
     job, created = jobs.enqueue(
@@ -54,12 +58,54 @@ def create_job(request: JobCreate, session: SessionDep, response: Response) -> J
     return JobEnqueued(job=public(job), created=created)
 
 
-@router.post("/misses", status_code=status.HTTP_202_ACCEPTED)
-def report_miss(request: LookupRequest, session: SessionDep, metrics: MetricsDep) -> JobEnqueued:
-    """A client could not serve this key: queue it (deduplicated) behind pre-tuning jobs."""
+def _too_many(detail: str, wait: float) -> HTTPException:
+    retry = max(1, math.ceil(wait))
+    return HTTPException(
+        status.HTTP_429_TOO_MANY_REQUESTS,
+        f"{detail}; retry in {retry} s",
+        {"Retry-After": str(retry)},
+    )
+
+
+@router.post(
+    "/misses",
+    status_code=status.HTTP_202_ACCEPTED,
+    responses={429: {"description": "too many reports from this caller, or new jobs from misses"}},
+)
+def report_miss(
+    request: LookupRequest,
+    session: SessionDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+    caller: ReadAccess,
+    http: Request,
+) -> JobEnqueued:
+    """A client could not serve this key: queue it (deduplicated) behind pre-tuning jobs.
+
+    Rate-limited twice: each caller (its token, else its address) may report
+    ``miss_reports_per_minute`` a minute to a server process, and misses may create at most
+    ``miss_jobs_per_minute`` new jobs a minute in all; a key already queued is answered as is.
+    """
+    who = f"token:{caller.id}" if caller is not None else f"addr:{http.client and http.client.host}"
+    if wait := http.app.state.miss_limiter.wait(who):
+        raise _too_many(
+            f"more than {settings.miss_reports_per_minute} miss reports a minute from this caller",
+            wait,
+        )
+    key_hash = request.key.digest()
+    if (existing := jobs.find(session, key_hash=key_hash)) is not None:
+        metrics.count_miss_report()
+        return JobEnqueued(job=public(existing), created=False)
+    since = utcnow() - timedelta(minutes=1)
+    if jobs.count_created(session, source="miss", since=since) >= settings.miss_jobs_per_minute:
+        raise _too_many(
+            f"misses created {settings.miss_jobs_per_minute} new jobs in the last minute, "
+            "the server's limit",
+            30.0,
+        )
     job, created = jobs.enqueue(
         session,
-        key_hash=request.key.digest(),
+        key_hash=key_hash,
         key=request.key.model_dump(mode="json", by_alias=True),
         priority=MISS_PRIORITY,
         source="miss",
@@ -70,6 +116,7 @@ def report_miss(request: LookupRequest, session: SessionDep, metrics: MetricsDep
 
 @router.post(
     "/jobs/claim",
+    dependencies=[WRITE],
     response_model=JobPublic,
     responses={204: {"description": "no job to claim"}},
 )
@@ -79,7 +126,7 @@ def claim_job(request: ClaimRequest, session: SessionDep) -> JobPublic | Respons
     return Response(status_code=status.HTTP_204_NO_CONTENT) if job is None else public(job)
 
 
-@router.post("/jobs/{job_id}/heartbeat", responses={409: {"description": "lease lost"}})
+@router.post("/jobs/{job_id}/heartbeat", dependencies=[WRITE], responses=LEASE_LOST)
 def heartbeat(job_id: int, request: LeaseRequest, session: SessionDep) -> JobPublic:
     job = jobs.heartbeat(
         session, job_id=job_id, worker=request.worker, lease_seconds=request.lease_seconds
@@ -87,20 +134,20 @@ def heartbeat(job_id: int, request: LeaseRequest, session: SessionDep) -> JobPub
     return _held(job, job_id)
 
 
-@router.post("/jobs/{job_id}/complete", responses={409: {"description": "lease lost"}})
+@router.post("/jobs/{job_id}/complete", dependencies=[WRITE], responses=LEASE_LOST)
 def complete(job_id: int, request: JobResult, session: SessionDep) -> JobPublic:
     job = jobs.complete(session, job_id=job_id, worker=request.worker, record_id=request.record_id)
     return _held(job, job_id)
 
 
-@router.post("/jobs/{job_id}/fail", responses={409: {"description": "lease lost"}})
+@router.post("/jobs/{job_id}/fail", dependencies=[WRITE], responses=LEASE_LOST)
 def fail(job_id: int, request: JobResult, session: SessionDep) -> JobPublic:
     """A failed attempt: the job is queued again until it runs out of attempts."""
     job = jobs.fail(session, job_id=job_id, worker=request.worker, error=request.error)
     return _held(job, job_id)
 
 
-@router.get("/jobs")
+@router.get("/jobs", dependencies=[READ])
 def list_jobs(
     session: SessionDep,
     state: JobState | None = None,
@@ -111,7 +158,7 @@ def list_jobs(
     return JobList(items=[public(r) for r in rows], count=total)
 
 
-@router.get("/jobs/{job_id}", responses={404: {"description": "no such job"}})
+@router.get("/jobs/{job_id}", dependencies=[READ], responses={404: {"description": "no such job"}})
 def get_job(job_id: int, session: SessionDep) -> JobPublic:
     job = jobs.get_job(session, job_id=job_id)
     if job is None:

@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 
 from cache_server import queries
+from cache_server.api.auth import READ, WRITE
 from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.lookup import find_winner
 from cache_server.metrics import MetricsDep
@@ -23,7 +24,7 @@ from tunecache.schemas import (
 router = APIRouter(prefix="/v1", tags=["records"])
 
 
-@router.post("/records", status_code=status.HTTP_201_CREATED)
+@router.post("/records", status_code=status.HTTP_201_CREATED, dependencies=[WRITE])
 def upload_record(record: RecordCreate, session: SessionDep, metrics: MetricsDep) -> UploadResult:
     """Stores a tuning result with all its trials.
 
@@ -41,7 +42,11 @@ def upload_record(record: RecordCreate, session: SessionDep, metrics: MetricsDep
     )
 
 
-@router.post("/lookup", responses={404: {"description": "no validated record for this key"}})
+@router.post(
+    "/lookup",
+    dependencies=[READ],
+    responses={404: {"description": "no validated record for this key"}},
+)
 def lookup(request: LookupRequest, session: SessionDep, metrics: MetricsDep) -> LookupResponse:
     """The best validated winner that may serve this key (404 on a miss).
 
@@ -61,7 +66,7 @@ def lookup(request: LookupRequest, session: SessionDep, metrics: MetricsDep) -> 
     return LookupResponse(record=record, match=rule, policy=request.policy)
 
 
-@router.get("/records")
+@router.get("/records", dependencies=[READ])
 def list_records(
     session: SessionDep,
     settings: SettingsDep,
@@ -96,7 +101,11 @@ def list_records(
     return RecordList(items=items, count=total)
 
 
-@router.get("/records/{record_id}", responses={404: {"description": "no such record"}})
+@router.get(
+    "/records/{record_id}",
+    dependencies=[READ],
+    responses={404: {"description": "no such record"}},
+)
 def get_record(record_id: int, session: SessionDep) -> RecordPublic:
     """One record with every trial of its search."""
     record = queries.get_record(session, record_id=record_id)

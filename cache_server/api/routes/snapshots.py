@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response, status
 
 from cache_server import snapshots
+from cache_server.api.auth import READ, WRITE
 from cache_server.api.deps import SessionDep
 from tunecache.schemas import SnapshotFilters, SnapshotImportResult, SnapshotPublic
 from tunecache.snapshot import render_snapshot
@@ -23,6 +24,7 @@ def _matches(if_none_match: str, etag: str) -> bool:
 @router.get(
     "/snapshot",
     response_model=SnapshotPublic,
+    dependencies=[READ],
     responses={304: {"description": "the snapshot still has the ETag in If-None-Match"}},
 )
 def export_snapshot(
@@ -46,6 +48,7 @@ def export_snapshot(
 
 @router.post(
     "/snapshot",
+    dependencies=[WRITE],
     responses={
         413: {"description": "the body is over the server's size limit"},
         422: {"description": "malformed, over the record limit, or a record outside the filters"},

@@ -1,0 +1,35 @@
+"""API tokens: create (shown once), list, revoke. Every route needs the ``admin`` scope."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, status
+
+from cache_server import tokens
+from cache_server.api.auth import ADMIN
+from cache_server.api.deps import SessionDep
+from tunecache.tokens import TokenCreate, TokenCreated, TokenList, TokenPublic
+
+router = APIRouter(prefix="/v1/tokens", tags=["tokens"], dependencies=[ADMIN])
+
+
+@router.post("", status_code=status.HTTP_201_CREATED)
+def create_token(request: TokenCreate, session: SessionDep) -> TokenCreated:
+    """A new token with one scope. The answer holds the token: it is never shown again."""
+    token, row = tokens.issue(session, name=request.name, scope=request.scope)
+    return TokenCreated(token=token, info=tokens.public(row))
+
+
+@router.get("")
+def list_tokens(session: SessionDep, include_revoked: bool = False) -> TokenList:
+    """Every live token (and the revoked ones on request), without the tokens themselves."""
+    rows = tokens.list_tokens(session, include_revoked=include_revoked)
+    return TokenList(items=[tokens.public(row) for row in rows])
+
+
+@router.delete("/{token_id}", responses={404: {"description": "no such token"}})
+def revoke_token(token_id: int, session: SessionDep) -> TokenPublic:
+    """Revokes a token at once, on every server process; its row stays, marked revoked."""
+    row = tokens.revoke(session, token_id=token_id)
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no token {token_id}")
+    return tokens.public(row)

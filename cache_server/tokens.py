@@ -1,0 +1,90 @@
+"""Token query functions: issue, authenticate, list, revoke. They never commit.
+
+Only a token's SHA-256 is stored (:func:`tunecache.tokens.fingerprint`), with its first characters
+for lists. ``last_used_at`` is written at most once a minute per token, so authenticated reads do
+not each become a write.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from cache_server.models import TokenRow, utcnow
+from tunecache.tokens import Scope, TokenPublic, fingerprint, new_token, shown_part
+
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+def public(row: TokenRow) -> TokenPublic:
+    return TokenPublic.model_validate(row, from_attributes=True)
+
+
+def issue(session: Session, *, name: str, scope: Scope) -> tuple[str, TokenRow]:
+    """A new random token: returns it (its only appearance in clear) and its stored row."""
+    token = new_token()
+    row = TokenRow(name=name, scope=scope, prefix=shown_part(token), secret_hash=fingerprint(token))
+    session.add(row)
+    session.flush()
+    return token, row
+
+
+def ensure(session: Session, *, token: str, name: str, scope: Scope) -> bool:
+    """Stores a token chosen outside (the server's bootstrap token) unless it is known already.
+
+    One statement, ``INSERT … ON CONFLICT DO NOTHING``, so several server processes starting at
+    once store it once. A known token keeps its row: a revoked bootstrap token stays revoked.
+
+    Returns:
+        whether it was stored now.
+    """
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    stmt = (
+        insert(TokenRow)
+        .values(
+            name=name,
+            scope=scope,
+            prefix=shown_part(token),
+            secret_hash=fingerprint(token),
+            created_at=utcnow(),
+        )
+        .on_conflict_do_nothing(index_elements=["secret_hash"])
+    )
+    return bool(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+
+
+def authenticate(session: Session, *, token: str) -> TokenRow | None:
+    """The live (not revoked) token row of ``token``, or ``None``."""
+    row = session.scalar(select(TokenRow).where(TokenRow.secret_hash == fingerprint(token)))
+    if row is None or row.revoked_at is not None:
+        return None
+    now = utcnow()
+    if row.last_used_at is None or now - _aware(row.last_used_at) > LAST_USED_RESOLUTION:
+        row.last_used_at = now
+    return row
+
+
+def list_tokens(session: Session, *, include_revoked: bool = False) -> list[TokenRow]:
+    stmt = select(TokenRow).order_by(TokenRow.id)
+    if not include_revoked:
+        stmt = stmt.where(TokenRow.revoked_at.is_(None))
+    return list(session.scalars(stmt))
+
+
+def revoke(session: Session, *, token_id: int) -> TokenRow | None:
+    """Revokes a token (kept, for the record); ``None`` if there is no such token."""
+    session.execute(
+        update(TokenRow)
+        .where(TokenRow.id == token_id, TokenRow.revoked_at.is_(None))
+        .values(revoked_at=utcnow())
+    )
+    return session.get(TokenRow, token_id, populate_existing=True)
+
+
+def _aware(moment: datetime) -> datetime:
+    """SQLite gives back naive datetimes (stored in UTC); PostgreSQL aware ones."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)

@@ -1,0 +1,104 @@
+"""Misses become jobs, rate-limited per caller and server-wide; the client can report its misses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cache_server.ratelimit import RateLimiter
+from tests.conftest import LiveServer, start_server
+from tests.factories import AUTH, make_key
+from tunecache.client import Client
+
+
+def report(url: str, m: int, headers: dict[str, str] | None = None) -> httpx.Response:
+    body = {"key": make_key(m=m).to_json()}
+    return httpx.post(f"{url}/v1/misses", json=body, headers=headers or {}, timeout=30)
+
+
+def jobs(url: str) -> list[dict]:  # type: ignore[type-arg]
+    items: list[dict] = httpx.get(f"{url}/v1/jobs", timeout=30).json()["items"]  # type: ignore[type-arg]
+    return items
+
+
+def test_limiter_refills_at_its_rate_and_forgets_idle_callers() -> None:
+    now = [0.0]
+    limit = RateLimiter(per_minute=60, clock=lambda: now[0])
+    assert [limit.wait("a") for _ in range(60)] == [0.0] * 60  # a full burst
+    assert limit.wait("a") == pytest.approx(1.0)  # one token a second
+    now[0] = 0.5
+    assert limit.wait("a") == pytest.approx(0.5)
+    now[0] = 1.0
+    assert limit.wait("a") == 0.0 and limit.wait("a") > 0
+    now[0] = 1_000.0
+    assert [limit.wait("a") for _ in range(60)] == [0.0] * 60  # refilled, never beyond capacity
+    assert limit.wait("a") > 0
+    with pytest.raises(ValueError, match="per_minute"):
+        RateLimiter(per_minute=0)
+
+
+def test_each_caller_gets_its_own_report_budget(tmp_path: Path) -> None:
+    db_path = tmp_path / "cache.db"
+    live = start_server(
+        f"sqlite:///{db_path}", db_path, tmp_path / "server.log",
+        env={"TUNECACHE_SERVER_MISS_REPORTS_PER_MINUTE": "5"},
+    )  # fmt: skip
+    try:
+        token = httpx.post(
+            f"{live.url}/v1/tokens", json={"name": "prod", "scope": "read"}, headers=AUTH
+        ).json()["token"]
+        prod = {"Authorization": f"Bearer {token}"}
+        assert [report(live.url, m, prod).status_code for m in range(1, 6)] == [202] * 5
+        limited = report(live.url, 6, prod)
+        assert limited.status_code == 429
+        assert "more than 5 miss reports a minute" in limited.json()["detail"]
+        assert 1 <= int(limited.headers["retry-after"]) <= 12
+        assert report(live.url, 1, prod).status_code == 429  # even a key already queued
+        # Other callers are not held back: the admin token, and no token (by address).
+        assert report(live.url, 6, AUTH).status_code == 202
+        assert report(live.url, 7).status_code == 202
+        assert len(jobs(live.url)) == 7  # the refused report created nothing
+    finally:
+        live.stop()
+
+
+@pytest.fixture
+def capped_server(database: tuple[str, Path | None], tmp_path: Path) -> LiveServer:
+    url, path = database
+    live = start_server(
+        url, path, tmp_path / "server.log", env={"TUNECACHE_SERVER_MISS_JOBS_PER_MINUTE": "3"}
+    )
+    yield live  # type: ignore[misc]
+    live.stop()
+
+
+def test_misses_create_at_most_the_servers_jobs_a_minute(capped_server: LiveServer) -> None:
+    url = capped_server.url
+    created = [report(url, m, AUTH).json()["created"] for m in (1, 2, 3)]
+    assert created == [True, True, True]
+    over = report(url, 4, AUTH)
+    assert over.status_code == 429 and "3 new jobs in the last minute" in over.json()["detail"]
+    assert "retry-after" in over.headers
+    again = report(url, 2, AUTH)  # already queued: answered, not limited
+    assert again.status_code == 202 and not again.json()["created"]
+    # Explicit pre-tuning jobs are not misses and are never held back by the cap.
+    body = {"key": make_key(m=4).to_json()}
+    assert httpx.post(f"{url}/v1/jobs", json=body, headers=AUTH).status_code == 201
+    assert sorted(j["key"]["problem"]["M"] for j in jobs(url)) == [1, 2, 3, 4]
+
+
+def test_client_reports_a_miss_once_per_miss_ttl(server: LiveServer) -> None:
+    key = make_key(m=96)
+    with Client(server.url, report_misses=True, miss_ttl=60, timeout=5) as client:
+        first = client.lookup(key, default={"d": 1})
+        second = client.lookup(key, default={"d": 1})
+    assert first.source == second.source == "default"
+    queued = jobs(server.url)
+    assert [(j["key_hash"], j["source"]) for j in queued] == [(key.digest(), "miss")]
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert "tunecache_misses_reported_total 1.0" in metrics
+    with Client(server.url, timeout=5) as quiet:  # reporting is opt-in
+        quiet.lookup(make_key(m=97))
+    assert len(jobs(server.url)) == 1

@@ -1,0 +1,149 @@
+"""``tunecache token create|list|revoke``: API tokens, through the server or on the database.
+
+Through the server (the default; ``--server`` or ``$TUNECACHE_URL``) every action needs an
+``admin`` token in ``$TUNECACHE_TOKEN``. With ``--db [URL]`` they act on the database directly
+(the server's database when no URL is given): that is how the first admin token is made.
+
+``create`` prints the token alone on stdout, so ``export TUNECACHE_TOKEN=$(tunecache token create
+…)`` works; it is never shown again. Exit 0 done, 1 refused by the server or no such token, 2 bad
+input, 3 server unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pydantic import ValidationError
+
+from tunecache.cli.args import add_server, server_url
+from tunecache.cli.table import render
+from tunecache.errors import InvalidInput, ServerError
+from tunecache.tokens import SCOPES, TokenCreate, TokenCreated, TokenPublic
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("token", help="create, list and revoke API tokens")
+    actions = parser.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="create a token (printed once, on stdout)")
+    create.add_argument("--name", required=True, help="who or what holds it, e.g. ci or gpu-node-3")
+    create.add_argument("--scope", required=True, help=f"one of {', '.join(SCOPES)}")
+    create.set_defaults(run=run_create)
+    listing = actions.add_parser("list", help="list tokens (never the tokens themselves)")
+    listing.add_argument("--all", action="store_true", help="include revoked tokens")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    listing.set_defaults(run=run_list)
+    revoke = actions.add_parser("revoke", help="revoke a token by its id")
+    revoke.add_argument("token_id", type=int, metavar="ID")
+    revoke.set_defaults(run=run_revoke)
+    for action in (create, listing, revoke):
+        add_server(action)
+        action.add_argument(
+            "--db",
+            nargs="?",
+            const="",
+            metavar="URL",
+            help="act on this database directly, not through a server "
+            "(no URL: $TUNECACHE_SERVER_DB or the default SQLite file)",
+        )
+
+
+class _Direct:
+    """The token actions on a database, in one transaction."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+
+    def create_token(self, name: str, scope: str) -> TokenCreated:
+        from cache_server import tokens
+
+        token, row = tokens.issue(self.session, name=name, scope=scope)  # type: ignore[arg-type]
+        return TokenCreated(token=token, info=tokens.public(row))
+
+    def list_tokens(self, *, include_revoked: bool = False) -> list[TokenPublic]:
+        from cache_server import tokens
+
+        rows = tokens.list_tokens(self.session, include_revoked=include_revoked)
+        return [tokens.public(row) for row in rows]
+
+    def revoke_token(self, token_id: int) -> TokenPublic:
+        from cache_server import tokens
+
+        row = tokens.revoke(self.session, token_id=token_id)
+        if row is None:  # as the server answers it: 404, exit 1
+            raise ServerError(f"no token {token_id}", status_code=404)
+        return tokens.public(row)
+
+
+@contextmanager
+def _tokens(args: argparse.Namespace) -> Iterator[Any]:
+    """A client of the server, or a :class:`_Direct` on the database when ``--db`` was given."""
+    if args.db is None:
+        from tunecache.client import Client
+
+        with Client(server_url(args)) as client:
+            yield client
+        return
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from cache_server import SchemaOutdated
+    from cache_server.db import make_sessionmaker
+    from cache_server.migrate import prepare
+    from tunecache.cli.serve import server_settings
+
+    args.db = args.db or None  # bare --db: the server's own setting
+    try:
+        engine = prepare(server_settings(args).db)
+        with make_sessionmaker(engine).begin() as session:
+            yield _Direct(session)
+    except (SchemaOutdated, SQLAlchemyError) as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def run_create(args: argparse.Namespace) -> int:
+    try:
+        request = TokenCreate(name=args.name, scope=args.scope)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise InvalidInput(f"--{first['loc'][0]}: {first['msg']}") from None
+    with _tokens(args) as tokens:
+        created: TokenCreated = tokens.create_token(request.name, request.scope)
+    info = created.info
+    print(
+        f"created token {info.id} {info.name!r} with the {info.scope!r} scope; "
+        "it is shown only now:",
+        file=sys.stderr,
+    )
+    print(created.token)
+    return 0
+
+
+def run_list(args: argparse.Namespace) -> int:
+    with _tokens(args) as tokens:
+        items: list[TokenPublic] = tokens.list_tokens(include_revoked=args.all)
+    if args.json:
+        print(json.dumps([item.model_dump(mode="json") for item in items], indent=2))
+        return 0
+
+    def when(moment: Any) -> str:
+        return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M")
+
+    header = ("id", "name", "scope", "token", "created", "last used", "revoked")
+    rows = [
+        (t.id, t.name, t.scope, f"{t.prefix}…", when(t.created_at), when(t.last_used_at),
+         when(t.revoked_at))
+        for t in items
+    ]  # fmt: skip
+    print(render(header, rows) if rows else "no tokens")
+    return 0
+
+
+def run_revoke(args: argparse.Namespace) -> int:
+    with _tokens(args) as tokens:
+        info: TokenPublic = tokens.revoke_token(args.token_id)
+    print(f"revoked token {info.id} {info.name!r}", file=sys.stderr)
+    return 0

@@ -1,0 +1,91 @@
+"""API tokens: their scopes, their format, and their wire models.
+
+A token is ``tc_`` followed by 43 URL-safe characters (32 random bytes). The server stores only its
+SHA-256 and its first characters (the *prefix*, enough to tell tokens apart in a list); the token
+itself is shown once, when it is created. A fast hash is the right one here: a token has 256 bits
+of entropy, so unlike a password it cannot be guessed by trying hashes.
+
+Scopes are ordered, each including the ones before it:
+
+- ``read``: look keys up, list and read records, export snapshots, report misses, list jobs;
+- ``write``: also upload records, import snapshots, create, claim and finish tuning jobs;
+- ``admin``: also create, list and revoke tokens.
+
+Whether reads need a token at all is a server setting (``TUNECACHE_SERVER_READS``).
+
+Example:
+    >>> grants("write", "read"), grants("read", "write")
+    (True, False)
+    >>> fingerprint("tc_" + "x" * 43)[:12]
+    '72e5ecce6e8c'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import datetime
+from typing import Annotated, Final, Literal, get_args
+
+from pydantic import Field
+
+from tunecache.schemas import _Strict
+
+Scope = Literal["read", "write", "admin"]
+SCOPES: Final[tuple[Scope, ...]] = get_args(Scope)
+TOKEN_PREFIX: Final = "tc_"
+SHOWN_CHARS: Final = 8  # of the token, stored in clear to tell tokens apart
+MIN_TOKEN_CHARS: Final = 32  # a token given to the server (bootstrap) must be at least this long
+
+
+def grants(held: Scope, needed: Scope) -> bool:
+    """Whether a token with scope ``held`` may do what needs ``needed``."""
+    return SCOPES.index(held) >= SCOPES.index(needed)
+
+
+def new_token() -> str:
+    """A fresh random token."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def fingerprint(token: str) -> str:
+    """The SHA-256 of a token, in hex: what the server stores and looks tokens up by."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def shown_part(token: str) -> str:
+    """The start of a token, kept in clear so a list can show which token is which."""
+    return token[:SHOWN_CHARS]
+
+
+TokenName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\w.@:/ -]+$")]
+
+
+class TokenCreate(_Strict):
+    """A request for a new token."""
+
+    name: TokenName
+    scope: Scope
+
+
+class TokenPublic(_Strict):
+    """A token as the server lists it: never the token itself."""
+
+    id: int
+    name: str
+    scope: Scope
+    prefix: str
+    created_at: datetime
+    last_used_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
+class TokenCreated(_Strict):
+    """A new token: ``token`` is its only appearance in clear."""
+
+    token: str
+    info: TokenPublic
+
+
+class TokenList(_Strict):
+    items: list[TokenPublic]
