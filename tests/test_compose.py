@@ -1,0 +1,62 @@
+"""docker-compose.yml stays in step with the code: real settings, real commands, a GPU daemon.
+
+(No Docker engine runs in CI; this checks what can drift without one.)
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cache_server.settings import ServerSettings
+from tunecache.cli import build_parser
+
+COMPOSE = Path(__file__).parents[1] / "docker-compose.yml"
+
+
+def services() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())["services"]
+    return loaded
+
+
+def default(value: str) -> str:
+    """``${NAME:-default}`` → ``default``, as compose would fill it with ``NAME`` unset."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(value))
+
+
+def test_server_settings_are_real_and_valid() -> None:
+    env = services()["server"]["environment"]
+    names = {f"TUNECACHE_SERVER_{field.upper()}" for field in ServerSettings.model_fields}
+    assert set(k for k in env if k.startswith("TUNECACHE_SERVER_")) <= names
+    values = {
+        k.removeprefix("TUNECACHE_SERVER_").lower(): default(v)
+        for k, v in env.items()
+        if k.startswith("TUNECACHE_SERVER_") and "${" not in default(v)
+    }
+    settings = ServerSettings(**values)
+    assert settings.db.startswith("postgresql+psycopg://")
+    assert settings.workers > 1 and settings.host == "0.0.0.0"
+    assert "TUNECACHE_SERVER_BOOTSTRAP_TOKEN" in env
+
+
+def test_server_command_migrates_then_serves_with_commands_that_parse() -> None:
+    server = services()["server"]
+    script = server["command"][-1]
+    steps = [shlex.split(step.strip().removeprefix("exec ")) for step in script.split("&&")]
+    assert [step[:2] for step in steps] == [["tunecache", "db"], ["tunecache", "serve"]]
+    for step in steps:
+        build_parser().parse_args(step[1:])  # exits 2 on an unknown command or flag
+    assert server["depends_on"]["postgres"]["condition"] == "service_healthy"
+
+
+def test_daemon_reserves_a_gpu_and_talks_to_the_server() -> None:
+    daemon = services()["daemon"]
+    (device,) = daemon["deploy"]["resources"]["reservations"]["devices"]
+    assert device["capabilities"] == ["gpu"] and device["count"] == 1
+    assert daemon["environment"]["TUNECACHE_URL"] == "http://server:8765"
+    assert "TUNECACHE_TOKEN" in daemon["environment"]
+    assert daemon["profiles"] == ["gpu"]
