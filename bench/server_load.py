@@ -38,14 +38,16 @@ from cache_server.embedded import free_port
 from tests.factories import make_key, make_record
 from tests.pg import create_database, postgres_cluster
 from tunecache.cli.table import render
+from tunecache.tokens import new_token
 
 OPEN_LOOP_THREADS = 32  # keep-alive connections serving the open-loop schedule
+TOKEN = new_token()  # the servers' bootstrap admin token, to fill them
 
 
 @contextmanager
 def serve(db: str, workers: int) -> Iterator[str]:
     port = free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TUNECACHE_SERVER_BOOTSTRAP_TOKEN": TOKEN}
     process = subprocess.Popen(
         [sys.executable, "-m", "tunecache.cli", "serve", "--db", db, "--port", str(port),
          "--workers", str(workers)],
@@ -71,13 +73,14 @@ def serve(db: str, workers: int) -> Iterator[str]:
 
 def fill(url: str, keys: int) -> list[dict[str, Any]]:
     bodies = []
-    with httpx.Client(base_url=url, timeout=60) as client:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=url, timeout=60, headers=auth) as client:
         for m in range(1, keys + 1):
             key = make_key(m=m)
             client.post(
                 "/v1/records",
                 json=make_record(key, time_ms=1.0).model_dump(mode="json", by_alias=True),
-            )
+            ).raise_for_status()
             bodies.append({"key": key.to_json()})
     return bodies
 
