@@ -13,6 +13,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from cache_server import tokens
@@ -61,6 +64,16 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(snapshots.router)
     app.include_router(token_routes.router)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        try:
+            return await request_validation_exception_handler(request, exc)
+        except (ValueError, RecursionError):  # an input no JSON encoder writes: NaN, a surrogate
+            errors = [
+                {k: v for k, v in e.items() if k not in ("input", "ctx")} for e in exc.errors()
+            ]
+            return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
     @app.exception_handler(InvalidInput)
     async def invalid_input(_request: Request, exc: InvalidInput) -> JSONResponse:

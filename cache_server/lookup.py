@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from cache_server.models import RecordRow, WinnerRow
 from cache_server.queries import get_winner, public_record
+from tunecache.canonical import canonical_json
 from tunecache.policies import VersionPolicy, bucket_policy, shape_distance, versions_match
 from tunecache.schemas import KeyModel, RecordPublic
 
@@ -20,13 +21,17 @@ Rule = Literal["exact", "same_arch", "bucket"]
 RULES: tuple[Rule, ...] = ("exact", "same_arch", "bucket")
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal as JSON: in Python ``True == 1``, but a flag is not a size."""
+    return canonical_json(a) == canonical_json(b)
+
+
 def _rule(wanted: dict[str, Any], tuned: dict[str, Any]) -> Rule | None:
     """Which rule lets a record tuned for ``tuned`` serve ``wanted`` (versions aside), if any."""
     policy = bucket_policy(wanted["kernel"])
-    same_device = tuned["device"] == wanted["device"]
-    if tuned["problem"] == wanted["problem"]:
-        return "exact" if same_device else "same_arch"
-    if policy.bucket(tuned["problem"]) == policy.bucket(wanted["problem"]):
+    if _same(tuned["problem"], wanted["problem"]):
+        return "exact" if _same(tuned["device"], wanted["device"]) else "same_arch"
+    if _same(policy.bucket(tuned["problem"]), policy.bucket(wanted["problem"])):
         return "bucket"
     return None
 

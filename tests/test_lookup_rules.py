@@ -72,6 +72,17 @@ def test_nearest_bucket_mate_wins(session: Session) -> None:
     assert far != near
 
 
+def test_a_flag_never_matches_a_size(session: Session) -> None:
+    def with_x(x: object, device: DeviceFingerprint = CPU) -> Key:
+        problem = {"M": 64, "N": 64, "K": 64, "x": x}
+        return Key(kernel="matmul", source_hash="abcd", backend="tvm", problem=problem,
+                   dtype="float32", device=device, environment={"apache-tvm": "0.27.0"})  # fmt: skip
+
+    sized = store(session, with_x(1, device=OTHER_CPU), 1.0)
+    assert lookup(session, with_x(1)) == (sized, "same_arch")
+    assert lookup(session, with_x(True)) is None  # True == 1 in Python, not in a key
+
+
 def test_unvalidated_records_never_serve(session: Session) -> None:
     store(session, key(m=96), 0.1, passed=False)
     assert lookup(session, key(m=96)) is None

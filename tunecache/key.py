@@ -23,6 +23,7 @@ from typing import Any
 from tunecache.canonical import digest
 from tunecache.device import DeviceFingerprint
 from tunecache.errors import InvalidInput
+from tunecache.policies import bucket_policy
 
 KEY_SCHEMA_VERSION = 1
 BACKENDS = ("triton", "tvm", "inductor")
@@ -31,30 +32,83 @@ DTYPES = (
 )  # fmt: skip
 # A dimension above this is not a kernel problem but a typo (2**31 elements per side).
 MAX_DIM = 2**31 - 1
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$")
+MAX_PARAMS = 32  # parameters of one problem
+MAX_FLAG_CHARS = 64  # a string parameter (a layout, a mode)
+# ASCII only, matched whole (``fullmatch``: ``$`` alone would let a trailing newline through).
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}")
 ProblemValue = int | bool | str
 
 
-def check_problem(problem: Mapping[str, Any]) -> dict[str, ProblemValue]:
+def describe(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, for error messages about any input.
+
+    ``repr`` escapes control characters and lone surrogates, so the message is always printable
+    and encodable; a huge integer is described by its size (``str`` refuses over 4300 digits).
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**limit:
+        if value.bit_length() > 14_000:  # over 4214 digits: str() may refuse
+            return f"an integer of {value.bit_length()} bits"
+        digits = str(value)
+        return f"{digits[:limit]}... ({len(digits.lstrip('-'))} digits)"
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value)} characters)" if isinstance(value, str) else ""
+    return f"{text[:limit]}...{size}"
+
+
+def check_problem(problem: Any, *, kernel: str | None = None) -> dict[str, ProblemValue]:
     """Validates a problem's parameters: names are identifiers, sizes are integers in range.
 
+    A value is an integer size in ``1..MAX_DIM``, a boolean flag, or a string of at most
+    ``MAX_FLAG_CHARS`` characters; a problem has 1 to ``MAX_PARAMS`` parameters and at least one
+    integer size. Given ``kernel``, the dimensions its lookup rules round to a bucket
+    (:func:`tunecache.policies.bucket_policy`) must be integer sizes, not flags.
+
     Raises:
-        InvalidInput: naming the first bad parameter.
+        InvalidInput: naming the first bad parameter and the bound it breaks.
     """
+    if not isinstance(problem, Mapping):
+        raise InvalidInput(f"problem must be an object of NAME: size, not {type(problem).__name__}")
     if not problem:
         raise InvalidInput("problem: needs at least one parameter")
+    if len(problem) > MAX_PARAMS:
+        raise InvalidInput(f"problem has {len(problem)} parameters; the limit is {MAX_PARAMS}")
     checked: dict[str, ProblemValue] = {}
     for name, value in problem.items():
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise InvalidInput(f"problem: parameter name {name!r} is not an identifier")
-        if isinstance(value, bool) or (isinstance(value, str) and len(value) <= 64):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise InvalidInput(
+                f"problem: parameter name {describe(name)} is not an identifier "
+                "(ASCII letters, digits and _.:-, at most 128 characters)"
+            )
+        if isinstance(value, bool):
             checked[name] = value
         elif isinstance(value, int):
             if not 1 <= value <= MAX_DIM:
-                raise InvalidInput(f"problem: {name}={value} is outside 1..{MAX_DIM}")
+                raise InvalidInput(f"problem: {name}={describe(value)} is outside 1..{MAX_DIM}")
+            checked[name] = value
+        elif isinstance(value, str):
+            if len(value) > MAX_FLAG_CHARS:
+                raise InvalidInput(
+                    f"problem: {name} is a string of {len(value)} characters; "
+                    f"the limit is {MAX_FLAG_CHARS}"
+                )
             checked[name] = value
         else:
-            raise InvalidInput(f"problem: {name}={value!r} is not an integer size or a flag")
+            raise InvalidInput(
+                f"problem: {name}={describe(value)} is not an integer size in 1..{MAX_DIM}, "
+                "a boolean flag or a short string"
+            )
+    if not any(isinstance(v, int) and not isinstance(v, bool) for v in checked.values()):
+        raise InvalidInput("problem: needs at least one integer size")
+    if kernel is not None:
+        for dim in bucket_policy(kernel).dims:
+            value = checked.get(dim)
+            if isinstance(value, bool | str):
+                raise InvalidInput(
+                    f"problem: {dim}={describe(value)} is not an integer size in 1..{MAX_DIM} "
+                    f"({kernel}'s lookup rounds {dim} to a size bucket)"
+                )
     return dict(sorted(checked.items()))
 
 
@@ -71,14 +125,14 @@ class Key:
     environment: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.kernel):
-            raise InvalidInput(f"kernel name {self.kernel!r} is not an identifier")
+        if not isinstance(self.kernel, str) or not _NAME.fullmatch(self.kernel):
+            raise InvalidInput(f"kernel name {describe(self.kernel)} is not an identifier")
         if self.backend not in BACKENDS:
             raise InvalidInput(f"unknown backend {self.backend!r}; expected one of {BACKENDS}")
         if self.dtype not in DTYPES:
             raise InvalidInput(f"unknown dtype {self.dtype!r}; expected one of {DTYPES}")
         # Store sorted plain dicts so equal keys compare equal whatever order they were built in.
-        object.__setattr__(self, "problem", check_problem(self.problem))
+        object.__setattr__(self, "problem", check_problem(self.problem, kernel=self.kernel))
         object.__setattr__(self, "environment", dict(sorted(self.environment.items())))
 
     def __hash__(self) -> int:
@@ -105,7 +159,9 @@ class Key:
             InvalidInput: a field is missing or of the wrong schema version.
         """
         if data.get("schema", KEY_SCHEMA_VERSION) != KEY_SCHEMA_VERSION:
-            raise InvalidInput(f"key schema {data.get('schema')!r} is not {KEY_SCHEMA_VERSION}")
+            raise InvalidInput(
+                f"key schema {describe(data.get('schema'))} is not {KEY_SCHEMA_VERSION}"
+            )
         try:
             return cls(
                 kernel=data["kernel"],

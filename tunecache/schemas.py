@@ -2,7 +2,12 @@
 
 Naming follows the FastAPI template: ``XCreate`` is what a client sends, ``XPublic`` what the server
 returns. Every model forbids unknown fields and bounds its sizes, so a malformed or oversized upload
-is a 4xx with a reason, never a 5xx.
+is a 4xx with a reason, never a 5xx:
+
+- anywhere in a body (:func:`tunecache.jsonsafe.json_problem`): no NUL character or lone
+  surrogate in a string, no NaN or infinity, no integer outside int64, no deep nesting;
+- every number has bounds, and is strict: ``true`` is not a count, ``1.5`` not a size; an integer
+  that lands in an ``INTEGER`` column (an id) fits PostgreSQL's int32.
 """
 
 from __future__ import annotations
@@ -11,36 +16,41 @@ import math
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput
-from tunecache.key import BACKENDS, DTYPES, Key, check_problem
+from tunecache.jsonsafe import INT64_MAX, json_problem
+from tunecache.key import BACKENDS, DTYPES, KEY_SCHEMA_VERSION, Key, check_problem, describe
 
 MAX_TRIALS = 20_000
 MAX_CHECKS = 256
 MAX_CONFIG_BYTES = 256 * 1024
+MAX_ID = 2**31 - 1  # ids are INTEGER columns: int32 on PostgreSQL
+MAX_SEARCH_SECONDS = 1e8
 
 Backend = Literal["triton", "tvm", "inductor"]
 assert set(BACKENDS) == {"triton", "tvm", "inductor"}
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$")]
 ShortText = Annotated[str, Field(max_length=512)]
-Millis = Annotated[float, Field(gt=0, lt=1e9, allow_inf_nan=False)]
+Millis = Annotated[float, Field(strict=True, gt=0, lt=1e9, allow_inf_nan=False)]
+# A relative or absolute error: any size a broken kernel produces, but a number.
+Error = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+# A relative-error bound: 1.0 (100 %) already lets anything of the right magnitude through.
+Tolerance = Annotated[float, Field(strict=True, gt=0, le=1.0, allow_inf_nan=False)]
+RecordId = Annotated[int, Field(strict=True, ge=1, le=MAX_ID)]
+LeaseSeconds = Annotated[float, Field(strict=True, gt=0, le=86_400, allow_inf_nan=False)]
 JSONObject = dict[str, Any]
-
-
-def _reject_nul(value: Any, path: str = "body") -> None:
-    """PostgreSQL text cannot hold NUL; reject it anywhere so no database ever sees one."""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError(f"{path} contains a NUL character")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            _reject_nul(key, path)
-            _reject_nul(item, f"{path}.{key}")
-    elif isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _reject_nul(item, f"{path}[{i}]")
 
 
 class _Strict(BaseModel):
@@ -48,8 +58,9 @@ class _Strict(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_nul(cls, data: Any) -> Any:
-        _reject_nul(data, cls.__name__)
+    def _sane_json(cls, data: Any) -> Any:
+        if (why := json_problem(data, cls.__name__)) is not None:
+            raise ValueError(why)
         return data
 
 
@@ -66,42 +77,61 @@ def _check_config(value: JSONObject) -> JSONObject:
 class DeviceModel(_Strict):
     kind: Literal["cpu", "cuda", "rocm"]
     arch: Name
-    name: Annotated[str, Field(min_length=1, max_length=128)]
-    units: Annotated[int, Field(ge=1, le=1_000_000)]
-    memory_gb: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    units: Annotated[int, Field(strict=True, ge=1, le=1_000_000)]
+    memory_gb: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] = 0
     flags: Annotated[list[Name], Field(max_length=64)] = []
+
+
+def _checked_problem(value: Any, kernel: str | None = None) -> Any:
+    """``check_problem`` as a pydantic validator: one error naming the parameter and its bound."""
+    try:
+        return check_problem(value, kernel=kernel)
+    except InvalidInput as exc:
+        raise ValueError(str(exc)) from None
 
 
 class KeyModel(_Strict):
     """A :class:`tunecache.key.Key` on the wire."""
 
-    schema_: Annotated[int, Field(alias="schema")] = 1
+    schema_: Annotated[int, Field(alias="schema")] = KEY_SCHEMA_VERSION
     kernel: Name
     source_hash: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[0-9a-f]+$")]
     backend: Backend
-    problem: dict[str, int | bool | str]
+    problem: dict[str, StrictInt | StrictBool | StrictStr]
     dtype: str
     device: DeviceModel
-    environment: Annotated[dict[str, Annotated[str, Field(max_length=64)]], Field(max_length=16)]
+    # Distribution name -> version (tunecache.environment).
+    environment: Annotated[
+        dict[
+            Annotated[
+                str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+            ],
+            Annotated[str, Field(max_length=64, pattern=r"^[^\x00-\x1f\x7f]*$")],
+        ],
+        Field(max_length=16),
+    ]
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("schema_", mode="before")
+    @classmethod
+    def _known_schema(cls, value: Any) -> Any:
+        if type(value) is not int or value != KEY_SCHEMA_VERSION:  # not True, not 1.0
+            raise ValueError(f"key schema {describe(value)} is not {KEY_SCHEMA_VERSION}")
+        return value
 
     @field_validator("dtype")
     @classmethod
     def _known_dtype(cls, value: str) -> str:
         if value not in DTYPES:
-            raise ValueError(f"unknown dtype {value!r}; expected one of {DTYPES}")
+            raise ValueError(f"unknown dtype {describe(value)}; expected one of {DTYPES}")
         return value
 
-    @field_validator("problem")
+    @field_validator("problem", mode="before")
     @classmethod
-    def _valid_problem(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if len(value) > 32:
-            raise ValueError("problem has more than 32 parameters")
-        try:
-            return check_problem(value)
-        except InvalidInput as exc:
-            raise ValueError(str(exc)) from None
+    def _valid_problem(cls, value: Any, info: ValidationInfo) -> Any:
+        return _checked_problem(value, info.data.get("kernel"))
 
     @classmethod
     def from_key(cls, key: Key) -> KeyModel:
@@ -120,9 +150,10 @@ class TimingModel(_Strict):
     median_ms: Millis
     min_ms: Millis
     max_ms: Millis
-    iqr_ms: Annotated[float, Field(ge=0, lt=1e9, allow_inf_nan=False)] = 0.0
-    repeats: Annotated[int, Field(ge=1, le=1_000_000)]
-    warmup: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    iqr_ms: Annotated[float, Field(strict=True, ge=0, lt=1e9, allow_inf_nan=False)] = 0.0
+    # Up to max_repeats samples of up to 1e6 batched calls each (tunecache.timing).
+    repeats: Annotated[int, Field(strict=True, ge=1, le=1_000_000_000)]
+    warmup: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] = 0
     timer: Annotated[str, Field(max_length=64)] = "perf_counter"
 
     @model_validator(mode="after")
@@ -135,22 +166,24 @@ class TimingModel(_Strict):
 class CheckModel(_Strict):
     """One comparison of a candidate's output with the float64 golden reference."""
 
-    problem: dict[str, int | bool | str]
-    seed: Annotated[int, Field(ge=0)]
+    problem: dict[str, StrictInt | StrictBool | StrictStr]
+    seed: Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
     # ‖out − ref‖ / ‖ref‖; None when the output could not be compared (NaN, crash, wrong shape).
-    rel_error: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None
-    max_abs_error: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None
-    tolerance: Annotated[float, Field(gt=0)]
-    passed: bool
+    rel_error: Error | None
+    max_abs_error: Error | None
+    tolerance: Tolerance
+    passed: StrictBool
     note: ShortText = ""
+
+    _valid_problem = field_validator("problem", mode="before")(_checked_problem)
 
 
 class ValidationReport(_Strict):
     """How a winner was checked against the golden reference."""
 
-    passed: bool
-    tolerance: Annotated[float, Field(gt=0)]
-    max_rel_error: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None
+    passed: StrictBool
+    tolerance: Tolerance
+    max_rel_error: Error | None
     checks: Annotated[list[CheckModel], Field(min_length=1, max_length=MAX_CHECKS)]
     reference: Annotated[str, Field(max_length=128)] = "float64"
 
@@ -193,8 +226,8 @@ class SearchModel(_Strict):
     """How the winner was found."""
 
     strategy: Annotated[str, Field(max_length=64)]
-    trials: Annotated[int, Field(ge=0, le=10_000_000)]
-    seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    trials: Annotated[int, Field(strict=True, ge=0, le=10_000_000)]
+    seconds: Annotated[float, Field(strict=True, ge=0, le=MAX_SEARCH_SECONDS, allow_inf_nan=False)]
 
 
 class BaselineModel(_Strict):
@@ -279,8 +312,8 @@ JobState = Literal["queued", "running", "done", "failed"]
 
 class JobCreate(_Strict):
     key: KeyModel
-    priority: Annotated[int, Field(ge=-1000, le=1000)] = 0
-    max_attempts: Annotated[int, Field(ge=1, le=100)] = 3
+    priority: Annotated[int, Field(strict=True, ge=-1000, le=1000)] = 0
+    max_attempts: Annotated[int, Field(strict=True, ge=1, le=100)] = 3
     source: Annotated[str, Field(max_length=32, pattern=r"^[a-z_]+$")] = "api"
 
 
@@ -308,17 +341,17 @@ class JobEnqueued(_Strict):
 
 class ClaimRequest(_Strict):
     worker: Annotated[str, Field(min_length=1, max_length=128)]
-    lease_seconds: Annotated[float, Field(gt=0, le=86_400)] = 300.0
+    lease_seconds: LeaseSeconds = 300.0
 
 
 class LeaseRequest(_Strict):
     worker: Annotated[str, Field(min_length=1, max_length=128)]
-    lease_seconds: Annotated[float, Field(gt=0, le=86_400)] = 300.0
+    lease_seconds: LeaseSeconds = 300.0
 
 
 class JobResult(_Strict):
     worker: Annotated[str, Field(min_length=1, max_length=128)]
-    record_id: int | None = None
+    record_id: RecordId | None = None
     error: Annotated[str, Field(max_length=4096)] = ""
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from tunecache.errors import InvalidInput
-from tunecache.key import BACKENDS, DTYPES
+from tunecache.key import BACKENDS, DTYPES, MAX_DIM, describe
 from tunecache.settings import Settings
+
+_INTEGER = re.compile(r"-?[0-9]+")  # int() also takes "١٢" (Arabic-Indic), "1_000", "+8"
 
 
 def parse_shape(text: str) -> dict[str, int]:
@@ -17,21 +20,23 @@ def parse_shape(text: str) -> dict[str, int]:
         InvalidInput: naming the malformed part.
     """
     shape: dict[str, int] = {}
+    shown = describe(text, 60)
     for part in text.split(","):
         name, sep, value = part.strip().partition("=")
         name, value = name.strip(), value.strip()
         if not sep or not name or not value:
-            raise InvalidInput(f"malformed shape {text!r}: expected NAME=INT[,NAME=INT...]")
+            raise InvalidInput(f"malformed shape {shown}: expected NAME=INT[,NAME=INT...]")
         if name in shape:
-            raise InvalidInput(f"malformed shape {text!r}: {name} given twice")
-        try:
-            size = int(value)
-        except ValueError:
+            raise InvalidInput(f"malformed shape {shown}: {name} given twice")
+        if not _INTEGER.fullmatch(value):
             raise InvalidInput(
-                f"malformed shape {text!r}: {name}={value!r} is not an integer"
-            ) from None
+                f"malformed shape {shown}: {name}={describe(value)} is not an integer"
+            )
+        if len(value.lstrip("-")) > len(str(MAX_DIM)):  # and int() refuses 4300+ digits
+            raise InvalidInput(f"shape: {name}={describe(value)} is outside 1..{MAX_DIM}")
+        size = int(value)
         if size < 1:
-            raise InvalidInput(f"malformed shape {text!r}: {name}={size} must be positive")
+            raise InvalidInput(f"malformed shape {shown}: {name}={size} must be positive")
         shape[name] = size
     return shape
 

@@ -6,14 +6,16 @@ import math
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
 
 from cache_server import jobs
 from cache_server.api.auth import READ, WRITE, ReadAccess
 from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.metrics import MetricsDep
-from cache_server.models import JobRow, utcnow
+from cache_server.models import JobRow, RecordRow, utcnow
 from tunecache.schemas import (
+    INT64_MAX,
+    MAX_ID,
     ClaimRequest,
     JobCreate,
     JobEnqueued,
@@ -126,8 +128,11 @@ def claim_job(request: ClaimRequest, session: SessionDep) -> JobPublic | Respons
     return Response(status_code=status.HTTP_204_NO_CONTENT) if job is None else public(job)
 
 
+JobId = Annotated[int, Path(ge=1, le=MAX_ID)]  # an INTEGER column: int32 on PostgreSQL
+
+
 @router.post("/jobs/{job_id}/heartbeat", dependencies=[WRITE], responses=LEASE_LOST)
-def heartbeat(job_id: int, request: LeaseRequest, session: SessionDep) -> JobPublic:
+def heartbeat(job_id: JobId, request: LeaseRequest, session: SessionDep) -> JobPublic:
     job = jobs.heartbeat(
         session, job_id=job_id, worker=request.worker, lease_seconds=request.lease_seconds
     )
@@ -135,13 +140,15 @@ def heartbeat(job_id: int, request: LeaseRequest, session: SessionDep) -> JobPub
 
 
 @router.post("/jobs/{job_id}/complete", dependencies=[WRITE], responses=LEASE_LOST)
-def complete(job_id: int, request: JobResult, session: SessionDep) -> JobPublic:
+def complete(job_id: JobId, request: JobResult, session: SessionDep) -> JobPublic:
+    if request.record_id is not None and session.get(RecordRow, request.record_id) is None:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, f"no record {request.record_id}")
     job = jobs.complete(session, job_id=job_id, worker=request.worker, record_id=request.record_id)
     return _held(job, job_id)
 
 
 @router.post("/jobs/{job_id}/fail", dependencies=[WRITE], responses=LEASE_LOST)
-def fail(job_id: int, request: JobResult, session: SessionDep) -> JobPublic:
+def fail(job_id: JobId, request: JobResult, session: SessionDep) -> JobPublic:
     """A failed attempt: the job is queued again until it runs out of attempts."""
     job = jobs.fail(session, job_id=job_id, worker=request.worker, error=request.error)
     return _held(job, job_id)
@@ -152,14 +159,14 @@ def list_jobs(
     session: SessionDep,
     state: JobState | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
 ) -> JobList:
     rows, total = jobs.list_jobs(session, state=state, limit=limit, offset=offset)
     return JobList(items=[public(r) for r in rows], count=total)
 
 
 @router.get("/jobs/{job_id}", dependencies=[READ], responses={404: {"description": "no such job"}})
-def get_job(job_id: int, session: SessionDep) -> JobPublic:
+def get_job(job_id: JobId, session: SessionDep) -> JobPublic:
     job = jobs.get_job(session, job_id=job_id)
     if job is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")

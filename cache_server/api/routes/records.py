@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, HTTPException, Path, Query, status
 
 from cache_server import queries
 from cache_server.api.auth import READ, WRITE
@@ -12,6 +12,8 @@ from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.lookup import find_winner
 from cache_server.metrics import MetricsDep
 from tunecache.schemas import (
+    INT64_MAX,
+    MAX_ID,
     Backend,
     LookupRequest,
     LookupResponse,
@@ -78,7 +80,7 @@ def list_records(
     validated: bool | None = None,
     winners_only: bool = False,
     limit: Annotated[int, Query(ge=1)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
 ) -> RecordList:
     """Records matching every given filter, newest first (trials are left out)."""
     if limit > settings.list_limit:
@@ -106,7 +108,9 @@ def list_records(
     dependencies=[READ],
     responses={404: {"description": "no such record"}},
 )
-def get_record(record_id: int, session: SessionDep) -> RecordPublic:
+def get_record(
+    record_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep
+) -> RecordPublic:
     """One record with every trial of its search."""
     record = queries.get_record(session, record_id=record_id)
     if record is None:
