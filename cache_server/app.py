@@ -14,9 +14,10 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cache_server import tokens
 from cache_server.api.limits import BodySizeLimit
@@ -75,6 +76,12 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
             ]
             return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 400 and (why := _unparsable(exc.__cause__)) is not None:
+            return JSONResponse({"detail": why}, status_code=400)
+        return await http_exception_handler(request, exc)
+
     @app.exception_handler(InvalidInput)
     async def invalid_input(_request: Request, exc: InvalidInput) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
@@ -88,3 +95,14 @@ def _bootstrap(app: FastAPI, token: str) -> None:
     with app.state.sessionmaker.begin() as session:
         if tokens.ensure(session, token=token, name="bootstrap", scope="admin"):
             logger.info("stored the bootstrap admin token (hashed)")
+
+
+def _unparsable(cause: BaseException | None) -> str | None:
+    """What FastAPI's "There was an error parsing the body" was, in words a client can act on."""
+    if isinstance(cause, RecursionError):
+        return "the body could not be parsed: it is nested too deeply"
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the body could not be parsed: it is not UTF-8 (byte {cause.start})"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        return "the body could not be parsed: a number in it has more than 4300 digits"
+    return None

@@ -61,10 +61,7 @@ def worker_metrics_dir() -> Iterator[str]:
     Raises:
         NotADirectoryError: The variable names no directory.
     """
-    given = os.environ.get(ENV)
-    if given:
-        if not os.path.isdir(given):
-            raise NotADirectoryError(f"{ENV}={given!r} is not a directory")
+    if (given := _user_dir()) is not None:
         yield given
         return
     path = tempfile.mkdtemp(prefix="tunecache-metrics-")
@@ -74,3 +71,20 @@ def worker_metrics_dir() -> Iterator[str]:
     finally:
         os.environ.pop(ENV, None)
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _user_dir() -> str | None:
+    given = os.environ.get(ENV)
+    if given and not os.path.isdir(given):
+        raise NotADirectoryError(f"{ENV}={given!r} is not a directory")
+    return given or None
+
+
+@contextmanager
+def user_metrics_dir() -> Iterator[str | None]:
+    """For one server process: the user's ``PROMETHEUS_MULTIPROC_DIR``, checked, or ``None``.
+
+    Raises:
+        NotADirectoryError: The variable names no directory.
+    """
+    yield _user_dir()

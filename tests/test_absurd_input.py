@@ -423,10 +423,10 @@ def test_nesting_bombs_and_oversized_bodies_are_4xx(any_server: LiveServer) -> N
     bomb = "[" * 100_000 + "]" * 100_000
     for name, route in ROUTES.items():
         checker.send(f"100,000 nested lists -> {name}", route.path, bomb.encode(), 400,
-                     ("parsing the body",))  # fmt: skip
+                     ("nested too deeply",))  # fmt: skip
         in_m = json.dumps(route.wrap(record_body())).replace('"M": 64', f'"M": {bomb}', 1)
         checker.send(f"100,000 nested lists in M -> {name}", route.path, in_m.encode(), 400,
-                     ("parsing the body",))  # fmt: skip
+                     ("nested too deeply",))  # fmt: skip
         checker.send(f"500 nested lists in M -> {name}", route.path,
                      encode(route.wrap(mutated(M, nested(500)))), 422,
                      ("key.problem.M", f"more than {MAX_JSON_DEPTH} levels"))  # fmt: skip
@@ -435,7 +435,9 @@ def test_nesting_bombs_and_oversized_bodies_are_4xx(any_server: LiveServer) -> N
         checker.send(f"17 MiB -> {name}", route.path, encode(padded), 413, ("limit",))
         digits = b'{"key": ' + b"9" * 5000 + b"}"  # beyond Python's 4300-digit int parsing
         checker.send(f"a 5000-digit number -> {name}", route.path, digits, 400,
-                     ("parsing the body",))  # fmt: skip
+                     ("more than 4300 digits",))  # fmt: skip
+        latin1 = b'{"key": "caf\xe9"}'
+        checker.send(f"not UTF-8 -> {name}", route.path, latin1, 400, ("not UTF-8",))
         checker.unharmed(f"bombs -> {name}")
     checker.check()
 

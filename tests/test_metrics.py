@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import sqlite3
+import subprocess
 import sys
 import time
 from contextlib import closing
@@ -397,3 +398,17 @@ def test_every_scrape_sums_all_workers(tmp_path: Path) -> None:
         assert lines.count("# TYPE tunecache_records gauge") == 1
         assert lines.count("# TYPE tunecache_jobs gauge") == 1
         assert 'pid="' not in scrape_.text
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_refuses_a_metrics_dir_that_is_not_one(tmp_path: Path, workers: str) -> None:
+    missing = tmp_path / "no-such-dir"
+    done = subprocess.run(
+        [sys.executable, "-m", "tunecache.cli", "serve", "--db", f"sqlite:///{tmp_path / 'c.db'}",
+         "--port", "1", "--workers", workers],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, ENV: str(missing)},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"{ENV}={str(missing)!r} is not a directory" in done.stderr
+    assert "Traceback" not in done.stderr and "serving" not in done.stderr

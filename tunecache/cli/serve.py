@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     from cache_server import SchemaOutdated, logs
     from cache_server.app import create_app
-    from cache_server.metrics_multiprocess import worker_metrics_dir
+    from cache_server.metrics_multiprocess import user_metrics_dir, worker_metrics_dir
     from cache_server.migrate import prepare
 
     settings = server_settings(args)
@@ -66,26 +66,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"tunecache serve: {exc}", file=sys.stderr)
         return 2
     host, port = settings.host, settings.port
-    if args.log_format == "text":  # in JSON, every stderr line is a log record
-        print(
-            f"tunecache: serving {url} on http://{host}:{port} (OpenAPI at /docs)", file=sys.stderr
-        )
-    logs.configure(args.log_format, verbose=getattr(args, "verbose", False))
-    # Our access log (cache_server.access) replaces uvicorn's; log_config=None keeps ours.
-    options: dict[str, Any] = {"host": host, "port": port, "log_config": None,
-                               "log_level": "info", "access_log": False}  # fmt: skip
-    if settings.workers == 1:
-        uvicorn.run(create_app(settings), **options)
-        return 0
-    # Each worker process builds its own app (and engine) from the environment. Their metrics go
-    # to files that whichever worker is scraped sums: see cache_server.metrics_multiprocess for
-    # the directory (a fresh one removed on exit, or the user's PROMETHEUS_MULTIPROC_DIR, kept).
     with ExitStack() as stack:
-        try:
-            stack.enter_context(worker_metrics_dir())  # before uvicorn spawns the workers
+        try:  # validated before the banner; with several workers, before uvicorn spawns them
+            metrics_dir = worker_metrics_dir() if settings.workers > 1 else user_metrics_dir()
+            stack.enter_context(metrics_dir)
         except NotADirectoryError as exc:
             print(f"tunecache serve: {exc}", file=sys.stderr)
             return 2
+        if args.log_format == "text":  # in JSON, every stderr line is a log record
+            print(f"tunecache: serving {url} on http://{host}:{port} (OpenAPI at /docs)",
+                  file=sys.stderr)  # fmt: skip
+        logs.configure(args.log_format, verbose=getattr(args, "verbose", False))
+        # Our access log (cache_server.access) replaces uvicorn's; log_config=None keeps ours.
+        options: dict[str, Any] = {"host": host, "port": port, "log_config": None,
+                                   "log_level": "info", "access_log": False}  # fmt: skip
+        if settings.workers == 1:
+            uvicorn.run(create_app(settings), **options)
+            return 0
+        # Each worker process builds its own app (and engine) from the environment. Their
+        # metrics go to files that whichever worker is scraped sums: see
+        # cache_server.metrics_multiprocess for the directory.
         settings.export()
         factory = "cache_server.app:create_app"
         uvicorn.run(factory, factory=True, workers=settings.workers, **options)
