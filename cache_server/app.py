@@ -12,14 +12,10 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi import FastAPI
 
 from cache_server import tokens
+from cache_server.api import errors
 from cache_server.api.limits import BodySizeLimit
 from cache_server.api.routes import health, jobs, records, snapshots
 from cache_server.api.routes import tokens as token_routes
@@ -30,7 +26,6 @@ from cache_server.migrate import check_schema
 from cache_server.ratelimit import RateLimiter
 from cache_server.settings import ServerSettings
 from tunecache import __version__
-from tunecache.errors import InvalidInput
 
 logger = logging.getLogger(__name__)
 
@@ -66,25 +61,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(snapshots.router)
     app.include_router(token_routes.router)
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        try:
-            return await request_validation_exception_handler(request, exc)
-        except (ValueError, RecursionError):  # an input no JSON encoder writes: NaN, a surrogate
-            errors = [
-                {k: v for k, v in e.items() if k not in ("input", "ctx")} for e in exc.errors()
-            ]
-            return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        if exc.status_code == 400 and (why := _unparsable(exc.__cause__)) is not None:
-            return JSONResponse({"detail": why}, status_code=400)
-        return await http_exception_handler(request, exc)
-
-    @app.exception_handler(InvalidInput)
-    async def invalid_input(_request: Request, exc: InvalidInput) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=422)
+    errors.install(app)
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body)
     app.add_middleware(ObserveRequests, metrics=app.state.metrics)  # outermost: sees 413s too
@@ -95,14 +72,3 @@ def _bootstrap(app: FastAPI, token: str) -> None:
     with app.state.sessionmaker.begin() as session:
         if tokens.ensure(session, token=token, name="bootstrap", scope="admin"):
             logger.info("stored the bootstrap admin token (hashed)")
-
-
-def _unparsable(cause: BaseException | None) -> str | None:
-    """What FastAPI's "There was an error parsing the body" was, in words a client can act on."""
-    if isinstance(cause, RecursionError):
-        return "the body could not be parsed: it is nested too deeply"
-    if isinstance(cause, UnicodeDecodeError):
-        return f"the body could not be parsed: it is not UTF-8 (byte {cause.start})"
-    if isinstance(cause, ValueError) and "digits" in str(cause):
-        return "the body could not be parsed: a number in it has more than 4300 digits"
-    return None

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -31,6 +32,16 @@ def make_engine(url: str) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(url, pool_pre_ping=True)
+
+
+def upsert_insert(session: Session, model: type[Any]) -> Any:
+    """``INSERT`` into ``model``'s table with ``ON CONFLICT`` support, in the session's dialect."""
+    dialect = session.get_bind().dialect.name
+    if dialect == "postgresql":
+        return postgresql.insert(model)
+    if dialect == "sqlite":
+        return sqlite.insert(model)
+    raise NotImplementedError(f"no atomic upsert for database dialect {dialect!r}")
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

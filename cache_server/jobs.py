@@ -12,16 +12,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import ColumnElement, and_, case, func, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from cache_server.db import upsert_insert
 from cache_server.models import JobRow, utcnow
-
-
-def _insert(session: Session) -> Any:
-    return (postgresql if session.get_bind().dialect.name == "postgresql" else sqlite).insert(
-        JobRow
-    )
 
 
 def enqueue(
@@ -35,7 +29,7 @@ def enqueue(
 ) -> tuple[JobRow, bool]:
     """Queues a job for ``key_hash`` unless one exists; returns it and whether it is new."""
     now = utcnow()
-    stmt = _insert(session).values(
+    stmt = upsert_insert(session, JobRow).values(
         key_hash=key_hash, key=key, state="queued", priority=priority, source=source,
         attempts=0, max_attempts=max_attempts, error="", created_at=now, updated_at=now,
     )  # fmt: skip

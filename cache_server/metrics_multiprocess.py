@@ -28,7 +28,9 @@ from prometheus_client import generate_latest as _generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-ENV: Final = "PROMETHEUS_MULTIPROC_DIR"
+from cache_server.settings import PROMETHEUS_DIR_ENV, prometheus_dir, set_prometheus_dir
+
+ENV: Final = PROMETHEUS_DIR_ENV
 
 
 def multiprocess_dir() -> str | None:
@@ -36,7 +38,7 @@ def multiprocess_dir() -> str | None:
     they live in memory (the variable was not set when prometheus_client was imported)."""
     if not getattr(values.ValueClass, "_multiprocess", False):
         return None
-    return os.environ.get(ENV)
+    return prometheus_dir()
 
 
 def generate_latest(path: str, *collectors: Collector) -> bytes:
@@ -61,30 +63,25 @@ def worker_metrics_dir() -> Iterator[str]:
     Raises:
         NotADirectoryError: The variable names no directory.
     """
-    if (given := _user_dir()) is not None:
+    if (given := user_metrics_dir()) is not None:
         yield given
         return
     path = tempfile.mkdtemp(prefix="tunecache-metrics-")
-    os.environ[ENV] = path
+    set_prometheus_dir(path)
     try:
         yield path
     finally:
-        os.environ.pop(ENV, None)
+        set_prometheus_dir(None)
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _user_dir() -> str | None:
-    given = os.environ.get(ENV)
-    if given and not os.path.isdir(given):
-        raise NotADirectoryError(f"{ENV}={given!r} is not a directory")
-    return given or None
-
-
-@contextmanager
-def user_metrics_dir() -> Iterator[str | None]:
-    """For one server process: the user's ``PROMETHEUS_MULTIPROC_DIR``, checked, or ``None``.
+def user_metrics_dir() -> str | None:
+    """The user's ``PROMETHEUS_MULTIPROC_DIR``, checked, or ``None`` when unset.
 
     Raises:
         NotADirectoryError: The variable names no directory.
     """
-    yield _user_dir()
+    given = prometheus_dir()
+    if given is not None and not os.path.isdir(given):
+        raise NotADirectoryError(f"{ENV}={given!r} is not a directory")
+    return given

@@ -9,25 +9,16 @@ whatever order they commit in.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sqlalchemy import Select, func, insert, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from cache_server.db import upsert_insert
 from cache_server.models import RecordRow, TrialRow, WinnerRow, utcnow
 from tunecache.schemas import RecordCreate, RecordPublic, TrialModel
 
 S = TypeVar("S", bound=Select)
-
-
-def _insert_winner(session: Session) -> Any:
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        return postgresql.insert(WinnerRow)
-    if dialect == "sqlite":
-        return sqlite.insert(WinnerRow)
-    raise NotImplementedError(f"no atomic upsert for database dialect {dialect!r}")
 
 
 def add_record(session: Session, *, key_hash: str, record: RecordCreate) -> tuple[int, int | None]:
@@ -76,7 +67,7 @@ def add_record(session: Session, *, key_hash: str, record: RecordCreate) -> tupl
             ],
         )
     if record.validation.passed:
-        stmt = _insert_winner(session).values(
+        stmt = upsert_insert(session, WinnerRow).values(
             key_hash=key_hash, record_id=row.id, time_ms=row.time_ms, updated_at=utcnow()
         )
         stmt = stmt.on_conflict_do_update(

@@ -20,13 +20,28 @@
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tunecache.settings import DEFAULT_PORT, default_db_url
 from tunecache.tokens import MIN_TOKEN_CHARS
+
+PROMETHEUS_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's, not ours
+
+
+def prometheus_dir() -> str | None:
+    """``PROMETHEUS_MULTIPROC_DIR``: where prometheus_client keeps several processes' metrics."""
+    return os.environ.get(PROMETHEUS_DIR_ENV) or None
+
+
+def set_prometheus_dir(path: str | None) -> None:
+    """Sets (or, with ``None``, unsets) it for the worker processes started after this."""
+    if path is None:
+        os.environ.pop(PROMETHEUS_DIR_ENV, None)
+    else:
+        os.environ[PROMETHEUS_DIR_ENV] = path
 
 
 class ServerSettings(BaseSettings):

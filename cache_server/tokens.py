@@ -10,9 +10,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from cache_server.db import upsert_insert
 from cache_server.models import TokenRow, utcnow
 from tunecache.tokens import Scope, TokenPublic, fingerprint, new_token, shown_part
 
@@ -41,10 +41,8 @@ def ensure(session: Session, *, token: str, name: str, scope: Scope) -> bool:
     Returns:
         whether it was stored now.
     """
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     stmt = (
-        insert(TokenRow)
+        upsert_insert(session, TokenRow)
         .values(
             name=name,
             scope=scope,

@@ -213,8 +213,7 @@ class Client:
         Raises:
             ServerError: the server is unreachable or gave a bad answer.
         """
-        request = LookupRequest(key=KeyModel.from_key(key), policy=self.policy)
-        body = request.model_dump(mode="json", by_alias=True)
+        body = self._lookup_body(key)
         try:
             response = self._http.post(
                 "/v1/lookup", json=body, timeout=timeout or self.timeout.for_lookup()
@@ -226,6 +225,11 @@ class Client:
             return LookupResponse.model_validate_json(response.content).record
         except (httpx.HTTPError, ValidationError, ValueError) as exc:
             raise ServerError(f"lookup at {self.url} failed: {type(exc).__name__}: {exc}") from exc
+
+    def _lookup_body(self, key: Key) -> dict[str, Any]:
+        """The body of a lookup or a miss report: the key and this client's version policy."""
+        request = LookupRequest(key=KeyModel.from_key(key), policy=self.policy)
+        return request.model_dump(mode="json", by_alias=True)
 
     def _failed(self, exc: Exception) -> None:
         with self._lock:
@@ -264,9 +268,7 @@ class Client:
         Raises:
             ServerError: the server is unreachable or refused (429: over its rate limit).
         """
-        body = LookupRequest(key=KeyModel.from_key(key), policy=self.policy).model_dump(
-            mode="json", by_alias=True
-        )
+        body = self._lookup_body(key)
         response = self._call("POST", "/v1/misses", json=body, timeout=timeout)
         return JobEnqueued.model_validate_json(response.content)
 

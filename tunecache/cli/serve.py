@@ -68,8 +68,10 @@ def run(args: argparse.Namespace) -> int:
     host, port = settings.host, settings.port
     with ExitStack() as stack:
         try:  # validated before the banner; with several workers, before uvicorn spawns them
-            metrics_dir = worker_metrics_dir() if settings.workers > 1 else user_metrics_dir()
-            stack.enter_context(metrics_dir)
+            if settings.workers > 1:
+                stack.enter_context(worker_metrics_dir())
+            else:
+                user_metrics_dir()
         except NotADirectoryError as exc:
             print(f"tunecache serve: {exc}", file=sys.stderr)
             return 2
