@@ -1,8 +1,9 @@
 # Two images from one file:
 #   docker build --target server -t tunecache-server .   the cache server (no torch, no GPU)
 #   docker build --target daemon -t tunecache-daemon .   the tuning daemon (CUDA torch, Triton, TVM)
+# Both install the same source tree, gathered once in the `source` stage, with different extras.
 
-FROM python:3.11-slim AS server
+FROM scratch AS source
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY tunecache ./tunecache
@@ -10,6 +11,10 @@ COPY cache_server ./cache_server
 COPY tuner ./tuner
 COPY backends ./backends
 COPY workloads ./workloads
+
+FROM python:3.11-slim AS server
+WORKDIR /app
+COPY --from=source /app ./
 RUN pip install --no-cache-dir '.[server]'
 EXPOSE 8765
 ENV TUNECACHE_SERVER_HOST=0.0.0.0
@@ -18,11 +23,6 @@ CMD ["tunecache", "serve"]
 # The daemon runs on a GPU machine: the PyTorch CUDA image brings torch and Triton.
 FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime AS daemon
 WORKDIR /app
-COPY pyproject.toml README.md ./
-COPY tunecache ./tunecache
-COPY cache_server ./cache_server
-COPY tuner ./tuner
-COPY backends ./backends
-COPY workloads ./workloads
+COPY --from=source /app ./
 RUN pip install --no-cache-dir '.[tuner,tvm,triton]'
 CMD ["tunecache", "daemon"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 
 from backends.base import Backend, Budget, Progress, ProgressFn, Runnable, SearchResult, Trial
-from tunecache.errors import InvalidInput
+from tunecache.errors import lookup
+from tunecache.kernels import BACKENDS
 
 # name -> "module:Class"; modules are imported on first use so `import backends` stays light.
 _REGISTRY: dict[str, str] = {
@@ -13,6 +14,7 @@ _REGISTRY: dict[str, str] = {
     "inductor": "backends.inductor:InductorBackend",
     "triton": "backends.triton:TritonBackend",
 }
+assert set(_REGISTRY) == set(BACKENDS), "one list of backend names: tunecache.kernels.BACKENDS"
 
 
 def get_backend(name: str) -> Backend:
@@ -21,13 +23,7 @@ def get_backend(name: str) -> Backend:
     Raises:
         InvalidInput: no backend has that name.
     """
-    try:
-        target = _REGISTRY[name]
-    except KeyError:
-        raise InvalidInput(
-            f"unknown backend {name!r}; known: {', '.join(sorted(_REGISTRY))}"
-        ) from None
-    module, _, cls = target.partition(":")
+    module, _, cls = lookup(_REGISTRY, name, "backend").partition(":")
     backend: Backend = getattr(importlib.import_module(module), cls)()
     return backend
 

@@ -17,7 +17,9 @@ import abc
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from tunecache.schemas import Trial, TrialStatus
 
 if TYPE_CHECKING:
     import torch
@@ -26,7 +28,8 @@ if TYPE_CHECKING:
     from workloads.base import Workload
 
 Runnable = Callable[..., "torch.Tensor"]
-TrialStatus = Literal["ok", "invalid", "compile_error", "runtime_error", "timeout", "wrong_answer"]
+__all__ = ["Backend", "Budget", "Progress", "ProgressFn", "Runnable", "SearchResult", "Trial",
+           "TrialStatus"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -47,17 +50,6 @@ class Budget:
 
 
 @dataclass(frozen=True)
-class Trial:
-    """One candidate the search evaluated; ``time_ms`` is set exactly when ``status == 'ok'``."""
-
-    config: Mapping[str, Any]
-    status: TrialStatus
-    time_ms: float | None = None
-    error: str = ""
-    times_ms: tuple[float, ...] = ()  # the spread behind time_ms, where the measurer keeps it
-
-
-@dataclass(frozen=True)
 class Progress:
     """A progress report from a running search."""
 
@@ -72,7 +64,8 @@ ProgressFn = Callable[[Progress], None]
 
 @dataclass
 class SearchResult:
-    """What a search found: the best config, every trial, and (optionally) its built runnable."""
+    """What a search found: the best config, every trial, and (optionally) its built runnable,
+    a by-product for direct callers (the tuner measures every candidate in its workers)."""
 
     config: dict[str, Any]
     trials: list[Trial]

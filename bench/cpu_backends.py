@@ -16,6 +16,7 @@ import torch
 
 from backends import Budget
 from bench.report import write_result
+from tunecache import key_for
 from tunecache.cli.table import render
 from tunecache.environment import package_version
 from tuner import tune
@@ -44,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
             times: dict[str, float] = {}
             eager = None
             for backend in ("tvm", "inductor"):
-                outcome = tune(name, backend, problem, "float32", Budget(trials=args.trials))
+                key = key_for(name, backend, problem, "float32")
+                outcome = tune(key, Budget(trials=args.trials))
                 record = outcome.record
                 times[backend] = record.timing.median_ms
                 eager = next(

@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backends.tvm.knobs import apply_knobs, knob_space
+from tunecache import key_for
 from tunecache.errors import InvalidInput, TuningError
 from tunecache.space import Config, SearchSpace
-from workloads import get_workload, make_key
+from workloads import get_workload
 from workloads.base import Workload
 
 if TYPE_CHECKING:
@@ -352,7 +353,7 @@ def record_key(
 
     space = sampled(knob_space(spec.workload, spec.problem, spec.dtype), sample, seed)
     configs = list(space.configs())
-    key = make_key(spec.workload, "tvm", spec.problem, spec.dtype).to_json()
+    key = key_for(spec.workload, "tvm", spec.problem, spec.dtype).to_json()
     started = time.perf_counter()
     every = max(1, len(configs) // 20)
 

@@ -9,16 +9,29 @@ whatever order they commit in.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypeVar
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
 
 from sqlalchemy import Select, func, insert, select
 from sqlalchemy.orm import Session
 
 from cache_server.db import upsert_insert
 from cache_server.models import RecordRow, TrialRow, WinnerRow, utcnow
-from tunecache.schemas import RecordCreate, RecordPublic, TrialModel
+from tunecache.schemas import RecordCreate, RecordPublic, Trial
 
 S = TypeVar("S", bound=Select)
+
+
+def _insert_trials(session: Session, record_id: int, record: RecordCreate) -> None:
+    """Every trial of ``record``, in order (the spread ``times_ms`` is not stored)."""
+    if not record.trials:
+        return
+    rows = [
+        {"record_id": record_id, "position": i, "config": t.config, "status": t.status,
+         "time_ms": t.time_ms, "error": t.error}
+        for i, t in enumerate(record.trials)
+    ]  # fmt: skip
+    session.execute(insert(TrialRow), rows)
 
 
 def add_record(session: Session, *, key_hash: str, record: RecordCreate) -> tuple[int, int | None]:
@@ -51,21 +64,7 @@ def add_record(session: Session, *, key_hash: str, record: RecordCreate) -> tupl
     )
     session.add(row)
     session.flush()
-    if record.trials:
-        session.execute(
-            insert(TrialRow),
-            [
-                {
-                    "record_id": row.id,
-                    "position": i,
-                    "config": t.config,
-                    "status": t.status,
-                    "time_ms": t.time_ms,
-                    "error": t.error,
-                }
-                for i, t in enumerate(record.trials)
-            ],
-        )
+    _insert_trials(session, row.id, record)
     if record.validation.passed:
         stmt = upsert_insert(session, WinnerRow).values(
             key_hash=key_hash, record_id=row.id, time_ms=row.time_ms, updated_at=utcnow()
@@ -84,6 +83,20 @@ def add_record(session: Session, *, key_hash: str, record: RecordCreate) -> tupl
     return row.id, winner
 
 
+def record_fields(row: RecordRow) -> dict[str, Any]:
+    """What a client sent for ``row`` (as in :class:`RecordCreate`), less its trials."""
+    return {
+        "key": row.key,
+        "config": row.config,
+        "config_summary": row.config_summary,
+        "timing": row.timing,
+        "baselines": row.baselines,
+        "validation": row.validation,
+        "search": row.search,
+        "provenance": row.provenance,
+    }
+
+
 def public_record(
     row: RecordRow, *, is_winner: bool, trials: Sequence[TrialRow] = ()
 ) -> RecordPublic:
@@ -93,16 +106,9 @@ def public_record(
             "key_hash": row.key_hash,
             "created_at": row.created_at,
             "is_winner": is_winner,
-            "key": row.key,
-            "config": row.config,
-            "config_summary": row.config_summary,
-            "timing": row.timing,
-            "baselines": row.baselines,
-            "validation": row.validation,
-            "search": row.search,
-            "provenance": row.provenance,
+            **record_fields(row),
             "trials": [
-                TrialModel(config=t.config, status=t.status, time_ms=t.time_ms, error=t.error)  # type: ignore[arg-type]
+                Trial(config=t.config, status=t.status, time_ms=t.time_ms, error=t.error)  # type: ignore[arg-type]
                 for t in trials
             ],
         }
@@ -135,38 +141,29 @@ def get_record(
     return public_record(row, is_winner=winner == row.id, trials=trials)
 
 
-def _filtered(
-    stmt: S,
-    *,
-    kernel: str | None,
-    backend: str | None,
-    dtype: str | None,
-    device_arch: str | None,
-    key_hash: str | None,
-    validated: bool | None,
-) -> S:
-    for column, value in (
-        (RecordRow.kernel, kernel),
-        (RecordRow.backend, backend),
-        (RecordRow.dtype, dtype),
-        (RecordRow.device_arch, device_arch),
-        (RecordRow.key_hash, key_hash),
-        (RecordRow.validated, validated),
-    ):
+@dataclass(frozen=True)
+class RecordFilters:
+    """Filters of a record listing, each a :class:`RecordRow` column; ``None`` matches any value."""
+
+    kernel: str | None = None
+    backend: str | None = None
+    dtype: str | None = None
+    device_arch: str | None = None
+    key_hash: str | None = None
+    validated: bool | None = None
+
+
+def _filtered(stmt: S, filters: RecordFilters) -> S:
+    for name, value in asdict(filters).items():
         if value is not None:
-            stmt = stmt.where(column == value)
+            stmt = stmt.where(getattr(RecordRow, name) == value)
     return stmt
 
 
 def list_records(
     session: Session,
     *,
-    kernel: str | None = None,
-    backend: str | None = None,
-    dtype: str | None = None,
-    device_arch: str | None = None,
-    key_hash: str | None = None,
-    validated: bool | None = None,
+    filters: RecordFilters = RecordFilters(),
     winners_only: bool = False,
     limit: int = 100,
     offset: int = 0,
@@ -177,15 +174,7 @@ def list_records(
     )
     if winners_only:
         base = base.where(WinnerRow.record_id.is_not(None))
-    base = _filtered(
-        base,
-        kernel=kernel,
-        backend=backend,
-        dtype=dtype,
-        device_arch=device_arch,
-        key_hash=key_hash,
-        validated=validated,
-    )
+    base = _filtered(base, filters)
     total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
     rows = session.execute(base.order_by(RecordRow.id.desc()).limit(limit).offset(offset)).all()
     return [public_record(r[0], is_winner=r[1] is not None) for r in rows], total

@@ -13,24 +13,13 @@ from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 
 from cache_server.models import RecordRow, WinnerRow
-from cache_server.queries import add_record
+from cache_server.queries import add_record, record_fields
 from tunecache.errors import InvalidInput
 from tunecache.schemas import RecordCreate, SnapshotFilters
 
 
 def _create(row: RecordRow) -> RecordCreate:
-    return RecordCreate.model_validate(
-        {
-            "key": row.key,
-            "config": row.config,
-            "config_summary": row.config_summary,
-            "timing": row.timing,
-            "baselines": row.baselines,
-            "validation": row.validation,
-            "search": row.search,
-            "provenance": row.provenance,
-        }
-    )
+    return RecordCreate.model_validate(record_fields(row))
 
 
 def snapshot_winners(session: Session, *, filters: SnapshotFilters) -> list[RecordCreate]:

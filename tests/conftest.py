@@ -82,25 +82,24 @@ def start_server(
     raise RuntimeError(f"server did not come up: {log.read_text()}")
 
 
+def sqlite_server(tmp: Path) -> Iterator[LiveServer]:
+    """A server over a new SQLite file in ``tmp``, stopped when the generator is closed."""
+    db_path = tmp / "cache.db"
+    live = start_server(f"sqlite:///{db_path}", db_path, tmp / "server.log")
+    yield live
+    live.stop()
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[LiveServer]:
     """A fresh uvicorn cache server on loopback over a new SQLite file."""
-    db_path = tmp_path / "cache.db"
-    live = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "server.log")
-    yield live
-    live.process.terminate()
-    live.process.wait(timeout=10)
+    yield from sqlite_server(tmp_path)
 
 
 @pytest.fixture(scope="module")
 def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """One server for a whole module (for tests that only add distinct keys)."""
-    tmp = tmp_path_factory.mktemp("shared-server")
-    db_path = tmp / "cache.db"
-    live = start_server(f"sqlite:///{db_path}", db_path, tmp / "server.log")
-    yield live
-    live.process.terminate()
-    live.process.wait(timeout=10)
+    yield from sqlite_server(tmp_path_factory.mktemp("shared-server"))
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from tunecache.schemas import (
     RecordCreate,
     SearchModel,
     TimingModel,
-    TrialModel,
+    Trial,
     ValidationReport,
 )
 from tunecache.tokens import new_token
@@ -81,8 +81,19 @@ def make_record(
         ),
         search=SearchModel(strategy="test", trials=trials, seconds=1.0),
         trials=[
-            TrialModel(config={"tile": [i, 8]}, status="ok", time_ms=time_ms + i)
+            Trial(config={"tile": [i, 8]}, status="ok", time_ms=time_ms + i)
             for i in range(trials - 1)
         ]
-        + [TrialModel(config={"tile": [99, 8]}, status="compile_error", error="boom")][:trials],
+        + [Trial(config={"tile": [99, 8]}, status="compile_error", error="boom")][:trials],
     )
+
+
+def build_default(backend: Any, name: str) -> tuple[Any, dict[str, int], Any]:
+    """``(workload, TINY problem, runnable)``: the built-in ``name``'s default config built by
+    ``backend`` (a backend test's starting point)."""
+    from workloads import get_workload
+
+    workload = get_workload(name)
+    problem = TINY[name]
+    return workload, problem, backend.build(workload, problem, "float32",
+                                            workload.default_config(backend.name))  # fmt: skip

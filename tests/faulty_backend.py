@@ -36,10 +36,6 @@ class FaultyBackend(Backend):
     def space(self, workload: Workload, problem: Mapping[str, int], dtype: str) -> SearchSpace:
         return SearchSpace({"mode": MODES, "sleep_ms": (0.0, 1.0)})
 
-    def search(self, workload: Workload, problem: Mapping[str, int], dtype: str, budget: Budget,
-               *, workdir: Path, progress: ProgressFn | None = None) -> SearchResult:  # fmt: skip
-        raise NotImplementedError("searched by tuner.search strategies")
-
     def build(
         self, workload: Workload, problem: Mapping[str, int], dtype: str, config: Mapping[str, Any]
     ) -> Runnable:
@@ -72,3 +68,18 @@ class FaultyTVM(FaultyBackend):
     """The same misbehaving candidates, under a real backend's name so keys can be made."""
 
     name = "tvm"  # type: ignore[assignment]
+
+
+class FaultyNativeTVM(FaultyTVM):
+    """A backend with a search of its own whose best candidate segfaults when it runs."""
+
+    native_strategy = "faulty_search"  # type: ignore[assignment]
+
+    def search(self, workload: Workload, problem: Mapping[str, int], dtype: str, budget: Budget,
+               *, workdir: Path, progress: ProgressFn | None = None) -> SearchResult:  # fmt: skip
+        from backends import Trial
+
+        best, runner_up = {"mode": "segfault", "sleep_ms": 0.0}, {"mode": "ok", "sleep_ms": 0.0}
+        trials = [Trial(config=c, status="ok", time_ms=1.0) for c in (best, runner_up)]
+        return SearchResult(config=best, trials=trials, strategy=self.native_strategy or "",
+                            seconds=0.0, ranked=[runner_up])  # fmt: skip

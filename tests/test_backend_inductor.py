@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 from backends import Budget, Progress, SearchResult, get_backend  # noqa: E402
 from backends.inductor import InductorBackend  # noqa: E402
-from tests.factories import TINY  # noqa: E402
+from tests.factories import TINY, build_default  # noqa: E402
 from tunecache.errors import InvalidInput  # noqa: E402
 from workloads import get_workload  # noqa: E402
 from workloads.base import Workload  # noqa: E402
@@ -211,9 +211,7 @@ def test_softmax_search_times_the_fused_kernel(softmax_search: SearchResult) -> 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_default_build_is_correct(backend: InductorBackend, name: str) -> None:
-    workload = get_workload(name)
-    problem = TINY[name]
-    runnable = backend.build(workload, problem, DTYPE, workload.default_config("inductor"))
+    workload, problem, runnable = build_default(backend, name)
     first = assert_correct(workload, runnable, problem, seed=1)
     second = assert_correct(workload, runnable, problem, seed=2)
     assert not torch.allclose(first, second)

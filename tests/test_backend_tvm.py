@@ -13,7 +13,7 @@ import pytest
 
 from backends import Budget, Progress, SearchResult
 from backends.tvm import TVMBackend
-from tests.factories import TINY
+from tests.factories import TINY, build_default
 from tunecache.errors import InvalidInput, TuningError
 from workloads import get_workload
 from workloads.base import Workload
@@ -96,9 +96,7 @@ def test_available_here(backend: TVMBackend) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(TINY))
 def test_default_config_builds_and_is_correct(backend: TVMBackend, name: str) -> None:
-    workload = get_workload(name)
-    problem = TINY[name]
-    runnable = backend.build(workload, problem, DTYPE, workload.default_config("tvm"))
+    workload, problem, runnable = build_default(backend, name)
     assert_correct(workload, runnable, problem, seed=1)
     # A fresh output each call, of the workload's shape.
     inputs = workload.make_inputs(problem, DTYPE, 2)
@@ -167,8 +165,8 @@ def test_search_winner_is_correct_and_json(
     backend: TVMBackend, matmul_search: tuple[SearchResult, list[Progress], Path]
 ) -> None:
     result, _, _ = matmul_search
-    assert result.runnable is not None
-    assert_correct(MATMUL, result.runnable, MATMUL_PROBLEM, seed=5)
+    runnable = backend.build(MATMUL, MATMUL_PROBLEM, DTYPE, result.config)
+    assert_correct(MATMUL, runnable, MATMUL_PROBLEM, seed=5)
     config = roundtrip(result.config)
     assert config == result.config
     assert config["schedule"] == "meta_schedule"
@@ -260,8 +258,8 @@ def test_host_target_uses_the_cpu_name(backend: TVMBackend) -> None:
 @pytest.mark.slow
 def test_softmax_search_and_edge_rebuild(backend: TVMBackend, tmp_path: Path) -> None:
     result, _ = run_search(backend, SOFTMAX, SOFTMAX_PROBLEM, Budget(trials=8), tmp_path)
-    assert result.runnable is not None
-    assert_correct(SOFTMAX, result.runnable, SOFTMAX_PROBLEM, seed=11)
+    runnable = backend.build(SOFTMAX, SOFTMAX_PROBLEM, DTYPE, result.config)
+    assert_correct(SOFTMAX, runnable, SOFTMAX_PROBLEM, seed=11)
     edge = SOFTMAX.edge_problem(SOFTMAX_PROBLEM)
     assert edge is not None
     # A trace replays on odd sizes, or fails with a TuningError naming the instruction

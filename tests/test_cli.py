@@ -24,7 +24,10 @@ def tunecache(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[s
 
 
 BAD = [
-    (["tune", "conv2d", "--backend", "tvm", "--shape", "M=8"], "unknown workload 'conv2d'"),
+    (["tune", "conv2d", "--backend", "tvm", "--shape", "M=8"], "unknown kernel 'conv2d'"),
+    (["tune", "tests.no_such_module:K", "--backend", "tvm", "--shape", "M=8"], "cannot import 'tests.no_such_module'"),
+    (["tune", "tests.factories:NoSuchKernel", "--backend", "tvm", "--shape", "M=8"], "has no 'NoSuchKernel'"),
+    (["tune", "tests.factories:make_key", "--backend", "tvm", "--shape", "M=8"], "is not a kernel"),
     (["tune", "matmul", "--backend", "cudnn", "--shape", "M=8,N=8,K=8"], "not 'cudnn'"),
     (["tune", "matmul", "--backend", "tvm", "--dtype", "fp8", "--shape", "M=8,N=8,K=8"], "not 'fp8'"),
     (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8"], "missing K"),
@@ -93,10 +96,10 @@ def test_parse_shape() -> None:
 
 def test_get_json_prints_the_record(server: LiveServer) -> None:
     from tests.factories import make_record
+    from tunecache import key_for
     from tunecache.client import Client
-    from workloads import make_key
 
-    key = make_key("matmul", "tvm", {"M": 8, "N": 8, "K": 8}, "float32")
+    key = key_for("matmul", "tvm", {"M": 8, "N": 8, "K": 8}, "float32")
     with Client(server.url) as client:
         client.upload(make_record(key, time_ms=0.5))
     done = tunecache("get", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8", "--json",
@@ -113,16 +116,19 @@ def test_get_json_prints_the_record(server: LiveServer) -> None:
 def test_tuning_triton_without_a_gpu_says_why_and_stores_nothing(shared_server: LiveServer) -> None:
     import os
 
-    for interpret in ("0", "1"):
+    # Without the interpreter a Triton key names a GPU, and there is none; with it, its timings
+    # mean nothing. Either way: exit 2, one line, nothing stored.
+    expected = {"0": ("no CUDA device is visible",), "1": ("interpreter", "timings")}
+    for interpret, words in expected.items():
         env = {**os.environ, "TRITON_INTERPRET": interpret}
         done = subprocess.run(
             [sys.executable, "-m", "tunecache.cli", "tune", "matmul", "--backend", "triton",
              "--dtype", "float16", "--shape", "M=64,N=64,K=64", "--server", shared_server.url],
             capture_output=True, text=True, timeout=300, env=env,
         )  # fmt: skip
-        assert done.returncode in (1, 2), done.stderr
-        assert "Traceback" not in done.stderr
-        assert "interpreter" in done.stderr and "timings" in done.stderr
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr and len(done.stderr.splitlines()) == 1
+        assert all(word in done.stderr for word in words), done.stderr
     assert httpx.get(f"{shared_server.url}/health").json()["records"] == 0
 
 

@@ -7,16 +7,16 @@ import pytest
 from tunecache.errors import TuningError
 from tunecache.space import Config
 from tunecache.timing import TimerSettings
-from tuner.harness import Harness, Job
+from tuner.harness import Harness, HarnessBenchmarker, Task
 
 pytestmark = pytest.mark.slow
 FAULTY = "tests.faulty_backend:FaultyBackend"
 QUICK = TimerSettings(warmup=1, min_repeats=3, max_repeats=5, target_s=0.01)
 
 
-def job(backend: str = FAULTY) -> Job:
-    return Job(backend=backend, workload="matmul", problem={"M": 16, "N": 16, "K": 16},
-               dtype="float32", timer=QUICK)  # fmt: skip
+def task(backend: str = FAULTY) -> Task:
+    return Task(backend=backend, workload="matmul", problem={"M": 16, "N": 16, "K": 16},
+                dtype="float32", timer=QUICK)  # fmt: skip
 
 
 def cfg(mode: str, sleep_ms: float = 0.0) -> Config:
@@ -28,11 +28,12 @@ def test_every_failure_kind_is_recorded_and_the_search_goes_on() -> None:
         cfg("ok", 1.0), cfg("segfault"), cfg("hang"), cfg("wrong"), cfg("raise"),
         cfg("build_raise"), cfg("build_segfault"), cfg("ok"),
     ]  # fmt: skip
-    with Harness(job(), workers=2, build_timeout=60, run_timeout=3) as harness:
-        trials = harness.evaluate(configs)
+    with Harness(workers=2, build_timeout=60, run_timeout=3) as harness:
+        bench = harness.benchmarker(task())
+        trials = bench.evaluate(configs)
         replaced = harness.replaced
         # The pool still works after all that.
-        again = harness.evaluate([cfg("ok")])
+        again = bench.evaluate([cfg("ok")])
     status = {Config.of(t.config): t for t in trials}
     assert [t.config for t in trials] == [c.to_json() for c in configs]  # one trial each, in order
     assert status[cfg("segfault")].status == "runtime_error"
@@ -56,16 +57,20 @@ def test_every_failure_kind_is_recorded_and_the_search_goes_on() -> None:
 
 
 def test_builds_run_in_parallel_workers() -> None:
-    with Harness(job(), workers=2, build_timeout=60, run_timeout=10) as harness:
+    with Harness(workers=2, build_timeout=60, run_timeout=10) as harness:
         pids = {slot.process.pid for slot in harness._slots}
-        trials = harness.evaluate([cfg("ok", 0.0), cfg("ok", 1.0), cfg("wrong"), cfg("ok", 0.0)])
+        trials = harness.benchmarker(task()).evaluate(
+            [cfg("ok", 0.0), cfg("ok", 1.0), cfg("wrong"), cfg("ok", 0.0)]
+        )
     assert len(pids) == 2
     assert [t.status for t in trials] == ["ok", "ok", "wrong_answer", "ok"]
 
 
-def test_a_broken_job_fails_at_start_with_a_reason() -> None:
-    with pytest.raises(TuningError, match="could not set up"):
-        Harness(job(backend="tests.faulty_backend:NoSuchBackend"), workers=1)
+def test_a_broken_task_fails_at_set_up_with_a_reason() -> None:
+    with Harness(workers=1) as harness, pytest.raises(TuningError, match="could not set up"):
+        harness.benchmarker(task(backend="tests.faulty_backend:NoSuchBackend")).evaluate(
+            [cfg("ok")]
+        )
 
 
 def test_real_backend_through_the_harness() -> None:
@@ -75,21 +80,21 @@ def test_real_backend_through_the_harness() -> None:
 
     space = get_backend("tvm").space(get_workload("matmul"), {"M": 16, "N": 16, "K": 16}, "float32")  # type: ignore[attr-defined]
     configs = list(space.configs())[:3]
-    with Harness(job(backend="tvm"), workers=2) as harness:
-        trials = harness.evaluate(configs)
+    with Harness(workers=2) as harness:
+        trials = HarnessBenchmarker(harness, task(backend="tvm")).evaluate(configs)
     assert all(t.status == "ok" and t.time_ms for t in trials)
 
 
 def test_tuner_finishes_records_each_failure_and_picks_a_correct_winner(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from backends import Budget
     from tests.faulty_backend import FaultyTVM
-    from tuner import tune
+    from tunecache import key_for
+    from tuner import TuneOptions, tune
 
-    outcome = tune(
-        "matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32", Budget(trials=14),
-        strategy="exhaustive", backend=FaultyTVM(), backend_ref="tests.faulty_backend:FaultyTVM",
-        workers=2, timer=QUICK, workdir=tmp_path, run_timeout=3,
-    )  # fmt: skip
+    key = key_for("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32")
+    options = TuneOptions(strategy="exhaustive", backend_ref="tests.faulty_backend:FaultyTVM",
+                          workers=2, timer=QUICK, workdir=tmp_path, run_timeout=3)  # fmt: skip
+    outcome = tune(key, Budget(trials=14), options, backend=FaultyTVM())
     record = outcome.record
     assert record.config["mode"] == "ok" and record.validation.passed
     statuses = {t.status for t in record.trials}
@@ -97,3 +102,24 @@ def test_tuner_finishes_records_each_failure_and_picks_a_correct_winner(tmp_path
     assert record.search.strategy == "exhaustive"
     wrong = [t for t in record.trials if t.config.get("mode") == "wrong"]
     assert wrong and all(t.time_ms is None for t in wrong)
+
+
+@pytest.mark.parametrize("kind", ["harness", "in_process"])
+def test_every_benchmarker_answers_the_same(kind: str) -> None:
+    """One contract for every Benchmarker: statuses, timings only for correct answers, and a
+    validation that passes a correct config and fails a wrong one."""
+    from tuner.harness import InProcessBenchmarker
+
+    configs = [cfg("ok"), cfg("wrong"), cfg("raise"), cfg("build_raise")]
+    with Harness(workers=1, build_timeout=60, run_timeout=10) as harness:
+        bench = harness.benchmarker(task()) if kind == "harness" else InProcessBenchmarker(task())
+        trials = bench.evaluate(configs)
+        eager = bench.measure(None)
+        passed = bench.validate(cfg("ok").to_json(), [1, 2])
+        failed = bench.validate(cfg("wrong").to_json(), [1])
+    assert [t.status for t in trials] == ["ok", "wrong_answer", "runtime_error", "compile_error"]
+    assert [t.time_ms is not None for t in trials] == [True, False, False, False]
+    assert trials[0].times_ms and min(trials[0].times_ms) <= trials[0].time_ms  # type: ignore[operator]
+    assert eager.ok and eager.timing is not None and eager.rel_error is not None
+    assert passed.passed and len(passed.checks) == 3  # two seeds and the edge problem
+    assert not failed.passed

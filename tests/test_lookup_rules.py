@@ -15,7 +15,7 @@ from cache_server.queries import add_record
 from tests.factories import CPU, make_record
 from tunecache.device import DeviceFingerprint
 from tunecache.key import Key
-from tunecache.policies import BUCKETS, next_power_of_two, versions_match
+from tunecache.policies import bucket_policy, next_power_of_two, versions_match
 from tunecache.schemas import KeyModel
 
 pytestmark = pytest.mark.slow
@@ -100,7 +100,7 @@ def test_version_policies(session: Session) -> None:
 
 def test_policy_functions() -> None:
     assert [next_power_of_two(n) for n in (1, 2, 3, 64, 65, 4096)] == [1, 2, 4, 64, 128, 4096]
-    assert BUCKETS["softmax"].bucket({"M": 3, "N": 100}) == {"M": 4, "N": 100}
+    assert bucket_policy("softmax").bucket({"M": 3, "N": 100}) == {"M": 4, "N": 100}
     assert not versions_match(
         {"torch": "2.11.0"}, {"torch": "2.11.0", "triton": "3.6"}, "compatible"
     )

@@ -48,9 +48,11 @@ def failing_evaluator(fails: Callable[[Config], bool]) -> Callable[[list[Config]
 
     def evaluate(configs: list[Config]) -> list[Trial]:
         return [
-            Trial(c.to_json(), "wrong_answer", 0.001, "mismatch")
+            Trial.model_construct(
+                config=c.to_json(), status="wrong_answer", time_ms=0.001, error="mismatch"
+            )
             if fails(c)
-            else Trial(c.to_json(), "ok", fake_time(c))
+            else Trial(config=c.to_json(), status="ok", time_ms=fake_time(c))
             for c in configs
         ]
 
@@ -106,23 +108,17 @@ class TestStrategyContract:
             assert (len(log), log.stopped_because) == (7, "trials")
 
     def test_respects_seconds_between_batches(self, strategy: str) -> None:
-        clock = FakeClock()
-        log = run_search(
-            get_strategy(strategy, SPACE),
-            clock.evaluator(),
-            Budget(trials=100, seconds=5),
-            clock=clock,
-        )
-        assert (len(log), log.stopped_because) == (5, "seconds")
-        clock = FakeClock()
-        log = run_search(
-            get_strategy(strategy, SPACE),
-            clock.evaluator(),
-            Budget(trials=100, seconds=5),
-            clock=clock,
-            batch_size=3,
-        )
-        assert (len(log), log.stopped_because) == (6, "seconds")  # checked after 3, then 6 s
+        # One trial a second; with batches of 3 the budget is checked after 3, then 6 s.
+        for batch_size, trials in ((1, 5), (3, 6)):
+            clock = FakeClock()
+            log = run_search(
+                get_strategy(strategy, SPACE),
+                clock.evaluator(),
+                Budget(trials=100, seconds=5),
+                clock=clock,
+                batch_size=batch_size,
+            )
+            assert (len(log), log.stopped_because) == (trials, "seconds"), batch_size
 
     def test_respects_patience(self, strategy: str) -> None:
         calls = 0
@@ -130,7 +126,7 @@ class TestStrategyContract:
         def slower_and_slower(configs: list[Config]) -> list[Trial]:
             nonlocal calls
             calls += 1
-            return [Trial(c.to_json(), "ok", float(calls)) for c in configs]
+            return [Trial(config=c.to_json(), status="ok", time_ms=float(calls)) for c in configs]
 
         log = run_search(
             get_strategy(strategy, SPACE), slower_and_slower, Budget(trials=50, patience=3)
@@ -300,7 +296,10 @@ class TestLoop:
 
     def test_non_finite_ok_time_is_a_failure(self) -> None:
         def evaluate(configs: list[Config]) -> list[Trial]:
-            return [Trial(c.to_json(), "ok", float("nan")) for c in configs]
+            return [
+                Trial.model_construct(config=c.to_json(), status="ok", time_ms=float("nan"))
+                for c in configs
+            ]
 
         log = run_search(get_strategy("random", SPACE), evaluate, Budget(trials=3))
         assert log.best is None

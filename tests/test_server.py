@@ -161,7 +161,9 @@ def test_concurrent_uploads_keep_the_fastest(server: LiveServer) -> None:
 )
 def test_malformed_uploads_are_422(server: LiveServer, content: bytes, reason: str) -> None:
     response = httpx.post(
-        f"{server.url}/v1/records", content=content, headers={"content-type": "application/json", **AUTH}
+        f"{server.url}/v1/records",
+        content=content,
+        headers={"content-type": "application/json", **AUTH},
     )
     assert response.status_code == 422
     assert reason in response.text
@@ -214,7 +216,9 @@ def test_failed_check_cannot_claim_validation(server: LiveServer) -> None:
 def test_oversized_upload_is_413_and_stores_nothing(server: LiveServer) -> None:
     body = body_of(make_record())
     body["config"] = {"blob": "x" * (17 * 2**20)}
-    response = httpx.post(f"{server.url}/v1/records", content=json.dumps(body), headers=AUTH, timeout=30)
+    response = httpx.post(
+        f"{server.url}/v1/records", content=json.dumps(body), headers=AUTH, timeout=30
+    )
     assert response.status_code == 413
     assert "limit" in response.json()["detail"]
     big_config = body_of(make_record())

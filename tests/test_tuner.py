@@ -15,12 +15,19 @@ import torch
 
 from backends import Backend, Budget, Runnable, SearchResult, get_backend
 from tests.conftest import LiveServer
+from tunecache import key_for
 from tunecache.errors import TuningError
 from tunecache.timing import TimerSettings
-from tuner import tune
+from tuner import TuneOptions, tune
 
 pytestmark = pytest.mark.slow
 QUICK_TIMER = TimerSettings(warmup=1, min_repeats=3, max_repeats=5, target_s=0.01)
+MATMUL16 = {"M": 16, "N": 16, "K": 16}
+
+
+def quick(tmp_path: Path, backend_ref: str) -> TuneOptions:
+    """Options for a wrapped TVM backend: its workers import it by ``backend_ref``."""
+    return TuneOptions(workdir=tmp_path, timer=QUICK_TIMER, backend_ref=backend_ref, workers=1)
 
 
 def tunecache(*args: str) -> subprocess.CompletedProcess[str]:
@@ -96,8 +103,9 @@ class PoisonedBackend(Backend):
 
 def test_wrong_winner_is_rejected_and_next_best_wins(tmp_path: Path) -> None:
     backend = PoisonedBackend(get_backend("tvm"))
-    outcome = tune("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32", Budget(trials=4),
-                   workdir=tmp_path, backend=backend, timer=QUICK_TIMER)  # fmt: skip
+    key = key_for("matmul", "tvm", MATMUL16, "float32")
+    options = quick(tmp_path, "tests.test_tuner:PoisonedTVM")
+    outcome = tune(key, Budget(trials=4), options, backend=backend)
     assert len(outcome.rejected) == 1 and not outcome.rejected[0].passed
     assert "poison" not in outcome.record.config
     assert outcome.record.validation.passed
@@ -105,9 +113,10 @@ def test_wrong_winner_is_rejected_and_next_best_wins(tmp_path: Path) -> None:
 
 def test_no_correct_candidate_means_no_record(tmp_path: Path) -> None:
     backend = PoisonedBackend(get_backend("tvm"), poison_all=True)
+    key = key_for("matmul", "tvm", MATMUL16, "float32")
     with pytest.raises(TuningError, match="passed validation"):
-        tune("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32", Budget(trials=4),
-             workdir=tmp_path, backend=backend, timer=QUICK_TIMER)  # fmt: skip
+        tune(key, Budget(trials=4), quick(tmp_path, "tests.test_tuner:PoisonedTVM"),
+             backend=backend)  # fmt: skip
 
 
 class SlowedBackend(PoisonedBackend):
@@ -135,11 +144,24 @@ class SlowedBackend(PoisonedBackend):
 
 
 def test_default_config_wins_when_the_search_winner_is_slower(tmp_path: Path) -> None:
-    outcome = tune("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32", Budget(trials=4),
-                   workdir=tmp_path, backend=SlowedBackend(get_backend("tvm")), timer=QUICK_TIMER)  # fmt: skip
+    key = key_for("matmul", "tvm", MATMUL16, "float32")
+    outcome = tune(key, Budget(trials=4), quick(tmp_path, "tests.test_tuner:SlowedTVM"),
+                   backend=SlowedBackend(get_backend("tvm")))  # fmt: skip
     record = outcome.record
     assert record.config == {"schedule": "default"}
     assert record.validation.passed
     default = next(b for b in record.baselines if b.name == "default_config")
     assert record.timing == default.timing
     assert record.trials[-1].config == {"schedule": "default"} and record.trials[-1].status == "ok"
+
+
+class PoisonedTVM(PoisonedBackend):
+    """How measurement workers build the poisoned candidates: a real TVM backend inside."""
+
+    def __init__(self) -> None:
+        super().__init__(get_backend("tvm"))
+
+
+class SlowedTVM(SlowedBackend):
+    def __init__(self) -> None:
+        super().__init__(get_backend("tvm"))

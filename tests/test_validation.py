@@ -105,3 +105,31 @@ def test_timer_batches_fast_calls() -> None:
     timing = time_cpu(lambda: None, TimerSettings(min_repeats=3, max_repeats=3, target_s=0))
     assert timing.repeats > 3  # several calls per sample for a call far below the timer's grain
     assert "calls" in timing.timer
+
+
+class SkipsTheLastColumn:
+    """Writes every element of its output buffer but the last column: a ragged-edge bug that a
+    zero- or garbage-initialised buffer can hide when the reference happens to be close."""
+
+    takes_out = True
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+        out[:, :-1] = (a @ b)[:, :-1]
+        return out
+
+
+def test_an_element_never_written_fails_through_the_poisoned_buffer() -> None:
+    report = validate(lambda p: SkipsTheLastColumn(), MATMUL, PROBLEM, "float32")
+    assert not report.passed
+    assert all("NaN" in c.note for c in report.checks)  # the poison, left where nothing wrote
+
+
+def test_a_runnable_that_writes_everything_passes_with_the_poisoned_buffer() -> None:
+    class Writes:
+        takes_out = True
+
+        def __call__(self, a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor) -> torch.Tensor:
+            assert torch.isnan(out).all()  # it was poisoned before the run
+            return torch.matmul(a, b, out=out)
+
+    assert validate(lambda p: Writes(), MATMUL, PROBLEM, "float32").passed

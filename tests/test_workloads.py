@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from tunecache import key_for
 from tunecache.errors import InvalidInput
-from workloads import WORKLOADS, get_workload, make_key
+from workloads import WORKLOADS, get_workload
 
 SMALL = {"matmul": {"M": 8, "N": 16, "K": 12}, "softmax": {"M": 4, "N": 33},
          "layernorm": {"M": 4, "N": 33}, "rmsnorm": {"M": 4, "N": 33},
@@ -77,25 +80,28 @@ def test_bad_problems_name_the_parameter(sizes: dict, message: str) -> None:
         get_workload("matmul").problem(sizes)
 
 
-def test_make_key_checks_workload_backend_and_dtype() -> None:
-    with pytest.raises(InvalidInput, match="unknown workload 'conv'; known: bias_gelu"):
-        make_key("conv", "tvm", {"M": 1}, "float32")
+def test_key_for_checks_kernel_backend_and_dtype() -> None:
+    with pytest.raises(InvalidInput, match="unknown kernel 'conv'; built-in: bias_gelu"):
+        key_for("conv", "tvm", {"M": 1}, "float32")
     with pytest.raises(InvalidInput, match="has backends tvm, inductor, triton, not 'cuda'"):
-        make_key("matmul", "cuda", {"M": 1, "N": 1, "K": 1}, "float32")
+        key_for("matmul", "cuda", {"M": 1, "N": 1, "K": 1}, "float32")
     with pytest.raises(InvalidInput, match="supports dtypes"):
-        make_key("matmul", "tvm", {"M": 1, "N": 1, "K": 1}, "float17")
+        key_for("matmul", "tvm", {"M": 1, "N": 1, "K": 1}, "float17")
 
 
 def test_source_hash_depends_on_the_backend_sources() -> None:
     mm = get_workload("matmul")
     assert mm.source_hash("tvm") != mm.source_hash("inductor")
     assert mm.source_hash("tvm") != get_workload("bias_gelu").source_hash("tvm")
-    key = make_key("matmul", "inductor", {"M": 4, "N": 4, "K": 4}, "float32")
+    key = key_for("matmul", "inductor", {"M": 4, "N": 4, "K": 4}, "float32")
     assert key.source_hash == mm.source_hash("inductor") and "torch" in key.environment
 
 
 def test_shared_kernel_sources_are_in_the_source_hash(monkeypatch: pytest.MonkeyPatch) -> None:
     bias_gelu = get_workload("bias_gelu")
     with_shared = bias_gelu.source_hash("triton")
-    monkeypatch.setattr(type(bias_gelu), "shared_sources", {})
+    sources = {**bias_gelu.spec.sources, "triton": bias_gelu.spec.sources["triton"][:1]}
+    monkeypatch.setattr(
+        type(bias_gelu), "spec", dataclasses.replace(bias_gelu.spec, sources=sources)
+    )
     assert bias_gelu.source_hash("triton") != with_shared  # matmul/triton.py's GEMM counts

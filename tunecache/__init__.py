@@ -2,8 +2,12 @@
 
 The client side is light: importing it pulls in no server, no tuner and no deep-learning framework.
 
+Keys are built from :mod:`tunecache` alone, for built-in kernels and users' own
+(``"package.module:qualname"``), on the device the kernel runs on.
+
 Example:
     >>> import tunecache
+    >>> key = tunecache.key_for("matmul", "tvm", {"M": 64, "N": 64, "K": 64}, "float32")
     >>> with tunecache.Client("http://127.0.0.1:8765") as client:  # doctest: +SKIP
     ...     result = client.lookup(key, default={"schedule": "default"})
     ...     result.config
@@ -13,15 +17,20 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from tunecache import builtin  # noqa: F401  # registers the built-in kernels
 from tunecache.client import Client, LookupResult, Timeout
-from tunecache.device import DeviceFingerprint
+from tunecache.device import Device, DeviceFingerprint, DeviceLimits
 from tunecache.errors import InvalidInput, ServerError, TunecacheError, TuningError
-from tunecache.key import Key
+from tunecache.kernels import KernelSpec, get_kernel
+from tunecache.key import Key, key_for
 
 __all__ = [
     "Client",
+    "Device",
     "DeviceFingerprint",
+    "DeviceLimits",
     "InvalidInput",
+    "KernelSpec",
     "Key",
     "LookupResult",
     "ServerError",
@@ -29,4 +38,6 @@ __all__ = [
     "TunecacheError",
     "TuningError",
     "__version__",
+    "get_kernel",
+    "key_for",
 ]

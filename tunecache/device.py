@@ -16,12 +16,17 @@ Example:
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import platform
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from tunecache.errors import InvalidInput
+
+logger = logging.getLogger(__name__)
 
 # ISA flags that change which code a compiler emits, and so which config wins.
 _X86_FLAGS = (
@@ -78,6 +83,102 @@ class DeviceFingerprint:
         )
 
 
+# CUDA's shared memory per block without the opt-in attribute, and its thread limit since Fermi.
+DEFAULT_SHARED_MEMORY = 48 * 1024
+DEFAULT_MAX_THREADS = 1024
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """Per-block limits of one GPU model.
+
+    Attributes:
+        name: the device name (``NVIDIA H100 80GB HBM3``) or a preset's label.
+        max_shared_memory_per_block: bytes one block may use after opting in
+            (``cudaDevAttrMaxSharedMemoryPerBlockOptin``; Triton opts in for every kernel).
+        max_threads_per_block: threads one block may have.
+        sm_count: streaming multiprocessors (for grid-size heuristics).
+        warp_size: threads per warp.
+    """
+
+    name: str
+    max_shared_memory_per_block: int
+    max_threads_per_block: int
+    sm_count: int
+    warp_size: int = 32
+
+    H100: ClassVar[DeviceLimits]
+    A100: ClassVar[DeviceLimits]
+    CPU_INTERPRETER: ClassVar[DeviceLimits]
+
+    def __post_init__(self) -> None:
+        for name in ("max_shared_memory_per_block", "max_threads_per_block", "sm_count"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"DeviceLimits.{name} must be positive, got {getattr(self, name)}")
+        if self.warp_size not in (32, 64):
+            raise ValueError(f"DeviceLimits.warp_size must be 32 or 64, got {self.warp_size}")
+
+    @classmethod
+    def from_properties(cls, props: Any) -> DeviceLimits:
+        """Limits from a ``torch.cuda.get_device_properties`` result (or any look-alike).
+
+        ``shared_memory_per_block_optin`` is read when the torch build exposes it, else
+        ``shared_memory_per_block`` (the 48 KiB default); ``max_threads_per_block`` and
+        ``warp_size`` fall back to 1024 and 32.
+        """
+        optin = getattr(props, "shared_memory_per_block_optin", None)
+        if not optin:
+            optin = getattr(props, "shared_memory_per_block", None) or DEFAULT_SHARED_MEMORY
+            logger.debug("%s: no opt-in shared memory limit; using %d bytes", props.name, optin)
+        return cls(
+            name=str(props.name),
+            max_shared_memory_per_block=int(optin),
+            max_threads_per_block=int(getattr(props, "max_threads_per_block", DEFAULT_MAX_THREADS)),
+            sm_count=int(props.multi_processor_count),
+            warp_size=int(getattr(props, "warp_size", 32) or 32),
+        )
+
+
+DeviceLimits.H100 = DeviceLimits("H100 (preset)", 232448, 1024, 132)  # SXM: 227 KiB opt-in
+DeviceLimits.A100 = DeviceLimits("A100 (preset)", 166912, 1024, 108)  # 163 KiB opt-in
+# The interpreter has no limits of its own: prune as on an H100 so spaces look as on a GPU.
+DeviceLimits.CPU_INTERPRETER = DeviceLimits("CPU interpreter (H100 limits)", 232448, 1024, 132)
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device a kernel runs on: its fingerprint (the key's device part) and the limits a config
+    must fit.
+
+    CUDA devices carry per-block :class:`DeviceLimits`; a CPU's limits are its cores and ISA
+    flags, which the fingerprint already holds (``units``, ``flags``).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> h100 = SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0,
+        ...                        multi_processor_count=132, total_memory=80 * 2**30,
+        ...                        shared_memory_per_block_optin=232448)
+        >>> device = Device.from_cuda_properties(h100)
+        >>> device.fingerprint.arch, device.limits.max_shared_memory_per_block
+        ('sm_90', 232448)
+    """
+
+    fingerprint: DeviceFingerprint
+    limits: DeviceLimits | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.fingerprint.kind
+
+    @classmethod
+    def from_cuda_properties(cls, props: Any) -> Device:
+        """A CUDA device from ``torch.cuda.get_device_properties``'s result (or a look-alike)."""
+        return cls(cuda_fingerprint_from_properties(props), DeviceLimits.from_properties(props))
+
+
+DEVICE_KINDS = ("cpu", "cuda")
+
+
 def _cpu_arch(flags: set[str], machine: str) -> str:
     if "avx512f" in flags:
         return "cpu-avx512"
@@ -129,18 +230,31 @@ def cuda_fingerprint_from_properties(props: Any) -> DeviceFingerprint:
     )
 
 
-def cuda_fingerprint(index: int = 0) -> DeviceFingerprint:
-    """The fingerprint of CUDA device ``index`` (imports torch)."""
-    import torch
-
-    return cuda_fingerprint_from_properties(torch.cuda.get_device_properties(index))
-
-
 @functools.cache
-def local_fingerprint(kind: str = "cpu") -> DeviceFingerprint:
-    """This process's device of ``kind`` (``cpu`` or ``cuda``), read once per process."""
+def local_device(kind: str = "cpu") -> Device:
+    """This process's device of ``kind`` (``cpu`` or ``cuda``: CUDA device 0), read once.
+
+    Raises:
+        InvalidInput: an unknown kind, or ``cuda`` on a machine with no visible CUDA device.
+    """
     if kind == "cpu":
-        return cpu_fingerprint()
-    if kind == "cuda":
-        return cuda_fingerprint()
-    raise ValueError(f"unknown device kind {kind!r}; expected 'cpu' or 'cuda'")
+        return Device(cpu_fingerprint())
+    if kind != "cuda":
+        raise InvalidInput(f"unknown device kind {kind!r}; expected one of {DEVICE_KINDS}")
+    try:
+        import torch
+
+        available = torch.cuda.is_available()
+    except ImportError:
+        available = False
+    if not available:
+        raise InvalidInput(
+            "no CUDA device is visible here: a CUDA key names its GPU, so pass "
+            "device=Device.from_cuda_properties(props) to build one for another machine"
+        )
+    return Device.from_cuda_properties(torch.cuda.get_device_properties(0))
+
+
+def local_fingerprint(kind: str = "cpu") -> DeviceFingerprint:
+    """The fingerprint of :func:`local_device` ``(kind)``."""
+    return local_device(kind).fingerprint

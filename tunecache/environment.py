@@ -10,12 +10,15 @@ from __future__ import annotations
 import functools
 from importlib import metadata
 
+from tunecache.kernels import BACKENDS
+
 # The distributions whose version can change which config wins (or whether it runs).
 BACKEND_PACKAGES: dict[str, tuple[str, ...]] = {
     "tvm": ("apache-tvm",),
     "inductor": ("torch", "triton"),
     "triton": ("triton", "torch"),
 }
+assert set(BACKEND_PACKAGES) == set(BACKENDS), "one list of backend names: kernels.BACKENDS"
 
 
 @functools.cache

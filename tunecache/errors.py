@@ -13,6 +13,11 @@ logs once and falls back to the default config.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class TunecacheError(Exception):
     """Root of every error tunecache raises on purpose."""
@@ -32,3 +37,11 @@ class ServerError(TunecacheError):
 
 class TuningError(TunecacheError):
     """A tuning run failed to produce a validated winner."""
+
+
+def lookup(table: Mapping[str, T], name: str, what: str) -> T:
+    """``table[name]``, or :class:`InvalidInput` naming ``what`` was unknown and what is known."""
+    try:
+        return table[name]
+    except KeyError:
+        raise InvalidInput(f"unknown {what} {name!r}; known: {', '.join(sorted(table))}") from None

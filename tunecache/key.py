@@ -3,6 +3,9 @@
 A :class:`Key` is a frozen value. Its :meth:`Key.digest` is the SHA-256 of its canonical JSON with a
 schema version, so the client and the tuner agree on it across processes and machines.
 
+Keys are built with :func:`key_for`, for the device the kernel runs on: a Triton kernel's key names
+the GPU (never the host CPU), a TVM or Inductor kernel's the CPU unless told otherwise.
+
 Example:
     >>> from tunecache.device import DeviceFingerprint
     >>> cpu = DeviceFingerprint(kind="cpu", arch="cpu-avx2", name="xeon", units=2)
@@ -21,12 +24,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunecache.canonical import digest
-from tunecache.device import DeviceFingerprint
+from tunecache.device import Device, DeviceFingerprint, local_device
+from tunecache.environment import environment_for
 from tunecache.errors import InvalidInput
+from tunecache.kernels import BACKENDS, as_spec
 from tunecache.policies import bucket_policy
+from tunecache.settings import interpret_enabled
 
 KEY_SCHEMA_VERSION = 1
-BACKENDS = ("triton", "tvm", "inductor")
+# Where each backend's kernels run unless a device is given (Triton under TRITON_INTERPRET=1
+# runs on the CPU).
+DEVICE_KINDS: dict[str, str] = {"triton": "cuda", "tvm": "cpu", "inductor": "cpu"}
 DTYPES = (
     "float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2", "int8",
 )  # fmt: skip
@@ -183,3 +191,55 @@ class Key:
         """A one-line human label: ``matmul[M=64,N=64,K=64] float32 tvm cpu-avx2``."""
         shape = ",".join(f"{k}={v}" for k, v in self.problem.items())
         return f"{self.kernel}[{shape}] {self.dtype} {self.backend} {self.device.arch}"
+
+
+def device_kind(backend: str) -> str:
+    """``"cuda"`` or ``"cpu"``: where ``backend``'s kernels run here by default."""
+    if backend not in DEVICE_KINDS:
+        raise InvalidInput(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    if backend == "triton":
+        try:
+            return "cpu" if interpret_enabled() else "cuda"
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+    return DEVICE_KINDS[backend]
+
+
+def key_for(
+    kernel: Any,
+    backend: str,
+    problem: Mapping[str, Any],
+    dtype: str,
+    device: Device | DeviceFingerprint | str | None = None,
+) -> Key:
+    """The cache key of ``kernel`` (a :class:`~tunecache.kernels.KernelSpec`, a workload, a
+    built-in name or ``"package.module:qualname"``) on ``backend`` at ``problem`` in ``dtype``.
+
+    Args:
+        device: the device the kernel runs on; by default this machine's device of the kind the
+            backend runs on (:func:`device_kind`: CUDA device 0 for Triton); ``"cpu"`` or
+            ``"cuda"`` names a kind (Inductor or TVM with a CUDA target).
+
+    Raises:
+        InvalidInput: unknown kernel, backend or dtype, a malformed problem, or a CUDA key
+            asked for on a machine without a visible CUDA device and no ``device`` given.
+
+    Example:
+        >>> key = key_for("matmul", "tvm", {"M": 64, "N": 64, "K": 64}, "float32")
+        >>> key.device.kind
+        'cpu'
+    """
+    spec = as_spec(kernel)
+    spec.check_dtype(dtype, backend)
+    if device is None or isinstance(device, str):
+        device = local_device(device or device_kind(backend))
+    fingerprint = device.fingerprint if isinstance(device, Device) else device
+    return Key(
+        kernel=spec.name,
+        source_hash=spec.source_hash(backend),
+        backend=backend,
+        problem=spec.problem(problem),
+        dtype=dtype,
+        device=fingerprint,
+        environment=environment_for(backend),
+    )

@@ -7,7 +7,7 @@
   ``compatible``: the same major.minor; ``any``: whatever was tuned.
 
 Example:
-    >>> BUCKETS["matmul"].bucket({"M": 3000, "N": 4096, "K": 4096})
+    >>> bucket_policy("matmul").bucket({"M": 3000, "N": 4096, "K": 4096})
     {'K': 4096, 'M': 4096, 'N': 4096}
     >>> versions_match({"torch": "2.11.0"}, {"torch": "2.11.1"}, "compatible")
     True
@@ -47,18 +47,15 @@ class BucketPolicy:
 
 
 EXACT = BucketPolicy(())
-BUCKETS: dict[str, BucketPolicy] = {
-    "matmul": BucketPolicy(("M",)),
-    "bias_gelu": BucketPolicy(("M",)),
-    "softmax": BucketPolicy(("M",)),
-    "layernorm": BucketPolicy(("M",)),
-    "rmsnorm": BucketPolicy(("M",)),
-}
 
 
 def bucket_policy(kernel: str) -> BucketPolicy:
-    """The kernel's bucket policy (user kernels: exact shapes only)."""
-    return BUCKETS.get(kernel, EXACT)
+    """The bucket policy of the registered kernel called ``kernel`` (its ``bucket``); exact shapes
+    for a kernel this process has not registered (a server never imports users' kernels)."""
+    from tunecache.kernels import registered
+
+    spec = registered(kernel)
+    return EXACT if spec is None else BucketPolicy(spec.bucket)
 
 
 def shape_distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:

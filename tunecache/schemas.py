@@ -205,18 +205,21 @@ class ValidationReport(_Strict):
 TrialStatus = Literal["ok", "invalid", "compile_error", "runtime_error", "timeout", "wrong_answer"]
 
 
-class TrialModel(_Strict):
-    """One evaluated candidate of a search."""
+class Trial(_Strict):
+    """One evaluated candidate: from the search (every strategy, every backend's own search, the
+    harness) to the record on the wire. ``time_ms`` is set exactly when ``status`` is ``ok``;
+    ``times_ms`` is the spread behind it where the measurer keeps it (not stored by the server)."""
 
     config: JSONObject
     status: TrialStatus
     time_ms: Millis | None = None
     error: Annotated[str, Field(max_length=2048)] = ""
+    times_ms: Annotated[tuple[Millis, ...], Field(max_length=64)] = ()
 
     _config_size = field_validator("config")(_check_config)
 
     @model_validator(mode="after")
-    def _time_iff_ok(self) -> TrialModel:
+    def _time_iff_ok(self) -> Trial:
         if (self.status == "ok") != (self.time_ms is not None):
             raise ValueError("a trial has time_ms exactly when its status is 'ok'")
         return self
@@ -251,7 +254,7 @@ class RecordCreate(_Strict):
     baselines: Annotated[list[BaselineModel], Field(max_length=16)] = []
     validation: ValidationReport
     search: SearchModel
-    trials: Annotated[list[TrialModel], Field(max_length=MAX_TRIALS)] = []
+    trials: Annotated[list[Trial], Field(max_length=MAX_TRIALS)] = []
     provenance: Provenance = Provenance()
 
     _config_size = field_validator("config")(_check_config)

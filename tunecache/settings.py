@@ -4,6 +4,11 @@
 - ``TUNECACHE_TIMEOUT``: seconds a run-time lookup may take before falling back (``0.5``)
 - ``TUNECACHE_TOKEN``: the API token sent to the server (``tunecache token create``); reads
   need none unless the server says so, uploads need one with the ``write`` scope
+- ``TRITON_INTERPRET``: ``1`` (or ``true``, ``on``, ``yes``, ``y``) runs Triton kernels in Triton's
+  CPU interpreter (numpy) instead of compiling them for a GPU; unset, empty or ``0`` (``false``,
+  ``off``, ``no``, ``n``) compiles them. Triton reads it itself when a function is decorated with
+  ``@triton.jit``; tunecache reads it to know where a Triton kernel runs (the CPU, under the
+  interpreter), and so which device its key names. Interpreter timings are meaningless.
 
 The server's own settings (``TUNECACHE_SERVER_*``) are in :mod:`cache_server.settings`.
 
@@ -66,3 +71,23 @@ class Settings:
             timeout=number("TUNECACHE_TIMEOUT", defaults.timeout, float),
             token=env.get("TUNECACHE_TOKEN") or None,
         )
+
+
+INTERPRET_VAR = "TRITON_INTERPRET"
+_TRUE = frozenset({"1", "true", "on", "yes", "y"})
+_FALSE = frozenset({"", "0", "false", "off", "no", "n"})
+
+
+def interpret_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``TRITON_INTERPRET`` asks for Triton's CPU interpreter (``os.environ`` by default).
+
+    Raises:
+        ValueError: the variable is set to something that is neither true nor false.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(INTERPRET_VAR, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ValueError(f"{INTERPRET_VAR}={env.get(INTERPRET_VAR)!r} is not 1/true/on or 0/false/off")

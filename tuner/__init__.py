@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from tuner.tune import TuneOutcome, tune
+from tuner.tune import TuneOptions, TuneOutcome, check_local, tune
 
-__all__ = ["TuneOutcome", "tune"]
+__all__ = ["TuneOptions", "TuneOutcome", "check_local", "tune"]

@@ -215,10 +215,13 @@ class Landscape:
             for config in configs:
                 entry = by_config.get(config)
                 if entry is None:
-                    trials.append(Trial(config.to_json(), "invalid", error="not in the landscape"))
+                    why = "not in the landscape"
+                    trials.append(Trial(config=config.to_json(), status="invalid", error=why))
                 else:
                     status = typing.cast(TrialStatus, entry.status)
-                    trials.append(Trial(config.to_json(), status, entry.time_ms, entry.error))
+                    trial = Trial(config=config.to_json(), status=status,
+                                  time_ms=entry.time_ms, error=entry.error[:2048])  # fmt: skip
+                    trials.append(trial)
             return trials
 
         return evaluate

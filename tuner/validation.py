@@ -1,8 +1,10 @@
 """Correctness against the float64 golden reference.
 
 Every check uses fresh seeded random non-zero inputs, compares ‖out − ref‖ / ‖ref‖ with the
-workload's tolerance for the dtype, and fails on NaN, a wrong shape or an exception. A winner is
-checked on several seeds and on the workload's edge problem (odd sizes, not a multiple of a tile).
+workload's tolerance for the dtype, and fails on NaN, a wrong shape or an exception. A runnable
+that writes into an output buffer (``takes_out``) gets one filled with NaN before each run, so an
+element it never writes fails the check. A winner is checked on several seeds and on the
+workload's edge problem (odd sizes, not a multiple of a tile).
 """
 
 from __future__ import annotations
@@ -39,15 +41,36 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[float | None, float |
     return rel, diff.abs().max().item(), ""
 
 
+def run_poisoned(
+    runnable: Runnable, inputs: Sequence[torch.Tensor], shape: tuple[int, ...], dtype: str
+) -> torch.Tensor:
+    """``runnable(*inputs)``, into a NaN-filled output buffer where the runnable takes one."""
+    if not getattr(runnable, "takes_out", False):
+        return runnable(*inputs)
+    import torch
+
+    from workloads.base import torch_dtype
+
+    device = inputs[0].device if inputs else "cpu"
+    out = torch.full(shape, float("nan"), dtype=torch_dtype(dtype), device=device)
+    return runnable(*inputs, out=out)
+
+
 def check(
-    runnable: Runnable, workload: Workload, problem: Mapping[str, int], dtype: str, seed: int
+    runnable: Runnable,
+    workload: Workload,
+    problem: Mapping[str, int],
+    dtype: str,
+    seed: int,
+    device: str = "cpu",
 ) -> CheckModel:
-    """Runs ``runnable`` on seeded inputs and compares with the reference."""
+    """Runs ``runnable`` on seeded inputs (moved to ``device``) and compares with the reference."""
     tolerance = workload.tolerance(dtype)
     inputs = workload.make_inputs(problem, dtype, seed)
     ref = workload.reference(*inputs)
     try:
-        out = runnable(*inputs)
+        shape = workload.output_shape(problem)
+        out = run_poisoned(runnable, [t.to(device) for t in inputs], shape, dtype).cpu()
         rel, max_abs, note = compare(out, ref)
     except Exception as exc:  # a candidate may fail in any way; that is a failed check
         logger.debug("candidate raised on %s seed %d", dict(problem), seed, exc_info=True)
@@ -71,6 +94,7 @@ def validate(
     *,
     seeds: Sequence[int] = DEFAULT_SEEDS,
     edge: bool = True,
+    device: str = "cpu",
 ) -> ValidationReport:
     """Checks a config on ``seeds`` at ``problem`` and once at the workload's edge problem.
 
@@ -100,7 +124,7 @@ def validate(
             )
             continue
         for seed in seeds if i == 0 else seeds[:1]:
-            checks.append(check(runnable, workload, p, dtype, seed))
+            checks.append(check(runnable, workload, p, dtype, seed, device))
     errors = [c.rel_error for c in checks]
     worst = None if None in errors else max(e for e in errors if e is not None)
     return ValidationReport(

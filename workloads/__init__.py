@@ -1,4 +1,7 @@
-"""Built-in workloads, by name.
+"""Workloads (the tuner side of kernels: inputs, reference, per-backend code), by name.
+
+Built-in ones by their names; a user's own kernel, a :class:`Workload` subclass anywhere, by
+``"package.module:QualName"``.
 
 Example:
     >>> from workloads import get_workload
@@ -8,13 +11,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-from tunecache.device import DeviceFingerprint, local_fingerprint
-from tunecache.environment import environment_for
 from tunecache.errors import InvalidInput
-from tunecache.key import Key
+from tunecache.kernels import load_ref
 from workloads.base import Workload
 from workloads.bias_gelu import BiasGelu
 from workloads.layernorm import LayerNorm
@@ -28,43 +26,25 @@ WORKLOADS: dict[str, Workload] = {
 
 
 def get_workload(name: str) -> Workload:
-    """The workload called ``name``.
+    """The workload called ``name``: a built-in name or ``"package.module:QualName"``.
 
     Raises:
-        InvalidInput: no workload has that name (the message lists those that exist).
+        InvalidInput: no workload has that name (the message lists the built-in ones), or the
+            reference does not name a :class:`Workload` subclass or instance.
     """
-    try:
+    if name in WORKLOADS:
         return WORKLOADS[name]
-    except KeyError:
+    if ":" not in name:
         raise InvalidInput(
-            f"unknown workload {name!r}; known: {', '.join(sorted(WORKLOADS))}"
-        ) from None
+            f"unknown workload {name!r}; built-in: {', '.join(sorted(WORKLOADS))}; a kernel "
+            "of your own is named 'package.module:QualName'"
+        )
+    found = load_ref(name)
+    if isinstance(found, type) and issubclass(found, Workload):
+        found = found()
+    if not isinstance(found, Workload):
+        raise InvalidInput(f"{name!r} is {type(found).__name__}, not a Workload subclass")
+    return found
 
 
-def make_key(
-    workload: str | Workload,
-    backend: str,
-    problem: Mapping[str, Any],
-    dtype: str,
-    device: DeviceFingerprint | None = None,
-) -> Key:
-    """The cache key of a built-in workload on this machine (or on ``device``).
-
-    Raises:
-        InvalidInput: unknown workload, backend, dtype, or a malformed problem.
-    """
-    w = get_workload(workload) if isinstance(workload, str) else workload
-    w.check_backend(backend)
-    w.check_dtype(dtype, backend)
-    return Key(
-        kernel=w.name,
-        source_hash=w.source_hash(backend),
-        backend=backend,
-        problem=w.problem(problem),
-        dtype=dtype,
-        device=device or local_fingerprint("cpu"),
-        environment=environment_for(backend),
-    )
-
-
-__all__ = ["WORKLOADS", "Workload", "get_workload", "make_key"]
+__all__ = ["WORKLOADS", "Workload", "get_workload"]

@@ -1,14 +1,30 @@
-"""The workload interface: one kernel family's problem, inputs, golden reference and costs.
+"""The workload interface: one kernel's problem, inputs, golden reference, costs and per-backend
+code; its identity is a :class:`~tunecache.kernels.KernelSpec`.
 
-A workload owns the math; backends own the machinery. Each workload is a package
+A workload owns the math; backends own the machinery. A built-in workload is a package
 (``workloads/matmul/``) whose ``__init__.py`` defines the torch function (the eager baseline and
-what Inductor compiles) and the float64 reference, and whose ``tvm.py`` holds the TVM compute.
+what Inductor compiles) and the float64 reference, whose ``tvm.py`` holds the TVM compute and
+whose ``triton.py`` the Triton kernel; its spec is declared in :mod:`tunecache.builtin`.
+
+A user's kernel is a subclass anywhere, declared the same way in a few class attributes; it is
+named ``"package.module:QualName"`` and registers itself when the class is defined::
+
+    class Scale(Workload):
+        params = ("M", "N")
+        inputs = (("M", "N"),)
+        output = ("M", "N")
+        backend_dtypes = {"inductor": ("float32",)}
+
+        def torch_fn(self, x): return x * 2
+        def reference(self, x): return x.double() * 2
+        def flops(self, problem): return problem["M"] * problem["N"]
+
+It overrides :meth:`Workload.tvm_compute` for TVM and the ``triton_*`` hooks for Triton.
 """
 
 from __future__ import annotations
 
 import abc
-import hashlib
 import importlib
 import math
 from collections.abc import Mapping
@@ -17,10 +33,14 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from tunecache.defaults import default_config
 from tunecache.errors import InvalidInput
-from tunecache.key import check_problem
+from tunecache.kernels import KernelSpec, Shape, register
 
 if TYPE_CHECKING:
     import torch
+    from tvm import te
+
+    from tunecache.device import DeviceLimits
+    from tunecache.space import Config, SearchSpace
 
 # ‖out − ref‖ / ‖ref‖ a correct kernel stays under, per dtype (DESIGN.md, "Correct first").
 TOLERANCES: dict[str, float] = {
@@ -56,28 +76,50 @@ def random_nonzero(
 
 
 class Workload(abc.ABC):
-    """One kernel family. Subclasses set the class variables and implement the math."""
+    """One kernel. Built-ins set ``spec``; a user's subclass sets ``params``, ``inputs``,
+    ``output`` and ``backend_dtypes`` (``name``, ``bucket`` and ``description`` optional) and gets
+    its spec from them. Either way ``spec`` and these attributes agree."""
 
+    spec: ClassVar[KernelSpec]
     name: ClassVar[str]
-    description: ClassVar[str]
+    description: ClassVar[str] = ""
     params: ClassVar[tuple[str, ...]]  # the problem's shape parameters, in order
-    backends: ClassVar[tuple[str, ...]] = ("tvm", "inductor")
-    # dtypes each backend runs this workload in (CPU backends: float32; Triton adds half types).
-    backend_dtypes: ClassVar[Mapping[str, tuple[str, ...]]] = {
-        "tvm": ("float32",),
-        "inductor": ("float32",),
-        "triton": ("float32", "float16", "bfloat16"),
-    }
+    inputs: ClassVar[tuple[Shape, ...]]
+    output: ClassVar[Shape]
+    bucket: ClassVar[tuple[str, ...]] = ()
+    backend_dtypes: ClassVar[Mapping[str, tuple[str, ...]]]  # backend -> dtypes it runs in
+    demo_problem: ClassVar[Mapping[str, int]]
+    tvm_knobs: ClassVar[str | None] = None  # the TVM knob schedule family, if there is one
+    # The first input is drawn as U(0.1, 1) · scale with random signs, plus offset (the others
+    # without): inputs that make a careless kernel fail (softmax without the max, one-pass
+    # variance).
+    input_scale: ClassVar[float] = 1.0
+    input_offset: ClassVar[float] = 0.0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "spec" not in cls.__dict__ and "params" in cls.__dict__:  # a user's kernel
+            source = Path(importlib.import_module(cls.__module__).__file__ or "")
+            cls.spec = register(KernelSpec(
+                name=cls.__dict__.get("name", f"{cls.__module__}:{cls.__qualname__}"),
+                params=cls.params, inputs=cls.inputs, output=cls.output, bucket=cls.bucket,
+                dtypes=dict(cls.backend_dtypes), sources={"*": (str(source),)},
+                description=cls.description,
+            ))  # fmt: skip
+        if "spec" in cls.__dict__:
+            spec = cls.spec
+            cls.name, cls.params, cls.description = spec.name, spec.params, spec.description
+            cls.inputs, cls.output, cls.bucket = spec.inputs, spec.output, spec.bucket
+            cls.backend_dtypes = spec.dtypes
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return self.spec.backends
 
     def dtypes(self, backend: str) -> tuple[str, ...]:
         """The dtypes ``backend`` runs this workload in."""
         self.check_backend(backend)
-        return self.backend_dtypes.get(backend, ())
-
-    demo_problem: ClassVar[Mapping[str, int]]
-    # Per backend, files (relative to ``workloads/``) beyond this package's own that define the
-    # kernel: they go into the source hash, so a change there invalidates cached entries.
-    shared_sources: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+        return self.spec.dtypes[backend]
 
     # -- problems ---------------------------------------------------------------------------
     def problem(self, sizes: Mapping[str, Any]) -> dict[str, int]:
@@ -86,22 +128,7 @@ class Workload(abc.ABC):
         Raises:
             InvalidInput: a parameter is missing, unknown or out of range.
         """
-        missing = [p for p in self.params if p not in sizes]
-        unknown = [p for p in sizes if p not in self.params]
-        if missing or unknown:
-            parts = []
-            if missing:
-                parts.append(f"missing {', '.join(missing)}")
-            if unknown:
-                parts.append(f"unknown {', '.join(unknown)}")
-            raise InvalidInput(
-                f"{self.name} takes shape parameters {', '.join(self.params)}: {'; '.join(parts)}"
-            )
-        for name, value in sizes.items():
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise InvalidInput(f"{self.name}: {name}={value!r} is not an integer")
-        checked = check_problem(sizes)
-        return {p: int(checked[p]) for p in self.params}
+        return self.spec.problem(sizes)
 
     def edge_problem(self, problem: Mapping[str, int]) -> dict[str, int] | None:
         """A nearby problem with awkward sizes (odd, not a multiple of any tile), or ``None``."""
@@ -109,22 +136,15 @@ class Workload(abc.ABC):
         return edge if edge != dict(problem) else None
 
     def check_dtype(self, dtype: str, backend: str) -> None:
-        supported = self.dtypes(backend)
-        if dtype not in supported:
-            raise InvalidInput(
-                f"{self.name} on {backend} supports dtypes {', '.join(supported)}, not {dtype!r}"
-            )
+        self.spec.check_dtype(dtype, backend)
 
     def check_backend(self, backend: str) -> None:
-        if backend not in self.backends:
-            raise InvalidInput(
-                f"{self.name} has backends {', '.join(self.backends)}, not {backend!r}"
-            )
+        self.spec.check_backend(backend)
 
     # -- math ------------------------------------------------------------------------------
-    @abc.abstractmethod
     def input_shapes(self, problem: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:
         """Shapes of the kernel's inputs, in the order it takes them."""
+        return self.spec.input_shapes(problem)
 
     def make_inputs(
         self, problem: Mapping[str, int], dtype: str, seed: int
@@ -133,7 +153,12 @@ class Workload(abc.ABC):
         import torch
 
         generator = torch.Generator().manual_seed(seed)
-        return tuple(random_nonzero(s, dtype, generator) for s in self.input_shapes(problem))
+        inputs = []
+        for i, shape in enumerate(self.input_shapes(problem)):
+            scale, offset = (self.input_scale, self.input_offset) if i == 0 else (1.0, 0.0)
+            values = random_nonzero(shape, "float64", generator, scale=scale) + offset
+            inputs.append(values.to(torch_dtype(dtype)))
+        return tuple(inputs)
 
     @abc.abstractmethod
     def torch_fn(self, *inputs: torch.Tensor) -> torch.Tensor:
@@ -143,9 +168,9 @@ class Workload(abc.ABC):
     def reference(self, *inputs: torch.Tensor) -> torch.Tensor:
         """The golden reference, computed in float64."""
 
-    @abc.abstractmethod
     def output_shape(self, problem: Mapping[str, int]) -> tuple[int, ...]:
         """Shape of the kernel's single output."""
+        return self.spec.output_shape(problem)
 
     @abc.abstractmethod
     def flops(self, problem: Mapping[str, int]) -> int:
@@ -167,33 +192,50 @@ class Workload(abc.ABC):
     ) -> dict[str, Any]:
         """The config used without tuning (and timed as the ``default_config`` baseline).
 
-        The backend-wide default when there is one; else the backend module's
-        ``default_config(problem, dtype)`` (Triton's depend on both; ``problem`` defaults to
-        ``demo_problem``, ``dtype`` to the backend's first dtype).
+        The backend-wide default when there is one; else (Triton) :meth:`triton_default` at
+        ``problem`` (default: ``demo_problem``) and ``dtype`` (default: the backend's first).
         """
         self.check_backend(backend)
         config = default_config(backend)
         if config is not None:
             return config
-        hook = getattr(self.backend_module(backend), "default_config", None)
-        if hook is None:
+        if backend != "triton":
             raise NotImplementedError(f"{self.name} defines no default config for {backend}")
-        chosen = hook(self.problem(problem or self.demo_problem), dtype or self.dtypes(backend)[0])
+        chosen = self.triton_default(
+            self.problem(problem or self.demo_problem), dtype or self.dtypes(backend)[0]
+        )
         return dict(chosen.to_json())
 
-    # -- backend hooks ---------------------------------------------------------------------
+    # -- backend hooks: a built-in's live in workloads/<name>/<backend>.py ------------------
     def backend_module(self, backend: str) -> Any:
         """This workload's module for ``backend`` (``workloads.matmul.tvm``), imported lazily."""
         self.check_backend(backend)
         return importlib.import_module(f"{type(self).__module__}.{backend}")
 
+    def tvm_compute(self, problem: Mapping[str, int], dtype: str) -> list[te.Tensor]:
+        """The TVM tensor-expression compute: the placeholders, then the output."""
+        compute: list[te.Tensor] = self.backend_module("tvm").compute(problem, dtype)
+        return compute
+
+    def triton_space(
+        self, problem: Mapping[str, int], dtype: str, limits: DeviceLimits
+    ) -> SearchSpace:
+        """The Triton config space at ``problem``, pruned for ``limits``."""
+        space: SearchSpace = self.backend_module("triton").space(problem, dtype, limits)
+        return space
+
+    def triton_default(
+        self, problem: Mapping[str, int], dtype: str, limits: DeviceLimits | None = None
+    ) -> Config:
+        """The untuned Triton config (the tutorial's) at ``problem``."""
+        config: Config = self.backend_module("triton").default_config(problem, dtype, limits)
+        return config
+
+    def triton_launch(self, config: Config, *inputs: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """Launches the Triton kernel with ``config`` (``out=`` writes into a given buffer)."""
+        out: torch.Tensor = self.backend_module("triton").launch(config, *inputs, **kwargs)
+        return out
+
     def source_hash(self, backend: str) -> str:
         """SHA-256 (16 hex) of the sources that define this kernel for ``backend``."""
-        package = Path(importlib.import_module(type(self).__module__).__file__ or "").parent
-        files = [package / "__init__.py", package / f"{backend}.py"]
-        files += [package.parent / name for name in self.shared_sources.get(backend, ())]
-        h = hashlib.sha256()
-        for path in files:
-            if path.exists():
-                h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-        return h.hexdigest()[:16]
+        return self.spec.source_hash(backend)

@@ -155,24 +155,10 @@ def run_search(
     if not ops:
         outcome.trials = [Trial(config=outcome.config, status="ok", time_ms=compiled_ms)]
     runnable.config = dict(outcome.config)  # later weight sets compile pinned to the winner
-    best = min((t.time_ms for t in outcome.trials if t.time_ms is not None), default=None)
     message = f"{summarize_config(outcome.config)}; compiled call {compiled_ms:.4g} ms"
-    logger.info(
-        "%s %s: %s (compile %.1f s, search %.1f s)",
-        workload.name,
-        dict(problem),
-        message,
-        compiled_s,
-        time.perf_counter() - started,
-    )
-    if (extra := other_load()) is not None:
-        logger.warning(
-            "other processes kept about %.1f cores busy during the search: CPU timings may "
-            "include their stalls",
-            extra,
-        )
-    if progress is not None:
-        progress(Progress(2, 2, best, message))
+    logger.info("%s %s: %s (compile %.1f s, search %.1f s)", workload.name, dict(problem),
+                message, compiled_s, time.perf_counter() - started)  # fmt: skip
+    _finished(outcome, message, progress)
     _write_log(workdir, workload.name, problem, dtype, outcome.config, ops, compiled_ms)
     return SearchResult(
         config=outcome.config,
@@ -182,6 +168,19 @@ def run_search(
         runnable=runnable,
         ranked=outcome.ranked,
     )
+
+
+def _finished(outcome: _Outcome, message: str, progress: ProgressFn | None) -> None:
+    """Warns when other processes loaded the cores, and reports the search as done."""
+    if (extra := other_load()) is not None:
+        logger.warning(
+            "other processes kept about %.1f cores busy during the search: CPU timings may "
+            "include their stalls",
+            extra,
+        )
+    if progress is not None:
+        best = min((t.time_ms for t in outcome.trials if t.time_ms is not None), default=None)
+        progress(Progress(2, 2, best, message))
 
 
 def _pick_retimed(

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from backends.base import Backend, Budget, ProgressFn, Runnable, SearchResult, import_failure
+from backends.base import Backend, Runnable, import_failure
 from backends.triton.limits import DeviceLimits, current_limits
 from backends.triton.settings import INTERPRET_VAR, interpret_enabled
 from tunecache.errors import InvalidInput
@@ -38,23 +37,31 @@ INTERPRETER_NOTE = (
 
 
 class TritonRunnable:
-    """Launches a workload's Triton kernel with one config; picklable, cheap to build."""
+    """Launches a workload's Triton kernel with one config; picklable, cheap to build.
+
+    It writes into ``out=`` when given one (``takes_out``: validation poisons it with NaN).
+    """
+
+    takes_out = True
 
     def __init__(self, workload: Workload, config: Config) -> None:
         self.workload = workload
         self.config = config
 
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *inputs: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """The output for ``inputs`` (on the inputs' device).
 
         Without the interpreter, CPU inputs are copied to the GPU and the output back, so
         correctness checks can pass CPU tensors; timing should pass CUDA tensors.
         """
-        launch = self.workload.backend_module("triton").launch
+        launch = self.workload.triton_launch
+        kwargs = {} if out is None else {"out": out}
         if interpret_enabled() or all(t.is_cuda for t in inputs):
-            return launch(self.config, *inputs)
-        out = launch(self.config, *(t.cuda() for t in inputs))
-        return out.cpu()
+            return launch(self.config, *inputs, **kwargs)
+        if out is not None:  # the GPU buffer starts as a copy of ``out`` (its poison too)
+            kwargs["out"] = out.cuda()
+        result = launch(self.config, *(t.cuda() for t in inputs), **kwargs)
+        return result.cpu() if out is None else out.copy_(result)
 
     def __repr__(self) -> str:
         return f"TritonRunnable({self.workload.name}, {self.config})"
@@ -117,31 +124,7 @@ class TritonBackend(Backend):
             InvalidInput: the workload has no Triton kernel, or ``problem``/``dtype`` are bad.
         """
         workload.check_dtype(dtype, self.name)
-        module = workload.backend_module(self.name)
-        space: SearchSpace = module.space(
-            workload.problem(problem), dtype, limits or current_limits()
-        )
-        return space
-
-    def search(
-        self,
-        workload: Workload,
-        problem: Mapping[str, int],
-        dtype: str,
-        budget: Budget,
-        *,
-        workdir: Path,
-        progress: ProgressFn | None = None,
-    ) -> SearchResult:
-        """Not offered: the tuner searches :meth:`space` with its own strategies.
-
-        Raises:
-            NotImplementedError: always.
-        """
-        raise NotImplementedError(
-            "the triton backend has no search of its own: the tuner drives Triton searches "
-            "over TritonBackend.space() with tuner.search strategies"
-        )
+        return workload.triton_space(workload.problem(problem), dtype, limits or current_limits())
 
     def build(
         self, workload: Workload, problem: Mapping[str, int], dtype: str, config: Mapping[str, Any]

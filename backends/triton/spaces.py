@@ -20,8 +20,9 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Mapping
+from typing import Protocol
 
-from backends.triton.limits import DeviceLimits
+from backends.triton.limits import DeviceLimits, current_limits
 from tunecache.errors import InvalidInput
 from tunecache.space import Config, SearchSpace
 
@@ -84,6 +85,32 @@ def _int(config: Config, name: str) -> int:
     return int(config[name])
 
 
+class PruneReason(Protocol):
+    """Why ``config`` cannot or should not run at ``problem`` on ``limits``, or ``None``."""
+
+    def __call__(
+        self, config: Config, problem: Mapping[str, int], dtype: str, limits: DeviceLimits
+    ) -> str | None: ...
+
+
+def pruned_space(
+    choices: Mapping[str, tuple[int, ...]],
+    prune_reason: PruneReason,
+    problem: Mapping[str, int],
+    dtype: str,
+    limits: DeviceLimits,
+) -> SearchSpace:
+    """The space of ``choices`` without the configs ``prune_reason`` gives a reason against at
+    ``problem`` in ``dtype`` on ``limits``.
+
+    Raises:
+        InvalidInput: ``dtype`` is not one Triton kernels take.
+    """
+    element_size(dtype)
+    constraint = functools.partial(prune_reason, problem=dict(problem), dtype=dtype, limits=limits)
+    return SearchSpace(choices, constraint=constraint)
+
+
 # -- GEMMs ----------------------------------------------------------------------------------
 
 
@@ -132,16 +159,18 @@ def gemm_prune_reason(
 
 def gemm_space(problem: Mapping[str, int], dtype: str, limits: DeviceLimits) -> SearchSpace:
     """The tiled-GEMM space for ``problem`` (``M``, ``N``, ``K``), pruned for ``limits``."""
-    element_size(dtype)
-    constraint = functools.partial(
-        gemm_prune_reason, problem=dict(problem), dtype=dtype, limits=limits
-    )
-    return SearchSpace(GEMM_CHOICES, constraint=constraint)
+    return pruned_space(GEMM_CHOICES, gemm_prune_reason, problem, dtype, limits)
 
 
-def gemm_default(problem: Mapping[str, int], dtype: str, limits: DeviceLimits) -> Config:
+def gemm_default(
+    problem: Mapping[str, int], dtype: str, limits: DeviceLimits | None = None
+) -> Config:
     """The first of the matmul tutorial's configs inside the space; for small problems, the first
-    that is once its blocks are shrunk to the problem; else the space's first config."""
+    that is once its blocks are shrunk to the problem; else the space's first config.
+
+    ``limits`` defaults to this device's (:func:`~backends.triton.limits.current_limits`).
+    """
+    limits = limits or current_limits()
     space = gemm_space(problem, dtype, limits)
     candidates = [_tutorial_config(t) for t in TUTORIAL_GEMM_CONFIGS]
     shrunk = [
@@ -212,17 +241,19 @@ def row_prune_reason(
 
 def row_space(problem: Mapping[str, int], dtype: str, limits: DeviceLimits) -> SearchSpace:
     """The row-kernel space for ``problem`` (``M`` rows of ``N``), pruned for ``limits``."""
-    element_size(dtype)
-    constraint = functools.partial(
-        row_prune_reason, problem=dict(problem), dtype=dtype, limits=limits
-    )
-    return SearchSpace(ROW_CHOICES, constraint=constraint)
+    return pruned_space(ROW_CHOICES, row_prune_reason, problem, dtype, limits)
 
 
-def row_default(problem: Mapping[str, int], dtype: str, limits: DeviceLimits) -> Config:
+def row_default(
+    problem: Mapping[str, int], dtype: str, limits: DeviceLimits | None = None
+) -> Config:
     """Triton's layer-norm tutorial heuristic: one row per program, a block covering the row up
     to 64 KiB, ``num_warps = min(max(BLOCK_N // 256, 1), 8)``; the nearest config in the space
-    (same block, fewest warps changed) when that one is pruned."""
+    (same block, fewest warps changed) when that one is pruned.
+
+    ``limits`` defaults to this device's (:func:`~backends.triton.limits.current_limits`).
+    """
+    limits = limits or current_limits()
     space = row_space(problem, dtype, limits)
     block = min(max(16, next_pow2(problem["N"])), 65536 // element_size(dtype))
     warps = min(max(block // 256, 1), 8)

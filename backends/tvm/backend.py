@@ -43,7 +43,8 @@ class TVMBackend(Backend):
         >>> backend, matmul = TVMBackend(), get_workload("matmul")
         >>> problem = {"M": 64, "N": 64, "K": 64}
         >>> result = backend.search(matmul, problem, "float32", Budget(trials=8), workdir=tmp)
-        >>> out = result.runnable(*matmul.make_inputs(problem, "float32", seed=0))
+        >>> run = backend.build(matmul, problem, "float32", result.config)
+        >>> out = run(*matmul.make_inputs(problem, "float32", seed=0))
     """
 
     name: ClassVar[str] = "tvm"
@@ -101,7 +102,6 @@ class TVMBackend(Backend):
             cores=host_cores(),
         )
         winner = outcome.configs[0]
-        runnable = self.build(workload, problem, dtype, winner)
         seconds = time.monotonic() - started
         ok = sum(t.status == "ok" for t in outcome.trials)
         logger.info(
@@ -122,7 +122,6 @@ class TVMBackend(Backend):
             trials=outcome.trials,
             strategy="meta_schedule",
             seconds=seconds,
-            runnable=runnable,
             ranked=outcome.configs[1:],
         )
 
@@ -179,6 +178,6 @@ class TVMBackend(Backend):
     def _prim_func(workload: Workload, problem: Mapping[str, int], dtype: str) -> PrimFunc:
         from tvm import te
 
-        tensors = workload.backend_module("tvm").compute(problem, dtype)
+        tensors = workload.tvm_compute(problem, dtype)
         func: PrimFunc = te.create_prim_func(tensors)
         return func

@@ -83,11 +83,11 @@ def trial_from_results(config: dict[str, Any], built: Any, ran: Any) -> Trial:
             text = str(failed)
             if "timeout" in text.lower() or "timed out" in text.lower():
                 status = "timeout"
-            return Trial(config, status, error=text[:MAX_ERROR_CHARS])
+            return Trial(config=config, status=status, error=text[:MAX_ERROR_CHARS])
     secs = [float(s.value if hasattr(s, "value") else s) for s in (ran.run_secs or [])]
     if not secs:
-        return Trial(config, "runtime_error", error="the runner returned no timings")
-    return Trial(config, "ok", time_ms=1e3 * sum(secs) / len(secs))
+        return Trial(config=config, status="runtime_error", error="the runner returned no timings")
+    return Trial(config=config, status="ok", time_ms=1e3 * sum(secs) / len(secs))
 
 
 def _make_callback(recorder: _Recorder) -> Any:

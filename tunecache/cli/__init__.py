@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -40,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    # A kernel of the user's project (package.module:Class) is found from the current directory,
+    # after the installed packages: a folder of theirs named like one of ours never shadows it.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Any
 
 from tunecache.errors import InvalidInput
-from tunecache.key import BACKENDS, DTYPES, MAX_DIM, describe
+from tunecache.key import BACKENDS, DTYPES, MAX_DIM, Key, describe, key_for
 from tunecache.settings import Settings
 
 _INTEGER = re.compile(r"-?[0-9]+")  # int() also takes "١٢" (Arabic-Indic), "1_000", "+8"
@@ -55,17 +54,20 @@ def server_url(args: argparse.Namespace) -> str:
 
 
 def add_key(parser: argparse.ArgumentParser, *, default_trials: bool = False) -> None:
-    parser.add_argument("workload", help="workload name (see `tunecache workloads`)")
+    parser.add_argument(
+        "workload",
+        help="a built-in kernel (see `tunecache workloads`) or your own, as package.module:Class",
+    )
     # Backends and dtypes are checked by the workload, so the error names what it supports.
     parser.add_argument("--backend", required=True, help=f"one of {', '.join(BACKENDS)}")
     parser.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
     parser.add_argument("--shape", required=True, help="shape parameters, e.g. M=64,N=64,K=64")
 
 
-def key_parts(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "workload": args.workload,
-        "backend": args.backend,
-        "problem": parse_shape(args.shape),
-        "dtype": args.dtype,
-    }
+def key_from_args(args: argparse.Namespace) -> Key:
+    """The key the command line names, on this machine's device for the backend.
+
+    Raises:
+        InvalidInput: a bad kernel, backend, dtype or shape, or a CUDA key without a GPU.
+    """
+    return key_for(args.workload, args.backend, parse_shape(args.shape), args.dtype)

@@ -41,12 +41,16 @@ def _tune_all(
     from tunecache.cli.progress import ProgressPrinter
     from tunecache.client import Client
     from tunecache.errors import TuningError
-    from tuner import tune
-    from workloads import get_workload, make_key
+    from tunecache.key import key_for
+    from tuner import TuneOptions, tune
+    from tuner.harness import Harness
+    from workloads import get_workload
 
     rows: list[dict[str, Any]] = []
     names = [get_workload(n.strip()).name for n in args.workloads.split(",")]
-    with Client(url, token=token) as client:
+    options = TuneOptions(workdir=workdir)
+    # One harness for every key: its workers start once.
+    with Client(url, token=token) as client, Harness() as harness:
         for name in names:
             problem = dict(get_workload(name).demo_problem)
             for backend in DEMO_BACKENDS:
@@ -56,17 +60,11 @@ def _tune_all(
                     "problem": problem,
                     "dtype": "float32",
                 }
-                label = make_key(**spec).short()
+                key = key_for(name, backend, problem, "float32")
+                label = key.short()
                 try:
-                    outcome = tune(
-                        name,
-                        backend,
-                        problem,
-                        "float32",
-                        Budget(trials=args.trials),
-                        workdir=workdir,
-                        progress=ProgressPrinter(label),
-                    )
+                    outcome = tune(key, Budget(trials=args.trials), options, harness=harness,
+                                   progress=ProgressPrinter(label))  # fmt: skip
                 except TuningError as exc:
                     print(f"{label}: FAILED: {exc}", file=sys.stderr)
                     rows.append({"spec": spec, "label": label, "record": None})

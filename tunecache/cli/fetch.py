@@ -13,12 +13,12 @@ import sys
 
 def main() -> int:
     from tunecache.client import Client
-    from workloads import make_key
+    from tunecache.key import key_for
 
     request = json.load(sys.stdin)
     with Client(request["server"], timeout=5.0) as client:
         for spec in request["keys"]:
-            key = make_key(spec["workload"], spec["backend"], spec["problem"], spec["dtype"])
+            key = key_for(spec["workload"], spec["backend"], spec["problem"], spec["dtype"])
             result = client.lookup(key)
             record = result.record
             line = {

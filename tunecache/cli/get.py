@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from tunecache.cli.args import add_key, add_server, key_parts, server_url
+from tunecache.cli.args import add_key, add_server, key_from_args, server_url
 from tunecache.cli.table import ms
 from tunecache.schemas import RecordPublic
 
@@ -35,9 +35,8 @@ def describe(record: RecordPublic) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
-    from workloads import make_key
 
-    key = make_key(**key_parts(args))
+    key = key_from_args(args)
     with Client(server_url(args)) as client:
         record = client.fetch(key)
     if record is None:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tunecache.cli.args import add_key, add_server, key_parts, server_url
+from tunecache.cli.args import add_key, add_server, key_from_args, server_url
 from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
 
@@ -42,23 +42,24 @@ def _budget(args: argparse.Namespace) -> Any:
         raise InvalidInput(str(exc)) from None
 
 
-def _write_landscape(path: Path, outcome: Any, parts: dict[str, Any]) -> None:
+def _write_landscape(path: Path, outcome: Any) -> None:
     from backends import get_backend
     from tunecache.space import Config
+    from tuner.candidates import enumerable_space
     from tuner.landscape import Landscape, LandscapeEntry
     from workloads import get_workload
 
-    backend = get_backend(parts["backend"])
-    space = backend.space(get_workload(parts["workload"]), parts["problem"], parts["dtype"])
-    assert space is not None
+    key = outcome.key
+    space = enumerable_space(get_backend(key.backend), get_workload(key.kernel),
+                             dict(key.problem), key.dtype)  # fmt: skip
     entries = [
         LandscapeEntry(Config.of(t.config), t.status, t.times_ms, t.error)
         for t in outcome.trials
         if space.contains(Config.of(t.config))
     ]
-    device = outcome.key.device
+    device = key.device
     landscape = Landscape(
-        key=outcome.key.to_json(), space=space.to_json(), entries=entries,
+        key=key.to_json(), space=space.to_json(), entries=entries,
         device=f"{device.raw_name or device.name}, {device.units} {device.kind} units",
     )  # fmt: skip
     landscape.save(path)
@@ -69,13 +70,12 @@ def run(args: argparse.Namespace) -> int:
     from tunecache.cli.get import describe
     from tunecache.cli.progress import ProgressPrinter
     from tunecache.client import Client
-    from tuner import tune
-    from workloads import make_key
+    from tuner import TuneOptions, tune
 
-    parts = key_parts(args)
-    key = make_key(**parts)  # bad input fails here, before anything is compiled
+    key = key_from_args(args)  # bad input fails here, before anything is compiled
     budget = _budget(args)
-    strategy = "exhaustive" if args.landscape else args.strategy
+    options = TuneOptions(strategy="exhaustive" if args.landscape else args.strategy,
+                          seed=args.seed, workers=args.workers)  # fmt: skip
     url = None if args.no_upload else server_url(args)
     if url is not None and not Settings.from_env().token:
         raise InvalidInput(
@@ -83,13 +83,10 @@ def run(args: argparse.Namespace) -> int:
             "(tunecache token create --name NAME --scope write), or --no-upload"
         )
     with Client(url or server_url(args)) as client:
-        outcome = tune(
-            parts["workload"], parts["backend"], parts["problem"], parts["dtype"], budget,
-            strategy=strategy, seed=args.seed, workers=args.workers,
-            progress=ProgressPrinter(key.short()), cache=None if url is None else client,
-        )  # fmt: skip
+        outcome = tune(key, budget, options, progress=ProgressPrinter(key.short()),
+                       cache=None if url is None else client)  # fmt: skip
         if args.landscape:
-            _write_landscape(args.landscape, outcome, parts)
+            _write_landscape(args.landscape, outcome)
         record = outcome.record
         if url is None:
             print(record.model_dump_json(by_alias=True, indent=2, exclude={"trials"}))

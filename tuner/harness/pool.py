@@ -1,19 +1,20 @@
-"""A pool of measurement workers that survives whatever a candidate does.
+"""A pool of measurement workers that survives whatever a candidate does, reused across keys.
 
-:meth:`Harness.evaluate` takes a batch of configs and
+A :class:`Harness` owns worker processes; :meth:`Harness.benchmarker` binds it to one key's
+:class:`Task` as a :class:`~tuner.measure.Benchmarker`. Its :meth:`~HarnessBenchmarker.evaluate`
+takes a batch of configs and
 
 1. builds them in parallel, one per worker process (compilation is CPU work), then
 2. checks and times them one at a time (measurements must not share the device),
 
 recording a candidate that raises, segfaults, or outlives its timeout as failed — ``compile_error``,
 ``runtime_error``, ``timeout`` or ``wrong_answer`` — replacing its worker, and going on. A wrong
-answer never gets a time, so it can never win.
+answer never gets a time, so it can never win. The daemon keeps one harness for every key it tunes:
+workers start once (:attr:`Harness.started` counts them).
 
 Example:
-    >>> job = Job(backend="tvm", workload="matmul", problem={"M": 64, "N": 64, "K": 64},
-    ...           dtype="float32")  # doctest: +SKIP
-    >>> with Harness(job, workers=2) as harness:  # doctest: +SKIP
-    ...     trials = harness.evaluate(list(space.configs())[:8])
+    >>> with Harness(workers=2) as harness:  # doctest: +SKIP
+    ...     trials = harness.benchmarker(task).evaluate(list(space.configs())[:8])
 """
 
 from __future__ import annotations
@@ -25,31 +26,39 @@ import os
 import signal
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from backends import Trial
+from tunecache.canonical import canonical_json
 from tunecache.errors import TuningError
-from tunecache.schemas import CheckModel, ValidationReport
+from tunecache.schemas import CheckModel, Trial, ValidationReport
 from tunecache.space import Config
-from tuner.harness.job import Job
+from tuner.harness.task import Task
 from tuner.harness.worker import worker_main
+from tuner.measure import Benchmarker, Measurement
 
 logger = logging.getLogger(__name__)
 _CONTEXT = multiprocessing.get_context("spawn")  # no fork: CUDA and thread pools don't survive it
-_EAGER = Config.of({"baseline": "torch_eager"})  # marks a request that times torch eager
+_EAGER = "torch_eager"  # marks a request that times torch eager (or sets a task up)
+ConfigJSON = Mapping[str, Any]
+
+
+def _label(config: ConfigJSON | None) -> str:
+    """A config's identity in the pool: its canonical JSON."""
+    return _EAGER if config is None else canonical_json(dict(config))
 
 
 @dataclass
 class _Slot:
     process: BaseProcess
     conn: Connection
-    config: Config | None = None  # the request in flight
+    config: str | None = None  # the request in flight (its config's label)
     deadline: float = 0.0
-    built: set[Config] = field(default_factory=set)  # what this process has compiled
+    tasks: set[str] = field(default_factory=set)  # tasks this process has set up
+    built: set[tuple[str, str]] = field(default_factory=set)  # (task, config label) it compiled
 
 
 def _death(process: BaseProcess) -> str:
@@ -64,30 +73,29 @@ def _death(process: BaseProcess) -> str:
 
 
 class Harness:
-    """Measures candidates of one :class:`Job` in isolated worker processes.
+    """Isolated worker processes that measure candidates of any number of keys.
 
     Args:
-        job: the key being tuned.
         workers: worker processes (parallel builds); defaults to the CPU count.
         build_timeout: seconds one build may take before its worker is killed.
         run_timeout: seconds one check-and-time may take before its worker is killed.
-        start_timeout: seconds a worker may take to start (import frameworks, make inputs).
+        start_timeout: seconds a worker may take to start or to set a task up (import
+            frameworks, make inputs and the reference).
     """
 
     def __init__(
         self,
-        job: Job,
         *,
         workers: int | None = None,
         build_timeout: float = 300.0,
         run_timeout: float = 60.0,
         start_timeout: float = 180.0,
     ) -> None:
-        self.job = job
         self.build_timeout = build_timeout
         self.run_timeout = run_timeout
         self.start_timeout = start_timeout
         self.failures: Counter[str] = Counter()
+        self.started = 0  # worker processes started, replacements included
         self.replaced = 0
         count = max(1, workers or os.cpu_count() or 1)
         self._slots = [self._start() for _ in range(count)]
@@ -99,14 +107,17 @@ class Harness:
         """How many worker processes build in parallel."""
         return len(self._slots)
 
+    def benchmarker(self, task: Task) -> HarnessBenchmarker:
+        """This harness measuring the candidates of ``task``."""
+        return HarnessBenchmarker(self, task)
+
     # -- worker lifecycle -----------------------------------------------------------------
     def _start(self) -> _Slot:
         parent, child = _CONTEXT.Pipe()
-        process = _CONTEXT.Process(
-            target=worker_main, args=(child, self.job.to_json()), daemon=True
-        )
+        process = _CONTEXT.Process(target=worker_main, args=(child,), daemon=True)
         process.start()
         child.close()
+        self.started += 1
         return _Slot(process=process, conn=parent)
 
     def _await_ready(self, slot: _Slot) -> None:
@@ -114,13 +125,11 @@ class Harness:
             self._kill(slot)
             raise TuningError(f"a measurement worker did not start in {self.start_timeout:g} s")
         try:
-            hello = slot.conn.recv()
+            slot.conn.recv()
         except EOFError:
-            death = _death(slot.process)
-            raise TuningError(f"a measurement worker died at start: {death}") from None
-        if hello.get("status") != "ready":
-            self._kill(slot)
-            raise TuningError(f"a measurement worker could not set up: {hello.get('error')}")
+            raise TuningError(
+                f"a measurement worker died at start: {_death(slot.process)}"
+            ) from None
 
     def _kill(self, slot: _Slot) -> None:
         if slot.process.is_alive():
@@ -149,14 +158,27 @@ class Harness:
         self.close()
 
     # -- requests ---------------------------------------------------------------------------
-    def _send(
-        self, index: int, op: str, config: Config | None, timeout: float, **extra: Any
-    ) -> None:
-        slot = self._slots[index]
-        slot.config, slot.deadline = config or _EAGER, time.monotonic() + timeout
-        slot.conn.send({"op": op, "config": None if config is None else config.to_json(), **extra})
+    def _set_up(self, index: int, task: Task, task_id: str) -> None:
+        """Makes worker ``index`` set ``task`` up, once, within ``start_timeout``.
 
-    def _collect(self, index: int, phase: str) -> dict[str, Any]:
+        Raises:
+            TuningError: the task cannot be set up (its kernel or backend fails to load).
+        """
+        if task_id in self._slots[index].tasks:
+            return
+        answer = self._call(index, task, {"op": "setup"}, None, self.start_timeout)
+        if answer["status"] != "ok":
+            raise TuningError(f"a measurement worker could not set up: {answer.get('error')}")
+        self._slots[index].tasks.add(task_id)
+
+    def _send(self, index: int, task: Task, request: dict[str, Any], config: ConfigJSON | None,
+              timeout: float) -> None:  # fmt: skip
+        slot = self._slots[index]
+        slot.config, slot.deadline = _label(config), time.monotonic() + timeout
+        body = None if config is None else dict(config)
+        slot.conn.send({**request, "task": task.to_json(), "config": body})
+
+    def _collect(self, index: int, phase: str, device: str) -> dict[str, Any]:
         """The answer of worker ``index``, or a failure if it died; replaces a dead worker."""
         slot = self._slots[index]
         try:
@@ -166,7 +188,7 @@ class Harness:
             answer = {"status": status, "error": f"{_death(slot.process)} during {phase}"}
             self._replace(index)
             return answer
-        if self.job.device == "cuda" and answer["status"] == "runtime_error":
+        if device == "cuda" and answer["status"] == "runtime_error":
             self._replace(index)  # the CUDA context may be corrupt: never reuse it
         return answer
 
@@ -175,14 +197,29 @@ class Harness:
         self._replace(index)
         return {"status": "timeout", "error": f"{phase} took longer than {timeout:g} s"}
 
-    def _build_all(self, configs: list[Config]) -> dict[Config, dict[str, Any]]:
-        """Builds ``configs`` in parallel across the workers; returns each one's answer."""
-        pending = list(configs)
-        answers: dict[Config, dict[str, Any]] = {}
+    def _call(self, index: int, task: Task, request: dict[str, Any], config: ConfigJSON | None,
+              timeout: float) -> dict[str, Any]:  # fmt: skip
+        """One request to worker ``index``, waited for; a death or a timeout is the answer."""
+        self._send(index, task, request, config, timeout)
+        slot = self._slots[index]
+        phase = request["op"]
+        if slot.conn.poll(max(0.0, slot.deadline - time.monotonic())):
+            answer = self._collect(index, phase, task.device)
+        else:
+            answer = self._expire(index, phase)
+        self._slots[index].config = None
+        return answer
+
+    def build_all(self, task: Task, configs: list[Config]) -> dict[str, dict[str, Any]]:
+        """Builds ``configs`` in parallel across the workers; each one's answer by its label."""
+        task_id = task.digest()
+        pending = [c.to_json() for c in configs]
+        answers: dict[str, dict[str, Any]] = {}
         while pending or any(s.config is not None for s in self._slots):
             for i, slot in enumerate(self._slots):
                 if slot.config is None and pending:
-                    self._send(i, "build", pending.pop(0), self.build_timeout)
+                    self._set_up(i, task, task_id)
+                    self._send(i, task, {"op": "build"}, pending.pop(0), self.build_timeout)
             busy = [i for i, s in enumerate(self._slots) if s.config is not None]
             soonest = min(self._slots[i].deadline for i in busy)
             ready = wait([self._slots[i].conn for i in busy], max(0.0, soonest - time.monotonic()))
@@ -191,9 +228,9 @@ class Harness:
                 config = slot.config
                 assert config is not None
                 if slot.conn in ready:
-                    answers[config] = self._collect(i, "build")
+                    answers[config] = self._collect(i, "build", task.device)
                     if answers[config]["status"] == "ok":
-                        self._slots[i].built.add(config)
+                        self._slots[i].built.add((task_id, config))
                 elif time.monotonic() >= slot.deadline:
                     answers[config] = self._expire(i, "build")
                 else:
@@ -201,78 +238,67 @@ class Harness:
                 self._slots[i].config = None
         return answers
 
-    def _call(
-        self, index: int, op: str, config: Config | None, timeout: float, **extra: Any
+    def request(
+        self, task: Task, op: str, config: ConfigJSON | None, **extra: Any
     ) -> dict[str, Any]:
-        """One request to worker ``index``, waited for; a death or a timeout is the answer."""
-        self._send(index, op, config, timeout, **extra)
-        slot = self._slots[index]
-        answer = (
-            self._collect(index, op)
-            if slot.conn.poll(max(0.0, slot.deadline - time.monotonic()))
-            else self._expire(index, op)
-        )
-        self._slots[index].config = None
-        return answer
-
-    def _request(self, op: str, config: Config | None, **extra: Any) -> dict[str, Any]:
-        """``op`` on the worker that built ``config``, within ``run_timeout``.
+        """``op`` on the worker that built ``config`` for ``task``, within ``run_timeout``.
 
         If no live worker has it (its builder was replaced), it is built first, within
         ``build_timeout``. ``validate`` also builds the edge problem, so it gets both.
         """
-        index = next((i for i, s in enumerate(self._slots) if config in s.built), None)
-        if config is not None and index is None:
+        task_id, label = task.digest(), _label(config)
+        index = next((i for i, s in enumerate(self._slots) if (task_id, label) in s.built), None)
+        if index is None:
             index = 0
-            answer = self._call(index, "build", config, self.build_timeout)
-            if answer["status"] != "ok":
-                return answer
-            self._slots[index].built.add(config)
+            self._set_up(index, task, task_id)
+            if config is not None:
+                answer = self._call(index, task, {"op": "build"}, config, self.build_timeout)
+                if answer["status"] != "ok":
+                    return answer
+                self._slots[index].built.add((task_id, label))
         timeout = self.run_timeout + (self.build_timeout if op == "validate" else 0.0)
-        return self._call(index or 0, op, config, timeout, **extra)
+        return self._call(index, task, {"op": op, **extra}, config, timeout)
 
-    def measure(self, config: Config | None) -> dict[str, Any]:
-        """Checks and times one config (``None``: the workload's torch eager function)."""
-        return self._request("measure", config)
 
-    def validate(self, config: Config, seeds: Sequence[int]) -> ValidationReport:
-        """The full golden-reference validation of ``config``, run in a worker.
+class HarnessBenchmarker(Benchmarker):
+    """A :class:`Harness` measuring the candidates of one :class:`Task`."""
 
-        A worker that dies or hangs while validating yields a failed report naming why.
-        """
-        answer = self._request("validate", config, seeds=list(seeds))
+    def __init__(self, harness: Harness, task: Task) -> None:
+        self.harness = harness
+        self.task = task
+
+    @property
+    def parallelism(self) -> int:
+        return self.harness.workers
+
+    def measure(self, config: ConfigJSON | None) -> Measurement:
+        return Measurement.from_json(self.harness.request(self.task, "measure", config))
+
+    def validate(self, config: ConfigJSON, seeds: Sequence[int]) -> ValidationReport:
+        answer = self.harness.request(self.task, "validate", config, seeds=list(seeds))
         if answer["status"] == "ok":
             return ValidationReport.model_validate(answer["report"])
-        check = CheckModel(
-            problem=dict(self.job.problem.items()),
-            seed=seeds[0],
-            rel_error=None,
-            max_abs_error=None,
-            tolerance=1.0,
-            passed=False,
-            note=f"{answer['status']}: {answer.get('error', '')}"[:500],
-        )
-        return ValidationReport(passed=False, tolerance=1.0, max_rel_error=None, checks=[check])
+        return failed_report(self.task, seeds, f"{answer['status']}: {answer.get('error', '')}")
 
     def evaluate(self, configs: list[Config]) -> list[Trial]:
-        """Builds ``configs`` in parallel, then checks and times each; one trial per config."""
-        built = self._build_all(configs)
+        built = self.harness.build_all(self.task, configs)
         trials = []
         for config in configs:
-            answer = built[config]
-            if answer["status"] == "ok":
-                answer = self.measure(config)
-            status = answer["status"]
-            if status != "ok":
-                self.failures[status] += 1
-                logger.info("candidate %s: %s: %s", config, status, answer.get("error", ""))
-            trials.append(
-                Trial(
-                    config=config.to_json(),
-                    status=status,
-                    time_ms=answer.get("time_ms") if status == "ok" else None,
-                    error=str(answer.get("error", ""))[:2000],
-                    times_ms=tuple(answer.get("times_ms", ())),
-                )
-            )
+            answer = built[_label(config.to_json())]
+            measured = self.measure(config.to_json()) if answer["status"] == "ok" else None
+            if measured is None:
+                measured = Measurement.from_json(answer)
+            if not measured.ok:
+                self.harness.failures[measured.status] += 1
+                logger.info("candidate %s: %s: %s", config, measured.status, measured.error)
+            trials.append(measured.trial(config.to_json()))
         return trials
+
+
+def failed_report(task: Task, seeds: Sequence[int], note: str) -> ValidationReport:
+    """A failed validation report saying why the check could not run (the worker died, …)."""
+    check = CheckModel(
+        problem=dict(task.problem), seed=seeds[0], rel_error=None, max_abs_error=None,
+        tolerance=1.0, passed=False, note=note[:500],
+    )  # fmt: skip
+    return ValidationReport(passed=False, tolerance=1.0, max_rel_error=None, checks=[check])

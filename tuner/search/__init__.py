@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tunecache.errors import InvalidInput
+from tunecache.errors import lookup
 from tunecache.space import Config, SearchSpace
 from tuner.search.base import SearchStrategy
 from tuner.search.exhaustive import ExhaustiveSearch
@@ -41,12 +41,7 @@ def get_strategy(
     Raises:
         InvalidInput: no strategy has that name.
     """
-    try:
-        cls = STRATEGIES[name]
-    except KeyError:
-        raise InvalidInput(
-            f"unknown search strategy {name!r}; known: {', '.join(sorted(STRATEGIES))}"
-        ) from None
+    cls = lookup(STRATEGIES, name, "search strategy")
     return cls(space, seed=seed, warm_start=warm_start)
 
 

@@ -11,7 +11,8 @@ Example:
     >>> from tuner.search import get_strategy
     >>> space = SearchSpace({"BLOCK": (16, 32, 64, 128)})
     >>> def evaluate(configs):
-    ...     return [Trial(c.to_json(), "ok", abs(c["BLOCK"] - 64) + 1.0) for c in configs]
+    ...     return [Trial(config=c.to_json(), status="ok", time_ms=abs(c["BLOCK"] - 64) + 1.0)
+    ...             for c in configs]
     >>> log = run_search(get_strategy("exhaustive", space), evaluate, Budget(trials=10))
     >>> str(log.best[0]), log.stopped_because, len(log)
     ('BLOCK=64', 'exhausted', 4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from tunecache import builtin
 from workloads.base import Workload
 
 if TYPE_CHECKING:
@@ -12,18 +13,9 @@ if TYPE_CHECKING:
 
 
 class BiasGelu(Workload):
-    name = "bias_gelu"
-    description = "Y = gelu(X @ W + b) (X: M×K, W: K×N, b: N; exact erf GELU)"
-    params = ("M", "N", "K")
-    backends = ("tvm", "inductor", "triton")
+    spec = builtin.BIAS_GELU
+    tvm_knobs = "gemm"
     demo_problem = {"M": 128, "N": 128, "K": 128}
-    shared_sources = {"triton": ("matmul/triton.py",)}  # the GEMM kernel with a fused epilogue
-
-    def input_shapes(self, problem: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:
-        return (problem["M"], problem["K"]), (problem["K"], problem["N"]), (problem["N"],)
-
-    def output_shape(self, problem: Mapping[str, int]) -> tuple[int, ...]:
-        return problem["M"], problem["N"]
 
     def torch_fn(  # type: ignore[override]
         self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from workloads.base import Workload, random_nonzero
+from tunecache import builtin
+from workloads.base import Workload
 
 if TYPE_CHECKING:
     import torch
@@ -14,31 +15,11 @@ EPS = 1e-5
 
 
 class LayerNorm(Workload):
-    name = "layernorm"
-    description = "Y = layer_norm(X, (N,), weight, bias, eps=1e-5) (X: M×N)"
-    params = ("M", "N")
-    backends = ("tvm", "inductor", "triton")
+    spec = builtin.LAYERNORM
+    tvm_knobs = "rows"
+    # An offset mean per row: one-pass E[x²] − E[x]² variance loses digits here.
+    input_offset = 4.0
     demo_problem = {"M": 256, "N": 1024}
-
-    def input_shapes(self, problem: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:
-        return (problem["M"], problem["N"]), (problem["N"],), (problem["N"],)
-
-    def make_inputs(
-        self, problem: Mapping[str, int], dtype: str, seed: int
-    ) -> tuple[torch.Tensor, ...]:
-        import torch
-
-        generator = torch.Generator().manual_seed(seed)
-        m, n = problem["M"], problem["N"]
-        # An offset mean per row: one-pass E[x²] − E[x]² variance loses digits here.
-        x = random_nonzero((m, n), "float64", generator) + 4.0
-        weight = random_nonzero((n,), "float64", generator)
-        bias = random_nonzero((n,), "float64", generator)
-        dt = torch.float64 if dtype == "float64" else getattr(torch, dtype)
-        return x.to(dt), weight.to(dt), bias.to(dt)
-
-    def output_shape(self, problem: Mapping[str, int]) -> tuple[int, ...]:
-        return problem["M"], problem["N"]
 
     def torch_fn(  # type: ignore[override]
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor

@@ -13,17 +13,18 @@ tile before the store, as the matmul tutorial fuses its activation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
 import triton
 import triton.language as tl
 
 from backends.triton.jit import lazy_jit
-from backends.triton.limits import DeviceLimits, current_limits
+from backends.triton.launch import output_buffer
 from backends.triton.settings import interpret_enabled
-from backends.triton.spaces import gemm_default, gemm_space
-from tunecache.space import Config, SearchSpace
+from backends.triton.spaces import gemm_default as default_config
+from backends.triton.spaces import gemm_space as space
+from tunecache.space import Config
+
+__all__ = ["default_config", "dot_options", "gemm", "launch", "space"]
 
 FP32_DOT_PRECISION = "tf32x3"
 
@@ -74,19 +75,6 @@ def matmul_kernel(
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
 
 
-def space(problem: Mapping[str, int], dtype: str, limits: DeviceLimits) -> SearchSpace:
-    """Tiles, group size, warps and stages, pruned by shared memory, threads and problem size."""
-    return gemm_space(problem, dtype, limits)
-
-
-def default_config(
-    problem: Mapping[str, int], dtype: str, limits: DeviceLimits | None = None
-) -> Config:
-    """The matmul tutorial's first config that fits (128x256x64, GROUP_M 8, 8 warps, 3 stages
-    for fp16 at large sizes)."""
-    return gemm_default(problem, dtype, limits or current_limits())
-
-
 def dot_options(dtype: torch.dtype) -> dict[str, object]:
     """The ``DOT_PRECISION`` and ``DOT_IN_FP32`` meta-parameters for operands of ``dtype``."""
     return {
@@ -96,11 +84,20 @@ def dot_options(dtype: torch.dtype) -> dict[str, object]:
 
 
 def gemm(
-    config: Config, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None
+    config: Config,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A @ B, or GELU(A @ B + bias) with ``bias``, with ``config``'s tiles.
 
-    Returns a new tensor on A's device in A's dtype.
+    Writes into ``out`` (M×N, A's dtype, contiguous on A's device) or a new tensor, and returns
+    it.
+
+    Raises:
+        ValueError: the operands do not fit together, or ``out`` does not fit them.
     """
     m, k = a.shape
     k_b, n = b.shape
@@ -113,7 +110,7 @@ def gemm(
         raise ValueError(
             f"GEMM of {tuple(a.shape)} {a.dtype} and {tuple(b.shape)} {b.dtype}{extra}"
         )
-    c = torch.empty((m, n), device=a.device, dtype=a.dtype)
+    c = output_buffer(out, (m, n), a)
     bm, bn = int(config["BLOCK_M"]), int(config["BLOCK_N"])
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     matmul_kernel[grid](
@@ -126,6 +123,9 @@ def gemm(
     return c
 
 
-def launch(config: Config, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """C = A @ B with ``config``'s tiles; C is a new tensor on A's device in A's dtype."""
-    return gemm(config, a, b)
+def launch(
+    config: Config, a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """C = A @ B with ``config``'s tiles, into ``out`` or a new tensor on A's device in A's
+    dtype; returns C."""
+    return gemm(config, a, b, out=out)

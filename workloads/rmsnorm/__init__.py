@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from tunecache import builtin
 from workloads.base import Workload
 
 if TYPE_CHECKING:
@@ -14,17 +15,9 @@ EPS = 1e-6
 
 
 class RMSNorm(Workload):
-    name = "rmsnorm"
-    description = "Y = X / sqrt(mean(X², -1) + 1e-6) · weight (X: M×N, weight: N)"
-    params = ("M", "N")
-    backends = ("tvm", "inductor", "triton")
+    spec = builtin.RMSNORM
+    tvm_knobs = "rows"
     demo_problem = {"M": 256, "N": 1024}
-
-    def input_shapes(self, problem: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:
-        return (problem["M"], problem["N"]), (problem["N"],)
-
-    def output_shape(self, problem: Mapping[str, int]) -> tuple[int, ...]:
-        return problem["M"], problem["N"]
 
     def torch_fn(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         import torch.nn.functional as F

@@ -7,30 +7,25 @@ of squares, then scale and write). Rows past M are clamped on load and masked on
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import torch
-import triton
 import triton.language as tl
 
 from backends.triton.jit import lazy_jit
-from backends.triton.limits import DeviceLimits, current_limits
-from backends.triton.spaces import row_default, row_space
-from tunecache.space import Config, SearchSpace
+from backends.triton.launch import launch_rows, row_tile
+from backends.triton.spaces import row_default as default_config
+from backends.triton.spaces import row_space as space
+from tunecache.space import Config
 from workloads.rmsnorm import EPS
+
+__all__ = ["default_config", "launch", "space"]
 
 
 @lazy_jit
 def rmsnorm_kernel(
-    x_ptr, w_ptr, y_ptr, M, N, stride_xm, stride_ym, eps,
+    x_ptr, y_ptr, M, N, stride_xm, stride_ym, w_ptr, eps,
     BLOCK_N: tl.constexpr, ROWS: tl.constexpr, ONE_TILE: tl.constexpr,
 ):  # fmt: skip
-    rows = tl.program_id(axis=0) * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < M
-    safe_rows = tl.minimum(rows, M - 1).to(tl.int64)
-    x_rows = x_ptr + safe_rows[:, None] * stride_xm
-    y_rows = y_ptr + rows.to(tl.int64)[:, None] * stride_ym
-    cols = tl.arange(0, BLOCK_N)
+    x_rows, y_rows, row_ok, cols = row_tile(x_ptr, y_ptr, M, stride_xm, stride_ym, ROWS, BLOCK_N)
     if ONE_TILE:
         col_ok = cols[None, :] < N
         x = tl.load(x_rows + cols[None, :], mask=col_ok, other=0.0).to(tl.float32)
@@ -58,27 +53,9 @@ def rmsnorm_kernel(
             )
 
 
-def space(problem: Mapping[str, int], dtype: str, limits: DeviceLimits) -> SearchSpace:
-    """Row block, rows per program, warps and stages (see :mod:`backends.triton.spaces`)."""
-    return row_space(problem, dtype, limits)
-
-
-def default_config(
-    problem: Mapping[str, int], dtype: str, limits: DeviceLimits | None = None
-) -> Config:
-    """The layer-norm tutorial's heuristic: a block covering the row, warps by block size."""
-    return row_default(problem, dtype, limits or current_limits())
-
-
-def launch(config: Config, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """X / sqrt(mean(X², −1) + 1e-6) · weight with ``config``; a new tensor like X."""
-    x, weight = x.contiguous(), weight.contiguous()
-    m, n = x.shape
-    y = torch.empty_like(x)
-    block, rows = int(config["BLOCK_N"]), int(config["ROWS_PER_PROGRAM"])
-    rmsnorm_kernel[(triton.cdiv(m, rows),)](
-        x, weight, y, m, n, x.stride(0), y.stride(0), EPS,
-        BLOCK_N=block, ROWS=rows, ONE_TILE=block >= n,
-        num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
-    )  # fmt: skip
-    return y
+def launch(
+    config: Config, x: torch.Tensor, weight: torch.Tensor, *, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """X / sqrt(mean(X², −1) + 1e-6) · weight with ``config``, into ``out`` or a new tensor like
+    X; returns it."""
+    return launch_rows(rmsnorm_kernel, config, x, weight.contiguous(), EPS, out=out)

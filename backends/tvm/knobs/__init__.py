@@ -60,37 +60,45 @@ GEMM = KnobFamily(
 ROWS = KnobFamily(
     rows.NAME, rows.PARAMS, rows.DEFAULT, rows.prune_reason, rows.schedule, rows.summarize
 )
-FAMILIES: dict[str, KnobFamily] = {
-    "matmul": GEMM,
-    "bias_gelu": GEMM,
-    "softmax": ROWS,
-    "layernorm": ROWS,
-    "rmsnorm": ROWS,
-}
+# By family name; a workload names its family in ``Workload.tvm_knobs``.
+FAMILIES: dict[str, KnobFamily] = {GEMM.name: GEMM, ROWS.name: ROWS}
+
+
+def _workload(workload: Workload | str) -> Workload:
+    from workloads import get_workload
+
+    return get_workload(workload) if isinstance(workload, str) else workload
 
 
 def _name(workload: Workload | str) -> str:
     return workload if isinstance(workload, str) else workload.name
 
 
+def _family_name(workload: Workload | str) -> str | None:
+    try:
+        return _workload(workload).tvm_knobs
+    except InvalidInput:  # an unknown workload has none
+        return None
+
+
 def has_knobs(workload: Workload | str) -> bool:
     """Whether ``workload`` has a knob schedule template."""
-    return _name(workload) in FAMILIES
+    return _family_name(workload) in FAMILIES
 
 
 def family(workload: Workload | str) -> KnobFamily:
     """The knob family that schedules ``workload``.
 
     Raises:
-        InvalidInput: the workload has no knob schedule (the message lists those that do).
+        InvalidInput: the workload has no knob schedule (the message lists the families).
     """
-    name = _name(workload)
-    try:
-        return FAMILIES[name]
-    except KeyError:
+    found = _family_name(workload)
+    if found is None or found not in FAMILIES:
         raise InvalidInput(
-            f"{name} has no TVM knob schedule; workloads with one: {', '.join(sorted(FAMILIES))}"
-        ) from None
+            f"{_name(workload)} has no TVM knob schedule (Workload.tvm_knobs names one of "
+            f"{', '.join(sorted(FAMILIES))})"
+        )
+    return FAMILIES[found]
 
 
 def knob_space(workload: Workload, problem: Mapping[str, int], dtype: str) -> SearchSpace:
@@ -162,7 +170,7 @@ def apply_knobs(
     fam = family(workload)
     check_knobs(workload, config)
     workload.check_dtype(dtype, "tvm")
-    func = te.create_prim_func(workload.backend_module("tvm").compute(problem, dtype))
+    func = te.create_prim_func(workload.tvm_compute(problem, dtype))
     try:
         sch = fam.schedule(func, config)
     except Exception as exc:

@@ -88,14 +88,17 @@ def list_records(
             status.HTTP_422_UNPROCESSABLE_ENTITY,
             f"limit {limit} is over the server's maximum of {settings.list_limit}",
         )
-    items, total = queries.list_records(
-        session,
+    filters = queries.RecordFilters(
         kernel=kernel,
         backend=backend,
         dtype=dtype,
         device_arch=device_arch,
         key_hash=key_hash,
         validated=validated,
+    )
+    items, total = queries.list_records(
+        session,
+        filters=filters,
         winners_only=winners_only,
         limit=limit,
         offset=offset,

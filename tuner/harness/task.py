@@ -1,8 +1,9 @@
-"""What a measurement worker needs to know once: which kernel, backend, problem and device.
+"""What a measurement worker needs to know about one key: kernel, backend, problem, device.
 
-A :class:`Job` is plain data so it can cross a process boundary as JSON; the worker resolves the
+A :class:`Task` is plain data so it can cross a process boundary as JSON; the worker resolves the
 backend by registry name (``"tvm"``) or by ``"module:Class"`` (how tests plug in a backend whose
-candidates crash on purpose).
+candidates crash on purpose), the kernel by built-in name or ``"module:QualName"``. One harness
+serves many tasks: each request names its task, and a worker sets a task up once.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from backends import Backend, get_backend
+from tunecache.canonical import digest
 from tunecache.errors import InvalidInput
 from tunecache.timing import TimerSettings
 
@@ -34,20 +36,32 @@ def resolve_backend(ref: str) -> Backend:
 
 
 @dataclass(frozen=True)
-class Job:
-    """One key's measurement setup, shared by every candidate of a search."""
+class Task:
+    """One key's measurement setup, shared by every candidate of its search.
+
+    Attributes:
+        timer: how long and how often to time.
+        timer_ref: ``"module:function"`` of a timer ``(fn, settings) -> TimingModel`` to use
+            instead of the device's (tests time interpreter kernels this way); ``None``: CUDA
+            events on ``cuda``, ``perf_counter`` on ``cpu``.
+    """
 
     backend: str
     workload: str
-    problem: dict[str, int]
+    problem: dict[str, Any]
     dtype: str
     device: str = "cpu"  # "cpu" or "cuda"
     seed: int = 1  # inputs for the correctness check and the timing; never zeros
     timer: TimerSettings = field(default_factory=TimerSettings)
+    timer_ref: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Job:
+    def from_json(cls, data: dict[str, Any]) -> Task:
         return cls(**{**data, "timer": TimerSettings(**data["timer"])})
+
+    def digest(self) -> str:
+        """The task's identity (what a worker caches its set-up and builds under)."""
+        return digest(self.to_json())

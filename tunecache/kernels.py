@@ -1,0 +1,225 @@
+"""Kernels as values: what identifies a kernel in a cache key, for built-ins and users' own.
+
+A :class:`KernelSpec` is the light description of one kernel: its name, the sources whose hash goes
+into the key, its shape parameters and the symbolic shapes of its tensor arguments (so a problem
+can be read from a call's arguments), which parameters are rounded to a shape bucket at lookup,
+the backends and dtypes it runs in. It needs no framework: the run-time path builds keys from it
+and nothing else.
+
+A kernel is found by name: the built-in ones (``matmul``, ``softmax``, …) are registered when
+:mod:`tunecache` is imported; a user's kernel is named ``"package.module:qualname"`` (in a job, a
+manifest, the CLI) and loaded by importing the module. Whatever the name points to must be a
+:class:`KernelSpec` or carry one as ``.spec`` (a tuner-side ``workloads.Workload``).
+
+Example:
+    >>> spec = get_kernel("matmul")
+    >>> spec.params, spec.bucket
+    (('M', 'N', 'K'), ('M',))
+    >>> import types
+    >>> spec.problem_from_args(types.SimpleNamespace(shape=(8, 16)),
+    ...                        types.SimpleNamespace(shape=(16, 32)))
+    {'K': 16, 'M': 8, 'N': 32}
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tunecache.errors import InvalidInput
+
+# Every backend tunecache knows, in one place (keys, environments, defaults and registries
+# are checked against it).
+BACKENDS = ("triton", "tvm", "inductor")
+Shape = tuple[str, ...]  # a tensor's symbolic shape: parameter names, one per dimension
+
+
+@functools.cache
+def hash_files(paths: tuple[str, ...]) -> str:
+    """SHA-256 (16 hex) of the files' names and contents, in order; missing files are skipped."""
+    h = hashlib.sha256()
+    for name in paths:
+        path = Path(name)
+        if path.exists():
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What identifies one kernel in a cache key.
+
+    Attributes:
+        name: ``matmul`` for a built-in, ``"package.module:qualname"`` for a user's kernel.
+        params: the problem's shape parameters, in order.
+        inputs: each tensor argument's symbolic shape (``(("M", "K"), ("K", "N"))``).
+        output: the output's symbolic shape.
+        bucket: parameters a lookup rounds up to the next power of two (the batch-like rows).
+        dtypes: backend → the dtypes the kernel runs in there (its keys are the backends).
+        sources: backend (or ``"*"`` for every backend) → the files that define the kernel
+            there; their hash invalidates cached entries when they change.
+        description: one line for tables.
+    """
+
+    name: str
+    params: tuple[str, ...]
+    inputs: tuple[Shape, ...]
+    output: Shape
+    dtypes: Mapping[str, tuple[str, ...]]
+    bucket: tuple[str, ...] = ()
+    sources: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = [b for b in self.dtypes if b not in BACKENDS]
+        if unknown:
+            raise InvalidInput(f"kernel {self.name}: unknown backends {unknown}; known: {BACKENDS}")
+        named = {d for shape in (*self.inputs, self.output) for d in shape}
+        stray = sorted((named | set(self.bucket)) - set(self.params))
+        if stray:
+            raise InvalidInput(f"kernel {self.name}: {stray} are not among params {self.params}")
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return tuple(self.dtypes)
+
+    def check_backend(self, backend: str) -> None:
+        """Raises :class:`InvalidInput` unless the kernel runs on ``backend``."""
+        if backend not in self.dtypes:
+            raise InvalidInput(
+                f"{self.name} has backends {', '.join(self.backends)}, not {backend!r}"
+            )
+
+    def check_dtype(self, dtype: str, backend: str) -> None:
+        """Raises :class:`InvalidInput` unless the kernel runs in ``dtype`` on ``backend``."""
+        self.check_backend(backend)
+        supported = self.dtypes[backend]
+        if dtype not in supported:
+            raise InvalidInput(
+                f"{self.name} on {backend} supports dtypes {', '.join(supported)}, not {dtype!r}"
+            )
+
+    def source_hash(self, backend: str) -> str:
+        """SHA-256 (16 hex) of the sources that define this kernel for ``backend``."""
+        return hash_files((*self.sources.get("*", ()), *self.sources.get(backend, ())))
+
+    def problem(self, sizes: Mapping[str, Any]) -> dict[str, int]:
+        """Checks ``sizes`` names exactly this kernel's parameters, each a positive integer.
+
+        Raises:
+            InvalidInput: a parameter is missing, unknown or out of range.
+        """
+        from tunecache.key import check_problem
+
+        missing = [p for p in self.params if p not in sizes]
+        unknown = [p for p in sizes if p not in self.params]
+        if missing or unknown:
+            parts = [f"missing {', '.join(missing)}"] if missing else []
+            parts += [f"unknown {', '.join(map(str, unknown))}"] if unknown else []
+            raise InvalidInput(
+                f"{self.name} takes shape parameters {', '.join(self.params)}: {'; '.join(parts)}"
+            )
+        for name, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidInput(f"{self.name}: {name}={value!r} is not an integer")
+        checked = check_problem(sizes)
+        return {p: int(checked[p]) for p in self.params}
+
+    def problem_from_args(self, *args: Any) -> dict[str, int]:
+        """The problem of a call, read from its tensor arguments' ``.shape``.
+
+        Raises:
+            InvalidInput: the wrong number of tensors, a wrong rank, or two dimensions that
+                name the same parameter with different sizes.
+        """
+        if len(args) != len(self.inputs):
+            raise InvalidInput(f"{self.name} takes {len(self.inputs)} tensors, got {len(args)}")
+        sizes: dict[str, int] = {}
+        for i, (arg, shape) in enumerate(zip(args, self.inputs, strict=True)):
+            actual = tuple(getattr(arg, "shape", ()))
+            if len(actual) != len(shape):
+                raise InvalidInput(f"{self.name}: argument {i} has shape {actual}, not {shape}")
+            for dim, size in zip(shape, actual, strict=True):
+                if sizes.setdefault(dim, int(size)) != int(size):
+                    raise InvalidInput(
+                        f"{self.name}: {dim} is {sizes[dim]} in one argument, {size} in another"
+                    )
+        return dict(sorted(sizes.items()))
+
+    def input_shapes(self, problem: Mapping[str, int]) -> tuple[tuple[int, ...], ...]:
+        """The tensor arguments' concrete shapes at ``problem``."""
+        return tuple(tuple(problem[d] for d in shape) for shape in self.inputs)
+
+    def output_shape(self, problem: Mapping[str, int]) -> tuple[int, ...]:
+        return tuple(problem[d] for d in self.output)
+
+
+_REGISTRY: dict[str, KernelSpec] = {}
+
+
+def register(spec: KernelSpec) -> KernelSpec:
+    """Makes ``spec`` findable by its name; registering the same name twice keeps the last."""
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def as_spec(kernel: Any) -> KernelSpec:
+    """``kernel`` as a :class:`KernelSpec`: a spec, anything with ``.spec``, or a name."""
+    if isinstance(kernel, str):
+        return get_kernel(kernel)
+    spec = kernel if isinstance(kernel, KernelSpec) else getattr(kernel, "spec", None)
+    if not isinstance(spec, KernelSpec):
+        raise InvalidInput(f"{kernel!r} is not a kernel: it is no KernelSpec and has no .spec")
+    return spec
+
+
+def load_ref(ref: str) -> Any:
+    """The object ``"package.module:qualname"`` names (imports the module).
+
+    Raises:
+        InvalidInput: the reference is malformed, or the module or the name does not exist.
+    """
+    module_name, sep, qualname = ref.partition(":")
+    if not sep or not module_name or not qualname:
+        raise InvalidInput(f"{ref!r} is not a reference of the form 'package.module:qualname'")
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise InvalidInput(f"cannot import {module_name!r} for kernel {ref!r}: {exc}") from None
+    for part in qualname.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise InvalidInput(f"module {module_name!r} has no {qualname!r}") from None
+    return found
+
+
+def get_kernel(name: str) -> KernelSpec:
+    """The kernel called ``name``: a registered (built-in) name or ``"module:qualname"``.
+
+    Raises:
+        InvalidInput: unknown name (the message lists the built-in ones), or a reference that
+            does not load a kernel.
+    """
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    if ":" not in name:
+        known = ", ".join(sorted(k for k in _REGISTRY if ":" not in k))
+        raise InvalidInput(
+            f"unknown kernel {name!r}; built-in: {known}; a kernel of your own is named "
+            "'package.module:qualname'"
+        )
+    spec = as_spec(load_ref(name))
+    if spec.name != name:
+        raise InvalidInput(f"{name!r} loads the kernel named {spec.name!r}; use that name")
+    return spec
+
+
+def registered(name: str) -> KernelSpec | None:
+    """The registered kernel called ``name``, without importing anything."""
+    return _REGISTRY.get(name)

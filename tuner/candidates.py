@@ -1,0 +1,105 @@
+"""The first half of the pipeline: a search that yields ranked candidates.
+
+Two kinds of search produce the same :class:`Candidates`: one of our strategies over a backend's
+enumerable space, measured through a :class:`~tuner.measure.Benchmarker` (its top few are re-timed
+before validation, since one timing is noise), and a backend's own search (MetaSchedule,
+Inductor's max-autotune), whose ranking stands. :func:`tuner.select.select_winner` takes it from
+there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backends import Backend, Budget, ProgressFn
+from tunecache.errors import InvalidInput
+from tunecache.schemas import Trial
+from tunecache.space import Config, SearchSpace
+from tuner.measure import Benchmarker
+from tuner.search import get_strategy, run_search
+from workloads import Workload
+
+RETIME_TOP = 3  # the fastest few of a strategy's search are timed again before validation
+MAX_NATIVE_CANDIDATES = 5  # a backend's own search: its best and next-best, validated in order
+Emit = Callable[[str], None]
+
+
+@dataclass
+class Candidates:
+    """Configs worth validating, best first, and every trial the search measured.
+
+    Attributes:
+        retime: re-time ``ranked`` and validate the fastest first (a strategy's single
+            timings are noisy); ``False`` keeps a backend's own ranking.
+    """
+
+    ranked: list[dict[str, Any]]
+    trials: list[Trial]
+    retime: bool
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """One search: the kernel, the backend, the key's problem and dtype, and the budget."""
+
+    backend: Backend
+    workload: Workload
+    problem: dict[str, int]
+    dtype: str
+    budget: Budget
+    progress: ProgressFn | None = None
+
+
+def enumerable_space(backend: Backend, workload: Workload, problem: Mapping[str, int],
+                     dtype: str) -> SearchSpace:  # fmt: skip
+    """The backend's space for this key, or a clear error why there is none to search."""
+    space = backend.space(workload, problem, dtype)
+    if space is None:
+        native = backend.native_strategy
+        raise InvalidInput(
+            f"{backend.name} has no enumerable space; its search strategy is {native!r}"
+        )
+    return space
+
+
+def search_space(
+    request: SearchRequest,
+    bench: Benchmarker,
+    *,
+    strategy: str,
+    seed: int,
+    warm_start: Sequence[Config],
+    emit: Emit,
+    neighbours: Callable[[SearchSpace], list[Config]] | None = None,
+) -> Candidates:
+    """Searches the backend's space with ``strategy``, measuring through ``bench``.
+
+    Args:
+        neighbours: finds warm-start configs in the space (the cache's neighbouring winners).
+    """
+    space = enumerable_space(request.backend, request.workload, request.problem, request.dtype)
+    emit(f"space: {space.size} configs, {space.pruned_count()} pruned by device limits")
+    if neighbours is not None:
+        found = neighbours(space)
+        emit(f"warm start: {len(found)} configs of neighbouring keys from the cache")
+        warm_start = [*warm_start, *found]
+    searcher = get_strategy(strategy, space, seed=seed, warm_start=warm_start)
+    log = run_search(searcher, bench.evaluate, request.budget, batch_size=bench.parallelism,
+                     progress=request.progress)  # fmt: skip
+    failures = [t.status for t in log.trials if t.status != "ok"]
+    emit(f"searched {len(log)} configs ({log.stopped_because}); {len(failures)} failed")
+    ranked = [config.to_json() for config, _ in log.ranked()[:RETIME_TOP]]
+    return Candidates(ranked=ranked, trials=log.trials, retime=True)
+
+
+def search_native(request: SearchRequest, workdir: Path) -> Candidates:
+    """The backend's own search, run here; its candidates are measured by the pipeline."""
+    result = request.backend.search(
+        request.workload, request.problem, request.dtype, request.budget,
+        workdir=workdir, progress=request.progress,
+    )  # fmt: skip
+    ranked = [result.config, *result.ranked][:MAX_NATIVE_CANDIDATES]
+    return Candidates(ranked=ranked, trials=list(result.trials), retime=False)

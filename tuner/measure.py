@@ -1,0 +1,95 @@
+"""Measurement as typed values: a :class:`Benchmarker` answers :class:`Measurement` values.
+
+A benchmarker measures the candidates of one key: it builds, checks against the golden reference
+and times configs, and validates a chosen one in full. Two implementations sit behind the
+interface: the isolating harness (:class:`tuner.harness.HarnessBenchmarker`, worker processes that
+may die) and :class:`tuner.harness.InProcessBenchmarker` (this process; for kernels that cannot
+crash it, and for tests of the pipeline).
+
+Example:
+    >>> m = Measurement(status="wrong_answer", error="relative error 0.3 > tolerance 0.0001")
+    >>> m.ok, m.trial({"BLOCK": 64}).status
+    (False, 'wrong_answer')
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tunecache.schemas import TimingModel, Trial, TrialStatus, ValidationReport
+from tunecache.space import Config
+
+MAX_ERROR = 2000
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One candidate checked and timed: ``timing`` is set exactly when ``status`` is ``ok``."""
+
+    status: TrialStatus
+    timing: TimingModel | None = None
+    error: str = ""
+    rel_error: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.status == "ok") != (self.timing is not None):
+            raise ValueError("a measurement has a timing exactly when its status is 'ok'")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def time_ms(self) -> float | None:
+        return None if self.timing is None else self.timing.median_ms
+
+    def trial(self, config: Mapping[str, Any]) -> Trial:
+        """This measurement as the trial of ``config``."""
+        spread: tuple[float, ...] = ()
+        if self.timing is not None:
+            spread = (self.timing.min_ms, self.timing.median_ms, self.timing.max_ms)
+        return Trial(config=dict(config), status=self.status, time_ms=self.time_ms,
+                     error=self.error[:MAX_ERROR], times_ms=spread)  # fmt: skip
+
+    def to_json(self) -> dict[str, Any]:
+        timing = None if self.timing is None else self.timing.model_dump(mode="json")
+        return {"status": self.status, "timing": timing, "error": self.error,
+                "rel_error": self.rel_error}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Measurement:
+        timing = data.get("timing")
+        return cls(
+            status=data["status"],
+            timing=None if timing is None else TimingModel.model_validate(timing),
+            error=str(data.get("error", ""))[:MAX_ERROR],
+            rel_error=data.get("rel_error"),
+        )
+
+
+class Benchmarker(abc.ABC):
+    """Measures the candidates of one key (its kernel, backend, problem, dtype and device)."""
+
+    @property
+    @abc.abstractmethod
+    def parallelism(self) -> int:
+        """How many configs :meth:`evaluate` builds at once (the search's batch size)."""
+
+    @abc.abstractmethod
+    def evaluate(self, configs: list[Config]) -> list[Trial]:
+        """Builds ``configs`` (in parallel where it can), then checks and times each, in order."""
+
+    @abc.abstractmethod
+    def measure(self, config: Mapping[str, Any] | None) -> Measurement:
+        """Checks and times one config (any JSON config; ``None``: the kernel's torch eager
+        function)."""
+
+    @abc.abstractmethod
+    def validate(self, config: Mapping[str, Any], seeds: Sequence[int]) -> ValidationReport:
+        """The full golden-reference validation of ``config`` (seeds, the edge problem).
+
+        A candidate that dies or hangs yields a failed report naming why, never an exception.
+        """
