@@ -130,13 +130,9 @@ def run_search(
             runnable(*inputs)
     except Exception as exc:  # Inductor fails in many ways; the trial records it
         logger.warning("inductor compile of %s failed: %s", workload.name, exc, exc_info=True)
-        error = f"{type(exc).__name__}: {exc}"[:4000]
-        return SearchResult(
-            config=fallback(),
-            trials=[Trial(config=base, status="compile_error", error=error)],
-            strategy=STRATEGY,
-            seconds=time.perf_counter() - started,
-        )
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        trial = Trial(config=base, status="compile_error", error=error)
+        return SearchResult(fallback(), [trial], STRATEGY, time.perf_counter() - started)
     compiled_s = time.perf_counter() - started
     ops = [op for op in observer.ops if op.choices]
     outcome = _from_ops(base, ops)
@@ -160,14 +156,8 @@ def run_search(
                 message, compiled_s, time.perf_counter() - started)  # fmt: skip
     _finished(outcome, message, progress)
     _write_log(workdir, workload.name, problem, dtype, outcome.config, ops, compiled_ms)
-    return SearchResult(
-        config=outcome.config,
-        trials=outcome.trials,
-        strategy=STRATEGY,
-        seconds=time.perf_counter() - started,
-        runnable=runnable,
-        ranked=outcome.ranked,
-    )
+    seconds = time.perf_counter() - started
+    return SearchResult(outcome.config, outcome.trials, STRATEGY, seconds, runnable, outcome.ranked)
 
 
 def _finished(outcome: _Outcome, message: str, progress: ProgressFn | None) -> None:
