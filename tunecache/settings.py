@@ -4,6 +4,8 @@
 - ``TUNECACHE_TIMEOUT``: seconds a run-time lookup may take before falling back (``0.5``)
 - ``TUNECACHE_TOKEN``: the API token sent to the server (``tunecache token create``); reads
   need none unless the server says so, uploads need one with the ``write`` scope
+- ``TUNECACHE_SNAPSHOT``: a snapshot file run-time lookups answer from before the server
+  (``tunecache snapshot export``); unset: none
 - ``TRITON_INTERPRET``: ``1`` (or ``true``, ``on``, ``yes``, ``y``) runs Triton kernels in Triton's
   CPU interpreter (numpy) instead of compiling them for a GPU; unset, empty or ``0`` (``false``,
   ``off``, ``no``, ``n``) compiles them. Triton reads it itself when a function is decorated with
@@ -40,6 +42,7 @@ class Settings:
     url: str = f"http://127.0.0.1:{DEFAULT_PORT}"
     timeout: float = 0.5
     token: str | None = None
+    snapshot: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -70,6 +73,7 @@ class Settings:
             url=url.rstrip("/"),
             timeout=number("TUNECACHE_TIMEOUT", defaults.timeout, float),
             token=env.get("TUNECACHE_TOKEN") or None,
+            snapshot=Path(env["TUNECACHE_SNAPSHOT"]) if env.get("TUNECACHE_SNAPSHOT") else None,
         )
 
 

@@ -1,0 +1,165 @@
+"""``tunecache.triton.autotune`` on a user's Triton kernel (Triton's interpreter on a CPU).
+
+Process A misses, tunes as Triton does and uploads; process B, fresh, launches with zero
+benchmark calls from the server; process C does the same from a snapshot file with the server
+down; process D, server down and no snapshot, runs the first config after one warning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cache_server.embedded import free_port
+from tests.conftest import LiveServer
+from tunecache.client import Client
+from tunecache.device import local_device
+from tunecache.snapshot import save_snapshot
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = """
+import json, torch
+import tests.user_triton_autotune as m
+x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+y = m.launch(x)
+assert torch.allclose(y, x * 2 + 1), "wrong result"
+from tunecache.triton.record import config_json
+print(json.dumps({"bench": len(m.BENCH_CALLS), "config": config_json(m.affine.best_config)}))
+"""
+
+
+def run(env: dict[str, str]) -> tuple[dict, str]:  # type: ignore[type-arg]
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1", **env})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1]), done.stderr
+
+
+def dead_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+def test_tuned_once_then_launched_with_zero_benchmarking_everywhere(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    tuned, _ = run({"TUNECACHE_URL": server.url})
+    assert tuned["bench"] == 6  # a miss: every listed config benchmarked, as Triton does
+    assert tuned["config"] == {"BLOCK": 32, "num_warps": 1, "num_stages": 3}  # the stand-in's pick
+
+    fetched, _ = run({"TUNECACHE_URL": server.url})  # fresh process: empty memo, no snapshot
+    assert fetched == {"bench": 0, "config": tuned["config"]}
+
+    with Client(server.url) as client:
+        document, _ = client.export_snapshot(local_device("cpu").fingerprint.arch)
+        records = client.list_records(kernel="tests.user_triton_autotune:affine")
+    assert records.count == 1 and records.items[0].validation.passed
+    snapshot = tmp_path / "winners.json"
+    save_snapshot(snapshot, document)
+    offline, _ = run({"TUNECACHE_URL": dead_url(), "TUNECACHE_SNAPSHOT": str(snapshot)})
+    assert offline == {"bench": 0, "config": tuned["config"]}
+
+
+def test_server_down_runs_the_first_config_after_one_warning() -> None:
+    result, stderr = run({"TUNECACHE_URL": dead_url(), "TEST_ON_MISS": "default"})
+    assert result == {"bench": 0, "config": {"BLOCK": 16, "num_warps": 1, "num_stages": 3}}
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "using default configs" in lines[0], stderr  # one warning
+
+
+# -- a hostile server never gets a config launched -------------------------------------------
+def _lookup_answer(config: dict) -> bytes:  # type: ignore[type-arg]
+    """A well-formed lookup answer for the kernel's key at n=1000, carrying ``config``."""
+    import torch
+
+    from tests.factories import make_record
+    from tunecache.schemas import LookupResponse, RecordPublic
+    from tunecache.triton.keys import KernelIdentity, key_of_call
+
+    m = _kernel_module()
+    x = torch.zeros(1000)
+    key = key_of_call(KernelIdentity.of(m.affine.fn), ["n"], {"x_ptr": x, "y_ptr": x, "n": 1000})
+    record = make_record(key, config=config).model_dump(mode="json", by_alias=True)
+    public = RecordPublic.model_validate(
+        {**record, "id": 1, "key_hash": key.digest(), "created_at": "2026-01-01T00:00:00Z"}
+    )
+    return LookupResponse(record=public).model_dump_json(by_alias=True).encode()
+
+
+def _kernel_module():  # type: ignore[no-untyped-def]
+    import tests.user_triton_autotune as m
+
+    return m
+
+
+HOSTILE = {
+    "wrong schema": lambda: b'{"record": {"config": {"BLOCK": 32}}}',
+    "garbage bytes": lambda: bytes(range(256)) * 64,
+    "50 MB answer": lambda: b'{"record": "' + b"x" * (50 * 2**20) + b'"}',
+    "unknown meta-parameters": lambda: _lookup_answer({"BLOCK": 32, "EVIL": 1, "num_warps": 1}),
+    "64 warps": lambda: _lookup_answer({"BLOCK": 32, "num_warps": 64, "num_stages": 3}),
+    "a string for a block": lambda: _lookup_answer({"BLOCK": "32; rm -rf", "num_warps": 1}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_servers_config_is_never_launched(
+    case: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import httpx
+    import torch
+
+    import tunecache.triton.autotuner as autotuner
+
+    body = HOSTILE[case]()
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body))
+    client = Client("http://hostile.invalid", transport=transport, token="")
+    monkeypatch.setattr(autotuner, "shared_client", lambda *a: client)
+    m = _kernel_module()
+    monkeypatch.setattr(m.affine, "on_miss", "default")
+    m.affine.cache.clear()
+    m.BENCH_CALLS.clear()
+    x = torch.randn(1000)
+    assert torch.allclose(m.launch(x), x * 2 + 1)
+    assert m.affine.best_config is m.CONFIGS[0]  # the first listed config, not the server's
+    assert m.BENCH_CALLS == []
+
+
+RANK_SCRIPT = """
+import json, os, sys, torch, torch.distributed as dist
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method=sys.argv[2], rank=rank, world_size=2)
+import tests.user_triton_autotune as m
+x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+assert torch.allclose(m.launch(x), x * 2 + 1)
+from tunecache.triton.record import config_json
+print(json.dumps({"bench": len(m.BENCH_CALLS), "config": config_json(m.affine.best_config)}))
+dist.destroy_process_group()
+"""
+
+
+def test_ranks_of_a_distributed_group_launch_rank_0s_choice() -> None:
+    """On a miss each rank would pick differently (rank 1's timings are reversed): rank 0 tunes
+    and broadcasts, so both launch the same config."""
+    init = f"tcp://127.0.0.1:{free_port()}"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TUNECACHE_URL": dead_url()}
+    ranks = [
+        subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(rank), init], cwd=REPO,
+                         env={**env, "TEST_TIMES": "reversed" if rank else "forward"},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in (0, 1)
+    ]  # fmt: skip
+    answers = []
+    for process in ranks:
+        out, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err
+        answers.append(json.loads(out.splitlines()[-1]))
+    assert answers[0]["bench"] == 6 and answers[1]["bench"] == 0  # rank 0 tuned, rank 1 did not
+    assert answers[0]["config"] == answers[1]["config"] == {"BLOCK": 32, "num_warps": 1,
+                                                           "num_stages": 3}  # fmt: skip

@@ -1,0 +1,53 @@
+"""A user's Triton kernel under ``tunecache.triton.autotune``, as a user's module would have it.
+
+Imported by the tests and by the processes they start (``TRITON_INTERPRET=1`` is set before, by
+``tests/conftest.py`` or the starting test). ``BENCH_CALLS`` counts Triton's benchmark calls: the
+stand-in ``do_bench`` (the interpreter has no device timer) returns times that depend on the call
+order only, so the winner is the same config in every process that tunes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+import tunecache.triton
+
+BENCH_CALLS: list[int] = []
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=w) for b in (16, 32, 64) for w in (1, 2)]
+ON_MISS: Any = os.environ.get("TEST_ON_MISS", "tune")
+# Another process's timings, reversed: without rank 0's broadcast it would pick another config.
+REVERSED = os.environ.get("TEST_TIMES") == "reversed"
+
+
+def counting_bench(kernel_call: Any, quantiles: Any = None) -> list[float]:
+    """Runs the call once; 0.03, 0.02, 0.01, 0.03, … ms by call order (the third config wins)."""
+    BENCH_CALLS.append(1)
+    kernel_call()
+    step = (len(BENCH_CALLS) - 1) % 3
+    ms = 0.01 * (1 + step if REVERSED else 3 - step)
+    return [ms, ms, ms]
+
+
+def reference(x: torch.Tensor, y: torch.Tensor, n: int) -> None:
+    y.copy_(x * 2.0 + 1.0)
+
+
+@tunecache.triton.autotune(configs=CONFIGS, key=["n"], do_bench=counting_bench,
+                           reference=reference, on_miss=ON_MISS)  # fmt: skip
+@triton.jit
+def affine(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 2.0 + 1.0, mask=mask)
+
+
+def launch(x: torch.Tensor) -> torch.Tensor:
+    y = torch.empty_like(x)
+    n = x.numel()
+    affine[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
+    return y

@@ -1,0 +1,137 @@
+"""What a local Triton autotuning run becomes in the cache: a validated record.
+
+The winner is checked on fresh inputs against ``reference`` (a function computing the outputs in
+place, as the kernel does) or, without one, against the first listed config's output; only a
+winner that passes is stored.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from tunecache import __version__
+from tunecache.key import Key
+from tunecache.schemas import (
+    BaselineModel,
+    CheckModel,
+    KeyModel,
+    Provenance,
+    RecordCreate,
+    SearchModel,
+    TimingModel,
+    Trial,
+    ValidationReport,
+)
+
+# ‖out − ref‖ / ‖ref‖ a correct kernel stays under, per dtype (as for the built-in kernels).
+TOLERANCES = {"float64": 1e-9, "float32": 1e-4, "bfloat16": 2e-2, "float16": 5e-3}
+SEED = 1234
+
+
+def config_json(config: Any) -> dict[str, Any]:
+    """A ``triton.Config`` as flat JSON: its meta-parameters and launch options."""
+    launch = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    if getattr(config, "num_ctas", 1) != 1:
+        launch["num_ctas"] = config.num_ctas
+    if getattr(config, "maxnreg", None) is not None:
+        launch["maxnreg"] = config.maxnreg
+    return {**dict(config.kwargs), **launch}
+
+
+def timing_of(timings: Any) -> TimingModel | None:
+    """Triton's ``do_bench`` answer (median, 20th, 80th percentile ms) as a timing, if sane."""
+    values = list(timings) if isinstance(timings, list | tuple) else [timings] * 3
+    if len(values) < 3 or not all(isinstance(v, int | float) and math.isfinite(v) and v > 0
+                                  for v in values[:3]):  # fmt: skip
+        return None
+    median, low, high = (float(v) for v in values[:3])
+    return TimingModel(median_ms=median, min_ms=min(low, median), max_ms=max(high, median),
+                       repeats=1, timer="triton do_bench (median, p20, p80)")  # fmt: skip
+
+
+def fresh_arguments(args: Sequence[Any], seed: int) -> list[Any]:
+    """Copies of ``args`` with every floating-point tensor refilled with seeded random values."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    fresh = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor) and arg.is_floating_point():
+            values = torch.randn(arg.shape, generator=generator, dtype=torch.float32)
+            arg = values.to(dtype=arg.dtype, device=arg.device)
+        elif isinstance(arg, torch.Tensor):
+            arg = arg.clone()
+        fresh.append(arg)
+    return fresh
+
+
+def compare_outputs(
+    got: Sequence[Any], want: Sequence[Any], tolerance: float, problem: Mapping[str, Any]
+) -> CheckModel:
+    """The worst relative error over the floating-point tensors of two argument lists, as the
+    check of ``problem``."""
+    import torch
+
+    worst, worst_abs, note = 0.0, 0.0, ""
+    for a, b in zip(got, want, strict=True):
+        if not (isinstance(a, torch.Tensor) and a.is_floating_point()):
+            continue
+        diff = a.double().cpu() - b.double().cpu()
+        if not torch.isfinite(diff).all():
+            return _check(problem, None, None, tolerance, "output has NaN or inf")
+        norm = b.double().norm().item()
+        worst = max(worst, diff.norm().item() / norm if norm > 0 else diff.norm().item())
+        worst_abs = max(worst_abs, diff.abs().max().item() if diff.numel() else 0.0)
+    return _check(problem, worst, worst_abs, tolerance, note)
+
+
+def _check(problem: Mapping[str, Any], rel: float | None, max_abs: float | None,
+           tolerance: float, note: str) -> CheckModel:  # fmt: skip
+    return CheckModel(problem=dict(problem), seed=SEED, rel_error=rel,
+                      max_abs_error=max_abs, tolerance=tolerance,
+                      passed=rel is not None and rel <= tolerance, note=note)  # fmt: skip
+
+
+def validated(check: CheckModel) -> ValidationReport:
+    return ValidationReport(passed=check.passed, tolerance=check.tolerance,
+                            max_rel_error=check.rel_error, checks=[check])  # fmt: skip
+
+
+def build_record(
+    key: Key,
+    winner: Any,
+    timings: Mapping[Any, Any],
+    default: Any,
+    report: ValidationReport,
+    seconds: float,
+    summary: Callable[[dict[str, Any]], str] | None = None,
+) -> RecordCreate | None:
+    """The record of a local autotuning run, or ``None`` when its timings are unusable."""
+    timing = timing_of(timings.get(winner))
+    if timing is None:
+        return None
+    trials = []
+    for config, measured in timings.items():
+        t = timing_of(measured)
+        if t is None:
+            trials.append(Trial(config=config_json(config), status="runtime_error",
+                                error="no usable timing (failed to compile or run)"))  # fmt: skip
+        else:
+            trials.append(Trial(config=config_json(config), status="ok", time_ms=t.median_ms))
+    baselines = []
+    if (default_timing := timing_of(timings.get(default))) is not None:
+        baselines.append(BaselineModel(name="default_config", timing=default_timing))
+    chosen = config_json(winner)
+    label = summary(chosen) if summary else " ".join(f"{k}={v}" for k, v in chosen.items())
+    return RecordCreate(
+        key=KeyModel.from_key(key), config=chosen, config_summary=label[:256],
+        timing=timing, baselines=baselines, validation=report,
+        search=SearchModel(strategy="triton_autotune", trials=len(trials),
+                           seconds=round(max(seconds, 0.0), 3)),
+        trials=trials,
+        provenance=Provenance(machine=platform.node(), tool_version=__version__,
+                              device_raw_name=key.device.raw_name),
+    )  # fmt: skip
