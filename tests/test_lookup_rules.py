@@ -120,6 +120,12 @@ def test_rules_and_policies_through_the_server_and_client(server) -> None:  # ty
     assert httpx.post(f"{server.url}/v1/lookup", json={"key": newer.to_json()}).status_code == 404
     with Client(server.url, policy="compatible") as client:
         result = client.lookup(newer)
+        again = client.lookup(newer)
+        bucketed = client.lookup(key(m=120))
     assert result.source == "server" and result.record is not None
+    # The rule and the policy that matched reach the caller, from the memo too.
+    assert (result.rule, result.policy) == ("exact", "compatible")
+    assert (again.source, again.rule, again.policy) == ("memo", "exact", "compatible")
+    assert (bucketed.rule, bucketed.policy) == ("bucket", "compatible")
     bad = httpx.post(f"{server.url}/v1/lookup", json={"key": newer.to_json(), "policy": "loose"})
     assert bad.status_code == 422

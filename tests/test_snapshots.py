@@ -15,7 +15,7 @@ import pytest
 
 from cache_server.embedded import free_port
 from tests.conftest import LiveServer, start_server
-from tests.factories import AUTH, make_key, make_record
+from tests.factories import AUTH, CPU, make_key, make_record
 from tunecache import Client, InvalidInput
 from tunecache.device import DeviceFingerprint
 from tunecache.key import Key
@@ -309,6 +309,33 @@ def test_client_looks_up_from_a_snapshot_file_without_a_server(tmp_path: Path) -
     assert (unvalidated.source, unvalidated.config) == ("default", DEFAULT)
     assert (miss.source, miss.hit) == ("default", False)
     assert transport.calls == 1  # the first miss; the server is then skipped for retry_after
+
+
+def test_a_snapshot_answers_same_arch_and_nearest_bucket_offline_saying_which_rule(
+    tmp_path: Path,
+) -> None:
+    """An image baked with an arch's snapshot serves other devices of the arch and other shapes
+    of a bucket with no server, and says by which rule."""
+    import dataclasses
+
+    tuned_at = {m: make_key(m) for m in (64, 48)}
+    records = [make_record(key, time_ms=1.0, config={"tuned_at": m}) for m, key in tuned_at.items()]
+    body, _ = render_snapshot(SnapshotFilters(device_arch=ARCH), records)
+    path = tmp_path / "winners.json"
+    save_snapshot(path, json.loads(body))
+    bigger = dataclasses.replace(CPU, name="another-cpu-of-the-arch", units=64)
+    transport = RefusingTransport()
+    with Client("http://cache.test", transport=transport, snapshot=path) as client:
+        exact = client.lookup(make_key(64))
+        same_arch = client.lookup(dataclasses.replace(make_key(64), device=bigger))
+        bucket = client.lookup(make_key(40))  # bucket 64 holds 48 and 64: 48 is nearer
+        other_bucket = client.lookup(make_key(200), default=DEFAULT)
+    assert (exact.source, exact.rule, exact.config) == ("snapshot", "exact", {"tuned_at": 64})
+    assert (same_arch.source, same_arch.rule) == ("snapshot", "same_arch")
+    assert same_arch.config == {"tuned_at": 64}
+    assert (bucket.source, bucket.rule, bucket.config) == ("snapshot", "bucket", {"tuned_at": 48})
+    assert (other_bucket.source, other_bucket.rule) == ("default", None)
+    assert transport.calls == 1  # only the miss asked the (unreachable) server
 
 
 @pytest.mark.parametrize(

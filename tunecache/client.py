@@ -7,8 +7,8 @@ with the default; after a failure the server is not asked again for ``retry_afte
 dead server costs one timeout, not one per call.
 
 Example:
-    >>> from workloads import make_key
-    >>> key = make_key("matmul", "tvm", {"M": 64, "N": 64, "K": 64}, "float32")  # doctest: +SKIP
+    >>> from tunecache import key_for
+    >>> key = key_for("matmul", "tvm", {"M": 64, "N": 64, "K": 64}, "float32")
     >>> with Client("http://127.0.0.1:8765") as client:  # doctest: +SKIP
     ...     hit = client.lookup(key, default={"schedule": "default"})
     ...     hit.source, hit.config
@@ -31,6 +31,7 @@ from tunecache.defaults import default_config
 from tunecache.errors import InvalidInput, ServerError
 from tunecache.key import Key
 from tunecache.policies import VersionPolicy
+from tunecache.rules import Rule, best
 from tunecache.schemas import (
     JobEnqueued,
     KeyModel,
@@ -70,12 +71,16 @@ class LookupResult:
     """What a lookup found: the config to launch, where it came from, and the record on a hit.
 
     ``record`` is the server's record on a memo or server hit; a snapshot hit has none (a snapshot
-    holds the winners' data without server ids), but is still a :attr:`hit`.
+    holds the winners' data without server ids), but is still a :attr:`hit`. ``rule`` says which
+    lookup rule matched (:mod:`tunecache.rules`: ``exact``, ``same_arch``, ``bucket``) and
+    ``policy`` under which version policy; both are ``None`` for the default.
     """
 
     config: dict[str, Any] | None
     source: Source
     record: RecordPublic | None = None
+    rule: Rule | None = None
+    policy: VersionPolicy | None = None
 
     @property
     def hit(self) -> bool:
@@ -129,12 +134,13 @@ class Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, transport=transport, headers=headers)
         self._lock = threading.Lock()
-        self._memo: dict[str, RecordPublic] = {}
+        self._memo: dict[str, LookupResult] = {}
         self._misses: dict[str, float] = {}
         self._down_until = 0.0
         self._warned = False
         self._snapshot_path = snapshot
-        self._snapshot: dict[str, RecordCreate] | None = None
+        self._snapshot: list[tuple[dict[str, Any], RecordCreate]] | None = None
+        self._snapshot_answers: dict[str, LookupResult | None] = {}
         self._snapshot_lock = threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -159,17 +165,19 @@ class Client:
         now = time.monotonic()
         with self._lock:
             if (memo := self._memo.get(digest)) is not None:
-                return LookupResult(config=memo.config, source="memo", record=memo)
-        if (local := self._snapshot_index().get(digest)) is not None:
-            return LookupResult(config=local.config, source="snapshot")
+                return memo
+        if (local := self._from_snapshot(key, digest)) is not None:
+            return local
         with self._lock:
             if self._misses.get(digest, -1.0) > now or self._down_until > now:
                 return LookupResult(config=default, source="default")
-        record = self._fetch(key)
+        answer = self._fetch(key)
         with self._lock:
-            if record is not None:
-                self._memo[digest] = record
-                return LookupResult(config=record.config, source="server", record=record)
+            if answer is not None:
+                record = answer.record
+                self._memo[digest] = LookupResult(record.config, "memo", record, answer.match,
+                                                  answer.policy)  # fmt: skip
+                return LookupResult(record.config, "server", record, answer.match, answer.policy)
             missed = self._down_until <= now  # the server answered: a miss, not a failure
             if missed:
                 self._misses[digest] = now + self.miss_ttl
@@ -180,35 +188,61 @@ class Client:
                 logger.debug("miss of %s not reported: %s", key.short(), exc)
         return LookupResult(config=default, source="default")
 
-    def _snapshot_index(self) -> dict[str, RecordCreate]:
+    def _from_snapshot(self, key: Key, digest: str) -> LookupResult | None:
+        """The snapshot's answer for ``key`` by the lookup rules (offline), if it has one.
+
+        Answers are kept per key: the rules scan the snapshot once per key, not per lookup.
+        """
         if self._snapshot is None:
             with self._snapshot_lock:
                 if self._snapshot is None:
                     self._snapshot = self._load_snapshot()
-        return self._snapshot
+        if not self._snapshot:
+            return None
+        if digest not in self._snapshot_answers:
+            found = best(key.to_json(), self._snapshot, self.policy)
+            answer = None
+            if found is not None:
+                record, rule = found
+                answer = LookupResult(record.config, "snapshot", None, rule, self.policy)
+            with self._lock:
+                self._snapshot_answers[digest] = answer
+        return self._snapshot_answers[digest]
 
-    def _load_snapshot(self) -> dict[str, RecordCreate]:
+    def _load_snapshot(self) -> list[tuple[dict[str, Any], RecordCreate]]:
         if self._snapshot_path is None:
-            return {}
+            return []
         from tunecache.snapshot import index_snapshot, load_snapshot
 
         try:
             index = index_snapshot(load_snapshot(self._snapshot_path))
         except InvalidInput as exc:
             logger.warning("%s; ignoring the snapshot", exc)
-            return {}
+            return []
         logger.debug("snapshot %s: %d winners", self._snapshot_path, len(index))
-        return index
+        return [(r.key.model_dump(mode="json", by_alias=True), r) for r in index.values()]
 
-    def _fetch(self, key: Key) -> RecordPublic | None:
+    def _fetch(self, key: Key) -> LookupResponse | None:
         try:
-            return self.fetch(key, timeout=self.timeout.for_lookup())
+            return self.fetch_answer(key, timeout=self.timeout.for_lookup())
         except ServerError as exc:
             self._failed(exc)
             return None
 
     def fetch(self, key: Key, *, timeout: httpx.Timeout | None = None) -> RecordPublic | None:
         """The winner of exactly ``key`` from the server, ``None`` on a miss; no memo, no fallback.
+
+        Raises:
+            ServerError: the server is unreachable or gave a bad answer.
+        """
+        answer = self.fetch_answer(key, timeout=timeout)
+        return None if answer is None else answer.record
+
+    def fetch_answer(
+        self, key: Key, *, timeout: httpx.Timeout | None = None
+    ) -> LookupResponse | None:
+        """The server's answer for ``key`` (the record, the rule and policy that matched), or
+        ``None`` on a miss.
 
         Raises:
             ServerError: the server is unreachable or gave a bad answer.
@@ -222,7 +256,7 @@ class Client:
                 return None
             if response.is_error:
                 raise _rejected("POST", "/v1/lookup", response)
-            return LookupResponse.model_validate_json(response.content).record
+            return LookupResponse.model_validate_json(response.content)
         except (httpx.HTTPError, ValidationError, ValueError) as exc:
             raise ServerError(f"lookup at {self.url} failed: {type(exc).__name__}: {exc}") from exc
 

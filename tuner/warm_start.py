@@ -11,7 +11,7 @@ import logging
 from tunecache.client import Client
 from tunecache.errors import InvalidInput, ServerError
 from tunecache.key import Key
-from tunecache.policies import shape_distance
+from tunecache.rules import closeness
 from tunecache.space import Config, SearchSpace
 
 logger = logging.getLogger(__name__)
@@ -32,10 +32,10 @@ def neighbour_configs(
     except ServerError as exc:
         logger.warning("no warm start: %s", exc)
         return []
-    digest = key.digest()
+    digest, wanted = key.digest(), key.to_json()
     ranked = sorted(
         (r for r in records if r.key_hash != digest),
-        key=lambda r: shape_distance(r.key.problem, key.problem),
+        key=lambda r: closeness(wanted, r.key.model_dump(mode="json", by_alias=True)),
     )
     configs: list[Config] = []
     for record in ranked:

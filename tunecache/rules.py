@@ -1,0 +1,79 @@
+"""Lookup rules as pure functions: which tuned winner may serve a key, and which serves it best.
+
+The server (after its SQL pre-filter), snapshot files (offline) and warm starts all decide with
+:func:`match` and :func:`best`, on keys as JSON (:meth:`tunecache.Key.to_json`):
+
+* ``exact``: the same key;
+* ``same_arch``: the same problem on another device of the same arch;
+* ``bucket``: the nearest problem in the key's shape bucket (the kernel's bucket dimensions
+  rounded up to a power of two, the others equal), on the same arch.
+
+Always the same kernel, source hash, backend and dtype, and environment versions the caller's
+version policy admits. Of several, the better rule wins, then the nearer shape, then the nearer
+device size.
+
+Example:
+    >>> from tunecache import key_for
+    >>> wanted = key_for("matmul", "tvm", {"M": 3000, "N": 64, "K": 64}, "float32").to_json()
+    >>> tuned = {**wanted, "problem": {"K": 64, "M": 4096, "N": 64}}
+    >>> match(wanted, tuned, "strict")
+    'bucket'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal, TypeVar
+
+from tunecache.canonical import canonical_json
+from tunecache.policies import VersionPolicy, bucket_policy, shape_distance, versions_match
+
+Rule = Literal["exact", "same_arch", "bucket"]
+RULES: tuple[Rule, ...] = ("exact", "same_arch", "bucket")
+T = TypeVar("T")
+_SAME = ("kernel", "source_hash", "backend", "dtype")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as JSON: in Python ``True == 1``, but a flag is not a size."""
+    return canonical_json(a) == canonical_json(b)
+
+
+def match(
+    wanted: Mapping[str, Any], tuned: Mapping[str, Any], policy: VersionPolicy
+) -> Rule | None:
+    """The rule by which a winner tuned for key ``tuned`` may serve key ``wanted``, or ``None``."""
+    if any(wanted[f] != tuned[f] for f in _SAME):
+        return None
+    if wanted["device"]["arch"] != tuned["device"]["arch"]:
+        return None
+    if not versions_match(wanted["environment"], tuned["environment"], policy):
+        return None
+    if _same(tuned["problem"], wanted["problem"]):
+        return "exact" if _same(tuned["device"], wanted["device"]) else "same_arch"
+    buckets = bucket_policy(wanted["kernel"])
+    if buckets.dims and _same(buckets.bucket(tuned["problem"]), buckets.bucket(wanted["problem"])):
+        return "bucket"
+    return None
+
+
+def closeness(wanted: Mapping[str, Any], tuned: Mapping[str, Any]) -> tuple[float, int]:
+    """How far ``tuned`` is from ``wanted``: shape distance, then device size difference."""
+    units = abs(int(tuned["device"]["units"]) - int(wanted["device"]["units"]))
+    return shape_distance(wanted["problem"], tuned["problem"]), units
+
+
+def best(
+    wanted: Mapping[str, Any], candidates: Iterable[tuple[Mapping[str, Any], T]],
+    policy: VersionPolicy,
+) -> tuple[T, Rule] | None:  # fmt: skip
+    """The candidate (a tuned key and its payload) that serves ``wanted`` best, and its rule."""
+    ranked: list[tuple[int, float, int, int, T, Rule]] = []
+    for order, (tuned, payload) in enumerate(candidates):
+        rule = match(wanted, tuned, policy)
+        if rule is not None:
+            ranked.append((RULES.index(rule), *closeness(wanted, tuned), order, payload, rule))
+    if not ranked:
+        return None
+    *_, payload, rule = min(ranked, key=lambda r: r[:4])
+    return payload, rule
