@@ -12,6 +12,13 @@ as the server and shares its 2 cores, so these are figures for "server and clien
 to ``bench/results/server_load-<cpu>.md``. Figures, never pass/fail.
 
     python -m bench.server_load [--seconds 5] [--keys 500] [--rates 200,500,1000]
+
+``--large N`` measures instead whether a lookup's cost grows with the cache: N winners of one
+arch (1,000 widths × 100 row counts of one GEMM, written straight into the database), then open
+loop at ``--large-rate`` lookups/s of three kinds — an exact hit, a bucket hit (a row count not
+stored, in a stored bucket) and a miss (a width not stored) — on SQLite and PostgreSQL.
+
+    python -m bench.server_load --large 100000 [--large-rate 50] [--seconds 10]
 """
 
 from __future__ import annotations
@@ -98,7 +105,7 @@ def _post(conn: http.client.HTTPConnection, body: bytes) -> int:
 
 
 def open_loop(
-    url: str, bodies: list[bytes], rate: float, seconds: float
+    url: str, bodies: list[bytes], rate: float, seconds: float, expected: int = 200
 ) -> tuple[list[float], int]:
     """Requests due every 1/rate s; latency counts from the due time (no coordinated omission)."""
     due: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
@@ -109,7 +116,7 @@ def open_loop(
         conn = _connection(url)
         while (item := due.get()) is not None:
             scheduled, body = item
-            ok = _post(conn, body) == 200
+            ok = _post(conn, body) == expected
             if ok:
                 with lock:
                     latencies.append((time.perf_counter() - scheduled) * 1e3)
@@ -172,13 +179,89 @@ def measure(db_name: str, db: str, workers: int, args: argparse.Namespace) -> li
     return rows
 
 
+def _large_key(i: int) -> Any:
+    """The i-th winner of the large cache: width 64 + i // 100, rows 1 + i % 100."""
+    key = make_key(m=1 + i % 100)
+    return type(key)(**{**key.__dict__, "problem": {"M": 1 + i % 100, "N": 64 + i // 100, "K": 64}})
+
+
+def fill_directly(db: str, winners: int) -> None:
+    """Writes ``winners`` validated records straight into ``db`` (migrated first), in batches."""
+    from cache_server.db import make_engine, make_sessionmaker
+    from cache_server.migrate import upgrade
+    from cache_server.queries import add_record
+
+    upgrade(db)
+    sessions = make_sessionmaker(make_engine(db))
+    started = time.perf_counter()
+    for first in range(0, winners, 1000):
+        with sessions() as session:
+            for i in range(first, min(first + 1000, winners)):
+                key = _large_key(i)
+                add_record(session, key_hash=key.digest(), record=make_record(key, trials=0))
+            session.commit()
+    print(f"{winners} winners written in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+
+
+def measure_large(db_name: str, db: str, args: argparse.Namespace) -> list[list[str]]:
+    fill_directly(db, args.large)
+    widths = args.large // 100
+    kinds = {
+        "exact hit": [_large_key(i) for i in range(0, args.large, 97)],
+        # Row counts 101..128 are not stored; their bucket (65..128) is: served by the bucket rule.
+        "bucket hit": [type(k)(**{**k.__dict__, "problem": {**k.problem, "M": 101 + j % 28}})
+                       for j, k in enumerate(_large_key(i) for i in range(0, args.large, 97))],
+        "miss": [type(k)(**{**k.__dict__, "problem": {**k.problem, "N": 64 + widths + j}})
+                 for j, k in enumerate(_large_key(i) for i in range(0, args.large, 97))],
+    }  # fmt: skip
+    rows = []
+    with serve(db, 1) as url:
+        for kind, keys in kinds.items():
+            bodies = [json.dumps({"key": k.to_json()}).encode() for k in keys]
+            expected = 404 if kind == "miss" else 200
+            lat, sent = open_loop(url, bodies, args.large_rate, args.seconds, expected)
+            rows.append([db_name, f"{args.large}", kind, f"{args.large_rate:g}/s",
+                         f"{len(lat)}/{sent}", f"{percentile(lat, 50):.2f}",
+                         f"{percentile(lat, 99):.2f}"])  # fmt: skip
+            print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def main_large(args: argparse.Namespace) -> int:
+    rows: list[list[str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        rows += measure_large("sqlite", f"sqlite:///{tmp}/large.db", args)
+    with postgres_cluster() as admin:
+        rows += measure_large("postgresql", create_database(admin, "large"), args)
+    header = ["database", "winners", "lookup", "rate", "answered", "p50 ms", "p99 ms"]
+    table = render(header, rows)
+    print(table)
+    write_result(
+        "server_load_large",
+        "Lookup latency with a large cache: exact hit, bucket hit and miss",
+        [
+            "server (1 worker) and load generator on the same machine, sharing its cores",
+            f"{args.large} winners of one arch (1,000 widths x 100 row counts of one GEMM); "
+            f"open loop {args.large_rate:g} lookups/s for {args.seconds:g} s per kind, latency "
+            "from each request's due time; answered = with the expected status (200, or 404 "
+            "for a miss)",
+        ],
+        table,
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--keys", type=int, default=500)
     parser.add_argument("--rates", default="200,500,1000")
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--large", type=int, help="winners of one arch: the large-cache case")
+    parser.add_argument("--large-rate", type=float, default=50.0)
     args = parser.parse_args(argv)
+    if args.large:
+        return main_large(args)
     args.rates = [float(r) for r in args.rates.split(",")]
     rows: list[list[str]] = []
     with tempfile.TemporaryDirectory() as tmp:

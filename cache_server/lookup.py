@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from cache_server.models import RecordRow, WinnerRow
 from cache_server.queries import get_winner, public_record
 from tunecache.policies import VersionPolicy
-from tunecache.rules import RULES, Rule, best
+from tunecache.rules import RULES, Rule, best, bucket_digest
 from tunecache.schemas import KeyModel, RecordPublic
 
 __all__ = ["RULES", "Rule", "find_winner"]
@@ -24,25 +24,23 @@ def find_winner(
 ) -> tuple[RecordPublic, Rule] | None:
     """The best record that may serve ``key`` under ``policy``, and the rule that matched.
 
-    SQL narrows the winners to the key's kernel, backend, dtype and arch; the rules
-    (:mod:`tunecache.rules`) decide among those.
+    An index narrows the winners to those of the key's bucket (:func:`~tunecache.rules.
+    bucket_digest`: kernel, source, backend, dtype, arch, bucketed problem), a handful however
+    large the cache; the rules (:mod:`tunecache.rules`) decide among those.
     """
     if policy == "strict" and (hit := get_winner(session, key_hash=key.digest())) is not None:
         return hit, "exact"
     wanted = key.model_dump(mode="json", by_alias=True)
-    rows = session.scalars(
-        select(RecordRow)
+    candidates = session.execute(
+        select(RecordRow.id, RecordRow.key)
         .join(WinnerRow, WinnerRow.record_id == RecordRow.id)
-        .where(
-            RecordRow.kernel == key.kernel,
-            RecordRow.backend == key.backend,
-            RecordRow.dtype == key.dtype,
-            RecordRow.device_arch == key.device.arch,
-        )
+        .where(RecordRow.bucket_hash == bucket_digest(wanted))
         .order_by(RecordRow.id)
     ).all()
-    found = best(wanted, ((row.key, row) for row in rows), policy)
+    found = best(wanted, ((tuned, record_id) for record_id, tuned in candidates), policy)
     if found is None:
         return None
-    row, rule = found
+    record_id, rule = found
+    row = session.get(RecordRow, record_id)
+    assert row is not None
     return public_record(row, is_winner=True), rule

@@ -42,8 +42,13 @@ class RecordRow(Base):
     provenance: Mapped[dict[str, Any]]
     trial_count: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # tunecache.rules.bucket_digest of the key: the rows a non-exact lookup may match.
+    bucket_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
-    __table_args__ = (Index("ix_records_kernel_backend_dtype", "kernel", "backend", "dtype"),)
+    __table_args__ = (
+        Index("ix_records_kernel_backend_dtype", "kernel", "backend", "dtype"),
+        Index("ix_records_bucket_hash", "bucket_hash"),
+    )
 
 
 class TrialRow(Base):

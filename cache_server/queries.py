@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from cache_server.db import upsert_insert
 from cache_server.models import RecordRow, TrialRow, WinnerRow, utcnow
+from tunecache.rules import bucket_digest
 from tunecache.schemas import RecordCreate, RecordPublic, Trial
 
 S = TypeVar("S", bound=Select)
@@ -34,15 +35,10 @@ def _insert_trials(session: Session, record_id: int, record: RecordCreate) -> No
     session.execute(insert(TrialRow), rows)
 
 
-def add_record(session: Session, *, key_hash: str, record: RecordCreate) -> tuple[int, int | None]:
-    """Stores ``record`` and its trials; makes it the key's winner if validated and fastest.
-
-    Returns:
-        ``(record_id, winner_record_id)``; the winner is ``None`` while the key has no
-        validated record.
-    """
+def record_row(*, key_hash: str, record: RecordCreate) -> RecordRow:
+    """The row that stores ``record`` (its trials and winner aside)."""
     key = record.key
-    row = RecordRow(
+    return RecordRow(
         key_hash=key_hash,
         kernel=key.kernel,
         backend=key.backend,
@@ -61,7 +57,18 @@ def add_record(session: Session, *, key_hash: str, record: RecordCreate) -> tupl
         search=record.search.model_dump(mode="json"),
         provenance=record.provenance.model_dump(mode="json"),
         trial_count=len(record.trials),
+        bucket_hash=bucket_digest(record.key.model_dump(mode="json", by_alias=True)),
     )
+
+
+def add_record(session: Session, *, key_hash: str, record: RecordCreate) -> tuple[int, int | None]:
+    """Stores ``record`` and its trials; makes it the key's winner if validated and fastest.
+
+    Returns:
+        ``(record_id, winner_record_id)``; the winner is ``None`` while the key has no
+        validated record.
+    """
+    row = record_row(key_hash=key_hash, record=record)
     session.add(row)
     session.flush()
     _insert_trials(session, row.id, record)

@@ -6,6 +6,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,8 +77,10 @@ def test_upgrade_from_the_first_revision_keeps_the_data(database: tuple[str, Pat
     from sqlalchemy import inspect
 
     from cache_server.db import make_engine, make_sessionmaker
-    from cache_server.queries import add_record, get_winner
+    from cache_server.lookup import find_winner
+    from cache_server.queries import get_winner
     from tests.factories import make_key, make_record
+    from tunecache.schemas import KeyModel
 
     url, _ = database
     upgrade(url, "0001")
@@ -87,13 +90,34 @@ def test_upgrade_from_the_first_revision_keeps_the_data(database: tuple[str, Pat
     with pytest.raises(SchemaOutdated, match="revision 0001"):
         check_schema(engine)
     key = make_key()
-    with make_sessionmaker(engine)() as session:
-        add_record(session, key_hash=key.digest(), record=make_record(key, time_ms=0.5))
-        session.commit()
+    _store_as_at_0001(engine, key, make_record(key, time_ms=0.5))
     upgrade(url)
     engine = make_engine(url)
     check_schema(engine)
     assert "jobs" in inspect(engine).get_table_names()
     with make_sessionmaker(engine)() as session:
         record = get_winner(session, key_hash=key.digest())
+        # 0004 backfilled the bucket index: a nearby shape finds the old record by its bucket.
+        near = find_winner(session, key=KeyModel.from_key(make_key(m=50)))
     assert record is not None and record.timing.median_ms == 0.5
+    assert near is not None and near[1] == "bucket" and near[0].id == record.id
+
+
+def _store_as_at_0001(engine: Any, key: Any, record: Any) -> None:
+    """A record and its winner written with the columns revision 0001 has."""
+    from sqlalchemy import MetaData, Table, insert
+
+    from cache_server.models import utcnow
+    from cache_server.queries import record_row
+
+    meta = MetaData()
+    records = Table("records", meta, autoload_with=engine)
+    winners = Table("winners", meta, autoload_with=engine)
+    row = record_row(key_hash=key.digest(), record=record)
+    values = {c.name: getattr(row, c.name) for c in records.columns if c.name != "id"}
+    with engine.begin() as connection:
+        record_id = connection.execute(
+            insert(records).values(**{**values, "created_at": utcnow()})
+        ).inserted_primary_key[0]
+        connection.execute(insert(winners).values(key_hash=key.digest(), record_id=record_id,
+                                                  time_ms=0.5, updated_at=utcnow()))  # fmt: skip

@@ -430,3 +430,30 @@ def test_cli_bad_input_exits_2_and_an_unreachable_server_3(
     assert "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x.json").exists()
+
+
+def test_sync_downloads_this_arch_once_and_the_resolver_reads_it(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    import subprocess
+    import sys
+
+    from tunecache import key_for
+
+    key = key_for("matmul", "tvm", {"M": 64, "N": 64, "K": 64}, "float32")  # this machine's CPU
+    with Client(server.url) as client:
+        client.upload(make_record(key, time_ms=1.0, config={"synced": True}))
+    path = tmp_path / "snapshot.json"
+
+    def sync() -> str:
+        done = subprocess.run([sys.executable, "-m", "tunecache.cli", "sync", "--server",
+                               server.url, "-o", str(path)], capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "wrote 1 winners of" in sync() and path.exists()
+    assert "is up to date" in sync()  # the file's ETag went as If-None-Match: 304
+    with Client("http://127.0.0.1:9", snapshot=path) as offline:
+        hit = offline.lookup(key)
+    assert (hit.source, hit.rule, hit.config) == ("snapshot", "exact", {"synced": True})

@@ -320,22 +320,27 @@ class Client:
         )
 
     def export_snapshot(
-        self, device_arch: str, **filters: str | None
-    ) -> tuple[dict[str, Any], str]:
+        self, device_arch: str, *, if_none_match: str | None = None, **filters: str | None
+    ) -> tuple[dict[str, Any] | None, str]:
         """The winners of ``device_arch`` as a snapshot document, and its ETag.
 
         Args:
             device_arch: the device arch, e.g. ``"sm_90"``.
+            if_none_match: the ETag of the snapshot held already: an unchanged one is not sent.
             **filters: ``device_name``, ``kernel``, ``backend`` to narrow it (``None``: unset).
 
         Returns:
             ``(document, etag)``; :func:`tunecache.snapshot.save_snapshot` writes the document.
+            The document is ``None`` when it has not changed since ``if_none_match``.
 
         Raises:
             ServerError: the server is unreachable, rejected the filters, or sent no snapshot.
         """
         params = {"device_arch": device_arch, **{k: v for k, v in filters.items() if v is not None}}
-        response = self._call("GET", "/v1/snapshot", params=params)
+        headers = {"If-None-Match": if_none_match} if if_none_match else {}
+        response = self._call("GET", "/v1/snapshot", params=params, headers=headers)
+        if response.status_code == 304:
+            return None, response.headers.get("etag", if_none_match or "")
         try:
             document: dict[str, Any] = response.json()
             SnapshotPublic.model_validate(document)

@@ -77,3 +77,16 @@ def best(
         return None
     *_, payload, rule = min(ranked, key=lambda r: r[:4])
     return payload, rule
+
+
+def bucket_digest(key: Mapping[str, Any]) -> str:
+    """What every key a winner of ``key`` may serve by a rule shares, hashed: kernel, source,
+    backend, dtype, arch and the problem rounded to its bucket. The server indexes winners by it,
+    so a lookup reads a handful of rows, however many winners the cache holds."""
+    from tunecache.canonical import digest
+
+    buckets = bucket_policy(key["kernel"])
+    shared = {f: key[f] for f in _SAME}
+    return digest(
+        {**shared, "arch": key["device"]["arch"], "bucket": buckets.bucket(key["problem"])}
+    )

@@ -67,6 +67,7 @@ def run_export(args: argparse.Namespace) -> int:
             kernel=filters.kernel,
             backend=filters.backend,
         )
+    assert document is not None  # no If-None-Match was sent
     save_snapshot(args.output, document)
     print(f"exported {len(document['records'])} winners to {args.output} (ETag {etag})")
     return 0

@@ -1,0 +1,66 @@
+"""``tunecache sync``: keep a local snapshot of this machine's arch, for lookups without a server.
+
+Downloads the server's winners for this device's arch (the GPU's when one is visible, else this
+CPU's; or ``--arch``) to ``-o FILE`` (default: ``$TUNECACHE_SNAPSHOT``, else the user cache
+directory), atomically, and only when they changed (the file's ETag is sent as If-None-Match).
+Run-time lookups read it with ``TUNECACHE_SNAPSHOT=FILE`` (or ``Client(snapshot=FILE)``).
+Exit 0 written or up to date, 2 bad input, 3 server unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from tunecache.cli.args import add_server, server_url
+from tunecache.errors import InvalidInput
+from tunecache.settings import Settings
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("sync", help="download this arch's winners to a local snapshot")
+    parser.add_argument("--arch", help="device arch (default: this machine's GPU, else CPU)")
+    where = "snapshot file (default: $TUNECACHE_SNAPSHOT or the cache dir)"
+    parser.add_argument("-o", "--output", type=Path, metavar="FILE", help=where)
+    add_server(parser)
+    parser.set_defaults(run=run)
+
+
+def this_arch() -> str:
+    """The arch of this machine's GPU when one is visible, else of its CPU."""
+    from tunecache.device import local_device
+
+    try:
+        return local_device("cuda").fingerprint.arch
+    except InvalidInput:
+        return local_device("cpu").fingerprint.arch
+
+
+def default_path(arch: str) -> Path:
+    import platformdirs
+
+    configured = Settings.from_env().snapshot
+    return configured or Path(platformdirs.user_cache_dir("tunecache")) / f"snapshot-{arch}.json"
+
+
+def run(args: argparse.Namespace) -> int:
+    from tunecache.client import Client
+    from tunecache.snapshot import load_snapshot, save_snapshot, snapshot_etag
+
+    arch = args.arch or this_arch()
+    path = args.output or default_path(arch)
+    held = None
+    if path.exists():
+        try:
+            held = snapshot_etag(load_snapshot(path).records)
+        except InvalidInput:
+            held = None  # a corrupt file is replaced
+    with Client(server_url(args)) as client:
+        document, etag = client.export_snapshot(arch, if_none_match=held)
+    if document is None:
+        print(f"{path} is up to date ({arch}, ETag {etag})")
+        return 0
+    save_snapshot(path, document)
+    print(f"wrote {len(document['records'])} winners of {arch} to {path} (ETag {etag})")
+    return 0
