@@ -18,11 +18,12 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from tunecache import builtin  # noqa: F401  # registers the built-in kernels
-from tunecache.client import Client, LookupResult, Timeout
+from tunecache.client import Client, Timeout
 from tunecache.device import Device, DeviceFingerprint, DeviceLimits
 from tunecache.errors import InvalidInput, ServerError, TunecacheError, TuningError
 from tunecache.kernels import KernelSpec, get_kernel
 from tunecache.key import Key, key_for
+from tunecache.resolver import LookupResult, RecordsSource, Resolver, ServerSource, SnapshotSource
 
 __all__ = [
     "Client",
@@ -33,7 +34,11 @@ __all__ = [
     "KernelSpec",
     "Key",
     "LookupResult",
+    "RecordsSource",
+    "Resolver",
     "ServerError",
+    "ServerSource",
+    "SnapshotSource",
     "Timeout",
     "TunecacheError",
     "TuningError",

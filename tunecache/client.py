@@ -1,10 +1,13 @@
-"""The run-time client: look a key up, fall back quietly, never break the caller.
+"""The client of one tunecache server: a typed API client that raises, and a resolver that
+never does.
 
-A lookup tries the in-process memo, then a local snapshot file if one was given (see
-:mod:`tunecache.snapshot`), then the server (bounded by a :class:`Timeout`), then the caller's
-default config. Network failures, timeouts and bad answers are logged once and answered
-with the default; after a failure the server is not asked again for ``retry_after`` seconds, so a
-dead server costs one timeout, not one per call.
+The API calls (records, lookups, misses, snapshots, tokens, health) raise :class:`ServerError`.
+:meth:`Client.lookup` goes through :attr:`Client.resolver` (:mod:`tunecache.resolver`): the
+in-process memo, then a local snapshot file if one was given (see :mod:`tunecache.snapshot`), then
+the server (bounded by a :class:`Timeout`), then the caller's default config. Network failures,
+timeouts and bad answers are logged once and answered with the default; after a failure the
+server is not asked again for ``retry_after`` seconds, so a dead server costs one timeout, not one
+per call.
 
 Example:
     >>> from tunecache import key_for
@@ -17,21 +20,26 @@ Example:
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 from pydantic import ValidationError
 
 from tunecache.defaults import default_config
-from tunecache.errors import InvalidInput, ServerError
+from tunecache.errors import ServerError
 from tunecache.key import Key
 from tunecache.policies import VersionPolicy
-from tunecache.rules import Rule, best
+from tunecache.resolver import (
+    Fits,
+    LookupResult,
+    Resolver,
+    ServerSource,
+    SnapshotSource,
+    Source,
+)
 from tunecache.schemas import (
     JobEnqueued,
     KeyModel,
@@ -48,7 +56,6 @@ from tunecache.settings import Settings
 from tunecache.tokens import Scope, TokenCreate, TokenCreated, TokenList, TokenPublic
 
 logger = logging.getLogger(__name__)
-Source = Literal["memo", "snapshot", "server", "default"]
 
 
 @dataclass(frozen=True)
@@ -64,27 +71,6 @@ class Timeout:
 
     def for_write(self) -> httpx.Timeout:
         return httpx.Timeout(self.write, connect=self.connect or min(self.write, 5.0))
-
-
-@dataclass(frozen=True)
-class LookupResult:
-    """What a lookup found: the config to launch, where it came from, and the record on a hit.
-
-    ``record`` is the server's record on a memo or server hit; a snapshot hit has none (a snapshot
-    holds the winners' data without server ids), but is still a :attr:`hit`. ``rule`` says which
-    lookup rule matched (:mod:`tunecache.rules`: ``exact``, ``same_arch``, ``bucket``) and
-    ``policy`` under which version policy; both are ``None`` for the default.
-    """
-
-    config: dict[str, Any] | None
-    source: Source
-    record: RecordPublic | None = None
-    rule: Rule | None = None
-    policy: VersionPolicy | None = None
-
-    @property
-    def hit(self) -> bool:
-        return self.source != "default"
 
 
 class Client:
@@ -133,15 +119,10 @@ class Client:
         token = token if token is not None else (settings.token if settings else None)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, transport=transport, headers=headers)
-        self._lock = threading.Lock()
-        self._memo: dict[str, LookupResult] = {}
-        self._misses: dict[str, float] = {}
-        self._down_until = 0.0
-        self._warned = False
-        self._snapshot_path = snapshot
-        self._snapshot: list[tuple[dict[str, Any], RecordCreate]] | None = None
-        self._snapshot_answers: dict[str, LookupResult | None] = {}
-        self._snapshot_lock = threading.Lock()
+        sources: list[Source] = [] if snapshot is None else [SnapshotSource(snapshot, policy)]
+        sources.append(ServerSource(self, retry_after=retry_after, miss_ttl=miss_ttl,
+                                    report_misses=report_misses))  # fmt: skip
+        self.resolver = Resolver(sources)
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
@@ -154,80 +135,17 @@ class Client:
         self.close()
 
     # -- run-time lookups ------------------------------------------------------------------
-    def lookup(self, key: Key, *, default: dict[str, Any] | None = None) -> LookupResult:
-        """The winning config of ``key``; else ``default``, or the backend's default config.
+    def lookup(
+        self, key: Key, *, default: dict[str, Any] | None = None, fits: Fits | None = None
+    ) -> LookupResult:
+        """The winning config of ``key`` (memo → snapshot → server, see :attr:`resolver`); else
+        ``default``, or the backend's default config. A config ``fits`` refuses is passed over.
 
         Never raises on a server failure and never blocks longer than the lookup timeout.
         """
         if default is None:
             default = default_config(key.backend)
-        digest = key.digest()
-        now = time.monotonic()
-        with self._lock:
-            if (memo := self._memo.get(digest)) is not None:
-                return memo
-        if (local := self._from_snapshot(key, digest)) is not None:
-            return local
-        with self._lock:
-            if self._misses.get(digest, -1.0) > now or self._down_until > now:
-                return LookupResult(config=default, source="default")
-        answer = self._fetch(key)
-        with self._lock:
-            if answer is not None:
-                record = answer.record
-                self._memo[digest] = LookupResult(record.config, "memo", record, answer.match,
-                                                  answer.policy)  # fmt: skip
-                return LookupResult(record.config, "server", record, answer.match, answer.policy)
-            missed = self._down_until <= now  # the server answered: a miss, not a failure
-            if missed:
-                self._misses[digest] = now + self.miss_ttl
-        if missed and self.report_misses:
-            try:
-                self.report_miss(key, timeout=self.timeout.for_lookup())
-            except ServerError as exc:
-                logger.debug("miss of %s not reported: %s", key.short(), exc)
-        return LookupResult(config=default, source="default")
-
-    def _from_snapshot(self, key: Key, digest: str) -> LookupResult | None:
-        """The snapshot's answer for ``key`` by the lookup rules (offline), if it has one.
-
-        Answers are kept per key: the rules scan the snapshot once per key, not per lookup.
-        """
-        if self._snapshot is None:
-            with self._snapshot_lock:
-                if self._snapshot is None:
-                    self._snapshot = self._load_snapshot()
-        if not self._snapshot:
-            return None
-        if digest not in self._snapshot_answers:
-            found = best(key.to_json(), self._snapshot, self.policy)
-            answer = None
-            if found is not None:
-                record, rule = found
-                answer = LookupResult(record.config, "snapshot", None, rule, self.policy)
-            with self._lock:
-                self._snapshot_answers[digest] = answer
-        return self._snapshot_answers[digest]
-
-    def _load_snapshot(self) -> list[tuple[dict[str, Any], RecordCreate]]:
-        if self._snapshot_path is None:
-            return []
-        from tunecache.snapshot import index_snapshot, load_snapshot
-
-        try:
-            index = index_snapshot(load_snapshot(self._snapshot_path))
-        except InvalidInput as exc:
-            logger.warning("%s; ignoring the snapshot", exc)
-            return []
-        logger.debug("snapshot %s: %d winners", self._snapshot_path, len(index))
-        return [(r.key.model_dump(mode="json", by_alias=True), r) for r in index.values()]
-
-    def _fetch(self, key: Key) -> LookupResponse | None:
-        try:
-            return self.fetch_answer(key, timeout=self.timeout.for_lookup())
-        except ServerError as exc:
-            self._failed(exc)
-            return None
+        return self.resolver.resolve(key, default=default, fits=fits)
 
     def fetch(self, key: Key, *, timeout: httpx.Timeout | None = None) -> RecordPublic | None:
         """The winner of exactly ``key`` from the server, ``None`` on a miss; no memo, no fallback.
@@ -264,13 +182,6 @@ class Client:
         """The body of a lookup or a miss report: the key and this client's version policy."""
         request = LookupRequest(key=KeyModel.from_key(key), policy=self.policy)
         return request.model_dump(mode="json", by_alias=True)
-
-    def _failed(self, exc: Exception) -> None:
-        with self._lock:
-            self._down_until = time.monotonic() + self.retry_after
-            first, self._warned = not self._warned, True
-        log = logger.warning if first else logger.debug
-        log("%s; using default configs, retrying in %.0f s", exc, self.retry_after)
 
     # -- tuner and tooling calls (these raise ServerError) ----------------------------------
     def _call(

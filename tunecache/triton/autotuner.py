@@ -124,15 +124,17 @@ class CachedAutotuner(Autotuner):
     def _resolve(self, key: Key, tuning_key: tuple[Any, ...], arguments: dict[str, Any]) -> None:
         """Fills Triton's cache for ``tuning_key`` from tunecache when a fitting config is found
         (or with the first config on a miss when ``on_miss="default"``)."""
-        result = self._client().lookup(key, default=None)
+        tensors = [v for v in arguments.values() if hasattr(v, "data_ptr")]
+        device = call_device(tensors)
+
+        def fits(config: dict[str, Any]) -> str | None:
+            return misfit(config, self.identity, self.meta, device)
+
+        # A config that does not fit is passed over: the next source, else a miss.
+        result = self._client().lookup(key, default=None, fits=fits)
         if result.hit and result.config is not None:
-            tensors = [v for v in arguments.values() if hasattr(v, "data_ptr")]
-            reason = misfit(result.config, self.identity, self.meta, call_device(tensors))
-            if reason is None:
-                self.cache[tuning_key] = _launch_config(result.config)
-                return
-            self._warn_once("misfit", f"{key.short()}: ignoring the {result.source}'s config "
-                                      f"({reason})")  # fmt: skip
+            self.cache[tuning_key] = _launch_config(result.config)
+            return
         if self.on_miss == "default":
             self.cache[tuning_key] = self.configs[0]
 

@@ -1,0 +1,224 @@
+"""The run-time resolver: answers a key from an ordered list of sources, and never raises.
+
+A :class:`Resolver` asks each :class:`Source` in turn — by default the in-process memo, a local
+snapshot file, the server — and returns the first answer whose config passes the caller's ``fits``
+check (a config the device cannot launch falls through to the next source), else the caller's
+default. Sources never raise either: a failure is logged once and is a miss. The typed API client
+(:class:`tunecache.client.Client`, which raises) is what :class:`ServerSource` talks through.
+
+Example:
+    >>> resolver = Resolver([MemoSource(), RecordsSource([])])
+    >>> key = tunecache.key_for("matmul", "tvm", {"M": 8, "N": 8, "K": 8}, "float32")
+    >>> resolver.resolve(key, default={"schedule": "default"}).source  # doctest: +SKIP
+    'default'
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from tunecache.errors import InvalidInput, ServerError
+from tunecache.key import Key
+from tunecache.policies import VersionPolicy
+from tunecache.rules import Rule, best
+from tunecache.schemas import RecordCreate, RecordPublic
+
+if TYPE_CHECKING:
+    from tunecache.client import Client
+
+logger = logging.getLogger(__name__)
+SourceName = Literal["memo", "snapshot", "server", "default"]
+Fits = Callable[[dict[str, Any]], str | None]  # why a config cannot launch here, or None
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    """What a lookup found: the config to launch, where it came from, and the record on a hit.
+
+    ``record`` is the server's record on a memo or server hit; a snapshot hit has none (a snapshot
+    holds the winners' data without server ids), but is still a :attr:`hit`. ``rule`` says which
+    lookup rule matched (:mod:`tunecache.rules`: ``exact``, ``same_arch``, ``bucket``) and
+    ``policy`` under which version policy; both are ``None`` for the default.
+    """
+
+    config: dict[str, Any] | None
+    source: SourceName
+    record: RecordPublic | None = None
+    rule: Rule | None = None
+    policy: VersionPolicy | None = None
+
+    @property
+    def hit(self) -> bool:
+        return self.source != "default"
+
+
+class Source(abc.ABC):
+    """Where answers come from. ``get`` never raises: a failure is logged and is ``None``."""
+
+    @abc.abstractmethod
+    def get(self, key: Key, digest: str) -> LookupResult | None:
+        """The answer for ``key`` (``digest`` is ``key.digest()``), or ``None``."""
+
+
+class MemoSource(Source):
+    """This process's earlier answers, by key digest (the resolver fills it)."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, LookupResult] = {}
+
+    def get(self, key: Key, digest: str) -> LookupResult | None:
+        return self.answers.get(digest)
+
+    def put(self, digest: str, answer: LookupResult) -> None:
+        self.answers[digest] = dataclasses.replace(answer, source="memo")
+
+
+class RecordsSource(Source):
+    """Validated records held here (a snapshot's, or a test's), answered by the lookup rules.
+
+    Answers are kept per key: the rules scan the records once per key, not once per lookup.
+    """
+
+    name: SourceName = "snapshot"
+
+    def __init__(self, records: Iterable[RecordCreate], policy: VersionPolicy = "strict") -> None:
+        self.policy: VersionPolicy = policy
+        self._records: list[tuple[dict[str, Any], RecordCreate]] | None = None
+        self._given = records
+        self._answers: dict[str, LookupResult | None] = {}
+        self._lock = threading.Lock()
+
+    def records(self) -> Iterable[RecordCreate]:
+        return self._given
+
+    def get(self, key: Key, digest: str) -> LookupResult | None:
+        if self._records is None:
+            with self._lock:
+                if self._records is None:
+                    held = [r for r in self.records() if r.validation.passed]
+                    self._records = [(r.key.model_dump(mode="json", by_alias=True), r)
+                                     for r in held]  # fmt: skip
+        if not self._records:
+            return None
+        if digest not in self._answers:
+            found = best(key.to_json(), self._records, self.policy)
+            answer = None
+            if found is not None:
+                record, rule = found
+                answer = LookupResult(record.config, self.name, None, rule, self.policy)
+            self._answers[digest] = answer
+        return self._answers[digest]
+
+
+class SnapshotSource(RecordsSource):
+    """A snapshot file (:func:`tunecache.snapshot.save_snapshot`), read once, on first use; a
+    missing or corrupt file is logged once and answers nothing."""
+
+    def __init__(self, path: Path, policy: VersionPolicy = "strict") -> None:
+        super().__init__((), policy)
+        self.path = path
+
+    def records(self) -> Iterable[RecordCreate]:
+        from tunecache.snapshot import index_snapshot, load_snapshot
+
+        try:
+            index = index_snapshot(load_snapshot(self.path))
+        except InvalidInput as exc:
+            logger.warning("%s; ignoring the snapshot", exc)
+            return []
+        logger.debug("snapshot %s: %d winners", self.path, len(index))
+        return index.values()
+
+
+class ServerSource(Source):
+    """The cache server, through the API client, bounded by its lookup timeout.
+
+    After a failure the server is skipped for ``retry_after`` seconds (one warning, then debug),
+    a miss is remembered for ``miss_ttl`` seconds, and with ``report_misses`` the server is asked
+    to tune what it missed (within the lookup timeout, once per key per ``miss_ttl``).
+    """
+
+    def __init__(self, client: Client, *, retry_after: float = 30.0, miss_ttl: float = 60.0,
+                 report_misses: bool = False) -> None:  # fmt: skip
+        self.client = client
+        self.retry_after, self.miss_ttl, self.report_misses = retry_after, miss_ttl, report_misses
+        self._lock = threading.Lock()
+        self._misses: dict[str, float] = {}
+        self._down_until = 0.0
+        self._warned = False
+
+    def get(self, key: Key, digest: str) -> LookupResult | None:
+        now = time.monotonic()
+        with self._lock:
+            if self._misses.get(digest, -1.0) > now or self._down_until > now:
+                return None
+        timeout = self.client.timeout.for_lookup()
+        try:
+            answer = self.client.fetch_answer(key, timeout=timeout)
+        except ServerError as exc:
+            self._failed(exc)
+            return None
+        if answer is not None:
+            record = answer.record
+            return LookupResult(record.config, "server", record, answer.match, answer.policy)
+        with self._lock:
+            self._misses[digest] = now + self.miss_ttl
+        if self.report_misses:
+            try:
+                self.client.report_miss(key, timeout=timeout)
+            except ServerError as exc:
+                logger.debug("miss of %s not reported: %s", key.short(), exc)
+        return None
+
+    def _failed(self, exc: Exception) -> None:
+        with self._lock:
+            self._down_until = time.monotonic() + self.retry_after
+            first, self._warned = not self._warned, True
+        log = logger.warning if first else logger.debug
+        log("%s; using default configs, retrying in %.0f s", exc, self.retry_after)
+
+
+class Resolver:
+    """Answers keys from ``sources`` in order, remembering hits; never raises.
+
+    Args:
+        sources: asked in order after the memo.
+        memo: keep answers in this process (a memo hit is a dict lookup).
+    """
+
+    def __init__(self, sources: Sequence[Source], *, memo: bool = True) -> None:
+        self.memo = MemoSource() if memo else None
+        self.sources = list(sources)
+        self._warned: set[str] = set()
+
+    def resolve(self, key: Key, *, default: dict[str, Any] | None = None,
+                fits: Fits | None = None) -> LookupResult:  # fmt: skip
+        """The first fitting answer for ``key``, else ``default`` (source ``"default"``)."""
+        digest = key.digest()
+        if self.memo is not None and (found := self.memo.answers.get(digest)) is not None:
+            return found
+        for source in self.sources:
+            answer = source.get(key, digest)
+            if answer is None or answer.config is None:
+                continue
+            if fits is not None and (reason := fits(answer.config)) is not None:
+                self._warn_once(digest, f"{key.short()}: the {answer.source}'s config does not "
+                                        f"fit here ({reason}); trying the next source")  # fmt: skip
+                continue
+            if self.memo is not None and answer.source == "server":
+                self.memo.put(digest, answer)
+            return answer
+        return LookupResult(config=default, source="default")
+
+    def _warn_once(self, digest: str, message: str) -> None:
+        log = logger.debug if digest in self._warned else logger.warning
+        self._warned.add(digest)
+        log("%s", message)
