@@ -24,6 +24,7 @@ stored, in a stored bucket) and a miss (a width not stored) — on SQLite and Po
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import http.client
 import json
 import os
@@ -182,7 +183,7 @@ def measure(db_name: str, db: str, workers: int, args: argparse.Namespace) -> li
 def _large_key(i: int) -> Any:
     """The i-th winner of the large cache: width 64 + i // 100, rows 1 + i % 100."""
     key = make_key(m=1 + i % 100)
-    return type(key)(**{**key.__dict__, "problem": {"M": 1 + i % 100, "N": 64 + i // 100, "K": 64}})
+    return dataclasses.replace(key, problem={"M": 1 + i % 100, "N": 64 + i // 100, "K": 64})
 
 
 def fill_directly(db: str, winners: int) -> None:
@@ -209,9 +210,9 @@ def measure_large(db_name: str, db: str, args: argparse.Namespace) -> list[list[
     kinds = {
         "exact hit": [_large_key(i) for i in range(0, args.large, 97)],
         # Row counts 101..128 are not stored; their bucket (65..128) is: served by the bucket rule.
-        "bucket hit": [type(k)(**{**k.__dict__, "problem": {**k.problem, "M": 101 + j % 28}})
+        "bucket hit": [dataclasses.replace(k, problem={**k.problem, "M": 101 + j % 28})
                        for j, k in enumerate(_large_key(i) for i in range(0, args.large, 97))],
-        "miss": [type(k)(**{**k.__dict__, "problem": {**k.problem, "N": 64 + widths + j}})
+        "miss": [dataclasses.replace(k, problem={**k.problem, "N": 64 + widths + j})
                  for j, k in enumerate(_large_key(i) for i in range(0, args.large, 97))],
     }  # fmt: skip
     rows = []

@@ -10,6 +10,7 @@ must stay healthy, and nothing may be stored: no record, no job.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -25,7 +26,6 @@ from tests.conftest import LiveServer
 from tests.factories import AUTH, CPU, make_key, make_record
 from tunecache.errors import InvalidInput
 from tunecache.jsonsafe import MAX_JSON_DEPTH
-from tunecache.key import Key
 from tunecache.schemas import SNAPSHOT_FORMAT, KeyModel
 
 TIMEOUT = 60  # seconds; a case that takes longer counts as a hang
@@ -458,8 +458,8 @@ def test_keys_built_in_python_are_checked_alike() -> None:
         ({f"P{i}": 1 for i in range(33)}, "33 parameters"),
     ]:
         with pytest.raises(InvalidInput, match=re.escape(reason)):
-            Key(**{**good.__dict__, "problem": problem})
-    flagged = Key(**{**good.__dict__, "problem": {"M": 64, "N": 64, "K": 64, "causal": True}})
+            dataclasses.replace(good, problem=problem)
+    flagged = dataclasses.replace(good, problem={"M": 64, "N": 64, "K": 64, "causal": True})
     assert KeyModel.from_key(flagged).to_key() == flagged
 
 

@@ -4,6 +4,7 @@ harness reused across keys."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -79,7 +80,7 @@ def test_tune_refuses_a_key_that_is_not_this_machines() -> None:
     elsewhere = key_for("matmul", "tvm", {"M": 8, "N": 8, "K": 8}, "float32", device=other_cpu)
     with pytest.raises(InvalidInput, match="graviton3"):
         tune(elsewhere, Budget(trials=1))
-    stale = tunecache.Key(**{**here.__dict__, "source_hash": "0" * 16})
+    stale = dataclasses.replace(here, source_hash="0" * 16)
     with pytest.raises(InvalidInput, match="source hash"):
         tune(stale, Budget(trials=1))
 

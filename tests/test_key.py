@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -70,8 +71,7 @@ def test_key_digest_ignores_construction_order() -> None:
 )
 def test_every_field_changes_the_digest(change: dict) -> None:
     base = make_key()
-    fields = {**base.__dict__, **change}
-    assert Key(**fields).digest() != base.digest()
+    assert dataclasses.replace(base, **change).digest() != base.digest()
 
 
 def test_key_json_round_trip() -> None:
@@ -99,7 +99,7 @@ def test_key_digest_is_stable_across_processes() -> None:
 )
 def test_bad_keys_are_rejected_with_a_reason(fields: dict, message: str) -> None:
     with pytest.raises(InvalidInput, match=message):
-        Key(**{**make_key().__dict__, **fields})
+        dataclasses.replace(make_key(), **fields)
 
 
 def test_from_json_names_a_missing_field() -> None:

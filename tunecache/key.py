@@ -184,8 +184,15 @@ class Key:
             raise InvalidInput(f"key: missing field {exc.args[0]!r}") from None
 
     def digest(self) -> str:
-        """SHA-256 of the key's canonical JSON: the identity the server stores winners under."""
-        return digest(self.to_json())
+        """SHA-256 of the key's canonical JSON: the identity the server stores winners under.
+
+        Computed once per key (a key is immutable): a memo hit costs a dict lookup, not a hash.
+        """
+        found: str | None = self.__dict__.get("_digest")
+        if found is None:
+            found = digest(self.to_json())
+            object.__setattr__(self, "_digest", found)
+        return found
 
     def short(self) -> str:
         """A one-line human label: ``matmul[M=64,N=64,K=64] float32 tvm cpu-avx2``."""

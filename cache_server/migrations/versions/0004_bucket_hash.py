@@ -1,7 +1,8 @@
 """Records indexed by the bucket a lookup may match (tunecache.rules.bucket_digest).
 
 A non-exact lookup used to load every winner of an arch into Python; with this column it reads
-the winners of one bucket. Existing records are backfilled.
+the winners of one bucket (and winners are indexed by record for the join). Existing records are
+backfilled.
 
 Revision ID: 0004
 Revises: 0003
@@ -34,8 +35,11 @@ def upgrade() -> None:
             records.update().where(records.c.id == row_id).values(bucket_hash=bucket_digest(key))
         )
     op.create_index("ix_records_bucket_hash", "records", ["bucket_hash"])
+    # The lookup joins a bucket's records to their winners: without this, by a scan of winners.
+    op.create_index("ix_winners_record_id", "winners", ["record_id"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_winners_record_id", table_name="winners")
     op.drop_index("ix_records_bucket_hash", table_name="records")
     op.drop_column("records", "bucket_hash")
