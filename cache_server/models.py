@@ -71,9 +71,7 @@ class WinnerRow(Base):
     __tablename__ = "winners"
 
     key_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
-    record_id: Mapped[int] = mapped_column(
-        ForeignKey("records.id", ondelete="CASCADE"), index=True
-    )
+    record_id: Mapped[int] = mapped_column(ForeignKey("records.id", ondelete="CASCADE"), index=True)
     time_ms: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
