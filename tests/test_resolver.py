@@ -59,3 +59,30 @@ def test_a_records_source_answers_by_the_rules_without_a_server() -> None:
                                                     passed=False)])])  # fmt: skip
     assert resolver.resolve(make_key(m=60)).rule == "bucket"
     assert resolver.resolve(make_key(m=128)).source == "default"  # unvalidated: never served
+
+
+def test_miss_reports_never_make_the_caller_wait() -> None:
+    """The server answers lookups at once but takes 0.3 s per miss report: lookups return
+    before any report is sent, and closing the client sends what is queued."""
+    import threading
+    import time
+
+    reported: list[float] = []
+    release = threading.Event()
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/misses":
+            release.wait(5)
+            reported.append(time.monotonic())
+            return httpx.Response(202, json={"job_id": 1, "created": True})
+        return httpx.Response(404, json={"detail": "no winner"})
+
+    client = Client("http://in-memory.test", transport=httpx.MockTransport(handle), token="",
+                    report_misses=True, timeout=5)  # fmt: skip
+    started = time.monotonic()
+    results = [client.lookup(make_key(m=m), default={"d": 1}) for m in (8, 16, 32)]
+    took = time.monotonic() - started
+    assert [r.source for r in results] == ["default"] * 3 and took < 1.0 and reported == []
+    release.set()
+    client.close()
+    assert len(reported) == 3  # sent in the background, all of them by close()

@@ -126,6 +126,7 @@ class Client:
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
+        self.resolver.close()  # sends the miss reports still queued
         self._http.close()
 
     def __enter__(self) -> Client:
@@ -215,7 +216,10 @@ class Client:
         """
         body = self._lookup_body(key)
         response = self._call("POST", "/v1/misses", json=body, timeout=timeout)
-        return JobEnqueued.model_validate_json(response.content)
+        try:
+            return JobEnqueued.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise ServerError(f"POST /v1/misses gave a bad answer: {exc}") from exc
 
     def list_records(self, **filters: Any) -> RecordList:
         """Records matching ``filters`` (``kernel``, ``backend``, ``dtype``, ``device_arch`` …)."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 SourceName = Literal["memo", "snapshot", "server", "default"]
 Fits = Callable[[dict[str, Any]], str | None]  # why a config cannot launch here, or None
+MAX_PENDING_REPORTS = 256
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ class Source(abc.ABC):
     @abc.abstractmethod
     def get(self, key: Key, digest: str) -> LookupResult | None:
         """The answer for ``key`` (``digest`` is ``key.digest()``), or ``None``."""
+
+    def close(self) -> None:  # noqa: B027  # most sources have no background work
+        """Finishes background work (the server source's miss reports)."""
 
 
 class MemoSource(Source):
@@ -143,7 +148,8 @@ class ServerSource(Source):
 
     After a failure the server is skipped for ``retry_after`` seconds (one warning, then debug),
     a miss is remembered for ``miss_ttl`` seconds, and with ``report_misses`` the server is asked
-    to tune what it missed (within the lookup timeout, once per key per ``miss_ttl``).
+    to tune what it missed (once per key per ``miss_ttl``), in the background: misses wait in a
+    bounded queue (a full queue drops the report) that one thread sends; the caller never waits.
     """
 
     def __init__(self, client: Client, *, retry_after: float = 30.0, miss_ttl: float = 60.0,
@@ -154,6 +160,8 @@ class ServerSource(Source):
         self._misses: dict[str, float] = {}
         self._down_until = 0.0
         self._warned = False
+        self._reports: queue.Queue[Key | None] = queue.Queue(maxsize=MAX_PENDING_REPORTS)
+        self._reporter: threading.Thread | None = None
 
     def get(self, key: Key, digest: str) -> LookupResult | None:
         now = time.monotonic()
@@ -172,11 +180,38 @@ class ServerSource(Source):
         with self._lock:
             self._misses[digest] = now + self.miss_ttl
         if self.report_misses:
-            try:
-                self.client.report_miss(key, timeout=timeout)
-            except ServerError as exc:
-                logger.debug("miss of %s not reported: %s", key.short(), exc)
+            self._queue_report(key)
         return None
+
+    def _queue_report(self, key: Key) -> None:
+        try:
+            self._reports.put_nowait(key)
+        except queue.Full:
+            logger.debug("miss of %s not reported: %d reports pending", key.short(),
+                         MAX_PENDING_REPORTS)  # fmt: skip
+            return
+        with self._lock:
+            if self._reporter is None:
+                self._reporter = threading.Thread(target=self._send_reports, daemon=True,
+                                                  name="tunecache-miss-reports")  # fmt: skip
+                self._reporter.start()
+
+    def _send_reports(self) -> None:
+        while (key := self._reports.get()) is not None:
+            try:
+                self.client.report_miss(key, timeout=self.client.timeout.for_lookup())
+            except Exception as exc:  # a bad answer too: the reporting thread must not die
+                logger.debug("miss of %s not reported: %s", key.short(), exc)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Sends the reports still queued (within ``timeout`` seconds), then stops the thread."""
+        if self._reporter is None:
+            return
+        try:
+            self._reports.put(None, timeout=timeout)
+        except queue.Full:
+            return
+        self._reporter.join(timeout)
 
     def _failed(self, exc: Exception) -> None:
         with self._lock:
@@ -217,6 +252,11 @@ class Resolver:
                 self.memo.put(digest, answer)
             return answer
         return LookupResult(config=default, source="default")
+
+    def close(self) -> None:
+        """Finishes every source's background work."""
+        for source in self.sources:
+            source.close()
 
     def _warn_once(self, digest: str, message: str) -> None:
         log = logger.debug if digest in self._warned else logger.warning
