@@ -163,3 +163,25 @@ def test_ranks_of_a_distributed_group_launch_rank_0s_choice() -> None:
     assert answers[0]["bench"] == 6 and answers[1]["bench"] == 0  # rank 0 tuned, rank 1 did not
     assert answers[0]["config"] == answers[1]["config"] == {"BLOCK": 32, "num_warps": 1,
                                                            "num_stages": 3}  # fmt: skip
+
+
+def test_a_config_over_the_devices_shared_memory_is_refused() -> None:
+    """Sized by compiling for the GPU's target (no GPU needed): a 128-wide fp16 tile needs
+    64 KiB, which an H100 holds and a 16 KiB device does not."""
+    import torch
+
+    from tunecache.device import Device, DeviceFingerprint, DeviceLimits
+    from tunecache.triton.shared import shared_misfit
+
+    m = _kernel_module()
+    half, single = torch.empty(1, dtype=torch.float16), torch.empty(1, dtype=torch.float32)
+    arguments = {"a_ptr": half, "b_ptr": half, "c_ptr": single}
+    small = Device(DeviceFingerprint(kind="cuda", arch="sm_90", name="small-gpu", units=8),
+                   DeviceLimits("small-gpu", 16384, 1024, 8))  # fmt: skip
+    h100 = Device(DeviceFingerprint(kind="cuda", arch="sm_90", name="h100", units=132),
+                  DeviceLimits.H100)  # fmt: skip
+    wide = {"BLOCK": 128, "num_warps": 4, "num_stages": 3}
+    why = shared_misfit(m.dot_tile, arguments, wide, small)
+    assert why is not None and "65536 bytes of shared memory" in why and "16384" in why
+    assert shared_misfit(m.dot_tile, arguments, wide, h100) is None
+    assert shared_misfit(m.dot_tile, arguments, {**wide, "BLOCK": 32}, small) is None

@@ -51,3 +51,12 @@ def launch(x: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     affine[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
     return y
+
+
+@triton.jit
+def dot_tile(a_ptr, b_ptr, c_ptr, BLOCK: tl.constexpr):
+    """One BLOCK x BLOCK tile of A @ B: its shared memory grows with BLOCK."""
+    offs = tl.arange(0, BLOCK)
+    a = tl.load(a_ptr + offs[:, None] * BLOCK + offs[None, :])
+    b = tl.load(b_ptr + offs[:, None] * BLOCK + offs[None, :])
+    tl.store(c_ptr + offs[:, None] * BLOCK + offs[None, :], tl.dot(a, b))

@@ -42,6 +42,7 @@ from tunecache.triton.record import (
     fresh_arguments,
     validated,
 )
+from tunecache.triton.shared import shared_misfit
 
 logger = logging.getLogger(__name__)
 OnMiss = Literal["tune", "default"]
@@ -127,8 +128,11 @@ class CachedAutotuner(Autotuner):
         tensors = [v for v in arguments.values() if hasattr(v, "data_ptr")]
         device = call_device(tensors)
 
+        named = {k: v for k, v in arguments.items() if k in self.arg_names}
+
         def fits(config: dict[str, Any]) -> str | None:
-            return misfit(config, self.identity, self.meta, device)
+            why = misfit(config, self.identity, self.meta, device)
+            return why or shared_misfit(self.fn, named, config, device)
 
         # A config that does not fit is passed over: the next source, else a miss.
         result = self._client().lookup(key, default=None, fits=fits)
