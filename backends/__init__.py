@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import importlib
 
-from backends.base import Backend, Budget, Progress, ProgressFn, Runnable, SearchResult, Trial
+from backends.base import (
+    Backend,
+    Budget,
+    Progress,
+    ProgressFn,
+    Runnable,
+    SearchRequest,
+    SearchResult,
+    Trial,
+)
 from tunecache.errors import lookup
 from tunecache.kernels import BACKENDS
 
@@ -38,6 +47,7 @@ __all__ = [
     "Progress",
     "ProgressFn",
     "Runnable",
+    "SearchRequest",
     "SearchResult",
     "Trial",
     "backend_names",

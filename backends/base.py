@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from workloads.base import Workload
 
 Runnable = Callable[..., "torch.Tensor"]
-__all__ = ["Backend", "Budget", "Progress", "ProgressFn", "Runnable", "SearchResult", "Trial",
-           "TrialStatus"]  # fmt: skip
+__all__ = ["Backend", "Budget", "Progress", "ProgressFn", "Runnable", "SearchRequest",
+           "SearchResult", "Trial", "TrialStatus"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,18 @@ class Progress:
 
 
 ProgressFn = Callable[[Progress], None]
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """One search of a backend's own: the kernel, its problem and dtype, the budget, and where
+    progress goes."""
+
+    workload: Workload
+    problem: Mapping[str, int]
+    dtype: str
+    budget: Budget
+    progress: ProgressFn | None = None
 
 
 @dataclass
@@ -115,16 +127,7 @@ class Backend(abc.ABC):
         """Why timings taken here mean nothing (an interpreter), or ``None`` when they count."""
         return None
 
-    def search(
-        self,
-        workload: Workload,
-        problem: Mapping[str, int],
-        dtype: str,
-        budget: Budget,
-        *,
-        workdir: Path,
-        progress: ProgressFn | None = None,
-    ) -> SearchResult:
+    def search(self, request: SearchRequest, *, workdir: Path) -> SearchResult:
         """Searches with ``native_strategy`` and returns the best config.
 
         Raises:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from backends import Backend, Budget, ProgressFn, Runnable, SearchResult
+from backends import Backend, Runnable, SearchRequest, SearchResult
 from tunecache.space import SearchSpace
 from workloads.base import Workload
 
@@ -75,8 +75,7 @@ class FaultyNativeTVM(FaultyTVM):
 
     native_strategy = "faulty_search"  # type: ignore[assignment]
 
-    def search(self, workload: Workload, problem: Mapping[str, int], dtype: str, budget: Budget,
-               *, workdir: Path, progress: ProgressFn | None = None) -> SearchResult:  # fmt: skip
+    def search(self, request: SearchRequest, *, workdir: Path) -> SearchResult:
         from backends import Trial
 
         best, runner_up = {"mode": "segfault", "sleep_ms": 0.0}, {"mode": "ok", "sleep_ms": 0.0}

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from backends import Budget, Progress, SearchResult, get_backend  # noqa: E402
+from backends import Budget, Progress, SearchRequest, SearchResult, get_backend  # noqa: E402
 from backends.inductor import InductorBackend  # noqa: E402
 from tests.factories import TINY, build_default  # noqa: E402
 from tunecache.errors import InvalidInput  # noqa: E402
@@ -54,9 +54,8 @@ def matmul_search(
 ) -> tuple[SearchResult, list[Progress], Path]:
     workdir = tmp_path_factory.mktemp("inductor-matmul")
     reports: list[Progress] = []
-    result = backend.search(
-        MATMUL, MATMUL_PROBLEM, DTYPE, Budget(trials=4), workdir=workdir, progress=reports.append
-    )
+    request = SearchRequest(MATMUL, MATMUL_PROBLEM, DTYPE, Budget(trials=4), reports.append)
+    result = backend.search(request, workdir=workdir)
     return result, reports, workdir
 
 
@@ -65,7 +64,9 @@ def softmax_search(
     backend: InductorBackend, tmp_path_factory: pytest.TempPathFactory
 ) -> SearchResult:
     workdir = tmp_path_factory.mktemp("inductor-softmax")
-    return backend.search(SOFTMAX, SOFTMAX_PROBLEM, DTYPE, Budget(trials=4), workdir=workdir)
+    return backend.search(
+        SearchRequest(SOFTMAX, SOFTMAX_PROBLEM, DTYPE, Budget(trials=4)), workdir=workdir
+    )
 
 
 # -- fast: no compile ---------------------------------------------------------------------------
@@ -235,7 +236,8 @@ class _Broken(Matmul):
 @pytest.mark.slow
 def test_failed_compile_is_a_compile_error_trial(backend: InductorBackend, tmp_path: Path) -> None:
     workload = _Broken()
-    result = backend.search(workload, {"M": 8, "N": 8, "K": 8}, DTYPE, Budget(), workdir=tmp_path)
+    request = SearchRequest(workload, {"M": 8, "N": 8, "K": 8}, DTYPE, Budget())
+    result = backend.search(request, workdir=tmp_path)
     assert result.config == {"mode": "default"} and result.runnable is None
     assert [t.status for t in result.trials] == ["compile_error"]
     assert "no kernel here" in result.trials[0].error

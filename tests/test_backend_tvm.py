@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from backends import Budget, Progress, SearchResult
+from backends import Budget, Progress, SearchRequest, SearchResult
 from backends.tvm import TVMBackend
 from tests.factories import TINY, build_default
 from tunecache.errors import InvalidInput, TuningError
@@ -58,9 +58,8 @@ def run_search(
     workdir: Path,
 ) -> tuple[SearchResult, list[Progress]]:
     reports: list[Progress] = []
-    result = backend.search(
-        workload, problem, DTYPE, budget, workdir=workdir, progress=reports.append
-    )
+    request = SearchRequest(workload, problem, DTYPE, budget, progress=reports.append)
+    result = backend.search(request, workdir=workdir)
     return result, reports
 
 

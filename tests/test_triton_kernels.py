@@ -10,6 +10,7 @@ a GPU they run on it, from CPU inputs copied over.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -24,7 +25,7 @@ with pytest.MonkeyPatch.context() as _mp:
     pytest.importorskip("triton")
     import triton.language  # noqa: F401
 
-from backends import get_backend  # noqa: E402
+from backends import Budget, SearchRequest, get_backend  # noqa: E402
 from backends.triton import DeviceLimits, TritonBackend  # noqa: E402
 from backends.triton.jit import LazyKernel, mode_mismatch  # noqa: E402
 from backends.triton.spaces import gemm_shared_memory, next_pow2  # noqa: E402
@@ -274,7 +275,7 @@ def test_backend_contract() -> None:
     with pytest.raises(InvalidInput, match="supports dtypes"):
         backend.space(matmul, problem, "float64")
     with pytest.raises(NotImplementedError, match="tuner"):
-        backend.search(matmul, problem, "float16", None, workdir=None)  # type: ignore[arg-type]
+        backend.search(SearchRequest(matmul, problem, "float16", Budget()), workdir=Path("."))
 
 
 @pytest.mark.usefixtures("launchable")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from backends import Backend, Budget, Runnable, SearchResult, get_backend
+from backends import Backend, Budget, Runnable, SearchRequest, SearchResult, get_backend
 from tests.conftest import LiveServer
 from tunecache import key_for
 from tunecache.errors import TuningError
@@ -71,10 +71,8 @@ class PoisonedBackend(Backend):
     def unavailable_reason(self) -> str | None:
         return self.inner.unavailable_reason()
 
-    def search(self, workload, problem, dtype, budget, *, workdir, progress=None) -> SearchResult:  # type: ignore[no-untyped-def]
-        real = self.inner.search(
-            workload, problem, dtype, budget, workdir=workdir, progress=progress
-        )
+    def search(self, request: SearchRequest, *, workdir: Path) -> SearchResult:
+        real = self.inner.search(request, workdir=workdir)
         poisoned = {**real.config, "poison": True}
         ranked = (
             [{**c, "poison": True} for c in [real.config, *real.ranked]]
@@ -122,10 +120,8 @@ def test_no_correct_candidate_means_no_record(tmp_path: Path) -> None:
 class SlowedBackend(PoisonedBackend):
     """Wraps a real backend; its searched winner is correct but deliberately slow."""
 
-    def search(self, workload, problem, dtype, budget, *, workdir, progress=None) -> SearchResult:  # type: ignore[no-untyped-def]
-        real = self.inner.search(
-            workload, problem, dtype, budget, workdir=workdir, progress=progress
-        )
+    def search(self, request: SearchRequest, *, workdir: Path) -> SearchResult:
+        real = self.inner.search(request, workdir=workdir)
         return SearchResult(config={**real.config, "slow": True}, trials=real.trials,
                             strategy=real.strategy, seconds=real.seconds)  # fmt: skip
 

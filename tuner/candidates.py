@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends import Backend, Budget, ProgressFn
+from backends import Backend, SearchRequest
 from tunecache.errors import InvalidInput
 from tunecache.schemas import Trial
 from tunecache.space import Config, SearchSpace
@@ -41,18 +41,6 @@ class Candidates:
     retime: bool
 
 
-@dataclass(frozen=True)
-class SearchRequest:
-    """One search: the kernel, the backend, the key's problem and dtype, and the budget."""
-
-    backend: Backend
-    workload: Workload
-    problem: dict[str, int]
-    dtype: str
-    budget: Budget
-    progress: ProgressFn | None = None
-
-
 def enumerable_space(backend: Backend, workload: Workload, problem: Mapping[str, int],
                      dtype: str) -> SearchSpace:  # fmt: skip
     """The backend's space for this key, or a clear error why there is none to search."""
@@ -66,6 +54,7 @@ def enumerable_space(backend: Backend, workload: Workload, problem: Mapping[str,
 
 
 def search_space(
+    backend: Backend,
     request: SearchRequest,
     bench: Benchmarker,
     *,
@@ -80,7 +69,7 @@ def search_space(
     Args:
         neighbours: finds warm-start configs in the space (the cache's neighbouring winners).
     """
-    space = enumerable_space(request.backend, request.workload, request.problem, request.dtype)
+    space = enumerable_space(backend, request.workload, request.problem, request.dtype)
     emit(f"space: {space.size} configs, {space.pruned_count()} pruned by device limits")
     if neighbours is not None:
         found = neighbours(space)
@@ -95,11 +84,8 @@ def search_space(
     return Candidates(ranked=ranked, trials=log.trials, retime=True)
 
 
-def search_native(request: SearchRequest, workdir: Path) -> Candidates:
+def search_native(backend: Backend, request: SearchRequest, workdir: Path) -> Candidates:
     """The backend's own search, run here; its candidates are measured by the pipeline."""
-    result = request.backend.search(
-        request.workload, request.problem, request.dtype, request.budget,
-        workdir=workdir, progress=request.progress,
-    )  # fmt: skip
+    result = backend.search(request, workdir=workdir)
     ranked = [result.config, *result.ranked][:MAX_NATIVE_CANDIDATES]
     return Candidates(ranked=ranked, trials=list(result.trials), retime=False)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends import Backend, Budget, Progress, ProgressFn, get_backend
+from backends import Backend, Budget, Progress, ProgressFn, SearchRequest, get_backend
 from tunecache import __version__
 from tunecache.client import Client
 from tunecache.device import local_device
@@ -37,7 +37,7 @@ from tunecache.key import Key
 from tunecache.schemas import KeyModel, Provenance, RecordCreate, SearchModel, Trial
 from tunecache.space import Config
 from tunecache.timing import DEFAULT_TIMER, TimerSettings
-from tuner.candidates import Candidates, SearchRequest, search_native, search_space
+from tuner.candidates import Candidates, search_native, search_space
 from tuner.harness import Harness, Task
 from tuner.search import DEFAULT_STRATEGY, STRATEGIES
 from tuner.select import Winner, select_winner
@@ -177,7 +177,7 @@ def tune(
     backend, strategy = _plan(key, options, backend)
     check_local(key, workload)
     emit = _emitter(key, progress)
-    request = SearchRequest(backend, workload, _problem(key), key.dtype, budget, progress)
+    request = SearchRequest(workload, _problem(key), key.dtype, budget, progress)
     task = Task(backend=options.backend_ref or backend.name, workload=key.kernel,
                 problem=dict(key.problem), dtype=key.dtype, device=key.device.kind,
                 timer=options.timer, timer_ref=options.timer_ref)  # fmt: skip
@@ -185,7 +185,7 @@ def tune(
     started = time.perf_counter()
     found: Candidates | None = None
     if strategy == backend.native_strategy:  # before the workers start: they would share cores
-        found = search_native(request, options.workdir or default_workdir())
+        found = search_native(backend, request, options.workdir or default_workdir())
     with contextlib.ExitStack() as stack:
         if harness is None:
             harness = stack.enter_context(
@@ -194,7 +194,7 @@ def tune(
         bench = harness.benchmarker(task)
         if found is None:
             found = search_space(
-                request, bench, strategy=strategy, seed=options.seed,
+                backend, request, bench, strategy=strategy, seed=options.seed,
                 warm_start=options.warm_start, emit=emit,
                 neighbours=(lambda space: neighbour_configs(cache, key, space)) if cache else None,
             )  # fmt: skip

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backends.base import Backend, Budget, ProgressFn, Runnable, SearchResult
+from backends.base import Backend, Runnable, SearchRequest, SearchResult
 from backends.inductor.options import MODE_DEFAULT, MODE_MAX_AUTOTUNE
 from backends.inductor.runnable import InductorRunnable, default_frozen_inputs
 from backends.inductor.search import STRATEGY, run_search, summarize_config
@@ -75,16 +75,7 @@ class InductorBackend(Backend):
             return f"torch._inductor cannot be imported: {type(exc).__name__}: {exc}"
         return None
 
-    def search(
-        self,
-        workload: Workload,
-        problem: Mapping[str, int],
-        dtype: str,
-        budget: Budget,
-        *,
-        workdir: Path,
-        progress: ProgressFn | None = None,
-    ) -> SearchResult:
+    def search(self, request: SearchRequest, *, workdir: Path) -> SearchResult:
         """One max-autotune compile with freezing; every choice Inductor benchmarks is a trial.
 
         Trials carry Inductor's benchmark of each choice's kernel; with no autotuned op (softmax,
@@ -94,13 +85,14 @@ class InductorBackend(Backend):
         one ``compile_error`` trial and no runnable. The search leaves
         ``workdir/inductor_search.json`` behind.
         """
+        workload = request.workload
         return run_search(
             workload,
-            problem,
-            dtype,
-            budget,
+            request.problem,
+            request.dtype,
+            request.budget,
             workdir,
-            progress,
+            request.progress,
             fallback=lambda: workload.default_config(self.name),
         )
 

@@ -10,10 +10,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from backends.base import (
     Backend,
-    Budget,
     Progress,
-    ProgressFn,
     Runnable,
+    SearchRequest,
     SearchResult,
     import_failure,
 )
@@ -42,7 +41,8 @@ class TVMBackend(Backend):
         >>> from workloads import get_workload
         >>> backend, matmul = TVMBackend(), get_workload("matmul")
         >>> problem = {"M": 64, "N": 64, "K": 64}
-        >>> result = backend.search(matmul, problem, "float32", Budget(trials=8), workdir=tmp)
+        >>> request = SearchRequest(matmul, problem, "float32", Budget(trials=8))
+        >>> result = backend.search(request, workdir=tmp)
         >>> run = backend.build(matmul, problem, "float32", result.config)
         >>> out = run(*matmul.make_inputs(problem, "float32", seed=0))
     """
@@ -68,16 +68,7 @@ class TVMBackend(Backend):
 
         return knob_space(workload, problem, dtype) if has_knobs(workload) else None
 
-    def search(
-        self,
-        workload: Workload,
-        problem: Mapping[str, int],
-        dtype: str,
-        budget: Budget,
-        *,
-        workdir: Path,
-        progress: ProgressFn | None = None,
-    ) -> SearchResult:
+    def search(self, request: SearchRequest, *, workdir: Path) -> SearchResult:
         """Tunes ``workload`` at ``problem`` with MetaSchedule for this CPU.
 
         Records go to a JSON database under ``workdir/<sha(target)>-tvm<version>/``; a second
@@ -88,6 +79,9 @@ class TVMBackend(Backend):
         """
         from backends.tvm.search import tune
         from backends.tvm.target import canonical_target, host_cores, host_target
+
+        workload, problem, dtype = request.workload, request.problem, request.dtype
+        budget, progress = request.budget, request.progress
 
         started = time.monotonic()
         target = canonical_target(host_target())

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tvm.s_tir import Schedule
@@ -53,3 +54,15 @@ def annotate_unroll(sch: Schedule, loop: LoopRV, max_step: int) -> None:
 def loop_extent(sch: Schedule, loop: LoopRV) -> int:
     """The constant extent of ``loop``."""
     return int(sch.get(loop).extent)
+
+
+def knob_summary(head: str, config: Mapping[str, Any]) -> str:
+    """``head``, then ``vec``, ``par`` and ``u<unroll>`` for the flags the config sets."""
+    parts = [head]
+    if config.get("vectorize"):
+        parts.append("vec")
+    if config.get("parallel"):
+        parts.append("par")
+    if config.get("unroll"):
+        parts.append(f"u{config['unroll']}")
+    return " ".join(parts)

@@ -20,7 +20,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from backends.tvm.knobs.common import annotate_unroll, is_reduction, loop_extent, root_blocks
+from backends.tvm.knobs.common import (
+    annotate_unroll,
+    is_reduction,
+    knob_summary,
+    loop_extent,
+    root_blocks,
+)
 from tunecache.space import Config, Scalar
 
 if TYPE_CHECKING:
@@ -70,14 +76,9 @@ def prune_reason(problem: Mapping[str, int], config: Config) -> str | None:
 
 def summarize(config: Mapping[str, Any]) -> str:
     """``knobs i8 j32 k16 vec par u16``."""
-    parts = [f"knobs i{config['tile_i']} j{config['tile_j']} k{config['tile_k']}"]
-    if config["vectorize"]:
-        parts.append("vec")
-    if config["parallel"]:
-        parts.append("par")
-    if config["unroll"]:
-        parts.append(f"u{config['unroll']}")
-    return " ".join(parts)
+    return knob_summary(
+        f"knobs i{config['tile_i']} j{config['tile_j']} k{config['tile_k']}", config
+    )
 
 
 def schedule(func: PrimFunc, config: Mapping[str, Any]) -> Schedule:

@@ -25,6 +25,7 @@ from backends.tvm.knobs.common import (
     PARTITION_HINT,
     annotate_unroll,
     is_reduction,
+    knob_summary,
     loop_extent,
     reduction_and_spatial,
     root_blocks,
@@ -62,12 +63,7 @@ def prune_reason(problem: Mapping[str, int], config: Config) -> str | None:
 
 def summarize(config: Mapping[str, Any]) -> str:
     """``knobs r4 v16 par u16``."""
-    parts = [f"knobs r{config['rows']} v{config['vector']}"]
-    if config["parallel"]:
-        parts.append("par")
-    if config["unroll"]:
-        parts.append(f"u{config['unroll']}")
-    return " ".join(parts)
+    return knob_summary(f"knobs r{config['rows']} v{config['vector']}", config)
 
 
 def schedule(func: PrimFunc, config: Mapping[str, Any]) -> Schedule:
