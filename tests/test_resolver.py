@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -10,8 +12,9 @@ from tunecache import Client, RecordsSource, Resolver, ServerSource
 from tunecache.schemas import LookupResponse, RecordPublic
 
 
-def server_answering(config: dict, calls: list[int]) -> Client:  # type: ignore[type-arg]
-    """An API client over an in-memory server that answers every lookup with ``config``."""
+def server_answering(config: dict, calls: list[int], delay: float = 0.0) -> Client:  # type: ignore[type-arg]
+    """An API client over an in-memory server that answers every lookup with ``config`` after
+    ``delay`` seconds."""
     record = make_record(make_key(), config=config).model_dump(mode="json", by_alias=True)
     public = RecordPublic.model_validate(
         {**record, "id": 7, "key_hash": "0" * 64, "created_at": "2026-01-01T00:00:00Z"}
@@ -19,6 +22,7 @@ def server_answering(config: dict, calls: list[int]) -> Client:  # type: ignore[
     body = LookupResponse(record=public).model_dump_json(by_alias=True)
 
     def handle(request: httpx.Request) -> httpx.Response:
+        time.sleep(delay)
         calls.append(1)
         return httpx.Response(200, content=body)
 
@@ -86,3 +90,32 @@ def test_miss_reports_never_make_the_caller_wait() -> None:
     release.set()
     client.close()
     assert len(reported) == 3  # sent in the background, all of them by close()
+
+
+def test_async_lookups_never_block_the_event_loop() -> None:
+    """A slow server (0.3 s a lookup): the loop keeps ticking while lookups wait; the answers
+    are the sync path's, and a memo hit answers without a thread."""
+    import asyncio
+
+    calls: list[int] = []
+    client = server_answering({"width": 4}, calls, delay=0.3)
+
+    async def main() -> tuple[list[str], int]:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        results = await asyncio.gather(*(client.alookup(make_key(m=m)) for m in (8, 16)))
+        again = await client.alookup(make_key(m=8))
+        task.cancel()
+        return [r.source for r in (*results, again)], ticks
+
+    sources, ticks = asyncio.run(main())
+    client.close()
+    assert sources == ["server", "server", "memo"] and len(calls) == 2
+    assert ticks >= 10  # the loop ran on while the lookups waited

@@ -148,6 +148,14 @@ class Client:
             default = default_config(key.backend)
         return self.resolver.resolve(key, default=default, fits=fits)
 
+    async def alookup(
+        self, key: Key, *, default: dict[str, Any] | None = None, fits: Fits | None = None
+    ) -> LookupResult:
+        """:meth:`lookup` for async code: it never blocks the event loop."""
+        if default is None:
+            default = default_config(key.backend)
+        return await self.resolver.aresolve(key, default=default, fits=fits)
+
     def fetch(self, key: Key, *, timeout: httpx.Timeout | None = None) -> RecordPublic | None:
         """The winner of exactly ``key`` from the server, ``None`` on a miss; no memo, no fallback.
 

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
 import logging
 import queue
@@ -252,6 +253,15 @@ class Resolver:
                 self.memo.put(digest, answer)
             return answer
         return LookupResult(config=default, source="default")
+
+    async def aresolve(self, key: Key, *, default: dict[str, Any] | None = None,
+                       fits: Fits | None = None) -> LookupResult:  # fmt: skip
+        """:meth:`resolve` for async code: a memo hit answers at once; anything that may wait
+        (a snapshot's first read, the server) runs in a worker thread, so the event loop never
+        blocks. One path, not two: the sources stay synchronous."""
+        if self.memo is not None and (found := self.memo.answers.get(key.digest())) is not None:
+            return found
+        return await asyncio.to_thread(self.resolve, key, default=default, fits=fits)
 
     def close(self) -> None:
         """Finishes every source's background work."""
