@@ -8,6 +8,7 @@ is not rendered there). A running job whose lease has expired is claimable again
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,6 +33,7 @@ def enqueue(
     stmt = upsert_insert(session, JobRow).values(
         key_hash=key_hash, key=key, state="queued", priority=priority, source=source,
         attempts=0, max_attempts=max_attempts, error="", created_at=now, updated_at=now,
+        backend=key["backend"], device_arch=key["device"]["arch"],
     )  # fmt: skip
     new_id = session.execute(
         stmt.on_conflict_do_nothing(index_elements=["key_hash"]).returning(JobRow.id)
@@ -60,12 +62,28 @@ def _claimable(now: datetime) -> ColumnElement[bool]:
     return or_(JobRow.state == "queued", expired)
 
 
-def claim(session: Session, *, worker: str, lease_seconds: float) -> JobRow | None:
-    """Leases the most urgent claimable job to ``worker``, or ``None`` when there is none."""
+def claim(
+    session: Session,
+    *,
+    worker: str,
+    lease_seconds: float,
+    device_arch: str | None = None,
+    backends: Sequence[str] | None = None,
+) -> JobRow | None:
+    """Leases the most urgent claimable job to ``worker``, or ``None`` when there is none.
+
+    With ``device_arch`` and ``backends``, only a job for that arch and one of those backends:
+    a worker is never handed a job it cannot run.
+    """
     now = utcnow()
+    fits = [_claimable(now)]
+    if device_arch is not None:
+        fits.append(JobRow.device_arch == device_arch)
+    if backends is not None:
+        fits.append(JobRow.backend.in_(list(backends)))
     pick = (
         select(JobRow.id)
-        .where(_claimable(now))
+        .where(*fits)
         .order_by(JobRow.priority.desc(), JobRow.id)
         .limit(1)
         .with_for_update(skip_locked=True)

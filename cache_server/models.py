@@ -97,8 +97,14 @@ class JobRow(Base):
     record_id: Mapped[int | None] = mapped_column(ForeignKey("records.id"), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # What can run the job (from its key): a claim names its arch and backends.
+    backend: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    device_arch: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
-    __table_args__ = (Index("ix_jobs_claimable", "state", "priority", "id"),)
+    __table_args__ = (
+        Index("ix_jobs_claimable", "state", "priority", "id"),
+        Index("ix_jobs_target", "device_arch", "backend"),
+    )
 
 
 class TokenRow(Base):

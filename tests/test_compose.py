@@ -60,3 +60,5 @@ def test_daemon_reserves_a_gpu_and_talks_to_the_server() -> None:
     assert daemon["environment"]["TUNECACHE_URL"] == "http://server:8765"
     assert "TUNECACHE_TOKEN" in daemon["environment"]
     assert daemon["profiles"] == ["gpu"]
+    args = build_parser().parse_args(daemon["command"][1:])  # a real command, its flags parse
+    assert (args.command, args.device) == ("daemon", "cuda")

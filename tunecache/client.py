@@ -20,13 +20,13 @@ Example:
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from tunecache.defaults import default_config
 from tunecache.errors import ServerError
@@ -41,7 +41,11 @@ from tunecache.resolver import (
     Source,
 )
 from tunecache.schemas import (
+    ClaimRequest,
+    JobCreate,
     JobEnqueued,
+    JobList,
+    JobPublic,
     KeyModel,
     LookupRequest,
     LookupResponse,
@@ -54,6 +58,8 @@ from tunecache.schemas import (
 )
 from tunecache.settings import Settings
 from tunecache.tokens import Scope, TokenCreate, TokenCreated, TokenList, TokenPublic
+
+M = TypeVar("M", bound=BaseModel)
 
 logger = logging.getLogger(__name__)
 
@@ -228,6 +234,58 @@ class Client:
             return JobEnqueued.model_validate_json(response.content)
         except ValidationError as exc:
             raise ServerError(f"POST /v1/misses gave a bad answer: {exc}") from exc
+
+    # -- the job queue (tuning workers) -------------------------------------------------------
+    def create_job(self, key: Key, *, priority: int = 0, max_attempts: int = 3) -> JobEnqueued:
+        """Queues a tuning job for ``key`` (one per key: an existing one is answered)."""
+        body = JobCreate(key=KeyModel.from_key(key), priority=priority, max_attempts=max_attempts)
+        json = body.model_dump(mode="json", by_alias=True)
+        return self._job("POST", "/v1/jobs", JobEnqueued, json=json)
+
+    def claim_job(
+        self,
+        worker: str,
+        *,
+        lease_seconds: float = 300.0,
+        device_arch: str | None = None,
+        backends: Sequence[str] | None = None,
+    ) -> JobPublic | None:
+        """Leases the most urgent job this worker can run (``None``: nothing to do)."""
+        wanted = {"worker": worker, "lease_seconds": lease_seconds, "device_arch": device_arch,
+                  "backends": None if backends is None else list(backends)}  # fmt: skip
+        body = ClaimRequest.model_validate(wanted).model_dump(mode="json")
+        response = self._call("POST", "/v1/jobs/claim", json=body)
+        if response.status_code == 204:
+            return None
+        return self._parse(JobPublic, response, "/v1/jobs/claim")
+
+    def heartbeat_job(self, job_id: int, worker: str, *, lease_seconds: float = 300.0) -> JobPublic:
+        """Extends the lease of a job this worker holds."""
+        body = {"worker": worker, "lease_seconds": lease_seconds}
+        return self._job("POST", f"/v1/jobs/{job_id}/heartbeat", JobPublic, json=body)
+
+    def complete_job(self, job_id: int, worker: str, record_id: int) -> JobPublic:
+        body = {"worker": worker, "record_id": record_id}
+        return self._job("POST", f"/v1/jobs/{job_id}/complete", JobPublic, json=body)
+
+    def fail_job(self, job_id: int, worker: str, error: str) -> JobPublic:
+        """Gives a job back as failed (retried until its attempts run out), saying why."""
+        body = {"worker": worker, "error": error[:4096]}
+        return self._job("POST", f"/v1/jobs/{job_id}/fail", JobPublic, json=body)
+
+    def list_jobs(self, **filters: Any) -> JobList:
+        params = {k: v for k, v in filters.items() if v is not None}
+        return self._job("GET", "/v1/jobs", JobList, params=params)
+
+    def _job(self, method: str, path: str, model: type[M], **kwargs: Any) -> M:
+        return self._parse(model, self._call(method, path, **kwargs), path)
+
+    @staticmethod
+    def _parse(model: type[M], response: httpx.Response, path: str) -> M:
+        try:
+            return model.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise ServerError(f"{path} gave a bad answer: {exc}") from exc
 
     def list_records(self, **filters: Any) -> RecordList:
         """Records matching ``filters`` (``kernel``, ``backend``, ``dtype``, ``device_arch`` …)."""

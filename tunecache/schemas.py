@@ -345,6 +345,9 @@ class JobEnqueued(_Strict):
 class ClaimRequest(_Strict):
     worker: Annotated[str, Field(min_length=1, max_length=128)]
     lease_seconds: LeaseSeconds = 300.0
+    # What the worker can run; unset: anything.
+    device_arch: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    backends: Annotated[list[Backend], Field(min_length=1, max_length=3)] | None = None
 
 
 class LeaseRequest(_Strict):

@@ -12,12 +12,24 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tunecache.cli import db, demo, get, replay, serve, snapshot, sync, token, tune, workloads
+from tunecache.cli import (
+    daemon,
+    db,
+    demo,
+    get,
+    replay,
+    serve,
+    snapshot,
+    sync,
+    token,
+    tune,
+    workloads,
+)
 from tunecache.errors import InvalidInput, ServerError, TuningError
 
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
-COMMANDS = (serve, db, token, tune, get, replay, workloads, demo, snapshot, sync)
+COMMANDS = (serve, db, token, tune, get, replay, workloads, demo, snapshot, sync, daemon)
 
 
 class _Parser(argparse.ArgumentParser):

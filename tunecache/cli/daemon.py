@@ -1,0 +1,74 @@
+"""``tunecache daemon``: claim the tuning jobs this machine can run, tune them, upload them.
+
+SIGTERM or Ctrl-C: the current job is finished, then the daemon stops. Exit 0 when stopped (or,
+``--once``, out of jobs), 2 bad input, 3 server unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Any
+
+from tunecache.cli.args import add_server, server_url
+from tunecache.errors import InvalidInput
+from tunecache.kernels import BACKENDS
+from tunecache.settings import Settings
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("daemon", help="tune the server's queued jobs on this machine")
+    device_help = "the device to tune for (cuda: device 0; one daemon per GPU)"
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help=device_help)
+    backends_help = f"comma-separated, of {', '.join(BACKENDS)} (default: those installed here)"
+    parser.add_argument("--backends", help=backends_help)
+    parser.add_argument("--trials", type=int, default=32, help="search budget per job")
+    parser.add_argument("--strategy", help="search strategy (default: the backend's)")
+    parser.add_argument("--once", action="store_true", help="stop when no job is left")
+    parser.add_argument("--poll", type=float, default=5.0, help="seconds between empty claims")
+    parser.add_argument("--lease", type=float, default=300.0, help="job lease in seconds")
+    parser.add_argument("--workers", type=int, help="measurement worker processes")
+    add_server(parser)
+    parser.set_defaults(run=run)
+
+
+def _backends(text: str | None) -> tuple[str, ...] | None:
+    if text is None:
+        return None
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in BACKENDS]
+    if unknown or not names:
+        raise InvalidInput(f"--backends {text!r}: expected some of {', '.join(BACKENDS)}")
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    from tunecache.client import Client
+    from tuner.daemon import Daemon, DaemonOptions
+
+    if args.trials < 1 or args.poll <= 0 or args.lease <= 0:
+        raise InvalidInput("--trials, --poll and --lease must be positive")
+    if not Settings.from_env().token:
+        raise InvalidInput(
+            "the daemon uploads: it needs a token with the 'write' scope in $TUNECACHE_TOKEN "
+            "(tunecache token create --name NAME --scope write)"
+        )
+    options = DaemonOptions(
+        device=args.device, backends=_backends(args.backends), trials=args.trials,
+        strategy=args.strategy, lease_seconds=args.lease, poll_seconds=args.poll,
+        once=args.once, workers=args.workers,
+    )  # fmt: skip
+    logging.getLogger("tuner.daemon").setLevel(logging.INFO)  # what it claimed, stored, failed
+    with Client(server_url(args)) as client:
+        daemon = Daemon(client, options)
+        signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
+        try:
+            completed = daemon.run()
+        except KeyboardInterrupt:
+            daemon.stop()
+            completed = len(daemon.done)
+    print(f"daemon {daemon.worker}: {completed} jobs completed, {len(daemon.failed)} failed",
+          file=sys.stderr)  # fmt: skip
+    return 0

@@ -1,0 +1,163 @@
+"""The tuning daemon: claims jobs this machine can run, tunes them, uploads the winners.
+
+One daemon per device (each GPU; CPU daemons take TVM-llvm and Inductor-CPU jobs). A claim names
+the device's arch and the backends installed here, so the server only hands out jobs that fit. A
+job's key is completed with this machine's device and environment (a miss seen on another device
+of the arch is tuned here), tuned with :func:`tuner.tune` through one harness kept for every job,
+uploaded, and the job completed with the record id — or failed with the reason, to be retried until
+its attempts run out. While it tunes, a thread renews the lease; a daemon that dies leaves the job
+to expire and be claimed again. :meth:`Daemon.stop` (the CLI's SIGTERM) lets the current job finish.
+
+Example:
+    >>> with Client(url) as client:  # doctest: +SKIP
+    ...     Daemon(client, DaemonOptions(once=True)).run()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import platform
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from backends import Budget, get_backend
+from tunecache.client import Client
+from tunecache.device import local_device
+from tunecache.errors import InvalidInput, ServerError, TuningError
+from tunecache.kernels import BACKENDS
+from tunecache.key import DEVICE_KINDS, Key, key_for
+from tunecache.schemas import JobPublic
+from tuner.harness import Harness
+from tuner.tune import TuneOptions, tune
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DaemonOptions:
+    """How a daemon works: its device, backends, budget, lease and polling.
+
+    Attributes:
+        device: ``"cpu"`` or ``"cuda"`` (device 0; set ``CUDA_VISIBLE_DEVICES`` per daemon).
+        backends: the backends to take jobs for; default: those installed that run on
+            ``device`` (Triton only on a GPU: its interpreter cannot time).
+        once: stop when no job is left, instead of polling.
+    """
+
+    device: str = "cpu"
+    backends: tuple[str, ...] | None = None
+    trials: int = 32
+    strategy: str | None = None
+    lease_seconds: float = 300.0
+    poll_seconds: float = 5.0
+    once: bool = False
+    workers: int | None = None
+
+
+def runnable_backends(device: str, wanted: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The backends installed here whose kernels run on ``device`` (of ``wanted``, if given)."""
+    chosen = []
+    for name in wanted or BACKENDS:
+        if DEVICE_KINDS.get(name) != device:
+            continue
+        backend = get_backend(name)
+        reason = backend.unavailable_reason() or backend.measures_meaningfully()
+        if reason is None:
+            chosen.append(name)
+        else:
+            logger.info("not taking %s jobs: %s", name, reason)
+    return tuple(chosen)
+
+
+@contextlib.contextmanager
+def leased(client: Client, job: JobPublic, worker: str, seconds: float) -> Iterator[None]:
+    """Renews ``job``'s lease every third of ``seconds`` while the block runs."""
+    done = threading.Event()
+
+    def renew() -> None:
+        while not done.wait(seconds / 3):
+            try:
+                client.heartbeat_job(job.id, worker, lease_seconds=seconds)
+            except ServerError as exc:
+                logger.warning("job %d: lease not renewed: %s", job.id, exc)
+
+    thread = threading.Thread(target=renew, daemon=True, name=f"lease-{job.id}")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=5)
+
+
+class Daemon:
+    """Claims, tunes, uploads and completes jobs until stopped (or, ``once``, out of jobs)."""
+
+    def __init__(self, client: Client, options: DaemonOptions) -> None:
+        self.client = client
+        self.options = options
+        self.worker = f"{platform.node()}:{os.getpid()}"
+        self.device = local_device(options.device)
+        self.backends = runnable_backends(options.device, options.backends)
+        self.stopping = threading.Event()
+        self.done: list[int] = []  # record ids stored, in order
+        self.failed: list[int] = []  # job ids given back as failed
+
+    def stop(self) -> None:
+        """Finish the current job, then stop."""
+        self.stopping.set()
+
+    def run(self) -> int:
+        """Works until stopped; returns how many jobs it completed."""
+        if not self.backends:
+            raise InvalidInput(f"no backend installed here runs on {self.options.device}")
+        arch = self.device.fingerprint.arch
+        logger.info("%s: taking %s jobs for %s", self.worker, ",".join(self.backends), arch)
+        with Harness(workers=self.options.workers) as harness:
+            while not self.stopping.is_set():
+                job = self.client.claim_job(self.worker, lease_seconds=self.options.lease_seconds,
+                                            device_arch=arch, backends=self.backends)  # fmt: skip
+                if job is None:
+                    if self.options.once:
+                        break
+                    self.stopping.wait(self.options.poll_seconds)
+                    continue
+                self.work(job, harness)
+        return len(self.done)
+
+    def local_key(self, job: JobPublic) -> Key:
+        """The job's key completed with this machine's device and environment."""
+        wanted = job.key
+        return key_for(wanted.kernel, wanted.backend, wanted.problem, wanted.dtype,
+                       device=self.device)  # fmt: skip
+
+    def work(self, job: JobPublic, harness: Harness) -> None:
+        """Tunes one claimed job, uploads the winner and completes it (or fails it, saying why)."""
+        started = time.perf_counter()
+        logger.info("job %d: claimed %s (attempt %d of %d)", job.id, job.key.to_key().short(),
+                    job.attempts, job.max_attempts)  # fmt: skip
+        try:
+            key = self.local_key(job)
+            options = TuneOptions(strategy=self.options.strategy, workers=self.options.workers)
+            with leased(self.client, job, self.worker, self.options.lease_seconds):
+                outcome = tune(key, Budget(trials=self.options.trials), options, harness=harness)
+            stored = self.client.upload(outcome.record)
+        except (InvalidInput, TuningError, ServerError) as exc:
+            logger.warning("job %d: failed: %s", job.id, exc)
+            self.failed.append(job.id)
+            with contextlib.suppress(ServerError):
+                self.client.fail_job(job.id, self.worker, f"{type(exc).__name__}: {exc}")
+            return
+        try:
+            self.client.complete_job(job.id, self.worker, stored.record_id)
+        except ServerError as exc:  # the lease was lost: the record stays, the job is redone
+            logger.warning("job %d: record #%d stored, job not completed: %s", job.id,
+                           stored.record_id, exc)  # fmt: skip
+            return
+        self.done.append(stored.record_id)
+        logger.info("job %d: stored record #%d in %.1f s", job.id, stored.record_id,
+                    time.perf_counter() - started)  # fmt: skip
