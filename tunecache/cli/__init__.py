@@ -13,10 +13,12 @@ import sys
 from collections.abc import Sequence
 
 from tunecache.cli import (
+    coverage,
     daemon,
     db,
     demo,
     get,
+    pretune,
     replay,
     serve,
     snapshot,
@@ -29,7 +31,9 @@ from tunecache.errors import InvalidInput, ServerError, TuningError
 
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
-COMMANDS = (serve, db, token, tune, get, replay, workloads, demo, snapshot, sync, daemon)
+COMMANDS = (
+    serve, db, token, tune, get, replay, workloads, demo, snapshot, sync, daemon, pretune, coverage,
+)  # fmt: skip
 
 
 class _Parser(argparse.ArgumentParser):

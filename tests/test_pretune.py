@@ -1,0 +1,109 @@
+"""Pre-tune manifests, coverage and two daemons sharing the queue, against a real server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer
+from tunecache.errors import InvalidInput
+from tunecache.manifest import parse_manifest
+from tunecache.presets import preset_problems
+
+REPO = Path(__file__).resolve().parent.parent
+EIGHT_KEYS = """
+policy = "compatible"
+
+[[tune]]
+kernel = "matmul"
+backends = ["tvm", "inductor"]
+shapes = [{M = 8, N = 16, K = 16}, {M = 12, N = 16, K = 16}, {M = 24, N = 16, K = 16},
+          {M = 40, N = 16, K = 16}]
+trials = 2
+"""
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "tunecache.cli", *args], capture_output=True,
+                          text=True, timeout=900, cwd=REPO, env=env or dict(os.environ))  # fmt: skip
+
+
+def test_presets_give_the_models_gemms_and_norms() -> None:
+    llama = preset_problems("llama3-8b", tokens=[16], tp=2)
+    assert llama["matmul"] == [{"M": 16, "N": 3072, "K": 4096}, {"M": 16, "N": 4096, "K": 2048},
+                               {"M": 16, "N": 14336, "K": 4096}, {"M": 16, "N": 4096, "K": 7168}]  # fmt: skip
+    assert llama["rmsnorm"] == [{"M": 16, "N": 4096}]
+    mixtral = preset_problems("mixtral-8x7b", tokens=[64])["matmul"]
+    assert {"M": 16, "N": 28672, "K": 4096} in mixtral  # 64 tokens x top-2 of 8 experts: 16 each
+    assert len(preset_problems("llama3-70b", tokens=[1, 2048])["matmul"]) == 8
+
+
+BAD = [
+    ('[[tune]]\nkernel = "conv9d"\nbackends = ["tvm"]\nshapes = [{M = 8}]\n', "line 1: unknown kernel 'conv9d'"),
+    ('\n\n[[tune]]\npreset = "gpt-9"\nbackends = ["tvm"]\n', "line 3: unknown preset 'gpt-9'"),
+    ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8}]\n', "line 1: matmul takes shape parameters M, N, K: missing K"),
+    ('[[tune]]\nkernel = "matmul"\nshapes = [{M = 8, N = 8, K = 8}]\n', "line 1: backends must be a non-empty list"),
+    ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}]\ntrials = 0\n', "line 1: trials=0 must be a positive integer"),
+    ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}]\n[[tune]]\nkernel = "softmax"\nbackends = ["tvm"]\nshapes = [{M = -1, N = 8}]\n', "line 5: problem: M=-1 is outside"),
+    ("kernel = [", "not TOML"),
+    ("policy = 'loose'\n[[tune]]\n", "policy 'loose'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "message"), BAD)
+def test_a_bad_manifest_names_its_line(text: str, message: str) -> None:
+    with pytest.raises(InvalidInput) as raised:
+        parse_manifest(text)
+    assert message in str(raised.value)
+
+
+def test_a_bad_manifest_or_no_token_queues_nothing(server: LiveServer, tmp_path: Path) -> None:
+    import os
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text(BAD[5][0])
+    done = cli("pretune", str(bad), "--server", server.url, "--no-wait")
+    assert done.returncode == 2 and "line 5" in done.stderr
+    good = tmp_path / "good.toml"
+    good.write_text(EIGHT_KEYS)
+    env = {k: v for k, v in os.environ.items() if k != "TUNECACHE_TOKEN"}
+    done = cli("pretune", str(good), "--server", server.url, "--no-wait", env=env)
+    assert done.returncode == 2 and "'write' scope" in done.stderr
+    assert httpx.get(f"{server.url}/v1/jobs").json()["count"] == 0
+
+
+@pytest.mark.slow
+def test_two_daemons_tune_every_key_of_a_manifest_exactly_once(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    manifest = tmp_path / "eight.toml"
+    manifest.write_text(EIGHT_KEYS)
+    before = cli("coverage", str(manifest), "--server", server.url)
+    assert before.returncode == 1 and "8 missing of 8 keys" in before.stdout
+    queued = cli("pretune", str(manifest), "--server", server.url, "--no-wait")
+    assert queued.returncode == 0 and "8 queued" in queued.stderr, queued.stderr
+    daemons = [
+        subprocess.Popen([sys.executable, "-m", "tunecache.cli", "daemon", "--once", "--server",
+                          server.url, "--trials", "2", "--workers", "1"], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]  # fmt: skip
+    reports = [d.communicate(timeout=900)[1] for d in daemons]
+    assert all(d.returncode == 0 for d in daemons), reports
+    jobs = httpx.get(f"{server.url}/v1/jobs").json()["items"]
+    assert len(jobs) == 8 and all(j["state"] == "done" and j["attempts"] == 1 for j in jobs)
+    owners = {j["lease_owner"] for j in jobs}
+    records = httpx.get(f"{server.url}/v1/records", params={"limit": 100}).json()["items"]
+    assert len(records) == 8 and all(r["validation"]["passed"] for r in records)  # once each
+    assert {j["record_id"] for j in jobs} == {r["id"] for r in records}
+    after = cli("coverage", str(manifest), "--server", server.url)
+    assert after.returncode == 0 and "8 tuned" in after.stdout, after.stdout
+    again = cli("pretune", str(manifest), "--server", server.url)
+    assert again.returncode == 0 and "8 tuned already, 0 queued" in again.stderr
+    assert len(owners) >= 1

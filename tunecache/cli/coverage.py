@@ -1,0 +1,56 @@
+"""``tunecache coverage MANIFEST``: which of a manifest's keys are tuned, stale, queued or missing.
+
+*tuned*: a winner serves the key under the manifest's version policy; *stale*: one serves it only
+when versions are ignored (tuned under other versions); *queued* / *failed*: a job holds it;
+*missing*: nothing. Exit 0 only when every key is tuned, 1 otherwise, 2 bad input, 3 unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from tunecache.cli.args import add_server, server_url
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("coverage", help="which of a manifest's keys are tuned")
+    parser.add_argument("manifest", type=Path, metavar="MANIFEST.toml")
+    parser.add_argument("--json", action="store_true", help="one JSON object per key")
+    add_server(parser)
+    parser.set_defaults(run=run)
+
+
+def state_of(key: Any, client: Any, anyway: Any, jobs: dict[str, Any]) -> str:
+    if client.fetch_answer(key) is not None:
+        return "tuned"
+    if anyway.fetch_answer(key) is not None:
+        return "stale"
+    job = jobs.get(key.digest())
+    if job is not None and job.state in ("queued", "running", "failed"):
+        return "failed" if job.state == "failed" else "queued"
+    return "missing"
+
+
+def run(args: argparse.Namespace) -> int:
+    from tunecache.cli.pretune import all_jobs
+    from tunecache.cli.table import render
+    from tunecache.client import Client
+    from tunecache.manifest import load_manifest
+
+    manifest = load_manifest(args.manifest)
+    url = server_url(args)
+    with Client(url, policy=manifest.policy) as client, Client(url, policy="any") as anyway:
+        jobs = all_jobs(client)
+        states = [(key, state_of(key, client, anyway, jobs)) for key in manifest.keys]
+    if args.json:
+        for key, state in states:
+            print(json.dumps({"key": key.short(), "digest": key.digest(), "state": state}))
+    else:
+        print(render(["key", "state"], [[key.short(), state] for key, state in states]))
+    totals = {s: sum(1 for _, st in states if st == s) for s in
+              ("tuned", "stale", "queued", "failed", "missing")}  # fmt: skip
+    print(", ".join(f"{n} {s}" for s, n in totals.items()) + f" of {len(states)} keys")
+    return 0 if totals["tuned"] == len(states) else 1

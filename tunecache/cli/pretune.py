@@ -1,0 +1,92 @@
+"""``tunecache pretune MANIFEST``: queue a manifest's keys as tuning jobs and follow them.
+
+Keys already tuned (under the manifest's version policy) or already queued are not queued again.
+Then it follows the jobs to the end with a progress line (daemons do the tuning), or, ``--local``,
+tunes them in this process; ``--no-wait`` only queues. Exit 0 when every job is done, 1 when some
+failed, 2 bad input (a bad manifest names its line; nothing is queued), 3 server unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tunecache.cli.args import add_server, server_url
+from tunecache.errors import InvalidInput
+from tunecache.settings import Settings
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("pretune", help="queue a manifest's keys as tuning jobs")
+    parser.add_argument("manifest", type=Path, metavar="MANIFEST.toml")
+    parser.add_argument("--local", action="store_true", help="tune the jobs in this process")
+    parser.add_argument("--no-wait", action="store_true", help="queue, do not follow")
+    parser.add_argument("--trials", type=int, default=32, help="--local: budget per key")
+    add_server(parser)
+    parser.set_defaults(run=run)
+
+
+def all_jobs(client: Any) -> dict[str, Any]:
+    """Every job on the server, by key hash."""
+    found: dict[str, Any] = {}
+    while True:
+        page = client.list_jobs(limit=1000, offset=len(found))
+        found.update({job.key_hash: job for job in page.items})
+        if not page.items or len(found) >= page.count:
+            return found
+
+
+def queue(client: Any, manifest: Any) -> tuple[list[str], int]:
+    """Queues the keys not tuned yet; returns the key hashes followed and how many were tuned."""
+    followed, tuned = [], 0
+    for key in manifest.keys:
+        if client.fetch_answer(key) is not None:
+            tuned += 1
+            continue
+        followed.append(client.create_job(key).job.key_hash)
+    return followed, tuned
+
+
+def follow(client: Any, hashes: list[str], poll: float = 2.0) -> int:
+    """Prints progress until every followed job is done or failed; returns the failures."""
+    wanted = set(hashes)
+    while True:
+        jobs = {h: j for h, j in all_jobs(client).items() if h in wanted}
+        states = [j.state for j in jobs.values()]
+        done, failed = states.count("done"), states.count("failed")
+        running = states.count("running")
+        print(f"\r{done}/{len(wanted)} done, {running} running, {failed} failed", end="",
+              file=sys.stderr, flush=True)  # fmt: skip
+        if done + failed == len(wanted):
+            print(file=sys.stderr)
+            return failed
+        time.sleep(poll)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tunecache.client import Client
+    from tunecache.manifest import load_manifest
+
+    manifest = load_manifest(args.manifest)  # a bad manifest stops here: nothing queued
+    if not Settings.from_env().token:
+        raise InvalidInput("queuing jobs needs a token with the 'write' scope in $TUNECACHE_TOKEN "
+                           "(tunecache token create --name NAME --scope write)")  # fmt: skip
+    with Client(server_url(args), policy=manifest.policy) as client:
+        hashes, tuned = queue(client, manifest)
+        print(f"{len(manifest.keys)} keys: {tuned} tuned already, {len(hashes)} queued",
+              file=sys.stderr)  # fmt: skip
+        if args.local and hashes:
+            from tuner.daemon import Daemon, DaemonOptions
+
+            for device in ("cpu", "cuda"):
+                try:
+                    Daemon(client, DaemonOptions(device=device, once=True,
+                                                 trials=args.trials)).run()  # fmt: skip
+                except InvalidInput as exc:  # no GPU, or no backend for it here
+                    print(f"not tuning {device} jobs here: {exc}", file=sys.stderr)
+        if args.no_wait or not hashes:
+            return 0
+        return 1 if follow(client, hashes) else 0

@@ -1,0 +1,147 @@
+"""Pre-tune manifests: which keys a deployment needs tuned, as a TOML file.
+
+::
+
+    arch = "sm_90"             # the target arch (default: this machine's, per backend)
+    policy = "compatible"      # which tuned versions count as tuned (coverage)
+
+    [[tune]]
+    kernel = "matmul"          # a built-in, or "package.module:Class"
+    backends = ["triton"]
+    dtypes = ["bfloat16"]
+    shapes = [{M = 16, N = 6144, K = 4096}]
+    trials = 64
+
+    [[tune]]
+    preset = "llama3-8b"       # the model's GEMMs and norms (tunecache.presets)
+    tokens = [16, 2048]
+    tp = 1
+    backends = ["triton"]
+    dtypes = ["bfloat16"]
+
+Every entry expands to keys (kernels × shapes × dtypes × backends); a key for an arch other than
+this machine's names the arch only (the daemon that tunes it completes it with its device). A bad
+entry is an error naming its line, before anything is queued.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tunecache.device import DeviceFingerprint, local_device
+from tunecache.errors import InvalidInput
+from tunecache.key import Key, device_kind, key_for
+from tunecache.policies import VERSION_POLICIES, VersionPolicy
+from tunecache.presets import preset_problems
+
+_ENTRY_FIELDS = {"kernel", "preset", "shapes", "tokens", "tp", "backends", "dtypes", "trials"}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The keys a manifest asks for, and the version policy that counts a key as tuned."""
+
+    keys: list[Key]
+    policy: VersionPolicy
+    trials: dict[str, int]  # key digest → the entry's budget
+
+
+def _lines(text: str) -> list[int]:
+    """The line number of each ``[[tune]]`` entry, in order."""
+    return [i + 1 for i, line in enumerate(text.splitlines()) if line.strip() == "[[tune]]"]
+
+
+def _device(arch: str | None, backend: str) -> Any:
+    """This machine's device for ``backend``, or a placeholder naming only ``arch``."""
+    kind = device_kind(backend)
+    if arch is None:
+        return local_device(kind)
+    here = None
+    with contextlib.suppress(InvalidInput):  # no GPU here: the key names the arch only
+        here = local_device("cuda" if arch.startswith("sm_") else "cpu").fingerprint
+    if here is not None and here.arch == arch:
+        return here
+    return DeviceFingerprint(kind="cuda" if arch.startswith("sm_") else "cpu", arch=arch,
+                             name="any", units=1)  # fmt: skip
+
+
+def _entry_keys(entry: Mapping[str, Any], arch: str | None) -> list[Key]:
+    unknown = sorted(set(entry) - _ENTRY_FIELDS)
+    if unknown:
+        raise InvalidInput(f"unknown fields {unknown}; known: {sorted(_ENTRY_FIELDS)}")
+    if ("kernel" in entry) == ("preset" in entry):
+        raise InvalidInput("give either kernel (with shapes) or preset (with tokens)")
+    backends, dtypes = entry.get("backends"), entry.get("dtypes", ["float32"])
+    if not isinstance(backends, list) or not backends or not isinstance(dtypes, list):
+        raise InvalidInput("backends must be a non-empty list (and dtypes a list)")
+    trials = entry.get("trials", 32)
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise InvalidInput(f"trials={trials!r} must be a positive integer")
+    if "preset" in entry:
+        problems = preset_problems(entry["preset"], tokens=entry.get("tokens", [1]),
+                                   tp=entry.get("tp", 1))  # fmt: skip
+    else:
+        shapes = entry.get("shapes")
+        if not isinstance(shapes, list) or not shapes:
+            raise InvalidInput("shapes must be a non-empty list of tables, e.g. [{M = 16}]")
+        problems = {entry["kernel"]: shapes}
+    keys = []
+    for kernel, shapes in problems.items():
+        for problem in shapes:
+            for backend in backends:
+                for dtype in dtypes:
+                    keys.append(key_for(kernel, backend, problem, dtype,
+                                        device=_device(arch, backend)))  # fmt: skip
+    return keys
+
+
+def parse_manifest(text: str, source: str = "manifest") -> Manifest:
+    """The keys of a manifest's text.
+
+    Raises:
+        InvalidInput: not TOML, or an entry that names an unknown kernel, preset, backend or
+            dtype, a bad shape, a missing field or a budget below 1 — naming the line.
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidInput(f"{source}: not TOML: {exc}") from None
+    policy = data.get("policy", "compatible")
+    if policy not in VERSION_POLICIES:
+        raise InvalidInput(f"{source}: policy {policy!r} is not one of {VERSION_POLICIES}")
+    arch = data.get("arch")
+    entries = data.get("tune")
+    if not isinstance(entries, list) or not entries:
+        raise InvalidInput(f"{source}: no [[tune]] entries")
+    lines = _lines(text)
+    keys: list[Key] = []
+    trials: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        where = f"{source}, line {lines[i]}" if i < len(lines) else f"{source}, entry {i + 1}"
+        try:
+            found = _entry_keys(entry, arch)
+        except InvalidInput as exc:
+            raise InvalidInput(f"{where}: {exc}") from None
+        for key in found:
+            if key.digest() not in trials:
+                keys.append(key)
+            trials[key.digest()] = int(entry.get("trials", 32))
+    return Manifest(keys=keys, policy=policy, trials=trials)
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Reads and parses a manifest file.
+
+    Raises:
+        InvalidInput: unreadable, or see :func:`parse_manifest`.
+    """
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"cannot read manifest {path}: {exc}") from None
+    return parse_manifest(text, str(path))
