@@ -38,11 +38,11 @@ def test_the_daemon_tunes_what_it_can_run_and_a_miss_becomes_a_hit(server: LiveS
     with Client(server.url) as client:
         client.create_job(queued)
         client.create_job(elsewhere)  # another arch and a GPU backend: never for this daemon
-        client.create_job(broken, max_attempts=1)
+        client.create_job(broken, max_attempts=2)
 
     done = daemon(server)
     assert done.returncode == 0, done.stderr
-    assert "2 jobs completed, 1 failed" in done.stderr
+    assert "2 jobs completed, 2 failed" in done.stderr  # the broken job: retried, then failed
 
     with Client(server.url) as client:
         jobs = {job.key.kernel + "/" + job.key.backend: job for job in client.list_jobs().items}
@@ -53,6 +53,7 @@ def test_the_daemon_tunes_what_it_can_run_and_a_miss_becomes_a_hit(server: LiveS
         "tests.no_such_module:Gone/tvm": "failed",
     }  # fmt: skip
     assert jobs["matmul/triton"].attempts == 0  # never claimed
+    assert jobs["tests.no_such_module:Gone/tvm"].attempts == 2  # up to its limit
     assert "cannot import 'tests.no_such_module'" in jobs["tests.no_such_module:Gone/tvm"].error
     assert (hit.source, hit.rule) == ("server", "exact")  # the miss, tuned by the daemon
     assert len(records) == 2 and all(r.validation.passed for r in records)
@@ -68,3 +69,61 @@ def test_the_daemon_refuses_to_start_without_a_write_token(server: LiveServer) -
     done = subprocess.run([sys.executable, "-m", "tunecache.cli", "daemon", "--once", "--server",
                            server.url], capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert done.returncode == 2 and "'write' scope" in done.stderr
+
+
+def _start(server: LiveServer, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tunecache.cli", "daemon", "--server",
+                             server.url, "--workers", "1", *args], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+
+
+def _wait_running(server: LiveServer, timeout: float = 120.0) -> dict:  # type: ignore[type-arg]
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = httpx.get(f"{server.url}/v1/jobs", params={"state": "running"}).json()["items"]
+        if running:
+            return running[0]  # type: ignore[no-any-return]
+        time.sleep(0.2)
+    raise AssertionError("no job started running")
+
+
+def test_a_killed_daemons_job_is_reclaimed_after_its_lease_and_finished(
+    server: LiveServer,
+) -> None:
+    import signal
+    import time
+
+    key = key_for("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32")
+    with Client(server.url) as client:
+        job = client.create_job(key).job
+    first = _start(server, "--trials", "16", "--lease", "3")
+    held = _wait_running(server)
+    first.send_signal(signal.SIGKILL)
+    first.communicate(timeout=30)
+    time.sleep(3.5)  # the lease expires: the job is claimable again
+    second = daemon(server, "--lease", "30")
+    assert second.returncode == 0 and "1 jobs completed" in second.stderr, second.stderr
+    with Client(server.url) as client:
+        finished = client.list_jobs().items[0]
+    assert finished.id == job.id and finished.state == "done" and finished.attempts == 2
+    assert finished.lease_owner != held["lease_owner"] and finished.record_id is not None
+
+
+def test_sigterm_lets_the_current_job_finish(server: LiveServer) -> None:
+    import signal
+
+    key = key_for("softmax", "inductor", {"M": 8, "N": 48}, "float32")
+    with Client(server.url) as client:
+        client.create_job(key)
+    worker = _start(server, "--trials", "2")
+    _wait_running(server)
+    worker.send_signal(signal.SIGTERM)
+    _, stderr = worker.communicate(timeout=300)
+    assert worker.returncode == 0 and "1 jobs completed" in stderr, stderr
+    with Client(server.url) as client:
+        (job,) = client.list_jobs().items
+    assert job.state == "done" and job.attempts == 1  # finished, not lost
