@@ -107,3 +107,31 @@ def test_two_daemons_tune_every_key_of_a_manifest_exactly_once(
     again = cli("pretune", str(manifest), "--server", server.url)
     assert again.returncode == 0 and "8 tuned already, 0 queued" in again.stderr
     assert len(owners) >= 1
+
+
+@pytest.mark.slow
+def test_ray_tasks_store_the_same_records_as_daemons(
+    server: LiveServer, shared_server: LiveServer, tmp_path: Path
+) -> None:
+    pytest.importorskip("ray")
+    manifest = tmp_path / "four.toml"
+    manifest.write_text(
+        EIGHT_KEYS.replace(", {M = 24, N = 16, K = 16},\n          {M = 40, N = 16, K = 16}", "")
+    )
+
+    def stored(url: str) -> set[tuple[str, str, str]]:
+        records = httpx.get(f"{url}/v1/records", params={"limit": 100}).json()["items"]
+        assert all(r["validation"]["passed"] for r in records)
+        return {(r["key"]["kernel"], r["key"]["backend"], str(sorted(r["key"]["problem"].items())))
+                for r in records}  # fmt: skip
+
+    on_ray = cli("pretune", str(manifest), "--server", server.url, "--ray", "--trials", "2")
+    assert on_ray.returncode == 0, on_ray.stderr
+    queued = cli("pretune", str(manifest), "--server", shared_server.url, "--no-wait")
+    assert queued.returncode == 0, queued.stderr
+    by_daemon = cli("daemon", "--once", "--server", shared_server.url, "--trials", "2",
+                    "--workers", "1")  # fmt: skip
+    assert by_daemon.returncode == 0, by_daemon.stderr
+    assert stored(server.url) == stored(shared_server.url) and len(stored(server.url)) == 4
+    jobs = httpx.get(f"{server.url}/v1/jobs").json()["items"]
+    assert all(j["state"] == "done" and j["attempts"] == 1 for j in jobs)  # once each

@@ -2,7 +2,8 @@
 
 Keys already tuned (under the manifest's version policy) or already queued are not queued again.
 Then it follows the jobs to the end with a progress line (daemons do the tuning), or, ``--local``,
-tunes them in this process; ``--no-wait`` only queues. Exit 0 when every job is done, 1 when some
+tunes them in this process, or, ``--ray [ADDRESS]``, as daemons running as Ray tasks
+(:mod:`tuner.fanout`); ``--no-wait`` only queues. Exit 0 when every job is done, 1 when some
 failed, 2 bad input (a bad manifest names its line; nothing is queued), 3 server unreachable.
 """
 
@@ -23,8 +24,11 @@ def register(commands: Any) -> None:
     parser = commands.add_parser("pretune", help="queue a manifest's keys as tuning jobs")
     parser.add_argument("manifest", type=Path, metavar="MANIFEST.toml")
     parser.add_argument("--local", action="store_true", help="tune the jobs in this process")
+    parser.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                        help="tune the jobs as Ray tasks (an existing cluster's address, or a "
+                        "local Ray instance without one)")  # fmt: skip
     parser.add_argument("--no-wait", action="store_true", help="queue, do not follow")
-    parser.add_argument("--trials", type=int, default=32, help="--local: budget per key")
+    parser.add_argument("--trials", type=int, default=32, help="--local, --ray: budget per key")
     add_server(parser)
     parser.set_defaults(run=run)
 
@@ -87,6 +91,13 @@ def run(args: argparse.Namespace) -> int:
                                                  trials=args.trials)).run()  # fmt: skip
                 except InvalidInput as exc:  # no GPU, or no backend for it here
                     print(f"not tuning {device} jobs here: {exc}", file=sys.stderr)
+        if args.ray and hashes:
+            from tuner.fanout import drain_on_ray
+
+            address = None if args.ray == "local" else args.ray
+            stored = drain_on_ray(client.url, Settings.from_env().token, address=address,
+                                  trials=args.trials)  # fmt: skip
+            print(f"ray tasks stored {len(stored)} records", file=sys.stderr)
         if args.no_wait or not hashes:
             return 0
         return 1 if follow(client, hashes) else 0

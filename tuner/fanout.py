@@ -1,0 +1,65 @@
+"""Fan-out on Ray: the queue drained by daemons running as Ray tasks on a cluster.
+
+Each task is a :class:`~tuner.daemon.Daemon` with ``once=True`` on one device of whatever node
+Ray puts it on: it claims the jobs that node can run, tunes, uploads and completes them like any
+daemon, so the server's queue still guarantees each key is tuned once, and Ray tasks and daemons
+can drain one queue together. GPU tasks ask Ray for ``num_gpus=1`` (one per GPU of the
+cluster), CPU tasks for one CPU each.
+
+Example:
+    >>> drain_on_ray("http://cache:8765", token, address="auto")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def _drain(url: str, token: str | None, device: str, trials: int) -> list[int]:
+    """One task: a daemon on this node's ``device`` until the queue has nothing it can run."""
+    from tunecache.client import Client
+    from tunecache.errors import InvalidInput
+    from tuner.daemon import Daemon, DaemonOptions
+
+    with Client(url, token=token or "") as client:
+        try:
+            daemon = Daemon(client, DaemonOptions(device=device, once=True, trials=trials,
+                                                  workers=1))  # fmt: skip
+            daemon.run()
+        except InvalidInput as exc:  # nothing this node can run on that device
+            logger.info("ray task on %s: %s", device, exc)
+            return []
+    return daemon.done
+
+
+def drain_on_ray(url: str, token: str | None, *, address: str | None = None,
+                 trials: int = 32, cpu_tasks: int | None = None) -> list[int]:  # fmt: skip
+    """Drains the server's queue with daemons as Ray tasks; returns the record ids stored.
+
+    Args:
+        address: an existing Ray cluster (``ray://…`` or ``auto``); ``None`` starts a local one.
+        cpu_tasks: CPU daemons to run (default: the cluster's CPUs); GPU daemons: one per GPU.
+    """
+    import ray
+
+    # The tasks import the caller's kernels ("package.module:Class") from its directory too.
+    runtime_env: dict[str, Any] = {"env_vars": {"PYTHONPATH": os.getcwd()}}
+    ray.init(address=address, runtime_env=runtime_env, include_dashboard=False,
+             log_to_driver=False, ignore_reinit_error=True)  # fmt: skip
+    try:
+        resources = ray.cluster_resources()
+        task = ray.remote(_drain)
+        cpus = cpu_tasks or max(1, int(resources.get("CPU", 1)))
+        refs = [task.options(num_cpus=1).remote(url, token, "cpu", trials) for _ in range(cpus)]
+        gpus = int(resources.get("GPU", 0))
+        refs += [task.options(num_gpus=1).remote(url, token, "cuda", trials) for _ in range(gpus)]
+        stored: list[int] = []
+        for done in ray.get(refs):
+            stored += done
+        return stored
+    finally:
+        ray.shutdown()
