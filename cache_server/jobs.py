@@ -27,13 +27,16 @@ def enqueue(
     priority: int = 0,
     max_attempts: int = 3,
     source: str = "api",
+    strategy: str | None = None,
+    trials: int | None = None,
 ) -> tuple[JobRow, bool]:
     """Queues a job for ``key_hash`` unless one exists; returns it and whether it is new."""
     now = utcnow()
     stmt = upsert_insert(session, JobRow).values(
         key_hash=key_hash, key=key, state="queued", priority=priority, source=source,
         attempts=0, max_attempts=max_attempts, error="", created_at=now, updated_at=now,
-        backend=key["backend"], device_arch=key["device"]["arch"],
+        backend=key["backend"], device_arch=key["device"]["arch"], strategy=strategy,
+        trials=trials,
     )  # fmt: skip
     new_id = session.execute(
         stmt.on_conflict_do_nothing(index_elements=["key_hash"]).returning(JobRow.id)

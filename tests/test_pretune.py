@@ -50,6 +50,7 @@ BAD = [
     ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8}]\n', "line 1: matmul takes shape parameters M, N, K: missing K"),
     ('[[tune]]\nkernel = "matmul"\nshapes = [{M = 8, N = 8, K = 8}]\n', "line 1: backends must be a non-empty list"),
     ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}]\ntrials = 0\n', "line 1: trials=0 must be a positive integer"),
+    ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}]\nbudget = 3\n', "line 1: unknown fields ['budget']"),
     ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}]\n[[tune]]\nkernel = "softmax"\nbackends = ["tvm"]\nshapes = [{M = -1, N = 8}]\n', "line 5: problem: M=-1 is outside"),
     ("kernel = [", "not TOML"),
     ("policy = 'loose'\n[[tune]]\n", "policy 'loose'"),
@@ -67,7 +68,7 @@ def test_a_bad_manifest_or_no_token_queues_nothing(server: LiveServer, tmp_path:
     import os
 
     bad = tmp_path / "bad.toml"
-    bad.write_text(BAD[5][0])
+    bad.write_text(next(text for text, message in BAD if "line 5:" in message))
     done = cli("pretune", str(bad), "--server", server.url, "--no-wait")
     assert done.returncode == 2 and "line 5" in done.stderr
     good = tmp_path / "good.toml"
@@ -98,6 +99,7 @@ def test_two_daemons_tune_every_key_of_a_manifest_exactly_once(
     assert all(d.returncode == 0 for d in daemons), reports
     jobs = httpx.get(f"{server.url}/v1/jobs").json()["items"]
     assert len(jobs) == 8 and all(j["state"] == "done" and j["attempts"] == 1 for j in jobs)
+    assert all(j["trials"] == 2 for j in jobs)  # the manifest's budget travels with the job
     owners = {j["lease_owner"] for j in jobs}
     records = httpx.get(f"{server.url}/v1/records", params={"limit": 100}).json()["items"]
     assert len(records) == 8 and all(r["validation"]["passed"] for r in records)  # once each

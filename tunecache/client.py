@@ -236,9 +236,19 @@ class Client:
             raise ServerError(f"POST /v1/misses gave a bad answer: {exc}") from exc
 
     # -- the job queue (tuning workers) -------------------------------------------------------
-    def create_job(self, key: Key, *, priority: int = 0, max_attempts: int = 3) -> JobEnqueued:
-        """Queues a tuning job for ``key`` (one per key: an existing one is answered)."""
-        body = JobCreate(key=KeyModel.from_key(key), priority=priority, max_attempts=max_attempts)
+    def create_job(
+        self,
+        key: Key,
+        *,
+        priority: int = 0,
+        max_attempts: int = 3,
+        strategy: str | None = None,
+        trials: int | None = None,
+    ) -> JobEnqueued:
+        """Queues a tuning job for ``key`` (one per key: an existing one is answered), tuned with
+        ``strategy`` and ``trials`` (unset: the worker's own)."""
+        body = JobCreate(key=KeyModel.from_key(key), priority=priority, max_attempts=max_attempts,
+                         strategy=strategy, trials=trials)  # fmt: skip
         json = body.model_dump(mode="json", by_alias=True)
         return self._job("POST", "/v1/jobs", JobEnqueued, json=json)
 

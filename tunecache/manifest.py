@@ -10,7 +10,7 @@
     backends = ["triton"]
     dtypes = ["bfloat16"]
     shapes = [{M = 16, N = 6144, K = 4096}]
-    trials = 64
+    trials = 64                # the budget; strategy = "optuna" picks the search (optional)
 
     [[tune]]
     preset = "llama3-8b"       # the model's GEMMs and norms (tunecache.presets)
@@ -39,7 +39,9 @@ from tunecache.key import Key, device_kind, key_for
 from tunecache.policies import VERSION_POLICIES, VersionPolicy
 from tunecache.presets import preset_problems
 
-_ENTRY_FIELDS = {"kernel", "preset", "shapes", "tokens", "tp", "backends", "dtypes", "trials"}
+_ENTRY_FIELDS = {
+    "kernel", "preset", "shapes", "tokens", "tp", "backends", "dtypes", "trials", "strategy",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class Manifest:
 
     keys: list[Key]
     policy: VersionPolicy
-    trials: dict[str, int]  # key digest → the entry's budget
+    budgets: dict[str, tuple[str | None, int]]  # key digest → the entry's (strategy, trials)
 
 
 def _lines(text: str) -> list[int]:
@@ -82,6 +84,9 @@ def _entry_keys(entry: Mapping[str, Any], arch: str | None) -> list[Key]:
     trials = entry.get("trials", 32)
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise InvalidInput(f"trials={trials!r} must be a positive integer")
+    strategy = entry.get("strategy")
+    if strategy is not None and (not isinstance(strategy, str) or not strategy.isidentifier()):
+        raise InvalidInput(f"strategy={strategy!r} is not a strategy name")
     if "preset" in entry:
         problems = preset_problems(entry["preset"], tokens=entry.get("tokens", [1]),
                                    tp=entry.get("tp", 1))  # fmt: skip
@@ -120,7 +125,7 @@ def parse_manifest(text: str, source: str = "manifest") -> Manifest:
         raise InvalidInput(f"{source}: no [[tune]] entries")
     lines = _lines(text)
     keys: list[Key] = []
-    trials: dict[str, int] = {}
+    budgets: dict[str, tuple[str | None, int]] = {}
     for i, entry in enumerate(entries):
         where = f"{source}, line {lines[i]}" if i < len(lines) else f"{source}, entry {i + 1}"
         try:
@@ -128,10 +133,10 @@ def parse_manifest(text: str, source: str = "manifest") -> Manifest:
         except InvalidInput as exc:
             raise InvalidInput(f"{where}: {exc}") from None
         for key in found:
-            if key.digest() not in trials:
+            if key.digest() not in budgets:
                 keys.append(key)
-            trials[key.digest()] = int(entry.get("trials", 32))
-    return Manifest(keys=keys, policy=policy, trials=trials)
+            budgets[key.digest()] = (entry.get("strategy"), int(entry.get("trials", 32)))
+    return Manifest(keys=keys, policy=policy, budgets=budgets)
 
 
 def load_manifest(path: Path) -> Manifest:

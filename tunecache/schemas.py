@@ -313,11 +313,18 @@ class Health(_Strict):
 JobState = Literal["queued", "running", "done", "failed"]
 
 
+JobStrategy = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z_]+$")]
+JobTrials = Annotated[int, Field(strict=True, ge=1, le=1_000_000)]
+
+
 class JobCreate(_Strict):
     key: KeyModel
     priority: Annotated[int, Field(strict=True, ge=-1000, le=1000)] = 0
     max_attempts: Annotated[int, Field(strict=True, ge=1, le=100)] = 3
     source: Annotated[str, Field(max_length=32, pattern=r"^[a-z_]+$")] = "api"
+    # How to tune it (a strategy name, a budget in trials); unset: the worker's own.
+    strategy: JobStrategy | None = None
+    trials: JobTrials | None = None
 
 
 class JobPublic(_Strict):
@@ -335,6 +342,8 @@ class JobPublic(_Strict):
     record_id: int | None
     created_at: datetime
     updated_at: datetime
+    strategy: str | None = None
+    trials: int | None = None
 
 
 class JobEnqueued(_Strict):

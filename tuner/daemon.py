@@ -142,9 +142,11 @@ class Daemon:
                     job.attempts, job.max_attempts)  # fmt: skip
         try:
             key = self.local_key(job)
-            options = TuneOptions(strategy=self.options.strategy, workers=self.options.workers)
+            strategy = job.strategy or self.options.strategy  # the job's, else the daemon's
+            budget = Budget(trials=job.trials or self.options.trials)
+            options = TuneOptions(strategy=strategy, workers=self.options.workers)
             with leased(self.client, job, self.worker, self.options.lease_seconds):
-                outcome = tune(key, Budget(trials=self.options.trials), options, harness=harness)
+                outcome = tune(key, budget, options, harness=harness)
             stored = self.client.upload(outcome.record)
         except (InvalidInput, TuningError, ServerError) as exc:
             logger.warning("job %d: failed: %s", job.id, exc)

@@ -50,7 +50,9 @@ def queue(client: Any, manifest: Any) -> tuple[list[str], int]:
         if client.fetch_answer(key) is not None:
             tuned += 1
             continue
-        followed.append(client.create_job(key).job.key_hash)
+        strategy, trials = manifest.budgets[key.digest()]
+        job = client.create_job(key, strategy=strategy, trials=trials).job
+        followed.append(job.key_hash)
     return followed, tuned
 
 

@@ -54,6 +54,8 @@ def create_job(request: JobCreate, session: SessionDep, response: Response) -> J
         priority=request.priority,
         max_attempts=request.max_attempts,
         source=request.source,
+        strategy=request.strategy,
+        trials=request.trials,
     )
     if not created:
         response.status_code = status.HTTP_200_OK

@@ -1,4 +1,5 @@
-"""Jobs say what can run them: the backend and the device arch, as columns a claim filters on.
+"""Jobs say what can run them (the backend and the device arch, as columns a claim filters on)
+and how to tune them (the search strategy and the budget in trials; unset: the worker's own).
 
 Revision ID: 0005
 Revises: 0004
@@ -19,6 +20,8 @@ depends_on = None
 def upgrade() -> None:
     op.add_column("jobs", sa.Column("backend", sa.String(16), nullable=True))
     op.add_column("jobs", sa.Column("device_arch", sa.String(128), nullable=True))
+    op.add_column("jobs", sa.Column("strategy", sa.String(64), nullable=True))
+    op.add_column("jobs", sa.Column("trials", sa.Integer(), nullable=True))
     jobs = sa.table(
         "jobs", sa.column("id", sa.Integer), sa.column("key", sa.JSON),
         sa.column("backend", sa.String), sa.column("device_arch", sa.String),
@@ -32,5 +35,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_index("ix_jobs_target", table_name="jobs")
+    op.drop_column("jobs", "trials")
+    op.drop_column("jobs", "strategy")
     op.drop_column("jobs", "device_arch")
     op.drop_column("jobs", "backend")
