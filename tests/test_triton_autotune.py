@@ -66,6 +66,13 @@ def test_tuned_once_then_launched_with_zero_benchmarking_everywhere(
     assert offline == {"bench": 0, "config": tuned["config"]}
 
 
+def test_a_malformed_setting_never_breaks_the_users_code() -> None:
+    env = {"TUNECACHE_URL": dead_url(), "TUNECACHE_TIMEOUT": "soon", "TEST_ON_MISS": "default"}
+    result, stderr = run(env)
+    assert result == {"bench": 0, "config": {"BLOCK": 16, "num_warps": 1, "num_stages": 3}}
+    assert stderr.count("TUNECACHE_TIMEOUT='soon'") == 1 and "Traceback" not in stderr
+
+
 def test_server_down_runs_the_first_config_after_one_warning() -> None:
     result, stderr = run({"TUNECACHE_URL": dead_url(), "TEST_ON_MISS": "default"})
     assert result == {"bench": 0, "config": {"BLOCK": 16, "num_warps": 1, "num_stages": 3}}

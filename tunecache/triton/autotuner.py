@@ -49,9 +49,22 @@ OnMiss = Literal["tune", "default"]
 
 
 @functools.cache
+def settings() -> Settings:
+    """The environment's settings, read once; the defaults (one warning) when a variable is
+    malformed: a bad ``TUNECACHE_*`` value must not break the user's import or launch."""
+    try:
+        return Settings.from_env()
+    except ValueError as exc:
+        logger.warning("tunecache.triton: %s; using the default settings", exc)
+        return Settings()
+
+
+@functools.cache
 def shared_client(url: str | None, snapshot: Path | None, policy: VersionPolicy) -> Client:
     """One client per process and settings, shared by every decorated kernel."""
-    return Client(url, snapshot=snapshot, policy=policy, report_misses=True)
+    found = settings()
+    return Client(url or found.url, timeout=found.timeout, token=found.token or "",
+                  snapshot=snapshot, policy=policy, report_misses=True)  # fmt: skip
 
 
 def _launch_config(config: dict[str, Any]) -> Config:
@@ -159,7 +172,7 @@ class CachedAutotuner(Autotuner):
         if record is None:
             self._warn_once("timing", f"{key.short()}: no usable timings; not uploaded")
             return
-        if not Settings.from_env().token:
+        if not settings().token:
             logger.info("%s: tuned here; not uploaded (no TUNECACHE_TOKEN)", key.short())
             return
         try:
@@ -244,11 +257,11 @@ def autotune(
     """
     if on_miss not in ("tune", "default"):
         raise InvalidInput(f"on_miss={on_miss!r}: expected 'tune' or 'default'")
-    settings = Settings.from_env()
-    where = Path(snapshot) if snapshot is not None else settings.snapshot
+    found = settings()
+    where = Path(snapshot) if snapshot is not None else found.snapshot
 
     def decorator(fn: Any) -> CachedAutotuner:
-        return CachedAutotuner(fn, fn.arg_names, configs, key, url=url or settings.url,
+        return CachedAutotuner(fn, fn.arg_names, configs, key, url=url or found.url,
                                snapshot=where, policy=policy, on_miss=on_miss,
                                reference=reference, **options)  # fmt: skip
 
