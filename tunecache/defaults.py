@@ -10,6 +10,15 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+# ‖out − ref‖ / ‖ref‖ a correct kernel stays under, per dtype (DESIGN.md, "Correct first"): the
+# tuner's checks of built-in and users' kernels and tunecache.triton's check of a tuned winner.
+TOLERANCES: dict[str, float] = {
+    "float64": 1e-9,
+    "float32": 1e-4,
+    "bfloat16": 2e-2,
+    "float16": 5e-3,
+}
+
 BACKEND_DEFAULTS: dict[str, dict[str, Any]] = {
     "tvm": {"schedule": "default"},  # the unscheduled PrimFunc
     "inductor": {"mode": "default"},  # torch.compile without max-autotune

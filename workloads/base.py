@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from tunecache.defaults import default_config
+from tunecache.defaults import TOLERANCES, default_config
 from tunecache.errors import InvalidInput
 from tunecache.kernels import KernelSpec, Shape, register
 
@@ -42,13 +42,6 @@ if TYPE_CHECKING:
     from tunecache.device import DeviceLimits
     from tunecache.space import Config, SearchSpace
 
-# ‖out − ref‖ / ‖ref‖ a correct kernel stays under, per dtype (DESIGN.md, "Correct first").
-TOLERANCES: dict[str, float] = {
-    "float64": 1e-9,
-    "float32": 1e-4,
-    "bfloat16": 2e-2,
-    "float16": 5e-3,
-}
 # Inputs are drawn from U(low, high) with a random sign: never zero, never a constant.
 INPUT_LOW, INPUT_HIGH = 0.1, 1.0
 

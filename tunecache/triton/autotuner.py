@@ -23,6 +23,7 @@ from triton import Config
 from triton.runtime.autotuner import Autotuner
 
 from tunecache.client import Client
+from tunecache.defaults import TOLERANCES
 from tunecache.errors import InvalidInput, ServerError
 from tunecache.key import Key
 from tunecache.policies import VersionPolicy
@@ -35,7 +36,6 @@ from tunecache.triton.keys import (
 )
 from tunecache.triton.record import (
     SEED,
-    TOLERANCES,
     build_record,
     compare_outputs,
     config_json,
