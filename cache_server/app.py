@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from cache_server import tokens
 from cache_server.api import errors
 from cache_server.api.limits import BodySizeLimit
+from cache_server.api.routes import artifacts as artifact_routes
 from cache_server.api.routes import health, jobs, records, snapshots
 from cache_server.api.routes import tokens as token_routes
 from cache_server.db import make_engine, make_sessionmaker
@@ -60,6 +61,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(snapshots.router)
     app.include_router(token_routes.router)
+    app.include_router(artifact_routes.router)
 
     errors.install(app)
 

@@ -123,3 +123,25 @@ class TokenRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class ArtifactRow(Base):
+    """A backend's own JSON (Inductor choices, MetaSchedule records): :mod:`tunecache.artifacts`.
+
+    ``digest`` (SHA-256 of namespace, partition, key and item) is the one unique name an upsert
+    conflicts on; reads go by ``(namespace, partition, key)``.
+    """
+
+    __tablename__ = "artifacts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    namespace: Mapped[str] = mapped_column(String(32))
+    partition: Mapped[str] = mapped_column(String(256))
+    key: Mapped[str] = mapped_column(String(256))
+    item: Mapped[str] = mapped_column(String(128), default="")
+    value: Mapped[Any] = mapped_column(JSON)
+    score: Mapped[float | None] = mapped_column(Float, nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (Index("ix_artifacts_name", "namespace", "partition", "key"),)

@@ -28,6 +28,16 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from tunecache.artifacts import (
+    MAX_BATCH,
+    MAX_PAGE,
+    ArtifactBatch,
+    ArtifactIn,
+    ArtifactList,
+    ArtifactPublic,
+    ArtifactPutResult,
+    Namespace,
+)
 from tunecache.defaults import default_config
 from tunecache.errors import ServerError
 from tunecache.key import Key
@@ -355,6 +365,59 @@ class Client:
             return SnapshotImportResult.model_validate_json(response.content).model_dump()
         except ValidationError as exc:
             raise ServerError(f"POST /v1/snapshot gave a bad answer: {exc}") from exc
+
+    # -- artifacts: the integrations' own JSON (tunecache.inductor, tunecache.tvm) ----------
+    def put_artifacts(self, items: Sequence[ArtifactIn]) -> ArtifactPutResult:
+        """Stores ``items`` (in batches of :data:`~tunecache.artifacts.MAX_BATCH`).
+
+        Raises:
+            ServerError: the server is unreachable or rejected a batch; earlier batches stay.
+        """
+        stored = kept = 0
+        for start in range(0, len(items), MAX_BATCH):
+            batch = ArtifactBatch(items=list(items[start : start + MAX_BATCH]))
+            body = batch.model_dump(mode="json")
+            response = self._call("POST", "/v1/artifacts", json=body)
+            result = self._parse(ArtifactPutResult, response, "/v1/artifacts")
+            stored, kept = stored + result.stored, kept + result.kept
+        return ArtifactPutResult(stored=stored, kept=kept)
+
+    def get_artifacts(
+        self,
+        namespace: Namespace,
+        partition: str,
+        *,
+        key: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+    ) -> list[ArtifactPublic]:
+        """The items of a partition (every page), or of one key in it (best score first).
+
+        Args:
+            limit: at most this many items; a key's items come in one page of up to
+                :data:`~tunecache.artifacts.MAX_PAGE`.
+            timeout: seconds each request may take (default: the write timeout).
+
+        Raises:
+            ServerError: the server is unreachable, refused, or gave a bad answer.
+        """
+        wanted = MAX_PAGE if key is not None and limit is None else limit
+        http_timeout = None if timeout is None else httpx.Timeout(timeout)
+        items: list[ArtifactPublic] = []
+        after: int | None = None
+        while wanted is None or len(items) < wanted:
+            page_size = MAX_PAGE if wanted is None else min(MAX_PAGE, wanted - len(items))
+            params: dict[str, Any] = {"namespace": namespace, "partition": partition,
+                                      "limit": page_size}  # fmt: skip
+            params.update({"key": key} if key is not None else {})
+            params.update({"after": after} if after is not None else {})
+            response = self._call("GET", "/v1/artifacts", timeout=http_timeout, params=params)
+            page = self._parse(ArtifactList, response, "/v1/artifacts")
+            items.extend(page.items)
+            if page.next_after is None or key is not None:
+                break
+            after = page.next_after
+        return items
 
     # -- token management (needs a token with the admin scope) ---------------------------
     def create_token(self, name: str, scope: Scope) -> TokenCreated:

@@ -53,15 +53,20 @@ def server_url(args: argparse.Namespace) -> str:
     return url.rstrip("/")
 
 
-def add_key(parser: argparse.ArgumentParser, *, default_trials: bool = False) -> None:
+def add_key(parser: argparse.ArgumentParser, *, optional: bool = False) -> None:
+    """KERNEL, ``--backend``, ``--dtype``, ``--shape``; ``optional``: the command checks them."""
     parser.add_argument(
         "workload",
+        nargs="?" if optional else None,
+        metavar="KERNEL",
         help="a built-in kernel (see `tunecache workloads`) or your own, as package.module:Class",
     )
     # Backends and dtypes are checked by the workload, so the error names what it supports.
-    parser.add_argument("--backend", required=True, help=f"one of {', '.join(BACKENDS)}")
+    parser.add_argument("--backend", required=not optional, help=f"one of {', '.join(BACKENDS)}")
     parser.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
-    parser.add_argument("--shape", required=True, help="shape parameters, e.g. M=64,N=64,K=64")
+    parser.add_argument(
+        "--shape", required=not optional, help="shape parameters, e.g. M=64,N=64,K=64"
+    )
 
 
 def key_from_args(args: argparse.Namespace) -> Key:

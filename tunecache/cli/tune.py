@@ -13,8 +13,42 @@ from tunecache.settings import Settings
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser("tune", help="tune one key and upload the validated winner")
-    add_key(parser)
+    parser = commands.add_parser(
+        "tune",
+        help="tune one key and upload the validated winner",
+        description="Tune a kernel key (KERNEL --backend B --shape S), or your own torch code "
+        "(--torch FILE.py:NAME) or TVM module (--tvm FILE.py:NAME), and upload what was found.",
+    )
+    add_key(parser, optional=True)
+    own = parser.add_argument_group("your own code (instead of KERNEL)")
+    own.add_argument(
+        "--torch",
+        metavar="FILE.py:NAME",
+        help="a torch function or nn.Module class to compile with max-autotune",
+    )
+    own.add_argument(
+        "--tvm",
+        metavar="FILE.py:NAME",
+        help="a TVM PrimFunc or IRModule (TE or TVMScript) to tune with MetaSchedule",
+    )
+    own.add_argument(
+        "--inputs",
+        metavar="FUNC",
+        default="get_inputs",
+        help="the function in FILE.py returning the inputs (default: get_inputs)",
+    )
+    own.add_argument(
+        "--init-inputs",
+        metavar="FUNC",
+        default="get_init_inputs",
+        help="the function in FILE.py returning a module's constructor arguments "
+        "(default: get_init_inputs, when FILE.py has one)",
+    )
+    own.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        help="where to compile and run (default: cuda when a GPU is visible)",
+    )
     parser.add_argument(
         "--strategy",
         help="exhaustive, random, optuna, or the backend's own (the default where it has one: "
@@ -67,6 +101,30 @@ def _write_landscape(path: Path, outcome: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.torch and args.tvm:
+        raise InvalidInput("give one of --torch and --tvm, not both")
+    if args.torch or args.tvm:
+        if args.workload or args.backend or args.shape:
+            raise InvalidInput(
+                "--torch/--tvm tune your own code: leave out KERNEL, --backend and --shape"
+            )
+        if args.landscape:
+            raise InvalidInput("--landscape records a kernel key's space, not --torch/--tvm code")
+        if args.torch:
+            from tunecache.cli import tune_torch
+
+            return tune_torch.run(args)
+        from tunecache.cli import tune_tvm
+
+        return tune_tvm.run(args)
+    missing = [flag for flag, value in (("KERNEL", args.workload), ("--backend", args.backend),
+               ("--shape", args.shape)) if not value]  # fmt: skip
+    if missing:
+        raise InvalidInput(f"tune needs {', '.join(missing)} (or --torch / --tvm FILE.py:NAME)")
+    return _run_key(args)
+
+
+def _run_key(args: argparse.Namespace) -> int:
     from tunecache.cli.get import describe
     from tunecache.cli.progress import ProgressPrinter
     from tunecache.client import Client

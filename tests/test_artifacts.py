@@ -1,0 +1,124 @@
+"""The artifact store on a real server, SQLite and PostgreSQL: upsert by score, pages, refusals."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer
+from tests.factories import AUTH
+from tunecache.artifacts import MAX_BATCH, MAX_VALUE_BYTES, ArtifactIn
+from tunecache.client import Client
+from tunecache.errors import ServerError
+
+PART = "sys-abc|torch-2.13.0"
+
+
+def item(key: str, value: object, *, score: float | None = None, sub: str = "") -> ArtifactIn:
+    return ArtifactIn(namespace="tvm.record", partition=PART, key=key, item=sub, value=value,
+                      score=score)  # fmt: skip
+
+
+def test_items_round_trip_and_a_key_reads_best_score_first(any_server: LiveServer) -> None:
+    with Client(any_server.url) as client:
+        result = client.put_artifacts(
+            [item("w1", {"t": 3}, score=3.0, sub="a"), item("w1", {"t": 1}, score=1.0, sub="b"),
+             item("w1", ["unscored"], sub="c"), item("w2", {"t": 2}, score=2.0, sub="a")]
+        )  # fmt: skip
+        assert (result.stored, result.kept) == (4, 0)
+        got = client.get_artifacts("tvm.record", PART, key="w1")
+        assert [(a.item, a.value) for a in got] == [("b", {"t": 1}), ("a", {"t": 3}),
+                                                    ("c", ["unscored"])]  # fmt: skip
+        assert got[0].updated_at.tzinfo is not None
+        assert len(client.get_artifacts("tvm.record", PART)) == 4
+        assert client.get_artifacts("tvm.record", "another|partition") == []
+        assert client.get_artifacts("tvm.workload", PART) == []
+
+
+def test_a_scored_item_is_replaced_only_by_a_better_score(any_server: LiveServer) -> None:
+    with Client(any_server.url) as client:
+        client.put_artifacts([item("w", {"v": "first"}, score=2.0)])
+        worse = client.put_artifacts([item("w", {"v": "worse"}, score=5.0)])
+        assert (worse.stored, worse.kept) == (0, 1)
+        assert client.get_artifacts("tvm.record", PART, key="w")[0].value == {"v": "first"}
+        better = client.put_artifacts([item("w", {"v": "better"}, score=0.5)])
+        assert (better.stored, better.kept) == (1, 0)
+        assert client.get_artifacts("tvm.record", PART, key="w")[0].value == {"v": "better"}
+        client.put_artifacts([item("u", {"v": 1}), item("u", {"v": 2})])  # unscored: last wins
+        assert client.get_artifacts("tvm.record", PART, key="u")[0].value == {"v": 2}
+
+
+def test_concurrent_writers_leave_the_best_score(server: LiveServer) -> None:
+    scores = [float(s) for s in range(40, 0, -1)]
+
+    def put(score: float) -> None:
+        with Client(server.url) as client:
+            client.put_artifacts([item("race", {"score": score}, score=score)])
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(put, scores))
+    with Client(server.url) as client:
+        (stored,) = client.get_artifacts("tvm.record", PART, key="race")
+    assert stored.value == {"score": 1.0} and stored.score == 1.0
+
+
+def test_a_partition_larger_than_a_page_is_read_whole(server: LiveServer) -> None:
+    many = [item(f"k{i}", {"i": i}) for i in range(MAX_BATCH + 700)]
+    with Client(server.url) as client:
+        assert client.put_artifacts(many).stored == len(many)  # two batches
+        got = client.get_artifacts("tvm.record", PART)  # two pages
+        assert sorted(a.value["i"] for a in got) == list(range(len(many)))
+        assert len(client.get_artifacts("tvm.record", PART, limit=1100)) == 1100
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"items": [{"namespace": "fx.graph", "partition": "p", "key": "k", "value": {}}]},
+         "namespace"),
+        ({"items": [{"namespace": "tvm.record", "partition": "p", "key": "k", "value": "str"}]},
+         "value"),
+        ({"items": [{"namespace": "tvm.record", "partition": "p", "key": "k", "value": {},
+                     "score": -1}]}, "score"),
+        ({"items": [{"namespace": "tvm.record", "partition": "", "key": "k", "value": {}}]},
+         "partition"),
+        ({"items": [{"namespace": "tvm.record", "partition": "p", "key": "k\n", "value": {}}]},
+         "key"),
+        ({"items": [{"namespace": "tvm.record", "partition": "p", "key": "k",
+                     "value": {"x": "y" * MAX_VALUE_BYTES}}]}, "bytes"),
+        ({"items": []}, "items"),
+    ],
+)  # fmt: skip
+def test_malformed_items_are_refused_with_a_reason(
+    shared_server: LiveServer, body: dict[str, object], says: str
+) -> None:
+    response = httpx.post(f"{shared_server.url}/v1/artifacts", json=body, headers=AUTH)
+    assert response.status_code == 422
+    assert says in response.text
+
+
+def test_a_nan_score_and_an_unknown_read_are_refused(shared_server: LiveServer) -> None:
+    nan = ('{"items": [{"namespace": "tvm.record", "partition": "p", "key": "k", "value": {},'
+           ' "score": NaN}]}')  # fmt: skip
+    response = httpx.post(f"{shared_server.url}/v1/artifacts", content=nan,
+                          headers={**AUTH, "Content-Type": "application/json"})  # fmt: skip
+    assert response.status_code == 422
+    bad_read = httpx.get(f"{shared_server.url}/v1/artifacts", headers=AUTH,
+                         params={"namespace": "tvm.record", "partition": "p", "key": "k",
+                                 "after": 3})  # fmt: skip
+    assert bad_read.status_code == 422 and "after" in bad_read.text
+
+
+def test_writes_need_a_write_token(shared_server: LiveServer) -> None:
+    with Client(shared_server.url) as admin:
+        reader = admin.create_token("artifact-reader", "read").token
+    with Client(shared_server.url, token=reader) as client:
+        assert client.get_artifacts("inductor.choices", PART) == []
+        with pytest.raises(ServerError) as refused:
+            client.put_artifacts([item("k", {})])
+        assert refused.value.status_code == 403
+    with Client(shared_server.url, token="") as anonymous, pytest.raises(ServerError) as missing:
+        anonymous.put_artifacts([item("k", {})])
+    assert missing.value.status_code == 401

@@ -1,0 +1,84 @@
+"""Wire schemas of the artifact store: what the integrations share besides tuning records.
+
+Inductor's autotune choices and Triton best configs, and MetaSchedule's workloads and tuning
+records, are each a backend's own JSON: tunecache stores them as it gets them, in a namespace per
+kind, partitioned by what makes them valid (device and versions, or target and TVM version), under
+the backend's own key. Several items may share a key (a workload's tuning records); an item with a
+``score`` (lower is better: milliseconds, seconds) is replaced only by a better one.
+
+Only JSON crosses the wire, never pickles: a server must never be able to run code in a client.
+The reader still treats every value as untrusted (a hostile or broken server): the integrations
+check each one before handing it to their backend.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import Field, field_validator
+
+from tunecache.canonical import canonical_json
+from tunecache.errors import InvalidInput
+from tunecache.schemas import MAX_CONFIG_BYTES, MAX_ID, _Strict
+
+Namespace = Literal["inductor.choices", "inductor.autotune", "tvm.workload", "tvm.record"]
+NAMESPACES: tuple[str, ...] = get_args(Namespace)
+MAX_BATCH = 500  # items one request may put
+MAX_PAGE = 1000  # items one read may return
+MAX_VALUE_BYTES = MAX_CONFIG_BYTES
+_PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
+
+Partition = Annotated[str, Field(min_length=1, max_length=256, pattern=_PRINTABLE)]
+ArtifactKey = Annotated[str, Field(min_length=1, max_length=256, pattern=_PRINTABLE)]
+Item = Annotated[str, Field(max_length=128, pattern=r"^[^\x00-\x1f\x7f]*$")]
+Score = Annotated[float, Field(strict=True, ge=0, lt=1e12, allow_inf_nan=False)]
+
+
+class ArtifactIn(_Strict):
+    """One artifact to store: ``(namespace, partition, key, item)`` names it."""
+
+    namespace: Namespace
+    partition: Partition
+    key: ArtifactKey
+    item: Item = ""
+    value: dict[str, Any] | list[Any]
+    score: Score | None = None
+
+    @field_validator("value")
+    @classmethod
+    def _bounded(cls, value: Any) -> Any:
+        try:
+            size = len(canonical_json(value).encode())
+        except InvalidInput as exc:
+            raise ValueError(str(exc)) from None
+        if size > MAX_VALUE_BYTES:
+            raise ValueError(f"value is {size} bytes; the limit is {MAX_VALUE_BYTES}")
+        return value
+
+
+class ArtifactBatch(_Strict):
+    """What ``POST /v1/artifacts`` takes: up to :data:`MAX_BATCH` artifacts, stored together."""
+
+    items: Annotated[list[ArtifactIn], Field(min_length=1, max_length=MAX_BATCH)]
+
+
+class ArtifactPutResult(_Strict):
+    """``stored``: items written (new or replaced); ``kept``: items whose stored one was better."""
+
+    stored: int
+    kept: int
+
+
+class ArtifactPublic(ArtifactIn):
+    """A stored artifact, as the server returns it."""
+
+    id: Annotated[int, Field(ge=1, le=MAX_ID)]
+    updated_at: datetime
+
+
+class ArtifactList(_Strict):
+    """One page of artifacts; ``next_after`` is the ``after`` of the next page, or ``None``."""
+
+    items: list[ArtifactPublic]
+    next_after: int | None = None
