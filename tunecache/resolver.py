@@ -22,7 +22,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -34,7 +34,9 @@ from tunecache.rules import Rule, best
 from tunecache.schemas import RecordCreate, RecordPublic
 
 if TYPE_CHECKING:
+    from tunecache.best import BestBackend
     from tunecache.client import Client
+    from tunecache.device import Device, DeviceFingerprint
 
 logger = logging.getLogger(__name__)
 SourceName = Literal["memo", "snapshot", "server", "default"]
@@ -49,7 +51,8 @@ class LookupResult:
     ``record`` is the server's record on a memo or server hit; a snapshot hit has none (a snapshot
     holds the winners' data without server ids), but is still a :attr:`hit`. ``rule`` says which
     lookup rule matched (:mod:`tunecache.rules`: ``exact``, ``same_arch``, ``bucket``) and
-    ``policy`` under which version policy; both are ``None`` for the default.
+    ``policy`` under which version policy; both are ``None`` for the default. ``time_ms``,
+    ``device`` (``arch name``) and ``problem`` say what the served record was timed at, where.
     """
 
     config: dict[str, Any] | None
@@ -57,6 +60,20 @@ class LookupResult:
     record: RecordPublic | None = None
     rule: Rule | None = None
     policy: VersionPolicy | None = None
+    time_ms: float | None = None
+    device: str | None = None
+    problem: dict[str, Any] | None = None
+
+    @classmethod
+    def served(cls, record: RecordCreate, source: SourceName, rule: Rule | None,
+               policy: VersionPolicy | None) -> LookupResult:  # fmt: skip
+        """The answer that serves ``record`` (a server's :class:`RecordPublic` is kept)."""
+        device = record.key.device
+        return cls(
+            record.config, source, record if isinstance(record, RecordPublic) else None, rule,
+            policy, record.timing.median_ms, f"{device.arch} {device.name}",
+            dict(record.key.problem),
+        )  # fmt: skip
 
     @property
     def hit(self) -> bool:
@@ -119,7 +136,7 @@ class RecordsSource(Source):
             answer = None
             if found is not None:
                 record, rule = found
-                answer = LookupResult(record.config, self.name, None, rule, self.policy)
+                answer = LookupResult.served(record, self.name, rule, self.policy)
             self._answers[digest] = answer
         return self._answers[digest]
 
@@ -176,8 +193,7 @@ class ServerSource(Source):
             self._failed(exc)
             return None
         if answer is not None:
-            record = answer.record
-            return LookupResult(record.config, "server", record, answer.match, answer.policy)
+            return LookupResult.served(answer.record, "server", answer.match, answer.policy)
         with self._lock:
             self._misses[digest] = now + self.miss_ttl
         if self.report_misses:
@@ -262,6 +278,25 @@ class Resolver:
         if self.memo is not None and (found := self.memo.answers.get(key.digest())) is not None:
             return found
         return await asyncio.to_thread(self.resolve, key, default=default, fits=fits)
+
+    def best(
+        self,
+        kernel: Any,
+        problem: Mapping[str, Any],
+        dtype: str,
+        device: Device | DeviceFingerprint | str | None = None,
+        *,
+        backends: Sequence[str] | None = None,
+    ) -> BestBackend:
+        """The fastest validated backend for ``kernel`` at ``problem`` in ``dtype``, with the
+        others' times and whether they compare (:func:`tunecache.best.best_backend`).
+
+        Raises:
+            InvalidInput: an unknown kernel or backend, a malformed problem, an unsupported dtype.
+        """
+        from tunecache.best import best_backend
+
+        return best_backend(self, kernel, problem, dtype, device, backends=backends)
 
     def close(self) -> None:
         """Finishes every source's background work."""

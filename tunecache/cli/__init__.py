@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from tunecache.cli import (
+    best,
     coverage,
     daemon,
     db,
@@ -32,7 +33,8 @@ from tunecache.errors import InvalidInput, ServerError, TuningError
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
 COMMANDS = (
-    serve, db, token, tune, get, replay, workloads, demo, snapshot, sync, daemon, pretune, coverage,
+    serve, db, token, tune, get, best, replay, workloads, demo, snapshot, sync, daemon, pretune,
+    coverage,
 )  # fmt: skip
 
 

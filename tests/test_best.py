@@ -1,0 +1,120 @@
+"""``best``: the fastest validated backend of a kernel × problem × dtype, on a real server."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import LiveServer
+from tests.factories import make_record
+from tunecache import key_for
+from tunecache.client import Client
+from tunecache.errors import InvalidInput
+from tunecache.key import Key
+
+REPO = Path(__file__).resolve().parents[1]
+PROBLEM = {"M": 64, "N": 48, "K": 32}
+SHAPE = "M=64,N=48,K=32"
+# Triton keys name the CPU here (conftest runs Triton in its interpreter without a GPU), so the
+# three backends' records are timed on one device and compare.
+TIMES = {"tvm": 2.0, "inductor": 1.0, "triton": 3.0}
+
+
+def cli(server: LiveServer, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tunecache.cli", *args, "--server", server.url],
+        capture_output=True, text=True, timeout=300, cwd=REPO, env=dict(os.environ),
+    )  # fmt: skip
+
+
+def upload(server: LiveServer, key: Key, time_ms: float, *, passed: bool = True) -> None:
+    with Client(server.url) as client:
+        client.upload(make_record(key, time_ms=time_ms, passed=passed))
+
+
+@pytest.fixture
+def three(server: LiveServer) -> LiveServer:
+    """A server holding a validated matmul record of each backend, inductor the fastest."""
+    for backend, ms in TIMES.items():
+        upload(server, key_for("matmul", backend, PROBLEM, "float32"), ms)
+    return server
+
+
+def test_the_fastest_validated_backend_wins_with_the_others_beside_it(three: LiveServer) -> None:
+    # A faster record that failed validation is never served, so it cannot win.
+    upload(three, key_for("matmul", "triton", PROBLEM, "float32"), 0.1, passed=False)
+    with Client(three.url) as client:
+        answer = client.resolver.best("matmul", PROBLEM, "float32")
+    assert answer.backend == "inductor"
+    assert [(a.backend, a.time_ms) for a in answer.answers] == sorted(
+        TIMES.items(), key=lambda item: item[1]
+    )
+    assert answer.comparable and answer.note.startswith("all timed on")
+    assert {a.result.rule for a in answer.answers if a.result} == {"exact"}
+
+    shown = cli(three, "best", "matmul", "--shape", SHAPE)
+    assert shown.returncode == 0, shown.stderr
+    first = shown.stdout.splitlines()[0]
+    assert "fastest is inductor (1 ms), 2.00x faster than tvm" in first
+    as_json = json.loads(cli(three, "best", "matmul", "--shape", SHAPE, "--json").stdout)
+    assert as_json["backend"] == "inductor" and as_json["comparable"] is True
+    assert [a["backend"] for a in as_json["answers"]] == ["inductor", "tvm", "triton"]
+
+
+def test_times_from_another_device_are_flagged_not_comparable(server: LiveServer) -> None:
+    upload(server, key_for("matmul", "tvm", PROBLEM, "float32"), 2.0)
+    here = key_for("matmul", "inductor", PROBLEM, "float32")
+    other = dataclasses.replace(here.device, name="another-cpu-model")
+    upload(server, dataclasses.replace(here, device=other), 1.0)  # served by the same_arch rule
+    with Client(server.url) as client:
+        answer = client.resolver.best("matmul", PROBLEM, "float32", backends=["tvm", "inductor"])
+    assert answer.backend == "inductor"
+    assert not answer.comparable
+    assert "different devices" in answer.note and "another-cpu-model" in answer.note
+
+
+def test_a_backend_without_a_record_is_listed_with_why(server: LiveServer) -> None:
+    upload(server, key_for("matmul", "tvm", PROBLEM, "float32"), 2.0)
+    shown = cli(server, "best", "matmul", "--shape", SHAPE)
+    assert shown.returncode == 0
+    assert "only tvm has a validated record" in shown.stdout
+    assert shown.stdout.count("no validated record") == 2  # inductor and triton rows
+
+    nothing = cli(server, "best", "softmax", "--shape", "M=8,N=48")
+    assert nothing.returncode == 1
+    assert "no backend has a validated record" in nothing.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["best", "nosuchkernel", "--shape", SHAPE], "nosuchkernel"),
+        (["best", "matmul", "--shape", "M=64"], "matmul"),
+        (["best", "matmul", "--shape", SHAPE, "--backends", "cuda"], "unknown backend 'cuda'"),
+        (["best", "matmul", "--shape", SHAPE, "--dtype", "int8"], "no backend for int8"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    shared_server: LiveServer, args: list[str], says: str
+) -> None:
+    result = cli(shared_server, *args)
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_an_unreachable_server_is_exit_3(tmp_path: Path) -> None:
+    down = LiveServer(url="http://127.0.0.1:9", db="", db_path=None, process=None)  # type: ignore[arg-type]
+    result = cli(down, "best", "matmul", "--shape", SHAPE)
+    assert result.returncode == 3 and "Traceback" not in result.stderr
+
+
+def test_best_refuses_what_no_backend_could_serve() -> None:
+    with Client("http://127.0.0.1:9") as client, pytest.raises(InvalidInput, match="float64"):
+        client.resolver.best("matmul", PROBLEM, "float64", backends=["triton"])

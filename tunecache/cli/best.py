@@ -1,0 +1,100 @@
+"""``tunecache best``: the fastest validated backend for a kernel × shape × dtype on this machine.
+
+Exit codes: 0 a backend has a validated record, 1 none has, 2 bad input, 3 unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from tunecache.cli.args import add_server, parse_shape, server_url
+from tunecache.cli.table import ms, render
+from tunecache.key import DTYPES
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "best",
+        help="the fastest validated backend for a kernel, shape and dtype",
+        description="Looks the kernel up on every backend it has in the dtype and ranks the "
+        "validated records by median time. Times compare only when measured on one device at "
+        "one shape: the answer says when they were not.",
+    )
+    parser.add_argument("workload", metavar="KERNEL",
+                        help="a built-in kernel or your own, as package.module:Class")  # fmt: skip
+    parser.add_argument("--shape", required=True, help="shape parameters, e.g. M=64,N=64,K=64")
+    parser.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
+    parser.add_argument("--backends", metavar="B,B", help="only these backends (default: all)")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), help="every key's device (default: each backend's)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+    add_server(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tunecache.client import Client
+
+    problem = parse_shape(args.shape)
+    backends = [b.strip() for b in args.backends.split(",")] if args.backends else None
+    with Client(server_url(args)) as client:
+        client.health()  # an unreachable server is exit 3, not "no record" on every backend
+        answer = client.resolver.best(args.workload, problem, args.dtype, args.device,
+                                      backends=backends)  # fmt: skip
+    if args.json:
+        print(json.dumps(_as_json(answer), indent=2))
+    else:
+        print(_as_text(args.workload, args.shape, args.dtype, answer))
+    return 0 if answer.winner is not None else 1
+
+
+def _as_text(kernel: str, shape: str, dtype: str, answer: Any) -> str:
+    winner = answer.winner
+    best_ms = None if winner is None else winner.time_ms
+    head = f"{kernel} {shape} {dtype}: "
+    if winner is None:
+        head += "no backend has a validated record"
+    else:
+        head += f"fastest is {winner.backend} ({ms(best_ms)} ms)"
+        runner_up = answer.answers[1] if len(answer.answers) > 1 else None
+        if runner_up is not None and runner_up.time_ms is not None and best_ms:
+            head += f", {runner_up.time_ms / best_ms:.2f}x faster than {runner_up.backend}"
+    rows = []
+    for a in answer.answers:
+        result = a.result
+        if result is None:
+            rows.append([a.backend, "-", "-", "-", "-", a.why_not or ""])
+            continue
+        ratio = f"{a.time_ms / best_ms:.2f}x" if best_ms and a.time_ms else "-"
+        record = f"#{result.record.id}" if result.record is not None else result.source
+        rows.append([a.backend, ms(a.time_ms), ratio, result.device or "-", result.rule or "-",
+                     record])  # fmt: skip
+    table = render(["backend", "time ms", "vs best", "timed on", "rule", "record"], rows)
+    return f"{head}\n{table}\n{answer.note}"
+
+
+def _as_json(answer: Any) -> dict[str, Any]:
+    return {
+        "backend": answer.backend,
+        "comparable": answer.comparable,
+        "note": answer.note,
+        "answers": [
+            {
+                "backend": a.backend,
+                "time_ms": a.time_ms,
+                "device": a.device,
+                "problem": None if a.result is None else a.result.problem,
+                "rule": None if a.result is None else a.result.rule,
+                "record_id": None
+                if a.result is None or a.result.record is None
+                else a.result.record.id,
+                "config": None if a.result is None else a.result.config,
+                "key_hash": None if a.key is None else a.key.digest(),
+                "why_not": a.why_not,
+            }
+            for a in answer.answers
+        ],
+    }
