@@ -121,3 +121,17 @@ def _store_as_at_0001(engine: Any, key: Any, record: Any) -> None:
         ).inserted_primary_key[0]
         connection.execute(insert(winners).values(key_hash=key.digest(), record_id=record_id,
                                                   time_ms=0.5, updated_at=utcnow()))  # fmt: skip
+
+
+def test_the_migrations_build_exactly_the_models(database: tuple[str, Path | None]) -> None:
+    """Alembic's autogenerate finds nothing to add: the models and the migrations agree."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from cache_server.models import Base
+
+    url, _ = database
+    upgrade(url)
+    with make_engine(url).connect() as connection:
+        differences = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    assert differences == []
