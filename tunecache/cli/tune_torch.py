@@ -1,0 +1,208 @@
+"""``tunecache tune --torch FILE.py:NAME``: pretune your torch code with max-autotune, team-shared.
+
+``NAME`` is a function or an ``nn.Module`` class in ``FILE.py`` (loaded by path; its folder need
+not be a package). ``get_inputs()`` in the same file returns the call's arguments, and for a
+module class ``get_init_inputs()`` (when the file has one) its constructor's. The call is compiled
+with ``torch.compile(mode="max-autotune")`` (:func:`tunecache.inductor.pretune.pretune`), checked
+against eager, timed against eager, and what max-autotune chose is uploaded to the team cache,
+where :func:`tunecache.inductor.enable` finds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from tunecache.cli.args import server_url
+from tunecache.errors import InvalidInput, TuningError
+from tunecache.settings import Settings
+
+
+def _why(exc: BaseException) -> str:
+    """``Type: first line of the message``, at most 300 characters: errors print on one line."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def load_file(path: Path) -> ModuleType:
+    """Imports ``path`` as a module of its own (its folder need not be a package).
+
+    Raises:
+        InvalidInput: the file is missing or fails to import.
+    """
+    if path.suffix != ".py" or not path.is_file():
+        raise InvalidInput(f"--torch: no Python file {str(path)!r}")
+    name = f"_tunecache_torch_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise InvalidInput(f"--torch: cannot load {str(path)!r} as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look their module up
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's file: any error is bad input, said in one line
+        sys.modules.pop(name, None)
+        raise InvalidInput(f"--torch: importing {path} failed: {_why(exc)}") from exc
+    return module
+
+
+def _call_factory(module: ModuleType, name: str, path: Path, *, required: bool) -> list[Any]:
+    factory = getattr(module, name, None)
+    if factory is None:
+        if required:
+            raise InvalidInput(f"--torch: {path} has no {name}() returning the inputs")
+        return []
+    if not callable(factory):
+        raise InvalidInput(f"--torch: {name} in {path} is not a function")
+    try:
+        value = factory()
+    except Exception as exc:
+        raise InvalidInput(f"--torch: {name}() failed: {_why(exc)}") from exc
+    if not isinstance(value, list | tuple):
+        raise InvalidInput(f"--torch: {name}() returned {type(value).__name__}, not a list")
+    return list(value)
+
+
+def load_target(
+    spec: str, inputs_name: str, init_name: str, device: str
+) -> tuple[Callable[..., Any], list[Any]]:
+    """The callable (a function, or a module built and in eval mode) and its inputs on ``device``.
+
+    Raises:
+        InvalidInput: anything about ``FILE.py:NAME`` or its factories is wrong.
+    """
+    import torch
+
+    file, sep, name = spec.rpartition(":")
+    if not sep or not file or not name.isidentifier():
+        raise InvalidInput(f"--torch wants FILE.py:NAME, not {spec!r}")
+    path = Path(file)
+    module = load_file(path)
+    target = getattr(module, name, None)
+    if target is None:
+        raise InvalidInput(f"--torch: {path} has no {name!r}")
+    if isinstance(target, type):
+        if not issubclass(target, torch.nn.Module):
+            raise InvalidInput(f"--torch: {name} is a class but not an nn.Module")
+        args = _call_factory(module, init_name, path, required=False)
+        try:
+            target = target(*args)
+        except Exception as exc:
+            raise InvalidInput(f"--torch: {name}(*{init_name}()) failed: {_why(exc)}") from exc
+    elif not callable(target):
+        raise InvalidInput(f"--torch: {name} in {path} is not a function or nn.Module class")
+    inputs = _call_factory(module, inputs_name, path, required=True)
+    if not inputs or not all(isinstance(x, torch.Tensor) for x in inputs):
+        kinds = ", ".join(type(x).__name__ for x in inputs) or "nothing"
+        raise InvalidInput(f"--torch: {inputs_name}() must return tensors, not {kinds}")
+    if isinstance(target, torch.nn.Module):
+        target = target.to(device).eval()
+    return target, [x.to(device) for x in inputs]
+
+
+def _device(requested: str | None) -> str:
+    import torch
+
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise InvalidInput("--device cuda: no CUDA device is visible here")
+    return requested or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _timer(args: argparse.Namespace) -> Any:
+    from tunecache.timing import TimerSettings
+
+    trials = max(1, args.trials)
+    return TimerSettings(min_repeats=min(15, trials), max_repeats=max(15, trials),
+                         target_s=args.seconds or 0.3)  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    """Pretunes ``args.torch`` and uploads its choices (unless ``--no-upload``).
+
+    Raises:
+        InvalidInput: a bad ``FILE.py:NAME``, factory, input or device; or no write token.
+        TuningError: the compile failed or its output is wrong.
+        ServerError: the upload failed.
+    """
+    url = None if args.no_upload else server_url(args)
+    if url is not None and not Settings.from_env().token:
+        raise InvalidInput(
+            "uploading needs a token with the 'write' scope in $TUNECACHE_TOKEN "
+            "(tunecache token create --name NAME --scope write), or --no-upload"
+        )
+    device = _device(args.device)
+    fn, inputs = load_target(args.torch, args.inputs, args.init_inputs, device)
+
+    from tunecache.inductor import pretune
+
+    try:
+        result = pretune.pretune(fn, inputs, device=device, timer=_timer(args))
+    except Exception as exc:  # Inductor's own failure, said in one line
+        raise TuningError(f"compiling {args.torch} failed: {_why(exc)}") from exc
+    _report(args.torch, result)
+    if not result.check.ok:
+        raise TuningError(
+            f"the compiled output differs from {result.check.reference}: relative error "
+            f"{result.check.error:.3g} > {result.check.tolerance:g}; nothing uploaded"
+        )
+    if url is None:
+        return 0
+    return _upload(url, result)
+
+
+def _upload(url: str, result: Any) -> int:
+    from tunecache.inductor import share_items
+    from tunecache.inductor.partition import partition
+    from tunecache.inductor.remote import TeamCache
+
+    team = TeamCache(url, None, partition(), timeout=Settings.from_env().timeout)
+    try:
+        items = share_items(team, result.groups, result.best_configs)
+        if not items:
+            print("nothing autotuned to upload", file=sys.stderr)
+            return 0
+        stored = team.put(items)
+    finally:
+        team.close()
+    print(f"uploaded {len(items)} entries to {url} ({team.partition}): {stored.stored} stored, "
+          f"{stored.kept} kept (the team's were faster)", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def _other_load() -> float | None:
+    """The 1-minute load average when it says the cores are busy (Inductor's threads use all)."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        return None
+    return load if load > (os.cpu_count() or 1) - 0.5 else None
+
+
+def _report(spec: str, result: Any) -> None:
+    check = result.check
+    speed = "faster" if result.compiled_ms < result.eager_ms else "slower"
+    ratio = result.eager_ms / result.compiled_ms if result.compiled_ms > 0 else float("inf")
+    lines: Sequence[str] = [
+        f"{spec} on {result.device}: compiled with max-autotune in {result.compile_s:.1f} s",
+        f"  compiled {result.compiled_ms:.4g} ms vs eager {result.eager_ms:.4g} ms: "
+        f"{ratio:.2f}x, {speed}",
+        f"  checked against {check.reference}: relative error {check.error:.2g} "
+        f"({'ok' if check.ok else 'WRONG'}, tolerance {check.tolerance:g})",
+        f"  autotune choices recorded: {len(result.groups)} GEMM op(s), "
+        f"{sum(len(g.timings) for g in result.groups)} timings; "
+        f"{len(result.best_configs)} Triton best config(s)",
+    ]
+    if (load := _other_load()) is not None:
+        lines = [*lines, f"  note: other processes load the cores (load {load:.1f}): "
+                         "CPU timings are skewed"]  # fmt: skip
+    for group in result.groups:
+        best = min(group.timings, key=lambda h: group.timings[h])
+        lines = [*lines, f"    {group.op}: {best.split('-')[0]} {group.timings[best]:.4g} ms "
+                         f"of {len(group.timings)} choices"]  # fmt: skip
+    print("\n".join(lines))

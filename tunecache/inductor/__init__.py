@@ -1,0 +1,174 @@
+"""torch.compile max-autotune, team-shared: Inductor's autotune choices from the tunecache server.
+
+One call before ``torch.compile`` makes this process start from what the team has measured:
+
+* GEMM choice timings (namespace ``inductor.choices``, :mod:`tunecache.inductor.choices`) are
+  fetched and merged into Inductor's local choice file, so max-autotune finds every candidate's
+  time and picks the fastest without benchmarking;
+* Triton kernels' best configs (namespace ``inductor.autotune``, CUDA only,
+  :mod:`tunecache.inductor.autotune`) are read from and recorded for the team cache through
+  Inductor's ``RemoteAutotuneCache``, for the kernels Inductor compiles in this process (all of
+  them with ``torch._inductor.config.compile_threads = 1``; not those of its worker processes).
+
+Entries are shared within a partition (:func:`partition`: Inductor's system hash and the torch
+version). Only JSON crosses the wire; Inductor's FX-graph cache (pickles) is never served. A
+server that is down, slow, refuses the token or answers garbage costs one warning
+(:class:`TeamCacheWarning`) and at most the lookup timeout per request: Inductor then autotunes
+on its own. Importing this package imports torch; ``import tunecache`` does not.
+
+Example:
+    >>> import torch, tunecache.inductor
+    >>> tunecache.inductor.enable("http://127.0.0.1:8765", upload=True)  # doctest: +SKIP
+    >>> compiled = torch.compile(model, mode="max-autotune")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from tunecache.artifacts import ArtifactIn, ArtifactPutResult, Namespace
+from tunecache.errors import ServerError
+from tunecache.inductor import autotune, choices
+from tunecache.inductor.autotune import AutotuneStore
+from tunecache.inductor.choices import ChoiceGroup, local_cache_path
+from tunecache.inductor.partition import inductor_system, partition
+from tunecache.inductor.remote import DEFAULT_TIMEOUT, TeamCache, TeamCacheWarning
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Enabled", "TeamCacheWarning", "enable", "partition", "share_items", "upload"]
+
+
+@dataclass(frozen=True)
+class Enabled:
+    """What :func:`enable` did.
+
+    Attributes:
+        partition: the partition read ("" when the team cache could not be set up).
+        reachable: whether the server answered.
+        fetched: well-formed choice groups read from the server.
+        ignored: malformed ones dropped.
+        merged: groups added to Inductor's local choice file (the others were there already).
+    """
+
+    partition: str
+    reachable: bool
+    fetched: int = 0
+    ignored: int = 0
+    merged: int = 0
+
+
+_active: tuple[TeamCache, AutotuneStore] | None = None
+
+
+def enable(
+    url: str | None = None,
+    token: str | None = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    upload: bool = False,
+) -> Enabled:
+    """Pre-fills Inductor's autotune caches from the team cache and keeps it in the loop.
+
+    Call it once, before ``torch.compile``. It never raises on a server failure: it warns once
+    and Inductor autotunes as usual.
+
+    Args:
+        url: the server; ``TUNECACHE_URL`` when ``None``.
+        token: an API token with the ``read`` scope (``write`` too with ``upload``);
+            ``TUNECACHE_TOKEN`` when ``None``.
+        timeout: seconds each request to the server may take.
+        upload: at exit, upload what this process's compiles chose (see :func:`upload`).
+
+    Returns:
+        What was fetched and merged.
+    """
+    global _active
+    try:
+        team = TeamCache(url, token, partition(), timeout=timeout)
+    except Exception as exc:  # a bad TUNECACHE_* value, or an Inductor that cannot say its system
+        warnings.warn(f"tunecache: team cache off: {exc}", TeamCacheWarning, stacklevel=2)
+        return Enabled(partition="", reachable=False)
+    found = team.fetch(choices.NAMESPACE)
+    groups = [ChoiceGroup.from_value(item.value) for item in found]
+    good = [group for group in groups if group is not None]
+    try:
+        merged = choices.merge_groups(local_cache_path(), good, inductor_system())
+    except OSError as exc:
+        logger.warning("could not write Inductor's choice file: %s", exc)
+        merged = 0
+    store = AutotuneStore(team)
+    autotune.install(store)
+    _active = (team, store)
+    if upload:
+        atexit.register(_upload_at_exit, team, store)
+    logger.info("team cache %s: %d choice groups, %d merged", team.partition, len(good), merged)
+    return Enabled(team.partition, not team.down, len(good), len(groups) - len(good), merged)
+
+
+def share_items(
+    team: TeamCache, groups: Iterable[ChoiceGroup], best_configs: Mapping[str, dict[str, Any]]
+) -> list[ArtifactIn]:
+    """The artifacts for ``groups`` (choice timings) and ``best_configs`` (Triton configs).
+
+    An entry the server would refuse (too large, too long a key) is left out with a log line.
+    """
+    wanted: list[tuple[Namespace, str, dict[str, Any], float | None]]
+    wanted = [(choices.NAMESPACE, g.key(), g.to_value(), g.best_ms) for g in groups]
+    wanted += [(autotune.NAMESPACE, key, value, None) for key, value in best_configs.items()]
+    items: list[ArtifactIn] = []
+    for namespace, key, value, score in wanted:
+        try:
+            items.append(team.artifact(namespace, key, value, score))
+        except ValidationError as exc:
+            logger.warning("Inductor entry %s cannot be stored: %s", key, exc)
+    return items
+
+
+def upload(
+    url: str | None = None, token: str | None = None, *, timeout: float = 30.0
+) -> ArtifactPutResult | None:
+    """Uploads Inductor's local choice file and the best configs this process recorded.
+
+    Args:
+        url: the server; the one :func:`enable` used, else ``TUNECACHE_URL``.
+        token: a token with the ``write`` scope; ``TUNECACHE_TOKEN`` when ``None``.
+        timeout: seconds the upload may take.
+
+    Returns:
+        How many entries were stored and kept, or ``None`` when the upload failed (it warns).
+    """
+    if _active is not None and url is None and token is None:
+        team, recorded = _active[0], _active[1].recorded
+    else:
+        try:
+            team = TeamCache(url, token, partition(), timeout=timeout)
+        except Exception as exc:
+            warnings.warn(f"tunecache: upload failed: {exc}", TeamCacheWarning, stacklevel=2)
+            return None
+        recorded = _active[1].recorded if _active is not None else {}
+    return _upload(team, recorded)
+
+
+def _upload(team: TeamCache, recorded: Mapping[str, dict[str, Any]]) -> ArtifactPutResult | None:
+    items = share_items(team, choices.read_groups(local_cache_path()), recorded)
+    if not items:
+        return ArtifactPutResult(stored=0, kept=0)
+    try:
+        return team.put(items)
+    except ServerError as exc:
+        warnings.warn(f"tunecache: upload failed: {exc}", TeamCacheWarning, stacklevel=3)
+        return None
+
+
+def _upload_at_exit(team: TeamCache, store: AutotuneStore) -> None:
+    result = _upload(team, store.recorded)
+    if result is not None:
+        logger.info("uploaded %d Inductor entries (%d kept)", result.stored, result.kept)

@@ -1,0 +1,211 @@
+"""Inductor's GEMM choice timings: its local ``PersistentCache`` file, as artifacts and back.
+
+Max-autotune benchmarks every candidate kernel of a GEMM (``mm``, ``addmm``, ``packed_linear``…)
+and writes the timings to one JSON file per system,
+``cache_dir()/cache/<system hash>`` (``torch._inductor.codecache.CacheBase``)::
+
+    {"system": {...}, "cache": {op: {inputs_key: {precision: {choice_hash: ms}}}}}
+
+On the next compile, ``PersistentCache.lookup`` finds every candidate's hash under the op's
+inputs key and picks the fastest without benchmarking. One ``(op, inputs_key, precision)``
+group is one artifact (namespace ``inductor.choices``), its value
+``{"op", "inputs", "precision", "timings": {choice_hash: ms or null}}`` (``null``: the choice
+failed, Inductor's ``inf``), its score the fastest time.
+
+Values read from the server are untrusted: :meth:`ChoiceGroup.from_value` keeps a group only if
+every field has the right type and size and every time is a finite, non-negative number (or
+``null``), with at least one finite time (a group of failures only would make Inductor raise
+``NoValidChoicesError``). A choice hash that no candidate has just misses: Inductor benchmarks.
+Merging never replaces a group the local file already has, and never touches a local file it
+cannot read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE: Final = "inductor.choices"
+MAX_KEY = 256  # the server's limit on an artifact key
+MAX_TEXT = 4096  # an op name, inputs key or precision longer than this is not Inductor's
+MAX_CHOICES = 1024  # candidates of one op
+MAX_HASH = 512  # one choice hash
+MAX_MS = 1e9
+
+
+def _finite_ms(value: Any) -> float | None:
+    """``value`` as milliseconds if it is a finite, non-negative number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    ms = float(value)
+    return ms if math.isfinite(ms) and 0.0 <= ms < MAX_MS else None
+
+
+def _text(value: Any, limit: int = MAX_TEXT) -> str | None:
+    if isinstance(value, str) and 0 < len(value) <= limit and value.isprintable():
+        return value
+    return None
+
+
+@dataclass(frozen=True)
+class ChoiceGroup:
+    """The timings of every candidate of one autotuned op, for one inputs key and precision.
+
+    Attributes:
+        op: Inductor's op name (``packed_linear``, ``mm``…).
+        inputs: Inductor's inputs key (devices, dtypes, sizes and strides of the inputs).
+        precision: ``torch.get_float32_matmul_precision()`` at autotune time.
+        timings: choice hash → milliseconds; ``inf`` for a choice that failed.
+    """
+
+    op: str
+    inputs: str
+    precision: str
+    timings: Mapping[str, float]
+
+    @property
+    def best_ms(self) -> float | None:
+        finite = [ms for ms in self.timings.values() if math.isfinite(ms)]
+        return min(finite) if finite else None
+
+    def key(self) -> str:
+        """The artifact key: readable when it fits in 256 characters, else hashed."""
+        readable = f"{self.op}|{self.precision}|{self.inputs}"
+        if len(readable) <= MAX_KEY:
+            return readable
+        raw = json.dumps([self.op, self.precision, self.inputs]).encode()
+        return f"{self.op[:64]}|{self.precision[:32]}|sha256:{hashlib.sha256(raw).hexdigest()}"
+
+    def to_value(self) -> dict[str, Any]:
+        """The artifact value (JSON: a failed choice's ``inf`` becomes ``null``)."""
+        timings = {h: (ms if math.isfinite(ms) else None) for h, ms in self.timings.items()}
+        return {"op": self.op, "inputs": self.inputs, "precision": self.precision,
+                "timings": timings}  # fmt: skip
+
+    @classmethod
+    def from_value(cls, value: Any) -> ChoiceGroup | None:
+        """A group from an artifact value, or ``None`` if anything in it is malformed."""
+        if not isinstance(value, Mapping):
+            return None
+        return cls.checked(value.get("op"), value.get("inputs"), value.get("precision"),
+                           value.get("timings"), failed=None)  # fmt: skip
+
+    @classmethod
+    def checked(
+        cls, op: Any, inputs: Any, precision: Any, timings: Any, *, failed: Any
+    ) -> ChoiceGroup | None:
+        """A group if every part is well formed; ``failed`` is how a failed time is written."""
+        if not (_text(op) and _text(inputs) and _text(precision, 64)):
+            return None
+        if not isinstance(timings, Mapping) or not 0 < len(timings) <= MAX_CHOICES:
+            return None
+        clean: dict[str, float] = {}
+        for choice, raw in timings.items():
+            if _text(choice, MAX_HASH) is None:
+                return None
+            ms = _finite_ms(raw)
+            if ms is None and raw is not failed and not _is_inf(raw):
+                return None
+            clean[choice] = ms if ms is not None else math.inf
+        group = cls(op, inputs, precision, clean)
+        return group if group.best_ms is not None else None
+
+
+def _is_inf(value: Any) -> bool:
+    return isinstance(value, float) and value == math.inf
+
+
+def local_cache_path() -> Path:
+    """Inductor's choice file for this system, under the current ``TORCHINDUCTOR_CACHE_DIR``."""
+    from torch._inductor.codecache import CacheBase
+
+    return Path(CacheBase.get_local_cache_path())
+
+
+def _read_file(path: Path) -> dict[str, Any] | None:
+    """The file's document, ``{}`` when there is none, ``None`` when it cannot be read."""
+    if not path.is_file():
+        return {}
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        logger.warning("Inductor's choice file %s cannot be read (%s); left alone", path, exc)
+        return None
+    if not isinstance(document, dict) or not isinstance(document.get("cache", {}), dict):
+        logger.warning("Inductor's choice file %s is not Inductor's format; left alone", path)
+        return None
+    return document
+
+
+def read_groups(path: Path) -> list[ChoiceGroup]:
+    """Every well-formed group in Inductor's choice file (none if it is missing or unreadable)."""
+    document = _read_file(path) or {}
+    groups: list[ChoiceGroup] = []
+    for op, by_inputs in document.get("cache", {}).items():
+        if not isinstance(by_inputs, dict):
+            continue
+        for inputs, by_precision in by_inputs.items():
+            if not isinstance(by_precision, dict):
+                continue
+            for precision, timings in by_precision.items():
+                group = ChoiceGroup.checked(op, inputs, precision, timings, failed=math.inf)
+                if group is not None:
+                    groups.append(group)
+    return groups
+
+
+def merge_groups(path: Path, groups: Iterable[ChoiceGroup], system: Mapping[str, Any]) -> int:
+    """Adds the groups the file lacks to Inductor's choice file, atomically.
+
+    A group the file has already (same op, inputs key and precision) is kept as it is: it was
+    timed on this machine. A file that cannot be read is left alone.
+
+    Args:
+        path: the file (:func:`local_cache_path`).
+        groups: well-formed groups (:meth:`ChoiceGroup.from_value`).
+        system: Inductor's system description, written into a new file.
+
+    Returns:
+        How many groups were added.
+    """
+    document = _read_file(path)
+    if document is None:
+        return 0
+    cache: dict[str, Any] = document.setdefault("cache", {})
+    added = 0
+    for group in groups:
+        by_inputs = cache.setdefault(group.op, {})
+        if not isinstance(by_inputs, dict):
+            continue
+        by_precision = by_inputs.setdefault(group.inputs, {})
+        if not isinstance(by_precision, dict) or by_precision.get(group.precision):
+            continue
+        by_precision[group.precision] = dict(group.timings)
+        added += 1
+    if added:
+        document.setdefault("system", dict(system))
+        write_atomic(path, json.dumps(document, indent=4))
+    return added
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Writes ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
