@@ -53,6 +53,23 @@ def server_url(args: argparse.Namespace) -> str:
     return url.rstrip("/")
 
 
+def upload_url(args: argparse.Namespace) -> str | None:
+    """The server a tuning command uploads to (``None`` with ``--no-upload``).
+
+    Raises:
+        InvalidInput: uploading, but ``$TUNECACHE_TOKEN`` is unset: said before any work is done.
+    """
+    if args.no_upload:
+        return None
+    url = server_url(args)
+    if not Settings.from_env().token:
+        raise InvalidInput(
+            "uploading needs a token with the 'write' scope in $TUNECACHE_TOKEN "
+            "(tunecache token create --name NAME --scope write), or --no-upload"
+        )
+    return url
+
+
 def add_key(parser: argparse.ArgumentParser, *, optional: bool = False) -> None:
     """KERNEL, ``--backend``, ``--dtype``, ``--shape``; ``optional``: the command checks them."""
     parser.add_argument(

@@ -7,9 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tunecache.cli.args import add_key, add_server, key_from_args, server_url
+from tunecache.cli.args import add_key, add_server, key_from_args, server_url, upload_url
 from tunecache.errors import InvalidInput
-from tunecache.settings import Settings
 
 
 def register(commands: Any) -> None:
@@ -47,7 +46,7 @@ def register(commands: Any) -> None:
     own.add_argument(
         "--device",
         choices=("cpu", "cuda"),
-        help="where to compile and run (default: cuda when a GPU is visible)",
+        help="--torch: where to compile and run (default: cuda when a GPU is visible); --tvm: cpu",
     )
     parser.add_argument(
         "--strategy",
@@ -134,12 +133,7 @@ def _run_key(args: argparse.Namespace) -> int:
     budget = _budget(args)
     options = TuneOptions(strategy="exhaustive" if args.landscape else args.strategy,
                           seed=args.seed, workers=args.workers)  # fmt: skip
-    url = None if args.no_upload else server_url(args)
-    if url is not None and not Settings.from_env().token:
-        raise InvalidInput(
-            "uploading needs a token with the 'write' scope in $TUNECACHE_TOKEN "
-            "(tunecache token create --name NAME --scope write), or --no-upload"
-        )
+    url = upload_url(args)
     with Client(url or server_url(args)) as client:
         outcome = tune(key, budget, options, progress=ProgressPrinter(key.short()),
                        cache=None if url is None else client)  # fmt: skip

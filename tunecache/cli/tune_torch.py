@@ -11,7 +11,6 @@ where :func:`tunecache.inductor.enable` finds it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -19,37 +18,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from tunecache.cli.args import server_url
+from tunecache.cli.args import upload_url
 from tunecache.errors import InvalidInput, TuningError
 from tunecache.settings import Settings
-
-
-def _why(exc: BaseException) -> str:
-    """``Type: first line of the message``, at most 300 characters: errors print on one line."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
-
-
-def load_file(path: Path) -> ModuleType:
-    """Imports ``path`` as a module of its own (its folder need not be a package).
-
-    Raises:
-        InvalidInput: the file is missing or fails to import.
-    """
-    if path.suffix != ".py" or not path.is_file():
-        raise InvalidInput(f"--torch: no Python file {str(path)!r}")
-    name = f"_tunecache_torch_{abs(hash(str(path.resolve())))}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise InvalidInput(f"--torch: cannot load {str(path)!r} as Python")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses and pickling look their module up
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # the user's file: any error is bad input, said in one line
-        sys.modules.pop(name, None)
-        raise InvalidInput(f"--torch: importing {path} failed: {_why(exc)}") from exc
-    return module
+from tunecache.userfile import load_name, one_line
 
 
 def _call_factory(module: ModuleType, name: str, path: Path, *, required: bool) -> list[Any]:
@@ -63,7 +35,7 @@ def _call_factory(module: ModuleType, name: str, path: Path, *, required: bool) 
     try:
         value = factory()
     except Exception as exc:
-        raise InvalidInput(f"--torch: {name}() failed: {_why(exc)}") from exc
+        raise InvalidInput(f"--torch: {name}() failed: {one_line(exc)}") from exc
     if not isinstance(value, list | tuple):
         raise InvalidInput(f"--torch: {name}() returned {type(value).__name__}, not a list")
     return list(value)
@@ -79,14 +51,8 @@ def load_target(
     """
     import torch
 
-    file, sep, name = spec.rpartition(":")
-    if not sep or not file or not name.isidentifier():
-        raise InvalidInput(f"--torch wants FILE.py:NAME, not {spec!r}")
-    path = Path(file)
-    module = load_file(path)
-    target = getattr(module, name, None)
-    if target is None:
-        raise InvalidInput(f"--torch: {path} has no {name!r}")
+    module, path, target = load_name("--torch", spec)
+    name = spec.rpartition(":")[2]
     if isinstance(target, type):
         if not issubclass(target, torch.nn.Module):
             raise InvalidInput(f"--torch: {name} is a class but not an nn.Module")
@@ -94,7 +60,7 @@ def load_target(
         try:
             target = target(*args)
         except Exception as exc:
-            raise InvalidInput(f"--torch: {name}(*{init_name}()) failed: {_why(exc)}") from exc
+            raise InvalidInput(f"--torch: {name}(*{init_name}()) failed: {one_line(exc)}") from exc
     elif not callable(target):
         raise InvalidInput(f"--torch: {name} in {path} is not a function or nn.Module class")
     inputs = _call_factory(module, inputs_name, path, required=True)
@@ -130,12 +96,7 @@ def run(args: argparse.Namespace) -> int:
         TuningError: the compile failed or its output is wrong.
         ServerError: the upload failed.
     """
-    url = None if args.no_upload else server_url(args)
-    if url is not None and not Settings.from_env().token:
-        raise InvalidInput(
-            "uploading needs a token with the 'write' scope in $TUNECACHE_TOKEN "
-            "(tunecache token create --name NAME --scope write), or --no-upload"
-        )
+    url = upload_url(args)
     device = _device(args.device)
     fn, inputs = load_target(args.torch, args.inputs, args.init_inputs, device)
 
@@ -144,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = pretune.pretune(fn, inputs, device=device, timer=_timer(args))
     except Exception as exc:  # Inductor's own failure, said in one line
-        raise TuningError(f"compiling {args.torch} failed: {_why(exc)}") from exc
+        raise TuningError(f"compiling {args.torch} failed: {one_line(exc)}") from exc
     _report(args.torch, result)
     if not result.check.ok:
         raise TuningError(

@@ -1,0 +1,125 @@
+"""The unscheduled module as the golden reference of a user's own TVM module.
+
+A user's PrimFunc comes with no reference implementation, but TVM's default lowering of the
+unscheduled module is one: a schedule only reorders the same computation. :class:`Reference`
+compiles it once, finds its outputs (the arguments a call changes: no IR analysis needed, so
+TE and TVMScript functions alike) and computes them on seeded random non-zero inputs. Every run,
+the reference's own included, starts with NaN (or, for integers, a sentinel) in the outputs, so
+an element a schedule never writes stays NaN and fails the comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from backends.tvm.runnable import compile_module
+from tunecache.errors import InvalidInput
+
+if TYPE_CHECKING:
+    import torch
+    from tvm.ir import IRModule
+    from tvm.runtime import Module
+
+INT_POISON = -0x5EED  # what integer outputs hold before a run
+REPEAT, MIN_REPEAT_MS = 5, 50  # timing: each of REPEAT measurements runs at least this long
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One parameter of the function: its shape and dtype (from MetaSchedule's ``ArgInfo``)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+
+def arguments(mod: IRModule) -> list[Argument]:
+    """The parameters of ``mod``'s entry function.
+
+    Raises:
+        InvalidInput: a parameter is not a tensor of static shape.
+    """
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    found = []
+    for i, info in enumerate(ArgInfo.from_entry_func(mod, remove_preproc=True)):
+        kind, dtype, shape = info.as_json()
+        if kind != "TENSOR" or not all(isinstance(d, int) for d in shape):
+            raise InvalidInput(f"argument {i} is not a tensor of static shape: {shape}")
+        found.append(Argument(tuple(shape), str(dtype)))
+    return found
+
+
+class Reference:
+    """The unscheduled ``mod`` compiled for ``target``, and its outputs on each seed's inputs.
+
+    Raises:
+        TuningError: the unscheduled module does not compile.
+        InvalidInput: it has a non-tensor or dynamic argument, changes none of its arguments, or
+            gives NaN or inf (or leaves an output element unwritten) on random inputs.
+    """
+
+    def __init__(self, mod: IRModule, target: Mapping[str, Any], seeds: Sequence[int]) -> None:
+        self.args = arguments(mod)
+        self.lib = compile_module(mod, target)
+        self.outputs = self._find_outputs()  # before any poisoning
+        self.seeds = tuple(seeds)
+        self.expected = [self.run(self.lib, seed) for seed in self.seeds]
+        if not all(bool(out.isfinite().all()) for outs in self.expected for out in outs):
+            raise InvalidInput(
+                "the unscheduled function leaves outputs unwritten, or computes "
+                "NaN or inf, on random inputs: there is nothing to compare with"
+            )
+
+    def inputs(self, seed: int) -> list[torch.Tensor]:
+        """Every argument for ``seed``: random non-zero values, outputs poisoned."""
+        return _values(self.args, seed, self.outputs)
+
+    def run(self, lib: Module, seed: int) -> list[torch.Tensor]:
+        """The outputs ``lib`` computes from ``seed``'s inputs (poisoned before the call)."""
+        values = self.inputs(seed)
+        lib["main"](*values)
+        return [values[i] for i in self.outputs]
+
+    def time_ms(self, lib: Module) -> float:
+        """Mean milliseconds of one call of ``lib`` (TVM's ``time_evaluator``, this process)."""
+        import tvm
+
+        timer = lib.time_evaluator(
+            "main", tvm.cpu(), number=1, repeat=REPEAT, min_repeat_ms=MIN_REPEAT_MS
+        )
+        return float(timer(*self.inputs(self.seeds[0])).mean) * 1e3
+
+    def _find_outputs(self) -> tuple[int, ...]:
+        import torch
+
+        values = _values(self.args, 0, ())
+        before = [v.clone() for v in values]
+        self.lib["main"](*values)
+        changed = tuple(
+            i for i, (a, b) in enumerate(zip(before, values, strict=True)) if not torch.equal(a, b)
+        )
+        if not changed:
+            raise InvalidInput("the function changes none of its arguments: nothing to check")
+        return changed
+
+
+def _values(args: Sequence[Argument], seed: int, poisoned: Sequence[int]) -> list[torch.Tensor]:
+    """A value per argument: seeded random non-zero numbers, NaN (or a sentinel) where poisoned."""
+    import torch
+
+    from workloads.base import random_nonzero, torch_dtype
+
+    generator = torch.Generator().manual_seed(seed)
+    values = []
+    for i, arg in enumerate(args):
+        dtype = torch_dtype(arg.dtype)
+        if i in poisoned:
+            fill = float("nan") if dtype.is_floating_point else INT_POISON
+            values.append(torch.full(arg.shape, fill, dtype=dtype))
+        elif dtype.is_floating_point:
+            values.append(random_nonzero(arg.shape, arg.dtype, generator))
+        else:  # small positive integers: index-like inputs stay in range more often
+            values.append(torch.randint(1, 4, arg.shape, generator=generator, dtype=dtype))
+    return values

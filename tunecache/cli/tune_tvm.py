@@ -1,0 +1,194 @@
+"""``tunecache tune --tvm FILE.py:NAME``: tune a user's TVM module and share its validated records.
+
+The run: load ``NAME`` (:mod:`tunecache.tvm.load`), tune it with MetaSchedule for this machine's
+llvm target with the warm-pool builder and runner (:mod:`backends.tvm.search`), check the best
+schedules against the unscheduled module on random inputs (:mod:`backends.tvm.golden`), time the
+best against TVM's default schedule, and upload the records that passed to the server's
+:class:`tunecache.tvm.Database`.
+
+Why only validated records are uploaded: the server keeps each record with its score and
+lookups take the fastest record that replays, so a wrong-but-fast schedule uploaded once would
+stay the team's top record. MetaSchedule itself commits every candidate it measures, unchecked,
+to the database it is given; so the search commits to a local JSON database (kept under the
+tunecache work directory, where it warm-starts the next run) and only the records that matched
+the reference go to the server. With ``--no-upload`` the local database is all there is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tunecache.cli.args import upload_url
+from tunecache.defaults import TOLERANCES
+from tunecache.errors import InvalidInput, TuningError
+from tunecache.settings import Settings
+
+if TYPE_CHECKING:
+    from tvm.ir import IRModule
+
+    from backends.tvm.golden import Reference
+
+SEEDS = (1, 2)  # random inputs each best schedule is checked on
+RANKED = 5  # best records validated (and uploaded when they pass)
+
+
+@dataclass
+class Checked:
+    """One record after validation: its relative error (``None``: NaN, unwritten or failed)."""
+
+    record: Any
+    error: float | None
+    note: str
+    lib: Any = None
+
+    def passed(self, tolerance: float) -> bool:
+        return self.error is not None and self.error <= tolerance
+
+
+def run(args: argparse.Namespace) -> int:
+    """Tunes, validates, reports and uploads; returns the exit code.
+
+    Raises:
+        InvalidInput: bad arguments or a file that holds no TVM module (exit 2).
+        TuningError: nothing compiled and ran, or no schedule matched the reference (exit 1).
+        ServerError: the upload failed (exit 3 when unreachable).
+    """
+    if args.device == "cuda":
+        raise InvalidInput("--tvm tunes for this machine's CPU (llvm); --device cuda is not "
+                           "supported for TVM modules: leave --device out or pass cpu")  # fmt: skip
+    budget = _budget(args)
+    url = upload_url(args)
+    from backends.tvm.database import best_records, database_dir, open_database
+    from backends.tvm.golden import Reference
+    from backends.tvm.target import host_target
+    from tunecache.tvm.load import load_module
+    from tuner.tune import default_workdir
+
+    mod = load_module(args.tvm)
+    target = host_target()
+    reference = Reference(mod, target, SEEDS)  # before tuning: a broken module fails fast
+    workdir = default_workdir()
+    outcome, seconds = _search(mod, target, budget, workdir, args.tvm)
+    records = best_records(open_database(workdir, target), mod, RANKED)
+    tolerance = _tolerance(reference)
+    checked = [_check(reference, mod, record, target) for record in records]
+    passed = [c for c in checked if c.passed(tolerance)]
+    if not passed:
+        notes = "; ".join(c.note for c in checked[:3])
+        raise TuningError(
+            f"none of the {len(checked)} best schedules matched the unscheduled "
+            f"module (tolerance {tolerance:g}): {notes}"
+        )
+    ok = sum(t.status == "ok" for t in outcome.trials)
+    print(f"tvm {args.tvm}: target {target}")
+    print(f"trials: {len(outcome.trials)} measured, {ok} ran, in {seconds:.1f} s")
+    _report_speed(reference, passed[0])
+    print(
+        f"validation: {len(passed)} of {len(checked)} best schedules match the unscheduled "
+        f"module; best max rel error {passed[0].error:.2e} (tolerance {tolerance:g})"
+    )
+    if url is None:
+        print(f"records kept in {database_dir(workdir, target)} (--no-upload)")
+        return 0
+    return _upload(url, mod, target, [c.record for c in passed])
+
+
+def _search(
+    mod: IRModule, target: dict[str, Any], budget: Any, workdir: Any, label: str
+) -> tuple[Any, float]:
+    """MetaSchedule on ``mod`` into the local JSON database; the outcome and its seconds."""
+    from backends.tvm.intrin import cpu_intrinsics_only
+    from backends.tvm.search import tune
+    from backends.tvm.target import host_cores
+    from tunecache.cli.progress import ProgressPrinter
+
+    started = time.monotonic()
+    with cpu_intrinsics_only():
+        outcome = tune(mod, target, budget, workdir=workdir, cores=host_cores(),
+                       progress=ProgressPrinter(f"tvm {label}"))  # fmt: skip
+    return outcome, time.monotonic() - started
+
+
+def _budget(args: argparse.Namespace) -> Any:
+    from backends.base import Budget
+
+    try:
+        return Budget(trials=args.trials, seconds=args.seconds)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+
+
+def _tolerance(reference: Reference) -> float:
+    """The loosest tolerance of the outputs' dtypes (integers: exact)."""
+    dtypes = {reference.args[i].dtype for i in reference.outputs}
+    return max(TOLERANCES.get(dtype, 0.0) for dtype in dtypes)
+
+
+def _check(reference: Reference, mod: IRModule, record: Any, target: dict[str, Any]) -> Checked:
+    """Builds ``record``'s schedule of ``mod`` and compares it with the reference on every seed."""
+    from tvm.s_tir import Schedule
+
+    from backends.tvm.runnable import compile_module
+
+    try:
+        sch = Schedule(mod)
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+        lib = compile_module(sch.mod, target)
+        error, note = max_error(reference, lib)
+    except Exception as exc:  # a candidate may fail in any way: that is a failed check
+        lines = [line for line in str(exc).splitlines() if line.strip()] or [""]
+        return Checked(record, None, f"{type(exc).__name__}: {lines[-1][:200]}")
+    return Checked(record, error, note, lib)
+
+
+def max_error(reference: Reference, lib: Any) -> tuple[float | None, str]:
+    """The worst ‖out − ref‖ / ‖ref‖ of ``lib``'s outputs over the reference's seeds.
+
+    ``(None, why)`` when an output is not comparable: NaN or inf (an element left unwritten
+    keeps the poison), or a wrong shape.
+    """
+    from tuner.validation import compare
+
+    worst = 0.0
+    for seed, expected in zip(reference.seeds, reference.expected, strict=True):
+        for out, ref in zip(reference.run(lib, seed), expected, strict=True):
+            error, _, note = compare(out, ref)
+            if error is None:
+                return None, note
+            worst = max(worst, error)
+    return worst, ""
+
+
+def _report_speed(reference: Reference, best: Checked) -> None:
+    from backends.tvm.database import mean_seconds
+
+    best_ms, default_ms = reference.time_ms(best.lib), reference.time_ms(reference.lib)
+    searched = mean_seconds(best.record)
+    during = f" ({1e3 * searched:.4g} ms in the search)" if searched is not None else ""
+    ratio = default_ms / best_ms if best_ms > 0 else float("inf")
+    verdict = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+    print(f"best: {best_ms:.4g} ms{during} vs default schedule {default_ms:.4g} ms: {verdict}")
+
+
+def _upload(url: str, mod: IRModule, target: dict[str, Any], records: list[Any]) -> int:
+    from tunecache.tvm import Database
+
+    database = Database(url, target=target, timeout=Settings.from_env().timeout)
+    try:
+        result = database.upload(mod, records)
+    finally:
+        database.close()
+    print(
+        f"uploaded {len(records)} validated records to {url} (partition "
+        f"{database.partition}; {result.stored} stored, {result.kept} kept)",
+        file=sys.stderr,
+    )
+    print(
+        f"use them: compile_tir(tunecache.tvm.Database({url!r}, target={target!r}), mod, target)",
+        file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,109 @@
+"""The server side of :class:`tunecache.tvm.Database`: artifact reads and writes that never raise.
+
+MetaSchedule calls the database from C++ in the middle of ``tune_tir`` and ``compile_tir``; an
+exception there would end the user's tuning or compilation. So every failure is answered here
+with "nothing" and logged once, as a warning; after a failure that will not mend by itself (no
+connection, a timeout, 401/403, a server error) the database stops asking for the rest of its
+life, so a dead server costs one timeout, not one per call. A write refused for the token
+(401/403: a read-only token) stops the writes only; a refused single write (422: an item the
+server will not take) only loses that item.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from tunecache.artifacts import ArtifactIn, ArtifactPublic, Namespace
+from tunecache.client import Client, Timeout
+from tunecache.errors import ServerError
+
+logger = logging.getLogger(__name__)
+
+WRITE_TIMEOUT = 10.0  # seconds a write may take (reads get the lookup timeout)
+_STAYS_DOWN = frozenset({401, 403, 404, 405})
+
+
+class Remote:
+    """A :class:`~tunecache.client.Client` for one partition that logs failures instead of raising.
+
+    Args:
+        url: the server; ``TUNECACHE_URL`` when ``None``.
+        token: the API token; ``TUNECACHE_TOKEN`` when ``None``.
+        timeout: seconds a read may take (connecting included); writes get at least
+            :data:`WRITE_TIMEOUT`.
+        partition: the partition every call reads or writes.
+    """
+
+    def __init__(self, url: str | None, token: str | None, timeout: float, partition: str) -> None:
+        limits = Timeout(lookup=timeout, connect=timeout, write=max(timeout, WRITE_TIMEOUT))
+        self.client = Client(url, timeout=limits, token=token)
+        self.timeout = timeout
+        self.partition = partition
+        self.down: str | None = None  # why the server is no longer asked
+        self.read_only: str | None = None  # why it is no longer written to (a 401/403 on writes)
+        self._warned = False
+
+    def get(self, namespace: Namespace, key: str | None, limit: int) -> list[ArtifactPublic]:
+        """The partition's ``namespace`` items (of ``key``: best score first); ``[]`` on error."""
+        if self.down is not None:
+            return []
+        try:
+            return self.client.get_artifacts(
+                namespace, self.partition, key=key, limit=limit, timeout=self.timeout
+            )
+        except Exception as exc:  # ServerError, or anything the HTTP stack let through
+            self._failed(f"reading {namespace}", _as_server_error(exc))
+            return []
+
+    def put(self, items: Sequence[ArtifactIn]) -> bool:
+        """Stores ``items``; whether the server took them (``False``: logged, kept local)."""
+        if self.down is not None or self.read_only is not None or not items:
+            return False
+        try:
+            self.client.put_artifacts(items)
+        except Exception as exc:
+            error = _as_server_error(exc)
+            if error.status_code in (401, 403):  # a read-only token: reads still work
+                self.read_only = str(error)
+            self._failed(f"writing {len(items)} {items[0].namespace} item(s)", error, write=True)
+            return False
+        return True
+
+    def put_strict(self, items: Sequence[ArtifactIn]) -> Any:
+        """Stores ``items``, raising :class:`ServerError` (the CLI's upload, which must report).
+
+        Raises:
+            ServerError: the server is unreachable or refused the items.
+        """
+        return self.client.put_artifacts(items)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _failed(self, what: str, exc: ServerError, *, write: bool = False) -> None:
+        code = exc.status_code
+        refused_write = write and code in (401, 403)
+        stays_down = not refused_write and (code is None or code in _STAYS_DOWN or code >= 500)
+        if stays_down:
+            self.down = str(exc)
+        if not self._warned:
+            self._warned = True
+            then = "skipped"
+            if stays_down:
+                then = "using local records only from now on"
+            elif refused_write:
+                then = "not writing to it from now on"
+            logger.warning(
+                "tunecache.tvm: %s at %s failed (%s); %s", what, self.client.url, exc, then
+            )
+        else:
+            logger.debug("tunecache.tvm: %s failed: %s", what, exc)
+
+
+def _as_server_error(exc: Exception) -> ServerError:
+    """``exc`` itself when it is a :class:`ServerError`, else one without a status (stays down)."""
+    if isinstance(exc, ServerError):
+        return exc
+    return ServerError(f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,138 @@
+"""What a MetaSchedule database puts on the wire: partitions, keys and artifacts.
+
+MetaSchedule looks records up by workload alone (it ignores the target) and keys workloads by a
+structural hash that only one TVM build reproduces, so the server's copy is laid out differently:
+
+- **partition**: ``<sha256(target)[:16]>-tvm<version>``, the same string as
+  :func:`backends.tvm.target.partition_name`: records tuned for one CPU or one TVM release never
+  answer for another;
+- **key**: ``sha256(mod.script())``, the TVMScript text of the normalised one-function module
+  that ``tune_tir`` tunes and ``compile_tir`` looks up;
+- namespace ``tvm.workload``: one item per key, ``{"script_sha": key, "mod": <tvm.ir.save_json>}``,
+  for people and tools to see what a key is. Clients never load it: ``tvm.ir.load_json``
+  segfaults on malformed JSON, and nothing from a server may be able to crash a client;
+- namespace ``tvm.record``: one item per distinct (trace, argument info) of a key, the value
+  ``TuningRecord.as_json()`` as it is (plain JSON), the score its mean run time in seconds.
+  Records that failed to build or run are not uploaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from tunecache.artifacts import MAX_VALUE_BYTES, ArtifactIn
+from tunecache.canonical import canonical_json, digest
+from tunecache.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from tvm.ir import IRModule
+    from tvm.s_tir.meta_schedule.database import TuningRecord
+    from tvm.target import Target
+
+WORKLOAD: Final = "tvm.workload"
+RECORD: Final = "tvm.record"
+# A mean run time at or above this marks a candidate MetaSchedule could not build or run.
+FAILED_SECONDS = 1e9
+
+
+def partition_for(target: Target | Mapping[str, Any] | str) -> str:
+    """The partition of ``target`` (a ``Target``, a target dict or string) and this TVM.
+
+    Example:
+        >>> partition_for({"kind": "llvm", "num-cores": 2})  # doctest: +SKIP
+        '5b0c…-tvm0.27.0.post1'
+    """
+    import tvm
+    from tvm.target import Target
+
+    if not isinstance(target, Target):
+        target = Target(dict(target) if isinstance(target, Mapping) else target)
+    text = json.dumps(_plain(target.export()), sort_keys=True, separators=(",", ":"))
+    return f"{hashlib.sha256(text.encode()).hexdigest()[:16]}-tvm{tvm.__version__}"
+
+
+def _plain(value: Any) -> Any:
+    """A target's exported attributes as plain JSON data (ffi Maps, Arrays and immediates)."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence):
+        return [_plain(v) for v in value]
+    inner = getattr(value, "value", None)  # IntImm, FloatImm
+    if isinstance(inner, int | float):
+        return inner
+    export = getattr(value, "export", None)  # a nested Target (a host)
+    return _plain(export()) if callable(export) else str(value)
+
+
+def workload_key(mod: IRModule) -> str:
+    """``sha256(mod.script())``: the same text, hence key, in every process and on every host."""
+    return hashlib.sha256(mod.script().encode()).hexdigest()
+
+
+def mean_seconds(run_secs: Any) -> float | None:
+    """The mean of a record's run times, or ``None`` when it failed, was not run or is not data."""
+    if not isinstance(run_secs, Sequence) or isinstance(run_secs, str) or not run_secs:
+        return None
+    values = []
+    for v in run_secs:
+        v = getattr(v, "value", v)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+            return None
+        values.append(float(v))
+    mean = sum(values) / len(values)
+    return None if mean >= FAILED_SECONDS else mean
+
+
+def record_item(value: Sequence[Any]) -> str:
+    """The item name of a record's JSON: a digest of its trace and argument info (not its time).
+
+    Raises:
+        InvalidInput: ``value`` is not a ``[trace, run_secs, target, args_info]`` list of data.
+    """
+    if not isinstance(value, list) or len(value) != 4:
+        raise InvalidInput("a tuning record is [trace, run_secs, target, args_info]")
+    return digest([value[0], value[3]])
+
+
+def record_artifact(partition: str, key: str, record: TuningRecord) -> ArtifactIn | None:
+    """The ``tvm.record`` artifact of ``record``, or ``None`` for a failed or oversized one."""
+    value = record.as_json()
+    seconds = mean_seconds(value[1])
+    if seconds is None or _too_big(value):
+        return None
+    return ArtifactIn(
+        namespace=RECORD,
+        partition=partition,
+        key=key,
+        item=record_item(value),
+        value=value,
+        score=seconds,
+    )
+
+
+def workload_artifact(partition: str, key: str, mod: IRModule) -> ArtifactIn | None:
+    """The ``tvm.workload`` artifact of ``mod``, or ``None`` when its JSON is over the limit.
+
+    Records need no workload artifact to be found (lookups go by key); it says what a key is.
+    """
+    import tvm
+
+    value = {"script_sha": key, "mod": json.loads(tvm.ir.save_json(mod))}
+    if _too_big(value):
+        return None
+    return ArtifactIn(namespace=WORKLOAD, partition=partition, key=key, value=value)
+
+
+def _too_big(value: Any) -> bool:
+    try:
+        return len(canonical_json(value).encode()) > MAX_VALUE_BYTES
+    except InvalidInput:
+        return True

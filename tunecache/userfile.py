@@ -1,0 +1,64 @@
+"""Loading ``FILE.py:NAME`` for ``tune --torch`` and ``tune --tvm``: a user's file, by path.
+
+The file is run as a module of its own under a private name (its folder need not be a package,
+and it shadows nothing); anything wrong is one line of :class:`InvalidInput` naming the flag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from tunecache.errors import InvalidInput
+
+_MISSING = object()
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: first non-empty line of the message``, at most 300 characters."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def load_name(flag: str, spec: str) -> tuple[ModuleType, Path, Any]:
+    """``(module, path, value)`` for ``spec`` = ``FILE.py:NAME``.
+
+    Raises:
+        InvalidInput: a malformed spec, no such file, a file that fails to import, no NAME.
+    """
+    path_text, sep, name = spec.rpartition(":")
+    if not sep or not path_text or not name.isidentifier():
+        raise InvalidInput(f"{flag} wants FILE.py:NAME (e.g. model.py:Model), not {spec!r}")
+    path = Path(path_text)
+    if path.suffix != ".py" or not path.is_file():
+        raise InvalidInput(f"{flag}: no Python file {path_text!r}")
+    module = load_file(flag, path)
+    value = getattr(module, name, _MISSING)
+    if value is _MISSING:
+        raise InvalidInput(f"{flag}: {path.name} has no {name!r}")
+    return module, path, value
+
+
+def load_file(flag: str, path: Path) -> ModuleType:
+    """Runs ``path`` as a fresh module under a private name.
+
+    Raises:
+        InvalidInput: the file cannot be loaded or raises while it runs.
+    """
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+    name = f"_tunecache_user_{path.stem}_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise InvalidInput(f"{flag}: cannot load {str(path)!r} as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look their module up by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # the user's file: any error is bad input, said in one line
+        sys.modules.pop(name, None)
+        raise InvalidInput(f"{flag}: importing {path} failed: {one_line(exc)}") from None
+    return module
