@@ -265,7 +265,7 @@ class Recorder:
 # -- building (in this process or in a pool worker) -------------------------------------------
 def _build_here(spec: KeySpec, config: Config) -> Built:
     from backends.tvm.runnable import compile_module
-    from backends.tvm.target import host_target
+    from tunecache.tvm.target import host_target
 
     try:
         mod = apply_knobs(spec.workload, spec.problem, spec.dtype, config.to_json())
@@ -330,8 +330,8 @@ def sampled(space: SearchSpace, sample: int | None, seed: int) -> SearchSpace:
 
 def device_name() -> str:
     """``AMD EPYC, 2 cores (cpu-avx512)``: this CPU, for the landscape's ``device`` field."""
-    from backends.tvm.target import host_cores
     from tunecache.device import local_fingerprint
+    from tunecache.tvm.target import host_cores
 
     fingerprint = local_fingerprint("cpu")
     name = fingerprint.raw_name or fingerprint.name

@@ -201,7 +201,7 @@ def test_database_is_partitioned_and_warm_starts(
     backend: TVMBackend, matmul_search: tuple[SearchResult, list[Progress], Path]
 ) -> None:
     from backends.tvm.database import database_dir
-    from backends.tvm.target import host_target, tvm_version
+    from tunecache.tvm.target import host_target, tvm_version
 
     first, _, workdir = matmul_search
     partition = database_dir(workdir, host_target())
@@ -223,7 +223,7 @@ def test_database_is_partitioned_and_warm_starts(
 @pytest.mark.slow
 def test_different_targets_get_different_databases(backend: TVMBackend, tmp_path: Path) -> None:
     from backends.tvm.database import database_dir, open_database
-    from backends.tvm.target import host_target
+    from tunecache.tvm.target import host_target
 
     mine = host_target()
     other = {**mine, "num-cores": mine["num-cores"] + 1}
@@ -242,7 +242,7 @@ def test_different_targets_get_different_databases(backend: TVMBackend, tmp_path
 def test_host_target_uses_the_cpu_name(backend: TVMBackend) -> None:
     from tvm.target import Target, codegen
 
-    from backends.tvm.target import host_target
+    from tunecache.tvm.target import host_target
 
     target = host_target()
     assert target["kind"] == "llvm" and target["num-cores"] >= 1

@@ -33,9 +33,9 @@ from tunecache.client import Client
 
 tvm = pytest.importorskip("tvm")
 
-from backends.tvm.target import host_target, partition_name  # noqa: E402
 from tunecache.cli import main as cli_main  # noqa: E402
 from tunecache.tvm import Database, partition_for, workload_key  # noqa: E402
+from tunecache.tvm.target import host_target, partition_name  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENT_SCRIPT = REPO / "tests" / "tvm_db_client.py"

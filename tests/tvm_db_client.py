@@ -67,8 +67,8 @@ def main(url: str, file: str, name: str, out_dir: str) -> None:
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from backends.tvm.target import host_target
     from tunecache.tvm import Database
+    from tunecache.tvm.target import host_target
 
     _install_counters()
     func = runpy.run_path(file)[name]

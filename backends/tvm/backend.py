@@ -78,7 +78,7 @@ class TVMBackend(Backend):
             TuningError: no candidate compiled and ran.
         """
         from backends.tvm.search import tune
-        from backends.tvm.target import canonical_target, host_cores, host_target
+        from tunecache.tvm.target import canonical_target, host_cores, host_target
 
         workload, problem, dtype = request.workload, request.problem, request.dtype
         budget, progress = request.budget, request.progress
@@ -132,7 +132,7 @@ class TVMBackend(Backend):
         from backends.tvm.knobs import SCHEDULE_KNOBS, apply_knobs
         from backends.tvm.runnable import compile_module, make_runnable
         from backends.tvm.schedule import SCHEDULE_DEFAULT, apply_trace, config_schedule
-        from backends.tvm.target import host_target
+        from tunecache.tvm.target import host_target
         from workloads.base import torch_dtype
 
         # Always this CPU: the runnable must run here. A config tuned on another CPU still

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backends.tvm.target import partition_name
+from tunecache.tvm.target import partition_name
 
 if TYPE_CHECKING:
     from tvm.ir import IRModule

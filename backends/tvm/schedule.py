@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from backends.tvm.jsonutil import plain_json
 from tunecache.errors import InvalidInput, TuningError
+from tunecache.tvm.jsonutil import plain_json
 
 if TYPE_CHECKING:
     from tvm.s_tir import Schedule

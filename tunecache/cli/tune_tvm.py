@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
     url = upload_url(args)
     from backends.tvm.database import best_records, database_dir, open_database
     from backends.tvm.golden import Reference
-    from backends.tvm.target import host_target
     from tunecache.tvm.load import load_module
+    from tunecache.tvm.target import host_target
     from tuner.tune import default_workdir
 
     mod = load_module(args.tvm)
@@ -103,8 +103,8 @@ def _search(
     """MetaSchedule on ``mod`` into the local JSON database; the outcome and its seconds."""
     from backends.tvm.intrin import cpu_intrinsics_only
     from backends.tvm.search import tune
-    from backends.tvm.target import host_cores
     from tunecache.cli.progress import ProgressPrinter
+    from tunecache.tvm.target import host_cores
 
     started = time.monotonic()
     with cpu_intrinsics_only():

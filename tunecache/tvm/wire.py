@@ -4,8 +4,8 @@ MetaSchedule looks records up by workload alone (it ignores the target) and keys
 structural hash that only one TVM build reproduces, so the server's copy is laid out differently:
 
 - **partition**: ``<sha256(target)[:16]>-tvm<version>``, the same string as
-  :func:`backends.tvm.target.partition_name`: records tuned for one CPU or one TVM release never
-  answer for another;
+  :func:`tunecache.tvm.target.partition_name`, which the tuner's own database uses too:
+  records tuned for one CPU or one TVM release never answer for another;
 - **key**: ``sha256(mod.script())``, the TVMScript text of the normalised one-function module
   that ``tune_tir`` tunes and ``compile_tir`` looks up;
 - namespace ``tvm.workload``: one item per key, ``{"script_sha": key, "mod": <tvm.ir.save_json>}``,
@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Final
 from tunecache.artifacts import MAX_VALUE_BYTES, ArtifactIn
 from tunecache.canonical import canonical_json, digest
 from tunecache.errors import InvalidInput
+from tunecache.tvm.jsonutil import plain_json
+from tunecache.tvm.target import partition_name
 
 if TYPE_CHECKING:
     from tvm.ir import IRModule
@@ -46,30 +48,13 @@ def partition_for(target: Target | Mapping[str, Any] | str) -> str:
         >>> partition_for({"kind": "llvm", "num-cores": 2})  # doctest: +SKIP
         '5b0c…-tvm0.27.0.post1'
     """
-    import tvm
     from tvm.target import Target
 
+    if isinstance(target, Mapping):
+        return partition_name(target)
     if not isinstance(target, Target):
-        target = Target(dict(target) if isinstance(target, Mapping) else target)
-    text = json.dumps(_plain(target.export()), sort_keys=True, separators=(",", ":"))
-    return f"{hashlib.sha256(text.encode()).hexdigest()[:16]}-tvm{tvm.__version__}"
-
-
-def _plain(value: Any) -> Any:
-    """A target's exported attributes as plain JSON data (ffi Maps, Arrays and immediates)."""
-    if value is None or isinstance(value, bool | int | float):
-        return value
-    if isinstance(value, str):
-        return str(value)
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, Sequence):
-        return [_plain(v) for v in value]
-    inner = getattr(value, "value", None)  # IntImm, FloatImm
-    if isinstance(inner, int | float):
-        return inner
-    export = getattr(value, "export", None)  # a nested Target (a host)
-    return _plain(export()) if callable(export) else str(value)
+        target = Target(target)
+    return partition_name(plain_json(target.export()))
 
 
 def workload_key(mod: IRModule) -> str:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from backends.tvm.jsonutil import plain_json
+from tunecache.tvm.jsonutil import plain_json
 
 logger = logging.getLogger(__name__)
 

@@ -24,4 +24,7 @@ def plain_json(value: Any) -> Any:
         return int(value.value)
     if isinstance(value, FloatImm):
         return float(value.value)
+    export = getattr(value, "export", None)  # a nested Target (a target's host)
+    if callable(export):
+        return plain_json(export())
     raise TypeError(f"{type(value).__name__} has no JSON form: {value!r:.200}")
