@@ -66,7 +66,7 @@ def _as_text(kernel: str, shape: str, dtype: str, answer: Any) -> str:
     for a in answer.answers:
         result = a.result
         if result is None:
-            rows.append([a.backend, "-", "-", "-", "-", a.why_not or ""])
+            rows.append([a.backend, "-", "-", "-", "-", (a.why_not or "").split(":")[0]])
             continue
         ratio = f"{a.time_ms / best_ms:.2f}x" if best_ms and a.time_ms else "-"
         record = f"#{result.record.id}" if result.record is not None else result.source
