@@ -24,6 +24,11 @@ from tunecache.tokens import fingerprint
 KEY = make_key(m=64).to_json()
 RECORD = make_record(make_key(m=64)).model_dump(mode="json", by_alias=True)
 SNAPSHOT = {"schema": 1, "filters": {"device_arch": "cpu-avx2"}, "records": []}
+ARTIFACTS = {"items": [{"namespace": "tvm.record", "partition": "p", "key": "k", "value": {}}]}
+QUERY = {
+    ("GET", "/v1/snapshot"): {"device_arch": "cpu-avx2"},
+    ("GET", "/v1/artifacts"): {"namespace": "tvm.record", "partition": "p"},
+}
 
 # Every route of the API and the scope it needs; test_every_route_is_in_the_table keeps it whole.
 ROUTES: list[tuple[str, str, dict[str, Any] | None, str]] = [
@@ -44,6 +49,9 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("POST", "/v1/tokens", {"name": "x", "scope": "read"}, "admin"),
     ("GET", "/v1/tokens", None, "admin"),
     ("DELETE", "/v1/tokens/{token_id}", None, "admin"),
+    ("GET", "/v1/whoami", None, "read"),
+    ("GET", "/v1/artifacts", None, "read"),
+    ("POST", "/v1/artifacts", ARTIFACTS, "write"),
 ]
 OPEN = {"/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
 LEVEL = {"none": -1, "read": 0, "write": 1, "admin": 2}
@@ -64,7 +72,7 @@ def create(url: str, name: str, scope: str) -> str:
 
 def call(url: str, method: str, route: str, body: Any, headers: dict[str, str]) -> httpx.Response:
     path = route.format(record_id=1, job_id=1, token_id=999)
-    params = {"device_arch": "cpu-avx2"} if route == "/v1/snapshot" and method == "GET" else None
+    params = QUERY.get((method, route))
     return httpx.request(
         method, f"{url}{path}", json=body, params=params, headers=headers, timeout=30
     )
@@ -264,7 +272,7 @@ def test_cli_bootstraps_on_the_database_then_manages_through_the_server(
         as_writer = {"TUNECACHE_TOKEN": writer.stdout.strip()}
         refused = tunecache("token", "list", *server, env=as_writer)
         assert (
-            refused.returncode == 1
+            refused.returncode == 4  # refused: 401 / 403
             and "403" in refused.stderr
             and "Traceback" not in refused.stderr
         )

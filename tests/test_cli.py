@@ -75,6 +75,16 @@ def test_get_miss_is_exit_1(shared_server: LiveServer) -> None:
     assert done.returncode == 1 and done.stdout.startswith("miss: matmul")
 
 
+def test_version_bare_help_and_workloads_json() -> None:
+    version = tunecache("--version")
+    assert version.returncode == 0 and version.stdout.startswith("tunecache ")
+    bare = tunecache()
+    assert bare.returncode == 0 and "usage: tunecache" in bare.stdout and "tune" in bare.stdout
+    listed = json.loads(tunecache("workloads", "--json").stdout)
+    assert {w["name"] for w in listed} >= {"matmul", "softmax", "layernorm", "rmsnorm"}
+    assert listed[0]["backends"]["tvm"] == ["float32"]
+
+
 def test_workloads_lists_every_workload() -> None:
     done = tunecache("workloads")
     assert done.returncode == 0
@@ -105,12 +115,18 @@ def test_get_json_prints_the_record(server: LiveServer) -> None:
     done = tunecache("get", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8", "--json",
                      "--server", server.url)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    record = json.loads(done.stdout)
+    answer = json.loads(done.stdout)
+    assert (answer["hit"], answer["match"], answer["policy"]) == (True, "exact", "strict")
+    record = answer["record"]
     assert record["key"]["problem"] == {"K": 8, "M": 8, "N": 8}
     assert record["timing"]["median_ms"] == 0.5
     plain = tunecache("get", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8",
                       "--server", server.url)  # fmt: skip
-    assert plain.returncode == 0 and "1.00x" not in plain.stdout and "2.00x" in plain.stdout
+    assert plain.returncode == 0 and "2.00x faster than torch eager" in plain.stdout
+    assert "matched    exact rule, strict version policy" in plain.stdout
+    missed = tunecache("get", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=9", "--json",
+                       "--server", server.url)  # fmt: skip
+    assert missed.returncode == 1 and json.loads(missed.stdout)["hit"] is False
 
 
 def test_tuning_triton_without_a_gpu_says_why_and_stores_nothing(shared_server: LiveServer) -> None:

@@ -6,6 +6,7 @@ import json
 import logging
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ from cache_server.embedded import free_port
 from tests.conftest import LiveServer
 from tests.factories import make_key, make_record
 from tunecache import Client, ServerError
+from tunecache.errors import InvalidInput
 from tunecache.key import Key
 from tunecache.schemas import LookupResponse, RecordPublic
 
@@ -158,3 +160,14 @@ def test_upload_rejection_raises_server_error_with_reason(server: LiveServer) ->
         client._call("POST", "/v1/records", json=body)
     assert info.value.status_code == 422
     assert "median_ms" in str(info.value)
+
+
+def test_a_snapshot_path_may_be_a_str_and_a_bad_policy_fails_at_construction(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "no-snapshot.json"
+    with Client("http://127.0.0.1:9", snapshot=str(missing), timeout=0.2) as client:
+        result = client.lookup(make_key(), default={"tile": 1})
+    assert (result.source, result.config) == ("default", {"tile": 1})
+    with pytest.raises(InvalidInput, match="policy='loose': expected one of strict"):
+        Client("http://127.0.0.1:9", policy="loose")  # type: ignore[arg-type]

@@ -186,7 +186,7 @@ def test_a_server_that_is_down_costs_one_warning_and_the_compile_runs(tmp_path: 
                        "--timeout", "1"], tmp_path / "inductor")  # fmt: skip
     assert report["warnings"] == 1, report["warning_text"]
     assert report["enabled"]["reachable"] is False
-    assert report["enable_s"] < 3
+    assert report["enable_s"] < 30  # a hang check, not a speed claim
     assert report["benchmarks"] > 0  # Inductor autotuned on its own
     assert relative(torch.load(tmp_path / "d.pt"), eager_output(model)) < 1e-4
 
@@ -219,10 +219,19 @@ def test_a_silent_server_costs_one_timeout_and_one_warning(
             enabled = enable(url, timeout=0.5)
             store_answer = _installed_backend().get("pt2:some-kernel:c1")
             elapsed = time.monotonic() - start
+        silent.setblocking(False)
+        connections = 0
+        while True:  # the connections waiting in the backlog: each one a request that timed out
+            try:
+                silent.accept()[0].close()
+            except BlockingIOError:
+                break
+            connections += 1
     assert [w.category for w in caught] == [TeamCacheWarning]
     assert "timed out" in str(caught[0].message).lower() or "timeout" in str(caught[0].message)
     assert enabled.reachable is False and store_answer is None
-    assert elapsed < 2.0  # one timeout: the kernel lookup after it does not ask again
+    assert connections == 1  # one timeout: the kernel lookup after it does not ask again
+    assert elapsed < 30  # a hang check, not a speed claim
 
 
 def test_a_refused_token_costs_one_warning(

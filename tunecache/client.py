@@ -20,10 +20,11 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -39,7 +40,7 @@ from tunecache.artifacts import (
     Namespace,
 )
 from tunecache.defaults import default_config
-from tunecache.errors import ServerError
+from tunecache.errors import InvalidInput, ServerError
 from tunecache.key import Key
 from tunecache.policies import VersionPolicy
 from tunecache.resolver import (
@@ -67,7 +68,7 @@ from tunecache.schemas import (
     UploadResult,
 )
 from tunecache.settings import Settings
-from tunecache.tokens import Scope, TokenCreate, TokenCreated, TokenList, TokenPublic
+from tunecache.tokens import Scope, TokenCreate, TokenCreated, TokenList, TokenPublic, WhoAmI
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -107,6 +108,9 @@ class Client:
         snapshot: a snapshot file (:func:`tunecache.snapshot.save_snapshot`) to answer lookups
             from before asking the server; read once, on the first lookup. A missing or corrupt
             file is logged once and ignored.
+
+    Raises:
+        InvalidInput: an unknown ``policy`` (at once, not at the first lookup).
     """
 
     def __init__(
@@ -120,8 +124,12 @@ class Client:
         policy: VersionPolicy = "strict",
         report_misses: bool = False,
         token: str | None = None,
-        snapshot: Path | None = None,
+        snapshot: str | os.PathLike[str] | None = None,
     ) -> None:
+        if policy not in get_args(VersionPolicy):
+            raise InvalidInput(
+                f"policy={policy!r}: expected one of {', '.join(get_args(VersionPolicy))}"
+            )
         need_env = url is None or timeout is None or token is None
         settings = Settings.from_env() if need_env else None
         self.url = (url or (settings.url if settings else "")).rstrip("/")
@@ -135,7 +143,9 @@ class Client:
         token = token if token is not None else (settings.token if settings else None)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(base_url=self.url, transport=transport, headers=headers)
-        sources: list[Source] = [] if snapshot is None else [SnapshotSource(snapshot, policy)]
+        sources: list[Source] = []
+        if snapshot is not None:
+            sources.append(SnapshotSource(Path(snapshot), policy))
         sources.append(ServerSource(self, retry_after=retry_after, miss_ttl=miss_ttl,
                                     report_misses=report_misses))  # fmt: skip
         self.resolver = Resolver(sources)
@@ -434,6 +444,16 @@ class Client:
         return TokenPublic.model_validate_json(
             self._call("DELETE", f"/v1/tokens/{token_id}").content
         )
+
+    def whoami(self, *, timeout: float | None = None) -> WhoAmI:
+        """The token this client sends, as the server sees it, and its scope.
+
+        Raises:
+            ServerError: unreachable (``status_code`` None), or the token is refused (401).
+        """
+        http_timeout = None if timeout is None else httpx.Timeout(timeout)
+        response = self._call("GET", "/v1/whoami", timeout=http_timeout)
+        return self._parse(WhoAmI, response, "/v1/whoami")
 
     def health(self) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", "/health").json()

@@ -80,6 +80,15 @@ class TokenPublic(_Strict):
     revoked_at: datetime | None = None
 
 
+class WhoAmI(_Strict):
+    """Who the server takes the caller for: the token (``None`` without one) and its scope, and
+    whether the server lets reads through without a token (``reads``: ``open`` or ``token``)."""
+
+    token: TokenPublic | None
+    scope: Scope | None
+    reads: Literal["open", "token"]
+
+
 class TokenCreated(_Strict):
     """A new token: ``token`` is its only appearance in clear."""
 

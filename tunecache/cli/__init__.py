@@ -1,7 +1,7 @@
 """The ``tunecache`` command line.
 
 Exit codes: 0 success (a hit for ``get``), 1 a miss or a failed run, 2 bad input, 3 the server could
-not be reached.
+not be reached, 4 the server refused the token (401, 403), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from tunecache import __version__
 from tunecache.cli import (
     best,
     coverage,
@@ -32,6 +33,7 @@ from tunecache.errors import InvalidInput, ServerError, TuningError
 
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
+EXIT_REFUSED = 4
 COMMANDS = (
     serve, db, token, tune, get, best, replay, workloads, demo, snapshot, sync, daemon, pretune,
     coverage,
@@ -49,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Tune kernels, validate the winners, serve them from a shared cache.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.add_argument("--version", action="version", version=f"tunecache {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for module in COMMANDS:
         module.register(commands)
     return parser
@@ -59,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:  # bare `tunecache`: what it can do
+        parser.print_help()
+        return 0
     # A kernel of the user's project (package.module:Class) is found from the current directory,
     # after the installed packages: a folder of theirs named like one of ours never shadows it.
     if os.getcwd() not in sys.path and "" not in sys.path:
@@ -74,7 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except ServerError as exc:
         print(f"tunecache: error: {exc}", file=sys.stderr)
-        return EXIT_UNREACHABLE if exc.status_code is None else 1
+        if exc.status_code is None:
+            return EXIT_UNREACHABLE
+        return EXIT_REFUSED if exc.status_code in (401, 403) else 1
     except TuningError as exc:
         print(f"tunecache: tuning failed: {exc}", file=sys.stderr)
         return 1

@@ -5,9 +5,12 @@ from __future__ import annotations
 import argparse
 import re
 
-from tunecache.errors import InvalidInput
+from tunecache.errors import InvalidInput, ServerError
 from tunecache.key import BACKENDS, DTYPES, MAX_DIM, Key, describe, key_for
 from tunecache.settings import Settings
+from tunecache.tokens import Scope, grants
+
+PREFLIGHT_SECONDS = 2.0  # the server's answer to "may this token do that?"
 
 _INTEGER = re.compile(r"-?[0-9]+")  # int() also takes "١٢" (Arabic-Indic), "1_000", "+8"
 
@@ -62,12 +65,44 @@ def upload_url(args: argparse.Namespace) -> str | None:
     if args.no_upload:
         return None
     url = server_url(args)
+    preflight(url, "write", "uploading", or_else=", or --no-upload")
+    return url
+
+
+def preflight(url: str, needed: Scope, doing: str, *, or_else: str = "") -> None:
+    """Checks, before any work, that the server answers and the token may do ``needed``.
+
+    Raises:
+        InvalidInput: no token in ``$TUNECACHE_TOKEN``.
+        ServerError: the server is unreachable (exit 3), refuses the token or its scope is too
+            small (401 / 403: exit 4). One line each, within :data:`PREFLIGHT_SECONDS`.
+    """
+    from tunecache.client import Client
+
+    create = f"tunecache token create --name NAME --scope {needed}"
     if not Settings.from_env().token:
         raise InvalidInput(
-            "uploading needs a token with the 'write' scope in $TUNECACHE_TOKEN "
-            "(tunecache token create --name NAME --scope write), or --no-upload"
+            f"{doing} needs a token with the {needed!r} scope in $TUNECACHE_TOKEN ({create})"
+            + or_else
         )
-    return url
+    with Client(url, timeout=PREFLIGHT_SECONDS) as client:
+        try:
+            me = client.whoami(timeout=PREFLIGHT_SECONDS)
+        except ServerError as exc:
+            if exc.status_code == 404:  # a server older than /v1/whoami: the work will tell
+                return
+            if exc.status_code == 401:
+                raise ServerError(
+                    f"{url} refuses the token in $TUNECACHE_TOKEN (unknown or revoked): {create}",
+                    status_code=401,
+                ) from None
+            raise ServerError(f"{doing}: the server is not answering: {exc}") from None
+    if me.scope is None or not grants(me.scope, needed):
+        name = "no token" if me.token is None else f"token {me.token.name!r}"
+        raise ServerError(
+            f"{doing} needs the {needed!r} scope; {name} has {me.scope or 'none'} ({create})",
+            status_code=403,
+        )
 
 
 def add_key(parser: argparse.ArgumentParser, *, optional: bool = False) -> None:

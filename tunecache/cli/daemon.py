@@ -12,10 +12,9 @@ import signal
 import sys
 from typing import Any
 
-from tunecache.cli.args import add_server, server_url
+from tunecache.cli.args import add_server, preflight, server_url
 from tunecache.errors import InvalidInput
 from tunecache.kernels import BACKENDS
-from tunecache.settings import Settings
 
 
 def register(commands: Any) -> None:
@@ -50,11 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.trials < 1 or args.poll <= 0 or args.lease <= 0:
         raise InvalidInput("--trials, --poll and --lease must be positive")
-    if not Settings.from_env().token:
-        raise InvalidInput(
-            "the daemon uploads: it needs a token with the 'write' scope in $TUNECACHE_TOKEN "
-            "(tunecache token create --name NAME --scope write)"
-        )
+    preflight(server_url(args), "write", "the daemon (it claims jobs and uploads)")
     options = DaemonOptions(
         device=args.device, backends=_backends(args.backends), trials=args.trials,
         strategy=args.strategy, lease_seconds=args.lease, poll_seconds=args.poll,

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tunecache.cli.table import ms, render
+from tunecache.cli.table import ms, ratio, render
 
 DEMO_WORKLOADS = ("matmul", "softmax", "layernorm", "bias_gelu")
 DEMO_BACKENDS = ("tvm", "inductor")
@@ -93,8 +93,8 @@ def _winners_table(rows: list[dict[str, Any]]) -> str:
                 ms(record.timing.median_ms),
                 ms(baseline.get("default_config")),
                 ms(baseline.get("torch_eager")),
-                f"{vs_default:.2f}x" if vs_default else "-",
-                f"{vs_eager:.2f}x" if vs_eager else "-",
+                ratio(vs_default) if vs_default else "-",
+                ratio(vs_eager) if vs_eager else "-",
                 f"{record.validation.max_rel_error:.1e}",
             ]
         )

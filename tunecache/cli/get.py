@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from tunecache.cli.args import add_key, add_server, key_from_args, server_url
-from tunecache.cli.table import ms
+from tunecache.cli.table import ms, ratio
 from tunecache.schemas import RecordPublic
 
 
@@ -25,7 +25,7 @@ def describe(record: RecordPublic) -> str:
         f"{record.key.to_key().short()}",
         f"  config     {record.config_summary or json.dumps(record.config)[:80]}",
         f"  time       {ms(record.timing.median_ms)} ms (median of {record.timing.repeats})",
-        f"  speedup    {speedup:.2f}x vs torch eager" if speedup else "  speedup    -",
+        f"  speedup    {ratio(speedup)} than torch eager" if speedup else "  speedup    -",
         f"  validated  max rel error {record.validation.max_rel_error:.2e} "
         f"(tolerance {record.validation.tolerance:g}, {len(record.validation.checks)} checks)",
         f"  record     #{record.id}, {record.created_at:%Y-%m-%d %H:%M} UTC",
@@ -38,12 +38,18 @@ def run(args: argparse.Namespace) -> int:
 
     key = key_from_args(args)
     with Client(server_url(args)) as client:
-        record = client.fetch(key)
-    if record is None:
-        print(f"miss: {key.short()}")
+        answer = client.fetch_answer(key)
+    if answer is None:
+        if args.json:
+            print(json.dumps({"hit": False, "key": key.to_json(), "key_hash": key.digest()}))
+        else:
+            print(f"miss: {key.short()}")
         return 1
     if args.json:
-        print(record.model_dump_json(by_alias=True, indent=2))
+        body = {"hit": True, "match": answer.match, "policy": answer.policy,
+                "record": answer.record.model_dump(mode="json", by_alias=True)}  # fmt: skip
+        print(json.dumps(body, indent=2))
     else:
-        print(describe(record))
+        print(describe(answer.record))
+        print(f"  matched    {answer.match} rule, {answer.policy} version policy")
     return 0

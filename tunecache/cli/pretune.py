@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tunecache.cli.args import add_server, server_url
+from tunecache.cli.args import add_server, preflight, server_url
 from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
 
@@ -77,9 +77,7 @@ def run(args: argparse.Namespace) -> int:
     from tunecache.manifest import load_manifest
 
     manifest = load_manifest(args.manifest)  # a bad manifest stops here: nothing queued
-    if not Settings.from_env().token:
-        raise InvalidInput("queuing jobs needs a token with the 'write' scope in $TUNECACHE_TOKEN "
-                           "(tunecache token create --name NAME --scope write)")  # fmt: skip
+    preflight(server_url(args), "write", "queuing jobs")
     with Client(server_url(args), policy=manifest.policy) as client:
         hashes, tuned = queue(client, manifest)
         print(f"{len(manifest.keys)} keys: {tuned} tuned already, {len(hashes)} queued",

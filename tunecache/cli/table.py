@@ -21,3 +21,10 @@ def ms(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:.3g}" if value >= 0.001 else f"{value:.2e}"
+
+
+def ratio(speedup: float) -> str:
+    """``2.00x faster`` or ``1.89x slower`` (never a bare ``0.53x``)."""
+    if speedup >= 1:
+        return f"{speedup:.2f}x faster"
+    return f"{1 / speedup:.2f}x slower"

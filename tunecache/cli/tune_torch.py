@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from tunecache.cli.args import upload_url
+from tunecache.cli.table import ratio
 from tunecache.errors import InvalidInput, TuningError
 from tunecache.settings import Settings
 from tunecache.userfile import load_name, one_line
@@ -96,9 +97,9 @@ def run(args: argparse.Namespace) -> int:
         TuningError: the compile failed or its output is wrong.
         ServerError: the upload failed.
     """
-    url = upload_url(args)
     device = _device(args.device)
     fn, inputs = load_target(args.torch, args.inputs, args.init_inputs, device)
+    url = upload_url(args)  # after the file's own errors, before the compile
 
     from tunecache.inductor import pretune
 
@@ -147,12 +148,11 @@ def _other_load() -> float | None:
 
 def _report(spec: str, result: Any) -> None:
     check = result.check
-    speed = "faster" if result.compiled_ms < result.eager_ms else "slower"
-    ratio = result.eager_ms / result.compiled_ms if result.compiled_ms > 0 else float("inf")
+    speedup = result.eager_ms / result.compiled_ms if result.compiled_ms > 0 else float("inf")
     lines: Sequence[str] = [
         f"{spec} on {result.device}: compiled with max-autotune in {result.compile_s:.1f} s",
         f"  compiled {result.compiled_ms:.4g} ms vs eager {result.eager_ms:.4g} ms: "
-        f"{ratio:.2f}x, {speed}",
+        f"{ratio(speedup)}",
         f"  checked against {check.reference}: relative error {check.error:.2g} "
         f"({'ok' if check.ok else 'WRONG'}, tolerance {check.tolerance:g})",
         f"  autotune choices recorded: {len(result.groups)} GEMM op(s), "

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tunecache.cli.args import upload_url
+from tunecache.cli.table import ratio
 from tunecache.defaults import TOLERANCES
 from tunecache.errors import InvalidInput, TuningError
 from tunecache.settings import Settings
@@ -61,7 +62,6 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInput("--tvm tunes for this machine's CPU (llvm); --device cuda is not "
                            "supported for TVM modules: leave --device out or pass cpu")  # fmt: skip
     budget = _budget(args)
-    url = upload_url(args)
     from backends.tvm.database import best_records, database_dir, open_database
     from backends.tvm.golden import Reference
     from tunecache.tvm.load import load_module
@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     mod = load_module(args.tvm)
     target = host_target()
     reference = Reference(mod, target, SEEDS)  # before tuning: a broken module fails fast
+    url = upload_url(args)  # after the module's own errors, before the search
     workdir = default_workdir()
     outcome, seconds = _search(mod, target, budget, workdir, args.tvm)
     records = best_records(open_database(workdir, target), mod, RANKED)
@@ -169,9 +170,9 @@ def _report_speed(reference: Reference, best: Checked) -> None:
     best_ms, default_ms = reference.time_ms(best.lib), reference.time_ms(reference.lib)
     searched = mean_seconds(best.record)
     during = f" ({1e3 * searched:.4g} ms in the search)" if searched is not None else ""
-    ratio = default_ms / best_ms if best_ms > 0 else float("inf")
-    verdict = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
-    print(f"best: {best_ms:.4g} ms{during} vs default schedule {default_ms:.4g} ms: {verdict}")
+    speedup = default_ms / best_ms if best_ms > 0 else float("inf")
+    print(f"best: {best_ms:.4g} ms{during} vs default schedule {default_ms:.4g} ms: "
+          f"{ratio(speedup)}")  # fmt: skip
 
 
 def _upload(url: str, mod: IRModule, target: dict[str, Any], records: list[Any]) -> int:

@@ -2,10 +2,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from cache_server.api.deps import SessionDep
+from cache_server import tokens
+from cache_server.api.auth import ReadAccess
+from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.queries import count_records
 from tunecache import __version__
 from tunecache.schemas import Health
+from tunecache.tokens import WhoAmI
 
 router = APIRouter(tags=["health"])
 
@@ -18,3 +21,19 @@ def health(session: SessionDep) -> Health:
         records=count_records(session),
         version=__version__,
     )
+
+
+@router.get(
+    "/v1/whoami",
+    tags=["tokens"],
+    responses={401: {"description": "the token is unknown or revoked, or reads need one"}},
+)
+def whoami(caller: ReadAccess, settings: SettingsDep) -> WhoAmI:
+    """The caller's token and scope: a client checks it may do its work before starting it.
+
+    Any live token may ask (401 for an unknown or revoked one); without a token the answer is
+    ``token: null`` where reads are open, 401 where they need a token.
+    """
+    public = None if caller is None else tokens.public(caller)
+    return WhoAmI(token=public, scope=None if public is None else public.scope,
+                  reads=settings.reads)  # fmt: skip
