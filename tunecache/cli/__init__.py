@@ -22,6 +22,7 @@ from tunecache.cli import (
     get,
     pretune,
     replay,
+    report,
     serve,
     snapshot,
     sync,
@@ -36,7 +37,7 @@ EXIT_UNREACHABLE = 3
 EXIT_REFUSED = 4
 COMMANDS = (
     serve, db, token, tune, get, best, replay, workloads, demo, snapshot, sync, daemon, pretune,
-    coverage,
+    coverage, report,
 )  # fmt: skip
 
 

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunecache.cli.args import add_server, server_url
+
+if TYPE_CHECKING:
+    from tunecache.key import Key
+    from tunecache.manifest import Manifest
 
 
 def register(commands: Any) -> None:
@@ -34,17 +39,30 @@ def state_of(key: Any, client: Any, anyway: Any, jobs: dict[str, Any]) -> str:
     return "missing"
 
 
-def run(args: argparse.Namespace) -> int:
+def manifest_states(
+    manifest: Manifest, url: str, keys: Sequence[Key] | None = None
+) -> list[tuple[Key, str]]:
+    """Each of ``keys`` (default: the manifest's) with its state on the server at ``url``, under
+    the manifest's version policy (``tunecache report`` draws these too).
+
+    Raises:
+        ServerError: the server is unreachable or refused.
+    """
     from tunecache.cli.pretune import all_jobs
-    from tunecache.cli.table import render
     from tunecache.client import Client
+
+    keys = manifest.keys if keys is None else keys
+    with Client(url, policy=manifest.policy) as client, Client(url, policy="any") as anyway:
+        jobs = all_jobs(client)
+        return [(key, state_of(key, client, anyway, jobs)) for key in keys]
+
+
+def run(args: argparse.Namespace) -> int:
+    from tunecache.cli.table import render
     from tunecache.manifest import load_manifest
 
     manifest = load_manifest(args.manifest)
-    url = server_url(args)
-    with Client(url, policy=manifest.policy) as client, Client(url, policy="any") as anyway:
-        jobs = all_jobs(client)
-        states = [(key, state_of(key, client, anyway, jobs)) for key in manifest.keys]
+    states = manifest_states(manifest, server_url(args))
     if args.json:
         for key, state in states:
             print(json.dumps({"key": key.short(), "digest": key.digest(), "state": state}))

@@ -1,0 +1,108 @@
+"""The dashboard's pages: records by key, one record, the job queue. Read-only, HTML."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request
+from fastapi.responses import HTMLResponse
+
+from cache_server import jobs, queries
+from cache_server.api.deps import SessionDep
+from cache_server.dashboard import queries as dashboard_queries
+from cache_server.dashboard.access import PageError, Reader
+from cache_server.dashboard.svg import convergence_svg
+from cache_server.dashboard.templating import page
+from tunecache.schemas import MAX_ID, JobPublic
+
+PAGE_SIZE = 100
+Filter = Annotated[str | None, Query(max_length=128)]
+PageNumber = Annotated[int, Query(ge=1, le=1_000_000)]
+
+router = APIRouter(include_in_schema=False)
+
+
+def _pages(total: int, number: int) -> dict[str, int]:
+    """Where a page of ``PAGE_SIZE`` rows starts and ends, and how many pages there are."""
+    last = max(1, -(-total // PAGE_SIZE))
+    first_row = (number - 1) * PAGE_SIZE
+    return {"number": number, "last": last, "first_row": first_row + 1,
+            "last_row": min(total, first_row + PAGE_SIZE), "total": total}  # fmt: skip
+
+
+@router.get("/", response_class=HTMLResponse)
+def index(
+    request: Request,
+    session: SessionDep,
+    _reader: Reader,
+    kernel: Filter = None,
+    backend: Filter = None,
+    device_arch: Filter = None,
+    all: bool = False,
+    p: PageNumber = 1,
+) -> HTMLResponse:
+    """Winners (or, with ``all``, every record) by kernel × device × backend."""
+    filters = queries.RecordFilters(
+        kernel=kernel or None, backend=backend or None, device_arch=device_arch or None
+    )
+    records, total = dashboard_queries.list_by_key(
+        session,
+        filters=filters,
+        winners_only=not all,
+        limit=PAGE_SIZE,
+        offset=(p - 1) * PAGE_SIZE,
+    )
+    return page(
+        request,
+        "index.html",
+        {
+            "records": records,
+            "filters": filters,
+            "all": all,
+            "choices": dashboard_queries.choices(session),
+            "pages": _pages(total, p),
+            "query": {k: v for k, v in [*asdict(filters).items(), ("all", all)] if v},
+        },
+    )
+
+
+@router.get("/ui/records/{record_id}", response_class=HTMLResponse)
+def record(
+    request: Request,
+    session: SessionDep,
+    _reader: Reader,
+    record_id: Annotated[int, Path(ge=1, le=MAX_ID)],
+) -> HTMLResponse:
+    """One record: its key, config, timing, baselines, validation, provenance and search."""
+    found = queries.get_record(session, record_id=record_id)
+    if found is None:
+        raise PageError(404, f"There is no record {record_id}.")
+    plot = convergence_svg([t.time_ms for t in found.trials])
+    return page(request, "record.html", {"r": found, "plot": plot})
+
+
+@router.get("/ui/jobs", response_class=HTMLResponse)
+def job_queue(
+    request: Request,
+    session: SessionDep,
+    _reader: Reader,
+    state: Filter = None,
+    p: PageNumber = 1,
+) -> HTMLResponse:
+    """The queue: counts by state, then each job with its lease, attempts and last error."""
+    counts = dashboard_queries.job_counts(session)
+    if state not in counts:
+        state = None
+    rows, total = jobs.list_jobs(session, state=state, limit=PAGE_SIZE, offset=(p - 1) * PAGE_SIZE)
+    return page(
+        request,
+        "jobs.html",
+        {
+            "jobs": [JobPublic.model_validate(row, from_attributes=True) for row in rows],
+            "counts": counts,
+            "state": state,
+            "pages": _pages(total, p),
+            "query": {"state": state} if state else {},
+        },
+    )

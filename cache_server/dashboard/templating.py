@@ -1,0 +1,103 @@
+"""The dashboard's Jinja2 environment (autoescaped: kernels and configs are user data), its
+formatting filters, and :func:`page`, which renders a template with the security headers."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from fastapi import Request
+from fastapi.responses import HTMLResponse
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from tunecache import __version__
+
+HERE = Path(__file__).parent
+STATIC_DIR: Final = HERE / "static"
+# Only this server: no CDN, no font host, and no script at all on the dashboard's pages.
+PAGE_CSP: Final = (
+    "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
+    "base-uri 'none'; frame-ancestors 'none'"
+)
+
+
+def ms(value: float | None) -> str:
+    """A time in milliseconds, to 4 significant digits: ``0.01234``, ``12.35``, ``1235``."""
+    return "—" if value is None else f"{value:.4g}"
+
+
+def ratio(value: float | None) -> str:
+    """A speedup: ``1.83×``."""
+    return "—" if value is None else f"{value:.2f}×"
+
+
+def sci(value: float | None) -> str:
+    """An error or tolerance: ``1.2e-06``."""
+    return "—" if value is None else f"{value:.2g}" if value == 0 else f"{value:.1e}"
+
+
+def _aware(value: datetime) -> datetime:
+    """SQLite hands back naive datetimes; they are UTC too."""
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def when(value: datetime | None) -> str:
+    """A UTC time to the second."""
+    return "—" if value is None else _aware(value).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def past(value: datetime | None) -> bool:
+    """Whether ``value`` is before now (a lease that has run out)."""
+    return value is not None and _aware(value) < datetime.now(UTC)
+
+
+def pretty(value: Any) -> str:
+    """JSON, indented, keys in order: a config or a problem as the user wrote it."""
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def shape(problem: dict[str, Any]) -> str:
+    """``M=64, N=64, K=64``."""
+    return ", ".join(f"{k}={v}" for k, v in problem.items())
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=FileSystemLoader(HERE / "templates"),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(ms=ms, ratio=ratio, sci=sci, when=when, pretty=pretty, shape=shape)
+    env.tests["past"] = past
+    env.globals["version"] = __version__
+    return env
+
+
+ENV: Final = _environment()
+
+
+def root_path(request: Request) -> str:
+    """The prefix a proxy serves this app under (``""`` at the root), for the pages' links."""
+    root: str = request.scope.get("root_path", "")
+    return root.rstrip("/")
+
+
+def page(
+    request: Request, name: str, context: dict[str, Any], *, status_code: int = 200
+) -> HTMLResponse:
+    """Template ``name`` rendered with ``context`` (and ``root``, ``request``), as HTML."""
+    html = ENV.get_template(name).render(root=root_path(request), request=request, **context)
+    return HTMLResponse(
+        html,
+        status_code=status_code,
+        headers={
+            "Content-Security-Policy": PAGE_CSP,
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "same-origin",
+            "Cache-Control": "no-store",
+        },
+    )

@@ -1,0 +1,347 @@
+"""The dashboard (``/``, ``/ui/...``) and ``/docs``, on a real server with records uploaded
+through the API: what the pages show, escaping, read auth, no URL off the machine, and headless
+Chromium rendering each page with the network cut off.
+
+Screenshots go to ``$TUNECACHE_ARTIFACTS`` (default: a pytest temporary directory).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer, start_server
+from tests.dashboard_browser import find_chromium, visit
+from tests.factories import AUTH, TEST_TOKEN, make_key, make_record, timing
+from tunecache.schemas import BaselineModel, Provenance, RecordCreate, Trial
+
+HOSTILE = "<script>alert('tc')</script>"
+HOSTILE_SUMMARY = '"><img src=x onerror=alert(1)>'
+HOSTILE_WORKER = "<b>node&3</b>"
+Ids = dict[str, int]  # what _seed made: record ids by name, and "job"
+
+
+def _upload(url: str, record: RecordCreate) -> int:
+    response = httpx.post(
+        f"{url}/v1/records", json=record.model_dump(mode="json", by_alias=True), headers=AUTH
+    )
+    assert response.status_code == 201, response.text
+    record_id: int = response.json()["record_id"]
+    return record_id
+
+
+def _post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    response = httpx.post(f"{url}{path}", json=body, headers=AUTH)
+    assert response.status_code < 300, response.text
+    return response
+
+
+def _hostile_record() -> RecordCreate:
+    """A record whose user-controlled strings are markup (a kernel name cannot be: the server
+    allows only ``[A-Za-z0-9_.:-]`` in one)."""
+    base = make_record(make_key(m=512, kernel="layernorm"), time_ms=3.0, trials=2)
+    key = base.key.model_copy(
+        update={"device": base.key.device.model_copy(update={"name": "<i>gpu</i>"})}
+    )
+    trials = [Trial(config={"note": HOSTILE}, status="runtime_error", error=HOSTILE), *base.trials]
+    return base.model_copy(
+        update={
+            "key": key,
+            "config": {"note": HOSTILE, "tile": [4, 8]},
+            "config_summary": HOSTILE_SUMMARY,
+            "provenance": Provenance(machine=HOSTILE, tool_version="<v>"),
+            "trials": trials,
+        }
+    )
+
+
+def _seed(url: str) -> Ids:
+    """Uploads the records and makes the jobs every test here reads; returns their ids."""
+    matmul = make_record(make_key(m=64), time_ms=0.8125, trials=12).model_copy(
+        update={
+            "baselines": [
+                BaselineModel(name="torch_eager", timing=timing(1.625)),
+                BaselineModel(name="default_config", timing=timing(1.21875)),
+            ]
+        }
+    )
+    seeded = {
+        "matmul": _upload(url, matmul),
+        "softmax": _upload(
+            url, make_record(make_key(m=96, kernel="softmax", backend="triton"), time_ms=0.25)
+        ),
+        "invalid": _upload(url, make_record(make_key(m=128), time_ms=0.0625, passed=False)),
+        "hostile": _upload(url, _hostile_record()),
+    }
+    # Job A: claimed, failed with an error, claimed again (running, leased). Job B: queued.
+    a = _post(url, "/v1/jobs", {"key": make_key(m=256).to_json(), "priority": 5}).json()["job"]
+    _post(url, "/v1/jobs", {"key": make_key(m=320, kernel="rmsnorm").to_json()})
+    _post(url, "/v1/jobs/claim", {"worker": "gpu-node-1", "lease_seconds": 600})
+    _post(url, f"/v1/jobs/{a['id']}/fail", {"worker": "gpu-node-1", "error": HOSTILE})
+    _post(url, "/v1/jobs/claim", {"worker": HOSTILE_WORKER, "lease_seconds": 600})
+    seeded["job"] = a["id"]
+    return seeded
+
+
+@pytest.fixture(scope="module")
+def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A server whose reads need a token (``READS=token``)."""
+    tmp = tmp_path_factory.mktemp("dashboard")
+    live = start_server(
+        f"sqlite:///{tmp / 'cache.db'}",
+        tmp / "cache.db",
+        tmp / "server.log",
+        env={"TUNECACHE_SERVER_READS": "token"},
+    )
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def ids(token_server: LiveServer) -> Ids:
+    """The ids of what :func:`_seed` put on ``token_server``."""
+    return _seed(token_server.url)
+
+
+def page(live: LiveServer, path: str, **params: Any) -> httpx.Response:
+    """``path`` read with the admin token in the header, as a script would."""
+    return httpx.get(f"{live.url}{path}", params=params, headers=AUTH, timeout=30)
+
+
+class TestPages:
+    def test_index_shows_winners_with_their_speedups(
+        self, token_server: LiveServer, ids: Ids
+    ) -> None:
+        response = page(token_server, "/")
+        assert response.status_code == 200
+        html = response.text
+        for kernel in ("matmul", "softmax", "layernorm"):
+            assert f'<td class="kernel">{kernel}</td>' in html
+        assert "0.8125" in html  # matmul's median time, ms
+        assert "2.00×" in html and "1.50×" in html  # vs torch eager, vs the default config
+        assert "1.0e-06" in html  # its validation error
+        assert f"/ui/records/{ids['matmul']}" in html
+        assert f"/ui/records/{ids['invalid']}" not in html  # not a winner
+
+    def test_index_filters(self, token_server: LiveServer, ids: Ids) -> None:
+        softmax = page(token_server, "/", kernel="softmax").text
+        assert '<td class="kernel">softmax</td>' in softmax
+        assert '<td class="kernel">matmul</td>' not in softmax
+        tvm = page(token_server, "/", backend="tvm").text
+        assert '<td class="kernel">softmax</td>' not in tvm  # softmax's is a Triton record
+        assert "No winners match" in page(token_server, "/", device_arch="sm_90").text
+        every = page(token_server, "/", all="true").text
+        assert f"/ui/records/{ids['invalid']}" in every
+
+    def test_record_page_plots_every_trial(self, token_server: LiveServer, ids: Ids) -> None:
+        html = page(token_server, f"/ui/records/{ids['matmul']}").text
+        assert "matmul" in html and "12 trials" in html
+        assert "tolerance 1.0e-04" in html and "2.00×" in html and "1.50×" in html
+        assert "compile_error" in html and "boom" in html  # the failed last trial
+        best = re.search(r'<path class="best" d="([^"]+)"', html)
+        assert best is not None
+        points = re.findall(r"[ML]([\d.]+),([\d.]+)", best.group(1))
+        assert len(points) == 12  # one per trial: the last failed, the best holds
+        assert html.count('<circle class="trial"') == 11  # the ones that ran
+        xs = [float(x) for x, _ in points]
+        assert xs == sorted(xs) and len(set(xs)) == 12
+
+    def test_unknown_record_is_an_html_404(self, token_server: LiveServer, ids: Ids) -> None:
+        response = page(token_server, "/ui/records/999999")
+        assert response.status_code == 404
+        assert "no record 999999" in response.text.lower()
+        assert response.headers["content-type"].startswith("text/html")
+
+    def test_jobs_page_shows_leases_attempts_and_errors(
+        self, token_server: LiveServer, ids: Ids
+    ) -> None:
+        html = page(token_server, "/ui/jobs").text
+        counts = dict(re.findall(r"state-(\w+)[^>]*>\1 <b>(\d+)</b>", html))
+        assert counts == {"queued": "1", "running": "1", "done": "0", "failed": "0"}
+        assert "&lt;b&gt;node&amp;3&lt;/b&gt;" in html  # who holds the lease
+        assert "2 / 3" in html  # attempts of the job that failed once
+        assert "&lt;script&gt;alert(&#39;tc&#39;)&lt;/script&gt;" in html  # its error
+        assert "rmsnorm" in html
+        queued = page(token_server, "/ui/jobs", state="queued").text
+        assert "rmsnorm" in queued and "node&amp;3" not in queued
+
+
+def test_user_data_is_escaped_everywhere(token_server: LiveServer, ids: Ids) -> None:
+    record = ids["hostile"]
+    for path in ("/", "/?all=true", f"/ui/records/{record}", "/ui/jobs"):
+        html = page(token_server, path).text
+        assert "<script" not in html.lower(), path  # the dashboard has no script of its own
+        assert "<img" not in html and "<i>gpu" not in html and "<b>node" not in html, path
+    html = page(token_server, f"/ui/records/{record}").text
+    assert "&lt;i&gt;gpu&lt;/i&gt;" in html  # the device name
+    assert "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;" in html  # the config summary
+    assert "&lt;script&gt;alert(&#39;tc&#39;)&lt;/script&gt;" in html  # machine, trial error
+    assert "\\u003cscript\\u003e" in html  # inside a trial's config, as JSON
+
+
+class TestReadAuth:
+    def test_no_token_is_a_401_page_saying_how(self, token_server: LiveServer, ids: Ids) -> None:
+        for path in ("/", "/ui/jobs", f"/ui/records/{ids['matmul']}"):
+            response = httpx.get(f"{token_server.url}{path}")
+            assert response.status_code == 401
+            assert response.headers["www-authenticate"] == "Bearer"
+            assert "?token=" in response.text and "matmul" not in response.text
+
+    def test_unknown_token_is_refused(self, token_server: LiveServer, ids: Ids) -> None:
+        response = httpx.get(f"{token_server.url}/", params={"token": "tc_not-a-real-token"})
+        assert response.status_code == 401
+        assert "set-cookie" not in response.headers
+
+    def test_query_token_becomes_a_cookie(self, token_server: LiveServer, ids: Ids) -> None:
+        with httpx.Client(base_url=token_server.url) as browser:
+            first = browser.get("/ui/jobs", params={"token": TEST_TOKEN, "state": "queued"})
+            assert first.status_code == 303
+            assert first.headers["location"] == "/ui/jobs?state=queued"  # the token is gone
+            cookie = first.headers["set-cookie"].lower()
+            assert "httponly" in cookie and "samesite=strict" in cookie
+            again = browser.get(first.headers["location"])  # with the cookie only
+            assert again.status_code == 200 and "rmsnorm" in again.text
+
+    def test_a_dead_cookie_is_cleared(self, token_server: LiveServer, ids: Ids) -> None:
+        response = httpx.get(f"{token_server.url}/", cookies={"tunecache_token": "tc_revoked"})
+        assert response.status_code == 401
+        assert 'tunecache_token=""' in response.headers["set-cookie"]
+
+    def test_open_reads_need_no_token(self, server: LiveServer) -> None:
+        _upload(server.url, make_record(make_key(m=80), time_ms=0.5))
+        response = httpx.get(f"{server.url}/")
+        assert response.status_code == 200 and "matmul" in response.text
+
+
+LINK = re.compile(r"""(?:src|href)=["']([^"']+)["']""")
+ABSOLUTE = re.compile(r"""https?://[^\s"'<>)\\]+""")
+SVG_NAMESPACE = "http://www.w3.org/2000/svg"  # a name, never fetched
+
+
+def _foreign_urls(text: str, own: str) -> list[str]:
+    return [u for u in ABSOLUTE.findall(text) if not u.startswith(own) and u != SVG_NAMESPACE]
+
+
+class TestNoCdn:
+    def test_docs_load_only_local_files(self, token_server: LiveServer, ids: Ids) -> None:
+        response = httpx.get(f"{token_server.url}/docs")  # open, like /openapi.json
+        assert response.status_code == 200
+        links = LINK.findall(response.text)
+        assert {"/ui/swagger/swagger-ui-bundle.js", "/ui/swagger/swagger-ui.css"} <= set(links)
+        for link in links:
+            assert link.startswith("/"), link
+            assert httpx.get(f"{token_server.url}{link}").status_code == 200, link
+        assert "'/openapi.json'" in response.text and "cdn" not in response.text.lower()
+        assert httpx.get(f"{token_server.url}/openapi.json").status_code == 200
+        assert httpx.get(f"{token_server.url}/redoc").status_code == 404
+
+    def test_only_swagger_files_the_page_needs_are_served(
+        self, token_server: LiveServer, ids: Ids
+    ) -> None:
+        for name in ("index.html", "swagger-initializer.js", "..%2Fswagger-ui.css"):
+            assert httpx.get(f"{token_server.url}/ui/swagger/{name}").status_code == 404
+
+    def test_no_served_page_or_style_names_another_host(
+        self, token_server: LiveServer, ids: Ids
+    ) -> None:
+        own = token_server.url
+        texts = {
+            path: page(token_server, path).text
+            for path in ("/", "/ui/jobs", f"/ui/records/{ids['matmul']}", "/docs",
+                         "/ui/static/dashboard.css", "/ui/swagger/swagger-ui.css")
+        }  # fmt: skip
+        for path, text in texts.items():
+            assert _foreign_urls(text, own) == [], path
+        assert _foreign_urls('<img src="https://cdn.example/x.png">', own)  # the scan sees one
+
+    def test_pages_tell_the_browser_to_load_from_this_server_only(
+        self, token_server: LiveServer, ids: Ids
+    ) -> None:
+        csp = page(token_server, "/").headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "script-src" not in csp
+        docs = httpx.get(f"{token_server.url}/docs").headers["content-security-policy"]
+        assert "default-src 'self'" in docs and "http" not in docs
+
+
+# --- headless Chromium ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """Chromium's path (required on CI, where .ci/run installs it; else skipped if absent)."""
+    found = find_chromium()
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI needs Chromium for the dashboard tests: apt-get install chromium")
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where screenshots go: ``$TUNECACHE_ARTIFACTS``, else a temporary directory."""
+    given = os.environ.get("TUNECACHE_ARTIFACTS")
+    return Path(given) if given else tmp_path_factory.mktemp("dashboard-artifacts")
+
+
+def assert_drawn(png: Path) -> None:
+    """A 1280×900 PNG with more on it than a background."""
+    image = pytest.importorskip("matplotlib.image").imread(png)
+    assert image.shape[:2] == (900, 1280), image.shape
+    colours, counts = pytest.importorskip("numpy").unique(
+        image.reshape(-1, image.shape[2]), axis=0, return_counts=True
+    )
+    assert len(colours) > 20, f"{png}: {len(colours)} colours"
+    assert 1 - counts.max() / counts.sum() > 0.02, f"{png}: almost all one colour"
+
+
+PAGES = {
+    "index": ("/", ["Winners by kernel", "matmul", "0.8125", "2.00×"]),
+    "record": ("/ui/records/{matmul}", ["12 trials", 'class="best"', "tolerance 1.0e-04"]),
+    "jobs": ("/ui/jobs", ["Job queue", "rmsnorm", "2 / 3"]),
+    "docs": ("/docs", ["opblock", "/v1/lookup", "/v1/records/{record_id}"]),
+}
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_chromium_renders_offline(
+    name: str, token_server: LiveServer, ids: Ids, chromium: str, artifacts: Path
+) -> None:
+    """Every page renders in a browser that can reach nothing but this server, requests nothing
+    from anywhere else, and logs no error (a resource the CSP blocked would be one); the
+    dashboard's pages are opened with ``?token=`` (the cookie path)."""
+    path, expected = PAGES[name]
+    url = f"{token_server.url}{path.format(**ids)}?token={TEST_TOKEN}"
+    seen = visit(chromium, url, artifacts, f"dashboard-{name}")
+    for text in expected:
+        assert text in seen.dom, (name, text)
+    assert "Unable to render" not in seen.dom  # Swagger UI read the OpenAPI document
+    assert seen.console == []  # no error, no resource the Content-Security-Policy refused
+    assert seen.requests, "the net log recorded none of the page's requests"
+    assert [u for u in seen.requests if not u.startswith(token_server.url)] == []
+    assert_drawn(seen.screenshot)
+
+
+def test_the_net_log_sees_a_request_off_the_machine(
+    tmp_path: Path, chromium: str, artifacts: Path
+) -> None:
+    """The check above can fail: a page that loads an image from elsewhere is caught."""
+    (tmp_path / "page.html").write_text('<h1>x</h1><img src="http://tunecache-test.invalid/x.png">')
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as local:
+        threading.Thread(target=local.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{local.server_address[1]}/page.html"
+            seen = visit(chromium, url, tmp_path / "out", "control")
+        finally:
+            local.shutdown()
+    assert "http://tunecache-test.invalid/x.png" in seen.requests

@@ -1,0 +1,87 @@
+"""``tunecache report -o DIR``: PNG figures of the server's records.
+
+``speedup.png`` (each winner vs the default config and torch eager), ``convergence.png`` (best
+time so far per trial of each search) and ``coverage.png`` (status per kernel shape × backend ×
+dtype × arch: from ``--manifest`` as ``tunecache coverage`` counts it, else tuned / unvalidated
+from the records). One line per file written. Exit 0 written, 1 no record matches, 2 bad input
+(no ``-o``, a folder that cannot be written, matplotlib missing), 3 unreachable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from tunecache.cli.args import add_server, server_url
+from tunecache.key import BACKENDS
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "report",
+        help="PNG figures: speedups, search convergence, coverage",
+        description="Draws the server's records (matching the filters) as PNGs in DIR: "
+        "speedup.png, convergence.png, coverage.png. Needs matplotlib "
+        "(pip install 'tunecache[report]').",
+    )
+    parser.add_argument("-o", "--output", type=Path, required=True, metavar="DIR",
+                        help="folder to write the PNGs into (created if need be)")  # fmt: skip
+    parser.add_argument("--kernel", metavar="K", help="only this kernel's records")
+    parser.add_argument("--backend", choices=BACKENDS, metavar="B",
+                        help=f"only this backend's records ({', '.join(BACKENDS)})")  # fmt: skip
+    parser.add_argument("--device-arch", metavar="A", help="only this device arch, e.g. sm_90")
+    parser.add_argument(
+        "--manifest", type=Path, metavar="MANIFEST.toml",
+        help="draw the coverage of this manifest's keys (default: of the records)",
+    )  # fmt: skip
+    add_server(parser)
+    parser.set_defaults(run=run)
+
+
+def _matches(key: Any, args: argparse.Namespace) -> bool:
+    """Whether a manifest key passes the command's filters."""
+    return all(wanted is None or actual == wanted for wanted, actual in (
+        (args.kernel, key.kernel), (args.backend, key.backend),
+        (args.device_arch, key.device.arch)))  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    from tunecache.client import Client
+    from tunecache.report import build, collect, grid
+    from tunecache.report.series import MAX_CONVERGENCE_KEYS
+
+    out = build.output_dir(args.output)
+    build.require_matplotlib()
+    manifest = None
+    if args.manifest is not None:
+        from tunecache.manifest import load_manifest
+
+        manifest = load_manifest(args.manifest)
+    url = server_url(args)
+    filters = {"kernel": args.kernel, "backend": args.backend, "device_arch": args.device_arch}
+    with Client(url) as client:
+        records = collect.fetch_records(client, **filters)
+        if not records:
+            named = ", ".join(f"{k}={v}" for k, v in filters.items() if v is not None)
+            print(f"tunecache report: no records match{' ' + named if named else ''} on {url}",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        winners = [r for r in records if r.is_winner]
+        searches = collect.fetch_searches(client, winners, keys=MAX_CONVERGENCE_KEYS)
+    if manifest is not None:
+        from tunecache.cli.coverage import manifest_states
+
+        keys = [key for key in manifest.keys if _matches(key, args)]
+        states: list[tuple[Any, str]] = list(manifest_states(manifest, url, keys))
+        source = f"manifest {args.manifest.name}"
+    else:
+        states, source = list(grid.record_states(records)), "records"
+    report = build.write_report(out, winners=winners, searches=searches, states=states,
+                                source=source)  # fmt: skip
+    for written in report.written:
+        print(f"{written.path}: {written.what}")
+    for why in report.skipped:
+        print(f"tunecache report: {why}", file=sys.stderr)
+    return 0

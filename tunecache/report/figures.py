@@ -1,0 +1,189 @@
+"""Draws the report's figures on matplotlib's Agg canvas: no display, no pyplot state.
+
+Each ``draw_*`` takes the numbers of :mod:`tunecache.report.series` or
+:mod:`tunecache.report.grid`, writes one PNG atomically (a temp file beside it, then
+``os.replace``: a reader never sees half a file) and returns what the figure shows, in words.
+This is the only module of tunecache that imports matplotlib.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+
+from tunecache.report.grid import STATUSES, CoverageGrid
+from tunecache.report.series import MAX_CONVERGENCE_KEYS, Convergence, Speedup
+
+DPI = 110
+MAX_SPEEDUP_ROWS = 60
+MAX_GRID_ROWS = 80
+BASELINE_COLORS = {"default config": "#4c72b0", "torch eager": "#dd8452"}
+STATUS_COLORS = {"tuned": "#2ca02c", "stale": "#f0c419", "queued": "#5dade2", "failed": "#d62728",
+                 "unvalidated": "#9467bd", "missing": "#c8c8c8"}  # fmt: skip
+EMPTY_COLOR = "#ffffff"
+
+
+def save(fig: Figure, path: Path) -> None:
+    """Writes ``fig`` to ``path`` as a PNG, atomically."""
+    # Not mkstemp: its files are 0600, and a report is for sharing (this honours the umask).
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with tmp.open("xb") as out:
+            fig.savefig(out, format="png", dpi=DPI)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
+    """Grouped horizontal bars from 1× to each key's speedup over each baseline (log x).
+
+    A key without a baseline gets no bar for it, a grey note where the bar would be, and the
+    legend counts the keys that have each baseline.
+    """
+    shown = list(rows[:MAX_SPEEDUP_ROWS])
+    n = len(shown)
+    fig = Figure(figsize=(11, max(3.0, 1.8 + 0.45 * n)), layout="constrained")
+    ax = fig.add_subplot()
+    height = 0.38
+    bars = (("default config", -height / 2, [r.vs_default for r in shown]),
+            ("torch eager", height / 2, [r.vs_eager for r in shown]))  # fmt: skip
+    values = [v for _, _, column in bars for v in column if v is not None]
+    for name, offset, column in bars:
+        have = [(i, v) for i, v in enumerate(column) if v is not None]
+        lacking = n - len(have)
+        label = f"vs {name} ({len(have)} of {n} keys"
+        label += f"; {lacking} without this baseline: no bar)" if lacking else ")"
+        ax.barh([i + offset for i, _ in have], [v - 1 for _, v in have], left=1, height=height,
+                color=BASELINE_COLORS[name], label=label)  # fmt: skip
+        for i, v in have:
+            ax.annotate(f"{v:.2f}×", (v, i + offset), xytext=(3 if v >= 1 else -3, 0),
+                        textcoords="offset points", ha="left" if v >= 1 else "right",
+                        va="center", fontsize=7)  # fmt: skip
+        for i in (i for i, v in enumerate(column) if v is None):
+            ax.annotate(f"no {name} baseline", (1, i + offset), xytext=(4, 0),
+                        textcoords="offset points", va="center", fontsize=7, color="grey",
+                        style="italic")  # fmt: skip
+    low, high = min([1.0, *values]), max([1.0, *values])
+    ax.set_xscale("log")
+    ax.set_xlim(low / 1.6, high * 1.6)
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.axvline(1, color="black", linewidth=1)
+    at_one = ax.get_xaxis_transform()  # x in data, y in axes fraction
+    ax.text(1, 1.005, "  faster →", transform=at_one, ha="left", va="bottom", fontsize=9)
+    ax.text(1, 1.005, "← slower  ", transform=at_one, ha="right", va="bottom", fontsize=9)
+    ax.set_yticks(range(n), [r.label for r in shown], fontsize=8)
+    ax.set_ylim(n - 0.5, -0.5)  # the first key on top
+    ax.set_xlabel("speedup of the tuned winner: baseline median / winner median (log scale)")
+    ax.legend(loc="lower right", fontsize=8)
+    more = f" (first {n} of {len(rows)} keys)" if len(rows) > n else ""
+    fig.suptitle(f"Speedup per key vs the default config and torch eager{more}")
+    save(fig, path)
+    return f"speedup of the winners of {_count(n, 'key')} vs the default config and torch eager"
+
+
+def draw_convergence(
+    series: Sequence[Convergence], path: Path, *, not_shown: int = 0, without_trials: int = 0
+) -> str:
+    """Small multiples, one per key: the best time so far after each trial, relative to the best
+    found (1 = the search's best); failed trials add no point, and each panel says how many.
+
+    Args:
+        not_shown: keys left out (over the cap, or without trials), said in the title.
+        without_trials: how many of ``not_shown`` had no successful trial recorded.
+    """
+    shown = list(series[:MAX_CONVERGENCE_KEYS])
+    not_shown += len(series) - len(shown)
+    columns = min(4, len(shown))
+    rows = math.ceil(len(shown) / columns)
+    fig = Figure(figsize=(max(7.0, 3.3 * columns + 0.8), 2.6 * rows + 1.0), layout="constrained")
+    axes = fig.subplots(rows, columns, squeeze=False, sharey=True)
+    top = max(max(s.relative) for s in shown)
+    for ax, s, color in zip(axes.flat, shown, _palette(len(shown)), strict=False):
+        ax.step(s.trials, s.relative, where="post", marker=".", color=color, linewidth=1.5)
+        ax.axhline(1, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(s.label, fontsize=8)
+        ax.set_xlim(0.5, max(s.trials[-1], s.trials[0] + 1) + 0.5)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if s.failed:
+            ax.text(0.97, 0.95, f"{s.failed} failed skipped", transform=ax.transAxes,
+                    ha="right", va="top", fontsize=7, color="grey")  # fmt: skip
+    for ax in list(axes.flat)[len(shown) :]:
+        ax.set_visible(False)
+    axes[0][0].set_yscale("log")
+    axes[0][0].set_ylim(0.92, max(top * 1.15, 1.25))
+    axes[0][0].yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
+    axes[0][0].yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
+    fig.supxlabel("trial number in the search", fontsize=9)
+    fig.supylabel("best time so far / best found", fontsize=9)
+    title = f"Search convergence of {_count(len(shown), 'key')}"
+    if not_shown:
+        title += f"; {not_shown} more not shown"
+        title += f" ({without_trials} without recorded trials)" if without_trials else ""
+    fig.suptitle(title)
+    save(fig, path)
+    return f"search convergence (best time so far per trial) of {_count(len(shown), 'key')}"
+
+
+def draw_coverage(grid: CoverageGrid, path: Path, *, source: str) -> str:
+    """The grid as coloured cells, the status written in each; an empty cell is white.
+
+    Args:
+        source: where the statuses come from (``"records"``, ``"manifest M.toml"``), for the title.
+    """
+    rows = grid.rows[:MAX_GRID_ROWS]
+    codes = np.zeros((len(rows), len(grid.columns)))
+    for (i, j), status in grid.cells.items():
+        if i < len(rows):
+            codes[i, j] = STATUSES.index(status) + 1
+    colors = [EMPTY_COLOR, *(STATUS_COLORS[s] for s in STATUSES)]
+    width = 3.0 + 1.25 * len(grid.columns) + 1.6
+    fig = Figure(figsize=(max(width, 7.0), max(3.0, 1.8 + 0.32 * len(rows))), layout="constrained")
+    ax = fig.add_subplot()
+    ax.imshow(codes, cmap=ListedColormap(colors), vmin=-0.5, vmax=len(colors) - 0.5,
+              aspect="auto", interpolation="nearest")  # fmt: skip
+    for (i, j), status in grid.cells.items():
+        if i < len(rows):
+            ax.text(j, i, status, ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(grid.columns)), grid.columns, rotation=30, ha="right", fontsize=8)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.set_xticks(np.arange(-0.5, len(grid.columns)), minor=True)
+    ax.set_yticks(np.arange(-0.5, len(rows)), minor=True)
+    ax.grid(which="minor", color="#eeeeee", linewidth=1.5)
+    ax.tick_params(which="minor", length=0)
+    counts = grid.counts()
+    handles = [Patch(color=STATUS_COLORS[s], label=f"{s} ({n})") for s, n in counts.items()]
+    if len(grid.cells) < len(rows) * len(grid.columns):
+        handles.append(Patch(facecolor=EMPTY_COLOR, edgecolor="grey", label="no key"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    more = f"; first {len(rows)} of {len(grid.rows)} rows" if len(grid.rows) > len(rows) else ""
+    summary = ", ".join(f"{n} {s}" for s, n in counts.items())
+    fig.suptitle(f"Coverage from {source}: {summary}{more}")
+    save(fig, path)
+    shape = f"{_count(len(grid.rows), 'kernel shape')} × "
+    shape += _count(len(grid.columns), "backend/dtype/arch column")
+    return f"coverage grid, {shape}, from {source}: {summary}"
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 key"``, ``"2 keys"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _palette(n: int) -> list[str]:
+    """``n`` distinct colours (tab10, then tab20's lighter ones)."""
+    tab = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+           "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78"]  # fmt: skip
+    return [tab[i % len(tab)] for i in range(n)]

@@ -1,0 +1,77 @@
+"""The coverage grid: one row per kernel × shape, one column per backend × dtype × device arch,
+each cell a status.
+
+From a manifest the statuses are those of ``tunecache coverage`` (tuned, stale, queued, failed,
+missing); from the records alone a key is *tuned* (it has a validated winner) or *unvalidated*
+(records, none validated). Where several keys fall in one cell (other device names or versions of
+one arch) the cell shows the best of their statuses; a cell no key falls in is empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from tunecache.report.labels import KeyLike, natural, shape_text
+from tunecache.schemas import KeyModel, RecordPublic
+
+# Best first: a cell shows the first of these its keys have.
+STATUSES = ("tuned", "stale", "queued", "failed", "unvalidated", "missing")
+
+
+@dataclass(frozen=True)
+class CoverageGrid:
+    """Rows and columns in display order, and the status of each filled ``(row, column)``."""
+
+    rows: tuple[str, ...]
+    columns: tuple[str, ...]
+    cells: Mapping[tuple[int, int], str]
+
+    def counts(self) -> dict[str, int]:
+        """How many cells have each status (statuses with none left out)."""
+        found = list(self.cells.values())
+        return {status: found.count(status) for status in STATUSES if status in found}
+
+
+def row_of(key: KeyLike) -> str:
+    """``"matmul M=64,N=64,K=64"``."""
+    return f"{key.kernel} {shape_text(key.problem)}"
+
+
+def column_of(key: KeyLike) -> str:
+    """``"tvm float32 cpu-avx2"``."""
+    return f"{key.backend} {key.dtype} {key.device.arch}"
+
+
+def coverage_grid(states: Iterable[tuple[KeyLike, str]]) -> CoverageGrid:
+    """The grid of ``(key, status)`` pairs, rows and columns sorted by name (numbers as numbers).
+
+    Raises:
+        ValueError: a status not in :data:`STATUSES`.
+    """
+    best: dict[tuple[str, str], str] = {}
+    for key, status in states:
+        if status not in STATUSES:
+            raise ValueError(f"unknown coverage status {status!r}")
+        cell = (row_of(key), column_of(key))
+        held = best.get(cell)
+        if held is None or STATUSES.index(status) < STATUSES.index(held):
+            best[cell] = status
+    rows = tuple(sorted({row for row, _ in best}, key=natural))
+    columns = tuple(sorted({column for _, column in best}, key=natural))
+    at_row = {row: i for i, row in enumerate(rows)}
+    at_column = {column: j for j, column in enumerate(columns)}
+    cells = {(at_row[row], at_column[column]): s for (row, column), s in best.items()}
+    return CoverageGrid(rows, columns, cells)
+
+
+def record_states(records: Sequence[RecordPublic]) -> list[tuple[KeyModel, str]]:
+    """Each key of ``records`` once: *tuned* when one of its records is the winner, else
+    *unvalidated*."""
+    keys: dict[str, KeyModel] = {}
+    tuned: set[str] = set()
+    for record in records:
+        keys.setdefault(record.key_hash, record.key)
+        if record.is_winner:
+            tuned.add(record.key_hash)
+    return [(key, "tuned" if h in tuned else "unvalidated") for h, key in keys.items()]

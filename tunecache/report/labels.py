@@ -1,0 +1,65 @@
+"""How a key is named on a figure: ``kernel backend dtype shape``, the arch when it matters.
+
+Records (:class:`tunecache.schemas.KeyModel`) and manifest keys (:class:`tunecache.key.Key`) are
+both labelled, so the functions take anything shaped like a key (:class:`KeyLike`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+
+class _HasArch(Protocol):
+    @property
+    def arch(self) -> str: ...
+
+
+class KeyLike(Protocol):
+    """The parts of a key a figure shows (both ``Key`` and ``KeyModel`` have them)."""
+
+    @property
+    def kernel(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def problem(self) -> Mapping[str, Any]: ...
+    @property
+    def device(self) -> _HasArch: ...
+
+
+def shape_text(problem: Mapping[str, Any]) -> str:
+    """``{"M": 64, "N": 32}`` → ``"M=64,N=32"``."""
+    return ",".join(f"{name}={value}" for name, value in problem.items())
+
+
+def key_label(key: KeyLike, *, with_arch: bool = False) -> str:
+    """``"matmul tvm float32 M=64,N=64,K=64"``, then the device arch when ``with_arch``.
+
+    Example:
+        >>> from tests.factories import make_key  # doctest: +SKIP
+        >>> key_label(make_key(32))  # doctest: +SKIP
+        'matmul tvm float32 M=32,N=64,K=64'
+    """
+    label = f"{key.kernel} {key.backend} {key.dtype} {shape_text(key.problem)}"
+    return f"{label} {key.device.arch}" if with_arch else label
+
+
+def several_archs(keys: Sequence[KeyLike]) -> bool:
+    """Whether ``keys`` span more than one device arch (then labels must name it)."""
+    return len({key.device.arch for key in keys}) > 1
+
+
+def natural(label: str) -> list[str | int]:
+    """A sort key reading digit runs as numbers: ``M=16`` before ``M=128``.
+
+    Example:
+        >>> sorted(["M=128", "M=16"], key=natural)
+        ['M=16', 'M=128']
+    """
+    # re.split with a group alternates text and digit runs, so the kinds line up position by
+    # position and the lists always compare.
+    return [int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", label))]

@@ -1,0 +1,75 @@
+"""The numbers behind the speedup and convergence figures, as pure functions of records.
+
+Speedups come from each winner's own ``baselines`` (the tuner timed them beside the winner); a
+missing baseline stays ``None`` — it is never estimated. Convergence is the best time found so far
+after each trial of the search, relative to the best the search found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tunecache.report.labels import key_label, natural, several_archs
+from tunecache.schemas import RecordPublic
+
+DEFAULT = "default_config"  # the backend's config untuned
+EAGER = "torch_eager"  # the same computation in eager PyTorch
+MAX_CONVERGENCE_KEYS = 12  # searches drawn; more would not be readable
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """One key's winner against its baselines: baseline median / winner median (``None``: the
+    record has no such baseline)."""
+
+    label: str
+    vs_default: float | None
+    vs_eager: float | None
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """One search: after trial ``trials[i]`` (1-based, failed ones counted), the best time so far
+    was ``relative[i]`` times the best the search found; failed trials add no point."""
+
+    label: str
+    trials: tuple[int, ...]
+    relative: tuple[float, ...]
+    failed: int
+
+
+def speedups(winners: Sequence[RecordPublic]) -> list[Speedup]:
+    """The speedup of each winner over the default config and over torch eager, in label order
+    (numbers read as numbers).
+
+    Example:
+        >>> [(s.label, s.vs_eager) for s in speedups([record])]  # doctest: +SKIP
+        [('matmul tvm float32 M=64,N=64,K=64', 2.0)]
+    """
+    with_arch = several_archs([w.key for w in winners])
+    rows = [
+        Speedup(key_label(w.key, with_arch=with_arch), w.speedup(DEFAULT), w.speedup(EAGER))
+        for w in winners
+    ]
+    return sorted(rows, key=lambda row: natural(row.label))
+
+
+def convergence(record: RecordPublic, label: str) -> Convergence | None:
+    """Best-so-far time relative to the final best after each successful trial of ``record``'s
+    search; ``None`` when it holds no successful trial (a snapshot import keeps none)."""
+    trials: list[int] = []
+    times: list[float] = []
+    failed = 0
+    best = float("inf")
+    for number, trial in enumerate(record.trials, start=1):
+        if trial.status != "ok" or trial.time_ms is None:
+            failed += 1
+            continue
+        best = min(best, trial.time_ms)
+        trials.append(number)
+        times.append(best)
+    if not times:
+        return None
+    final = times[-1]
+    return Convergence(label, tuple(trials), tuple(t / final for t in times), failed)
