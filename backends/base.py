@@ -51,12 +51,17 @@ class Budget:
 
 @dataclass(frozen=True)
 class Progress:
-    """A progress report from a running search."""
+    """A progress report of a tuning run: its phase, how far it is, the best time so far.
+
+    ``phase`` is ``search``, ``validate``, ``time``, ``upload`` or ``done``; ``total`` is 0 when
+    the phase has no count.
+    """
 
     done: int
     total: int
     best_ms: float | None = None
     message: str = ""
+    phase: str = "search"
 
 
 ProgressFn = Callable[[Progress], None]

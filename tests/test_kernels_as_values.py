@@ -141,7 +141,7 @@ def test_a_users_inductor_kernel_tunes_and_round_trips_from_the_command_line(
     assert tuned.returncode == 0, tuned.stderr
     got = cli("get", AFFINE, "--json")
     assert got.returncode == 0, got.stderr
-    record = json.loads(got.stdout)
+    record = json.loads(got.stdout)["record"]
     assert record["key"]["kernel"] == AFFINE and record["validation"]["passed"]
     assert {b["name"] for b in record["baselines"]} >= {"torch_eager"}
 

@@ -50,7 +50,7 @@ def test_tune_upload_then_get_from_another_process(
     got = tunecache("get", workload, "--backend", backend, "--shape", shape, "--json",
                     "--server", server.url)  # fmt: skip
     assert got.returncode == 0, got.stderr
-    record = json.loads(got.stdout)
+    record = json.loads(got.stdout)["record"]
     assert record["is_winner"] and record["validation"]["passed"]
     problems = [c["problem"] for c in record["validation"]["checks"]]
     assert len(problems) >= 4 and len({json.dumps(p) for p in problems}) == 2  # seeds + edge shape

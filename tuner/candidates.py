@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from backends import Backend, SearchRequest
 from tunecache.errors import InvalidInput
@@ -24,7 +24,14 @@ from workloads import Workload
 
 RETIME_TOP = 3  # the fastest few of a strategy's search are timed again before validation
 MAX_NATIVE_CANDIDATES = 5  # a backend's own search: its best and next-best, validated in order
-Emit = Callable[[str], None]
+
+
+class Emit(Protocol):
+    """Reports one step of a tuning run (see :class:`backends.base.Progress` for phases)."""
+
+    def __call__(
+        self, message: str, *, phase: str = "search", done: int = 0, total: int = 0
+    ) -> None: ...
 
 
 @dataclass

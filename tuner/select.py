@@ -12,13 +12,13 @@ whatever search produced the candidates:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tunecache.errors import TuningError
 from tunecache.schemas import BaselineModel, TimingModel, Trial, ValidationReport
-from tuner.candidates import Candidates
+from tuner.candidates import Candidates, Emit
 from tuner.measure import Benchmarker, Measurement
 
 
@@ -68,17 +68,16 @@ def _order(bench: Benchmarker, found: Candidates, trials: list[Trial]) -> Ordere
     return list(timed)
 
 
-def _validated(
-    bench: Benchmarker, found: Candidates, seeds: Sequence[int], emit: Callable[[str], None]
-) -> Winner:
+def _validated(bench: Benchmarker, found: Candidates, seeds: Sequence[int], emit: Emit) -> Winner:
     trials: list[Trial] = []
     rejected: list[ValidationReport] = []
     order = _order(bench, found, trials)
     for i, (config, measured) in enumerate(order):
-        emit(f"validating candidate {i + 1}/{len(order)}")
+        emit(f"candidate {i + 1} of {len(order)}", phase="validate", done=i,
+             total=len(order))  # fmt: skip
         report = bench.validate(config, seeds)
         if not report.passed:
-            emit(f"rejected: {_first_note(report)}")
+            emit(f"rejected: {_first_note(report)}", phase="validate")
             rejected.append(report)
             trials.append(_rejection(config, report))
             continue
@@ -99,7 +98,7 @@ def select_winner(
     *,
     default: Mapping[str, Any] | None,
     seeds: Sequence[int],
-    emit: Callable[[str], None],
+    emit: Emit,
 ) -> Winner:
     """The best candidate that passes validation, timed against torch eager and ``default``.
 
@@ -107,7 +106,7 @@ def select_winner(
         TuningError: no candidate passed validation.
     """
     winner = _validated(bench, found, seeds, emit)
-    emit("timing baselines")
+    emit("the baselines", phase="time")
     eager = bench.measure(None)
     if eager.timing is not None:
         winner.baselines.append(BaselineModel(name="torch_eager", timing=eager.timing))
@@ -120,7 +119,8 @@ def select_winner(
     winner.baselines.append(BaselineModel(name="default_config", timing=measured.timing))
     if measured.timing.median_ms < winner.timing.median_ms:
         # The untuned config is a candidate too: never store a "tuned" config slower than it.
-        emit("the default config timed faster than the search's winner; validating it")
+        emit("the default config timed faster than the search's winner; validating it",
+             phase="validate")  # fmt: skip
         report = bench.validate(default, seeds)
         if report.passed:
             winner.config, winner.timing, winner.report = dict(default), measured.timing, report

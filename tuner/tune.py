@@ -22,7 +22,6 @@ import contextlib
 import logging
 import platform
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ from tunecache.key import Key
 from tunecache.schemas import KeyModel, Provenance, RecordCreate, SearchModel, Trial
 from tunecache.space import Config
 from tunecache.timing import DEFAULT_TIMER, TimerSettings
-from tuner.candidates import Candidates, search_native, search_space
+from tuner.candidates import Candidates, Emit, search_native, search_space
 from tuner.harness import Harness, Task
 from tuner.search import DEFAULT_STRATEGY, STRATEGIES
 from tuner.select import Winner, select_winner
@@ -132,11 +131,11 @@ def _plan(key: Key, options: TuneOptions, backend: Backend | None) -> tuple[Back
     return backend, strategy
 
 
-def _emitter(key: Key, progress: ProgressFn | None) -> Callable[[str], None]:
-    def emit(message: str) -> None:
+def _emitter(key: Key, progress: ProgressFn | None) -> Emit:
+    def emit(message: str, *, phase: str = "search", done: int = 0, total: int = 0) -> None:
         logger.info("%s: %s", key.short(), message)
         if progress is not None:
-            progress(Progress(done=0, total=0, message=message))
+            progress(Progress(done=done, total=total, message=message, phase=phase))
 
     return emit
 
@@ -181,7 +180,7 @@ def tune(
     task = Task(backend=options.backend_ref or backend.name, workload=key.kernel,
                 problem=dict(key.problem), dtype=key.dtype, device=key.device.kind,
                 timer=options.timer, timer_ref=options.timer_ref)  # fmt: skip
-    emit(f"searching with {strategy} ({budget.trials} trials)")
+    emit(f"with {strategy} ({budget.trials} trials)")
     started = time.perf_counter()
     found: Candidates | None = None
     if strategy == backend.native_strategy:  # before the workers start: they would share cores
@@ -202,8 +201,11 @@ def tune(
                                seeds=options.seeds, emit=emit)  # fmt: skip
     seconds = time.perf_counter() - started
     record = build_record(key, backend, strategy, found, winner, seconds)
-    emit(f"done: {winner.timing.median_ms:.4f} ms, validated "
-         f"(max error {winner.report.max_rel_error:.2e})")  # fmt: skip
+    searched = [t.time_ms for t in found.trials if t.time_ms is not None]
+    retimed = (f" (re-timed: median of {winner.timing.repeats}; the search's quick timing was "
+               f"{min(searched):.4g} ms)" if searched else "")  # fmt: skip
+    emit(f"{winner.timing.median_ms:.4g} ms{retimed}, validated "
+         f"(max error {winner.report.max_rel_error:.2e})", phase="done")  # fmt: skip
     return TuneOutcome(key, record, winner.rejected, [*found.trials, *winner.trials])
 
 

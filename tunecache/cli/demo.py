@@ -63,8 +63,9 @@ def _tune_all(
                 key = key_for(name, backend, problem, "float32")
                 label = key.short()
                 try:
-                    outcome = tune(key, Budget(trials=args.trials), options, harness=harness,
-                                   progress=ProgressPrinter(label))  # fmt: skip
+                    with ProgressPrinter(label) as progress:
+                        outcome = tune(key, Budget(trials=args.trials), options,
+                                       harness=harness, progress=progress)  # fmt: skip
                 except TuningError as exc:
                     print(f"{label}: FAILED: {exc}", file=sys.stderr)
                     rows.append({"spec": spec, "label": label, "record": None})

@@ -1,25 +1,144 @@
-"""Progress lines for long CLI runs, on stderr."""
+"""Progress of a tuning run on stderr: the phase, how far it is, the best so far, elapsed and ETA.
+
+On a terminal it is a live ``rich`` progress line that refreshes by itself (so it is never still);
+otherwise, plain lines: one per report, and a heartbeat line when a phase has said nothing for
+:data:`HEARTBEAT_SECONDS` — a long MetaSchedule batch or a slow candidate is never silent.
+"""
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 from backends.base import Progress
 
+HEARTBEAT_SECONDS = 5.0
+PHASES = {"search": "searching", "validate": "validating", "time": "timing", "upload": "uploading",
+          "done": "done"}  # fmt: skip
+
+
+def eta_seconds(elapsed: float, done: int, total: int) -> float | None:
+    """Seconds left at the pace so far, or ``None`` before the first step or without a count."""
+    if done <= 0 or total <= 0 or done >= total:
+        return None
+    return elapsed / done * (total - done)
+
 
 class ProgressPrinter:
-    """Prints each progress report as one line: elapsed time, label, trial count, best time."""
+    """Reports :class:`Progress` events for one run; use it as a context manager (it stops the
+    heartbeat thread or the live display on exit).
 
-    def __init__(self, label: str, stream: TextIO = sys.stderr) -> None:
+    Args:
+        label: what is being tuned, shown on every line.
+        stream: where to write (stderr).
+        live: a ``rich`` live line; by default when ``stream`` is a terminal.
+        heartbeat: seconds of silence before a plain "still ..." line.
+    """
+
+    def __init__(self, label: str, stream: TextIO = sys.stderr, *, live: bool | None = None,
+                 heartbeat: float = HEARTBEAT_SECONDS) -> None:  # fmt: skip
         self.label = label
         self.stream = stream
         self.started = time.monotonic()
+        self.heartbeat = heartbeat
+        self._lock = threading.Lock()
+        self._last = Progress(done=0, total=0, phase="search")
+        self._phase_started = self.started
+        self._last_line = self.started
+        self._stop = threading.Event()
+        self._rich: Any = None
+        self._thread: threading.Thread | None = None
+        if stream.isatty() if live is None else live:
+            self._start_rich()
+        else:
+            self._thread = threading.Thread(target=self._beat, daemon=True,
+                                            name="tunecache-progress")  # fmt: skip
+            self._thread.start()
+
+    def __enter__(self) -> ProgressPrinter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stops the heartbeat or the live line."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1)
+        if self._rich is not None:
+            self._rich[0].stop()
 
     def __call__(self, event: Progress) -> None:
-        elapsed = time.monotonic() - self.started
+        now = time.monotonic()
+        with self._lock:
+            if event.phase != self._last.phase:
+                self._phase_started = now
+            if event.best_ms is None and event.phase == self._last.phase:
+                event = Progress(event.done, event.total, self._last.best_ms, event.message,
+                                 event.phase)  # fmt: skip
+            self._last = event
+            self._last_line = now
+            line = self._line(event, now)
+        if self._rich is not None:
+            self._update_rich(event, line)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def _line(self, event: Progress, now: float) -> str:
+        elapsed = now - self.started
         count = f" [{event.done}/{event.total}]" if event.total else ""
         best = f" best {event.best_ms:.4g} ms" if event.best_ms is not None else ""
+        eta = eta_seconds(now - self._phase_started, event.done, event.total)
+        left = f" ETA {eta:.0f}s" if eta is not None else ""
         message = f" {event.message}" if event.message else ""
-        print(f"{elapsed:6.1f}s {self.label}{count}{best}{message}", file=self.stream, flush=True)
+        phase = PHASES.get(event.phase, event.phase)
+        return f"{elapsed:6.1f}s {self.label} {phase}{count}{best}{left}{message}"
+
+    def _beat(self) -> None:
+        while not self._stop.wait(0.5):
+            now = time.monotonic()
+            with self._lock:
+                if now - self._last_line < self.heartbeat or self._last.phase == "done":
+                    continue
+                self._last_line = now
+                still = Progress(self._last.done, self._last.total, self._last.best_ms,
+                                 "(still working)", self._last.phase)  # fmt: skip
+                line = self._line(still, now)
+            print(line, file=self.stream, flush=True)
+
+    def _start_rich(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+        from rich.progress import Progress as Bar
+
+        bar = Bar(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[best]}"), TimeElapsedColumn(), TextColumn("ETA"),
+            TimeRemainingColumn(), TextColumn("{task.fields[note]}"),
+            console=Console(file=self.stream), refresh_per_second=4,
+        )  # fmt: skip
+        task = bar.add_task(f"{self.label} searching", total=None, best="", note="",
+                            phase="search")  # fmt: skip
+        bar.start()
+        self._rich = (bar, task)
+
+    def _update_rich(self, event: Progress, line: str) -> None:
+        bar, task = self._rich
+        if event.phase != bar.tasks[0].fields.get("phase"):
+            # elapsed and ETA count from the phase start
+            bar.reset(task, phase=event.phase, best="", note="")
+        best = f"best {event.best_ms:.4g} ms" if event.best_ms is not None else ""
+        phase = PHASES.get(event.phase, event.phase)
+        bar.update(task, description=f"{self.label} {phase}", total=event.total or None,
+                   completed=event.done, best=best, note=event.message[:60])  # fmt: skip
+        if event.phase == "done" or event.message.startswith("rejected"):
+            bar.console.print(line)  # a line that stays in the scrollback

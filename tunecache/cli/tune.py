@@ -124,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_key(args: argparse.Namespace) -> int:
+    from backends.base import Progress
     from tunecache.cli.get import describe
     from tunecache.cli.progress import ProgressPrinter
     from tunecache.client import Client
@@ -134,15 +135,17 @@ def _run_key(args: argparse.Namespace) -> int:
     options = TuneOptions(strategy="exhaustive" if args.landscape else args.strategy,
                           seed=args.seed, workers=args.workers)  # fmt: skip
     url = upload_url(args)
-    with Client(url or server_url(args)) as client:
-        outcome = tune(key, budget, options, progress=ProgressPrinter(key.short()),
+    with Client(url or server_url(args)) as client, ProgressPrinter(key.short()) as progress:
+        outcome = tune(key, budget, options, progress=progress,
                        cache=None if url is None else client)  # fmt: skip
         if args.landscape:
             _write_landscape(args.landscape, outcome)
         record = outcome.record
         if url is None:
+            progress.close()
             print(record.model_dump_json(by_alias=True, indent=2, exclude={"trials"}))
             return 0
+        progress(Progress(0, 0, message=f"to {url}", phase="upload"))
         result = client.upload(record)
         stored = client.get_record(result.record_id)
     print(describe(stored))

@@ -108,9 +108,9 @@ def _search(
     from tunecache.tvm.target import host_cores
 
     started = time.monotonic()
-    with cpu_intrinsics_only():
+    with cpu_intrinsics_only(), ProgressPrinter(f"tvm {label}") as progress:
         outcome = tune(mod, target, budget, workdir=workdir, cores=host_cores(),
-                       progress=ProgressPrinter(f"tvm {label}"))  # fmt: skip
+                       progress=progress)  # fmt: skip
     return outcome, time.monotonic() - started
 
 

@@ -1,0 +1,69 @@
+"""What a person sees while a key tunes: phases, counts, best so far, ETA, and never silence."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import time
+from pathlib import Path
+
+from backends.base import Budget, Progress
+from tunecache.cli.progress import ProgressPrinter, eta_seconds
+
+
+class Stamped(io.StringIO):
+    """A non-terminal stream that remembers when each line arrived."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stamps: list[float] = []
+
+    def write(self, text: str) -> int:
+        self.stamps.extend(time.monotonic() for _ in range(text.count("\n")))
+        return super().write(text)
+
+
+def test_a_tune_with_a_slow_candidate_is_never_silent(tmp_path: Path) -> None:
+    from tests.faulty_backend import FaultyTVM
+    from tunecache import key_for
+    from tunecache.timing import TimerSettings
+    from tuner import TuneOptions, tune
+
+    key = key_for("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32")
+    quick = TimerSettings(warmup=1, min_repeats=3, max_repeats=5, target_s=0.01)
+    options = TuneOptions(strategy="exhaustive", backend_ref="tests.faulty_backend:FaultyTVM",
+                          workers=1, timer=quick, workdir=tmp_path, run_timeout=4)  # fmt: skip
+    stream = Stamped()
+    started = time.monotonic()
+    with ProgressPrinter("matmul", stream, heartbeat=1.0) as progress:
+        tune(key, Budget(trials=14), options, backend=FaultyTVM(), progress=progress)
+    stamps = [started, *stream.stamps]
+    lines = stream.getvalue().splitlines()
+    assert max(b - a for a, b in itertools.pairwise(stamps)) < 2.5, lines
+    assert any("(still working)" in line for line in lines)  # the hanging candidate's wait
+    phases = [line.split()[2] for line in lines]
+    assert phases.index("searching") < phases.index("validating") < phases.index("timing")
+    assert lines[-1].split()[2] == "done" and "validated" in lines[-1]
+
+
+def test_each_line_says_phase_count_best_and_eta() -> None:
+    stream = Stamped()
+    with ProgressPrinter("k", stream, heartbeat=60) as progress:
+        progress(Progress(4, 16, 0.5, "measured a batch"))
+        progress(Progress(8, 16, None, "measured a batch"))  # keeps the best so far
+        progress(Progress(0, 5, None, "candidate 1 of 5", phase="validate"))
+    first, second, third = stream.getvalue().splitlines()
+    assert "k searching [4/16] best 0.5 ms ETA" in first
+    assert "[8/16] best 0.5 ms" in second
+    assert "k validating [0/5]" in third and "best" not in third  # a new phase, no search best
+    assert eta_seconds(10.0, 4, 16) == 30.0 and eta_seconds(10.0, 0, 16) is None
+
+
+def test_the_live_line_on_a_terminal_renders_the_phase() -> None:
+    stream = io.StringIO()
+    with ProgressPrinter("k", stream, live=True) as progress:
+        progress(Progress(3, 10, 0.25, "measured a batch"))
+        progress(Progress(0, 0, None, "0.3 ms, validated", phase="done"))
+    shown = stream.getvalue()
+    assert "k searching" in shown or "k done" in shown
+    assert "0.3 ms, validated" in shown  # the last line stays in the scrollback
