@@ -39,6 +39,16 @@ class TuningError(TunecacheError):
     """A tuning run failed to produce a validated winner."""
 
 
+def one_line(exc: BaseException) -> str:
+    """``Type: first non-empty line of the message``, at most 300 characters.
+
+    For errors from code we do not own (a user's file, a database driver): SQLAlchemy's messages
+    go on with the SQL and a link, a user's exception with anything.
+    """
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
 def lookup(table: Mapping[str, T], name: str, what: str) -> T:
     """``table[name]``, or :class:`InvalidInput` naming ``what`` was unknown and what is known."""
     try:

@@ -13,15 +13,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from tunecache.errors import InvalidInput
+from tunecache.errors import InvalidInput, one_line
 
 _MISSING = object()
-
-
-def one_line(exc: BaseException) -> str:
-    """``Type: first non-empty line of the message``, at most 300 characters."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def load_name(flag: str, spec: str) -> tuple[ModuleType, Path, Any]:

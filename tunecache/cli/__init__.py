@@ -30,7 +30,7 @@ from tunecache.cli import (
     tune,
     workloads,
 )
-from tunecache.errors import InvalidInput, ServerError, TuningError
+from tunecache.errors import InvalidInput, ServerError, TuningError, one_line
 
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
@@ -90,6 +90,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tunecache: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug of ours: one line, the traceback only when asked for
+        if args.verbose:
+            raise
+        print(f"tunecache: internal error: {one_line(exc)} (run with -v for the traceback)",
+              file=sys.stderr)  # fmt: skip
+        return 1
     return code
 
 

@@ -50,9 +50,22 @@ def add_server(parser: argparse.ArgumentParser) -> None:
 
 
 def server_url(args: argparse.Namespace) -> str:
+    """The server URL (``--server``, else ``$TUNECACHE_URL``), checked.
+
+    Raises:
+        InvalidInput: not an http(s) URL with a host, or malformed.
+    """
+    import httpx
+
     url: str = args.server or Settings.from_env().url
     if not url.startswith(("http://", "https://")):
         raise InvalidInput(f"--server {url!r} must start with http:// or https://")
+    try:
+        host = httpx.URL(url).host
+    except httpx.InvalidURL as exc:
+        raise InvalidInput(f"--server {url!r} is not a valid URL: {exc}") from None
+    if not host:
+        raise InvalidInput(f"--server {url!r} names no host")
     return url.rstrip("/")
 
 

@@ -37,8 +37,10 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
+    from tunecache.kernels import as_spec
 
     problem = parse_shape(args.shape)
+    as_spec(args.workload).problem(problem)  # bad input is said before the server is asked
     backends = [b.strip() for b in args.backends.split(",")] if args.backends else None
     with Client(server_url(args)) as client:
         client.health()  # an unreachable server is exit 3, not "no record" on every backend

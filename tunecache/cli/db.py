@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from tunecache.cli.serve import server_settings
+from tunecache.errors import InvalidInput, one_line
 
 
 def register(commands: Any) -> None:
@@ -19,10 +20,16 @@ def register(commands: Any) -> None:
 
 
 def run_upgrade(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
     from cache_server.db import make_engine
     from cache_server.migrate import current_revision, upgrade
 
     url = server_settings(args).db
-    upgrade(url, args.revision)
-    print(f"{url}: at revision {current_revision(make_engine(url))}", file=sys.stderr)
+    try:
+        upgrade(url, args.revision)
+        revision = current_revision(make_engine(url))
+    except (SQLAlchemyError, OSError) as exc:
+        raise InvalidInput(f"cannot upgrade {url}: {one_line(exc)}") from None
+    print(f"{url}: at revision {revision}", file=sys.stderr)
     return 0

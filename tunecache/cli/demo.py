@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecache.cli.table import ms, ratio, render
+from tunecache.errors import InvalidInput
 
 DEMO_WORKLOADS = ("matmul", "softmax", "layernorm", "bias_gelu")
 DEMO_BACKENDS = ("tvm", "inductor")
@@ -121,7 +122,12 @@ def _fetch_in_fresh_process(url: str, rows: list[dict[str, Any]]) -> list[dict[s
 
 def run(args: argparse.Namespace) -> int:
     from cache_server.embedded import EmbeddedServer
+    from workloads import get_workload
 
+    if args.trials < 1:
+        raise InvalidInput(f"--trials {args.trials}: the budget per key must be at least 1")
+    for name in args.workloads.split(","):
+        get_workload(name.strip())  # an unknown name fails here, before the server starts
     with tempfile.TemporaryDirectory(prefix="tunecache-demo-") as tmp:
         db = args.db or f"sqlite:///{Path(tmp) / 'tunecache.db'}"
         with EmbeddedServer(db) as server:

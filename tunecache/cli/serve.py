@@ -12,7 +12,7 @@ import sys
 from contextlib import ExitStack
 from typing import Any
 
-from tunecache.errors import InvalidInput
+from tunecache.errors import InvalidInput, one_line
 
 
 def register(commands: Any) -> None:
@@ -49,6 +49,25 @@ def server_settings(args: argparse.Namespace) -> Any:
         raise InvalidInput(f"bad server setting: {problems}") from None
 
 
+def _check_port(host: str, port: int) -> None:
+    """Refuses, before the banner, a port something else listens on (or this user may not use).
+
+    Raises:
+        InvalidInput: naming the port and why.
+    """
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise InvalidInput(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc} (--port another)"
+            ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
     from sqlalchemy.exc import SQLAlchemyError
@@ -62,10 +81,12 @@ def run(args: argparse.Namespace) -> int:
     url = settings.db
     try:  # an empty database gets the schema; an old one must be upgraded on purpose
         prepare(url, create=not args.no_create).dispose()
-    except (SchemaOutdated, SQLAlchemyError, ValueError) as exc:
-        print(f"tunecache serve: {exc}", file=sys.stderr)
-        return 2
+    except SchemaOutdated as exc:
+        raise InvalidInput(str(exc)) from None
+    except (SQLAlchemyError, ValueError, OSError) as exc:
+        raise InvalidInput(f"cannot open {url}: {one_line(exc)}") from None
     host, port = settings.host, settings.port
+    _check_port(host, port)
     with ExitStack() as stack:
         try:  # validated before the banner; with several workers, before uvicorn spawns them
             if settings.workers > 1:

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from tunecache.cli.args import add_server, server_url
 from tunecache.cli.table import render
-from tunecache.errors import InvalidInput, ServerError
+from tunecache.errors import InvalidInput, ServerError, one_line
 from tunecache.tokens import SCOPES, TokenCreate, TokenCreated, TokenPublic
 
 
@@ -100,8 +100,10 @@ def _tokens(args: argparse.Namespace) -> Iterator[Any]:
         engine = prepare(server_settings(args).db)
         with make_sessionmaker(engine).begin() as session:
             yield _Direct(session)
-    except (SchemaOutdated, SQLAlchemyError) as exc:
+    except SchemaOutdated as exc:
         raise InvalidInput(str(exc)) from None
+    except SQLAlchemyError as exc:
+        raise InvalidInput(f"cannot use the database: {one_line(exc)}") from None
 
 
 def run_create(args: argparse.Namespace) -> int:

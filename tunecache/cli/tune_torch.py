@@ -20,9 +20,9 @@ from typing import Any
 
 from tunecache.cli.args import upload_url
 from tunecache.cli.table import ratio
-from tunecache.errors import InvalidInput, TuningError
+from tunecache.errors import InvalidInput, TuningError, one_line
 from tunecache.settings import Settings
-from tunecache.userfile import load_name, one_line
+from tunecache.userfile import load_name
 
 
 def _call_factory(module: ModuleType, name: str, path: Path, *, required: bool) -> list[Any]:

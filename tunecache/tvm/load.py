@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from tunecache.errors import InvalidInput
-from tunecache.userfile import load_name, one_line
+from tunecache.errors import InvalidInput, one_line
+from tunecache.userfile import load_name
 
 if TYPE_CHECKING:
     from tvm.ir import IRModule

@@ -21,6 +21,7 @@ A task that cannot be set up (an unknown kernel, a backend that fails to import)
 
 from __future__ import annotations
 
+import signal
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +73,9 @@ def _answer(tasks: _Tasks, request: dict[str, Any]) -> dict[str, Any]:
 
 def worker_main(conn: Connection) -> None:
     """The worker process's loop: answer requests until told to stop."""
+    # Ctrl-C reaches the whole process group: the parent stops the workers, which must not
+    # print tracebacks of their own meanwhile.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     tasks = _Tasks()
     conn.send({"status": "ready"})
     while True:

@@ -1,0 +1,98 @@
+"""Every subcommand, fed bad input, answers in one line with a documented exit code.
+
+Exit codes: 0 ok or a hit, 1 a miss or a failed run, 2 bad input, 3 unreachable, 4 refused
+(401 / 403), 130 interrupted. A "Traceback" anywhere fails the table.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEAD = "http://127.0.0.1:9"
+KEY = ["--backend", "tvm", "--shape", "M=8,N=8,K=8"]
+
+# (argv, exit code, words the one line must hold); {tmp} is a fresh folder, {busy} a port in use.
+TABLE: list[tuple[list[str], int, str]] = [
+    (["db", "upgrade", "--db", "postgresql://nobody:pw@127.0.0.1:1/x"], 2, "cannot upgrade"),
+    (["db", "upgrade", "--db", "sqlite:////proc/tunecache.db"], 2, "unable to open database"),
+    (["db", "upgrade", "--db", "mysql://x/y"], 2, "sqlite:// or postgresql://"),
+    (["serve", "--db", "sqlite:////proc/tunecache.db"], 2, "cannot open"),
+    (["serve", "--db", "sqlite:///{tmp}/c.db", "--port", "{busy}"], 2, "cannot listen on"),
+    (["serve", "--port", "70000"], 2, "port"),
+    (["token", "list", "--db", "sqlite:////proc/tunecache.db"], 2, "cannot use the database"),
+    (["token", "create", "--name", "x", "--scope", "root", "--db"], 2, "--scope"),
+    (["tune", "matmul", *KEY, "--trials", "0", "--no-upload"], 2, "trials"),
+    (["tune", "matmul", *KEY, "--seconds", "-1", "--no-upload"], 2, "seconds"),
+    (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=x,K=8"], 2, "not an integer"),
+    (["tune", "matmul", *KEY, "--server", DEAD], 3, "not answering"),
+    (["tune", "--torch", "{tmp}/missing.py:Model"], 2, "no Python file"),
+    (["tune", "--tvm", "{tmp}/garbage.py:f"], 2, "importing"),
+    (["get", "matmul", *KEY, "--server", "http://[::1"], 2, "not a valid URL"),
+    (["get", "matmul", *KEY, "--server", "ftp://x"], 2, "http://"),
+    (["get", "matmul", *KEY, "--server", DEAD], 3, "Connect"),
+    (["best", "matmul", "--shape", "M=8,N=8,K=8", "--server", DEAD], 3, "Connect"),
+    (["best", "matmul", "--shape", "M=8"], 2, "matmul"),
+    (["demo", "--trials", "0"], 2, "at least 1"),
+    (["demo", "--workloads", "nope"], 2, "unknown workload"),
+    (["replay", "{tmp}/garbage.py"], 2, "cannot read landscape"),
+    (["snapshot", "import", "{tmp}/garbage.py", "--server", DEAD], 2, "not a valid snapshot"),
+    (["sync", "-o", "{tmp}/snap.json", "--server", DEAD], 3, "refused"),
+    (["pretune", "{tmp}/garbage.py"], 2, "not TOML"),
+    (["coverage", "{tmp}/missing.toml"], 2, "cannot read manifest"),
+    (["daemon", "--trials", "0"], 2, "must be positive"),
+    (["report", "-o", "/proc/tunecache-report", "--server", DEAD], 2, "cannot create"),
+    (["workloads", "--nope"], 2, "unrecognized arguments"),
+]
+
+
+@pytest.fixture(scope="module")
+def busy_port() -> object:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        yield held.getsockname()[1]
+
+
+@pytest.mark.parametrize(("argv", "code", "says"), TABLE, ids=[" ".join(a[:2]) for a, *_ in TABLE])
+def test_bad_input_is_one_line_and_a_documented_code(
+    argv: list[str], code: int, says: str, tmp_path: Path, busy_port: int
+) -> None:
+    (tmp_path / "garbage.py").write_text("this is not python, json or toml: {]\n")
+    argv = [a.format(tmp=tmp_path, busy=busy_port) for a in argv]
+    env = {**os.environ, "TUNECACHE_TOKEN": "tc_" + "3" * 43, "TUNECACHE_URL": DEAD}
+    done = subprocess.run([sys.executable, "-m", "tunecache.cli", *argv], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env=env)  # fmt: skip
+    err = done.stderr.strip()
+    assert "Traceback" not in done.stderr + done.stdout, err
+    assert done.returncode == code, err
+    assert says in err, err
+    assert len(err.splitlines()) == 1, err
+
+
+def test_ctrl_c_during_a_tune_is_exit_130_and_one_line(tmp_path: Path) -> None:
+    argv = ["tune", "bias_gelu", "--backend", "tvm", "--shape", "M=64,N=64,K=64", "--strategy",
+            "random", "--trials", "500", "--no-upload"]  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-m", "tunecache.cli", *argv], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # fmt: skip
+    assert process.stderr is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until the search is measuring candidates
+        line = process.stderr.readline()
+        seen.append(line)
+        if "searching [" in line:
+            break
+    os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
+    rest = process.communicate(timeout=60)[1]
+    assert process.returncode == 130, rest
+    assert "Traceback" not in rest and rest.strip().splitlines()[-1] == "tunecache: interrupted"
