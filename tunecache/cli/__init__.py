@@ -21,6 +21,7 @@ from tunecache.cli import (
     demo,
     get,
     pretune,
+    records,
     replay,
     report,
     serve,
@@ -36,8 +37,8 @@ EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
 EXIT_REFUSED = 4
 COMMANDS = (
-    serve, db, token, tune, get, best, replay, workloads, demo, snapshot, sync, daemon, pretune,
-    coverage, report,
+    serve, db, token, tune, get, best, records, replay, workloads, demo, snapshot, sync, daemon,
+    pretune, coverage, report,
 )  # fmt: skip
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from typing import Any
 
 from tunecache.cli.args import add_key, add_server, key_from_args, server_url
 from tunecache.cli.table import ms, ratio
+from tunecache.explain import Nearby
+from tunecache.key import Key
 from tunecache.schemas import RecordPublic
 
 
@@ -16,34 +19,46 @@ def register(commands: Any) -> None:
     add_key(parser)
     add_server(parser)
     parser.add_argument("--json", action="store_true", help="print the record as JSON")
+    parser.add_argument("--policy", choices=("strict", "compatible", "any"), default="strict",
+                        help="which tuned versions may serve (default: strict)")  # fmt: skip
+    parser.add_argument("--explain", action="store_true",
+                        help="on a miss, list the nearest records and what differs")  # fmt: skip
     parser.set_defaults(run=run)
 
 
 def describe(record: RecordPublic) -> str:
-    speedup = record.speedup()
+    speedup, vs_default = record.speedup(), record.speedup("default_config")
     parts = [
         f"{record.key.to_key().short()}",
         f"  config     {record.config_summary or json.dumps(record.config)[:80]}",
         f"  time       {ms(record.timing.median_ms)} ms (median of {record.timing.repeats})",
         f"  speedup    {ratio(speedup)} than torch eager" if speedup else "  speedup    -",
+        f"             {ratio(vs_default)} than the default config" if vs_default else "",
         f"  validated  max rel error {record.validation.max_rel_error:.2e} "
         f"(tolerance {record.validation.tolerance:g}, {len(record.validation.checks)} checks)",
         f"  record     #{record.id}, {record.created_at:%Y-%m-%d %H:%M} UTC",
     ]
-    return "\n".join(parts)
+    return "\n".join(part for part in parts if part)
 
 
 def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
 
     key = key_from_args(args)
-    with Client(server_url(args)) as client:
+    with Client(server_url(args), policy=args.policy) as client:
         answer = client.fetch_answer(key)
+        nearest = _nearest(client, key) if answer is None and args.explain else None
     if answer is None:
         if args.json:
-            print(json.dumps({"hit": False, "key": key.to_json(), "key_hash": key.digest()}))
+            body: dict[str, Any] = {"hit": False, "key": key.to_json(), "key_hash": key.digest(),
+                                    "policy": args.policy}  # fmt: skip
+            if nearest is not None:
+                body["nearest"] = [asdict(n) for n in nearest]
+            print(json.dumps(body, indent=2))
         else:
-            print(f"miss: {key.short()}")
+            print(f"miss: {key.short()} (under the {args.policy} version policy)")
+            if nearest is not None:
+                print(_explained(key, nearest))
         return 1
     if args.json:
         body = {"hit": True, "match": answer.match, "policy": answer.policy,
@@ -53,3 +68,25 @@ def run(args: argparse.Namespace) -> int:
         print(describe(answer.record))
         print(f"  matched    {answer.match} rule, {answer.policy} version policy")
     return 0
+
+
+def _nearest(client: Any, key: Key) -> list[Nearby]:
+    from tunecache.explain import explain
+
+    found = client.list_records(kernel=key.kernel, backend=key.backend, validated=True,
+                                limit=1000)  # fmt: skip
+    tuned = [(r.id, r.key.model_dump(mode="json", by_alias=True)) for r in found.items]
+    return explain(key.to_json(), tuned)
+
+
+def _explained(key: Key, nearest: list[Nearby]) -> str:
+    if not nearest:
+        return f"no validated record of {key.kernel} on {key.backend} at all: tune it"
+    lines = [f"nearest validated records of {key.kernel} on {key.backend}:"]
+    for n in nearest:
+        if n.served_under is not None:
+            how = f"served with --policy {n.served_under} ({n.rule} rule)"
+        else:
+            how = "never served for this key"
+        lines.append(f"  #{n.record_id}: {how}; differs: {'; '.join(n.differences) or 'nothing'}")
+    return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""``tunecache records ls|show``: what the cache holds, filtered; one record with its trials."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from tunecache.cli.args import add_server, server_url
+from tunecache.cli.table import ms, ratio, render
+from tunecache.errors import InvalidInput
+
+MAX_LIMIT = 1000
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("records", help="list the cached records, or show one")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser("ls", help="records matching filters, newest first")
+    listing.add_argument("--kernel", help="only this kernel")
+    listing.add_argument("--backend", help="only this backend")
+    listing.add_argument("--dtype", help="only this dtype")
+    listing.add_argument("--device-arch", metavar="ARCH", help="only this device arch")
+    listing.add_argument("--all", action="store_true",
+                         help="every record, not only each key's winner")  # fmt: skip
+    listing.add_argument("--limit", type=int, default=50, help=f"at most N (≤ {MAX_LIMIT})")
+    listing.add_argument("--json", action="store_true", help="print them as JSON")
+    add_server(listing)
+    listing.set_defaults(run=run_ls)
+    show = actions.add_parser("show", help="one record, with every trial of its search")
+    show.add_argument("record_id", type=int, metavar="ID")
+    show.add_argument("--json", action="store_true", help="print it as JSON")
+    add_server(show)
+    show.set_defaults(run=run_show)
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    from tunecache.client import Client
+
+    if not 1 <= args.limit <= MAX_LIMIT:
+        raise InvalidInput(f"--limit {args.limit}: expected 1 to {MAX_LIMIT}")
+    filters = {"kernel": args.kernel, "backend": args.backend, "dtype": args.dtype,
+               "device_arch": args.device_arch, "limit": args.limit,
+               "winners_only": None if args.all else True}  # fmt: skip
+    with Client(server_url(args)) as client:
+        found = client.list_records(**filters)
+    if args.json:
+        print(json.dumps({"count": found.count,
+                          "items": [r.model_dump(mode="json", by_alias=True) for r in found.items]},
+                         indent=2))  # fmt: skip
+        return 0 if found.items else 1
+    if not found.items:
+        print("no records match")
+        return 1
+    rows = []
+    for r in found.items:
+        eager = r.speedup()
+        shape = ",".join(f"{k}={v}" for k, v in r.key.problem.items())
+        valid = "yes" if r.validation.passed else "NO"
+        rows.append([f"#{r.id}", r.key.kernel, r.key.backend, r.key.dtype, shape,
+                     r.key.device.arch, ms(r.timing.median_ms), ratio(eager) if eager else "-",
+                     valid, f"{r.created_at:%Y-%m-%d %H:%M}"])  # fmt: skip
+    header = ["record", "kernel", "backend", "dtype", "shape", "arch", "ms", "vs eager",
+              "valid", "created (UTC)"]  # fmt: skip
+    print(render(header, rows))
+    more = "" if len(found.items) == found.count else " (raise --limit for more)"
+    print(f"{len(found.items)} of {found.count} {'records' if args.all else 'winners'}{more}")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    from tunecache.cli.get import describe
+    from tunecache.client import Client
+
+    with Client(server_url(args)) as client:
+        record = client.get_record(args.record_id)
+    if args.json:
+        print(record.model_dump_json(by_alias=True, indent=2))
+        return 0
+    print(describe(record))
+    print(f"  search     {record.search.strategy}, {record.search.trials} trials in "
+          f"{record.search.seconds:.1f} s")  # fmt: skip
+    rows = [[i + 1, t.status, ms(t.time_ms), json.dumps(t.config)[:70], (t.error or "")[:40]]
+            for i, t in enumerate(record.trials)]  # fmt: skip
+    if rows:
+        print(render(["trial", "status", "ms", "config", "error"], rows))
+    return 0
