@@ -328,7 +328,7 @@ def test_missing_matplotlib_says_how_to_install_it(
 ) -> None:  # fmt: skip
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib → ImportError
     code, err = run_report(["-o", str(tmp_path), "--server", team.url], capsys)
-    assert code == 2 and err.strip().endswith("pip install 'tunecache[report]'")
+    assert code == 2 and err.strip().endswith("pip install -e '.[report]')")
     assert len(err.strip().splitlines()) == 1
 
 

@@ -24,7 +24,7 @@ def register(commands: Any) -> None:
         help="PNG figures: speedups, search convergence, coverage",
         description="Draws the server's records (matching the filters) as PNGs in DIR: "
         "speedup.png, convergence.png, coverage.png. Needs matplotlib "
-        "(pip install 'tunecache[report]').",
+        "(pip install -e '.[report]').",
     )
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="DIR",
                         help="folder to write the PNGs into (created if need be)")  # fmt: skip

@@ -4,7 +4,7 @@ coverage.
 The numbers each figure shows are pure functions of records (:mod:`tunecache.report.series`,
 :mod:`tunecache.report.grid`), so they are tested without drawing; :mod:`tunecache.report.figures`
 draws them on matplotlib's Agg canvas. Importing this package does not import matplotlib (an
-optional extra: ``pip install 'tunecache[report]'``); :func:`write_report` does, when it draws.
+optional extra: ``pip install -e '.[report]'``); :func:`write_report` does, when it draws.
 
 Example:
     >>> from tunecache.report import fetch_records, speedups

@@ -19,7 +19,7 @@ from tunecache.report.labels import KeyLike
 from tunecache.report.series import speedups
 from tunecache.schemas import RecordPublic
 
-INSTALL_HINT = "pip install 'tunecache[report]'"
+INSTALL_HINT = "pip install matplotlib (the report extra: pip install -e '.[report]')"
 
 
 @dataclass(frozen=True)
