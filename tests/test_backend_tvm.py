@@ -210,11 +210,12 @@ def test_database_is_partitioned_and_warm_starts(
     records = (partition / "database_tuning_record.json").read_text().splitlines()
     assert len(records) == len(first.trials)
     # Re-tuning: the earlier records seed the search, the seconds budget stops it after one
-    # batch, and the winner is the fastest record of both runs.
+    # candidate (the rest of its batch is skipped, not measured: MetaSchedule still commits them,
+    # as failures), and the winner is the fastest record of both runs.
     second, _ = run_search(backend, MATMUL, MATMUL_PROBLEM, Budget(trials=64, seconds=0.1), workdir)
-    assert 1 <= len(second.trials) <= 16
+    assert len(second.trials) == 1
     records = (partition / "database_tuning_record.json").read_text().splitlines()
-    assert len(records) == len(first.trials) + len(second.trials)
+    assert len(first.trials) + 1 <= len(records) <= len(first.trials) + 16
     both = [t for t in [*first.trials, *second.trials] if t.time_ms is not None]
     fastest = min(both, key=lambda t: t.time_ms or 0.0)
     assert second.config["trace"] == fastest.config["trace"]

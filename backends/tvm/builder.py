@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_USES = 64  # builds per worker process before it is replaced
+# The error of a candidate neither built nor run because the search's time budget ran out; the
+# search drops such candidates from its trials (they were never measured).
+SKIPPED = "skipped: the search's time budget is spent"
 
 
 def fast_build(mod: IRModule, target: Target, _params: dict[str, Any] | None) -> Module:
@@ -67,6 +70,8 @@ class WarmPool:
         from tvm.support.popen_pool import PopenPoolExecutor
 
         self.timeout_sec = timeout_sec
+        self.deadline: float | None = None  # time.monotonic() after which nothing more starts
+        self.measured = 0  # candidates timed: the budget never stops the search before one
         self.pool = PopenPoolExecutor(
             max_workers=max_workers, timeout=timeout_sec, maximum_process_uses=MAX_USES
         )
@@ -79,6 +84,8 @@ class WarmPool:
         from tvm.s_tir.meta_schedule.builder.local_builder import _worker_func
         from tvm.support.popen_pool import StatusKind
 
+        if self.out_of_time():
+            return [BuilderResult(None, SKIPPED) for _ in build_inputs]
         args = [(fast_build, fast_export, b.mod, b.target, None) for b in build_inputs]
         results: list[Any] = []
         for outcome in self.pool.map_with_error_catching(lambda a: _worker_func(*a), args):
@@ -90,6 +97,13 @@ class WarmPool:
             else:
                 results.append(BuilderResult(None, f"build failed: {outcome.value}"))
         return results
+
+    def out_of_time(self) -> bool:
+        """Whether the deadline has passed (never without one, nor before one candidate ran)."""
+        import time
+
+        return (self.deadline is not None and self.measured > 0
+                and time.monotonic() >= self.deadline)  # fmt: skip
 
     def close(self) -> None:
         """Stops the worker processes."""

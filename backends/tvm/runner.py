@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from backends.tvm.builder import SKIPPED
+
 if TYPE_CHECKING:
     from backends.tvm.builder import WarmPool
 
@@ -27,6 +29,9 @@ def make_runner(pool: WarmPool, *, repeat: int, min_repeat_ms: int) -> Any:
         def run(self, runner_inputs: list[Any]) -> list[Any]:
             futures = []
             for item in runner_inputs:
+                if pool.out_of_time():  # the rest of the batch is skipped, not measured
+                    futures.append(LocalRunnerFuture(res=None, error_message=SKIPPED))
+                    continue
                 args_info = tuple(info.as_json() for info in item.args_info)
                 job = pool.pool.submit(
                     _worker_func,
@@ -47,6 +52,7 @@ def make_runner(pool: WarmPool, *, repeat: int, min_repeat_ms: int) -> Any:
                 except Exception as exc:
                     futures.append(LocalRunnerFuture(res=None, error_message=f"run failed: {exc}"))
                 else:
+                    pool.measured += 1
                     futures.append(LocalRunnerFuture(res=costs, error_message=None))
             return futures
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from backends.base import Budget, Progress, ProgressFn, Trial, TrialStatus
-from backends.tvm.builder import WarmPool, make_builder
+from backends.tvm.builder import SKIPPED, WarmPool, make_builder
 from backends.tvm.database import best_records, mean_seconds, normalize_module, open_database
 from backends.tvm.intrin import cpu_intrinsics_only
 from backends.tvm.runner import make_runner
@@ -45,6 +45,8 @@ class _Recorder:
 
     def record(self, candidates: Any, builder_results: Any, runner_results: Any) -> None:
         for cand, built, ran in zip(candidates, builder_results, runner_results, strict=False):
+            if SKIPPED in (built.error_msg, ran.error_msg):
+                continue  # never measured: the time budget ran out
             config = {
                 "schedule": SCHEDULE_META,
                 "trace": trace_json(cand.sch.trace),
@@ -192,6 +194,7 @@ def tune(
     database = open_database(workdir, target)
     mod = normalize_module(func)
     pool = WarmPool(max_workers=cores, timeout_sec=WORKER_TIMEOUT_S)  # workers start now
+    pool.deadline = deadline
     try:
         with cpu_intrinsics_only():
             _run_meta_schedule(mod, target, budget, database, pool, recorder, cores, str(workdir))
