@@ -158,3 +158,17 @@ def test_replay_runs_strategies_on_a_landscape(tmp_path) -> None:  # type: ignor
     rows = {line.split()[0]: line.split() for line in done.stdout.splitlines()[3:]}
     assert set(rows) == {"exhaustive", "random", "optuna"}
     assert all(int(r[1]) <= 20 for r in rows.values())
+    as_json = json.loads(tunecache("replay", str(path), "--trials", "20", "--json").stdout)
+    assert [r["strategy"] for r in as_json["results"]] == ["exhaustive", "random", "optuna"]
+    assert all(0 < r["optimum_over_best"] <= 1 for r in as_json["results"])
+
+
+def test_a_closed_pipe_is_not_an_error_message() -> None:
+    # The reader leaves before the command writes (as `tunecache … | head` does mid-output).
+    process = subprocess.Popen([sys.executable, "-m", "tunecache.cli", "workloads", "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 1
+    assert err == "", err

@@ -91,6 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tunecache: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `tunecache … | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as exc:  # a bug of ours: one line, the traceback only when asked for
         if args.verbose:
             raise
