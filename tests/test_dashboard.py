@@ -127,7 +127,7 @@ class TestPages:
         for kernel in ("matmul", "softmax", "layernorm"):
             assert f'<td class="kernel">{kernel}</td>' in html
         assert "0.8125" in html  # matmul's median time, ms
-        assert "2.00×" in html and "1.50×" in html  # vs torch eager, vs the default config
+        assert "2.00× faster" in html and "1.50× faster" in html  # vs eager, vs default
         assert "1.0e-06" in html  # its validation error
         assert f"/ui/records/{ids['matmul']}" in html
         assert f"/ui/records/{ids['invalid']}" not in html  # not a winner
@@ -145,7 +145,7 @@ class TestPages:
     def test_record_page_plots_every_trial(self, token_server: LiveServer, ids: Ids) -> None:
         html = page(token_server, f"/ui/records/{ids['matmul']}").text
         assert "matmul" in html and "12 trials" in html
-        assert "tolerance 1.0e-04" in html and "2.00×" in html and "1.50×" in html
+        assert "tolerance 1.0e-04" in html and "2.00× faster" in html and "1.50× faster" in html
         assert "compile_error" in html and "boom" in html  # the failed last trial
         best = re.search(r'<path class="best" d="([^"]+)"', html)
         assert best is not None

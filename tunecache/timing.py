@@ -103,3 +103,17 @@ def time_cuda(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) ->
     torch.cuda.synchronize()
     samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
     return _stats(samples, settings, 1, f"cuda events, L2 flushed, median of {count}")
+
+
+def speedup_text(speedup: float, times: str = "x") -> str:
+    """``2.00x faster``, ``1.89x slower`` or ``1.00x (the same)``: never a bare ``0.53x``.
+
+    Args:
+        speedup: baseline time / tuned time.
+        times: the multiplication sign (``x`` on a terminal, ``×`` in HTML).
+    """
+    if 0.995 <= speedup < 1.005:
+        return f"1.00{times} (the same)"
+    if speedup >= 1:
+        return f"{speedup:.2f}{times} faster"
+    return f"{1 / speedup:.2f}{times} slower"

@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from tunecache import __version__
+from tunecache.timing import speedup_text
 
 HERE = Path(__file__).parent
 STATIC_DIR: Final = HERE / "static"
@@ -29,8 +30,8 @@ def ms(value: float | None) -> str:
 
 
 def ratio(value: float | None) -> str:
-    """A speedup: ``1.83×``."""
-    return "—" if value is None else f"{value:.2f}×"
+    """A speedup: ``1.83× faster``, ``1.20× slower``."""
+    return "—" if value is None else speedup_text(value, "×")
 
 
 def sci(value: float | None) -> str:

@@ -24,9 +24,7 @@ def ms(value: float | None) -> str:
 
 
 def ratio(speedup: float) -> str:
-    """``2.00x faster``, ``1.89x slower`` or ``1.00x (the same)`` (never a bare ``0.53x``)."""
-    if 0.995 <= speedup < 1.005:
-        return "1.00x (the same)"
-    if speedup >= 1:
-        return f"{speedup:.2f}x faster"
-    return f"{1 / speedup:.2f}x slower"
+    """``2.00x faster`` or ``1.89x slower`` (:func:`tunecache.timing.speedup_text`)."""
+    from tunecache.timing import speedup_text
+
+    return speedup_text(speedup)

@@ -25,7 +25,6 @@ def health(session: SessionDep) -> Health:
 
 @router.get(
     "/v1/whoami",
-    tags=["tokens"],
     responses={401: {"description": "the token is unknown or revoked, or reads need one"}},
 )
 def whoami(caller: ReadAccess, settings: SettingsDep) -> WhoAmI:
