@@ -58,16 +58,25 @@ def queue(client: Any, manifest: Any) -> tuple[list[str], int]:
 
 def follow(client: Any, hashes: list[str], poll: float = 2.0) -> int:
     """Prints progress until every followed job is done or failed; returns the failures."""
+    from tunecache.cli.progress import eta_seconds
+
     wanted = set(hashes)
+    started = time.monotonic()
+    live = sys.stderr.isatty()
     while True:
         jobs = {h: j for h, j in all_jobs(client).items() if h in wanted}
         states = [j.state for j in jobs.values()]
         done, failed = states.count("done"), states.count("failed")
         running = states.count("running")
-        print(f"\r{done}/{len(wanted)} done, {running} running, {failed} failed", end="",
-              file=sys.stderr, flush=True)  # fmt: skip
+        elapsed = time.monotonic() - started
+        eta = eta_seconds(elapsed, done + failed, len(wanted))
+        left = f", ETA {eta:.0f}s" if eta is not None else ""
+        print(f"{chr(13) if live else ''}{elapsed:6.0f}s {done}/{len(wanted)} done, {running} "
+              f"running, {failed} failed{left}", end="" if live else "\n", file=sys.stderr,
+              flush=True)  # fmt: skip
         if done + failed == len(wanted):
-            print(file=sys.stderr)
+            if live:
+                print(file=sys.stderr)
             return failed
         time.sleep(poll)
 
