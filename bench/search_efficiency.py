@@ -1,19 +1,29 @@
 """How fast each search strategy closes in on a landscape's optimum, replayed offline.
 
-Every ``*.json`` landscape in FOLDER (recorded with :func:`tuner.landscape.record_landscape`) is
-replayed as a simulated device. Per landscape and strategy, the table shows optimum / best found
-after 10, 25, 50, 100 and 200 evaluations (1.0 is perfect; 0 while nothing succeeded), averaged
-over seeds, and the mean number of evaluations to come within 5% of the optimum. Counts beyond a
-landscape's size are capped at its size. Prints markdown and writes it to
-``bench/results/search_efficiency.md``. Figures, never pass/fail.
+Every ``*.json`` / ``*.json.gz`` landscape in FOLDER (recorded with
+:func:`tuner.landscape.record_landscape`, or converted brute-force caches) is replayed as a
+simulated device. Per landscape and strategy, the table shows optimum / best found after 25, 50,
+100 and 200 evaluations and after 1 %, 2 % and 5 % of the landscape's valid (recorded) configs
+(1.0 is perfect; 0 while nothing succeeded), averaged over seeds, and the mean number of
+evaluations to come within 5 % of the optimum. Counts beyond a landscape's size are capped at it.
 
-    python -m bench.search_efficiency [FOLDER] [--seeds 10] [--strategies exhaustive,random,optuna]
+``--transfer``: each landscape is also searched with the other landscapes of its family (the same
+kernel and parameters, other devices) as prior knowledge — the team cache's trials on other
+GPUs: strategies that model the space (``bayes``) take the other devices' normalised times as a
+prior; the others start from the prior's 10 best configs (a warm start).
+
+Prints markdown and writes it to ``bench/results/search_efficiency.md``. Figures, never
+pass/fail.
+
+    python -m bench.search_efficiency [FOLDER] [--seeds 10] [--strategies random,optuna,bayes]
+        [--transfer]
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import statistics
 import sys
 import time
@@ -24,13 +34,16 @@ from typing import Any
 
 from backends import Budget
 from tunecache.errors import InvalidInput
+from tunecache.space import Config
 from tuner.landscape import Landscape
 from tuner.search import DEFAULT_STRATEGY, STRATEGIES, get_strategy, run_search
 from tuner.search.loop import trial_time
 
 LANDSCAPES = Path(__file__).with_name("landscapes")
 RESULTS = Path(__file__).with_name("results") / "search_efficiency.md"
-CHECKPOINTS = (10, 25, 50, 100, 200)
+CHECKPOINTS = (25, 50, 100, 200)
+FRACTIONS = (0.01, 0.02, 0.05)  # of the valid configs
+WARM_FROM_PRIOR = 10  # warm-start configs for strategies without a model
 WITHIN = 0.05  # "found it": within 5% of the optimum
 
 
@@ -39,27 +52,57 @@ class Efficiency:
     """One strategy on one landscape, averaged over seeds."""
 
     strategy: str
-    ratios: dict[int, float]  # checkpoint -> mean of optimum / best found after that many
+    ratios: dict[str, float]  # checkpoint label ("@25", "2%") -> mean of optimum / best found
     evals_to_target: float  # mean evaluations to within WITHIN of the optimum; a miss counts
     missed: int  # as the whole budget, so with misses the mean is a lower bound
 
 
+def checkpoints_of(size: int) -> dict[str, int]:
+    """Label -> evaluations: the fixed counts, then the fractions of ``size`` (≥ 1)."""
+    marks = {f"@{n}": n for n in CHECKPOINTS}
+    marks.update({f"{f:.0%}": max(1, round(f * size)) for f in FRACTIONS})
+    return marks
+
+
+def prior_for(target: str, family: dict[str, Landscape]) -> dict[Config, float]:
+    """The other landscapes' knowledge of ``target``'s configs: the geometric mean over them of
+    time / that landscape's optimum (a failure there counts as 10x its slowest success)."""
+    logs: dict[Config, list[float]] = {}
+    for name, other in family.items():
+        if name == target:
+            continue
+        best = other.optimum().time_ms or 1.0
+        ok = [e.time_ms for e in other.entries if e.time_ms is not None]
+        failed = 10.0 * max(ok) / best
+        for entry in other.entries:
+            ratio = failed if entry.time_ms is None else entry.time_ms / best
+            logs.setdefault(entry.config, []).append(math.log(ratio))
+    return {config: math.exp(statistics.fmean(v)) for config, v in logs.items()}
+
+
 def measure(
-    landscape: Landscape, strategy: str, seeds: int, checkpoints: Sequence[int] = CHECKPOINTS
+    landscape: Landscape,
+    strategy: str,
+    seeds: int,
+    prior: dict[Config, float] | None = None,
 ) -> Efficiency:
     """Replays ``strategy`` on ``landscape`` once per seed, up to the largest checkpoint."""
     size = len(landscape.entries)
+    marks = checkpoints_of(size)
     optimum = landscape.optimum().time_ms or 0.0
-    budget = Budget(trials=min(max(checkpoints), size))
-    ratios: dict[int, list[float]] = {n: [] for n in checkpoints}
+    budget = Budget(trials=min(max(marks.values()), size))
+    ratios: dict[str, list[float]] = {label: [] for label in marks}
     evals: list[int] = []
     missed = 0
+    warm = sorted(prior, key=prior.__getitem__)[:WARM_FROM_PRIOR] if prior else []
     for seed in range(seeds):
-        search = get_strategy(strategy, landscape.search_space(), seed=seed)
+        space = landscape.search_space()
+        search = get_strategy(strategy, space, seed=seed, prior=prior,
+                              warm_start=[] if strategy == "bayes" else warm)  # fmt: skip
         log = run_search(search, landscape.evaluator(), budget)
-        for n in checkpoints:
+        for label, n in marks.items():
             best = log.best_after(min(n, size))
-            ratios[n].append(0.0 if best is None else optimum / best)
+            ratios[label].append(0.0 if best is None else optimum / best)
         target = optimum * (1 + WITHIN)
         times = [trial_time(trial) for trial in log.trials]
         hit = next((i for i, t in enumerate(times, 1) if t is not None and t <= target), None)
@@ -88,17 +131,28 @@ def describe(name: str, landscape: Landscape) -> str:
     )
 
 
-def table(rows: Sequence[tuple[str, Efficiency]], checkpoints: Sequence[int]) -> list[str]:
+def table(rows: Sequence[tuple[str, Efficiency]]) -> list[str]:
     """A markdown table, one row per (landscape, strategy)."""
-    header = ["landscape", "strategy", *[f"@{n}" for n in checkpoints], "evals to 5%"]
+    labels = list(rows[0][1].ratios)
+    header = ["landscape", "strategy", *labels, "evals to 5%"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, eff in rows:
         to_target = f"{'>' if eff.missed else ''}{eff.evals_to_target:.0f}"
         if eff.missed:
             to_target += f" ({eff.missed} missed)"
-        cells = [name, eff.strategy, *[f"{eff.ratios[n]:.3f}" for n in checkpoints], to_target]
+        cells = [name, eff.strategy, *[f"{eff.ratios[n]:.3f}" for n in labels], to_target]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def family_of(landscapes: dict[str, Landscape]) -> dict[str, dict[str, Landscape]]:
+    """Each landscape's family: the landscapes of the same kernel over the same parameters."""
+
+    def kind(landscape: Landscape) -> tuple[str, tuple[str, ...]]:
+        return str(landscape.key.get("kernel", "")), tuple(sorted(landscape.space))
+
+    return {name: {other: o for other, o in landscapes.items() if kind(o) == kind(landscape)}
+            for name, landscape in landscapes.items()}  # fmt: skip
 
 
 def average(results: dict[str, list[Efficiency]], strategies: Sequence[str]) -> list[Efficiency]:
@@ -122,12 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder", nargs="?", type=Path, default=LANDSCAPES)
     parser.add_argument("--seeds", type=int, default=10, help="replays per strategy (seeds 0..)")
     parser.add_argument("--strategies", default=f"exhaustive,random,{DEFAULT_STRATEGY}")
+    parser.add_argument("--transfer", action="store_true",
+                        help="also search each landscape with its family's others as a prior")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the markdown")
     args = parser.parse_args(argv)
     strategies = [s for s in args.strategies.split(",") if s]
     if unknown := [s for s in strategies if s not in STRATEGIES]:
         parser.error(f"unknown strategies {unknown}; known: {', '.join(sorted(STRATEGIES))}")
-    paths = sorted(args.folder.glob("*.json"))
+    paths = sorted([*args.folder.glob("*.json"), *args.folder.glob("*.json.gz")])
     if not paths:
         print(f"no *.json landscapes in {args.folder}", file=sys.stderr)
         return 2
@@ -136,34 +192,48 @@ def main(argv: list[str] | None = None) -> int:
     landscapes: dict[str, Landscape] = {}
     for path in paths:
         try:
-            landscapes[path.stem] = Landscape.load(path)
-            landscapes[path.stem].optimum()
+            name = path.name.removesuffix(".gz").removesuffix(".json")
+            landscapes[name] = Landscape.load(path)
+            landscapes[name].optimum()
         except InvalidInput as exc:
             print(f"skipping {path}: {exc}", file=sys.stderr)
     results: dict[str, list[Efficiency]] = {}
+    transferred: dict[str, list[Efficiency]] = {}
+    families = family_of(landscapes)
     for name, landscape in landscapes.items():
         results[name] = [measure(landscape, s, args.seeds) for s in strategies]
+        if args.transfer and len(families[name]) > 1:
+            prior = prior_for(name, families[name])
+            transferred[name] = [measure(landscape, s, args.seeds, prior) for s in strategies]
         print(f"{name}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     if not results:
         return 2
 
     rows = [(name, eff) for name, per in results.items() for eff in per]
     rows += [("*average*", eff) for eff in average(results, strategies)]
+    moved = [(name, eff) for name, per in transferred.items() for eff in per]
+    if moved:
+        moved += [("*average*", eff) for eff in average(transferred, strategies)]
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     text = "\n".join([
         "# Search efficiency: optimum / best found after n evaluations (1.0 is perfect)",
         "",
         f"- {args.seeds} seeds per strategy; counts beyond a landscape's size are capped at it;",
         f"  'evals to 5%': mean evaluations to within {WITHIN:.0%} of the optimum, '>' when some",
-        f"  seeds missed within {max(CHECKPOINTS)} (a miss counts as the whole budget)",
+        "  seeds missed within the largest budget (a miss counts as the whole budget);",
+        "  n% columns: after that share of the landscape's valid (recorded) configs",
         f"- run: {stamp}, {time.perf_counter() - started:.0f} s in all",
         "",
         "Landscapes:",
         "",
         *[describe(name, landscape) for name, landscape in landscapes.items()],
         "",
-        *table(rows, CHECKPOINTS),
+        "## Cold: no prior knowledge",
         "",
+        *table(rows),
+        "",
+        *(["## With transfer: the family's other devices as prior knowledge",
+           "", *table(moved), ""] if moved else []),
     ])  # fmt: skip
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -251,8 +251,23 @@ class TestSearchEfficiencyBench:
         assert "36 configs" in text
         rows = [line for line in text.splitlines() if line.startswith("| ")]
         assert len(rows) == 1 + 3 * 3  # header, 2 landscapes + average, 3 strategies each
-        exhaustive_a = next(r for r in rows if r.startswith("| a | exhaustive"))
-        assert exhaustive_a.split(" | ")[-2] == "1.000"  # @200, capped at the size (36)
+        header = rows[0].split(" | ")
+        exhaustive_a = next(r for r in rows if r.startswith("| a | exhaustive")).split(" | ")
+        assert exhaustive_a[header.index("@200")] == "1.000"  # capped at the size (36)
+        assert {"1%", "2%", "5%"} <= set(header)
+
+    def test_transfer_searches_each_landscape_with_its_family_as_prior(
+        self, tmp_path: Path
+    ) -> None:
+        for seed, device in ((1, "GPU A"), (2, "GPU B"), (3, "GPU C")):
+            bowl_landscape(seed, device=device).save(tmp_path / f"{device[-1]}.json")
+        out = tmp_path / "out.md"
+        argv = [str(tmp_path), "--seeds", "2", "--strategies", "random,bayes", "--transfer"]
+        assert search_efficiency.main([*argv, "--out", str(out)]) == 0
+        text = out.read_text()
+        assert "## With transfer" in text
+        transfer = text.split("## With transfer")[1]
+        assert transfer.count("| A | ") == 2 and "| *average* | bayes |" in transfer
 
     def test_empty_folder_and_unknown_strategy(self, tmp_path: Path) -> None:
         assert search_efficiency.main([str(tmp_path), "--out", str(tmp_path / "x.md")]) == 2

@@ -173,7 +173,7 @@ class TestStrategyContract:
 
 class TestRegistry:
     def test_names_and_default(self) -> None:
-        assert sorted(STRATEGIES) == ["exhaustive", "optuna", "random"]
+        assert sorted(STRATEGIES) == ["bayes", "exhaustive", "optuna", "random"]
         assert DEFAULT_STRATEGY in STRATEGIES
         assert all(
             issubclass(cls, SearchStrategy) and cls.name == n for n, cls in STRATEGIES.items()

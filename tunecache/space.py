@@ -73,10 +73,16 @@ class Config:
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """The cartesian product of each parameter's choices, minus what ``constraint`` prunes."""
+    """The cartesian product of each parameter's choices, minus what ``constraint`` prunes.
+
+    ``members``, when given, lists the valid configs outright (a recorded landscape: its
+    product may be a thousand times larger than what was measured): :meth:`configs` then walks
+    them, not the product, and a config outside them is pruned.
+    """
 
     params: Mapping[str, tuple[Scalar, ...]]
     constraint: Constraint | None = field(default=None, compare=False)
+    members: tuple[Config, ...] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.params:
@@ -86,6 +92,10 @@ class SearchSpace:
                 raise InvalidInput(f"search space parameter {name!r} has no choices")
             canonical_json(list(choices))  # JSON scalars only
         object.__setattr__(self, "params", {k: tuple(v) for k, v in self.params.items()})
+        if self.members is not None:
+            members = tuple(dict.fromkeys(self.members))
+            object.__setattr__(self, "members", members)
+            object.__setattr__(self, "_member_set", frozenset(members))
 
     @property
     def size(self) -> int:
@@ -103,6 +113,8 @@ class SearchSpace:
         for name, value in values.items():
             if value not in self.params[name]:
                 return f"{name}={value!r} is not one of {self.params[name]}"
+        if self.members is not None and config not in self.__dict__["_member_set"]:
+            return "not one of the space's recorded configs"
         return self.constraint(config) if self.constraint else None
 
     def contains(self, config: Config) -> bool:
@@ -116,10 +128,13 @@ class SearchSpace:
 
     def configs(self) -> Iterator[Config]:
         """Every config that survives pruning, in a fixed order."""
+        if self.members is not None:
+            check = self.constraint
+            return (c for c in self.members if check is None or not check(c))
         return (c for c in self.all_configs() if self.constraint is None or not self.constraint(c))
 
     def pruned_count(self) -> int:
-        return sum(1 for _ in self.all_configs()) - sum(1 for _ in self.configs())
+        return self.size - sum(1 for _ in self.configs())
 
     def to_json(self) -> dict[str, list[Scalar]]:
         return {name: list(choices) for name, choices in self.params.items()}

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import math
@@ -132,14 +133,17 @@ class Landscape:
 
     @classmethod
     def load(cls, path: Path) -> Landscape:
-        """Reads a landscape written by :meth:`save`.
+        """Reads a landscape written by :meth:`save` (gzipped or not).
 
         Raises:
             InvalidInput: the file is unreadable, not JSON, of another format, or malformed.
         """
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raw = Path(path).read_bytes()
+            if raw[:2] == b"\x1f\x8b":  # gzip's magic number: a .json.gz landscape
+                raw = gzip.decompress(raw)
+            data = json.loads(raw.decode("utf-8"))
+        except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InvalidInput(f"cannot read landscape {path}: {exc}") from exc
         try:
             return cls.from_json(data)
@@ -190,15 +194,10 @@ class Landscape:
         return min(ok, key=lambda entry: entry.time_ms or 0.0)
 
     def search_space(self) -> SearchSpace:
-        """The recorded space, with a constraint that prunes every config not recorded."""
-        recorded = {entry.config for entry in self.entries}
-
-        def unrecorded(config: Config) -> str | None:
-            return None if config in recorded else "not recorded in the landscape"
-
+        """The recorded space: its configs are the recorded ones (whatever the product's size)."""
         try:
             params = {name: tuple(choices) for name, choices in self.space.items()}
-            return SearchSpace(params, constraint=unrecorded)
+            return SearchSpace(params, members=tuple(entry.config for entry in self.entries))
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"malformed landscape space {self.space!r}: {exc}") from exc
 

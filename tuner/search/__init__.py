@@ -6,29 +6,35 @@ Example:
     >>> get_strategy("random", space, seed=3).name
     'random'
     >>> sorted(STRATEGIES)
-    ['exhaustive', 'optuna', 'random']
+    ['bayes', 'exhaustive', 'optuna', 'random']
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tunecache.errors import lookup
 from tunecache.space import Config, SearchSpace
 from tuner.search.base import SearchStrategy
+from tuner.search.bayes import BayesSearch
 from tuner.search.exhaustive import ExhaustiveSearch
 from tuner.search.loop import Evaluator, SearchLog, run_search
 from tuner.search.optuna_tpe import OptunaSearch
 from tuner.search.random_search import RandomSearch
 
 STRATEGIES: dict[str, type[SearchStrategy]] = {
-    cls.name: cls for cls in (ExhaustiveSearch, RandomSearch, OptunaSearch)
+    cls.name: cls for cls in (ExhaustiveSearch, RandomSearch, OptunaSearch, BayesSearch)
 }
 DEFAULT_STRATEGY = "optuna"
 
 
 def get_strategy(
-    name: str, space: SearchSpace, *, seed: int = 0, warm_start: Sequence[Config] = ()
+    name: str,
+    space: SearchSpace,
+    *,
+    seed: int = 0,
+    warm_start: Sequence[Config] = (),
+    prior: Mapping[Config, float] | None = None,
 ) -> SearchStrategy:
     """A fresh strategy called ``name`` over ``space``.
 
@@ -37,11 +43,15 @@ def get_strategy(
         space: the (pruned) space to search.
         seed: makes the proposal sequence reproducible.
         warm_start: configs to propose first (those outside the space are skipped).
+        prior: scores of configs on other devices or shapes (lower is better), for the
+            strategies that model the space (``bayes``); the others ignore it.
 
     Raises:
         InvalidInput: no strategy has that name.
     """
     cls = lookup(STRATEGIES, name, "search strategy")
+    if prior and issubclass(cls, BayesSearch):
+        return cls(space, seed=seed, warm_start=warm_start, prior=prior)
     return cls(space, seed=seed, warm_start=warm_start)
 
 

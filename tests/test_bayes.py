@@ -1,0 +1,111 @@
+"""The model-based strategy: never a repeat, learns from failures, uses a prior, replays cheaply."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+import pytest
+
+from backends.base import Budget, Trial
+from tunecache.space import Config, SearchSpace
+from tuner.landscape import Landscape, LandscapeEntry
+from tuner.search import get_strategy, run_search
+from tuner.search.bayes import BayesSearch
+
+SPACE = SearchSpace({"BLOCK_M": (16, 32, 64, 128, 256), "BLOCK_N": (16, 32, 64, 128, 256),
+                     "warps": (1, 2, 4, 8), "stages": (2, 3, 4, 5)})  # fmt: skip
+
+
+def bowl(config: Config) -> float:
+    """A smooth landscape with its optimum at 64 x 128, 4 warps, 3 stages."""
+    return 1.0 + sum(
+        (math.log2(float(config[name])) - math.log2(best)) ** 2
+        for name, best in (("BLOCK_M", 64), ("BLOCK_N", 128), ("warps", 4), ("stages", 3))
+    )
+
+
+def fails(config: Config) -> bool:
+    """A failed region: the largest tiles (as shared memory overflows do)."""
+    return int(config["BLOCK_M"]) * int(config["BLOCK_N"]) >= 128 * 128
+
+
+def evaluator(time_of: Callable[[Config], float]) -> Callable[[list[Config]], list[Trial]]:
+    def evaluate(configs: list[Config]) -> list[Trial]:
+        return [Trial(config=c.to_json(), status="runtime_error", error="out of resources")
+                if fails(c) else Trial(config=c.to_json(), status="ok", time_ms=time_of(c))
+                for c in configs]  # fmt: skip
+
+    return evaluate
+
+
+def test_a_failed_region_is_proposed_less_than_random_would() -> None:
+    share = sum(fails(c) for c in SPACE.configs()) / sum(1 for _ in SPACE.configs())
+    proposed_bad = []
+    for seed in range(5):
+        log = run_search(BayesSearch(SPACE, seed=seed), evaluator(bowl), Budget(trials=60))
+        configs = [c for c, _ in log]
+        assert len(configs) == len(set(configs)) and all(SPACE.contains(c) for c in configs)
+        proposed_bad.append(sum(fails(c) for c in configs) / len(configs))
+    assert statistics.fmean(proposed_bad) < 0.5 * share  # random sampling's expectation: share
+
+
+def test_it_finds_the_bowls_optimum_sooner_than_random() -> None:
+    def evals_to_optimum(name: str, seed: int) -> int:
+        log = run_search(get_strategy(name, SPACE, seed=seed), evaluator(bowl), Budget(trials=400))
+        return next(i for i, (_, t) in enumerate(log, 1) if t.time_ms == 1.0)
+
+    bayes = statistics.fmean(evals_to_optimum("bayes", s) for s in range(3))
+    shuffled = statistics.fmean(evals_to_optimum("random", s) for s in range(3))
+    assert bayes < shuffled / 2
+
+
+def test_the_same_seed_proposes_the_same_configs() -> None:
+    def run(seed: int) -> list[Config]:
+        log = run_search(BayesSearch(SPACE, seed=seed), evaluator(bowl), Budget(trials=30))
+        return [c for c, _ in log]
+
+    assert run(4) == run(4) and run(4) != run(5)
+
+
+def test_a_prior_from_another_device_is_used() -> None:
+    # Another device with the same shape of landscape, measured slower everywhere.
+    prior = {c: 3.0 * bowl(c) for c in SPACE.configs()}
+    warm = BayesSearch(SPACE, seed=0, prior=prior)
+    first = warm.ask()
+    assert first is not None and bowl(first) == 1.0  # the prior's best comes first
+    cold = run_search(BayesSearch(SPACE, seed=0), evaluator(bowl), Budget(trials=10))
+    assert min(t.time_ms or math.inf for _, t in cold) > 1.0  # cold: not found in 10
+
+
+def generated_landscape(recorded: int, seed: int = 0) -> Landscape:
+    """A landscape of ``recorded`` configs from a product over a thousand times larger."""
+    params = {f"p{i}": tuple(range(1, 9)) for i in range(7)}  # 8**7 = 2,097,152 configs
+    rng = random.Random(seed)
+    configs = {Config.of({n: rng.choice(c) for n, c in params.items()}) for _ in range(recorded)}
+    entries = [LandscapeEntry(c, "ok", (1.0 + sum(float(v) for _, v in c.items),))
+               for c in configs]  # fmt: skip
+    return Landscape(key={"kernel": "generated"}, space={n: list(c) for n, c in params.items()},
+                     entries=entries, device="synthetic")  # fmt: skip
+
+
+@pytest.mark.parametrize("strategy", ["bayes", "optuna", "random", "exhaustive"])
+def test_replay_cost_follows_the_recorded_configs_not_the_product(
+    strategy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    landscape = generated_landscape(2000)
+    space = landscape.search_space()
+    assert space.size >= 1000 * len(landscape.entries)
+
+    def never(self: SearchSpace) -> None:
+        raise AssertionError("the replay walked the whole product")
+
+    monkeypatch.setattr(SearchSpace, "all_configs", never)
+    started = time.perf_counter()
+    search = get_strategy(strategy, space, seed=0)
+    log = run_search(search, landscape.evaluator(), Budget(trials=30))
+    assert len(log) == 30 and all(space.contains(c) for c, _ in log)
+    assert time.perf_counter() - started < 30  # a hang check; bench/ measures the set-up time

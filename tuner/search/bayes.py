@@ -1,0 +1,256 @@
+"""Bayesian optimisation over the enumerated space: a Gaussian process on log time, expected
+improvement, failures as slow, and (optionally) the team's other devices as a prior.
+
+Why this shape (offline replays of brute-forced GPU landscapes, ``bench/search_efficiency.py``):
+
+* **It only ever proposes configs of the space that were never proposed**: the candidates are
+  rows of the enumerated space with a per-row "open" flag, so no evaluation is repeated or
+  outside the space, and :meth:`ask` returns ``None`` exactly when every config was proposed.
+* **Encoding**: each parameter becomes one coordinate in [0, 1] — its value's log2 position
+  between the smallest and largest choice when every choice is a positive number (tile sizes,
+  warps, stages), else its choice index — so "near" means "similar tile", which is what makes GPU
+  landscapes smooth enough to model.
+* **Surrogate**: a GP with a Matérn-5/2 kernel on standardised log time; its length scale and
+  noise are chosen by marginal likelihood on a small grid, refitted as trials arrive.
+* **Failures teach**: a failed config is told to the model as slower than the slowest success,
+  so the region around failures looks bad and is proposed less (random search does not learn).
+* **Acquisition**: expected improvement over the best time so far, evaluated on every open
+  config (or, in a large space, a seeded sample plus every neighbour of the best few).
+* **Transfer** (``prior``): scores of configs measured on other devices or shapes (lower is
+  better, any scale). The first proposals are the prior's best configs, and the GP models the
+  difference between this device and a linear fit of the prior — so what other GPUs taught is
+  used until this device's own measurements say otherwise.
+
+Deterministic under a seed (the seeded initial sample and candidate sample; numpy otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from tunecache.space import Config, SearchSpace
+from tuner.search.base import SearchStrategy
+
+LENGTH_SCALES = (0.08, 0.15, 0.25, 0.4, 0.6, 1.0)
+NOISES = (1e-4, 1e-2, 1e-1)  # variance, in standardised units
+REFIT_EVERY = 5  # tells between hyperparameter searches
+POOL = 2048  # open configs scored per ask in a large space (plus the best ones' neighbours)
+FAILURE_MARGIN = 1.0  # a failure is told as this much slower (log e) than the slowest success
+
+
+def encode(space: SearchSpace, configs: Sequence[Config]) -> np.ndarray:
+    """Each config as a point in [0, 1]^d, one coordinate per parameter with several choices."""
+    columns = []
+    for name, choices in space.params.items():
+        if len(choices) < 2:
+            continue
+        numeric = all(isinstance(c, int | float) and not isinstance(c, bool) and c > 0
+                      for c in choices)  # fmt: skip
+        if numeric:
+            logs = {c: math.log2(float(c)) for c in choices}
+            low, high = min(logs.values()), max(logs.values())
+            span = (high - low) or 1.0
+            position = {c: (v - low) / span for c, v in logs.items()}
+        else:
+            position = {c: i / (len(choices) - 1) for i, c in enumerate(choices)}
+        columns.append([position[config[name]] for config in configs])
+    if not columns:
+        return np.zeros((len(configs), 1))
+    return np.asarray(columns, dtype=float).T
+
+
+def matern52(a: np.ndarray, b: np.ndarray, length: float) -> np.ndarray:
+    """The Matérn-5/2 kernel between the rows of ``a`` and ``b`` (unit variance)."""
+    squared = np.maximum((a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * a @ b.T, 0.0)
+    r = np.sqrt(5.0 * squared) / length
+    return (1.0 + r + r * r / 3.0) * np.exp(-r)
+
+
+class _GP:
+    """A zero-mean GP on standardised targets, with a fixed length scale and noise."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, length: float, noise: float) -> None:
+        self.x, self.length = x, length
+        k = matern52(x, x, length) + noise * np.eye(len(x))
+        self.chol = np.linalg.cholesky(k)
+        self.alpha = np.linalg.solve(self.chol.T, np.linalg.solve(self.chol, y))
+        self.log_likelihood = float(-0.5 * y @ self.alpha - np.log(np.diag(self.chol)).sum())
+
+    def predict(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        cross = matern52(points, self.x, self.length)
+        mean = cross @ self.alpha
+        v = np.linalg.solve(self.chol, cross.T)
+        var = np.maximum(1.0 - (v * v).sum(0), 1e-12)
+        return mean, np.sqrt(var)
+
+
+def _normal_pdf(z: np.ndarray) -> np.ndarray:
+    return np.asarray(np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi))
+
+
+def _normal_cdf(z: np.ndarray) -> np.ndarray:
+    return np.asarray(0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0))))
+
+
+def expected_improvement(mean: np.ndarray, std: np.ndarray, best: float) -> np.ndarray:
+    """EI of minimising below ``best`` under N(mean, std²)."""
+    z = (best - mean) / std
+    return np.asarray((best - mean) * _normal_cdf(z) + std * _normal_pdf(z))
+
+
+class BayesSearch(SearchStrategy):
+    """GP Bayesian optimisation over the space's configs (see the module docstring).
+
+    Args:
+        prior: a score per config from other devices or shapes (lower is better); optional.
+        initial: configs proposed before the model is used (random, or the prior's best).
+
+    Example:
+        >>> space = SearchSpace({"BLOCK": (16, 32, 64, 128), "warps": (2, 4, 8)})
+        >>> search = BayesSearch(space, seed=0)
+        >>> proposed = []
+        >>> while (config := search.ask()) is not None:
+        ...     proposed.append(config)
+        ...     search.tell(config, abs(config["BLOCK"] - 64) + config["warps"] + 1.0)
+        >>> len(proposed), len(set(proposed))
+        (12, 12)
+    """
+
+    name = "bayes"
+
+    def __init__(
+        self,
+        space: SearchSpace,
+        *,
+        seed: int = 0,
+        warm_start: Sequence[Config] = (),
+        prior: Mapping[Config, float] | None = None,
+        initial: int | None = None,
+    ) -> None:
+        super().__init__(space, seed=seed, warm_start=warm_start)
+        self._configs = list(space.configs())
+        self._row = {config: i for i, config in enumerate(self._configs)}
+        self._x = encode(space, self._configs)
+        self._index = np.asarray(
+            [[choices.index(c[name]) for name, choices in space.params.items()]
+             for c in self._configs], dtype=np.int64,
+        ).reshape(len(self._configs), len(space.params))  # fmt: skip
+        self._open = np.ones(len(self._configs), dtype=bool)
+        self._times: dict[int, float | None] = {}  # told rows: log time, None for a failure
+        self._rng = random.Random(seed)
+        self._warm = [c for c in self.warm_start if c in self._row]
+        size = len(self._configs)
+        self.initial = initial if initial is not None else min(10, max(4, size // 200))
+        self._prior = self._prior_column(prior) if prior else None
+        self._hyper = (0.25, 1e-2)
+        self._told_at_fit = -REFIT_EVERY
+
+    # -- the ask/tell interface --------------------------------------------------------------
+    def ask(self) -> Config | None:
+        if not self._open.any():
+            return None
+        row = self._next_warm()
+        if row is None:
+            successes = sum(1 for t in self._times.values() if t is not None)
+            proposed = len(self._configs) - int(self._open.sum())
+            if proposed < self.initial or successes < 2:
+                row = self._initial_row()
+            else:
+                row = self._model_row()
+        self._open[row] = False
+        return self._configs[row]
+
+    def tell(self, config: Config, time_ms: float | None) -> None:
+        row = self._row.get(config)
+        if row is None:  # measured outside the space (a default config): nothing to model
+            return
+        self._open[row] = False
+        ok = time_ms is not None and time_ms > 0 and math.isfinite(time_ms)
+        self._times[row] = math.log(time_ms) if ok and time_ms is not None else None
+
+    # -- proposals ---------------------------------------------------------------------------
+    def _next_warm(self) -> int | None:
+        while self._warm:
+            row = self._row[self._warm.pop(0)]
+            if self._open[row]:
+                return row
+        return None
+
+    def _initial_row(self) -> int:
+        open_rows = np.flatnonzero(self._open)
+        if self._prior is not None:  # the other devices' best configs first
+            return int(open_rows[np.argmin(self._prior[open_rows])])
+        return int(open_rows[self._rng.randrange(len(open_rows))])
+
+    def _model_row(self) -> int:
+        rows = np.asarray(sorted(self._times), dtype=np.int64)
+        logs = np.asarray([self._times[r] for r in rows], dtype=object)
+        good = np.asarray([t is not None for t in logs])
+        values = np.asarray([t if t is not None else np.nan for t in logs], dtype=float)
+        worst = np.nanmax(values[good])
+        values[~good] = worst + FAILURE_MARGIN
+        baseline = self._baseline(rows[good], values[good])
+        target = values - baseline[rows]
+        center, scale = float(target.mean()), float(target.std()) or 1.0
+        y = (target - center) / scale
+        gp = self._fit(self._x[rows], y)
+        candidates = self._candidates(rows[good], values[good])
+        mean, std = gp.predict(self._x[candidates])
+        mean = mean * scale + center + baseline[candidates]
+        score = expected_improvement(mean, std * scale, float(values[good].min()))
+        return int(candidates[int(np.argmax(score))])
+
+    def _baseline(self, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """The prior's prediction of log time (a linear fit on this device's successes), or 0."""
+        if self._prior is None or len(rows) < 3:
+            return np.zeros(len(self._configs))
+        p = self._prior[rows]
+        slope, intercept = np.polyfit(p, values, 1) if np.ptp(p) > 0 else (0.0, values.mean())
+        slope = max(float(slope), 0.0)  # a prior is never read upside down
+        return np.asarray(intercept + slope * self._prior)
+
+    def _fit(self, x: np.ndarray, y: np.ndarray) -> _GP:
+        told = len(self._times)
+        if told - self._told_at_fit >= REFIT_EVERY:
+            self._told_at_fit = told
+            fits = []
+            for length in LENGTH_SCALES:
+                for noise in NOISES:
+                    try:
+                        fits.append((_GP(x, y, length, noise).log_likelihood, length, noise))
+                    except np.linalg.LinAlgError:
+                        continue
+            if fits:
+                _, length, noise = max(fits)
+                self._hyper = (length, noise)
+        length, noise = self._hyper
+        try:
+            return _GP(x, y, length, noise)
+        except np.linalg.LinAlgError:
+            return _GP(x, y, length, max(noise, 1e-1))
+
+    def _candidates(self, good_rows: np.ndarray, good_values: np.ndarray) -> np.ndarray:
+        """Every open row; in a large space a seeded sample plus the best rows' neighbours."""
+        open_rows = np.flatnonzero(self._open)
+        if len(open_rows) <= POOL:
+            return open_rows
+        picked = set(self._rng.sample(range(len(open_rows)), POOL))
+        sample = open_rows[sorted(picked)]
+        best = good_rows[np.argsort(good_values)[:3]]
+        near = [np.flatnonzero((self._index != self._index[b]).sum(1) == 1) for b in best]
+        neighbours = np.concatenate(near) if near else np.zeros(0, dtype=np.int64)
+        neighbours = neighbours[self._open[neighbours]]
+        return np.unique(np.concatenate([sample, neighbours]))
+
+    def _prior_column(self, prior: Mapping[Config, float]) -> np.ndarray:
+        """The prior per row, as log scores (rows without one get the median)."""
+        scores = [prior.get(c) for c in self._configs]
+        known = [math.log(s) for s in scores if s is not None and s > 0 and math.isfinite(s)]
+        fill = float(np.median(known)) if known else 0.0
+        return np.asarray(
+            [math.log(s) if s is not None and s > 0 and math.isfinite(s) else fill for s in scores]
+        )
