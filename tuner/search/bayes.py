@@ -11,7 +11,7 @@ Why this shape (offline replays of brute-forced GPU landscapes, ``bench/search_e
   warps, stages), else its choice index — so "near" means "similar tile", which is what makes GPU
   landscapes smooth enough to model.
 * **Surrogate**: a GP with a Matérn-5/2 kernel on standardised log time; its length scale and
-  noise are chosen by marginal likelihood on a small grid, refitted as trials arrive.
+  noise are chosen by marginal likelihood on a small grid, searched again as the trials grow.
 * **Failures teach**: a failed config is told to the model as slower than the slowest success,
   so the region around failures looks bad and is proposed less (random search does not learn).
 * **Acquisition**: expected improvement over the best time so far, evaluated on every open
@@ -37,7 +37,7 @@ from tuner.search.base import SearchStrategy
 
 LENGTH_SCALES = (0.08, 0.15, 0.25, 0.4, 0.6, 1.0)
 NOISES = (1e-4, 1e-2, 1e-1)  # variance, in standardised units
-REFIT_EVERY = 5  # tells between hyperparameter searches
+REFIT_GROWTH = 1.25  # the hyperparameters are searched again when the trials grow by this
 POOL = 2048  # open configs scored per ask in a large space (plus the best ones' neighbours)
 FAILURE_MARGIN = 1.0  # a failure is told as this much slower (log e) than the slowest success
 
@@ -76,14 +76,15 @@ class _GP:
     def __init__(self, x: np.ndarray, y: np.ndarray, length: float, noise: float) -> None:
         self.x, self.length = x, length
         k = matern52(x, x, length) + noise * np.eye(len(x))
-        self.chol = np.linalg.cholesky(k)
-        self.alpha = np.linalg.solve(self.chol.T, np.linalg.solve(self.chol, y))
-        self.log_likelihood = float(-0.5 * y @ self.alpha - np.log(np.diag(self.chol)).sum())
+        chol = np.linalg.cholesky(k)
+        self.chol_inv = np.linalg.inv(chol)  # prediction is then two matrix products
+        self.alpha = self.chol_inv.T @ (self.chol_inv @ y)
+        self.log_likelihood = float(-0.5 * y @ self.alpha - np.log(np.diag(chol)).sum())
 
     def predict(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         cross = matern52(points, self.x, self.length)
         mean = cross @ self.alpha
-        v = np.linalg.solve(self.chol, cross.T)
+        v = self.chol_inv @ cross.T
         var = np.maximum(1.0 - (v * v).sum(0), 1e-12)
         return mean, np.sqrt(var)
 
@@ -147,7 +148,7 @@ class BayesSearch(SearchStrategy):
         self.initial = initial if initial is not None else min(10, max(4, size // 200))
         self._prior = self._prior_column(prior) if prior else None
         self._hyper = (0.25, 1e-2)
-        self._told_at_fit = -REFIT_EVERY
+        self._told_at_fit = 0
 
     # -- the ask/tell interface --------------------------------------------------------------
     def ask(self) -> Config | None:
@@ -215,7 +216,7 @@ class BayesSearch(SearchStrategy):
 
     def _fit(self, x: np.ndarray, y: np.ndarray) -> _GP:
         told = len(self._times)
-        if told - self._told_at_fit >= REFIT_EVERY:
+        if told >= REFIT_GROWTH * self._told_at_fit:
             self._told_at_fit = told
             fits = []
             for length in LENGTH_SCALES:
