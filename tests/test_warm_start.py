@@ -41,3 +41,34 @@ def test_unreachable_cache_gives_no_warm_start() -> None:
 
     with Client(f"http://127.0.0.1:{free_port()}", timeout=0.5) as client:
         assert neighbour_configs(client, make_key(), SPACE) == []
+
+
+def test_a_prior_scores_configs_by_the_nearest_winners_trials_on_any_device(
+    server: LiveServer,
+) -> None:
+    import dataclasses
+
+    from tunecache.schemas import Trial
+    from tuner.warm_start import FAILED_FACTOR, neighbour_prior
+
+    target = make_key(m=256)
+    other_gpu = dataclasses.replace(target.device, arch="cpu-avx512", name="another-cpu")
+
+    def with_trials(key, timings):  # type: ignore[no-untyped-def]
+        trials = [Trial(config={"tile": t, "unroll": 0}, status="ok" if ms else "runtime_error",
+                        time_ms=ms, error="" if ms else "out of resources")
+                  for t, ms in timings]  # fmt: skip
+        return make_record(key, config={"tile": 8, "unroll": 0}).model_copy(
+            update={"trials": trials}
+        )
+
+    with Client(server.url) as client:
+        client.upload(with_trials(target, [(4, 1.0), (8, 100.0)]))  # the key itself: ignored
+        other = dataclasses.replace(target, device=other_gpu)
+        client.upload(with_trials(other, [(4, 2.0), (8, 1.0), (16, None)]))
+        prior = neighbour_prior(client, target, SPACE)
+    scores = {c["tile"]: s for c, s in prior.items()}
+    assert math.isclose(scores[8], 1.0) and math.isclose(scores[4], 2.0)  # over its best
+    assert math.isclose(scores[16], FAILED_FACTOR * 2.0)  # failed there: 10x its slowest
+    with Client(f"http://127.0.0.1:{9}", timeout=0.5) as down:
+        assert neighbour_prior(down, target, SPACE) == {}

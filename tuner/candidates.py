@@ -70,11 +70,14 @@ def search_space(
     warm_start: Sequence[Config],
     emit: Emit,
     neighbours: Callable[[SearchSpace], list[Config]] | None = None,
+    prior_of: Callable[[SearchSpace], dict[Config, float]] | None = None,
 ) -> Candidates:
     """Searches the backend's space with ``strategy``, measuring through ``bench``.
 
     Args:
         neighbours: finds warm-start configs in the space (the cache's neighbouring winners).
+        prior_of: scores the space's configs from the cache's trials on other devices and
+            shapes, for the strategies that model the space (``bayes``).
     """
     space = enumerable_space(backend, request.workload, request.problem, request.dtype)
     emit(f"space: {space.size} configs, {space.pruned_count()} pruned by device limits")
@@ -82,7 +85,11 @@ def search_space(
         found = neighbours(space)
         emit(f"warm start: {len(found)} configs of neighbouring keys from the cache")
         warm_start = [*warm_start, *found]
-    searcher = get_strategy(strategy, space, seed=seed, warm_start=warm_start)
+    prior = None
+    if prior_of is not None and strategy == "bayes":
+        prior = prior_of(space)
+        emit(f"prior: {len(prior)} configs scored by neighbouring keys' trials in the cache")
+    searcher = get_strategy(strategy, space, seed=seed, warm_start=warm_start, prior=prior)
     log = run_search(searcher, bench.evaluate, request.budget, batch_size=bench.parallelism,
                      progress=request.progress)  # fmt: skip
     failures = [t.status for t in log.trials if t.status != "ok"]

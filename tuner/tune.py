@@ -41,7 +41,7 @@ from tuner.harness import Harness, Task
 from tuner.search import DEFAULT_STRATEGY, STRATEGIES
 from tuner.select import Winner, select_winner
 from tuner.validation import DEFAULT_SEEDS
-from tuner.warm_start import neighbour_configs
+from tuner.warm_start import neighbour_configs, neighbour_prior
 from workloads import Workload, get_workload
 
 logger = logging.getLogger(__name__)
@@ -196,6 +196,7 @@ def tune(
                 backend, request, bench, strategy=strategy, seed=options.seed,
                 warm_start=options.warm_start, emit=emit,
                 neighbours=(lambda space: neighbour_configs(cache, key, space)) if cache else None,
+                prior_of=(lambda space: neighbour_prior(cache, key, space)) if cache else None,
             )  # fmt: skip
         winner = select_winner(bench, found, default=_default(workload, key),
                                seeds=options.seeds, emit=emit)  # fmt: skip
