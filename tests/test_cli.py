@@ -156,10 +156,15 @@ def test_replay_runs_strategies_on_a_landscape(tmp_path) -> None:  # type: ignor
     done = tunecache("replay", str(path), "--trials", "20")
     assert done.returncode == 0, done.stderr
     rows = {line.split()[0]: line.split() for line in done.stdout.splitlines()[3:]}
-    assert set(rows) == {"exhaustive", "random", "optuna"}
+    assert set(rows) == {"exhaustive", "random", "optuna", "bayes"}
     assert all(int(r[1]) <= 20 for r in rows.values())
     as_json = json.loads(tunecache("replay", str(path), "--trials", "20", "--json").stdout)
-    assert [r["strategy"] for r in as_json["results"]] == ["exhaustive", "random", "optuna"]
+    assert [r["strategy"] for r in as_json["results"]] == [
+        "exhaustive",
+        "random",
+        "optuna",
+        "bayes",
+    ]
     assert all(0 < r["optimum_over_best"] <= 1 for r in as_json["results"])
 
 

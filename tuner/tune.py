@@ -53,7 +53,7 @@ class TuneOptions:
 
     Attributes:
         strategy: the backend's own search (``meta_schedule``, ``inductor_max_autotune``) or one
-            of :data:`tuner.search.STRATEGIES`; default: the backend's own, else ``optuna``.
+            of :data:`tuner.search.STRATEGIES`; default: the backend's own, else ``bayes``.
         warm_start: configs to try first (the winners of neighbouring keys).
         seeds: input seeds of the validation.
         timer_ref: ``"module:function"`` of a timer to use instead of the device's (tests time

@@ -25,7 +25,7 @@ from tuner.search.random_search import RandomSearch
 STRATEGIES: dict[str, type[SearchStrategy]] = {
     cls.name: cls for cls in (ExhaustiveSearch, RandomSearch, OptunaSearch, BayesSearch)
 }
-DEFAULT_STRATEGY = "optuna"
+DEFAULT_STRATEGY = "bayes"  # bench/results/search_efficiency-gpu-landscapes.md
 
 
 def get_strategy(
