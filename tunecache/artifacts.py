@@ -18,9 +18,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, field_validator
 
-from tunecache.canonical import canonical_json
-from tunecache.errors import InvalidInput
-from tunecache.schemas import MAX_CONFIG_BYTES, MAX_ID, _Strict
+from tunecache.schemas import MAX_CONFIG_BYTES, MAX_ID, _Strict, check_json_size
 
 Namespace = Literal["inductor.choices", "inductor.autotune", "tvm.workload", "tvm.record"]
 NAMESPACES: tuple[str, ...] = get_args(Namespace)
@@ -48,13 +46,7 @@ class ArtifactIn(_Strict):
     @field_validator("value")
     @classmethod
     def _bounded(cls, value: Any) -> Any:
-        try:
-            size = len(canonical_json(value).encode())
-        except InvalidInput as exc:
-            raise ValueError(str(exc)) from None
-        if size > MAX_VALUE_BYTES:
-            raise ValueError(f"value is {size} bytes; the limit is {MAX_VALUE_BYTES}")
-        return value
+        return check_json_size(value, "value", MAX_VALUE_BYTES)
 
 
 class ArtifactBatch(_Strict):

@@ -64,14 +64,21 @@ class _Strict(BaseModel):
         return data
 
 
-def _check_config(value: JSONObject) -> JSONObject:
+def check_json_size(value: Any, what: str = "config", limit: int = MAX_CONFIG_BYTES) -> Any:
+    """``value`` if its canonical JSON is at most ``limit`` bytes (a validator's ValueError if
+    not, or if it is not plain JSON data)."""
     try:
         size = len(canonical_json(value).encode())
     except InvalidInput as exc:
         raise ValueError(str(exc)) from None
-    if size > MAX_CONFIG_BYTES:
-        raise ValueError(f"config is {size} bytes; the limit is {MAX_CONFIG_BYTES}")
+    if size > limit:
+        raise ValueError(f"{what} is {size} bytes; the limit is {limit}")
     return value
+
+
+def _check_config(value: JSONObject) -> JSONObject:
+    checked: JSONObject = check_json_size(value)
+    return checked
 
 
 class DeviceModel(_Strict):
