@@ -8,7 +8,6 @@ writers of one item leave the best-scored value whatever order they commit in.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
@@ -76,7 +75,6 @@ def list_artifacts(
 
 
 def _public(row: ArtifactRow) -> ArtifactPublic:
-    fields = {name: getattr(row, name) for name in ArtifactPublic.model_fields}
-    if fields["updated_at"].tzinfo is None:  # SQLite keeps no zone: every time stored is UTC
-        fields["updated_at"] = fields["updated_at"].replace(tzinfo=UTC)
-    return ArtifactPublic.model_construct(**fields)
+    return ArtifactPublic.model_construct(
+        **{name: getattr(row, name) for name in ArtifactPublic.model_fields}
+    )

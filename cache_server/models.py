@@ -7,10 +7,33 @@ from typing import Any
 
 from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every database.
+
+    PostgreSQL keeps the zone; SQLite stores the UTC time without one and hands back a naive
+    datetime. Values are stored in UTC and always read back aware, so every time on the wire
+    carries its zone.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is not None:
+            value = value.astimezone(UTC)
+        return value
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value
 
 
 class Base(DeclarativeBase):
@@ -41,7 +64,7 @@ class RecordRow(Base):
     search: Mapped[dict[str, Any]]
     provenance: Mapped[dict[str, Any]]
     trial_count: Mapped[int] = mapped_column(Integer, default=0)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     # tunecache.rules.bucket_digest of the key: the rows a non-exact lookup may match.
     bucket_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
@@ -73,7 +96,7 @@ class WinnerRow(Base):
     key_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
     record_id: Mapped[int] = mapped_column(ForeignKey("records.id", ondelete="CASCADE"), index=True)
     time_ms: Mapped[float] = mapped_column(Float)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class JobRow(Base):
@@ -90,13 +113,11 @@ class JobRow(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
     lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    lease_expires_at: Mapped[datetime | None] = mapped_column(
-        DateTime(timezone=True), nullable=True
-    )
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     error: Mapped[str] = mapped_column(Text, default="")
     record_id: Mapped[int | None] = mapped_column(ForeignKey("records.id"), nullable=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     # What can run the job (from its key): a claim names its arch and backends.
     backend: Mapped[str | None] = mapped_column(String(16), nullable=True)
     device_arch: Mapped[str | None] = mapped_column(String(128), nullable=True)
@@ -120,9 +141,9 @@ class TokenRow(Base):
     scope: Mapped[str] = mapped_column(String(16))
     prefix: Mapped[str] = mapped_column(String(16))
     secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class ArtifactRow(Base):
@@ -142,6 +163,6 @@ class ArtifactRow(Base):
     item: Mapped[str] = mapped_column(String(128), default="")
     value: Mapped[Any] = mapped_column(JSON)
     score: Mapped[float | None] = mapped_column(Float, nullable=True)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
     __table_args__ = (Index("ix_artifacts_name", "namespace", "partition", "key"),)

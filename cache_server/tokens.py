@@ -7,7 +7,7 @@ not each become a write.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -61,7 +61,7 @@ def authenticate(session: Session, *, token: str) -> TokenRow | None:
     if row is None or row.revoked_at is not None:
         return None
     now = utcnow()
-    if row.last_used_at is None or now - _aware(row.last_used_at) > LAST_USED_RESOLUTION:
+    if row.last_used_at is None or now - row.last_used_at > LAST_USED_RESOLUTION:
         row.last_used_at = now
     return row
 
@@ -81,8 +81,3 @@ def revoke(session: Session, *, token_id: int) -> TokenRow | None:
         .values(revoked_at=utcnow())
     )
     return session.get(TokenRow, token_id, populate_existing=True)
-
-
-def _aware(moment: datetime) -> datetime:
-    """SQLite gives back naive datetimes (stored in UTC); PostgreSQL aware ones."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)

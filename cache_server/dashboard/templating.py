@@ -39,19 +39,14 @@ def sci(value: float | None) -> str:
     return "—" if value is None else f"{value:.2g}" if value == 0 else f"{value:.1e}"
 
 
-def _aware(value: datetime) -> datetime:
-    """SQLite hands back naive datetimes; they are UTC too."""
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
 def when(value: datetime | None) -> str:
     """A UTC time to the second."""
-    return "—" if value is None else _aware(value).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return "—" if value is None else value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def past(value: datetime | None) -> bool:
     """Whether ``value`` is before now (a lease that has run out)."""
-    return value is not None and _aware(value) < datetime.now(UTC)
+    return value is not None and value < datetime.now(UTC)
 
 
 def pretty(value: Any) -> str:
