@@ -73,8 +73,31 @@ def list_tokens(session: Session, *, include_revoked: bool = False) -> list[Toke
     return list(session.scalars(stmt))
 
 
+class LastAdmin(Exception):
+    """Revoking this token would leave no live admin token: nobody could manage tokens again."""
+
+
+LAST_ADMIN = (
+    "token {id} is the last live admin token: revoking it would lock every admin out of the API; "
+    "create another first (tunecache token create --db URL --name NAME --scope admin)"
+)
+
+
 def revoke(session: Session, *, token_id: int) -> TokenRow | None:
-    """Revokes a token (kept, for the record); ``None`` if there is no such token."""
+    """Revokes a token (kept, for the record); ``None`` if there is no such token.
+
+    Raises:
+        LastAdmin: the token is the last live admin token (a token may revoke itself while
+            another admin remains). The live admin rows are locked while this is decided, so two
+            concurrent revocations cannot both pass (PostgreSQL; SQLite serialises writers).
+    """
+    live_admins = session.scalars(
+        select(TokenRow.id)
+        .where(TokenRow.scope == "admin", TokenRow.revoked_at.is_(None))
+        .with_for_update()
+    ).all()
+    if list(live_admins) == [token_id]:
+        raise LastAdmin(LAST_ADMIN.format(id=token_id))
     session.execute(
         update(TokenRow)
         .where(TokenRow.id == token_id, TokenRow.revoked_at.is_(None))

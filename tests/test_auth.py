@@ -311,3 +311,20 @@ def test_tune_without_a_token_stops_before_tuning(server: LiveServer) -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "needs a token with the 'write' scope" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_last_live_admin_token_cannot_be_revoked(server: LiveServer, tmp_path: Path) -> None:
+    url = server.url
+    second = create(url, "second-admin", "admin")
+    me = httpx.get(f"{url}/v1/whoami", headers=AUTH).json()["token"]["id"]
+    # Another admin remains: a token may revoke itself.
+    assert httpx.delete(f"{url}/v1/tokens/{me}", headers=AUTH).status_code == 200
+    last = httpx.get(f"{url}/v1/whoami", headers=bearer(second)).json()["token"]["id"]
+    refused = httpx.delete(f"{url}/v1/tokens/{last}", headers=bearer(second))
+    assert refused.status_code == 409
+    assert "last live admin token" in refused.json()["detail"]
+    assert "tunecache token create --db" in refused.json()["detail"]
+    still = httpx.get(f"{url}/v1/tokens", headers=bearer(second))
+    assert still.status_code == 200  # the admin can still manage tokens
+    by_db = tunecache("token", "revoke", str(last), "--db", server.db)
+    assert by_db.returncode == 1 and "last live admin token" in by_db.stderr

@@ -73,7 +73,10 @@ class _Direct:
     def revoke_token(self, token_id: int) -> TokenPublic:
         from cache_server import tokens
 
-        row = tokens.revoke(self.session, token_id=token_id)
+        try:
+            row = tokens.revoke(self.session, token_id=token_id)
+        except tokens.LastAdmin as exc:  # as the server answers it: 409, exit 1
+            raise ServerError(str(exc), status_code=409) from None
         if row is None:  # as the server answers it: 404, exit 1
             raise ServerError(f"no token {token_id}", status_code=404)
         return tokens.public(row)

@@ -26,10 +26,22 @@ def list_tokens(session: SessionDep, include_revoked: bool = False) -> TokenList
     return TokenList(items=[tokens.public(row) for row in rows])
 
 
-@router.delete("/{token_id}", responses={404: {"description": "no such token"}})
+@router.delete(
+    "/{token_id}",
+    responses={
+        404: {"description": "no such token"},
+        409: {"description": "the last live admin token: create another first"},
+    },
+)
 def revoke_token(token_id: int, session: SessionDep) -> TokenPublic:
-    """Revokes a token at once, on every server process; its row stays, marked revoked."""
-    row = tokens.revoke(session, token_id=token_id)
+    """Revokes a token at once, on every server process; its row stays, marked revoked.
+
+    The last live admin token cannot be revoked (409): nobody could manage tokens afterwards.
+    """
+    try:
+        row = tokens.revoke(session, token_id=token_id)
+    except tokens.LastAdmin as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no token {token_id}")
     return tokens.public(row)
