@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import math
 import statistics
 import sys
 import time
@@ -38,6 +37,7 @@ from tunecache.space import Config
 from tuner.landscape import Landscape
 from tuner.search import DEFAULT_STRATEGY, STRATEGIES, get_strategy, run_search
 from tuner.search.loop import trial_time
+from tuner.warm_start import relative_scores
 
 LANDSCAPES = Path(__file__).with_name("landscapes")
 RESULTS = Path(__file__).with_name("results") / "search_efficiency.md"
@@ -65,19 +65,13 @@ def checkpoints_of(size: int) -> dict[str, int]:
 
 
 def prior_for(target: str, family: dict[str, Landscape]) -> dict[Config, float]:
-    """The other landscapes' knowledge of ``target``'s configs: the geometric mean over them of
-    time / that landscape's optimum (a failure there counts as 10x its slowest success)."""
-    logs: dict[Config, list[float]] = {}
-    for name, other in family.items():
-        if name == target:
-            continue
-        best = other.optimum().time_ms or 1.0
-        ok = [e.time_ms for e in other.entries if e.time_ms is not None]
-        failed = 10.0 * max(ok) / best
-        for entry in other.entries:
-            ratio = failed if entry.time_ms is None else entry.time_ms / best
-            logs.setdefault(entry.config, []).append(math.log(ratio))
-    return {config: math.exp(statistics.fmean(v)) for config, v in logs.items()}
+    """The other landscapes' knowledge of ``target``'s configs, scored as the tuner scores the
+    cache's trials on other devices (:func:`tuner.warm_start.relative_scores`)."""
+    return relative_scores(
+        {entry.config: entry.time_ms for entry in other.entries}
+        for name, other in family.items()
+        if name != target
+    )
 
 
 def measure(

@@ -167,6 +167,11 @@ def _filtered(stmt: S, filters: RecordFilters) -> S:
     return stmt
 
 
+# Grouped by kernel, device, backend and dtype; fastest first within a group.
+_BY_KEY = (RecordRow.kernel, RecordRow.device_arch, RecordRow.device_name, RecordRow.backend,
+           RecordRow.dtype, RecordRow.time_ms, RecordRow.id)  # fmt: skip
+
+
 def list_records(
     session: Session,
     *,
@@ -174,8 +179,13 @@ def list_records(
     winners_only: bool = False,
     limit: int = 100,
     offset: int = 0,
+    by_key: bool = False,
 ) -> tuple[list[RecordPublic], int]:
-    """Records matching every given filter, newest first, and the total count matching."""
+    """Records matching every given filter, and the total count matching.
+
+    Newest first; with ``by_key``, grouped by kernel, device, backend and dtype, fastest first
+    within a group (the dashboard's table).
+    """
     base = select(RecordRow, WinnerRow.record_id).outerjoin(
         WinnerRow, WinnerRow.record_id == RecordRow.id
     )
@@ -183,7 +193,8 @@ def list_records(
         base = base.where(WinnerRow.record_id.is_not(None))
     base = _filtered(base, filters)
     total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
-    rows = session.execute(base.order_by(RecordRow.id.desc()).limit(limit).offset(offset)).all()
+    order = _BY_KEY if by_key else (RecordRow.id.desc(),)
+    rows = session.execute(base.order_by(*order).limit(limit).offset(offset)).all()
     return [public_record(r[0], is_winner=r[1] is not None) for r in rows], total
 
 

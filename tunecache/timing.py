@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,3 +117,15 @@ def speedup_text(speedup: float, times: str = "x") -> str:
     if speedup >= 1:
         return f"{speedup:.2f}{times} faster"
     return f"{1 / speedup:.2f}{times} slower"
+
+
+def best_so_far(times: Sequence[float | None]) -> list[float | None]:
+    """The fastest time among the trials up to each one (``None`` until one has run; a failed
+    trial is ``None``)."""
+    found: list[float | None] = []
+    best: float | None = None
+    for time_ms in times:
+        if time_ms is not None and (best is None or time_ms < best):
+            best = time_ms
+        found.append(best)
+    return found

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+from collections.abc import Iterable, Mapping
 
 from tunecache.client import Client
 from tunecache.errors import InvalidInput, ServerError
@@ -79,7 +80,7 @@ def neighbour_prior(
     except ServerError as exc:
         logger.warning("no prior from the cache: %s", exc)
         return {}
-    logs: dict[Config, list[float]] = {}
+    runs = []
     for record in full:
         times: dict[Config, float | None] = {}
         for trial in record.trials:
@@ -90,6 +91,16 @@ def neighbour_prior(
             if space.contains(config):
                 ok = trial.status == "ok" and trial.time_ms is not None and trial.time_ms > 0
                 times[config] = trial.time_ms if ok else None
+        runs.append(times)
+    return relative_scores(runs)
+
+
+def relative_scores(runs: Iterable[Mapping[Config, float | None]]) -> dict[Config, float]:
+    """Per config, the geometric mean over the runs that measured it of its time over that
+    run's best; a failure (``None``) counts as :data:`FAILED_FACTOR` times the run's slowest.
+    A run with no success teaches nothing and is skipped."""
+    logs: dict[Config, list[float]] = {}
+    for times in runs:
         measured = [t for t in times.values() if t is not None]
         if not measured:
             continue

@@ -46,12 +46,13 @@ def index(
     filters = queries.RecordFilters(
         kernel=kernel or None, backend=backend or None, device_arch=device_arch or None
     )
-    records, total = dashboard_queries.list_by_key(
+    records, total = queries.list_records(
         session,
         filters=filters,
         winners_only=not all,
         limit=PAGE_SIZE,
         offset=(p - 1) * PAGE_SIZE,
+        by_key=True,
     )
     return page(
         request,

@@ -19,20 +19,10 @@ from dataclasses import dataclass
 
 from markupsafe import Markup
 
+from tunecache.timing import best_so_far
+
 WIDTH, HEIGHT = 720, 260
 LEFT, RIGHT, TOP, BOTTOM = 70, 16, 14, 40
-
-
-def best_so_far(times: Sequence[float | None]) -> list[float | None]:
-    """The fastest time among the trials up to each one (``None`` until one has run)."""
-
-    found: list[float | None] = []
-    best: float | None = None
-    for time in times:
-        if time is not None and (best is None or time < best):
-            best = time
-        found.append(best)
-    return found
 
 
 @dataclass(frozen=True)

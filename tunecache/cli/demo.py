@@ -16,8 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tunecache.cli.table import ms, ratio, render
+from tunecache.cli.table import ms, render
 from tunecache.errors import InvalidInput
+from tunecache.timing import speedup_text
 
 DEMO_WORKLOADS = ("matmul", "softmax", "layernorm", "bias_gelu")
 DEMO_BACKENDS = ("tvm", "inductor")
@@ -95,8 +96,8 @@ def _winners_table(rows: list[dict[str, Any]]) -> str:
                 ms(record.timing.median_ms),
                 ms(baseline.get("default_config")),
                 ms(baseline.get("torch_eager")),
-                ratio(vs_default) if vs_default else "-",
-                ratio(vs_eager) if vs_eager else "-",
+                speedup_text(vs_default) if vs_default else "-",
+                speedup_text(vs_eager) if vs_eager else "-",
                 f"{record.validation.max_rel_error:.1e}",
             ]
         )

@@ -8,10 +8,11 @@ from dataclasses import asdict
 from typing import Any
 
 from tunecache.cli.args import add_key, add_server, key_from_args, server_url
-from tunecache.cli.table import ms, ratio
+from tunecache.cli.table import ms
 from tunecache.explain import Nearby
 from tunecache.key import Key
 from tunecache.schemas import RecordPublic
+from tunecache.timing import speedup_text
 
 
 def register(commands: Any) -> None:
@@ -32,8 +33,8 @@ def describe(record: RecordPublic) -> str:
         f"{record.key.to_key().short()}",
         f"  config     {record.config_summary or json.dumps(record.config)[:80]}",
         f"  time       {ms(record.timing.median_ms)} ms (median of {record.timing.repeats})",
-        f"  speedup    {ratio(speedup)} than torch eager" if speedup else "  speedup    -",
-        f"             {ratio(vs_default)} than the default config" if vs_default else "",
+        f"  speedup    {speedup_text(speedup)} than torch eager" if speedup else "  speedup    -",
+        f"             {speedup_text(vs_default)} than the default config" if vs_default else "",
         f"  validated  max rel error {record.validation.max_rel_error:.2e} "
         f"(tolerance {record.validation.tolerance:g}, {len(record.validation.checks)} checks)",
         f"  record     #{record.id}, {record.created_at:%Y-%m-%d %H:%M} UTC",

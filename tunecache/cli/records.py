@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 from tunecache.cli.args import add_server, server_url
-from tunecache.cli.table import ms, ratio, render
+from tunecache.cli.table import ms, render
 from tunecache.errors import InvalidInput
+from tunecache.timing import speedup_text
 
 MAX_LIMIT = 1000
 
@@ -57,9 +58,10 @@ def run_ls(args: argparse.Namespace) -> int:
         eager = r.speedup()
         shape = ",".join(f"{k}={v}" for k, v in r.key.problem.items())
         valid = "yes" if r.validation.passed else "NO"
+        vs_eager = speedup_text(eager) if eager else "-"
         rows.append([f"#{r.id}", r.key.kernel, r.key.backend, r.key.dtype, shape,
-                     r.key.device.arch, ms(r.timing.median_ms), ratio(eager) if eager else "-",
-                     valid, f"{r.created_at:%Y-%m-%d %H:%M}"])  # fmt: skip
+                     r.key.device.arch, ms(r.timing.median_ms), vs_eager, valid,
+                     f"{r.created_at:%Y-%m-%d %H:%M}"])  # fmt: skip
     header = ["record", "kernel", "backend", "dtype", "shape", "arch", "ms", "vs eager",
               "valid", "created (UTC)"]  # fmt: skip
     print(render(header, rows))

@@ -21,10 +21,3 @@ def ms(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value:.3g}" if value >= 0.001 else f"{value:.2e}"
-
-
-def ratio(speedup: float) -> str:
-    """``2.00x faster`` or ``1.89x slower`` (:func:`tunecache.timing.speedup_text`)."""
-    from tunecache.timing import speedup_text
-
-    return speedup_text(speedup)

@@ -11,7 +11,6 @@ where :func:`tunecache.inductor.enable` finds it.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,9 +18,9 @@ from types import ModuleType
 from typing import Any
 
 from tunecache.cli.args import upload_url
-from tunecache.cli.table import ratio
 from tunecache.errors import InvalidInput, TuningError, one_line
 from tunecache.settings import Settings
+from tunecache.timing import speedup_text
 from tunecache.userfile import load_name
 
 
@@ -137,30 +136,23 @@ def _upload(url: str, result: Any) -> int:
     return 0
 
 
-def _other_load() -> float | None:
-    """The 1-minute load average when it says the cores are busy (Inductor's threads use all)."""
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
-        return None
-    return load if load > (os.cpu_count() or 1) - 0.5 else None
-
-
 def _report(spec: str, result: Any) -> None:
     check = result.check
     speedup = result.eager_ms / result.compiled_ms if result.compiled_ms > 0 else float("inf")
     lines: Sequence[str] = [
         f"{spec} on {result.device}: compiled with max-autotune in {result.compile_s:.1f} s",
         f"  compiled {result.compiled_ms:.4g} ms vs eager {result.eager_ms:.4g} ms: "
-        f"{ratio(speedup)}",
+        f"{speedup_text(speedup)}",
         f"  checked against {check.reference}: relative error {check.error:.2g} "
         f"({'ok' if check.ok else 'WRONG'}, tolerance {check.tolerance:g})",
         f"  autotune choices recorded: {len(result.groups)} GEMM op(s), "
         f"{sum(len(g.timings) for g in result.groups)} timings; "
         f"{len(result.best_configs)} Triton best config(s)",
     ]
-    if (load := _other_load()) is not None:
-        lines = [*lines, f"  note: other processes load the cores (load {load:.1f}): "
+    from backends.inductor.observe import other_load
+
+    if (load := other_load()) is not None:
+        lines = [*lines, f"  note: other processes keep about {load:.1f} cores busy: "
                          "CPU timings are skewed"]  # fmt: skip
     for group in result.groups:
         best = min(group.timings, key=lambda h: group.timings[h])

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tunecache.cli.args import upload_url
-from tunecache.cli.table import ratio
 from tunecache.defaults import TOLERANCES
 from tunecache.errors import InvalidInput, TuningError
 from tunecache.settings import Settings
+from tunecache.timing import speedup_text
 
 if TYPE_CHECKING:
     from tvm.ir import IRModule
@@ -172,7 +172,7 @@ def _report_speed(reference: Reference, best: Checked) -> None:
     during = f" ({1e3 * searched:.4g} ms in the search)" if searched is not None else ""
     speedup = default_ms / best_ms if best_ms > 0 else float("inf")
     print(f"best: {best_ms:.4g} ms{during} vs default schedule {default_ms:.4g} ms: "
-          f"{ratio(speedup)}")  # fmt: skip
+          f"{speedup_text(speedup)}")  # fmt: skip
 
 
 def _upload(url: str, mod: IRModule, target: dict[str, Any], records: list[Any]) -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from tunecache.report.labels import key_label, natural, several_archs
 from tunecache.schemas import RecordPublic
+from tunecache.timing import best_so_far
 
 DEFAULT = "default_config"  # the backend's config untuned
 EAGER = "torch_eager"  # the same computation in eager PyTorch
@@ -58,17 +59,11 @@ def speedups(winners: Sequence[RecordPublic]) -> list[Speedup]:
 def convergence(record: RecordPublic, label: str) -> Convergence | None:
     """Best-so-far time relative to the final best after each successful trial of ``record``'s
     search; ``None`` when it holds no successful trial (a snapshot import keeps none)."""
-    trials: list[int] = []
-    times: list[float] = []
-    failed = 0
-    best = float("inf")
-    for number, trial in enumerate(record.trials, start=1):
-        if trial.status != "ok" or trial.time_ms is None:
-            failed += 1
-            continue
-        best = min(best, trial.time_ms)
-        trials.append(number)
-        times.append(best)
+    measured = [t.time_ms if t.status == "ok" else None for t in record.trials]
+    running = best_so_far(measured)
+    trials = [n for n, ms in enumerate(measured, start=1) if ms is not None]
+    times = [b for b, ms in zip(running, measured, strict=True) if ms is not None and b is not None]
+    failed = len(measured) - len(trials)
     if not times:
         return None
     final = times[-1]

@@ -189,11 +189,9 @@ class BayesSearch(SearchStrategy):
 
     def _model_row(self) -> int:
         rows = np.asarray(sorted(self._times), dtype=np.int64)
-        logs = np.asarray([self._times[r] for r in rows], dtype=object)
-        good = np.asarray([t is not None for t in logs])
-        values = np.asarray([t if t is not None else np.nan for t in logs], dtype=float)
-        worst = np.nanmax(values[good])
-        values[~good] = worst + FAILURE_MARGIN
+        values = np.asarray([np.nan if (t := self._times[r]) is None else t for r in rows])
+        good = ~np.isnan(values)
+        values[~good] = values[good].max() + FAILURE_MARGIN
         baseline = self._baseline(rows[good], values[good])
         target = values - baseline[rows]
         center, scale = float(target.mean()), float(target.std()) or 1.0
