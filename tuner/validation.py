@@ -41,6 +41,21 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[float | None, float |
     return rel, diff.abs().max().item(), ""
 
 
+def reference_on(workload: Workload, inputs: Sequence[torch.Tensor], device: str) -> torch.Tensor:
+    """The float64 reference of ``inputs`` (CPU tensors) computed on ``device``.
+
+    On a GPU a float64 GEMM takes milliseconds where the CPU takes seconds; a reference that
+    cannot run there (a user's numpy code, say) is computed on the CPU instead.
+    """
+    if device != "cpu":
+        try:
+            return workload.reference(*(t.to(device) for t in inputs))
+        except Exception:
+            logger.debug("%s: reference on %s failed; on the CPU", workload.name, device,
+                         exc_info=True)  # fmt: skip
+    return workload.reference(*inputs)
+
+
 def run_poisoned(
     runnable: Runnable, inputs: Sequence[torch.Tensor], shape: tuple[int, ...], dtype: str
 ) -> torch.Tensor:
@@ -67,11 +82,11 @@ def check(
     """Runs ``runnable`` on seeded inputs (moved to ``device``) and compares with the reference."""
     tolerance = workload.tolerance(dtype)
     inputs = workload.make_inputs(problem, dtype, seed)
-    ref = workload.reference(*inputs)
+    ref = reference_on(workload, inputs, device)
     try:
         shape = workload.output_shape(problem)
-        out = run_poisoned(runnable, [t.to(device) for t in inputs], shape, dtype).cpu()
-        rel, max_abs, note = compare(out, ref)
+        out = run_poisoned(runnable, [t.to(device) for t in inputs], shape, dtype)
+        rel, max_abs, note = compare(out.to(ref.device), ref)
     except Exception as exc:  # a candidate may fail in any way; that is a failed check
         logger.debug("candidate raised on %s seed %d", dict(problem), seed, exc_info=True)
         rel, max_abs, note = None, None, f"raised {type(exc).__name__}: {exc}"[:500]

@@ -40,8 +40,10 @@ class Measurer:
         self.task = task
         self.backend = resolve_backend(task.backend)
         self.workload = get_workload(task.workload)
+        from tuner.validation import reference_on
+
         inputs = self.workload.make_inputs(task.problem, task.dtype, task.seed)
-        self.reference = self.workload.reference(*inputs)
+        self.reference = reference_on(self.workload, inputs, task.device)
         self.inputs = tuple(t.to(task.device) for t in inputs)
         self.tolerance = self.workload.tolerance(task.dtype)
         self.built: dict[str, Runnable] = {}
@@ -57,11 +59,22 @@ class Measurer:
         return self.built[key]
 
     def try_build(self, config: Mapping[str, Any]) -> Measurement | None:
-        """``None`` when ``config`` builds, else a ``compile_error`` measurement."""
+        """``None`` when ``config`` builds, else a ``compile_error`` measurement.
+
+        A runnable that compiles on its first call (``compiles_on_first_call``: a Triton kernel
+        on a GPU) is called once here, so that its compile runs in this parallel phase rather
+        than in the serial timing that follows; a launch that fails is a ``runtime_error``.
+        """
         try:
-            self.build(config)
+            runnable = self.build(config)
         except Exception as exc:
             return Measurement("compile_error", error=describe(exc))
+        if getattr(runnable, "compiles_on_first_call", False):
+            try:
+                runnable(*self.inputs)
+                _synchronize(self.task.device)
+            except Exception as exc:
+                return Measurement("runtime_error", error=describe(exc))
         return None
 
     def measure(self, config: Mapping[str, Any] | None) -> Measurement:
@@ -77,7 +90,7 @@ class Measurer:
             out = run_poisoned(runnable, self.inputs, shape, self.task.dtype)
             _synchronize(self.task.device)
             with one_torch_thread():
-                rel, _max_abs, note = compare(out.cpu(), self.reference)
+                rel, _max_abs, note = compare(out.to(self.reference.device), self.reference)
         except Exception as exc:
             return Measurement("runtime_error", error=describe(exc))
         if rel is None or rel > self.tolerance:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
 MAX_TASKS = 4  # set-ups kept per worker (inputs and references can be large)
+MAX_CUDA_TASKS = 2  # on a GPU, where every worker's set-ups share one device's memory
 
 
 class _Tasks:
@@ -45,11 +46,24 @@ class _Tasks:
         task = Task.from_json(task_json)
         key = task.digest()
         if key not in self.measurers:
-            if len(self.measurers) >= MAX_TASKS:
+            kept = MAX_CUDA_TASKS if task.device == "cuda" else MAX_TASKS
+            while len(self.measurers) >= kept:
                 self.measurers.popitem(last=False)
+                _release(task.device)
             self.measurers[key] = Measurer(task)
         self.measurers.move_to_end(key)
         return self.measurers[key]
+
+
+def _release(device: str) -> None:
+    """Gives a dropped set-up's device memory back (other workers share the GPU)."""
+    if device == "cuda":
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def _answer(tasks: _Tasks, request: dict[str, Any]) -> dict[str, Any]:

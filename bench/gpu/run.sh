@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The GPU campaign, one device call per invocation (each well inside 9 minutes):
+#     bash bench/gpu/run.sh STEP...
+# STEPs, run in order: tests (the GPU-marked tests and the Triton kernel tests on the GPU),
+# ceilings, gemm-bf16, gemm-fp16, rows, startup, decode. Each step's output goes to $OUT/log.txt;
+# the tables to $OUT. A step that fails does not stop the next. Needs the carried wheels
+# (../shared/gpu/prepare.sh swagger-ui-bundle-v2; carry [".whl"]).
+set -u
+started=$(date +%s)
+budget=${BUDGET_S:-540}
+OUT=${OUT:-bench/results}
+mkdir -p "$OUT"
+log="$OUT/log.txt"
+source .whl/gpu-env.sh 2>&1 | tee -a "$log"
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+ceilings=bench/results/ceilings-gpu.json
+left() { echo $(( budget - ($(date +%s) - started) )); }
+for step in "$@"; do
+  echo "=== $step ($(left) s left)" | tee -a "$log"
+  case $step in
+    tests)
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -n 8 -m "gpu or not gpu" \
+        tests/test_gpu.py tests/test_triton_kernels.py tests/test_output_buffers.py 2>&1 \
+        | tail -40 | tee -a "$log" ;;
+    ceilings)
+      timeout 120 python3 -m bench.gpu.ceilings 2>&1 | tee -a "$log"
+      [ -f "$OUT/ceilings.json" ] && ceilings="$OUT/ceilings.json" ;;
+    gemm-bf16|gemm-fp16)
+      dtype=$([ "$step" = gemm-bf16 ] && echo bfloat16 || echo float16)
+      stop=$(( $(left) - 100 ))
+      timeout $(( $(left) - 10 )) python3 -m bench.gpu.kernels gemm --dtypes $dtype \
+        --ceilings "$ceilings" --stop-after $stop 2>&1 | tee -a "$log" | grep -v "^|" ;;
+    rows)
+      stop=$(( $(left) - 90 ))
+      timeout $(( $(left) - 10 )) python3 -m bench.gpu.kernels rows --ceilings "$ceilings" \
+        --stop-after $stop 2>&1 | tee -a "$log" | grep -v "^|" ;;
+    startup)
+      timeout $(( $(left) - 10 )) python3 -m bench.gpu.startup 2>&1 | tee -a "$log" ;;
+    decode)
+      timeout $(( $(left) - 10 )) python3 -m bench.gpu.decode_gemm --ceilings "$ceilings" \
+        --stop-after $(( $(left) - 90 )) 2>&1 | tee -a "$log" | grep -v "^|" ;;
+    *) echo "unknown step $step" | tee -a "$log" ;;
+  esac
+done
+echo "=== done in $(( $(date +%s) - started )) s" | tee -a "$log"

@@ -1,0 +1,93 @@
+"""On a CUDA GPU: every Triton kernel against its float64 reference, and the CUDA timer against
+Triton's own ``do_bench``. Marked ``gpu``; every test skips without a GPU.
+
+Correctness runs through the pipeline's own check (:func:`tuner.validation.check`): fresh seeded
+random inputs, the output buffer filled with NaN first (an element never written fails), the
+float64 reference, the workload's tolerance for the dtype. Each kernel runs in fp32, fp16 and bf16
+on an edge shape (no size a multiple of a tile) with its default config, two small-tile configs
+and the largest-tile config its space keeps there.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.test_triton_kernels import EXTRA, GEMMS, ROWS, family
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+DTYPES = ("float32", "float16", "bfloat16")
+# Edge shapes large enough for the big tiles the GPU spaces keep, multiples of no tile.
+EDGE = {"gemm": {"M": 257, "N": 383, "K": 191}, "row": {"M": 67, "N": 4097}}
+
+
+def _configs(name: str, problem: dict[str, int], dtype: str) -> list[dict]:
+    from backends.triton import TritonBackend
+    from workloads import get_workload
+
+    workload = get_workload(name)
+    space = TritonBackend().space(workload, problem, dtype)
+
+    def tiles(config: object) -> tuple[int, int]:
+        c = config.to_json()  # type: ignore[attr-defined]
+        blocks = [v for k, v in c.items() if k.startswith("BLOCK") or k == "ROWS_PER_PROGRAM"]
+        return int(torch.tensor(blocks).prod()), c["num_warps"]
+
+    biggest = max(space.configs(), key=tiles)
+    return [workload.default_config("triton", problem, dtype), *EXTRA[family(name)],
+            biggest.to_json()]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", GEMMS + ROWS)
+def test_every_kernel_is_correct_on_edge_shapes_with_poisoned_outputs(
+    name: str, dtype: str
+) -> None:
+    from backends.triton import TritonBackend
+    from tuner.validation import check
+    from workloads import get_workload
+
+    workload, backend = get_workload(name), TritonBackend()
+    problem = EDGE[family(name)]
+    failures = {}
+    for seed, config in enumerate(_configs(name, problem, dtype), start=11):
+        run = backend.build(workload, problem, dtype, config)
+        result = check(run, workload, problem, dtype, seed, device="cuda")
+        if not result.passed:
+            failures[str(config)] = (result.rel_error, result.note)
+    assert not failures, failures
+
+
+def _timer_cases() -> list[tuple[str, dict[str, int], str]]:
+    return [
+        ("matmul", {"M": 4096, "N": 4096, "K": 4096}, "bfloat16"),
+        ("matmul", {"M": 16, "N": 6144, "K": 4096}, "bfloat16"),
+        ("softmax", {"M": 4096, "N": 4096}, "float16"),
+        ("rmsnorm", {"M": 8192, "N": 4096}, "bfloat16"),
+    ]
+
+
+@pytest.mark.parametrize(("name", "problem", "dtype"), _timer_cases())
+def test_the_cuda_timer_agrees_with_triton_do_bench(name: str, problem: dict, dtype: str) -> None:
+    """The median of :func:`tunecache.timing.time_cuda` within 5 % of ``do_bench``'s median
+    (both flush L2 between runs); each timed twice, and the closer pair counts."""
+    import triton.testing
+
+    from backends.triton import TritonBackend
+    from tunecache.timing import TimerSettings, time_cuda
+    from workloads import get_workload
+
+    workload = get_workload(name)
+    run = TritonBackend().build(workload, problem, dtype, workload.default_config(
+        "triton", problem, dtype))  # fmt: skip
+    inputs = [t.cuda() for t in workload.make_inputs(problem, dtype, seed=5)]
+    settings = TimerSettings(warmup=10, min_repeats=50, max_repeats=1000, target_s=0.5)
+    ours = [time_cuda(lambda: run(*inputs), settings).median_ms for _ in range(2)]
+    theirs = [triton.testing.do_bench(lambda: run(*inputs), warmup=50, rep=500,
+                                      return_mode="median") for _ in range(2)]  # fmt: skip
+    gap = min(abs(a / b - 1) for a in ours for b in theirs)
+    assert gap <= 0.05, (ours, theirs)
