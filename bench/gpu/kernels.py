@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("part", choices=("gemm", "rows"))
     parser.add_argument("--dtypes", default="bfloat16,float16")
     parser.add_argument("--ms", default=",".join(map(str, GEMM_MS)))
-    parser.add_argument("--trials", type=int, default=32)
+    parser.add_argument("--trials", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=25.0, help="search budget per key")
     parser.add_argument("--workers", type=int, default=8, help="harness worker processes")
     parser.add_argument("--no-inductor", action="store_true")

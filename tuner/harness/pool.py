@@ -171,6 +171,31 @@ class Harness:
             raise TuningError(f"a measurement worker could not set up: {answer.get('error')}")
         self._slots[index].tasks.add(task_id)
 
+    def _set_up_all(self, task: Task, task_id: str) -> None:
+        """Sets ``task`` up on every worker that lacks it, all at once (a set-up makes inputs
+        and the reference: seconds each at large shapes, so never one worker after another).
+
+        Raises:
+            TuningError: the task cannot be set up.
+        """
+        waiting = [i for i, s in enumerate(self._slots) if task_id not in s.tasks]
+        for i in waiting:
+            self._send(i, task, {"op": "setup"}, None, self.start_timeout)
+        failure = None
+        for i in waiting:
+            slot = self._slots[i]
+            if slot.conn.poll(max(0.0, slot.deadline - time.monotonic())):
+                answer = self._collect(i, "setup", task.device)
+            else:
+                answer = self._expire(i, "setup")
+            self._slots[i].config = None
+            if answer["status"] == "ok":
+                self._slots[i].tasks.add(task_id)
+            else:
+                failure = failure or answer.get("error")
+        if failure is not None:
+            raise TuningError(f"a measurement worker could not set up: {failure}")
+
     def _send(self, index: int, task: Task, request: dict[str, Any], config: ConfigJSON | None,
               timeout: float) -> None:  # fmt: skip
         slot = self._slots[index]
@@ -215,6 +240,8 @@ class Harness:
         task_id = task.digest()
         pending = [c.to_json() for c in configs]
         answers: dict[str, dict[str, Any]] = {}
+        if pending:
+            self._set_up_all(task, task_id)
         while pending or any(s.config is not None for s in self._slots):
             for i, slot in enumerate(self._slots):
                 if slot.config is None and pending:
