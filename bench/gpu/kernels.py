@@ -183,11 +183,13 @@ def gemm_table(rows: list[dict[str, Any]], ceilings: Ceilings) -> tuple[str, lis
           r["tune_s"], r["validation_error"]] for r in rows],
     )  # fmt: skip
     largest = max(rows, key=lambda r: r["flops"])
+    with_inductor = [r for r in rows if r.get("inductor_ms")]
     heads = [
         f"geomean tuned/cuBLAS {geomean([r['torch_ms'] / r['tuned_ms'] for r in rows]):.3f}, "
         f"tuned/default {geomean([r['default_ms'] / r['tuned_ms'] for r in rows]):.3f}, "
         "tuned/Inductor "
-        f"{geomean([r.get('inductor_ms', 0) / r['tuned_ms'] for r in rows]):.3f}",
+        f"{geomean([r['inductor_ms'] / r['tuned_ms'] for r in with_inductor]):.3f} (over the "
+        f"{len(with_inductor)} keys timed with Inductor)",
         f"largest ({largest['label']}, {largest['dtype']}): {tflops(largest, 'tuned_ms'):.0f} "
         f"TFLOP/s = {tflops(largest, 'tuned_ms') / ceilings.mm_tflops:.2f} of the measured peak",
         f"tuning wall time per key: median {sorted(r['tune_s'] for r in rows)[len(rows) // 2]} s,"

@@ -1,0 +1,86 @@
+"""The GPU campaign's scripts (``bench/gpu``) on a CPU: their dry runs, their refusals, and the
+merge of results into one table. The runs themselves need a GPU (``bash bench/gpu/run.sh``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.gpu import kernels, merge, startup
+
+NO_GPU = not torch.cuda.is_available()
+
+
+def test_the_gemm_dry_run_plans_every_llama_projection_at_every_m(capsys) -> None:
+    assert kernels.main(["gemm", "--dry-run", "--dtypes", "bfloat16", "--ms", "16,2048"]) == 0
+    out = capsys.readouterr().out
+    assert "8 keys" in out
+    for label in ("qkv M=16", "gate_up M=2048", "down M=16"):
+        assert label in out
+    assert "{'M': 16, 'N': 28672, 'K': 4096}" in out  # gate-up: N=2*14336
+    assert "space 1158" in out  # the pruned space at M=16, as measured on the H100
+
+
+def test_the_rows_dry_run_plans_the_memory_bound_keys(capsys) -> None:
+    assert kernels.main(["rows", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert {"softmax", "layernorm", "rmsnorm", "bias_gelu"} <= set(out.split())
+
+
+@pytest.mark.parametrize(("argv", "complaint"), [
+    (["gemm", "--dry-run", "--dtypes", "float8"], "--dtypes: 'float8'"),
+    (["gemm", "--dry-run", "--ms", "16,x"], "--ms: '16,x'"),
+    (["tiles"], "invalid choice"),
+])  # fmt: skip
+def test_bad_arguments_exit_2_naming_them(argv: list[str], complaint: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        kernels.main(argv)
+    assert exit_.value.code == 2
+    assert complaint in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not NO_GPU, reason="checks the refusal without a GPU")
+@pytest.mark.parametrize("module", ["bench.gpu.kernels gemm", "bench.gpu.ceilings",
+                                    "bench.gpu.startup"])  # fmt: skip
+def test_without_a_gpu_the_runs_refuse_with_exit_2(module: str) -> None:
+    done = subprocess.run([sys.executable, "-m", *module.split()], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parents[1])  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "no CUDA GPU" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_startup_dry_run_lists_fifty_shapes(capsys) -> None:
+    assert startup.main(["--dry-run"]) == 0
+    assert capsys.readouterr().out.startswith("50 shapes")
+    assert len(set(startup.SHAPES)) == 50
+
+
+def _row(label: str, dtype: str, tuned: float, torch_ms: float, default: float, **extra) -> dict:
+    return {"kernel": "matmul", "label": label, "problem": {"M": 16, "N": 64, "K": 64},
+            "dtype": dtype, "record_device": "sm_90 / h100-80gb-hbm3", "space": 10, "trials": 4,
+            "tune_s": 2.0, "validation_error": 1e-3, "config": "16x64x64 g1 w4 s3",
+            "tuned_ms": tuned, "torch_ms": torch_ms, "default_ms": default,
+            "flops": 2 * 16 * 64 * 64 * 10**6, "bytes": 10**6, **extra}  # fmt: skip
+
+
+def test_merge_takes_each_key_from_the_last_run_and_states_the_geomeans(tmp_path: Path) -> None:
+    ceilings = tmp_path / "c.json"
+    ceilings.write_text(json.dumps({"copy_tbs": 3.0, "mm_tflops": 700.0}))
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps([_row("qkv M=16", "bfloat16", 2.0, 1.0, 2.0),
+                                 _row("o M=16", "bfloat16", 1.0, 1.0, 4.0)]))  # fmt: skip
+    second.write_text(json.dumps([_row("qkv M=16", "bfloat16", 1.0, 1.0, 1.0,
+                                       inductor_ms=2.0)]))  # fmt: skip
+    out = tmp_path / "k.md"
+    assert merge.main([str(out), "--ceilings", str(ceilings), "--gemm", str(first),
+                       str(second)]) == 0  # fmt: skip
+    text = out.read_text()
+    assert "geomean tuned/cuBLAS 1.000, tuned/default 2.000" in text  # (1/1 · 4/1) ** 0.5
+    assert "tuned/Inductor 2.000 (over the 1 keys timed with Inductor)" in text
+    assert text.count("| bfloat16 |") == 2  # the re-run replaced the first qkv row
