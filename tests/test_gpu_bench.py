@@ -23,7 +23,8 @@ def test_the_gemm_dry_run_plans_every_llama_projection_at_every_m(capsys) -> Non
     for label in ("qkv M=16", "gate_up M=2048", "down M=16"):
         assert label in out
     assert "{'M': 16, 'N': 28672, 'K': 4096}" in out  # gate-up: N=2*14336
-    assert "space 1158" in out  # the pruned space at M=16, as measured on the H100
+    sizes = {line.split()[2]: int(line.split()[-1]) for line in out.splitlines() if "space" in line}
+    assert sizes["M=16"] > 1158  # the 1,158 configs measured on the H100, and split-K's
 
 
 def test_the_rows_dry_run_plans_the_memory_bound_keys(capsys) -> None:

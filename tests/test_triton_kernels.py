@@ -222,8 +222,8 @@ def test_the_default_config_is_in_the_space(name: str, dtype: str, limits: Devic
 def test_tutorial_defaults_at_llm_sizes() -> None:
     matmul, softmax = get_workload("matmul"), get_workload("softmax")
     assert matmul.default_config("triton", LLM_GEMM, "float16") == {
-        "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_stages": 3,
-        "num_warps": 8}  # fmt: skip
+        "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1,
+        "num_stages": 3, "num_warps": 8}  # fmt: skip
     assert softmax.default_config("triton", LLM_ROW, "float16") == {
         "BLOCK_N": 4096, "ROWS_PER_PROGRAM": 1, "num_stages": 1, "num_warps": 8}  # fmt: skip
     # Backward compatible: no problem means the demo problem, and other backends are unchanged.

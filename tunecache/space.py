@@ -78,11 +78,15 @@ class SearchSpace:
     ``members``, when given, lists the valid configs outright (a recorded landscape: its
     product may be a thousand times larger than what was measured): :meth:`configs` then walks
     them, not the product, and a config outside them is pruned.
+
+    ``defaults`` gives the value a config that lacks a parameter means (a parameter added to a
+    kernel after records were tuned: ``{"SPLIT_K": 1}``); :meth:`complete` fills them in.
     """
 
     params: Mapping[str, tuple[Scalar, ...]]
     constraint: Constraint | None = field(default=None, compare=False)
     members: tuple[Config, ...] | None = field(default=None, compare=False)
+    defaults: Mapping[str, Scalar] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if not self.params:
@@ -92,6 +96,9 @@ class SearchSpace:
                 raise InvalidInput(f"search space parameter {name!r} has no choices")
             canonical_json(list(choices))  # JSON scalars only
         object.__setattr__(self, "params", {k: tuple(v) for k, v in self.params.items()})
+        for name, value in self.defaults.items():
+            if value not in self.params.get(name, ()):
+                raise InvalidInput(f"default {name}={value!r} is not one of the space's choices")
         if self.members is not None:
             members = tuple(dict.fromkeys(self.members))
             object.__setattr__(self, "members", members)
@@ -105,8 +112,17 @@ class SearchSpace:
             n *= len(choices)
         return n
 
+    def complete(self, config: Config) -> Config:
+        """``config`` with the parameters it lacks set to their :attr:`defaults`."""
+        missing = {k: v for k, v in self.defaults.items() if config.get(k) is None}
+        return config.replace(**missing) if missing else config
+
     def prune_reason(self, config: Config) -> str | None:
-        """Why ``config`` is outside the space (a value not offered, or the constraint), or None."""
+        """Why ``config`` is outside the space (a value not offered, or the constraint), or None.
+
+        A parameter it lacks counts as its default, where the space has one.
+        """
+        config = self.complete(config)
         values = config.to_json()
         if set(values) != set(self.params):
             return f"parameters {sorted(values)} are not {sorted(self.params)}"

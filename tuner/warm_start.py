@@ -46,7 +46,7 @@ def neighbour_configs(
     configs: list[Config] = []
     for record in ranked:
         try:
-            config = Config.of(record.config)
+            config = space.complete(Config.of(record.config))
         except InvalidInput:
             continue  # not a flat config (a MetaSchedule trace): not for this space
         if space.contains(config) and config not in configs:
@@ -85,7 +85,7 @@ def neighbour_prior(
         times: dict[Config, float | None] = {}
         for trial in record.trials:
             try:
-                config = Config.of(trial.config)
+                config = space.complete(Config.of(trial.config))
             except InvalidInput:
                 continue
             if space.contains(config):

@@ -140,8 +140,9 @@ class TritonBackend(Backend):
             InvalidInput: ``config`` is outside the workload's space at ``problem`` on this
                 device (unknown parameters, or pruned: the reason is in the message).
         """
-        chosen = Config.from_json(config)
-        reason = self.space(workload, problem, dtype).prune_reason(chosen)
+        space = self.space(workload, problem, dtype)
+        chosen = space.complete(Config.from_json(config))  # records older than a parameter
+        reason = space.prune_reason(chosen)
         if reason is not None:
             raise InvalidInput(f"triton config {chosen} for {workload.name}: {reason}")
         return TritonRunnable(workload, chosen)

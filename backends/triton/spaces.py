@@ -4,7 +4,10 @@ Each workload's ``triton.py`` builds its space here, so every kernel family prun
 rules before anything is compiled. Prune reasons are sentences a person can act on.
 
 GEMM (``matmul``, ``bias_gelu``): ``BLOCK_M``, ``BLOCK_N``, ``BLOCK_K``, ``GROUP_M``,
-``num_warps``, ``num_stages``. Row kernels (``softmax``, ``layernorm``, ``rmsnorm``): ``BLOCK_N``
+``SPLIT_K`` (K-slices computed by separate programs and summed after; 1 when a config, such as
+a record tuned before it existed, does not name it), ``num_warps``, ``num_stages``.
+
+Row kernels (``softmax``, ``layernorm``, ``rmsnorm``): ``BLOCK_N``
 (columns per tile; a tile that covers the row keeps it in registers, a smaller one loops over
 it), ``ROWS_PER_PROGRAM``, ``num_warps``, ``num_stages`` (pipelining of the loop).
 
@@ -35,9 +38,14 @@ GEMM_CHOICES: dict[str, tuple[int, ...]] = {
     "BLOCK_N": GEMM_BLOCKS,
     "BLOCK_K": GEMM_BLOCKS,
     "GROUP_M": (1, 4, 8),
+    "SPLIT_K": (1, 2, 4, 8, 16),
     "num_warps": (2, 4, 8),
     "num_stages": (2, 3, 4, 5),
 }
+GEMM_DEFAULTS = {"SPLIT_K": 1}
+SPLIT_K_MAX_WAVES = 2  # split K only while the output tiles fill the SMs fewer times than this
+SPLIT_K_MAX_SPLIT_WAVES = 4  # ... and into no more programs than fill them this many times
+SPLIT_K_MAX_WORKSPACE = 64 * 2**20  # bytes of fp32 partial sums
 ROW_CHOICES: dict[str, tuple[int, ...]] = {
     "BLOCK_N": tuple(2**i for i in range(4, 17)),  # 16 … 65536
     "ROWS_PER_PROGRAM": (1, 2, 4),
@@ -99,16 +107,18 @@ def pruned_space(
     problem: Mapping[str, int],
     dtype: str,
     limits: DeviceLimits,
+    defaults: Mapping[str, int] | None = None,
 ) -> SearchSpace:
     """The space of ``choices`` without the configs ``prune_reason`` gives a reason against at
-    ``problem`` in ``dtype`` on ``limits``.
+    ``problem`` in ``dtype`` on ``limits``; a config lacking a parameter of ``defaults`` means
+    its default.
 
     Raises:
         InvalidInput: ``dtype`` is not one Triton kernels take.
     """
     element_size(dtype)
     constraint = functools.partial(prune_reason, problem=dict(problem), dtype=dtype, limits=limits)
-    return SearchSpace(choices, constraint=constraint)
+    return SearchSpace(choices, constraint=constraint, defaults=dict(defaults or {}))
 
 
 # -- GEMMs ----------------------------------------------------------------------------------
@@ -154,12 +164,50 @@ def gemm_prune_reason(
             f"a {blocks['M']}x{blocks['N']} fp32 accumulator over {threads} threads is "
             f"{per_thread} registers per thread (> {MAX_ACCUMULATORS_PER_THREAD}): it would spill"
         )
+    return split_k_prune_reason(int(config.get("SPLIT_K", 1)), blocks, problem, limits)
+
+
+def split_k_prune_reason(
+    split: int, blocks: Mapping[str, int], problem: Mapping[str, int], limits: DeviceLimits
+) -> str | None:
+    """Why splitting K ``split`` ways cannot help at ``problem`` with these tiles, or ``None``.
+
+    Split-K pays for a second launch and a workspace of fp32 partial sums; it helps only where
+    the output tiles leave SMs idle (decode-shaped GEMMs: small M, long K).
+    """
+    if split == 1:
+        return None
+    m, n, k = problem["M"], problem["N"], problem["K"]
+    piece = -(-k // split)
+    if piece < blocks["K"]:
+        return (
+            f"SPLIT_K={split} cuts K={k} into slices of {piece}, shorter than BLOCK_K={blocks['K']}"
+        )
+    tiles = -(-m // blocks["M"]) * -(-n // blocks["N"])
+    if tiles >= SPLIT_K_MAX_WAVES * limits.sm_count:
+        return (
+            f"{tiles} output tiles of {blocks['M']}x{blocks['N']} already fill {limits.name}'s "
+            f"{limits.sm_count} SMs {tiles / limits.sm_count:.1f} times over: splitting K only "
+            "adds work"
+        )
+    if tiles * split > SPLIT_K_MAX_SPLIT_WAVES * limits.sm_count:
+        return (
+            f"SPLIT_K={split} makes {tiles * split} programs of {tiles} tiles, over "
+            f"{SPLIT_K_MAX_SPLIT_WAVES} waves of {limits.name}'s {limits.sm_count} SMs: a smaller "
+            "split fills them"
+        )
+    workspace = split * m * n * 4
+    if workspace > SPLIT_K_MAX_WORKSPACE:
+        return (
+            f"SPLIT_K={split} needs {workspace / 2**20:.0f} MiB of fp32 partial sums for a "
+            f"{m}x{n} output (at most {SPLIT_K_MAX_WORKSPACE // 2**20} MiB)"
+        )
     return None
 
 
 def gemm_space(problem: Mapping[str, int], dtype: str, limits: DeviceLimits) -> SearchSpace:
     """The tiled-GEMM space for ``problem`` (``M``, ``N``, ``K``), pruned for ``limits``."""
-    return pruned_space(GEMM_CHOICES, gemm_prune_reason, problem, dtype, limits)
+    return pruned_space(GEMM_CHOICES, gemm_prune_reason, problem, dtype, limits, GEMM_DEFAULTS)
 
 
 def gemm_default(
@@ -196,7 +244,7 @@ def _block_for(dim: int) -> int:
 def _tutorial_config(t: tuple[int, int, int, int, int, int]) -> Config:
     bm, bn, bk, group, stages, warps = t
     return Config.of(
-        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group,
+        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group, "SPLIT_K": 1,
          "num_stages": stages, "num_warps": warps}
     )  # fmt: skip
 

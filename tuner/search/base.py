@@ -31,7 +31,9 @@ class SearchStrategy(abc.ABC):
     ) -> None:
         self.space = space
         self.seed = seed
-        self.warm_start = [c for c in dict.fromkeys(warm_start) if space.contains(c)]
+        self.warm_start = [
+            space.complete(c) for c in dict.fromkeys(warm_start) if space.contains(c)
+        ]
 
     @abc.abstractmethod
     def ask(self) -> Config | None:

@@ -9,6 +9,14 @@ plain tf32 misses the float32 tolerance); the output has the inputs' dtype.
 The same kernel serves ``bias_gelu``: its ``EPILOGUE`` meta-parameter fuses the bias add and the
 exact GELU, ``0.5·y·(1 + erf(y/√2))`` (``tl.math.erf``, fp32; in Triton 3.6 and 3.9), into the
 tile before the store, as the matmul tutorial fuses its activation.
+
+Split-K (``SPLIT_K`` > 1, for decode-shaped GEMMs whose few output tiles leave SMs idle): the grid
+gains a second axis; program ``(tile, s)`` accumulates its tile over the ``s``-th K-slice (a
+multiple of ``BLOCK_K`` long) in fp32 and stores the partial sum in an fp32 workspace
+``[SPLIT_K, M, N]``; a second, small launch sums the slices in a fixed order, applies the epilogue
+once and casts once. The result is deterministic (no atomics). Atomics into a zeroed workspace
+would save the workspace's write and read, which at the shapes where splitting helps (M ≤ 64) is
+a few MB against the tens of MB of weights every variant reads, so the space offers only this one.
 """
 
 from __future__ import annotations
@@ -31,12 +39,14 @@ FP32_DOT_PRECISION = "tf32x3"
 
 @lazy_jit
 def matmul_kernel(
-    a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K,
+    a_ptr, b_ptr, bias_ptr, c_ptr, ws_ptr, M, N, K,
     stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, DOT_IN_FP32: tl.constexpr, EPILOGUE: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(axis=0)
+    pid_k = tl.program_id(axis=1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_pid_in_group = GROUP_M * num_pid_n
@@ -48,13 +58,17 @@ def matmul_kernel(
 
     offs_am = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     offs_bn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    # This program's K-slice: all of K without split-K.
+    k_slice = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_start = pid_k * k_slice
+    k_stop = tl.minimum(K, k_start + k_slice)
     offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + (offs_am[:, None] * stride_am + offs_k[None, :] * stride_ak)
-    b_ptrs = b_ptr + (offs_k[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
+    a_ptrs = a_ptr + (offs_am[:, None] * stride_am + (k_start + offs_k)[None, :] * stride_ak)
+    b_ptrs = b_ptr + ((k_start + offs_k)[:, None] * stride_bk + offs_bn[None, :] * stride_bn)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        k_left = K - k
+    for k in range(k_start, k_stop, BLOCK_K):
+        k_left = k_stop - k
         a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
         if DOT_IN_FP32:  # the interpreter cannot multiply bfloat16 (it stores raw bits)
@@ -66,13 +80,39 @@ def matmul_kernel(
 
     offs_cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    if EPILOGUE == "bias_gelu":
-        bias = tl.load(bias_ptr + offs_cn, mask=offs_cn < N, other=0.0).to(tl.float32)
-        acc = acc + bias[None, :]
-        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
-    c_ptrs = c_ptr + stride_cm * offs_cm[:, None] + stride_cn * offs_cn[None, :]
     c_mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+    if SPLIT_K == 1:
+        if EPILOGUE == "bias_gelu":
+            bias = tl.load(bias_ptr + offs_cn, mask=offs_cn < N, other=0.0).to(tl.float32)
+            acc = acc + bias[None, :]
+            acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+        c_ptrs = c_ptr + stride_cm * offs_cm[:, None] + stride_cn * offs_cn[None, :]
+        tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+    else:  # the partial sum of this slice; split_k_reduce_kernel finishes
+        ws_ptrs = ws_ptr + pid_k * M * N + offs_cm[:, None] * N + offs_cn[None, :]
+        tl.store(ws_ptrs, acc, mask=c_mask)
+
+
+@lazy_jit
+def split_k_reduce_kernel(
+    ws_ptr, bias_ptr, c_ptr, M, N, stride_cm, stride_cn,
+    SPLIT_K: tl.constexpr, BLOCK: tl.constexpr, EPILOGUE: tl.constexpr,
+):  # fmt: skip
+    """C = epilogue(Σ_s workspace[s]), summed in slice order (deterministic), cast once."""
+    offs = tl.program_id(axis=0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(ws_ptr + s * M * N + offs, mask=mask, other=0.0)
+    row = offs // N
+    col = offs % N
+    if EPILOGUE == "bias_gelu":
+        acc = acc + tl.load(bias_ptr + col, mask=mask, other=0.0).to(tl.float32)
+        acc = 0.5 * acc * (1.0 + tl.math.erf(acc * 0.7071067811865476))
+    tl.store(c_ptr + row * stride_cm + col * stride_cn, acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+REDUCE_BLOCK = 1024
 
 
 def dot_options(dtype: torch.dtype) -> dict[str, object]:
@@ -112,14 +152,23 @@ def gemm(
         )
     c = output_buffer(out, (m, n), a)
     bm, bn = int(config["BLOCK_M"]), int(config["BLOCK_N"])
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    split = int(config.get("SPLIT_K", 1))  # records tuned before split-K have none
+    epilogue = "none" if bias is None else "bias_gelu"
+    bias_arg = c if bias is None else bias  # no bias: a pointer never read
+    ws = c if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=a.device)
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), split)
     matmul_kernel[grid](
-        a, b, c if bias is None else bias, c, m, n, k,  # no bias: a pointer never read
+        a, b, bias_arg, c, ws, m, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=int(config["BLOCK_K"]), GROUP_M=int(config["GROUP_M"]),
-        **dot_options(a.dtype), EPILOGUE="none" if bias is None else "bias_gelu",
+        SPLIT_K=split, **dot_options(a.dtype), EPILOGUE=epilogue,
         num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
     )  # fmt: skip
+    if split > 1:
+        split_k_reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
+            ws, bias_arg, c, m, n, c.stride(0), c.stride(1),
+            SPLIT_K=split, BLOCK=REDUCE_BLOCK, EPILOGUE=epilogue, num_warps=4,
+        )  # fmt: skip
     return c
 
 
