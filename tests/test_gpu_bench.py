@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.gpu import kernels, merge, startup
+from bench.gpu import decode_gemm, kernels, merge, startup
 
 NO_GPU = not torch.cuda.is_available()
 
@@ -47,7 +47,7 @@ def test_bad_arguments_exit_2_naming_them(argv: list[str], complaint: str, capsy
 
 @pytest.mark.skipif(not NO_GPU, reason="checks the refusal without a GPU")
 @pytest.mark.parametrize("module", ["bench.gpu.kernels gemm", "bench.gpu.ceilings",
-                                    "bench.gpu.startup"])  # fmt: skip
+                                    "bench.gpu.startup", "bench.gpu.decode_gemm"])  # fmt: skip
 def test_without_a_gpu_the_runs_refuse_with_exit_2(module: str) -> None:
     done = subprocess.run([sys.executable, "-m", *module.split()], capture_output=True, text=True,
                           timeout=120, cwd=Path(__file__).parents[1])  # fmt: skip
@@ -85,3 +85,35 @@ def test_merge_takes_each_key_from_the_last_run_and_states_the_geomeans(tmp_path
     assert "geomean tuned/cuBLAS 1.000, tuned/default 2.000" in text  # (1/1 · 4/1) ** 0.5
     assert "tuned/Inductor 2.000 (over the 1 keys timed with Inductor)" in text
     assert text.count("| bfloat16 |") == 2  # the re-run replaced the first qkv row
+
+
+def test_the_decode_dry_run_plans_twenty_keys_with_and_without_split_k(capsys) -> None:
+    assert decode_gemm.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "20 keys, each tuned twice" in out
+    line = next(x for x in out.splitlines() if x.startswith("qkv M=16 "))
+    full, cut = (int(w) for w in line.replace(")", "").split() if w.isdigit())
+    assert cut == 1158 < full  # the space measured on the H100, and what split-K adds
+
+
+@pytest.mark.parametrize(("argv", "complaint"), [
+    (["--dry-run", "--ms", "0,16"], "sizes must be at least 1"),
+    (["--dry-run", "--projections", "qkv,lm_head"], "--projections: lm_head not among"),
+])  # fmt: skip
+def test_the_decode_bench_names_a_bad_argument(argv: list[str], complaint: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        decode_gemm.main(argv)
+    assert exit_.value.code == 2
+    assert complaint in capsys.readouterr().err
+
+
+def test_the_search_without_split_k_is_the_same_space_cut_to_split_k_1() -> None:
+    from backends.triton import TritonBackend
+    from workloads import get_workload
+
+    problem, workload = {"M": 16, "N": 6144, "K": 4096}, get_workload("matmul")
+    full = TritonBackend().space(workload, problem, "bfloat16")
+    cut = decode_gemm.NoSplitK().space(workload, problem, "bfloat16")
+    assert {int(c["SPLIT_K"]) for c in cut.configs()} == {1}
+    assert set(cut.configs()) == {c for c in full.configs() if c["SPLIT_K"] == 1}
+    assert decode_gemm.NoSplitK().name == "triton"  # keyed as the Triton backend

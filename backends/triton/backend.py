@@ -148,12 +148,14 @@ class TritonBackend(Backend):
         return TritonRunnable(workload, chosen)
 
     def summarize(self, config: Mapping[str, Any]) -> str:
-        """``128x256x64 g8 w8 s3`` for GEMMs, ``block 1024 r1 w4 s1`` for row kernels."""
+        """``128x256x64 g8 w8 s3`` for GEMMs (``16x64x128 g8 k4 w4 s3`` splitting K 4 ways),
+        ``block 1024 r1 w4 s1`` for row kernels."""
         c = dict(config)
         tail = f"w{c.get('num_warps', '?')} s{c.get('num_stages', '?')}"
         if "BLOCK_M" in c:
             tiles = f"{c['BLOCK_M']}x{c.get('BLOCK_N', '?')}x{c.get('BLOCK_K', '?')}"
-            return f"{tiles} g{c.get('GROUP_M', 1)} {tail}"
+            split = f" k{c['SPLIT_K']}" if c.get("SPLIT_K", 1) != 1 else ""
+            return f"{tiles} g{c.get('GROUP_M', 1)}{split} {tail}"
         if "BLOCK_N" in c:
             return f"block {c['BLOCK_N']} r{c.get('ROWS_PER_PROGRAM', 1)} {tail}"
         return " ".join(f"{k}={v}" for k, v in sorted(c.items())) or "default"

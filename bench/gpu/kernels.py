@@ -115,27 +115,46 @@ def inductor(fn: Any, inputs: tuple[Any, ...]) -> tuple[Any, float]:
     return compiled, time.perf_counter() - start
 
 
+SEARCH_TIMER = dict(warmup=2, min_repeats=10, max_repeats=100, target_s=0.05)
+
+
+def tune_key(plan: Plan, harness: Any, trials: int, seconds: float, client: Any = None,
+             backend: Any = None) -> tuple[Any, float]:  # fmt: skip
+    """``(outcome, wall seconds)`` of tunecache's own tune of ``plan``'s key on this GPU.
+
+    ``backend`` replaces the Triton backend (a restricted space); its workers import it by
+    ``module:Class``.
+    """
+    from backends import Budget
+    from tunecache import key_for
+    from tunecache.timing import TimerSettings
+    from tuner.tune import TuneOptions, tune
+
+    key = key_for(plan.kernel, "triton", plan.problem, plan.dtype)
+    ref = None if backend is None else f"{type(backend).__module__}:{type(backend).__qualname__}"
+    options = TuneOptions(timer=TimerSettings(**SEARCH_TIMER), backend_ref=ref)  # type: ignore[arg-type]
+    started = time.perf_counter()
+    outcome = tune(key, Budget(trials=trials, seconds=seconds), options, harness=harness,
+                   backend=backend, cache=client)  # fmt: skip
+    return outcome, time.perf_counter() - started
+
+
 def run_key(plan: Plan, url: str, token: str, harness: Any, trials: int, seconds: float,
             with_inductor: bool) -> dict[str, Any]:  # fmt: skip
     import torch
 
-    from backends import Budget
     from backends.triton import TritonBackend
-    from tunecache import Client, key_for
-    from tunecache.timing import TimerSettings
-    from tuner.tune import TuneOptions, tune
+    from tunecache import Client
     from workloads import get_workload
 
     workload = get_workload(plan.kernel)
-    key = key_for(plan.kernel, "triton", plan.problem, plan.dtype)
-    search_timer = TimerSettings(warmup=2, min_repeats=10, max_repeats=100, target_s=0.05)
     started = time.perf_counter()
     with Client(url, token=token) as client:
-        outcome = tune(key, Budget(trials=trials, seconds=seconds),
-                       TuneOptions(timer=search_timer), harness=harness, cache=client)  # fmt: skip
+        outcome, _ = tune_key(plan, harness, trials, seconds, client)
         client.upload(outcome.record)
         wall = time.perf_counter() - started
-        fetched = client.fetch(key)
+        fetched = client.fetch(outcome.key)
+    key = outcome.key
     assert fetched is not None, f"{key.short()}: the record uploaded is not served back"
     backend = TritonBackend()
     inputs = tuple(t.cuda() for t in workload.make_inputs(plan.problem, plan.dtype, seed=7))

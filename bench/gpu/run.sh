@@ -2,7 +2,7 @@
 # The GPU campaign, one device call per invocation (each well inside 9 minutes):
 #     bash bench/gpu/run.sh STEP...
 # STEPs, run in order: tests (the GPU-marked tests and the Triton kernel tests on the GPU),
-# ceilings, gemm-bf16, gemm-fp16, rows, startup, decode. Each step's output goes to $OUT/log.txt;
+# ceilings, gemm-bf16, gemm-fp16, rows, startup, decode (M = 1, 8, 16), decode2 (M = 32, 64). Each step's output goes to $OUT/log.txt;
 # the tables to $OUT. A step that fails does not stop the next. Needs the carried wheels
 # (../shared/gpu/prepare.sh swagger-ui-bundle-v2; carry [".whl"]).
 set -u
@@ -36,9 +36,11 @@ for step in "$@"; do
         --stop-after $stop 2>&1 | tee -a "$log" | grep -v "^|" ;;
     startup)
       timeout $(( $(left) - 10 )) python3 -m bench.gpu.startup 2>&1 | tee -a "$log" ;;
-    decode)
-      timeout $(( $(left) - 10 )) python3 -m bench.gpu.decode_gemm --ceilings "$ceilings" \
-        --stop-after $(( $(left) - 90 )) 2>&1 | tee -a "$log" | grep -v "^|" ;;
+    decode|decode2)
+      ms=$([ "$step" = decode ] && echo 1,8,16 || echo 32,64)
+      timeout $(( $(left) - 10 )) python3 -m bench.gpu.decode_gemm --ms $ms \
+        --ceilings "$ceilings" --stop-after $(( $(left) - 100 )) 2>&1 | tee -a "$log" \
+        | grep -v "^|" ;;
     *) echo "unknown step $step" | tee -a "$log" ;;
   esac
 done
