@@ -34,7 +34,9 @@ __all__ = ["Backend", "Budget", "Progress", "ProgressFn", "Runnable", "SearchReq
 
 @dataclass(frozen=True)
 class Budget:
-    """How much search a tuning run may spend."""
+    """How much a tuning run may spend: at most ``trials`` searched configs and ``seconds`` for
+    the whole run (search, re-timing, validation, baselines: the search leaves room for the rest),
+    whichever comes first."""
 
     trials: int = 32
     seconds: float | None = None

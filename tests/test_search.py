@@ -108,8 +108,8 @@ class TestStrategyContract:
             assert (len(log), log.stopped_because) == (7, "trials")
 
     def test_respects_seconds_between_batches(self, strategy: str) -> None:
-        # One trial a second; with batches of 3 the budget is checked after 3, then 6 s.
-        for batch_size, trials in ((1, 5), (3, 6)):
+        # One trial a second: a batch of 3 after the first 3 s would end at 6 s, past 5.
+        for batch_size, trials in ((1, 5), (3, 3)):
             clock = FakeClock()
             log = run_search(
                 get_strategy(strategy, SPACE),
@@ -119,6 +119,21 @@ class TestStrategyContract:
                 batch_size=batch_size,
             )
             assert (len(log), log.stopped_because) == (trials, "seconds"), batch_size
+
+    def test_seconds_leave_room_for_the_work_after_the_search(self, strategy: str) -> None:
+        # One trial a second, 3 candidates' worth of re-timing and validation after: 10 s
+        # hold 7 trials, and the search stops there rather than at 10.
+        clock = FakeClock()
+        log = run_search(get_strategy(strategy, SPACE), clock.evaluator(),
+                         Budget(trials=100, seconds=10), clock=clock,
+                         after=lambda: 3.0)  # fmt: skip
+        assert (len(log), log.stopped_because) == (7, "seconds")
+
+    def test_the_first_batch_runs_whatever_the_seconds(self, strategy: str) -> None:
+        clock = FakeClock()
+        log = run_search(get_strategy(strategy, SPACE), clock.evaluator(),
+                         Budget(trials=100, seconds=0.5), clock=clock, batch_size=2)  # fmt: skip
+        assert (len(log), log.stopped_because) == (2, "seconds")
 
     def test_respects_patience(self, strategy: str) -> None:
         calls = 0

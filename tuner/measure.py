@@ -87,6 +87,11 @@ class Benchmarker(abc.ABC):
         """Checks and times one config (any JSON config; ``None``: the kernel's torch eager
         function)."""
 
+    def seconds_after_search(self) -> float:
+        """What re-timing, validating and timing the baselines of a winner will take, from the
+        builds and measurements seen so far (0 until there are some)."""
+        return 0.0
+
     @abc.abstractmethod
     def validate(self, config: Mapping[str, Any], seeds: Sequence[int]) -> ValidationReport:
         """The full golden-reference validation of ``config`` (seeds, the edge problem).

@@ -12,6 +12,7 @@ whatever search produced the candidates:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,25 +54,31 @@ def _rejection(config: dict[str, Any], report: ValidationReport) -> Trial:
 Ordered = list[tuple[dict[str, Any], Measurement | None]]
 
 
-def _order(bench: Benchmarker, found: Candidates, trials: list[Trial]) -> Ordered:
-    """The candidates in validation order, with their re-timing where there was one."""
+def _order(bench: Benchmarker, found: Candidates, trials: list[Trial],
+           deadline: float | None) -> Ordered:  # fmt: skip
+    """The candidates in validation order, with their re-timing where there was one (none past
+    ``deadline``, a ``time.monotonic()``: the rest keep the search's order, after)."""
     if not found.retime:
         return [(config, None) for config in found.ranked]
-    timed = []
-    for config in found.ranked:
+    timed: list[tuple[dict[str, Any], Measurement]] = []
+    for i, config in enumerate(found.ranked):
+        if deadline is not None and time.monotonic() >= deadline:
+            timed.sort(key=lambda item: item[1].time_ms or 0.0)
+            return [*timed, *((c, None) for c in found.ranked[i:])]
         measured = bench.measure(config)
         if measured.ok:
             timed.append((config, measured))
         else:
             trials.append(measured.trial(config))
     timed.sort(key=lambda item: item[1].time_ms or 0.0)
-    return list(timed)
+    return [(config, measured) for config, measured in timed]
 
 
-def _validated(bench: Benchmarker, found: Candidates, seeds: Sequence[int], emit: Emit) -> Winner:
+def _validated(bench: Benchmarker, found: Candidates, seeds: Sequence[int], emit: Emit,
+               deadline: float | None) -> Winner:  # fmt: skip
     trials: list[Trial] = []
     rejected: list[ValidationReport] = []
-    order = _order(bench, found, trials)
+    order = _order(bench, found, trials, deadline)
     for i, (config, measured) in enumerate(order):
         emit(f"candidate {i + 1} of {len(order)}", phase="validate", done=i,
              total=len(order))  # fmt: skip
@@ -99,13 +106,17 @@ def select_winner(
     default: Mapping[str, Any] | None,
     seeds: Sequence[int],
     emit: Emit,
+    deadline: float | None = None,
 ) -> Winner:
     """The best candidate that passes validation, timed against torch eager and ``default``.
+
+    Past ``deadline`` (a ``time.monotonic()``) nothing more is re-timed; validation and the
+    baselines always run (a record is never stored unchecked).
 
     Raises:
         TuningError: no candidate passed validation.
     """
-    winner = _validated(bench, found, seeds, emit)
+    winner = _validated(bench, found, seeds, emit, deadline)
     emit("the baselines", phase="time")
     eager = bench.measure(None)
     if eager.timing is not None:

@@ -182,6 +182,7 @@ def tune(
                 timer=options.timer, timer_ref=options.timer_ref)  # fmt: skip
     emit(f"with {strategy} ({budget.trials} trials)")
     started = time.perf_counter()
+    deadline = None if budget.seconds is None else time.monotonic() + budget.seconds
     found: Candidates | None = None
     if strategy == backend.native_strategy:  # before the workers start: they would share cores
         found = search_native(backend, request, options.workdir or default_workdir())
@@ -199,7 +200,7 @@ def tune(
                 prior_of=(lambda space: neighbour_prior(cache, key, space)) if cache else None,
             )  # fmt: skip
         winner = select_winner(bench, found, default=_default(workload, key),
-                               seeds=options.seeds, emit=emit)  # fmt: skip
+                               seeds=options.seeds, emit=emit, deadline=deadline)  # fmt: skip
     seconds = time.perf_counter() - started
     record = build_record(key, backend, strategy, found, winner, seconds)
     searched = [t.time_ms for t in found.trials if t.time_ms is not None]

@@ -54,7 +54,12 @@ def register(commands: Any) -> None:
         "default where it has one: tvm: meta_schedule; inductor: inductor_max_autotune)",
     )
     parser.add_argument("--trials", type=int, default=32, help="search budget in trials")
-    parser.add_argument("--seconds", type=float, help="search budget in seconds")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        help="budget of the whole tune in seconds (search, re-timing, validation,"
+        " baselines); with --trials, whichever comes first",
+    )
     parser.add_argument("--patience", type=int, help="stop after N trials without improvement")
     parser.add_argument("--seed", type=int, default=0, help="seed of the search strategy")
     parser.add_argument("--workers", type=int, help="measurement worker processes")

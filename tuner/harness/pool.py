@@ -287,19 +287,39 @@ class Harness:
         return self._call(index, task, {"op": op, **extra}, config, timeout)
 
 
+# What follows a search, in builds and measurements: re-timing the top 3; validating the winner
+# (the edge problem's build; 3 seeds and the edge checked once each, together about one
+# measurement); torch eager and the default config timed (the default built, when the search
+# never tried it).
+AFTER_SEARCH_BUILDS = 2
+AFTER_SEARCH_MEASURES = 3 + 1 + 2
+
+
 class HarnessBenchmarker(Benchmarker):
     """A :class:`Harness` measuring the candidates of one :class:`Task`."""
 
     def __init__(self, harness: Harness, task: Task) -> None:
         self.harness = harness
         self.task = task
+        self._build_s: list[float] = []  # one build's seconds, per batch
+        self._measure_s: list[float] = []
 
     @property
     def parallelism(self) -> int:
         return self.harness.workers
 
+    def seconds_after_search(self) -> float:
+        if not self._measure_s:
+            return 0.0
+        build = sum(self._build_s) / len(self._build_s) if self._build_s else 0.0
+        measure = sum(self._measure_s) / len(self._measure_s)
+        return AFTER_SEARCH_BUILDS * build + AFTER_SEARCH_MEASURES * measure
+
     def measure(self, config: ConfigJSON | None) -> Measurement:
-        return Measurement.from_json(self.harness.request(self.task, "measure", config))
+        started = time.monotonic()
+        answer = self.harness.request(self.task, "measure", config)
+        self._measure_s.append(time.monotonic() - started)
+        return Measurement.from_json(answer)
 
     def validate(self, config: ConfigJSON, seeds: Sequence[int]) -> ValidationReport:
         answer = self.harness.request(self.task, "validate", config, seeds=list(seeds))
@@ -308,7 +328,11 @@ class HarnessBenchmarker(Benchmarker):
         return failed_report(self.task, seeds, f"{answer['status']}: {answer.get('error', '')}")
 
     def evaluate(self, configs: list[Config]) -> list[Trial]:
+        started = time.monotonic()
         built = self.harness.build_all(self.task, configs)
+        if configs:  # builds run in parallel: each worker built about this many, one at a time
+            rounds = -(-len(configs) // self.harness.workers)
+            self._build_s.append((time.monotonic() - started) / rounds)
         trials = []
         for config in configs:
             answer = built[_label(config.to_json())]

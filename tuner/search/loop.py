@@ -5,6 +5,10 @@ replayed as a simulated device). The loop stops at the first of: ``budget.trials
 evaluated, ``budget.seconds`` spent (checked between batches), ``budget.patience`` consecutive
 trials that did not improve the best time, or the strategy having nothing left to propose.
 
+``budget.seconds`` bounds more than the search when ``after`` is given: it says how many seconds
+the work that follows the search (re-timing, validation, baselines) will take, and the loop
+starts no batch that, at the last batch's seconds per candidate, would leave less than that.
+
 Example:
     >>> from backends.base import Budget, Trial
     >>> from tunecache.space import SearchSpace
@@ -94,6 +98,7 @@ def run_search(
     batch_size: int = 1,
     progress: ProgressFn | None = None,
     clock: Callable[[], float] = time.monotonic,
+    after: Callable[[], float] | None = None,
 ) -> SearchLog:
     """Asks ``strategy`` for configs, measures them with ``evaluate``, and tells it the results.
 
@@ -104,6 +109,8 @@ def run_search(
         batch_size: configs asked for and evaluated together (the harness runs them in parallel).
         progress: called after every batch.
         clock: seconds, monotonic; injectable for tests.
+        after: the seconds of work still to come within ``budget.seconds`` after the search
+            (see the module's docstring).
 
     Returns:
         The log of every evaluated config and why the loop stopped.
@@ -117,11 +124,17 @@ def run_search(
     log = SearchLog(strategy=getattr(strategy, "name", type(strategy).__name__))
     best: float | None = None
     stale = 0  # consecutive trials that did not improve ``best``
+    per_candidate = 0.0  # seconds, as the last batch took them
     while True:
-        reason = _should_stop(log, budget, stale, clock() - started)
+        size = min(batch_size, budget.trials - len(log))
+        ahead = per_candidate * size + (after() if after is not None else 0.0)
+        reason = _should_stop(log, budget, stale, clock() - started, ahead)
         if reason is None:
-            batch, exhausted = _ask_batch(strategy, min(batch_size, budget.trials - len(log)))
+            batch, exhausted = _ask_batch(strategy, size)
+            began = clock()
             trials = evaluate(batch) if batch else []
+            if batch:
+                per_candidate = (clock() - began) / len(batch)
             if len(trials) != len(batch):
                 raise TuningError(f"evaluator returned {len(trials)} trials for {len(batch)}")
             for config, trial in zip(batch, trials, strict=True):
@@ -145,13 +158,23 @@ def run_search(
     return log
 
 
-def _should_stop(log: SearchLog, budget: Budget, stale: int, elapsed: float) -> StopReason | None:
-    """Which budget limit the search has reached, checked between batches, or ``None``."""
+def _should_stop(
+    log: SearchLog, budget: Budget, stale: int, elapsed: float, ahead: float = 0.0
+) -> StopReason | None:
+    """Which budget limit the search has reached, checked between batches, or ``None``.
+
+    ``ahead``: the seconds the next batch and what follows the search are expected to take. The
+    first batch always runs.
+    """
     if len(log) >= budget.trials:
         return "trials"
     if budget.patience is not None and stale >= budget.patience:
         return "patience"
-    if budget.seconds is not None and elapsed >= budget.seconds:
+    if (
+        budget.seconds is not None
+        and len(log) > 0
+        and (elapsed >= budget.seconds or elapsed + ahead > budget.seconds)
+    ):
         return "seconds"
     return None
 
