@@ -117,3 +117,17 @@ def test_the_search_without_split_k_is_the_same_space_cut_to_split_k_1() -> None
     assert {int(c["SPLIT_K"]) for c in cut.configs()} == {1}
     assert set(cut.configs()) == {c for c in full.configs() if c["SPLIT_K"] == 1}
     assert decode_gemm.NoSplitK().name == "triton"  # keyed as the Triton backend
+
+
+def test_the_tuning_throughput_bench_runs_each_measure_small() -> None:
+    """Each figure of ``bench.tuning_throughput`` comes out (their sizes are the bench's)."""
+    from bench import tuning_throughput as bench
+
+    configs = bench.gemm_configs(2)
+    assert len(configs) == 3 and all("SPLIT_K" in c for c in configs)
+    rate, each = bench.compile_throughput(configs, workers=1)  # real compiles for sm_90
+    assert rate > 0 and each > 0
+    overhead, timed = bench.harness_overhead(candidates=6, workers=2)
+    assert overhead > 0 and timed >= 0
+    assert bench.first_result("bench.tuning_throughput:Trivial", "softmax", {"M": 8, "N": 64},
+                              warm=True) > 0  # fmt: skip
