@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from bench.gpu import decode_gemm, kernels, merge, startup
+from bench.gpu import tuning_throughput as gpu_throughput
 
 NO_GPU = not torch.cuda.is_available()
 
@@ -47,7 +48,8 @@ def test_bad_arguments_exit_2_naming_them(argv: list[str], complaint: str, capsy
 
 @pytest.mark.skipif(not NO_GPU, reason="checks the refusal without a GPU")
 @pytest.mark.parametrize("module", ["bench.gpu.kernels gemm", "bench.gpu.ceilings",
-                                    "bench.gpu.startup", "bench.gpu.decode_gemm"])  # fmt: skip
+                                    "bench.gpu.startup", "bench.gpu.decode_gemm",
+                                    "bench.gpu.tuning_throughput"])  # fmt: skip
 def test_without_a_gpu_the_runs_refuse_with_exit_2(module: str) -> None:
     done = subprocess.run([sys.executable, "-m", *module.split()], capture_output=True, text=True,
                           timeout=120, cwd=Path(__file__).parents[1])  # fmt: skip
@@ -131,3 +133,10 @@ def test_the_tuning_throughput_bench_runs_each_measure_small() -> None:
     assert overhead > 0 and timed >= 0
     assert bench.first_result("bench.tuning_throughput:Trivial", "softmax", {"M": 8, "N": 64},
                               warm=True) > 0  # fmt: skip
+
+
+def test_the_gpu_throughput_dry_run_finds_the_h100_landscape_optimum(capsys) -> None:
+    assert gpu_throughput.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "qkv M=16    space" in out and "landscape optimum 0.02781 ms" in out
+    assert "3 keys x 200 trials" in out

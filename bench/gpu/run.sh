@@ -2,7 +2,8 @@
 # The GPU campaign, one device call per invocation (each well inside 9 minutes):
 #     bash bench/gpu/run.sh STEP...
 # STEPs, run in order: tests (the GPU-marked tests and the Triton kernel tests on the GPU),
-# ceilings, gemm-bf16, gemm-fp16, rows, startup, decode (M = 1, 8, 16), decode2 (M = 32, 64). Each step's output goes to $OUT/log.txt;
+# ceilings, gemm-bf16, gemm-fp16, rows, startup, decode (M = 1, 8, 16), decode2 (M = 32, 64),
+# throughput (200-config tunes: wall time per key). Each step's output goes to $OUT/log.txt;
 # the tables to $OUT. A step that fails does not stop the next. Needs the carried wheels
 # (../shared/gpu/prepare.sh swagger-ui-bundle-v2; carry [".whl"]).
 set -u
@@ -41,6 +42,8 @@ for step in "$@"; do
       timeout $(( $(left) - 10 )) python3 -m bench.gpu.decode_gemm --ms $ms \
         --ceilings "$ceilings" --stop-after $(( $(left) - 100 )) 2>&1 | tee -a "$log" \
         | grep -v "^|" ;;
+    throughput)
+      timeout $(( $(left) - 10 )) python3 -m bench.gpu.tuning_throughput 2>&1 | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log" ;;
   esac
 done
