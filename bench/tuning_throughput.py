@@ -18,6 +18,7 @@ Results go to ``bench/results/tuning_throughput-<cpu>.md``. Figures, never pass/
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import sys
 import tempfile
@@ -69,9 +70,12 @@ def _init_worker(cache: str) -> None:
 
 def compile_throughput(configs: list[dict[str, int]], workers: int) -> tuple[float, float]:
     """``(configs per second, mean seconds per compile)`` with ``workers`` processes."""
+    spawn = multiprocessing.get_context("spawn")  # a fresh Triton, not the interpreter's
     with (
         tempfile.TemporaryDirectory() as cache,
-        ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(cache,)) as pool,
+        ProcessPoolExecutor(
+            workers, mp_context=spawn, initializer=_init_worker, initargs=(cache,)
+        ) as pool,
     ):
         list(pool.map(compile_one, [configs[0]] * workers))  # imports and start-up, untimed
         started = time.perf_counter()
