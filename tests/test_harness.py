@@ -123,3 +123,31 @@ def test_every_benchmarker_answers_the_same(kind: str) -> None:
     assert eager.ok and eager.timing is not None and eager.rel_error is not None
     assert passed.passed and len(passed.checks) == 3  # two seeds and the edge problem
     assert not failed.passed
+
+
+def test_a_candidate_three_times_slower_than_the_best_is_cut_short() -> None:
+    """Timed after a fast one, a 1 ms candidate (the fast one takes microseconds) gets one
+    sample, not the full timing; re-timed on its own it is timed at length."""
+    with Harness(workers=1) as harness:
+        bench = harness.benchmarker(task())
+        fast, slow = bench.evaluate([cfg("ok"), cfg("ok", 1.0)])
+        assert fast.status == slow.status == "ok"
+        assert slow.time_ms is not None and fast.time_ms is not None
+        assert slow.time_ms > 3 * fast.time_ms
+        assert len(set(slow.times_ms)) == 1  # one sample: min, median and max are the same
+        again = bench.measure(cfg("ok", 1.0).to_json())  # a re-timing: no cut-off
+    assert again.timing is not None and again.timing.repeats >= QUICK.min_repeats
+    assert "cut short" not in again.timing.timer
+
+
+def test_the_cpu_timer_cuts_a_call_slower_than_the_cutoff() -> None:
+    import time
+
+    from tunecache.timing import time_cpu
+
+    settings = TimerSettings(warmup=1, min_repeats=10, target_s=1.0, cutoff_ms=2.0)
+    timing = time_cpu(lambda: time.sleep(0.005), settings)
+    assert timing.repeats == 1 and "cut short: over 2 ms" in timing.timer
+    assert timing.median_ms >= 5.0
+    quick = time_cpu(lambda: None, settings)
+    assert quick.repeats > 1 and "cut short" not in quick.timer

@@ -5,6 +5,9 @@
 * CUDA: a pair of CUDA events around every call, the L2 cache flushed before each by zeroing a
   256 MB buffer (as Triton's ``do_bench`` does), one synchronisation at the end.
 
+With ``cutoff_ms`` set (the tuner sets it to 3× the best time so far), a call already slower
+than that after the warm-up is not timed at length: its first estimate is its time.
+
 Pure functions: no search here. torch is imported only by the CUDA timer.
 """
 
@@ -28,6 +31,7 @@ class TimerSettings:
     max_repeats: int = 200
     min_sample_s: float = 1e-3  # one sample lasts at least this long (batching fast calls)
     target_s: float = 0.3  # stop adding repeats once this much time was spent
+    cutoff_ms: float | None = None  # a call slower than this is cut short (see the module)
 
 
 DEFAULT_TIMER = TimerSettings()
@@ -40,6 +44,9 @@ def time_cpu(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) -> 
     start = time.perf_counter()
     fn()
     single = max(time.perf_counter() - start, 1e-9)
+    if settings.cutoff_ms is not None and single * 1e3 > settings.cutoff_ms:
+        return _stats([single * 1e3], settings, 1, f"perf_counter, cut short: over "
+                      f"{settings.cutoff_ms:.4g} ms")  # fmt: skip
     number = max(1, int(settings.min_sample_s / single))
     samples: list[float] = []
     spent = 0.0
@@ -90,6 +97,10 @@ def time_cuda(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) ->
     last.record()
     torch.cuda.synchronize()
     estimate_s = max(first.elapsed_time(last) / 5 / 1e3, 1e-7)
+    if settings.cutoff_ms is not None and estimate_s * 1e3 > settings.cutoff_ms:
+        # the flush is inside the estimate: an upper bound, fine for a candidate this slow
+        return _stats([estimate_s * 1e3], settings, 5, f"cuda events, cut short: over "
+                      f"{settings.cutoff_ms:.4g} ms")  # fmt: skip
     count = int(
         min(settings.max_repeats, max(settings.min_repeats, settings.target_s / estimate_s))
     )

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
-import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +26,12 @@ from bench.gpu.common import (
     LLAMA3_8B,
     Ceilings,
     device_name,
-    embedded_server,
     geomean,
-    load_ceilings,
     markdown,
     software,
     write_table,
 )
-from bench.gpu.kernels import Plan, check_and_time, inductor, moved_bytes, tune_key
+from bench.gpu.kernels import Plan, check_and_time, inductor, moved_bytes, run_keys, tune_key
 from tunecache.space import SearchSpace
 
 DECODE_MS = (1, 8, 16, 32, 64)
@@ -175,40 +170,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, plan: list[Plan]) -> int:
-    import torch
+    def summary(row: dict[str, Any]) -> str:
+        return (f"{row['label']}: split-K {row['split_ms']:.4g} ms ({row['split_config']}), "
+                f"no split {row['plain_ms']:.4g} ms, cuBLAS {row['cublas_ms']:.4g} ms")  # fmt: skip
 
-    from tuner.harness import Harness
-
-    if not torch.cuda.is_available():
-        print("no CUDA GPU here: run with --dry-run on a CPU", file=sys.stderr)
-        return 2
-    started = time.perf_counter()
-    ceilings = load_ceilings(args.ceilings)
-    rows: list[dict[str, Any]] = []
-    skipped: list[str] = []
-    with tempfile.TemporaryDirectory() as tmp, embedded_server(Path(tmp) / "cache.db") as (
-        url, token), Harness(workers=args.workers) as harness:  # fmt: skip
-        for item in plan:
-            if time.perf_counter() - started > args.stop_after:
-                skipped.append(item.label)
-                continue
-            try:
-                row = run_key(item, url, token, harness, args.trials, args.seconds,
-                              not args.no_inductor)  # fmt: skip
-            except Exception as exc:  # one key's failure is a line of the notes, not the end
-                traceback.print_exc()
-                skipped.append(f"{item.label} (failed: {exc})"[:300])
-                continue
-            rows.append(row)
-            report(args, rows, skipped, ceilings, quiet=True)
-            print(f"{item.label}: split-K {row['split_ms']:.4g} ms ({row['split_config']}), "
-                  f"no split {row['plain_ms']:.4g} ms, cuBLAS {row['cublas_ms']:.4g} ms",
-                  flush=True)  # fmt: skip
-    if not rows:
-        print("no key finished", file=sys.stderr)
-        return 1
-    report(args, rows, skipped, ceilings, quiet=False)
-    return 0
+    return run_keys(args, plan, run_key, report, summary)
 
 
 def report(args: argparse.Namespace, rows: list[dict[str, Any]], skipped: list[str],

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -303,6 +304,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, plan: list[Plan]) -> int:
+    def summary(row: dict[str, Any]) -> str:
+        return (f"{row['kernel']} {row['label']} {row['dtype']}: tuned {row['tuned_ms']:.4g} ms, "
+                f"torch {row['torch_ms']:.4g} ms, default {row['default_ms']:.4g} ms, "
+                f"{row['tune_s']} s, keyed {row['record_device']}")  # fmt: skip
+
+    return run_keys(args, plan, run_key, report, summary)
+
+
+def run_keys(args: argparse.Namespace, plan: list[Plan], run_key: Callable[..., dict[str, Any]],
+             report: Callable[..., None], summary: Callable[[dict[str, Any]], str]) -> int:  # fmt: skip
+    """Runs ``run_key`` on each key of ``plan`` through one harness and one embedded server,
+    rewriting the table after each (a run killed at its time limit keeps what it did); starts
+    no key after ``args.stop_after`` seconds. One key's failure is a line of the notes."""
     import torch
 
     from tuner.harness import Harness
@@ -317,23 +331,20 @@ def run(args: argparse.Namespace, plan: list[Plan]) -> int:
     with tempfile.TemporaryDirectory() as tmp, embedded_server(Path(tmp) / "cache.db") as (
         url, token), Harness(workers=args.workers) as harness:  # fmt: skip
         for item in plan:
+            name = f"{item.kernel} {item.label} {item.dtype}"
             if time.perf_counter() - started > args.stop_after:
-                skipped.append(f"{item.kernel} {item.label} {item.dtype}")
+                skipped.append(name)
                 continue
             try:
                 row = run_key(item, url, token, harness, args.trials, args.seconds,
                               not args.no_inductor)  # fmt: skip
-            except Exception as exc:  # one key's failure is a line of the table, not the end
+            except Exception as exc:
                 traceback.print_exc()
-                print(f"{item.kernel} {item.label} {item.dtype}: {type(exc).__name__}: {exc}",
-                      file=sys.stderr, flush=True)  # fmt: skip
-                skipped.append(f"{item.kernel} {item.label} {item.dtype} (failed: {exc})"[:300])
+                skipped.append(f"{name} (failed: {exc})"[:300])
                 continue
             rows.append(row)
-            report(args, rows, skipped, ceilings, quiet=True)  # a killed run keeps what it did
-            print(f"{item.kernel} {item.label} {item.dtype}: tuned {row['tuned_ms']:.4g} ms, "
-                  f"torch {row['torch_ms']:.4g} ms, default {row['default_ms']:.4g} ms, "
-                  f"{row['tune_s']} s, keyed {row['record_device']}", flush=True)  # fmt: skip
+            report(args, rows, skipped, ceilings, quiet=True)
+            print(summary(row), flush=True)
     if not rows:
         print("no key finished", file=sys.stderr)
         return 1

@@ -16,22 +16,14 @@ import triton.language as tl
 import triton.testing
 
 import tunecache.triton
+from backends.triton.spaces import TUTORIAL_GEMM_CONFIGS
 
 BENCH_CALLS: list[int] = []
-CONFIGS = [
+CONFIGS = [  # the matmul tutorial's eight
     triton.Config(
-        {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8}, num_stages=s, num_warps=w
+        {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": g}, num_stages=s, num_warps=w
     )
-    for m, n, k, _g, s, w in (
-        (128, 256, 64, 8, 3, 8),
-        (64, 256, 32, 8, 4, 4),
-        (128, 128, 32, 8, 4, 4),
-        (128, 64, 32, 8, 4, 4),
-        (64, 128, 32, 8, 4, 4),
-        (128, 32, 32, 8, 4, 4),
-        (64, 32, 32, 8, 5, 2),
-        (32, 64, 32, 8, 5, 2),
-    )
+    for m, n, k, g, s, w in TUTORIAL_GEMM_CONFIGS
 ]
 
 

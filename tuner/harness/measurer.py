@@ -77,8 +77,10 @@ class Measurer:
                 return Measurement("runtime_error", error=describe(exc))
         return None
 
-    def measure(self, config: Mapping[str, Any] | None) -> Measurement:
-        """Checks ``config`` once against the reference, then times it (``None``: torch eager)."""
+    def measure(self, config: Mapping[str, Any] | None, cutoff_ms: float | None = None
+                ) -> Measurement:  # fmt: skip
+        """Checks ``config`` once against the reference, then times it (``None``: torch eager);
+        a candidate slower than ``cutoff_ms`` is cut short (:mod:`tunecache.timing`)."""
         from tuner.validation import compare, run_poisoned
 
         try:
@@ -97,13 +99,15 @@ class Measurer:
             detail = note or f"relative error {rel:.3g} > tolerance {self.tolerance:g}"
             return Measurement("wrong_answer", error=detail, rel_error=rel)
         try:
-            timing = self.time(runnable)
+            timing = self.time(runnable, cutoff_ms)
         except Exception as exc:
             return Measurement("runtime_error", error=describe(exc))
         return Measurement("ok", timing=timing, rel_error=rel)
 
-    def time(self, runnable: Runnable) -> TimingModel:
+    def time(self, runnable: Runnable, cutoff_ms: float | None = None) -> TimingModel:
         """Times ``runnable`` on the task's inputs with the task's timer."""
+        import dataclasses
+
         from tunecache.timing import time_cpu, time_cuda
 
         timer: Any = time_cuda if self.task.device == "cuda" else time_cpu
@@ -111,7 +115,8 @@ class Measurer:
             module, _, name = self.task.timer_ref.partition(":")
             timer = getattr(importlib.import_module(module), name)
         inputs = self.inputs
-        timing: TimingModel = timer(lambda: runnable(*inputs), self.task.timer)
+        settings = dataclasses.replace(self.task.timer, cutoff_ms=cutoff_ms)
+        timing: TimingModel = timer(lambda: runnable(*inputs), settings)
         return timing
 
     def validate(self, config: Mapping[str, Any], seeds: Sequence[int]) -> ValidationReport:

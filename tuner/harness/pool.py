@@ -293,6 +293,7 @@ class Harness:
 # never tried it).
 AFTER_SEARCH_BUILDS = 2
 AFTER_SEARCH_MEASURES = 3 + 1 + 2
+CUT_SLOWER_THAN = 3.0  # a searched candidate this many times slower than the best is cut short
 
 
 class HarnessBenchmarker(Benchmarker):
@@ -303,6 +304,7 @@ class HarnessBenchmarker(Benchmarker):
         self.task = task
         self._build_s: list[float] = []  # one build's seconds, per batch
         self._measure_s: list[float] = []
+        self.best_ms: float | None = None  # the fastest searched candidate so far
 
     @property
     def parallelism(self) -> int:
@@ -315,9 +317,11 @@ class HarnessBenchmarker(Benchmarker):
         measure = sum(self._measure_s) / len(self._measure_s)
         return AFTER_SEARCH_BUILDS * build + AFTER_SEARCH_MEASURES * measure
 
-    def measure(self, config: ConfigJSON | None) -> Measurement:
+    def measure(self, config: ConfigJSON | None, cutoff_ms: float | None = None) -> Measurement:
+        """Checks and times ``config`` at length (re-timings, baselines) or, with
+        ``cutoff_ms``, cut short when it is slower than that."""
         started = time.monotonic()
-        answer = self.harness.request(self.task, "measure", config)
+        answer = self.harness.request(self.task, "measure", config, cutoff_ms=cutoff_ms)
         self._measure_s.append(time.monotonic() - started)
         return Measurement.from_json(answer)
 
@@ -336,12 +340,15 @@ class HarnessBenchmarker(Benchmarker):
         trials = []
         for config in configs:
             answer = built[_label(config.to_json())]
-            measured = self.measure(config.to_json()) if answer["status"] == "ok" else None
+            cutoff = None if self.best_ms is None else CUT_SLOWER_THAN * self.best_ms
+            measured = self.measure(config.to_json(), cutoff) if answer["status"] == "ok" else None
             if measured is None:
                 measured = Measurement.from_json(answer)
             if not measured.ok:
                 self.harness.failures[measured.status] += 1
                 logger.info("candidate %s: %s: %s", config, measured.status, measured.error)
+            elif measured.time_ms is not None:
+                self.best_ms = min(self.best_ms or measured.time_ms, measured.time_ms)
             trials.append(measured.trial(config.to_json()))
         return trials
 

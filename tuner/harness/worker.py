@@ -10,8 +10,9 @@ Requests and answers are plain dicts over a ``multiprocessing`` pipe:
   sends it before a worker's first request for a task, under the start timeout)
 * ``{"op": "build", "task": {...}, "config": {...}}`` → ``{"status": "ok"}`` or a
   :class:`~tuner.measure.Measurement` as JSON (``compile_error``)
-* ``{"op": "measure", "task": {...}, "config": {...} | None}`` → a measurement as JSON;
-  ``"config": null`` times the kernel's torch eager function (the baseline) the same way
+* ``{"op": "measure", "task": {...}, "config": {...} | None, "cutoff_ms": float?}`` → a
+  measurement as JSON; ``"config": null`` times the kernel's torch eager function (the baseline)
+  the same way; a candidate slower than ``cutoff_ms`` is cut short
 * ``{"op": "validate", "task": {...}, "config": {...}, "seeds": [...]}`` →
   ``{"status": "ok", "report": {...}}``: the full golden-reference validation, in the worker
 
@@ -78,7 +79,7 @@ def _answer(tasks: _Tasks, request: dict[str, Any]) -> dict[str, Any]:
         failed = measurer.try_build(request["config"])
         return {"status": "ok"} if failed is None else failed.to_json()
     if op == "measure":
-        return measurer.measure(request["config"]).to_json()
+        return measurer.measure(request["config"], request.get("cutoff_ms")).to_json()
     if op == "validate":
         report = measurer.validate(request["config"], request["seeds"])
         return {"status": "ok", "report": report.model_dump(mode="json")}
