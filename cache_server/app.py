@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from cache_server import tokens
-from cache_server.api import errors
+from cache_server.api import errors, problems
 from cache_server.api.limits import BodySizeLimit
 from cache_server.api.routes import artifacts as artifact_routes
 from cache_server.api.routes import health, jobs, records, snapshots
@@ -68,6 +68,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     install_dashboard(app)
 
     errors.install(app)
+    problems.document(app)
 
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body)
     app.add_middleware(ObserveRequests, metrics=app.state.metrics)  # outermost: sees 413s too

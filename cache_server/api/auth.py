@@ -52,6 +52,7 @@ def requires(needed: Scope) -> Callable[..., TokenRow | None]:
             )
         return row
 
+    check.scope = needed  # type: ignore[attr-defined]  # marks routes that check a token
     return check
 
 

@@ -1,45 +1,74 @@
-"""Error answers: every failure a client causes is a 4xx with a reason it can act on.
+"""Error answers: every failure a client causes is a 4xx with a reason it can act on, all in one
+shape (:class:`cache_server.api.problems.ErrorBody`).
 
-- a validation error whose input no JSON encoder writes (NaN, a lone surrogate) still renders,
-  without its input;
+- a validation error is a 422 whose ``detail`` names the first fields and what is wrong with
+  them, and whose ``errors`` lists every field (without the input: it may be huge, or something
+  no JSON encoder writes, such as NaN or a lone surrogate);
 - FastAPI's generic "There was an error parsing the body" says what it was;
-- :class:`tunecache.errors.InvalidInput` raised anywhere in a request is a 422.
+- :class:`tunecache.errors.InvalidInput` raised anywhere in a request is a 422;
+- anything else that escapes a route is a 500 in the same shape (a bug; it is logged).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
+from typing import Any
+
 from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.exception_handlers import http_exception_handler, request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from cache_server.api.problems import body
 from tunecache.errors import InvalidInput
+
+logger = logging.getLogger(__name__)
+SHOWN = 3  # fields named in a validation error's detail
+
+
+def _where(error: dict[str, Any]) -> str:
+    return ".".join(str(part) for part in error.get("loc", ())) or "request"
+
+
+def validation_detail(errors: Sequence[dict[str, Any]]) -> str:
+    """``body.key.dtype: Input should be …; query.limit: …`` (the first few, then a count)."""
+    parts = [f"{_where(e)}: {e.get('msg', 'invalid')}" for e in errors[:SHOWN]]
+    more = len(errors) - SHOWN
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "") or "invalid request"
 
 
 def install(app: FastAPI) -> None:
     """Registers the handlers on ``app``."""
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        try:
-            return await request_validation_exception_handler(request, exc)
-        except (ValueError, RecursionError):  # an input no JSON encoder writes: NaN, a surrogate
-            errors = [
-                {k: v for k, v in e.items() if k not in ("input", "ctx")} for e in exc.errors()
-            ]
-            return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+    async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {"loc": [p if isinstance(p, int) else str(p) for p in e.get("loc", ())],
+             "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+            for e in exc.errors()
+        ]  # fmt: skip
+        return JSONResponse(body(422, validation_detail(errors), errors), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> Response:
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 400 and (why := _unparsable(exc.__cause__)) is not None:
-            return JSONResponse({"detail": why}, status_code=400)
-        return await http_exception_handler(request, exc)
+            detail = why
+        if exc.status_code in (204, 304):  # no body allowed
+            return Response(status_code=exc.status_code, headers=exc.headers)
+        return JSONResponse(body(exc.status_code, detail), status_code=exc.status_code,
+                            headers=exc.headers)  # fmt: skip
 
     @app.exception_handler(InvalidInput)
     async def invalid_input(_request: Request, exc: InvalidInput) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=422)
+        return JSONResponse(body(422, str(exc)), status_code=422)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("internal error on %s %s", request.method, request.url.path)
+        detail = f"internal error ({type(exc).__name__}); the server's log has the traceback"
+        return JSONResponse(body(500, detail), status_code=500)
 
 
 def _unparsable(cause: BaseException | None) -> str | None:

@@ -21,9 +21,10 @@ class BodySizeLimit:
         self.max_bytes = max_bytes
 
     async def _reject(self, send: Any) -> None:
-        body = json.dumps(
-            {"detail": f"request body is larger than the server's limit of {self.max_bytes} bytes"}
-        ).encode()
+        from cache_server.api.problems import body as error_body
+
+        detail = f"request body is larger than the server's limit of {self.max_bytes} bytes"
+        body = json.dumps(error_body(413, detail)).encode()
         await send(
             {
                 "type": "http.response.start",

@@ -1,0 +1,112 @@
+"""One error shape for every 4xx and 5xx, and every status a route can return in its document.
+
+Every error answer is an :class:`ErrorBody` (``application/json``)::
+
+    {"status": 422, "detail": "body.key.problem: needs at least one parameter", "errors": [...]}
+
+``detail`` is one sentence a person can act on; ``errors`` lists each invalid field (its
+location, message and type) when the request did not validate, and is empty otherwise.
+:func:`document` adds the statuses a route can answer with, each with this model, to the OpenAPI
+document: 401 and 403 where a token is checked, 422 where there is anything to validate, 400 and
+413 where there is a body — beside the ones a route declares itself (404, 409, 429).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import Field
+
+from tunecache.schemas import _Strict
+
+
+class FieldError(_Strict):
+    """One field that did not validate."""
+
+    loc: list[str | int] = Field(description="where: 'body', 'query' or 'path', then the field")
+    msg: str = Field(description="what is wrong with it")
+    type: str = Field(description="pydantic's error type, e.g. 'missing', 'too_long'")
+
+
+class ErrorBody(_Strict):
+    """Every error answer of the API (4xx and 5xx)."""
+
+    status: int = Field(ge=400, le=599, description="the HTTP status, repeated")
+    detail: str = Field(description="what was wrong, in one sentence a person can act on")
+    errors: list[FieldError] = Field(
+        default_factory=list, description="each field that did not validate (422 only)"
+    )
+
+
+DESCRIPTIONS = {
+    400: "the body could not be parsed (not JSON, not UTF-8, nested too deeply)",
+    401: "no token, or one the server does not know (or that was revoked)",
+    403: "the token's scope does not allow this",
+    404: "not found",
+    409: "the request conflicts with the current state",
+    413: "the body is over the server's size limit",
+    422: "the request did not validate: `errors` names each field",
+    429: "over a rate limit: `Retry-After` says when to try again",
+    500: "an internal error (a bug: please report it)",
+}
+
+
+def body(status: int, detail: str, errors: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """An :class:`ErrorBody` as JSON."""
+    model = ErrorBody(status=status, detail=detail,
+                      errors=[FieldError(**e) for e in errors or []])  # fmt: skip
+    return model.model_dump(mode="json")
+
+
+def document(app: FastAPI) -> None:
+    """Makes ``app``'s OpenAPI document name, on every operation, each error status it can answer
+    with, each with :class:`ErrorBody` (a status a route declares keeps its description)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            add_errors(generate())
+        assert app.openapi_schema is not None
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def statuses(operation: dict[str, Any]) -> set[int]:
+    """The error statuses an operation can answer with, from what it takes."""
+    declared = {int(s) for s in operation.get("responses", {}) if str(s).isdigit()}
+    found = {500} | {s for s in declared if s >= 400}
+    if operation.get("security"):
+        found |= {401, 403}
+    if "requestBody" in operation:
+        found |= {400, 413, 422}
+    if operation.get("parameters"):
+        found.add(422)
+    return found
+
+
+def add_errors(schema: dict[str, Any]) -> None:
+    """Adds :class:`ErrorBody` and every operation's error statuses to an OpenAPI document."""
+    models = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.update(models.pop("$defs", {}))
+    components["ErrorBody"] = models
+    content = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            for status in sorted(statuses(operation)):
+                declared = responses.get(str(status), {})
+                responses[str(status)] = {
+                    "description": declared.get("description") or DESCRIPTIONS.get(status, "error"),
+                    "content": content,
+                }
+    referenced = json.dumps(schema.get("paths", {}))
+    for unused in ("HTTPValidationError", "ValidationError"):
+        if f'/{unused}"' not in referenced:
+            components.pop(unused, None)
+
+
+__all__ = ["DESCRIPTIONS", "ErrorBody", "FieldError", "add_errors", "body", "document"]

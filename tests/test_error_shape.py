@@ -1,0 +1,196 @@
+"""One error shape for every 4xx and 5xx, and every status a route answers with in its document.
+
+Against a real server on loopback (SQLite): requests that provoke each error status the API has
+— an unparsable body (400), no token or an unknown one (401), too small a scope (403), a missing
+thing (404), a conflict (409), a body over the limit (413), a request that does not validate and
+one the server refuses for a reason of its own (422), too many miss reports (429) — each answer is
+JSON that validates against the ``ErrorBody`` schema of the server's own ``/openapi.json``, repeats
+its status, and the status is documented on that operation with that schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jsonschema
+import pytest
+
+from tests.conftest import LiveServer, start_server
+from tests.factories import AUTH, make_key
+
+MAX_BODY = 4096
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    tmp = tmp_path_factory.mktemp("errors")
+    env = {"TUNECACHE_SERVER_MAX_BODY": str(MAX_BODY),
+           "TUNECACHE_SERVER_MISS_REPORTS_PER_MINUTE": "1"}  # fmt: skip
+    server = start_server(f"sqlite:///{tmp / 'c.db'}", tmp / "c.db", tmp / "log", env=env)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def document(live: LiveServer) -> dict[str, Any]:
+    spec: dict[str, Any] = httpx.get(f"{live.url}/openapi.json", timeout=30).json()
+    return spec
+
+
+def _reader(url: str) -> dict[str, str]:
+    answer = httpx.post(f"{url}/v1/tokens", json={"name": "reader", "scope": "read"},
+                        headers=AUTH, timeout=30)  # fmt: skip
+    assert answer.status_code == 201, answer.text
+    return {"Authorization": f"Bearer {answer.json()['token']}"}
+
+
+def _provoke(url: str) -> Iterator[tuple[str, str, int, httpx.Response]]:
+    """``(method, path template, expected status, answer)`` for every error status."""
+    http = httpx.Client(base_url=url, timeout=30)
+    key = make_key(m=77).to_json()
+    yield (
+        "POST",
+        "/v1/lookup",
+        400,
+        http.post(
+            "/v1/lookup",
+            content=b'{"key": "\xff"}',
+            headers={**AUTH, "content-type": "application/json"},
+        ),
+    )
+    yield "POST", "/v1/records", 401, http.post("/v1/records", json={})
+    yield (
+        "GET",
+        "/v1/tokens",
+        401,
+        http.get("/v1/tokens", headers={"Authorization": "Bearer tc_not_a_token"}),
+    )
+    yield "POST", "/v1/records", 403, http.post("/v1/records", json={}, headers=_reader(url))
+    yield "GET", "/v1/records/{record_id}", 404, http.get("/v1/records/999", headers=AUTH)
+    yield "POST", "/v1/lookup", 404, http.post("/v1/lookup", json={"key": key}, headers=AUTH)
+    yield "DELETE", "/v1/tokens/{token_id}", 409, http.delete("/v1/tokens/1", headers=AUTH)
+    yield (
+        "POST",
+        "/v1/records",
+        413,
+        http.post(
+            "/v1/records",
+            content=b"x" * (MAX_BODY + 1),
+            headers={**AUTH, "content-type": "application/json"},
+        ),
+    )
+    yield "POST", "/v1/lookup", 422, http.post("/v1/lookup", json={}, headers=AUTH)
+    yield "GET", "/v1/records", 422, http.get("/v1/records?limit=1001", headers=AUTH)
+    yield "POST", "/v1/jobs/{job_id}/complete", 422, _complete_with_no_record(http, key)
+    http.post("/v1/misses", json={"key": make_key(m=78).to_json()}, headers=AUTH)
+    yield (
+        "POST",
+        "/v1/misses",
+        429,
+        http.post("/v1/misses", json={"key": make_key(m=79).to_json()}, headers=AUTH),
+    )
+    http.close()
+
+
+def _complete_with_no_record(http: httpx.Client, key: dict[str, Any]) -> httpx.Response:
+    created = http.post("/v1/jobs", json={"key": key}, headers=AUTH)
+    assert created.status_code == 201, created.text
+    claimed = http.post(
+        "/v1/jobs/claim",
+        json={"worker": "w", "device_arch": key["device"]["arch"], "backends": [key["backend"]]},
+        headers=AUTH,
+    )
+    assert claimed.status_code == 200, claimed.text
+    job = claimed.json()
+    return http.post(
+        f"/v1/jobs/{job['id']}/complete",
+        json={"worker": "w", "record_id": 999},
+        headers=AUTH,
+    )
+
+
+def test_every_error_answer_has_the_one_documented_shape(
+    live: LiveServer, document: dict[str, Any]
+) -> None:
+    error_schema = {**document["components"]["schemas"]["ErrorBody"],
+                    "$defs": document["components"]["schemas"]}  # fmt: skip
+    validator = jsonschema.Draft202012Validator(
+        _local_refs(error_schema), format_checker=jsonschema.FormatChecker()
+    )
+    seen = set()
+    for method, path, status, answer in _provoke(live.url):
+        where = f"{method} {path} → {answer.status_code} {answer.text[:300]}"
+        assert answer.status_code == status, where
+        assert answer.headers["content-type"] == "application/json", where
+        body = answer.json()
+        validator.validate(body)
+        assert body["status"] == status and body["detail"].strip(), where
+        documented = document["paths"][path][method.lower()]["responses"]
+        assert str(status) in documented, f"{where}: not documented"
+        ref = documented[str(status)]["content"]["application/json"]["schema"]["$ref"]
+        assert ref == "#/components/schemas/ErrorBody", where
+        seen.add(status)
+    assert seen == {400, 401, 403, 404, 409, 413, 422, 429}
+
+
+def _local_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """The document's ``#/components/schemas/X`` refs as refs into ``$defs``."""
+    import json
+
+    text = json.dumps(schema).replace("#/components/schemas/", "#/$defs/")
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+def test_validation_and_refusal_422s_share_the_shape(live: LiveServer) -> None:
+    """Once two shapes under one status: a list of errors, or a string."""
+    invalid = httpx.post(f"{live.url}/v1/lookup", json={"key": {"kernel": 5}}, headers=AUTH,
+                         timeout=30).json()  # fmt: skip
+    refused = httpx.get(f"{live.url}/v1/records?limit=1001", headers=AUTH, timeout=30).json()
+    assert set(invalid) == set(refused) == {"status", "detail", "errors"}
+    assert isinstance(invalid["detail"], str) and "body.key" in invalid["detail"]
+    assert invalid["errors"] and all(set(e) == {"loc", "msg", "type"} for e in invalid["errors"])
+    assert refused["detail"] == "limit 1001 is over the server's maximum of 1000"
+    assert refused["errors"] == []
+
+
+def test_the_document_names_every_status_an_operation_can_answer(document: dict) -> None:
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            codes = set(operation["responses"])
+            where = f"{method.upper()} {path}: {sorted(codes)}"
+            assert "500" in codes, where
+            if operation.get("security"):
+                assert {"401", "403"} <= codes, where
+            if "requestBody" in operation:
+                assert {"400", "413", "422"} <= codes, where
+            if operation.get("parameters"):
+                assert "422" in codes, where
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+    assert "409" in document["paths"]["/v1/tokens/{token_id}"]["delete"]["responses"]
+    assert "429" in document["paths"]["/v1/misses"]["post"]["responses"]
+
+
+def test_an_unknown_path_and_a_wrong_method_answer_in_the_shape(live: LiveServer) -> None:
+    for answer, status in ((httpx.get(f"{live.url}/v1/nothing", timeout=30), 404),
+                           (httpx.put(f"{live.url}/v1/records", timeout=30), 405)):  # fmt: skip
+        assert answer.status_code == status
+        assert answer.json()["status"] == status and answer.json()["errors"] == []
+
+
+def test_the_client_reads_the_detail(tmp_path: Path, live: LiveServer) -> None:
+    from tunecache.client import Client
+    from tunecache.errors import ServerError
+
+    with Client(live.url, token="tc_not_a_token") as client, pytest.raises(ServerError) as err:
+        client.upload(_record())
+    assert err.value.status_code == 401 and "not known to this server" in str(err.value)
+
+
+def _record() -> Any:
+    from tests.factories import make_record
+
+    return make_record(make_key(m=80))
