@@ -21,17 +21,27 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
-    StrictInt,
     StrictStr,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from tunecache import examples
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput
 from tunecache.jsonsafe import INT64_MAX, json_problem
-from tunecache.key import BACKENDS, DTYPES, KEY_SCHEMA_VERSION, Key, check_problem, describe
+from tunecache.key import (
+    BACKENDS,
+    DTYPES,
+    KEY_SCHEMA_VERSION,
+    MAX_DIM,
+    MAX_FLAG_CHARS,
+    MAX_PARAMS,
+    Key,
+    check_problem,
+    describe,
+)
 
 MAX_TRIALS = 20_000
 MAX_CHECKS = 256
@@ -81,6 +91,22 @@ def _check_config(value: JSONObject) -> JSONObject:
     return checked
 
 
+# The constraints of ``tunecache.key.check_problem`` that JSON Schema can say (the document a
+# client is generated from); it also checks that one size is an integer, and the kernel's rules.
+ProblemName = Annotated[str, Field(min_length=1, max_length=128,
+                                   pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$")]  # fmt: skip
+ProblemValue = (
+    Annotated[int, Field(strict=True, ge=1, le=MAX_DIM)]
+    | StrictBool
+    | Annotated[StrictStr, Field(max_length=MAX_FLAG_CHARS)]
+)
+Problem = Annotated[
+    dict[ProblemName, ProblemValue],
+    Field(min_length=1, max_length=MAX_PARAMS, json_schema_extra={"additionalProperties": False}),
+]
+Dtype = Literal[DTYPES]  # type: ignore[valid-type]
+
+
 class DeviceModel(_Strict):
     kind: Literal["cpu", "cuda", "rocm"]
     arch: Name
@@ -105,8 +131,8 @@ class KeyModel(_Strict):
     kernel: Name
     source_hash: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[0-9a-f]+$")]
     backend: Backend
-    problem: dict[str, StrictInt | StrictBool | StrictStr]
-    dtype: str
+    problem: Problem
+    dtype: Dtype
     device: DeviceModel
     # Distribution name -> version (tunecache.environment).
     environment: Annotated[
@@ -119,7 +145,8 @@ class KeyModel(_Strict):
         Field(max_length=16),
     ]
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
+                              json_schema_extra={"examples": [examples.KEY]})  # fmt: skip
 
     @field_validator("schema_", mode="before")
     @classmethod
@@ -128,10 +155,10 @@ class KeyModel(_Strict):
             raise ValueError(f"key schema {describe(value)} is not {KEY_SCHEMA_VERSION}")
         return value
 
-    @field_validator("dtype")
+    @field_validator("dtype", mode="before")
     @classmethod
-    def _known_dtype(cls, value: str) -> str:
-        if value not in DTYPES:
+    def _known_dtype(cls, value: Any) -> Any:
+        if not isinstance(value, str) or value not in DTYPES:
             raise ValueError(f"unknown dtype {describe(value)}; expected one of {DTYPES}")
         return value
 
@@ -173,7 +200,7 @@ class TimingModel(_Strict):
 class CheckModel(_Strict):
     """One comparison of a candidate's output with the float64 golden reference."""
 
-    problem: dict[str, StrictInt | StrictBool | StrictStr]
+    problem: Problem
     seed: Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
     # ‖out − ref‖ / ‖ref‖; None when the output could not be compared (NaN, crash, wrong shape).
     rel_error: Error | None
@@ -264,6 +291,7 @@ class RecordCreate(_Strict):
     trials: Annotated[list[Trial], Field(max_length=MAX_TRIALS)] = []
     provenance: Provenance = Provenance()
 
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.RECORD]})
     _config_size = field_validator("config")(_check_config)
 
 
@@ -291,6 +319,8 @@ class UploadResult(_Strict):
 
 
 class LookupRequest(_Strict):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.LOOKUP]})
+
     key: KeyModel
     # Which environment versions may be served: strict (equal), compatible (same major.minor),
     # any. See tunecache.policies.
@@ -325,6 +355,8 @@ JobTrials = Annotated[int, Field(strict=True, ge=1, le=1_000_000)]
 
 
 class JobCreate(_Strict):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.JOB]})
+
     key: KeyModel
     priority: Annotated[int, Field(strict=True, ge=-1000, le=1000)] = 0
     max_attempts: Annotated[int, Field(strict=True, ge=1, le=100)] = 3
@@ -359,6 +391,8 @@ class JobEnqueued(_Strict):
 
 
 class ClaimRequest(_Strict):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.CLAIM]})
+
     worker: Annotated[str, Field(min_length=1, max_length=128)]
     lease_seconds: LeaseSeconds = 300.0
     # What the worker can run; unset: anything.

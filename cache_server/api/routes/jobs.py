@@ -44,7 +44,12 @@ def _held(job: JobRow | None, job_id: int) -> JobPublic:
     return public(job)
 
 
-@router.post("/jobs", status_code=status.HTTP_201_CREATED, dependencies=[WRITE])
+@router.post(
+    "/jobs",
+    status_code=status.HTTP_201_CREATED,
+    dependencies=[WRITE],
+    responses={200: {"model": JobEnqueued, "description": "the key's job, already queued"}},
+)
 def create_job(request: JobCreate, session: SessionDep, response: Response) -> JobEnqueued:
     """Queues a tuning job for a key; an existing job for the key is returned instead (200)."""
     job, created = jobs.enqueue(
