@@ -104,7 +104,8 @@ Problem = Annotated[
     dict[ProblemName, ProblemValue],
     Field(min_length=1, max_length=MAX_PARAMS, json_schema_extra={"additionalProperties": False}),
 ]
-Dtype = Literal[DTYPES]  # type: ignore[valid-type]
+# A string (a list is "not a valid string"), one of DTYPES (checked by KeyModel, naming them).
+Dtype = Annotated[str, Field(json_schema_extra={"enum": list(DTYPES)})]
 
 
 class DeviceModel(_Strict):
@@ -155,10 +156,10 @@ class KeyModel(_Strict):
             raise ValueError(f"key schema {describe(value)} is not {KEY_SCHEMA_VERSION}")
         return value
 
-    @field_validator("dtype", mode="before")
+    @field_validator("dtype")
     @classmethod
-    def _known_dtype(cls, value: Any) -> Any:
-        if not isinstance(value, str) or value not in DTYPES:
+    def _known_dtype(cls, value: str) -> str:
+        if value not in DTYPES:
             raise ValueError(f"unknown dtype {describe(value)}; expected one of {DTYPES}")
         return value
 
