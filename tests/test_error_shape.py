@@ -194,3 +194,16 @@ def _record() -> Any:
     from tests.factories import make_record
 
     return make_record(make_key(m=80))
+
+
+def test_links_name_the_resources_answers_make(document: dict) -> None:
+    """A generated client (or a stateful fuzzer) can follow an upload to its record, a claim to
+    the job's heartbeat, a new token to its revocation."""
+    ids = {op["operationId"] for ops in document["paths"].values() for op in ops.values()}
+    uploaded = document["paths"]["/v1/records"]["post"]["responses"]["201"]["links"]
+    assert uploaded["GetRecord"]["parameters"] == {"record_id": "$response.body#/record_id"}
+    claimed = document["paths"]["/v1/jobs/claim"]["post"]["responses"]["200"]["links"]
+    assert set(claimed) == {"Heartbeat", "Complete", "Fail"}
+    made = document["paths"]["/v1/tokens"]["post"]["responses"]["201"]["links"]
+    for link in (*uploaded.values(), *claimed.values(), *made.values()):
+        assert link["operationId"] in ids

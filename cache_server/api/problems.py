@@ -19,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import Field
 
+from cache_server.api.links import add_links
 from tunecache.schemas import _Strict
 
 
@@ -67,7 +68,9 @@ def document(app: FastAPI) -> None:
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            add_errors(generate())
+            schema = generate()
+            add_errors(schema)
+            add_links(schema)
         assert app.openapi_schema is not None
         return app.openapi_schema
 
