@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tunecache.timing import TimerSettings
+
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 LLAMA3_8B = {  # (N, K) of Llama-3-8B's projections: C[M, N] = A[M, K] @ W[K, N]
     "qkv": (6144, 4096),
@@ -72,7 +74,7 @@ def measure_ceilings() -> Ceilings:
     """The two ceilings, each the median of CUDA-event-timed runs on random data."""
     import torch
 
-    from tunecache.timing import TimerSettings, time_cuda
+    from tunecache.timing import time_cuda
 
     settings = TimerSettings(warmup=5, min_repeats=30, max_repeats=200, target_s=1.0)
     copy_bytes = 2**30  # 1 GiB of float32, read and written
@@ -97,14 +99,14 @@ def load_ceilings(path: Path | None) -> Ceilings:
     return measure_ceilings()
 
 
-TIMER_FULL = dict(warmup=10, min_repeats=30, max_repeats=500, target_s=0.3)
+TIMER_FULL = TimerSettings(warmup=10, min_repeats=30, max_repeats=500, target_s=0.3)
 
 
 def time_ms(fn: Callable[[], Any]) -> float:
     """The median milliseconds of ``fn()``: CUDA events, L2 flushed before each run."""
-    from tunecache.timing import TimerSettings, time_cuda
+    from tunecache.timing import time_cuda
 
-    return time_cuda(fn, TimerSettings(**TIMER_FULL)).median_ms  # type: ignore[arg-type]
+    return time_cuda(fn, TIMER_FULL).median_ms
 
 
 def rel_error(out: Any, ref: Any) -> float:

@@ -44,6 +44,7 @@ from bench.gpu.common import (
     time_ms,
     write_table,
 )
+from tunecache.timing import TimerSettings
 
 GEMM_MS = (16, 128, 2048, 8192)
 ROW_KEYS: tuple[tuple[str, dict[str, int], str], ...] = (
@@ -116,7 +117,7 @@ def inductor(fn: Any, inputs: tuple[Any, ...]) -> tuple[Any, float]:
     return compiled, time.perf_counter() - start
 
 
-SEARCH_TIMER = dict(warmup=2, min_repeats=10, max_repeats=100, target_s=0.05)
+SEARCH_TIMER = TimerSettings(warmup=2, min_repeats=10, max_repeats=100, target_s=0.05)
 
 
 def tune_key(plan: Plan, harness: Any, trials: int, seconds: float, client: Any = None,
@@ -128,12 +129,11 @@ def tune_key(plan: Plan, harness: Any, trials: int, seconds: float, client: Any 
     """
     from backends import Budget
     from tunecache import key_for
-    from tunecache.timing import TimerSettings
     from tuner.tune import TuneOptions, tune
 
     key = key_for(plan.kernel, "triton", plan.problem, plan.dtype)
     ref = None if backend is None else f"{type(backend).__module__}:{type(backend).__qualname__}"
-    options = TuneOptions(timer=TimerSettings(**SEARCH_TIMER), backend_ref=ref)  # type: ignore[arg-type]
+    options = TuneOptions(timer=SEARCH_TIMER, backend_ref=ref)
     started = time.perf_counter()
     outcome = tune(key, Budget(trials=trials, seconds=seconds), options, harness=harness,
                    backend=backend, cache=client)  # fmt: skip

@@ -14,6 +14,7 @@ split-K), the best found is compared with the landscape's optimum.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import time
@@ -78,27 +79,25 @@ def run(args: argparse.Namespace) -> int:
 
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp, embedded_server(Path(tmp) / "c.db") as (
-        url, token), Client(url, token=token) as client:  # fmt: skip
-        harness = Harness(workers=args.workers)
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        url, token = stack.enter_context(embedded_server(Path(tmp) / "c.db"))
+        client = stack.enter_context(Client(url, token=token))
+        harness = stack.enter_context(Harness(workers=args.workers))
         start_s = time.perf_counter() - started
-        try:
-            for plan in KEYS:
-                outcome, wall = tune_key(plan, harness, args.trials, 1e9, client)
-                workload = get_workload(plan.kernel)
-                inputs = tuple(t.cuda() for t in workload.make_inputs(plan.problem, plan.dtype, 7))
-                run = TritonBackend().build(workload, plan.problem, plan.dtype,
-                                            outcome.record.config)  # fmt: skip
-                ms, error = check_and_time(run, inputs, workload.reference(*inputs),
-                                           workload.output_shape(plan.problem), True)  # fmt: skip
-                optimum = landscape_best(plan)
-                rows.append({"label": f"{plan.kernel} {plan.label}", "trials": len(outcome.trials),
-                             "tune_s": wall, "per_config_s": wall / max(1, len(outcome.trials)),
-                             "best_ms": ms, "error": error, "optimum_ms": optimum,
-                             "config": TritonBackend().summarize(outcome.record.config)})  # fmt: skip
-                print(rows[-1], flush=True)
-        finally:
-            harness.close()
+        backend = TritonBackend()
+        for plan in KEYS:
+            outcome, wall = tune_key(plan, harness, args.trials, 1e9, client)
+            workload = get_workload(plan.kernel)
+            inputs = tuple(t.cuda() for t in workload.make_inputs(plan.problem, plan.dtype, 7))
+            winner = backend.build(workload, plan.problem, plan.dtype, outcome.record.config)
+            ms, error = check_and_time(winner, inputs, workload.reference(*inputs),
+                                       workload.output_shape(plan.problem), True)  # fmt: skip
+            rows.append({"label": f"{plan.kernel} {plan.label}", "trials": len(outcome.trials),
+                         "tune_s": wall, "per_config_s": wall / max(1, len(outcome.trials)),
+                         "best_ms": ms, "error": error, "optimum_ms": landscape_best(plan),
+                         "config": backend.summarize(outcome.record.config)})  # fmt: skip
+            print(rows[-1], flush=True)
     table = markdown(
         ["key", "trials", "tune s", "s per config", "best found ms", "landscape optimum ms",
          "optimum / found", "config"],
