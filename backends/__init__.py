@@ -12,6 +12,7 @@ from backends.base import (
     Runnable,
     SearchRequest,
     SearchResult,
+    Target,
     Trial,
 )
 from tunecache.errors import lookup
@@ -49,6 +50,7 @@ __all__ = [
     "Runnable",
     "SearchRequest",
     "SearchResult",
+    "Target",
     "Trial",
     "backend_names",
     "get_backend",

@@ -14,6 +14,7 @@ A runnable takes the workload's CPU input tensors and returns a fresh output ten
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,12 +25,13 @@ from tunecache.schemas import Trial, TrialStatus
 if TYPE_CHECKING:
     import torch
 
+    from tunecache.device import DeviceLimits
     from tunecache.space import SearchSpace
     from workloads.base import Workload
 
 Runnable = Callable[..., "torch.Tensor"]
 __all__ = ["Backend", "Budget", "Progress", "ProgressFn", "Runnable", "SearchRequest",
-           "SearchResult", "Trial", "TrialStatus"]  # fmt: skip
+           "SearchResult", "Target", "Trial", "TrialStatus"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,27 @@ class Budget:
             raise ValueError(f"budget seconds must be > 0, got {self.seconds}")
         if self.patience is not None and self.patience < 1:
             raise ValueError(f"budget patience must be >= 1, got {self.patience}")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a backend's candidates compile for, when a process without the device can compile
+    them (a compile farm ahead of the one process that times): ``cuda`` ``sm_90`` with its
+    per-block limits, which a compiled candidate must fit.
+    """
+
+    kind: str
+    arch: str
+    limits: DeviceLimits
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "arch": self.arch, "limits": dataclasses.asdict(self.limits)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Target:
+        from tunecache.device import DeviceLimits
+
+        return cls(data["kind"], data["arch"], DeviceLimits(**data["limits"]))
 
 
 @dataclass(frozen=True)
@@ -147,6 +170,36 @@ class Backend(abc.ABC):
         self, workload: Workload, problem: Mapping[str, int], dtype: str, config: Mapping[str, Any]
     ) -> Runnable:
         """A runnable for ``config`` (a config ``search`` returned, or the default config)."""
+
+    def compile_target(self) -> Target | None:
+        """The target a CPU-only process can compile this backend's candidates for, ahead of
+        their timing on the device (:meth:`compile_ahead`), or ``None`` when they compile where
+        they run."""
+        return None
+
+    def compile_ahead(
+        self,
+        workload: Workload,
+        problem: Mapping[str, int],
+        dtype: str,
+        config: Mapping[str, Any],
+        target: Target,
+    ) -> dict[str, int]:
+        """Compiles ``config`` for ``target`` in this process, which has no device, leaving the
+        result where :meth:`build`'s runnable will load it from without compiling (a shared
+        cache); returns facts about the compiled code (``{"shared": bytes}``).
+
+        Raises:
+            InvalidInput: ``config`` is outside the space (the reason is in the message).
+            NotImplementedError: the backend has no :meth:`compile_target`.
+            Exception: the compiler's own error.
+        """
+        raise NotImplementedError(f"{self.name} does not compile ahead of its device")
+
+    def compiles(self) -> int | None:
+        """How many compiles this process has run for the backend so far (the compile farm's
+        check that its timing process compiles nothing), or ``None`` when it does not count."""
+        return None
 
     @abc.abstractmethod
     def summarize(self, config: Mapping[str, Any]) -> str:

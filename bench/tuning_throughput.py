@@ -3,9 +3,12 @@
 1. **Compile throughput for ``sm_90``** with 1, 2 and all cores: the ``matmul`` kernel's configs
    at a Llama-3-8B shape compiled by Triton's compiler for an H100 (``GPUTarget("cuda", 90,
    32)``; no GPU needed), each process with its own empty cache; configs per second.
+   The same through the harness's compile farm (:mod:`tuner.harness.farm`: the product's path,
+   each config compiled by a launch in compile-only mode, answers over pipes).
 2. **Harness overhead per candidate**: a batch of candidates whose build and run are trivial,
    through the harness's worker processes (build, check against the reference, time); the wall
-   time per candidate beyond its timed runs.
+   time per candidate beyond its timed runs. The same through the compile farm and the one
+   timing process (a candidate "compiled ahead" instantly).
 3. **Time to first result** of a new key: with a cold harness (worker processes started for it)
    and a warm one (started before, serving another key already), for the trivial backend and
    for the Triton ``matmul`` kernel (in Triton's interpreter on a CPU).
@@ -28,7 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from backends import Backend, Runnable
+from backends import Backend, Runnable, Target
 from bench.report import write_result
 from tunecache.cli.table import render
 from tunecache.space import Config, SearchSpace
@@ -84,6 +87,50 @@ def compile_throughput(configs: list[dict[str, int]], workers: int) -> tuple[flo
     return len(each) / wall, sum(each) / len(each)
 
 
+def farm_throughput(configs: list[dict[str, int]], workers: int) -> float:
+    """Configs per second the harness's compile farm compiles for sm_90 with ``workers``
+    processes (after a first compile per process, untimed), into an empty Triton cache."""
+    from backends.base import Target
+    from backends.triton import DeviceLimits
+    from tuner.harness import Task
+    from tuner.harness.farm import CompileFarm
+
+    task = Task(backend="triton", workload="matmul", problem=SHAPE, dtype="bfloat16",
+                device="cuda", target=Target("cuda", "sm_90", DeviceLimits.H100))  # fmt: skip
+    warm = [{**configs[0], "GROUP_M": g} for g in (1, 2, 4, 8, 16, 32)][:workers]
+    with tempfile.TemporaryDirectory() as cache:
+        previous = os.environ.get("TRITON_CACHE_DIR")
+        os.environ["TRITON_CACHE_DIR"] = cache  # the farm's processes inherit it
+        farm = CompileFarm(workers=workers, timeout=600, start_timeout=180)
+        try:
+            _drain(farm, task, warm)
+            started = time.perf_counter()
+            _drain(farm, task, configs[1:])
+            return (len(configs) - 1) / (time.perf_counter() - started)
+        finally:
+            farm.close()
+            if previous is None:
+                os.environ.pop("TRITON_CACHE_DIR")
+            else:
+                os.environ["TRITON_CACHE_DIR"] = previous
+
+
+def _drain(farm: Any, task: Any, configs: list[dict[str, int]]) -> None:
+    """Submits ``configs`` to ``farm`` and waits for every answer, which must be ``ok``."""
+    from multiprocessing.connection import wait
+
+    from tunecache.canonical import canonical_json
+
+    farm.submit(task, configs)
+    labels = [canonical_json(c) for c in configs]
+    while labels:
+        farm.service(wait(farm.busy(), 1.0))
+        while (label := farm.arrived(task, labels)) is not None:
+            labels.remove(label)
+            answer = farm.take(task, label)
+            assert answer["status"] == "ok", answer
+
+
 def gemm_configs(count: int) -> list[dict[str, int]]:
     from backends.triton import DeviceLimits
     from backends.triton.spaces import gemm_space
@@ -115,26 +162,43 @@ class Trivial(Backend):
         return f"variant {config.get('variant')}"
 
 
-def _task(backend: str, workload: str, problem: dict[str, int], timer: Any) -> Any:
+class TrivialFarmed(Trivial):
+    """:class:`Trivial` compiled "ahead" in the compile farm, instantly."""
+
+    def compile_target(self) -> Target | None:
+        from backends.triton import DeviceLimits
+
+        return Target("cuda", "sm_90", DeviceLimits.H100)
+
+    def compile_ahead(self, workload: Any, problem: Mapping[str, int], dtype: str,
+                      config: Mapping[str, Any], target: Target) -> dict[str, int]:  # fmt: skip
+        return {"kernels": 1, "shared": 0}
+
+
+def _task(backend: str, workload: str, problem: dict[str, int], timer: Any,
+          target: Target | None = None) -> Any:  # fmt: skip
     from tuner.harness import Task
 
     ref = "tunecache.timing:time_cpu"
     return Task(backend=backend, workload=workload, problem=problem, dtype="float32",
-                timer=timer, timer_ref=ref)  # fmt: skip
+                timer=timer, timer_ref=ref, target=target)  # fmt: skip
 
 
-def harness_overhead(candidates: int, workers: int) -> tuple[float, float]:
-    """``(ms of overhead per candidate, the slowest candidate's median ms per run)``."""
+def harness_overhead(candidates: int, workers: int, farm: bool = False) -> tuple[float, float]:
+    """``(ms of overhead per candidate, the slowest candidate's median ms per run)``, through
+    the compile farm and the one timing process with ``farm``."""
     from tunecache.timing import TimerSettings
     from tuner.harness import Harness
 
     # one warm-up, one sizing call, five timed samples of one call each: at most 7 calls
     timer = TimerSettings(warmup=1, min_repeats=5, max_repeats=5, min_sample_s=0, target_s=0)
-    task = _task("bench.tuning_throughput:Trivial", "softmax", {"M": 8, "N": 64}, timer)
+    backend = TrivialFarmed() if farm else Trivial()
+    ref = f"bench.tuning_throughput:{type(backend).__name__}"
+    task = _task(ref, "softmax", {"M": 8, "N": 64}, timer, backend.compile_target())
     configs = [Config.of({"variant": i}) for i in range(candidates)]
     with Harness(workers=workers) as harness:
         bench = harness.benchmarker(task)
-        bench.evaluate(configs[:workers])  # set-up and the first round, untimed
+        bench.evaluate(configs[:workers])  # set-up and the first round (the farm's start), untimed
         started = time.perf_counter()
         trials = bench.evaluate(configs[workers:])
         wall = time.perf_counter() - started
@@ -194,10 +258,19 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([f"compile for sm_90, {workers} process(es)", f"{rate:.2f} configs/s",
                      f"{rate / one:.2f}x one process; {each:.2f} s per compile"])  # fmt: skip
         print(rows[-1], flush=True)
-    overhead, timed = harness_overhead(args.candidates, workers=2)
-    rows.append(["harness overhead per candidate (2 workers)", f"{overhead:.1f} ms",
-                 f"wall per candidate, its runs included (≤ 7 of ≤ {timed:.3f} ms each)"])  # fmt: skip
-    print(rows[-1], flush=True)
+    farm_one = 0.0
+    for workers in sorted({1, 2, cores}):
+        rate = farm_throughput(configs, workers)
+        farm_one = farm_one or rate
+        rows.append([f"compile for sm_90 in the compile farm, {workers} process(es)",
+                     f"{rate:.2f} configs/s", f"{rate / farm_one:.2f}x one process"])  # fmt: skip
+        print(rows[-1], flush=True)
+    for farm in (False, True):
+        overhead, timed = harness_overhead(args.candidates, workers=2, farm=farm)
+        how = "the compile farm + 1 timing process" if farm else "2 workers"
+        rows.append([f"harness overhead per candidate ({how})", f"{overhead:.1f} ms",
+                     f"wall per candidate, its runs included (≤ 7 of ≤ {timed:.3f} ms each)"])  # fmt: skip
+        print(rows[-1], flush=True)
     for backend, workload, problem in (
         ("bench.tuning_throughput:Trivial", "softmax", {"M": 8, "N": 64}),
         ("triton", "matmul", {"M": 64, "N": 64, "K": 64}),

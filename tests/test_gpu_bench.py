@@ -129,8 +129,10 @@ def test_the_tuning_throughput_bench_runs_each_measure_small() -> None:
     assert len(configs) == 3 and all("SPLIT_K" in c for c in configs)
     rate, each = bench.compile_throughput(configs, workers=1)  # real compiles for sm_90
     assert rate > 0 and each > 0
-    overhead, timed = bench.harness_overhead(candidates=6, workers=2)
-    assert overhead > 0 and timed >= 0
+    assert bench.farm_throughput(configs, workers=1) > 0  # through the compile farm
+    for farm in (False, True):
+        overhead, timed = bench.harness_overhead(candidates=6, workers=2, farm=farm)
+        assert overhead > 0 and timed >= 0
     assert bench.first_result("bench.tuning_throughput:Trivial", "softmax", {"M": 8, "N": 64},
                               warm=True) > 0  # fmt: skip
 
@@ -139,4 +141,6 @@ def test_the_gpu_throughput_dry_run_finds_the_h100_landscape_optimum(capsys) -> 
     assert gpu_throughput.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "qkv M=16    space" in out and "landscape optimum 0.02781 ms" in out
-    assert "3 keys x 200 trials" in out
+    assert "3 keys x 200 trials" in out and "compiled in the compile farm" in out
+    assert gpu_throughput.main(["--dry-run", "--no-farm", "--workers", "4"]) == 0
+    assert "4 workers, compiled each in its timing worker" in capsys.readouterr().out

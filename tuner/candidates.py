@@ -91,7 +91,8 @@ def search_space(
         emit(f"prior: {len(prior)} configs scored by neighbouring keys' trials in the cache")
     searcher = get_strategy(strategy, space, seed=seed, warm_start=warm_start, prior=prior)
     log = run_search(searcher, bench.evaluate, request.budget, batch_size=bench.parallelism,
-                     progress=request.progress, after=bench.seconds_after_search)  # fmt: skip
+                     progress=request.progress, after=bench.seconds_after_search,
+                     prefetch=bench.prefetch if bench.pipelined else None)  # fmt: skip
     failures = [t.status for t in log.trials if t.status != "ok"]
     emit(f"searched {len(log)} configs ({log.stopped_because}); {len(failures)} failed")
     ranked = [config.to_json() for config, _ in log.ranked()[:RETIME_TOP]]

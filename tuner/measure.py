@@ -87,6 +87,17 @@ class Benchmarker(abc.ABC):
         """Checks and times one config (any JSON config; ``None``: the kernel's torch eager
         function)."""
 
+    @property
+    def pipelined(self) -> bool:
+        """Whether :meth:`prefetch` starts work: the search then asks for its next batch before
+        the current one is measured, so compiling it overlaps the timing."""
+        return False
+
+    def prefetch(self, configs: list[Config]) -> None:
+        """Says ``configs`` are the next batch to :meth:`evaluate` (``[]``: there is none after
+        all), so their compiles can start now. Here: nothing to start."""
+        return None
+
     def seconds_after_search(self) -> float:
         """What re-timing, validating and timing the baselines of a winner will take, from the
         builds and measurements seen so far (0 until there are some)."""

@@ -61,6 +61,10 @@ class TuneOptions:
         workers: harness worker processes when :func:`tune` starts its own (default: CPUs).
         run_timeout: seconds one candidate's check and timing may take before it is killed.
         backend_ref: how the workers import an injected backend (``"module:Class"``).
+        compile_ahead: compile candidates in the harness's compile farm, on every core and
+            ahead of the one process that times them, when the backend can compile without the
+            device (Triton on a GPU: :meth:`backends.base.Backend.compile_target`); ``False``:
+            each compiles in the worker that times it.
     """
 
     strategy: str | None = None
@@ -73,6 +77,7 @@ class TuneOptions:
     run_timeout: float = 60.0
     workdir: Path | None = None
     backend_ref: str | None = None
+    compile_ahead: bool = True
 
 
 @dataclass
@@ -83,6 +88,7 @@ class TuneOutcome:
     record: RecordCreate
     rejected: list[Any]  # ValidationReports of candidates that failed validation, in order
     trials: list[Trial]  # every measured candidate, with its spread where kept
+    timer_compiles: int = 0  # compiles run in the processes that timed (the farm keeps it 0)
 
 
 def default_workdir() -> Path:
@@ -179,7 +185,8 @@ def tune(
     request = SearchRequest(workload, _problem(key), key.dtype, budget, progress)
     task = Task(backend=options.backend_ref or backend.name, workload=key.kernel,
                 problem=dict(key.problem), dtype=key.dtype, device=key.device.kind,
-                timer=options.timer, timer_ref=options.timer_ref)  # fmt: skip
+                timer=options.timer, timer_ref=options.timer_ref,
+                target=backend.compile_target() if options.compile_ahead else None)  # fmt: skip
     emit(f"with {strategy} ({budget.trials} trials)")
     started = time.perf_counter()
     deadline = None if budget.seconds is None else time.monotonic() + budget.seconds
@@ -208,7 +215,8 @@ def tune(
                f"{min(searched):.4g} ms)" if searched else "")  # fmt: skip
     emit(f"{winner.timing.median_ms:.4g} ms{retimed}, validated "
          f"(max error {winner.report.max_rel_error:.2e})", phase="done")  # fmt: skip
-    return TuneOutcome(key, record, winner.rejected, [*found.trials, *winner.trials])
+    return TuneOutcome(key, record, winner.rejected, [*found.trials, *winner.trials],
+                       timer_compiles=bench.timer_compiles)  # fmt: skip
 
 
 def build_record(

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from backends.base import Backend, Runnable, import_failure
+from backends.base import Backend, Runnable, Target, import_failure
 from backends.triton.limits import DeviceLimits, current_limits
 from backends.triton.settings import INTERPRET_VAR, interpret_enabled
 from tunecache.errors import InvalidInput
@@ -146,6 +146,50 @@ class TritonBackend(Backend):
         if reason is not None:
             raise InvalidInput(f"triton config {chosen} for {workload.name}: {reason}")
         return TritonRunnable(workload, chosen)
+
+    def compile_target(self) -> Target | None:
+        """This CUDA device's architecture and limits (the compile farm's target), or ``None``
+        under the interpreter and without a GPU."""
+        import torch
+
+        if interpret_enabled() or not torch.cuda.is_available():
+            return None
+        from tunecache.device import local_device
+
+        device = local_device("cuda")
+        return Target("cuda", device.fingerprint.arch, current_limits())
+
+    def compile_ahead(
+        self,
+        workload: Workload,
+        problem: Mapping[str, int],
+        dtype: str,
+        config: Mapping[str, Any],
+        target: Target,
+    ) -> dict[str, int]:
+        """Compiles ``config``'s kernels for ``target`` into Triton's cache, where the timing
+        process's first launch finds them (:mod:`backends.triton.ahead`).
+
+        Raises:
+            InvalidInput: ``config`` is outside the space for ``target``'s limits.
+        """
+        from backends.triton.ahead import compile_for
+
+        space = self.space(workload, problem, dtype, target.limits)
+        chosen = space.complete(Config.from_json(config))
+        if (reason := space.prune_reason(chosen)) is not None:
+            raise InvalidInput(f"triton config {chosen} for {workload.name}: {reason}")
+        return compile_for(workload, workload.problem(problem), dtype, chosen, target)
+
+    def compiles(self) -> int | None:
+        """Triton compiles this process has run (cache hits do not count); counting starts at
+        the first call."""
+        if interpret_enabled():
+            return 0
+        from backends.triton.ahead import compiles, count_compiles
+
+        count_compiles()
+        return compiles()["compiled"]
 
     def summarize(self, config: Mapping[str, Any]) -> str:
         """``128x256x64 g8 w8 s3`` for GEMMs (``16x64x128 g8 k4 w4 s3`` splitting K 4 ways),

@@ -21,7 +21,9 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from backends.triton.settings import INTERPRET_VAR, interpret_enabled
@@ -52,6 +54,24 @@ def mode_mismatch() -> str | None:
     return None
 
 
+_COMPILING: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "compile_only", default=None
+)
+
+
+@contextlib.contextmanager
+def compile_only() -> Iterator[list[Any]]:
+    """Inside the block, a :class:`LazyKernel` launch compiles its kernel (through the same
+    ``JITFunction.run`` a launch takes, so with the same specialisation and cache key) and
+    launches nothing; the compiled kernels are appended to the list it yields."""
+    compiled: list[Any] = []
+    token = _COMPILING.set(compiled)
+    try:
+        yield compiled
+    finally:
+        _COMPILING.reset(token)
+
+
 class LazyKernel:
     """A Python function that becomes a Triton kernel on its first launch."""
 
@@ -78,7 +98,17 @@ class LazyKernel:
         return found
 
     def __getitem__(self, grid: Any) -> Any:
-        return self.jit()[grid]
+        jitted = self.jit()
+        compiled = _COMPILING.get()
+        if compiled is None:
+            return jitted[grid]
+
+        def compile_launch(*args: Any, **kwargs: Any) -> Any:
+            kernel = jitted.run(*args, grid=grid, warmup=True, **kwargs)
+            compiled.append(kernel)
+            return kernel
+
+        return compile_launch
 
     def __repr__(self) -> str:
         return f"LazyKernel({self.__name__})"

@@ -121,11 +121,12 @@ SEARCH_TIMER = TimerSettings(warmup=2, min_repeats=10, max_repeats=100, target_s
 
 
 def tune_key(plan: Plan, harness: Any, trials: int, seconds: float, client: Any = None,
-             backend: Any = None) -> tuple[Any, float]:  # fmt: skip
+             backend: Any = None, compile_ahead: bool = True) -> tuple[Any, float]:  # fmt: skip
     """``(outcome, wall seconds)`` of tunecache's own tune of ``plan``'s key on this GPU.
 
     ``backend`` replaces the Triton backend (a restricted space); its workers import it by
-    ``module:Class``.
+    ``module:Class``. ``compile_ahead=False`` compiles each candidate in the worker that times
+    it instead of the compile farm.
     """
     from backends import Budget
     from tunecache import key_for
@@ -133,7 +134,7 @@ def tune_key(plan: Plan, harness: Any, trials: int, seconds: float, client: Any 
 
     key = key_for(plan.kernel, "triton", plan.problem, plan.dtype)
     ref = None if backend is None else f"{type(backend).__module__}:{type(backend).__qualname__}"
-    options = TuneOptions(timer=SEARCH_TIMER, backend_ref=ref)
+    options = TuneOptions(timer=SEARCH_TIMER, backend_ref=ref, compile_ahead=compile_ahead)
     started = time.perf_counter()
     outcome = tune(key, Budget(trials=trials, seconds=seconds), options, harness=harness,
                    backend=backend, cache=client)  # fmt: skip

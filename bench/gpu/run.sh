@@ -3,7 +3,8 @@
 #     bash bench/gpu/run.sh STEP...
 # STEPs, run in order: tests (the GPU-marked tests and the Triton kernel tests on the GPU),
 # ceilings, gemm-bf16, gemm-fp16, rows, startup, decode (M = 1, 8, 16), decode2 (M = 32, 64),
-# throughput (200-config tunes: wall time per key). Each step's output goes to $OUT/log.txt;
+# throughput (200-config tunes through the compile farm: wall time per key), throughput-no-farm
+# (the same, each candidate compiled in its timing worker). Each step's output goes to $OUT/log.txt;
 # the tables to $OUT. A step that fails does not stop the next. Needs the carried wheels
 # (../shared/gpu/prepare.sh swagger-ui-bundle-v2; carry [".whl"]).
 set -u
@@ -44,6 +45,9 @@ for step in "$@"; do
         | grep -v "^|" ;;
     throughput)
       timeout $(( $(left) - 10 )) python3 -m bench.gpu.tuning_throughput 2>&1 | tee -a "$log" ;;
+    throughput-no-farm)
+      timeout $(( $(left) - 10 )) python3 -m bench.gpu.tuning_throughput --no-farm 2>&1 \
+        | tee -a "$log" ;;
     *) echo "unknown step $step" | tee -a "$log" ;;
   esac
 done

@@ -12,6 +12,13 @@ recording a candidate that raises, segfaults, or outlives its timeout as failed 
 answer never gets a time, so it can never win. The daemon keeps one harness for every key it tunes:
 workers start once (:attr:`Harness.started` counts them).
 
+A task with a compile ``target`` (Triton on a GPU) goes another way: its candidates compile in
+the :class:`~tuner.harness.farm.CompileFarm`, on every core and without the GPU, and one worker
+(``TIMER``, the only one that sets the task up and touches the device) checks and times each as
+it arrives, loading it from the compiler's cache; the search's next batch compiles meanwhile
+(:meth:`HarnessBenchmarker.prefetch`). :attr:`HarnessBenchmarker.timer_compiles` counts what the
+timing processes compiled all the same.
+
 Example:
     >>> with Harness(workers=2) as harness:  # doctest: +SKIP
     ...     trials = harness.benchmarker(task).evaluate(list(space.configs())[:8])
@@ -19,57 +26,33 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
+import json
 import logging
-import multiprocessing
 import os
-import signal
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from multiprocessing.connection import wait
 from typing import Any
 
 from tunecache.canonical import canonical_json
 from tunecache.errors import TuningError
 from tunecache.schemas import CheckModel, Trial, ValidationReport
 from tunecache.space import Config
+from tuner.harness.farm import CompileFarm
+from tuner.harness.processes import Slot, await_ready, death, kill, start_worker, stop
 from tuner.harness.task import Task
-from tuner.harness.worker import worker_main
 from tuner.measure import Benchmarker, Measurement
 
 logger = logging.getLogger(__name__)
-_CONTEXT = multiprocessing.get_context("spawn")  # no fork: CUDA and thread pools don't survive it
 _EAGER = "torch_eager"  # marks a request that times torch eager (or sets a task up)
+TIMER = 0  # the worker that times a farm-compiled task's candidates (the only one set up)
 ConfigJSON = Mapping[str, Any]
 
 
 def _label(config: ConfigJSON | None) -> str:
     """A config's identity in the pool: its canonical JSON."""
     return _EAGER if config is None else canonical_json(dict(config))
-
-
-@dataclass
-class _Slot:
-    process: BaseProcess
-    conn: Connection
-    config: str | None = None  # the request in flight (its config's label)
-    deadline: float = 0.0
-    tasks: set[str] = field(default_factory=set)  # tasks this process has set up
-    built: set[tuple[str, str]] = field(default_factory=set)  # (task, config label) it compiled
-
-
-def _death(process: BaseProcess) -> str:
-    process.join(timeout=1)
-    code = process.exitcode
-    if code is not None and code < 0:
-        try:
-            return f"worker killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"worker killed by signal {-code}"
-    return f"worker exited with code {code}"
 
 
 class Harness:
@@ -97,6 +80,7 @@ class Harness:
         self.failures: Counter[str] = Counter()
         self.started = 0  # worker processes started, replacements included
         self.replaced = 0
+        self._farm: CompileFarm | None = None
         count = max(1, workers or os.cpu_count() or 1)
         self._slots = [self._start() for _ in range(count)]
         for slot in self._slots:
@@ -112,44 +96,31 @@ class Harness:
         return HarnessBenchmarker(self, task)
 
     # -- worker lifecycle -----------------------------------------------------------------
-    def _start(self) -> _Slot:
-        parent, child = _CONTEXT.Pipe()
-        process = _CONTEXT.Process(target=worker_main, args=(child,), daemon=True)
-        process.start()
-        child.close()
+    def _start(self) -> Slot:
         self.started += 1
-        return _Slot(process=process, conn=parent)
+        return start_worker()
 
-    def _await_ready(self, slot: _Slot) -> None:
-        if not slot.conn.poll(self.start_timeout):
-            self._kill(slot)
-            raise TuningError(f"a measurement worker did not start in {self.start_timeout:g} s")
-        try:
-            slot.conn.recv()
-        except EOFError:
-            raise TuningError(
-                f"a measurement worker died at start: {_death(slot.process)}"
-            ) from None
-
-    def _kill(self, slot: _Slot) -> None:
-        if slot.process.is_alive():
-            slot.process.kill()
-        slot.process.join(timeout=5)
-        slot.conn.close()
+    def _await_ready(self, slot: Slot) -> None:
+        await_ready(slot, self.start_timeout)
 
     def _replace(self, index: int) -> None:
-        self._kill(self._slots[index])
+        kill(self._slots[index])
         self.replaced += 1
         self._slots[index] = self._start()
         self._await_ready(self._slots[index])
 
+    @property
+    def farm(self) -> CompileFarm:
+        """The compile farm, started on first use (as many processes as workers)."""
+        if self._farm is None:
+            self._farm = CompileFarm(workers=self.workers, timeout=self.build_timeout,
+                                     start_timeout=self.start_timeout)  # fmt: skip
+        return self._farm
+
     def close(self) -> None:
-        for slot in self._slots:
-            with contextlib.suppress(OSError, ValueError):
-                slot.conn.send({"op": "stop"})
-        for slot in self._slots:
-            slot.process.join(timeout=5)
-            self._kill(slot)
+        stop(self._slots)
+        if self._farm is not None:
+            self._farm.close()
 
     def __enter__(self) -> Harness:
         return self
@@ -210,7 +181,7 @@ class Harness:
             answer: dict[str, Any] = slot.conn.recv()
         except (EOFError, OSError):
             status = "compile_error" if phase == "build" else "runtime_error"
-            answer = {"status": status, "error": f"{_death(slot.process)} during {phase}"}
+            answer = {"status": status, "error": f"{death(slot.process)} during {phase}"}
             self._replace(index)
             return answer
         if device == "cuda" and answer["status"] == "runtime_error":
@@ -265,6 +236,60 @@ class Harness:
                 self._slots[i].config = None
         return answers
 
+    def measure_compiled(
+        self, task: Task, configs: Sequence[ConfigJSON], cutoff: Callable[[], float | None]
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Checks and times the farm-compiled ``configs`` of ``task`` on the timing worker, each
+        as soon as the farm has compiled it (submitting those not submitted yet), with the
+        ``cutoff()`` of the moment; yields ``(label, answer)`` in the order they finish.
+
+        A config that did not compile is answered by the farm (``compile_error``, ``invalid``,
+        ``timeout``); one timed is answered by the timing worker, with ``compile_s`` (its
+        farm compile's seconds) and ``measure_s`` (the check and timing's wall time) added.
+        """
+        farm, task_id = self.farm, task.digest()
+        by_label = {_label(c): dict(c) for c in configs}
+        farm.submit(task, by_label.values())
+        waiting, compile_s, sent = list(by_label), 0.0, 0.0
+        while waiting or self._slots[TIMER].config is not None:
+            timer = self._slots[TIMER]
+            if timer.config is None and (label := farm.arrived(task, waiting)) is not None:
+                waiting.remove(label)
+                compiled = farm.take(task, label)
+                if compiled["status"] != "ok":
+                    yield label, compiled
+                    continue
+                self._set_up(TIMER, task, task_id)
+                compile_s, sent = float(compiled.get("seconds", 0.0)), time.monotonic()
+                self._send(TIMER, task, {"op": "measure", "cutoff_ms": cutoff()}, by_label[label],
+                           self.run_timeout)  # fmt: skip
+                continue
+            busy = farm.busy() + ([timer.conn] if timer.config is not None else [])
+            if not busy:  # compiled and taken before (an earlier batch had it): compile again
+                farm.submit(task, [by_label[label] for label in waiting])
+                busy = farm.busy()
+            soonest = min(d for d in (farm.deadline(), timer.deadline if timer.config else None)
+                          if d is not None)  # fmt: skip
+            ready = wait(busy, max(0.0, soonest - time.monotonic()))
+            farm.service(ready)
+            label = timer.config
+            if label is None:
+                continue
+            if timer.conn in ready:
+                answer = self._collect(TIMER, "measure", task.device)
+            elif time.monotonic() >= timer.deadline:
+                answer = self._expire(TIMER, "measure")
+            else:
+                continue
+            self._slots[TIMER].config = None
+            if answer["status"] == "ok":
+                self._slots[TIMER].built.add((task_id, label))
+            yield label, {**answer, "compile_s": compile_s, "measure_s": time.monotonic() - sent}
+
+    def timer_has(self, task: Task, config: ConfigJSON) -> bool:
+        """Whether the timing worker has loaded ``config`` of ``task`` already."""
+        return (task.digest(), _label(config)) in self._slots[TIMER].built
+
     def request(
         self, task: Task, op: str, config: ConfigJSON | None, **extra: Any
     ) -> dict[str, Any]:
@@ -275,6 +300,7 @@ class Harness:
         """
         task_id, label = task.digest(), _label(config)
         index = next((i for i, s in enumerate(self._slots) if (task_id, label) in s.built), None)
+        compiles = 0
         if index is None:
             index = 0
             self._set_up(index, task, task_id)
@@ -282,9 +308,13 @@ class Harness:
                 answer = self._call(index, task, {"op": "build"}, config, self.build_timeout)
                 if answer["status"] != "ok":
                     return answer
+                compiles = int(answer.get("compiles", 0))
                 self._slots[index].built.add((task_id, label))
         timeout = self.run_timeout + (self.build_timeout if op == "validate" else 0.0)
-        return self._call(index, task, {"op": op, **extra}, config, timeout)
+        answer = self._call(index, task, {"op": op, **extra}, config, timeout)
+        if compiles:
+            answer["compiles"] = answer.get("compiles", 0) + compiles
+        return answer
 
 
 # What follows a search, in builds and measurements: re-timing the top 3; validating the winner
@@ -305,10 +335,33 @@ class HarnessBenchmarker(Benchmarker):
         self._build_s: list[float] = []  # one build's seconds, per batch
         self._measure_s: list[float] = []
         self.best_ms: float | None = None  # the fastest searched candidate so far
+        self.timer_compiles = 0  # compiles run in the processes that time (not the farm's)
 
     @property
     def parallelism(self) -> int:
         return self.harness.workers
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether candidates compile in the farm, ahead of the one process that times them
+        (the task has a compile ``target``)."""
+        return self.task.target is not None
+
+    def prefetch(self, configs: list[Config]) -> None:
+        """Starts compiling ``configs``, the search's next batch, in the farm while the current
+        batch is timed; ``[]`` drops what is still queued (the search stopped)."""
+        if not self.pipelined:
+            return
+        if configs:
+            self.harness.farm.submit(self.task, [c.to_json() for c in configs])
+        else:
+            self.harness.farm.cancel(self.task)
+
+    def _cutoff(self) -> float | None:
+        return None if self.best_ms is None else CUT_SLOWER_THAN * self.best_ms
+
+    def _count(self, answer: Mapping[str, Any]) -> None:
+        self.timer_compiles += int(answer.get("compiles", 0))
 
     def seconds_after_search(self) -> float:
         if not self._measure_s:
@@ -321,8 +374,12 @@ class HarnessBenchmarker(Benchmarker):
         """Checks and times ``config`` at length (re-timings, baselines) or, with
         ``cutoff_ms``, cut short when it is slower than that."""
         started = time.monotonic()
-        answer = self.harness.request(self.task, "measure", config, cutoff_ms=cutoff_ms)
+        if self.pipelined and config is not None and not self.harness.timer_has(self.task, config):
+            [(_, answer)] = self.harness.measure_compiled(self.task, [config], lambda: cutoff_ms)
+        else:
+            answer = self.harness.request(self.task, "measure", config, cutoff_ms=cutoff_ms)
         self._measure_s.append(time.monotonic() - started)
+        self._count(answer)
         return Measurement.from_json(answer)
 
     def validate(self, config: ConfigJSON, seeds: Sequence[int]) -> ValidationReport:
@@ -332,6 +389,8 @@ class HarnessBenchmarker(Benchmarker):
         return failed_report(self.task, seeds, f"{answer['status']}: {answer.get('error', '')}")
 
     def evaluate(self, configs: list[Config]) -> list[Trial]:
+        if self.pipelined:
+            return self._evaluate_compiled(configs)
         started = time.monotonic()
         built = self.harness.build_all(self.task, configs)
         if configs:  # builds run in parallel: each worker built about this many, one at a time
@@ -340,17 +399,35 @@ class HarnessBenchmarker(Benchmarker):
         trials = []
         for config in configs:
             answer = built[_label(config.to_json())]
-            cutoff = None if self.best_ms is None else CUT_SLOWER_THAN * self.best_ms
-            measured = self.measure(config.to_json(), cutoff) if answer["status"] == "ok" else None
-            if measured is None:
+            self._count(answer)
+            if answer["status"] == "ok":
+                measured = self.measure(config.to_json(), self._cutoff())
+            else:
                 measured = Measurement.from_json(answer)
-            if not measured.ok:
-                self.harness.failures[measured.status] += 1
-                logger.info("candidate %s: %s: %s", config, measured.status, measured.error)
-            elif measured.time_ms is not None:
-                self.best_ms = min(self.best_ms or measured.time_ms, measured.time_ms)
-            trials.append(measured.trial(config.to_json()))
+            trials.append(self._note(config.to_json(), measured))
         return trials
+
+    def _evaluate_compiled(self, configs: list[Config]) -> list[Trial]:
+        """Times each config as soon as the farm has compiled it."""
+        found: dict[str, Trial] = {}
+        answers = self.harness.measure_compiled(self.task, [c.to_json() for c in configs],
+                                                self._cutoff)  # fmt: skip
+        for label, answer in answers:
+            if "measure_s" in answer:
+                self._build_s.append(answer["compile_s"])
+                self._measure_s.append(answer["measure_s"])
+            self._count(answer)
+            found[label] = self._note(json.loads(label), Measurement.from_json(answer))
+        return [found[_label(c.to_json())] for c in configs]
+
+    def _note(self, config: ConfigJSON, measured: Measurement) -> Trial:
+        """``measured`` as ``config``'s trial, counted (failures) or kept (the best time)."""
+        if not measured.ok:
+            self.harness.failures[measured.status] += 1
+            logger.info("candidate %s: %s: %s", config, measured.status, measured.error)
+        elif measured.time_ms is not None:
+            self.best_ms = min(self.best_ms or measured.time_ms, measured.time_ms)
+        return measured.trial(config)
 
 
 def failed_report(task: Task, seeds: Sequence[int], note: str) -> ValidationReport:

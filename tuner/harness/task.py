@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from backends import Backend, get_backend
+from backends.base import Target
 from tunecache.canonical import digest
 from tunecache.errors import InvalidInput
 from tunecache.timing import TimerSettings
@@ -44,6 +45,9 @@ class Task:
         timer_ref: ``"module:function"`` of a timer ``(fn, settings) -> TimingModel`` to use
             instead of the device's (tests time interpreter kernels this way); ``None``: CUDA
             events on ``cuda``, ``perf_counter`` on ``cpu``.
+        target: what candidates compile for in the harness's compile farm, ahead of the one
+            process that times them (:meth:`backends.base.Backend.compile_target`); ``None``:
+            each candidate compiles in the worker that times it.
     """
 
     backend: str
@@ -54,13 +58,16 @@ class Task:
     seed: int = 1  # inputs for the correctness check and the timing; never zeros
     timer: TimerSettings = field(default_factory=TimerSettings)
     timer_ref: str | None = None
+    target: Target | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Task:
-        return cls(**{**data, "timer": TimerSettings(**data["timer"])})
+        target = data.get("target")
+        return cls(**{**data, "timer": TimerSettings(**data["timer"]),
+                      "target": None if target is None else Target.from_json(target)})  # fmt: skip
 
     def digest(self) -> str:
         """The task's identity (what a worker caches its set-up and builds under)."""

@@ -15,6 +15,14 @@ Requests and answers are plain dicts over a ``multiprocessing`` pipe:
   the same way; a candidate slower than ``cutoff_ms`` is cut short
 * ``{"op": "validate", "task": {...}, "config": {...}, "seeds": [...]}`` →
   ``{"status": "ok", "report": {...}}``: the full golden-reference validation, in the worker
+* ``{"op": "compile", "task": {...}, "config": {...}}`` → ``{"status": "ok", "seconds": s,
+  "shared": bytes, ...}``: the compile farm's request, which needs no set-up (no inputs, no
+  reference, no device): the config compiled for the task's ``target``; ``invalid`` when the
+  compiled kernel needs more shared memory than the target allows, ``compile_error`` when it
+  does not compile
+
+A build or measurement answer carries ``"compiles"``: the compiles the backend ran in this process
+while answering (where the backend counts them), which the compile farm keeps at zero.
 
 A task that cannot be set up (an unknown kernel, a backend that fails to import) is answered
 ``{"status": "setup_error", "error": ...}``.
@@ -22,8 +30,11 @@ A task that cannot be set up (an unknown kernel, a backend that fails to import)
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tuner.harness.measurer import Measurer, describe
@@ -67,8 +78,49 @@ def _release(device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def _compile(request: dict[str, Any]) -> dict[str, Any]:
+    """Compiles the request's config for its task's target (see the module's docstring)."""
+    from tuner.harness.task import Task, resolve_backend
+    from workloads import get_workload
+
+    started = time.perf_counter()
+    try:
+        task = Task.from_json(request["task"])
+        if task.target is None:
+            raise ValueError("a compile request needs a task with a target")
+        facts = resolve_backend(task.backend).compile_ahead(
+            get_workload(task.workload), task.problem, task.dtype, request["config"], task.target
+        )
+    except Exception as exc:
+        return {"status": "compile_error", "error": describe(exc)}
+    limit = task.target.limits.max_shared_memory_per_block
+    if facts.get("shared", 0) > limit:
+        why = (f"the compiled kernel uses {facts['shared']} bytes of shared memory; "
+               f"{task.target.arch} allows {limit} per block (read from the compiled code; "
+               "never launched)")  # fmt: skip
+        return {"status": "invalid", "error": why}
+    return {"status": "ok", "seconds": time.perf_counter() - started, **facts}
+
+
+def _counting_compiles(measurer: Measurer, answer: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``answer()``, with ``"compiles"``: how many the backend ran meanwhile, where it counts."""
+    before = measurer.backend.compiles()
+    result = answer()
+    after = measurer.backend.compiles()
+    if before is not None and after is not None:
+        result["compiles"] = after - before
+    return result
+
+
+def _build(measurer: Measurer, config: dict[str, Any]) -> dict[str, Any]:
+    failed = measurer.try_build(config)
+    return {"status": "ok"} if failed is None else failed.to_json()
+
+
 def _answer(tasks: _Tasks, request: dict[str, Any]) -> dict[str, Any]:
     op = request.get("op")
+    if op == "compile":
+        return _compile(request)
     try:
         measurer = tasks.get(request["task"])
     except Exception as exc:
@@ -76,18 +128,27 @@ def _answer(tasks: _Tasks, request: dict[str, Any]) -> dict[str, Any]:
     if op == "setup":
         return {"status": "ok"}
     if op == "build":
-        failed = measurer.try_build(request["config"])
-        return {"status": "ok"} if failed is None else failed.to_json()
+        return _counting_compiles(measurer, lambda: _build(measurer, request["config"]))
     if op == "measure":
-        return measurer.measure(request["config"], request.get("cutoff_ms")).to_json()
+        config, cutoff = request["config"], request.get("cutoff_ms")
+        return _counting_compiles(measurer, lambda: measurer.measure(config, cutoff).to_json())
     if op == "validate":
         report = measurer.validate(request["config"], request["seeds"])
         return {"status": "ok", "report": report.model_dump(mode="json")}
     return {"status": "invalid", "error": f"unknown request {op!r}"}
 
 
-def worker_main(conn: Connection) -> None:
-    """The worker process's loop: answer requests until told to stop."""
+def worker_main(conn: Connection, env: Mapping[str, str | None] | None = None) -> None:
+    """The worker process's loop: answer requests until told to stop.
+
+    ``env`` changes the process's environment first, before anything is imported (``None``
+    removes a variable): the compile farm's processes run without the Triton interpreter.
+    """
+    for name, value in (env or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     # Ctrl-C reaches the whole process group: the parent stops the workers, which must not
     # print tracebacks of their own meanwhile.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

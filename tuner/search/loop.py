@@ -9,6 +9,11 @@ trials that did not improve the best time, or the strategy having nothing left t
 the work that follows the search (re-timing, validation, baselines) will take, and the loop
 starts no batch that, at the last batch's seconds per candidate, would leave less than that.
 
+With ``prefetch`` the loop is pipelined: it asks for the next batch and hands it to ``prefetch``
+(which starts compiling it) before it evaluates the current one, so the strategy hears of a
+batch's results one batch later; a batch prefetched when the search stops is dropped
+(``prefetch([])``).
+
 Example:
     >>> from backends.base import Budget, Trial
     >>> from tunecache.space import SearchSpace
@@ -99,6 +104,7 @@ def run_search(
     progress: ProgressFn | None = None,
     clock: Callable[[], float] = time.monotonic,
     after: Callable[[], float] | None = None,
+    prefetch: Callable[[list[Config]], None] | None = None,
 ) -> SearchLog:
     """Asks ``strategy`` for configs, measures them with ``evaluate``, and tells it the results.
 
@@ -111,6 +117,8 @@ def run_search(
         clock: seconds, monotonic; injectable for tests.
         after: the seconds of work still to come within ``budget.seconds`` after the search
             (see the module's docstring).
+        prefetch: told each batch before the one ahead of it is evaluated (see the module's
+            docstring).
 
     Returns:
         The log of every evaluated config and why the loop stopped.
@@ -125,12 +133,24 @@ def run_search(
     best: float | None = None
     stale = 0  # consecutive trials that did not improve ``best``
     per_candidate = 0.0  # seconds, as the last batch took them
+    next_batch: tuple[list[Config], bool] | None = None  # asked and prefetched already
     while True:
         size = min(batch_size, budget.trials - len(log))
         ahead = per_candidate * size + (after() if after is not None else 0.0)
         reason = _should_stop(log, budget, stale, clock() - started, ahead)
         if reason is None:
-            batch, exhausted = _ask_batch(strategy, size)
+            if next_batch is None:
+                batch, exhausted = _ask_batch(strategy, size)
+                if prefetch is not None and batch:
+                    prefetch(batch)
+            else:
+                batch, exhausted = next_batch
+            next_batch = None
+            room = min(batch_size, budget.trials - len(log) - len(batch))
+            if prefetch is not None and not exhausted and room > 0:
+                next_batch = _ask_batch(strategy, room)
+                if next_batch[0]:
+                    prefetch(next_batch[0])
             began = clock()
             trials = evaluate(batch) if batch else []
             if batch:
@@ -149,6 +169,8 @@ def run_search(
                 progress(Progress(len(log), budget.trials, best, f"{log.strategy}: {batch[-1]}"))
             reason = "exhausted" if exhausted else None
         if reason is not None:
+            if prefetch is not None and next_batch is not None and next_batch[0]:
+                prefetch([])
             log.stopped_because = reason
             break
     log.seconds = clock() - started

@@ -1,0 +1,149 @@
+"""The compile farm: CPU-only processes that compile candidates ahead of the one that times them.
+
+A backend that can compile for its device without the device (``Backend.compile_target``: Triton
+for an ``sm_90``) has its candidates compiled here, on every core, while the harness's timing
+process checks and times the ones already compiled. A farm process never sets a task up (no
+inputs, no reference) and never sees the GPU (``CUDA_VISIBLE_DEVICES`` is empty there, and the
+Triton interpreter is off); what it compiles lands in the compiler's cache on disk, where the
+timing process loads it from.
+
+The farm is asynchronous: :meth:`CompileFarm.submit` queues configs and hands them to idle
+processes, :meth:`CompileFarm.service` takes the answers of those that finished (a process that
+dies or outlives ``timeout`` is replaced; its config answered ``compile_error`` or ``timeout``),
+and :meth:`CompileFarm.take` hands an answer over, in the order answers arrived.
+
+Example:
+    >>> farm = CompileFarm(workers=4, timeout=300.0, start_timeout=180.0)  # doctest: +SKIP
+    >>> farm.submit(task, [config.to_json() for config in batch])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from multiprocessing.connection import Connection
+from typing import Any
+
+from tunecache.canonical import canonical_json
+from tuner.harness.processes import Slot, await_ready, death, kill, start_worker, stop
+from tuner.harness.task import Task
+
+FARM_ENV: dict[str, str | None] = {"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": ""}
+
+
+class CompileFarm:
+    """Compile processes shared by every key of a harness.
+
+    Args:
+        workers: processes compiling in parallel.
+        timeout: seconds one compile may take before its process is killed.
+        start_timeout: seconds a process may take to start.
+    """
+
+    def __init__(self, *, workers: int, timeout: float, start_timeout: float) -> None:
+        self.timeout = timeout
+        self.start_timeout = start_timeout
+        self.started = 0
+        self.replaced = 0
+        self._queue: deque[tuple[Task, str, str, dict[str, Any]]] = deque()
+        self._done: dict[tuple[str, str], dict[str, Any]] = {}  # (task, label) → answer
+        self._slots = [self._start() for _ in range(max(1, workers))]
+        for slot in self._slots:
+            await_ready(slot, start_timeout)
+
+    @property
+    def workers(self) -> int:
+        return len(self._slots)
+
+    def _start(self) -> Slot:
+        self.started += 1
+        return start_worker(FARM_ENV)
+
+    def _replace(self, index: int) -> None:
+        kill(self._slots[index])
+        self.replaced += 1
+        self._slots[index] = self._start()
+        await_ready(self._slots[index], self.start_timeout)
+
+    def close(self) -> None:
+        stop(self._slots)
+
+    # -- the queue --------------------------------------------------------------------------
+    def _known(self, task_id: str) -> set[str]:
+        queued = {label for _, t, label, _ in self._queue if t == task_id}
+        running = {s.config for s in self._slots if s.task == task_id and s.config is not None}
+        return queued | running | {label for t, label in self._done if t == task_id}
+
+    def submit(self, task: Task, configs: Iterable[Mapping[str, Any]]) -> None:
+        """Queues ``configs`` of ``task`` (those not queued, compiling or compiled already) and
+        starts what idle processes can take."""
+        task_id = task.digest()
+        known = self._known(task_id)
+        for config in configs:
+            label = canonical_json(dict(config))
+            if label not in known:
+                known.add(label)
+                self._queue.append((task, task_id, label, dict(config)))
+        self._dispatch()
+
+    def cancel(self, task: Task, keep: Iterable[Mapping[str, Any]] = ()) -> None:
+        """Drops ``task``'s queued configs but ``keep`` (those compiling finish; their answers
+        wait unclaimed until :meth:`forget`)."""
+        task_id, kept = task.digest(), {canonical_json(dict(c)) for c in keep}
+        self._queue = deque(q for q in self._queue if q[1] != task_id or q[2] in kept)
+
+    def forget(self, task: Task) -> None:
+        """Drops everything queued and answered for ``task``."""
+        task_id = task.digest()
+        self.cancel(task)
+        self._done = {k: v for k, v in self._done.items() if k[0] != task_id}
+
+    def _dispatch(self) -> None:
+        for slot in self._slots:
+            if slot.config is None and self._queue:
+                task, task_id, label, config = self._queue.popleft()
+                slot.task, slot.config = task_id, label
+                slot.deadline = time.monotonic() + self.timeout
+                slot.conn.send({"op": "compile", "task": task.to_json(), "config": config})
+
+    # -- answers ----------------------------------------------------------------------------
+    def busy(self) -> list[Connection]:
+        """The pipes of processes compiling now (to wait on)."""
+        return [s.conn for s in self._slots if s.config is not None]
+
+    def deadline(self) -> float | None:
+        """When the soonest compile running now times out, or ``None`` if none is running."""
+        return min((s.deadline for s in self._slots if s.config is not None), default=None)
+
+    def service(self, ready: Iterable[object] = ()) -> None:
+        """Takes the answers on ``ready`` pipes, times out overdue compiles, starts queued ones."""
+        ready = set(ready)
+        for index, slot in enumerate(self._slots):
+            if slot.config is None or slot.task is None:
+                continue
+            key = (slot.task, slot.config)
+            if slot.conn in ready:
+                try:
+                    self._done[key] = slot.conn.recv()
+                except (EOFError, OSError):
+                    why = f"{death(slot.process)} during compile"
+                    self._done[key] = {"status": "compile_error", "error": why}
+                    self._replace(index)
+            elif time.monotonic() >= slot.deadline:
+                why = f"compile took longer than {self.timeout:g} s"
+                self._done[key] = {"status": "timeout", "error": why}
+                self._replace(index)
+            else:
+                continue
+            self._slots[index].task = self._slots[index].config = None
+        self._dispatch()
+
+    def arrived(self, task: Task, labels: Iterable[str]) -> str | None:
+        """The first of ``labels`` whose answer arrived (in arrival order), or ``None``."""
+        task_id, wanted = task.digest(), set(labels)
+        return next((label for t, label in self._done if t == task_id and label in wanted), None)
+
+    def take(self, task: Task, label: str) -> dict[str, Any]:
+        """The answer for ``label`` (which :meth:`arrived` named), handed over once."""
+        return self._done.pop((task.digest(), label))

@@ -1,0 +1,89 @@
+"""Worker processes of the harness: started by spawn, told apart by their pipes, killed at will.
+
+Both kinds of harness process run :func:`~tuner.harness.worker.worker_main`: the measurement
+workers (:mod:`tuner.harness.pool`) and the compile farm's (:mod:`tuner.harness.farm`), which
+start with an environment of their own (no Triton interpreter, no GPU).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+from tunecache.errors import TuningError
+from tuner.harness.worker import worker_main
+
+_CONTEXT = multiprocessing.get_context("spawn")  # no fork: CUDA and thread pools don't survive it
+
+
+@dataclass
+class Slot:
+    """One worker process and what it is doing."""
+
+    process: BaseProcess
+    conn: Connection
+    config: str | None = None  # the request in flight (its config's label)
+    deadline: float = 0.0
+    tasks: set[str] = field(default_factory=set)  # tasks this process has set up
+    built: set[tuple[str, str]] = field(default_factory=set)  # (task, config label) it compiled
+    task: str | None = None  # the task of the request in flight (the farm's)
+
+
+def start_worker(env: Mapping[str, str | None] | None = None) -> Slot:
+    """A new worker process; ``env`` changes its environment before it imports anything
+    (``None`` removes a variable)."""
+    parent, child = _CONTEXT.Pipe()
+    process = _CONTEXT.Process(target=worker_main, args=(child, dict(env or {})), daemon=True)
+    process.start()
+    child.close()
+    return Slot(process=process, conn=parent)
+
+
+def await_ready(slot: Slot, timeout: float) -> None:
+    """Waits for a new worker's hello.
+
+    Raises:
+        TuningError: it did not start within ``timeout`` seconds, or died starting.
+    """
+    if not slot.conn.poll(timeout):
+        kill(slot)
+        raise TuningError(f"a measurement worker did not start in {timeout:g} s")
+    try:
+        slot.conn.recv()
+    except EOFError:
+        raise TuningError(f"a measurement worker died at start: {death(slot.process)}") from None
+
+
+def kill(slot: Slot) -> None:
+    if slot.process.is_alive():
+        slot.process.kill()
+    slot.process.join(timeout=5)
+    slot.conn.close()
+
+
+def stop(slots: list[Slot]) -> None:
+    """Asks every worker to stop, then kills those that do not within 5 s."""
+    import contextlib
+
+    for slot in slots:
+        with contextlib.suppress(OSError, ValueError):
+            slot.conn.send({"op": "stop"})
+    for slot in slots:
+        slot.process.join(timeout=5)
+        kill(slot)
+
+
+def death(process: BaseProcess) -> str:
+    """Why a worker process ended, in a few words."""
+    process.join(timeout=1)
+    code = process.exitcode
+    if code is not None and code < 0:
+        try:
+            return f"worker killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"worker killed by signal {-code}"
+    return f"worker exited with code {code}"
