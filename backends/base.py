@@ -196,6 +196,12 @@ class Backend(abc.ABC):
         """
         raise NotImplementedError(f"{self.name} does not compile ahead of its device")
 
+    def out_of_resources(self, exc: BaseException) -> str | None:
+        """Why ``exc``, raised by a candidate's runnable, means the candidate does not fit the
+        device, found as its code was loaded and before anything ran (it is recorded
+        ``invalid``, like a config pruned by the space), or ``None`` for any other failure."""
+        return None
+
     def compiles(self) -> int | None:
         """How many compiles this process has run for the backend so far (the compile farm's
         check that its timing process compiles nothing), or ``None`` when it does not count."""

@@ -97,7 +97,7 @@ def farm_throughput(configs: list[dict[str, int]], workers: int) -> float:
 
     task = Task(backend="triton", workload="matmul", problem=SHAPE, dtype="bfloat16",
                 device="cuda", target=Target("cuda", "sm_90", DeviceLimits.H100))  # fmt: skip
-    warm = [{**configs[0], "GROUP_M": g} for g in (1, 2, 4, 8, 16, 32)][:workers]
+    warm = [c for c in gemm_configs(len(configs) + workers, offset=1) if c not in configs][:workers]
     with tempfile.TemporaryDirectory() as cache:
         previous = os.environ.get("TRITON_CACHE_DIR")
         os.environ["TRITON_CACHE_DIR"] = cache  # the farm's processes inherit it
@@ -131,13 +131,14 @@ def _drain(farm: Any, task: Any, configs: list[dict[str, int]]) -> None:
             assert answer["status"] == "ok", answer
 
 
-def gemm_configs(count: int) -> list[dict[str, int]]:
+def gemm_configs(count: int, offset: int = 0) -> list[dict[str, int]]:
+    """``count + 1`` configs spread over the space (``offset`` shifts them by that many)."""
     from backends.triton import DeviceLimits
     from backends.triton.spaces import gemm_space
 
     space = list(gemm_space(SHAPE, "bfloat16", DeviceLimits.H100).configs())
     step = max(1, len(space) // (count + 1))
-    return [c.to_json() for c in space[::step][: count + 1]]  # type: ignore[misc]
+    return [c.to_json() for c in space[offset::step][: count + 1]]  # type: ignore[misc]
 
 
 # -- 2, 3. the harness ------------------------------------------------------------------------
@@ -286,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
         f"the matmul kernel's configs at {SHAPE} bf16, {len(configs) - 1} timed compiles per "
         "run (a first compile per process warms imports, untimed)",
         "the harness's timer here: perf_counter (CPU), five timed calls per candidate",
+        "the compile farm's rows compile through the kernel's launch in compile-only mode (M, N, "
+        "K and strides specialised as a launch does, answers over pipes); the rows above it call "
+        "triton.compile with every integer unspecialised",
     ]
     write_result("tuning_throughput", "Tuning throughput (compile, harness, first result)",
                  notes, table)  # fmt: skip

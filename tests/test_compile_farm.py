@@ -207,16 +207,15 @@ def marks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield path
 
 
-def farmed_tune(compile_ahead: bool) -> Any:
-    options = TuneOptions(
-        timer_ref="tunecache.timing:time_cpu",
-        compile_ahead=compile_ahead,
-        backend_ref="tests.test_compile_farm:FarmedTriton",
-        strategy="random",
-    )
+def farmed_tune(compile_ahead: bool, said: list[str] | None = None) -> Any:
+    options = TuneOptions(timer_ref="tunecache.timing:time_cpu", compile_ahead=compile_ahead,
+                          backend_ref="tests.test_compile_farm:FarmedTriton",
+                          strategy="random")  # fmt: skip
     key = key_for("matmul", "triton", PROBLEM, "float32")
+    progress = None if said is None else (lambda p: said.append(p.message))
     with Harness(workers=2) as harness:
-        return tune(key, Budget(trials=6), options, harness=harness, backend=FarmedTriton())
+        return tune(key, Budget(trials=6), options, harness=harness, backend=FarmedTriton(),
+                    progress=progress)  # fmt: skip
 
 
 @pytest.mark.slow
@@ -224,10 +223,13 @@ def farmed_tune(compile_ahead: bool) -> Any:
 def test_a_farm_compiled_candidate_is_timed_with_zero_compiles_in_the_timing_process(
     marks: Path,
 ) -> None:
-    outcome = farmed_tune(compile_ahead=True)
+    said: list[str] = []
+    outcome = farmed_tune(compile_ahead=True, said=said)
     timed = [t for t in outcome.trials if t.status == "ok"]
     assert len(timed) >= 6 and outcome.record.validation.passed
     assert outcome.timer_compiles == 0
+    farm = "compiled ahead in the compile farm (2 processes); 0 compiles in the timing process"
+    assert any(farm in message for message in said), said
     assert len(list(marks.iterdir())) >= 6  # compiled, all of them, by the farm
 
 
@@ -248,11 +250,11 @@ def test_the_search_prefetches_its_next_batch_before_the_current_one_is_timed() 
     events: list[tuple[str, list[int]]] = []
 
     def evaluate(configs: list[Config]) -> list[Trial]:
-        events.append(("evaluate", [c["BLOCK"] for c in configs]))
+        events.append(("evaluate", [int(c["BLOCK"]) for c in configs]))
         return [Trial(config=c.to_json(), status="ok", time_ms=float(c["BLOCK"])) for c in configs]
 
     def prefetch(configs: list[Config]) -> None:
-        events.append(("prefetch", [c["BLOCK"] for c in configs]))
+        events.append(("prefetch", [int(c["BLOCK"]) for c in configs]))
 
     log = run_search(get_strategy("exhaustive", space), evaluate, Budget(trials=7),
                      batch_size=2, prefetch=prefetch)  # fmt: skip
@@ -277,7 +279,43 @@ def test_a_batch_prefetched_when_the_search_stops_is_dropped() -> None:
         evaluate,
         Budget(trials=40, patience=4),
         batch_size=2,
-        prefetch=lambda cs: prefetched.append([c["BLOCK"] for c in cs]),
+        prefetch=lambda cs: prefetched.append([int(c["BLOCK"]) for c in cs]),
     )
     assert log.stopped_because == "patience" and len(log) == 6
     assert prefetched[-1] == [] and prefetched[-2] == [7, 8]  # asked, never evaluated
+
+
+# -- out of resources at load ---------------------------------------------------------------
+
+
+class LoadFails(TritonBackend):
+    """Triton whose every kernel fails as it loads: with Triton's ``OutOfResources`` (how a
+    GPU reports a kernel whose registers leave too few threads per block) for a config of 4
+    warps, with any other error for the rest."""
+
+    def build(self, workload: Any, problem: Any, dtype: str, config: Any) -> Any:
+        from triton.runtime.errors import OutOfResources
+
+        warps = int(config["num_warps"])
+
+        def launch(*inputs: Any, out: Any = None) -> Any:
+            if warps == 4:
+                raise OutOfResources(warps * 32, 96, "threads")
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+        return launch
+
+
+def test_a_kernel_out_of_resources_at_load_is_invalid_not_a_runtime_error() -> None:
+    from tuner.harness import InProcessBenchmarker
+
+    task = Task(backend="tests.test_compile_farm:LoadFails", workload="softmax",
+                problem={"M": 8, "N": 64}, dtype="float32",
+                timer_ref="tunecache.timing:time_cpu")  # fmt: skip
+    base = {"BLOCK_N": 64, "ROWS_PER_PROGRAM": 1, "num_stages": 1}
+    trials = InProcessBenchmarker(task).evaluate(
+        [Config.from_json({**base, "num_warps": 4}), Config.from_json({**base, "num_warps": 2})]
+    )
+    assert [t.status for t in trials] == ["invalid", "runtime_error"]
+    assert "out of resource: threads, Required: 128, Hardware limit: 96" in trials[0].error
+    assert "never launched" in trials[0].error

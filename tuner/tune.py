@@ -208,6 +208,9 @@ def tune(
             )  # fmt: skip
         winner = select_winner(bench, found, default=_default(workload, key),
                                seeds=options.seeds, emit=emit, deadline=deadline)  # fmt: skip
+        if bench.pipelined:
+            emit(f"compiled ahead in the compile farm ({harness.farm.workers} processes); "
+                 f"{bench.timer_compiles} compiles in the timing process")  # fmt: skip
     seconds = time.perf_counter() - started
     record = build_record(key, backend, strategy, found, winner, seconds)
     searched = [t.time_ms for t in found.trials if t.time_ms is not None]

@@ -181,6 +181,16 @@ class TritonBackend(Backend):
             raise InvalidInput(f"triton config {chosen} for {workload.name}: {reason}")
         return compile_for(workload, workload.problem(problem), dtype, chosen, target)
 
+    def out_of_resources(self, exc: BaseException) -> str | None:
+        """Triton's ``OutOfResources``: raised as a compiled kernel loads, when it needs more
+        shared memory, or (through its registers) more threads, than the device gives one
+        block; nothing was launched."""
+        from triton.runtime.errors import OutOfResources
+
+        if isinstance(exc, OutOfResources):
+            return f"{exc} (found as the kernel loaded; never launched)"
+        return None
+
     def compiles(self) -> int | None:
         """Triton compiles this process has run (cache hits do not count); counting starts at
         the first call."""

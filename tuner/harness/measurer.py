@@ -63,7 +63,8 @@ class Measurer:
 
         A runnable that compiles on its first call (``compiles_on_first_call``: a Triton kernel
         on a GPU) is called once here, so that its compile runs in this parallel phase rather
-        than in the serial timing that follows; a launch that fails is a ``runtime_error``.
+        than in the serial timing that follows; a launch that fails is a ``runtime_error``
+        (``invalid`` when the kernel does not fit the device: see :meth:`_failed`).
         """
         try:
             runnable = self.build(config)
@@ -74,8 +75,16 @@ class Measurer:
                 runnable(*self.inputs)
                 _synchronize(self.task.device)
             except Exception as exc:
-                return Measurement("runtime_error", error=describe(exc))
+                return self._failed(exc)
         return None
+
+    def _failed(self, exc: Exception) -> Measurement:
+        """A ``runtime_error``, or ``invalid`` when the candidate does not fit the device (the
+        backend says so: it failed to load, before anything ran)."""
+        reason = self.backend.out_of_resources(exc)
+        if reason is not None:
+            return Measurement("invalid", error=reason)
+        return Measurement("runtime_error", error=describe(exc))
 
     def measure(self, config: Mapping[str, Any] | None, cutoff_ms: float | None = None
                 ) -> Measurement:  # fmt: skip
@@ -94,7 +103,7 @@ class Measurer:
             with one_torch_thread():
                 rel, _max_abs, note = compare(out.to(self.reference.device), self.reference)
         except Exception as exc:
-            return Measurement("runtime_error", error=describe(exc))
+            return self._failed(exc)
         if rel is None or rel > self.tolerance:
             detail = note or f"relative error {rel:.3g} > tolerance {self.tolerance:g}"
             return Measurement("wrong_answer", error=detail, rel_error=rel)
