@@ -198,6 +198,18 @@ class FarmedTriton(TritonBackend):
         return _compiled
 
 
+class CrashingFarmed(FarmedTriton):
+    """:class:`FarmedTriton` whose configs with ``BLOCK_M=32`` kill the process that runs them."""
+
+    def build(self, workload: Any, problem: Any, dtype: str, config: Any) -> Any:
+        runnable = super().build(workload, problem, dtype, config)
+        if int(config["BLOCK_M"]) != 32:
+            return runnable
+        import signal
+
+        return lambda *inputs, out=None: os.kill(os.getpid(), signal.SIGSEGV)
+
+
 @pytest.fixture
 def marks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """An empty marker directory, known to the workers this test starts."""
@@ -240,6 +252,23 @@ def test_without_the_farm_the_timing_processes_compile_every_candidate(marks: Pa
     assert outcome.record.validation.passed
     searched = {json.dumps(t.config, sort_keys=True) for t in outcome.trials}
     assert outcome.timer_compiles >= len(searched) >= 6
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("launchable", "marks")
+def test_a_candidate_that_kills_the_timing_process_fails_alone() -> None:
+    task = Task(backend="tests.test_compile_farm:CrashingFarmed", workload="matmul",
+                problem=PROBLEM, dtype="float32", timer_ref="tunecache.timing:time_cpu",
+                target=SM_90)  # fmt: skip
+    space = CrashingFarmed().space(get_matmul(), PROBLEM, "float32")
+    fine = [c for c in space.configs() if c["BLOCK_M"] == 16][:2]
+    fatal = next(c for c in space.configs() if c["BLOCK_M"] == 32)
+    with Harness(workers=2) as harness:
+        trials = harness.benchmarker(task).evaluate([fine[0], fatal, fine[1]])
+        replaced = harness.replaced
+    assert [t.status for t in trials] == ["ok", "runtime_error", "ok"], trials
+    assert "SIGSEGV" in trials[1].error
+    assert replaced == 1  # the timing process, set up again for the candidate after it
 
 
 # -- the search's pipeline ------------------------------------------------------------------

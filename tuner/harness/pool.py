@@ -251,37 +251,51 @@ class Harness:
         by_label = {_label(c): dict(c) for c in configs}
         farm.submit(task, by_label.values())
         waiting, compile_s, sent = list(by_label), 0.0, 0.0
-        while waiting or self._slots[TIMER].config is not None:
+        doing: str | None = None  # the timing worker's request in flight: "setup" or "measure"
+        while waiting or doing is not None:
             timer = self._slots[TIMER]
-            if timer.config is None and (label := farm.arrived(task, waiting)) is not None:
+            if doing is None and task_id not in timer.tasks:  # overlaps the farm's compiles
+                self._send(TIMER, task, {"op": "setup"}, None, self.start_timeout)
+                doing = "setup"
+                continue
+            if doing is None and (label := farm.arrived(task, waiting)) is not None:
                 waiting.remove(label)
                 compiled = farm.take(task, label)
                 if compiled["status"] != "ok":
                     yield label, compiled
                     continue
-                self._set_up(TIMER, task, task_id)
                 compile_s, sent = float(compiled.get("seconds", 0.0)), time.monotonic()
                 self._send(TIMER, task, {"op": "measure", "cutoff_ms": cutoff()}, by_label[label],
                            self.run_timeout)  # fmt: skip
+                doing = "measure"
                 continue
-            busy = farm.busy() + ([timer.conn] if timer.config is not None else [])
+            busy = farm.busy() + ([timer.conn] if doing is not None else [])
             if not busy:  # compiled and taken before (an earlier batch had it): compile again
                 farm.submit(task, [by_label[label] for label in waiting])
                 busy = farm.busy()
-            soonest = min(d for d in (farm.deadline(), timer.deadline if timer.config else None)
+            soonest = min(d for d in (farm.deadline(), timer.deadline if doing else None)
                           if d is not None)  # fmt: skip
             ready = wait(busy, max(0.0, soonest - time.monotonic()))
             farm.service(ready)
-            label = timer.config
-            if label is None:
+            if doing is None:
                 continue
+            label = timer.config
             if timer.conn in ready:
-                answer = self._collect(TIMER, "measure", task.device)
+                answer = self._collect(TIMER, doing, task.device)
             elif time.monotonic() >= timer.deadline:
-                answer = self._expire(TIMER, "measure")
+                answer = self._expire(TIMER, doing)
             else:
                 continue
             self._slots[TIMER].config = None
+            if doing == "setup":
+                doing = None
+                if answer["status"] != "ok":
+                    why = answer.get("error")
+                    raise TuningError(f"a measurement worker could not set up: {why}")
+                self._slots[TIMER].tasks.add(task_id)
+                continue
+            doing = None
+            assert label is not None
             if answer["status"] == "ok":
                 self._slots[TIMER].built.add((task_id, label))
             yield label, {**answer, "compile_s": compile_s, "measure_s": time.monotonic() - sent}
