@@ -149,6 +149,30 @@ def test_a_kernel_over_the_targets_shared_memory_is_invalid_without_a_launch(
     assert fits["status"] == "ok" and fits["shared"] > 8
 
 
+def test_a_cancelled_task_leaves_nothing_behind_in_the_farm() -> None:
+    from multiprocessing.connection import wait
+
+    from tunecache.canonical import canonical_json
+
+    task = Task(backend="bench.tuning_throughput:TrivialFarmed", workload="softmax",
+                problem={"M": 8, "N": 64}, dtype="float32", target=SM_90)  # fmt: skip
+    configs = [{"variant": i} for i in range(4)]
+    labels = [canonical_json(c) for c in configs]
+    farm = CompileFarm(workers=1, timeout=60, start_timeout=180)
+    try:
+        farm.submit(task, configs[:2])
+        farm.service(wait(farm.busy(), 30))  # one answered; the other running or done
+        farm.submit(task, configs[2:])  # queued
+        farm.cancel(task)
+        while farm.busy():  # what was running finishes, unclaimed
+            farm.service(wait(farm.busy(), 30))
+        assert farm.arrived(task, labels) is None
+        [answer] = farm_answers(farm, task, configs[:1]).values()  # compiled again on demand
+    finally:
+        farm.close()
+    assert answer["status"] == "ok"
+
+
 def get_matmul() -> Any:
     from workloads import get_workload
 

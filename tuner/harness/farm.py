@@ -48,6 +48,7 @@ class CompileFarm:
         self.replaced = 0
         self._queue: deque[tuple[Task, str, str, dict[str, Any]]] = deque()
         self._done: dict[tuple[str, str], dict[str, Any]] = {}  # (task, label) → answer
+        self._dropped: set[tuple[str, str]] = set()  # running, cancelled: answers not kept
         self._slots = [self._start() for _ in range(max(1, workers))]
         for slot in self._slots:
             await_ready(slot, start_timeout)
@@ -72,7 +73,8 @@ class CompileFarm:
     # -- the queue --------------------------------------------------------------------------
     def _known(self, task_id: str) -> set[str]:
         queued = {label for _, t, label, _ in self._queue if t == task_id}
-        running = {s.config for s in self._slots if s.task == task_id and s.config is not None}
+        running = {s.config for s in self._slots if s.task == task_id and s.config is not None
+                   and (task_id, s.config) not in self._dropped}  # fmt: skip
         return queued | running | {label for t, label in self._done if t == task_id}
 
     def submit(self, task: Task, configs: Iterable[Mapping[str, Any]]) -> None:
@@ -87,17 +89,14 @@ class CompileFarm:
                 self._queue.append((task, task_id, label, dict(config)))
         self._dispatch()
 
-    def cancel(self, task: Task, keep: Iterable[Mapping[str, Any]] = ()) -> None:
-        """Drops ``task``'s queued configs but ``keep`` (those compiling finish; their answers
-        wait unclaimed until :meth:`forget`)."""
-        task_id, kept = task.digest(), {canonical_json(dict(c)) for c in keep}
-        self._queue = deque(q for q in self._queue if q[1] != task_id or q[2] in kept)
-
-    def forget(self, task: Task) -> None:
-        """Drops everything queued and answered for ``task``."""
+    def cancel(self, task: Task) -> None:
+        """Drops everything of ``task``: its queued configs, its answers not taken, and those of
+        its compiles still running when they arrive (which still finish, into the cache)."""
         task_id = task.digest()
-        self.cancel(task)
+        self._queue = deque(q for q in self._queue if q[1] != task_id)
         self._done = {k: v for k, v in self._done.items() if k[0] != task_id}
+        self._dropped |= {(task_id, s.config) for s in self._slots
+                          if s.task == task_id and s.config is not None}  # fmt: skip
 
     def _dispatch(self) -> None:
         for slot in self._slots:
@@ -137,6 +136,9 @@ class CompileFarm:
             else:
                 continue
             self._slots[index].task = self._slots[index].config = None
+            if key in self._dropped:
+                self._dropped.discard(key)
+                del self._done[key]
         self._dispatch()
 
     def arrived(self, task: Task, labels: Iterable[str]) -> str | None:
