@@ -98,6 +98,11 @@ class Benchmarker(abc.ABC):
         all), so their compiles can start now. Here: nothing to start."""
         return None
 
+    def expect_validation(self, configs: Sequence[Mapping[str, Any]]) -> None:
+        """Says ``configs`` are about to be re-timed and validated, so what their validation
+        builds can start compiling now. Here: nothing to start."""
+        return None
+
     def seconds_after_search(self) -> float:
         """What re-timing, validating and timing the baselines of a winner will take, from the
         builds and measurements seen so far (0 until there are some)."""

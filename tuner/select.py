@@ -116,6 +116,7 @@ def select_winner(
     Raises:
         TuningError: no candidate passed validation.
     """
+    bench.expect_validation([*found.ranked, *([] if default is None else [default])])
     winner = _validated(bench, found, seeds, emit, deadline)
     emit("the baselines", phase="time")
     eager = bench.measure(None)

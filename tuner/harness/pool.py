@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -300,6 +301,18 @@ class Harness:
                 self._slots[TIMER].built.add((task_id, label))
             yield label, {**answer, "compile_s": compile_s, "measure_s": time.monotonic() - sent}
 
+    def compiled(self, task: Task, config: ConfigJSON) -> dict[str, Any]:
+        """The farm's answer for ``config`` of ``task``, compiled now unless it was submitted
+        already (then waited for)."""
+        farm, label = self.farm, _label(config)
+        farm.submit(task, [config])
+        while (arrived := farm.arrived(task, [label])) is None:
+            if not farm.busy():  # its answer was taken before: compile again
+                farm.submit(task, [config])
+            deadline = farm.deadline() or time.monotonic()
+            farm.service(wait(farm.busy(), max(0.0, deadline - time.monotonic())))
+        return farm.take(task, arrived)
+
     def timer_has(self, task: Task, config: ConfigJSON) -> bool:
         """Whether the timing worker has loaded ``config`` of ``task`` already."""
         return (task.digest(), _label(config)) in self._slots[TIMER].built
@@ -350,6 +363,7 @@ class HarnessBenchmarker(Benchmarker):
         self._measure_s: list[float] = []
         self.best_ms: float | None = None  # the fastest searched candidate so far
         self.timer_compiles = 0  # compiles run in the processes that time (not the farm's)
+        self._edge: tuple[Task | None] | None = None
 
     @property
     def parallelism(self) -> int:
@@ -396,8 +410,26 @@ class HarnessBenchmarker(Benchmarker):
         self._count(answer)
         return Measurement.from_json(answer)
 
+    def _edge_task(self) -> Task | None:
+        """The task at the workload's edge problem, which validation also builds, or ``None``."""
+        if self._edge is None:
+            from workloads import get_workload
+
+            edge = get_workload(self.task.workload).edge_problem(self.task.problem)
+            self._edge = (None if edge is None else
+                          dataclasses.replace(self.task, problem=dict(edge)),)  # fmt: skip
+        return self._edge[0]
+
+    def expect_validation(self, configs: Sequence[ConfigJSON]) -> None:
+        """Starts compiling ``configs`` at the edge problem in the farm, for their validation."""
+        if self.pipelined and (edge := self._edge_task()) is not None:
+            self.harness.farm.submit(edge, configs)
+
     def validate(self, config: ConfigJSON, seeds: Sequence[int]) -> ValidationReport:
+        if self.pipelined and (edge := self._edge_task()) is not None:
+            self.harness.compiled(edge, config)  # a failure shows in the validation's own build
         answer = self.harness.request(self.task, "validate", config, seeds=list(seeds))
+        self._count(answer)
         if answer["status"] == "ok":
             return ValidationReport.model_validate(answer["report"])
         return failed_report(self.task, seeds, f"{answer['status']}: {answer.get('error', '')}")

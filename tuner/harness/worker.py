@@ -21,8 +21,8 @@ Requests and answers are plain dicts over a ``multiprocessing`` pipe:
   compiled kernel needs more shared memory than the target allows, ``compile_error`` when it
   does not compile
 
-A build or measurement answer carries ``"compiles"``: the compiles the backend ran in this process
-while answering (where the backend counts them), which the compile farm keeps at zero.
+A build, measurement or validation answer carries ``"compiles"``: the compiles the backend ran
+in this process while answering (where it counts them), which the compile farm keeps at zero.
 
 A task that cannot be set up (an unknown kernel, a backend that fails to import) is answered
 ``{"status": "setup_error", "error": ...}``.
@@ -117,6 +117,11 @@ def _build(measurer: Measurer, config: dict[str, Any]) -> dict[str, Any]:
     return {"status": "ok"} if failed is None else failed.to_json()
 
 
+def _validate(measurer: Measurer, config: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
+    report = measurer.validate(config, seeds)
+    return {"status": "ok", "report": report.model_dump(mode="json")}
+
+
 def _answer(tasks: _Tasks, request: dict[str, Any]) -> dict[str, Any]:
     op = request.get("op")
     if op == "compile":
@@ -133,8 +138,8 @@ def _answer(tasks: _Tasks, request: dict[str, Any]) -> dict[str, Any]:
         config, cutoff = request["config"], request.get("cutoff_ms")
         return _counting_compiles(measurer, lambda: measurer.measure(config, cutoff).to_json())
     if op == "validate":
-        report = measurer.validate(request["config"], request["seeds"])
-        return {"status": "ok", "report": report.model_dump(mode="json")}
+        config, seeds = request["config"], request["seeds"]
+        return _counting_compiles(measurer, lambda: _validate(measurer, config, seeds))
     return {"status": "invalid", "error": f"unknown request {op!r}"}
 
 
