@@ -116,19 +116,9 @@ def farm_throughput(configs: list[dict[str, int]], workers: int) -> float:
 
 
 def _drain(farm: Any, task: Any, configs: list[dict[str, int]]) -> None:
-    """Submits ``configs`` to ``farm`` and waits for every answer, which must be ``ok``."""
-    from multiprocessing.connection import wait
-
-    from tunecache.canonical import canonical_json
-
-    farm.submit(task, configs)
-    labels = [canonical_json(c) for c in configs]
-    while labels:
-        farm.service(wait(farm.busy(), 1.0))
-        while (label := farm.arrived(task, labels)) is not None:
-            labels.remove(label)
-            answer = farm.take(task, label)
-            assert answer["status"] == "ok", answer
+    """Compiles ``configs`` in ``farm``, every one of which must compile."""
+    for answer in farm.compile_all(task, configs).values():
+        assert answer["status"] == "ok", answer
 
 
 def gemm_configs(count: int, offset: int = 0) -> list[dict[str, int]]:

@@ -49,25 +49,6 @@ GEMM = {"M": 16, "N": 4096, "K": 4096}
 # -- Triton for real ------------------------------------------------------------------------
 
 
-def farm_answers(farm: CompileFarm, task: Task, configs: list[dict[str, Any]]
-                 ) -> dict[str, dict[str, Any]]:  # fmt: skip
-    """Every config's answer from ``farm``, by canonical label."""
-    from multiprocessing.connection import wait
-
-    from tunecache.canonical import canonical_json
-
-    farm.submit(task, configs)
-    labels, answers = [canonical_json(c) for c in configs], {}
-    deadline = time.monotonic() + 300
-    while labels and time.monotonic() < deadline:
-        farm.service(wait(farm.busy(), 1.0))
-        while (label := farm.arrived(task, labels)) is not None:
-            answers[label] = farm.take(task, label)
-            labels.remove(label)
-    assert not labels, f"no answer for {labels}"
-    return answers
-
-
 def launch_in_a_new_process(cache: Path, configs: list[dict[str, Any]]) -> dict[str, int]:
     """Compiles and counts as the timing process's first launches would (no GPU: the launch
     stops at the compiled kernel), with Triton's cache at ``cache``."""
@@ -115,7 +96,7 @@ def test_a_farm_compiled_config_is_launched_without_a_compile(
                 device="cuda", target=SM_90)  # fmt: skip
     farm = CompileFarm(workers=2, timeout=300, start_timeout=180)
     try:
-        answers = list(farm_answers(farm, task, configs).values())
+        answers = list(farm.compile_all(task, configs).values())
     finally:
         farm.close()
     assert [a["status"] for a in answers] == ["ok", "ok"], answers
@@ -140,8 +121,8 @@ def test_a_kernel_over_the_targets_shared_memory_is_invalid_without_a_launch(
                 device="cuda", target=Target("cuda", "sm_90", tiny))  # fmt: skip
     farm = CompileFarm(workers=1, timeout=300, start_timeout=180)
     try:
-        [answer] = farm_answers(farm, task, [config]).values()
-        [fits] = farm_answers(farm, Task(**{**task.__dict__, "target": SM_90}), [config]).values()
+        [answer] = farm.compile_all(task, [config]).values()
+        [fits] = farm.compile_all(Task(**{**task.__dict__, "target": SM_90}), [config]).values()
     finally:
         farm.close()
     assert answer["status"] == "invalid", answer
@@ -150,8 +131,6 @@ def test_a_kernel_over_the_targets_shared_memory_is_invalid_without_a_launch(
 
 
 def test_a_cancelled_task_leaves_nothing_behind_in_the_farm() -> None:
-    from multiprocessing.connection import wait
-
     from tunecache.canonical import canonical_json
 
     task = Task(backend="bench.tuning_throughput:TrivialFarmed", workload="softmax",
@@ -161,13 +140,13 @@ def test_a_cancelled_task_leaves_nothing_behind_in_the_farm() -> None:
     farm = CompileFarm(workers=1, timeout=60, start_timeout=180)
     try:
         farm.submit(task, configs[:2])
-        farm.service(wait(farm.busy(), 30))  # one answered; the other running or done
+        farm.wait()  # one answered; the other running or done
         farm.submit(task, configs[2:])  # queued
         farm.cancel(task)
         while farm.busy():  # what was running finishes, unclaimed
-            farm.service(wait(farm.busy(), 30))
+            farm.wait()
         assert farm.arrived(task, labels) is None
-        [answer] = farm_answers(farm, task, configs[:1]).values()  # compiled again on demand
+        [answer] = farm.compile_all(task, configs[:1]).values()  # compiled again on demand
     finally:
         farm.close()
     assert answer["status"] == "ok"

@@ -95,3 +95,18 @@ def interpret_enabled(environ: Mapping[str, str] | None = None) -> bool:
     if raw in _FALSE:
         return False
     raise ValueError(f"{INTERPRET_VAR}={env.get(INTERPRET_VAR)!r} is not 1/true/on or 0/false/off")
+
+
+# A process that compiles for a GPU without using one (the harness's compile farm) runs with no
+# Triton interpreter and no CUDA device visible: its compiles are a real GPU's, its GPU untouched.
+NO_DEVICE_ENV: Mapping[str, str | None] = {INTERPRET_VAR: None, "CUDA_VISIBLE_DEVICES": ""}
+
+
+def apply_environment(changes: Mapping[str, str | None]) -> None:
+    """Sets each variable of ``changes`` in ``os.environ`` (``None`` removes it): a new process's
+    first step, before anything that reads them is imported."""
+    for name, value in changes.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value

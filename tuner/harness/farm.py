@@ -19,17 +19,17 @@ Example:
 
 from __future__ import annotations
 
+import multiprocessing.connection
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
 from tunecache.canonical import canonical_json
+from tunecache.settings import NO_DEVICE_ENV
 from tuner.harness.processes import Slot, await_ready, death, kill, start_worker, stop
 from tuner.harness.task import Task
-
-FARM_ENV: dict[str, str | None] = {"TRITON_INTERPRET": None, "CUDA_VISIBLE_DEVICES": ""}
 
 
 class CompileFarm:
@@ -59,7 +59,7 @@ class CompileFarm:
 
     def _start(self) -> Slot:
         self.started += 1
-        return start_worker(FARM_ENV)
+        return start_worker(NO_DEVICE_ENV)
 
     def _replace(self, index: int) -> None:
         kill(self._slots[index])
@@ -140,6 +140,31 @@ class CompileFarm:
                 self._dropped.discard(key)
                 del self._done[key]
         self._dispatch()
+
+    def wait(self, also: Sequence[Connection] = (), until: float | None = None) -> list[object]:
+        """Waits for a compile to finish, one of ``also`` to be readable, ``until`` (a
+        ``time.monotonic()``) or a compile's timeout, whichever comes first; services the farm
+        and returns the readable pipes (``also``'s among them)."""
+        deadlines = [d for d in (self.deadline(), until) if d is not None]
+        timeout = None if not deadlines else max(0.0, min(deadlines) - time.monotonic())
+        ready = multiprocessing.connection.wait([*self.busy(), *also], timeout)
+        self.service(ready)
+        return list(ready)
+
+    def compile_all(self, task: Task, configs: Iterable[Mapping[str, Any]]
+                    ) -> dict[str, dict[str, Any]]:  # fmt: skip
+        """Every config's answer, by label, waited for (those submitted already included)."""
+        labels = {canonical_json(dict(c)): dict(c) for c in configs}
+        answers: dict[str, dict[str, Any]] = {}
+        self.submit(task, labels.values())
+        while waiting := [label for label in labels if label not in answers]:
+            if (label := self.arrived(task, waiting)) is not None:
+                answers[label] = self.take(task, label)
+                continue
+            if not self.busy():  # answered and taken before: compile again
+                self.submit(task, [labels[label] for label in waiting])
+            self.wait()
+        return answers
 
     def arrived(self, task: Task, labels: Iterable[str]) -> str | None:
         """The first of ``labels`` whose answer arrived (in arrival order), or ``None``."""

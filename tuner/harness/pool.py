@@ -270,14 +270,9 @@ class Harness:
                            self.run_timeout)  # fmt: skip
                 doing = "measure"
                 continue
-            busy = farm.busy() + ([timer.conn] if doing is not None else [])
-            if not busy:  # compiled and taken before (an earlier batch had it): compile again
+            if doing is None and not farm.busy():  # compiled and taken before: compile again
                 farm.submit(task, [by_label[label] for label in waiting])
-                busy = farm.busy()
-            soonest = min(d for d in (farm.deadline(), timer.deadline if doing else None)
-                          if d is not None)  # fmt: skip
-            ready = wait(busy, max(0.0, soonest - time.monotonic()))
-            farm.service(ready)
+            ready = farm.wait([timer.conn], timer.deadline) if doing else farm.wait()
             if doing is None:
                 continue
             label = timer.config
@@ -300,18 +295,6 @@ class Harness:
             if answer["status"] == "ok":
                 self._slots[TIMER].built.add((task_id, label))
             yield label, {**answer, "compile_s": compile_s, "measure_s": time.monotonic() - sent}
-
-    def compiled(self, task: Task, config: ConfigJSON) -> dict[str, Any]:
-        """The farm's answer for ``config`` of ``task``, compiled now unless it was submitted
-        already (then waited for)."""
-        farm, label = self.farm, _label(config)
-        farm.submit(task, [config])
-        while (arrived := farm.arrived(task, [label])) is None:
-            if not farm.busy():  # its answer was taken before: compile again
-                farm.submit(task, [config])
-            deadline = farm.deadline() or time.monotonic()
-            farm.service(wait(farm.busy(), max(0.0, deadline - time.monotonic())))
-        return farm.take(task, arrived)
 
     def timer_has(self, task: Task, config: ConfigJSON) -> bool:
         """Whether the timing worker has loaded ``config`` of ``task`` already."""
@@ -363,7 +346,7 @@ class HarnessBenchmarker(Benchmarker):
         self._measure_s: list[float] = []
         self.best_ms: float | None = None  # the fastest searched candidate so far
         self.timer_compiles = 0  # compiles run in the processes that time (not the farm's)
-        self._edge: tuple[Task | None] | None = None
+        self._edge = _edge_task(task) if self.pipelined else None  # validation builds it too
 
     @property
     def parallelism(self) -> int:
@@ -410,24 +393,14 @@ class HarnessBenchmarker(Benchmarker):
         self._count(answer)
         return Measurement.from_json(answer)
 
-    def _edge_task(self) -> Task | None:
-        """The task at the workload's edge problem, which validation also builds, or ``None``."""
-        if self._edge is None:
-            from workloads import get_workload
-
-            edge = get_workload(self.task.workload).edge_problem(self.task.problem)
-            self._edge = (None if edge is None else
-                          dataclasses.replace(self.task, problem=dict(edge)),)  # fmt: skip
-        return self._edge[0]
-
     def expect_validation(self, configs: Sequence[ConfigJSON]) -> None:
         """Starts compiling ``configs`` at the edge problem in the farm, for their validation."""
-        if self.pipelined and (edge := self._edge_task()) is not None:
-            self.harness.farm.submit(edge, configs)
+        if self._edge is not None:
+            self.harness.farm.submit(self._edge, configs)
 
     def validate(self, config: ConfigJSON, seeds: Sequence[int]) -> ValidationReport:
-        if self.pipelined and (edge := self._edge_task()) is not None:
-            self.harness.compiled(edge, config)  # a failure shows in the validation's own build
+        if self._edge is not None:
+            self.harness.farm.compile_all(self._edge, [config])  # failing shows in validation
         answer = self.harness.request(self.task, "validate", config, seeds=list(seeds))
         self._count(answer)
         if answer["status"] == "ok":
@@ -474,6 +447,14 @@ class HarnessBenchmarker(Benchmarker):
         elif measured.time_ms is not None:
             self.best_ms = min(self.best_ms or measured.time_ms, measured.time_ms)
         return measured.trial(config)
+
+
+def _edge_task(task: Task) -> Task | None:
+    """``task`` at its workload's edge problem (validation's odd sizes), or ``None``."""
+    from workloads import get_workload
+
+    edge = get_workload(task.workload).edge_problem(task.problem)
+    return None if edge is None else dataclasses.replace(task, problem=dict(edge))
 
 
 def failed_report(task: Task, seeds: Sequence[int], note: str) -> ValidationReport:

@@ -30,7 +30,6 @@ A task that cannot be set up (an unknown kernel, a backend that fails to import)
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from collections import OrderedDict
@@ -149,11 +148,9 @@ def worker_main(conn: Connection, env: Mapping[str, str | None] | None = None) -
     ``env`` changes the process's environment first, before anything is imported (``None``
     removes a variable): the compile farm's processes run without the Triton interpreter.
     """
-    for name, value in (env or {}).items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    from tunecache.settings import apply_environment
+
+    apply_environment(env or {})
     # Ctrl-C reaches the whole process group: the parent stops the workers, which must not
     # print tracebacks of their own meanwhile.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
