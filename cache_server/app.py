@@ -20,6 +20,7 @@ from cache_server.api.limits import BodySizeLimit
 from cache_server.api.routes import artifacts as artifact_routes
 from cache_server.api.routes import health, jobs, records, snapshots
 from cache_server.api.routes import tokens as token_routes
+from cache_server.api.routes import trust as trust_routes
 from cache_server.dashboard import install as install_dashboard
 from cache_server.db import make_engine, make_sessionmaker
 from cache_server.metrics import Metrics, ObserveRequests
@@ -65,6 +66,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.include_router(snapshots.router)
     app.include_router(token_routes.router)
     app.include_router(artifact_routes.router)
+    app.include_router(trust_routes.router)
     install_dashboard(app)
 
     errors.install(app)

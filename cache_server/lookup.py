@@ -10,8 +10,9 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from cache_server.models import RecordRow, WinnerRow
+from cache_server.models import RecordRow
 from cache_server.queries import get_winner, public_record
+from cache_server.trust import winner_table
 from tunecache.policies import VersionPolicy
 from tunecache.rules import RULES, Rule, best, bucket_digest
 from tunecache.schemas import KeyModel, RecordPublic
@@ -20,20 +21,27 @@ __all__ = ["RULES", "Rule", "find_winner"]
 
 
 def find_winner(
-    session: Session, *, key: KeyModel, policy: VersionPolicy = "strict"
-) -> tuple[RecordPublic, Rule] | None:
+    session: Session, *, key: KeyModel, policy: VersionPolicy = "strict",
+    serving: str = "validated",
+) -> tuple[RecordPublic, Rule] | None:  # fmt: skip
     """The best record that may serve ``key`` under ``policy``, and the rule that matched.
 
-    An index narrows the winners to those of the key's bucket (:func:`~tunecache.rules.
-    bucket_digest`: kernel, source, backend, dtype, arch, bucketed problem), a handful however
-    large the cache; the rules (:mod:`tunecache.rules`) decide among those.
+    Only the winners of the server's serving policy are candidates (``validated``: pending and
+    verified records; ``verified``: verified ones). An index narrows them to those of the key's
+    bucket (:func:`~tunecache.rules.bucket_digest`: kernel, source, backend, dtype, arch,
+    bucketed problem), a handful however large the cache; the rules (:mod:`tunecache.rules`)
+    decide among those.
     """
-    if policy == "strict" and (hit := get_winner(session, key_hash=key.digest())) is not None:
+    table = winner_table(serving)
+    if (
+        policy == "strict"
+        and (hit := get_winner(session, key_hash=key.digest(), table=table)) is not None
+    ):
         return hit, "exact"
     wanted = key.model_dump(mode="json", by_alias=True)
     candidates = session.execute(
         select(RecordRow.id, RecordRow.key)
-        .join(WinnerRow, WinnerRow.record_id == RecordRow.id)
+        .join(table, table.record_id == RecordRow.id)
         .where(RecordRow.bucket_hash == bucket_digest(wanted))
         .order_by(RecordRow.id)
     ).all()

@@ -67,10 +67,20 @@ class RecordRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     # tunecache.rules.bucket_digest of the key: the rows a non-exact lookup may match.
     bucket_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Trust (tunecache.schemas.RecordStatus): pending | verified | disputed | rejected.
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    uploaded_by: Mapped[str | None] = mapped_column(String(128), nullable=True)  # token name
+    verification: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    disputes: Mapped[int] = mapped_column(Integer, default=0)
+    # A verifier's lease on the record while it re-checks it.
+    verify_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    verify_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    verify_attempts: Mapped[int] = mapped_column(Integer, default=0)
 
     __table_args__ = (
         Index("ix_records_kernel_backend_dtype", "kernel", "backend", "dtype"),
         Index("ix_records_bucket_hash", "bucket_hash"),
+        Index("ix_records_verify_queue", "status", "device_arch", "backend"),
     )
 
 
@@ -88,15 +98,42 @@ class TrialRow(Base):
     error: Mapped[str] = mapped_column(Text, default="")
 
 
-class WinnerRow(Base):
-    """The fastest validated record of each key; replaced only by a strictly faster one."""
-
-    __tablename__ = "winners"
+class _Winner:
+    """A key's winning record under one serving policy (one table per policy)."""
 
     key_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
     record_id: Mapped[int] = mapped_column(ForeignKey("records.id", ondelete="CASCADE"), index=True)
     time_ms: Mapped[float] = mapped_column(Float)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class WinnerRow(_Winner, Base):
+    """The fastest servable record of each key under the default policy (validated, pending or
+    verified); replaced only by a strictly faster one, or when its record stops being served."""
+
+    __tablename__ = "winners"
+
+
+class VerifiedWinnerRow(_Winner, Base):
+    """The fastest verified record of each key: what the ``verified`` policy serves."""
+
+    __tablename__ = "verified_winners"
+
+
+class DisputeRow(Base):
+    """A consumer's report that a record's config failed its check where it was used."""
+
+    __tablename__ = "disputes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    record_id: Mapped[int] = mapped_column(ForeignKey("records.id", ondelete="CASCADE"), index=True)
+    reporter: Mapped[str] = mapped_column(String(128))  # the token name
+    problem: Mapped[dict[str, Any]]
+    check: Mapped[dict[str, Any]]
+    device: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    note: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    resolved_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class JobRow(Base):
@@ -144,6 +181,8 @@ class TokenRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Its uploads are served as verified at once (the verified policy), without a verifier.
+    trusted: Mapped[bool] = mapped_column(Boolean, default=False)
 
 
 class ArtifactRow(Base):

@@ -3,7 +3,9 @@
 The winner upsert is one statement,
 ``INSERT … ON CONFLICT DO UPDATE … WHERE winners.time_ms > excluded.time_ms``, atomic on SQLite and
 PostgreSQL alike: concurrent uploads of one key leave the fastest validated record as the winner
-whatever order they commit in.
+whatever order they commit in. Two tables hold winners: ``winners`` (the default policy: pending and
+verified records) and ``verified_winners`` (the ``verified`` policy); a record that stops being
+served (disputed, rejected) hands its place on (:mod:`cache_server.trust`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from sqlalchemy import Select, func, insert, select
 from sqlalchemy.orm import Session
 
 from cache_server.db import upsert_insert
-from cache_server.models import RecordRow, TrialRow, WinnerRow, utcnow
+from cache_server.models import RecordRow, TokenRow, TrialRow, VerifiedWinnerRow, WinnerRow, utcnow
 from tunecache.rules import bucket_digest
-from tunecache.schemas import RecordCreate, RecordPublic, Trial
+from tunecache.schemas import RecordCreate, RecordPublic, Trial, VerificationPublic
+
+WinnerTable = type[WinnerRow] | type[VerifiedWinnerRow]
 
 S = TypeVar("S", bound=Select)
 
@@ -35,10 +39,26 @@ def _insert_trials(session: Session, record_id: int, record: RecordCreate) -> No
     session.execute(insert(TrialRow), rows)
 
 
-def record_row(*, key_hash: str, record: RecordCreate) -> RecordRow:
-    """The row that stores ``record`` (its trials and winner aside)."""
+def record_row(
+    *, key_hash: str, record: RecordCreate, uploader: TokenRow | None = None
+) -> RecordRow:
+    """The row that stores ``record`` (its trials and winner aside), uploaded by ``uploader``:
+    ``pending``, or ``verified`` at once when that token is trusted."""
     key = record.key
+    trusted = uploader is not None and uploader.trusted and record.validation.passed
+    verification = None
+    if trusted:
+        assert uploader is not None
+        verification = VerificationPublic(
+            passed=True, verifier=f"{uploader.name} (trusted uploader)",
+            device_name=key.device.name, verified_at=utcnow(),
+        ).model_dump(mode="json")  # fmt: skip
     return RecordRow(
+        status="verified" if trusted else "pending",
+        uploaded_by=None if uploader is None else uploader.name,
+        verification=verification,
+        disputes=0,
+        verify_attempts=0,
         key_hash=key_hash,
         kernel=key.kernel,
         backend=key.backend,
@@ -61,31 +81,44 @@ def record_row(*, key_hash: str, record: RecordCreate) -> RecordRow:
     )
 
 
-def add_record(session: Session, *, key_hash: str, record: RecordCreate) -> tuple[int, int | None]:
-    """Stores ``record`` and its trials; makes it the key's winner if validated and fastest.
+def offer_winner(
+    session: Session, table: WinnerTable, *, key_hash: str, record_id: int, time_ms: float
+) -> None:
+    """Makes the record the key's winner in ``table`` if it has none or a slower one (atomic)."""
+    stmt = upsert_insert(session, table).values(
+        key_hash=key_hash, record_id=record_id, time_ms=time_ms, updated_at=utcnow()
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[table.key_hash],
+        set_={
+            "record_id": stmt.excluded.record_id,
+            "time_ms": stmt.excluded.time_ms,
+            "updated_at": stmt.excluded.updated_at,
+        },
+        where=table.time_ms > stmt.excluded.time_ms,
+    )
+    session.execute(stmt)
+
+
+def add_record(
+    session: Session, *, key_hash: str, record: RecordCreate, uploader: TokenRow | None = None
+) -> tuple[int, int | None]:
+    """Stores ``record`` and its trials; makes it the key's winner if validated and fastest
+    (and the verified policy's too when ``uploader`` is a trusted token).
 
     Returns:
         ``(record_id, winner_record_id)``; the winner is ``None`` while the key has no
         validated record.
     """
-    row = record_row(key_hash=key_hash, record=record)
+    row = record_row(key_hash=key_hash, record=record, uploader=uploader)
     session.add(row)
     session.flush()
     _insert_trials(session, row.id, record)
     if record.validation.passed:
-        stmt = upsert_insert(session, WinnerRow).values(
-            key_hash=key_hash, record_id=row.id, time_ms=row.time_ms, updated_at=utcnow()
-        )
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[WinnerRow.key_hash],
-            set_={
-                "record_id": stmt.excluded.record_id,
-                "time_ms": stmt.excluded.time_ms,
-                "updated_at": stmt.excluded.updated_at,
-            },
-            where=WinnerRow.time_ms > stmt.excluded.time_ms,
-        )
-        session.execute(stmt)
+        offer_winner(session, WinnerRow, key_hash=key_hash, record_id=row.id, time_ms=row.time_ms)
+        if row.status == "verified":
+            offer_winner(session, VerifiedWinnerRow, key_hash=key_hash, record_id=row.id,
+                         time_ms=row.time_ms)  # fmt: skip
     winner = session.scalar(select(WinnerRow.record_id).where(WinnerRow.key_hash == key_hash))
     return row.id, winner
 
@@ -113,6 +146,10 @@ def public_record(
             "key_hash": row.key_hash,
             "created_at": row.created_at,
             "is_winner": is_winner,
+            "status": row.status,
+            "uploaded_by": row.uploaded_by,
+            "verification": row.verification,
+            "disputes": row.disputes,
             **record_fields(row),
             "trials": [
                 Trial(config=t.config, status=t.status, time_ms=t.time_ms, error=t.error)  # type: ignore[arg-type]
@@ -122,12 +159,14 @@ def public_record(
     )
 
 
-def get_winner(session: Session, *, key_hash: str) -> RecordPublic | None:
-    """The winning record of ``key_hash`` (without its trials), or ``None`` on a miss."""
+def get_winner(
+    session: Session, *, key_hash: str, table: WinnerTable = WinnerRow
+) -> RecordPublic | None:
+    """The winning record of ``key_hash`` in ``table`` (without its trials), or ``None``."""
     row = session.scalar(
         select(RecordRow)
-        .join(WinnerRow, WinnerRow.record_id == RecordRow.id)
-        .where(WinnerRow.key_hash == key_hash)
+        .join(table, table.record_id == RecordRow.id)
+        .where(table.key_hash == key_hash)
     )
     return None if row is None else public_record(row, is_winner=True)
 

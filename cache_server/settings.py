@@ -12,6 +12,9 @@
   database across every server process (default 60); reports of keys already queued don't count
 - ``TUNECACHE_SERVER_READS``: ``open`` (default: lookups and other reads need no token) or
   ``token`` (they need a token with the ``read`` scope). Writes always need ``write``.
+- ``TUNECACHE_SERVER_POLICY``: which records lookups and snapshots serve: ``validated``
+  (default: records their uploader validated, unless disputed or rejected) or ``verified``
+  (only records a verifier re-checked, or that a trusted token uploaded)
 - ``TUNECACHE_SERVER_BOOTSTRAP_TOKEN``: an ``admin`` token (at least 32 characters) the server
   stores, hashed, at start-up if it does not know it yet; for deployments that provision secrets
   (docker compose). Revoking it works as for any token.
@@ -60,6 +63,7 @@ class ServerSettings(BaseSettings):
     miss_reports_per_minute: int = Field(default=120, ge=1, le=1_000_000)
     miss_jobs_per_minute: int = Field(default=60, ge=1, le=1_000_000)
     reads: Literal["open", "token"] = "open"
+    policy: Literal["validated", "verified"] = "validated"
     bootstrap_token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS, repr=False)
 
     def export(self) -> None:

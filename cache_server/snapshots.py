@@ -12,8 +12,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 
-from cache_server.models import RecordRow, WinnerRow
-from cache_server.queries import add_record, record_fields
+from cache_server.models import RecordRow, TokenRow, WinnerRow
+from cache_server.queries import WinnerTable, add_record, record_fields
 from tunecache.errors import InvalidInput
 from tunecache.schemas import RecordCreate, SnapshotFilters
 
@@ -22,13 +22,15 @@ def _create(row: RecordRow) -> RecordCreate:
     return RecordCreate.model_validate(record_fields(row))
 
 
-def snapshot_winners(session: Session, *, filters: SnapshotFilters) -> list[RecordCreate]:
-    """The winner of every key matching ``filters``, by key hash, without trials."""
+def snapshot_winners(
+    session: Session, *, filters: SnapshotFilters, table: WinnerTable = WinnerRow
+) -> list[RecordCreate]:
+    """The winner (in ``table``) of every key matching ``filters``, by key hash, no trials."""
     stmt = (
         select(RecordRow)
-        .join(WinnerRow, WinnerRow.record_id == RecordRow.id)
+        .join(table, table.record_id == RecordRow.id)
         .where(RecordRow.device_arch == filters.device_arch)
-        .order_by(WinnerRow.key_hash)
+        .order_by(table.key_hash)
     )
     for column, value in (
         (RecordRow.device_name, filters.device_name),
@@ -40,8 +42,11 @@ def snapshot_winners(session: Session, *, filters: SnapshotFilters) -> list[Reco
     return [_create(row) for row in session.scalars(stmt)]
 
 
-def import_records(session: Session, *, records: Sequence[RecordCreate]) -> tuple[int, int]:
-    """Adds every record through :func:`add_record`: the faster validated record of a key wins.
+def import_records(
+    session: Session, *, records: Sequence[RecordCreate], uploader: TokenRow | None = None
+) -> tuple[int, int]:
+    """Adds every record through :func:`add_record` as ``uploader``'s: the faster validated
+    record of a key wins.
 
     Returns:
         ``(imported, winners_changed)``: records stored, and keys whose winner is now one of them.
@@ -54,7 +59,8 @@ def import_records(session: Session, *, records: Sequence[RecordCreate]) -> tupl
     for i, record in enumerate(records):
         key_hash = record.key.digest()
         try:
-            record_id, winner = add_record(session, key_hash=key_hash, record=record)
+            record_id, winner = add_record(session, key_hash=key_hash, record=record,
+                                           uploader=uploader)  # fmt: skip
         except DataError as exc:
             raise InvalidInput(f"records[{i}]: the database refused it: {exc.orig}") from exc
         if winner == record_id:

@@ -23,10 +23,16 @@ def public(row: TokenRow) -> TokenPublic:
     return TokenPublic.model_validate(row, from_attributes=True)
 
 
-def issue(session: Session, *, name: str, scope: Scope) -> tuple[str, TokenRow]:
-    """A new random token: returns it (its only appearance in clear) and its stored row."""
+def issue(
+    session: Session, *, name: str, scope: Scope, trusted: bool = False
+) -> tuple[str, TokenRow]:
+    """A new random token: returns it (its only appearance in clear) and its stored row.
+
+    ``trusted``: its uploads are served as verified at once, without a verifier.
+    """
     token = new_token()
-    row = TokenRow(name=name, scope=scope, prefix=shown_part(token), secret_hash=fingerprint(token))
+    row = TokenRow(name=name, scope=scope, prefix=shown_part(token),
+                   secret_hash=fingerprint(token), trusted=trusted)  # fmt: skip
     session.add(row)
     session.flush()
     return token, row

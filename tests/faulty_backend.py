@@ -64,10 +64,35 @@ class FaultyBackend(Backend):
         return f"{config['mode']} {config.get('sleep_ms', 0)}ms"
 
 
+def knob(mode: str, sleep_ms: float = 0.0) -> dict[str, Any]:
+    """A :class:`FaultyTVM` config: a TVM knob config (what a TVM record may hold) naming a mode."""
+    return {"schedule": "knobs", "fault": MODES.index(mode), "sleep_us": int(sleep_ms * 1000)}
+
+
+def mode_of(config: Mapping[str, Any]) -> str:
+    """The mode of a :class:`FaultyBackend` or :class:`FaultyTVM` config."""
+    return str(config["mode"]) if "mode" in config else MODES[int(config["fault"])]
+
+
 class FaultyTVM(FaultyBackend):
-    """The same misbehaving candidates, under a real backend's name so keys can be made."""
+    """The same misbehaving candidates, under a real backend's name so keys can be made; its
+    configs are TVM knob configs (``fault``: the mode's index), as a TVM record must hold."""
 
     name = "tvm"  # type: ignore[assignment]
+
+    def space(self, workload: Workload, problem: Mapping[str, int], dtype: str) -> SearchSpace:
+        return SearchSpace({"schedule": ("knobs",), "fault": tuple(range(len(MODES))),
+                            "sleep_us": (0, 1000)})  # fmt: skip
+
+    def build(
+        self, workload: Workload, problem: Mapping[str, int], dtype: str, config: Mapping[str, Any]
+    ) -> Runnable:
+        sleep_ms = int(config.get("sleep_us", 0)) / 1000
+        return super().build(workload, problem, dtype, {"mode": mode_of(config),
+                                                        "sleep_ms": sleep_ms})  # fmt: skip
+
+    def summarize(self, config: Mapping[str, Any]) -> str:
+        return f"{mode_of(config)} {int(config.get('sleep_us', 0)) / 1000}ms"
 
 
 class FaultyNativeTVM(FaultyTVM):
@@ -78,7 +103,7 @@ class FaultyNativeTVM(FaultyTVM):
     def search(self, request: SearchRequest, *, workdir: Path) -> SearchResult:
         from backends import Trial
 
-        best, runner_up = {"mode": "segfault", "sleep_ms": 0.0}, {"mode": "ok", "sleep_ms": 0.0}
+        best, runner_up = knob("segfault"), knob("ok")
         trials = [Trial(config=c, status="ok", time_ms=1.0) for c in (best, runner_up)]
         return SearchResult(config=best, trials=trials, strategy=self.native_strategy or "",
                             seconds=0.0, ranked=[runner_up])  # fmt: skip

@@ -14,40 +14,51 @@ from tunecache.client import Client
 from tunecache.errors import ServerError
 
 PART = "sys-abc|torch-2.13.0"
+NS = "inductor.choices"
 
 
-def item(key: str, value: object, *, score: float | None = None, sub: str = "") -> ArtifactIn:
-    return ArtifactIn(namespace="tvm.record", partition=PART, key=key, item=sub, value=value,
+def group(tag: object) -> dict[str, object]:
+    """An Inductor choice group (a value the namespace's closed schema admits) named ``tag``."""
+    return {"op": "mm", "inputs": f"[{tag}]", "precision": "highest", "timings": {"c-1": 1.0}}
+
+
+def tag(value: object) -> str:
+    assert isinstance(value, dict)
+    return str(value["inputs"]).strip("[]")
+
+
+def item(key: str, name: object, *, score: float | None = None, sub: str = "") -> ArtifactIn:
+    return ArtifactIn(namespace=NS, partition=PART, key=key, item=sub, value=group(name),
                       score=score)  # fmt: skip
 
 
 def test_items_round_trip_and_a_key_reads_best_score_first(any_server: LiveServer) -> None:
     with Client(any_server.url) as client:
         result = client.put_artifacts(
-            [item("w1", {"t": 3}, score=3.0, sub="a"), item("w1", {"t": 1}, score=1.0, sub="b"),
-             item("w1", ["unscored"], sub="c"), item("w2", {"t": 2}, score=2.0, sub="a")]
+            [item("w1", "t3", score=3.0, sub="a"), item("w1", "t1", score=1.0, sub="b"),
+             item("w1", "unscored", sub="c"), item("w2", "t2", score=2.0, sub="a")]
         )  # fmt: skip
         assert (result.stored, result.kept) == (4, 0)
-        got = client.get_artifacts("tvm.record", PART, key="w1")
-        assert [(a.item, a.value) for a in got] == [("b", {"t": 1}), ("a", {"t": 3}),
-                                                    ("c", ["unscored"])]  # fmt: skip
+        got = client.get_artifacts(NS, PART, key="w1")
+        assert [(a.item, tag(a.value)) for a in got] == [("b", "t1"), ("a", "t3"),
+                                                         ("c", "unscored")]  # fmt: skip
         assert got[0].updated_at.tzinfo is not None
-        assert len(client.get_artifacts("tvm.record", PART)) == 4
-        assert client.get_artifacts("tvm.record", "another|partition") == []
-        assert client.get_artifacts("tvm.workload", PART) == []
+        assert len(client.get_artifacts(NS, PART)) == 4
+        assert client.get_artifacts(NS, "another|partition") == []
+        assert client.get_artifacts("inductor.autotune", PART) == []
 
 
 def test_a_scored_item_is_replaced_only_by_a_better_score(any_server: LiveServer) -> None:
     with Client(any_server.url) as client:
-        client.put_artifacts([item("w", {"v": "first"}, score=2.0)])
-        worse = client.put_artifacts([item("w", {"v": "worse"}, score=5.0)])
+        client.put_artifacts([item("w", "first", score=2.0)])
+        worse = client.put_artifacts([item("w", "worse", score=5.0)])
         assert (worse.stored, worse.kept) == (0, 1)
-        assert client.get_artifacts("tvm.record", PART, key="w")[0].value == {"v": "first"}
-        better = client.put_artifacts([item("w", {"v": "better"}, score=0.5)])
+        assert tag(client.get_artifacts(NS, PART, key="w")[0].value) == "first"
+        better = client.put_artifacts([item("w", "better", score=0.5)])
         assert (better.stored, better.kept) == (1, 0)
-        assert client.get_artifacts("tvm.record", PART, key="w")[0].value == {"v": "better"}
-        client.put_artifacts([item("u", {"v": 1}), item("u", {"v": 2})])  # unscored: last wins
-        assert client.get_artifacts("tvm.record", PART, key="u")[0].value == {"v": 2}
+        assert tag(client.get_artifacts(NS, PART, key="w")[0].value) == "better"
+        client.put_artifacts([item("u", 1), item("u", 2)])  # unscored: the last one wins
+        assert tag(client.get_artifacts(NS, PART, key="u")[0].value) == "2"
 
 
 def test_concurrent_writers_leave_the_best_score(server: LiveServer) -> None:
@@ -55,22 +66,22 @@ def test_concurrent_writers_leave_the_best_score(server: LiveServer) -> None:
 
     def put(score: float) -> None:
         with Client(server.url) as client:
-            client.put_artifacts([item("race", {"score": score}, score=score)])
+            client.put_artifacts([item("race", score, score=score)])
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(put, scores))
     with Client(server.url) as client:
-        (stored,) = client.get_artifacts("tvm.record", PART, key="race")
-    assert stored.value == {"score": 1.0} and stored.score == 1.0
+        (stored,) = client.get_artifacts(NS, PART, key="race")
+    assert tag(stored.value) == "1.0" and stored.score == 1.0
 
 
 def test_a_partition_larger_than_a_page_is_read_whole(server: LiveServer) -> None:
-    many = [item(f"k{i}", {"i": i}) for i in range(MAX_BATCH + 700)]
+    many = [item(f"k{i}", i) for i in range(MAX_BATCH + 700)]
     with Client(server.url) as client:
         assert client.put_artifacts(many).stored == len(many)  # two batches
-        got = client.get_artifacts("tvm.record", PART)  # two pages
-        assert sorted(a.value["i"] for a in got) == list(range(len(many)))
-        assert len(client.get_artifacts("tvm.record", PART, limit=1100)) == 1100
+        got = client.get_artifacts(NS, PART)  # two pages
+        assert sorted(int(tag(a.value)) for a in got) == list(range(len(many)))
+        assert len(client.get_artifacts(NS, PART, limit=1100)) == 1100
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,11 @@ KEY = make_key(m=64).to_json()
 RECORD = make_record(make_key(m=64)).model_dump(mode="json", by_alias=True)
 SNAPSHOT = {"schema": 1, "filters": {"device_arch": "cpu-avx2"}, "records": []}
 ARTIFACTS = {"items": [{"namespace": "tvm.record", "partition": "p", "key": "k", "value": {}}]}
+CHECK = {"problem": KEY["problem"], "seed": 1, "rel_error": 0.5, "max_abs_error": 1.0,
+         "tolerance": 1e-4, "passed": False}  # fmt: skip
+DISPUTE = {"problem": KEY["problem"], "check": CHECK}
+VERIFY_CLAIM = {"worker": "w", "device_arch": "cpu-avx2", "backends": ["tvm"]}
+VERIFICATION = {"worker": "w", "outcome": "unverifiable", "device_name": "cpu", "error": "no"}
 QUERY = {
     ("GET", "/v1/snapshot"): {"device_arch": "cpu-avx2"},
     ("GET", "/v1/artifacts"): {"namespace": "tvm.record", "partition": "p"},
@@ -52,9 +57,14 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("GET", "/v1/whoami", None, "read"),
     ("GET", "/v1/artifacts", None, "read"),
     ("POST", "/v1/artifacts", ARTIFACTS, "write"),
+    # A token of any scope, even where reads are open: a dispute stops a record being served.
+    ("POST", "/v1/records/{record_id}/disputes", DISPUTE, "token"),
+    ("POST", "/v1/verifications/claim", VERIFY_CLAIM, "verify"),
+    ("POST", "/v1/records/{record_id}/verification", VERIFICATION, "verify"),
 ]
 OPEN = {"/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
-LEVEL = {"none": -1, "read": 0, "write": 1, "admin": 2}
+LEVEL = {"none": -1, "token": 0, "read": 0, "write": 1, "verify": 2, "admin": 3}
+SCOPES = ("read", "write", "verify", "admin")
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -88,9 +98,9 @@ def test_every_route_is_in_the_table(server: LiveServer) -> None:
 
 def test_each_route_needs_its_scope(any_server: LiveServer) -> None:
     url = any_server.url
-    held = {scope: create(url, f"{scope}-holder", scope) for scope in ("read", "write", "admin")}
+    held = {scope: create(url, f"{scope}-holder", scope) for scope in SCOPES}
     for method, path, body, needed in ROUTES:
-        for scope in ("none", "read", "write", "admin"):
+        for scope in ("none", *SCOPES):
             headers = {} if scope == "none" else bearer(held[scope])
             response = call(url, method, path, body, headers)
             where = f"{method} {path} with {scope}: {response.status_code} {response.text}"
@@ -101,7 +111,8 @@ def test_each_route_needs_its_scope(any_server: LiveServer) -> None:
             elif scope == "none":
                 assert response.status_code == 401, where
                 assert response.headers["www-authenticate"] == "Bearer", where
-                assert f"a token with the {needed!r} scope" in response.json()["detail"], where
+                scope_named = "read" if needed == "token" else needed
+                assert f"a token with the {scope_named!r} scope" in response.json()["detail"], where
             else:
                 assert response.status_code == 403, where
                 detail = response.json()["detail"]

@@ -13,7 +13,7 @@ import pytest
 
 from cache_server.embedded import free_port
 from tests.conftest import LiveServer
-from tests.factories import make_key, make_record
+from tests.factories import default_config, make_key, make_record
 from tunecache import Client, ServerError
 from tunecache.errors import InvalidInput
 from tunecache.key import Key
@@ -56,7 +56,7 @@ def test_hit_is_memoised_and_miss_is_remembered() -> None:
         miss1 = client.lookup(other, default=DEFAULT)
         miss2 = client.lookup(other, default=DEFAULT)
     assert (first.source, second.source) == ("server", "memo")
-    assert first.hit and first.config == {"tile": [4, 8], "time": 1.5}
+    assert first.hit and first.config == default_config(make_key())
     assert (miss1.source, miss2.source) == ("default", "default")
     assert miss1.config == DEFAULT and not miss1.hit
     assert transport.calls == 2  # one per key: the memo and the miss TTL answered the rest

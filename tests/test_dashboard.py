@@ -56,7 +56,7 @@ def _hostile_record() -> RecordCreate:
     return base.model_copy(
         update={
             "key": key,
-            "config": {"note": HOSTILE, "tile": [4, 8]},
+            # A config holds no text (closed schemas); its trials' configs and the rest may.
             "config_summary": HOSTILE_SUMMARY,
             "provenance": Provenance(machine=HOSTILE, tool_version="<v>"),
             "trials": trials,

@@ -87,7 +87,7 @@ def test_real_backend_through_the_harness() -> None:
 
 def test_tuner_finishes_records_each_failure_and_picks_a_correct_winner(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from backends import Budget
-    from tests.faulty_backend import FaultyTVM
+    from tests.faulty_backend import FaultyTVM, mode_of
     from tunecache import key_for
     from tuner import TuneOptions, tune
 
@@ -96,11 +96,11 @@ def test_tuner_finishes_records_each_failure_and_picks_a_correct_winner(tmp_path
                           workers=2, timer=QUICK, workdir=tmp_path, run_timeout=3)  # fmt: skip
     outcome = tune(key, Budget(trials=14), options, backend=FaultyTVM())
     record = outcome.record
-    assert record.config["mode"] == "ok" and record.validation.passed
+    assert mode_of(record.config) == "ok" and record.validation.passed
     statuses = {t.status for t in record.trials}
     assert {"ok", "wrong_answer", "runtime_error", "timeout", "compile_error"} <= statuses
     assert record.search.strategy == "exhaustive"
-    wrong = [t for t in record.trials if t.config.get("mode") == "wrong"]
+    wrong = [t for t in record.trials if t.config.get("fault") == 1]  # "wrong"
     assert wrong and all(t.time_ms is None for t in wrong)
 
 

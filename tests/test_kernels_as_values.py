@@ -174,7 +174,7 @@ def test_a_users_triton_kernel_under_the_interpreter_with_a_test_timer(server: L
 
 @pytest.mark.slow
 def test_a_segfaulting_candidate_of_a_backends_own_search_is_recorded(tmp_path: Path) -> None:
-    from tests.faulty_backend import FaultyNativeTVM
+    from tests.faulty_backend import FaultyNativeTVM, knob
 
     key = key_for("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32")
     options = TuneOptions(backend_ref="tests.faulty_backend:FaultyNativeTVM", workers=1,
@@ -182,15 +182,15 @@ def test_a_segfaulting_candidate_of_a_backends_own_search_is_recorded(tmp_path: 
     outcome = tune(key, Budget(trials=2), options, backend=FaultyNativeTVM())
     record = outcome.record
     assert record.search.strategy == "faulty_search"
-    assert record.config == {"mode": "ok", "sleep_ms": 0.0} and record.validation.passed
-    crashed = [t for t in record.trials if t.config.get("mode") == "segfault" and t.status != "ok"]
+    assert record.config == knob("ok") and record.validation.passed
+    crashed = [t for t in record.trials if t.config == knob("segfault") and t.status != "ok"]
     assert crashed and crashed[0].status == "runtime_error" and "SIGSEGV" in crashed[0].error
     assert len(outcome.rejected) == 1
 
 
 @pytest.mark.slow
 def test_one_harness_tunes_six_keys_with_its_workers_started_once(tmp_path: Path) -> None:
-    from tests.faulty_backend import FaultyTVM
+    from tests.faulty_backend import FaultyTVM, mode_of
     from tuner.harness import Harness
 
     options = TuneOptions(strategy="exhaustive", backend_ref="tests.faulty_backend:FaultyTVM",
@@ -201,7 +201,7 @@ def test_one_harness_tunes_six_keys_with_its_workers_started_once(tmp_path: Path
             key = key_for("matmul", "tvm", {"M": m, "N": 16, "K": 16}, "float32")
             outcome = tune(key, Budget(trials=2), options, harness=harness, backend=FaultyTVM())
             assert outcome.record.key.problem["M"] == m and outcome.record.validation.passed
-            configs.append(outcome.record.config["mode"])
+            configs.append(mode_of(outcome.record.config))
         started = harness.started
     assert started == 2  # two workers, started once for all six keys
     assert configs == ["ok"] * 6

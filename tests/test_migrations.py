@@ -135,3 +135,49 @@ def test_the_migrations_build_exactly_the_models(database: tuple[str, Path | Non
     with make_engine(url).connect() as connection:
         differences = compare_metadata(MigrationContext.configure(connection), Base.metadata)
     assert differences == []
+
+
+def test_the_trust_migration_rejects_stored_records_the_closed_schemas_refuse(
+    tmp_path: Path,
+) -> None:
+    """A database from before the closed schemas may hold a record no client may use as a key's
+    winner: upgrading marks it rejected and hands the winner to the next servable record."""
+    from datetime import UTC, datetime
+
+    import sqlalchemy as sa
+
+    from tests.factories import make_key, make_record
+    from tunecache.rules import bucket_digest
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    upgrade(url, "0006")
+    key = make_key(m=64, backend="triton")
+    alone = make_key(m=4096, backend="triton")
+    good = make_record(key, time_ms=2.0).model_dump(mode="json", by_alias=True)
+    bad = {**good, "config": {**good["config"], "GROUP_M": 0}}  # not in matmul's space
+    engine = make_engine(url)
+    records = sa.Table("records", sa.MetaData(), autoload_with=engine)
+    winners = sa.Table("winners", sa.MetaData(), autoload_with=engine)
+    with engine.begin() as conn:
+        ids = []
+        for record, the_key, ms in ((bad, key, 1.0), (good, key, 2.0), (bad, alone, 1.0)):
+            row = conn.execute(records.insert().values(
+                key_hash=the_key.digest(), kernel="matmul", backend="triton", dtype="float32",
+                device_arch="cpu-avx2", device_name="test-cpu", key=the_key.to_json(),
+                config=record["config"], config_summary="", time_ms=ms, timing=record["timing"],
+                baselines=[], validated=True, max_rel_error=1e-6, validation=record["validation"],
+                search=record["search"], provenance={}, trial_count=0,
+                created_at=datetime.now(UTC), bucket_hash=bucket_digest(the_key.to_json()),
+            ))  # fmt: skip
+            ids.append(row.inserted_primary_key[0])
+        now = datetime.now(UTC)
+        conn.execute(winners.insert(), [
+            {"key_hash": key.digest(), "record_id": ids[0], "time_ms": 1.0, "updated_at": now},
+            {"key_hash": alone.digest(), "record_id": ids[2], "time_ms": 1.0, "updated_at": now},
+        ])  # fmt: skip
+    upgrade(url)
+    with sqlite3.connect(tmp_path / "old.db") as db:
+        statuses = dict(db.execute("select id, status from records").fetchall())
+        held = dict(db.execute("select key_hash, record_id from winners").fetchall())
+    assert statuses == {ids[0]: "rejected", ids[1]: "pending", ids[2]: "rejected"}
+    assert held == {key.digest(): ids[1]}  # the servable record; the other key has none

@@ -7,59 +7,59 @@ import time
 import httpx
 import pytest
 
-from tests.factories import make_key, make_record
+from tests.factories import knobs, make_key, make_record
 from tunecache import Client, RecordsSource, Resolver, ServerSource
-from tunecache.schemas import LookupResponse, RecordPublic
+from tunecache.schemas import LookupRequest, LookupResponse, RecordPublic
 
 
 def server_answering(config: dict, calls: list[int], delay: float = 0.0) -> Client:  # type: ignore[type-arg]
-    """An API client over an in-memory server that answers every lookup with ``config`` after
-    ``delay`` seconds."""
-    record = make_record(make_key(), config=config).model_dump(mode="json", by_alias=True)
-    public = RecordPublic.model_validate(
-        {**record, "id": 7, "key_hash": "0" * 64, "created_at": "2026-01-01T00:00:00Z"}
-    )
-    body = LookupResponse(record=public).model_dump_json(by_alias=True)
+    """An API client over an in-memory server that answers every lookup with a record of the
+    asked key holding ``config``, after ``delay`` seconds."""
 
     def handle(request: httpx.Request) -> httpx.Response:
         time.sleep(delay)
         calls.append(1)
-        return httpx.Response(200, content=body)
+        key = LookupRequest.model_validate_json(request.content).key.to_key()
+        record = make_record(key, config=config).model_dump(mode="json", by_alias=True)
+        public = RecordPublic.model_validate(
+            {**record, "id": 7, "key_hash": "0" * 64, "created_at": "2026-01-01T00:00:00Z"}
+        )
+        return httpx.Response(200, content=LookupResponse(record=public).model_dump_json())
 
     return Client("http://in-memory.test", transport=httpx.MockTransport(handle), token="")
 
 
 def never_wide(config: dict) -> str | None:  # type: ignore[type-arg]
-    return "wider than this device allows" if config.get("width", 0) > 8 else None
+    return "wider than this device allows" if config.get("tile_i", 0) > 8 else None
 
 
 def test_a_config_that_does_not_fit_falls_through_to_the_next_source(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     calls: list[int] = []
-    snapshot = RecordsSource([make_record(make_key(), config={"width": 64})])
-    with server_answering({"width": 4}, calls) as client:
+    snapshot = RecordsSource([make_record(make_key(), config=knobs(64))])
+    with server_answering(knobs(4), calls) as client:
         resolver = Resolver([snapshot, ServerSource(client)])
         first = resolver.resolve(make_key(), fits=never_wide)
         again = resolver.resolve(make_key(), fits=never_wide)
-    assert (first.source, first.config, first.rule) == ("server", {"width": 4}, "exact")
-    assert (again.source, again.config) == ("memo", {"width": 4})  # remembered: one request
+    assert (first.source, first.config, first.rule) == ("server", knobs(4), "exact")
+    assert (again.source, again.config) == ("memo", knobs(4))  # remembered: one request
     assert calls == [1]
     assert [r.levelname for r in caplog.records].count("WARNING") == 1  # said once
 
 
 def test_nothing_fits_means_the_default_and_nothing_raises() -> None:
     calls: list[int] = []
-    with server_answering({"width": 64}, calls) as client:
+    with server_answering(knobs(64), calls) as client:
         resolver = Resolver([RecordsSource([]), ServerSource(client)])
-        result = resolver.resolve(make_key(), default={"width": 1}, fits=never_wide)
-    assert (result.source, result.config, result.hit, result.rule) == ("default", {"width": 1},
+        result = resolver.resolve(make_key(), default=knobs(1), fits=never_wide)
+    assert (result.source, result.config, result.hit, result.rule) == ("default", knobs(1),
                                                                        False, None)  # fmt: skip
 
 
 def test_a_records_source_answers_by_the_rules_without_a_server() -> None:
-    resolver = Resolver([RecordsSource([make_record(make_key(m=64), config={"w": 1}),
-                                        make_record(make_key(m=128), config={"w": 2},
+    resolver = Resolver([RecordsSource([make_record(make_key(m=64), config=knobs(1)),
+                                        make_record(make_key(m=128), config=knobs(2),
                                                     passed=False)])])  # fmt: skip
     assert resolver.resolve(make_key(m=60)).rule == "bucket"
     assert resolver.resolve(make_key(m=128)).source == "default"  # unvalidated: never served
@@ -98,7 +98,7 @@ def test_async_lookups_never_block_the_event_loop() -> None:
     import asyncio
 
     calls: list[int] = []
-    client = server_answering({"width": 4}, calls, delay=0.3)
+    client = server_answering(knobs(4), calls, delay=0.3)
 
     async def main() -> tuple[list[str], int]:
         ticks = 0

@@ -15,7 +15,7 @@ import pytest
 
 from cache_server.embedded import free_port
 from tests.conftest import LiveServer, start_server
-from tests.factories import AUTH, CPU, make_key, make_record
+from tests.factories import AUTH, CPU, knobs, make_key, make_record
 from tunecache import Client, InvalidInput
 from tunecache.device import DeviceFingerprint
 from tunecache.key import Key
@@ -286,8 +286,8 @@ class RefusingTransport(httpx.MockTransport):
 def test_client_looks_up_from_a_snapshot_file_without_a_server(tmp_path: Path) -> None:
     a, b, c = make_key(64), make_key(128), make_key(256)
     records = [
-        make_record(a, time_ms=2.0),
-        make_record(a, time_ms=1.0),  # two for one key: the faster is served
+        make_record(a, time_ms=2.0, config=knobs(2)),
+        make_record(a, time_ms=1.0, config=knobs(1)),  # two for one key: the faster is served
         make_record(b, time_ms=0.5, passed=False),  # unvalidated: never served
     ]
     body, etag = render_snapshot(SnapshotFilters(device_arch=ARCH), records)
@@ -304,7 +304,7 @@ def test_client_looks_up_from_a_snapshot_file_without_a_server(tmp_path: Path) -
         unvalidated = client.lookup(b, default=DEFAULT)
         miss = client.lookup(c, default=DEFAULT)
     assert {hit.source for hit in hits} == {"snapshot"}
-    assert hits[0].hit and hits[0].config == {"tile": [4, 8], "time": 1.0}
+    assert hits[0].hit and hits[0].config == knobs(1)
     assert hits[0].record is None  # a snapshot holds no server record ids
     assert (unvalidated.source, unvalidated.config) == ("default", DEFAULT)
     assert (miss.source, miss.hit) == ("default", False)
@@ -319,7 +319,7 @@ def test_a_snapshot_answers_same_arch_and_nearest_bucket_offline_saying_which_ru
     import dataclasses
 
     tuned_at = {m: make_key(m) for m in (64, 48)}
-    records = [make_record(key, time_ms=1.0, config={"tuned_at": m}) for m, key in tuned_at.items()]
+    records = [make_record(key, time_ms=1.0, config=knobs(m)) for m, key in tuned_at.items()]
     body, _ = render_snapshot(SnapshotFilters(device_arch=ARCH), records)
     path = tmp_path / "winners.json"
     save_snapshot(path, json.loads(body))
@@ -330,10 +330,10 @@ def test_a_snapshot_answers_same_arch_and_nearest_bucket_offline_saying_which_ru
         same_arch = client.lookup(dataclasses.replace(make_key(64), device=bigger))
         bucket = client.lookup(make_key(40))  # bucket 64 holds 48 and 64: 48 is nearer
         other_bucket = client.lookup(make_key(200), default=DEFAULT)
-    assert (exact.source, exact.rule, exact.config) == ("snapshot", "exact", {"tuned_at": 64})
+    assert (exact.source, exact.rule, exact.config) == ("snapshot", "exact", knobs(64))
     assert (same_arch.source, same_arch.rule) == ("snapshot", "same_arch")
-    assert same_arch.config == {"tuned_at": 64}
-    assert (bucket.source, bucket.rule, bucket.config) == ("snapshot", "bucket", {"tuned_at": 48})
+    assert same_arch.config == knobs(64)
+    assert (bucket.source, bucket.rule, bucket.config) == ("snapshot", "bucket", knobs(48))
     assert (other_bucket.source, other_bucket.rule) == ("default", None)
     assert transport.calls == 1  # only the miss asked the (unreachable) server
 
@@ -442,7 +442,7 @@ def test_sync_downloads_this_arch_once_and_the_resolver_reads_it(
 
     key = key_for("matmul", "tvm", {"M": 64, "N": 64, "K": 64}, "float32")  # this machine's CPU
     with Client(server.url) as client:
-        client.upload(make_record(key, time_ms=1.0, config={"synced": True}))
+        client.upload(make_record(key, time_ms=1.0, config=knobs(3)))
     path = tmp_path / "snapshot.json"
 
     def sync() -> str:
@@ -456,4 +456,4 @@ def test_sync_downloads_this_arch_once_and_the_resolver_reads_it(
     assert "is up to date" in sync()  # the file's ETag went as If-None-Match: 304
     with Client("http://127.0.0.1:9", snapshot=path) as offline:
         hit = offline.lookup(key)
-    assert (hit.source, hit.rule, hit.config) == ("snapshot", "exact", {"synced": True})
+    assert (hit.source, hit.rule, hit.config) == ("snapshot", "exact", knobs(3))

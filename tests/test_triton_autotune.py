@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,7 @@ print(json.dumps({"bench": len(m.BENCH_CALLS), "config": config_json(m.affine.be
 """
 
 
-def run(env: dict[str, str]) -> tuple[dict, str]:  # type: ignore[type-arg]
+def run(env: dict[str, str]) -> tuple[dict[str, Any], str]:
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                           timeout=300, cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1", **env})  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -60,7 +61,10 @@ def test_tuned_once_then_launched_with_zero_benchmarking_everywhere(
         document, _ = client.export_snapshot(local_device("cpu").fingerprint.arch)
         records = client.list_records(kernel="tests.user_triton_autotune:affine")
     assert records.count == 1 and records.items[0].validation.passed
+    # What the winner was checked against, in which dtype (no float64 reference here).
+    assert records.items[0].validation.reference == "reference= (user function), float32"
     snapshot = tmp_path / "winners.json"
+    assert document is not None
     save_snapshot(snapshot, document)
     offline, _ = run({"TUNECACHE_URL": dead_url(), "TUNECACHE_SNAPSHOT": str(snapshot)})
     assert offline == {"bench": 0, "config": tuned["config"]}
@@ -81,7 +85,7 @@ def test_server_down_runs_the_first_config_after_one_warning() -> None:
 
 
 # -- a hostile server never gets a config launched -------------------------------------------
-def _lookup_answer(config: dict) -> bytes:  # type: ignore[type-arg]
+def _lookup_answer(config: dict[str, Any]) -> bytes:
     """A well-formed lookup answer for the kernel's key at n=1000, carrying ``config``."""
     import torch
 
@@ -92,14 +96,15 @@ def _lookup_answer(config: dict) -> bytes:  # type: ignore[type-arg]
     m = _kernel_module()
     x = torch.zeros(1000)
     key = key_of_call(KernelIdentity.of(m.affine.fn), ["n"], {"x_ptr": x, "y_ptr": x, "n": 1000})
-    record = make_record(key, config=config).model_dump(mode="json", by_alias=True)
-    public = RecordPublic.model_validate(
-        {**record, "id": 1, "key_hash": key.digest(), "created_at": "2026-01-01T00:00:00Z"}
-    )
+    # Built from a servable record, then given ``config``: a hostile server sends anything.
+    record = make_record(key, config={"BLOCK": 32}).model_dump(mode="json", by_alias=True)
+    public = RecordPublic.model_validate({**record, "config": config, "id": 1,
+                                          "key_hash": key.digest(),
+                                          "created_at": "2026-01-01T00:00:00Z"})  # fmt: skip
     return LookupResponse(record=public).model_dump_json(by_alias=True).encode()
 
 
-def _kernel_module():  # type: ignore[no-untyped-def]
+def _kernel_module() -> Any:
     import tests.user_triton_autotune as m
 
     return m

@@ -72,13 +72,13 @@ class PoisonedBackend(Backend):
         return self.inner.unavailable_reason()
 
     def search(self, request: SearchRequest, *, workdir: Path) -> SearchResult:
+        from backends.tvm.knobs import default_knobs
+
         real = self.inner.search(request, workdir=workdir)
-        poisoned = {**real.config, "poison": True}
-        ranked = (
-            [{**c, "poison": True} for c in [real.config, *real.ranked]]
-            if self.poison_all
-            else [real.config]
-        )
+        # A knob config with one more knob (a TVM record may hold it): built as the knobs say,
+        # then made wrong. First, ahead of the real search's winner (unless all are poisoned).
+        poisoned = {**default_knobs(request.workload), "poison": 1}
+        ranked = [] if self.poison_all else [real.config]
         return SearchResult(config=poisoned, trials=real.trials, strategy=real.strategy,
                             seconds=real.seconds, runnable=None, ranked=ranked)  # fmt: skip
 
@@ -118,18 +118,17 @@ def test_no_correct_candidate_means_no_record(tmp_path: Path) -> None:
 
 
 class SlowedBackend(PoisonedBackend):
-    """Wraps a real backend; its searched winner is correct but deliberately slow."""
+    """Wraps a real backend; its searched winner (a MetaSchedule trace) is correct but
+    deliberately slow; the default config (no schedule) is not."""
 
     def search(self, request: SearchRequest, *, workdir: Path) -> SearchResult:
         real = self.inner.search(request, workdir=workdir)
-        return SearchResult(config={**real.config, "slow": True}, trials=real.trials,
-                            strategy=real.strategy, seconds=real.seconds)  # fmt: skip
+        return SearchResult(config=real.config, trials=real.trials, strategy=real.strategy,
+                            seconds=real.seconds)  # fmt: skip
 
     def build(self, workload, problem, dtype, config: Mapping[str, Any]) -> Runnable:  # type: ignore[no-untyped-def]
-        runnable = self.inner.build(
-            workload, problem, dtype, {k: v for k, v in config.items() if k != "slow"}
-        )
-        if not config.get("slow"):
+        runnable = self.inner.build(workload, problem, dtype, config)
+        if config.get("schedule") != "meta_schedule":
             return runnable
 
         def slow(*inputs: torch.Tensor) -> torch.Tensor:
@@ -161,3 +160,35 @@ class PoisonedTVM(PoisonedBackend):
 class SlowedTVM(SlowedBackend):
     def __init__(self) -> None:
         super().__init__(get_backend("tvm"))
+
+
+class UnservableBackend(SlowedBackend):
+    """Wraps a real backend; its searched winner is correct and fast, but its config carries a
+    field no TVM record may hold (free text): it could never be served."""
+
+    def search(self, request: SearchRequest, *, workdir: Path) -> SearchResult:
+        real = self.inner.search(request, workdir=workdir)
+        return SearchResult(config={**real.config, "note": "<script>"}, trials=real.trials,
+                            strategy=real.strategy, seconds=real.seconds)  # fmt: skip
+
+    def build(self, workload, problem, dtype, config: Mapping[str, Any]) -> Runnable:  # type: ignore[no-untyped-def]
+        return self.inner.build(workload, problem, dtype,
+                                {k: v for k, v in config.items() if k != "note"})  # fmt: skip
+
+
+class UnservableTVM(UnservableBackend):
+    def __init__(self) -> None:
+        super().__init__(get_backend("tvm"))
+
+
+def test_a_candidate_outside_the_closed_schema_never_wins(tmp_path: Path) -> None:
+    """A record must hold a servable config: the tuner passes over one that is not (an
+    ``invalid`` trial says why) instead of failing at the end, and the next candidate wins."""
+    key = key_for("matmul", "tvm", MATMUL16, "float32")
+    outcome = tune(key, Budget(trials=4), quick(tmp_path, "tests.test_tuner:UnservableTVM"),
+                   backend=UnservableBackend(get_backend("tvm")))  # fmt: skip
+    record = outcome.record
+    assert record.config == {"schedule": "default"} and record.validation.passed
+    refused = [t for t in record.trials if t.status == "invalid"]
+    assert len(refused) == 1 and "closed schema" in refused[0].error
+    assert "note" in refused[0].error

@@ -7,8 +7,11 @@ the backend's own key. Several items may share a key (a workload's tuning record
 ``score`` (lower is better: milliseconds, seconds) is replaced only by a better one.
 
 Only JSON crosses the wire, never pickles: a server must never be able to run code in a client.
-The reader still treats every value as untrusted (a hostile or broken server): the integrations
-check each one before handing it to their backend.
+Each namespace has a closed schema (:func:`tunecache.configcheck.artifact_problem`: a MetaSchedule
+trace of allowlisted instructions, Inductor's own choice timings and best configs): the server
+refuses a value outside it at upload (422 naming the item), and the reader still treats every
+value as untrusted (a hostile or broken server): the integrations check each one again before
+handing it to their backend.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from tunecache.configcheck import artifact_problem
 from tunecache.schemas import MAX_CONFIG_BYTES, MAX_ID, _Strict, check_json_size
 
 Namespace = Literal["inductor.choices", "inductor.autotune", "tvm.workload", "tvm.record"]
@@ -47,6 +51,12 @@ class ArtifactIn(_Strict):
     @classmethod
     def _bounded(cls, value: Any) -> Any:
         return check_json_size(value, "value", MAX_VALUE_BYTES)
+
+    @model_validator(mode="after")
+    def _closed_value(self) -> ArtifactIn:
+        if type(self) is ArtifactIn and (why := artifact_problem(self.namespace, self.value)):
+            raise ValueError(f"value is not a {self.namespace} item that may be served: {why}")
+        return self
 
 
 class ArtifactBatch(_Strict):

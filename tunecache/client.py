@@ -50,9 +50,12 @@ from tunecache.resolver import (
     ServerSource,
     SnapshotSource,
     Source,
+    Verify,
 )
 from tunecache.schemas import (
     ClaimRequest,
+    DisputeCreate,
+    DisputeResult,
     JobCreate,
     JobEnqueued,
     JobList,
@@ -66,6 +69,9 @@ from tunecache.schemas import (
     SnapshotImportResult,
     SnapshotPublic,
     UploadResult,
+    VerificationCreate,
+    VerifyClaimRequest,
+    VerifyTask,
 )
 from tunecache.settings import Settings
 from tunecache.tokens import Scope, TokenCreate, TokenCreated, TokenList, TokenPublic, WhoAmI
@@ -163,24 +169,41 @@ class Client:
 
     # -- run-time lookups ------------------------------------------------------------------
     def lookup(
-        self, key: Key, *, default: dict[str, Any] | None = None, fits: Fits | None = None
+        self,
+        key: Key,
+        *,
+        default: dict[str, Any] | None = None,
+        fits: Fits | None = None,
+        verify: Verify | None = None,
     ) -> LookupResult:
         """The winning config of ``key`` (memo → snapshot → server, see :attr:`resolver`); else
-        ``default``, or the backend's default config. A config ``fits`` refuses is passed over.
+        ``default``, or the backend's default config.
 
-        Never raises on a server failure and never blocks longer than the lookup timeout.
+        Every served record is checked first (:func:`tunecache.served.served_problem`); a config
+        ``fits`` refuses is passed over. With ``verify`` (``verify(config)`` compares the
+        config's outputs with the caller's reference and returns the
+        :class:`~tunecache.schemas.CheckModel`), an answer is used only once its check passed,
+        the first time this process would use it; a failed one is disputed with the server.
+
+        Never raises on a server failure and never blocks longer than the lookup timeout (plus
+        what ``verify`` itself takes, once per key).
         """
         if default is None:
             default = default_config(key.backend)
-        return self.resolver.resolve(key, default=default, fits=fits)
+        return self.resolver.resolve(key, default=default, fits=fits, verify=verify)
 
     async def alookup(
-        self, key: Key, *, default: dict[str, Any] | None = None, fits: Fits | None = None
+        self,
+        key: Key,
+        *,
+        default: dict[str, Any] | None = None,
+        fits: Fits | None = None,
+        verify: Verify | None = None,
     ) -> LookupResult:
         """:meth:`lookup` for async code: it never blocks the event loop."""
         if default is None:
             default = default_config(key.backend)
-        return await self.resolver.aresolve(key, default=default, fits=fits)
+        return await self.resolver.aresolve(key, default=default, fits=fits, verify=verify)
 
     def fetch(self, key: Key, *, timeout: httpx.Timeout | None = None) -> RecordPublic | None:
         """The winner of exactly ``key`` from the server, ``None`` on a miss; no memo, no fallback.
@@ -238,9 +261,8 @@ class Client:
             ServerError: the server is unreachable or rejected the record.
         """
         body = record.model_dump(mode="json", by_alias=True)
-        return UploadResult.model_validate_json(
-            self._call("POST", "/v1/records", json=body).content
-        )
+        response = self._call("POST", "/v1/records", json=body)
+        return self._parse(UploadResult, response, "/v1/records")
 
     def report_miss(self, key: Key, *, timeout: httpx.Timeout | None = None) -> JobEnqueued:
         """Asks the server to tune ``key``: it queues a job, or answers with the one queued.
@@ -254,6 +276,39 @@ class Client:
             return JobEnqueued.model_validate_json(response.content)
         except ValidationError as exc:
             raise ServerError(f"POST /v1/misses gave a bad answer: {exc}") from exc
+
+    def dispute(
+        self, record_id: int, dispute: DisputeCreate, *, timeout: httpx.Timeout | None = None
+    ) -> DisputeResult:
+        """Tells the server that record ``record_id`` failed a consumer's check (it then stops
+        serving it under every policy until a verifier re-verifies it). Needs a token.
+
+        Raises:
+            ServerError: the server is unreachable or refused (401 without a token).
+        """
+        body = dispute.model_dump(mode="json", by_alias=True)
+        path = f"/v1/records/{record_id}/disputes"
+        return self._parse(DisputeResult, self._call("POST", path, timeout, json=body), path)
+
+    # -- verifiers (a token with the verify scope) ------------------------------------------
+    def claim_verification(
+        self, worker: str, *, device_arch: str, backends: Sequence[str],
+        lease_seconds: float = 600.0,
+    ) -> VerifyTask | None:  # fmt: skip
+        """Leases the next record this verifier can re-check (``None``: nothing to do)."""
+        body = VerifyClaimRequest(worker=worker, device_arch=device_arch,
+                                  backends=list(backends),  # type: ignore[arg-type]
+                                  lease_seconds=lease_seconds).model_dump(mode="json")  # fmt: skip
+        response = self._call("POST", "/v1/verifications/claim", json=body)
+        if response.status_code == 204:
+            return None
+        return self._parse(VerifyTask, response, "/v1/verifications/claim")
+
+    def submit_verification(self, record_id: int, result: VerificationCreate) -> RecordPublic:
+        """Stores a verifier's finding on a record it holds the lease of; the record as now."""
+        path = f"/v1/records/{record_id}/verification"
+        body = result.model_dump(mode="json", by_alias=True)
+        return self._parse(RecordPublic, self._call("POST", path, json=body), path)
 
     # -- the job queue (tuning workers) -------------------------------------------------------
     def create_job(
@@ -430,9 +485,10 @@ class Client:
         return items
 
     # -- token management (needs a token with the admin scope) ---------------------------
-    def create_token(self, name: str, scope: Scope) -> TokenCreated:
-        """A new token; the answer holds it in clear, for the only time."""
-        body = TokenCreate(name=name, scope=scope).model_dump()
+    def create_token(self, name: str, scope: Scope, *, trusted: bool = False) -> TokenCreated:
+        """A new token; the answer holds it in clear, for the only time. ``trusted``: its
+        uploads are served as verified at once."""
+        body = TokenCreate(name=name, scope=scope, trusted=trusted).model_dump()
         return TokenCreated.model_validate_json(self._call("POST", "/v1/tokens", json=body).content)
 
     def list_tokens(self, *, include_revoked: bool = False) -> list[TokenPublic]:

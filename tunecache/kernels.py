@@ -64,6 +64,11 @@ class KernelSpec:
         sources: backend (or ``"*"`` for every backend) → the files that define the kernel
             there; their hash invalidates cached entries when they change.
         description: one line for tables.
+        choices: backend → the enumerated values of each config parameter there (the built-in
+            kernels' Triton spaces): a served config must name exactly these parameters, each
+            with one of its values (:func:`tunecache.configcheck.config_problem`).
+        config_defaults: backend → values a config may leave out (a parameter added after
+            records were tuned: ``{"SPLIT_K": 1}``).
     """
 
     name: str
@@ -74,6 +79,8 @@ class KernelSpec:
     bucket: tuple[str, ...] = ()
     sources: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     description: str = ""
+    choices: Mapping[str, Mapping[str, tuple[Any, ...]]] = field(default_factory=dict)
+    config_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = [b for b in self.dtypes if b not in BACKENDS]

@@ -6,6 +6,13 @@ check (a config the device cannot launch falls through to the next source), else
 default. Sources never raise either: a failure is logged once and is a miss. The typed API client
 (:class:`tunecache.client.Client`, which raises) is what :class:`ServerSource` talks through.
 
+No source is trusted: every record a source would answer with is checked first
+(:func:`tunecache.served.served_problem`: validated, not disputed, a key the lookup rules allow,
+a config inside its backend's closed schema). With ``verify`` (``verify="first"`` in the
+integrations), the first use of an answer in this process is also checked against the caller's
+reference: an answer that fails is not used, and the server is told (a dispute of the record,
+sent in the background), so it stops serving it until a verifier has looked again.
+
 Example:
     >>> resolver = Resolver([MemoSource(), RecordsSource([])])
     >>> key = tunecache.key_for("matmul", "tvm", {"M": 8, "N": 8, "K": 8}, "float32")
@@ -27,11 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from tunecache.errors import InvalidInput, ServerError
+from tunecache.canonical import canonical_json
+from tunecache.errors import InvalidInput, ServerError, one_line
 from tunecache.key import Key
 from tunecache.policies import VersionPolicy
 from tunecache.rules import Rule, best
-from tunecache.schemas import RecordCreate, RecordPublic
+from tunecache.schemas import CheckModel, DeviceModel, DisputeCreate, RecordCreate, RecordPublic
+from tunecache.served import served_problem
 
 if TYPE_CHECKING:
     from tunecache.best import BestBackend
@@ -41,6 +50,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 SourceName = Literal["memo", "snapshot", "server", "default"]
 Fits = Callable[[dict[str, Any]], str | None]  # why a config cannot launch here, or None
+# The served config's outputs against the caller's reference, on the same inputs.
+Verify = Callable[[dict[str, Any]], CheckModel]
 MAX_PENDING_REPORTS = 256
 
 
@@ -52,7 +63,8 @@ class LookupResult:
     holds the winners' data without server ids), but is still a :attr:`hit`. ``rule`` says which
     lookup rule matched (:mod:`tunecache.rules`: ``exact``, ``same_arch``, ``bucket``) and
     ``policy`` under which version policy; both are ``None`` for the default. ``time_ms``,
-    ``device`` (``arch name``) and ``problem`` say what the served record was timed at, where.
+    ``device`` (``arch name``) and ``problem`` say what the served record was timed at, where
+    (``time_ms``: the verifier's time once a verifier re-timed it, else the uploader's claim).
     """
 
     config: dict[str, Any] | None
@@ -69,10 +81,11 @@ class LookupResult:
                policy: VersionPolicy | None) -> LookupResult:  # fmt: skip
         """The answer that serves ``record`` (a server's :class:`RecordPublic` is kept)."""
         device = record.key.device
+        public = record if isinstance(record, RecordPublic) else None
+        timing = record.timing if public is None else public.believed_timing
         return cls(
-            record.config, source, record if isinstance(record, RecordPublic) else None, rule,
-            policy, record.timing.median_ms, f"{device.arch} {device.name}",
-            dict(record.key.problem),
+            record.config, source, public, rule, policy, timing.median_ms,
+            f"{device.arch} {device.name}", dict(record.key.problem),
         )  # fmt: skip
 
     @property
@@ -89,6 +102,10 @@ class Source(abc.ABC):
 
     def close(self) -> None:  # noqa: B027  # most sources have no background work
         """Finishes background work (the server source's miss reports)."""
+
+    def dispute(self, key: Key, answer: LookupResult, check: CheckModel) -> None:  # noqa: B027
+        """Tells where ``answer`` came from that its config failed ``check`` at ``key``'s
+        problem (the server marks the record disputed); nothing for a local source."""
 
 
 class MemoSource(Source):
@@ -136,7 +153,10 @@ class RecordsSource(Source):
             answer = None
             if found is not None:
                 record, rule = found
-                answer = LookupResult.served(record, self.name, rule, self.policy)
+                if (why := served_problem(key, record, rule, self.policy)) is not None:
+                    logger.warning("%s: ignoring the %s's record: %s", key.short(), self.name, why)
+                else:
+                    answer = LookupResult.served(record, self.name, rule, self.policy)
             self._answers[digest] = answer
         return self._answers[digest]
 
@@ -178,8 +198,11 @@ class ServerSource(Source):
         self._misses: dict[str, float] = {}
         self._down_until = 0.0
         self._warned = False
-        self._reports: queue.Queue[Key | None] = queue.Queue(maxsize=MAX_PENDING_REPORTS)
+        self._reports: queue.Queue[Callable[[], object] | None] = queue.Queue(
+            maxsize=MAX_PENDING_REPORTS
+        )
         self._reporter: threading.Thread | None = None
+        self._refused = False
 
     def get(self, key: Key, digest: str) -> LookupResult | None:
         now = time.monotonic()
@@ -193,19 +216,38 @@ class ServerSource(Source):
             self._failed(exc)
             return None
         if answer is not None:
-            return LookupResult.served(answer.record, "server", answer.match, answer.policy)
+            why = served_problem(key, answer.record, answer.match, self.client.policy)
+            if why is None:
+                return LookupResult.served(answer.record, "server", answer.match, answer.policy)
+            log = logger.debug if self._refused else logger.warning
+            self._refused = True
+            log("%s: ignoring record #%d from %s: %s", key.short(), answer.record.id,
+                self.client.url, why)  # fmt: skip
         with self._lock:
             self._misses[digest] = now + self.miss_ttl
         if self.report_misses:
-            self._queue_report(key)
+            self._queue_report(f"miss of {key.short()}", lambda: self.client.report_miss(
+                key, timeout=self.client.timeout.for_lookup()))  # fmt: skip
         return None
 
-    def _queue_report(self, key: Key) -> None:
+    def dispute(self, key: Key, answer: LookupResult, check: CheckModel) -> None:
+        """Reports that the server's record failed ``check`` at ``key``'s problem, in the
+        background; the record is forgotten here (the next lookup asks again)."""
+        record = answer.record
+        if record is None:
+            return
+        with self._lock:
+            self._misses[key.digest()] = time.monotonic() + self.miss_ttl
+        report = DisputeCreate(problem=dict(key.problem), check=check,
+                               device=DeviceModel.model_validate(key.device.to_json()))  # fmt: skip
+        self._queue_report(f"dispute of record #{record.id}", lambda: self.client.dispute(
+            record.id, report, timeout=self.client.timeout.for_lookup()))  # fmt: skip
+
+    def _queue_report(self, what: str, send: Callable[[], object]) -> None:
         try:
-            self._reports.put_nowait(key)
+            self._reports.put_nowait(send)
         except queue.Full:
-            logger.debug("miss of %s not reported: %d reports pending", key.short(),
-                         MAX_PENDING_REPORTS)  # fmt: skip
+            logger.debug("%s not reported: %d reports pending", what, MAX_PENDING_REPORTS)
             return
         with self._lock:
             if self._reporter is None:
@@ -214,11 +256,11 @@ class ServerSource(Source):
                 self._reporter.start()
 
     def _send_reports(self) -> None:
-        while (key := self._reports.get()) is not None:
+        while (send := self._reports.get()) is not None:
             try:
-                self.client.report_miss(key, timeout=self.client.timeout.for_lookup())
+                send()
             except Exception as exc:  # a bad answer too: the reporting thread must not die
-                logger.debug("miss of %s not reported: %s", key.short(), exc)
+                logger.debug("a report to %s was not sent: %s", self.client.url, exc)
 
     def close(self, timeout: float = 5.0) -> None:
         """Sends the reports still queued (within ``timeout`` seconds), then stops the thread."""
@@ -250,10 +292,20 @@ class Resolver:
         self.memo = MemoSource() if memo else None
         self.sources = list(sources)
         self._warned: set[str] = set()
+        self._verified: set[tuple[str, str]] = set()  # (key digest, config) checked here
 
-    def resolve(self, key: Key, *, default: dict[str, Any] | None = None,
-                fits: Fits | None = None) -> LookupResult:  # fmt: skip
-        """The first fitting answer for ``key``, else ``default`` (source ``"default"``)."""
+    def resolve(self, key: Key, *, default: dict[str, Any] | None = None, fits: Fits | None = None,
+                verify: Verify | None = None) -> LookupResult:  # fmt: skip
+        """The first fitting answer for ``key``, else ``default`` (source ``"default"``).
+
+        Args:
+            fits: why a config cannot launch here (``None``: it can); such an answer is passed
+                over.
+            verify: checks a config against the caller's reference on the same inputs; given,
+                an answer is used only once its check passed (once per process: a memo hit is
+                never checked again). A failed check passes the answer over and disputes it
+                with its source.
+        """
         digest = key.digest()
         if self.memo is not None and (found := self.memo.answers.get(digest)) is not None:
             return found
@@ -265,19 +317,46 @@ class Resolver:
                 self._warn_once(digest, f"{key.short()}: the {answer.source}'s config does not "
                                         f"fit here ({reason}); trying the next source")  # fmt: skip
                 continue
+            if verify is not None and not self._verified_here(key, digest, source, answer, verify):
+                continue
             if self.memo is not None and answer.source == "server":
                 self.memo.put(digest, answer)
             return answer
         return LookupResult(config=default, source="default")
 
     async def aresolve(self, key: Key, *, default: dict[str, Any] | None = None,
-                       fits: Fits | None = None) -> LookupResult:  # fmt: skip
+                       fits: Fits | None = None,
+                       verify: Verify | None = None) -> LookupResult:  # fmt: skip
         """:meth:`resolve` for async code: a memo hit answers at once; anything that may wait
-        (a snapshot's first read, the server) runs in a worker thread, so the event loop never
-        blocks. One path, not two: the sources stay synchronous."""
+        (a snapshot's first read, the server, a verification) runs in a worker thread, so the
+        event loop never blocks. One path, not two: the sources stay synchronous."""
         if self.memo is not None and (found := self.memo.answers.get(key.digest())) is not None:
             return found
-        return await asyncio.to_thread(self.resolve, key, default=default, fits=fits)
+        return await asyncio.to_thread(self.resolve, key, default=default, fits=fits,
+                                       verify=verify)  # fmt: skip
+
+    def _verified_here(self, key: Key, digest: str, source: Source, answer: LookupResult,
+                       verify: Verify) -> bool:  # fmt: skip
+        """Whether ``answer``'s config passed ``verify`` (run now unless it passed before)."""
+        assert answer.config is not None
+        seen = (digest, canonical_json(answer.config))
+        if seen in self._verified:
+            return True
+        try:
+            check = verify(answer.config)
+        except Exception as exc:  # the served config broke the caller's check: it failed
+            check = CheckModel(problem=dict(key.problem), seed=0, rel_error=None,
+                               max_abs_error=None, tolerance=1.0, passed=False,
+                               note=f"the check raised {one_line(exc)}"[:512])  # fmt: skip
+        if check.passed:
+            self._verified.add(seen)
+            return True
+        where = f"record #{answer.record.id}" if answer.record is not None else "its record"
+        self._warn_once(digest, f"{key.short()}: the {answer.source}'s config {answer.config} "
+                                f"failed its check on first use ({check.note or check.rel_error}"
+                                f"); not using it, disputing {where}")  # fmt: skip
+        source.dispute(key, answer, check)
+        return False
 
     def best(
         self,

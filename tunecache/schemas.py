@@ -29,6 +29,7 @@ from pydantic import (
 
 from tunecache import examples
 from tunecache.canonical import canonical_json
+from tunecache.configcheck import config_problem
 from tunecache.errors import InvalidInput
 from tunecache.jsonsafe import INT64_MAX, json_problem
 from tunecache.key import (
@@ -279,8 +280,26 @@ class Provenance(_Strict):
     device_raw_name: Annotated[str, Field(max_length=255)] = ""
 
 
+def _closed_config(value: JSONObject, info: ValidationInfo) -> JSONObject:
+    """The config if its backend's closed schema admits it (:mod:`tunecache.configcheck`)."""
+    key = info.data.get("key")
+    if isinstance(key, KeyModel) and (why := config_problem(key.backend, value,
+                                                            kernel=key.kernel)):  # fmt: skip
+        raise ValueError(f"not a {key.backend} config that may be served: {why}")
+    return value
+
+
+def _as_stored(value: JSONObject, info: ValidationInfo) -> JSONObject:
+    return value
+
+
 class RecordCreate(_Strict):
-    """A tuning result as uploaded by a tuner."""
+    """A tuning result as uploaded by a tuner.
+
+    Its ``config`` must pass its backend's closed schema (:mod:`tunecache.configcheck`): a
+    record is data, never code. Records read back from a server (:class:`RecordPublic`) are
+    parsed as they were stored; the client checks what it will use (:mod:`tunecache.resolver`).
+    """
 
     key: KeyModel
     config: JSONObject
@@ -294,15 +313,65 @@ class RecordCreate(_Strict):
 
     model_config = ConfigDict(json_schema_extra={"examples": [examples.RECORD]})
     _config_size = field_validator("config")(_check_config)
+    _config_closed = field_validator("config")(_closed_config)
+
+
+# pending: validated by its uploader, served under the default policy; verified: re-validated by a
+# verifier (or uploaded with a trusted token); disputed: a consumer's check failed, served under no
+# policy until a verifier re-verifies it; rejected: a verifier's check failed, never served.
+RecordStatus = Literal["pending", "verified", "disputed", "rejected"]
+SERVED_STATUSES: dict[str, tuple[str, ...]] = {
+    "validated": ("pending", "verified"),
+    "verified": ("verified",),
+}
+# A verifier's timing more than this much slower than the uploader's flags the uploaded time.
+TIMING_FLAG_RATIO = 1.25  # the uploader's time is over 20 % below the verifier's
+
+
+class VerificationPublic(_Strict):
+    """How a verifier re-checked a record on its own device of the record's arch."""
+
+    passed: bool
+    verifier: str  # the token name of the verifier
+    device_name: str
+    verified_at: datetime
+    timing: TimingModel | None = None  # the verifier's own timing of the config
+    validation: ValidationReport | None = None  # the verifier's checks
+    error: str = ""
+    # verifier median / uploader median; timing_flag: the uploader's time is more than 20 %
+    # faster than the verifier's (TIMING_FLAG_RATIO): not believed.
+    time_ratio: float | None = None
+    timing_flag: bool = False
 
 
 class RecordPublic(RecordCreate):
-    """A stored record as the server returns it."""
+    """A stored record as the server returns it.
+
+    ``status`` says whether it may be served (``pending`` and ``verified`` under the default
+    policy, ``verified`` only under the ``verified`` policy); ``uploaded_by`` is the name of the
+    token that uploaded it, as the server saw it.
+    """
 
     id: int
     key_hash: str
     created_at: datetime
     is_winner: bool = False
+    status: RecordStatus = "pending"
+    uploaded_by: str | None = None
+    verification: VerificationPublic | None = None
+    disputes: int = 0
+
+    # Stored records are read back as stored; the client checks what it uses.
+    _config_closed = field_validator("config")(_as_stored)
+
+    @property
+    def believed_timing(self) -> TimingModel:
+        """The verifier's timing once a verifier passed the record, else the uploader's: the
+        time the server ranks it by."""
+        check = self.verification
+        if self.status == "verified" and check is not None and check.timing is not None:
+            return check.timing
+        return self.timing
 
     def speedup(self, baseline: str = "torch_eager") -> float | None:
         """Baseline median / winner median, or ``None`` without that baseline."""
@@ -310,6 +379,93 @@ class RecordPublic(RecordCreate):
             if b.name == baseline:
                 return b.timing.median_ms / self.timing.median_ms
         return None
+
+    def trust_text(self) -> str:
+        """Who vouches for the record, in a line: ``verified by cpu-verifier …``."""
+        by = f"uploaded by {self.uploaded_by}" if self.uploaded_by else "uploaded"
+        check = self.verification
+        if self.status == "pending":
+            return f"pending: validated by its uploader only ({by}; not verified)"
+        if self.status == "disputed":
+            return f"disputed {self.disputes}x by consumers: not served until re-verified ({by})"
+        if check is None:
+            return f"{self.status} ({by})"
+        if self.status == "rejected":
+            return f"rejected by {check.verifier}: {check.error or 'its check failed'} ({by})"
+        text = f"verified by {check.verifier} on {check.device_name} ({by})"
+        if check.timing_flag and check.time_ratio is not None:
+            text += (f"; the uploaded time was {check.time_ratio:.2f}x faster than the "
+                     "verifier's: not believed")  # fmt: skip
+        return text
+
+
+class DisputeCreate(_Strict):
+    """A consumer's report that a served record's config failed its check where it was used
+    (``verify="first"``): the problem it ran at and the comparison that failed."""
+
+    problem: Problem
+    check: CheckModel
+    device: DeviceModel | None = None
+    note: ShortText = ""
+
+    @field_validator("check")
+    @classmethod
+    def _failed(cls, check: CheckModel) -> CheckModel:
+        if check.passed:
+            raise ValueError("a dispute carries the check that failed, not one that passed")
+        return check
+
+
+class DisputeResult(_Strict):
+    """The record's status after a dispute (``disputed`` unless a verifier rejected it before)."""
+
+    record_id: int
+    status: RecordStatus
+    disputes: int
+
+
+class VerifyClaimRequest(_Strict):
+    """A verifier asking for a record to re-check: its device arch and the backends it runs."""
+
+    worker: Annotated[str, Field(min_length=1, max_length=128)]
+    device_arch: Name
+    backends: Annotated[list[Backend], Field(min_length=1, max_length=3)]
+    lease_seconds: LeaseSeconds = 600.0
+
+
+class VerifyTask(_Strict):
+    """A record leased to a verifier, with the problems consumers disputed it at."""
+
+    record: RecordPublic
+    disputed_problems: list[Problem] = []
+    lease_expires_at: datetime
+
+
+class VerificationCreate(_Strict):
+    """A verifier's finding on a leased record.
+
+    ``outcome``: ``passed`` (re-validated; ``timing`` is the verifier's own), ``failed`` (a check
+    failed: ``validation`` says which) or ``unverifiable`` (this verifier cannot run it: another
+    environment, an unknown kernel; the record goes back to the queue).
+    """
+
+    worker: Annotated[str, Field(min_length=1, max_length=128)]
+    outcome: Literal["passed", "failed", "unverifiable"]
+    device_name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    timing: TimingModel | None = None
+    validation: ValidationReport | None = None
+    error: Annotated[str, Field(max_length=2048)] = ""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> VerificationCreate:
+        if self.outcome == "passed" and (self.timing is None or self.validation is None
+                                         or not self.validation.passed):  # fmt: skip
+            raise ValueError("a passed verification carries the verifier's timing and a "
+                             "validation that passed")  # fmt: skip
+        failed = self.validation is not None and not self.validation.passed
+        if self.outcome == "failed" and not failed and not self.error:
+            raise ValueError("a failed verification carries the failed validation or an error")
+        return self
 
 
 class UploadResult(_Strict):

@@ -7,9 +7,13 @@ of entropy, so unlike a password it cannot be guessed by trying hashes.
 
 Scopes are ordered, each including the ones before it:
 
-- ``read``: look keys up, list and read records, export snapshots, report misses, list jobs;
+- ``read``: look keys up, list and read records, export snapshots, report misses, list jobs,
+  dispute a served record (disputes always need a token, even where reads are open);
 - ``write``: also upload records, import snapshots, create, claim and finish tuning jobs;
-- ``admin``: also create, list and revoke tokens.
+- ``verify``: also claim records to re-check and store the findings (``tunecache daemon
+  --verify``): a verifier can mark records verified or rejected;
+- ``admin``: also create, list and revoke tokens, and mark tokens trusted (their uploads are
+  served as verified at once).
 
 Whether reads need a token at all is a server setting (``TUNECACHE_SERVER_READS``).
 
@@ -31,7 +35,7 @@ from pydantic import Field
 
 from tunecache.schemas import _Strict
 
-Scope = Literal["read", "write", "admin"]
+Scope = Literal["read", "write", "verify", "admin"]
 SCOPES: Final[tuple[Scope, ...]] = get_args(Scope)
 TOKEN_PREFIX: Final = "tc_"
 SHOWN_CHARS: Final = 8  # of the token, stored in clear to tell tokens apart
@@ -62,10 +66,11 @@ TokenName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\w.@:
 
 
 class TokenCreate(_Strict):
-    """A request for a new token."""
+    """A request for a new token; ``trusted``: its uploads are served as verified at once."""
 
     name: TokenName
     scope: Scope
+    trusted: bool = False
 
 
 class TokenPublic(_Strict):
@@ -78,6 +83,7 @@ class TokenPublic(_Strict):
     created_at: datetime
     last_used_at: datetime | None = None
     revoked_at: datetime | None = None
+    trusted: bool = False
 
 
 class WhoAmI(_Strict):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from backends import Backend, SearchRequest
+from tunecache.configcheck import config_problem
 from tunecache.errors import InvalidInput
 from tunecache.schemas import Trial
 from tunecache.space import Config, SearchSpace
@@ -46,6 +47,26 @@ class Candidates:
     ranked: list[dict[str, Any]]
     trials: list[Trial]
     retime: bool
+
+
+def servable(found: Candidates, backend: str, kernel: str,
+             default: Mapping[str, Any] | None = None) -> Candidates:  # fmt: skip
+    """``found`` without the candidates no record may hold: a config outside its backend's
+    closed schema (:func:`tunecache.configcheck.config_problem`) could never be served, so it
+    never wins; each is kept as an ``invalid`` trial saying why. When that leaves none, the
+    ``default`` config is the candidate."""
+    ranked: list[dict[str, Any]] = []
+    refused: list[Trial] = []
+    for config in found.ranked:
+        why = config_problem(backend, config, kernel=kernel)
+        if why is None:
+            ranked.append(config)
+        else:
+            error = f"outside the {backend} closed schema: {why}"[:2000]
+            refused.append(Trial(config=config, status="invalid", error=error))
+    if refused and not ranked and default is not None:
+        ranked.append(dict(default))
+    return Candidates(ranked, [*found.trials, *refused], found.retime)
 
 
 def enumerable_space(backend: Backend, workload: Workload, problem: Mapping[str, int],

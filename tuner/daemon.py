@@ -21,8 +21,9 @@ import os
 import platform
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from backends import Budget, get_backend
 from tunecache.client import Client
@@ -35,6 +36,7 @@ from tuner.harness import Harness
 from tuner.tune import TuneOptions, tune
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,20 @@ def runnable_backends(device: str, wanted: tuple[str, ...] | None = None) -> tup
         else:
             logger.info("not taking %s jobs: %s", name, reason)
     return tuple(chosen)
+
+
+def poll(claim: Callable[[], T | None], work: Callable[[T], object], *,
+         stopping: threading.Event, once: bool, every: float) -> None:  # fmt: skip
+    """Claims and works on what it claimed until ``stopping`` is set; when a claim finds
+    nothing, waits ``every`` seconds (or, ``once``, returns)."""
+    while not stopping.is_set():
+        claimed = claim()
+        if claimed is None:
+            if once:
+                return
+            stopping.wait(every)
+            continue
+        work(claimed)
 
 
 @contextlib.contextmanager
@@ -118,15 +134,11 @@ class Daemon:
         arch = self.device.fingerprint.arch
         logger.info("%s: taking %s jobs for %s", self.worker, ",".join(self.backends), arch)
         with Harness(workers=self.options.workers) as harness:
-            while not self.stopping.is_set():
-                job = self.client.claim_job(self.worker, lease_seconds=self.options.lease_seconds,
-                                            device_arch=arch, backends=self.backends)  # fmt: skip
-                if job is None:
-                    if self.options.once:
-                        break
-                    self.stopping.wait(self.options.poll_seconds)
-                    continue
-                self.work(job, harness)
+            poll(lambda: self.client.claim_job(
+                     self.worker, lease_seconds=self.options.lease_seconds, device_arch=arch,
+                     backends=self.backends),
+                 lambda job: self.work(job, harness), stopping=self.stopping,
+                 once=self.options.once, every=self.options.poll_seconds)  # fmt: skip
         return len(self.done)
 
     def local_key(self, job: JobPublic) -> Key:

@@ -29,6 +29,7 @@ from typing import Any
 from backends import Backend, Budget, Progress, ProgressFn, SearchRequest, get_backend
 from tunecache import __version__
 from tunecache.client import Client
+from tunecache.configcheck import config_problem
 from tunecache.device import local_device
 from tunecache.environment import environment_for
 from tunecache.errors import InvalidInput, TuningError
@@ -36,7 +37,7 @@ from tunecache.key import Key
 from tunecache.schemas import KeyModel, Provenance, RecordCreate, SearchModel, Trial
 from tunecache.space import Config
 from tunecache.timing import DEFAULT_TIMER, TimerSettings
-from tuner.candidates import Candidates, Emit, search_native, search_space
+from tuner.candidates import Candidates, Emit, search_native, search_space, servable
 from tuner.harness import Harness, Task
 from tuner.search import DEFAULT_STRATEGY, STRATEGIES
 from tuner.select import Winner, select_winner
@@ -151,10 +152,16 @@ def _problem(key: Key) -> dict[str, int]:
 
 
 def _default(workload: Workload, key: Key) -> dict[str, Any] | None:
+    """The kernel's default config, a candidate too (``None``: none, or one no record may hold)."""
     try:
-        return workload.default_config(key.backend, _problem(key), key.dtype)
+        config = workload.default_config(key.backend, _problem(key), key.dtype)
     except NotImplementedError:
         return None
+    if config is not None and (why := config_problem(key.backend, config, kernel=key.kernel)):
+        logger.warning("%s: the default config %s is outside the closed schema (%s); not a "
+                       "candidate", key.short(), config, why)  # fmt: skip
+        return None
+    return config
 
 
 def tune(
@@ -206,8 +213,10 @@ def tune(
                 neighbours=(lambda space: neighbour_configs(cache, key, space)) if cache else None,
                 prior_of=(lambda space: neighbour_prior(cache, key, space)) if cache else None,
             )  # fmt: skip
-        winner = select_winner(bench, found, default=_default(workload, key),
-                               seeds=options.seeds, emit=emit, deadline=deadline)  # fmt: skip
+        default = _default(workload, key)
+        found = servable(found, key.backend, key.kernel, default)
+        winner = select_winner(bench, found, default=default, seeds=options.seeds, emit=emit,
+                               deadline=deadline)  # fmt: skip
         if bench.pipelined:
             emit(f"compiled ahead in the compile farm ({harness.farm.workers} processes); "
                  f"{bench.timer_compiles} compiles in the timing process")  # fmt: skip

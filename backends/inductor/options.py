@@ -13,6 +13,10 @@ import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+# The schema's vocabulary (modes, GEMM backends) lives with the schema the server checks.
+from tunecache.configcheck.inductor import GEMM_BACKENDS, MODE_MAX_AUTOTUNE
+from tunecache.configcheck.inductor import MODE_DEFAULT as MODE_DEFAULT
+
 # Caches that could hand back an earlier compile (or earlier benchmark timings) instead of
 # benchmarking again: off during a search and during max-autotune builds. The C++ code cache
 # (compiled kernels keyed by their source hash) stays on: it cannot change what is chosen.
@@ -24,12 +28,6 @@ INDUCTOR_CACHES_OFF: tuple[str, ...] = (
     "bundled_autotune_remote_cache",
 )
 FUNCTORCH_CACHES_OFF: tuple[str, ...] = ("enable_autograd_cache", "enable_remote_autograd_cache")
-
-MODE_DEFAULT = "default"
-MODE_MAX_AUTOTUNE = "max-autotune"
-
-# Max-autotune GEMM backends (``max_autotune_gemm_backends``) a choice can be pinned to.
-GEMM_BACKENDS: tuple[str, ...] = ("ATEN", "CPP", "TRITON", "CUTLASS", "CK", "CKTILE")
 
 
 def inductor_patches(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,32 +26,19 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from backends.triton.limits import DeviceLimits, current_limits
+from tunecache.builtin import TRITON_GEMM, TRITON_GEMM_DEFAULTS, TRITON_ROWS
 from tunecache.errors import InvalidInput
 from tunecache.space import Config, SearchSpace
 
 logger = logging.getLogger(__name__)
 
 DOT_MIN = 16  # tl.dot needs every dimension of its operands to be at least 16
-GEMM_BLOCKS = (16, 32, 64, 128, 256)
-GEMM_CHOICES: dict[str, tuple[int, ...]] = {
-    "BLOCK_M": GEMM_BLOCKS,
-    "BLOCK_N": GEMM_BLOCKS,
-    "BLOCK_K": GEMM_BLOCKS,
-    "GROUP_M": (1, 4, 8),
-    "SPLIT_K": (1, 2, 4, 8, 16),
-    "num_warps": (2, 4, 8),
-    "num_stages": (2, 3, 4, 5),
-}
-GEMM_DEFAULTS = {"SPLIT_K": 1}
+# The enumerated choices live with the built-in kernels' specs (a served config is checked
+# against them by the client and the server, which import no backend).
+GEMM_CHOICES, GEMM_DEFAULTS, ROW_CHOICES = TRITON_GEMM, TRITON_GEMM_DEFAULTS, TRITON_ROWS
 SPLIT_K_MAX_WAVES = 2  # split K only while the output tiles fill the SMs fewer times than this
 SPLIT_K_MAX_SPLIT_WAVES = 4  # ... and into no more programs than fill them this many times
 SPLIT_K_MAX_WORKSPACE = 64 * 2**20  # bytes of fp32 partial sums
-ROW_CHOICES: dict[str, tuple[int, ...]] = {
-    "BLOCK_N": tuple(2**i for i in range(4, 17)),  # 16 … 65536
-    "ROWS_PER_PROGRAM": (1, 2, 4),
-    "num_warps": (1, 2, 4, 8, 16),
-    "num_stages": (1, 2, 3),
-}
 # Register heuristics (fp32 values live per thread): past these, kernels spill to local memory.
 MAX_ACCUMULATORS_PER_THREAD = 256
 MMA_TILE = 16 * 16  # the output elements of one warp's smallest useful share of a GEMM tile

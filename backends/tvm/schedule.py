@@ -4,6 +4,11 @@ A tuned config is ``{"schedule": "meta_schedule", "trace": <Trace.as_json()>, "t
 plain JSON, rebuilt in any process by replaying the trace on a freshly created PrimFunc.
 ``SamplePerfectTile`` decisions that no longer divide a loop (an edge problem with odd sizes)
 are re-sampled by TVM during replay, so a trace tuned at 128 also schedules 127.
+
+A trace is replayed only when it passes the allowlist of
+:func:`tunecache.configcheck.tvm.trace_problem` (MetaSchedule's own instructions and annotation
+keys): an instruction or annotation that could bring code into the build, such as
+``pragma_import_llvm``, is refused before TVM sees the trace.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from tunecache.configcheck.tvm import trace_problem
 from tunecache.errors import InvalidInput, TuningError
 from tunecache.tvm.jsonutil import plain_json
 
@@ -34,7 +40,8 @@ def config_schedule(config: Mapping[str, Any]) -> str:
     """The ``schedule`` kind of a TVM config.
 
     Raises:
-        InvalidInput: the config is not a TVM config (or a meta_schedule config has no trace).
+        InvalidInput: the config is not a TVM config, or a meta_schedule config has no trace or
+            one outside the allowlist (the message names the instruction and the reason).
     """
     kind = config.get("schedule")
     if kind == SCHEDULE_DEFAULT:
@@ -43,19 +50,32 @@ def config_schedule(config: Mapping[str, Any]) -> str:
         trace = config.get("trace")
         if not isinstance(trace, list) or len(trace) != 2:
             raise InvalidInput("a meta_schedule config needs 'trace': [instructions, decisions]")
+        check_trace(trace)
         return kind
     raise InvalidInput(
         f"unknown TVM schedule {kind!r}; expected {SCHEDULE_DEFAULT!r} or {SCHEDULE_META!r}"
     )
 
 
+def check_trace(trace: Any) -> None:
+    """Checks ``trace`` against the allowlist of what MetaSchedule's search spaces produce.
+
+    Raises:
+        InvalidInput: an instruction, attribute or annotation is not allowed (named).
+    """
+    if (why := trace_problem(trace)) is not None:
+        raise InvalidInput(f"the MetaSchedule trace is refused: {why}")
+
+
 def apply_trace(func: PrimFunc, trace: list[Any], *, where: str = "") -> Schedule:
     """A schedule of ``func`` with the instructions of ``trace`` replayed on it.
 
     Raises:
+        InvalidInput: the trace is outside the allowlist (:func:`check_trace`); TVM never sees it.
         TuningError: an instruction cannot be replayed on this function (another problem size
             made a block, loop or decision invalid); the message names the instruction.
     """
+    check_trace(trace)
     from tvm.s_tir import Schedule
     from tvm.s_tir.schedule import Trace
 

@@ -29,14 +29,15 @@ def _unauthorized(detail: str) -> HTTPException:
     )
 
 
-def requires(needed: Scope) -> Callable[..., TokenRow | None]:
-    """A dependency that lets the request through only with a token granting ``needed``."""
+def requires(needed: Scope, *, anonymous: bool = True) -> Callable[..., TokenRow | None]:
+    """A dependency that lets the request through only with a token granting ``needed``
+    (``anonymous=False``: a token even where the server leaves reads open)."""
 
     def check(
         credentials: Credentials, session: SessionDep, settings: SettingsDep
     ) -> TokenRow | None:
         if credentials is None:
-            if needed == "read" and settings.reads == "open":
+            if needed == "read" and settings.reads == "open" and anonymous:
                 return None
             raise _unauthorized(
                 f"this needs a token with the {needed!r} scope: "
@@ -58,7 +59,12 @@ def requires(needed: Scope) -> Callable[..., TokenRow | None]:
 
 # The caller's token row (``None`` without one), for routes that need to know who called.
 ReadAccess = Annotated[TokenRow | None, Depends(requires("read"))]
+# The caller's token row, for routes that record who called: always a row.
+IdentifiedAccess = Annotated[TokenRow, Depends(requires("read", anonymous=False))]
+WriteAccess = Annotated[TokenRow, Depends(requires("write"))]
+VerifyAccess = Annotated[TokenRow, Depends(requires("verify"))]
 # For a route's ``dependencies=[...]``.
 READ = Depends(requires("read"))
 WRITE = Depends(requires("write"))
+VERIFY = Depends(requires("verify"))
 ADMIN = Depends(requires("admin"))

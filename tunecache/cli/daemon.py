@@ -1,5 +1,9 @@
 """``tunecache daemon``: claim the tuning jobs this machine can run, tune them, upload them.
 
+With ``--verify`` (a token with the ``verify`` scope) it verifies instead: it claims uploaded
+records of this machine's arch, re-validates and re-times them here (:mod:`tuner.verify`), and
+the server serves them as verified or rejects them.
+
 SIGTERM or Ctrl-C: the current job is finished, then the daemon stops. Exit 0 when stopped (or,
 ``--once``, out of jobs), 2 bad input, 3 server unreachable.
 """
@@ -29,6 +33,10 @@ def register(commands: Any) -> None:
     parser.add_argument("--poll", type=float, default=5.0, help="seconds between empty claims")
     parser.add_argument("--lease", type=float, default=300.0, help="job lease in seconds")
     parser.add_argument("--workers", type=int, help="measurement worker processes")
+    parser.add_argument(
+        "--verify", action="store_true",
+        help="verify uploaded records instead of tuning jobs (a token with the verify scope)",
+    )  # fmt: skip
     add_server(parser)
     parser.set_defaults(run=run)
 
@@ -49,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.trials < 1 or args.poll <= 0 or args.lease <= 0:
         raise InvalidInput("--trials, --poll and --lease must be positive")
+    if args.verify:
+        return run_verifier(args)
     preflight(server_url(args), "write", "the daemon (it claims jobs and uploads)")
     options = DaemonOptions(
         device=args.device, backends=_backends(args.backends), trials=args.trials,
@@ -58,12 +68,38 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("tuner.daemon").setLevel(logging.INFO)  # what it claimed, stored, failed
     with Client(server_url(args)) as client:
         daemon = Daemon(client, options)
-        signal.signal(signal.SIGTERM, lambda *_: daemon.stop())
-        try:
-            completed = daemon.run()
-        except KeyboardInterrupt:
-            daemon.stop()
-            completed = len(daemon.done)
-    print(f"daemon {daemon.worker}: {completed} jobs completed, {len(daemon.failed)} failed",
+        _until_stopped(daemon)
+    print(f"daemon {daemon.worker}: {len(daemon.done)} jobs completed, {len(daemon.failed)} "
+          "failed", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def _until_stopped(worker: Any) -> None:
+    """Runs a daemon or a verifier until it is done; SIGTERM and Ctrl-C let the current job or
+    record finish, then stop it."""
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    try:
+        worker.run()
+    except KeyboardInterrupt:
+        worker.stop()
+
+
+def run_verifier(args: argparse.Namespace) -> int:
+    """``daemon --verify``: re-check uploaded records until stopped (or, ``--once``, done)."""
+    from tunecache.client import Client
+    from tuner.verify import Verifier, VerifierOptions
+
+    preflight(server_url(args), "verify", "the verifier (it marks records verified or rejected)")
+    options = VerifierOptions(device=args.device, backends=_backends(args.backends),
+                              lease_seconds=args.lease, poll_seconds=args.poll, once=args.once,
+                              workers=args.workers)  # fmt: skip
+    logging.getLogger("tuner.verify").setLevel(logging.INFO)
+    with Client(server_url(args)) as client:
+        verifier = Verifier(client, options)
+        _until_stopped(verifier)
+    outcomes = list(verifier.outcomes.values())
+    passed, failed = outcomes.count("passed"), outcomes.count("failed")
+    print(f"verifier {verifier.worker}: {passed + failed} records decided ({passed} verified, "
+          f"{failed} rejected), {outcomes.count('unverifiable')} given back as unverifiable",
           file=sys.stderr)  # fmt: skip
     return 0

@@ -22,6 +22,12 @@ def register(commands: Any) -> None:
     parser.add_argument("--port", type=int, help="port to bind (default 8765)")
     parser.add_argument("--workers", type=int, help="server processes (default 1)")
     parser.add_argument(
+        "--policy",
+        choices=("validated", "verified"),
+        help="records served: validated by their uploader, unless disputed (default), or only "
+        "those a verifier re-checked or a trusted token uploaded",
+    )
+    parser.add_argument(
         "--no-create",
         action="store_true",
         help="refuse to start on an empty database instead of creating the schema",
@@ -41,7 +47,7 @@ def server_settings(args: argparse.Namespace) -> Any:
 
     from cache_server.settings import ServerSettings
 
-    overrides = {k: getattr(args, k, None) for k in ("db", "host", "port", "workers")}
+    overrides = {k: getattr(args, k, None) for k in ("db", "host", "port", "workers", "policy")}
     try:
         return ServerSettings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
@@ -97,8 +103,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"tunecache serve: {exc}", file=sys.stderr)
             return 2
         if args.log_format == "text":  # in JSON, every stderr line is a log record
-            print(f"tunecache: serving {url} on http://{host}:{port} (OpenAPI at /docs)",
-                  file=sys.stderr)  # fmt: skip
+            print(f"tunecache: serving {url} on http://{host}:{port} (OpenAPI at /docs); "
+                  f"policy {settings.policy}", file=sys.stderr)  # fmt: skip
         logs.configure(args.log_format, verbose=getattr(args, "verbose", False))
         # Our access log (cache_server.access) replaces uvicorn's; log_config=None keeps ours.
         options: dict[str, Any] = {"host": host, "port": port, "log_config": None,

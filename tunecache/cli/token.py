@@ -32,6 +32,10 @@ def register(commands: Any) -> None:
     create = actions.add_parser("create", help="create a token (printed once, on stdout)")
     create.add_argument("--name", required=True, help="who or what holds it, e.g. ci or gpu-node-3")
     create.add_argument("--scope", required=True, help=f"one of {', '.join(SCOPES)}")
+    create.add_argument(
+        "--trusted", action="store_true",
+        help="its uploads are served as verified at once (the verified policy)",
+    )  # fmt: skip
     create.set_defaults(run=run_create)
     listing = actions.add_parser("list", help="list tokens (never the tokens themselves)")
     listing.add_argument("--all", action="store_true", help="include revoked tokens")
@@ -58,10 +62,11 @@ class _Direct:
     def __init__(self, session: Any) -> None:
         self.session = session
 
-    def create_token(self, name: str, scope: str) -> TokenCreated:
+    def create_token(self, name: str, scope: str, *, trusted: bool = False) -> TokenCreated:
         from cache_server import tokens
 
-        token, row = tokens.issue(self.session, name=name, scope=scope)  # type: ignore[arg-type]
+        token, row = tokens.issue(self.session, name=name, scope=scope,  # type: ignore[arg-type]
+                                  trusted=trusted)  # fmt: skip
         return TokenCreated(token=token, info=tokens.public(row))
 
     def list_tokens(self, *, include_revoked: bool = False) -> list[TokenPublic]:
@@ -111,15 +116,17 @@ def _tokens(args: argparse.Namespace) -> Iterator[Any]:
 
 def run_create(args: argparse.Namespace) -> int:
     try:
-        request = TokenCreate(name=args.name, scope=args.scope)
+        request = TokenCreate(name=args.name, scope=args.scope, trusted=args.trusted)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise InvalidInput(f"--{first['loc'][0]}: {first['msg']}") from None
     with _tokens(args) as tokens:
-        created: TokenCreated = tokens.create_token(request.name, request.scope)
+        created: TokenCreated = tokens.create_token(request.name, request.scope,
+                                                    trusted=request.trusted)  # fmt: skip
     info = created.info
+    trusted = ", trusted (its uploads are served as verified)" if info.trusted else ""
     print(
-        f"created token {info.id} {info.name!r} with the {info.scope!r} scope; "
+        f"created token {info.id} {info.name!r} with the {info.scope!r} scope{trusted}; "
         "it is shown only now:",
         file=sys.stderr,
     )

@@ -7,10 +7,23 @@ attribute ``backend_override_cls`` replaces its Redis backend with any
 ``RemoteCacheBackend[bytes]``; :func:`backend_class` makes one that answers from the team cache
 (namespace ``inductor.autotune``, the cache's own key, the config as a JSON object).
 
-Values are untrusted: :func:`sanitise_best_config` keeps a config only if it looks like what
-Inductor's ``AutotuneCache.save`` writes (``num_warps``, ``num_stages``, ``configs_hash`` and
-scalar kernel arguments). Inductor compares ``configs_hash`` with the kernel's own, so a config
-saved for another kernel is ignored by Inductor itself.
+Values are untrusted: :func:`sanitise_best_config` keeps a config only if it fits the closed
+schema the server also checks at upload
+(:func:`tunecache.configcheck.inductor.best_config_problem`): what Inductor's
+``AutotuneCache.save`` writes when it selected one of the kernel's listed configs (``num_warps``,
+``num_stages``, ``configs_hash``, numeric kernel arguments), never ``found_by_coordesc: true`` or
+``extra_options``. Inductor compares ``configs_hash`` with the kernel's own, so a config saved for
+another kernel is ignored by Inductor itself.
+
+**Only the kernel's own configs.** Inductor (torch 2.13) *rebuilds* a cached best config that
+matches none of the kernel's listed configs and launches it ("dynamically added configs"). While
+the store is installed, ``AutotuneCache.read_best`` is guarded (:func:`install_guard`): a best
+config the team cache answered must select exactly one of the kernel's listed configs (same
+arguments, ``num_warps`` and ``num_stages``), else it is dropped with one warning and Inductor
+benchmarks as usual. What Inductor's own local cache answers is left as it was. A torch whose
+``AutotuneCache`` has no ``read_best(self, inductor_meta, configs)`` runs unguarded (a debug
+line); torch 2.11's ``_load_cached_autotuning`` rebuilds only ``found_by_coordesc`` configs,
+which the schema refuses.
 
 Inductor makes Triton kernels only for GPUs (on CPU it generates C++), so this path runs end to
 end on a CUDA machine only. The override lives in this process: Triton kernels that Inductor
@@ -23,38 +36,35 @@ through this process (``tune --torch`` does so on CUDA).
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import hashlib
+import inspect
 import json
 import logging
-import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from tunecache.configcheck.inductor import best_config_problem
 from tunecache.inductor.remote import TeamCache
 
 logger = logging.getLogger(__name__)
 
 NAMESPACE: Final = "inductor.autotune"
 MAX_KEY = 256
-MAX_FIELDS = 64
-MAX_STRING = 256
 MAX_RECORDED = 10_000
-_REQUIRED_INTS = {"num_warps": (1, 64), "num_stages": (0, 32)}
-
-
-def _scalar(value: Any) -> bool:
-    if value is None or isinstance(value, bool):
-        return True
-    if isinstance(value, int):
-        return abs(value) < 2**63
-    if isinstance(value, float):
-        return math.isfinite(value)
-    return isinstance(value, str) and len(value) <= MAX_STRING
+_GUARD: Final = "__tunecache_original__"  # on the guarded read_best: the method it wraps
+_READ_BEST_PARAMS: Final = ("self", "inductor_meta", "configs")
+# Set by the guarded read_best while it runs: the store notes there the keys it answered.
+_answered: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "tunecache_autotune_answered", default=None
+)
+_warned = False
 
 
 def sanitise_best_config(value: Any) -> dict[str, Any] | None:
-    """``value`` if it is a well-formed best config, else ``None``.
+    """``value`` if it is a best config that may be served, else ``None`` (a debug line says why).
 
     Example:
         >>> sanitise_best_config({"XBLOCK": 128, "num_warps": 4, "num_stages": 1,
@@ -64,26 +74,9 @@ def sanitise_best_config(value: Any) -> dict[str, Any] | None:
         ...                       "configs_hash": "ab12"}) is None
         True
     """
-    if not isinstance(value, Mapping) or not 0 < len(value) <= MAX_FIELDS:
+    if (why := best_config_problem(value)) is not None:
+        logger.debug("best config refused: %s", why)
         return None
-    for name, (low, high) in _REQUIRED_INTS.items():
-        number = value.get(name)
-        if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high:
-            return None
-    configs_hash = value.get("configs_hash")
-    if not isinstance(configs_hash, str) or not 0 < len(configs_hash) <= MAX_STRING:
-        return None
-    for name, field_value in value.items():
-        if not isinstance(name, str) or not 0 < len(name) <= MAX_STRING:
-            return None
-        if name == "extra_options" and isinstance(field_value, Mapping):
-            nested = field_value
-            if len(nested) > MAX_FIELDS or not all(
-                isinstance(k, str) and _scalar(v) for k, v in nested.items()
-            ):
-                return None
-        elif not _scalar(field_value):
-            return None
     return dict(value)
 
 
@@ -120,10 +113,15 @@ class AutotuneStore:
             found = self.team.fetch(NAMESPACE, key=name)
             value = sanitise_best_config(found[0].value) if found else None
             if found and value is None:
-                logger.info("ignored a malformed best config for %s from the team cache", name)
+                why = best_config_problem(found[0].value)
+                logger.info("ignored a best config for %s from the team cache: %s", name, why)
             self._memo[name] = value
         value = self._memo[name]
-        return None if value is None else _encode(value)
+        if value is None:
+            return None
+        if (answered := _answered.get()) is not None:
+            answered.append(name)
+        return _encode(value)
 
     def put(self, key: str, data: Any) -> None:
         """Records what Inductor saves; malformed data is dropped with a log line."""
@@ -133,7 +131,8 @@ class AutotuneStore:
             value = None
         clean = sanitise_best_config(value)
         if clean is None:
-            logger.info("not recording a best config that is not one: %r", data)
+            why = best_config_problem(value)
+            logger.info("not recording a best config that may not be served (%s): %r", why, data)
             return
         if len(self.recorded) < MAX_RECORDED:
             self.recorded[artifact_key(key)] = clean
@@ -159,25 +158,110 @@ def backend_class(store: AutotuneStore) -> type[Any]:
     return TeamAutotuneBackend
 
 
+def _same_config(listed: Any, best: Any) -> bool:
+    """Whether ``best`` is ``listed`` or has its arguments, ``num_warps`` and ``num_stages``."""
+    if listed is best:
+        return True
+    return bool(
+        getattr(listed, "kwargs", None) == getattr(best, "kwargs", object())
+        and getattr(listed, "num_warps", None) == getattr(best, "num_warps", object())
+        and getattr(listed, "num_stages", None) == getattr(best, "num_stages", object())
+    )
+
+
+def own_config(best: Any, configs: Sequence[Any]) -> Any | None:
+    """The one listed config ``best`` selects, or ``None`` (none or several match)."""
+    matching = [listed for listed in configs if _same_config(listed, best)]
+    return matching[0] if len(matching) == 1 else None
+
+
+def _drop(keys: list[str], best: Any) -> None:
+    global _warned
+    log = logger.debug if _warned else logger.warning
+    _warned = True
+    log(
+        "the team cache's best config for %s (%s) is none of the kernel's own "
+        "configs; not used, Inductor autotunes this kernel",
+        ", ".join(keys),
+        best,
+    )
+
+
+def _guarded(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``AutotuneCache.read_best`` that keeps a team-cache answer only if it is a listed config."""
+
+    @functools.wraps(original)
+    def read_best(self: Any, inductor_meta: Any, configs: Any, *args: Any, **kwargs: Any) -> Any:
+        answered: list[str] = []
+        token = _answered.set(answered)
+        try:
+            best = original(self, inductor_meta, configs, *args, **kwargs)
+        finally:
+            _answered.reset(token)
+        if best is None or not answered:  # a miss, or Inductor's local cache answered
+            return best
+        own = own_config(best, list(configs))
+        if own is None:
+            _drop(answered, best)
+        return own
+
+    setattr(read_best, _GUARD, original)
+    return read_best
+
+
+def _autotune_cache_class() -> type[Any] | None:
+    try:
+        from torch._inductor.runtime.autotune_cache import AutotuneCache
+    except ImportError as exc:  # an Inductor without the autotune cache
+        logger.debug("no AutotuneCache to guard (%s)", exc)
+        return None
+    return AutotuneCache
+
+
+def install_guard() -> None:
+    """Guards ``AutotuneCache.read_best`` (see the module docstring); idempotent.
+
+    A torch whose ``AutotuneCache`` has no ``read_best(self, inductor_meta, configs)`` is left
+    unguarded with a debug line.
+    """
+    cls = _autotune_cache_class()
+    method = None if cls is None else cls.__dict__.get("read_best")
+    if cls is None or method is None or hasattr(method, _GUARD):
+        if cls is not None and method is None:
+            logger.debug("AutotuneCache has no read_best in this torch: not guarded")
+        return
+    try:
+        names = tuple(inspect.signature(method).parameters)[: len(_READ_BEST_PARAMS)]
+    except (TypeError, ValueError):
+        names = ()
+    if not callable(method) or names != _READ_BEST_PARAMS:
+        logger.debug("AutotuneCache.read_best%s is not the one guarded here: not guarded", names)
+        return
+    cls.read_best = _guarded(method)
+
+
 def install(store: AutotuneStore) -> None:
-    """Makes Inductor's autotune remote cache ``store``, and turns that cache on."""
+    """Makes Inductor's autotune remote cache ``store``, turns that cache on, and guards reads."""
     from torch._inductor import config
     from torch._inductor.remote_cache import RemoteAutotuneCache
 
     RemoteAutotuneCache.backend_override_cls = backend_class(store)
     if hasattr(config, "autotune_remote_cache"):
         config.autotune_remote_cache = True
+    install_guard()
 
 
 @contextlib.contextmanager
 def installed(store: AutotuneStore) -> Iterator[AutotuneStore]:
-    """:func:`install` for the body only; the previous backend and setting come back after."""
+    """:func:`install` for the body only; the previous backend, setting and ``read_best`` after."""
     from torch._inductor import config
     from torch._inductor.remote_cache import RemoteAutotuneCache
 
     previous = RemoteAutotuneCache.backend_override_cls
     had_setting = hasattr(config, "autotune_remote_cache")
     setting = getattr(config, "autotune_remote_cache", None)
+    cls = _autotune_cache_class()
+    read_best = None if cls is None else cls.__dict__.get("read_best")
     install(store)
     try:
         yield store
@@ -185,3 +269,5 @@ def installed(store: AutotuneStore) -> Iterator[AutotuneStore]:
         RemoteAutotuneCache.backend_override_cls = previous
         if had_setting:
             config.autotune_remote_cache = setting
+        if cls is not None and read_best is not None:
+            cls.read_best = read_best

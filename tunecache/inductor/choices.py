@@ -13,11 +13,14 @@ group is one artifact (namespace ``inductor.choices``), its value
 failed, Inductor's ``inf``), its score the fastest time.
 
 Values read from the server are untrusted: :meth:`ChoiceGroup.from_value` keeps a group only if
-every field has the right type and size and every time is a finite, non-negative number (or
-``null``), with at least one finite time (a group of failures only would make Inductor raise
-``NoValidChoicesError``). A choice hash that no candidate has just misses: Inductor benchmarks.
-Merging never replaces a group the local file already has, and never touches a local file it
-cannot read.
+it fits the closed schema the server also checks at upload
+(:func:`tunecache.configcheck.inductor.choice_group_problem`): the four fields of the right type
+and size, every time a finite, non-negative number (or ``null``), with at least one finite time (a
+group of failures only would make Inductor raise ``NoValidChoicesError``). The group is data, not
+code: ``PersistentCache.lookup`` uses it only when every candidate Inductor offers for the node
+has a time in it, and picks only among those candidates; a choice hash no candidate has is never
+looked at, and a group lacking one of them misses (Inductor benchmarks). Merging never replaces a
+group the local file already has, and never touches a local file it cannot read.
 """
 
 from __future__ import annotations
@@ -33,28 +36,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from tunecache.configcheck.inductor import (
+    MAX_CHOICES,
+    MAX_NAME,
+    MAX_PRECISION,
+    choice_group_problem,
+    finite_ms,
+    text,
+)
+
 logger = logging.getLogger(__name__)
 
 NAMESPACE: Final = "inductor.choices"
 MAX_KEY = 256  # the server's limit on an artifact key
-MAX_TEXT = 4096  # an op name, inputs key or precision longer than this is not Inductor's
-MAX_CHOICES = 1024  # candidates of one op
-MAX_HASH = 512  # one choice hash
-MAX_MS = 1e9
-
-
-def _finite_ms(value: Any) -> float | None:
-    """``value`` as milliseconds if it is a finite, non-negative number (not a bool), else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    ms = float(value)
-    return ms if math.isfinite(ms) and 0.0 <= ms < MAX_MS else None
-
-
-def _text(value: Any, limit: int = MAX_TEXT) -> str | None:
-    if isinstance(value, str) and 0 < len(value) <= limit and value.isprintable():
-        return value
-    return None
 
 
 @dataclass(frozen=True)
@@ -94,26 +88,27 @@ class ChoiceGroup:
 
     @classmethod
     def from_value(cls, value: Any) -> ChoiceGroup | None:
-        """A group from an artifact value, or ``None`` if anything in it is malformed."""
-        if not isinstance(value, Mapping):
+        """A group from an artifact value, or ``None`` if it is outside the closed schema."""
+        if (why := choice_group_problem(value)) is not None:
+            logger.debug("choice group refused: %s", why)
             return None
-        return cls.checked(value.get("op"), value.get("inputs"), value.get("precision"),
-                           value.get("timings"), failed=None)  # fmt: skip
+        return cls.checked(value["op"], value["inputs"], value["precision"], value["timings"],
+                           failed=None)  # fmt: skip
 
     @classmethod
     def checked(
         cls, op: Any, inputs: Any, precision: Any, timings: Any, *, failed: Any
     ) -> ChoiceGroup | None:
         """A group if every part is well formed; ``failed`` is how a failed time is written."""
-        if not (_text(op) and _text(inputs) and _text(precision, 64)):
+        if not (text(op) and text(inputs) and text(precision, MAX_PRECISION)):
             return None
         if not isinstance(timings, Mapping) or not 0 < len(timings) <= MAX_CHOICES:
             return None
         clean: dict[str, float] = {}
         for choice, raw in timings.items():
-            if _text(choice, MAX_HASH) is None:
+            if text(choice, MAX_NAME) is None:
                 return None
-            ms = _finite_ms(raw)
+            ms = finite_ms(raw)
             if ms is None and raw is not failed and not _is_inf(raw):
                 return None
             clean[choice] = ms if ms is not None else math.inf

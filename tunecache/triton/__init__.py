@@ -12,6 +12,14 @@ Example:
 from __future__ import annotations
 
 from tunecache.triton.autotuner import CachedAutotuner, autotune
-from tunecache.triton.keys import KernelIdentity, key_of_call, misfit
+from tunecache.triton.keys import KernelIdentity, KernelSpace, key_of_call, launch_misfit, misfit
 
-__all__ = ["CachedAutotuner", "KernelIdentity", "autotune", "key_of_call", "misfit"]
+__all__ = [
+    "CachedAutotuner",
+    "KernelIdentity",
+    "KernelSpace",
+    "autotune",
+    "key_of_call",
+    "launch_misfit",
+    "misfit",
+]

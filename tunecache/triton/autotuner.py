@@ -2,16 +2,21 @@
 
 :class:`CachedAutotuner` is a ``triton.runtime.autotuner.Autotuner`` that, before Triton would
 benchmark a new tuning key, looks the call's :class:`~tunecache.Key` up (memo → snapshot file →
-server). A hit that fits the kernel and the device goes into Triton's own per-key cache, so Triton
-launches it with no benchmarking at all. A miss is tuned as Triton tunes (``on_miss="tune"``: the
-listed configs benchmarked with Triton's ``do_bench``), the winner validated on fresh inputs and
-uploaded when a write token is set; or the first config is launched and the miss reported
-(``on_miss="default"``). With ``torch.distributed`` initialised, rank 0's choice is broadcast,
-so every rank launches the same config.
+server). A served config is used only when it is one of the kernel's listed ``configs`` (then the
+user's own ``triton.Config`` object is launched) or inside the space the user declared
+(``space=``), and its launch options fit the device; it goes into Triton's own per-key cache, so
+Triton launches it with no benchmarking at all. Anything else is a miss (one warning per kernel).
+With ``verify="first"`` a served config's first use in the process is checked against the
+reference on copies of the call's arguments. A miss is tuned as Triton tunes (``on_miss="tune"``:
+the listed configs benchmarked with Triton's ``do_bench``), the winner validated on fresh inputs
+and uploaded, with the trials measured for its key, when a write token is set; or the first config
+is launched and the miss reported (``on_miss="default"``). With ``torch.distributed``
+initialised, rank 0's choice is broadcast, so every rank launches the same config.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import time
@@ -24,28 +29,34 @@ from triton.runtime.autotuner import Autotuner
 
 from tunecache.client import Client
 from tunecache.defaults import TOLERANCES
-from tunecache.errors import InvalidInput, ServerError
-from tunecache.key import Key
+from tunecache.errors import InvalidInput, ServerError, one_line
+from tunecache.key import Key, describe
 from tunecache.policies import VersionPolicy
+from tunecache.schemas import CheckModel
 from tunecache.settings import Settings
 from tunecache.triton.keys import (
     KernelIdentity,
+    KernelSpace,
+    SpaceLike,
     call_device,
     key_of_call,
     misfit,
+    triton_config,
 )
 from tunecache.triton.record import (
     SEED,
     build_record,
     compare_outputs,
     config_json,
-    fresh_arguments,
+    fresh_call,
+    reference_label,
     validated,
 )
 from tunecache.triton.shared import shared_misfit
 
 logger = logging.getLogger(__name__)
 OnMiss = Literal["tune", "default"]
+VerifyMode = Literal["never", "first"]
 
 
 @functools.cache
@@ -63,16 +74,11 @@ def settings() -> Settings:
 def shared_client(url: str | None, snapshot: Path | None, policy: VersionPolicy) -> Client:
     """One client per process and settings, shared by every decorated kernel."""
     found = settings()
-    return Client(url or found.url, timeout=found.timeout, token=found.token or "",
-                  snapshot=snapshot, policy=policy, report_misses=True)  # fmt: skip
-
-
-def _launch_config(config: dict[str, Any]) -> Config:
-    launch = {
-        k: config[k] for k in ("num_warps", "num_stages", "num_ctas", "maxnreg") if k in config
-    }
-    meta = {k: v for k, v in config.items() if k not in launch}
-    return Config(meta, **launch)
+    client = Client(url or found.url, timeout=found.timeout, token=found.token or "",
+                    snapshot=snapshot, policy=policy, report_misses=True)  # fmt: skip
+    # Disputes and miss reports still queued at exit reach the server (a few seconds at most).
+    atexit.register(client.close)
+    return client
 
 
 class CachedAutotuner(Autotuner):
@@ -81,15 +87,18 @@ class CachedAutotuner(Autotuner):
     def __init__(self, fn: Any, arg_names: list[str], configs: list[Config], key: list[str],
                  *, url: str | None, snapshot: Path | None, policy: VersionPolicy,
                  on_miss: OnMiss, reference: Callable[..., Any] | None,
+                 space: SpaceLike | None = None, verify: VerifyMode = "never",
                  **options: Any) -> None:  # fmt: skip
         reset_to_zero = options.pop("reset_to_zero", None)
         restore_value = options.pop("restore_value", None)
         super().__init__(fn, arg_names, configs, key, reset_to_zero, restore_value, **options)
         self.identity = KernelIdentity.of(fn)
         # The tuned meta-parameters and their types, as the listed configs give them.
-        self.meta = {k: type(v) for c in configs for k, v in c.kwargs.items()}
+        self.meta = {k: type(v) for c in self.configs for k, v in c.kwargs.items()}
+        # The listed configs, indexed once: a served config is looked up, never rebuilt.
+        self.space = KernelSpace(self.configs, space)
         self.url, self.snapshot, self.policy = url, snapshot, policy
-        self.on_miss, self.reference = on_miss, reference
+        self.on_miss, self.reference, self.verify = on_miss, reference, verify
         self.benchmarked = 0  # tuning keys Triton benchmarked in this process
         self._warned: set[str] = set()
 
@@ -101,17 +110,24 @@ class CachedAutotuner(Autotuner):
             return super().run(*args, **kwargs)
         key = self._key(arguments)
         if key is not None:
-            self._resolve(key, tuning_key, arguments)
+            self._resolve(key, tuning_key, args, kwargs)
         if _distributed() and self._rank() != 0:
-            self.cache[tuning_key] = _launch_config(_broadcast(None))
+            chosen = _broadcast(None)
+            self.cache[tuning_key] = self.space.find(chosen) or triton_config(chosen)
             return super().run(*args, **kwargs)
         tuned = tuning_key not in self.cache
+        if tuned:
+            # Triton sets the timings only when it benchmarks (not when pruning leaves one
+            # config): whatever is there after the run was measured for this key.
+            self.configs_timings: dict[Config, Any] = {}
         started = time.perf_counter()
         out = super().run(*args, **kwargs)
         if tuned:
-            self.benchmarked += 1
+            timings = dict(getattr(self, "configs_timings", None) or {})
+            self.benchmarked += bool(timings)
             if key is not None:
-                self._tuned(key, tuning_key, args, kwargs, time.perf_counter() - started)
+                self._tuned(key, tuning_key, args, kwargs, timings,
+                            time.perf_counter() - started)  # fmt: skip
         if _distributed():
             _broadcast(config_json(self.cache[tuning_key]))
         return out
@@ -135,31 +151,67 @@ class CachedAutotuner(Autotuner):
         return shared_client(self.url, self.snapshot, self.policy)
 
     # -- hits and misses ---------------------------------------------------------------------
-    def _resolve(self, key: Key, tuning_key: tuple[Any, ...], arguments: dict[str, Any]) -> None:
-        """Fills Triton's cache for ``tuning_key`` from tunecache when a fitting config is found
-        (or with the first config on a miss when ``on_miss="default"``)."""
-        tensors = [v for v in arguments.values() if hasattr(v, "data_ptr")]
-        device = call_device(tensors)
-
+    def _resolve(self, key: Key, tuning_key: tuple[Any, ...], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> None:  # fmt: skip
+        """Fills Triton's cache for ``tuning_key`` from tunecache when a config inside the
+        kernel's space fits (or with the first config on a miss when ``on_miss="default"``)."""
+        arguments = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
         named = {k: v for k, v in arguments.items() if k in self.arg_names}
+        device = call_device([v for v in arguments.values() if hasattr(v, "data_ptr")])
 
         def fits(config: dict[str, Any]) -> str | None:
             why = misfit(config, self.identity, self.meta, device)
+            if why is None and self.space.find(config) is None:
+                why = self._outside(config)
             return why or shared_misfit(self.fn, named, config, device)
 
         # A config that does not fit is passed over: the next source, else a miss.
-        result = self._client().lookup(key, default=None, fits=fits)
+        verify = self._verifier(key, args, kwargs) if self.verify == "first" else None
+        result = self._client().lookup(key, default=None, fits=fits, verify=verify)
         if result.hit and result.config is not None:
-            self.cache[tuning_key] = _launch_config(result.config)
-            return
+            # Found again (a memo answer is not re-fitted): the user's own listed object.
+            chosen = self.space.find(result.config)
+            if chosen is not None:
+                self.cache[tuning_key] = chosen
+                return
+            self._outside(result.config)
         if self.on_miss == "default":
             self.cache[tuning_key] = self.configs[0]
 
+    def _outside(self, config: dict[str, Any]) -> str:
+        """Why a served config is outside the kernel's space; warns once per kernel."""
+        why = self.space.outside(config)
+        self._warn_once("outside", f"{self.identity.name}: a served config "
+                                   f"{describe(config, 200)} is {why}: never launched, "
+                                   "treated as a miss")  # fmt: skip
+        return why
+
+    def _verifier(self, key: Key, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> Callable[[dict[str, Any]], CheckModel]:  # fmt: skip
+        """``verify(config)``: a served config's outputs against the reference's, on identical
+        seeded copies of this call's arguments (the caller's tensors are never written)."""
+        tolerance = TOLERANCES.get(key.dtype, 1e-4)
+
+        def verify(config: dict[str, Any]) -> CheckModel:
+            chosen = self.space.find(config)
+            if chosen is None:  # ``fits`` refuses it first: never launched, here neither
+                raise InvalidInput(f"{describe(config)} is outside the kernel's space")
+            return self._check(chosen, args, kwargs, tolerance, key)
+
+        return verify
+
     def _tuned(self, key: Key, tuning_key: tuple[Any, ...], args: tuple[Any, ...],
-               kwargs: dict[str, Any], seconds: float) -> None:  # fmt: skip
-        """Validates Triton's pick on fresh inputs and uploads it; a wrong pick is replaced by
-        the first config (and stored nowhere)."""
+               kwargs: dict[str, Any], timings: dict[Config, Any],
+               seconds: float) -> None:  # fmt: skip
+        """Validates Triton's pick on fresh inputs and uploads it with ``timings`` (the ones
+        measured for this key); a wrong pick is replaced by the first config (and stored
+        nowhere)."""
         winner = self.cache[tuning_key]
+        if not timings:
+            logger.info("%s: Triton launched %s without benchmarking (one config left after "
+                        "pruning): nothing tuned, nothing uploaded", key.short(),
+                        winner)  # fmt: skip
+            return
         check = self._check(winner, args, kwargs, TOLERANCES.get(key.dtype, 1e-4), key)
         if not check.passed:
             self._warn_once("wrong", f"{key.short()}: the tuned config {winner} failed "
@@ -167,8 +219,9 @@ class CachedAutotuner(Autotuner):
                                      "first config")  # fmt: skip
             self.cache[tuning_key] = self.configs[0]
             return
-        timings = getattr(self, "configs_timings", {}) or {}
-        record = build_record(key, winner, timings, self.configs[0], validated(check), seconds)
+        against = reference_label(self.reference is not None, key.dtype)
+        record = build_record(key, winner, timings, self.configs[0], validated(check, against),
+                              seconds)  # fmt: skip
         if record is None:
             self._warn_once("timing", f"{key.short()}: no usable timings; not uploaded")
             return
@@ -177,20 +230,29 @@ class CachedAutotuner(Autotuner):
             return
         try:
             self._client().upload(record)
-        except ServerError as exc:
-            self._warn_once("upload", f"{key.short()}: not uploaded: {exc}")
+        except (ServerError, ValueError) as exc:  # a malformed answer too: never the caller's
+            self._warn_once("upload", f"{key.short()}: not uploaded: {one_line(exc)}")
 
-    def _check(self, winner: Config, args: tuple[Any, ...], kwargs: dict[str, Any],
-               tolerance: float, key: Key) -> Any:  # fmt: skip
-        """The winner's outputs against ``reference`` (or the first config) on fresh inputs."""
-        got = fresh_arguments(args, SEED)
-        self.fn.run(*got, **kwargs, **winner.all_kwargs())
-        want = fresh_arguments(args, SEED)
+    def _check(self, config: Config, args: tuple[Any, ...], kwargs: dict[str, Any],
+               tolerance: float, key: Key) -> CheckModel:  # fmt: skip
+        """``config``'s outputs against ``reference`` (or the first config) on identical fresh
+        copies of the call's arguments."""
+        got = fresh_call(args, kwargs, SEED)
+        self._launch(config, *got)
+        want = fresh_call(args, kwargs, SEED)
         if self.reference is not None:
-            self.reference(*want)
+            self.reference(*want[0], **{k: v for k, v in want[1].items() if k in self.arg_names})
         else:
-            self.fn.run(*want, **kwargs, **self.configs[0].all_kwargs())
-        return compare_outputs(got, want, tolerance, key.problem)
+            self._launch(self.configs[0], *want)
+        return compare_outputs([*got[0], *got[1].values()], [*want[0], *want[1].values()],
+                               tolerance, key.problem)  # fmt: skip
+
+    def _launch(self, config: Config, args: list[Any], kwargs: dict[str, Any]) -> None:
+        """One launch of ``config`` as Triton launches a chosen config (its ``pre_hook`` first)."""
+        if config.pre_hook is not None:
+            nargs = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
+            config.pre_hook({**nargs, **config.all_kwargs()})
+        self.fn.run(*args, **kwargs, **config.all_kwargs())
 
     def _rank(self) -> int:
         import torch.distributed as dist
@@ -231,6 +293,8 @@ def autotune(
     on_miss: OnMiss = "tune",
     reference: Callable[..., Any] | None = None,
     policy: VersionPolicy = "strict",
+    space: SpaceLike | None = None,
+    verify: VerifyMode = "never",
     **options: Any,
 ) -> Callable[[Any], CachedAutotuner]:
     """A drop-in for ``triton.autotune`` whose winners come from and go to the shared cache.
@@ -245,9 +309,20 @@ def autotune(
         on_miss: ``"tune"`` (benchmark the configs here, validate, upload with a write token)
             or ``"default"`` (launch the first config and report the miss).
         reference: ``reference(*args)`` computes the kernel's outputs in place (as the kernel
-            does) to validate a tuned winner; without it the first config's output is the
-            reference.
+            does) to validate a tuned winner (and a served config, with ``verify="first"``);
+            without it the first config's output is the reference.
         policy: which tuned versions may be served (``strict``, ``compatible``, ``any``).
+        space: served configs are launched only when they are one of ``configs`` (the user's
+            own ``triton.Config`` is launched); ``space`` widens that: a mapping of parameter
+            (meta-parameter or launch option) to its allowed values, or a
+            :class:`tunecache.space.SearchSpace`. A parameter it does not name keeps the values
+            the listed configs give it. Values compare with their types (``4.0`` is not ``4``).
+        verify: ``"never"`` or ``"first"``: the first time a served config would be launched in
+            this process (once per key), it runs on seeded copies of the call's arguments and
+            its outputs are compared with the reference's (``reference``, else the first listed
+            config) at the dtype's tolerance; a mismatch falls back as a miss and disputes the
+            record with the server. Costs two extra launches (and their compiles) per key, once
+            per process; the caller's tensors are never written.
 
     Example:
         >>> @autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})],
@@ -257,13 +332,16 @@ def autotune(
     """
     if on_miss not in ("tune", "default"):
         raise InvalidInput(f"on_miss={on_miss!r}: expected 'tune' or 'default'")
+    if verify not in ("never", "first"):
+        raise InvalidInput(f"verify={verify!r}: expected 'never' or 'first'")
     found = settings()
     where = Path(snapshot) if snapshot is not None else found.snapshot
 
     def decorator(fn: Any) -> CachedAutotuner:
         return CachedAutotuner(fn, fn.arg_names, configs, key, url=url or found.url,
                                snapshot=where, policy=policy, on_miss=on_miss,
-                               reference=reference, **options)  # fmt: skip
+                               reference=reference, space=space, verify=verify,
+                               **options)  # fmt: skip
 
     return decorator
 

@@ -1,29 +1,49 @@
-"""The cache key of a user's Triton kernel call, and whether a fetched config fits it.
+"""The cache key of a user's Triton kernel call, and whether a fetched config may launch.
 
 The key is built from what Triton's own autotuner keys on, made portable: the kernel's qualified
 name and a hash of its source, the ``key=`` arguments as the problem (with every tensor argument's
 dtype as a flag), the first tensor's dtype, the device the kernel launches on (the GPU; the CPU
 under ``TRITON_INTERPRET=1``) and the Triton and torch versions.
+
+A served config launches only when it is data of the right shape (:func:`misfit`: the closed
+schema, the kernel's tuned meta-parameters, launch options the device can run) and inside the
+kernel's space (:class:`KernelSpace`: one of its listed ``configs``, as Triton's own contract has
+it, or inside a space the user declared).
 """
 
 from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
+from triton import Config
+
+from tunecache.configcheck.triton import LAUNCH_OPTIONS, config_problem, launch_problem
 from tunecache.device import Device, local_device
 from tunecache.environment import environment_for
-from tunecache.key import DTYPES, Key
+from tunecache.errors import InvalidInput
+from tunecache.key import DTYPES, Key, describe
+from tunecache.space import Config as SpaceConfig
+from tunecache.space import SearchSpace
 
-# Launch options a Triton config may carry beside its meta-parameters, with their legal values.
-LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
-_WARPS = (1, 2, 4, 8, 16, 32)
-_MAX_STAGES = 8
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
+_SM = re.compile(r"sm_(\d+)[a-z]?")
+_DEFAULT = Config({})
+# A launch option a config leaves out takes Triton's default (this Triton's ``Config``).
+LAUNCH_DEFAULTS: Final[dict[str, Any]] = {
+    "num_warps": _DEFAULT.num_warps,
+    "num_stages": _DEFAULT.num_stages,
+    "num_ctas": getattr(_DEFAULT, "num_ctas", 1),
+    "maxnreg": getattr(_DEFAULT, "maxnreg", None),
+}
+REGISTERS_PER_BLOCK: Final = 65536  # every NVIDIA GPU since Kepler
+CLUSTERS_SINCE: Final = 90  # thread-block clusters (num_ctas > 1): sm_90 and newer
+SpaceLike = Mapping[str, Iterable[Any]] | SearchSpace
 
 
 def base_function(fn: Any) -> Any:
@@ -80,8 +100,6 @@ def key_of_call(
         InvalidInput: a ``key=`` argument is not a size, flag or short string, or no tensor
             argument has a dtype the key can name.
     """
-    from tunecache.errors import InvalidInput
-
     tensors = [v for v in arguments.values() if hasattr(v, "dtype") and hasattr(v, "data_ptr")]
     dtypes = [_dtype_name(t) for t in tensors]
     dtype = next((d for d in dtypes if d in DTYPES), None)
@@ -106,37 +124,173 @@ def misfit(config: Mapping[str, Any], identity: KernelIdentity, meta: Mapping[st
            device: Device) -> str | None:  # fmt: skip
     """Why ``config`` must not be launched for this kernel on ``device``, or ``None``.
 
-    A config fits when its meta-parameters are exactly the tuned ones (``meta``: name → the type
-    its listed configs give it; all ``tl.constexpr`` parameters of the kernel), each of that type,
-    and its launch options are legal here: warps a power of two within the device's threads per
-    block, 1 to 8 stages.
+    A config fits when it passes the closed schema of a Triton config
+    (:func:`tunecache.configcheck.triton.config_problem`: numeric meta-parameters, launch options
+    strict integers in range), its meta-parameters are exactly the tuned ones (``meta``: name →
+    the type its listed configs give it; all ``tl.constexpr`` parameters of the kernel), each of
+    that type, and its launch options fit ``device`` (:func:`launch_misfit`). Whether it is inside
+    the kernel's space is :class:`KernelSpace`'s question.
     """
-    if not isinstance(config, Mapping):
-        return f"a config must be an object, not {type(config).__name__}"
+    if (why := config_problem(config)) is not None:
+        return why
     names = set(config) - set(LAUNCH_OPTIONS)
     if names != set(meta) or not names <= identity.meta_params:
         return f"meta-parameters {sorted(names)} are not the kernel's tuned {sorted(meta)}"
     for name in sorted(names):
         if type(config[name]) is not meta[name]:  # a bool is no int, a string no block size
-            return f"{name}={str(config[name])[:40]!r} is not a {meta[name].__name__}"
-    return _launch_misfit(config, device)
+            return f"{name}={describe(config[name])} is not a {meta[name].__name__}"
+    return launch_misfit(config, device)
 
 
-def _launch_misfit(config: Mapping[str, Any], device: Device) -> str | None:
-    warps = config.get("num_warps", 4)
-    if isinstance(warps, bool) or warps not in _WARPS:
-        return f"num_warps={str(warps)[:20]} is not one of {_WARPS}"
-    if device.limits is not None:
-        threads = warps * device.limits.warp_size
-        if threads > device.limits.max_threads_per_block:
-            return f"num_warps={warps} is {threads} threads; the device allows " \
-                   f"{device.limits.max_threads_per_block}"  # fmt: skip
-    stages = config.get("num_stages", 3)
-    if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= _MAX_STAGES:
-        return f"num_stages={str(stages)[:20]} is not in 1..{_MAX_STAGES}"
-    for option in ("num_ctas", "maxnreg"):
-        value = config.get(option)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or not 1 <= value <= 65536):  # fmt: skip
-            return f"{option}={str(value)[:20]} is not a positive integer"
+def _sm(device: Device) -> int | None:
+    """The compute capability of a CUDA device (``sm_90`` → 90), else ``None``."""
+    found = _SM.fullmatch(device.fingerprint.arch)
+    return int(found.group(1)) if device.kind == "cuda" and found else None
+
+
+def launch_misfit(config: Mapping[str, Any], device: Device) -> str | None:
+    """Why ``config``'s launch options cannot run on ``device``, or ``None``.
+
+    Types and ranges hold everywhere (:func:`~tunecache.configcheck.triton.launch_problem`);
+    ``num_ctas`` above 1 needs thread-block clusters (a CUDA GPU of sm_90 or newer); on a device
+    with limits (a GPU), ``num_warps`` × the warp size stays within its threads per block and
+    ``maxnreg`` × those threads within :data:`REGISTERS_PER_BLOCK`. The CPU under Triton's
+    interpreter has no limits beyond types and ranges.
+    """
+    if (why := launch_problem(config)) is not None:
+        return why
+    ctas = config.get("num_ctas", LAUNCH_DEFAULTS["num_ctas"])
+    if ctas != 1 and ((sm := _sm(device)) is None or sm < CLUSTERS_SINCE):
+        return f"num_ctas={ctas} needs thread-block clusters (sm_{CLUSTERS_SINCE} or newer); " \
+               f"{device.fingerprint.arch} has none"  # fmt: skip
+    limits = device.limits
+    if limits is None:
+        return None
+    warps = config.get("num_warps", LAUNCH_DEFAULTS["num_warps"])
+    threads = warps * limits.warp_size
+    if threads > limits.max_threads_per_block:
+        return f"num_warps={warps} is {threads} threads; the device allows " \
+               f"{limits.max_threads_per_block}"  # fmt: skip
+    registers = config.get("maxnreg")
+    if registers is not None and registers * threads > REGISTERS_PER_BLOCK:
+        return f"maxnreg={registers} x {threads} threads is {registers * threads} registers; " \
+               f"a block has {REGISTERS_PER_BLOCK}"  # fmt: skip
     return None
+
+
+# -- the kernel's space ------------------------------------------------------------------------
+def flat(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A flat config (meta-parameters and launch options) with every launch option present,
+    Triton's default where it was left out."""
+    return {**LAUNCH_DEFAULTS, **config}
+
+
+def flat_of(config: Config) -> dict[str, Any]:
+    """A ``triton.Config`` as a :func:`flat` config."""
+    launch = {option: getattr(config, option, LAUNCH_DEFAULTS[option]) for option in LAUNCH_OPTIONS}
+    return {**config.kwargs, **launch}
+
+
+def identity_of(config: Mapping[str, Any]) -> str:
+    """What makes two flat configs the same: canonical JSON, types included (``4.0`` is not
+    ``4``, ``true`` is not ``1``)."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"), default=repr)
+
+
+def triton_config(config: Mapping[str, Any]) -> Config:
+    """A ``triton.Config`` from a flat config (launch options Triton's defaults where absent)."""
+    launch = {k: config[k] for k in LAUNCH_OPTIONS if k in config}
+    meta = {k: v for k, v in config.items() if k not in launch}
+    return Config(meta, **launch)
+
+
+def _typed(value: Any) -> tuple[type, Any]:
+    hash(value)  # a list or a dict is no value of a space: TypeError
+    return type(value), value
+
+
+class DeclaredSpace:
+    """A space the user declares (``space=``): each parameter's allowed values.
+
+    A parameter the space does not name keeps the values the listed configs give it (a launch
+    option none of them sets: Triton's default). Values compare with their types: ``4.0`` is not
+    ``4``. A :class:`~tunecache.space.SearchSpace` also applies its constraint and members.
+
+    Raises:
+        InvalidInput: the space names a parameter that is neither a meta-parameter of the listed
+            configs nor a launch option, or gives a value that is not a scalar.
+    """
+
+    def __init__(self, space: SpaceLike, listed: Sequence[Mapping[str, Any]]) -> None:
+        params: Mapping[str, Iterable[Any]] = space.params if isinstance(space, SearchSpace) \
+            else space  # fmt: skip
+        if not isinstance(params, Mapping) or not params:
+            raise InvalidInput("space= must map each parameter to its allowed values")
+        names = {name for config in listed for name in config}
+        unknown = sorted(set(params) - names)
+        if unknown:
+            raise InvalidInput(f"space= names {unknown}: neither a meta-parameter of the listed "
+                               f"configs nor a launch option {LAUNCH_OPTIONS}")  # fmt: skip
+        self.search = space if isinstance(space, SearchSpace) else None
+        self.allowed: dict[str, frozenset[tuple[type, Any]]] = {}
+        for name in sorted(names):
+            values = params[name] if name in params else [c.get(name) for c in listed]
+            try:
+                self.allowed[name] = frozenset(_typed(v) for v in values)
+            except TypeError as exc:
+                raise InvalidInput(f"space= {name}: values must be scalars ({exc})") from exc
+
+    def problem(self, config: Mapping[str, Any]) -> str | None:
+        """Why the :func:`flat` ``config`` is outside this space, or ``None``."""
+        if set(config) != set(self.allowed):
+            return f"its parameters {sorted(config)} are not the space's {sorted(self.allowed)}"
+        for name, value in config.items():
+            try:
+                inside = _typed(value) in self.allowed[name]
+            except TypeError:
+                inside = False
+            if not inside:
+                return f"{name}={describe(value, 20)} is outside the declared space"
+        if self.search is None:
+            return None
+        try:
+            named = SpaceConfig.of({k: v for k, v in config.items() if k in self.search.params})
+        except InvalidInput as exc:
+            return str(exc)
+        return self.search.prune_reason(named)
+
+
+class KernelSpace:
+    """The configs a kernel launches: its listed ``configs`` (Triton's contract: the list is the
+    space), widened by a declared space when the user gives one.
+
+    The listed configs are indexed once; a served config is looked up by its canonical JSON, so
+    the check costs one serialisation, at lookup time only.
+    """
+
+    def __init__(self, configs: Sequence[Config], declared: SpaceLike | None = None) -> None:
+        self.listed: dict[str, Config] = {}
+        flats = [flat_of(c) for c in configs]
+        for config, flattened in zip(configs, flats, strict=True):
+            self.listed.setdefault(identity_of(flattened), config)
+        self.declared = DeclaredSpace(declared, flats) if declared is not None else None
+
+    def find(self, config: Mapping[str, Any]) -> Config | None:
+        """The ``triton.Config`` to launch for a served ``config``: the user's own listed object
+        when it is one of them (its ``pre_hook`` and all), one built from the values when it is
+        inside the declared space; ``None`` when it is outside the kernel's space."""
+        full = flat(config)
+        listed = self.listed.get(identity_of(full))
+        if listed is not None:
+            return listed
+        if self.declared is not None and self.declared.problem(full) is None:
+            return triton_config(full)
+        return None
+
+    def outside(self, config: Mapping[str, Any]) -> str:
+        """Why a config :meth:`find` refused is outside the space."""
+        where = "the kernel's listed configs"
+        if self.declared is not None:
+            why = self.declared.problem(flat(config))
+            return f"not one of {where}, and {why}"
+        return f"not one of {where} (pass space= to accept more)"

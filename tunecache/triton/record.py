@@ -1,8 +1,10 @@
 """What a local Triton autotuning run becomes in the cache: a validated record.
 
 The winner is checked on fresh inputs against ``reference`` (a function computing the outputs in
-place, as the kernel does) or, without one, against the first listed config's output; only a
-winner that passes is stored.
+place, as the kernel does) or, without one, against the first listed config's output, in the
+kernel's own dtype; only a winner that passes is stored, and its ``validation.reference`` says
+which of the two it was compared with, in which dtype (no float64 reference is computed here).
+A record carries only the trials Triton measured for its own key.
 """
 
 from __future__ import annotations
@@ -66,6 +68,16 @@ def fresh_arguments(args: Sequence[Any], seed: int) -> list[Any]:
     return fresh
 
 
+def fresh_call(
+    args: Sequence[Any], kwargs: Mapping[str, Any], seed: int
+) -> tuple[list[Any], dict[str, Any]]:
+    """:func:`fresh_arguments` of a call's positional and keyword arguments (one seeded stream,
+    positional first): two calls with the same ``seed`` get identical copies, and the caller's
+    tensors are never written."""
+    values = fresh_arguments([*args, *kwargs.values()], seed)
+    return values[: len(args)], dict(zip(kwargs, values[len(args) :], strict=True))
+
+
 def compare_outputs(
     got: Sequence[Any], want: Sequence[Any], tolerance: float, problem: Mapping[str, Any]
 ) -> CheckModel:
@@ -93,9 +105,19 @@ def _check(problem: Mapping[str, Any], rel: float | None, max_abs: float | None,
                       passed=rel is not None and rel <= tolerance, note=note)  # fmt: skip
 
 
-def validated(check: CheckModel) -> ValidationReport:
+def reference_label(user_reference: bool, dtype: str) -> str:
+    """What a check compared with, in which dtype: ``"the first listed config, float16"`` or
+    ``"reference= (user function), float16"``."""
+    against = "reference= (user function)" if user_reference else "the first listed config"
+    return f"{against}, {dtype}"
+
+
+def validated(check: CheckModel, reference: str) -> ValidationReport:
+    """The validation of a record whose one check is ``check``, against ``reference``
+    (:func:`reference_label`)."""
     return ValidationReport(passed=check.passed, tolerance=check.tolerance,
-                            max_rel_error=check.rel_error, checks=[check])  # fmt: skip
+                            max_rel_error=check.rel_error, checks=[check],
+                            reference=reference[:128])  # fmt: skip
 
 
 def build_record(
@@ -107,7 +129,11 @@ def build_record(
     seconds: float,
     summary: Callable[[dict[str, Any]], str] | None = None,
 ) -> RecordCreate | None:
-    """The record of a local autotuning run, or ``None`` when its timings are unusable."""
+    """The record of a local autotuning run, or ``None`` when its timings are unusable.
+
+    ``timings`` must be the ones measured for ``key`` (Triton leaves an earlier key's in place
+    when it launches without benchmarking): every entry becomes a trial of this record.
+    """
     timing = timing_of(timings.get(winner))
     if timing is None:
         return None

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from tunecache.artifacts import MAX_VALUE_BYTES, ArtifactIn
 from tunecache.canonical import canonical_json, digest
+from tunecache.configcheck.tvm import mean_seconds, record_value_problem
 from tunecache.errors import InvalidInput
 from tunecache.tvm.jsonutil import plain_json
 from tunecache.tvm.target import partition_name
@@ -35,10 +36,9 @@ if TYPE_CHECKING:
     from tvm.s_tir.meta_schedule.database import TuningRecord
     from tvm.target import Target
 
+logger = logging.getLogger(__name__)
 WORKLOAD: Final = "tvm.workload"
 RECORD: Final = "tvm.record"
-# A mean run time at or above this marks a candidate MetaSchedule could not build or run.
-FAILED_SECONDS = 1e9
 
 
 def partition_for(target: Target | Mapping[str, Any] | str) -> str:
@@ -62,20 +62,6 @@ def workload_key(mod: IRModule) -> str:
     return hashlib.sha256(mod.script().encode()).hexdigest()
 
 
-def mean_seconds(run_secs: Any) -> float | None:
-    """The mean of a record's run times, or ``None`` when it failed, was not run or is not data."""
-    if not isinstance(run_secs, Sequence) or isinstance(run_secs, str) or not run_secs:
-        return None
-    values = []
-    for v in run_secs:
-        v = getattr(v, "value", v)
-        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
-            return None
-        values.append(float(v))
-    mean = sum(values) / len(values)
-    return None if mean >= FAILED_SECONDS else mean
-
-
 def record_item(value: Sequence[Any]) -> str:
     """The item name of a record's JSON: a digest of its trace and argument info (not its time).
 
@@ -88,10 +74,15 @@ def record_item(value: Sequence[Any]) -> str:
 
 
 def record_artifact(partition: str, key: str, record: TuningRecord) -> ArtifactIn | None:
-    """The ``tvm.record`` artifact of ``record``, or ``None`` for a failed or oversized one."""
+    """The ``tvm.record`` artifact of ``record``, or ``None`` for a failed or oversized one, or
+    one outside the closed schema (its trace uses an instruction the allowlist does not have:
+    no consumer could use it, so it is kept local)."""
     value = record.as_json()
     seconds = mean_seconds(value[1])
     if seconds is None or _too_big(value):
+        return None
+    if (why := record_value_problem(value)) is not None:
+        logger.info("a MetaSchedule record is kept local, not shared: %s", why)
         return None
     return ArtifactIn(
         namespace=RECORD,

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, status
 
 from cache_server import queries
-from cache_server.api.auth import READ, WRITE
+from cache_server.api.auth import READ, WriteAccess
 from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.lookup import find_winner
 from cache_server.metrics import MetricsDep
@@ -26,15 +26,20 @@ from tunecache.schemas import (
 router = APIRouter(prefix="/v1", tags=["records"])
 
 
-@router.post("/records", status_code=status.HTTP_201_CREATED, dependencies=[WRITE])
-def upload_record(record: RecordCreate, session: SessionDep, metrics: MetricsDep) -> UploadResult:
-    """Stores a tuning result with all its trials.
+@router.post("/records", status_code=status.HTTP_201_CREATED)
+def upload_record(
+    record: RecordCreate, session: SessionDep, metrics: MetricsDep, token: WriteAccess
+) -> UploadResult:
+    """Stores a tuning result with all its trials, as this token's upload.
 
-    The key's winner becomes this record only if it passed validation and is strictly faster than
-    the current winner; the answer says which record is the winner now.
+    Its config must pass its backend's closed schema (a 422 names the field). The key's winner
+    becomes this record only if it passed validation and is strictly faster than the current
+    winner; the answer says which record is the winner now. A record is ``pending`` until a
+    verifier re-checks it (``verified`` at once from a trusted token).
     """
     key_hash = record.key.digest()
-    record_id, winner = queries.add_record(session, key_hash=key_hash, record=record)
+    record_id, winner = queries.add_record(session, key_hash=key_hash, record=record,
+                                           uploader=token)  # fmt: skip
     metrics.count_upload(validated=record.validation.passed, is_winner=winner == record_id)
     return UploadResult(
         record_id=record_id,
@@ -49,13 +54,17 @@ def upload_record(record: RecordCreate, session: SessionDep, metrics: MetricsDep
     dependencies=[READ],
     responses={404: {"description": "no validated record for this key"}},
 )
-def lookup(request: LookupRequest, session: SessionDep, metrics: MetricsDep) -> LookupResponse:
+def lookup(
+    request: LookupRequest, session: SessionDep, settings: SettingsDep, metrics: MetricsDep
+) -> LookupResponse:
     """The best validated winner that may serve this key (404 on a miss).
 
     Rules, in order: the exact key; the same problem on another device of the same arch; the
-    nearest shape in the key's bucket. ``policy`` decides which environment versions may serve.
+    nearest shape in the key's bucket. ``policy`` decides which environment versions may serve;
+    the server's serving policy which records may (never a disputed or rejected one).
     """
-    found = find_winner(session, key=request.key, policy=request.policy)
+    found = find_winner(session, key=request.key, policy=request.policy,
+                        serving=settings.policy)  # fmt: skip
     if found is None:
         metrics.count_lookup(rule=None)
         raise HTTPException(

@@ -7,8 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response, status
 
 from cache_server import snapshots
-from cache_server.api.auth import READ, WRITE
-from cache_server.api.deps import SessionDep
+from cache_server.api.auth import READ, WRITE, WriteAccess
+from cache_server.api.deps import SessionDep, SettingsDep
+from cache_server.trust import winner_table
 from tunecache.schemas import SnapshotFilters, SnapshotImportResult, SnapshotPublic
 from tunecache.snapshot import render_snapshot
 
@@ -30,16 +31,20 @@ def _matches(if_none_match: str, etag: str) -> bool:
 def export_snapshot(
     filters: Annotated[SnapshotFilters, Query()],
     session: SessionDep,
+    settings: SettingsDep,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
-    """The validated winner of every key of ``device_arch`` (narrowed by the other filters).
+    """The winner of every key of ``device_arch`` (narrowed by the other filters) under the
+    server's serving policy (``verified``: verified records only).
 
     Only winners are exported, and without their trials, to keep snapshots small. The body is
     canonical JSON with records ordered by key hash and no timestamp, so its ``ETag`` (SHA-256 of
     the canonical records) changes exactly when the winners do; send it back in
     ``If-None-Match`` to get 304 with no body while they have not.
     """
-    body, etag = render_snapshot(filters, snapshots.snapshot_winners(session, filters=filters))
+    table = winner_table(settings.policy)
+    winners = snapshots.snapshot_winners(session, filters=filters, table=table)
+    body, etag = render_snapshot(filters, winners)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     if if_none_match is not None and _matches(if_none_match, etag):
         return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers=headers)
@@ -54,11 +59,14 @@ def export_snapshot(
         422: {"description": "malformed, over the record limit, or a record outside the filters"},
     },
 )
-def import_snapshot(snapshot: SnapshotPublic, session: SessionDep) -> SnapshotImportResult:
-    """Merges a snapshot in one transaction: each record is added as if uploaded.
+def import_snapshot(
+    snapshot: SnapshotPublic, session: SessionDep, token: WriteAccess
+) -> SnapshotImportResult:
+    """Merges a snapshot in one transaction: each record is added as if this token uploaded it.
 
     A key's winner becomes an imported record only if it is validated and strictly faster;
     unvalidated records are stored but never served.
     """
-    imported, changed = snapshots.import_records(session, records=snapshot.records)
+    imported, changed = snapshots.import_records(session, records=snapshot.records,
+                                                 uploader=token)  # fmt: skip
     return SnapshotImportResult(imported=imported, winners_changed=changed)

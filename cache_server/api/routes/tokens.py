@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, status
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, status
 
 from cache_server import tokens
 from cache_server.api.auth import ADMIN
 from cache_server.api.deps import SessionDep
+from tunecache.schemas import MAX_ID
 from tunecache.tokens import TokenCreate, TokenCreated, TokenList, TokenPublic
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"], dependencies=[ADMIN])
@@ -15,7 +18,8 @@ router = APIRouter(prefix="/v1/tokens", tags=["tokens"], dependencies=[ADMIN])
 @router.post("", status_code=status.HTTP_201_CREATED)
 def create_token(request: TokenCreate, session: SessionDep) -> TokenCreated:
     """A new token with one scope. The answer holds the token: it is never shown again."""
-    token, row = tokens.issue(session, name=request.name, scope=request.scope)
+    token, row = tokens.issue(session, name=request.name, scope=request.scope,
+                              trusted=request.trusted)  # fmt: skip
     return TokenCreated(token=token, info=tokens.public(row))
 
 
@@ -33,7 +37,9 @@ def list_tokens(session: SessionDep, include_revoked: bool = False) -> TokenList
         409: {"description": "the last live admin token: create another first"},
     },
 )
-def revoke_token(token_id: int, session: SessionDep) -> TokenPublic:
+def revoke_token(
+    token_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep
+) -> TokenPublic:
     """Revokes a token at once, on every server process; its row stays, marked revoked.
 
     The last live admin token cannot be revoked (409): nobody could manage tokens afterwards.

@@ -1,0 +1,88 @@
+"""Trust: consumers dispute a served record; verifiers claim records to re-check and store what
+they found (:mod:`cache_server.trust`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Response, status
+
+from cache_server import queries, trust
+from cache_server.api.auth import IdentifiedAccess, VerifyAccess
+from cache_server.api.deps import SessionDep
+from tunecache.schemas import (
+    MAX_ID,
+    DisputeCreate,
+    DisputeResult,
+    RecordPublic,
+    VerificationCreate,
+    VerifyClaimRequest,
+    VerifyTask,
+)
+
+router = APIRouter(prefix="/v1", tags=["trust"])
+RecordIdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
+
+
+def _record(session: SessionDep, record_id: int) -> RecordPublic:
+    found = queries.get_record(session, record_id=record_id, with_trials=False)
+    assert found is not None
+    return found
+
+
+@router.post("/records/{record_id}/disputes", responses={404: {"description": "no such record"}})
+def dispute_record(
+    record_id: RecordIdPath, dispute: DisputeCreate, session: SessionDep, token: IdentifiedAccess
+) -> DisputeResult:
+    """Reports that the record's config failed a consumer's check where it was used.
+
+    Needs a token (of any scope), even where reads are open: a dispute stops the record being
+    served under every policy until a verifier re-verifies it. One open dispute per token and
+    record counts.
+    """
+    row = trust.add_dispute(session, record_id=record_id, reporter=token.name, dispute=dispute)
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no record {record_id}")
+    return DisputeResult(record_id=row.id, status=row.status, disputes=row.disputes)  # type: ignore[arg-type]
+
+
+@router.post(
+    "/verifications/claim",
+    responses={204: {"description": "nothing to verify for this arch and these backends"}},
+)
+def claim_verification(
+    request: VerifyClaimRequest, session: SessionDep, response: Response, _token: VerifyAccess
+) -> VerifyTask | None:
+    """Leases the next pending or disputed record of the verifier's arch and backends (disputed
+    ones first), with the problems it was disputed at; 204 when there is none."""
+    row = trust.claim(session, worker=request.worker, device_arch=request.device_arch,
+                      backends=request.backends, lease_seconds=request.lease_seconds)  # fmt: skip
+    if row is None:
+        response.status_code = status.HTTP_204_NO_CONTENT
+        return None
+    assert row.verify_expires_at is not None
+    return VerifyTask(
+        record=_record(session, row.id),
+        disputed_problems=trust.disputed_problems(session, record_id=row.id),
+        lease_expires_at=row.verify_expires_at,
+    )
+
+
+@router.post(
+    "/records/{record_id}/verification",
+    responses={409: {"description": "the record is not leased to this worker (or was decided)"}},
+)
+def verify_record(
+    record_id: RecordIdPath, result: VerificationCreate, session: SessionDep, token: VerifyAccess
+) -> RecordPublic:
+    """Stores a verifier's finding on a record it leased: ``passed`` makes it ``verified`` (its
+    time from now on is the verifier's, and the uploader's is flagged when it was more than 20 %
+    faster), ``failed`` makes it ``rejected``, ``unverifiable`` gives it back to the queue."""
+    row = trust.finish(session, record_id=record_id, worker=result.worker, verifier=token.name,
+                       result=result)  # fmt: skip
+    if row is None:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"record {record_id} is not leased to worker {result.worker!r} for verification",
+        )
+    return _record(session, row.id)

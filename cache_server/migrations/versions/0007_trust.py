@@ -1,0 +1,125 @@
+"""Trust: a record's status (pending, verified, disputed, rejected), who uploaded it, consumers'
+disputes, verifiers' leases and findings, the verified policy's winners, trusted tokens.
+
+Existing records become ``pending``. A stored record whose config the closed schemas of
+:mod:`tunecache.configcheck` refuse (a MetaSchedule trace that links code, a Triton value outside
+a built-in kernel's space) becomes ``rejected`` and loses its place as winner, which goes to the
+key's fastest record still servable, if any.
+
+Revision ID: 0007
+Revises: 0006
+Create Date: 2026-11-24
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0007"
+down_revision = "0006"
+branch_labels = None
+depends_on = None
+
+
+def _reject_unservable(bind: sa.Connection) -> None:
+    from tunecache.configcheck import config_problem
+
+    records = sa.table(
+        "records", sa.column("id", sa.Integer), sa.column("key_hash", sa.String),
+        sa.column("key", sa.JSON), sa.column("config", sa.JSON), sa.column("time_ms", sa.Float),
+        sa.column("validated", sa.Boolean), sa.column("status", sa.String),
+    )  # fmt: skip
+    winners = sa.table(
+        "winners", sa.column("key_hash", sa.String), sa.column("record_id", sa.Integer),
+        sa.column("time_ms", sa.Float), sa.column("updated_at", sa.DateTime(timezone=True)),
+    )  # fmt: skip
+    rows = bind.execute(sa.select(records.c.id, records.c.key_hash, records.c.key,
+                                  records.c.config)).all()  # fmt: skip
+    touched: set[str] = set()
+    for row_id, key_hash, key, config in rows:
+        backend = key.get("backend") if isinstance(key, dict) else None
+        kernel = key.get("kernel") if isinstance(key, dict) else None
+        if config_problem(str(backend), config, kernel=kernel) is None:
+            continue
+        bind.execute(records.update().where(records.c.id == row_id).values(status="rejected"))
+        bind.execute(winners.delete().where(winners.c.record_id == row_id))
+        touched.add(key_hash)
+    for key_hash in sorted(touched):
+        best = bind.execute(
+            sa.select(records.c.id, records.c.time_ms)
+            .where(
+                records.c.key_hash == key_hash,
+                records.c.validated.is_(True),
+                records.c.status == "pending",
+            )
+            .order_by(records.c.time_ms, records.c.id)
+            .limit(1)
+        ).first()
+        held = bind.execute(sa.select(winners.c.record_id).where(winners.c.key_hash == key_hash))
+        if best is not None and held.first() is None:
+            values = {"key_hash": key_hash, "record_id": best[0], "time_ms": best[1]}
+            bind.execute(winners.insert().values(**values, updated_at=sa.func.now()))
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("records") as batch:
+        batch.add_column(sa.Column("status", sa.String(16), nullable=False,
+                                   server_default="pending"))  # fmt: skip
+        batch.add_column(sa.Column("uploaded_by", sa.String(128), nullable=True))
+        batch.add_column(sa.Column("verification", sa.JSON(), nullable=True))
+        batch.add_column(sa.Column("disputes", sa.Integer(), nullable=False, server_default="0"))
+        batch.add_column(sa.Column("verify_owner", sa.String(128), nullable=True))
+        batch.add_column(sa.Column("verify_expires_at", sa.DateTime(timezone=True), nullable=True))
+        batch.add_column(sa.Column("verify_attempts", sa.Integer(), nullable=False,
+                                   server_default="0"))  # fmt: skip
+    op.create_index("ix_records_verify_queue", "records", ["status", "device_arch", "backend"])
+    with op.batch_alter_table("tokens") as batch:
+        batch.add_column(sa.Column("trusted", sa.Boolean(), nullable=False,
+                                   server_default=sa.false()))  # fmt: skip
+    op.create_table(
+        "verified_winners",
+        sa.Column("key_hash", sa.String(64), primary_key=True),
+        sa.Column(
+            "record_id",
+            sa.Integer(),
+            sa.ForeignKey("records.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        sa.Column("time_ms", sa.Float(), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    )
+    op.create_index("ix_verified_winners_record_id", "verified_winners", ["record_id"])
+    op.create_table(
+        "disputes",
+        sa.Column("id", sa.Integer(), primary_key=True, autoincrement=True),
+        sa.Column(
+            "record_id",
+            sa.Integer(),
+            sa.ForeignKey("records.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
+        sa.Column("reporter", sa.String(128), nullable=False),
+        sa.Column("problem", sa.JSON(), nullable=False),
+        sa.Column("check", sa.JSON(), nullable=False),
+        sa.Column("device", sa.JSON(), nullable=True),
+        sa.Column("note", sa.Text(), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("resolved_at", sa.DateTime(timezone=True), nullable=True),
+    )
+    op.create_index("ix_disputes_record_id", "disputes", ["record_id"])
+    _reject_unservable(op.get_bind())
+
+
+def downgrade() -> None:
+    op.drop_index("ix_disputes_record_id", table_name="disputes")
+    op.drop_table("disputes")
+    op.drop_index("ix_verified_winners_record_id", table_name="verified_winners")
+    op.drop_table("verified_winners")
+    with op.batch_alter_table("tokens") as batch:
+        batch.drop_column("trusted")
+    op.drop_index("ix_records_verify_queue", table_name="records")
+    with op.batch_alter_table("records") as batch:
+        for column in ("verify_attempts", "verify_expires_at", "verify_owner", "disputes",
+                       "verification", "uploaded_by", "status"):  # fmt: skip
+            batch.drop_column(column)

@@ -1,0 +1,203 @@
+"""Trust query functions: consumers' disputes, verifiers' claims and findings, and the winners
+that follow a record's status. Keyword-only; they never commit (the session's owner does).
+
+A record is ``pending`` when uploaded (``verified`` at once from a trusted token). A consumer whose
+check of it failed disputes it: it is then served under no policy. A verifier claims pending and
+disputed records of its arch (disputed first), re-checks them on its own device (at the record's
+problem, its edge problem and every disputed problem) and re-times them: ``verified`` (its time
+now ranks the record: an uploader's fake time is replaced) or ``rejected`` (never served). Each
+change hands the key's winner places on (:func:`recompute_winners`), under a row lock, so a
+concurrent upload's atomic upsert still leaves the fastest servable record as the winner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import and_, case, delete, or_, select, update
+from sqlalchemy.orm import Session
+
+from cache_server.models import DisputeRow, RecordRow, VerifiedWinnerRow, WinnerRow, utcnow
+from cache_server.queries import WinnerTable, offer_winner
+from tunecache.errors import InvalidInput
+from tunecache.policies import bucket_policy
+from tunecache.schemas import (
+    SERVED_STATUSES,
+    TIMING_FLAG_RATIO,
+    DisputeCreate,
+    VerificationCreate,
+    VerificationPublic,
+)
+
+MAX_VERIFY_ATTEMPTS = 3  # claims of one record (a verifier that cannot run it gives it back)
+MAX_OPEN_DISPUTES = 32  # unresolved disputes kept per record (more are counted, not stored)
+# A record a verifier could not run waits this long before another claim (another verifier of
+# the arch may have the right versions; this one should not take it again at once).
+UNVERIFIABLE_BACKOFF = timedelta(minutes=10)
+_TIERS: tuple[tuple[WinnerTable, tuple[str, ...]], ...] = (
+    (WinnerRow, SERVED_STATUSES["validated"]),
+    (VerifiedWinnerRow, SERVED_STATUSES["verified"]),
+)
+
+
+def winner_table(policy: str) -> WinnerTable:
+    """The winners a serving policy serves: ``validated`` (the default) or ``verified``."""
+    return VerifiedWinnerRow if policy == "verified" else WinnerRow
+
+
+def recompute_winners(session: Session, *, key_hash: str) -> None:
+    """Sets each policy's winner of ``key_hash`` to its fastest servable record (or none)."""
+    for table, statuses in _TIERS:
+        session.execute(
+            select(table.key_hash).where(table.key_hash == key_hash).with_for_update()
+        ).all()  # the held row is locked: a concurrent upload waits, then compares with ours
+        best = session.execute(
+            select(RecordRow.id, RecordRow.time_ms)
+            .where(
+                RecordRow.key_hash == key_hash,
+                RecordRow.validated.is_(True),
+                RecordRow.status.in_(statuses),
+            )
+            .order_by(RecordRow.time_ms, RecordRow.id)
+            .limit(1)
+        ).first()
+        if best is None:
+            session.execute(delete(table).where(table.key_hash == key_hash))
+            continue
+        session.execute(
+            update(table)
+            .where(table.key_hash == key_hash)
+            .values(record_id=best.id, time_ms=best.time_ms, updated_at=utcnow())
+        )
+        offer_winner(session, table, key_hash=key_hash, record_id=best.id, time_ms=best.time_ms)
+
+
+def add_dispute(
+    session: Session, *, record_id: int, reporter: str, dispute: DisputeCreate
+) -> RecordRow | None:
+    """Records ``reporter``'s dispute of a record (once while it is open) and stops serving the
+    record until a verifier re-verifies it; ``None`` if there is no such record. A rejected
+    record stays rejected.
+
+    Raises:
+        InvalidInput: the disputed problem is not one the record may serve (its own, or one of
+            its shape bucket): no lookup could have handed it out there.
+    """
+    row = session.get(RecordRow, record_id, with_for_update=True)
+    if row is None:
+        return None
+    buckets = bucket_policy(row.kernel)
+    problem = dict(dispute.problem)
+    if buckets.bucket(problem) != buckets.bucket(row.key["problem"]):
+        raise InvalidInput(
+            f"record {record_id} serves {row.key['problem']} and its shape bucket, not {problem}"
+        )
+    open_ones = select(DisputeRow.id).where(DisputeRow.record_id == record_id,
+                                            DisputeRow.resolved_at.is_(None))  # fmt: skip
+    if session.scalar(open_ones.where(DisputeRow.reporter == reporter)) is not None:
+        return row  # this reporter's dispute is open already: counted once
+    if len(session.scalars(open_ones).all()) < MAX_OPEN_DISPUTES:
+        session.add(DisputeRow(
+            record_id=record_id, reporter=reporter,
+            problem=dict(dispute.problem), check=dispute.check.model_dump(mode="json"),
+            device=None if dispute.device is None else dispute.device.model_dump(mode="json"),
+            note=dispute.note, created_at=utcnow(),
+        ))  # fmt: skip
+    row.disputes += 1
+    if row.status in ("pending", "verified"):
+        row.status = "disputed"
+        session.flush()
+        recompute_winners(session, key_hash=row.key_hash)
+    return row
+
+
+def _claimable(now: Any) -> Any:
+    free = or_(RecordRow.verify_expires_at.is_(None), RecordRow.verify_expires_at < now)
+    return and_(RecordRow.validated.is_(True), RecordRow.status.in_(("pending", "disputed")),
+                RecordRow.verify_attempts < MAX_VERIFY_ATTEMPTS, free)  # fmt: skip
+
+
+def claim(
+    session: Session, *, worker: str, device_arch: str, backends: Sequence[str],
+    lease_seconds: float,
+) -> RecordRow | None:  # fmt: skip
+    """Leases the next record of ``device_arch`` and ``backends`` to re-check (disputed ones
+    first, then the oldest), or ``None``. One statement, as a job claim is: two verifiers never
+    hold one record."""
+    now = utcnow()
+    pick = (
+        select(RecordRow.id)
+        .where(
+            _claimable(now),
+            RecordRow.device_arch == device_arch,
+            RecordRow.backend.in_(list(backends)),
+        )
+        .order_by(case((RecordRow.status == "disputed", 0), else_=1), RecordRow.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    stmt = (
+        update(RecordRow)
+        .where(RecordRow.id == pick, _claimable(now))
+        .values(
+            verify_owner=worker,
+            verify_expires_at=now + timedelta(seconds=lease_seconds),
+            verify_attempts=RecordRow.verify_attempts + 1,
+        )
+        .returning(RecordRow.id)
+        .execution_options(synchronize_session=False)
+    )
+    record_id = session.execute(stmt).scalar()
+    return None if record_id is None else session.get(RecordRow, record_id, populate_existing=True)
+
+
+def disputed_problems(session: Session, *, record_id: int) -> list[dict[str, Any]]:
+    """The distinct problems of a record's open disputes, oldest first."""
+    problems: list[dict[str, Any]] = []
+    rows = session.scalars(
+        select(DisputeRow.problem)
+        .where(DisputeRow.record_id == record_id, DisputeRow.resolved_at.is_(None))
+        .order_by(DisputeRow.id)
+    )
+    for problem in rows:
+        if problem not in problems:
+            problems.append(problem)
+    return problems
+
+
+def finish(
+    session: Session, *, record_id: int, worker: str, verifier: str, result: VerificationCreate
+) -> RecordRow | None:
+    """Stores a verifier's finding on a record ``worker`` holds the lease of, or ``None`` when it
+    does not (no such record, another verifier's, or already decided)."""
+    row = session.get(RecordRow, record_id, with_for_update=True)
+    if row is None or row.verify_owner != worker or row.status not in ("pending", "disputed"):
+        return None
+    row.verify_owner, row.verify_expires_at = None, None
+    if result.outcome == "unverifiable":  # back in the queue, after a while, until its attempts
+        row.verify_expires_at = utcnow() + UNVERIFIABLE_BACKOFF  # run out
+        return row
+    ratio = None
+    if result.timing is not None:
+        ratio = result.timing.median_ms / row.time_ms
+    passed = result.outcome == "passed"
+    row.verification = VerificationPublic(
+        passed=passed, verifier=verifier, device_name=result.device_name, verified_at=utcnow(),
+        timing=result.timing, validation=result.validation, error=result.error,
+        time_ratio=None if ratio is None else round(ratio, 6),
+        timing_flag=ratio is not None and ratio > TIMING_FLAG_RATIO,
+    ).model_dump(mode="json")  # fmt: skip
+    row.status = "verified" if passed else "rejected"
+    if passed and result.timing is not None:
+        row.time_ms = result.timing.median_ms  # the verifier's time ranks the record from now on
+    session.execute(
+        update(DisputeRow)
+        .where(DisputeRow.record_id == record_id, DisputeRow.resolved_at.is_(None))
+        .values(resolved_at=utcnow())
+    )
+    session.flush()
+    recompute_winners(session, key_hash=row.key_hash)
+    return row

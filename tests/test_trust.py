@@ -1,0 +1,369 @@
+"""Trust: the client checks every served record; disputes; the verified policy; trusted tokens.
+
+Issue 24's findings 3 (a served record that is unvalidated, or whose key names another kernel on
+another device, was launched) and the dispute and policy machinery, through a real server on
+loopback and through a hostile server at the client's transport.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer, start_server
+from tests.factories import AUTH, CPU, knobs, make_key, make_record
+from tunecache import Client, Key
+from tunecache.schemas import (
+    CheckModel,
+    DisputeCreate,
+    LookupRequest,
+    LookupResponse,
+    RecordCreate,
+    RecordPublic,
+)
+
+DEFAULT = knobs(99)
+
+
+def token(url: str, name: str, scope: str, *, trusted: bool = False) -> str:
+    answer = httpx.post(f"{url}/v1/tokens", json={"name": name, "scope": scope,
+                                                 "trusted": trusted}, headers=AUTH)  # fmt: skip
+    assert answer.status_code == 201, answer.text
+    created: str = answer.json()["token"]
+    return created
+
+
+def failed_check(key: Key) -> CheckModel:
+    return CheckModel(problem=dict(key.problem), seed=1, rel_error=0.7, max_abs_error=3.0,
+                      tolerance=1e-4, passed=False, note="wrong at this shape")  # fmt: skip
+
+
+def dispute_body(key: Key, problem: dict[str, Any] | None = None) -> dict[str, Any]:
+    body = DisputeCreate(problem=problem or dict(key.problem), check=failed_check(key))
+    return body.model_dump(mode="json")
+
+
+# -- a hostile server at the client's transport -------------------------------------------------
+def public(record: RecordCreate, **fields: Any) -> RecordPublic:
+    data = record.model_dump(mode="json", by_alias=True)
+    return RecordPublic.model_validate({**data, "id": 7, "key_hash": "0" * 64,
+                                        "created_at": "2026-01-01T00:00:00Z", **fields})  # fmt: skip
+
+
+def hostile(answer: Any) -> Client:
+    """A client whose server answers every lookup with ``answer(asked key)``: a LookupResponse."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/v1/lookup":
+            return httpx.Response(404, json={"detail": "no"})
+        key = LookupRequest.model_validate_json(request.content).key.to_key()
+        return httpx.Response(200, content=answer(key).model_dump_json(by_alias=True))
+
+    return Client("http://hostile.test", transport=httpx.MockTransport(handle), token="")
+
+
+def unvalidated(key: Key) -> LookupResponse:
+    return LookupResponse(record=public(make_record(key, passed=False)))
+
+
+def disputed(key: Key) -> LookupResponse:
+    return LookupResponse(record=public(make_record(key), status="disputed"))
+
+
+def rejected(key: Key) -> LookupResponse:
+    return LookupResponse(record=public(make_record(key), status="rejected"))
+
+
+def another_kernel_elsewhere(key: Key) -> LookupResponse:
+    import dataclasses
+
+    elsewhere = dataclasses.replace(make_key(m=key.problem["M"], kernel="softmax"),
+                                    device=dataclasses.replace(CPU, arch="sm_90", kind="cuda",
+                                                               name="nvidia-h100"))  # fmt: skip
+    return LookupResponse(record=public(make_record(elsewhere)))
+
+
+def another_shape_called_exact(key: Key) -> LookupResponse:
+    return LookupResponse(record=public(make_record(make_key(m=2 * key.problem["M"]))),
+                          match="exact")  # fmt: skip
+
+
+def outside_the_space(key: Key) -> LookupResponse:
+    hostile_config = {"schedule": "knobs", "tile_i": "4; rm -rf /"}  # a knob is a number
+    return LookupResponse(record=public(make_record(key), config=hostile_config))
+
+
+def well_formed(key: Key) -> LookupResponse:
+    return LookupResponse(record=public(make_record(key, config=knobs(4))))
+
+
+@pytest.mark.parametrize("answer", [unvalidated, disputed, rejected, another_kernel_elsewhere,
+                                    another_shape_called_exact, outside_the_space])  # fmt: skip
+def test_the_client_refuses_a_served_record_it_must_not_use(
+    answer: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = make_key(m=64)
+    with hostile(answer) as client:
+        result = client.lookup(key, default=DEFAULT)
+        again = client.lookup(key, default=DEFAULT)
+    assert (result.source, result.config, result.hit) == ("default", DEFAULT, False)
+    assert again.source == "default"
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "ignoring record #7" in warnings[0], warnings
+
+
+def test_the_same_hostile_server_is_believed_when_its_record_is_sound() -> None:
+    """The check above is not vacuous: a sound record from the same transport is served."""
+    with hostile(well_formed) as client:
+        result = client.lookup(make_key(m=64), default=DEFAULT)
+    assert (result.source, result.config) == ("server", knobs(4))
+
+
+def test_a_record_unvalidated_in_the_servers_own_database_is_refused(server: LiveServer) -> None:
+    """A compromised database makes an unvalidated record a winner: the client still refuses."""
+    key = make_key(m=64)
+    with Client(server.url) as client:
+        stored = client.upload(make_record(key, passed=False))
+    assert stored.winner_record_id is None  # the server itself never serves it
+    assert server.db_path is not None
+    with sqlite3.connect(server.db_path) as db:
+        db.execute("insert into winners (key_hash, record_id, time_ms, updated_at) values "
+                   "(?, ?, 0.001, '2026-01-01')", (stored.key_hash, stored.record_id))  # fmt: skip
+    assert httpx.post(f"{server.url}/v1/lookup", json={"key": key.to_json()}).status_code == 200
+    with Client(server.url) as client:
+        result = client.lookup(key, default=DEFAULT)
+    assert (result.source, result.config) == ("default", DEFAULT)
+
+
+# -- the server refuses what a client must never be served ---------------------------------------
+@pytest.mark.parametrize(
+    ("backend", "config", "named"),
+    [
+        ("triton", {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 0, "num_warps": 4,
+                    "num_stages": 3}, "GROUP_M=0"),
+        ("triton", {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4.0,
+                    "num_stages": 3}, "num_warps=4.0"),
+        ("tvm", {"schedule": "meta_schedule", "trace": [[["Annotate", ["b0", "\"x\""],
+                 ["pragma_import_llvm"], []]], []], "target": {"kind": "llvm"}},
+         "pragma_import_llvm"),
+        ("inductor", {"mode": "max-autotune", "backend": "SHELL"}, "SHELL"),
+    ],
+)  # fmt: skip
+def test_an_upload_outside_its_backends_closed_schema_is_a_422_naming_the_field(
+    shared_server: LiveServer, backend: str, config: dict[str, Any], named: str
+) -> None:
+    record = make_record(make_key(m=64, backend=backend)).model_dump(mode="json", by_alias=True)
+    answer = httpx.post(f"{shared_server.url}/v1/records", json={**record, "config": config},
+                        headers=AUTH)  # fmt: skip
+    assert answer.status_code == 422, answer.text
+    detail = answer.json()["detail"]
+    assert detail.startswith("body.config:") and named in detail, detail
+
+
+# -- disputes -------------------------------------------------------------------------------
+def test_a_dispute_needs_a_token_and_stops_the_record_being_served(server: LiveServer) -> None:
+    key = make_key(m=64)
+    with Client(server.url) as client:
+        fast = client.upload(make_record(key, time_ms=1.0, config=knobs(1)))
+        slow = client.upload(make_record(key, time_ms=2.0, config=knobs(2)))
+    assert fast.is_winner and not slow.is_winner
+    url = f"{server.url}/v1/records/{fast.record_id}/disputes"
+    anonymous = httpx.post(url, json=dispute_body(key))
+    assert anonymous.status_code == 401  # reads are open; disputes are not
+    reader = {"Authorization": f"Bearer {token(server.url, 'consumer', 'read')}"}
+    first = httpx.post(url, json=dispute_body(key), headers=reader)
+    assert first.status_code == 200, first.text
+    assert first.json() == {"record_id": fast.record_id, "status": "disputed", "disputes": 1}
+    again = httpx.post(url, json=dispute_body(key), headers=reader)
+    assert again.json()["disputes"] == 1  # one open dispute per token and record
+    with Client(server.url) as client:
+        served = client.lookup(key, default=DEFAULT)
+        assert served.config == knobs(2)  # the next fastest record serves now
+        shown = client.get_record(fast.record_id)
+    assert (shown.status, shown.disputes, shown.is_winner) == ("disputed", 1, False)
+    elsewhere = httpx.post(url, json=dispute_body(key, {"M": 64, "N": 32, "K": 64}),
+                           headers=reader)  # fmt: skip
+    assert elsewhere.status_code == 422 and "shape bucket" in elsewhere.json()["detail"]
+    passed = {**dispute_body(key), "check": {**dispute_body(key)["check"], "passed": True,
+                                             "rel_error": 0.0}}  # fmt: skip
+    assert httpx.post(url, json=passed, headers=reader).status_code == 422
+    missing = httpx.post(f"{server.url}/v1/records/99999/disputes", json=dispute_body(key),
+                         headers=reader)  # fmt: skip
+    assert missing.status_code == 404
+
+
+def test_a_first_use_check_that_fails_falls_back_and_disputes_the_record(
+    server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = make_key(m=64)
+    with Client(server.url) as client:
+        stored = client.upload(make_record(key, config=knobs(4)))
+    consumer = token(server.url, "consumer", "read")
+    checked: list[dict[str, Any]] = []
+
+    def wrong(config: dict[str, Any]) -> CheckModel:
+        checked.append(config)
+        return failed_check(key)
+
+    with Client(server.url, token=consumer) as client:
+        result = client.lookup(key, default=DEFAULT, verify=wrong)
+    assert (result.source, result.config) == ("default", DEFAULT) and checked == [knobs(4)]
+    assert any("failed its check on first use" in r.getMessage() for r in caplog.records)
+    with Client(server.url) as client:  # close() above sent the dispute
+        assert client.get_record(stored.record_id).status == "disputed"
+        assert client.lookup(key, default=DEFAULT).source == "default"  # served no more
+
+
+def test_a_first_use_check_that_passes_runs_once(server: LiveServer) -> None:
+    key = make_key(m=64)
+    with Client(server.url) as client:
+        client.upload(make_record(key, config=knobs(4)))
+    calls: list[dict[str, Any]] = []
+
+    def right(config: dict[str, Any]) -> CheckModel:
+        calls.append(config)
+        return CheckModel(problem=dict(key.problem), seed=1, rel_error=0.0, max_abs_error=0.0,
+                          tolerance=1e-4, passed=True)  # fmt: skip
+
+    with Client(server.url) as client:
+        first = client.lookup(key, default=DEFAULT, verify=right)
+        second = client.lookup(key, default=DEFAULT, verify=right)
+    assert (first.source, second.source) == ("server", "memo") and calls == [knobs(4)]
+
+
+def test_a_first_use_check_that_raises_counts_as_failed(server: LiveServer) -> None:
+    key = make_key(m=64)
+    with Client(server.url) as client:
+        client.upload(make_record(key, config=knobs(4)))
+
+    def crashes(config: dict[str, Any]) -> CheckModel:
+        raise RuntimeError("the served config crashed the kernel")
+
+    with Client(server.url) as client:
+        result = client.lookup(key, default=DEFAULT, verify=crashes)
+    assert (result.source, result.config) == ("default", DEFAULT)
+
+
+# -- the verified policy and trusted tokens -----------------------------------------------------
+@pytest.fixture
+def verified_server(tmp_path: Path) -> Any:
+    db_path = tmp_path / "cache.db"
+    live = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "server.log",
+                        args=["--policy", "verified"])  # fmt: skip
+    yield live
+    live.stop()
+
+
+def test_the_verified_policy_serves_only_verified_records(verified_server: LiveServer) -> None:
+    url = verified_server.url
+    key, other = make_key(m=64), make_key(m=2048)
+    writer = token(url, "laptop", "write")
+    trusted = token(url, "ci", "write", trusted=True)
+    with Client(url, token=writer) as client:
+        pending = client.upload(make_record(key, time_ms=0.5, config=knobs(1)))
+    assert httpx.post(f"{url}/v1/lookup", json={"key": key.to_json()}).status_code == 404
+    with Client(url, token=trusted) as client:
+        client.upload(make_record(key, time_ms=2.0, config=knobs(2)))
+        client.upload(make_record(other, time_ms=1.0, config=knobs(3)))
+    with Client(url) as client:
+        assert client.lookup(key, default=DEFAULT).config == knobs(2)  # verified, though slower
+        assert client.lookup(other, default=DEFAULT).config == knobs(3)
+        shown = client.get_record(pending.record_id)
+    assert (shown.status, shown.uploaded_by) == ("pending", "laptop")
+    snapshot = httpx.get(f"{url}/v1/snapshot", params={"device_arch": CPU.arch}).json()
+    assert sorted(r["config"]["tile_i"] for r in snapshot["records"]) == [2, 3]
+
+
+def test_a_verifier_claims_disputed_records_first_and_settles_them(server: LiveServer) -> None:
+    url = server.url
+    verifier = token(url, "gpu-verifier", "verify")
+    with Client(url) as client:
+        first = client.upload(make_record(make_key(m=64), config=knobs(1), time_ms=1.0))
+        second = client.upload(make_record(make_key(m=128), config=knobs(2), time_ms=1.0))
+    reader = {"Authorization": f"Bearer {token(url, 'consumer', 'read')}"}
+    disputed_at = {"M": 100, "N": 64, "K": 64}  # in the record's bucket (M 65..128)
+    answer = httpx.post(f"{url}/v1/records/{second.record_id}/disputes", headers=reader,
+                        json=dispute_body(make_key(m=128), disputed_at))  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    with Client(url, token=verifier) as client:
+        task = client.claim_verification("v1", device_arch=CPU.arch, backends=["tvm"])
+        assert task is not None and task.record.id == second.record_id  # disputed first
+        assert task.disputed_problems == [disputed_at]
+        other = client.claim_verification("v2", device_arch=CPU.arch, backends=["tvm"])
+        assert other is not None and other.record.id == first.record_id  # never the same one
+        assert client.claim_verification("v3", device_arch=CPU.arch, backends=["tvm"]) is None
+        from tunecache.schemas import VerificationCreate
+
+        timing = make_record(make_key(), time_ms=1.6).timing
+        report = make_record(make_key()).validation
+        passed = VerificationCreate(worker="v1", outcome="passed", device_name="verifier-cpu",
+                                    timing=timing, validation=report)  # fmt: skip
+        with pytest.raises(Exception, match="409"):  # not v2's lease
+            client.submit_verification(second.record_id, passed.model_copy(update={"worker": "v2"}))
+        settled = client.submit_verification(second.record_id, passed)
+        failed = make_record(make_key(), passed=False).validation
+        rejected = client.submit_verification(first.record_id, VerificationCreate(
+            worker="v2", outcome="failed", device_name="verifier-cpu", validation=failed))  # fmt: skip
+    assert settled.status == "verified" and settled.verification is not None
+    assert settled.verification.verifier == "gpu-verifier"
+    assert settled.verification.timing_flag  # uploaded 1.0 ms, the verifier saw 1.6 ms
+    assert settled.verification.time_ratio == pytest.approx(1.6)
+    assert rejected.status == "rejected"
+    with Client(url) as client:
+        # verified: served again, ranked by the verifier's time; rejected: never served
+        assert client.lookup(make_key(m=128), default=DEFAULT).config == knobs(2)
+        assert client.lookup(make_key(m=64), default=DEFAULT).source == "default"
+
+
+def test_status_changes_keep_the_fastest_servable_winner_under_concurrent_uploads(
+    server: LiveServer,
+) -> None:
+    """Disputes and uploads of one key racing: the winner is always the fastest record that
+    may be served, never a disputed one."""
+    import concurrent.futures
+
+    key = make_key(m=64)
+    reader = {"Authorization": f"Bearer {token(server.url, 'consumer', 'read')}"}
+    with Client(server.url) as client:
+        ids = [client.upload(make_record(key, time_ms=1.0 + i, config=knobs(i + 1))).record_id
+               for i in range(6)]  # fmt: skip
+
+    def dispute(record_id: int) -> int:
+        url = f"{server.url}/v1/records/{record_id}/disputes"
+        return httpx.post(url, json=dispute_body(key), headers=reader, timeout=30).status_code
+
+    def upload(ms: float) -> int:
+        with Client(server.url) as client:
+            return client.upload(make_record(key, time_ms=ms, config=knobs(50))).record_id
+
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        disputes = [pool.submit(dispute, record_id) for record_id in ids[:3]]
+        late = [pool.submit(upload, ms) for ms in (3.5, 2.5)]
+    assert [f.result() for f in disputes] == [200, 200, 200]
+    with Client(server.url) as client:
+        listed = client.list_records(key_hash=key.digest(), limit=100).items
+        winner = client.lookup(key, default=DEFAULT)
+    assert len(listed) == 8 and sum(r.status == "disputed" for r in listed) == 3
+    servable = [r for r in listed if r.status in ("pending", "verified")]
+    fastest = min(servable, key=lambda r: (r.timing.median_ms, r.id))
+    assert fastest.id == late[1].result()  # 2.5 ms: slower than the disputed, faster than the rest
+    assert winner.record is not None and winner.record.id == fastest.id
+    assert {r.id for r in listed if r.is_winner} == {fastest.id}
+
+
+def test_the_cli_creates_a_trusted_verify_token(server: LiveServer, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "tunecache.cli", "token", "create", "--name",
+                           "ci", "--scope", "verify", "--trusted", "--server", server.url],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "'verify' scope, trusted" in done.stderr
+    listed = httpx.get(f"{server.url}/v1/tokens", headers=AUTH).json()["items"]
+    assert [(t["scope"], t["trusted"]) for t in listed if t["name"] == "ci"] == [("verify", True)]

@@ -1,0 +1,109 @@
+"""The verifier (``tunecache daemon --verify``) on this CPU, end to end through a real server.
+
+Records uploaded with a write token are claims: their validation and their time. A verifier
+re-validates them in its own worker processes, against the float64 golden reference, and re-times
+them; under ``--policy verified`` only what it verified is served, ranked by its own time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer, start_server
+from tests.factories import AUTH, TINY, make_record
+from tunecache import Client, key_for
+
+# A matmul knob config outside its space: 5 is not one of the unroll knob's values.
+OUTSIDE = {"schedule": "knobs", "tile_i": 8, "tile_j": 32, "tile_k": 16, "vectorize": True,
+           "parallel": True, "unroll": 5}  # fmt: skip
+
+
+def token(url: str, name: str, scope: str) -> str:
+    answer = httpx.post(f"{url}/v1/tokens", json={"name": name, "scope": scope}, headers=AUTH)
+    assert answer.status_code == 201, answer.text
+    created: str = answer.json()["token"]
+    return created
+
+
+@pytest.fixture
+def verified_server(tmp_path: Path) -> Iterator[LiveServer]:
+    db_path = tmp_path / "cache.db"
+    live = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "server.log",
+                        args=["--policy", "verified"])  # fmt: skip
+    yield live
+    live.stop()
+
+
+@pytest.mark.slow
+def test_a_verifier_verifies_tvm_and_inductor_records_and_flags_fake_times(
+    verified_server: LiveServer, tmp_path: Path
+) -> None:
+    url = verified_server.url
+    tvm = key_for("matmul", "tvm", TINY["matmul"], "float32")
+    inductor = key_for("softmax", "inductor", TINY["softmax"], "float32")
+    outside = key_for("matmul", "tvm", {"M": 48, "N": 40, "K": 16}, "float32")  # another bucket
+    import dataclasses
+
+    elsewhere = dataclasses.replace(tvm, environment={"apache-tvm": "0.1.0"})  # not installed here
+    writer = token(url, "laptop", "write")
+    with Client(url, token=writer) as client:
+        ids = {
+            "tvm": client.upload(make_record(tvm, time_ms=0.001,
+                                             config={"schedule": "default"})).record_id,
+            "inductor": client.upload(make_record(inductor, time_ms=0.001,
+                                                  config={"mode": "default"})).record_id,
+            "outside": client.upload(make_record(outside, time_ms=0.001,
+                                                 config=OUTSIDE)).record_id,
+            "elsewhere": client.upload(make_record(elsewhere, time_ms=0.001,
+                                                   config={"schedule": "default"})).record_id,
+        }  # fmt: skip
+        assert client.lookup(tvm, default={"d": 1}).source == "default"  # pending: not served
+
+    env = {**os.environ, "TUNECACHE_TOKEN": token(url, "cpu-verifier", "verify")}
+    done = subprocess.run(
+        [sys.executable, "-m", "tunecache.cli", "daemon", "--verify", "--once", "--server", url,
+         "--backends", "tvm,inductor", "--workers", "1"],
+        capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 verified, 1 rejected), 1 given back as unverifiable" in done.stderr, done.stderr
+
+    with Client(url) as client:
+        records = {name: client.get_record(record_id) for name, record_id in ids.items()}
+        for name in ("tvm", "inductor"):
+            record = records[name]
+            check = record.verification
+            assert record.status == "verified" and check is not None, name
+            assert check.verifier == "cpu-verifier" and check.passed
+            assert check.timing is not None and check.timing.median_ms > 0.001
+            assert check.timing_flag and check.time_ratio is not None and check.time_ratio > 1.25
+            assert check.validation is not None and len(check.validation.checks) >= 2  # + edge
+        assert records["outside"].status == "rejected"
+        assert records["outside"].verification is not None
+        assert "outside the kernel's space" in records["outside"].verification.error
+        assert records["elsewhere"].status == "pending"  # another verifier may have 0.1.0
+        served = client.lookup(tvm, default={"d": 1})
+        assert served.source == "server" and served.record is not None
+        assert served.record.id == ids["tvm"]
+        # ranked by the verifier's time from now on: the fake 0.001 ms no longer counts
+        assert served.time_ms == records["tvm"].verification.timing.median_ms  # type: ignore[union-attr]
+        assert client.lookup(inductor, default={"d": 1}).source == "server"
+        assert client.lookup(outside, default={"d": 1}).source == "default"
+
+
+def test_the_verifier_needs_the_verify_scope(server: LiveServer, tmp_path: Path) -> None:
+    env = {**os.environ, "TUNECACHE_TOKEN": token(server.url, "laptop", "write")}
+    done = subprocess.run(
+        [sys.executable, "-m", "tunecache.cli", "daemon", "--verify", "--once", "--server",
+         server.url], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 4, done.stderr
+    assert "needs the 'verify' scope; token 'laptop' has write" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,203 @@
+"""The verifier: re-checks uploaded records on its own device before a team serves them as verified.
+
+An uploader is trusted with nothing: its validation and its time are claims. A verifier (a token
+with the ``verify`` scope, ``tunecache daemon --verify``) claims records of its device's arch and
+backends (disputed ones first), and for each:
+
+1. gives it back as ``unverifiable`` when it cannot run it as tuned: other software versions,
+   a kernel it does not have, other kernel sources;
+2. fails it when its config is outside the backend's closed schema or the kernel's space
+   (nothing outside them is ever built);
+3. validates it against the float64 golden reference in its own worker processes: fresh seeds of
+   its own, poisoned outputs, the kernel's edge problem, and every problem a consumer disputed it
+   at (one the record may serve: its own, or one of its shape bucket);
+4. times it with the device's timer, at the record's problem.
+
+The server then serves it as ``verified`` (its time from now on the verifier's, the uploader's
+flagged when more than 20 % faster) or never again (``rejected``).
+
+Example:
+    >>> with Client(url) as client:  # doctest: +SKIP
+    ...     Verifier(client, VerifierOptions(once=True)).run()
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from backends import get_backend
+from tunecache.client import Client
+from tunecache.configcheck import config_problem
+from tunecache.device import local_device
+from tunecache.environment import environment_for
+from tunecache.errors import InvalidInput, ServerError
+from tunecache.key import Key
+from tunecache.policies import bucket_policy
+from tunecache.schemas import MAX_CHECKS, ValidationReport, VerificationCreate, VerifyTask
+from tunecache.space import Config
+from tunecache.timing import DEFAULT_TIMER, TimerSettings
+from tuner.daemon import poll, runnable_backends
+from tuner.harness import Harness, Task
+from workloads import get_workload
+
+logger = logging.getLogger(__name__)
+SEEDS = (101, 102, 103)  # not the tuner's (1, 2, 3): the uploader could not have fitted them
+
+
+@dataclass(frozen=True)
+class VerifierOptions:
+    """How a verifier works: its device and backends, seeds, timer, lease and polling.
+
+    Attributes:
+        timer_ref: ``"module:function"`` of a timer to use instead of the device's (tests).
+        once: stop when nothing is left to verify, instead of polling.
+    """
+
+    device: str = "cpu"
+    backends: tuple[str, ...] | None = None
+    seeds: tuple[int, ...] = SEEDS
+    timer: TimerSettings = DEFAULT_TIMER
+    timer_ref: str | None = None
+    lease_seconds: float = 600.0
+    poll_seconds: float = 5.0
+    once: bool = False
+    workers: int | None = None
+
+
+class Verifier:
+    """Claims, re-checks and reports records until stopped (or, ``once``, out of records)."""
+
+    def __init__(self, client: Client, options: VerifierOptions) -> None:
+        self.client = client
+        self.options = options
+        self.worker = f"{platform.node()}:{os.getpid()}:verify"
+        self.device = local_device(options.device)
+        self.backends = runnable_backends(options.device, options.backends)
+        self.stopping = threading.Event()
+        self.outcomes: dict[int, str] = {}  # record id → passed | failed | unverifiable
+
+    def stop(self) -> None:
+        """Finish the current record, then stop."""
+        self.stopping.set()
+
+    def run(self) -> int:
+        """Works until stopped; returns how many records it verified or rejected."""
+        if not self.backends:
+            raise InvalidInput(f"no backend installed here runs on {self.options.device}")
+        arch = self.device.fingerprint.arch
+        logger.info("%s: verifying %s records of %s", self.worker, ",".join(self.backends), arch)
+        with Harness(workers=self.options.workers) as harness:
+            poll(lambda: self.client.claim_verification(
+                     self.worker, device_arch=arch, backends=self.backends,
+                     lease_seconds=self.options.lease_seconds),
+                 lambda task: self._report(task, self.check(task, harness)),
+                 stopping=self.stopping, once=self.options.once,
+                 every=self.options.poll_seconds)  # fmt: skip
+        return sum(outcome != "unverifiable" for outcome in self.outcomes.values())
+
+    def _report(self, task: VerifyTask, result: VerificationCreate) -> None:
+        record = task.record
+        try:
+            stored = self.client.submit_verification(record.id, result)
+        except ServerError as exc:  # the lease was lost: another verifier will take it
+            logger.warning("record #%d: finding not stored: %s", record.id, exc)
+            return
+        self.outcomes[record.id] = result.outcome
+        logger.info("record #%d %s: %s%s", record.id, record.key.to_key().short(), stored.status,
+                    f" ({result.error})" if result.error else "")  # fmt: skip
+
+    def check(self, task: VerifyTask, harness: Harness) -> VerificationCreate:
+        """The finding on one leased record (never raises on what the record holds)."""
+        record = task.record
+        key = record.key.to_key()
+        if (why := self._cannot_run(key)) is not None:
+            return self._finding("unverifiable", error=why)
+        config = dict(record.config)
+        if (why := config_problem(key.backend, config, kernel=key.kernel)) is not None:
+            return self._finding("failed", error=f"its config is not a {key.backend} config: {why}")
+        if (why := self._outside_space(key, config)) is not None:
+            return self._finding("failed", error=f"its config is outside the kernel's space: {why}")
+        reports = []
+        for problem in [dict(key.problem), *self._servable(key, task.disputed_problems)]:
+            bench = harness.benchmarker(self._task(key, problem))
+            reports.append(bench.validate(config, self.options.seeds))
+            if not reports[-1].passed:
+                return self._finding("failed", validation=merged(reports))
+        measured = harness.benchmarker(self._task(key, dict(key.problem))).measure(config)
+        if not measured.ok or measured.timing is None:
+            return self._finding("failed", validation=merged(reports),
+                                 error=f"{measured.status}: {measured.error}"[:2000])  # fmt: skip
+        return self._finding("passed", validation=merged(reports), timing=measured.timing)
+
+    def _finding(self, outcome: str, **fields: Any) -> VerificationCreate:
+        return VerificationCreate(worker=self.worker, outcome=outcome,  # type: ignore[arg-type]
+                                  device_name=self.device.fingerprint.name, **fields)  # fmt: skip
+
+    def _cannot_run(self, key: Key) -> str | None:
+        """Why this machine cannot run ``key`` as it was tuned, or ``None``."""
+        if key.device.arch != self.device.fingerprint.arch:
+            return f"tuned on {key.device.arch}; this verifier has {self.device.fingerprint.arch}"
+        installed = environment_for(key.backend)
+        if dict(key.environment) != installed:
+            return f"tuned with {dict(key.environment)}; here {installed}"
+        try:
+            workload = get_workload(key.kernel)
+        except InvalidInput as exc:
+            return str(exc)
+        if workload.source_hash(key.backend) != key.source_hash:
+            return (f"tuned with kernel sources {key.source_hash}; here "
+                    f"{workload.source_hash(key.backend)}")  # fmt: skip
+        return None
+
+    def _outside_space(self, key: Key, config: Mapping[str, Any]) -> str | None:
+        """Why ``config`` is outside the kernel's enumerated space where it names one (Triton's
+        spaces, TVM's knob spaces; a MetaSchedule trace or an Inductor config names none)."""
+        workload = get_workload(key.kernel)
+        problem = {k: int(v) for k, v in key.problem.items()}
+        try:
+            space = get_backend(key.backend).space(workload, problem, key.dtype)
+            required = set(space.params) - set(space.defaults) if space is not None else set()
+            if space is None or not required <= set(config):
+                return None  # not a point of the space (a trace, Inductor settings, a default)
+            return space.prune_reason(Config.of(config))
+        except InvalidInput as exc:
+            return str(exc)
+
+    def _servable(self, key: Key, problems: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The disputed problems the record may serve (its bucket's), each once: a dispute at
+        another problem could not have come from a lookup, and is not run."""
+        buckets = bucket_policy(key.kernel)
+        own = buckets.bucket(key.problem)
+        kept = []
+        for problem in problems:
+            if dict(problem) != dict(key.problem) and buckets.bucket(problem) == own:
+                kept.append(dict(problem))
+            elif dict(problem) != dict(key.problem):
+                logger.warning("%s: a dispute at %s, which it cannot serve, is ignored",
+                               key.short(), dict(problem))  # fmt: skip
+        return kept
+
+    def _task(self, key: Key, problem: Mapping[str, Any]) -> Task:
+        return Task(backend=key.backend, workload=key.kernel, problem=dict(problem),
+                    dtype=key.dtype, device=key.device.kind, timer=self.options.timer,
+                    timer_ref=self.options.timer_ref)  # fmt: skip
+
+
+def merged(reports: Sequence[ValidationReport]) -> ValidationReport:
+    """One report of several checks: passed when all did, the worst error, every check."""
+    checks = [check for report in reports for check in report.checks][:MAX_CHECKS]
+    errors = [c.rel_error for c in checks]
+    worst = None if None in errors else max(e for e in errors if e is not None)
+    return ValidationReport(
+        passed=all(r.passed for r in reports) and all(c.passed for c in checks),
+        tolerance=max(r.tolerance for r in reports),
+        max_rel_error=worst,
+        checks=checks,
+        reference="float64 golden reference, the verifier's seeds and edge problem",
+    )
