@@ -29,7 +29,7 @@ from typing import Any
 
 from bench.report import write_result
 from bench.server_load import TOKEN, serve
-from tests.factories import make_record
+from tests.factories import knobs, make_record
 from tunecache import Client, key_for
 from tunecache.cli.table import render
 from tunecache.snapshot import save_snapshot
@@ -66,7 +66,7 @@ def paced(fn: Callable[[], Any], rate: float, seconds: float) -> list[float]:
 def lookups(url: str, tmp: Path, args: argparse.Namespace) -> list[list[str]]:
     key = key_for("matmul", "tvm", {"M": 64, "N": 64, "K": 64}, "float32")
     with Client(url, token=TOKEN) as client:
-        client.upload(make_record(key, config={"tile": 8}))
+        client.upload(make_record(key, config=knobs(8)))
         document, _ = client.export_snapshot(key.device.arch)
         assert document is not None
         client.lookup(key)  # now in the memo
