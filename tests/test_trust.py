@@ -367,3 +367,21 @@ def test_the_cli_creates_a_trusted_verify_token(server: LiveServer, tmp_path: Pa
     assert "'verify' scope, trusted" in done.stderr
     listed = httpx.get(f"{server.url}/v1/tokens", headers=AUTH).json()["items"]
     assert [(t["scope"], t["trusted"]) for t in listed if t["name"] == "ci"] == [("verify", True)]
+
+
+def test_get_says_why_a_key_with_records_misses(verified_server: LiveServer) -> None:
+    import subprocess
+    import sys
+
+    from tunecache import key_for
+
+    url = verified_server.url
+    key = key_for("matmul", "tvm", {"M": 64, "N": 64, "K": 64}, "float32")  # this machine's
+    with Client(url, token=token(url, "laptop", "write")) as client:
+        stored = client.upload(make_record(key, config=knobs(1)))
+    assert (stored.status, stored.policy) == ("pending", "verified")
+    done = subprocess.run([sys.executable, "-m", "tunecache.cli", "get", "matmul", "--backend",
+                           "tvm", "--dtype", "float32", "--shape", "M=64,N=64,K=64", "--server",
+                           url], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert f"record #{stored.record_id}: pending: validated by its uploader only" in done.stdout

@@ -469,10 +469,15 @@ class VerificationCreate(_Strict):
 
 
 class UploadResult(_Strict):
+    """Where an upload stands: its id, the key's winner (default policy), the record's status and
+    the server's serving policy (under ``verified`` a pending record is not served yet)."""
+
     record_id: int
     key_hash: str
     winner_record_id: int | None
     is_winner: bool
+    status: RecordStatus = "pending"
+    policy: Literal["validated", "verified"] = "validated"
 
 
 class LookupRequest(_Strict):

@@ -99,7 +99,8 @@ def run_verifier(args: argparse.Namespace) -> int:
         _until_stopped(verifier)
     outcomes = list(verifier.outcomes.values())
     passed, failed = outcomes.count("passed"), outcomes.count("failed")
-    print(f"verifier {verifier.worker}: {passed + failed} records decided ({passed} verified, "
-          f"{failed} rejected), {outcomes.count('unverifiable')} given back as unverifiable",
-          file=sys.stderr)  # fmt: skip
+    decided = passed + failed
+    print(f"verifier {verifier.worker}: {decided} record{'' if decided == 1 else 's'} decided "
+          f"({passed} verified, {failed} rejected), {outcomes.count('unverifiable')} given back "
+          "as unverifiable", file=sys.stderr)  # fmt: skip
     return 0

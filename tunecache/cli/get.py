@@ -52,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     with Client(server_url(args), policy=args.policy) as client:
         answer = client.fetch_answer(key)
         nearest = _nearest(client, key) if answer is None and args.explain else None
+        unserved = _unserved(client, key) if answer is None and not args.json else []
     if answer is None:
         if args.json:
             body: dict[str, Any] = {"hit": False, "key": key.to_json(), "key_hash": key.digest(),
@@ -61,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(body, indent=2))
         else:
             print(f"miss: {key.short()} (under the {args.policy} version policy)")
+            for line in unserved:
+                print(f"  {line}")
             if nearest is not None:
                 print(_explained(key, nearest))
         return 1
@@ -72,6 +75,19 @@ def run(args: argparse.Namespace) -> int:
         print(describe(answer.record))
         print(f"  matched    {answer.match} rule, {answer.policy} version policy")
     return 0
+
+
+def _unserved(client: Any, key: Key) -> list[str]:
+    """Why the key's own records were not served (pending under the verified policy, disputed,
+    rejected, not validated), a line each; none when it has none or they cannot be listed."""
+    from tunecache.errors import ServerError
+
+    try:
+        found = client.list_records(key_hash=key.digest(), limit=5).items
+    except ServerError:
+        return []
+    return [f"record #{r.id}: {'failed validation' if not r.validation.passed else r.trust_text()}"
+            for r in found]  # fmt: skip
 
 
 def _nearest(client: Any, key: Key) -> list[Nearby]:

@@ -155,5 +155,7 @@ def _run_key(args: argparse.Namespace) -> int:
         stored = client.get_record(result.record_id)
     print(describe(stored))
     state = "the winner" if result.is_winner else f"kept; #{result.winner_record_id} is faster"
+    if result.policy == "verified" and result.status != "verified":
+        state += " (this server serves verified records only: served once a verifier passes it)"
     print(f"uploaded record #{result.record_id} to {url}: {state}", file=sys.stderr)
     return 0

@@ -28,7 +28,11 @@ router = APIRouter(prefix="/v1", tags=["records"])
 
 @router.post("/records", status_code=status.HTTP_201_CREATED)
 def upload_record(
-    record: RecordCreate, session: SessionDep, metrics: MetricsDep, token: WriteAccess
+    record: RecordCreate,
+    session: SessionDep,
+    settings: SettingsDep,
+    metrics: MetricsDep,
+    token: WriteAccess,
 ) -> UploadResult:
     """Stores a tuning result with all its trials, as this token's upload.
 
@@ -46,6 +50,8 @@ def upload_record(
         key_hash=key_hash,
         winner_record_id=winner,
         is_winner=winner == record_id,
+        status="verified" if token.trusted and record.validation.passed else "pending",
+        policy=settings.policy,
     )
 
 
