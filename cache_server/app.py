@@ -59,6 +59,7 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     app.state.sessionmaker = make_sessionmaker(engine)
     app.state.metrics = Metrics(app.state.sessionmaker)
     app.state.miss_limiter = RateLimiter(settings.miss_reports_per_minute)
+    app.state.dispute_limiter = RateLimiter(settings.disputes_per_minute)
     app.include_router(health.router)
     app.include_router(metrics_router)
     app.include_router(records.router)

@@ -1,21 +1,31 @@
 """Artifact queries: the atomic upsert and the paged reads. They never commit.
 
 The upsert is one statement per item, ``INSERT … ON CONFLICT (digest) DO UPDATE … WHERE`` the new
-item may replace the stored one: when either has no score, or the new score is lower. Concurrent
-writers of one item leave the best-scored value whatever order they commit in.
+item may replace the stored one: a trusted token's always replaces an untrusted one's, an
+untrusted one's never replaces a trusted one's, and otherwise when either has no score or the new
+score is lower. Concurrent writers of one item leave the
+best-scored value whatever order they commit in.
+
+Artifacts have no verifier: under the ``verified`` serving policy only trusted tokens' items are
+read back. Whatever is read back passes its namespace's closed schema again (a row written before
+the schema, or behind the API, is never served).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
-from sqlalchemy import or_, select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from cache_server.db import upsert_insert
-from cache_server.models import ArtifactRow, utcnow
+from cache_server.models import ArtifactRow, TokenRow, utcnow
 from tunecache.artifacts import ArtifactIn, ArtifactPublic
 from tunecache.canonical import digest
+from tunecache.configcheck import artifact_problem
+
+logger = logging.getLogger(__name__)
 
 
 def artifact_digest(item: ArtifactIn) -> str:
@@ -23,22 +33,39 @@ def artifact_digest(item: ArtifactIn) -> str:
     return digest([item.namespace, item.partition, item.key, item.item])
 
 
-def put_artifacts(session: Session, *, items: Sequence[ArtifactIn]) -> int:
-    """Upserts ``items``; returns how many were written (new or replaced)."""
+def put_artifacts(
+    session: Session, *, items: Sequence[ArtifactIn], uploader: TokenRow | None = None
+) -> int:
+    """Upserts ``items`` as ``uploader``'s; returns how many were written (new or replaced)."""
     stored = 0
+    trusted = uploader is not None and uploader.trusted
+    name = None if uploader is None else uploader.name
     for item in items:
         now = utcnow()
         stmt = upsert_insert(session, ArtifactRow).values(
             digest=artifact_digest(item), namespace=item.namespace, partition=item.partition,
             key=item.key, item=item.item, value=item.value, score=item.score, updated_at=now,
+            uploaded_by=name, trusted=trusted,
         )  # fmt: skip
         stmt = stmt.on_conflict_do_update(
             index_elements=[ArtifactRow.digest],
-            set_={"value": stmt.excluded.value, "score": stmt.excluded.score, "updated_at": now},
+            set_={
+                "value": stmt.excluded.value,
+                "score": stmt.excluded.score,
+                "updated_at": now,
+                "uploaded_by": stmt.excluded.uploaded_by,
+                "trusted": stmt.excluded.trusted,
+            },
             where=or_(
-                ArtifactRow.score.is_(None),
-                stmt.excluded.score.is_(None),
-                ArtifactRow.score > stmt.excluded.score,
+                and_(stmt.excluded.trusted.is_(True), ArtifactRow.trusted.is_(False)),
+                and_(
+                    ArtifactRow.trusted == stmt.excluded.trusted,
+                    or_(
+                        ArtifactRow.score.is_(None),
+                        stmt.excluded.score.is_(None),
+                        ArtifactRow.score > stmt.excluded.score,
+                    ),
+                ),
             ),
         )
         # RETURNING gives a row exactly when the item was written (rowcount is -1 on psycopg).
@@ -54,14 +81,19 @@ def list_artifacts(
     key: str | None,
     after: int | None,
     limit: int,
-) -> list[ArtifactPublic]:
-    """Items of one partition (and key), best score first within a key, else by id.
+    trusted_only: bool = False,
+) -> tuple[list[ArtifactPublic], int | None]:
+    """Items of one partition (and key), best score first within a key, else by id (only trusted
+    tokens' with ``trusted_only``), and the ``after`` of the next page (``None``: no more).
 
-    Without ``key`` the order is by id, and ``after`` pages through it.
+    Without ``key`` the order is by id, and ``after`` pages through it. An item its namespace's
+    closed schema refuses is left out (logged), so a page may hold fewer than ``limit``.
     """
     stmt = select(ArtifactRow).where(
         ArtifactRow.namespace == namespace, ArtifactRow.partition == partition
     )
+    if trusted_only:
+        stmt = stmt.where(ArtifactRow.trusted.is_(True))
     if key is not None:
         stmt = stmt.where(ArtifactRow.key == key).order_by(
             ArtifactRow.score.is_(None), ArtifactRow.score, ArtifactRow.id
@@ -71,7 +103,14 @@ def list_artifacts(
     if after is not None:
         stmt = stmt.where(ArtifactRow.id > after)
     rows = session.scalars(stmt.limit(limit)).all()
-    return [_public(row) for row in rows]
+    kept = []
+    for row in rows:
+        if (why := artifact_problem(row.namespace, row.value)) is not None:
+            logger.warning("not serving artifact %d (%s): %s", row.id, row.namespace, why)
+            continue
+        kept.append(_public(row))
+    full_page = key is None and len(rows) == limit
+    return kept, rows[-1].id if full_page else None
 
 
 def _public(row: ArtifactRow) -> ArtifactPublic:

@@ -76,6 +76,7 @@ class RecordRow(Base):
     verify_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
     verify_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     verify_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    verify_claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
     __table_args__ = (
         Index("ix_records_kernel_backend_dtype", "kernel", "backend", "dtype"),
@@ -203,5 +204,7 @@ class ArtifactRow(Base):
     value: Mapped[Any] = mapped_column(JSON)
     score: Mapped[float | None] = mapped_column(Float, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    uploaded_by: Mapped[str | None] = mapped_column(String(128), nullable=True)  # token name
+    trusted: Mapped[bool] = mapped_column(Boolean, default=False)  # uploaded by a trusted token
 
     __table_args__ = (Index("ix_artifacts_name", "namespace", "partition", "key"),)

@@ -172,9 +172,10 @@ def get_winner(
 
 
 def get_record(
-    session: Session, *, record_id: int, with_trials: bool = True
+    session: Session, *, record_id: int, with_trials: bool = True, table: WinnerTable = WinnerRow
 ) -> RecordPublic | None:
-    """One record by id, with its trials in the order they ran."""
+    """One record by id, with its trials in the order they ran (``is_winner``: in ``table``,
+    the serving policy's winners)."""
     row = session.get(RecordRow, record_id)
     if row is None:
         return None
@@ -183,7 +184,7 @@ def get_record(
         trials = session.scalars(
             select(TrialRow).where(TrialRow.record_id == record_id).order_by(TrialRow.position)
         ).all()
-    winner = session.scalar(select(WinnerRow.record_id).where(WinnerRow.key_hash == row.key_hash))
+    winner = session.scalar(select(table.record_id).where(table.key_hash == row.key_hash))
     return public_record(row, is_winner=winner == row.id, trials=trials)
 
 
@@ -219,17 +220,16 @@ def list_records(
     limit: int = 100,
     offset: int = 0,
     by_key: bool = False,
+    table: WinnerTable = WinnerRow,
 ) -> tuple[list[RecordPublic], int]:
     """Records matching every given filter, and the total count matching.
 
     Newest first; with ``by_key``, grouped by kernel, device, backend and dtype, fastest first
     within a group (the dashboard's table).
     """
-    base = select(RecordRow, WinnerRow.record_id).outerjoin(
-        WinnerRow, WinnerRow.record_id == RecordRow.id
-    )
+    base = select(RecordRow, table.record_id).outerjoin(table, table.record_id == RecordRow.id)
     if winners_only:
-        base = base.where(WinnerRow.record_id.is_not(None))
+        base = base.where(table.record_id.is_not(None))
     base = _filtered(base, filters)
     total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
     order = _BY_KEY if by_key else (RecordRow.id.desc(),)

@@ -17,9 +17,12 @@ Example:
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
+
+from fastapi import HTTPException, status
 
 MAX_CALLERS = 100_000  # buckets kept before the idle ones are dropped
 
@@ -53,3 +56,11 @@ class RateLimiter:
         """Forgets callers whose buckets have refilled: they are as if never seen."""
         refill = self.capacity / self.rate
         self._buckets = {c: b for c, b in self._buckets.items() if now - b[1] < refill}
+
+
+def too_many(detail: str, wait: float) -> HTTPException:
+    """A 429 saying what was over the limit, with ``Retry-After`` (whole seconds, at least 1)."""
+    retry = max(1, math.ceil(wait))
+    headers = {"Retry-After": str(retry)}
+    detail = f"{detail}; retry in {retry} s"
+    return HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, detail, headers)

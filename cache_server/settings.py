@@ -10,6 +10,8 @@
   send a minute to one server process (default 120); more get 429
 - ``TUNECACHE_SERVER_MISS_JOBS_PER_MINUTE``: new jobs misses may create a minute, counted in the
   database across every server process (default 60); reports of keys already queued don't count
+- ``TUNECACHE_SERVER_DISPUTES_PER_MINUTE``: disputes one token may send a minute to one server
+  process (default 30); more get 429
 - ``TUNECACHE_SERVER_READS``: ``open`` (default: lookups and other reads need no token) or
   ``token`` (they need a token with the ``read`` scope). Writes always need ``write``.
 - ``TUNECACHE_SERVER_POLICY``: which records lookups and snapshots serve: ``validated``
@@ -62,6 +64,7 @@ class ServerSettings(BaseSettings):
     workers: int = Field(default=1, ge=1, le=64)
     miss_reports_per_minute: int = Field(default=120, ge=1, le=1_000_000)
     miss_jobs_per_minute: int = Field(default=60, ge=1, le=1_000_000)
+    disputes_per_minute: int = Field(default=30, ge=1, le=1_000_000)
     reads: Literal["open", "token"] = "open"
     policy: Literal["validated", "verified"] = "validated"
     bootstrap_token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS, repr=False)

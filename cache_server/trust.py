@@ -12,6 +12,7 @@ concurrent upload's atomic upsert still leaves the fastest servable record as th
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -31,6 +32,7 @@ from tunecache.schemas import (
     VerificationPublic,
 )
 
+MAX_RATIO = 1e9  # a verifier / uploader time ratio beyond this is reported as this
 MAX_VERIFY_ATTEMPTS = 3  # claims of one record (a verifier that cannot run it gives it back)
 MAX_OPEN_DISPUTES = 32  # unresolved disputes kept per record (more are counted, not stored)
 # A record a verifier could not run waits this long before another claim (another verifier of
@@ -40,6 +42,19 @@ _TIERS: tuple[tuple[WinnerTable, tuple[str, ...]], ...] = (
     (WinnerRow, SERVED_STATUSES["validated"]),
     (VerifiedWinnerRow, SERVED_STATUSES["verified"]),
 )
+
+
+def time_ratio(verifier_ms: float, uploaded: Any) -> float | None:
+    """The verifier's median over the uploaded timing's (``TimingModel`` JSON, as uploaded:
+    a re-verification compares with the same claim), at most :data:`MAX_RATIO`."""
+    try:
+        uploaded_ms = float(uploaded["median_ms"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not math.isfinite(uploaded_ms) or uploaded_ms <= 0:
+        return None
+    ratio = verifier_ms / uploaded_ms
+    return round(min(ratio, MAX_RATIO), 6) if math.isfinite(ratio) else MAX_RATIO
 
 
 def winner_table(policy: str) -> WinnerTable:
@@ -108,6 +123,7 @@ def add_dispute(
     row.disputes += 1
     if row.status in ("pending", "verified"):
         row.status = "disputed"
+        row.verify_attempts = 0  # a new question for the verifiers, however often it was asked
         session.flush()
         recompute_winners(session, key_hash=row.key_hash)
     return row
@@ -146,6 +162,7 @@ def claim(
             verify_owner=worker,
             verify_expires_at=now + timedelta(seconds=lease_seconds),
             verify_attempts=RecordRow.verify_attempts + 1,
+            verify_claimed_at=now,
         )
         .returning(RecordRow.id)
         .execution_options(synchronize_session=False)
@@ -180,24 +197,31 @@ def finish(
     if result.outcome == "unverifiable":  # back in the queue, after a while, until its attempts
         row.verify_expires_at = utcnow() + UNVERIFIABLE_BACKOFF  # run out
         return row
-    ratio = None
-    if result.timing is not None:
-        ratio = result.timing.median_ms / row.time_ms
+    ratio = None if result.timing is None else time_ratio(result.timing.median_ms, row.timing)
     passed = result.outcome == "passed"
     row.verification = VerificationPublic(
         passed=passed, verifier=verifier, device_name=result.device_name, verified_at=utcnow(),
         timing=result.timing, validation=result.validation, error=result.error,
-        time_ratio=None if ratio is None else round(ratio, 6),
-        timing_flag=ratio is not None and ratio > TIMING_FLAG_RATIO,
+        time_ratio=ratio, timing_flag=ratio is not None and ratio > TIMING_FLAG_RATIO,
     ).model_dump(mode="json")  # fmt: skip
-    row.status = "verified" if passed else "rejected"
     if passed and result.timing is not None:
         row.time_ms = result.timing.median_ms  # the verifier's time ranks the record from now on
+    # Disputes sent before the claim were run (VerifyTask.disputed_problems); any sent since were
+    # not: a passed record then stays disputed, for the next verifier.
+    open_ones = and_(DisputeRow.record_id == record_id, DisputeRow.resolved_at.is_(None))
+    claimed = row.verify_claimed_at or utcnow()
     session.execute(
         update(DisputeRow)
-        .where(DisputeRow.record_id == record_id, DisputeRow.resolved_at.is_(None))
+        .where(open_ones, DisputeRow.created_at <= claimed)
         .values(resolved_at=utcnow())
     )
+    newer = session.scalar(select(DisputeRow.id).where(open_ones).limit(1)) is not None
+    if not passed:
+        row.status = "rejected"
+    elif newer:
+        row.status, row.verify_attempts = "disputed", 0
+    else:
+        row.status = "verified"
     session.flush()
     recompute_winners(session, key_hash=row.key_hash)
     return row

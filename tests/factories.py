@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from tunecache.device import DeviceFingerprint
@@ -137,3 +139,46 @@ def store_behind_the_api(db_url: str, items: list[dict[str, Any]]) -> int:
             return put_artifacts(session, items=models)
     finally:
         engine.dispose()
+
+
+@contextlib.contextmanager
+def hostile_artifacts(values: list[Any]) -> Iterator[str]:
+    """A compromised cache server on loopback: every artifact read is answered with ``values``,
+    each an item of the namespace, partition and key asked for (best first); anything else is a
+    404. Yields its URL."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import parse_qs, urlsplit
+
+    class Hostile(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            url = urlsplit(self.path)
+            asked = {k: v[0] for k, v in parse_qs(url.query).items()}
+            if url.path != "/v1/artifacts":
+                return self._send(404, {"status": 404, "detail": "no", "errors": []})
+            items = [{"namespace": asked.get("namespace"), "partition": asked.get("partition"),
+                      "key": asked.get("key", f"k{i}"), "item": f"i{i}", "value": value,
+                      "score": 1e-9, "id": i + 1, "updated_at": "2026-01-01T00:00:00Z"}
+                     for i, value in enumerate(values)]  # fmt: skip
+            self._send(200, {"items": items, "next_after": None})
+
+        def _send(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -175,9 +175,22 @@ def test_the_trust_migration_rejects_stored_records_the_closed_schemas_refuse(
             {"key_hash": key.digest(), "record_id": ids[0], "time_ms": 1.0, "updated_at": now},
             {"key_hash": alone.digest(), "record_id": ids[2], "time_ms": 1.0, "updated_at": now},
         ])  # fmt: skip
+    artifacts = sa.Table("artifacts", sa.MetaData(), autoload_with=engine)
+    code = [[[["Annotate", ["l0", '"declare i32 @system(ptr)"'], ["pragma_import_llvm"], []]],
+             []], [1e-3], {"kind": "llvm"}, []]  # fmt: skip
+    group = {"op": "mm", "inputs": "[x]", "precision": "highest", "timings": {"c": 1.0}}
+    with engine.begin() as conn:
+        for name, namespace, value in (("code", "tvm.record", code),
+                                       ("group", "inductor.choices", group)):  # fmt: skip
+            conn.execute(artifacts.insert().values(
+                digest=name, namespace=namespace, partition="p", key=name, item="", value=value,
+                score=1.0, updated_at=datetime.now(UTC),
+            ))  # fmt: skip
     upgrade(url)
     with sqlite3.connect(tmp_path / "old.db") as db:
         statuses = dict(db.execute("select id, status from records").fetchall())
         held = dict(db.execute("select key_hash, record_id from winners").fetchall())
+        kept = [r[0] for r in db.execute("select key from artifacts")]
     assert statuses == {ids[0]: "rejected", ids[1]: "pending", ids[2]: "rejected"}
     assert held == {key.digest(): ids[1]}  # the servable record; the other key has none
+    assert kept == ["group"]  # the code-bearing MetaSchedule record is gone

@@ -186,7 +186,7 @@ def _mutated(path: list[str | int], value: object) -> dict:
         (["key", "dtype"], "float3", "unknown dtype"),
         (["key", "problem", "M"], -4, "outside"),
         (["key", "problem", "M"], 2**40, "outside"),
-        (["timing", "median_ms"], -1.0, "greater than 0"),
+        (["timing", "median_ms"], -1.0, "greater than or equal to 0.000001"),
         (["timing", "min_ms"], 100.0, "min_ms <= median_ms"),
         (["validation", "passed"], True, None),  # consistent already: stays valid
         (["validation", "max_rel_error"], 0.3, "worst check"),

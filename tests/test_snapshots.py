@@ -219,7 +219,7 @@ MALFORMED = {
     "no-filters": ({"format": SNAPSHOT_FORMAT, "records": []}, "Field required"),
     "extra-field": (document() | {"created_by": "me"}, "Extra inputs are not permitted"),
     "bad-arch": (document() | {"filters": {"device_arch": "not an arch"}}, "pattern"),
-    "bad-timing": (_with_record(timing__median_ms=-1.0), "greater than 0"),
+    "bad-timing": (_with_record(timing__median_ms=-1.0), "greater than or equal to 0.000001"),
     "bad-backend": (_with_record(key__backend="cuda-magic"), "triton"),
     "other-arch": (document(make_record(), make_record(gpu_key())), "device_arch is 'sm_90'"),
     "too-many": (document() | {"records": [{}] * (MAX_SNAPSHOT_RECORDS + 1)}, "at most 50000"),

@@ -385,3 +385,166 @@ def test_get_says_why_a_key_with_records_misses(verified_server: LiveServer) -> 
                            url], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert f"record #{stored.record_id}: pending: validated by its uploader only" in done.stdout
+
+
+# -- found by a hostile review -------------------------------------------------------------------
+GROUP = {"op": "mm", "inputs": "[x]", "precision": "highest", "timings": {"c-1": 1.0, "c-2": 2.0}}
+
+
+def test_the_verified_policy_serves_only_trusted_tokens_artifacts(
+    verified_server: LiveServer,
+) -> None:
+    """Artifacts (MetaSchedule records, Inductor choices) have no verifier: under the verified
+    policy only a trusted token's are served, and an untrusted upload never replaces one."""
+    url = verified_server.url
+    item = {"namespace": "inductor.choices", "partition": "p", "key": "k"}
+    with Client(url, token=token(url, "laptop", "write")) as laptop:
+        from tunecache.artifacts import ArtifactIn
+
+        laptop.put_artifacts([ArtifactIn(**item, value=GROUP, score=1.0)])
+        assert laptop.get_artifacts("inductor.choices", "p") == []  # pending, never verified
+        with Client(url, token=token(url, "ci", "write", trusted=True)) as ci:
+            ci.put_artifacts([ArtifactIn(**item, value=GROUP, score=1.0)])
+        assert [a.value for a in laptop.get_artifacts("inductor.choices", "p")] == [GROUP]
+        faster = {**GROUP, "timings": {"c-1": 0.001, "c-2": 9.0}}
+        result = laptop.put_artifacts([ArtifactIn(**item, value=faster, score=0.001)])
+        assert (result.stored, result.kept) == (0, 1)  # the trusted item stays
+        assert [a.value for a in laptop.get_artifacts("inductor.choices", "p")] == [GROUP]
+
+
+def test_an_artifact_the_schemas_refuse_is_never_read_back(server: LiveServer) -> None:
+    from tests.factories import store_behind_the_api
+
+    bad = {**GROUP, "timings": {"c-1": -1.0}}
+    items = [{"namespace": "inductor.choices", "partition": "p", "key": f"k{i}", "value": v}
+             for i, v in enumerate([GROUP, bad])]  # fmt: skip
+    assert store_behind_the_api(server.db, items) == 2
+    with Client(server.url) as client:
+        assert [a.value for a in client.get_artifacts("inductor.choices", "p")] == [GROUP]
+
+
+def _verify(client: Client, record_id: int, worker: str, ms: float) -> RecordPublic:
+    from tunecache.schemas import VerificationCreate
+
+    task = client.claim_verification(worker, device_arch=CPU.arch, backends=["tvm"])
+    assert task is not None and task.record.id == record_id
+    passed = VerificationCreate(worker=worker, outcome="passed", device_name="v",
+                                timing=make_record(make_key(), time_ms=ms).timing,
+                                validation=make_record(make_key()).validation)  # fmt: skip
+    return client.submit_verification(record_id, passed)
+
+
+def test_disputes_after_verifications_are_always_claimable(server: LiveServer) -> None:
+    """A record disputed again after three verifications is claimed a fourth time (it does not
+    stay out of service for good), and a token's disputes are rate-limited."""
+    url = server.url
+    key = make_key(m=64)
+    reader = {"Authorization": f"Bearer {token(url, 'consumer', 'read')}"}
+    with Client(url) as client:
+        record_id = client.upload(make_record(key, config=knobs(1))).record_id
+    with Client(url, token=token(url, "v", "verify")) as verifier:
+        for round_ in range(4):
+            answer = httpx.post(f"{url}/v1/records/{record_id}/disputes", headers=reader,
+                                json=dispute_body(key))  # fmt: skip
+            assert answer.json()["status"] == "disputed", answer.text
+            assert _verify(verifier, record_id, f"w{round_}", 1.0).status == "verified"
+    for _ in range(40):  # 30 a minute by default
+        answer = httpx.post(f"{url}/v1/records/{record_id}/disputes", headers=reader,
+                            json=dispute_body(key))  # fmt: skip
+        if answer.status_code == 429:
+            break
+    assert answer.status_code == 429 and int(answer.headers["retry-after"]) >= 1
+
+
+def test_a_dispute_during_a_verifiers_lease_is_not_settled_unrun(server: LiveServer) -> None:
+    url = server.url
+    key = make_key(m=64)
+    reader = {"Authorization": f"Bearer {token(url, 'consumer', 'read')}"}
+    with Client(url) as client:
+        record_id = client.upload(make_record(key, config=knobs(1))).record_id
+    with Client(url, token=token(url, "v", "verify")) as verifier:
+        task = verifier.claim_verification("w1", device_arch=CPU.arch, backends=["tvm"])
+        assert task is not None and task.disputed_problems == []
+        late = dispute_body(key, {"M": 50, "N": 64, "K": 64})  # in its bucket, never run
+        assert httpx.post(f"{url}/v1/records/{record_id}/disputes", headers=reader,
+                          json=late).status_code == 200  # fmt: skip
+        from tunecache.schemas import VerificationCreate
+
+        passed = VerificationCreate(worker="w1", outcome="passed", device_name="v",
+                                    timing=make_record(make_key(), time_ms=1.0).timing,
+                                    validation=make_record(make_key()).validation)  # fmt: skip
+        assert verifier.submit_verification(record_id, passed).status == "disputed"
+        again = verifier.claim_verification("w2", device_arch=CPU.arch, backends=["tvm"])
+        assert again is not None and again.disputed_problems == [{"M": 50, "N": 64, "K": 64}]
+
+
+def test_a_lie_about_the_time_stays_flagged_and_no_time_overflows(server: LiveServer) -> None:
+    url = server.url
+    key = make_key(m=64)
+    reader = {"Authorization": f"Bearer {token(url, 'consumer', 'read')}"}
+    tiny = make_record(key, config=knobs(1)).model_dump(mode="json", by_alias=True)
+    tiny["timing"] = {**tiny["timing"], "median_ms": 5e-324, "min_ms": 5e-324}
+    refused = httpx.post(f"{url}/v1/records", json=tiny, headers=AUTH)
+    assert refused.status_code == 422 and "timing.m" in refused.json()["detail"]
+    with Client(url) as client:
+        record_id = client.upload(make_record(key, time_ms=2e-6, config=knobs(1))).record_id
+    with Client(url, token=token(url, "v", "verify")) as verifier:
+        first = _verify(verifier, record_id, "w1", 1e8)  # a ratio of 5e13: capped, no 500
+        assert first.verification is not None and first.verification.time_ratio == 1e9
+        assert httpx.post(f"{url}/v1/records/{record_id}/disputes", headers=reader,
+                          json=dispute_body(key)).status_code == 200  # fmt: skip
+        again = _verify(verifier, record_id, "w2", 1.0)
+    assert again.verification is not None and again.verification.timing_flag
+    assert again.verification.time_ratio == pytest.approx(5e5)  # against the uploaded claim
+
+
+def test_a_memo_answer_is_verified_before_a_verifying_caller_uses_it(server: LiveServer) -> None:
+    key = make_key(m=64)
+    with Client(server.url) as client:
+        stored = client.upload(make_record(key, config=knobs(4)))
+    with Client(server.url, token=token(server.url, "consumer", "read")) as client:
+        assert client.lookup(key, default=DEFAULT).source == "server"  # memoised, unverified
+        result = client.lookup(key, default=DEFAULT, verify=lambda config: failed_check(key))
+        assert (result.source, result.config) == ("default", DEFAULT)
+    with Client(server.url) as client:
+        assert client.get_record(stored.record_id).status == "disputed"
+
+
+def test_listings_follow_the_serving_policy(verified_server: LiveServer) -> None:
+    url = verified_server.url
+    with Client(url, token=token(url, "laptop", "write")) as client:
+        pending = client.upload(make_record(make_key(m=64), config=knobs(1)))
+        listed = client.list_records(winners_only=True).items
+        assert listed == [] and not client.get_record(pending.record_id).is_winner
+
+
+def test_one_bad_record_does_not_cost_a_snapshot_its_others(tmp_path: Path) -> None:
+    import json
+
+    from tunecache.schemas import SnapshotFilters
+    from tunecache.snapshot import render_snapshot
+
+    good, other = make_key(m=64), make_key(m=2048)
+    body, _ = render_snapshot(SnapshotFilters(device_arch=CPU.arch),
+                              [make_record(good, config=knobs(1)),
+                               make_record(other, config=knobs(2))])  # fmt: skip
+    document = json.loads(body)
+    document["records"][1]["config"] = {"schedule": "knobs", "tile_i": "4; rm -rf /"}
+    path = tmp_path / "winners.json"
+    path.write_text(json.dumps(document))
+    with Client("http://127.0.0.1:9", snapshot=path, timeout=0.2) as client:
+        assert client.lookup(good, default=DEFAULT).config == knobs(1)
+        assert client.lookup(other, default=DEFAULT).source == "default"
+
+
+def test_an_integer_output_is_compared_exactly() -> None:
+    import torch
+
+    from tunecache.triton.record import compare_outputs
+
+    want = torch.arange(1000, dtype=torch.int32)
+    got = want.clone()
+    got[-36:] = 0  # a masking bug: the tail never written
+    check = compare_outputs([torch.ones(3), got], [torch.ones(3), want], 1e-4, {"n": 1000})
+    assert not check.passed and check.note == "36 of 1000 int32 elements differ"
+    assert compare_outputs([want.clone()], [want], 1e-4, {"n": 1000}).passed

@@ -29,7 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import LiveServer
-from tests.factories import store_behind_the_api
+from tests.factories import hostile_artifacts, store_behind_the_api
 from tunecache.configcheck import artifact_problem
 from tunecache.configcheck import config_problem as any_config_problem
 from tunecache.configcheck.tvm import (
@@ -68,6 +68,9 @@ BASE_TRACE: list[Any] = [
     ],
     [[4, [2, 1, 16, 4]], [9, 1]],
 ]
+# The same without the GPU's instructions (a Bind to a thread axis, a software pipeline): a trace
+# for a CPU (llvm), as every built-in TVM record is.
+CPU_TRACE = [BASE_TRACE[0][:-3], BASE_TRACE[1]]
 IR_PLACEHOLDER = '"define float @erff(float %x) { ret float %x }"'
 
 
@@ -115,19 +118,58 @@ HOSTILE: list[tuple[str, list[Any], str]] = [
 
 # -- the closed schema itself (no TVM) ----------------------------------------------------------
 def test_the_base_trace_passes() -> None:
-    assert trace_problem(BASE_TRACE) is None
+    assert trace_problem(BASE_TRACE, "cuda") is None
+    assert trace_problem(CPU_TRACE) is None  # a CPU's, by default
+
+
+GPU_ONLY: list[tuple[str, list[Any], str]] = [
+    ("bind", ["Bind", ["l9"], ["threadIdx.x"], []], "instruction kind Bind is for a GPU"),
+    ("pipeline", ["Annotate", ["l9", [0, 0, 2]], ["software_pipeline_stage"], []],
+     "annotation key 'software_pipeline_stage' is for a GPU"),
+    ("cooperative fetch", ["Annotate", ["b1", 2], ["meta_schedule.cooperative_fetch"], []],
+     "annotation key 'meta_schedule.cooperative_fetch' is for a GPU"),
+    ("shared memory", ["CacheWrite", ["b0", []], [0, "shared"], ["b13"]],
+     "storage scope 'shared' is for a GPU"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("case", "inst", "message"), GPU_ONLY, ids=[g[0] for g in GPU_ONLY])
+def test_a_cpu_trace_holds_nothing_of_a_gpu(case: str, inst: list[Any], message: str) -> None:
+    """TVM replays these on an llvm target, then its build fails or raises: a CPU's trace (and
+    every built-in TVM record) refuses them; a CUDA trace takes them."""
+    index = 7 if inst[0] == "CacheWrite" else 13
+    trace = [[*CPU_TRACE[0][:index], inst, *CPU_TRACE[0][index + 1 :]], CPU_TRACE[1]]
+    why = trace_problem(trace)
+    assert why is not None and message in why, why
+    assert trace_problem(trace, "cuda") is None
+    record = [trace, [1e-6], {"kind": "llvm"}, [["TENSOR", "float32", [8]]]]
+    assert record_value_problem(record) == why  # the device of the target the record names
+    assert record_value_problem([trace, [1e-6], {"kind": "cuda"}, record[3]]) is None
+    assert record_value_problem([trace, [1e-6], {"kind": "cuda"}, record[3]], "cpu") == why
+    config = {"schedule": "meta_schedule", "trace": trace, "target": {"kind": "cuda"}}
+    assert any_config_problem("tvm", config) == why  # a TVM record builds for the host CPU
+    assert any_config_problem("tvm", config, device="cuda") is None
+
+
+def test_unroll_is_refused_everywhere() -> None:
+    """A served Unroll of a large fused loop made a build run for minutes; MetaSchedule unrolls
+    through bounded annotations instead."""
+    trace = _with(13, ["Unroll", ["l9"], [], []])
+    for device in ("cpu", "cuda"):
+        why = trace_problem(trace, device)
+        assert why is not None and "instruction kind 'Unroll' is not allowed" in why
 
 
 @pytest.mark.parametrize(("case", "trace", "message"), HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_hostile_traces_are_refused_naming_the_reason(
     case: str, trace: list[Any], message: str
 ) -> None:
-    why = trace_problem(trace)
+    why = trace_problem(trace, "cuda")
     assert why is not None and message in why, why
-    config = {"schedule": "meta_schedule", "trace": trace, "target": {"kind": "llvm"}}
-    assert config_problem(config) == why
-    assert any_config_problem("tvm", config) == why
-    record = [trace, [1e-6], {"kind": "llvm"}, [["TENSOR", "float32", [8]]]]
+    config = {"schedule": "meta_schedule", "trace": trace, "target": {"kind": "cuda"}}
+    assert config_problem(config, "cuda") == why
+    assert any_config_problem("tvm", config, device="cuda") == why
+    record = [trace, [1e-6], {"kind": "cuda"}, [["TENSOR", "float32", [8]]]]
     assert record_value_problem(record) == why
     assert artifact_problem("tvm.record", record) == why
 
@@ -136,9 +178,9 @@ CONFIGS_OK: list[Any] = [
     {"schedule": "default"},
     {"schedule": "knobs", "tile_i": 8, "tile_j": 32, "tile_k": 16, "vectorize": True,
      "parallel": True, "unroll": 16},
-    {"schedule": "meta_schedule", "trace": BASE_TRACE,
+    {"schedule": "meta_schedule", "trace": CPU_TRACE,
      "target": {"kind": "llvm", "tag": "", "keys": ["cpu"], "num-cores": 2, "mcpu": "znver5"}},
-    {"schedule": "meta_schedule", "trace": BASE_TRACE,
+    {"schedule": "meta_schedule", "trace": CPU_TRACE,
      "target": {"kind": "cuda", "arch": "sm_90a", "max_num_threads": 1024,
                 "host": {"kind": "llvm", "mtriple": "x86_64-linux-gnu"}}},
 ]  # fmt: skip
@@ -151,16 +193,16 @@ CONFIGS_BAD: list[tuple[Any, str]] = [
     ({"schedule": "knobs", "os.system": 1}, "'os.system' is not a knob name"),
     ({"schedule": "knobs", **{f"k{i}": 1 for i in range(17)}}, "17 knobs, over 16"),
     ({"schedule": "meta_schedule"}, "a meta_schedule config needs a trace"),
-    ({"schedule": "meta_schedule", "trace": BASE_TRACE, "code": "x"},
+    ({"schedule": "meta_schedule", "trace": CPU_TRACE, "code": "x"},
      "'code' is not a field of a meta_schedule config"),
-    ({"schedule": "meta_schedule", "trace": BASE_TRACE, "target": "llvm -mcpu=x"},
+    ({"schedule": "meta_schedule", "trace": CPU_TRACE, "target": "llvm -mcpu=x"},
      "is not an object"),
-    ({"schedule": "meta_schedule", "trace": BASE_TRACE,
+    ({"schedule": "meta_schedule", "trace": CPU_TRACE,
       "target": {"kind": "llvm", "cl-opt": ["-load=/tmp/evil.so"]}},
      "target field 'cl-opt' is not allowed"),
-    ({"schedule": "meta_schedule", "trace": BASE_TRACE, "target": {"kind": "llvm", "x": {"a": 1}}},
+    ({"schedule": "meta_schedule", "trace": CPU_TRACE, "target": {"kind": "llvm", "x": {"a": 1}}},
      "target field x={'a': 1} is not a plain bounded value"),
-    ({"schedule": "meta_schedule", "trace": BASE_TRACE, "target": {"kind": "llvm", "x": "y" * 300}},
+    ({"schedule": "meta_schedule", "trace": CPU_TRACE, "target": {"kind": "llvm", "x": "y" * 300}},
      "is not a plain bounded value"),
     ([1, 2], "[1, 2] is not an object"),
 ]  # fmt: skip
@@ -195,16 +237,16 @@ def test_workload_values_are_a_sha_and_an_object() -> None:
 
 def test_record_values_keep_the_shape_checks() -> None:
     args = [["TENSOR", "float32", [8]]]
-    assert record_value_problem([BASE_TRACE, [1e-6], None, args]) is None
+    assert record_value_problem([CPU_TRACE, [1e-6], None, args]) is None
     bad = [
         ({"garbage": True}, "not a [trace, run_secs, target, args_info] list"),
-        ([BASE_TRACE, ["fast"], None, args], "run times are missing, failed or not numbers"),
-        ([BASE_TRACE, [1e10], None, args], "run times are missing, failed or not numbers"),
-        ([BASE_TRACE, [1e-6], {"kind": 7}, args], "target kind 7 is not a name"),
-        ([BASE_TRACE, [1e-6], None, "args"], "argument info is not a list"),
-        ([BASE_TRACE, [1e-6], None, [["TENSOR", {"x": 1}]]], "args_info[0] is not a list"),
-        ([BASE_TRACE, [2**64], None, args], "an integer TVM cannot take"),
-        ([[BASE_TRACE[0], [[10_000, [4, 16]]]], [1e-6], None, args], "not one of the trace's"),
+        ([CPU_TRACE, ["fast"], None, args], "run times are missing, failed or not numbers"),
+        ([CPU_TRACE, [1e10], None, args], "run times are missing, failed or not numbers"),
+        ([CPU_TRACE, [1e-6], {"kind": 7}, args], "target kind 7 is not a name"),
+        ([CPU_TRACE, [1e-6], None, "args"], "argument info is not a list"),
+        ([CPU_TRACE, [1e-6], None, [["TENSOR", {"x": 1}]]], "args_info[0] is not a list"),
+        ([CPU_TRACE, [2**64], None, args], "an integer TVM cannot take"),
+        ([[CPU_TRACE[0], [[10_000, [4, 16]]]], [1e-6], None, args], "not one of the trace's"),
     ]
     for value, message in bad:
         why = record_value_problem(value)
@@ -365,7 +407,7 @@ def test_metaschedule_design_spaces_pass(target: str, kernels: Path) -> None:
             traces = _space_traces(mod, tvm_target, seeds=8)
             assert len(traces) >= 2, name
             for trace in traces:
-                why = trace_problem(trace)
+                why = trace_problem(trace, "cpu" if target == "llvm" else "cuda")
                 assert why is None, f"{name} on {target}: {why}"
                 seen.update(i[2][0] if i[0] == "Annotate" else i[0] for i in trace[0])
     assert EXERCISED[target] <= seen
@@ -482,27 +524,29 @@ def test_a_code_bearing_record_in_the_database_runs_no_code(
     key = workload_key(mod)
     value = _evil_record(mod, marker)
     _write_row(server, key, value, score=1e-7)
-    with Client(server.url) as client:  # the server serves it, as the best record of the key
-        served = client.get_artifacts("tvm.record", partition_for(host_target()), key=key)
-    assert [item.value for item in served] == [value]
+    with Client(server.url) as client:  # behind the API; its read checks the schema again
+        assert client.get_artifacts("tvm.record", partition_for(host_target()), key=key) == []
 
-    out = tmp_path / "b"
-    out.mkdir()
-    done = subprocess.run(
-        [sys.executable, str(CLIENT_SCRIPT), server.url, str(kernels), "erf16", str(out)],
-        capture_output=True, text=True, timeout=120, cwd=out,
-        env=_env(XDG_CACHE_HOME=str(out / "cache")),
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert not marker.exists()
-    result = json.loads((out / "result.json").read_text())
-    assert result["schedule"] == "default" and result["benchmarks"] == {}
+    # A compromised server serves it, as the best record of the key, to a fresh process.
+    with hostile_artifacts([value]) as url:
+        for where in (server.url, url):
+            out = tmp_path / ("real" if where == server.url else "hostile")
+            out.mkdir()
+            done = subprocess.run(
+                [sys.executable, str(CLIENT_SCRIPT), where, str(kernels), "erf16", str(out)],
+                capture_output=True, text=True, timeout=120, cwd=out,
+                env=_env(XDG_CACHE_HOME=str(out / "cache")),
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert not marker.exists()
+            result = json.loads((out / "result.json").read_text())
+            assert result["schedule"] == "default" and result["benchmarks"] == {}
     ours = [line for line in done.stderr.splitlines() if "tunecache.tvm" in line]
     assert len(ours) == 1 and "ignoring record #" in ours[0], done.stderr
     assert "annotation key 'pragma_import_llvm' is not allowed" in ours[0]
 
-    # Not vacuous: TVM's own replay and build of the served value run the command.
-    (tmp_path / "served.json").write_text(json.dumps(served[0].value))
+    # Not vacuous: TVM's own replay and build of that value run the command.
+    (tmp_path / "served.json").write_text(json.dumps(value))
     unchecked = subprocess.run(
         [sys.executable, "-c", UNCHECKED, str(kernels), str(tmp_path / "served.json"),
          json.dumps(host_target())],

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import LiveServer
-from tests.factories import store_behind_the_api
+from tests.factories import hostile_artifacts, store_behind_the_api
 from tests.tvm_db_client import seeded_inputs
 from tunecache.artifacts import ArtifactIn
 from tunecache.client import Client
@@ -469,21 +469,27 @@ def test_hostile_records_are_ignored(
     mod = _normalized(_load(kernels, "matmul_bias"))
     other = _normalized(_load(kernels, "scale_add"))
     part, key = partition_for(target), workload_key(mod)
+    values = _hostile_values(mod, other)
+    with hostile_artifacts(values) as url:  # a compromised server serves every one of them
+        db = Database(url, target=target)
+        assert tir_integration.compile_tir(db, mod, target) is None  # nothing usable: default
+        assert db.get_top_k(db.commit_workload(mod), 5) == []
+        assert len(db) == 0
+    rejected = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
+    assert len(rejected) >= len(values) - 1
+
+    # Stored behind a real server's API (a compromised database): its reads refuse what the
+    # closed schemas refuse, the client the rest (another workload's records).
     hostile = [
         {"namespace": "tvm.record", "partition": part, "key": key, "item": f"h{i}", "value": v,
          "score": 0.0}
-        for i, v in enumerate(_hostile_values(mod, other))
+        for i, v in enumerate(values)
     ]  # fmt: skip
     hostile.append({"namespace": "tvm.workload", "partition": part, "key": key,
                     "value": {"script_sha": key, "mod": {"root": 1, "nodes": [7]}}})  # fmt: skip
-    # The server's closed schemas refuse most of these; a compromised one would serve them all.
     assert store_behind_the_api(server.db, hostile) == len(hostile)
     db = Database(server.url, target=target)
-    assert tir_integration.compile_tir(db, mod, target) is None  # nothing usable: default
-    assert db.get_top_k(db.commit_workload(mod), 5) == []
-    assert len(db) == 0
-    rejected = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
-    assert len(rejected) >= len(hostile) - 1
+    assert tir_integration.compile_tir(db, mod, target) is None
 
     good = _hand_record(mod, 0.5, "D", 16)
     with Client(server.url) as client:

@@ -307,7 +307,9 @@ class Resolver:
                 with its source.
         """
         digest = key.digest()
-        if self.memo is not None and (found := self.memo.answers.get(digest)) is not None:
+        found = None if self.memo is None else self.memo.answers.get(digest)
+        if found is not None and (verify is None or self._memo_verified(key, digest, found,
+                                                                        verify)):  # fmt: skip
             return found
         for source in self.sources:
             answer = source.get(key, digest)
@@ -334,6 +336,18 @@ class Resolver:
             return found
         return await asyncio.to_thread(self.resolve, key, default=default, fits=fits,
                                        verify=verify)  # fmt: skip
+
+    def _memo_verified(self, key: Key, digest: str, found: LookupResult,
+                       verify: Verify) -> bool:  # fmt: skip
+        """Whether a memo answer may be used by a caller that verifies: it was verified here
+        already, or is now (memoised by a caller that did not verify); else it is forgotten and
+        disputed with the server it came from."""
+        assert self.memo is not None
+        origin = next((s for s in self.sources if isinstance(s, ServerSource)), self.memo)
+        if self._verified_here(key, digest, origin, found, verify):
+            return True
+        self.memo.answers.pop(digest, None)
+        return False
 
     def _verified_here(self, key: Key, digest: str, source: Source, answer: LookupResult,
                        verify: Verify) -> bool:  # fmt: skip

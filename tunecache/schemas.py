@@ -54,7 +54,8 @@ Backend = Literal["triton", "tvm", "inductor"]
 assert set(BACKENDS) == {"triton", "tvm", "inductor"}
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$")]
 ShortText = Annotated[str, Field(max_length=512)]
-Millis = Annotated[float, Field(strict=True, gt=0, lt=1e9, allow_inf_nan=False)]
+# A time of at least a nanosecond: no kernel launches faster, and ratios of times stay finite.
+Millis = Annotated[float, Field(strict=True, ge=1e-6, lt=1e9, allow_inf_nan=False)]
 # A relative or absolute error: any size a broken kernel produces, but a number.
 Error = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 # A relative-error bound: 1.0 (100 %) already lets anything of the right magnitude through.
@@ -283,8 +284,9 @@ class Provenance(_Strict):
 def _closed_config(value: JSONObject, info: ValidationInfo) -> JSONObject:
     """The config if its backend's closed schema admits it (:mod:`tunecache.configcheck`)."""
     key = info.data.get("key")
-    if isinstance(key, KeyModel) and (why := config_problem(key.backend, value,
-                                                            kernel=key.kernel)):  # fmt: skip
+    if isinstance(key, KeyModel) and (why := config_problem(
+        key.backend, value, kernel=key.kernel, device=key.device.kind
+    )):  # fmt: skip
         raise ValueError(f"not a {key.backend} config that may be served: {why}")
     return value
 

@@ -46,5 +46,5 @@ def served_problem(
         )
     if rule is not None and matched != rule:
         return f"the server says it matched by rule {rule!r}; the rules say {matched!r}"
-    why = config_problem(key.backend, record.config, kernel=key.kernel)
+    why = config_problem(key.backend, record.config, kernel=key.kernel, device=key.device.kind)
     return None if why is None else f"its config is not a {key.backend} config: {why}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -30,8 +31,15 @@ from pydantic import ValidationError
 
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput
-from tunecache.schemas import SNAPSHOT_FORMAT, RecordCreate, SnapshotFilters, SnapshotPublic
+from tunecache.schemas import (
+    MAX_SNAPSHOT_RECORDS,
+    SNAPSHOT_FORMAT,
+    RecordCreate,
+    SnapshotFilters,
+    SnapshotPublic,
+)
 
+logger = logging.getLogger(__name__)
 __all__ = [
     "SNAPSHOT_FORMAT",
     "index_snapshot",
@@ -93,7 +101,9 @@ def parse_snapshot(document: Mapping[str, Any] | SnapshotPublic) -> SnapshotPubl
 
 
 def load_snapshot(path: Path) -> SnapshotPublic:
-    """Reads and validates a snapshot file.
+    """Reads and validates a snapshot file, leaving out (with one warning) each record that does
+    not validate on its own — a config outside the closed schemas of this version, say — so one
+    bad record does not cost the others.
 
     Raises:
         InvalidInput: the file cannot be read or is not a valid snapshot.
@@ -105,7 +115,41 @@ def load_snapshot(path: Path) -> SnapshotPublic:
     try:
         return SnapshotPublic.model_validate_json(text)
     except ValidationError as exc:
-        raise InvalidInput(f"{path} is not a valid snapshot: {_problems(exc)}") from None
+        whole = exc
+    salvaged = _salvage(text)
+    try:
+        if salvaged is None:
+            raise whole
+        document, records, left_out = salvaged
+        snapshot = SnapshotPublic.model_validate({**document, "records": records})
+    except ValidationError:
+        raise InvalidInput(f"{path} is not a valid snapshot: {_problems(whole)}") from None
+    logger.warning("%s: %d record(s) of the snapshot left out: %s", path, len(left_out),
+                   "; ".join(left_out[:3]))  # fmt: skip
+    return snapshot
+
+
+def _salvage(text: bytes) -> tuple[dict[str, Any], list[Any], list[str]] | None:
+    """The document, the records that validate on their own, and why each other one does not;
+    ``None`` when it is not a snapshot's shape at all (nothing to salvage)."""
+    import json
+
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return None
+    records = document.get("records") if isinstance(document, dict) else None
+    if not isinstance(records, list) or len(records) > MAX_SNAPSHOT_RECORDS:
+        return None
+    kept, left_out = [], []
+    for i, record in enumerate(records):
+        try:
+            RecordCreate.model_validate(record)
+        except ValidationError as exc:
+            left_out.append(f"records[{i}]: {_problems(exc, 1)}")
+            continue
+        kept.append(record)
+    return document, kept, left_out
 
 
 def index_snapshot(snapshot: SnapshotPublic) -> dict[str, RecordCreate]:

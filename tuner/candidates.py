@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from backends import Backend, SearchRequest
 from tunecache.configcheck import config_problem
 from tunecache.errors import InvalidInput
+from tunecache.key import Key
 from tunecache.schemas import Trial
 from tunecache.space import Config, SearchSpace
 from tuner.measure import Benchmarker
@@ -49,8 +50,7 @@ class Candidates:
     retime: bool
 
 
-def servable(found: Candidates, backend: str, kernel: str,
-             default: Mapping[str, Any] | None = None) -> Candidates:  # fmt: skip
+def servable(found: Candidates, key: Key, default: Mapping[str, Any] | None = None) -> Candidates:
     """``found`` without the candidates no record may hold: a config outside its backend's
     closed schema (:func:`tunecache.configcheck.config_problem`) could never be served, so it
     never wins; each is kept as an ``invalid`` trial saying why. When that leaves none, the
@@ -58,11 +58,11 @@ def servable(found: Candidates, backend: str, kernel: str,
     ranked: list[dict[str, Any]] = []
     refused: list[Trial] = []
     for config in found.ranked:
-        why = config_problem(backend, config, kernel=kernel)
+        why = config_problem(key.backend, config, kernel=key.kernel, device=key.device.kind)
         if why is None:
             ranked.append(config)
         else:
-            error = f"outside the {backend} closed schema: {why}"[:2000]
+            error = f"outside the {key.backend} closed schema: {why}"[:2000]
             refused.append(Trial(config=config, status="invalid", error=error))
     if refused and not ranked and default is not None:
         ranked.append(dict(default))

@@ -157,7 +157,9 @@ def _default(workload: Workload, key: Key) -> dict[str, Any] | None:
         config = workload.default_config(key.backend, _problem(key), key.dtype)
     except NotImplementedError:
         return None
-    if config is not None and (why := config_problem(key.backend, config, kernel=key.kernel)):
+    why = None if config is None else config_problem(key.backend, config, kernel=key.kernel,
+                                                     device=key.device.kind)  # fmt: skip
+    if why is not None:
         logger.warning("%s: the default config %s is outside the closed schema (%s); not a "
                        "candidate", key.short(), config, why)  # fmt: skip
         return None
@@ -214,7 +216,7 @@ def tune(
                 prior_of=(lambda space: neighbour_prior(cache, key, space)) if cache else None,
             )  # fmt: skip
         default = _default(workload, key)
-        found = servable(found, key.backend, key.kernel, default)
+        found = servable(found, key, default)
         winner = select_winner(bench, found, default=default, seeds=options.seeds, emit=emit,
                                deadline=deadline)  # fmt: skip
         if bench.pipelined:

@@ -119,7 +119,8 @@ class Verifier:
         if (why := self._cannot_run(key)) is not None:
             return self._finding("unverifiable", error=why)
         config = dict(record.config)
-        if (why := config_problem(key.backend, config, kernel=key.kernel)) is not None:
+        why = config_problem(key.backend, config, kernel=key.kernel, device=key.device.kind)
+        if why is not None:
             return self._finding("failed", error=f"its config is not a {key.backend} config: {why}")
         if (why := self._outside_space(key, config)) is not None:
             return self._finding("failed", error=f"its config is outside the kernel's space: {why}")

@@ -14,6 +14,7 @@ from cache_server.dashboard import queries as dashboard_queries
 from cache_server.dashboard.access import PageError, Reader
 from cache_server.dashboard.svg import convergence_svg
 from cache_server.dashboard.templating import page
+from cache_server.trust import winner_table
 from tunecache.schemas import MAX_ID, JobPublic
 
 PAGE_SIZE = 100
@@ -53,6 +54,7 @@ def index(
         limit=PAGE_SIZE,
         offset=(p - 1) * PAGE_SIZE,
         by_key=True,
+        table=winner_table(request.app.state.settings.policy),
     )
     return page(
         request,
@@ -76,7 +78,8 @@ def record(
     record_id: Annotated[int, Path(ge=1, le=MAX_ID)],
 ) -> HTMLResponse:
     """One record: its key, config, timing, baselines, validation, provenance and search."""
-    found = queries.get_record(session, record_id=record_id)
+    table = winner_table(request.app.state.settings.policy)
+    found = queries.get_record(session, record_id=record_id, table=table)
     if found is None:
         raise PageError(404, f"There is no record {record_id}.")
     plot = convergence_svg([t.time_ms for t in found.trials])

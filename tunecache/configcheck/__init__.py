@@ -44,17 +44,23 @@ _ARTIFACT_CHECKS: dict[str, Callable[[Any], str | None]] = {
 }
 
 
-def config_problem(backend: str, config: Any, *, kernel: str | None = None) -> str | None:
-    """Why ``config`` may not be served for ``backend`` (and ``kernel``), or ``None``.
+def config_problem(
+    backend: str, config: Any, *, kernel: str | None = None, device: str = "cpu"
+) -> str | None:
+    """Why ``config`` may not be served for ``backend`` (and ``kernel``) to run on a ``device``
+    of that kind (``cpu``, ``cuda``), or ``None``.
 
     The reason names the field within the config. A kernel registered in this process with
     enumerated choices for the backend (the built-in kernels' Triton spaces) takes only configs
     inside them.
     """
-    check = _CHECKS.get(backend)
-    if check is None:
+    if backend == "tvm":
+        why = tvm.config_problem(config, device)
+    elif (check := _CHECKS.get(backend)) is not None:
+        why = check(config)
+    else:
         return f"backend {describe(backend)} has no config schema"
-    if (why := check(config)) is not None:
+    if why is not None:
         return why
     spec = registered(kernel) if kernel is not None else None
     if spec is not None and backend in spec.choices:

@@ -12,7 +12,7 @@ and CUDA targets, each instruction checked for its inputs and attributes:
   ``GetProducers``, ``GetConsumers``, ``GetOutputBlocks``), sampling (``SamplePerfectTile``,
   ``SamplePartitionedTile``, ``SampleCategorical``, ``SampleComputeLocation``), loop
   transformations (``Split``, ``Fuse``, ``Reorder``, ``AddUnitLoop``, ``Parallel``,
-  ``Vectorize``, ``Unroll``, ``Bind``), block moves and caches (``CacheRead``, ``CacheWrite``,
+  ``Vectorize``, ``Bind``), block moves and caches (``CacheRead``, ``CacheWrite``,
   ``ComputeAt``, ``ReverseComputeAt``, ``ComputeInline``, ``ReverseComputeInline``,
   ``DecomposeReduction``, ``RFactor``, ``SetScope``, ``StorageAlign``), ``Annotate`` and
   ``Unannotate`` of allowlisted keys, and ``EnterPostproc``. TVM checks each of these rewrites
@@ -23,6 +23,8 @@ and CUDA targets, each instruction checked for its inputs and attributes:
   unchecked (by their names), ``Tensorize`` and ``Blockize`` swap computations for named
   intrinsics (tensor cores, VNNI: a served record would pick the code the kernel runs), and any
   kind not listed (``ReIndex``, ``PadEinsum``, ``LoopPartition``, ``RollingBuffer``...).
+  ``Unroll`` too: MetaSchedule unrolls through bounded annotations, and a served ``Unroll`` of a
+  large fused loop made a build run for minutes;
   MetaSchedule emits the tensorizing ones (and ``ReIndex``) only for tensor-core and int8 dot
   product spaces (float16 on CUDA, int8 on x86), which no built-in workload tunes: such records
   stay local to the process that tuned them;
@@ -32,7 +34,11 @@ and CUDA targets, each instruction checked for its inputs and attributes:
   ``meta_schedule.tiling_structure``); ``Bind`` axes are CUDA's thread axes
   (:data:`THREAD_AXES`), storage scopes are :data:`SCOPES`, block and function names are
   identifiers; unroll steps are at most :data:`MAX_UNROLL`, so a record cannot make a build
-  unroll without bound.
+  unroll without bound;
+- **the device**: a trace for a CPU (an ``llvm`` target; every built-in TVM record, which builds
+  for the host) holds nothing of a GPU's: no ``Bind`` to thread axes, no thread-extent,
+  cooperative-fetch or software-pipeline annotations, only the ``global`` storage scope (TVM
+  accepts those on llvm at replay, then fails or raises in the build that follows).
 
 Configs (:func:`config_problem`) are ``{"schedule": "default"}``, a knob config of plain named
 integers and flags, or ``{"schedule": "meta_schedule", "trace": ..., "target": {...}}``.
@@ -75,6 +81,15 @@ THREAD_AXES: Final = frozenset(
     | {"vthread"}
 )
 SCOPES: Final = frozenset({"global", "shared", "shared.dyn", "local", "warp"})
+CPU_SCOPES: Final = frozenset({"global"})
+# What only a GPU's build takes: on a CPU these replay, then break the build.
+GPU_KINDS: Final = frozenset({"Bind"})
+GPU_ANNOTATIONS: Final = frozenset({
+    "meta_schedule.thread_extent_low_inclusive", "meta_schedule.thread_extent_high_inclusive",
+    "meta_schedule.cooperative_fetch", "software_pipeline_stage", "software_pipeline_order",
+    "software_pipeline_async_stages",
+})  # fmt: skip
+GPU_DEVICES: Final = frozenset({"cuda", "rocm"})
 
 _RV: Final = re.compile(r"[blv][0-9]{1,7}")
 _BLOCK: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]{0,127}")
@@ -263,7 +278,6 @@ KINDS: Final[dict[str, Shape]] = {
     "AddUnitLoop": (_ONE, _NONE, _ONE),
     "Parallel": (_ONE, _NONE, _NONE),
     "Vectorize": (_ONE, _NONE, _NONE),
-    "Unroll": (_ONE, _NONE, _NONE),
     "Bind": (_ONE, _fixed(_one_of(THREAD_AXES, "thread axis")), _NONE),
     "CacheRead": (_fixed(_rv, _rv_list), _fixed(_INDEX, _SCOPE), _ONE),
     "CacheWrite": (_fixed(_rv, _rv_list), _fixed(_INDEX, _SCOPE), _ONE),
@@ -300,8 +314,20 @@ def _annotate_problem(kind: str, inputs: list[Any], attrs: list[Any]) -> str | N
     return None
 
 
-def instruction_problem(inst: Any) -> str | None:
-    """Why one ``[kind, inputs, attrs, outputs]`` instruction may not be served, or ``None``."""
+def _cpu_problem(kind: str, attrs: list[Any]) -> str | None:
+    """What a CPU's build cannot take in an otherwise allowed instruction, or ``None``."""
+    if kind in GPU_KINDS:
+        return f"instruction kind {kind} is for a GPU; this trace is for a CPU"
+    if kind in ("Annotate", "Unannotate") and attrs and attrs[0] in GPU_ANNOTATIONS:
+        return f"annotation key {attrs[0]!r} is for a GPU; this trace is for a CPU"
+    if kind in ("CacheRead", "CacheWrite", "SetScope") and attrs[-1] not in CPU_SCOPES:
+        return f"storage scope {describe(attrs[-1], 30)} is for a GPU; this trace is for a CPU"
+    return None
+
+
+def instruction_problem(inst: Any, device: str = "cpu") -> str | None:
+    """Why one ``[kind, inputs, attrs, outputs]`` instruction may not be served in a trace for
+    ``device`` (``cpu``, ``cuda`` or ``rocm``), or ``None``."""
     if not (isinstance(inst, list) and len(inst) == 4 and isinstance(inst[0], str)):
         return "is not [kind, inputs, attributes, outputs]"
     kind, inputs, attrs, outputs = inst
@@ -311,12 +337,13 @@ def instruction_problem(inst: Any) -> str | None:
     if not all(isinstance(part, list) for part in (inputs, attrs, outputs)):
         return "inputs, attributes or outputs are not lists"
     if kind in ("Annotate", "Unannotate"):
-        return _annotate_problem(kind, inputs, attrs) or _outputs(_NONE(outputs))
+        why = _annotate_problem(kind, inputs, attrs) or _outputs(_NONE(outputs))
+        return why or (None if device in GPU_DEVICES else _cpu_problem(kind, attrs))
     for part, check, value in zip(("inputs", "attributes", "outputs"), shape,
                                   (inputs, attrs, outputs), strict=True):  # fmt: skip
         if (why := check(value)) is not None:
             return f"{part} {why}"
-    return None
+    return None if device in GPU_DEVICES else _cpu_problem(kind, attrs)
 
 
 def _outputs(why: str | None) -> str | None:
@@ -338,8 +365,9 @@ def _decision_problem(inst: list[Any], value: Any) -> str | None:
     return tiles
 
 
-def trace_problem(trace: Any) -> str | None:
-    """Why a trace's ``[instructions, decisions]`` JSON may not be served, or ``None``.
+def trace_problem(trace: Any, device: str = "cpu") -> str | None:
+    """Why a trace's ``[instructions, decisions]`` JSON may not be served for ``device``
+    (``cpu``: an llvm target; ``cuda``, ``rocm``), or ``None``.
 
     The reason names the place, e.g. ``trace[0][12] (Annotate): annotation key
     'pragma_import_llvm' is not allowed``. Also what TVM does not check and would crash on: a
@@ -355,7 +383,7 @@ def trace_problem(trace: Any) -> str | None:
     if not within_int64(trace):
         return "trace holds an integer TVM cannot take (or is nested too deep)"
     for i, inst in enumerate(insts):
-        if (why := instruction_problem(inst)) is not None:
+        if (why := instruction_problem(inst, device)) is not None:
             kind = inst[0] if isinstance(inst, list) and inst and isinstance(inst[0], str) else ""
             kind = kind if kind in KINDS else ""
             return f"trace[0][{i}]{f' ({kind})' if kind else ''}: {why}"
@@ -411,8 +439,9 @@ def _knob_problem(name: Any, value: Any) -> str | None:
     return f"knob {name}={describe(value, 30)} is not a flag or an integer in 0..{MAX_KNOB}"
 
 
-def config_problem(config: Any) -> str | None:
-    """Why ``config`` is not a TVM config that may be served, or ``None``."""
+def config_problem(config: Any, device: str = "cpu") -> str | None:
+    """Why ``config`` is not a TVM config that may be served to run on ``device``, or ``None``.
+    Built-in TVM records build for the host CPU whatever target they name."""
     if not isinstance(config, dict):
         return f"{describe(config, 40)} is not an object"
     schedule = config.get("schedule")
@@ -432,7 +461,7 @@ def config_problem(config: Any) -> str | None:
         return "a meta_schedule config needs a trace"
     if "target" in rest and (why := target_problem(rest["target"])) is not None:
         return why
-    return trace_problem(rest["trace"])
+    return trace_problem(rest["trace"], device)
 
 
 def mean_seconds(run_secs: Any) -> float | None:
@@ -449,15 +478,22 @@ def mean_seconds(run_secs: Any) -> float | None:
     return None if mean >= FAILED_SECONDS else mean
 
 
-def record_value_problem(value: Any) -> str | None:
+def target_device(target: Any) -> str:
+    """The device a target dict builds for: ``cuda`` or ``rocm`` by its kind, else ``cpu``."""
+    kind = target.get("kind") if isinstance(target, dict) else None
+    return kind if isinstance(kind, str) and kind in GPU_DEVICES else "cpu"
+
+
+def record_value_problem(value: Any, device: str | None = None) -> str | None:
     """Why a ``tvm.record`` artifact's value (``[trace, run_secs, target, args_info]``, a
-    ``TuningRecord``'s JSON) may not be stored or served, or ``None``."""
+    ``TuningRecord``'s JSON) may not be stored or served for ``device`` (default: the device of
+    the target it names), or ``None``."""
     if not isinstance(value, list) or len(value) != 4:
         return "not a [trace, run_secs, target, args_info] list"
     trace, run_secs, target, args = value
     if not within_int64(value):
         return "it holds an integer TVM cannot take (or is nested too deep)"
-    if (why := trace_problem(trace)) is not None:
+    if (why := trace_problem(trace, device or target_device(target))) is not None:
         return why
     if mean_seconds(run_secs) is None:
         return "its run times are missing, failed or not numbers"
@@ -510,6 +546,7 @@ __all__ = [
     "instruction_problem",
     "mean_seconds",
     "record_value_problem",
+    "target_device",
     "target_problem",
     "trace_problem",
     "within_int64",

@@ -82,12 +82,20 @@ def compare_outputs(
     got: Sequence[Any], want: Sequence[Any], tolerance: float, problem: Mapping[str, Any]
 ) -> CheckModel:
     """The worst relative error over the floating-point tensors of two argument lists, as the
-    check of ``problem``."""
+    check of ``problem``; integer and boolean tensors must be equal element for element (an
+    integer output has no tolerance)."""
     import torch
 
     worst, worst_abs, note = 0.0, 0.0, ""
     for a, b in zip(got, want, strict=True):
-        if not (isinstance(a, torch.Tensor) and a.is_floating_point()):
+        if not isinstance(a, torch.Tensor):
+            continue
+        if not a.is_floating_point():
+            if a.shape != b.shape or not torch.equal(a.cpu(), b.cpu()):
+                differ = int((a.cpu() != b.cpu()).sum()) if a.shape == b.shape else a.numel()
+                return _check(problem, None, None, tolerance,
+                              f"{differ} of {a.numel()} {str(a.dtype).removeprefix('torch.')} "
+                              "elements differ")  # fmt: skip
             continue
         diff = a.double().cpu() - b.double().cpu()
         if not torch.isfinite(diff).all():

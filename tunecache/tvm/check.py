@@ -33,13 +33,16 @@ def args_info_json(mod: IRModule) -> list[Any]:
 
 
 def check_record(
-    value: Any, workload: Workload, expected_args: list[Any]
+    value: Any, workload: Workload, expected_args: list[Any], device: str = "cpu"
 ) -> tuple[TuningRecord | None, str]:
-    """``(record, "")`` when ``value`` is a usable record of ``workload``, else ``(None, why)``.
+    """``(record, "")`` when ``value`` is a usable record of ``workload`` for a target of
+    ``device`` (``cpu``: llvm; ``cuda``), else ``(None, why)``.
 
     Never raises: every failure, TVM's included, is a reason.
     """
-    problem = record_value_problem(value)  # plain data of allowlisted instructions only
+    # Plain data of allowlisted instructions only, for this database's device, whatever target
+    # the record itself names.
+    problem = record_value_problem(value, device)
     if problem is not None:
         return None, problem
     if value[3] != expected_args:

@@ -23,6 +23,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
 
 from tunecache.artifacts import ArtifactIn, ArtifactPublic, ArtifactPutResult
+from tunecache.configcheck.tvm import target_device
 from tunecache.settings import Settings
 from tunecache.tvm.check import args_info_json, check_record
 from tunecache.tvm.remote import Remote
@@ -32,6 +33,7 @@ from tunecache.tvm.wire import (
     partition_for,
     record_artifact,
     record_item,
+    target_json,
     workload_artifact,
     workload_key,
 )
@@ -98,6 +100,7 @@ class Database(PyDatabase):
         if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.partition = partition_for(target)
+        self.device = target_device(target_json(target))  # what the traces it takes are for
         self.remote = Remote(url, token, float(timeout), self.partition)
         self._entries: dict[str, _Entry] = {}
         self._rejected = 0
@@ -224,7 +227,7 @@ class Database(PyDatabase):
         while len(entry.checked) < k and entry.cursor < len(entry.fetched):
             item = entry.fetched[entry.cursor]
             entry.cursor += 1
-            record, why = check_record(item.value, entry.workload, entry.args)
+            record, why = check_record(item.value, entry.workload, entry.args, self.device)
             if record is not None:
                 entry.checked[item.item] = record
             else:

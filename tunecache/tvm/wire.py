@@ -48,13 +48,19 @@ def partition_for(target: Target | Mapping[str, Any] | str) -> str:
         >>> partition_for({"kind": "llvm", "num-cores": 2})  # doctest: +SKIP
         '5b0c…-tvm0.27.0.post1'
     """
+    return partition_name(target_json(target))
+
+
+def target_json(target: Target | Mapping[str, Any] | str) -> dict[str, Any]:
+    """``target`` (a ``Target``, a target dict or string) as a plain target dict."""
     from tvm.target import Target
 
     if isinstance(target, Mapping):
-        return partition_name(target)
+        return dict(target)
     if not isinstance(target, Target):
         target = Target(target)
-    return partition_name(plain_json(target.export()))
+    exported: dict[str, Any] = plain_json(target.export())
+    return exported
 
 
 def workload_key(mod: IRModule) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from datetime import timedelta
 from typing import Annotated
 
@@ -13,6 +12,7 @@ from cache_server.api.auth import READ, WRITE, ReadAccess
 from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.metrics import MetricsDep
 from cache_server.models import JobRow, RecordRow, utcnow
+from cache_server.ratelimit import too_many
 from tunecache.schemas import (
     INT64_MAX,
     MAX_ID,
@@ -67,15 +67,6 @@ def create_job(request: JobCreate, session: SessionDep, response: Response) -> J
     return JobEnqueued(job=public(job), created=created)
 
 
-def _too_many(detail: str, wait: float) -> HTTPException:
-    retry = max(1, math.ceil(wait))
-    return HTTPException(
-        status.HTTP_429_TOO_MANY_REQUESTS,
-        f"{detail}; retry in {retry} s",
-        {"Retry-After": str(retry)},
-    )
-
-
 @router.post(
     "/misses",
     status_code=status.HTTP_202_ACCEPTED,
@@ -97,7 +88,7 @@ def report_miss(
     """
     who = f"token:{caller.id}" if caller is not None else f"addr:{http.client and http.client.host}"
     if wait := http.app.state.miss_limiter.wait(who):
-        raise _too_many(
+        raise too_many(
             f"more than {settings.miss_reports_per_minute} miss reports a minute from this caller",
             wait,
         )
@@ -107,7 +98,7 @@ def report_miss(
         return JobEnqueued(job=public(existing), created=False)
     since = utcnow() - timedelta(minutes=1)
     if jobs.count_created(session, source="miss", since=since) >= settings.miss_jobs_per_minute:
-        raise _too_many(
+        raise too_many(
             f"misses created {settings.miss_jobs_per_minute} new jobs in the last minute, "
             "the server's limit",
             30.0,

@@ -11,6 +11,7 @@ from cache_server.api.auth import READ, WriteAccess
 from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.lookup import find_winner
 from cache_server.metrics import MetricsDep
+from cache_server.trust import winner_table
 from tunecache.schemas import (
     INT64_MAX,
     MAX_ID,
@@ -117,6 +118,7 @@ def list_records(
         winners_only=winners_only,
         limit=limit,
         offset=offset,
+        table=winner_table(settings.policy),
     )
     return RecordList(items=items, count=total)
 
@@ -127,10 +129,10 @@ def list_records(
     responses={404: {"description": "no such record"}},
 )
 def get_record(
-    record_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep
+    record_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep, settings: SettingsDep
 ) -> RecordPublic:
-    """One record with every trial of its search."""
-    record = queries.get_record(session, record_id=record_id)
+    """One record with every trial of its search (``is_winner``: under the server's policy)."""
+    record = queries.get_record(session, record_id=record_id, table=winner_table(settings.policy))
     if record is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no record {record_id}")
     return record

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Response, status
+from fastapi import APIRouter, HTTPException, Path, Request, Response, status
 
 from cache_server import queries, trust
 from cache_server.api.auth import IdentifiedAccess, VerifyAccess
-from cache_server.api.deps import SessionDep
+from cache_server.api.deps import SessionDep, SettingsDep
+from cache_server.ratelimit import too_many
 from tunecache.schemas import (
     MAX_ID,
     DisputeCreate,
@@ -30,16 +31,29 @@ def _record(session: SessionDep, record_id: int) -> RecordPublic:
     return found
 
 
-@router.post("/records/{record_id}/disputes", responses={404: {"description": "no such record"}})
+@router.post(
+    "/records/{record_id}/disputes",
+    responses={
+        404: {"description": "no such record"},
+        429: {"description": "too many disputes from this token"},
+    },
+)
 def dispute_record(
-    record_id: RecordIdPath, dispute: DisputeCreate, session: SessionDep, token: IdentifiedAccess
+    record_id: RecordIdPath,
+    dispute: DisputeCreate,
+    session: SessionDep,
+    settings: SettingsDep,
+    token: IdentifiedAccess,
+    http: Request,
 ) -> DisputeResult:
     """Reports that the record's config failed a consumer's check where it was used.
 
     Needs a token (of any scope), even where reads are open: a dispute stops the record being
     served under every policy until a verifier re-verifies it. One open dispute per token and
-    record counts.
+    record counts; a token may send ``disputes_per_minute`` a minute to a server process.
     """
+    if wait := http.app.state.dispute_limiter.wait(f"token:{token.id}"):
+        raise too_many(f"more than {settings.disputes_per_minute} disputes a minute", wait)
     row = trust.add_dispute(session, record_id=record_id, reporter=token.name, dispute=dispute)
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no record {record_id}")

@@ -4,7 +4,9 @@ disputes, verifiers' leases and findings, the verified policy's winners, trusted
 Existing records become ``pending``. A stored record whose config the closed schemas of
 :mod:`tunecache.configcheck` refuse (a MetaSchedule trace that links code, a Triton value outside
 a built-in kernel's space) becomes ``rejected`` and loses its place as winner, which goes to the
-key's fastest record still servable, if any.
+key's fastest record still servable, if any; a stored artifact they refuse is deleted. Artifacts
+remember who uploaded them and whether that token was trusted (the ``verified`` policy serves
+only trusted tokens' artifacts).
 
 Revision ID: 0007
 Revises: 0006
@@ -12,6 +14,8 @@ Create Date: 2026-11-24
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -37,10 +41,12 @@ def _reject_unservable(bind: sa.Connection) -> None:
     rows = bind.execute(sa.select(records.c.id, records.c.key_hash, records.c.key,
                                   records.c.config)).all()  # fmt: skip
     touched: set[str] = set()
-    for row_id, key_hash, key, config in rows:
-        backend = key.get("backend") if isinstance(key, dict) else None
-        kernel = key.get("kernel") if isinstance(key, dict) else None
-        if config_problem(str(backend), config, kernel=kernel) is None:
+    for row_id, key_hash, stored_key, config in rows:
+        key: dict[str, Any] = stored_key if isinstance(stored_key, dict) else {}
+        device = key.get("device")
+        kind = str(device.get("kind", "cpu")) if isinstance(device, dict) else "cpu"
+        if config_problem(str(key.get("backend")), config, kernel=key.get("kernel"),
+                          device=kind) is None:  # fmt: skip
             continue
         bind.execute(records.update().where(records.c.id == row_id).values(status="rejected"))
         bind.execute(winners.delete().where(winners.c.record_id == row_id))
@@ -62,6 +68,21 @@ def _reject_unservable(bind: sa.Connection) -> None:
             bind.execute(winners.insert().values(**values, updated_at=sa.func.now()))
 
 
+def _drop_unservable_artifacts(bind: sa.Connection) -> None:
+    """Deletes stored artifacts the closed schemas refuse (a MetaSchedule trace that links code):
+    clients older than those schemas would use them."""
+    from tunecache.configcheck import artifact_problem
+
+    artifacts = sa.table(
+        "artifacts", sa.column("id", sa.Integer), sa.column("namespace", sa.String),
+        sa.column("value", sa.JSON),
+    )  # fmt: skip
+    rows = bind.execute(sa.select(artifacts.c.id, artifacts.c.namespace, artifacts.c.value))
+    refused = [i for i, namespace, value in rows if artifact_problem(namespace, value) is not None]
+    for start in range(0, len(refused), 500):
+        bind.execute(artifacts.delete().where(artifacts.c.id.in_(refused[start : start + 500])))
+
+
 def upgrade() -> None:
     with op.batch_alter_table("records") as batch:
         batch.add_column(sa.Column("status", sa.String(16), nullable=False,
@@ -73,8 +94,14 @@ def upgrade() -> None:
         batch.add_column(sa.Column("verify_expires_at", sa.DateTime(timezone=True), nullable=True))
         batch.add_column(sa.Column("verify_attempts", sa.Integer(), nullable=False,
                                    server_default="0"))  # fmt: skip
+        batch.add_column(sa.Column("verify_claimed_at", sa.DateTime(timezone=True),
+                                   nullable=True))  # fmt: skip
     op.create_index("ix_records_verify_queue", "records", ["status", "device_arch", "backend"])
     with op.batch_alter_table("tokens") as batch:
+        batch.add_column(sa.Column("trusted", sa.Boolean(), nullable=False,
+                                   server_default=sa.false()))  # fmt: skip
+    with op.batch_alter_table("artifacts") as batch:
+        batch.add_column(sa.Column("uploaded_by", sa.String(128), nullable=True))
         batch.add_column(sa.Column("trusted", sa.Boolean(), nullable=False,
                                    server_default=sa.false()))  # fmt: skip
     op.create_table(
@@ -109,6 +136,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_disputes_record_id", "disputes", ["record_id"])
     _reject_unservable(op.get_bind())
+    _drop_unservable_artifacts(op.get_bind())
 
 
 def downgrade() -> None:
@@ -116,10 +144,14 @@ def downgrade() -> None:
     op.drop_table("disputes")
     op.drop_index("ix_verified_winners_record_id", table_name="verified_winners")
     op.drop_table("verified_winners")
+    with op.batch_alter_table("artifacts") as batch:
+        batch.drop_column("trusted")
+        batch.drop_column("uploaded_by")
     with op.batch_alter_table("tokens") as batch:
         batch.drop_column("trusted")
     op.drop_index("ix_records_verify_queue", table_name="records")
     with op.batch_alter_table("records") as batch:
-        for column in ("verify_attempts", "verify_expires_at", "verify_owner", "disputes",
+        for column in ("verify_claimed_at", "verify_attempts", "verify_expires_at",
+                       "verify_owner", "disputes",
                        "verification", "uploaded_by", "status"):  # fmt: skip
             batch.drop_column(column)
