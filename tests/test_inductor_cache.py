@@ -31,7 +31,7 @@ import torch
 
 from cache_server.embedded import free_port
 from tests.conftest import LiveServer
-from tests.factories import store_behind_the_api
+from tests.factories import hostile_artifacts, store_behind_the_api
 from tunecache.cli import main
 from tunecache.client import Client
 from tunecache.inductor import TeamCacheWarning, enable, share_items
@@ -281,11 +281,14 @@ def test_hostile_answers_are_ignored_and_the_compile_runs(
     items = [{"namespace": "inductor.choices", "partition": part, "key": f"k{i}", "value": value}
              for i, value in enumerate(unknown + malformed)]  # fmt: skip
     items.append({"namespace": "inductor.autotune", "partition": part, "key": "k", "value": [1]})
-    # The server refuses the malformed ones (closed schemas); a compromised one would serve them.
+    # Stored behind a real server's API, its reads refuse the malformed ones (closed schemas).
     assert store_behind_the_api(server.db, items) == len(items)
-    out = tmp_path / "h.pt"
-    report = run_proc(["compile", str(pretuned.model), str(out), "--url", server.url],
-                      tmp_path / "inductor")  # fmt: skip
+    assert [g.to_value() for g in server_groups(server.url)] == unknown
+    # A compromised server serves them all: the client ignores the malformed ones itself.
+    with hostile_artifacts(unknown + malformed) as url:
+        out = tmp_path / "h.pt"
+        report = run_proc(["compile", str(pretuned.model), str(out), "--url", url],
+                          tmp_path / "inductor")  # fmt: skip
     assert report["enabled"]["fetched"] == len(unknown)
     assert report["enabled"]["ignored"] == len(malformed)
     assert report["warnings"] == 0
