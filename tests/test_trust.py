@@ -43,6 +43,11 @@ def failed_check(key: Key) -> CheckModel:
                       tolerance=1e-4, passed=False, note="wrong at this shape")  # fmt: skip
 
 
+def post_dispute(url: str, record_id: int, headers: dict[str, str],
+                 body: dict[str, Any]) -> httpx.Response:  # fmt: skip
+    return httpx.post(f"{url}/v1/records/{record_id}/disputes", json=body, headers=headers)
+
+
 def dispute_body(key: Key, problem: dict[str, Any] | None = None) -> dict[str, Any]:
     body = DisputeCreate(problem=problem or dict(key.problem), check=failed_check(key))
     return body.model_dump(mode="json")
@@ -444,13 +449,11 @@ def test_disputes_after_verifications_are_always_claimable(server: LiveServer) -
         record_id = client.upload(make_record(key, config=knobs(1))).record_id
     with Client(url, token=token(url, "v", "verify")) as verifier:
         for round_ in range(4):
-            answer = httpx.post(f"{url}/v1/records/{record_id}/disputes", headers=reader,
-                                json=dispute_body(key))  # fmt: skip
+            answer = post_dispute(url, record_id, reader, dispute_body(key))
             assert answer.json()["status"] == "disputed", answer.text
             assert _verify(verifier, record_id, f"w{round_}", 1.0).status == "verified"
     for _ in range(40):  # 30 a minute by default
-        answer = httpx.post(f"{url}/v1/records/{record_id}/disputes", headers=reader,
-                            json=dispute_body(key))  # fmt: skip
+        answer = post_dispute(url, record_id, reader, dispute_body(key))
         if answer.status_code == 429:
             break
     assert answer.status_code == 429 and int(answer.headers["retry-after"]) >= 1
@@ -466,8 +469,7 @@ def test_a_dispute_during_a_verifiers_lease_is_not_settled_unrun(server: LiveSer
         task = verifier.claim_verification("w1", device_arch=CPU.arch, backends=["tvm"])
         assert task is not None and task.disputed_problems == []
         late = dispute_body(key, {"M": 50, "N": 64, "K": 64})  # in its bucket, never run
-        assert httpx.post(f"{url}/v1/records/{record_id}/disputes", headers=reader,
-                          json=late).status_code == 200  # fmt: skip
+        assert post_dispute(url, record_id, reader, late).status_code == 200
         from tunecache.schemas import VerificationCreate
 
         passed = VerificationCreate(worker="w1", outcome="passed", device_name="v",
@@ -491,8 +493,7 @@ def test_a_lie_about_the_time_stays_flagged_and_no_time_overflows(server: LiveSe
     with Client(url, token=token(url, "v", "verify")) as verifier:
         first = _verify(verifier, record_id, "w1", 1e8)  # a ratio of 5e13: capped, no 500
         assert first.verification is not None and first.verification.time_ratio == 1e9
-        assert httpx.post(f"{url}/v1/records/{record_id}/disputes", headers=reader,
-                          json=dispute_body(key)).status_code == 200  # fmt: skip
+        assert post_dispute(url, record_id, reader, dispute_body(key)).status_code == 200
         again = _verify(verifier, record_id, "w2", 1.0)
     assert again.verification is not None and again.verification.timing_flag
     assert again.verification.time_ratio == pytest.approx(5e5)  # against the uploaded claim

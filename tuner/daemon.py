@@ -110,28 +110,46 @@ def leased(client: Client, job: JobPublic, worker: str, seconds: float) -> Itera
         thread.join(timeout=5)
 
 
-class Daemon:
-    """Claims, tunes, uploads and completes jobs until stopped (or, ``once``, out of jobs)."""
+class Worker:
+    """What the tuning daemon and the verifier share: a name, this machine's device of a kind
+    and the backends installed here that run on it, and a stop flag (:meth:`stop`: finish the
+    current job, then stop)."""
 
-    def __init__(self, client: Client, options: DaemonOptions) -> None:
+    def __init__(self, client: Client, device: str, backends: tuple[str, ...] | None,
+                 role: str = "") -> None:  # fmt: skip
         self.client = client
-        self.options = options
-        self.worker = f"{platform.node()}:{os.getpid()}"
-        self.device = local_device(options.device)
-        self.backends = runnable_backends(options.device, options.backends)
+        self.worker = f"{platform.node()}:{os.getpid()}{role}"
+        self.device = local_device(device)
+        self.backends = runnable_backends(device, backends)
         self.stopping = threading.Event()
-        self.done: list[int] = []  # record ids stored, in order
-        self.failed: list[int] = []  # job ids given back as failed
 
     def stop(self) -> None:
         """Finish the current job, then stop."""
         self.stopping.set()
 
+    def arch(self) -> str:
+        """This device's arch, what claims name.
+
+        Raises:
+            InvalidInput: no backend installed here runs on this device.
+        """
+        if not self.backends:
+            raise InvalidInput(f"no backend installed here runs on {self.device.kind}")
+        return self.device.fingerprint.arch
+
+
+class Daemon(Worker):
+    """Claims, tunes, uploads and completes jobs until stopped (or, ``once``, out of jobs)."""
+
+    def __init__(self, client: Client, options: DaemonOptions) -> None:
+        super().__init__(client, options.device, options.backends)
+        self.options = options
+        self.done: list[int] = []  # record ids stored, in order
+        self.failed: list[int] = []  # job ids given back as failed
+
     def run(self) -> int:
         """Works until stopped; returns how many jobs it completed."""
-        if not self.backends:
-            raise InvalidInput(f"no backend installed here runs on {self.options.device}")
-        arch = self.device.fingerprint.arch
+        arch = self.arch()
         logger.info("%s: taking %s jobs for %s", self.worker, ",".join(self.backends), arch)
         with Harness(workers=self.options.workers) as harness:
             poll(lambda: self.client.claim_job(

@@ -24,9 +24,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import os
-import platform
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +31,6 @@ from typing import Any
 from backends import get_backend
 from tunecache.client import Client
 from tunecache.configcheck import config_problem
-from tunecache.device import local_device
 from tunecache.environment import environment_for
 from tunecache.errors import InvalidInput, ServerError
 from tunecache.key import Key
@@ -42,7 +38,7 @@ from tunecache.policies import bucket_policy
 from tunecache.schemas import MAX_CHECKS, ValidationReport, VerificationCreate, VerifyTask
 from tunecache.space import Config
 from tunecache.timing import DEFAULT_TIMER, TimerSettings
-from tuner.daemon import poll, runnable_backends
+from tuner.daemon import Worker, poll
 from tuner.harness import Harness, Task
 from workloads import get_workload
 
@@ -70,27 +66,17 @@ class VerifierOptions:
     workers: int | None = None
 
 
-class Verifier:
+class Verifier(Worker):
     """Claims, re-checks and reports records until stopped (or, ``once``, out of records)."""
 
     def __init__(self, client: Client, options: VerifierOptions) -> None:
-        self.client = client
+        super().__init__(client, options.device, options.backends, role=":verify")
         self.options = options
-        self.worker = f"{platform.node()}:{os.getpid()}:verify"
-        self.device = local_device(options.device)
-        self.backends = runnable_backends(options.device, options.backends)
-        self.stopping = threading.Event()
         self.outcomes: dict[int, str] = {}  # record id → passed | failed | unverifiable
-
-    def stop(self) -> None:
-        """Finish the current record, then stop."""
-        self.stopping.set()
 
     def run(self) -> int:
         """Works until stopped; returns how many records it verified or rejected."""
-        if not self.backends:
-            raise InvalidInput(f"no backend installed here runs on {self.options.device}")
-        arch = self.device.fingerprint.arch
+        arch = self.arch()
         logger.info("%s: verifying %s records of %s", self.worker, ",".join(self.backends), arch)
         with Harness(workers=self.options.workers) as harness:
             poll(lambda: self.client.claim_verification(
