@@ -40,7 +40,7 @@ def test_the_daemon_tunes_what_it_can_run_and_a_miss_becomes_a_hit(server: LiveS
         client.create_job(elsewhere)  # another arch and a GPU backend: never for this daemon
         client.create_job(broken, max_attempts=2)
 
-    done = daemon(server)
+    done = daemon(server, "--kernels", "tests")  # it may import tests.*: the import fails
     assert done.returncode == 0, done.stderr
     assert "2 jobs completed, 2 failed" in done.stderr  # the broken job: retried, then failed
 
@@ -60,6 +60,30 @@ def test_the_daemon_tunes_what_it_can_run_and_a_miss_becomes_a_hit(server: LiveS
     assert {jobs["matmul/tvm"].record_id, jobs["softmax/inductor"].record_id} == {
         r.id for r in records
     }
+
+
+def test_a_job_never_makes_the_daemon_import_a_package_it_was_not_given(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """Anyone who may report a miss can queue a job naming any ``module:Class``: a daemon
+    imports users' kernels only from the packages its operator named (--kernels)."""
+    marker = tmp_path / "imported"
+    (tmp_path / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    job = dataclasses.replace(make_key(), kernel="evilmod:Kernel",
+                              device=local_device("cpu").fingerprint)  # fmt: skip
+    with Client(server.url) as client:
+        client.create_job(job, max_attempts=1)
+    done = subprocess.run([sys.executable, "-m", "tunecache.cli", "daemon", "--once", "--server",
+                           server.url, "--workers", "1", "--kernels", "mypkg"],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not marker.exists()
+    with Client(server.url) as client:
+        (failed,) = client.list_jobs().items
+    assert failed.state == "failed"
+    assert "'evilmod:Kernel' is not in a package this worker imports (--kernels: mypkg)" in (
+        failed.error
+    )
 
 
 def test_the_daemon_refuses_to_start_without_a_write_token(server: LiveServer) -> None:

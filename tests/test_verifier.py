@@ -52,6 +52,10 @@ def test_a_verifier_verifies_tvm_and_inductor_records_and_flags_fake_times(
     import dataclasses
 
     elsewhere = dataclasses.replace(tvm, environment={"apache-tvm": "0.1.0"})  # not installed here
+    # A record naming a module of the verifier's own directory: never imported (no --kernels).
+    marker = tmp_path / "imported"
+    (tmp_path / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    foreign = dataclasses.replace(tvm, kernel="evilmod:Kernel")
     writer = token(url, "laptop", "write")
     with Client(url, token=writer) as client:
         ids = {
@@ -63,6 +67,8 @@ def test_a_verifier_verifies_tvm_and_inductor_records_and_flags_fake_times(
                                                  config=OUTSIDE)).record_id,
             "elsewhere": client.upload(make_record(elsewhere, time_ms=0.001,
                                                    config={"schedule": "default"})).record_id,
+            "foreign": client.upload(make_record(foreign, time_ms=0.001,
+                                                 config={"schedule": "default"})).record_id,
         }  # fmt: skip
         assert client.lookup(tvm, default={"d": 1}).source == "default"  # pending: not served
 
@@ -73,7 +79,8 @@ def test_a_verifier_verifies_tvm_and_inductor_records_and_flags_fake_times(
         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "2 verified, 1 rejected), 1 given back as unverifiable" in done.stderr, done.stderr
+    assert "2 verified, 1 rejected), 2 given back as unverifiable" in done.stderr, done.stderr
+    assert not marker.exists()
 
     with Client(url) as client:
         records = {name: client.get_record(record_id) for name, record_id in ids.items()}
@@ -89,6 +96,7 @@ def test_a_verifier_verifies_tvm_and_inductor_records_and_flags_fake_times(
         assert records["outside"].verification is not None
         assert "outside the kernel's space" in records["outside"].verification.error
         assert records["elsewhere"].status == "pending"  # another verifier may have 0.1.0
+        assert records["foreign"].status == "pending"
         served = client.lookup(tvm, default={"d": 1})
         assert served.source == "server" and served.record is not None
         assert served.record.id == ids["tvm"]

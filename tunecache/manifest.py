@@ -52,6 +52,11 @@ class Manifest:
     policy: VersionPolicy
     budgets: dict[str, tuple[str | None, int]]  # key digest → the entry's (strategy, trials)
 
+    @property
+    def packages(self) -> tuple[str, ...]:
+        """The packages of the users' kernels it names (what a daemon tuning them imports)."""
+        return tuple(sorted({k.kernel.partition(":")[0] for k in self.keys if ":" in k.kernel}))
+
 
 def _lines(text: str) -> list[int]:
     """The line number of each ``[[tune]]`` entry, in order."""

@@ -48,6 +48,9 @@ class DaemonOptions:
         backends: the backends to take jobs for; default: those installed that run on
             ``device`` (Triton only on a GPU: its interpreter cannot time).
         once: stop when no job is left, instead of polling.
+        kernels: the packages of users' kernels this daemon may import (a job names its kernel
+            ``package.module:Class``, and anyone who can report a miss can queue a job); a job
+            for another package's kernel fails unimported. Default: built-in kernels only.
     """
 
     device: str = "cpu"
@@ -58,6 +61,7 @@ class DaemonOptions:
     poll_seconds: float = 5.0
     once: bool = False
     workers: int | None = None
+    kernels: tuple[str, ...] = ()
 
 
 def runnable_backends(device: str, wanted: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -116,8 +120,9 @@ class Worker:
     current job, then stop)."""
 
     def __init__(self, client: Client, device: str, backends: tuple[str, ...] | None,
-                 role: str = "") -> None:  # fmt: skip
+                 role: str = "", kernels: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.client = client
+        self.kernels = kernels
         self.worker = f"{platform.node()}:{os.getpid()}{role}"
         self.device = local_device(device)
         self.backends = runnable_backends(device, backends)
@@ -126,6 +131,19 @@ class Worker:
     def stop(self) -> None:
         """Finish the current job, then stop."""
         self.stopping.set()
+
+    def refused(self, kernel: str) -> str | None:
+        """Why this worker will not import ``kernel`` (named by the server, so by anyone who can
+        queue a job or upload a record), or ``None``: a built-in kernel, or one of a package the
+        operator allowed (``--kernels``)."""
+        if ":" not in kernel:
+            return None
+        module = kernel.partition(":")[0]
+        if any(module == p or module.startswith(f"{p}.") for p in self.kernels):
+            return None
+        allowed = ", ".join(self.kernels) or "none: built-in kernels only"
+        return (f"kernel {kernel!r} is not in a package this worker imports (--kernels: "
+                f"{allowed})")  # fmt: skip
 
     def arch(self) -> str:
         """This device's arch, what claims name.
@@ -142,7 +160,7 @@ class Daemon(Worker):
     """Claims, tunes, uploads and completes jobs until stopped (or, ``once``, out of jobs)."""
 
     def __init__(self, client: Client, options: DaemonOptions) -> None:
-        super().__init__(client, options.device, options.backends)
+        super().__init__(client, options.device, options.backends, kernels=options.kernels)
         self.options = options
         self.done: list[int] = []  # record ids stored, in order
         self.failed: list[int] = []  # job ids given back as failed
@@ -171,6 +189,8 @@ class Daemon(Worker):
         logger.info("job %d: claimed %s (attempt %d of %d)", job.id, job.key.to_key().short(),
                     job.attempts, job.max_attempts)  # fmt: skip
         try:
+            if (why := self.refused(job.key.kernel)) is not None:
+                raise InvalidInput(why)
             key = self.local_key(job)
             strategy = job.strategy or self.options.strategy  # the job's, else the daemon's
             budget = Budget(trials=job.trials or self.options.trials)

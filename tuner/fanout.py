@@ -19,7 +19,8 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
-def _drain(url: str, token: str | None, device: str, trials: int) -> list[int]:
+def _drain(url: str, token: str | None, device: str, trials: int,
+           kernels: tuple[str, ...] = ()) -> list[int]:  # fmt: skip
     """One task: a daemon on this node's ``device`` until the queue has nothing it can run."""
     from tunecache.client import Client
     from tunecache.errors import InvalidInput
@@ -28,7 +29,7 @@ def _drain(url: str, token: str | None, device: str, trials: int) -> list[int]:
     with Client(url, token=token or "") as client:
         try:
             daemon = Daemon(client, DaemonOptions(device=device, once=True, trials=trials,
-                                                  workers=1))  # fmt: skip
+                                                  workers=1, kernels=kernels))  # fmt: skip
             daemon.run()
         except InvalidInput as exc:  # nothing this node can run on that device
             logger.info("ray task on %s: %s", device, exc)
@@ -37,12 +38,15 @@ def _drain(url: str, token: str | None, device: str, trials: int) -> list[int]:
 
 
 def drain_on_ray(url: str, token: str | None, *, address: str | None = None,
-                 trials: int = 32, cpu_tasks: int | None = None) -> list[int]:  # fmt: skip
+                 trials: int = 32, cpu_tasks: int | None = None,
+                 kernels: tuple[str, ...] = ()) -> list[int]:  # fmt: skip
     """Drains the server's queue with daemons as Ray tasks; returns the record ids stored.
 
     Args:
         address: an existing Ray cluster (``ray://…`` or ``auto``); ``None`` starts a local one.
         cpu_tasks: CPU daemons to run (default: the cluster's CPUs); GPU daemons: one per GPU.
+        kernels: the packages of users' kernels the daemons may import
+            (:attr:`tuner.daemon.DaemonOptions.kernels`).
     """
     import ray
 
@@ -54,9 +58,11 @@ def drain_on_ray(url: str, token: str | None, *, address: str | None = None,
         resources = ray.cluster_resources()
         task = ray.remote(_drain)
         cpus = cpu_tasks or max(1, int(resources.get("CPU", 1)))
-        refs = [task.options(num_cpus=1).remote(url, token, "cpu", trials) for _ in range(cpus)]
+        refs = [task.options(num_cpus=1).remote(url, token, "cpu", trials, kernels)
+                for _ in range(cpus)]
         gpus = int(resources.get("GPU", 0))
-        refs += [task.options(num_gpus=1).remote(url, token, "cuda", trials) for _ in range(gpus)]
+        refs += [task.options(num_gpus=1).remote(url, token, "cuda", trials, kernels)
+                 for _ in range(gpus)]
         stored: list[int] = []
         for done in ray.get(refs):
             stored += done

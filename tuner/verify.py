@@ -64,13 +64,15 @@ class VerifierOptions:
     poll_seconds: float = 5.0
     once: bool = False
     workers: int | None = None
+    kernels: tuple[str, ...] = ()  # users' kernels' packages it may import (DaemonOptions)
 
 
 class Verifier(Worker):
     """Claims, re-checks and reports records until stopped (or, ``once``, out of records)."""
 
     def __init__(self, client: Client, options: VerifierOptions) -> None:
-        super().__init__(client, options.device, options.backends, role=":verify")
+        super().__init__(client, options.device, options.backends, role=":verify",
+                         kernels=options.kernels)  # fmt: skip
         self.options = options
         self.outcomes: dict[int, str] = {}  # record id → passed | failed | unverifiable
 
@@ -130,6 +132,8 @@ class Verifier(Worker):
         """Why this machine cannot run ``key`` as it was tuned, or ``None``."""
         if key.device.arch != self.device.fingerprint.arch:
             return f"tuned on {key.device.arch}; this verifier has {self.device.fingerprint.arch}"
+        if (why := self.refused(key.kernel)) is not None:
+            return why
         installed = environment_for(key.backend)
         if dict(key.environment) != installed:
             return f"tuned with {dict(key.environment)}; here {installed}"

@@ -34,6 +34,11 @@ def register(commands: Any) -> None:
     parser.add_argument("--lease", type=float, default=300.0, help="job lease in seconds")
     parser.add_argument("--workers", type=int, help="measurement worker processes")
     parser.add_argument(
+        "--kernels", metavar="PKG,…",
+        help="packages of your own kernels it may import (jobs and records name kernels as "
+        "package.module:Class; default: built-in kernels only)",
+    )  # fmt: skip
+    parser.add_argument(
         "--verify", action="store_true",
         help="verify uploaded records instead of tuning jobs (a token with the verify scope)",
     )  # fmt: skip
@@ -51,6 +56,16 @@ def _backends(text: str | None) -> tuple[str, ...] | None:
     return names
 
 
+def _packages(text: str | None) -> tuple[str, ...]:
+    if text is None:
+        return ()
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if not n.replace("_", "a").replace(".", "a").isalnum()]
+    if bad or not names:
+        raise InvalidInput(f"--kernels {text!r}: expected package names, comma-separated")
+    return names
+
+
 def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tuner.daemon import Daemon, DaemonOptions
@@ -63,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     options = DaemonOptions(
         device=args.device, backends=_backends(args.backends), trials=args.trials,
         strategy=args.strategy, lease_seconds=args.lease, poll_seconds=args.poll,
-        once=args.once, workers=args.workers,
+        once=args.once, workers=args.workers, kernels=_packages(args.kernels),
     )  # fmt: skip
     logging.getLogger("tuner.daemon").setLevel(logging.INFO)  # what it claimed, stored, failed
     with Client(server_url(args)) as client:
@@ -92,7 +107,7 @@ def run_verifier(args: argparse.Namespace) -> int:
     preflight(server_url(args), "verify", "the verifier (it marks records verified or rejected)")
     options = VerifierOptions(device=args.device, backends=_backends(args.backends),
                               lease_seconds=args.lease, poll_seconds=args.poll, once=args.once,
-                              workers=args.workers)  # fmt: skip
+                              workers=args.workers, kernels=_packages(args.kernels))  # fmt: skip
     logging.getLogger("tuner.verify").setLevel(logging.INFO)
     with Client(server_url(args)) as client:
         verifier = Verifier(client, options)

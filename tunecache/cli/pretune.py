@@ -96,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
 
             for device in ("cpu", "cuda"):
                 try:
-                    Daemon(client, DaemonOptions(device=device, once=True,
-                                                 trials=args.trials)).run()  # fmt: skip
+                    Daemon(client, DaemonOptions(device=device, once=True, trials=args.trials,
+                                                 kernels=manifest.packages)).run()  # fmt: skip
                 except InvalidInput as exc:  # no GPU, or no backend for it here
                     print(f"not tuning {device} jobs here: {exc}", file=sys.stderr)
         if args.ray and hashes:
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
             address = None if args.ray == "local" else args.ray
             stored = drain_on_ray(client.url, Settings.from_env().token, address=address,
-                                  trials=args.trials)  # fmt: skip
+                                  trials=args.trials, kernels=manifest.packages)  # fmt: skip
             print(f"ray tasks stored {len(stored)} records", file=sys.stderr)
         if args.no_wait or not hashes:
             return 0
