@@ -57,7 +57,7 @@ from sqlalchemy.orm import Session
 from cache_server import logs, metrics_multiprocess
 from cache_server.models import JobRow
 from cache_server.queries import count_records
-from tunecache.schemas import JobState
+from tunecache.jobs import JobState
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from sqlalchemy import Select, func, insert, select
 from sqlalchemy.orm import Session
@@ -100,16 +100,20 @@ def offer_winner(
     session.execute(stmt)
 
 
+class Added(NamedTuple):
+    """A stored record: its id, the key's winner now (``None`` while the key has no validated
+    record) and the record's status (``pending``, or ``verified`` from a trusted token)."""
+
+    record_id: int
+    winner: int | None
+    status: str
+
+
 def add_record(
     session: Session, *, key_hash: str, record: RecordCreate, uploader: TokenRow | None = None
-) -> tuple[int, int | None]:
+) -> Added:
     """Stores ``record`` and its trials; makes it the key's winner if validated and fastest
-    (and the verified policy's too when ``uploader`` is a trusted token).
-
-    Returns:
-        ``(record_id, winner_record_id)``; the winner is ``None`` while the key has no
-        validated record.
-    """
+    (and the verified policy's too when ``uploader`` is a trusted token)."""
     row = record_row(key_hash=key_hash, record=record, uploader=uploader)
     session.add(row)
     session.flush()
@@ -120,7 +124,7 @@ def add_record(
             offer_winner(session, VerifiedWinnerRow, key_hash=key_hash, record_id=row.id,
                          time_ms=row.time_ms)  # fmt: skip
     winner = session.scalar(select(WinnerRow.record_id).where(WinnerRow.key_hash == key_hash))
-    return row.id, winner
+    return Added(row.id, winner, row.status)
 
 
 def record_fields(row: RecordRow) -> dict[str, Any]:

@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session
 from cache_server.models import RecordRow, TokenRow, WinnerRow
 from cache_server.queries import WinnerTable, add_record, record_fields
 from tunecache.errors import InvalidInput
-from tunecache.schemas import RecordCreate, SnapshotFilters
+from tunecache.schemas import RecordCreate
+from tunecache.snapshot import SnapshotFilters
 
 
 def _create(row: RecordRow) -> RecordCreate:
@@ -59,7 +60,7 @@ def import_records(
     for i, record in enumerate(records):
         key_hash = record.key.digest()
         try:
-            record_id, winner = add_record(session, key_hash=key_hash, record=record,
+            record_id, winner, _ = add_record(session, key_hash=key_hash, record=record,
                                            uploader=uploader)  # fmt: skip
         except DataError as exc:
             raise InvalidInput(f"records[{i}]: the database refused it: {exc.orig}") from exc

@@ -24,14 +24,15 @@ from cache_server.models import DisputeRow, RecordRow, VerifiedWinnerRow, Winner
 from cache_server.queries import WinnerTable, offer_winner
 from tunecache.errors import InvalidInput
 from tunecache.policies import bucket_policy
-from tunecache.schemas import (
-    SERVED_STATUSES,
-    TIMING_FLAG_RATIO,
-    DisputeCreate,
-    VerificationCreate,
-    VerificationPublic,
-)
+from tunecache.schemas import VerificationPublic
+from tunecache.verification import DisputeCreate, VerificationCreate
 
+SERVED_STATUSES: dict[str, tuple[str, ...]] = {
+    "validated": ("pending", "verified"),
+    "verified": ("verified",),
+}
+# A verifier's timing more than this much slower than the uploader's flags the uploaded time.
+TIMING_FLAG_RATIO = 1.25  # the uploader's time is over 20 % below the verifier's
 MAX_RATIO = 1e9  # a verifier / uploader time ratio beyond this is reported as this
 MAX_VERIFY_ATTEMPTS = 3  # claims of one record (a verifier that cannot run it gives it back)
 MAX_OPEN_DISPUTES = 32  # unresolved disputes kept per record (more are counted, not stored)

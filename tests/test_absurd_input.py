@@ -26,7 +26,8 @@ from tests.conftest import LiveServer
 from tests.factories import AUTH, CPU, make_key, make_record
 from tunecache.errors import InvalidInput
 from tunecache.jsonsafe import MAX_JSON_DEPTH
-from tunecache.schemas import SNAPSHOT_FORMAT, KeyModel
+from tunecache.schemas import KeyModel
+from tunecache.snapshot import SNAPSHOT_FORMAT
 
 TIMEOUT = 60  # seconds; a case that takes longer counts as a hang
 

@@ -38,7 +38,7 @@ def session(database: tuple[str, Path | None]) -> Iterator[Session]:
 
 
 def store(session: Session, k: Key, ms: float, *, passed: bool = True) -> int:
-    record_id, _ = add_record(
+    record_id, *_ = add_record(
         session, key_hash=k.digest(), record=make_record(k, time_ms=ms, passed=passed)
     )
     session.commit()

@@ -19,14 +19,17 @@ from tests.factories import AUTH, CPU, knobs, make_key, make_record
 from tunecache import Client, InvalidInput
 from tunecache.device import DeviceFingerprint
 from tunecache.key import Key
-from tunecache.schemas import (
+from tunecache.schemas import RecordCreate
+from tunecache.snapshot import (
     MAX_SNAPSHOT_RECORDS,
     SNAPSHOT_FORMAT,
-    RecordCreate,
     SnapshotFilters,
     SnapshotPublic,
+    load_snapshot,
+    render_snapshot,
+    save_snapshot,
+    snapshot_etag,
 )
-from tunecache.snapshot import load_snapshot, render_snapshot, save_snapshot, snapshot_etag
 
 DEFAULT = {"schedule": "default"}
 ARCH = "cpu-avx2"  # the arch of tests.factories.CPU

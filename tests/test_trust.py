@@ -18,14 +18,8 @@ import pytest
 from tests.conftest import LiveServer, start_server
 from tests.factories import AUTH, CPU, knobs, make_key, make_record
 from tunecache import Client, Key
-from tunecache.schemas import (
-    CheckModel,
-    DisputeCreate,
-    LookupRequest,
-    LookupResponse,
-    RecordCreate,
-    RecordPublic,
-)
+from tunecache.schemas import CheckModel, LookupRequest, LookupResponse, RecordCreate, RecordPublic
+from tunecache.verification import DisputeCreate
 
 DEFAULT = knobs(99)
 
@@ -302,7 +296,7 @@ def test_a_verifier_claims_disputed_records_first_and_settles_them(server: LiveS
         other = client.claim_verification("v2", device_arch=CPU.arch, backends=["tvm"])
         assert other is not None and other.record.id == first.record_id  # never the same one
         assert client.claim_verification("v3", device_arch=CPU.arch, backends=["tvm"]) is None
-        from tunecache.schemas import VerificationCreate
+        from tunecache.verification import VerificationCreate
 
         timing = make_record(make_key(), time_ms=1.6).timing
         report = make_record(make_key()).validation
@@ -428,15 +422,19 @@ def test_an_artifact_the_schemas_refuse_is_never_read_back(server: LiveServer) -
         assert [a.value for a in client.get_artifacts("inductor.choices", "p")] == [GROUP]
 
 
-def _verify(client: Client, record_id: int, worker: str, ms: float) -> RecordPublic:
-    from tunecache.schemas import VerificationCreate
+def _passed(worker: str, ms: float) -> Any:
+    """A verifier's passing finding, its time ``ms``."""
+    from tunecache.verification import VerificationCreate
 
+    return VerificationCreate(worker=worker, outcome="passed", device_name="v",
+                              timing=make_record(make_key(), time_ms=ms).timing,
+                              validation=make_record(make_key()).validation)  # fmt: skip
+
+
+def _verify(client: Client, record_id: int, worker: str, ms: float) -> RecordPublic:
     task = client.claim_verification(worker, device_arch=CPU.arch, backends=["tvm"])
     assert task is not None and task.record.id == record_id
-    passed = VerificationCreate(worker=worker, outcome="passed", device_name="v",
-                                timing=make_record(make_key(), time_ms=ms).timing,
-                                validation=make_record(make_key()).validation)  # fmt: skip
-    return client.submit_verification(record_id, passed)
+    return client.submit_verification(record_id, _passed(worker, ms))
 
 
 def test_disputes_after_verifications_are_always_claimable(server: LiveServer) -> None:
@@ -470,12 +468,7 @@ def test_a_dispute_during_a_verifiers_lease_is_not_settled_unrun(server: LiveSer
         assert task is not None and task.disputed_problems == []
         late = dispute_body(key, {"M": 50, "N": 64, "K": 64})  # in its bucket, never run
         assert post_dispute(url, record_id, reader, late).status_code == 200
-        from tunecache.schemas import VerificationCreate
-
-        passed = VerificationCreate(worker="w1", outcome="passed", device_name="v",
-                                    timing=make_record(make_key(), time_ms=1.0).timing,
-                                    validation=make_record(make_key()).validation)  # fmt: skip
-        assert verifier.submit_verification(record_id, passed).status == "disputed"
+        assert verifier.submit_verification(record_id, _passed("w1", 1.0)).status == "disputed"
         again = verifier.claim_verification("w2", device_arch=CPU.arch, backends=["tvm"])
         assert again is not None and again.disputed_problems == [{"M": 50, "N": 64, "K": 64}]
 
@@ -522,8 +515,7 @@ def test_listings_follow_the_serving_policy(verified_server: LiveServer) -> None
 def test_one_bad_record_does_not_cost_a_snapshot_its_others(tmp_path: Path) -> None:
     import json
 
-    from tunecache.schemas import SnapshotFilters
-    from tunecache.snapshot import render_snapshot
+    from tunecache.snapshot import SnapshotFilters, render_snapshot
 
     good, other = make_key(m=64), make_key(m=2048)
     body, _ = render_snapshot(SnapshotFilters(device_arch=CPU.arch),

@@ -18,9 +18,10 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from tunecache import builtin  # noqa: F401  # registers the built-in kernels
-from tunecache.client import Client, Timeout
+from tunecache.client import Client
 from tunecache.device import Device, DeviceFingerprint, DeviceLimits
 from tunecache.errors import InvalidInput, ServerError, TunecacheError, TuningError
+from tunecache.http import Timeout
 from tunecache.kernels import KernelSpec, get_kernel
 from tunecache.key import Key, key_for
 from tunecache.resolver import LookupResult, RecordsSource, Resolver, ServerSource, SnapshotSource

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
@@ -41,6 +40,8 @@ from tunecache.artifacts import (
 )
 from tunecache.defaults import default_config
 from tunecache.errors import InvalidInput, ServerError
+from tunecache.http import Timeout, parse, rejected
+from tunecache.jobs import ClaimRequest, JobCreate, JobEnqueued, JobList, JobPublic
 from tunecache.key import Key
 from tunecache.policies import VersionPolicy
 from tunecache.resolver import (
@@ -53,47 +54,28 @@ from tunecache.resolver import (
     Verify,
 )
 from tunecache.schemas import (
-    ClaimRequest,
-    DisputeCreate,
-    DisputeResult,
-    JobCreate,
-    JobEnqueued,
-    JobList,
-    JobPublic,
     KeyModel,
     LookupRequest,
     LookupResponse,
     RecordCreate,
     RecordList,
     RecordPublic,
-    SnapshotImportResult,
-    SnapshotPublic,
     UploadResult,
+)
+from tunecache.settings import Settings
+from tunecache.snapshot import SnapshotImportResult, SnapshotPublic
+from tunecache.tokens import Scope, TokenCreate, TokenCreated, TokenList, TokenPublic, WhoAmI
+from tunecache.verification import (
+    DisputeCreate,
+    DisputeResult,
     VerificationCreate,
     VerifyClaimRequest,
     VerifyTask,
 )
-from tunecache.settings import Settings
-from tunecache.tokens import Scope, TokenCreate, TokenCreated, TokenList, TokenPublic, WhoAmI
 
 M = TypeVar("M", bound=BaseModel)
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Timeout:
-    """Seconds a lookup may spend connecting and reading; writes get ``write`` seconds in all."""
-
-    lookup: float = 0.5
-    connect: float | None = None  # defaults to ``lookup``
-    write: float = 60.0
-
-    def for_lookup(self) -> httpx.Timeout:
-        return httpx.Timeout(self.lookup, connect=self.connect or self.lookup)
-
-    def for_write(self) -> httpx.Timeout:
-        return httpx.Timeout(self.write, connect=self.connect or min(self.write, 5.0))
 
 
 class Client:
@@ -231,7 +213,7 @@ class Client:
             if response.status_code == 404:
                 return None
             if response.is_error:
-                raise _rejected("POST", "/v1/lookup", response)
+                raise rejected("POST", "/v1/lookup", response)
             return LookupResponse.model_validate_json(response.content)
         except (httpx.HTTPError, ValidationError, ValueError) as exc:
             raise ServerError(f"lookup at {self.url} failed: {type(exc).__name__}: {exc}") from exc
@@ -251,7 +233,7 @@ class Client:
         except httpx.HTTPError as exc:
             raise ServerError(f"{method} {self.url}{path} failed: {exc}") from exc
         if response.is_error:
-            raise _rejected(method, path, response)
+            raise rejected(method, path, response)
         return response
 
     def upload(self, record: RecordCreate) -> UploadResult:
@@ -262,7 +244,7 @@ class Client:
         """
         body = record.model_dump(mode="json", by_alias=True)
         response = self._call("POST", "/v1/records", json=body)
-        return self._parse(UploadResult, response, "/v1/records")
+        return parse(UploadResult, response, "/v1/records")
 
     def report_miss(self, key: Key, *, timeout: httpx.Timeout | None = None) -> JobEnqueued:
         """Asks the server to tune ``key``: it queues a job, or answers with the one queued.
@@ -288,7 +270,7 @@ class Client:
         """
         body = dispute.model_dump(mode="json", by_alias=True)
         path = f"/v1/records/{record_id}/disputes"
-        return self._parse(DisputeResult, self._call("POST", path, timeout, json=body), path)
+        return parse(DisputeResult, self._call("POST", path, timeout, json=body), path)
 
     # -- verifiers (a token with the verify scope) ------------------------------------------
     def claim_verification(
@@ -302,13 +284,13 @@ class Client:
         response = self._call("POST", "/v1/verifications/claim", json=body)
         if response.status_code == 204:
             return None
-        return self._parse(VerifyTask, response, "/v1/verifications/claim")
+        return parse(VerifyTask, response, "/v1/verifications/claim")
 
     def submit_verification(self, record_id: int, result: VerificationCreate) -> RecordPublic:
         """Stores a verifier's finding on a record it holds the lease of; the record as now."""
         path = f"/v1/records/{record_id}/verification"
         body = result.model_dump(mode="json", by_alias=True)
-        return self._parse(RecordPublic, self._call("POST", path, json=body), path)
+        return parse(RecordPublic, self._call("POST", path, json=body), path)
 
     # -- the job queue (tuning workers) -------------------------------------------------------
     def create_job(
@@ -342,7 +324,7 @@ class Client:
         response = self._call("POST", "/v1/jobs/claim", json=body)
         if response.status_code == 204:
             return None
-        return self._parse(JobPublic, response, "/v1/jobs/claim")
+        return parse(JobPublic, response, "/v1/jobs/claim")
 
     def heartbeat_job(self, job_id: int, worker: str, *, lease_seconds: float = 300.0) -> JobPublic:
         """Extends the lease of a job this worker holds."""
@@ -363,14 +345,7 @@ class Client:
         return self._job("GET", "/v1/jobs", JobList, params=params)
 
     def _job(self, method: str, path: str, model: type[M], **kwargs: Any) -> M:
-        return self._parse(model, self._call(method, path, **kwargs), path)
-
-    @staticmethod
-    def _parse(model: type[M], response: httpx.Response, path: str) -> M:
-        try:
-            return model.model_validate_json(response.content)
-        except ValidationError as exc:
-            raise ServerError(f"{path} gave a bad answer: {exc}") from exc
+        return parse(model, self._call(method, path, **kwargs), path)
 
     def list_records(self, **filters: Any) -> RecordList:
         """Records matching ``filters`` (``kernel``, ``backend``, ``dtype``, ``device_arch`` …)."""
@@ -443,7 +418,7 @@ class Client:
             batch = ArtifactBatch(items=list(items[start : start + MAX_BATCH]))
             body = batch.model_dump(mode="json")
             response = self._call("POST", "/v1/artifacts", json=body)
-            result = self._parse(ArtifactPutResult, response, "/v1/artifacts")
+            result = parse(ArtifactPutResult, response, "/v1/artifacts")
             stored, kept = stored + result.stored, kept + result.kept
         return ArtifactPutResult(stored=stored, kept=kept)
 
@@ -477,7 +452,7 @@ class Client:
             params.update({"key": key} if key is not None else {})
             params.update({"after": after} if after is not None else {})
             response = self._call("GET", "/v1/artifacts", timeout=http_timeout, params=params)
-            page = self._parse(ArtifactList, response, "/v1/artifacts")
+            page = parse(ArtifactList, response, "/v1/artifacts")
             items.extend(page.items)
             if page.next_after is None or key is not None:
                 break
@@ -509,19 +484,8 @@ class Client:
         """
         http_timeout = None if timeout is None else httpx.Timeout(timeout)
         response = self._call("GET", "/v1/whoami", timeout=http_timeout)
-        return self._parse(WhoAmI, response, "/v1/whoami")
+        return parse(WhoAmI, response, "/v1/whoami")
 
     def health(self) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", "/health").json()
         return result
-
-
-def _rejected(method: str, path: str, response: httpx.Response) -> ServerError:
-    """The server's error answer as a :class:`ServerError` carrying its status and reason."""
-    try:
-        detail = response.json().get("detail", response.text)
-    except (ValueError, AttributeError):
-        detail = response.text
-    return ServerError(
-        f"{method} {path} → {response.status_code}: {detail}", status_code=response.status_code
-    )

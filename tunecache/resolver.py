@@ -39,8 +39,9 @@ from tunecache.errors import InvalidInput, ServerError, one_line
 from tunecache.key import Key
 from tunecache.policies import VersionPolicy
 from tunecache.rules import Rule, best
-from tunecache.schemas import CheckModel, DeviceModel, DisputeCreate, RecordCreate, RecordPublic
+from tunecache.schemas import CheckModel, DeviceModel, RecordCreate, RecordPublic
 from tunecache.served import served_problem
+from tunecache.verification import DisputeCreate
 
 if TYPE_CHECKING:
     from tunecache.best import BestBackend

@@ -1,4 +1,8 @@
-"""Wire schemas shared by the client, the tuner and the cache server.
+"""Wire schemas shared by the client, the tuner and the cache server: keys, records, lookups.
+
+The job queue's are in :mod:`tunecache.jobs`, disputes' and verifiers' in
+:mod:`tunecache.verification`, snapshots' in :mod:`tunecache.snapshot`, artifacts' in
+:mod:`tunecache.artifacts`.
 
 Naming follows the FastAPI template: ``XCreate`` is what a client sends, ``XPublic`` what the server
 returns. Every model forbids unknown fields and bounds its sizes, so a malformed or oversized upload
@@ -322,12 +326,6 @@ class RecordCreate(_Strict):
 # verifier (or uploaded with a trusted token); disputed: a consumer's check failed, served under no
 # policy until a verifier re-verifies it; rejected: a verifier's check failed, never served.
 RecordStatus = Literal["pending", "verified", "disputed", "rejected"]
-SERVED_STATUSES: dict[str, tuple[str, ...]] = {
-    "validated": ("pending", "verified"),
-    "verified": ("verified",),
-}
-# A verifier's timing more than this much slower than the uploader's flags the uploaded time.
-TIMING_FLAG_RATIO = 1.25  # the uploader's time is over 20 % below the verifier's
 
 
 class VerificationPublic(_Strict):
@@ -401,75 +399,6 @@ class RecordPublic(RecordCreate):
         return text
 
 
-class DisputeCreate(_Strict):
-    """A consumer's report that a served record's config failed its check where it was used
-    (``verify="first"``): the problem it ran at and the comparison that failed."""
-
-    problem: Problem
-    check: CheckModel
-    device: DeviceModel | None = None
-    note: ShortText = ""
-
-    @field_validator("check")
-    @classmethod
-    def _failed(cls, check: CheckModel) -> CheckModel:
-        if check.passed:
-            raise ValueError("a dispute carries the check that failed, not one that passed")
-        return check
-
-
-class DisputeResult(_Strict):
-    """The record's status after a dispute (``disputed`` unless a verifier rejected it before)."""
-
-    record_id: int
-    status: RecordStatus
-    disputes: int
-
-
-class VerifyClaimRequest(_Strict):
-    """A verifier asking for a record to re-check: its device arch and the backends it runs."""
-
-    worker: Annotated[str, Field(min_length=1, max_length=128)]
-    device_arch: Name
-    backends: Annotated[list[Backend], Field(min_length=1, max_length=3)]
-    lease_seconds: LeaseSeconds = 600.0
-
-
-class VerifyTask(_Strict):
-    """A record leased to a verifier, with the problems consumers disputed it at."""
-
-    record: RecordPublic
-    disputed_problems: list[Problem] = []
-    lease_expires_at: datetime
-
-
-class VerificationCreate(_Strict):
-    """A verifier's finding on a leased record.
-
-    ``outcome``: ``passed`` (re-validated; ``timing`` is the verifier's own), ``failed`` (a check
-    failed: ``validation`` says which) or ``unverifiable`` (this verifier cannot run it: another
-    environment, an unknown kernel; the record goes back to the queue).
-    """
-
-    worker: Annotated[str, Field(min_length=1, max_length=128)]
-    outcome: Literal["passed", "failed", "unverifiable"]
-    device_name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
-    timing: TimingModel | None = None
-    validation: ValidationReport | None = None
-    error: Annotated[str, Field(max_length=2048)] = ""
-
-    @model_validator(mode="after")
-    def _consistent(self) -> VerificationCreate:
-        if self.outcome == "passed" and (self.timing is None or self.validation is None
-                                         or not self.validation.passed):  # fmt: skip
-            raise ValueError("a passed verification carries the verifier's timing and a "
-                             "validation that passed")  # fmt: skip
-        failed = self.validation is not None and not self.validation.passed
-        if self.outcome == "failed" and not failed and not self.error:
-            raise ValueError("a failed verification carries the failed validation or an error")
-        return self
-
-
 class UploadResult(_Strict):
     """Where an upload stands: its id, the key's winner (default policy), the record's status and
     the server's serving policy (under ``verified`` a pending record is not served yet)."""
@@ -509,136 +438,3 @@ class Health(_Strict):
     database: str
     records: int
     version: str
-
-
-JobState = Literal["queued", "running", "done", "failed"]
-
-
-JobStrategy = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z_]+$")]
-JobTrials = Annotated[int, Field(strict=True, ge=1, le=1_000_000)]
-
-
-class JobCreate(_Strict):
-    model_config = ConfigDict(json_schema_extra={"examples": [examples.JOB]})
-
-    key: KeyModel
-    priority: Annotated[int, Field(strict=True, ge=-1000, le=1000)] = 0
-    max_attempts: Annotated[int, Field(strict=True, ge=1, le=100)] = 3
-    source: Annotated[str, Field(max_length=32, pattern=r"^[a-z_]+$")] = "api"
-    # How to tune it (a strategy name, a budget in trials); unset: the worker's own.
-    strategy: JobStrategy | None = None
-    trials: JobTrials | None = None
-
-
-class JobPublic(_Strict):
-    id: int
-    key_hash: str
-    key: KeyModel
-    state: JobState
-    priority: int
-    source: str
-    attempts: int
-    max_attempts: int
-    lease_owner: str | None
-    lease_expires_at: datetime | None
-    error: str
-    record_id: int | None
-    created_at: datetime
-    updated_at: datetime
-    strategy: str | None = None
-    trials: int | None = None
-
-
-class JobEnqueued(_Strict):
-    job: JobPublic
-    created: bool  # False: a job for this key already existed (deduplicated)
-
-
-class ClaimRequest(_Strict):
-    model_config = ConfigDict(json_schema_extra={"examples": [examples.CLAIM]})
-
-    worker: Annotated[str, Field(min_length=1, max_length=128)]
-    lease_seconds: LeaseSeconds = 300.0
-    # What the worker can run; unset: anything.
-    device_arch: Annotated[str, Field(min_length=1, max_length=128)] | None = None
-    backends: Annotated[list[Backend], Field(min_length=1, max_length=3)] | None = None
-
-
-class LeaseRequest(_Strict):
-    worker: Annotated[str, Field(min_length=1, max_length=128)]
-    lease_seconds: LeaseSeconds = 300.0
-
-
-class JobResult(_Strict):
-    worker: Annotated[str, Field(min_length=1, max_length=128)]
-    record_id: RecordId | None = None
-    error: Annotated[str, Field(max_length=4096)] = ""
-
-
-class JobList(_Strict):
-    items: list[JobPublic]
-    count: int
-
-
-SNAPSHOT_FORMAT = "tunecache-snapshot/1"
-MAX_SNAPSHOT_RECORDS = 50_000
-
-
-class SnapshotFilters(_Strict):
-    """Which winners a snapshot holds: one device arch, optionally narrowed further."""
-
-    device_arch: Name
-    device_name: (
-        Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")] | None
-    ) = None
-    kernel: Name | None = None
-    backend: Backend | None = None
-
-    def mismatch(self, key: KeyModel) -> str | None:
-        """Why ``key`` falls outside these filters, or ``None`` when it matches them."""
-        for name, wanted, actual in (
-            ("device_arch", self.device_arch, key.device.arch),
-            ("device_name", self.device_name, key.device.name),
-            ("kernel", self.kernel, key.kernel),
-            ("backend", self.backend, key.backend),
-        ):
-            if wanted is not None and actual != wanted:
-                return f"{name} is {actual!r}, not the snapshot's {wanted!r}"
-        return None
-
-
-class SnapshotPublic(_Strict):
-    """The validated winners of one device arch, as one document.
-
-    Only winners are exported, without their trials (``trials`` is empty), to keep snapshots
-    small. On import every record, validated or not, must match ``filters``; the count is checked
-    before any record is parsed, so an oversized snapshot is refused at once.
-    """
-
-    format: Literal["tunecache-snapshot/1"]
-    filters: SnapshotFilters
-    records: Annotated[list[RecordCreate], Field(max_length=MAX_SNAPSHOT_RECORDS)]
-
-    @model_validator(mode="before")
-    @classmethod
-    def _bounded(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            records = data.get("records")
-            if isinstance(records, list) and len(records) > MAX_SNAPSHOT_RECORDS:
-                raise ValueError(
-                    f"a snapshot holds at most {MAX_SNAPSHOT_RECORDS} records, not "
-                    f"{len(records)}; split it by kernel or backend"
-                )
-        return data
-
-    @model_validator(mode="after")
-    def _records_match_filters(self) -> SnapshotPublic:
-        for i, record in enumerate(self.records):
-            if (why := self.filters.mismatch(record.key)) is not None:
-                raise ValueError(f"records[{i}]: key {why}")
-        return self
-
-
-class SnapshotImportResult(_Strict):
-    imported: int  # records stored, validated or not
-    winners_changed: int  # keys whose winner is now a record of this snapshot

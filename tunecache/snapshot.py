@@ -1,6 +1,6 @@
 """Snapshots: the validated winners of one device arch as one file.
 
-A snapshot is a :class:`tunecache.schemas.SnapshotPublic` document, ``{"format", "filters",
+A snapshot is a :class:`SnapshotPublic` document, ``{"format", "filters",
 "records"}``, written as canonical JSON with records ordered by key hash. It carries no timestamp
 and no trials, so the same winners always give the same bytes, and its ETag (the SHA-256 of the
 canonical records) is a pure function of the winners: two servers holding the same winners give
@@ -25,21 +25,80 @@ import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput
-from tunecache.schemas import (
-    MAX_SNAPSHOT_RECORDS,
-    SNAPSHOT_FORMAT,
-    RecordCreate,
-    SnapshotFilters,
-    SnapshotPublic,
-)
+from tunecache.schemas import Backend, KeyModel, Name, RecordCreate, _Strict
 
 logger = logging.getLogger(__name__)
+
+SNAPSHOT_FORMAT = "tunecache-snapshot/1"
+MAX_SNAPSHOT_RECORDS = 50_000
+
+
+class SnapshotFilters(_Strict):
+    """Which winners a snapshot holds: one device arch, optionally narrowed further."""
+
+    device_arch: Name
+    device_name: (
+        Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")] | None
+    ) = None
+    kernel: Name | None = None
+    backend: Backend | None = None
+
+    def mismatch(self, key: KeyModel) -> str | None:
+        """Why ``key`` falls outside these filters, or ``None`` when it matches them."""
+        for name, wanted, actual in (
+            ("device_arch", self.device_arch, key.device.arch),
+            ("device_name", self.device_name, key.device.name),
+            ("kernel", self.kernel, key.kernel),
+            ("backend", self.backend, key.backend),
+        ):
+            if wanted is not None and actual != wanted:
+                return f"{name} is {actual!r}, not the snapshot's {wanted!r}"
+        return None
+
+
+class SnapshotPublic(_Strict):
+    """The validated winners of one device arch, as one document.
+
+    Only winners are exported, without their trials (``trials`` is empty), to keep snapshots
+    small. On import every record, validated or not, must match ``filters``; the count is checked
+    before any record is parsed, so an oversized snapshot is refused at once.
+    """
+
+    format: Literal["tunecache-snapshot/1"]
+    filters: SnapshotFilters
+    records: Annotated[list[RecordCreate], Field(max_length=MAX_SNAPSHOT_RECORDS)]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            records = data.get("records")
+            if isinstance(records, list) and len(records) > MAX_SNAPSHOT_RECORDS:
+                raise ValueError(
+                    f"a snapshot holds at most {MAX_SNAPSHOT_RECORDS} records, not "
+                    f"{len(records)}; split it by kernel or backend"
+                )
+        return data
+
+    @model_validator(mode="after")
+    def _records_match_filters(self) -> SnapshotPublic:
+        for i, record in enumerate(self.records):
+            if (why := self.filters.mismatch(record.key)) is not None:
+                raise ValueError(f"records[{i}]: key {why}")
+        return self
+
+
+class SnapshotImportResult(_Strict):
+    imported: int  # records stored, validated or not
+    winners_changed: int  # keys whose winner is now a record of this snapshot
+
+
 __all__ = [
     "SNAPSHOT_FORMAT",
     "index_snapshot",

@@ -29,9 +29,9 @@ from backends import Budget, get_backend
 from tunecache.client import Client
 from tunecache.device import local_device
 from tunecache.errors import InvalidInput, ServerError, TuningError
+from tunecache.jobs import JobPublic
 from tunecache.kernels import BACKENDS
 from tunecache.key import DEVICE_KINDS, Key, key_for
-from tunecache.schemas import JobPublic
 from tuner.harness import Harness
 from tuner.tune import TuneOptions, tune
 

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 
 def _drain(url: str, token: str | None, device: str, trials: int,
-           kernels: tuple[str, ...] = ()) -> list[int]:  # fmt: skip
+           kernels: tuple[str, ...]) -> list[int]:  # fmt: skip
     """One task: a daemon on this node's ``device`` until the queue has nothing it can run."""
     from tunecache.client import Client
     from tunecache.errors import InvalidInput
@@ -58,11 +58,14 @@ def drain_on_ray(url: str, token: str | None, *, address: str | None = None,
         resources = ray.cluster_resources()
         task = ray.remote(_drain)
         cpus = cpu_tasks or max(1, int(resources.get("CPU", 1)))
-        refs = [task.options(num_cpus=1).remote(url, token, "cpu", trials, kernels)
-                for _ in range(cpus)]
+        refs = [
+            task.options(num_cpus=1).remote(url, token, "cpu", trials, kernels) for _ in range(cpus)
+        ]
         gpus = int(resources.get("GPU", 0))
-        refs += [task.options(num_gpus=1).remote(url, token, "cuda", trials, kernels)
-                 for _ in range(gpus)]
+        refs += [
+            task.options(num_gpus=1).remote(url, token, "cuda", trials, kernels)
+            for _ in range(gpus)
+        ]
         stored: list[int] = []
         for done in ray.get(refs):
             stored += done

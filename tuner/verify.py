@@ -35,9 +35,10 @@ from tunecache.environment import environment_for
 from tunecache.errors import InvalidInput, ServerError
 from tunecache.key import Key
 from tunecache.policies import bucket_policy
-from tunecache.schemas import MAX_CHECKS, ValidationReport, VerificationCreate, VerifyTask
+from tunecache.schemas import MAX_CHECKS, ValidationReport
 from tunecache.space import Config
 from tunecache.timing import DEFAULT_TIMER, TimerSettings
+from tunecache.verification import VerificationCreate, VerifyTask
 from tuner.daemon import Worker, poll
 from tuner.harness import Harness, Task
 from workloads import get_workload

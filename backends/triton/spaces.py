@@ -33,9 +33,8 @@ from tunecache.space import Config, SearchSpace
 logger = logging.getLogger(__name__)
 
 DOT_MIN = 16  # tl.dot needs every dimension of its operands to be at least 16
-# The enumerated choices live with the built-in kernels' specs (a served config is checked
-# against them by the client and the server, which import no backend).
-GEMM_CHOICES, GEMM_DEFAULTS, ROW_CHOICES = TRITON_GEMM, TRITON_GEMM_DEFAULTS, TRITON_ROWS
+# The enumerated choices (TRITON_GEMM, TRITON_ROWS) live with the built-in kernels' specs: a
+# served config is checked against them by the client and the server, which import no backend.
 SPLIT_K_MAX_WAVES = 2  # split K only while the output tiles fill the SMs fewer times than this
 SPLIT_K_MAX_SPLIT_WAVES = 4  # ... and into no more programs than fill them this many times
 SPLIT_K_MAX_WORKSPACE = 64 * 2**20  # bytes of fp32 partial sums
@@ -139,7 +138,7 @@ def gemm_prune_reason(
         cap = max(DOT_MIN, 2 * next_pow2(problem[dim]))
         if block > cap:
             return f"BLOCK_{dim}={block} is far larger than {dim}={problem[dim]} (at most {cap})"
-    fewest = min(GEMM_CHOICES["num_warps"])
+    fewest = min(TRITON_GEMM["num_warps"])
     if warps > fewest and blocks["M"] * blocks["N"] < warps * MMA_TILE:
         return (
             f"{warps} warps share a {blocks['M']}x{blocks['N']} tile: each gets less than one "
@@ -194,7 +193,9 @@ def split_k_prune_reason(
 
 def gemm_space(problem: Mapping[str, int], dtype: str, limits: DeviceLimits) -> SearchSpace:
     """The tiled-GEMM space for ``problem`` (``M``, ``N``, ``K``), pruned for ``limits``."""
-    return pruned_space(GEMM_CHOICES, gemm_prune_reason, problem, dtype, limits, GEMM_DEFAULTS)
+    return pruned_space(
+        TRITON_GEMM, gemm_prune_reason, problem, dtype, limits, TRITON_GEMM_DEFAULTS
+    )
 
 
 def gemm_default(
@@ -276,7 +277,7 @@ def row_prune_reason(
 
 def row_space(problem: Mapping[str, int], dtype: str, limits: DeviceLimits) -> SearchSpace:
     """The row-kernel space for ``problem`` (``M`` rows of ``N``), pruned for ``limits``."""
-    return pruned_space(ROW_CHOICES, row_prune_reason, problem, dtype, limits)
+    return pruned_space(TRITON_ROWS, row_prune_reason, problem, dtype, limits)
 
 
 def row_default(

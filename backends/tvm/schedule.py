@@ -6,8 +6,8 @@ plain JSON, rebuilt in any process by replaying the trace on a freshly created P
 are re-sampled by TVM during replay, so a trace tuned at 128 also schedules 127.
 
 A trace is replayed only when it passes the allowlist of
-:func:`tunecache.configcheck.tvm.trace_problem` (MetaSchedule's own instructions and annotation
-keys): an instruction or annotation that could bring code into the build, such as
+:func:`tunecache.configcheck.tvm_trace.trace_problem` (MetaSchedule's own instructions and
+annotation keys): an instruction or annotation that could bring code into the build, such as
 ``pragma_import_llvm``, is refused before TVM sees the trace.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from tunecache.configcheck.tvm import trace_problem
+from tunecache.configcheck.tvm_trace import trace_problem
 from tunecache.errors import InvalidInput, TuningError
 from tunecache.tvm.jsonutil import plain_json
 

@@ -15,7 +15,8 @@ from cache_server.dashboard.access import PageError, Reader
 from cache_server.dashboard.svg import convergence_svg
 from cache_server.dashboard.templating import page
 from cache_server.trust import winner_table
-from tunecache.schemas import MAX_ID, JobPublic
+from tunecache.jobs import JobPublic
+from tunecache.schemas import MAX_ID
 
 PAGE_SIZE = 100
 Filter = Annotated[str | None, Query(max_length=128)]

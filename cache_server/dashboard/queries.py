@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from cache_server.models import JobRow, RecordRow, WinnerRow
-from tunecache.schemas import JobState
+from tunecache.jobs import JobState
 
 JOB_STATES: Final[tuple[str, ...]] = get_args(JobState)
 

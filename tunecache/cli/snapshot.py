@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from tunecache.cli.args import add_server, server_url
 from tunecache.errors import InvalidInput
-from tunecache.schemas import SnapshotFilters
+from tunecache.snapshot import SnapshotFilters
 
 
 def register(commands: Any) -> None:

@@ -7,7 +7,8 @@ the field) and again by the client before it is used (the client trusts no serve
 
 - **Triton** (:mod:`tunecache.configcheck.triton`): numeric meta-parameters, launch options in
   range; a built-in kernel's config must be in its enumerated choices;
-- **TVM** (:mod:`tunecache.configcheck.tvm`): the default schedule, a knob config, or a
+- **TVM** (:mod:`tunecache.configcheck.tvm`, the trace allowlist in
+  :mod:`tunecache.configcheck.tvm_trace`): the default schedule, a knob config, or a
   MetaSchedule trace of allowlisted instructions and annotations (nothing that links code, such
   as ``pragma_import_llvm``);
 - **Inductor** (:mod:`tunecache.configcheck.inductor`): settings Inductor offers (its mode, its

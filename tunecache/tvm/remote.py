@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from tunecache.artifacts import ArtifactIn, ArtifactPublic, Namespace
-from tunecache.client import Client, Timeout
+from tunecache.client import Client
 from tunecache.errors import ServerError
+from tunecache.http import Timeout
 
 logger = logging.getLogger(__name__)
 

@@ -13,9 +13,7 @@ from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.metrics import MetricsDep
 from cache_server.models import JobRow, RecordRow, utcnow
 from cache_server.ratelimit import too_many
-from tunecache.schemas import (
-    INT64_MAX,
-    MAX_ID,
+from tunecache.jobs import (
     ClaimRequest,
     JobCreate,
     JobEnqueued,
@@ -24,8 +22,8 @@ from tunecache.schemas import (
     JobResult,
     JobState,
     LeaseRequest,
-    LookupRequest,
 )
+from tunecache.schemas import INT64_MAX, MAX_ID, LookupRequest
 
 router = APIRouter(prefix="/v1", tags=["jobs"])
 LEASE_LOST: dict[int | str, dict[str, str]] = {409: {"description": "lease lost"}}

@@ -43,7 +43,7 @@ def upload_record(
     verifier re-checks it (``verified`` at once from a trusted token).
     """
     key_hash = record.key.digest()
-    record_id, winner = queries.add_record(session, key_hash=key_hash, record=record,
+    record_id, winner, status = queries.add_record(session, key_hash=key_hash, record=record,
                                            uploader=token)  # fmt: skip
     metrics.count_upload(validated=record.validation.passed, is_winner=winner == record_id)
     return UploadResult(
@@ -51,7 +51,7 @@ def upload_record(
         key_hash=key_hash,
         winner_record_id=winner,
         is_winner=winner == record_id,
-        status="verified" if token.trusted and record.validation.passed else "pending",
+        status=status,  # type: ignore[arg-type]
         policy=settings.policy,
     )
 

@@ -10,8 +10,12 @@ from cache_server import snapshots
 from cache_server.api.auth import READ, WRITE, WriteAccess
 from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.trust import winner_table
-from tunecache.schemas import SnapshotFilters, SnapshotImportResult, SnapshotPublic
-from tunecache.snapshot import render_snapshot
+from tunecache.snapshot import (
+    SnapshotFilters,
+    SnapshotImportResult,
+    SnapshotPublic,
+    render_snapshot,
+)
 
 router = APIRouter(prefix="/v1", tags=["snapshots"])
 

@@ -11,11 +11,10 @@ from cache_server import queries, trust
 from cache_server.api.auth import IdentifiedAccess, VerifyAccess
 from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.ratelimit import too_many
-from tunecache.schemas import (
-    MAX_ID,
+from tunecache.schemas import MAX_ID, RecordPublic
+from tunecache.verification import (
     DisputeCreate,
     DisputeResult,
-    RecordPublic,
     VerificationCreate,
     VerifyClaimRequest,
     VerifyTask,

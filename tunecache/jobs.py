@@ -1,0 +1,82 @@
+"""Wire schemas of the tuning-job queue: a job, its claim with a lease, its outcome.
+
+The queue itself is :mod:`cache_server.jobs` (server) and :mod:`tuner.daemon` (workers).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field
+
+from tunecache import examples
+from tunecache.schemas import Backend, KeyModel, LeaseSeconds, RecordId, _Strict
+
+JobState = Literal["queued", "running", "done", "failed"]
+
+
+JobStrategy = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z_]+$")]
+JobTrials = Annotated[int, Field(strict=True, ge=1, le=1_000_000)]
+
+
+class JobCreate(_Strict):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.JOB]})
+
+    key: KeyModel
+    priority: Annotated[int, Field(strict=True, ge=-1000, le=1000)] = 0
+    max_attempts: Annotated[int, Field(strict=True, ge=1, le=100)] = 3
+    source: Annotated[str, Field(max_length=32, pattern=r"^[a-z_]+$")] = "api"
+    # How to tune it (a strategy name, a budget in trials); unset: the worker's own.
+    strategy: JobStrategy | None = None
+    trials: JobTrials | None = None
+
+
+class JobPublic(_Strict):
+    id: int
+    key_hash: str
+    key: KeyModel
+    state: JobState
+    priority: int
+    source: str
+    attempts: int
+    max_attempts: int
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+    error: str
+    record_id: int | None
+    created_at: datetime
+    updated_at: datetime
+    strategy: str | None = None
+    trials: int | None = None
+
+
+class JobEnqueued(_Strict):
+    job: JobPublic
+    created: bool  # False: a job for this key already existed (deduplicated)
+
+
+class ClaimRequest(_Strict):
+    model_config = ConfigDict(json_schema_extra={"examples": [examples.CLAIM]})
+
+    worker: Annotated[str, Field(min_length=1, max_length=128)]
+    lease_seconds: LeaseSeconds = 300.0
+    # What the worker can run; unset: anything.
+    device_arch: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    backends: Annotated[list[Backend], Field(min_length=1, max_length=3)] | None = None
+
+
+class LeaseRequest(_Strict):
+    worker: Annotated[str, Field(min_length=1, max_length=128)]
+    lease_seconds: LeaseSeconds = 300.0
+
+
+class JobResult(_Strict):
+    worker: Annotated[str, Field(min_length=1, max_length=128)]
+    record_id: RecordId | None = None
+    error: Annotated[str, Field(max_length=4096)] = ""
+
+
+class JobList(_Strict):
+    items: list[JobPublic]
+    count: int

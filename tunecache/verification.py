@@ -1,0 +1,97 @@
+"""Wire schemas of trust: a consumer's dispute of a served record, and a verifier's claims and
+findings (:mod:`cache_server.trust` on the server, :mod:`tuner.verify` on a verifier).
+
+A record's own trust fields (``status``, ``uploaded_by``, ``verification``) are on
+:class:`tunecache.schemas.RecordPublic`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from tunecache.schemas import (
+    Backend,
+    CheckModel,
+    DeviceModel,
+    LeaseSeconds,
+    Name,
+    Problem,
+    RecordPublic,
+    RecordStatus,
+    ShortText,
+    TimingModel,
+    ValidationReport,
+    _Strict,
+)
+
+
+class DisputeCreate(_Strict):
+    """A consumer's report that a served record's config failed its check where it was used
+    (``verify="first"``): the problem it ran at and the comparison that failed."""
+
+    problem: Problem
+    check: CheckModel
+    device: DeviceModel | None = None
+    note: ShortText = ""
+
+    @field_validator("check")
+    @classmethod
+    def _failed(cls, check: CheckModel) -> CheckModel:
+        if check.passed:
+            raise ValueError("a dispute carries the check that failed, not one that passed")
+        return check
+
+
+class DisputeResult(_Strict):
+    """The record's status after a dispute (``disputed`` unless a verifier rejected it before)."""
+
+    record_id: int
+    status: RecordStatus
+    disputes: int
+
+
+class VerifyClaimRequest(_Strict):
+    """A verifier asking for a record to re-check: its device arch and the backends it runs."""
+
+    worker: Annotated[str, Field(min_length=1, max_length=128)]
+    device_arch: Name
+    backends: Annotated[list[Backend], Field(min_length=1, max_length=3)]
+    lease_seconds: LeaseSeconds = 600.0
+
+
+class VerifyTask(_Strict):
+    """A record leased to a verifier, with the problems consumers disputed it at."""
+
+    record: RecordPublic
+    disputed_problems: list[Problem] = []
+    lease_expires_at: datetime
+
+
+class VerificationCreate(_Strict):
+    """A verifier's finding on a leased record.
+
+    ``outcome``: ``passed`` (re-validated; ``timing`` is the verifier's own), ``failed`` (a check
+    failed: ``validation`` says which) or ``unverifiable`` (this verifier cannot run it: another
+    environment, an unknown kernel; the record goes back to the queue).
+    """
+
+    worker: Annotated[str, Field(min_length=1, max_length=128)]
+    outcome: Literal["passed", "failed", "unverifiable"]
+    device_name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    timing: TimingModel | None = None
+    validation: ValidationReport | None = None
+    error: Annotated[str, Field(max_length=2048)] = ""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> VerificationCreate:
+        if self.outcome == "passed" and (self.timing is None or self.validation is None
+                                         or not self.validation.passed):  # fmt: skip
+            raise ValueError("a passed verification carries the verifier's timing and a "
+                             "validation that passed")  # fmt: skip
+        failed = self.validation is not None and not self.validation.passed
+        if self.outcome == "failed" and not failed and not self.error:
+            raise ValueError("a failed verification carries the failed validation or an error")
+        return self
