@@ -205,3 +205,22 @@ def test_one_harness_tunes_six_keys_with_its_workers_started_once(tmp_path: Path
         started = harness.started
     assert started == 2  # two workers, started once for all six keys
     assert configs == ["ok"] * 6
+
+
+@pytest.mark.slow
+def test_the_command_line_and_its_workers_never_import_a_users_folder_named_like_ours(
+    tmp_path: Path,
+) -> None:
+    """Run from a project with folders named like our packages, ``tunecache tune`` (whose
+    measurement workers are spawned processes) imports none of them: ours come first."""
+    for folder in ("tuner", "backends", "workloads", "cache_server"):
+        (tmp_path / folder).mkdir()
+        marker = tmp_path / f"imported-{folder}"
+        (tmp_path / folder / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    command = Path(sys.executable).parent / "tunecache"
+    done = subprocess.run([str(command), "tune", "matmul", "--backend", "tvm", "--dtype",
+                           "float32", "--shape", "M=16,N=16,K=16", "--trials", "2", "--strategy",
+                           "random", "--workers", "1", "--no-upload"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.glob("imported-*")) == []

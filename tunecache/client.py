@@ -347,12 +347,12 @@ class Client:
     def _job(self, method: str, path: str, model: type[M], **kwargs: Any) -> M:
         return parse(model, self._call(method, path, **kwargs), path)
 
-    def list_records(self, **filters: Any) -> RecordList:
-        """Records matching ``filters`` (``kernel``, ``backend``, ``dtype``, ``device_arch`` …)."""
+    def list_records(self, *, timeout: httpx.Timeout | None = None, **filters: Any) -> RecordList:
+        """Records matching ``filters`` (``kernel``, ``backend``, ``dtype``, ``device_arch`` …),
+        within ``timeout`` (default: the write timeout)."""
         params = {k: v for k, v in filters.items() if v is not None}
-        return RecordList.model_validate_json(
-            self._call("GET", "/v1/records", params=params).content
-        )
+        response = self._call("GET", "/v1/records", timeout, params=params)
+        return parse(RecordList, response, "/v1/records")
 
     def get_record(self, record_id: int) -> RecordPublic:
         """One record with all its trials."""

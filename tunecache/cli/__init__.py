@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from tunecache import __version__
 from tunecache.cli import (
@@ -60,6 +61,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def user_path() -> None:
+    """Makes a kernel of the user's project (``package.module:Class``) importable from the current
+    directory, after our packages: a folder of theirs named like one of ours (``tuner/``,
+    ``backends/``) never stands in for it, here or in the worker processes spawned from here
+    (they inherit this path).
+
+    An editable install finds our packages through an import hook that Python asks only after
+    every path entry, so the folder that holds them is put on the path too, before the current
+    directory, which moves to the end (``python -m`` puts it first).
+    """
+    here = os.getcwd()
+    ours = str(Path(__file__).resolve().parents[2])  # the folder holding tunecache/, tuner/ ...
+    kept = [p for p in sys.path if p not in ("", here, ours)]
+    sys.path[:] = [*kept, ours, here]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns the exit code."""
     parser = build_parser()
@@ -67,10 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:  # bare `tunecache`: what it can do
         parser.print_help()
         return 0
-    # A kernel of the user's project (package.module:Class) is found from the current directory,
-    # after the installed packages: a folder of theirs named like one of ours never shadows it.
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())
+    user_path()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",

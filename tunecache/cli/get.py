@@ -83,7 +83,8 @@ def _unserved(client: Any, key: Key) -> list[str]:
     from tunecache.errors import ServerError
 
     try:
-        found = client.list_records(key_hash=key.digest(), limit=5).items
+        found = client.list_records(key_hash=key.digest(), limit=5,
+                                    timeout=client.timeout.for_lookup()).items  # fmt: skip
     except ServerError:
         return []
     return [f"record #{r.id}: {'failed validation' if not r.validation.passed else r.trust_text()}"
