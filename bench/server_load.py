@@ -19,6 +19,16 @@ loop at ``--large-rate`` lookups/s of three kinds — an exact hit, a bucket hit
 stored, in a stored bucket) and a miss (a width not stored) — on SQLite and PostgreSQL.
 
     python -m bench.server_load --large 100000 [--large-rate 50] [--seconds 10]
+
+``--overload`` measures load shedding: a SQLite server (1 worker) over ``--large`` winners (default
+100,000), bucket lookups; its sustainable rate is the highest of ``--overload-rates`` it answers
+with no 503 and a p99 under 50 ms; then lookups at twice that rate: how many were admitted (their
+p50/p99) and how many refused with 503 (and how fast). ``--floods`` sends 16 anonymous 16 MiB
+bodies at once (streamed, no declared length) while ``/health`` is asked every 20 ms: the server's
+peak memory and ``/health``'s latency.
+
+    python -m bench.server_load --overload [--large 100000] [--seconds 10]
+    python -m bench.server_load --floods
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -46,6 +57,7 @@ from cache_server.embedded import free_port
 from tests.factories import make_key, make_record
 from tests.pg import create_database, postgres_cluster
 from tunecache.cli.table import render
+from tunecache.schemas import KeyModel
 from tunecache.tokens import new_token
 
 OPEN_LOOP_THREADS = 32  # keep-alive connections serving the open-loop schedule
@@ -53,7 +65,8 @@ TOKEN = new_token()  # the servers' bootstrap admin token, to fill them
 
 
 @contextmanager
-def serve(db: str, workers: int) -> Iterator[str]:
+def serve(db: str, workers: int, keep_pid: bool = False) -> Iterator[Any]:
+    """A server on ``db``: yields its URL (and its process id with ``keep_pid``)."""
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TUNECACHE_SERVER_BOOTSTRAP_TOKEN": TOKEN}
     process = subprocess.Popen(
@@ -73,7 +86,7 @@ def serve(db: str, workers: int) -> Iterator[str]:
             if time.monotonic() > deadline or process.poll() is not None:
                 raise RuntimeError(f"server on {db} did not start")
             time.sleep(0.2)
-        yield url
+        yield (url, process.pid) if keep_pid else url
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -108,19 +121,27 @@ def _post(conn: http.client.HTTPConnection, body: bytes) -> int:
 def open_loop(
     url: str, bodies: list[bytes], rate: float, seconds: float, expected: int = 200
 ) -> tuple[list[float], int]:
-    """Requests due every 1/rate s; latency counts from the due time (no coordinated omission)."""
+    """Requests due every 1/rate s; latency counts from the due time (no coordinated omission).
+    The latencies of the answers with the ``expected`` status, and how many were sent."""
+    by_status, sent = open_loop_by_status(url, bodies, rate, seconds)
+    return by_status.get(expected, []), sent
+
+
+def open_loop_by_status(
+    url: str, bodies: list[bytes], rate: float, seconds: float
+) -> tuple[dict[int, list[float]], int]:
+    """:func:`open_loop`'s latencies (ms) of every answer, by status; how many were sent."""
     due: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
-    latencies: list[float] = []
+    latencies: dict[int, list[float]] = {}
     lock = threading.Lock()
 
     def worker() -> None:
         conn = _connection(url)
         while (item := due.get()) is not None:
             scheduled, body = item
-            ok = _post(conn, body) == expected
-            if ok:
-                with lock:
-                    latencies.append((time.perf_counter() - scheduled) * 1e3)
+            status = _post(conn, body)
+            with lock:
+                latencies.setdefault(status, []).append((time.perf_counter() - scheduled) * 1e3)
         conn.close()
 
     threads = [threading.Thread(target=worker) for _ in range(OPEN_LOOP_THREADS)]
@@ -187,38 +208,60 @@ def _large_key(i: int) -> Any:
 
 
 def fill_directly(db: str, winners: int) -> None:
-    """Writes ``winners`` validated records straight into ``db`` (migrated first), in batches."""
+    """Writes ``winners`` validated records (and their winner rows) straight into ``db``
+    (migrated first), 5,000 per transaction, as the server's own ``record_row`` builds them."""
+    from sqlalchemy import insert
+
     from cache_server.db import make_engine, make_sessionmaker
     from cache_server.migrate import upgrade
-    from cache_server.queries import add_record
+    from cache_server.models import WinnerRow, utcnow
+    from cache_server.queries import record_row
 
     upgrade(db)
-    sessions = make_sessionmaker(make_engine(db))
+    engine = make_engine(db)
+    sessions = make_sessionmaker(engine)
     started = time.perf_counter()
-    for first in range(0, winners, 1000):
-        with sessions() as session:
-            for i in range(first, min(first + 1000, winners)):
+    template = make_record(_large_key(0), trials=0)
+    for first in range(0, winners, 5000):
+        with sessions.begin() as session:
+            rows = []
+            for i in range(first, min(first + 5000, winners)):
                 key = _large_key(i)
-                add_record(session, key_hash=key.digest(), record=make_record(key, trials=0))
-            session.commit()
-    print(f"{winners} winners written in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+                record = template.model_copy(update={"key": KeyModel.from_key(key)})
+                rows.append(record_row(key_hash=key.digest(), record=record))
+            session.add_all(rows)
+            session.flush()
+            now = utcnow()
+            session.execute(insert(WinnerRow), [
+                {"key_hash": r.key_hash, "record_id": r.id, "time_ms": r.time_ms,
+                 "updated_at": now} for r in rows])  # fmt: skip
+    engine.dispose()
+    took = time.perf_counter() - started
+    print(f"{winners} winners written in {took:.0f} s", file=sys.stderr, flush=True)
+
+
+def _bucket_bodies(winners: int) -> list[bytes]:
+    """Bucket-hit lookups of the large cache: row counts 101..128 are not stored, their bucket
+    (65..128) is."""
+    keys = [_large_key(i) for i in range(0, winners, 97)]
+    return [json.dumps({"key": dataclasses.replace(k, problem={**k.problem, "M": 101 + j % 28})
+                        .to_json()}).encode() for j, k in enumerate(keys)]  # fmt: skip
 
 
 def measure_large(db_name: str, db: str, args: argparse.Namespace) -> list[list[str]]:
     fill_directly(db, args.large)
     widths = args.large // 100
+    stored = [_large_key(i) for i in range(0, args.large, 97)]
     kinds = {
-        "exact hit": [_large_key(i) for i in range(0, args.large, 97)],
-        # Row counts 101..128 are not stored; their bucket (65..128) is: served by the bucket rule.
-        "bucket hit": [dataclasses.replace(k, problem={**k.problem, "M": 101 + j % 28})
-                       for j, k in enumerate(_large_key(i) for i in range(0, args.large, 97))],
-        "miss": [dataclasses.replace(k, problem={**k.problem, "N": 64 + widths + j})
-                 for j, k in enumerate(_large_key(i) for i in range(0, args.large, 97))],
+        "exact hit": [json.dumps({"key": k.to_json()}).encode() for k in stored],
+        "bucket hit": _bucket_bodies(args.large),
+        "miss": [json.dumps({"key": dataclasses.replace(
+            k, problem={**k.problem, "N": 64 + widths + j}).to_json()}).encode()
+            for j, k in enumerate(stored)],
     }  # fmt: skip
     rows = []
     with serve(db, 1) as url:
-        for kind, keys in kinds.items():
-            bodies = [json.dumps({"key": k.to_json()}).encode() for k in keys]
+        for kind, bodies in kinds.items():
             expected = 404 if kind == "miss" else 200
             lat, sent = open_loop(url, bodies, args.large_rate, args.seconds, expected)
             rows.append([db_name, f"{args.large}", kind, f"{args.large_rate:g}/s",
@@ -226,6 +269,127 @@ def measure_large(db_name: str, db: str, args: argparse.Namespace) -> list[list[
                          f"{percentile(lat, 99):.2f}"])  # fmt: skip
             print(rows[-1], file=sys.stderr, flush=True)
     return rows
+
+
+def measure_overload(db: str, args: argparse.Namespace) -> list[list[str]]:
+    """The sustainable rate of bucket lookups (no 503, p99 under 50 ms), then twice it."""
+    fill_directly(db, args.large)
+    bodies = _bucket_bodies(args.large)
+    rows = []
+    with serve(db, 1) as url:
+        open_loop(url, bodies, 50, 2.0)  # warm-up
+        sustainable = 0.0
+        for rate in args.overload_rates:
+            by_status, sent = open_loop_by_status(url, bodies, rate, args.seconds)
+            rows.append(_overload_row("rate", rate, by_status, sent))
+            print(rows[-1], file=sys.stderr, flush=True)
+            ok = by_status.get(200, [])
+            if 503 not in by_status and len(ok) == sent and percentile(ok, 99) <= 50:
+                sustainable = rate
+        if sustainable:
+            twice = 2 * sustainable
+            by_status, sent = open_loop_by_status(url, bodies, twice, args.seconds)
+            rows.append(_overload_row("2x sustainable", twice, by_status, sent))
+            print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def _overload_row(what: str, rate: float, by_status: dict[int, list[float]],
+                  sent: int) -> list[str]:  # fmt: skip
+    ok, shed = by_status.get(200, []), by_status.get(503, [])
+    other = sent - len(ok) - len(shed)
+    return [what, f"{rate:g}/s", f"{len(ok)}/{sent}", f"{percentile(ok, 50):.2f}",
+            f"{percentile(ok, 99):.2f}", str(len(shed)), f"{percentile(shed, 50):.2f}",
+            f"{percentile(shed, 99):.2f}", str(other)]  # fmt: skip
+
+
+def main_overload(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = measure_overload(f"sqlite:///{tmp}/overload.db", args)
+    header = ["load", "rate", "200", "p50 ms", "p99 ms", "503", "503 p50 ms", "503 p99 ms",
+              "other"]  # fmt: skip
+    table = render(header, rows)
+    print(table)
+    write_result(
+        "server_overload",
+        "Load shedding: bucket lookups up to and past the sustainable rate",
+        [
+            "server (1 worker, SQLite, default shedding settings) and load generator on the "
+            "same machine, sharing its cores",
+            f"{args.large} winners of one arch; bucket-hit lookups, open loop "
+            f"{args.seconds:g} s per rate; latency from each request's due time, of the answers "
+            "admitted (200) and of those refused (503); sustainable = the highest rate with no "
+            "503 and a p99 under 50 ms",
+        ],
+        table,
+    )
+    return 0
+
+
+def floods(url: str, count: int, mib: int) -> tuple[list[int], list[float]]:
+    """``count`` anonymous ``mib`` MiB bodies at once (streamed), /health asked every 20 ms
+    meanwhile: the floods' statuses and /health's latencies (ms)."""
+    statuses: list[int] = []
+    health: list[float] = []
+    done = threading.Event()
+
+    def flood() -> None:
+        chunk = b"[" + b"{}," * 21_845
+        body = (chunk for _ in range(mib * 16))
+        with httpx.Client(timeout=120) as client:
+            answer = client.post(f"{url}/v1/lookup", content=body,
+                                 headers={"Content-Type": "application/json"})  # fmt: skip
+        statuses.append(answer.status_code)
+
+    def probe() -> None:
+        with httpx.Client(timeout=30) as client:
+            while not done.is_set():
+                started = time.perf_counter()
+                client.get(f"{url}/health")
+                health.append((time.perf_counter() - started) * 1e3)
+                time.sleep(0.02)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    threads = [threading.Thread(target=flood) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    prober.join()
+    return statuses, health
+
+
+def main_floods(args: argparse.Namespace) -> int:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, db in (("sqlite", f"sqlite:///{tmp}/floods.db"),):
+            with serve(db, 1, keep_pid=True) as (url, pid):
+                statuses, health = floods(url, 16, 16)
+                peak = _peak_mb(pid)
+            rows.append([name, "16 x 16 MiB", f"{statuses.count(413)}/{len(statuses)}",
+                         f"{peak:.0f}", str(len(health)), f"{percentile(health, 50):.2f}",
+                         f"{percentile(health, 99):.2f}", f"{max(health):.2f}"])  # fmt: skip
+    header = ["database", "anonymous bodies", "413", "peak MB", "/health", "p50 ms", "p99 ms",
+              "max ms"]  # fmt: skip
+    table = render(header, rows)
+    print(table)
+    write_result(
+        "server_floods",
+        "Anonymous floods: 16 parallel 16 MiB bodies against one server process",
+        ["server (1 worker) and the flooding clients on the same machine, sharing its cores",
+         "bodies streamed without a declared length; /health asked every 20 ms meanwhile; "
+         "peak MB = the server process's peak resident memory (VmHWM)"],
+        table,
+    )  # fmt: skip
+    return 0
+
+
+def _peak_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines()
+                if line.startswith("VmHWM")) / 1024  # fmt: skip
 
 
 def main_large(args: argparse.Namespace) -> int:
@@ -260,7 +424,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--large", type=int, help="winners of one arch: the large-cache case")
     parser.add_argument("--large-rate", type=float, default=50.0)
+    parser.add_argument("--overload", action="store_true", help="the load-shedding table")
+    parser.add_argument("--overload-rates", default="100,150,200,250,300")
+    parser.add_argument("--floods", action="store_true", help="16 anonymous 16 MiB bodies")
     args = parser.parse_args(argv)
+    if args.floods:
+        return main_floods(args)
+    if args.overload:
+        args.large = args.large or 100_000
+        args.overload_rates = [float(r) for r in args.overload_rates.split(",")]
+        return main_overload(args)
     if args.large:
         return main_large(args)
     args.rates = [float(r) for r in args.rates.split(",")]

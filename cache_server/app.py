@@ -9,18 +9,20 @@ Example:
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
 from cache_server import tokens
-from cache_server.api import errors, problems
-from cache_server.api.limits import BodySizeLimit
+from cache_server.api import errors, openapi, problems
+from cache_server.api.identity import Identify
+from cache_server.api.limits import BodyLimits, JsonLimits, ScopeLimits
 from cache_server.api.routes import artifacts as artifact_routes
 from cache_server.api.routes import health, jobs, records, snapshots
 from cache_server.api.routes import tokens as token_routes
 from cache_server.api.routes import trust as trust_routes
+from cache_server.api.shedding import LoadShedding
 from cache_server.dashboard import install as install_dashboard
 from cache_server.db import make_engine, make_sessionmaker
 from cache_server.metrics import Metrics, ObserveRequests
@@ -29,6 +31,7 @@ from cache_server.migrate import check_schema
 from cache_server.ratelimit import RateLimiter
 from cache_server.settings import ServerSettings
 from tunecache import __version__
+from tunecache.tokens import Scope
 
 logger = logging.getLogger(__name__)
 
@@ -71,11 +74,30 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     install_dashboard(app)
 
     errors.install(app)
-    problems.document(app)
+    openapi.document(app, settings)
 
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body)
-    app.add_middleware(ObserveRequests, metrics=app.state.metrics)  # outermost: sees 413s too
+    app.state.json_limits = JsonLimits(settings.max_json_depth, settings.max_json_elements)
+    limits = ScopeLimits(anonymous=min(settings.max_body_anonymous, settings.max_body),
+                         read=min(settings.max_body_read, settings.max_body),
+                         write=settings.max_body)  # fmt: skip
+    app.add_middleware(BodyLimits, limits=limits, authenticate=_authenticator(app),
+                       seconds=settings.body_seconds, reject=problems.send)  # fmt: skip
+    app.add_middleware(LoadShedding, max_in_flight=settings.max_in_flight,
+                       max_wait=settings.max_wait, retry_after=settings.retry_after,
+                       reject=problems.send)  # fmt: skip
+    app.add_middleware(ObserveRequests, metrics=app.state.metrics)  # sees 413s too
+    app.add_middleware(Identify)  # outermost: every answer says it is tunecache's
     return app
+
+
+def _authenticator(app: FastAPI) -> Callable[[str], Scope | None]:
+    """A token's scope (``None``: unknown or revoked), for limits checked before the body."""
+
+    def scope_of(token: str) -> Scope | None:
+        with app.state.sessionmaker() as session:
+            return tokens.scope_of(session, token=token)
+
+    return scope_of
 
 
 def _bootstrap(app: FastAPI, token: str) -> None:

@@ -3,7 +3,20 @@
 - ``TUNECACHE_SERVER_DB``: SQLAlchemy database URL (default: a SQLite file in the user cache dir)
 - ``TUNECACHE_SERVER_HOST``: the address ``tunecache serve`` binds (default ``127.0.0.1``)
 - ``TUNECACHE_SERVER_PORT``: the port ``tunecache serve`` binds (default 8765)
-- ``TUNECACHE_SERVER_MAX_BODY``: largest accepted request body, in bytes (default 16 MiB)
+- ``TUNECACHE_SERVER_MAX_BODY``: largest request body a ``write`` or ``admin`` token may send, in
+  bytes (default 16 MiB)
+- ``TUNECACHE_SERVER_MAX_BODY_READ``: largest body a ``read`` or ``verify`` token may send
+  (default 1 MiB)
+- ``TUNECACHE_SERVER_MAX_BODY_ANONYMOUS``: largest body a request without a token may send
+  (default 64 KiB: a lookup or a miss report is a few KB)
+- ``TUNECACHE_SERVER_MAX_JSON_DEPTH``: deepest nesting of a JSON body (default 64)
+- ``TUNECACHE_SERVER_MAX_JSON_ELEMENTS``: most values one JSON body may hold (default 1,000,000)
+- ``TUNECACHE_SERVER_BODY_SECONDS``: seconds a request's body may take to arrive (default 10);
+  slower gets 408, so a client that trickles its body cannot hold a request slot
+- ``TUNECACHE_SERVER_MAX_IN_FLIGHT``: requests one server process works on at once (default 4)
+- ``TUNECACHE_SERVER_MAX_WAIT``: seconds a request may wait for one of those; a request that
+  would wait longer gets 503 with ``Retry-After`` at once (default 0.02)
+- ``TUNECACHE_SERVER_RETRY_AFTER``: the seconds a 503 tells the client to wait (default 1)
 - ``TUNECACHE_SERVER_LIST_LIMIT``: most records one list request returns (default 1000)
 - ``TUNECACHE_SERVER_WORKERS``: server processes ``tunecache serve`` runs (default 1)
 - ``TUNECACHE_SERVER_MISS_REPORTS_PER_MINUTE``: miss reports one caller (token, or address) may
@@ -60,6 +73,14 @@ class ServerSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
     max_body: int = Field(default=16 * 2**20, gt=0)
+    max_body_read: int = Field(default=2**20, gt=0)
+    max_body_anonymous: int = Field(default=64 * 2**10, gt=0)
+    max_json_depth: int = Field(default=64, ge=8, le=1000)
+    max_json_elements: int = Field(default=1_000_000, ge=1000)
+    body_seconds: float = Field(default=10.0, gt=0, le=3600)
+    max_in_flight: int = Field(default=4, ge=1, le=1000)
+    max_wait: float = Field(default=0.02, ge=0, le=60)
+    retry_after: int = Field(default=1, ge=1, le=3600)
     list_limit: int = Field(default=1000, gt=0)
     workers: int = Field(default=1, ge=1, le=64)
     miss_reports_per_minute: int = Field(default=120, ge=1, le=1_000_000)

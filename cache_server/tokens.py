@@ -72,6 +72,18 @@ def authenticate(session: Session, *, token: str) -> TokenRow | None:
     return row
 
 
+def scope_of(session: Session, *, token: str) -> Scope | None:
+    """The scope of ``token`` when it is live, else ``None``; reads only (no ``last_used_at``)."""
+    found = session.execute(
+        select(TokenRow.scope, TokenRow.revoked_at).where(
+            TokenRow.secret_hash == fingerprint(token)
+        )
+    ).first()
+    if found is None or found.revoked_at is not None:
+        return None
+    return found.scope
+
+
 def list_tokens(session: Session, *, include_revoked: bool = False) -> list[TokenRow]:
     stmt = select(TokenRow).order_by(TokenRow.id)
     if not include_revoked:

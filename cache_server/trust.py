@@ -22,7 +22,6 @@ from sqlalchemy.orm import Session
 
 from cache_server.models import DisputeRow, RecordRow, VerifiedWinnerRow, WinnerRow, utcnow
 from cache_server.queries import WinnerTable, offer_winner
-from tunecache.errors import InvalidInput
 from tunecache.policies import bucket_policy
 from tunecache.schemas import VerificationPublic
 from tunecache.verification import DisputeCreate, VerificationCreate
@@ -90,6 +89,10 @@ def recompute_winners(session: Session, *, key_hash: str) -> None:
         offer_winner(session, table, key_hash=key_hash, record_id=best.id, time_ms=best.time_ms)
 
 
+class OutsideBucket(Exception):
+    """A dispute of a problem the record does not serve (a 409: it conflicts with the record)."""
+
+
 def add_dispute(
     session: Session, *, record_id: int, reporter: str, dispute: DisputeCreate
 ) -> RecordRow | None:
@@ -98,8 +101,8 @@ def add_dispute(
     record stays rejected.
 
     Raises:
-        InvalidInput: the disputed problem is not one the record may serve (its own, or one of
-            its shape bucket): no lookup could have handed it out there.
+        OutsideBucket: the disputed problem is not one the record may serve (its own, or one of its
+            shape bucket): no lookup could have handed it out there.
     """
     row = session.get(RecordRow, record_id, with_for_update=True)
     if row is None:
@@ -107,7 +110,7 @@ def add_dispute(
     buckets = bucket_policy(row.kernel)
     problem = dict(dispute.problem)
     if buckets.bucket(problem) != buckets.bucket(row.key["problem"]):
-        raise InvalidInput(
+        raise OutsideBucket(
             f"record {record_id} serves {row.key['problem']} and its shape bucket, not {problem}"
         )
     open_ones = select(DisputeRow.id).where(DisputeRow.record_id == record_id,

@@ -2,7 +2,9 @@
 
 Every server started here knows one admin token (``tests.factories.TEST_TOKEN``, through
 ``TUNECACHE_SERVER_BOOTSTRAP_TOKEN``), and clients and CLI runs send it (``TUNECACHE_TOKEN``);
-tests of auth itself pass other tokens, or none, explicitly.
+tests of auth itself pass other tokens, or none, explicitly. A request waits up to 30 s for a
+slot instead of the default 0.02 s (``TUNECACHE_SERVER_MAX_WAIT``): bursts are what these tests
+send; load shedding has tests of its own.
 
 Without a GPU, Triton kernels run in Triton's CPU interpreter. Triton decides that when it is first
 imported (Inductor imports it too), so the choice is made here, before any test module loads; the
@@ -24,6 +26,9 @@ from tests.factories import TEST_TOKEN
 
 os.environ["TUNECACHE_TOKEN"] = TEST_TOKEN
 os.environ["TUNECACHE_SERVER_BOOTSTRAP_TOKEN"] = TEST_TOKEN
+# Test servers queue a burst rather than shed it: the tests of storage and concurrency send
+# bursts on purpose. The shedding tests start servers of their own (tests/test_admission.py).
+os.environ.setdefault("TUNECACHE_SERVER_MAX_WAIT", "30")
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass

@@ -36,6 +36,16 @@ TINY = {
 CPU = DeviceFingerprint(kind="cpu", arch="cpu-avx2", name="test-cpu", units=2, flags=("avx2",))
 
 
+def miss(detail: str = "miss") -> Any:
+    """A tunecache server's 404 (it carries the server's identity): what a lookup miss gets."""
+    import httpx
+
+    from tunecache.http import IDENTITY_HEADER
+
+    return httpx.Response(404, json={"status": 404, "detail": detail, "errors": []},
+                          headers={IDENTITY_HEADER: "tunecache/test"})  # fmt: skip
+
+
 def make_key(
     m: int = 64, *, kernel: str = "matmul", backend: str = "tvm", dtype: str = "float32"
 ) -> Key:
@@ -168,6 +178,7 @@ def hostile_artifacts(values: list[Any]) -> Iterator[str]:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            self.send_header("Tunecache-Server", "tunecache/test")
             self.end_headers()
             self.wfile.write(data)
 

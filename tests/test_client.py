@@ -13,7 +13,7 @@ import pytest
 
 from cache_server.embedded import free_port
 from tests.conftest import LiveServer
-from tests.factories import default_config, make_key, make_record
+from tests.factories import default_config, make_key, make_record, miss
 from tunecache import Client, ServerError
 from tunecache.errors import InvalidInput
 from tunecache.key import Key
@@ -41,7 +41,7 @@ class CountingTransport(httpx.MockTransport):
         key = Key.from_json(json.loads(request.content)["key"])
         hit = self.records.get(key.digest())
         if hit is None:
-            return httpx.Response(404, json={"detail": "miss"})
+            return miss()
         return httpx.Response(
             200, content=LookupResponse(record=hit).model_dump_json(by_alias=True)
         )

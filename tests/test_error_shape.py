@@ -84,7 +84,7 @@ def _provoke(url: str) -> Iterator[tuple[str, str, int, httpx.Response]]:
     )
     yield "POST", "/v1/lookup", 422, http.post("/v1/lookup", json={}, headers=AUTH)
     yield "GET", "/v1/records", 422, http.get("/v1/records?limit=1001", headers=AUTH)
-    yield "POST", "/v1/jobs/{job_id}/complete", 422, _complete_with_no_record(http, key)
+    yield "POST", "/v1/jobs/{job_id}/complete", 409, _complete_with_no_record(http, key)
     http.post("/v1/misses", json={"key": make_key(m=78).to_json()}, headers=AUTH)
     yield (
         "POST",

@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from tests.factories import knobs, make_key, make_record
+from tests.factories import knobs, make_key, make_record, miss
 from tunecache import Client, RecordsSource, Resolver, ServerSource
 from tunecache.schemas import LookupRequest, LookupResponse, RecordPublic
 
@@ -79,7 +79,7 @@ def test_miss_reports_never_make_the_caller_wait() -> None:
             release.wait(5)
             reported.append(time.monotonic())
             return httpx.Response(202, json={"job_id": 1, "created": True})
-        return httpx.Response(404, json={"detail": "no winner"})
+        return miss()
 
     client = Client("http://in-memory.test", transport=httpx.MockTransport(handle), token="",
                     report_misses=True, timeout=5)  # fmt: skip

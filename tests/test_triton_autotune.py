@@ -84,6 +84,33 @@ def test_server_down_runs_the_first_config_after_one_warning() -> None:
     assert len(lines) == 1 and "using default configs" in lines[0], stderr  # one warning
 
 
+TIMED = """
+import json, time, torch
+import tests.user_triton_autotune as m
+x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+started = time.monotonic()
+m.launch(x)
+print(json.dumps({"bench": len(m.BENCH_CALLS), "launch": time.monotonic() - started}))
+"""
+
+
+def test_the_upload_after_a_tune_never_delays_the_launch() -> None:
+    """A server that takes forever to store a record: the tuned kernel launches at once (the
+    upload waits in the background, then gives up at exit)."""
+    from tests.hostile import serve, slow_writes
+
+    with serve(slow_writes) as (url, seen):
+        env = {**os.environ, "TRITON_INTERPRET": "1", "TUNECACHE_URL": url,
+               "TUNECACHE_TOKEN": "a-write-token"}  # fmt: skip
+        done = subprocess.run([sys.executable, "-c", TIMED], capture_output=True, text=True,
+                              timeout=300, cwd=REPO, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "POST /v1/records" in seen.requests, seen.requests  # it was sent, and held
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["bench"] == 6
+    assert result["launch"] < 20, result  # the write timeout is 60 s: it did not wait for it
+
+
 # -- a hostile server never gets a config launched -------------------------------------------
 def _lookup_answer(config: dict[str, Any]) -> bytes:
     """A well-formed lookup answer for the kernel's key at n=1000, carrying ``config``."""
@@ -177,23 +204,33 @@ def test_ranks_of_a_distributed_group_launch_rank_0s_choice() -> None:
                                                            "num_stages": 3}  # fmt: skip
 
 
+SHARED = """
+import json, torch
+import tests.user_triton_autotune as m
+from tunecache.device import Device, DeviceFingerprint, DeviceLimits
+from tunecache.triton.shared import shared_misfit
+half, single = torch.empty(1, dtype=torch.float16), torch.empty(1, dtype=torch.float32)
+arguments = {"a_ptr": half, "b_ptr": half, "c_ptr": single}
+small = Device(DeviceFingerprint(kind="cuda", arch="sm_90", name="small-gpu", units=8),
+               DeviceLimits("small-gpu", 16384, 1024, 8))
+h100 = Device(DeviceFingerprint(kind="cuda", arch="sm_90", name="h100", units=132),
+              DeviceLimits.H100)
+wide = {"BLOCK": 128, "num_warps": 4, "num_stages": 3}
+print(json.dumps([shared_misfit(m.dot_tile, arguments, wide, small),
+                  shared_misfit(m.dot_tile, arguments, wide, h100),
+                  shared_misfit(m.dot_tile, arguments, {**wide, "BLOCK": 32}, small)]))
+"""
+
+
 def test_a_config_over_the_devices_shared_memory_is_refused() -> None:
     """Sized by compiling for the GPU's target (no GPU needed): a 128-wide fp16 tile needs
-    64 KiB, which an H100 holds and a 16 KiB device does not."""
-    import torch
-
-    from tunecache.device import Device, DeviceFingerprint, DeviceLimits
-    from tunecache.triton.shared import shared_misfit
-
-    m = _kernel_module()
-    half, single = torch.empty(1, dtype=torch.float16), torch.empty(1, dtype=torch.float32)
-    arguments = {"a_ptr": half, "b_ptr": half, "c_ptr": single}
-    small = Device(DeviceFingerprint(kind="cuda", arch="sm_90", name="small-gpu", units=8),
-                   DeviceLimits("small-gpu", 16384, 1024, 8))  # fmt: skip
-    h100 = Device(DeviceFingerprint(kind="cuda", arch="sm_90", name="h100", units=132),
-                  DeviceLimits.H100)  # fmt: skip
-    wide = {"BLOCK": 128, "num_warps": 4, "num_stages": 3}
-    why = shared_misfit(m.dot_tile, arguments, wide, small)
-    assert why is not None and "65536 bytes of shared memory" in why and "16384" in why
-    assert shared_misfit(m.dot_tile, arguments, wide, h100) is None
-    assert shared_misfit(m.dot_tile, arguments, {**wide, "BLOCK": 32}, small) is None
+    64 KiB, which an H100 holds and a 16 KiB device does not. In a fresh process: a real
+    compile after an interpreted kernel in the same process fails (Triton 3.9's interpreter
+    patches ``triton.language`` for good)."""
+    done = subprocess.run([sys.executable, "-c", SHARED], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    wide_small, wide_h100, narrow_small = json.loads(done.stdout.splitlines()[-1])
+    assert wide_small is not None and "65536 bytes of shared memory" in wide_small
+    assert "16384" in wide_small
+    assert wide_h100 is None and narrow_small is None

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import LiveServer
-from tests.factories import TEST_TOKEN, make_record
+from tests.factories import TEST_TOKEN, make_record, miss
 from tunecache.client import Client
 from tunecache.device import Device, DeviceFingerprint, DeviceLimits
 from tunecache.errors import InvalidInput, ServerError
@@ -193,7 +193,7 @@ def hostile(monkeypatch: pytest.MonkeyPatch, answers: dict[int, dict[str, Any]],
 
         asked = LookupRequest.model_validate_json(request.content).key.to_key().digest()
         body = bodies.get(asked)
-        return httpx.Response(200, content=body) if body else httpx.Response(404)
+        return httpx.Response(200, content=body) if body else miss()
 
     client = Client("http://hostile.invalid", transport=httpx.MockTransport(answer), token="")
     monkeypatch.setattr(autotuner, "shared_client", lambda *a: client)
@@ -348,6 +348,7 @@ def test_the_validation_label_names_the_users_reference(
     x = torch.randn(900)
     assert torch.allclose(m.launch(kernel, x), x * 2 + 1)
     assert calls == [900]
+    assert client.drain()  # the upload goes in the background
     (record,) = client.list_records(kernel="tests.user_triton_served:_grouped").items
     assert record.validation.reference == "reference= (user function), float32"
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, start_server
-from tests.factories import AUTH, CPU, knobs, make_key, make_record
+from tests.factories import AUTH, CPU, knobs, make_key, make_record, miss
 from tunecache import Client, Key
 from tunecache.schemas import CheckModel, LookupRequest, LookupResponse, RecordCreate, RecordPublic
 from tunecache.verification import DisputeCreate
@@ -59,7 +59,7 @@ def hostile(answer: Any) -> Client:
 
     def handle(request: httpx.Request) -> httpx.Response:
         if request.url.path != "/v1/lookup":
-            return httpx.Response(404, json={"detail": "no"})
+            return miss()
         key = LookupRequest.model_validate_json(request.content).key.to_key()
         return httpx.Response(200, content=answer(key).model_dump_json(by_alias=True))
 
@@ -187,7 +187,7 @@ def test_a_dispute_needs_a_token_and_stops_the_record_being_served(server: LiveS
     assert (shown.status, shown.disputes, shown.is_winner) == ("disputed", 1, False)
     elsewhere = httpx.post(url, json=dispute_body(key, {"M": 64, "N": 32, "K": 64}),
                            headers=reader)  # fmt: skip
-    assert elsewhere.status_code == 422 and "shape bucket" in elsewhere.json()["detail"]
+    assert elsewhere.status_code == 409 and "shape bucket" in elsewhere.json()["detail"]
     passed = {**dispute_body(key), "check": {**dispute_body(key)["check"], "passed": True,
                                              "rel_error": 0.0}}  # fmt: skip
     assert httpx.post(url, json=passed, headers=reader).status_code == 422

@@ -29,7 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import LiveServer
-from tests.factories import hostile_artifacts, store_behind_the_api
+from tests.factories import hostile_artifacts, miss, store_behind_the_api
 from tunecache.configcheck import artifact_problem
 from tunecache.configcheck import config_problem as any_config_problem
 from tunecache.configcheck.tvm import config_problem, record_value_problem, workload_value_problem
@@ -572,7 +572,7 @@ def test_a_write_token_cannot_upload_it(server: LiveServer, kernels: Path, tmp_p
 def _hostile_transport(value: Any, key: str) -> Callable[[httpx.Request], httpx.Response]:
     def handle(request: httpx.Request) -> httpx.Response:
         if request.url.path != "/v1/artifacts":
-            return httpx.Response(404, json={"detail": "no"})
+            return miss()
         item = {"namespace": "tvm.record", "partition": partition_for(host_target()),
                 "key": key, "item": "evil", "value": value, "score": 1e-7, "id": 1,
                 "updated_at": "2026-01-01T00:00:00Z"}  # fmt: skip

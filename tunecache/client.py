@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar, get_args
@@ -40,8 +41,17 @@ from tunecache.artifacts import (
 )
 from tunecache.defaults import default_config
 from tunecache.errors import InvalidInput, ServerError
-from tunecache.http import Timeout, parse, rejected
-from tunecache.jobs import ClaimRequest, JobCreate, JobEnqueued, JobList, JobPublic
+from tunecache.http import (
+    DeadlineTransport,
+    Timeout,
+    deadline,
+    is_tunecache,
+    parse,
+    rejected,
+    retry_after,
+    time_left,
+)
+from tunecache.jobs import JobEnqueued
 from tunecache.key import Key
 from tunecache.policies import VersionPolicy
 from tunecache.resolver import (
@@ -68,17 +78,15 @@ from tunecache.tokens import Scope, TokenCreate, TokenCreated, TokenList, TokenP
 from tunecache.verification import (
     DisputeCreate,
     DisputeResult,
-    VerificationCreate,
-    VerifyClaimRequest,
-    VerifyTask,
 )
+from tunecache.worker_calls import WorkerCalls
 
 M = TypeVar("M", bound=BaseModel)
 
 logger = logging.getLogger(__name__)
 
 
-class Client:
+class Client(WorkerCalls):
     """A client of one tunecache server.
 
     Args:
@@ -130,12 +138,14 @@ class Client:
         self.report_misses = report_misses
         token = token if token is not None else (settings.token if settings else None)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.url, transport=transport, headers=headers)
+        self._http = httpx.Client(base_url=self.url, transport=transport or DeadlineTransport(),
+                                  headers=headers)  # fmt: skip
         sources: list[Source] = []
         if snapshot is not None:
             sources.append(SnapshotSource(Path(snapshot), policy))
-        sources.append(ServerSource(self, retry_after=retry_after, miss_ttl=miss_ttl,
-                                    report_misses=report_misses))  # fmt: skip
+        self.server = ServerSource(self, retry_after=retry_after, miss_ttl=miss_ttl,
+                                   report_misses=report_misses)  # fmt: skip
+        sources.append(self.server)
         self.resolver = Resolver(sources)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -187,8 +197,9 @@ class Client:
             default = default_config(key.backend)
         return await self.resolver.aresolve(key, default=default, fits=fits, verify=verify)
 
-    def fetch(self, key: Key, *, timeout: httpx.Timeout | None = None) -> RecordPublic | None:
-        """The winner of exactly ``key`` from the server, ``None`` on a miss; no memo, no fallback.
+    def fetch(self, key: Key, *, timeout: float | None = None) -> RecordPublic | None:
+        """The winner of exactly ``key`` from the server, ``None`` on a miss; no memo, no fallback;
+        within ``timeout`` seconds in all (default: the lookup timeout).
 
         Raises:
             ServerError: the server is unreachable or gave a bad answer.
@@ -196,21 +207,21 @@ class Client:
         answer = self.fetch_answer(key, timeout=timeout)
         return None if answer is None else answer.record
 
-    def fetch_answer(
-        self, key: Key, *, timeout: httpx.Timeout | None = None
-    ) -> LookupResponse | None:
+    def fetch_answer(self, key: Key, *, timeout: float | None = None) -> LookupResponse | None:
         """The server's answer for ``key`` (the record, the rule and policy that matched), or
-        ``None`` on a miss.
+        ``None`` on a miss; within ``timeout`` seconds in all (default: the lookup timeout).
 
         Raises:
-            ServerError: the server is unreachable or gave a bad answer.
+            ServerError: the server is unreachable, too slow, gave a bad answer, or is not a
+                tunecache server (a 404 without its identity).
         """
         body = self._lookup_body(key)
+        seconds = timeout or self.timeout.lookup
         try:
-            response = self._http.post(
-                "/v1/lookup", json=body, timeout=timeout or self.timeout.for_lookup()
-            )
-            if response.status_code == 404:
+            with deadline(seconds):
+                limits = self.timeout.per_operation(seconds, read=True)
+                response = self._http.post("/v1/lookup", json=body, timeout=limits)
+            if response.status_code == 404 and is_tunecache(response):
                 return None
             if response.is_error:
                 raise rejected("POST", "/v1/lookup", response)
@@ -225,11 +236,24 @@ class Client:
 
     # -- tuner and tooling calls (these raise ServerError) ----------------------------------
     def _call(
-        self, method: str, path: str, timeout: httpx.Timeout | None = None, **kwargs: Any
-    ) -> httpx.Response:
+        self, method: str, path: str, timeout: float | None = None, *, read: bool = False,
+        **kwargs: Any,
+    ) -> httpx.Response:  # fmt: skip
+        """One request within ``timeout`` seconds in all (default: the write timeout). A write
+        the server sheds (503 with ``Retry-After``) is sent again when asked, within that time."""
+        seconds = timeout or self.timeout.write
         try:
-            timeout = timeout or self.timeout.for_write()
-            response = self._http.request(method, path, timeout=timeout, **kwargs)
+            with deadline(seconds):
+                while True:
+                    response = self._http.request(
+                        method, path, timeout=self.timeout.per_operation(seconds, read=read),
+                        **kwargs,
+                    )  # fmt: skip
+                    wait = retry_after(response) if response.status_code == 503 else None
+                    left = time_left()
+                    if read or wait is None or left is None or wait >= left:
+                        break
+                    time.sleep(wait)
         except httpx.HTTPError as exc:
             raise ServerError(f"{method} {self.url}{path} failed: {exc}") from exc
         if response.is_error:
@@ -246,21 +270,34 @@ class Client:
         response = self._call("POST", "/v1/records", json=body)
         return parse(UploadResult, response, "/v1/records")
 
-    def report_miss(self, key: Key, *, timeout: httpx.Timeout | None = None) -> JobEnqueued:
+    def upload_later(self, record: RecordCreate) -> bool:
+        """Uploads ``record`` from a background thread: the caller never waits. Not queued
+        (``False``, a warning) while the server is down after a failed call (see
+        :attr:`retry_after`); a failed upload is a warning. :meth:`close` waits a few seconds
+        for uploads still queued."""
+        what = f"upload of {record.key.kernel} ({record.key.backend})"
+        return self.server.send_later(what, lambda: self.upload(record), loud=True)
+
+    def drain(self, timeout: float = 5.0) -> bool:
+        """Waits until the background calls queued so far (uploads, miss reports, disputes) are
+        sent; whether they were within ``timeout`` seconds."""
+        return self.server.drain(timeout)
+
+    def report_miss(self, key: Key, *, timeout: float | None = None) -> JobEnqueued:
         """Asks the server to tune ``key``: it queues a job, or answers with the one queued.
 
         Raises:
             ServerError: the server is unreachable or refused (429: over its rate limit).
         """
         body = self._lookup_body(key)
-        response = self._call("POST", "/v1/misses", json=body, timeout=timeout)
+        response = self._call("POST", "/v1/misses", timeout, read=True, json=body)
         try:
             return JobEnqueued.model_validate_json(response.content)
         except ValidationError as exc:
             raise ServerError(f"POST /v1/misses gave a bad answer: {exc}") from exc
 
     def dispute(
-        self, record_id: int, dispute: DisputeCreate, *, timeout: httpx.Timeout | None = None
+        self, record_id: int, dispute: DisputeCreate, *, timeout: float | None = None
     ) -> DisputeResult:
         """Tells the server that record ``record_id`` failed a consumer's check (it then stops
         serving it under every policy until a verifier re-verifies it). Needs a token.
@@ -270,84 +307,9 @@ class Client:
         """
         body = dispute.model_dump(mode="json", by_alias=True)
         path = f"/v1/records/{record_id}/disputes"
-        return parse(DisputeResult, self._call("POST", path, timeout, json=body), path)
+        return parse(DisputeResult, self._call("POST", path, timeout, read=True, json=body), path)
 
-    # -- verifiers (a token with the verify scope) ------------------------------------------
-    def claim_verification(
-        self, worker: str, *, device_arch: str, backends: Sequence[str],
-        lease_seconds: float = 600.0,
-    ) -> VerifyTask | None:  # fmt: skip
-        """Leases the next record this verifier can re-check (``None``: nothing to do)."""
-        body = VerifyClaimRequest(worker=worker, device_arch=device_arch,
-                                  backends=list(backends),  # type: ignore[arg-type]
-                                  lease_seconds=lease_seconds).model_dump(mode="json")  # fmt: skip
-        response = self._call("POST", "/v1/verifications/claim", json=body)
-        if response.status_code == 204:
-            return None
-        return parse(VerifyTask, response, "/v1/verifications/claim")
-
-    def submit_verification(self, record_id: int, result: VerificationCreate) -> RecordPublic:
-        """Stores a verifier's finding on a record it holds the lease of; the record as now."""
-        path = f"/v1/records/{record_id}/verification"
-        body = result.model_dump(mode="json", by_alias=True)
-        return parse(RecordPublic, self._call("POST", path, json=body), path)
-
-    # -- the job queue (tuning workers) -------------------------------------------------------
-    def create_job(
-        self,
-        key: Key,
-        *,
-        priority: int = 0,
-        max_attempts: int = 3,
-        strategy: str | None = None,
-        trials: int | None = None,
-    ) -> JobEnqueued:
-        """Queues a tuning job for ``key`` (one per key: an existing one is answered), tuned with
-        ``strategy`` and ``trials`` (unset: the worker's own)."""
-        body = JobCreate(key=KeyModel.from_key(key), priority=priority, max_attempts=max_attempts,
-                         strategy=strategy, trials=trials)  # fmt: skip
-        json = body.model_dump(mode="json", by_alias=True)
-        return self._job("POST", "/v1/jobs", JobEnqueued, json=json)
-
-    def claim_job(
-        self,
-        worker: str,
-        *,
-        lease_seconds: float = 300.0,
-        device_arch: str | None = None,
-        backends: Sequence[str] | None = None,
-    ) -> JobPublic | None:
-        """Leases the most urgent job this worker can run (``None``: nothing to do)."""
-        wanted = {"worker": worker, "lease_seconds": lease_seconds, "device_arch": device_arch,
-                  "backends": None if backends is None else list(backends)}  # fmt: skip
-        body = ClaimRequest.model_validate(wanted).model_dump(mode="json")
-        response = self._call("POST", "/v1/jobs/claim", json=body)
-        if response.status_code == 204:
-            return None
-        return parse(JobPublic, response, "/v1/jobs/claim")
-
-    def heartbeat_job(self, job_id: int, worker: str, *, lease_seconds: float = 300.0) -> JobPublic:
-        """Extends the lease of a job this worker holds."""
-        body = {"worker": worker, "lease_seconds": lease_seconds}
-        return self._job("POST", f"/v1/jobs/{job_id}/heartbeat", JobPublic, json=body)
-
-    def complete_job(self, job_id: int, worker: str, record_id: int) -> JobPublic:
-        body = {"worker": worker, "record_id": record_id}
-        return self._job("POST", f"/v1/jobs/{job_id}/complete", JobPublic, json=body)
-
-    def fail_job(self, job_id: int, worker: str, error: str) -> JobPublic:
-        """Gives a job back as failed (retried until its attempts run out), saying why."""
-        body = {"worker": worker, "error": error[:4096]}
-        return self._job("POST", f"/v1/jobs/{job_id}/fail", JobPublic, json=body)
-
-    def list_jobs(self, **filters: Any) -> JobList:
-        params = {k: v for k, v in filters.items() if v is not None}
-        return self._job("GET", "/v1/jobs", JobList, params=params)
-
-    def _job(self, method: str, path: str, model: type[M], **kwargs: Any) -> M:
-        return parse(model, self._call(method, path, **kwargs), path)
-
-    def list_records(self, *, timeout: httpx.Timeout | None = None, **filters: Any) -> RecordList:
+    def list_records(self, *, timeout: float | None = None, **filters: Any) -> RecordList:
         """Records matching ``filters`` (``kernel``, ``backend``, ``dtype``, ``device_arch`` …),
         within ``timeout`` (default: the write timeout)."""
         params = {k: v for k, v in filters.items() if v is not None}
@@ -436,13 +398,19 @@ class Client:
         Args:
             limit: at most this many items; a key's items come in one page of up to
                 :data:`~tunecache.artifacts.MAX_PAGE`.
-            timeout: seconds each request may take (default: the write timeout).
+            timeout: seconds the whole read may take, every page (default: the write timeout).
 
         Raises:
             ServerError: the server is unreachable, refused, or gave a bad answer.
         """
         wanted = MAX_PAGE if key is not None and limit is None else limit
-        http_timeout = None if timeout is None else httpx.Timeout(timeout)
+        with deadline(timeout or self.timeout.write):
+            return self._artifact_pages(namespace, partition, key, wanted, timeout)
+
+    def _artifact_pages(
+        self, namespace: Namespace, partition: str, key: str | None, wanted: int | None,
+        timeout: float | None,
+    ) -> list[ArtifactPublic]:  # fmt: skip
         items: list[ArtifactPublic] = []
         after: int | None = None
         while wanted is None or len(items) < wanted:
@@ -451,7 +419,7 @@ class Client:
                                       "limit": page_size}  # fmt: skip
             params.update({"key": key} if key is not None else {})
             params.update({"after": after} if after is not None else {})
-            response = self._call("GET", "/v1/artifacts", timeout=http_timeout, params=params)
+            response = self._call("GET", "/v1/artifacts", timeout, read=True, params=params)
             page = parse(ArtifactList, response, "/v1/artifacts")
             items.extend(page.items)
             if page.next_after is None or key is not None:
@@ -482,8 +450,7 @@ class Client:
         Raises:
             ServerError: unreachable (``status_code`` None), or the token is refused (401).
         """
-        http_timeout = None if timeout is None else httpx.Timeout(timeout)
-        response = self._call("GET", "/v1/whoami", timeout=http_timeout)
+        response = self._call("GET", "/v1/whoami", timeout, read=True)
         return parse(WhoAmI, response, "/v1/whoami")
 
     def health(self) -> dict[str, Any]:

@@ -30,9 +30,11 @@ class InvalidInput(TunecacheError, ValueError):
 class ServerError(TunecacheError):
     """The cache server rejected a request or could not be reached for a write."""
 
-    def __init__(self, message: str, *, status_code: int | None = None) -> None:
+    def __init__(self, message: str, *, status_code: int | None = None,
+                 retry_after: float | None = None) -> None:  # fmt: skip
         super().__init__(message)
         self.status_code = status_code
+        self.retry_after = retry_after  # seconds the server asked to wait (503, 429)
 
 
 class TuningError(TunecacheError):

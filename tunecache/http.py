@@ -1,17 +1,30 @@
-"""The HTTP pieces every API call shares: timeouts, the server's error answers, parsing answers.
+"""The HTTP pieces every API call shares: timeouts as deadlines, the server's identity, its error
+answers, parsing answers.
+
+A timeout here is a **deadline for the whole call**: connecting, sending, the status line, every
+header and the last byte of the body. httpx's own timeouts are per operation, so a server that
+sends one byte every 0.3 s would hold a "0.5 s" request for minutes; :class:`DeadlineTransport`
+bounds every socket operation by the time left to the call (:func:`deadline`), so such a server
+gets a timeout when the call's time is up.
 
 Example:
-    >>> Timeout(lookup=0.5).for_lookup()
-    Timeout(timeout=0.5)
-    >>> Timeout(lookup=0.5).for_write()
-    Timeout(connect=5.0, read=60.0, write=60.0, pool=60.0)
+    >>> with deadline(0.5):  # every request made inside ends within 0.5 s from here
+    ...     pass
+    >>> Timeout(lookup=0.5).lookup
+    0.5
 """
 
 from __future__ import annotations
 
+import contextvars
+import math
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import httpcore
 import httpx
 from pydantic import BaseModel, ValidationError
 
@@ -19,31 +32,165 @@ from tunecache.errors import ServerError
 
 M = TypeVar("M", bound=BaseModel)
 
+# Every answer of a tunecache server carries this header (its value: ``tunecache/<version>``).
+# A 404 without it came from something else: a wrong URL, a proxy, another web server.
+IDENTITY_HEADER = "Tunecache-Server"
+DETAIL_CHARS = 300  # of an error answer's text shown in an error
+
+_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "tunecache_deadline", default=None
+)
+
 
 @dataclass(frozen=True)
 class Timeout:
-    """Seconds a lookup may spend connecting and reading; writes get ``write`` seconds in all."""
+    """Seconds a whole call may take: ``lookup`` for run-time reads (lookups, miss reports,
+    disputes), ``write`` for every other call; ``connect`` bounds connecting within either
+    (default: ``lookup`` for reads, at most 5 s for writes)."""
 
     lookup: float = 0.5
-    connect: float | None = None  # defaults to ``lookup``
+    connect: float | None = None
     write: float = 60.0
 
-    def for_lookup(self) -> httpx.Timeout:
-        return httpx.Timeout(self.lookup, connect=self.connect or self.lookup)
+    def __post_init__(self) -> None:
+        for name in ("lookup", "connect", "write"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"Timeout.{name} must be a positive number of seconds: {value!r}")
 
-    def for_write(self) -> httpx.Timeout:
-        return httpx.Timeout(self.write, connect=self.connect or min(self.write, 5.0))
+    def per_operation(self, seconds: float, *, read: bool) -> httpx.Timeout:
+        """httpx's per-operation limits for a call of ``seconds`` (the deadline bounds the sum)."""
+        connect = self.connect or (seconds if read else min(seconds, 5.0))
+        return httpx.Timeout(seconds, connect=min(connect, seconds))
+
+
+@contextmanager
+def deadline(seconds: float | None) -> Iterator[None]:
+    """Every request made inside (through a :class:`DeadlineTransport`) ends within ``seconds``
+    from now, or within an enclosing deadline if that one ends first. ``None``: no new bound."""
+    if seconds is None:
+        yield
+        return
+    end = time.monotonic() + seconds
+    outer = _DEADLINE.get()
+    token = _DEADLINE.set(end if outer is None else min(outer, end))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def time_left() -> float | None:
+    """Seconds left to the current deadline (``None``: none is set)."""
+    end = _DEADLINE.get()
+    return None if end is None else end - time.monotonic()
+
+
+def _bounded(timeout: float | None, error: type[Exception]) -> float | None:
+    """``timeout``, cut to the time left to the deadline; ``error`` when none is left."""
+    left = time_left()
+    if left is None:
+        return timeout
+    if left <= 0:
+        raise error("the call's deadline passed")
+    return left if timeout is None else min(timeout, left)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A socket whose every read and write waits no longer than the call has left."""
+
+    def __init__(self, stream: httpcore.NetworkStream) -> None:
+        self._stream = stream
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._stream.read(max_bytes, _bounded(timeout, httpcore.ReadTimeout))
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._stream.write(buffer, _bounded(timeout, httpcore.WriteTimeout))
+
+    def close(self) -> None:
+        self._stream.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:  # fmt: skip
+        bounded = _bounded(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._stream.start_tls(ssl_context, server_hostname, bounded))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._stream.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's socket backend, with every operation bounded by the call's deadline."""
+
+    def __init__(self) -> None:
+        self._backend = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self, host: str, port: int, timeout: float | None = None,
+        local_address: str | None = None, socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:  # fmt: skip
+        bounded = _bounded(timeout, httpcore.ConnectTimeout)
+        stream = self._backend.connect_tcp(host, port, bounded, local_address, socket_options)
+        return _DeadlineStream(stream)
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Iterable[Any] | None = None
+                            ) -> httpcore.NetworkStream:  # fmt: skip
+        bounded = _bounded(timeout, httpcore.ConnectTimeout)
+        return _DeadlineStream(self._backend.connect_unix_socket(path, bounded, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._backend.sleep(seconds)
+
+
+class DeadlineTransport(httpx.HTTPTransport):
+    """httpx's transport over sockets bounded by :func:`deadline` (see the module doc).
+
+    Args:
+        **options: as :class:`httpx.HTTPTransport`.
+    """
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        pool = self._pool
+        if not hasattr(pool, "_network_backend"):  # pragma: no cover - an httpcore we don't know
+            raise RuntimeError("this httpcore does not take a network backend: pin httpcore<2")
+        pool._network_backend = _DeadlineBackend()
+
+
+def is_tunecache(response: httpx.Response) -> bool:
+    """Whether the answer came from a tunecache server (it carries :data:`IDENTITY_HEADER`)."""
+    return response.headers.get(IDENTITY_HEADER, "").startswith("tunecache/")
 
 
 def rejected(method: str, path: str, response: httpx.Response) -> ServerError:
-    """The server's error answer as a :class:`ServerError` carrying its status and reason."""
+    """The server's error answer as a :class:`ServerError` carrying its status and reason (one
+    line: an answer that is not tunecache's, such as an HTML page, is named as such)."""
+    status = response.status_code
+    if not is_tunecache(response):
+        return ServerError(
+            f"{method} {path} → {status} from {response.url.host}:{response.url.port}, which is "
+            f"not a tunecache server (no {IDENTITY_HEADER} header): is the URL right?",
+            status_code=status,
+        )
     try:
-        detail = response.json().get("detail", response.text)
+        detail = str(response.json().get("detail", response.text))
     except (ValueError, AttributeError):
         detail = response.text
-    return ServerError(
-        f"{method} {path} → {response.status_code}: {detail}", status_code=response.status_code
-    )
+    lines = [line.strip() for line in detail.splitlines() if line.strip()]
+    shown = lines[0][:DETAIL_CHARS] if lines else ""
+    return ServerError(f"{method} {path} → {status}: {shown}", status_code=status,
+                       retry_after=retry_after(response))  # fmt: skip
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The seconds a ``Retry-After`` header asks for (a number of seconds, at most an hour)."""
+    try:
+        seconds = float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return seconds if 0 <= seconds <= 3600 else None
 
 
 def parse(model: type[M], response: httpx.Response, path: str) -> M:

@@ -11,21 +11,21 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field
 
 from tunecache import examples
-from tunecache.schemas import Backend, KeyModel, LeaseSeconds, RecordId, _Strict
+from tunecache.schemas import INTEGRAL, Backend, KeyModel, LeaseSeconds, RecordId, _Strict
 
 JobState = Literal["queued", "running", "done", "failed"]
 
 
 JobStrategy = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z_]+$")]
-JobTrials = Annotated[int, Field(strict=True, ge=1, le=1_000_000)]
+JobTrials = Annotated[int, Field(strict=True, ge=1, le=1_000_000), INTEGRAL]
 
 
 class JobCreate(_Strict):
     model_config = ConfigDict(json_schema_extra={"examples": [examples.JOB]})
 
     key: KeyModel
-    priority: Annotated[int, Field(strict=True, ge=-1000, le=1000)] = 0
-    max_attempts: Annotated[int, Field(strict=True, ge=1, le=100)] = 3
+    priority: Annotated[int, Field(strict=True, ge=-1000, le=1000), INTEGRAL] = 0
+    max_attempts: Annotated[int, Field(strict=True, ge=1, le=100), INTEGRAL] = 3
     source: Annotated[str, Field(max_length=32, pattern=r"^[a-z_]+$")] = "api"
     # How to tune it (a strategy name, a budget in trials); unset: the worker's own.
     strategy: JobStrategy | None = None

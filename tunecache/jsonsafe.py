@@ -29,6 +29,18 @@ _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]{1,40}")
 _Path = tuple[Any, str | int] | str
 
 
+def integral(value: Any) -> Any:
+    """A JSON number with no fractional part (``14.0``) as the integer it is, else ``value``.
+
+    JSON Schema's ``integer`` admits ``14.0``, so the API does too, wherever it takes an integer
+    (as a pydantic ``BeforeValidator``, ahead of a strict ``int``: booleans and strings stay
+    refused). Configs keep their numbers as sent: there ``4.0`` is not ``4``.
+    """
+    if type(value) is float and value.is_integer() and INT64_MIN <= value <= INT64_MAX:
+        return int(value)
+    return value
+
+
 def _render(path: _Path) -> str:
     parts: list[str] = []
     while isinstance(path, tuple):

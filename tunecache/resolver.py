@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from httpx import TransportError
+
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput, ServerError, one_line
 from tunecache.key import Key
@@ -41,7 +43,7 @@ from tunecache.policies import VersionPolicy
 from tunecache.rules import Rule, best
 from tunecache.schemas import CheckModel, DeviceModel, RecordCreate, RecordPublic
 from tunecache.served import served_problem
-from tunecache.verification import DisputeCreate
+from tunecache.verification import DisputeCreate, FailedCheck
 
 if TYPE_CHECKING:
     from tunecache.best import BestBackend
@@ -182,13 +184,33 @@ class SnapshotSource(RecordsSource):
         return index.values()
 
 
+@dataclass(frozen=True)
+class _Report:
+    """One call the server source sends in the background: a miss report, a dispute, an upload.
+    ``loud``: a refusal is a warning (an upload lost), not a debug line (a report dropped)."""
+
+    what: str
+    send: Callable[[], object]
+    loud: bool = False
+    marker: bool = False  # not a call: run even while the server is down (see ``drain``)
+
+
+def unreachable(exc: ServerError) -> bool:
+    """Whether a failed call says the server cannot answer now (no connection, too slow, a
+    server error), as opposed to one refused or malformed answer."""
+    code = exc.status_code
+    return isinstance(exc.__cause__, TransportError) or (code is not None and code >= 500)
+
+
 class ServerSource(Source):
     """The cache server, through the API client, bounded by its lookup timeout.
 
-    After a failure the server is skipped for ``retry_after`` seconds (one warning, then debug),
-    a miss is remembered for ``miss_ttl`` seconds, and with ``report_misses`` the server is asked
-    to tune what it missed (once per key per ``miss_ttl``), in the background: misses wait in a
-    bounded queue (a full queue drops the report) that one thread sends; the caller never waits.
+    After a failure (unreachable, too slow, a server error, not a tunecache server) the server is
+    skipped for ``retry_after`` seconds (one warning, then debug), a miss is remembered for
+    ``miss_ttl`` seconds, and with ``report_misses`` the server is asked to tune what it missed
+    (once per key per ``miss_ttl``). Reports, disputes and uploads (:meth:`send_later`) go in the
+    background: they wait in a bounded queue (a full queue drops them) that one thread sends, and
+    are skipped while the server is down; the caller never waits.
     """
 
     def __init__(self, client: Client, *, retry_after: float = 30.0, miss_ttl: float = 60.0,
@@ -199,18 +221,21 @@ class ServerSource(Source):
         self._misses: dict[str, float] = {}
         self._down_until = 0.0
         self._warned = False
-        self._reports: queue.Queue[Callable[[], object] | None] = queue.Queue(
-            maxsize=MAX_PENDING_REPORTS
-        )
+        self._reports: queue.Queue[_Report | None] = queue.Queue(maxsize=MAX_PENDING_REPORTS)
         self._reporter: threading.Thread | None = None
         self._refused = False
+
+    @property
+    def down(self) -> bool:
+        """Whether the server is skipped now, after a failure less than ``retry_after`` ago."""
+        return self._down_until > time.monotonic()
 
     def get(self, key: Key, digest: str) -> LookupResult | None:
         now = time.monotonic()
         with self._lock:
             if self._misses.get(digest, -1.0) > now or self._down_until > now:
                 return None
-        timeout = self.client.timeout.for_lookup()
+        timeout = self.client.timeout.lookup
         try:
             answer = self.client.fetch_answer(key, timeout=timeout)
         except ServerError as exc:
@@ -227,8 +252,8 @@ class ServerSource(Source):
         with self._lock:
             self._misses[digest] = now + self.miss_ttl
         if self.report_misses:
-            self._queue_report(f"miss of {key.short()}", lambda: self.client.report_miss(
-                key, timeout=self.client.timeout.for_lookup()))  # fmt: skip
+            self.send_later(f"miss of {key.short()}", lambda: self.client.report_miss(
+                key, timeout=self.client.timeout.lookup))  # fmt: skip
         return None
 
     def dispute(self, key: Key, answer: LookupResult, check: CheckModel) -> None:
@@ -239,32 +264,67 @@ class ServerSource(Source):
             return
         with self._lock:
             self._misses[key.digest()] = time.monotonic() + self.miss_ttl
-        report = DisputeCreate(problem=dict(key.problem), check=check,
+        report = DisputeCreate(problem=dict(key.problem),
+                               check=FailedCheck.model_validate(check.model_dump()),
                                device=DeviceModel.model_validate(key.device.to_json()))  # fmt: skip
-        self._queue_report(f"dispute of record #{record.id}", lambda: self.client.dispute(
-            record.id, report, timeout=self.client.timeout.for_lookup()))  # fmt: skip
+        self.send_later(f"dispute of record #{record.id}", lambda: self.client.dispute(
+            record.id, report, timeout=self.client.timeout.lookup))  # fmt: skip
 
-    def _queue_report(self, what: str, send: Callable[[], object]) -> None:
+    def send_later(self, what: str, send: Callable[[], object], *, loud: bool = False) -> bool:
+        """Queues ``send()`` for the background thread; ``False`` (and a log line) when it is
+        not queued: the server is down, or the queue is full. ``loud``: a failure or a skip is
+        a warning (an upload lost), else a debug line (a report dropped)."""
+        log = logger.warning if loud else logger.debug
+        if self.down:
+            log("%s skipped: %s was unreachable less than %.0f s ago", what, self.client.url,
+                self.retry_after)  # fmt: skip
+            return False
         try:
-            self._reports.put_nowait(send)
+            self._reports.put_nowait(_Report(what, send, loud))
         except queue.Full:
-            logger.debug("%s not reported: %d reports pending", what, MAX_PENDING_REPORTS)
-            return
+            log("%s dropped: %d calls are waiting to be sent", what, MAX_PENDING_REPORTS)
+            return False
         with self._lock:
             if self._reporter is None:
                 self._reporter = threading.Thread(target=self._send_reports, daemon=True,
-                                                  name="tunecache-miss-reports")  # fmt: skip
+                                                  name="tunecache-background")  # fmt: skip
                 self._reporter.start()
+        return True
 
     def _send_reports(self) -> None:
-        while (send := self._reports.get()) is not None:
+        while (report := self._reports.get()) is not None:
+            if report.marker:
+                report.send()
+                continue
+            if self.down:
+                (logger.warning if report.loud else logger.debug)(
+                    "%s skipped: %s is down", report.what, self.client.url)  # fmt: skip
+                continue
             try:
-                send()
-            except Exception as exc:  # a bad answer too: the reporting thread must not die
-                logger.debug("a report to %s was not sent: %s", self.client.url, exc)
+                report.send()
+            except ServerError as exc:
+                if unreachable(exc):
+                    self._failed(exc)  # not asked for a while: lookups fall back at once
+                (logger.warning if report.loud else logger.debug)(
+                    "%s failed: %s", report.what, exc)  # fmt: skip
+            except Exception as exc:  # a bad answer too: the background thread must not die
+                (logger.warning if report.loud else logger.debug)(
+                    "%s failed: %s", report.what, one_line(exc))  # fmt: skip
+
+    def drain(self, timeout: float = 5.0) -> bool:
+        """Waits until the calls queued so far are sent (or skipped); whether they were within
+        ``timeout`` seconds."""
+        if self._reporter is None:
+            return True
+        done = threading.Event()
+        try:
+            self._reports.put(_Report("drain", done.set, marker=True), timeout=timeout)
+        except queue.Full:
+            return False
+        return done.wait(timeout)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Sends the reports still queued (within ``timeout`` seconds), then stops the thread."""
+        """Sends the calls still queued (within ``timeout`` seconds), then stops the thread."""
         if self._reporter is None:
             return
         try:
@@ -274,11 +334,14 @@ class ServerSource(Source):
         self._reporter.join(timeout)
 
     def _failed(self, exc: Exception) -> None:
+        """Skips the server for ``retry_after`` seconds (or as long as a busy server asked)."""
+        asked = getattr(exc, "retry_after", None)
+        pause = self.retry_after if asked is None else min(asked, self.retry_after)
         with self._lock:
-            self._down_until = time.monotonic() + self.retry_after
+            self._down_until = time.monotonic() + pause
             first, self._warned = not self._warned, True
         log = logger.warning if first else logger.debug
-        log("%s; using default configs, retrying in %.0f s", exc, self.retry_after)
+        log("%s; using default configs, retrying in %.0f s", exc, pause)
 
 
 class Resolver:

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -35,7 +36,7 @@ from tunecache import examples
 from tunecache.canonical import canonical_json
 from tunecache.configcheck import config_problem
 from tunecache.errors import InvalidInput
-from tunecache.jsonsafe import INT64_MAX, json_problem
+from tunecache.jsonsafe import INT64_MAX, integral, json_problem
 from tunecache.key import (
     BACKENDS,
     DTYPES,
@@ -53,6 +54,7 @@ MAX_CHECKS = 256
 MAX_CONFIG_BYTES = 256 * 1024
 MAX_ID = 2**31 - 1  # ids are INTEGER columns: int32 on PostgreSQL
 MAX_SEARCH_SECONDS = 1e8
+INTEGRAL = BeforeValidator(integral)  # 14.0 is the integer 14, as in JSON Schema
 
 Backend = Literal["triton", "tvm", "inductor"]
 assert set(BACKENDS) == {"triton", "tvm", "inductor"}
@@ -64,7 +66,7 @@ Millis = Annotated[float, Field(strict=True, ge=1e-6, lt=1e9, allow_inf_nan=Fals
 Error = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 # A relative-error bound: 1.0 (100 %) already lets anything of the right magnitude through.
 Tolerance = Annotated[float, Field(strict=True, gt=0, le=1.0, allow_inf_nan=False)]
-RecordId = Annotated[int, Field(strict=True, ge=1, le=MAX_ID)]
+RecordId = Annotated[int, Field(strict=True, ge=1, le=MAX_ID), INTEGRAL]
 LeaseSeconds = Annotated[float, Field(strict=True, gt=0, le=86_400, allow_inf_nan=False)]
 JSONObject = dict[str, Any]
 
@@ -102,7 +104,7 @@ def _check_config(value: JSONObject) -> JSONObject:
 ProblemName = Annotated[str, Field(min_length=1, max_length=128,
                                    pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$")]  # fmt: skip
 ProblemValue = (
-    Annotated[int, Field(strict=True, ge=1, le=MAX_DIM)]
+    Annotated[int, Field(strict=True, ge=1, le=MAX_DIM), INTEGRAL]
     | StrictBool
     | Annotated[StrictStr, Field(max_length=MAX_FLAG_CHARS)]
 )
@@ -118,8 +120,8 @@ class DeviceModel(_Strict):
     kind: Literal["cpu", "cuda", "rocm"]
     arch: Name
     name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
-    units: Annotated[int, Field(strict=True, ge=1, le=1_000_000)]
-    memory_gb: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] = 0
+    units: Annotated[int, Field(strict=True, ge=1, le=1_000_000), INTEGRAL]
+    memory_gb: Annotated[int, Field(strict=True, ge=0, le=1_000_000), INTEGRAL] = 0
     flags: Annotated[list[Name], Field(max_length=64)] = []
 
 
@@ -134,7 +136,9 @@ def _checked_problem(value: Any, kernel: str | None = None) -> Any:
 class KeyModel(_Strict):
     """A :class:`tunecache.key.Key` on the wire."""
 
-    schema_: Annotated[int, Field(alias="schema")] = KEY_SCHEMA_VERSION
+    schema_: Annotated[
+        int, Field(alias="schema", json_schema_extra={"const": KEY_SCHEMA_VERSION})
+    ] = KEY_SCHEMA_VERSION
     kernel: Name
     source_hash: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[0-9a-f]+$")]
     backend: Backend
@@ -149,7 +153,7 @@ class KeyModel(_Strict):
             ],
             Annotated[str, Field(max_length=64, pattern=r"^[^\x00-\x1f\x7f]*$")],
         ],
-        Field(max_length=16),
+        Field(max_length=16, json_schema_extra={"additionalProperties": False}),
     ]
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
@@ -158,9 +162,9 @@ class KeyModel(_Strict):
     @field_validator("schema_", mode="before")
     @classmethod
     def _known_schema(cls, value: Any) -> Any:
-        if type(value) is not int or value != KEY_SCHEMA_VERSION:  # not True, not 1.0
+        if type(integral(value)) is not int or value != KEY_SCHEMA_VERSION:  # not True
             raise ValueError(f"key schema {describe(value)} is not {KEY_SCHEMA_VERSION}")
-        return value
+        return KEY_SCHEMA_VERSION
 
     @field_validator("dtype")
     @classmethod
@@ -193,8 +197,8 @@ class TimingModel(_Strict):
     max_ms: Millis
     iqr_ms: Annotated[float, Field(strict=True, ge=0, lt=1e9, allow_inf_nan=False)] = 0.0
     # Up to max_repeats samples of up to 1e6 batched calls each (tunecache.timing).
-    repeats: Annotated[int, Field(strict=True, ge=1, le=1_000_000_000)]
-    warmup: Annotated[int, Field(strict=True, ge=0, le=1_000_000)] = 0
+    repeats: Annotated[int, Field(strict=True, ge=1, le=1_000_000_000), INTEGRAL]
+    warmup: Annotated[int, Field(strict=True, ge=0, le=1_000_000), INTEGRAL] = 0
     timer: Annotated[str, Field(max_length=64)] = "perf_counter"
 
     @model_validator(mode="after")
@@ -208,7 +212,7 @@ class CheckModel(_Strict):
     """One comparison of a candidate's output with the float64 golden reference."""
 
     problem: Problem
-    seed: Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
+    seed: Annotated[int, Field(strict=True, ge=0, le=INT64_MAX), INTEGRAL]
     # ‖out − ref‖ / ‖ref‖; None when the output could not be compared (NaN, crash, wrong shape).
     rel_error: Error | None
     max_abs_error: Error | None
@@ -270,7 +274,7 @@ class SearchModel(_Strict):
     """How the winner was found."""
 
     strategy: Annotated[str, Field(max_length=64)]
-    trials: Annotated[int, Field(strict=True, ge=0, le=10_000_000)]
+    trials: Annotated[int, Field(strict=True, ge=0, le=10_000_000), INTEGRAL]
     seconds: Annotated[float, Field(strict=True, ge=0, le=MAX_SEARCH_SECONDS, allow_inf_nan=False)]
 
 

@@ -31,7 +31,7 @@ import secrets
 from datetime import datetime
 from typing import Annotated, Final, Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from tunecache.schemas import _Strict
 
@@ -70,7 +70,7 @@ class TokenCreate(_Strict):
 
     name: TokenName
     scope: Scope
-    trusted: bool = False
+    trusted: StrictBool = False
 
 
 class TokenPublic(_Strict):

@@ -8,9 +8,9 @@ A record's own trust fields (``status``, ``uploaded_by``, ``verification``) are 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StrictBool, field_validator, model_validator
 
 from tunecache.schemas import (
     Backend,
@@ -28,19 +28,27 @@ from tunecache.schemas import (
 )
 
 
+class FailedCheck(CheckModel):
+    """A :class:`~tunecache.schemas.CheckModel` that failed (``passed`` is ``false``)."""
+
+    passed: Annotated[StrictBool, Field(json_schema_extra={"const": False})]
+
+
 class DisputeCreate(_Strict):
     """A consumer's report that a served record's config failed its check where it was used
     (``verify="first"``): the problem it ran at and the comparison that failed."""
 
     problem: Problem
-    check: CheckModel
+    check: FailedCheck
     device: DeviceModel | None = None
     note: ShortText = ""
 
-    @field_validator("check")
+    @field_validator("check", mode="before")
     @classmethod
-    def _failed(cls, check: CheckModel) -> CheckModel:
-        if check.passed:
+    def _failed(cls, check: Any) -> Any:
+        if isinstance(check, CheckModel):
+            check = check.model_dump()
+        if isinstance(check, dict) and check.get("passed") is True:
             raise ValueError("a dispute carries the check that failed, not one that passed")
         return check
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, status
+from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from cache_server import tokens
@@ -21,6 +21,12 @@ from tunecache.tokens import Scope, grants
 
 _bearer = HTTPBearer(auto_error=False, description="An API token: `tunecache token create`.")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+# The same scheme, named apart in the OpenAPI document for the reads a caller may make without a
+# token where the server leaves reads open (cache_server.api.openapi makes the token optional
+# there, and renames it back).
+OPEN_READ_SCHEME = "OpenReadBearer"
+_open_bearer = HTTPBearer(auto_error=False, scheme_name=OPEN_READ_SCHEME)
+OpenReadCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_open_bearer)]
 
 
 def _unauthorized(detail: str) -> HTTPException:
@@ -32,29 +38,44 @@ def _unauthorized(detail: str) -> HTTPException:
 def requires(needed: Scope, *, anonymous: bool = True) -> Callable[..., TokenRow | None]:
     """A dependency that lets the request through only with a token granting ``needed``
     (``anonymous=False``: a token even where the server leaves reads open)."""
+    if needed == "read" and anonymous:
 
-    def check(
-        credentials: Credentials, session: SessionDep, settings: SettingsDep
-    ) -> TokenRow | None:
-        if credentials is None:
-            if needed == "read" and settings.reads == "open" and anonymous:
-                return None
-            raise _unauthorized(
-                f"this needs a token with the {needed!r} scope: "
-                "send 'Authorization: Bearer <token>' (see `tunecache token create`)"
-            )
-        row = tokens.authenticate(session, token=credentials.credentials)
-        if row is None:
-            raise _unauthorized("the token is not known to this server, or was revoked")
-        if not grants(row.scope, needed):  # type: ignore[arg-type]
-            raise HTTPException(
-                status.HTTP_403_FORBIDDEN,
-                f"token {row.name!r} has the {row.scope!r} scope; this needs {needed!r}",
-            )
-        return row
+        def check(credentials: OpenReadCredentials, session: SessionDep, settings: SettingsDep,
+                  request: Request) -> TokenRow | None:  # fmt: skip
+            return _authorize(credentials, session, settings, request, needed, anonymous)
+
+    else:
+
+        def check(credentials: Credentials, session: SessionDep, settings: SettingsDep,
+                  request: Request) -> TokenRow | None:  # fmt: skip
+            return _authorize(credentials, session, settings, request, needed, anonymous)
 
     check.scope = needed  # type: ignore[attr-defined]  # marks routes that check a token
     return check
+
+
+def _authorize(
+    credentials: HTTPAuthorizationCredentials | None, session: SessionDep,
+    settings: SettingsDep, request: Request, needed: Scope, anonymous: bool,
+) -> TokenRow | None:  # fmt: skip
+    if credentials is None and request.headers.get("authorization") is not None:
+        raise _unauthorized("the Authorization header is not 'Bearer <token>'")
+    if credentials is None:
+        if needed == "read" and settings.reads == "open" and anonymous:
+            return None
+        raise _unauthorized(
+            f"this needs a token with the {needed!r} scope: "
+            "send 'Authorization: Bearer <token>' (see `tunecache token create`)"
+        )
+    row = tokens.authenticate(session, token=credentials.credentials)
+    if row is None:
+        raise _unauthorized("the token is not known to this server, or was revoked")
+    if not grants(row.scope, needed):  # type: ignore[arg-type]
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"token {row.name!r} has the {row.scope!r} scope; this needs {needed!r}",
+        )
+    return row
 
 
 # The caller's token row (``None`` without one), for routes that need to know who called.

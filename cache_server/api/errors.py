@@ -20,6 +20,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from cache_server.api.limits import TooComplex
+from cache_server.api.openapi import allowed_methods
 from cache_server.api.problems import body
 from tunecache.errors import InvalidInput
 
@@ -55,10 +57,15 @@ def install(app: FastAPI) -> None:
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 400 and (why := _unparsable(exc.__cause__)) is not None:
             detail = why
+        headers = exc.headers
+        if exc.status_code == 405:  # every method of the path, not only the first route's
+            methods = allowed_methods(app.openapi(), _request.url.path)
+            if methods is not None:
+                headers = {**(headers or {}), "Allow": ", ".join(methods)}
         if exc.status_code in (204, 304):  # no body allowed
-            return Response(status_code=exc.status_code, headers=exc.headers)
+            return Response(status_code=exc.status_code, headers=headers)
         return JSONResponse(body(exc.status_code, detail), status_code=exc.status_code,
-                            headers=exc.headers)  # fmt: skip
+                            headers=headers)  # fmt: skip
 
     @app.exception_handler(InvalidInput)
     async def invalid_input(_request: Request, exc: InvalidInput) -> JSONResponse:
@@ -73,6 +80,8 @@ def install(app: FastAPI) -> None:
 
 def _unparsable(cause: BaseException | None) -> str | None:
     """What FastAPI's "There was an error parsing the body" was, in words a client can act on."""
+    if isinstance(cause, TooComplex):
+        return f"the body is refused: {cause}"
     if isinstance(cause, RecursionError):
         return "the body could not be parsed: it is nested too deeply"
     if isinstance(cause, UnicodeDecodeError):

@@ -6,7 +6,7 @@ Every error answer is an :class:`ErrorBody` (``application/json``)::
 
 ``detail`` is one sentence a person can act on; ``errors`` lists each invalid field (its
 location, message and type) when the request did not validate, and is empty otherwise.
-:func:`document` adds the statuses a route can answer with, each with this model, to the OpenAPI
+:func:`add_errors` adds the statuses a route can answer with, each with this model, to the OpenAPI
 document: 401 and 403 where a token is checked, 422 where there is anything to validate, 400 and
 413 where there is a body — beside the ones a route declares itself (404, 409, 429).
 """
@@ -16,10 +16,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import FastAPI
 from pydantic import Field
 
-from cache_server.api.links import add_links
 from tunecache.schemas import _Strict
 
 
@@ -42,7 +40,8 @@ class ErrorBody(_Strict):
 
 
 DESCRIPTIONS = {
-    400: "the body could not be parsed (not JSON, not UTF-8, nested too deeply)",
+    400: "the body could not be parsed (not JSON, not UTF-8), or is nested too deeply or holds "
+    "too many values",
     401: "no token, or one the server does not know (or that was revoked)",
     403: "the token's scope does not allow this",
     404: "not found",
@@ -61,20 +60,12 @@ def body(status: int, detail: str, errors: list[dict[str, Any]] | None = None) -
     return model.model_dump(mode="json")
 
 
-def document(app: FastAPI) -> None:
-    """Makes ``app``'s OpenAPI document name, on every operation, each error status it can answer
-    with, each with :class:`ErrorBody` (a status a route declares keeps its description)."""
-    generate = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = generate()
-            add_errors(schema)
-            add_links(schema)
-        assert app.openapi_schema is not None
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
+async def send(send: Any, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+    """Sends an :class:`ErrorBody` answer on a raw ASGI ``send`` (for middleware)."""
+    raw = [(b"content-type", b"application/json")]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": json.dumps(body(status, detail)).encode()})
 
 
 def statuses(operation: dict[str, Any]) -> set[int]:
@@ -112,4 +103,4 @@ def add_errors(schema: dict[str, Any]) -> None:
             components.pop(unused, None)
 
 
-__all__ = ["DESCRIPTIONS", "ErrorBody", "FieldError", "add_errors", "body", "document"]
+__all__ = ["DESCRIPTIONS", "ErrorBody", "FieldError", "add_errors", "body", "send"]

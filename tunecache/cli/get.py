@@ -84,7 +84,7 @@ def _unserved(client: Any, key: Key) -> list[str]:
 
     try:
         found = client.list_records(key_hash=key.digest(), limit=5,
-                                    timeout=client.timeout.for_lookup()).items  # fmt: skip
+                                    timeout=client.timeout.lookup).items  # fmt: skip
     except ServerError:
         return []
     return [f"record #{r.id}: {'failed validation' if not r.validation.passed else r.trust_text()}"

@@ -4,12 +4,14 @@ Downloads the server's winners for this device's arch (the GPU's when one is vis
 CPU's; or ``--arch``) to ``-o FILE`` (default: ``$TUNECACHE_SNAPSHOT``, else the user cache
 directory), atomically, and only when they changed (the file's ETag is sent as If-None-Match).
 Run-time lookups read it with ``TUNECACHE_SNAPSHOT=FILE`` (or ``Client(snapshot=FILE)``).
-Exit 0 written or up to date, 2 bad input, 3 server unreachable.
+``--timeout`` bounds the whole download, connecting to the last byte (default 60 s).
+Exit 0 written or up to date, 2 bad input, 3 server unreachable or too slow.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,8 @@ def register(commands: Any) -> None:
     parser.add_argument("--arch", help="device arch (default: this machine's GPU, else CPU)")
     where = "snapshot file (default: $TUNECACHE_SNAPSHOT or the cache dir)"
     parser.add_argument("-o", "--output", type=Path, metavar="FILE", help=where)
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="seconds the whole download may take (default 60)")  # fmt: skip
     add_server(parser)
     parser.set_defaults(run=run)
 
@@ -46,8 +50,11 @@ def default_path(arch: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
+    from tunecache.http import Timeout
     from tunecache.snapshot import load_snapshot, save_snapshot, snapshot_etag
 
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise InvalidInput(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
     arch = args.arch or this_arch()
     path = args.output or default_path(arch)
     held = None
@@ -56,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
             held = snapshot_etag(load_snapshot(path).records)
         except InvalidInput:
             held = None  # a corrupt file is replaced
-    with Client(server_url(args)) as client:
+    with Client(server_url(args), timeout=Timeout(write=args.timeout)) as client:
         document, etag = client.export_snapshot(arch, if_none_match=held)
     if document is None:
         print(f"{path} is up to date ({arch}, ETag {etag})")

@@ -29,7 +29,7 @@ from triton.runtime.autotuner import Autotuner
 
 from tunecache.client import Client
 from tunecache.defaults import TOLERANCES
-from tunecache.errors import InvalidInput, ServerError, one_line
+from tunecache.errors import InvalidInput
 from tunecache.key import Key, describe
 from tunecache.policies import VersionPolicy
 from tunecache.schemas import CheckModel
@@ -228,10 +228,8 @@ class CachedAutotuner(Autotuner):
         if not settings().token:
             logger.info("%s: tuned here; not uploaded (no TUNECACHE_TOKEN)", key.short())
             return
-        try:
-            self._client().upload(record)
-        except (ServerError, ValueError) as exc:  # a malformed answer too: never the caller's
-            self._warn_once("upload", f"{key.short()}: not uploaded: {one_line(exc)}")
+        # In the background: the first launch never waits for the server (nor a down one).
+        self._client().upload_later(record)
 
     def _check(self, config: Config, args: tuple[Any, ...], kwargs: dict[str, Any],
                tolerance: float, key: Key) -> CheckModel:  # fmt: skip

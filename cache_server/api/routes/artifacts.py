@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 
 from cache_server import artifacts
 from cache_server.api.auth import READ, WriteAccess
+from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep, SettingsDep
 from tunecache.artifacts import (
     MAX_PAGE,
@@ -20,7 +21,7 @@ from tunecache.artifacts import (
 )
 from tunecache.schemas import MAX_ID
 
-router = APIRouter(prefix="/v1", tags=["artifacts"])
+router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["artifacts"])
 
 
 @router.post("/artifacts")

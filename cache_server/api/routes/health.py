@@ -4,13 +4,14 @@ from fastapi import APIRouter
 
 from cache_server import tokens
 from cache_server.api.auth import ReadAccess
+from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.queries import count_records
 from tunecache import __version__
 from tunecache.schemas import Health
 from tunecache.tokens import WhoAmI
 
-router = APIRouter(tags=["health"])
+router = APIRouter(route_class=JsonRoute, tags=["health"])
 
 
 @router.get("/health")

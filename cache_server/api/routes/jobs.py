@@ -9,6 +9,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, st
 
 from cache_server import jobs
 from cache_server.api.auth import READ, WRITE, ReadAccess
+from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.metrics import MetricsDep
 from cache_server.models import JobRow, RecordRow, utcnow
@@ -25,7 +26,7 @@ from tunecache.jobs import (
 )
 from tunecache.schemas import INT64_MAX, MAX_ID, LookupRequest
 
-router = APIRouter(prefix="/v1", tags=["jobs"])
+router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["jobs"])
 LEASE_LOST: dict[int | str, dict[str, str]] = {409: {"description": "lease lost"}}
 MISS_PRIORITY = -10  # misses seen in production queue behind explicit pre-tuning
 
@@ -136,10 +137,15 @@ def heartbeat(job_id: JobId, request: LeaseRequest, session: SessionDep) -> JobP
     return _held(job, job_id)
 
 
-@router.post("/jobs/{job_id}/complete", dependencies=[WRITE], responses=LEASE_LOST)
+@router.post(
+    "/jobs/{job_id}/complete",
+    dependencies=[WRITE],
+    responses={409: {"description": "lease lost, or no such record"}},
+)
 def complete(job_id: JobId, request: JobResult, session: SessionDep) -> JobPublic:
+    """Finishes a job this worker holds with the record it uploaded (which must exist: 409)."""
     if request.record_id is not None and session.get(RecordRow, request.record_id) is None:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, f"no record {request.record_id}")
+        raise HTTPException(status.HTTP_409_CONFLICT, f"no record {request.record_id}")
     job = jobs.complete(session, job_id=job_id, worker=request.worker, record_id=request.record_id)
     return _held(job, job_id)
 
@@ -162,7 +168,11 @@ def list_jobs(
     return JobList(items=[public(r) for r in rows], count=total)
 
 
-@router.get("/jobs/{job_id}", dependencies=[READ], responses={404: {"description": "no such job"}})
+# ``:int``: a static path beside it (``/jobs/claim``) is never taken for a job id, so a wrong
+# method there is a 405, not a 422 about the id.
+@router.get(
+    "/jobs/{job_id:int}", dependencies=[READ], responses={404: {"description": "no such job"}}
+)
 def get_job(job_id: JobId, session: SessionDep) -> JobPublic:
     job = jobs.get_job(session, job_id=job_id)
     if job is None:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 
 from cache_server import queries
 from cache_server.api.auth import READ, WriteAccess
+from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.lookup import find_winner
 from cache_server.metrics import MetricsDep
@@ -24,7 +25,7 @@ from tunecache.schemas import (
     UploadResult,
 )
 
-router = APIRouter(prefix="/v1", tags=["records"])
+router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["records"])
 
 
 @router.post("/records", status_code=status.HTTP_201_CREATED)

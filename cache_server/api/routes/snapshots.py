@@ -8,6 +8,7 @@ from fastapi import APIRouter, Header, Query, Response, status
 
 from cache_server import snapshots
 from cache_server.api.auth import READ, WRITE, WriteAccess
+from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.trust import winner_table
 from tunecache.snapshot import (
@@ -17,7 +18,7 @@ from tunecache.snapshot import (
     render_snapshot,
 )
 
-router = APIRouter(prefix="/v1", tags=["snapshots"])
+router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["snapshots"])
 
 
 def _matches(if_none_match: str, etag: str) -> bool:

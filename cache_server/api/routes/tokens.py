@@ -8,11 +8,14 @@ from fastapi import APIRouter, HTTPException, Path, status
 
 from cache_server import tokens
 from cache_server.api.auth import ADMIN
+from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep
 from tunecache.schemas import MAX_ID
 from tunecache.tokens import TokenCreate, TokenCreated, TokenList, TokenPublic
 
-router = APIRouter(prefix="/v1/tokens", tags=["tokens"], dependencies=[ADMIN])
+router = APIRouter(
+    route_class=JsonRoute, prefix="/v1/tokens", tags=["tokens"], dependencies=[ADMIN]
+)
 
 
 @router.post("", status_code=status.HTTP_201_CREATED)

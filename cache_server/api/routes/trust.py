@@ -9,6 +9,7 @@ from fastapi import APIRouter, HTTPException, Path, Request, Response, status
 
 from cache_server import queries, trust
 from cache_server.api.auth import IdentifiedAccess, VerifyAccess
+from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.ratelimit import too_many
 from tunecache.schemas import MAX_ID, RecordPublic
@@ -20,7 +21,7 @@ from tunecache.verification import (
     VerifyTask,
 )
 
-router = APIRouter(prefix="/v1", tags=["trust"])
+router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["trust"])
 RecordIdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 
@@ -34,6 +35,7 @@ def _record(session: SessionDep, record_id: int) -> RecordPublic:
     "/records/{record_id}/disputes",
     responses={
         404: {"description": "no such record"},
+        409: {"description": "the record does not serve this problem (nor its shape bucket)"},
         429: {"description": "too many disputes from this token"},
     },
 )
@@ -53,7 +55,11 @@ def dispute_record(
     """
     if wait := http.app.state.dispute_limiter.wait(f"token:{token.id}"):
         raise too_many(f"more than {settings.disputes_per_minute} disputes a minute", wait)
-    row = trust.add_dispute(session, record_id=record_id, reporter=token.name, dispute=dispute)
+    try:
+        row = trust.add_dispute(session, record_id=record_id, reporter=token.name,
+                                dispute=dispute)  # fmt: skip
+    except trust.OutsideBucket as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no record {record_id}")
     return DisputeResult(record_id=row.id, status=row.status, disputes=row.disputes)  # type: ignore[arg-type]

@@ -1,0 +1,101 @@
+"""Load shedding: a server process works on a bounded number of requests; beyond what it can
+answer in time, it says so at once (503 with ``Retry-After``) instead of letting every request
+wait.
+
+:class:`LoadShedding` (pure ASGI middleware) admits up to ``max_in_flight`` requests at a time.
+One more waits for a free slot only when the slots should free up within ``max_wait`` seconds:
+its expected wait is the requests ahead of it times the recent time per request (a moving
+average of how long admitted requests took), divided by the slots. A request that would wait
+longer, or that waited ``max_wait`` without a slot, gets 503 with ``Retry-After`` before its body
+is read. Without it a burst above capacity queues in the event loop and every request waits
+seconds (measured: 400 lookups/s against a 200/s server, p50 21.8 s, p99 40 s).
+
+``/health`` and ``/metrics`` are never shed: an overloaded server must still say how it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+NEVER_SHED = frozenset({"/health", "/metrics"})
+SMOOTHING = 0.1  # weight of the newest request in the moving average of request times
+
+
+class LoadShedding:
+    """Answers 503 to what this process cannot start within ``max_wait`` (see the module doc).
+
+    Args:
+        app: the ASGI app.
+        max_in_flight: requests worked on at once.
+        max_wait: seconds a request may wait for a slot.
+        retry_after: seconds a shed request is told to wait (``Retry-After``).
+        reject: sends an error answer ``(send, status, detail, headers)``.
+    """
+
+    def __init__(self, app: Any, *, max_in_flight: int, max_wait: float, retry_after: int,
+                 reject: Callable[..., Awaitable[None]]) -> None:  # fmt: skip
+        self.app, self.reject = app, reject
+        self.max_in_flight, self.max_wait, self.retry_after = max_in_flight, max_wait, retry_after
+        self.in_flight = 0
+        self.waiting: deque[asyncio.Future[None]] = deque()
+        self.seconds_per_request = 0.005  # until measured
+
+    def expected_wait(self) -> float:
+        """Seconds one more request would wait for a slot, from the recent time per request."""
+        if self.in_flight < self.max_in_flight:
+            return 0.0
+        return (len(self.waiting) + 1) * self.seconds_per_request / self.max_in_flight
+
+    async def _admit(self) -> bool:
+        """Takes a slot, waiting at most ``max_wait``; whether it got one."""
+        if self.in_flight < self.max_in_flight:
+            self.in_flight += 1
+            return True
+        if self.expected_wait() > self.max_wait:
+            return False
+        slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiting.append(slot)
+        try:
+            await asyncio.wait_for(asyncio.shield(slot), self.max_wait)
+        except TimeoutError:
+            if slot.done():  # handed over just as the wait ran out: take it
+                return True
+            self.waiting.remove(slot)
+            return False
+        except asyncio.CancelledError:  # the client went away while waiting
+            if slot.done():
+                self._release()  # the slot handed over: pass it on
+            else:
+                self.waiting.remove(slot)
+            raise
+        return True
+
+    def _release(self) -> None:
+        """Hands the slot to the first request still waiting, else frees it."""
+        while self.waiting:
+            slot = self.waiting.popleft()
+            if not slot.done():
+                slot.set_result(None)
+                return
+        self.in_flight -= 1
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("path") in NEVER_SHED:
+            await self.app(scope, receive, send)
+            return
+        if not await self._admit():
+            detail = (f"the server is busy ({self.in_flight} requests in progress, "
+                      f"{len(self.waiting)} waiting); retry in {self.retry_after} s")  # fmt: skip
+            await self.reject(send, 503, detail, {"Retry-After": str(self.retry_after)})
+            return
+        started = time.perf_counter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            took = time.perf_counter() - started
+            self.seconds_per_request += SMOOTHING * (took - self.seconds_per_request)
+            self._release()

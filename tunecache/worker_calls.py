@@ -1,0 +1,106 @@
+"""The API calls of tuning workers and verifiers: the job queue and record verification.
+
+A part of :class:`tunecache.client.Client` (which it is mixed into): each call goes through the
+client's ``_call`` (one deadline per call; a :class:`~tunecache.errors.ServerError` on failure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from tunecache.http import parse
+from tunecache.jobs import ClaimRequest, JobCreate, JobEnqueued, JobList, JobPublic
+from tunecache.key import Key
+from tunecache.schemas import KeyModel, RecordPublic
+from tunecache.verification import VerificationCreate, VerifyClaimRequest, VerifyTask
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class WorkerCalls:
+    """Job-queue and verification calls (mixed into :class:`tunecache.client.Client`)."""
+
+    def _call(
+        self, method: str, path: str, timeout: float | None = None, *, read: bool = False,
+        **kwargs: Any,
+    ) -> httpx.Response:  # fmt: skip
+        raise NotImplementedError  # the client's
+
+    # -- verifiers (a token with the verify scope) ------------------------------------------
+    def claim_verification(
+        self, worker: str, *, device_arch: str, backends: Sequence[str],
+        lease_seconds: float = 600.0,
+    ) -> VerifyTask | None:  # fmt: skip
+        """Leases the next record this verifier can re-check (``None``: nothing to do)."""
+        body = VerifyClaimRequest(worker=worker, device_arch=device_arch,
+                                  backends=list(backends),  # type: ignore[arg-type]
+                                  lease_seconds=lease_seconds).model_dump(mode="json")  # fmt: skip
+        response = self._call("POST", "/v1/verifications/claim", json=body)
+        if response.status_code == 204:
+            return None
+        return parse(VerifyTask, response, "/v1/verifications/claim")
+
+    def submit_verification(self, record_id: int, result: VerificationCreate) -> RecordPublic:
+        """Stores a verifier's finding on a record it holds the lease of; the record as now."""
+        path = f"/v1/records/{record_id}/verification"
+        body = result.model_dump(mode="json", by_alias=True)
+        return parse(RecordPublic, self._call("POST", path, json=body), path)
+
+    # -- the job queue (tuning workers) -------------------------------------------------------
+    def create_job(
+        self,
+        key: Key,
+        *,
+        priority: int = 0,
+        max_attempts: int = 3,
+        strategy: str | None = None,
+        trials: int | None = None,
+    ) -> JobEnqueued:
+        """Queues a tuning job for ``key`` (one per key: an existing one is answered), tuned with
+        ``strategy`` and ``trials`` (unset: the worker's own)."""
+        body = JobCreate(key=KeyModel.from_key(key), priority=priority, max_attempts=max_attempts,
+                         strategy=strategy, trials=trials)  # fmt: skip
+        json = body.model_dump(mode="json", by_alias=True)
+        return self._job("POST", "/v1/jobs", JobEnqueued, json=json)
+
+    def claim_job(
+        self,
+        worker: str,
+        *,
+        lease_seconds: float = 300.0,
+        device_arch: str | None = None,
+        backends: Sequence[str] | None = None,
+    ) -> JobPublic | None:
+        """Leases the most urgent job this worker can run (``None``: nothing to do)."""
+        wanted = {"worker": worker, "lease_seconds": lease_seconds, "device_arch": device_arch,
+                  "backends": None if backends is None else list(backends)}  # fmt: skip
+        body = ClaimRequest.model_validate(wanted).model_dump(mode="json")
+        response = self._call("POST", "/v1/jobs/claim", json=body)
+        if response.status_code == 204:
+            return None
+        return parse(JobPublic, response, "/v1/jobs/claim")
+
+    def heartbeat_job(self, job_id: int, worker: str, *, lease_seconds: float = 300.0) -> JobPublic:
+        """Extends the lease of a job this worker holds."""
+        body = {"worker": worker, "lease_seconds": lease_seconds}
+        return self._job("POST", f"/v1/jobs/{job_id}/heartbeat", JobPublic, json=body)
+
+    def complete_job(self, job_id: int, worker: str, record_id: int) -> JobPublic:
+        body = {"worker": worker, "record_id": record_id}
+        return self._job("POST", f"/v1/jobs/{job_id}/complete", JobPublic, json=body)
+
+    def fail_job(self, job_id: int, worker: str, error: str) -> JobPublic:
+        """Gives a job back as failed (retried until its attempts run out), saying why."""
+        body = {"worker": worker, "error": error[:4096]}
+        return self._job("POST", f"/v1/jobs/{job_id}/fail", JobPublic, json=body)
+
+    def list_jobs(self, **filters: Any) -> JobList:
+        params = {k: v for k, v in filters.items() if v is not None}
+        return self._job("GET", "/v1/jobs", JobList, params=params)
+
+    def _job(self, method: str, path: str, model: type[M], **kwargs: Any) -> M:
+        return parse(model, self._call(method, path, **kwargs), path)
