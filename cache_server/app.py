@@ -80,11 +80,13 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
     limits = ScopeLimits(anonymous=min(settings.max_body_anonymous, settings.max_body),
                          read=min(settings.max_body_read, settings.max_body),
                          write=settings.max_body)  # fmt: skip
-    app.add_middleware(BodyLimits, limits=limits, authenticate=_authenticator(app),
-                       seconds=settings.body_seconds, reject=problems.send)  # fmt: skip
+    # Added innermost first: a request meets the identity, the metrics, the body limits (the
+    # whole body read, bounded), then load shedding (a slot only for a request that is in).
     app.add_middleware(LoadShedding, max_in_flight=settings.max_in_flight,
                        max_wait=settings.max_wait, retry_after=settings.retry_after,
                        reject=problems.send)  # fmt: skip
+    app.add_middleware(BodyLimits, limits=limits, authenticate=_authenticator(app),
+                       seconds=settings.body_seconds, reject=problems.send)  # fmt: skip
     app.add_middleware(ObserveRequests, metrics=app.state.metrics)  # sees 413s too
     app.add_middleware(Identify)  # outermost: every answer says it is tunecache's
     return app

@@ -117,9 +117,38 @@ def slow_writes(conn: socket.socket, request: Request, seen: Seen) -> None:
         silent(conn, request, seen)
 
 
+def lookups_miss(conn: socket.socket, request: Request, seen: Seen) -> None:
+    """Every request is a tunecache miss (what a proxy in front of a server passes on)."""
+    answer(conn, 404, b'{"status": 404, "detail": "miss", "errors": []}')
+
+
 def serve(behaviour: Behaviour) -> contextlib.AbstractContextManager[tuple[str, Seen]]:
     """Runs ``behaviour`` for every request on a loopback port; yields ``(url, seen)``."""
     return _serve(behaviour)
+
+
+@contextlib.contextmanager
+def serve_slow_reader() -> Iterator[tuple[str, Seen]]:
+    """A server that reads a request's head, then its body a kilobyte every 0.1 s, with a small
+    receive buffer: an upload to it cannot finish quickly."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    seen = Seen()
+
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data and (chunk := conn.recv(1024)):
+                data += chunk
+            seen.requests.append(data.split(b"\r\n", 1)[0].decode("latin-1"))
+            while not seen.stop.wait(0.1):
+                try:
+                    if not conn.recv(1024):
+                        return
+                except OSError:
+                    return
+
+    yield from _listening(listener, seen, handle)
 
 
 @contextlib.contextmanager
@@ -135,6 +164,13 @@ def _serve(behaviour: Behaviour) -> Iterator[tuple[str, Seen]]:
                     behaviour(conn, request, seen)
             except OSError:
                 pass
+
+    yield from _listening(listener, seen, handle)
+
+
+def _listening(listener: socket.socket, seen: Seen,
+               handle: Callable[[socket.socket], None]) -> Iterator[tuple[str, Seen]]:  # fmt: skip
+    """Accepts connections on ``listener`` for ``handle`` until the test is done."""
 
     def accept() -> None:
         while not seen.stop.is_set():

@@ -111,10 +111,11 @@ def test_an_upload_never_waits_and_honours_the_down_state(
         assert seen.requests == ["POST /v1/records"]  # sent, and still waiting: not on us
         assert c.lookup(make_key(), default=DEFAULT).source == "default"  # times out: down
         elapsed, queued = timed(lambda: c.upload_later(make_record(make_key(m=8))))
-        assert not queued and elapsed < 0.1
-        assert seen.requests == ["POST /v1/records", "POST /v1/lookup"]
-    skipped = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert any("skipped" in message for message in skipped), skipped
+        assert queued and elapsed < 0.1  # kept for when the server is back, not dropped
+        time.sleep(0.3)
+        assert seen.requests == ["POST /v1/records", "POST /v1/lookup"]  # not sent while down
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("2 upload(s)" in message and "not sent" in message for message in warned), warned
 
 
 def test_sync_against_a_trickling_server_gives_up_at_its_timeout(tmp_path: Any) -> None:
@@ -132,3 +133,80 @@ def test_sync_against_a_trickling_server_gives_up_at_its_timeout(tmp_path: Any) 
     assert "timed out" in done.stderr.lower() or "deadline" in done.stderr.lower(), done.stderr
     assert elapsed < 15  # the interpreter's start, then 1 s: a trickle never holds it longer
     assert not (tmp_path / "s.json").exists()
+
+
+def test_an_upload_to_a_server_that_reads_slowly_ends_at_its_deadline() -> None:
+    """A socket write waits its timeout per send(): a server draining a kilobyte at a time
+    would stretch one write past the deadline. Writes go in pieces, each bounded."""
+    from tests.hostile import serve_slow_reader
+
+    document = {"records": [], "padding": "x" * (32 * 2**20)}  # more than socket buffers hold
+    with serve_slow_reader() as (url, seen), Client(url, timeout=Timeout(write=SECONDS)) as c:
+        elapsed, result = timed(lambda: c.import_snapshot(document))
+        assert seen.requests == ["POST /v1/snapshot HTTP/1.1"]
+    assert isinstance(result, ServerError) and elapsed <= BOUND, (elapsed, result)
+
+
+def test_a_name_lookup_that_hangs_ends_at_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resolver has no timeout of its own: a hung one would hold a lookup for as long as it
+    takes. It runs beside the call, which gives up at its deadline."""
+    import socket
+
+    real = socket.getaddrinfo
+
+    def hung(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "slow-dns.invalid":
+            time.sleep(5)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", hung)
+    with Client("http://slow-dns.invalid:8765", timeout=SECONDS) as client:
+        elapsed, result = timed(lambda: client.lookup(make_key(), default=DEFAULT))
+    assert elapsed <= BOUND and result.source == "default"
+
+
+def test_an_old_servers_miss_is_a_miss() -> None:
+    """A server from before the identity header answers a miss in tunecache's error shape: a
+    miss, not 'not a tunecache server'."""
+    import httpx
+
+    shaped = httpx.MockTransport(lambda request: httpx.Response(
+        404, json={"status": 404, "detail": "no validated record", "errors": []}))  # fmt: skip
+    with Client("http://old.test", transport=shaped) as client:
+        assert client.fetch(make_key()) is None
+
+
+def test_an_upload_queued_while_the_server_is_down_is_sent_when_it_is_back() -> None:
+    import httpx
+
+    sent: list[str] = []
+    down = [True]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if down[0]:
+            raise httpx.ConnectError("refused", request=request)
+        sent.append(request.url.path)
+        return httpx.Response(201, json={"record_id": 1, "key_hash": "0" * 64,
+                                         "winner_record_id": 1, "is_winner": True,
+                                         "status": "pending", "policy": "validated"})  # fmt: skip
+
+    with Client("http://flaky.test", transport=httpx.MockTransport(answer),
+                retry_after=0.3) as client:  # fmt: skip
+        assert client.lookup(make_key(), default=DEFAULT).source == "default"  # down now
+        assert client.upload_later(make_record())  # queued, not dropped
+        down[0] = False
+        assert client.drain(timeout=5)
+    assert sent == ["/v1/records"]
+
+
+def test_environment_proxies_are_used_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HTTP_PROXY names a proxy (here one that trickles): the client goes through it, within
+    the same deadline."""
+    with serve(trickle_headers) as (proxy, seen):
+        monkeypatch.setenv("HTTP_PROXY", proxy)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        with Client("http://cache.internal.test:8765", timeout=SECONDS) as client:
+            elapsed, result = timed(lambda: client.lookup(make_key(), default=DEFAULT))
+        assert seen.requests == ["POST http://cache.internal.test:8765/v1/lookup"]
+    assert elapsed <= BOUND and result.source == "default"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -47,6 +48,7 @@ from tunecache.http import (
     deadline,
     is_tunecache,
     parse,
+    proxy_mounts,
     rejected,
     retry_after,
     time_left,
@@ -58,7 +60,6 @@ from tunecache.resolver import (
     Fits,
     LookupResult,
     Resolver,
-    ServerSource,
     SnapshotSource,
     Source,
     Verify,
@@ -72,6 +73,7 @@ from tunecache.schemas import (
     RecordPublic,
     UploadResult,
 )
+from tunecache.server_source import ServerSource
 from tunecache.settings import Settings
 from tunecache.snapshot import SnapshotImportResult, SnapshotPublic
 from tunecache.tokens import Scope, TokenCreate, TokenCreated, TokenList, TokenPublic, WhoAmI
@@ -84,6 +86,15 @@ from tunecache.worker_calls import WorkerCalls
 M = TypeVar("M", bound=BaseModel)
 
 logger = logging.getLogger(__name__)
+
+
+def _shed_wait(response: httpx.Response) -> float | None:
+    """How long to wait before sending again a request a tunecache server shed (503 with
+    ``Retry-After``), with jitter; ``None``: not such an answer."""
+    if response.status_code != 503 or not is_tunecache(response):
+        return None
+    asked = retry_after(response)
+    return None if asked is None else max(asked, 0.05) * random.uniform(1.0, 1.25)
 
 
 class Client(WorkerCalls):
@@ -138,8 +149,9 @@ class Client(WorkerCalls):
         self.report_misses = report_misses
         token = token if token is not None else (settings.token if settings else None)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        mounts = proxy_mounts() if transport is None else {}
         self._http = httpx.Client(base_url=self.url, transport=transport or DeadlineTransport(),
-                                  headers=headers)  # fmt: skip
+                                  mounts=mounts, headers=headers)  # fmt: skip
         sources: list[Source] = []
         if snapshot is not None:
             sources.append(SnapshotSource(Path(snapshot), policy))
@@ -249,7 +261,7 @@ class Client(WorkerCalls):
                         method, path, timeout=self.timeout.per_operation(seconds, read=read),
                         **kwargs,
                     )  # fmt: skip
-                    wait = retry_after(response) if response.status_code == 503 else None
+                    wait = _shed_wait(response)
                     left = time_left()
                     if read or wait is None or left is None or wait >= left:
                         break

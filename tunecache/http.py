@@ -17,7 +17,11 @@ Example:
 from __future__ import annotations
 
 import contextvars
+import ipaddress
+import logging
 import math
+import socket
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -36,6 +40,7 @@ M = TypeVar("M", bound=BaseModel)
 # A 404 without it came from something else: a wrong URL, a proxy, another web server.
 IDENTITY_HEADER = "Tunecache-Server"
 DETAIL_CHARS = 300  # of an error answer's text shown in an error
+WRITE_CHUNK = 64 * 1024  # bytes a socket write sends under one bound
 
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "tunecache_deadline", default=None
@@ -106,7 +111,11 @@ class _DeadlineStream(httpcore.NetworkStream):
         return self._stream.read(max_bytes, _bounded(timeout, httpcore.ReadTimeout))
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._stream.write(buffer, _bounded(timeout, httpcore.WriteTimeout))
+        # In pieces: a socket write waits its timeout per send(), and a reader that drains a
+        # byte at a time would otherwise stretch one write past the deadline.
+        for start in range(0, len(buffer), WRITE_CHUNK):
+            piece = buffer[start : start + WRITE_CHUNK]
+            self._stream.write(piece, _bounded(timeout, httpcore.WriteTimeout))
 
     def close(self) -> None:
         self._stream.close()
@@ -120,6 +129,36 @@ class _DeadlineStream(httpcore.NetworkStream):
         return self._stream.get_extra_info(info)
 
 
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _resolve(host: str, port: int, seconds: float | None) -> list[str]:
+    """``host``'s addresses, looked up in a daemon thread and waited for ``seconds`` at most
+    (a hung resolver keeps its thread, never the caller nor the interpreter's exit)."""
+    found: list[Any] = []
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            found.extend(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:
+            found.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=lookup, daemon=True, name="tunecache-resolve").start()
+    if not done.wait(seconds):
+        raise httpcore.ConnectTimeout(f"looking up {host} took longer than the call's time")
+    if found and isinstance(found[0], OSError):
+        raise httpcore.ConnectError(f"looking up {host} failed: {found[0]}")
+    return list(dict.fromkeys(str(info[4][0]) for info in found))
+
+
 class _DeadlineBackend(httpcore.NetworkBackend):
     """httpcore's socket backend, with every operation bounded by the call's deadline."""
 
@@ -130,9 +169,24 @@ class _DeadlineBackend(httpcore.NetworkBackend):
         self, host: str, port: int, timeout: float | None = None,
         local_address: str | None = None, socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:  # fmt: skip
-        bounded = _bounded(timeout, httpcore.ConnectTimeout)
-        stream = self._backend.connect_tcp(host, port, bounded, local_address, socket_options)
-        return _DeadlineStream(stream)
+        if time_left() is None or _is_address(host):
+            bounded = _bounded(timeout, httpcore.ConnectTimeout)
+            stream = self._backend.connect_tcp(host, port, bounded, local_address, socket_options)
+            return _DeadlineStream(stream)
+        # The name lookup has no timeout of its own, and each address would get the whole one:
+        # resolve within the time left, then try each address within what is left after.
+        addresses = _resolve(host, port, _bounded(timeout, httpcore.ConnectTimeout))
+        failed: Exception | None = None
+        for address in addresses:
+            bounded = _bounded(timeout, httpcore.ConnectTimeout)
+            try:
+                stream = self._backend.connect_tcp(address, port, bounded, local_address,
+                                                   socket_options)  # fmt: skip
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                failed = exc
+                continue
+            return _DeadlineStream(stream)
+        raise failed or httpcore.ConnectError(f"{host} has no address")
 
     def connect_unix_socket(self, path: str, timeout: float | None = None,
                             socket_options: Iterable[Any] | None = None
@@ -159,9 +213,36 @@ class DeadlineTransport(httpx.HTTPTransport):
         pool._network_backend = _DeadlineBackend()
 
 
+def proxy_mounts() -> dict[str, httpx.BaseTransport | None]:
+    """Transports for the proxies the environment names (``HTTP(S)_PROXY``, ``ALL_PROXY``,
+    ``NO_PROXY``), each bounded by :func:`deadline` like the direct one; as httpx reads them."""
+    try:
+        from httpx._utils import get_environment_proxies  # httpx's own reading of them
+    except ImportError:  # pragma: no cover - an httpx that moved it: no proxies then
+        return {}
+    mounts: dict[str, httpx.BaseTransport | None] = {}
+    for pattern, url in get_environment_proxies().items():
+        try:
+            mounts[pattern] = None if url is None else DeadlineTransport(proxy=url)
+        except (ImportError, ValueError) as exc:  # a SOCKS proxy without socksio, a bad URL
+            logging.getLogger(__name__).warning("not using proxy %s: %s", url, exc)
+    return mounts
+
+
 def is_tunecache(response: httpx.Response) -> bool:
-    """Whether the answer came from a tunecache server (it carries :data:`IDENTITY_HEADER`)."""
-    return response.headers.get(IDENTITY_HEADER, "").startswith("tunecache/")
+    """Whether the answer came from a tunecache server: it carries :data:`IDENTITY_HEADER`, or
+    (a server from before the header, or an error answered past the middleware that adds it)
+    it is an error in tunecache's one shape, ``{"status": <its status>, "detail": "…", …}``."""
+    if response.headers.get(IDENTITY_HEADER, "").startswith("tunecache/"):
+        return True
+    if not response.is_error or "json" not in response.headers.get("content-type", ""):
+        return False
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return (isinstance(body, dict) and body.get("status") == response.status_code
+            and isinstance(body.get("detail"), str))  # fmt: skip
 
 
 def rejected(method: str, path: str, response: httpx.Response) -> ServerError:

@@ -4,7 +4,8 @@ A :class:`Resolver` asks each :class:`Source` in turn — by default the in-proc
 snapshot file, the server — and returns the first answer whose config passes the caller's ``fits``
 check (a config the device cannot launch falls through to the next source), else the caller's
 default. Sources never raise either: a failure is logged once and is a miss. The typed API client
-(:class:`tunecache.client.Client`, which raises) is what :class:`ServerSource` talks through.
+(:class:`tunecache.client.Client`, which raises) is what
+:class:`~tunecache.server_source.ServerSource` talks through.
 
 No source is trusted: every record a source would answer with is checked first
 (:func:`tunecache.served.served_problem`: validated, not disputed, a key the lookup rules allow,
@@ -26,28 +27,22 @@ import abc
 import asyncio
 import dataclasses
 import logging
-import queue
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from httpx import TransportError
-
 from tunecache.canonical import canonical_json
-from tunecache.errors import InvalidInput, ServerError, one_line
+from tunecache.errors import InvalidInput, one_line
 from tunecache.key import Key
 from tunecache.policies import VersionPolicy
 from tunecache.rules import Rule, best
-from tunecache.schemas import CheckModel, DeviceModel, RecordCreate, RecordPublic
+from tunecache.schemas import CheckModel, RecordCreate, RecordPublic
 from tunecache.served import served_problem
-from tunecache.verification import DisputeCreate, FailedCheck
 
 if TYPE_CHECKING:
     from tunecache.best import BestBackend
-    from tunecache.client import Client
     from tunecache.device import Device, DeviceFingerprint
 
 logger = logging.getLogger(__name__)
@@ -55,7 +50,6 @@ SourceName = Literal["memo", "snapshot", "server", "default"]
 Fits = Callable[[dict[str, Any]], str | None]  # why a config cannot launch here, or None
 # The served config's outputs against the caller's reference, on the same inputs.
 Verify = Callable[[dict[str, Any]], CheckModel]
-MAX_PENDING_REPORTS = 256
 
 
 @dataclass(frozen=True)
@@ -98,6 +92,8 @@ class LookupResult:
 
 class Source(abc.ABC):
     """Where answers come from. ``get`` never raises: a failure is logged and is ``None``."""
+
+    fills_memo = False  # its answers go into the resolver's memo (the server's do)
 
     @abc.abstractmethod
     def get(self, key: Key, digest: str) -> LookupResult | None:
@@ -184,166 +180,6 @@ class SnapshotSource(RecordsSource):
         return index.values()
 
 
-@dataclass(frozen=True)
-class _Report:
-    """One call the server source sends in the background: a miss report, a dispute, an upload.
-    ``loud``: a refusal is a warning (an upload lost), not a debug line (a report dropped)."""
-
-    what: str
-    send: Callable[[], object]
-    loud: bool = False
-    marker: bool = False  # not a call: run even while the server is down (see ``drain``)
-
-
-def unreachable(exc: ServerError) -> bool:
-    """Whether a failed call says the server cannot answer now (no connection, too slow, a
-    server error), as opposed to one refused or malformed answer."""
-    code = exc.status_code
-    return isinstance(exc.__cause__, TransportError) or (code is not None and code >= 500)
-
-
-class ServerSource(Source):
-    """The cache server, through the API client, bounded by its lookup timeout.
-
-    After a failure (unreachable, too slow, a server error, not a tunecache server) the server is
-    skipped for ``retry_after`` seconds (one warning, then debug), a miss is remembered for
-    ``miss_ttl`` seconds, and with ``report_misses`` the server is asked to tune what it missed
-    (once per key per ``miss_ttl``). Reports, disputes and uploads (:meth:`send_later`) go in the
-    background: they wait in a bounded queue (a full queue drops them) that one thread sends, and
-    are skipped while the server is down; the caller never waits.
-    """
-
-    def __init__(self, client: Client, *, retry_after: float = 30.0, miss_ttl: float = 60.0,
-                 report_misses: bool = False) -> None:  # fmt: skip
-        self.client = client
-        self.retry_after, self.miss_ttl, self.report_misses = retry_after, miss_ttl, report_misses
-        self._lock = threading.Lock()
-        self._misses: dict[str, float] = {}
-        self._down_until = 0.0
-        self._warned = False
-        self._reports: queue.Queue[_Report | None] = queue.Queue(maxsize=MAX_PENDING_REPORTS)
-        self._reporter: threading.Thread | None = None
-        self._refused = False
-
-    @property
-    def down(self) -> bool:
-        """Whether the server is skipped now, after a failure less than ``retry_after`` ago."""
-        return self._down_until > time.monotonic()
-
-    def get(self, key: Key, digest: str) -> LookupResult | None:
-        now = time.monotonic()
-        with self._lock:
-            if self._misses.get(digest, -1.0) > now or self._down_until > now:
-                return None
-        timeout = self.client.timeout.lookup
-        try:
-            answer = self.client.fetch_answer(key, timeout=timeout)
-        except ServerError as exc:
-            self._failed(exc)
-            return None
-        if answer is not None:
-            why = served_problem(key, answer.record, answer.match, self.client.policy)
-            if why is None:
-                return LookupResult.served(answer.record, "server", answer.match, answer.policy)
-            log = logger.debug if self._refused else logger.warning
-            self._refused = True
-            log("%s: ignoring record #%d from %s: %s", key.short(), answer.record.id,
-                self.client.url, why)  # fmt: skip
-        with self._lock:
-            self._misses[digest] = now + self.miss_ttl
-        if self.report_misses:
-            self.send_later(f"miss of {key.short()}", lambda: self.client.report_miss(
-                key, timeout=self.client.timeout.lookup))  # fmt: skip
-        return None
-
-    def dispute(self, key: Key, answer: LookupResult, check: CheckModel) -> None:
-        """Reports that the server's record failed ``check`` at ``key``'s problem, in the
-        background; the record is forgotten here (the next lookup asks again)."""
-        record = answer.record
-        if record is None:
-            return
-        with self._lock:
-            self._misses[key.digest()] = time.monotonic() + self.miss_ttl
-        report = DisputeCreate(problem=dict(key.problem),
-                               check=FailedCheck.model_validate(check.model_dump()),
-                               device=DeviceModel.model_validate(key.device.to_json()))  # fmt: skip
-        self.send_later(f"dispute of record #{record.id}", lambda: self.client.dispute(
-            record.id, report, timeout=self.client.timeout.lookup))  # fmt: skip
-
-    def send_later(self, what: str, send: Callable[[], object], *, loud: bool = False) -> bool:
-        """Queues ``send()`` for the background thread; ``False`` (and a log line) when it is
-        not queued: the server is down, or the queue is full. ``loud``: a failure or a skip is
-        a warning (an upload lost), else a debug line (a report dropped)."""
-        log = logger.warning if loud else logger.debug
-        if self.down:
-            log("%s skipped: %s was unreachable less than %.0f s ago", what, self.client.url,
-                self.retry_after)  # fmt: skip
-            return False
-        try:
-            self._reports.put_nowait(_Report(what, send, loud))
-        except queue.Full:
-            log("%s dropped: %d calls are waiting to be sent", what, MAX_PENDING_REPORTS)
-            return False
-        with self._lock:
-            if self._reporter is None:
-                self._reporter = threading.Thread(target=self._send_reports, daemon=True,
-                                                  name="tunecache-background")  # fmt: skip
-                self._reporter.start()
-        return True
-
-    def _send_reports(self) -> None:
-        while (report := self._reports.get()) is not None:
-            if report.marker:
-                report.send()
-                continue
-            if self.down:
-                (logger.warning if report.loud else logger.debug)(
-                    "%s skipped: %s is down", report.what, self.client.url)  # fmt: skip
-                continue
-            try:
-                report.send()
-            except ServerError as exc:
-                if unreachable(exc):
-                    self._failed(exc)  # not asked for a while: lookups fall back at once
-                (logger.warning if report.loud else logger.debug)(
-                    "%s failed: %s", report.what, exc)  # fmt: skip
-            except Exception as exc:  # a bad answer too: the background thread must not die
-                (logger.warning if report.loud else logger.debug)(
-                    "%s failed: %s", report.what, one_line(exc))  # fmt: skip
-
-    def drain(self, timeout: float = 5.0) -> bool:
-        """Waits until the calls queued so far are sent (or skipped); whether they were within
-        ``timeout`` seconds."""
-        if self._reporter is None:
-            return True
-        done = threading.Event()
-        try:
-            self._reports.put(_Report("drain", done.set, marker=True), timeout=timeout)
-        except queue.Full:
-            return False
-        return done.wait(timeout)
-
-    def close(self, timeout: float = 5.0) -> None:
-        """Sends the calls still queued (within ``timeout`` seconds), then stops the thread."""
-        if self._reporter is None:
-            return
-        try:
-            self._reports.put(None, timeout=timeout)
-        except queue.Full:
-            return
-        self._reporter.join(timeout)
-
-    def _failed(self, exc: Exception) -> None:
-        """Skips the server for ``retry_after`` seconds (or as long as a busy server asked)."""
-        asked = getattr(exc, "retry_after", None)
-        pause = self.retry_after if asked is None else min(asked, self.retry_after)
-        with self._lock:
-            self._down_until = time.monotonic() + pause
-            first, self._warned = not self._warned, True
-        log = logger.warning if first else logger.debug
-        log("%s; using default configs, retrying in %.0f s", exc, pause)
-
-
 class Resolver:
     """Answers keys from ``sources`` in order, remembering hits; never raises.
 
@@ -385,7 +221,7 @@ class Resolver:
                 continue
             if verify is not None and not self._verified_here(key, digest, source, answer, verify):
                 continue
-            if self.memo is not None and answer.source == "server":
+            if self.memo is not None and source.fills_memo:
                 self.memo.put(digest, answer)
             return answer
         return LookupResult(config=default, source="default")
@@ -407,7 +243,7 @@ class Resolver:
         already, or is now (memoised by a caller that did not verify); else it is forgotten and
         disputed with the server it came from."""
         assert self.memo is not None
-        origin = next((s for s in self.sources if isinstance(s, ServerSource)), self.memo)
+        origin = next((s for s in self.sources if s.fills_memo), self.memo)
         if self._verified_here(key, digest, origin, found, verify):
             return True
         self.memo.answers.pop(digest, None)

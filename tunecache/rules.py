@@ -23,10 +23,16 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from tunecache.canonical import canonical_json
-from tunecache.policies import VersionPolicy, bucket_policy, shape_distance, versions_match
+from tunecache.policies import (
+    BucketPolicy,
+    VersionPolicy,
+    bucket_policy,
+    shape_distance,
+    versions_match,
+)
 
 Rule = Literal["exact", "same_arch", "bucket"]
 RULES: tuple[Rule, ...] = ("exact", "same_arch", "bucket")
@@ -35,14 +41,41 @@ _SAME = ("kernel", "source_hash", "backend", "dtype")
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equal as JSON: in Python ``True == 1``, but a flag is not a size."""
-    return canonical_json(a) == canonical_json(b)
+    """Equal as JSON: in Python ``True == 1`` and ``64 == 64.0``, but a flag is not a size and
+    JSON's ``64.0`` is not ``64`` (what :func:`~tunecache.canonical.canonical_json` tells apart),
+    compared without serialising (a bucket lookup compares dozens of candidates)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if type(a) is list:
+        return len(a) == len(b) and all(map(_same, a, b))
+    return bool(a == b)
+
+
+@dataclass(frozen=True)
+class _Wanted:
+    """What matching reads of the wanted key, computed once for all its candidates."""
+
+    key: Mapping[str, Any]
+    buckets: BucketPolicy
+    bucket: dict[str, Any]
+
+    @classmethod
+    def of(cls, key: Mapping[str, Any]) -> _Wanted:
+        buckets = bucket_policy(key["kernel"])
+        return cls(key, buckets, buckets.bucket(key["problem"]))
 
 
 def match(
     wanted: Mapping[str, Any], tuned: Mapping[str, Any], policy: VersionPolicy
 ) -> Rule | None:
     """The rule by which a winner tuned for key ``tuned`` may serve key ``wanted``, or ``None``."""
+    return _match(_Wanted.of(wanted), tuned, policy)
+
+
+def _match(prepared: _Wanted, tuned: Mapping[str, Any], policy: VersionPolicy) -> Rule | None:
+    wanted = prepared.key
     if any(wanted[f] != tuned[f] for f in _SAME):
         return None
     if wanted["device"]["arch"] != tuned["device"]["arch"]:
@@ -51,8 +84,8 @@ def match(
         return None
     if _same(tuned["problem"], wanted["problem"]):
         return "exact" if _same(tuned["device"], wanted["device"]) else "same_arch"
-    buckets = bucket_policy(wanted["kernel"])
-    if buckets.dims and _same(buckets.bucket(tuned["problem"]), buckets.bucket(wanted["problem"])):
+    if prepared.buckets.dims and _same(prepared.buckets.bucket(tuned["problem"]),
+                                       prepared.bucket):  # fmt: skip
         return "bucket"
     return None
 
@@ -69,8 +102,9 @@ def best(
 ) -> tuple[T, Rule] | None:  # fmt: skip
     """The candidate (a tuned key and its payload) that serves ``wanted`` best, and its rule."""
     ranked: list[tuple[int, float, int, int, T, Rule]] = []
+    prepared = _Wanted.of(wanted)
     for order, (tuned, payload) in enumerate(candidates):
-        rule = match(wanted, tuned, policy)
+        rule = _match(prepared, tuned, policy)
         if rule is not None:
             ranked.append((RULES.index(rule), *closeness(wanted, tuned), order, payload, rule))
     if not ranked:

@@ -18,12 +18,13 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cache_server.api.limits import TooComplex
 from cache_server.api.openapi import allowed_methods
 from cache_server.api.problems import body
-from tunecache.errors import InvalidInput
+from tunecache.errors import InvalidInput, one_line
 
 logger = logging.getLogger(__name__)
 SHOWN = 3  # fields named in a validation error's detail
@@ -70,6 +71,13 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(InvalidInput)
     async def invalid_input(_request: Request, exc: InvalidInput) -> JSONResponse:
         return JSONResponse(body(422, str(exc)), status_code=422)
+
+    @app.exception_handler(SQLAlchemyTimeout)
+    async def database_busy(request: Request, exc: SQLAlchemyTimeout) -> JSONResponse:
+        logger.warning("no database connection free for %s %s: %s", request.method,
+                       request.url.path, one_line(exc))  # fmt: skip
+        detail = "the server's database connections are all busy; retry in 1 s"
+        return JSONResponse(body(503, detail), status_code=503, headers={"Retry-After": "1"})
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:

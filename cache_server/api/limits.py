@@ -10,6 +10,10 @@ the limit is passed (a streamed body), never after the whole body was read; an u
 token sending a large body gets 401, also before its body is read. A body that takes longer than
 ``body_seconds`` to arrive gets 408: a client trickling its body cannot hold a request slot.
 
+The whole body is read (bounded so) before the request goes on: a client that trickles its body
+holds a connection, never one of the request slots load shedding counts
+(:mod:`cache_server.api.shedding`), and its 10 s run out first.
+
 Once read, a JSON body is parsed off the event loop (:func:`parse_json`, in a worker thread) with
 bounds on its nesting depth and element count, so a small body cannot expand into millions of
 objects (``[{},{},…]``: 3 bytes each).
@@ -31,9 +35,8 @@ Message = dict[str, Any]
 Authenticate = Callable[[str], Scope | None]  # a token's scope, None when unknown or revoked
 
 
-class Refused(BaseException):
-    """Raised from ``receive`` to end a request mid-body; a ``BaseException`` so parsers'
-    ``except Exception`` miss it."""
+class Refused(Exception):
+    """A request refused before it reaches the app: its status and why."""
 
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(detail)
@@ -148,7 +151,12 @@ class BodyLimits:
         token = bearer(scope)
         if token is None:
             return self.limits.anonymous
-        held = await anyio.to_thread.run_sync(self.authenticate, token)
+        try:
+            held = await anyio.to_thread.run_sync(self.authenticate, token)
+        except Exception as exc:  # the database: not the client's fault, and not for good
+            raise Refused(
+                503, f"the token could not be checked now ({type(exc).__name__})"
+            ) from exc
         if held is None:
             raise Refused(401, "the token is not known to this server, or was revoked")
         return self.limits.of(held)
@@ -159,54 +167,65 @@ class BodyLimits:
         more = "; send a token" if bearer(scope) is None and limit < self.limits.write else ""
         return Refused(413, f"{sent} is over the limit of {limit} bytes for {who}{more}")
 
-    async def __call__(self, scope: ScopeDict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def _read(self, scope: ScopeDict, receive: Any) -> bytes | None:
+        """The whole body, within its sender's limit and the deadline (``None``: the client
+        went away).
+
+        Raises:
+            Refused: over the limit (413), an unknown token (401), too slow (408).
+        """
         limit, known = self.limits.anonymous, False
         declared = declared_length(scope)
-        try:
-            if declared is not None and (declared < 0 or declared > limit):
-                limit, known = await self._limit(scope), True
-                if declared < 0 or declared > limit:
-                    raise self._too_large(scope, limit, declared if declared >= 0 else None)
-        except Refused as refused:
-            await self._refuse(send, refused)
-            return
+        if declared is not None and (declared < 0 or declared > limit):
+            limit, known = await self._limit(scope), True
+            if declared < 0 or declared > limit:
+                raise self._too_large(scope, limit, declared if declared >= 0 else None)
+        chunks: list[bytes] = []
         received = 0
-        started = complete = False
-        deadline = anyio.current_time() + self.seconds
-
-        async def limited_receive() -> Message:
-            nonlocal received, limit, known, complete
-            if complete:  # the body is in: what follows is a wait for a disconnect
-                message: Message = await receive()
-                return message
-            with anyio.move_on_after(deadline - anyio.current_time()) as waited:
+        with anyio.move_on_after(self.seconds) as waited:
+            while True:
                 message = await receive()
-            if waited.cancelled_caught:
-                raise Refused(408, f"the body did not arrive within {self.seconds:g} s")
-            complete = message["type"] != "http.request" or not message.get("more_body", False)
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
+                if message["type"] != "http.request":
+                    return None  # http.disconnect
+                chunk = message.get("body", b"")
+                received += len(chunk)
                 if received > limit and not known:
                     limit, known = await self._limit(scope), True
                 if received > limit:
                     raise self._too_large(scope, limit, None)
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+        assert waited.cancelled_caught
+        raise Refused(408, f"the body did not arrive within {self.seconds:g} s")
+
+    async def __call__(self, scope: ScopeDict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await self._read(scope, receive)
+        except Refused as refused:
+            await self._refuse(send, refused)
+            return
+        if body is None:
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:  # the body, in one piece; then what the client does next
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            message: Message = await receive()
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except Refused as refused:
-            if not started:
-                await self._refuse(send, refused)
+        await self.app(scope, replay, send)
 
     async def _refuse(self, send: Any, refused: Refused) -> None:
         headers = {"WWW-Authenticate": "Bearer"} if refused.status == 401 else {}
+        if refused.status in (401, 408, 413):  # the rest of the body is never read
+            headers["Connection"] = "close"
+        if refused.status == 503:
+            headers["Retry-After"] = "1"
         await self.reject(send, refused.status, refused.detail, headers)

@@ -7,8 +7,9 @@ Every error answer is an :class:`ErrorBody` (``application/json``)::
 ``detail`` is one sentence a person can act on; ``errors`` lists each invalid field (its
 location, message and type) when the request did not validate, and is empty otherwise.
 :func:`add_errors` adds the statuses a route can answer with, each with this model, to the OpenAPI
-document: 401 and 403 where a token is checked, 422 where there is anything to validate, 400 and
-413 where there is a body — beside the ones a route declares itself (404, 409, 429).
+document: 401 and 403 where a token is checked, 422 where there is anything to validate, 400, 408
+and 413 where there is a body, 500 and 503 everywhere — beside the ones a route declares itself
+(404, 409, 429).
 """
 
 from __future__ import annotations
@@ -45,11 +46,13 @@ DESCRIPTIONS = {
     401: "no token, or one the server does not know (or that was revoked)",
     403: "the token's scope does not allow this",
     404: "not found",
+    408: "the body did not arrive in time",
     409: "the request conflicts with the current state",
-    413: "the body is over the server's size limit",
+    413: "the body is over its sender's size limit (smaller without a token)",
     422: "the request did not validate: `errors` names each field",
     429: "over a rate limit: `Retry-After` says when to try again",
     500: "an internal error (a bug: please report it)",
+    503: "the server is busy: `Retry-After` says when to try again",
 }
 
 
@@ -71,11 +74,11 @@ async def send(send: Any, status: int, detail: str, headers: dict[str, str] | No
 def statuses(operation: dict[str, Any]) -> set[int]:
     """The error statuses an operation can answer with, from what it takes."""
     declared = {int(s) for s in operation.get("responses", {}) if str(s).isdigit()}
-    found = {500} | {s for s in declared if s >= 400}
+    found = {500, 503} | {s for s in declared if s >= 400}
     if operation.get("security"):
         found |= {401, 403}
     if "requestBody" in operation:
-        found |= {400, 413, 422}
+        found |= {400, 408, 413, 422}
     if operation.get("parameters"):
         found.add(422)
     return found

@@ -10,7 +10,9 @@ longer, or that waited ``max_wait`` without a slot, gets 503 with ``Retry-After`
 is read. Without it a burst above capacity queues in the event loop and every request waits
 seconds (measured: 400 lookups/s against a 200/s server, p50 21.8 s, p99 40 s).
 
-``/health`` and ``/metrics`` are never shed: an overloaded server must still say how it is.
+``/health`` and ``/metrics`` have slots of their own (:data:`MONITOR_SLOTS`, no waiting): an
+overloaded server still says how it is, and a flood of them (each counts the records) cannot take
+the database connections the API needs.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-NEVER_SHED = frozenset({"/health", "/metrics"})
+MONITORING = frozenset({"/health", "/metrics"})
+MONITOR_SLOTS = 2
 SMOOTHING = 0.1  # weight of the newest request in the moving average of request times
 
 
@@ -41,6 +44,7 @@ class LoadShedding:
         self.app, self.reject = app, reject
         self.max_in_flight, self.max_wait, self.retry_after = max_in_flight, max_wait, retry_after
         self.in_flight = 0
+        self.monitoring = 0  # /health and /metrics requests in flight
         self.waiting: deque[asyncio.Future[None]] = deque()
         self.seconds_per_request = 0.005  # until measured
 
@@ -74,6 +78,18 @@ class LoadShedding:
             raise
         return True
 
+    async def _monitor(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """A /health or /metrics request, in its own slots."""
+        if self.monitoring >= MONITOR_SLOTS:
+            detail = f"{self.monitoring} health or metrics requests are in progress"
+            await self.reject(send, 503, detail, {"Retry-After": str(self.retry_after)})
+            return
+        self.monitoring += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.monitoring -= 1
+
     def _release(self) -> None:
         """Hands the slot to the first request still waiting, else frees it."""
         while self.waiting:
@@ -84,8 +100,11 @@ class LoadShedding:
         self.in_flight -= 1
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("path") in NEVER_SHED:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if scope.get("path") in MONITORING:
+            await self._monitor(scope, receive, send)
             return
         if not await self._admit():
             detail = (f"the server is busy ({self.in_flight} requests in progress, "

@@ -1,0 +1,135 @@
+"""Load shedding, at the middleware: a bounded number of requests in flight, a bounded wait for a
+slot, a fast 503 with ``Retry-After`` for the rest, and monitoring in slots of its own.
+
+The app behind the middleware is a stand-in that holds each request until told to finish: what
+is under test is the middleware's admission, which a real server's timing would make flaky.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from cache_server.api.problems import send as send_error
+from cache_server.api.shedding import MONITOR_SLOTS, LoadShedding
+
+
+class Held:
+    """An ASGI app that answers 200 once ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.started = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        self.started += 1
+        await self.release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+async def call(app: Any, path: str = "/v1/lookup") -> tuple[int, dict[bytes, bytes], float]:
+    """One request through ``app``: its status, headers and seconds."""
+    answer: dict[str, Any] = {}
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            answer.update(status=message["status"], headers=dict(message["headers"]))
+
+    started = time.perf_counter()
+    await app({"type": "http", "path": path, "method": "POST", "headers": []}, receive, send)
+    return answer["status"], answer["headers"], time.perf_counter() - started
+
+
+def shedding(inner: Any, slots: int, wait: float) -> LoadShedding:
+    return LoadShedding(inner, max_in_flight=slots, max_wait=wait, retry_after=2,
+                        reject=send_error)  # fmt: skip
+
+
+def test_beyond_its_slots_a_request_waits_a_little_then_gets_503() -> None:
+    async def run() -> None:
+        held = Held()
+        app = shedding(held, slots=2, wait=0.05)
+        first = [asyncio.create_task(call(app)) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        status, headers, seconds = await call(app)  # both slots held
+        assert status == 503 and headers[b"retry-after"] == b"2"
+        assert seconds < 0.2  # waited its 0.05 s at most, not for the slots
+        held.release.set()
+        assert [(await t)[0] for t in first] == [200, 200]
+        assert (await call(app))[0] == 200  # slots given back
+        assert app.in_flight == 0 and not app.waiting
+
+    asyncio.run(run())
+
+
+def test_a_request_that_would_wait_too_long_is_refused_without_waiting() -> None:
+    async def run() -> None:
+        held = Held()
+        app = shedding(held, slots=1, wait=0.05)
+        app.seconds_per_request = 1.0  # requests have been taking a second each
+        holder = asyncio.create_task(call(app))
+        await asyncio.sleep(0.01)
+        status, _, seconds = await call(app)
+        assert status == 503 and seconds < 0.01  # no wait: it could not start in 0.05 s
+        held.release.set()
+        await holder
+
+    asyncio.run(run())
+
+
+def test_a_waiting_request_gets_the_slot_handed_over() -> None:
+    async def run() -> None:
+        held = Held()
+        app = shedding(held, slots=1, wait=1.0)
+        holder = asyncio.create_task(call(app))
+        await asyncio.sleep(0.01)
+        waiter = asyncio.create_task(call(app))
+        await asyncio.sleep(0.01)
+        assert len(app.waiting) == 1
+        held.release.set()
+        assert (await holder)[0] == 200 and (await waiter)[0] == 200
+        assert app.in_flight == 0
+
+    asyncio.run(run())
+
+
+def test_a_client_gone_while_waiting_leaks_no_slot() -> None:
+    async def run() -> None:
+        held = Held()
+        app = shedding(held, slots=1, wait=5.0)
+        holder = asyncio.create_task(call(app))
+        await asyncio.sleep(0.01)
+        gone = asyncio.create_task(call(app))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        await asyncio.gather(gone, return_exceptions=True)
+        held.release.set()
+        await holder
+        assert app.in_flight == 0 and not app.waiting
+        assert (await call(app))[0] == 200
+
+    asyncio.run(run())
+
+
+def test_health_has_slots_of_its_own() -> None:
+    """A flood of /health (each counts the records) neither takes the API's slots nor all the
+    database connections: beyond its own slots it is refused at once."""
+
+    async def run() -> None:
+        held = Held()
+        app = shedding(held, slots=1, wait=0.05)
+        checks = [asyncio.create_task(call(app, "/health")) for _ in range(MONITOR_SLOTS)]
+        await asyncio.sleep(0.01)
+        status, _, seconds = await call(app, "/health")
+        assert status == 503 and seconds < 0.01
+        assert app.in_flight == 0  # the API's slot is free
+        held.release.set()
+        assert [(await t)[0] for t in checks] == [200] * MONITOR_SLOTS
+        assert (await call(app))[0] == 200
+
+    asyncio.run(run())

@@ -1,0 +1,224 @@
+"""The server as a source of answers, and the background calls to it.
+
+:class:`ServerSource` asks the cache server (through the API client, bounded by its lookup
+timeout) and sends what the caller must never wait for — miss reports, disputes, uploads — from
+one background thread. After a failure (unreachable, too slow, a server error, not a tunecache
+server) the server is skipped for a while; lookups fall back at once meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from httpx import TransportError
+
+from tunecache.errors import ServerError, one_line
+from tunecache.key import Key
+from tunecache.resolver import LookupResult, Source
+from tunecache.schemas import CheckModel, DeviceModel
+from tunecache.served import served_problem
+from tunecache.verification import DisputeCreate, FailedCheck
+
+if TYPE_CHECKING:
+    from tunecache.client import Client
+
+logger = logging.getLogger(__name__)
+MAX_PENDING_REPORTS = 256
+SEND_ATTEMPTS = 3  # times an upload is sent to a server that could not be reached
+
+
+@dataclass(frozen=True)
+class _Report:
+    """One call the server source sends in the background: a miss report, a dispute, an upload.
+    ``loud``: a refusal is a warning (an upload lost), not a debug line (a report dropped)."""
+
+    what: str
+    send: Callable[[], object]
+    loud: bool = False
+    marker: bool = False  # not a call: run even while the server is down (see ``drain``)
+    attempts: int = 0
+
+
+def unreachable(exc: ServerError) -> bool:
+    """Whether a failed call says the server cannot answer now (no connection, too slow, a
+    server error), as opposed to one refused or malformed answer."""
+    code = exc.status_code
+    return isinstance(exc.__cause__, TransportError) or (code is not None and code >= 500)
+
+
+class ServerSource(Source):
+    """The cache server, through the API client, bounded by its lookup timeout.
+
+    After a failure (unreachable, too slow, a server error, not a tunecache server) the server is
+    skipped for ``retry_after`` seconds (one warning, then debug), a miss is remembered for
+    ``miss_ttl`` seconds, and with ``report_misses`` the server is asked to tune what it missed
+    (once per key per ``miss_ttl``). Reports, disputes and uploads (:meth:`send_later`) go in the
+    background: they wait in a bounded queue (a full queue drops them) that one thread sends, and
+    are skipped while the server is down; the caller never waits.
+    """
+
+    fills_memo = True
+
+    def __init__(self, client: Client, *, retry_after: float = 30.0, miss_ttl: float = 60.0,
+                 report_misses: bool = False) -> None:  # fmt: skip
+        self.client = client
+        self.retry_after, self.miss_ttl, self.report_misses = retry_after, miss_ttl, report_misses
+        self._lock = threading.Lock()
+        self._misses: dict[str, float] = {}
+        self._down_until = 0.0
+        self._warned = False
+        self._reports: queue.Queue[_Report | None] = queue.Queue(maxsize=MAX_PENDING_REPORTS)
+        self._reporter: threading.Thread | None = None
+        self._refused = False
+        self._unsent = 0  # uploads queued and not yet sent (or given up on)
+        self._closing = threading.Event()
+
+    @property
+    def down(self) -> bool:
+        """Whether the server is skipped now, after a failure less than ``retry_after`` ago."""
+        return self._down_until > time.monotonic()
+
+    def get(self, key: Key, digest: str) -> LookupResult | None:
+        now = time.monotonic()
+        with self._lock:
+            if self._misses.get(digest, -1.0) > now or self._down_until > now:
+                return None
+        timeout = self.client.timeout.lookup
+        try:
+            answer = self.client.fetch_answer(key, timeout=timeout)
+        except ServerError as exc:
+            self._failed(exc)
+            return None
+        if answer is not None:
+            why = served_problem(key, answer.record, answer.match, self.client.policy)
+            if why is None:
+                return LookupResult.served(answer.record, "server", answer.match, answer.policy)
+            log = logger.debug if self._refused else logger.warning
+            self._refused = True
+            log("%s: ignoring record #%d from %s: %s", key.short(), answer.record.id,
+                self.client.url, why)  # fmt: skip
+        with self._lock:
+            self._misses[digest] = now + self.miss_ttl
+        if self.report_misses:
+            self.send_later(f"miss of {key.short()}", lambda: self.client.report_miss(
+                key, timeout=self.client.timeout.lookup))  # fmt: skip
+        return None
+
+    def dispute(self, key: Key, answer: LookupResult, check: CheckModel) -> None:
+        """Reports that the server's record failed ``check`` at ``key``'s problem, in the
+        background; the record is forgotten here (the next lookup asks again)."""
+        record = answer.record
+        if record is None:
+            return
+        with self._lock:
+            self._misses[key.digest()] = time.monotonic() + self.miss_ttl
+        report = DisputeCreate(problem=dict(key.problem),
+                               check=FailedCheck.model_validate(check.model_dump()),
+                               device=DeviceModel.model_validate(key.device.to_json()))  # fmt: skip
+        self.send_later(f"dispute of record #{record.id}", lambda: self.client.dispute(
+            record.id, report, timeout=self.client.timeout.lookup))  # fmt: skip
+
+    def send_later(self, what: str, send: Callable[[], object], *, loud: bool = False) -> bool:
+        """Queues ``send()`` for the background thread; ``False`` (and a log line) when it is
+        not queued: the queue is full, or (a report, not ``loud``) the server is down.
+
+        ``loud`` calls (uploads) are never skipped for the down state: they wait in the
+        background until the server may be asked again, and are sent again (up to
+        :data:`SEND_ATTEMPTS` times) when it could not be reached; a failure is a warning, and
+        :meth:`close` says how many were never sent.
+        """
+        log = logger.warning if loud else logger.debug
+        if self.down and not loud:
+            log("%s skipped: %s was unreachable less than %.0f s ago", what, self.client.url,
+                self.retry_after)  # fmt: skip
+            return False
+        return self._enqueue(_Report(what, send, loud))
+
+    def _enqueue(self, report: _Report) -> bool:
+        try:
+            self._reports.put_nowait(report)
+        except queue.Full:
+            log = logger.warning if report.loud else logger.debug
+            log("%s dropped: %d calls are waiting to be sent", report.what, MAX_PENDING_REPORTS)
+            return False
+        with self._lock:
+            self._unsent += report.loud
+            if self._reporter is None:
+                self._reporter = threading.Thread(target=self._send_reports, daemon=True,
+                                                  name="tunecache-background")  # fmt: skip
+                self._reporter.start()
+        return True
+
+    def _send_reports(self) -> None:
+        while (report := self._reports.get()) is not None and not self._closing.is_set():
+            if report.marker:
+                report.send()
+                continue
+            if self.down and not report.loud:
+                logger.debug("%s skipped: %s is down", report.what, self.client.url)
+                continue
+            while report.loud and self.down and not self._closing.is_set():
+                self._closing.wait(min(1.0, max(0.0, self._down_until - time.monotonic())))
+            self._send(report)
+
+    def _send(self, report: _Report) -> None:
+        """Sends one call; an upload the server could not take now goes back in the queue."""
+        log = logger.debug if not report.loud or self._closing.is_set() else logger.warning
+        try:
+            report.send()
+        except ServerError as exc:
+            if unreachable(exc):
+                self._failed(exc)  # not asked for a while: lookups fall back at once
+                if report.loud and report.attempts + 1 < SEND_ATTEMPTS:
+                    with self._lock:
+                        self._unsent -= 1
+                    self._enqueue(dataclasses.replace(report, attempts=report.attempts + 1))
+                    return
+            log("%s failed: %s", report.what, exc)
+        except Exception as exc:  # a bad answer too: the background thread must not die
+            log("%s failed: %s", report.what, one_line(exc))
+        with self._lock:
+            self._unsent -= report.loud
+
+    def drain(self, timeout: float = 5.0) -> bool:
+        """Waits until the calls queued so far are sent (or skipped); whether they were within
+        ``timeout`` seconds."""
+        if self._reporter is None:
+            return True
+        done = threading.Event()
+        try:
+            self._reports.put(_Report("drain", done.set, marker=True), timeout=timeout)
+        except queue.Full:
+            return False
+        return done.wait(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Sends the calls still queued (within ``timeout`` seconds), then stops the thread; a
+        warning says how many uploads were not sent by then."""
+        if self._reporter is None:
+            return
+        with contextlib.suppress(queue.Full):
+            self._reports.put(None, timeout=timeout)
+        self._reporter.join(timeout)
+        self._closing.set()
+        if self._unsent:
+            logger.warning("%d upload(s) to %s not sent: the server did not take them within "
+                           "%.0f s of closing", self._unsent, self.client.url, timeout)  # fmt: skip
+
+    def _failed(self, exc: Exception) -> None:
+        """Skips the server for ``retry_after`` seconds (or as long as a busy server asked)."""
+        asked = getattr(exc, "retry_after", None)
+        pause = self.retry_after if asked is None else min(asked, self.retry_after)
+        with self._lock:
+            self._down_until = time.monotonic() + pause
+            first, self._warned = not self._warned, True
+        log = logger.warning if first else logger.debug
+        log("%s; using default configs, retrying in %.0f s", exc, pause)
