@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -46,6 +47,12 @@ def create_app(settings: ServerSettings | None = None) -> FastAPI:
         check_schema(engine)
         if settings.bootstrap_token is not None:
             _bootstrap(app, settings.bootstrap_token)
+        # What start-up made (modules, the app, the schemas) never becomes garbage: kept out of
+        # the collector's sight, a full collection no longer walks it, and no longer stalls every
+        # request in flight (bench/server_load.py --overload: the 503s' p99 fell from ~100 ms
+        # to ~30 ms on a 2-core machine).
+        gc.collect()
+        gc.freeze()
         logger.info("serving %s", engine.url.render_as_string(hide_password=True))
         yield
         engine.dispose()

@@ -13,7 +13,9 @@
 - ``TUNECACHE_SERVER_MAX_JSON_ELEMENTS``: most values one JSON body may hold (default 1,000,000)
 - ``TUNECACHE_SERVER_BODY_SECONDS``: seconds a request's body may take to arrive (default 10);
   slower gets 408, so a client that trickles its body cannot hold a request slot
-- ``TUNECACHE_SERVER_MAX_IN_FLIGHT``: requests one server process works on at once (default 4)
+- ``TUNECACHE_SERVER_MAX_IN_FLIGHT``: requests one server process works on at once (default 2:
+  a request is mostly Python, and Python runs one thread at a time; more server processes,
+  ``--workers``, add capacity)
 - ``TUNECACHE_SERVER_MAX_WAIT``: seconds a request may wait for one of those; a request that
   would wait longer gets 503 with ``Retry-After`` at once (default 0.02)
 - ``TUNECACHE_SERVER_RETRY_AFTER``: the seconds a 503 tells the client to wait (default 1)
@@ -78,7 +80,7 @@ class ServerSettings(BaseSettings):
     max_json_depth: int = Field(default=64, ge=8, le=1000)
     max_json_elements: int = Field(default=1_000_000, ge=1000)
     body_seconds: float = Field(default=10.0, gt=0, le=3600)
-    max_in_flight: int = Field(default=4, ge=1, le=1000)
+    max_in_flight: int = Field(default=2, ge=1, le=1000)
     max_wait: float = Field(default=0.02, ge=0, le=60)
     retry_after: int = Field(default=1, ge=1, le=3600)
     list_limit: int = Field(default=1000, gt=0)

@@ -82,15 +82,21 @@ def test_a_request_that_would_wait_too_long_is_refused_without_waiting() -> None
     asyncio.run(run())
 
 
+async def one_held_one_waiting(wait: float) -> tuple[Held, LoadShedding, Any, Any]:
+    """One slot: a request holding it and one waiting for it (as tasks)."""
+    held = Held()
+    app = shedding(held, slots=1, wait=wait)
+    holder = asyncio.create_task(call(app))
+    await asyncio.sleep(0.01)
+    waiter = asyncio.create_task(call(app))
+    await asyncio.sleep(0.01)
+    assert len(app.waiting) == 1
+    return held, app, holder, waiter
+
+
 def test_a_waiting_request_gets_the_slot_handed_over() -> None:
     async def run() -> None:
-        held = Held()
-        app = shedding(held, slots=1, wait=1.0)
-        holder = asyncio.create_task(call(app))
-        await asyncio.sleep(0.01)
-        waiter = asyncio.create_task(call(app))
-        await asyncio.sleep(0.01)
-        assert len(app.waiting) == 1
+        held, app, holder, waiter = await one_held_one_waiting(1.0)
         held.release.set()
         assert (await holder)[0] == 200 and (await waiter)[0] == 200
         assert app.in_flight == 0
@@ -100,12 +106,7 @@ def test_a_waiting_request_gets_the_slot_handed_over() -> None:
 
 def test_a_client_gone_while_waiting_leaks_no_slot() -> None:
     async def run() -> None:
-        held = Held()
-        app = shedding(held, slots=1, wait=5.0)
-        holder = asyncio.create_task(call(app))
-        await asyncio.sleep(0.01)
-        gone = asyncio.create_task(call(app))
-        await asyncio.sleep(0.01)
+        held, app, holder, gone = await one_held_one_waiting(5.0)
         gone.cancel()
         await asyncio.gather(gone, return_exceptions=True)
         held.release.set()
