@@ -36,6 +36,17 @@ TINY = {
 CPU = DeviceFingerprint(kind="cpu", arch="cpu-avx2", name="test-cpu", units=2, flags=("avx2",))
 
 
+def issue_token(url: str, scope: str) -> str:
+    """A new token of ``scope`` from the server at ``url`` (made with the admin test token)."""
+    import httpx
+
+    answer = httpx.post(f"{url}/v1/tokens", json={"name": f"test-{scope}", "scope": scope},
+                        headers=AUTH, timeout=30)  # fmt: skip
+    assert answer.status_code == 201, answer.text
+    made: str = answer.json()["token"]
+    return made
+
+
 def miss(detail: str = "miss") -> Any:
     """A tunecache server's 404 (it carries the server's identity): what a lookup miss gets."""
     import httpx

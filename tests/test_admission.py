@@ -15,8 +15,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer
-from tests.factories import AUTH, make_key
-from tests.test_contract_fuzz import token
+from tests.factories import AUTH, issue_token, make_key
 from tunecache.schemas import MAX_ID
 
 JSON = {"Content-Type": "application/json"}
@@ -70,7 +69,7 @@ def test_an_unknown_token_is_refused_before_its_body(server: LiveServer) -> None
 
 
 def test_each_scope_has_its_body_limit(server: LiveServer) -> None:
-    read = {"Authorization": f"Bearer {token(server.url, 'read')}"}
+    read = {"Authorization": f"Bearer {issue_token(server.url, 'read')}"}
     status, body = head_only(server.url, "/v1/lookup", 2 * MiB, read)
     assert status == 413 and str(MiB) in body, body
     # Over the anonymous limit, under the read limit: read, then judged on its content.

@@ -39,7 +39,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer
-from tests.factories import AUTH, TEST_TOKEN
+from tests.factories import TEST_TOKEN, issue_token
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -113,20 +113,12 @@ def statuses(har: Path, paths: list[str]) -> Counter[tuple[str, str, int]]:
     return counts
 
 
-def token(url: str, scope: str) -> str:
-    answer = httpx.post(f"{url}/v1/tokens", json={"name": f"fuzz-{scope}", "scope": scope},
-                        headers=AUTH, timeout=30)  # fmt: skip
-    assert answer.status_code == 201, answer.text
-    made: str = answer.json()["token"]
-    return made
-
-
 def test_the_api_keeps_its_contract_under_fuzzing(any_server: LiveServer, tmp_path: Path) -> None:
     url = any_server.url
     paths = list(httpx.get(f"{url}/openapi.json", timeout=30).json()["paths"])
     cases = 0
     # Smaller scopes and none first: the admin run may create and revoke tokens.
-    for who in (None, token(url, "read"), token(url, "write")):
+    for who in (None, issue_token(url, "read"), issue_token(url, "write")):
         _, har = fuzz(url, who, tmp_path, examples=3, phases="examples,coverage,fuzzing")
         cases += sum(statuses(har, paths).values())
     output, har = fuzz(url, TEST_TOKEN, tmp_path, examples=25,

@@ -18,6 +18,7 @@ from typing import Any
 
 from tunecache.errors import InvalidInput
 
+EXACT_FLOAT_INT = 2**53  # beyond it a float is not the integer that was written
 JSONValue = None | bool | int | float | str | list["JSONValue"] | dict[str, "JSONValue"]
 
 
@@ -39,6 +40,19 @@ def _check(value: Any, path: str) -> None:
             _check(item, f"{path}.{k}")
         return
     raise InvalidInput(f"{path}: {type(value).__name__} is not JSON data")
+
+
+def integral(value: Any) -> Any:
+    """A JSON number with no fractional part (``14.0``) as the integer it is, else ``value``
+    (past 2**53 a float is no longer the integer written: it stays a float, and is refused).
+
+    JSON Schema's ``integer`` admits ``14.0``, so the API does too, wherever it takes an integer
+    (as a pydantic ``BeforeValidator``, ahead of a strict ``int``: booleans and strings stay
+    refused). Configs keep their numbers as sent: there ``4.0`` is not ``4``.
+    """
+    if type(value) is float and value.is_integer() and abs(value) <= EXACT_FLOAT_INT:
+        return int(value)
+    return value
 
 
 def canonical_json(value: Any) -> str:

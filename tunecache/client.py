@@ -283,10 +283,11 @@ class Client(WorkerCalls):
         return parse(UploadResult, response, "/v1/records")
 
     def upload_later(self, record: RecordCreate) -> bool:
-        """Uploads ``record`` from a background thread: the caller never waits. Not queued
-        (``False``, a warning) while the server is down after a failed call (see
-        :attr:`retry_after`); a failed upload is a warning. :meth:`close` waits a few seconds
-        for uploads still queued."""
+        """Uploads ``record`` from a background thread: the caller never waits. While the server
+        is down after a failed call it waits, and is sent when the server may be asked again
+        (see :meth:`ServerSource.send_later <tunecache.server_source.ServerSource.send_later>`);
+        ``False`` only when the queue is full. A failed upload is a warning; :meth:`close` waits
+        a few seconds for uploads still queued and says how many were not sent."""
         what = f"upload of {record.key.kernel} ({record.key.backend})"
         return self.server.send_later(what, lambda: self.upload(record), loud=True)
 

@@ -23,24 +23,10 @@ from tunecache.key import describe
 
 MAX_JSON_DEPTH = 32  # objects and lists within one another, counted from any model's own data
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # any integer anywhere in a body
-EXACT_FLOAT_INT = 2**53  # beyond it a float is not the integer that was written
 _ODD_TEXT = re.compile("[\x00\ud800-\udfff]")
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]{1,40}")
 # A path into the data, built only when an error needs it: (parent, key or index).
 _Path = tuple[Any, str | int] | str
-
-
-def integral(value: Any) -> Any:
-    """A JSON number with no fractional part (``14.0``) as the integer it is, else ``value``
-    (past 2**53 a float is no longer the integer written: it stays a float, and is refused).
-
-    JSON Schema's ``integer`` admits ``14.0``, so the API does too, wherever it takes an integer
-    (as a pydantic ``BeforeValidator``, ahead of a strict ``int``: booleans and strings stay
-    refused). Configs keep their numbers as sent: there ``4.0`` is not ``4``.
-    """
-    if type(value) is float and value.is_integer() and abs(value) <= EXACT_FLOAT_INT:
-        return int(value)
-    return value
 
 
 def _render(path: _Path) -> str:

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunecache.canonical import digest
+from tunecache.canonical import digest, integral
 from tunecache.device import Device, DeviceFingerprint, local_device
 from tunecache.environment import environment_for
 from tunecache.errors import InvalidInput
@@ -89,8 +89,7 @@ def check_problem(problem: Any, *, kernel: str | None = None) -> dict[str, Probl
                 f"problem: parameter name {describe(name)} is not an identifier "
                 "(ASCII letters, digits and _.:-, at most 128 characters)"
             )
-        if type(value) is float and value.is_integer() and 1 <= value <= MAX_DIM:
-            value = int(value)  # 64.0 is the size 64 (JSON Schema's integer admits it)
+        value = integral(value)  # 64.0 is the size 64 (JSON Schema's integer admits it)
         if isinstance(value, bool):
             checked[name] = value
         elif isinstance(value, int):

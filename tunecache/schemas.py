@@ -33,10 +33,10 @@ from pydantic import (
 )
 
 from tunecache import examples
-from tunecache.canonical import canonical_json
+from tunecache.canonical import canonical_json, integral
 from tunecache.configcheck import config_problem
 from tunecache.errors import InvalidInput
-from tunecache.jsonsafe import INT64_MAX, integral, json_problem
+from tunecache.jsonsafe import INT64_MAX, json_problem
 from tunecache.key import (
     BACKENDS,
     DTYPES,
