@@ -7,7 +7,7 @@ real ``tunecache serve`` is started on loopback and filled with ``--keys`` winne
   p99 counted from each request's due time (a backlog shows as latency: no coordinated omission);
 * closed loop: ``--concurrency`` clients back to back for ``--seconds``: the maximum throughput.
 
-The load generator (threads over keep-alive ``http.client`` connections) runs on the same machine
+The load generator (one event loop over keep-alive connections) runs on the same machine
 as the server and shares its 2 cores, so these are figures for "server and client on one box". Results are written
 to ``bench/results/server_load-<cpu>.md``. Figures, never pass/fail.
 
@@ -34,11 +34,14 @@ peak memory and ``/health``'s latency.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import http.client
 import json
+import multiprocessing
 import os
-import queue
+import select
+import socket
 import statistics
 import subprocess
 import sys
@@ -60,7 +63,7 @@ from tunecache.cli.table import render
 from tunecache.schemas import KeyModel
 from tunecache.tokens import new_token
 
-OPEN_LOOP_THREADS = 32  # keep-alive connections serving the open-loop schedule
+OPEN_LOOP_THREADS = 32  # keep-alive connections serving the open-loop schedule (at most)
 TOKEN = new_token()  # the servers' bootstrap admin token, to fill them
 
 
@@ -130,34 +133,58 @@ def open_loop(
 def open_loop_by_status(
     url: str, bodies: list[bytes], rate: float, seconds: float
 ) -> tuple[dict[int, list[float]], int]:
-    """:func:`open_loop`'s latencies (ms) of every answer, by status; how many were sent."""
-    due: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
+    """:func:`open_loop`'s latencies (ms) of every answer, by status; how many were sent.
+
+    One event loop on keep-alive connections (up to ``OPEN_LOOP_THREADS``), no threads: a
+    generator of threads measured its own waits for the GIL as the server's latency (32 threads
+    on 2 cores), worst in the tail."""
+    return asyncio.run(_open_loop(url, bodies, rate, seconds))
+
+
+async def _open_loop(
+    url: str, bodies: list[bytes], rate: float, seconds: float
+) -> tuple[dict[int, list[float]], int]:
+    host, port = url.removeprefix("http://").split(":")
+    idle: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter] | None] = asyncio.Queue()
+    for _ in range(OPEN_LOOP_THREADS):
+        idle.put_nowait(None)  # a connection slot, opened on first use
     latencies: dict[int, list[float]] = {}
-    lock = threading.Lock()
 
-    def worker() -> None:
-        conn = _connection(url)
-        while (item := due.get()) is not None:
-            scheduled, body = item
-            status = _post(conn, body)
-            with lock:
-                latencies.setdefault(status, []).append((time.perf_counter() - scheduled) * 1e3)
-        conn.close()
+    async def one(scheduled: float, body: bytes) -> None:
+        conn = await idle.get()
+        try:
+            if conn is None:
+                conn = await asyncio.open_connection(host, int(port))
+            reader, writer = conn
+            writer.write(b"POST /v1/lookup HTTP/1.1\r\nHost: %s\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (host.encode(), len(body), body))  # fmt: skip
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").lower().split("\r\n")
+            headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+            await reader.readexactly(int(headers.get("content-length", "0")))
+            status = int(lines[0].split()[1])
+            latencies.setdefault(status, []).append((time.perf_counter() - scheduled) * 1e3)
+            if headers.get("connection") == "close":
+                writer.close()
+                conn = None
+        except (OSError, asyncio.IncompleteReadError):
+            latencies.setdefault(0, []).append((time.perf_counter() - scheduled) * 1e3)
+            conn = None
+        idle.put_nowait(conn)
 
-    threads = [threading.Thread(target=worker) for _ in range(OPEN_LOOP_THREADS)]
-    for t in threads:
-        t.start()
+    tasks = []
     start = time.perf_counter()
     sent = int(rate * seconds)
     for i in range(sent):
         scheduled = start + i / rate
         if (delay := scheduled - time.perf_counter()) > 0:
-            time.sleep(delay)
-        due.put((scheduled, bodies[i % len(bodies)]))
-    for _ in threads:
-        due.put(None)
-    for t in threads:
-        t.join()
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(scheduled, bodies[i % len(bodies)])))
+    await asyncio.gather(*tasks)
+    while not idle.empty():
+        if (conn := idle.get_nowait()) is not None:
+            conn[1].close()
     return latencies, sent
 
 
@@ -333,41 +360,66 @@ def main_overload(args: argparse.Namespace) -> int:
     return 0
 
 
-def floods(url: str, count: int, mib: int, seconds: float) -> tuple[list[int], list[float]]:
-    """``count`` clients sending anonymous ``mib`` MiB bodies (streamed) again and again for
-    ``seconds``, /health asked every 20 ms meanwhile: the floods' statuses and /health's
-    latencies (ms)."""
+def _flood(host: str, port: int, mib: int, stop: float, statuses: list[int]) -> None:
+    """Sends anonymous ``mib`` MiB bodies (chunked, no declared length) until ``stop``, each on
+    a new connection, reading the answer as soon as the server sends one."""
+    chunk = b"[" + b"{}," * 21_845  # 64 KiB of [{},{},…]
+    frame = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+    head = (b"POST /v1/lookup HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" % host.encode())  # fmt: skip
+    while time.perf_counter() < stop:
+        status = 0  # the connection was reset before an answer could be read
+        with socket.create_connection((host, port), timeout=120) as sock:
+            try:
+                sock.sendall(head)
+                for _ in range(mib * 16):
+                    if select.select([sock], [], [], 0)[0]:
+                        break  # answered before the body ended
+                    sock.sendall(frame)
+                status = int(sock.recv(4096).split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+        statuses.append(status)
+
+
+def _flood_process(host: str, port: int, count: int, mib: int, seconds: float,
+                   out: Any) -> None:  # fmt: skip
     statuses: list[int] = []
-    health: list[float] = []
-    done = threading.Event()
-
-    def flood() -> None:
-        chunk = b"[" + b"{}," * 21_845
-        stop = time.perf_counter() + seconds
-        while time.perf_counter() < stop:
-            body = (chunk for _ in range(mib * 16))
-            with httpx.Client(timeout=120) as client:
-                answer = client.post(f"{url}/v1/lookup", content=body,
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
-            statuses.append(answer.status_code)
-
-    def probe() -> None:
-        with httpx.Client(timeout=30) as client:
-            while not done.is_set():
-                started = time.perf_counter()
-                client.get(f"{url}/health")
-                health.append((time.perf_counter() - started) * 1e3)
-                time.sleep(0.02)
-
-    prober = threading.Thread(target=probe)
-    prober.start()
-    threads = [threading.Thread(target=flood) for _ in range(count)]
+    out.put("flooding")
+    stop = time.perf_counter() + seconds
+    threads = [threading.Thread(target=_flood, args=(host, port, mib, stop, statuses))
+               for _ in range(count)]  # fmt: skip
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    done.set()
-    prober.join()
+    out.put(statuses)
+
+
+def floods(url: str, count: int, mib: int, seconds: float) -> tuple[list[int], list[float]]:
+    """``count`` clients sending anonymous ``mib`` MiB bodies (streamed) again and again for
+    ``seconds``, /health asked every 20 ms meanwhile: the floods' statuses and /health's
+    latencies (ms). The flooders run in a process of their own (raw sockets): threads of this
+    one would have measured their own waits for the GIL as /health's latency."""
+    host, port = url.removeprefix("http://").split(":")
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    flooders = context.Process(target=_flood_process,
+                               args=(host, int(port), count, mib, seconds, out))  # fmt: skip
+    flooders.start()
+    assert out.get(timeout=120) == "flooding"
+    health: list[float] = []
+    stop = time.perf_counter() + seconds
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    while time.perf_counter() < stop:
+        started = time.perf_counter()
+        conn.request("GET", "/health")
+        conn.getresponse().read()
+        health.append((time.perf_counter() - started) * 1e3)
+        time.sleep(0.02)
+    conn.close()
+    statuses: list[int] = out.get(timeout=300)
+    flooders.join()
     return statuses, health
 
 
@@ -378,19 +430,23 @@ def main_floods(args: argparse.Namespace) -> int:
             with serve(db, 1, keep_pid=True) as (url, pid):
                 statuses, health = floods(url, 16, 16, args.seconds)
                 peak = _peak_mb(pid)
-            rows.append([name, "16 x 16 MiB", f"{statuses.count(413)}/{len(statuses)}",
+            other = len(statuses) - statuses.count(413) - statuses.count(0)
+            rows.append([name, "16 x 16 MiB", str(len(statuses)), str(statuses.count(413)),
+                         str(statuses.count(0)), str(other),
                          f"{peak:.0f}", str(len(health)), f"{percentile(health, 50):.2f}",
                          f"{percentile(health, 99):.2f}", f"{max(health):.2f}"])  # fmt: skip
-    header = ["database", "anonymous bodies", "413", "peak MB", "/health", "p50 ms", "p99 ms",
-              "max ms"]  # fmt: skip
+    header = ["database", "anonymous bodies", "sent", "413", "reset", "other", "peak MB",
+              "/health", "p50 ms", "p99 ms", "max ms"]  # fmt: skip
     table = render(header, rows)
     print(table)
     write_result(
         "server_floods",
         "Anonymous floods: 16 parallel 16 MiB bodies against one server process",
         ["server (1 worker) and the flooding clients on the same machine, sharing its cores",
-         f"16 clients each sending 16 MiB bodies again and again for {args.seconds:g} s, "
-         "streamed without a declared length; /health asked every 20 ms meanwhile; "
+         "16 clients (threads of one process, raw sockets) each sending 16 MiB bodies again "
+         f"and again for {args.seconds:g} s, streamed without a declared length, each on a new "
+         "connection; /health asked every 20 ms meanwhile from another process; reset = the "
+         "server closed the connection on the rest of the body before its 413 could be read; "
          "peak MB = the server process's peak resident memory (VmHWM)"],
         table,
     )  # fmt: skip

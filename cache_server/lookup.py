@@ -7,11 +7,10 @@ snapshots and warm starts). Query functions: they never commit.
 
 from __future__ import annotations
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from cache_server.models import RecordRow
-from cache_server.queries import get_winner, public_record
+from cache_server.queries import BUCKET_WINNERS, get_winner, public_record
 from cache_server.trust import winner_table
 from tunecache.policies import VersionPolicy
 from tunecache.rules import RULES, Rule, best, bucket_digest
@@ -40,10 +39,7 @@ def find_winner(
         return hit, "exact"
     wanted = key.model_dump(mode="json", by_alias=True)
     candidates = session.execute(
-        select(RecordRow.id, RecordRow.key)
-        .join(table, table.record_id == RecordRow.id)
-        .where(RecordRow.bucket_hash == bucket_digest(wanted))
-        .order_by(RecordRow.id)
+        BUCKET_WINNERS[table], {"bucket_hash": bucket_digest(wanted)}
     ).all()
     found = best(wanted, ((tuned, record_id) for record_id, tuned in candidates), policy)
     if found is None:

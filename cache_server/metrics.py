@@ -197,7 +197,7 @@ class Metrics:
         return metrics_multiprocess.generate_latest(self._multiprocess_dir, *database)
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     """The app's :class:`Metrics` (a dependency: ``metrics: MetricsDep``)."""
     metrics: Metrics = request.app.state.metrics
     return metrics

@@ -14,13 +14,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple, TypeVar
 
-from sqlalchemy import Select, func, insert, select
+from sqlalchemy import Select, bindparam, func, insert, select
 from sqlalchemy.orm import Session
 
 from cache_server.db import upsert_insert
 from cache_server.models import RecordRow, TokenRow, TrialRow, VerifiedWinnerRow, WinnerRow, utcnow
 from tunecache.rules import bucket_digest
-from tunecache.schemas import RecordCreate, RecordPublic, Trial, VerificationPublic
+from tunecache.schemas import STORED, RecordCreate, RecordPublic, Trial, VerificationPublic
 
 WinnerTable = type[WinnerRow] | type[VerifiedWinnerRow]
 
@@ -159,7 +159,8 @@ def public_record(
                 Trial(config=t.config, status=t.status, time_ms=t.time_ms, error=t.error)  # type: ignore[arg-type]
                 for t in trials
             ],
-        }
+        },
+        context=STORED,
     )
 
 
@@ -167,12 +168,24 @@ def get_winner(
     session: Session, *, key_hash: str, table: WinnerTable = WinnerRow
 ) -> RecordPublic | None:
     """The winning record of ``key_hash`` in ``table`` (without its trials), or ``None``."""
-    row = session.scalar(
-        select(RecordRow)
-        .join(table, table.record_id == RecordRow.id)
-        .where(table.key_hash == key_hash)
-    )
+    row = session.scalar(_WINNER_OF[table], {"key_hash": key_hash})
     return None if row is None else public_record(row, is_winner=True)
+
+
+# Built once: a statement takes ~50 µs to build, a tenth of the lookups they serve.
+_WINNER_OF = {
+    table: select(RecordRow)
+    .join(table, table.record_id == RecordRow.id)
+    .where(table.key_hash == bindparam("key_hash"))
+    for table in (WinnerRow, VerifiedWinnerRow)
+}
+BUCKET_WINNERS = {
+    table: select(RecordRow.id, RecordRow.key)
+    .join(table, table.record_id == RecordRow.id)
+    .where(RecordRow.bucket_hash == bindparam("bucket_hash"))
+    .order_by(RecordRow.id)
+    for table in (WinnerRow, VerifiedWinnerRow)
+}
 
 
 def get_record(

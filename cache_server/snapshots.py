@@ -15,12 +15,12 @@ from sqlalchemy.orm import Session
 from cache_server.models import RecordRow, TokenRow, WinnerRow
 from cache_server.queries import WinnerTable, add_record, record_fields
 from tunecache.errors import InvalidInput
-from tunecache.schemas import RecordCreate
+from tunecache.schemas import STORED, RecordCreate
 from tunecache.snapshot import SnapshotFilters
 
 
 def _create(row: RecordRow) -> RecordCreate:
-    return RecordCreate.model_validate(record_fields(row))
+    return RecordCreate.model_validate(record_fields(row), context=STORED)
 
 
 def snapshot_winners(

@@ -82,6 +82,33 @@ def test_a_request_that_would_wait_too_long_is_refused_without_waiting() -> None
     asyncio.run(run())
 
 
+def test_requests_of_erratic_times_are_refused_at_once_not_after_waiting() -> None:
+    """The same mean time, a wide spread: a wait the mean alone would promise within
+    ``max_wait`` is refused at once, not after waiting ``max_wait`` in vain."""
+
+    async def admitted_to_wait(spread: float) -> bool:
+        held = Held()
+        app = shedding(held, slots=1, wait=0.05)
+        app.seconds_per_request = 0.03  # a slot frees in 0.03 s on average, under 0.05 s
+        app.square_per_request = 0.03**2 + spread**2
+        holder = asyncio.create_task(call(app))
+        await asyncio.sleep(0.01)
+        second = asyncio.create_task(call(app))
+        await asyncio.sleep(0.01)
+        waited = len(app.waiting) == 1
+        held.release.set()
+        await holder
+        status, _, seconds = await second
+        assert status == 200 if waited else (status == 503 and seconds < 0.01)
+        return waited
+
+    async def run() -> None:
+        assert await admitted_to_wait(spread=0.0)  # always 0.03 s: it waits for the slot
+        assert not await admitted_to_wait(spread=0.02)  # give or take 0.02 s: refused at once
+
+    asyncio.run(run())
+
+
 async def one_held_one_waiting(wait: float) -> tuple[Held, LoadShedding, Any, Any]:
     """One slot: a request holding it and one waiting for it (as tasks)."""
     held = Held()

@@ -8,11 +8,12 @@ client learns it at once. A live token whose scope is too small: 403.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from cache_server import tokens
 from cache_server.api.deps import SessionDep, SettingsDep
@@ -35,26 +36,26 @@ def _unauthorized(detail: str) -> HTTPException:
     )
 
 
-def requires(needed: Scope, *, anonymous: bool = True) -> Callable[..., TokenRow | None]:
+def requires(needed: Scope, *, anonymous: bool = True) -> Callable[..., Awaitable[TokenRow | None]]:
     """A dependency that lets the request through only with a token granting ``needed``
     (``anonymous=False``: a token even where the server leaves reads open)."""
     if needed == "read" and anonymous:
 
-        def check(credentials: OpenReadCredentials, session: SessionDep, settings: SettingsDep,
-                  request: Request) -> TokenRow | None:  # fmt: skip
-            return _authorize(credentials, session, settings, request, needed, anonymous)
+        async def check(credentials: OpenReadCredentials, session: SessionDep,
+                        settings: SettingsDep, request: Request) -> TokenRow | None:  # fmt: skip
+            return await _authorize(credentials, session, settings, request, needed, anonymous)
 
     else:
 
-        def check(credentials: Credentials, session: SessionDep, settings: SettingsDep,
-                  request: Request) -> TokenRow | None:  # fmt: skip
-            return _authorize(credentials, session, settings, request, needed, anonymous)
+        async def check(credentials: Credentials, session: SessionDep, settings: SettingsDep,
+                        request: Request) -> TokenRow | None:  # fmt: skip
+            return await _authorize(credentials, session, settings, request, needed, anonymous)
 
     check.scope = needed  # type: ignore[attr-defined]  # marks routes that check a token
     return check
 
 
-def _authorize(
+async def _authorize(
     credentials: HTTPAuthorizationCredentials | None, session: SessionDep,
     settings: SettingsDep, request: Request, needed: Scope, anonymous: bool,
 ) -> TokenRow | None:  # fmt: skip
@@ -67,7 +68,8 @@ def _authorize(
             f"this needs a token with the {needed!r} scope: "
             "send 'Authorization: Bearer <token>' (see `tunecache token create`)"
         )
-    row = tokens.authenticate(session, token=credentials.credentials)
+    # the only I/O: on a worker thread, as the path function's own queries are
+    row = await run_in_threadpool(tokens.authenticate, session, token=credentials.credentials)
     if row is None:
         raise _unauthorized("the token is not known to this server, or was revoked")
     if not grants(row.scope, needed):  # type: ignore[arg-type]

@@ -3,30 +3,51 @@ back on any error; query functions never commit.
 
 ``scope="function"`` makes FastAPI finish the dependency (the commit) when the path function
 returns, *before* the response is sent; by default it would commit after, and a client could be
-told 201 for a write that is not yet durable, or never is."""
+told 201 for a write that is not yet durable, or never is.
+
+Dependencies that do no I/O are ``async``: FastAPI runs a plain ``def`` dependency on a worker
+thread, and each such hop costs a request more than the lookup it serves (measured: a lookup
+went through six). The session is opened on the event loop (no I/O until its first query) and
+ended, committed or rolled back, in one hop to a worker thread; a path function on the hot path
+(the lookup) commits its reads itself, on its own thread, and spares that hop.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
+import anyio
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from cache_server.settings import ServerSettings
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    with request.app.state.sessionmaker() as session:
-        try:
-            yield session
+def _end(session: Session, commit: bool) -> None:
+    try:
+        if commit:
             session.commit()
-        except BaseException:
-            session.rollback()
-            raise
+    finally:
+        session.close()  # rolls back whatever was not committed
 
 
-def get_settings(request: Request) -> ServerSettings:
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    session: Session = request.app.state.sessionmaker()
+    committed = False
+    try:
+        yield session
+        committed = True
+    finally:
+        if session.in_transaction():
+            with anyio.CancelScope(shield=True):  # a client that hung up still ends it
+                await run_in_threadpool(_end, session, committed)
+        else:
+            session.close()  # nothing was read or written: no I/O
+
+
+async def get_settings(request: Request) -> ServerSettings:
     settings: ServerSettings = request.app.state.settings
     return settings
 

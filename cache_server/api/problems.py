@@ -65,10 +65,11 @@ def body(status: int, detail: str, errors: list[dict[str, Any]] | None = None) -
 
 async def send(send: Any, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
     """Sends an :class:`ErrorBody` answer on a raw ASGI ``send`` (for middleware)."""
-    raw = [(b"content-type", b"application/json")]
+    content = json.dumps(body(status, detail)).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(content))]
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": json.dumps(body(status, detail)).encode()})
+    await send({"type": "http.response.body", "body": content})
 
 
 def statuses(operation: dict[str, Any]) -> set[int]:

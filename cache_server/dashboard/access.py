@@ -47,7 +47,7 @@ class _TokenAccepted(Exception):
         self.token = token
 
 
-def reader(
+async def reader(
     request: Request,
     credentials: Credentials,
     session: SessionDep,
@@ -63,7 +63,7 @@ def reader(
     if credentials is None and given:
         credentials = HTTPAuthorizationCredentials(scheme="Bearer", credentials=given)
     try:
-        row = _check_read(credentials, session, settings, request)
+        row = await _check_read(credentials, session, settings, request)
     except HTTPException as exc:
         raise PageError(exc.status_code, f"{exc.detail}. {HOW}", dict(exc.headers or {})) from exc
     if token and request.method == "GET" and "authorization" not in request.headers:

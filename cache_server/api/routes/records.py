@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, status
+from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
 from cache_server import queries
 from cache_server.api.auth import READ, WriteAccess
@@ -60,11 +60,12 @@ def upload_record(
 @router.post(
     "/lookup",
     dependencies=[READ],
+    response_model=LookupResponse,
     responses={404: {"description": "no validated record for this key"}},
 )
 def lookup(
     request: LookupRequest, session: SessionDep, settings: SettingsDep, metrics: MetricsDep
-) -> LookupResponse:
+) -> Response:
     """The best validated winner that may serve this key (404 on a miss).
 
     Rules, in order: the exact key; the same problem on another device of the same arch; the
@@ -73,6 +74,7 @@ def lookup(
     """
     found = find_winner(session, key=request.key, policy=request.policy,
                         serving=settings.policy)  # fmt: skip
+    session.commit()  # ends the reads on this thread: the dependency has nothing left to end
     if found is None:
         metrics.count_lookup(rule=None)
         raise HTTPException(
@@ -82,7 +84,10 @@ def lookup(
         )
     record, rule = found
     metrics.count_lookup(rule=rule)
-    return LookupResponse(record=record, match=rule, policy=request.policy)
+    answer = LookupResponse(record=record, match=rule, policy=request.policy)
+    # The record was validated as it was read; returning the model would validate it once more
+    # (FastAPI checks a returned model against response_model), on the hottest path there is.
+    return Response(answer.model_dump_json(by_alias=True), media_type="application/json")
 
 
 @router.get("/records", dependencies=[READ])
