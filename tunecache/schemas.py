@@ -287,9 +287,32 @@ class SearchModel(_Strict):
     seconds: Annotated[float, Field(strict=True, ge=0, le=MAX_SEARCH_SECONDS, allow_inf_nan=False)]
 
 
+# A ratio of two times: positive, finite, within what any two timings can differ by.
+TimeRatio = Annotated[float, Field(strict=True, gt=0, lt=1e12, allow_inf_nan=False)]
+
+
+class Speedup(_Strict):
+    """How many times faster the winner ran than a baseline, timed in alternating rounds in one
+    window (:mod:`tuner.interleave`): the median of the per-round ratios (baseline / winner) and
+    its 95 % bootstrap interval. An interval holding 1 is "the same within noise"."""
+
+    median: TimeRatio
+    low: TimeRatio
+    high: TimeRatio
+    rounds: Annotated[int, Field(strict=True, ge=1, le=10_000), INTEGRAL]
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Speedup:
+        if not self.low <= self.median <= self.high:
+            raise ValueError("a speedup must satisfy low <= median <= high")
+        return self
+
+
 class BaselineModel(_Strict):
     name: Annotated[str, Field(max_length=64)]  # "torch_eager", "default_config", "cublas"
     timing: TimingModel
+    # From the interleaved final comparison; None in records tuned before it existed.
+    speedup: Speedup | None = None
 
 
 class Provenance(_Strict):
@@ -333,6 +356,25 @@ class RecordCreate(_Strict):
     model_config = ConfigDict(json_schema_extra={"examples": [examples.RECORD]})
     _config_size = field_validator("config")(_check_config)
     _config_closed = field_validator("config")(_closed_config)
+
+    def speedup(self, baseline: str = "torch_eager") -> float | None:
+        """How many times faster than ``baseline`` the winner ran: the interleaved comparison's
+        median where the record has one, else baseline median / winner median; ``None`` without
+        that baseline."""
+        for b in self.baselines:
+            if b.name == baseline:
+                if b.speedup is not None:
+                    return b.speedup.median
+                return b.timing.median_ms / self.timing.median_ms
+        return None
+
+    def speedup_interval(self, baseline: str = "torch_eager") -> tuple[float, float] | None:
+        """The interval of :meth:`speedup` from the interleaved comparison (``None`` where the
+        record has none: tuned before it existed, or timed in a single round)."""
+        for b in self.baselines:
+            if b.name == baseline and b.speedup is not None and b.speedup.rounds > 1:
+                return b.speedup.low, b.speedup.high
+        return None
 
 
 # pending: validated by its uploader, served under the default policy; verified: re-validated by a
@@ -385,13 +427,6 @@ class RecordPublic(RecordCreate):
         if self.status == "verified" and check is not None and check.timing is not None:
             return check.timing
         return self.timing
-
-    def speedup(self, baseline: str = "torch_eager") -> float | None:
-        """Baseline median / winner median, or ``None`` without that baseline."""
-        for b in self.baselines:
-            if b.name == baseline:
-                return b.timing.median_ms / self.timing.median_ms
-        return None
 
     def trust_text(self) -> str:
         """Who vouches for the record, in a line: ``verified by cpu-verifier …``."""

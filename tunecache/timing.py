@@ -116,18 +116,39 @@ def time_cuda(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) ->
     return _stats(samples, settings, 1, f"cuda events, L2 flushed, median of {count}")
 
 
-def speedup_text(speedup: float, times: str = "x") -> str:
+def speedup_text(
+    speedup: float, times: str = "x", interval: tuple[float, float] | None = None, than: str = ""
+) -> str:
     """``2.00x faster``, ``1.89x slower`` or ``1.00x (the same)``: never a bare ``0.53x``.
+    With the interval of an interleaved comparison, the interval too, and ``the same within
+    noise`` when it holds 1.
 
     Args:
         speedup: baseline time / tuned time.
         times: the multiplication sign (``x`` on a terminal, ``×`` in HTML).
+        interval: ``(low, high)`` of ``speedup`` (:class:`tunecache.schemas.Speedup`).
+        than: the baseline's name, to say what it is faster or slower than.
+
+    Example:
+        >>> speedup_text(2.0), speedup_text(0.5, interval=(0.45, 0.55))
+        ('2.00x faster', '2.00x slower (1.82-2.22x)')
+        >>> speedup_text(1.02, interval=(0.97, 1.08), than="torch eager")
+        'the same as torch eager within noise (0.97-1.08x)'
     """
+    than_it = f" than {than}" if than else ""
+    if interval is not None:
+        low, high = interval
+        if low <= 1.0 <= high:
+            same = f"the same as {than}" if than else "the same"
+            return f"{same} within noise ({low:.2f}-{high:.2f}{times})"
+        if speedup >= 1:
+            return f"{speedup:.2f}{times} faster{than_it} ({low:.2f}-{high:.2f}{times})"
+        return f"{1 / speedup:.2f}{times} slower{than_it} ({1 / high:.2f}-{1 / low:.2f}{times})"
     if 0.995 <= speedup < 1.005:
-        return f"1.00{times} (the same)"
+        return f"1.00{times} (the same as {than})" if than else f"1.00{times} (the same)"
     if speedup >= 1:
-        return f"{speedup:.2f}{times} faster"
-    return f"{1 / speedup:.2f}{times} slower"
+        return f"{speedup:.2f}{times} faster{than_it}"
+    return f"{1 / speedup:.2f}{times} slower{than_it}"
 
 
 def best_so_far(times: Sequence[float | None]) -> list[float | None]:

@@ -103,6 +103,10 @@ class Benchmarker(abc.ABC):
         builds can start compiling now. Here: nothing to start."""
         return None
 
+    def seconds_per_measure(self) -> float:
+        """How long one :meth:`measure` has taken, on average (0 until one has run)."""
+        return 0.0
+
     def seconds_after_search(self) -> float:
         """What re-timing, validating and timing the baselines of a winner will take, from the
         builds and measurements seen so far (0 until there are some)."""

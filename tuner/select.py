@@ -6,8 +6,9 @@ whatever search produced the candidates:
 1. a strategy's top few are re-timed and ordered fastest first (a backend's own order stands);
 2. candidates are validated in that order against the golden reference (seeds and the edge
    problem); the first to pass wins, every failure is kept (a report, and a trial);
-3. the winner, torch eager and the default config are timed; the default config is a candidate
-   too: when it is faster and validates, it is the winner.
+3. the winner, torch eager and the default config are timed in alternating rounds in one window
+   (:mod:`tuner.interleave`); the default config is a candidate too: unless the winner is
+   faster with the whole interval above 1, the default is the winner (when it validates).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunecache.errors import TuningError
-from tunecache.schemas import BaselineModel, TimingModel, Trial, ValidationReport
+from tunecache.schemas import BaselineModel, Speedup, TimingModel, Trial, ValidationReport
 from tuner.candidates import Candidates, Emit
+from tuner.interleave import MAX_ROUNDS, ROUNDS, quiet, ratio, rounds
 from tuner.measure import Benchmarker, Measurement
 
 
@@ -99,6 +101,75 @@ def _validated(bench: Benchmarker, found: Candidates, seeds: Sequence[int], emit
     )
 
 
+def _typical(measured: Sequence[Measurement]) -> TimingModel | None:
+    """The timing of the round with the median time (the lower middle), of those that ran."""
+    timings = sorted((m.timing for m in measured if m.timing is not None),
+                     key=lambda t: t.median_ms)  # fmt: skip
+    return timings[(len(timings) - 1) // 2] if timings else None
+
+
+def _speedup(times: list[list[float]], baseline: int, winner: int) -> Speedup | None:
+    """``baseline``'s time over the winner's, from the interleaved rounds (``None`` when no
+    round timed both)."""
+    try:
+        r = ratio(times, baseline, winner)
+    except ValueError:
+        return None
+    return Speedup(median=r.median, low=r.low, high=r.high, rounds=r.rounds)
+
+
+def _rounds_that_fit(bench: Benchmarker, contenders: int, deadline: float | None) -> int:
+    """:data:`~tuner.interleave.ROUNDS`, or as many as fit before ``deadline`` (at least one)."""
+    if deadline is None:
+        return ROUNDS
+    per_round = contenders * bench.seconds_per_measure()
+    left = deadline - time.monotonic()
+    if per_round <= 0:
+        return ROUNDS if left > 0 else 1
+    return max(1, min(ROUNDS, int(left / per_round)))
+
+
+class _Final:
+    """The final comparison: the winner, torch eager and the default config timed in
+    alternating rounds in one window (:mod:`tuner.interleave`)."""
+
+    WINNER, EAGER, DEFAULT = 0, 1, 2
+
+    def __init__(self, bench: Benchmarker, contenders: list[Mapping[str, Any] | None],
+                 count: int) -> None:  # fmt: skip
+        self.bench, self.contenders = bench, contenders
+        self.measured: list[list[Measurement]] = [[] for _ in contenders]
+        self.times: list[list[float]] = []
+        self.add(count)
+
+    def add(self, count: int) -> None:
+        """``count`` more rounds."""
+
+        def time_one(i: int) -> float:
+            measured = self.bench.measure(self.contenders[i])
+            self.measured[i].append(measured)
+            return measured.time_ms or 0.0  # failed: left out of every ratio
+
+        self.times += rounds(time_one, len(self.contenders), count, first=len(self.times))
+
+    def undecided(self) -> bool:
+        """Whether the winner and the default are the same within noise, or too few rounds were
+        undisturbed to tell (:func:`tuner.interleave.quiet`)."""
+        if len(quiet(self.times)) < 3:
+            return True
+        if len(self.contenders) <= self.DEFAULT:
+            return False
+        versus = _speedup(self.times, self.DEFAULT, self.WINNER)
+        return versus is not None and versus.low <= 1.0 <= versus.high
+
+    def baseline(self, name: str, i: int, winner: int) -> BaselineModel | None:
+        timing = _typical(self.measured[i])
+        if timing is None:
+            return None
+        speedup = None if i == winner else _speedup(self.times, i, winner)  # itself: no ratio
+        return BaselineModel(name=name, timing=timing, speedup=speedup)
+
+
 def select_winner(
     bench: Benchmarker,
     found: Candidates,
@@ -110,30 +181,57 @@ def select_winner(
 ) -> Winner:
     """The best candidate that passes validation, timed against torch eager and ``default``.
 
-    Past ``deadline`` (a ``time.monotonic()``) nothing more is re-timed; validation and the
-    baselines always run (a record is never stored unchecked).
+    The winner, torch eager and the default config are timed in alternating rounds in one window
+    (:data:`~tuner.interleave.ROUNDS`, more up to :data:`~tuner.interleave.MAX_ROUNDS` while
+    the winner and the default are the same within noise or too few rounds were undisturbed):
+    the timings stored are each one's median round, every baseline carries its speedup with an
+    interval. The default config replaces the winner unless the winner ran faster with the whole
+    interval above 1: a "tuned" config is never stored that is not measurably faster than not
+    tuning.
+
+    With a ``deadline`` (a ``time.monotonic()``) the comparison has as many rounds as fit before
+    it (one past it), and nothing more is re-timed past it; validation and the baselines always
+    run (a record is never stored unchecked).
 
     Raises:
         TuningError: no candidate passed validation.
     """
     bench.expect_validation([*found.ranked, *([] if default is None else [default])])
     winner = _validated(bench, found, seeds, emit, deadline)
-    emit("the baselines", phase="time")
-    eager = bench.measure(None)
-    if eager.timing is not None:
-        winner.baselines.append(BaselineModel(name="torch_eager", timing=eager.timing))
-    if default is None or dict(default) == winner.config:
-        return winner
-    measured = bench.measure(default)
-    winner.trials.append(measured.trial(default))
-    if measured.timing is None:
-        return winner
-    winner.baselines.append(BaselineModel(name="default_config", timing=measured.timing))
-    if measured.timing.median_ms < winner.timing.median_ms:
-        # The untuned config is a candidate too: never store a "tuned" config slower than it.
-        emit("the default config timed faster than the search's winner; validating it",
-             phase="validate")  # fmt: skip
-        report = bench.validate(default, seeds)
-        if report.passed:
-            winner.config, winner.timing, winner.report = dict(default), measured.timing, report
+    has_default = default is not None and dict(default) != winner.config
+    contenders: list[Mapping[str, Any] | None] = [winner.config, None]
+    if has_default:
+        assert default is not None
+        contenders.append(dict(default))
+    count = _rounds_that_fit(bench, len(contenders), deadline)
+    emit(f"the winner against the baselines, {count} alternating rounds", phase="time")
+    final = _Final(bench, contenders, count)
+    while (count > 1 and len(final.times) < MAX_ROUNDS and final.undecided()
+           and (deadline is None or time.monotonic() < deadline)):  # fmt: skip
+        more = min(ROUNDS, MAX_ROUNDS - len(final.times),
+                   _rounds_that_fit(bench, len(contenders), deadline))  # fmt: skip
+        emit(f"undecided after {len(final.times)} rounds: {more} more", phase="time")
+        final.add(more)
+    winner.timing = _typical(final.measured[_Final.WINNER]) or winner.timing
+    ahead = _Final.WINNER
+    if has_default:
+        assert default is not None
+        winner.trials.append(final.measured[_Final.DEFAULT][0].trial(default))
+        vs_default = _speedup(final.times, _Final.DEFAULT, _Final.WINNER)
+        if vs_default is not None and vs_default.low <= 1.0:
+            # Not measurably faster than the untuned config: that is the winner if it passes.
+            emit(f"the search's winner was not faster than the default config beyond noise "
+                 f"({vs_default.median:.3f}x, interval {vs_default.low:.3f}-"
+                 f"{vs_default.high:.3f}); validating the default", phase="validate")  # fmt: skip
+            report = bench.validate(default, seeds)
+            default_timing = _typical(final.measured[_Final.DEFAULT])
+            if report.passed and default_timing is not None:
+                winner.config, winner.timing, winner.report = dict(default), default_timing, report
+                ahead = _Final.DEFAULT
+    baselines = [("torch_eager", _Final.EAGER)]
+    if has_default:
+        baselines.append(("default_config", _Final.DEFAULT))
+    for name, i in baselines:
+        if (baseline := final.baseline(name, i, ahead)) is not None:
+            winner.baselines.append(baseline)
     return winner

@@ -13,6 +13,7 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from tunecache import __version__
+from tunecache.schemas import RecordCreate
 from tunecache.timing import speedup_text
 
 HERE = Path(__file__).parent
@@ -29,9 +30,13 @@ def ms(value: float | None) -> str:
     return "—" if value is None else f"{value:.4g}"
 
 
-def ratio(value: float | None) -> str:
-    """A speedup: ``1.83× faster``, ``1.20× slower``."""
-    return "—" if value is None else speedup_text(value, "×")
+def vs(record: RecordCreate, baseline: str) -> str:
+    """The record's speedup over ``baseline`` with its interval where it has one:
+    ``1.83× faster (1.79-1.88×)``, ``the same within noise (0.96-1.05×)``."""
+    value = record.speedup(baseline)
+    if value is None:
+        return "—"
+    return speedup_text(value, "×", interval=record.speedup_interval(baseline))
 
 
 def sci(value: float | None) -> str:
@@ -67,7 +72,7 @@ def _environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(ms=ms, ratio=ratio, sci=sci, when=when, pretty=pretty, shape=shape)
+    env.filters.update(ms=ms, vs=vs, sci=sci, when=when, pretty=pretty, shape=shape)
     env.tests["past"] = past
     env.globals["version"] = __version__
     return env

@@ -29,14 +29,21 @@ def register(commands: Any) -> None:
 
 def describe(record: RecordPublic) -> str:
     speedup, vs_default = record.speedup(), record.speedup("default_config")
+    interval = record.speedup_interval()
+    default_interval = record.speedup_interval("default_config")
     timing = record.believed_timing
     parts = [
         f"{record.key.to_key().short()}",
         f"  config     {record.config_summary or json.dumps(record.config)[:80]}",
         f"  time       {ms(timing.median_ms)} ms (median of {timing.repeats}"
         f"{', the verifier' if timing is not record.timing else ''})",
-        f"  speedup    {speedup_text(speedup)} than torch eager" if speedup else "  speedup    -",
-        f"             {speedup_text(vs_default)} than the default config" if vs_default else "",
+        "  speedup    " + speedup_text(speedup, interval=interval, than="torch eager")
+        if speedup
+        else "  speedup    -",
+        "             "
+        + speedup_text(vs_default, interval=default_interval, than="the default config")
+        if vs_default
+        else "",
         f"  validated  max rel error {record.validation.max_rel_error:.2e} "
         f"(tolerance {record.validation.tolerance:g}, {len(record.validation.checks)} checks)",
         f"  trust      {record.trust_text()}",

@@ -58,7 +58,7 @@ def run_ls(args: argparse.Namespace) -> int:
         eager = r.speedup()
         shape = ",".join(f"{k}={v}" for k, v in r.key.problem.items())
         valid = "yes" if r.validation.passed else "NO"
-        vs_eager = speedup_text(eager) if eager else "-"
+        vs_eager = speedup_text(eager, interval=r.speedup_interval()) if eager else "-"
         rows.append([f"#{r.id}", r.key.kernel, r.key.backend, r.key.dtype, shape,
                      r.key.device.arch, ms(r.timing.median_ms), vs_eager, valid,
                      f"{r.created_at:%Y-%m-%d %H:%M}"])  # fmt: skip

@@ -43,6 +43,7 @@ from tunecache.space import Config
 from tuner.harness.farm import CompileFarm
 from tuner.harness.processes import Slot, await_ready, death, kill, start_worker, stop
 from tuner.harness.task import Task
+from tuner.interleave import MIN_ROUNDS
 from tuner.measure import Benchmarker, Measurement
 
 logger = logging.getLogger(__name__)
@@ -329,10 +330,11 @@ class Harness:
 
 # What follows a search, in builds and measurements: re-timing the top 3; validating the winner
 # (the edge problem's build; 3 seeds and the edge checked once each, together about one
-# measurement); torch eager and the default config timed (the default built, when the search
-# never tried it).
+# measurement); the winner, torch eager and the default config timed in alternating rounds, as
+# many as the time left allows and at least MIN_ROUNDS reserved for (the default built, when the
+# search never tried it).
 AFTER_SEARCH_BUILDS = 2
-AFTER_SEARCH_MEASURES = 3 + 1 + 2
+AFTER_SEARCH_MEASURES = 3 + 1 + 3 * MIN_ROUNDS
 CUT_SLOWER_THAN = 3.0  # a searched candidate this many times slower than the best is cut short
 
 
@@ -373,6 +375,9 @@ class HarnessBenchmarker(Benchmarker):
 
     def _count(self, answer: Mapping[str, Any]) -> None:
         self.timer_compiles += int(answer.get("compiles", 0))
+
+    def seconds_per_measure(self) -> float:
+        return sum(self._measure_s) / len(self._measure_s) if self._measure_s else 0.0
 
     def seconds_after_search(self) -> float:
         if not self._measure_s:

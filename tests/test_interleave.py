@@ -1,0 +1,209 @@
+"""Interleaved comparisons on a synthetic machine: a clock that moves on as contenders are timed,
+per-sample jitter, and bursts of background load that slow whatever runs while they last.
+
+The synthetic timer is the boundary: what is under test is how the comparison orders and reads
+the times, which a real machine's noise would make untestable.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from tests.factories import make_key, make_record
+from tunecache.schemas import TimingModel, Trial, ValidationReport
+from tunecache.space import Config
+from tunecache.timing import speedup_text
+from tuner.candidates import Candidates
+from tuner.interleave import median_ratio, ratio, rounds
+from tuner.measure import Benchmarker, Measurement
+from tuner.select import select_winner
+
+
+class NoisyMachine:
+    """Times a contender of true time ``true[i]`` ms: lognormal jitter (``jitter``), a clock that
+    drifts slowly by up to ``drift`` either way (a period of 0.5–2 s), and bursts (``busy`` of the
+    time, each lasting ``burst_ms`` on average) that multiply times by 2–10."""
+
+    def __init__(self, true: list[float], seed: int, jitter: float = 0.03, drift: float = 0.1,
+                 busy: float = 0.2, burst_ms: float = 40.0) -> None:  # fmt: skip
+        self.true, self.rng, self.jitter = true, random.Random(seed), jitter
+        self.busy, self.burst_ms = busy, burst_ms
+        self.drift, self.period = drift, self.rng.uniform(500, 2000)
+        self.phase = self.rng.uniform(0, 2 * math.pi)
+        self.now = 0.0
+        self.burst_until, self.factor = -1.0, 1.0
+        self.next_burst = self._gap()
+
+    def _gap(self) -> float:
+        quiet_ms = self.burst_ms * (1 - self.busy) / self.busy
+        return self.now + self.rng.expovariate(1 / quiet_ms)
+
+    def time(self, i: int) -> float:
+        if self.now >= self.next_burst:  # a burst starts
+            self.burst_until = self.now + self.rng.expovariate(1 / self.burst_ms)
+            self.factor = self.rng.uniform(2, 10)
+            self.next_burst = self._gap() + (self.burst_until - self.now)
+        loaded = self.factor if self.now < self.burst_until else 1.0
+        clock = 1 + self.drift * math.sin(2 * math.pi * self.now / self.period + self.phase)
+        taken = self.true[i] * loaded * clock * self.rng.lognormvariate(0, self.jitter)
+        self.now += taken * 20  # a measurement takes a few dozen calls
+        return taken
+
+
+def one_after_the_other(machine: NoisyMachine, count: int) -> list[list[float]]:
+    """The comparison as it was: every timing of A, then every timing of B."""
+    a = [machine.time(0) for _ in range(count)]
+    b = [machine.time(1) for _ in range(count)]
+    return [[x, y] for x, y in zip(a, b, strict=True)]
+
+
+@pytest.mark.parametrize("gap", [0.05, 0.10])
+def test_the_truly_faster_of_two_is_picked_in_99_percent_of_seeds(gap: float) -> None:
+    wrong_interleaved = wrong_sequential = 0
+    for seed in range(1000):
+        faster = seed % 2  # which contender is truly faster alternates
+        true = [1.0, 1.0]
+        true[1 - faster] = 1.0 + gap
+        picked = int(median_ratio(rounds(NoisyMachine(true, seed).time, 2, 15), 1, 0) < 1)
+        wrong_interleaved += picked != faster
+        sequential = one_after_the_other(NoisyMachine(true, seed), 15)
+        wrong_sequential += int(median_ratio(sequential, 1, 0) < 1) != faster
+    assert wrong_interleaved <= 10
+    # the same machine defeats a comparison made one contender after the other
+    assert wrong_sequential > 3 * max(wrong_interleaved, 10)
+
+
+def test_rounds_rotate_who_goes_first() -> None:
+    order: list[int] = []
+    times = rounds(lambda i: order.append(i) or float(i + 1), 3, 3)
+    assert order == [0, 1, 2, 1, 2, 0, 2, 0, 1]
+    assert times == [[1.0, 2.0, 3.0]] * 3
+
+
+def test_the_interval_holds_the_true_ratio_and_reads_same_within_noise() -> None:
+    held = 0
+    for seed in range(200):
+        times = rounds(NoisyMachine([1.0, 1.2], seed).time, 2, 15)
+        r = ratio(times, 1, 0, resamples=400, seed=seed)
+        held += r.low <= 1.2 <= r.high
+        assert r.low <= r.median <= r.high
+    assert held >= 180  # a 95 % interval, over a noisy machine
+    same = ratio(rounds(NoisyMachine([1.0, 1.0], 7).time, 2, 15), 1, 0)
+    assert same.verdict() == "same" and same.low < 1.0 < same.high
+    slower = ratio(rounds(NoisyMachine([1.0, 1.5], 7).time, 2, 15), 1, 0)
+    assert slower.verdict() == "slower" and slower.low > 1.0
+
+
+def test_a_ratio_needs_rounds_with_both_timed() -> None:
+    with pytest.raises(ValueError, match="no round"):
+        ratio([[0.0, 1.0]], 0, 1)
+    with pytest.raises(ValueError, match="contenders and rounds"):
+        rounds(lambda i: 1.0, 2, 0)
+    assert ratio([[2.0, 1.0]], 0, 1) == ratio([[2.0, 1.0]], 0, 1, seed=5)
+
+
+def test_rounds_a_burst_fell_on_are_left_out_even_when_they_are_most() -> None:
+    """Four rounds of seven had a burst on the second contender only: by their ratios it is 2.7x
+    slower; the quiet rounds say it is 10 % faster."""
+    quiet_rounds = [[1.0, 0.9], [1.02, 0.91], [0.99, 0.9]]
+    disturbed = [[1.0, 2.7], [1.01, 2.8], [0.98, 2.6], [1.0, 2.75]]
+    times = [*disturbed[:2], *quiet_rounds, *disturbed[2:]]
+    assert median_ratio(times, 1, 0) == pytest.approx(0.9, abs=0.01)
+    assert ratio(times, 1, 0).verdict() == "faster"
+
+
+class SyntheticBench(Benchmarker):
+    """A benchmarker over a :class:`NoisyMachine`: config ``{"c": i}`` is contender ``i``,
+    ``None`` (torch eager) the last; every config validates. The boundary the selection rule is
+    tested at (the pipeline's own interface)."""
+
+    def __init__(self, machine: NoisyMachine) -> None:
+        self.machine = machine
+        self.validated: list[dict[str, Any]] = []
+
+    @property
+    def parallelism(self) -> int:
+        return 1
+
+    def evaluate(self, configs: list[Config]) -> list[Trial]:
+        raise AssertionError("the selection does not search")
+
+    def measure(self, config: Mapping[str, Any] | None) -> Measurement:
+        i = len(self.machine.true) - 1 if config is None else int(config["c"])
+        t = self.machine.time(i)
+        return Measurement(status="ok", timing=TimingModel(median_ms=t, min_ms=t, max_ms=t,
+                                                          repeats=1))  # fmt: skip
+
+    def validate(self, config: Mapping[str, Any], seeds: Sequence[int]) -> ValidationReport:
+        self.validated.append(dict(config))
+        return make_record(make_key()).validation
+
+
+def select(true: list[float], seed: int) -> tuple[Any, SyntheticBench]:
+    """The winner of a search that ranked ``{"c": 0}`` first, against default ``{"c": 1}``
+    (true times ``true``: the winner's, the default's, eager's)."""
+    bench = SyntheticBench(NoisyMachine(true, seed))
+    found = Candidates(ranked=[{"c": 0}], trials=[], retime=False)
+    return select_winner(
+        bench, found, default={"c": 1}, seeds=[1], emit=lambda *a, **k: None
+    ), bench
+
+
+def test_the_default_config_stays_unless_the_winner_is_faster_beyond_noise() -> None:
+    kept_winner = sum(select([1.0, 1.5, 3.0], seed)[0].config == {"c": 0} for seed in range(50))
+    assert kept_winner >= 48  # 1.5x faster: the winner, nearly always
+    # the same time as the default: the default, nearly always (a "tuned" config that is not
+    # faster is not stored as one)
+    took_default = sum(select([1.0, 1.0, 3.0], seed)[0].config == {"c": 1} for seed in range(50))
+    assert took_default >= 45
+    winner, bench = select([1.0, 1.0, 3.0], 3)
+    assert winner.config == {"c": 1} and {"c": 1} in bench.validated  # validated before taken
+
+
+def test_every_baseline_carries_its_interleaved_speedup() -> None:
+    winner, _ = select([1.0, 1.5, 3.0], 11)
+    by_name = {b.name: b for b in winner.baselines}
+    assert set(by_name) == {"torch_eager", "default_config"}
+    eager = by_name["torch_eager"].speedup
+    default = by_name["default_config"].speedup
+    assert eager is not None and default is not None
+    assert eager.rounds >= 3 and eager.low <= 3.0 <= eager.high  # the true ratios
+    assert default.low <= 1.5 <= default.high and default.low > 1.0
+    record = make_record(make_key()).model_copy(update={"baselines": winner.baselines})
+    assert record.speedup("torch_eager") == eager.median
+
+
+def test_a_ratio_is_shown_with_its_interval_and_never_as_a_false_speedup() -> None:
+    assert speedup_text(1.5, interval=(1.4, 1.6), than="torch eager") == (
+        "1.50x faster than torch eager (1.40-1.60x)"
+    )
+    assert speedup_text(1.3, interval=(0.9, 1.7), than="the default config") == (
+        "the same as the default config within noise (0.90-1.70x)"
+    )
+    assert speedup_text(0.5, times="×", interval=(0.4, 0.625)) == "2.00× slower (1.60-2.50×)"
+    winner, _ = select([1.0, 1.5, 3.0], 11)
+    record = make_record(make_key()).model_copy(update={"baselines": winner.baselines})
+    low, high = record.speedup_interval("default_config") or (0.0, 0.0)
+    assert low <= (record.speedup("default_config") or 0) <= high and low > 1
+    single = [b.model_copy(update={"speedup": b.speedup.model_copy(update={"rounds": 1})})
+              for b in winner.baselines if b.speedup is not None]  # fmt: skip
+    assert (
+        make_record(make_key()).model_copy(update={"baselines": single}).speedup_interval() is None
+    )  # one round: no interval
+
+
+def test_the_dashboard_shows_the_interval() -> None:
+    from cache_server.dashboard.templating import vs
+
+    winner, _ = select([1.0, 1.0, 3.0], 3)  # the default won: the same as itself
+    record = make_record(make_key()).model_copy(
+        update={"baselines": winner.baselines, "timing": winner.timing}
+    )
+    assert vs(record, "default_config") == "1.00× (the same)"
+    assert vs(record, "torch_eager").endswith("×)") and "faster" in vs(record, "torch_eager")
+    assert vs(record, "cublas") == "—"

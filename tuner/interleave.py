@@ -1,0 +1,121 @@
+"""Interleaved comparisons: contenders timed in alternating rounds in one window, so that what
+the machine does meanwhile (other processes, clocks, a noisy neighbour) falls on all of them alike.
+
+Two timings taken at different moments compare the moments as much as the configs: on a busy
+2-core machine the same softmax timed 0.093 ms in one run and 10 ms in the next, and on an H100
+4 of 36 winners re-timed slower than their own default config. Here every round times each
+contender once, in an order that rotates from round to round (``A B C``, ``B C A``, ``C A B``,
+…: no contender always runs first, after the others have warmed the caches). Load only ever
+adds time, so a round much slower than the quickest was disturbed and is left out (a burst that
+fell on one contender of it would read as a difference); a ratio is the median of the per-round
+ratios of the rest, and its interval a bootstrap over those rounds.
+
+Pure functions of the times: the timing itself is the caller's (:mod:`tunecache.timing`).
+
+Example:
+    >>> times = [[1.0, 2.0], [1.1, 2.1], [5.0, 10.0], [0.9, 2.0], [1.0, 1.9]]
+    >>> len(quiet(times))  # the third round was disturbed
+    4
+    >>> r = ratio(times, 1, 0)
+    >>> round(r.median, 2), r.verdict()
+    (1.95, 'slower')
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+ROUNDS = 5  # rounds of a tune's final comparison (tuner.select), and of each added batch
+MAX_ROUNDS = 15  # rounds it may grow to while the comparison is undecided
+MIN_ROUNDS = 3  # the fewest a time budget reserves for: fewer give no interval worth the name
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+DISTURBED = 1.25  # a round that took longer than this times the quickest one was disturbed
+Verdict = Literal["faster", "slower", "same"]
+
+
+def rounds(
+    time_one: Callable[[int], float], contenders: int, count: int, first: int = 0
+) -> list[list[float]]:
+    """``count`` rounds of ``time_one(i)`` for every contender ``i``: ``result[r][i]``, round
+    ``r`` starting with contender ``(first + r) % contenders`` (``first``: the rounds already
+    run, when adding more)."""
+    if contenders < 1 or count < 1:
+        raise ValueError(f"need contenders and rounds, got {contenders} and {count}")
+    result = []
+    for r in range(first, first + count):
+        row = [0.0] * contenders
+        for step in range(contenders):
+            i = (r + step) % contenders
+            row[i] = time_one(i)
+        result.append(row)
+    return result
+
+
+def quiet(times: Sequence[Sequence[float]]) -> list[Sequence[float]]:
+    """The rounds that took at most ``DISTURBED`` times as long as the quickest round: load on
+    the machine only ever adds time, and a round it fell on partly (one contender slowed, not the
+    other) would read as a difference between them."""
+    totals = [sum(row) for row in times]
+    if not totals:
+        return []
+    quickest = min(totals)
+    return [row for row, total in zip(times, totals, strict=True) if total <= DISTURBED * quickest]
+
+
+def _per_round(times: Sequence[Sequence[float]], i: int, j: int) -> list[float]:
+    timed = [row for row in times if row[i] > 0 and row[j] > 0]
+    per_round = [row[i] / row[j] for row in quiet(timed)]
+    if not per_round:
+        raise ValueError("no round timed both contenders")
+    return per_round
+
+
+def median_ratio(times: Sequence[Sequence[float]], i: int, j: int) -> float:
+    """Contender ``i``'s time over contender ``j``'s: the median of the per-round ratios
+    (below 1: ``i`` is faster)."""
+    return statistics.median(_per_round(times, i, j))
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """Time of one contender over another's: the median of per-round ratios and its bootstrap
+    interval (``CONFIDENCE``). Above 1: the first is slower."""
+
+    median: float
+    low: float
+    high: float
+    rounds: int
+
+    def verdict(self) -> Verdict:
+        """``faster`` or ``slower`` when the whole interval is on one side of 1, else ``same``
+        (the same within noise)."""
+        if self.high < 1.0:
+            return "faster"
+        if self.low > 1.0:
+            return "slower"
+        return "same"
+
+
+def ratio(
+    times: Sequence[Sequence[float]], i: int, j: int, *, confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES, seed: int = 0,
+) -> Ratio:  # fmt: skip
+    """Contender ``i``'s time over contender ``j``'s, from interleaved ``times``
+    (:func:`rounds`). The interval resamples rounds with a seeded generator: the same times give
+    the same interval."""
+    per_round = _per_round(times, i, j)
+    median = statistics.median(per_round)
+    if len(per_round) == 1:
+        return Ratio(median, median, median, 1)  # one round: no interval to speak of
+    rng = random.Random(seed)
+    n = len(per_round)
+    medians = sorted(statistics.median(rng.choices(per_round, k=n)) for _ in range(resamples))
+    tail = (1.0 - confidence) / 2
+    low = medians[int(tail * (resamples - 1))]
+    high = medians[int((1.0 - tail) * (resamples - 1))]
+    return Ratio(median, low, high, n)
