@@ -21,7 +21,7 @@ from typing import Any
 from tunecache.errors import TuningError
 from tunecache.schemas import BaselineModel, Speedup, TimingModel, Trial, ValidationReport
 from tuner.candidates import Candidates, Emit
-from tuner.interleave import MAX_ROUNDS, ROUNDS, quiet, ratio, rounds
+from tuner.interleave import MAX_ROUNDS, MIN_ROUNDS, ROUNDS, quiet, ratio, rounds
 from tuner.measure import Benchmarker, Measurement
 
 
@@ -155,7 +155,7 @@ class _Final:
     def undecided(self) -> bool:
         """Whether the winner and the default are the same within noise, or too few rounds were
         undisturbed to tell (:func:`tuner.interleave.quiet`)."""
-        if len(quiet(self.times)) < 3:
+        if len(quiet(self.times)) < MIN_ROUNDS:
             return True
         if len(self.contenders) <= self.DEFAULT:
             return False
