@@ -144,3 +144,23 @@ def any_server(database: tuple[str, Path | None], tmp_path: Path) -> Iterator[Li
     yield live
     if live.process.poll() is None:
         live.stop()
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Chromium's path (required on CI, where .ci/run installs it; else skipped if absent)."""
+    from tests.dashboard_browser import find_chromium
+
+    found = find_chromium()
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI needs Chromium for the dashboard tests: apt-get install chromium")
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    return found
+
+
+@pytest.fixture(scope="session")
+def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where screenshots go: ``$TUNECACHE_ARTIFACTS``, else a temporary directory."""
+    given = os.environ.get("TUNECACHE_ARTIFACTS")
+    return Path(given) if given else tmp_path_factory.mktemp("dashboard-artifacts")

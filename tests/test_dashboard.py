@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import http.server
-import os
 import re
 import threading
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, start_server
-from tests.dashboard_browser import find_chromium, visit
+from tests.dashboard_browser import visit
 from tests.factories import AUTH, TEST_TOKEN, make_key, make_record, timing
 from tunecache.schemas import BaselineModel, Provenance, RecordCreate, Trial
 
@@ -273,24 +272,6 @@ class TestNoCdn:
 
 
 # --- headless Chromium ------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    """Chromium's path (required on CI, where .ci/run installs it; else skipped if absent)."""
-    found = find_chromium()
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI needs Chromium for the dashboard tests: apt-get install chromium")
-        pytest.skip("Chromium is not installed (apt-get install chromium)")
-    return found
-
-
-@pytest.fixture(scope="module")
-def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where screenshots go: ``$TUNECACHE_ARTIFACTS``, else a temporary directory."""
-    given = os.environ.get("TUNECACHE_ARTIFACTS")
-    return Path(given) if given else tmp_path_factory.mktemp("dashboard-artifacts")
 
 
 def assert_drawn(png: Path) -> None:

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from tests.factories import make_key, make_record
+from tunecache.interleave import median_ratio, ratio, rounds
 from tunecache.schemas import TimingModel, Trial, ValidationReport
 from tunecache.space import Config
 from tunecache.timing import speedup_text
 from tuner.candidates import Candidates
-from tuner.interleave import median_ratio, ratio, rounds
 from tuner.measure import Benchmarker, Measurement
 from tuner.select import select_winner
 

@@ -3,7 +3,9 @@
 Each backend has its own key (its own source hash and environment), so :func:`best_backend` builds
 one key per backend the kernel supports in the dtype, resolves each through a
 :class:`~tunecache.resolver.Resolver` (validated records only; no default config counts) and ranks
-the answers by their records' median times.
+the answers by their records' median times. torch eager is a contender too: every record was
+timed against it in alternating rounds, and where the fastest record's comparison found eager
+measurably faster, :attr:`BestBackend.eager_faster` says so.
 
 Times are comparable only when they were measured on one device: a record served by the
 ``same_arch`` rule was timed on another device of the arch, and a GPU backend's record on another
@@ -69,6 +71,20 @@ class BestBackend:
     @property
     def backend(self) -> str | None:
         return None if self.winner is None else self.winner.backend
+
+    @property
+    def eager_ms(self) -> float | None:
+        """torch eager's time, from the fastest record's own comparison (timed in alternating
+        rounds with it: the framework's op is a contender too)."""
+        return None if self.winner is None or self.winner.result is None \
+            else self.winner.result.eager_ms  # fmt: skip
+
+    @property
+    def eager_faster(self) -> bool:
+        """Whether torch eager ran measurably faster than the fastest tuned record (the whole
+        interval of their comparison): then not tuning is the best answer."""
+        return self.winner is not None and self.winner.result is not None \
+            and self.winner.result.slower_than_eager  # fmt: skip
 
 
 def best_backend(

@@ -72,6 +72,12 @@ class LookupResult:
     time_ms: float | None = None
     device: str | None = None
     problem: dict[str, Any] | None = None
+    # torch eager as the record's interleaved comparison timed it, and how the winner compared
+    # (``None`` where the record has no eager baseline).
+    eager_ms: float | None = None
+    vs_eager: str | None = None  # tunecache.timing.versus: "1.83x faster (1.79-1.88x)"
+    slower_than_eager: bool = False
+    noisy: bool = False
 
     @classmethod
     def served(cls, record: RecordCreate, source: SourceName, rule: Rule | None,
@@ -80,9 +86,15 @@ class LookupResult:
         device = record.key.device
         public = record if isinstance(record, RecordPublic) else None
         timing = record.timing if public is None else public.believed_timing
+        from tunecache.timing import versus
+
+        eager = next((b.timing.median_ms for b in record.baselines if b.name == "torch_eager"),
+                     None)  # fmt: skip
         return cls(
             record.config, source, public, rule, policy, timing.median_ms,
-            f"{device.arch} {device.name}", dict(record.key.problem),
+            f"{device.arch} {device.name}", dict(record.key.problem), eager,
+            None if eager is None else versus(record, than="torch eager"),
+            record.slower_than_eager, record.noisy,
         )  # fmt: skip
 
     @property

@@ -198,8 +198,38 @@ class KeyModel(_Strict):
         return self.to_key().digest()
 
 
+Mhz = Annotated[float, Field(strict=True, ge=0, lt=1e6, allow_inf_nan=False)]
+Cores = Annotated[float, Field(strict=True, ge=0, lt=1e5, allow_inf_nan=False)]
+MAX_NOISE_REASONS = 8
+
+
+class ConditionsModel(_Strict):
+    """The machine's conditions over a timing (:mod:`tunecache.conditions`), and why it is
+    noisy (``noise``: empty when it is not)."""
+
+    # Cores other processes used on average while it ran (None: not readable there).
+    others_cpu: Cores | None = None
+    cpu_mhz_before: Mhz | None = None
+    cpu_mhz_after: Mhz | None = None
+    gpu_mhz_before: Mhz | None = None
+    gpu_mhz_after: Mhz | None = None
+    throttle: Annotated[list[Annotated[str, Field(max_length=32)]], Field(max_length=8)] = []
+    gpu_others: Annotated[int, Field(strict=True, ge=0, le=100_000), INTEGRAL] | None = None
+    # Samples left out as disturbed (the process was preempted while they ran).
+    left_out: Annotated[int, Field(strict=True, ge=0, le=1_000_000_000), INTEGRAL] = 0
+    # How many times it was timed (a noisy timing is timed again, up to a bound).
+    attempts: Annotated[int, Field(strict=True, ge=1, le=100), INTEGRAL] = 1
+    noise: Annotated[
+        list[Annotated[str, Field(max_length=120)]], Field(max_length=MAX_NOISE_REASONS)
+    ] = []
+
+
 class TimingModel(_Strict):
-    """A timing: median of ``repeats`` runs after ``warmup`` runs, with its spread."""
+    """A timing: median of ``repeats`` runs after ``warmup`` runs, with its spread.
+
+    ``noisy``: the machine disturbed it past the thresholds of :mod:`tunecache.conditions` even
+    after timing it again; ``conditions`` says how (and is there whenever ``noisy`` is).
+    """
 
     median_ms: Millis
     min_ms: Millis
@@ -209,12 +239,21 @@ class TimingModel(_Strict):
     repeats: Annotated[int, Field(strict=True, ge=1, le=1_000_000_000), INTEGRAL]
     warmup: Annotated[int, Field(strict=True, ge=0, le=1_000_000), INTEGRAL] = 0
     timer: Annotated[str, Field(max_length=64)] = "perf_counter"
+    noisy: StrictBool = False
+    conditions: ConditionsModel | None = None
 
     @model_validator(mode="after")
     def _ordered(self) -> TimingModel:
         if not self.min_ms <= self.median_ms <= self.max_ms:
             raise ValueError("timing must satisfy min_ms <= median_ms <= max_ms")
+        if self.noisy != bool(self.conditions is not None and self.conditions.noise):
+            raise ValueError("a timing is noisy exactly when its conditions name the noise")
         return self
+
+    @property
+    def spread(self) -> float:
+        """The inter-quartile range over the median."""
+        return self.iqr_ms / self.median_ms if self.median_ms > 0 else 0.0
 
 
 class CheckModel(_Strict):
@@ -293,7 +332,7 @@ TimeRatio = Annotated[float, Field(strict=True, gt=0, lt=1e12, allow_inf_nan=Fal
 
 class Speedup(_Strict):
     """How many times faster the winner ran than a baseline, timed in alternating rounds in one
-    window (:mod:`tuner.interleave`): the median of the per-round ratios (baseline / winner) and
+    window (:mod:`tunecache.interleave`): the median of the per-round ratios (baseline / winner) and
     its 95 % bootstrap interval. An interval holding 1 is "the same within noise"."""
 
     median: TimeRatio
@@ -367,6 +406,32 @@ class RecordCreate(_Strict):
                     return b.speedup.median
                 return b.timing.median_ms / self.timing.median_ms
         return None
+
+    @property
+    def slower_than_eager(self) -> bool:
+        """Whether torch eager ran measurably faster than the winner: the whole interval of the
+        interleaved comparison below 1 (records without one: their ratio below 1)."""
+        for b in self.baselines:
+            if b.name == "torch_eager":
+                if b.speedup is not None and b.speedup.rounds > 1:
+                    return b.speedup.high < 1.0
+                value = self.speedup()
+                return value is not None and value < 1.0
+        return False
+
+    @property
+    def noisy(self) -> bool:
+        """Whether the winner's timing or a baseline's was noisy (:attr:`TimingModel.noisy`)."""
+        return bool(self.noise())
+
+    def noise(self) -> list[str]:
+        """Why the record's timings are noisy, each reason once: the winner's, then the
+        baselines' (named)."""
+        reasons: list[str] = []
+        for who, timing in [("winner", self.timing), *((b.name, b.timing) for b in self.baselines)]:
+            if timing.conditions is not None:
+                reasons += [f"{who}: {why}" for why in timing.conditions.noise]
+        return list(dict.fromkeys(reasons))
 
     def speedup_interval(self, baseline: str = "torch_eager") -> tuple[float, float] | None:
         """The interval of :meth:`speedup` from the interleaved comparison (``None`` where the

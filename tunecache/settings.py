@@ -11,6 +11,8 @@
   ``off``, ``no``, ``n``) compiles them. Triton reads it itself when a function is decorated with
   ``@triton.jit``; tunecache reads it to know where a Triton kernel runs (the CPU, under the
   interpreter), and so which device its key names. Interpreter timings are meaningless.
+- ``TUNECACHE_TIMING_CORES``: the CPU cores the tuner's measurement workers are pinned to
+  (``2-3``, ``0,2,4-7``), with as many threads as cores; unset: every core this process may use
 
 The server's own settings (``TUNECACHE_SERVER_*``) are in :mod:`cache_server.settings`.
 
@@ -110,3 +112,31 @@ def apply_environment(changes: Mapping[str, str | None]) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+TIMING_CORES_VAR = "TUNECACHE_TIMING_CORES"
+
+
+def timing_cores(environ: Mapping[str, str] | None = None) -> list[int] | None:
+    """The CPU cores ``TUNECACHE_TIMING_CORES`` reserves for the tuner's measurement workers
+    (``"2-3"``, ``"0,2,4-7"``); ``None`` when unset (they run on every core this process may).
+
+    Raises:
+        ValueError: the value is not a list of core numbers and ranges.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(TIMING_CORES_VAR, "").strip()
+    if not raw:
+        return None
+    cores: set[int] = set()
+    try:
+        for part in raw.split(","):
+            first, dash, last = part.strip().partition("-")
+            low, high = int(first), int(last) if dash else int(first)
+            if not 0 <= low <= high < 4096:
+                raise ValueError
+            cores.update(range(low, high + 1))
+    except ValueError:
+        raise ValueError(f"{TIMING_CORES_VAR}={raw!r} is not a list of cores such as "
+                         "'2-3' or '0,2,4-7'") from None  # fmt: skip
+    return sorted(cores)

@@ -19,7 +19,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tunecache.schemas import TimingModel
+from tunecache import conditions
+from tunecache.schemas import MAX_NOISE_REASONS, ConditionsModel, RecordCreate, TimingModel
+
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None  # type: ignore[assignment]
+
+DISTURBED_BUDGET = 3  # times target_s a CPU timing may take to gather undisturbed samples
+MIN_CLEAN = 5  # undisturbed samples that are enough to leave the disturbed ones out
 
 
 @dataclass(frozen=True)
@@ -37,8 +46,23 @@ class TimerSettings:
 DEFAULT_TIMER = TimerSettings()
 
 
+def _switches() -> int:
+    """How often this process has been preempted (involuntary context switches, all threads)."""
+    if resource is None:  # not on this platform: no sample is known to be disturbed
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
+
+
 def time_cpu(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) -> TimingModel:
-    """Times ``fn()``: median per-call milliseconds with min, max and inter-quartile range."""
+    """Times ``fn()``: median per-call milliseconds with min, max and inter-quartile range.
+
+    A sample during which the process was preempted (another process took its core) is left
+    out: load only ever adds time. Samples are added until ``min_repeats`` undisturbed ones
+    were taken or ``DISTURBED_BUDGET`` times ``target_s`` was spent; with too few undisturbed
+    ones, the quickest quarter of all counts (the least disturbed), and the timing says how
+    many were disturbed (:mod:`tunecache.conditions`).
+    """
+    before = conditions.snapshot()
     for _ in range(settings.warmup):
         fn()
     start = time.perf_counter()
@@ -46,44 +70,89 @@ def time_cpu(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) -> 
     single = max(time.perf_counter() - start, 1e-9)
     if settings.cutoff_ms is not None and single * 1e3 > settings.cutoff_ms:
         return _stats([single * 1e3], settings, 1, f"perf_counter, cut short: over "
-                      f"{settings.cutoff_ms:.4g} ms")  # fmt: skip
+                      f"{settings.cutoff_ms:.4g} ms", before)  # fmt: skip
     number = max(1, int(settings.min_sample_s / single))
-    samples: list[float] = []
+    clean: list[float] = []
+    disturbed: list[float] = []
     spent = 0.0
-    while len(samples) < settings.max_repeats and (
-        len(samples) < settings.min_repeats or spent < settings.target_s
-    ):
+
+    def more() -> bool:
+        taken = len(clean) + len(disturbed)
+        if taken >= 2 * settings.max_repeats or len(clean) >= settings.max_repeats:
+            return False
+        if taken < settings.min_repeats:
+            return True
+        if len(clean) < settings.min_repeats:
+            return spent < DISTURBED_BUDGET * settings.target_s
+        return spent < settings.target_s
+
+    while more():
+        switches = _switches()
         start = time.perf_counter()
         for _ in range(number):
             fn()
         elapsed = time.perf_counter() - start
         spent += elapsed
-        samples.append(elapsed / number * 1e3)
-    return _stats(
-        samples, settings, number, f"perf_counter median of {len(samples)} samples x {number} calls"
-    )
+        (clean if _switches() == switches else disturbed).append(elapsed / number * 1e3)
+    taken = len(clean) + len(disturbed)
+    if len(clean) >= MIN_CLEAN:
+        samples, how = clean, f"median of {len(clean)} samples"
+    else:  # hardly one undisturbed: the quickest quarter is the least disturbed
+        samples = sorted(clean + disturbed)[: max(MIN_CLEAN, taken // 4)]
+        how = f"quickest {len(samples)} of {taken} samples"
+    return _stats(samples, settings, number, f"perf_counter {how} x {number} calls", before,
+                  left_out=taken - len(samples), disturbed=len(disturbed) / taken)  # fmt: skip
 
 
 L2_FLUSH_BYTES = 256 * 2**20
 
 
-def _stats(samples: list[float], settings: TimerSettings, number: int, timer: str) -> TimingModel:
+def _stats(samples: list[float], settings: TimerSettings, number: int, timer: str,
+           before: conditions.Snapshot, *, cuda: bool = False, left_out: int = 0,
+           disturbed: float = 0.0) -> TimingModel:  # fmt: skip
+    reading = conditions.between(before, conditions.snapshot(cuda))
     quartiles = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [samples[0]] * 3
+    median = statistics.median(samples)
+    iqr = max(0.0, quartiles[2] - quartiles[0])
+    noise = conditions.noise(reading, spread=iqr / median if median > 0 else 0.0,
+                             disturbed=disturbed, cuda=cuda)  # fmt: skip
     return TimingModel(
-        median_ms=statistics.median(samples),
+        median_ms=median,
         min_ms=min(samples),
         max_ms=max(samples),
-        iqr_ms=max(0.0, quartiles[2] - quartiles[0]),
+        iqr_ms=iqr,
         repeats=len(samples) * number,
         warmup=settings.warmup,
         timer=timer,
+        noisy=bool(noise),
+        conditions=conditions_model(reading, left_out=left_out, noise=noise),
     )
+
+
+def conditions_model(reading: conditions.Reading, *, left_out: int = 0, attempts: int = 1,
+                     noise: list[str]) -> ConditionsModel:  # fmt: skip
+    """``reading`` as the schema stores it (rounded: MHz to 1, cores to 0.01)."""
+    cpu = reading.clock_mhz or (None, None)
+    gpu = reading.gpu_clock_mhz or (None, None)
+    others = None if reading.others_cpu is None else round(reading.others_cpu, 2)
+    return ConditionsModel(
+        others_cpu=others,
+        cpu_mhz_before=_mhz(cpu[0]), cpu_mhz_after=_mhz(cpu[1]),
+        gpu_mhz_before=_mhz(gpu[0]), gpu_mhz_after=_mhz(gpu[1]),
+        throttle=list(reading.throttle), gpu_others=reading.gpu_others,
+        left_out=left_out, attempts=attempts, noise=noise[:MAX_NOISE_REASONS],
+    )  # fmt: skip
+
+
+def _mhz(value: float | None) -> float | None:
+    return None if value is None else float(round(value))
 
 
 def time_cuda(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) -> TimingModel:
     """Times ``fn()`` on the current CUDA device with events, flushing L2 before every call."""
     import torch
 
+    before = conditions.snapshot(cuda=True)
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     for _ in range(settings.warmup):
         fn()
@@ -100,7 +169,7 @@ def time_cuda(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) ->
     if settings.cutoff_ms is not None and estimate_s * 1e3 > settings.cutoff_ms:
         # the flush is inside the estimate: an upper bound, fine for a candidate this slow
         return _stats([estimate_s * 1e3], settings, 5, f"cuda events, cut short: over "
-                      f"{settings.cutoff_ms:.4g} ms")  # fmt: skip
+                      f"{settings.cutoff_ms:.4g} ms", before, cuda=True)  # fmt: skip
     count = int(
         min(settings.max_repeats, max(settings.min_repeats, settings.target_s / estimate_s))
     )
@@ -113,7 +182,8 @@ def time_cuda(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) ->
         end.record()
     torch.cuda.synchronize()
     samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-    return _stats(samples, settings, 1, f"cuda events, L2 flushed, median of {count}")
+    return _stats(samples, settings, 1, f"cuda events, L2 flushed, median of {count}", before,
+                  cuda=True)  # fmt: skip
 
 
 def speedup_text(
@@ -161,3 +231,44 @@ def best_so_far(times: Sequence[float | None]) -> list[float | None]:
             best = time_ms
         found.append(best)
     return found
+
+
+def versus(record: RecordCreate, baseline: str = "torch_eager", times: str = "x",
+           than: str = "", missing: str = "-") -> str:  # fmt: skip
+    """The record's speedup over ``baseline`` as :func:`speedup_text` says it, with the
+    interval of its interleaved comparison where it has one (``missing`` without that
+    baseline)."""
+    value = record.speedup(baseline)
+    if value is None:
+        return missing
+    return speedup_text(value, times, interval=record.speedup_interval(baseline), than=than)
+
+
+def noise_text(record: RecordCreate) -> str:
+    """``noisy: winner: other processes used 1.3 cores; ...``, or ``""`` for a quiet record."""
+    reasons = record.noise()
+    return "noisy: " + "; ".join(reasons) if reasons else ""
+
+
+def conditions_text(conditions: ConditionsModel) -> str:
+    """The machine's conditions over a timing in a line: ``other processes used 0.05 cores ·
+    CPU 2596 MHz · 3 disturbed samples left out · timed twice``."""
+    parts = []
+    if conditions.others_cpu is not None:
+        parts.append(f"other processes used {conditions.others_cpu:.2f} cores")
+    for what, before, after in (
+        ("CPU", conditions.cpu_mhz_before, conditions.cpu_mhz_after),
+        ("GPU", conditions.gpu_mhz_before, conditions.gpu_mhz_after),
+    ):
+        if before is not None and after is not None:
+            clock = f"{before:.0f}" if before == after else f"{before:.0f}->{after:.0f}"
+            parts.append(f"{what} {clock} MHz")
+    if conditions.throttle:
+        parts.append("throttled: " + ", ".join(conditions.throttle))
+    if conditions.gpu_others:
+        parts.append(f"{conditions.gpu_others} other processes on the GPU")
+    if conditions.left_out:
+        parts.append(f"{conditions.left_out} disturbed samples left out")
+    if conditions.attempts > 1:
+        parts.append(f"timed {conditions.attempts} times")
+    return " · ".join(parts) or "not read"

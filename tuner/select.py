@@ -7,7 +7,7 @@ whatever search produced the candidates:
 2. candidates are validated in that order against the golden reference (seeds and the edge
    problem); the first to pass wins, every failure is kept (a report, and a trial);
 3. the winner, torch eager and the default config are timed in alternating rounds in one window
-   (:mod:`tuner.interleave`); the default config is a candidate too: unless the winner is
+   (:mod:`tunecache.interleave`); the default config is a candidate too: unless the winner is
    faster with the whole interval above 1, the default is the winner (when it validates).
 """
 
@@ -19,9 +19,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunecache.errors import TuningError
-from tunecache.schemas import BaselineModel, Speedup, TimingModel, Trial, ValidationReport
+from tunecache.interleave import MAX_ROUNDS, MIN_ROUNDS, ROUNDS, quiet, ratio, rounds
+from tunecache.schemas import (
+    MAX_NOISE_REASONS,
+    BaselineModel,
+    ConditionsModel,
+    Speedup,
+    TimingModel,
+    Trial,
+    ValidationReport,
+)
 from tuner.candidates import Candidates, Emit
-from tuner.interleave import MAX_ROUNDS, MIN_ROUNDS, ROUNDS, quiet, ratio, rounds
 from tuner.measure import Benchmarker, Measurement
 
 
@@ -119,7 +127,7 @@ def _speedup(times: list[list[float]], baseline: int, winner: int) -> Speedup | 
 
 
 def _rounds_that_fit(bench: Benchmarker, contenders: int, deadline: float | None) -> int:
-    """:data:`~tuner.interleave.ROUNDS`, or as many as fit before ``deadline`` (at least one)."""
+    """:data:`~tunecache.interleave.ROUNDS`, or as many as fit before ``deadline`` (one or more)."""
     if deadline is None:
         return ROUNDS
     per_round = contenders * bench.seconds_per_measure()
@@ -129,9 +137,17 @@ def _rounds_that_fit(bench: Benchmarker, contenders: int, deadline: float | None
     return max(1, min(ROUNDS, int(left / per_round)))
 
 
+def flagged(timing: TimingModel, reason: str) -> TimingModel:
+    """``timing`` marked noisy for ``reason`` too."""
+    conditions = timing.conditions or ConditionsModel()
+    noise = [*conditions.noise, reason][-MAX_NOISE_REASONS:]
+    return timing.model_copy(update={
+        "noisy": True, "conditions": conditions.model_copy(update={"noise": noise})})  # fmt: skip
+
+
 class _Final:
     """The final comparison: the winner, torch eager and the default config timed in
-    alternating rounds in one window (:mod:`tuner.interleave`)."""
+    alternating rounds in one window (:mod:`tunecache.interleave`)."""
 
     WINNER, EAGER, DEFAULT = 0, 1, 2
 
@@ -154,7 +170,7 @@ class _Final:
 
     def undecided(self) -> bool:
         """Whether the winner and the default are the same within noise, or too few rounds were
-        undisturbed to tell (:func:`tuner.interleave.quiet`)."""
+        undisturbed to tell (:func:`tunecache.interleave.quiet`)."""
         if len(quiet(self.times)) < MIN_ROUNDS:
             return True
         if len(self.contenders) <= self.DEFAULT:
@@ -182,7 +198,7 @@ def select_winner(
     """The best candidate that passes validation, timed against torch eager and ``default``.
 
     The winner, torch eager and the default config are timed in alternating rounds in one window
-    (:data:`~tuner.interleave.ROUNDS`, more up to :data:`~tuner.interleave.MAX_ROUNDS` while
+    (:data:`~tunecache.interleave.ROUNDS`, more up to :data:`~tunecache.interleave.MAX_ROUNDS` while
     the winner and the default are the same within noise or too few rounds were undisturbed):
     the timings stored are each one's median round, every baseline carries its speedup with an
     interval. The default config replaces the winner unless the winner ran faster with the whole
@@ -228,6 +244,10 @@ def select_winner(
             if report.passed and default_timing is not None:
                 winner.config, winner.timing, winner.report = dict(default), default_timing, report
                 ahead = _Final.DEFAULT
+    undisturbed = len(quiet(final.times))
+    if undisturbed < MIN_ROUNDS and count > 1:
+        winner.timing = flagged(winner.timing, f"only {undisturbed} of {len(final.times)} "
+                                "alternating rounds undisturbed")  # fmt: skip
     baselines = [("torch_eager", _Final.EAGER)]
     if has_default:
         baselines.append(("default_config", _Final.DEFAULT))

@@ -151,7 +151,7 @@ def _problem(key: Key) -> dict[str, int]:
     return {k: int(v) for k, v in key.problem.items()}  # a workload's keys hold sizes only
 
 
-def _default(workload: Workload, key: Key) -> dict[str, Any] | None:
+def default_config(workload: Workload, key: Key) -> dict[str, Any] | None:
     """The kernel's default config, a candidate too (``None``: none, or one no record may hold)."""
     try:
         config = workload.default_config(key.backend, _problem(key), key.dtype)
@@ -215,7 +215,7 @@ def tune(
                 neighbours=(lambda space: neighbour_configs(cache, key, space)) if cache else None,
                 prior_of=(lambda space: neighbour_prior(cache, key, space)) if cache else None,
             )  # fmt: skip
-        default = _default(workload, key)
+        default = default_config(workload, key)
         found = servable(found, key, default)
         winner = select_winner(bench, found, default=default, seeds=options.seeds, emit=emit,
                                deadline=deadline)  # fmt: skip

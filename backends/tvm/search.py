@@ -23,9 +23,10 @@ logger = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 2000
 MAX_TRIALS_PER_ITER = 16
-# Each candidate is timed for at least REPEAT × MIN_REPEAT_MS milliseconds.
-REPEAT = 3
-MIN_REPEAT_MS = 15
+# Each candidate is timed for at least REPEAT × MIN_REPEAT_MS milliseconds, in short repeats of
+# which the quickest quarter counts (backends.tvm.runner.quickest).
+REPEAT = 12
+MIN_REPEAT_MS = 4
 RANKED = 5
 WORKER_TIMEOUT_S = 10.0  # per build and per measurement: slower candidates are junk
 MIN_POPULATION, MAX_POPULATION = 64, 512

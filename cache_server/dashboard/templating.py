@@ -14,7 +14,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from tunecache import __version__
 from tunecache.schemas import RecordCreate
-from tunecache.timing import speedup_text
+from tunecache.timing import conditions_text, versus
 
 HERE = Path(__file__).parent
 STATIC_DIR: Final = HERE / "static"
@@ -33,10 +33,7 @@ def ms(value: float | None) -> str:
 def vs(record: RecordCreate, baseline: str) -> str:
     """The record's speedup over ``baseline`` with its interval where it has one:
     ``1.83× faster (1.79-1.88×)``, ``the same within noise (0.96-1.05×)``."""
-    value = record.speedup(baseline)
-    if value is None:
-        return "—"
-    return speedup_text(value, "×", interval=record.speedup_interval(baseline))
+    return versus(record, baseline, "×", missing="—")
 
 
 def sci(value: float | None) -> str:
@@ -72,7 +69,8 @@ def _environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(ms=ms, vs=vs, sci=sci, when=when, pretty=pretty, shape=shape)
+    env.filters.update(ms=ms, vs=vs, conditions=conditions_text, sci=sci, when=when,
+                       pretty=pretty, shape=shape)  # fmt: skip
     env.tests["past"] = past
     env.globals["version"] = __version__
     return env

@@ -19,8 +19,9 @@ def register(commands: Any) -> None:
         "best",
         help="the fastest validated backend for a kernel, shape and dtype",
         description="Looks the kernel up on every backend it has in the dtype and ranks the "
-        "validated records by median time. Times compare only when measured on one device at "
-        "one shape: the answer says when they were not.",
+        "validated records by median time, with torch eager as a contender (each record was "
+        "timed against it in alternating rounds). Times compare only when measured on one "
+        "device at one shape: the answer says when they were not.",
     )
     parser.add_argument("workload", metavar="KERNEL",
                         help="a built-in kernel or your own, as package.module:Class")  # fmt: skip
@@ -59,6 +60,9 @@ def _as_text(kernel: str, shape: str, dtype: str, answer: Any) -> str:
     head = f"{kernel} {shape} {dtype}: "
     if winner is None:
         head += "no backend has a validated record"
+    elif answer.eager_faster:
+        head += (f"fastest is torch eager ({ms(answer.eager_ms)} ms): no tuned record beats it; "
+                 f"{winner.backend}'s, the fastest, is {winner.result.vs_eager}")  # fmt: skip
     else:
         head += f"fastest is {winner.backend} ({ms(best_ms)} ms)"
         runner_up = answer.answers[1] if len(answer.answers) > 1 else None
@@ -68,19 +72,37 @@ def _as_text(kernel: str, shape: str, dtype: str, answer: Any) -> str:
     for a in answer.answers:
         result = a.result
         if result is None:
-            rows.append([a.backend, "-", "-", "-", "-", (a.why_not or "").split(":")[0]])
+            rows.append([a.backend, "-", "-", "-", "-", "-", (a.why_not or "").split(":")[0]])
             continue
         ratio = f"{a.time_ms / best_ms:.2f}x" if best_ms and a.time_ms else "-"
         record = f"#{result.record.id}" if result.record is not None else result.source
-        rows.append([a.backend, ms(a.time_ms), ratio, result.device or "-", result.rule or "-",
-                     record])  # fmt: skip
-    table = render(["backend", "time ms", "vs best", "timed on", "rule", "record"], rows)
+        marks = [m for m, on in (("slower than eager", result.slower_than_eager),
+                                 ("noisy", result.noisy)) if on]  # fmt: skip
+        rows.append([a.backend, ms(a.time_ms), ratio, result.vs_eager or "-",
+                     result.device or "-", result.rule or "-",
+                     " ".join([record, *(f"({m})" for m in marks)])])  # fmt: skip
+    if answer.eager_ms is not None:
+        rows.append(
+            [
+                "torch eager",
+                ms(answer.eager_ms),
+                f"{answer.eager_ms / best_ms:.2f}x" if best_ms else "-",
+                "-",
+                winner.device if winner is not None else "-",
+                "-",
+                f"timed with {winner.backend}'s record" if winner is not None else "-",
+            ]
+        )
+    table = render(["backend", "time ms", "vs best", "vs torch eager", "timed on", "rule",
+                    "record"], rows)  # fmt: skip
     return f"{head}\n{table}\n{answer.note}"
 
 
 def _as_json(answer: Any) -> dict[str, Any]:
     return {
         "backend": answer.backend,
+        "eager_faster": answer.eager_faster,
+        "eager_ms": answer.eager_ms,
         "comparable": answer.comparable,
         "note": answer.note,
         "answers": [
@@ -96,6 +118,9 @@ def _as_json(answer: Any) -> dict[str, Any]:
                 "config": None if a.result is None else a.result.config,
                 "key_hash": None if a.key is None else a.key.digest(),
                 "why_not": a.why_not,
+                "vs_eager": None if a.result is None else a.result.vs_eager,
+                "slower_than_eager": a.result is not None and a.result.slower_than_eager,
+                "noisy": a.result is not None and a.result.noisy,
             }
             for a in answer.answers
         ],

@@ -18,7 +18,7 @@ from typing import Any
 
 from tunecache.cli.table import ms, render
 from tunecache.errors import InvalidInput
-from tunecache.timing import speedup_text
+from tunecache.timing import noise_text, versus
 
 DEMO_WORKLOADS = ("matmul", "softmax", "layernorm", "bias_gelu")
 DEMO_BACKENDS = ("tvm", "inductor")
@@ -84,10 +84,9 @@ def _winners_table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         record = row["record"]
         if record is None:
-            table.append([row["label"], row["spec"]["backend"], "FAILED", *["-"] * 6])
+            table.append([row["label"], row["spec"]["backend"], "FAILED", *["-"] * 7])
             continue
         baseline = {b.name: b.timing.median_ms for b in record.baselines}
-        vs_eager, vs_default = record.speedup("torch_eager"), record.speedup("default_config")
         table.append(
             [
                 record.key.to_key().short().rsplit(" ", 2)[0],
@@ -96,13 +95,14 @@ def _winners_table(rows: list[dict[str, Any]]) -> str:
                 ms(record.timing.median_ms),
                 ms(baseline.get("default_config")),
                 ms(baseline.get("torch_eager")),
-                speedup_text(vs_default) if vs_default else "-",
-                speedup_text(vs_eager) if vs_eager else "-",
+                versus(record, "default_config"),
+                versus(record, "torch_eager"),
+                "noisy" if record.noisy else "-",
                 f"{record.validation.max_rel_error:.1e}",
             ]
         )
     header = ["key", "backend", "best config", "tuned ms", "default ms", "eager ms",
-              "vs default", "vs eager", "max rel err"]  # fmt: skip
+              "vs default", "vs eager", "timing", "max rel err"]  # fmt: skip
     return render(header, table)
 
 
@@ -138,8 +138,13 @@ def run(args: argparse.Namespace) -> int:
             print(
                 "\nValidated winners. Median ms on this CPU; default = the backend untuned "
                 "(TVM: no schedule, Inductor: torch.compile default), eager = torch eager.\n"
+                "Speedups: the median of alternating rounds, with its 95 % interval; "
+                "'noisy': the machine disturbed the timing (why, below).\n"
             )
             print(_winners_table(rows))
+            for row in rows:
+                if row["record"] is not None and row["record"].noisy:
+                    print(f"{row['label']}: {noise_text(row['record'])}")
             fetched = _fetch_in_fresh_process(server.url, rows)
         print("\nFetched through tunecache.Client in a fresh process\n")
         print(

@@ -12,7 +12,7 @@ from tunecache.cli.table import ms
 from tunecache.explain import Nearby
 from tunecache.key import Key
 from tunecache.schemas import RecordPublic
-from tunecache.timing import speedup_text
+from tunecache.timing import conditions_text, noise_text, versus
 
 
 def register(commands: Any) -> None:
@@ -28,22 +28,19 @@ def register(commands: Any) -> None:
 
 
 def describe(record: RecordPublic) -> str:
-    speedup, vs_default = record.speedup(), record.speedup("default_config")
-    interval = record.speedup_interval()
-    default_interval = record.speedup_interval("default_config")
     timing = record.believed_timing
+    noisy = noise_text(record)
     parts = [
         f"{record.key.to_key().short()}",
         f"  config     {record.config_summary or json.dumps(record.config)[:80]}",
         f"  time       {ms(timing.median_ms)} ms (median of {timing.repeats}"
         f"{', the verifier' if timing is not record.timing else ''})",
-        "  speedup    " + speedup_text(speedup, interval=interval, than="torch eager")
-        if speedup
-        else "  speedup    -",
-        "             "
-        + speedup_text(vs_default, interval=default_interval, than="the default config")
-        if vs_default
+        "  speedup    " + versus(record, than="torch eager"),
+        "             " + versus(record, "default_config", than="the default config")
+        if record.speedup("default_config")
         else "",
+        f"  machine    {conditions_text(timing.conditions)}" if timing.conditions else "",
+        f"  timing     {noisy}" if noisy else "",
         f"  validated  max rel error {record.validation.max_rel_error:.2e} "
         f"(tolerance {record.validation.tolerance:g}, {len(record.validation.checks)} checks)",
         f"  trust      {record.trust_text()}",

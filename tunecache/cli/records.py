@@ -9,7 +9,7 @@ from typing import Any
 from tunecache.cli.args import add_server, server_url
 from tunecache.cli.table import ms, render
 from tunecache.errors import InvalidInput
-from tunecache.timing import speedup_text
+from tunecache.timing import versus
 
 MAX_LIMIT = 1000
 
@@ -55,15 +55,14 @@ def run_ls(args: argparse.Namespace) -> int:
         return 1
     rows = []
     for r in found.items:
-        eager = r.speedup()
         shape = ",".join(f"{k}={v}" for k, v in r.key.problem.items())
         valid = "yes" if r.validation.passed else "NO"
-        vs_eager = speedup_text(eager, interval=r.speedup_interval()) if eager else "-"
         rows.append([f"#{r.id}", r.key.kernel, r.key.backend, r.key.dtype, shape,
-                     r.key.device.arch, ms(r.timing.median_ms), vs_eager, valid,
+                     r.key.device.arch, ms(r.timing.median_ms), versus(r),
+                     "noisy" if r.noisy else "-", valid,
                      f"{r.created_at:%Y-%m-%d %H:%M}"])  # fmt: skip
     header = ["record", "kernel", "backend", "dtype", "shape", "arch", "ms", "vs eager",
-              "valid", "created (UTC)"]  # fmt: skip
+              "timing", "valid", "created (UTC)"]  # fmt: skip
     print(render(header, rows))
     more = "" if len(found.items) == found.count else " (raise --limit for more)"
     print(f"{len(found.items)} of {found.count} {'records' if args.all else 'winners'}{more}")

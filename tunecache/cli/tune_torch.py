@@ -20,7 +20,6 @@ from typing import Any
 from tunecache.cli.args import upload_url
 from tunecache.errors import InvalidInput, TuningError, one_line
 from tunecache.settings import Settings
-from tunecache.timing import speedup_text
 from tunecache.userfile import load_name
 
 
@@ -138,11 +137,10 @@ def _upload(url: str, result: Any) -> int:
 
 def _report(spec: str, result: Any) -> None:
     check = result.check
-    speedup = result.eager_ms / result.compiled_ms if result.compiled_ms > 0 else float("inf")
     lines: Sequence[str] = [
         f"{spec} on {result.device}: compiled with max-autotune in {result.compile_s:.1f} s",
         f"  compiled {result.compiled_ms:.4g} ms vs eager {result.eager_ms:.4g} ms: "
-        f"{speedup_text(speedup)}",
+        f"{result.versus_eager.text()}",
         f"  checked against {check.reference}: relative error {check.error:.2g} "
         f"({'ok' if check.ok else 'WRONG'}, tolerance {check.tolerance:g})",
         f"  autotune choices recorded: {len(result.groups)} GEMM op(s), "

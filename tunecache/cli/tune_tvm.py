@@ -26,7 +26,6 @@ from tunecache.cli.args import upload_url
 from tunecache.defaults import TOLERANCES
 from tunecache.errors import InvalidInput, TuningError
 from tunecache.settings import Settings
-from tunecache.timing import speedup_text
 
 if TYPE_CHECKING:
     from tvm.ir import IRModule
@@ -166,13 +165,13 @@ def max_error(reference: Reference, lib: Any) -> tuple[float | None, str]:
 
 def _report_speed(reference: Reference, best: Checked) -> None:
     from backends.tvm.database import mean_seconds
+    from tunecache.interleave import compare
 
-    best_ms, default_ms = reference.time_ms(best.lib), reference.time_ms(reference.lib)
+    versus = compare(lambda: reference.time_ms(reference.lib), lambda: reference.time_ms(best.lib))
     searched = mean_seconds(best.record)
     during = f" ({1e3 * searched:.4g} ms in the search)" if searched is not None else ""
-    speedup = default_ms / best_ms if best_ms > 0 else float("inf")
-    print(f"best: {best_ms:.4g} ms{during} vs default schedule {default_ms:.4g} ms: "
-          f"{speedup_text(speedup)}")  # fmt: skip
+    print(f"best: {versus.tuned_ms:.4g} ms{during} vs default schedule {versus.baseline_ms:.4g} "
+          f"ms: {versus.text()}")  # fmt: skip
 
 
 def _upload(url: str, mod: IRModule, target: dict[str, Any], records: list[Any]) -> int:

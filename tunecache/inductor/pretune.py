@@ -25,6 +25,7 @@ from typing import Any
 from tunecache.defaults import TOLERANCES
 from tunecache.inductor.autotune import AutotuneStore, installed
 from tunecache.inductor.choices import ChoiceGroup, local_cache_path, read_groups
+from tunecache.interleave import Compared, compare
 from tunecache.timing import TimerSettings, time_cpu, time_cuda
 
 
@@ -49,6 +50,7 @@ class PretuneResult:
     compile_s: float  # the first compiled call: trace, autotune, compile and run
     compiled_ms: float
     eager_ms: float
+    versus_eager: Compared  # eager and compiled timed in alternating rounds
     check: Check
     groups: list[ChoiceGroup]  # GEMM choice timings
     best_configs: dict[str, dict[str, Any]]  # Triton best configs (CUDA)
@@ -148,7 +150,8 @@ def pretune(
         fn: a function or an ``nn.Module`` (in eval mode), on ``device`` like ``inputs``.
         inputs: the call's arguments.
         device: ``cpu`` or ``cuda``.
-        timer: how long to time the compiled and the eager call.
+        timer: how long to time the compiled and the eager call (each, in every one of
+            :data:`~tunecache.interleave.ROUNDS` alternating rounds).
     """
     import torch
     from torch._inductor import config
@@ -164,8 +167,11 @@ def pretune(
             sync()
             compile_s = time.perf_counter() - start
             groups = read_groups(local_cache_path())
-            compiled_ms = _timer(device)(lambda: compiled(*inputs), timer).median_ms
-            eager_ms = _timer(device)(lambda: fn(*inputs), timer).median_ms
+            time_it = _timer(device)
+            versus = compare(
+                lambda: time_it(lambda: fn(*inputs), timer).median_ms,
+                lambda: time_it(lambda: compiled(*inputs), timer).median_ms,
+            )
         check = check_output(fn, inputs, output, eager)
-    return PretuneResult(device, compile_s, compiled_ms, eager_ms, check, groups,
-                         dict(store.recorded), output)  # fmt: skip
+    return PretuneResult(device, compile_s, versus.tuned_ms, versus.baseline_ms, versus, check,
+                         groups, dict(store.recorded), output)  # fmt: skip

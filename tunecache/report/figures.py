@@ -45,6 +45,16 @@ def save(fig: Figure, path: Path) -> None:
         raise
 
 
+def _speedup_note(value: float, span: tuple[float, float] | None) -> str:
+    """``1.83× (1.79-1.88)``, ``same within noise (0.97-1.04)``, or ``1.83×`` without an
+    interval."""
+    if span is None:
+        return f"{value:.2f}×"
+    if span[0] <= 1.0 <= span[1]:
+        return f"same within noise ({span[0]:.2f}-{span[1]:.2f})"
+    return f"{value:.2f}× ({span[0]:.2f}-{span[1]:.2f})"
+
+
 def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
     """Grouped horizontal bars from 1× to each key's speedup over each baseline (log x).
 
@@ -56,10 +66,13 @@ def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
     fig = Figure(figsize=(11, max(3.0, 1.8 + 0.45 * n)), layout="constrained")
     ax = fig.add_subplot()
     height = 0.38
-    bars = (("default config", -height / 2, [r.vs_default for r in shown]),
-            ("torch eager", height / 2, [r.vs_eager for r in shown]))  # fmt: skip
-    values = [v for _, _, column in bars for v in column if v is not None]
-    for name, offset, column in bars:
+    bars = (("default config", -height / 2, [r.vs_default for r in shown],
+             [r.default_interval for r in shown]),
+            ("torch eager", height / 2, [r.vs_eager for r in shown],
+             [r.eager_interval for r in shown]))  # fmt: skip
+    values = [v for _, _, column, _ in bars for v in column if v is not None]
+    values += [x for _, _, _, spans in bars for span in spans if span is not None for x in span]
+    for name, offset, column, spans in bars:
         have = [(i, v) for i, v in enumerate(column) if v is not None]
         lacking = n - len(have)
         label = f"vs {name} ({len(have)} of {n} keys"
@@ -67,9 +80,14 @@ def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
         ax.barh([i + offset for i, _ in have], [v - 1 for _, v in have], left=1, height=height,
                 color=BASELINE_COLORS[name], label=label)  # fmt: skip
         for i, v in have:
-            ax.annotate(f"{v:.2f}×", (v, i + offset), xytext=(3 if v >= 1 else -3, 0),
-                        textcoords="offset points", ha="left" if v >= 1 else "right",
-                        va="center", fontsize=7)  # fmt: skip
+            span = spans[i]
+            if span is not None:  # the 95 % interval of the interleaved comparison
+                ax.errorbar(v, i + offset, xerr=[[v - span[0]], [span[1] - v]], fmt="none",
+                            ecolor="black", elinewidth=0.8, capsize=2)  # fmt: skip
+            edge = v if span is None else (span[1] if v >= 1 else span[0])
+            ax.annotate(_speedup_note(v, span), (edge, i + offset),
+                        xytext=(3 if v >= 1 else -3, 0), textcoords="offset points",
+                        ha="left" if v >= 1 else "right", va="center", fontsize=7)  # fmt: skip
         for i in (i for i, v in enumerate(column) if v is None):
             ax.annotate(f"no {name} baseline", (1, i + offset), xytext=(4, 0),
                         textcoords="offset points", va="center", fontsize=7, color="grey",
@@ -84,9 +102,11 @@ def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
     at_one = ax.get_xaxis_transform()  # x in data, y in axes fraction
     ax.text(1, 1.005, "  faster →", transform=at_one, ha="left", va="bottom", fontsize=9)
     ax.text(1, 1.005, "← slower  ", transform=at_one, ha="right", va="bottom", fontsize=9)
-    ax.set_yticks(range(n), [r.label for r in shown], fontsize=8)
+    ax.set_yticks(range(n), [r.label + (" (noisy)" if r.noisy else "") for r in shown],
+                  fontsize=8)  # fmt: skip
     ax.set_ylim(n - 0.5, -0.5)  # the first key on top
-    ax.set_xlabel("speedup of the tuned winner: baseline median / winner median (log scale)")
+    ax.set_xlabel("speedup of the tuned winner: baseline time / winner time, median of "
+                  "alternating rounds, with its 95 % interval (log scale)")  # fmt: skip
     ax.legend(loc="lower right", fontsize=8)
     more = f" (first {n} of {len(rows)} keys)" if len(rows) > n else ""
     fig.suptitle(f"Speedup per key vs the default config and torch eager{more}")

@@ -1,7 +1,8 @@
 """The numbers behind the speedup and convergence figures, as pure functions of records.
 
-Speedups come from each winner's own ``baselines`` (the tuner timed them beside the winner); a
-missing baseline stays ``None`` — it is never estimated. Convergence is the best time found so far
+Speedups come from each winner's own ``baselines`` (the tuner timed them beside the winner, in
+alternating rounds), with their intervals; a missing baseline stays ``None`` — it is never
+estimated. Convergence is the best time found so far
 after each trial of the search, relative to the best the search found.
 """
 
@@ -19,14 +20,21 @@ EAGER = "torch_eager"  # the same computation in eager PyTorch
 MAX_CONVERGENCE_KEYS = 12  # searches drawn; more would not be readable
 
 
+Interval = tuple[float, float]
+
+
 @dataclass(frozen=True)
 class Speedup:
-    """One key's winner against its baselines: baseline median / winner median (``None``: the
-    record has no such baseline)."""
+    """One key's winner against its baselines: baseline time / winner time, the median of the
+    interleaved comparison's rounds (``None``: the record has no such baseline), its 95 %
+    interval (``None``: a record without one), and whether the record's timings were noisy."""
 
     label: str
     vs_default: float | None
     vs_eager: float | None
+    default_interval: Interval | None = None
+    eager_interval: Interval | None = None
+    noisy: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,7 +58,14 @@ def speedups(winners: Sequence[RecordPublic]) -> list[Speedup]:
     """
     with_arch = several_archs([w.key for w in winners])
     rows = [
-        Speedup(key_label(w.key, with_arch=with_arch), w.speedup(DEFAULT), w.speedup(EAGER))
+        Speedup(
+            key_label(w.key, with_arch=with_arch),
+            w.speedup(DEFAULT),
+            w.speedup(EAGER),
+            w.speedup_interval(DEFAULT),
+            w.speedup_interval(EAGER),
+            w.noisy,
+        )
         for w in winners
     ]
     return sorted(rows, key=lambda row: natural(row.label))

@@ -38,12 +38,13 @@ from typing import Any
 
 from tunecache.canonical import canonical_json
 from tunecache.errors import TuningError
+from tunecache.interleave import MIN_ROUNDS
 from tunecache.schemas import CheckModel, Trial, ValidationReport
 from tunecache.space import Config
+from tuner.harness.discipline import reserved_cores, worker_environment
 from tuner.harness.farm import CompileFarm
 from tuner.harness.processes import Slot, await_ready, death, kill, start_worker, stop
 from tuner.harness.task import Task
-from tuner.interleave import MIN_ROUNDS
 from tuner.measure import Benchmarker, Measurement
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,7 @@ class Harness:
         self.started = 0  # worker processes started, replacements included
         self.replaced = 0
         self._farm: CompileFarm | None = None
+        self.cores = reserved_cores()  # measurement workers are pinned to these (None: not)
         count = max(1, workers or os.cpu_count() or 1)
         self._slots = [self._start() for _ in range(count)]
         for slot in self._slots:
@@ -100,7 +102,7 @@ class Harness:
     # -- worker lifecycle -----------------------------------------------------------------
     def _start(self) -> Slot:
         self.started += 1
-        return start_worker()
+        return start_worker(worker_environment(self.cores), self.cores)
 
     def _await_ready(self, slot: Slot) -> None:
         await_ready(slot, self.start_timeout)

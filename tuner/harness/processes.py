@@ -33,11 +33,13 @@ class Slot:
     task: str | None = None  # the task of the request in flight (the farm's)
 
 
-def start_worker(env: Mapping[str, str | None] | None = None) -> Slot:
+def start_worker(env: Mapping[str, str | None] | None = None,
+                 cores: list[int] | None = None) -> Slot:  # fmt: skip
     """A new worker process; ``env`` changes its environment before it imports anything
-    (``None`` removes a variable)."""
+    (``None`` removes a variable); ``cores``: a measurement worker's, pinned to them."""
     parent, child = _CONTEXT.Pipe()
-    process = _CONTEXT.Process(target=worker_main, args=(child, dict(env or {})), daemon=True)
+    process = _CONTEXT.Process(target=worker_main, args=(child, dict(env or {}), cores),
+                               daemon=True)  # fmt: skip
     process.start()
     child.close()
     return Slot(process=process, conn=parent)

@@ -142,15 +142,22 @@ def _answer(tasks: _Tasks, request: dict[str, Any]) -> dict[str, Any]:
     return {"status": "invalid", "error": f"unknown request {op!r}"}
 
 
-def worker_main(conn: Connection, env: Mapping[str, str | None] | None = None) -> None:
+def worker_main(conn: Connection, env: Mapping[str, str | None] | None = None,
+                cores: list[int] | None = None) -> None:  # fmt: skip
     """The worker process's loop: answer requests until told to stop.
 
     ``env`` changes the process's environment first, before anything is imported (``None``
     removes a variable): the compile farm's processes run without the Triton interpreter.
+    ``cores``: a measurement worker's, pinned to them with as many threads
+    (:mod:`tuner.harness.discipline`).
     """
     from tunecache.settings import apply_environment
 
     apply_environment(env or {})
+    if cores:
+        from tuner.harness.discipline import settle
+
+        settle(cores)
     # Ctrl-C reaches the whole process group: the parent stops the workers, which must not
     # print tracebacks of their own meanwhile.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

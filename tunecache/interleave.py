@@ -119,3 +119,30 @@ def ratio(
     low = medians[int(tail * (resamples - 1))]
     high = medians[int((1.0 - tail) * (resamples - 1))]
     return Ratio(median, low, high, n)
+
+
+@dataclass(frozen=True)
+class Compared:
+    """A baseline against a tuned callable in alternating rounds: each one's median time and
+    the speedup (baseline over tuned; above 1 the tuned one is faster) with its interval."""
+
+    baseline_ms: float
+    tuned_ms: float
+    speedup: Ratio
+
+    def text(self, than: str = "", times: str = "x") -> str:
+        """The speedup as :func:`tunecache.timing.speedup_text` says it, with its interval."""
+        from tunecache.timing import speedup_text
+
+        interval = (self.speedup.low, self.speedup.high) if self.speedup.rounds > 1 else None
+        return speedup_text(self.speedup.median, times, interval=interval, than=than)
+
+
+def compare(baseline: Callable[[], float], tuned: Callable[[], float],
+            count: int = ROUNDS) -> Compared:  # fmt: skip
+    """Times ``baseline()`` and ``tuned()`` (each returns milliseconds) in ``count`` alternating
+    rounds (:func:`rounds`)."""
+    times = rounds(lambda i: (baseline, tuned)[i](), 2, count)
+    kept = quiet(times)
+    return Compared(statistics.median(row[0] for row in kept),
+                    statistics.median(row[1] for row in kept), ratio(times, 0, 1))  # fmt: skip

@@ -1,0 +1,207 @@
+"""The machine's conditions while something was timed, and whether they make the timing noisy.
+
+A timing taken while other processes held the cores, the clock changed or the GPU throttled
+reads the machine as much as the kernel. :func:`snapshot` reads what the operating system (and,
+on a GPU, NVML where it is installed) says, before and after a measurement, :func:`between` the
+two; :func:`noise` turns
+that and the timing's own spread into the reasons it is noisy, if any. The tuner repeats a noisy
+measurement (bounded) and, if it stays noisy, stores it flagged, with its conditions.
+
+Read from ``/proc`` (Linux); elsewhere what cannot be read is ``None``, never a guess.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+NOISY_SPREAD = 0.10  # inter-quartile range over median past which a timing is noisy
+NOISY_OTHERS = 0.5  # cores other processes used, on average, past which a CPU timing is noisy
+NOISY_DISTURBED = 0.5  # share of samples disturbed (preempted) past which a timing is noisy
+NOISY_CLOCK = 0.10  # relative clock change between before and after past which it is noisy
+# NVML throttle reasons that do not disturb a measurement: idle, the application clock setting.
+_BENIGN_THROTTLE = {"gpu_idle", "applications_clocks_setting"}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the machine said at one moment."""
+
+    wall_s: float
+    busy_s: float | None  # CPU seconds all processes have used since boot (with steal)
+    own_s: float  # CPU seconds this process has used
+    clock_mhz: float | None  # the mean clock of the cores this process may run on
+    gpu: GpuSnapshot | None = None
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    sm_clock_mhz: float
+    throttle: tuple[str, ...]  # NVML's active clock-event reasons, less the benign ones
+    other_processes: int  # compute processes on the device besides this one
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The conditions over one measurement: from a snapshot before to one after."""
+
+    others_cpu: float | None  # cores other processes used on average (None: not readable)
+    clock_mhz: tuple[float, float] | None  # before, after
+    gpu_clock_mhz: tuple[float, float] | None
+    throttle: tuple[str, ...]
+    gpu_others: int | None
+
+
+def _clock_ticks() -> int:
+    try:
+        return os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError, AttributeError):
+        return 100
+
+
+def _busy_seconds() -> float | None:
+    """CPU seconds spent busy by the whole machine since boot (``/proc/stat``; steal counts:
+    a hypervisor's other guests are other processes too)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / _clock_ticks()
+
+
+def _own_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def _cores() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def _clock_mhz() -> float | None:
+    """The mean current clock of this process's cores (cpufreq, else ``/proc/cpuinfo``)."""
+    cores = _cores()
+    found = []
+    for core in sorted(cores or ()):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{core}/cpufreq/scaling_cur_freq",
+                      encoding="ascii") as f:  # fmt: skip
+                found.append(int(f.read()) / 1000)
+        except (OSError, ValueError):
+            break
+    if found:
+        return sum(found) / len(found)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            mhz = [float(line.split(":")[1]) for line in f if line.startswith("cpu MHz")]
+    except (OSError, ValueError, IndexError):
+        return None
+    return sum(mhz) / len(mhz) if mhz else None
+
+
+def _gpu() -> GpuSnapshot | None:
+    """The current CUDA device's clock, throttle reasons and other processes, through NVML
+    (``pynvml``, where installed; ``None`` where it is not or cannot answer)."""
+    try:
+        import pynvml  # type: ignore[import-not-found, unused-ignore]
+        import torch
+
+        pynvml.nvmlInit()
+        index = torch.cuda.current_device()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        clock = float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+        mask = int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+        names = {
+            "gpu_idle": "nvmlClocksThrottleReasonGpuIdle",
+            "applications_clocks_setting": "nvmlClocksThrottleReasonApplicationsClocksSetting",
+            "sw_power_cap": "nvmlClocksThrottleReasonSwPowerCap",
+            "hw_slowdown": "nvmlClocksThrottleReasonHwSlowdown",
+            "sync_boost": "nvmlClocksThrottleReasonSyncBoost",
+            "sw_thermal": "nvmlClocksThrottleReasonSwThermalSlowdown",
+            "hw_thermal": "nvmlClocksThrottleReasonHwThermalSlowdown",
+            "hw_power_brake": "nvmlClocksThrottleReasonHwPowerBrakeSlowdown",
+        }
+        active = tuple(sorted(name for name, attr in names.items()
+                              if mask & int(getattr(pynvml, attr, 0))
+                              and name not in _BENIGN_THROTTLE))  # fmt: skip
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        others = sum(1 for p in procs if p.pid != os.getpid())
+    except Exception:  # not installed, no driver, an NVML without these calls
+        return None
+    return GpuSnapshot(clock, active, others)
+
+
+def snapshot(cuda: bool = False) -> Snapshot:
+    """The machine now (on a GPU too with ``cuda``)."""
+    return Snapshot(time.perf_counter(), _busy_seconds(), _own_seconds(), _clock_mhz(),
+                    _gpu() if cuda else None)  # fmt: skip
+
+
+def between(before: Snapshot, after: Snapshot) -> Reading:
+    """The conditions from ``before`` to ``after``."""
+    wall = after.wall_s - before.wall_s
+    others = None
+    if before.busy_s is not None and after.busy_s is not None and wall > 0:
+        own = after.own_s - before.own_s
+        others = max(0.0, (after.busy_s - before.busy_s - own) / wall)
+    clock = None
+    if before.clock_mhz is not None and after.clock_mhz is not None:
+        clock = (before.clock_mhz, after.clock_mhz)
+    gpu_clock, gpu_others = None, None
+    throttle: tuple[str, ...] = ()
+    if before.gpu is not None and after.gpu is not None:
+        gpu_clock = (before.gpu.sm_clock_mhz, after.gpu.sm_clock_mhz)
+        throttle = tuple(sorted({*before.gpu.throttle, *after.gpu.throttle}))
+        gpu_others = max(before.gpu.other_processes, after.gpu.other_processes)
+    return Reading(others, clock, gpu_clock, throttle, gpu_others)
+
+
+def _changed(pair: tuple[float, float] | None) -> bool:
+    if pair is None or min(pair) <= 0:
+        return False
+    return abs(pair[1] - pair[0]) / min(pair) > NOISY_CLOCK
+
+
+def noise(reading: Reading | None, *, spread: float, disturbed: float, cuda: bool) -> list[str]:
+    """Why a timing is noisy (empty: it is not).
+
+    Args:
+        reading: the conditions over it (``None``: not read).
+        spread: its inter-quartile range over its median.
+        disturbed: the share of its samples disturbed (the process was preempted meanwhile).
+        cuda: whether it was timed on a GPU (other processes' CPU use then does not count).
+
+    Example:
+        >>> r = Reading(1.9, (2600.0, 2600.0), None, (), None)
+        >>> noise(r, spread=0.02, disturbed=0.1, cuda=False)
+        ['other processes used 1.9 cores']
+    """
+    why = []
+    if spread > NOISY_SPREAD:
+        why.append(f"spread {spread:.0%} of the median")
+    if disturbed > NOISY_DISTURBED:
+        why.append(f"{disturbed:.0%} of samples disturbed")
+    if reading is None:
+        return why
+    if not cuda and reading.others_cpu is not None and reading.others_cpu > NOISY_OTHERS:
+        why.append(f"other processes used {reading.others_cpu:.1f} cores")
+    if _changed(reading.clock_mhz) and not cuda:
+        assert reading.clock_mhz is not None
+        why.append(f"CPU clock {reading.clock_mhz[0]:.0f}->{reading.clock_mhz[1]:.0f} MHz")
+    if _changed(reading.gpu_clock_mhz):
+        assert reading.gpu_clock_mhz is not None
+        before, after = reading.gpu_clock_mhz
+        why.append(f"GPU clock {before:.0f}->{after:.0f} MHz")
+    if reading.throttle:
+        why.append("GPU throttled: " + ", ".join(reading.throttle))
+    if reading.gpu_others:
+        why.append(f"{reading.gpu_others} other processes on the GPU")
+    return why
