@@ -1,10 +1,12 @@
 """Whether tuning on a busy machine picks the winner a quiet one does, and says how sure it is.
 
-Tunes every key (TVM and Inductor, CPU) twice: on a quiet machine, then with ``--load`` busy
-processes the bench starts and stops itself. Then, quietly, times each key's two winners, torch
-eager and the default config in alternating rounds (:mod:`tunecache.interleave`) and reports:
+Tunes every key (TVM and Inductor, CPU) three times: on a quiet machine, quietly again (the
+control: two quiet searches differ too), then with ``--load`` busy processes the bench starts and
+stops itself. Then, quietly, times each key's three winners, torch eager and the default config
+in alternating rounds (:mod:`tunecache.interleave`) and reports:
 
-* whether the loaded machine's winner is within 5 % of the quiet one's (``loaded/quiet``);
+* whether the loaded machine's winner is within 5 % of the quiet one's (``loaded/quiet``), and
+  how often the second quiet tune's is (the control);
 * whether each reported speedup's interval (vs eager, vs the default config) holds the quiet
   re-measured ratio;
 * every reported ratio above 50x, and whether it held quietly;
@@ -30,7 +32,7 @@ from typing import Any
 from backends import Budget
 from bench.report import write_result
 from tunecache.cli.table import render
-from tunecache.interleave import ROUNDS, ratio, rounds
+from tunecache.interleave import ROUNDS, median_ratio, ratio, rounds
 from tunecache.key import key_for
 from tunecache.schemas import RecordCreate
 from tuner import TuneOptions, tune
@@ -80,31 +82,44 @@ def _tune_all(keys: Sequence[tuple[str, str]], trials: int, harness: Harness,
     return records
 
 
-def _retime(record: RecordCreate, other: RecordCreate, harness: Harness,
-            count: int) -> list[list[float]]:  # fmt: skip
-    """Alternating rounds of: the quiet winner, the loaded winner, torch eager, the default."""
-    key = record.key.to_key()
-    workload = get_workload(key.kernel)
+def _retime(records: Sequence[RecordCreate], harness: Harness, count: int) -> list[list[float]]:
+    """Alternating rounds of: each record's winner (in order), torch eager, the default."""
+    key = records[0].key.to_key()
     task = Task(backend=key.backend, workload=key.kernel, problem=dict(key.problem),
                 dtype=key.dtype, device=key.device.kind)  # fmt: skip
     bench = harness.benchmarker(task)
-    default = default_config(workload, key)
-    contenders: list[Any] = [record.config, other.config, None, default]
+    default = default_config(get_workload(key.kernel), key)
+    contenders: list[Any] = [*(r.config for r in records), None]
+    if default is not None:
+        contenders.append(default)
 
     def time_one(i: int) -> float:
         measured = bench.measure(contenders[i])
         return measured.time_ms or 0.0
 
-    return rounds(time_one, len(contenders) if default is not None else 3, count)
+    return rounds(time_one, len(contenders), count)
 
 
-def _holds(record: RecordCreate, baseline: str, quiet_ratio: float | None) -> str:
-    """Whether ``record``'s interval for ``baseline`` holds ``quiet_ratio``: ``yes``, ``no``,
-    or ``-`` (no interval, or nothing re-measured)."""
-    interval = record.speedup_interval(baseline)
-    if interval is None or quiet_ratio is None:
-        return "-"
-    return "yes" if interval[0] <= quiet_ratio <= interval[1] else "no"
+def _intervals(label: str, record: RecordCreate, times: list[list[float]], winner: int,
+               misses: list[str]) -> list[str]:  # fmt: skip
+    """For the eager and default baselines: whether ``record``'s interval holds the quietly
+    re-measured ratio (``yes``/``no``; ``-``: no interval or no such baseline); each miss, with
+    its numbers, goes to ``misses``."""
+    found = []
+    for baseline, column in (("torch_eager", 3), ("default_config", 4)):
+        interval = record.speedup_interval(baseline)
+        if interval is None or column >= len(times[0]):
+            found.append("-")
+            continue
+        again = median_ratio(times, column, winner)
+        holds = interval[0] <= again <= interval[1]
+        found.append("yes" if holds else "no")
+        if not holds:
+            off = again / interval[1] - 1 if again > interval[1] else again / interval[0] - 1
+            misses.append(f"{label} vs {baseline}: reported {record.speedup(baseline):.3f} "
+                          f"({interval[0]:.3f}-{interval[1]:.3f}), re-measured {again:.3f} "
+                          f"({off:+.1%} outside)")  # fmt: skip
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,63 +135,77 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="timing-noise-") as tmp, Harness() as harness:
         print("quiet:", file=sys.stderr)
-        quiet_records = _tune_all(keys, args.trials, harness, Path(tmp) / "quiet")
+        quiet = _tune_all(keys, args.trials, harness, Path(tmp) / "quiet")
+        print("quiet again (the control: how far two quiet tunes differ):", file=sys.stderr)
+        again = _tune_all(keys, args.trials, harness, Path(tmp) / "again")
         print(f"loaded ({args.load} busy processes):", file=sys.stderr)
         with busy(args.load):
-            loaded_records = _tune_all(keys, args.trials, harness, Path(tmp) / "loaded")
+            loaded = _tune_all(keys, args.trials, harness, Path(tmp) / "loaded")
         print("re-timing quietly", file=sys.stderr)
-        retimed = {k: _retime(quiet_records[k], loaded_records[k], harness, args.rounds)
+        retimed = {k: _retime([quiet[k], again[k], loaded[k]], harness, args.rounds)
                    for k in keys}  # fmt: skip
-    rows, within, holds, intervals, high, why = [], 0, 0, 0, [], []
+    rows: list[list[str]] = []
+    misses: list[str] = []
+    high: list[str] = []
+    why: list[str] = []
+    within = {"control": 0, "loaded": 0}
+    held = {"quiet": [0, 0], "loaded": [0, 0]}  # intervals that hold, intervals
+    keys_held = 0
     for k in keys:
-        times, q, lo = retimed[k], quiet_records[k], loaded_records[k]
-        versus_quiet = ratio(times, 1, 0)  # loaded winner's time over the quiet winner's
-        is_within = versus_quiet.median <= WITHIN
-        within += is_within
-        quiet_eager = ratio(times, 2, 0).median
-        loaded_eager = ratio(times, 2, 1).median
-        has_default = len(times[0]) > 3
-        quiet_default = ratio(times, 3, 0).median if has_default else None
-        loaded_default = ratio(times, 3, 1).median if has_default else None
-        checks = [_holds(q, "torch_eager", quiet_eager), _holds(q, "default_config", quiet_default),
-                  _holds(lo, "torch_eager", loaded_eager),
-                  _holds(lo, "default_config", loaded_default)]  # fmt: skip
-        holds += checks.count("yes")
-        intervals += sum(c != "-" for c in checks)
-        for record, label, measured in ((q, "quiet", (quiet_eager, quiet_default)),
-                                        (lo, "loaded", (loaded_eager, loaded_default))):  # fmt: skip
-            for baseline, again in zip(("torch_eager", "default_config"), measured, strict=True):
+        times, name = retimed[k], f"{k[0]}/{k[1]}"
+        control, versus = ratio(times, 1, 0), ratio(times, 2, 0)
+        within["control"] += control.median <= WITHIN
+        within["loaded"] += versus.median <= WITHIN
+        checks = {}
+        for label, record, winner in (("quiet", quiet[k], 0), ("loaded", loaded[k], 2)):
+            checks[label] = _intervals(f"{name} {label}", record, times, winner, misses)
+            held[label][0] += checks[label].count("yes")
+            held[label][1] += sum(c != "-" for c in checks[label])
+            for baseline in ("torch_eager", "default_config"):
                 value = record.speedup(baseline)
                 if value is not None and value > HIGH_RATIO:
+                    column = 3 if baseline == "torch_eager" else 4
+                    measured = median_ratio(times, column, winner) \
+                        if column < len(times[0]) else None  # fmt: skip
                     high.append(
-                        f"{k[0]}/{k[1]} {label} vs {baseline}: {value:.1f}x, quietly "
-                        f"re-measured {again if again is None else f'{again:.1f}x'}"
+                        f"{name} {label} vs {baseline}: {value:.1f}x, quietly "
+                        f"re-measured {measured if measured is None else f'{measured:.1f}x'}"
                     )
-        noisy = [r for r, flagged in (("quiet", q.noisy), ("loaded", lo.noisy)) if flagged]
-        for label, record in (("quiet", q), ("loaded", lo)):
             if record.noisy:
-                why.append(f"{k[0]}/{k[1]} {label}: " + "; ".join(record.noise()))
-        rows.append([f"{k[0]}/{k[1]}", q.config_summary[:28], lo.config_summary[:28],
-                     f"{versus_quiet.median:.3f} ({versus_quiet.low:.3f}-{versus_quiet.high:.3f})",
-                     "yes" if is_within else "NO", " ".join(checks), ",".join(noisy) or "-"])  # fmt: skip
-    header = ["key", "quiet winner", "loaded winner", "loaded/quiet (95 %)", "within 5 %",
-              "intervals hold (q-eager q-default l-eager l-default)", "flagged noisy"]  # fmt: skip
+                why.append(f"{name} {label}: " + "; ".join(record.noise()))
+        keys_held += "no" not in checks["loaded"]
+        noisy = [r for r, flagged in (("quiet", quiet[k].noisy), ("loaded", loaded[k].noisy))
+                 if flagged]  # fmt: skip
+        rows.append([name, quiet[k].config_summary[:28], loaded[k].config_summary[:28],
+                     f"{control.median:.3f} ({control.low:.3f}-{control.high:.3f})",
+                     f"{versus.median:.3f} ({versus.low:.3f}-{versus.high:.3f})",
+                     "yes" if versus.median <= WITHIN else "NO",
+                     " ".join(checks["quiet"]), " ".join(checks["loaded"]),
+                     ",".join(noisy) or "-"])  # fmt: skip
+    header = ["key", "quiet winner", "loaded winner", "quiet again/quiet", "loaded/quiet",
+              "within 5 %", "quiet holds (eager default)", "loaded holds (eager default)",
+              "flagged noisy"]  # fmt: skip
     table = render(header, rows)
     summary = [
-        f"loaded winners within 5 % of the quiet winner: {within} of {len(keys)}",
-        f"reported speedup intervals that hold the quiet re-measured ratio: {holds} of {intervals}",
+        f"loaded winners within 5 % of the quiet winner: {within['loaded']} of {len(keys)} "
+        f"(the control, a second quiet tune: {within['control']} of {len(keys)})",
+        f"reported speedup intervals that hold the quietly re-measured ratio: loaded records "
+        f"{held['loaded'][0]} of {held['loaded'][1]} (keys whose every interval holds: "
+        f"{keys_held} of {len(keys)}); quiet records {held['quiet'][0]} of {held['quiet'][1]}",
         "ratios above 50x: " + ("; ".join(high) if high else "none"),
+        "intervals that missed: " + ("; ".join(misses) if misses else "none"),
         "flagged noisy: " + (" | ".join(why) if why else "none"),
     ]
     print(table)
     print("\n".join(summary))
     notes = [
         f"{len(keys)} keys at each workload's demo shape, float32, {args.trials} trials each "
-        f"(each backend's default strategy); loaded: {args.load} busy processes (a spin loop "
-        "each) started and stopped by the bench",
-        f"re-timed quietly in one harness: {args.rounds} alternating rounds of the quiet winner, "
-        "the loaded winner, torch eager and the default config; loaded/quiet is the median of "
-        "per-round ratios with its bootstrap 95 % interval",
+        f"(each backend's default strategy), tuned three times in one harness: quiet, quiet "
+        f"again (the control), and beside {args.load} busy processes (a spin loop each) the "
+        "bench starts and stops",
+        f"re-timed quietly: {args.rounds} alternating rounds of the three winners, torch eager "
+        "and the default config; X/quiet is the median of per-round ratios with its bootstrap "
+        "95 % interval",
         *summary,
         f"{time.perf_counter() - started:.0f} s in all",
     ]

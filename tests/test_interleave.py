@@ -133,7 +133,7 @@ class SyntheticBench(Benchmarker):
     def evaluate(self, configs: list[Config]) -> list[Trial]:
         raise AssertionError("the selection does not search")
 
-    def measure(self, config: Mapping[str, Any] | None) -> Measurement:
+    def measure(self, config: Mapping[str, Any] | None, *, again: bool = False) -> Measurement:
         i = len(self.machine.true) - 1 if config is None else int(config["c"])
         t = self.machine.time(i)
         return Measurement(status="ok", timing=TimingModel(median_ms=t, min_ms=t, max_ms=t,

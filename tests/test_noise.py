@@ -94,6 +94,30 @@ def test_a_timing_under_real_load_is_flagged_with_its_conditions(two_busy_proces
     assert "other processes used" in conditions_text(timing.conditions)
 
 
+def test_what_a_server_says_about_noise_cannot_drive_a_terminal() -> None:
+    for bad in (
+        {"noise": ["\x1b]0;pwned\x07"]},
+        {"noise": [""]},
+        {"noise": ["a\nb"]},
+        {"throttle": ["\x1b[2J"]},
+        {"others_cpu": float("nan")},
+        {"attempts": 0},
+    ):
+        with pytest.raises(ValueError):
+            ConditionsModel.model_validate(bad)
+    with pytest.raises(ValueError):  # noisy for no reason shown
+        TimingModel.model_validate(
+            {
+                "median_ms": 1.0,
+                "min_ms": 1.0,
+                "max_ms": 1.0,
+                "repeats": 1,
+                "noisy": True,
+                "conditions": {"noise": []},
+            }
+        )
+
+
 def test_a_noisy_timing_needs_its_reasons_and_round_trips() -> None:
     with pytest.raises(ValueError, match="noisy exactly when"):
         TimingModel(median_ms=1.0, min_ms=1.0, max_ms=1.0, repeats=1, noisy=True)
@@ -113,12 +137,15 @@ def test_a_measurement_that_stays_noisy_is_timed_again_then_kept_flagged() -> No
                 device="cpu", timer_ref="tests.test_noise:always_noisy")  # fmt: skip
     measurer = Measurer(task)
     calls.clear()
-    timing = measurer.time(NOTHING)
+    timing = measurer.time(NOTHING, again=True)
     assert len(calls) == MAX_ATTEMPTS and timing.noisy
     assert timing.conditions is not None and timing.conditions.attempts == MAX_ATTEMPTS
     assert timing.conditions.noise == ["spread 30% of the median"]  # the least noisy kept
     calls.clear()
-    measurer.time(NOTHING, cutoff_ms=5.0)  # a search's timing: not again
+    measurer.time(NOTHING, cutoff_ms=5.0, again=True)  # cut short: never again
+    assert len(calls) == 1
+    calls.clear()
+    measurer.time(NOTHING)  # one round of an interleaved comparison: never again
     assert len(calls) == 1
 
 

@@ -12,6 +12,7 @@ Read from ``/proc`` (Linux); elsewhere what cannot be read is ``None``, never a 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ NOISY_SPREAD = 0.10  # inter-quartile range over median past which a timing is n
 NOISY_OTHERS = 0.5  # cores other processes used, on average, past which a CPU timing is noisy
 NOISY_DISTURBED = 0.5  # share of samples disturbed (preempted) past which a timing is noisy
 NOISY_CLOCK = 0.10  # relative clock change between before and after past which it is noisy
+MIN_WALL_S = 0.05  # the shortest window other processes' CPU use is read over
 # NVML throttle reasons that do not disturb a measurement: idle, the application clock setting.
 _BENIGN_THROTTLE = {"gpu_idle", "applications_clocks_setting"}
 
@@ -61,17 +63,27 @@ def _clock_ticks() -> int:
 
 
 def _busy_seconds() -> float | None:
-    """CPU seconds spent busy by the whole machine since boot (``/proc/stat``; steal counts:
-    a hypervisor's other guests are other processes too)."""
+    """CPU seconds spent busy since boot on the cores this process may run on (``/proc/stat``'s
+    ``cpuN`` lines; steal counts: a hypervisor's other guests are other processes too). Load on
+    cores this process cannot use (a fleet's compiles kept off reserved timing cores) is not
+    counted."""
+    cores = _cores()
+    busy = 0
     try:
         with open("/proc/stat", encoding="ascii") as f:
-            fields = f.readline().split()
-    except OSError:
+            for line in f:
+                fields = line.split()
+                if not fields or not fields[0].startswith("cpu") or fields[0] == "cpu":
+                    continue
+                if cores is not None and int(fields[0][3:]) not in cores:
+                    continue
+                user, nice, system, _idle, _iowait, irq, softirq, steal = (
+                    int(v) for v in fields[1:9]
+                )
+                busy += user + nice + system + irq + softirq + steal
+    except (OSError, ValueError):
         return None
-    if not fields or fields[0] != "cpu" or len(fields) < 9:
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
-    return (user + nice + system + irq + softirq + steal) / _clock_ticks()
+    return busy / _clock_ticks()
 
 
 def _own_seconds() -> float:
@@ -107,35 +119,48 @@ def _clock_mhz() -> float | None:
     return sum(mhz) / len(mhz) if mhz else None
 
 
+_THROTTLE_NAMES = {
+    "gpu_idle": "nvmlClocksThrottleReasonGpuIdle",
+    "applications_clocks_setting": "nvmlClocksThrottleReasonApplicationsClocksSetting",
+    "sw_power_cap": "nvmlClocksThrottleReasonSwPowerCap",
+    "hw_slowdown": "nvmlClocksThrottleReasonHwSlowdown",
+    "sync_boost": "nvmlClocksThrottleReasonSyncBoost",
+    "sw_thermal": "nvmlClocksThrottleReasonSwThermalSlowdown",
+    "hw_thermal": "nvmlClocksThrottleReasonHwThermalSlowdown",
+    "hw_power_brake": "nvmlClocksThrottleReasonHwPowerBrakeSlowdown",
+}
+THROTTLE_REASONS = tuple(_THROTTLE_NAMES)
+
+
 def _gpu() -> GpuSnapshot | None:
-    """The current CUDA device's clock, throttle reasons and other processes, through NVML
-    (``pynvml``, where installed; ``None`` where it is not or cannot answer)."""
+    """The current CUDA device's SM clock, throttle reasons and other processes, through NVML
+    (``pynvml``, where installed; ``None`` where it is not, or cannot name the device).
+
+    The device is found by UUID (CUDA's and NVML's indices differ under
+    ``CUDA_VISIBLE_DEVICES``). Other processes: the device's compute processes but one (this
+    process has a context there: it just ran the kernel), which holds in a container too, where
+    NVML's process ids are the host's. A query NVML does not support reads as nothing found.
+    """
     try:
         import pynvml  # type: ignore[import-not-found, unused-ignore]
         import torch
 
         pynvml.nvmlInit()
-        index = torch.cuda.current_device()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-")
+                                                  else f"GPU-{uuid}")  # fmt: skip
         clock = float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
+    except Exception:  # not installed, no driver, no such device
+        return None
+    active: tuple[str, ...] = ()
+    with contextlib.suppress(Exception):
         mask = int(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
-        names = {
-            "gpu_idle": "nvmlClocksThrottleReasonGpuIdle",
-            "applications_clocks_setting": "nvmlClocksThrottleReasonApplicationsClocksSetting",
-            "sw_power_cap": "nvmlClocksThrottleReasonSwPowerCap",
-            "hw_slowdown": "nvmlClocksThrottleReasonHwSlowdown",
-            "sync_boost": "nvmlClocksThrottleReasonSyncBoost",
-            "sw_thermal": "nvmlClocksThrottleReasonSwThermalSlowdown",
-            "hw_thermal": "nvmlClocksThrottleReasonHwThermalSlowdown",
-            "hw_power_brake": "nvmlClocksThrottleReasonHwPowerBrakeSlowdown",
-        }
-        active = tuple(sorted(name for name, attr in names.items()
+        active = tuple(sorted(name for name, attr in _THROTTLE_NAMES.items()
                               if mask & int(getattr(pynvml, attr, 0))
                               and name not in _BENIGN_THROTTLE))  # fmt: skip
-        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-        others = sum(1 for p in procs if p.pid != os.getpid())
-    except Exception:  # not installed, no driver, an NVML without these calls
-        return None
+    others = 0
+    with contextlib.suppress(Exception):
+        others = max(0, len(pynvml.nvmlDeviceGetComputeRunningProcesses(handle)) - 1)
     return GpuSnapshot(clock, active, others)
 
 
@@ -148,8 +173,8 @@ def snapshot(cuda: bool = False) -> Snapshot:
 def between(before: Snapshot, after: Snapshot) -> Reading:
     """The conditions from ``before`` to ``after``."""
     wall = after.wall_s - before.wall_s
-    others = None
-    if before.busy_s is not None and after.busy_s is not None and wall > 0:
+    others = None  # over less than MIN_WALL_S, the kernel's 10 ms ticks would be most of it
+    if before.busy_s is not None and after.busy_s is not None and wall >= MIN_WALL_S:
         own = after.own_s - before.own_s
         others = max(0.0, (after.busy_s - before.busy_s - own) / wall)
     clock = None

@@ -59,12 +59,14 @@ def rounds(
 def quiet(times: Sequence[Sequence[float]]) -> list[Sequence[float]]:
     """The rounds that took at most ``DISTURBED`` times as long as the quickest round: load on
     the machine only ever adds time, and a round it fell on partly (one contender slowed, not the
-    other) would read as a difference between them."""
-    totals = [sum(row) for row in times]
+    other) would read as a difference between them. A round where a contender failed (a time of
+    0 or less) is not one of them, nor is it the quickest."""
+    timed = [row for row in times if all(t > 0 for t in row)]
+    totals = [sum(row) for row in timed]
     if not totals:
         return []
     quickest = min(totals)
-    return [row for row, total in zip(times, totals, strict=True) if total <= DISTURBED * quickest]
+    return [row for row, total in zip(timed, totals, strict=True) if total <= DISTURBED * quickest]
 
 
 def _per_round(times: Sequence[Sequence[float]], i: int, j: int) -> list[float]:

@@ -34,6 +34,7 @@ from pydantic import (
 
 from tunecache import examples
 from tunecache.canonical import canonical_json, integral
+from tunecache.conditions import THROTTLE_REASONS
 from tunecache.configcheck import config_problem
 from tunecache.errors import InvalidInput
 from tunecache.jsonsafe import INT64_MAX, json_problem
@@ -199,6 +200,9 @@ class KeyModel(_Strict):
 
 
 Mhz = Annotated[float, Field(strict=True, ge=0, lt=1e6, allow_inf_nan=False)]
+# Shown on terminals as they are: one line of printable text (no escape sequences).
+NoiseReason = Annotated[str, Field(min_length=1, max_length=120, pattern=r"^[^\x00-\x1f\x7f]+$")]
+Throttle = Literal[THROTTLE_REASONS]  # type: ignore[valid-type]
 Cores = Annotated[float, Field(strict=True, ge=0, lt=1e5, allow_inf_nan=False)]
 MAX_NOISE_REASONS = 8
 
@@ -213,15 +217,13 @@ class ConditionsModel(_Strict):
     cpu_mhz_after: Mhz | None = None
     gpu_mhz_before: Mhz | None = None
     gpu_mhz_after: Mhz | None = None
-    throttle: Annotated[list[Annotated[str, Field(max_length=32)]], Field(max_length=8)] = []
+    throttle: Annotated[list[Throttle], Field(max_length=len(THROTTLE_REASONS))] = []
     gpu_others: Annotated[int, Field(strict=True, ge=0, le=100_000), INTEGRAL] | None = None
     # Samples left out as disturbed (the process was preempted while they ran).
     left_out: Annotated[int, Field(strict=True, ge=0, le=1_000_000_000), INTEGRAL] = 0
     # How many times it was timed (a noisy timing is timed again, up to a bound).
     attempts: Annotated[int, Field(strict=True, ge=1, le=100), INTEGRAL] = 1
-    noise: Annotated[
-        list[Annotated[str, Field(max_length=120)]], Field(max_length=MAX_NOISE_REASONS)
-    ] = []
+    noise: Annotated[list[NoiseReason], Field(max_length=MAX_NOISE_REASONS)] = []
 
 
 class TimingModel(_Strict):
@@ -326,6 +328,7 @@ class SearchModel(_Strict):
     seconds: Annotated[float, Field(strict=True, ge=0, le=MAX_SEARCH_SECONDS, allow_inf_nan=False)]
 
 
+SAME_BELOW = 0.995  # a ratio without an interval from here to 1/SAME_BELOW reads "the same"
 # A ratio of two times: positive, finite, within what any two timings can differ by.
 TimeRatio = Annotated[float, Field(strict=True, gt=0, lt=1e12, allow_inf_nan=False)]
 
@@ -410,13 +413,14 @@ class RecordCreate(_Strict):
     @property
     def slower_than_eager(self) -> bool:
         """Whether torch eager ran measurably faster than the winner: the whole interval of the
-        interleaved comparison below 1 (records without one: their ratio below 1)."""
+        interleaved comparison below 1 (records without one: a ratio that reads as slower,
+        below :data:`SAME_BELOW`)."""
         for b in self.baselines:
             if b.name == "torch_eager":
                 if b.speedup is not None and b.speedup.rounds > 1:
                     return b.speedup.high < 1.0
                 value = self.speedup()
-                return value is not None and value < 1.0
+                return value is not None and value < SAME_BELOW
         return False
 
     @property

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from tunecache.errors import InvalidInput
+
 DEFAULT_PORT = 8765
 
 
@@ -122,7 +124,7 @@ def timing_cores(environ: Mapping[str, str] | None = None) -> list[int] | None:
     (``"2-3"``, ``"0,2,4-7"``); ``None`` when unset (they run on every core this process may).
 
     Raises:
-        ValueError: the value is not a list of core numbers and ranges.
+        InvalidInput: the value is not a list of core numbers and ranges.
     """
     env = os.environ if environ is None else environ
     raw = env.get(TIMING_CORES_VAR, "").strip()
@@ -137,6 +139,6 @@ def timing_cores(environ: Mapping[str, str] | None = None) -> list[int] | None:
                 raise ValueError
             cores.update(range(low, high + 1))
     except ValueError:
-        raise ValueError(f"{TIMING_CORES_VAR}={raw!r} is not a list of cores such as "
-                         "'2-3' or '0,2,4-7'") from None  # fmt: skip
+        raise InvalidInput(f"{TIMING_CORES_VAR}={raw!r} is not a list of cores such as "
+                           "'2-3' or '0,2,4-7'") from None  # fmt: skip
     return sorted(cores)

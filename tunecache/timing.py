@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunecache import conditions
-from tunecache.schemas import MAX_NOISE_REASONS, ConditionsModel, RecordCreate, TimingModel
+from tunecache.schemas import (
+    MAX_NOISE_REASONS,
+    SAME_BELOW,
+    ConditionsModel,
+    RecordCreate,
+    TimingModel,
+)
 
 try:
     import resource
@@ -57,14 +63,15 @@ def time_cpu(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) -> 
     """Times ``fn()``: median per-call milliseconds with min, max and inter-quartile range.
 
     A sample during which the process was preempted (another process took its core) is left
-    out: load only ever adds time. Samples are added until ``min_repeats`` undisturbed ones
-    were taken or ``DISTURBED_BUDGET`` times ``target_s`` was spent; with too few undisturbed
-    ones, the quickest quarter of all counts (the least disturbed), and the timing says how
-    many were disturbed (:mod:`tunecache.conditions`).
+    out: load only ever adds time; while most are, samples are made shorter (fewer calls each),
+    to fit between the other processes' turns. Samples are added until ``min_repeats``
+    undisturbed ones were taken or ``DISTURBED_BUDGET`` times ``target_s`` was spent; with too
+    few undisturbed ones, the quickest quarter of all counts (the least disturbed), and the
+    timing says how many were disturbed (:mod:`tunecache.conditions`).
     """
-    before = conditions.snapshot()
     for _ in range(settings.warmup):
         fn()
+    before = conditions.snapshot()  # after the warm-up: the clock has ramped up by now
     start = time.perf_counter()
     fn()
     single = max(time.perf_counter() - start, 1e-9)
@@ -72,8 +79,8 @@ def time_cpu(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) -> 
         return _stats([single * 1e3], settings, 1, f"perf_counter, cut short: over "
                       f"{settings.cutoff_ms:.4g} ms", before)  # fmt: skip
     number = max(1, int(settings.min_sample_s / single))
-    clean: list[float] = []
-    disturbed: list[float] = []
+    clean: list[tuple[float, int]] = []  # (ms per call, calls)
+    disturbed: list[tuple[float, int]] = []
     spent = 0.0
 
     def more() -> bool:
@@ -93,21 +100,27 @@ def time_cpu(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) -> 
             fn()
         elapsed = time.perf_counter() - start
         spent += elapsed
-        (clean if _switches() == switches else disturbed).append(elapsed / number * 1e3)
+        (clean if _switches() == switches else disturbed).append((elapsed / number * 1e3, number))
+        if number > 1 and len(disturbed) > max(2, len(clean)):
+            # Most samples are preempted: shorter ones fit between the other processes' turns
+            # (and the longer ones are dropped, so that one median has one sample length).
+            number = max(1, number // 4)
+            clean, disturbed = [], []
     taken = len(clean) + len(disturbed)
     if len(clean) >= MIN_CLEAN:
-        samples, how = clean, f"median of {len(clean)} samples"
+        used, how = clean, f"median of {len(clean)} samples"
     else:  # hardly one undisturbed: the quickest quarter is the least disturbed
-        samples = sorted(clean + disturbed)[: max(MIN_CLEAN, taken // 4)]
-        how = f"quickest {len(samples)} of {taken} samples"
-    return _stats(samples, settings, number, f"perf_counter {how} x {number} calls", before,
-                  left_out=taken - len(samples), disturbed=len(disturbed) / taken)  # fmt: skip
+        used = sorted(clean + disturbed)[: max(MIN_CLEAN, taken // 4)]
+        how = f"quickest {len(used)} of {taken} samples"
+    return _stats([ms for ms, _ in used], settings, sum(calls for _, calls in used),
+                  f"perf_counter {how} x {number} calls", before, left_out=taken - len(used),
+                  disturbed=len(disturbed) / taken)  # fmt: skip
 
 
 L2_FLUSH_BYTES = 256 * 2**20
 
 
-def _stats(samples: list[float], settings: TimerSettings, number: int, timer: str,
+def _stats(samples: list[float], settings: TimerSettings, repeats: int, timer: str,
            before: conditions.Snapshot, *, cuda: bool = False, left_out: int = 0,
            disturbed: float = 0.0) -> TimingModel:  # fmt: skip
     reading = conditions.between(before, conditions.snapshot(cuda))
@@ -121,7 +134,7 @@ def _stats(samples: list[float], settings: TimerSettings, number: int, timer: st
         min_ms=min(samples),
         max_ms=max(samples),
         iqr_ms=iqr,
-        repeats=len(samples) * number,
+        repeats=repeats,
         warmup=settings.warmup,
         timer=timer,
         noisy=bool(noise),
@@ -152,11 +165,11 @@ def time_cuda(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) ->
     """Times ``fn()`` on the current CUDA device with events, flushing L2 before every call."""
     import torch
 
-    before = conditions.snapshot(cuda=True)
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
     for _ in range(settings.warmup):
         fn()
     torch.cuda.synchronize()
+    before = conditions.snapshot(cuda=True)  # after the warm-up: not the idle clock
     # Estimate one call (with its flush) to size the run to ``target_s``.
     first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     first.record()
@@ -182,7 +195,7 @@ def time_cuda(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) ->
         end.record()
     torch.cuda.synchronize()
     samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-    return _stats(samples, settings, 1, f"cuda events, L2 flushed, median of {count}", before,
+    return _stats(samples, settings, count, f"cuda events, L2 flushed, median of {count}", before,
                   cuda=True)  # fmt: skip
 
 
@@ -214,7 +227,7 @@ def speedup_text(
         if speedup >= 1:
             return f"{speedup:.2f}{times} faster{than_it} ({low:.2f}-{high:.2f}{times})"
         return f"{1 / speedup:.2f}{times} slower{than_it} ({1 / high:.2f}-{1 / low:.2f}{times})"
-    if 0.995 <= speedup < 1.005:
+    if SAME_BELOW <= speedup < 1 / SAME_BELOW:
         return f"1.00{times} (the same as {than})" if than else f"1.00{times} (the same)"
     if speedup >= 1:
         return f"{speedup:.2f}{times} faster{than_it}"
@@ -268,7 +281,7 @@ def conditions_text(conditions: ConditionsModel) -> str:
     if conditions.gpu_others:
         parts.append(f"{conditions.gpu_others} other processes on the GPU")
     if conditions.left_out:
-        parts.append(f"{conditions.left_out} disturbed samples left out")
+        parts.append(f"{conditions.left_out} samples left out (disturbed)")
     if conditions.attempts > 1:
         parts.append(f"timed {conditions.attempts} times")
     return " · ".join(parts) or "not read"

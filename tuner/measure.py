@@ -83,9 +83,10 @@ class Benchmarker(abc.ABC):
         """Builds ``configs`` (in parallel where it can), then checks and times each, in order."""
 
     @abc.abstractmethod
-    def measure(self, config: Mapping[str, Any] | None) -> Measurement:
+    def measure(self, config: Mapping[str, Any] | None, *, again: bool = False) -> Measurement:
         """Checks and times one config (any JSON config; ``None``: the kernel's torch eager
-        function)."""
+        function); with ``again``, a noisy timing is taken once more (a stand-alone timing: never
+        one round of an interleaved comparison, where it would favour the disturbed)."""
 
     @property
     def pipelined(self) -> bool:

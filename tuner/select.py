@@ -75,7 +75,7 @@ def _order(bench: Benchmarker, found: Candidates, trials: list[Trial],
         if deadline is not None and time.monotonic() >= deadline:
             timed.sort(key=lambda item: item[1].time_ms or 0.0)
             return [*timed, *((c, None) for c in found.ranked[i:])]
-        measured = bench.measure(config)
+        measured = bench.measure(config, again=True)
         if measured.ok:
             timed.append((config, measured))
         else:
@@ -98,7 +98,7 @@ def _validated(bench: Benchmarker, found: Candidates, seeds: Sequence[int], emit
             rejected.append(report)
             trials.append(_rejection(config, report))
             continue
-        measured = measured or bench.measure(config)
+        measured = measured or bench.measure(config, again=True)
         if not measured.ok or measured.timing is None:
             trials.append(measured.trial(config))
             continue
@@ -139,10 +139,10 @@ def _rounds_that_fit(bench: Benchmarker, contenders: int, deadline: float | None
 
 def flagged(timing: TimingModel, reason: str) -> TimingModel:
     """``timing`` marked noisy for ``reason`` too."""
-    conditions = timing.conditions or ConditionsModel()
-    noise = [*conditions.noise, reason][-MAX_NOISE_REASONS:]
-    return timing.model_copy(update={
-        "noisy": True, "conditions": conditions.model_copy(update={"noise": noise})})  # fmt: skip
+    data = timing.model_dump()
+    conditions = data["conditions"] or ConditionsModel().model_dump()
+    conditions["noise"] = [*conditions["noise"], reason][-MAX_NOISE_REASONS:]
+    return TimingModel.model_validate({**data, "noisy": True, "conditions": conditions})
 
 
 class _Final:
@@ -169,9 +169,13 @@ class _Final:
         self.times += rounds(time_one, len(self.contenders), count, first=len(self.times))
 
     def undecided(self) -> bool:
-        """Whether the winner and the default are the same within noise, or too few rounds were
-        undisturbed to tell (:func:`tunecache.interleave.quiet`)."""
+        """Whether the winner and the default are the same within noise, too few rounds were
+        undisturbed to tell (:func:`tunecache.interleave.quiet`), or the winner's timing is
+        noisy (:mod:`tunecache.conditions`): more rounds may settle each."""
         if len(quiet(self.times)) < MIN_ROUNDS:
+            return True
+        typical = _typical(self.measured[self.WINNER])
+        if typical is not None and typical.noisy:
             return True
         if len(self.contenders) <= self.DEFAULT:
             return False

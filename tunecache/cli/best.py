@@ -63,12 +63,18 @@ def _as_text(kernel: str, shape: str, dtype: str, answer: Any) -> str:
     elif answer.eager_faster:
         head += (f"fastest is torch eager ({ms(answer.eager_ms)} ms): no tuned record beats it; "
                  f"{winner.backend}'s, the fastest, is {winner.result.vs_eager}")  # fmt: skip
+        best_ms = answer.eager_ms  # every time below is relative to eager's
     else:
         head += f"fastest is {winner.backend} ({ms(best_ms)} ms)"
         runner_up = answer.answers[1] if len(answer.answers) > 1 else None
         if runner_up is not None and runner_up.time_ms is not None and best_ms:
             head += f", {runner_up.time_ms / best_ms:.2f}x faster than {runner_up.backend}"
     rows = []
+    if answer.eager_ms is not None and winner is not None:
+        relative = f"{answer.eager_ms / best_ms:.2f}x" if best_ms else "-"
+        rows.append(["torch eager", ms(answer.eager_ms),
+                     "fastest" if answer.eager_faster else relative, "-", winner.device or "-",
+                     "-", f"timed with {winner.backend}'s record"])  # fmt: skip
     for a in answer.answers:
         result = a.result
         if result is None:
@@ -81,18 +87,8 @@ def _as_text(kernel: str, shape: str, dtype: str, answer: Any) -> str:
         rows.append([a.backend, ms(a.time_ms), ratio, result.vs_eager or "-",
                      result.device or "-", result.rule or "-",
                      " ".join([record, *(f"({m})" for m in marks)])])  # fmt: skip
-    if answer.eager_ms is not None:
-        rows.append(
-            [
-                "torch eager",
-                ms(answer.eager_ms),
-                f"{answer.eager_ms / best_ms:.2f}x" if best_ms else "-",
-                "-",
-                winner.device if winner is not None else "-",
-                "-",
-                f"timed with {winner.backend}'s record" if winner is not None else "-",
-            ]
-        )
+    if rows and not answer.eager_faster and answer.eager_ms is not None:
+        rows.append(rows.pop(0))  # eager last when a tuned record beats it
     table = render(["backend", "time ms", "vs best", "vs torch eager", "timed on", "rule",
                     "record"], rows)  # fmt: skip
     return f"{head}\n{table}\n{answer.note}"

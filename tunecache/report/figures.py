@@ -22,6 +22,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 
 from tunecache.report.grid import STATUSES, CoverageGrid
 from tunecache.report.series import MAX_CONVERGENCE_KEYS, Convergence, Speedup
+from tunecache.timing import speedup_text
 
 DPI = 110
 MAX_SPEEDUP_ROWS = 60
@@ -43,16 +44,6 @@ def save(fig: Figure, path: Path) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
-
-def _speedup_note(value: float, span: tuple[float, float] | None) -> str:
-    """``1.83× (1.79-1.88)``, ``same within noise (0.97-1.04)``, or ``1.83×`` without an
-    interval."""
-    if span is None:
-        return f"{value:.2f}×"
-    if span[0] <= 1.0 <= span[1]:
-        return f"same within noise ({span[0]:.2f}-{span[1]:.2f})"
-    return f"{value:.2f}× ({span[0]:.2f}-{span[1]:.2f})"
 
 
 def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
@@ -85,7 +76,7 @@ def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
                 ax.errorbar(v, i + offset, xerr=[[v - span[0]], [span[1] - v]], fmt="none",
                             ecolor="black", elinewidth=0.8, capsize=2)  # fmt: skip
             edge = v if span is None else (span[1] if v >= 1 else span[0])
-            ax.annotate(_speedup_note(v, span), (edge, i + offset),
+            ax.annotate(speedup_text(v, "×", interval=span), (edge, i + offset),
                         xytext=(3 if v >= 1 else -3, 0), textcoords="offset points",
                         ha="left" if v >= 1 else "right", va="center", fontsize=7)  # fmt: skip
         for i in (i for i, v in enumerate(column) if v is None):

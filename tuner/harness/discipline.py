@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 
+from tunecache.errors import InvalidInput
 from tunecache.settings import timing_cores
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TVM_NUM_THREADS")
@@ -26,7 +27,8 @@ def reserved_cores() -> list[int] | None:
     process may use among them), or ``None`` when unset.
 
     Raises:
-        ValueError: ``TUNECACHE_TIMING_CORES`` is malformed or names no core this process may use.
+        InvalidInput: ``TUNECACHE_TIMING_CORES`` is malformed or names no core this process may
+            use.
     """
     wanted = timing_cores()
     if wanted is None:
@@ -37,8 +39,8 @@ def reserved_cores() -> list[int] | None:
         mine = set(range(os.cpu_count() or 1))
     cores = [c for c in wanted if c in mine]
     if not cores:
-        raise ValueError(f"TUNECACHE_TIMING_CORES names cores {wanted}, none of which this "
-                         f"process may use ({sorted(mine)})")  # fmt: skip
+        raise InvalidInput(f"TUNECACHE_TIMING_CORES names cores {wanted}, none of which this "
+                           f"process may use ({sorted(mine)})")  # fmt: skip
     return cores
 
 
@@ -57,4 +59,5 @@ def settle(cores: list[int]) -> None:
         os.sched_setaffinity(0, cores)
     import torch
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or len(cores)))
+    threads = os.environ.get("OMP_NUM_THREADS", "").split(",")[0]  # "4,2": nested levels
+    torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else len(cores))

@@ -27,8 +27,8 @@ class InProcessBenchmarker(Benchmarker):
     def parallelism(self) -> int:
         return 1
 
-    def measure(self, config: Mapping[str, Any] | None) -> Measurement:
-        return self.measurer.measure(config)
+    def measure(self, config: Mapping[str, Any] | None, *, again: bool = False) -> Measurement:
+        return self.measurer.measure(config, again=again)
 
     def validate(self, config: Mapping[str, Any], seeds: Sequence[int]) -> ValidationReport:
         return self.measurer.validate(config, seeds)

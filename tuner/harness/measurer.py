@@ -87,10 +87,11 @@ class Measurer:
             return Measurement("invalid", error=reason)
         return Measurement("runtime_error", error=describe(exc))
 
-    def measure(self, config: Mapping[str, Any] | None, cutoff_ms: float | None = None
-                ) -> Measurement:  # fmt: skip
+    def measure(self, config: Mapping[str, Any] | None, cutoff_ms: float | None = None, *,
+                again: bool = False) -> Measurement:  # fmt: skip
         """Checks ``config`` once against the reference, then times it (``None``: torch eager);
-        a candidate slower than ``cutoff_ms`` is cut short (:mod:`tunecache.timing`)."""
+        a candidate slower than ``cutoff_ms`` is cut short (:mod:`tunecache.timing`); with
+        ``again``, a noisy timing is taken once more (:meth:`time`)."""
         from tuner.validation import compare, run_poisoned
 
         try:
@@ -109,13 +110,16 @@ class Measurer:
             detail = note or f"relative error {rel:.3g} > tolerance {self.tolerance:g}"
             return Measurement("wrong_answer", error=detail, rel_error=rel)
         try:
-            timing = self.time(runnable, cutoff_ms)
+            timing = self.time(runnable, cutoff_ms, again=again)
         except Exception as exc:
             return Measurement("runtime_error", error=describe(exc))
         return Measurement("ok", timing=timing, rel_error=rel)
 
-    def time(self, runnable: Runnable, cutoff_ms: float | None = None) -> TimingModel:
-        """Times ``runnable`` on the task's inputs with the task's timer."""
+    def time(self, runnable: Runnable, cutoff_ms: float | None = None, *,
+             again: bool = False) -> TimingModel:  # fmt: skip
+        """Times ``runnable`` on the task's inputs with the task's timer; with ``again`` (and no
+        ``cutoff_ms``), a noisy timing is taken again, up to :data:`MAX_ATTEMPTS` in all, and the
+        least disturbed kept."""
         import dataclasses
 
         from tunecache.timing import time_cpu, time_cuda
@@ -128,16 +132,15 @@ class Measurer:
         settings = dataclasses.replace(self.task.timer, cutoff_ms=cutoff_ms)
         timing: TimingModel = timer(lambda: runnable(*inputs), settings)
         attempts = 1
-        # A noisy timing is taken again (not a search's, cut short at ``cutoff_ms``: the winner
-        # is re-timed in the final comparison), keeping the least disturbed.
-        while timing.noisy and cutoff_ms is None and attempts < MAX_ATTEMPTS:
-            again: TimingModel = timer(lambda: runnable(*inputs), settings)
+        while again and timing.noisy and cutoff_ms is None and attempts < MAX_ATTEMPTS:
+            retimed: TimingModel = timer(lambda: runnable(*inputs), settings)
             attempts += 1
-            if _quietness(again) < _quietness(timing):
-                timing = again
+            if _quietness(retimed) < _quietness(timing):
+                timing = retimed
         if attempts > 1 and timing.conditions is not None:
-            counted = timing.conditions.model_copy(update={"attempts": attempts})
-            timing = timing.model_copy(update={"conditions": counted})
+            data = timing.model_dump()
+            data["conditions"]["attempts"] = attempts
+            timing = TimingModel.model_validate(data)
         return timing
 
     def validate(self, config: Mapping[str, Any], seeds: Sequence[int]) -> ValidationReport:

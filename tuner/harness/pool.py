@@ -388,14 +388,17 @@ class HarnessBenchmarker(Benchmarker):
         measure = sum(self._measure_s) / len(self._measure_s)
         return AFTER_SEARCH_BUILDS * build + AFTER_SEARCH_MEASURES * measure
 
-    def measure(self, config: ConfigJSON | None, cutoff_ms: float | None = None) -> Measurement:
+    def measure(self, config: ConfigJSON | None, cutoff_ms: float | None = None, *,
+                again: bool = False) -> Measurement:  # fmt: skip
         """Checks and times ``config`` at length (re-timings, baselines) or, with
-        ``cutoff_ms``, cut short when it is slower than that."""
+        ``cutoff_ms``, cut short when it is slower than that; ``again``: see
+        :meth:`Benchmarker.measure`."""
         started = time.monotonic()
         if self.pipelined and config is not None and not self.harness.timer_has(self.task, config):
             [(_, answer)] = self.harness.measure_compiled(self.task, [config], lambda: cutoff_ms)
         else:
-            answer = self.harness.request(self.task, "measure", config, cutoff_ms=cutoff_ms)
+            answer = self.harness.request(self.task, "measure", config, cutoff_ms=cutoff_ms,
+                                          again=again)  # fmt: skip
         self._measure_s.append(time.monotonic() - started)
         self._count(answer)
         return Measurement.from_json(answer)

@@ -12,7 +12,8 @@ Requests and answers are plain dicts over a ``multiprocessing`` pipe:
   :class:`~tuner.measure.Measurement` as JSON (``compile_error``)
 * ``{"op": "measure", "task": {...}, "config": {...} | None, "cutoff_ms": float?}`` → a
   measurement as JSON; ``"config": null`` times the kernel's torch eager function (the baseline)
-  the same way; a candidate slower than ``cutoff_ms`` is cut short
+  the same way; a candidate slower than ``cutoff_ms`` is cut short; with ``"again": true`` a
+  noisy timing is taken once more
 * ``{"op": "validate", "task": {...}, "config": {...}, "seeds": [...]}`` →
   ``{"status": "ok", "report": {...}}``: the full golden-reference validation, in the worker
 * ``{"op": "compile", "task": {...}, "config": {...}}`` → ``{"status": "ok", "seconds": s,
@@ -134,8 +135,10 @@ def _answer(tasks: _Tasks, request: dict[str, Any]) -> dict[str, Any]:
     if op == "build":
         return _counting_compiles(measurer, lambda: _build(measurer, request["config"]))
     if op == "measure":
-        config, cutoff = request["config"], request.get("cutoff_ms")
-        return _counting_compiles(measurer, lambda: measurer.measure(config, cutoff).to_json())
+        config, cutoff, again = request["config"], request.get("cutoff_ms"), request.get("again")
+        return _counting_compiles(
+            measurer, lambda: measurer.measure(config, cutoff, again=bool(again)).to_json()
+        )
     if op == "validate":
         config, seeds = request["config"], request["seeds"]
         return _counting_compiles(measurer, lambda: _validate(measurer, config, seeds))
