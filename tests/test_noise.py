@@ -8,7 +8,6 @@ under test (its interface is the boundary).
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.timing_noise import busy
 from tests.conftest import LiveServer
 from tests.dashboard_browser import visit
 from tests.factories import make_key, make_record
@@ -35,22 +35,10 @@ from tuner.select import select_winner
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _spin() -> None:
-    while True:
-        pass
-
-
 @pytest.fixture
 def two_busy_processes() -> Iterator[None]:
-    context = multiprocessing.get_context("spawn")
-    procs = [context.Process(target=_spin, daemon=True) for _ in range(2)]
-    for p in procs:
-        p.start()
-    time.sleep(0.5)
-    yield
-    for p in procs:
-        p.kill()
-        p.join()
+    with busy(2):  # the timing bench's own load: two spinning processes
+        yield
 
 
 def noisy_timing(ms: float, *reasons: str) -> TimingModel:

@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from tunecache.timing import speedup_text
+
 ROUNDS = 5  # rounds of a tune's final comparison (tuner.select), and of each added batch
 MAX_ROUNDS = 15  # rounds it may grow to while the comparison is undecided
 MIN_ROUNDS = 3  # the fewest a time budget reserves for: fewer give no interval worth the name
@@ -134,8 +136,6 @@ class Compared:
 
     def text(self, than: str = "", times: str = "x") -> str:
         """The speedup as :func:`tunecache.timing.speedup_text` says it, with its interval."""
-        from tunecache.timing import speedup_text
-
         interval = (self.speedup.low, self.speedup.high) if self.speedup.rounds > 1 else None
         return speedup_text(self.speedup.median, times, interval=interval, than=than)
 

@@ -29,7 +29,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -72,12 +72,8 @@ class LookupResult:
     time_ms: float | None = None
     device: str | None = None
     problem: dict[str, Any] | None = None
-    # torch eager as the record's interleaved comparison timed it, and how the winner compared
-    # (``None`` where the record has no eager baseline).
-    eager_ms: float | None = None
-    vs_eager: str | None = None  # tunecache.timing.versus: "1.83x faster (1.79-1.88x)"
-    slower_than_eager: bool = False
-    noisy: bool = False
+    # The record served (a snapshot's too): what the properties below read, on demand only.
+    served_record: RecordCreate | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def served(cls, record: RecordCreate, source: SourceName, rule: Rule | None,
@@ -86,16 +82,34 @@ class LookupResult:
         device = record.key.device
         public = record if isinstance(record, RecordPublic) else None
         timing = record.timing if public is None else public.believed_timing
-        from tunecache.timing import versus
-
-        eager = next((b.timing.median_ms for b in record.baselines if b.name == "torch_eager"),
-                     None)  # fmt: skip
         return cls(
             record.config, source, public, rule, policy, timing.median_ms,
-            f"{device.arch} {device.name}", dict(record.key.problem), eager,
-            None if eager is None else versus(record, than="torch eager"),
-            record.slower_than_eager, record.noisy,
+            f"{device.arch} {device.name}", dict(record.key.problem), record,
         )  # fmt: skip
+
+    @property
+    def eager_ms(self) -> float | None:
+        """torch eager as the record's interleaved comparison timed it (``None``: no record, or
+        no eager baseline)."""
+        baselines = () if self.served_record is None else self.served_record.baselines
+        return next((b.timing.median_ms for b in baselines if b.name == "torch_eager"), None)
+
+    @property
+    def vs_eager(self) -> str | None:
+        """The winner against torch eager with its interval (:func:`tunecache.timing.versus`)."""
+        from tunecache.timing import versus
+
+        if self.served_record is None or self.eager_ms is None:
+            return None
+        return versus(self.served_record, than="torch eager")
+
+    @property
+    def slower_than_eager(self) -> bool:
+        return self.served_record is not None and self.served_record.slower_than_eager
+
+    @property
+    def noisy(self) -> bool:
+        return self.served_record is not None and self.served_record.noisy
 
     @property
     def hit(self) -> bool:

@@ -2,7 +2,8 @@
 
 The job queue's are in :mod:`tunecache.jobs`, disputes' and verifiers' in
 :mod:`tunecache.verification`, snapshots' in :mod:`tunecache.snapshot`, artifacts' in
-:mod:`tunecache.artifacts`.
+:mod:`tunecache.artifacts`, measurements' (timings, their conditions, speedups) in
+:mod:`tunecache.measured`; their strict base is :mod:`tunecache.strict`.
 
 Naming follows the FastAPI template: ``XCreate`` is what a client sends, ``XPublic`` what the server
 returns. Every model forbids unknown fields and bounds its sizes, so a malformed or oversized upload
@@ -21,8 +22,6 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -34,10 +33,9 @@ from pydantic import (
 
 from tunecache import examples
 from tunecache.canonical import canonical_json, integral
-from tunecache.conditions import THROTTLE_REASONS
 from tunecache.configcheck import config_problem
 from tunecache.errors import InvalidInput
-from tunecache.jsonsafe import INT64_MAX, json_problem
+from tunecache.jsonsafe import INT64_MAX
 from tunecache.key import (
     BACKENDS,
     DTYPES,
@@ -49,20 +47,27 @@ from tunecache.key import (
     check_problem,
     describe,
 )
+from tunecache.measured import MAX_NOISE_REASONS as MAX_NOISE_REASONS
+from tunecache.measured import SAME_BELOW as SAME_BELOW
+from tunecache.measured import BaselineModel as BaselineModel
+from tunecache.measured import ConditionsModel as ConditionsModel
+from tunecache.measured import Speedup as Speedup
+from tunecache.measured import TimingModel as TimingModel
+from tunecache.strict import INTEGRAL as INTEGRAL
+from tunecache.strict import STORED as STORED
+from tunecache.strict import Millis as Millis
+from tunecache.strict import Strict as _Strict
 
 MAX_TRIALS = 20_000
 MAX_CHECKS = 256
 MAX_CONFIG_BYTES = 256 * 1024
 MAX_ID = 2**31 - 1  # ids are INTEGER columns: int32 on PostgreSQL
 MAX_SEARCH_SECONDS = 1e8
-INTEGRAL = BeforeValidator(integral)  # 14.0 is the integer 14, as in JSON Schema
 
 Backend = Literal["triton", "tvm", "inductor"]
 assert set(BACKENDS) == {"triton", "tvm", "inductor"}
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$")]
 ShortText = Annotated[str, Field(max_length=512)]
-# A time of at least a nanosecond: no kernel launches faster, and ratios of times stay finite.
-Millis = Annotated[float, Field(strict=True, ge=1e-6, lt=1e9, allow_inf_nan=False)]
 # A relative or absolute error: any size a broken kernel produces, but a number.
 Error = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 # A relative-error bound: 1.0 (100 %) already lets anything of the right magnitude through.
@@ -70,26 +75,6 @@ Tolerance = Annotated[float, Field(strict=True, gt=0, le=1.0, allow_inf_nan=Fals
 RecordId = Annotated[int, Field(strict=True, ge=1, le=MAX_ID), INTEGRAL]
 LeaseSeconds = Annotated[float, Field(strict=True, gt=0, le=86_400, allow_inf_nan=False)]
 JSONObject = dict[str, Any]
-
-
-# Validation context of data the server read back from its own database: it passed every check
-# as it was written, and the walk for NULs and lone surrogates (a third of a lookup's query
-# time) is not made again; every other constraint still is, and every client validates what it
-# is served without this context.
-STORED = {"stored": True}
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _sane_json(cls, data: Any, info: ValidationInfo) -> Any:
-        if info.context is STORED:
-            return data
-        if (why := json_problem(data, cls.__name__)) is not None:
-            raise ValueError(why)
-        return data
 
 
 def check_json_size(value: Any, what: str = "config", limit: int = MAX_CONFIG_BYTES) -> Any:
@@ -199,65 +184,6 @@ class KeyModel(_Strict):
         return self.to_key().digest()
 
 
-Mhz = Annotated[float, Field(strict=True, ge=0, lt=1e6, allow_inf_nan=False)]
-# Shown on terminals as they are: one line of printable text (no escape sequences).
-NoiseReason = Annotated[str, Field(min_length=1, max_length=120, pattern=r"^[^\x00-\x1f\x7f]+$")]
-Throttle = Literal[THROTTLE_REASONS]  # type: ignore[valid-type]
-Cores = Annotated[float, Field(strict=True, ge=0, lt=1e5, allow_inf_nan=False)]
-MAX_NOISE_REASONS = 8
-
-
-class ConditionsModel(_Strict):
-    """The machine's conditions over a timing (:mod:`tunecache.conditions`), and why it is
-    noisy (``noise``: empty when it is not)."""
-
-    # Cores other processes used on average while it ran (None: not readable there).
-    others_cpu: Cores | None = None
-    cpu_mhz_before: Mhz | None = None
-    cpu_mhz_after: Mhz | None = None
-    gpu_mhz_before: Mhz | None = None
-    gpu_mhz_after: Mhz | None = None
-    throttle: Annotated[list[Throttle], Field(max_length=len(THROTTLE_REASONS))] = []
-    gpu_others: Annotated[int, Field(strict=True, ge=0, le=100_000), INTEGRAL] | None = None
-    # Samples left out as disturbed (the process was preempted while they ran).
-    left_out: Annotated[int, Field(strict=True, ge=0, le=1_000_000_000), INTEGRAL] = 0
-    # How many times it was timed (a noisy timing is timed again, up to a bound).
-    attempts: Annotated[int, Field(strict=True, ge=1, le=100), INTEGRAL] = 1
-    noise: Annotated[list[NoiseReason], Field(max_length=MAX_NOISE_REASONS)] = []
-
-
-class TimingModel(_Strict):
-    """A timing: median of ``repeats`` runs after ``warmup`` runs, with its spread.
-
-    ``noisy``: the machine disturbed it past the thresholds of :mod:`tunecache.conditions` even
-    after timing it again; ``conditions`` says how (and is there whenever ``noisy`` is).
-    """
-
-    median_ms: Millis
-    min_ms: Millis
-    max_ms: Millis
-    iqr_ms: Annotated[float, Field(strict=True, ge=0, lt=1e9, allow_inf_nan=False)] = 0.0
-    # Up to max_repeats samples of up to 1e6 batched calls each (tunecache.timing).
-    repeats: Annotated[int, Field(strict=True, ge=1, le=1_000_000_000), INTEGRAL]
-    warmup: Annotated[int, Field(strict=True, ge=0, le=1_000_000), INTEGRAL] = 0
-    timer: Annotated[str, Field(max_length=64)] = "perf_counter"
-    noisy: StrictBool = False
-    conditions: ConditionsModel | None = None
-
-    @model_validator(mode="after")
-    def _ordered(self) -> TimingModel:
-        if not self.min_ms <= self.median_ms <= self.max_ms:
-            raise ValueError("timing must satisfy min_ms <= median_ms <= max_ms")
-        if self.noisy != bool(self.conditions is not None and self.conditions.noise):
-            raise ValueError("a timing is noisy exactly when its conditions name the noise")
-        return self
-
-    @property
-    def spread(self) -> float:
-        """The inter-quartile range over the median."""
-        return self.iqr_ms / self.median_ms if self.median_ms > 0 else 0.0
-
-
 class CheckModel(_Strict):
     """One comparison of a candidate's output with the float64 golden reference."""
 
@@ -326,35 +252,6 @@ class SearchModel(_Strict):
     strategy: Annotated[str, Field(max_length=64)]
     trials: Annotated[int, Field(strict=True, ge=0, le=10_000_000), INTEGRAL]
     seconds: Annotated[float, Field(strict=True, ge=0, le=MAX_SEARCH_SECONDS, allow_inf_nan=False)]
-
-
-SAME_BELOW = 0.995  # a ratio without an interval from here to 1/SAME_BELOW reads "the same"
-# A ratio of two times: positive, finite, within what any two timings can differ by.
-TimeRatio = Annotated[float, Field(strict=True, gt=0, lt=1e12, allow_inf_nan=False)]
-
-
-class Speedup(_Strict):
-    """How many times faster the winner ran than a baseline, timed in alternating rounds in one
-    window (:mod:`tunecache.interleave`): the median of the per-round ratios (baseline / winner) and
-    its 95 % bootstrap interval. An interval holding 1 is "the same within noise"."""
-
-    median: TimeRatio
-    low: TimeRatio
-    high: TimeRatio
-    rounds: Annotated[int, Field(strict=True, ge=1, le=10_000), INTEGRAL]
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Speedup:
-        if not self.low <= self.median <= self.high:
-            raise ValueError("a speedup must satisfy low <= median <= high")
-        return self
-
-
-class BaselineModel(_Strict):
-    name: Annotated[str, Field(max_length=64)]  # "torch_eager", "default_config", "cublas"
-    timing: TimingModel
-    # From the interleaved final comparison; None in records tuned before it existed.
-    speedup: Speedup | None = None
 
 
 class Provenance(_Strict):

@@ -142,3 +142,21 @@ def timing_cores(environ: Mapping[str, str] | None = None) -> list[int] | None:
         raise InvalidInput(f"{TIMING_CORES_VAR}={raw!r} is not a list of cores such as "
                            "'2-3' or '0,2,4-7'") from None  # fmt: skip
     return sorted(cores)
+
+
+# Thread-pool sizes a pinned measurement worker sets, unless the user set them.
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TVM_NUM_THREADS")
+
+
+def thread_counts(threads: int, environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """Each of :data:`THREAD_VARS` as the user set it, else ``threads``."""
+    env = os.environ if environ is None else environ
+    return {name: env.get(name) or str(threads) for name in THREAD_VARS}
+
+
+def omp_threads(environ: Mapping[str, str] | None = None) -> int | None:
+    """The outermost level of ``OMP_NUM_THREADS`` (``"4,2"``: 4), or ``None`` if unset or not a
+    positive count."""
+    env = os.environ if environ is None else environ
+    first = env.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    return int(first) if first.isdigit() and int(first) > 0 else None

@@ -17,9 +17,7 @@ from __future__ import annotations
 import os
 
 from tunecache.errors import InvalidInput
-from tunecache.settings import timing_cores
-
-_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TVM_NUM_THREADS")
+from tunecache.settings import omp_threads, thread_counts, timing_cores
 
 
 def reserved_cores() -> list[int] | None:
@@ -47,9 +45,7 @@ def reserved_cores() -> list[int] | None:
 def worker_environment(cores: list[int] | None) -> dict[str, str | None]:
     """The thread counts of a worker pinned to ``cores`` (none when not pinned; the user's own
     settings stand)."""
-    if not cores:
-        return {}
-    return {name: os.environ.get(name) or str(len(cores)) for name in _THREAD_VARS}
+    return thread_counts(len(cores)) if cores else {}
 
 
 def settle(cores: list[int]) -> None:
@@ -59,5 +55,4 @@ def settle(cores: list[int]) -> None:
         os.sched_setaffinity(0, cores)
     import torch
 
-    threads = os.environ.get("OMP_NUM_THREADS", "").split(",")[0]  # "4,2": nested levels
-    torch.set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0 else len(cores))
+    torch.set_num_threads(omp_threads() or len(cores))
