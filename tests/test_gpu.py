@@ -1,5 +1,5 @@
 """On a CUDA GPU: every Triton kernel against its float64 reference, and the CUDA timer against
-Triton's own ``do_bench``. Marked ``gpu``; every test skips without a GPU.
+the profiler's kernel durations. Marked ``gpu``; every test skips without a GPU.
 
 Correctness runs through the pipeline's own check (:func:`tuner.validation.check`): fresh seeded
 random inputs, the output buffer filled with NaN first (an element never written fails), the
@@ -72,13 +72,18 @@ def _timer_cases() -> list[tuple[str, dict[str, int], str]]:
 
 
 @pytest.mark.parametrize(("name", "problem", "dtype"), _timer_cases())
-def test_the_cuda_timer_agrees_with_triton_do_bench(name: str, problem: dict, dtype: str) -> None:
-    """The median of :func:`tunecache.timing.time_cuda` within 5 % of ``do_bench``'s median
-    (both flush L2 between runs); each timed twice, and the closer pair counts."""
-    import triton.testing
+def test_the_cuda_timer_reports_the_devices_time(name: str, problem: dict, dtype: str) -> None:
+    """The median of :func:`tunecache.timing.time_cuda` within 5 % (and 2 µs) of the kernels'
+    own durations from the profiler, L2 flushed in both, also where the launch path takes
+    longer than the kernel (the decode GEMM at M=16: about 20 µs on the device against 30 µs
+    and more of host work per launch); each timed twice, and the closer pair counts. Triton's
+    ``do_bench`` agrees where the host keeps ahead (not asserted: that is the launch path's
+    business, measured in bench/gpu/launch_gap.py)."""
+    import torch
 
     from backends.triton import TritonBackend
-    from tunecache.timing import TimerSettings, time_cuda
+    from bench.gpu.common import profiled_device_us
+    from tunecache.timing import L2_FLUSH_BYTES, TimerSettings, time_cuda
     from workloads import get_workload
 
     workload = get_workload(name)
@@ -86,8 +91,8 @@ def test_the_cuda_timer_agrees_with_triton_do_bench(name: str, problem: dict, dt
         "triton", problem, dtype))  # fmt: skip
     inputs = [t.cuda() for t in workload.make_inputs(problem, dtype, seed=5)]
     settings = TimerSettings(warmup=10, min_repeats=50, max_repeats=1000, target_s=0.5)
-    ours = [time_cuda(lambda: run(*inputs), settings).median_ms for _ in range(2)]
-    theirs = [triton.testing.do_bench(lambda: run(*inputs), warmup=50, rep=500,
-                                      return_mode="median") for _ in range(2)]  # fmt: skip
-    gap = min(abs(a / b - 1) for a in ours for b in theirs)
-    assert gap <= 0.05, (ours, theirs)
+    ours = [time_cuda(lambda: run(*inputs), settings).median_ms * 1e3 for _ in range(2)]
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    device = [profiled_device_us(lambda: run(*inputs), flush) for _ in range(2)]
+    gap = min(abs(a - b) - 0.05 * b for a in ours for b in device)
+    assert gap <= 2.0, (ours, device)

@@ -144,3 +144,29 @@ def test_the_gpu_throughput_dry_run_finds_the_h100_landscape_optimum(capsys) -> 
     assert "3 keys x 200 trials" in out and "compiled in the compile farm" in out
     assert gpu_throughput.main(["--dry-run", "--no-farm", "--workers", "4"]) == 0
     assert "4 workers, compiled each in its timing worker" in capsys.readouterr().out
+
+
+def test_the_launch_gap_dry_run_plans_the_three_configs(capsys) -> None:
+    from bench.gpu import launch_gap
+
+    assert launch_gap.main(["--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and sum("split-K 4" in line for line in lines) == 1
+
+
+def test_the_launch_arguments_of_a_config_are_worked_out_once() -> None:
+    """The host work a decode GEMM cannot hide (bench/results/h200-2026-11-26): a config's
+    launch arguments come from a cache after its first call, and equal configs share them."""
+    import torch
+
+    from tunecache.space import Config
+    from workloads.matmul.triton import launch_meta
+
+    config = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "GROUP_M": 4, "num_warps": 2,
+              "num_stages": 5, "SPLIT_K": 4}  # fmt: skip
+    first = launch_meta(Config.of(config), torch.bfloat16, "none", False)
+    again = launch_meta(Config.of(dict(reversed(config.items()))), torch.bfloat16, "none", False)
+    assert again is first and (first.block_m, first.block_n, first.split_k) == (16, 64, 4)
+    assert first.kwargs["DOT_PRECISION"] == "tf32" and first.kwargs["num_stages"] == 5
+    fp32 = launch_meta(Config.of(config), torch.float32, "none", False)
+    assert fp32.kwargs["DOT_PRECISION"] == "tf32x3" and fp32 is not first

@@ -3,7 +3,11 @@
 * CPU: ``perf_counter``; calls shorter than ``min_sample_s`` are batched (``number`` calls per
   sample, as ``timeit`` does) so the timer's own resolution and overhead stay out of the figure.
 * CUDA: a pair of CUDA events around every call, the L2 cache flushed before each by zeroing a
-  256 MB buffer (as Triton's ``do_bench`` does), one synchronisation at the end.
+  256 MB buffer (as Triton's ``do_bench`` does), one synchronisation at the end. The figure is the
+  device's time: before each call the device also spins for longer than the host takes to
+  prepare one, so a launch path slower than its kernel (a decode GEMM runs in 20 µs on an H200,
+  a Python launch can take 30 µs) never shows between the events. The host's time per call is a
+  property of the launch path, not of the config (bench/gpu/launch_gap.py measures it).
 
 With ``cutoff_ms`` set (the tuner sets it to 3× the best time so far), a call already slower
 than that after the warm-up is not timed at length: its first estimate is its time.
@@ -13,6 +17,7 @@ Pure functions: no search here. torch is imported only by the CUDA timer.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -165,6 +170,26 @@ def _mhz(value: float | None) -> float | None:
     return None if value is None else float(round(value))
 
 
+HOST_MARGIN_MS = 0.05  # the spin's margin over twice the host's time per call
+
+
+@functools.cache
+def _spin_cycles_per_ms() -> float:
+    """How many cycles of ``torch.cuda._sleep`` the current device spins per millisecond."""
+    import torch
+
+    torch.cuda._sleep(1000)  # loaded, and the clock up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(SPIN_PROBE_CYCLES)
+    end.record()
+    torch.cuda.synchronize()
+    return SPIN_PROBE_CYCLES / max(start.elapsed_time(end), 1e-3)
+
+
+SPIN_PROBE_CYCLES = 2_000_000  # about a millisecond at the clocks of current GPUs
+
+
 def time_cuda(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) -> TimingModel:
     """Times ``fn()`` on the current CUDA device with events, flushing L2 before every call."""
     import torch
@@ -176,24 +201,31 @@ def time_cuda(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) ->
     before = conditions.snapshot(cuda=True)  # after the warm-up: not the idle clock
     # Estimate one call (with its flush) to size the run to ``target_s``.
     first, last = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    host = time.perf_counter()
     first.record()
     for _ in range(5):
         flush.zero_()
         fn()
     last.record()
+    host_ms = (time.perf_counter() - host) / 5 * 1e3  # the host's time per call, queued only
     torch.cuda.synchronize()
     estimate_s = max(first.elapsed_time(last) / 5 / 1e3, 1e-7)
     if settings.cutoff_ms is not None and estimate_s * 1e3 > settings.cutoff_ms:
         # the flush is inside the estimate: an upper bound, fine for a candidate this slow
         return _stats([estimate_s * 1e3], settings, 5, f"cuda events, cut short: over "
                       f"{settings.cutoff_ms:.4g} ms", before, cuda=True)  # fmt: skip
+    # twice the host's time per call, and then some: the device stays behind the host
+    spin_ms = 2 * host_ms + HOST_MARGIN_MS
+    spin = int(spin_ms * _spin_cycles_per_ms())
+    per_call_s = estimate_s + spin_ms / 1e3
     count = int(
-        min(settings.max_repeats, max(settings.min_repeats, settings.target_s / estimate_s))
+        min(settings.max_repeats, max(settings.min_repeats, settings.target_s / per_call_s))
     )
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     for start, end in zip(starts, ends, strict=True):
         flush.zero_()
+        torch.cuda._sleep(spin)
         start.record()
         fn()
         end.record()

@@ -14,6 +14,7 @@ This file defines part of those kernels: it belongs in their workloads' source h
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +80,14 @@ def row_tile(x_ptr, y_ptr, M, stride_xm, stride_ym, ROWS: tl.constexpr, BLOCK_N:
     return x_rows, y_rows, rows < M, tl.arange(0, BLOCK_N)
 
 
+@functools.lru_cache(maxsize=1024)
+def row_meta(config: Config) -> tuple[int, int, int, int]:
+    """``(BLOCK_N, ROWS_PER_PROGRAM, num_warps, num_stages)`` of a row kernel's ``config``, worked
+    out once per config: off the per-call path, which a short kernel cannot hide."""
+    return (int(config["BLOCK_N"]), int(config["ROWS_PER_PROGRAM"]), int(config["num_warps"]),
+            int(config["num_stages"]))  # fmt: skip
+
+
 def launch_rows(
     kernel: Any, config: Config, x: torch.Tensor, *params: Any, out: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -90,10 +99,9 @@ def launch_rows(
     x = x.contiguous()
     m, n = x.shape
     y = output_buffer(out, (m, n), x)
-    block, rows = int(config["BLOCK_N"]), int(config["ROWS_PER_PROGRAM"])
-    kernel[(triton.cdiv(m, rows),)](
+    block, rows, warps, stages = row_meta(config)
+    kernel[(-(-m // rows),)](
         x, y, m, n, x.stride(0), y.stride(0), *params,
-        BLOCK_N=block, ROWS=rows, ONE_TILE=block >= n,
-        num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
+        BLOCK_N=block, ROWS=rows, ONE_TILE=block >= n, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return y

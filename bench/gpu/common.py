@@ -148,3 +148,21 @@ def markdown(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def profiled_device_us(fn: Callable[[], Any], flush: Any, calls: int = 50) -> float:
+    """The mean device µs of one ``fn()``, from the profiler's kernel records (L2 flushed
+    before each call, as the timers do; the flush's own kernel left out): the device's time with
+    no host in it. A call that launches several kernels counts them all."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            flush.zero_()
+            fn()
+        torch.cuda.synchronize()
+    flushes = ("fill", "memset")  # zero_() is one of these
+    kernels = [e.device_time_total for e in prof.events() if e.device_type.name == "CUDA"
+               and not any(word in e.name.lower() for word in flushes)]  # fmt: skip
+    return sum(kernels) / calls if kernels else float("nan")

@@ -3,6 +3,7 @@
 #     bash bench/gpu/run.sh STEP...
 # STEPs, run in order: tests (the GPU-marked tests and the Triton kernel tests on the GPU),
 # ceilings, gemm-bf16, gemm-fp16, rows, startup, decode (M = 1, 8, 16), decode2 (M = 32, 64),
+# launch-gap (a decode GEMM's device time against its launch path's host time),
 # throughput (200-config tunes through the compile farm: wall time per key), throughput-no-farm
 # (the same, each candidate compiled in its timing worker). Each step's output goes to $OUT/log.txt;
 # the tables to $OUT. A step that fails does not stop the next. Needs the carried wheels
@@ -36,6 +37,8 @@ for step in "$@"; do
       stop=$(( $(left) - 90 ))
       timeout $(( $(left) - 10 )) python3 -m bench.gpu.kernels rows --ceilings "$ceilings" \
         --stop-after $stop 2>&1 | tee -a "$log" | grep -v "^|" ;;
+    launch-gap)
+      timeout 200 python3 -m bench.gpu.launch_gap 2>&1 | tee -a "$log" ;;
     startup)
       timeout $(( $(left) - 10 )) python3 -m bench.gpu.startup 2>&1 | tee -a "$log" ;;
     decode|decode2)

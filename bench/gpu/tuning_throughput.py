@@ -7,7 +7,7 @@ first key pays the start-up, and says so), then its winner is timed as in the ke
 Candidates compile in the harness's compile farm, on every core, ahead of the one process that
 times them, which should compile nothing (the table counts its compiles); ``--no-farm`` compiles
 each in the worker that times it instead, as before the farm. Where a brute-forced landscape of
-the key exists (``bench/landscapes/``, measured on an H100 before split-K), the best found is
+the key exists for this GPU (``bench/landscapes/``: an H100, before split-K), the best found is
 compared with the landscape's optimum.
 
     python -m bench.gpu.tuning_throughput             # one device call
@@ -37,14 +37,19 @@ KEYS = (
 )
 
 
-def landscape_best(plan: Plan) -> float | None:
-    """The optimum of a landscape recorded for ``plan``'s key, in ms, or ``None``."""
+def landscape_best(plan: Plan, device: str | None) -> float | None:
+    """The optimum of a landscape recorded for ``plan``'s key on ``device`` (any GPU when
+    ``None``), in ms, or ``None``: a landscape of another GPU is no yardstick (an H100's
+    optimum against an H200's times)."""
     from tuner.landscape import Landscape
 
     shape = "x".join(str(v) for v in plan.problem.values())
     dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[plan.dtype]
     for path in LANDSCAPES.glob(f"tunecache_{plan.kernel}_{dtype}_{shape}_*.json*"):
-        times = [e.time_ms for e in Landscape.load(path).entries if e.time_ms is not None]
+        landscape = Landscape.load(path)
+        if device is not None and landscape.device != device:
+            continue
+        times = [e.time_ms for e in landscape.entries if e.time_ms is not None]
         return min(times) if times else None
     return None
 
@@ -66,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--trials and --workers must be at least 1")
     if args.dry_run:
         for plan in KEYS:
-            best = landscape_best(plan)
+            best = landscape_best(plan, None)
             known = "no landscape" if best is None else f"landscape optimum {best:.4g} ms"
             print(f"{plan.kernel:8} {plan.label:11} space {space_size(plan)}; {known}")
         farm = "each in its timing worker" if args.no_farm else "in the compile farm"
@@ -82,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
     from backends.triton import TritonBackend
     from tunecache import Client
     from tuner.harness import Harness
@@ -96,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         harness = stack.enter_context(Harness(workers=args.workers))
         start_s = time.perf_counter() - started
         backend = TritonBackend()
+        here = torch.cuda.get_device_name(0)
         for plan in KEYS:
             outcome, wall = tune_key(plan, harness, args.trials, 1e9, client,
                                      compile_ahead=not args.no_farm)  # fmt: skip
@@ -106,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                                        workload.output_shape(plan.problem), True)  # fmt: skip
             rows.append({"label": f"{plan.kernel} {plan.label}", "trials": len(outcome.trials),
                          "tune_s": wall, "per_config_s": wall / max(1, len(outcome.trials)),
-                         "best_ms": ms, "error": error, "optimum_ms": landscape_best(plan),
+                         "best_ms": ms, "error": error, "optimum_ms": landscape_best(plan, here),
                          "timer_compiles": outcome.timer_compiles,
                          "config": backend.summarize(outcome.record.config)})  # fmt: skip
             print(rows[-1], flush=True)

@@ -21,8 +21,10 @@ a few MB against the tens of MB of weights every variant reads, so the space off
 
 from __future__ import annotations
 
+import functools
+from typing import Any, NamedTuple
+
 import torch
-import triton
 import triton.language as tl
 
 from backends.triton.jit import lazy_jit
@@ -32,7 +34,7 @@ from backends.triton.spaces import gemm_default as default_config
 from backends.triton.spaces import gemm_space as space
 from tunecache.space import Config
 
-__all__ = ["default_config", "dot_options", "gemm", "launch", "space"]
+__all__ = ["default_config", "gemm", "launch", "launch_meta", "space"]
 
 FP32_DOT_PRECISION = "tf32x3"
 
@@ -115,12 +117,27 @@ def split_k_reduce_kernel(
 REDUCE_BLOCK = 1024
 
 
-def dot_options(dtype: torch.dtype) -> dict[str, object]:
-    """The ``DOT_PRECISION`` and ``DOT_IN_FP32`` meta-parameters for operands of ``dtype``."""
-    return {
+class LaunchMeta(NamedTuple):
+    block_m: int
+    block_n: int
+    split_k: int
+    kwargs: dict[str, Any]
+
+
+@functools.lru_cache(maxsize=1024)
+def launch_meta(config: Config, dtype: torch.dtype, epilogue: str, interpret: bool) -> LaunchMeta:
+    """``config``'s tiles and the kernel's keyword arguments, worked out once per config (a
+    decode GEMM runs in about 20 µs on an H200: the host must not spend longer preparing it)."""
+    split = int(config.get("SPLIT_K", 1))  # records tuned before split-K have none
+    block_m, block_n = int(config["BLOCK_M"]), int(config["BLOCK_N"])
+    kwargs = {
+        "BLOCK_M": block_m, "BLOCK_N": block_n,
+        "BLOCK_K": int(config["BLOCK_K"]), "GROUP_M": int(config["GROUP_M"]), "SPLIT_K": split,
         "DOT_PRECISION": FP32_DOT_PRECISION if dtype == torch.float32 else "tf32",
-        "DOT_IN_FP32": dtype == torch.bfloat16 and interpret_enabled(),
-    }
+        "DOT_IN_FP32": dtype == torch.bfloat16 and interpret, "EPILOGUE": epilogue,
+        "num_warps": int(config["num_warps"]), "num_stages": int(config["num_stages"]),
+    }  # fmt: skip
+    return LaunchMeta(block_m, block_n, split, kwargs)
 
 
 def gemm(
@@ -151,21 +168,19 @@ def gemm(
             f"GEMM of {tuple(a.shape)} {a.dtype} and {tuple(b.shape)} {b.dtype}{extra}"
         )
     c = output_buffer(out, (m, n), a)
-    bm, bn = int(config["BLOCK_M"]), int(config["BLOCK_N"])
-    split = int(config.get("SPLIT_K", 1))  # records tuned before split-K have none
     epilogue = "none" if bias is None else "bias_gelu"
+    meta = launch_meta(config, a.dtype, epilogue, interpret_enabled())
+    split = meta.split_k
     bias_arg = c if bias is None else bias  # no bias: a pointer never read
     ws = c if split == 1 else torch.empty((split, m, n), dtype=torch.float32, device=a.device)
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), split)
+    grid = (-(-m // meta.block_m) * -(-n // meta.block_n), split)
     matmul_kernel[grid](
         a, b, bias_arg, c, ws, m, n, k,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=int(config["BLOCK_K"]), GROUP_M=int(config["GROUP_M"]),
-        SPLIT_K=split, **dot_options(a.dtype), EPILOGUE=epilogue,
-        num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
+        **meta.kwargs,
     )  # fmt: skip
     if split > 1:
-        split_k_reduce_kernel[(triton.cdiv(m * n, REDUCE_BLOCK),)](
+        split_k_reduce_kernel[(-(-m * n // REDUCE_BLOCK),)](
             ws, bias_arg, c, m, n, c.stride(0), c.stride(1),
             SPLIT_K=split, BLOCK=REDUCE_BLOCK, EPILOGUE=epilogue, num_warps=4,
         )  # fmt: skip
