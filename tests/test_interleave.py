@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 
 from tests.factories import make_key, make_record
-from tunecache.interleave import median_ratio, ratio, rounds
+from tunecache.interleave import Ratio, median_interval, median_ratio, ratio, rounds
 from tunecache.schemas import TimingModel, Trial, ValidationReport
 from tunecache.space import Config
 from tunecache.timing import speedup_text
@@ -89,7 +90,7 @@ def test_the_interval_holds_the_true_ratio_and_reads_same_within_noise() -> None
     held = 0
     for seed in range(200):
         times = rounds(NoisyMachine([1.0, 1.2], seed).time, 2, 15)
-        r = ratio(times, 1, 0, resamples=400, seed=seed)
+        r = ratio(times, 1, 0)
         held += r.low <= 1.2 <= r.high
         assert r.low <= r.median <= r.high
     assert held >= 180  # a 95 % interval, over a noisy machine
@@ -99,12 +100,31 @@ def test_the_interval_holds_the_true_ratio_and_reads_same_within_noise() -> None
     assert slower.verdict() == "slower" and slower.low > 1.0
 
 
+@pytest.mark.parametrize(("n", "at_least"), [(5, 0.9375), (9, 0.95), (15, 0.95)])
+def test_the_median_interval_holds_the_median_of_a_skewed_distribution(n: int,
+                                                                       at_least: float) -> None:  # fmt: skip
+    """Per-round ratios are skewed (load only adds time): drawn from a log-normal, the interval
+    holds the true median (1.0) at least as often as promised (5 rounds: the whole range, 93.8 %),
+    where a 95 % bootstrap of the median held it in 90-91 % of draws at 9 and 15 rounds."""
+    rng = random.Random(n)
+    held = bootstrap_held = 0
+    for _ in range(2000):
+        values = [math.exp(rng.gauss(0.0, 0.3)) for _ in range(n)]
+        low, high = median_interval(values)
+        held += low <= 1.0 <= high
+        boot = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(200))
+        bootstrap_held += boot[5] <= 1.0 <= boot[194]
+    assert held / 2000 >= at_least - 0.015
+    assert bootstrap_held <= held
+    assert median_interval([3.0, 1.0, 2.0]) == (1.0, 3.0)
+
+
 def test_a_ratio_needs_rounds_with_both_timed() -> None:
     with pytest.raises(ValueError, match="no round"):
         ratio([[0.0, 1.0]], 0, 1)
     with pytest.raises(ValueError, match="contenders and rounds"):
         rounds(lambda i: 1.0, 2, 0)
-    assert ratio([[2.0, 1.0]], 0, 1) == ratio([[2.0, 1.0]], 0, 1, seed=5)
+    assert ratio([[2.0, 1.0]], 0, 1) == Ratio(2.0, 2.0, 2.0, 1)  # one round: no interval
 
 
 def test_rounds_a_burst_fell_on_are_left_out_even_when_they_are_most() -> None:

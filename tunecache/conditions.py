@@ -86,9 +86,40 @@ def _busy_seconds() -> float | None:
     return busy / _clock_ticks()
 
 
-def _own_seconds() -> float:
+def _own_seconds(family: bool = False) -> float:
+    """CPU seconds this process has used; with ``family``, its children's too (those reaped and
+    those alive: a compile pool is this process's own work, not another's)."""
     t = os.times()
-    return t.user + t.system
+    if not family:
+        return t.user + t.system
+    return t.user + t.system + t.children_user + t.children_system + _descendants_seconds()
+
+
+def _descendants_seconds() -> float:
+    """CPU seconds used by this process's living descendants (``/proc/PID/stat``; 0 elsewhere)."""
+    parent: dict[int, int] = {}
+    used: dict[int, float] = {}
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile, or unreadable
+        with contextlib.suppress(ValueError, IndexError):
+            # after the name: state ppid … utime stime cutime cstime (12th-15th), clock ticks
+            parent[pid], used[pid] = int(fields[1]), sum(int(v) for v in fields[11:15])
+    family = {os.getpid()}
+    grew = True
+    while grew:
+        found = {pid for pid, ppid in parent.items() if ppid in family} - family
+        family |= found
+        grew = bool(found)
+    family.discard(os.getpid())
+    return sum(used[pid] for pid in family) / _clock_ticks()
 
 
 def _cores() -> set[int] | None:
@@ -164,9 +195,10 @@ def _gpu() -> GpuSnapshot | None:
     return GpuSnapshot(clock, active, others)
 
 
-def snapshot(cuda: bool = False) -> Snapshot:
-    """The machine now (on a GPU too with ``cuda``)."""
-    return Snapshot(time.perf_counter(), _busy_seconds(), _own_seconds(), _clock_mhz(),
+def snapshot(cuda: bool = False, family: bool = False) -> Snapshot:
+    """The machine now (on a GPU too with ``cuda``). With ``family``, this process's descendants
+    count as its own (over a search that compiles in a pool of its own), not as others."""
+    return Snapshot(time.perf_counter(), _busy_seconds(), _own_seconds(family), _clock_mhz(),
                     _gpu() if cuda else None)  # fmt: skip
 
 

@@ -8,7 +8,7 @@ contender once, in an order that rotates from round to round (``A B C``, ``B C A
 …: no contender always runs first, after the others have warmed the caches). Load only ever
 adds time, so a round much slower than the quickest was disturbed and is left out (a burst that
 fell on one contender of it would read as a difference); a ratio is the median of the per-round
-ratios of the rest, and its interval a bootstrap over those rounds.
+ratios of the rest, and its interval the distribution-free one for a median.
 
 Pure functions of the times: the timing itself is the caller's (:mod:`tunecache.timing`).
 
@@ -23,7 +23,7 @@ Example:
 
 from __future__ import annotations
 
-import random
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,7 +35,6 @@ ROUNDS = 5  # rounds of a tune's final comparison (tuner.select), and of each ad
 MAX_ROUNDS = 15  # rounds it may grow to while the comparison is undecided
 MIN_ROUNDS = 3  # the fewest a time budget reserves for: fewer give no interval worth the name
 CONFIDENCE = 0.95
-RESAMPLES = 2000
 DISTURBED = 1.25  # a round that took longer than this times the quickest one was disturbed
 Verdict = Literal["faster", "slower", "same"]
 
@@ -87,8 +86,8 @@ def median_ratio(times: Sequence[Sequence[float]], i: int, j: int) -> float:
 
 @dataclass(frozen=True)
 class Ratio:
-    """Time of one contender over another's: the median of per-round ratios and its bootstrap
-    interval (``CONFIDENCE``). Above 1: the first is slower."""
+    """Time of one contender over another's: the median of per-round ratios and its
+    distribution-free interval (:func:`median_interval`). Above 1: the first is slower."""
 
     median: float
     low: float
@@ -105,24 +104,35 @@ class Ratio:
         return "same"
 
 
+def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The distribution-free interval for the median of what ``values`` were drawn from: the
+    ``k``-th smallest to the ``k``-th largest, ``k`` the largest with
+    ``P(Binomial(n, 1/2) < k) ≤ (1 − confidence) / 2`` (each value falls below the median with
+    probability 1/2, whatever the distribution).
+
+    Rounds are few (5 to 15), and a bootstrap of the median over so few values is too narrow:
+    it held the median of a skewed distribution in 90-91 % of draws of 9 and 15. Below 6
+    values no ``k`` reaches 95 %: the interval is the whole range (93.8 % for 5, 87.5 % for 4).
+    """
+    ordered = sorted(values)
+    n = len(ordered)
+    tail, k, below = (1.0 - confidence) / 2, 1, 0.0  # below: P(Binomial(n, 1/2) < k)
+    while k < (n + 1) // 2:
+        below += math.comb(n, k - 1) / 2**n
+        if below + math.comb(n, k) / 2**n > tail:
+            break
+        k += 1
+    return ordered[k - 1], ordered[n - k]
+
+
 def ratio(
-    times: Sequence[Sequence[float]], i: int, j: int, *, confidence: float = CONFIDENCE,
-    resamples: int = RESAMPLES, seed: int = 0,
-) -> Ratio:  # fmt: skip
+    times: Sequence[Sequence[float]], i: int, j: int, *, confidence: float = CONFIDENCE
+) -> Ratio:
     """Contender ``i``'s time over contender ``j``'s, from interleaved ``times``
-    (:func:`rounds`). The interval resamples rounds with a seeded generator: the same times give
-    the same interval."""
+    (:func:`rounds`): the median of the per-round ratios and its :func:`median_interval`."""
     per_round = _per_round(times, i, j)
-    median = statistics.median(per_round)
-    if len(per_round) == 1:
-        return Ratio(median, median, median, 1)  # one round: no interval to speak of
-    rng = random.Random(seed)
-    n = len(per_round)
-    medians = sorted(statistics.median(rng.choices(per_round, k=n)) for _ in range(resamples))
-    tail = (1.0 - confidence) / 2
-    low = medians[int(tail * (resamples - 1))]
-    high = medians[int((1.0 - tail) * (resamples - 1))]
-    return Ratio(median, low, high, n)
+    low, high = median_interval(per_round, confidence)
+    return Ratio(statistics.median(per_round), low, high, len(per_round))
 
 
 @dataclass(frozen=True)

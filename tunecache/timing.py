@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tunecache import conditions
+from tunecache import affinity, conditions
 from tunecache.schemas import (
     MAX_NOISE_REASONS,
     SAME_BELOW,
@@ -78,12 +78,29 @@ def time_cpu(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) -> 
     for _ in range(settings.warmup):
         fn()
     before = conditions.snapshot()  # after the warm-up: the clock has ramped up by now
+    with affinity.apart():  # its threads kept apart (the warm-up has started its pools)
+        sampled = _sample(fn, settings)
+    return _stats(sampled.samples, settings, sampled.repeats, sampled.timer, before,
+                  left_out=sampled.left_out, disturbed=sampled.disturbed)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Sampled:
+    samples: list[float]  # ms per call
+    repeats: int
+    timer: str
+    left_out: int = 0
+    disturbed: float = 0.0
+
+
+def _sample(fn: Callable[[], Any], settings: TimerSettings) -> _Sampled:
+    """:func:`time_cpu`'s samples, after its warm-up."""
     start = time.perf_counter()
     fn()
     single = max(time.perf_counter() - start, 1e-9)
     if settings.cutoff_ms is not None and single * 1e3 > settings.cutoff_ms:
-        return _stats([single * 1e3], settings, 1, f"perf_counter, cut short: over "
-                      f"{settings.cutoff_ms:.4g} ms", before)  # fmt: skip
+        return _Sampled([single * 1e3], 1, f"perf_counter, cut short: over "
+                        f"{settings.cutoff_ms:.4g} ms")  # fmt: skip
     number = max(1, int(settings.min_sample_s / single))
     # A call that spans scheduler ticks (LONG_CALL_S) is rarely undisturbed, and a tick is a
     # small part of it: longer sampling would buy little.
@@ -121,9 +138,9 @@ def time_cpu(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) -> 
     else:  # hardly one undisturbed: the quickest quarter is the least disturbed
         used = sorted(clean + disturbed)[: max(MIN_CLEAN, taken // 4)]
         how = f"quickest {len(used)} of {taken} samples"
-    return _stats([ms for ms, _ in used], settings, sum(calls for _, calls in used),
-                  f"perf_counter {how} x {number} calls", before, left_out=taken - len(used),
-                  disturbed=len(disturbed) / taken)  # fmt: skip
+    return _Sampled([ms for ms, _ in used], sum(calls for _, calls in used),
+                    f"perf_counter {how} x {number} calls", left_out=taken - len(used),
+                    disturbed=len(disturbed) / taken)  # fmt: skip
 
 
 L2_FLUSH_BYTES = 256 * 2**20

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+from tunecache import conditions
 
 logger = logging.getLogger(__name__)
 
@@ -114,16 +115,16 @@ class ChoiceObserver:
                 logger.debug("could not unregister the Inductor feedback saver")
 
 
-def other_load() -> float | None:
-    """How far the 1-minute load average exceeds what this process uses of the cores, or ``None``.
+def other_load(since: conditions.Snapshot) -> float | None:
+    """How many cores other processes kept busy since ``since`` (a
+    ``conditions.snapshot(family=True)``), when that is over ``conditions.NOISY_OTHERS``, else
+    ``None``. This process's own compile pool is not another process.
 
     Inductor's CPU kernels use every core (OpenMP); another busy process stalls their parallel
     regions by whole scheduler slices (a 0.05 ms GEMM measures 10-16 ms), so a search run beside
     one reports it.
     """
-    try:
-        load = os.getloadavg()[0]
-    except OSError:
+    reading = conditions.between(since, conditions.snapshot(family=True))
+    if reading.others_cpu is None or reading.others_cpu <= conditions.NOISY_OTHERS:
         return None
-    cores = os.cpu_count() or 1
-    return load - 1.0 if load > cores - 0.5 else None
+    return reading.others_cpu

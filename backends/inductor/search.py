@@ -27,6 +27,7 @@ from backends.base import Budget, Progress, ProgressFn, SearchResult, Trial
 from backends.inductor.observe import AutotunedOp, ChoiceObserver, other_load
 from backends.inductor.options import MODE_MAX_AUTOTUNE
 from backends.inductor.runnable import InductorRunnable, default_frozen_inputs
+from tunecache import conditions
 from tunecache.timing import TimerSettings, time_cpu
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ def run_search(
     stands); ``budget.seconds`` is not enforced, the search being one compile plus at most
     :data:`MAX_RETIMED` pinned ones. ``fallback`` gives the config returned when the compile fails.
     """
-    started = time.perf_counter()
+    started, machine = time.perf_counter(), conditions.snapshot(family=True)
     inputs = workload.make_inputs(problem, dtype, seed=0)
     frozen = default_frozen_inputs(workload, len(inputs))
     base: dict[str, Any] = {"mode": MODE_MAX_AUTOTUNE, "freezing": True, "frozen": list(frozen)}
@@ -154,15 +155,17 @@ def run_search(
     message = f"{summarize_config(outcome.config)}; compiled call {compiled_ms:.4g} ms"
     logger.info("%s %s: %s (compile %.1f s, search %.1f s)", workload.name, dict(problem),
                 message, compiled_s, time.perf_counter() - started)  # fmt: skip
-    _finished(outcome, message, progress)
+    _finished(outcome, message, progress, machine)
     _write_log(workdir, workload.name, problem, dtype, outcome.config, ops, compiled_ms)
     seconds = time.perf_counter() - started
     return SearchResult(outcome.config, outcome.trials, STRATEGY, seconds, runnable, outcome.ranked)
 
 
-def _finished(outcome: _Outcome, message: str, progress: ProgressFn | None) -> None:
-    """Warns when other processes loaded the cores, and reports the search as done."""
-    if (extra := other_load()) is not None:
+def _finished(outcome: _Outcome, message: str, progress: ProgressFn | None,
+              since: conditions.Snapshot) -> None:  # fmt: skip
+    """Warns when other processes loaded the cores since ``since``, and reports the search as
+    done."""
+    if (extra := other_load(since)) is not None:
         logger.warning(
             "other processes kept about %.1f cores busy during the search: CPU timings may "
             "include their stalls",

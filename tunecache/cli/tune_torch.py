@@ -99,13 +99,15 @@ def run(args: argparse.Namespace) -> int:
     fn, inputs = load_target(args.torch, args.inputs, args.init_inputs, device)
     url = upload_url(args)  # after the file's own errors, before the compile
 
+    from tunecache import conditions
     from tunecache.inductor import pretune
 
+    machine = conditions.snapshot(family=True)
     try:
         result = pretune.pretune(fn, inputs, device=device, timer=_timer(args))
     except Exception as exc:  # Inductor's own failure, said in one line
         raise TuningError(f"compiling {args.torch} failed: {one_line(exc)}") from exc
-    _report(args.torch, result)
+    _report(args.torch, result, machine)
     if not result.check.ok:
         raise TuningError(
             f"the compiled output differs from {result.check.reference}: relative error "
@@ -135,7 +137,7 @@ def _upload(url: str, result: Any) -> int:
     return 0
 
 
-def _report(spec: str, result: Any) -> None:
+def _report(spec: str, result: Any, since: Any) -> None:
     check = result.check
     lines: Sequence[str] = [
         f"{spec} on {result.device}: compiled with max-autotune in {result.compile_s:.1f} s",
@@ -149,7 +151,7 @@ def _report(spec: str, result: Any) -> None:
     ]
     from backends.inductor.observe import other_load
 
-    if (load := other_load()) is not None:
+    if (load := other_load(since)) is not None:
         lines = [*lines, f"  note: other processes keep about {load:.1f} cores busy: "
                          "CPU timings are skewed"]  # fmt: skip
     for group in result.groups:
