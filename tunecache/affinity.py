@@ -3,7 +3,7 @@ every other thread of the process on the other cores; as they were afterwards.
 
 Left to the scheduler, a process's threads can share a core for as long as it lives: on a 2-core
 VM, torch eager's two OpenMP threads timed a 128×128×128 matmul at 26.6 µs in one process and
-34.4 µs in the next (a pool thread woken on its waker's core stays there), so its ratio to a
+34.4 µs in the next (where the scheduler placed its threads), so its ratio to a
 one-thread TVM kernel read 0.56 in one process and 0.72 in another. Apart, six processes in a
 row timed 26.2-27.5 µs. Threads are set one by one through ``/proc/self/task`` (Linux); elsewhere,
 or with one core, nothing changes.

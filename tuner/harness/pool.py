@@ -304,18 +304,24 @@ class Harness:
         return (task.digest(), _label(config)) in self._slots[TIMER].built
 
     def request(
-        self, task: Task, op: str, config: ConfigJSON | None, **extra: Any
-    ) -> dict[str, Any]:
-        """``op`` on the worker that built ``config`` for ``task``, within ``run_timeout``.
+        self, task: Task, op: str, config: ConfigJSON | None, *, worker: int | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:  # fmt: skip
+        """``op`` on the worker that built ``config`` for ``task`` (on ``worker`` when given),
+        within ``run_timeout``.
 
-        If no live worker has it (its builder was replaced), it is built first, within
-        ``build_timeout``. ``validate`` also builds the edge problem, so it gets both.
+        If that worker lacks it (no live worker has it: its builder was replaced), it is built
+        there first, within ``build_timeout``. ``validate`` also builds the edge problem, so it
+        gets both.
         """
         task_id, label = task.digest(), _label(config)
-        index = next((i for i, s in enumerate(self._slots) if (task_id, label) in s.built), None)
+        if worker is None:
+            worker = next((i for i, s in enumerate(self._slots) if (task_id, label) in s.built),
+                          None)  # fmt: skip
+        index = worker
         compiles = 0
-        if index is None:
-            index = 0
+        if index is None or (task_id, label) not in self._slots[index].built:
+            index = index or 0
             self._set_up(index, task, task_id)
             if config is not None:
                 answer = self._call(index, task, {"op": "build"}, config, self.build_timeout)
@@ -396,9 +402,11 @@ class HarnessBenchmarker(Benchmarker):
         started = time.monotonic()
         if self.pipelined and config is not None and not self.harness.timer_has(self.task, config):
             [(_, answer)] = self.harness.measure_compiled(self.task, [config], lambda: cutoff_ms)
-        else:
-            answer = self.harness.request(self.task, "measure", config, cutoff_ms=cutoff_ms,
-                                          again=again)  # fmt: skip
+        else:  # at length (a re-timing, a round of a comparison): all in one process, whose
+            # state (where its buffers and threads landed) then falls on every contender alike
+            where = TIMER if cutoff_ms is None else None
+            answer = self.harness.request(self.task, "measure", config, worker=where,
+                                          cutoff_ms=cutoff_ms, again=again)  # fmt: skip
         self._measure_s.append(time.monotonic() - started)
         self._count(answer)
         return Measurement.from_json(answer)
