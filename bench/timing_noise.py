@@ -204,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         f"again (the control), and beside {args.load} busy processes (a spin loop each) the "
         "bench starts and stops",
         f"re-timed quietly: {args.rounds} alternating rounds of the three winners, torch eager "
-        "and the default config; X/quiet is the median of per-round ratios with its bootstrap "
-        "95 % interval",
+        "and the default config; X/quiet is the median of per-round ratios with its "
+        "distribution-free 95 % interval",
         *summary,
         f"{time.perf_counter() - started:.0f} s in all",
     ]

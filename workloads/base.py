@@ -27,7 +27,7 @@ from __future__ import annotations
 import abc
 import importlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -228,6 +228,15 @@ class Workload(abc.ABC):
         """Launches the Triton kernel with ``config`` (``out=`` writes into a given buffer)."""
         out: torch.Tensor = self.backend_module("triton").launch(config, *inputs, **kwargs)
         return out
+
+    def triton_launcher(self) -> Callable[..., torch.Tensor]:
+        """What :meth:`triton_launch` calls, for a caller that launches often to look up once
+        (a decode kernel runs in 20 µs: the lookup is not free): the module's ``launch``, or a
+        subclass's own ``triton_launch``."""
+        if type(self).triton_launch is not Workload.triton_launch:
+            return self.triton_launch
+        launch: Callable[..., torch.Tensor] = self.backend_module("triton").launch
+        return launch
 
     def source_hash(self, backend: str) -> str:
         """SHA-256 (16 hex) of the sources that define this kernel for ``backend``."""

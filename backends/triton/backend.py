@@ -52,7 +52,7 @@ class TritonRunnable:
     def _resolve(self) -> Callable[..., torch.Tensor]:
         """The workload's ``launch``, imported once: a decode kernel runs in about 20 µs, and
         every call's host work shows when it takes longer than that."""
-        self._launch = self.workload.backend_module("triton").launch
+        self._launch = self.workload.triton_launcher()
         return self._launch
 
     def __getstate__(self) -> dict[str, Any]:
