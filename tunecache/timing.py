@@ -233,8 +233,8 @@ def time_cuda(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) ->
                       f"{settings.cutoff_ms:.4g} ms", before, cuda=True)  # fmt: skip
     # twice the host's time per call, and then some: the device stays behind the host
     sleep = getattr(torch.cuda, "_sleep", None)  # torch's own, private: absent, no spin
-    spin_ms = 2 * host_ms + HOST_MARGIN_MS if sleep is not None else 0.0
-    spin = int(spin_ms * _spin_cycles_per_ms()) if sleep is not None else 0
+    spin_ms = 0.0 if sleep is None else 2 * host_ms + HOST_MARGIN_MS
+    spin = int(spin_ms * _spin_cycles_per_ms()) if spin_ms else 0
     per_call_s = estimate_s + spin_ms / 1e3
     count = int(
         min(settings.max_repeats, max(settings.min_repeats, settings.target_s / per_call_s))
@@ -243,7 +243,7 @@ def time_cuda(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) ->
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
     for start, end in zip(starts, ends, strict=True):
         flush.zero_()
-        if spin and sleep is not None:
+        if sleep is not None and spin:
             sleep(spin)
         start.record()
         fn()

@@ -315,13 +315,10 @@ class Harness:
         gets both.
         """
         task_id, label = task.digest(), _label(config)
-        if worker is None:
-            worker = next((i for i, s in enumerate(self._slots) if (task_id, label) in s.built),
-                          None)  # fmt: skip
-        index = worker
+        built_by = next((i for i, s in enumerate(self._slots) if (task_id, label) in s.built), 0)
+        index = built_by if worker is None else worker
         compiles = 0
-        if index is None or (task_id, label) not in self._slots[index].built:
-            index = index or 0
+        if (task_id, label) not in self._slots[index].built:
             self._set_up(index, task, task_id)
             if config is not None:
                 answer = self._call(index, task, {"op": "build"}, config, self.build_timeout)
