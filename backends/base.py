@@ -102,6 +102,7 @@ class SearchRequest:
     dtype: str
     budget: Budget
     progress: ProgressFn | None = None
+    seed: int = 0  # a search with the same seed, budget and history proposes the same candidates
 
 
 @dataclass

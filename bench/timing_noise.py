@@ -7,8 +7,9 @@ in alternating rounds (:mod:`tunecache.interleave`) and reports:
 
 * whether the loaded machine's winner is within 5 % of the quiet one's (``loaded/quiet``), and
   how often the second quiet tune's is (the control);
-* whether each reported speedup's interval (vs eager, vs the default config) holds the quiet
-  re-measured ratio;
+* whether each reported speedup's interval (vs eager, vs the default config) holds the ratio of
+  the same comparison (its winner, eager, the default) re-run quietly, and the ratio in the
+  five-way rounds (what else runs in a round moves eager's time: both are shown);
 * every reported ratio above 50x, and whether it held quietly;
 * which records the tuner flagged noisy, and why.
 
@@ -101,12 +102,12 @@ def _retime(records: Sequence[RecordCreate], harness: Harness, count: int) -> li
 
 
 def _intervals(label: str, record: RecordCreate, times: list[list[float]], winner: int,
-               misses: list[str]) -> list[str]:  # fmt: skip
-    """For the eager and default baselines: whether ``record``'s interval holds the quietly
-    re-measured ratio (``yes``/``no``; ``-``: no interval or no such baseline); each miss, with
-    its numbers, goes to ``misses``."""
+               misses: list[str], eager: int = 3) -> list[str]:  # fmt: skip
+    """For the eager and default baselines (columns ``eager`` and the next of ``times``):
+    whether ``record``'s interval holds the quietly re-measured ratio (``yes``/``no``; ``-``: no
+    interval or no such baseline); each miss, with its numbers, goes to ``misses``."""
     found = []
-    for baseline, column in (("torch_eager", 3), ("default_config", 4)):
+    for baseline, column in (("torch_eager", eager), ("default_config", eager + 1)):
         interval = record.speedup_interval(baseline)
         if interval is None or column >= len(times[0]):
             found.append("-")
@@ -144,12 +145,17 @@ def main(argv: list[str] | None = None) -> int:
         print("re-timing quietly", file=sys.stderr)
         retimed = {k: _retime([quiet[k], again[k], loaded[k]], harness, args.rounds)
                    for k in keys}  # fmt: skip
+        # Each record's own comparison again (its winner, eager, the default), as it was timed.
+        own = {(k, label): _retime([runs[k]], harness, args.rounds)
+               for k in keys for label, runs in (("quiet", quiet), ("loaded", loaded))}  # fmt: skip
     rows: list[list[str]] = []
     misses: list[str] = []
+    five_way_misses: list[str] = []
     high: list[str] = []
     why: list[str] = []
     within = {"control": 0, "loaded": 0}
     held = {"quiet": [0, 0], "loaded": [0, 0]}  # intervals that hold, intervals
+    five_way = {"quiet": [0, 0], "loaded": [0, 0]}  # the same, in the five-way rounds
     keys_held = 0
     for k in keys:
         times, name = retimed[k], f"{k[0]}/{k[1]}"
@@ -158,9 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         within["loaded"] += versus.median <= WITHIN
         checks = {}
         for label, record, winner in (("quiet", quiet[k], 0), ("loaded", loaded[k], 2)):
-            checks[label] = _intervals(f"{name} {label}", record, times, winner, misses)
+            checks[label] = _intervals(f"{name} {label}", record, own[(k, label)], 0, misses,
+                                       eager=1)  # fmt: skip
             held[label][0] += checks[label].count("yes")
             held[label][1] += sum(c != "-" for c in checks[label])
+            amid = _intervals(f"{name} {label}", record, times, winner, five_way_misses)
+            five_way[label][0] += amid.count("yes")
+            five_way[label][1] += sum(c != "-" for c in amid)
             for baseline in ("torch_eager", "default_config"):
                 value = record.speedup(baseline)
                 if value is not None and value > HIGH_RATIO:
@@ -189,11 +199,16 @@ def main(argv: list[str] | None = None) -> int:
     summary = [
         f"loaded winners within 5 % of the quiet winner: {within['loaded']} of {len(keys)} "
         f"(the control, a second quiet tune: {within['control']} of {len(keys)})",
-        f"reported speedup intervals that hold the quietly re-measured ratio: loaded records "
-        f"{held['loaded'][0]} of {held['loaded'][1]} (keys whose every interval holds: "
-        f"{keys_held} of {len(keys)}); quiet records {held['quiet'][0]} of {held['quiet'][1]}",
+        f"reported speedup intervals that hold the ratio of the same comparison (winner, eager, "
+        f"default) re-run quietly: loaded records {held['loaded'][0]} of {held['loaded'][1]} "
+        f"(keys whose every interval holds: {keys_held} of {len(keys)}); quiet records "
+        f"{held['quiet'][0]} of {held['quiet'][1]}",
+        f"the same intervals against the five-way rounds (three winners, eager, default): loaded "
+        f"{five_way['loaded'][0]} of {five_way['loaded'][1]}, quiet {five_way['quiet'][0]} of "
+        f"{five_way['quiet'][1]}",
         "ratios above 50x: " + ("; ".join(high) if high else "none"),
         "intervals that missed: " + ("; ".join(misses) if misses else "none"),
+        "missed in the five-way rounds: " + ("; ".join(five_way_misses) or "none"),
         "flagged noisy: " + (" | ".join(why) if why else "none"),
     ]
     print(table)
@@ -204,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         f"again (the control), and beside {args.load} busy processes (a spin loop each) the "
         "bench starts and stops",
         f"re-timed quietly: {args.rounds} alternating rounds of the three winners, torch eager "
-        "and the default config; X/quiet is the median of per-round ratios with its "
-        "distribution-free 95 % interval",
+        "and the default config (the five-way rounds); X/quiet is the median of per-round "
+        "ratios with its distribution-free 95 % interval; then each record's own comparison "
+        f"(its winner, torch eager, the default) again, {args.rounds} rounds",
         *summary,
         f"{time.perf_counter() - started:.0f} s in all",
     ]

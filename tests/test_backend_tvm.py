@@ -197,6 +197,22 @@ def test_search_ranks_other_configs(
 
 
 @pytest.mark.slow
+def test_search_with_one_seed_proposes_the_same_candidates(
+    backend: TVMBackend, matmul_search: tuple[SearchResult, list[Progress], Path], tmp_path: Path
+) -> None:
+    # A fresh database, the fixture's seed (0) and budget: the same candidates, in the same
+    # order (their timings differ; which wins may too). Another seed draws others.
+    first, _, _ = matmul_search
+    again = backend.search(SearchRequest(MATMUL, MATMUL_PROBLEM, DTYPE, Budget(trials=8)),
+                           workdir=tmp_path / "again")  # fmt: skip
+    proposed = [json.dumps(t.config["trace"]) for t in first.trials]
+    assert [json.dumps(t.config["trace"]) for t in again.trials] == proposed
+    other = backend.search(SearchRequest(MATMUL, MATMUL_PROBLEM, DTYPE, Budget(trials=8), seed=1),
+                           workdir=tmp_path / "other")  # fmt: skip
+    assert [json.dumps(t.config["trace"]) for t in other.trials] != proposed
+
+
+@pytest.mark.slow
 def test_database_is_partitioned_and_warm_starts(
     backend: TVMBackend, matmul_search: tuple[SearchResult, list[Progress], Path]
 ) -> None:

@@ -36,6 +36,11 @@ MAX_ROUNDS = 15  # rounds it may grow to while the comparison is undecided
 MIN_ROUNDS = 3  # the fewest a time budget reserves for: fewer give no interval worth the name
 CONFIDENCE = 0.95
 DISTURBED = 1.25  # a round that took longer than this times the quickest one was disturbed
+# How far apart identical timings land in one window anyway: a ratio's interval reaches at least
+# this far either side of its median. On a 2-core EPYC, one Inductor config built twice and timed
+# in the same alternating rounds read 0.991 (0.988-0.998): an interval of the rounds alone
+# excluded 1 for a config against itself (bench/results/timing_noise-epyc.md, run 5).
+REPRODUCIBLE = 0.01
 Verdict = Literal["faster", "slower", "same"]
 
 
@@ -126,13 +131,23 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
 
 
 def ratio(
-    times: Sequence[Sequence[float]], i: int, j: int, *, confidence: float = CONFIDENCE
+    times: Sequence[Sequence[float]],
+    i: int,
+    j: int,
+    *,
+    confidence: float = CONFIDENCE,
+    floor: float = REPRODUCIBLE,
 ) -> Ratio:
     """Contender ``i``'s time over contender ``j``'s, from interleaved ``times``
-    (:func:`rounds`): the median of the per-round ratios and its :func:`median_interval`."""
+    (:func:`rounds`): the median of the per-round ratios and its :func:`median_interval`,
+    reaching at least ``floor`` either side of the median (:data:`REPRODUCIBLE`; 0: the rounds'
+    interval alone, for deciding whether more rounds would tell the two apart)."""
     per_round = _per_round(times, i, j)
+    median = statistics.median(per_round)
     low, high = median_interval(per_round, confidence)
-    return Ratio(statistics.median(per_round), low, high, len(per_round))
+    if len(per_round) > 1:  # one round has no interval to widen
+        low, high = min(low, median / (1 + floor)), max(high, median * (1 + floor))
+    return Ratio(median, low, high, len(per_round))
 
 
 @dataclass(frozen=True)

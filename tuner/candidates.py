@@ -38,16 +38,11 @@ class Emit(Protocol):
 
 @dataclass
 class Candidates:
-    """Configs worth validating, best first, and every trial the search measured.
-
-    Attributes:
-        retime: re-time ``ranked`` and validate the fastest first (a strategy's single
-            timings are noisy); ``False`` keeps a backend's own ranking.
-    """
+    """Configs worth validating, best first (as the search ranked them: the pipeline re-times
+    them, :mod:`tuner.select`), and every trial the search measured."""
 
     ranked: list[dict[str, Any]]
     trials: list[Trial]
-    retime: bool
 
 
 def servable(found: Candidates, key: Key, default: Mapping[str, Any] | None = None) -> Candidates:
@@ -66,7 +61,7 @@ def servable(found: Candidates, key: Key, default: Mapping[str, Any] | None = No
             refused.append(Trial(config=config, status="invalid", error=error))
     if refused and not ranked and default is not None:
         ranked.append(dict(default))
-    return Candidates(ranked, [*found.trials, *refused], found.retime)
+    return Candidates(ranked, [*found.trials, *refused])
 
 
 def enumerable_space(backend: Backend, workload: Workload, problem: Mapping[str, int],
@@ -117,11 +112,11 @@ def search_space(
     failures = [t.status for t in log.trials if t.status != "ok"]
     emit(f"searched {len(log)} configs ({log.stopped_because}); {len(failures)} failed")
     ranked = [config.to_json() for config, _ in log.ranked()[:RETIME_TOP]]
-    return Candidates(ranked=ranked, trials=log.trials, retime=True)
+    return Candidates(ranked=ranked, trials=log.trials)
 
 
 def search_native(backend: Backend, request: SearchRequest, workdir: Path) -> Candidates:
     """The backend's own search, run here; its candidates are measured by the pipeline."""
     result = backend.search(request, workdir=workdir)
     ranked = [result.config, *result.ranked][:MAX_NATIVE_CANDIDATES]
-    return Candidates(ranked=ranked, trials=list(result.trials), retime=False)
+    return Candidates(ranked=ranked, trials=list(result.trials))

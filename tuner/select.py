@@ -3,12 +3,16 @@
 Every step runs through a :class:`~tuner.measure.Benchmarker` (the isolating harness in the tuner),
 whatever search produced the candidates:
 
-1. a strategy's top few are re-timed and ordered fastest first (a backend's own order stands);
+1. the search's top few are re-timed in alternating rounds and ordered fastest first (the
+   search's own timings, a backend's runner or a strategy's single timings, came from
+   different moments);
 2. candidates are validated in that order against the golden reference (seeds and the edge
    problem); the first to pass wins, every failure is kept (a report, and a trial);
 3. the winner, torch eager and the default config are timed in alternating rounds in one window
    (:mod:`tunecache.interleave`); the default config is a candidate too: unless the winner is
-   faster with the whole interval above 1, the default is the winner (when it validates).
+   faster with the whole interval above 1 (an interval reaches at least
+   :data:`~tunecache.interleave.REPRODUCIBLE` either side), the default is the winner (when it
+   validates).
 """
 
 from __future__ import annotations
@@ -19,7 +23,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunecache.errors import TuningError
-from tunecache.interleave import MAX_ROUNDS, MIN_ROUNDS, ROUNDS, quiet, ratio, rounds
+from tunecache.interleave import (
+    MAX_ROUNDS,
+    MIN_ROUNDS,
+    REPRODUCIBLE,
+    ROUNDS,
+    median_ratio,
+    quiet,
+    ratio,
+    rounds,
+)
 from tunecache.schemas import (
     MAX_NOISE_REASONS,
     BaselineModel,
@@ -62,32 +75,69 @@ def _rejection(config: dict[str, Any], report: ValidationReport) -> Trial:
 
 
 Ordered = list[tuple[dict[str, Any], Measurement | None]]
+RETIME_ROUNDS = ROUNDS  # alternating rounds in which two or more candidates are re-timed
 
 
 def _order(bench: Benchmarker, found: Candidates, trials: list[Trial],
            deadline: float | None) -> Ordered:  # fmt: skip
-    """The candidates in validation order, with their re-timing where there was one (none past
-    ``deadline``, a ``time.monotonic()``: the rest keep the search's order, after)."""
-    if not found.retime:
-        return [(config, None) for config in found.ranked]
-    timed: list[tuple[dict[str, Any], Measurement]] = []
-    for i, config in enumerate(found.ranked):
-        if deadline is not None and time.monotonic() >= deadline:
-            timed.sort(key=lambda item: item[1].time_ms or 0.0)
-            return [*timed, *((c, None) for c in found.ranked[i:])]
-        measured = bench.measure(config, again=True)
-        if measured.ok:
-            timed.append((config, measured))
-        else:
-            trials.append(measured.trial(config))
-    timed.sort(key=lambda item: item[1].time_ms or 0.0)
-    return [(config, measured) for config, measured in timed]
+    """The candidates in validation order: two or more are re-timed in
+    :data:`RETIME_ROUNDS` alternating rounds (:func:`tunecache.interleave.rounds`' rotation) and
+    ordered by their median per-round ratio to the search's first, with each one's median round.
+
+    A search's timings (the backend's own runner, a strategy's single timings) came from
+    different moments: on a busy machine they rank the moments as much as the candidates. A
+    candidate that fails is dropped (its trial kept); none is timed past ``deadline`` (a
+    ``time.monotonic()``): the untimed keep the search's order, after the timed.
+    """
+    ranked = found.ranked
+    if len(ranked) < 2:
+        return [(config, None) for config in ranked]
+    measured: dict[int, list[Measurement]] = {i: [] for i in range(len(ranked))}
+    times: list[dict[int, float]] = []
+    for r in range(RETIME_ROUNDS):
+        row: dict[int, float] = {}
+        alive = list(measured)
+        if not alive:
+            break
+        turn = r % len(alive)  # who goes first rotates
+        for i in alive[turn:] + alive[:turn]:
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            m = bench.measure(ranked[i])
+            if m.ok and m.time_ms is not None:
+                measured[i].append(m)
+                row[i] = m.time_ms
+            else:
+                trials.append(m.trial(ranked[i]))
+                del measured[i]
+        times.append(row)
+        if len(row) < len(measured):
+            break  # out of time
+    timed = [i for i in measured if measured[i]]
+    complete = [[row[i] for i in timed] for row in times if all(i in row for i in timed)]
+    if complete and len(timed) > 1:
+        score = {i: median_ratio(complete, c, 0) for c, i in enumerate(timed)}
+    else:  # hardly timed before the deadline: each one's first timing
+        score = {i: measured[i][0].time_ms or 0.0 for i in timed}
+    timed.sort(key=score.__getitem__)
+    untimed = [i for i in measured if not measured[i]]
+    return [*((ranked[i], _median_measurement(measured[i])) for i in timed),
+            *((ranked[i], None) for i in untimed)]  # fmt: skip
+
+
+def _median_measurement(measured: Sequence[Measurement]) -> Measurement:
+    """The measurement with the median time (the lower middle)."""
+    ordered = sorted(measured, key=lambda m: m.time_ms or 0.0)
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def _validated(bench: Benchmarker, found: Candidates, seeds: Sequence[int], emit: Emit,
                deadline: float | None) -> Winner:  # fmt: skip
     trials: list[Trial] = []
     rejected: list[ValidationReport] = []
+    if len(found.ranked) > 1:
+        emit(f"re-timing the search's best {len(found.ranked)} in {RETIME_ROUNDS} alternating "
+             "rounds", phase="time")  # fmt: skip
     order = _order(bench, found, trials, deadline)
     for i, (config, measured) in enumerate(order):
         emit(f"candidate {i + 1} of {len(order)}", phase="validate", done=i,
@@ -116,11 +166,12 @@ def _typical(measured: Sequence[Measurement]) -> TimingModel | None:
     return timings[(len(timings) - 1) // 2] if timings else None
 
 
-def _speedup(times: list[list[float]], baseline: int, winner: int) -> Speedup | None:
+def _speedup(times: list[list[float]], baseline: int, winner: int,
+             floor: float = REPRODUCIBLE) -> Speedup | None:  # fmt: skip
     """``baseline``'s time over the winner's, from the interleaved rounds (``None`` when no
-    round timed both)."""
+    round timed both), its interval at least ``floor`` either side (:func:`ratio`)."""
     try:
-        r = ratio(times, baseline, winner)
+        r = ratio(times, baseline, winner, floor=floor)
     except ValueError:
         return None
     return Speedup(median=r.median, low=r.low, high=r.high, rounds=r.rounds)
@@ -179,7 +230,8 @@ class _Final:
             return True
         if len(self.contenders) <= self.DEFAULT:
             return False
-        versus = _speedup(self.times, self.DEFAULT, self.WINNER)
+        # The rounds' own interval: more rounds cannot narrow the floor of a reported one.
+        versus = _speedup(self.times, self.DEFAULT, self.WINNER, floor=0.0)
         return versus is not None and versus.low <= 1.0 <= versus.high
 
     def baseline(self, name: str, i: int, winner: int) -> BaselineModel | None:

@@ -191,7 +191,7 @@ def tune(
     backend, strategy = _plan(key, options, backend)
     check_local(key, workload)
     emit = _emitter(key, progress)
-    request = SearchRequest(workload, _problem(key), key.dtype, budget, progress)
+    request = SearchRequest(workload, _problem(key), key.dtype, budget, progress, options.seed)
     task = Task(backend=options.backend_ref or backend.name, workload=key.kernel,
                 problem=dict(key.problem), dtype=key.dtype, device=key.device.kind,
                 timer=options.timer, timer_ref=options.timer_ref,

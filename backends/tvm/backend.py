@@ -72,7 +72,9 @@ class TVMBackend(Backend):
         """Tunes ``workload`` at ``problem`` with MetaSchedule for this CPU.
 
         Records go to a JSON database under ``workdir/<sha(target)>-tvm<version>/``; a second
-        search of the same workload starts from them and may return an earlier winner.
+        search of the same workload starts from them and may return an earlier winner. With the
+        same seed and database, a search proposes the same candidates
+        (:func:`backends.tvm.search.tune`).
 
         Raises:
             TuningError: no candidate compiled and ran.
@@ -94,6 +96,7 @@ class TVMBackend(Backend):
             workdir=Path(workdir),
             progress=progress,
             cores=host_cores(),
+            seed=request.seed,
         )
         winner = outcome.configs[0]
         seconds = time.monotonic() - started

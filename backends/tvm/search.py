@@ -1,9 +1,20 @@
-"""A MetaSchedule search on the llvm target, reporting every measured candidate."""
+"""A MetaSchedule search on the llvm target, reporting every measured candidate.
+
+A search is a function of its seed, its budget, its database and what it measured: MetaSchedule's
+random state is the seed, its candidates are drawn in one thread (with more, which thread draws
+which candidate, each from its own random state, depends on timing), and its cost model's guesses
+before it has data (numpy's global generator, in ``XGBModel.predict``) are seeded too. Two quiet
+tunes of one key then differ only where their measurements ranked candidates differently; left
+to chance, two quiet 32-trial searches of one key named winners 13-52 % apart on a 2-core EPYC
+(bench/results/timing_noise-epyc.md, run 5). The builds and measurements keep every core.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +41,7 @@ MIN_REPEAT_MS = 4
 RANKED = 5
 WORKER_TIMEOUT_S = 10.0  # per build and per measurement: slower candidates are junk
 MIN_POPULATION, MAX_POPULATION = 64, 512
+SEED_MODULUS = 2**31 - 1  # MetaSchedule's random state (-1 would draw one) and numpy's seed range
 
 
 @dataclass
@@ -121,8 +133,8 @@ def _run_meta_schedule(
     database: Any,
     pool: WarmPool,
     recorder: _Recorder,
-    cores: int,
     work_dir: str,
+    seed: int,
 ) -> None:
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.tune import tune_tasks
@@ -138,7 +150,8 @@ def _run_meta_schedule(
             population_size=population_size(budget.trials)
         ),
         task_name="main",
-        num_threads=cores,
+        rand_state=seed % SEED_MODULUS,
+        num_threads=1,  # reproducible: see the module
         logger=logging.getLogger(f"{__name__}.meta_schedule"),
     ).clone()
     callbacks = [*ms.measure_callback.MeasureCallback.create("default")]
@@ -166,6 +179,19 @@ def population_size(trials: int) -> int:
     return max(MIN_POPULATION, min(MAX_POPULATION, 8 * trials))
 
 
+@contextlib.contextmanager
+def _numpy_seeded(seed: int) -> Iterator[None]:
+    """numpy's global generator seeded with ``seed`` for the block, as it was afterwards."""
+    import numpy as np
+
+    saved = np.random.get_state()
+    np.random.seed(seed % SEED_MODULUS)
+    try:
+        yield
+    finally:
+        np.random.set_state(saved)
+
+
 @dataclass
 class Outcome:
     """What :func:`tune` found: measured trials and the best configs, fastest first."""
@@ -183,8 +209,10 @@ def tune(
     workdir: Path,
     progress: ProgressFn | None,
     cores: int,
+    seed: int = 0,
 ) -> Outcome:
-    """Tunes ``func`` for ``target`` with MetaSchedule within ``budget``.
+    """Tunes ``func`` for ``target`` with MetaSchedule within ``budget``, building and measuring
+    on ``cores`` worker processes; the same ``seed`` and database propose the same candidates.
 
     Raises:
         TuningError: no candidate compiled and ran.
@@ -197,8 +225,9 @@ def tune(
     pool = WarmPool(max_workers=cores, timeout_sec=WORKER_TIMEOUT_S)  # workers start now
     pool.deadline = deadline
     try:
-        with cpu_intrinsics_only():
-            _run_meta_schedule(mod, target, budget, database, pool, recorder, cores, str(workdir))
+        with cpu_intrinsics_only(), _numpy_seeded(seed):
+            _run_meta_schedule(mod, target, budget, database, pool, recorder, str(workdir),
+                               seed)  # fmt: skip
     except Exception as exc:
         if recorder.error is not None:
             raise recorder.error from exc
