@@ -9,8 +9,14 @@ evaluations to come within 5 % of the optimum. Counts beyond a landscape's size 
 
 ``--transfer``: each landscape is also searched with the other landscapes of its family (the same
 kernel and parameters, other devices) as prior knowledge — the team cache's trials on other
-GPUs: strategies that model the space (``bayes``) take the other devices' normalised times as a
-prior; the others start from the prior's 10 best configs (a warm start).
+GPUs: strategies that model the space (``bayes``, ``portfolio``) take the other devices'
+normalised times as a prior; the others start from the prior's 10 best configs (a warm
+start).
+
+A strategy is judged by family too (the landscapes of one kernel over the same parameters, on
+several devices or shapes): each family's mean, the worst family's and the families' average,
+so that a family with many landscapes does not outvote the others; and by its CPU per proposal
+(a replayed evaluation is a lookup, so the CPU spent is the strategy's).
 
 Prints markdown and writes it to ``bench/results/search_efficiency.md``. Figures, never
 pass/fail.
@@ -22,7 +28,9 @@ pass/fail.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
+import random
 import statistics
 import sys
 import time
@@ -55,6 +63,7 @@ class Efficiency:
     ratios: dict[str, float]  # checkpoint label ("@25", "2%") -> mean of optimum / best found
     evals_to_target: float  # mean evaluations to within WITHIN of the optimum; a miss counts
     missed: int  # as the whole budget, so with misses the mean is a lower bound
+    cpu_ms: float = 0.0  # the strategy's CPU per proposal (asks and tells), milliseconds
 
 
 def checkpoints_of(size: int) -> dict[str, int]:
@@ -87,13 +96,17 @@ def measure(
     budget = Budget(trials=min(max(marks.values()), size))
     ratios: dict[str, list[float]] = {label: [] for label in marks}
     evals: list[int] = []
-    missed = 0
+    missed = proposals = 0
+    cpu = 0.0
     warm = sorted(prior, key=prior.__getitem__)[:WARM_FROM_PRIOR] if prior else []
     for seed in range(seeds):
         space = landscape.search_space()
+        began = time.process_time()  # a replayed evaluation costs a lookup: this is the strategy
         search = get_strategy(strategy, space, seed=seed, prior=prior,
-                              warm_start=[] if strategy == "bayes" else warm)  # fmt: skip
+                              warm_start=[] if STRATEGIES[strategy].uses_prior else warm)  # fmt: skip
         log = run_search(search, landscape.evaluator(), budget)
+        cpu += time.process_time() - began
+        proposals += len(log)
         for label, n in marks.items():
             best = log.best_after(min(n, size))
             ratios[label].append(0.0 if best is None else optimum / best)
@@ -107,7 +120,27 @@ def measure(
         ratios={n: statistics.fmean(r) for n, r in ratios.items()},
         evals_to_target=statistics.fmean(evals),
         missed=missed,
+        cpu_ms=1e3 * cpu / max(1, proposals),
     )
+
+
+def scrambled(landscape: Landscape, seed: int = 0) -> Landscape:
+    """``landscape`` with each parameter's choices relabelled in a seeded random order: the same
+    times over the same space, but a parameter's order (small tile to large) says nothing. A
+    strategy that holds only where order means "similar" is found out here: spaces it has never
+    seen may have parameters whose numbers are names (an unroll factor where 0 means "full")."""
+    rng = random.Random(seed)
+    relabel: dict[str, dict[Any, Any]] = {}
+    for name, choices in landscape.space.items():
+        shuffled = list(choices)
+        rng.shuffle(shuffled)
+        relabel[name] = dict(zip(choices, shuffled, strict=True))
+    entries = [dataclasses.replace(e, config=Config.of({k: relabel[k][v] for k, v in
+                                                        e.config.items}))
+               for e in landscape.entries]  # fmt: skip
+    key = {**landscape.key, "kernel": f"{landscape.key.get('kernel', '?')} (scrambled)"}
+    return dataclasses.replace(landscape, key=key, entries=entries,
+                               note=f"{landscape.note}; choices relabelled (seed {seed})")  # fmt: skip
 
 
 def describe(name: str, landscape: Landscape) -> str:
@@ -128,13 +161,14 @@ def describe(name: str, landscape: Landscape) -> str:
 def table(rows: Sequence[tuple[str, Efficiency]]) -> list[str]:
     """A markdown table, one row per (landscape, strategy)."""
     labels = list(rows[0][1].ratios)
-    header = ["landscape", "strategy", *labels, "evals to 5%"]
+    header = ["landscape", "strategy", *labels, "evals to 5%", "CPU ms/proposal"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, eff in rows:
         to_target = f"{'>' if eff.missed else ''}{eff.evals_to_target:.0f}"
         if eff.missed:
             to_target += f" ({eff.missed} missed)"
-        cells = [name, eff.strategy, *[f"{eff.ratios[n]:.3f}" for n in labels], to_target]
+        cells = [name, eff.strategy, *[f"{eff.ratios[n]:.3f}" for n in labels], to_target,
+                 f"{eff.cpu_ms:.2f}"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -160,9 +194,40 @@ def average(results: dict[str, list[Efficiency]], strategies: Sequence[str]) -> 
                 ratios={n: statistics.fmean(e.ratios[n] for e in effs) for n in effs[0].ratios},
                 evals_to_target=statistics.fmean(e.evals_to_target for e in effs),
                 missed=sum(e.missed for e in effs),
+                cpu_ms=statistics.fmean(e.cpu_ms for e in effs),
             )
         )
     return out
+
+
+def family_name(landscape: Landscape) -> str:
+    """A family's name: its kernel and backend (the same kernel over the same parameters)."""
+    key: dict[str, Any] = landscape.key
+    return f"{key.get('kernel', '?')}/{key.get('backend', '?')} ({len(landscape.space)} params)"
+
+
+def by_family(results: dict[str, list[Efficiency]], landscapes: dict[str, Landscape],
+              strategies: Sequence[str]) -> list[tuple[str, Efficiency]]:  # fmt: skip
+    """Each family's figures (its landscapes averaged), then per strategy the worst family's
+    (each column's minimum; the most evaluations to 5 %) and the families' average: a strategy
+    is judged by the family it does worst on, not by the landscapes one family has many of."""
+    groups: dict[str, dict[str, list[Efficiency]]] = {}
+    for name, per in results.items():
+        groups.setdefault(family_name(landscapes[name]), {})[name] = per
+    families = {family: average(members, strategies) for family, members in groups.items()}
+    rows = [(family, eff) for family, effs in families.items() for eff in effs]
+    for i, strategy in enumerate(strategies):
+        effs = [effs[i] for effs in families.values()]
+        worst = Efficiency(
+            strategy=strategy,
+            ratios={n: min(e.ratios[n] for e in effs) for n in effs[0].ratios},
+            evals_to_target=max(e.evals_to_target for e in effs),
+            missed=sum(e.missed for e in effs),
+            cpu_ms=max(e.cpu_ms for e in effs),
+        )
+        rows.append(("*worst family*", worst))
+    rows += [("*family average*", eff) for eff in average(families, strategies)]
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategies", default=f"exhaustive,random,{DEFAULT_STRATEGY}")
     parser.add_argument("--transfer", action="store_true",
                         help="also search each landscape with its family's others as a prior")  # fmt: skip
+    parser.add_argument("--scrambled", action="store_true",
+                        help="also replay each landscape with its choices relabelled "
+                             "(a family of its own: order says nothing)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the markdown")
     args = parser.parse_args(argv)
     strategies = [s for s in args.strategies.split(",") if s]
@@ -191,6 +259,10 @@ def main(argv: list[str] | None = None) -> int:
             landscapes[name].optimum()
         except InvalidInput as exc:
             print(f"skipping {path}: {exc}", file=sys.stderr)
+            landscapes.pop(name, None)
+    if args.scrambled:
+        landscapes.update({f"{name} (scrambled)": scrambled(landscape)
+                           for name, landscape in list(landscapes.items())})  # fmt: skip
     results: dict[str, list[Efficiency]] = {}
     transferred: dict[str, list[Efficiency]] = {}
     families = family_of(landscapes)
@@ -225,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         "## Cold: no prior knowledge",
         "",
         *table(rows),
+        "",
+        "## Cold, by family: the worst family and the families' average",
+        "",
+        *table(by_family(results, landscapes, strategies)),
         "",
         *(["## With transfer: the family's other devices as prior knowledge",
            "", *table(moved), ""] if moved else []),

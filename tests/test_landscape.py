@@ -249,9 +249,16 @@ class TestSearchEfficiencyBench:
         text = out.read_text()
         assert "Synthetic GPU A" in text and "Synthetic GPU B" in text
         assert "36 configs" in text
-        rows = [line for line in text.splitlines() if line.startswith("| ")]
+        cold, families = text.split("## Cold, by family")
+        rows = [line for line in cold.splitlines() if line.startswith("| ")]
         assert len(rows) == 1 + 3 * 3  # header, 2 landscapes + average, 3 strategies each
         header = rows[0].split(" | ")
+        # Two families (a's parameters are not b's), then the worst and average rows.
+        by_family = [line for line in families.splitlines() if line.startswith("| ")]
+        assert len(by_family) == 1 + 2 * 3 + 3 + 3
+        assert sum("*worst family*" in row for row in by_family) == 3
+        cpu = [float(r.split(" | ")[-1].rstrip(" |")) for r in rows[1:]]
+        assert all(ms >= 0 for ms in cpu) and "CPU ms/proposal" in rows[0]
         exhaustive_a = next(r for r in rows if r.startswith("| a | exhaustive")).split(" | ")
         assert exhaustive_a[header.index("@200")] == "1.000"  # capped at the size (36)
         assert {"1%", "2%", "5%"} <= set(header)

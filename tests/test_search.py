@@ -188,14 +188,16 @@ class TestStrategyContract:
 
 class TestRegistry:
     def test_names_and_default(self) -> None:
-        assert sorted(STRATEGIES) == ["bayes", "exhaustive", "optuna", "random"]
+        assert sorted(STRATEGIES) == [
+            "bayes", "exhaustive", "local", "optuna", "portfolio", "random"
+        ]  # fmt: skip
         assert DEFAULT_STRATEGY in STRATEGIES
         assert all(
             issubclass(cls, SearchStrategy) and cls.name == n for n, cls in STRATEGIES.items()
         )
 
     def test_unknown_strategy_names_the_known_ones(self) -> None:
-        with pytest.raises(InvalidInput, match="exhaustive, optuna, random"):
+        with pytest.raises(InvalidInput, match="exhaustive, local, optuna, portfolio, random"):
             get_strategy("annealing", SPACE)
 
 

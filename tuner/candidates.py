@@ -21,7 +21,7 @@ from tunecache.key import Key
 from tunecache.schemas import Trial
 from tunecache.space import Config, SearchSpace
 from tuner.measure import Benchmarker
-from tuner.search import get_strategy, run_search
+from tuner.search import STRATEGIES, get_strategy, run_search
 from workloads import Workload
 
 RETIME_TOP = 3  # the fastest few of a strategy's search are timed again before validation
@@ -93,7 +93,7 @@ def search_space(
     Args:
         neighbours: finds warm-start configs in the space (the cache's neighbouring winners).
         prior_of: scores the space's configs from the cache's trials on other devices and
-            shapes, for the strategies that model the space (``bayes``).
+            shapes, for the strategies that model the space (``bayes``, ``portfolio``).
     """
     space = enumerable_space(backend, request.workload, request.problem, request.dtype)
     emit(f"space: {space.size} configs, {space.pruned_count()} pruned by device limits")
@@ -102,7 +102,8 @@ def search_space(
         emit(f"warm start: {len(found)} configs of neighbouring keys from the cache")
         warm_start = [*warm_start, *found]
     prior = None
-    if prior_of is not None and strategy == "bayes":
+    known = STRATEGIES.get(strategy)  # an unknown one is refused by get_strategy, below
+    if prior_of is not None and known is not None and known.uses_prior:
         prior = prior_of(space)
         emit(f"prior: {len(prior)} configs scored by neighbouring keys' trials in the cache")
     searcher = get_strategy(strategy, space, seed=seed, warm_start=warm_start, prior=prior)

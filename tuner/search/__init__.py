@@ -6,7 +6,7 @@ Example:
     >>> get_strategy("random", space, seed=3).name
     'random'
     >>> sorted(STRATEGIES)
-    ['bayes', 'exhaustive', 'optuna', 'random']
+    ['bayes', 'exhaustive', 'local', 'optuna', 'portfolio', 'random']
 """
 
 from __future__ import annotations
@@ -18,13 +18,17 @@ from tunecache.space import Config, SearchSpace
 from tuner.search.base import SearchStrategy
 from tuner.search.bayes import BayesSearch
 from tuner.search.exhaustive import ExhaustiveSearch
+from tuner.search.local import LocalSearch
 from tuner.search.loop import Evaluator, SearchLog, run_search
 from tuner.search.optuna_tpe import OptunaSearch
+from tuner.search.portfolio import PortfolioSearch
 from tuner.search.random_search import RandomSearch
 
 STRATEGIES: dict[str, type[SearchStrategy]] = {
-    cls.name: cls for cls in (ExhaustiveSearch, RandomSearch, OptunaSearch, BayesSearch)
-}
+    cls.name: cls
+    for cls in (ExhaustiveSearch, RandomSearch, OptunaSearch, BayesSearch, LocalSearch,
+                PortfolioSearch)
+}  # fmt: skip
 DEFAULT_STRATEGY = "bayes"  # bench/results/search_efficiency-gpu-landscapes.md
 
 
@@ -44,14 +48,14 @@ def get_strategy(
         seed: makes the proposal sequence reproducible.
         warm_start: configs to propose first (those outside the space are skipped).
         prior: scores of configs on other devices or shapes (lower is better), for the
-            strategies that model the space (``bayes``); the others ignore it.
+            strategies that model the space (``bayes``, ``portfolio``); the others ignore it.
 
     Raises:
         InvalidInput: no strategy has that name.
     """
     cls = lookup(STRATEGIES, name, "search strategy")
-    if prior and issubclass(cls, BayesSearch):
-        return cls(space, seed=seed, warm_start=warm_start, prior=prior)
+    if prior and cls.uses_prior:
+        return cls(space, seed=seed, warm_start=warm_start, prior=prior)  # type: ignore[call-arg]
     return cls(space, seed=seed, warm_start=warm_start)
 
 

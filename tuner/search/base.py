@@ -25,6 +25,7 @@ class SearchStrategy(abc.ABC):
     """
 
     name: ClassVar[str]
+    uses_prior: ClassVar[bool] = False  # takes ``prior=`` (other devices' scores per config)
 
     def __init__(
         self, space: SearchSpace, *, seed: int = 0, warm_start: Sequence[Config] = ()

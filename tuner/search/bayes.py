@@ -93,8 +93,20 @@ def _normal_pdf(z: np.ndarray) -> np.ndarray:
     return np.asarray(np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi))
 
 
+def _erfc(x: np.ndarray) -> np.ndarray:
+    """The complementary error function, vectorised (Numerical Recipes' Chebyshev fit, relative
+    error below 1.2e-7): ``math.erf`` element by element cost a millisecond per 2,000."""
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.5 * a)
+    poly = -1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (
+        -0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (
+            -0.82215223 + t * 0.17087277))))))))  # fmt: skip
+    y = t * np.exp(-a * a + poly)
+    return np.asarray(np.where(x >= 0, y, 2.0 - y))
+
+
 def _normal_cdf(z: np.ndarray) -> np.ndarray:
-    return np.asarray(0.5 * (1.0 + np.vectorize(math.erf)(z / math.sqrt(2.0))))
+    return np.asarray(0.5 * _erfc(-z / math.sqrt(2.0)))
 
 
 def expected_improvement(mean: np.ndarray, std: np.ndarray, best: float) -> np.ndarray:
@@ -122,6 +134,7 @@ class BayesSearch(SearchStrategy):
     """
 
     name = "bayes"
+    uses_prior = True
 
     def __init__(
         self,
