@@ -156,7 +156,7 @@ def test_replay_runs_strategies_on_a_landscape(tmp_path) -> None:  # type: ignor
     done = tunecache("replay", str(path), "--trials", "20")
     assert done.returncode == 0, done.stderr
     rows = {line.split()[0]: line.split() for line in done.stdout.splitlines()[3:]}
-    assert set(rows) == {"exhaustive", "random", "optuna", "bayes"}
+    assert set(rows) == {"exhaustive", "random", "optuna", "bayes", "portfolio"}
     assert all(int(r[1]) <= 20 for r in rows.values())
     as_json = json.loads(tunecache("replay", str(path), "--trials", "20", "--json").stdout)
     assert [r["strategy"] for r in as_json["results"]] == [
@@ -164,6 +164,7 @@ def test_replay_runs_strategies_on_a_landscape(tmp_path) -> None:  # type: ignor
         "random",
         "optuna",
         "bayes",
+        "portfolio",
     ]
     assert all(0 < r["optimum_over_best"] <= 1 for r in as_json["results"])
 

@@ -185,7 +185,7 @@ def test_a_segfaulting_candidate_of_a_backends_own_search_is_recorded(tmp_path: 
     assert record.config == knob("ok") and record.validation.passed
     crashed = [t for t in record.trials if t.config == knob("segfault") and t.status != "ok"]
     assert crashed and crashed[0].status == "runtime_error" and "SIGSEGV" in crashed[0].error
-    assert len(outcome.rejected) == 1
+    assert not outcome.rejected  # it died in its re-timing, before it could be validated
 
 
 @pytest.mark.slow

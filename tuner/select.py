@@ -87,7 +87,8 @@ def _order(bench: Benchmarker, found: Candidates, trials: list[Trial],
     A search's timings (the backend's own runner, a strategy's single timings) came from
     different moments: on a busy machine they rank the moments as much as the candidates. A
     candidate that fails is dropped (its trial kept); none is timed past ``deadline`` (a
-    ``time.monotonic()``): the untimed keep the search's order, after the timed.
+    ``time.monotonic()``): the untimed keep the search's order, after the timed. Rounds after
+    the first are left out where they would crowd out the validation and final comparison.
     """
     ranked = found.ranked
     if len(ranked) < 2:
@@ -97,7 +98,7 @@ def _order(bench: Benchmarker, found: Candidates, trials: list[Trial],
     for r in range(RETIME_ROUNDS):
         row: dict[int, float] = {}
         alive = list(measured)
-        if not alive:
+        if not alive or (r > 0 and not _time_for_a_round(bench, len(alive), deadline)):
             break
         turn = r % len(alive)  # who goes first rotates
         for i in alive[turn:] + alive[:turn]:
@@ -123,6 +124,16 @@ def _order(bench: Benchmarker, found: Candidates, trials: list[Trial],
     untimed = [i for i in measured if not measured[i]]
     return [*((ranked[i], _median_measurement(measured[i])) for i in timed),
             *((ranked[i], None) for i in untimed)]  # fmt: skip
+
+
+def _time_for_a_round(bench: Benchmarker, contenders: int, deadline: float | None) -> bool:
+    """Whether one more re-timing round of ``contenders`` fits before ``deadline`` with what
+    follows it (a validation, and the final comparison's fewest rounds of three): under a time
+    budget the search was given time for one round only (``AFTER_SEARCH_MEASURES``)."""
+    if deadline is None:
+        return True
+    after = contenders + 1 + 3 * MIN_ROUNDS
+    return time.monotonic() + after * bench.seconds_per_measure() < deadline
 
 
 def _median_measurement(measured: Sequence[Measurement]) -> Measurement:

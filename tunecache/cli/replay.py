@@ -17,7 +17,7 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "landscape", type=Path, help="a file written by `tunecache tune --landscape`"
     )
-    parser.add_argument("--strategy", default="exhaustive,random,optuna,bayes",
+    parser.add_argument("--strategy", default="exhaustive,random,optuna,bayes,portfolio",
                         help="comma-separated strategies (default: all)")  # fmt: skip
     parser.add_argument("--trials", type=int, default=50, help="evaluations per run")
     parser.add_argument("--seed", type=int, default=0)

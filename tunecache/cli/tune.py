@@ -50,8 +50,9 @@ def register(commands: Any) -> None:
     )
     parser.add_argument(
         "--strategy",
-        help="exhaustive, random, optuna, bayes (the default), or the backend's own (the "
-        "default where it has one: tvm: meta_schedule; inductor: inductor_max_autotune)",
+        help="exhaustive, random, optuna, bayes, local, portfolio (the default), or the "
+        "backend's own (the default where it has one: tvm: meta_schedule; inductor: "
+        "inductor_max_autotune)",
     )
     parser.add_argument("--trials", type=int, default=32, help="search budget in trials")
     parser.add_argument(

@@ -339,7 +339,7 @@ class Harness:
 # many as the time left allows and at least MIN_ROUNDS reserved for (the default built, when the
 # search never tried it).
 AFTER_SEARCH_BUILDS = 2
-AFTER_SEARCH_MEASURES = 3 + 1 + 3 * MIN_ROUNDS
+AFTER_SEARCH_MEASURES = 3 + 1 + 3 * MIN_ROUNDS  # one re-timing round: more where time is left
 CUT_SLOWER_THAN = 3.0  # a searched candidate this many times slower than the best is cut short
 
 

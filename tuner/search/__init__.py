@@ -29,7 +29,7 @@ STRATEGIES: dict[str, type[SearchStrategy]] = {
     for cls in (ExhaustiveSearch, RandomSearch, OptunaSearch, BayesSearch, LocalSearch,
                 PortfolioSearch)
 }  # fmt: skip
-DEFAULT_STRATEGY = "bayes"  # bench/results/search_efficiency-gpu-landscapes.md
+DEFAULT_STRATEGY = "portfolio"  # bench/results/search_efficiency*.md: the worst family
 
 
 def get_strategy(

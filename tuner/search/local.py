@@ -66,9 +66,9 @@ class LocalSearch(SearchStrategy):
 
     def ask(self) -> Config | None:
         while self._warm:
-            config = self._warm.pop(0)
-            if config not in self._proposed:
-                return self._propose(config)
+            warm = self._warm.pop(0)
+            if warm not in self._proposed:
+                return self._propose(warm)
         config = self._neighbour() or self._random()
         return None if config is None else self._propose(config)
 
