@@ -18,7 +18,6 @@ import pytest
 from tests.factories import make_key, make_record
 from tunecache.interleave import (
     REPRODUCIBLE,
-    Ratio,
     median_interval,
     median_ratio,
     ratio,
@@ -146,7 +145,9 @@ def test_a_ratio_needs_rounds_with_both_timed() -> None:
         ratio([[0.0, 1.0]], 0, 1)
     with pytest.raises(ValueError, match="contenders and rounds"):
         rounds(lambda i: 1.0, 2, 0)
-    assert ratio([[2.0, 1.0]], 0, 1) == Ratio(2.0, 2.0, 2.0, 1)  # one round: no interval
+    one = ratio([[2.0, 1.0]], 0, 1)  # one round: shown without an interval, yet never surer
+    assert (one.median, one.rounds) == (2.0, 1)  # than REPRODUCIBLE
+    assert one.low == pytest.approx(2.0 / (1 + REPRODUCIBLE)) and one.high == pytest.approx(2.02)
 
 
 def test_rounds_a_burst_fell_on_are_left_out_even_when_they_are_most() -> None:

@@ -85,3 +85,27 @@ def test_local_search_random_until_something_succeeds() -> None:
     log = run_search(LocalSearch(SPACE, seed=3), failing_evaluator(lambda c: True),
                      Budget(trials=1000))  # fmt: skip
     assert len(log) == len(set(c for c, _ in log)) == len(list(SPACE.configs()))
+
+
+def test_a_failure_is_a_whole_miss_even_before_anything_succeeded() -> None:
+    search = PortfolioSearch(SPACE, seed=0)
+    for _ in range(12):
+        config = search.ask()
+        assert config is not None
+        search.tell(config, None)
+    assert sum(search.wins.values()) == 0.0 and sum(search.misses.values()) > 0
+
+
+def test_a_config_told_from_outside_the_space_changes_nothing() -> None:
+    # A default config the search never proposed, outside the space: every config of the space
+    # is still proposed exactly once, and no strategy trips over it.
+    outside = Config.of({"BLOCK": 256, "warps": 1, "split": 1})
+    assert not SPACE.contains(outside)
+    for name in ("portfolio", "local"):
+        search = get_strategy(name, SPACE, seed=0)
+        search.tell(outside, 0.001)  # faster than anything: it would be "the best"
+        proposed = []
+        while (config := search.ask()) is not None:
+            proposed.append(config)
+            search.tell(config, fake_time(config))
+        assert sorted(map(str, proposed)) == sorted(map(str, SPACE.configs())), name

@@ -145,8 +145,8 @@ def ratio(
     per_round = _per_round(times, i, j)
     median = statistics.median(per_round)
     low, high = median_interval(per_round, confidence)
-    if len(per_round) > 1:  # one round has no interval to widen
-        low, high = min(low, median / (1 + floor)), max(high, median * (1 + floor))
+    # One round too: its ratio alone is no more reproducible (shown, it has no interval).
+    low, high = min(low, median / (1 + floor)), max(high, median * (1 + floor))
     return Ratio(median, low, high, len(per_round))
 
 

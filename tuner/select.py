@@ -98,7 +98,9 @@ def _order(bench: Benchmarker, found: Candidates, trials: list[Trial],
     for r in range(RETIME_ROUNDS):
         row: dict[int, float] = {}
         alive = list(measured)
-        if not alive or (r > 0 and not _time_for_a_round(bench, len(alive), deadline)):
+        if len(alive) < (1 if r == 0 else 2):  # one left: nothing to order it against
+            break
+        if r > 0 and not _time_for_a_round(bench, len(alive), deadline):
             break
         turn = r % len(alive)  # who goes first rotates
         for i in alive[turn:] + alive[:turn]:
@@ -147,8 +149,8 @@ def _validated(bench: Benchmarker, found: Candidates, seeds: Sequence[int], emit
     trials: list[Trial] = []
     rejected: list[ValidationReport] = []
     if len(found.ranked) > 1:
-        emit(f"re-timing the search's best {len(found.ranked)} in {RETIME_ROUNDS} alternating "
-             "rounds", phase="time")  # fmt: skip
+        emit(f"re-timing the search's best {len(found.ranked)} in up to {RETIME_ROUNDS} "
+             "alternating rounds", phase="time")  # fmt: skip
     order = _order(bench, found, trials, deadline)
     for i, (config, measured) in enumerate(order):
         emit(f"candidate {i + 1} of {len(order)}", phase="validate", done=i,

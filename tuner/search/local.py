@@ -73,6 +73,8 @@ class LocalSearch(SearchStrategy):
         return None if config is None else self._propose(config)
 
     def tell(self, config: Config, time_ms: float | None) -> None:
+        if not self.space.contains(config):
+            return  # measured outside the space (a default config): no neighbours to walk
         self._proposed.add(config)
         ok = time_ms is not None and time_ms > 0 and math.isfinite(time_ms)
         self._times[config] = math.log(time_ms) if ok and time_ms is not None else None

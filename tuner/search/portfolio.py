@@ -118,13 +118,13 @@ class PortfolioSearch(SearchStrategy):
 
     def tell(self, config: Config, time_ms: float | None) -> None:
         arm = self._by.pop(config, None)
-        self._proposed.add(config)
+        if self.space.contains(config):  # not a default config from outside it
+            self._proposed.add(config)
         ok = time_ms is not None and time_ms > 0 and math.isfinite(time_ms)
         if arm in self.arms:  # the warm start and the initial sample are nobody's
-            rank = len(self._sorted)  # a failure: worse than every result
-            if ok and time_ms is not None:
-                rank = bisect.bisect_left(self._sorted, time_ms)
-            share = rank / max(1, len(self._sorted))  # 0: the best so far, 1: the worst
+            share = 1.0  # a failure: a whole miss, whatever succeeded before
+            if ok and time_ms is not None:  # 0: better than every result so far, 1: worst
+                share = bisect.bisect_left(self._sorted, time_ms) / max(1, len(self._sorted))
             self.wins[arm] += 1.0 - share
             self.misses[arm] += share
         if ok and time_ms is not None:
