@@ -22,6 +22,7 @@ Prints markdown and writes it to ``bench/results/search_efficiency.md``. Figures
 pass/fail.
 
     python -m bench.search_efficiency [FOLDER] [--seeds 10] [--strategies random,optuna,bayes]
+        [--fractions 0.01,0.02,0.05] [--scrambled]
         [--transfer]
 """
 
@@ -84,10 +85,10 @@ class Efficiency:
     cpu_ms: float = 0.0  # the strategy's CPU per proposal over the first CPU_PROPOSALS, ms
 
 
-def checkpoints_of(size: int) -> dict[str, int]:
-    """Label -> evaluations: the fixed counts, then the fractions of ``size`` (≥ 1)."""
+def checkpoints_of(size: int, fractions: Sequence[float] = FRACTIONS) -> dict[str, int]:
+    """Label -> evaluations: the fixed counts, then the ``fractions`` of ``size`` (≥ 1)."""
     marks = {f"@{n}": n for n in CHECKPOINTS}
-    marks.update({f"{f:.0%}": max(1, round(f * size)) for f in FRACTIONS})
+    marks.update({f"{f:.0%}": max(1, round(f * size)) for f in fractions})
     return marks
 
 
@@ -106,10 +107,11 @@ def measure(
     strategy: str,
     seeds: int,
     prior: dict[Config, float] | None = None,
+    fractions: Sequence[float] = FRACTIONS,
 ) -> Efficiency:
     """Replays ``strategy`` on ``landscape`` once per seed, up to the largest checkpoint."""
     size = len(landscape.entries)
-    marks = checkpoints_of(size)
+    marks = checkpoints_of(size, fractions)
     optimum = landscape.optimum().time_ms or 0.0
     budget = Budget(trials=min(max(marks.values()), size))
     ratios: dict[str, list[float]] = {label: [] for label in marks}
@@ -258,9 +260,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scrambled", action="store_true",
                         help="also replay each landscape with its choices relabelled "
                              "(a family of its own: order says nothing)")  # fmt: skip
+    parser.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS),
+                        help="shares of each landscape's configs to report after (and search "
+                             "up to, beyond the fixed counts)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the markdown")
     args = parser.parse_args(argv)
     strategies = [s for s in args.strategies.split(",") if s]
+    try:
+        fractions = [float(f) for f in args.fractions.split(",") if f]
+    except ValueError:
+        parser.error(f"--fractions: numbers between 0 and 1, got {args.fractions!r}")
+    if not all(0 < f <= 1 for f in fractions):
+        parser.error(f"--fractions: numbers between 0 and 1, got {args.fractions!r}")
     if unknown := [s for s in strategies if s not in STRATEGIES]:
         parser.error(f"unknown strategies {unknown}; known: {', '.join(sorted(STRATEGIES))}")
     paths = sorted([*args.folder.glob("*.json"), *args.folder.glob("*.json.gz")])
@@ -285,10 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     transferred: dict[str, list[Efficiency]] = {}
     families = family_of(landscapes)
     for name, landscape in landscapes.items():
-        results[name] = [measure(landscape, s, args.seeds) for s in strategies]
+        results[name] = [measure(landscape, s, args.seeds, fractions=fractions)
+                         for s in strategies]  # fmt: skip
         if args.transfer and len(families[name]) > 1:
             prior = prior_for(name, families[name])
-            transferred[name] = [measure(landscape, s, args.seeds, prior) for s in strategies]
+            transferred[name] = [measure(landscape, s, args.seeds, prior, fractions)
+                                 for s in strategies]  # fmt: skip
         print(f"{name}: {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     if not results:
         return 2

@@ -37,6 +37,7 @@ import numpy as np
 
 from tunecache.space import Config, SearchSpace
 from tuner.search.base import SearchStrategy
+from tuner.search.encoding import choice_indices
 
 LENGTH_SCALES = (0.08, 0.15, 0.25, 0.4, 0.6, 1.0)
 NOISES = (1e-4, 1e-2, 1e-1)  # variance, in standardised units
@@ -66,32 +67,41 @@ def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
     return controller.limit(limits=1, user_api="blas")
 
 
-def encode(space: SearchSpace, configs: Sequence[Config]) -> np.ndarray:
-    """Each config as a point in [0, 1]^d, one coordinate per parameter with several choices."""
+def encode(space: SearchSpace, index: np.ndarray) -> np.ndarray:
+    """Configs (as :func:`~tuner.search.encoding.choice_indices` rows) as points in [0, 1]^d,
+    one coordinate per parameter with several choices."""
     columns = []
-    for name, choices in space.params.items():
+    for j, choices in enumerate(space.params.values()):
         if len(choices) < 2:
             continue
         numeric = all(isinstance(c, int | float) and not isinstance(c, bool) and c > 0
                       for c in choices)  # fmt: skip
         if numeric:
-            logs = {c: math.log2(float(c)) for c in choices}
-            low, high = min(logs.values()), max(logs.values())
-            span = (high - low) or 1.0
-            position = {c: (v - low) / span for c, v in logs.items()}
+            logs = np.log2(np.asarray(choices, dtype=float))
+            position = (logs - logs.min()) / ((logs.max() - logs.min()) or 1.0)
         else:
-            position = {c: i / (len(choices) - 1) for i, c in enumerate(choices)}
-        columns.append([position[config[name]] for config in configs])
+            position = np.arange(len(choices)) / (len(choices) - 1)
+        columns.append(position[index[:, j]])
     if not columns:
-        return np.zeros((len(configs), 1))
+        return np.zeros((len(index), 1))
     return np.asarray(columns, dtype=float).T
 
 
 def matern52(a: np.ndarray, b: np.ndarray, length: float) -> np.ndarray:
     """The Matérn-5/2 kernel between the rows of ``a`` and ``b`` (unit variance)."""
-    squared = np.maximum((a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * a @ b.T, 0.0)
-    r = np.sqrt(5.0 * squared) / length
-    return (1.0 + r + r * r / 3.0) * np.exp(-r)
+    r = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :]
+    r -= 2.0 * (a @ b.T)
+    np.maximum(r, 0.0, out=r)
+    np.sqrt(r, out=r)
+    r *= math.sqrt(5.0) / length  # in place: it is scored on a thousand candidates an ask
+    k = r / 3.0
+    k += 1.0
+    k *= r
+    k += 1.0
+    np.negative(r, out=r)
+    np.exp(r, out=r)
+    k *= r
+    return k
 
 
 class _GP:
@@ -170,13 +180,10 @@ class BayesSearch(SearchStrategy):
         initial: int | None = None,
     ) -> None:
         super().__init__(space, seed=seed, warm_start=warm_start)
-        self._configs = list(space.configs())
+        self._configs = list(space.valid())
         self._row = {config: i for i, config in enumerate(self._configs)}
-        self._x = encode(space, self._configs)
-        self._index = np.asarray(
-            [[choices.index(c[name]) for name, choices in space.params.items()]
-             for c in self._configs], dtype=np.int64,
-        ).reshape(len(self._configs), len(space.params))  # fmt: skip
+        self._index = choice_indices(space, self._configs)
+        self._x = encode(space, self._index)
         self._open = np.ones(len(self._configs), dtype=bool)
         self._times: dict[int, float | None] = {}  # told rows: log time, None for a failure
         self._rng = random.Random(seed)
@@ -281,9 +288,9 @@ class BayesSearch(SearchStrategy):
             return open_rows
         sample = open_rows[np.sort(self._sampler.choice(len(open_rows), POOL, replace=False))]
         best = good_rows[np.argsort(good_values)[:3]]
-        near = [np.flatnonzero((self._index != self._index[b]).sum(1) == 1) for b in best]
-        neighbours = np.concatenate(near) if near else np.zeros(0, dtype=np.int64)
-        neighbours = neighbours[self._open[neighbours]]
+        # One parameter apart from one of the best (of the open rows: the others are spent).
+        apart = (self._index[open_rows, None, :] != self._index[None, best, :]).sum(2)
+        neighbours = open_rows[(apart == 1).any(1)]
         return np.unique(np.concatenate([sample, neighbours]))
 
     def _prior_column(self, prior: Mapping[Config, float]) -> np.ndarray:

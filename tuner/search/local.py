@@ -167,7 +167,7 @@ class LocalSearch(SearchStrategy):
 
     def _random(self) -> Config | None:
         if self._unseen is None:
-            self._unseen = list(self.space.configs())
+            self._unseen = list(self.space.valid())
             self._rng.shuffle(self._unseen)
         while self._unseen:
             config = self._unseen.pop()

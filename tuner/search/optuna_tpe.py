@@ -41,6 +41,7 @@ from optuna.trial import TrialState
 
 from tunecache.space import Config, Scalar, SearchSpace
 from tuner.search.base import SearchStrategy
+from tuner.search.encoding import choice_indices
 
 logger = logging.getLogger(__name__)
 
@@ -101,11 +102,9 @@ class OptunaSearch(SearchStrategy):
         for config in self.warm_start:
             self.study.enqueue_trial(config.to_json())
         self._rng = random.Random(seed)
-        self._configs = list(space.configs())
+        self._configs = list(space.valid())
         self._row = {config: i for i, config in enumerate(self._configs)}
-        self._index = np.array(
-            [self._indices(config) for config in self._configs], dtype=np.int64
-        ).reshape(len(self._configs), len(self._choices))
+        self._index = choice_indices(space, self._configs)
         self._open = np.ones(len(self._configs), dtype=bool)  # not yet proposed nor told
         self._results: dict[Config, float | None] = {}  # told: time, or None for a failure
         self._waiting: dict[Config, list[optuna.trial.Trial]] = {}  # proposed, not yet told

@@ -17,12 +17,13 @@ TPE (``optuna``) held. So the portfolio runs them side by side:
   budget, and one a space misleads loses it within a few proposals, while every arm keeps a
   chance to be tried again.
 
-Replayed on brute-forced landscapes (bench/results/search_efficiency*.md), and on the same
-landscapes with every parameter's choices relabelled at random (``--scrambled``: a family where
-order says nothing, as a space never seen may have), the portfolio's worst family at 100
-evaluations was 0.97 of the optimum where ``bayes`` fell to 0.92 and ``optuna`` to 0.90; at
-25 it can trail the best single arm of a family by a few percent (the price of trying the
-others).
+Replayed on the shared GPU landscapes and on the same landscapes with every parameter's choices
+relabelled at random (``--scrambled``: a family where order says nothing, as a space never seen
+may have), 10 seeds (bench/results/search_efficiency-gpu-landscapes.md): the worst family's
+mean at 100 evaluations 0.936 of the optimum (``bayes`` 0.914, ``optuna`` 0.891), at 200 0.985
+(0.940, 0.903); the families' average equal to ``bayes`` at 25 and 50 (0.899, 0.951) and above
+it after. Where TPE is the best arm (the scrambled dedispersion family) it trails TPE by 2-3 %
+at 25-50 evaluations: the price of trying the others.
 
 An arm that proposes a config already proposed (by another arm, or still being measured) is
 asked again, a few times, then another arm is drawn; ``ask`` returns ``None`` exactly when every
@@ -94,7 +95,7 @@ class PortfolioSearch(SearchStrategy):
         self._sorted: list[float] = []  # successful times so far, ascending
         self._spent: set[str] = set()  # arms with nothing left to propose
         self._exhausted = False  # whether the last _fresh found its strategy out of configs
-        self._total = sum(1 for _ in space.configs())
+        self._total = len(space.valid())
 
     def ask(self) -> Config | None:
         if len(self._proposed) >= self._total:

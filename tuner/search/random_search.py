@@ -31,7 +31,7 @@ class RandomSearch(SearchStrategy):
     ) -> None:
         super().__init__(space, seed=seed, warm_start=warm_start)
         warm = set(self.warm_start)
-        rest = [config for config in space.configs() if config not in warm]
+        rest = [config for config in space.valid() if config not in warm]
         random.Random(seed).shuffle(rest)
         # Popped from the end: reversed so the warm start comes out first, in its order.
         self._pending = [*reversed(rest), *reversed(self.warm_start)]
