@@ -8,7 +8,7 @@ device). Strategies are registered by name in :mod:`tuner.search`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from tunecache.space import Config, SearchSpace
@@ -35,6 +35,16 @@ class SearchStrategy(abc.ABC):
         self.warm_start = [
             space.complete(c) for c in dict.fromkeys(warm_start) if space.contains(c)
         ]
+        self._warm_left = list(self.warm_start)
+
+    def next_warm(self, taken: Callable[[Config], bool]) -> Config | None:
+        """The next warm-start config not ``taken`` (each is offered once, in order), or
+        ``None`` when none is left."""
+        while self._warm_left:
+            config = self._warm_left.pop(0)
+            if not taken(config):
+                return config
+        return None
 
     @abc.abstractmethod
     def ask(self) -> Config | None:

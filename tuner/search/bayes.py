@@ -37,7 +37,7 @@ import numpy as np
 
 from tunecache.space import Config, SearchSpace
 from tuner.search.base import SearchStrategy
-from tuner.search.encoding import choice_indices
+from tuner.search.encoding import choice_indices, is_ordered
 
 LENGTH_SCALES = (0.08, 0.15, 0.25, 0.4, 0.6, 1.0)
 NOISES = (1e-4, 1e-2, 1e-1)  # variance, in standardised units
@@ -74,9 +74,7 @@ def encode(space: SearchSpace, index: np.ndarray) -> np.ndarray:
     for j, choices in enumerate(space.params.values()):
         if len(choices) < 2:
             continue
-        numeric = all(isinstance(c, int | float) and not isinstance(c, bool) and c > 0
-                      for c in choices)  # fmt: skip
-        if numeric:
+        if is_ordered(choices) and all(float(c) > 0 for c in choices):
             logs = np.log2(np.asarray(choices, dtype=float))
             position = (logs - logs.min()) / ((logs.max() - logs.min()) or 1.0)
         else:
@@ -188,7 +186,6 @@ class BayesSearch(SearchStrategy):
         self._times: dict[int, float | None] = {}  # told rows: log time, None for a failure
         self._rng = random.Random(seed)
         self._sampler = np.random.default_rng(seed)  # the candidate pool of a large space
-        self._warm = [c for c in self.warm_start if c in self._row]
         size = len(self._configs)
         self.initial = initial if initial is not None else min(10, max(4, size // 200))
         self._prior = self._prior_column(prior) if prior else None
@@ -199,7 +196,8 @@ class BayesSearch(SearchStrategy):
     def ask(self) -> Config | None:
         if not self._open.any():
             return None
-        row = self._next_warm()
+        warm = self.next_warm(lambda c: not self._open[self._row[c]])
+        row = None if warm is None else self._row[warm]
         if row is None:
             successes = sum(1 for t in self._times.values() if t is not None)
             proposed = len(self._configs) - int(self._open.sum())
@@ -219,13 +217,6 @@ class BayesSearch(SearchStrategy):
         self._times[row] = math.log(time_ms) if ok and time_ms is not None else None
 
     # -- proposals ---------------------------------------------------------------------------
-    def _next_warm(self) -> int | None:
-        while self._warm:
-            row = self._row[self._warm.pop(0)]
-            if self._open[row]:
-                return row
-        return None
-
     def _initial_row(self) -> int:
         open_rows = np.flatnonzero(self._open)
         if self._prior is not None:  # the other devices' best configs first

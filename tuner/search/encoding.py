@@ -6,7 +6,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tunecache.space import Config, SearchSpace
+from tunecache.space import Config, Scalar, SearchSpace
+
+
+def is_ordered(choices: Sequence[Scalar]) -> bool:
+    """Whether every choice is a number (not a bool): its choices then have an order (a local
+    search steps between neighbours, a model places them on a scale)."""
+    return all(isinstance(c, int | float) and not isinstance(c, bool) for c in choices)
 
 
 def choice_indices(space: SearchSpace, configs: Sequence[Config]) -> np.ndarray:

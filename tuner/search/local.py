@@ -24,15 +24,11 @@ from collections.abc import Iterator, Sequence
 
 from tunecache.space import Config, Scalar, SearchSpace
 from tuner.search.base import SearchStrategy
+from tuner.search.encoding import is_ordered
 
 BEST = 3  # the best configs whose neighbours are tried, best first
 SHRINK = 1.0  # results' worth of "no effect" each value's mean effect is shrunk with
 FAILURE_MARGIN = 1.0  # a failure counts this much slower (log e) than the slowest success
-
-
-def is_ordered(choices: Sequence[Scalar]) -> bool:
-    """Whether every choice is a number (not a bool): then neighbours are one step apart."""
-    return all(isinstance(c, int | float) and not isinstance(c, bool) for c in choices)
 
 
 class LocalSearch(SearchStrategy):
@@ -41,12 +37,9 @@ class LocalSearch(SearchStrategy):
     Example:
         >>> space = SearchSpace({"BLOCK": (16, 32, 64, 128), "warps": (2, 4, 8)})
         >>> search = LocalSearch(space, seed=0)
-        >>> proposed = []
-        >>> while (config := search.ask()) is not None:
-        ...     proposed.append(config)
-        ...     search.tell(config, abs(config["BLOCK"] - 64) + config["warps"] + 1.0)
-        >>> len(proposed), len(set(proposed))
-        (12, 12)
+        >>> search.tell(Config.of({"BLOCK": 32, "warps": 4}), 1.0)
+        >>> str(search.ask())  # one step of one parameter from the best
+        'BLOCK=16 warps=4'
     """
 
     name = "local"
@@ -62,14 +55,9 @@ class LocalSearch(SearchStrategy):
         self._times: dict[Config, float | None] = {}  # log time, None for a failure
         self._unseen: list[Config] | None = None  # the space in a seeded order, made lazily
         self._moves: dict[Config, tuple[str, int]] = {}  # a neighbour's step from its start
-        self._warm = list(self.warm_start)
 
     def ask(self) -> Config | None:
-        while self._warm:
-            warm = self._warm.pop(0)
-            if warm not in self._proposed:
-                return self._propose(warm)
-        config = self._neighbour() or self._random()
+        config = self.next_warm(self._proposed.__contains__) or self._neighbour() or self._random()
         return None if config is None else self._propose(config)
 
     def tell(self, config: Config, time_ms: float | None) -> None:
