@@ -305,7 +305,8 @@ def select_winner(
         vs_default = _speedup(final.times, _Final.DEFAULT, _Final.WINNER)
         if vs_default is not None and vs_default.low <= 1.0:
             # Not measurably faster than the untuned config: that is the winner if it passes.
-            emit(f"the search's winner was not faster than the default config beyond noise "
+            how = "slower than" if vs_default.high < 1.0 else "not faster than"
+            emit(f"the search's winner was {how} the default config beyond noise "
                  f"({vs_default.median:.3f}x, interval {vs_default.low:.3f}-"
                  f"{vs_default.high:.3f}); validating the default", phase="validate")  # fmt: skip
             report = bench.validate(default, seeds)
