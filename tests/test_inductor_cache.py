@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -140,7 +141,11 @@ def server_groups(url: str) -> list[ChoiceGroup]:
 def test_tune_torch_reports_and_uploads_the_gemm_choices(pretuned: Pretuned) -> None:
     out = pretuned.cli["stdout"]
     assert "compiled with max-autotune" in out
-    assert " faster" in out or " slower" in out
+    versus = next(line for line in out.splitlines() if " vs eager " in line)
+    # the interleaved comparison with its interval, whichever way this machine's noise falls
+    assert re.search(
+        r"[0-9.]+x (faster|slower) \([0-9.]+-[0-9.]+x\)$|the same within noise", versus
+    )
     assert "checked against float64 eager" in out and "(ok," in out
     assert "autotune choices recorded: 2 GEMM op(s)" in out
     assert "uploaded 2 entries" in pretuned.cli["stderr"]
