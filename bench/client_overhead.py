@@ -31,8 +31,8 @@ from bench.report import write_result
 from bench.server_load import TOKEN, serve
 from tests.factories import knobs, make_record
 from tunecache import Client, key_for
-from tunecache.cli.table import render
 from tunecache.snapshot import save_snapshot
+from tunecache_cli.table import render
 
 REPO = Path(__file__).resolve().parent.parent
 

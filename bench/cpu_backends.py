@@ -17,8 +17,8 @@ import torch
 from backends import Budget
 from bench.report import write_result
 from tunecache import key_for
-from tunecache.cli.table import render
 from tunecache.environment import package_version
+from tunecache_cli.table import render
 from tuner import tune
 from workloads import WORKLOADS, get_workload
 

@@ -20,7 +20,7 @@ from typing import Any
 from bench.report import write_result
 from bench.server_load import TOKEN, serve
 from tunecache import Client, key_for
-from tunecache.cli.table import render
+from tunecache_cli.table import render
 from tuner.daemon import Daemon, DaemonOptions
 from workloads import get_workload
 

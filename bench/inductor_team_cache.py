@@ -136,7 +136,7 @@ def _compile(path: Path, url: str | None, env: dict[str, str]) -> dict[str, Any]
 
 
 def _pretune(path: Path, env: dict[str, str]) -> dict[str, float]:
-    done = _run(["-m", "tunecache.cli", "tune", "--torch", f"{path}:Model", "--device", "cpu"], env)
+    done = _run(["-m", "tunecache_cli", "tune", "--torch", f"{path}:Model", "--device", "cpu"], env)
     found = re.search(r"compiled ([\d.e+-]+) ms vs eager ([\d.e+-]+) ms", done.stdout)
     ops = re.search(r"recorded: (\d+) GEMM", done.stdout)
     if found is None or ops is None:
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.report import write_result
     from cache_server.embedded import EmbeddedServer
-    from tunecache.cli.table import render
+    from tunecache_cli.table import render
 
     shape = SHAPES["quick" if args.quick else "full"]
     repeats = 1 if args.quick else args.repeats

@@ -432,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repeats < 1 or args.jobs < 1 or (args.sample is not None and args.sample < 1):
         parser.error("--repeats, --jobs and --sample must be >= 1")
 
-    from tunecache.cli.table import render
+    from tunecache_cli.table import render
 
     specs = [KeySpec.parse(text, args.dtype) for text in args.keys]
     timer = Timer(repeats=args.repeats, min_sample_ms=args.min_sample_ms)

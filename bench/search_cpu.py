@@ -24,8 +24,8 @@ import time
 from backends import Budget
 from backends.base import Trial
 from bench.report import write_result
-from tunecache.cli.table import render
 from tunecache.space import Config, SearchSpace
+from tunecache_cli.table import render
 from tuner.search import STRATEGIES, get_strategy, run_search
 
 EVALUATIONS = 200

@@ -59,9 +59,9 @@ from bench.report import write_result
 from cache_server.embedded import free_port
 from tests.factories import make_key, make_record
 from tests.pg import create_database, postgres_cluster
-from tunecache.cli.table import render
 from tunecache.schemas import KeyModel
 from tunecache.tokens import new_token
+from tunecache_cli.table import render
 
 OPEN_LOOP_THREADS = 32  # keep-alive connections serving the open-loop schedule (at most)
 TOKEN = new_token()  # the servers' bootstrap admin token, to fill them
@@ -73,7 +73,7 @@ def serve(db: str, workers: int, keep_pid: bool = False) -> Iterator[Any]:
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TUNECACHE_SERVER_BOOTSTRAP_TOKEN": TOKEN}
     process = subprocess.Popen(
-        [sys.executable, "-m", "tunecache.cli", "serve", "--db", db, "--port", str(port),
+        [sys.executable, "-m", "tunecache_cli", "serve", "--db", db, "--port", str(port),
          "--workers", str(workers)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

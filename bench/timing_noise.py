@@ -32,10 +32,10 @@ from typing import Any
 
 from backends import Budget
 from bench.report import write_result
-from tunecache.cli.table import render
 from tunecache.interleave import ROUNDS, median_ratio, ratio, rounds
 from tunecache.key import key_for
 from tunecache.schemas import RecordCreate
+from tunecache_cli.table import render
 from tuner import TuneOptions, tune
 from tuner.harness import Harness
 from tuner.harness.task import Task

@@ -33,8 +33,8 @@ from typing import Any
 
 from backends import Backend, Runnable, Target
 from bench.report import write_result
-from tunecache.cli.table import render
 from tunecache.space import Config, SearchSpace
+from tunecache_cli.table import render
 
 REPO = Path(__file__).resolve().parent.parent
 SHAPE = {"M": 2048, "N": 4096, "K": 4096}
@@ -124,7 +124,7 @@ def _drain(farm: Any, task: Any, configs: list[dict[str, int]]) -> None:
 def gemm_configs(count: int, offset: int = 0) -> list[dict[str, int]]:
     """``count + 1`` configs spread over the space (``offset`` shifts them by that many)."""
     from backends.triton import DeviceLimits
-    from backends.triton.spaces import gemm_space
+    from workloads.triton_kit.spaces import gemm_space
 
     space = list(gemm_space(SHAPE, "bfloat16", DeviceLimits.H100).configs())
     step = max(1, len(space) // (count + 1))

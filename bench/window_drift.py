@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.report import write_result
-from tunecache.cli.table import render
 from tunecache.interleave import Ratio, ratio, rounds
 from tunecache.key import key_for
+from tunecache_cli.table import render
 from tuner.harness import Harness
 from tuner.harness.task import Task
 from tuner.tune import default_config

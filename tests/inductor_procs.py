@@ -31,7 +31,7 @@ import torch
 
 
 def _tune(out: Path, argv: list[str]) -> int:
-    from tunecache.cli import main
+    from tunecache_cli import main
 
     outputs: list[Any] = []
     real_compile = torch.compile

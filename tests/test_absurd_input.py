@@ -483,7 +483,7 @@ def test_cli_refuses_absurd_shapes_with_one_line(
     shared_server: LiveServer, command: str, shape: str, names: str
 ) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", command, "matmul", "--backend", "tvm",
+        [sys.executable, "-m", "tunecache_cli", command, "matmul", "--backend", "tvm",
          "--shape", shape, "--server", shared_server.url],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -250,7 +250,7 @@ def test_client_sends_its_token_and_reports_refusals(
 
 def tunecache(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", *args],
+        [sys.executable, "-m", "tunecache_cli", *args],
         capture_output=True,
         text=True,
         timeout=120,

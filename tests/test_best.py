@@ -28,7 +28,7 @@ TIMES = {"tvm": 2.0, "inductor": 1.0, "triton": 3.0}
 
 def cli(server: LiveServer, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", *args, "--server", server.url],
+        [sys.executable, "-m", "tunecache_cli", *args, "--server", server.url],
         capture_output=True, text=True, timeout=300, cwd=REPO, env=dict(os.environ),
     )  # fmt: skip
 

@@ -10,13 +10,13 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer
-from tunecache.cli.args import parse_shape
 from tunecache.errors import InvalidInput
+from tunecache_cli.args import parse_shape
 
 
 def tunecache(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", *args],
+        [sys.executable, "-m", "tunecache_cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -138,7 +138,7 @@ def test_tuning_triton_without_a_gpu_says_why_and_stores_nothing(shared_server: 
     for interpret, words in expected.items():
         env = {**os.environ, "TRITON_INTERPRET": interpret}
         done = subprocess.run(
-            [sys.executable, "-m", "tunecache.cli", "tune", "matmul", "--backend", "triton",
+            [sys.executable, "-m", "tunecache_cli", "tune", "matmul", "--backend", "triton",
              "--dtype", "float16", "--shape", "M=64,N=64,K=64", "--server", shared_server.url],
             capture_output=True, text=True, timeout=300, env=env,
         )  # fmt: skip
@@ -171,7 +171,7 @@ def test_replay_runs_strategies_on_a_landscape(tmp_path) -> None:  # type: ignor
 
 def test_a_closed_pipe_is_not_an_error_message() -> None:
     # The reader leaves before the command writes (as `tunecache … | head` does mid-output).
-    process = subprocess.Popen([sys.executable, "-m", "tunecache.cli", "workloads", "--json"],
+    process = subprocess.Popen([sys.executable, "-m", "tunecache_cli", "workloads", "--json"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     assert process.stdout is not None and process.stderr is not None
     process.stdout.close()

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from cache_server.settings import ServerSettings
-from tunecache.cli import build_parser
+from tunecache_cli import build_parser
 
 COMPOSE = Path(__file__).parents[1] / "docker-compose.yml"
 

@@ -22,7 +22,7 @@ H100 = Device(DeviceFingerprint(kind="cuda", arch="sm_90", name="h100-80gb-hbm3"
 
 
 def daemon(server: LiveServer, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tunecache.cli", "daemon", "--once",
+    return subprocess.run([sys.executable, "-m", "tunecache_cli", "daemon", "--once",
                            "--server", server.url, "--trials", "2", "--workers", "1", *args],
                           capture_output=True, text=True, timeout=900, cwd=REPO)  # fmt: skip
 
@@ -73,7 +73,7 @@ def test_a_job_never_makes_the_daemon_import_a_package_it_was_not_given(
                               device=local_device("cpu").fingerprint)  # fmt: skip
     with Client(server.url) as client:
         client.create_job(job, max_attempts=1)
-    done = subprocess.run([sys.executable, "-m", "tunecache.cli", "daemon", "--once", "--server",
+    done = subprocess.run([sys.executable, "-m", "tunecache_cli", "daemon", "--once", "--server",
                            server.url, "--workers", "1", "--kernels", "mypkg"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -90,13 +90,13 @@ def test_the_daemon_refuses_to_start_without_a_write_token(server: LiveServer) -
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "TUNECACHE_TOKEN"}
-    done = subprocess.run([sys.executable, "-m", "tunecache.cli", "daemon", "--once", "--server",
+    done = subprocess.run([sys.executable, "-m", "tunecache_cli", "daemon", "--once", "--server",
                            server.url], capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
     assert done.returncode == 2 and "'write' scope" in done.stderr
 
 
 def _start(server: LiveServer, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "tunecache.cli", "daemon", "--server",
+    return subprocess.Popen([sys.executable, "-m", "tunecache_cli", "daemon", "--server",
                              server.url, "--workers", "1", *args], cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
 

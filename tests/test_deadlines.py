@@ -124,7 +124,7 @@ def test_sync_against_a_trickling_server_gives_up_at_its_timeout(tmp_path: Any) 
 
     with serve(trickle_body) as (url, _):
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "tunecache.cli", "sync", "--server", url,
+        done = subprocess.run([sys.executable, "-m", "tunecache_cli", "sync", "--server", url,
                                "--arch", "cpu-avx2", "--timeout", "1", "-o",
                                str(tmp_path / "s.json")],
                               capture_output=True, text=True, timeout=120)  # fmt: skip

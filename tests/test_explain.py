@@ -20,7 +20,7 @@ PROBLEM = {"M": 64, "N": 48, "K": 32}
 
 
 def cli(server: LiveServer, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tunecache.cli", *args, "--server", server.url],
+    return subprocess.run([sys.executable, "-m", "tunecache_cli", *args, "--server", server.url],
                           capture_output=True, text=True, timeout=120, cwd=REPO,
                           env=dict(os.environ))  # fmt: skip
 

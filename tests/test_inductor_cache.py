@@ -33,7 +33,6 @@ import torch
 from cache_server.embedded import free_port
 from tests.conftest import LiveServer
 from tests.factories import hostile_artifacts, store_behind_the_api
-from tunecache.cli import main
 from tunecache.client import Client
 from tunecache.inductor import TeamCacheWarning, enable, share_items
 from tunecache.inductor.autotune import (
@@ -45,6 +44,7 @@ from tunecache.inductor.autotune import (
 from tunecache.inductor.choices import ChoiceGroup, merge_groups, read_groups
 from tunecache.inductor.partition import partition
 from tunecache.inductor.remote import TeamCache
+from tunecache_cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCS = Path(__file__).with_name("inductor_procs.py")
@@ -463,7 +463,7 @@ def test_tune_torch_refuses_bad_input_in_one_line(
 
 def test_tune_torch_exits_2_from_the_command_line(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", "tune", "--torch", f"{tmp_path}/none.py:Model"],
+        [sys.executable, "-m", "tunecache_cli", "tune", "--torch", f"{tmp_path}/none.py:Model"],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2

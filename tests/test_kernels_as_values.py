@@ -133,7 +133,7 @@ def test_a_users_inductor_kernel_tunes_and_round_trips_from_the_command_line(
     server: LiveServer,
 ) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tunecache.cli", *args, "--backend",
+        return subprocess.run([sys.executable, "-m", "tunecache_cli", *args, "--backend",
                                "inductor", "--shape", "M=8,N=24", "--server", server.url],
                               capture_output=True, text=True, timeout=600, cwd=REPO)  # fmt: skip
 

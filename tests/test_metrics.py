@@ -404,7 +404,7 @@ def test_every_scrape_sums_all_workers(tmp_path: Path) -> None:
 def test_serve_refuses_a_metrics_dir_that_is_not_one(tmp_path: Path, workers: str) -> None:
     missing = tmp_path / "no-such-dir"
     done = subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", "serve", "--db", f"sqlite:///{tmp_path / 'c.db'}",
+        [sys.executable, "-m", "tunecache_cli", "serve", "--db", f"sqlite:///{tmp_path / 'c.db'}",
          "--port", "1", "--workers", workers],
         capture_output=True, text=True, timeout=60,
         env={**os.environ, ENV: str(missing)},

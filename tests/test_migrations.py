@@ -46,7 +46,7 @@ def test_unknown_revision_is_refused(tmp_path: Path) -> None:
 def test_serve_refuses_an_empty_database_when_told_not_to_create(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'empty.db'}"
     done = subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", "serve", "--db", url, "--no-create", "--port", "1"],
+        [sys.executable, "-m", "tunecache_cli", "serve", "--db", url, "--no-create", "--port", "1"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2
@@ -56,7 +56,7 @@ def test_serve_refuses_an_empty_database_when_told_not_to_create(tmp_path: Path)
 def test_db_upgrade_command(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     done = subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", "db", "upgrade", "--db", url],
+        [sys.executable, "-m", "tunecache_cli", "db", "upgrade", "--db", url],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

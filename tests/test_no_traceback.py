@@ -69,7 +69,7 @@ def test_bad_input_is_one_line_and_a_documented_code(
     (tmp_path / "garbage.py").write_text("this is not python, json or toml: {]\n")
     argv = [a.format(tmp=tmp_path, busy=busy_port) for a in argv]
     env = {**os.environ, "TUNECACHE_TOKEN": "tc_" + "3" * 43, "TUNECACHE_URL": DEAD}
-    done = subprocess.run([sys.executable, "-m", "tunecache.cli", *argv], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "tunecache_cli", *argv], capture_output=True,
                           text=True, timeout=120, cwd=tmp_path, env=env)  # fmt: skip
     err = done.stderr.strip()
     assert "Traceback" not in done.stderr + done.stdout, err
@@ -81,7 +81,7 @@ def test_bad_input_is_one_line_and_a_documented_code(
 def test_ctrl_c_during_a_tune_is_exit_130_and_one_line(tmp_path: Path) -> None:
     argv = ["tune", "bias_gelu", "--backend", "tvm", "--shape", "M=64,N=64,K=64", "--strategy",
             "random", "--trials", "500", "--no-upload"]  # fmt: skip
-    process = subprocess.Popen([sys.executable, "-m", "tunecache.cli", *argv], cwd=tmp_path,
+    process = subprocess.Popen([sys.executable, "-m", "tunecache_cli", *argv], cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)  # fmt: skip
     assert process.stderr is not None

@@ -183,7 +183,7 @@ def test_a_comparison_with_too_few_undisturbed_rounds_flags_the_winner() -> None
 
 
 def cli(server: LiveServer, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tunecache.cli", *args, "--server", server.url],
+    return subprocess.run([sys.executable, "-m", "tunecache_cli", *args, "--server", server.url],
                           capture_output=True, text=True, timeout=300, cwd=REPO,
                           env=dict(os.environ))  # fmt: skip
 

@@ -37,7 +37,7 @@ def cli(
     env = {**os.environ, "TUNECACHE_TOKEN": token}
     begin = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", *[a.format(tmp=tmp) for a in argv], "--server", url],
+        [sys.executable, "-m", "tunecache_cli", *[a.format(tmp=tmp) for a in argv], "--server", url],
         capture_output=True, text=True, timeout=300, cwd=tmp, env=env,
     )  # fmt: skip
     return done, time.monotonic() - begin

@@ -30,7 +30,7 @@ trials = 2
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     import os
 
-    return subprocess.run([sys.executable, "-m", "tunecache.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tunecache_cli", *args], capture_output=True,
                           text=True, timeout=900, cwd=REPO, env=env or dict(os.environ))  # fmt: skip
 
 
@@ -90,7 +90,7 @@ def test_two_daemons_tune_every_key_of_a_manifest_exactly_once(
     queued = cli("pretune", str(manifest), "--server", server.url, "--no-wait")
     assert queued.returncode == 0 and "8 queued" in queued.stderr, queued.stderr
     daemons = [
-        subprocess.Popen([sys.executable, "-m", "tunecache.cli", "daemon", "--once", "--server",
+        subprocess.Popen([sys.executable, "-m", "tunecache_cli", "daemon", "--once", "--server",
                           server.url, "--trials", "2", "--workers", "1"], cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(2)

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from backends.base import Budget, Progress
-from tunecache.cli.progress import ProgressPrinter, eta_seconds
+from tunecache_cli.progress import ProgressPrinter, eta_seconds
 
 
 class Stamped(io.StringIO):

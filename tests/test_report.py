@@ -16,7 +16,6 @@ import pytest
 
 from tests.conftest import LiveServer, sqlite_server
 from tests.factories import CPU, make_key, make_record, timing
-from tunecache.cli import main
 from tunecache.client import Client
 from tunecache.device import DeviceFingerprint
 from tunecache.key import Key
@@ -31,6 +30,7 @@ from tunecache.report import (
     speedups,
 )
 from tunecache.schemas import BaselineModel, RecordCreate, RecordPublic, SearchModel, Trial
+from tunecache_cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 H100 = DeviceFingerprint(kind="cuda", arch="sm_90", name="nvidia-h100", units=132, memory_gb=80)
@@ -278,7 +278,7 @@ shapes = [{M = 16, N = 64, K = 64}, {M = 32, N = 64, K = 64}, {M = 48, N = 64, K
 
 
 def test_report_as_a_subprocess(team: LiveServer, tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "tunecache.cli", "report", "-o", str(tmp_path),
+    done = subprocess.run([sys.executable, "-m", "tunecache_cli", "report", "-o", str(tmp_path),
                            "--backend", "tvm", "--server", team.url], capture_output=True,
                           text=True, timeout=120, cwd=REPO, env=dict(os.environ))  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -287,7 +287,7 @@ def test_report_as_a_subprocess(team: LiveServer, tmp_path: Path) -> None:
 
 
 def test_importing_tunecache_does_not_import_matplotlib() -> None:
-    code = "import sys, tunecache, tunecache.cli, tunecache.report; sys.exit('matplotlib' in sys.modules)"
+    code = "import sys, tunecache, tunecache_cli, tunecache.report; sys.exit('matplotlib' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60).returncode == 0
 
 

@@ -381,7 +381,7 @@ def test_save_snapshot_refuses_an_invalid_document_and_keeps_the_old_file(tmp_pa
 
 def tunecache(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", *args],
+        [sys.executable, "-m", "tunecache_cli", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -449,7 +449,7 @@ def test_sync_downloads_this_arch_once_and_the_resolver_reads_it(
     path = tmp_path / "snapshot.json"
 
     def sync() -> str:
-        done = subprocess.run([sys.executable, "-m", "tunecache.cli", "sync", "--server",
+        done = subprocess.run([sys.executable, "-m", "tunecache_cli", "sync", "--server",
                                server.url, "-o", str(path)], capture_output=True, text=True,
                               timeout=60)  # fmt: skip
         assert done.returncode == 0, done.stderr

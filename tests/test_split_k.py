@@ -18,12 +18,12 @@ import pytest
 import torch
 
 from backends.triton import DeviceLimits, TritonBackend
-from backends.triton.spaces import gemm_default, gemm_space
 from tests.test_triton_kernels import INTERPRET, interpreter_without_gpu, launchable  # noqa: F401
 from tunecache.errors import InvalidInput
 from tunecache.space import Config, SearchSpace
 from tuner.validation import check, validate
 from workloads import get_workload
+from workloads.triton_kit.spaces import gemm_default, gemm_space
 
 SPLITS = (1, 2, 4, 8, 16)
 # Ragged: M and N multiples of no tile, K=300 a multiple of no SPLIT_K x BLOCK_K.

@@ -27,11 +27,11 @@ with pytest.MonkeyPatch.context() as _mp:
 
 from backends import Budget, SearchRequest, get_backend  # noqa: E402
 from backends.triton import DeviceLimits, TritonBackend  # noqa: E402
-from backends.triton.jit import LazyKernel, mode_mismatch  # noqa: E402
-from backends.triton.spaces import gemm_shared_memory, next_pow2  # noqa: E402
 from tunecache.errors import InvalidInput  # noqa: E402
 from tunecache.space import Config  # noqa: E402
 from workloads import get_workload  # noqa: E402
+from workloads.triton_kit.jit import LazyKernel, mode_mismatch  # noqa: E402
+from workloads.triton_kit.spaces import gemm_shared_memory, next_pow2  # noqa: E402
 
 GEMMS = ("matmul", "bias_gelu")
 ROWS = ("softmax", "layernorm", "rmsnorm")

@@ -359,7 +359,7 @@ def test_the_cli_creates_a_trusted_verify_token(server: LiveServer, tmp_path: Pa
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "tunecache.cli", "token", "create", "--name",
+    done = subprocess.run([sys.executable, "-m", "tunecache_cli", "token", "create", "--name",
                            "ci", "--scope", "verify", "--trusted", "--server", server.url],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -379,7 +379,7 @@ def test_get_says_why_a_key_with_records_misses(verified_server: LiveServer) -> 
     with Client(url, token=token(url, "laptop", "write")) as client:
         stored = client.upload(make_record(key, config=knobs(1)))
     assert (stored.status, stored.policy) == ("pending", "verified")
-    done = subprocess.run([sys.executable, "-m", "tunecache.cli", "get", "matmul", "--backend",
+    done = subprocess.run([sys.executable, "-m", "tunecache_cli", "get", "matmul", "--backend",
                            "tvm", "--dtype", "float32", "--shape", "M=64,N=64,K=64", "--server",
                            url], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 1, done.stderr

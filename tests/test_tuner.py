@@ -32,7 +32,7 @@ def quick(tmp_path: Path, backend_ref: str) -> TuneOptions:
 
 def tunecache(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", *args], capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "tunecache_cli", *args], capture_output=True, text=True, timeout=900
     )
 
 

@@ -35,9 +35,9 @@ from tunecache.client import Client
 
 tvm = pytest.importorskip("tvm")
 
-from tunecache.cli import main as cli_main  # noqa: E402
 from tunecache.tvm import Database, partition_for, workload_key  # noqa: E402
 from tunecache.tvm.target import host_target, partition_name  # noqa: E402
+from tunecache_cli import main as cli_main  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENT_SCRIPT = REPO / "tests" / "tvm_db_client.py"
@@ -112,7 +112,7 @@ def tuned(
     """Process A: ``tunecache tune --tvm user_kernels.py:matmul_bias --trials 16`` (run once)."""
     cache = tmp_path_factory.mktemp("cache-a")
     done = subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", "tune", "--tvm", f"{kernels}:matmul_bias",
+        [sys.executable, "-m", "tunecache_cli", "tune", "--tvm", f"{kernels}:matmul_bias",
          "--trials", "16"],
         capture_output=True, text=True, timeout=300, cwd=kernels.parent,
         env=_env(TUNECACHE_URL=shared_server.url, XDG_CACHE_HOME=str(cache)),
@@ -518,7 +518,7 @@ def _variant(mod: Any, old: str, new: str) -> Any:
 
 def test_validation_fails_wrong_and_unwritten_outputs(kernels: Path) -> None:
     from backends.tvm.golden import Reference
-    from tunecache.cli.tune_tvm import max_error
+    from tunecache_cli.tune_tvm import max_error
 
     mod = _normalized(_load(kernels, "matmul_bias"))
     reference = Reference(mod, host_target(), seeds=(1, 2))
@@ -573,7 +573,7 @@ def test_tune_tvm_refuses_cuda_and_needs_a_token(
 def test_tune_tvm_bad_input_in_a_subprocess_has_no_traceback(tmp_path: Path) -> None:
     (tmp_path / "k.py").write_text("import tvm\nthing = [1, 2]\n")
     done = subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", "tune", "--tvm", "k.py:thing", "--no-upload"],
+        [sys.executable, "-m", "tunecache_cli", "tune", "--tvm", "k.py:thing", "--no-upload"],
         capture_output=True, text=True, timeout=120, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 2

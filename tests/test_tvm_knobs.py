@@ -307,7 +307,7 @@ def test_cli_tune_writes_a_landscape_and_replays_it(tmp_path: Path) -> None:
     from tuner.landscape import Landscape
 
     path = tmp_path / "softmax.json"
-    base = [sys.executable, "-m", "tunecache.cli"]
+    base = [sys.executable, "-m", "tunecache_cli"]
     tuned = subprocess.run(
         [*base, "tune", "softmax", "--backend", "tvm", "--shape", "M=4,N=32", "--landscape",
          str(path), "--no-upload", "--workers", "2"],

@@ -74,7 +74,7 @@ def test_a_verifier_verifies_tvm_and_inductor_records_and_flags_fake_times(
 
     env = {**os.environ, "TUNECACHE_TOKEN": token(url, "cpu-verifier", "verify")}
     done = subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", "daemon", "--verify", "--once", "--server", url,
+        [sys.executable, "-m", "tunecache_cli", "daemon", "--verify", "--once", "--server", url,
          "--backends", "tvm,inductor", "--workers", "1"],
         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path,
     )  # fmt: skip
@@ -109,7 +109,7 @@ def test_a_verifier_verifies_tvm_and_inductor_records_and_flags_fake_times(
 def test_the_verifier_needs_the_verify_scope(server: LiveServer, tmp_path: Path) -> None:
     env = {**os.environ, "TUNECACHE_TOKEN": token(server.url, "laptop", "write")}
     done = subprocess.run(
-        [sys.executable, "-m", "tunecache.cli", "daemon", "--verify", "--once", "--server",
+        [sys.executable, "-m", "tunecache_cli", "daemon", "--verify", "--once", "--server",
          server.url], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 4, done.stderr

@@ -24,7 +24,8 @@ from tunecache.errors import InvalidInput, ServerError, TunecacheError, TuningEr
 from tunecache.http import Timeout
 from tunecache.kernels import KernelSpec, get_kernel
 from tunecache.key import Key, key_for
-from tunecache.resolver import LookupResult, RecordsSource, Resolver, SnapshotSource
+from tunecache.lookup import LookupResult
+from tunecache.resolver import RecordsSource, Resolver, SnapshotSource
 from tunecache.server_source import ServerSource
 
 __all__ = [

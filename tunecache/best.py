@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput
@@ -31,7 +31,13 @@ from tunecache.key import Key, key_for
 
 if TYPE_CHECKING:
     from tunecache.device import Device, DeviceFingerprint
-    from tunecache.resolver import LookupResult, Resolver
+    from tunecache.lookup import LookupResult
+
+
+class Resolves(Protocol):
+    """What ranking needs of a resolver (:class:`tunecache.resolver.Resolver`): one lookup."""
+
+    def resolve(self, key: Key, *, default: dict[str, Any] | None = None) -> LookupResult: ...
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,7 @@ class BestBackend:
 
 
 def best_backend(
-    resolver: Resolver,
+    resolver: Resolves,
     kernel: Any,
     problem: Mapping[str, Any],
     dtype: str,
@@ -126,7 +132,7 @@ def best_backend(
 
 
 def _ask(
-    resolver: Resolver, spec: Any, backend: str, problem: Mapping[str, Any], dtype: str,
+    resolver: Resolves, spec: Any, backend: str, problem: Mapping[str, Any], dtype: str,
     device: Any,
 ) -> BackendAnswer:  # fmt: skip
     try:

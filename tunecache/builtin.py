@@ -16,10 +16,10 @@ from tunecache.kernels import KernelSpec, register
 _ROOT = Path(__file__).resolve().parent.parent  # where tunecache/ and workloads/ are installed
 _CPU = ("float32",)
 # Kernel code every built-in shares per backend (Triton's row tiles and the out= checks).
-_SHARED = {"triton": ("backends/triton/launch.py",)}
+_SHARED = {"triton": ("workloads/triton_kit/launch.py",)}
 _ALL = {"tvm": _CPU, "inductor": _CPU, "triton": ("float32", "float16", "bfloat16")}
 
-# The Triton spaces' enumerated choices (``backends.triton.spaces`` prunes them per problem and
+# The Triton spaces' enumerated choices (``workloads.triton_kit.spaces`` prunes them per problem and
 # device): a served config of a built-in kernel must be one of them.
 _BLOCKS = (16, 32, 64, 128, 256)
 TRITON_GEMM: dict[str, tuple[int, ...]] = {

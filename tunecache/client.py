@@ -55,10 +55,10 @@ from tunecache.http import (
 )
 from tunecache.jobs import JobEnqueued
 from tunecache.key import Key
+from tunecache.lookup import LookupResult
 from tunecache.policies import VersionPolicy
 from tunecache.resolver import (
     Fits,
-    LookupResult,
     Resolver,
     SnapshotSource,
     Source,

@@ -19,7 +19,7 @@ import re
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
-from tunecache.key import describe
+from tunecache.problem import describe
 
 MAX_JSON_DEPTH = 32  # objects and lists within one another, counted from any model's own data
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # any integer anywhere in a body

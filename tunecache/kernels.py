@@ -121,7 +121,7 @@ class KernelSpec:
         Raises:
             InvalidInput: a parameter is missing, unknown or out of range.
         """
-        from tunecache.key import check_problem
+        from tunecache.problem import check_sizes
 
         missing = [p for p in self.params if p not in sizes]
         unknown = [p for p in sizes if p not in self.params]
@@ -134,7 +134,7 @@ class KernelSpec:
         for name, value in sizes.items():
             if isinstance(value, bool) or not isinstance(value, int):
                 raise InvalidInput(f"{self.name}: {name}={value!r} is not an integer")
-        checked = check_problem(sizes)
+        checked = check_sizes(sizes)
         return {p: int(checked[p]) for p in self.params}
 
     def problem_from_args(self, *args: Any) -> dict[str, int]:

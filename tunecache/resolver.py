@@ -29,16 +29,16 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput, one_line
 from tunecache.key import Key
+from tunecache.lookup import LookupResult, SourceName
 from tunecache.policies import VersionPolicy
-from tunecache.rules import Rule, best
-from tunecache.schemas import CheckModel, RecordCreate, RecordPublic
+from tunecache.rules import best
+from tunecache.schemas import CheckModel, RecordCreate
 from tunecache.served import served_problem
 
 if TYPE_CHECKING:
@@ -46,74 +46,9 @@ if TYPE_CHECKING:
     from tunecache.device import Device, DeviceFingerprint
 
 logger = logging.getLogger(__name__)
-SourceName = Literal["memo", "snapshot", "server", "default"]
 Fits = Callable[[dict[str, Any]], str | None]  # why a config cannot launch here, or None
 # The served config's outputs against the caller's reference, on the same inputs.
 Verify = Callable[[dict[str, Any]], CheckModel]
-
-
-@dataclass(frozen=True)
-class LookupResult:
-    """What a lookup found: the config to launch, where it came from, and the record on a hit.
-
-    ``record`` is the server's record on a memo or server hit; a snapshot hit has none (a snapshot
-    holds the winners' data without server ids), but is still a :attr:`hit`. ``rule`` says which
-    lookup rule matched (:mod:`tunecache.rules`: ``exact``, ``same_arch``, ``bucket``) and
-    ``policy`` under which version policy; both are ``None`` for the default. ``time_ms``,
-    ``device`` (``arch name``) and ``problem`` say what the served record was timed at, where
-    (``time_ms``: the verifier's time once a verifier re-timed it, else the uploader's claim).
-    """
-
-    config: dict[str, Any] | None
-    source: SourceName
-    record: RecordPublic | None = None
-    rule: Rule | None = None
-    policy: VersionPolicy | None = None
-    time_ms: float | None = None
-    device: str | None = None
-    problem: dict[str, Any] | None = None
-    # The record served (a snapshot's too): what the properties below read, on demand only.
-    served_record: RecordCreate | None = field(default=None, repr=False, compare=False)
-
-    @classmethod
-    def served(cls, record: RecordCreate, source: SourceName, rule: Rule | None,
-               policy: VersionPolicy | None) -> LookupResult:  # fmt: skip
-        """The answer that serves ``record`` (a server's :class:`RecordPublic` is kept)."""
-        device = record.key.device
-        public = record if isinstance(record, RecordPublic) else None
-        timing = record.timing if public is None else public.believed_timing
-        return cls(
-            record.config, source, public, rule, policy, timing.median_ms,
-            f"{device.arch} {device.name}", dict(record.key.problem), record,
-        )  # fmt: skip
-
-    @property
-    def eager_ms(self) -> float | None:
-        """torch eager as the record's interleaved comparison timed it (``None``: no record, or
-        no eager baseline)."""
-        baselines = () if self.served_record is None else self.served_record.baselines
-        return next((b.timing.median_ms for b in baselines if b.name == "torch_eager"), None)
-
-    @property
-    def vs_eager(self) -> str | None:
-        """The winner against torch eager with its interval (:func:`tunecache.timing.versus`)."""
-        from tunecache.timing import versus
-
-        if self.served_record is None or self.eager_ms is None:
-            return None
-        return versus(self.served_record, than="torch eager")
-
-    @property
-    def slower_than_eager(self) -> bool:
-        return self.served_record is not None and self.served_record.slower_than_eager
-
-    @property
-    def noisy(self) -> bool:
-        return self.served_record is not None and self.served_record.noisy
-
-    @property
-    def hit(self) -> bool:
-        return self.source != "default"
 
 
 class Source(abc.ABC):

@@ -36,23 +36,14 @@ from tunecache.canonical import canonical_json, integral
 from tunecache.configcheck import config_problem
 from tunecache.errors import InvalidInput
 from tunecache.jsonsafe import INT64_MAX
-from tunecache.key import (
-    BACKENDS,
-    DTYPES,
-    KEY_SCHEMA_VERSION,
-    MAX_DIM,
-    MAX_FLAG_CHARS,
-    MAX_PARAMS,
-    Key,
-    check_problem,
-    describe,
-)
+from tunecache.key import BACKENDS, DTYPES, KEY_SCHEMA_VERSION, Key, check_problem
 from tunecache.measured import MAX_NOISE_REASONS as MAX_NOISE_REASONS
 from tunecache.measured import SAME_BELOW as SAME_BELOW
 from tunecache.measured import BaselineModel as BaselineModel
 from tunecache.measured import ConditionsModel as ConditionsModel
 from tunecache.measured import Speedup as Speedup
 from tunecache.measured import TimingModel as TimingModel
+from tunecache.problem import MAX_DIM, MAX_FLAG_CHARS, MAX_PARAMS, describe
 from tunecache.strict import INTEGRAL as INTEGRAL
 from tunecache.strict import STORED as STORED
 from tunecache.strict import Millis as Millis

@@ -16,19 +16,40 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from httpx import TransportError
 
 from tunecache.errors import ServerError, one_line
 from tunecache.key import Key
-from tunecache.resolver import LookupResult, Source
-from tunecache.schemas import CheckModel, DeviceModel
+from tunecache.lookup import LookupResult
+from tunecache.resolver import Source
+from tunecache.schemas import CheckModel, DeviceModel, LookupResponse
 from tunecache.served import served_problem
 from tunecache.verification import DisputeCreate, FailedCheck
 
 if TYPE_CHECKING:
-    from tunecache.client import Client
+    from tunecache.http import Timeout
+    from tunecache.jobs import JobEnqueued
+    from tunecache.policies import VersionPolicy
+    from tunecache.verification import DisputeResult
+
+
+class ServerApi(Protocol):
+    """The calls a :class:`ServerSource` makes (:class:`tunecache.client.Client` has them)."""
+
+    url: str
+    timeout: Timeout
+    policy: VersionPolicy
+
+    def fetch_answer(self, key: Key, *, timeout: float | None = None) -> LookupResponse | None: ...
+
+    def report_miss(self, key: Key, *, timeout: float | None = None) -> JobEnqueued: ...
+
+    def dispute(
+        self, record_id: int, dispute: DisputeCreate, *, timeout: float | None = None
+    ) -> DisputeResult: ...
+
 
 logger = logging.getLogger(__name__)
 MAX_PENDING_REPORTS = 256
@@ -67,7 +88,7 @@ class ServerSource(Source):
 
     fills_memo = True
 
-    def __init__(self, client: Client, *, retry_after: float = 30.0, miss_ttl: float = 60.0,
+    def __init__(self, client: ServerApi, *, retry_after: float = 30.0, miss_ttl: float = 60.0,
                  report_misses: bool = False) -> None:  # fmt: skip
         self.client = client
         self.retry_after, self.miss_ttl, self.report_misses = retry_after, miss_ttl, report_misses

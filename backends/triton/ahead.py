@@ -18,7 +18,7 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from backends.triton.jit import compile_only
+from workloads.triton_kit.jit import compile_only
 
 if TYPE_CHECKING:
     from backends.base import Target

@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from backends.base import Backend, Runnable, Target, import_failure
-from backends.triton.limits import DeviceLimits, current_limits
 from backends.triton.settings import INTERPRET_VAR, interpret_enabled
 from tunecache.errors import InvalidInput
 from tunecache.space import Config, SearchSpace
+from workloads.triton_kit.limits import DeviceLimits, current_limits
 
 if TYPE_CHECKING:
     import torch
@@ -103,7 +103,7 @@ class TritonBackend(Backend):
             return failure
         import torch
 
-        from backends.triton.jit import mode_mismatch
+        from workloads.triton_kit.jit import mode_mismatch
 
         try:
             if (mismatch := mode_mismatch()) is not None:

@@ -2,7 +2,7 @@
 
 It is read in :mod:`tunecache.settings` (keys need it too: under the interpreter a Triton kernel
 runs on the CPU); Triton itself reads it when a function is decorated with ``@triton.jit``, so
-it must be set before a kernel is jitted (:mod:`backends.triton.jit` defers that to the first
+it must be set before a kernel is jitted (:mod:`workloads.triton_kit.jit` defers that to the first
 launch). Interpreter timings are meaningless: it is for correctness only.
 """
 

@@ -16,7 +16,7 @@ import triton.language as tl
 import triton.testing
 
 import tunecache.triton
-from backends.triton.spaces import TUTORIAL_GEMM_CONFIGS
+from workloads.triton_kit.spaces import TUTORIAL_GEMM_CONFIGS
 
 BENCH_CALLS: list[int] = []
 CONFIGS = [  # the matmul tutorial's eight

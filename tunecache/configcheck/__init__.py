@@ -30,7 +30,7 @@ from typing import Any
 
 from tunecache.configcheck import inductor, triton, tvm
 from tunecache.kernels import registered
-from tunecache.key import describe
+from tunecache.problem import describe
 
 _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "triton": triton.config_problem,

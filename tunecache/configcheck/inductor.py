@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from tunecache.configcheck.triton import meta_problem, strict_int
-from tunecache.key import describe
+from tunecache.problem import describe
 
 MODE_DEFAULT: Final = "default"
 MODE_MAX_AUTOTUNE: Final = "max-autotune"

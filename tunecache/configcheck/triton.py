@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from tunecache.key import describe
+from tunecache.problem import describe
 
 LAUNCH_OPTIONS: Final = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 WARPS: Final = (1, 2, 4, 8, 16, 32)

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 from tunecache.configcheck.triton import strict_int
 from tunecache.configcheck.tvm_trace import GPU_DEVICES, MAX_ITEMS, trace_problem, within_int64
-from tunecache.key import describe
+from tunecache.problem import describe
 
 SCHEDULES: Final = ("default", "knobs", "meta_schedule")
 MAX_KNOBS: Final = 16

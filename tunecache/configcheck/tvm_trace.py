@@ -54,7 +54,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from tunecache.configcheck.triton import strict_int
-from tunecache.key import describe
+from tunecache.problem import describe
 
 MAX_INSTRUCTIONS: Final = 4096
 MAX_ITEMS: Final = 256  # inputs, attributes or outputs of one instruction; list values

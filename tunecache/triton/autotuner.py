@@ -30,8 +30,9 @@ from triton.runtime.autotuner import Autotuner
 from tunecache.client import Client
 from tunecache.defaults import TOLERANCES
 from tunecache.errors import InvalidInput
-from tunecache.key import Key, describe
+from tunecache.key import Key
 from tunecache.policies import VersionPolicy
+from tunecache.problem import describe
 from tunecache.schemas import CheckModel
 from tunecache.settings import Settings
 from tunecache.triton.keys import (

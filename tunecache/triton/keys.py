@@ -27,7 +27,8 @@ from tunecache.configcheck.triton import LAUNCH_OPTIONS, config_problem, launch_
 from tunecache.device import Device, local_device
 from tunecache.environment import environment_for
 from tunecache.errors import InvalidInput
-from tunecache.key import DTYPES, Key, describe
+from tunecache.key import DTYPES, Key
+from tunecache.problem import describe
 from tunecache.space import Config as SpaceConfig
 from tunecache.space import SearchSpace
 

@@ -27,12 +27,12 @@ from typing import Any, NamedTuple
 import torch
 import triton.language as tl
 
-from backends.triton.jit import lazy_jit
-from backends.triton.launch import output_buffer
-from backends.triton.settings import interpret_enabled
-from backends.triton.spaces import gemm_default as default_config
-from backends.triton.spaces import gemm_space as space
+from tunecache.settings import interpret_enabled
 from tunecache.space import Config
+from workloads.triton_kit.jit import lazy_jit
+from workloads.triton_kit.launch import output_buffer
+from workloads.triton_kit.spaces import gemm_default as default_config
+from workloads.triton_kit.spaces import gemm_space as space
 
 __all__ = ["default_config", "gemm", "launch", "launch_meta", "space"]
 

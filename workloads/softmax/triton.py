@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 import triton.language as tl
 
-from backends.triton.jit import lazy_jit
-from backends.triton.launch import launch_rows, row_tile
-from backends.triton.spaces import row_default as default_config
-from backends.triton.spaces import row_space as space
 from tunecache.space import Config
+from workloads.triton_kit.jit import lazy_jit
+from workloads.triton_kit.launch import launch_rows, row_tile
+from workloads.triton_kit.spaces import row_default as default_config
+from workloads.triton_kit.spaces import row_space as space
 
 __all__ = ["default_config", "launch", "space"]
 

@@ -6,7 +6,8 @@ import argparse
 import re
 
 from tunecache.errors import InvalidInput, ServerError
-from tunecache.key import BACKENDS, DTYPES, MAX_DIM, Key, describe, key_for
+from tunecache.key import BACKENDS, DTYPES, Key, key_for
+from tunecache.problem import MAX_DIM, describe
 from tunecache.settings import Settings
 from tunecache.tokens import Scope, grants
 

@@ -16,9 +16,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tunecache.cli.table import ms, render
 from tunecache.errors import InvalidInput
 from tunecache.timing import noise_text, versus
+from tunecache_cli.table import ms, render
 
 DEMO_WORKLOADS = ("matmul", "softmax", "layernorm", "bias_gelu")
 DEMO_BACKENDS = ("tvm", "inductor")
@@ -40,10 +40,10 @@ def _tune_all(
     url: str, token: str, workdir: Path, args: argparse.Namespace
 ) -> list[dict[str, Any]]:
     from backends import Budget
-    from tunecache.cli.progress import ProgressPrinter
     from tunecache.client import Client
     from tunecache.errors import TuningError
     from tunecache.key import key_for
+    from tunecache_cli.progress import ProgressPrinter
     from tuner import TuneOptions, tune
     from tuner.harness import Harness
     from workloads import get_workload
@@ -109,7 +109,7 @@ def _winners_table(rows: list[dict[str, Any]]) -> str:
 def _fetch_in_fresh_process(url: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     request = json.dumps({"server": url, "keys": [row["spec"] for row in rows]})
     done = subprocess.run(
-        [sys.executable, "-m", "tunecache.cli.fetch"],
+        [sys.executable, "-m", "tunecache_cli.fetch"],
         input=request,
         capture_output=True,
         text=True,

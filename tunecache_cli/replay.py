@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tunecache.cli.table import ms, render
+from tunecache_cli.table import ms, render
 
 
 def register(commands: Any) -> None:

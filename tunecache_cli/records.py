@@ -6,10 +6,10 @@ import argparse
 import json
 from typing import Any
 
-from tunecache.cli.args import add_server, server_url
-from tunecache.cli.table import ms, render
 from tunecache.errors import InvalidInput
 from tunecache.timing import versus
+from tunecache_cli.args import add_server, server_url
+from tunecache_cli.table import ms, render
 
 MAX_LIMIT = 1000
 
@@ -70,8 +70,8 @@ def run_ls(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    from tunecache.cli.get import describe
     from tunecache.client import Client
+    from tunecache_cli.get import describe
 
     with Client(server_url(args)) as client:
         record = client.get_record(args.record_id)

@@ -20,10 +20,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tunecache.cli.args import add_server, server_url
-from tunecache.cli.table import render
 from tunecache.errors import InvalidInput, ServerError, one_line
 from tunecache.tokens import SCOPES, TokenCreate, TokenCreated, TokenPublic
+from tunecache_cli.args import add_server, server_url
+from tunecache_cli.table import render
 
 
 def register(commands: Any) -> None:
@@ -101,7 +101,7 @@ def _tokens(args: argparse.Namespace) -> Iterator[Any]:
     from cache_server import SchemaOutdated
     from cache_server.db import make_sessionmaker
     from cache_server.migrate import prepare
-    from tunecache.cli.serve import server_settings
+    from tunecache_cli.serve import server_settings
 
     args.db = args.db or None  # bare --db: the server's own setting
     try:

@@ -17,10 +17,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from tunecache.cli.args import upload_url
 from tunecache.errors import InvalidInput, TuningError, one_line
 from tunecache.settings import Settings
 from tunecache.userfile import load_name
+from tunecache_cli.args import upload_url
 
 
 def _call_factory(module: ModuleType, name: str, path: Path, *, required: bool) -> list[Any]:

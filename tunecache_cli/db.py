@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from tunecache.cli.serve import server_settings
 from tunecache.errors import InvalidInput, one_line
+from tunecache_cli.serve import server_settings
 
 
 def register(commands: Any) -> None:

@@ -14,9 +14,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tunecache.cli.args import add_server, server_url
 from tunecache.errors import InvalidInput
 from tunecache.snapshot import SnapshotFilters
+from tunecache_cli.args import add_server, server_url
 
 
 def register(commands: Any) -> None:

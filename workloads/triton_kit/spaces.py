@@ -12,7 +12,7 @@ Row kernels (``softmax``, ``layernorm``, ``rmsnorm``): ``BLOCK_N``
 it), ``ROWS_PER_PROGRAM``, ``num_warps``, ``num_stages`` (pipelining of the loop).
 
 Example:
-    >>> from backends.triton.limits import DeviceLimits
+    >>> from workloads.triton_kit.limits import DeviceLimits
     >>> space = gemm_space({"M": 4096, "N": 4096, "K": 4096}, "float16", DeviceLimits.H100)
     >>> gemm_default({"M": 4096, "N": 4096, "K": 4096}, "float16", DeviceLimits.H100)["BLOCK_N"]
     256
@@ -25,10 +25,10 @@ import logging
 from collections.abc import Mapping
 from typing import Protocol
 
-from backends.triton.limits import DeviceLimits, current_limits
 from tunecache.builtin import TRITON_GEMM, TRITON_GEMM_DEFAULTS, TRITON_ROWS
 from tunecache.errors import InvalidInput
 from tunecache.space import Config, SearchSpace
+from workloads.triton_kit.limits import DeviceLimits, current_limits
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ def gemm_default(
     """The first of the matmul tutorial's configs inside the space; for small problems, the first
     that is once its blocks are shrunk to the problem; else the space's first config.
 
-    ``limits`` defaults to this device's (:func:`~backends.triton.limits.current_limits`).
+    ``limits`` defaults to this device's (:func:`~workloads.triton_kit.limits.current_limits`).
     """
     limits = limits or current_limits()
     space = gemm_space(problem, dtype, limits)
@@ -287,7 +287,7 @@ def row_default(
     to 64 KiB, ``num_warps = min(max(BLOCK_N // 256, 1), 8)``; the nearest config in the space
     (same block, fewest warps changed) when that one is pruned.
 
-    ``limits`` defaults to this device's (:func:`~backends.triton.limits.current_limits`).
+    ``limits`` defaults to this device's (:func:`~workloads.triton_kit.limits.current_limits`).
     """
     limits = limits or current_limits()
     space = row_space(problem, dtype, limits)

@@ -54,8 +54,8 @@ def _jit_like_triton(fn: Callable[..., Any]) -> Any:
     """``triton.jit(fn)`` in the mode Triton's own helpers (``tl.sum``) were jitted in.
 
     A helper is jitted when this module is imported, not lazily as the kernels calling it are
-    (:mod:`backends.triton.jit`). Those kernels launch only in the mode of Triton's helpers
-    (:func:`backends.triton.jit.mode_mismatch`), so a helper jitted in that mode, whatever
+    (:mod:`workloads.triton_kit.jit`). Those kernels launch only in the mode of Triton's helpers
+    (:func:`workloads.triton_kit.jit.mode_mismatch`), so a helper jitted in that mode, whatever
     ``TRITON_INTERPRET`` says now, always matches its callers.
     """
     if isinstance(tl.standard.cdiv, triton.runtime.JITFunction):

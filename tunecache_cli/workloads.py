@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from tunecache.cli.table import render
+from tunecache_cli.table import render
 
 
 def register(commands: Any) -> None:

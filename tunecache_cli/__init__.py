@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tunecache import __version__
-from tunecache.cli import (
+from tunecache.errors import InvalidInput, ServerError, TuningError, one_line
+from tunecache_cli import (
     best,
     coverage,
     daemon,
@@ -32,7 +33,6 @@ from tunecache.cli import (
     tune,
     workloads,
 )
-from tunecache.errors import InvalidInput, ServerError, TuningError, one_line
 
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3

@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tunecache.cli.args import upload_url
 from tunecache.defaults import TOLERANCES
 from tunecache.errors import InvalidInput, TuningError
 from tunecache.settings import Settings
+from tunecache_cli.args import upload_url
 
 if TYPE_CHECKING:
     from tvm.ir import IRModule
@@ -103,8 +103,8 @@ def _search(
     """MetaSchedule on ``mod`` into the local JSON database; the outcome and its seconds."""
     from backends.tvm.intrin import cpu_intrinsics_only
     from backends.tvm.search import tune
-    from tunecache.cli.progress import ProgressPrinter
     from tunecache.tvm.target import host_cores
+    from tunecache_cli.progress import ProgressPrinter
 
     started = time.monotonic()
     with cpu_intrinsics_only(), ProgressPrinter(f"tvm {label}") as progress:

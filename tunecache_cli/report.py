@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tunecache.cli.args import add_server, server_url
 from tunecache.key import BACKENDS
+from tunecache_cli.args import add_server, server_url
 
 
 def register(commands: Any) -> None:
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         winners = [r for r in records if r.is_winner]
         searches = collect.fetch_searches(client, winners, keys=MAX_CONVERGENCE_KEYS)
     if manifest is not None:
-        from tunecache.cli.coverage import manifest_states
+        from tunecache_cli.coverage import manifest_states
 
         keys = [key for key in manifest.keys if _matches(key, args)]
         states: list[tuple[Any, str]] = list(manifest_states(manifest, url, keys))

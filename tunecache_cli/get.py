@@ -7,12 +7,12 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from tunecache.cli.args import add_key, add_server, key_from_args, server_url
-from tunecache.cli.table import ms
 from tunecache.explain import Nearby
 from tunecache.key import Key
 from tunecache.schemas import RecordPublic
 from tunecache.timing import conditions_text, noise_text, versus
+from tunecache_cli.args import add_key, add_server, key_from_args, server_url
+from tunecache_cli.table import ms
 
 
 def register(commands: Any) -> None:

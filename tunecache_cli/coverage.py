@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tunecache.cli.args import add_server, server_url
+from tunecache_cli.args import add_server, server_url
 
 if TYPE_CHECKING:
     from tunecache.key import Key
@@ -48,8 +48,8 @@ def manifest_states(
     Raises:
         ServerError: the server is unreachable or refused.
     """
-    from tunecache.cli.pretune import all_jobs
     from tunecache.client import Client
+    from tunecache_cli.pretune import all_jobs
 
     keys = manifest.keys if keys is None else keys
     with Client(url, policy=manifest.policy) as client, Client(url, policy="any") as anyway:
@@ -58,8 +58,8 @@ def manifest_states(
 
 
 def run(args: argparse.Namespace) -> int:
-    from tunecache.cli.table import render
     from tunecache.manifest import load_manifest
+    from tunecache_cli.table import render
 
     manifest = load_manifest(args.manifest)
     states = manifest_states(manifest, server_url(args))

@@ -16,9 +16,9 @@ import signal
 import sys
 from typing import Any
 
-from tunecache.cli.args import add_server, preflight, server_url
 from tunecache.errors import InvalidInput
 from tunecache.kernels import BACKENDS
+from tunecache_cli.args import add_server, preflight, server_url
 
 
 def register(commands: Any) -> None:

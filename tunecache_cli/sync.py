@@ -15,9 +15,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tunecache.cli.args import add_server, server_url
 from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
+from tunecache_cli.args import add_server, server_url
 
 
 def register(commands: Any) -> None:

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tunecache.cli.args import add_key, add_server, key_from_args, server_url, upload_url
 from tunecache.errors import InvalidInput
+from tunecache_cli.args import add_key, add_server, key_from_args, server_url, upload_url
 
 
 def register(commands: Any) -> None:
@@ -116,10 +116,10 @@ def run(args: argparse.Namespace) -> int:
         if args.landscape:
             raise InvalidInput("--landscape records a kernel key's space, not --torch/--tvm code")
         if args.torch:
-            from tunecache.cli import tune_torch
+            from tunecache_cli import tune_torch
 
             return tune_torch.run(args)
-        from tunecache.cli import tune_tvm
+        from tunecache_cli import tune_tvm
 
         return tune_tvm.run(args)
     missing = [flag for flag, value in (("KERNEL", args.workload), ("--backend", args.backend),
@@ -131,9 +131,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_key(args: argparse.Namespace) -> int:
     from backends.base import Progress
-    from tunecache.cli.get import describe
-    from tunecache.cli.progress import ProgressPrinter
     from tunecache.client import Client
+    from tunecache_cli.get import describe
+    from tunecache_cli.progress import ProgressPrinter
     from tuner import TuneOptions, tune
 
     key = key_from_args(args)  # bad input fails here, before anything is compiled

@@ -26,7 +26,7 @@ import contextvars
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from backends.triton.settings import INTERPRET_VAR, interpret_enabled
+from tunecache.settings import INTERPRET_VAR, interpret_enabled
 
 
 def mode_mismatch() -> str | None:

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tunecache.cli.args import add_server, preflight, server_url
 from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
+from tunecache_cli.args import add_server, preflight, server_url
 
 
 def register(commands: Any) -> None:
@@ -58,7 +58,7 @@ def queue(client: Any, manifest: Any) -> tuple[list[str], int]:
 
 def follow(client: Any, hashes: list[str], poll: float = 2.0) -> int:
     """Prints progress until every followed job is done or failed; returns the failures."""
-    from tunecache.cli.progress import eta_seconds
+    from tunecache_cli.progress import eta_seconds
 
     wanted = set(hashes)
     started = time.monotonic()

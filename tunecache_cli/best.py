@@ -9,9 +9,9 @@ import argparse
 import json
 from typing import Any
 
-from tunecache.cli.args import add_server, parse_shape, server_url
-from tunecache.cli.table import ms, render
 from tunecache.key import DTYPES
+from tunecache_cli.args import add_server, parse_shape, server_url
+from tunecache_cli.table import ms, render
 
 
 def register(commands: Any) -> None:

@@ -1,3 +1,0 @@
-from tunecache.cli import entry
-
-entry()

@@ -1,0 +1,3 @@
+from tunecache_cli import entry
+
+entry()
