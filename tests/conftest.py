@@ -9,12 +9,18 @@ send; load shedding has tests of its own.
 Without a GPU, Triton kernels run in Triton's CPU interpreter. Triton decides that when it is first
 imported (Inductor imports it too), so the choice is made here, before any test module loads; the
 measurement harness's worker processes inherit it.
+
+Triton's compile cache is a new, empty folder for the whole run (``TRITON_CACHE_DIR``, inherited
+by every process the tests start), removed afterwards: a warm ``~/.triton/cache`` hid a test that
+failed with a cold one, and a test must pass on a fresh machine.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 
+os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tunecache-tests-triton-")
 import torch
 
 if not torch.cuda.is_available():
@@ -29,6 +35,8 @@ os.environ["TUNECACHE_SERVER_BOOTSTRAP_TOKEN"] = TEST_TOKEN
 # Test servers queue a burst rather than shed it: the tests of storage and concurrency send
 # bursts on purpose. The shedding tests start servers of their own (tests/test_admission.py).
 os.environ.setdefault("TUNECACHE_SERVER_MAX_WAIT", "30")
+import atexit
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -38,6 +46,8 @@ import httpx
 import pytest
 
 from cache_server.embedded import free_port
+
+atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
 
 
 @dataclass
@@ -67,7 +77,7 @@ def start_server(
     command = ["serve", "--db", db, "--port", str(port), *args]
     with log.open("ab") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tunecache.cli", *command],
+            [sys.executable, "-m", "tunecache_cli", *command],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

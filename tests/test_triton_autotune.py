@@ -208,7 +208,7 @@ SHARED = """
 import json, torch
 import tests.user_triton_autotune as m
 from tunecache.device import Device, DeviceFingerprint, DeviceLimits
-from tunecache.triton.shared import shared_misfit
+from tunecache.triton.shared import shared_memory, shared_misfit
 half, single = torch.empty(1, dtype=torch.float16), torch.empty(1, dtype=torch.float32)
 arguments = {"a_ptr": half, "b_ptr": half, "c_ptr": single}
 small = Device(DeviceFingerprint(kind="cuda", arch="sm_90", name="small-gpu", units=8),
@@ -216,9 +216,13 @@ small = Device(DeviceFingerprint(kind="cuda", arch="sm_90", name="small-gpu", un
 h100 = Device(DeviceFingerprint(kind="cuda", arch="sm_90", name="h100", units=132),
               DeviceLimits.H100)
 wide = {"BLOCK": 128, "num_warps": 4, "num_stages": 3}
+narrow = {**wide, "BLOCK": 32}
 print(json.dumps([shared_misfit(m.dot_tile, arguments, wide, small),
                   shared_misfit(m.dot_tile, arguments, wide, h100),
-                  shared_misfit(m.dot_tile, arguments, {**wide, "BLOCK": 32}, small)]))
+                  shared_misfit(m.dot_tile, arguments, narrow, small),
+                  # raises where the kernel does not compile: the Nones above are then no pass
+                  shared_memory(m.dot_tile, arguments, wide, "sm_90"),
+                  shared_memory(m.dot_tile, arguments, narrow, "sm_90")]))
 """
 
 
@@ -230,7 +234,41 @@ def test_a_config_over_the_devices_shared_memory_is_refused() -> None:
     done = subprocess.run([sys.executable, "-c", SHARED], capture_output=True, text=True,
                           timeout=300, cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"})  # fmt: skip
     assert done.returncode == 0, done.stderr
-    wide_small, wide_h100, narrow_small = json.loads(done.stdout.splitlines()[-1])
+    wide_small, wide_h100, narrow_small, wide_bytes, narrow_bytes = json.loads(
+        done.stdout.splitlines()[-1]
+    )
+    assert wide_bytes == 65536 and 0 < narrow_bytes <= 16384  # compiled, and sized
     assert wide_small is not None and "65536 bytes of shared memory" in wide_small
     assert "16384" in wide_small
     assert wide_h100 is None and narrow_small is None
+
+
+@pytest.mark.parametrize(
+    ("raised", "refused"),
+    [
+        ("out_of_resources", True),
+        # a compile error whose text mentions shared memory (a kernel's docstring): no verdict
+        (RuntimeError("CompilationError: the shared memory note in the docstring"), False),
+    ],
+)
+def test_a_misfit_is_told_by_the_errors_type_not_its_words(
+    raised: Any, refused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from triton.runtime.errors import OutOfResources
+
+    from tunecache.device import Device, DeviceFingerprint, DeviceLimits
+    from tunecache.triton import shared
+
+    error = OutOfResources(262144, 232448, "shared memory") if raised == "out_of_resources" \
+        else raised  # fmt: skip
+
+    def compile_fails(*args: Any) -> int:
+        raise error
+
+    monkeypatch.setattr(shared, "shared_memory", compile_fails)
+    h100 = Device(DeviceFingerprint(kind="cuda", arch="sm_90", name="h100", units=132),
+                  DeviceLimits.H100)  # fmt: skip
+    why = shared.shared_misfit(lambda: None, {}, {"BLOCK": 256}, h100)
+    assert (why is not None) == refused
+    if refused:
+        assert why is not None and "262144" in why

@@ -71,11 +71,13 @@ def shared_misfit(jit_fn: Any, arguments: Mapping[str, Any], config: Mapping[str
     be told: a CPU, or a kernel Triton cannot compile here, which the launch will report)."""
     if device.limits is None or not device.fingerprint.arch.startswith("sm_"):
         return None
+    from triton.runtime.errors import OutOfResources
+
     try:
         needed = shared_memory(jit_fn, arguments, config, device.fingerprint.arch)
-    except Exception as exc:  # out of resources, or not compilable here: say so, decide nothing
-        if "out of resource" in str(exc).lower() or "shared memory" in str(exc).lower():
-            return f"does not compile within the device's resources: {str(exc)[:200]}"
+    except OutOfResources as exc:  # by its type: a message can say anything (a docstring too)
+        return f"does not compile within the device's resources: {str(exc)[:200]}"
+    except Exception as exc:  # not compilable here: the launch will say why; decide nothing
         logger.debug("could not size the shared memory of %s: %s", config, exc)
         return None
     allowed = device.limits.max_shared_memory_per_block
