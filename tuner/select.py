@@ -289,31 +289,13 @@ def select_winner(
         assert default is not None
         contenders.append(dict(default))
     count = _rounds_that_fit(bench, len(contenders), deadline)
-    emit(f"the winner against the baselines, {count} alternating rounds", phase="time")
-    final = _Final(bench, contenders, count)
-    while (count > 1 and len(final.times) < MAX_ROUNDS and final.undecided()
-           and (deadline is None or time.monotonic() < deadline)):  # fmt: skip
-        more = min(ROUNDS, MAX_ROUNDS - len(final.times),
-                   _rounds_that_fit(bench, len(contenders), deadline))  # fmt: skip
-        emit(f"undecided after {len(final.times)} rounds: {more} more", phase="time")
-        final.add(more)
+    final = _compare(bench, contenders, count, emit, deadline)
     winner.timing = _typical(final.measured[_Final.WINNER]) or winner.timing
     ahead = _Final.WINNER
     if has_default:
         assert default is not None
         winner.trials.append(final.measured[_Final.DEFAULT][0].trial(default))
-        vs_default = _speedup(final.times, _Final.DEFAULT, _Final.WINNER)
-        if vs_default is not None and vs_default.low <= 1.0:
-            # Not measurably faster than the untuned config: that is the winner if it passes.
-            how = "slower than" if vs_default.high < 1.0 else "not faster than"
-            emit(f"the search's winner was {how} the default config beyond noise "
-                 f"({vs_default.median:.3f}x, interval {vs_default.low:.3f}-"
-                 f"{vs_default.high:.3f}); validating the default", phase="validate")  # fmt: skip
-            report = bench.validate(default, seeds)
-            default_timing = _typical(final.measured[_Final.DEFAULT])
-            if report.passed and default_timing is not None:
-                winner.config, winner.timing, winner.report = dict(default), default_timing, report
-                ahead = _Final.DEFAULT
+        ahead = _default_unless_beaten(bench, winner, final, dict(default), seeds, emit)
     undisturbed = len(quiet(final.times))
     if undisturbed < MIN_ROUNDS and count > 1:
         winner.timing = flagged(winner.timing, f"only {undisturbed} of {len(final.times)} "
@@ -325,3 +307,40 @@ def select_winner(
         if (baseline := final.baseline(name, i, ahead)) is not None:
             winner.baselines.append(baseline)
     return winner
+
+
+def _compare(bench: Benchmarker, contenders: list[Mapping[str, Any] | None], count: int,
+             emit: Emit, deadline: float | None) -> _Final:  # fmt: skip
+    """``count`` alternating rounds of ``contenders``, and more (up to ``MAX_ROUNDS``, within
+    the deadline) while the winner and the default are undecided."""
+    emit(f"the winner against the baselines, {count} alternating rounds", phase="time")
+    final = _Final(bench, contenders, count)
+    while (count > 1 and len(final.times) < MAX_ROUNDS and final.undecided()
+           and (deadline is None or time.monotonic() < deadline)):  # fmt: skip
+        more = min(ROUNDS, MAX_ROUNDS - len(final.times),
+                   _rounds_that_fit(bench, len(contenders), deadline))  # fmt: skip
+        emit(f"undecided after {len(final.times)} rounds: {more} more", phase="time")
+        final.add(more)
+    return final
+
+
+def _default_unless_beaten(
+    bench: Benchmarker, winner: Winner, final: _Final, default: dict[str, Any],
+    seeds: Sequence[int], emit: Emit,
+) -> int:  # fmt: skip
+    """Makes ``default`` the winner (validated) unless the search's winner was faster with the
+    whole interval above 1; returns the column of whichever is the winner now."""
+    vs_default = _speedup(final.times, _Final.DEFAULT, _Final.WINNER)
+    if vs_default is None or vs_default.low > 1.0:
+        return _Final.WINNER
+    # Not measurably faster than the untuned config: that is the winner if it passes.
+    how = "slower than" if vs_default.high < 1.0 else "not faster than"
+    emit(f"the search's winner was {how} the default config beyond noise "
+         f"({vs_default.median:.3f}x, interval {vs_default.low:.3f}-"
+         f"{vs_default.high:.3f}); validating the default", phase="validate")  # fmt: skip
+    report = bench.validate(default, seeds)
+    default_timing = _typical(final.measured[_Final.DEFAULT])
+    if not report.passed or default_timing is None:
+        return _Final.WINNER
+    winner.config, winner.timing, winner.report = default, default_timing, report
+    return _Final.DEFAULT

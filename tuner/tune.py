@@ -192,10 +192,7 @@ def tune(
     check_local(key, workload)
     emit = _emitter(key, progress)
     request = SearchRequest(workload, _problem(key), key.dtype, budget, progress, options.seed)
-    task = Task(backend=options.backend_ref or backend.name, workload=key.kernel,
-                problem=dict(key.problem), dtype=key.dtype, device=key.device.kind,
-                timer=options.timer, timer_ref=options.timer_ref,
-                target=backend.compile_target() if options.compile_ahead else None)  # fmt: skip
+    task = _task(key, backend, options)
     emit(f"with {strategy} ({budget.trials} trials)")
     started = time.perf_counter()
     deadline = None if budget.seconds is None else time.monotonic() + budget.seconds
@@ -224,13 +221,26 @@ def tune(
                  f"{bench.timer_compiles} compiles in the timing process")  # fmt: skip
     seconds = time.perf_counter() - started
     record = build_record(key, backend, strategy, found, winner, seconds)
+    emit(_done(found, winner), phase="done")
+    return TuneOutcome(key, record, winner.rejected, [*found.trials, *winner.trials],
+                       timer_compiles=bench.timer_compiles)  # fmt: skip
+
+
+def _task(key: Key, backend: Backend, options: TuneOptions) -> Task:
+    """What the measurement workers set up for ``key``."""
+    return Task(backend=options.backend_ref or backend.name, workload=key.kernel,
+                problem=dict(key.problem), dtype=key.dtype, device=key.device.kind,
+                timer=options.timer, timer_ref=options.timer_ref,
+                target=backend.compile_target() if options.compile_ahead else None)  # fmt: skip
+
+
+def _done(found: Candidates, winner: Winner) -> str:
+    """The last progress line: the winner's time, beside the search's quick timing."""
     searched = [t.time_ms for t in found.trials if t.time_ms is not None]
     retimed = (f" (re-timed: median of {winner.timing.repeats}; the search's quick timing was "
                f"{min(searched):.4g} ms)" if searched else "")  # fmt: skip
-    emit(f"{winner.timing.median_ms:.4g} ms{retimed}, validated "
-         f"(max error {winner.report.max_rel_error:.2e})", phase="done")  # fmt: skip
-    return TuneOutcome(key, record, winner.rejected, [*found.trials, *winner.trials],
-                       timer_compiles=bench.timer_compiles)  # fmt: skip
+    return (f"{winner.timing.median_ms:.4g} ms{retimed}, validated "
+            f"(max error {winner.report.max_rel_error:.2e})")  # fmt: skip
 
 
 def build_record(

@@ -113,8 +113,7 @@ def run_search(
         evaluate: measures a batch of configs; returns one :class:`Trial` per config, in order.
         budget: trials, seconds and patience limits.
         batch_size: configs asked for and evaluated together (the harness runs them in parallel).
-        progress: called after every batch.
-        clock: seconds, monotonic; injectable for tests.
+        progress: called after every batch. clock: seconds, monotonic (tests inject one).
         after: the seconds of work still to come within ``budget.seconds`` after the search
             (see the module's docstring).
         prefetch: told each batch before the one ahead of it is evaluated (see the module's
@@ -130,47 +129,25 @@ def run_search(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     started = clock()
     log = SearchLog(strategy=getattr(strategy, "name", type(strategy).__name__))
-    best: float | None = None
-    stale = 0  # consecutive trials that did not improve ``best``
+    streak = _Streak()
+    asker = _Asker(strategy, prefetch)
     per_candidate = 0.0  # seconds, as the last batch took them
-    next_batch: tuple[list[Config], bool] | None = None  # asked and prefetched already
     while True:
         size = min(batch_size, budget.trials - len(log))
         ahead = per_candidate * size + (after() if after is not None else 0.0)
-        reason = _should_stop(log, budget, stale, clock() - started, ahead)
+        reason = _should_stop(log, budget, streak.stale, clock() - started, ahead)
         if reason is None:
-            if next_batch is None:
-                batch, exhausted = _ask_batch(strategy, size)
-                if prefetch is not None and batch:
-                    prefetch(batch)
-            else:
-                batch, exhausted = next_batch
-            next_batch = None
-            room = min(batch_size, budget.trials - len(log) - len(batch))
-            if prefetch is not None and not exhausted and room > 0:
-                next_batch = _ask_batch(strategy, room)
-                if next_batch[0]:
-                    prefetch(next_batch[0])
+            batch, exhausted = asker.take(size, batch_size, budget.trials - len(log))
             began = clock()
-            trials = evaluate(batch) if batch else []
+            _evaluate(batch, evaluate, strategy, streak, log)
             if batch:
                 per_candidate = (clock() - began) / len(batch)
-            if len(trials) != len(batch):
-                raise TuningError(f"evaluator returned {len(trials)} trials for {len(batch)}")
-            for config, trial in zip(batch, trials, strict=True):
-                time_ms = trial_time(trial)
-                strategy.tell(config, time_ms)
-                log.entries.append((config, trial))
-                if time_ms is not None and (best is None or time_ms < best):
-                    best, stale = time_ms, 0
-                else:
-                    stale += 1
             if batch and progress is not None:
-                progress(Progress(len(log), budget.trials, best, f"{log.strategy}: {batch[-1]}"))
+                progress(Progress(len(log), budget.trials, streak.best,
+                                  f"{log.strategy}: {batch[-1]}"))  # fmt: skip
             reason = "exhausted" if exhausted else None
         if reason is not None:
-            if prefetch is not None and next_batch is not None and next_batch[0]:
-                prefetch([])
+            asker.close()
             log.stopped_because = reason
             break
     log.seconds = clock() - started
@@ -199,6 +176,68 @@ def _should_stop(
     ):
         return "seconds"
     return None
+
+
+def _evaluate(batch: list[Config], evaluate: Evaluator, strategy: SearchStrategy,
+              streak: _Streak, log: SearchLog) -> None:  # fmt: skip
+    """Measures ``batch``, tells ``strategy`` each result and logs it."""
+    trials = evaluate(batch) if batch else []
+    if len(trials) != len(batch):
+        raise TuningError(f"evaluator returned {len(trials)} trials for {len(batch)}")
+    for config, trial in zip(batch, trials, strict=True):
+        strategy.tell(config, streak.see(trial))
+        log.entries.append((config, trial))
+
+
+@dataclass
+class _Streak:
+    """The best time so far, and how many trials in a row have not improved it."""
+
+    best: float | None = None
+    stale: int = 0
+
+    def see(self, trial: Trial) -> float | None:
+        """Counts ``trial``; returns its time (``None``: failed), as a strategy is told it."""
+        time_ms = trial_time(trial)
+        if time_ms is not None and (self.best is None or time_ms < self.best):
+            self.best, self.stale = time_ms, 0
+        else:
+            self.stale += 1
+        return time_ms
+
+
+class _Asker:
+    """Batches from a strategy. With ``prefetch``, each batch is told to it when asked, and the
+    next batch is asked (and told) before the current one is evaluated; ``close`` tells it ``[]``
+    when that next batch will not be evaluated after all."""
+
+    def __init__(self, strategy: SearchStrategy,
+                 prefetch: Callable[[list[Config]], None] | None) -> None:  # fmt: skip
+        self.strategy = strategy
+        self.prefetch = prefetch
+        self.pending: tuple[list[Config], bool] | None = None  # asked and prefetched already
+
+    def take(self, size: int, batch_size: int, left: int) -> tuple[list[Config], bool]:
+        """The next batch (up to ``size`` configs, or the one asked ahead) and whether the
+        strategy ran out; ``left``: trials left in the budget, of which up to ``batch_size``
+        after this batch are asked ahead."""
+        if self.pending is None:
+            batch, exhausted = _ask_batch(self.strategy, size)
+            if self.prefetch is not None and batch:
+                self.prefetch(batch)
+        else:
+            batch, exhausted = self.pending
+        self.pending = None
+        room = min(batch_size, left - len(batch))
+        if self.prefetch is not None and not exhausted and room > 0:
+            self.pending = _ask_batch(self.strategy, room)
+            if self.pending[0]:
+                self.prefetch(self.pending[0])
+        return batch, exhausted
+
+    def close(self) -> None:
+        if self.prefetch is not None and self.pending is not None and self.pending[0]:
+            self.prefetch([])
 
 
 def _ask_batch(strategy: SearchStrategy, n: int) -> tuple[list[Config], bool]:
