@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -178,3 +180,24 @@ def test_a_closed_pipe_is_not_an_error_message() -> None:
     err = process.stderr.read().decode()
     assert process.wait(timeout=120) == 1
     assert err == "", err
+
+
+@pytest.mark.slow
+def test_folders_named_like_ours_in_the_current_directory_shadow_nothing(tmp_path: Path) -> None:
+    """A project with ``tunecache/``, ``workloads/``, ``backends/`` and ``tuner/`` folders (a clone
+    named ``tunecache`` is one): the command and its measurement workers still import ours."""
+    for folder in ("tunecache", "workloads", "backends"):
+        (tmp_path / folder).mkdir()  # a namespace package, were it imported
+    (tmp_path / "tuner").mkdir()
+    (tmp_path / "tuner" / "__init__.py").write_text("raise ImportError('the user folder')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # as installed, no more
+    command = str(Path(sys.executable).with_name("tunecache"))
+    listed = subprocess.run([command, "workloads", "--json"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    tuned = subprocess.run([command, "tune", "softmax", "--backend", "tvm", "--shape", "M=64,N=64",
+                            "--trials", "2", "--no-upload"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert tuned.returncode == 0, tuned.stderr[-2000:]
+    record = json.loads(tuned.stdout)  # --no-upload: the record, validated, on stdout
+    assert record["key"]["kernel"] == "softmax" and record["validation"]["passed"] is True

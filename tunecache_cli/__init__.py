@@ -72,7 +72,7 @@ def user_path() -> None:
     directory, which moves to the end (``python -m`` puts it first).
     """
     here = os.getcwd()
-    ours = str(Path(__file__).resolve().parents[2])  # the folder holding tunecache/, tuner/ ...
+    ours = str(Path(__file__).resolve().parents[1])  # the folder holding tunecache/, tuner/ ...
     kept = [p for p in sys.path if p not in ("", here, ours)]
     sys.path[:] = [*kept, ours, here]
 
