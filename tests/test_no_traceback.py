@@ -96,3 +96,28 @@ def test_ctrl_c_during_a_tune_is_exit_130_and_one_line(tmp_path: Path) -> None:
     rest = process.communicate(timeout=60)[1]
     assert process.returncode == 130, rest
     assert "Traceback" not in rest and rest.strip().splitlines()[-1] == "tunecache: interrupted"
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_metaschedule_is_exit_130_and_the_next_tune_works(tmp_path: Path) -> None:
+    """Inside TVM's C++ search a KeyboardInterrupt crashed the process (a segfault, or
+    ``'NoneType' object has no attribute 'kill'``), and TVM's workers printed tracebacks."""
+    argv = ["tune", "softmax", "--backend", "tvm", "--shape", "M=256,N=256", "--trials", "32",
+            "--no-upload"]  # fmt: skip
+    process = subprocess.Popen([sys.executable, "-m", "tunecache_cli", *argv], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # fmt: skip
+    assert process.stderr is not None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if "meta_schedule: starting" in process.stderr.readline():
+            break
+    time.sleep(4)  # inside MetaSchedule: its workers importing TVM, or candidates building
+    os.killpg(process.pid, signal.SIGINT)
+    rest = process.communicate(timeout=120)[1]
+    assert process.returncode == 130, rest
+    assert "Traceback" not in rest and rest.strip().splitlines()[-1] == "tunecache: interrupted"
+    again = subprocess.run([sys.executable, "-m", "tunecache_cli", *argv[:-3], "--trials", "4",
+                            "--no-upload"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]

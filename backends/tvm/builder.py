@@ -20,6 +20,7 @@ bottom), so they need not be able to import this repository.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -63,17 +64,34 @@ def _ready() -> bool:
     return True
 
 
+def _ignore_interrupts() -> None:
+    """A worker's initializer: Ctrl-C reaches the whole process group, and the search that owns
+    the worker decides what an interrupt stops (a worker dying of it printed a traceback)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class WarmPool:
     """A process pool that outlives batches; its workers start importing TVM on creation."""
 
-    def __init__(self, max_workers: int, timeout_sec: float) -> None:
+    def __init__(self, max_workers: int, timeout_sec: float, log: Path | None = None) -> None:
+        """``log``: where the workers' own output goes (the last search's; by default this
+        process's): a worker that Ctrl-C reached while it imported TVM printed a traceback."""
         from tvm.support.popen_pool import PopenPoolExecutor
 
+        self._log = None if log is None else open(log, "wb")  # noqa: SIM115 — closed in close()
         self.timeout_sec = timeout_sec
         self.deadline: float | None = None  # time.monotonic() after which nothing more starts
         self.measured = 0  # candidates timed: the budget never stops the search before one
+        self.stopped = False  # interrupted: nothing more starts, whatever was measured
         self.pool = PopenPoolExecutor(
-            max_workers=max_workers, timeout=timeout_sec, maximum_process_uses=MAX_USES
+            max_workers=max_workers,
+            timeout=timeout_sec,
+            maximum_process_uses=MAX_USES,
+            initializer=_ignore_interrupts,
+            stdout=self._log,
+            stderr=self._log,
         )
         # One warm-up task per worker thread: each starts its process now, in the background.
         self._warmup = [self.pool.submit(_ready) for _ in range(max_workers)]
@@ -99,15 +117,18 @@ class WarmPool:
         return results
 
     def out_of_time(self) -> bool:
-        """Whether the deadline has passed (never without one, nor before one candidate ran)."""
+        """Whether the search was stopped, or the deadline has passed (never without one, nor
+        before one candidate ran)."""
         import time
 
-        return (self.deadline is not None and self.measured > 0
-                and time.monotonic() >= self.deadline)  # fmt: skip
+        return self.stopped or (self.deadline is not None and self.measured > 0
+                                and time.monotonic() >= self.deadline)  # fmt: skip
 
     def close(self) -> None:
         """Stops the worker processes."""
         self.pool.shutdown()
+        if self._log is not None:
+            self._log.close()
 
 
 def make_builder(pool: WarmPool) -> Any:

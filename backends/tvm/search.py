@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -81,6 +83,28 @@ class _Recorder:
         if self.error is not None:
             return True
         return self.deadline is not None and time.monotonic() >= self.deadline
+
+
+@contextlib.contextmanager
+def _interrupt_stops(recorder: _Recorder, pool: WarmPool) -> Iterator[None]:
+    """For the block, Ctrl-C stops the search at MetaSchedule's next step instead of raising
+    inside TVM's C++ (which crashed the process: a segfault, or ``'NoneType' object has no
+    attribute 'kill'``), and is raised once MetaSchedule has returned; a second Ctrl-C raises at
+    once. Only in the main thread (where Python delivers signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        recorder.error = KeyboardInterrupt()
+        pool.stopped = True
+        signal.signal(signal.SIGINT, previous)
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def trial_from_results(config: dict[str, Any], built: Any, ran: Any) -> Trial:
@@ -222,10 +246,12 @@ def tune(
     recorder = _Recorder(budget.trials, target, deadline, progress)
     database = open_database(workdir, target)
     mod = normalize_module(func)
-    pool = WarmPool(max_workers=cores, timeout_sec=WORKER_TIMEOUT_S)  # workers start now
+    workdir.mkdir(parents=True, exist_ok=True)
+    pool = WarmPool(max_workers=cores, timeout_sec=WORKER_TIMEOUT_S,
+                    log=workdir / "workers.log")  # workers start now  # fmt: skip
     pool.deadline = deadline
     try:
-        with cpu_intrinsics_only(), _numpy_seeded(seed):
+        with cpu_intrinsics_only(), _numpy_seeded(seed), _interrupt_stops(recorder, pool):
             _run_meta_schedule(mod, target, budget, database, pool, recorder, str(workdir),
                                seed)  # fmt: skip
     except Exception as exc:
