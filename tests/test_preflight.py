@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import http.server
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,3 +98,40 @@ def test_whoami_says_who_the_token_is(shared_server: LiveServer, reader: str) ->
     ):
         unknown.whoami()
     assert refused.value.status_code == 401
+
+
+class _NotOurs(http.server.BaseHTTPRequestHandler):
+    """A web server that is not tunecache: 404 for one path, an HTML page for every other."""
+
+    def do_GET(self) -> None:
+        page = b"<html><body>hello</body></html>"
+        missing = getattr(self.server, "missing", False)
+        self.send_response(404 if self.path.startswith("/v1/whoami") and missing else 200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+
+    do_POST = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("missing", [True, False], ids=["404", "200-html"])
+@pytest.mark.parametrize("argv", [TUNE, PRETUNE], ids=["tune", "pretune"])
+def test_a_server_that_is_not_tunecache_is_refused_before_any_work(
+    tmp_path: Path, argv: list[str], missing: bool
+) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotOurs)
+    server.missing = missing  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        done, seconds = cli(tmp_path, argv, url, "tc_" + "3" * 43)
+    finally:
+        server.shutdown()
+    assert done.returncode == 2, done.stderr
+    assert f"{url} is not a tunecache server" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert seconds < 30  # before any search: a tune of even 2 trials takes longer here

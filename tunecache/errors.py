@@ -31,10 +31,11 @@ class ServerError(TunecacheError):
     """The cache server rejected a request or could not be reached for a write."""
 
     def __init__(self, message: str, *, status_code: int | None = None,
-                 retry_after: float | None = None) -> None:  # fmt: skip
+                 retry_after: float | None = None, foreign: bool = False) -> None:  # fmt: skip
         super().__init__(message)
         self.status_code = status_code
         self.retry_after = retry_after  # seconds the server asked to wait (503, 429)
+        self.foreign = foreign  # the answer was not a tunecache server's (no identity header)
 
 
 class TuningError(TunecacheError):

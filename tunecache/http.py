@@ -254,6 +254,7 @@ def rejected(method: str, path: str, response: httpx.Response) -> ServerError:
             f"{method} {path} → {status} from {response.url.host}:{response.url.port}, which is "
             f"not a tunecache server (no {IDENTITY_HEADER} header): is the URL right?",
             status_code=status,
+            foreign=True,
         )
     try:
         detail = str(response.json().get("detail", response.text))
@@ -283,4 +284,14 @@ def parse(model: type[M], response: httpx.Response, path: str) -> M:
     try:
         return model.model_validate_json(response.content)
     except ValidationError as exc:
-        raise ServerError(f"{path} gave a bad answer: {exc}") from exc
+        if not is_tunecache(response):
+            raise ServerError(
+                f"{path}: {response.url.host}:{response.url.port} answered, but is not a "
+                f"tunecache server (no {IDENTITY_HEADER} header): is the URL right?",
+                status_code=response.status_code,
+                foreign=True,
+            ) from exc
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the body"
+        raise ServerError(f"{path} gave a bad answer: {first['msg']} at {where} "
+                          f"({exc.error_count()} error(s))") from exc  # fmt: skip

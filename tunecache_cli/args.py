@@ -6,6 +6,7 @@ import argparse
 import re
 
 from tunecache.errors import InvalidInput, ServerError
+from tunecache.http import IDENTITY_HEADER
 from tunecache.key import BACKENDS, DTYPES, Key, key_for
 from tunecache.problem import MAX_DIM, describe
 from tunecache.settings import Settings
@@ -103,7 +104,11 @@ def preflight(url: str, needed: Scope, doing: str, *, or_else: str = "") -> None
         try:
             me = client.whoami(timeout=PREFLIGHT_SECONDS)
         except ServerError as exc:
-            if exc.status_code == 404:  # a server older than /v1/whoami: the work will tell
+            if exc.foreign:  # a web server, but not ours: the work would be lost at the upload
+                raise InvalidInput(f"{doing}: {url} is not a tunecache server (its answer to "
+                                   f"/v1/whoami has no {IDENTITY_HEADER} header): is the URL "
+                                   "right?") from None  # fmt: skip
+            if exc.status_code == 404:  # a tunecache server older than /v1/whoami
                 return
             if exc.status_code == 401:
                 raise ServerError(
