@@ -10,6 +10,9 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from tunecache.errors import InvalidInput
+from tunecache.settings import default_db_url
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
@@ -23,15 +26,32 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 def make_engine(url: str) -> Engine:
-    """An engine for ``url``; a SQLite file's folder is created if missing."""
+    """An engine for ``url``. The default SQLite file's folder (in the user cache directory) is
+    created if missing; any other SQLite file's folder must exist: a mistyped path is an error,
+    never a new folder somewhere.
+
+    Raises:
+        InvalidInput: a SQLite file whose folder does not exist or is not a folder.
+    """
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
-            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            _sqlite_folder(Path(parsed.database), default=url == default_db_url())
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(url, pool_pre_ping=True)
+
+
+def _sqlite_folder(path: Path, *, default: bool) -> None:
+    folder = path.parent
+    if default:
+        folder.mkdir(parents=True, exist_ok=True)
+    elif not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise InvalidInput(f"--db: the SQLite file's folder {folder} {what}")
+    elif path.exists() and not path.is_file():
+        raise InvalidInput(f"--db: {path} is not a file")
 
 
 def upsert_insert(session: Session, model: type[Any]) -> Any:

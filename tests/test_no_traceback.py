@@ -30,6 +30,18 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["serve", "--port", "70000"], 2, "port"),
     (["token", "list", "--db", "sqlite:////proc/tunecache.db"], 2, "cannot use the database"),
     (["token", "create", "--name", "x", "--scope", "root", "--db"], 2, "--scope"),
+    (
+        ["token", "create", "--name", "x", "--scope", "read", "--db", "sqlite:///{tmp}/no/x.db"],
+        2,
+        "folder {tmp}/no does not exist",
+    ),
+    (
+        ["token", "create", "--name", "x", "--scope", "read", "--db", "sqlite:////etc/passwd/x.db"],
+        2,
+        "/etc/passwd is not a folder",
+    ),
+    (["serve", "--db", "sqlite:///{tmp}/no/x.db"], 2, "does not exist"),
+    (["db", "upgrade", "--db", "sqlite:///{tmp}/no/x.db"], 2, "does not exist"),
     (["tune", "matmul", *KEY, "--trials", "0", "--no-upload"], 2, "trials"),
     (["tune", "matmul", *KEY, "--seconds", "-1", "--no-upload"], 2, "seconds"),
     (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=x,K=8"], 2, "not an integer"),
@@ -74,7 +86,8 @@ def test_bad_input_is_one_line_and_a_documented_code(
     err = done.stderr.strip()
     assert "Traceback" not in done.stderr + done.stdout, err
     assert done.returncode == code, err
-    assert says in err, err
+    assert says.format(tmp=tmp_path) in err, err
+    assert not (tmp_path / "no").exists()  # a mistyped database folder is never created
     assert len(err.splitlines()) == 1, err
 
 

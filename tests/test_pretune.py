@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,16 @@ def test_a_bad_manifest_or_no_token_queues_nothing(server: LiveServer, tmp_path:
     done = cli("pretune", str(good), "--server", server.url, "--no-wait", env=env)
     assert done.returncode == 2 and "'write' scope" in done.stderr
     assert httpx.get(f"{server.url}/v1/jobs").json()["count"] == 0
+
+
+def test_coverage_json_is_json_only(server: LiveServer, tmp_path: Path) -> None:
+    manifest = tmp_path / "eight.toml"
+    manifest.write_text(EIGHT_KEYS)
+    done = cli("coverage", str(manifest), "--server", server.url, "--json")
+    assert done.returncode == 1  # nothing tuned yet
+    rows = [json.loads(line) for line in done.stdout.splitlines()]  # every line parses
+    assert len(rows) == 8 and {r["state"] for r in rows} == {"missing"}
+    assert "8 missing of 8 keys" in done.stderr
 
 
 @pytest.mark.slow

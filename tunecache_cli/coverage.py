@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,5 +71,6 @@ def run(args: argparse.Namespace) -> int:
         print(render(["key", "state"], [[key.short(), state] for key, state in states]))
     totals = {s: sum(1 for _, st in states if st == s) for s in
               ("tuned", "stale", "queued", "failed", "missing")}  # fmt: skip
-    print(", ".join(f"{n} {s}" for s, n in totals.items()) + f" of {len(states)} keys")
+    summary = ", ".join(f"{n} {s}" for s, n in totals.items()) + f" of {len(states)} keys"
+    print(summary, file=sys.stderr if args.json else sys.stdout)  # --json: stdout is JSON only
     return 0 if totals["tuned"] == len(states) else 1

@@ -89,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
         prepare(url, create=not args.no_create).dispose()
     except SchemaOutdated as exc:
         raise InvalidInput(str(exc)) from None
+    except InvalidInput:
+        raise
     except (SQLAlchemyError, ValueError, OSError) as exc:
         raise InvalidInput(f"cannot open {url}: {one_line(exc)}") from None
     host, port = settings.host, settings.port
