@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import platform
 import time
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from backends import Backend, Budget, Progress, ProgressFn, SearchRequest, get_b
 from tunecache import __version__
 from tunecache.client import Client
 from tunecache.configcheck import config_problem
-from tunecache.device import local_device
+from tunecache.device import DeviceFingerprint, local_device
 from tunecache.environment import environment_for
 from tunecache.errors import InvalidInput, TuningError
 from tunecache.key import Key
@@ -119,6 +120,22 @@ def check_local(key: Key, workload: Workload) -> None:
             f"key {key.short()} has source hash {key.source_hash}; {workload.name}'s sources "
             f"here hash to {workload.source_hash(key.backend)}"
         )
+    needed, have = workload.memory_needed(_problem(key), key.dtype), _memory(key.device)
+    if have and needed > have:
+        raise InvalidInput(
+            f"{key.short()}: its inputs and output need {needed / 2**30:.3g} GiB; this "
+            f"{key.device.kind} device has {have / 2**30:.3g} GiB: a smaller shape"
+        )
+
+
+def _memory(device: DeviceFingerprint) -> int:
+    """Bytes of memory ``device`` has (0: unknown): a GPU's own, a CPU's host memory."""
+    if device.kind != "cpu":
+        return device.memory_gb * 2**30
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 0
 
 
 def _plan(key: Key, options: TuneOptions, backend: Backend | None) -> tuple[Backend, str]:

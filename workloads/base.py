@@ -177,6 +177,15 @@ class Workload(abc.ABC):
         shapes = (*self.input_shapes(problem), self.output_shape(problem))
         return sum(math.prod(shape) for shape in shapes) * size
 
+    def memory_needed(self, problem: Mapping[str, int], dtype: str) -> int:
+        """Bytes a tune holds at least for one set of inputs: each input and the output in
+        ``dtype``, and in float64 as the inputs are drawn and the reference computes."""
+        import torch
+
+        size = torch.empty((), dtype=torch_dtype(dtype)).element_size()
+        shapes = (*self.input_shapes(problem), self.output_shape(problem))
+        return sum(math.prod(shape) for shape in shapes) * (size + 8)
+
     def tolerance(self, dtype: str) -> float:
         return TOLERANCES[dtype]
 
