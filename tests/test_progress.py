@@ -7,7 +7,7 @@ import itertools
 import time
 from pathlib import Path
 
-from backends.base import Budget, Progress
+from backends.base import Budget, Progress, Trial
 from tunecache_cli.progress import ProgressPrinter, eta_seconds
 
 
@@ -69,3 +69,30 @@ def test_the_live_line_on_a_terminal_renders_the_phase() -> None:
     shown = stream.getvalue()
     assert "k searching" in shown or "k done" in shown
     assert "0.3 ms, validated" in shown  # the last line stays in the scrollback
+
+
+def test_the_eta_counts_down_while_a_step_is_awaited() -> None:
+    """Heartbeats between steps: the pace as of the last step, counted down (it grew with the
+    elapsed time: 37 s, then 93 s)."""
+    stream = Stamped()
+    with ProgressPrinter("k", stream, heartbeat=0.5) as progress:
+        time.sleep(0.6)
+        progress(Progress(1, 4, 0.5, "measured a batch"))  # ~0.6 s a step: ~1.8 s left
+        time.sleep(2.4)  # heartbeats while the next step is awaited
+    etas = [int(line.split("ETA ")[1].split("s")[0]) for line in stream.getvalue().splitlines()
+            if "ETA " in line]  # fmt: skip
+    assert len(etas) >= 3, stream.getvalue()
+    assert etas == sorted(etas, reverse=True) and etas[-1] <= 1  # never up; down to zero
+
+
+def test_a_search_shows_the_space_as_its_total_when_smaller_than_the_budget() -> None:
+    from tunecache.space import SearchSpace
+    from tuner.search import get_strategy
+    from tuner.search.loop import run_search
+
+    space = SearchSpace({"BLOCK": (16, 32, 64), "warps": (2, 4)})
+    seen: list[Progress] = []
+    run_search(get_strategy("random", space, seed=0),
+               lambda batch: [Trial(config=dict(c.items), status="ok", time_ms=1.0) for c in batch],
+               Budget(trials=10**9), progress=seen.append)  # fmt: skip
+    assert seen and {p.total for p in seen} == {6} and seen[-1].done == 6

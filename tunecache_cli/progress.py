@@ -47,6 +47,7 @@ class ProgressPrinter:
         self._last = Progress(done=0, total=0, phase="search")
         self._phase_started = self.started
         self._last_line = self.started
+        self._eta: tuple[float, float] | None = None  # (seconds left, when): the last step's
         self._stop = threading.Event()
         self._rich: Any = None
         self._thread: threading.Thread | None = None
@@ -81,6 +82,8 @@ class ProgressPrinter:
                                  event.phase)  # fmt: skip
             self._last = event
             self._last_line = now
+            eta = eta_seconds(now - self._phase_started, event.done, event.total)
+            self._eta = None if eta is None else (eta, now)
             line = self._line(event, now)
         if self._rich is not None:
             self._update_rich(event, line)
@@ -91,7 +94,9 @@ class ProgressPrinter:
         elapsed = now - self.started
         count = f" [{event.done}/{event.total}]" if event.total else ""
         best = f" best {event.best_ms:.4g} ms" if event.best_ms is not None else ""
-        eta = eta_seconds(now - self._phase_started, event.done, event.total)
+        # The pace as of the last step, counted down since: waiting for the next step does not
+        # make the work left grow.
+        eta = None if self._eta is None else max(0.0, self._eta[0] - (now - self._eta[1]))
         left = f" ETA {eta:.0f}s" if eta is not None else ""
         message = f" {event.message}" if event.message else ""
         phase = PHASES.get(event.phase, event.phase)

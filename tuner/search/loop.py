@@ -129,9 +129,9 @@ def run_search(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     started = clock()
     log = SearchLog(strategy=getattr(strategy, "name", type(strategy).__name__))
-    streak = _Streak()
-    asker = _Asker(strategy, prefetch)
+    streak, asker = _Streak(), _Asker(strategy, prefetch)
     per_candidate = 0.0  # seconds, as the last batch took them
+    total = _total(strategy, budget)
     while True:
         size = min(batch_size, budget.trials - len(log))
         ahead = per_candidate * size + (after() if after is not None else 0.0)
@@ -143,7 +143,7 @@ def run_search(
             if batch:
                 per_candidate = (clock() - began) / len(batch)
             if batch and progress is not None:
-                progress(Progress(len(log), budget.trials, streak.best,
+                progress(Progress(len(log), total, streak.best,
                                   f"{log.strategy}: {batch[-1]}"))  # fmt: skip
             reason = "exhausted" if exhausted else None
         if reason is not None:
@@ -176,6 +176,13 @@ def _should_stop(
     ):
         return "seconds"
     return None
+
+
+def _total(strategy: SearchStrategy, budget: Budget) -> int:
+    """The trials a search will run at most: its budget, or its space where that is smaller
+    (``--landscape``'s budget is the whole space, however large the count asked for)."""
+    space = getattr(strategy, "space", None)
+    return min(budget.trials, len(space.valid())) if space is not None else budget.trials
 
 
 def _evaluate(batch: list[Config], evaluate: Evaluator, strategy: SearchStrategy,
