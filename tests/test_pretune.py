@@ -148,3 +148,24 @@ def test_ray_tasks_store_the_same_records_as_daemons(
     assert stored(server.url) == stored(shared_server.url) and len(stored(server.url)) == 4
     jobs = httpx.get(f"{server.url}/v1/jobs").json()["items"]
     assert all(j["state"] == "done" and j["attempts"] == 1 for j in jobs)  # once each
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ('backends = ["tvm"]\nstrategy = "nosuch"', "unknown strategy 'nosuch' for tvm"),
+        ('backends = ["inductor"]\nstrategy = "bayes"', "inductor has no space to search"),
+    ],
+    ids=["unknown", "no-space"],
+)
+def test_a_strategy_that_cannot_tune_its_backend_queues_nothing(
+    server: LiveServer, tmp_path: Path, entry: str, message: str
+) -> None:
+    manifest = tmp_path / "manifest.toml"
+    manifest.write_text(f'[[tune]]\nkernel = "matmul"\n{entry}\nshapes = [{{M = 8, N = 8, K = 8}}]\n'
+                        '\n[[tune]]\nkernel = "softmax"\nbackends = ["tvm"]\n'
+                        "shapes = [{M = 8, N = 8}]\n")  # fmt: skip
+    done = cli("pretune", str(manifest), "--server", server.url, "--no-wait")
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "nothing queued" in done.stderr
+    assert httpx.get(f"{server.url}/v1/jobs").json()["count"] == 0  # not even the good entry

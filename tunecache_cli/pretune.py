@@ -81,11 +81,37 @@ def follow(client: Any, hashes: list[str], poll: float = 2.0) -> int:
         time.sleep(poll)
 
 
+def _check_strategies(manifest: Any) -> None:
+    """Every entry's strategy can tune its backend, or nothing is queued (a backend not
+    installed here is left to the daemon that tunes it).
+
+    Raises:
+        InvalidInput: naming the first key whose strategy cannot.
+    """
+    from backends import get_backend
+    from tuner.tune import strategy_problem
+
+    backends: dict[str, Any] = {}
+    for key in manifest.keys:
+        strategy = manifest.budgets[key.digest()][0]
+        if strategy is None:
+            continue
+        if key.backend not in backends:
+            try:
+                backends[key.backend] = get_backend(key.backend)
+            except Exception:  # not importable here (no TVM, no Triton): the daemon will say
+                backends[key.backend] = None
+        backend = backends[key.backend]
+        if backend is not None and (why := strategy_problem(backend, strategy)) is not None:
+            raise InvalidInput(f"{key.short()}: {why}; nothing queued")
+
+
 def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache.manifest import load_manifest
 
     manifest = load_manifest(args.manifest)  # a bad manifest stops here: nothing queued
+    _check_strategies(manifest)
     preflight(server_url(args), "write", "queuing jobs")
     with Client(server_url(args), policy=manifest.policy) as client:
         hashes, tuned = queue(client, manifest)

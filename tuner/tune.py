@@ -147,12 +147,24 @@ def _plan(key: Key, options: TuneOptions, backend: Backend | None) -> tuple[Back
         raise TuningError(f"backend {key.backend} is unavailable: {reason}")
     if options.timer_ref is None and (reason := backend.measures_meaningfully()) is not None:
         raise InvalidInput(f"cannot tune {backend.name} here: {reason}")
-    native = backend.native_strategy
-    strategy = options.strategy or native or DEFAULT_STRATEGY
-    if strategy != native and strategy not in STRATEGIES:
-        known = ", ".join(sorted({*STRATEGIES, *([native] if native else [])}))
-        raise InvalidInput(f"unknown strategy {strategy!r} for {key.backend}; known: {known}")
+    strategy = options.strategy or backend.native_strategy or DEFAULT_STRATEGY
+    if (why := strategy_problem(backend, strategy)) is not None:
+        raise InvalidInput(why)
     return backend, strategy
+
+
+def strategy_problem(backend: Backend, strategy: str | None) -> str | None:
+    """Why ``strategy`` cannot tune on ``backend``, or ``None`` (``None``: its default): a
+    manifest's entries are held to this when queued, a tune when it starts."""
+    native = backend.native_strategy
+    if strategy is None or strategy == native:
+        return None
+    if strategy not in STRATEGIES:
+        known = ", ".join(sorted({*STRATEGIES, *([native] if native else [])}))
+        return f"unknown strategy {strategy!r} for {backend.name}; known: {known}"
+    if type(backend).space is Backend.space:  # no enumerable space for our strategies
+        return f"{backend.name} has no space to search with {strategy!r}; its search is {native!r}"
+    return None
 
 
 def _emitter(key: Key, progress: ProgressFn | None) -> Emit:
