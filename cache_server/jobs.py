@@ -62,7 +62,9 @@ def _claimable(now: datetime) -> ColumnElement[bool]:
         JobRow.lease_expires_at < now,
         JobRow.attempts < JobRow.max_attempts,
     )
-    return or_(JobRow.state == "queued", expired)
+    # A queued job's lease_expires_at, when set, is when a failed attempt may be retried.
+    due = or_(JobRow.lease_expires_at.is_(None), JobRow.lease_expires_at <= now)
+    return or_(and_(JobRow.state == "queued", due), expired)
 
 
 def claim(
@@ -138,11 +140,22 @@ def complete(session: Session, *, job_id: int, worker: str, record_id: int | Non
                    lease_owner=None, lease_expires_at=None)  # fmt: skip
 
 
-def fail(session: Session, *, job_id: int, worker: str, error: str) -> JobRow | None:
-    """Records a failed attempt: back to the queue, or ``failed`` once out of attempts."""
-    state = case((JobRow.attempts >= JobRow.max_attempts, "failed"), else_="queued")
+MAX_RETRY_SECONDS = 3600.0
+
+
+def fail(session: Session, *, job_id: int, worker: str, error: str,
+         retry_seconds: float = 0.0) -> JobRow | None:  # fmt: skip
+    """Records a failed attempt: back to the queue, claimable again after ``retry_seconds``
+    doubled for each attempt after the first (at most :data:`MAX_RETRY_SECONDS`), or ``failed``
+    once out of attempts. (A queued job's ``lease_expires_at`` is that time.)"""
+    job = session.get(JobRow, job_id)
+    attempts = job.attempts if job is not None else 1
+    delay = min(retry_seconds * 2 ** max(0, attempts - 1), MAX_RETRY_SECONDS)
+    out = JobRow.attempts >= JobRow.max_attempts
+    state = case((out, "failed"), else_="queued")
+    retry_at = case((out, None), else_=utcnow() + timedelta(seconds=delay)) if delay else None
     return _change(session, job_id, worker, state=state, error=error,
-                   lease_owner=None, lease_expires_at=None)  # fmt: skip
+                   lease_owner=None, lease_expires_at=retry_at)  # fmt: skip
 
 
 def list_jobs(

@@ -88,6 +88,9 @@ class ServerSettings(BaseSettings):
     miss_reports_per_minute: int = Field(default=120, ge=1, le=1_000_000)
     miss_jobs_per_minute: int = Field(default=60, ge=1, le=1_000_000)
     disputes_per_minute: int = Field(default=30, ge=1, le=1_000_000)
+    # A failed job waits this long before it may be claimed again, doubling with each attempt
+    # (capped at an hour): a job that fails at once does not spend its attempts in a second.
+    retry_seconds: float = Field(default=30.0, ge=0, le=3600)
     reads: Literal["open", "token"] = "open"
     policy: Literal["validated", "verified"] = "validated"
     bootstrap_token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS, repr=False)

@@ -35,6 +35,9 @@ os.environ["TUNECACHE_SERVER_BOOTSTRAP_TOKEN"] = TEST_TOKEN
 # Test servers queue a burst rather than shed it: the tests of storage and concurrency send
 # bursts on purpose. The shedding tests start servers of their own (tests/test_admission.py).
 os.environ.setdefault("TUNECACHE_SERVER_MAX_WAIT", "30")
+# A failed job is claimable again at once here (tests of retries run to their limit); the delay
+# has a test of its own (tests/test_jobs.py).
+os.environ.setdefault("TUNECACHE_SERVER_RETRY_SECONDS", "0")
 import atexit
 import shutil
 import time

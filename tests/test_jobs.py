@@ -5,11 +5,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, start_server
 from tests.factories import AUTH, make_key
 
 pytestmark = pytest.mark.slow
@@ -117,3 +118,29 @@ def test_bad_job_requests_are_4xx(any_server: LiveServer) -> None:
         assert http.get("/v1/jobs/999").status_code == 404
         assert http.get("/v1/jobs", params={"state": "lost"}).status_code == 422
         assert create(http, 1, max_attempts=0).status_code == 422
+
+
+def test_a_failed_job_waits_before_it_is_claimed_again(tmp_path: Path) -> None:
+    """With the server's retry delay, a job that fails at once does not spend every attempt in
+    a second: the next claim finds nothing until the delay has passed."""
+    db = tmp_path / "cache.db"
+    live = start_server(f"sqlite:///{db}", db, tmp_path / "server.log",
+                        env={"TUNECACHE_SERVER_RETRY_SECONDS": "1.5"})  # fmt: skip
+    try:
+        with httpx.Client(headers=AUTH, base_url=live.url, timeout=30) as http:
+            create(http, 9, max_attempts=3)
+            job = claim(http, "w")
+            assert job is not None
+            failed = http.post(f"/v1/jobs/{job['id']}/fail", json={"worker": "w", "error": "x"})
+            assert failed.json()["state"] == "queued"
+            assert claim(http, "w") is None  # waiting its delay
+            time.sleep(1.7)
+            again = claim(http, "w")
+            assert again is not None and again["attempts"] == 2
+            http.post(f"/v1/jobs/{job['id']}/fail", json={"worker": "w", "error": "x"})
+            time.sleep(1.7)  # the second delay is twice the first: 3 s
+            assert claim(http, "w") is None
+            time.sleep(1.5)
+            assert claim(http, "w") is not None
+    finally:
+        live.stop()

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         _until_stopped(daemon)
     print(f"daemon {daemon.worker}: {len(daemon.done)} jobs completed, {len(daemon.failed)} "
           "failed", file=sys.stderr)  # fmt: skip
-    return 0
+    return 1 if args.once and daemon.failed else 0  # --once: a script can tell it went wrong
 
 
 def _until_stopped(worker: Any) -> None:

@@ -151,9 +151,13 @@ def complete(job_id: JobId, request: JobResult, session: SessionDep) -> JobPubli
 
 
 @router.post("/jobs/{job_id}/fail", dependencies=[WRITE], responses=LEASE_LOST)
-def fail(job_id: JobId, request: JobResult, session: SessionDep) -> JobPublic:
-    """A failed attempt: the job is queued again until it runs out of attempts."""
-    job = jobs.fail(session, job_id=job_id, worker=request.worker, error=request.error)
+def fail(
+    job_id: JobId, request: JobResult, session: SessionDep, settings: SettingsDep
+) -> JobPublic:
+    """A failed attempt: the job is queued again (claimable after the server's retry delay,
+    doubling with each attempt) until it runs out of attempts."""
+    job = jobs.fail(session, job_id=job_id, worker=request.worker, error=request.error,
+                    retry_seconds=settings.retry_seconds)  # fmt: skip
     return _held(job, job_id)
 
 
