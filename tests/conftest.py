@@ -12,7 +12,8 @@ measurement harness's worker processes inherit it.
 
 Triton's compile cache is a new, empty folder for the whole run (``TRITON_CACHE_DIR``, inherited
 by every process the tests start), removed afterwards: a warm ``~/.triton/cache`` hid a test that
-failed with a cold one, and a test must pass on a fresh machine.
+failed with a cold one, and a test must pass on a fresh machine. So is the outbox of records
+waiting for their upload (``TUNECACHE_OUTBOX``): never the user's.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import tempfile
 
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tunecache-tests-triton-")
+os.environ["TUNECACHE_OUTBOX"] = tempfile.mkdtemp(prefix="tunecache-tests-outbox-")
 import torch
 
 if not torch.cuda.is_available():
@@ -50,7 +52,8 @@ import pytest
 
 from cache_server.embedded import free_port
 
-atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
+for _made in ("TRITON_CACHE_DIR", "TUNECACHE_OUTBOX"):
+    atexit.register(shutil.rmtree, os.environ[_made], ignore_errors=True)
 
 
 @dataclass

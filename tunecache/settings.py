@@ -11,6 +11,8 @@
   ``off``, ``no``, ``n``) compiles them. Triton reads it itself when a function is decorated with
   ``@triton.jit``; tunecache reads it to know where a Triton kernel runs (the CPU, under the
   interpreter), and so which device its key names. Interpreter timings are meaningless.
+- ``TUNECACHE_OUTBOX``: the folder where a finished tune's record waits until the server has it
+  (``tunecache push``); unset: ``outbox`` in the user cache directory
 - ``TUNECACHE_TIMING_CORES``: the CPU cores the tuner's measurement workers are pinned to
   (``2-3``, ``0,2,4-7``), with as many threads as cores; unset: every core this process may use
 
@@ -29,6 +31,14 @@ from pathlib import Path
 from tunecache.errors import InvalidInput
 
 DEFAULT_PORT = 8765
+
+
+def outbox_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where records wait for their upload (``TUNECACHE_OUTBOX``, else the user cache dir's)."""
+    import platformdirs
+
+    chosen = (os.environ if env is None else env).get("TUNECACHE_OUTBOX", "").strip()
+    return Path(chosen) if chosen else Path(platformdirs.user_cache_dir("tunecache")) / "outbox"
 
 
 def default_db_url() -> str:

@@ -23,6 +23,7 @@ from tunecache_cli import (
     demo,
     get,
     pretune,
+    push,
     records,
     replay,
     report,
@@ -39,7 +40,7 @@ EXIT_UNREACHABLE = 3
 EXIT_REFUSED = 4
 COMMANDS = (
     serve, db, token, tune, get, best, records, replay, workloads, demo, snapshot, sync, daemon,
-    pretune, coverage, report,
+    pretune, coverage, report, push,
 )  # fmt: skip
 
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tunecache.errors import InvalidInput
+from tunecache.errors import InvalidInput, ServerError
 from tunecache_cli.args import add_key, add_server, key_from_args, server_url, upload_url
 
 
@@ -132,8 +132,10 @@ def run(args: argparse.Namespace) -> int:
 def _run_key(args: argparse.Namespace) -> int:
     from backends.base import Progress
     from tunecache.client import Client
+    from tunecache_cli import outbox
     from tunecache_cli.get import describe
     from tunecache_cli.progress import ProgressPrinter
+    from tunecache_cli.push import push_quietly
     from tuner import TuneOptions, tune
 
     key = key_from_args(args)  # bad input fails here, before anything is compiled
@@ -142,6 +144,8 @@ def _run_key(args: argparse.Namespace) -> int:
                           seed=args.seed, workers=args.workers)  # fmt: skip
     url = upload_url(args)
     with Client(url or server_url(args)) as client, ProgressPrinter(key.short()) as progress:
+        if url is not None:
+            push_quietly(client, url)  # what an earlier tune could not upload goes first
         outcome = tune(key, budget, options, progress=progress,
                        cache=None if url is None else client)  # fmt: skip
         if args.landscape:
@@ -152,7 +156,13 @@ def _run_key(args: argparse.Namespace) -> int:
             print(record.model_dump_json(by_alias=True, indent=2, exclude={"trials"}))
             return 0
         progress(Progress(0, 0, message=f"to {url}", phase="upload"))
-        result = client.upload(record)
+        waiting = outbox.put(url, record)  # never lost: kept until the server has it
+        try:
+            result = client.upload(record)
+        except ServerError as exc:
+            raise ServerError(f"{exc}; the record waits in {waiting} (tunecache push sends it)",
+                              status_code=exc.status_code) from None  # fmt: skip
+        waiting.unlink(missing_ok=True)
         stored = client.get_record(result.record_id)
     print(describe(stored))
     state = "the winner" if result.is_winner else f"kept; #{result.winner_record_id} is faster"
