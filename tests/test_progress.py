@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import io
 import itertools
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from backends.base import Budget, Progress, Trial
 from tunecache_cli.progress import ProgressPrinter, eta_seconds
@@ -96,3 +101,22 @@ def test_a_search_shows_the_space_as_its_total_when_smaller_than_the_budget() ->
                lambda batch: [Trial(config=dict(c.items), status="ok", time_ms=1.0) for c in batch],
                Budget(trials=10**9), progress=seen.append)  # fmt: skip
     assert seen and {p.total for p in seen} == {6} and seen[-1].done == 6
+
+
+@pytest.mark.slow
+def test_tune_torch_is_never_silent_for_long(tmp_path: Path) -> None:
+    """Its max-autotune compile said nothing for 43 s."""
+    from tests.test_inductor_cache import write_model
+
+    model = write_model(tmp_path / "user")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    started = time.monotonic()
+    process = subprocess.Popen([sys.executable, "-m", "tunecache_cli", "tune", "--torch",
+                                f"{model}:Model", "--device", "cpu", "--no-upload"], env=env,
+                               cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    assert process.stderr is not None
+    stamps = [started, *(time.monotonic() for _ in process.stderr)]
+    assert process.wait(timeout=60) == 0
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    assert max(gaps[1:]) < 8.0, gaps  # a line at least every 5 s, once the command has started

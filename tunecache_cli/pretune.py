@@ -118,12 +118,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(manifest.keys)} keys: {tuned} tuned already, {len(hashes)} queued",
               file=sys.stderr)  # fmt: skip
         if args.local and hashes:
+            from tunecache_cli.progress import working
             from tuner.daemon import Daemon, DaemonOptions
 
             for device in ("cpu", "cuda"):
                 try:
-                    Daemon(client, DaemonOptions(device=device, once=True, trials=args.trials,
-                                                 kernels=manifest.packages)).run()  # fmt: skip
+                    with working("pretune --local", f"tuning the queued {device} keys here"):
+                        Daemon(client, DaemonOptions(device=device, once=True, trials=args.trials,
+                                                     kernels=manifest.packages)).run()  # fmt: skip
                 except InvalidInput as exc:  # no GPU, or no backend for it here
                     print(f"not tuning {device} jobs here: {exc}", file=sys.stderr)
         if args.ray and hashes:

@@ -7,9 +7,11 @@ otherwise, plain lines: one per report, and a heartbeat line when a phase has sa
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from backends.base import Progress
@@ -17,6 +19,15 @@ from backends.base import Progress
 HEARTBEAT_SECONDS = 5.0
 PHASES = {"search": "searching", "validate": "validating", "time": "timing", "upload": "uploading",
           "done": "done"}  # fmt: skip
+
+
+@contextlib.contextmanager
+def working(label: str, message: str, phase: str = "search") -> Iterator[ProgressPrinter]:
+    """A phase with no steps of its own to count (importing, compiling, checking): one line
+    now, then a ``(still working)`` line every :data:`HEARTBEAT_SECONDS` until it ends."""
+    with ProgressPrinter(label) as printer:
+        printer(Progress(0, 0, message=message, phase=phase))
+        yield printer
 
 
 def eta_seconds(elapsed: float, done: int, total: int) -> float | None:

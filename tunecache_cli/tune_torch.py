@@ -101,10 +101,12 @@ def run(args: argparse.Namespace) -> int:
 
     from tunecache import conditions
     from tunecache.inductor import pretune
+    from tunecache_cli.progress import working
 
     machine = conditions.snapshot(family=True)
     try:
-        result = pretune.pretune(fn, inputs, device=device, timer=_timer(args))
+        with working(args.torch, "compiling with max-autotune, then checking and timing it"):
+            result = pretune.pretune(fn, inputs, device=device, timer=_timer(args))
     except Exception as exc:  # Inductor's own failure, said in one line
         raise TuningError(f"compiling {args.torch} failed: {one_line(exc)}") from exc
     _report(args.torch, result, machine)

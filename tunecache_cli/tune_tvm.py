@@ -65,17 +65,20 @@ def run(args: argparse.Namespace) -> int:
     from backends.tvm.golden import Reference
     from tunecache.tvm.load import load_module
     from tunecache.tvm.target import host_target
+    from tunecache_cli.progress import working
     from tuner.tune import default_workdir
 
-    mod = load_module(args.tvm)
-    target = host_target()
-    reference = Reference(mod, target, SEEDS)  # before tuning: a broken module fails fast
+    with working(f"tvm {args.tvm}", "loading the module and its float64 reference"):
+        mod = load_module(args.tvm)
+        target = host_target()
+        reference = Reference(mod, target, SEEDS)  # before tuning: a broken module fails fast
     url = upload_url(args)  # after the module's own errors, before the search
     workdir = default_workdir()
     outcome, seconds = _search(mod, target, budget, workdir, args.tvm)
     records = best_records(open_database(workdir, target), mod, RANKED)
     tolerance = _tolerance(reference)
-    checked = [_check(reference, mod, record, target) for record in records]
+    with working(f"tvm {args.tvm}", f"checking the {len(records)} best schedules", "validate"):
+        checked = [_check(reference, mod, record, target) for record in records]
     passed = [c for c in checked if c.passed(tolerance)]
     if not passed:
         notes = "; ".join(c.note for c in checked[:3])
@@ -86,7 +89,9 @@ def run(args: argparse.Namespace) -> int:
     ok = sum(t.status == "ok" for t in outcome.trials)
     print(f"tvm {args.tvm}: target {target}")
     print(f"trials: {len(outcome.trials)} measured, {ok} ran, in {seconds:.1f} s")
-    _report_speed(reference, passed[0])
+    with working(f"tvm {args.tvm}", "the best against the default schedule", "time"):
+        versus = _compare_speed(reference, passed[0])
+    _report_speed(versus, passed[0])
     print(
         f"validation: {len(passed)} of {len(checked)} best schedules match the unscheduled "
         f"module; best max rel error {passed[0].error:.2e} (tolerance {tolerance:g})"
@@ -163,11 +168,15 @@ def max_error(reference: Reference, lib: Any) -> tuple[float | None, str]:
     return worst, ""
 
 
-def _report_speed(reference: Reference, best: Checked) -> None:
-    from backends.tvm.database import mean_seconds
+def _compare_speed(reference: Reference, best: Checked) -> Any:
     from tunecache.interleave import compare
 
-    versus = compare(lambda: reference.time_ms(reference.lib), lambda: reference.time_ms(best.lib))
+    return compare(lambda: reference.time_ms(reference.lib), lambda: reference.time_ms(best.lib))
+
+
+def _report_speed(versus: Any, best: Checked) -> None:
+    from backends.tvm.database import mean_seconds
+
     searched = mean_seconds(best.record)
     during = f" ({1e3 * searched:.4g} ms in the search)" if searched is not None else ""
     print(f"best: {versus.tuned_ms:.4g} ms{during} vs default schedule {versus.baseline_ms:.4g} "
