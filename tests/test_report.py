@@ -347,3 +347,31 @@ def test_no_match_is_exit_1_and_a_dead_server_exit_3(
                            capsys)  # fmt: skip
     assert code == 3 and len(err.strip().splitlines()) == 1
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_a_report_that_fails_leaves_no_folder_of_its_own(
+    team: LiveServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("kernel = [")
+    for args, expected in [
+        (["--manifest", str(bad)], 2),  # bad input
+        (["--kernel", "no_such_kernel"], 1),  # no record matches
+    ]:
+        out = tmp_path / "new"
+        code, _ = run_report(["-o", str(out), *args, "--server", team.url], capsys)
+        assert code == expected and not out.exists()
+    kept = tmp_path / "mine"
+    kept.mkdir()  # the user's own folder stays, even empty
+    code, _ = run_report(["-o", str(kept), "--kernel", "no_such_kernel", "--server", team.url],
+                         capsys)  # fmt: skip
+    assert code == 1 and kept.is_dir()
+
+
+def test_long_names_are_shortened_in_the_middle_on_every_axis() -> None:
+    from tunecache.report.figures import short
+
+    name = "mypkg.kernels.attention:FlashAttentionForward bfloat16 B=8,H=32,S=4096,D=128"
+    shown = short(name, 44)
+    assert len(shown) == 44 and shown.startswith("mypkg.kernels") and shown.endswith("D=128")
+    assert short("matmul tvm", 44) == "matmul tvm"

@@ -48,11 +48,24 @@ def _matches(key: Any, args: argparse.Namespace) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tunecache.report import build
+
+    existed = args.output.exists()
+    out = build.output_dir(args.output)
+    code = 1
+    try:
+        code = _report(args, out)
+        return code
+    finally:  # a report that failed leaves no empty folder of its own behind
+        if not existed and code != 0 and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+
+
+def _report(args: argparse.Namespace, out: Path) -> int:
     from tunecache.client import Client
     from tunecache.report import build, collect, grid
     from tunecache.report.series import MAX_CONVERGENCE_KEYS
 
-    out = build.output_dir(args.output)
     build.require_matplotlib()
     manifest = None
     if args.manifest is not None:

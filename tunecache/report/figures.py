@@ -46,6 +46,20 @@ def save(fig: Figure, path: Path) -> None:
         raise
 
 
+def short(label: str, limit: int) -> str:
+    """``label`` in at most ``limit`` characters, its middle elided: a long kernel name keeps
+    its package and its shape, and never pushes a figure's axes off the page.
+
+    Example:
+        >>> short("mypkg.kernels.attention:FlashAttentionForward[B=8,H=32,S=4096]", 32)
+        'mypkg.kernels.a…B=8,H=32,S=4096]'
+    """
+    if len(label) <= limit:
+        return label
+    head = (limit - 1) // 2
+    return label[:head] + "…" + label[len(label) - (limit - 1 - head) :]
+
+
 def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
     """Grouped horizontal bars from 1× to each key's speedup over each baseline (log x).
 
@@ -93,7 +107,7 @@ def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
     at_one = ax.get_xaxis_transform()  # x in data, y in axes fraction
     ax.text(1, 1.005, "  faster →", transform=at_one, ha="left", va="bottom", fontsize=9)
     ax.text(1, 1.005, "← slower  ", transform=at_one, ha="right", va="bottom", fontsize=9)
-    ax.set_yticks(range(n), [r.label + (" (noisy)" if r.noisy else "") for r in shown],
+    ax.set_yticks(range(n), [short(r.label, 56) + (" (noisy)" if r.noisy else "") for r in shown],
                   fontsize=8)  # fmt: skip
     ax.set_ylim(n - 0.5, -0.5)  # the first key on top
     ax.set_xlabel("speedup of the tuned winner: baseline time / winner time, median of "
@@ -125,7 +139,7 @@ def draw_convergence(
     for ax, s, color in zip(axes.flat, shown, _palette(len(shown)), strict=False):
         ax.step(s.trials, s.relative, where="post", marker=".", color=color, linewidth=1.5)
         ax.axhline(1, color="grey", linestyle=":", linewidth=1)
-        ax.set_title(s.label, fontsize=8)
+        ax.set_title(short(s.label, 44), fontsize=8)
         ax.set_xlim(0.5, max(s.trials[-1], s.trials[0] + 1) + 0.5)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if s.failed:
@@ -168,8 +182,9 @@ def draw_coverage(grid: CoverageGrid, path: Path, *, source: str) -> str:
     for (i, j), status in grid.cells.items():
         if i < len(rows):
             ax.text(j, i, status, ha="center", va="center", fontsize=7)
-    ax.set_xticks(range(len(grid.columns)), grid.columns, rotation=30, ha="right", fontsize=8)
-    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax.set_xticks(range(len(grid.columns)), [short(c, 32) for c in grid.columns], rotation=30,
+                  ha="right", fontsize=8)  # fmt: skip
+    ax.set_yticks(range(len(rows)), [short(r, 56) for r in rows], fontsize=8)
     ax.set_xticks(np.arange(-0.5, len(grid.columns)), minor=True)
     ax.set_yticks(np.arange(-0.5, len(rows)), minor=True)
     ax.grid(which="minor", color="#eeeeee", linewidth=1.5)
