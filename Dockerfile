@@ -7,6 +7,7 @@ FROM scratch AS source
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY tunecache ./tunecache
+COPY tunecache_cli ./tunecache_cli
 COPY cache_server ./cache_server
 COPY tuner ./tuner
 COPY backends ./backends

@@ -15,7 +15,8 @@ import yaml
 from cache_server.settings import ServerSettings
 from tunecache_cli import build_parser
 
-COMPOSE = Path(__file__).parents[1] / "docker-compose.yml"
+ROOT = Path(__file__).parents[1]
+COMPOSE = ROOT / "docker-compose.yml"
 
 
 def services() -> dict[str, Any]:
@@ -62,3 +63,11 @@ def test_daemon_reserves_a_gpu_and_talks_to_the_server() -> None:
     assert daemon["profiles"] == ["gpu"]
     args = build_parser().parse_args(daemon["command"][1:])  # a real command, its flags parse
     assert (args.command, args.device) == ("daemon", "cuda")
+
+
+def test_the_images_hold_every_package_the_project_installs() -> None:
+    """The console script lives in ``tunecache_cli``: an image without it runs no command."""
+    packages = {p.parent.name for p in ROOT.glob("*/__init__.py")} - {"tests", "bench"}
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", (ROOT / "Dockerfile").read_text(), re.M))
+    assert packages <= copied, packages - copied
+    assert "tunecache_cli" in packages
