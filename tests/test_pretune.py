@@ -169,3 +169,37 @@ def test_a_strategy_that_cannot_tune_its_backend_queues_nothing(
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "nothing queued" in done.stderr
     assert httpx.get(f"{server.url}/v1/jobs").json()["count"] == 0  # not even the good entry
+
+
+def test_local_tuning_waits_for_a_failed_jobs_retry_instead_of_stopping(tmp_path: Path) -> None:
+    """A once-daemon stops when nothing is claimable; a job that failed waits for its retry,
+    so ``pretune --local`` runs its daemons again when it is due (it hung in follow())."""
+    from tests.conftest import start_server
+    from tests.factories import make_key
+    from tunecache.client import Client
+    from tunecache_cli.pretune import _until_no_retry
+
+    db = tmp_path / "cache.db"
+    live = start_server(f"sqlite:///{db}", db, tmp_path / "server.log",
+                        env={"TUNECACHE_SERVER_RETRY_SECONDS": "1"})  # fmt: skip
+    try:
+        with Client(live.url) as client:
+            job = client.create_job(make_key(8), max_attempts=3).job
+            claimed = client.claim_job("w", lease_seconds=60)
+            assert claimed is not None
+            client.fail_job(claimed.id, "w", "flaky")
+            drains: list[str] = []
+
+            def drain() -> None:  # a once-daemon: takes what is claimable now, then stops
+                taken = client.claim_job("w", lease_seconds=60)
+                drains.append("took" if taken else "nothing")
+                if taken is not None:
+                    client.fail_job(taken.id, "w", "flaky again")
+
+            _until_no_retry(client, [job.key_hash], drain)
+            assert drains[0] == "nothing"  # the first retry was not due yet: it waited
+            assert drains.count("took") == 2  # attempts 2 and 3, each when due
+            (final,) = client.list_jobs().items
+            assert final.state == "failed" and final.attempts == 3
+    finally:
+        live.stop()

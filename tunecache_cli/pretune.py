@@ -19,6 +19,8 @@ from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
 from tunecache_cli.args import add_server, preflight, server_url
 
+RETRY_POLL_SECONDS = 2.0  # pretune --local: how often it looks whether a retry is due
+
 
 def register(commands: Any) -> None:
     parser = commands.add_parser("pretune", help="queue a manifest's keys as tuning jobs")
@@ -81,6 +83,57 @@ def follow(client: Any, hashes: list[str], poll: float = 2.0) -> int:
         time.sleep(poll)
 
 
+def _tune_here(client: Any, manifest: Any, trials: int, hashes: list[str]) -> None:
+    """``pretune --local``: daemons in this process (jobs this machine cannot run are left
+    queued), again while a followed job that failed here waits for its retry."""
+    from tunecache_cli.progress import working
+    from tuner.daemon import Daemon, DaemonOptions
+
+    skip: set[str] = set()
+
+    def drain() -> None:
+        for device in ("cpu", "cuda"):
+            if device in skip:
+                continue
+            try:
+                with working("pretune --local", f"tuning the queued {device} keys here"):
+                    Daemon(client, DaemonOptions(device=device, once=True, trials=trials,
+                                                 kernels=manifest.packages)).run()  # fmt: skip
+            except InvalidInput as exc:  # no GPU, or no backend for it here
+                print(f"not tuning {device} jobs here: {exc}", file=sys.stderr)
+                skip.add(device)
+
+    _until_no_retry(client, hashes, drain)
+
+
+def _on_ray(client: Any, manifest: Any, trials: int, hashes: list[str], address: str) -> None:
+    """``pretune --ray``: daemons as Ray tasks, again while a failed job waits for its retry."""
+    from tuner.fanout import drain_on_ray
+
+    def drain() -> None:
+        stored = drain_on_ray(client.url, Settings.from_env().token,
+                              address=None if address == "local" else address, trials=trials,
+                              kernels=manifest.packages)  # fmt: skip
+        print(f"ray tasks stored {len(stored)} records", file=sys.stderr)
+
+    _until_no_retry(client, hashes, drain)
+
+
+def _until_no_retry(client: Any, hashes: list[str], drain: Any) -> None:
+    """Runs ``drain`` (daemons that stop when nothing is claimable), then again after a wait
+    while a followed job that failed is queued for its retry (the server's delay)."""
+    from tunecache_cli.progress import working
+
+    wanted = set(hashes)
+    while True:
+        drain()
+        jobs = [j for h, j in all_jobs(client).items() if h in wanted]
+        if not any(j.state == "queued" and j.attempts > 0 for j in jobs):
+            return
+        with working("pretune", "failed jobs wait for their retry"):
+            time.sleep(RETRY_POLL_SECONDS)
+
+
 def _check_strategies(manifest: Any) -> None:
     """Every entry's strategy can tune its backend, or nothing is queued (a backend not
     installed here is left to the daemon that tunes it).
@@ -118,23 +171,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{len(manifest.keys)} keys: {tuned} tuned already, {len(hashes)} queued",
               file=sys.stderr)  # fmt: skip
         if args.local and hashes:
-            from tunecache_cli.progress import working
-            from tuner.daemon import Daemon, DaemonOptions
-
-            for device in ("cpu", "cuda"):
-                try:
-                    with working("pretune --local", f"tuning the queued {device} keys here"):
-                        Daemon(client, DaemonOptions(device=device, once=True, trials=args.trials,
-                                                     kernels=manifest.packages)).run()  # fmt: skip
-                except InvalidInput as exc:  # no GPU, or no backend for it here
-                    print(f"not tuning {device} jobs here: {exc}", file=sys.stderr)
+            _tune_here(client, manifest, args.trials, hashes)
         if args.ray and hashes:
-            from tuner.fanout import drain_on_ray
-
-            address = None if args.ray == "local" else args.ray
-            stored = drain_on_ray(client.url, Settings.from_env().token, address=address,
-                                  trials=args.trials, kernels=manifest.packages)  # fmt: skip
-            print(f"ray tasks stored {len(stored)} records", file=sys.stderr)
+            _on_ray(client, manifest, args.trials, hashes, args.ray)
         if args.no_wait or not hashes:
             return 0
         return 1 if follow(client, hashes) else 0
