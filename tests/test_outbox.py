@@ -34,23 +34,40 @@ class Upstream:
         self.sent.append(record)
 
 
+def waiting_for(url: str, folder: Path) -> int:
+    return outbox.waiting(url, folder)
+
+
 def test_sent_records_leave_refused_ones_move_aside_unreachable_ones_stay(tmp_path: Path) -> None:
-    records = [make_record(make_key(m)) for m in (8, 16, 24)]
+    records = [make_record(make_key(m)) for m in (8, 16, 24, 32)]
     for record in records:
-        outbox.put(URL, record, tmp_path)
-    outbox.put("http://another:1", records[0], tmp_path)  # another server's: not sent here
-    assert len(outbox.waiting(URL, tmp_path)) == 3
+        outbox.release(outbox.put(URL, record, tmp_path))  # as a tune whose upload failed
+    outbox.release(outbox.put("http://another:1", records[0], tmp_path))  # not sent to URL
+    assert waiting_for(URL, tmp_path) == 4
     upstream = Upstream(None, ServerError("422 invalid", status_code=422),
-                        ServerError("not answering"))  # fmt: skip
-    sent, rejected, errors = outbox.push(upstream, URL, tmp_path)
-    assert (sent, rejected, len(errors)) == (1, 1, 2)
+                        ServerError("413 from a proxy", status_code=413, foreign=True),
+                        ServerError("unreachable"))  # fmt: skip
+    sent, refused, error = outbox.push(upstream, URL, tmp_path)
+    assert (sent, refused) == (1, 1) and error is not None and error.status_code is None
     assert upstream.sent == [records[0]]
-    left = outbox.waiting(URL, tmp_path)
-    assert [w.record for w in left] == [records[2]]  # unreachable: waits
+    assert waiting_for(URL, tmp_path) == 2  # not ours to refuse (a proxy's 413), unreachable
     assert len(list((tmp_path / "rejected").glob("*.json"))) == 1
-    assert len(outbox.waiting("http://another:1", tmp_path)) == 1
+    assert waiting_for("http://another:1", tmp_path) == 1
     (tmp_path / "broken.json").write_text("{not json")
-    assert len(outbox.waiting(URL, tmp_path)) == 1  # a broken file is skipped, not fatal
+    assert waiting_for(URL, tmp_path) == 2  # a broken file is skipped, not fatal
+
+
+def test_a_record_is_taken_once_and_a_dead_takers_file_waits_again(tmp_path: Path) -> None:
+    taken = outbox.put(URL, make_record(make_key(8)), tmp_path)  # this tune's upload is next
+    assert waiting_for(URL, tmp_path) == 0  # not pushable meanwhile: never sent twice
+    assert outbox.take(URL, tmp_path) == []
+    dead = taken.with_name(taken.name.replace(f"-{os.getpid()}-", "-999999999-", 1))
+    taken.rename(dead)  # as if its tune had been killed mid-upload
+    assert waiting_for(URL, tmp_path) == 1
+    (first,) = outbox.take(URL, tmp_path)
+    assert outbox.take(URL, tmp_path) == []  # taken: a second pusher finds nothing
+    outbox.done(first.path)
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.slow

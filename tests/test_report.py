@@ -358,9 +358,9 @@ def test_a_report_that_fails_leaves_no_folder_of_its_own(
         (["--manifest", str(bad)], 2),  # bad input
         (["--kernel", "no_such_kernel"], 1),  # no record matches
     ]:
-        out = tmp_path / "new"
+        out = tmp_path / "new" / "deeper"
         code, _ = run_report(["-o", str(out), *args, "--server", team.url], capsys)
-        assert code == expected and not out.exists()
+        assert code == expected and not (tmp_path / "new").exists()
     kept = tmp_path / "mine"
     kept.mkdir()  # the user's own folder stays, even empty
     code, _ = run_report(["-o", str(kept), "--kernel", "no_such_kernel", "--server", team.url],

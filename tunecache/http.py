@@ -39,6 +39,7 @@ M = TypeVar("M", bound=BaseModel)
 # Every answer of a tunecache server carries this header (its value: ``tunecache/<version>``).
 # A 404 without it came from something else: a wrong URL, a proxy, another web server.
 IDENTITY_HEADER = "Tunecache-Server"
+BAD_ANSWER_CHARS = 200  # of a bad answer's first error, in the one-line message
 DETAIL_CHARS = 300  # of an error answer's text shown in an error
 WRITE_CHUNK = 64 * 1024  # bytes a socket write sends under one bound
 
@@ -291,7 +292,8 @@ def parse(model: type[M], response: httpx.Response, path: str) -> M:
                 status_code=response.status_code,
                 foreign=True,
             ) from exc
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "the body"
-        raise ServerError(f"{path} gave a bad answer: {first['msg']} at {where} "
+        first = exc.errors()[0]  # its location may hold the server's own keys: quoted, cut
+        where = ".".join(repr(p) if isinstance(p, str) else str(p) for p in first["loc"])
+        said = f"{first['msg']} at {where or 'the body'}".replace("\n", " ")
+        raise ServerError(f"{path} gave a bad answer: {said[:BAD_ANSWER_CHARS]} "
                           f"({exc.error_count()} error(s))") from exc  # fmt: skip

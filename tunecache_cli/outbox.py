@@ -4,11 +4,17 @@ A tune can take an hour; the upload at its end can fail (the server restarting, 
 token revoked meanwhile). So the record is written here first, atomically, with the server it is
 for, and removed once that server answered the upload; what is left is sent by ``tunecache push``
 (also run, quietly, when the next tune for that server starts). A record the server refuses as
-invalid (a 4xx other than auth) is moved to ``rejected/``, to be read, never sent again.
+invalid (a 4xx of its own, other than auth) is moved to ``rejected/``, to be read, never sent
+again.
+
+Files are taken before they are sent: renamed to ``.sending-PID-NAME`` (one process wins the
+rename), so two pushers, or a pusher and the tune that wrote the record, never send one record
+twice. A file taken by a process that died is waiting again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -21,62 +27,130 @@ from tunecache.errors import ServerError
 from tunecache.schemas import RecordCreate
 from tunecache.settings import outbox_dir
 
+TAKEN = ".sending-"
+
 
 @dataclass(frozen=True)
 class Waiting:
-    path: Path
+    path: Path  # the file as taken by this process
+    name: str  # its name while it waits
     url: str
     record: RecordCreate
 
 
 def put(url: str, record: RecordCreate, folder: Path | None = None) -> Path:
-    """Writes ``record`` for ``url`` into the outbox (whole or not at all); returns its file."""
+    """Writes ``record`` for ``url`` into the outbox (whole or not at all), taken by this process
+    (its upload is next); returns the taken file, for :func:`done` or :func:`release`."""
     folder = folder or outbox_dir()
     folder.mkdir(parents=True, exist_ok=True)
     body = {"url": url, "record": record.model_dump(mode="json", by_alias=True)}
     name = f"{int(time.time() * 1000)}-{record.key.to_key().digest()[:16]}.json"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".writing-", suffix=".json")
-    with os.fdopen(fd, "w") as out:
-        json.dump(body, out)
-        out.flush()
-        os.fsync(out.fileno())
-    path = folder / name
-    os.replace(tmp, path)
-    return path
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".writing-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as out:
+            json.dump(body, out)
+            out.flush()
+            os.fsync(out.fileno())
+        taken = folder / f"{TAKEN}{os.getpid()}-{name}"
+        os.replace(tmp, taken)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return taken
 
 
-def waiting(url: str, folder: Path | None = None) -> list[Waiting]:
-    """The records waiting for ``url``, oldest first (a file that does not parse is skipped)."""
+def done(taken: Path) -> None:
+    """The server has the record: it leaves the outbox."""
+    taken.unlink(missing_ok=True)
+
+
+def release(taken: Path) -> Path:
+    """The upload failed: the record waits under its own name; returns that file."""
+    waiting = taken.with_name(taken.name.removeprefix(TAKEN).split("-", 1)[1])
+    os.replace(taken, waiting)
+    return waiting
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: alive
+        return True
+    return True
+
+
+def _available(path: Path) -> bool:
+    """Whether ``path`` waits: under its own name, or taken by a process that is gone."""
+    if not path.name.startswith("."):
+        return True
+    if not path.name.startswith(TAKEN):
+        return False  # being written
+    pid = path.name.removeprefix(TAKEN).split("-", 1)[0]
+    return pid.isdigit() and not _alive(int(pid))
+
+
+def take(url: str, folder: Path | None = None) -> list[Waiting]:
+    """Takes the records waiting for ``url``, oldest first (a file another process took first,
+    or that does not parse, is left alone)."""
     folder = folder or outbox_dir()
     found = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+    paths = sorted(folder.glob("*.json"), key=lambda p: p.name.removeprefix(TAKEN))
+    for path in paths if folder.is_dir() else []:
+        if not _available(path):
+            continue
+        name = path.name.removeprefix(TAKEN).split("-", 1)[1] if path.name.startswith(".") \
+            else path.name  # fmt: skip
+        taken = folder / f"{TAKEN}{os.getpid()}-{name}"
         try:
             data: Any = json.loads(path.read_text())
             if data.get("url") != url:
                 continue
-            found.append(Waiting(path, url, RecordCreate.model_validate(data["record"])))
+            record = RecordCreate.model_validate(data["record"])
+            os.replace(path, taken)  # one process wins; the others find it gone
         except (OSError, ValueError, KeyError, AttributeError):
-            continue  # not ours to send: left where it is
+            continue
+        found.append(Waiting(taken, name, url, record))
     return found
 
 
-def push(client: Any, url: str, folder: Path | None = None) -> tuple[int, int, list[str]]:
-    """Uploads what waits for ``url`` through ``client``: ``(sent, rejected, errors)``. Sent
-    records are removed; refused ones move to ``rejected/``; unreachable ones stay."""
-    sent, rejected, errors = 0, 0, []
-    for item in waiting(url, folder):
+def waiting(url: str, folder: Path | None = None) -> int:
+    """How many records wait for ``url`` (none taken)."""
+    folder = folder or outbox_dir()
+    count = 0
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            if _available(path) and json.loads(path.read_text()).get("url") == url:
+                count += 1
+    return count
+
+
+def push(client: Any, url: str, folder: Path | None = None) -> tuple[int, int, ServerError | None]:
+    """Uploads what waits for ``url`` through ``client``: ``(sent, refused, last error)``. Sent
+    records leave; refused ones move to ``rejected/``; the rest wait (after an unreachable
+    server, the others are not tried)."""
+    sent, refused, error = 0, 0, None
+    items = take(url, folder)
+    for i, item in enumerate(items):
         try:
             client.upload(item.record)
         except ServerError as exc:
-            if exc.status_code is not None and 400 <= exc.status_code < 500 \
-                    and exc.status_code not in (401, 403, 408, 429):  # fmt: skip
-                item.path.parent.joinpath("rejected").mkdir(exist_ok=True)
-                os.replace(item.path, item.path.parent / "rejected" / item.path.name)
-                rejected += 1
-            errors.append(str(exc))
-            if exc.status_code is None:  # unreachable: the rest would fail alike
+            error = exc
+            code = exc.status_code
+            if code is not None and 400 <= code < 500 and code not in (401, 403, 408, 429) \
+                    and not exc.foreign:  # fmt: skip
+                aside = item.path.parent / "rejected"
+                aside.mkdir(exist_ok=True)
+                os.replace(item.path, aside / item.name)
+                refused += 1
+                continue
+            release(item.path)
+            if code is None:  # unreachable: the rest would fail alike; they wait too
+                for rest in items[i + 1 :]:
+                    release(rest.path)
                 break
             continue
-        item.path.unlink(missing_ok=True)
+        done(item.path)
         sent += 1
-    return sent, rejected, errors
+    return sent, refused, error

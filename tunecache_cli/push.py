@@ -1,8 +1,9 @@
 """``tunecache push``: send the records a tune could not upload (the outbox,
 :mod:`tunecache_cli.outbox`) to the server they were tuned for.
 
-Exit 0 when nothing waits any more for that server, 1 when some could not be sent or were
-refused (moved to the outbox's ``rejected/``), 2 bad input, 3 the server could not be reached.
+Exit 0 when nothing waits any more for that server, 1 when some were refused (moved to the
+outbox's ``rejected/``) or could not be sent, 2 bad input, 3 the server could not be reached,
+4 it refused the token.
 """
 
 from __future__ import annotations
@@ -27,30 +28,36 @@ def run(args: argparse.Namespace) -> int:
     from tunecache_cli import outbox
 
     url = server_url(args)
-    waiting = outbox.waiting(url)
-    if not waiting:
+    count = outbox.waiting(url)
+    if not count:
         print(f"nothing waits for {url} in {outbox_dir()}", file=sys.stderr)
         return 0
     preflight(url, "write", "pushing")
     with Client(url, timeout=Settings.from_env().timeout) as client:
-        sent, rejected, errors = outbox.push(client, url)
-    left = len(waiting) - sent - rejected
-    print(f"pushed {sent} of {len(waiting)} records to {url}"
-          + (f"; {rejected} refused (in {outbox_dir() / 'rejected'})" if rejected else "")
-          + (f"; {left} still waiting: {errors[-1]}" if left else ""), file=sys.stderr)  # fmt: skip
-    if left and errors and "not answering" in errors[-1]:
-        raise ServerError(errors[-1])
-    return 0 if not (left or rejected) else 1
+        sent, refused, error = outbox.push(client, url)
+    left = outbox.waiting(url)
+    print(f"pushed {sent} of {count} records to {url}"
+          + (f"; {refused} refused (in {outbox_dir() / 'rejected'})" if refused else "")
+          + (f"; {left} still waiting" if left else ""), file=sys.stderr)  # fmt: skip
+    if left and error is not None and (error.status_code is None
+                                       or error.status_code in (401, 403)):  # fmt: skip
+        raise ServerError(f"pushing: {error}", status_code=error.status_code)
+    return 0 if not (left or refused) else 1
 
 
 def push_quietly(client: Any, url: str) -> None:
     """At the start of a tune: what waits for ``url`` is sent first, in one line if anything
-    was; a failure here is the tune's to meet, not this."""
+    was; nothing here stops the tune (its own upload meets the server later)."""
     from tunecache_cli import outbox
 
-    if not outbox.waiting(url):
+    try:
+        if not outbox.waiting(url):
+            return
+        sent, refused, _ = outbox.push(client, url)
+    except OSError as exc:
+        print(f"tunecache: warning: the outbox {outbox_dir()} could not be read: {exc}",
+              file=sys.stderr)  # fmt: skip
         return
-    sent, rejected, _ = outbox.push(client, url)
-    if sent or rejected:
+    if sent or refused:
         print(f"pushed {sent} waiting record(s) to {url}"
-              + (f"; {rejected} refused" if rejected else ""), file=sys.stderr)  # fmt: skip
+              + (f"; {refused} refused" if refused else ""), file=sys.stderr)  # fmt: skip

@@ -10,6 +10,7 @@ from the records). One line per file written. Exit 0 written, 1 no record matche
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,15 +51,16 @@ def _matches(key: Any, args: argparse.Namespace) -> bool:
 def run(args: argparse.Namespace) -> int:
     from tunecache.report import build
 
-    existed = args.output.exists()
+    made = [p for p in (args.output, *args.output.parents) if not p.exists()]
     out = build.output_dir(args.output)
     code = 1
     try:
         code = _report(args, out)
         return code
-    finally:  # a report that failed leaves no empty folder of its own behind
-        if not existed and code != 0 and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
+    finally:  # a report that failed leaves none of the folders it made, if still empty
+        for folder in made if code != 0 else ():
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def _report(args: argparse.Namespace, out: Path) -> int:

@@ -129,6 +129,18 @@ def run(args: argparse.Namespace) -> int:
     return _run_key(args)
 
 
+def _keep(url: str, record: Any) -> Path | None:
+    """The record in the outbox before its upload; ``None`` (and a warning) where the outbox
+    cannot be written: the upload goes ahead all the same."""
+    from tunecache_cli import outbox
+
+    try:
+        return outbox.put(url, record)
+    except OSError as exc:
+        print(f"tunecache: warning: not kept in the outbox ({exc}); uploading", file=sys.stderr)
+        return None
+
+
 def _run_key(args: argparse.Namespace) -> int:
     from backends.base import Progress
     from tunecache.client import Client
@@ -156,13 +168,15 @@ def _run_key(args: argparse.Namespace) -> int:
             print(record.model_dump_json(by_alias=True, indent=2, exclude={"trials"}))
             return 0
         progress(Progress(0, 0, message=f"to {url}", phase="upload"))
-        waiting = outbox.put(url, record)  # never lost: kept until the server has it
+        taken = _keep(url, record)  # never lost: kept until the server has it
         try:
             result = client.upload(record)
         except ServerError as exc:
-            raise ServerError(f"{exc}; the record waits in {waiting} (tunecache push sends it)",
-                              status_code=exc.status_code) from None  # fmt: skip
-        waiting.unlink(missing_ok=True)
+            where = "" if taken is None else f"; the record waits in {outbox.release(taken)} " \
+                "(tunecache push sends it)"  # fmt: skip
+            raise ServerError(f"{exc}{where}", status_code=exc.status_code) from None
+        if taken is not None:
+            outbox.done(taken)
         stored = client.get_record(result.record_id)
     print(describe(stored))
     state = "the winner" if result.is_winner else f"kept; #{result.winner_record_id} is faster"

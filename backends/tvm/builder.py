@@ -72,15 +72,27 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+MAX_LOG_BYTES = 2**20
+
+
+def _log_mode(log: Path) -> str:
+    """Appended to, until it passes :data:`MAX_LOG_BYTES`: then started again."""
+    try:
+        return "wb" if log.stat().st_size > MAX_LOG_BYTES else "ab"
+    except OSError:
+        return "ab"
+
+
 class WarmPool:
     """A process pool that outlives batches; its workers start importing TVM on creation."""
 
     def __init__(self, max_workers: int, timeout_sec: float, log: Path | None = None) -> None:
-        """``log``: where the workers' own output goes (the last search's; by default this
-        process's): a worker that Ctrl-C reached while it imported TVM printed a traceback."""
+        """``log``: where the workers' own output goes (appended: searches may run side by side;
+        by default this process's): a worker that Ctrl-C reached while it imported TVM printed
+        a traceback."""
         from tvm.support.popen_pool import PopenPoolExecutor
 
-        self._log = None if log is None else open(log, "wb")  # noqa: SIM115 — closed in close()
+        self._log = None if log is None else open(log, _log_mode(log))  # noqa: SIM115 — closed in close()
         self.timeout_sec = timeout_sec
         self.deadline: float | None = None  # time.monotonic() after which nothing more starts
         self.measured = 0  # candidates timed: the budget never stops the search before one
