@@ -23,10 +23,11 @@ PHASES = {"search": "searching", "validate": "validating", "time": "timing", "up
 
 @contextlib.contextmanager
 def working(label: str, message: str, phase: str = "search") -> Iterator[ProgressPrinter]:
-    """A phase with no steps of its own to count (importing, compiling, checking): one line
-    now, then a ``(still working)`` line every :data:`HEARTBEAT_SECONDS` until it ends."""
+    """A phase with no steps of its own to count (importing, compiling, checking): nothing if
+    it ends within :data:`HEARTBEAT_SECONDS` (bad input stays one line), else a line saying
+    what it is doing at least that often until it ends."""
     with ProgressPrinter(label) as printer:
-        printer(Progress(0, 0, message=message, phase=phase))
+        printer.expect(Progress(0, 0, message=message, phase=phase))
         yield printer
 
 
@@ -59,6 +60,7 @@ class ProgressPrinter:
         self._phase_started = self.started
         self._last_line = self.started
         self._eta: tuple[float, float] | None = None  # (seconds left, when): the last step's
+        self._expected = False  # the last event was only expected (:meth:`expect`): not printed
         self._stop = threading.Event()
         self._rich: Any = None
         self._thread: threading.Thread | None = None
@@ -91,7 +93,7 @@ class ProgressPrinter:
             if event.best_ms is None and event.phase == self._last.phase:
                 event = Progress(event.done, event.total, self._last.best_ms, event.message,
                                  event.phase)  # fmt: skip
-            self._last = event
+            self._last, self._expected = event, False
             self._last_line = now
             eta = eta_seconds(now - self._phase_started, event.done, event.total)
             self._eta = None if eta is None else (eta, now)
@@ -100,6 +102,14 @@ class ProgressPrinter:
             self._update_rich(event, line)
         else:
             print(line, file=self.stream, flush=True)
+
+    def expect(self, event: Progress) -> None:
+        """What the run is doing, said by the heartbeat only (a phase that ends quickly prints
+        nothing); on a terminal, the live line shows it at once."""
+        with self._lock:
+            self._last, self._expected = event, True
+        if self._rich is not None:
+            self._update_rich(event, "")
 
     def _line(self, event: Progress, now: float) -> str:
         elapsed = now - self.started
@@ -120,8 +130,9 @@ class ProgressPrinter:
                 if now - self._last_line < self.heartbeat or self._last.phase == "done":
                     continue
                 self._last_line = now
+                said = f"{self._last.message} " if self._expected else ""
                 still = Progress(self._last.done, self._last.total, self._last.best_ms,
-                                 "(still working)", self._last.phase)  # fmt: skip
+                                 f"{said}(still working)", self._last.phase)  # fmt: skip
                 line = self._line(still, now)
             print(line, file=self.stream, flush=True)
 

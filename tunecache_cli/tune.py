@@ -149,8 +149,10 @@ def _run_key(args: argparse.Namespace) -> int:
     from tunecache_cli.progress import ProgressPrinter
     from tunecache_cli.push import push_quietly
     from tuner import TuneOptions, tune
+    from tuner.tune import check_memory
 
     key = key_from_args(args)  # bad input fails here, before anything is compiled
+    check_memory(key)  # a shape that cannot fit: one line, before the progress starts
     budget = _budget(args)
     options = TuneOptions(strategy="exhaustive" if args.landscape else args.strategy,
                           seed=args.seed, workers=args.workers)  # fmt: skip

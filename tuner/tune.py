@@ -120,6 +120,13 @@ def check_local(key: Key, workload: Workload) -> None:
             f"key {key.short()} has source hash {key.source_hash}; {workload.name}'s sources "
             f"here hash to {workload.source_hash(key.backend)}"
         )
+    check_memory(key, workload)
+
+
+def check_memory(key: Key, workload: Workload | None = None) -> None:
+    """Raises :class:`InvalidInput` when ``key``'s inputs and output cannot fit in its device's
+    memory: said before any work (the CLI asks before its progress starts)."""
+    workload = workload or get_workload(key.kernel)
     needed, have = workload.memory_needed(_problem(key), key.dtype), _memory(key.device)
     if have and needed > have:
         raise InvalidInput(
