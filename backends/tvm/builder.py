@@ -19,6 +19,7 @@ bottom), so they need not be able to import this repository.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -138,7 +139,10 @@ class WarmPool:
 
     def close(self) -> None:
         """Stops the worker processes."""
-        self.pool.shutdown()
+        # TVM's PopenWorker.kill races its own threads when a search stops mid-batch
+        # ('NoneType' object has no attribute 'kill'): the workers are gone either way.
+        with contextlib.suppress(AttributeError):
+            self.pool.shutdown()
         if self._log is not None:
             self._log.close()
 

@@ -86,7 +86,7 @@ class _Recorder:
 
 
 @contextlib.contextmanager
-def _interrupt_stops(recorder: _Recorder, pool: WarmPool) -> Iterator[None]:
+def _interrupt_stops(recorder: _Recorder, pools: list[WarmPool]) -> Iterator[None]:
     """For the block, Ctrl-C stops the search at MetaSchedule's next step instead of raising
     inside TVM's C++ (which crashed the process: a segfault, or ``'NoneType' object has no
     attribute 'kill'``), and is raised once MetaSchedule has returned; a second Ctrl-C raises at
@@ -97,7 +97,8 @@ def _interrupt_stops(recorder: _Recorder, pool: WarmPool) -> Iterator[None]:
 
     def stop(signum: int, frame: Any) -> None:
         recorder.error = KeyboardInterrupt()
-        pool.stopped = True
+        for pool in pools:
+            pool.stopped = True
         signal.signal(signal.SIGINT, previous)
 
     previous = signal.signal(signal.SIGINT, stop)
@@ -244,22 +245,26 @@ def tune(
     begin = time.monotonic()
     deadline = None if budget.seconds is None else begin + budget.seconds
     recorder = _Recorder(budget.trials, target, deadline, progress)
-    database = open_database(workdir, target)
-    mod = normalize_module(func)
-    workdir.mkdir(parents=True, exist_ok=True)
-    pool = WarmPool(max_workers=cores, timeout_sec=WORKER_TIMEOUT_S,
-                    log=workdir / "workers.log")  # workers start now  # fmt: skip
-    pool.deadline = deadline
-    try:
-        with cpu_intrinsics_only(), _numpy_seeded(seed), _interrupt_stops(recorder, pool):
-            _run_meta_schedule(mod, target, budget, database, pool, recorder, str(workdir),
-                               seed)  # fmt: skip
-    except Exception as exc:
-        if recorder.error is not None:
-            raise recorder.error from exc
-        raise TuningError(f"MetaSchedule failed: {str(exc)[-MAX_ERROR_CHARS:]}") from exc
-    finally:
-        pool.close()
+    pools: list[WarmPool] = []  # the pool, once started: an interrupt stops it
+    with _interrupt_stops(recorder, pools):  # from the start: TVM's own set-up is C++ too
+        database = open_database(workdir, target)
+        mod = normalize_module(func)
+        workdir.mkdir(parents=True, exist_ok=True)
+        pool = WarmPool(max_workers=cores, timeout_sec=WORKER_TIMEOUT_S,
+                        log=workdir / "workers.log")  # workers start now  # fmt: skip
+        pools.append(pool)
+        pool.deadline, pool.stopped = deadline, recorder.error is not None
+        try:
+            with cpu_intrinsics_only(), _numpy_seeded(seed):
+                if recorder.error is None:
+                    _run_meta_schedule(mod, target, budget, database, pool, recorder,
+                                       str(workdir), seed)  # fmt: skip
+        except Exception as exc:
+            if recorder.error is not None:
+                raise recorder.error from exc
+            raise TuningError(f"MetaSchedule failed: {str(exc)[-MAX_ERROR_CHARS:]}") from exc
+        finally:
+            pool.close()
     if recorder.error is not None:
         raise recorder.error
     records = best_records(database, mod, RANKED + 1)
