@@ -44,13 +44,14 @@ class ProgressPrinter:
 
     Args:
         label: what is being tuned, shown on every line.
-        stream: where to write (stderr).
+        stream: where to write (this process's ``sys.stderr`` when made).
         live: a ``rich`` live line; by default when ``stream`` is a terminal.
         heartbeat: seconds of silence before a plain "still ..." line.
     """
 
-    def __init__(self, label: str, stream: TextIO = sys.stderr, *, live: bool | None = None,
+    def __init__(self, label: str, stream: TextIO | None = None, *, live: bool | None = None,
                  heartbeat: float = HEARTBEAT_SECONDS) -> None:  # fmt: skip
+        stream = sys.stderr if stream is None else stream  # now: not the one at import time
         self.label = label
         self.stream = stream
         self.started = time.monotonic()
