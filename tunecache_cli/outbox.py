@@ -14,11 +14,11 @@ twice. A file taken by a process that died is waiting again.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,9 +64,14 @@ def done(taken: Path) -> None:
     taken.unlink(missing_ok=True)
 
 
+def _own_name(name: str) -> str:
+    """A file's name while it waits (``.sending-PID-NAME`` → ``NAME``)."""
+    return name.removeprefix(TAKEN).split("-", 1)[1] if name.startswith(TAKEN) else name
+
+
 def release(taken: Path) -> Path:
     """The upload failed: the record waits under its own name; returns that file."""
-    waiting = taken.with_name(taken.name.removeprefix(TAKEN).split("-", 1)[1])
+    waiting = taken.with_name(_own_name(taken.name))
     os.replace(taken, waiting)
     return waiting
 
@@ -91,25 +96,33 @@ def _available(path: Path) -> bool:
     return pid.isdigit() and not _alive(int(pid))
 
 
-def take(url: str, folder: Path | None = None) -> list[Waiting]:
-    """Takes the records waiting for ``url``, oldest first (a file another process took first,
-    or that does not parse, is left alone)."""
-    folder = folder or outbox_dir()
-    found = []
-    paths = sorted(folder.glob("*.json"), key=lambda p: p.name.removeprefix(TAKEN))
+def _waiting_for(url: str, folder: Path) -> Iterator[tuple[Path, Any]]:
+    """The available files for ``url``, oldest first, with their parsed bodies (a file that
+    does not parse, or is gone meanwhile, is left alone)."""
+    paths = sorted(folder.glob("*.json"), key=lambda p: _own_name(p.name))
     for path in paths if folder.is_dir() else []:
         if not _available(path):
             continue
-        name = path.name.removeprefix(TAKEN).split("-", 1)[1] if path.name.startswith(".") \
-            else path.name  # fmt: skip
-        taken = folder / f"{TAKEN}{os.getpid()}-{name}"
         try:
             data: Any = json.loads(path.read_text())
-            if data.get("url") != url:
-                continue
-            record = RecordCreate.model_validate(data["record"])
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("url") == url:
+            yield path, data
+
+
+def take(url: str, folder: Path | None = None) -> list[Waiting]:
+    """Takes the records waiting for ``url``, oldest first (a file another process took first,
+    or that is not a record, is left alone)."""
+    folder = folder or outbox_dir()
+    found = []
+    for path, data in _waiting_for(url, folder):
+        name = _own_name(path.name)
+        taken = folder / f"{TAKEN}{os.getpid()}-{name}"
+        try:
+            record = RecordCreate.model_validate(data.get("record"))
             os.replace(path, taken)  # one process wins; the others find it gone
-        except (OSError, ValueError, KeyError, AttributeError):
+        except (OSError, ValueError):
             continue
         found.append(Waiting(taken, name, url, record))
     return found
@@ -117,13 +130,7 @@ def take(url: str, folder: Path | None = None) -> list[Waiting]:
 
 def waiting(url: str, folder: Path | None = None) -> int:
     """How many records wait for ``url`` (none taken)."""
-    folder = folder or outbox_dir()
-    count = 0
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            if _available(path) and json.loads(path.read_text()).get("url") == url:
-                count += 1
-    return count
+    return sum(1 for _ in _waiting_for(url, folder or outbox_dir()))
 
 
 def push(client: Any, url: str, folder: Path | None = None) -> tuple[int, int, ServerError | None]:
