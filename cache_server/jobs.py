@@ -32,11 +32,12 @@ def enqueue(
 ) -> tuple[JobRow, bool]:
     """Queues a job for ``key_hash`` unless one exists; returns it and whether it is new."""
     now = utcnow()
+    kernel = key["kernel"]
     stmt = upsert_insert(session, JobRow).values(
         key_hash=key_hash, key=key, state="queued", priority=priority, source=source,
         attempts=0, max_attempts=max_attempts, error="", created_at=now, updated_at=now,
         backend=key["backend"], device_arch=key["device"]["arch"], strategy=strategy,
-        trials=trials,
+        trials=trials, kernel_module=kernel.partition(":")[0] if ":" in kernel else None,
     )  # fmt: skip
     new_id = session.execute(
         stmt.on_conflict_do_nothing(index_elements=["key_hash"]).returning(JobRow.id)
@@ -74,11 +75,13 @@ def claim(
     lease_seconds: float,
     device_arch: str | None = None,
     backends: Sequence[str] | None = None,
+    kernel_packages: Sequence[str] | None = None,
 ) -> JobRow | None:
     """Leases the most urgent claimable job to ``worker``, or ``None`` when there is none.
 
-    With ``device_arch`` and ``backends``, only a job for that arch and one of those backends:
-    a worker is never handed a job it cannot run.
+    With ``device_arch``, ``backends`` and ``kernel_packages``, only a job for that arch, one of
+    those backends and a built-in kernel or one from those packages (or their subpackages): a
+    worker is never handed a job it cannot run.
     """
     now = utcnow()
     fits = [_claimable(now)]
@@ -86,6 +89,11 @@ def claim(
         fits.append(JobRow.device_arch == device_arch)
     if backends is not None:
         fits.append(JobRow.backend.in_(list(backends)))
+    if kernel_packages is not None:
+        fits.append(or_(JobRow.kernel_module.is_(None),
+                        JobRow.kernel_module.in_(list(kernel_packages)),
+                        *(JobRow.kernel_module.startswith(f"{p}.", autoescape=True)
+                          for p in kernel_packages)))  # fmt: skip
     pick = (
         select(JobRow.id)
         .where(*fits)

@@ -159,6 +159,8 @@ class JobRow(Base):
     # What can run the job (from its key): a claim names its arch and backends.
     backend: Mapped[str | None] = mapped_column(String(16), nullable=True)
     device_arch: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # The module of a user's kernel (``package.module:Class``); NULL: a built-in kernel.
+    kernel_module: Mapped[str | None] = mapped_column(String(128), nullable=True)
     # How to tune it; unset: the worker's own choice.
     strategy: Mapped[str | None] = mapped_column(String(64), nullable=True)
     trials: Mapped[int | None] = mapped_column(Integer, nullable=True)

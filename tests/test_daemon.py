@@ -65,25 +65,34 @@ def test_the_daemon_tunes_what_it_can_run_and_a_miss_becomes_a_hit(server: LiveS
 def test_a_job_never_makes_the_daemon_import_a_package_it_was_not_given(
     server: LiveServer, tmp_path: Path
 ) -> None:
-    """Anyone who may report a miss can queue a job naming any ``module:Class``: a daemon
-    imports users' kernels only from the packages its operator named (--kernels)."""
+    """Anyone who may report a miss can queue a job naming any ``module:Class``: a daemon claims
+    only jobs whose kernels come from the packages its operator named (--kernels), so such a job
+    waits, unclaimed and unimported, for a daemon that may import it."""
     marker = tmp_path / "imported"
     (tmp_path / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     job = dataclasses.replace(make_key(), kernel="evilmod:Kernel",
                               device=local_device("cpu").fingerprint)  # fmt: skip
     with Client(server.url) as client:
         client.create_job(job, max_attempts=1)
     done = subprocess.run([sys.executable, "-m", "tunecache_cli", "daemon", "--once", "--server",
-                           server.url, "--workers", "1", "--kernels", "mypkg"],
+                           server.url, "--workers", "1", "--kernels", "mypkg,mypkg.sub"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
-    assert done.returncode == 1, done.stderr  # --once, and the job failed
-    assert not marker.exists()
+    assert done.returncode == 0, done.stderr
+    assert "0 jobs completed, 0 failed" in done.stderr
+    assert not marker.exists()  # neither the job's module nor the allowed package (found only)
     with Client(server.url) as client:
-        (failed,) = client.list_jobs().items
-    assert failed.state == "failed"
-    assert "'evilmod:Kernel' is not in a package this worker imports (--kernels: mypkg)" in (
-        failed.error
-    )
+        (waiting,) = client.list_jobs().items
+    assert (waiting.state, waiting.attempts) == ("queued", 0)
+
+
+def test_a_daemon_given_a_package_it_cannot_import_does_not_start(server: LiveServer) -> None:
+    done = daemon(server, "--kernels", "tests,no_such_package_here")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == ("tunecache: error: kernel package 'no_such_package_here' "
+                                   "cannot be imported here (not installed, and not in the "
+                                   "current directory)")  # fmt: skip
 
 
 def test_the_daemon_refuses_to_start_without_a_write_token(server: LiveServer) -> None:

@@ -52,6 +52,34 @@ def test_claims_follow_priority_then_age(any_server: LiveServer) -> None:
     assert order == [3, 2, 1]
 
 
+def test_a_claim_names_the_kernel_packages_it_may_import(any_server: LiveServer) -> None:
+    """A built-in kernel's job goes to anyone; a user's kernel's only to a worker that named its
+    package (or a package above it); a look-alike prefix or a LIKE wildcard matches nothing."""
+    kernels = {1: "matmul", 2: "pkg.mod:Kernel", 3: "pkg:Kernel", 4: "pkgx.mod:Kernel",
+               5: "pkg_sub.mod:Kernel", 6: "other.deep.mod:Kernel"}  # fmt: skip
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
+        for m, kernel in kernels.items():
+            key = {**make_key(m=m).to_json(), "kernel": kernel}
+            assert http.post("/v1/jobs", json={"key": key}).status_code == 201
+
+        def claims(packages: list[str] | None) -> set[int]:
+            got = set()
+            while True:
+                body = {"worker": "w", "lease_seconds": 60, "kernel_packages": packages}
+                response = http.post("/v1/jobs/claim", json=body)
+                if response.status_code == 204:
+                    return got
+                got.add(response.json()["key"]["problem"]["M"])
+
+        assert claims([]) == {1}
+        assert claims(["pk_"]) == set()  # "_" is no LIKE wildcard: pkg.mod is not in pk_
+        assert claims(["pkg"]) == {2, 3}
+        assert claims(["other.deep"]) == {6}
+        assert claims(None) == {4, 5}  # an old worker, naming none: anything left
+        bad = http.post("/v1/jobs/claim", json={"worker": "w", "kernel_packages": ["a%"]})
+    assert bad.status_code == 422
+
+
 def test_concurrent_claimers_never_share_a_job(any_server: LiveServer) -> None:
     with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         for m in range(1, 41):

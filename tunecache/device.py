@@ -178,6 +178,32 @@ class Device:
 
 DEVICE_KINDS = ("cpu", "cuda")
 
+# The archs a key may name: NVIDIA's compute capabilities, and what :func:`cpu_fingerprint` says.
+CUDA_ARCHS = (
+    "sm_50", "sm_52", "sm_53", "sm_60", "sm_61", "sm_62", "sm_70", "sm_72", "sm_75", "sm_80",
+    "sm_86", "sm_87", "sm_88", "sm_89", "sm_90", "sm_100", "sm_101", "sm_103", "sm_110",
+    "sm_120", "sm_121",
+)  # fmt: skip
+CPU_ARCHS = (
+    "cpu-avx512", "cpu-avx2", "cpu-sve", "cpu-neon", "cpu-x86_64", "cpu-aarch64", "cpu-arm64",
+    "cpu-ppc64le", "cpu-s390x", "cpu-riscv64", "cpu-generic",
+)  # fmt: skip
+
+
+def check_arch(arch: object) -> str:
+    """``arch`` when it is one a device can have (or this machine's own), for a target named by
+    hand (a manifest's ``arch``).
+
+    Raises:
+        InvalidInput: not a string, or no device has it — listing those that do.
+    """
+    if isinstance(arch, str) and (arch in CUDA_ARCHS or arch in CPU_ARCHS):
+        return arch
+    if isinstance(arch, str) and arch == cpu_fingerprint().arch:  # an unusual CPU's own name
+        return arch
+    raise InvalidInput(f"arch {arch!r} is not a known arch; known: {', '.join(CUDA_ARCHS)}, "
+                       f"{', '.join(CPU_ARCHS)}")  # fmt: skip
+
 
 def _cpu_arch(flags: set[str], machine: str) -> str:
     if "avx512f" in flags:

@@ -14,7 +14,7 @@ logs once and falls back to the default config.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -50,6 +50,14 @@ def one_line(exc: BaseException) -> str:
     """
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def validation_problems(exc: Any, limit: int = 3) -> str:
+    """A pydantic ``ValidationError``'s first ``limit`` problems, on one line."""
+    errors = exc.errors()
+    shown = "; ".join(f"{'.'.join(map(str, e['loc'])) or '$'}: {e['msg']}" for e in errors[:limit])
+    more = len(errors) - limit
+    return shown + (f" (and {more} more)" if more > 0 else "")
 
 
 def lookup(table: Mapping[str, T], name: str, what: str) -> T:

@@ -16,6 +16,12 @@ from tunecache.schemas import INTEGRAL, Backend, KeyModel, LeaseSeconds, RecordI
 JobState = Literal["queued", "running", "done", "failed"]
 
 
+Package = Annotated[
+    str,
+    Field(
+        min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+    ),
+]
 JobStrategy = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z_]+$")]
 JobTrials = Annotated[int, Field(strict=True, ge=1, le=1_000_000), INTEGRAL]
 
@@ -64,6 +70,8 @@ class ClaimRequest(_Strict):
     # What the worker can run; unset: anything.
     device_arch: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     backends: Annotated[list[Backend], Field(min_length=1, max_length=3)] | None = None
+    # The packages of users' kernels it may import ([]: built-in kernels only).
+    kernel_packages: Annotated[list[Package], Field(max_length=64)] | None = None
 
 
 class LeaseRequest(_Strict):

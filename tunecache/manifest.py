@@ -27,21 +27,26 @@ entry is an error naming its line, before anything is queued.
 from __future__ import annotations
 
 import contextlib
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunecache.device import DeviceFingerprint, local_device
-from tunecache.errors import InvalidInput
+from pydantic import ValidationError
+
+from tunecache.device import DeviceFingerprint, check_arch, local_device
+from tunecache.errors import InvalidInput, validation_problems
 from tunecache.key import Key, device_kind, key_for
 from tunecache.policies import VERSION_POLICIES, VersionPolicy
 from tunecache.presets import preset_problems
+from tunecache.schemas import KeyModel
 
 _ENTRY_FIELDS = {
     "kernel", "preset", "shapes", "tokens", "tp", "backends", "dtypes", "trials", "strategy",
 }  # fmt: skip
+MAX_TRIALS = 1_000_000  # what a job may ask for (tunecache.jobs.JobTrials)
 
 
 @dataclass(frozen=True)
@@ -87,10 +92,11 @@ def _entry_keys(entry: Mapping[str, Any], arch: str | None) -> list[Key]:
     if not isinstance(backends, list) or not backends or not isinstance(dtypes, list):
         raise InvalidInput("backends must be a non-empty list (and dtypes a list)")
     trials = entry.get("trials", 32)
-    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-        raise InvalidInput(f"trials={trials!r} must be a positive integer")
+    if isinstance(trials, bool) or not isinstance(trials, int) or not 1 <= trials <= MAX_TRIALS:
+        raise InvalidInput(f"trials={trials!r} must be an integer from 1 to {MAX_TRIALS:,}")
     strategy = entry.get("strategy")
-    if strategy is not None and (not isinstance(strategy, str) or not strategy.isidentifier()):
+    if strategy is not None and (not isinstance(strategy, str)
+                                 or re.fullmatch(r"[a-z_]{1,64}", strategy) is None):  # fmt: skip
         raise InvalidInput(f"strategy={strategy!r} is not a strategy name")
     if "preset" in entry:
         problems = preset_problems(entry["preset"], tokens=entry.get("tokens", [1]),
@@ -105,8 +111,12 @@ def _entry_keys(entry: Mapping[str, Any], arch: str | None) -> list[Key]:
         for problem in shapes:
             for backend in backends:
                 for dtype in dtypes:
-                    keys.append(key_for(kernel, backend, problem, dtype,
-                                        device=_device(arch, backend)))  # fmt: skip
+                    key = key_for(kernel, backend, problem, dtype, device=_device(arch, backend))
+                    try:  # what the server takes, checked before anything is queued
+                        KeyModel.from_key(key)
+                    except ValidationError as exc:
+                        raise InvalidInput(f"{key.short()}: {validation_problems(exc)}") from None
+                    keys.append(key)
     return keys
 
 
@@ -114,8 +124,9 @@ def parse_manifest(text: str, source: str = "manifest") -> Manifest:
     """The keys of a manifest's text.
 
     Raises:
-        InvalidInput: not TOML, or an entry that names an unknown kernel, preset, backend or
-            dtype, a bad shape, a missing field or a budget below 1 — naming the line.
+        InvalidInput: not TOML, an unknown arch or policy, or an entry that names an unknown
+            kernel, preset, backend or dtype, a bad shape, a missing field or a budget out of
+            range — naming the line.
     """
     try:
         data = tomllib.loads(text)
@@ -125,6 +136,11 @@ def parse_manifest(text: str, source: str = "manifest") -> Manifest:
     if policy not in VERSION_POLICIES:
         raise InvalidInput(f"{source}: policy {policy!r} is not one of {VERSION_POLICIES}")
     arch = data.get("arch")
+    if arch is not None:
+        try:
+            check_arch(arch)
+        except InvalidInput as exc:
+            raise InvalidInput(f"{source}: {exc}") from None
     entries = data.get("tune")
     if not isinstance(entries, list) or not entries:
         raise InvalidInput(f"{source}: no [[tune]] entries")

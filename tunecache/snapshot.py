@@ -30,7 +30,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from tunecache.canonical import canonical_json
-from tunecache.errors import InvalidInput
+from tunecache.errors import InvalidInput, validation_problems
 from tunecache.schemas import Backend, KeyModel, Name, RecordCreate, _Strict
 
 logger = logging.getLogger(__name__)
@@ -138,13 +138,6 @@ def render_snapshot(filters: SnapshotFilters, records: Sequence[RecordCreate]) -
     return canonical_json(document).encode("utf-8"), snapshot_etag(records)
 
 
-def _problems(exc: ValidationError, limit: int = 3) -> str:
-    errors = exc.errors()
-    shown = "; ".join(f"{'.'.join(map(str, e['loc'])) or '$'}: {e['msg']}" for e in errors[:limit])
-    more = len(errors) - limit
-    return shown + (f" (and {more} more)" if more > 0 else "")
-
-
 def parse_snapshot(document: Mapping[str, Any] | SnapshotPublic) -> SnapshotPublic:
     """Validates a snapshot document.
 
@@ -156,7 +149,7 @@ def parse_snapshot(document: Mapping[str, Any] | SnapshotPublic) -> SnapshotPubl
     try:
         return SnapshotPublic.model_validate(document)
     except ValidationError as exc:
-        raise InvalidInput(f"not a valid snapshot: {_problems(exc)}") from None
+        raise InvalidInput(f"not a valid snapshot: {validation_problems(exc)}") from None
 
 
 def load_snapshot(path: Path) -> SnapshotPublic:
@@ -182,7 +175,9 @@ def load_snapshot(path: Path) -> SnapshotPublic:
         document, records, left_out = salvaged
         snapshot = SnapshotPublic.model_validate({**document, "records": records})
     except ValidationError:
-        raise InvalidInput(f"{path} is not a valid snapshot: {_problems(whole)}") from None
+        raise InvalidInput(
+            f"{path} is not a valid snapshot: {validation_problems(whole)}"
+        ) from None
     logger.warning("%s: %d record(s) of the snapshot left out: %s", path, len(left_out),
                    "; ".join(left_out[:3]))  # fmt: skip
     return snapshot
@@ -205,7 +200,7 @@ def _salvage(text: bytes) -> tuple[dict[str, Any], list[Any], list[str]] | None:
         try:
             RecordCreate.model_validate(record)
         except ValidationError as exc:
-            left_out.append(f"records[{i}]: {_problems(exc, 1)}")
+            left_out.append(f"records[{i}]: {validation_problems(exc, 1)}")
             continue
         kept.append(record)
     return document, kept, left_out

@@ -74,10 +74,14 @@ class WorkerCalls:
         lease_seconds: float = 300.0,
         device_arch: str | None = None,
         backends: Sequence[str] | None = None,
+        kernel_packages: Sequence[str] | None = None,
     ) -> JobPublic | None:
-        """Leases the most urgent job this worker can run (``None``: nothing to do)."""
+        """Leases the most urgent job this worker can run (``None``: nothing to do): of
+        ``device_arch``, one of ``backends``, a built-in kernel or one of ``kernel_packages``'
+        (each unset: any)."""
+        listed = {"backends": backends, "kernel_packages": kernel_packages}
         wanted = {"worker": worker, "lease_seconds": lease_seconds, "device_arch": device_arch,
-                  "backends": None if backends is None else list(backends)}  # fmt: skip
+                  **{k: None if v is None else list(v) for k, v in listed.items()}}  # fmt: skip
         body = ClaimRequest.model_validate(wanted).model_dump(mode="json")
         response = self._call("POST", "/v1/jobs/claim", json=body)
         if response.status_code == 204:

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import platform
@@ -49,8 +50,8 @@ class DaemonOptions:
             ``device`` (Triton only on a GPU: its interpreter cannot time).
         once: stop when no job is left, instead of polling.
         kernels: the packages of users' kernels this daemon may import (a job names its kernel
-            ``package.module:Class``, and anyone who can report a miss can queue a job); a job
-            for another package's kernel fails unimported. Default: built-in kernels only.
+            ``package.module:Class``, and anyone who can report a miss can queue a job); it
+            claims no job for another package's kernel. Default: built-in kernels only.
     """
 
     device: str = "cpu"
@@ -114,6 +115,20 @@ def leased(client: Client, job: JobPublic, worker: str, seconds: float) -> Itera
         thread.join(timeout=5)
 
 
+def _importable(packages: tuple[str, ...]) -> tuple[str, ...]:
+    """``packages`` when each can be found here (found, not imported: nothing runs yet).
+
+    Raises:
+        InvalidInput: naming one that cannot, so no job for it is claimed only to fail.
+    """
+    for package in packages:
+        top = package.partition(".")[0]
+        if importlib.util.find_spec(top) is None:
+            raise InvalidInput(f"kernel package {package!r} cannot be imported here (not "
+                               f"installed, and not in the current directory)")  # fmt: skip
+    return packages
+
+
 class Worker:
     """What the tuning daemon and the verifier share: a name, this machine's device of a kind
     and the backends installed here that run on it, and a stop flag (:meth:`stop`: finish the
@@ -122,7 +137,7 @@ class Worker:
     def __init__(self, client: Client, device: str, backends: tuple[str, ...] | None,
                  role: str = "", kernels: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.client = client
-        self.kernels = kernels
+        self.kernels = _importable(kernels)
         self.worker = f"{platform.node()}:{os.getpid()}{role}"
         self.device = local_device(device)
         self.backends = runnable_backends(device, backends)
@@ -172,7 +187,7 @@ class Daemon(Worker):
         with Harness(workers=self.options.workers) as harness:
             poll(lambda: self.client.claim_job(
                      self.worker, lease_seconds=self.options.lease_seconds, device_arch=arch,
-                     backends=self.backends),
+                     backends=self.backends, kernel_packages=self.kernels),
                  lambda job: self.work(job, harness), stopping=self.stopping,
                  once=self.options.once, every=self.options.poll_seconds)  # fmt: skip
         return len(self.done)

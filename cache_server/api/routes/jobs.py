@@ -122,7 +122,8 @@ def report_miss(
 def claim_job(request: ClaimRequest, session: SessionDep) -> JobPublic | Response:
     """Leases the most urgent queued (or lease-expired) job the worker can run to it."""
     job = jobs.claim(session, worker=request.worker, lease_seconds=request.lease_seconds,
-                     device_arch=request.device_arch, backends=request.backends)  # fmt: skip
+                     device_arch=request.device_arch, backends=request.backends,
+                     kernel_packages=request.kernel_packages)  # fmt: skip
     return Response(status_code=status.HTTP_204_NO_CONTENT) if job is None else public(job)
 
 
