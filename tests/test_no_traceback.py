@@ -147,3 +147,48 @@ def test_ctrl_c_during_metaschedule_is_exit_130_and_the_next_tune_works(tmp_path
                             "--no-upload"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert again.returncode == 0, again.stderr[-2000:]
+
+
+INDUCTOR_KEY = ["tune", "matmul", "--backend", "inductor", "--shape", "M=128,N=128,K=128",
+                "--no-upload"]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("argv", "phase"),
+    [
+        (INDUCTOR_KEY, "compiling with max-autotune"),  # Inductor's own search
+        (INDUCTOR_KEY, "timing re-timing the search"),  # the re-timing of its best choices
+        (INDUCTOR_KEY, "validating [0/"),  # the check against the float64 reference
+        # a user's module: compile, check, time
+        (
+            ["tune", "--torch", "{model}:Model", "--device", "cpu", "--no-upload"],
+            "compiling with max-autotune",
+        ),
+    ],
+    ids=["inductor-search", "inductor-timing", "inductor-validating", "torch-compile"],
+)
+def test_ctrl_c_in_every_inductor_phase_is_exit_130_and_one_line(
+    tmp_path: Path, argv: list[str], phase: str
+) -> None:
+    """The Triton backend's phases cannot run here (a key's tune refuses Triton's CPU
+    interpreter up front); TVM's are the two tests above."""
+    from tests.test_inductor_cache import write_model
+
+    model = write_model(tmp_path / "model")
+    argv = [a.format(model=model) for a in argv]
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # a cold compile
+    process = subprocess.Popen([sys.executable, "-m", "tunecache_cli", *argv], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, env=env)  # fmt: skip
+    assert process.stderr is not None
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        assert line, f"{argv} ended before {phase!r}"
+        if phase in line:
+            break
+    os.killpg(process.pid, signal.SIGINT)
+    rest = process.communicate(timeout=120)[1]
+    assert process.returncode == 130, rest
+    assert "Traceback" not in rest and rest.strip().splitlines()[-1] == "tunecache: interrupted"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,6 +34,9 @@ class Upstream:
             raise answer
         self.sent.append(record)
 
+    def put_artifacts(self, items: Any) -> None:
+        self.upload(items)
+
 
 def waiting_for(url: str, folder: Path) -> int:
     return outbox.waiting(url, folder)
@@ -57,6 +61,30 @@ def test_sent_records_leave_refused_ones_move_aside_unreachable_ones_stay(tmp_pa
     assert waiting_for(URL, tmp_path) == 2  # a broken file is skipped, not fatal
 
 
+def test_artifacts_wait_beside_records_and_are_sent_as_artifacts(tmp_path: Path) -> None:
+    from tests.test_artifacts import item
+
+    items = [item("w1", "t1", score=1.0), item("w2", "t2")]
+    outbox.release(outbox.put(URL, items, tmp_path))
+    outbox.release(outbox.put(URL, make_record(make_key(8)), tmp_path))
+    (tmp_path / "bad.json").write_text(json.dumps({"url": URL, "artifacts": [{"namespace": "x"}]}))
+    upstream = Upstream(None, None)
+    assert outbox.push(upstream, URL, tmp_path) == (2, 0, None)
+    assert upstream.sent[0] == items  # as they were put: validated artifacts, in order
+    assert upstream.sent[1] == make_record(make_key(8))
+    assert [p.name for p in tmp_path.iterdir()] == ["bad.json"]  # not an upload: left alone
+
+
+def test_a_failed_upload_says_where_it_waits(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("TUNECACHE_OUTBOX", str(tmp_path))
+    record = make_record(make_key(8))
+    with pytest.raises(ServerError, match=r"refused; the record waits in .*\.json \(tunecache"):
+        outbox.kept_upload(Upstream(ServerError("refused", status_code=503)), URL, record)
+    assert waiting_for(URL, tmp_path) == 1
+    assert outbox.kept_upload(Upstream(None), "http://other:1", record) is None  # sent: gone
+    assert waiting_for("http://other:1", tmp_path) == 0
+
+
 def test_a_record_is_taken_once_and_a_dead_takers_file_waits_again(tmp_path: Path) -> None:
     taken = outbox.put(URL, make_record(make_key(8)), tmp_path)  # this tune's upload is next
     assert waiting_for(URL, tmp_path) == 0  # not pushable meanwhile: never sent twice
@@ -70,35 +98,54 @@ def test_a_record_is_taken_once_and_a_dead_takers_file_waits_again(tmp_path: Pat
     assert not any(tmp_path.iterdir())
 
 
+def _stored(url: str, kind: str) -> int:
+    """What the server holds of ``kind``: validated records, or Inductor choice groups."""
+    with Client(url) as client:
+        if kind == "record":
+            return sum(r.validation.passed for r in client.list_records().items)
+        from tunecache.inductor.partition import partition
+
+        return len(client.get_artifacts("inductor.choices", partition()))
+
+
 @pytest.mark.slow
-def test_a_tune_whose_upload_fails_is_pushed_later(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["record", "artifacts"])
+def test_a_tune_whose_upload_fails_is_pushed_later(tmp_path: Path, kind: str) -> None:
+    """The server goes away while a tune works (a key's search, or ``tune --torch``'s compile):
+    exit 3 saying where the upload waits; ``tunecache push`` sends it once the server is back."""
+    from tests.test_inductor_cache import write_model
+
     db = tmp_path / "cache.db"
     server = start_server(f"sqlite:///{db}", db, tmp_path / "server.log")
     port = server.url.rsplit(":", 1)[1]
-    argv = ["tune", "softmax", "--backend", "tvm", "--shape", "M=64,N=64", "--trials", "4",
-            "--server", server.url]  # fmt: skip
-    env = {**os.environ, "TUNECACHE_OUTBOX": str(tmp_path / "outbox")}
-    tune = subprocess.Popen([sys.executable, "-m", "tunecache_cli", *argv], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    if kind == "record":
+        argv = ["tune", "softmax", "--backend", "tvm", "--shape", "M=64,N=64", "--trials", "4"]
+        working, what = "searching", "the record"
+    else:
+        argv = ["tune", "--torch", f"{write_model(tmp_path / 'model')}:Model", "--device", "cpu"]
+        working, what = "compiling with max-autotune", "the upload"
+    env = {**os.environ, "TUNECACHE_OUTBOX": str(tmp_path / "outbox"),
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # fmt: skip
+    tune = subprocess.Popen([sys.executable, "-m", "tunecache_cli", *argv, "--server", server.url],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     assert tune.stderr is not None
-    for line in tune.stderr:  # the search has begun: the check before work is behind it
-        if "searching" in line:
+    for line in tune.stderr:  # the work has begun: the check before work is behind it
+        if working in line:
             break
     server.stop()  # the server goes away before the upload
     _, err = tune.communicate(timeout=600)
     assert tune.returncode == 3, err
-    assert "the record waits in" in err and "tunecache push" in err
+    assert f"{what} waits in" in err and "tunecache push" in err
     assert len(list((tmp_path / "outbox").glob("*.json"))) == 1
     server = start_server(f"sqlite:///{db}", db, tmp_path / "server.log", port=int(port))
     try:
+        assert _stored(server.url, kind) == 0
         pushed = subprocess.run([sys.executable, "-m", "tunecache_cli", "push", "--server",
                                  server.url], env=env, capture_output=True, text=True,
                                 timeout=120)  # fmt: skip
         assert pushed.returncode == 0, pushed.stderr
-        assert "pushed 1 of 1 records" in pushed.stderr
+        assert "pushed 1 of 1 waiting uploads" in pushed.stderr
         assert list((tmp_path / "outbox").glob("*.json")) == []
-        with Client(server.url) as client:
-            (stored,) = client.list_records().items
-        assert stored.key.kernel == "softmax" and stored.validation.passed
+        assert _stored(server.url, kind) >= 1  # a record; or the GEMMs' choice groups
     finally:
         server.stop()

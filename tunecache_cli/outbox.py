@@ -1,11 +1,12 @@
-"""The outbox: a finished tune's record, kept on disk until the server has it.
+"""The outbox: what a finished tune uploads, kept on disk until the server has it.
 
 A tune can take an hour; the upload at its end can fail (the server restarting, the network, a
-token revoked meanwhile). So the record is written here first, atomically, with the server it is
-for, and removed once that server answered the upload; what is left is sent by ``tunecache push``
-(also run, quietly, when the next tune for that server starts). A record the server refuses as
-invalid (a 4xx of its own, other than auth) is moved to ``rejected/``, to be read, never sent
-again.
+token revoked meanwhile). So what it uploads — a tuning record, or the artifacts of ``tune
+--torch`` and ``tune --tvm`` (Inductor's choices, MetaSchedule's records) — is written here first,
+atomically, with the server it is for, and removed once that server answered the upload; what is
+left is sent by ``tunecache push`` (also run, quietly, when the next tune for that server
+starts). An upload the server refuses as invalid (a 4xx of its own, other than auth) is moved to
+``rejected/``, to be read, never sent again.
 
 Files are taken before they are sent: renamed to ``.sending-PID-NAME`` (one process wins the
 rename), so two pushers, or a pusher and the tune that wrote the record, never send one record
@@ -14,8 +15,10 @@ twice. A file taken by a process that died is waiting again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -23,11 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tunecache.artifacts import ArtifactIn
 from tunecache.errors import ServerError
 from tunecache.schemas import RecordCreate
 from tunecache.settings import outbox_dir
 
 TAKEN = ".sending-"
+Upload = RecordCreate | list[ArtifactIn]  # a tuning record, or artifacts stored together
 
 
 @dataclass(frozen=True)
@@ -35,16 +40,51 @@ class Waiting:
     path: Path  # the file as taken by this process
     name: str  # its name while it waits
     url: str
-    record: RecordCreate
+    upload: Upload
 
 
-def put(url: str, record: RecordCreate, folder: Path | None = None) -> Path:
-    """Writes ``record`` for ``url`` into the outbox (whole or not at all), taken by this process
-    (its upload is next); returns the taken file, for :func:`done` or :func:`release`."""
+def send(client: Any, upload: Upload) -> Any:
+    """Uploads ``upload`` through ``client``; returns the server's answer.
+
+    Raises:
+        ServerError: the server is unreachable or refused it.
+    """
+    if isinstance(upload, RecordCreate):
+        return client.upload(upload)
+    return client.put_artifacts(upload)
+
+
+def _body(url: str, upload: Upload) -> tuple[dict[str, Any], str]:
+    """The file's JSON and what names it (the record's key, or the artifacts' digest)."""
+    if isinstance(upload, RecordCreate):
+        return {"url": url, "record": upload.model_dump(mode="json", by_alias=True)}, \
+            upload.key.to_key().digest()  # fmt: skip
+    items = [item.model_dump(mode="json") for item in upload]
+    text = json.dumps(items, sort_keys=True).encode()
+    return {"url": url, "artifacts": items}, hashlib.sha256(text).hexdigest()
+
+
+def _parsed(data: dict[str, Any]) -> Upload:
+    """The upload a file holds, validated as the server would (a local file, but checked).
+
+    Raises:
+        ValueError: it holds neither a valid record nor a list of valid artifacts.
+    """
+    if "artifacts" in data:
+        items = data["artifacts"]
+        if not isinstance(items, list) or not items:
+            raise ValueError("artifacts: not a list of artifacts")
+        return [ArtifactIn.model_validate(item) for item in items]
+    return RecordCreate.model_validate(data.get("record"))
+
+
+def put(url: str, upload: Upload, folder: Path | None = None) -> Path:
+    """Writes ``upload`` for ``url`` into the outbox (whole or not at all), taken by this
+    process (its upload is next); returns the taken file, for :func:`done` or :func:`release`."""
     folder = folder or outbox_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    body = {"url": url, "record": record.model_dump(mode="json", by_alias=True)}
-    name = f"{int(time.time() * 1000)}-{record.key.to_key().digest()[:16]}.json"
+    body, digest = _body(url, upload)
+    name = f"{int(time.time() * 1000)}-{digest[:16]}.json"
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".writing-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as out:
@@ -112,36 +152,36 @@ def _waiting_for(url: str, folder: Path) -> Iterator[tuple[Path, Any]]:
 
 
 def take(url: str, folder: Path | None = None) -> list[Waiting]:
-    """Takes the records waiting for ``url``, oldest first (a file another process took first,
-    or that is not a record, is left alone)."""
+    """Takes the uploads waiting for ``url``, oldest first (a file another process took first,
+    or that holds no valid upload, is left alone)."""
     folder = folder or outbox_dir()
     found = []
     for path, data in _waiting_for(url, folder):
         name = _own_name(path.name)
         taken = folder / f"{TAKEN}{os.getpid()}-{name}"
         try:
-            record = RecordCreate.model_validate(data.get("record"))
+            upload = _parsed(data)
             os.replace(path, taken)  # one process wins; the others find it gone
         except (OSError, ValueError):
             continue
-        found.append(Waiting(taken, name, url, record))
+        found.append(Waiting(taken, name, url, upload))
     return found
 
 
 def waiting(url: str, folder: Path | None = None) -> int:
-    """How many records wait for ``url`` (none taken)."""
+    """How many uploads wait for ``url`` (none taken)."""
     return sum(1 for _ in _waiting_for(url, folder or outbox_dir()))
 
 
 def push(client: Any, url: str, folder: Path | None = None) -> tuple[int, int, ServerError | None]:
     """Uploads what waits for ``url`` through ``client``: ``(sent, refused, last error)``. Sent
-    records leave; refused ones move to ``rejected/``; the rest wait (after an unreachable
+    uploads leave; refused ones move to ``rejected/``; the rest wait (after an unreachable
     server, the others are not tried)."""
     sent, refused, error = 0, 0, None
     items = take(url, folder)
     for i, item in enumerate(items):
         try:
-            client.upload(item.record)
+            send(client, item.upload)
         except ServerError as exc:
             error = exc
             code = exc.status_code
@@ -161,3 +201,26 @@ def push(client: Any, url: str, folder: Path | None = None) -> tuple[int, int, S
         done(item.path)
         sent += 1
     return sent, refused, error
+
+
+def kept_upload(client: Any, url: str, upload: Upload, what: str = "the record") -> Any:
+    """Uploads ``upload`` to ``url`` through ``client``, kept in the outbox until the server
+    answered (an outbox that cannot be written warns; the upload goes ahead all the same).
+
+    Raises:
+        ServerError: the upload failed, saying where ``what`` waits for ``tunecache push``.
+    """
+    try:
+        taken: Path | None = put(url, upload)
+    except OSError as exc:
+        taken = None
+        print(f"tunecache: warning: not kept in the outbox ({exc}); uploading", file=sys.stderr)
+    try:
+        answer = send(client, upload)
+    except ServerError as exc:
+        where = "" if taken is None else f"; {what} waits in {release(taken)} " \
+            "(tunecache push sends it)"  # fmt: skip
+        raise ServerError(f"{exc}{where}", status_code=exc.status_code) from None
+    if taken is not None:
+        done(taken)
+    return answer

@@ -1,5 +1,6 @@
-"""``tunecache push``: send the records a tune could not upload (the outbox,
-:mod:`tunecache_cli.outbox`) to the server they were tuned for.
+"""``tunecache push``: send what a tune could not upload (its record, or the artifacts of ``tune
+--torch`` and ``tune --tvm``; the outbox, :mod:`tunecache_cli.outbox`) to the server they were
+tuned for.
 
 Exit 0 when nothing waits any more for that server, 1 when some were refused (moved to the
 outbox's ``rejected/``) or could not be sent, 2 bad input, 3 the server could not be reached,
@@ -18,7 +19,7 @@ from tunecache_cli.args import add_server, preflight, server_url
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser("push", help="upload the records a tune could not upload")
+    parser = commands.add_parser("push", help="send what a tune could not upload (the outbox)")
     add_server(parser)
     parser.set_defaults(run=run)
 
@@ -36,13 +37,23 @@ def run(args: argparse.Namespace) -> int:
     with Client(url, timeout=Settings.from_env().timeout) as client:
         sent, refused, error = outbox.push(client, url)
     left = outbox.waiting(url)
-    print(f"pushed {sent} of {count} records to {url}"
+    print(f"pushed {sent} of {count} waiting uploads to {url}"
           + (f"; {refused} refused (in {outbox_dir() / 'rejected'})" if refused else "")
           + (f"; {left} still waiting" if left else ""), file=sys.stderr)  # fmt: skip
     if left and error is not None and (error.status_code is None
                                        or error.status_code in (401, 403)):  # fmt: skip
         raise ServerError(f"pushing: {error}", status_code=error.status_code)
     return 0 if not (left or refused) else 1
+
+
+def push_before(url: str | None) -> None:
+    """:func:`push_quietly` through a client of its own, before a tune that uploads without one
+    (``tune --torch``, ``tune --tvm``); nothing to do without a server."""
+    from tunecache.client import Client
+
+    if url is not None:
+        with Client(url, timeout=Settings.from_env().timeout) as client:
+            push_quietly(client, url)
 
 
 def push_quietly(client: Any, url: str) -> None:
@@ -59,5 +70,5 @@ def push_quietly(client: Any, url: str) -> None:
               file=sys.stderr)  # fmt: skip
         return
     if sent or refused:
-        print(f"pushed {sent} waiting record(s) to {url}"
+        print(f"pushed {sent} waiting upload(s) to {url}"
               + (f"; {refused} refused" if refused else ""), file=sys.stderr)  # fmt: skip

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tunecache.errors import InvalidInput, ServerError
+from tunecache.errors import InvalidInput
 from tunecache_cli.args import add_key, add_server, key_from_args, server_url, upload_url
 
 
@@ -129,18 +129,6 @@ def run(args: argparse.Namespace) -> int:
     return _run_key(args)
 
 
-def _keep(url: str, record: Any) -> Path | None:
-    """The record in the outbox before its upload; ``None`` (and a warning) where the outbox
-    cannot be written: the upload goes ahead all the same."""
-    from tunecache_cli import outbox
-
-    try:
-        return outbox.put(url, record)
-    except OSError as exc:
-        print(f"tunecache: warning: not kept in the outbox ({exc}); uploading", file=sys.stderr)
-        return None
-
-
 def _run_key(args: argparse.Namespace) -> int:
     from backends.base import Progress
     from tunecache.client import Client
@@ -170,15 +158,7 @@ def _run_key(args: argparse.Namespace) -> int:
             print(record.model_dump_json(by_alias=True, indent=2, exclude={"trials"}))
             return 0
         progress(Progress(0, 0, message=f"to {url}", phase="upload"))
-        taken = _keep(url, record)  # never lost: kept until the server has it
-        try:
-            result = client.upload(record)
-        except ServerError as exc:
-            where = "" if taken is None else f"; the record waits in {outbox.release(taken)} " \
-                "(tunecache push sends it)"  # fmt: skip
-            raise ServerError(f"{exc}{where}", status_code=exc.status_code) from None
-        if taken is not None:
-            outbox.done(taken)
+        result = outbox.kept_upload(client, url, record)  # never lost: kept till the server has it
         stored = client.get_record(result.record_id)
     print(describe(stored))
     state = "the winner" if result.is_winner else f"kept; #{result.winner_record_id} is faster"

@@ -102,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
     from tunecache import conditions
     from tunecache.inductor import pretune
     from tunecache_cli.progress import working
+    from tunecache_cli.push import push_before
+
+    push_before(url)  # what an earlier tune could not upload goes first
 
     machine = conditions.snapshot(family=True)
     try:
@@ -124,6 +127,7 @@ def _upload(url: str, result: Any) -> int:
     from tunecache.inductor import share_items
     from tunecache.inductor.partition import partition
     from tunecache.inductor.remote import TeamCache
+    from tunecache_cli.outbox import kept_upload
 
     team = TeamCache(url, None, partition(), timeout=Settings.from_env().timeout)
     try:
@@ -131,7 +135,7 @@ def _upload(url: str, result: Any) -> int:
         if not items:
             print("nothing autotuned to upload", file=sys.stderr)
             return 0
-        stored = team.put(items)
+        stored = kept_upload(team.client, url, items, "the upload")  # never lost: see outbox
     finally:
         team.close()
     print(f"uploaded {len(items)} entries to {url} ({team.partition}): {stored.stored} stored, "

@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from tunecache.tvm.load import load_module
     from tunecache.tvm.target import host_target
     from tunecache_cli.progress import working
+    from tunecache_cli.push import push_before
     from tuner.tune import default_workdir
 
     with working(f"tvm {args.tvm}", "loading the module and its float64 reference"):
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         target = host_target()
         reference = Reference(mod, target, SEEDS)  # before tuning: a broken module fails fast
     url = upload_url(args)  # after the module's own errors, before the search
+    push_before(url)  # what an earlier tune could not upload goes first
     workdir = default_workdir()
     outcome, seconds = _search(mod, target, budget, workdir, args.tvm)
     records = best_records(open_database(workdir, target), mod, RANKED)
@@ -185,10 +187,12 @@ def _report_speed(versus: Any, best: Checked) -> None:
 
 def _upload(url: str, mod: IRModule, target: dict[str, Any], records: list[Any]) -> int:
     from tunecache.tvm import Database
+    from tunecache_cli.outbox import kept_upload
 
     database = Database(url, target=target, timeout=Settings.from_env().timeout)
     try:
-        result = database.upload(mod, records)
+        items = database.artifacts(mod, records)
+        result = kept_upload(database.remote.client, url, items, "the upload")  # see outbox
     finally:
         database.close()
     print(

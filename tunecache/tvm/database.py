@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
 
-from tunecache.artifacts import ArtifactIn, ArtifactPublic, ArtifactPutResult
+from tunecache.artifacts import ArtifactIn, ArtifactPublic
 from tunecache.configcheck.tvm import target_device
 from tunecache.settings import Settings
 from tunecache.tvm.check import args_info_json, check_record
@@ -131,7 +131,7 @@ class Database(PyDatabase):
         def commit() -> None:
             entry = self._entry(record.workload.mod)
             self._keep(entry, record)
-            self._upload(entry, [record], strict=False)
+            self._upload(entry, [record])
 
         self._guard("commit_tuning_record", commit, None)
 
@@ -160,17 +160,14 @@ class Database(PyDatabase):
         return len(self.get_all_tuning_records())
 
     # -- tooling ------------------------------------------------------------------------------
-    def upload(self, mod: IRModule, records: Sequence[TuningRecord]) -> ArtifactPutResult:
-        """Uploads ``records`` of ``mod`` (and ``mod``), raising on failure (``tunecache tune``).
-
-        Raises:
-            ServerError: the server is unreachable or refused them.
-        """
+    def artifacts(self, mod: IRModule, records: Sequence[TuningRecord]) -> list[ArtifactIn]:
+        """What uploads ``records`` of ``mod`` (``mod``'s workload first), for a caller that
+        sends them itself (``tunecache tune --tvm``, through its outbox); this database keeps
+        the records too."""
         entry = self._entry(mod)
         for record in records:
             self._keep(entry, record)
-        result: ArtifactPutResult = self._upload(entry, records, strict=True)
-        return result
+        return self._items(entry, records, workload=True)
 
     def refresh(self) -> None:
         """Forgets the server's answers (not this process's records): the next lookups re-read."""
@@ -195,23 +192,26 @@ class Database(PyDatabase):
         if known is None or _sort_key(record) < _sort_key(known):
             entry.local[item] = record
 
-    def _upload(self, entry: _Entry, records: Iterable[TuningRecord], *, strict: bool) -> Any:
+    def _items(self, entry: _Entry, records: Iterable[TuningRecord], *, workload: bool) -> Any:
+        """The artifacts of ``records`` (those that can be stored), after ``entry``'s workload
+        when ``workload`` and there are any."""
         key = workload_key(entry.workload.mod)
         items: list[ArtifactIn] = []
         for record in records:
             artifact = record_artifact(self.partition, key, record)
             if artifact is not None:
                 items.append(artifact)
-        if items and not entry.uploaded:
-            workload = workload_artifact(self.partition, key, entry.workload.mod)
-            items[:0] = [] if workload is None else [workload]
-        if strict:
-            result = self.remote.put_strict(items) if items else ArtifactPutResult(stored=0, kept=0)
-            entry.uploaded = entry.uploaded or bool(items)
-            return result
+        if items and workload:
+            first = workload_artifact(self.partition, key, entry.workload.mod)
+            items[:0] = [] if first is None else [first]
+        return items
+
+    def _upload(self, entry: _Entry, records: Iterable[TuningRecord]) -> None:
+        """Stores ``records`` on the server as MetaSchedule commits them (a failure is logged
+        and the records stay here)."""
+        items = self._items(entry, records, workload=not entry.uploaded)
         if items and self.remote.put(items):
             entry.uploaded = True
-        return None
 
     def _best(self, entry: _Entry, k: int) -> list[TuningRecord]:
         self._check(entry, k)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from tunecache.artifacts import ArtifactIn, ArtifactPublic, Namespace
 from tunecache.client import Client
@@ -71,14 +70,6 @@ class Remote:
             self._failed(f"writing {len(items)} {items[0].namespace} item(s)", error, write=True)
             return False
         return True
-
-    def put_strict(self, items: Sequence[ArtifactIn]) -> Any:
-        """Stores ``items``, raising :class:`ServerError` (the CLI's upload, which must report).
-
-        Raises:
-            ServerError: the server is unreachable or refused the items.
-        """
-        return self.client.put_artifacts(items)
 
     def close(self) -> None:
         self.client.close()
