@@ -104,6 +104,19 @@ def test_bad_input_is_one_line_and_a_documented_code(
     assert len(err.splitlines()) == 1, err
 
 
+def test_a_gpu_daemon_without_a_gpu_says_what_to_run_instead(tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: a CUDA daemon may start here")
+    done = subprocess.run([sys.executable, "-m", "tunecache_cli", "daemon", "--device", "cuda"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == ("tunecache: error: --device cuda: no CUDA device is visible "
+                                   "here (CUDA_VISIBLE_DEVICES?); on a CPU machine, run a CPU "
+                                   "daemon (--device cpu)")  # fmt: skip
+
+
 def test_ctrl_c_during_a_tune_is_exit_130_and_one_line(tmp_path: Path) -> None:
     argv = ["tune", "bias_gelu", "--backend", "tvm", "--shape", "M=64,N=64,K=64", "--strategy",
             "random", "--trials", "500", "--no-upload"]  # fmt: skip

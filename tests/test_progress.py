@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -88,6 +89,35 @@ def test_the_eta_counts_down_while_a_step_is_awaited() -> None:
             if "ETA " in line]  # fmt: skip
     assert len(etas) >= 3, stream.getvalue()
     assert etas == sorted(etas, reverse=True) and etas[-1] <= 1  # never up; down to zero
+
+
+def test_pretunes_eta_counts_down_while_the_next_job_is_awaited(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``pretune`` following jobs: its ETA grew with the elapsed time (32 s → 56 s between two
+    jobs done). The queue is read through the client's ``list_jobs``; the clock is faked."""
+    import types
+
+    from tunecache_cli import pretune
+
+    clock = [0.0]
+    done_at = {"a": 10.0, "b": 40.0, "c": 50.0}  # when each job is done
+
+    def list_jobs(limit: int, offset: int) -> Any:
+        items = [types.SimpleNamespace(key_hash=h, state="done" if clock[0] >= t else "running")
+                 for h, t in done_at.items()][offset:]  # fmt: skip
+        return types.SimpleNamespace(items=items, count=3)
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    monkeypatch.setattr(pretune, "time", types.SimpleNamespace(monotonic=lambda: clock[0],
+                                                               sleep=sleep))  # fmt: skip
+    assert pretune.follow(types.SimpleNamespace(list_jobs=list_jobs), list(done_at), poll=5) == 0
+    etas = {int(line.split()[0].rstrip("s")): int(line.split("ETA ")[1].rstrip("s"))
+            for line in capsys.readouterr().err.splitlines() if "ETA " in line}  # fmt: skip
+    assert etas[10] == 20 and etas[25] == 5 and etas[35] == 0  # 10 s a job, counted down
+    assert etas[40] == 20  # the next job: 40 s for two, one left
 
 
 def test_a_search_shows_the_space_as_its_total_when_smaller_than_the_budget() -> None:

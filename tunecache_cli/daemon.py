@@ -66,12 +66,27 @@ def _packages(text: str | None) -> tuple[str, ...]:
     return names
 
 
+def _check_device(kind: str) -> None:
+    """Raises:
+    InvalidInput: ``--device cuda`` where no GPU is visible, saying what to run instead."""
+    from tunecache.device import local_device
+
+    try:
+        local_device(kind)
+    except InvalidInput:
+        raise InvalidInput(
+            f"--device {kind}: no CUDA device is visible here (CUDA_VISIBLE_DEVICES"
+            "?); on a CPU machine, run a CPU daemon (--device cpu)"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tuner.daemon import Daemon, DaemonOptions
 
     if args.trials < 1 or args.poll <= 0 or args.lease <= 0:
         raise InvalidInput("--trials, --poll and --lease must be positive")
+    _check_device(args.device)
     if args.verify:
         return run_verifier(args)
     preflight(server_url(args), "write", "the daemon (it claims jobs and uploads)")

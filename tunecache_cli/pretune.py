@@ -60,18 +60,23 @@ def queue(client: Any, manifest: Any) -> tuple[list[str], int]:
 
 def follow(client: Any, hashes: list[str], poll: float = 2.0) -> int:
     """Prints progress until every followed job is done or failed; returns the failures."""
-    from tunecache_cli.progress import eta_seconds
+    from tunecache_cli.progress import Countdown
 
     wanted = set(hashes)
     started = time.monotonic()
     live = sys.stderr.isatty()
+    countdown, finished = Countdown(), 0
     while True:
         jobs = {h: j for h, j in all_jobs(client).items() if h in wanted}
         states = [j.state for j in jobs.values()]
         done, failed = states.count("done"), states.count("failed")
         running = states.count("running")
-        elapsed = time.monotonic() - started
-        eta = eta_seconds(elapsed, done + failed, len(wanted))
+        now = time.monotonic()
+        elapsed = now - started
+        if done + failed != finished:  # a step: the pace as of now, counted down until the next
+            finished = done + failed
+            countdown.step(elapsed, finished, len(wanted), now)
+        eta = countdown.left(now)
         left = f", ETA {eta:.0f}s" if eta is not None else ""
         print(f"{chr(13) if live else ''}{elapsed:6.0f}s {done}/{len(wanted)} done, {running} "
               f"running, {failed} failed{left}", end="" if live else "\n", file=sys.stderr,

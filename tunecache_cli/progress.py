@@ -38,6 +38,23 @@ def eta_seconds(elapsed: float, done: int, total: int) -> float | None:
     return elapsed / done * (total - done)
 
 
+class Countdown:
+    """An ETA that counts down between steps: the pace as of the last step, less the time since
+    (waiting for the next step does not make the work left grow)."""
+
+    def __init__(self) -> None:
+        self._at: tuple[float, float] | None = None  # (seconds left, when) at the last step
+
+    def step(self, elapsed: float, done: int, total: int, now: float) -> None:
+        """A step was made: ``done`` of ``total`` in ``elapsed`` seconds, at ``now``."""
+        eta = eta_seconds(elapsed, done, total)
+        self._at = None if eta is None else (eta, now)
+
+    def left(self, now: float) -> float | None:
+        """Seconds left at ``now``, or ``None`` before the first step."""
+        return None if self._at is None else max(0.0, self._at[0] - (now - self._at[1]))
+
+
 class ProgressPrinter:
     """Reports :class:`Progress` events for one run; use it as a context manager (it stops the
     heartbeat thread or the live display on exit).
@@ -60,7 +77,7 @@ class ProgressPrinter:
         self._last = Progress(done=0, total=0, phase="search")
         self._phase_started = self.started
         self._last_line = self.started
-        self._eta: tuple[float, float] | None = None  # (seconds left, when): the last step's
+        self._eta = Countdown()
         self._expected = False  # the last event was only expected (:meth:`expect`): not printed
         self._stop = threading.Event()
         self._rich: Any = None
@@ -96,8 +113,7 @@ class ProgressPrinter:
                                  event.phase)  # fmt: skip
             self._last, self._expected = event, False
             self._last_line = now
-            eta = eta_seconds(now - self._phase_started, event.done, event.total)
-            self._eta = None if eta is None else (eta, now)
+            self._eta.step(now - self._phase_started, event.done, event.total, now)
             line = self._line(event, now)
         if self._rich is not None:
             self._update_rich(event, line)
@@ -116,9 +132,7 @@ class ProgressPrinter:
         elapsed = now - self.started
         count = f" [{event.done}/{event.total}]" if event.total else ""
         best = f" best {event.best_ms:.4g} ms" if event.best_ms is not None else ""
-        # The pace as of the last step, counted down since: waiting for the next step does not
-        # make the work left grow.
-        eta = None if self._eta is None else max(0.0, self._eta[0] - (now - self._eta[1]))
+        eta = self._eta.left(now)
         left = f" ETA {eta:.0f}s" if eta is not None else ""
         message = f" {event.message}" if event.message else ""
         phase = PHASES.get(event.phase, event.phase)
