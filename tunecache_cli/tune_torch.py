@@ -138,7 +138,8 @@ def _upload(url: str, result: Any) -> int:
         stored = kept_upload(team.client, url, items, "the upload")  # never lost: see outbox
     finally:
         team.close()
-    print(f"uploaded {len(items)} entries to {url} ({team.partition}): {stored.stored} stored, "
+    entries = f"{len(items)} entr{'y' if len(items) == 1 else 'ies'}"
+    print(f"uploaded {entries} to {url} ({team.partition}): {stored.stored} stored, "
           f"{stored.kept} kept (the team's were faster)", file=sys.stderr)  # fmt: skip
     return 0
 
