@@ -7,6 +7,7 @@ import importlib
 from backends.base import (
     Backend,
     Budget,
+    CompilesAhead,
     Progress,
     ProgressFn,
     Runnable,
@@ -14,6 +15,7 @@ from backends.base import (
     SearchResult,
     Target,
     Trial,
+    compile_target,
 )
 from tunecache.errors import lookup
 from tunecache.kernels import BACKENDS
@@ -45,6 +47,7 @@ def backend_names() -> tuple[str, ...]:
 __all__ = [
     "Backend",
     "Budget",
+    "CompilesAhead",
     "Progress",
     "ProgressFn",
     "Runnable",
@@ -53,5 +56,6 @@ __all__ = [
     "Target",
     "Trial",
     "backend_names",
+    "compile_target",
     "get_backend",
 ]

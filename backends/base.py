@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from tunecache.schemas import Trial, TrialStatus
 
@@ -134,6 +134,40 @@ def import_failure(modules: tuple[str, ...], package: str, hint: str) -> str | N
     return None
 
 
+@runtime_checkable
+class CompilesAhead(Protocol):
+    """What a backend implements when a CPU-only process can compile its candidates for the
+    device ahead of their timing (Triton for an ``sm_90``): the compile farm's side of it
+    (:mod:`tuner.harness.farm`). A backend without it compiles where its candidates run."""
+
+    def compile_target(self) -> Target | None:
+        """The target to compile for (this process's device), or ``None`` when its candidates
+        compile where they run here after all (an interpreter, no device)."""
+
+    def compile_ahead(
+        self,
+        workload: Workload,
+        problem: Mapping[str, int],
+        dtype: str,
+        config: Mapping[str, Any],
+        target: Target,
+    ) -> dict[str, int]:
+        """Compiles ``config`` for ``target`` in this process, which has no device, leaving the
+        result where the backend's runnable will load it from without compiling (a shared
+        cache); returns facts about the compiled code (``{"shared": bytes}``).
+
+        Raises:
+            InvalidInput: ``config`` is outside the space (the reason is in the message).
+            Exception: the compiler's own error.
+        """
+
+
+def compile_target(backend: Backend) -> Target | None:
+    """``backend``'s compile-ahead target, or ``None`` when it has none (see
+    :class:`CompilesAhead`)."""
+    return backend.compile_target() if isinstance(backend, CompilesAhead) else None
+
+
 class Backend(abc.ABC):
     """A tuning backend (``tvm``, ``inductor``, later ``triton``)."""
 
@@ -171,31 +205,6 @@ class Backend(abc.ABC):
         self, workload: Workload, problem: Mapping[str, int], dtype: str, config: Mapping[str, Any]
     ) -> Runnable:
         """A runnable for ``config`` (a config ``search`` returned, or the default config)."""
-
-    def compile_target(self) -> Target | None:
-        """The target a CPU-only process can compile this backend's candidates for, ahead of
-        their timing on the device (:meth:`compile_ahead`), or ``None`` when they compile where
-        they run."""
-        return None
-
-    def compile_ahead(
-        self,
-        workload: Workload,
-        problem: Mapping[str, int],
-        dtype: str,
-        config: Mapping[str, Any],
-        target: Target,
-    ) -> dict[str, int]:
-        """Compiles ``config`` for ``target`` in this process, which has no device, leaving the
-        result where :meth:`build`'s runnable will load it from without compiling (a shared
-        cache); returns facts about the compiled code (``{"shared": bytes}``).
-
-        Raises:
-            InvalidInput: ``config`` is outside the space (the reason is in the message).
-            NotImplementedError: the backend has no :meth:`compile_target`.
-            Exception: the compiler's own error.
-        """
-        raise NotImplementedError(f"{self.name} does not compile ahead of its device")
 
     def out_of_resources(self, exc: BaseException) -> str | None:
         """Why ``exc``, raised by a candidate's runnable, means the candidate does not fit the

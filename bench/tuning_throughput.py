@@ -118,7 +118,7 @@ def farm_throughput(configs: list[dict[str, int]], workers: int) -> float:
 def _drain(farm: Any, task: Any, configs: list[dict[str, int]]) -> None:
     """Compiles ``configs`` in ``farm``, every one of which must compile."""
     for answer in farm.compile_all(task, configs).values():
-        assert answer["status"] == "ok", answer
+        assert answer.ok, answer
 
 
 def gemm_configs(count: int, offset: int = 0) -> list[dict[str, int]]:
@@ -178,6 +178,7 @@ def _task(backend: str, workload: str, problem: dict[str, int], timer: Any,
 def harness_overhead(candidates: int, workers: int, farm: bool = False) -> tuple[float, float]:
     """``(ms of overhead per candidate, the slowest candidate's median ms per run)``, through
     the compile farm and the one timing process with ``farm``."""
+    from backends import compile_target
     from tunecache.timing import TimerSettings
     from tuner.harness import Harness
 
@@ -185,7 +186,7 @@ def harness_overhead(candidates: int, workers: int, farm: bool = False) -> tuple
     timer = TimerSettings(warmup=1, min_repeats=5, max_repeats=5, min_sample_s=0, target_s=0)
     backend = TrivialFarmed() if farm else Trivial()
     ref = f"bench.tuning_throughput:{type(backend).__name__}"
-    task = _task(ref, "softmax", {"M": 8, "N": 64}, timer, backend.compile_target())
+    task = _task(ref, "softmax", {"M": 8, "N": 64}, timer, compile_target(backend))
     configs = [Config.of({"variant": i}) for i in range(candidates)]
     with Harness(workers=workers) as harness:
         bench = harness.benchmarker(task)

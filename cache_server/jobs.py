@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from cache_server.db import upsert_insert
 from cache_server.models import JobRow, utcnow
+from tunecache.key import kernel_module
 
 
 def enqueue(
@@ -32,12 +33,11 @@ def enqueue(
 ) -> tuple[JobRow, bool]:
     """Queues a job for ``key_hash`` unless one exists; returns it and whether it is new."""
     now = utcnow()
-    kernel = key["kernel"]
     stmt = upsert_insert(session, JobRow).values(
         key_hash=key_hash, key=key, state="queued", priority=priority, source=source,
         attempts=0, max_attempts=max_attempts, error="", created_at=now, updated_at=now,
         backend=key["backend"], device_arch=key["device"]["arch"], strategy=strategy,
-        trials=trials, kernel_module=kernel.partition(":")[0] if ":" in kernel else None,
+        trials=trials, kernel_module=kernel_module(key["kernel"]),
     )  # fmt: skip
     new_id = session.execute(
         stmt.on_conflict_do_nothing(index_elements=["key_hash"]).returning(JobRow.id)
@@ -90,9 +90,10 @@ def claim(
     if backends is not None:
         fits.append(JobRow.backend.in_(list(backends)))
     if kernel_packages is not None:
+        # A prefix compared as a substring: LIKE ignores case on SQLite and knows wildcards.
         fits.append(or_(JobRow.kernel_module.is_(None),
                         JobRow.kernel_module.in_(list(kernel_packages)),
-                        *(JobRow.kernel_module.startswith(f"{p}.", autoescape=True)
+                        *(func.substr(JobRow.kernel_module, 1, len(p) + 1) == f"{p}."
                           for p in kernel_packages)))  # fmt: skip
     pick = (
         select(JobRow.id)

@@ -171,3 +171,29 @@ def test_a_snapshot_path_may_be_a_str_and_a_bad_policy_fails_at_construction(
     assert (result.source, result.config) == ("default", {"tile": 1})
     with pytest.raises(InvalidInput, match="policy='loose': expected one of strict"):
         Client("http://127.0.0.1:9", policy="loose")  # type: ignore[arg-type]
+
+
+def test_a_claim_on_a_server_older_than_the_kernel_filter_is_sent_again_without_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server from before ``kernel_packages`` refuses the field (422): the daemon warns and
+    claims without it (refusing such kernels itself) instead of dying on every claim."""
+    bodies: list[dict[str, object]] = []
+
+    def old_server(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        if "kernel_packages" in body:
+            detail = [{"type": "extra_forbidden", "loc": ["body", "kernel_packages"],
+                       "msg": "Extra inputs are not permitted"}]  # fmt: skip
+            return httpx.Response(422, json={"detail": detail},
+                                  headers={"Tunecache-Server": "tunecache/0.1.0"})  # fmt: skip
+        return httpx.Response(204, headers={"Tunecache-Server": "tunecache/0.1.0"})
+
+    with Client("http://old.test", transport=httpx.MockTransport(old_server)) as client:
+        assert client.claim_job("w", kernel_packages=["mypkg"]) is None
+    assert [sorted(b) for b in bodies] == [
+        ["kernel_packages", "lease_seconds", "worker"],
+        ["lease_seconds", "worker"],
+    ]
+    assert "cannot filter claims by kernel package" in caplog.text

@@ -99,9 +99,9 @@ def test_a_farm_compiled_config_is_launched_without_a_compile(
         answers = list(farm.compile_all(task, configs).values())
     finally:
         farm.close()
-    assert [a["status"] for a in answers] == ["ok", "ok"], answers
-    assert all(0 < a["shared"] <= SM_90.limits.max_shared_memory_per_block for a in answers)
-    kernels = sum(a["kernels"] for a in answers)
+    assert [a.status for a in answers] == ["ok", "ok"], answers
+    assert all(0 < a.facts["shared"] <= SM_90.limits.max_shared_memory_per_block for a in answers)
+    kernels = sum(a.facts["kernels"] for a in answers)
     assert kernels == 3
     assert launch_in_a_new_process(triton_cache, configs) == {"compiled": 0, "cache_hits": 3}
     # The same launches with an empty cache compile: the count above can fail.
@@ -125,9 +125,9 @@ def test_a_kernel_over_the_targets_shared_memory_is_invalid_without_a_launch(
         [fits] = farm.compile_all(Task(**{**task.__dict__, "target": SM_90}), [config]).values()
     finally:
         farm.close()
-    assert answer["status"] == "invalid", answer
-    assert "bytes of shared memory; sm_90 allows 8 per block" in answer["error"]
-    assert fits["status"] == "ok" and fits["shared"] > 8
+    assert answer.status == "invalid", answer
+    assert "bytes of shared memory; sm_90 allows 8 per block" in answer.error
+    assert fits.status == "ok" and fits.facts["shared"] > 8
 
 
 def test_a_cancelled_task_leaves_nothing_behind_in_the_farm() -> None:
@@ -149,7 +149,7 @@ def test_a_cancelled_task_leaves_nothing_behind_in_the_farm() -> None:
         [answer] = farm.compile_all(task, configs[:1]).values()  # compiled again on demand
     finally:
         farm.close()
-    assert answer["status"] == "ok"
+    assert answer.status == "ok"
 
 
 def get_matmul() -> Any:

@@ -4,6 +4,7 @@ completes; failures are given back with their reason; a client's miss becomes a 
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +82,8 @@ def test_a_job_never_makes_the_daemon_import_a_package_it_was_not_given(
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "0 jobs completed, 0 failed" in done.stderr
+    # it takes the job's backend: the package kept the job from it
+    assert re.search(r": taking \S*tvm\S* jobs for ", done.stderr), done.stderr
     assert not marker.exists()  # neither the job's module nor the allowed package (found only)
     with Client(server.url) as client:
         (waiting,) = client.list_jobs().items
@@ -90,9 +93,12 @@ def test_a_job_never_makes_the_daemon_import_a_package_it_was_not_given(
 def test_a_daemon_given_a_package_it_cannot_import_does_not_start(server: LiveServer) -> None:
     done = daemon(server, "--kernels", "tests,no_such_package_here")
     assert done.returncode == 2, done.stderr
-    assert done.stderr.strip() == ("tunecache: error: kernel package 'no_such_package_here' "
-                                   "cannot be imported here (not installed, and not in the "
-                                   "current directory)")  # fmt: skip
+    assert done.stderr.strip() == ("tunecache: error: --kernels: kernel package "
+                                   "'no_such_package_here' cannot be imported here (not "
+                                   "installed, and not in the current directory)")  # fmt: skip
+    done = daemon(server, "--kernels", "tests.,a..b")  # names no claim may carry
+    assert done.returncode == 2 and "expected at most 64 dotted package names" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_the_daemon_refuses_to_start_without_a_write_token(server: LiveServer) -> None:
@@ -160,3 +166,45 @@ def test_sigterm_lets_the_current_job_finish(server: LiveServer) -> None:
     with Client(server.url) as client:
         (job,) = client.list_jobs().items
     assert job.state == "done" and job.attempts == 1  # finished, not lost
+
+
+def test_a_daemon_refuses_a_job_for_a_package_it_was_not_given_whoever_hands_it_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server filters claims by package, but a daemon trusts no server (an old one, or a
+    hostile one): a job naming another package's kernel is failed unimported."""
+    from tunecache.jobs import JobPublic
+    from tunecache.schemas import KeyModel
+    from tuner.daemon import Daemon, DaemonOptions
+
+    marker = tmp_path / "imported"
+    (tmp_path / "evilmod.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    key = dataclasses.replace(make_key(), kernel="evilmod:Kernel",
+                              device=local_device("cpu").fingerprint)  # fmt: skip
+    now = "2026-01-01T00:00:00Z"
+    job = JobPublic.model_validate({
+        "id": 7, "key_hash": key.digest(), "key": KeyModel.from_key(key).model_dump(by_alias=True),
+        "state": "running", "priority": 0, "source": "api", "attempts": 1, "max_attempts": 3,
+        "lease_owner": "w", "lease_expires_at": now, "error": "", "record_id": None,
+        "created_at": now, "updated_at": now,
+    })  # fmt: skip
+
+    class Server:  # what the daemon asks of its client, at a boundary we own
+        def __init__(self) -> None:
+            self.failed: list[tuple[int, str]] = []
+
+        def fail_job(self, job_id: int, worker: str, error: str) -> None:
+            self.failed.append((job_id, error))
+
+    server = Server()
+    daemon = Daemon(server, DaemonOptions(kernels=("mypkg",)))  # type: ignore[arg-type]
+    daemon.work(job, harness=None)  # type: ignore[arg-type]
+    assert not marker.exists()
+    assert daemon.failed == [7] and len(server.failed) == 1
+    assert (
+        "'evilmod:Kernel' is not in a package this worker imports (--kernels: mypkg)"
+        in (server.failed[0][1])
+    )

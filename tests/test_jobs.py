@@ -54,9 +54,10 @@ def test_claims_follow_priority_then_age(any_server: LiveServer) -> None:
 
 def test_a_claim_names_the_kernel_packages_it_may_import(any_server: LiveServer) -> None:
     """A built-in kernel's job goes to anyone; a user's kernel's only to a worker that named its
-    package (or a package above it); a look-alike prefix or a LIKE wildcard matches nothing."""
+    package (or a package above it); a look-alike prefix, a LIKE wildcard or another case
+    matches nothing."""
     kernels = {1: "matmul", 2: "pkg.mod:Kernel", 3: "pkg:Kernel", 4: "pkgx.mod:Kernel",
-               5: "pkg_sub.mod:Kernel", 6: "other.deep.mod:Kernel"}  # fmt: skip
+               5: "pkg_sub.mod:Kernel", 6: "other.deep.mod:Kernel", 7: "PKG.mod:Kernel"}  # fmt: skip
     with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         for m, kernel in kernels.items():
             key = {**make_key(m=m).to_json(), "kernel": kernel}
@@ -73,9 +74,9 @@ def test_a_claim_names_the_kernel_packages_it_may_import(any_server: LiveServer)
 
         assert claims([]) == {1}
         assert claims(["pk_"]) == set()  # "_" is no LIKE wildcard: pkg.mod is not in pk_
-        assert claims(["pkg"]) == {2, 3}
+        assert claims(["pkg"]) == {2, 3}  # not PKG: package names are case-sensitive
         assert claims(["other.deep"]) == {6}
-        assert claims(None) == {4, 5}  # an old worker, naming none: anything left
+        assert claims(None) == {4, 5, 7}  # an old worker, naming none: anything left
         bad = http.post("/v1/jobs/claim", json={"worker": "w", "kernel_packages": ["a%"]})
     assert bad.status_code == 422
 

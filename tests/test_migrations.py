@@ -194,3 +194,37 @@ def test_the_trust_migration_rejects_stored_records_the_closed_schemas_refuse(
     assert statuses == {ids[0]: "rejected", ids[1]: "pending", ids[2]: "rejected"}
     assert held == {key.digest(): ids[1]}  # the servable record; the other key has none
     assert kept == ["group"]  # the code-bearing MetaSchedule record is gone
+
+
+def test_the_kernel_module_migration_fills_in_the_jobs_queued_before_it(tmp_path: Path) -> None:
+    """Jobs queued at 0007 get their kernel's module (a user's kernel) or none (a built-in), so
+    a daemon's claim filters them like new ones; downgrading drops the column again."""
+    from datetime import UTC, datetime
+
+    import sqlalchemy as sa
+    from alembic import command
+
+    from cache_server.migrate import alembic_config
+    from tests.factories import make_key
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    upgrade(url, "0007")
+    engine = make_engine(url)
+    jobs = sa.Table("jobs", sa.MetaData(), autoload_with=engine)
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        for m, kernel in ((8, "matmul"), (16, "mypkg.kernels:Affine")):
+            key = {**make_key(m=m).to_json(), "kernel": kernel}
+            conn.execute(jobs.insert().values(
+                key_hash=str(m) * 4, key=key, state="queued", priority=0, source="api",
+                attempts=0, max_attempts=3, error="", created_at=now, updated_at=now,
+                backend="tvm", device_arch="cpu-avx2",
+            ))  # fmt: skip
+    upgrade(url)
+    with sqlite3.connect(tmp_path / "old.db") as db:
+        modules = dict(db.execute("select key_hash, kernel_module from jobs").fetchall())
+    assert modules == {"8888": None, "16161616": "mypkg.kernels"}
+    command.downgrade(alembic_config(url), "0007")
+    with sqlite3.connect(tmp_path / "old.db") as db:
+        columns = {row[1] for row in db.execute("pragma table_info(jobs)")}
+    assert "kernel_module" not in columns and "device_arch" in columns

@@ -1,5 +1,5 @@
-"""A finished tune is never lost: its record waits in the outbox until the server has it, and
-``tunecache push`` (or the next tune) sends it."""
+"""A finished tune is never lost: what it uploads (a record, or artifacts) waits in the outbox
+until the server has it, and ``tunecache push`` (or the next tune) sends it."""
 
 from __future__ import annotations
 
@@ -28,14 +28,17 @@ class Upstream:
         self.answers = list(answers)
         self.sent: list[Any] = []
 
-    def upload(self, record: Any) -> None:
+    def _answer(self, what: str, body: Any) -> None:
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
-        self.sent.append(record)
+        self.sent.append(body if what == "record" else (what, body))
+
+    def upload(self, record: Any) -> None:
+        self._answer("record", record)
 
     def put_artifacts(self, items: Any) -> None:
-        self.upload(items)
+        self._answer("artifacts", items)
 
 
 def waiting_for(url: str, folder: Path) -> int:
@@ -69,10 +72,11 @@ def test_artifacts_wait_beside_records_and_are_sent_as_artifacts(tmp_path: Path)
     outbox.release(outbox.put(URL, make_record(make_key(8)), tmp_path))
     (tmp_path / "bad.json").write_text(json.dumps({"url": URL, "artifacts": [{"namespace": "x"}]}))
     upstream = Upstream(None, None)
-    assert outbox.push(upstream, URL, tmp_path) == (2, 0, None)
-    assert upstream.sent[0] == items  # as they were put: validated artifacts, in order
-    assert upstream.sent[1] == make_record(make_key(8))
-    assert [p.name for p in tmp_path.iterdir()] == ["bad.json"]  # not an upload: left alone
+    assert outbox.push(upstream, URL, tmp_path) == (2, 1, None)  # bad.json: refused here
+    assert ("artifacts", items) in upstream.sent  # as they were put: validated artifacts
+    assert make_record(make_key(8)) in upstream.sent and len(upstream.sent) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["rejected"]  # nothing waits for ever
+    assert [p.name for p in (tmp_path / "rejected").iterdir()] == ["bad.json"]
 
 
 def test_a_failed_upload_says_where_it_waits(tmp_path: Path, monkeypatch: Any) -> None:
@@ -83,6 +87,11 @@ def test_a_failed_upload_says_where_it_waits(tmp_path: Path, monkeypatch: Any) -
     assert waiting_for(URL, tmp_path) == 1
     assert outbox.kept_upload(Upstream(None), "http://other:1", record) is None  # sent: gone
     assert waiting_for("http://other:1", tmp_path) == 0
+    refusal = ServerError("POST /v1/records → 422: invalid", status_code=422)
+    with pytest.raises(ServerError, match=r"422: invalid; the record is kept in .*rejected"):
+        outbox.kept_upload(Upstream(refusal), "http://other:1", record)  # never to be sent
+    assert waiting_for("http://other:1", tmp_path) == 0
+    assert len(list((tmp_path / "rejected").glob("*.json"))) == 1
 
 
 def test_a_record_is_taken_once_and_a_dead_takers_file_waits_again(tmp_path: Path) -> None:
@@ -144,8 +153,8 @@ def test_a_tune_whose_upload_fails_is_pushed_later(tmp_path: Path, kind: str) ->
                                  server.url], env=env, capture_output=True, text=True,
                                 timeout=120)  # fmt: skip
         assert pushed.returncode == 0, pushed.stderr
-        assert "pushed 1 of 1 waiting uploads" in pushed.stderr
+        assert "pushed 1 of 1 waiting upload to" in pushed.stderr
         assert list((tmp_path / "outbox").glob("*.json")) == []
-        assert _stored(server.url, kind) >= 1  # a record; or the GEMMs' choice groups
+        assert _stored(server.url, kind) == (1 if kind == "record" else 2)  # the GEMMs' groups
     finally:
         server.stop()

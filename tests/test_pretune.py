@@ -61,6 +61,19 @@ BAD = [
 ]  # fmt: skip
 
 
+def test_a_manifests_arch_applies_to_the_backends_that_run_on_it() -> None:
+    """``arch = "sm_90"`` beside TVM and Inductor entries made GPU keys for CPU backends: jobs
+    no daemon would ever claim."""
+    from tunecache.device import local_device
+
+    manifest = parse_manifest('arch = "sm_90"\n[[tune]]\nkernel = "matmul"\n'
+                              'backends = ["triton", "tvm", "inductor"]\n'
+                              "shapes = [{M = 8, N = 8, K = 8}]\n")  # fmt: skip
+    devices = {key.backend: key.device for key in manifest.keys}
+    assert (devices["triton"].kind, devices["triton"].arch) == ("cuda", "sm_90")
+    assert devices["tvm"] == devices["inductor"] == local_device("cpu").fingerprint
+
+
 @pytest.mark.parametrize(("text", "message"), BAD)
 def test_a_bad_manifest_names_its_line(text: str, message: str) -> None:
     with pytest.raises(InvalidInput) as raised:

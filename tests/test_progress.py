@@ -118,6 +118,11 @@ def test_pretunes_eta_counts_down_while_the_next_job_is_awaited(
             for line in capsys.readouterr().err.splitlines() if "ETA " in line}  # fmt: skip
     assert etas[10] == 20 and etas[25] == 5 and etas[35] == 0  # 10 s a job, counted down
     assert etas[40] == 20  # the next job: 40 s for two, one left
+    clock[0], done_at["a"] = 0.0, -1.0  # again, one job finished before this run began
+    assert pretune.follow(types.SimpleNamespace(list_jobs=list_jobs), list(done_at), poll=5) == 0
+    etas = {int(line.split()[0].rstrip("s")): int(line.split("ETA ")[1].rstrip("s"))
+            for line in capsys.readouterr().err.splitlines() if "ETA " in line}  # fmt: skip
+    assert min(etas) == 40 and etas[40] == 40 and etas[45] == 35  # none before this run's first
 
 
 def test_a_search_shows_the_space_as_its_total_when_smaller_than_the_budget() -> None:

@@ -178,7 +178,8 @@ class Device:
 
 DEVICE_KINDS = ("cpu", "cuda")
 
-# The archs a key may name: NVIDIA's compute capabilities, and what :func:`cpu_fingerprint` says.
+# The archs a target named by hand (a manifest's ``arch``) may be: NVIDIA's compute capabilities,
+# and what :func:`cpu_fingerprint` says.
 CUDA_ARCHS = (
     "sm_50", "sm_52", "sm_53", "sm_60", "sm_61", "sm_62", "sm_70", "sm_72", "sm_75", "sm_80",
     "sm_86", "sm_87", "sm_88", "sm_89", "sm_90", "sm_100", "sm_101", "sm_103", "sm_110",
@@ -191,8 +192,8 @@ CPU_ARCHS = (
 
 
 def check_arch(arch: object) -> str:
-    """``arch`` when it is one a device can have (or this machine's own), for a target named by
-    hand (a manifest's ``arch``).
+    """``arch`` when it is one a device can have (or this machine's CPU's own), for a target
+    named by hand (a manifest's ``arch``).
 
     Raises:
         InvalidInput: not a string, or no device has it — listing those that do.

@@ -22,8 +22,10 @@ Package = Annotated[
         min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
     ),
 ]
-JobStrategy = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z_]+$")]
-JobTrials = Annotated[int, Field(strict=True, ge=1, le=1_000_000), INTEGRAL]
+STRATEGY_PATTERN = r"^[a-z_]{1,64}$"
+MAX_JOB_TRIALS = 1_000_000
+JobStrategy = Annotated[str, Field(min_length=1, max_length=64, pattern=STRATEGY_PATTERN)]
+JobTrials = Annotated[int, Field(strict=True, ge=1, le=MAX_JOB_TRIALS), INTEGRAL]
 
 
 class JobCreate(_Strict):

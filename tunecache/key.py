@@ -46,6 +46,17 @@ DTYPES = (
 )  # fmt: skip
 
 
+def kernel_module(kernel: str) -> str | None:
+    """The module a user's kernel (``package.module:Class``) is imported from; ``None`` for a
+    built-in kernel (a bare name)."""
+    return kernel.partition(":")[0] if ":" in kernel else None
+
+
+def arch_kind(arch: str) -> str:
+    """``"cuda"`` for a GPU's arch (``sm_90``), else ``"cpu"``."""
+    return "cuda" if arch.startswith("sm_") else "cpu"
+
+
 def check_problem(problem: Any, *, kernel: str | None = None) -> dict[str, ProblemValue]:
     """Validates a problem's parameters (:func:`tunecache.problem.check_sizes`); given
     ``kernel``, the dimensions its lookup rules round to a bucket

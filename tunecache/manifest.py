@@ -2,7 +2,8 @@
 
 ::
 
-    arch = "sm_90"             # the target arch (default: this machine's, per backend)
+    arch = "sm_90"             # the target arch of the keys whose backend runs on such a device
+                               # (sm_*: Triton's; cpu-*: TVM's, Inductor's); others: this machine's
     policy = "compatible"      # which tuned versions count as tuned (coverage)
 
     [[tune]]
@@ -20,7 +21,8 @@
     dtypes = ["bfloat16"]
 
 Every entry expands to keys (kernels × shapes × dtypes × backends); a key for an arch other than
-this machine's names the arch only (the daemon that tunes it completes it with its device). A bad
+this machine's (``arch`` applies to the backends that run on that kind of device) names the arch
+only (the daemon that tunes it completes it with its device). A bad
 entry is an error naming its line, before anything is queued.
 """
 
@@ -38,7 +40,8 @@ from pydantic import ValidationError
 
 from tunecache.device import DeviceFingerprint, check_arch, local_device
 from tunecache.errors import InvalidInput, validation_problems
-from tunecache.key import Key, device_kind, key_for
+from tunecache.jobs import MAX_JOB_TRIALS, STRATEGY_PATTERN
+from tunecache.key import DEVICE_KINDS, Key, arch_kind, device_kind, kernel_module, key_for
 from tunecache.policies import VERSION_POLICIES, VersionPolicy
 from tunecache.presets import preset_problems
 from tunecache.schemas import KeyModel
@@ -46,7 +49,6 @@ from tunecache.schemas import KeyModel
 _ENTRY_FIELDS = {
     "kernel", "preset", "shapes", "tokens", "tp", "backends", "dtypes", "trials", "strategy",
 }  # fmt: skip
-MAX_TRIALS = 1_000_000  # what a job may ask for (tunecache.jobs.JobTrials)
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class Manifest:
     @property
     def packages(self) -> tuple[str, ...]:
         """The packages of the users' kernels it names (what a daemon tuning them imports)."""
-        return tuple(sorted({k.kernel.partition(":")[0] for k in self.keys if ":" in k.kernel}))
+        return tuple(sorted({m for k in self.keys if (m := kernel_module(k.kernel)) is not None}))
 
 
 def _lines(text: str) -> list[int]:
@@ -69,17 +71,17 @@ def _lines(text: str) -> list[int]:
 
 
 def _device(arch: str | None, backend: str) -> Any:
-    """This machine's device for ``backend``, or a placeholder naming only ``arch``."""
-    kind = device_kind(backend)
-    if arch is None:
-        return local_device(kind)
+    """This machine's device for ``backend``, or a placeholder naming only ``arch`` where the
+    backend runs on that kind of device (a GPU's arch is for Triton's keys, a CPU's for TVM's
+    and Inductor's: a key whose backend cannot run on its arch would wait for ever)."""
+    if arch is None or arch_kind(arch) != DEVICE_KINDS[backend]:
+        return local_device(device_kind(backend))
     here = None
     with contextlib.suppress(InvalidInput):  # no GPU here: the key names the arch only
-        here = local_device("cuda" if arch.startswith("sm_") else "cpu").fingerprint
+        here = local_device(arch_kind(arch)).fingerprint
     if here is not None and here.arch == arch:
         return here
-    return DeviceFingerprint(kind="cuda" if arch.startswith("sm_") else "cpu", arch=arch,
-                             name="any", units=1)  # fmt: skip
+    return DeviceFingerprint(kind=arch_kind(arch), arch=arch, name="any", units=1)
 
 
 def _entry_keys(entry: Mapping[str, Any], arch: str | None) -> list[Key]:
@@ -92,11 +94,11 @@ def _entry_keys(entry: Mapping[str, Any], arch: str | None) -> list[Key]:
     if not isinstance(backends, list) or not backends or not isinstance(dtypes, list):
         raise InvalidInput("backends must be a non-empty list (and dtypes a list)")
     trials = entry.get("trials", 32)
-    if isinstance(trials, bool) or not isinstance(trials, int) or not 1 <= trials <= MAX_TRIALS:
-        raise InvalidInput(f"trials={trials!r} must be an integer from 1 to {MAX_TRIALS:,}")
+    if isinstance(trials, bool) or not isinstance(trials, int) or not 1 <= trials <= MAX_JOB_TRIALS:
+        raise InvalidInput(f"trials={trials!r} must be an integer from 1 to {MAX_JOB_TRIALS:,}")
     strategy = entry.get("strategy")
     if strategy is not None and (not isinstance(strategy, str)
-                                 or re.fullmatch(r"[a-z_]{1,64}", strategy) is None):  # fmt: skip
+                                 or re.fullmatch(STRATEGY_PATTERN, strategy) is None):  # fmt: skip
         raise InvalidInput(f"strategy={strategy!r} is not a strategy name")
     if "preset" in entry:
         problems = preset_problems(entry["preset"], tokens=entry.get("tokens", [1]),

@@ -6,12 +6,14 @@ client's ``_call`` (one deadline per call; a :class:`~tunecache.errors.ServerErr
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import httpx
 from pydantic import BaseModel
 
+from tunecache.errors import ServerError
 from tunecache.http import parse
 from tunecache.jobs import ClaimRequest, JobCreate, JobEnqueued, JobList, JobPublic
 from tunecache.key import Key
@@ -19,6 +21,7 @@ from tunecache.schemas import KeyModel, RecordPublic
 from tunecache.verification import VerificationCreate, VerifyClaimRequest, VerifyTask
 
 M = TypeVar("M", bound=BaseModel)
+logger = logging.getLogger(__name__)
 
 
 class WorkerCalls:
@@ -82,8 +85,17 @@ class WorkerCalls:
         listed = {"backends": backends, "kernel_packages": kernel_packages}
         wanted = {"worker": worker, "lease_seconds": lease_seconds, "device_arch": device_arch,
                   **{k: None if v is None else list(v) for k, v in listed.items()}}  # fmt: skip
-        body = ClaimRequest.model_validate(wanted).model_dump(mode="json")
-        response = self._call("POST", "/v1/jobs/claim", json=body)
+        body = ClaimRequest.model_validate(wanted).model_dump(mode="json", exclude_none=True)
+        try:
+            response = self._call("POST", "/v1/jobs/claim", json=body)
+        except ServerError as exc:
+            if exc.status_code != 422 or "kernel_packages" not in str(exc):
+                raise
+            # A server older than the kernel filter: it hands out any job (the worker refuses
+            # a kernel it may not import, and fails that job) — upgrade it.
+            logger.warning("the server cannot filter claims by kernel package: %s", exc)
+            body.pop("kernel_packages", None)
+            response = self._call("POST", "/v1/jobs/claim", json=body)
         if response.status_code == 204:
             return None
         return parse(JobPublic, response, "/v1/jobs/claim")

@@ -57,13 +57,18 @@ def _backends(text: str | None) -> tuple[str, ...] | None:
 
 
 def _packages(text: str | None) -> tuple[str, ...]:
+    """``--kernels``: package names, each found here (before anything asks the server)."""
+    from tuner.daemon import importable
+
     if text is None:
         return ()
     names = tuple(n.strip() for n in text.split(",") if n.strip())
-    bad = [n for n in names if not n.replace("_", "a").replace(".", "a").isalnum()]
-    if bad or not names:
+    if not names:
         raise InvalidInput(f"--kernels {text!r}: expected package names, comma-separated")
-    return names
+    try:
+        return importable(names)
+    except InvalidInput as exc:
+        raise InvalidInput(f"--kernels: {exc}") from None
 
 
 def _check_device(kind: str) -> None:
@@ -87,13 +92,14 @@ def run(args: argparse.Namespace) -> int:
     if args.trials < 1 or args.poll <= 0 or args.lease <= 0:
         raise InvalidInput("--trials, --poll and --lease must be positive")
     _check_device(args.device)
+    kernels, backends = _packages(args.kernels), _backends(args.backends)  # before the server
     if args.verify:
-        return run_verifier(args)
+        return run_verifier(args, kernels, backends)
     preflight(server_url(args), "write", "the daemon (it claims jobs and uploads)")
     options = DaemonOptions(
-        device=args.device, backends=_backends(args.backends), trials=args.trials,
-        strategy=args.strategy, lease_seconds=args.lease, poll_seconds=args.poll,
-        once=args.once, workers=args.workers, kernels=_packages(args.kernels),
+        device=args.device, backends=backends, trials=args.trials, strategy=args.strategy,
+        lease_seconds=args.lease, poll_seconds=args.poll, once=args.once, workers=args.workers,
+        kernels=kernels,
     )  # fmt: skip
     logging.getLogger("tuner.daemon").setLevel(logging.INFO)  # what it claimed, stored, failed
     with Client(server_url(args)) as client:
@@ -114,15 +120,16 @@ def _until_stopped(worker: Any) -> None:
         worker.stop()
 
 
-def run_verifier(args: argparse.Namespace) -> int:
+def run_verifier(args: argparse.Namespace, kernels: tuple[str, ...],
+                 backends: tuple[str, ...] | None) -> int:  # fmt: skip
     """``daemon --verify``: re-check uploaded records until stopped (or, ``--once``, done)."""
     from tunecache.client import Client
     from tuner.verify import Verifier, VerifierOptions
 
     preflight(server_url(args), "verify", "the verifier (it marks records verified or rejected)")
-    options = VerifierOptions(device=args.device, backends=_backends(args.backends),
-                              lease_seconds=args.lease, poll_seconds=args.poll, once=args.once,
-                              workers=args.workers, kernels=_packages(args.kernels))  # fmt: skip
+    options = VerifierOptions(device=args.device, backends=backends, lease_seconds=args.lease,
+                              poll_seconds=args.poll, once=args.once, workers=args.workers,
+                              kernels=kernels)  # fmt: skip
     logging.getLogger("tuner.verify").setLevel(logging.INFO)
     with Client(server_url(args)) as client:
         verifier = Verifier(client, options)

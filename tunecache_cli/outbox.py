@@ -40,7 +40,8 @@ class Waiting:
     path: Path  # the file as taken by this process
     name: str  # its name while it waits
     url: str
-    upload: Upload
+    upload: Upload | None  # None: the file holds no valid upload (why: ``problem``)
+    problem: str = ""
 
 
 def send(client: Any, upload: Upload) -> Any:
@@ -100,7 +101,7 @@ def put(url: str, upload: Upload, folder: Path | None = None) -> Path:
 
 
 def done(taken: Path) -> None:
-    """The server has the record: it leaves the outbox."""
+    """The server has the upload: it leaves the outbox."""
     taken.unlink(missing_ok=True)
 
 
@@ -110,7 +111,7 @@ def _own_name(name: str) -> str:
 
 
 def release(taken: Path) -> Path:
-    """The upload failed: the record waits under its own name; returns that file."""
+    """The upload failed: it waits under its own name; returns that file."""
     waiting = taken.with_name(_own_name(taken.name))
     os.replace(taken, waiting)
     return waiting
@@ -152,20 +153,39 @@ def _waiting_for(url: str, folder: Path) -> Iterator[tuple[Path, Any]]:
 
 
 def take(url: str, folder: Path | None = None) -> list[Waiting]:
-    """Takes the uploads waiting for ``url``, oldest first (a file another process took first,
-    or that holds no valid upload, is left alone)."""
+    """Takes the files waiting for ``url``, oldest first (one another process took first is
+    left to it); a file that holds no valid upload comes with ``upload=None``, saying why."""
     folder = folder or outbox_dir()
     found = []
     for path, data in _waiting_for(url, folder):
         name = _own_name(path.name)
         taken = folder / f"{TAKEN}{os.getpid()}-{name}"
         try:
-            upload = _parsed(data)
+            upload, problem = _parsed(data), ""
+        except ValueError as exc:
+            upload, problem = None, str(exc).splitlines()[0]
+        try:
             os.replace(path, taken)  # one process wins; the others find it gone
-        except (OSError, ValueError):
+        except OSError:
             continue
-        found.append(Waiting(taken, name, url, upload))
+        found.append(Waiting(taken, name, url, upload, problem))
     return found
+
+
+def _refused(exc: ServerError) -> bool:
+    """Whether the server itself refused an upload as invalid (a 4xx other than auth, a
+    timeout or a rate limit): sending it again cannot help."""
+    code = exc.status_code
+    return code is not None and 400 <= code < 500 and code not in (401, 403, 408, 429) \
+        and not exc.foreign  # fmt: skip
+
+
+def _set_aside(taken: Path, name: str) -> Path:
+    """Moves a taken file to ``rejected/``, to be read, never sent again; returns where."""
+    aside = taken.parent / "rejected"
+    aside.mkdir(exist_ok=True)
+    os.replace(taken, aside / name)
+    return aside / name
 
 
 def waiting(url: str, folder: Path | None = None) -> int:
@@ -180,20 +200,20 @@ def push(client: Any, url: str, folder: Path | None = None) -> tuple[int, int, S
     sent, refused, error = 0, 0, None
     items = take(url, folder)
     for i, item in enumerate(items):
+        if item.upload is None:  # not an upload this version can send
+            _set_aside(item.path, item.name)
+            refused += 1
+            continue
         try:
             send(client, item.upload)
         except ServerError as exc:
             error = exc
-            code = exc.status_code
-            if code is not None and 400 <= code < 500 and code not in (401, 403, 408, 429) \
-                    and not exc.foreign:  # fmt: skip
-                aside = item.path.parent / "rejected"
-                aside.mkdir(exist_ok=True)
-                os.replace(item.path, aside / item.name)
+            if _refused(exc):
+                _set_aside(item.path, item.name)
                 refused += 1
                 continue
             release(item.path)
-            if code is None:  # unreachable: the rest would fail alike; they wait too
+            if exc.status_code is None:  # unreachable: the rest would fail alike; they wait
                 for rest in items[i + 1 :]:
                     release(rest.path)
                 break
@@ -208,7 +228,8 @@ def kept_upload(client: Any, url: str, upload: Upload, what: str = "the record")
     answered (an outbox that cannot be written warns; the upload goes ahead all the same).
 
     Raises:
-        ServerError: the upload failed, saying where ``what`` waits for ``tunecache push``.
+        ServerError: the upload failed, saying where ``what`` waits for ``tunecache push`` (or,
+            refused by the server as invalid, where it is kept, never to be sent).
     """
     try:
         taken: Path | None = put(url, upload)
@@ -218,8 +239,12 @@ def kept_upload(client: Any, url: str, upload: Upload, what: str = "the record")
     try:
         answer = send(client, upload)
     except ServerError as exc:
-        where = "" if taken is None else f"; {what} waits in {release(taken)} " \
-            "(tunecache push sends it)"  # fmt: skip
+        if taken is None:
+            where = ""
+        elif _refused(exc):  # never sent again: kept to be read
+            where = f"; {what} is kept in {_set_aside(taken, _own_name(taken.name))}"
+        else:
+            where = f"; {what} waits in {release(taken)} (tunecache push sends it)"
         raise ServerError(f"{exc}{where}", status_code=exc.status_code) from None
     if taken is not None:
         done(taken)

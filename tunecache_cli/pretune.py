@@ -65,7 +65,7 @@ def follow(client: Any, hashes: list[str], poll: float = 2.0) -> int:
     wanted = set(hashes)
     started = time.monotonic()
     live = sys.stderr.isatty()
-    countdown, finished = Countdown(), 0
+    countdown, finished, before = Countdown(), 0, None  # before: jobs finished when it began
     while True:
         jobs = {h: j for h, j in all_jobs(client).items() if h in wanted}
         states = [j.state for j in jobs.values()]
@@ -73,9 +73,10 @@ def follow(client: Any, hashes: list[str], poll: float = 2.0) -> int:
         running = states.count("running")
         now = time.monotonic()
         elapsed = now - started
-        if done + failed != finished:  # a step: the pace as of now, counted down until the next
-            finished = done + failed
-            countdown.step(elapsed, finished, len(wanted), now)
+        before = done + failed if before is None else before  # not this run's pace
+        if done + failed != finished and done + failed > before:  # a step: the pace as of now,
+            finished = done + failed  # counted down until the next
+            countdown.step(elapsed, finished - before, len(wanted) - before, now)
         eta = countdown.left(now)
         left = f", ETA {eta:.0f}s" if eta is not None else ""
         print(f"{chr(13) if live else ''}{elapsed:6.0f}s {done}/{len(wanted)} done, {running} "

@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     with Client(url, timeout=Settings.from_env().timeout) as client:
         sent, refused, error = outbox.push(client, url)
     left = outbox.waiting(url)
-    print(f"pushed {sent} of {count} waiting uploads to {url}"
+    print(f"pushed {sent} of {count} waiting upload{'' if count == 1 else 's'} to {url}"
           + (f"; {refused} refused (in {outbox_dir() / 'rejected'})" if refused else "")
           + (f"; {left} still waiting" if left else ""), file=sys.stderr)  # fmt: skip
     if left and error is not None and (error.status_code is None

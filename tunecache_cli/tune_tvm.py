@@ -192,6 +192,8 @@ def _upload(url: str, mod: IRModule, target: dict[str, Any], records: list[Any])
     database = Database(url, target=target, timeout=Settings.from_env().timeout)
     try:
         items = database.artifacts(mod, records)
+        if not items:  # no record MetaSchedule's JSON can carry: nothing to keep or send
+            raise TuningError(f"none of the {len(records)} validated records can be uploaded")
         result = kept_upload(database.remote.client, url, items, "the upload")  # see outbox
     finally:
         database.close()

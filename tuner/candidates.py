@@ -20,7 +20,7 @@ from tunecache.errors import InvalidInput
 from tunecache.key import Key
 from tunecache.schemas import Trial
 from tunecache.space import Config, SearchSpace
-from tuner.measure import Benchmarker
+from tuner.measure import Benchmarker, Pipelines
 from tuner.search import STRATEGIES, get_strategy, run_search
 from workloads import Workload
 
@@ -109,7 +109,7 @@ def search_space(
     searcher = get_strategy(strategy, space, seed=seed, warm_start=warm_start, prior=prior)
     log = run_search(searcher, bench.evaluate, request.budget, batch_size=bench.parallelism,
                      progress=request.progress, after=bench.seconds_after_search,
-                     prefetch=bench.prefetch if bench.pipelined else None)  # fmt: skip
+                     prefetch=bench.prefetch if isinstance(bench, Pipelines) else None)  # fmt: skip
     failures = [t.status for t in log.trials if t.status != "ok"]
     emit(f"searched {len(log)} configs ({log.stopped_because}); {len(failures)} failed")
     ranked = [config.to_json() for config, _ in log.ranked()[:RETIME_TOP]]

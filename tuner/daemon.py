@@ -22,7 +22,7 @@ import os
 import platform
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -32,7 +32,7 @@ from tunecache.device import local_device
 from tunecache.errors import InvalidInput, ServerError, TuningError
 from tunecache.jobs import JobPublic
 from tunecache.kernels import BACKENDS
-from tunecache.key import DEVICE_KINDS, Key, key_for
+from tunecache.key import DEVICE_KINDS, Key, kernel_module, key_for
 from tuner.harness import Harness
 from tuner.tune import TuneOptions, tune
 
@@ -115,18 +115,28 @@ def leased(client: Client, job: JobPublic, worker: str, seconds: float) -> Itera
         thread.join(timeout=5)
 
 
-def _importable(packages: tuple[str, ...]) -> tuple[str, ...]:
-    """``packages`` when each can be found here (found, not imported: nothing runs yet).
+def importable(packages: Sequence[str]) -> tuple[str, ...]:
+    """``packages`` when each is a package name a claim may carry and its top-level package can
+    be found here (found, not imported: nothing runs yet).
 
     Raises:
-        InvalidInput: naming one that cannot, so no job for it is claimed only to fail.
+        InvalidInput: naming one that is not, so no job for it is claimed only to fail.
     """
+    from pydantic import ValidationError
+
+    from tunecache.jobs import ClaimRequest
+
+    try:  # what a claim carries
+        ClaimRequest(worker="-", kernel_packages=list(packages))
+    except ValidationError:
+        raise InvalidInput(f"kernel packages {', '.join(packages)}: expected at most 64 dotted "
+                           "package names (letters, digits, _)") from None  # fmt: skip
     for package in packages:
         top = package.partition(".")[0]
         if importlib.util.find_spec(top) is None:
-            raise InvalidInput(f"kernel package {package!r} cannot be imported here (not "
-                               f"installed, and not in the current directory)")  # fmt: skip
-    return packages
+            raise InvalidInput(f"kernel package {top!r} cannot be imported here (not installed, "
+                               f"and not in the current directory)")  # fmt: skip
+    return tuple(packages)
 
 
 class Worker:
@@ -137,9 +147,13 @@ class Worker:
     def __init__(self, client: Client, device: str, backends: tuple[str, ...] | None,
                  role: str = "", kernels: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.client = client
-        self.kernels = _importable(kernels)
+        self.kernels = importable(kernels)
         self.worker = f"{platform.node()}:{os.getpid()}{role}"
-        self.device = local_device(device)
+        try:
+            self.device = local_device(device)
+        except InvalidInput:
+            raise InvalidInput(f"no {device} device is visible here (CUDA_VISIBLE_DEVICES?): "
+                               f"nothing to take {device} jobs") from None  # fmt: skip
         self.backends = runnable_backends(device, backends)
         self.stopping = threading.Event()
 
@@ -151,9 +165,9 @@ class Worker:
         """Why this worker will not import ``kernel`` (named by the server, so by anyone who can
         queue a job or upload a record), or ``None``: a built-in kernel, or one of a package the
         operator allowed (``--kernels``)."""
-        if ":" not in kernel:
+        module = kernel_module(kernel)
+        if module is None:
             return None
-        module = kernel.partition(":")[0]
         if any(module == p or module.startswith(f"{p}.") for p in self.kernels):
             return None
         allowed = ", ".join(self.kernels) or "none: built-in kernels only"

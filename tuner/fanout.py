@@ -31,8 +31,8 @@ def _drain(url: str, token: str | None, device: str, trials: int,
             daemon = Daemon(client, DaemonOptions(device=device, once=True, trials=trials,
                                                   workers=1, kernels=kernels))  # fmt: skip
             daemon.run()
-        except InvalidInput as exc:  # nothing this node can run on that device
-            logger.info("ray task on %s: %s", device, exc)
+        except InvalidInput as exc:  # nothing this node can run on that device, or a package
+            logger.warning("ray task on %s: not tuning here: %s", device, exc)  # it lacks
             return []
     return daemon.done
 

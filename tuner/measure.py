@@ -17,7 +17,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from tunecache.schemas import TimingModel, Trial, TrialStatus, ValidationReport
 from tunecache.space import Config
@@ -54,20 +54,20 @@ class Measurement:
         return Trial(config=dict(config), status=self.status, time_ms=self.time_ms,
                      error=self.error[:MAX_ERROR], times_ms=spread)  # fmt: skip
 
-    def to_json(self) -> dict[str, Any]:
-        timing = None if self.timing is None else self.timing.model_dump(mode="json")
-        return {"status": self.status, "timing": timing, "error": self.error,
-                "rel_error": self.rel_error}  # fmt: skip
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Measurement:
-        timing = data.get("timing")
-        return cls(
-            status=data["status"],
-            timing=None if timing is None else TimingModel.model_validate(timing),
-            error=str(data.get("error", ""))[:MAX_ERROR],
-            rel_error=data.get("rel_error"),
-        )
+@runtime_checkable
+class Pipelines(Protocol):
+    """What a benchmarker implements when its candidates compile ahead of their timing (the
+    harness's compile farm): told what comes next, it starts compiling it now. The search then
+    asks for its next batch before the current one is measured, so the compiles overlap the
+    timing; a benchmarker without it compiles each batch as it evaluates it."""
+
+    def prefetch(self, configs: list[Config]) -> None:
+        """Says ``configs`` are the next batch to evaluate (``[]``: there is none after all)."""
+
+    def expect_validation(self, configs: Sequence[Mapping[str, Any]]) -> None:
+        """Says ``configs`` are about to be re-timed and validated (what their validation builds
+        can start compiling)."""
 
 
 class Benchmarker(abc.ABC):
@@ -87,22 +87,6 @@ class Benchmarker(abc.ABC):
         """Checks and times one config (any JSON config; ``None``: the kernel's torch eager
         function); with ``again``, a noisy timing is taken once more (a stand-alone timing: never
         one round of an interleaved comparison, where it would favour the disturbed)."""
-
-    @property
-    def pipelined(self) -> bool:
-        """Whether :meth:`prefetch` starts work: the search then asks for its next batch before
-        the current one is measured, so compiling it overlaps the timing."""
-        return False
-
-    def prefetch(self, configs: list[Config]) -> None:
-        """Says ``configs`` are the next batch to :meth:`evaluate` (``[]``: there is none after
-        all), so their compiles can start now. Here: nothing to start."""
-        return None
-
-    def expect_validation(self, configs: Sequence[Mapping[str, Any]]) -> None:
-        """Says ``configs`` are about to be re-timed and validated, so what their validation
-        builds can start compiling now. Here: nothing to start."""
-        return None
 
     def seconds_per_measure(self) -> float:
         """How long one :meth:`measure` has taken, on average (0 until one has run)."""

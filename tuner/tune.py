@@ -27,7 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends import Backend, Budget, Progress, ProgressFn, SearchRequest, get_backend
+from backends import (
+    Backend,
+    Budget,
+    Progress,
+    ProgressFn,
+    SearchRequest,
+    compile_target,
+    get_backend,
+)
 from tunecache import __version__
 from tunecache.client import Client
 from tunecache.configcheck import config_problem
@@ -35,11 +43,19 @@ from tunecache.device import DeviceFingerprint, local_device
 from tunecache.environment import environment_for
 from tunecache.errors import InvalidInput, TuningError
 from tunecache.key import Key
-from tunecache.schemas import KeyModel, Provenance, RecordCreate, SearchModel, Trial
+from tunecache.schemas import (
+    KeyModel,
+    Provenance,
+    RecordCreate,
+    SearchModel,
+    Trial,
+    ValidationReport,
+)
 from tunecache.space import Config
 from tunecache.timing import DEFAULT_TIMER, TimerSettings
 from tuner.candidates import Candidates, Emit, search_native, search_space, servable
 from tuner.harness import Harness, Task
+from tuner.measure import Pipelines
 from tuner.search import DEFAULT_STRATEGY, STRATEGIES
 from tuner.select import Winner, select_winner
 from tuner.validation import DEFAULT_SEEDS
@@ -88,7 +104,7 @@ class TuneOutcome:
 
     key: Key
     record: RecordCreate
-    rejected: list[Any]  # ValidationReports of candidates that failed validation, in order
+    rejected: list[ValidationReport]  # of the candidates that failed validation, in order
     trials: list[Trial]  # every measured candidate, with its spread where kept
     timer_compiles: int = 0  # compiles run in the processes that timed (the farm keeps it 0)
 
@@ -252,7 +268,7 @@ def tune(
         found = servable(found, key, default)
         winner = select_winner(bench, found, default=default, seeds=options.seeds, emit=emit,
                                deadline=deadline)  # fmt: skip
-        if bench.pipelined:
+        if isinstance(bench, Pipelines):
             emit(f"compiled ahead in the compile farm ({harness.farm.workers} processes); "
                  f"{bench.timer_compiles} compiles in the timing process")  # fmt: skip
     seconds = time.perf_counter() - started
@@ -267,7 +283,7 @@ def _task(key: Key, backend: Backend, options: TuneOptions) -> Task:
     return Task(backend=options.backend_ref or backend.name, workload=key.kernel,
                 problem=dict(key.problem), dtype=key.dtype, device=key.device.kind,
                 timer=options.timer, timer_ref=options.timer_ref,
-                target=backend.compile_target() if options.compile_ahead else None)  # fmt: skip
+                target=compile_target(backend) if options.compile_ahead else None)  # fmt: skip
 
 
 def _done(found: Candidates, winner: Winner) -> str:

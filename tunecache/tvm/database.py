@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tvm.ir.utils import derived_object
 from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
 
-from tunecache.artifacts import ArtifactIn, ArtifactPublic
+from tunecache.artifacts import ArtifactIn, ArtifactPublic, ArtifactPutResult
 from tunecache.configcheck.tvm import target_device
 from tunecache.settings import Settings
 from tunecache.tvm.check import args_info_json, check_record
@@ -160,6 +160,14 @@ class Database(PyDatabase):
         return len(self.get_all_tuning_records())
 
     # -- tooling ------------------------------------------------------------------------------
+    def upload(self, mod: IRModule, records: Sequence[TuningRecord]) -> ArtifactPutResult:
+        """Uploads ``records`` of ``mod`` (and ``mod``), raising on failure.
+
+        Raises:
+            ServerError: the server is unreachable or refused them.
+        """
+        return self.remote.client.put_artifacts(self.artifacts(mod, records))
+
     def artifacts(self, mod: IRModule, records: Sequence[TuningRecord]) -> list[ArtifactIn]:
         """What uploads ``records`` of ``mod`` (``mod``'s workload first), for a caller that
         sends them itself (``tunecache tune --tvm``, through its outbox); this database keeps
@@ -192,7 +200,9 @@ class Database(PyDatabase):
         if known is None or _sort_key(record) < _sort_key(known):
             entry.local[item] = record
 
-    def _items(self, entry: _Entry, records: Iterable[TuningRecord], *, workload: bool) -> Any:
+    def _items(
+        self, entry: _Entry, records: Iterable[TuningRecord], *, workload: bool
+    ) -> list[ArtifactIn]:
         """The artifacts of ``records`` (those that can be stored), after ``entry``'s workload
         when ``workload`` and there are any."""
         key = workload_key(entry.workload.mod)

@@ -28,6 +28,7 @@ from typing import Any
 
 from tunecache.canonical import canonical_json
 from tunecache.settings import NO_DEVICE_ENV
+from tuner.harness.messages import Answer, Request
 from tuner.harness.processes import Slot, await_ready, death, kill, start_worker, stop
 from tuner.harness.task import Task
 
@@ -47,7 +48,7 @@ class CompileFarm:
         self.started = 0
         self.replaced = 0
         self._queue: deque[tuple[Task, str, str, dict[str, Any]]] = deque()
-        self._done: dict[tuple[str, str], dict[str, Any]] = {}  # (task, label) → answer
+        self._done: dict[tuple[str, str], Answer] = {}  # (task, label) → answer
         self._dropped: set[tuple[str, str]] = set()  # running, cancelled: answers not kept
         self._slots = [self._start() for _ in range(max(1, workers))]
         for slot in self._slots:
@@ -104,7 +105,7 @@ class CompileFarm:
                 task, task_id, label, config = self._queue.popleft()
                 slot.task, slot.config = task_id, label
                 slot.deadline = time.monotonic() + self.timeout
-                slot.conn.send({"op": "compile", "task": task.to_json(), "config": config})
+                slot.conn.send(Request(op="compile", task=task.to_json(), config=config))
 
     # -- answers ----------------------------------------------------------------------------
     def busy(self) -> list[Connection]:
@@ -127,11 +128,11 @@ class CompileFarm:
                     self._done[key] = slot.conn.recv()
                 except (EOFError, OSError):
                     why = f"{death(slot.process)} during compile"
-                    self._done[key] = {"status": "compile_error", "error": why}
+                    self._done[key] = Answer(status="compile_error", error=why)
                     self._replace(index)
             elif time.monotonic() >= slot.deadline:
                 why = f"compile took longer than {self.timeout:g} s"
-                self._done[key] = {"status": "timeout", "error": why}
+                self._done[key] = Answer(status="timeout", error=why)
                 self._replace(index)
             else:
                 continue
@@ -151,11 +152,10 @@ class CompileFarm:
         self.service(ready)
         return list(ready)
 
-    def compile_all(self, task: Task, configs: Iterable[Mapping[str, Any]]
-                    ) -> dict[str, dict[str, Any]]:  # fmt: skip
+    def compile_all(self, task: Task, configs: Iterable[Mapping[str, Any]]) -> dict[str, Answer]:
         """Every config's answer, by label, waited for (those submitted already included)."""
         labels = {canonical_json(dict(c)): dict(c) for c in configs}
-        answers: dict[str, dict[str, Any]] = {}
+        answers: dict[str, Answer] = {}
         self.submit(task, labels.values())
         while waiting := [label for label in labels if label not in answers]:
             if (label := self.arrived(task, waiting)) is not None:
@@ -171,6 +171,6 @@ class CompileFarm:
         task_id, wanted = task.digest(), set(labels)
         return next((label for t, label in self._done if t == task_id and label in wanted), None)
 
-    def take(self, task: Task, label: str) -> dict[str, Any]:
+    def take(self, task: Task, label: str) -> Answer:
         """The answer for ``label`` (which :meth:`arrived` named), handed over once."""
         return self._done.pop((task.digest(), label))

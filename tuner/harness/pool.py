@@ -16,7 +16,7 @@ A task with a compile ``target`` (Triton on a GPU) goes another way: its candida
 the :class:`~tuner.harness.farm.CompileFarm`, on every core and without the GPU, and one worker
 (``TIMER``, the only one that sets the task up and touches the device) checks and times each as
 it arrives, loading it from the compiler's cache; the search's next batch compiles meanwhile
-(:meth:`HarnessBenchmarker.prefetch`). :attr:`HarnessBenchmarker.timer_compiles` counts what the
+(:meth:`FarmBenchmarker.prefetch`). :attr:`HarnessBenchmarker.timer_compiles` counts what the
 timing processes compiled all the same.
 
 Example:
@@ -43,6 +43,7 @@ from tunecache.schemas import CheckModel, Trial, ValidationReport
 from tunecache.space import Config
 from tuner.harness.discipline import reserved_cores, worker_environment
 from tuner.harness.farm import CompileFarm
+from tuner.harness.messages import Answer, AnswerStatus, Op, Request
 from tuner.harness.processes import Slot, await_ready, death, kill, start_worker, stop
 from tuner.harness.task import Task
 from tuner.measure import Benchmarker, Measurement
@@ -96,8 +97,10 @@ class Harness:
         return len(self._slots)
 
     def benchmarker(self, task: Task) -> HarnessBenchmarker:
-        """This harness measuring the candidates of ``task``."""
-        return HarnessBenchmarker(self, task)
+        """This harness measuring the candidates of ``task`` (those of a task with a compile
+        ``target`` compiled in the farm: a :class:`FarmBenchmarker`)."""
+        kind = HarnessBenchmarker if task.target is None else FarmBenchmarker
+        return kind(self, task)
 
     # -- worker lifecycle -----------------------------------------------------------------
     def _start(self) -> Slot:
@@ -141,9 +144,9 @@ class Harness:
         """
         if task_id in self._slots[index].tasks:
             return
-        answer = self._call(index, task, {"op": "setup"}, None, self.start_timeout)
-        if answer["status"] != "ok":
-            raise TuningError(f"a measurement worker could not set up: {answer.get('error')}")
+        answer = self._call(index, task, Request(op="setup"), None, self.start_timeout)
+        if not answer.ok:
+            raise TuningError(f"a measurement worker could not set up: {answer.error}")
         self._slots[index].tasks.add(task_id)
 
     def _set_up_all(self, task: Task, task_id: str) -> None:
@@ -155,7 +158,7 @@ class Harness:
         """
         waiting = [i for i, s in enumerate(self._slots) if task_id not in s.tasks]
         for i in waiting:
-            self._send(i, task, {"op": "setup"}, None, self.start_timeout)
+            self._send(i, task, Request(op="setup"), None, self.start_timeout)
         failure = None
         for i in waiting:
             slot = self._slots[i]
@@ -164,45 +167,44 @@ class Harness:
             else:
                 answer = self._expire(i, "setup")
             self._slots[i].config = None
-            if answer["status"] == "ok":
+            if answer.ok:
                 self._slots[i].tasks.add(task_id)
             else:
-                failure = failure or answer.get("error")
+                failure = failure or answer.error
         if failure is not None:
             raise TuningError(f"a measurement worker could not set up: {failure}")
 
-    def _send(self, index: int, task: Task, request: dict[str, Any], config: ConfigJSON | None,
+    def _send(self, index: int, task: Task, request: Request, config: ConfigJSON | None,
               timeout: float) -> None:  # fmt: skip
         slot = self._slots[index]
         slot.config, slot.deadline = _label(config), time.monotonic() + timeout
-        body = None if config is None else dict(config)
-        slot.conn.send({**request, "task": task.to_json(), "config": body})
+        slot.conn.send(request.bound(task.to_json(), config))
 
-    def _collect(self, index: int, phase: str, device: str) -> dict[str, Any]:
+    def _collect(self, index: int, phase: Op, device: str) -> Answer:
         """The answer of worker ``index``, or a failure if it died; replaces a dead worker."""
         slot = self._slots[index]
         try:
-            answer: dict[str, Any] = slot.conn.recv()
+            answer: Answer = slot.conn.recv()
         except (EOFError, OSError):
-            status = "compile_error" if phase == "build" else "runtime_error"
-            answer = {"status": status, "error": f"{death(slot.process)} during {phase}"}
+            status: AnswerStatus = "compile_error" if phase == "build" else "runtime_error"
+            answer = Answer(status=status, error=f"{death(slot.process)} during {phase}")
             self._replace(index)
             return answer
-        if device == "cuda" and answer["status"] == "runtime_error":
+        if device == "cuda" and answer.status == "runtime_error":
             self._replace(index)  # the CUDA context may be corrupt: never reuse it
         return answer
 
-    def _expire(self, index: int, phase: str) -> dict[str, Any]:
+    def _expire(self, index: int, phase: Op) -> Answer:
         timeout = self.build_timeout if phase == "build" else self.run_timeout
         self._replace(index)
-        return {"status": "timeout", "error": f"{phase} took longer than {timeout:g} s"}
+        return Answer(status="timeout", error=f"{phase} took longer than {timeout:g} s")
 
-    def _call(self, index: int, task: Task, request: dict[str, Any], config: ConfigJSON | None,
-              timeout: float) -> dict[str, Any]:  # fmt: skip
+    def _call(self, index: int, task: Task, request: Request, config: ConfigJSON | None,
+              timeout: float) -> Answer:  # fmt: skip
         """One request to worker ``index``, waited for; a death or a timeout is the answer."""
         self._send(index, task, request, config, timeout)
         slot = self._slots[index]
-        phase = request["op"]
+        phase = request.op
         if slot.conn.poll(max(0.0, slot.deadline - time.monotonic())):
             answer = self._collect(index, phase, task.device)
         else:
@@ -210,18 +212,18 @@ class Harness:
         self._slots[index].config = None
         return answer
 
-    def build_all(self, task: Task, configs: list[Config]) -> dict[str, dict[str, Any]]:
+    def build_all(self, task: Task, configs: list[Config]) -> dict[str, Answer]:
         """Builds ``configs`` in parallel across the workers; each one's answer by its label."""
         task_id = task.digest()
         pending = [c.to_json() for c in configs]
-        answers: dict[str, dict[str, Any]] = {}
+        answers: dict[str, Answer] = {}
         if pending:
             self._set_up_all(task, task_id)
         while pending or any(s.config is not None for s in self._slots):
             for i, slot in enumerate(self._slots):
                 if slot.config is None and pending:
                     self._set_up(i, task, task_id)
-                    self._send(i, task, {"op": "build"}, pending.pop(0), self.build_timeout)
+                    self._send(i, task, Request(op="build"), pending.pop(0), self.build_timeout)
             busy = [i for i, s in enumerate(self._slots) if s.config is not None]
             soonest = min(self._slots[i].deadline for i in busy)
             ready = wait([self._slots[i].conn for i in busy], max(0.0, soonest - time.monotonic()))
@@ -231,7 +233,7 @@ class Harness:
                 assert config is not None
                 if slot.conn in ready:
                     answers[config] = self._collect(i, "build", task.device)
-                    if answers[config]["status"] == "ok":
+                    if answers[config].ok:
                         self._slots[i].built.add((task_id, config))
                 elif time.monotonic() >= slot.deadline:
                     answers[config] = self._expire(i, "build")
@@ -242,7 +244,7 @@ class Harness:
 
     def measure_compiled(
         self, task: Task, configs: Sequence[ConfigJSON], cutoff: Callable[[], float | None]
-    ) -> Iterator[tuple[str, dict[str, Any]]]:
+    ) -> Iterator[tuple[str, Answer]]:
         """Checks and times the farm-compiled ``configs`` of ``task`` on the timing worker, each
         as soon as the farm has compiled it (submitting those not submitted yet), with the
         ``cutoff()`` of the moment; yields ``(label, answer)`` in the order they finish.
@@ -255,22 +257,22 @@ class Harness:
         by_label = {_label(c): dict(c) for c in configs}
         farm.submit(task, by_label.values())
         waiting, compile_s, sent = list(by_label), 0.0, 0.0
-        doing: str | None = None  # the timing worker's request in flight: "setup" or "measure"
+        doing: Op | None = None  # the timing worker's request in flight: setup or measure
         while waiting or doing is not None:
             timer = self._slots[TIMER]
             if doing is None and task_id not in timer.tasks:  # overlaps the farm's compiles
-                self._send(TIMER, task, {"op": "setup"}, None, self.start_timeout)
+                self._send(TIMER, task, Request(op="setup"), None, self.start_timeout)
                 doing = "setup"
                 continue
             if doing is None and (label := farm.arrived(task, waiting)) is not None:
                 waiting.remove(label)
                 compiled = farm.take(task, label)
-                if compiled["status"] != "ok":
+                if not compiled.ok:
                     yield label, compiled
                     continue
-                compile_s, sent = float(compiled.get("seconds", 0.0)), time.monotonic()
-                self._send(TIMER, task, {"op": "measure", "cutoff_ms": cutoff()}, by_label[label],
-                           self.run_timeout)  # fmt: skip
+                compile_s, sent = compiled.seconds, time.monotonic()
+                self._send(TIMER, task, Request(op="measure", cutoff_ms=cutoff()),
+                           by_label[label], self.run_timeout)  # fmt: skip
                 doing = "measure"
                 continue
             if doing is None and not farm.busy():  # compiled and taken before: compile again
@@ -288,27 +290,24 @@ class Harness:
             self._slots[TIMER].config = None
             if doing == "setup":
                 doing = None
-                if answer["status"] != "ok":
-                    why = answer.get("error")
-                    raise TuningError(f"a measurement worker could not set up: {why}")
+                if not answer.ok:
+                    raise TuningError(f"a measurement worker could not set up: {answer.error}")
                 self._slots[TIMER].tasks.add(task_id)
                 continue
             doing = None
             assert label is not None
-            if answer["status"] == "ok":
+            if answer.ok:
                 self._slots[TIMER].built.add((task_id, label))
-            yield label, {**answer, "compile_s": compile_s, "measure_s": time.monotonic() - sent}
+            yield label, answer.plus(compile_s=compile_s, measure_s=time.monotonic() - sent)
 
     def timer_has(self, task: Task, config: ConfigJSON) -> bool:
         """Whether the timing worker has loaded ``config`` of ``task`` already."""
         return (task.digest(), _label(config)) in self._slots[TIMER].built
 
-    def request(
-        self, task: Task, op: str, config: ConfigJSON | None, *, worker: int | None = None,
-        **extra: Any,
-    ) -> dict[str, Any]:  # fmt: skip
-        """``op`` on the worker that built ``config`` for ``task`` (on ``worker`` when given),
-        within ``run_timeout``.
+    def request(self, task: Task, request: Request, config: ConfigJSON | None, *,
+                worker: int | None = None) -> Answer:  # fmt: skip
+        """``request`` (a measurement or a validation) on the worker that built ``config`` for
+        ``task`` (on ``worker`` when given), within ``run_timeout``.
 
         If that worker lacks it (no live worker has it: its builder was replaced), it is built
         there first, within ``build_timeout``. ``validate`` also builds the edge problem, so it
@@ -321,16 +320,14 @@ class Harness:
         if (task_id, label) not in self._slots[index].built:
             self._set_up(index, task, task_id)
             if config is not None:
-                answer = self._call(index, task, {"op": "build"}, config, self.build_timeout)
-                if answer["status"] != "ok":
+                answer = self._call(index, task, Request(op="build"), config, self.build_timeout)
+                if not answer.ok:
                     return answer
-                compiles = int(answer.get("compiles", 0))
+                compiles = answer.compiles
                 self._slots[index].built.add((task_id, label))
-        timeout = self.run_timeout + (self.build_timeout if op == "validate" else 0.0)
-        answer = self._call(index, task, {"op": op, **extra}, config, timeout)
-        if compiles:
-            answer["compiles"] = answer.get("compiles", 0) + compiles
-        return answer
+        timeout = self.run_timeout + (self.build_timeout if request.op == "validate" else 0.0)
+        answer = self._call(index, task, request, config, timeout)
+        return answer.plus(compiles=answer.compiles + compiles) if compiles else answer
 
 
 # What follows a search, in builds and measurements: re-timing the top 3; validating the winner
@@ -353,33 +350,16 @@ class HarnessBenchmarker(Benchmarker):
         self._measure_s: list[float] = []
         self.best_ms: float | None = None  # the fastest searched candidate so far
         self.timer_compiles = 0  # compiles run in the processes that time (not the farm's)
-        self._edge = _edge_task(task) if self.pipelined else None  # validation builds it too
 
     @property
     def parallelism(self) -> int:
         return self.harness.workers
 
-    @property
-    def pipelined(self) -> bool:
-        """Whether candidates compile in the farm, ahead of the one process that times them
-        (the task has a compile ``target``)."""
-        return self.task.target is not None
-
-    def prefetch(self, configs: list[Config]) -> None:
-        """Starts compiling ``configs``, the search's next batch, in the farm while the current
-        batch is timed; ``[]`` drops what is still queued (the search stopped)."""
-        if not self.pipelined:
-            return
-        if configs:
-            self.harness.farm.submit(self.task, [c.to_json() for c in configs])
-        else:
-            self.harness.farm.cancel(self.task)
-
     def _cutoff(self) -> float | None:
         return None if self.best_ms is None else CUT_SLOWER_THAN * self.best_ms
 
-    def _count(self, answer: Mapping[str, Any]) -> None:
-        self.timer_compiles += int(answer.get("compiles", 0))
+    def _count(self, answer: Answer) -> None:
+        self.timer_compiles += answer.compiles
 
     def seconds_per_measure(self) -> float:
         return sum(self._measure_s) / len(self._measure_s) if self._measure_s else 0.0
@@ -397,34 +377,26 @@ class HarnessBenchmarker(Benchmarker):
         ``cutoff_ms``, cut short when it is slower than that; ``again``: see
         :meth:`Benchmarker.measure`."""
         started = time.monotonic()
-        if self.pipelined and config is not None and not self.harness.timer_has(self.task, config):
-            [(_, answer)] = self.harness.measure_compiled(self.task, [config], lambda: cutoff_ms)
-        else:  # at length (a re-timing, a round of a comparison): all in one process, whose
-            # state (where its buffers and threads landed) then falls on every contender alike
-            where = TIMER if cutoff_ms is None else None
-            answer = self.harness.request(self.task, "measure", config, worker=where,
-                                          cutoff_ms=cutoff_ms, again=again)  # fmt: skip
+        answer = self._measured(config, cutoff_ms, again)
         self._measure_s.append(time.monotonic() - started)
         self._count(answer)
-        return Measurement.from_json(answer)
+        return answer.as_measurement()
 
-    def expect_validation(self, configs: Sequence[ConfigJSON]) -> None:
-        """Starts compiling ``configs`` at the edge problem in the farm, for their validation."""
-        if self._edge is not None:
-            self.harness.farm.submit(self._edge, configs)
+    def _measured(self, config: ConfigJSON | None, cutoff_ms: float | None, again: bool) -> Answer:
+        # At length (a re-timing, a round of a comparison): all in one process, whose state
+        # (where its buffers and threads landed) then falls on every contender alike.
+        where = TIMER if cutoff_ms is None else None
+        asked = Request(op="measure", cutoff_ms=cutoff_ms, again=again)
+        return self.harness.request(self.task, asked, config, worker=where)
 
     def validate(self, config: ConfigJSON, seeds: Sequence[int]) -> ValidationReport:
-        if self._edge is not None:
-            self.harness.farm.compile_all(self._edge, [config])  # failing shows in validation
-        answer = self.harness.request(self.task, "validate", config, seeds=list(seeds))
+        answer = self.harness.request(self.task, Request(op="validate", seeds=tuple(seeds)), config)
         self._count(answer)
-        if answer["status"] == "ok":
-            return ValidationReport.model_validate(answer["report"])
-        return failed_report(self.task, seeds, f"{answer['status']}: {answer.get('error', '')}")
+        if answer.ok and answer.report is not None:
+            return answer.report
+        return failed_report(self.task, seeds, f"{answer.status}: {answer.error}")
 
     def evaluate(self, configs: list[Config]) -> list[Trial]:
-        if self.pipelined:
-            return self._evaluate_compiled(configs)
         started = time.monotonic()
         built = self.harness.build_all(self.task, configs)
         if configs:  # builds run in parallel: each worker built about this many, one at a time
@@ -434,25 +406,12 @@ class HarnessBenchmarker(Benchmarker):
         for config in configs:
             answer = built[_label(config.to_json())]
             self._count(answer)
-            if answer["status"] == "ok":
+            if answer.ok:
                 measured = self.measure(config.to_json(), self._cutoff())
             else:
-                measured = Measurement.from_json(answer)
+                measured = answer.as_measurement()
             trials.append(self._note(config.to_json(), measured))
         return trials
-
-    def _evaluate_compiled(self, configs: list[Config]) -> list[Trial]:
-        """Times each config as soon as the farm has compiled it."""
-        found: dict[str, Trial] = {}
-        answers = self.harness.measure_compiled(self.task, [c.to_json() for c in configs],
-                                                self._cutoff)  # fmt: skip
-        for label, answer in answers:
-            if "measure_s" in answer:
-                self._build_s.append(answer["compile_s"])
-                self._measure_s.append(answer["measure_s"])
-            self._count(answer)
-            found[label] = self._note(json.loads(label), Measurement.from_json(answer))
-        return [found[_label(c.to_json())] for c in configs]
 
     def _note(self, config: ConfigJSON, measured: Measurement) -> Trial:
         """``measured`` as ``config``'s trial, counted (failures) or kept (the best time)."""
@@ -462,6 +421,53 @@ class HarnessBenchmarker(Benchmarker):
         elif measured.time_ms is not None:
             self.best_ms = min(self.best_ms or measured.time_ms, measured.time_ms)
         return measured.trial(config)
+
+
+class FarmBenchmarker(HarnessBenchmarker):
+    """A :class:`Harness` measuring the candidates of a task with a compile ``target``: they
+    compile in the farm, ahead of the one process that times them, which it tells what comes
+    next (:class:`~tuner.measure.Pipelines`)."""
+
+    def __init__(self, harness: Harness, task: Task) -> None:
+        super().__init__(harness, task)
+        self._edge = _edge_task(task)  # the validation's problem: compiled in the farm too
+
+    def prefetch(self, configs: list[Config]) -> None:
+        """Starts compiling ``configs``, the search's next batch, in the farm while the current
+        batch is timed; ``[]`` drops what is still queued (the search stopped)."""
+        if configs:
+            self.harness.farm.submit(self.task, [c.to_json() for c in configs])
+        else:
+            self.harness.farm.cancel(self.task)
+
+    def expect_validation(self, configs: Sequence[ConfigJSON]) -> None:
+        """Starts compiling ``configs`` at the edge problem in the farm, for their validation."""
+        if self._edge is not None:
+            self.harness.farm.submit(self._edge, configs)
+
+    def _measured(self, config: ConfigJSON | None, cutoff_ms: float | None, again: bool) -> Answer:
+        if config is not None and not self.harness.timer_has(self.task, config):
+            [(_, answer)] = self.harness.measure_compiled(self.task, [config], lambda: cutoff_ms)
+            return answer
+        return super()._measured(config, cutoff_ms, again)
+
+    def validate(self, config: ConfigJSON, seeds: Sequence[int]) -> ValidationReport:
+        if self._edge is not None:
+            self.harness.farm.compile_all(self._edge, [config])  # failing shows in validation
+        return super().validate(config, seeds)
+
+    def evaluate(self, configs: list[Config]) -> list[Trial]:
+        """Times each config as soon as the farm has compiled it."""
+        found: dict[str, Trial] = {}
+        answers = self.harness.measure_compiled(self.task, [c.to_json() for c in configs],
+                                                self._cutoff)  # fmt: skip
+        for label, answer in answers:
+            if answer.compile_s is not None and answer.measure_s is not None:
+                self._build_s.append(answer.compile_s)
+                self._measure_s.append(answer.measure_s)
+            self._count(answer)
+            found[label] = self._note(json.loads(label), answer.as_measurement())
+        return [found[_label(c.to_json())] for c in configs]
 
 
 def _edge_task(task: Task) -> Task | None:

@@ -15,6 +15,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from tunecache.errors import TuningError
+from tuner.harness.messages import Request
 from tuner.harness.worker import worker_main
 
 _CONTEXT = multiprocessing.get_context("spawn")  # no fork: CUDA and thread pools don't survive it
@@ -73,7 +74,7 @@ def stop(slots: list[Slot]) -> None:
 
     for slot in slots:
         with contextlib.suppress(OSError, ValueError):
-            slot.conn.send({"op": "stop"})
+            slot.conn.send(Request(op="stop"))
     for slot in slots:
         slot.process.join(timeout=5)
         kill(slot)

@@ -4,29 +4,7 @@ It runs in its own process so that a candidate which segfaults, hangs or corrupt
 only this worker down; the pool (:mod:`tuner.harness.pool`) notices, records the failure and
 starts a replacement. One worker serves many tasks (keys): each request carries its task, which
 the worker sets up once (:class:`~tuner.harness.measurer.Measurer`) and keeps while it is recent.
-Requests and answers are plain dicts over a ``multiprocessing`` pipe:
-
-* ``{"op": "setup", "task": {...}}`` → ``{"status": "ok"}`` once the task is set up (the pool
-  sends it before a worker's first request for a task, under the start timeout)
-* ``{"op": "build", "task": {...}, "config": {...}}`` → ``{"status": "ok"}`` or a
-  :class:`~tuner.measure.Measurement` as JSON (``compile_error``)
-* ``{"op": "measure", "task": {...}, "config": {...} | None, "cutoff_ms": float?}`` → a
-  measurement as JSON; ``"config": null`` times the kernel's torch eager function (the baseline)
-  the same way; a candidate slower than ``cutoff_ms`` is cut short; with ``"again": true`` a
-  noisy timing is taken once more
-* ``{"op": "validate", "task": {...}, "config": {...}, "seeds": [...]}`` →
-  ``{"status": "ok", "report": {...}}``: the full golden-reference validation, in the worker
-* ``{"op": "compile", "task": {...}, "config": {...}}`` → ``{"status": "ok", "seconds": s,
-  "shared": bytes, ...}``: the compile farm's request, which needs no set-up (no inputs, no
-  reference, no device): the config compiled for the task's ``target``; ``invalid`` when the
-  compiled kernel needs more shared memory than the target allows, ``compile_error`` when it
-  does not compile
-
-A build, measurement or validation answer carries ``"compiles"``: the compiles the backend ran
-in this process while answering (where it counts them), which the compile farm keeps at zero.
-
-A task that cannot be set up (an unknown kernel, a backend that fails to import) is answered
-``{"status": "setup_error", "error": ...}``.
+Requests and answers are :mod:`tuner.harness.messages`; what each request does is said there.
 """
 
 from __future__ import annotations
@@ -38,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tuner.harness.measurer import Measurer, describe
+from tuner.harness.messages import READY, Answer, Request
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -78,71 +57,69 @@ def _release(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def _compile(request: dict[str, Any]) -> dict[str, Any]:
-    """Compiles the request's config for its task's target (see the module's docstring)."""
+def _compile(request: Request) -> Answer:
+    """Compiles the request's config for its task's target (see :mod:`tuner.harness.messages`)."""
+    from backends import CompilesAhead
     from tuner.harness.task import Task, resolve_backend
     from workloads import get_workload
 
     started = time.perf_counter()
     try:
-        task = Task.from_json(request["task"])
-        if task.target is None:
-            raise ValueError("a compile request needs a task with a target")
-        facts = resolve_backend(task.backend).compile_ahead(
-            get_workload(task.workload), task.problem, task.dtype, request["config"], task.target
+        task = Task.from_json(dict(request.task or {}))
+        backend = resolve_backend(task.backend)
+        if task.target is None or request.config is None or not isinstance(backend, CompilesAhead):
+            raise ValueError("a compile request needs a task with a target, a config and a "
+                             "backend that compiles ahead")  # fmt: skip
+        facts = backend.compile_ahead(
+            get_workload(task.workload), task.problem, task.dtype, request.config, task.target
         )
     except Exception as exc:
-        return {"status": "compile_error", "error": describe(exc)}
+        return Answer(status="compile_error", error=describe(exc))
     limit = task.target.limits.max_shared_memory_per_block
     if facts.get("shared", 0) > limit:
         why = (f"the compiled kernel uses {facts['shared']} bytes of shared memory; "
                f"{task.target.arch} allows {limit} per block (read from the compiled code; "
                "never launched)")  # fmt: skip
-        return {"status": "invalid", "error": why}
-    return {"status": "ok", "seconds": time.perf_counter() - started, **facts}
+        return Answer(status="invalid", error=why)
+    return Answer(status="ok", seconds=time.perf_counter() - started, facts=facts)
 
 
-def _counting_compiles(measurer: Measurer, answer: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``answer()``, with ``"compiles"``: how many the backend ran meanwhile, where it counts."""
+def _counting_compiles(measurer: Measurer, answer: Callable[[], Answer]) -> Answer:
+    """``answer()``, with ``compiles``: how many the backend ran meanwhile, where it counts."""
     before = measurer.backend.compiles()
     result = answer()
     after = measurer.backend.compiles()
     if before is not None and after is not None:
-        result["compiles"] = after - before
+        result = result.plus(compiles=after - before)
     return result
 
 
-def _build(measurer: Measurer, config: dict[str, Any]) -> dict[str, Any]:
+def _build(measurer: Measurer, config: dict[str, Any]) -> Answer:
     failed = measurer.try_build(config)
-    return {"status": "ok"} if failed is None else failed.to_json()
+    return Answer(status="ok") if failed is None else Answer.of(failed)
 
 
-def _validate(measurer: Measurer, config: dict[str, Any], seeds: list[int]) -> dict[str, Any]:
-    report = measurer.validate(config, seeds)
-    return {"status": "ok", "report": report.model_dump(mode="json")}
-
-
-def _answer(tasks: _Tasks, request: dict[str, Any]) -> dict[str, Any]:
-    op = request.get("op")
-    if op == "compile":
+def _answer(tasks: _Tasks, request: Request) -> Answer:
+    if request.op == "compile":
         return _compile(request)
     try:
-        measurer = tasks.get(request["task"])
+        measurer = tasks.get(dict(request.task or {}))
     except Exception as exc:
-        return {"status": "setup_error", "error": describe(exc)}
-    if op == "setup":
-        return {"status": "ok"}
-    if op == "build":
-        return _counting_compiles(measurer, lambda: _build(measurer, request["config"]))
-    if op == "measure":
-        config, cutoff, again = request["config"], request.get("cutoff_ms"), request.get("again")
+        return Answer(status="setup_error", error=describe(exc))
+    config = None if request.config is None else dict(request.config)
+    if request.op == "setup":
+        return Answer(status="ok")
+    if request.op == "build" and config is not None:
+        return _counting_compiles(measurer, lambda: _build(measurer, config))
+    if request.op == "measure":
+        return _counting_compiles(measurer, lambda: Answer.of(
+            measurer.measure(config, request.cutoff_ms, again=request.again)))  # fmt: skip
+    if request.op == "validate" and config is not None:
+        seeds = list(request.seeds)
         return _counting_compiles(
-            measurer, lambda: measurer.measure(config, cutoff, again=bool(again)).to_json()
+            measurer, lambda: Answer(status="ok", report=measurer.validate(config, seeds))
         )
-    if op == "validate":
-        config, seeds = request["config"], request["seeds"]
-        return _counting_compiles(measurer, lambda: _validate(measurer, config, seeds))
-    return {"status": "invalid", "error": f"unknown request {op!r}"}
+    return Answer(status="invalid", error=f"cannot answer {request.op!r} with config {config}")
 
 
 def worker_main(conn: Connection, env: Mapping[str, str | None] | None = None,
@@ -165,12 +142,12 @@ def worker_main(conn: Connection, env: Mapping[str, str | None] | None = None,
     # print tracebacks of their own meanwhile.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     tasks = _Tasks()
-    conn.send({"status": "ready"})
+    conn.send(READY)
     while True:
         try:
-            request = conn.recv()
+            request: Request = conn.recv()
         except EOFError:
             return
-        if request.get("op") == "stop":
+        if request.op == "stop":
             return
         conn.send(_answer(tasks, request))
