@@ -117,6 +117,17 @@ def test_a_gpu_daemon_without_a_gpu_says_what_to_run_instead(tmp_path: Path) -> 
                                    "daemon (--device cpu)")  # fmt: skip
 
 
+def _after_interrupt(process: subprocess.Popen[str], timeout: float) -> str:
+    """What ``process`` says on stderr once it has stopped; one that does not stop within
+    ``timeout`` is killed with its group (left running, it disturbs every later test)."""
+    try:
+        return process.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        err = process.communicate()[1]
+        raise AssertionError(f"still running {timeout:g} s after Ctrl-C: {err[-2000:]}") from None
+
+
 def test_ctrl_c_during_a_tune_is_exit_130_and_one_line(tmp_path: Path) -> None:
     argv = ["tune", "bias_gelu", "--backend", "tvm", "--shape", "M=64,N=64,K=64", "--strategy",
             "random", "--trials", "500", "--no-upload"]  # fmt: skip
@@ -132,7 +143,7 @@ def test_ctrl_c_during_a_tune_is_exit_130_and_one_line(tmp_path: Path) -> None:
         if "searching [" in line:
             break
     os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole process group
-    rest = process.communicate(timeout=60)[1]
+    rest = _after_interrupt(process, 60)
     assert process.returncode == 130, rest
     assert "Traceback" not in rest and rest.strip().splitlines()[-1] == "tunecache: interrupted"
 
@@ -153,7 +164,7 @@ def test_ctrl_c_during_metaschedule_is_exit_130_and_the_next_tune_works(tmp_path
             break
     time.sleep(4)  # inside MetaSchedule: its workers importing TVM, or candidates building
     os.killpg(process.pid, signal.SIGINT)
-    rest = process.communicate(timeout=120)[1]
+    rest = _after_interrupt(process, 120)
     assert process.returncode == 130, rest
     assert "Traceback" not in rest and rest.strip().splitlines()[-1] == "tunecache: interrupted"
     again = subprocess.run([sys.executable, "-m", "tunecache_cli", *argv[:-3], "--trials", "4",
@@ -202,6 +213,6 @@ def test_ctrl_c_in_every_inductor_phase_is_exit_130_and_one_line(
         if phase in line:
             break
     os.killpg(process.pid, signal.SIGINT)
-    rest = process.communicate(timeout=120)[1]
+    rest = _after_interrupt(process, 120)
     assert process.returncode == 130, rest
     assert "Traceback" not in rest and rest.strip().splitlines()[-1] == "tunecache: interrupted"
