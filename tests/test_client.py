@@ -192,8 +192,10 @@ def test_a_claim_on_a_server_older_than_the_kernel_filter_is_sent_again_without_
 
     with Client("http://old.test", transport=httpx.MockTransport(old_server)) as client:
         assert client.claim_job("w", kernel_packages=["mypkg"]) is None
+        assert client.claim_job("w", kernel_packages=["mypkg"]) is None  # refused once only
     assert [sorted(b) for b in bodies] == [
         ["kernel_packages", "lease_seconds", "worker"],
+        ["lease_seconds", "worker"],
         ["lease_seconds", "worker"],
     ]
     assert "cannot filter claims by kernel package" in caplog.text

@@ -86,14 +86,18 @@ class WorkerCalls:
         wanted = {"worker": worker, "lease_seconds": lease_seconds, "device_arch": device_arch,
                   **{k: None if v is None else list(v) for k, v in listed.items()}}  # fmt: skip
         body = ClaimRequest.model_validate(wanted).model_dump(mode="json", exclude_none=True)
+        if getattr(self, "_unfiltered_claims", False):
+            body.pop("kernel_packages", None)
         try:
             response = self._call("POST", "/v1/jobs/claim", json=body)
         except ServerError as exc:
             if exc.status_code != 422 or "kernel_packages" not in str(exc):
                 raise
             # A server older than the kernel filter: it hands out any job (the worker refuses
-            # a kernel it may not import, and fails that job) — upgrade it.
+            # a kernel it may not import, and fails that job) — upgrade it. Said once; later
+            # claims leave the field out.
             logger.warning("the server cannot filter claims by kernel package: %s", exc)
+            self._unfiltered_claims = True
             body.pop("kernel_packages", None)
             response = self._call("POST", "/v1/jobs/claim", json=body)
         if response.status_code == 204:

@@ -40,8 +40,7 @@ class Waiting:
     path: Path  # the file as taken by this process
     name: str  # its name while it waits
     url: str
-    upload: Upload | None  # None: the file holds no valid upload (why: ``problem``)
-    problem: str = ""
+    upload: Upload | None  # None: the file holds no upload this version can send
 
 
 def send(client: Any, upload: Upload) -> Any:
@@ -154,21 +153,21 @@ def _waiting_for(url: str, folder: Path) -> Iterator[tuple[Path, Any]]:
 
 def take(url: str, folder: Path | None = None) -> list[Waiting]:
     """Takes the files waiting for ``url``, oldest first (one another process took first is
-    left to it); a file that holds no valid upload comes with ``upload=None``, saying why."""
+    left to it); a file that holds no valid upload comes with ``upload=None``."""
     folder = folder or outbox_dir()
     found = []
     for path, data in _waiting_for(url, folder):
         name = _own_name(path.name)
         taken = folder / f"{TAKEN}{os.getpid()}-{name}"
         try:
-            upload, problem = _parsed(data), ""
-        except ValueError as exc:
-            upload, problem = None, str(exc).splitlines()[0]
+            upload: Upload | None = _parsed(data)
+        except ValueError:
+            upload = None
         try:
             os.replace(path, taken)  # one process wins; the others find it gone
         except OSError:
             continue
-        found.append(Waiting(taken, name, url, upload, problem))
+        found.append(Waiting(taken, name, url, upload))
     return found
 
 
