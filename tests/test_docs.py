@@ -38,7 +38,7 @@ def test_every_command_the_readme_names_is_documented_in_docs_cli() -> None:
 
 @pytest.mark.parametrize("api", ["tunecache.key_for", "tunecache.Client", "client.lookup",
                                  "tunecache.triton.autotune", "tunecache.inductor.enable",
-                                 "tunecache.tvm.Database"])  # fmt: skip
+                                 "tunecache.tvm.Database", "tunecache.triton.install"])  # fmt: skip
 def test_every_api_the_readme_names_has_an_example_in_docs(api: str) -> None:
     assert api in README
     examples = "".join(re.findall(r"```python\n(.*?)```", "".join(DOCS.values()), flags=re.S))

@@ -15,6 +15,14 @@
   (``tunecache push``); unset: ``outbox`` in the user cache directory
 - ``TUNECACHE_TIMING_CORES``: the CPU cores the tuner's measurement workers are pinned to
   (``2-3``, ``0,2,4-7``), with as many threads as cores; unset: every core this process may use
+- ``TUNECACHE_TRITON_AUTOTUNE``: ``1`` routes every ``triton.autotune`` of the process through
+  tunecache from interpreter start (the ``tunecache-triton.pth`` hook, :mod:`tunecache.startup`);
+  unset or ``0``: nothing happens. With it (and for ``tunecache.triton.install()``):
+  ``TUNECACHE_TRITON_INCLUDE`` / ``TUNECACHE_TRITON_EXCLUDE``, comma-separated modules whose
+  kernels are routed / left to Triton (a module covers its submodules; unset: every module, none);
+  ``TUNECACHE_ON_MISS`` (``tune``, the default, or ``default``), ``TUNECACHE_POLICY``
+  (``strict``, ``compatible``, ``any``) and ``TUNECACHE_VERIFY`` (``never`` or ``first``), as the
+  arguments of ``tunecache.triton.autotune``
 
 The server's own settings (``TUNECACHE_SERVER_*``) are in :mod:`cache_server.settings`.
 
@@ -24,6 +32,7 @@ A bad value raises :class:`ValueError` naming the variable.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,3 +179,85 @@ def omp_threads(environ: Mapping[str, str] | None = None) -> int | None:
     env = os.environ if environ is None else environ
     first = env.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     return int(first) if first.isdigit() and int(first) > 0 else None
+
+
+AUTOTUNE_VAR = "TUNECACHE_TRITON_AUTOTUNE"
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_CHOICES: Mapping[str, tuple[str, ...]] = {
+    "TUNECACHE_ON_MISS": ("tune", "default"),
+    "TUNECACHE_POLICY": ("strict", "compatible", "any"),
+    "TUNECACHE_VERIFY": ("never", "first"),
+}
+
+
+def autotune_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``TUNECACHE_TRITON_AUTOTUNE`` asks to route every ``triton.autotune``.
+
+    Raises:
+        ValueError: the variable is set to something that is neither true nor false.
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get(AUTOTUNE_VAR, "").strip().lower()
+    if raw in _TRUE or raw in _FALSE:
+        return raw in _TRUE
+    raise ValueError(f"{AUTOTUNE_VAR}={env.get(AUTOTUNE_VAR)!r} is not 1/true/on or 0/false/off")
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Which ``triton.autotune`` kernels tunecache takes over, and how (``tunecache.triton``'s
+    ``install``): modules included (empty: all) and excluded, and the drop-in's options."""
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    on_miss: str = "tune"
+    policy: str = "strict"
+    verify: str = "never"
+
+    def __post_init__(self) -> None:
+        for module in (*self.include, *self.exclude):
+            if not _MODULE.fullmatch(module):
+                raise InvalidInput(f"{module!r} is not a module name such as 'liger_kernel.ops'")
+        for name, value in zip(_CHOICES, (self.on_miss, self.policy, self.verify), strict=True):
+            if value not in _CHOICES[name]:
+                raise InvalidInput(f"{name.removeprefix('TUNECACHE_').lower()}={value!r}: "
+                                   f"expected one of {', '.join(_CHOICES[name])}")  # fmt: skip
+
+    def routes(self, module: str) -> bool:
+        """Whether kernels defined in ``module`` go through tunecache."""
+
+        def covers(prefix: str) -> bool:
+            return module == prefix or module.startswith(prefix + ".")
+
+        if any(covers(prefix) for prefix in self.exclude):
+            return False
+        return not self.include or any(covers(prefix) for prefix in self.include)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Routing:
+        """The routing the ``TUNECACHE_TRITON_*`` and drop-in variables ask for.
+
+        Raises:
+            InvalidInput: a variable names something that is not a module, or a value that is
+                not one of its choices (the message names the variable).
+        """
+        env = os.environ if environ is None else environ
+
+        def modules(name: str) -> tuple[str, ...]:
+            found = tuple(part.strip() for part in env.get(name, "").split(",") if part.strip())
+            for module in found:
+                if not _MODULE.fullmatch(module):
+                    raise InvalidInput(f"{name}: {module!r} is not a module name")
+            return found
+
+        def choice(name: str) -> str:
+            value = env.get(name, "").strip().lower() or _CHOICES[name][0]
+            if value not in _CHOICES[name]:
+                raise InvalidInput(f"{name}={env.get(name)!r}: expected one of "
+                                   f"{', '.join(_CHOICES[name])}")  # fmt: skip
+            return value
+
+        return cls(include=modules("TUNECACHE_TRITON_INCLUDE"),
+                   exclude=modules("TUNECACHE_TRITON_EXCLUDE"),
+                   on_miss=choice("TUNECACHE_ON_MISS"), policy=choice("TUNECACHE_POLICY"),
+                   verify=choice("TUNECACHE_VERIFY"))  # fmt: skip

@@ -34,7 +34,8 @@ from tunecache.key import Key
 from tunecache.policies import VersionPolicy
 from tunecache.problem import describe
 from tunecache.schemas import CheckModel
-from tunecache.settings import Settings
+from tunecache.settings import Settings, interpret_enabled
+from tunecache.triton.hostbench import host_bench
 from tunecache.triton.keys import (
     KernelIdentity,
     KernelSpace,
@@ -92,8 +93,9 @@ class CachedAutotuner(Autotuner):
                  **options: Any) -> None:  # fmt: skip
         reset_to_zero = options.pop("reset_to_zero", None)
         restore_value = options.pop("restore_value", None)
+        if options.get("do_bench") is None and _interpreted():
+            options["do_bench"] = host_bench  # Triton's needs a GPU driver
         super().__init__(fn, arg_names, configs, key, reset_to_zero, restore_value, **options)
-        self.identity = KernelIdentity.of(fn)
         # The tuned meta-parameters and their types, as the listed configs give them.
         self.meta = {k: type(v) for c in self.configs for k, v in c.kwargs.items()}
         # The listed configs, indexed once: a served config is looked up, never rebuilt.
@@ -102,6 +104,12 @@ class CachedAutotuner(Autotuner):
         self.on_miss, self.reference, self.verify = on_miss, reference, verify
         self.benchmarked = 0  # tuning keys Triton benchmarked in this process
         self._warned: set[str] = set()
+
+    @functools.cached_property
+    def identity(self) -> KernelIdentity:
+        """The kernel's identity, on its first call: reading its source costs milliseconds, and a
+        library routed whole (``tunecache.triton.install``) decorates hundreds of kernels."""
+        return KernelIdentity.of(self.fn)
 
     # -- the run ---------------------------------------------------------------------------
     def run(self, *args: Any, **kwargs: Any) -> Any:
@@ -262,6 +270,13 @@ class CachedAutotuner(Autotuner):
         log = logger.debug if what in self._warned else logger.warning
         self._warned.add(what)
         log("tunecache.triton: %s", message)
+
+
+def _interpreted() -> bool:
+    try:
+        return interpret_enabled()
+    except ValueError:
+        return False  # Triton refuses the value itself
 
 
 def _distributed() -> bool:
