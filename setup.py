@@ -1,8 +1,8 @@
 """Installs ``tunecache-triton.pth`` beside the packages, for wheels and editable installs alike.
 
 The file is one line that does nothing unless ``TUNECACHE_TRITON_AUTOTUNE`` is set; then it arms
-:mod:`tunecache.startup`, which routes every ``triton.autotune`` of the process through tunecache
-once Triton is imported (docs/integrations.md). Everything else is in pyproject.toml.
+``_tunecache_triton_hook``, which routes every ``triton.autotune`` of the process through
+tunecache once the program imports Triton (docs/integrations.md). The rest is in pyproject.toml.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ class _WithPth:
 
 
 class EditableWithPth(editable_wheel):
+    # setuptools' own hook (64 and newer; private): tests/test_triton_install.py runs in an
+    # editable install, so a setuptools that changes it fails there, not silently.
     def _select_strategy(self, *args: Any, **kwargs: Any) -> Any:
         return _WithPth(super()._select_strategy(*args, **kwargs))
 

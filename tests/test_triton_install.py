@@ -67,6 +67,11 @@ def run(env: dict[str, str], what: str = "run") -> tuple[dict[str, Any], str]:
     return json.loads(done.stdout.splitlines()[-1]), done.stderr
 
 
+def on_path(folder: Path) -> str:
+    """``PYTHONPATH`` with ``folder`` first."""
+    return os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def library_untouched() -> None:
     """Every installed file of the library still has the hash pip recorded for it."""
     files = [f for f in metadata.files(LIBRARY) or [] if f.hash is not None]
@@ -150,19 +155,46 @@ def test_a_bad_setting_is_one_line_and_leaves_triton_as_it_is(
     assert words in line and "left as it is" in line
 
 
+def start(script: str, env: dict[str, str | None]) -> list[str]:
+    """A fresh interpreter running ``script`` with ``env`` over the tests' (``None``: unset); its
+    stdout's words."""
+    environ = {**os.environ, "TRITON_INTERPRET": "1"}
+    for name, value in env.items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env=environ, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    return done.stdout.split() + [line for line in done.stderr.splitlines() if "tunecache" in line]
+
+
 def test_without_the_variable_a_start_imports_nothing_of_tunecache() -> None:
-    script = "import sys, triton; print('tunecache' in sys.modules, type(triton.autotune).__name__)"
-    env = {k: v for k, v in os.environ.items() if k != "TUNECACHE_TRITON_AUTOTUNE"}
-    for value in (None, "0"):
-        if value is not None:
-            env["TUNECACHE_TRITON_AUTOTUNE"] = value
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                              timeout=120, env=env, check=True)  # fmt: skip
-        assert done.stdout.split() == ["False", "function"]
-    env["TUNECACHE_TRITON_AUTOTUNE"] = "1"
-    done = subprocess.run([sys.executable, "-c", "import sys; print('triton' in sys.modules)"],
-                          capture_output=True, text=True, timeout=120, env=env, check=True)  # fmt: skip
-    assert done.stdout.split() == ["False"]  # armed, but Triton is imported only by the program
+    script = "import sys, triton; print('tunecache' in sys.modules, triton.autotune.__name__)"
+    for value in (None, "", "0", "off"):
+        assert start(script, {"TUNECACHE_TRITON_AUTOTUNE": value}) == ["False", "autotune"]
+    # Armed, a start imports neither Triton nor tunecache: only the program's import does.
+    armed = start("import sys; print('triton' in sys.modules, 'tunecache' in sys.modules)",
+                  {"TUNECACHE_TRITON_AUTOTUNE": "1"})  # fmt: skip
+    assert armed == ["False", "False"]
+
+
+def test_a_lookup_of_triton_before_its_import_keeps_the_hook() -> None:
+    """torch and transformers ask ``importlib.util.find_spec("triton")`` before anyone imports
+    it: the hook stays armed for the import itself."""
+    script = ("import importlib.util, pkgutil; importlib.util.find_spec('triton'); "
+              "import torch, triton; print(triton.autotune.__name__)")  # fmt: skip
+    assert start(script, {"TUNECACHE_TRITON_AUTOTUNE": "1"}) == ["routed_autotune"]
+
+
+def test_a_tunecache_that_cannot_import_leaves_the_program_running(tmp_path: Path) -> None:
+    (tmp_path / "httpx.py").write_text("raise ImportError('a broken httpx')\n")
+    script = "import triton; print('ran', triton.autotune.__name__)"
+    out = start(script, {"TUNECACHE_TRITON_AUTOTUNE": "1", "PYTHONPATH": on_path(tmp_path)})
+    assert out[:2] == ["ran", "autotune"]
+    assert out[2:] == ["tunecache: TUNECACHE_TRITON_AUTOTUNE: ImportError: a broken httpx; "
+                       "triton.autotune is left as it is"]  # fmt: skip
 
 
 def test_install_routes_a_users_own_library_called_as_triton_documents(tmp_path: Path) -> None:
@@ -196,7 +228,7 @@ def test_install_routes_a_users_own_library_called_as_triton_documents(tmp_path:
         "print(type(mylib.fill).__name__, type(early).__name__, int(y.sum()), "
         "'bogus' in error, triton.autotune is a.autotune)\n"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(tmp_path),
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": on_path(tmp_path),
            "TUNECACHE_URL": "http://127.0.0.1:9"}  # fmt: skip
     env.pop("TUNECACHE_TRITON_AUTOTUNE", None)
     done = subprocess.run([sys.executable, "main.py"], capture_output=True, text=True,

@@ -16,7 +16,7 @@
 - ``TUNECACHE_TIMING_CORES``: the CPU cores the tuner's measurement workers are pinned to
   (``2-3``, ``0,2,4-7``), with as many threads as cores; unset: every core this process may use
 - ``TUNECACHE_TRITON_AUTOTUNE``: ``1`` routes every ``triton.autotune`` of the process through
-  tunecache from interpreter start (the ``tunecache-triton.pth`` hook, :mod:`tunecache.startup`);
+  tunecache from interpreter start (the ``tunecache-triton.pth`` hook, ``_tunecache_triton_hook``);
   unset or ``0``: nothing happens. With it (and for ``tunecache.triton.install()``):
   ``TUNECACHE_TRITON_INCLUDE`` / ``TUNECACHE_TRITON_EXCLUDE``, comma-separated modules whose
   kernels are routed / left to Triton (a module covers its submodules; unset: every module, none);

@@ -93,8 +93,10 @@ class CachedAutotuner(Autotuner):
                  **options: Any) -> None:  # fmt: skip
         reset_to_zero = options.pop("reset_to_zero", None)
         restore_value = options.pop("restore_value", None)
-        if options.get("do_bench") is None and _interpreted():
-            options["do_bench"] = host_bench  # Triton's needs a GPU driver
+        if _interpreted():  # Triton's benchmarks need a GPU driver: the host clock stands in
+            for gpu_only in ("warmup", "rep", "use_cuda_graph"):
+                options.pop(gpu_only, None)
+            options["do_bench"] = options.get("do_bench") or host_bench
         super().__init__(fn, arg_names, configs, key, reset_to_zero, restore_value, **options)
         # The tuned meta-parameters and their types, as the listed configs give them.
         self.meta = {k: type(v) for c in self.configs for k, v in c.kwargs.items()}

@@ -10,8 +10,8 @@ rank 0's config, and a served config launches only when it is one of the kernel'
 configs (its space). Kernels of other modules get Triton's own autotuner, untouched.
 
 Only kernels decorated after :func:`install` are routed: call it before importing the library,
-or set ``TUNECACHE_TRITON_AUTOTUNE=1`` (:mod:`tunecache.startup` installs it the moment Triton is
-imported).
+or set ``TUNECACHE_TRITON_AUTOTUNE=1`` (the start-up hook, ``_tunecache_triton_hook``, installs it
+the moment the program imports Triton).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import triton
 import triton.runtime
 import triton.runtime.autotuner
 
-from tunecache.settings import Routing
+from tunecache.settings import Routing, autotune_enabled
 from tunecache.triton.autotuner import CachedAutotuner, autotune
 from tunecache.triton.keys import base_function
 
@@ -45,6 +45,19 @@ def install(routing: Routing | None = None) -> None:
     for module in _EXPORTS:
         module.autotune = routed
     logger.info("tunecache.triton: triton.autotune routed through tunecache (%s)", routing)
+
+
+def install_from_env() -> bool:
+    """:func:`install` as the environment asks (``TUNECACHE_TRITON_AUTOTUNE`` and the routing's
+    variables): the start-up hook's call. Whether it installed.
+
+    Raises:
+        ValueError, InvalidInput: a variable's value is not one it takes (the message names it).
+    """
+    if not autotune_enabled():
+        return False
+    install(Routing.from_env())
+    return True
 
 
 def uninstall() -> None:
@@ -74,15 +87,14 @@ def _routed_autotune(original: Callable[..., Any], routing: Routing) -> Callable
         except TypeError:
             return original(*args, **kwargs)  # Triton's own error, as without tunecache
         configs, key = given.pop("configs"), given.pop("key")
-        drop_in = autotune(configs, key, on_miss=routing.on_miss,  # type: ignore[arg-type]
-                           policy=routing.policy, verify=routing.verify,  # type: ignore[arg-type]
-                           **given)  # fmt: skip
 
         def decorator(fn: Any) -> Any:
             module = getattr(base_function(fn), "__module__", None) or ""
             if not routing.routes(module) or len(configs) < 2:
                 return original(*args, **kwargs)(fn)
-            kernel = drop_in(fn)
+            kernel = autotune(configs, key, on_miss=routing.on_miss,  # type: ignore[arg-type]
+                              policy=routing.policy, verify=routing.verify,  # type: ignore[arg-type]
+                              **given)(fn)  # fmt: skip
             _ROUTED.append(kernel)
             return kernel
 
