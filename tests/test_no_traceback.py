@@ -117,6 +117,23 @@ def test_a_gpu_daemon_without_a_gpu_says_what_to_run_instead(tmp_path: Path) -> 
                                    "daemon (--device cpu)")  # fmt: skip
 
 
+def _start_cli(
+    argv: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """``tunecache ARGV`` in a process group of its own, as a terminal's foreground job: Ctrl-C
+    (SIGINT) reaches it whatever this process inherited. A shell's background job (``cmd &``)
+    ignores SIGINT, and an ignored signal stays ignored across ``exec``: started from such a test
+    run, a child never saw the tests' Ctrl-C and ran on. A handled signal is reset to the
+    default at ``exec``, so the child starts with Python's own handler."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "tunecache_cli", *argv], cwd=cwd,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, env=env)  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _after_interrupt(process: subprocess.Popen[str], timeout: float) -> str:
     """What ``process`` says on stderr once it has stopped; one that does not stop within
     ``timeout`` is killed with its group (left running, it disturbs every later test)."""
@@ -131,9 +148,7 @@ def _after_interrupt(process: subprocess.Popen[str], timeout: float) -> str:
 def test_ctrl_c_during_a_tune_is_exit_130_and_one_line(tmp_path: Path) -> None:
     argv = ["tune", "bias_gelu", "--backend", "tvm", "--shape", "M=64,N=64,K=64", "--strategy",
             "random", "--trials", "500", "--no-upload"]  # fmt: skip
-    process = subprocess.Popen([sys.executable, "-m", "tunecache_cli", *argv], cwd=tmp_path,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)  # fmt: skip
+    process = _start_cli(argv, tmp_path)
     assert process.stderr is not None
     seen: list[str] = []
     deadline = time.monotonic() + 120
@@ -154,9 +169,7 @@ def test_ctrl_c_during_metaschedule_is_exit_130_and_the_next_tune_works(tmp_path
     ``'NoneType' object has no attribute 'kill'``), and TVM's workers printed tracebacks."""
     argv = ["tune", "softmax", "--backend", "tvm", "--shape", "M=256,N=256", "--trials", "32",
             "--no-upload"]  # fmt: skip
-    process = subprocess.Popen([sys.executable, "-m", "tunecache_cli", *argv], cwd=tmp_path,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)  # fmt: skip
+    process = _start_cli(argv, tmp_path)
     assert process.stderr is not None
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -202,9 +215,7 @@ def test_ctrl_c_in_every_inductor_phase_is_exit_130_and_one_line(
     model = write_model(tmp_path / "model")
     argv = [a.format(model=model) for a in argv]
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}  # a cold compile
-    process = subprocess.Popen([sys.executable, "-m", "tunecache_cli", *argv], cwd=tmp_path,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True, env=env)  # fmt: skip
+    process = _start_cli(argv, tmp_path, env)
     assert process.stderr is not None
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
