@@ -437,14 +437,20 @@ def _verify(client: Client, record_id: int, worker: str, ms: float) -> RecordPub
     return client.submit_verification(record_id, _passed(worker, ms))
 
 
-def test_disputes_after_verifications_are_always_claimable(server: LiveServer) -> None:
-    """A record disputed again after three verifications is claimed a fourth time (it does not
-    stay out of service for good), and a token's disputes are rate-limited."""
-    url = server.url
+def _one_record_and_a_reader(url: str) -> tuple[Key, dict[str, str], int]:
+    """A key with one uploaded record, and a consumer's (read token's) headers."""
     key = make_key(m=64)
     reader = {"Authorization": f"Bearer {token(url, 'consumer', 'read')}"}
     with Client(url) as client:
         record_id = client.upload(make_record(key, config=knobs(1))).record_id
+    return key, reader, record_id
+
+
+def test_disputes_after_verifications_are_always_claimable(server: LiveServer) -> None:
+    """A record disputed again after three verifications is claimed a fourth time (it does not
+    stay out of service for good), and a token's disputes are rate-limited."""
+    url = server.url
+    key, reader, record_id = _one_record_and_a_reader(url)
     with Client(url, token=token(url, "v", "verify")) as verifier:
         for round_ in range(4):
             answer = post_dispute(url, record_id, reader, dispute_body(key))
@@ -459,10 +465,7 @@ def test_disputes_after_verifications_are_always_claimable(server: LiveServer) -
 
 def test_a_dispute_during_a_verifiers_lease_is_not_settled_unrun(server: LiveServer) -> None:
     url = server.url
-    key = make_key(m=64)
-    reader = {"Authorization": f"Bearer {token(url, 'consumer', 'read')}"}
-    with Client(url) as client:
-        record_id = client.upload(make_record(key, config=knobs(1))).record_id
+    key, reader, record_id = _one_record_and_a_reader(url)
     with Client(url, token=token(url, "v", "verify")) as verifier:
         task = verifier.claim_verification("w1", device_arch=CPU.arch, backends=["tvm"])
         assert task is not None and task.disputed_problems == []
