@@ -95,6 +95,7 @@ def test_a_library_tuned_in_one_process_is_served_to_the_next_with_no_benchmark(
     assert tuned["benchmarked"] == 1 and tuned["host_bench"] == 6  # a miss: every listed config
     [record] = stored(server.url)  # uploaded at the first process's exit, validated
     assert record.validation.passed and record.config == tuned["config"]
+    assert "interpreter" in record.timing.timer  # timed on the host clock: no GPU's time
 
     served, stderr = run(env)
     assert served["correct"] and served["config"] == tuned["config"]

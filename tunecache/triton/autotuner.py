@@ -35,6 +35,7 @@ from tunecache.policies import VersionPolicy
 from tunecache.problem import describe
 from tunecache.schemas import CheckModel
 from tunecache.settings import Settings, interpret_enabled
+from tunecache.triton import hostbench
 from tunecache.triton.hostbench import host_bench
 from tunecache.triton.keys import (
     KernelIdentity,
@@ -46,6 +47,7 @@ from tunecache.triton.keys import (
     triton_config,
 )
 from tunecache.triton.record import (
+    DO_BENCH_TIMER,
     SEED,
     build_record,
     compare_outputs,
@@ -97,6 +99,8 @@ class CachedAutotuner(Autotuner):
             for gpu_only in ("warmup", "rep", "use_cuda_graph"):
                 options.pop(gpu_only, None)
             options["do_bench"] = options.get("do_bench") or host_bench
+        # What the records' timings say measured them (the host clock is no GPU's time).
+        self.timer = hostbench.TIMER if options.get("do_bench") is host_bench else DO_BENCH_TIMER
         super().__init__(fn, arg_names, configs, key, reset_to_zero, restore_value, **options)
         # The tuned meta-parameters and their types, as the listed configs give them.
         self.meta = {k: type(v) for c in self.configs for k, v in c.kwargs.items()}
@@ -232,7 +236,7 @@ class CachedAutotuner(Autotuner):
             return
         against = reference_label(self.reference is not None, key.dtype)
         record = build_record(key, winner, timings, self.configs[0], validated(check, against),
-                              seconds)  # fmt: skip
+                              seconds, timer=self.timer)  # fmt: skip
         if record is None:
             self._warn_once("timing", f"{key.short()}: no usable timings; not uploaded")
             return

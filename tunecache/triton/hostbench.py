@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 REPEATS = 3  # timed calls after one warm-up call
+TIMER = "host clock, Triton's interpreter (not a GPU's time)"  # fits TimingModel.timer
 
 calls = 0  # host benchmarks run in this process
 

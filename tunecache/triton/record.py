@@ -41,15 +41,19 @@ def config_json(config: Any) -> dict[str, Any]:
     return {**dict(config.kwargs), **launch}
 
 
-def timing_of(timings: Any) -> TimingModel | None:
-    """Triton's ``do_bench`` answer (median, 20th, 80th percentile ms) as a timing, if sane."""
+DO_BENCH_TIMER = "triton do_bench (median, p20, p80)"
+
+
+def timing_of(timings: Any, timer: str = DO_BENCH_TIMER) -> TimingModel | None:
+    """Triton's ``do_bench`` answer (median, 20th, 80th percentile ms) as a timing, if sane;
+    ``timer`` says what measured it."""
     values = list(timings) if isinstance(timings, list | tuple) else [timings] * 3
     if len(values) < 3 or not all(isinstance(v, int | float) and math.isfinite(v) and v > 0
                                   for v in values[:3]):  # fmt: skip
         return None
     median, low, high = (float(v) for v in values[:3])
     return TimingModel(median_ms=median, min_ms=min(low, median), max_ms=max(high, median),
-                       repeats=1, timer="triton do_bench (median, p20, p80)")  # fmt: skip
+                       repeats=1, timer=timer)  # fmt: skip
 
 
 def fresh_arguments(args: Sequence[Any], seed: int) -> list[Any]:
@@ -136,25 +140,27 @@ def build_record(
     report: ValidationReport,
     seconds: float,
     summary: Callable[[dict[str, Any]], str] | None = None,
+    timer: str = DO_BENCH_TIMER,
 ) -> RecordCreate | None:
-    """The record of a local autotuning run, or ``None`` when its timings are unusable.
+    """The record of a local autotuning run, or ``None`` when its timings are unusable;
+    ``timer``: what measured them.
 
     ``timings`` must be the ones measured for ``key`` (Triton leaves an earlier key's in place
     when it launches without benchmarking): every entry becomes a trial of this record.
     """
-    timing = timing_of(timings.get(winner))
+    timing = timing_of(timings.get(winner), timer)
     if timing is None:
         return None
     trials = []
     for config, measured in timings.items():
-        t = timing_of(measured)
+        t = timing_of(measured, timer)
         if t is None:
             trials.append(Trial(config=config_json(config), status="runtime_error",
                                 error="no usable timing (failed to compile or run)"))  # fmt: skip
         else:
             trials.append(Trial(config=config_json(config), status="ok", time_ms=t.median_ms))
     baselines = []
-    if (default_timing := timing_of(timings.get(default))) is not None:
+    if (default_timing := timing_of(timings.get(default), timer)) is not None:
         baselines.append(BaselineModel(name="default_config", timing=default_timing))
     chosen = config_json(winner)
     label = summary(chosen) if summary else " ".join(f"{k}={v}" for k, v in chosen.items())
