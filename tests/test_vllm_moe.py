@@ -116,3 +116,139 @@ def test_an_entry_is_written_only_when_it_passes(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match="entry M=4: num_warps=5"):
         write_file(tmp_path, MoeShape(8, 64, "X"), {1: GOOD, 4: {**GOOD, "num_warps": 5}})
     assert list(tmp_path.iterdir()) == []
+
+
+# -- tunecache import vllm-moe / sync --format vllm-moe, through a real server ------------------
+def cli(*argv: str) -> int:
+    from tunecache_cli import main
+
+    return main(list(argv))
+
+
+def imported(url: str, device: str) -> list[Any]:
+    from tunecache.client import Client
+
+    with Client(url) as client:
+        return client.get_artifacts("vllm.moe", device)
+
+
+def test_imported_files_sync_back_as_the_same_files(
+    any_server: Any, tmp_path: Path, capsys: Any
+) -> None:
+    url = any_server.url
+    assert (
+        cli("import", "vllm-moe", str(FIXTURES), "--origin", "vllm-project/vllm", "--server", url)
+        == 0
+    )
+    assert "imported 36 entries of 2 files (NVIDIA_H100, NVIDIA_H200)" in capsys.readouterr().err
+    stored = imported(url, "NVIDIA_H200")
+    assert len(stored) == 18 and stored[0].value["origin"] == "vllm-project/vllm"
+    assert stored[0].value["file"] == "E=128,N=384,device_name=NVIDIA_H200.json"
+    out = tmp_path / "configs"
+    assert cli("sync", "--format", "vllm-moe", "-o", str(out), "--device", "NVIDIA_H100",
+               "--device", "NVIDIA_H200", "--accept", "imported", "--server", url) == 0  # fmt: skip
+    assert sorted(p.name for p in out.iterdir()) == [p.name for p in FILES]
+    for shipped in FILES:
+        written = out / shipped.name
+        assert json.loads(written.read_text()) == json.loads(shipped.read_text())
+        assert written.read_bytes() == shipped.read_bytes()
+    # Imported again (a newer file, say): the entry is replaced, not added beside.
+    assert cli("import", "vllm-moe", str(FIXTURES), "--server", url) == 0
+    assert len(imported(url, "NVIDIA_H200")) == 18
+
+
+@pytest.mark.parametrize(("name", "text", "words"), [
+    ("E=8,N=64,device_name=X,tp=2.json", "{}", "'E=8,N=64,device_name=X,tp=2.json' is not a fused-MoE config file name"),
+    ("E=8,N=64,device_name=X.json", json.dumps({"1": GOOD, "64": {**GOOD, "num_warps": 3}}),
+     "E=8,N=64,device_name=X.json: entry M=64: num_warps=3 is not a power of two"),
+    ("E=8,N=64,device_name=X.json", "not json", "E=8,N=64,device_name=X.json: not JSON"),
+])  # fmt: skip
+def test_a_folder_with_one_bad_file_imports_nothing(
+    server: Any, tmp_path: Path, capsys: Any, name: str, text: str, words: str
+) -> None:
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    for shipped in FILES:
+        (folder / shipped.name).write_bytes(shipped.read_bytes())
+    (folder / name).write_text(text)
+    assert cli("import", "vllm-moe", str(folder), "--server", server.url) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert imported(server.url, "NVIDIA_H100") == [] and imported(server.url, "NVIDIA_H200") == []
+
+
+def test_sync_writes_imported_entries_only_when_told_and_names_bad_input(
+    server: Any, tmp_path: Path, capsys: Any
+) -> None:
+    url, out = server.url, str(tmp_path / "out")
+    assert cli("import", "vllm-moe", str(FIXTURES), "--server", url) == 0
+    assert (
+        cli("sync", "--format", "vllm-moe", "-o", out, "--device", "NVIDIA_H100", "--server", url)
+        == 2
+    )
+    assert "written only with --accept imported" in capsys.readouterr().err
+    for argv, words in [
+        (["--device", "NVIDIA H100"], "'NVIDIA H100' is not a device name"),
+        (["--device", "../etc"], "'../etc' is not a device name"),
+        ([], "--device: no GPU is visible here"),
+    ]:
+        assert cli("sync", "--format", "vllm-moe", "-o", out, "--accept", "imported", *argv,
+                   "--server", url) == 2  # fmt: skip
+        assert words in capsys.readouterr().err
+    assert cli("sync", "--format", "vllm-moe", "--device", "X", "--accept", "imported") == 2
+    assert "needs -o DIR" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+    assert cli("sync", "--device", "NVIDIA_H100", "--server", url) == 2  # a snapshot has no device
+    assert "--device and --accept go with --format vllm-moe" in capsys.readouterr().err
+
+
+def test_sync_skips_entries_a_server_should_not_hold(
+    server: Any, tmp_path: Path, capsys: Any
+) -> None:
+    """Entries written past the API (a compromised database): the server serves none whose value
+    is outside the schema, and the client skips the names that make no file (a non-numeric M, a
+    key that smuggles a device or a path) and holds every value to the schema again."""
+    from tests.factories import store_behind_the_api
+
+    good = {"config": GOOD, "file": "E=8,N=64,device_name=X.json", "origin": ""}
+    items = [
+        {"namespace": "vllm.moe", "partition": "X", "key": "E=8,N=64", "item": "1", "value": good},
+        {"namespace": "vllm.moe", "partition": "X", "key": "E=8,N=64", "item": "2",
+         "value": {**good, "config": {**GOOD, "num_warps": 3}}},
+        {"namespace": "vllm.moe", "partition": "X", "key": "E=8,N=64", "item": "2x", "value": good},
+        {"namespace": "vllm.moe", "partition": "X", "key": "E=8,N=64,device_name=../../x",
+         "item": "4", "value": good},
+        {"namespace": "vllm.moe", "partition": "X", "key": "E=8,N=64", "item": "8",
+         "value": {**good, "run": "os.system('x')"}},
+    ]  # fmt: skip
+    assert store_behind_the_api(server.db, items) == len(items)
+    out = tmp_path / "out"
+    assert cli("sync", "--format", "vllm-moe", "-o", str(out), "--device", "X", "--accept",
+               "imported", "--server", server.url) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert "X: wrote 1 file (1 entries, imported)" in err
+    assert "skipped 2 entries outside the schema" in err  # the other two the server held back
+    assert [p.name for p in out.iterdir()] == ["E=8,N=64,device_name=X.json"]
+    assert json.loads((out / "E=8,N=64,device_name=X.json").read_text()) == {"1": GOOD}
+
+
+def test_the_client_holds_what_a_server_answers_to_the_schema() -> None:
+    """A server that serves anything (a hostile one at the transport): values outside the schema,
+    names that make no file, an M out of range — each skipped, counted."""
+    from tunecache_cli.sync_moe import _tables
+
+    good = {"config": GOOD, "file": "E=8,N=64,device_name=X.json", "origin": ""}
+    answered = [
+        ("E=8,N=64", "1", good),
+        ("E=8,N=64", "2", {**good, "config": {**GOOD, "num_warps": 3}}),
+        ("E=8,N=64", "4", {**good, "run": "__import__('os').system('x')"}),
+        ("E=8,N=64", "8", {**good, "file": "../x.json"}),
+        ("E=8,N=64", "0", good),
+        ("E=8,N=64", str(2**25), good),
+        ("E=8,N=64", "१", good),  # a digit, not an ASCII one
+        ("E=8", "16", good),
+        ("E=8,N=64,dtype=a/b", "16", good),
+        ("E=8,N=64", "32", [GOOD]),
+    ]  # fmt: skip
+    tables, skipped = _tables("X", answered)
+    assert tables == {MoeShape(8, 64, "X"): {1: GOOD}} and skipped == len(answered) - 1

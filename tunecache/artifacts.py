@@ -24,7 +24,9 @@ from pydantic import Field, field_validator, model_validator
 from tunecache.configcheck import artifact_problem
 from tunecache.schemas import MAX_CONFIG_BYTES, MAX_ID, _Strict, check_json_size
 
-Namespace = Literal["inductor.choices", "inductor.autotune", "tvm.workload", "tvm.record"]
+Namespace = Literal[
+    "inductor.choices", "inductor.autotune", "tvm.workload", "tvm.record", "vllm.moe"
+]
 NAMESPACES: tuple[str, ...] = get_args(Namespace)
 MAX_BATCH = 500  # items one request may put
 MAX_PAGE = 1000  # items one read may return

@@ -48,12 +48,26 @@ _RANGES: Final[Mapping[str, tuple[int, int, bool]]] = {
 MAX_ENTRIES: Final = 4096  # batch sizes in one file (vLLM's have 18)
 MAX_FILE_BYTES: Final = 1 << 20
 MAX_M: Final = 1 << 24
+BATCH_SIZE: Final = re.compile(r"[1-9][0-9]{0,7}")  # ASCII digits only: int() takes others too
 _NAME = re.compile(
     r"E=(?P<E>[1-9][0-9]{0,5}),N=(?P<N>[1-9][0-9]{0,6}),device_name=(?P<device>[A-Za-z0-9_.+-]{1,96})"
     r"(?:,dtype=(?P<dtype>[a-z0-9_]{1,32}))?(?:,block_shape=\[(?P<bn>[1-9][0-9]{0,4}),"
     r"(?P<bk>[1-9][0-9]{0,4})\])?\.json"
 )
+_DEVICE = re.compile(r"[A-Za-z0-9_.+-]{1,96}")
 Entry = dict[str, int]
+
+
+def check_device_name(name: str) -> str:
+    """``name`` if it is a device name as the engine writes it in file names.
+
+    Raises:
+        InvalidInput: it is not (spaces, slashes, over 96 characters…).
+    """
+    if not _DEVICE.fullmatch(name) or set(name) == {"."}:
+        raise InvalidInput(f"{name!r} is not a device name as the engine writes it (letters, "
+                           "digits and _.+- only, spaces as _: NVIDIA_H100_80GB_HBM3)")  # fmt: skip
+    return name
 
 
 @dataclass(frozen=True)
@@ -84,12 +98,37 @@ class MoeShape:
 
     def file_name(self) -> str:
         """The engine's name for this shape's file."""
-        name = f"E={self.experts},N={self.intermediate},device_name={self.device_name}"
-        if self.dtype:
-            name += f",dtype={self.dtype}"
-        if self.block_shape:
-            name += f",block_shape=[{self.block_shape[0]},{self.block_shape[1]}]"
-        return name + ".json"
+        return f"E={self.experts},N={self.intermediate},device_name={self.device_name}" + (
+            self._selectors() + ".json"
+        )
+
+    def artifact_key(self) -> str:
+        """The shape without its device: its key in the artifact store (the device is the
+        partition), ``E=128,N=384,dtype=fp8_w8a8,block_shape=[128,128]``."""
+        return f"E={self.experts},N={self.intermediate}{self._selectors()}"
+
+    @classmethod
+    def of_artifact(cls, device_name: str, key: str) -> MoeShape:
+        """The shape an artifact's partition and key name.
+
+        Raises:
+            InvalidInput: they do not make a config file's name.
+        """
+        head, comma, rest = key.partition(",")
+        second, comma2, rest = rest.partition(",")
+        name = f"{head},{second},device_name={device_name}{comma2}{rest}.json"
+        if not comma:
+            name = key  # not E=…,N=…: refused below, named as it came
+        return cls.parse(name)
+
+    def _selectors(self) -> str:
+        dtype = f",dtype={self.dtype}" if self.dtype else ""
+        block = (
+            f",block_shape=[{self.block_shape[0]},{self.block_shape[1]}]"
+            if self.block_shape
+            else ""
+        )
+        return dtype + block
 
 
 def parse_entries(text: str | bytes, where: str) -> dict[int, Entry]:
@@ -111,7 +150,7 @@ def parse_entries(text: str | bytes, where: str) -> dict[int, Entry]:
         raise InvalidInput(f"{where}: {len(document)} entries, over {MAX_ENTRIES}")
     table: dict[int, Entry] = {}
     for m, entry in document.items():
-        if not re.fullmatch(r"[1-9][0-9]{0,7}", m) or int(m) > MAX_M:
+        if not BATCH_SIZE.fullmatch(m) or int(m) > MAX_M:
             raise InvalidInput(
                 f"{where}: entry {m[:40]!r}: M is not a batch size from 1 to {MAX_M}"
             )
@@ -170,3 +209,31 @@ def write_file(folder: Path, shape: MoeShape, table: Mapping[int, Mapping[str, i
     partial.write_text(file_text(table))
     partial.replace(path)
     return path
+
+
+NAMESPACE: Final = "vllm.moe"  # imported entries in the artifact store: one per (device, shape, M)
+_TEXT = re.compile(r"[^\x00-\x1f\x7f]{1,512}")
+
+
+def imported_value(entry: Mapping[str, int], file: str, origin: str) -> dict[str, object]:
+    """An imported entry as the artifact store keeps it: the config and where it came from."""
+    return {"config": dict(entry), "file": file, "origin": origin}
+
+
+def imported_value_problem(value: object) -> str | None:
+    """Why ``value`` is not an imported entry (:func:`imported_value`), or ``None``: the
+    artifact store's closed schema for :data:`NAMESPACE`, checked at upload and after download."""
+    if not isinstance(value, dict) or set(value) != {"config", "file", "origin"}:
+        return "expected exactly config, file and origin"
+    for field in ("file", "origin"):
+        text = value[field]
+        if not isinstance(text, str) or not (
+            _TEXT.fullmatch(text) or (field == "origin" and not text)
+        ):
+            return f"{field} is not a line of text (at most 512 characters)"
+    try:
+        MoeShape.parse(value["file"])
+        check_entry(value["config"], "config")
+    except InvalidInput as exc:
+        return str(exc)
+    return None

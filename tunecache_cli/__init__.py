@@ -22,6 +22,7 @@ from tunecache_cli import (
     db,
     demo,
     get,
+    imports,
     pretune,
     push,
     records,
@@ -39,8 +40,8 @@ EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
 EXIT_REFUSED = 4
 COMMANDS = (
-    serve, db, token, tune, get, best, records, replay, workloads, demo, snapshot, sync, daemon,
-    pretune, coverage, report, push,
+    serve, db, token, tune, get, best, records, replay, workloads, demo, snapshot, sync, imports,
+    daemon, pretune, coverage, report, push,
 )  # fmt: skip
 
 

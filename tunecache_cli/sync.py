@@ -6,6 +6,9 @@ directory), atomically, and only when they changed (the file's ETag is sent as I
 Run-time lookups read it with ``TUNECACHE_SNAPSHOT=FILE`` (or ``Client(snapshot=FILE)``).
 ``--timeout`` bounds the whole download, connecting to the last byte (default 60 s).
 Exit 0 written or up to date, 2 bad input, 3 server unreachable or too slow.
+
+``--format vllm-moe -o DIR`` writes a serving engine's fused-MoE config files instead
+(:mod:`tunecache_cli.sync_moe`).
 """
 
 from __future__ import annotations
@@ -21,10 +24,21 @@ from tunecache_cli.args import add_server, server_url
 
 
 def register(commands: Any) -> None:
-    parser = commands.add_parser("sync", help="download this arch's winners to a local snapshot")
+    parser = commands.add_parser("sync", help="download this arch's winners to a local snapshot "
+                                              "(or a serving engine's config files)")  # fmt: skip
     parser.add_argument("--arch", help="device arch (default: this machine's GPU, else CPU)")
-    where = "snapshot file (default: $TUNECACHE_SNAPSHOT or the cache dir)"
+    where = ("snapshot file (default: $TUNECACHE_SNAPSHOT or the cache dir); with --format "
+             "vllm-moe, the folder to write the engine's config files in")  # fmt: skip
     parser.add_argument("-o", "--output", type=Path, metavar="FILE", help=where)
+    parser.add_argument("--format", choices=("snapshot", "vllm-moe"), default="snapshot",
+                        help="a tunecache snapshot (default), or vLLM's fused-MoE config files "
+                             "(for VLLM_TUNED_CONFIG_FOLDER)")  # fmt: skip
+    parser.add_argument("--device", action="append", metavar="NAME",
+                        help="vllm-moe: the engine's device name, as in its file names "
+                             "(NVIDIA_H100); repeatable; default: this machine's GPU")  # fmt: skip
+    parser.add_argument("--accept", action="append", choices=("imported",), default=[],
+                        help="vllm-moe: also write imported entries (tunecache import), not "
+                             "only what was tuned and validated")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                         help="seconds the whole download may take (default 60)")  # fmt: skip
     add_server(parser)
@@ -55,6 +69,12 @@ def run(args: argparse.Namespace) -> int:
 
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise InvalidInput(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
+    if args.format == "vllm-moe":
+        from tunecache_cli.sync_moe import write_folder
+
+        return write_folder(args)
+    if args.device or args.accept:
+        raise InvalidInput("--device and --accept go with --format vllm-moe")
     arch = args.arch or this_arch()
     path = args.output or default_path(arch)
     held = None

@@ -12,7 +12,9 @@ the field) and again by the client before it is used (the client trusts no serve
   MetaSchedule trace of allowlisted instructions and annotations (nothing that links code, such
   as ``pragma_import_llvm``);
 - **Inductor** (:mod:`tunecache.configcheck.inductor`): settings Inductor offers (its mode, its
-  own GEMM backends), choice timings and best configs of the shape Inductor writes.
+  own GEMM backends), choice timings and best configs of the shape Inductor writes;
+- **serving engines' imported configs** (:func:`tunecache.vllm_moe.imported_value_problem`):
+  a fused-MoE entry's six whole numbers, and the file and origin it came from.
 
 Nothing here imports TVM, torch or Triton: the server runs these checks too.
 
@@ -31,6 +33,7 @@ from typing import Any
 from tunecache.configcheck import inductor, triton, tvm
 from tunecache.kernels import registered
 from tunecache.problem import describe
+from tunecache.vllm_moe import imported_value_problem
 
 _CHECKS: dict[str, Callable[[Any], str | None]] = {
     "triton": triton.config_problem,
@@ -42,6 +45,7 @@ _ARTIFACT_CHECKS: dict[str, Callable[[Any], str | None]] = {
     "tvm.workload": tvm.workload_value_problem,
     "inductor.choices": inductor.choice_group_problem,
     "inductor.autotune": inductor.best_config_problem,
+    "vllm.moe": imported_value_problem,
 }
 
 

@@ -1,0 +1,81 @@
+"""``tunecache import vllm-moe DIR``: a serving engine's tuned fused-MoE config files, stored.
+
+Every ``*.json`` file of DIR (vLLM's ``fused_moe/configs/`` or a ``VLLM_TUNED_CONFIG_FOLDER``;
+SGLang's of the same form) is read and checked before anything is sent (:mod:`tunecache.vllm_moe`:
+the name gives experts, intermediate size, device, dtype and block shape; each entry the kernel's
+config at a batch size M): one file that does not parse is one line naming it and the entry, exit
+2, nothing imported. The entries are stored as the artifact store's ``vllm.moe`` items — the
+device the partition, the shape the key, M the item, with the file and ``--origin`` beside each
+config — marked imported: ``tunecache sync --format vllm-moe`` writes them back only with
+``--accept imported``. A later import of the same entry replaces it.
+
+Exit 0 imported, 2 bad input, 3 the server could not be reached, 4 it refused the token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from tunecache.errors import InvalidInput
+from tunecache.settings import Settings
+from tunecache.vllm_moe import NAMESPACE, imported_value, read_file
+from tunecache_cli.args import add_server, preflight, server_url
+
+MAX_FILES = 10_000
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser(
+        "import", help="a serving engine's tuned config files, into the cache"
+    )
+    formats = parser.add_subparsers(dest="format", metavar="FORMAT", required=True)
+    moe = formats.add_parser("vllm-moe", help="vLLM's (or SGLang's) fused-MoE config files",
+                             description=(__doc__ or "").split("\n\n")[1])  # fmt: skip
+    moe.add_argument("folder", type=Path, metavar="DIR", help="the folder of config files")
+    moe.add_argument("--origin", default="", metavar="TEXT",
+                     help="where the files came from, kept with each entry (e.g. "
+                          "'vllm-project/vllm@2a4fe63')")  # fmt: skip
+    add_server(moe)
+    moe.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tunecache.artifacts import ArtifactIn
+    from tunecache.client import Client
+
+    if len(args.origin) > 512 or not args.origin.isprintable():
+        raise InvalidInput("--origin must be one line of at most 512 characters")
+    items = [ArtifactIn(namespace=NAMESPACE, partition=shape.device_name, key=shape.artifact_key(),
+                        item=str(m), value=imported_value(entry, path.name, args.origin))
+             for path in config_files(args.folder)
+             for shape, table in [read_file(path)]
+             for m, entry in table.items()]  # fmt: skip
+    url = server_url(args)
+    preflight(url, "write", "importing")
+    with Client(url, timeout=Settings.from_env().timeout) as client:
+        result = client.put_artifacts(items)
+    devices = sorted({item.partition for item in items})
+    files = len({(item.partition, item.key) for item in items})
+    print(f"imported {len(items)} entries of {files} file{'' if files == 1 else 's'} "
+          f"({', '.join(devices)}) into {url} as {NAMESPACE}: {result.stored} stored, "
+          f"{result.kept} kept as they were", file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def config_files(folder: Path) -> list[Path]:
+    """The ``*.json`` files of ``folder``, by name.
+
+    Raises:
+        InvalidInput: not a folder, or none there.
+    """
+    if not folder.is_dir():
+        raise InvalidInput(f"{folder} is not a folder")
+    files = sorted(p for p in folder.glob("*.json") if p.is_file())
+    if not files:
+        raise InvalidInput(f"{folder} holds no *.json config files")
+    if len(files) > MAX_FILES:
+        raise InvalidInput(f"{folder} holds {len(files)} *.json files, over {MAX_FILES}")
+    return files
