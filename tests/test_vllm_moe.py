@@ -20,7 +20,7 @@ from tunecache.vllm_moe import (
     write_file,
 )
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-moe-configs"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-moe-configs"  # vLLM's own files
 FILES = sorted(FIXTURES.glob("*.json"))
 GOOD = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
         "num_warps": 4, "num_stages": 3}  # fmt: skip
