@@ -9,13 +9,16 @@ from typing import Any
 
 import pytest
 
+from tests.factories import TEST_TOKEN
 from tunecache.errors import InvalidInput
 from tunecache.vllm_moe import (
     FIELDS,
+    MoeFile,
     MoeShape,
     check_entry,
     file_text,
-    parse_entries,
+    imported_value,
+    parse_file_text,
     read_file,
     write_file,
 )
@@ -38,12 +41,14 @@ def test_the_fixtures_are_there() -> None:
 def test_a_shipped_file_reads_and_writes_back_to_the_same_bytes(
     shipped: Path, tmp_path: Path
 ) -> None:
-    shape, table = read_file(shipped)
+    shape, contents = read_file(shipped)
+    table = contents.table
     assert shape.file_name() == shipped.name
     assert len(table) == 18 and min(table) == 1 and max(table) == 4096
     assert all(list(entry) == list(FIELDS) for entry in table.values())
-    assert file_text(table) == shipped.read_text()
-    written = write_file(tmp_path, shape, table)
+    assert contents.triton_version is None
+    assert file_text(contents) == shipped.read_text()
+    written = write_file(tmp_path, shape, contents)
     assert written.name == shipped.name and written.read_bytes() == shipped.read_bytes()
     assert [p.name for p in tmp_path.iterdir()] == [shipped.name]  # no partial file left
 
@@ -71,7 +76,10 @@ def test_a_name_that_is_not_a_config_files_is_refused_by_name(name: str) -> None
 
 
 @pytest.mark.parametrize(("entries", "words"), [
-    ({"1": {**GOOD, "waves_per_eu": 0}}, "entry M=1: unknown field(s) 'waves_per_eu'"),
+    ({"1": {**GOOD, "grf_mode": "large"}}, "entry M=1: unknown field(s) 'grf_mode'"),
+    ({"1": {**GOOD, "SPLIT_K": 0}}, "entry M=1: SPLIT_K=0 is not a whole number from 1 to 64"),
+    ({"triton_version": 3, "1": GOOD}, "triton_version is not a version such as '3.5.0'"),
+    ({"triton_version": "3.5.0"}, "expected a non-empty object"),
     ({"1": {k: v for k, v in GOOD.items() if k != "num_stages"}}, "entry M=1: missing num_stages"),
     ({"1": GOOD, "2": {**GOOD, "num_warps": 3}}, "entry M=2: num_warps=3 is not a power of two"),
     ({"1": {**GOOD, "BLOCK_SIZE_K": 2**20}}, "BLOCK_SIZE_K=1048576 is not a power of two from 1"),
@@ -88,34 +96,52 @@ def test_a_name_that_is_not_a_config_files_is_refused_by_name(name: str) -> None
 ])  # fmt: skip
 def test_an_entry_outside_the_closed_schema_is_refused_by_name(entries: Any, words: str) -> None:
     with pytest.raises(InvalidInput) as raised:
-        parse_entries(json.dumps(entries), "E=8,N=64,device_name=X.json")
+        parse_file_text(json.dumps(entries), "E=8,N=64,device_name=X.json")
     message = str(raised.value)
     assert message.startswith("E=8,N=64,device_name=X.json: ") and words in message, message
 
 
 def test_what_is_not_json_or_too_big_is_refused() -> None:
     with pytest.raises(InvalidInput, match=r"f\.json: not JSON"):
-        parse_entries("{'1': nan}", "f.json")
+        parse_file_text("{'1': nan}", "f.json")
     with pytest.raises(InvalidInput, match=r"f\.json: not JSON"):
-        parse_entries("[" * 100_000, "f.json")
+        parse_file_text("[" * 100_000, "f.json")
     with pytest.raises(InvalidInput, match="over 1048576 bytes"):
-        parse_entries(" " * (2**20 + 1), "f.json")
+        parse_file_text(" " * (2**20 + 1), "f.json")
     with pytest.raises(InvalidInput, match="entries, over 4096"):
-        parse_entries(json.dumps({str(m): GOOD for m in range(1, 5000)}), "f.json")
+        parse_file_text(json.dumps({str(m): GOOD for m in range(1, 5000)}), "f.json")
 
 
 def test_a_file_that_cannot_be_read_says_so(tmp_path: Path) -> None:
     folder = tmp_path / "E=8,N=64,device_name=X.json"
     folder.mkdir()
-    with pytest.raises(InvalidInput, match="cannot be read"):
+    with pytest.raises(InvalidInput, match="not a file of at most"):
         read_file(folder)
 
 
 def test_an_entry_is_written_only_when_it_passes(tmp_path: Path) -> None:
     assert check_entry(dict(reversed(list(GOOD.items()))), "x") == GOOD  # the fields in order
     with pytest.raises(InvalidInput, match="entry M=4: num_warps=5"):
-        write_file(tmp_path, MoeShape(8, 64, "X"), {1: GOOD, 4: {**GOOD, "num_warps": 5}})
+        write_file(tmp_path, MoeShape(8, 64, "X"), MoeFile({1: GOOD, 4: {**GOOD, "num_warps": 5}}))
     assert list(tmp_path.iterdir()) == []
+    (tmp_path / "E=8,N=64,device_name=X.json").mkdir()  # in the way: one line, no partial file
+    with pytest.raises(InvalidInput, match=r"device_name=X\.json: cannot be written"):
+        write_file(tmp_path, MoeShape(8, 64, "X"), MoeFile({1: GOOD}))
+    assert [p.name for p in tmp_path.iterdir()] == ["E=8,N=64,device_name=X.json"]
+
+
+def test_a_tuners_own_file_and_other_platforms_fields_round_trip(tmp_path: Path) -> None:
+    """vLLM's tuner writes its Triton version first; AMD's and Intel's files add a split of K
+    (and ROCm's its own fields); Intel's device names have parentheses."""
+    name = "E=10,N=512,device_name=Intel(R)_Arc(TM)_Pro_B60_Graphics.json"
+    split = {**GOOD, "SPLIT_K": 2, "waves_per_eu": 0, "matrix_instr_nonkdim": 16, "kpack": 2}
+    text = json.dumps({"triton_version": "3.5.0", "1": GOOD, "16": split}, indent=4) + "\n"
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / name).write_text(text)
+    shape, contents = read_file(tmp_path / "in" / name)
+    assert shape.device_name == "Intel(R)_Arc(TM)_Pro_B60_Graphics"
+    assert contents == MoeFile({1: GOOD, 16: split}, "3.5.0")
+    assert write_file(tmp_path, shape, contents).read_text() == text
 
 
 # -- tunecache import vllm-moe / sync --format vllm-moe, through a real server ------------------
@@ -140,9 +166,10 @@ def test_imported_files_sync_back_as_the_same_files(
         cli("import", "vllm-moe", str(FIXTURES), "--origin", "vllm-project/vllm", "--server", url)
         == 0
     )
-    assert "imported 36 entries of 2 files (NVIDIA_H100, NVIDIA_H200)" in capsys.readouterr().err
+    assert "imported 2 files (36 entries; NVIDIA_H100, NVIDIA_H200)" in capsys.readouterr().err
     stored = imported(url, "NVIDIA_H200")
-    assert len(stored) == 18 and stored[0].value["origin"] == "vllm-project/vllm"
+    assert len(stored) == 1 and stored[0].value["origin"] == "vllm-project/vllm"
+    assert len(stored[0].value["configs"]) == 18
     assert stored[0].value["file"] == "E=128,N=384,device_name=NVIDIA_H200.json"
     out = tmp_path / "configs"
     assert cli("sync", "--format", "vllm-moe", "-o", str(out), "--device", "NVIDIA_H100",
@@ -152,9 +179,13 @@ def test_imported_files_sync_back_as_the_same_files(
         written = out / shipped.name
         assert json.loads(written.read_text()) == json.loads(shipped.read_text())
         assert written.read_bytes() == shipped.read_bytes()
-    # Imported again (a newer file, say): the entry is replaced, not added beside.
-    assert cli("import", "vllm-moe", str(FIXTURES), "--server", url) == 0
-    assert len(imported(url, "NVIDIA_H200")) == 18
+    # A newer file of a shape replaces the stored one whole: never a mix of the two.
+    newer = tmp_path / "newer"
+    newer.mkdir()
+    (newer / FILES[1].name).write_text(json.dumps({"1": GOOD}))
+    assert cli("import", "vllm-moe", str(newer), "--server", url) == 0
+    [replaced] = imported(url, "NVIDIA_H200")
+    assert replaced.value["configs"] == {"1": GOOD}
 
 
 @pytest.mark.parametrize(("name", "text", "words"), [
@@ -186,7 +217,7 @@ def test_sync_writes_imported_entries_only_when_told_and_names_bad_input(
         cli("sync", "--format", "vllm-moe", "-o", out, "--device", "NVIDIA_H100", "--server", url)
         == 2
     )
-    assert "written only with --accept imported" in capsys.readouterr().err
+    assert "write them with --accept imported" in capsys.readouterr().err
     for argv, words in [
         (["--device", "NVIDIA H100"], "'NVIDIA H100' is not a device name"),
         (["--device", "../etc"], "'../etc' is not a device name"),
@@ -202,23 +233,22 @@ def test_sync_writes_imported_entries_only_when_told_and_names_bad_input(
     assert "--device and --accept go with --format vllm-moe" in capsys.readouterr().err
 
 
-def test_sync_skips_entries_a_server_should_not_hold(
+def test_sync_skips_files_a_server_should_not_hold(
     server: Any, tmp_path: Path, capsys: Any
 ) -> None:
-    """Entries written past the API (a compromised database): the server serves none whose value
-    is outside the schema, and the client skips the names that make no file (a non-numeric M, a
-    key that smuggles a device or a path) and holds every value to the schema again."""
+    """Files written past the API (a compromised database): the server serves none whose value is
+    outside the schema, and the client skips those stored under another name than their own."""
     from tests.factories import store_behind_the_api
 
-    good = {"config": GOOD, "file": "E=8,N=64,device_name=X.json", "origin": ""}
+    good = imported_value("E=8,N=64,device_name=X.json", "", MoeFile({1: GOOD}))
+    other = imported_value("E=9,N=64,device_name=X.json", "", MoeFile({1: GOOD}))
     items = [
-        {"namespace": "vllm.moe", "partition": "X", "key": "E=8,N=64", "item": "1", "value": good},
-        {"namespace": "vllm.moe", "partition": "X", "key": "E=8,N=64", "item": "2",
-         "value": {**good, "config": {**GOOD, "num_warps": 3}}},
-        {"namespace": "vllm.moe", "partition": "X", "key": "E=8,N=64", "item": "2x", "value": good},
-        {"namespace": "vllm.moe", "partition": "X", "key": "E=8,N=64,device_name=../../x",
-         "item": "4", "value": good},
-        {"namespace": "vllm.moe", "partition": "X", "key": "E=8,N=64", "item": "8",
+        {"namespace": "vllm.moe", "partition": "X", "key": "E=8,N=64", "value": good},
+        {"namespace": "vllm.moe", "partition": "X", "key": "E=7,N=64",
+         "value": {**good, "configs": {"1": {**GOOD, "num_warps": 3}}}},
+        {"namespace": "vllm.moe", "partition": "X", "key": "E=6,N=64", "value": good},  # misnamed
+        {"namespace": "vllm.moe", "partition": "X", "key": "E=9,N=64", "item": "1", "value": other},
+        {"namespace": "vllm.moe", "partition": "X", "key": "E=5,N=64",
          "value": {**good, "run": "os.system('x')"}},
     ]  # fmt: skip
     assert store_behind_the_api(server.db, items) == len(items)
@@ -227,28 +257,53 @@ def test_sync_skips_entries_a_server_should_not_hold(
                "imported", "--server", server.url) == 0  # fmt: skip
     err = capsys.readouterr().err
     assert "X: wrote 1 file (1 entries, imported)" in err
-    assert "skipped 2 entries outside the schema" in err  # the other two the server held back
+    assert "skipped 2 outside the schema" in err  # the other two the server held back
     assert [p.name for p in out.iterdir()] == ["E=8,N=64,device_name=X.json"]
     assert json.loads((out / "E=8,N=64,device_name=X.json").read_text()) == {"1": GOOD}
 
 
+def test_the_server_stores_an_imported_file_only_under_its_own_name(server: Any) -> None:
+    """A write token cannot put a file under another device's or shape's name (to land in their
+    engine's folder under a name they read)."""
+    import httpx
+
+    good = imported_value("E=8,N=64,device_name=X.json", "", MoeFile({1: GOOD}))
+    for partition, key, item, value in [
+        ("Y", "E=8,N=64", "", good),
+        ("X", "E=9,N=64", "", good),
+        ("X", "E=8,N=64", "1", good),
+        ("X", "E=8,N=64,device_name=Y", "", good),
+        ("X/..", "E=8,N=64", "", good),
+        ("X", "E=8,N=64", "", {**good, "origin": "a\u202eb"}),
+        ("X", "E=8,N=64", "", {**good, "configs": {"01": GOOD}}),
+    ]:
+        body = {"items": [{"namespace": "vllm.moe", "partition": partition, "key": key,
+                           "item": item, "value": value}]}  # fmt: skip
+        answer = httpx.post(f"{server.url}/v1/artifacts", json=body,
+                            headers={"Authorization": f"Bearer {TEST_TOKEN}"})  # fmt: skip
+        assert answer.status_code == 422, (partition, key, item, answer.text)
+    assert imported(server.url, "X") == [] and imported(server.url, "Y") == []
+
+
 def test_the_client_holds_what_a_server_answers_to_the_schema() -> None:
     """A server that serves anything (a hostile one at the transport): values outside the schema,
-    names that make no file, an M out of range — each skipped, counted."""
-    from tunecache_cli.sync_moe import _tables
+    names that do not name the file held, an M out of range — each skipped, counted."""
+    from tunecache_cli.sync_moe import _files
 
-    good = {"config": GOOD, "file": "E=8,N=64,device_name=X.json", "origin": ""}
+    good = imported_value("E=8,N=64,device_name=X.json", "", MoeFile({1: GOOD}))
     answered = [
+        ("E=8,N=64", "", good),
+        ("E=8,N=64", "", {**good, "configs": {"1": {**GOOD, "num_warps": 3}}}),
+        ("E=8,N=64", "", {**good, "run": "__import__('os').system('x')"}),
+        ("E=8,N=64", "", {**good, "file": "../x.json"}),
+        ("E=8,N=64", "", {**good, "configs": {"0": GOOD}}),
+        ("E=8,N=64", "", {**good, "configs": {str(2**25): GOOD}}),
+        ("E=8,N=64", "", {**good, "configs": {"१": GOOD}}),  # a digit, not an ASCII one
+        ("E=8,N=64", "", {**good, "configs": {str(m): GOOD for m in range(1, 5000)}}),
+        ("E=8", "", good),
+        ("E=8,N=64,dtype=a/b", "", good),
         ("E=8,N=64", "1", good),
-        ("E=8,N=64", "2", {**good, "config": {**GOOD, "num_warps": 3}}),
-        ("E=8,N=64", "4", {**good, "run": "__import__('os').system('x')"}),
-        ("E=8,N=64", "8", {**good, "file": "../x.json"}),
-        ("E=8,N=64", "0", good),
-        ("E=8,N=64", str(2**25), good),
-        ("E=8,N=64", "१", good),  # a digit, not an ASCII one
-        ("E=8", "16", good),
-        ("E=8,N=64,dtype=a/b", "16", good),
-        ("E=8,N=64", "32", [GOOD]),
+        ("E=8,N=64", "", [GOOD]),
     ]  # fmt: skip
-    tables, skipped = _tables("X", answered)
-    assert tables == {MoeShape(8, 64, "X"): {1: GOOD}} and skipped == len(answered) - 1
+    files, skipped = _files("X", answered)
+    assert files == {MoeShape(8, 64, "X"): MoeFile({1: GOOD})} and skipped == len(answered) - 1

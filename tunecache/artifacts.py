@@ -23,6 +23,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tunecache.configcheck import artifact_problem
 from tunecache.schemas import MAX_CONFIG_BYTES, MAX_ID, _Strict, check_json_size
+from tunecache.vllm_moe import NAMESPACE, imported_name_problem
 
 Namespace = Literal[
     "inductor.choices", "inductor.autotune", "tvm.workload", "tvm.record", "vllm.moe"
@@ -58,6 +59,12 @@ class ArtifactIn(_Strict):
     def _closed_value(self) -> ArtifactIn:
         if type(self) is ArtifactIn and (why := artifact_problem(self.namespace, self.value)):
             raise ValueError(f"value is not a {self.namespace} item that may be served: {why}")
+        if (
+            type(self) is ArtifactIn
+            and self.namespace == NAMESPACE
+            and (why := imported_name_problem(self.partition, self.key, self.item, self.value))
+        ):  # an imported file is stored under its own device and shape, nowhere else
+            raise ValueError(why)
         return self
 
 

@@ -36,7 +36,10 @@ from tunecache.errors import InvalidInput
 
 FIELDS: Final = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
                  "num_stages")  # fmt: skip
-# Each field's allowed range (block sizes and warps: powers of two within it).
+# Fields some platforms' files add, each optional: a split of K (AMD's, Intel's), ROCm's
+# waves per EU, MFMA instruction size and K packing. Written after the six, in this order.
+OPTIONAL: Final = ("SPLIT_K", "waves_per_eu", "matrix_instr_nonkdim", "kpack")
+# Each field's allowed range, and whether it must be a power of two.
 _RANGES: Final[Mapping[str, tuple[int, int, bool]]] = {
     "BLOCK_SIZE_M": (1, 1024, True),
     "BLOCK_SIZE_N": (1, 1024, True),
@@ -44,17 +47,24 @@ _RANGES: Final[Mapping[str, tuple[int, int, bool]]] = {
     "GROUP_SIZE_M": (1, 1024, False),
     "num_warps": (1, 32, True),
     "num_stages": (0, 16, False),
+    "SPLIT_K": (1, 64, False),
+    "waves_per_eu": (0, 8, False),
+    "matrix_instr_nonkdim": (0, 32, False),
+    "kpack": (1, 2, False),
 }
+VERSION_KEY: Final = "triton_version"  # vLLM's tuner writes it first; the engine ignores it
 MAX_ENTRIES: Final = 4096  # batch sizes in one file (vLLM's have 18)
 MAX_FILE_BYTES: Final = 1 << 20
 MAX_M: Final = 1 << 24
 BATCH_SIZE: Final = re.compile(r"[1-9][0-9]{0,7}")  # ASCII digits only: int() takes others too
+_DEVICE_CHARS = r"[A-Za-z0-9_.+()-]{1,96}"  # Intel(R)_Arc(TM)_…: parentheses, never / or space
 _NAME = re.compile(
-    r"E=(?P<E>[1-9][0-9]{0,5}),N=(?P<N>[1-9][0-9]{0,6}),device_name=(?P<device>[A-Za-z0-9_.+-]{1,96})"
+    rf"E=(?P<E>[1-9][0-9]{{0,5}}),N=(?P<N>[1-9][0-9]{{0,6}}),device_name=(?P<device>{_DEVICE_CHARS})"
     r"(?:,dtype=(?P<dtype>[a-z0-9_]{1,32}))?(?:,block_shape=\[(?P<bn>[1-9][0-9]{0,4}),"
     r"(?P<bk>[1-9][0-9]{0,4})\])?\.json"
 )
-_DEVICE = re.compile(r"[A-Za-z0-9_.+-]{1,96}")
+_DEVICE = re.compile(_DEVICE_CHARS)
+_VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}")
 Entry = dict[str, int]
 
 
@@ -66,8 +76,16 @@ def check_device_name(name: str) -> str:
     """
     if not _DEVICE.fullmatch(name) or set(name) == {"."}:
         raise InvalidInput(f"{name!r} is not a device name as the engine writes it (letters, "
-                           "digits and _.+- only, spaces as _: NVIDIA_H100_80GB_HBM3)")  # fmt: skip
+                           "digits and _.+-() only, spaces as _: NVIDIA_H100_80GB)")  # fmt: skip
     return name
+
+
+@dataclass(frozen=True)
+class MoeFile:
+    """A config file's contents: batch size M → config, and the Triton version its tuner wrote."""
+
+    table: dict[int, Entry]
+    triton_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -131,12 +149,12 @@ class MoeShape:
         return dtype + block
 
 
-def parse_entries(text: str | bytes, where: str) -> dict[int, Entry]:
-    """The table of a file's contents: batch size M → config, in the file's order.
+def parse_file_text(text: str | bytes, where: str) -> MoeFile:
+    """A file's contents, checked.
 
     Raises:
-        InvalidInput: not a JSON object of M → entry, or an entry outside the closed schema; the
-            message names ``where`` and the entry.
+        InvalidInput: not a JSON object of M → entry (and vLLM's ``triton_version``), or an entry
+            outside the closed schema; the message names ``where`` and the entry.
     """
     if len(text) > MAX_FILE_BYTES:
         raise InvalidInput(f"{where}: over {MAX_FILE_BYTES} bytes")
@@ -144,96 +162,155 @@ def parse_entries(text: str | bytes, where: str) -> dict[int, Entry]:
         document = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(f"{where}: not JSON ({exc})") from None
-    if not isinstance(document, dict) or not document:
+    return check_document(document, where)
+
+
+def check_document(document: object, where: str) -> MoeFile:
+    """``document`` (a file's JSON) as a :class:`MoeFile`, if it is one.
+
+    Raises:
+        InvalidInput: what is wrong, after ``where``.
+    """
+    if not isinstance(document, dict):
         raise InvalidInput(f"{where}: expected a non-empty object of batch size M -> config")
-    if len(document) > MAX_ENTRIES:
-        raise InvalidInput(f"{where}: {len(document)} entries, over {MAX_ENTRIES}")
+    version = document.get(VERSION_KEY)
+    if version is not None and not (isinstance(version, str) and _VERSION.fullmatch(version)):
+        raise InvalidInput(f"{where}: {VERSION_KEY} is not a version such as '3.5.0'")
+    entries = {m: e for m, e in document.items() if m != VERSION_KEY}
+    if not entries:
+        raise InvalidInput(f"{where}: expected a non-empty object of batch size M -> config")
+    if len(entries) > MAX_ENTRIES:
+        raise InvalidInput(f"{where}: {len(entries)} entries, over {MAX_ENTRIES}")
     table: dict[int, Entry] = {}
-    for m, entry in document.items():
+    for m, entry in entries.items():
         if not BATCH_SIZE.fullmatch(m) or int(m) > MAX_M:
             raise InvalidInput(
                 f"{where}: entry {m[:40]!r}: M is not a batch size from 1 to {MAX_M}"
             )
         table[int(m)] = check_entry(entry, f"{where}: entry M={m}")
-    return table
+    return MoeFile(table, version)
 
 
 def check_entry(entry: object, where: str) -> Entry:
-    """``entry`` if it is exactly the six fields, each a whole number in its range.
+    """``entry`` if it holds the six fields (and optional ones of :data:`OPTIONAL`), each a whole
+    number in its range; its fields in the order files have them.
 
     Raises:
         InvalidInput: what is wrong, after ``where``.
     """
     if not isinstance(entry, dict):
         raise InvalidInput(f"{where}: expected an object of {', '.join(FIELDS)}")
-    unknown = sorted(set(entry) - set(FIELDS))
+    unknown = sorted(set(entry) - set(FIELDS) - set(OPTIONAL))
     missing = [field for field in FIELDS if field not in entry]
     if unknown or missing:
         what = [f"unknown field(s) {', '.join(map(repr, unknown))}"] if unknown else []
         what += [f"missing {', '.join(missing)}"] if missing else []
         raise InvalidInput(f"{where}: {'; '.join(what)}")
-    for field in FIELDS:
+    for field in [*FIELDS, *(f for f in OPTIONAL if f in entry)]:
         value, (low, high, power) = entry[field], _RANGES[field]
         if type(value) is not int or not low <= value <= high or (power and value & (value - 1)):
             kind = "a power of two" if power else "a whole number"
             raise InvalidInput(f"{where}: {field}={value!r} is not {kind} from {low} to {high}")
-    return {field: entry[field] for field in FIELDS}
+    return {field: entry[field] for field in (*FIELDS, *OPTIONAL) if field in entry}
 
 
-def read_file(path: Path) -> tuple[MoeShape, dict[int, Entry]]:
-    """A config file's shape (from its name) and table.
+def read_file(path: Path) -> tuple[MoeShape, MoeFile]:
+    """A config file's shape (from its name) and contents.
 
     Raises:
-        InvalidInput: the name or the contents do not parse (naming the file and the entry).
+        InvalidInput: the name or the contents do not parse (naming the file and the entry), or
+            the file cannot be read.
     """
     shape = MoeShape.parse(path.name)
     try:
+        if not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
+            raise InvalidInput(f"{path.name}: not a file of at most {MAX_FILE_BYTES} bytes")
         text = path.read_bytes()
     except OSError as exc:
         raise InvalidInput(f"{path}: cannot be read ({exc.strerror})") from None
-    return shape, parse_entries(text, path.name)
+    return shape, parse_file_text(text, path.name)
 
 
-def file_text(table: Mapping[int, Mapping[str, int]]) -> str:
-    """A file's contents as the engine's tuner writes them: M ascending, fields in order."""
-    document = {str(m): {field: table[m][field] for field in FIELDS} for m in sorted(table)}
+def file_text(contents: MoeFile) -> str:
+    """A file's text as the engine's tuner writes it: its Triton version first (when it has
+    one), then M ascending, each entry's fields in order."""
+    document: dict[str, object] = {}
+    if contents.triton_version is not None:
+        document[VERSION_KEY] = contents.triton_version
+    for m in sorted(contents.table):
+        document[str(m)] = check_entry(contents.table[m], f"entry M={m}")
     return json.dumps(document, indent=4) + "\n"
 
 
-def write_file(folder: Path, shape: MoeShape, table: Mapping[int, Mapping[str, int]]) -> Path:
-    """Writes ``shape``'s file into ``folder`` (whole, by a rename: a reader never sees half)."""
-    for m, entry in table.items():
-        check_entry(dict(entry), f"{shape.file_name()}: entry M={m}")
+def write_file(folder: Path, shape: MoeShape, contents: MoeFile) -> Path:
+    """Writes ``shape``'s file into ``folder``, whole (a rename: a reader never sees half).
+
+    Raises:
+        InvalidInput: an entry outside the schema (nothing written), or the file cannot be
+            written (the message names it; no partial file is left).
+    """
+    text = file_text(contents)
     path = folder / shape.file_name()
     partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(file_text(table))
-    partial.replace(path)
+    try:
+        partial.write_text(text)
+        partial.replace(path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise InvalidInput(f"{path}: cannot be written ({exc.strerror})") from None
     return path
 
 
-NAMESPACE: Final = "vllm.moe"  # imported entries in the artifact store: one per (device, shape, M)
-_TEXT = re.compile(r"[^\x00-\x1f\x7f]{1,512}")
+NAMESPACE: Final = "vllm.moe"  # imported files in the artifact store: one per (device, shape)
+_TEXT = re.compile(r"[^\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]{0,512}")
 
 
-def imported_value(entry: Mapping[str, int], file: str, origin: str) -> dict[str, object]:
-    """An imported entry as the artifact store keeps it: the config and where it came from."""
-    return {"config": dict(entry), "file": file, "origin": origin}
+def imported_value(file: str, origin: str, contents: MoeFile) -> dict[str, object]:
+    """An imported file as the artifact store keeps it: its name, where it came from, its
+    Triton version and its table (M as text, as in the file)."""
+    return {"file": file, "origin": origin, "triton_version": contents.triton_version,
+            "configs": {str(m): dict(e) for m, e in sorted(contents.table.items())}}  # fmt: skip
+
+
+def imported_contents(value: object) -> MoeFile:
+    """The file ``value`` (:func:`imported_value`) holds.
+
+    Raises:
+        InvalidInput: ``value`` is not one (the artifact store's closed schema for
+            :data:`NAMESPACE`, checked at upload and again after download).
+    """
+    fields = {"file", "origin", "triton_version", "configs"}
+    if not isinstance(value, dict) or set(value) != fields:
+        raise InvalidInput(f"expected exactly {', '.join(sorted(fields))}")
+    for field in ("file", "origin"):
+        if not isinstance(value[field], str) or not _TEXT.fullmatch(value[field]):
+            raise InvalidInput(f"{field} is not a line of plain text (at most 512 characters)")
+    MoeShape.parse(value["file"])
+    version = value["triton_version"]
+    document = value["configs"]
+    if not isinstance(document, dict) or VERSION_KEY in document:
+        raise InvalidInput("configs is not an object of batch size M -> config")
+    return check_document({**document, **({VERSION_KEY: version} if version is not None else {})},
+                          value["file"])  # fmt: skip
 
 
 def imported_value_problem(value: object) -> str | None:
-    """Why ``value`` is not an imported entry (:func:`imported_value`), or ``None``: the
-    artifact store's closed schema for :data:`NAMESPACE`, checked at upload and after download."""
-    if not isinstance(value, dict) or set(value) != {"config", "file", "origin"}:
-        return "expected exactly config, file and origin"
-    for field in ("file", "origin"):
-        text = value[field]
-        if not isinstance(text, str) or not (
-            _TEXT.fullmatch(text) or (field == "origin" and not text)
-        ):
-            return f"{field} is not a line of text (at most 512 characters)"
+    """Why ``value`` is not an imported file, or ``None`` (:func:`imported_contents`)."""
     try:
-        MoeShape.parse(value["file"])
-        check_entry(value["config"], "config")
+        imported_contents(value)
     except InvalidInput as exc:
         return str(exc)
+    return None
+
+
+def imported_name_problem(partition: str, key: str, item: str, value: object) -> str | None:
+    """Why an artifact's name does not match the imported file it holds, or ``None``: the
+    partition is the file's device, the key its shape, the item empty."""
+    try:
+        shape = MoeShape.of_artifact(check_device_name(partition), key)
+    except InvalidInput as exc:
+        return str(exc)
+    file = value.get("file") if isinstance(value, dict) else None
+    if item or file != shape.file_name():
+        return f"partition, key and item must name the file it holds ({shape.file_name()!r})"
     return None

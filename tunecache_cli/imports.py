@@ -1,13 +1,15 @@
 """``tunecache import vllm-moe DIR``: a serving engine's tuned fused-MoE config files, stored.
 
-Every ``*.json`` file of DIR (vLLM's ``fused_moe/configs/`` or a ``VLLM_TUNED_CONFIG_FOLDER``;
-SGLang's of the same form) is read and checked before anything is sent (:mod:`tunecache.vllm_moe`:
+Every ``*.json`` file of DIR (vLLM's ``fused_moe/configs/`` or a ``VLLM_TUNED_CONFIG_FOLDER``)
+is read and checked before anything is sent (:mod:`tunecache.vllm_moe`:
 the name gives experts, intermediate size, device, dtype and block shape; each entry the kernel's
 config at a batch size M): one file that does not parse is one line naming it and the entry, exit
-2, nothing imported. The entries are stored as the artifact store's ``vllm.moe`` items — the
-device the partition, the shape the key, M the item, with the file and ``--origin`` beside each
-config — marked imported: ``tunecache sync --format vllm-moe`` writes them back only with
-``--accept imported``. A later import of the same entry replaces it.
+2, nothing imported. Each file is stored whole, as one of the artifact store's ``vllm.moe``
+items — the device the partition, the shape the key — with its name, its Triton version and
+``--origin``, marked imported: ``tunecache sync --format vllm-moe`` writes them back only with
+``--accept imported``. A later import of the same file replaces it, whole (never a mix of two
+files). Files go 500 to a request: if the server fails part-way, the first requests' files are
+stored (each whole); import again.
 
 Exit 0 imported, 2 bad input, 3 the server could not be reached, 4 it refused the token.
 """
@@ -48,19 +50,20 @@ def run(args: argparse.Namespace) -> int:
 
     if len(args.origin) > 512 or not args.origin.isprintable():
         raise InvalidInput("--origin must be one line of at most 512 characters")
-    items = [ArtifactIn(namespace=NAMESPACE, partition=shape.device_name, key=shape.artifact_key(),
-                        item=str(m), value=imported_value(entry, path.name, args.origin))
-             for path in config_files(args.folder)
-             for shape, table in [read_file(path)]
-             for m, entry in table.items()]  # fmt: skip
+    items = []
+    for path in config_files(args.folder):
+        shape, contents = read_file(path)
+        value = imported_value(path.name, args.origin, contents)
+        items.append(ArtifactIn(namespace=NAMESPACE, partition=shape.device_name,
+                                key=shape.artifact_key(), value=value))  # fmt: skip
     url = server_url(args)
     preflight(url, "write", "importing")
     with Client(url, timeout=Settings.from_env().timeout) as client:
         result = client.put_artifacts(items)
     devices = sorted({item.partition for item in items})
-    files = len({(item.partition, item.key) for item in items})
-    print(f"imported {len(items)} entries of {files} file{'' if files == 1 else 's'} "
-          f"({', '.join(devices)}) into {url} as {NAMESPACE}: {result.stored} stored, "
+    entries = sum(len(item.value["configs"]) for item in items if isinstance(item.value, dict))
+    print(f"imported {len(items)} file{'' if len(items) == 1 else 's'} ({entries} entries; "
+          f"{', '.join(devices)}) into {url} as {NAMESPACE}: {result.stored} stored, "
           f"{result.kept} kept as they were", file=sys.stderr)  # fmt: skip
     return 0
 
@@ -73,7 +76,10 @@ def config_files(folder: Path) -> list[Path]:
     """
     if not folder.is_dir():
         raise InvalidInput(f"{folder} is not a folder")
-    files = sorted(p for p in folder.glob("*.json") if p.is_file())
+    files = sorted(folder.glob("*.json"))
+    for path in files:  # every file is checked: one that cannot be is named, not passed over
+        if not path.is_file():
+            raise InvalidInput(f"{path}: not a readable file (a folder, or a broken link)")
     if not files:
         raise InvalidInput(f"{folder} holds no *.json config files")
     if len(files) > MAX_FILES:

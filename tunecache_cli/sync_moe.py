@@ -3,10 +3,11 @@
 For each ``--device`` (the engine's device name; default: this machine's GPU), the entries the
 cache holds for it are written to DIR in the engine's exact file names and layout
 (:mod:`tunecache.vllm_moe`), one file per shape, ready for ``VLLM_TUNED_CONFIG_FOLDER=DIR``.
-Imported entries (``tunecache import vllm-moe``) are written only under ``--accept imported``:
-they were tuned elsewhere, by someone else, and never validated here. The server is not trusted:
-every entry is held to the closed schema again, and one that fails is skipped (counted, one line).
-A file is written whole (a rename), so a running engine never reads half of one.
+Imported files (``tunecache import vllm-moe``) are written only under ``--accept imported``: they
+were tuned elsewhere, by someone else, and never validated here. The server is not trusted: every
+file is held to the closed schema again and must be stored under its own device and shape; one
+that is not is skipped (counted, one line). A file is written whole (a rename), so a running
+engine never reads half of one; one that cannot be written is one line, exit 2.
 
 Exit 0 written, 1 nothing to write, 2 bad input, 3 the server could not be reached.
 """
@@ -19,13 +20,12 @@ from pathlib import Path
 
 from tunecache.errors import InvalidInput
 from tunecache.vllm_moe import (
-    BATCH_SIZE,
-    MAX_M,
     NAMESPACE,
-    Entry,
+    MoeFile,
     MoeShape,
     check_device_name,
-    imported_value_problem,
+    imported_contents,
+    imported_name_problem,
     write_file,
 )
 from tunecache_cli.args import server_url
@@ -35,49 +35,48 @@ def write_folder(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache.http import Timeout
 
+    if args.arch:
+        raise InvalidInput("--arch goes with a snapshot; with --format vllm-moe, name --device")
     folder = _folder(args.output)
     devices = [check_device_name(d) for d in args.device or [_this_gpu()]]
     if "imported" not in args.accept:
-        raise InvalidInput("nothing tuned here yet for the engine's kernel: the cache's fused-MoE "
-                           "entries are imported ones (tunecache import vllm-moe), written only "
-                           "with --accept imported")  # fmt: skip
+        raise InvalidInput("the cache's fused-MoE files are imported ones (tunecache import "
+                           "vllm-moe: tuned elsewhere, never validated here): write them with "
+                           "--accept imported")  # fmt: skip
     with Client(server_url(args), timeout=Timeout(write=args.timeout)) as client:
         fetched = {d: client.get_artifacts(NAMESPACE, d, timeout=args.timeout) for d in devices}
     written = 0
     for device, items in fetched.items():
-        tables, skipped = _tables(device, [(i.key, i.item, i.value) for i in items])
-        for shape, table in sorted(tables.items(), key=lambda kv: kv[0].file_name()):
-            write_file(folder, shape, table)
-        entries = sum(len(t) for t in tables.values())
-        print(f"{device}: wrote {len(tables)} file{'' if len(tables) == 1 else 's'} "
+        files, skipped = _files(device, [(i.key, i.item, i.value) for i in items])
+        for shape, contents in sorted(files.items(), key=lambda kv: kv[0].file_name()):
+            write_file(folder, shape, contents)
+        entries = sum(len(c.table) for c in files.values())
+        print(f"{device}: wrote {len(files)} file{'' if len(files) == 1 else 's'} "
               f"({entries} entries, imported) to {folder}"
-              + (f"; skipped {skipped} entries outside the schema" if skipped else ""),
+              + (f"; skipped {skipped} outside the schema" if skipped else "")
+              + ("" if items else " (none stored for this device; a server under the verified "
+                                  "policy serves only trusted tokens' imports)"),
               file=sys.stderr)  # fmt: skip
-        written += len(tables)
+        written += len(files)
     return 0 if written else 1
 
 
-def _tables(
+def _files(
     device: str, items: list[tuple[str, str, object]]
-) -> tuple[dict[MoeShape, dict[int, Entry]], int]:
-    """Each shape's table from a device's ``(key, item, value)`` items; and how many were
-    skipped as outside the schema (a server is not trusted)."""
-    tables: dict[MoeShape, dict[int, Entry]] = {}
+) -> tuple[dict[MoeShape, MoeFile], int]:
+    """Each shape's file from a device's ``(key, item, value)`` items; and how many were
+    skipped as outside the schema or misnamed (a server is not trusted)."""
+    files: dict[MoeShape, MoeFile] = {}
     skipped = 0
     for key, item, value in items:
-        try:
-            shape = MoeShape.of_artifact(device, key)
-            if imported_value_problem(value) is not None or not BATCH_SIZE.fullmatch(item):
-                raise InvalidInput(item)
-            m = int(item)
-            if m > MAX_M:
-                raise InvalidInput(item)
-        except InvalidInput:
+        if imported_name_problem(device, key, item, value) is not None:
             skipped += 1
             continue
-        assert isinstance(value, dict)
-        tables.setdefault(shape, {})[m] = value["config"]
-    return tables, skipped
+        try:
+            files[MoeShape.of_artifact(device, key)] = imported_contents(value)
+        except InvalidInput:
+            skipped += 1
+    return files, skipped
 
 
 def _folder(output: Path | None) -> Path:
