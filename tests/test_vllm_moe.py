@@ -228,7 +228,7 @@ def test_sync_writes_imported_entries_only_when_told_and_names_bad_input(
         assert words in capsys.readouterr().err
     assert cli("sync", "--format", "vllm-moe", "--device", "X", "--accept", "imported") == 2
     assert "needs -o DIR" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+    assert not (tmp_path / "out").exists()  # a refused command makes no folder
     assert cli("sync", "--device", "NVIDIA_H100", "--server", url) == 2  # a snapshot has no device
     assert "--device and --accept go with --format vllm-moe" in capsys.readouterr().err
 

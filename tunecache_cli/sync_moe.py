@@ -37,12 +37,14 @@ def write_folder(args: argparse.Namespace) -> int:
 
     if args.arch:
         raise InvalidInput("--arch goes with a snapshot; with --format vllm-moe, name --device")
-    folder = _folder(args.output)
+    if args.output is None:
+        raise InvalidInput("--format vllm-moe needs -o DIR, the folder to write the files in")
     devices = [check_device_name(d) for d in args.device or [_this_gpu()]]
     if "imported" not in args.accept:
         raise InvalidInput("the cache's fused-MoE files are imported ones (tunecache import "
                            "vllm-moe: tuned elsewhere, never validated here): write them with "
                            "--accept imported")  # fmt: skip
+    folder = _folder(args.output)  # made only once the command is known to be good
     with Client(server_url(args), timeout=Timeout(write=args.timeout)) as client:
         fetched = {d: client.get_artifacts(NAMESPACE, d, timeout=args.timeout) for d in devices}
     written = 0
@@ -79,19 +81,24 @@ def _files(
     return files, skipped
 
 
-def _folder(output: Path | None) -> Path:
-    if output is None:
-        raise InvalidInput("--format vllm-moe needs -o DIR, the folder to write the files in")
+def _folder(output: Path) -> Path:
     if output.exists() and not output.is_dir():
         raise InvalidInput(f"-o {output}: not a folder")
-    output.mkdir(parents=True, exist_ok=True)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInput(f"-o {output}: cannot be made ({exc.strerror})") from None
     return output
 
 
 def _this_gpu() -> str:
-    import torch
+    try:
+        import torch
 
-    if not torch.cuda.is_available():
+        visible = bool(torch.cuda.is_available())
+    except ImportError:  # a client-only install: no torch, so no GPU it can name
+        visible = False
+    if not visible:
         raise InvalidInput("--device: no GPU is visible here; name the engine's device as in its "
                            "file names, e.g. --device NVIDIA_H100")  # fmt: skip
     return str(torch.cuda.get_device_name(0)).replace(" ", "_")
