@@ -49,10 +49,10 @@ def _matches(key: Any, args: argparse.Namespace) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tunecache.report import build
+    from tunecache.folders import output_dir
 
     made = [p for p in (args.output, *args.output.parents) if not p.exists()]
-    out = build.output_dir(args.output)
+    out = output_dir(args.output)
     code = 1
     try:
         code = _report(args, out)

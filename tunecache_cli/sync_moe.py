@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from tunecache.errors import InvalidInput
+from tunecache.folders import output_dir
 from tunecache.vllm_moe import (
     NAMESPACE,
     MoeFile,
@@ -44,7 +44,7 @@ def write_folder(args: argparse.Namespace) -> int:
         raise InvalidInput("the cache's fused-MoE files are imported ones (tunecache import "
                            "vllm-moe: tuned elsewhere, never validated here): write them with "
                            "--accept imported")  # fmt: skip
-    folder = _folder(args.output)  # made only once the command is known to be good
+    folder = output_dir(args.output)  # made only once the command is known to be good
     with Client(server_url(args), timeout=Timeout(write=args.timeout)) as client:
         fetched = {d: client.get_artifacts(NAMESPACE, d, timeout=args.timeout) for d in devices}
     written = 0
@@ -79,16 +79,6 @@ def _files(
         except InvalidInput:
             skipped += 1
     return files, skipped
-
-
-def _folder(output: Path) -> Path:
-    if output.exists() and not output.is_dir():
-        raise InvalidInput(f"-o {output}: not a folder")
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InvalidInput(f"-o {output}: cannot be made ({exc.strerror})") from None
-    return output
 
 
 def _this_gpu() -> str:

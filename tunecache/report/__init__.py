@@ -16,7 +16,8 @@ Example:
 
 from __future__ import annotations
 
-from tunecache.report.build import Report, Written, output_dir, require_matplotlib, write_report
+from tunecache.folders import output_dir
+from tunecache.report.build import Report, Written, require_matplotlib, write_report
 from tunecache.report.collect import Searches, fetch_records, fetch_searches
 from tunecache.report.grid import STATUSES, CoverageGrid, coverage_grid, record_states
 from tunecache.report.labels import key_label

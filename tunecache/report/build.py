@@ -7,7 +7,6 @@ grid) is not written; the reason comes back instead, so the command can say it.
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,23 +43,6 @@ def require_matplotlib() -> None:
         importlib.import_module("matplotlib")
     except ImportError:
         raise InvalidInput(f"the report needs matplotlib: {INSTALL_HINT}") from None
-
-
-def output_dir(path: Path) -> Path:
-    """``path`` as a folder the report can write into, created if need be.
-
-    Raises:
-        InvalidInput: it cannot be created, is not a folder, or is not writable.
-    """
-    if path.exists() and not path.is_dir():
-        raise InvalidInput(f"output {path} is not a folder")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InvalidInput(f"cannot create output folder {path}: {exc.strerror or exc}") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise InvalidInput(f"output folder {path} is not writable")
-    return path
 
 
 def write_report(
