@@ -69,6 +69,7 @@ def uninstall() -> None:
 
 
 def installed() -> bool:
+    """Whether ``triton.autotune`` is routed now (by :func:`install` or the start-up hook)."""
     return "autotune" in _ORIGINAL
 
 
