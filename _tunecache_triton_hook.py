@@ -2,8 +2,9 @@
 tunecache the moment the program imports Triton.
 
 ``tunecache-triton.pth``, installed beside the packages, imports this module only when the
-variable is set, so a start without it costs one environment lookup. This module is the standard
-library only: it imports neither Triton nor tunecache. It puts a finder first on
+variable is set and not off (``0``, ``false``, ``off``, ``no``, ``n``, as :mod:`tunecache.settings`
+reads it), so a start without it costs one environment lookup; this module reads no variable
+itself. It is the standard library only (``logging`` only to say what went wrong): it imports neither Triton nor tunecache. It puts a finder first on
 ``sys.meta_path`` that, when ``triton`` is imported (a library's ``import triton``, usually), lets
 the other finders load it and then, before the importing library decorates its first kernel,
 calls :func:`tunecache.triton.install.install_from_env`. A lookup that does not import (torch and
@@ -22,19 +23,15 @@ if TYPE_CHECKING:
     from types import ModuleType
     from typing import Any
 
-VARIABLE = "TUNECACHE_TRITON_AUTOTUNE"
+VARIABLE = "TUNECACHE_TRITON_AUTOTUNE"  # read by the .pth line (off values never import this)
 TRITON = "triton"
-OFF = ("", "0", "false", "off", "no", "n")  # as tunecache.settings reads it; anything else arms
 
 
 def arm() -> None:
     """Routes ``triton.autotune`` now if Triton is imported, else when it is; once per process
     (``site`` may process a ``.pth`` file twice)."""
     try:
-        import os
-
-        off = os.environ.get(VARIABLE, "").strip().lower() in OFF
-        if off or any(isinstance(finder, _ThenInstall) for finder in sys.meta_path):
+        if any(isinstance(finder, _ThenInstall) for finder in sys.meta_path):
             return
         if TRITON in sys.modules:
             _install()
@@ -54,9 +51,13 @@ def _install() -> None:
 
 
 def _say(exc: BaseException) -> None:
+    import logging  # only when something went wrong: a start stays free of it
+
     why = str(exc) if type(exc).__name__ in ("InvalidInput", "ValueError") else (
         f"{type(exc).__name__}: {exc}")  # fmt: skip
-    print(f"tunecache: {VARIABLE}: {why}; triton.autotune is left as it is", file=sys.stderr)
+    logging.getLogger("tunecache.triton").warning(
+        "tunecache: %s: %s; triton.autotune is left as it is", VARIABLE, why
+    )
 
 
 class _ThenInstall:  # a meta path finder (no importlib.abc: it imports typing)
