@@ -4,7 +4,8 @@ tunecache the moment the program imports Triton.
 ``tunecache-triton.pth``, installed beside the packages, imports this module only when the
 variable is set and not off (``0``, ``false``, ``off``, ``no``, ``n``, as :mod:`tunecache.settings`
 reads it), so a start without it costs one environment lookup; this module reads no variable
-itself. It is the standard library only (``logging`` only to say what went wrong): it imports neither Triton nor tunecache. It puts a finder first on
+itself. It is the standard library only (``logging`` only to say what went wrong): it imports
+neither Triton nor tunecache. It puts a finder first on
 ``sys.meta_path`` that, when ``triton`` is imported (a library's ``import triton``, usually), lets
 the other finders load it and then, before the importing library decorates its first kernel,
 calls :func:`tunecache.triton.install.install_from_env`. A lookup that does not import (torch and
