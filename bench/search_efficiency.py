@@ -1,6 +1,6 @@
 """How fast each search strategy closes in on a landscape's optimum, replayed offline.
 
-Every ``*.json`` / ``*.json.gz`` landscape in FOLDER (recorded with
+Every ``*.json`` / ``*.json.gz`` landscape in each FOLDER (recorded with
 :func:`tuner.landscape.record_landscape`, or converted brute-force caches) is replayed as a
 simulated device. Per landscape and strategy, the table shows optimum / best found after 25, 50,
 100 and 200 evaluations and after 1 %, 2 % and 5 % of the landscape's valid (recorded) configs
@@ -21,7 +21,7 @@ so that a family with many landscapes does not outvote the others; and by its CP
 Prints markdown and writes it to ``bench/results/search_efficiency.md``. Figures, never
 pass/fail.
 
-    python -m bench.search_efficiency [FOLDER] [--seeds 10] [--strategies random,optuna,bayes]
+    python -m bench.search_efficiency [FOLDER ...] [--seeds 10] [--strategies random,optuna,bayes]
         [--fractions 0.01,0.02,0.05] [--scrambled]
         [--transfer]
 """
@@ -35,13 +35,14 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from backends import Budget
 from backends.base import Trial
+from bench.report import machine
 from tunecache.errors import InvalidInput
 from tunecache.space import Config
 from tuner.landscape import Landscape
@@ -108,8 +109,10 @@ def measure(
     seeds: int,
     prior: dict[Config, float] | None = None,
     fractions: Sequence[float] = FRACTIONS,
+    settings: Mapping[str, Any] | None = None,
 ) -> Efficiency:
-    """Replays ``strategy`` on ``landscape`` once per seed, up to the largest checkpoint."""
+    """Replays ``strategy`` on ``landscape`` once per seed, up to the largest checkpoint
+    (``settings``: keyword arguments of the strategy's class, for :mod:`bench.search_lofo`)."""
     size = len(landscape.entries)
     marks = checkpoints_of(size, fractions)
     optimum = landscape.optimum().time_ms or 0.0
@@ -122,8 +125,11 @@ def measure(
     for seed in range(seeds):
         space = landscape.search_space()
         clock = _CpuUpTo(landscape.evaluator(), CPU_PROPOSALS)
-        search = get_strategy(strategy, space, seed=seed, prior=prior,
-                              warm_start=[] if STRATEGIES[strategy].uses_prior else warm)  # fmt: skip
+        if settings:  # cold, a variant of the strategy
+            search = STRATEGIES[strategy](space, seed=seed, **settings)
+        else:
+            search = get_strategy(strategy, space, seed=seed, prior=prior,
+                                  warm_start=[] if STRATEGIES[strategy].uses_prior else warm)  # fmt: skip
         log = run_search(search, clock.evaluate, budget)
         cpu += clock.cpu_s
         proposals += clock.counted
@@ -161,6 +167,29 @@ def scrambled(landscape: Landscape, seed: int = 0) -> Landscape:
     key = {**landscape.key, "kernel": f"{landscape.key.get('kernel', '?')} (scrambled)"}
     return dataclasses.replace(landscape, key=key, entries=entries,
                                note=f"{landscape.note}; choices relabelled (seed {seed})")  # fmt: skip
+
+
+def load_landscapes(paths: Sequence[Path], *, scramble: bool = False) -> dict[str, Landscape]:
+    """The landscapes by name (skipping, with a line on stderr, a file that does not load or
+    whose name was loaded from another folder already); with
+    ``scramble``, each one again with its choices relabelled (:func:`scrambled`)."""
+    landscapes: dict[str, Landscape] = {}
+    for path in paths:
+        name = path.name.removesuffix(".gz").removesuffix(".json")
+        if name in landscapes:
+            print(f"skipping {path}: a landscape named {name} is already loaded", file=sys.stderr)
+            continue
+        try:
+            landscape = Landscape.load(path)
+            landscape.optimum()
+        except InvalidInput as exc:
+            print(f"skipping {path}: {exc}", file=sys.stderr)
+            continue
+        landscapes[name] = landscape
+    if scramble:
+        landscapes.update({f"{name} (scrambled)": scrambled(landscape)
+                           for name, landscape in list(landscapes.items())})  # fmt: skip
+    return landscapes
 
 
 def describe(name: str, landscape: Landscape) -> str:
@@ -250,9 +279,53 @@ def by_family(results: dict[str, list[Efficiency]], landscapes: dict[str, Landsc
     return rows
 
 
+def render(landscapes: dict[str, Landscape], results: dict[str, list[Efficiency]],
+           transferred: dict[str, list[Efficiency]], strategies: Sequence[str], seeds: int,
+           seconds: float) -> str:  # fmt: skip
+    """The markdown report: the landscapes, then the cold tables (by landscape, by family) and
+    the transfer table when there is one."""
+    rows = [(name, eff) for name, per in results.items() for eff in per]
+    rows += [("*average*", eff) for eff in average(results, strategies)]
+    moved = [(name, eff) for name, per in transferred.items() for eff in per]
+    if moved:
+        moved += [("*average*", eff) for eff in average(transferred, strategies)]
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    text = "\n".join([
+        "# Search efficiency: optimum / best found after n evaluations (1.0 is perfect)",
+        "",
+        f"- {seeds} seeds per strategy; counts beyond a landscape's size are capped at it;",
+        f"  'evals to 5%': mean evaluations to within {WITHIN:.0%} of the optimum, '>' when some",
+        "  seeds missed within the largest budget (a miss counts as the whole budget);",
+        "  n% columns: after that share of the landscape's valid (recorded) configs",
+        f"- run: {stamp}, {seconds:.0f} s in all, on {machine()}",
+        "",
+        "Landscapes:",
+        "",
+        *[describe(name, landscape) for name, landscape in landscapes.items()],
+        "",
+        "## Cold: no prior knowledge",
+        "",
+        *table(rows),
+        "",
+        "## Cold, by family: the worst family and the families' average",
+        "",
+        *table(by_family(results, landscapes, strategies)),
+        "",
+        *(["## With transfer: the family's other devices as prior knowledge",
+           "", *table(moved), ""] if moved else []),
+    ])  # fmt: skip
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("folder", nargs="?", type=Path, default=LANDSCAPES)
+    parser.add_argument(
+        "folders",
+        nargs="*",
+        type=Path,
+        default=[LANDSCAPES],
+        help="folders of landscapes (default: bench/landscapes)",
+    )
     parser.add_argument("--seeds", type=int, default=10, help="replays per strategy (seeds 0..)")
     parser.add_argument("--strategies", default=f"exhaustive,random,{DEFAULT_STRATEGY}")
     parser.add_argument("--transfer", action="store_true",
@@ -272,26 +345,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--fractions: numbers between 0 and 1, got {args.fractions!r}")
     if not all(0 < f <= 1 for f in fractions):
         parser.error(f"--fractions: numbers between 0 and 1, got {args.fractions!r}")
+    if args.seeds < 1:
+        parser.error(f"--seeds: at least 1, got {args.seeds}")
     if unknown := [s for s in strategies if s not in STRATEGIES]:
         parser.error(f"unknown strategies {unknown}; known: {', '.join(sorted(STRATEGIES))}")
-    paths = sorted([*args.folder.glob("*.json"), *args.folder.glob("*.json.gz")])
+    paths = [path for folder in args.folders
+             for path in sorted([*folder.glob("*.json"), *folder.glob("*.json.gz")])]  # fmt: skip
     if not paths:
-        print(f"no *.json landscapes in {args.folder}", file=sys.stderr)
+        print(f"no *.json landscapes in {', '.join(map(str, args.folders))}", file=sys.stderr)
         return 2
 
     started = time.perf_counter()
-    landscapes: dict[str, Landscape] = {}
-    for path in paths:
-        try:
-            name = path.name.removesuffix(".gz").removesuffix(".json")
-            landscapes[name] = Landscape.load(path)
-            landscapes[name].optimum()
-        except InvalidInput as exc:
-            print(f"skipping {path}: {exc}", file=sys.stderr)
-            landscapes.pop(name, None)
-    if args.scrambled:
-        landscapes.update({f"{name} (scrambled)": scrambled(landscape)
-                           for name, landscape in list(landscapes.items())})  # fmt: skip
+    landscapes = load_landscapes(paths, scramble=args.scrambled)
     results: dict[str, list[Efficiency]] = {}
     transferred: dict[str, list[Efficiency]] = {}
     families = family_of(landscapes)
@@ -306,36 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     if not results:
         return 2
 
-    rows = [(name, eff) for name, per in results.items() for eff in per]
-    rows += [("*average*", eff) for eff in average(results, strategies)]
-    moved = [(name, eff) for name, per in transferred.items() for eff in per]
-    if moved:
-        moved += [("*average*", eff) for eff in average(transferred, strategies)]
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    text = "\n".join([
-        "# Search efficiency: optimum / best found after n evaluations (1.0 is perfect)",
-        "",
-        f"- {args.seeds} seeds per strategy; counts beyond a landscape's size are capped at it;",
-        f"  'evals to 5%': mean evaluations to within {WITHIN:.0%} of the optimum, '>' when some",
-        "  seeds missed within the largest budget (a miss counts as the whole budget);",
-        "  n% columns: after that share of the landscape's valid (recorded) configs",
-        f"- run: {stamp}, {time.perf_counter() - started:.0f} s in all",
-        "",
-        "Landscapes:",
-        "",
-        *[describe(name, landscape) for name, landscape in landscapes.items()],
-        "",
-        "## Cold: no prior knowledge",
-        "",
-        *table(rows),
-        "",
-        "## Cold, by family: the worst family and the families' average",
-        "",
-        *table(by_family(results, landscapes, strategies)),
-        "",
-        *(["## With transfer: the family's other devices as prior knowledge",
-           "", *table(moved), ""] if moved else []),
-    ])  # fmt: skip
+    text = render(landscapes, results, transferred, strategies, args.seeds,
+                  time.perf_counter() - started)  # fmt: skip
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text)

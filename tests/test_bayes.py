@@ -109,3 +109,45 @@ def test_replay_cost_follows_the_recorded_configs_not_the_product(
     log = run_search(search, landscape.evaluator(), Budget(trials=30))
     assert len(log) == 30 and all(space.contains(c) for c, _ in log)
     assert time.perf_counter() - started < 30  # a hang check; bench/ measures the set-up time
+
+
+def test_the_encoding_follows_the_data_order_or_names() -> None:
+    # The same bowl, once over tile sizes in their order and once with each parameter's numbers
+    # relabelled (numbers that are names): the model keeps the order where it explains the
+    # times, and drops it where it does not.
+    rng = random.Random(0)
+    relabel = {name: dict(zip(choices, rng.sample(choices, len(choices)), strict=True))
+               for name, choices in SPACE.params.items()}  # fmt: skip
+
+    def named(config: Config) -> float:
+        return bowl(Config.of({k: relabel[k][v] for k, v in config.items}))
+
+    chosen = {}
+    for label, time_of in (("ordered", bowl), ("named", named)):
+        search = BayesSearch(SPACE, seed=0)
+        run_search(search, timed(time_of), Budget(trials=60))
+        chosen[label] = search.encoding
+    assert chosen == {"ordered": "ordinal", "named": "categorical"}
+
+
+def timed(time_of: Callable[[Config], float]) -> Callable[[list[Config]], list[Trial]]:
+    """An evaluator where every config succeeds in ``time_of`` it."""
+
+    def evaluate(configs: list[Config]) -> list[Trial]:
+        return [Trial(config=c.to_json(), status="ok", time_ms=time_of(c)) for c in configs]
+
+    return evaluate
+
+
+def test_a_parameter_that_decides_the_time_weighs_most() -> None:
+    # Only BLOCK_M matters (a steep valley in it); the others are noise-free bystanders. The
+    # model keeps the relevance-scaled encoding, with BLOCK_M's weight far above the rest.
+    def valley(config: Config) -> float:
+        return 1.0 + 4.0 * abs(math.log2(float(config["BLOCK_M"])) - 5.0)
+
+    search = BayesSearch(SPACE, seed=0)
+    run_search(search, timed(valley), Budget(trials=40))
+    assert search.weights is not None
+    weights = dict(zip(SPACE.params, search.weights, strict=True))
+    assert weights["BLOCK_M"] == 1.0
+    assert max(w for name, w in weights.items() if name != "BLOCK_M") < 0.5

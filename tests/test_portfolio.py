@@ -3,6 +3,8 @@ strategy obeys is tests/test_search.py's)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from backends.base import Budget, Trial
 from tests.test_search import SPACE, failing_evaluator, fake_time
 from tunecache.space import Config, SearchSpace
@@ -22,33 +24,49 @@ def evaluate_grid(configs: list[Config]) -> list[Trial]:
     return [Trial(config=c.to_json(), status="ok", time_ms=grid_time(c)) for c in configs]
 
 
-class Ordered(SearchStrategy):
-    """Proposes the space in a fixed order: by ``grid_time``, fastest or slowest first."""
+def ranked_time(config: Config) -> float:
+    """A distinct time per config of GRID: the fastest is a=0, b=0, kind=x."""
+    return 1.0 + 36 * int(config["a"]) + 3 * int(config["b"]) + "xyz".index(str(config["kind"]))
 
-    name = "ordered"
 
-    def __init__(self, space: SearchSpace, *, fastest_first: bool) -> None:
+class Stepper(SearchStrategy):
+    """Proposes by ``ranked_time``: ``improving``, the slowest config still faster than every
+    result it was told (each proposal moves the best a little); else the fastest config slower
+    than the best (a good config, better than most, that never moves the best)."""
+
+    name = "stepper"
+
+    def __init__(self, space: SearchSpace, *, improving: bool) -> None:
         super().__init__(space)
-        self._pending = sorted(space.configs(), key=grid_time, reverse=not fastest_first)
-        self.told: list[Config] = []
+        self.improving = improving
+        self.told: dict[Config, float | None] = {}
 
     def ask(self) -> Config | None:
-        return self._pending.pop(0) if self._pending else None
+        left = sorted((c for c in self.space.configs() if c not in self.told), key=ranked_time)
+        best = min((t for t in self.told.values() if t is not None), default=float("inf"))
+        faster = [c for c in left if ranked_time(c) < best]
+        if self.improving and faster:
+            return faster[-1]
+        behind = [c for c in left if ranked_time(c) > best]
+        return behind[0] if behind else (left[0] if left else None)
 
     def tell(self, config: Config, time_ms: float | None) -> None:
-        self.told.append(config)
+        self.told[config] = time_ms
 
 
-def test_the_budget_moves_to_the_arm_that_finds_good_configs() -> None:
+def test_the_budget_moves_to_the_arm_that_improves_the_best() -> None:
     for seed in range(5):
         search = PortfolioSearch(GRID, seed=seed)
-        good, bad = Ordered(GRID, fastest_first=True), Ordered(GRID, fastest_first=False)
+        good, bad = Stepper(GRID, improving=True), Stepper(GRID, improving=False)
         search.arms = {"good": good, "bad": bad}
         search.wins, search.misses = {"good": 0, "bad": 0}, {"good": 0, "bad": 0}
-        log = run_search(search, evaluate_grid, Budget(trials=80))
+        evaluate = lambda configs: [Trial(config=c.to_json(), status="ok",  # noqa: E731
+                                          time_ms=ranked_time(c)) for c in configs]  # fmt: skip
+        log = run_search(search, evaluate, Budget(trials=50))
         drawn = {arm: search.wins[arm] + search.misses[arm] for arm in ("good", "bad")}
-        assert drawn["good"] >= 3 * drawn["bad"]
-        assert log.best is not None and grid_time(log.best[0]) == 1.0
+        assert drawn["good"] + drawn["bad"] == 50 - search.initial
+        assert drawn["good"] >= 3 * drawn["bad"], drawn
+        assert search.wins["bad"] == 0  # near the best is not progress
         # Every arm was told every result, whoever proposed it.
         assert set(good.told) == set(bad.told) == {c for c, _ in log}
 
@@ -109,3 +127,25 @@ def test_a_config_told_from_outside_the_space_changes_nothing() -> None:
             proposed.append(config)
             search.tell(config, fake_time(config))
         assert sorted(map(str, proposed)) == sorted(map(str, SPACE.configs())), name
+
+
+def local_draws(local_after: int) -> list[int]:
+    """How many configs had been proposed each time the local arm was asked, over 60 trials."""
+    search = PortfolioSearch(GRID, seed=1, local_after=local_after)
+    local = search.arms["local"]
+    asked_at: list[int] = []
+    original: Callable[[], Config | None] = local.ask
+
+    def ask() -> Config | None:
+        asked_at.append(len(search._proposed))
+        return original()
+
+    local.ask = ask  # type: ignore[method-assign]
+    run_search(search, evaluate_grid, Budget(trials=60))
+    return asked_at
+
+
+def test_the_local_arm_polishes_only_after_local_after_proposals() -> None:
+    late, early = local_draws(25), local_draws(0)
+    assert late and min(late) >= 25
+    assert early and min(early) < 25  # the setting is what held it back

@@ -29,7 +29,7 @@ STRATEGIES: dict[str, type[SearchStrategy]] = {
     for cls in (ExhaustiveSearch, RandomSearch, OptunaSearch, BayesSearch, LocalSearch,
                 PortfolioSearch)
 }  # fmt: skip
-DEFAULT_STRATEGY = "portfolio"  # bench/results/search_efficiency*.md: the worst family
+DEFAULT_STRATEGY = "portfolio"  # bench/results/search_efficiency.md, search_lofo.md: by family
 
 
 def get_strategy(

@@ -6,12 +6,27 @@ Why this shape (offline replays of brute-forced GPU landscapes, ``bench/search_e
 * **It only ever proposes configs of the space that were never proposed**: the candidates are
   rows of the enumerated space with a per-row "open" flag, so no evaluation is repeated or
   outside the space, and :meth:`ask` returns ``None`` exactly when every config was proposed.
-* **Encoding**: each parameter becomes one coordinate in [0, 1] — its value's log2 position
-  between the smallest and largest choice when every choice is a positive number (tile sizes,
-  warps, stages), else its choice index — so "near" means "similar tile", which is what makes GPU
-  landscapes smooth enough to model.
-* **Surrogate**: a GP with a Matérn-5/2 kernel on standardised log time; its length scale and
-  noise are chosen by marginal likelihood on a small grid, searched again as the trials grow.
+* **Encoding, chosen by the data**: in the *ordinal* encoding a parameter whose choices are all
+  positive numbers (tile sizes, warps, stages) is one coordinate in [0, 1], its value's log2
+  position between the smallest and largest choice, so "near" means "similar tile", which is
+  what makes GPU landscapes smooth enough to model; in the *categorical* one every parameter is
+  one-hot (any two choices equally far apart). A parameter with a choice that is not a positive
+  number (a name, a flag, an unroll factor whose 0 means "none") is one-hot in both. Numbers are
+  not always an order (a layout code, a variant number): replayed with every parameter's choices
+  relabelled, the ordinal GP fell below random on some families. So each time the
+  hyperparameters are searched, both encodings are, and the one whose GP explains the results
+  better (marginal likelihood) is used. Where no numeric parameter has three choices or more,
+  the two are the same and only one is kept.
+* **Relevance**: the kernel has one length scale, but a space's parameters do not matter alike
+  (on a skinny TVM matmul two of six decide most of the time). So each encoding is also tried
+  with each parameter's coordinates scaled by its relevance, the spread of its values' mean
+  results (main effects, the largest 1, none below :data:`RELEVANCE_FLOOR`): a cheap stand-in
+  for a length scale per parameter, kept only where the marginal likelihood prefers it. On
+  that matmul it lifted the search from 0.86 to 0.88 of the optimum at 25 evaluations and
+  from 0.71 to 0.78 on its relabelled twin (10 seeds).
+* **Surrogate**: a GP with a Matérn-5/2 kernel on standardised log time; its encoding, length
+  scale and noise are chosen by marginal likelihood on a small grid, searched again as the trials
+  grow.
 * **Failures teach**: a failed config is told to the model as slower than the slowest success,
   so the region around failures looks bad and is proposed less (random search does not learn).
 * **Acquisition**: expected improvement over the best time so far, evaluated on every open
@@ -42,6 +57,8 @@ from tuner.search.encoding import choice_indices, is_ordered
 LENGTH_SCALES = (0.08, 0.15, 0.25, 0.4, 0.6, 1.0)
 NOISES = (1e-4, 1e-2, 1e-1)  # variance, in standardised units
 REFIT_GROWTH = 1.25  # the hyperparameters are searched again when the trials grow by this
+INITIAL = 10  # random configs before the model (at most a quarter of the space, >= 1)
+RELEVANCE_FLOOR = 0.1  # the least weight a parameter keeps in a relevance-scaled encoding
 POOL = 1024  # open configs scored per ask in a large space (plus the best ones' neighbours)
 FAILURE_MARGIN = 1.0  # a failure is told as this much slower (log e) than the slowest success
 
@@ -67,22 +84,68 @@ def one_blas_thread() -> contextlib.AbstractContextManager[Any]:
     return controller.limit(limits=1, user_api="blas")
 
 
-def encode(space: SearchSpace, index: np.ndarray) -> np.ndarray:
-    """Configs (as :func:`~tuner.search.encoding.choice_indices` rows) as points in [0, 1]^d,
-    one coordinate per parameter with several choices."""
+def encode(space: SearchSpace, index: np.ndarray, *, ordinal: bool = True) -> np.ndarray:
+    """Configs (as :func:`~tuner.search.encoding.choice_indices` rows) as points, per parameter
+    with several choices: one coordinate in [0, 1] (its log2 position) when ``ordinal`` and every
+    choice is a positive number, else one-hot columns scaled so that two choices are 1 apart.
+
+    Example:
+        >>> space = SearchSpace({"BLOCK": (16, 32, 64), "kind": ("a", "b")})
+        >>> encode(space, np.asarray([[0, 0], [2, 1]])).round(3).tolist()
+        [[0.0, 0.707, 0.0], [1.0, 0.0, 0.707]]
+    """
     columns = []
     for j, choices in enumerate(space.params.values()):
         if len(choices) < 2:
             continue
-        if is_ordered(choices) and all(float(c) > 0 for c in choices):
+        if ordinal and _positive_numbers(choices):
             logs = np.log2(np.asarray(choices, dtype=float))
             position = (logs - logs.min()) / ((logs.max() - logs.min()) or 1.0)
+            columns.append(position[index[:, j], None])
         else:
-            position = np.arange(len(choices)) / (len(choices) - 1)
-        columns.append(position[index[:, j]])
+            columns.append(np.eye(len(choices))[index[:, j]] / math.sqrt(2.0))
     if not columns:
         return np.zeros((len(index), 1))
-    return np.asarray(columns, dtype=float).T
+    return np.concatenate(columns, axis=1)
+
+
+def owners(space: SearchSpace, *, ordinal: bool = True) -> np.ndarray:
+    """The parameter (its position in ``space.params``) each column of :func:`encode` is of.
+
+    Example:
+        >>> owners(SearchSpace({"BLOCK": (16, 32, 64), "one": (1,), "kind": ("a", "b")})).tolist()
+        [0, 2, 2]
+    """
+    columns: list[int] = []
+    for j, choices in enumerate(space.params.values()):
+        if len(choices) > 1:
+            columns += [j] * (1 if ordinal and _positive_numbers(choices) else len(choices))
+    return np.asarray(columns, dtype=np.int64)
+
+
+def relevance(index: np.ndarray, y: np.ndarray) -> np.ndarray | None:
+    """Each parameter's weight: the spread (root mean square, by count) of its values' mean ``y``
+    around the mean, over the largest such spread, at least :data:`RELEVANCE_FLOOR`; ``None``
+    when no parameter's values differ in mean.
+
+    Example:
+        >>> index = np.asarray([[0, 0], [0, 1], [1, 0], [1, 1]])
+        >>> relevance(index, np.asarray([0.0, 0.1, 1.0, 1.1])).round(2).tolist()
+        [1.0, 0.1]
+    """
+    weights = np.zeros(index.shape[1])
+    for j in range(index.shape[1]):
+        _, inverse, counts = np.unique(index[:, j], return_inverse=True, return_counts=True)
+        if len(counts) > 1:
+            means = np.bincount(inverse, weights=y) / counts
+            weights[j] = math.sqrt(float(np.average((means - y.mean()) ** 2, weights=counts)))
+    top = float(weights.max(initial=0.0))
+    return None if top <= 0 else np.maximum(weights / top, RELEVANCE_FLOOR)
+
+
+def _positive_numbers(choices: Sequence[Any]) -> bool:
+    """Whether every choice is a positive number: then it has a log2 position on a scale."""
+    return is_ordered(choices) and all(float(c) > 0 for c in choices)
 
 
 def matern52(a: np.ndarray, b: np.ndarray, length: float) -> np.ndarray:
@@ -181,13 +244,23 @@ class BayesSearch(SearchStrategy):
         self._configs = list(space.valid())
         self._row = {config: i for i, config in enumerate(self._configs)}
         self._index = choice_indices(space, self._configs)
-        self._x = encode(space, self._index)
+        kinds = [True]
+        if any(len(c) > 2 and _positive_numbers(c) for c in space.params.values()):
+            kinds.append(False)  # numbers that may be names: a categorical encoding too
+        self._encodings = {
+            "ordinal" if ordinal else "categorical": (
+                encode(space, self._index, ordinal=ordinal), owners(space, ordinal=ordinal))
+            for ordinal in kinds
+        }  # fmt: skip
+        self.encoding = "ordinal"  # the one in use: chosen with the hyperparameters
+        self.weights: np.ndarray | None = None  # its relevance per parameter, if weighted
+        self._x = self._encodings["ordinal"][0]
         self._open = np.ones(len(self._configs), dtype=bool)
         self._times: dict[int, float | None] = {}  # told rows: log time, None for a failure
         self._rng = random.Random(seed)
         self._sampler = np.random.default_rng(seed)  # the candidate pool of a large space
         size = len(self._configs)
-        self.initial = initial if initial is not None else min(10, max(4, size // 200))
+        self.initial = initial if initial is not None else min(INITIAL, max(1, size // 4))
         self._prior = self._prior_column(prior) if prior else None
         self._hyper = (0.25, 1e-2)
         self._told_at_fit = 0
@@ -236,7 +309,7 @@ class BayesSearch(SearchStrategy):
         target = values - baseline[rows]
         center, scale = float(target.mean()), float(target.std()) or 1.0
         y = (target - center) / scale
-        gp = self._fit(self._x[rows], y)
+        gp = self._fit(rows, y)
         candidates = self._candidates(rows[good], values[good])
         mean, std = gp.predict(self._x[candidates])
         mean = mean * scale + center + baseline[candidates]
@@ -252,25 +325,41 @@ class BayesSearch(SearchStrategy):
         slope = max(float(slope), 0.0)  # a prior is never read upside down
         return np.asarray(intercept + slope * self._prior)
 
-    def _fit(self, x: np.ndarray, y: np.ndarray) -> _GP:
+    def _fit(self, rows: np.ndarray, y: np.ndarray) -> _GP:
+        """The GP of ``y`` at ``rows``; its encoding and hyperparameters are searched again (by
+        marginal likelihood) when the trials have grown by :data:`REFIT_GROWTH`."""
         told = len(self._times)
         if told >= REFIT_GROWTH * self._told_at_fit:
             self._told_at_fit = told
-            fits = []
-            for length in LENGTH_SCALES:
-                for noise in NOISES:
-                    try:
-                        fits.append((_GP(x, y, length, noise).log_likelihood, length, noise))
-                    except np.linalg.LinAlgError:
-                        continue
-            if fits:
-                _, length, noise = max(fits)
-                self._hyper = (length, noise)
+            self._search_model(rows, y)
         length, noise = self._hyper
         try:
-            return _GP(x, y, length, noise)
+            return _GP(self._x[rows], y, length, noise)
         except np.linalg.LinAlgError:
-            return _GP(x, y, length, max(noise, 1e-1))
+            return _GP(self._x[rows], y, length, max(noise, 1e-1))
+
+    def _search_model(self, rows: np.ndarray, y: np.ndarray) -> None:
+        """Every encoding, plain and scaled by relevance, with every length scale and noise of
+        the grid: the most likely becomes the model's."""
+        weights = relevance(self._index[rows], y)
+        fits = []
+        for name, (x, owner) in self._encodings.items():
+            for w in (None, weights) if weights is not None else (None,):
+                scaled = x if w is None else x * w[owner][None, :]
+                for length in LENGTH_SCALES:
+                    for noise in NOISES:
+                        try:
+                            gp = _GP(scaled[rows], y, length, noise)
+                        except np.linalg.LinAlgError:
+                            continue
+                        fits.append((gp.log_likelihood, name, w is not None, length, noise))
+        if not fits:
+            return
+        _, self.encoding, weighted, length, noise = max(fits, key=lambda fit: fit[0])
+        x, owner = self._encodings[self.encoding]
+        self.weights = weights if weighted else None
+        self._x = x if self.weights is None else x * self.weights[owner][None, :]
+        self._hyper = (length, noise)
 
     def _candidates(self, good_rows: np.ndarray, good_values: np.ndarray) -> np.ndarray:
         """Every open row; in a large space a seeded sample plus the best rows' neighbours."""
