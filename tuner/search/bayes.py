@@ -95,10 +95,8 @@ def encode(space: SearchSpace, index: np.ndarray, *, ordinal: bool = True) -> np
         [[0.0, 0.707, 0.0], [1.0, 0.0, 0.707]]
     """
     columns = []
-    for j, choices in enumerate(space.params.values()):
-        if len(choices) < 2:
-            continue
-        if ordinal and _positive_numbers(choices):
+    for j, choices, on_scale in _layout(space, ordinal):
+        if on_scale:
             logs = np.log2(np.asarray(choices, dtype=float))
             position = (logs - logs.min()) / ((logs.max() - logs.min()) or 1.0)
             columns.append(position[index[:, j], None])
@@ -109,6 +107,13 @@ def encode(space: SearchSpace, index: np.ndarray, *, ordinal: bool = True) -> np
     return np.concatenate(columns, axis=1)
 
 
+def _layout(space: SearchSpace, ordinal: bool) -> list[tuple[int, Sequence[Any], bool]]:
+    """Per parameter with several choices: its position in ``space.params``, its choices, and
+    whether :func:`encode` gives it one log2 coordinate (else one-hot columns)."""
+    return [(j, choices, ordinal and _positive_numbers(choices))
+            for j, choices in enumerate(space.params.values()) if len(choices) > 1]  # fmt: skip
+
+
 def owners(space: SearchSpace, *, ordinal: bool = True) -> np.ndarray:
     """The parameter (its position in ``space.params``) each column of :func:`encode` is of.
 
@@ -117,9 +122,8 @@ def owners(space: SearchSpace, *, ordinal: bool = True) -> np.ndarray:
         [0, 2, 2]
     """
     columns: list[int] = []
-    for j, choices in enumerate(space.params.values()):
-        if len(choices) > 1:
-            columns += [j] * (1 if ordinal and _positive_numbers(choices) else len(choices))
+    for j, choices, on_scale in _layout(space, ordinal):
+        columns += [j] * (1 if on_scale else len(choices))
     return np.asarray(columns, dtype=np.int64)
 
 
@@ -345,11 +349,11 @@ class BayesSearch(SearchStrategy):
         fits = []
         for name, (x, owner) in self._encodings.items():
             for w in (None, weights) if weights is not None else (None,):
-                scaled = x if w is None else x * w[owner][None, :]
+                told = x[rows] if w is None else x[rows] * w[owner][None, :]  # the rows only
                 for length in LENGTH_SCALES:
                     for noise in NOISES:
                         try:
-                            gp = _GP(scaled[rows], y, length, noise)
+                            gp = _GP(told, y, length, noise)
                         except np.linalg.LinAlgError:
                             continue
                         fits.append((gp.log_likelihood, name, w is not None, length, noise))
