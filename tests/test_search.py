@@ -88,6 +88,17 @@ def strategy(request: pytest.FixtureRequest) -> str:
 class TestStrategyContract:
     """Every registered strategy obeys the ask/tell contract and the loop's budget."""
 
+    def test_a_time_nothing_can_use_is_told_as_a_failure(self, strategy: str) -> None:
+        # Called directly (not through the loop, which filters them): NaN, infinities, zero and
+        # negative times are failures for every strategy, and the space is still walked whole.
+        junk = [float("nan"), float("inf"), -float("inf"), 0.0, -1.0, None]
+        search = get_strategy(strategy, SPACE, seed=2)
+        proposed = []
+        while (config := search.ask()) is not None:
+            proposed.append(config)
+            search.tell(config, junk[len(proposed) % len(junk)] if len(proposed) % 7 else 1.0)
+        assert sorted(map(str, proposed)) == sorted(map(str, SPACE.configs()))
+
     def test_proposes_every_config_once_and_never_a_pruned_one(self, strategy: str) -> None:
         for batch_size in (1, 5):
             search = get_strategy(strategy, SPACE, seed=1)

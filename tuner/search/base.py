@@ -8,6 +8,7 @@ device). Strategies are registered by name in :mod:`tuner.search`.
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
@@ -53,3 +54,13 @@ class SearchStrategy(abc.ABC):
     @abc.abstractmethod
     def tell(self, config: Config, time_ms: float | None) -> None:
         """Reports a measured config: its time, or ``None`` if it failed (never a winner)."""
+
+
+def usable(time_ms: float | None) -> float | None:
+    """A told time a strategy can learn from (positive and finite), else ``None``: a failure.
+
+    Example:
+        >>> usable(1.5), usable(float("nan")), usable(0.0), usable(None)
+        (1.5, None, None, None)
+    """
+    return time_ms if time_ms is not None and time_ms > 0 and math.isfinite(time_ms) else None

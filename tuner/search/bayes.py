@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from tunecache.space import Config, SearchSpace
-from tuner.search.base import SearchStrategy
+from tuner.search.base import SearchStrategy, usable
 from tuner.search.encoding import choice_indices, is_ordered
 
 LENGTH_SCALES = (0.08, 0.15, 0.25, 0.4, 0.6, 1.0)
@@ -290,8 +290,8 @@ class BayesSearch(SearchStrategy):
         if row is None:  # measured outside the space (a default config): nothing to model
             return
         self._open[row] = False
-        ok = time_ms is not None and time_ms > 0 and math.isfinite(time_ms)
-        self._times[row] = math.log(time_ms) if ok and time_ms is not None else None
+        time_ms = usable(time_ms)
+        self._times[row] = None if time_ms is None else math.log(time_ms)
 
     # -- proposals ---------------------------------------------------------------------------
     def _initial_row(self) -> int:

@@ -23,7 +23,7 @@ import random
 from collections.abc import Iterator, Sequence
 
 from tunecache.space import Config, Scalar, SearchSpace
-from tuner.search.base import SearchStrategy
+from tuner.search.base import SearchStrategy, usable
 from tuner.search.encoding import is_ordered
 
 BEST = 3  # the best configs whose neighbours are tried, best first
@@ -64,8 +64,8 @@ class LocalSearch(SearchStrategy):
         if not self.space.contains(config):
             return  # measured outside the space (a default config): no neighbours to walk
         self._proposed.add(config)
-        ok = time_ms is not None and time_ms > 0 and math.isfinite(time_ms)
-        self._times[config] = math.log(time_ms) if ok and time_ms is not None else None
+        time_ms = usable(time_ms)
+        self._times[config] = None if time_ms is None else math.log(time_ms)
 
     # -- proposals ---------------------------------------------------------------------------
     def _propose(self, config: Config) -> Config:

@@ -40,7 +40,7 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
 from tunecache.space import Config, Scalar, SearchSpace
-from tuner.search.base import SearchStrategy
+from tuner.search.base import SearchStrategy, usable
 from tuner.search.encoding import choice_indices
 
 logger = logging.getLogger(__name__)
@@ -128,6 +128,7 @@ class OptunaSearch(SearchStrategy):
         raise AssertionError("unreachable")  # pragma: no cover
 
     def tell(self, config: Config, time_ms: float | None) -> None:
+        time_ms = usable(time_ms)  # Optuna refuses NaN: a time nothing can use is a failure
         self._results[config] = time_ms
         self._close(config)
         trials = self._waiting.pop(config, [])

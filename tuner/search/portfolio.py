@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 
 from tunecache.errors import InvalidInput
 from tunecache.space import Config, SearchSpace
-from tuner.search.base import SearchStrategy
+from tuner.search.base import SearchStrategy, usable
 from tuner.search.bayes import BayesSearch
 from tuner.search.local import LocalSearch
 from tuner.search.optuna_tpe import OptunaSearch
@@ -146,12 +146,12 @@ class PortfolioSearch(SearchStrategy):
         arm, best_then = self._by.pop(config, ("", math.inf))
         if self.space.contains(config):  # not a default config from outside it
             self._proposed.add(config)
-        ok = time_ms is not None and time_ms > 0 and math.isfinite(time_ms)
+        time_ms = usable(time_ms)  # every arm is told a failure for a time nothing can use
         if arm in self.arms:  # the warm start and the initial sample are nobody's
-            faster = ok and time_ms is not None and time_ms < best_then
+            faster = time_ms is not None and time_ms < best_then
             self.wins[arm] += faster
             self.misses[arm] += not faster
-        if ok and time_ms is not None:
+        if time_ms is not None:
             self._best = min(self._best, time_ms)
         told = [*self.arms.values()]
         if self._bayes not in told:  # it draws the initial sample: it must know what was taken
