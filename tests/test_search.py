@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import time
 from collections.abc import Callable
 
 import optuna
@@ -331,3 +332,35 @@ class TestLoop:
 
         log = run_search(get_strategy("random", SPACE), evaluate, Budget(trials=3))
         assert log.best is None
+
+
+class _SlowChooser(SearchStrategy):
+    """Random search whose ``ask`` and ``tell`` each take ``pause`` seconds."""
+
+    name = "slow"
+
+    def __init__(self, space: SearchSpace, pause: float) -> None:
+        super().__init__(space)
+        self.inner, self.pause = get_strategy("random", space, seed=0), pause
+
+    def ask(self) -> Config | None:
+        time.sleep(self.pause)
+        return self.inner.ask()
+
+    def tell(self, config: Config, time_ms: float | None) -> None:
+        time.sleep(self.pause)
+        self.inner.tell(config, time_ms)
+
+
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_the_log_counts_the_seconds_spent_choosing_not_measuring(pipelined: bool) -> None:
+    def slow_evaluate(configs: list[Config]) -> list[Trial]:
+        time.sleep(0.05)
+        return EVALUATE(configs)
+
+    prefetched: list[list[Config]] = []
+    log = run_search(_SlowChooser(SPACE, pause=0.01), slow_evaluate, Budget(trials=6),
+                     batch_size=2, prefetch=prefetched.append if pipelined else None)  # fmt: skip
+    # 6 asks and 6 tells of 10 ms; 3 evaluations of 50 ms each that are not choosing
+    assert 0.12 <= log.choosing < 0.12 + 0.1
+    assert log.seconds >= log.choosing + 0.15

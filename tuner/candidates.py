@@ -111,7 +111,10 @@ def search_space(
                      progress=request.progress, after=bench.seconds_after_search,
                      prefetch=bench.prefetch if isinstance(bench, Pipelines) else None)  # fmt: skip
     failures = [t.status for t in log.trials if t.status != "ok"]
-    emit(f"searched {len(log)} configs ({log.stopped_because}); {len(failures)} failed")
+    share = 100 * log.choosing / log.seconds if log.seconds > 0 else 0.0
+    emit(f"searched {len(log)} configs ({log.stopped_because}) in {log.seconds:.1f} s, "
+         f"{log.choosing:.2f} s ({share:.1f} %) of it choosing them; "
+         f"{len(failures)} failed")  # fmt: skip
     ranked = [config.to_json() for config, _ in log.ranked()[:RETIME_TOP]]
     return Candidates(ranked=ranked, trials=log.trials)
 

@@ -62,6 +62,9 @@ class SearchLog:
     stopped_because: StopReason = "exhausted"
     strategy: str = ""
     seconds: float = 0.0
+    #: of ``seconds``, those spent in the strategy's ``ask`` and ``tell``: the evaluator (the
+    #: timing process) waits meanwhile, so this is what choosing costs the search in time
+    choosing: float = 0.0
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -129,7 +132,7 @@ def run_search(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     started = clock()
     log = SearchLog(strategy=getattr(strategy, "name", type(strategy).__name__))
-    streak, asker = _Streak(), _Asker(strategy, prefetch)
+    streak, asker = _Streak(), _Asker(strategy, prefetch, log)
     per_candidate = 0.0  # seconds, as the last batch took them
     total = _total(strategy, budget)
     while True:
@@ -191,9 +194,11 @@ def _evaluate(batch: list[Config], evaluate: Evaluator, strategy: SearchStrategy
     trials = evaluate(batch) if batch else []
     if len(trials) != len(batch):
         raise TuningError(f"evaluator returned {len(trials)} trials for {len(batch)}")
+    began = time.perf_counter()
     for config, trial in zip(batch, trials, strict=True):
         strategy.tell(config, streak.see(trial))
         log.entries.append((config, trial))
+    log.choosing += time.perf_counter() - began
 
 
 @dataclass
@@ -218,10 +223,15 @@ class _Asker:
     next batch is asked (and told) before the current one is evaluated; ``close`` tells it ``[]``
     when that next batch will not be evaluated after all."""
 
-    def __init__(self, strategy: SearchStrategy,
-                 prefetch: Callable[[list[Config]], None] | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        strategy: SearchStrategy,
+        prefetch: Callable[[list[Config]], None] | None,
+        log: SearchLog,
+    ) -> None:
         self.strategy = strategy
         self.prefetch = prefetch
+        self.log = log  # whose ``choosing`` counts the asks' seconds
         self.pending: tuple[list[Config], bool] | None = None  # asked and prefetched already
 
     def take(self, size: int, batch_size: int, left: int) -> tuple[list[Config], bool]:
@@ -229,7 +239,7 @@ class _Asker:
         strategy ran out; ``left``: trials left in the budget, of which up to ``batch_size``
         after this batch are asked ahead."""
         if self.pending is None:
-            batch, exhausted = _ask_batch(self.strategy, size)
+            batch, exhausted = self._ask(size)
             if self.prefetch is not None and batch:
                 self.prefetch(batch)
         else:
@@ -237,10 +247,17 @@ class _Asker:
         self.pending = None
         room = min(batch_size, left - len(batch))
         if self.prefetch is not None and not exhausted and room > 0:
-            self.pending = _ask_batch(self.strategy, room)
+            self.pending = self._ask(room)
             if self.pending[0]:
                 self.prefetch(self.pending[0])
         return batch, exhausted
+
+    def _ask(self, n: int) -> tuple[list[Config], bool]:
+        began = time.perf_counter()
+        try:
+            return _ask_batch(self.strategy, n)
+        finally:
+            self.log.choosing += time.perf_counter() - began
 
     def close(self) -> None:
         if self.prefetch is not None and self.pending is not None and self.pending[0]:
