@@ -16,10 +16,11 @@ from __future__ import annotations
 import abc
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+from tunecache.errors import TuningError
 from tunecache.schemas import Trial, TrialStatus
 
 if TYPE_CHECKING:
@@ -107,15 +108,28 @@ class SearchRequest:
 
 @dataclass
 class SearchResult:
-    """What a search found: the best config, every trial, and (optionally) its built runnable,
-    a by-product for direct callers (the tuner measures every candidate in its workers)."""
+    """What a search found, one of the tuner's strategies or a backend's own search alike: the
+    configs worth validating, best first, every trial it measured, and (optionally) the best
+    one's built runnable, a by-product for direct callers (the tuner measures every candidate
+    in its workers)."""
 
-    config: dict[str, Any]
+    ranked: list[dict[str, Any]]  # best first; empty when nothing it measured ran
     trials: list[Trial]
-    strategy: str
-    seconds: float
+    strategy: str = ""
+    seconds: float = 0.0
+    best_ms: float | None = None  # the best time the search measured, where it has one
     runnable: Runnable | None = None
-    ranked: list[dict[str, Any]] = field(default_factory=list)  # next-best configs, best first
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The best config (``ranked[0]``).
+
+        Raises:
+            TuningError: the search found none.
+        """
+        if not self.ranked:
+            raise TuningError(f"the {self.strategy or 'search'} found no config that ran")
+        return self.ranked[0]
 
 
 def import_failure(modules: tuple[str, ...], package: str, hint: str) -> str | None:

@@ -105,5 +105,4 @@ class FaultyNativeTVM(FaultyTVM):
 
         best, runner_up = knob("segfault"), knob("ok")
         trials = [Trial(config=c, status="ok", time_ms=1.0) for c in (best, runner_up)]
-        return SearchResult(config=best, trials=trials, strategy=self.native_strategy or "",
-                            seconds=0.0, ranked=[runner_up])  # fmt: skip
+        return SearchResult([best, runner_up], trials, self.native_strategy or "")

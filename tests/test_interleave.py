@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from backends import SearchResult
 from tests.factories import make_key, make_record
 from tunecache.interleave import (
     REPRODUCIBLE,
@@ -26,7 +27,6 @@ from tunecache.interleave import (
 from tunecache.schemas import TimingModel, Trial, ValidationReport
 from tunecache.space import Config
 from tunecache.timing import speedup_text
-from tuner.candidates import Candidates
 from tuner.measure import Benchmarker, Measurement
 from tuner.select import select_winner
 
@@ -191,7 +191,7 @@ def select(true: list[float], seed: int) -> tuple[Any, SyntheticBench]:
     """The winner of a search that ranked ``{"c": 0}`` first, against default ``{"c": 1}``
     (true times ``true``: the winner's, the default's, eager's)."""
     bench = SyntheticBench(NoisyMachine(true, seed))
-    found = Candidates(ranked=[{"c": 0}], trials=[])
+    found = SearchResult(ranked=[{"c": 0}], trials=[])
     return select_winner(
         bench, found, default={"c": 1}, seeds=[1], emit=lambda *a, **k: None
     ), bench
@@ -225,7 +225,7 @@ def test_the_search_s_candidates_are_re_timed_in_rounds_before_the_fastest_is_va
     for seed in range(1000):
         true = [1.1, 1.0, 1.5, 3.0]  # two candidates, the default, eager
         bench = SyntheticBench(NoisyMachine(true, seed))
-        found = Candidates(ranked=[{"c": 0}, {"c": 1}], trials=[])
+        found = SearchResult(ranked=[{"c": 0}, {"c": 1}], trials=[])
         winner = select_winner(bench, found, default=None, seeds=[1], emit=lambda *a, **k: None)
         wrong += winner.config != {"c": 1}
         assert bench.validated[0] == winner.config  # the first validated, nothing else
@@ -237,7 +237,7 @@ def test_the_search_s_candidates_are_re_timed_in_rounds_before_the_fastest_is_va
 
 def test_a_candidate_that_fails_its_re_timing_is_dropped_with_its_trial() -> None:
     bench = FailingBench(NoisyMachine([1.0, 1.0, 3.0], 5))
-    found = Candidates(ranked=[{"c": 9}, {"c": 1}], trials=[])
+    found = SearchResult(ranked=[{"c": 9}, {"c": 1}], trials=[])
     winner = select_winner(bench, found, default=None, seeds=[1], emit=lambda *a, **k: None)
     assert winner.config == {"c": 1} and bench.validated == [{"c": 1}]
     assert [(t.config, t.status) for t in winner.trials] == [({"c": 9}, "runtime_error")]

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from backends import SearchResult
 from bench.timing_noise import busy
 from tests.conftest import LiveServer
 from tests.dashboard_browser import visit
@@ -29,7 +30,6 @@ from tunecache.client import Client
 from tunecache.key import Key
 from tunecache.schemas import BaselineModel, ConditionsModel, RecordCreate, Speedup, TimingModel
 from tunecache.timing import TimerSettings, conditions_text, time_cpu
-from tuner.candidates import Candidates
 from tuner.select import select_winner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,7 +172,7 @@ def always_noisy(fn: object, settings: TimerSettings) -> TimingModel:
 def test_a_comparison_with_too_few_undisturbed_rounds_flags_the_winner() -> None:
     machine = NoisyMachine([1.0, 2.0, 3.0], seed=5, busy=1e-9)
     bench = SyntheticBench(machine)
-    found = Candidates(ranked=[{"c": 0}], trials=[])
+    found = SearchResult(ranked=[{"c": 0}], trials=[])
     steady = select_winner(bench, found, default={"c": 1}, seeds=[1], emit=lambda *a, **k: None)
     assert not steady.timing.noisy
     machine = NoisyMachine([1.0, 2.0, 3.0], seed=5, busy=0.6, burst_ms=1.0)  # bursts, often

@@ -79,9 +79,8 @@ class PoisonedBackend(Backend):
         # A knob config with one more knob (a TVM record may hold it): built as the knobs say,
         # then made wrong. First, ahead of the real search's winner (unless all are poisoned).
         poisoned = {**default_knobs(request.workload), "poison": 1}
-        ranked = [] if self.poison_all else [real.config]
-        return SearchResult(config=poisoned, trials=real.trials, strategy=real.strategy,
-                            seconds=real.seconds, runnable=None, ranked=ranked)  # fmt: skip
+        ranked = [poisoned] if self.poison_all else [poisoned, real.config]
+        return SearchResult(ranked, real.trials, real.strategy, real.seconds)
 
     def build(self, workload, problem, dtype, config: Mapping[str, Any]) -> Runnable:  # type: ignore[no-untyped-def]
         clean = {k: v for k, v in config.items() if k != "poison"}
@@ -128,8 +127,7 @@ class SlowedBackend(PoisonedBackend):
 
     def search(self, request: SearchRequest, *, workdir: Path) -> SearchResult:
         real = self.inner.search(request, workdir=workdir)
-        return SearchResult(config=real.config, trials=real.trials, strategy=real.strategy,
-                            seconds=real.seconds)  # fmt: skip
+        return SearchResult([real.config], real.trials, real.strategy, real.seconds)
 
     def build(self, workload, problem, dtype, config: Mapping[str, Any]) -> Runnable:  # type: ignore[no-untyped-def]
         runnable = self.inner.build(workload, problem, dtype, config)
@@ -173,8 +171,8 @@ class UnservableBackend(SlowedBackend):
 
     def search(self, request: SearchRequest, *, workdir: Path) -> SearchResult:
         real = self.inner.search(request, workdir=workdir)
-        return SearchResult(config={**real.config, "note": "<script>"}, trials=real.trials,
-                            strategy=real.strategy, seconds=real.seconds)  # fmt: skip
+        return SearchResult([{**real.config, "note": "<script>"}], real.trials, real.strategy,
+                            real.seconds)  # fmt: skip
 
     def build(self, workload, problem, dtype, config: Mapping[str, Any]) -> Runnable:  # type: ignore[no-untyped-def]
         return self.inner.build(workload, problem, dtype,

@@ -1,20 +1,20 @@
 """The first half of the pipeline: a search that yields ranked candidates.
 
-Two kinds of search produce the same :class:`Candidates`: one of our strategies over a backend's
-enumerable space, measured through a :class:`~tuner.measure.Benchmarker` (its top few are re-timed
-before validation, since one timing is noise), and a backend's own search (MetaSchedule,
-Inductor's max-autotune), whose ranking stands. :func:`tuner.select.select_winner` takes it from
-there.
+Two kinds of search produce the same :class:`~backends.base.SearchResult`: one of our strategies
+over a backend's enumerable space, measured through a :class:`~tuner.measure.Benchmarker` (its top
+few are re-timed before validation, since one timing is noise), and a backend's own search
+(MetaSchedule, Inductor's max-autotune), whose ranking stands. :func:`tuner.select.select_winner`
+takes it from there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from backends import Backend, SearchRequest
+from backends import Backend, SearchRequest, SearchResult
 from tunecache.configcheck import config_problem
 from tunecache.errors import InvalidInput
 from tunecache.key import Key
@@ -36,16 +36,8 @@ class Emit(Protocol):
     ) -> None: ...
 
 
-@dataclass
-class Candidates:
-    """Configs worth validating, best first (as the search ranked them: the pipeline re-times
-    them, :mod:`tuner.select`), and every trial the search measured."""
-
-    ranked: list[dict[str, Any]]
-    trials: list[Trial]
-
-
-def servable(found: Candidates, key: Key, default: Mapping[str, Any] | None = None) -> Candidates:
+def servable(found: SearchResult, key: Key,
+             default: Mapping[str, Any] | None = None) -> SearchResult:  # fmt: skip
     """``found`` without the candidates no record may hold: a config outside its backend's
     closed schema (:func:`tunecache.configcheck.config_problem`) could never be served, so it
     never wins; each is kept as an ``invalid`` trial saying why. When that leaves none, the
@@ -61,7 +53,7 @@ def servable(found: Candidates, key: Key, default: Mapping[str, Any] | None = No
             refused.append(Trial(config=config, status="invalid", error=error))
     if refused and not ranked and default is not None:
         ranked.append(dict(default))
-    return Candidates(ranked, [*found.trials, *refused])
+    return dataclasses.replace(found, ranked=ranked, trials=[*found.trials, *refused])
 
 
 def enumerable_space(backend: Backend, workload: Workload, problem: Mapping[str, int],
@@ -87,7 +79,7 @@ def search_space(
     emit: Emit,
     neighbours: Callable[[SearchSpace], list[Config]] | None = None,
     prior_of: Callable[[SearchSpace], dict[Config, float]] | None = None,
-) -> Candidates:
+) -> SearchResult:
     """Searches the backend's space with ``strategy``, measuring through ``bench``.
 
     Args:
@@ -115,12 +107,10 @@ def search_space(
     emit(f"searched {len(log)} configs ({log.stopped_because}) in {log.seconds:.1f} s, "
          f"{log.choosing:.2f} s ({share:.1f} %) of it choosing them; "
          f"{len(failures)} failed")  # fmt: skip
-    ranked = [config.to_json() for config, _ in log.ranked()[:RETIME_TOP]]
-    return Candidates(ranked=ranked, trials=log.trials)
+    return log.result(top=RETIME_TOP)
 
 
-def search_native(backend: Backend, request: SearchRequest, workdir: Path) -> Candidates:
+def search_native(backend: Backend, request: SearchRequest, workdir: Path) -> SearchResult:
     """The backend's own search, run here; its candidates are measured by the pipeline."""
     result = backend.search(request, workdir=workdir)
-    ranked = [result.config, *result.ranked][:MAX_NATIVE_CANDIDATES]
-    return Candidates(ranked=ranked, trials=list(result.trials))
+    return dataclasses.replace(result, ranked=result.ranked[:MAX_NATIVE_CANDIDATES])

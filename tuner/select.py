@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from backends import SearchResult
 from tunecache.errors import TuningError
 from tunecache.interleave import (
     MAX_ROUNDS,
@@ -42,7 +43,7 @@ from tunecache.schemas import (
     Trial,
     ValidationReport,
 )
-from tuner.candidates import Candidates, Emit
+from tuner.candidates import Emit
 from tuner.measure import Benchmarker, Measurement, Pipelines
 
 
@@ -78,7 +79,7 @@ Ordered = list[tuple[dict[str, Any], Measurement | None]]
 RETIME_ROUNDS = ROUNDS  # alternating rounds in which two or more candidates are re-timed
 
 
-def _order(bench: Benchmarker, found: Candidates, trials: list[Trial],
+def _order(bench: Benchmarker, found: SearchResult, trials: list[Trial],
            deadline: float | None) -> Ordered:  # fmt: skip
     """The candidates in validation order: two or more are re-timed in
     :data:`RETIME_ROUNDS` alternating rounds (:func:`tunecache.interleave.rounds`' rotation) and
@@ -144,7 +145,7 @@ def _median_measurement(measured: Sequence[Measurement]) -> Measurement:
     return ordered[(len(ordered) - 1) // 2]
 
 
-def _validated(bench: Benchmarker, found: Candidates, seeds: Sequence[int], emit: Emit,
+def _validated(bench: Benchmarker, found: SearchResult, seeds: Sequence[int], emit: Emit,
                deadline: float | None) -> Winner:  # fmt: skip
     trials: list[Trial] = []
     rejected: list[ValidationReport] = []
@@ -257,7 +258,7 @@ class _Final:
 
 def select_winner(
     bench: Benchmarker,
-    found: Candidates,
+    found: SearchResult,
     *,
     default: Mapping[str, Any] | None,
     seeds: Sequence[int],

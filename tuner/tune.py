@@ -33,6 +33,7 @@ from backends import (
     Progress,
     ProgressFn,
     SearchRequest,
+    SearchResult,
     compile_target,
     get_backend,
 )
@@ -53,7 +54,7 @@ from tunecache.schemas import (
 )
 from tunecache.space import Config
 from tunecache.timing import DEFAULT_TIMER, TimerSettings
-from tuner.candidates import Candidates, Emit, search_native, search_space, servable
+from tuner.candidates import Emit, search_native, search_space, servable
 from tuner.harness import Harness, Task
 from tuner.measure import Pipelines
 from tuner.search import DEFAULT_STRATEGY, STRATEGIES
@@ -248,7 +249,7 @@ def tune(
     emit(f"with {strategy} ({budget.trials} trials)")
     started = time.perf_counter()
     deadline = None if budget.seconds is None else time.monotonic() + budget.seconds
-    found: Candidates | None = None
+    found: SearchResult | None = None
     if strategy == backend.native_strategy:  # before the workers start: they would share cores
         found = search_native(backend, request, options.workdir or default_workdir())
     with contextlib.ExitStack() as stack:
@@ -286,7 +287,7 @@ def _task(key: Key, backend: Backend, options: TuneOptions) -> Task:
                 target=compile_target(backend) if options.compile_ahead else None)  # fmt: skip
 
 
-def _done(found: Candidates, winner: Winner) -> str:
+def _done(found: SearchResult, winner: Winner) -> str:
     """The last progress line: the winner's time, beside the search's quick timing."""
     searched = [t.time_ms for t in found.trials if t.time_ms is not None]
     retimed = (f" (re-timed: median of {winner.timing.repeats}; the search's quick timing was "
@@ -296,7 +297,7 @@ def _done(found: Candidates, winner: Winner) -> str:
 
 
 def build_record(
-    key: Key, backend: Backend, strategy: str, found: Candidates, winner: Winner, seconds: float
+    key: Key, backend: Backend, strategy: str, found: SearchResult, winner: Winner, seconds: float
 ) -> RecordCreate:
     """The record of a finished run: winner, timings, validation, search and every trial."""
     trials = [*found.trials, *winner.trials]

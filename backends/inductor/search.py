@@ -18,7 +18,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,17 +48,10 @@ def ms_or_none(value: float) -> float | None:
     return round(value, 6) if math.isfinite(value) else None
 
 
-@dataclass
-class _Outcome:
-    config: dict[str, Any]
-    trials: list[Trial]
-    ranked: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _from_ops(base: dict[str, Any], ops: list[AutotunedOp]) -> _Outcome:
+def _from_ops(base: dict[str, Any], ops: list[AutotunedOp]) -> SearchResult:
     """The config, trials and ranked runners-up (Inductor's order) for the autotuned ``ops``."""
     if not ops:
-        return _Outcome({**base, "choice": FUSED_CHOICE}, [])
+        return SearchResult([{**base, "choice": FUSED_CHOICE}], [], STRATEGY)
     trials: list[Trial] = []
     for op in ops:
         for c in op.choices:
@@ -72,7 +64,8 @@ def _from_ops(base: dict[str, Any], ops: list[AutotunedOp]) -> _Outcome:
     if len(ops) > 1:  # several autotuned ops: record them all, pin nothing
         winners = [op.winner.name if op.winner else "none" for op in ops]
         choices = {f"{op.op}/{c.name}": ms_or_none(c.ms) for op in ops for c in op.choices}
-        return _Outcome({**base, "choice": ", ".join(winners), "choices": choices}, trials)
+        return SearchResult([{**base, "choice": ", ".join(winners), "choices": choices}], trials,
+                            STRATEGY)  # fmt: skip
     op = ops[0]
     choices = {c.name: ms_or_none(c.ms) for c in op.choices}
     configs: list[dict[str, Any]] = []
@@ -86,8 +79,8 @@ def _from_ops(base: dict[str, Any], ops: list[AutotunedOp]) -> _Outcome:
         config["choices"] = choices
         configs.append(config)
     if not configs:
-        return _Outcome({**base, "op": op.op, "choice": "none", "choices": choices}, trials)
-    return _Outcome(configs[0], trials, configs[1:])
+        configs = [{**base, "op": op.op, "choice": "none", "choices": choices}]
+    return SearchResult(configs, trials, STRATEGY)
 
 
 def _retime(
@@ -133,11 +126,11 @@ def run_search(
         logger.warning("inductor compile of %s failed: %s", workload.name, exc, exc_info=True)
         error = f"{type(exc).__name__}: {exc}"[:2000]
         trial = Trial(config=base, status="compile_error", error=error)
-        return SearchResult(fallback(), [trial], STRATEGY, time.perf_counter() - started)
+        return SearchResult([fallback()], [trial], STRATEGY, time.perf_counter() - started)
     compiled_s = time.perf_counter() - started
     ops = [op for op in observer.ops if op.choices]
     outcome = _from_ops(base, ops)
-    pinned = [c for c in [outcome.config, *outcome.ranked] if "backend" in c]
+    pinned = [c for c in outcome.ranked if "backend" in c]
     pinned = pinned[: min(MAX_RETIMED, budget.trials)]
     retiming = len(pinned) >= 2 and pinned[0] is outcome.config
     if progress is not None:
@@ -157,11 +150,11 @@ def run_search(
                 message, compiled_s, time.perf_counter() - started)  # fmt: skip
     _finished(outcome, message, progress, machine)
     _write_log(workdir, workload.name, problem, dtype, outcome.config, ops, compiled_ms)
-    seconds = time.perf_counter() - started
-    return SearchResult(outcome.config, outcome.trials, STRATEGY, seconds, runnable, outcome.ranked)
+    outcome.seconds, outcome.runnable = time.perf_counter() - started, runnable
+    return outcome
 
 
-def _finished(outcome: _Outcome, message: str, progress: ProgressFn | None,
+def _finished(outcome: SearchResult, message: str, progress: ProgressFn | None,
               since: conditions.Snapshot) -> None:  # fmt: skip
     """Warns when other processes loaded the cores since ``since``, and reports the search as
     done."""
@@ -181,7 +174,7 @@ def _pick_retimed(
     inputs: tuple[torch.Tensor, ...],
     frozen: tuple[int, ...],
     searched: InductorRunnable,
-    outcome: _Outcome,
+    outcome: SearchResult,
     pinned: list[dict[str, Any]],
 ) -> tuple[InductorRunnable, float]:
     """Compiles the pinned runners-up, re-times all, reorders ``outcome``; returns the winner."""
@@ -207,7 +200,7 @@ def _pick_retimed(
             retimed,
         )
         ranked_pinned[0]["inductor_choice"] = outcome.config["choice"]
-    outcome.config, outcome.ranked = ranked_pinned[0], ranked_pinned[1:] + rest
+    outcome.ranked = ranked_pinned + rest
     return candidates[order[0]][1], times[order[0]]
 
 

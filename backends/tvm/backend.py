@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -85,11 +84,10 @@ class TVMBackend(Backend):
         workload, problem, dtype = request.workload, request.problem, request.dtype
         budget, progress = request.budget, request.progress
 
-        started = time.monotonic()
         target = canonical_target(host_target())
         if progress is not None:
             progress(Progress(0, budget.trials, None, "meta_schedule: starting"))
-        outcome = tune(
+        found = tune(
             self._prim_func(workload, problem, dtype),
             target,
             budget,
@@ -98,29 +96,22 @@ class TVMBackend(Backend):
             cores=host_cores(),
             seed=request.seed,
         )
-        winner = outcome.configs[0]
-        seconds = time.monotonic() - started
-        ok = sum(t.status == "ok" for t in outcome.trials)
+        found.strategy = self.native_strategy or ""
+        ok = sum(t.status == "ok" for t in found.trials)
         logger.info(
             "%s %s: %d candidates (%d ok) in %.1f s; best %s",
             workload.name,
             dict(problem),
-            len(outcome.trials),
+            len(found.trials),
             ok,
-            seconds,
-            self.summarize(winner),
+            found.seconds,
+            self.summarize(found.config),
         )
         if progress is not None:
             progress(
-                Progress(len(outcome.trials), budget.trials, outcome.best_ms, "meta_schedule: done")
+                Progress(len(found.trials), budget.trials, found.best_ms, "meta_schedule: done")
             )
-        return SearchResult(
-            config=winner,
-            trials=outcome.trials,
-            strategy="meta_schedule",
-            seconds=seconds,
-            ranked=outcome.configs[1:],
-        )
+        return found
 
     def build(
         self, workload: Workload, problem: Mapping[str, int], dtype: str, config: Mapping[str, Any]

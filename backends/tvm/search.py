@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backends.base import Budget, Progress, ProgressFn, Trial, TrialStatus
+from backends.base import Budget, Progress, ProgressFn, SearchResult, Trial, TrialStatus
 from backends.tvm.builder import SKIPPED, WarmPool, make_builder
 from backends.tvm.database import best_records, mean_seconds, normalize_module, open_database
 from backends.tvm.intrin import cpu_intrinsics_only
@@ -217,15 +217,6 @@ def _numpy_seeded(seed: int) -> Iterator[None]:
         np.random.set_state(saved)
 
 
-@dataclass
-class Outcome:
-    """What :func:`tune` found: measured trials and the best configs, fastest first."""
-
-    trials: list[Trial]
-    configs: list[dict[str, Any]]
-    best_ms: float | None
-
-
 def tune(
     func: PrimFunc,
     target: dict[str, Any],
@@ -235,7 +226,7 @@ def tune(
     progress: ProgressFn | None,
     cores: int,
     seed: int = 0,
-) -> Outcome:
+) -> SearchResult:
     """Tunes ``func`` for ``target`` with MetaSchedule within ``budget``, building and measuring
     on ``cores`` worker processes; the same ``seed`` and database propose the same candidates.
 
@@ -278,4 +269,5 @@ def tune(
         {"schedule": SCHEDULE_META, "trace": trace_json(r.trace), "target": target} for r in records
     ]
     best = mean_seconds(records[0])
-    return Outcome(recorder.trials, configs, None if best is None else 1e3 * best)
+    return SearchResult(configs, recorder.trials, seconds=time.monotonic() - begin,
+                        best_ms=None if best is None else 1e3 * best)  # fmt: skip

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from backends.base import Budget, Progress, ProgressFn, Trial
+from backends.base import Budget, Progress, ProgressFn, SearchResult, Trial
 from tunecache.errors import TuningError
 from tunecache.space import Config
 from tuner.search.base import SearchStrategy
@@ -91,6 +91,12 @@ class SearchLog:
         """The ``ok`` entries, fastest first (stable, so ties keep evaluation order)."""
         ok = [(c, t) for c, t in self.entries if trial_time(t) is not None]
         return sorted(ok, key=lambda entry: trial_time(entry[1]) or 0.0)
+
+    def result(self, top: int | None = None) -> SearchResult:
+        """The search's result: its ``top`` fastest configs (all that ran by default), best
+        first, and every trial."""
+        ranked = [config.to_json() for config, _ in self.ranked()[:top]]
+        return SearchResult(ranked, self.trials, self.strategy, self.seconds, self.best_ms)
 
     def best_after(self, n: int) -> float | None:
         """The best time among the first ``n`` evaluations, or ``None`` if none succeeded."""
