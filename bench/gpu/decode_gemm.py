@@ -31,7 +31,7 @@ from bench.gpu.common import (
     software,
     write_table,
 )
-from bench.gpu.kernels import Plan, check_and_time, inductor, moved_bytes, run_keys, tune_key
+from bench.gpu.kernels import Plan, check_and_time, inductor, moved_bytes, run_keys, tbs, tune_key
 from tunecache.space import SearchSpace
 
 DECODE_MS = (1, 8, 16, 32, 64)
@@ -104,10 +104,6 @@ def run_key(plan: Plan, url: str, token: str, harness: Any, trials: int, seconds
 
 
 def table(rows: list[dict[str, Any]], ceilings: Ceilings) -> tuple[str, list[str]]:
-    def tbs(row: dict[str, Any], col: str) -> float:
-        ms = row.get(col)
-        return row["bytes"] / (ms / 1e3) / 1e12 if ms else float("nan")
-
     body = markdown(
         ["shape", "split-K config", "ms", "TB/s", "of copy", "no-split config", "no-split ms",
          "cuBLAS ms", "Inductor ms", "split/cuBLAS", "split/no-split", "split/Inductor",

@@ -187,11 +187,22 @@ def run_key(plan: Plan, url: str, token: str, harness: Any, trials: int, seconds
     return row
 
 
-def gemm_table(rows: list[dict[str, Any]], ceilings: Ceilings) -> tuple[str, list[str]]:
-    def tflops(row: dict[str, Any], col: str) -> float:
-        ms = row.get(col)
-        return row["flops"] / (ms / 1e3) / 1e12 if ms else float("nan")
+def per_second(row: dict[str, Any], amount: str, col: str) -> float:
+    """``row[amount]`` (bytes, flops) per second at the time in ``row[col]`` (ms), in tera
+    (TB/s, TFLOP/s); NaN where the row has no such time."""
+    ms = row.get(col)
+    return row[amount] / (ms / 1e3) / 1e12 if ms else float("nan")
 
+
+def tflops(row: dict[str, Any], col: str) -> float:
+    return per_second(row, "flops", col)
+
+
+def tbs(row: dict[str, Any], col: str) -> float:
+    return per_second(row, "bytes", col)
+
+
+def gemm_table(rows: list[dict[str, Any]], ceilings: Ceilings) -> tuple[str, list[str]]:
     table = markdown(
         ["dtype", "shape", "M×N×K", "tuned config", "tuned TF/s", "of peak", "cuBLAS TF/s",
          "tuned/cuBLAS", "default TF/s", "tuned/default", "Inductor TF/s", "tuned/Inductor",
@@ -220,10 +231,6 @@ def gemm_table(rows: list[dict[str, Any]], ceilings: Ceilings) -> tuple[str, lis
 
 
 def rows_table(rows: list[dict[str, Any]], ceilings: Ceilings) -> tuple[str, list[str]]:
-    def tbs(row: dict[str, Any], col: str) -> float:
-        ms = row.get(col)
-        return row["bytes"] / (ms / 1e3) / 1e12 if ms else float("nan")
-
     table = markdown(
         ["kernel", "shape", "dtype", "tuned config", "tuned ms", "TB/s", "of copy",
          "eager ms", "tuned/eager", "Inductor ms", "tuned/Inductor", "default ms",
