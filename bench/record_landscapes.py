@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     import torch
     from tvm.runtime import Module
 
-    from tuner.landscape import Landscape, LandscapeEntry
+    from backends.base import Trial
+    from tuner.landscape import Landscape
 
 logger = logging.getLogger("bench.record_landscapes")
 
@@ -202,27 +203,27 @@ class Recorder:
         return self._built.pop(config)
 
     # -- measuring ----------------------------------------------------------------------------
-    def measure(self, config: Config) -> LandscapeEntry:
+    def measure(self, config: Config) -> Trial:
         """Builds (or fetches) ``config``, checks it against the reference, then times it."""
-        from tuner.landscape import LandscapeEntry
+        from tuner.landscape import entry
 
         built = self.built(config)
         if built.module is None:
-            return LandscapeEntry(config, "compile_error", error=built.error)
+            return entry(config.to_json(), "compile_error", error=built.error)
         try:
             func = built.module["main"]
             out = self._poisoned()
             func(*self._inputs, out)
         except Exception as exc:
-            return LandscapeEntry(config, "runtime_error", error=_short(exc))
+            return entry(config.to_json(), "runtime_error", error=_short(exc))
         problem = self._check(out)
         if problem:
-            return LandscapeEntry(config, "wrong_answer", error=problem)
+            return entry(config.to_json(), "wrong_answer", error=problem)
         try:
             times = self._time(built.module, out)
         except Exception as exc:
-            return LandscapeEntry(config, "runtime_error", error=_short(exc))
-        return LandscapeEntry(config, "ok", times_ms=tuple(times))
+            return entry(config.to_json(), "runtime_error", error=_short(exc))
+        return entry(config.to_json(), "ok", times_ms=tuple(times))
 
     def _poisoned(self) -> torch.Tensor:
         import torch
@@ -399,7 +400,7 @@ def summary_row(spec: KeySpec, landscape: Landscape, seconds: float) -> list[str
         str(counts.get("ok", 0)),
         failed,
         "-" if best is None else f"{best.time_ms:.4g}",
-        "-" if best is None else summarize_knobs(best.config.to_json()),
+        "-" if best is None else summarize_knobs(best.config),
         "-" if worst is None else f"{worst:.4g}",
         "-" if not noise else f"{statistics.median(noise) * 100:.1f}%",
         f"{seconds:.0f}",

@@ -97,7 +97,7 @@ def prior_for(target: str, family: dict[str, Landscape]) -> dict[Config, float]:
     """The other landscapes' knowledge of ``target``'s configs, scored as the tuner scores the
     cache's trials on other devices (:func:`tuner.warm_start.relative_scores`)."""
     return relative_scores(
-        {entry.config: entry.time_ms for entry in other.entries}
+        dict(zip(other.configs(), (trial.time_ms for trial in other.entries), strict=True))
         for name, other in family.items()
         if name != target
     )
@@ -161,8 +161,7 @@ def scrambled(landscape: Landscape, seed: int = 0) -> Landscape:
         shuffled = list(choices)
         rng.shuffle(shuffled)
         relabel[name] = dict(zip(choices, shuffled, strict=True))
-    entries = [dataclasses.replace(e, config=Config.of({k: relabel[k][v] for k, v in
-                                                        e.config.items}))
+    entries = [e.model_copy(update={"config": {k: relabel[k][v] for k, v in e.config.items()}})
                for e in landscape.entries]  # fmt: skip
     key = {**landscape.key, "kernel": f"{landscape.key.get('kernel', '?')} (scrambled)"}
     return dataclasses.replace(landscape, key=key, entries=entries,
@@ -202,7 +201,7 @@ def describe(name: str, landscape: Landscape) -> str:
     optimum = landscape.optimum()
     return (
         f"- `{name}`: {what} on {landscape.device}; {len(landscape.entries)} configs "
-        f"({ok} ok), optimum {optimum.time_ms:.4g} ms at `{optimum.config}`"
+        f"({ok} ok), optimum {optimum.time_ms:.4g} ms at `{Config.of(optimum.config)}`"
         + (f"; {landscape.note}" if landscape.note else "")
     )
 

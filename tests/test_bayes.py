@@ -12,7 +12,7 @@ import pytest
 
 from backends.base import Budget, Trial
 from tunecache.space import Config, SearchSpace
-from tuner.landscape import Landscape, LandscapeEntry
+from tuner.landscape import Landscape, entry
 from tuner.search import get_strategy, run_search
 from tuner.search.bayes import BayesSearch
 
@@ -86,7 +86,7 @@ def generated_landscape(recorded: int, seed: int = 0) -> Landscape:
     params = {f"p{i}": tuple(range(1, 9)) for i in range(7)}  # 8**7 = 2,097,152 configs
     rng = random.Random(seed)
     configs = {Config.of({n: rng.choice(c) for n, c in params.items()}) for _ in range(recorded)}
-    entries = [LandscapeEntry(c, "ok", (1.0 + sum(float(v) for _, v in c.items),))
+    entries = [entry(c.to_json(), "ok", (1.0 + sum(float(v) for _, v in c.items),))
                for c in configs]  # fmt: skip
     return Landscape(key={"kernel": "generated"}, space={n: list(c) for n, c in params.items()},
                      entries=entries, device="synthetic")  # fmt: skip

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from backends.base import Budget, Progress
+from backends.base import Budget, Progress, Trial
 from bench import search_efficiency
 from tunecache.errors import InvalidInput
 from tunecache.space import Config, Scalar, SearchSpace
-from tuner.landscape import FORMAT, Landscape, LandscapeEntry, record_landscape
+from tuner.landscape import FORMAT, Landscape, entry, record_landscape
 from tuner.search import get_strategy, run_search
 
 BOWL_PARAMS: dict[str, tuple[Scalar, ...]] = {
@@ -45,12 +45,12 @@ def bowl_landscape(
         area = int(config.get("BLOCK_M", 1)) * int(config.get("BLOCK_N", 1))
         return "too big" if area >= 2**20 else None
 
-    def measure(config: Config) -> LandscapeEntry:
+    def measure(config: Config) -> Trial:
         if rng.random() < fail_rate:
-            return LandscapeEntry(config, rng.choice(["compile_error", "timeout"]), error="boom")
+            return entry(config.to_json(), rng.choice(["compile_error", "timeout"]), error="boom")
         index = {name: params[name].index(config[name]) for name in params}
         t = 1.0 + sum(weight[n] * (index[n] - centre[n]) ** 2 for n in params)
-        return LandscapeEntry(config, "ok", tuple(t * (1 + 0.01 * rng.random()) for _ in range(3)))
+        return entry(config.to_json(), "ok", tuple(t * (1 + 0.01 * rng.random()) for _ in range(3)))
 
     space = SearchSpace(params, constraint=too_big)
     return record_landscape(space, measure, key={"kernel": "bowl", "seed": seed}, device=device)
@@ -62,9 +62,9 @@ def tiny_landscape() -> Landscape:
         key={"kernel": "tiny", "problem": {"N": 8}},
         space={"x": [1, 2, 3, 4]},
         entries=[
-            LandscapeEntry(a, "ok", (3.0, 1.0, 2.0)),
-            LandscapeEntry(b, "compile_error", error="too many registers"),
-            LandscapeEntry(c, "ok", (1.5,)),
+            entry(a.to_json(), "ok", (3.0, 1.0, 2.0)),
+            entry(b.to_json(), "compile_error", error="too many registers"),
+            entry(c.to_json(), "ok", (1.5,)),
         ],
         device="test device",
         note="hand-made",
@@ -81,7 +81,7 @@ class TestEntry:
     )
     def test_rejects_bad_status_and_times(self, status: str, times: tuple[float, ...]) -> None:
         with pytest.raises(InvalidInput):
-            LandscapeEntry(Config.of({"x": 1}), status, times)
+            entry({"x": 1}, status, times)
 
 
 class TestFile:
@@ -165,7 +165,7 @@ class TestFile:
 
 class TestReplay:
     def test_optimum_is_fastest_ok_entry(self) -> None:
-        assert tiny_landscape().optimum().config == Config.of({"x": 3})
+        assert tiny_landscape().optimum().config == {"x": 3}
         only_failures = tiny_landscape()
         only_failures.entries = only_failures.entries[1:2]
         with pytest.raises(InvalidInput, match="no ok entry"):
@@ -210,15 +210,15 @@ class TestRecord:
         )
         seen: list[Progress] = []
 
-        def measure(config: Config) -> LandscapeEntry:
+        def measure(config: Config) -> Trial:
             if config == Config.of({"a": 2, "b": 1}):
                 raise RuntimeError("worker died")
-            return LandscapeEntry(config, "ok", (float(config["a"]) * float(config["b"]),))
+            return entry(config.to_json(), "ok", (float(config["a"]) * float(config["b"]),))
 
         landscape = record_landscape(
             space, measure, key={"kernel": "k"}, device="cpu", note="n", progress=seen.append
         )
-        assert [e.config for e in landscape.entries] == list(space.configs())
+        assert landscape.configs() == list(space.configs())
         assert len(landscape.entries) == 5  # a=3, b=2 pruned
         assert [e.status for e in landscape.entries] == ["ok", "ok", "runtime_error", "ok", "ok"]
         assert "worker died" in landscape.entries[2].error
@@ -232,7 +232,7 @@ class TestRecord:
         with pytest.raises(InvalidInput, match="returned an entry"):
             record_landscape(
                 space,
-                lambda c: LandscapeEntry(Config.of({"a": 1}), "invalid"),
+                lambda c: entry({"a": 1}, "invalid"),
                 key={},
                 device="cpu",
             )

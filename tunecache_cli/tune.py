@@ -85,14 +85,14 @@ def _write_landscape(path: Path, outcome: Any) -> None:
     from backends import get_backend
     from tunecache.space import Config
     from tuner.candidates import enumerable_space
-    from tuner.landscape import Landscape, LandscapeEntry
+    from tuner.landscape import Landscape
     from workloads import get_workload
 
     key = outcome.key
     space = enumerable_space(get_backend(key.backend), get_workload(key.kernel),
                              dict(key.problem), key.dtype)  # fmt: skip
-    entries = [
-        LandscapeEntry(Config.of(t.config), t.status, t.times_ms, t.error)
+    entries = [  # an ok entry keeps its repeats' spread: a lone time where it has none
+        t if t.times_ms or t.time_ms is None else t.model_copy(update={"times_ms": (t.time_ms,)})
         for t in outcome.trials
         if space.contains(Config.of(t.config))
     ]

@@ -1,6 +1,7 @@
 """Landscapes: every config of one key with its measured times or its failure, recorded once.
 
-A landscape replays as a simulated device (:meth:`Landscape.evaluator`), so search strategies are
+Each config's entry is a :class:`~tunecache.schemas.Trial` (:func:`entry`). A landscape replays
+as a simulated device (:meth:`Landscape.evaluator`), so search strategies are
 compared offline, deterministically and on CPU (``bench/search_efficiency.py``). The file is
 JSON::
 
@@ -12,10 +13,10 @@ Example:
     >>> from tunecache.space import SearchSpace
     >>> space = SearchSpace({"BLOCK": (16, 32, 64)})
     >>> def measure(config):
-    ...     return LandscapeEntry(config, "ok", (float(config["BLOCK"]), 99.0, 1.0))
+    ...     return entry(config.to_json(), "ok", (float(config["BLOCK"]), 99.0, 1.0))
     >>> landscape = record_landscape(space, measure, key={"kernel": "demo"}, device="test")
-    >>> str(landscape.optimum().config), landscape.optimum().time_ms
-    ('BLOCK=16', 16.0)
+    >>> landscape.optimum().config, landscape.optimum().time_ms
+    ({'BLOCK': 16}, 16.0)
     >>> [t.time_ms for t in landscape.evaluator()([Config.of({"BLOCK": 32})])]
     [32.0]
 """
@@ -25,12 +26,11 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import math
 import os
 import statistics
 import tempfile
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,58 +43,59 @@ logger = logging.getLogger(__name__)
 
 FORMAT = "tunecache-landscape/1"
 STATUSES: tuple[str, ...] = typing.get_args(TrialStatus)
+MAX_ERROR = 2048  # a trial's error, at most
 
 
-@dataclass(frozen=True)
-class LandscapeEntry:
-    """One config's outcome: every repeat's time if ``ok``, else its failure status and error."""
+def entry(config: Mapping[str, Any], status: str, times_ms: Sequence[float] = (),
+          error: str = "") -> Trial:  # fmt: skip
+    """One config's landscape entry, a :class:`~tunecache.schemas.Trial`: ``ok`` with every
+    repeat's time (``times_ms``; its ``time_ms`` is their median), or a failure and its error.
 
-    config: Config
-    status: str  # a Trial status
-    times_ms: tuple[float, ...] = ()  # every repeat measured (ok entries), for noise
-    error: str = ""
+    Raises:
+        InvalidInput: a status no trial has, an ``ok`` entry without times, or a bad time.
+    """
+    if status not in STATUSES:
+        raise InvalidInput(f"landscape entry status {status!r} is not one of {STATUSES}")
+    try:
+        times = tuple(float(t) for t in times_ms)
+        median = statistics.median(times) if status == "ok" and times else None
+        return Trial(config=dict(config), status=typing.cast(TrialStatus, status),
+                     time_ms=median, times_ms=times, error=error[:MAX_ERROR])  # fmt: skip
+    except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        what = "is ok but has no times" if status == "ok" and not times_ms else "is malformed"
+        raise InvalidInput(f"landscape entry {dict(config)} {what}: {_first_line(exc)}") from None
 
-    def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise InvalidInput(f"landscape entry status {self.status!r} is not one of {STATUSES}")
-        times = tuple(float(t) for t in self.times_ms)
-        if self.status == "ok" and not times:
-            raise InvalidInput(f"landscape entry {self.config} is ok but has no times")
-        if not all(math.isfinite(t) and t >= 0 for t in times):
-            raise InvalidInput(f"landscape entry {self.config} has a bad time in {times}")
-        object.__setattr__(self, "times_ms", times)
 
-    @property
-    def time_ms(self) -> float | None:
-        """The median of ``times_ms``; ``None`` unless the entry is ``ok``."""
-        return statistics.median(self.times_ms) if self.status == "ok" else None
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "config": self.config.to_json(),
-            "status": self.status,
-            "times_ms": list(self.times_ms),
-            "error": self.error,
-        }
 
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> LandscapeEntry:
-        """Builds an entry from :meth:`to_json`'s output.
+def _entry_json(trial: Trial) -> dict[str, Any]:
+    return {
+        "config": trial.config,
+        "status": trial.status,
+        "times_ms": list(trial.times_ms),
+        "error": trial.error,
+    }
 
-        Raises:
-            InvalidInput: a field is missing or malformed.
-        """
-        try:
-            return cls(
-                config=Config.of(data["config"]),
-                status=data["status"],
-                times_ms=tuple(data.get("times_ms", ())),
-                error=str(data.get("error", "")),
-            )
-        except InvalidInput:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise InvalidInput(f"malformed landscape entry {data!r}: {exc!r}") from exc
+
+def _entry_from_json(data: Any) -> Trial:
+    """An entry from :func:`_entry_json`'s output.
+
+    Raises:
+        InvalidInput: a field is missing or malformed.
+    """
+    try:
+        return entry(
+            Config.of(data["config"]).to_json(),
+            data["status"],
+            data.get("times_ms", ()),
+            str(data.get("error", "")),
+        )
+    except InvalidInput:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise InvalidInput(f"malformed landscape entry {data!r}: {exc!r}") from exc
 
 
 @dataclass
@@ -103,7 +104,7 @@ class Landscape:
 
     key: dict[str, Any]  # Key.to_json() of the key measured
     space: dict[str, list[Any]]  # SearchSpace.to_json()
-    entries: list[LandscapeEntry]
+    entries: list[Trial]  # one per config, in the order recorded (see :func:`entry`)
     device: str  # e.g. "AMD EPYC, 2 cores" or "NVIDIA H100 80GB HBM3"
     note: str = ""
 
@@ -114,7 +115,7 @@ class Landscape:
             "device": self.device,
             "note": self.note,
             "space": self.space,
-            "entries": [entry.to_json() for entry in self.entries],
+            "entries": [_entry_json(trial) for trial in self.entries],
         }
 
     def save(self, path: Path) -> None:
@@ -168,36 +169,40 @@ class Landscape:
         landscape = cls(
             key=data["key"],
             space=data["space"],
-            entries=[LandscapeEntry.from_json(e) for e in data["entries"]],
+            entries=[_entry_from_json(e) for e in data["entries"]],
             device=data["device"],
             note=str(data.get("note", "")),
         )
         space = landscape.search_space()  # the space must be well formed
         seen: set[Config] = set()
-        for entry in landscape.entries:
-            if entry.config in seen:
-                raise InvalidInput(f"config {entry.config} is recorded twice")
-            if (reason := space.prune_reason(entry.config)) is not None:
-                raise InvalidInput(f"config {entry.config} is outside the space: {reason}")
-            seen.add(entry.config)
+        for config in landscape.configs():
+            if config in seen:
+                raise InvalidInput(f"config {config} is recorded twice")
+            if (reason := space.prune_reason(config)) is not None:
+                raise InvalidInput(f"config {config} is outside the space: {reason}")
+            seen.add(config)
         return landscape
 
-    def optimum(self) -> LandscapeEntry:
+    def configs(self) -> list[Config]:
+        """The entries' configs, in order."""
+        return [Config.of(trial.config) for trial in self.entries]
+
+    def optimum(self) -> Trial:
         """The fastest ``ok`` entry (the first recorded on a tie).
 
         Raises:
             InvalidInput: no entry is ``ok``.
         """
-        ok = [entry for entry in self.entries if entry.status == "ok"]
+        ok = [trial for trial in self.entries if trial.status == "ok"]
         if not ok:
             raise InvalidInput(f"landscape of {self.key} has no ok entry")
-        return min(ok, key=lambda entry: entry.time_ms or 0.0)
+        return min(ok, key=lambda trial: trial.time_ms or 0.0)
 
     def search_space(self) -> SearchSpace:
         """The recorded space: its configs are the recorded ones (whatever the product's size)."""
         try:
             params = {name: tuple(choices) for name, choices in self.space.items()}
-            return SearchSpace(params, members=tuple(entry.config for entry in self.entries))
+            return SearchSpace(params, members=tuple(self.configs()))
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"malformed landscape space {self.space!r}: {exc}") from exc
 
@@ -207,20 +212,17 @@ class Landscape:
         An ``ok`` config gives its median time, a failed one its status and error, and a config
         not recorded ``invalid``. Deterministic: the same configs always give the same trials.
         """
-        by_config = {entry.config: entry for entry in self.entries}
+        by_config = dict(zip(self.configs(), self.entries, strict=True))
 
         def evaluate(configs: list[Config]) -> list[Trial]:
             trials = []
             for config in configs:
-                entry = by_config.get(config)
-                if entry is None:
+                found = by_config.get(config)
+                if found is None:
                     why = "not in the landscape"
                     trials.append(Trial(config=config.to_json(), status="invalid", error=why))
                 else:
-                    status = typing.cast(TrialStatus, entry.status)
-                    trial = Trial(config=config.to_json(), status=status,
-                                  time_ms=entry.time_ms, error=entry.error[:2048])  # fmt: skip
-                    trials.append(trial)
+                    trials.append(found.model_copy(update={"config": config.to_json()}))
             return trials
 
         return evaluate
@@ -228,7 +230,7 @@ class Landscape:
 
 def record_landscape(
     space: SearchSpace,
-    measure: Callable[[Config], LandscapeEntry],
+    measure: Callable[[Config], Trial],
     *,
     key: dict[str, Any],
     device: str,
@@ -239,7 +241,8 @@ def record_landscape(
 
     Args:
         space: the space to record.
-        measure: times one config (several repeats) or reports its failure. An exception it
+        measure: times one config (several repeats) or reports its failure, as an
+            :func:`entry`. An exception it
             raises is recorded as a ``runtime_error`` entry (and logged) rather than losing the run.
         key: ``Key.to_json()`` of the key measured.
         device: the device's name, for reports.
@@ -247,23 +250,25 @@ def record_landscape(
         progress: called after every config.
     """
     configs = list(space.configs())
-    entries: list[LandscapeEntry] = []
+    entries: list[Trial] = []
     best: float | None = None
     for done, config in enumerate(configs, start=1):
         try:
-            entry = measure(config)
+            found = measure(config)
         except Exception as exc:
             logger.warning(
                 "landscape: measuring %s raised %r; recorded as runtime_error", config, exc
             )
-            entry = LandscapeEntry(config, "runtime_error", error=repr(exc))
-        if entry.config != config:
-            raise InvalidInput(f"measure({config}) returned an entry for {entry.config}")
-        entries.append(entry)
-        if entry.time_ms is not None and (best is None or entry.time_ms < best):
-            best = entry.time_ms
+            found = entry(config.to_json(), "runtime_error", error=repr(exc))
+        if Config.of(found.config) != config:
+            raise InvalidInput(f"measure({config}) returned an entry for {found.config}")
+        if found.status == "ok" and not found.times_ms:
+            raise InvalidInput(f"measure({config}) returned an ok entry without its times")
+        entries.append(found)
+        if found.time_ms is not None and (best is None or found.time_ms < best):
+            best = found.time_ms
         if progress is not None:
-            progress(Progress(done, len(configs), best, f"{config}: {entry.status}"))
+            progress(Progress(done, len(configs), best, f"{config}: {found.status}"))
     return Landscape(
         key=dict(key), space=space.to_json(), entries=entries, device=device, note=note
     )
