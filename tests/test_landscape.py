@@ -176,6 +176,14 @@ class TestReplay:
         assert list(space.configs()) == [Config.of({"x": x}) for x in (1, 2, 3)]
         assert not space.contains(Config.of({"x": 4}))
 
+    def test_the_space_and_replay_follow_entries_edited_after_use(self) -> None:
+        landscape = tiny_landscape()
+        assert len(landscape.search_space().valid()) == 3
+        landscape.entries.pop()  # x=3 is no longer recorded
+        assert landscape.configs() == [Config.of({"x": 1}), Config.of({"x": 2})]
+        [trial] = landscape.evaluator()([Config.of({"x": 3})])
+        assert trial.status == "invalid"
+
     def test_evaluator_simulates_the_device(self) -> None:
         evaluate = tiny_landscape().evaluator()
         trials = evaluate([Config.of({"x": x}) for x in (1, 2, 3, 4)])

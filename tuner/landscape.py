@@ -31,7 +31,7 @@ import statistics
 import tempfile
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,9 @@ class Landscape:
     entries: list[Trial]  # one per config, in the order recorded (see :func:`entry`)
     device: str  # e.g. "AMD EPYC, 2 cores" or "NVIDIA H100 80GB HBM3"
     note: str = ""
+    _configs: tuple[tuple[Trial, ...], list[Config]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -184,8 +187,11 @@ class Landscape:
         return landscape
 
     def configs(self) -> list[Config]:
-        """The entries' configs, in order."""
-        return [Config.of(trial.config) for trial in self.entries]
+        """The entries' configs, in order (worked out again only when the entries change)."""
+        entries = tuple(self.entries)
+        if self._configs is None or self._configs[0] != entries:  # identical items: no compare
+            self._configs = (entries, [Config.of(trial.config) for trial in entries])
+        return list(self._configs[1])
 
     def optimum(self) -> Trial:
         """The fastest ``ok`` entry (the first recorded on a tie).
