@@ -77,10 +77,15 @@ class TestEntry:
         assert [e.time_ms for e in landscape.entries] == [2.0, None, 1.5]
 
     @pytest.mark.parametrize(
-        ("status", "times"), [("fast", (1.0,)), ("ok", ()), ("ok", (float("nan"),))]
-    )
-    def test_rejects_bad_status_and_times(self, status: str, times: tuple[float, ...]) -> None:
-        with pytest.raises(InvalidInput):
+        ("status", "times", "why"),
+        [("fast", (1.0,), "status 'fast'"), ("ok", (), "ok but has no times"),
+         ("ok", (float("nan"),), "malformed: .*time_ms is NaN"),
+         ("ok", (0.0,), "malformed: time_ms: Input should be greater than or equal"),
+         ("ok", (1.0,) * 65, "malformed: times_ms: Tuple should have at most 64 items")],
+    )  # fmt: skip
+    def test_rejects_bad_status_and_times(self, status: str, times: tuple[float, ...],
+                                          why: str) -> None:  # fmt: skip
+        with pytest.raises(InvalidInput, match=why):
             entry({"x": 1}, status, times)
 
 

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from backends.base import Progress, ProgressFn, Trial, TrialStatus
 from tunecache.errors import InvalidInput
 from tunecache.space import Config, SearchSpace
@@ -62,12 +64,18 @@ def entry(config: Mapping[str, Any], status: str, times_ms: Sequence[float] = ()
         return Trial(config=dict(config), status=typing.cast(TrialStatus, status),
                      time_ms=median, times_ms=times, error=error[:MAX_ERROR])  # fmt: skip
     except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
-        what = "is ok but has no times" if status == "ok" and not times_ms else "is malformed"
-        raise InvalidInput(f"landscape entry {dict(config)} {what}: {_first_line(exc)}") from None
+        if status == "ok" and not times_ms:
+            raise InvalidInput(f"landscape entry {dict(config)} is ok but has no times") from None
+        raise InvalidInput(f"landscape entry {dict(config)} is malformed: {_why(exc)}") from None
 
 
-def _first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+def _why(exc: Exception) -> str:
+    """What a trial's validation refused, in a few words (pydantic's first error)."""
+    if isinstance(exc, ValidationError) and exc.errors():
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return f"{where}: {first['msg']}" if where else str(first["msg"])
+    return str(exc) or type(exc).__name__
 
 
 def _entry_json(trial: Trial) -> dict[str, Any]:
