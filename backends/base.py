@@ -120,6 +120,10 @@ class SearchResult:
     best_ms: float | None = None  # the best time the search measured, where it has one
     runnable: Runnable | None = None
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.ranked, list) or not all(isinstance(c, dict) for c in self.ranked):
+            raise TypeError(f"SearchResult.ranked: a list of configs (dicts), got {self.ranked!r}")
+
     @property
     def config(self) -> dict[str, Any]:
         """The best config (``ranked[0]``).

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from backends.tvm.knobs import apply_knobs, knob_space
 from tunecache import key_for
 from tunecache.errors import InvalidInput, TuningError
+from tunecache.schemas import MAX_REPEATS
 from tunecache.space import Config, SearchSpace
 from workloads import get_workload
 from workloads.base import Workload
@@ -432,6 +433,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     if args.repeats < 1 or args.jobs < 1 or (args.sample is not None and args.sample < 1):
         parser.error("--repeats, --jobs and --sample must be >= 1")
+    if args.repeats > MAX_REPEATS:
+        parser.error(f"--repeats: at most {MAX_REPEATS} (a trial keeps that many times)")
 
     from tunecache_cli.table import render
 

@@ -37,10 +37,18 @@ def commands(marker: str) -> list[list[str]]:
     return [line[2:].split() for line in lines if line.startswith("$ tunecache ")]
 
 
+def environment(cwd: Path, url: str) -> dict[str, str]:
+    """This process's environment, with the server's address and every cache in ``cwd`` (a
+    user's cache folder holds earlier tunes' MetaSchedule records, Inductor's choices)."""
+    return {**os.environ, "TUNECACHE_URL": url, "XDG_CACHE_HOME": str(cwd / ".cache"),
+            "TORCHINDUCTOR_CACHE_DIR": str(cwd / ".inductor")}  # fmt: skip
+
+
 def run(argv: list[str], cwd: Path, url: str, timeout: float = 600) -> str:
     """Runs one documented command from ``cwd``; its output, or a failure showing it."""
     assert argv[0] == "tunecache"
-    env = {**os.environ, "TUNECACHE_URL": url, "TORCHINDUCTOR_CACHE_DIR": str(cwd / ".inductor")}
+    assert TUNECACHE.exists(), f"no {TUNECACHE}: install the package (pip install -e .)"
+    env = environment(cwd, url)
     done = subprocess.run([str(TUNECACHE), *argv[1:]], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
     assert done.returncode == 0, f"$ {' '.join(argv)}\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
@@ -49,7 +57,7 @@ def run(argv: list[str], cwd: Path, url: str, timeout: float = 600) -> str:
 
 def run_python(code: str, cwd: Path, url: str, timeout: float = 600) -> str:
     """Runs ``code`` as a script in ``cwd`` (where the example's files are); its output."""
-    env = {**os.environ, "TUNECACHE_URL": url, "TORCHINDUCTOR_CACHE_DIR": str(cwd / ".fresh")}
+    env = {**environment(cwd, url), "TORCHINDUCTOR_CACHE_DIR": str(cwd / ".fresh")}
     done = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
     assert done.returncode == 0, f"{code}\n{done.stdout[-2000:]}{done.stderr[-3000:]}"

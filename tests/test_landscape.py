@@ -6,6 +6,7 @@ import json
 import random
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -240,6 +241,18 @@ class TestRecord:
         assert [(p.done, p.total, p.best_ms) for p in seen][-1] == (5, 5, 1.0)
         assert not landscape.search_space().contains(Config.of({"a": 3, "b": 2}))
 
+    def test_an_entry_no_trial_can_be_stops_the_recording(self) -> None:
+        # 65 repeats: more than a trial keeps. Recorded as every config's runtime_error, a
+        # night's recording would be lost without a word; it stops at the first config instead.
+        with pytest.raises(InvalidInput, match="at most 64"):
+            record_landscape(SearchSpace({"a": (1, 2)}),
+                             lambda c: entry(c.to_json(), "ok", (1.0,) * 65), key={}, device="cpu")  # fmt: skip
+
+    def test_a_compilers_message_with_a_nul_is_kept_as_its_status(self) -> None:
+        found = entry({"a": 1}, "compile_error", error="bad\x00byte \ud800" + "x" * 3000)
+        assert found.status == "compile_error" and found.error.startswith("bad\ufffdbyte ?")
+        assert len(found.error) == 2048
+
     def test_entry_for_another_config_is_rejected(self) -> None:
         space = SearchSpace({"a": (1, 2)})
         with pytest.raises(InvalidInput, match="returned an entry"):
@@ -249,6 +262,34 @@ class TestRecord:
                 key={},
                 device="cpu",
             )
+
+
+def test_tune_landscape_writes_each_config_once_as_the_search_measured_it(tmp_path: Path) -> None:
+    from tests.factories import make_key
+    from tunecache_cli.tune import _write_landscape
+
+    key = make_key()  # a TVM knob key: its space is enumerable on this machine
+    first, second, third = (c.to_json() for c in list(_space_of(key).configs())[:3])
+    trials = [
+        Trial(config=first, status="ok", time_ms=1.0, times_ms=(0.9, 1.0, 1.2)),
+        Trial(config=second, status="ok", time_ms=2.0),  # no spread kept: its one time
+        Trial(config=third, status="compile_error", error="x"),
+        Trial(config={**first, "extra": 1}, status="ok", time_ms=3.0),  # not of the space
+        Trial(config=first, status="wrong_answer", error="refused in validation"),  # again
+    ]
+    _write_landscape(tmp_path / "l.json", SimpleNamespace(key=key, trials=trials))
+    loaded = Landscape.load(tmp_path / "l.json")
+    assert [(t.status, t.time_ms, t.times_ms) for t in loaded.entries] == [
+        ("ok", 1.0, (0.9, 1.0, 1.2)), ("ok", 2.0, (2.0,)), ("compile_error", None, ())]  # fmt: skip
+
+
+def _space_of(key: Any) -> SearchSpace:
+    from backends import get_backend
+    from tuner.candidates import enumerable_space
+    from workloads import get_workload
+
+    return enumerable_space(get_backend(key.backend), get_workload(key.kernel),
+                            dict(key.problem), key.dtype)  # fmt: skip
 
 
 class TestSearchEfficiencyBench:

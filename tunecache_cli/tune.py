@@ -91,11 +91,13 @@ def _write_landscape(path: Path, outcome: Any) -> None:
     key = outcome.key
     space = enumerable_space(get_backend(key.backend), get_workload(key.kernel),
                              dict(key.problem), key.dtype)  # fmt: skip
-    entries = [  # an ok entry keeps its repeats' spread: a lone time where it has none
-        t if t.times_ms or t.time_ms is None else t.model_copy(update={"times_ms": (t.time_ms,)})
-        for t in outcome.trials
-        if space.contains(Config.of(t.config))
-    ]
+    entries, seen = [], set()  # each config once, as the search measured it (not re-timed)
+    for t in outcome.trials:
+        config = Config.of(t.config)
+        if space.contains(config) and config not in seen:
+            seen.add(config)  # an ok entry keeps its repeats' spread: a lone time where none
+            spread = t.times_ms or ((t.time_ms,) if t.time_ms is not None else ())
+            entries.append(t.model_copy(update={"times_ms": spread}))
     device = key.device
     landscape = Landscape(
         key=key.to_json(), space=space.to_json(), entries=entries,

@@ -53,7 +53,8 @@ def servable(found: SearchResult, key: Key,
             refused.append(Trial(config=config, status="invalid", error=error))
     if refused and not ranked and default is not None:
         ranked.append(dict(default))
-    return dataclasses.replace(found, ranked=ranked, trials=[*found.trials, *refused])
+    return dataclasses.replace(found, ranked=ranked, trials=[*found.trials, *refused],
+                               runnable=None)  # fmt: skip
 
 
 def enumerable_space(backend: Backend, workload: Workload, problem: Mapping[str, int],
@@ -113,4 +114,6 @@ def search_space(
 def search_native(backend: Backend, request: SearchRequest, workdir: Path) -> SearchResult:
     """The backend's own search, run here; its candidates are measured by the pipeline."""
     result = backend.search(request, workdir=workdir)
-    return dataclasses.replace(result, ranked=result.ranked[:MAX_NATIVE_CANDIDATES])
+    # its runnable (Inductor's compiled model) is not kept: every candidate is built again
+    return dataclasses.replace(result, ranked=result.ranked[:MAX_NATIVE_CANDIDATES],
+                               runnable=None)  # fmt: skip

@@ -62,11 +62,18 @@ def entry(config: Mapping[str, Any], status: str, times_ms: Sequence[float] = ()
         times = tuple(float(t) for t in times_ms)
         median = statistics.median(times) if status == "ok" and times else None
         return Trial(config=dict(config), status=typing.cast(TrialStatus, status),
-                     time_ms=median, times_ms=times, error=error[:MAX_ERROR])  # fmt: skip
+                     time_ms=median, times_ms=times, error=_text(error))  # fmt: skip
     except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         if status == "ok" and not times_ms:
             raise InvalidInput(f"landscape entry {dict(config)} is ok but has no times") from None
         raise InvalidInput(f"landscape entry {dict(config)} is malformed: {_why(exc)}") from None
+
+
+def _text(error: str) -> str:
+    """``error`` as a trial may hold it: no NUL or lone surrogate (a compiler's message may have
+    either), at most :data:`MAX_ERROR` characters."""
+    clean = error.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
+    return clean[:MAX_ERROR]
 
 
 def _why(exc: Exception) -> str:
@@ -256,7 +263,7 @@ def record_landscape(
     Args:
         space: the space to record.
         measure: times one config (several repeats) or reports its failure, as an
-            :func:`entry`. An exception it
+            :func:`entry` (whose :class:`InvalidInput` stops the recording). Another exception it
             raises is recorded as a ``runtime_error`` entry (and logged) rather than losing the run.
         key: ``Key.to_json()`` of the key measured.
         device: the device's name, for reports.
@@ -269,6 +276,8 @@ def record_landscape(
     for done, config in enumerate(configs, start=1):
         try:
             found = measure(config)
+        except InvalidInput:  # an entry no trial can be (too many repeats): not the config's fault
+            raise
         except Exception as exc:
             logger.warning(
                 "landscape: measuring %s raised %r; recorded as runtime_error", config, exc

@@ -49,7 +49,8 @@ def ms_or_none(value: float) -> float | None:
 
 
 def _from_ops(base: dict[str, Any], ops: list[AutotunedOp]) -> SearchResult:
-    """The config, trials and ranked runners-up (Inductor's order) for the autotuned ``ops``."""
+    """The search's result for the autotuned ``ops``: its trials and the configs, the best
+    first (Inductor's order)."""
     if not ops:
         return SearchResult([{**base, "choice": FUSED_CHOICE}], [], STRATEGY)
     trials: list[Trial] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -84,6 +85,7 @@ class TVMBackend(Backend):
         workload, problem, dtype = request.workload, request.problem, request.dtype
         budget, progress = request.budget, request.progress
 
+        started = time.monotonic()
         target = canonical_target(host_target())
         if progress is not None:
             progress(Progress(0, budget.trials, None, "meta_schedule: starting"))
@@ -96,7 +98,7 @@ class TVMBackend(Backend):
             cores=host_cores(),
             seed=request.seed,
         )
-        found.strategy = self.native_strategy or ""
+        found.strategy, found.seconds = self.native_strategy or "", time.monotonic() - started
         ok = sum(t.status == "ok" for t in found.trials)
         logger.info(
             "%s %s: %d candidates (%d ok) in %.1f s; best %s",

@@ -138,7 +138,7 @@ def run_search(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     started = clock()
     log = SearchLog(strategy=getattr(strategy, "name", type(strategy).__name__))
-    streak, asker = _Streak(), _Asker(strategy, prefetch, log)
+    streak, asker = _Streak(), _Asker(strategy, prefetch, log, clock)
     per_candidate = 0.0  # seconds, as the last batch took them
     total = _total(strategy, budget)
     while True:
@@ -148,7 +148,7 @@ def run_search(
         if reason is None:
             batch, exhausted = asker.take(size, batch_size, budget.trials - len(log))
             began = clock()
-            _evaluate(batch, evaluate, strategy, streak, log)
+            _evaluate(batch, evaluate, strategy, streak, log, clock)
             if batch:
                 per_candidate = (clock() - began) / len(batch)
             if batch and progress is not None:
@@ -195,16 +195,16 @@ def _total(strategy: SearchStrategy, budget: Budget) -> int:
 
 
 def _evaluate(batch: list[Config], evaluate: Evaluator, strategy: SearchStrategy,
-              streak: _Streak, log: SearchLog) -> None:  # fmt: skip
+              streak: _Streak, log: SearchLog, clock: Callable[[], float]) -> None:  # fmt: skip
     """Measures ``batch``, tells ``strategy`` each result and logs it."""
     trials = evaluate(batch) if batch else []
     if len(trials) != len(batch):
         raise TuningError(f"evaluator returned {len(trials)} trials for {len(batch)}")
-    began = time.perf_counter()
+    began = clock()
     for config, trial in zip(batch, trials, strict=True):
         strategy.tell(config, streak.see(trial))
         log.entries.append((config, trial))
-    log.choosing += time.perf_counter() - began
+    log.choosing += clock() - began
 
 
 @dataclass
@@ -234,10 +234,11 @@ class _Asker:
         strategy: SearchStrategy,
         prefetch: Callable[[list[Config]], None] | None,
         log: SearchLog,
+        clock: Callable[[], float],
     ) -> None:
         self.strategy = strategy
         self.prefetch = prefetch
-        self.log = log  # whose ``choosing`` counts the asks' seconds
+        self.log, self.clock = log, clock  # whose ``choosing`` counts the asks' seconds
         self.pending: tuple[list[Config], bool] | None = None  # asked and prefetched already
 
     def take(self, size: int, batch_size: int, left: int) -> tuple[list[Config], bool]:
@@ -259,11 +260,11 @@ class _Asker:
         return batch, exhausted
 
     def _ask(self, n: int) -> tuple[list[Config], bool]:
-        began = time.perf_counter()
+        began = self.clock()
         try:
             return _ask_batch(self.strategy, n)
         finally:
-            self.log.choosing += time.perf_counter() - began
+            self.log.choosing += self.clock() - began
 
     def close(self) -> None:
         if self.prefetch is not None and self.pending is not None and self.pending[0]:
