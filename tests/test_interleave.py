@@ -285,3 +285,12 @@ def test_the_dashboard_shows_the_interval() -> None:
     assert vs(record, "default_config") == "1.00× (the same)"
     assert vs(record, "torch_eager").endswith("×)") and "faster" in vs(record, "torch_eager")
     assert vs(record, "cublas") == "—"
+
+
+def test_a_candidates_message_with_a_nul_or_lone_surrogate_becomes_its_trial() -> None:
+    # A kernel or compiler may raise anything; the trial (a wire model) refuses NUL and lone
+    # surrogates, so taken as it is the message crashed the tune instead of failing one config.
+    measured = Measurement("runtime_error", error="bad\x00byte \ud800" + "x" * 3000)
+    trial = measured.trial({"c": 0})
+    assert trial.status == "runtime_error" and trial.error.startswith("bad\ufffdbyte \ufffd")
+    assert len(trial.error) == 2048

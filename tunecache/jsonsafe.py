@@ -48,6 +48,17 @@ def _text_problem(text: str) -> str | None:
     return "contains a lone UTF-16 surrogate, which is not Unicode text"  # cannot be UTF-8
 
 
+def storable_text(text: str, limit: int) -> str:
+    """``text`` as a body may hold it, for text from outside (a compiler's or a kernel's message):
+    a NUL or lone surrogate becomes U+FFFD, and it is cut to ``limit`` characters.
+
+    Example:
+        >>> storable_text("bad\\x00byte", 5)
+        'bad\\ufffdb'
+    """
+    return _ODD_TEXT.sub("\ufffd", text)[:limit]
+
+
 def _scalar_problem(value: Any) -> str | None:
     if isinstance(value, str):
         return _text_problem(value)

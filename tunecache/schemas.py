@@ -55,6 +55,7 @@ MAX_CONFIG_BYTES = 256 * 1024
 MAX_ID = 2**31 - 1  # ids are INTEGER columns: int32 on PostgreSQL
 MAX_SEARCH_SECONDS = 1e8
 MAX_REPEATS = 64  # the times a trial keeps behind its time
+MAX_TRIAL_ERROR = 2048  # characters of a trial's error
 
 Backend = Literal["triton", "tvm", "inductor"]
 assert set(BACKENDS) == {"triton", "tvm", "inductor"}
@@ -226,7 +227,7 @@ class Trial(_Strict):
     config: JSONObject
     status: TrialStatus
     time_ms: Millis | None = None
-    error: Annotated[str, Field(max_length=2048)] = ""
+    error: Annotated[str, Field(max_length=MAX_TRIAL_ERROR)] = ""
     times_ms: Annotated[tuple[Millis, ...], Field(max_length=MAX_REPEATS)] = ()
 
     _config_size = field_validator("config")(_check_config)

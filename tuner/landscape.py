@@ -39,13 +39,14 @@ from pydantic import ValidationError
 
 from backends.base import Progress, ProgressFn, Trial, TrialStatus
 from tunecache.errors import InvalidInput
+from tunecache.jsonsafe import storable_text
+from tunecache.schemas import MAX_TRIAL_ERROR
 from tunecache.space import Config, SearchSpace
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "tunecache-landscape/1"
 STATUSES: tuple[str, ...] = typing.get_args(TrialStatus)
-MAX_ERROR = 2048  # a trial's error, at most
 
 
 def entry(config: Mapping[str, Any], status: str, times_ms: Sequence[float] = (),
@@ -62,18 +63,12 @@ def entry(config: Mapping[str, Any], status: str, times_ms: Sequence[float] = ()
         times = tuple(float(t) for t in times_ms)
         median = statistics.median(times) if status == "ok" and times else None
         return Trial(config=dict(config), status=typing.cast(TrialStatus, status),
-                     time_ms=median, times_ms=times, error=_text(error))  # fmt: skip
+                     time_ms=median, times_ms=times,
+                     error=storable_text(error, MAX_TRIAL_ERROR))  # fmt: skip
     except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         if status == "ok" and not times_ms:
             raise InvalidInput(f"landscape entry {dict(config)} is ok but has no times") from None
         raise InvalidInput(f"landscape entry {dict(config)} is malformed: {_why(exc)}") from None
-
-
-def _text(error: str) -> str:
-    """``error`` as a trial may hold it: no NUL or lone surrogate (a compiler's message may have
-    either), at most :data:`MAX_ERROR` characters."""
-    clean = error.replace("\x00", "\ufffd").encode("utf-8", "replace").decode("utf-8")
-    return clean[:MAX_ERROR]
 
 
 def _why(exc: Exception) -> str:

@@ -19,10 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from tunecache.schemas import TimingModel, Trial, TrialStatus, ValidationReport
+from tunecache.jsonsafe import storable_text
+from tunecache.schemas import MAX_TRIAL_ERROR, TimingModel, Trial, TrialStatus, ValidationReport
 from tunecache.space import Config
-
-MAX_ERROR = 2000
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class Measurement:
         if self.timing is not None:
             spread = (self.timing.min_ms, self.timing.median_ms, self.timing.max_ms)
         return Trial(config=dict(config), status=self.status, time_ms=self.time_ms,
-                     error=self.error[:MAX_ERROR], times_ms=spread)  # fmt: skip
+                     error=storable_text(self.error, MAX_TRIAL_ERROR), times_ms=spread)  # fmt: skip
 
 
 @runtime_checkable
