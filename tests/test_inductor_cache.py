@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import socket
 import subprocess
@@ -31,6 +30,7 @@ import pytest
 import torch
 
 from cache_server.embedded import free_port
+from tests import inductor_runs
 from tests.conftest import LiveServer
 from tests.factories import hostile_artifacts, store_behind_the_api
 from tunecache.client import Client
@@ -46,8 +46,7 @@ from tunecache.inductor.partition import partition
 from tunecache.inductor.remote import TeamCache
 from tunecache_cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
-PROCS = Path(__file__).with_name("inductor_procs.py")
+ROOT = inductor_runs.ROOT
 
 MODEL = textwrap.dedent(
     """
@@ -85,16 +84,9 @@ def write_model(folder: Path) -> Path:
 
 def run_proc(args: list[str], cache_dir: Path, url: str | None = None) -> dict[str, Any]:
     """Runs ``tests/inductor_procs.py ARGS`` with an empty Inductor cache; its JSON report."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
-    if url is not None:
-        env["TUNECACHE_URL"] = url
-    done = subprocess.run([sys.executable, str(PROCS), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    report: dict[str, Any] = json.loads(lines[-1]) if lines else {}
-    report["stdout"], report["stderr"] = done.stdout, done.stderr
-    return report
+    return inductor_runs.report(
+        inductor_runs.start(args, cache_dir, **({"TUNECACHE_URL": url} if url else {}))
+    )
 
 
 def eager_output(model_file: Path) -> torch.Tensor:

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 import textwrap
 import warnings
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ import pytest
 from backends.inductor.observe import AutotunedOp, ChoiceTiming
 from backends.inductor.options import GEMM_BACKENDS as OPTIONS_GEMM_BACKENDS
 from backends.inductor.search import _from_ops
+from tests import inductor_runs
 from tests.conftest import LiveServer
 from tunecache.artifacts import ArtifactIn
 from tunecache.client import Client
@@ -47,8 +47,6 @@ from tunecache.inductor.autotune import AutotuneStore, installed, sanitise_best_
 from tunecache.inductor.choices import ChoiceGroup
 from tunecache.inductor.remote import TeamCache, TeamCacheWarning
 
-ROOT = Path(__file__).resolve().parent.parent
-PROCS = Path(__file__).with_name("inductor_procs.py")
 BASE: dict[str, Any] = {"mode": "max-autotune", "freezing": True, "frozen": [1]}
 
 # torch.utils.mkldnn (imported by Inductor) defines TorchScript modules at import time.
@@ -523,18 +521,8 @@ FOREIGN = "NoSuchChoice-0000"
 
 
 def _compile(model: Path, cache_dir: Path, out: Path, url: str | None) -> subprocess.Popen[str]:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir)}
-    args = [sys.executable, str(PROCS), "compile", str(model), str(out)]
-    args += ["--url", url] if url is not None else []
-    return subprocess.Popen(args, cwd=ROOT, env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)  # fmt: skip
-
-
-def _report(process: subprocess.Popen[str]) -> dict[str, Any]:
-    stdout, stderr = process.communicate(timeout=300)
-    assert process.returncode == 0, stderr[-3000:]
-    report: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
-    return report
+    args = ["compile", str(model), str(out), *(["--url", url] if url is not None else [])]
+    return inductor_runs.start(args, cache_dir)
 
 
 @pytest.mark.slow
@@ -546,7 +534,7 @@ def test_inductor_picks_only_among_its_own_choices(server: LiveServer, tmp_path:
 
     model = tmp_path / "linear.py"
     model.write_text(MODEL)
-    first = _report(_compile(model, tmp_path / "a", tmp_path / "a.pt", None))
+    first = inductor_runs.report(_compile(model, tmp_path / "a", tmp_path / "a.pt", None))
     assert first["benchmarks"] > 0
     (choice_file,) = (tmp_path / "a" / "cache").iterdir()
     (group,) = read_groups(choice_file)
@@ -567,7 +555,7 @@ def test_inductor_picks_only_among_its_own_choices(server: LiveServer, tmp_path:
     assert merge_groups(tmp_path / "c" / "cache" / choice_file.name, [partial], system) == 1
     served = _compile(model, tmp_path / "b", tmp_path / "b.pt", server.url)
     lacking = _compile(model, tmp_path / "c", tmp_path / "c.pt", None)
-    served_report, lacking_report = _report(served), _report(lacking)
+    served_report, lacking_report = inductor_runs.report(served), inductor_runs.report(lacking)
     # Every own choice has a time: Inductor takes the group, without benchmarking, and picks the
     # fastest of its own choices; the foreign choice is never looked at.
     assert served_report["enabled"]["merged"] == 1

@@ -36,6 +36,12 @@ def config(split: int, block_k: int = 16) -> dict[str, int]:
             "num_warps": 2, "num_stages": 2}  # fmt: skip
 
 
+def big_tile(m: int, n: int, k: int, *, split: int, stages: int) -> Config:
+    """A tile of ``m`` x ``n`` (``k`` deep) at 8 warps: the configs of large GEMMs."""
+    return Config.of({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": 8, "SPLIT_K": split,
+                      "num_warps": 8, "num_stages": stages})  # fmt: skip
+
+
 @pytest.mark.usefixtures("launchable")
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("name", ["matmul", "bias_gelu"])
@@ -74,9 +80,7 @@ def test_decode_shapes_are_offered_split_k() -> None:
 
 def test_a_grid_that_already_fills_the_gpu_is_not_split() -> None:
     space = gemm_space({"M": 4096, "N": 4096, "K": 4096}, "bfloat16", H100)
-    reason = space.prune_reason(Config.of(
-        {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 2,
-         "num_warps": 8, "num_stages": 3}))  # fmt: skip
+    reason = space.prune_reason(big_tile(128, 256, 64, split=2, stages=3))
     assert reason is not None and "512 output tiles of 128x256 already fill" in reason
     assert "3.9 times over" in reason
 
@@ -97,9 +101,7 @@ def test_splitting_into_more_programs_than_a_few_waves_is_pruned() -> None:
 
 def test_a_workspace_over_the_bound_is_pruned() -> None:
     space = gemm_space({"M": 1024, "N": 16384, "K": 8192}, "bfloat16", H100)
-    reason = space.prune_reason(Config.of(
-        {"BLOCK_M": 256, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8, "SPLIT_K": 2,
-         "num_warps": 8, "num_stages": 2}))  # fmt: skip
+    reason = space.prune_reason(big_tile(256, 256, 32, split=2, stages=2))
     assert reason is not None and "needs 128 MiB of fp32 partial sums" in reason
 
 

@@ -31,7 +31,15 @@ from bench.gpu.common import (
     software,
     write_table,
 )
-from bench.gpu.kernels import Plan, check_and_time, inductor, moved_bytes, run_keys, tbs, tune_key
+from bench.gpu.kernels import (
+    Plan,
+    check_and_time,
+    dry_run,
+    run_keys,
+    tbs,
+    time_torch,
+    tune_key,
+)
 from tunecache.space import SearchSpace
 
 DECODE_MS = (1, 8, 16, 32, 64)
@@ -91,15 +99,7 @@ def run_key(plan: Plan, url: str, token: str, harness: Any, trials: int, seconds
     for name, config in (("split", fetched.config), ("plain", plain.record.config)):
         run = backend.build(workload, plan.problem, plan.dtype, config)
         row[f"{name}_ms"], row[f"{name}_err"] = check_and_time(run, inputs, ref, shape, True)
-    row["cublas_ms"], row["cublas_err"] = check_and_time(workload.torch_fn, inputs, ref, shape,
-                                                         False)  # fmt: skip
-    if with_inductor:
-        compiled, row["inductor_compile_s"] = inductor(workload.torch_fn, inputs)
-        row["inductor_ms"], row["inductor_err"] = check_and_time(compiled, inputs, ref, shape,
-                                                                 False)  # fmt: skip
-    import torch
-
-    row["bytes"] = moved_bytes(inputs, torch.empty(shape, dtype=inputs[0].dtype, device="cuda"))
+    time_torch(row, workload, inputs, ref, shape, with_inductor, eager="cublas")
     return row
 
 
@@ -157,20 +157,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--projections: {', '.join(unknown)} not among {', '.join(LLAMA3_8B)}")
     plan = plan_for(ms, projections)
     if args.dry_run:
-        for item in plan:
-            full, cut = sizes(item)
-            print(f"{item.label:14} {item.problem} space {full} (without split-K {cut})")
-        print(f"{len(plan)} keys, each tuned twice; run on a GPU machine without --dry-run")
-        return 0
-    return run(args, plan)
-
-
-def run(args: argparse.Namespace, plan: list[Plan]) -> int:
-    def summary(row: dict[str, Any]) -> str:
-        return (f"{row['label']}: split-K {row['split_ms']:.4g} ms ({row['split_config']}), "
-                f"no split {row['plain_ms']:.4g} ms, cuBLAS {row['cublas_ms']:.4g} ms")  # fmt: skip
-
+        return dry_run(plan, lambda item: "{:14} {} space {} (without split-K {})".format(
+            item.label, item.problem, *sizes(item)), ", each tuned twice")  # fmt: skip
     return run_keys(args, plan, run_key, report, summary)
+
+
+def summary(row: dict[str, Any]) -> str:
+    return (f"{row['label']}: split-K {row['split_ms']:.4g} ms ({row['split_config']}), "
+            f"no split {row['plain_ms']:.4g} ms, cuBLAS {row['cublas_ms']:.4g} ms")  # fmt: skip
 
 
 def report(args: argparse.Namespace, rows: list[dict[str, Any]], skipped: list[str],

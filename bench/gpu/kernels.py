@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,7 +143,6 @@ def tune_key(plan: Plan, harness: Any, trials: int, seconds: float, client: Any 
 
 def run_key(plan: Plan, url: str, token: str, harness: Any, trials: int, seconds: float,
             with_inductor: bool) -> dict[str, Any]:  # fmt: skip
-    import torch
 
     from backends.triton import TritonBackend
     from tunecache import Client
@@ -175,14 +174,7 @@ def run_key(plan: Plan, url: str, token: str, harness: Any, trials: int, seconds
     default = backend.build(workload, plan.problem, plan.dtype, default_config)
     row["tuned_ms"], row["tuned_err"] = check_and_time(tuned, inputs, ref, shape, True)
     row["default_ms"], row["default_err"] = check_and_time(default, inputs, ref, shape, True)
-    row["torch_ms"], row["torch_err"] = check_and_time(workload.torch_fn, inputs, ref, shape,
-                                                       False)  # fmt: skip
-    if with_inductor:
-        compiled, row["inductor_compile_s"] = inductor(workload.torch_fn, inputs)
-        row["inductor_ms"], row["inductor_err"] = check_and_time(compiled, inputs, ref, shape,
-                                                                 False)  # fmt: skip
-    out = torch.empty(shape, dtype=inputs[0].dtype, device="cuda")
-    row["bytes"] = moved_bytes(inputs, out)
+    time_torch(row, workload, inputs, ref, shape, with_inductor, eager="torch")
     row["flops"] = workload.flops(plan.problem) if hasattr(workload, "flops") else 0
     return row
 
@@ -303,21 +295,38 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--ms: {args.ms!r} is not a comma-separated list of integers")
     plan = gemm_plan(dtypes, ms) if args.part == "gemm" else row_plan()
     if args.dry_run:
-        for item in plan:
-            print(f"{item.kernel:10} {item.label:18} {item.dtype:9} {item.problem} "
-                  f"space {space_size(item)}")  # fmt: skip
-        print(f"{len(plan)} keys; run on a GPU machine without --dry-run")
-        return 0
-    return run(args, plan)
-
-
-def run(args: argparse.Namespace, plan: list[Plan]) -> int:
-    def summary(row: dict[str, Any]) -> str:
-        return (f"{row['kernel']} {row['label']} {row['dtype']}: tuned {row['tuned_ms']:.4g} ms, "
-                f"torch {row['torch_ms']:.4g} ms, default {row['default_ms']:.4g} ms, "
-                f"{row['tune_s']} s, keyed {row['record_device']}")  # fmt: skip
-
+        return dry_run(plan, lambda item: f"{item.kernel:10} {item.label:18} {item.dtype:9} "
+                       f"{item.problem} space {space_size(item)}", "")  # fmt: skip
     return run_keys(args, plan, run_key, report, summary)
+
+
+def summary(row: dict[str, Any]) -> str:
+    return (f"{row['kernel']} {row['label']} {row['dtype']}: tuned {row['tuned_ms']:.4g} ms, "
+            f"torch {row['torch_ms']:.4g} ms, default {row['default_ms']:.4g} ms, "
+            f"{row['tune_s']} s, keyed {row['record_device']}")  # fmt: skip
+
+
+def dry_run(plan: Sequence[Plan], line: Callable[[Plan], str], how: str) -> int:
+    """What a run would do on a GPU, a ``line`` per key of ``plan``, on this machine: exit 0."""
+    for item in plan:
+        print(line(item))
+    print(f"{len(plan)} keys{how}; run on a GPU machine without --dry-run")
+    return 0
+
+
+def time_torch(row: dict[str, Any], workload: Any, inputs: tuple[Any, ...], ref: Any,
+               shape: tuple[int, ...], with_inductor: bool, *, eager: str) -> None:  # fmt: skip
+    """Adds to ``row`` torch's own times (eager as ``{eager}_ms``, and Inductor's max-autotune
+    unless not ``with_inductor``), checked against ``ref``, and the bytes the op moves."""
+    import torch
+
+    row[f"{eager}_ms"], row[f"{eager}_err"] = check_and_time(workload.torch_fn, inputs, ref,
+                                                             shape, False)  # fmt: skip
+    if with_inductor:
+        compiled, row["inductor_compile_s"] = inductor(workload.torch_fn, inputs)
+        row["inductor_ms"], row["inductor_err"] = check_and_time(compiled, inputs, ref, shape,
+                                                                 False)  # fmt: skip
+    row["bytes"] = moved_bytes(inputs, torch.empty(shape, dtype=inputs[0].dtype, device="cuda"))
 
 
 def run_keys(args: argparse.Namespace, plan: list[Plan], run_key: Callable[..., dict[str, Any]],

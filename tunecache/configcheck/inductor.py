@@ -194,22 +194,14 @@ def _time_taken_problem(value: Any) -> str | None:
     return f"time_taken_ms={describe(value, 20)} is not a non-negative integer"
 
 
-def _coordesc_problem(value: Any) -> str | None:
-    if value is False:
-        return None
-    return (
-        f"found_by_coordesc={describe(value, 20)}: only false may be served (Inductor rebuilds a "
-        "coordinate descent config from the served values, not one of the kernel's own)"
-    )
+def _only(allowed: Any, field: str, why: str) -> Callable[[Any], str | None]:
+    """A check that accepts ``allowed`` alone (by identity: ``False`` is not ``0``), and says
+    ``why`` anything else may not be served."""
 
+    def check(value: Any) -> str | None:
+        return None if value is allowed else f"{field}={describe(value, 20)}{why}"
 
-def _extra_options_problem(value: Any) -> str | None:
-    if value is None:
-        return None
-    return (
-        f"extra_options={describe(value, 20)} may not be served (Inductor attaches them to the "
-        "kernel's config; a served best config only selects one of the kernel's own)"
-    )
+    return check
 
 
 # What ``AutotuneCache.save`` writes besides the config's arguments and launch options.
@@ -219,8 +211,18 @@ _BOOKKEEPING: Final[dict[str, Callable[[Any], str | None]]] = {
         None if v is None else _text_problem("triton_cache_hash", v, MAX_STRING)
     ),
     "time_taken_ms": _time_taken_problem,
-    "found_by_coordesc": _coordesc_problem,
-    "extra_options": _extra_options_problem,
+    "found_by_coordesc": _only(
+        False,
+        "found_by_coordesc",
+        ": only false may be served (Inductor rebuilds a coordinate "
+        "descent config from the served values, not one of the kernel's own)",
+    ),
+    "extra_options": _only(
+        None,
+        "extra_options",
+        " may not be served (Inductor attaches them to the kernel's "
+        "config; a served best config only selects one of the kernel's own)",
+    ),
 }
 
 
