@@ -1,6 +1,7 @@
-"""docs/integrations.md's examples, run as a newcomer runs them: each code block written to the
-file it names, each ``$ tunecache …`` line run with the installed ``tunecache`` command from the
-folder holding them, against a real server. An example that stops working fails here.
+"""docs/integrations.md's and docs/cli.md's examples, run as a newcomer runs them: each code block
+written to the file it names, each ``$ tunecache …`` line run with the installed ``tunecache``
+command from the folder holding them, against a real server (docs/cli.md's console blocks as one
+bash script each, as pasted into a shell). An example that stops working fails here.
 
 Only what a block leaves open is supplied: the values a production snippet takes from the code
 around it (``model``, ``x``, ``matmul_bias``) and the server's address. The blocks that need a
@@ -9,25 +10,31 @@ GPU or a third-party library (``import fla``) are run by their own tests.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from cache_server.embedded import free_port
 from tests.conftest import LiveServer
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "integrations.md").read_text()
+CLI = (ROOT / "docs" / "cli.md").read_text()
 TUNECACHE = Path(sys.executable).with_name("tunecache")  # the command the install made
 
 
-def block(marker: str, lang: str = "python") -> str:
-    """The docs' one ```lang block that contains ``marker``."""
-    found = [b for b in re.findall(rf"```{lang}\n(.*?)```", DOC, flags=re.S) if marker in b]
-    assert len(found) == 1, f"{len(found)} {lang} blocks in docs/integrations.md hold {marker!r}"
+def block(marker: str, lang: str = "python", doc: str = DOC) -> str:
+    """The page's one ```lang block that contains ``marker`` (docs/integrations.md's unless
+    ``doc`` is another's)."""
+    found = [b for b in re.findall(rf"```{lang}\n(.*?)```", doc, flags=re.S) if marker in b]
+    assert len(found) == 1, f"{len(found)} {lang} blocks of the page hold {marker!r}"
     return found[0]
 
 
@@ -35,6 +42,42 @@ def commands(marker: str) -> list[list[str]]:
     """The ``$ tunecache …`` lines of the console block that contains ``marker``, as argv."""
     lines = block(marker, "console").splitlines()
     return [line[2:].split() for line in lines if line.startswith("$ tunecache ")]
+
+
+def console(marker: str) -> tuple[list[str], list[str]]:
+    """docs/cli.md's console block holding ``marker``: the lines typed that run ``tunecache``
+    (comments left to bash; another program's, such as ``vllm serve``, left out) and the output
+    lines it shows."""
+    lines = block(marker, "console", CLI).splitlines()
+    typed = [line[2:] for line in lines if line.startswith("$ ") and "tunecache " in line]
+    return typed, [line for line in lines if not line.startswith("$ ")]
+
+
+# Before the line after ``tunecache serve &``: what a newcomer's pause gives the server.
+_UP = (
+    "import os, time, urllib.request\n"
+    "for _ in range(300):\n"
+    "    try:\n"
+    "        urllib.request.urlopen(os.environ['TUNECACHE_URL'] + '/health', timeout=1); break\n"
+    "    except OSError: time.sleep(0.1)"
+)
+
+
+def shell(typed: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> str:
+    """``typed`` as one bash script in ``cwd``, stopping at the first command that fails, the
+    background ones (``&``) stopped at the end; its output as a terminal shows it (stdout and
+    stderr in one), or a failure showing it."""
+    script = ["set -euo pipefail", "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT"]
+    for line in typed:
+        script.append(line)
+        if line.startswith("tunecache serve "):
+            script.append(f"{sys.executable} -c {shlex.quote(_UP)}")
+    env = {**env, "PATH": f"{TUNECACHE.parent}{os.pathsep}{env.get('PATH', '')}"}
+    done = subprocess.run(["bash", "-c", "\n".join(script)], cwd=cwd, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=timeout)  # fmt: skip
+    assert done.returncode == 0, f"{typed}\n{done.stdout[-6000:]}"
+    return done.stdout
 
 
 def environment(cwd: Path, url: str) -> dict[str, str]:
@@ -141,3 +184,55 @@ def test_your_own_tvm_module_tunes_and_a_process_compiles_with_its_schedule(
     check = "\nprint(sch is not None, type(lib).__name__)\n"
     out = run_python(given + block("tunecache.tvm.Database(") + check, tmp_path, server.url)
     assert out.split()[-2] == "True", out  # the team's schedule was served and built
+
+
+@pytest.mark.slow
+def test_the_cli_pages_first_example_serves_what_it_tuned(tmp_path: Path) -> None:
+    typed, _ = console("tunecache serve &")
+    assert typed[0].startswith("tunecache serve &") and "token create --db" in typed[1]
+    typed = [line.replace("--trials 64", "--trials 8") for line in typed]  # a test's minute
+    port = free_port()
+    # A newcomer's machine: no token yet, the default database in the user's cache folder.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TUNECACHE_TOKEN", "TUNECACHE_SERVER_BOOTSTRAP_TOKEN")}  # fmt: skip
+    env.update(XDG_CACHE_HOME=str(tmp_path / ".cache"), TUNECACHE_SERVER_PORT=str(port),
+               TUNECACHE_URL=f"http://127.0.0.1:{port}")  # fmt: skip
+    out = shell(typed, tmp_path, env)
+    start = out.index("\n{\n") + 1  # get --json's object (the server logs around it)
+    served = json.loads(out[start : out.index("\n}\n", start) + 2])
+    assert served["hit"] is True and served["match"] == "exact", served
+    assert served["record"]["key"]["backend"] == "tvm"
+
+
+def test_the_vllm_moe_example_prints_what_the_page_shows(server: LiveServer,
+                                                         tmp_path: Path) -> None:  # fmt: skip
+    typed, shown = console("tunecache import vllm-moe")
+    shutil.copytree(ROOT / "tests" / "fixtures", tmp_path / "tests" / "fixtures")
+    out = shell(typed, tmp_path, {**os.environ, "TUNECACHE_URL": server.url})
+    assert out.replace(server.url, "http://127.0.0.1:8765").splitlines() == shown[: len(typed)]
+    assert sorted(p.name for p in (tmp_path / "moe-configs").iterdir()) == [
+        "E=128,N=384,device_name=NVIDIA_H200.json"
+    ]
+
+
+@pytest.mark.slow
+def test_the_cpu_pretune_example_ends_with_every_key_tuned(server: LiveServer,
+                                                           tmp_path: Path) -> None:  # fmt: skip
+    pytest.importorskip("tvm")
+    manifest = block("# cpu.toml", "toml", CLI)
+    (tmp_path / "cpu.toml").write_text(manifest)
+    typed, shown = console("tunecache pretune cpu.toml")
+    out = shell(typed, tmp_path, {**os.environ, "TUNECACHE_URL": server.url})
+    assert shown[-1] in out.splitlines(), out  # the tally (the table names this machine's arch)
+
+
+@pytest.mark.slow
+def test_the_best_example_ranks_the_backends_it_tuned(server: LiveServer, tmp_path: Path) -> None:
+    pytest.importorskip("tvm")
+    typed, shown = console("tunecache best matmul")
+    out = shell(typed, tmp_path, {**os.environ, "TUNECACHE_URL": server.url}).splitlines()
+    head = out.index(next(line for line in out if line.startswith("matmul M=64,N=64,K=64")))
+    assert out[head].startswith("matmul M=64,N=64,K=64 float32: fastest is "), out
+    assert out[head + 1].split() == shown[1].split()  # the table's header
+    ranked = {line.split()[0] for line in out[head + 3 :] if line.split()}
+    assert {"tvm", "inductor"} <= ranked, out
