@@ -24,8 +24,14 @@ def start(args: Sequence[str], cache_dir: Path, **env: str) -> subprocess.Popen[
 
 def report(process: subprocess.Popen[str], timeout: float = 300) -> dict[str, Any]:
     """The process's last JSON line (``{}`` when it printed none), with its ``stdout`` and
-    ``stderr``, once it exits; fails the test when it exits with an error."""
-    stdout, stderr = process.communicate(timeout=timeout)
+    ``stderr``, once it exits; fails the test when it exits with an error, and kills it when it
+    outlasts ``timeout``."""
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()  # not left compiling on one of the machine's cores
+        process.communicate()
+        raise
     assert process.returncode == 0, stderr[-3000:]
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     found: dict[str, Any] = json.loads(lines[-1]) if lines else {}

@@ -10,11 +10,13 @@ GPU or a third-party library (``import fla``) are run by their own tests.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -45,39 +47,56 @@ def commands(marker: str) -> list[list[str]]:
 
 
 def console(marker: str) -> tuple[list[str], list[str]]:
-    """docs/cli.md's console block holding ``marker``: the lines typed that run ``tunecache``
-    (comments left to bash; another program's, such as ``vllm serve``, left out) and the output
-    lines it shows."""
+    """docs/cli.md's console block holding ``marker``: the lines typed (comments left to bash;
+    ``vllm serve``, another program, left out) and the output lines it shows."""
     lines = block(marker, "console", CLI).splitlines()
-    typed = [line[2:] for line in lines if line.startswith("$ ") and "tunecache " in line]
-    return typed, [line for line in lines if not line.startswith("$ ")]
+    typed = [line[2:] for line in lines if line.startswith("$ ")]
+    assert all("tunecache" in line or " vllm serve " in line for line in typed), typed
+    return [line for line in typed if " vllm serve " not in line], [
+        line for line in lines if not line.startswith("$ ")
+    ]
 
 
 # Before the line after ``tunecache serve &``: what a newcomer's pause gives the server.
 _UP = (
-    "import os, time, urllib.request\n"
-    "for _ in range(300):\n"
+    "import os, sys, time, urllib.request\n"
+    "for _ in range(600):\n"
     "    try:\n"
-    "        urllib.request.urlopen(os.environ['TUNECACHE_URL'] + '/health', timeout=1); break\n"
-    "    except OSError: time.sleep(0.1)"
+    "        urllib.request.urlopen(os.environ['TUNECACHE_URL'] + '/health', timeout=1)\n"
+    "        sys.exit(0)\n"
+    "    except OSError:\n"
+    "        time.sleep(0.1)\n"
+    "sys.exit('the server did not answer /health within a minute')"
 )
 
 
 def shell(typed: list[str], cwd: Path, env: dict[str, str], timeout: float = 600) -> str:
-    """``typed`` as one bash script in ``cwd``, stopping at the first command that fails, the
-    background ones (``&``) stopped at the end; its output as a terminal shows it (stdout and
-    stderr in one), or a failure showing it."""
-    script = ["set -euo pipefail", "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT"]
-    for line in typed:
-        script.append(line)
-        if line.startswith("tunecache serve "):
-            script.append(f"{sys.executable} -c {shlex.quote(_UP)}")
+    """``typed`` as one bash script in ``cwd``, stopping at the first command that fails; its
+    output as a terminal shows it (stdout and stderr in one), or a failure showing it. What runs
+    in the background (``&``) logs to a file of its own (shown on a failure) and is stopped at
+    the end, with everything else the script started, whatever happens."""
+    script = ["set -euo pipefail"]
+    for n, line in enumerate(typed):
+        command, _, comment = line.partition("  #")
+        if command.rstrip().endswith("&"):  # its log would interleave with what is shown
+            command = f"{command.rstrip()[:-1]} >background-{n}.log 2>&1 &"
+        script.append(f"{command}  #{comment}" if comment else command)
+        if command.startswith("tunecache serve "):
+            script.append(f"{shlex.quote(sys.executable)} -c {shlex.quote(_UP)}")
     env = {**env, "PATH": f"{TUNECACHE.parent}{os.pathsep}{env.get('PATH', '')}"}
-    done = subprocess.run(["bash", "-c", "\n".join(script)], cwd=cwd, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          timeout=timeout)  # fmt: skip
-    assert done.returncode == 0, f"{typed}\n{done.stdout[-6000:]}"
-    return done.stdout
+    process = subprocess.Popen(["bash", "-c", "\n".join(script)], cwd=cwd, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)  # the server, the daemon: its whole group
+        process.wait()
+    logs = "".join(f"\n--- {p.name}\n{p.read_text()[-3000:]}"
+                   for p in sorted(cwd.glob("background-*.log")))  # fmt: skip
+    assert process.returncode == 0, f"{script}\n{out[-6000:]}{logs}"
+    return out
 
 
 def environment(cwd: Path, url: str) -> dict[str, str]:
@@ -193,13 +212,11 @@ def test_the_cli_pages_first_example_serves_what_it_tuned(tmp_path: Path) -> Non
     typed = [line.replace("--trials 64", "--trials 8") for line in typed]  # a test's minute
     port = free_port()
     # A newcomer's machine: no token yet, the default database in the user's cache folder.
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TUNECACHE_TOKEN", "TUNECACHE_SERVER_BOOTSTRAP_TOKEN")}  # fmt: skip
-    env.update(XDG_CACHE_HOME=str(tmp_path / ".cache"), TUNECACHE_SERVER_PORT=str(port),
-               TUNECACHE_URL=f"http://127.0.0.1:{port}")  # fmt: skip
-    out = shell(typed, tmp_path, env)
-    start = out.index("\n{\n") + 1  # get --json's object (the server logs around it)
-    served = json.loads(out[start : out.index("\n}\n", start) + 2])
+    env = environment(tmp_path, f"http://127.0.0.1:{port}")
+    for held in ("TUNECACHE_TOKEN", "TUNECACHE_SERVER_BOOTSTRAP_TOKEN"):
+        env.pop(held, None)
+    out = shell(typed, tmp_path, {**env, "TUNECACHE_SERVER_PORT": str(port)})
+    served = json.loads(out[out.index("\n{\n") + 1 :])  # get --json: the last thing printed
     assert served["hit"] is True and served["match"] == "exact", served
     assert served["record"]["key"]["backend"] == "tvm"
 
@@ -208,8 +225,8 @@ def test_the_vllm_moe_example_prints_what_the_page_shows(server: LiveServer,
                                                          tmp_path: Path) -> None:  # fmt: skip
     typed, shown = console("tunecache import vllm-moe")
     shutil.copytree(ROOT / "tests" / "fixtures", tmp_path / "tests" / "fixtures")
-    out = shell(typed, tmp_path, {**os.environ, "TUNECACHE_URL": server.url})
-    assert out.replace(server.url, "http://127.0.0.1:8765").splitlines() == shown[: len(typed)]
+    out = shell(typed, tmp_path, environment(tmp_path, server.url))
+    assert out.replace(server.url, "http://127.0.0.1:8765").splitlines() == shown
     assert sorted(p.name for p in (tmp_path / "moe-configs").iterdir()) == [
         "E=128,N=384,device_name=NVIDIA_H200.json"
     ]
@@ -222,7 +239,7 @@ def test_the_cpu_pretune_example_ends_with_every_key_tuned(server: LiveServer,
     manifest = block("# cpu.toml", "toml", CLI)
     (tmp_path / "cpu.toml").write_text(manifest)
     typed, shown = console("tunecache pretune cpu.toml")
-    out = shell(typed, tmp_path, {**os.environ, "TUNECACHE_URL": server.url})
+    out = shell(typed, tmp_path, environment(tmp_path, server.url))
     assert shown[-1] in out.splitlines(), out  # the tally (the table names this machine's arch)
 
 
@@ -230,7 +247,7 @@ def test_the_cpu_pretune_example_ends_with_every_key_tuned(server: LiveServer,
 def test_the_best_example_ranks_the_backends_it_tuned(server: LiveServer, tmp_path: Path) -> None:
     pytest.importorskip("tvm")
     typed, shown = console("tunecache best matmul")
-    out = shell(typed, tmp_path, {**os.environ, "TUNECACHE_URL": server.url}).splitlines()
+    out = shell(typed, tmp_path, environment(tmp_path, server.url)).splitlines()
     head = out.index(next(line for line in out if line.startswith("matmul M=64,N=64,K=64")))
     assert out[head].startswith("matmul M=64,N=64,K=64 float32: fastest is "), out
     assert out[head + 1].split() == shown[1].split()  # the table's header

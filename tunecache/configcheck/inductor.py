@@ -194,9 +194,10 @@ def _time_taken_problem(value: Any) -> str | None:
     return f"time_taken_ms={describe(value, 20)} is not a non-negative integer"
 
 
-def _only(allowed: Any, field: str, why: str) -> Callable[[Any], str | None]:
-    """A check that accepts ``allowed`` alone (by identity: ``False`` is not ``0``), and says
-    ``why`` anything else may not be served."""
+def _only(allowed: bool | None, field: str, why: str) -> Callable[[Any], str | None]:
+    """A check that accepts ``allowed`` alone (by identity, as JSON gives the one ``False``,
+    ``True`` and ``None``: ``False`` is not ``0``), and says ``why`` anything else may not be
+    served."""
 
     def check(value: Any) -> str | None:
         return None if value is allowed else f"{field}={describe(value, 20)}{why}"
