@@ -22,8 +22,8 @@ Prints markdown and writes it to ``bench/results/search_efficiency.md``. Figures
 pass/fail.
 
     python -m bench.search_efficiency [FOLDER ...] [--seeds 10] [--strategies random,optuna,bayes]
-        [--fractions 0.01,0.02,0.05] [--scrambled]
-        [--transfer]
+        [--fractions 0.01,0.02,0.05] [--scrambled] [--only NAME,...]
+        [--transfer] [--out FILE]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import math
 import random
 import statistics
 import sys
@@ -84,6 +85,8 @@ class Efficiency:
     evals_to_target: float  # mean evaluations to within WITHIN of the optimum; a miss counts
     missed: int  # as the whole budget, so with misses the mean is a lower bound
     cpu_ms: float = 0.0  # the strategy's CPU per proposal over the first CPU_PROPOSALS, ms
+    errors: dict[str, float] = dataclasses.field(default_factory=dict)  # label -> standard
+    # error of the mean over seeds (0 with one seed)
 
 
 def checkpoints_of(size: int, fractions: Sequence[float] = FRACTIONS) -> dict[str, int]:
@@ -147,6 +150,10 @@ def measure(
         evals_to_target=statistics.fmean(evals),
         missed=missed,
         cpu_ms=1e3 * cpu / max(1, proposals),
+        errors={
+            n: statistics.stdev(r) / math.sqrt(len(r)) if len(r) > 1 else 0.0
+            for n, r in ratios.items()
+        },
     )
 
 
@@ -206,16 +213,22 @@ def describe(name: str, landscape: Landscape) -> str:
     )
 
 
-def table(rows: Sequence[tuple[str, Efficiency]]) -> list[str]:
-    """A markdown table, one row per (landscape, strategy)."""
+def table(rows: Sequence[tuple[str, Efficiency]], spread: bool = False) -> list[str]:
+    """A markdown table, one row per (landscape, strategy); with ``spread``, each mean with its
+    standard error over seeds where it has one (``0.944 ±0.021``)."""
     labels = list(rows[0][1].ratios)
+
+    def cell(eff: Efficiency, label: str) -> str:
+        error = eff.errors.get(label) if spread else None
+        return f"{eff.ratios[label]:.3f}" + (f" ±{error:.3f}" if error else "")
+
     header = ["landscape", "strategy", *labels, "evals to 5%", "CPU ms/proposal"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name, eff in rows:
         to_target = f"{'>' if eff.missed else ''}{eff.evals_to_target:.0f}"
         if eff.missed:
             to_target += f" ({eff.missed} missed)"
-        cells = [name, eff.strategy, *[f"{eff.ratios[n]:.3f}" for n in labels], to_target,
+        cells = [name, eff.strategy, *[cell(eff, n) for n in labels], to_target,
                  f"{eff.cpu_ms:.2f}"]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return lines
@@ -243,6 +256,10 @@ def average(results: dict[str, list[Efficiency]], strategies: Sequence[str]) -> 
                 evals_to_target=statistics.fmean(e.evals_to_target for e in effs),
                 missed=sum(e.missed for e in effs),
                 cpu_ms=statistics.fmean(e.cpu_ms for e in effs),
+                errors={
+                    n: math.sqrt(sum(e.errors.get(n, 0.0) ** 2 for e in effs)) / len(effs)
+                    for n in effs[0].ratios
+                },  # the landscapes' errors combined as independent
             )
         )
     return out
@@ -308,7 +325,11 @@ def render(landscapes: dict[str, Landscape], results: dict[str, list[Efficiency]
         "",
         "## Cold, by family: the worst family and the families' average",
         "",
-        *table(by_family(results, landscapes, strategies)),
+        "Each family's mean with its standard error over seeds (± one; its landscapes taken as",
+        "independent). A difference smaller than about twice the two errors combined is noise:",
+        "more seeds (``--seeds``, for some landscapes ``--only``) resolve it.",
+        "",
+        *table(by_family(results, landscapes, strategies), spread=True),
         "",
         *(["## With transfer: the family's other devices as prior knowledge",
            "", *table(moved), ""] if moved else []),
@@ -335,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fractions", default=",".join(str(f) for f in FRACTIONS),
                         help="shares of each landscape's configs to report after (and search "
                              "up to, beyond the fixed counts)")  # fmt: skip
+    parser.add_argument("--only", default="",
+                        help="NAME,...: replay only these landscapes (file names without .json; "
+                             "with --scrambled, their relabelled twins too)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the markdown")
     args = parser.parse_args(argv)
     strategies = [s for s in args.strategies.split(",") if s]
@@ -350,6 +374,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown strategies {unknown}; known: {', '.join(sorted(STRATEGIES))}")
     paths = [path for folder in args.folders
              for path in sorted([*folder.glob("*.json"), *folder.glob("*.json.gz")])]  # fmt: skip
+    if only := {name for name in args.only.split(",") if name}:
+        named = {path.name.removesuffix(".gz").removesuffix(".json") for path in paths}
+        if unknown := sorted(only - named):
+            parser.error(f"--only: no landscape {', '.join(unknown)} in the folders")
+        paths = [p for p in paths if p.name.removesuffix(".gz").removesuffix(".json") in only]
     if not paths:
         print(f"no *.json landscapes in {', '.join(map(str, args.folders))}", file=sys.stderr)
         return 2

@@ -317,6 +317,22 @@ class TestSearchEfficiencyBench:
         assert exhaustive_a[header.index("@200")] == "1.000"  # capped at the size (36)
         assert {"1%", "2%", "5%"} <= set(header)
 
+    def test_families_show_their_spread_and_only_replays_the_landscapes_named(
+        self, tmp_path: Path
+    ) -> None:
+        for seed, device in ((1, "GPU A"), (2, "GPU B")):
+            bowl_landscape(seed, device=device).save(tmp_path / f"{device[-1]}.json")
+        out = tmp_path / "out.md"
+        argv = [str(tmp_path), "--seeds", "3", "--strategies", "random", "--only", "A"]
+        assert search_efficiency.main([*argv, "--out", str(out)]) == 0
+        cold, families = out.read_text().split("## Cold, by family")
+        assert "GPU A" in cold and "GPU B" not in cold
+        row = next(line for line in families.splitlines() if line.startswith("| bowl"))
+        mean, error = row.split(" | ")[2].split(" ±")  # @25 of 3 random seeds: they differ
+        assert 0 < float(mean) <= 1 and 0 < float(error) < 1, row
+        with pytest.raises(SystemExit):
+            search_efficiency.main([str(tmp_path), "--only", "C", "--out", str(out)])
+
     def test_transfer_searches_each_landscape_with_its_family_as_prior(
         self, tmp_path: Path
     ) -> None:
