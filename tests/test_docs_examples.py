@@ -5,7 +5,7 @@ bash script each, as pasted into a shell). An example that stops working fails h
 
 Only what a block leaves open is supplied: the values a production snippet takes from the code
 around it (``model``, ``x``, ``matmul_bias``) and the server's address. The blocks that need a
-GPU or a third-party library (``import fla``) are run by their own tests.
+GPU are run by their own tests.
 """
 
 from __future__ import annotations
@@ -137,6 +137,18 @@ def test_the_triton_decorator_example_makes_a_tunecache_autotuner(tmp_path: Path
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["6", "['n']"]
+
+
+def test_the_install_example_routes_the_librarys_kernels(tmp_path: Path) -> None:
+    pytest.importorskip("fla")
+    code = block("tunecache.triton.install(")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}  # a process of its own: it patches Triton
+    env.pop("TUNECACHE_TRITON_AUTOTUNE", None)  # installed by the code, not by the variable
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    routed, _ = done.stdout.split(" kernels routed")
+    assert int(routed.split()[-1]) > 0, done.stdout  # `import fla` alone routed none
 
 
 @pytest.mark.slow
