@@ -12,6 +12,8 @@ against a real server, not through a compile.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import math
 import re
@@ -87,6 +89,19 @@ def run_proc(args: list[str], cache_dir: Path, url: str | None = None) -> dict[s
     return inductor_runs.report(
         inductor_runs.start(args, cache_dir, **({"TUNECACHE_URL": url} if url else {}))
     )
+
+
+@contextlib.contextmanager
+def recorded_warnings() -> Iterator[list[warnings.WarningMessage]]:
+    """Every warning the block raises, after it ends. What earlier tests left to the garbage
+    collector is collected first, and ResourceWarnings are left out: an unclosed socket of
+    another test's warns whenever the collector happens to find it (a shuffled order made one
+    land inside such a block)."""
+    gc.collect()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+    caught[:] = [w for w in caught if not issubclass(w.category, ResourceWarning)]
 
 
 def eager_output(model_file: Path) -> torch.Tensor:
@@ -210,8 +225,7 @@ def test_a_silent_server_costs_one_timeout_and_one_warning(
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         url = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with recorded_warnings() as caught:
             start = time.monotonic()
             enabled = enable(url, timeout=0.5)
             store_answer = _installed_backend().get("pt2:some-kernel:c1")
@@ -235,8 +249,7 @@ def test_a_refused_token_costs_one_warning(
     global_inductor_state: None, server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with recorded_warnings() as caught:
         enabled = enable(server.url, token="not-a-token")
     assert [w.category for w in caught] == [TeamCacheWarning]
     assert "401" in str(caught[0].message)
@@ -415,13 +428,9 @@ def test_upload_pushes_the_local_choice_file_and_warns_when_it_cannot(
         result = upload(server.url)
         assert result is not None and (result.stored, result.kept) == (1, 0)
         assert [g.to_value() for g in server_groups(server.url)] == [GOOD]
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
+        with recorded_warnings() as caught:
             assert upload(f"http://127.0.0.1:{free_port()}", timeout=1.0) is None
-        # (a ResourceWarning may be another test's socket, collected here)
-        assert [w.category for w in caught if w.category is not ResourceWarning] == [
-            TeamCacheWarning
-        ]
+        assert [w.category for w in caught] == [TeamCacheWarning]
     finally:
         CacheBase.get_local_cache_path.cache_clear()
 
