@@ -175,13 +175,18 @@ def scrambled(landscape: Landscape, seed: int = 0) -> Landscape:
                                note=f"{landscape.note}; choices relabelled (seed {seed})")  # fmt: skip
 
 
+def landscape_name(path: Path) -> str:
+    """A landscape's name: its file's, without ``.json`` or ``.json.gz``."""
+    return path.name.removesuffix(".gz").removesuffix(".json")
+
+
 def load_landscapes(paths: Sequence[Path], *, scramble: bool = False) -> dict[str, Landscape]:
     """The landscapes by name (skipping, with a line on stderr, a file that does not load or
     whose name was loaded from another folder already); with
     ``scramble``, each one again with its choices relabelled (:func:`scrambled`)."""
     landscapes: dict[str, Landscape] = {}
     for path in paths:
-        name = path.name.removesuffix(".gz").removesuffix(".json")
+        name = landscape_name(path)
         if name in landscapes:
             print(f"skipping {path}: a landscape named {name} is already loaded", file=sys.stderr)
             continue
@@ -375,10 +380,10 @@ def main(argv: list[str] | None = None) -> int:
     paths = [path for folder in args.folders
              for path in sorted([*folder.glob("*.json"), *folder.glob("*.json.gz")])]  # fmt: skip
     if only := {name for name in args.only.split(",") if name}:
-        named = {path.name.removesuffix(".gz").removesuffix(".json") for path in paths}
+        named = {landscape_name(path) for path in paths}
         if unknown := sorted(only - named):
             parser.error(f"--only: no landscape {', '.join(unknown)} in the folders")
-        paths = [p for p in paths if p.name.removesuffix(".gz").removesuffix(".json") in only]
+        paths = [path for path in paths if landscape_name(path) in only]
     if not paths:
         print(f"no *.json landscapes in {', '.join(map(str, args.folders))}", file=sys.stderr)
         return 2
