@@ -58,9 +58,11 @@ def test_without_a_gpu_the_runs_refuse_with_exit_2(module: str) -> None:
     assert "Traceback" not in done.stderr
 
 
-def test_the_startup_dry_run_lists_fifty_shapes(capsys) -> None:
+def test_the_startup_dry_run_lists_fifty_shapes_and_the_four_processes(capsys) -> None:
     assert startup.main(["--dry-run"]) == 0
-    assert capsys.readouterr().out.startswith("50 shapes")
+    out = capsys.readouterr().out
+    assert out.startswith("50 shapes")
+    assert "processes, in order: pretune, cached, verified, plain" in out
     assert len(set(startup.SHAPES)) == 50
 
 

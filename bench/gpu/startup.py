@@ -1,18 +1,20 @@
 """Start-up table: a process launching 50 GEMM shapes through ``tunecache.triton.autotune``
 served from the cache, against plain ``triton.autotune`` tuning locally.
 
-Three fresh processes on one GPU, one embedded cache server (SQLite):
+Four fresh processes on one GPU, one embedded cache server (SQLite):
 
 1. ``pretune``: ``tunecache.triton.autotune`` on an empty cache tunes every shape as Triton would
    (the 8 tutorial configs benchmarked with ``do_bench``), validates and uploads the winners; it
    also leaves Triton's compiled kernels on disk, so the two runs after it compile nothing;
 2. ``cached``: the same launches in a new process, served from the cache;
-3. ``plain``: the same launches under ``triton.autotune``.
+3. ``verified``: the same with ``verify="first"``: each served config's first launch is checked
+   against the reference (``a @ b``) on copies of the inputs: its cost, and that none is refused;
+4. ``plain``: the same launches under ``triton.autotune``.
 
 Each reports the seconds from its first launch to the last one's end and Triton's benchmark calls.
 
     python -m bench.gpu.startup              # on a GPU machine
-    python -m bench.gpu.startup --dry-run    # on a CPU: the shapes only
+    python -m bench.gpu.startup --dry-run    # on a CPU: the shapes and processes only
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.gpu.common import (
     LLAMA3_8B,
@@ -37,6 +40,7 @@ from bench.gpu.common import (
 
 MS = (1, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 SHAPES = [(m, *nk) for m in MS for nk in (*LLAMA3_8B.values(), (11008, 4096))]  # 50
+MODES = ("pretune", "cached", "verified", "plain")
 
 
 def child(mode: str) -> int:
@@ -45,7 +49,18 @@ def child(mode: str) -> int:
 
     from bench.gpu import startup_kernel as kernel
 
-    tuner = kernel.cached if mode in ("pretune", "cached") else kernel.plain
+    tuner = {"pretune": kernel.cached, "cached": kernel.cached, "verified": kernel.verified,
+             "plain": kernel.plain}[mode]  # fmt: skip
+    checks: list[bool] = []
+    if mode == "verified":  # counts the served configs checked, and those that passed
+        check = tuner._check
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            found = check(*args, **kwargs)
+            checks.append(bool(found.passed))
+            return found
+
+        tuner._check = counted
     tensors = {}
     for m, n, k in SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(m * 7 + n + k)
@@ -64,7 +79,8 @@ def child(mode: str) -> int:
         worst = max(worst, float((c.double() - ref).norm() / ref.norm()))
     seconds = time.perf_counter() - started
     print(json.dumps({"mode": mode, "seconds": seconds, "bench_calls": len(kernel.BENCH_CALLS),
-                      "shapes": len(SHAPES), "worst_error": worst}))  # fmt: skip
+                      "shapes": len(SHAPES), "worst_error": worst,
+                      "checked": len(checks), "passed": sum(checks)}))  # fmt: skip
     return 0
 
 
@@ -74,13 +90,14 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--child", choices=("pretune", "cached", "plain"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--dry-run", action="store_true", help="print the shapes; run nothing")
     args = parser.parse_args(argv)
     if args.child:
         return child(args.child)
     if args.dry_run:
         print(f"{len(SHAPES)} shapes (M, N, K), bf16: {SHAPES}")
+        print(f"processes, in order: {', '.join(MODES)}")
         return 0
     import torch
 
@@ -91,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp, embedded_server(Path(tmp) / "c.db") as (url, token):
         env = {**os.environ, "TUNECACHE_URL": url, "TUNECACHE_TOKEN": token,
                "TRITON_CACHE_DIR": str(Path(tmp) / "triton")}  # fmt: skip
-        for mode in ("pretune", "cached", "plain"):
+        for mode in MODES:
             started = time.perf_counter()
             done = subprocess.run([sys.executable, "-m", "bench.gpu.startup", "--child", mode],
                                   env=env, capture_output=True, text=True, timeout=400)  # fmt: skip
@@ -103,16 +120,17 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             print(row, flush=True)
     table = markdown(
-        ["process", "shapes", "seconds launching", "benchmark calls", "process wall s",
-         "worst error vs float64"],
-        [[r["mode"], r["shapes"], r["seconds"], r["bench_calls"], r["process_s"],
-          r["worst_error"]] for r in rows],
+        ["process", "shapes", "seconds launching", "benchmark calls", "served configs checked",
+         "checks passed", "process wall s", "worst error vs float64"],
+        [[r["mode"], r["shapes"], r["seconds"], r["bench_calls"], r["checked"], r["passed"],
+          r["process_s"], r["worst_error"]] for r in rows],
     )  # fmt: skip
     notes = [
         f"device: {device_name()}; {software()}",
         "the tutorial GEMM (8 configs) at 50 bf16 shapes: M in "
         f"{list(MS)} x Llama-3-8B projections (N, K)",
-        "Triton's compiled kernels were on disk for 'cached' and 'plain' (left by 'pretune')",
+        "Triton's compiled kernels were on disk for the processes after 'pretune' (left by it)",
+        "'verified': verify='first', each served config checked once against a @ b",
     ]
     write_table("startup", "Start-up: served from the cache vs triton.autotune", notes, table,
                 rows)  # fmt: skip

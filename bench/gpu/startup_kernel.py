@@ -1,9 +1,10 @@
-"""The start-up bench's kernel: the Triton matmul tutorial's GEMM under two autotuners.
+"""The start-up bench's kernel: the Triton matmul tutorial's GEMM under three autotuners.
 
 ``cached`` is ``tunecache.triton.autotune`` (winners from the cache server in
-``$TUNECACHE_URL``), ``plain`` is ``triton.autotune``; both wrap the same ``@triton.jit``
-function, so they share Triton's compiled-kernel cache on disk, and both benchmark through
-:func:`counting_bench` (Triton's ``do_bench``, counted).
+``$TUNECACHE_URL``), ``verified`` the same with ``verify="first"``, ``plain`` is
+``triton.autotune``; all wrap the same ``@triton.jit`` function, so they share Triton's
+compiled-kernel cache on disk, and all benchmark through :func:`counting_bench` (Triton's
+``do_bench``, counted).
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ def reference(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *args: Any) -> 
 
 cached = tunecache.triton.autotune(configs=CONFIGS, key=["M", "N", "K"], do_bench=counting_bench,
                                    reference=reference)(gemm_kernel)  # fmt: skip
+# The same, each served config checked against ``reference`` at its first launch in the process.
+verified = tunecache.triton.autotune(configs=CONFIGS, key=["M", "N", "K"],
+                                     do_bench=counting_bench, reference=reference,
+                                     verify="first")(gemm_kernel)  # fmt: skip
 plain = triton.autotune(configs=CONFIGS, key=["M", "N", "K"], do_bench=counting_bench)(gemm_kernel)
 
 
