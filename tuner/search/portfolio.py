@@ -8,8 +8,8 @@ TPE (``optuna``) held. So the portfolio runs them side by side:
   there is one), ``optuna`` (TPE over categorical parameters), ``local`` (the best configs'
   neighbours, ranked by an additive model) and ``random``. Every arm is told every result,
   whoever proposed it, so each models all that was measured;
-* **the start**: the warm start, then the ``bayes`` arm's initial sample (random, or the
-  prior's best configs);
+* **the start**: the warm start, then the ``bayes`` arm's initial sample (spread over the
+  space, away from the warm start, or the prior's best configs);
 * **the allocation**: each ask draws the arm by Thompson sampling. A proposal is graded by
   progress: a whole success when it is faster than every result known when it was proposed, a
   whole miss otherwise (or when it failed). Each arm's successes and misses are a Beta
@@ -130,7 +130,7 @@ class PortfolioSearch(SearchStrategy):
         if warm is not None:
             return self._propose(warm, "warm")
         if len(self._proposed) < self.initial:
-            config = self._fresh(self._bayes)  # its initial sample: random, or the prior's best
+            config = self._fresh(self._bayes)  # its initial sample: spread, or the prior's best
             if config is not None:
                 return self._propose(config, "start")
         while len(self._spent) < len(self.arms):
