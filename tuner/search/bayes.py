@@ -37,7 +37,7 @@ Why this shape (offline replays of brute-forced GPU landscapes, ``bench/search_e
   used until this device's own measurements say otherwise.
 * **The initial sample is spread** over the space: after a random first config, each is the open
   config that differs from its nearest taken one in the most parameters, then the one whose
-  choices were taken least often, so each parameter's choices come about equally often (as in a
+  choices were taken least often, so each parameter's choices come roughly equally often (as in a
   Latin square: ``k`` configs of ``k``-choice parameters take each choice once). Against a random
   sample, in the portfolio, replayed cold on the 16 families (30 seeds, the relabelled twins
   included): 0.949 of the optimum on average at 25 evaluations, against 0.942, and 0.931 at 2 % of
@@ -230,8 +230,8 @@ class BayesSearch(SearchStrategy):
 
     Args:
         prior: a score per config from other devices or shapes (lower is better); optional.
-        initial: configs proposed before the model is used (spread over the space, or the
-            prior's best).
+        initial: configs proposed before the model is used (spread over the space while at
+            most :data:`SPREAD_UP_TO` configs are taken, random after; or the prior's best).
 
     Example:
         >>> space = SearchSpace({"BLOCK": (16, 32, 64, 128), "warps": (2, 4, 8)})

@@ -9,7 +9,8 @@ TPE (``optuna``) held. So the portfolio runs them side by side:
   neighbours, ranked by an additive model) and ``random``. Every arm is told every result,
   whoever proposed it, so each models all that was measured;
 * **the start**: the warm start, then the ``bayes`` arm's initial sample (spread over the
-  space, away from the warm start, or the prior's best configs);
+  space, away from the configs it proposed and those told to it, such as the warm start's once
+  measured; or the prior's best configs);
 * **the allocation**: each ask draws the arm by Thompson sampling. A proposal is graded by
   progress: a whole success when it is faster than every result known when it was proposed, a
   whole miss otherwise (or when it failed). Each arm's successes and misses are a Beta
