@@ -197,6 +197,13 @@ class TestStrategyContract:
         log = run_search(get_strategy(strategy, space), EVALUATE, Budget(trials=5))
         assert (len(log), log.stopped_because, log.best) == (0, "exhausted", None)
 
+    def test_a_constraint_answering_a_bool_is_refused_naming_it(self, strategy: str) -> None:
+        # A predicate instead of a reason: the space once kept the configs it answered False for
+        # while its contains() refused them, and the optuna strategy asked for ever.
+        space = SearchSpace({"BLOCK": (16, 32, 64)}, constraint=lambda c: int(c["BLOCK"]) > 16)
+        with pytest.raises(InvalidInput, match=r"constraint answered (True|False) for BLOCK=16"):
+            run_search(get_strategy(strategy, space), EVALUATE, Budget(trials=5))
+
 
 class TestRegistry:
     def test_names_and_default(self) -> None:

@@ -131,7 +131,22 @@ class SearchSpace:
                 return f"{name}={value!r} is not one of {self.params[name]}"
         if self.members is not None and config not in self.__dict__["_member_set"]:
             return "not one of the space's recorded configs"
-        return self.constraint(config) if self.constraint else None
+        return self._constraint_says(config)
+
+    def _constraint_says(self, config: Config) -> str | None:
+        """The constraint's reason to prune ``config``, or None.
+
+        Raises:
+            InvalidInput: the constraint answered neither a reason (a ``str``) nor None: a
+                ``bool`` could mean "keep" as well as "prune".
+        """
+        if self.constraint is None:
+            return None
+        why = self.constraint(config)
+        if why is not None and not isinstance(why, str):
+            raise InvalidInput(f"the space's constraint answered {why!r} for {config}: it "
+                               "must return why the config is pruned (a str), or None")  # fmt: skip
+        return why
 
     def contains(self, config: Config) -> bool:
         return self.prune_reason(config) is None
@@ -144,10 +159,8 @@ class SearchSpace:
 
     def configs(self) -> Iterator[Config]:
         """Every config that survives pruning, in a fixed order."""
-        if self.members is not None:
-            check = self.constraint
-            return (c for c in self.members if check is None or not check(c))
-        return (c for c in self.all_configs() if self.constraint is None or not self.constraint(c))
+        every = self.members if self.members is not None else self.all_configs()
+        return (c for c in every if self._constraint_says(c) is None)
 
     def valid(self) -> tuple[Config, ...]:
         """Every config that survives pruning, in :meth:`configs`' order, made once and shared:
