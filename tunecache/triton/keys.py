@@ -254,11 +254,11 @@ class DeclaredSpace:
                 return f"{name}={describe(value, 20)} is outside the declared space"
         if self.search is None:
             return None
-        try:
+        try:  # a config the space cannot name, or a constraint that answers no reason: outside
             named = SpaceConfig.of({k: v for k, v in config.items() if k in self.search.params})
+            return self.search.prune_reason(named)
         except InvalidInput as exc:
             return str(exc)
-        return self.search.prune_reason(named)
 
 
 class KernelSpace:
