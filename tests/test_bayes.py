@@ -8,13 +8,14 @@ import statistics
 import time
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 from backends.base import Budget, Trial
 from tunecache.space import Config, SearchSpace
 from tuner.landscape import Landscape, entry
 from tuner.search import get_strategy, run_search
-from tuner.search.bayes import BayesSearch
+from tuner.search.bayes import _GP, BayesSearch, log_likelihood, matern52
 
 SPACE = SearchSpace({"BLOCK_M": (16, 32, 64, 128, 256), "BLOCK_N": (16, 32, 64, 128, 256),
                      "warps": (1, 2, 4, 8), "stages": (2, 3, 4, 5)})  # fmt: skip
@@ -170,3 +171,20 @@ def test_a_parameter_that_decides_the_time_weighs_most() -> None:
         assert max(w for name, w in weights.items() if name != "BLOCK_M") < 0.95
         others.append(statistics.fmean(w for name, w in weights.items() if name != "BLOCK_M"))
     assert statistics.fmean(others) < 0.5
+
+
+def test_the_likelihood_and_the_prediction_are_the_textbook_formulas() -> None:
+    # Both are computed from the kernel's Cholesky factor (a triangular solve, a triangular
+    # inverse): the same numbers as the explicit inverse and determinant.
+    rng = np.random.default_rng(3)
+    x, y, points = rng.random((30, 4)), rng.standard_normal(30), rng.random((7, 4))
+    length, noise = 0.4, 1e-2
+    kernel = matern52(x, x, length) + noise * np.eye(30)
+    _, log_det = np.linalg.slogdet(kernel)
+    expected = -0.5 * y @ np.linalg.solve(kernel, y) - 0.5 * log_det
+    assert log_likelihood(matern52(x, x, length), y, noise) == pytest.approx(expected, rel=1e-9)
+    cross = matern52(points, x, length)
+    mean, std = _GP(x, y, length, noise).predict(points)
+    np.testing.assert_allclose(mean, cross @ np.linalg.solve(kernel, y), rtol=1e-9)
+    variance = 1.0 - np.einsum("ij,ji->i", cross, np.linalg.solve(kernel, cross.T))
+    np.testing.assert_allclose(std, np.sqrt(variance), rtol=1e-7)

@@ -205,6 +205,25 @@ class TestStrategyContract:
             run_search(get_strategy(strategy, space), EVALUATE, Budget(trials=5))
 
 
+class TestSpace:
+    def test_its_configs_are_those_made_from_their_values_in_product_order(self) -> None:
+        # The enumeration builds configs without checking each one (it checks the choices
+        # once): they must equal, hash and read as the checked ones, names out of order too.
+        space = SearchSpace({"z": (2, 1), "a": ("x", "y"), "m": (True, 1.5)})
+        made = [Config.of({"z": z, "a": a, "m": m})
+                for z in (2, 1) for a in ("x", "y") for m in (True, 1.5)]  # fmt: skip
+        enumerated = list(space.all_configs())
+        assert enumerated == made
+        assert [hash(c) for c in enumerated] == [hash(c) for c in made]
+        assert [c.items for c in enumerated] == [c.items for c in made]
+        assert str(enumerated[1]) == "a=x m=1.5 z=2"
+
+    def test_a_choice_no_config_may_hold_is_refused_naming_it(self) -> None:
+        space = SearchSpace({"BLOCK": (16, 32), "mode": ("a", None)})  # JSON, not a scalar
+        with pytest.raises(InvalidInput, match="'mode'=None is not a JSON scalar"):
+            space.valid()
+
+
 class TestRegistry:
     def test_names_and_default(self) -> None:
         assert sorted(STRATEGIES) == [

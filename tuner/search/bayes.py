@@ -58,6 +58,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from scipy.linalg import lapack, solve_triangular
 
 from tunecache.space import Config, SearchSpace
 from tuner.search.base import SearchStrategy, usable
@@ -163,13 +164,25 @@ def _positive_numbers(choices: Sequence[Any]) -> bool:
     return is_ordered(choices) and all(float(c) > 0 for c in choices)
 
 
-def matern52(a: np.ndarray, b: np.ndarray, length: float) -> np.ndarray:
-    """The Matérn-5/2 kernel between the rows of ``a`` and ``b`` (unit variance)."""
+def distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The Euclidean distances between the rows of ``a`` and ``b``."""
     r = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :]
     r -= 2.0 * (a @ b.T)
     np.maximum(r, 0.0, out=r)
     np.sqrt(r, out=r)
-    r *= math.sqrt(5.0) / length  # in place: it is scored on a thousand candidates an ask
+    return r
+
+
+def matern52(a: np.ndarray, b: np.ndarray, length: float) -> np.ndarray:
+    """The Matérn-5/2 kernel between the rows of ``a`` and ``b`` (unit variance)."""
+    return matern52_of(distances(a, b), length, out=True)
+
+
+def matern52_of(distance: np.ndarray, length: float, *, out: bool = False) -> np.ndarray:
+    """The Matérn-5/2 kernel of ``distance`` (overwritten when ``out``: it is scored on a
+    thousand candidates an ask; else kept, for the next length scale of a model search)."""
+    r = distance if out else distance.copy()
+    r *= math.sqrt(5.0) / length
     k = r / 3.0
     k += 1.0
     k *= r
@@ -180,16 +193,31 @@ def matern52(a: np.ndarray, b: np.ndarray, length: float) -> np.ndarray:
     return k
 
 
+def log_likelihood(kernel: np.ndarray, y: np.ndarray, noise: float) -> float:
+    """The log marginal likelihood of ``y`` under ``kernel`` plus ``noise`` (up to a constant),
+    from the Cholesky factor alone: a model search scores 72 fits an ask, and the inverse
+    that prediction needs was more than half of their time.
+
+    Raises:
+        numpy.linalg.LinAlgError: the kernel plus noise is not positive definite.
+    """
+    chol = np.linalg.cholesky(kernel + noise * np.eye(len(y)))
+    z = solve_triangular(chol, y, lower=True, check_finite=False)
+    return float(-0.5 * z @ z - np.log(np.diag(chol)).sum())
+
+
 class _GP:
     """A zero-mean GP on standardised targets, with a fixed length scale and noise."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray, length: float, noise: float) -> None:
         self.x, self.length = x, length
-        k = matern52(x, x, length) + noise * np.eye(len(x))
-        chol = np.linalg.cholesky(k)
-        self.chol_inv = np.linalg.inv(chol)  # prediction is then two matrix products
+        chol = np.linalg.cholesky(matern52(x, x, length) + noise * np.eye(len(x)))
+        # The factor's inverse (a triangular one: a sixth of a general inverse's work), so
+        # that prediction is two matrix products.
+        self.chol_inv, info = lapack.dtrtri(chol, lower=1)
+        if info:
+            raise np.linalg.LinAlgError(f"the kernel's Cholesky factor is singular ({info})")
         self.alpha = self.chol_inv.T @ (self.chol_inv @ y)
-        self.log_likelihood = float(-0.5 * y @ self.alpha - np.log(np.diag(chol)).sum())
 
     def predict(self, points: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         cross = matern52(points, self.x, self.length)
@@ -381,13 +409,15 @@ class BayesSearch(SearchStrategy):
         for name, (x, owner) in self._encodings.items():
             for w in (None, weights) if weights is not None else (None,):
                 told = x[rows] if w is None else x[rows] * w[owner][None, :]  # the rows only
+                distance = distances(told, told)
                 for length in LENGTH_SCALES:
+                    kernel = matern52_of(distance, length)
                     for noise in NOISES:
                         try:
-                            gp = _GP(told, y, length, noise)
+                            likelihood = log_likelihood(kernel, y, noise)
                         except np.linalg.LinAlgError:
                             continue
-                        fits.append((gp.log_likelihood, name, w is not None, length, noise))
+                        fits.append((likelihood, name, w is not None, length, noise))
         if not fits:
             return
         _, self.encoding, weighted, length, noise = max(fits, key=lambda fit: fit[0])
@@ -403,9 +433,10 @@ class BayesSearch(SearchStrategy):
             return open_rows
         sample = open_rows[np.sort(self._sampler.choice(len(open_rows), POOL, replace=False))]
         best = good_rows[np.argsort(good_values)[:3]]
-        # One parameter apart from one of the best (of the open rows: the others are spent).
-        apart = (self._index[open_rows, None, :] != self._index[None, best, :]).sum(2)
-        neighbours = open_rows[(apart == 1).any(1)]
+        # One parameter apart from one of the best, of the open rows (the others are spent).
+        # Compared over every row, not the open ones picked out: a tenth of the time.
+        apart = (self._index[:, None, :] != self._index[None, best, :]).sum(2, dtype=np.int16)
+        neighbours = np.flatnonzero((apart == 1).any(1) & self._open)
         return np.unique(np.concatenate([sample, neighbours]))
 
     def _prior_column(self, prior: Mapping[Config, float]) -> np.ndarray:
