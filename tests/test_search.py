@@ -61,6 +61,14 @@ def failing_evaluator(fails: Callable[[Config], bool]) -> Callable[[list[Config]
 
 
 EVALUATE = failing_evaluator(lambda c: False)
+
+
+def evaluate_any(configs: list[Config]) -> list[Trial]:
+    """Any config, timed by its parameters' digest (no parameter names assumed)."""
+    return [Trial(config=c.to_json(), status="ok", time_ms=1.0 + int(c.digest()[:4], 16) / 1e4)
+            for c in configs]  # fmt: skip
+
+
 OPTIMUM = Config.of({"BLOCK": 64, "warps": 2, "split": 1})
 
 
@@ -219,9 +227,37 @@ class TestSpace:
         assert str(enumerated[1]) == "a=x m=1.5 z=2"
 
     def test_a_choice_no_config_may_hold_is_refused_naming_it(self) -> None:
-        space = SearchSpace({"BLOCK": (16, 32), "mode": ("a", None)})  # JSON, not a scalar
-        with pytest.raises(InvalidInput, match="'mode'=None is not a JSON scalar"):
-            space.valid()
+        with pytest.raises(InvalidInput, match="'mode': choice None is not a JSON scalar"):
+            SearchSpace({"BLOCK": (16, 32), "mode": ("a", None)})  # JSON, not a scalar
+        with pytest.raises(InvalidInput, match=r"'BLOCK': choice \[16\] is not a JSON scalar"):
+            SearchSpace({"BLOCK": ([16], 32)})
+
+    def test_a_repeated_choice_is_one_choice(self) -> None:
+        # Choices computed from a shape meet (next_pow2(N) is 64 at N=64): a config twice had
+        # the optuna strategy, and the default search through it, ask for ever.
+        space = SearchSpace({"BLOCK": (64, 32, 64, 128), "warps": (4, 4)})
+        assert space.params == {"BLOCK": (64, 32, 128), "warps": (4,)}
+        assert len(space.valid()) == len(set(space.valid())) == 3
+        for strategy in STRATEGIES:
+            log = run_search(get_strategy(strategy, space), evaluate_any, Budget(trials=10))
+            assert sorted(int(t.config["BLOCK"]) for t in log.trials) == [32, 64, 128], strategy
+
+    @pytest.mark.parametrize("choices", [(1, True), (1, 1.0), (0, False), (2.0, 2)])
+    def test_choices_equal_as_values_but_of_other_kinds_are_refused(
+        self, choices: tuple[object, ...]
+    ) -> None:
+        # Python holds 1 == True == 1.0, so their configs would be one config twice.
+        first, second = (repr(c) for c in choices)
+        with pytest.raises(InvalidInput, match=f"choices {first} and {second} are equal values"):
+            SearchSpace({"flag": choices})
+
+    def test_a_config_holds_a_choice_only_as_the_kind_it_was_offered(self) -> None:
+        space = SearchSpace({"BLOCK": (32, 64), "even": (True, False)})
+        assert space.contains(Config.of({"BLOCK": 64, "even": True}))
+        assert space.prune_reason(Config.of({"BLOCK": 64.0, "even": True})) == (
+            "BLOCK=64.0 is not one of (32, 64)"
+        )
+        assert not space.contains(Config.of({"BLOCK": 64, "even": 1}))
 
 
 class TestRegistry:
