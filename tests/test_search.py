@@ -231,6 +231,10 @@ class TestSpace:
             SearchSpace({"BLOCK": (16, 32), "mode": ("a", None)})  # JSON, not a scalar
         with pytest.raises(InvalidInput, match=r"'BLOCK': choice \[16\] is not a JSON scalar"):
             SearchSpace({"BLOCK": ([16], 32)})
+        with pytest.raises(InvalidInput, match="'scale': choice nan is not a JSON scalar"):
+            SearchSpace({"scale": (1.0, float("nan"))})
+        with pytest.raises(InvalidInput, match=r"names must be strings, got \[1\]"):
+            SearchSpace({1: (2, 3)})  # type: ignore[dict-item]
 
     def test_a_repeated_choice_is_one_choice(self) -> None:
         # Choices computed from a shape meet (next_pow2(N) is 64 at N=64): a config twice had
@@ -258,6 +262,11 @@ class TestSpace:
             "BLOCK=64.0 is not one of (32, 64)"
         )
         assert not space.contains(Config.of({"BLOCK": 64, "even": 1}))
+        with pytest.raises(InvalidInput, match=r"default BLOCK=64\.0 is not one of"):
+            SearchSpace({"BLOCK": (32, 64)}, defaults={"BLOCK": 64.0})
+        # Recorded configs (a landscape's) too: Config holds 64 == 64.0, the space does not.
+        with pytest.raises(InvalidInput, match=r"recorded config BLOCK=64\.0 is not of the space"):
+            SearchSpace({"BLOCK": (32, 64)}, members=(Config.of({"BLOCK": 64.0}),))
 
 
 class TestRegistry:

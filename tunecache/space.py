@@ -18,11 +18,12 @@ Example:
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunecache.canonical import canonical_json, digest
+from tunecache.canonical import digest
 from tunecache.errors import InvalidInput
 
 Scalar = int | float | str | bool
@@ -88,6 +89,13 @@ def _typed(value: Scalar) -> tuple[str, Scalar]:
     return kind, value
 
 
+def _is_scalar(value: Any) -> bool:
+    """Whether ``value`` is a JSON scalar a config may hold (a finite float, no ``None``)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, int | str | bool)
+
+
 def _distinct(name: str, choices: Iterable[Any]) -> tuple[Scalar, ...]:
     """A parameter's choices, each once (a repeat dropped: choices computed from a shape may
     meet, and a space with a config twice had the default search ask for ever).
@@ -98,10 +106,9 @@ def _distinct(name: str, choices: Iterable[Any]) -> tuple[Scalar, ...]:
     """
     kept: dict[Scalar, Scalar] = {}
     for choice in choices:
-        if choice is None or not isinstance(choice, int | float | str | bool):
+        if not _is_scalar(choice):
             raise InvalidInput(f"search space parameter {name!r}: choice {choice!r} is not a "
-                               "JSON scalar (an int, float, str or bool)")  # fmt: skip
-        canonical_json(choice)  # finite
+                               "JSON scalar (an int, float, str or bool, finite)")  # fmt: skip
         first = kept.setdefault(choice, choice)
         if _typed(first)[0] != _typed(choice)[0]:
             raise InvalidInput(f"search space parameter {name!r}: choices {first!r} and "
@@ -132,6 +139,8 @@ class SearchSpace:
     def __post_init__(self) -> None:
         if not self.params:
             raise InvalidInput("a search space needs at least one parameter")
+        if bad := [name for name in self.params if not isinstance(name, str)]:
+            raise InvalidInput(f"search space parameter names must be strings, got {bad!r}")
         params = {name: _distinct(name, choices) for name, choices in self.params.items()}
         object.__setattr__(self, "params", params)
         offered = {name: frozenset(map(_typed, choices)) for name, choices in params.items()}
@@ -141,6 +150,9 @@ class SearchSpace:
                 raise InvalidInput(f"default {name}={value!r} is not one of the space's choices")
         if self.members is not None:
             members = tuple(dict.fromkeys(self.members))
+            for config in members:  # each as the kinds offered: Config holds 1 == 1.0 == True
+                if (why := self._offer_problem(config)) is not None:
+                    raise InvalidInput(f"recorded config {config} is not of the space: {why}")
             object.__setattr__(self, "members", members)
             object.__setattr__(self, "_member_set", frozenset(members))
 
@@ -163,24 +175,27 @@ class SearchSpace:
         A parameter it lacks counts as its default, where the space has one.
         """
         config = self.complete(config)
+        if (why := self._offer_problem(config)) is not None:
+            return why
+        if self.members is not None and config not in self.__dict__["_member_set"]:
+            return "not one of the space's recorded configs"
+        return self._constraint_says(config)
+
+    def _offer_problem(self, config: Config) -> str | None:
+        """Why ``config`` does not set every parameter to one of its choices, or None."""
         values = config.to_json()
         if set(values) != set(self.params):
             return f"parameters {sorted(values)} are not {sorted(self.params)}"
         for name, value in values.items():
             if not self._offers(name, value):
                 return f"{name}={value!r} is not one of {self.params[name]}"
-        if self.members is not None and config not in self.__dict__["_member_set"]:
-            return "not one of the space's recorded configs"
-        return self._constraint_says(config)
+        return None
 
     def _offers(self, name: str, value: Any) -> bool:
         """Whether ``value`` is one of parameter ``name``'s choices, as the kind it was offered
         (``True`` is not ``1``, ``64.0`` not ``64``)."""
         offered: frozenset[tuple[str, Scalar]] = self.__dict__["_offered"].get(name, frozenset())
-        try:
-            return _typed(value) in offered
-        except TypeError:  # a list or a dict: no choice
-            return False
+        return _is_scalar(value) and _typed(value) in offered
 
     def _constraint_says(self, config: Config) -> str | None:
         """The constraint's reason to prune ``config``, or None.
