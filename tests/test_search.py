@@ -268,6 +268,13 @@ class TestSpace:
         with pytest.raises(InvalidInput, match=r"recorded config BLOCK=64\.0 is not of the space"):
             SearchSpace({"BLOCK": (32, 64)}, members=(Config.of({"BLOCK": 64.0}),))
 
+    def test_a_constraint_that_raises_is_named_with_the_config(self) -> None:
+        # A user's predicate reading a parameter the space lacks: a KeyError from deep in a
+        # search was "an internal error" on the CLI; it is bad input, named.
+        space = SearchSpace({"BLOCK": (16, 32)}, constraint=lambda c: str(c["WARPS"]))
+        with pytest.raises(InvalidInput, match="constraint raised KeyError: 'WARPS' for BLOCK=16"):
+            run_search(get_strategy("portfolio", space), EVALUATE, Budget(trials=3))
+
 
 class TestRegistry:
     def test_names_and_default(self) -> None:

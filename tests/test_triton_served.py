@@ -298,18 +298,22 @@ def test_a_search_space_with_a_constraint_is_a_declared_space(
     assert launch_at(kernel, 801) is m.GROUPED_CONFIGS[0]  # pruned by the constraint
 
 
-def test_a_constraint_answering_a_bool_leaves_served_configs_outside(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("constraint", [
+    lambda c: int(c["BLOCK"]) <= 64,  # a predicate, not a reason
+    lambda c: None if c["BLOCK_K"] else "?",  # a parameter the space lacks: KeyError
+], ids=["answers-a-bool", "raises"])  # fmt: skip
+def test_a_constraint_answering_no_reason_leaves_served_configs_outside(
+    monkeypatch: pytest.MonkeyPatch, constraint: Any
 ) -> None:
-    # A predicate instead of a reason is the user's mistake: the served config is a miss (the
-    # first listed config runs), not an exception from the user's launch.
+    # The user's mistake in the constraint: the served config is a miss (the first listed
+    # config runs), not an exception from the user's launch.
     from tunecache.space import SearchSpace
 
     m = kernel_module()
     hostile(monkeypatch, {900: {"BLOCK": 64, "GROUP_SIZE_M": 2, "num_warps": 1,
                                 "num_stages": 3}}, m._grouped)  # fmt: skip
     space = SearchSpace({"BLOCK": (16, 32, 64, 128), "GROUP_SIZE_M": (1, 2, 4, 8)},
-                        constraint=lambda c: int(c["BLOCK"]) <= 64)  # fmt: skip
+                        constraint=constraint)  # fmt: skip
     kernel = drop_in(m.GROUPED_CONFIGS, space=space)
     assert launch_at(kernel, 900) is m.GROUPED_CONFIGS[0]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunecache.canonical import digest
-from tunecache.errors import InvalidInput
+from tunecache.errors import InvalidInput, one_line
 
 Scalar = int | float | str | bool
 Constraint = Callable[["Config"], str | None]  # returns why a config is pruned, or None
@@ -201,12 +201,17 @@ class SearchSpace:
         """The constraint's reason to prune ``config``, or None.
 
         Raises:
-            InvalidInput: the constraint answered neither a reason (a ``str``) nor None: a
-                ``bool`` could mean "keep" as well as "prune".
+            InvalidInput: the constraint answered neither a reason (a ``str``) nor None (a
+                ``bool`` could mean "keep" as well as "prune"), or raised (a user's predicate
+                reading a parameter the space lacks): named, with the config.
         """
         if self.constraint is None:
             return None
-        why = self.constraint(config)
+        try:
+            why = self.constraint(config)
+        except Exception as exc:
+            raise InvalidInput(f"the space's constraint raised {one_line(exc)} for {config}") \
+                from exc  # fmt: skip
         if why is not None and not isinstance(why, str):
             raise InvalidInput(f"the space's constraint answered {why!r} for {config}: it "
                                "must return why the config is pruned (a str), or None")  # fmt: skip
