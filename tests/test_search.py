@@ -275,6 +275,15 @@ class TestSpace:
         with pytest.raises(InvalidInput, match="constraint raised KeyError: 'WARPS' for BLOCK=16"):
             run_search(get_strategy("portfolio", space), EVALUATE, Budget(trials=3))
 
+    def test_a_space_too_large_to_walk_is_refused_but_still_answers_contains(self) -> None:
+        # Eleven parameters of four choices: 4,194,304 configs, gigabytes for a search.
+        space = SearchSpace({f"p{i}": (1, 2, 4, 8) for i in range(11)})
+        with pytest.raises(InvalidInput, match=r"4,194,304 configs \(p0: 4, p1: 4, .*narrow"):
+            get_strategy(DEFAULT_STRATEGY, space)
+        with pytest.raises(InvalidInput, match="more than the 1,000,000 a search walks"):
+            space.pruned_count()
+        assert space.contains(Config.of({f"p{i}": 8 for i in range(11)}))
+
 
 class TestRegistry:
     def test_names_and_default(self) -> None:
