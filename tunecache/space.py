@@ -85,12 +85,14 @@ class Config:
         return " ".join(f"{k}={v}" for k, v in self.items)
 
 
-def _typed(value: Scalar) -> tuple[str, Scalar]:
+def kinded(value: Any) -> tuple[str, Any]:
     """``value`` with its kind: ``True``, ``1`` and ``1.0`` are equal in Python and hash alike,
-    but they are three configs (``True`` a flag, ``1.0`` no tile size)."""
-    kind = "bool" if isinstance(value, bool) else "str" if isinstance(value, str) else \
-        "int" if isinstance(value, int) else "float"  # fmt: skip
-    return kind, value
+    but they are three configs (``True`` a flag, ``1.0`` no tile size). Hashing the pair raises
+    ``TypeError`` for a list or a dict, as hashing the value does."""
+    for kind in (bool, int, float, str):  # bool first: a bool is an int too
+        if isinstance(value, kind):
+            return kind.__name__, value
+    return type(value).__name__, value
 
 
 def _is_scalar(value: Any) -> bool:
@@ -114,7 +116,7 @@ def _distinct(name: str, choices: Iterable[Any]) -> tuple[Scalar, ...]:
             raise InvalidInput(f"search space parameter {name!r}: choice {choice!r} is not a "
                                "JSON scalar (an int, float, str or bool, finite)")  # fmt: skip
         first = kept.setdefault(choice, choice)
-        if _typed(first)[0] != _typed(choice)[0]:
+        if kinded(first)[0] != kinded(choice)[0]:
             raise InvalidInput(f"search space parameter {name!r}: choices {first!r} and "
                                f"{choice!r} are equal values of other types; a config "
                                "could not tell them apart")  # fmt: skip
@@ -147,7 +149,7 @@ class SearchSpace:
             raise InvalidInput(f"search space parameter names must be strings, got {bad!r}")
         params = {name: _distinct(name, choices) for name, choices in self.params.items()}
         object.__setattr__(self, "params", params)
-        offered = {name: frozenset(map(_typed, choices)) for name, choices in params.items()}
+        offered = {name: frozenset(map(kinded, choices)) for name, choices in params.items()}
         object.__setattr__(self, "_offered", offered)
         for name, value in self.defaults.items():
             if not self._offers(name, value):
@@ -199,7 +201,7 @@ class SearchSpace:
         """Whether ``value`` is one of parameter ``name``'s choices, as the kind it was offered
         (``True`` is not ``1``, ``64.0`` not ``64``)."""
         offered: frozenset[tuple[str, Scalar]] = self.__dict__["_offered"].get(name, frozenset())
-        return _is_scalar(value) and _typed(value) in offered
+        return _is_scalar(value) and kinded(value) in offered
 
     def _constraint_says(self, config: Config) -> str | None:
         """The constraint's reason to prune ``config``, or None.

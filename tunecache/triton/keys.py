@@ -30,7 +30,7 @@ from tunecache.errors import InvalidInput
 from tunecache.key import DTYPES, Key
 from tunecache.problem import describe
 from tunecache.space import Config as SpaceConfig
-from tunecache.space import SearchSpace
+from tunecache.space import SearchSpace, kinded
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
 _SM = re.compile(r"sm_(\d+)[a-z]?")
@@ -205,11 +205,6 @@ def triton_config(config: Mapping[str, Any]) -> Config:
     return Config(meta, **launch)
 
 
-def _typed(value: Any) -> tuple[type, Any]:
-    hash(value)  # a list or a dict is no value of a space: TypeError
-    return type(value), value
-
-
 class DeclaredSpace:
     """A space the user declares (``space=``): each parameter's allowed values.
 
@@ -233,11 +228,11 @@ class DeclaredSpace:
             raise InvalidInput(f"space= names {unknown}: neither a meta-parameter of the listed "
                                f"configs nor a launch option {LAUNCH_OPTIONS}")  # fmt: skip
         self.search = space if isinstance(space, SearchSpace) else None
-        self.allowed: dict[str, frozenset[tuple[type, Any]]] = {}
+        self.allowed: dict[str, frozenset[tuple[str, Any]]] = {}
         for name in sorted(names):
             values = params[name] if name in params else [c.get(name) for c in listed]
             try:
-                self.allowed[name] = frozenset(_typed(v) for v in values)
+                self.allowed[name] = frozenset(kinded(v) for v in values)
             except TypeError as exc:
                 raise InvalidInput(f"space= {name}: values must be scalars ({exc})") from exc
 
@@ -247,7 +242,7 @@ class DeclaredSpace:
             return f"its parameters {sorted(config)} are not the space's {sorted(self.allowed)}"
         for name, value in config.items():
             try:
-                inside = _typed(value) in self.allowed[name]
+                inside = kinded(value) in self.allowed[name]
             except TypeError:
                 inside = False
             if not inside:

@@ -175,13 +175,12 @@ def distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def matern52(a: np.ndarray, b: np.ndarray, length: float) -> np.ndarray:
     """The Matérn-5/2 kernel between the rows of ``a`` and ``b`` (unit variance)."""
-    return matern52_of(distances(a, b), length, out=True)
+    return matern52_of(distances(a, b), length)
 
 
-def matern52_of(distance: np.ndarray, length: float, *, out: bool = False) -> np.ndarray:
-    """The Matérn-5/2 kernel of ``distance`` (overwritten when ``out``: it is scored on a
-    thousand candidates an ask; else kept, for the next length scale of a model search)."""
-    r = distance if out else distance.copy()
+def matern52_of(r: np.ndarray, length: float) -> np.ndarray:
+    """The Matérn-5/2 kernel of the distances ``r``, which it overwrites (in place: it is
+    scored on a thousand candidates an ask; pass a copy to keep them)."""
     r *= math.sqrt(5.0) / length
     k = r / 3.0
     k += 1.0
@@ -411,7 +410,7 @@ class BayesSearch(SearchStrategy):
                 told = x[rows] if w is None else x[rows] * w[owner][None, :]  # the rows only
                 distance = distances(told, told)
                 for length in LENGTH_SCALES:
-                    kernel = matern52_of(distance, length)
+                    kernel = matern52_of(distance.copy(), length)
                     for noise in NOISES:
                         try:
                             likelihood = log_likelihood(kernel, y, noise)
