@@ -307,7 +307,10 @@ class TestSearchEfficiencyBench:
         rows = [line for line in cold.splitlines() if line.startswith("| ")]
         assert len(rows) == 1 + 3 * 3  # header, 2 landscapes + average, 3 strategies each
         header = rows[0].split(" | ")
-        # Two families (a's parameters are not b's), then the worst and average rows.
+        # Two families (a's parameters are not b's), then the worst and average rows; then the
+        # default held to the bar.
+        families, held = families.split("`portfolio` below random less 0.01: ")
+        assert held.split(" of ")[1].startswith("8 cells")  # 2 families × 4 fixed counts
         by_family = [line for line in families.splitlines() if line.startswith("| ")]
         assert len(by_family) == 1 + 2 * 3 + 3 + 3
         assert sum("*worst family*" in row for row in by_family) == 3
@@ -345,6 +348,30 @@ class TestSearchEfficiencyBench:
         assert "## With transfer" in text
         transfer = text.split("## With transfer")[1]
         assert transfer.count("| A | ") == 2 and "| *average* | bayes |" in transfer
+
+    def test_the_default_is_held_to_the_better_of_optuna_and_random_less_the_slack(self) -> None:
+        def eff(strategy: str, at25: float, at50: float) -> search_efficiency.Efficiency:
+            ratios = {"@25": at25, "@50": at50, "@100": 1.0, "@200": 1.0}
+            return search_efficiency.Efficiency(strategy, ratios, 10.0, 0,
+                                                errors=dict.fromkeys(ratios, 0.01))  # fmt: skip
+
+        rows = [
+            ("F", eff("random", 0.80, 0.97)),
+            ("F", eff("optuna", 0.95, 0.90)),
+            ("F", eff("portfolio", 0.90, 0.961)),  # @25: 0.05 below optuna; @50: 0.009 below
+            ("G", eff("random", 0.90, 0.90)),
+            ("G", eff("optuna", 0.89, 0.90)),
+            ("G", eff("portfolio", 0.885, 0.99)),  # @25: 0.015 below, within the noise
+            ("*worst family*", eff("portfolio", 0.0, 0.0)),  # not a family
+        ]
+        lines = search_efficiency.bar(rows, ["random", "optuna", "portfolio"])
+        assert lines[0].startswith("`portfolio` below the better of optuna and random less 0.01: "
+                                   "2 of 8 cells")  # fmt: skip
+        assert "1 of them by more than the slack plus twice" in lines[0]
+        below = [line for line in lines if line.startswith("| F") or line.startswith("| G")]
+        assert below == ["| F | @25 | 0.900 | optuna 0.950 | -0.050 | 0.028 |",
+                         "| G | @25 | 0.885 | random 0.900 | -0.015 | 0.028 |"]  # fmt: skip
+        assert search_efficiency.bar(rows, ["random", "optuna"]) == []  # no default run
 
     def test_empty_folder_and_unknown_strategy(self, tmp_path: Path) -> None:
         assert search_efficiency.main([str(tmp_path), "--out", str(tmp_path / "x.md")]) == 2

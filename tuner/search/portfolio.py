@@ -27,7 +27,9 @@ TPE (``optuna``) held. So the portfolio runs them side by side:
 
 Replayed on the shared GPU landscapes, this project's CPU landscapes, and all of them with every
 parameter's choices relabelled at random (``--scrambled``: a family where order says nothing, as
-a space never seen may have), 10 seeds: bench/results/search_efficiency.md.
+a space never seen may have), 10 seeds: bench/results/search_efficiency.md; against ``optuna``
+and ``random`` at 30 seeds, cold and with the prior: search_efficiency_30_seeds.md,
+search_efficiency_transfer.md.
 
 An arm that proposes a config already proposed (by another arm, or still being measured) is
 asked again, a few times, then another arm is drawn; ``ask`` returns ``None`` exactly when every
