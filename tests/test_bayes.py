@@ -102,7 +102,7 @@ def generated_landscape(recorded: int, seed: int = 0) -> Landscape:
     params = {f"p{i}": tuple(range(1, 9)) for i in range(7)}  # 8**7 = 2,097,152 configs
     rng = random.Random(seed)
     configs = {Config.of({n: rng.choice(c) for n, c in params.items()}) for _ in range(recorded)}
-    entries = [entry(c.to_json(), "ok", (1.0 + sum(float(v) for _, v in c.items),))
+    entries = [entry(c.to_json(), "ok", (1.0 + sum(float(v) for v in c.values()),))
                for c in configs]  # fmt: skip
     return Landscape(key={"kernel": "generated"}, space={n: list(c) for n, c in params.items()},
                      entries=entries, device="synthetic")  # fmt: skip
@@ -136,7 +136,7 @@ def test_the_encoding_follows_the_data_order_or_names() -> None:
                for name, choices in SPACE.params.items()}  # fmt: skip
 
     def named(config: Config) -> float:
-        return bowl(Config.of({k: relabel[k][v] for k, v in config.items}))
+        return bowl(Config.of({k: relabel[k][v] for k, v in config.items()}))
 
     chosen = {}
     for label, time_of in (("ordered", bowl), ("named", named)):

@@ -133,7 +133,7 @@ def test_a_search_shows_the_space_as_its_total_when_smaller_than_the_budget() ->
     space = SearchSpace({"BLOCK": (16, 32, 64), "warps": (2, 4)})
     seen: list[Progress] = []
     run_search(get_strategy("random", space, seed=0),
-               lambda batch: [Trial(config=dict(c.items), status="ok", time_ms=1.0) for c in batch],
+               lambda batch: [Trial(config=dict(c), status="ok", time_ms=1.0) for c in batch],
                Budget(trials=10**9), progress=seen.append)  # fmt: skip
     assert seen and {p.total for p in seen} == {6} and seen[-1].done == 6
 

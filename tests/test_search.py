@@ -223,8 +223,22 @@ class TestSpace:
         enumerated = list(space.all_configs())
         assert enumerated == made
         assert [hash(c) for c in enumerated] == [hash(c) for c in made]
-        assert [c.items for c in enumerated] == [c.items for c in made]
+        assert [c.pairs for c in enumerated] == [c.pairs for c in made]
         assert str(enumerated[1]) == "a=x m=1.5 z=2"
+
+    def test_a_config_reads_as_a_mapping_and_stays_a_value(self) -> None:
+        # The one type of a config in the process: whatever reads a mapping reads it (the
+        # harness, a backend, a trial), with no dict in between; it hashes and compares by value.
+        config = Config.of({"warps": 4, "BLOCK": 64, "even": True})
+        assert list(config) == ["BLOCK", "even", "warps"] and len(config) == 3
+        assert dict(config) == config.to_json() == {"BLOCK": 64, "even": True, "warps": 4}
+        assert "BLOCK" in config and "split" not in config and config.get("split", 1) == 1
+        assert Config.of(config) is config and Config.of(dict(config)) == config
+        assert hash(Config.of(dict(config))) == hash(config)
+        assert config != dict(config)  # a value of its own kind, as a tuple is not a list
+        assert Trial(config=config, status="ok", time_ms=1.0).config == dict(config)
+        with pytest.raises(TypeError):
+            config["BLOCK"] = 32  # type: ignore[index]
 
     def test_a_choice_no_config_may_hold_is_refused_naming_it(self) -> None:
         with pytest.raises(InvalidInput, match="'mode': choice None is not a JSON scalar"):

@@ -35,45 +35,51 @@ MAX_WALKED = 1_000_000
 
 
 @dataclass(frozen=True)
-class Config:
-    """An immutable kernel config: sorted ``(name, value)`` pairs with JSON scalar values."""
+class Config(Mapping[str, Scalar]):
+    """An immutable kernel config: a read-only mapping of parameter name to JSON scalar, kept as
+    sorted ``(name, value)`` pairs, so it hashes and compares by value. It is the one type of a
+    config in the process: anything that reads a mapping reads it, and it becomes a ``dict`` only
+    where it leaves as JSON (:meth:`to_json`)."""
 
-    items: tuple[tuple[str, Scalar], ...]
+    pairs: tuple[tuple[str, Scalar], ...]
 
     def __post_init__(self) -> None:
-        for name, value in self.items:
+        for name, value in self.pairs:
             if not isinstance(name, str) or not isinstance(value, int | float | str | bool):
                 raise InvalidInput(f"config parameter {name!r}={value!r} is not a JSON scalar")
 
     @classmethod
     def of(cls, values: Mapping[str, Scalar]) -> Config:
+        """``values`` as a config (a config is returned as it is)."""
+        if isinstance(values, Config):
+            return values
         return cls(tuple(sorted(values.items())))
 
     @classmethod
-    def _checked(cls, items: tuple[tuple[str, Scalar], ...]) -> Config:
-        """A config of ``items`` already sorted by name and checked to be JSON scalars (a
+    def _checked(cls, pairs: tuple[tuple[str, Scalar], ...]) -> Config:
+        """A config of ``pairs`` already sorted by name and checked to be JSON scalars (a
         space checks its choices once, not each config's: enumerating 20,736 configs took
         0.11 s, now 0.06 s)."""
         config = object.__new__(cls)
-        object.__setattr__(config, "items", items)
+        object.__setattr__(config, "pairs", pairs)
         return config
 
     from_json = of
 
     def to_json(self) -> dict[str, Scalar]:
-        return dict(self.items)
+        return dict(self.pairs)
 
     def __getitem__(self, name: str) -> Scalar:
-        for key, value in self.items:
+        for key, value in self.pairs:
             if key == name:
                 return value
         raise KeyError(name)
 
-    def get(self, name: str, default: Any = None) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            return default
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, _ in self.pairs)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
 
     def replace(self, **values: Scalar) -> Config:
         return Config.of({**self.to_json(), **values})
@@ -82,7 +88,7 @@ class Config:
         return digest(self.to_json())
 
     def __str__(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in self.items)
+        return " ".join(f"{k}={v}" for k, v in self.pairs)
 
 
 def kinded(value: Any) -> tuple[str, Any]:
@@ -189,10 +195,9 @@ class SearchSpace:
 
     def _offer_problem(self, config: Config) -> str | None:
         """Why ``config`` does not set every parameter to one of its choices, or None."""
-        values = config.to_json()
-        if set(values) != set(self.params):
-            return f"parameters {sorted(values)} are not {sorted(self.params)}"
-        for name, value in values.items():
+        if set(config) != set(self.params):
+            return f"parameters {sorted(config)} are not {sorted(self.params)}"
+        for name, value in config.pairs:
             if not self._offers(name, value):
                 return f"{name}={value!r} is not one of {self.params[name]}"
         return None

@@ -206,7 +206,7 @@ class Workload(abc.ABC):
         chosen = self.triton_default(
             self.problem(problem or self.demo_problem), dtype or self.dtypes(backend)[0]
         )
-        return dict(chosen.to_json())
+        return chosen.to_json()
 
     # -- backend hooks: a built-in's live in workloads/<name>/<backend>.py ------------------
     def backend_module(self, backend: str) -> Any:

@@ -36,6 +36,6 @@ class InProcessBenchmarker(Benchmarker):
     def evaluate(self, configs: list[Config]) -> list[Trial]:
         trials = []
         for config in configs:
-            measured = self.measurer.try_build(config.to_json()) or self.measure(config.to_json())
-            trials.append(measured.trial(config.to_json()))
+            measured = self.measurer.try_build(config) or self.measure(config)
+            trials.append(measured.trial(config))
         return trials

@@ -50,6 +50,7 @@ class Measurer:
         self.built: dict[str, Runnable] = {}
 
     def build(self, config: Mapping[str, Any]) -> Runnable:
+        config = dict(config)  # a backend is handed plain JSON, in a worker process or not
         key = canonical_json(config)
         if key not in self.built:
             if len(self.built) >= MAX_CACHED:

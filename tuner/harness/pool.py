@@ -215,7 +215,7 @@ class Harness:
     def build_all(self, task: Task, configs: list[Config]) -> dict[str, Answer]:
         """Builds ``configs`` in parallel across the workers; each one's answer by its label."""
         task_id = task.digest()
-        pending = [c.to_json() for c in configs]
+        pending: list[ConfigJSON] = list(configs)
         answers: dict[str, Answer] = {}
         if pending:
             self._set_up_all(task, task_id)
@@ -404,13 +404,13 @@ class HarnessBenchmarker(Benchmarker):
             self._build_s.append((time.monotonic() - started) / rounds)
         trials = []
         for config in configs:
-            answer = built[_label(config.to_json())]
+            answer = built[_label(config)]
             self._count(answer)
             if answer.ok:
-                measured = self.measure(config.to_json(), self._cutoff())
+                measured = self.measure(config, self._cutoff())
             else:
                 measured = answer.as_measurement()
-            trials.append(self._note(config.to_json(), measured))
+            trials.append(self._note(config, measured))
         return trials
 
     def _note(self, config: ConfigJSON, measured: Measurement) -> Trial:
@@ -436,7 +436,7 @@ class FarmBenchmarker(HarnessBenchmarker):
         """Starts compiling ``configs``, the search's next batch, in the farm while the current
         batch is timed; ``[]`` drops what is still queued (the search stopped)."""
         if configs:
-            self.harness.farm.submit(self.task, [c.to_json() for c in configs])
+            self.harness.farm.submit(self.task, configs)
         else:
             self.harness.farm.cancel(self.task)
 
@@ -459,15 +459,14 @@ class FarmBenchmarker(HarnessBenchmarker):
     def evaluate(self, configs: list[Config]) -> list[Trial]:
         """Times each config as soon as the farm has compiled it."""
         found: dict[str, Trial] = {}
-        answers = self.harness.measure_compiled(self.task, [c.to_json() for c in configs],
-                                                self._cutoff)  # fmt: skip
+        answers = self.harness.measure_compiled(self.task, configs, self._cutoff)
         for label, answer in answers:
             if answer.compile_s is not None and answer.measure_s is not None:
                 self._build_s.append(answer.compile_s)
                 self._measure_s.append(answer.measure_s)
             self._count(answer)
             found[label] = self._note(json.loads(label), answer.as_measurement())
-        return [found[_label(c.to_json())] for c in configs]
+        return [found[_label(c)] for c in configs]
 
 
 def _edge_task(task: Task) -> Task | None:

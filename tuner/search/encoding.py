@@ -31,6 +31,6 @@ def choice_indices(space: SearchSpace, configs: Sequence[Config]) -> np.ndarray:
     names = list(space.params)
     by_name = sorted(names)
     lookup = [{value: i for i, value in enumerate(space.params[name])} for name in by_name]
-    rows = [[lookup[j][value] for j, (_, value) in enumerate(config.items)] for config in configs]
+    rows = [[lookup[j][value] for j, (_, value) in enumerate(config.pairs)] for config in configs]
     sorted_index = np.asarray(rows, dtype=np.int64).reshape(len(configs), len(names))
     return sorted_index[:, [by_name.index(name) for name in names]]
