@@ -213,11 +213,14 @@ def test_sync_writes_imported_entries_only_when_told_and_names_bad_input(
 ) -> None:
     url, out = server.url, str(tmp_path / "out")
     assert cli("import", "vllm-moe", str(FIXTURES), "--server", url) == 0
+    # Without --accept imported only winners tuned here are written: none, exit 1, and a hint.
     assert (
         cli("sync", "--format", "vllm-moe", "-o", out, "--device", "NVIDIA_H100", "--server", url)
-        == 2
+        == 1
     )
-    assert "write them with --accept imported" in capsys.readouterr().err
+    assert "imported files need --accept imported" in capsys.readouterr().err
+    assert list((tmp_path / "out").iterdir()) == []
+    (tmp_path / "out").rmdir()
     for argv, words in [
         (["--device", "NVIDIA H100"], "'NVIDIA H100' is not a device name"),
         (["--device", "../etc"], "'../etc' is not a device name"),
@@ -256,7 +259,7 @@ def test_sync_skips_files_a_server_should_not_hold(
     assert cli("sync", "--format", "vllm-moe", "-o", str(out), "--device", "X", "--accept",
                "imported", "--server", server.url) == 0  # fmt: skip
     err = capsys.readouterr().err
-    assert "X: wrote 1 file (1 entries, imported)" in err
+    assert "X: wrote 1 file (1 entries: 0 tuned, 1 imported)" in err
     assert "skipped 2 outside the schema" in err  # the other two the server held back
     assert [p.name for p in out.iterdir()] == ["E=8,N=64,device_name=X.json"]
     assert json.loads((out / "E=8,N=64,device_name=X.json").read_text()) == {"1": GOOD}

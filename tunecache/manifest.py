@@ -20,6 +20,12 @@
     backends = ["triton"]
     dtypes = ["bfloat16"]
 
+    [[tune]]
+    preset = "mixtral-8x7b-moe"  # vLLM's own fused-MoE kernel at the model's experts
+    tp = [1, 2, 4, 8]          # a degree or several; tokens default to the engine's M list
+    backends = ["triton"]
+    dtypes = ["bfloat16"]
+
 Every entry expands to keys (kernels × shapes × dtypes × backends); a key for an arch other than
 this machine's (``arch`` applies to the backends that run on that kind of device) names the arch
 only (the daemon that tunes it completes it with its device). A bad
@@ -101,8 +107,7 @@ def _entry_keys(entry: Mapping[str, Any], arch: str | None) -> list[Key]:
                                  or re.fullmatch(STRATEGY_PATTERN, strategy) is None):  # fmt: skip
         raise InvalidInput(f"strategy={strategy!r} is not a strategy name")
     if "preset" in entry:
-        problems = preset_problems(entry["preset"], tokens=entry.get("tokens", [1]),
-                                   tp=entry.get("tp", 1))  # fmt: skip
+        problems = _preset(entry["preset"], entry.get("tokens"), entry.get("tp", 1))
     else:
         shapes = entry.get("shapes")
         if not isinstance(shapes, list) or not shapes:
@@ -120,6 +125,22 @@ def _entry_keys(entry: Mapping[str, Any], arch: str | None) -> list[Key]:
                         raise InvalidInput(f"{key.short()}: {validation_problems(exc)}") from None
                     keys.append(key)
     return keys
+
+
+def _preset(name: object, tokens: object, tp: object) -> dict[str, list[dict[str, int]]]:
+    """A preset's problems at each tensor-parallel degree of ``tp`` (one, or a list)."""
+    if not isinstance(name, str):
+        raise InvalidInput(f"preset={name!r} is not a preset's name")
+    if tokens is not None and not isinstance(tokens, list):
+        raise InvalidInput(f"tokens={tokens!r} must be a list of token counts, e.g. [16, 2048]")
+    problems: dict[str, list[dict[str, int]]] = {}
+    for degree in tp if isinstance(tp, list) and tp else [tp]:
+        if isinstance(degree, bool) or not isinstance(degree, int):
+            raise InvalidInput(f"tp={degree!r} is not a tensor-parallel degree (1, 2, 4, 8 …)")
+        for kernel, shapes in preset_problems(name, tokens=tokens, tp=degree).items():
+            known = problems.setdefault(kernel, [])
+            known += [shape for shape in shapes if shape not in known]
+    return problems
 
 
 def parse_manifest(text: str, source: str = "manifest") -> Manifest:

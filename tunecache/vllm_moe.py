@@ -34,6 +34,9 @@ from typing import Final
 
 from tunecache.errors import InvalidInput
 
+# The engine's own Triton kernel as ``tune`` takes it (workloads/vllm_moe.py): its problems are
+# M, E, N, K (the hidden size) and topk; its configs the six fields of a file's entry.
+KERNEL: Final = "workloads.vllm_moe:FusedMoE"
 FIELDS: Final = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
                  "num_stages")  # fmt: skip
 # Fields some platforms' files add, each optional: a split of K (AMD's, Intel's), ROCm's
@@ -66,6 +69,13 @@ _NAME = re.compile(
 _DEVICE = re.compile(_DEVICE_CHARS)
 _VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}")
 Entry = dict[str, int]
+
+
+def engine_device_name(name: str) -> str:
+    """A device's name as the engine writes it in file names: ``NVIDIA H100 80GB HBM3`` →
+    ``NVIDIA_H100_80GB_HBM3`` (spaces and slashes as ``_``), and every H200 ``NVIDIA_H200``."""
+    name = re.sub(r"[\s/]+", "_", name)
+    return "NVIDIA_H200" if "H200" in name.split("_") else name
 
 
 def check_device_name(name: str) -> str:

@@ -1,13 +1,20 @@
 """``tunecache sync --format vllm-moe -o DIR``: the team's fused-MoE configs as the engine's files.
 
-For each ``--device`` (the engine's device name; default: this machine's GPU), the entries the
+For each ``--device`` (the engine's device name; default: this machine's GPU), the configs the
 cache holds for it are written to DIR in the engine's exact file names and layout
-(:mod:`tunecache.vllm_moe`), one file per shape, ready for ``VLLM_TUNED_CONFIG_FOLDER=DIR``.
-Imported files (``tunecache import vllm-moe``) are written only under ``--accept imported``: they
-were tuned elsewhere, by someone else, and never validated here. The server is not trusted: every
-file is held to the closed schema again and must be stored under its own device and shape; one
-that is not is skipped (counted, one line). A file is written whole (a rename), so a running
-engine never reads half of one; one that cannot be written is one line, exit 2.
+(:mod:`tunecache.vllm_moe`), one file per shape, ready for ``VLLM_TUNED_CONFIG_FOLDER=DIR``:
+
+- the winners tuned here of the engine's own kernel (``tune workloads.vllm_moe:FusedMoE``, a
+  preset's shapes), validated against the reference (:mod:`tunecache.vllm_moe_tuned`);
+- with ``--accept imported``, the files imported with ``tunecache import vllm-moe``: tuned
+  elsewhere, by someone else, never validated here. Where both give an M, the tuned one is
+  written.
+
+The server is not trusted: every file and record is held to the closed schema again, an imported
+file must be stored under its own device and shape, a record must be a served winner of the
+engine's kernel for the device; any other is skipped (counted, one line). A file is written whole
+(a rename), so a running engine never reads half of one; one that cannot be written is one line,
+exit 2.
 
 Exit 0 written, 1 nothing to write, 2 bad input, 3 the server could not be reached.
 """
@@ -16,19 +23,30 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from tunecache.errors import InvalidInput
 from tunecache.folders import output_dir
 from tunecache.vllm_moe import (
+    KERNEL,
     NAMESPACE,
     MoeFile,
     MoeShape,
     check_device_name,
+    engine_device_name,
     imported_contents,
     imported_name_problem,
     write_file,
 )
+from tunecache.vllm_moe_tuned import tuned_files
 from tunecache_cli.args import server_url
+
+if TYPE_CHECKING:
+    from tunecache.client import Client
+    from tunecache.schemas import RecordPublic
+
+PAGE = 100  # records a request
+MAX_PAGES = 200  # 20,000 winners: far more than every preset's shapes on one device
 
 
 def write_folder(args: argparse.Namespace) -> int:
@@ -40,27 +58,64 @@ def write_folder(args: argparse.Namespace) -> int:
     if args.output is None:
         raise InvalidInput("--format vllm-moe needs -o DIR, the folder to write the files in")
     devices = [check_device_name(d) for d in args.device or [_this_gpu()]]
-    if "imported" not in args.accept:
-        raise InvalidInput("the cache's fused-MoE files are imported ones (tunecache import "
-                           "vllm-moe: tuned elsewhere, never validated here): write them with "
-                           "--accept imported")  # fmt: skip
     folder = output_dir(args.output)  # made only once the command is known to be good
     with Client(server_url(args), timeout=Timeout(write=args.timeout)) as client:
-        fetched = {d: client.get_artifacts(NAMESPACE, d, timeout=args.timeout) for d in devices}
+        winners = _winners(client, args.timeout)
+        imported = {d: client.get_artifacts(NAMESPACE, d, timeout=args.timeout) if
+                    "imported" in args.accept else [] for d in devices}  # fmt: skip
     written = 0
-    for device, items in fetched.items():
+    for device in devices:
+        items = imported[device]
         files, skipped = _files(device, [(i.key, i.item, i.value) for i in items])
-        for shape, contents in sorted(files.items(), key=lambda kv: kv[0].file_name()):
+        tuned, passed_over = tuned_files(winners, device)
+        merged = {s: _merge(files.get(s), tuned.get(s)) for s in {*files, *tuned}}
+        for shape, contents in sorted(merged.items(), key=lambda kv: kv[0].file_name()):
             write_file(folder, shape, contents)
-        entries = sum(len(c.table) for c in files.values())
-        print(f"{device}: wrote {len(files)} file{'' if len(files) == 1 else 's'} "
-              f"({entries} entries, imported) to {folder}"
-              + (f"; skipped {skipped} outside the schema" if skipped else "")
-              + ("" if items else " (none stored for this device; a server under the verified "
-                                  "policy serves only trusted tokens' imports)"),
+        what = _summary(merged, tuned, "imported" in args.accept)
+        skips = skipped + passed_over
+        print(f"{device}: wrote {what} to {folder}"
+              + (f"; skipped {skips} outside the schema or not served here" if skips else ""),
               file=sys.stderr)  # fmt: skip
-        written += len(files)
+        written += len(merged)
     return 0 if written else 1
+
+
+def _winners(client: Client, timeout: float) -> list[RecordPublic]:
+    """Every winner of the engine's kernel the server lists, page by page."""
+    found: list[RecordPublic] = []
+    for page in range(MAX_PAGES):
+        listed = client.list_records(kernel=KERNEL, backend="triton", winners_only=True,
+                                     limit=PAGE, offset=page * PAGE, timeout=timeout)  # fmt: skip
+        found += listed.items[:PAGE]
+        if len(listed.items) < PAGE or len(found) >= listed.count:
+            break
+    return found
+
+
+def _merge(imported: MoeFile | None, tuned: MoeFile | None) -> MoeFile:
+    """One file: the imported entries, and the tuned ones over them."""
+    if imported is None or tuned is None:
+        chosen = imported or tuned
+        assert chosen is not None
+        return chosen
+    return MoeFile({**imported.table, **tuned.table}, tuned.triton_version)
+
+
+def _summary(
+    merged: dict[MoeShape, MoeFile], tuned: dict[MoeShape, MoeFile], imported: bool
+) -> str:
+    """What a device's files hold: ``2 files (36 entries: 18 tuned, 18 imported)``, and why
+    there are none."""
+    entries = sum(len(c.table) for c in merged.values())
+    from_tuning = sum(len(c.table) for c in tuned.values())
+    line = f"{len(merged)} file{'' if len(merged) == 1 else 's'} ({entries} entries: " + (
+        f"{from_tuning} tuned, {entries - from_tuning} imported)"
+    )
+    if merged:
+        return line
+    return line + (f" (no winner of {KERNEL} tuned for this device; " + (
+        "a server under the verified policy serves only trusted tokens' imports)" if imported
+        else "imported files need --accept imported)"))  # fmt: skip
 
 
 def _files(
@@ -91,4 +146,4 @@ def _this_gpu() -> str:
     if not visible:
         raise InvalidInput("--device: no GPU is visible here; name the engine's device as in its "
                            "file names, e.g. --device NVIDIA_H100")  # fmt: skip
-    return str(torch.cuda.get_device_name(0)).replace(" ", "_")
+    return engine_device_name(str(torch.cuda.get_device_name(0)))

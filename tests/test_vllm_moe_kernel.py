@@ -1,0 +1,151 @@
+"""vLLM's own fused-MoE kernel tuned here and served to the engine as its config files.
+
+The engine is vLLM as published (``.ci/vllm.sh`` installs it into ``.vllm/``), run in a
+subprocess (:mod:`tests.vllm_moe_run`) under Triton's interpreter: its ``fused_moe_kernel`` is
+tuned as ``workloads.vllm_moe:FusedMoE`` and uploaded; ``tunecache sync --format vllm-moe`` writes
+the winner as the engine's file; the engine's own lookup (``VLLM_TUNED_CONFIG_FOLDER``) takes that
+config and its kernel, launched with it, matches the reference. Without ``.vllm/`` these tests
+skip (CI fails instead).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import LiveServer
+from tests.factories import make_record
+from tunecache.device import DeviceFingerprint as Device
+from tunecache.key import Key
+from tunecache.schemas import RecordPublic
+from tunecache.vllm_moe import KERNEL, engine_device_name
+from tunecache.vllm_moe_tuned import tuned_files
+
+ROOT = Path(__file__).resolve().parents[1]
+ENGINE = ROOT / ".vllm"
+CONFIG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
+          "num_warps": 4, "num_stages": 2}  # fmt: skip
+MIXTRAL_TP2 = {"M": 16, "E": 8, "N": 7168, "K": 4096, "topk": 2}
+H100 = Device(kind="cuda", arch="sm_90", name="NVIDIA H100 80GB HBM3", units=132)
+
+
+def _engine(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    if not (ENGINE / ".complete").exists():
+        if os.environ.get("CI"):
+            pytest.fail("CI needs vLLM in .vllm/: bash .ci/vllm.sh")
+        pytest.skip("vLLM is not in .vllm/ (bash .ci/vllm.sh installs it)")
+    run = subprocess.run(
+        [sys.executable, "-m", "tests.vllm_moe_run", *args],
+        env={**os.environ, "PYTHONPATH": f"{ENGINE}{os.pathsep}{ROOT}", "TRITON_INTERPRET": "1",
+             "CUDA_VISIBLE_DEVICES": "", **(env or {})},
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    found: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    found["log"] = run.stderr
+    return found
+
+
+@pytest.mark.slow
+def test_the_engines_kernel_is_tuned_written_as_its_file_and_taken_by_the_engine(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    tuned = _engine("tune", server.url)
+    # The engine's own kernel, not one of ours: vLLM's module defines it.
+    assert tuned["kernel"] == "vllm.model_executor.layers.fused_moe.fused_moe:fused_moe_kernel"
+    assert tuned["passed"] and tuned["ok_trials"] >= 4
+    assert "default_config" in tuned["baselines"]  # the engine's untuned default, timed
+    device = engine_device_name(tuned["device"])
+    folder = tmp_path / "moe-configs"
+    synced = subprocess.run(
+        [sys.executable, "-m", "tunecache_cli", "sync", "--format", "vllm-moe", "-o", str(folder),
+         "--device", device, "--server", server.url],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert synced.returncode == 0, synced.stderr
+    assert "1 file (1 entries: 1 tuned, 0 imported)" in synced.stderr
+    written = folder / f"E=4,N=32,device_name={device}.json"
+    assert [p.name for p in folder.iterdir()] == [written.name]
+    document = json.loads(written.read_text())
+    assert document["4"] == tuned["config"] and list(document["4"]) == list(CONFIG)
+    assert document["triton_version"]  # as the engine's tuner writes it
+    taken = _engine("read", device, env={"VLLM_TUNED_CONFIG_FOLDER": str(folder)})
+    assert {k: v for k, v in taken["config"].items() if k != "SPLIT_K"} == tuned["config"]
+    assert "Using default MoE config" not in taken["log"]
+    assert taken["rel_error"] <= taken["tolerance"]
+
+
+@pytest.mark.slow
+def test_without_a_file_the_engine_runs_its_default_and_says_so(tmp_path: Path) -> None:
+    taken = _engine("read", "NO_SUCH_GPU", env={"VLLM_TUNED_CONFIG_FOLDER": str(tmp_path)})
+    assert "Using default MoE config" in taken["log"]  # what the issue's users see
+    assert taken["rel_error"] <= taken["tolerance"]
+
+
+def _record(
+    *,
+    kernel: str = KERNEL,
+    problem: dict[str, int] | None = None,
+    dtype: str = "bfloat16",
+    config: dict[str, Any] | None = None,
+    device: Device = H100,
+    passed: bool = True,
+    status: str = "pending",
+    age_s: float = 0.0,
+) -> RecordPublic:
+    key = Key(kernel=kernel, source_hash="0123456789abcdef", backend="triton",
+              problem=problem or MIXTRAL_TP2, dtype=dtype,
+              device=device, environment={"triton": "3.6.0"})  # fmt: skip
+    created = make_record(key, passed=passed, config=dict(CONFIG)).model_dump(mode="json")
+    # As a server sends it: parsed as stored (the config unchecked, as a hostile server's may be).
+    return RecordPublic.model_validate({**created, "config": config or dict(CONFIG), "id": 1,
+                                        "key_hash": "0" * 64, "status": status,
+                                        "created_at": (datetime(2026, 11, 27, tzinfo=UTC)
+                                                       + timedelta(seconds=age_s)).isoformat()})  # fmt: skip
+
+
+def test_only_served_winners_of_the_engines_kernel_for_the_device_become_entries() -> None:
+    bigger = {**CONFIG, "BLOCK_SIZE_M": 64}
+    records = [
+        _record(),
+        _record(problem={**MIXTRAL_TP2, "M": 32}, config=bigger),
+        _record(kernel="mypkg.kernels:Other"),  # another kernel
+        _record(passed=False, problem={**MIXTRAL_TP2, "M": 1}),
+        _record(status="disputed", problem={**MIXTRAL_TP2, "M": 2}),
+        _record(config={**CONFIG, "num_warps": 3}, problem={**MIXTRAL_TP2, "M": 4}),
+        _record(config={**CONFIG, "pre_hook": 1}, problem={**MIXTRAL_TP2, "M": 8}),
+        _record(device=Device(kind="cuda", arch="sm_90", name="NVIDIA H200", units=132)),
+    ]
+    files, skipped = tuned_files(records, "NVIDIA_H100_80GB_HBM3")
+    assert skipped == 6
+    [(shape, contents)] = files.items()
+    assert shape.file_name() == "E=8,N=7168,device_name=NVIDIA_H100_80GB_HBM3.json"
+    assert contents.table == {16: CONFIG, 32: bigger} and contents.triton_version == "3.6.0"
+    h200, _ = tuned_files(records, "NVIDIA_H200")
+    assert [s.file_name() for s in h200] == ["E=8,N=7168,device_name=NVIDIA_H200.json"]
+
+
+def test_bfloat16_then_the_newest_record_gives_a_batch_sizes_entry() -> None:
+    other = {**CONFIG, "BLOCK_SIZE_N": 128}
+    newest = {**CONFIG, "BLOCK_SIZE_N": 256}
+    fp16 = _record(dtype="float16", config=other, age_s=100)
+    old = _record(config=CONFIG, age_s=0)
+    other_model = _record(problem={**MIXTRAL_TP2, "K": 6144}, config=newest, age_s=50)
+    files, _ = tuned_files([fp16, old, other_model], "NVIDIA_H100_80GB_HBM3")
+    assert [c.table for c in files.values()] == [{16: newest}]
+    files, _ = tuned_files([fp16], "NVIDIA_H100_80GB_HBM3")
+    assert [c.table for c in files.values()] == [{16: other}]
+
+
+def test_the_engines_device_names() -> None:
+    assert engine_device_name("NVIDIA H100 80GB HBM3") == "NVIDIA_H100_80GB_HBM3"
+    assert engine_device_name("NVIDIA H200 NVL") == "NVIDIA_H200"
+    assert engine_device_name("NVIDIA A100-SXM4-80GB") == "NVIDIA_A100-SXM4-80GB"
+    assert engine_device_name("AMD Instinct MI300X/VF") == "AMD_Instinct_MI300X_VF"

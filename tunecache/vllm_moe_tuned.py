@@ -1,0 +1,81 @@
+"""A team's tuned winners of the engine's fused-MoE kernel as the engine's config files.
+
+``tune workloads.vllm_moe:FusedMoE`` (a preset: :mod:`tunecache.presets`) stores one record per
+(M, E, N, K, topk, dtype, device); a file holds one config per M for an (E, N, device). This
+module turns the records a server sends into files, trusting none of them: a record is taken only
+if it is of the engine's kernel on the Triton backend, passed its validation, is not disputed or
+rejected, is for the device asked, and its problem and config are what a file holds (the six
+fields in range, :func:`tunecache.vllm_moe.check_entry`); every other one is skipped and counted.
+
+Unquantized bfloat16 and float16 share a file (the engine's file names have no ``dtype=`` for
+them): where both were tuned at an M, bfloat16's is written. Where records of several hidden
+sizes or top-k give an (E, N, M) — two models sharing a file name — the newest is written.
+
+Example:
+    >>> from tunecache.vllm_moe import MoeShape
+    >>> MoeShape(8, 14336, "NVIDIA_H100").file_name()
+    'E=8,N=14336,device_name=NVIDIA_H100.json'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tunecache.errors import InvalidInput
+from tunecache.schemas import RecordPublic
+from tunecache.served import UNSERVED_STATUSES
+from tunecache.vllm_moe import (
+    KERNEL,
+    MAX_M,
+    MoeFile,
+    MoeShape,
+    check_entry,
+    engine_device_name,
+)
+
+DTYPES = ("bfloat16", "float16")  # a file without dtype=: the engine's unquantized activations
+
+
+def tuned_files(
+    records: Iterable[RecordPublic], device: str
+) -> tuple[dict[MoeShape, MoeFile], int]:
+    """The files of ``device`` (the engine's device name) that ``records`` make, and how many
+    records were skipped as not such a winner (see the module docstring)."""
+    chosen: dict[tuple[MoeShape, int], RecordPublic] = {}
+    skipped = 0
+    for record in records:
+        shape_m = _shape_and_m(record, device)
+        if shape_m is None:
+            skipped += 1
+            continue
+        held = chosen.get(shape_m)
+        if held is None or _rank(record) > _rank(held):
+            chosen[shape_m] = record
+    tables: dict[MoeShape, dict[int, dict[str, int]]] = {}
+    versions: dict[MoeShape, str | None] = {}
+    for (shape, m), record in sorted(chosen.items(), key=lambda kv: kv[1].created_at):
+        tables.setdefault(shape, {})[m] = check_entry(record.config, "")
+        versions[shape] = record.key.environment.get("triton")  # the newest record's
+    return {s: MoeFile(t, versions[s]) for s, t in tables.items()}, skipped
+
+
+def _shape_and_m(record: RecordPublic, device: str) -> tuple[MoeShape, int] | None:
+    """The file and M ``record`` is an entry of, if it is a served winner for ``device``."""
+    key = record.key
+    if (key.kernel != KERNEL or key.backend != "triton" or key.dtype not in DTYPES
+            or not record.validation.passed or record.status in UNSERVED_STATUSES
+            or engine_device_name(key.device.name) != device):  # fmt: skip
+        return None
+    try:
+        check_entry(record.config, "")
+        shape = MoeShape(int(key.problem["E"]), int(key.problem["N"]), device)
+        MoeShape.parse(shape.file_name())  # E and N in the file name's range
+        m = int(key.problem["M"])
+    except (InvalidInput, KeyError, TypeError, ValueError):
+        return None
+    return (shape, m) if 1 <= m <= MAX_M else None
+
+
+def _rank(record: RecordPublic) -> tuple[bool, float]:
+    """bfloat16 before float16, then the newer."""
+    return record.key.dtype == "bfloat16", record.created_at.timestamp()
