@@ -36,15 +36,18 @@ MIXTRAL_TP2 = {"M": 16, "E": 8, "N": 7168, "K": 4096, "topk": 2}
 H100 = Device(kind="cuda", arch="sm_90", name="NVIDIA H100 80GB HBM3", units=132)
 
 
-def _engine(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+def _engine(
+    *args: str, env: dict[str, str] | None = None, interpret: bool = True
+) -> dict[str, Any]:
     if not (ENGINE / ".complete").exists():
         if os.environ.get("CI"):
             pytest.fail("CI needs vLLM in .vllm/: bash .ci/vllm.sh")
         pytest.skip("vLLM is not in .vllm/ (bash .ci/vllm.sh installs it)")
+    base = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run(
         [sys.executable, "-m", "tests.vllm_moe_run", *args],
-        env={**os.environ, "PYTHONPATH": f"{ENGINE}{os.pathsep}{ROOT}", "TRITON_INTERPRET": "1",
-             "CUDA_VISIBLE_DEVICES": "", **(env or {})},
+        env={**base, "PYTHONPATH": f"{ENGINE}{os.pathsep}{ROOT}", "CUDA_VISIBLE_DEVICES": "",
+             **({"TRITON_INTERPRET": "1"} if interpret else {}), **(env or {})},
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
@@ -87,6 +90,20 @@ def test_without_a_file_the_engine_runs_its_default_and_says_so(tmp_path: Path) 
     taken = _engine("read", "NO_SUCH_GPU", env={"VLLM_TUNED_CONFIG_FOLDER": str(tmp_path)})
     assert "Using default MoE config" in taken["log"]  # what the issue's users see
     assert taken["rel_error"] <= taken["tolerance"]
+
+
+@pytest.mark.slow
+def test_the_compile_farm_compiles_the_engines_kernels_for_a_gpu_without_one(
+    tmp_path: Path,
+) -> None:
+    """A farm process (no GPU, CUDA_VISIBLE_DEVICES empty, as vLLM keeps Triton there) runs the
+    engine's own launch code, and both its kernel launches compile for sm_90 and launch nothing."""
+    config = {**CONFIG, "BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "num_stages": 3}
+    facts = _engine("compile", json.dumps(config), interpret=False,
+                    env={"TRITON_CACHE_DIR": str(tmp_path / "triton-cache")})  # fmt: skip
+    assert facts["kernels"] == 2 and facts["compiled"] == 2  # gate-up and down: two variants
+    # Three stages of a 64x64 A tile and a 64x128 B tile in bfloat16, as the compiler counts them.
+    assert 3 * (64 * 64 + 64 * 128) * 2 <= facts["shared"] <= 232448
 
 
 def _record(

@@ -5,6 +5,8 @@ this CPU. Prints one JSON line.
     python -m tests.vllm_moe_run tune URL     tunes PROBLEM in float16 and uploads the record
     python -m tests.vllm_moe_run read DEVICE  what the engine's own lookup (VLLM_TUNED_CONFIG_FOLDER)
                                               takes for PROBLEM, run through the engine's kernel
+    python -m tests.vllm_moe_run compile CONFIG  (no interpreter) what the compile farm does: the
+                                              engine's kernels compiled for sm_90 in bfloat16
 """
 
 from __future__ import annotations
@@ -56,7 +58,21 @@ def read_as_the_engine(device: str) -> dict[str, Any]:
     return {"config": config, "rel_error": rel, "tolerance": workload.tolerance(DTYPE)}
 
 
+def compile_for_sm_90(config: str) -> dict[str, Any]:
+    from backends.base import Target
+    from backends.triton.ahead import compile_for, compiles
+    from tunecache.device import DeviceLimits
+    from tunecache.space import Config
+    from workloads.vllm_moe import FusedMoE
+
+    target = Target("cuda", "sm_90", DeviceLimits.H100)
+    mixtral = {"M": 64, "E": 8, "N": 7168, "K": 4096, "topk": 2}  # TP 2
+    facts = compile_for(FusedMoE(), mixtral, "bfloat16", Config.from_json(json.loads(config)),
+                        target)  # fmt: skip
+    return {**facts, **compiles()}
+
+
 if __name__ == "__main__":
     command, argument = sys.argv[1], sys.argv[2]
-    found = tune_and_upload(argument) if command == "tune" else read_as_the_engine(argument)
-    print(json.dumps(found))
+    run = {"tune": tune_and_upload, "read": read_as_the_engine, "compile": compile_for_sm_90}
+    print(json.dumps(run[command](argument)))

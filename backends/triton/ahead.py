@@ -1,11 +1,12 @@
 """Compiling a workload's Triton kernels for a GPU in a process that has none (the compile farm).
 
-A farm process runs the workload's own launch with its kernels in :func:`compile_only` mode, so
-each kernel compiles through ``JITFunction.run`` exactly as a launch would (same specialisation,
-same options, same cache key) for the target a :class:`TargetDriver` reports instead of a real
-device's, and nothing launches. The compiled kernel lands in Triton's cache directory (shared by
-every process of the machine: ``TRITON_CACHE_DIR`` or ``~/.triton/cache``), where the timing
-process's first launch of the same config finds it: a cache hit, no compile. Triton's compile
+A farm process runs the workload's own launch in :func:`compile_only` mode, so each kernel it
+launches (its own, or a library's plain ``@triton.jit`` kernel: vLLM's) compiles through
+``JITFunction.run`` exactly as a launch would (same specialisation, same options, same cache key)
+for the target a :class:`TargetDriver` reports instead of a real device's, and nothing launches.
+The compiled kernel lands in Triton's cache directory (shared by every process of the machine:
+``TRITON_CACHE_DIR`` or ``~/.triton/cache``), where the timing process's first launch of the same
+config finds it: a cache hit, no compile. Triton's compile
 listener counts what a process really compiled (:func:`compiles`), so that can be checked.
 
 Tested with Triton 3.6 and 3.9 (``JITFunction.run(…, warmup=True)``,

@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -54,22 +53,32 @@ def mode_mismatch() -> str | None:
     return None
 
 
-_COMPILING: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
-    "compile_only", default=None
-)
-
-
 @contextlib.contextmanager
 def compile_only() -> Iterator[list[Any]]:
-    """Inside the block, a :class:`LazyKernel` launch compiles its kernel (through the same
-    ``JITFunction.run`` a launch takes, so with the same specialisation and cache key) and
-    launches nothing; the compiled kernels are appended to the list it yields."""
+    """Inside the block, every Triton kernel launch of this process compiles its kernel (through
+    the ``JITFunction.run`` a launch takes, so with the same specialisation and cache key) and
+    launches nothing; the compiled kernels are appended to the list it yields.
+
+    That holds for a :class:`LazyKernel` and for a library's plain ``@triton.jit`` kernel launched
+    by the library's own code (vLLM's fused-MoE kernel): ``JITFunction.run`` itself is replaced
+    for the block, so it is for a process that only compiles (the compile farm's), not one that
+    launches kernels on other threads meanwhile.
+    """
+    from triton.runtime.jit import JITFunction
+
     compiled: list[Any] = []
-    token = _COMPILING.set(compiled)
+    launch = JITFunction.run
+
+    def compile_instead(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+        kernel = launch(self, *args, grid=grid, warmup=True, **kwargs)
+        compiled.append(kernel)
+        return kernel
+
+    JITFunction.run = compile_instead
     try:
         yield compiled
     finally:
-        _COMPILING.reset(token)
+        JITFunction.run = launch
 
 
 class LazyKernel:
@@ -98,17 +107,7 @@ class LazyKernel:
         return found
 
     def __getitem__(self, grid: Any) -> Any:
-        jitted = self.jit()
-        compiled = _COMPILING.get()
-        if compiled is None:
-            return jitted[grid]
-
-        def compile_launch(*args: Any, **kwargs: Any) -> Any:
-            kernel = jitted.run(*args, grid=grid, warmup=True, **kwargs)
-            compiled.append(kernel)
-            return kernel
-
-        return compile_launch
+        return self.jit()[grid]
 
     def __repr__(self) -> str:
         return f"LazyKernel({self.__name__})"
