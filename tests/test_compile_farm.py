@@ -75,6 +75,30 @@ def launch_in_a_new_process(cache: Path, configs: list[dict[str, Any]]) -> dict[
     return counts
 
 
+def test_a_users_plain_triton_jit_kernel_compiles_ahead(tmp_path: Path) -> None:
+    """A user's kernel launches a plain ``@triton.jit`` function from its own code (no
+    ``lazy_jit``): the farm's compile-only launch still compiles it for sm_90 and launches
+    nothing (it used to fail on the target driver's missing launcher)."""
+    script = textwrap.dedent("""
+        import json
+        from backends.base import Target
+        from backends.triton.ahead import compile_for
+        from tests.user_kernels import AffineRows
+        from tunecache.device import DeviceLimits
+        from tunecache.space import Config
+
+        target = Target("cuda", "sm_90", DeviceLimits.H100)
+        config = Config.of({"BLOCK": 32, "num_warps": 1})
+        print(json.dumps(compile_for(AffineRows(), {"M": 8, "N": 24}, "float32", config, target)))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**env, "TRITON_CACHE_DIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": "",
+                               "PYTHONPATH": str(REPO)}, timeout=300, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["kernels"] == 1
+
+
 @pytest.fixture
 def triton_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh Triton cache directory for this test's processes (farm processes inherit it)."""
