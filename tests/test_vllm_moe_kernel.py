@@ -33,6 +33,10 @@ ENGINE = ROOT / ".vllm"
 CONFIG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
           "num_warps": 4, "num_stages": 2}  # fmt: skip
 MIXTRAL_TP2 = {"M": 16, "E": 8, "N": 7168, "K": 4096, "topk": 2}
+# 3 stages of (128x128 + 128x64) bfloat16 tiles: 144 KiB of shared memory.
+BIG_TILES = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 16,
+             "num_warps": 8, "num_stages": 3}  # fmt: skip
+L40S = Device(kind="cuda", arch="sm_89", name="NVIDIA L40S", units=142)
 H100 = Device(kind="cuda", arch="sm_90", name="NVIDIA H100 80GB HBM3", units=132)
 
 
@@ -139,12 +143,19 @@ def test_only_served_winners_of_the_engines_kernel_for_the_device_become_entries
         _record(config={**CONFIG, "num_warps": 3}, problem={**MIXTRAL_TP2, "M": 4}),
         _record(config={**CONFIG, "pre_hook": 1}, problem={**MIXTRAL_TP2, "M": 8}),
         _record(device=Device(kind="cuda", arch="sm_90", name="NVIDIA H200", units=132)),
+        # Inside the file's ranges, outside what the engine's tuner tries:
+        _record(config={**CONFIG, "BLOCK_SIZE_M": 512}, problem={**MIXTRAL_TP2, "M": 64}),
+        # Tiles that fit an H100's 227 KiB of shared memory but not an L40S's 99 KiB:
+        _record(config=BIG_TILES, problem={**MIXTRAL_TP2, "M": 128}),
+        _record(config=BIG_TILES, device=L40S, problem={**MIXTRAL_TP2, "M": 128}),
     ]
     files, skipped = tuned_files(records, "NVIDIA_H100_80GB_HBM3")
-    assert skipped == 6
+    assert skipped == 8
     [(shape, contents)] = files.items()
     assert shape.file_name() == "E=8,N=7168,device_name=NVIDIA_H100_80GB_HBM3.json"
-    assert contents.table == {16: CONFIG, 32: bigger} and contents.triton_version == "3.6.0"
+    assert contents.table == {16: CONFIG, 32: bigger, 128: BIG_TILES}
+    assert contents.triton_version == "3.6.0"
+    assert tuned_files(records, "NVIDIA_L40S") == ({}, len(records))
     h200, _ = tuned_files(records, "NVIDIA_H200")
     assert [s.file_name() for s in h200] == ["E=8,N=7168,device_name=NVIDIA_H200.json"]
 

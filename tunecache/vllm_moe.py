@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from tunecache.device import DeviceLimits
 from tunecache.errors import InvalidInput
 
 # The engine's own Triton kernel as ``tune`` takes it (workloads/vllm_moe.py): its problems are
@@ -55,6 +56,25 @@ _RANGES: Final[Mapping[str, tuple[int, int, bool]]] = {
     "matrix_instr_nonkdim": (0, 32, False),
     "kpack": (1, 2, False),
 }
+# The space vLLM's tuner searches on CUDA (benchmark_moe.get_configs_compute_bound: 1,920 configs),
+# and the values the engine's untuned defaults take besides (BLOCK_SIZE_K 32 and GROUP_SIZE_M 8
+# in its batch-invariant mode and older releases). Written by ``sync`` only inside these.
+ENGINE_SPACE: Final[Mapping[str, tuple[int, ...]]] = {
+    "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
+    "BLOCK_SIZE_N": (32, 64, 128, 256),
+    "BLOCK_SIZE_K": (64, 128, 256),
+    "GROUP_SIZE_M": (1, 16, 32, 64),
+    "num_warps": (4, 8),
+    "num_stages": (2, 3, 4, 5),
+}
+_DEFAULTS_BESIDES: Final[Mapping[str, tuple[int, ...]]] = {"BLOCK_SIZE_K": (32,),
+                                                          "GROUP_SIZE_M": (8,)}  # fmt: skip
+# Shared memory a block may opt into, by CUDA arch; a CUDA arch not named: the least (99 KiB:
+# sm_86, sm_89, sm_120); a CPU's (Triton's interpreter): the H100 limits it checks against.
+SHARED_BY_ARCH: Final[Mapping[str, int]] = {"sm_80": 166912, "sm_87": 166912, "sm_90": 232448,
+                                            "sm_100": 232448, "sm_103": 232448}  # fmt: skip
+SHARED_LEAST: Final = 101376
+INTERPRETER_SHARED: Final = DeviceLimits.CPU_INTERPRETER.max_shared_memory_per_block
 VERSION_KEY: Final = "triton_version"  # vLLM's tuner writes it first; the engine ignores it
 MAX_ENTRIES: Final = 4096  # batch sizes in one file (vLLM's have 18)
 MAX_FILE_BYTES: Final = 1 << 20
@@ -222,6 +242,27 @@ def check_entry(entry: object, where: str) -> Entry:
             kind = "a power of two" if power else "a whole number"
             raise InvalidInput(f"{where}: {field}={value!r} is not {kind} from {low} to {high}")
     return {field: entry[field] for field in (*FIELDS, *OPTIONAL) if field in entry}
+
+
+def shared_bytes(entry: Mapping[str, int], element_size: int = 2) -> int:
+    """Shared memory an entry's kernel is estimated to need: ``num_stages`` buffered A and B
+    tiles of ``element_size`` bytes (bfloat16 and float16: 2)."""
+    bm, bn, bk = (int(entry[f"BLOCK_SIZE_{d}"]) for d in "MNK")
+    return int(entry["num_stages"]) * (bm * bk + bk * bn) * element_size
+
+
+def engine_entry_problem(entry: Mapping[str, int], arch: str) -> str | None:
+    """Why a tuned entry is not one to hand the engine for a device of ``arch``, or ``None``:
+    a value outside the engine's tuner's space (:data:`ENGINE_SPACE`), or tiles whose shared
+    memory is over what the arch gives a block (a launch would fail in the engine)."""
+    for field, choices in ENGINE_SPACE.items():
+        if entry.get(field) not in (*choices, *_DEFAULTS_BESIDES.get(field, ())):
+            return f"{field}={entry.get(field)!r} is outside the engine's tuner's space"
+    least = SHARED_LEAST if arch.startswith("sm_") else INTERPRETER_SHARED
+    needed, limit = shared_bytes(entry), SHARED_BY_ARCH.get(arch, least)
+    if needed > limit:
+        return f"its tiles need {needed} B of shared memory, over {arch}'s {limit} B"
+    return None
 
 
 def read_file(path: Path) -> tuple[MoeShape, MoeFile]:

@@ -5,7 +5,10 @@
 module turns the records a server sends into files, trusting none of them: a record is taken only
 if it is of the engine's kernel on the Triton backend, passed its validation, is not disputed or
 rejected, is for the device asked, and its problem and config are what a file holds (the six
-fields in range, :func:`tunecache.vllm_moe.check_entry`); every other one is skipped and counted.
+fields in range, :func:`tunecache.vllm_moe.check_entry`) inside the engine's tuner's space, with
+tiles that fit the arch's shared memory (:func:`tunecache.vllm_moe.engine_entry_problem`): an
+entry that cannot launch would fail the engine, not a benchmark. Every other one is skipped and
+counted.
 
 Unquantized bfloat16 and float16 share a file (the engine's file names have no ``dtype=`` for
 them): where both were tuned at an M, bfloat16's is written. Where records of several hidden
@@ -31,6 +34,7 @@ from tunecache.vllm_moe import (
     MoeShape,
     check_entry,
     engine_device_name,
+    engine_entry_problem,
 )
 
 DTYPES = ("bfloat16", "float16")  # a file without dtype=: the engine's unquantized activations
@@ -67,7 +71,8 @@ def _shape_and_m(record: RecordPublic, device: str) -> tuple[MoeShape, int] | No
             or engine_device_name(key.device.name) != device):  # fmt: skip
         return None
     try:
-        check_entry(record.config, "")
+        if engine_entry_problem(check_entry(record.config, ""), key.device.arch) is not None:
+            return None
         shape = MoeShape(int(key.problem["E"]), int(key.problem["N"]), device)
         MoeShape.parse(shape.file_name())  # E and N in the file name's range
         m = int(key.problem["M"])

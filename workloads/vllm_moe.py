@@ -33,22 +33,12 @@ from typing import TYPE_CHECKING, Any
 from tunecache.device import DeviceLimits
 from tunecache.errors import InvalidInput
 from tunecache.space import Config, SearchSpace
-from tunecache.vllm_moe import FIELDS, KERNEL
+from tunecache.vllm_moe import ENGINE_SPACE, FIELDS, KERNEL, shared_bytes
 from workloads.base import Workload
 
 if TYPE_CHECKING:
     import torch
 
-# The space vLLM's tuner searches on CUDA (benchmark_moe.get_configs_compute_bound): 1,920 configs
-# before the device's shared memory prunes them.
-ENGINE_SPACE: Mapping[str, tuple[int, ...]] = {
-    "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
-    "BLOCK_SIZE_N": (32, 64, 128, 256),
-    "BLOCK_SIZE_K": (64, 128, 256),
-    "GROUP_SIZE_M": (1, 16, 32, 64),
-    "num_warps": (4, 8),
-    "num_stages": (2, 3, 4, 5),
-}
 _MODULE = "vllm.model_executor.layers.fused_moe.fused_moe"
 
 
@@ -137,11 +127,9 @@ class FusedMoE(Workload):
         """The engine's tuner's space and its default here, less what ``limits`` cannot hold."""
         default = self.triton_default(problem, dtype, limits)
         choices = {f: tuple(sorted({*ENGINE_SPACE[f], int(default[f])})) for f in FIELDS}
-        size = 2 if dtype in ("bfloat16", "float16") else 4
 
         def too_big(config: Config) -> str | None:
-            bm, bn, bk = (int(config[f"BLOCK_SIZE_{d}"]) for d in "MNK")
-            shared = int(config["num_stages"]) * (bm * bk + bk * bn) * size
+            shared = shared_bytes({f: int(config[f]) for f in FIELDS})
             if shared > limits.max_shared_memory_per_block:
                 return f"{shared} B of shared memory, over {limits.name}'s"
             if int(config["num_warps"]) * limits.warp_size > limits.max_threads_per_block:
