@@ -23,7 +23,10 @@ import pytest
 from tests.conftest import LiveServer
 from tests.factories import make_record
 from tunecache.device import DeviceFingerprint as Device
+from tunecache.errors import InvalidInput
 from tunecache.key import Key
+from tunecache.manifest import parse_manifest
+from tunecache.presets import ENGINE_BATCH_SIZES, preset_problems
 from tunecache.schemas import RecordPublic
 from tunecache.vllm_moe import KERNEL, engine_device_name
 from tunecache.vllm_moe_tuned import tuned_files
@@ -36,6 +39,7 @@ MIXTRAL_TP2 = {"M": 16, "E": 8, "N": 7168, "K": 4096, "topk": 2}
 # 3 stages of (128x128 + 128x64) bfloat16 tiles: 144 KiB of shared memory.
 BIG_TILES = {"BLOCK_SIZE_M": 128, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 16,
              "num_warps": 8, "num_stages": 3}  # fmt: skip
+ROCM = Device(kind="rocm", arch="gfx942", name="NVIDIA H100 80GB HBM3", units=304)  # as named
 L40S = Device(kind="cuda", arch="sm_89", name="NVIDIA L40S", units=142)
 H100 = Device(kind="cuda", arch="sm_90", name="NVIDIA H100 80GB HBM3", units=132)
 
@@ -87,6 +91,8 @@ def test_the_engines_kernel_is_tuned_written_as_its_file_and_taken_by_the_engine
     assert {k: v for k, v in taken["config"].items() if k != "SPLIT_K"} == tuned["config"]
     assert "Using default MoE config" not in taken["log"]
     assert taken["rel_error"] <= taken["tolerance"]
+    # A token among many experts: the engine's naive assignment (a block per token and expert).
+    assert taken["naive_rel_error"] <= taken["tolerance"]
 
 
 @pytest.mark.slow
@@ -120,16 +126,17 @@ def _record(
     passed: bool = True,
     status: str = "pending",
     age_s: float = 0.0,
+    naive: bool = False,
 ) -> RecordPublic:
     key = Key(kernel=kernel, source_hash="0123456789abcdef", backend="triton",
               problem=problem or MIXTRAL_TP2, dtype=dtype,
               device=device, environment={"triton": "3.6.0"})  # fmt: skip
     created = make_record(key, passed=passed, config=dict(CONFIG)).model_dump(mode="json")
+    when = datetime(2026, 11, 27, tzinfo=None if naive else UTC) + timedelta(seconds=age_s)
     # As a server sends it: parsed as stored (the config unchecked, as a hostile server's may be).
     return RecordPublic.model_validate({**created, "config": config or dict(CONFIG), "id": 1,
                                         "key_hash": "0" * 64, "status": status,
-                                        "created_at": (datetime(2026, 11, 27, tzinfo=UTC)
-                                                       + timedelta(seconds=age_s)).isoformat()})  # fmt: skip
+                                        "created_at": when.isoformat()})  # fmt: skip
 
 
 def test_only_served_winners_of_the_engines_kernel_for_the_device_become_entries() -> None:
@@ -148,9 +155,12 @@ def test_only_served_winners_of_the_engines_kernel_for_the_device_become_entries
         # Tiles that fit an H100's 227 KiB of shared memory but not an L40S's 99 KiB:
         _record(config=BIG_TILES, problem={**MIXTRAL_TP2, "M": 128}),
         _record(config=BIG_TILES, device=L40S, problem={**MIXTRAL_TP2, "M": 128}),
+        # ROCm's fields: in the file schema, but the engine's CUDA launch refuses them.
+        _record(config={**CONFIG, "kpack": 2}, problem={**MIXTRAL_TP2, "M": 256}),
+        _record(device=ROCM, problem={**MIXTRAL_TP2, "M": 512}),  # another platform's device
     ]
     files, skipped = tuned_files(records, "NVIDIA_H100_80GB_HBM3")
-    assert skipped == 8
+    assert skipped == 10
     [(shape, contents)] = files.items()
     assert shape.file_name() == "E=8,N=7168,device_name=NVIDIA_H100_80GB_HBM3.json"
     assert contents.table == {16: CONFIG, 32: bigger, 128: BIG_TILES}
@@ -170,6 +180,11 @@ def test_bfloat16_then_the_newest_record_gives_a_batch_sizes_entry() -> None:
     assert [c.table for c in files.values()] == [{16: newest}]
     files, _ = tuned_files([fp16], "NVIDIA_H100_80GB_HBM3")
     assert [c.table for c in files.values()] == [{16: other}]
+    # A server's times with and without a zone (read as UTC) are still ordered, not a crash.
+    files, _ = tuned_files(
+        [old, _record(config=other, age_s=10, naive=True)], "NVIDIA_H100_80GB_HBM3"
+    )
+    assert [c.table for c in files.values()] == [{16: other}]
 
 
 def test_the_engines_device_names() -> None:
@@ -177,3 +192,18 @@ def test_the_engines_device_names() -> None:
     assert engine_device_name("NVIDIA H200 NVL") == "NVIDIA_H200"
     assert engine_device_name("NVIDIA A100-SXM4-80GB") == "NVIDIA_A100-SXM4-80GB"
     assert engine_device_name("AMD Instinct MI300X/VF") == "AMD_Instinct_MI300X_VF"
+
+
+def test_a_moe_preset_queues_the_engines_kernel_at_its_batch_sizes_and_degrees() -> None:
+    problems = preset_problems("qwen3-30b-a3b-moe", tp=2)[KERNEL]
+    assert [p["M"] for p in problems] == list(ENGINE_BATCH_SIZES)
+    assert problems[0] == {"M": 1, "E": 128, "N": 384, "K": 2048, "topk": 8}  # vLLM's E=128,N=384
+    manifest = parse_manifest('arch = "sm_90"\n[[tune]]\npreset = "mixtral-8x7b-moe"\n'
+                              'tokens = [16]\ntp = [1, 2]\nbackends = ["triton"]\n'
+                              'dtypes = ["bfloat16"]\n')  # fmt: skip
+    assert sorted(k.problem["N"] for k in manifest.keys) == [7168, 14336]
+    assert {k.kernel for k in manifest.keys} == {KERNEL}
+    for bad, words in [({"tokens": []}, "tokens is empty"), ({"tp": 3}, "does not divide"),
+                       ({"tokens": [0]}, "not a positive integer")]:  # fmt: skip
+        with pytest.raises(InvalidInput, match=words):
+            preset_problems("mixtral-8x7b-moe", **bad)  # type: ignore[arg-type]

@@ -55,7 +55,12 @@ def read_as_the_engine(device: str) -> dict[str, Any]:
     inputs = workload.make_inputs(PROBLEM, DTYPE, seed=7)
     out = workload.triton_launch(Config.of(config), *inputs)
     rel, _, _ = compare(out, workload.reference(*inputs))
-    return {"config": config, "rel_error": rel, "tolerance": workload.tolerance(DTYPE)}
+    few = {**PROBLEM, "M": 1, "E": 16}  # 1 token x 2 experts x 4 <= 16 experts: naive blocks
+    inputs = workload.make_inputs(few, DTYPE, seed=7)
+    out = workload.triton_launch(workload.triton_default(few, DTYPE), *inputs)
+    naive, _, _ = compare(out, workload.reference(*inputs))
+    return {"config": config, "rel_error": rel, "naive_rel_error": naive,
+            "tolerance": workload.tolerance(DTYPE)}  # fmt: skip
 
 
 def compile_for_sm_90(config: str) -> dict[str, Any]:

@@ -67,7 +67,6 @@ MOE_MODELS: dict[str, Experts] = {
     "qwen3-30b-a3b-moe": Experts(hidden=2048, intermediate=768, experts=128, topk=8),
     "qwen3-235b-a22b-moe": Experts(hidden=4096, intermediate=1536, experts=128, topk=8),
     "deepseek-v2-lite-moe": Experts(hidden=2048, intermediate=1408, experts=64, topk=6),
-    "deepseek-v3-moe": Experts(hidden=7168, intermediate=2048, experts=256, topk=8),
 }
 # The batch sizes vLLM's MoE tuner writes into every file (benchmarks/kernels/benchmark_moe.py).
 ENGINE_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072,
@@ -97,6 +96,8 @@ def preset_problems(
         InvalidInput: an unknown preset, a token count that is not a positive integer, or a
             tensor-parallel degree that does not divide it.
     """
+    if tokens is not None and len(tokens) == 0:
+        raise InvalidInput(f"preset {name}: tokens is empty (leave it out for the default)")
     if name in MOE_MODELS:
         return _moe_problems(name, _counts(name, tokens or ENGINE_BATCH_SIZES), tp)
     if name not in MODELS:

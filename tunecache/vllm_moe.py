@@ -87,7 +87,7 @@ _NAME = re.compile(
     r"(?P<bk>[1-9][0-9]{0,4})\])?\.json"
 )
 _DEVICE = re.compile(_DEVICE_CHARS)
-_VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}")
+VERSION = re.compile(r"[0-9A-Za-z.+_-]{1,64}")
 Entry = dict[str, int]
 
 
@@ -204,7 +204,7 @@ def check_document(document: object, where: str) -> MoeFile:
     if not isinstance(document, dict):
         raise InvalidInput(f"{where}: expected a non-empty object of batch size M -> config")
     version = document.get(VERSION_KEY)
-    if version is not None and not (isinstance(version, str) and _VERSION.fullmatch(version)):
+    if version is not None and not (isinstance(version, str) and VERSION.fullmatch(version)):
         raise InvalidInput(f"{where}: {VERSION_KEY} is not a version such as '3.5.0'")
     entries = {m: e for m, e in document.items() if m != VERSION_KEY}
     if not entries:

@@ -6,9 +6,10 @@ module turns the records a server sends into files, trusting none of them: a rec
 if it is of the engine's kernel on the Triton backend, passed its validation, is not disputed or
 rejected, is for the device asked, and its problem and config are what a file holds (the six
 fields in range, :func:`tunecache.vllm_moe.check_entry`) inside the engine's tuner's space, with
-tiles that fit the arch's shared memory (:func:`tunecache.vllm_moe.engine_entry_problem`): an
-entry that cannot launch would fail the engine, not a benchmark. Every other one is skipped and
-counted.
+tiles that fit the arch's shared memory (:func:`tunecache.vllm_moe.engine_entry_problem`), and
+no other field (ROCm's ``kpack``…): an entry that cannot launch would fail the engine while it
+serves, not in a benchmark. Every other one is skipped and counted, as are entries past a file's
+:data:`~tunecache.vllm_moe.MAX_ENTRIES`; a Triton version that is not one is left out.
 
 Unquantized bfloat16 and float16 share a file (the engine's file names have no ``dtype=`` for
 them): where both were tuned at an M, bfloat16's is written. Where records of several hidden
@@ -23,13 +24,17 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import UTC
 
 from tunecache.errors import InvalidInput
 from tunecache.schemas import RecordPublic
 from tunecache.served import UNSERVED_STATUSES
 from tunecache.vllm_moe import (
+    FIELDS,
     KERNEL,
+    MAX_ENTRIES,
     MAX_M,
+    VERSION,
     MoeFile,
     MoeShape,
     check_entry,
@@ -57,30 +62,41 @@ def tuned_files(
             chosen[shape_m] = record
     tables: dict[MoeShape, dict[int, dict[str, int]]] = {}
     versions: dict[MoeShape, str | None] = {}
-    for (shape, m), record in sorted(chosen.items(), key=lambda kv: kv[1].created_at):
-        tables.setdefault(shape, {})[m] = check_entry(record.config, "")
-        versions[shape] = record.key.environment.get("triton")  # the newest record's
+    for (shape, m), record in sorted(chosen.items(), key=lambda kv: _rank(kv[1])[1]):
+        table = tables.setdefault(shape, {})
+        if len(table) >= MAX_ENTRIES:  # a file the engine and tunecache still read
+            skipped += 1
+            continue
+        table[m] = check_entry(record.config, "")
+        version = record.key.environment.get("triton")  # the newest record's
+        versions[shape] = version if version and VERSION.fullmatch(version) else None
     return {s: MoeFile(t, versions[s]) for s, t in tables.items()}, skipped
 
 
 def _shape_and_m(record: RecordPublic, device: str) -> tuple[MoeShape, int] | None:
     """The file and M ``record`` is an entry of, if it is a served winner for ``device``."""
-    key = record.key
+    key, config = record.key, record.config
     if (key.kernel != KERNEL or key.backend != "triton" or key.dtype not in DTYPES
-            or not record.validation.passed or record.status in UNSERVED_STATUSES
-            or engine_device_name(key.device.name) != device):  # fmt: skip
+            or key.device.kind not in ("cuda", "cpu") or not record.validation.passed
+            or record.status in UNSERVED_STATUSES or engine_device_name(key.device.name) != device
+            or set(config) != set(FIELDS)):  # fmt: skip
+        return None  # (another platform's fields, kpack…, would fail the engine's CUDA launch)
+    e, n, m = key.problem.get("E"), key.problem.get("N"), key.problem.get("M")
+    if type(e) is not int or type(n) is not int or type(m) is not int:  # not True, not "16"
         return None
     try:
-        if engine_entry_problem(check_entry(record.config, ""), key.device.arch) is not None:
+        if engine_entry_problem(check_entry(config, ""), key.device.arch) is not None:
             return None
-        shape = MoeShape(int(key.problem["E"]), int(key.problem["N"]), device)
+        shape = MoeShape(e, n, device)
         MoeShape.parse(shape.file_name())  # E and N in the file name's range
-        m = int(key.problem["M"])
-    except (InvalidInput, KeyError, TypeError, ValueError):
+    except InvalidInput:
         return None
     return (shape, m) if 1 <= m <= MAX_M else None
 
 
 def _rank(record: RecordPublic) -> tuple[bool, float]:
-    """bfloat16 before float16, then the newer."""
-    return record.key.dtype == "bfloat16", record.created_at.timestamp()
+    """bfloat16 before float16, then the newer (a time without a zone read as UTC)."""
+    created = record.created_at
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=UTC)
+    return record.key.dtype == "bfloat16", created.timestamp()

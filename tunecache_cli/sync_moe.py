@@ -4,8 +4,9 @@ For each ``--device`` (the engine's device name; default: this machine's GPU), t
 cache holds for it are written to DIR in the engine's exact file names and layout
 (:mod:`tunecache.vllm_moe`), one file per shape, ready for ``VLLM_TUNED_CONFIG_FOLDER=DIR``:
 
-- the winners tuned here of the engine's own kernel (``tune workloads.vllm_moe:FusedMoE``, a
-  preset's shapes), validated against the reference (:mod:`tunecache.vllm_moe_tuned`);
+- the team's winners of the engine's own kernel (``tune workloads.vllm_moe:FusedMoE``, a preset's
+  shapes), each checked by its uploader against the reference (under the server's ``verified``
+  policy, verified), held to :mod:`tunecache.vllm_moe_tuned`'s rules;
 - with ``--accept imported``, the files imported with ``tunecache import vllm-moe``: tuned
   elsewhere, by someone else, never validated here. Where both give an M, the tuned one is
   written.

@@ -91,11 +91,14 @@ class FusedMoE(Workload):
         self, problem: Mapping[str, int], dtype: str, seed: int
     ) -> tuple[torch.Tensor, ...]:
         """Seeded inputs of a trained layer's scale: weights over the square root of their
-        fan-in, routing weights that sum to one per token."""
+        fan-in; float32 router logits with no ties in a row (each token's experts are the same
+        however ``topk`` breaks ties, on any device); float32 routing weights (as the engine's
+        router gives them) that sum to one per token."""
         x, w1, w2, logits, weights = super().make_inputs(problem, dtype, seed)
-        weights = weights.abs() / weights.abs().sum(dim=1, keepdim=True)
-        return (x, w1 / math.sqrt(problem["K"]), w2 / math.sqrt(problem["N"]), logits,
-                weights.to(x.dtype))  # fmt: skip
+        ranks = logits.float().argsort(dim=1).argsort(dim=1).float()
+        weights = weights.float().abs()
+        return (x, w1 / math.sqrt(problem["K"]), w2 / math.sqrt(problem["N"]), ranks,
+                weights / weights.sum(dim=1, keepdim=True))  # fmt: skip
 
     def edge_problem(self, problem: Mapping[str, int]) -> dict[str, int] | None:
         edge = super().edge_problem(problem)
@@ -172,7 +175,7 @@ class FusedMoE(Workload):
         launch = dict(config)
         up = torch.empty((m, topk, 2 * n), dtype=x.dtype, device=x.device)
         down = torch.empty((m, topk, k), dtype=x.dtype, device=x.device)
-        weights = weights.contiguous()
+        weights = weights.float().contiguous()  # the engine's routing weights are float32
         for a, b, c, routed, top in ((x, w1, up, False, topk), (None, w2, down, True, 1)):
             if a is None:  # the activation between the GEMMs: silu(gate) · up
                 gate, lift = up.view(m * topk, 2 * n).float().split(n, dim=1)
@@ -199,7 +202,7 @@ def _assign(
     if flat.numel() * 4 <= experts:  # the engine's rule: each (token, expert) pair its own block
         padded = torch.full((1,), flat.numel() * block, dtype=torch.int32, device=ids.device)
         return None, flat, padded
-    if ids.is_cuda:
+    if ids.is_cuda:  # the engine's own op
         from vllm.model_executor.layers.fused_moe.moe_align_block_size import (
             moe_align_block_size,
         )
@@ -208,16 +211,23 @@ def _assign(
             ids, block, experts
         )
         return aligned
+    # Sized as the engine sizes them (the kernel's EM is the length, and Triton specialises an
+    # integer argument on its divisibility: the same length compiles the same kernel).
+    size = flat.numel() + experts * (block - 1)
+    if flat.numel() < experts:
+        size = min(flat.numel() * block, size)
     counts = torch.bincount(flat, minlength=experts)
     rounded = (counts + block - 1) // block * block
     order = torch.argsort(flat, stable=True)
     chosen = flat[order]
     rank = torch.arange(flat.numel()) - (torch.cumsum(counts, 0) - counts)[chosen]
-    sorted_ids = torch.full((int(rounded.sum()),), flat.numel(), dtype=torch.int32)
+    sorted_ids = torch.full((size,), flat.numel(), dtype=torch.int32)
     sorted_ids[(torch.cumsum(rounded, 0) - rounded)[chosen] + rank] = order.to(torch.int32)
-    expert_ids = torch.repeat_interleave(torch.arange(experts), rounded // block)
-    padded = torch.tensor([sorted_ids.numel()], dtype=torch.int32)
-    return sorted_ids, expert_ids.to(torch.int32), padded
+    expert_ids = torch.zeros(-(-size // block), dtype=torch.int32)  # past the padded count: unread
+    used = torch.repeat_interleave(torch.arange(experts), rounded // block)
+    expert_ids[: used.numel()] = used.to(torch.int32)
+    padded = torch.tensor([int(rounded.sum())], dtype=torch.int32)
+    return sorted_ids, expert_ids, padded
 
 
 def _experts(
@@ -234,5 +244,5 @@ def _experts(
         token, slot = (ids == expert).nonzero(as_tuple=True)
         gate, lift = (x[token] @ w1[expert].T).split(n, dim=1)
         y = (torch.nn.functional.silu(gate) * lift) @ w2[expert].T
-        out.index_add_(0, token, y * weights[token, slot, None])
+        out.index_add_(0, token, (y * weights[token, slot, None]).to(out.dtype))
     return out

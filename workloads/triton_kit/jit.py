@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -62,23 +63,28 @@ def compile_only() -> Iterator[list[Any]]:
     That holds for a :class:`LazyKernel` and for a library's plain ``@triton.jit`` kernel launched
     by the library's own code (vLLM's fused-MoE kernel): ``JITFunction.run`` itself is replaced
     for the block, so it is for a process that only compiles (the compile farm's), not one that
-    launches kernels on other threads meanwhile.
+    launches kernels on other threads meanwhile; blocks on several threads take turns.
     """
     from triton.runtime.jit import JITFunction
 
     compiled: list[Any] = []
-    launch = JITFunction.run
+    with _PATCHING:
+        launch = JITFunction.run
 
-    def compile_instead(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
-        kernel = launch(self, *args, grid=grid, warmup=True, **kwargs)
-        compiled.append(kernel)
-        return kernel
+        def compile_instead(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
+            kernel = launch(self, *args, grid=grid, warmup=True, **kwargs)
+            if kernel is not None:  # None: a jit_cache_hook took the compile over
+                compiled.append(kernel)
+            return kernel
 
-    JITFunction.run = compile_instead
-    try:
-        yield compiled
-    finally:
-        JITFunction.run = launch
+        JITFunction.run = compile_instead
+        try:
+            yield compiled
+        finally:
+            JITFunction.run = launch
+
+
+_PATCHING = threading.RLock()
 
 
 class LazyKernel:
