@@ -26,6 +26,7 @@ here.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 _MODULE = "vllm.model_executor.layers.fused_moe.fused_moe"
 
 
+@functools.cache
 def engine_module() -> Any:
     """vLLM's fused-MoE module, with Triton enabled.
 
@@ -167,23 +169,27 @@ class FusedMoE(Workload):
         import triton.language as tl
 
         engine = engine_module()
-        m, k = x.shape
+        m = x.shape[0]
         experts, n, topk = w2.shape[0], w2.shape[2], weights.shape[1]
         ids = torch.topk(logits.float(), topk, dim=1).indices.to(torch.int32)
-        sorted_ids, expert_ids, padded = _assign(engine, ids, int(config["BLOCK_SIZE_M"]), experts)
+        sorted_ids, expert_ids, padded = _assign(ids, int(config["BLOCK_SIZE_M"]), experts)
         compute = tl.bfloat16 if x.dtype == torch.bfloat16 else tl.float16
-        launch = dict(config)
-        up = torch.empty((m, topk, 2 * n), dtype=x.dtype, device=x.device)
-        down = torch.empty((m, topk, k), dtype=x.dtype, device=x.device)
         weights = weights.float().contiguous()  # the engine's routing weights are float32
-        for a, b, c, routed, top in ((x, w1, up, False, topk), (None, w2, down, True, 1)):
-            if a is None:  # the activation between the GEMMs: silu(gate) · up
-                gate, lift = up.view(m * topk, 2 * n).float().split(n, dim=1)
-                a = (torch.nn.functional.silu(gate) * lift).to(x.dtype)
+
+        def gemm(a: torch.Tensor, b: torch.Tensor, top_k: int, routed: bool) -> torch.Tensor:
+            """[M, topk, rows of b]: A's rows (tokens, or token-expert pairs when ``top_k`` is
+            1) each against its expert's slice of b."""
+            c = torch.empty((m, topk, b.shape[1]), dtype=x.dtype, device=x.device)
             engine.invoke_fused_moe_triton_kernel(
-                a, b, c, None, None, weights, sorted_ids, expert_ids, padded, routed, top,
-                dict(launch), compute, False, False, False, False, False,
+                a, b, c, None, None, weights, sorted_ids, expert_ids, padded, routed, top_k,
+                dict(config), compute, False, False, False, False, False,
             )  # fmt: skip
+            return c
+
+        up = gemm(x, w1, topk, False)  # each token against each of its experts: [M, topk, 2N]
+        gate, lift = up.view(m * topk, 2 * n).float().split(n, dim=1)
+        act = (torch.nn.functional.silu(gate) * lift).to(x.dtype)  # [M·topk, N]
+        down = gemm(act, w2, 1, True)  # weighted by the routing weights: [M, topk, K]
         total = down.float().sum(dim=1).to(x.dtype)
         if out is None:
             return total
@@ -191,7 +197,7 @@ class FusedMoE(Workload):
 
 
 def _assign(
-    engine: Any, ids: torch.Tensor, block: int, experts: int
+    ids: torch.Tensor, block: int, experts: int
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """The engine's assignment of tokens to blocks of ``block`` rows: each expert's (token, slot)
     indices padded to a whole block, the expert of each block, and the padded count. A few tokens
