@@ -96,3 +96,20 @@ def test_the_cuda_timer_reports_the_devices_time(name: str, problem: dict, dtype
     device = [profiled_device_us(lambda: run(*inputs), flush) for _ in range(2)]
     gap = min(abs(a - b) - 0.05 * b for a in ours for b in device)
     assert gap <= 2.0, (ours, device)
+
+
+def test_the_drop_ins_check_runs_on_the_device_and_agrees_with_the_host() -> None:
+    """``verify="first"`` and the drop-in's validation make their copies and compare them on the
+    GPU (on the host, a 4096×14336 GEMM's check took seconds: bench/results/h200-2026-11-27)."""
+    from tunecache.closeness import CHUNK
+    from tunecache.triton.check import SEED, compare_outputs, fresh_call
+
+    a = torch.empty(CHUNK + 77, device="cuda", dtype=torch.bfloat16)
+    (got,), _ = fresh_call((a,), {}, SEED)
+    (want,), _ = fresh_call((a,), {}, SEED)
+    assert got.device == a.device and got.dtype == a.dtype and torch.equal(got, want)
+    got[-1] += 1.0
+    on_device = compare_outputs([got], [want], 1e-4, {"n": 1})
+    on_host = compare_outputs([got.cpu()], [want.cpu()], 1e-4, {"n": 1})
+    assert on_device.rel_error == pytest.approx(on_host.rel_error, rel=1e-9)
+    assert on_device.max_abs_error == on_host.max_abs_error and not on_device.passed

@@ -536,7 +536,7 @@ def test_one_bad_record_does_not_cost_a_snapshot_its_others(tmp_path: Path) -> N
 def test_an_integer_output_is_compared_exactly() -> None:
     import torch
 
-    from tunecache.triton.record import compare_outputs
+    from tunecache.triton.check import compare_outputs
 
     want = torch.arange(1000, dtype=torch.int32)
     got = want.clone()

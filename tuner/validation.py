@@ -13,6 +13,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from tunecache.closeness import relative_errors
 from tunecache.schemas import CheckModel, ValidationReport
 
 if TYPE_CHECKING:
@@ -33,12 +34,10 @@ def compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[float | None, float |
         return None, None, f"returned {type(out).__name__}, not a tensor"
     if tuple(out.shape) != tuple(ref.shape):
         return None, None, f"shape {tuple(out.shape)} != reference {tuple(ref.shape)}"
-    diff = out.double() - ref
-    if not torch.isfinite(diff).all():
+    errors = relative_errors(out, ref.to(out.device))
+    if errors is None:
         return None, None, "output has NaN or inf"
-    norm = ref.norm().item()
-    rel = diff.norm().item() / norm if norm > 0 else diff.norm().item()
-    return rel, diff.abs().max().item(), ""
+    return errors[0], errors[1], ""
 
 
 def reference_on(workload: Workload, inputs: Sequence[torch.Tensor], device: str) -> torch.Tensor:

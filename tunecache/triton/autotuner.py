@@ -36,6 +36,7 @@ from tunecache.problem import describe
 from tunecache.schemas import CheckModel
 from tunecache.settings import Settings, interpret_enabled
 from tunecache.triton import hostbench
+from tunecache.triton.check import SEED, compare_outputs, fresh_call
 from tunecache.triton.hostbench import host_bench
 from tunecache.triton.keys import (
     KernelIdentity,
@@ -48,11 +49,8 @@ from tunecache.triton.keys import (
 )
 from tunecache.triton.record import (
     DO_BENCH_TIMER,
-    SEED,
     build_record,
-    compare_outputs,
     config_json,
-    fresh_call,
     reference_label,
     validated,
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import platform
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tunecache import __version__
@@ -27,8 +27,6 @@ from tunecache.schemas import (
     Trial,
     ValidationReport,
 )
-
-SEED = 1234
 
 
 def config_json(config: Any) -> dict[str, Any]:
@@ -54,67 +52,6 @@ def timing_of(timings: Any, timer: str = DO_BENCH_TIMER) -> TimingModel | None:
     median, low, high = (float(v) for v in values[:3])
     return TimingModel(median_ms=median, min_ms=min(low, median), max_ms=max(high, median),
                        repeats=1, timer=timer)  # fmt: skip
-
-
-def fresh_arguments(args: Sequence[Any], seed: int) -> list[Any]:
-    """Copies of ``args`` with every floating-point tensor refilled with seeded random values."""
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    fresh = []
-    for arg in args:
-        if isinstance(arg, torch.Tensor) and arg.is_floating_point():
-            values = torch.randn(arg.shape, generator=generator, dtype=torch.float32)
-            arg = values.to(dtype=arg.dtype, device=arg.device)
-        elif isinstance(arg, torch.Tensor):
-            arg = arg.clone()
-        fresh.append(arg)
-    return fresh
-
-
-def fresh_call(
-    args: Sequence[Any], kwargs: Mapping[str, Any], seed: int
-) -> tuple[list[Any], dict[str, Any]]:
-    """:func:`fresh_arguments` of a call's positional and keyword arguments (one seeded stream,
-    positional first): two calls with the same ``seed`` get identical copies, and the caller's
-    tensors are never written."""
-    values = fresh_arguments([*args, *kwargs.values()], seed)
-    return values[: len(args)], dict(zip(kwargs, values[len(args) :], strict=True))
-
-
-def compare_outputs(
-    got: Sequence[Any], want: Sequence[Any], tolerance: float, problem: Mapping[str, Any]
-) -> CheckModel:
-    """The worst relative error over the floating-point tensors of two argument lists, as the
-    check of ``problem``; integer and boolean tensors must be equal element for element (an
-    integer output has no tolerance)."""
-    import torch
-
-    worst, worst_abs, note = 0.0, 0.0, ""
-    for a, b in zip(got, want, strict=True):
-        if not isinstance(a, torch.Tensor):
-            continue
-        if not a.is_floating_point():
-            if a.shape != b.shape or not torch.equal(a.cpu(), b.cpu()):
-                differ = int((a.cpu() != b.cpu()).sum()) if a.shape == b.shape else a.numel()
-                return _check(problem, None, None, tolerance,
-                              f"{differ} of {a.numel()} {str(a.dtype).removeprefix('torch.')} "
-                              "elements differ")  # fmt: skip
-            continue
-        diff = a.double().cpu() - b.double().cpu()
-        if not torch.isfinite(diff).all():
-            return _check(problem, None, None, tolerance, "output has NaN or inf")
-        norm = b.double().norm().item()
-        worst = max(worst, diff.norm().item() / norm if norm > 0 else diff.norm().item())
-        worst_abs = max(worst_abs, diff.abs().max().item() if diff.numel() else 0.0)
-    return _check(problem, worst, worst_abs, tolerance, note)
-
-
-def _check(problem: Mapping[str, Any], rel: float | None, max_abs: float | None,
-           tolerance: float, note: str) -> CheckModel:  # fmt: skip
-    return CheckModel(problem=dict(problem), seed=SEED, rel_error=rel,
-                      max_abs_error=max_abs, tolerance=tolerance,
-                      passed=rel is not None and rel <= tolerance, note=note)  # fmt: skip
 
 
 def reference_label(user_reference: bool, dtype: str) -> str:
