@@ -7,7 +7,7 @@
 # throughput (200-config tunes through the compile farm: wall time per key), throughput-no-farm
 # (the same, each candidate compiled in its timing worker). Each step's output goes to $OUT/log.txt;
 # the tables to $OUT. A step that fails does not stop the next. Needs the carried wheels
-# (../shared/gpu/prepare.sh swagger-ui-bundle-v2; carry [".whl"]).
+# (bash bench/gpu/prepare.sh here; carry [".whl"]): without them it stops at once, exit 2.
 set -u
 started=$(date +%s)
 budget=${BUDGET_S:-540}
@@ -16,6 +16,12 @@ mkdir -p "$OUT"
 log="$OUT/log.txt"
 source .whl/gpu-env.sh 2>&1 | tee -a "$log"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# Every step starts the embedded server: a missing wheel would fail each of them, one by one.
+if ! python3 -c "import cache_server.app, tuner" 2>>"$log"; then
+  echo "the carried wheels lack a dependency ($log): run bash bench/gpu/prepare.sh here" \
+    | tee -a "$log"
+  exit 2
+fi
 ceilings=bench/results/ceilings-gpu.json
 left() { echo $(( budget - ($(date +%s) - started) )); }
 for step in "$@"; do
