@@ -272,3 +272,32 @@ def test_a_misfit_is_told_by_the_errors_type_not_its_words(
     assert (why is not None) == refused
     if refused:
         assert why is not None and "262144" in why
+
+
+ROWS = """
+import json, torch
+import tests.user_triton_autotune as m
+x = torch.randn(64, 128, generator=torch.Generator().manual_seed(0))[:, :100]  # padded views
+y = torch.full((64, 160), -7.0)[:, :100]
+m.launch_rows(x, y)
+assert torch.equal(y, x * 2 + 1), "wrong result"
+print(json.dumps({"bench": len(m.BENCH_CALLS)}))
+"""
+
+
+def test_a_padded_view_is_checked_in_memory_shaped_like_the_callers(server: LiveServer) -> None:
+    """The check of a winner, and ``verify="first"`` of a served one, run the kernel on copies of
+    the arguments. The kernel is passed the caller's row strides (128 and 160 over 100 columns):
+    compact copies would be read and written past their ends."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TUNECACHE_URL": server.url}
+    for verify, bench in (("never", 3), ("first", 0)):
+        done = subprocess.run([sys.executable, "-c", ROWS], capture_output=True, text=True,
+                              timeout=300, cwd=REPO, env={**env, "TEST_VERIFY": verify})  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.splitlines()[-1]) == {"bench": bench}
+        assert "validation" not in done.stderr and "disput" not in done.stderr, done.stderr
+    with Client(server.url) as client:
+        records = client.list_records(kernel="tests.user_triton_autotune:affine_rows")
+    (record,) = records.items
+    assert record.validation.passed and not record.disputes
+    assert record.status in ("pending", "verified")

@@ -74,7 +74,54 @@ def test_fresh_copies_are_identical_seeded_and_never_the_callers() -> None:
     assert args[1] == 3 and torch.equal(args[2], index) and args[2] is not index
     # One stream, positional first: the keyword tensor follows the positional one's values.
     stream = torch.Generator().manual_seed(SEED)
-    first = torch.randn(64, 32, generator=stream).to(torch.float16)
-    assert torch.equal(args[0], first)
-    assert torch.equal(kwargs["out"], torch.randn(8, generator=stream))
+    assert torch.equal(args[0], torch.empty(64, 32, dtype=torch.float16).normal_(generator=stream))
+    assert torch.equal(kwargs["out"], torch.empty(8).normal_(generator=stream))
     assert not torch.equal(fresh_arguments([a], SEED + 1)[0], args[0])
+
+
+def test_a_padded_view_is_copied_with_its_strides_and_its_whole_span() -> None:
+    """A kernel is passed the caller's strides: a compact copy of ``x[:, :100]`` of a 128-wide
+    buffer would be addressed past its end."""
+    buffer = torch.zeros(64, 128)
+    view = buffer[:, :100]
+    (copy,) = fresh_arguments([view], SEED)
+    assert copy.shape == view.shape and copy.stride() == (128, 1)
+    # Every element the kernel can address (row r, column c at r * 128 + c) is inside the copy.
+    assert copy.untyped_storage().nbytes() >= (63 * 128 + 100) * 4
+    indices = torch.tensor([[7, 9], [3, 4]]).t()  # a transposed integer argument
+    (same,) = fresh_arguments([indices], SEED)
+    assert same.stride() == indices.stride() and torch.equal(same, indices)
+
+
+def test_arguments_that_share_memory_share_it_in_their_copies() -> None:
+    x = torch.zeros(16, 8)
+    left, right = x[:, :4], x[:, 4:]
+    got = fresh_arguments([x, left, 5, right, x], SEED)
+    assert got[0].data_ptr() == got[4].data_ptr()  # the same tensor twice: one copy
+    assert got[3].data_ptr() - got[1].data_ptr() == right.data_ptr() - left.data_ptr()
+    got[0][2, 6] = 42.0  # written through one argument, read through another
+    assert got[3][2, 2] == 42.0 and got[4][2, 6] == 42.0
+    assert got[2] == 5 and torch.equal(x, torch.zeros(16, 8))
+    unrelated = fresh_arguments([torch.zeros(4), torch.zeros(4)], SEED)
+    assert unrelated[0].data_ptr() != unrelated[1].data_ptr()
+    assert not torch.equal(unrelated[0], unrelated[1])  # one stream: the second draws on
+
+
+def test_a_broadcast_argument_keeps_its_zero_stride() -> None:
+    row = torch.zeros(1, 32).expand(16, 32)
+    (copy,) = fresh_arguments([row], SEED)
+    assert copy.stride() == (0, 1) and torch.equal(copy[0], copy[15])
+
+
+def test_outputs_of_different_shapes_fail_the_check() -> None:
+    check = compare_outputs([torch.zeros(2, 3)], [torch.zeros(3, 2)], 1e-4, {"n": 1})
+    assert not check.passed and check.note == "shape (2, 3) != (3, 2)"
+
+
+@pytest.mark.parametrize("factor", [1.5, -1.0])
+def test_an_error_beyond_float64_fails_the_check(factor: float) -> None:
+    """Norms of values near float64's largest overflow to inf; inf / inf is NaN and ``max(0.0,
+    nan)`` is 0.0: such an output would have passed whatever its error."""
+    want = torch.full((1000,), 1e307, dtype=torch.float64)
+    check = compare_outputs([want * factor], [want], 1e-4, {"n": 1})
+    assert not check.passed and check.rel_error is None

@@ -60,3 +60,29 @@ def dot_tile(a_ptr, b_ptr, c_ptr, BLOCK: tl.constexpr):
     a = tl.load(a_ptr + offs[:, None] * BLOCK + offs[None, :])
     b = tl.load(b_ptr + offs[:, None] * BLOCK + offs[None, :])
     tl.store(c_ptr + offs[:, None] * BLOCK + offs[None, :], tl.dot(a, b))
+
+
+VERIFY: Any = os.environ.get("TEST_VERIFY", "never")
+
+
+def rows_reference(x: torch.Tensor, y: torch.Tensor, *args: Any) -> None:
+    y.copy_(x * 2.0 + 1.0)
+
+
+@tunecache.triton.autotune(configs=CONFIGS[::2], key=["cols"], do_bench=counting_bench,
+                           reference=rows_reference, verify=VERIFY)  # fmt: skip
+@triton.jit
+def affine_rows(x_ptr, y_ptr, cols, stride_x, stride_y, BLOCK: tl.constexpr):
+    """Row by row, through the rows' strides: padded views are addressed as their buffers are."""
+    row = tl.program_id(0)
+    for start in range(0, cols, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        mask = offsets < cols
+        values = tl.load(x_ptr + row * stride_x + offsets, mask=mask)
+        tl.store(y_ptr + row * stride_y + offsets, values * 2.0 + 1.0, mask=mask)
+
+
+def launch_rows(x: torch.Tensor, y: torch.Tensor) -> None:
+    """``y = 2x + 1`` for two row-major views of the same shape, each with its own row stride."""
+    rows, cols = x.shape
+    affine_rows[(rows,)](x, y, cols, x.stride(0), y.stride(0))

@@ -14,12 +14,12 @@ budget=${BUDGET_S:-540}
 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
 log="$OUT/log.txt"
-source .whl/gpu-env.sh 2>&1 | tee -a "$log"
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# Sourced in this shell (not in a pipeline's subshell), so its PYTHONPATH and its failure hold.
+source .whl/gpu-env.sh > >(tee -a "$log") 2>&1 || { echo "wheel install failed" >&2; exit 9; }
 # Every step starts the embedded server: a missing wheel would fail each of them, one by one.
-if ! python3 -c "import cache_server.app, tuner" 2>>"$log"; then
-  echo "the carried wheels lack a dependency ($log): run bash bench/gpu/prepare.sh here" \
-    | tee -a "$log"
+if ! python3 -c "import cache_server.embedded, tuner" 2>>"$log"; then
+  echo "the carried wheels lack a dependency (see $log): on the machine that prepared them," \
+    "run bash bench/gpu/prepare.sh and carry .whl again" | tee -a "$log"
   exit 2
 fi
 ceilings=bench/results/ceilings-gpu.json

@@ -2,8 +2,12 @@
 outputs of two runs on them compared at a tolerance.
 
 Everything happens on the tensors' own device (:mod:`tunecache.closeness` compares). On an H200,
-making the copies on the host and comparing them there in float64 made ``verify="first"`` cost
-more than the 50 shapes' benchmarks it spares (bench/results/h200-2026-11-27).
+making the copies on the host and comparing them there in float64 made ``verify="first"`` slower
+than the local benchmarks it spares (bench/results/h200-2026-11-27).
+
+A copy has its argument's strides, and arguments that share memory share it in their copies at
+the same distances: a kernel is passed the caller's strides and sizes, and addresses memory by
+them, so a compact copy of a padded view would be read and written out of bounds.
 """
 
 from __future__ import annotations
@@ -15,39 +19,78 @@ from tunecache.closeness import relative_errors
 from tunecache.schemas import CheckModel
 
 SEED = 1234
+# Dtypes that ``normal_`` fills in place (others, float8 say, are drawn in float32 and cast).
+_NORMAL_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def fresh_arguments(args: Sequence[Any], seed: int) -> list[Any]:
-    """Copies of ``args`` with every floating-point tensor refilled with seeded random values,
-    generated on the tensor's device (one seeded stream per device, in argument order)."""
+    """Copies of ``args``: floating-point tensors refilled with seeded random values, generated
+    on their device (one seeded stream per device, in argument order), other tensors with their
+    values; each copy with its argument's strides, and aliasing arguments aliasing in their
+    copies."""
     import torch
 
     generators: dict[Any, torch.Generator] = {}
-    fresh = []
-    for arg in args:
-        if isinstance(arg, torch.Tensor) and arg.is_floating_point():
-            arg = _seeded_like(arg, generators, seed)
-        elif isinstance(arg, torch.Tensor):
-            arg = arg.clone()
-        fresh.append(arg)
+    fresh = list(args)
+    for group in _memory_groups(args):
+        first = args[group[0]]
+        base = min(args[i].storage_offset() for i in group)
+        end = max(args[i].storage_offset() + _span(args[i]) for i in group)
+        if first.is_floating_point():
+            buffer = _seeded(end - base, first, generators, seed)
+        else:  # indices, masks: their values matter; the span as it is
+            buffer = first.as_strided((end - base,), (1,), base).clone()
+        for i in group:
+            fresh[i] = buffer.as_strided(args[i].shape, args[i].stride(),
+                                         args[i].storage_offset() - base)  # fmt: skip
     return fresh
 
 
-def _seeded_like(arg: Any, generators: dict[Any, Any], seed: int) -> Any:
-    """Standard-normal values of ``arg``'s shape and dtype, made on its device when that device
-    has a generator of its own (else on the host, then moved)."""
+def _memory_groups(args: Sequence[Any]) -> list[list[int]]:
+    """The positions of the tensor arguments, grouped where they share memory (same storage,
+    device and dtype), in order of first appearance."""
     import torch
 
-    device = arg.device
+    groups: dict[Any, list[int]] = {}
+    for i, arg in enumerate(args):
+        if not isinstance(arg, torch.Tensor):
+            continue
+        try:
+            memory = arg.untyped_storage().data_ptr() if arg.numel() else None
+        except (RuntimeError, NotImplementedError):  # a tensor without storage of its own
+            memory = None
+        key = (arg.device, arg.dtype, memory) if memory else i
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def _span(tensor: Any) -> int:
+    """Elements from a view's first addressable element to its last, inclusive."""
+    if tensor.numel() == 0:
+        return 0
+    return 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(),
+                                                                strict=True))  # fmt: skip
+
+
+def _seeded(count: int, like: Any, generators: dict[Any, Any], seed: int) -> Any:
+    """``count`` standard-normal values of ``like``'s dtype on its device, from that device's
+    seeded stream (the host's, then a copy, for a device without generators)."""
+    import torch
+
+    device = like.device
     if device not in generators:
         try:
             generators[device] = torch.Generator(device=device).manual_seed(seed)
-        except RuntimeError:  # a device without generators: the host's stream, then a copy
+        except (RuntimeError, TypeError, ValueError, NotImplementedError):
             generators[device] = torch.Generator().manual_seed(seed)
     generator = generators[device]
-    values = torch.randn(arg.shape, generator=generator, dtype=torch.float32,
-                         device=generator.device)  # fmt: skip
-    return values.to(dtype=arg.dtype, device=device)
+    if str(like.dtype).removeprefix("torch.") in _NORMAL_DTYPES:
+        values = torch.empty(count, dtype=like.dtype, device=generator.device)
+        values.normal_(generator=generator)
+    else:
+        values = torch.randn(count, generator=generator, dtype=torch.float32,
+                             device=generator.device).to(like.dtype)  # fmt: skip
+    return values.to(device)
 
 
 def fresh_call(
@@ -72,19 +115,20 @@ def compare_outputs(
     for a, b in zip(got, want, strict=True):
         if not isinstance(a, torch.Tensor):
             continue
+        b = b.to(a.device)
+        if a.shape != b.shape:
+            return _check(problem, None, None, tolerance,
+                          f"shape {tuple(a.shape)} != {tuple(b.shape)}")  # fmt: skip
         if not a.is_floating_point():
-            b = b.to(a.device)
-            if a.shape != b.shape or not torch.equal(a, b):
-                differ = int((a != b).sum()) if a.shape == b.shape else a.numel()
+            if not torch.equal(a, b):
                 return _check(problem, None, None, tolerance,
-                              f"{differ} of {a.numel()} {str(a.dtype).removeprefix('torch.')} "
-                              "elements differ")  # fmt: skip
+                              f"{int((a != b).sum())} of {a.numel()} "
+                              f"{str(a.dtype).removeprefix('torch.')} elements differ")  # fmt: skip
             continue
         errors = relative_errors(a, b)
         if errors is None:
             return _check(problem, None, None, tolerance, "output has NaN or inf")
-        rel, largest = errors
-        worst, worst_abs = max(worst, rel), max(worst_abs, largest)
+        worst, worst_abs = max(worst, errors[0]), max(worst_abs, errors[1])
     return _check(problem, worst, worst_abs, tolerance, "")
 
 
