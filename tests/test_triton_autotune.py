@@ -301,3 +301,26 @@ def test_a_padded_view_is_checked_in_memory_shaped_like_the_callers(server: Live
     (record,) = records.items
     assert record.validation.passed and not record.disputes
     assert record.status in ("pending", "verified")
+
+
+def test_a_check_that_cannot_run_here_never_breaks_the_launch_nor_disputes(
+    server: LiveServer,
+) -> None:
+    """A reference that fails (as it does short of device memory) says nothing of the config: the
+    user's launch still returns, a served record is neither used unchecked nor disputed, and a
+    winner tuned here is not uploaded unchecked."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TUNECACHE_URL": server.url}
+    runs = (("never", "", 3), ("first", "1", 3))  # tunes and uploads; then cannot check: tunes
+    for verify, fails, bench in runs:
+        done = subprocess.run([sys.executable, "-c", ROWS], capture_output=True, text=True,
+                              timeout=300, cwd=REPO,
+                              env={**env, "TEST_VERIFY": verify, "TEST_REFERENCE_FAILS": fails})  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.splitlines()[-1]) == {"bench": bench}
+    assert "could not check the server's config here" in done.stderr, done.stderr
+    assert "not disputing it" in done.stderr and "could not check the tuned config" in done.stderr
+    assert "CUDA out of memory" in done.stderr and "Traceback" not in done.stderr
+    with Client(server.url) as client:
+        records = client.list_records(kernel="tests.user_triton_autotune:affine_rows")
+    (record,) = records.items  # the second process uploaded nothing
+    assert not record.disputes and record.status in ("pending", "verified")

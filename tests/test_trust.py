@@ -248,6 +248,29 @@ def test_a_first_use_check_that_raises_counts_as_failed(server: LiveServer) -> N
     assert (result.source, result.config) == ("default", DEFAULT)
 
 
+def test_a_check_that_cannot_run_here_neither_uses_nor_disputes_the_record(
+    server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Short of memory for the check's copies, a process must not take a good record out of
+    service for everyone."""
+    from tunecache import CheckUnavailable
+
+    key = make_key(m=64)
+    with Client(server.url) as client:
+        stored = client.upload(make_record(key, config=knobs(4)))
+
+    def no_memory(config: dict[str, Any]) -> CheckModel:
+        raise CheckUnavailable("CUDA out of memory for the copies")
+
+    with Client(server.url, token=token(server.url, "consumer", "read")) as client:
+        result = client.lookup(key, default=DEFAULT, verify=no_memory)
+    assert (result.source, result.config) == ("default", DEFAULT)
+    assert any("not disputing it" in r.getMessage() for r in caplog.records)
+    with Client(server.url) as client:  # close() above would have sent a dispute
+        assert client.get_record(stored.record_id).status != "disputed"
+        assert client.lookup(key, default=DEFAULT).config == knobs(4)  # still served
+
+
 # -- the verified policy and trusted tokens -----------------------------------------------------
 @pytest.fixture
 def verified_server(tmp_path: Path) -> Any:

@@ -20,7 +20,13 @@ __version__ = "0.1.0"
 from tunecache import builtin  # noqa: F401  # registers the built-in kernels
 from tunecache.client import Client
 from tunecache.device import Device, DeviceFingerprint, DeviceLimits
-from tunecache.errors import InvalidInput, ServerError, TunecacheError, TuningError
+from tunecache.errors import (
+    CheckUnavailable,
+    InvalidInput,
+    ServerError,
+    TunecacheError,
+    TuningError,
+)
 from tunecache.http import Timeout
 from tunecache.kernels import KernelSpec, get_kernel
 from tunecache.key import Key, key_for
@@ -29,6 +35,7 @@ from tunecache.resolver import RecordsSource, Resolver, SnapshotSource
 from tunecache.server_source import ServerSource
 
 __all__ = [
+    "CheckUnavailable",
     "Client",
     "Device",
     "DeviceFingerprint",

@@ -5,7 +5,8 @@ The tree is shallow on purpose::
     TunecacheError
     ├── InvalidInput          bad workload, backend, dtype, shape or config (CLI exit 2)
     ├── ServerError           the cache server answered with an error the caller must see
-    └── TuningError           a tuning run could not produce a validated winner
+    ├── TuningError           a tuning run could not produce a validated winner
+    └── CheckUnavailable      a first-use check could not run here (says nothing of the config)
 
 Lookups through :class:`tunecache.Client` never raise these into user code: a failed remote read
 logs once and falls back to the default config.
@@ -40,6 +41,13 @@ class ServerError(TunecacheError):
 
 class TuningError(TunecacheError):
     """A tuning run failed to produce a validated winner."""
+
+
+class CheckUnavailable(TunecacheError):
+    """A first-use check (``verify``) could not run in this process, for a reason of its own:
+    no memory for the copies of the arguments, a reference that failed. The served config is
+    not used, and not disputed: a process short of memory must not take a good record out of
+    service for everyone."""
 
 
 def one_line(exc: BaseException) -> str:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunecache.canonical import canonical_json
-from tunecache.errors import InvalidInput, one_line
+from tunecache.errors import CheckUnavailable, InvalidInput, one_line
 from tunecache.key import Key
 from tunecache.lookup import LookupResult, SourceName
 from tunecache.policies import VersionPolicy
@@ -219,6 +219,11 @@ class Resolver:
             return True
         try:
             check = verify(answer.config)
+        except CheckUnavailable as exc:  # not the config's fault: unused, not disputed
+            self._warn_once(digest, f"{key.short()}: could not check the {answer.source}'s "
+                                    f"config here ({one_line(exc)}); not using it, not "
+                                    "disputing it")  # fmt: skip
+            return False
         except Exception as exc:  # the served config broke the caller's check: it failed
             check = CheckModel(problem=dict(key.problem), seed=0, rel_error=None,
                                max_abs_error=None, tolerance=1.0, passed=False,

@@ -29,7 +29,7 @@ from triton.runtime.autotuner import Autotuner
 
 from tunecache.client import Client
 from tunecache.defaults import TOLERANCES
-from tunecache.errors import InvalidInput
+from tunecache.errors import CheckUnavailable, InvalidInput, one_line
 from tunecache.key import Key
 from tunecache.policies import VersionPolicy
 from tunecache.problem import describe
@@ -225,7 +225,12 @@ class CachedAutotuner(Autotuner):
                         "pruning): nothing tuned, nothing uploaded", key.short(),
                         winner)  # fmt: skip
             return
-        check = self._check(winner, args, kwargs, TOLERANCES.get(key.dtype, 1e-4), key)
+        try:
+            check = self._check(winner, args, kwargs, TOLERANCES.get(key.dtype, 1e-4), key)
+        except Exception as exc:  # the user's launch ran: its result is theirs, as in Triton
+            self._warn_once("unchecked", f"{key.short()}: could not check the tuned config "
+                                         f"{winner} ({one_line(exc)}); not uploaded")  # fmt: skip
+            return
         if not check.passed:
             self._warn_once("wrong", f"{key.short()}: the tuned config {winner} failed "
                                      f"validation ({check.note or check.rel_error}); using the "
@@ -247,16 +252,31 @@ class CachedAutotuner(Autotuner):
     def _check(self, config: Config, args: tuple[Any, ...], kwargs: dict[str, Any],
                tolerance: float, key: Key) -> CheckModel:  # fmt: skip
         """``config``'s outputs against ``reference`` (or the first config) on identical fresh
-        copies of the call's arguments."""
-        got = fresh_call(args, kwargs, SEED)
-        self._launch(config, *got)
-        want = fresh_call(args, kwargs, SEED)
-        if self.reference is not None:
-            self.reference(*want[0], **{k: v for k, v in want[1].items() if k in self.arg_names})
-        else:
-            self._launch(self.configs[0], *want)
-        return compare_outputs([*got[0], *got[1].values()], [*want[0], *want[1].values()],
-                               tolerance, key.problem)  # fmt: skip
+        copies of the call's arguments. Raises :class:`CheckUnavailable` where the check itself
+        cannot run here (the copies, the reference, the comparison, any lack of device memory):
+        only ``config``'s own launch failing says something about ``config``."""
+        try:
+            got, want = fresh_call(args, kwargs, SEED), fresh_call(args, kwargs, SEED)
+            if self.reference is not None:
+                named = {k: v for k, v in want[1].items() if k in self.arg_names}
+                self.reference(*want[0], **named)
+            else:
+                self._launch(self.configs[0], *want)
+            _finish(want)  # a device's error surfaces here, not in the config's run
+        except Exception as exc:
+            raise CheckUnavailable(f"the reference's run: {one_line(exc)}") from exc
+        try:
+            self._launch(config, *got)
+            _finish(got)
+        except Exception as exc:
+            if _out_of_memory(exc):
+                raise CheckUnavailable(f"the config's run: {one_line(exc)}") from exc
+            raise
+        try:
+            return compare_outputs([*got[0], *got[1].values()], [*want[0], *want[1].values()],
+                                   tolerance, key.problem)  # fmt: skip
+        except Exception as exc:
+            raise CheckUnavailable(f"the comparison: {one_line(exc)}") from exc
 
     def _launch(self, config: Config, args: list[Any], kwargs: dict[str, Any]) -> None:
         """One launch of ``config`` as Triton launches a chosen config (its ``pre_hook`` first)."""
@@ -274,6 +294,21 @@ class CachedAutotuner(Autotuner):
         log = logger.debug if what in self._warned else logger.warning
         self._warned.add(what)
         log("tunecache.triton: %s", message)
+
+
+def _finish(call: tuple[list[Any], dict[str, Any]]) -> None:
+    """Waits for the work queued on the GPUs of ``call``'s tensors."""
+    import torch
+
+    devices = {v.device for v in [*call[0], *call[1].values()] if isinstance(v, torch.Tensor)}
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says the device (or host) ran out of memory: a state of this process."""
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
 
 
 def _interpreted() -> bool:
