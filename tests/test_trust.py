@@ -246,6 +246,8 @@ def test_a_first_use_check_that_raises_counts_as_failed(server: LiveServer) -> N
     with Client(server.url) as client:
         result = client.lookup(key, default=DEFAULT, verify=crashes)
     assert (result.source, result.config) == ("default", DEFAULT)
+    with Client(server.url) as client:  # close() above sent the dispute
+        assert client.list_records(kernel=key.kernel).items[0].status == "disputed"
 
 
 def test_a_check_that_cannot_run_here_neither_uses_nor_disputes_the_record(
@@ -259,16 +261,35 @@ def test_a_check_that_cannot_run_here_neither_uses_nor_disputes_the_record(
     with Client(server.url) as client:
         stored = client.upload(make_record(key, config=knobs(4)))
 
+    calls: list[dict[str, Any]] = []
+
     def no_memory(config: dict[str, Any]) -> CheckModel:
+        calls.append(config)
         raise CheckUnavailable("CUDA out of memory for the copies")
 
     with Client(server.url, token=token(server.url, "consumer", "read")) as client:
         result = client.lookup(key, default=DEFAULT, verify=no_memory)
-    assert (result.source, result.config) == ("default", DEFAULT)
+        again = client.lookup(key, default=DEFAULT, verify=no_memory)  # not checked again yet
+    assert (result.source, result.config) == ("default", DEFAULT) == (again.source, again.config)
+    assert calls == [knobs(4)]
     assert any("not disputing it" in r.getMessage() for r in caplog.records)
     with Client(server.url) as client:  # close() above would have sent a dispute
         assert client.get_record(stored.record_id).status != "disputed"
         assert client.lookup(key, default=DEFAULT).config == knobs(4)  # still served
+
+
+def test_an_async_lookup_checks_a_memo_answer_it_has_not_checked(server: LiveServer) -> None:
+    """A memo answer filled by a caller that did not verify is checked before ``alookup(verify=)``
+    uses it (it was returned at once, unchecked)."""
+    import asyncio
+
+    key = make_key(m=64)
+    with Client(server.url) as client:
+        client.upload(make_record(key, config=knobs(4)))
+        assert client.lookup(key, default=DEFAULT).config == knobs(4)  # memoised, unchecked
+        checked = asyncio.run(client.alookup(key, default=DEFAULT,
+                                             verify=lambda config: failed_check(key)))  # fmt: skip
+    assert (checked.source, checked.config) == ("default", DEFAULT)
 
 
 # -- the verified policy and trusted tokens -----------------------------------------------------

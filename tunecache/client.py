@@ -187,7 +187,9 @@ class Client(WorkerCalls):
         ``fits`` refuses is passed over. With ``verify`` (``verify(config)`` compares the
         config's outputs with the caller's reference and returns the
         :class:`~tunecache.schemas.CheckModel`), an answer is used only once its check passed,
-        the first time this process would use it; a failed one is disputed with the server.
+        the first time this process would use it; a failed one is disputed with the server. A
+        check that raises :class:`~tunecache.CheckUnavailable` (it could not run here) passes
+        the answer over without a dispute, and is not run again for that answer for a minute.
 
         Never raises on a server failure and never blocks longer than the lookup timeout (plus
         what ``verify`` itself takes, once per key).

@@ -28,6 +28,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,9 @@ logger = logging.getLogger(__name__)
 Fits = Callable[[dict[str, Any]], str | None]  # why a config cannot launch here, or None
 # The served config's outputs against the caller's reference, on the same inputs.
 Verify = Callable[[dict[str, Any]], CheckModel]
+# A check that could not run here (tunecache.CheckUnavailable: memory, say) is tried again after
+# this long; until then its answer is passed over, as it was.
+UNCHECKED_RETRY_S = 60.0
 
 
 class Source(abc.ABC):
@@ -154,6 +158,8 @@ class Resolver:
         self.sources = list(sources)
         self._warned: set[str] = set()
         self._verified: set[tuple[str, str]] = set()  # (key digest, config) checked here
+        # (key digest, config) whose check could not run here: not tried again until then
+        self._unchecked: dict[tuple[str, str], float] = {}
 
     def resolve(self, key: Key, *, default: dict[str, Any] | None = None, fits: Fits | None = None,
                 verify: Verify | None = None) -> LookupResult:  # fmt: skip
@@ -193,7 +199,8 @@ class Resolver:
         """:meth:`resolve` for async code: a memo hit answers at once; anything that may wait
         (a snapshot's first read, the server, a verification) runs in a worker thread, so the
         event loop never blocks. One path, not two: the sources stay synchronous."""
-        if self.memo is not None and (found := self.memo.answers.get(key.digest())) is not None:
+        found = None if self.memo is None else self.memo.answers.get(key.digest())
+        if found is not None and (verify is None or self._checked(key.digest(), found)):
             return found
         return await asyncio.to_thread(self.resolve, key, default=default, fits=fits,
                                        verify=verify)  # fmt: skip
@@ -210,6 +217,12 @@ class Resolver:
         self.memo.answers.pop(digest, None)
         return False
 
+    def _checked(self, digest: str, answer: LookupResult) -> bool:
+        """Whether ``answer``'s config passed a check in this process."""
+        if answer.config is None:
+            return False
+        return (digest, canonical_json(answer.config)) in self._verified
+
     def _verified_here(self, key: Key, digest: str, source: Source, answer: LookupResult,
                        verify: Verify) -> bool:  # fmt: skip
         """Whether ``answer``'s config passed ``verify`` (run now unless it passed before)."""
@@ -217,12 +230,16 @@ class Resolver:
         seen = (digest, canonical_json(answer.config))
         if seen in self._verified:
             return True
+        if self._unchecked.get(seen, 0.0) > time.monotonic():
+            return False
         try:
             check = verify(answer.config)
         except CheckUnavailable as exc:  # not the config's fault: unused, not disputed
+            self._unchecked[seen] = time.monotonic() + UNCHECKED_RETRY_S
             self._warn_once(digest, f"{key.short()}: could not check the {answer.source}'s "
                                     f"config here ({one_line(exc)}); not using it, not "
-                                    "disputing it")  # fmt: skip
+                                    f"disputing it, not checking again for "
+                                    f"{UNCHECKED_RETRY_S:g} s")  # fmt: skip
             return False
         except Exception as exc:  # the served config broke the caller's check: it failed
             check = CheckModel(problem=dict(key.problem), seed=0, rel_error=None,

@@ -207,8 +207,9 @@ class CachedAutotuner(Autotuner):
 
         def verify(config: dict[str, Any]) -> CheckModel:
             chosen = self.space.find(config)
-            if chosen is None:  # ``fits`` refuses it first: never launched, here neither
-                raise InvalidInput(f"{describe(config)} is outside the kernel's space")
+            if chosen is None:  # ``fits`` refuses it first (a memo answer is not re-fitted:
+                # another decoration of the kernel, other configs): never launched, not disputed
+                raise CheckUnavailable(f"{describe(config)} is outside this kernel's space")
             return self._check(chosen, args, kwargs, tolerance, key)
 
         return verify
@@ -227,10 +228,14 @@ class CachedAutotuner(Autotuner):
             return
         try:
             check = self._check(winner, args, kwargs, TOLERANCES.get(key.dtype, 1e-4), key)
-        except Exception as exc:  # the user's launch ran: its result is theirs, as in Triton
+        except CheckUnavailable as exc:  # never into the user's launch, which has run
             self._warn_once("unchecked", f"{key.short()}: could not check the tuned config "
                                          f"{winner} ({one_line(exc)}); not uploaded")  # fmt: skip
             return
+        except Exception as exc:  # the winner's own run failed on fresh inputs
+            check = CheckModel(problem=dict(key.problem), seed=SEED, rel_error=None,
+                               max_abs_error=None, tolerance=1.0, passed=False,
+                               note=f"its run raised {one_line(exc)}"[:512])  # fmt: skip
         if not check.passed:
             self._warn_once("wrong", f"{key.short()}: the tuned config {winner} failed "
                                      f"validation ({check.note or check.rel_error}); using the "
@@ -304,11 +309,16 @@ def _finish(call: tuple[list[Any], dict[str, Any]]) -> None:
     for device in devices:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+    if torch.cuda.is_initialized():  # Triton launches on the current device
+        torch.cuda.synchronize()
 
 
 def _out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` says the device (or host) ran out of memory: a state of this process."""
-    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+    """Whether ``exc`` says the device (or host) ran out of memory: a state of this process.
+    Triton's driver says so in a plain RuntimeError when loading a module (the first launch of
+    a config) finds no memory; the text is the driver's, not a record's."""
+    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+            or (isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()))  # fmt: skip
 
 
 def _interpreted() -> bool:
