@@ -242,9 +242,7 @@ class Resolver:
                                     f"{UNCHECKED_RETRY_S:g} s")  # fmt: skip
             return False
         except Exception as exc:  # the served config broke the caller's check: it failed
-            check = CheckModel(problem=dict(key.problem), seed=0, rel_error=None,
-                               max_abs_error=None, tolerance=1.0, passed=False,
-                               note=f"the check raised {one_line(exc)}"[:512])  # fmt: skip
+            check = CheckModel.raised(key.problem, 0, f"the check raised {one_line(exc)}")
         if check.passed:
             self._verified.add(seen)
             return True

@@ -18,6 +18,7 @@ is a 4xx with a reason, never a 5xx:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -190,6 +191,13 @@ class CheckModel(_Strict):
     note: ShortText = ""
 
     _valid_problem = field_validator("problem", mode="before")(_checked_problem)
+
+    @classmethod
+    def raised(cls, problem: Mapping[str, Any], seed: int, why: str) -> CheckModel:
+        """A failed check whose run raised, so nothing could be compared; ``why`` says what
+        raised (cut to the note's length)."""
+        return cls(problem=dict(problem), seed=seed, rel_error=None, max_abs_error=None,
+                   tolerance=1.0, passed=False, note=why[:512])  # fmt: skip
 
 
 class ValidationReport(_Strict):

@@ -233,9 +233,7 @@ class CachedAutotuner(Autotuner):
                                          f"{winner} ({one_line(exc)}); not uploaded")  # fmt: skip
             return
         except Exception as exc:  # the winner's own run failed on fresh inputs
-            check = CheckModel(problem=dict(key.problem), seed=SEED, rel_error=None,
-                               max_abs_error=None, tolerance=1.0, passed=False,
-                               note=f"its run raised {one_line(exc)}"[:512])  # fmt: skip
+            check = CheckModel.raised(key.problem, SEED, f"its run raised {one_line(exc)}")
         if not check.passed:
             self._warn_once("wrong", f"{key.short()}: the tuned config {winner} failed "
                                      f"validation ({check.note or check.rel_error}); using the "
