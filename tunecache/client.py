@@ -43,8 +43,11 @@ from tunecache.artifacts import (
 from tunecache.defaults import default_config
 from tunecache.errors import InvalidInput, ServerError
 from tunecache.http import (
+    LOOKUP_ANSWER_BYTES,
+    MAX_ANSWER_BYTES,
     DeadlineTransport,
     Timeout,
+    answer_limit,
     deadline,
     is_tunecache,
     parse,
@@ -54,6 +57,7 @@ from tunecache.http import (
     time_left,
 )
 from tunecache.jobs import JobEnqueued
+from tunecache.jsonsafe import parse_json
 from tunecache.key import Key
 from tunecache.lookup import LookupResult
 from tunecache.policies import VersionPolicy
@@ -148,7 +152,9 @@ class Client(WorkerCalls):
         self.policy: VersionPolicy = policy
         self.report_misses = report_misses
         token = token if token is not None else (settings.token if settings else None)
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # Answers unencoded: their size on the wire is their size in memory (tunecache.http).
+        headers = {"Accept-Encoding": "identity"}
+        headers.update({"Authorization": f"Bearer {token}"} if token else {})
         mounts = proxy_mounts() if transport is None else {}
         self._http = httpx.Client(base_url=self.url, transport=transport or DeadlineTransport(),
                                   mounts=mounts, headers=headers)  # fmt: skip
@@ -232,7 +238,7 @@ class Client(WorkerCalls):
         body = self._lookup_body(key)
         seconds = timeout or self.timeout.lookup
         try:
-            with deadline(seconds):
+            with deadline(seconds), answer_limit(LOOKUP_ANSWER_BYTES):
                 limits = self.timeout.per_operation(seconds, read=True)
                 response = self._http.post("/v1/lookup", json=body, timeout=limits)
             if response.status_code == 404 and is_tunecache(response):
@@ -257,7 +263,7 @@ class Client(WorkerCalls):
         the server sheds (503 with ``Retry-After``) is sent again when asked, within that time."""
         seconds = timeout or self.timeout.write
         try:
-            with deadline(seconds):
+            with deadline(seconds), answer_limit(MAX_ANSWER_BYTES):
                 while True:
                     response = self._http.request(
                         method, path, timeout=self.timeout.per_operation(seconds, read=read),
@@ -360,7 +366,7 @@ class Client(WorkerCalls):
         if response.status_code == 304:
             return None, response.headers.get("etag", if_none_match or "")
         try:
-            document: dict[str, Any] = response.json()
+            document: dict[str, Any] = parse_json(response.content)
             SnapshotPublic.model_validate(document)
         except (ValidationError, ValueError) as exc:
             raise ServerError(f"GET /v1/snapshot sent no valid snapshot: {exc}") from exc
@@ -408,7 +414,8 @@ class Client(WorkerCalls):
         limit: int | None = None,
         timeout: float | None = None,
     ) -> list[ArtifactPublic]:
-        """The items of a partition (every page), or of one key in it (best score first).
+        """The items of a partition (every page), or of one key in it (best score first); an
+        item the server sent of another namespace, partition or key is left out.
 
         Args:
             limit: at most this many items; a key's items come in one page of up to
@@ -419,7 +426,7 @@ class Client(WorkerCalls):
             ServerError: the server is unreachable, refused, or gave a bad answer.
         """
         wanted = MAX_PAGE if key is not None and limit is None else limit
-        with deadline(timeout or self.timeout.write):
+        with deadline(timeout or self.timeout.write), answer_limit(MAX_ANSWER_BYTES):
             return self._artifact_pages(namespace, partition, key, wanted, timeout)
 
     def _artifact_pages(
@@ -436,7 +443,8 @@ class Client(WorkerCalls):
             params.update({"after": after} if after is not None else {})
             response = self._call("GET", "/v1/artifacts", timeout, read=True, params=params)
             page = parse(ArtifactList, response, "/v1/artifacts")
-            items.extend(page.items)
+            items.extend(item for item in page.items if item.namespace == namespace
+                         and item.partition == partition and key in (None, item.key))  # fmt: skip
             if page.next_after is None or key is not None:
                 break
             after = page.next_after
@@ -469,5 +477,16 @@ class Client(WorkerCalls):
         return parse(WhoAmI, response, "/v1/whoami")
 
     def health(self) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", "/health").json()
+        """The server's ``/health`` answer (``status``, ``database``, ``records``, ``version``).
+
+        Raises:
+            ServerError: unreachable, or the answer is not a JSON object.
+        """
+        response = self._call("GET", "/health")
+        try:
+            result = parse_json(response.content)
+        except ValueError as exc:
+            raise ServerError(f"GET /health gave no JSON: {exc}") from None
+        if not isinstance(result, dict):
+            raise ServerError("GET /health gave no JSON object")
         return result

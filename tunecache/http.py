@@ -7,6 +7,11 @@ sends one byte every 0.3 s would hold a "0.5 s" request for minutes; :class:`Dea
 bounds every socket operation by the time left to the call (:func:`deadline`), so such a server
 gets a timeout when the call's time is up.
 
+An answer is bounded in bytes too (:func:`answer_limit`): what a call reads off the socket,
+headers and body, stops with an error past its limit, and answers come unencoded (the client
+asks for ``Accept-Encoding: identity`` and refuses any other), so a few kilobytes of nested gzip
+cannot inflate into gigabytes in the caller's memory.
+
 Example:
     >>> with deadline(0.5):  # every request made inside ends within 0.5 s from here
     ...     pass
@@ -33,6 +38,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from tunecache.errors import ServerError
+from tunecache.jsonsafe import parse_json
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -42,9 +48,18 @@ IDENTITY_HEADER = "Tunecache-Server"
 BAD_ANSWER_CHARS = 200  # of a bad answer's first error, in the one-line message
 DETAIL_CHARS = 300  # of an error answer's text shown in an error
 WRITE_CHUNK = 64 * 1024  # bytes a socket write sends under one bound
+# Bytes one call may read, headers and body: a lookup's answer is one record without its trials
+# (its config at most 256 KiB, its checks at most 256), so it parses well within a lookup's
+# time; any other answer (a record's trials, a page of artifacts, a snapshot of 50,000 records).
+LOOKUP_ANSWER_BYTES = 2 * 1024 * 1024
+MAX_ANSWER_BYTES = 256 * 1024 * 1024
 
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "tunecache_deadline", default=None
+)
+# [limit, bytes left] of each answer limit in force, outermost first
+_BUDGETS: contextvars.ContextVar[tuple[list[int], ...]] = contextvars.ContextVar(
+    "tunecache_answer_limits", default=()
 )
 
 
@@ -86,6 +101,25 @@ def deadline(seconds: float | None) -> Iterator[None]:
         _DEADLINE.reset(token)
 
 
+@contextmanager
+def answer_limit(max_bytes: int) -> Iterator[None]:
+    """The requests made inside (through a :class:`DeadlineTransport`) read at most
+    ``max_bytes`` off their sockets in all, and within any enclosing limit; past them the read
+    fails (``httpx.ReadError``)."""
+    token = _BUDGETS.set((*_BUDGETS.get(), [max_bytes, max_bytes]))
+    try:
+        yield
+    finally:
+        _BUDGETS.reset(token)
+
+
+def _spend(read: int) -> None:
+    for budget in _BUDGETS.get():
+        budget[1] -= read
+        if budget[1] < 0:
+            raise httpcore.ReadError(f"the answer is over {budget[0]:,} bytes")
+
+
 def time_left() -> float | None:
     """Seconds left to the current deadline (``None``: none is set)."""
     end = _DEADLINE.get()
@@ -109,7 +143,9 @@ class _DeadlineStream(httpcore.NetworkStream):
         self._stream = stream
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._stream.read(max_bytes, _bounded(timeout, httpcore.ReadTimeout))
+        data = self._stream.read(max_bytes, _bounded(timeout, httpcore.ReadTimeout))
+        _spend(len(data))
+        return data
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         # In pieces: a socket write waits its timeout per send(), and a reader that drains a
@@ -213,6 +249,17 @@ class DeadlineTransport(httpx.HTTPTransport):
             raise RuntimeError("this httpcore does not take a network backend: pin httpcore<2")
         pool._network_backend = _DeadlineBackend()
 
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """The answer, refused if encoded: its decoded size would escape :func:`answer_limit`."""
+        response = super().handle_request(request)
+        coding = response.headers.get("content-encoding", "identity").strip().lower()
+        if coding not in ("", "identity"):
+            response.close()
+            raise httpx.DecodingError(f"the answer is encoded ({coding[:40]}), though the "
+                                      "request asked for none (Accept-Encoding: identity)",
+                                      request=request)  # fmt: skip
+        return response
+
 
 def proxy_mounts() -> dict[str, httpx.BaseTransport | None]:
     """Transports for the proxies the environment names (``HTTP(S)_PROXY``, ``ALL_PROXY``,
@@ -239,7 +286,7 @@ def is_tunecache(response: httpx.Response) -> bool:
     if not response.is_error or "json" not in response.headers.get("content-type", ""):
         return False
     try:
-        body = response.json()
+        body = parse_json(response.content)
     except ValueError:
         return False
     return (isinstance(body, dict) and body.get("status") == response.status_code
@@ -258,7 +305,7 @@ def rejected(method: str, path: str, response: httpx.Response) -> ServerError:
             foreign=True,
         )
     try:
-        detail = str(response.json().get("detail", response.text))
+        detail = str(parse_json(response.content).get("detail", response.text))
     except (ValueError, AttributeError):
         detail = response.text
     lines = [line.strip() for line in detail.splitlines() if line.strip()]

@@ -1,4 +1,5 @@
-"""Is this data storable JSON? One walk that every wire model runs before its own validation.
+"""Is this data storable JSON? One walk that every wire model runs before its own validation;
+and one parser for JSON from outside (:func:`parse_json`).
 
 A body may hold, anywhere, only what every database stores and every JSON encoder writes back: no
 NUL character (PostgreSQL text cannot hold one) or lone UTF-16 surrogate (not Unicode, so not
@@ -18,6 +19,8 @@ import math
 import re
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any
+
+from pydantic_core import from_json
 
 from tunecache.problem import describe
 
@@ -145,3 +148,19 @@ def json_problem(data: Any, root: str = "body") -> str | None:
 def _json_token(value: float) -> str:
     """How a non-finite float was spelled in the (non-standard) JSON it came from."""
     return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+
+
+def parse_json(data: str | bytes) -> Any:
+    """JSON from outside (a server's answer, a file anyone may have written), parsed by jiter:
+    nesting past its limit raises ``ValueError`` like any malformed JSON. Python's own parser
+    recurses, so 20,000 ``[`` raise ``RecursionError``, which no ``except ValueError`` catches.
+
+    Example:
+        >>> parse_json(b'{"a": [1, 2]}')
+        {'a': [1, 2]}
+        >>> parse_json("[" * 20_000 + "]" * 20_000)
+        Traceback (most recent call last):
+        ...
+        ValueError: recursion limit exceeded at line 1 column 202
+    """
+    return from_json(data)

@@ -179,10 +179,10 @@ class Resolver:
                                                                         verify)):  # fmt: skip
             return found
         for source in self.sources:
-            answer = source.get(key, digest)
+            answer = self._ask(source, key, digest)
             if answer is None or answer.config is None:
                 continue
-            if fits is not None and (reason := fits(answer.config)) is not None:
+            if fits is not None and (reason := _misfit(fits, answer.config)) is not None:
                 self._warn_once(digest, f"{key.short()}: the {answer.source}'s config does not "
                                         f"fit here ({reason}); trying the next source")  # fmt: skip
                 continue
@@ -280,7 +280,26 @@ class Resolver:
         for source in self.sources:
             source.close()
 
+    def _ask(self, source: Source, key: Key, digest: str) -> LookupResult | None:
+        """``source``'s answer; ``None``, logged, should it raise after all: a source's bug
+        never reaches the caller's launch."""
+        try:
+            return source.get(key, digest)
+        except Exception as exc:
+            self._warn_once(digest, f"{key.short()}: the {type(source).__name__} failed "
+                                    f"({one_line(exc)}); trying the next "
+                                    "source")  # fmt: skip
+            return None
+
     def _warn_once(self, digest: str, message: str) -> None:
         log = logger.debug if digest in self._warned else logger.warning
         self._warned.add(digest)
         log("%s", message)
+
+
+def _misfit(fits: Fits, config: dict[str, Any]) -> str | None:
+    """``fits(config)``; a ``fits`` that raises refuses the config, naming what it raised."""
+    try:
+        return fits(config)
+    except Exception as exc:
+        return f"checking it raised {one_line(exc)}"

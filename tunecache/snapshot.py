@@ -31,6 +31,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput, validation_problems
+from tunecache.jsonsafe import parse_json
 from tunecache.schemas import Backend, KeyModel, Name, RecordCreate, _Strict
 
 logger = logging.getLogger(__name__)
@@ -186,10 +187,8 @@ def load_snapshot(path: Path) -> SnapshotPublic:
 def _salvage(text: bytes) -> tuple[dict[str, Any], list[Any], list[str]] | None:
     """The document, the records that validate on their own, and why each other one does not;
     ``None`` when it is not a snapshot's shape at all (nothing to salvage)."""
-    import json
-
     try:
-        document = json.loads(text)
+        document = parse_json(text)
     except ValueError:
         return None
     records = document.get("records") if isinstance(document, dict) else None

@@ -34,6 +34,7 @@ from typing import Final
 
 from tunecache.device import DeviceLimits
 from tunecache.errors import InvalidInput
+from tunecache.jsonsafe import parse_json
 
 # The engine's own Triton kernel as ``tune`` takes it (workloads/vllm_moe.py): its problems are
 # M, E, N, K (the hidden size) and topk; its configs the six fields of a file's entry.
@@ -189,8 +190,8 @@ def parse_file_text(text: str | bytes, where: str) -> MoeFile:
     if len(text) > MAX_FILE_BYTES:
         raise InvalidInput(f"{where}: over {MAX_FILE_BYTES} bytes")
     try:
-        document = json.loads(text)
-    except (ValueError, RecursionError) as exc:
+        document = parse_json(text)
+    except ValueError as exc:
         raise InvalidInput(f"{where}: not JSON ({exc})") from None
     return check_document(document, where)
 

@@ -48,6 +48,7 @@ from typing import Any, Final
 
 from tunecache.configcheck.inductor import best_config_problem
 from tunecache.inductor.remote import TeamCache
+from tunecache.jsonsafe import parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +127,7 @@ class AutotuneStore:
     def put(self, key: str, data: Any) -> None:
         """Records what Inductor saves; malformed data is dropped with a log line."""
         try:
-            value = json.loads(data)
+            value = parse_json(data)
         except (TypeError, ValueError):
             value = None
         clean = sanitise_best_config(value)

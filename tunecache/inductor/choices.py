@@ -44,6 +44,7 @@ from tunecache.configcheck.inductor import (
     finite_ms,
     text,
 )
+from tunecache.jsonsafe import parse_json
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ def _read_file(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return {}
     try:
-        document = json.loads(path.read_text())
+        document = parse_json(path.read_bytes())
     except (OSError, ValueError) as exc:
         logger.warning("Inductor's choice file %s cannot be read (%s); left alone", path, exc)
         return None

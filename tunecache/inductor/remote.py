@@ -62,13 +62,12 @@ class TeamCache:
             return []
         limit = 1 if key is not None else MAX_ITEMS
         try:
-            items = self.client.get_artifacts(
+            return self.client.get_artifacts(
                 namespace, self.partition, key=key, limit=limit, timeout=self.timeout
             )
         except ServerError as exc:
             self.fail(f"reading {namespace} from {self.url} failed ({exc})")
             return []
-        return [item for item in items if item.namespace == namespace]
 
     def put(self, items: Sequence[ArtifactIn]) -> ArtifactPutResult:
         """Stores ``items`` on the server.

@@ -1,0 +1,176 @@
+"""What a hostile server (or anything in front of one) answers cannot raise into the caller, fill
+its memory or serve another partition's data: answers nested past any parser's recursion, answers
+compressed into bombs, answers larger than a call may read, items the request did not ask for.
+
+The servers are hostile at the socket (:mod:`tests.hostile`), so the client's real transport is
+under test. Times here are bounds, not speed: each failure mode took seconds or raised.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import logging
+import socket
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tunecache.client
+from tests.factories import make_key
+from tests.hostile import IDENTITY, Request, Seen, answer, serve
+from tests.test_triton_autotune import run
+from tunecache import Client, ServerError
+from tunecache.errors import InvalidInput
+from tunecache.lookup import LookupResult
+from tunecache.resolver import Resolver, Source
+from tunecache.snapshot import load_snapshot
+
+SECONDS = 1.0
+BOUND = SECONDS * 1.1
+DEFAULT = {"schedule": "default"}
+NESTED = b"[" * 20_000 + b"]" * 20_000  # Python's own json module raises RecursionError here
+
+
+def nested_error(conn: socket.socket, request: Request, seen: Seen) -> None:
+    """A proxy's error page, as JSON nested 20,000 deep (no tunecache identity)."""
+    answer(conn, 502, NESTED, identity=False)
+
+
+def nested_everything(conn: socket.socket, request: Request, seen: Seen) -> None:
+    """Every answer is tunecache's, a 200, and nested 20,000 deep."""
+    answer(conn, 200, NESTED)
+
+
+@functools.cache
+def _bomb(megabytes: int) -> bytes:
+    """``{`` + spaces + ``}``, gzipped twice: a few KB on the wire, ``megabytes`` inflated."""
+    squeeze = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: the gzip format
+    spaces = b" " * (1 << 20)
+    inner = b"".join([squeeze.compress(b"{"), *(squeeze.compress(spaces) for _ in range(megabytes)),
+                      squeeze.compress(b"}"), squeeze.flush()])  # fmt: skip
+    return gzip.compress(inner, compresslevel=9)
+
+
+def gzip_bomb(conn: socket.socket, request: Request, seen: Seen) -> None:
+    """256 MiB of JSON in two layers of gzip (``Content-Encoding: gzip, gzip``)."""
+    bomb = _bomb(256)
+    conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip, "
+                 f"gzip\r\nContent-Length: {len(bomb)}\r\n{IDENTITY}\r\n".encode() + bomb)  # fmt: skip
+
+
+def three_megabytes(conn: socket.socket, request: Request, seen: Seen) -> None:
+    """A well-formed JSON answer of 3 MiB, at once."""
+    answer(conn, 200, b'{"record": "' + b"x" * (3 << 20) + b'"}')
+
+
+def timed_lookup(url: str) -> tuple[float, LookupResult]:
+    with Client(url, timeout=SECONDS, token="") as client:
+        started = time.monotonic()
+        result = client.lookup(make_key(), default=DEFAULT)
+        return time.monotonic() - started, result
+
+
+@pytest.mark.parametrize("behaviour", [nested_error, nested_everything],
+                         ids=lambda b: b.__name__)  # fmt: skip
+def test_an_answer_nested_past_any_recursion_is_a_failed_call(behaviour: Any) -> None:
+    with serve(behaviour) as (url, _), Client(url, timeout=SECONDS, token="") as client:
+        for _ in range(2):  # and again: no state the first one left raises either
+            assert client.lookup(make_key(), default=DEFAULT).source == "default"
+        with pytest.raises(ServerError):
+            client.fetch(make_key())
+        with pytest.raises(ServerError, match="snapshot"):
+            client.export_snapshot("cpu-avx2")
+        with pytest.raises(ServerError):
+            client.health()
+
+
+def test_a_compressed_answer_is_refused_before_it_is_inflated(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _bomb(256)  # made before the clock starts
+    with serve(gzip_bomb) as (url, _), caplog.at_level(logging.WARNING):
+        elapsed, result = timed_lookup(url)
+    assert result.source == "default"
+    assert elapsed <= BOUND, f"a {SECONDS} s lookup took {elapsed:.2f} s (inflating 256 MiB)"
+    assert "encoded (gzip, gzip)" in caplog.text
+
+
+def test_an_answer_over_the_calls_byte_limit_is_refused(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with serve(three_megabytes) as (url, _), caplog.at_level(logging.WARNING):
+        elapsed, result = timed_lookup(url)
+        assert result.source == "default" and elapsed <= BOUND
+        assert "the answer is over 2,097,152 bytes" in caplog.text  # a lookup's limit
+        monkeypatch.setattr(tunecache.client, "MAX_ANSWER_BYTES", 1 << 20)  # any other call's
+        with Client(url, timeout=SECONDS, token="") as client:
+            with pytest.raises(ServerError, match="over 1,048,576 bytes"):
+                client.export_snapshot("cpu-avx2")
+            with pytest.raises(ServerError, match="over 1,048,576 bytes"):
+                client.get_artifacts("tvm.record", "p", timeout=SECONDS)
+
+
+def test_a_snapshot_file_nested_past_any_recursion_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "snapshot.json"
+    path.write_bytes(b'{"records": ' + NESTED + b"}")
+    with pytest.raises(InvalidInput, match="not a valid snapshot"):
+        load_snapshot(path)
+    with Client("http://127.0.0.1:9", snapshot=path, timeout=SECONDS, token="") as client:
+        assert client.lookup(make_key(), default=DEFAULT).source == "default"
+
+
+def _item(item_id: int, partition: str, key: str) -> dict[str, Any]:
+    return {"id": item_id, "namespace": "tvm.record", "partition": partition, "key": key,
+            "item": "", "value": {"v": item_id}, "score": 1.0,
+            "updated_at": "2026-01-01T00:00:00Z"}  # fmt: skip
+
+
+def test_artifacts_of_another_partition_or_key_are_left_out() -> None:
+    items = [_item(1, "mine", "k"), _item(2, "theirs", "k"), _item(3, "mine", "other")]
+
+    def mixed(conn: socket.socket, request: Request, seen: Seen) -> None:
+        answer(conn, 200, json.dumps({"items": items, "next_after": None}).encode())
+
+    with serve(mixed) as (url, _), Client(url, timeout=SECONDS, token="") as client:
+        assert [i.id for i in client.get_artifacts("tvm.record", "mine")] == [1, 3]
+        assert [i.id for i in client.get_artifacts("tvm.record", "mine", key="k")] == [1]
+        assert client.get_artifacts("inductor.choices", "mine") == []
+
+
+class Raising(Source):
+    def get(self, key: Any, digest: str) -> LookupResult | None:
+        raise RecursionError("a source's bug")
+
+
+class Answering(Source):
+    def get(self, key: Any, digest: str) -> LookupResult | None:
+        return LookupResult(config={"BLOCK": 64}, source="snapshot")
+
+
+def test_a_source_or_a_fit_that_raises_never_reaches_the_caller(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def fits(config: dict[str, Any]) -> str | None:
+        raise ValueError("a fit's bug")
+
+    with caplog.at_level(logging.WARNING):
+        assert Resolver([Raising(), Answering()]).resolve(make_key()).config == {"BLOCK": 64}
+        assert "Raising failed (RecursionError: a source's bug)" in caplog.text
+        found = Resolver([Answering()]).resolve(make_key(), default=DEFAULT, fits=fits)
+    assert found.source == "default"
+    assert "checking it raised ValueError: a fit's bug" in caplog.text
+
+
+@pytest.mark.slow
+def test_the_triton_drop_in_launches_whatever_the_server_answers() -> None:
+    """The user's launch runs, and is right, against a server whose every answer is nested past
+    Python's recursion limit (it raised RecursionError out of the launch)."""
+    with serve(nested_error) as (url, seen):
+        out, err = run({"TUNECACHE_URL": url, "TUNECACHE_TOKEN": ""})
+    assert "POST /v1/lookup" in seen.requests
+    assert "Traceback" not in err and out["bench"] > 0  # a miss: tuned here, as Triton does
