@@ -243,10 +243,29 @@ def test_a_config_over_the_devices_shared_memory_is_refused() -> None:
     assert wide_h100 is None and narrow_small is None
 
 
+def _compile_error(kind: str) -> Exception:
+    """A compile error of ``kind``, as Triton raises it."""
+    import ast
+
+    from triton.compiler.errors import CompilationError, CompileTimeAssertionFailure
+    from triton.runtime.errors import OutOfResources, PTXASError
+
+    source = "def kernel(BLOCK):\n    tl.static_assert(BLOCK >= 262144)\n"
+    node = ast.parse(source).body[0].body[0]  # type: ignore[attr-defined]
+    return {"out_of_resources": lambda: OutOfResources(262144, 232448, "shared memory"),
+            "static_assert": lambda: CompileTimeAssertionFailure(source, node, None),
+            "ptxas": lambda: PTXASError("ptxas: 262144 registers"),
+            "compile": lambda: CompilationError(source, node, "262144 is not a tensor")}[kind]()  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("raised", "refused"),
     [
         ("out_of_resources", True),
+        # what Triton's own autotuner times as infinitely slow (never picks): refused too
+        ("static_assert", True),
+        ("ptxas", True),
+        ("compile", False),  # any other compile error: the launch will say why
         # a compile error whose text mentions shared memory (a kernel's docstring): no verdict
         (RuntimeError("CompilationError: the shared memory note in the docstring"), False),
     ],
@@ -254,13 +273,10 @@ def test_a_config_over_the_devices_shared_memory_is_refused() -> None:
 def test_a_misfit_is_told_by_the_errors_type_not_its_words(
     raised: Any, refused: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from triton.runtime.errors import OutOfResources
-
     from tunecache.device import Device, DeviceFingerprint, DeviceLimits
     from tunecache.triton import shared
 
-    error = OutOfResources(262144, 232448, "shared memory") if raised == "out_of_resources" \
-        else raised  # fmt: skip
+    error = _compile_error(raised) if isinstance(raised, str) else raised
 
     def compile_fails(*args: Any) -> int:
         raise error

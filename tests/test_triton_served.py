@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import LiveServer
-from tests.factories import TEST_TOKEN, make_record, miss
+from tests.factories import TEST_TOKEN, make_record
 from tunecache.client import Client
 from tunecache.device import Device, DeviceFingerprint, DeviceLimits
 from tunecache.errors import InvalidInput, ServerError
@@ -64,12 +64,8 @@ def kernel_module() -> Any:
 
 def key_at(jit_fn: Any, n: int) -> Key:
     """The key a call of ``jit_fn`` at ``n`` (float32 ``x``, ``y``) looks up."""
-    import torch
-
-    from tunecache.triton.keys import KernelIdentity, key_of_call
-
-    x = torch.zeros(n)
-    return key_of_call(KernelIdentity.of(jit_fn), ["n"], {"x_ptr": x, "y_ptr": x, "n": n})
+    key: Key = kernel_module().key_at(jit_fn, n)
+    return key
 
 
 def upload(url: str, key: Key, config: dict[str, Any]) -> int | None:
@@ -165,37 +161,12 @@ def test_launch_options_are_held_to_the_device(
 
 
 # -- through a hostile server at the client's transport ---------------------------------------
-def lookup_answer(key: Key, config: dict[str, Any]) -> bytes:
-    """A well-formed lookup answer for ``key`` carrying ``config`` (whatever it is)."""
-    from tunecache.schemas import LookupResponse, RecordPublic
-
-    record = make_record(key, config={"BLOCK": 32}).model_dump(mode="json", by_alias=True)
-    public = RecordPublic.model_validate({**record, "config": config, "id": 7,
-                                          "key_hash": key.digest(),
-                                          "created_at": "2026-01-01T00:00:00Z"})  # fmt: skip
-    return LookupResponse(record=public).model_dump_json(by_alias=True).encode()
-
-
 def hostile(monkeypatch: pytest.MonkeyPatch, answers: dict[int, dict[str, Any]],
             jit_fn: Any) -> None:  # fmt: skip
     """Every drop-in's client talks to a server answering ``answers[n]`` for ``jit_fn`` at n."""
-    import httpx
-
     import tunecache.triton.autotuner as autotuner
 
-    bodies = {key_at(jit_fn, n).digest(): lookup_answer(key_at(jit_fn, n), c)
-              for n, c in answers.items()}  # fmt: skip
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        if request.url.path != "/v1/lookup":
-            return httpx.Response(204)
-        from tunecache.schemas import LookupRequest
-
-        asked = LookupRequest.model_validate_json(request.content).key.to_key().digest()
-        body = bodies.get(asked)
-        return httpx.Response(200, content=body) if body else miss()
-
-    client = Client("http://hostile.invalid", transport=httpx.MockTransport(answer), token="")
+    client = kernel_module().hostile_client(jit_fn, answers)
     monkeypatch.setattr(autotuner, "shared_client", lambda *a: client)
 
 
@@ -271,11 +242,14 @@ def test_a_declared_space_widens_what_is_accepted(monkeypatch: pytest.MonkeyPatc
                           701: {"BLOCK": 100, **base},  # outside it
                           702: {"BLOCK": 64, **base, "num_warps": 2},  # warps: the listed 1
                           703: {"BLOCK": 64.0, **base}}, m._grouped)  # fmt: skip
-    kernel = drop_in(m.GROUPED_CONFIGS, space={"BLOCK": (16, 32, 64, 128)})
+    kernel = drop_in(m.PLAIN_CONFIGS, space={"BLOCK": (16, 32, 64, 128)})
     inside = launch_at(kernel, 700)
     assert inside.kwargs == {"BLOCK": 64, "GROUP_SIZE_M": 1} and inside.num_warps == 1
     for n in (701, 702, 703):
-        assert launch_at(kernel, n) is m.GROUPED_CONFIGS[0], n
+        assert launch_at(kernel, n) is m.PLAIN_CONFIGS[0], n
+    # Each listed config with its own pre_hook: which one BLOCK=64 needs cannot be told.
+    hooked = drop_in(m.GROUPED_CONFIGS, space={"BLOCK": (16, 32, 64, 128)})
+    assert launch_at(hooked, 700) is m.GROUPED_CONFIGS[0]
 
 
 def test_a_search_space_with_a_constraint_is_a_declared_space(
@@ -293,9 +267,9 @@ def test_a_search_space_with_a_constraint_is_a_declared_space(
 
     space = SearchSpace({"BLOCK": (16, 32, 64, 128), "GROUP_SIZE_M": (1, 2, 4, 8)},
                         constraint=too_big)  # fmt: skip
-    kernel = drop_in(m.GROUPED_CONFIGS, space=space)
+    kernel = drop_in(m.PLAIN_CONFIGS, space=space)
     assert launch_at(kernel, 800).kwargs == {"BLOCK": 64, "GROUP_SIZE_M": 2}
-    assert launch_at(kernel, 801) is m.GROUPED_CONFIGS[0]  # pruned by the constraint
+    assert launch_at(kernel, 801) is m.PLAIN_CONFIGS[0]  # pruned by the constraint
 
 
 @pytest.mark.parametrize("constraint", [

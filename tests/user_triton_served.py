@@ -20,6 +20,8 @@ import triton
 import triton.language as tl
 
 import tunecache.triton
+from tunecache.client import Client
+from tunecache.key import Key
 
 BENCH_CALLS: list[int] = []
 LAUNCHES: list[tuple[str, dict[str, Any]]] = []
@@ -75,6 +77,10 @@ def _grouped(x_ptr, y_ptr, n, BLOCK: tl.constexpr, GROUP_SIZE_M: tl.constexpr):
     tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 2.0 + 1.0, mask=mask)
 
 
+# The same with no pre_hook: a config from a declared space runs the hook the listed configs
+# share, and each of GROUPED_CONFIGS has its own (which one a new BLOCK needs cannot be told).
+PLAIN_CONFIGS = [triton.Config(dict(c.kwargs), num_warps=c.num_warps) for c in GROUPED_CONFIGS]
+
 grouped = counted("grouped", tunecache.triton.autotune(
     configs=GROUPED_CONFIGS, key=["n"], do_bench=counting_bench, on_miss=ON_MISS)(_grouped))  # fmt: skip
 
@@ -120,3 +126,44 @@ def launch(kernel: Any, x: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     kernel[lambda meta: (triton.cdiv(n, meta["BLOCK"]),)](x, y, n)
     return y
+
+
+# -- a hostile server at the client's transport ------------------------------------------------
+def key_at(jit_fn: Any, n: int) -> Key:
+    """The key a call of ``jit_fn`` at ``n`` (float32 ``x``, ``y``) looks up."""
+    from tunecache.triton.keys import KernelIdentity, key_of_call
+
+    x = torch.zeros(n)
+    return key_of_call(KernelIdentity.of(jit_fn), ["n"], {"x_ptr": x, "y_ptr": x, "n": n})
+
+
+def lookup_answer(key: Key, config: dict[str, Any]) -> bytes:
+    """A well-formed lookup answer for ``key`` carrying ``config`` (whatever it is)."""
+    from tests.factories import make_record
+    from tunecache.schemas import LookupResponse, RecordPublic
+
+    record = make_record(key, config={"BLOCK": 32}).model_dump(mode="json", by_alias=True)
+    public = RecordPublic.model_validate({**record, "config": config, "id": 7,
+                                          "key_hash": key.digest(),
+                                          "created_at": "2026-01-01T00:00:00Z"})  # fmt: skip
+    return LookupResponse(record=public).model_dump_json(by_alias=True).encode()
+
+
+def hostile_client(jit_fn: Any, answers: dict[int, dict[str, Any]]) -> Client:
+    """A client whose server answers ``answers[n]`` for ``jit_fn`` at n, and misses the rest."""
+    import httpx
+
+    from tests.factories import miss
+    from tunecache.schemas import LookupRequest
+
+    bodies = {key_at(jit_fn, n).digest(): lookup_answer(key_at(jit_fn, n), c)
+              for n, c in answers.items()}  # fmt: skip
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/v1/lookup":
+            return httpx.Response(204)
+        asked = LookupRequest.model_validate_json(request.content).key.to_key().digest()
+        body = bodies.get(asked)
+        return httpx.Response(200, content=body) if body else miss()
+
+    return Client("http://hostile.invalid", transport=httpx.MockTransport(answer), token="")

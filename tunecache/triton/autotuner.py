@@ -4,8 +4,10 @@
 benchmark a new tuning key, looks the call's :class:`~tunecache.Key` up (memo → snapshot file →
 server). A served config is used only when it is one of the kernel's listed ``configs`` (then the
 user's own ``triton.Config`` object is launched) or inside the space the user declared
-(``space=``), and its launch options fit the device; it goes into Triton's own per-key cache, so
-Triton launches it with no benchmarking at all. Anything else is a miss (one warning per kernel).
+(``space=``, with the listed configs' ``pre_hook``), the kernel's ``early_config_prune`` keeps it
+for the call, it compiles for the device (no ``tl.static_assert`` failing, within its resources)
+and its launch options fit the device; it goes into Triton's own per-key cache, so Triton launches
+it with no benchmarking at all. Anything else is a miss (one warning per kernel).
 With ``verify="first"`` a served config's first use in the process is checked against the
 reference on copies of the call's arguments. A miss is tuned as Triton tunes (``on_miss="tune"``:
 the listed configs benchmarked with Triton's ``do_bench``), the winner validated on fresh inputs
@@ -47,6 +49,7 @@ from tunecache.triton.keys import (
     misfit,
     triton_config,
 )
+from tunecache.triton.pruning import CallPrune, early_config_prune
 from tunecache.triton.record import (
     DO_BENCH_TIMER,
     build_record,
@@ -93,6 +96,7 @@ class CachedAutotuner(Autotuner):
                  **options: Any) -> None:  # fmt: skip
         reset_to_zero = options.pop("reset_to_zero", None)
         restore_value = options.pop("restore_value", None)
+        self.prune_given = options.get("prune_configs_by")  # Triton's Autotuner keeps its parts
         if _interpreted():  # Triton's benchmarks need a GPU driver: the host clock stands in
             for gpu_only in ("warmup", "rep", "use_cuda_graph"):
                 options.pop(gpu_only, None)
@@ -172,31 +176,51 @@ class CachedAutotuner(Autotuner):
         named = {k: v for k, v in arguments.items() if k in self.arg_names}
         device = call_device([v for v in arguments.values() if hasattr(v, "data_ptr")])
 
+        admit = self._admission(args, kwargs)
+
         def fits(config: dict[str, Any]) -> str | None:
             why = misfit(config, self.identity, self.meta, device)
-            if why is None and self.space.find(config) is None:
-                why = self._outside(config)
+            if why is None and isinstance(placed := admit(config), str):
+                why = placed
             return why or shared_misfit(self.fn, named, config, device)
 
         # A config that does not fit is passed over: the next source, else a miss.
         verify = self._verifier(key, args, kwargs) if self.verify == "first" else None
         result = self._client().lookup(key, default=None, fits=fits, verify=verify)
         if result.hit and result.config is not None:
-            # Found again (a memo answer is not re-fitted): the user's own listed object.
-            chosen = self.space.find(result.config)
-            if chosen is not None:
+            # Placed again (a memo answer is not re-fitted; the prune runs once): the user's own
+            # listed object, or one built from the declared space.
+            chosen = admit(result.config)
+            if not isinstance(chosen, str):
                 self.cache[tuning_key] = chosen
                 return
-            self._outside(result.config)
         if self.on_miss == "default":
             self.cache[tuning_key] = self.configs[0]
 
-    def _outside(self, config: dict[str, Any]) -> str:
-        """Why a served config is outside the kernel's space; warns once per kernel."""
-        why = self.space.outside(config)
-        self._warn_once("outside", f"{self.identity.name}: a served config "
-                                   f"{describe(config, 200)} is {why}: never launched, "
-                                   "treated as a miss")  # fmt: skip
+    def _admission(self, args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> Callable[[dict[str, Any]], Config | str]:  # fmt: skip
+        """``admit(config)``: the ``triton.Config`` to launch for a served config at this call,
+        or why it is never launched (warned once per kernel): outside the kernel's space, or
+        dropped by its ``early_config_prune`` for this call's arguments (run as Triton runs it,
+        at most once per candidate set; a prune that raises is a miss, not the user's error)."""
+        prune = early_config_prune(self, self.prune_given)
+        positional = dict(zip(self.arg_names, args, strict=False))  # Triton's ``nargs``
+        call = None if prune is None else CallPrune(prune, self.configs, positional, kwargs)
+
+        def admit(config: dict[str, Any]) -> Config | str:
+            placed = self.space.place(config)
+            if isinstance(placed, str):
+                return self._refused("outside", config, placed)
+            if call is not None and (why := call.problem(placed)) is not None:
+                return self._refused("pruned", config, why)
+            return placed
+
+        return admit
+
+    def _refused(self, what: str, config: dict[str, Any], why: str) -> str:
+        """``why``, warned once per kernel and ``what``: a served config never launched."""
+        self._warn_once(what, f"{self.identity.name}: a served config {describe(config, 200)} "
+                              f"is {why}: never launched, treated as a miss")  # fmt: skip
         return why
 
     def _verifier(self, key: Key, args: tuple[Any, ...],
@@ -378,6 +402,8 @@ def autotune(
             (meta-parameter or launch option) to its allowed values, or a
             :class:`tunecache.space.SearchSpace`. A parameter it does not name keeps the values
             the listed configs give it. Values compare with their types (``4.0`` is not ``4``).
+            Its configs run the listed configs' ``pre_hook`` (never launched where which one
+            cannot be told: :class:`~tunecache.triton.keys.PreHooks`).
         verify: ``"never"`` or ``"first"``: the first time a served config would be launched in
             this process (once per key), it runs on seeded copies of the call's arguments and
             its outputs are compared with the reference's (``reference``, else the first listed

@@ -198,11 +198,11 @@ def identity_of(config: Mapping[str, Any]) -> str:
     return json.dumps(config, sort_keys=True, separators=(",", ":"), default=repr)
 
 
-def triton_config(config: Mapping[str, Any]) -> Config:
+def triton_config(config: Mapping[str, Any], pre_hook: Any = None) -> Config:
     """A ``triton.Config`` from a flat config (launch options Triton's defaults where absent)."""
     launch = {k: config[k] for k in LAUNCH_OPTIONS if k in config}
     meta = {k: v for k, v in config.items() if k not in launch}
-    return Config(meta, **launch)
+    return Config(meta, pre_hook=pre_hook, **launch)
 
 
 class DeclaredSpace:
@@ -228,6 +228,7 @@ class DeclaredSpace:
             raise InvalidInput(f"space= names {unknown}: neither a meta-parameter of the listed "
                                f"configs nor a launch option {LAUNCH_OPTIONS}")  # fmt: skip
         self.search = space if isinstance(space, SearchSpace) else None
+        self.named = frozenset(params)  # the rest keep the listed configs' values
         self.allowed: dict[str, frozenset[tuple[str, Any]]] = {}
         for name in sorted(names):
             values = params[name] if name in params else [c.get(name) for c in listed]
@@ -256,6 +257,53 @@ class DeclaredSpace:
             return str(exc)
 
 
+class PreHooks:
+    """Which listed ``pre_hook`` a config from a declared space runs (a hook may zero an output
+    the kernel then adds into: dropping it changes the result).
+
+    The one all listed configs share (the same function, or all ``None``); else the one shared by
+    the listed configs that have the config's values of every parameter the declared space does
+    not name. Where those differ, or no listed config has those values, it cannot be told.
+    """
+
+    def __init__(self, configs: Sequence[Config], flats: Sequence[Mapping[str, Any]],
+                 named: frozenset[str]) -> None:  # fmt: skip
+        hooks = [getattr(config, "pre_hook", None) for config in configs]
+        self.common = _distinct(hooks)
+        self.rest = sorted({name for config in flats for name in config} - named)
+        self.by_rest: dict[str, list[Any]] = {}
+        for hook, flattened in zip(hooks, flats, strict=True):
+            self.by_rest.setdefault(identity_of(self._rest(flattened)), []).append(hook)
+
+    def _rest(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        return {name: config.get(name) for name in self.rest}
+
+    def choose(self, config: Mapping[str, Any]) -> tuple[Any, str | None]:
+        """The ``pre_hook`` for the :func:`flat` ``config``, and ``None``; or ``None`` and why
+        it cannot be told."""
+        if len(self.common) == 1:
+            return self.common[0], None
+        rest = self._rest(config)
+        hooks = _distinct(self.by_rest.get(identity_of(rest), []))
+        if len(hooks) == 1:
+            return hooks[0], None
+        why = "which pre_hook it needs cannot be told: the listed configs"
+        if not hooks:
+            return None, f"{why}' pre_hooks differ and none of them has its " \
+                         f"{describe(rest, 200)}"  # fmt: skip
+        where = f" with its {describe(rest, 200)}" if rest else ""
+        return None, f"{why}{where} have different pre_hooks"
+
+
+def _distinct(hooks: Iterable[Any]) -> list[Any]:
+    """``hooks`` without repeats (the same function, or an equal bound method)."""
+    found: list[Any] = []
+    for hook in hooks:
+        if not any(hook is seen or hook == seen for seen in found):
+            found.append(hook)
+    return found
+
+
 class KernelSpace:
     """The configs a kernel launches: its listed ``configs`` (Triton's contract: the list is the
     space), widened by a declared space when the user gives one.
@@ -270,23 +318,32 @@ class KernelSpace:
         for config, flattened in zip(configs, flats, strict=True):
             self.listed.setdefault(identity_of(flattened), config)
         self.declared = DeclaredSpace(declared, flats) if declared is not None else None
+        self.hooks = PreHooks(configs, flats, self.declared.named) if self.declared else None
 
     def find(self, config: Mapping[str, Any]) -> Config | None:
         """The ``triton.Config`` to launch for a served ``config``: the user's own listed object
         when it is one of them (its ``pre_hook`` and all), one built from the values when it is
-        inside the declared space; ``None`` when it is outside the kernel's space."""
+        inside the declared space (with the listed configs' ``pre_hook``, :class:`PreHooks`);
+        ``None`` when it is outside the kernel's space."""
+        placed = self.place(config)
+        return placed if isinstance(placed, Config) else None
+
+    def place(self, config: Mapping[str, Any]) -> Config | str:
+        """What :meth:`find` launches for ``config``, or why it is outside the space."""
         full = flat(config)
         listed = self.listed.get(identity_of(full))
         if listed is not None:
             return listed
-        if self.declared is not None and self.declared.problem(full) is None:
-            return triton_config(full)
-        return None
+        where = "not one of the kernel's listed configs"
+        if self.declared is None or self.hooks is None:
+            return f"{where} (pass space= to accept more)"
+        if (why := self.declared.problem(full)) is not None:
+            return f"{where}, and {why}"
+        # A config's ir_override is IR dumped for its own values: a built config compiles.
+        hook, why = self.hooks.choose(full)
+        return f"{where}, and {why}" if why is not None else triton_config(full, hook)
 
     def outside(self, config: Mapping[str, Any]) -> str:
         """Why a config :meth:`find` refused is outside the space."""
-        where = "the kernel's listed configs"
-        if self.declared is not None:
-            why = self.declared.problem(flat(config))
-            return f"not one of {where}, and {why}"
-        return f"not one of {where} (pass space= to accept more)"
+        placed = self.place(config)
+        return placed if isinstance(placed, str) else "inside the kernel's space"
