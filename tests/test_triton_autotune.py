@@ -340,3 +340,30 @@ def test_a_check_that_cannot_run_here_never_breaks_the_launch_nor_disputes(
         records = client.list_records(kernel="tests.user_triton_autotune:affine_rows")
     (record,) = records.items  # the second process uploaded nothing
     assert not record.disputes and record.status in ("pending", "verified")
+
+
+WRONG_PICK = """
+import json, torch
+import tests.user_triton_autotune as m
+x = torch.randn(4, 100, generator=torch.Generator().manual_seed(0))
+first = m.launch_max(x)  # the call that tunes: Triton picks BLOCK=16, wrong over 100 columns
+print(json.dumps({"first_right": bool(torch.equal(first, x.max(dim=1).values)),
+                  "config": m.row_max.best_config.kwargs, "bench": len(m.BENCH_CALLS)}))
+"""
+
+
+def test_a_pick_that_fails_validation_never_runs_into_the_callers_tensors() -> None:
+    """The tuned winner is checked before Triton launches it into the call being tuned: the
+    caller's first result came from BLOCK=16 (wrong) while the warning said the first config
+    was used."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TUNECACHE_URL": dead_url()}
+    done = subprocess.run([sys.executable, "-c", WRONG_PICK], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {
+        "first_right": True,
+        "config": {"BLOCK": 128},
+        "bench": 3,
+    }
+    assert "failed validation (relative error" in done.stderr
+    assert "this call and the later ones launch the first config" in done.stderr

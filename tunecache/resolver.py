@@ -247,11 +247,8 @@ class Resolver:
             self._verified.add(seen)
             return True
         where = f"record #{answer.record.id}" if answer.record is not None else "its record"
-        why = check.note or "failed"
-        if not check.note and check.rel_error is not None:
-            why = f"relative error {check.rel_error:.3g} > tolerance {check.tolerance:g}"
         self._warn_once(digest, f"{key.short()}: the {answer.source}'s config {answer.config} "
-                                f"failed its check on first use ({why}); not using it, "
+                                f"failed its check on first use ({check.failure()}); not using it, "
                                 f"disputing {where}")  # fmt: skip
         source.dispute(key, answer, check)
         return False

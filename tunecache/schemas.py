@@ -199,6 +199,12 @@ class CheckModel(_Strict):
         return cls(problem=dict(problem), seed=seed, rel_error=None, max_abs_error=None,
                    tolerance=1.0, passed=False, note=why[:512])  # fmt: skip
 
+    def failure(self) -> str:
+        """What failed, in words: its note, else its error against its tolerance."""
+        if self.note or self.rel_error is None:
+            return self.note or "failed"
+        return f"relative error {self.rel_error:.3g} > tolerance {self.tolerance:g}"
+
 
 class ValidationReport(_Strict):
     """How a winner was checked against the golden reference."""

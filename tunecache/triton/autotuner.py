@@ -11,7 +11,8 @@ it with no benchmarking at all. Anything else is a miss (one warning per kernel)
 With ``verify="first"`` a served config's first use in the process is checked against the
 reference on copies of the call's arguments. A miss is tuned as Triton tunes (``on_miss="tune"``:
 the listed configs benchmarked with Triton's ``do_bench``), the winner validated on fresh inputs
-and uploaded, with the trials measured for its key, when a write token is set; or the first config
+before Triton launches it into the call's tensors (a wrong one never is: the first config is) and
+uploaded, with the trials measured for its key, when a write token is set; or the first config
 is launched and the miss reported (``on_miss="default"``). With ``torch.distributed``
 initialised, rank 0's choice is broadcast, so every rank launches the same config.
 """
@@ -112,6 +113,12 @@ class CachedAutotuner(Autotuner):
         self.on_miss, self.reference, self.verify = on_miss, reference, verify
         self.benchmarked = 0  # tuning keys Triton benchmarked in this process
         self._warned: set[str] = set()
+        # Triton's picks go through _checked_pick: the call being tuned (its key, tuning key and
+        # arguments), the configs benchmarked for it, and what its pick's check found.
+        self.cache: dict[Any, Config] = _Picks(self._checked_pick)
+        self._tuning: tuple[Key, tuple[Any, ...], tuple[Any, ...], dict[str, Any]] | None = None
+        self._benches = 0
+        self._picked: tuple[Config, CheckModel | None] | None = None
 
     @functools.cached_property
     def identity(self) -> KernelIdentity:
@@ -137,8 +144,13 @@ class CachedAutotuner(Autotuner):
             # Triton sets the timings only when it benchmarks (not when pruning leaves one
             # config): whatever is there after the run was measured for this key.
             self.configs_timings: dict[Config, Any] = {}
+            self._benches, self._picked = 0, None
+            self._tuning = None if key is None else (key, tuning_key, args, kwargs)
         started = time.perf_counter()
-        out = super().run(*args, **kwargs)
+        try:
+            out = super().run(*args, **kwargs)
+        finally:
+            self._tuning = None
         if tuned:
             timings = dict(getattr(self, "configs_timings", None) or {})
             self.benchmarked += bool(timings)
@@ -148,6 +160,41 @@ class CachedAutotuner(Autotuner):
         if _distributed():
             _broadcast(config_json(self.cache[tuning_key]))
         return out
+
+    def _bench(self, *args: Any, **kwargs: Any) -> Any:
+        self._benches += 1  # Triton benchmarks this call: the pick it stores next is checked
+        return super()._bench(*args, **kwargs)
+
+    def _checked_pick(self, tuning_key: Any, config: Config) -> Config:
+        """What Triton's cache stores for ``tuning_key``: ``config``, unless Triton has just
+        benchmarked the call being tuned and picked ``config``, which then runs on fresh copies
+        of the call's arguments first; a wrong one is replaced by the first listed config before
+        Triton launches the pick into the caller's tensors."""
+        tuning = self._tuning
+        if tuning is None or tuning[1] != tuning_key or not self._benches:
+            return config
+        self._tuning = None  # once per call
+        key, _, args, kwargs = tuning
+        check = self._validate(key, config, args, kwargs)
+        self._picked = (config, check)
+        if check is None or check.passed:
+            return config
+        self._warn_once("wrong", f"{key.short()}: the tuned config {config} failed validation "
+                                 f"({check.failure()}); this call and the later ones launch the "
+                                 "first config")  # fmt: skip
+        return self.configs[0]
+
+    def _validate(self, key: Key, config: Config, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> CheckModel | None:  # fmt: skip
+        """``config``'s check on fresh inputs; ``None`` (warned) where it could not run here."""
+        try:
+            return self._check(config, args, kwargs, TOLERANCES.get(key.dtype, 1e-4), key)
+        except CheckUnavailable as exc:  # never into the user's launch
+            self._warn_once("unchecked", f"{key.short()}: could not check the tuned config "
+                                         f"{config} ({one_line(exc)}); not uploaded")  # fmt: skip
+            return None
+        except Exception as exc:  # the config's own run failed on fresh inputs
+            return CheckModel.raised(key.problem, SEED, f"its run raised {one_line(exc)}")
 
     def _triton_key(self, arguments: dict[str, Any]) -> tuple[Any, ...]:
         """The tuple Triton's own ``Autotuner.run`` caches under (key values, then dtypes)."""
@@ -241,28 +288,28 @@ class CachedAutotuner(Autotuner):
     def _tuned(self, key: Key, tuning_key: tuple[Any, ...], args: tuple[Any, ...],
                kwargs: dict[str, Any], timings: dict[Config, Any],
                seconds: float) -> None:  # fmt: skip
-        """Validates Triton's pick on fresh inputs and uploads it with ``timings`` (the ones
-        measured for this key); a wrong pick is replaced by the first config (and stored
-        nowhere)."""
+        """Uploads Triton's pick, checked before its launch (:meth:`_checked_pick`), with
+        ``timings`` (the ones measured for this key); a wrong pick is stored nowhere. A pick
+        Triton made without benchmarking here (from its own disk cache) is checked now, after
+        its launch: a wrong one is replaced by the first config for the later calls."""
         winner = self.cache[tuning_key]
         if not timings:
             logger.info("%s: Triton launched %s without benchmarking (one config left after "
                         "pruning): nothing tuned, nothing uploaded", key.short(),
                         winner)  # fmt: skip
             return
-        try:
-            check = self._check(winner, args, kwargs, TOLERANCES.get(key.dtype, 1e-4), key)
-        except CheckUnavailable as exc:  # never into the user's launch, which has run
-            self._warn_once("unchecked", f"{key.short()}: could not check the tuned config "
-                                         f"{winner} ({one_line(exc)}); not uploaded")  # fmt: skip
-            return
-        except Exception as exc:  # the winner's own run failed on fresh inputs
-            check = CheckModel.raised(key.problem, SEED, f"its run raised {one_line(exc)}")
-        if not check.passed:
-            self._warn_once("wrong", f"{key.short()}: the tuned config {winner} failed "
-                                     f"validation ({check.note or check.rel_error}); using the "
-                                     "first config")  # fmt: skip
-            self.cache[tuning_key] = self.configs[0]
+        picked, self._picked = self._picked, None
+        if picked is None:
+            check = self._validate(key, winner, args, kwargs)
+            if check is not None and not check.passed:
+                self._warn_once("wrong", f"{key.short()}: the config {winner} Triton picked "
+                                         f"failed validation ({check.failure()}) after this "
+                                         "call's launch; the later calls launch the first "
+                                         "config")  # fmt: skip
+                self.cache[tuning_key] = self.configs[0]
+        else:
+            winner, check = picked
+        if check is None or not check.passed:
             return
         against = reference_label(self.reference is not None, key.dtype)
         record = build_record(key, winner, timings, self.configs[0], validated(check, against),
@@ -434,3 +481,16 @@ def autotune(
 
 
 __all__ = ["CachedAutotuner", "autotune"]
+
+
+class _Picks(dict[Any, Config]):
+    """Triton's per-key cache of chosen configs, each stored as ``pick(key, config)`` says:
+    Triton stores its pick and then launches it into the caller's tensors, so the pick is
+    checked on its way in (:meth:`CachedAutotuner._checked_pick`)."""
+
+    def __init__(self, pick: Callable[[Any, Config], Config]) -> None:
+        super().__init__()
+        self._pick = pick
+
+    def __setitem__(self, key: Any, config: Config) -> None:
+        super().__setitem__(key, self._pick(key, config))
