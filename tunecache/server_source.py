@@ -188,6 +188,8 @@ class ServerSource(Source):
                 continue
             while report.loud and self.down and not self._closing.is_set():
                 self._closing.wait(min(1.0, max(0.0, self._down_until - time.monotonic())))
+            if self._closing.is_set():
+                break
             self._send(report)
 
     def _send(self, report: _Report) -> None:
@@ -223,16 +225,22 @@ class ServerSource(Source):
 
     def close(self, timeout: float = 5.0) -> None:
         """Sends the calls still queued (within ``timeout`` seconds), then stops the thread; a
-        warning says how many uploads were not sent by then."""
+        warning says how many uploads were not sent by then. A server that will not be asked
+        again within ``timeout`` (unreachable, or it refused a call) is not waited for."""
         if self._reporter is None:
             return
+        skipped = self._down_until - time.monotonic() > timeout
+        if skipped:  # nothing would be sent before the wait ended: the process exits now
+            self._closing.set()
         with contextlib.suppress(queue.Full):
             self._reports.put(None, timeout=timeout)
         self._reporter.join(timeout)
         self._closing.set()
         if self._unsent:
-            logger.warning("%d upload(s) to %s not sent: the server did not take them within "
-                           "%.0f s of closing", self._unsent, self.client.url, timeout)  # fmt: skip
+            why = (f"it failed less than {self.retry_after:.0f} s ago" if skipped else
+                   f"it did not take them within {timeout:.0f} s of closing")  # fmt: skip
+            logger.warning("%d upload(s) to %s not sent: %s", self._unsent, self.client.url,
+                           why)  # fmt: skip
 
     def _failed(self, exc: Exception) -> None:
         """Skips the server for ``retry_after`` seconds (or as long as a busy server asked)."""
