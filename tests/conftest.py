@@ -13,7 +13,9 @@ measurement harness's worker processes inherit it.
 Triton's compile cache is a new, empty folder for the whole run (``TRITON_CACHE_DIR``, inherited
 by every process the tests start), removed afterwards: a warm ``~/.triton/cache`` hid a test that
 failed with a cold one, and a test must pass on a fresh machine. So is the outbox of records
-waiting for their upload (``TUNECACHE_OUTBOX``): never the user's.
+waiting for their upload (``TUNECACHE_OUTBOX``), and the tuner's working files
+(``TUNECACHE_WORK_DIR``: MetaSchedule's databases, which a later tune of a workload starts from):
+never the user's.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import tempfile
 
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tunecache-tests-triton-")
 os.environ["TUNECACHE_OUTBOX"] = tempfile.mkdtemp(prefix="tunecache-tests-outbox-")
+os.environ["TUNECACHE_WORK_DIR"] = tempfile.mkdtemp(prefix="tunecache-tests-work-")
 import torch
 
 if not torch.cuda.is_available():
@@ -52,7 +55,7 @@ import pytest
 
 from cache_server.embedded import free_port
 
-for _made in ("TRITON_CACHE_DIR", "TUNECACHE_OUTBOX"):
+for _made in ("TRITON_CACHE_DIR", "TUNECACHE_OUTBOX", "TUNECACHE_WORK_DIR"):
     atexit.register(shutil.rmtree, os.environ[_made], ignore_errors=True)
 
 

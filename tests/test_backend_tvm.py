@@ -317,3 +317,24 @@ def test_import_failure_says_why() -> None:
 
     assert import_failure(("json",), "json", "pip install x") is None
     assert import_failure(("no_such_module_xyz",), "xyz", "pip install xyz") == "pip install xyz"
+
+
+@pytest.mark.slow
+def test_a_tunes_working_files_go_where_TUNECACHE_WORK_DIR_says(tmp_path: Path) -> None:
+    """MetaSchedule's database (which later tunes start from) and the workers' log went to
+    ``~/.cache/tunecache/work`` whatever the environment said."""
+    import os
+    import subprocess
+
+    from backends.tvm.database import database_dir
+    from tunecache.tvm.target import host_target
+
+    work = tmp_path / "work"
+    env = {**os.environ, "TUNECACHE_WORK_DIR": str(work)}
+    done = subprocess.run([sys.executable, "-m", "tunecache_cli", "tune", "softmax", "--backend",
+                           "tvm", "--shape", "M=16,N=32", "--trials", "2", "--no-upload"],
+                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    partition = database_dir(work, host_target())
+    assert (partition / "database_tuning_record.json").read_text().strip()
+    assert (work / "workers.log").is_file()

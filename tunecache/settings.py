@@ -13,6 +13,10 @@
   interpreter), and so which device its key names. Interpreter timings are meaningless.
 - ``TUNECACHE_OUTBOX``: the folder where a finished tune's record waits until the server has it
   (``tunecache push``); unset: ``outbox`` in the user cache directory
+- ``TUNECACHE_WORK_DIR``: the folder where the tuner keeps its working files: MetaSchedule's
+  tuning databases (a re-tune of a workload starts from the records there), the measurement
+  workers' log, the Inductor search's notes; unset: ``work`` in the user cache directory
+  (``~/.cache/tunecache`` on Linux, ``$XDG_CACHE_HOME/tunecache`` where that is set)
 - ``TUNECACHE_TIMING_CORES``: the CPU cores the tuner's measurement workers are pinned to
   (``2-3``, ``0,2,4-7``), with as many threads as cores; unset: every core this process may use
 - ``TUNECACHE_TRITON_AUTOTUNE``: ``1`` routes every ``triton.autotune`` of the process through
@@ -44,10 +48,20 @@ DEFAULT_PORT = 8765
 
 def outbox_dir(env: Mapping[str, str] | None = None) -> Path:
     """Where records wait for their upload (``TUNECACHE_OUTBOX``, else the user cache dir's)."""
+    return _cache_folder("TUNECACHE_OUTBOX", "outbox", env)
+
+
+def work_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where the tuner keeps its working files (``TUNECACHE_WORK_DIR``, else the user cache
+    dir's ``work``)."""
+    return _cache_folder("TUNECACHE_WORK_DIR", "work", env)
+
+
+def _cache_folder(variable: str, name: str, env: Mapping[str, str] | None) -> Path:
     import platformdirs
 
-    chosen = (os.environ if env is None else env).get("TUNECACHE_OUTBOX", "").strip()
-    return Path(chosen) if chosen else Path(platformdirs.user_cache_dir("tunecache")) / "outbox"
+    chosen = (os.environ if env is None else env).get(variable, "").strip()
+    return Path(chosen) if chosen else Path(platformdirs.user_cache_dir("tunecache")) / name
 
 
 def default_db_url() -> str:

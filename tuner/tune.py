@@ -52,6 +52,7 @@ from tunecache.schemas import (
     Trial,
     ValidationReport,
 )
+from tunecache.settings import work_dir
 from tunecache.space import Config
 from tunecache.timing import DEFAULT_TIMER, TimerSettings
 from tuner.candidates import Emit, search_native, search_space, servable
@@ -111,9 +112,8 @@ class TuneOutcome:
 
 
 def default_workdir() -> Path:
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("tunecache")) / "work"
+    """``$TUNECACHE_WORK_DIR``, else ``work`` in the user cache dir (:mod:`tunecache.settings`)."""
+    return work_dir()
 
 
 def check_local(key: Key, workload: Workload) -> None:
