@@ -71,10 +71,14 @@ def test_tuned_once_then_launched_with_zero_benchmarking_everywhere(
 
 
 def test_a_malformed_setting_never_breaks_the_users_code() -> None:
-    env = {"TUNECACHE_URL": dead_url(), "TUNECACHE_TIMEOUT": "soon", "TEST_ON_MISS": "default"}
+    """It is taken as unset, and only it: the server asked is still the one the environment
+    names (all the settings fell back to their defaults, the URL and token with them)."""
+    url = dead_url()
+    env = {"TUNECACHE_URL": url, "TUNECACHE_TIMEOUT": "soon", "TEST_ON_MISS": "default"}
     result, stderr = run(env)
     assert result == {"bench": 0, "config": {"BLOCK": 16, "num_warps": 1, "num_stages": 3}}
     assert stderr.count("TUNECACHE_TIMEOUT='soon'") == 1 and "Traceback" not in stderr
+    assert f"lookup at {url} failed" in stderr, stderr
 
 
 def test_server_down_runs_the_first_config_after_one_warning() -> None:

@@ -114,6 +114,24 @@ class Settings:
         )
 
 
+def settings_without_bad(environ: Mapping[str, str] | None = None) -> tuple[Settings, list[str]]:
+    """:meth:`Settings.from_env`, each malformed variable taken as unset (its default) instead of
+    raising, and what was wrong with each: for code that must not fail on a bad variable (a
+    user's kernel launch), so that one bad ``TUNECACHE_TIMEOUT`` does not also drop a good
+    ``TUNECACHE_URL`` and ``TUNECACHE_TOKEN``."""
+    env = dict(os.environ if environ is None else environ)
+    problems: list[str] = []
+    while True:
+        try:
+            return Settings.from_env(env), problems
+        except ValueError as exc:  # every message starts with the variable: ``NAME=value …``
+            name = str(exc).partition("=")[0]
+            if name not in env:
+                raise
+            problems.append(str(exc))
+            del env[name]
+
+
 INTERPRET_VAR = "TRITON_INTERPRET"
 _TRUE = frozenset({"1", "true", "on", "yes", "y"})
 _FALSE = frozenset({"", "0", "false", "off", "no", "n"})

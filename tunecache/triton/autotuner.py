@@ -37,7 +37,7 @@ from tunecache.key import Key
 from tunecache.policies import VersionPolicy
 from tunecache.problem import describe
 from tunecache.schemas import CheckModel
-from tunecache.settings import Settings, interpret_enabled
+from tunecache.settings import Settings, interpret_enabled, settings_without_bad
 from tunecache.triton import hostbench
 from tunecache.triton.check import SEED, compare_outputs, fresh_call
 from tunecache.triton.hostbench import host_bench
@@ -67,13 +67,12 @@ VerifyMode = Literal["never", "first"]
 
 @functools.cache
 def settings() -> Settings:
-    """The environment's settings, read once; the defaults (one warning) when a variable is
-    malformed: a bad ``TUNECACHE_*`` value must not break the user's import or launch."""
-    try:
-        return Settings.from_env()
-    except ValueError as exc:
-        logger.warning("tunecache.triton: %s; using the default settings", exc)
-        return Settings()
+    """The environment's settings, read once; a malformed variable is taken as unset (a
+    warning each): a bad ``TUNECACHE_*`` value must not break the user's import or launch."""
+    found, problems = settings_without_bad()
+    for problem in problems:
+        logger.warning("tunecache.triton: %s; taking it as unset", problem)
+    return found
 
 
 @functools.cache
