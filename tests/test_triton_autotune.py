@@ -371,3 +371,30 @@ def test_a_pick_that_fails_validation_never_runs_into_the_callers_tensors() -> N
     }
     assert "failed validation (relative error" in done.stderr
     assert "this call and the later ones launch the first config" in done.stderr
+
+
+def test_a_kernel_has_one_key_however_its_file_is_run(tmp_path: Path) -> None:
+    """``python rowmax.py`` named it ``__main__:rowmax`` and ``import rowmax`` ``rowmax:rowmax``:
+    the same kernel was tuned and stored twice."""
+    (tmp_path / "rowmax.py").write_text(
+        "import triton, triton.language as tl\n"
+        "from tunecache.triton.keys import KernelIdentity\n"
+        "@triton.jit\n"
+        "def rowmax(x_ptr, BLOCK: tl.constexpr):\n"
+        "    pass\n"
+        "if __name__ == '__main__':\n"
+        "    print(KernelIdentity.of(rowmax).name)\n"
+    )
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "rowmax.py").write_text((tmp_path / "rowmax.py").read_text())
+    imported = "import rowmax; from tunecache.triton.keys import KernelIdentity as K; " \
+               "print(K.of(rowmax.rowmax).name)"  # fmt: skip
+    names = []
+    for argv in (["rowmax.py"], ["-c", imported], ["-m", "pkg.rowmax"]):
+        done = subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        names.append(done.stdout.strip())
+    assert names == ["rowmax:rowmax", "rowmax:rowmax", "pkg.rowmax:rowmax"]

@@ -17,8 +17,10 @@ import hashlib
 import inspect
 import json
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 from triton import Config
@@ -54,6 +56,21 @@ def base_function(fn: Any) -> Any:
     return fn
 
 
+def module_name(fn: Any) -> str:
+    """``fn``'s module as an import names it, so that one kernel has one key however its file is
+    run: a script run as ``python rowmax.py`` (``__main__``) is ``rowmax``, as ``import rowmax``
+    names it beside the file, and ``python -m pkg.rowmax`` is ``pkg.rowmax``."""
+    module = str(fn.__module__)
+    if module != "__main__":
+        return module
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and getattr(spec, "name", None):
+        return str(spec.name)
+    path = getattr(main, "__file__", None)
+    return Path(path).stem if isinstance(path, str) and path.endswith(".py") else module
+
+
 @dataclass(frozen=True)
 class KernelIdentity:
     """What identifies a decorated kernel: name, source hash, argument and meta-parameter names."""
@@ -66,7 +83,7 @@ class KernelIdentity:
     @classmethod
     def of(cls, jit_fn: Any) -> KernelIdentity:
         fn = base_function(jit_fn)
-        name = _UNSAFE.sub("_", f"{fn.__module__}:{fn.__qualname__}")[:128]
+        name = _UNSAFE.sub("_", f"{module_name(fn)}:{fn.__qualname__}")[:128]
         try:
             source = inspect.getsource(fn)
         except (OSError, TypeError):  # no source file (a REPL): the bytecode stands in
