@@ -2,9 +2,9 @@
 
 The upsert is one statement per item, ``INSERT … ON CONFLICT (digest) DO UPDATE … WHERE`` the new
 item may replace the stored one: a trusted token's always replaces an untrusted one's, an
-untrusted one's never replaces a trusted one's, and otherwise when either has no score or the new
-score is lower. Concurrent writers of one item leave the
-best-scored value whatever order they commit in.
+untrusted one's never replaces a trusted one's, and otherwise when the stored one has no score or
+the new score is lower (an unscored item replaces only an unscored one). Concurrent writers of one
+item leave the best-scored value whatever order they commit in.
 
 Artifacts have no verifier: under the ``verified`` serving policy only trusted tokens' items are
 read back. Whatever is read back passes its namespace's closed schema again (a row written before
@@ -60,11 +60,8 @@ def put_artifacts(
                 and_(stmt.excluded.trusted.is_(True), ArtifactRow.trusted.is_(False)),
                 and_(
                     ArtifactRow.trusted == stmt.excluded.trusted,
-                    or_(
-                        ArtifactRow.score.is_(None),
-                        stmt.excluded.score.is_(None),
-                        ArtifactRow.score > stmt.excluded.score,
-                    ),
+                    # NULL > x is not true: an unscored item never replaces a scored one.
+                    or_(ArtifactRow.score.is_(None), ArtifactRow.score > stmt.excluded.score),
                 ),
             ),
         )

@@ -47,7 +47,13 @@ class EmbeddedServer:
     def start(self, timeout: float = 30.0) -> None:
         upgrade(self.db)
         self.app = app = create_app(ServerSettings(db=self.db))
-        config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning")
+        config = uvicorn.Config(
+            app,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            http="cache_server.header_deadline:HeaderDeadline",
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, name="tunecache-server", daemon=True

@@ -4,11 +4,15 @@ A claim is one statement — ``UPDATE jobs … WHERE id = (SELECT id … LIMIT 1
 LOCKED) RETURNING id`` — so concurrent claimers never get the same job: PostgreSQL skips rows
 another transaction holds; SQLite runs the statement under its single write lock (``FOR UPDATE``
 is not rendered there). A running job whose lease has expired is claimable again.
+
+A lease is held by the worker that claimed it *and* the token it claimed with: a worker's name is
+public (the job list shows it), so renewing, completing or failing a lease needs both, except with
+an admin token (``holder=None``), which may end any lease.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from cache_server.db import upsert_insert
 from cache_server.models import JobRow, utcnow
+from tunecache.canonical import canonical_json
 from tunecache.key import kernel_module
 
 
@@ -30,14 +35,18 @@ def enqueue(
     source: str = "api",
     strategy: str | None = None,
     trials: int | None = None,
+    requested_by: str | None = None,
 ) -> tuple[JobRow, bool]:
-    """Queues a job for ``key_hash`` unless one exists; returns it and whether it is new."""
+    """Queues a job for ``key_hash`` unless one exists; returns it and whether it is new.
+
+    ``requested_by``: the caller whose miss asks for it (see :func:`count_created`).
+    """
     now = utcnow()
     stmt = upsert_insert(session, JobRow).values(
         key_hash=key_hash, key=key, state="queued", priority=priority, source=source,
         attempts=0, max_attempts=max_attempts, error="", created_at=now, updated_at=now,
         backend=key["backend"], device_arch=key["device"]["arch"], strategy=strategy,
-        trials=trials, kernel_module=kernel_module(key["kernel"]),
+        trials=trials, kernel_module=kernel_module(key["kernel"]), requested_by=requested_by,
     )  # fmt: skip
     new_id = session.execute(
         stmt.on_conflict_do_nothing(index_elements=["key_hash"]).returning(JobRow.id)
@@ -51,9 +60,14 @@ def find(session: Session, *, key_hash: str) -> JobRow | None:
     return session.scalar(select(JobRow).where(JobRow.key_hash == key_hash))
 
 
-def count_created(session: Session, *, source: str, since: datetime) -> int:
-    """Jobs from ``source`` created at or after ``since`` (whatever their state now)."""
+def count_created(
+    session: Session, *, source: str, since: datetime, requested_by: str | None = None
+) -> int:
+    """Jobs from ``source`` created at or after ``since`` (whatever their state now); with
+    ``requested_by``, only those that caller asked for."""
     stmt = select(func.count()).where(JobRow.source == source, JobRow.created_at >= since)
+    if requested_by is not None:
+        stmt = stmt.where(JobRow.requested_by == requested_by)
     return session.scalar(stmt) or 0
 
 
@@ -72,12 +86,14 @@ def claim(
     session: Session,
     *,
     worker: str,
+    token_id: int,
     lease_seconds: float,
     device_arch: str | None = None,
     backends: Sequence[str] | None = None,
     kernel_packages: Sequence[str] | None = None,
 ) -> JobRow | None:
-    """Leases the most urgent claimable job to ``worker``, or ``None`` when there is none.
+    """Leases the most urgent claimable job to ``worker`` under token ``token_id``, or ``None``
+    when there is none.
 
     With ``device_arch``, ``backends`` and ``kernel_packages``, only a job for that arch, one of
     those backends and a built-in kernel or one from those packages (or their subpackages): a
@@ -109,6 +125,7 @@ def claim(
         .values(
             state="running",
             lease_owner=worker,
+            lease_token_id=token_id,
             attempts=JobRow.attempts + 1,
             lease_expires_at=now + timedelta(seconds=lease_seconds),
             updated_at=now,
@@ -120,14 +137,18 @@ def claim(
     return None if job_id is None else session.get(JobRow, job_id, populate_existing=True)
 
 
-def _owned(job_id: int, worker: str) -> ColumnElement[bool]:
-    return and_(JobRow.id == job_id, JobRow.state == "running", JobRow.lease_owner == worker)
+def _owned(job_id: int, worker: str, holder: int | None) -> ColumnElement[bool]:
+    """The job's lease is ``worker``'s, taken with token ``holder`` (``None``: any token's)."""
+    held = and_(JobRow.id == job_id, JobRow.state == "running", JobRow.lease_owner == worker)
+    return held if holder is None else and_(held, JobRow.lease_token_id == holder)
 
 
-def _change(session: Session, job_id: int, worker: str, **values: Any) -> JobRow | None:
+def _change(
+    session: Session, job_id: int, worker: str, holder: int | None, **values: Any
+) -> JobRow | None:
     stmt = (
         update(JobRow)
-        .where(_owned(job_id, worker))
+        .where(_owned(job_id, worker, holder))
         .values(updated_at=utcnow(), **values)
         .returning(JobRow.id)
         .execution_options(synchronize_session=False)
@@ -137,34 +158,59 @@ def _change(session: Session, job_id: int, worker: str, **values: Any) -> JobRow
     return session.get(JobRow, job_id, populate_existing=True)
 
 
-def heartbeat(session: Session, *, job_id: int, worker: str, lease_seconds: float) -> JobRow | None:
-    """Extends ``worker``'s lease; ``None`` if it no longer holds the job."""
+def heartbeat(
+    session: Session, *, job_id: int, worker: str, holder: int | None, lease_seconds: float
+) -> JobRow | None:
+    """Extends ``worker``'s lease, taken with token ``holder`` (``None``: an admin's call, any
+    token's lease); ``None`` if it no longer holds the job."""
     expires = utcnow() + timedelta(seconds=lease_seconds)
-    return _change(session, job_id, worker, lease_expires_at=expires)
+    return _change(session, job_id, worker, holder, lease_expires_at=expires)
 
 
-def complete(session: Session, *, job_id: int, worker: str, record_id: int | None) -> JobRow | None:
-    """Marks the job done; ``None`` if ``worker`` no longer holds it."""
-    return _change(session, job_id, worker, state="done", record_id=record_id,
-                   lease_owner=None, lease_expires_at=None)  # fmt: skip
+def complete(
+    session: Session, *, job_id: int, worker: str, holder: int | None, record_id: int | None
+) -> JobRow | None:
+    """Marks the job done; ``None`` if ``worker`` (with token ``holder``) no longer holds it."""
+    return _change(session, job_id, worker, holder, state="done", record_id=record_id,
+                   lease_owner=None, lease_token_id=None, lease_expires_at=None)  # fmt: skip
+
+
+def _asked(key: Mapping[str, Any]) -> dict[str, Any]:
+    """What a job asks of the record that completes it: what a worker keeps of the job's key
+    when it keys its run with its own device and environment (``tuner.daemon.Daemon.local_key``),
+    and the arch its claim matched."""
+    asked = {name: key[name] for name in ("kernel", "backend", "dtype", "problem")}
+    return {**asked, "device.arch": key["device"]["arch"]}
+
+
+def mismatch(job_key: Mapping[str, Any], record_key: Mapping[str, Any]) -> str | None:
+    """Why a record of ``record_key`` cannot complete a job for ``job_key`` (it answers another
+    kernel, backend, dtype, problem or arch), or ``None``. Its device's name and size, its
+    versions and its kernel's source hash are the worker's own."""
+    wanted, got = _asked(job_key), _asked(record_key)
+    for name, value in wanted.items():
+        if canonical_json(value) != canonical_json(got[name]):
+            return f"its {name} is {canonical_json(got[name])}, the job's {canonical_json(value)}"
+    return None
 
 
 MAX_RETRY_SECONDS = 3600.0
 
 
-def fail(session: Session, *, job_id: int, worker: str, error: str,
+def fail(session: Session, *, job_id: int, worker: str, holder: int | None, error: str,
          retry_seconds: float = 0.0) -> JobRow | None:  # fmt: skip
     """Records a failed attempt: back to the queue, claimable again after ``retry_seconds``
     doubled for each attempt after the first (at most :data:`MAX_RETRY_SECONDS`), or ``failed``
-    once out of attempts. (A queued job's ``lease_expires_at`` is that time.)"""
+    once out of attempts. (A queued job's ``lease_expires_at`` is that time.) ``None`` if
+    ``worker`` (with token ``holder``; ``None``: any token) no longer holds the job."""
     job = session.get(JobRow, job_id)
     attempts = job.attempts if job is not None else 1
     delay = min(retry_seconds * 2 ** max(0, attempts - 1), MAX_RETRY_SECONDS)
     out = JobRow.attempts >= JobRow.max_attempts
     state = case((out, "failed"), else_="queued")
     retry_at = case((out, None), else_=utcnow() + timedelta(seconds=delay)) if delay else None
-    return _change(session, job_id, worker, state=state, error=error,
-                   lease_owner=None, lease_expires_at=retry_at)  # fmt: skip
+    return _change(session, job_id, worker, holder, state=state, error=error,
+                   lease_owner=None, lease_token_id=None, lease_expires_at=retry_at)  # fmt: skip
 
 
 def list_jobs(

@@ -151,11 +151,16 @@ class JobRow(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer, default=3)
     lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # The token that claimed the lease (its id): only it (or an admin token) may renew or end it.
+    lease_token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     error: Mapped[str] = mapped_column(Text, default="")
     record_id: Mapped[int | None] = mapped_column(ForeignKey("records.id"), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Who asked for it by a miss (``token:<id>`` or ``addr:<address>``): each caller's share of
+    # the jobs misses may create is counted by it. NULL: not from a miss.
+    requested_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # What can run the job (from its key): a claim names its arch and backends.
     backend: Mapped[str | None] = mapped_column(String(16), nullable=True)
     device_arch: Mapped[str | None] = mapped_column(String(128), nullable=True)
@@ -168,6 +173,7 @@ class JobRow(Base):
     __table_args__ = (
         Index("ix_jobs_claimable", "state", "priority", "id"),
         Index("ix_jobs_target", "device_arch", "backend"),
+        Index("ix_jobs_requested_by", "requested_by", "created_at"),
     )
 
 

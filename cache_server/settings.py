@@ -11,6 +11,10 @@
   (default 64 KiB: a lookup or a miss report is a few KB)
 - ``TUNECACHE_SERVER_MAX_JSON_DEPTH``: deepest nesting of a JSON body (default 64)
 - ``TUNECACHE_SERVER_MAX_JSON_ELEMENTS``: most values one JSON body may hold (default 1,000,000)
+- ``TUNECACHE_SERVER_HEADER_SECONDS``: seconds a request's headers may take to arrive, from the
+  connection (or the previous answer on it) on (default 10); slower, the connection is closed,
+  so a client that never finishes its headers cannot hold connections
+  (:mod:`cache_server.header_deadline`)
 - ``TUNECACHE_SERVER_BODY_SECONDS``: seconds a request's body may take to arrive (default 10);
   slower gets 408, so a client that trickles its body cannot hold a request slot
 - ``TUNECACHE_SERVER_MAX_IN_FLIGHT``: requests one server process works on at once (default 2:
@@ -25,6 +29,9 @@
   send a minute to one server process (default 120); more get 429
 - ``TUNECACHE_SERVER_MISS_JOBS_PER_MINUTE``: new jobs misses may create a minute, counted in the
   database across every server process (default 60); reports of keys already queued don't count
+- ``TUNECACHE_SERVER_MISS_JOBS_CALLER_SHARE``: the fraction of those one caller's misses may
+  create (default 0.25: 15 of 60, at least 1), also counted in the database; so one caller cannot
+  spend every other caller's budget
 - ``TUNECACHE_SERVER_DISPUTES_PER_MINUTE``: disputes one token may send a minute to one server
   process (default 30); more get 429
 - ``TUNECACHE_SERVER_READS``: ``open`` (default: lookups and other reads need no token) or
@@ -79,6 +86,7 @@ class ServerSettings(BaseSettings):
     max_body_anonymous: int = Field(default=64 * 2**10, gt=0)
     max_json_depth: int = Field(default=64, ge=8, le=1000)
     max_json_elements: int = Field(default=1_000_000, ge=1000)
+    header_seconds: float = Field(default=10.0, gt=0, le=3600)
     body_seconds: float = Field(default=10.0, gt=0, le=3600)
     max_in_flight: int = Field(default=2, ge=1, le=1000)
     max_wait: float = Field(default=0.02, ge=0, le=60)
@@ -87,6 +95,7 @@ class ServerSettings(BaseSettings):
     workers: int = Field(default=1, ge=1, le=64)
     miss_reports_per_minute: int = Field(default=120, ge=1, le=1_000_000)
     miss_jobs_per_minute: int = Field(default=60, ge=1, le=1_000_000)
+    miss_jobs_caller_share: float = Field(default=0.25, gt=0, le=1)
     disputes_per_minute: int = Field(default=30, ge=1, le=1_000_000)
     # A failed job waits this long before it may be claimed again, doubling with each attempt
     # (capped at an hour): a job that fails at once does not spend its attempts in a second.
@@ -94,6 +103,11 @@ class ServerSettings(BaseSettings):
     reads: Literal["open", "token"] = "open"
     policy: Literal["validated", "verified"] = "validated"
     bootstrap_token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS, repr=False)
+
+    @property
+    def miss_jobs_per_caller(self) -> int:
+        """New jobs one caller's misses may create a minute: its share of the server's."""
+        return max(1, int(self.miss_jobs_per_minute * self.miss_jobs_caller_share))
 
     def export(self) -> None:
         """Puts these settings into this process's environment, for the worker processes that

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer
-from tests.factories import AUTH
+from tests.factories import AUTH, issue_token
 from tunecache.artifacts import MAX_BATCH, MAX_VALUE_BYTES, ArtifactIn
 from tunecache.client import Client
 from tunecache.errors import ServerError
@@ -59,6 +59,21 @@ def test_a_scored_item_is_replaced_only_by_a_better_score(any_server: LiveServer
         assert tag(client.get_artifacts(NS, PART, key="w")[0].value) == "better"
         client.put_artifacts([item("u", 1), item("u", 2)])  # unscored: the last one wins
         assert tag(client.get_artifacts(NS, PART, key="u")[0].value) == "2"
+
+
+def test_an_unscored_item_never_replaces_a_scored_one(any_server: LiveServer) -> None:
+    """Another token's ``score: null`` replaced a scored item (the best one served), against
+    "each replaced only by a better-scored one"; a scored item still replaces an unscored one."""
+    other = issue_token(any_server.url, "write")
+    with Client(any_server.url) as client, Client(any_server.url, token=other) as them:
+        client.put_artifacts([item("s", "good", score=0.5)])
+        unscored = them.put_artifacts([item("s", "unscored")])
+        assert (unscored.stored, unscored.kept) == (0, 1)
+        served = client.get_artifacts(NS, PART, key="s")
+        assert [(tag(a.value), a.score) for a in served] == [("good", 0.5)]
+        client.put_artifacts([item("n", "unscored")])
+        assert them.put_artifacts([item("n", "scored", score=9.0)]).stored == 1
+        assert tag(client.get_artifacts(NS, PART, key="n")[0].value) == "scored"
 
 
 def test_concurrent_writers_leave_the_best_score(server: LiveServer) -> None:

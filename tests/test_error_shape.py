@@ -2,10 +2,11 @@
 
 Against a real server on loopback (SQLite): requests that provoke each error status the API has
 — an unparsable body (400), no token or an unknown one (401), too small a scope (403), a missing
-thing (404), a conflict (409), a body over the limit (413), a request that does not validate and
-one the server refuses for a reason of its own (422), too many miss reports (429) — each answer is
-JSON that validates against the ``ErrorBody`` schema of the server's own ``/openapi.json``, repeats
-its status, and the status is documented on that operation with that schema.
+thing (404), a conflict (409), a body over the limit (413), a body that is not JSON (415), a
+request that does not validate and one the server refuses for a reason of its own (422), too many
+miss reports (429) — each answer is JSON that validates against the ``ErrorBody`` schema of the
+server's own ``/openapi.json``, repeats its status, and the status is documented on that
+operation with that schema.
 """
 
 from __future__ import annotations
@@ -82,6 +83,12 @@ def _provoke(url: str) -> Iterator[tuple[str, str, int, httpx.Response]]:
             headers={**AUTH, "content-type": "application/json"},
         ),
     )
+    yield (
+        "POST",
+        "/v1/lookup",
+        415,
+        http.post("/v1/lookup", content=b"{}", headers={**AUTH, "content-type": "text/plain"}),
+    )
     yield "POST", "/v1/lookup", 422, http.post("/v1/lookup", json={}, headers=AUTH)
     yield "GET", "/v1/records", 422, http.get("/v1/records?limit=1001", headers=AUTH)
     yield "POST", "/v1/jobs/{job_id}/complete", 409, _complete_with_no_record(http, key)
@@ -133,7 +140,7 @@ def test_every_error_answer_has_the_one_documented_shape(
         ref = documented[str(status)]["content"]["application/json"]["schema"]["$ref"]
         assert ref == "#/components/schemas/ErrorBody", where
         seen.add(status)
-    assert seen == {400, 401, 403, 404, 409, 413, 422, 429}
+    assert seen == {400, 401, 403, 404, 409, 413, 415, 422, 429}
 
 
 def _local_refs(schema: dict[str, Any]) -> dict[str, Any]:
@@ -166,7 +173,7 @@ def test_the_document_names_every_status_an_operation_can_answer(document: dict)
             if operation.get("security"):
                 assert {"401", "403"} <= codes, where
             if "requestBody" in operation:
-                assert {"400", "413", "422"} <= codes, where
+                assert {"400", "413", "415", "422"} <= codes, where
             if operation.get("parameters"):
                 assert "422" in codes, where
     assert "HTTPValidationError" not in document["components"]["schemas"]

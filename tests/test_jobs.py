@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import Counter
@@ -11,7 +12,9 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, start_server
-from tests.factories import AUTH, make_key
+from tests.factories import AUTH, issue_token, make_key, make_record
+from tunecache.device import DeviceFingerprint
+from tunecache.key import Key
 
 pytestmark = pytest.mark.slow
 
@@ -173,3 +176,67 @@ def test_a_failed_job_waits_before_it_is_claimed_again(tmp_path: Path) -> None:
             assert claim(http, "w") is not None
     finally:
         live.stop()
+
+
+def test_a_lease_is_held_by_the_token_that_claimed_it(any_server: LiveServer) -> None:
+    """A worker's name is public (the job list shows it): another write token naming it can
+    neither renew, fail nor complete the lease. The claiming token can; an admin's may end any
+    lease (a job a lost worker holds)."""
+    url = any_server.url
+    mine = {"Authorization": f"Bearer {issue_token(url, 'write')}"}
+    theirs = {"Authorization": f"Bearer {issue_token(url, 'write')}"}
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for m in (11, 12):
+            assert http.post("/v1/jobs", json={"key": make_key(m=m).to_json()},
+                             headers=mine).status_code == 201  # fmt: skip
+        job = http.post("/v1/jobs/claim", json={"worker": "gpu-3"}, headers=mine).json()
+        running = http.get("/v1/jobs", params={"state": "running"}).json()["items"]
+        owner = running[0]["lease_owner"]
+        for action, body in (("heartbeat", {"worker": owner}), ("fail", {"worker": owner}),
+                             ("complete", {"worker": owner})):  # fmt: skip
+            taken = http.post(f"/v1/jobs/{job['id']}/{action}", json=body, headers=theirs)
+            assert taken.status_code == 409, (action, taken.text)
+            assert "this worker and this token" in taken.json()["detail"]
+        assert http.get(f"/v1/jobs/{job['id']}").json()["state"] == "running"
+        renewed = http.post(f"/v1/jobs/{job['id']}/heartbeat", json={"worker": "gpu-3"},
+                            headers=mine)  # fmt: skip
+        assert renewed.status_code == 200, renewed.text
+        done = http.post(f"/v1/jobs/{job['id']}/complete", json={"worker": "gpu-3"}, headers=mine)
+        assert done.status_code == 200 and done.json()["state"] == "done", done.text
+        lost = http.post("/v1/jobs/claim", json={"worker": "lost"}, headers=mine).json()
+        ended = http.post(f"/v1/jobs/{lost['id']}/fail", json={"worker": "lost", "error": "gone"},
+                          headers=AUTH)  # fmt: skip
+        assert ended.status_code == 200 and ended.json()["state"] == "queued", ended.text
+
+
+def _upload(http: httpx.Client, key: Key) -> int:
+    body = make_record(key).model_dump(mode="json", by_alias=True)
+    answer = http.post("/v1/records", json=body)
+    assert answer.status_code == 201, answer.text
+    record_id: int = answer.json()["record_id"]
+    return record_id
+
+
+def test_a_job_is_completed_only_with_a_record_that_answers_it(any_server: LiveServer) -> None:
+    """A record of another problem (or kernel, backend, dtype, arch) does not finish the job; one
+    of its problem tuned on the worker's own device of the arch, with its own versions, does."""
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
+        create(http, 13)
+        job = claim(http, "w")
+        assert job is not None
+        unrelated = _upload(http, make_key(m=14))
+        refused = http.post(f"/v1/jobs/{job['id']}/complete",
+                            json={"worker": "w", "record_id": unrelated})  # fmt: skip
+        assert refused.status_code == 422, refused.text
+        assert f"record {unrelated} does not answer job {job['id']}" in refused.json()["detail"]
+        assert "problem" in refused.json()["detail"]
+        assert http.get(f"/v1/jobs/{job['id']}").json()["state"] == "running"
+        asked = make_key(m=13)
+        device = DeviceFingerprint(kind="cpu", arch=asked.device.arch, name="worker-cpu", units=8)
+        local = dataclasses.replace(asked, device=device, environment={"apache-tvm": "0.28.0"})
+        assert local.digest() != asked.digest()
+        answered = _upload(http, local)
+        done = http.post(f"/v1/jobs/{job['id']}/complete",
+                         json={"worker": "w", "record_id": answered})  # fmt: skip
+        assert done.status_code == 200, done.text
+        assert (done.json()["state"], done.json()["record_id"]) == ("done", answered)

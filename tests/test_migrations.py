@@ -228,3 +228,40 @@ def test_the_kernel_module_migration_fills_in_the_jobs_queued_before_it(tmp_path
     with sqlite3.connect(tmp_path / "old.db") as db:
         columns = {row[1] for row in db.execute("pragma table_info(jobs)")}
     assert "kernel_module" not in columns and "device_arch" in columns
+
+
+def test_the_job_callers_migration_adds_the_lease_token_and_the_requester(tmp_path: Path) -> None:
+    """A job leased at 0008 was claimed by no token the server knew (NULL: only an admin token
+    may end that lease), and one queued by a miss counts towards no caller's share (NULL);
+    downgrading drops both columns and the index again."""
+    from datetime import UTC, datetime, timedelta
+
+    import sqlalchemy as sa
+    from alembic import command
+
+    from cache_server.migrate import alembic_config
+    from tests.factories import make_key
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    upgrade(url, "0008")
+    jobs = sa.Table("jobs", sa.MetaData(), autoload_with=make_engine(url))
+    now = datetime.now(UTC)
+    with make_engine(url).begin() as conn:
+        conn.execute(jobs.insert().values(
+            key_hash="ab" * 32, key=make_key().to_json(), state="running", priority=0,
+            source="miss", attempts=1, max_attempts=3, error="", created_at=now, updated_at=now,
+            backend="tvm", device_arch="cpu-avx2", lease_owner="w",
+            lease_expires_at=now + timedelta(minutes=5),
+        ))  # fmt: skip
+    upgrade(url)
+    with sqlite3.connect(tmp_path / "old.db") as db:
+        rows = db.execute("select lease_owner, lease_token_id, requested_by from jobs").fetchall()
+        indexes = {row[1] for row in db.execute("pragma index_list(jobs)")}
+    assert rows == [("w", None, None)]
+    assert "ix_jobs_requested_by" in indexes
+    command.downgrade(alembic_config(url), "0008")
+    with sqlite3.connect(tmp_path / "old.db") as db:
+        columns = {row[1] for row in db.execute("pragma table_info(jobs)")}
+        indexes = {row[1] for row in db.execute("pragma index_list(jobs)")}
+    assert not {"lease_token_id", "requested_by"} & columns and "lease_owner" in columns
+    assert "ix_jobs_requested_by" not in indexes

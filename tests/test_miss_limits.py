@@ -9,7 +9,7 @@ import pytest
 
 from cache_server.ratelimit import RateLimiter
 from tests.conftest import LiveServer, start_server
-from tests.factories import AUTH, make_key
+from tests.factories import AUTH, issue_token, make_key
 from tunecache.client import Client
 
 
@@ -66,10 +66,11 @@ def test_each_caller_gets_its_own_report_budget(tmp_path: Path) -> None:
 
 @pytest.fixture
 def capped_server(database: tuple[str, Path | None], tmp_path: Path) -> LiveServer:
+    """At most 3 new jobs from misses a minute, all of them one caller's if it asks."""
     url, path = database
-    live = start_server(
-        url, path, tmp_path / "server.log", env={"TUNECACHE_SERVER_MISS_JOBS_PER_MINUTE": "3"}
-    )
+    env = {"TUNECACHE_SERVER_MISS_JOBS_PER_MINUTE": "3",
+           "TUNECACHE_SERVER_MISS_JOBS_CALLER_SHARE": "1"}  # fmt: skip
+    live = start_server(url, path, tmp_path / "server.log", env=env)
     yield live  # type: ignore[misc]
     live.stop()
 
@@ -87,6 +88,30 @@ def test_misses_create_at_most_the_servers_jobs_a_minute(capped_server: LiveServ
     body = {"key": make_key(m=4).to_json()}
     assert httpx.post(f"{url}/v1/jobs", json=body, headers=AUTH).status_code == 201
     assert sorted(j["key"]["problem"]["M"] for j in jobs(url)) == [1, 2, 3, 4]
+
+
+def test_one_caller_gets_only_its_share_of_the_new_jobs(database: tuple[str, Path | None],
+                                                        tmp_path: Path) -> None:  # fmt: skip
+    """One caller (here: an address, no token) spent the whole server's budget of new jobs from
+    misses, and every other caller's miss was refused; now it gets its share (a quarter: 2 of
+    8), counted in the database, and the others theirs."""
+    url, path = database
+    live = start_server(url, path, tmp_path / "server.log",
+                        env={"TUNECACHE_SERVER_MISS_JOBS_PER_MINUTE": "8"})  # fmt: skip
+    try:
+        assert [report(live.url, m).status_code for m in (1, 2)] == [202, 202]
+        over = report(live.url, 3)
+        assert over.status_code == 429, over.text
+        assert "its share of the server's 8" in over.json()["detail"]
+        assert "retry-after" in over.headers
+        again = report(live.url, 1)  # already queued: answered, not limited
+        assert again.status_code == 202 and not again.json()["created"]
+        token = issue_token(live.url, "read")
+        other = report(live.url, 3, {"Authorization": f"Bearer {token}"})
+        assert other.status_code == 202 and other.json()["created"], other.text
+        assert sorted(j["key"]["problem"]["M"] for j in jobs(live.url)) == [1, 2, 3]
+    finally:
+        live.stop()
 
 
 def test_client_reports_a_miss_once_per_miss_ttl(server: LiveServer) -> None:

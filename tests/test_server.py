@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import sqlite3
 import time
@@ -167,6 +168,35 @@ def test_malformed_uploads_are_422(server: LiveServer, content: bytes, reason: s
     )
     assert response.status_code == 422
     assert reason in response.text
+
+
+@pytest.mark.parametrize(
+    ("headers", "named"),
+    [
+        ({"content-type": "text/plain"}, "Content-Type 'text/plain' is not JSON"),
+        ({"content-type": "application/x-www-form-urlencoded"}, "x-www-form-urlencoded"),
+        ({}, "no Content-Type"),
+        ({"content-type": "application/json", "content-encoding": "gzip"}, "'gzip'"),
+    ],
+)
+def test_a_body_that_is_not_json_is_415_naming_why(
+    server: LiveServer, headers: dict[str, str], named: str
+) -> None:
+    """Each was a 422 that the body "should be a valid dictionary", or (gzip) a 400 that it was
+    not UTF-8: neither said what to change."""
+    body = json.dumps({"key": make_key().to_json()}).encode()
+    content = gzip.compress(body) if "content-encoding" in headers else body
+    answer = httpx.post(f"{server.url}/v1/lookup", content=content, headers=headers, timeout=30)
+    assert answer.status_code == 415, answer.text
+    assert named in answer.json()["detail"]
+
+
+def test_json_with_parameters_or_a_json_suffix_is_read(server: LiveServer) -> None:
+    body = json.dumps({"key": make_key().to_json()}).encode()
+    for content_type in ("application/json; charset=utf-8", "application/problem+json"):
+        answer = httpx.post(f"{server.url}/v1/lookup", content=body,
+                            headers={"content-type": content_type}, timeout=30)  # fmt: skip
+        assert answer.status_code == 404, answer.text  # read, and a miss
 
 
 def _mutated(path: list[str | int], value: object) -> dict:

@@ -7,8 +7,8 @@ Every error answer is an :class:`ErrorBody` (``application/json``)::
 ``detail`` is one sentence a person can act on; ``errors`` lists each invalid field (its
 location, message and type) when the request did not validate, and is empty otherwise.
 :func:`add_errors` adds the statuses a route can answer with, each with this model, to the OpenAPI
-document: 401 and 403 where a token is checked, 422 where there is anything to validate, 400, 408
-and 413 where there is a body, 500 and 503 everywhere — beside the ones a route declares itself
+document: 401 and 403 where a token is checked, 422 where there is anything to validate, 400, 408,
+413 and 415 where there is a body, 500 and 503 everywhere — beside the ones a route declares itself
 (404, 409, 429).
 """
 
@@ -49,6 +49,7 @@ DESCRIPTIONS = {
     408: "the body did not arrive in time",
     409: "the request conflicts with the current state",
     413: "the body is over its sender's size limit (smaller without a token)",
+    415: "the body is not JSON (its Content-Type), or is encoded (its Content-Encoding: gzip)",
     422: "the request did not validate: `errors` names each field",
     429: "over a rate limit: `Retry-After` says when to try again",
     500: "an internal error (a bug: please report it)",
@@ -79,7 +80,7 @@ def statuses(operation: dict[str, Any]) -> set[int]:
     if operation.get("security"):
         found |= {401, 403}
     if "requestBody" in operation:
-        found |= {400, 408, 413, 422}
+        found |= {400, 408, 413, 415, 422}
     if operation.get("parameters"):
         found.add(422)
     return found

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse
+from pydantic import BeforeValidator
 
 from cache_server import jobs, queries
 from cache_server.api.deps import SessionDep
@@ -15,11 +16,13 @@ from cache_server.dashboard.access import PageError, Reader
 from cache_server.dashboard.svg import convergence_svg
 from cache_server.dashboard.templating import page
 from cache_server.trust import winner_table
-from tunecache.jobs import JobPublic
-from tunecache.schemas import MAX_ID
+from tunecache.jobs import JobPublic, JobState
+from tunecache.schemas import MAX_ID, Backend, Name
 
 PAGE_SIZE = 100
-Filter = Annotated[str | None, Query(max_length=128)]
+# A filter is validated as the API's (a name, a backend, a job state); the form's "any" sends "".
+_BLANK_IS_ANY = BeforeValidator(lambda value: value or None)
+NameFilter = Annotated[Name | None, Query(), _BLANK_IS_ANY]
 PageNumber = Annotated[int, Query(ge=1, le=1_000_000)]
 
 router = APIRouter(include_in_schema=False)
@@ -38,16 +41,14 @@ def index(
     request: Request,
     session: SessionDep,
     _reader: Reader,
-    kernel: Filter = None,
-    backend: Filter = None,
-    device_arch: Filter = None,
+    kernel: NameFilter = None,
+    backend: Annotated[Backend | None, Query(), _BLANK_IS_ANY] = None,
+    device_arch: NameFilter = None,
     all: bool = False,
     p: PageNumber = 1,
 ) -> HTMLResponse:
     """Winners (or, with ``all``, every record) by kernel × device × backend."""
-    filters = queries.RecordFilters(
-        kernel=kernel or None, backend=backend or None, device_arch=device_arch or None
-    )
+    filters = queries.RecordFilters(kernel=kernel, backend=backend, device_arch=device_arch)
     records, total = queries.list_records(
         session,
         filters=filters,
@@ -92,13 +93,11 @@ def job_queue(
     request: Request,
     session: SessionDep,
     _reader: Reader,
-    state: Filter = None,
+    state: Annotated[JobState | None, Query(), _BLANK_IS_ANY] = None,
     p: PageNumber = 1,
 ) -> HTMLResponse:
     """The queue: counts by state, then each job with its lease, attempts and last error."""
     counts = dashboard_queries.job_counts(session)
-    if state not in counts:
-        state = None
     rows, total = jobs.list_jobs(session, state=state, limit=PAGE_SIZE, offset=(p - 1) * PAGE_SIZE)
     return page(
         request,

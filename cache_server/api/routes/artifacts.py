@@ -32,8 +32,9 @@ def put_artifacts(
 
     Each value must pass its namespace's closed schema (a 422 names the item). An item replaces
     the one of the same namespace, partition, key and item name when this token is trusted and
-    the stored one's was not, or both or neither were and either has no score or the new score is
-    lower; otherwise the stored one is kept (and counted as kept).
+    the stored one's was not, or both or neither were and the stored one has no score or the new
+    score is lower (an unscored item never replaces a scored one); otherwise the stored one is
+    kept (and counted as kept).
     """
     stored = artifacts.put_artifacts(session, items=batch.items, uploader=token)
     return ArtifactPutResult(stored=stored, kept=len(batch.items) - stored)

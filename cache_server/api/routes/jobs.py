@@ -8,12 +8,13 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
 
 from cache_server import jobs
-from cache_server.api.auth import READ, WRITE, ReadAccess
+from cache_server.api.auth import READ, WRITE, ReadAccess, WriteAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.metrics import MetricsDep
-from cache_server.models import JobRow, RecordRow, utcnow
+from cache_server.models import JobRow, RecordRow, TokenRow, utcnow
 from cache_server.ratelimit import too_many
+from cache_server.settings import ServerSettings
 from tunecache.jobs import (
     ClaimRequest,
     JobCreate,
@@ -25,6 +26,7 @@ from tunecache.jobs import (
     LeaseRequest,
 )
 from tunecache.schemas import INT64_MAX, MAX_ID, LookupRequest
+from tunecache.tokens import grants
 
 router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["jobs"])
 LEASE_LOST: dict[int | str, dict[str, str]] = {409: {"description": "lease lost"}}
@@ -38,9 +40,16 @@ def public(job: JobRow) -> JobPublic:
 def _held(job: JobRow | None, job_id: int) -> JobPublic:
     if job is None:
         raise HTTPException(
-            status.HTTP_409_CONFLICT, f"job {job_id} is not running under this worker's lease"
+            status.HTTP_409_CONFLICT,
+            f"job {job_id} is not running under a lease of this worker and this token",
         )
     return public(job)
+
+
+def _holder(token: TokenRow) -> int | None:
+    """The token a lease must have been claimed with; ``None`` for an admin's, which may end any
+    lease (a job a lost worker holds)."""
+    return None if grants(token.scope, "admin") else token.id  # type: ignore[arg-type]
 
 
 @router.post(
@@ -81,11 +90,14 @@ def report_miss(
 ) -> JobEnqueued:
     """A client could not serve this key: queue it (deduplicated) behind pre-tuning jobs.
 
-    Rate-limited twice: each caller (its token, else its address) may report
-    ``miss_reports_per_minute`` a minute to a server process, and misses may create at most
-    ``miss_jobs_per_minute`` new jobs a minute in all; a key already queued is answered as is.
+    Rate-limited: each caller (its token, else its address) may report
+    ``miss_reports_per_minute`` a minute to a server process; misses may create at most
+    ``miss_jobs_per_minute`` new jobs a minute in all, and one caller's at most its share of
+    those (``miss_jobs_per_caller``), both counted in the database. A key already queued is
+    answered as is.
     """
     who = f"token:{caller.id}" if caller is not None else f"addr:{http.client and http.client.host}"
+    who = who[:64]  # the column's width; an address is at most 45 characters
     if wait := http.app.state.miss_limiter.wait(who):
         raise too_many(
             f"more than {settings.miss_reports_per_minute} miss reports a minute from this caller",
@@ -95,33 +107,50 @@ def report_miss(
     if (existing := jobs.find(session, key_hash=key_hash)) is not None:
         metrics.count_miss_report()
         return JobEnqueued(job=public(existing), created=False)
-    since = utcnow() - timedelta(minutes=1)
-    if jobs.count_created(session, source="miss", since=since) >= settings.miss_jobs_per_minute:
-        raise too_many(
-            f"misses created {settings.miss_jobs_per_minute} new jobs in the last minute, "
-            "the server's limit",
-            30.0,
-        )
+    _check_new_job_budget(session, settings, who)
     job, created = jobs.enqueue(
         session,
         key_hash=key_hash,
         key=request.key.model_dump(mode="json", by_alias=True),
         priority=MISS_PRIORITY,
         source="miss",
+        requested_by=who,
     )
     metrics.count_miss_report()
     return JobEnqueued(job=public(job), created=created)
 
 
+def _check_new_job_budget(session: SessionDep, settings: ServerSettings, who: str) -> None:
+    """A 429 when misses created the server's new jobs of the last minute, or ``who``'s share
+    of them: one caller cannot spend everyone's budget."""
+    since = utcnow() - timedelta(minutes=1)
+    share = settings.miss_jobs_per_caller
+    if jobs.count_created(session, source="miss", since=since, requested_by=who) >= share:
+        raise too_many(
+            f"this caller's misses created {share} new jobs in the last minute, its share of "
+            f"the server's {settings.miss_jobs_per_minute}",
+            30.0,
+        )
+    if jobs.count_created(session, source="miss", since=since) >= settings.miss_jobs_per_minute:
+        raise too_many(
+            f"misses created {settings.miss_jobs_per_minute} new jobs in the last minute, "
+            "the server's limit",
+            30.0,
+        )
+
+
 @router.post(
     "/jobs/claim",
-    dependencies=[WRITE],
     response_model=JobPublic,
     responses={204: {"description": "no job to claim"}},
 )
-def claim_job(request: ClaimRequest, session: SessionDep) -> JobPublic | Response:
-    """Leases the most urgent queued (or lease-expired) job the worker can run to it."""
-    job = jobs.claim(session, worker=request.worker, lease_seconds=request.lease_seconds,
+def claim_job(
+    request: ClaimRequest, session: SessionDep, token: WriteAccess
+) -> JobPublic | Response:
+    """Leases the most urgent queued (or lease-expired) job the worker can run to it, under this
+    token: only this worker with this token (or an admin token) may renew, complete or fail it."""
+    job = jobs.claim(session, worker=request.worker, token_id=token.id,
+                     lease_seconds=request.lease_seconds,
                      device_arch=request.device_arch, backends=request.backends,
                      kernel_packages=request.kernel_packages)  # fmt: skip
     return Response(status_code=status.HTTP_204_NO_CONTENT) if job is None else public(job)
@@ -130,35 +159,63 @@ def claim_job(request: ClaimRequest, session: SessionDep) -> JobPublic | Respons
 JobId = Annotated[int, Path(ge=1, le=MAX_ID)]  # an INTEGER column: int32 on PostgreSQL
 
 
-@router.post("/jobs/{job_id}/heartbeat", dependencies=[WRITE], responses=LEASE_LOST)
-def heartbeat(job_id: JobId, request: LeaseRequest, session: SessionDep) -> JobPublic:
-    job = jobs.heartbeat(
-        session, job_id=job_id, worker=request.worker, lease_seconds=request.lease_seconds
-    )
+@router.post("/jobs/{job_id}/heartbeat", responses=LEASE_LOST)
+def heartbeat(
+    job_id: JobId, request: LeaseRequest, session: SessionDep, token: WriteAccess
+) -> JobPublic:
+    """Renews the lease this worker holds under this token."""
+    job = jobs.heartbeat(session, job_id=job_id, worker=request.worker, holder=_holder(token),
+                         lease_seconds=request.lease_seconds)  # fmt: skip
     return _held(job, job_id)
 
 
 @router.post(
     "/jobs/{job_id}/complete",
-    dependencies=[WRITE],
-    responses={409: {"description": "lease lost, or no such record"}},
+    responses={
+        409: {"description": "lease lost, or no such record"},
+        422: {"description": "the record was tuned for another kernel, problem, dtype or arch"},
+    },
 )
-def complete(job_id: JobId, request: JobResult, session: SessionDep) -> JobPublic:
-    """Finishes a job this worker holds with the record it uploaded (which must exist: 409)."""
-    if request.record_id is not None and session.get(RecordRow, request.record_id) is None:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"no record {request.record_id}")
-    job = jobs.complete(session, job_id=job_id, worker=request.worker, record_id=request.record_id)
+def complete(
+    job_id: JobId, request: JobResult, session: SessionDep, token: WriteAccess
+) -> JobPublic:
+    """Finishes a job this worker holds under this token with the record it uploaded, which must
+    exist (409) and answer the job: its key's kernel, backend, dtype, problem and device arch
+    are the job's (422); its device and versions are the worker's own."""
+    if request.record_id is not None:
+        _check_answer(session, job_id, request.record_id)
+    job = jobs.complete(session, job_id=job_id, worker=request.worker, holder=_holder(token),
+                        record_id=request.record_id)  # fmt: skip
     return _held(job, job_id)
 
 
-@router.post("/jobs/{job_id}/fail", dependencies=[WRITE], responses=LEASE_LOST)
+def _check_answer(session: SessionDep, job_id: int, record_id: int) -> None:
+    """409 when there is no record ``record_id``, 422 when it does not answer job ``job_id``
+    (no such job: left to the lease check, a 409)."""
+    record = session.get(RecordRow, record_id)
+    if record is None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"no record {record_id}")
+    job = jobs.get_job(session, job_id=job_id)
+    if job is not None and (why := jobs.mismatch(job.key, record.key)) is not None:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_ENTITY,
+            f"record {record_id} does not answer job {job_id}: {why}",
+        )
+
+
+@router.post("/jobs/{job_id}/fail", responses=LEASE_LOST)
 def fail(
-    job_id: JobId, request: JobResult, session: SessionDep, settings: SettingsDep
+    job_id: JobId,
+    request: JobResult,
+    session: SessionDep,
+    settings: SettingsDep,
+    token: WriteAccess,
 ) -> JobPublic:
-    """A failed attempt: the job is queued again (claimable after the server's retry delay,
-    doubling with each attempt) until it runs out of attempts."""
-    job = jobs.fail(session, job_id=job_id, worker=request.worker, error=request.error,
-                    retry_seconds=settings.retry_seconds)  # fmt: skip
+    """A failed attempt of the lease this worker holds under this token: the job is queued
+    again (claimable after the server's retry delay, doubling with each attempt) until it runs
+    out of attempts."""
+    job = jobs.fail(session, job_id=job_id, worker=request.worker, holder=_holder(token),
+                    error=request.error, retry_seconds=settings.retry_seconds)  # fmt: skip
     return _held(job, job_id)
 
 

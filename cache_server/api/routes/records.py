@@ -19,6 +19,7 @@ from tunecache.schemas import (
     Backend,
     LookupRequest,
     LookupResponse,
+    Name,
     RecordCreate,
     RecordList,
     RecordPublic,
@@ -94,17 +95,21 @@ def lookup(
 def list_records(
     session: SessionDep,
     settings: SettingsDep,
-    kernel: str | None = None,
+    kernel: Annotated[Name | None, Query()] = None,
     backend: Backend | None = None,
-    dtype: str | None = None,
-    device_arch: str | None = None,
+    dtype: Annotated[Name | None, Query()] = None,
+    device_arch: Annotated[Name | None, Query()] = None,
     key_hash: Annotated[str | None, Query(pattern=r"^[0-9a-f]{64}$")] = None,
     validated: bool | None = None,
     winners_only: bool = False,
     limit: Annotated[int, Query(ge=1)] = 100,
     offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
 ) -> RecordList:
-    """Records matching every given filter, newest first (trials are left out)."""
+    """Records matching every given filter, newest first (trials are left out).
+
+    ``kernel``, ``dtype`` and ``device_arch`` are names, as in a key: one with a character no
+    name has (a NUL, which PostgreSQL's text cannot hold) is a 422 naming the parameter.
+    """
     if limit > settings.list_limit:
         raise HTTPException(
             status.HTTP_422_UNPROCESSABLE_ENTITY,

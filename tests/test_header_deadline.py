@@ -1,0 +1,103 @@
+"""A client that never finishes its request's headers loses its connection after
+``TUNECACHE_SERVER_HEADER_SECONDS``; one whose headers came in time is never cut for it.
+
+Against ``tunecache serve`` in a subprocess, at the socket: before the deadline, 500 connections
+that each sent ``GET /health HTTP/1.1`` and a header were all still open 40 s later, and a server
+short of file descriptors refused everyone else.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import LiveServer, start_server
+
+SECONDS = 1.0
+
+
+@pytest.fixture
+def strict_server(tmp_path: Path) -> Iterator[LiveServer]:
+    db_path = tmp_path / "cache.db"
+    live = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "server.log",
+                        env={"TUNECACHE_SERVER_HEADER_SECONDS": str(SECONDS)})  # fmt: skip
+    yield live
+    live.stop()
+
+
+def _connect(server: LiveServer) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = socket.create_connection((host, int(port)), timeout=10)
+    conn.settimeout(0.2)
+    return conn
+
+
+def _open_after(conn: socket.socket, seconds: float, trickle: bytes = b"") -> bool:
+    """Whether ``conn`` is still open ``seconds`` from now, sending ``trickle`` a byte every
+    0.2 s meanwhile (what a slow-headers client does to stay within every per-read timeout)."""
+    end = time.monotonic() + seconds
+    pending = list(trickle)
+    while time.monotonic() < end:
+        try:
+            if conn.recv(4096) == b"":
+                return False
+        except TimeoutError:
+            pass
+        except OSError:
+            return False
+        if pending:
+            try:
+                conn.sendall(bytes([pending.pop(0)]))
+            except OSError:
+                return False
+    return True
+
+
+def test_headers_that_never_finish_lose_the_connection(strict_server: LiveServer) -> None:
+    silent, trickling = _connect(strict_server), _connect(strict_server)
+    try:
+        silent.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        trickling.sendall(b"GET /health HTTP/1.1\r\n")
+        assert not _open_after(trickling, SECONDS * 3, b"X-Slow: " + b"a" * 100)
+        assert not _open_after(silent, 0.5)
+    finally:
+        silent.close()
+        trickling.close()
+
+
+def test_a_kept_alive_connections_next_request_has_the_same_deadline(
+    strict_server: LiveServer,
+) -> None:
+    conn = _connect(strict_server)
+    try:
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.3)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+        # uvicorn's keep-alive timer stops at the first byte of the next request
+        conn.sendall(b"GET /health HTTP/1.1\r\n")
+        assert not _open_after(conn, SECONDS * 3, b"X-Slow: " + b"a" * 100)
+    finally:
+        conn.close()
+
+
+def test_a_request_whose_headers_came_in_time_is_not_cut(strict_server: LiveServer) -> None:
+    """Its body may take longer than the header deadline (it has a deadline of its own), and
+    the connection serves the next request after the answer."""
+    conn = _connect(strict_server)
+    body = b'{"key": "not a key"}'
+    try:
+        conn.sendall(b"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: %d\r\n\r\n" % len(body))  # fmt: skip
+        assert _open_after(conn, 0.2 * len(body) + 0.2, body[:-1])  # 4 s: past the deadline
+        conn.sendall(body[-1:])
+        time.sleep(0.5)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 422")
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.3)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+    finally:
+        conn.close()
