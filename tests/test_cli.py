@@ -201,3 +201,100 @@ def test_folders_named_like_ours_in_the_current_directory_shadow_nothing(tmp_pat
     assert tuned.returncode == 0, tuned.stderr[-2000:]
     record = json.loads(tuned.stdout)  # --no-upload: the record, validated, on stdout
     assert record["key"]["kernel"] == "softmax" and record["validation"]["passed"] is True
+
+
+def test_a_request_the_server_refuses_as_malformed_is_exit_2(shared_server: LiveServer) -> None:
+    # An option the CLI passes on unchecked (a device arch's pattern is the server's): its 422
+    # is bad input, exit 2, one line; a missing record stays a miss, exit 1.
+    done = tunecache("records", "ls", "--device-arch", "x y", "--server", shared_server.url)
+    assert done.returncode == 2, done.stderr
+    assert "device_arch" in done.stderr and len(done.stderr.splitlines()) == 1
+    missing = tunecache("records", "show", "999", "--server", shared_server.url)
+    assert missing.returncode == 1 and "no record 999" in missing.stderr, missing.stderr
+
+
+def test_server_errors_map_to_the_documented_exit_codes() -> None:
+    from tunecache.errors import ServerError
+    from tunecache_cli import server_exit
+    from tunecache_cli.outbox import UploadRefused
+
+    cases = [
+        (ServerError("down"), 3),
+        (ServerError("html", status_code=404, foreign=True), 2),  # not a tunecache server
+        (ServerError("html", status_code=401, foreign=True), 2),
+        (ServerError("bad query", status_code=422), 2),  # built from the user's arguments
+        (ServerError("bad body", status_code=400), 2),
+        (ServerError("too big", status_code=413), 2),
+        (ServerError("token", status_code=401), 4),
+        (ServerError("scope", status_code=403), 4),
+        (ServerError("no record 9", status_code=404), 1),
+        (ServerError("busy", status_code=429), 1),
+        (ServerError("bug", status_code=500), 1),
+        (UploadRefused("a tuned record refused", status_code=422), 1),  # not the user's input
+    ]
+    assert [(str(e), server_exit(e)) for e, _ in cases] == [(str(e), c) for e, c in cases]
+
+
+def test_a_web_server_that_is_not_tunecache_is_exit_2_for_get_as_for_tune(tmp_path: Path) -> None:
+    import time
+
+    from cache_server.embedded import free_port
+
+    port = free_port()
+    web = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind",
+                            "127.0.0.1"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(url, timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        key = ["matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8", "--server", url]
+        env = {**os.environ, "TUNECACHE_TOKEN": "tc_" + "3" * 43}
+        for argv in (["get", *key], ["tune", *key], ["records", "ls", "--server", url]):
+            done = subprocess.run([sys.executable, "-m", "tunecache_cli", *argv], env=env,
+                                  capture_output=True, text=True, timeout=120)  # fmt: skip
+            assert done.returncode == 2, (argv, done.stderr)
+            assert "not a tunecache server" in done.stderr and "Traceback" not in done.stderr
+            assert len(done.stderr.splitlines()) == 1, done.stderr
+    finally:
+        web.terminate()
+        web.wait(timeout=30)
+
+
+@pytest.mark.parametrize("command", ["get", "best"])
+def test_a_triton_drop_in_kernel_is_named_as_written_with_what_to_do(command: str) -> None:
+    pytest.importorskip("triton")
+    ref = "tests.user_triton_autotune:affine"
+    backend = ["--backend", "triton"] if command == "get" else []
+    done = tunecache(command, ref, *backend, "--shape", "n=100", "--server", "http://127.0.0.1:9")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        f"tunecache: error: {ref} is a kernel of tunecache's Triton drop-in "
+        "(tunecache.triton.autotune): the CLI does not look Triton kernels up by their Python "
+        "object (the drop-in keys each launch by its arguments, dtypes included, and looks it up "
+        "and tunes it as it launches); list its records with `tunecache records ls --kernel "
+        f"{ref} --all`"
+    )
+
+
+def test_tune_tvm_says_what_each_uploaded_count_is() -> None:
+    from tunecache.artifacts import ArtifactIn, ArtifactPutResult
+    from tunecache_cli.tune_tvm import upload_summary
+
+    def artifact(namespace: str, i: int) -> ArtifactIn:
+        # only the namespace counts here: built unchecked (a value that may be served is long)
+        return ArtifactIn.model_construct(namespace=namespace, partition="llvm-x", key="k",
+                                          item=str(i), value={"i": i})  # fmt: skip
+
+    items = [artifact("tvm.workload", 0)] + [artifact("tvm.record", i) for i in range(1, 6)]
+    line = upload_summary(5, items, ArtifactPutResult(stored=4, kept=2), "http://h", "llvm-x")
+    assert line == (
+        "uploaded 5 validated records to http://h (partition llvm-x) as 6 artifacts (5 tuning "
+        "records and the module's workload): the server stored 4 (new, or better than what it "
+        "held) and kept what it held for 2"
+    )

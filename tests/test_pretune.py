@@ -219,3 +219,53 @@ def test_local_tuning_waits_for_a_failed_jobs_retry_instead_of_stopping(tmp_path
             assert final.state == "failed" and final.attempts == 3
     finally:
         live.stop()
+
+
+def test_follow_says_once_how_to_start_a_worker_when_none_has_claimed_a_job(
+    server: LiveServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``pretune`` with no daemon printed "0/1 done, 0 running, 0 failed" every 2 s forever.
+    Now, when no job was claimed ``hint_after`` seconds in, one line says what to start, once;
+    and it keeps following: the daemon that comes later finishes it."""
+    import threading
+    import time
+
+    from tests.factories import make_key
+    from tunecache.client import Client
+    from tunecache_cli.pretune import follow
+
+    def late_daemon() -> None:
+        time.sleep(1.5)  # well after the hint
+        with Client(server.url) as worker:
+            claimed = worker.claim_job("late", lease_seconds=60)
+            assert claimed is not None
+            worker.fail_job(claimed.id, "late", "gave up")
+
+    with Client(server.url) as client:
+        job = client.create_job(make_key(8), max_attempts=1).job
+        thread = threading.Thread(target=late_daemon)
+        thread.start()
+        failed = follow(client, [job.key_hash], poll=0.1, hint="HINT start a daemon",
+                        hint_after=0.5)  # fmt: skip
+        thread.join()
+    assert failed == 1  # it waited for the daemon: the hint did not stop it
+    lines = capsys.readouterr().err.splitlines()
+    assert lines.count("HINT start a daemon") == 1, lines
+    at = lines.index("HINT start a daemon")
+    assert 0 < at < len(lines) - 3 and "0/1 done, 0 running, 0 failed" in lines[0]
+
+
+def test_the_hint_names_the_daemon_each_device_of_the_jobs_needs() -> None:
+    from tunecache_cli.pretune import unclaimed_hint
+
+    manifest = parse_manifest('arch = "sm_90"\n[[tune]]\nkernel = "matmul"\n'
+                              'backends = ["triton", "tvm"]\n'
+                              "shapes = [{M = 8, N = 8, K = 8}]\n")  # fmt: skip
+    cpu = [k.digest() for k in manifest.keys if k.backend == "tvm"]
+    assert unclaimed_hint(manifest, cpu) == (
+        "no worker has claimed any of these jobs yet: start one with `tunecache daemon --device "
+        "cpu`; waiting"
+    )
+    both = unclaimed_hint(manifest, [k.digest() for k in manifest.keys])
+    assert "`tunecache daemon --device cpu` and `tunecache daemon --device cuda` on a machine " \
+        "with a GPU" in both  # fmt: skip

@@ -1,7 +1,8 @@
 """The ``tunecache`` command line.
 
-Exit codes: 0 success (a hit for ``get``), 1 a miss or a failed run, 2 bad input, 3 the server could
-not be reached, 4 the server refused the token (401, 403), 130 interrupted.
+Exit codes: 0 success (a hit for ``get``), 1 a miss or a failed run, 2 bad input (a server that is
+not tunecache, or one that refuses the request as malformed, included), 3 the server could not be
+reached, 4 the server refused the token (401, 403), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from tunecache_cli import (
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
 EXIT_REFUSED = 4
+BAD_REQUEST = (400, 413, 422)  # the server found the request (the user's input) malformed
 COMMANDS = (
     serve, db, token, tune, get, best, records, replay, workloads, demo, snapshot, sync, imports,
     daemon, pretune, coverage, report, push,
@@ -79,6 +81,24 @@ def user_path() -> None:
     sys.path[:] = [*kept, ours, here]
 
 
+def server_exit(exc: ServerError) -> int:
+    """The exit code of a server's error, as docs/cli.md gives them: 3 unreachable; 2 an answer
+    that is not a tunecache server's, or a request the server found malformed (400, 413, 422:
+    the CLI built it from the user's arguments and files); 4 the token refused (401, 403); 1
+    anything else (404: a miss; 409, 429, 5xx; an upload of a tuned record refused)."""
+    from tunecache_cli.outbox import UploadRefused
+
+    if exc.status_code is None:
+        return EXIT_UNREACHABLE
+    if exc.foreign:  # whatever it answered: the URL is wrong
+        return EXIT_BAD_INPUT
+    if exc.status_code in (401, 403):
+        return EXIT_REFUSED
+    if exc.status_code in BAD_REQUEST and not isinstance(exc, UploadRefused):
+        return EXIT_BAD_INPUT
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns the exit code."""
     parser = build_parser()
@@ -98,9 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except ServerError as exc:
         print(f"tunecache: error: {exc}", file=sys.stderr)
-        if exc.status_code is None:
-            return EXIT_UNREACHABLE
-        return EXIT_REFUSED if exc.status_code in (401, 403) else 1
+        return server_exit(exc)
     except TuningError as exc:
         print(f"tunecache: tuning failed: {exc}", file=sys.stderr)
         return 1

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import re
+from pathlib import Path
 
 from tunecache.errors import InvalidInput, ServerError
 from tunecache.http import IDENTITY_HEADER
@@ -15,6 +18,7 @@ from tunecache.tokens import Scope, grants
 PREFLIGHT_SECONDS = 2.0  # the server's answer to "may this token do that?"
 
 _INTEGER = re.compile(r"-?[0-9]+")  # int() also takes "١٢" (Arabic-Indic), "1_000", "+8"
+MAX_SEED = 2**32 - 1  # numpy's and Optuna's seeds: 0 to 2**32 - 1
 
 
 def parse_shape(text: str) -> dict[str, int]:
@@ -146,4 +150,79 @@ def key_from_args(args: argparse.Namespace) -> Key:
     Raises:
         InvalidInput: a bad kernel, backend, dtype or shape, or a CUDA key without a GPU.
     """
-    return key_for(args.workload, args.backend, parse_shape(args.shape), args.dtype)
+    try:
+        return key_for(args.workload, args.backend, parse_shape(args.shape), args.dtype)
+    except InvalidInput:
+        refuse_triton_object(args.workload)  # a clearer line, when that is why
+        raise
+
+
+def refuse_triton_object(ref: str | None) -> None:
+    """Says clearly why a Triton kernel object is no KERNEL for the CLI (``as_spec`` names it by
+    its ``repr``, ``<…CachedAutotuner object at 0x…>``); returns when ``ref`` names none.
+
+    Raises:
+        InvalidInput: ``ref`` (``module:name``) is a kernel of the Triton drop-in
+            (``tunecache.triton.autotune``) or of Triton itself, naming it as written.
+    """
+    from tunecache.kernels import load_ref
+
+    if ref is None or ":" not in ref:
+        return
+    try:
+        found = load_ref(ref)  # imported already by the failed key: no second import
+    except InvalidInput:
+        return
+    module = type(found).__module__
+    if module.startswith("tunecache.triton"):
+        what = "a kernel of tunecache's Triton drop-in (tunecache.triton.autotune)"
+    elif module.partition(".")[0] == "triton":
+        what = f"a Triton kernel ({type(found).__name__})"
+    else:
+        return
+    raise InvalidInput(
+        f"{ref} is {what}: the CLI does not look Triton kernels up by their Python object (the "
+        "drop-in keys each launch by its arguments, dtypes included, and looks it up and tunes "
+        f"it as it launches); list its records with `tunecache records ls --kernel {ref} --all`"
+    )
+
+
+def check_count(flag: str, value: int | None, low: int = 1, high: int | None = None) -> None:
+    """A whole-number option (``--trials``, ``--workers``) within ``low..high``, or unset.
+
+    Raises:
+        InvalidInput: naming ``flag``, the value and the range.
+    """
+    if value is None or (value >= low and (high is None or value <= high)):
+        return
+    wanted = f"at least {low}" if high is None else f"{low} to {high}"
+    raise InvalidInput(f"{flag} must be {wanted}, not {value}")
+
+
+def check_seconds(flag: str, value: float | None) -> None:
+    """A duration option (``--seconds``, ``--poll``): a finite number above 0, or unset.
+
+    Raises:
+        InvalidInput: naming ``flag`` and the value.
+    """
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise InvalidInput(f"{flag} must be a positive number of seconds, not {value:g}")
+
+
+def output_file(flag: str, path: Path) -> Path:
+    """``path`` as a file a command may write, checked before any work: its folder exists (it is
+    never created: a mistyped folder is said, not made) and is writable, and it is no folder.
+
+    Raises:
+        InvalidInput: naming ``flag``, the path and what is wrong with it.
+    """
+    folder = path.parent
+    if path.is_dir():
+        raise InvalidInput(f"{flag} {path} is a folder: name a file in it")
+    if not folder.exists():
+        raise InvalidInput(f"{flag} {path}: folder {folder} does not exist (create it first)")
+    if not folder.is_dir():
+        raise InvalidInput(f"{flag} {path}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InvalidInput(f"{flag} {path}: folder {folder} is not writable")
+    return path

@@ -9,8 +9,9 @@ import argparse
 import json
 from typing import Any
 
+from tunecache.errors import InvalidInput
 from tunecache.key import DTYPES
-from tunecache_cli.args import add_server, parse_shape, server_url
+from tunecache_cli.args import add_server, parse_shape, refuse_triton_object, server_url
 from tunecache_cli.table import ms, render
 
 
@@ -41,7 +42,11 @@ def run(args: argparse.Namespace) -> int:
     from tunecache.kernels import as_spec
 
     problem = parse_shape(args.shape)
-    as_spec(args.workload).problem(problem)  # bad input is said before the server is asked
+    try:
+        as_spec(args.workload).problem(problem)  # bad input is said before the server is asked
+    except InvalidInput:
+        refuse_triton_object(args.workload)
+        raise
     backends = [b.strip() for b in args.backends.split(",")] if args.backends else None
     with Client(server_url(args)) as client:
         client.health()  # an unreachable server is exit 3, not "no record" on every backend

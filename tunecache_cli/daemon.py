@@ -18,7 +18,7 @@ from typing import Any
 
 from tunecache.errors import InvalidInput
 from tunecache.kernels import BACKENDS
-from tunecache_cli.args import add_server, preflight, server_url
+from tunecache_cli.args import add_server, check_count, check_seconds, preflight, server_url
 
 
 def register(commands: Any) -> None:
@@ -89,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tuner.daemon import Daemon, DaemonOptions
 
-    if args.trials < 1 or args.poll <= 0 or args.lease <= 0:
-        raise InvalidInput("--trials, --poll and --lease must be positive")
+    check_count("--trials", args.trials)
+    check_count("--workers", args.workers)
+    check_seconds("--poll", args.poll)
+    check_seconds("--lease", args.lease)
     _check_device(args.device)
     kernels, backends = _packages(args.kernels), _backends(args.backends)  # before the server
     if args.verify:

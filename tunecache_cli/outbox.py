@@ -43,6 +43,11 @@ class Waiting:
     upload: Upload | None  # None: the file holds no upload this version can send
 
 
+class UploadRefused(ServerError):
+    """The server refused, as invalid, an upload the tuner built (not the user's arguments): a
+    failed run (exit 1), kept in the outbox's ``rejected/``."""
+
+
 def send(client: Any, upload: Upload) -> Any:
     """Uploads ``upload`` through ``client``; returns the server's answer.
 
@@ -244,7 +249,8 @@ def kept_upload(client: Any, url: str, upload: Upload, what: str = "the record")
             where = f"; {what} is kept in {_set_aside(taken, _own_name(taken.name))}"
         else:
             where = f"; {what} waits in {release(taken)} (tunecache push sends it)"
-        raise ServerError(f"{exc}{where}", status_code=exc.status_code) from None
+        kind = UploadRefused if _refused(exc) else ServerError
+        raise kind(f"{exc}{where}", status_code=exc.status_code, foreign=exc.foreign) from None
     if taken is not None:
         done(taken)
     return answer

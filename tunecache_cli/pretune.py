@@ -17,9 +17,10 @@ from typing import Any
 
 from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
-from tunecache_cli.args import add_server, preflight, server_url
+from tunecache_cli.args import add_server, check_count, preflight, server_url
 
 RETRY_POLL_SECONDS = 2.0  # pretune --local: how often it looks whether a retry is due
+UNCLAIMED_HINT_SECONDS = 30.0  # no job claimed this long: say how to start a worker, once
 
 
 def register(commands: Any) -> None:
@@ -58,8 +59,23 @@ def queue(client: Any, manifest: Any) -> tuple[list[str], int]:
     return followed, tuned
 
 
-def follow(client: Any, hashes: list[str], poll: float = 2.0) -> int:
-    """Prints progress until every followed job is done or failed; returns the failures."""
+def unclaimed_hint(manifest: Any, hashes: list[str]) -> str:
+    """What to run when no worker claims the followed jobs: a daemon for each device they need
+    (with the packages of the manifest's own kernels)."""
+    wanted = set(hashes)
+    devices = sorted({"cpu" if k.device.kind == "cpu" else "cuda"
+                      for k in manifest.keys if k.digest() in wanted})  # fmt: skip
+    kernels = f" --kernels {','.join(manifest.packages)}" if manifest.packages else ""
+    runs = " and ".join(f"`tunecache daemon --device {d}{kernels}`" for d in devices)
+    where = " on a machine with a GPU" if "cuda" in devices else ""
+    return f"no worker has claimed any of these jobs yet: start one with {runs}{where}; waiting"
+
+
+def follow(client: Any, hashes: list[str], poll: float = 2.0, *, hint: str = "",
+           hint_after: float = UNCLAIMED_HINT_SECONDS) -> int:  # fmt: skip
+    """Prints progress until every followed job is done or failed; returns the failures. When
+    no job was ever claimed after ``hint_after`` seconds, prints ``hint`` once (and goes on:
+    a daemon may start later)."""
     from tunecache_cli.progress import Countdown
 
     wanted = set(hashes)
@@ -73,6 +89,10 @@ def follow(client: Any, hashes: list[str], poll: float = 2.0) -> int:
         running = states.count("running")
         now = time.monotonic()
         elapsed = now - started
+        if hint and elapsed >= hint_after and all(j.state == "queued" and j.attempts == 0
+                                                  for j in jobs.values()):  # fmt: skip
+            print(f"{chr(10) if live else ''}{hint}", file=sys.stderr, flush=True)
+            hint = ""  # once
         before = done + failed if before is None else before  # not this run's pace
         if done + failed != finished and done + failed > before:  # a step: the pace as of now,
             finished = done + failed  # counted down until the next
@@ -169,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache.manifest import load_manifest
 
+    check_count("--trials", args.trials)
     manifest = load_manifest(args.manifest)  # a bad manifest stops here: nothing queued
     _check_strategies(manifest)
     preflight(server_url(args), "write", "queuing jobs")
@@ -182,4 +203,4 @@ def run(args: argparse.Namespace) -> int:
             _on_ray(client, manifest, args.trials, hashes, args.ray)
         if args.no_wait or not hashes:
             return 0
-        return 1 if follow(client, hashes) else 0
+        return 1 if follow(client, hashes, hint=unclaimed_hint(manifest, hashes)) else 0

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from tunecache.errors import InvalidInput
+from tunecache.key import BACKENDS, DTYPES
 from tunecache.timing import versus
 from tunecache_cli.args import add_server, server_url
 from tunecache_cli.table import ms, render
@@ -19,8 +20,8 @@ def register(commands: Any) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser("ls", help="records matching filters, newest first")
     listing.add_argument("--kernel", help="only this kernel")
-    listing.add_argument("--backend", help="only this backend")
-    listing.add_argument("--dtype", help="only this dtype")
+    listing.add_argument("--backend", help=f"only this backend ({', '.join(BACKENDS)})")
+    listing.add_argument("--dtype", help=f"only this dtype ({', '.join(DTYPES)})")
     listing.add_argument("--device-arch", metavar="ARCH", help="only this device arch")
     listing.add_argument("--all", action="store_true",
                          help="every record, not only each key's winner")  # fmt: skip
@@ -40,6 +41,10 @@ def run_ls(args: argparse.Namespace) -> int:
 
     if not 1 <= args.limit <= MAX_LIMIT:
         raise InvalidInput(f"--limit {args.limit}: expected 1 to {MAX_LIMIT}")
+    for flag, value, known in (("--backend", args.backend, BACKENDS),
+                               ("--dtype", args.dtype, DTYPES)):  # fmt: skip
+        if value is not None and value not in known:  # said here, not as the server's 422
+            raise InvalidInput(f"{flag} {value!r}: expected one of {', '.join(known)}")
     filters = {"kernel": args.kernel, "backend": args.backend, "dtype": args.dtype,
                "device_arch": args.device_arch, "limit": args.limit,
                "winners_only": None if args.all else True}  # fmt: skip
@@ -73,6 +78,8 @@ def run_show(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache_cli.get import describe
 
+    if args.record_id < 1:
+        raise InvalidInput(f"ID {args.record_id}: a record ID is a whole number from 1 up")
     with Client(server_url(args)) as client:
         record = client.get_record(args.record_id)
     if args.json:

@@ -2,8 +2,9 @@
 
 ``export`` writes the server's snapshot atomically to ``-o FILE`` (a file ``Client(snapshot=…)``
 answers lookups from, or one to bake into an image); ``import`` merges a file into a server, where
-the faster validated record of each key wins. Exit 0 done, 1 rejected by the server, 2 bad input
-(bad filter, unreadable or invalid file), 3 server unreachable.
+the faster validated record of each key wins. Exit 0 done, 1 rejected by the server for another
+reason, 2 bad input (bad filter, an output folder that does not exist, an unreadable or invalid
+file, or one the server refuses as invalid or too large: 400, 413, 422), 3 server unreachable.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pydantic import ValidationError
 
 from tunecache.errors import InvalidInput
 from tunecache.snapshot import SnapshotFilters
-from tunecache_cli.args import add_server, server_url
+from tunecache_cli.args import add_server, output_file, server_url
 
 
 def register(commands: Any) -> None:
@@ -59,6 +60,7 @@ def run_export(args: argparse.Namespace) -> int:
     from tunecache.snapshot import save_snapshot
 
     filters = _filters(args)
+    output_file("-o", args.output)  # its folder exists: said before the server is asked
     url = server_url(args)
     with Client(url) as client:
         document, etag = client.export_snapshot(

@@ -2,7 +2,8 @@
 
 Downloads the server's winners for this device's arch (the GPU's when one is visible, else this
 CPU's; or ``--arch``) to ``-o FILE`` (default: ``$TUNECACHE_SNAPSHOT``, else the user cache
-directory), atomically, and only when they changed (the file's ETag is sent as If-None-Match).
+directory, created if need be; ``-o``'s folder must exist), atomically, and only when they changed
+(the file's ETag is sent as If-None-Match).
 Run-time lookups read it with ``TUNECACHE_SNAPSHOT=FILE`` (or ``Client(snapshot=FILE)``).
 ``--timeout`` bounds the whole download, connecting to the last byte (default 60 s).
 Exit 0 written or up to date, 2 bad input, 3 server unreachable or too slow.
@@ -20,7 +21,7 @@ from typing import Any
 
 from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
-from tunecache_cli.args import add_server, server_url
+from tunecache_cli.args import add_server, output_file, server_url
 
 
 def register(commands: Any) -> None:
@@ -75,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         return write_folder(args)
     if args.device or args.accept:
         raise InvalidInput("--device and --accept go with --format vllm-moe")
+    if args.output is not None:  # before the server is asked; its folder is never created
+        output_file("-o", args.output)
     arch = args.arch or this_arch()
     path = args.output or default_path(arch)
     held = None

@@ -8,7 +8,19 @@ from pathlib import Path
 from typing import Any
 
 from tunecache.errors import InvalidInput
-from tunecache_cli.args import add_key, add_server, key_from_args, server_url, upload_url
+from tunecache_cli.args import (
+    MAX_SEED,
+    add_key,
+    add_server,
+    check_count,
+    check_seconds,
+    key_from_args,
+    output_file,
+    server_url,
+    upload_url,
+)
+
+DEFAULT_TRIALS = 32
 
 
 def register(commands: Any) -> None:
@@ -54,7 +66,8 @@ def register(commands: Any) -> None:
         "backend's own (the default where it has one: tvm: meta_schedule; inductor: "
         "inductor_max_autotune)",
     )
-    parser.add_argument("--trials", type=int, default=32, help="search budget in trials")
+    parser.add_argument("--trials", type=int,
+                        help=f"search budget in trials (default {DEFAULT_TRIALS})")  # fmt: skip
     parser.add_argument(
         "--seconds",
         type=float,
@@ -65,10 +78,44 @@ def register(commands: Any) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the search strategy")
     parser.add_argument("--workers", type=int, help="measurement worker processes")
     parser.add_argument("--landscape", type=Path, metavar="FILE",
-                        help="measure every valid config and write them to FILE")  # fmt: skip
+                        help="measure every valid config (exhaustively: no --trials, --strategy "
+                        "or --patience) and write them to FILE")  # fmt: skip
     parser.add_argument("--no-upload", action="store_true", help="tune and print, store nothing")
     add_server(parser)
     parser.set_defaults(run=run)
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """The budget and worker options in range, each refusal naming its option.
+
+    Raises:
+        InvalidInput: ``--trials``, ``--patience`` or ``--workers`` below 1, ``--seed`` outside
+            what the strategies take, ``--seconds`` not a positive number.
+    """
+    for flag, value in (("--trials", args.trials), ("--patience", args.patience),
+                        ("--workers", args.workers)):  # fmt: skip
+        check_count(flag, value)
+    check_count("--seed", args.seed, 0, MAX_SEED)
+    check_seconds("--seconds", args.seconds)
+
+
+def _check_landscape(args: argparse.Namespace) -> None:
+    """``--landscape FILE``: a file that can be written (said before the search, which may take
+    an hour), and no option that would leave configs of the space unmeasured.
+
+    Raises:
+        InvalidInput: the file's folder is missing or read-only, or ``--trials``,
+            ``--strategy`` or ``--patience`` was given with it.
+    """
+    if not args.landscape:
+        return
+    strategy = None if args.strategy == "exhaustive" else args.strategy  # what it runs anyway
+    given = [flag for flag, value in (("--trials", args.trials), ("--strategy", strategy),
+             ("--patience", args.patience)) if value is not None]  # fmt: skip
+    if given:
+        raise InvalidInput(f"--landscape measures every config of the space, exhaustively: leave "
+                           f"out {', '.join(given)} (--seconds bounds the time)")  # fmt: skip
+    output_file("--landscape", args.landscape)
 
 
 def _budget(args: argparse.Namespace) -> Any:
@@ -108,6 +155,7 @@ def _write_landscape(path: Path, outcome: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_numbers(args)
     if args.torch and args.tvm:
         raise InvalidInput("give one of --torch and --tvm, not both")
     if args.torch or args.tvm:
@@ -117,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
             )
         if args.landscape:
             raise InvalidInput("--landscape records a kernel key's space, not --torch/--tvm code")
+        args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
         if args.torch:
             from tunecache_cli import tune_torch
 
@@ -128,6 +177,8 @@ def run(args: argparse.Namespace) -> int:
                ("--shape", args.shape)) if not value]  # fmt: skip
     if missing:
         raise InvalidInput(f"tune needs {', '.join(missing)} (or --torch / --tvm FILE.py:NAME)")
+    _check_landscape(args)
+    args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
     return _run_key(args)
 
 

@@ -197,13 +197,28 @@ def _upload(url: str, mod: IRModule, target: dict[str, Any], records: list[Any])
         result = kept_upload(database.remote.client, url, items, "the upload")  # see outbox
     finally:
         database.close()
-    print(
-        f"uploaded {len(records)} validated records to {url} (partition "
-        f"{database.partition}; {result.stored} stored, {result.kept} kept)",
-        file=sys.stderr,
-    )
+    print(upload_summary(len(records), items, result, url, database.partition), file=sys.stderr)
     print(
         f"use them: compile_tir(tunecache.tvm.Database({url!r}, target={target!r}), mod, target)",
         file=sys.stderr,
     )
     return 0
+
+
+def upload_summary(validated: int, items: list[Any], result: Any, url: str, partition: str) -> str:
+    """What an upload sent and what the server did with it, each count named: the artifacts
+    are the module's workload and one per tuning record; the server ``stored`` those new or
+    better than what it held, and ``kept`` what it held for the others."""
+    from tunecache.tvm.wire import RECORD, WORKLOAD
+
+    records = sum(item.namespace == RECORD for item in items)
+    workloads = sum(item.namespace == WORKLOAD for item in items)
+    sent = f"{records} tuning record{'' if records == 1 else 's'}"
+    if workloads:
+        sent += f" and the module's workload{'' if workloads == 1 else f' ({workloads})'}"
+    return (
+        f"uploaded {validated} validated record{'' if validated == 1 else 's'} to {url} "
+        f"(partition {partition}) as {len(items)} artifacts ({sent}): the server stored "
+        f"{result.stored} (new, or better than what it held) and kept what it held for "
+        f"{result.kept}"
+    )
