@@ -174,3 +174,20 @@ def test_the_triton_drop_in_launches_whatever_the_server_answers() -> None:
         out, err = run({"TUNECACHE_URL": url, "TUNECACHE_TOKEN": ""})
     assert "POST /v1/lookup" in seen.requests
     assert "Traceback" not in err and out["bench"] > 0  # a miss: tuned here, as Triton does
+
+
+def test_a_page_that_is_not_tunecaches_is_named_as_such() -> None:
+    """A 200 HTML page (a wrong URL, a captive portal) was a failed call like an unreachable one:
+    ``tunecache get`` said exit 3, the server could not be reached."""
+
+    def portal(conn: socket.socket, request: Request, seen: Seen) -> None:
+        answer(conn, 200, b"<html>Sign in to the Wi-Fi</html>", identity=False,
+               content_type="text/html")  # fmt: skip
+
+    with (
+        serve(portal) as (url, _),
+        Client(url, timeout=SECONDS, token="") as client,
+        pytest.raises(ServerError, match="not a tunecache server") as refused,
+    ):
+        client.fetch(make_key())
+    assert refused.value.foreign

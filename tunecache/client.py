@@ -245,7 +245,7 @@ class Client(WorkerCalls):
                 return None
             if response.is_error:
                 raise rejected("POST", "/v1/lookup", response)
-            return LookupResponse.model_validate_json(response.content)
+            return parse(LookupResponse, response, "/v1/lookup")  # says what is not tunecache
         except (httpx.HTTPError, ValidationError, ValueError) as exc:
             raise ServerError(f"lookup at {self.url} failed: {type(exc).__name__}: {exc}") from exc
 
