@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -298,3 +299,17 @@ def test_tune_tvm_says_what_each_uploaded_count_is() -> None:
         "records and the module's workload): the server stored 4 (new, or better than what it "
         "held) and kept what it held for 2"
     )
+
+
+def test_a_path_in_the_url_that_no_route_has_is_refused_before_the_tune(
+    shared_server: LiveServer,
+) -> None:
+    """``--server http://host:port/tc`` on a tunecache server: every answer a 404 with its
+    identity, so the check before the tune took it for an older server, the whole tune ran, and
+    its record was filed as refused."""
+    started = time.monotonic()
+    done = tunecache("tune", "softmax", "--backend", "tvm", "--shape", "M=16,N=32", "--trials", "2",
+                     "--server", f"{shared_server.url}/tc")  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "is the path in the URL right?" in done.stderr and len(done.stderr.splitlines()) == 1
+    assert time.monotonic() - started < 30  # refused before tuning

@@ -7,6 +7,7 @@ import math
 import os
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tunecache.errors import InvalidInput, ServerError
 from tunecache.http import IDENTITY_HEADER
@@ -14,6 +15,9 @@ from tunecache.key import BACKENDS, DTYPES, Key, key_for
 from tunecache.problem import MAX_DIM, describe
 from tunecache.settings import Settings
 from tunecache.tokens import Scope, grants
+
+if TYPE_CHECKING:
+    from tunecache.client import Client
 
 PREFLIGHT_SECONDS = 2.0  # the server's answer to "may this token do that?"
 
@@ -112,7 +116,8 @@ def preflight(url: str, needed: Scope, doing: str, *, or_else: str = "") -> None
                 raise InvalidInput(f"{doing}: {url} is not a tunecache server (its answer to "
                                    f"/v1/whoami has no {IDENTITY_HEADER} header): is the URL "
                                    "right?") from None  # fmt: skip
-            if exc.status_code == 404:  # a tunecache server older than /v1/whoami
+            if exc.status_code == 404:  # a tunecache server older than /v1/whoami, or a path
+                _check_path(client, url, doing)  # in the URL that no tunecache route has
                 return
             if exc.status_code == 401:
                 raise ServerError(
@@ -126,6 +131,19 @@ def preflight(url: str, needed: Scope, doing: str, *, or_else: str = "") -> None
             f"{doing} needs the {needed!r} scope; {name} has {me.scope or 'none'} ({create})",
             status_code=403,
         )
+
+
+def _check_path(client: Client, url: str, doing: str) -> None:
+    """Raises :class:`InvalidInput` unless ``url`` answers ``/health`` (every tunecache server
+    has): a tunecache server behind ``url``'s host with a path that is none of its routes
+    (``http://host:8765/tc``) answers 404 to everything, which lookups take for misses."""
+    try:
+        client.health()
+    except ServerError as exc:
+        if exc.status_code == 404:
+            raise InvalidInput(f"{doing}: {url} answers 404 to /health, which every "
+                               "tunecache server answers: is the path in the URL right?"
+                               ) from None  # fmt: skip
 
 
 def add_key(parser: argparse.ArgumentParser, *, optional: bool = False) -> None:
