@@ -313,3 +313,23 @@ def test_a_path_in_the_url_that_no_route_has_is_refused_before_the_tune(
     assert done.returncode == 2, done.stderr
     assert "is the path in the URL right?" in done.stderr and len(done.stderr.splitlines()) == 1
     assert time.monotonic() - started < 30  # refused before tuning
+
+
+def test_get_says_how_the_time_was_measured_not_a_count_of_calls() -> None:
+    """``median of 7800`` was 200 samples of 39 calls each, and a Triton interpreter's time read
+    as a GPU's: the timer says both."""
+    from datetime import UTC, datetime
+
+    from tests.factories import make_record
+    from tunecache.schemas import RecordPublic
+    from tunecache_cli.get import describe
+
+    record = make_record()
+    for timer in ("perf_counter median of 200 samples x 39 calls",
+                  "host clock, Triton's interpreter (not a GPU's time)"):  # fmt: skip
+        timed = record.timing.model_copy(update={"timer": timer, "repeats": 7800})
+        public = RecordPublic(**{**record.model_dump(), "timing": timed, "id": 1,
+                                 "key_hash": record.key.digest(),
+                                 "created_at": datetime(2026, 1, 1, tzinfo=UTC)})  # fmt: skip
+        shown = describe(public)
+        assert f"ms ({timer})" in shown and "7800" not in shown, shown

@@ -33,7 +33,7 @@ def describe(record: RecordPublic) -> str:
     parts = [
         f"{record.key.to_key().short()}",
         f"  config     {record.config_summary or json.dumps(record.config)[:80]}",
-        f"  time       {ms(timing.median_ms)} ms (median of {timing.repeats}"
+        f"  time       {ms(timing.median_ms)} ms ({timing.timer}"
         f"{', the verifier' if timing is not record.timing else ''})",
         "  speedup    " + versus(record, than="torch eager"),
         "             " + versus(record, "default_config", than="the default config")
