@@ -28,6 +28,7 @@ class HeaderDeadline(_Protocol):
     """uvicorn's HTTP protocol, closing a connection whose next request's headers are late."""
 
     seconds: float | None = None  # from the settings, on first use in this process
+    _late: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
@@ -37,18 +38,31 @@ class HeaderDeadline(_Protocol):
         super().on_response_complete()
         self._await_headers()
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._late is not None:
+            self._late.cancel()
+        super().connection_lost(exc)
+
+    def _idle(self) -> bool:
+        """No request of this connection is running: none yet, or the last one answered (a
+        pipelined request whose headers came with an earlier one starts as that one ends)."""
+        return self.cycle is None or bool(self.cycle.response_complete)
+
     def _await_headers(self) -> None:
         """Closes the connection unless a request's headers have come ``seconds`` from now
         (uvicorn starts a new ``cycle`` for each request whose headers it has parsed)."""
-        if self.transport.is_closing():
+        if self._late is not None:
+            self._late.cancel()
+            self._late = None
+        if self.transport.is_closing() or not self._idle():
             return
         waiting = self.cycle
 
         def late() -> None:
-            if self.cycle is waiting and not self.transport.is_closing():
+            if self.cycle is waiting and self._idle() and not self.transport.is_closing():
                 self.transport.close()
 
-        self.loop.call_later(_seconds(), late)
+        self._late = self.loop.call_later(_seconds(), late)
 
 
 def _seconds() -> float:

@@ -101,3 +101,22 @@ def test_a_request_whose_headers_came_in_time_is_not_cut(strict_server: LiveServ
         assert conn.recv(65536).startswith(b"HTTP/1.1 200")
     finally:
         conn.close()
+
+
+def test_a_pipelined_request_whose_headers_came_with_the_first_is_not_cut(
+    strict_server: LiveServer,
+) -> None:
+    """Its headers came in time, with the first request's: the deadline, armed as the first was
+    answered, took the running second request for a late one and closed its connection."""
+    conn = _connect(strict_server)
+    body = b'{"key": "not a key"}'
+    try:
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                     b"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                     b"\r\nContent-Length: %d\r\n\r\n" % len(body))  # fmt: skip
+        assert _open_after(conn, 0.2 * len(body) + 0.2, body[:-1])  # its body: 4 s
+        conn.sendall(body[-1:])
+        time.sleep(0.5)
+        assert conn.recv(65536).count(b"HTTP/1.1 ") >= 1  # the second answer (the first is read)
+    finally:
+        conn.close()

@@ -191,3 +191,15 @@ def test_a_page_that_is_not_tunecaches_is_named_as_such() -> None:
     ):
         client.fetch(make_key())
     assert refused.value.foreign
+
+
+def test_an_unchanged_snapshot_is_read_whatever_encoding_a_proxy_names() -> None:
+    """A 304 has no body to inflate: a caching proxy that repeats ``Content-Encoding`` on it is
+    not refused (the encoded-answer refusal would have made every unchanged sync fail)."""
+
+    def unchanged(conn: socket.socket, request: Request, seen: Seen) -> None:
+        conn.sendall(f"HTTP/1.1 304 Not Modified\r\nETag: \"v1\"\r\nContent-Encoding: gzip\r\n"
+                     f"{IDENTITY}\r\n".encode())  # fmt: skip
+
+    with serve(unchanged) as (url, _), Client(url, timeout=SECONDS, token="") as client:
+        assert client.export_snapshot("cpu-avx2", if_none_match='"v1"') == (None, '"v1"')

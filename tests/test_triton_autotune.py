@@ -370,7 +370,7 @@ def test_a_pick_that_fails_validation_never_runs_into_the_callers_tensors() -> N
         "bench": 3,
     }
     assert "failed validation (relative error" in done.stderr
-    assert "this call and the later ones launch the first config" in done.stderr
+    assert "this call and the later ones launch BLOCK: 128" in done.stderr
 
 
 def test_a_kernel_has_one_key_however_its_file_is_run(tmp_path: Path) -> None:

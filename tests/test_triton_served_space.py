@@ -189,3 +189,35 @@ def test_a_config_failing_the_kernels_static_assert_at_this_call_is_refused() ->
     assert small is not None and "fails the kernel's tl.static_assert at this call" in small
     assert "tl.static_assert(BLOCK_D >= D)" in small
     assert wide is None and isinstance(wide_bytes, int)
+
+
+PRUNED_FIRST = """
+import json, torch, triton
+import tunecache.triton, tunecache.triton.autotuner as autotuner
+from tests.user_triton_served import _masked, hostile_client
+from tests.user_triton_served_space import divides
+client = hostile_client(_masked, {})  # every lookup a miss
+autotuner.shared_client = lambda *a: client
+configs = [triton.Config({"BLOCK": 64, "EVEN": e}, num_warps=1) for e in (True, False)]
+configs.append(triton.Config({"BLOCK": 32, "EVEN": False}, num_warps=1))
+kernel = tunecache.triton.autotune(configs=configs, key=["n"], on_miss="tune",
+                                   prune_configs_by={"early_config_prune": divides})(_masked)
+n, runs = 100, []
+for _ in range(2):
+    x, y = torch.randn(n, generator=torch.Generator().manual_seed(1)), torch.full((n,), 7.0)
+    kernel[lambda m: (triton.cdiv(n, m["BLOCK"]),)](x, y, n)
+    runs.append([bool(torch.allclose(y, x * 2 + 1)), kernel.best_config.kwargs["EVEN"]])
+print(json.dumps(runs))
+"""
+
+
+def test_a_winner_is_checked_against_a_config_the_kernel_keeps_for_the_call() -> None:
+    """Without ``reference=``, the tuned winner is compared with the first config the kernel's
+    prune keeps for the call, and a wrong one falls back to it: the first listed config
+    (``EVEN=True``, wrong where 64 does not divide 100) made a right winner fail its check, and
+    was launched instead of it from then on."""
+    done = subprocess.run([sys.executable, "-c", PRUNED_FIRST], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [[True, False], [True, False]]
+    assert "failed validation" not in done.stderr, done.stderr

@@ -250,10 +250,11 @@ class DeadlineTransport(httpx.HTTPTransport):
         pool._network_backend = _DeadlineBackend()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        """The answer, refused if encoded: its decoded size would escape :func:`answer_limit`."""
+        """The answer, refused if encoded: its decoded size would escape :func:`answer_limit`
+        (a 204 or 304 has no body to decode: a proxy may repeat the header on them)."""
         response = super().handle_request(request)
         coding = response.headers.get("content-encoding", "identity").strip().lower()
-        if coding not in ("", "identity"):
+        if coding not in ("", "identity") and response.status_code not in (204, 304):
             response.close()
             raise httpx.DecodingError(f"the answer is encoded ({coding[:40]}), though the "
                                       "request asked for none (Accept-Encoding: identity)",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +40,7 @@ from tunecache.problem import describe
 from tunecache.schemas import CheckModel
 from tunecache.settings import Settings, interpret_enabled, settings_without_bad
 from tunecache.triton import hostbench
-from tunecache.triton.check import SEED, compare_outputs, fresh_call
+from tunecache.triton.check import SEED, compare_outputs, finish, fresh_call, out_of_memory
 from tunecache.triton.hostbench import host_bench
 from tunecache.triton.keys import (
     KernelIdentity,
@@ -50,6 +51,7 @@ from tunecache.triton.keys import (
     misfit,
     triton_config,
 )
+from tunecache.triton.picks import Picks, TuningCall
 from tunecache.triton.pruning import CallPrune, early_config_prune
 from tunecache.triton.record import (
     DO_BENCH_TIMER,
@@ -112,12 +114,10 @@ class CachedAutotuner(Autotuner):
         self.on_miss, self.reference, self.verify = on_miss, reference, verify
         self.benchmarked = 0  # tuning keys Triton benchmarked in this process
         self._warned: set[str] = set()
-        # Triton's picks go through _checked_pick: the call being tuned (its key, tuning key and
-        # arguments), the configs benchmarked for it, and what its pick's check found.
-        self.cache: dict[Any, Config] = _Picks(self._checked_pick)
-        self._tuning: tuple[Key, tuple[Any, ...], tuple[Any, ...], dict[str, Any]] | None = None
-        self._benches = 0
-        self._picked: tuple[Config, CheckModel | None] | None = None
+        # Triton's picks go through _checked_pick; what it needs is the calling thread's own
+        # (two threads may tune two keys at once): TuningCall.
+        self.cache: dict[Any, Config] = Picks(self._checked_pick)
+        self._calls = threading.local()
 
     @functools.cached_property
     def identity(self) -> KernelIdentity:
@@ -131,6 +131,15 @@ class CachedAutotuner(Autotuner):
         tuning_key = self._triton_key(arguments)
         if len(self.configs) < 2 or tuning_key in self.cache:
             return super().run(*args, **kwargs)
+        try:
+            return self._new_key(arguments, tuning_key, args, kwargs)
+        finally:  # what this thread held of the call (its tensors among it) is let go
+            self._calls.now = self._calls.pruning = None
+
+    def _new_key(self, arguments: dict[str, Any], tuning_key: tuple[Any, ...],
+                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:  # fmt: skip
+        """The first launch at ``tuning_key``: served, else tuned (and checked, and uploaded) or
+        the first config, as Triton launches."""
         key = self._key(arguments)
         if key is not None:
             self._resolve(key, tuning_key, args, kwargs)
@@ -143,45 +152,66 @@ class CachedAutotuner(Autotuner):
             # Triton sets the timings only when it benchmarks (not when pruning leaves one
             # config): whatever is there after the run was measured for this key.
             self.configs_timings: dict[Config, Any] = {}
-            self._benches, self._picked = 0, None
-            self._tuning = None if key is None else (key, tuning_key, args, kwargs)
+            self._calls.now = None if key is None else TuningCall(key, tuning_key, args, kwargs)
         started = time.perf_counter()
-        try:
-            out = super().run(*args, **kwargs)
-        finally:
-            self._tuning = None
+        out = super().run(*args, **kwargs)
+        call = self._call()
         if tuned:
             timings = dict(getattr(self, "configs_timings", None) or {})
             self.benchmarked += bool(timings)
-            if key is not None:
-                self._tuned(key, tuning_key, args, kwargs, timings,
-                            time.perf_counter() - started)  # fmt: skip
+            if call is not None:
+                self._tuned(call, timings, time.perf_counter() - started)
         if _distributed():
             _broadcast(config_json(self.cache[tuning_key]))
         return out
 
+    def _call(self) -> TuningCall | None:
+        return getattr(self._calls, "now", None)
+
     def _bench(self, *args: Any, **kwargs: Any) -> Any:
-        self._benches += 1  # Triton benchmarks this call: the pick it stores next is checked
+        if (call := self._call()) is not None:
+            call.timed = True  # the pick Triton stores next comes from timings: it is checked
         return super()._bench(*args, **kwargs)
 
+    def check_disk_cache(self, tuning_key: Any, configs: Any, bench_fn: Any) -> Any:
+        if (call := self._call()) is not None:
+            call.timed = True  # a pick from timings on disk (``cache_results``) is checked too
+        return super().check_disk_cache(tuning_key, configs, bench_fn)
+
+    def _pruning(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> CallPrune | None:
+        """The kernel's ``early_config_prune`` for this call (``None``: it has none), made once
+        per call: fitting served configs, the fallback and the reference share its one run."""
+        held = getattr(self._calls, "pruning", None)
+        if held is not None and held[0] is args:
+            return held[1]
+        prune = early_config_prune(self, self.prune_given)
+        positional = dict(zip(self.arg_names, args, strict=False))  # Triton's ``nargs``
+        pruning = None if prune is None else CallPrune(prune, self.configs, positional, kwargs)
+        self._calls.pruning = (args, pruning)
+        return pruning
+
+    def _first(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Config:
+        """The first config the kernel's ``early_config_prune`` keeps for this call."""
+        pruning = self._pruning(args, kwargs)
+        return self.configs[0] if pruning is None else pruning.first()
+
     def _checked_pick(self, tuning_key: Any, config: Config) -> Config:
-        """What Triton's cache stores for ``tuning_key``: ``config``, unless Triton has just
-        benchmarked the call being tuned and picked ``config``, which then runs on fresh copies
-        of the call's arguments first; a wrong one is replaced by the first listed config before
-        Triton launches the pick into the caller's tensors."""
-        tuning = self._tuning
-        if tuning is None or tuning[1] != tuning_key or not self._benches:
+        """What Triton's cache stores for ``tuning_key``: ``config``, unless it is Triton's pick
+        from timings for the call this thread is tuning, which then runs on fresh copies of the
+        call's arguments first; a wrong one is replaced by the first config the kernel keeps for
+        the call before Triton launches the pick into the caller's tensors."""
+        call = self._call()
+        if call is None or call.tuning_key != tuning_key or not call.timed or call.picked:
             return config
-        self._tuning = None  # once per call
-        key, _, args, kwargs = tuning
-        check = self._validate(key, config, args, kwargs)
-        self._picked = (config, check)
+        check = self._validate(call.key, config, call.args, call.kwargs)
+        call.picked = (config, check)
         if check is None or check.passed:
             return config
-        self._warn_once("wrong", f"{key.short()}: the tuned config {config} failed validation "
-                                 f"({check.failure()}); this call and the later ones launch the "
-                                 "first config")  # fmt: skip
-        return self.configs[0]
+        first = self._first(call.args, call.kwargs)
+        self._warn_once("wrong", f"{call.key.short()}: the tuned config {config} failed "
+                                 f"validation ({check.failure()}); this call and the later ones "
+                                 f"launch {first}, the first the kernel keeps")  # fmt: skip
+        return first
 
     def _validate(self, key: Key, config: Config, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> CheckModel | None:  # fmt: skip
@@ -241,7 +271,7 @@ class CachedAutotuner(Autotuner):
                 self.cache[tuning_key] = chosen
                 return
         if self.on_miss == "default":
-            self.cache[tuning_key] = self.configs[0]
+            self.cache[tuning_key] = self._first(args, kwargs)
 
     def _admission(self, args: tuple[Any, ...],
                    kwargs: dict[str, Any]) -> Callable[[dict[str, Any]], Config | str]:  # fmt: skip
@@ -249,9 +279,7 @@ class CachedAutotuner(Autotuner):
         or why it is never launched (warned once per kernel): outside the kernel's space, or
         dropped by its ``early_config_prune`` for this call's arguments (run as Triton runs it,
         at most once per candidate set; a prune that raises is a miss, not the user's error)."""
-        prune = early_config_prune(self, self.prune_given)
-        positional = dict(zip(self.arg_names, args, strict=False))  # Triton's ``nargs``
-        call = None if prune is None else CallPrune(prune, self.configs, positional, kwargs)
+        call = self._pruning(args, kwargs)
 
         def admit(config: dict[str, Any]) -> Config | str:
             placed = self.space.place(config)
@@ -284,34 +312,34 @@ class CachedAutotuner(Autotuner):
 
         return verify
 
-    def _tuned(self, key: Key, tuning_key: tuple[Any, ...], args: tuple[Any, ...],
-               kwargs: dict[str, Any], timings: dict[Config, Any],
-               seconds: float) -> None:  # fmt: skip
+    def _tuned(self, call: TuningCall, timings: dict[Config, Any], seconds: float) -> None:
         """Uploads Triton's pick, checked before its launch (:meth:`_checked_pick`), with
         ``timings`` (the ones measured for this key); a wrong pick is stored nowhere. A pick
         Triton made without benchmarking here (from its own disk cache) is checked now, after
         its launch: a wrong one is replaced by the first config for the later calls."""
+        key, tuning_key, args, kwargs, picked = (call.key, call.tuning_key, call.args,
+                                                 call.kwargs, call.picked)  # fmt: skip
         winner = self.cache[tuning_key]
         if not timings:
             logger.info("%s: Triton launched %s without benchmarking (one config left after "
                         "pruning): nothing tuned, nothing uploaded", key.short(),
                         winner)  # fmt: skip
             return
-        picked, self._picked = self._picked, None
+        first = self._first(args, kwargs)
         if picked is None:
             check = self._validate(key, winner, args, kwargs)
             if check is not None and not check.passed:
                 self._warn_once("wrong", f"{key.short()}: the config {winner} Triton picked "
                                          f"failed validation ({check.failure()}) after this "
-                                         "call's launch; the later calls launch the first "
-                                         "config")  # fmt: skip
-                self.cache[tuning_key] = self.configs[0]
+                                         f"call's launch; the later calls launch {first}, the "
+                                         "first the kernel keeps")  # fmt: skip
+                self.cache[tuning_key] = first
         else:
             winner, check = picked
         if check is None or not check.passed:
             return
         against = reference_label(self.reference is not None, key.dtype)
-        record = build_record(key, winner, timings, self.configs[0], validated(check, against),
+        record = build_record(key, winner, timings, first, validated(check, against),
                               seconds, timer=self.timer)  # fmt: skip
         if record is None:
             self._warn_once("timing", f"{key.short()}: no usable timings; not uploaded")
@@ -334,15 +362,15 @@ class CachedAutotuner(Autotuner):
                 named = {k: v for k, v in want[1].items() if k in self.arg_names}
                 self.reference(*want[0], **named)
             else:
-                self._launch(self.configs[0], *want)
-            _finish(want)  # a device's error surfaces here, not in the config's run
+                self._launch(self._first(args, kwargs), *want)
+            finish(want)  # a device's error surfaces here, not in the config's run
         except Exception as exc:
             raise CheckUnavailable(f"the reference's run: {one_line(exc)}") from exc
         try:
             self._launch(config, *got)
-            _finish(got)
+            finish(got)
         except Exception as exc:
-            if _out_of_memory(exc):
+            if out_of_memory(exc):
                 raise CheckUnavailable(f"the config's run: {one_line(exc)}") from exc
             raise
         try:
@@ -367,26 +395,6 @@ class CachedAutotuner(Autotuner):
         log = logger.debug if what in self._warned else logger.warning
         self._warned.add(what)
         log("tunecache.triton: %s", message)
-
-
-def _finish(call: tuple[list[Any], dict[str, Any]]) -> None:
-    """Waits for the work queued on the GPUs of ``call``'s tensors."""
-    import torch
-
-    devices = {v.device for v in [*call[0], *call[1].values()] if isinstance(v, torch.Tensor)}
-    for device in devices:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    if torch.cuda.is_initialized():  # Triton launches on the current device
-        torch.cuda.synchronize()
-
-
-def _out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` says the device (or host) ran out of memory: a state of this process.
-    Triton's driver says so in a plain RuntimeError when loading a module (the first launch of
-    a config) finds no memory; the text is the driver's, not a record's."""
-    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
-            or (isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()))  # fmt: skip
 
 
 def _interpreted() -> bool:
@@ -480,16 +488,3 @@ def autotune(
 
 
 __all__ = ["CachedAutotuner", "autotune"]
-
-
-class _Picks(dict[Any, Config]):
-    """Triton's per-key cache of chosen configs, each stored as ``pick(key, config)`` says:
-    Triton stores its pick and then launches it into the caller's tensors, so the pick is
-    checked on its way in (:meth:`CachedAutotuner._checked_pick`)."""
-
-    def __init__(self, pick: Callable[[Any, Config], Config]) -> None:
-        super().__init__()
-        self._pick = pick
-
-    def __setitem__(self, key: Any, config: Config) -> None:
-        super().__setitem__(key, self._pick(key, config))

@@ -137,3 +137,23 @@ def _check(problem: Mapping[str, Any], rel: float | None, max_abs: float | None,
     return CheckModel(problem=dict(problem), seed=SEED, rel_error=rel,
                       max_abs_error=max_abs, tolerance=tolerance,
                       passed=rel is not None and rel <= tolerance, note=note)  # fmt: skip
+
+
+def finish(call: tuple[list[Any], dict[str, Any]]) -> None:
+    """Waits for the work queued on the GPUs of ``call``'s tensors."""
+    import torch
+
+    devices = {v.device for v in [*call[0], *call[1].values()] if isinstance(v, torch.Tensor)}
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    if torch.cuda.is_initialized():  # Triton launches on the current device
+        torch.cuda.synchronize()
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says the device (or host) ran out of memory: a state of this process.
+    Triton's driver says so in a plain RuntimeError when loading a module (the first launch of
+    a config) finds no memory; the text is the driver's, not a record's."""
+    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+            or (isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()))  # fmt: skip

@@ -52,27 +52,40 @@ class CallPrune:
                  kwargs: Mapping[str, Any]) -> None:  # fmt: skip
         self.prune, self.listed = prune, list(listed)
         self.args, self.kwargs = dict(args), dict(kwargs)
-        self._kept: dict[str, frozenset[str] | str] = {}  # candidates → kept configs, or why not
+        # candidates ("": the listed ones) → the configs kept, in order, or why it cannot tell
+        self._kept: dict[str, list[Config] | str] = {}
 
     def problem(self, chosen: Config) -> str | None:
         """Why ``chosen`` (a listed config, or one built from a declared space) must not be
         launched for this call: the prune drops it, or raised; else ``None``."""
         mine = identity_of(flat_of(chosen))
         extra = None if any(config is chosen for config in self.listed) else chosen
-        candidates = "" if extra is None else mine
-        if candidates not in self._kept:
-            self._kept[candidates] = self._survivors(extra)
-        kept = self._kept[candidates]
+        kept = self._survivors(extra, "" if extra is None else mine)
         if isinstance(kept, str):
             return kept
-        return None if mine in kept else "pruned for this call by the kernel's early_config_prune"
+        if mine in {identity_of(flat_of(config)) for config in kept}:
+            return None
+        return "pruned for this call by the kernel's early_config_prune"
 
-    def _survivors(self, extra: Config | None) -> frozenset[str] | str:
-        """The values of the configs the prune keeps from the listed ones (and ``extra``), or
-        why it could not tell: a user's function may raise, or return anything."""
-        candidates = [*self.listed, *([] if extra is None else [extra])]
+    def first(self) -> Config:
+        """The first config the prune keeps of the listed ones, as Triton would run it: what a
+        wrong winner falls back to, and what a winner is compared with when there is no
+        reference (the first listed config may be one the prune drops as wrong at this call).
+        The first listed where the prune raises or keeps none."""
+        kept = self._survivors(None, "")
+        return self.listed[0] if isinstance(kept, str) or not kept else kept[0]
+
+    def _survivors(self, extra: Config | None, candidates: str) -> list[Config] | str:
+        """The configs the prune keeps from the listed ones (and ``extra``), run once per set of
+        candidates, or why it could not tell: a user's function may raise, or return anything."""
+        if candidates in self._kept:
+            return self._kept[candidates]
+        offered = [*self.listed, *([] if extra is None else [extra])]
         try:
-            kept = self.prune(candidates, dict(self.args), **self.kwargs)
-            return frozenset(identity_of(flat_of(config)) for config in kept)
+            found: list[Config] | str = list(self.prune(offered, dict(self.args), **self.kwargs))
+            for config in found:
+                identity_of(flat_of(config))  # a config, or it raises: anything may come back
         except Exception as exc:  # never into the user's launch: the served config is a miss
-            return f"not judged by the kernel's early_config_prune, which raised {one_line(exc)}"
+            found = f"not judged by the kernel's early_config_prune, which raised {one_line(exc)}"
+        self._kept[candidates] = found
+        return found
