@@ -314,9 +314,9 @@ class CachedAutotuner(Autotuner):
 
     def _tuned(self, call: TuningCall, timings: dict[Config, Any], seconds: float) -> None:
         """Uploads Triton's pick, checked before its launch (:meth:`_checked_pick`), with
-        ``timings`` (the ones measured for this key); a wrong pick is stored nowhere. A pick
-        Triton made without benchmarking here (from its own disk cache) is checked now, after
-        its launch: a wrong one is replaced by the first config for the later calls."""
+        ``timings`` (the ones measured for this key); a wrong pick is stored nowhere. A pick that
+        reached the cache unchecked (a Triton whose ``_bench`` and ``check_disk_cache`` are named
+        otherwise) is checked now, after its launch: a wrong one is replaced for the later calls."""
         key, tuning_key, args, kwargs, picked = (call.key, call.tuning_key, call.args,
                                                  call.kwargs, call.picked)  # fmt: skip
         winner = self.cache[tuning_key]
