@@ -394,6 +394,7 @@ def test_cli_export_import_round_trip(server: LiveServer, tmp_path: Path) -> Non
     upload(server.url, make_record(make_key(128), time_ms=2.0))
     upload(server.url, make_record(gpu_key(), time_ms=0.1))
     out = tmp_path / "snap" / "cpu.json"
+    out.parent.mkdir()  # -o's folder is never created (docs/cli.md): a mistyped one is said
 
     done = tunecache("snapshot", "export", "--arch", ARCH, "--server", server.url, "-o", str(out))
     assert done.returncode == 0, done.stderr
