@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import LiveServer
-from tests.factories import make_record
+from tests.factories import issue_token, make_record
 from tunecache import key_for
 from tunecache.client import Client
 from tunecache.errors import InvalidInput
 from tunecache.key import Key
+from tunecache.measured import BaselineModel, Speedup
+from tunecache.schemas import RecordCreate
 
 REPO = Path(__file__).resolve().parents[1]
 PROBLEM = {"M": 64, "N": 48, "K": 32}
@@ -118,3 +120,52 @@ def test_an_unreachable_server_is_exit_3(tmp_path: Path) -> None:
 def test_best_refuses_what_no_backend_could_serve() -> None:
     with Client("http://127.0.0.1:9") as client, pytest.raises(InvalidInput, match="float64"):
         client.resolver.best("matmul", PROBLEM, "float64", backends=["triton"])
+
+
+def with_eager(key: Key, time_ms: float, eager_ms: float, speedup: float) -> RecordCreate:
+    """A record whose interleaved comparison with torch eager found ``speedup`` (per-round
+    ratios' median), which the ratio of the two medians need not equal."""
+    record = make_record(key, time_ms=time_ms)
+    eager = BaselineModel(name="torch_eager", timing=make_record(key, time_ms=eager_ms).timing,
+                          speedup=Speedup(median=speedup, low=speedup * 0.9, high=speedup * 1.1,
+                                          rounds=5))  # fmt: skip
+    return record.model_copy(update={"baselines": [eager]})
+
+
+def table_row(text: str, backend: str) -> list[str]:
+    row = next(line for line in text.splitlines() if line.startswith(backend))
+    return [cell.strip() for cell in row.split("  ") if cell.strip()]
+
+
+def test_one_ratio_to_eager_and_the_device_that_measured_each_time(server: LiveServer) -> None:
+    """Eager beat the record: the table's "vs best" and "vs torch eager" say one number (the
+    record's interleaved comparison: 2.0 ms against 1.0 ms, rounds' median 0.6 = 1.67x, not the
+    2.00x the medians' ratio gives); once a verifier re-timed the record, its time is said to be
+    the verifier's device's, and eager's the uploader's."""
+    from tunecache.verification import VerificationCreate
+
+    key = key_for("matmul", "tvm", PROBLEM, "float32")
+    slower = key_for("matmul", "inductor", PROBLEM, "float32")
+    with Client(server.url) as client:
+        record_id = client.upload(with_eager(key, 2.0, 1.0, 0.6)).record_id
+        client.upload(with_eager(slower, 3.0, 1.1, 0.4))
+    shown = cli(server, "best", "matmul", "--shape", SHAPE, "--backends", "tvm,inductor")
+    assert shown.returncode == 0, shown.stderr
+    assert "tvm's, the fastest, is 1.67x slower than torch eager" in shown.stdout
+    assert table_row(shown.stdout, "tvm")[2:4] == [
+        "1.67x", "1.67x slower than torch eager (1.52-1.85x)"]  # fmt: skip
+    assert table_row(shown.stdout, "inductor")[2] == "2.50x"  # its own comparison, not 3.0 / 1.0
+    assert table_row(shown.stdout, "torch eager")[2] == "fastest"
+
+    with Client(server.url, token=issue_token(server.url, "verify")) as client:
+        assert client.claim_verification("v1", device_arch=key.device.arch, backends=["tvm"])
+        client.submit_verification(record_id, VerificationCreate(
+            worker="v1", outcome="passed", device_name="verifier-cpu",
+            timing=make_record(key, time_ms=2.2).timing,
+            validation=make_record(key).validation))  # fmt: skip
+    shown = cli(server, "best", "matmul", "--shape", SHAPE, "--backends", "tvm,inductor")
+    assert shown.returncode == 0, shown.stderr
+    tvm, eager = table_row(shown.stdout, "tvm"), table_row(shown.stdout, "torch eager")
+    assert tvm[1] == "2.2" and tvm[4] == f"{key.device.arch} verifier-cpu"
+    assert eager[1] == "1" and eager[4] == f"{key.device.arch} {key.device.name}"
+    assert tvm[2] == "1.67x"  # still the record's own comparison, not 2.2 / 1.0

@@ -24,7 +24,8 @@ class LookupResult:
     lookup rule matched (:mod:`tunecache.rules`: ``exact``, ``same_arch``, ``bucket``) and
     ``policy`` under which version policy; both are ``None`` for the default. ``time_ms``,
     ``device`` (``arch name``) and ``problem`` say what the served record was timed at, where
-    (``time_ms``: the verifier's time once a verifier re-timed it, else the uploader's claim).
+    (``time_ms``: the verifier's time once a verifier re-timed it, else the uploader's claim;
+    ``device``: the device that measured ``time_ms``).
     """
 
     config: dict[str, Any] | None
@@ -42,12 +43,12 @@ class LookupResult:
     def served(cls, record: RecordCreate, source: SourceName, rule: Rule | None,
                policy: VersionPolicy | None) -> LookupResult:  # fmt: skip
         """The answer that serves ``record`` (a server's :class:`RecordPublic` is kept)."""
-        device = record.key.device
         public = record if isinstance(record, RecordPublic) else None
         timing = record.timing if public is None else public.believed_timing
+        timed_on = record.key.device.name if public is None else public.timed_on
         return cls(
             record.config, source, public, rule, policy, timing.median_ms,
-            f"{device.arch} {device.name}", dict(record.key.problem), record,
+            f"{record.key.device.arch} {timed_on}", dict(record.key.problem), record,
         )  # fmt: skip
 
     @property

@@ -396,10 +396,21 @@ class RecordPublic(RecordCreate):
     def believed_timing(self) -> TimingModel:
         """The verifier's timing once a verifier passed the record, else the uploader's: the
         time the server ranks it by."""
+        check = self._timed_by_verifier()
+        return check.timing if check is not None and check.timing is not None else self.timing
+
+    @property
+    def timed_on(self) -> str:
+        """The name of the device that measured :attr:`believed_timing`: the verifier's, else the
+        uploader's (the key's device)."""
+        check = self._timed_by_verifier()
+        return self.key.device.name if check is None else check.device_name
+
+    def _timed_by_verifier(self) -> VerificationPublic | None:
         check = self.verification
         if self.status == "verified" and check is not None and check.timing is not None:
-            return check.timing
-        return self.timing
+            return check
+        return None
 
     def trust_text(self) -> str:
         """Who vouches for the record, in a line: ``verified by cpu-verifier …``."""

@@ -61,35 +61,27 @@ def run(args: argparse.Namespace) -> int:
 
 def _as_text(kernel: str, shape: str, dtype: str, answer: Any) -> str:
     winner = answer.winner
-    best_ms = None if winner is None else winner.time_ms
     head = f"{kernel} {shape} {dtype}: "
     if winner is None:
         head += "no backend has a validated record"
     elif answer.eager_faster:
         head += (f"fastest is torch eager ({ms(answer.eager_ms)} ms): no tuned record beats it; "
                  f"{winner.backend}'s, the fastest, is {winner.result.vs_eager}")  # fmt: skip
-        best_ms = answer.eager_ms  # every time below is relative to eager's
     else:
-        head += f"fastest is {winner.backend} ({ms(best_ms)} ms)"
+        head += f"fastest is {winner.backend} ({ms(winner.time_ms)} ms)"
         runner_up = answer.answers[1] if len(answer.answers) > 1 else None
-        if runner_up is not None and runner_up.time_ms is not None and best_ms:
-            head += f", {runner_up.time_ms / best_ms:.2f}x faster than {runner_up.backend}"
-    rows = []
-    if answer.eager_ms is not None and winner is not None:
-        relative = f"{answer.eager_ms / best_ms:.2f}x" if best_ms else "-"
-        rows.append(["torch eager", ms(answer.eager_ms),
-                     "fastest" if answer.eager_faster else relative, "-", winner.device or "-",
-                     "-", f"timed with {winner.backend}'s record"])  # fmt: skip
+        if runner_up is not None and runner_up.time_ms is not None and winner.time_ms:
+            head += f", {runner_up.time_ms / winner.time_ms:.2f}x faster than {runner_up.backend}"
+    rows = [_eager_row(answer)] if answer.eager_ms is not None and winner is not None else []
     for a in answer.answers:
         result = a.result
         if result is None:
             rows.append([a.backend, "-", "-", "-", "-", "-", (a.why_not or "").split(":")[0]])
             continue
-        ratio = f"{a.time_ms / best_ms:.2f}x" if best_ms and a.time_ms else "-"
         record = f"#{result.record.id}" if result.record is not None else result.source
         marks = [m for m, on in (("slower than eager", result.slower_than_eager),
                                  ("noisy", result.noisy)) if on]  # fmt: skip
-        rows.append([a.backend, ms(a.time_ms), ratio, result.vs_eager or "-",
+        rows.append([a.backend, ms(a.time_ms), _vs_best(answer, a), result.vs_eager or "-",
                      result.device or "-", result.rule or "-",
                      " ".join([record, *(f"({m})" for m in marks)])])  # fmt: skip
     if rows and not answer.eager_faster and answer.eager_ms is not None:
@@ -97,6 +89,34 @@ def _as_text(kernel: str, shape: str, dtype: str, answer: Any) -> str:
     table = render(["backend", "time ms", "vs best", "vs torch eager", "timed on", "rule",
                     "record"], rows)  # fmt: skip
     return f"{head}\n{table}\n{answer.note}"
+
+
+def _speedup(row: Any) -> float | None:
+    """How many times faster than torch eager ``row``'s record ran, by its own interleaved
+    comparison (eager's time and the record's may come from different devices: a verifier
+    re-times the record, not eager)."""
+    served = row.result.served_record
+    return None if served is None else served.speedup()
+
+
+def _vs_best(answer: Any, row: Any) -> str:
+    """``row``'s time over the fastest contender's. Behind torch eager, the record's own
+    comparison with eager: the number its "vs torch eager" cell says, not a ratio of medians
+    measured apart."""
+    speedup = _speedup(row) if answer.eager_faster else None
+    if speedup:
+        return f"{1 / speedup:.2f}x"
+    fastest = answer.eager_ms if answer.eager_faster else answer.winner.time_ms
+    return f"{row.time_ms / fastest:.2f}x" if fastest and row.time_ms is not None else "-"
+
+
+def _eager_row(answer: Any) -> list[str]:
+    winner = answer.winner
+    speedup = _speedup(winner)
+    relative = "fastest" if answer.eager_faster else f"{speedup:.2f}x" if speedup else "-"
+    device = winner.result.served_record.key.device  # eager was timed by the record's uploader
+    return ["torch eager", ms(answer.eager_ms), relative, "-", f"{device.arch} {device.name}",
+            "-", f"timed with {winner.backend}'s record"]  # fmt: skip
 
 
 def _as_json(answer: Any) -> dict[str, Any]:
