@@ -114,6 +114,15 @@ def sqlite_server(tmp: Path) -> Iterator[LiveServer]:
     live.stop()
 
 
+@pytest.fixture(autouse=True)
+def own_outbox(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test its own outbox: an upload one test could not send (to a port since closed)
+    never meets another test's server that a reused port put at the same URL."""
+    folder = tmp_path_factory.mktemp("outbox")
+    monkeypatch.setenv("TUNECACHE_OUTBOX", str(folder))
+    return folder
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[LiveServer]:
     """A fresh uvicorn cache server on loopback over a new SQLite file."""

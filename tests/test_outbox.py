@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import start_server
+from tests.conftest import LiveServer, start_server
 from tests.factories import make_key, make_record
+from tunecache import outbox
 from tunecache.client import Client
 from tunecache.errors import ServerError
-from tunecache_cli import outbox
+from tunecache_cli.outbox import kept_upload
 
 URL = "http://cache.example:8765"
 
@@ -83,13 +84,13 @@ def test_a_failed_upload_says_where_it_waits(tmp_path: Path, monkeypatch: Any) -
     monkeypatch.setenv("TUNECACHE_OUTBOX", str(tmp_path))
     record = make_record(make_key(8))
     with pytest.raises(ServerError, match=r"refused; the record waits in .*\.json \(tunecache"):
-        outbox.kept_upload(Upstream(ServerError("refused", status_code=503)), URL, record)
+        kept_upload(Upstream(ServerError("refused", status_code=503)), URL, record)
     assert waiting_for(URL, tmp_path) == 1
-    assert outbox.kept_upload(Upstream(None), "http://other:1", record) is None  # sent: gone
+    assert kept_upload(Upstream(None), "http://other:1", record) is None  # sent: gone
     assert waiting_for("http://other:1", tmp_path) == 0
     refusal = ServerError("POST /v1/records → 422: invalid", status_code=422)
     with pytest.raises(ServerError, match=r"422: invalid; the record is kept in .*rejected"):
-        outbox.kept_upload(Upstream(refusal), "http://other:1", record)  # never to be sent
+        kept_upload(Upstream(refusal), "http://other:1", record)  # never to be sent
     assert waiting_for("http://other:1", tmp_path) == 0
     assert len(list((tmp_path / "rejected").glob("*.json"))) == 1
 
@@ -158,3 +159,51 @@ def test_a_tune_whose_upload_fails_is_pushed_later(tmp_path: Path, kind: str) ->
         assert _stored(server.url, kind) == (1 if kind == "record" else 2)  # the GEMMs' groups
     finally:
         server.stop()
+
+
+def test_a_background_upload_the_server_never_took_waits_for_push(
+    server: LiveServer, own_outbox: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The drop-in's upload of a winner it tuned (``Client.upload_later``): its server down
+    until the process closed, the record was lost (a warning said so); now it waits in the
+    outbox, and ``push`` sends it once a server is there."""
+    import logging
+
+    from cache_server.embedded import free_port
+    from tunecache.http import Timeout
+
+    down = f"http://127.0.0.1:{free_port()}"
+    key = make_key(48)
+    record = make_record(key)
+    with caplog.at_level(logging.WARNING), \
+            Client(down, timeout=Timeout(lookup=0.3, write=5)) as client:  # fmt: skip
+        assert client.lookup(key, default={"d": 1}).source == "default"  # refused: down
+        assert client.upload_later(record)
+    assert outbox.waiting(down, own_outbox) == 1
+    assert any("waits in" in r.getMessage() and str(own_outbox) in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]  # fmt: skip
+    with Client(server.url) as client:
+        assert outbox.push(client, down, own_outbox) == (1, 0, None)
+        assert client.lookup(key, default={"d": 1}).config == record.config
+    assert outbox.waiting(down, own_outbox) == 0
+
+
+def test_a_background_upload_leaves_the_outbox_once_sent_or_refused(
+    server: LiveServer, own_outbox: Path
+) -> None:
+    import httpx
+
+    with Client(server.url) as client:
+        assert client.upload_later(make_record(make_key(40)))
+        assert client.drain(timeout=10)
+    assert list(own_outbox.iterdir()) == []  # sent: nothing kept
+
+    def invalid(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(422, json={"detail": "key: not valid here"},
+                              headers={"Tunecache-Server": "tunecache/0"})  # fmt: skip
+
+    with Client("http://strict.test", transport=httpx.MockTransport(invalid)) as client:
+        assert client.upload_later(make_record(make_key(40)))
+        assert client.drain(timeout=10)
+    assert [p.name for p in own_outbox.iterdir()] == ["rejected"]  # kept to be read, not sent
+    assert len(list((own_outbox / "rejected").iterdir())) == 1

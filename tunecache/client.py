@@ -60,6 +60,7 @@ from tunecache.jobs import JobEnqueued
 from tunecache.jsonsafe import parse_json
 from tunecache.key import Key
 from tunecache.lookup import LookupResult
+from tunecache.outbox import Later
 from tunecache.policies import VersionPolicy
 from tunecache.resolver import (
     Fits,
@@ -295,9 +296,16 @@ class Client(WorkerCalls):
         is down after a failed call it waits, and is sent when the server may be asked again
         (see :meth:`ServerSource.send_later <tunecache.server_source.ServerSource.send_later>`);
         ``False`` only when the queue is full. A failed upload is a warning; :meth:`close` waits
-        a few seconds for uploads still queued and says how many were not sent."""
+        a few seconds for uploads still queued and says how many were not sent. Until the server
+        has it, the record is kept in the outbox (:class:`tunecache.outbox.Later`): one never
+        sent waits there for ``tunecache push``."""
         what = f"upload of {record.key.kernel} ({record.key.backend})"
-        return self.server.send_later(what, lambda: self.upload(record), loud=True)
+        later = Later(self.url, record, what)  # kept in the outbox till the server has it
+        queued = self.server.send_later(what, lambda: later.send(self), loud=True,
+                                        lost=later.lost)  # fmt: skip
+        if not queued:
+            later.lost()
+        return queued
 
     def drain(self, timeout: float = 5.0) -> bool:
         """Waits until the background calls queued so far (uploads, miss reports, disputes) are

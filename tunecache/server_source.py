@@ -66,6 +66,7 @@ class _Report:
     loud: bool = False
     marker: bool = False  # not a call: run even while the server is down (see ``drain``)
     attempts: int = 0
+    lost: Callable[[], object] | None = None  # called once it is given up unsent
 
 
 def unreachable(exc: ServerError) -> bool:
@@ -147,21 +148,23 @@ class ServerSource(Source):
         self.send_later(f"dispute of record #{record.id}", lambda: self.client.dispute(
             record.id, report, timeout=self.client.timeout.lookup))  # fmt: skip
 
-    def send_later(self, what: str, send: Callable[[], object], *, loud: bool = False) -> bool:
+    def send_later(self, what: str, send: Callable[[], object], *, loud: bool = False,
+                   lost: Callable[[], object] | None = None) -> bool:  # fmt: skip
         """Queues ``send()`` for the background thread; ``False`` (and a log line) when it is
         not queued: the queue is full, or (a report, not ``loud``) the server is down.
 
         ``loud`` calls (uploads) are never skipped for the down state: they wait in the
         background until the server may be asked again, and are sent again (up to
         :data:`SEND_ATTEMPTS` times) when it could not be reached; a failure is a warning, and
-        :meth:`close` says how many were never sent.
+        :meth:`close` says how many were never sent. ``lost()`` is called for a call given up
+        unsent (failed for good, or still queued at :meth:`close`), not when the queue is full.
         """
         log = logger.warning if loud else logger.debug
         if self.down and not loud:
             log("%s skipped: %s was unreachable less than %.0f s ago", what, self.client.url,
                 self.retry_after)  # fmt: skip
             return False
-        return self._enqueue(_Report(what, send, loud))
+        return self._enqueue(_Report(what, send, loud, lost=lost))
 
     def _enqueue(self, report: _Report) -> bool:
         try:
@@ -179,7 +182,10 @@ class ServerSource(Source):
         return True
 
     def _send_reports(self) -> None:
-        while (report := self._reports.get()) is not None and not self._closing.is_set():
+        while (report := self._reports.get()) is not None:
+            if self._closing.is_set():
+                _give_up(report)
+                break
             if report.marker:
                 report.send()
                 continue
@@ -189,6 +195,7 @@ class ServerSource(Source):
             while report.loud and self.down and not self._closing.is_set():
                 self._closing.wait(min(1.0, max(0.0, self._down_until - time.monotonic())))
             if self._closing.is_set():
+                _give_up(report)
                 break
             self._send(report)
 
@@ -206,8 +213,10 @@ class ServerSource(Source):
                     self._enqueue(dataclasses.replace(report, attempts=report.attempts + 1))
                     return
             log("%s failed: %s", report.what, exc)
+            _give_up(report)
         except Exception as exc:  # a bad answer too: the background thread must not die
             log("%s failed: %s", report.what, one_line(exc))
+            _give_up(report)
         with self._lock:
             self._unsent -= report.loud
 
@@ -236,6 +245,10 @@ class ServerSource(Source):
             self._reports.put(None, timeout=timeout)
         self._reporter.join(timeout)
         self._closing.set()
+        with contextlib.suppress(queue.Empty):
+            while True:  # what the thread will not send now: given up
+                if (report := self._reports.get_nowait()) is not None:
+                    _give_up(report)
         if self._unsent:
             why = (f"it failed less than {self.retry_after:.0f} s ago" if skipped else
                    f"it did not take them within {timeout:.0f} s of closing")  # fmt: skip
@@ -251,3 +264,12 @@ class ServerSource(Source):
             first, self._warned = not self._warned, True
         log = logger.warning if first else logger.debug
         log("%s; using default configs, retrying in %.0f s", exc, pause)
+
+
+def _give_up(report: _Report) -> None:
+    """``report`` will not be sent by this process: its ``lost`` hook runs (never raising)."""
+    if report.lost is not None:
+        try:
+            report.lost()
+        except Exception as exc:
+            logger.warning("%s: %s", report.what, one_line(exc))

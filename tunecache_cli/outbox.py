@@ -1,230 +1,19 @@
-"""The outbox: what a finished tune uploads, kept on disk until the server has it.
-
-A tune can take an hour; the upload at its end can fail (the server restarting, the network, a
-token revoked meanwhile). So what it uploads — a tuning record, or the artifacts of ``tune
---torch`` and ``tune --tvm`` (Inductor's choices, MetaSchedule's records) — is written here first,
-atomically, with the server it is for, and removed once that server answered the upload; what is
-left is sent by ``tunecache push`` (also run, quietly, when the next tune for that server
-starts). An upload the server refuses as invalid (a 4xx of its own, other than auth) is moved to
-``rejected/``, to be read, never sent again.
-
-Files are taken before they are sent: renamed to ``.sending-PID-NAME`` (one process wins the
-rename), so two pushers, or a pusher and the tune that wrote the record, never send one record
-twice. A file taken by a process that died is waiting again.
-"""
+"""The outbox seen from the CLI: a tune's upload kept until the server has it
+(:mod:`tunecache.outbox`), its failure said in one line."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import sys
-import tempfile
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunecache.artifacts import ArtifactIn
 from tunecache.errors import ServerError
-from tunecache.schemas import RecordCreate
-from tunecache.settings import outbox_dir
-
-TAKEN = ".sending-"
-Upload = RecordCreate | list[ArtifactIn]  # a tuning record, or artifacts stored together
-
-
-@dataclass(frozen=True)
-class Waiting:
-    path: Path  # the file as taken by this process
-    name: str  # its name while it waits
-    url: str
-    upload: Upload | None  # None: the file holds no upload this version can send
+from tunecache.outbox import Upload, done, own_name, put, refused_for_good, release, send, set_aside
 
 
 class UploadRefused(ServerError):
     """The server refused, as invalid, an upload the tuner built (not the user's arguments): a
     failed run (exit 1), kept in the outbox's ``rejected/``."""
-
-
-def send(client: Any, upload: Upload) -> Any:
-    """Uploads ``upload`` through ``client``; returns the server's answer.
-
-    Raises:
-        ServerError: the server is unreachable or refused it.
-    """
-    if isinstance(upload, RecordCreate):
-        return client.upload(upload)
-    return client.put_artifacts(upload)
-
-
-def _body(url: str, upload: Upload) -> tuple[dict[str, Any], str]:
-    """The file's JSON and what names it (the record's key, or the artifacts' digest)."""
-    if isinstance(upload, RecordCreate):
-        return {"url": url, "record": upload.model_dump(mode="json", by_alias=True)}, \
-            upload.key.to_key().digest()  # fmt: skip
-    items = [item.model_dump(mode="json") for item in upload]
-    text = json.dumps(items, sort_keys=True).encode()
-    return {"url": url, "artifacts": items}, hashlib.sha256(text).hexdigest()
-
-
-def _parsed(data: dict[str, Any]) -> Upload:
-    """The upload a file holds, validated as the server would (a local file, but checked).
-
-    Raises:
-        ValueError: it holds neither a valid record nor a list of valid artifacts.
-    """
-    if "artifacts" in data:
-        items = data["artifacts"]
-        if not isinstance(items, list) or not items:
-            raise ValueError("artifacts: not a list of artifacts")
-        return [ArtifactIn.model_validate(item) for item in items]
-    return RecordCreate.model_validate(data.get("record"))
-
-
-def put(url: str, upload: Upload, folder: Path | None = None) -> Path:
-    """Writes ``upload`` for ``url`` into the outbox (whole or not at all), taken by this
-    process (its upload is next); returns the taken file, for :func:`done` or :func:`release`."""
-    folder = folder or outbox_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    body, digest = _body(url, upload)
-    name = f"{int(time.time() * 1000)}-{digest[:16]}.json"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".writing-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(body, out)
-            out.flush()
-            os.fsync(out.fileno())
-        taken = folder / f"{TAKEN}{os.getpid()}-{name}"
-        os.replace(tmp, taken)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return taken
-
-
-def done(taken: Path) -> None:
-    """The server has the upload: it leaves the outbox."""
-    taken.unlink(missing_ok=True)
-
-
-def _own_name(name: str) -> str:
-    """A file's name while it waits (``.sending-PID-NAME`` → ``NAME``)."""
-    return name.removeprefix(TAKEN).split("-", 1)[1] if name.startswith(TAKEN) else name
-
-
-def release(taken: Path) -> Path:
-    """The upload failed: it waits under its own name; returns that file."""
-    waiting = taken.with_name(_own_name(taken.name))
-    os.replace(taken, waiting)
-    return waiting
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's: alive
-        return True
-    return True
-
-
-def _available(path: Path) -> bool:
-    """Whether ``path`` waits: under its own name, or taken by a process that is gone."""
-    if not path.name.startswith("."):
-        return True
-    if not path.name.startswith(TAKEN):
-        return False  # being written
-    pid = path.name.removeprefix(TAKEN).split("-", 1)[0]
-    return pid.isdigit() and not _alive(int(pid))
-
-
-def _waiting_for(url: str, folder: Path) -> Iterator[tuple[Path, Any]]:
-    """The available files for ``url``, oldest first, with their parsed bodies (a file that
-    does not parse, or is gone meanwhile, is left alone)."""
-    paths = sorted(folder.glob("*.json"), key=lambda p: _own_name(p.name))
-    for path in paths if folder.is_dir() else []:
-        if not _available(path):
-            continue
-        try:
-            data: Any = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(data, dict) and data.get("url") == url:
-            yield path, data
-
-
-def take(url: str, folder: Path | None = None) -> list[Waiting]:
-    """Takes the files waiting for ``url``, oldest first (one another process took first is
-    left to it); a file that holds no valid upload comes with ``upload=None``."""
-    folder = folder or outbox_dir()
-    found = []
-    for path, data in _waiting_for(url, folder):
-        name = _own_name(path.name)
-        taken = folder / f"{TAKEN}{os.getpid()}-{name}"
-        try:
-            upload: Upload | None = _parsed(data)
-        except ValueError:
-            upload = None
-        try:
-            os.replace(path, taken)  # one process wins; the others find it gone
-        except OSError:
-            continue
-        found.append(Waiting(taken, name, url, upload))
-    return found
-
-
-def _refused(exc: ServerError) -> bool:
-    """Whether the server itself refused an upload as invalid (a 4xx other than auth, a
-    timeout or a rate limit): sending it again cannot help."""
-    code = exc.status_code
-    return code is not None and 400 <= code < 500 and code not in (401, 403, 408, 429) \
-        and not exc.foreign  # fmt: skip
-
-
-def _set_aside(taken: Path, name: str) -> Path:
-    """Moves a taken file to ``rejected/``, to be read, never sent again; returns where."""
-    aside = taken.parent / "rejected"
-    aside.mkdir(exist_ok=True)
-    os.replace(taken, aside / name)
-    return aside / name
-
-
-def waiting(url: str, folder: Path | None = None) -> int:
-    """How many uploads wait for ``url`` (none taken)."""
-    return sum(1 for _ in _waiting_for(url, folder or outbox_dir()))
-
-
-def push(client: Any, url: str, folder: Path | None = None) -> tuple[int, int, ServerError | None]:
-    """Uploads what waits for ``url`` through ``client``: ``(sent, refused, last error)``. Sent
-    uploads leave; refused ones move to ``rejected/``; the rest wait (after an unreachable
-    server, the others are not tried)."""
-    sent, refused, error = 0, 0, None
-    items = take(url, folder)
-    for i, item in enumerate(items):
-        if item.upload is None:  # not an upload this version can send
-            _set_aside(item.path, item.name)
-            refused += 1
-            continue
-        try:
-            send(client, item.upload)
-        except ServerError as exc:
-            error = exc
-            if _refused(exc):
-                _set_aside(item.path, item.name)
-                refused += 1
-                continue
-            release(item.path)
-            if exc.status_code is None:  # unreachable: the rest would fail alike; they wait
-                for rest in items[i + 1 :]:
-                    release(rest.path)
-                break
-            continue
-        done(item.path)
-        sent += 1
-    return sent, refused, error
 
 
 def kept_upload(client: Any, url: str, upload: Upload, what: str = "the record") -> Any:
@@ -245,11 +34,11 @@ def kept_upload(client: Any, url: str, upload: Upload, what: str = "the record")
     except ServerError as exc:
         if taken is None:
             where = ""
-        elif _refused(exc):  # never sent again: kept to be read
-            where = f"; {what} is kept in {_set_aside(taken, _own_name(taken.name))}"
+        elif refused_for_good(exc):  # never sent again: kept to be read
+            where = f"; {what} is kept in {set_aside(taken, own_name(taken.name))}"
         else:
             where = f"; {what} waits in {release(taken)} (tunecache push sends it)"
-        kind = UploadRefused if _refused(exc) else ServerError
+        kind = UploadRefused if refused_for_good(exc) else ServerError
         raise kind(f"{exc}{where}", status_code=exc.status_code, foreign=exc.foreign) from None
     if taken is not None:
         done(taken)

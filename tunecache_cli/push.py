@@ -25,8 +25,8 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tunecache import outbox
     from tunecache.client import Client
-    from tunecache_cli import outbox
 
     url = server_url(args)
     count = outbox.waiting(url)
@@ -59,7 +59,7 @@ def push_before(url: str | None) -> None:
 def push_quietly(client: Any, url: str) -> None:
     """At the start of a tune: what waits for ``url`` is sent first, in one line if anything
     was; nothing here stops the tune (its own upload meets the server later)."""
-    from tunecache_cli import outbox
+    from tunecache import outbox
 
     try:
         if not outbox.waiting(url):
