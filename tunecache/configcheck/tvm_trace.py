@@ -34,7 +34,8 @@ and CUDA targets, each instruction checked for its inputs and attributes:
   ``meta_schedule.tiling_structure``); ``Bind`` axes are CUDA's thread axes
   (:data:`THREAD_AXES`), storage scopes are :data:`SCOPES`, block and function names are
   identifiers; unroll steps are at most :data:`MAX_UNROLL`, so a record cannot make a build
-  unroll without bound;
+  unroll without bound; a ``Split`` keeps its bounds check (``disable_predication`` off: without
+  it, factors that do not divide the loop read and write past the buffers);
 - **the device**: a trace for a CPU (an ``llvm`` target; every built-in TVM record, which builds
   for the host) holds nothing of a GPU's: no ``Bind`` to thread axes, no thread-extent,
   cooperative-fetch or software-pipeline annotations, only the ``global`` storage scope (TVM
@@ -152,6 +153,20 @@ def _split_factor(value: Any) -> str | None:
     return f"{describe(value, 30)} is not a split factor (a variable, None or 1..{MAX_TILE})"
 
 
+def _split_attrs(attrs: list[Any]) -> str | None:
+    """``[preserve_unit_iters]`` or ``[preserve_unit_iters, disable_predication]``, the latter
+    off: a ``Split`` whose factors do not divide the loop without its bounds check reads and
+    writes past the buffers (a served one summed past each row, and wrote past the output)."""
+    if not 1 <= len(attrs) <= 2:
+        return f"has {len(attrs)} items, not 1 or 2"
+    if (why := _flag(attrs[0])) is not None:
+        return f"item 0: {why}"
+    off = len(attrs) == 1 or attrs[1] is False or (strict_int(attrs[1]) and attrs[1] == 0)
+    if not off:
+        return f"item 1: disable_predication must be off, not {describe(attrs[1], 30)}"
+    return None
+
+
 # Annotation key -> what its value may be (the value of ``Annotate``; ``Unannotate`` the key).
 ANNOTATIONS: Final[dict[str, Check]] = {
     "meta_schedule.tiling_structure": _tiling,
@@ -253,7 +268,7 @@ KINDS: Final[dict[str, Shape]] = {
     "SamplePartitionedTile": (_ONE, _fixed(_int_in(1, 16), _SMALL, _SMALL), _many(_rv, 1)),
     "SampleCategorical": (_NONE, _categorical_attrs, _ONE),
     "SampleComputeLocation": (_ONE, _NONE, _ONE),
-    "Split": (_head(_rv, _split_factor, 1), _many(_flag, 1), _many(_rv, 1)),
+    "Split": (_head(_rv, _split_factor, 1), _split_attrs, _many(_rv, 1)),
     "Fuse": (_many(_rv, 1), _many(_flag), _ONE),
     "Reorder": (_many(_rv, 1), _NONE, _NONE),
     "AddUnitLoop": (_ONE, _NONE, _ONE),

@@ -1,0 +1,112 @@
+"""A served MetaSchedule record whose instructions are each allowed, yet would change a result or
+kill the process once built, is never used: a ``Split`` without its bounds check, a vectorized
+loop wider than a build takes. The records come from a hostile server at the client's transport;
+TVM's own ``compile_tir`` asks ``tunecache.tvm.Database`` for them, as a user's code would."""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from tvm import te  # noqa: E402
+from tvm.s_tir import Schedule  # noqa: E402
+from tvm.s_tir import meta_schedule as ms  # noqa: E402
+from tvm.s_tir.meta_schedule.tune_context import _normalize_mod  # noqa: E402
+
+import tunecache.tvm.remote as remote  # noqa: E402
+from tunecache.tvm import Database  # noqa: E402
+from tunecache.tvm.check import MAX_LANES, args_info_json  # noqa: E402
+from tunecache.tvm.wire import workload_key  # noqa: E402
+
+TARGET = {"kind": "llvm", "num-cores": 1}
+
+
+def served(mod: Any, schedule: Callable[[Schedule], None], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``compile_tir``'s answer for ``mod`` from a server holding one record: ``schedule``'s
+    trace, claiming the fastest time there is."""
+    sch = Schedule(mod)
+    schedule(sch)
+    trace = json.loads(json.dumps(sch.trace.as_json(), default=lambda o: getattr(o, "value", o)))
+    value = [trace, [1e-9], TARGET, args_info_json(mod)]
+    key = workload_key(mod)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked = dict(request.url.params)
+        items = []
+        if asked.get("namespace") == "tvm.record" and asked.get("key") == key:
+            items = [{"namespace": "tvm.record", "partition": asked["partition"], "key": key,
+                      "item": "x", "value": value, "score": 1e-9, "id": 1,
+                      "updated_at": datetime.datetime.now().isoformat()}]  # fmt: skip
+        return httpx.Response(200, json={"items": items, "next_after": None},
+                              headers={"Tunecache-Server": "tunecache/0"})  # fmt: skip
+
+    monkeypatch.setattr(remote, "Client",
+                        functools.partial(remote.Client, transport=httpx.MockTransport(answer)))  # fmt: skip
+    target = tvm.target.Target(TARGET)
+    database = Database("http://hostile.test", target=target, token="", timeout=5)
+    return ms.tir_integration.compile_tir(database, mod, target)
+
+
+def run(mod: Any, *arrays: np.ndarray) -> list[np.ndarray]:
+    lib = tvm.tirx.build(mod, target=tvm.target.Target(TARGET))
+    held = [tvm.runtime.tensor(a, tvm.cpu()) for a in arrays]
+    lib(*held)
+    return [h.numpy() for h in held]
+
+
+def row_sum(n: int) -> Any:
+    a = te.placeholder((4, n), "float32", name="A")
+    k = te.reduce_axis((0, n), name="k")
+    return _normalize_mod(
+        te.create_prim_func([a, te.compute((4,), lambda i: te.sum(a[i, k], axis=k))])
+    )
+
+
+@pytest.mark.parametrize("unchecked", [False, True], ids=["checked", "unchecked"])
+def test_a_split_without_its_bounds_check_is_not_served(
+    unchecked: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row sum over 10 split by 4: with the bounds check the served schedule is used and
+    right; without it (``disable_predication``), it summed past each row ([78, 198, 318, 355]
+    for [55, 155, 255, 355]): now it is not served, and the function is built as written."""
+    mod = row_sum(10)
+
+    def split(sch: Schedule) -> None:
+        block = sch.get_sblock("compute")
+        sch.split(sch.get_loops(block)[1], [None, 4], disable_predication=unchecked)
+
+    scheduled = served(mod, split, monkeypatch)
+    assert (scheduled is None) == unchecked
+    a = np.arange(1, 41, dtype="float32").reshape(4, 10)
+    _, out = run(mod if scheduled is None else scheduled.mod, a, np.zeros(4, "float32"))
+    assert out.tolist() == a.sum(1).tolist()
+
+
+@pytest.mark.parametrize("lanes", [16, 32768])
+def test_a_vectorized_loop_wider_than_a_build_takes_is_not_served(
+    lanes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An add over 32768 elements split by ``lanes`` and vectorized: 16 lanes are served and
+    built; 32768 made TVM's build raise (65536 killed the process: SIGFPE), and is not served."""
+    n = 32768
+    a, b = te.placeholder((n,), "float32", name="A"), te.placeholder((n,), "float32", name="B")
+    mod = _normalize_mod(te.create_prim_func([a, b, te.compute((n,), lambda i: a[i] + b[i])]))
+
+    def vectorize(sch: Schedule) -> None:
+        (loop,) = sch.get_loops(sch.get_sblock("compute"))
+        sch.vectorize(sch.split(loop, [None, lanes])[1])
+
+    scheduled = served(mod, vectorize, monkeypatch)
+    assert (scheduled is None) == (lanes > MAX_LANES)
+    x, y = np.ones(n, "float32"), np.full(n, 2.0, "float32")
+    *_, out = run(mod if scheduled is None else scheduled.mod, x, y, np.zeros(n, "float32"))
+    assert (out == 3.0).all()
