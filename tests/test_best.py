@@ -169,3 +169,33 @@ def test_one_ratio_to_eager_and_the_device_that_measured_each_time(server: LiveS
     assert tvm[1] == "2.2" and tvm[4] == f"{key.device.arch} verifier-cpu"
     assert eager[1] == "1" and eager[4] == f"{key.device.arch} {key.device.name}"
     assert tvm[2] == "1.67x"  # still the record's own comparison, not 2.2 / 1.0
+
+
+def test_a_speedup_the_verifier_did_not_believe_is_not_shown(server: LiveServer) -> None:
+    """An uploader claimed 0.1 ms, 20x faster than torch eager; a verifier re-timed it at 2 ms
+    (flagged: not believed). Its "20.00x faster than torch eager" was still shown beside the
+    verifier's 2 ms; now no comparison of that uploader's stands."""
+    from tunecache.verification import VerificationCreate
+
+    key = key_for("matmul", "tvm", PROBLEM, "float32")
+    with Client(server.url) as client:
+        record_id = client.upload(with_eager(key, 0.1, 2.0, 20.0)).record_id
+    with Client(server.url, token=issue_token(server.url, "verify")) as client:
+        assert client.claim_verification("v1", device_arch=key.device.arch, backends=["tvm"])
+        checked = client.submit_verification(record_id, VerificationCreate(
+            worker="v1", outcome="passed", device_name="verifier-cpu",
+            timing=make_record(key, time_ms=2.0).timing,
+            validation=make_record(key).validation))  # fmt: skip
+    assert checked.verification is not None and checked.verification.timing_flag
+    with Client(server.url) as client:
+        found = client.lookup(key, default={"schedule": "default"})
+    assert found.time_ms == 2.0
+    assert (found.vs_eager, found.eager_ms, found.slower_than_eager) == (None, None, False)
+    shown = cli(server, "get", "matmul", "--backend", "tvm", "--shape", SHAPE)
+    assert shown.returncode == 0, shown.stderr
+    assert "speedup    not believed" in shown.stdout
+    assert "faster than torch eager" not in shown.stdout
+    best = cli(server, "best", "matmul", "--shape", SHAPE, "--backends", "tvm")
+    assert best.returncode == 0, best.stderr
+    assert not any(line.startswith("torch eager") for line in best.stdout.splitlines())
+    assert table_row(best.stdout, "tvm")[3] == "-"

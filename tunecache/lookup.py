@@ -55,7 +55,7 @@ class LookupResult:
     def eager_ms(self) -> float | None:
         """torch eager as the record's interleaved comparison timed it (``None``: no record, or
         no eager baseline)."""
-        baselines = () if self.served_record is None else self.served_record.baselines
+        baselines = () if self.served_record is None else self.served_record.comparisons()
         return next((b.timing.median_ms for b in baselines if b.name == "torch_eager"), None)
 
     @property

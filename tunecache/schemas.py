@@ -303,11 +303,16 @@ class RecordCreate(_Strict):
     _config_size = field_validator("config")(_check_config)
     _config_closed = field_validator("config")(_closed_config)
 
+    def comparisons(self) -> list[BaselineModel]:
+        """The baselines its speedups are read from: all it holds (a stored record's, not when a
+        verifier did not believe its uploader's times)."""
+        return self.baselines
+
     def speedup(self, baseline: str = "torch_eager") -> float | None:
         """How many times faster than ``baseline`` the winner ran: the interleaved comparison's
         median where the record has one, else baseline median / winner median; ``None`` without
-        that baseline."""
-        for b in self.baselines:
+        that baseline, or none believed (:meth:`comparisons`)."""
+        for b in self.comparisons():
             if b.name == baseline:
                 if b.speedup is not None:
                     return b.speedup.median
@@ -319,7 +324,7 @@ class RecordCreate(_Strict):
         """Whether torch eager ran measurably faster than the winner: the whole interval of the
         interleaved comparison below 1 (records without one: a ratio that reads as slower,
         below :data:`SAME_BELOW`)."""
-        for b in self.baselines:
+        for b in self.comparisons():
             if b.name == "torch_eager":
                 if b.speedup is not None and b.speedup.rounds > 1:
                     return b.speedup.high < 1.0
@@ -344,7 +349,7 @@ class RecordCreate(_Strict):
     def speedup_interval(self, baseline: str = "torch_eager") -> tuple[float, float] | None:
         """The interval of :meth:`speedup` from the interleaved comparison (``None`` where the
         record has none: tuned before it existed, or timed in a single round)."""
-        for b in self.baselines:
+        for b in self.comparisons():
             if b.name == baseline and b.speedup is not None and b.speedup.rounds > 1:
                 return b.speedup.low, b.speedup.high
         return None
@@ -405,6 +410,13 @@ class RecordPublic(RecordCreate):
         uploader's (the key's device)."""
         check = self._timed_by_verifier()
         return self.key.device.name if check is None else check.device_name
+
+    def comparisons(self) -> list[BaselineModel]:
+        """None once a verifier found the uploaded time too fast to believe (``timing_flag``):
+        the baselines were timed beside it, by the same uploader, and its "20x faster than torch
+        eager" would stand beside the verifier's slower time."""
+        check = self._timed_by_verifier()
+        return [] if check is not None and check.timing_flag else self.baselines
 
     def _timed_by_verifier(self) -> VerificationPublic | None:
         check = self.verification

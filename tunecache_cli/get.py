@@ -35,7 +35,7 @@ def describe(record: RecordPublic) -> str:
         f"  config     {record.config_summary or json.dumps(record.config)[:80]}",
         f"  time       {ms(timing.median_ms)} ms ({timing.timer}"
         f"{', the verifier' if timing is not record.timing else ''})",
-        "  speedup    " + versus(record, than="torch eager"),
+        "  speedup    " + _versus_eager(record),
         "             " + versus(record, "default_config", than="the default config")
         if record.speedup("default_config")
         else "",
@@ -47,6 +47,14 @@ def describe(record: RecordPublic) -> str:
         f"  record     #{record.id}, {record.created_at:%Y-%m-%d %H:%M} UTC",
     ]
     return "\n".join(part for part in parts if part)
+
+
+def _versus_eager(record: RecordPublic) -> str:
+    """The record against torch eager; ``not believed`` once a verifier re-timed it too slow
+    for its uploader's comparisons to stand."""
+    if record.baselines and not record.comparisons():
+        return "not believed: the verifier timed it slower than its uploader, who timed eager"
+    return versus(record, than="torch eager")
 
 
 def run(args: argparse.Namespace) -> int:
