@@ -13,14 +13,21 @@ from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 
 from cache_server.models import RecordRow, TokenRow, WinnerRow
-from cache_server.queries import WinnerTable, add_record, record_fields
+from cache_server.queries import WinnerTable, add_record, public_record, record_fields
 from tunecache.errors import InvalidInput
 from tunecache.schemas import STORED, RecordCreate
 from tunecache.snapshot import SnapshotFilters
 
 
 def _create(row: RecordRow) -> RecordCreate:
-    return RecordCreate.model_validate(record_fields(row), context=STORED)
+    """``row`` as a snapshot carries it: the time the server believes (a verifier's, once one
+    re-timed it) and only the comparisons that stand (none of an uploader whose time the
+    verifier flagged). A snapshot has no verification of its own: exported as uploaded, a time
+    the verifier found 3x too fast won again on the server that imported it."""
+    public = public_record(row, is_winner=True)
+    fields = {**record_fields(row), "timing": public.believed_timing,
+              "baselines": public.comparisons()}  # fmt: skip
+    return RecordCreate.model_validate(fields, context=STORED)
 
 
 def snapshot_winners(

@@ -461,3 +461,41 @@ def test_sync_downloads_this_arch_once_and_the_resolver_reads_it(
     with Client("http://127.0.0.1:9", snapshot=path) as offline:
         hit = offline.lookup(key)
     assert (hit.source, hit.rule, hit.config) == ("snapshot", "exact", knobs(3))
+
+
+def test_a_snapshot_carries_the_believed_time_not_one_a_verifier_flagged(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """An uploader claimed 1 ms; a verifier re-timed it at 3 ms (flagged: not believed). The
+    export carried the claimed 1 ms and its comparisons, and on a server that imported it the
+    record won over an honest 2 ms one; now it carries the verifier's 3 ms and no comparisons."""
+    from tests.factories import issue_token
+    from tests.test_best import with_eager
+    from tunecache.verification import VerificationCreate
+
+    key = make_key(96)
+    with Client(server.url) as client:
+        record_id = client.upload(with_eager(key, 1.0, 2.0, 2.0)).record_id
+    with Client(server.url, token=issue_token(server.url, "verify")) as client:
+        assert client.claim_verification("v1", device_arch=ARCH, backends=[key.backend])
+        checked = client.submit_verification(record_id, VerificationCreate(
+            worker="v1", outcome="passed", device_name="verifier-cpu",
+            timing=make_record(key, time_ms=3.0).timing,
+            validation=make_record(key).validation))  # fmt: skip
+    assert checked.verification is not None and checked.verification.timing_flag
+    exported = export(server.url).json()
+    [carried] = exported["records"]
+    assert carried["timing"]["median_ms"] == 3.0 and carried["baselines"] == []
+
+    db_path = tmp_path / "other.db"
+    other = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "other.log")
+    try:
+        honest = make_record(key, time_ms=2.0, config=knobs(7))
+        upload(other.url, honest)
+        answer = import_(other.url, exported)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["winners_changed"] == 0
+        with Client(other.url) as client:
+            assert client.lookup(key, default=DEFAULT).config == honest.config
+    finally:
+        other.stop()
