@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from cache_server.db import upsert_insert
 from cache_server.models import RecordRow, TokenRow, TrialRow, VerifiedWinnerRow, WinnerRow, utcnow
 from tunecache.rules import bucket_digest
-from tunecache.schemas import STORED, RecordCreate, RecordPublic, Trial, VerificationPublic
+from tunecache.schemas import STORED, RecordCreate, RecordPublic, VerificationPublic
 
 WinnerTable = type[WinnerRow] | type[VerifiedWinnerRow]
 
@@ -155,8 +155,9 @@ def public_record(
             "verification": row.verification,
             "disputes": row.disputes,
             **record_fields(row),
+            # as stored too: an error written before its text was checked stays readable
             "trials": [
-                Trial(config=t.config, status=t.status, time_ms=t.time_ms, error=t.error)  # type: ignore[arg-type]
+                {"config": t.config, "status": t.status, "time_ms": t.time_ms, "error": t.error}
                 for t in trials
             ],
         },

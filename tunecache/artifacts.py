@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import Field, field_validator, model_validator
 
 from tunecache.configcheck import artifact_problem
-from tunecache.schemas import MAX_CONFIG_BYTES, MAX_ID, _Strict, check_json_size
+from tunecache.schemas import MAX_CONFIG_BYTES, MAX_ID, Line, _Strict, check_json_size
 from tunecache.vllm_moe import NAMESPACE, imported_name_problem
 
 Namespace = Literal[
@@ -32,11 +32,10 @@ NAMESPACES: tuple[str, ...] = get_args(Namespace)
 MAX_BATCH = 500  # items one request may put
 MAX_PAGE = 1000  # items one read may return
 MAX_VALUE_BYTES = MAX_CONFIG_BYTES
-_PRINTABLE = r"^[^\x00-\x1f\x7f]+$"
 
-Partition = Annotated[str, Field(min_length=1, max_length=256, pattern=_PRINTABLE)]
-ArtifactKey = Annotated[str, Field(min_length=1, max_length=256, pattern=_PRINTABLE)]
-Item = Annotated[str, Field(max_length=128, pattern=r"^[^\x00-\x1f\x7f]*$")]
+Partition = Annotated[Line, Field(min_length=1, max_length=256)]
+ArtifactKey = Annotated[Line, Field(min_length=1, max_length=256)]
+Item = Annotated[Line, Field(max_length=128)]
 Score = Annotated[float, Field(strict=True, ge=0, lt=1e12, allow_inf_nan=False)]
 
 

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ValidationError
 
 from tunecache.errors import ServerError
 from tunecache.jsonsafe import parse_json
+from tunecache.strict import SERVED
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -331,7 +332,7 @@ def parse(model: type[M], response: httpx.Response, path: str) -> M:
         ServerError: the answer is not a valid ``model`` (a broken or hostile server).
     """
     try:
-        return model.model_validate_json(response.content)
+        return model.model_validate_json(response.content, context=SERVED)
     except ValidationError as exc:
         if not is_tunecache(response):
             raise ServerError(

@@ -11,7 +11,16 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field
 
 from tunecache import examples
-from tunecache.schemas import INTEGRAL, Backend, KeyModel, LeaseSeconds, RecordId, _Strict
+from tunecache.schemas import (
+    INTEGRAL,
+    Backend,
+    KeyModel,
+    LeaseSeconds,
+    Line,
+    RecordId,
+    Text,
+    _Strict,
+)
 
 JobState = Literal["queued", "running", "done", "failed"]
 
@@ -67,24 +76,24 @@ class JobEnqueued(_Strict):
 class ClaimRequest(_Strict):
     model_config = ConfigDict(json_schema_extra={"examples": [examples.CLAIM]})
 
-    worker: Annotated[str, Field(min_length=1, max_length=128)]
+    worker: Annotated[Line, Field(min_length=1, max_length=128)]
     lease_seconds: LeaseSeconds = 300.0
     # What the worker can run; unset: anything.
-    device_arch: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    device_arch: Annotated[Line, Field(min_length=1, max_length=128)] | None = None
     backends: Annotated[list[Backend], Field(min_length=1, max_length=3)] | None = None
     # The packages of users' kernels it may import ([]: built-in kernels only).
     kernel_packages: Annotated[list[Package], Field(max_length=64)] | None = None
 
 
 class LeaseRequest(_Strict):
-    worker: Annotated[str, Field(min_length=1, max_length=128)]
+    worker: Annotated[Line, Field(min_length=1, max_length=128)]
     lease_seconds: LeaseSeconds = 300.0
 
 
 class JobResult(_Strict):
-    worker: Annotated[str, Field(min_length=1, max_length=128)]
+    worker: Annotated[Line, Field(min_length=1, max_length=128)]
     record_id: RecordId | None = None
-    error: Annotated[str, Field(max_length=4096)] = ""
+    error: Annotated[Text, Field(max_length=4096)] = ""
 
 
 class JobList(_Strict):

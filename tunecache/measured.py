@@ -8,11 +8,11 @@ from typing import Annotated, Literal
 from pydantic import Field, StrictBool, model_validator
 
 from tunecache.conditions import THROTTLE_REASONS
-from tunecache.strict import INTEGRAL, Millis, Strict
+from tunecache.strict import INTEGRAL, Line, Millis, Strict
 
 Mhz = Annotated[float, Field(strict=True, ge=0, lt=1e6, allow_inf_nan=False)]
 # Shown on terminals as they are: one line of printable text (no escape sequences).
-NoiseReason = Annotated[str, Field(min_length=1, max_length=120, pattern=r"^[^\x00-\x1f\x7f]+$")]
+NoiseReason = Annotated[Line, Field(min_length=1, max_length=120)]
 Throttle = Literal[THROTTLE_REASONS]  # type: ignore[valid-type]
 Cores = Annotated[float, Field(strict=True, ge=0, lt=1e5, allow_inf_nan=False)]
 MAX_NOISE_REASONS = 8
@@ -51,7 +51,7 @@ class TimingModel(Strict):
     # Up to max_repeats samples of up to 1e6 batched calls each (tunecache.timing).
     repeats: Annotated[int, Field(strict=True, ge=1, le=1_000_000_000), INTEGRAL]
     warmup: Annotated[int, Field(strict=True, ge=0, le=1_000_000), INTEGRAL] = 0
-    timer: Annotated[str, Field(max_length=64)] = "perf_counter"
+    timer: Annotated[Line, Field(max_length=64)] = "perf_counter"
     noisy: StrictBool = False
     conditions: ConditionsModel | None = None
 
@@ -92,7 +92,7 @@ class Speedup(Strict):
 
 
 class BaselineModel(Strict):
-    name: Annotated[str, Field(max_length=64)]  # "torch_eager", "default_config", "cublas"
+    name: Annotated[Line, Field(max_length=64)]  # "torch_eager", "default_config", "cublas"
     timing: TimingModel
     # From the interleaved final comparison; None in records tuned before it existed.
     speedup: Speedup | None = None

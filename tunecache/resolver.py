@@ -41,6 +41,7 @@ from tunecache.policies import VersionPolicy
 from tunecache.rules import best
 from tunecache.schemas import CheckModel, RecordCreate
 from tunecache.served import served_problem
+from tunecache.strict import printable_text
 
 if TYPE_CHECKING:
     from tunecache.best import BestBackend
@@ -242,7 +243,9 @@ class Resolver:
                                     f"{UNCHECKED_RETRY_S:g} s")  # fmt: skip
             return False
         except Exception as exc:  # the served config broke the caller's check: it failed
-            check = CheckModel.raised(key.problem, 0, f"the check raised {one_line(exc)}")
+            check = CheckModel.raised(
+                key.problem, 0, printable_text(f"the check raised {one_line(exc)}", 512)
+            )
         if check.passed:
             self._verified.add(seen)
             return True

@@ -47,8 +47,10 @@ from tunecache.measured import TimingModel as TimingModel
 from tunecache.problem import MAX_DIM, MAX_FLAG_CHARS, MAX_PARAMS, describe
 from tunecache.strict import INTEGRAL as INTEGRAL
 from tunecache.strict import STORED as STORED
+from tunecache.strict import Line as Line
 from tunecache.strict import Millis as Millis
 from tunecache.strict import Strict as _Strict
+from tunecache.strict import Text as Text
 
 MAX_TRIALS = 20_000
 MAX_CHECKS = 256
@@ -61,7 +63,7 @@ MAX_TRIAL_ERROR = 2048  # characters of a trial's error
 Backend = Literal["triton", "tvm", "inductor"]
 assert set(BACKENDS) == {"triton", "tvm", "inductor"}
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$")]
-ShortText = Annotated[str, Field(max_length=512)]
+ShortText = Annotated[Text, Field(max_length=512)]
 # A relative or absolute error: any size a broken kernel produces, but a number.
 Error = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 # A relative-error bound: 1.0 (100 %) already lets anything of the right magnitude through.
@@ -108,7 +110,7 @@ Dtype = Annotated[str, Field(json_schema_extra={"enum": list(DTYPES)})]
 class DeviceModel(_Strict):
     kind: Literal["cpu", "cuda", "rocm"]
     arch: Name
-    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    name: Annotated[Line, Field(min_length=1, max_length=128)]
     units: Annotated[int, Field(strict=True, ge=1, le=1_000_000), INTEGRAL]
     memory_gb: Annotated[int, Field(strict=True, ge=0, le=1_000_000), INTEGRAL] = 0
     flags: Annotated[list[Name], Field(max_length=64)] = []
@@ -140,7 +142,7 @@ class KeyModel(_Strict):
             Annotated[
                 str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
             ],
-            Annotated[str, Field(max_length=64, pattern=r"^[^\x00-\x1f\x7f]*$")],
+            Annotated[Line, Field(max_length=64)],
         ],
         Field(max_length=16, json_schema_extra={"additionalProperties": False}),
     ]
@@ -213,7 +215,7 @@ class ValidationReport(_Strict):
     tolerance: Tolerance
     max_rel_error: Error | None
     checks: Annotated[list[CheckModel], Field(min_length=1, max_length=MAX_CHECKS)]
-    reference: Annotated[str, Field(max_length=128)] = "float64"
+    reference: Annotated[Line, Field(max_length=128)] = "float64"
 
     @model_validator(mode="after")
     def _consistent(self) -> ValidationReport:
@@ -241,7 +243,7 @@ class Trial(_Strict):
     config: JSONObject
     status: TrialStatus
     time_ms: Millis | None = None
-    error: Annotated[str, Field(max_length=MAX_TRIAL_ERROR)] = ""
+    error: Annotated[Text, Field(max_length=MAX_TRIAL_ERROR)] = ""
     times_ms: Annotated[tuple[Millis, ...], Field(max_length=MAX_REPEATS)] = ()
 
     _config_size = field_validator("config")(_check_config)
@@ -256,15 +258,15 @@ class Trial(_Strict):
 class SearchModel(_Strict):
     """How the winner was found."""
 
-    strategy: Annotated[str, Field(max_length=64)]
+    strategy: Annotated[Line, Field(max_length=64)]
     trials: Annotated[int, Field(strict=True, ge=0, le=10_000_000), INTEGRAL]
     seconds: Annotated[float, Field(strict=True, ge=0, le=MAX_SEARCH_SECONDS, allow_inf_nan=False)]
 
 
 class Provenance(_Strict):
-    machine: Annotated[str, Field(max_length=255)] = ""
-    tool_version: Annotated[str, Field(max_length=64)] = ""
-    device_raw_name: Annotated[str, Field(max_length=255)] = ""
+    machine: Annotated[Line, Field(max_length=255)] = ""
+    tool_version: Annotated[Line, Field(max_length=64)] = ""
+    device_raw_name: Annotated[Line, Field(max_length=255)] = ""
 
 
 def _closed_config(value: JSONObject, info: ValidationInfo) -> JSONObject:
@@ -291,7 +293,7 @@ class RecordCreate(_Strict):
 
     key: KeyModel
     config: JSONObject
-    config_summary: Annotated[str, Field(max_length=256)] = ""
+    config_summary: Annotated[Line, Field(max_length=256)] = ""
     timing: TimingModel
     baselines: Annotated[list[BaselineModel], Field(max_length=16)] = []
     validation: ValidationReport

@@ -32,7 +32,7 @@ from pydantic import Field, ValidationError, model_validator
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput, validation_problems
 from tunecache.jsonsafe import parse_json
-from tunecache.schemas import Backend, KeyModel, Name, RecordCreate, _Strict
+from tunecache.schemas import Backend, KeyModel, Line, Name, RecordCreate, _Strict
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +44,7 @@ class SnapshotFilters(_Strict):
     """Which winners a snapshot holds: one device arch, optionally narrowed further."""
 
     device_arch: Name
-    device_name: (
-        Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")] | None
-    ) = None
+    device_name: Annotated[Line, Field(min_length=1, max_length=128)] | None = None
     kernel: Name | None = None
     backend: Backend | None = None
 

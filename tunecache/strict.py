@@ -4,16 +4,32 @@
 :func:`tunecache.jsonsafe.json_problem` finds unsafe (a NUL or lone surrogate, NaN, an integer
 outside int64, deep nesting) — except data the server reads back from its own database
 (:data:`STORED`). The schemas themselves are in :mod:`tunecache.schemas` and the modules it names.
+
+Free text that is later printed or rendered (a config's summary, a device's name, a note, an
+error) is a :data:`Line` (one line of printable text) or a :data:`Text` (lines: a newline and a
+tab allowed): either refuses a control character (C0, DEL, C1) and a Unicode bidi control, which
+would let an uploader forge or hide what a terminal shows beside it. What a server reads back
+from its own database (:data:`STORED`) and what a client reads from a server (:data:`SERVED`) is
+read as it is: every display escapes it (:func:`shown`).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    model_validator,
+)
 
 from tunecache.canonical import integral
-from tunecache.jsonsafe import json_problem
+from tunecache.jsonsafe import json_problem, storable_text
 
 INTEGRAL = BeforeValidator(integral)  # 14.0 is the integer 14, as in JSON Schema
 # A time of at least a nanosecond: no kernel launches faster, and ratios of times stay finite.
@@ -25,6 +41,57 @@ Millis = Annotated[float, Field(strict=True, ge=1e-6, lt=1e9, allow_inf_nan=Fals
 # time) is not made again; every other constraint still is, and every client validates what it
 # is served without this context.
 STORED = {"stored": True}
+# Validation context of a server's answer as a client reads it: still checked for unsafe JSON,
+# but its free text is taken as it is (a record stored before the checks below existed stays
+# readable) and escaped wherever it is shown.
+SERVED = {"served": True}
+
+# What a terminal or a page would act on rather than show: C0 controls, DEL, C1 controls (ESC's
+# 8-bit forms among them), and the marks and overrides that reorder text (bidi). A Text may hold
+# a newline and a tab.
+_BIDI = r"\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_NOT_IN_LINE = r"\x00-\x1f\x7f-\x9f" + _BIDI  # as a regex (Python's and JSON Schema's)
+_NOT_IN_TEXT = r"\x00-\x08\x0b-\x1f\x7f-\x9f" + _BIDI
+UNSHOWN = re.compile(f"[{_NOT_IN_LINE}]")
+_NOT_TEXT = re.compile(f"[{_NOT_IN_TEXT}]")
+
+
+def _checked(value: str, info: ValidationInfo, refused: re.Pattern[str], what: str) -> str:
+    if info.context is STORED or info.context is SERVED:
+        return value
+    if (found := refused.search(value)) is not None:
+        raise ValueError(f"holds the control character U+{ord(found.group()):04X} at "
+                         f"{found.start()}: {what}")  # fmt: skip
+    return value
+
+
+def _one_line(value: str, info: ValidationInfo) -> str:
+    return _checked(value, info, UNSHOWN, "expected one line of printable text")
+
+
+def _lines(value: str, info: ValidationInfo) -> str:
+    return _checked(value, info, _NOT_TEXT, "expected printable text (newlines, tabs allowed)")
+
+
+# One line of printable text (give it a length: Annotated[Line, Field(max_length=64)]).
+Line = Annotated[str, AfterValidator(_one_line),
+                 Field(json_schema_extra={"pattern": f"^[^{_NOT_IN_LINE}]*$"})]  # fmt: skip
+# Printable text of one or more lines: an error message, a compiler's excerpt.
+Text = Annotated[str, AfterValidator(_lines),
+                 Field(json_schema_extra={"pattern": f"^[^{_NOT_IN_TEXT}]*$"})]  # fmt: skip
+
+
+def shown(text: str) -> str:
+    """``text`` as one line a terminal shows as it is: each control character (a newline too)
+    and bidi control escaped as Python writes it.
+
+    Example:
+        >>> shown("tile 4x8\\n  trust \\x1b[8m")
+        'tile 4x8\\\\n  trust \\\\x1b[8m'
+    """
+    if UNSHOWN.search(text) is None:
+        return text
+    return UNSHOWN.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 class Strict(BaseModel):
@@ -38,3 +105,15 @@ class Strict(BaseModel):
         if (why := json_problem(data, cls.__name__)) is not None:
             raise ValueError(why)
         return data
+
+
+def printable_text(text: str, limit: int) -> str:
+    """``text`` from outside (an exception's, a compiler's message) as a :data:`Text` holds it,
+    cut to ``limit`` characters: what :func:`tunecache.jsonsafe.storable_text` makes of it, a
+    line ending ``\\r\\n`` a newline, and any other control character U+FFFD.
+
+    Example:
+        >>> printable_text("red\\x1b[31m\\r\\nline", 40)
+        'red\ufffd[31m\\nline'
+    """
+    return _NOT_TEXT.sub("\ufffd", storable_text(text.replace("\r\n", "\n"), limit))[:limit]

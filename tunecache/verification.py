@@ -17,11 +17,13 @@ from tunecache.schemas import (
     CheckModel,
     DeviceModel,
     LeaseSeconds,
+    Line,
     Name,
     Problem,
     RecordPublic,
     RecordStatus,
     ShortText,
+    Text,
     TimingModel,
     ValidationReport,
     _Strict,
@@ -64,7 +66,7 @@ class DisputeResult(_Strict):
 class VerifyClaimRequest(_Strict):
     """A verifier asking for a record to re-check: its device arch and the backends it runs."""
 
-    worker: Annotated[str, Field(min_length=1, max_length=128)]
+    worker: Annotated[Line, Field(min_length=1, max_length=128)]
     device_arch: Name
     backends: Annotated[list[Backend], Field(min_length=1, max_length=3)]
     lease_seconds: LeaseSeconds = 600.0
@@ -86,12 +88,12 @@ class VerificationCreate(_Strict):
     environment, an unknown kernel; the record goes back to the queue).
     """
 
-    worker: Annotated[str, Field(min_length=1, max_length=128)]
+    worker: Annotated[Line, Field(min_length=1, max_length=128)]
     outcome: Literal["passed", "failed", "unverifiable"]
-    device_name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f\x7f]+$")]
+    device_name: Annotated[Line, Field(min_length=1, max_length=128)]
     timing: TimingModel | None = None
     validation: ValidationReport | None = None
-    error: Annotated[str, Field(max_length=2048)] = ""
+    error: Annotated[Text, Field(max_length=2048)] = ""
 
     @model_validator(mode="after")
     def _consistent(self) -> VerificationCreate:

@@ -18,6 +18,7 @@ from tunecache.http import parse
 from tunecache.jobs import ClaimRequest, JobCreate, JobEnqueued, JobList, JobPublic
 from tunecache.key import Key
 from tunecache.schemas import KeyModel, RecordPublic
+from tunecache.strict import printable_text
 from tunecache.verification import VerificationCreate, VerifyClaimRequest, VerifyTask
 
 M = TypeVar("M", bound=BaseModel)
@@ -115,7 +116,7 @@ class WorkerCalls:
 
     def fail_job(self, job_id: int, worker: str, error: str) -> JobPublic:
         """Gives a job back as failed (retried until its attempts run out), saying why."""
-        body = {"worker": worker, "error": error[:4096]}
+        body = {"worker": worker, "error": printable_text(error, 4096)}
         return self._job("POST", f"/v1/jobs/{job_id}/fail", JobPublic, json=body)
 
     def list_jobs(self, **filters: Any) -> JobList:

@@ -116,8 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InvalidInput as exc:
         print(f"tunecache: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except ServerError as exc:
-        print(f"tunecache: error: {exc}", file=sys.stderr)
+    except ServerError as exc:  # what a server said, on one line
+        from tunecache_cli.table import shown
+
+        print(f"tunecache: error: {shown(str(exc))}", file=sys.stderr)
         return server_exit(exc)
     except TuningError as exc:
         print(f"tunecache: tuning failed: {exc}", file=sys.stderr)

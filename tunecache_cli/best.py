@@ -12,7 +12,7 @@ from typing import Any
 from tunecache.errors import InvalidInput
 from tunecache.key import DTYPES
 from tunecache_cli.args import add_server, parse_shape, refuse_triton_object, server_url
-from tunecache_cli.table import ms, render
+from tunecache_cli.table import ms, render, shown
 
 
 def register(commands: Any) -> None:
@@ -88,7 +88,7 @@ def _as_text(kernel: str, shape: str, dtype: str, answer: Any) -> str:
         rows.append(rows.pop(0))  # eager last when a tuned record beats it
     table = render(["backend", "time ms", "vs best", "vs torch eager", "timed on", "rule",
                     "record"], rows)  # fmt: skip
-    return f"{head}\n{table}\n{answer.note}"
+    return f"{shown(head)}\n{table}\n{shown(answer.note)}"
 
 
 def _speedup(row: Any) -> float | None:

@@ -12,7 +12,7 @@ from tunecache.key import Key
 from tunecache.schemas import RecordPublic
 from tunecache.timing import conditions_text, noise_text, versus
 from tunecache_cli.args import add_key, add_server, key_from_args, server_url
-from tunecache_cli.table import ms
+from tunecache_cli.table import ms, shown
 
 
 def register(commands: Any) -> None:
@@ -28,6 +28,8 @@ def register(commands: Any) -> None:
 
 
 def describe(record: RecordPublic) -> str:
+    """The record in a few lines, a field each; what the server holds in a line is escaped
+    (:func:`shown`): a summary or a name cannot add a line, or hide one, on a terminal."""
     timing = record.believed_timing
     noisy = noise_text(record)
     parts = [
@@ -46,7 +48,7 @@ def describe(record: RecordPublic) -> str:
         f"  trust      {record.trust_text()}",
         f"  record     #{record.id}, {record.created_at:%Y-%m-%d %H:%M} UTC",
     ]
-    return "\n".join(part for part in parts if part)
+    return "\n".join(shown(part) for part in parts if part)
 
 
 def _versus_eager(record: RecordPublic) -> str:
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"miss: {key.short()} (under the {args.policy} version policy)")
             for line in unserved:
-                print(f"  {line}")
+                print(f"  {shown(line)}")
             if nearest is not None:
                 print(_explained(key, nearest))
         return 1
@@ -121,5 +123,6 @@ def _explained(key: Key, nearest: list[Nearby]) -> str:
             how = f"served with --policy {n.served_under} ({n.rule} rule)"
         else:
             how = "never served for this key"
-        lines.append(f"  #{n.record_id}: {how}; differs: {'; '.join(n.differences) or 'nothing'}")
+        differs = "; ".join(n.differences) or "nothing"
+        lines.append(shown(f"  #{n.record_id}: {how}; differs: {differs}"))
     return "\n".join(lines)

@@ -39,9 +39,9 @@ from pydantic import ValidationError
 
 from backends.base import Progress, ProgressFn, Trial, TrialStatus
 from tunecache.errors import InvalidInput
-from tunecache.jsonsafe import storable_text
 from tunecache.schemas import MAX_TRIAL_ERROR
 from tunecache.space import Config, SearchSpace
+from tunecache.strict import printable_text
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def entry(config: Mapping[str, Any], status: str, times_ms: Sequence[float] = ()
         median = statistics.median(times) if status == "ok" and times else None
         return Trial(config=dict(config), status=typing.cast(TrialStatus, status),
                      time_ms=median, times_ms=times,
-                     error=storable_text(error, MAX_TRIAL_ERROR))  # fmt: skip
+                     error=printable_text(error, MAX_TRIAL_ERROR))  # fmt: skip
     except (TypeError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         if status == "ok" and not times_ms:
             raise InvalidInput(f"landscape entry {dict(config)} is ok but has no times") from None

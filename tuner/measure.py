@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from tunecache.jsonsafe import storable_text
 from tunecache.schemas import MAX_TRIAL_ERROR, TimingModel, Trial, TrialStatus, ValidationReport
 from tunecache.space import Config
+from tunecache.strict import printable_text
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,9 @@ class Measurement:
         spread: tuple[float, ...] = ()
         if self.timing is not None:
             spread = (self.timing.min_ms, self.timing.median_ms, self.timing.max_ms)
-        return Trial(config=dict(config), status=self.status, time_ms=self.time_ms,
-                     error=storable_text(self.error, MAX_TRIAL_ERROR), times_ms=spread)  # fmt: skip
+        error = printable_text(self.error, MAX_TRIAL_ERROR)
+        return Trial(config=dict(config), status=self.status, time_ms=self.time_ms, error=error,
+                     times_ms=spread)  # fmt: skip
 
 
 @runtime_checkable

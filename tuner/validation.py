@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from tunecache.closeness import relative_errors
 from tunecache.schemas import CheckModel, ValidationReport
+from tunecache.strict import printable_text
 
 if TYPE_CHECKING:
     import torch
@@ -88,7 +89,7 @@ def check(
         rel, max_abs, note = compare(out.to(ref.device), ref)
     except Exception as exc:  # a candidate may fail in any way; that is a failed check
         logger.debug("candidate raised on %s seed %d", dict(problem), seed, exc_info=True)
-        rel, max_abs, note = None, None, f"raised {type(exc).__name__}: {exc}"[:500]
+        rel, max_abs, note = None, None, printable_text(f"raised {type(exc).__name__}: {exc}", 500)
     return CheckModel(
         problem=dict(problem),
         seed=seed,
@@ -124,7 +125,7 @@ def validate(
         try:
             runnable = build(p)
         except Exception as exc:
-            note = f"build failed: {type(exc).__name__}: {exc}"[:500]
+            note = printable_text(f"build failed: {type(exc).__name__}: {exc}", 500)
             checks.append(
                 CheckModel(
                     problem=dict(p),

@@ -37,6 +37,7 @@ from tunecache.key import Key
 from tunecache.policies import bucket_policy
 from tunecache.schemas import MAX_CHECKS, ValidationReport
 from tunecache.space import Config
+from tunecache.strict import printable_text
 from tunecache.timing import DEFAULT_TIMER, TimerSettings
 from tunecache.verification import VerificationCreate, VerifyTask
 from tuner.daemon import Worker, poll
@@ -122,10 +123,12 @@ class Verifier(Worker):
         measured = harness.benchmarker(self._task(key, dict(key.problem))).measure(config)
         if not measured.ok or measured.timing is None:
             return self._finding("failed", validation=merged(reports),
-                                 error=f"{measured.status}: {measured.error}"[:2000])  # fmt: skip
+                                 error=f"{measured.status}: {measured.error}")  # fmt: skip
         return self._finding("passed", validation=merged(reports), timing=measured.timing)
 
     def _finding(self, outcome: str, **fields: Any) -> VerificationCreate:
+        if "error" in fields:  # a compiler's or the record's text: printable, as the field takes
+            fields["error"] = printable_text(fields["error"], 2000)
         return VerificationCreate(worker=self.worker, outcome=outcome,  # type: ignore[arg-type]
                                   device_name=self.device.fingerprint.name, **fields)  # fmt: skip
 

@@ -17,7 +17,7 @@ from cache_server.dashboard.svg import convergence_svg
 from cache_server.dashboard.templating import page
 from cache_server.trust import winner_table
 from tunecache.jobs import JobPublic, JobState
-from tunecache.schemas import MAX_ID, Backend, Name
+from tunecache.schemas import MAX_ID, STORED, Backend, Name
 
 PAGE_SIZE = 100
 # A filter is validated as the API's (a name, a backend, a job state); the form's "any" sends "".
@@ -103,7 +103,9 @@ def job_queue(
         request,
         "jobs.html",
         {
-            "jobs": [JobPublic.model_validate(row, from_attributes=True) for row in rows],
+            "jobs": [
+                JobPublic.model_validate(row, from_attributes=True, context=STORED) for row in rows
+            ],
             "counts": counts,
             "state": state,
             "pages": _pages(total, p),

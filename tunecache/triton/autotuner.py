@@ -39,6 +39,7 @@ from tunecache.policies import VersionPolicy
 from tunecache.problem import describe
 from tunecache.schemas import CheckModel
 from tunecache.settings import Settings, interpret_enabled, settings_without_bad
+from tunecache.strict import printable_text
 from tunecache.triton import hostbench
 from tunecache.triton.check import SEED, compare_outputs, finish, fresh_call, out_of_memory
 from tunecache.triton.hostbench import host_bench
@@ -223,7 +224,9 @@ class CachedAutotuner(Autotuner):
                                          f"{config} ({one_line(exc)}); not uploaded")  # fmt: skip
             return None
         except Exception as exc:  # the config's own run failed on fresh inputs
-            return CheckModel.raised(key.problem, SEED, f"its run raised {one_line(exc)}")
+            return CheckModel.raised(
+                key.problem, SEED, printable_text(f"its run raised {one_line(exc)}", 512)
+            )
 
     def _triton_key(self, arguments: dict[str, Any]) -> tuple[Any, ...]:
         """The tuple Triton's own ``Autotuner.run`` caches under (key values, then dtypes)."""

@@ -41,6 +41,7 @@ from tunecache.errors import TuningError
 from tunecache.interleave import MIN_ROUNDS
 from tunecache.schemas import CheckModel, Trial, ValidationReport
 from tunecache.space import Config
+from tunecache.strict import printable_text
 from tuner.harness.discipline import reserved_cores, worker_environment
 from tuner.harness.farm import CompileFarm
 from tuner.harness.messages import Answer, AnswerStatus, Op, Request
@@ -481,6 +482,6 @@ def failed_report(task: Task, seeds: Sequence[int], note: str) -> ValidationRepo
     """A failed validation report saying why the check could not run (the worker died, …)."""
     check = CheckModel(
         problem=dict(task.problem), seed=seeds[0], rel_error=None, max_abs_error=None,
-        tolerance=1.0, passed=False, note=note[:500],
+        tolerance=1.0, passed=False, note=printable_text(note, 500),
     )  # fmt: skip
     return ValidationReport(passed=False, tolerance=1.0, max_rel_error=None, checks=[check])

@@ -25,7 +25,7 @@ from tunecache.jobs import (
     JobState,
     LeaseRequest,
 )
-from tunecache.schemas import INT64_MAX, MAX_ID, LookupRequest
+from tunecache.schemas import INT64_MAX, MAX_ID, STORED, LookupRequest
 from tunecache.tokens import grants
 
 router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["jobs"])
@@ -34,7 +34,7 @@ MISS_PRIORITY = -10  # misses seen in production queue behind explicit pre-tunin
 
 
 def public(job: JobRow) -> JobPublic:
-    return JobPublic.model_validate(job, from_attributes=True)
+    return JobPublic.model_validate(job, from_attributes=True, context=STORED)
 
 
 def _held(job: JobRow | None, job_id: int) -> JobPublic:

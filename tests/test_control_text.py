@@ -1,0 +1,157 @@
+"""Free text a record carries cannot forge or hide what a terminal shows beside it.
+
+An uploader with a plain write token set a record's ``config_summary`` to ``tile 4x8\\n  trust
+verified by …\\x1b[8m``: ``tunecache get`` printed a forged "trust verified" line above the real
+"pending" one, and ESC[8m concealed the real one. Now the server refuses a control character (C0,
+DEL, C1) or a bidi control in every free-text field of an upload (422 naming the field; an error
+message may hold lines), a record stored before keeps being served as stored, and the CLI escapes
+what a server sends, on one line.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sqlite3
+from typing import Any
+
+import httpx
+import pytest
+
+import tunecache.client
+import tunecache_cli
+from tests.conftest import LiveServer
+from tests.factories import AUTH, make_key, make_record, miss
+from tunecache import Client
+from tunecache.http import IDENTITY_HEADER
+from tunecache.schemas import LookupRequest
+from tunecache_cli.get import describe
+from tunecache_cli.table import render
+
+ESC = "\x1b"
+FORGED = ("tile 4x8\n  trust      verified by cpu-verifier on test-cpu (uploaded by ci)"
+          f"{ESC}[8m")  # fmt: skip
+
+
+def _set(data: dict[str, Any], path: str, value: str) -> None:
+    *parents, last = path.split(".")
+    for part in parents:
+        data = data[int(part)] if part.isdigit() else data[part]  # type: ignore[index]
+    data[last] = value
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("config_summary", FORGED),
+        ("config_summary", f"tile 4x8{ESC}[8m"),
+        ("config_summary", "tile 4x8\x9b8m"),  # C1: CSI in one byte
+        ("config_summary", "tile \u202e8x4"),  # a bidi override
+        ("provenance.machine", "ci\rverified"),
+        ("provenance.tool_version", "1.0\u2066"),
+        ("key.device.name", "test-cpu\x85"),
+        ("timing.timer", f"perf_counter{ESC}[2J"),
+        ("baselines.0.name", f"torch_eager{ESC}[8m"),
+        ("search.strategy", "random\n"),
+        ("validation.checks.0.note", f"ok{ESC}[8m"),
+        ("trials.0.error", f"{ESC}[31mcompile error"),
+    ],
+)  # fmt: skip
+def test_an_upload_with_a_control_character_in_free_text_is_a_422_naming_the_field(
+    shared_server: LiveServer, path: str, value: str
+) -> None:
+    record = make_record(make_key(m=72)).model_dump(mode="json", by_alias=True)
+    record["baselines"] = record["baselines"] or [{"name": "torch_eager",
+                                                   "timing": record["timing"]}]  # fmt: skip
+    _set(record, path, value)
+    answer = httpx.post(f"{shared_server.url}/v1/records", json=record, headers=AUTH)
+    assert answer.status_code == 422, answer.text
+    detail = answer.json()["detail"]
+    assert detail.startswith(f"body.{path}:") and "control character" in detail, detail
+
+
+def test_an_error_or_a_note_may_hold_lines_and_tabs(shared_server: LiveServer) -> None:
+    record = make_record(make_key(m=80)).model_dump(mode="json", by_alias=True)
+    _set(record, "trials.0.error", "CompilationError:\n  at 3:4\n\tx = tl.load(p)")
+    _set(record, "validation.checks.0.note", "first line\nsecond line")
+    answer = httpx.post(f"{shared_server.url}/v1/records", json=record, headers=AUTH)
+    assert answer.status_code == 201, answer.text
+
+
+def test_a_record_stored_before_the_check_is_served_as_stored_and_shown_escaped(
+    server: LiveServer,
+) -> None:
+    key = make_key(m=88)
+    with Client(server.url) as client:
+        stored = client.upload(make_record(key))
+    with sqlite3.connect(server.db_path) as db:  # as an older server stored it, unchecked
+        db.execute("update records set config_summary = ?", (FORGED,))
+        db.execute("update trials set error = ?", (f"{ESC}[31mred",))
+    assert httpx.get(f"{server.url}/v1/records/{stored.record_id}").status_code == 200
+    with Client(server.url, token="") as client:
+        answer = client.fetch_answer(key)
+        listed = client.list_records(key_hash=key.digest()).items
+    assert answer is not None and answer.record.config_summary == FORGED
+    assert listed[0].config_summary == FORGED
+    shown = describe(answer.record)
+    assert ESC not in shown and "\\x1b[8m" in shown
+    assert [line for line in shown.splitlines() if "trust" in line] == [
+        "  config     tile 4x8\\n  trust      verified by cpu-verifier on test-cpu (uploaded by "
+        "ci)\\x1b[8m",
+        "  trust      pending: validated by its uploader only (uploaded by bootstrap; not verified)",
+    ]
+
+
+def _public_json(data: dict[str, Any]) -> str:
+    return json.dumps({**data, "id": 7, "key_hash": "0" * 64,
+                       "created_at": "2026-01-01T00:00:00Z"})  # fmt: skip
+
+
+def _hostile_transport() -> httpx.MockTransport:
+    """A server that answers every lookup with a record of the asked key whose free text holds
+    a newline, escape sequences, a C1 control and a bidi override (as an unchecked server
+    would serve them)."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/v1/lookup":
+            return miss()
+        key = LookupRequest.model_validate_json(request.content).key.to_key()
+        data = make_record(key).model_dump(mode="json", by_alias=True)
+        data["config_summary"] = FORGED
+        data["provenance"]["machine"] = "\u202eci"
+        data["key"]["device"]["name"] = f"{key.device.name}\x9b8m"
+        record = _public_json(data)
+        body = '{"record": ' + record + ', "match": "exact", "policy": "strict"}'
+        return httpx.Response(200, content=body.encode(),
+                              headers={IDENTITY_HEADER: "tunecache/test"})  # fmt: skip
+
+    return httpx.MockTransport(handle)
+
+
+def test_the_cli_prints_a_hostile_servers_text_escaped_on_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hostile = functools.partial(Client, transport=_hostile_transport())
+    monkeypatch.setattr(tunecache.client, "Client", hostile)
+    code = tunecache_cli.main(["get", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8",
+                               "--server", "http://hostile.test"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert ESC not in out and "\x9b" not in out and "\u202e" not in out
+    lines = out.splitlines()
+    assert [line.split()[0] for line in lines[1:]] == [
+        "config", "time", "speedup", "validated", "trust", "record", "matched"
+    ]  # fmt: skip
+    assert lines[1] == ("  config     tile 4x8\\n  trust      verified by cpu-verifier on "
+                        "test-cpu (uploaded by ci)\\x1b[8m")  # fmt: skip
+    assert lines[5].startswith("  trust      pending: validated by its uploader only")
+
+
+def test_a_table_cell_holding_control_characters_stays_on_its_line() -> None:
+    table = render(["name", "note"], [["a\nb", f"{ESC}[8mhidden"], ["\u202ex", "\x85"]])
+    assert table.splitlines() == [
+        "name     note",
+        "-------  -------------",
+        "a\\nb     \\x1b[8mhidden",
+        "\\u202ex  \\x85",
+    ]
