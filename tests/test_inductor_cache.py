@@ -309,7 +309,7 @@ def test_hostile_answers_are_ignored_and_the_compile_runs(
 
 # -- the pieces -----------------------------------------------------------------------------------
 
-GOOD = {"op": "mm", "inputs": "[('cpu', 'torch.float32', 8, 8)]", "precision": "highest",
+GOOD: dict[str, Any] = {"op": "mm", "inputs": "[('cpu', 'torch.float32', 8, 8)]", "precision": "highest",
         "timings": {"a-1": 0.5, "b-2": 0.25, "c-3": None}}  # fmt: skip
 
 
@@ -326,11 +326,14 @@ def test_a_malformed_choice_group_is_refused(value: Any) -> None:
     assert ChoiceGroup.from_value(value) is None
 
 
-def test_a_choice_group_round_trips_with_failed_choices_as_null() -> None:
+def test_a_local_failure_is_uploaded_as_null_and_a_served_one_dropped() -> None:
+    timings = {**GOOD["timings"], "c-3": math.inf}  # as Inductor's file has it
+    local = ChoiceGroup.checked(GOOD["op"], GOOD["inputs"], GOOD["precision"], timings,
+                                failed=math.inf)  # fmt: skip
+    assert local is not None and local.to_value() == GOOD
     group = ChoiceGroup.from_value(GOOD)
     assert group is not None and group.best_ms == 0.25
-    assert group.timings["c-3"] == math.inf
-    assert group.to_value() == GOOD
+    assert group.timings == {"a-1": 0.5, "b-2": 0.25}  # only "timed at X ms" is taken
     assert len(group.key()) <= 256
     long = ChoiceGroup.from_value({**GOOD, "inputs": "x" * 1000})
     assert long is not None and len(long.key()) <= 256 and long.key() != group.key()
@@ -347,7 +350,10 @@ def test_merging_keeps_local_groups_and_leaves_an_unreadable_file_alone(tmp_path
     assert merge_groups(path, [remote, other], {"hash": "h"}) == 1
     document = json.loads(path.read_text())
     assert document["cache"]["mm"] == local["mm"]  # timed here: kept
-    assert document["cache"]["addmm"][GOOD["inputs"]]["highest"]["c-3"] == math.inf
+    assert document["cache"]["addmm"][GOOD["inputs"]]["highest"] == {"a-1": 0.5, "b-2": 0.25}
+    failed = ChoiceGroup("bmm", GOOD["inputs"], "highest", {"a-1": math.inf})
+    assert merge_groups(path, [failed], {"hash": "h"}) == 0  # a failure is never merged
+    assert "bmm" not in json.loads(path.read_text())["cache"]
     assert {g.op for g in read_groups(path)} == {"mm", "addmm"}
     assert [p.name for p in path.parent.iterdir()] == ["system-hash"]  # no temp file left
     path.write_text("{not json")
@@ -427,7 +433,7 @@ def test_upload_pushes_the_local_choice_file_and_warns_when_it_cannot(
         merge_groups(local_cache_path(), [group], {"hash": "h"})
         result = upload(server.url)
         assert result is not None and (result.stored, result.kept) == (1, 0)
-        assert [g.to_value() for g in server_groups(server.url)] == [GOOD]
+        assert [g.to_value() for g in server_groups(server.url)] == [group.to_value()]
         with recorded_warnings() as caught:
             assert upload(f"http://127.0.0.1:{free_port()}", timeout=1.0) is None
         assert [w.category for w in caught] == [TeamCacheWarning]

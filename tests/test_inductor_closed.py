@@ -156,6 +156,7 @@ def test_a_real_tiny_search_writes_configs_the_schema_serves(tmp_path: Path) -> 
 # -- inductor.choices ---------------------------------------------------------------------------
 GROUP: dict[str, Any] = {"op": "packed_linear", "inputs": "[('cpu', 'torch.float32', 8, 8)]",
                          "precision": "highest", "timings": {"a-1": 0.5, "b-2": 0.25, "c-3": None}}  # fmt: skip
+TIMED: dict[str, Any] = {**GROUP, "timings": {"a-1": 0.5, "b-2": 0.25}}  # a served GROUP, merged
 
 
 @pytest.mark.parametrize(
@@ -184,11 +185,18 @@ def test_a_hostile_choice_group_is_refused_naming_the_field(value: Any, names: s
     assert ChoiceGroup.from_value(value) is None
 
 
-def test_a_good_choice_group_passes_and_round_trips() -> None:
+def test_a_good_choice_group_passes_and_round_trips_without_its_failures() -> None:
     assert choice_group_problem(GROUP) is None
     group = ChoiceGroup.from_value(GROUP)
-    assert group is not None and group.to_value() == GROUP
+    assert group is not None and group.to_value() == TIMED
     assert choice_group_problem(group.to_value()) is None
+
+
+def test_a_served_group_of_failures_beside_a_made_up_time_keeps_only_that_time() -> None:
+    value = {**GROUP, "timings": {"a-1": None, "b-2": None, FOREIGN: 0.001}}
+    assert choice_group_problem(value) is None  # the server cannot tell whose hashes they are
+    group = ChoiceGroup.from_value(value)
+    assert group is not None and dict(group.timings) == {FOREIGN: 0.001}
 
 
 # -- inductor.autotune ----------------------------------------------------------------------------
@@ -384,7 +392,7 @@ def test_hostile_choice_groups_from_the_transport_are_dropped_by_enable(
         warnings.simplefilter("error", TeamCacheWarning)
         enabled = tunecache.inductor.enable("http://hostile.test")
     assert (enabled.fetched, enabled.ignored, enabled.merged) == (1, len(HOSTILE_GROUPS), 1)
-    assert [g.to_value() for g in read_groups(local_cache_path())] == [GROUP]
+    assert [g.to_value() for g in read_groups(local_cache_path())] == [TIMED]
 
 
 # -- AutotuneCache.read_best: only the kernel's own configs ----------------------------------------
@@ -564,6 +572,43 @@ def test_inductor_picks_only_among_its_own_choices(server: LiveServer, tmp_path:
     # One own choice lacks a time: the group is not used at all; Inductor benchmarks.
     assert lacking_report["benchmarks"] > 0
     assert FOREIGN not in lacking_report["chosen"] and lacking_report["chosen"][0] in own
+    expected = torch.load(tmp_path / "a.pt")
+    for name in ("b.pt", "c.pt"):
+        assert torch.allclose(torch.load(tmp_path / name), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_served_failed_choices_are_dropped_and_inductor_benchmarks_them(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """The reviewer's attack: every own choice served as failed (``null``), plus a foreign one
+    with a time so the schema admits the group. Merged as served, Inductor's next compile raised
+    ``NoValidChoicesError``, and so did every later one on that cache, tunecache or not."""
+    import torch
+
+    from tunecache.inductor.choices import read_groups
+    from tunecache.inductor.partition import partition
+
+    model = tmp_path / "linear.py"
+    model.write_text(MODEL)
+    inductor_runs.report(_compile(model, tmp_path / "a", tmp_path / "a.pt", None))
+    (choice_file,) = (tmp_path / "a" / "cache").iterdir()
+    (group,) = read_groups(choice_file)
+    own = sorted(group.timings)
+    failed = {**group.to_value(), "timings": {**{h: None for h in own}, FOREIGN: 0.001}}
+    item = ArtifactIn(namespace="inductor.choices", partition=partition(), key="g", value=failed)
+    with Client(server.url) as client:
+        assert client.put_artifacts([item]).stored == 1  # the schema cannot tell whose hash it is
+    served = inductor_runs.report(_compile(model, tmp_path / "b", tmp_path / "b.pt", server.url))
+    # Only "FOREIGN was timed at 0.001 ms" is merged: Inductor lacks its own choices' times and
+    # benchmarks them itself; it picks one of its own.
+    assert served["enabled"]["merged"] == 1
+    assert served["benchmarks"] > 0 and served["chosen"][0] in own
+    (merged,) = read_groups(next((tmp_path / "b" / "cache").iterdir()))
+    assert all(math.isfinite(merged.timings[h]) for h in own)
+    # A later process on that cache, without tunecache, uses the times Inductor measured.
+    later = inductor_runs.report(_compile(model, tmp_path / "b", tmp_path / "c.pt", None))
+    assert later["benchmarks"] == 0 and later["chosen"] == served["chosen"]
     expected = torch.load(tmp_path / "a.pt")
     for name in ("b.pt", "c.pt"):
         assert torch.allclose(torch.load(tmp_path / name), expected, rtol=1e-4, atol=1e-5)

@@ -167,8 +167,11 @@ def choice_group_problem(value: Any) -> str | None:
     """Why ``value`` is not an ``inductor.choices`` group, or ``None``.
 
     ``{"op", "inputs", "precision", "timings"}``: printable text, and choice hash → milliseconds
-    (``null``: the choice failed) with at least one finite time (a group of failures only would
-    make Inductor raise ``NoValidChoicesError``).
+    (``null``: the choice failed) with at least one finite time (a group of failures only has
+    nothing to share). That is all a check here can see: a hash is opaque, so a group of the real
+    candidates' failures beside a made-up hash's time passes. The client therefore never merges a
+    served failure (:meth:`tunecache.inductor.choices.ChoiceGroup.timed`): merged, a group of
+    failures makes Inductor raise ``NoValidChoicesError``.
     """
     if not isinstance(value, Mapping):
         return f"a choice group is an object, not {type(value).__name__}"

@@ -15,12 +15,17 @@ failed, Inductor's ``inf``), its score the fastest time.
 Values read from the server are untrusted: :meth:`ChoiceGroup.from_value` keeps a group only if
 it fits the closed schema the server also checks at upload
 (:func:`tunecache.configcheck.inductor.choice_group_problem`): the four fields of the right type
-and size, every time a finite, non-negative number (or ``null``), with at least one finite time (a
-group of failures only would make Inductor raise ``NoValidChoicesError``). The group is data, not
-code: ``PersistentCache.lookup`` uses it only when every candidate Inductor offers for the node
-has a time in it, and picks only among those candidates; a choice hash no candidate has is never
-looked at, and a group lacking one of them misses (Inductor benchmarks). Merging never replaces a
-group the local file already has, and never touches a local file it cannot read.
+and size, every time a finite, non-negative number (or ``null``), with at least one finite time.
+A served group only ever says "this choice was timed at X ms": its failed (``null``) choices are
+dropped (:meth:`ChoiceGroup.timed`), and a group left with no time is not merged. Merged as
+failed, a choice would never be timed here, and a group whose every candidate failed makes Inductor
+raise ``NoValidChoicesError``, in every later compile on that cache: the schema cannot stop it, as
+it cannot tell which hashes are Inductor's (all of them ``null`` beside a made-up one passed). The
+group is data, not code: ``PersistentCache.lookup`` uses it only when every candidate Inductor
+offers for the node has a time in it, and picks only among those candidates; a choice hash no
+candidate has is never looked at, and a group lacking one of them misses (Inductor benchmarks every
+candidate and writes their times into the group). Merging never replaces a group the local file
+already has, and never touches a local file it cannot read.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -89,12 +94,24 @@ class ChoiceGroup:
 
     @classmethod
     def from_value(cls, value: Any) -> ChoiceGroup | None:
-        """A group from an artifact value, or ``None`` if it is outside the closed schema."""
+        """A served group from an artifact value, its failed choices dropped (:meth:`timed`), or
+        ``None`` if it is outside the closed schema or has no time left."""
         if (why := choice_group_problem(value)) is not None:
             logger.debug("choice group refused: %s", why)
             return None
-        return cls.checked(value["op"], value["inputs"], value["precision"], value["timings"],
-                           failed=None)  # fmt: skip
+        group = cls.checked(value["op"], value["inputs"], value["precision"], value["timings"],
+                            failed=None)  # fmt: skip
+        return group.timed() if group is not None else None
+
+    def timed(self) -> ChoiceGroup | None:
+        """The group without its failed choices; ``None`` when none has a time.
+
+        What another machine's group may say here: a choice was timed at X ms. A failure it
+        names is not taken: Inductor never re-times a choice its file says failed, and fails the
+        compile when every candidate did. Left out, the choice is benchmarked by Inductor itself.
+        """
+        finite = {h: ms for h, ms in self.timings.items() if math.isfinite(ms)}
+        return replace(self, timings=finite) if finite else None
 
     @classmethod
     def checked(
@@ -164,7 +181,9 @@ def merge_groups(path: Path, groups: Iterable[ChoiceGroup], system: Mapping[str,
     """Adds the groups the file lacks to Inductor's choice file, atomically.
 
     A group the file has already (same op, inputs key and precision) is kept as it is: it was
-    timed on this machine. A file that cannot be read is left alone.
+    timed on this machine. Only the groups' times are written (:meth:`ChoiceGroup.timed`): a
+    failure from elsewhere would stop Inductor timing that choice, or fail the compile. A file
+    that cannot be read is left alone.
 
     Args:
         path: the file (:func:`local_cache_path`).
@@ -179,7 +198,8 @@ def merge_groups(path: Path, groups: Iterable[ChoiceGroup], system: Mapping[str,
         return 0
     cache: dict[str, Any] = document.setdefault("cache", {})
     added = 0
-    for group in groups:
+    timed = [t for t in (g.timed() for g in groups) if t is not None]
+    for group in timed:
         by_inputs = cache.setdefault(group.op, {})
         if not isinstance(by_inputs, dict):
             continue
