@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from cache_server.api.problems import send as send_error
-from cache_server.api.shedding import MONITOR_SLOTS, LoadShedding
+from cache_server.api.shedding import BULK_SLOTS, MONITOR_SLOTS, LoadShedding
 
 
 class Held:
@@ -159,5 +159,32 @@ def test_health_has_slots_of_its_own() -> None:
         held.release.set()
         assert [(await t)[0] for t in checks] == [200] * MONITOR_SLOTS
         assert (await call(app))[0] == 200
+
+    asyncio.run(run())
+
+
+def test_a_snapshot_never_holds_the_slots_lookups_need() -> None:
+    """Two anonymous exports of 20,000 winners (22 s each) held both of a process's slots and
+    every lookup got 503 meanwhile: snapshots have a slot of their own, and a lookup is
+    admitted beside one; one more snapshot is refused at once."""
+
+    class Snapshots(Held):
+        async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["path"] == "/v1/snapshot":
+                await super().__call__(scope, receive, send)
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    async def run() -> None:
+        held = Snapshots()
+        app = shedding(held, slots=2, wait=0.05)
+        exports = [asyncio.create_task(call(app, "/v1/snapshot")) for _ in range(BULK_SLOTS)]
+        await asyncio.sleep(0.01)
+        status, _, seconds = await call(app, "/v1/snapshot")
+        assert status == 503 and seconds < 0.01
+        assert [(await call(app))[0] for _ in range(4)] == [200] * 4  # lookups: answered
+        held.release.set()
+        assert [(await t)[0] for t in exports] == [200] * BULK_SLOTS
 
     asyncio.run(run())

@@ -16,7 +16,10 @@ p50 21.8 s, p99 40 s).
 
 ``/health`` and ``/metrics`` have slots of their own (:data:`MONITOR_SLOTS`, no waiting): an
 overloaded server still says how it is, and a flood of them (each counts the records) cannot take
-the database connections the API needs.
+the database connections the API needs. So do snapshots (``/v1/snapshot``, :data:`BULK_SLOTS`):
+an export's cost grows with the winners of an arch (20,000 took 22 s), and two anonymous ones
+held both slots of a process, every lookup refused meanwhile (and their times would have made
+the moving average shed what followed). A lookup never waits behind one.
 """
 
 from __future__ import annotations
@@ -26,11 +29,22 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 MONITORING = frozenset({"/health", "/metrics"})
 MONITOR_SLOTS = 2
+BULK = frozenset({"/v1/snapshot"})
+BULK_SLOTS = 1
 SMOOTHING = 0.1  # weight of the newest request in the moving average of request times
+
+
+@dataclass
+class _Side:
+    paths: frozenset[str]
+    slots: int
+    what: str
+    busy: int = 0
 
 
 class LoadShedding:
@@ -49,7 +63,9 @@ class LoadShedding:
         self.app, self.reject = app, reject
         self.max_in_flight, self.max_wait, self.retry_after = max_in_flight, max_wait, retry_after
         self.in_flight = 0
-        self.monitoring = 0  # /health and /metrics requests in flight
+        # requests in flight on slots of their own: (paths, slots, what they are, how many)
+        self.sides = [_Side(MONITORING, MONITOR_SLOTS, "health or metrics"),
+                      _Side(BULK, BULK_SLOTS, "snapshot")]  # fmt: skip
         self.waiting: deque[asyncio.Future[None]] = deque()
         self.seconds_per_request = 0.005  # until measured
         self.square_per_request = self.seconds_per_request**2  # their squares' moving average
@@ -89,17 +105,17 @@ class LoadShedding:
             raise
         return True
 
-    async def _monitor(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """A /health or /metrics request, in its own slots."""
-        if self.monitoring >= MONITOR_SLOTS:
-            detail = f"{self.monitoring} health or metrics requests are in progress"
+    async def _aside(self, side: _Side, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """A request of ``side``'s paths, in its slots (no waiting)."""
+        if side.busy >= side.slots:
+            detail = f"{side.busy} {side.what} requests are in progress"
             await self.reject(send, 503, detail, {"Retry-After": str(self.retry_after)})
             return
-        self.monitoring += 1
+        side.busy += 1
         try:
             await self.app(scope, receive, send)
         finally:
-            self.monitoring -= 1
+            side.busy -= 1
 
     def _release(self) -> None:
         """Hands the slot to the first request still waiting, else frees it."""
@@ -114,8 +130,9 @@ class LoadShedding:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if scope.get("path") in MONITORING:
-            await self._monitor(scope, receive, send)
+        side = next((side for side in self.sides if scope.get("path") in side.paths), None)
+        if side is not None:
+            await self._aside(side, scope, receive, send)
             return
         if not await self._admit():
             detail = (f"the server is busy ({self.in_flight} requests in progress, "
