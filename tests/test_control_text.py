@@ -25,6 +25,7 @@ from tests.factories import AUTH, make_key, make_record, miss
 from tunecache import Client
 from tunecache.http import IDENTITY_HEADER
 from tunecache.schemas import LookupRequest
+from tunecache.snapshot import load_snapshot, save_snapshot
 from tunecache_cli.get import describe
 from tunecache_cli.table import render
 
@@ -93,6 +94,13 @@ def test_a_record_stored_before_the_check_is_served_as_stored_and_shown_escaped(
         listed = client.list_records(key_hash=key.digest()).items
     assert answer is not None and answer.record.config_summary == FORGED
     assert listed[0].config_summary == FORGED
+    with Client(server.url) as client:  # every read of it: records show, sync, a token's list
+        assert client.get_record(stored.record_id).config_summary == FORGED
+        document, _ = client.export_snapshot(key.device.arch)
+    assert document is not None and document["records"][0]["config_summary"] == FORGED
+    snapshot_file = server.db_path.parent / "snapshot.json"
+    save_snapshot(snapshot_file, document)
+    assert load_snapshot(snapshot_file).records[0].config_summary == FORGED
     shown = describe(answer.record)
     assert ESC not in shown and "\\x1b[8m" in shown
     assert [line for line in shown.splitlines() if "trust" in line] == [

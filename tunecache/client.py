@@ -81,6 +81,7 @@ from tunecache.schemas import (
 from tunecache.server_source import ServerSource
 from tunecache.settings import Settings
 from tunecache.snapshot import SnapshotImportResult, SnapshotPublic
+from tunecache.strict import SERVED
 from tunecache.tokens import Scope, TokenCreate, TokenCreated, TokenList, TokenPublic, WhoAmI
 from tunecache.verification import (
     DisputeCreate,
@@ -320,10 +321,7 @@ class Client(WorkerCalls):
         """
         body = self._lookup_body(key)
         response = self._call("POST", "/v1/misses", timeout, read=True, json=body)
-        try:
-            return JobEnqueued.model_validate_json(response.content)
-        except ValidationError as exc:
-            raise ServerError(f"POST /v1/misses gave a bad answer: {exc}") from exc
+        return parse(JobEnqueued, response, "/v1/misses")
 
     def dispute(
         self, record_id: int, dispute: DisputeCreate, *, timeout: float | None = None
@@ -347,9 +345,8 @@ class Client(WorkerCalls):
 
     def get_record(self, record_id: int) -> RecordPublic:
         """One record with all its trials."""
-        return RecordPublic.model_validate_json(
-            self._call("GET", f"/v1/records/{record_id}").content
-        )
+        path = f"/v1/records/{record_id}"
+        return parse(RecordPublic, self._call("GET", path), path)
 
     def export_snapshot(
         self, device_arch: str, *, if_none_match: str | None = None, **filters: str | None
@@ -375,7 +372,7 @@ class Client(WorkerCalls):
             return None, response.headers.get("etag", if_none_match or "")
         try:
             document: dict[str, Any] = parse_json(response.content)
-            SnapshotPublic.model_validate(document)
+            SnapshotPublic.model_validate(document, context=SERVED)
         except (ValidationError, ValueError) as exc:
             raise ServerError(f"GET /v1/snapshot sent no valid snapshot: {exc}") from exc
         return document, response.headers.get("etag", "")
@@ -392,10 +389,7 @@ class Client(WorkerCalls):
         if isinstance(document, SnapshotPublic):
             document = document.model_dump(mode="json", by_alias=True)
         response = self._call("POST", "/v1/snapshot", json=dict(document))
-        try:
-            return SnapshotImportResult.model_validate_json(response.content).model_dump()
-        except ValidationError as exc:
-            raise ServerError(f"POST /v1/snapshot gave a bad answer: {exc}") from exc
+        return parse(SnapshotImportResult, response, "/v1/snapshot").model_dump()
 
     # -- artifacts: the integrations' own JSON (tunecache.inductor, tunecache.tvm) ----------
     def put_artifacts(self, items: Sequence[ArtifactIn]) -> ArtifactPutResult:
@@ -463,17 +457,16 @@ class Client(WorkerCalls):
         """A new token; the answer holds it in clear, for the only time. ``trusted``: its
         uploads are served as verified at once."""
         body = TokenCreate(name=name, scope=scope, trusted=trusted).model_dump()
-        return TokenCreated.model_validate_json(self._call("POST", "/v1/tokens", json=body).content)
+        return parse(TokenCreated, self._call("POST", "/v1/tokens", json=body), "/v1/tokens")
 
     def list_tokens(self, *, include_revoked: bool = False) -> list[TokenPublic]:
         params = {"include_revoked": "true"} if include_revoked else {}
         response = self._call("GET", "/v1/tokens", params=params)
-        return TokenList.model_validate_json(response.content).items
+        return parse(TokenList, response, "/v1/tokens").items
 
     def revoke_token(self, token_id: int) -> TokenPublic:
-        return TokenPublic.model_validate_json(
-            self._call("DELETE", f"/v1/tokens/{token_id}").content
-        )
+        path = f"/v1/tokens/{token_id}"
+        return parse(TokenPublic, self._call("DELETE", path), path)
 
     def whoami(self, *, timeout: float | None = None) -> WhoAmI:
         """The token this client sends, as the server sees it, and its scope.

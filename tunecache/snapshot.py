@@ -33,6 +33,7 @@ from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput, validation_problems
 from tunecache.jsonsafe import parse_json
 from tunecache.schemas import Backend, KeyModel, Line, Name, RecordCreate, _Strict
+from tunecache.strict import SERVED
 
 logger = logging.getLogger(__name__)
 
@@ -137,8 +138,11 @@ def render_snapshot(filters: SnapshotFilters, records: Sequence[RecordCreate]) -
     return canonical_json(document).encode("utf-8"), snapshot_etag(records)
 
 
-def parse_snapshot(document: Mapping[str, Any] | SnapshotPublic) -> SnapshotPublic:
-    """Validates a snapshot document.
+def parse_snapshot(
+    document: Mapping[str, Any] | SnapshotPublic, *, served: bool = False
+) -> SnapshotPublic:
+    """Validates a snapshot document; ``served``: one a server sent, whose stored text is taken
+    as stored (escaped where shown).
 
     Raises:
         InvalidInput: the document is not a valid snapshot, naming the first problems.
@@ -146,15 +150,16 @@ def parse_snapshot(document: Mapping[str, Any] | SnapshotPublic) -> SnapshotPubl
     if isinstance(document, SnapshotPublic):
         return document
     try:
-        return SnapshotPublic.model_validate(document)
+        return SnapshotPublic.model_validate(document, context=SERVED if served else None)
     except ValidationError as exc:
         raise InvalidInput(f"not a valid snapshot: {validation_problems(exc)}") from None
 
 
 def load_snapshot(path: Path) -> SnapshotPublic:
-    """Reads and validates a snapshot file, leaving out (with one warning) each record that does
-    not validate on its own — a config outside the closed schemas of this version, say — so one
-    bad record does not cost the others.
+    """Reads and validates a snapshot file (as served: text a server stored before it checked
+    text is read as stored, and escaped where shown), leaving out (with one warning) each record
+    that does not validate on its own — a config outside the closed schemas of this version,
+    say — so one bad record does not cost the others.
 
     Raises:
         InvalidInput: the file cannot be read or is not a valid snapshot.
@@ -164,7 +169,7 @@ def load_snapshot(path: Path) -> SnapshotPublic:
     except OSError as exc:
         raise InvalidInput(f"cannot read snapshot {path}: {exc.strerror or exc}") from None
     try:
-        return SnapshotPublic.model_validate_json(text)
+        return SnapshotPublic.model_validate_json(text, context=SERVED)
     except ValidationError as exc:
         whole = exc
     salvaged = _salvage(text)
@@ -172,7 +177,7 @@ def load_snapshot(path: Path) -> SnapshotPublic:
         if salvaged is None:
             raise whole
         document, records, left_out = salvaged
-        snapshot = SnapshotPublic.model_validate({**document, "records": records})
+        snapshot = SnapshotPublic.model_validate({**document, "records": records}, context=SERVED)
     except ValidationError:
         raise InvalidInput(
             f"{path} is not a valid snapshot: {validation_problems(whole)}"
@@ -195,7 +200,7 @@ def _salvage(text: bytes) -> tuple[dict[str, Any], list[Any], list[str]] | None:
     kept, left_out = [], []
     for i, record in enumerate(records):
         try:
-            RecordCreate.model_validate(record)
+            RecordCreate.model_validate(record, context=SERVED)
         except ValidationError as exc:
             left_out.append(f"records[{i}]: {validation_problems(exc, 1)}")
             continue
@@ -225,7 +230,7 @@ def save_snapshot(path: Path, document: Mapping[str, Any] | SnapshotPublic) -> N
     Raises:
         InvalidInput: ``document`` is not a valid snapshot, or ``path`` cannot be written.
     """
-    snapshot = parse_snapshot(document)
+    snapshot = parse_snapshot(document, served=True)  # what sync wrote, as the server sent it
     if isinstance(document, SnapshotPublic):
         data = render_snapshot(snapshot.filters, snapshot.records)[0]
     else:
