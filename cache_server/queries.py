@@ -109,12 +109,24 @@ class Added(NamedTuple):
     status: str
 
 
+class BucketFull(Exception):
+    """A new key's record for a shape bucket that holds its limit of winners (a 409)."""
+
+
 def add_record(
-    session: Session, *, key_hash: str, record: RecordCreate, uploader: TokenRow | None = None
-) -> Added:
+    session: Session, *, key_hash: str, record: RecordCreate, uploader: TokenRow | None = None,
+    bucket_limit: int | None = None,
+) -> Added:  # fmt: skip
     """Stores ``record`` and its trials; makes it the key's winner if validated and fastest
-    (and the verified policy's too when ``uploader`` is a trusted token)."""
+    (and the verified policy's too when ``uploader`` is a trusted token).
+
+    Raises:
+        BucketFull: ``record`` would be a new key's winner in a bucket that holds
+            ``bucket_limit`` winners (nothing is stored).
+    """
     row = record_row(key_hash=key_hash, record=record, uploader=uploader)
+    if bucket_limit is not None and record.validation.passed:
+        _check_room(session, key_hash, row.bucket_hash or "", bucket_limit)
     session.add(row)
     session.flush()
     _insert_trials(session, row.id, record)
@@ -125,6 +137,19 @@ def add_record(
                          time_ms=row.time_ms)  # fmt: skip
     winner = session.scalar(select(WinnerRow.record_id).where(WinnerRow.key_hash == key_hash))
     return Added(row.id, winner, row.status)
+
+
+def _check_room(session: Session, key_hash: str, bucket_hash: str, limit: int) -> None:
+    if session.scalar(select(WinnerRow.record_id).where(WinnerRow.key_hash == key_hash)):
+        return  # the key has a winner already: no new one in the bucket
+    held = session.scalar(
+        select(func.count()).select_from(WinnerRow)
+        .join(RecordRow, WinnerRow.record_id == RecordRow.id)
+        .where(RecordRow.bucket_hash == bucket_hash)
+    )  # fmt: skip
+    if held is not None and held >= limit:
+        raise BucketFull(f"the key's shape bucket holds {held} winners, the server's limit "
+                         "(TUNECACHE_SERVER_BUCKET_WINNERS): no new key there")  # fmt: skip
 
 
 def record_fields(row: RecordRow) -> dict[str, Any]:

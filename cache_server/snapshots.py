@@ -51,8 +51,9 @@ def snapshot_winners(
 
 
 def import_records(
-    session: Session, *, records: Sequence[RecordCreate], uploader: TokenRow | None = None
-) -> tuple[int, int]:
+    session: Session, *, records: Sequence[RecordCreate], uploader: TokenRow | None = None,
+    bucket_limit: int | None = None,
+) -> tuple[int, int]:  # fmt: skip
     """Adds every record through :func:`add_record` as ``uploader``'s: the faster validated
     record of a key wins.
 
@@ -62,13 +63,15 @@ def import_records(
     Raises:
         InvalidInput: the database refused a record's data (PostgreSQL refuses NUL characters in
             text columns, for one); the caller's rollback then undoes the whole import.
+        BucketFull: a record is a new key's in a bucket at ``bucket_limit`` winners (the same).
     """
     changed: set[str] = set()
     for i, record in enumerate(records):
         key_hash = record.key.digest()
         try:
             record_id, winner, _ = add_record(session, key_hash=key_hash, record=record,
-                                           uploader=uploader)  # fmt: skip
+                                              uploader=uploader,
+                                              bucket_limit=bucket_limit)  # fmt: skip
         except DataError as exc:
             raise InvalidInput(f"records[{i}]: the database refused it: {exc.orig}") from exc
         if winner == record_id:

@@ -261,3 +261,36 @@ def test_a_write_the_server_sheds_is_sent_again_within_its_deadline() -> None:
         assert calls == ["/v1/records", "/v1/records"]
         assert client.lookup(make_key(), default={"d": 1}).source == "default"
         assert calls.count("/v1/lookup") == 1
+
+
+def test_a_full_shape_bucket_takes_no_new_key(tmp_path: Path) -> None:
+    """A write token filled one bucket with 20,000 winners (one torch version each) and its
+    lookups took 0.7 s instead of 8 ms: a bucket holds ``BUCKET_WINNERS``; a new key beyond is
+    a 409 that stores nothing (by upload or import), a key already there still gets a faster
+    record, and another bucket is unaffected."""
+    from tests.conftest import start_server
+    from tests.factories import make_record
+    from tunecache.snapshot import SNAPSHOT_FORMAT
+
+    live = start_server(f"sqlite:///{tmp_path / 'c.db'}", tmp_path / "c.db",
+                        tmp_path / "server.log", env={"TUNECACHE_SERVER_BUCKET_WINNERS": "3"})  # fmt: skip
+    try:
+        url = live.url
+
+        def upload(m: int, time_ms: float = 1.0) -> httpx.Response:
+            body = make_record(make_key(m), time_ms=time_ms).model_dump(mode="json", by_alias=True)
+            return httpx.post(f"{url}/v1/records", json=body, headers=AUTH, timeout=30)
+
+        assert [upload(m).status_code for m in (65, 66, 67)] == [201] * 3  # bucket M 65..128
+        full = upload(68)
+        assert full.status_code == 409 and "holds 3 winners" in full.json()["detail"], full.text
+        faster = upload(66, time_ms=0.5)
+        assert faster.status_code == 201 and faster.json()["is_winner"]
+        assert upload(200).status_code == 201  # another bucket
+        document = {"format": SNAPSHOT_FORMAT, "filters": {"device_arch": "cpu-avx2"},
+                    "records": [make_record(make_key(69)).model_dump(mode="json", by_alias=True)]}  # fmt: skip
+        imported = httpx.post(f"{url}/v1/snapshot", json=document, headers=AUTH, timeout=30)
+        assert imported.status_code == 409, imported.text
+        assert httpx.get(f"{url}/health", timeout=10).json()["records"] == 5  # none of the 409s
+    finally:
+        live.stop()

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from cache_server.api.limits import TooComplex
 from cache_server.api.openapi import allowed_methods
 from cache_server.api.problems import body
+from cache_server.queries import BucketFull
 from tunecache.errors import InvalidInput, one_line
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,10 @@ def install(app: FastAPI) -> None:
             return Response(status_code=exc.status_code, headers=headers)
         return JSONResponse(body(exc.status_code, detail), status_code=exc.status_code,
                             headers=headers)  # fmt: skip
+
+    @app.exception_handler(BucketFull)
+    async def bucket_full(_request: Request, exc: BucketFull) -> JSONResponse:
+        return JSONResponse(body(409, str(exc)), status_code=409)
 
     @app.exception_handler(InvalidInput)
     async def invalid_input(_request: Request, exc: InvalidInput) -> JSONResponse:

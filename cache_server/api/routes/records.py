@@ -29,7 +29,11 @@ from tunecache.schemas import (
 router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["records"])
 
 
-@router.post("/records", status_code=status.HTTP_201_CREATED)
+@router.post(
+    "/records",
+    status_code=status.HTTP_201_CREATED,
+    responses={409: {"description": "a new key's record in a shape bucket at the server's limit"}},
+)
 def upload_record(
     record: RecordCreate,
     session: SessionDep,
@@ -45,8 +49,9 @@ def upload_record(
     verifier re-checks it (``verified`` at once from a trusted token).
     """
     key_hash = record.key.digest()
+    limit = settings.bucket_winners
     record_id, winner, status = queries.add_record(session, key_hash=key_hash, record=record,
-                                           uploader=token)  # fmt: skip
+                                                   uploader=token, bucket_limit=limit)  # fmt: skip
     metrics.count_upload(validated=record.validation.passed, is_winner=winner == record_id)
     return UploadResult(
         record_id=record_id,

@@ -61,11 +61,12 @@ def export_snapshot(
     dependencies=[WRITE],
     responses={
         413: {"description": "the body is over the server's size limit"},
+        409: {"description": "a new key's record in a shape bucket at the server's limit"},
         422: {"description": "malformed, over the record limit, or a record outside the filters"},
     },
 )
 def import_snapshot(
-    snapshot: SnapshotPublic, session: SessionDep, token: WriteAccess
+    snapshot: SnapshotPublic, session: SessionDep, settings: SettingsDep, token: WriteAccess
 ) -> SnapshotImportResult:
     """Merges a snapshot in one transaction: each record is added as if this token uploaded it.
 
@@ -73,5 +74,6 @@ def import_snapshot(
     unvalidated records are stored but never served.
     """
     imported, changed = snapshots.import_records(session, records=snapshot.records,
-                                                 uploader=token)  # fmt: skip
+                                                 uploader=token,
+                                                 bucket_limit=settings.bucket_winners)  # fmt: skip
     return SnapshotImportResult(imported=imported, winners_changed=changed)
