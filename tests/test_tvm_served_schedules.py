@@ -110,3 +110,19 @@ def test_a_vectorized_loop_wider_than_a_build_takes_is_not_served(
     x, y = np.ones(n, "float32"), np.full(n, 2.0, "float32")
     *_, out = run(mod if scheduled is None else scheduled.mod, x, y, np.zeros(n, "float32"))
     assert (out == 3.0).all()
+
+
+def test_a_config_whose_trace_vectorizes_too_wide_is_refused_where_it_is_built() -> None:
+    """The backend's own path (a served ``meta_schedule`` config built by a consumer, or
+    re-timed by a verifier) replays the trace too: 32,768 lanes are refused before the build."""
+    from backends.tvm.schedule import apply_trace, trace_json
+    from tunecache.errors import InvalidInput
+
+    n = 32768
+    a, b = te.placeholder((n,), "float32", name="A"), te.placeholder((n,), "float32", name="B")
+    func = te.create_prim_func([a, b, te.compute((n,), lambda i: a[i] + b[i])])
+    sch = Schedule(func)
+    (loop,) = sch.get_loops(sch.get_sblock("compute"))
+    sch.vectorize(sch.split(loop, [None, n])[1])
+    with pytest.raises(InvalidInput, match=f"{n} vectorized lanes, more than {MAX_LANES}"):
+        apply_trace(func, trace_json(sch.trace))

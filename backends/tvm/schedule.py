@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunecache.configcheck.tvm_trace import trace_problem
 from tunecache.errors import InvalidInput, TuningError
+from tunecache.tvm.check import vector_problem
 from tunecache.tvm.jsonutil import plain_json
 
 if TYPE_CHECKING:
@@ -71,7 +72,9 @@ def apply_trace(func: PrimFunc, trace: list[Any], *, where: str = "") -> Schedul
     """A schedule of ``func`` with the instructions of ``trace`` replayed on it.
 
     Raises:
-        InvalidInput: the trace is outside the allowlist (:func:`check_trace`); TVM never sees it.
+        InvalidInput: the trace is outside the allowlist (:func:`check_trace`), TVM never sees
+            it; or, replayed, it vectorizes a block wider than a build takes
+            (:func:`tunecache.tvm.check.vector_problem`).
         TuningError: an instruction cannot be replayed on this function (another problem size
             made a block, loop or decision invalid); the message names the instruction.
     """
@@ -89,6 +92,8 @@ def apply_trace(func: PrimFunc, trace: list[Any], *, where: str = "") -> Schedul
             " this one changed the loop nest the rest of the trace expects; use another config"
             " or tune at this size)"
         ) from exc
+    if (why := vector_problem(sch)) is not None:  # its build would raise, or kill the process
+        raise InvalidInput(f"the MetaSchedule trace is refused{where}: {why}")
     return sch
 
 
