@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tunecache.device import DeviceFingerprint
+from tunecache.kernels import get_kernel
 from tunecache.key import Key
 from tunecache.schemas import (
     BaselineModel,
@@ -64,7 +65,7 @@ def make_key(
         kernel=kernel,
         source_hash="0123456789abcdef",
         backend=backend,
-        problem={"M": m, "N": 64, "K": 64},
+        problem={p: m if p == "M" else 64 for p in get_kernel(kernel).params},
         dtype=dtype,
         device=CPU,
         environment={"apache-tvm": "0.27.0.post1"},

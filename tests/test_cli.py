@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import LiveServer
 from tunecache.errors import InvalidInput
+from tunecache.interleave import Compared, Ratio
 from tunecache_cli.args import parse_shape
 
 
@@ -333,3 +334,19 @@ def test_get_says_how_the_time_was_measured_not_a_count_of_calls() -> None:
                                  "created_at": datetime(2026, 1, 1, tzinfo=UTC)})  # fmt: skip
         shown = describe(public)
         assert f"ms ({timer})" in shown and "7800" not in shown, shown
+
+
+@pytest.mark.parametrize(("speedup", "shared"), [
+    (Ratio(0.80, 0.74, 0.86, 5), False),  # measurably slower: not uploaded, saying why
+    (Ratio(0.99, 0.95, 1.03, 5), True),  # the same within noise
+    (Ratio(1.40, 1.30, 1.52, 5), True),
+])  # fmt: skip
+def test_tune_tvm_shares_no_schedule_slower_than_tvms_default(speedup: Ratio, shared: bool) -> None:
+    from tunecache_cli.tune_tvm import slower_than_default
+
+    why = slower_than_default(Compared(baseline_ms=1.0, tuned_ms=1.0 / speedup.median,
+                                       speedup=speedup))  # fmt: skip
+    assert (why is None) == shared
+    if not shared:
+        assert why == ("the best schedule ran 1.25x slower than TVM's default schedule "
+                       "(1.16-1.35x) here: a process served it would run slower")  # fmt: skip

@@ -152,6 +152,25 @@ def test_real_server_round_trip(server: LiveServer) -> None:
         assert client.health()["records"] == 1
 
 
+@pytest.mark.parametrize("path", ["/v1", "/tc"])
+def test_a_server_url_with_a_path_is_said_and_never_taken_for_a_miss(
+    server: LiveServer, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    key = make_key(m=256)
+    with Client(server.url) as client:
+        client.upload(make_record(key, time_ms=0.75))
+    with Client(server.url + path) as client:  # every path under it is none of the server's
+        with pytest.raises(ServerError, match=f"→ 404: .* no such path: is the server URL its "
+                           f"root \\(such as http://host:8765, without {path}\\)"):  # fmt: skip
+            client.fetch(key)
+        with pytest.raises(ServerError, match=f"without {path}"):
+            client.list_records()
+        assert client.lookup(key, default=DEFAULT).source == "default"  # still never raises
+    assert f"without {path}" in caplog.text  # but says why, instead of a silent miss
+    with Client(server.url) as client:
+        assert client.fetch(make_key(m=512)) is None  # a miss is still a miss
+
+
 def test_upload_rejection_raises_server_error_with_reason(server: LiveServer) -> None:
     record = make_record()
     body = record.model_dump(mode="json", by_alias=True)

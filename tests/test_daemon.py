@@ -8,13 +8,18 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from tests.conftest import LiveServer
 from tests.factories import make_key
 from tunecache import Client, Device, DeviceFingerprint, DeviceLimits, key_for
 from tunecache.device import local_device
+from tunecache.errors import ServerError
+from tunecache.http import IDENTITY_HEADER
+from tuner.daemon import Daemon, DaemonOptions
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -208,3 +213,24 @@ def test_a_daemon_refuses_a_job_for_a_package_it_was_not_given_whoever_hands_it_
         "'evilmod:Kernel' is not in a package this worker imports (--kernels: mypkg)"
         in (server.failed[0][1])
     )
+
+
+@pytest.mark.parametrize(("field", "value"), [("trials", -1), ("strategy", "x" * 65)])
+def test_a_job_a_worker_could_not_run_is_a_bad_answer_not_a_crash(field: str, value: Any) -> None:
+    """A hostile (or older) server's claim answer with a budget or strategy no job can be queued
+    with: the daemon stops on the server's bad answer, naming it, before anything runs."""
+    key = key_for("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32")
+    job = {"id": 1, "key_hash": key.digest(), "key": key.to_json(), "state": "running",
+           "priority": 0, "source": "api", "attempts": 1, "max_attempts": 3,
+           "lease_owner": "me", "lease_expires_at": None, "error": "", "record_id": None,
+           "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z",
+           field: value}  # fmt: skip
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=job, headers={IDENTITY_HEADER: "tunecache/test"})
+
+    with Client("http://hostile.test", transport=httpx.MockTransport(handle)) as client:
+        worker = Daemon(client, DaemonOptions(backends=("tvm",), once=True, workers=1))
+        with pytest.raises(ServerError, match=f"/v1/jobs/claim gave a bad answer: .*{field}"):
+            worker.run()
+    assert worker.done == [] and worker.failed == []

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import tunecache_cli
 from tests.conftest import LiveServer, start_server
 from tests.factories import make_key, make_record
 from tunecache import outbox
@@ -83,7 +84,8 @@ def test_artifacts_wait_beside_records_and_are_sent_as_artifacts(tmp_path: Path)
 def test_a_failed_upload_says_where_it_waits(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setenv("TUNECACHE_OUTBOX", str(tmp_path))
     record = make_record(make_key(8))
-    with pytest.raises(ServerError, match=r"refused; the record waits in .*\.json \(tunecache"):
+    with pytest.raises(ServerError, match=r"refused; the record waits in .*\.json \(tunecache "
+                       f"push --server {URL} sends it\\)"):  # fmt: skip
         kept_upload(Upstream(ServerError("refused", status_code=503)), URL, record)
     assert waiting_for(URL, tmp_path) == 1
     assert kept_upload(Upstream(None), "http://other:1", record) is None  # sent: gone
@@ -93,6 +95,18 @@ def test_a_failed_upload_says_where_it_waits(tmp_path: Path, monkeypatch: Any) -
         kept_upload(Upstream(refusal), "http://other:1", record)  # never to be sent
     assert waiting_for("http://other:1", tmp_path) == 0
     assert len(list((tmp_path / "rejected").glob("*.json"))) == 1
+
+
+def test_push_names_the_servers_other_uploads_wait_for(
+    own_outbox: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    outbox.release(outbox.put("http://gpu-box:8765", make_record(make_key(8)), own_outbox))
+    outbox.release(outbox.put("http://gpu-box:8765", make_record(make_key(16)), own_outbox))
+    assert tunecache_cli.main(["push", "--server", URL]) == 0  # nothing for it: no server asked
+    err = capsys.readouterr().err
+    assert f"nothing waits for {URL} in {own_outbox}" in err
+    assert "2 uploads wait for http://gpu-box:8765: tunecache push --server http://gpu-box:8765" \
+        in err  # fmt: skip
 
 
 def test_a_record_is_taken_once_and_a_dead_takers_file_waits_again(tmp_path: Path) -> None:
@@ -181,6 +195,7 @@ def test_a_background_upload_the_server_never_took_waits_for_push(
         assert client.upload_later(record)
     assert outbox.waiting(down, own_outbox) == 1
     assert any("waits in" in r.getMessage() and str(own_outbox) in r.getMessage()
+               and f"(tunecache push --server {down} sends it)" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]  # fmt: skip
     with Client(server.url) as client:
         assert outbox.push(client, down, own_outbox) == (1, 0, None)

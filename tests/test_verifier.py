@@ -7,11 +7,14 @@ them; under ``--policy verified`` only what it verified is served, ranked by its
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -19,6 +22,12 @@ import pytest
 from tests.conftest import LiveServer, start_server
 from tests.factories import AUTH, TINY, make_record
 from tunecache import Client, key_for
+from tunecache.key import Key
+from tunecache.schemas import RecordPublic
+from tunecache.strict import SERVED
+from tunecache.verification import VerifyTask
+from tuner.harness import Harness
+from tuner.verify import Verifier, VerifierOptions
 
 # A matmul knob config outside its space: 5 is not one of the unroll knob's values.
 OUTSIDE = {"schedule": "knobs", "tile_i": 8, "tile_j": 32, "tile_k": 16, "vectorize": True,
@@ -49,8 +58,6 @@ def test_a_verifier_verifies_tvm_and_inductor_records_and_flags_fake_times(
     tvm = key_for("matmul", "tvm", TINY["matmul"], "float32")
     inductor = key_for("softmax", "inductor", TINY["softmax"], "float32")
     outside = key_for("matmul", "tvm", {"M": 48, "N": 40, "K": 16}, "float32")  # another bucket
-    import dataclasses
-
     elsewhere = dataclasses.replace(tvm, environment={"apache-tvm": "0.1.0"})  # not installed here
     # A record naming a module of the verifier's own directory: never imported (no --kernels).
     marker = tmp_path / "imported"
@@ -115,3 +122,43 @@ def test_the_verifier_needs_the_verify_scope(server: LiveServer, tmp_path: Path)
     assert done.returncode == 4, done.stderr
     assert "needs the 'verify' scope; token 'laptop' has write" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_builtin_kernels_record_or_job_at_a_problem_it_does_not_take_is_refused(
+    server: LiveServer,
+) -> None:
+    record = make_record(key_for("matmul", "tvm", TINY["matmul"], "float32"),
+                         config={"schedule": "default"}).model_dump(mode="json", by_alias=True)  # fmt: skip
+    record["key"]["problem"]["layout"] = "row"  # a verifier or daemon would run it as matmul
+    answer = httpx.post(f"{server.url}/v1/records", json=record, headers=AUTH)
+    assert answer.status_code == 422, answer.text
+    assert "matmul takes shape parameters M, N, K: unknown layout" in answer.text
+    job = httpx.post(f"{server.url}/v1/jobs", json={"key": record["key"]}, headers=AUTH)
+    assert job.status_code == 422 and "unknown layout" in job.text, job.text
+    with Client(server.url) as client:
+        assert client.list_records().count == 0 and client.list_jobs().count == 0
+
+
+def _leased(key: Key, problem: dict[str, Any]) -> VerifyTask:
+    """``key``'s record at ``problem`` as a verifier is handed it: stored before the server
+    checked a built-in kernel's problem."""
+    body = make_record(key, config={"schedule": "default"}).model_dump(mode="json", by_alias=True)
+    body["key"]["problem"].update(problem)
+    stored = {**body, "id": 7, "key_hash": "0" * 64, "created_at": "2026-01-01T00:00:00Z"}
+    return VerifyTask(record=RecordPublic.model_validate(stored, context=SERVED),
+                      lease_expires_at=datetime.now(UTC))  # fmt: skip
+
+
+@pytest.mark.parametrize(("problem", "why"), [
+    ({"layout": "row"}, "matmul takes shape parameters M, N, K: unknown layout"),
+    ({"M": 1 << 20, "N": 1 << 20, "K": 1 << 20}, "GiB; this cpu device has"),
+])  # fmt: skip
+def test_the_verifier_gives_back_a_stored_record_it_cannot_run(
+    problem: dict[str, Any], why: str
+) -> None:
+    key = key_for("matmul", "tvm", TINY["matmul"], "float32")
+    with Client("http://127.0.0.1:9") as client, Harness(workers=1) as harness:
+        verifier = Verifier(client, VerifierOptions(backends=("tvm",)))
+        finding = verifier.finding(_leased(key, problem), harness)  # no worker process is asked
+    assert finding.outcome == "unverifiable", finding
+    assert why in finding.error

@@ -50,6 +50,7 @@ from tunecache.http import (
     answer_limit,
     deadline,
     is_tunecache,
+    no_route,
     parse,
     proxy_mounts,
     rejected,
@@ -243,7 +244,7 @@ class Client(WorkerCalls):
             with deadline(seconds), answer_limit(LOOKUP_ANSWER_BYTES):
                 limits = self.timeout.per_operation(seconds, read=True)
                 response = self._http.post("/v1/lookup", json=body, timeout=limits)
-            if response.status_code == 404 and is_tunecache(response):
+            if response.status_code == 404 and is_tunecache(response) and not no_route(response):
                 return None
             if response.is_error:
                 raise rejected("POST", "/v1/lookup", response)

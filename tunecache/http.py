@@ -295,6 +295,19 @@ def is_tunecache(response: httpx.Response) -> bool:
             and isinstance(body.get("detail"), str))  # fmt: skip
 
 
+def no_route(response: httpx.Response) -> bool:
+    """Whether a tunecache server's 404 says no route has the path asked (the framework's own
+    ``Not Found``), not that the thing asked for is missing: a URL with a path in it
+    (``http://host:8765/v1``) answers every call so, and a lookup would read it as a miss."""
+    if response.status_code != 404:
+        return False
+    try:
+        body = parse_json(response.content)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("detail") == "Not Found"
+
+
 def rejected(method: str, path: str, response: httpx.Response) -> ServerError:
     """The server's error answer as a :class:`ServerError` carrying its status and reason (one
     line: an answer that is not tunecache's, such as an HTML page, is named as such)."""
@@ -305,6 +318,15 @@ def rejected(method: str, path: str, response: httpx.Response) -> ServerError:
             f"not a tunecache server (no {IDENTITY_HEADER} header): is the URL right?",
             status_code=status,
             foreign=True,
+        )
+    if no_route(response):
+        asked = response.url.path
+        extra = asked[: -len(path)] if asked.endswith(path) and asked != path else ""
+        without = f", without {extra}" if extra else ""
+        return ServerError(
+            f"{method} {response.url.copy_with(query=None)} → 404: the tunecache server there has "
+            f"no such path: is the server URL its root (such as http://host:8765{without})?",
+            status_code=404,
         )
     try:
         detail = str(parse_json(response.content).get("detail", response.text))

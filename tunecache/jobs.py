@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, field_validator
 
 from tunecache import examples
 from tunecache.schemas import (
@@ -20,6 +20,7 @@ from tunecache.schemas import (
     RecordId,
     Text,
     _Strict,
+    builtin_key,
 )
 
 JobState = Literal["queued", "running", "done", "failed"]
@@ -48,6 +49,8 @@ class JobCreate(_Strict):
     strategy: JobStrategy | None = None
     trials: JobTrials | None = None
 
+    _builtin_key = field_validator("key")(builtin_key)
+
 
 class JobPublic(_Strict):
     id: int
@@ -64,8 +67,8 @@ class JobPublic(_Strict):
     record_id: int | None
     created_at: datetime
     updated_at: datetime
-    strategy: str | None = None
-    trials: int | None = None
+    strategy: JobStrategy | None = None  # what a job may be queued with (a worker runs it)
+    trials: JobTrials | None = None
 
 
 class JobEnqueued(_Strict):

@@ -141,9 +141,9 @@ def _available(path: Path) -> bool:
     return pid.isdigit() and not _alive(int(pid))
 
 
-def _waiting_for(url: str, folder: Path) -> Iterator[tuple[Path, Any]]:
-    """The available files for ``url``, oldest first, with their parsed bodies (a file that
-    does not parse, or is gone meanwhile, is left alone)."""
+def _waiting_for(url: str | None, folder: Path) -> Iterator[tuple[Path, Any]]:
+    """The available files for ``url`` (``None``: any server), oldest first, with their parsed
+    bodies (a file that does not parse, or is gone meanwhile, is left alone)."""
     paths = sorted(folder.glob("*.json"), key=lambda p: own_name(p.name))
     for path in paths if folder.is_dir() else []:
         if not _available(path):
@@ -152,7 +152,7 @@ def _waiting_for(url: str, folder: Path) -> Iterator[tuple[Path, Any]]:
             data: Any = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(data, dict) and data.get("url") == url:
+        if isinstance(data, dict) and (data.get("url") == url or url is None):
             yield path, data
 
 
@@ -197,6 +197,15 @@ def waiting(url: str, folder: Path | None = None) -> int:
     return sum(1 for _ in _waiting_for(url, folder or outbox_dir()))
 
 
+def servers(folder: Path | None = None) -> dict[str, int]:
+    """How many uploads wait for each server URL (none taken)."""
+    counts: dict[str, int] = {}
+    for _, data in _waiting_for(None, folder or outbox_dir()):
+        if isinstance(url := data.get("url"), str):
+            counts[url] = counts.get(url, 0) + 1
+    return counts
+
+
 def push(client: Any, url: str, folder: Path | None = None) -> tuple[int, int, ServerError | None]:
     """Uploads what waits for ``url`` through ``client``: ``(sent, refused, last error)``. Sent
     uploads leave; refused ones move to ``rejected/``; the rest wait (after an unreachable
@@ -235,7 +244,7 @@ class Later:
     upload goes ahead all the same."""
 
     def __init__(self, url: str, upload: Upload, what: str) -> None:
-        self.upload, self.what = upload, what
+        self.upload, self.what, self.url = upload, what, url
         self.taken: Path | None = None
         try:
             self.taken = put(url, upload)
@@ -263,6 +272,6 @@ class Later:
     def lost(self) -> None:
         """Not sent, and no longer tried by this process: it waits for ``tunecache push``."""
         if self.taken is not None and self.taken.exists():
-            logger.warning("%s waits in %s (tunecache push sends it)", self.what,
-                           release(self.taken))  # fmt: skip
+            logger.warning("%s waits in %s (tunecache push --server %s sends it)", self.what,
+                           release(self.taken), self.url)  # fmt: skip
         self.taken = None

@@ -37,7 +37,8 @@ from tunecache.canonical import canonical_json, integral
 from tunecache.configcheck import config_problem
 from tunecache.errors import InvalidInput
 from tunecache.jsonsafe import INT64_MAX
-from tunecache.key import BACKENDS, DTYPES, KEY_SCHEMA_VERSION, Key, check_problem
+from tunecache.kernels import registered
+from tunecache.key import BACKENDS, DTYPES, KEY_SCHEMA_VERSION, Key, check_problem, kernel_module
 from tunecache.measured import MAX_NOISE_REASONS as MAX_NOISE_REASONS
 from tunecache.measured import SAME_BELOW as SAME_BELOW
 from tunecache.measured import BaselineModel as BaselineModel
@@ -69,7 +70,8 @@ Error = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 # A relative-error bound: 1.0 (100 %) already lets anything of the right magnitude through.
 Tolerance = Annotated[float, Field(strict=True, gt=0, le=1.0, allow_inf_nan=False)]
 RecordId = Annotated[int, Field(strict=True, ge=1, le=MAX_ID), INTEGRAL]
-LeaseSeconds = Annotated[float, Field(strict=True, gt=0, le=86_400, allow_inf_nan=False)]
+MAX_LEASE_SECONDS = 86_400  # a day
+LeaseSeconds = Annotated[float, Field(strict=True, gt=0, le=MAX_LEASE_SECONDS, allow_inf_nan=False)]
 JSONObject = dict[str, Any]
 
 
@@ -279,7 +281,18 @@ def _closed_config(value: JSONObject, info: ValidationInfo) -> JSONObject:
     return value
 
 
-def _as_stored(value: JSONObject, info: ValidationInfo) -> JSONObject:
+def builtin_key(value: Any, info: ValidationInfo) -> Any:
+    """The key if a built-in kernel's problem is its shape parameters (workers run it as that)."""
+    spec = registered(value.kernel) if kernel_module(value.kernel) is None else None
+    try:
+        if spec is not None:
+            spec.problem(value.problem)
+    except InvalidInput as exc:
+        raise ValueError(f"key: {exc}") from None
+    return value
+
+
+def _as_stored(value: Any, info: ValidationInfo) -> Any:
     return value
 
 
@@ -302,6 +315,7 @@ class RecordCreate(_Strict):
     provenance: Provenance = Provenance()
 
     model_config = ConfigDict(json_schema_extra={"examples": [examples.RECORD]})
+    _builtin_key = field_validator("key")(builtin_key)
     _config_size = field_validator("config")(_check_config)
     _config_closed = field_validator("config")(_closed_config)
 
@@ -396,8 +410,8 @@ class RecordPublic(RecordCreate):
     verification: VerificationPublic | None = None
     disputes: int = 0
 
-    # Stored records are read back as stored; the client checks what it uses.
-    _config_closed = field_validator("config")(_as_stored)
+    _config_closed = field_validator("config")(_as_stored)  # read back as stored: the client
+    _builtin_key = field_validator("key")(_as_stored)  # checks what it uses
 
     @property
     def believed_timing(self) -> TimingModel:

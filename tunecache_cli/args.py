@@ -217,14 +217,17 @@ def check_count(flag: str, value: int | None, low: int = 1, high: int | None = N
     raise InvalidInput(f"{flag} must be {wanted}, not {value}")
 
 
-def check_seconds(flag: str, value: float | None) -> None:
-    """A duration option (``--seconds``, ``--poll``): a finite number above 0, or unset.
+def check_seconds(flag: str, value: float | None, most: float | None = None) -> None:
+    """A duration option (``--seconds``, ``--poll``): a finite number above 0 (at most
+    ``most``, where given), or unset.
 
     Raises:
         InvalidInput: naming ``flag`` and the value.
     """
     if value is not None and not (math.isfinite(value) and value > 0):
         raise InvalidInput(f"{flag} must be a positive number of seconds, not {value:g}")
+    if value is not None and most is not None and value > most:
+        raise InvalidInput(f"{flag} {value:g}: at most {most:g} seconds")
 
 
 def output_file(flag: str, path: Path) -> Path:

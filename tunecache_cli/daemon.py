@@ -87,12 +87,13 @@ def _check_device(kind: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
+    from tunecache.schemas import MAX_LEASE_SECONDS
     from tuner.daemon import Daemon, DaemonOptions
 
     check_count("--trials", args.trials)
     check_count("--workers", args.workers)
     check_seconds("--poll", args.poll)
-    check_seconds("--lease", args.lease)
+    check_seconds("--lease", args.lease, most=MAX_LEASE_SECONDS)
     _check_device(args.device)
     kernels, backends = _packages(args.kernels), _backends(args.backends)  # before the server
     if args.verify:

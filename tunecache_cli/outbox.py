@@ -37,7 +37,7 @@ def kept_upload(client: Any, url: str, upload: Upload, what: str = "the record")
         elif refused_for_good(exc):  # never sent again: kept to be read
             where = f"; {what} is kept in {set_aside(taken, own_name(taken.name))}"
         else:
-            where = f"; {what} waits in {release(taken)} (tunecache push sends it)"
+            where = f"; {what} waits in {release(taken)} (tunecache push --server {url} sends it)"
         kind = UploadRefused if refused_for_good(exc) else ServerError
         raise kind(f"{exc}{where}", status_code=exc.status_code, foreign=exc.foreign) from None
     if taken is not None:

@@ -27,11 +27,15 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from tunecache import outbox
     from tunecache.client import Client
+    from tunecache_cli.table import shown
 
     url = server_url(args)
     count = outbox.waiting(url)
     if not count:
         print(f"nothing waits for {url} in {outbox_dir()}", file=sys.stderr)
+        for other, waiting in sorted(outbox.servers().items()):  # tuned for another server
+            print(f"  {waiting} upload{'' if waiting == 1 else 's'} wait for {shown(other)}: "
+                  f"tunecache push --server {shown(other)}", file=sys.stderr)  # fmt: skip
         return 0
     preflight(url, "write", "pushing")
     with Client(url, timeout=Settings.from_env().timeout) as client:

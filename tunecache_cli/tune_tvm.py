@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from tvm.ir import IRModule
 
     from backends.tvm.golden import Reference
+    from tunecache.interleave import Compared
 
 SEEDS = (1, 2)  # random inputs each best schedule is checked on
 RANKED = 5  # best records validated (and uploaded when they pass)
@@ -98,8 +99,9 @@ def run(args: argparse.Namespace) -> int:
         f"validation: {len(passed)} of {len(checked)} best schedules match the unscheduled "
         f"module; best max rel error {passed[0].error:.2e} (tolerance {tolerance:g})"
     )
-    if url is None:
-        print(f"records kept in {database_dir(workdir, target)} (--no-upload)")
+    if url is None or (why := slower_than_default(versus)) is not None:
+        kept = "--no-upload" if url is None else f"not uploaded: {why}"
+        print(f"records kept in {database_dir(workdir, target)} ({kept})")
         return 0
     return _upload(url, mod, target, [c.record for c in passed])
 
@@ -174,6 +176,16 @@ def _compare_speed(reference: Reference, best: Checked) -> Any:
     from tunecache.interleave import compare
 
     return compare(lambda: reference.time_ms(reference.lib), lambda: reference.time_ms(best.lib))
+
+
+def slower_than_default(versus: Compared) -> str | None:
+    """Why the best schedule is not shared: it ran measurably slower than TVM's default schedule
+    (the whole interval of the interleaved comparison below 1), so a process served it would
+    run slower than one served nothing; ``None`` when it is faster or the same within noise."""
+    if versus.speedup.high >= 1.0:
+        return None
+    slower = versus.text(than="TVM's default schedule")
+    return f"the best schedule ran {slower} here: a process served it would run slower"
 
 
 def _report_speed(versus: Any, best: Checked) -> None:

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from backends import get_backend
 from tunecache.client import Client
 from tunecache.configcheck import config_problem
 from tunecache.environment import environment_for
-from tunecache.errors import InvalidInput, ServerError
+from tunecache.errors import InvalidInput, ServerError, TuningError
 from tunecache.key import Key
 from tunecache.policies import bucket_policy
 from tunecache.schemas import MAX_CHECKS, ValidationReport
@@ -42,6 +42,7 @@ from tunecache.timing import DEFAULT_TIMER, TimerSettings
 from tunecache.verification import VerificationCreate, VerifyTask
 from tuner.daemon import Worker, poll
 from tuner.harness import Harness, Task
+from tuner.tune import check_memory
 from workloads import get_workload
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class Verifier(Worker):
             poll(lambda: self.client.claim_verification(
                      self.worker, device_arch=arch, backends=self.backends,
                      lease_seconds=self.options.lease_seconds),
-                 lambda task: self._report(task, self.check(task, harness)),
+                 lambda task: self._report(task, self.finding(task, harness)),
                  stopping=self.stopping, once=self.options.once,
                  every=self.options.poll_seconds)  # fmt: skip
         return sum(outcome != "unverifiable" for outcome in self.outcomes.values())
@@ -101,6 +102,16 @@ class Verifier(Worker):
         self.outcomes[record.id] = result.outcome
         logger.info("record #%d %s: %s%s", record.id, record.key.to_key().short(), stored.status,
                     f" ({result.error})" if result.error else "")  # fmt: skip
+
+    def finding(self, task: VerifyTask, harness: Harness) -> VerificationCreate:
+        """:meth:`check`, or where the check itself raised (a record this verifier cannot run,
+        a fault of its own), ``unverifiable`` saying why: the verifier goes on to the next."""
+        try:
+            return self.check(task, harness)
+        except (InvalidInput, TuningError, ValueError, TypeError) as exc:
+            logger.warning("record #%d: not checked: %s: %s", task.record.id,
+                           type(exc).__name__, exc)  # fmt: skip
+            return self._finding("unverifiable", error=f"{type(exc).__name__}: {exc}")
 
     def check(self, task: VerifyTask, harness: Harness) -> VerificationCreate:
         """The finding on one leased record (never raises on what the record holds)."""
@@ -148,6 +159,11 @@ class Verifier(Worker):
         if workload.source_hash(key.backend) != key.source_hash:
             return (f"tuned with kernel sources {key.source_hash}; here "
                     f"{workload.source_hash(key.backend)}")  # fmt: skip
+        try:  # stored before the server checked a built-in kernel's problem at upload
+            workload.problem(dict(key.problem))
+            check_memory(replace(key, device=self.device.fingerprint), workload)  # its memory
+        except InvalidInput as exc:
+            return str(exc)
         return None
 
     def _outside_space(self, key: Key, config: Mapping[str, Any]) -> str | None:
