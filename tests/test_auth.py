@@ -267,6 +267,7 @@ def test_cli_bootstraps_on_the_database_then_manages_through_the_server(
     assert made.returncode == 0, made.stderr
     admin = made.stdout.strip()
     assert admin.startswith("tc_") and "\n" not in admin and "shown only now" in made.stderr
+    assert f"with the 'admin' scope in {db}; it is shown" in made.stderr  # which database
     live = start_server(
         db, db_path, tmp_path / "server.log", env={"TUNECACHE_SERVER_BOOTSTRAP_TOKEN": ""}
     )
@@ -277,6 +278,7 @@ def test_cli_bootstraps_on_the_database_then_manages_through_the_server(
             "token", "create", "--name", "ci", "--scope", "write", *server, env=as_admin
         )
         assert writer.returncode == 0, writer.stderr
+        assert f"with the 'write' scope in {live.url}; it is shown" in writer.stderr
         listed = tunecache("token", "list", *server, env=as_admin)
         assert listed.returncode == 0 and "ops" in listed.stdout and "ci" in listed.stdout
         assert admin not in listed.stdout and writer.stdout.strip() not in listed.stdout

@@ -59,8 +59,8 @@ def register(commands: Any) -> None:
 class _Direct:
     """The token actions on a database, in one transaction."""
 
-    def __init__(self, session: Any) -> None:
-        self.session = session
+    def __init__(self, session: Any, where: str) -> None:
+        self.session, self.where = session, where  # where: the database's URL, no password
 
     def create_token(self, name: str, scope: str, *, trusted: bool = False) -> TokenCreated:
         from cache_server import tokens
@@ -107,7 +107,7 @@ def _tokens(args: argparse.Namespace) -> Iterator[Any]:
     try:
         engine = prepare(server_settings(args).db)
         with make_sessionmaker(engine).begin() as session:
-            yield _Direct(session)
+            yield _Direct(session, engine.url.render_as_string(hide_password=True))
     except SchemaOutdated as exc:
         raise InvalidInput(str(exc)) from None
     except SQLAlchemyError as exc:
@@ -123,11 +123,12 @@ def run_create(args: argparse.Namespace) -> int:
     with _tokens(args) as tokens:
         created: TokenCreated = tokens.create_token(request.name, request.scope,
                                                     trusted=request.trusted)  # fmt: skip
+        where = getattr(tokens, "where", None) or server_url(args)
     info = created.info
     trusted = ", trusted (its uploads are served as verified)" if info.trusted else ""
     print(
-        f"created token {info.id} {info.name!r} with the {info.scope!r} scope{trusted}; "
-        "it is shown only now:",
+        f"created token {info.id} {info.name!r} with the {info.scope!r} scope{trusted} in "
+        f"{where}; it is shown only now:",
         file=sys.stderr,
     )
     print(created.token)
