@@ -70,6 +70,14 @@ def test_tuned_once_then_launched_with_zero_benchmarking_everywhere(
     assert offline == {"bench": 0, "config": tuned["config"]}
 
 
+def test_a_tune_without_a_token_says_once_that_it_shares_nothing(server: LiveServer) -> None:
+    tuned, stderr = run({"TUNECACHE_URL": server.url, "TUNECACHE_TOKEN": ""})
+    assert tuned["bench"] == 6  # tuned here all the same
+    assert stderr.count("not uploaded: no TUNECACHE_TOKEN (a write token shares") == 1, stderr
+    with Client(server.url) as client:
+        assert client.list_records().count == 0
+
+
 def test_a_malformed_setting_never_breaks_the_users_code() -> None:
     """It is taken as unset, and only it: the server asked is still the one the environment
     names (all the settings fell back to their defaults, the URL and token with them)."""

@@ -347,8 +347,9 @@ class CachedAutotuner(Autotuner):
         if record is None:
             self._warn_once("timing", f"{key.short()}: no usable timings; not uploaded")
             return
-        if not settings().token:
-            logger.info("%s: tuned here; not uploaded (no TUNECACHE_TOKEN)", key.short())
+        if not settings().token:  # said once: the team never gets what this process tunes
+            self._warn_once("token", f"{key.short()}: tuned here, not uploaded: no TUNECACHE_TOKEN"
+                            " (a write token shares what this process tunes)")  # fmt: skip
             return
         # In the background: the first launch never waits for the server (nor a down one).
         self._client().upload_later(record)
