@@ -175,6 +175,19 @@ def complete(
                    lease_owner=None, lease_token_id=None, lease_expires_at=None)  # fmt: skip
 
 
+def answered(session: Session, *, key_hash: str, record_id: int) -> int:
+    """Marks the queued (or failed) job of ``key_hash`` done with ``record_id``: a record the
+    server serves for that key was uploaded outside the queue (a drop-in's tune, a user's), so
+    the miss is answered. A running job is left to its worker. Returns how many it marked."""
+    stmt = (
+        update(JobRow)
+        .where(JobRow.key_hash == key_hash, JobRow.state.in_(("queued", "failed")))
+        .values(state="done", record_id=record_id, updated_at=utcnow(), lease_expires_at=None)
+        .execution_options(synchronize_session=False)
+    )
+    return int(session.execute(stmt).rowcount or 0)  # type: ignore[attr-defined]
+
+
 def _asked(key: Mapping[str, Any]) -> dict[str, Any]:
     """What a job asks of the record that completes it: what a worker keeps of the job's key
     when it keys its run with its own device and environment (``tuner.daemon.Daemon.local_key``),

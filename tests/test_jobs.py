@@ -240,3 +240,21 @@ def test_a_job_is_completed_only_with_a_record_that_answers_it(any_server: LiveS
                          json={"worker": "w", "record_id": answered})  # fmt: skip
         assert done.status_code == 200, done.text
         assert (done.json()["state"], done.json()["record_id"]) == ("done", answered)
+
+
+def test_an_upload_that_answers_a_queued_job_completes_it(any_server: LiveServer) -> None:
+    """A drop-in's (or a user's) tune uploads the key a miss queued: the job is done, with that
+    record; an upload that failed validation answers nothing, and a running job is its worker's."""
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
+        for m in (64, 96, 128):
+            assert http.post("/v1/misses", json={"key": make_key(m=m).to_json()}).status_code == 202
+        running = claim(http, "w1")  # the oldest, m=64
+        assert running is not None and running["key"]["problem"]["M"] == 64
+        bodies = [make_record(make_key(m=m)).model_dump(mode="json", by_alias=True)
+                  for m in (64, 96)]  # fmt: skip
+        failed = make_record(make_key(m=128), passed=False).model_dump(mode="json", by_alias=True)
+        stored = [http.post("/v1/records", json=body).json() for body in (*bodies, failed)]
+        listed = {j["key"]["problem"]["M"]: j for j in http.get("/v1/jobs").json()["items"]}
+    assert (listed[96]["state"], listed[96]["record_id"]) == ("done", stored[1]["record_id"])
+    assert listed[64]["state"] == "running" and listed[64]["record_id"] is None
+    assert listed[128]["state"] == "queued"  # a record that failed validation answers nothing

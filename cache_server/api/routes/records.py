@@ -6,13 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 
-from cache_server import queries
+from cache_server import jobs, queries
 from cache_server.api.auth import READ, WriteAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.lookup import find_winner
 from cache_server.metrics import MetricsDep
-from cache_server.trust import winner_table
+from cache_server.trust import SERVED_STATUSES, winner_table
 from tunecache.schemas import (
     INT64_MAX,
     MAX_ID,
@@ -53,6 +53,8 @@ def upload_record(
     record_id, winner, status = queries.add_record(session, key_hash=key_hash, record=record,
                                                    uploader=token, bucket_limit=limit)  # fmt: skip
     metrics.count_upload(validated=record.validation.passed, is_winner=winner == record_id)
+    if record.validation.passed and status in SERVED_STATUSES[settings.policy]:
+        jobs.answered(session, key_hash=key_hash, record_id=record_id)  # its miss is answered
     return UploadResult(
         record_id=record_id,
         key_hash=key_hash,
