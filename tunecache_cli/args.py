@@ -172,7 +172,26 @@ def key_from_args(args: argparse.Namespace) -> Key:
         return key_for(args.workload, args.backend, parse_shape(args.shape), args.dtype)
     except InvalidInput:
         refuse_triton_object(args.workload)  # a clearer line, when that is why
+        _need_gpu(args.backend)
         raise
+
+
+def _need_gpu(backend: str | None) -> None:
+    """Raises :class:`InvalidInput` saying what to run here when ``backend``'s keys name a GPU
+    and this machine has none (the library's own line advises its Python API)."""
+    from tunecache.device import local_device
+    from tunecache.key import DEVICE_KINDS
+
+    if backend is None or DEVICE_KINDS.get(backend) != "cuda":
+        return
+    try:
+        local_device("cuda")
+    except InvalidInput:
+        raise InvalidInput(
+            f"--backend {backend}: no CUDA device is visible here, and its keys name the GPU "
+            "they run on: run this on a GPU machine (or `tunecache daemon --device cuda` "
+            "there), or use --backend tvm or inductor on this CPU"
+        ) from None
 
 
 def refuse_triton_object(ref: str | None) -> None:
