@@ -581,3 +581,15 @@ def test_tune_tvm_bad_input_in_a_subprocess_has_no_traceback(tmp_path: Path) -> 
         "tunecache: error: --tvm 'k.py:thing': thing is of type list, not a TVM PrimFunc or IRModule "
         "(or a function of no arguments returning one)"
     ]
+
+
+@pytest.mark.parametrize("spec", ["nope.py:f", "k.py", "k.txt:f"])
+def test_tune_tvm_says_a_mistyped_file_before_importing_tvm(tmp_path: Path, spec: str) -> None:
+    """TVM's import takes seconds: a path that names no Python file is said without it."""
+    script = ("import sys, tunecache_cli\n"
+              f"code = tunecache_cli.main(['tune', '--tvm', {spec!r}, '--no-upload'])\n"
+              "print(code, 'tvm' in sys.modules)\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)  # fmt: skip
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+    assert done.stderr.startswith("tunecache: error: --tvm")

@@ -24,17 +24,28 @@ def load_name(flag: str, spec: str) -> tuple[ModuleType, Path, Any]:
     Raises:
         InvalidInput: a malformed spec, no such file, a file that fails to import, no NAME.
     """
+    path, name = file_of(flag, spec)
+    module = load_file(flag, path)
+    value = getattr(module, name, _MISSING)
+    if value is _MISSING:
+        raise InvalidInput(f"{flag}: {path.name} has no {name!r}")
+    return module, path, value
+
+
+def file_of(flag: str, spec: str) -> tuple[Path, str]:
+    """``(file, NAME)`` of ``spec`` = ``FILE.py:NAME``, nothing run: checked before a framework
+    is imported (seconds), so a mistyped path is said at once.
+
+    Raises:
+        InvalidInput: a malformed spec, or no such Python file.
+    """
     path_text, sep, name = spec.rpartition(":")
     if not sep or not path_text or not name.isidentifier():
         raise InvalidInput(f"{flag} wants FILE.py:NAME (e.g. model.py:Model), not {spec!r}")
     path = Path(path_text)
     if path.suffix != ".py" or not path.is_file():
         raise InvalidInput(f"{flag}: no Python file {path_text!r}")
-    module = load_file(flag, path)
-    value = getattr(module, name, _MISSING)
-    if value is _MISSING:
-        raise InvalidInput(f"{flag}: {path.name} has no {name!r}")
-    return module, path, value
+    return path, name
 
 
 def load_file(flag: str, path: Path) -> ModuleType:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from tunecache.defaults import TOLERANCES
 from tunecache.errors import InvalidInput, TuningError
 from tunecache.settings import Settings
+from tunecache.userfile import file_of
 from tunecache_cli.args import upload_url
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInput("--tvm tunes for this machine's CPU (llvm); --device cuda is not "
                            "supported for TVM modules: leave --device out or pass cpu")  # fmt: skip
     budget = _budget(args)
+    file_of("--tvm", args.tvm)  # a mistyped path said before TVM's import (seconds)
     from backends.tvm.database import best_records, database_dir, open_database
     from backends.tvm.golden import Reference
     from tunecache.tvm.load import load_module
