@@ -64,6 +64,8 @@ def test_the_fastest_validated_backend_wins_with_the_others_beside_it(three: Liv
     assert shown.returncode == 0, shown.stderr
     first = shown.stdout.splitlines()[0]
     assert "fastest is inductor (1 ms), 2.00x faster than tvm" in first
+    assert table_row(shown.stdout, "inductor")[2] == "fastest"  # as eager's row says it
+    assert table_row(shown.stdout, "tvm")[2] == "2.00x"
     as_json = json.loads(cli(three, "best", "matmul", "--shape", SHAPE, "--json").stdout)
     assert as_json["backend"] == "inductor" and as_json["comparable"] is True
     assert [a["backend"] for a in as_json["answers"]] == ["inductor", "tvm", "triton"]

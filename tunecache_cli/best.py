@@ -106,6 +106,8 @@ def _vs_best(answer: Any, row: Any) -> str:
     speedup = _speedup(row) if answer.eager_faster else None
     if speedup:
         return f"{1 / speedup:.2f}x"
+    if row is answer.winner and not answer.eager_faster:
+        return "fastest"  # as eager's row says when eager is
     fastest = answer.eager_ms if answer.eager_faster else answer.winner.time_ms
     return f"{row.time_ms / fastest:.2f}x" if fastest and row.time_ms is not None else "-"
 
