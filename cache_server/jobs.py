@@ -176,12 +176,19 @@ def complete(
 
 
 def answered(session: Session, *, key_hash: str, record_id: int) -> int:
-    """Marks the queued (or failed) job of ``key_hash`` done with ``record_id``: a record the
-    server serves for that key was uploaded outside the queue (a drop-in's tune, a user's), so
-    the miss is answered. A running job is left to its worker. Returns how many it marked."""
+    """Marks the queued (or failed) miss of ``key_hash`` done with ``record_id``, the key's new
+    served winner uploaded outside the queue (a drop-in's tune, a user's): the miss is answered.
+    A running job is its worker's; a job queued with a budget or strategy of its own (a re-tune
+    asked for) stays. Returns how many it marked."""
     stmt = (
         update(JobRow)
-        .where(JobRow.key_hash == key_hash, JobRow.state.in_(("queued", "failed")))
+        .where(
+            JobRow.key_hash == key_hash,
+            JobRow.state.in_(("queued", "failed")),
+            JobRow.source == "miss",
+            JobRow.strategy.is_(None),
+            JobRow.trials.is_(None),
+        )
         .values(state="done", record_id=record_id, updated_at=utcnow(), lease_expires_at=None)
         .execution_options(synchronize_session=False)
     )

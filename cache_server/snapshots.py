@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from cache_server.models import RecordRow, TokenRow, WinnerRow
 from cache_server.queries import WinnerTable, add_record, public_record, record_fields
 from tunecache.errors import InvalidInput
+from tunecache.kernels import builtin_problem
 from tunecache.schemas import STORED, RecordCreate
 from tunecache.snapshot import SnapshotFilters
 
@@ -47,7 +48,10 @@ def snapshot_winners(
     ):
         if value is not None:
             stmt = stmt.where(column == value)
-    return [_create(row) for row in session.scalars(stmt)]
+    # A built-in kernel's record at a problem it does not take (stored before uploads were
+    # checked) is never looked up, and another server would refuse it: left out.
+    return [_create(row) for row in session.scalars(stmt)
+            if builtin_problem(row.key["kernel"], row.key["problem"]) is None]  # fmt: skip
 
 
 def import_records(

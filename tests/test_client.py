@@ -169,6 +169,8 @@ def test_a_server_url_with_a_path_is_said_and_never_taken_for_a_miss(
     assert f"without {path}" in caplog.text  # but says why, instead of a silent miss
     with Client(server.url) as client:
         assert client.fetch(make_key(m=512)) is None  # a miss is still a miss
+        with pytest.raises(ServerError, match="no such path: a server older than this client"):
+            client._call("GET", "/v1/added-later", read=True)  # the right URL, an older server
 
 
 def test_upload_rejection_raises_server_error_with_reason(server: LiveServer) -> None:

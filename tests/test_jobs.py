@@ -242,19 +242,29 @@ def test_a_job_is_completed_only_with_a_record_that_answers_it(any_server: LiveS
         assert (done.json()["state"], done.json()["record_id"]) == ("done", answered)
 
 
-def test_an_upload_that_answers_a_queued_job_completes_it(any_server: LiveServer) -> None:
-    """A drop-in's (or a user's) tune uploads the key a miss queued: the job is done, with that
-    record; an upload that failed validation answers nothing, and a running job is its worker's."""
+def test_an_upload_that_answers_a_queued_miss_completes_it(any_server: LiveServer) -> None:
+    """A drop-in's (or a user's) tune uploads the key a miss queued: the miss is done, with that
+    record. A record that is not the key's new winner (one that failed validation) answers
+    nothing, a running job is its worker's, and a job asked for through /v1/jobs (a re-tune)
+    stays queued; a built-in kernel's miss at a problem it does not take queues nothing."""
     with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         for m in (64, 96, 128):
             assert http.post("/v1/misses", json={"key": make_key(m=m).to_json()}).status_code == 202
-        running = claim(http, "w1")  # the oldest, m=64
+        running = claim(http, "w1")  # the oldest miss, m=64
         assert running is not None and running["key"]["problem"]["M"] == 64
-        bodies = [make_record(make_key(m=m)).model_dump(mode="json", by_alias=True)
-                  for m in (64, 96)]  # fmt: skip
+        assert create(http, 192).status_code == 201  # asked for, not a miss
+        body = {m: make_record(make_key(m=m)).model_dump(mode="json", by_alias=True)
+                for m in (64, 96, 192)}  # fmt: skip
+        stored = {m: http.post("/v1/records", json=b).json() for m, b in body.items()}
         failed = make_record(make_key(m=128), passed=False).model_dump(mode="json", by_alias=True)
-        stored = [http.post("/v1/records", json=body).json() for body in (*bodies, failed)]
+        assert http.post("/v1/records", json=failed).status_code == 201
+        flagged = make_key(m=224).to_json()
+        flagged["problem"]["layout"] = "row"
+        refused = http.post("/v1/misses", json={"key": flagged})
+        assert refused.status_code == 422 and "unknown layout" in refused.text, refused.text
         listed = {j["key"]["problem"]["M"]: j for j in http.get("/v1/jobs").json()["items"]}
-    assert (listed[96]["state"], listed[96]["record_id"]) == ("done", stored[1]["record_id"])
+    assert sorted(listed) == [64, 96, 128, 192]
+    assert (listed[96]["state"], listed[96]["record_id"]) == ("done", stored[96]["record_id"])
     assert listed[64]["state"] == "running" and listed[64]["record_id"] is None
     assert listed[128]["state"] == "queued"  # a record that failed validation answers nothing
+    assert listed[192]["state"] == "queued"  # a re-tune asked for is not a miss

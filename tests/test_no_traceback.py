@@ -118,6 +118,11 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["daemon", "--poll", "nan"], 2, "--poll must be a positive number of seconds"),
     (["daemon", "--lease", "-1"], 2, "--lease must be a positive number of seconds"),
     (["daemon", "--lease", "1e9"], 2, "--lease 1e+09: at most 86400 seconds"),
+    (
+        ["get", "matmul", "--backend", "triton", "--shape", "M=64"],
+        2,
+        "missing N, K",
+    ),  # not "no GPU"
     (["pretune", "{tmp}/garbage.py", "--trials", "0"], 2, "--trials must be at least 1"),
     (["replay", "{tmp}/garbage.py", "--seed", "-1"], 2, "--seed must be 0 to 4294967295"),
     (["replay", "{tmp}/garbage.py", "--trials", "0"], 2, "--trials must be at least 1"),

@@ -149,16 +149,46 @@ def _leased(key: Key, problem: dict[str, Any]) -> VerifyTask:
                       lease_expires_at=datetime.now(UTC))  # fmt: skip
 
 
-@pytest.mark.parametrize(("problem", "why"), [
-    ({"layout": "row"}, "matmul takes shape parameters M, N, K: unknown layout"),
-    ({"M": 1 << 20, "N": 1 << 20, "K": 1 << 20}, "GiB; this cpu device has"),
+@pytest.mark.parametrize(("problem", "outcome", "why"), [
+    ({"layout": "row"}, "failed", "matmul takes shape parameters M, N, K: unknown layout"),
+    ({"M": 1 << 20, "N": 1 << 20, "K": 1 << 20}, "unverifiable", "GiB; this cpu device has"),
 ])  # fmt: skip
-def test_the_verifier_gives_back_a_stored_record_it_cannot_run(
-    problem: dict[str, Any], why: str
+def test_the_verifier_rejects_or_gives_back_a_stored_record_it_cannot_run(
+    problem: dict[str, Any], outcome: str, why: str
 ) -> None:
+    """At a problem its kernel does not take, it is wrong everywhere: rejected. Over this
+    machine's memory, another verifier may run it: given back. Neither is run."""
     key = key_for("matmul", "tvm", TINY["matmul"], "float32")
     with Client("http://127.0.0.1:9") as client, Harness(workers=1) as harness:
         verifier = Verifier(client, VerifierOptions(backends=("tvm",)))
         finding = verifier.finding(_leased(key, problem), harness)  # no worker process is asked
-    assert finding.outcome == "unverifiable", finding
+    assert finding.outcome == outcome, finding
     assert why in finding.error
+
+
+def test_a_stored_record_at_a_problem_its_kernel_does_not_take_stays_readable(
+    server: LiveServer,
+) -> None:
+    """Stored before uploads were checked: it reads back (records show), and a snapshot of its
+    arch leaves it out (another server would refuse it; no lookup ever asks for it)."""
+    from cache_server.db import make_engine, make_sessionmaker
+    from cache_server.queries import add_record
+    from tunecache.schemas import RecordCreate
+    from tunecache.strict import STORED
+
+    key = key_for("matmul", "tvm", TINY["matmul"], "float32")
+    body = make_record(key, config={"schedule": "default"}).model_dump(mode="json", by_alias=True)
+    body["key"]["problem"]["layout"] = "row"
+    legacy = RecordCreate.model_validate(body, context=STORED)
+    engine = make_engine(server.db)
+    try:
+        with make_sessionmaker(engine).begin() as session:
+            legacy_id = add_record(session, key_hash=legacy.key.digest(), record=legacy).record_id
+    finally:
+        engine.dispose()
+    with Client(server.url) as client:
+        client.upload(make_record(key, config={"schedule": "default"}))
+        assert client.get_record(legacy_id).key.problem["layout"] == "row"
+        document, _ = client.export_snapshot(key.device.arch)
+    assert document is not None
+    assert [r["key"]["problem"] for r in document["records"]] == [dict(key.problem)]

@@ -322,12 +322,10 @@ def rejected(method: str, path: str, response: httpx.Response) -> ServerError:
     if no_route(response):
         asked = response.url.path
         extra = asked[: -len(path)] if asked.endswith(path) and asked != path else ""
-        without = f", without {extra}" if extra else ""
-        return ServerError(
-            f"{method} {response.url.copy_with(query=None)} → 404: the tunecache server there has "
-            f"no such path: is the server URL its root (such as http://host:8765{without})?",
-            status_code=404,
-        )
+        hint = (f"is the server URL its root (such as http://host:8765, without {extra})?"
+                if extra else "a server older than this client?")  # fmt: skip
+        return ServerError(f"{method} {response.url.copy_with(query=None)} → 404: the tunecache "
+                           f"server there has no such path: {hint}", status_code=404)  # fmt: skip
     try:
         detail = str(parse_json(response.content).get("detail", response.text))
     except (ValueError, AttributeError):

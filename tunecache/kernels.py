@@ -229,6 +229,18 @@ def get_kernel(name: str) -> KernelSpec:
     return spec
 
 
+def builtin_problem(kernel: str, problem: Mapping[str, Any]) -> str | None:
+    """Why ``problem`` is not the built-in ``kernel``'s (its shape parameters, a size each), or
+    ``None``; ``None`` for a user's kernel too (a server never imports one)."""
+    spec = _REGISTRY.get(kernel) if ":" not in kernel else None
+    try:
+        if spec is not None:
+            spec.problem(problem)
+    except InvalidInput as exc:
+        return str(exc)
+    return None
+
+
 def registered(name: str) -> KernelSpec | None:
     """The registered kernel called ``name``, without importing anything."""
     return _REGISTRY.get(name)

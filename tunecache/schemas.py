@@ -37,8 +37,8 @@ from tunecache.canonical import canonical_json, integral
 from tunecache.configcheck import config_problem
 from tunecache.errors import InvalidInput
 from tunecache.jsonsafe import INT64_MAX
-from tunecache.kernels import registered
-from tunecache.key import BACKENDS, DTYPES, KEY_SCHEMA_VERSION, Key, check_problem, kernel_module
+from tunecache.kernels import builtin_problem
+from tunecache.key import BACKENDS, DTYPES, KEY_SCHEMA_VERSION, Key, check_problem
 from tunecache.measured import MAX_NOISE_REASONS as MAX_NOISE_REASONS
 from tunecache.measured import SAME_BELOW as SAME_BELOW
 from tunecache.measured import BaselineModel as BaselineModel
@@ -47,6 +47,7 @@ from tunecache.measured import Speedup as Speedup
 from tunecache.measured import TimingModel as TimingModel
 from tunecache.problem import MAX_DIM, MAX_FLAG_CHARS, MAX_PARAMS, describe
 from tunecache.strict import INTEGRAL as INTEGRAL
+from tunecache.strict import SERVED
 from tunecache.strict import STORED as STORED
 from tunecache.strict import Line as Line
 from tunecache.strict import Millis as Millis
@@ -282,13 +283,11 @@ def _closed_config(value: JSONObject, info: ValidationInfo) -> JSONObject:
 
 
 def builtin_key(value: Any, info: ValidationInfo) -> Any:
-    """The key if a built-in kernel's problem is its shape parameters (workers run it as that)."""
-    spec = registered(value.kernel) if kernel_module(value.kernel) is None else None
-    try:
-        if spec is not None:
-            spec.problem(value.problem)
-    except InvalidInput as exc:
-        raise ValueError(f"key: {exc}") from None
+    """The key if a built-in kernel's problem is its shape parameters (workers run it as that);
+    one stored or served is read as it is (a record stored before the check)."""
+    if info.context is not STORED and info.context is not SERVED and \
+            (why := builtin_problem(value.kernel, value.problem)):  # fmt: skip
+        raise ValueError(f"key: {why}")
     return value
 
 

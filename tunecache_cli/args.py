@@ -172,26 +172,35 @@ def key_from_args(args: argparse.Namespace) -> Key:
         return key_for(args.workload, args.backend, parse_shape(args.shape), args.dtype)
     except InvalidInput:
         refuse_triton_object(args.workload)  # a clearer line, when that is why
-        _need_gpu(args.backend)
+        _need_gpu(args)
         raise
 
 
-def _need_gpu(backend: str | None) -> None:
-    """Raises :class:`InvalidInput` saying what to run here when ``backend``'s keys name a GPU
-    and this machine has none (the library's own line advises its Python API)."""
-    from tunecache.device import local_device
-    from tunecache.key import DEVICE_KINDS
+def _need_gpu(args: argparse.Namespace) -> None:
+    """Raises :class:`InvalidInput` saying what to run here when the one thing wrong with the
+    key is that its backend's keys name a GPU and this machine has none (the library's own line
+    advises its Python API), or the key's own mistake where it has one; returns when the GPU is
+    not what is wrong."""
+    from tunecache.device import Device, DeviceFingerprint, DeviceLimits, local_device
+    from tunecache.key import device_kind
 
-    if backend is None or DEVICE_KINDS.get(backend) != "cuda":
+    backend = args.backend
+    if backend is None or device_kind(backend) != "cuda":
         return
     try:
         local_device("cuda")
+        return
     except InvalidInput:
-        raise InvalidInput(
-            f"--backend {backend}: no CUDA device is visible here, and its keys name the GPU "
-            "they run on: run this on a GPU machine (or `tunecache daemon --device cuda` "
-            "there), or use --backend tvm or inductor on this CPU"
-        ) from None
+        pass
+    stand_in = Device(DeviceFingerprint(kind="cuda", arch="sm_90", name="gpu", units=1),
+                      DeviceLimits.H100)  # fmt: skip
+    # The key without the GPU: any other mistake in it is said first, as it is (raises).
+    key_for(args.workload, backend, parse_shape(args.shape), args.dtype, device=stand_in)
+    raise InvalidInput(
+        f"--backend {backend}: no CUDA device is visible here, and its keys name the GPU they "
+        "run on: run this on a GPU machine (or `tunecache daemon --device cuda` there), or use "
+        "--backend tvm or inductor on this CPU"
+    )
 
 
 def refuse_triton_object(ref: str | None) -> None:

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     if not count:
         print(f"nothing waits for {url} in {outbox_dir()}", file=sys.stderr)
         for other, waiting in sorted(outbox.servers().items()):  # tuned for another server
-            print(f"  {waiting} upload{'' if waiting == 1 else 's'} wait for {shown(other)}: "
+            print(f"  {waiting} upload{' waits' if waiting == 1 else 's wait'} for {shown(other)}: "
                   f"tunecache push --server {shown(other)}", file=sys.stderr)  # fmt: skip
         return 0
     preflight(url, "write", "pushing")

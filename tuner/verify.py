@@ -6,8 +6,9 @@ backends (disputed ones first), and for each:
 
 1. gives it back as ``unverifiable`` when it cannot run it as tuned: other software versions,
    a kernel it does not have, other kernel sources;
-2. fails it when its config is outside the backend's closed schema or the kernel's space
-   (nothing outside them is ever built);
+2. fails it when its problem is not the kernel's, or its config is outside the backend's closed
+   schema or the kernel's space (nothing outside them is ever built); gives it back when it
+   cannot fit in this device's memory;
 3. validates it against the float64 golden reference in its own worker processes: fresh seeds of
    its own, poisoned outputs, the kernel's edge problem, and every problem a consumer disputed it
    at (one the record may serve: its own, or one of its shape bucket);
@@ -119,6 +120,12 @@ class Verifier(Worker):
         key = record.key.to_key()
         if (why := self._cannot_run(key)) is not None:
             return self._finding("unverifiable", error=why)
+        try:  # stored before the server checked a built-in kernel's problem at upload
+            get_workload(key.kernel).problem(dict(key.problem))
+        except InvalidInput as exc:
+            return self._finding("failed", error=f"its problem is not the kernel's: {exc}")
+        if (why := self._too_big(key, key.problem)) is not None:
+            return self._finding("unverifiable", error=why)
         config = dict(record.config)
         why = config_problem(key.backend, config, kernel=key.kernel, device=key.device.kind)
         if why is not None:
@@ -159,9 +166,12 @@ class Verifier(Worker):
         if workload.source_hash(key.backend) != key.source_hash:
             return (f"tuned with kernel sources {key.source_hash}; here "
                     f"{workload.source_hash(key.backend)}")  # fmt: skip
-        try:  # stored before the server checked a built-in kernel's problem at upload
-            workload.problem(dict(key.problem))
-            check_memory(replace(key, device=self.device.fingerprint), workload)  # its memory
+        return None
+
+    def _too_big(self, key: Key, problem: Mapping[str, Any]) -> str | None:
+        """Why ``key`` at ``problem`` cannot fit in this verifier's device memory, or ``None``."""
+        try:
+            check_memory(replace(key, problem=dict(problem), device=self.device.fingerprint))
         except InvalidInput as exc:
             return str(exc)
         return None
@@ -188,6 +198,9 @@ class Verifier(Worker):
         kept = []
         for problem in problems:
             if dict(problem) != dict(key.problem) and buckets.bucket(problem) == own:
+                if (why := self._too_big(key, problem)) is not None:
+                    logger.warning("%s: a dispute not run: %s", key.short(), why)
+                    continue
                 kept.append(dict(problem))
             elif dict(problem) != dict(key.problem):
                 logger.warning("%s: a dispute at %s, which it cannot serve, is ignored",

@@ -25,6 +25,7 @@ from tunecache.jobs import (
     JobState,
     LeaseRequest,
 )
+from tunecache.kernels import builtin_problem
 from tunecache.schemas import INT64_MAX, MAX_ID, STORED, LookupRequest
 from tunecache.tokens import grants
 
@@ -103,6 +104,8 @@ def report_miss(
             f"more than {settings.miss_reports_per_minute} miss reports a minute from this caller",
             wait,
         )
+    if (why := builtin_problem(request.key.kernel, request.key.problem)) is not None:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, f"key: {why}")  # no job
     key_hash = request.key.digest()
     if (existing := jobs.find(session, key_hash=key_hash)) is not None:
         metrics.count_miss_report()

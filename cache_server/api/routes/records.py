@@ -53,7 +53,7 @@ def upload_record(
     record_id, winner, status = queries.add_record(session, key_hash=key_hash, record=record,
                                                    uploader=token, bucket_limit=limit)  # fmt: skip
     metrics.count_upload(validated=record.validation.passed, is_winner=winner == record_id)
-    if record.validation.passed and status in SERVED_STATUSES[settings.policy]:
+    if winner == record_id and status in SERVED_STATUSES[settings.policy]:
         jobs.answered(session, key_hash=key_hash, record_id=record_id)  # its miss is answered
     return UploadResult(
         record_id=record_id,
