@@ -74,8 +74,8 @@ def test_nearest_bucket_mate_wins(session: Session) -> None:
 
 def test_a_flag_never_matches_a_size(session: Session) -> None:
     def with_x(x: object, device: DeviceFingerprint = CPU) -> Key:
-        problem = {"M": 64, "N": 64, "K": 64, "x": x}
-        return Key(kernel="matmul", source_hash="abcd", backend="tvm", problem=problem,
+        problem = {"M": 64, "N": 64, "K": 64, "x": x}  # a user's kernel: it may take a flag
+        return Key(kernel="tests.flags:Kernel", source_hash="abcd", backend="tvm", problem=problem,
                    dtype="float32", device=device, environment={"apache-tvm": "0.27.0"})  # fmt: skip
 
     sized = store(session, with_x(1, device=OTHER_CPU), 1.0)
