@@ -19,6 +19,8 @@ schema-valid body may rightly be refused with a 422:
   a record also holds rules across its fields (``min_ms ≤ median_ms ≤ max_ms``, a trial has a
   time exactly when it ran, ``max_rel_error`` is its worst check's, a snapshot's records match
   its filters, a failed verification carries its failed check or an error);
+- a key naming a built-in kernel (``matmul``) names exactly its shape parameters, each a size
+  (a record's, a job's, a miss's: workers run it as that kernel);
 - ``GET /v1/artifacts`` takes ``key`` or ``after``, not both (parameters are described one by
   one: OpenAPI cannot say two exclude each other).
 
@@ -52,6 +54,8 @@ EXCEPTIONS = [
     ("POST", "/v1/artifacts", "each value's closed schema per namespace"),
     ("POST", "/v1/records/{record_id}/verification", "a failed outcome carries its failure"),
     ("GET", "/v1/artifacts", "key and after exclude each other"),
+    ("POST", "/v1/jobs", "a built-in kernel's key names exactly its shape parameters"),
+    ("POST", "/v1/misses", "a built-in kernel's key names exactly its shape parameters"),
 ]
 # negative_data_rejection's statuses, and 413: a body invalid because it is too long (a list
 # over its maxItems) may be refused for its size before it is parsed.
