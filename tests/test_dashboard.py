@@ -22,6 +22,7 @@ from tests.conftest import LiveServer, start_server
 from tests.dashboard_browser import visit
 from tests.factories import AUTH, TEST_TOKEN, make_key, make_record, timing
 from tunecache.schemas import BaselineModel, Provenance, RecordCreate, Trial
+from tunecache.triton.record import timing_of
 
 HOSTILE = "<script>alert('tc')</script>"
 HOSTILE_SUMMARY = '"><img src=x onerror=alert(1)>'
@@ -63,6 +64,14 @@ def _hostile_record() -> RecordCreate:
     )
 
 
+def _triton_record() -> RecordCreate:
+    """A record of Triton's autotuner: its timing is ``do_bench``'s median, p20 and p80."""
+    record = make_record(make_key(m=96, kernel="softmax", backend="triton"), time_ms=0.25)
+    measured = timing_of([0.25, 0.2375, 0.28125])
+    assert measured is not None
+    return record.model_copy(update={"timing": measured})
+
+
 def _seed(url: str) -> Ids:
     """Uploads the records and makes the jobs every test here reads; returns their ids."""
     matmul = make_record(make_key(m=64), time_ms=0.8125, trials=12).model_copy(
@@ -75,9 +84,7 @@ def _seed(url: str) -> Ids:
     )
     seeded = {
         "matmul": _upload(url, matmul),
-        "softmax": _upload(
-            url, make_record(make_key(m=96, kernel="softmax", backend="triton"), time_ms=0.25)
-        ),
+        "softmax": _upload(url, _triton_record()),
         "invalid": _upload(url, make_record(make_key(m=128), time_ms=0.0625, passed=False)),
         "hostile": _upload(url, _hostile_record()),
     }
@@ -153,6 +160,16 @@ class TestPages:
         assert html.count('<circle class="trial"') == 11  # the ones that ran
         xs = [float(x) for x, _ in points]
         assert xs == sorted(xs) and len(set(xs)) == 12
+
+    def test_a_timing_shows_the_bounds_its_timer_measured(
+        self, token_server: LiveServer, ids: Ids
+    ) -> None:
+        ours = page(token_server, f"/ui/records/{ids['matmul']}").text
+        assert "min 0.7313 · max 0.975 · IQR 0.04063 · perf_counter" in ours
+        # do_bench gives a median, a 20th and an 80th percentile, and no quartiles.
+        triton = page(token_server, f"/ui/records/{ids['softmax']}").text
+        assert "p20 0.2375 · p80 0.2812 · triton do_bench (median, p20, p80)" in triton
+        assert "min 0.2375" not in triton and "IQR" not in triton
 
     def test_unknown_record_is_an_html_404(self, token_server: LiveServer, ids: Ids) -> None:
         response = page(token_server, "/ui/records/999999")

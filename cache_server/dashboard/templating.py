@@ -4,6 +4,7 @@ formatting filters, and :func:`page`, which renders a template with the security
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
@@ -13,6 +14,7 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from tunecache import __version__
+from tunecache.measured import TimingModel
 from tunecache.schemas import RecordCreate
 from tunecache.timing import conditions_text, versus
 
@@ -34,6 +36,24 @@ def vs(record: RecordCreate, baseline: str) -> str:
     """The record's speedup over ``baseline`` with its interval where it has one:
     ``1.83× faster (1.79-1.88×)``, ``the same within noise (0.96-1.05×)``."""
     return versus(record, baseline, "×", missing="—")
+
+
+# A timer that names the quantiles its bounds are, as Triton's do_bench's does:
+# "triton do_bench (median, p20, p80)".
+_QUANTILES = re.compile(r"\(median, (p\d{1,2}), (p\d{1,2})\)$")
+
+
+def spread(timing: TimingModel) -> str:
+    """A timing's spread as what its timer measured: ``min 1.2 · max 1.5 · IQR 0.1``, or
+    ``p20 1.2 · p80 1.5`` for a timer whose bounds are those percentiles and which measured no
+    inter-quartile range (Triton's ``do_bench``: a "min" there would be a false claim)."""
+    low, high = "min", "max"
+    if named := _QUANTILES.search(timing.timer):
+        low, high = named.groups()
+    parts = [f"{low} {ms(timing.min_ms)}", f"{high} {ms(timing.max_ms)}"]
+    if timing.iqr_ms > 0 or named is None:
+        parts.append(f"IQR {ms(timing.iqr_ms)}")
+    return " · ".join(parts)
 
 
 def sci(value: float | None) -> str:
@@ -69,7 +89,7 @@ def _environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(ms=ms, vs=vs, conditions=conditions_text, sci=sci, when=when,
+    env.filters.update(ms=ms, vs=vs, spread=spread, conditions=conditions_text, sci=sci, when=when,
                        pretty=pretty, shape=shape)  # fmt: skip
     env.tests["past"] = past
     env.globals["version"] = __version__
