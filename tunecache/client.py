@@ -80,7 +80,7 @@ from tunecache.schemas import (
     UploadResult,
 )
 from tunecache.server_source import ServerSource
-from tunecache.settings import Settings
+from tunecache.settings import Settings, checked_url
 from tunecache.snapshot import SnapshotImportResult, SnapshotPublic
 from tunecache.strict import SERVED
 from tunecache.tokens import Scope, TokenCreate, TokenCreated, TokenList, TokenPublic, WhoAmI
@@ -144,9 +144,9 @@ class Client(WorkerCalls):
             raise InvalidInput(
                 f"policy={policy!r}: expected one of {', '.join(get_args(VersionPolicy))}"
             )
-        need_env = url is None or timeout is None or token is None
+        need_env = not url or timeout is None or token is None
         settings = Settings.from_env() if need_env else None
-        self.url = (url or (settings.url if settings else "")).rstrip("/")
+        self.url = checked_url(url, "url=") if url else (settings or Settings.from_env()).url
         if isinstance(timeout, int | float):
             timeout = Timeout(lookup=float(timeout))
         self.timeout = timeout or Timeout(lookup=settings.timeout if settings else 0.5)

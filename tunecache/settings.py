@@ -30,7 +30,8 @@
 
 The server's own settings (``TUNECACHE_SERVER_*``) are in :mod:`cache_server.settings`.
 
-A bad value raises :class:`ValueError` naming the variable.
+A bad value raises a :class:`ValueError` naming the variable (:class:`InvalidInput`, one, from
+:class:`Settings`).
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class Settings:
         """Reads the settings from ``environ`` (``os.environ`` by default).
 
         Raises:
-            ValueError: a variable is set to a value of the wrong type or range.
+            InvalidInput: a variable is set to a value of the wrong type or range.
         """
         env = os.environ if environ is None else environ
         defaults = cls()
@@ -98,20 +99,46 @@ class Settings:
             try:
                 value = kind(raw)
             except ValueError:
-                raise ValueError(f"{name}={raw!r} is not a {kind.__name__}") from None
+                raise InvalidInput(f"{name}={raw!r} is not a {kind.__name__}") from None
             if not value > 0:
-                raise ValueError(f"{name}={raw!r} must be positive")
+                raise InvalidInput(f"{name}={raw!r} must be positive")
             return value
 
-        url = env.get("TUNECACHE_URL") or defaults.url
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"TUNECACHE_URL={url!r} must start with http:// or https://")
         return cls(
-            url=url.rstrip("/"),
+            url=checked_url(env.get("TUNECACHE_URL") or defaults.url, "TUNECACHE_URL="),
             timeout=number("TUNECACHE_TIMEOUT", defaults.timeout, float),
             token=env.get("TUNECACHE_TOKEN") or None,
             snapshot=Path(env["TUNECACHE_SNAPSHOT"]) if env.get("TUNECACHE_SNAPSHOT") else None,
         )
+
+
+def checked_url(url: str, given: str) -> str:
+    """``url``, a cache server's, without a trailing ``/``; ``given`` says where it came from in
+    an error (``"--server "``, ``"TUNECACHE_URL="``).
+
+    Raises:
+        InvalidInput: not an http(s) URL with a host, malformed, or with a user name or password
+            in it: httpx would send those as Basic auth *in place of* the token, and every
+            message naming the server would show them (they are left out of this one).
+    """
+    import httpx
+
+    if not url.startswith(("http://", "https://")):
+        raise InvalidInput(f"{given}{url!r} must start with http:// or https://")
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise InvalidInput(f"{given}{url!r} is not a valid URL: {exc}") from None
+    if parsed.userinfo:
+        shown = str(parsed.copy_with(username=None, password=None))
+        raise InvalidInput(
+            f"{given}{shown!r} (user and password left out here) holds a user name or password:"
+            " tunecache sends its token (TUNECACHE_TOKEN) and nothing else; put a proxy's"
+            " credentials in HTTPS_PROXY"
+        )
+    if not parsed.host:
+        raise InvalidInput(f"{given}{url!r} names no host")
+    return url.rstrip("/")
 
 
 def settings_without_bad(environ: Mapping[str, str] | None = None) -> tuple[Settings, list[str]]:

@@ -13,7 +13,7 @@ from tunecache.errors import InvalidInput, ServerError
 from tunecache.http import IDENTITY_HEADER
 from tunecache.key import BACKENDS, DTYPES, Key, key_for
 from tunecache.problem import MAX_DIM, describe
-from tunecache.settings import Settings
+from tunecache.settings import Settings, checked_url
 from tunecache.tokens import Scope, grants
 
 if TYPE_CHECKING:
@@ -65,18 +65,9 @@ def server_url(args: argparse.Namespace) -> str:
     Raises:
         InvalidInput: not an http(s) URL with a host, or malformed.
     """
-    import httpx
-
-    url: str = args.server or Settings.from_env().url
-    if not url.startswith(("http://", "https://")):
-        raise InvalidInput(f"--server {url!r} must start with http:// or https://")
-    try:
-        host = httpx.URL(url).host
-    except httpx.InvalidURL as exc:
-        raise InvalidInput(f"--server {url!r} is not a valid URL: {exc}") from None
-    if not host:
-        raise InvalidInput(f"--server {url!r} names no host")
-    return url.rstrip("/")
+    if not args.server:
+        return Settings.from_env().url
+    return checked_url(args.server, "--server ")
 
 
 def upload_url(args: argparse.Namespace) -> str | None:
