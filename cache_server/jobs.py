@@ -195,6 +195,24 @@ def answered(session: Session, *, key_hash: str, record_id: int) -> int:
     return int(session.execute(stmt).rowcount or 0)  # type: ignore[attr-defined]
 
 
+def reopen(session: Session, *, key_hash: str, record_id: int, error: str) -> int:
+    """Opens again the done job of ``key_hash`` that ``record_id`` answered, the record now
+    rejected and the key served by none: queued (claimable at once) while it has attempts left,
+    else ``failed``, with ``error``. Otherwise a key answered by a bad upload, or by a worker
+    whose record a verifier refused, was never tuned again: its misses found the job done.
+    Returns how many it opened."""
+    out = JobRow.attempts >= JobRow.max_attempts
+    opened = dict(state=case((out, "failed"), else_="queued"), record_id=None, error=error,
+                  lease_owner=None, lease_token_id=None, lease_expires_at=None)  # fmt: skip
+    stmt = (
+        update(JobRow)
+        .where(JobRow.key_hash == key_hash, JobRow.state == "done", JobRow.record_id == record_id)
+        .values(updated_at=utcnow(), **opened)
+        .execution_options(synchronize_session=False)
+    )
+    return int(session.execute(stmt).rowcount or 0)  # type: ignore[attr-defined]
+
+
 def _asked(key: Mapping[str, Any]) -> dict[str, Any]:
     """What a job asks of the record that completes it: what a worker keeps of the job's key
     when it keys its run with its own device and environment (``tuner.daemon.Daemon.local_key``),

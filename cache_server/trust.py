@@ -89,6 +89,12 @@ def recompute_winners(session: Session, *, key_hash: str) -> None:
         offer_winner(session, table, key_hash=key_hash, record_id=best.id, time_ms=best.time_ms)
 
 
+def served(session: Session, key_hash: str, policy: str) -> bool:
+    """Whether ``policy`` serves a winner of ``key_hash``."""
+    table = winner_table(policy)
+    return session.scalar(select(table.key_hash).where(table.key_hash == key_hash)) is not None
+
+
 class OutsideBucket(Exception):
     """A dispute of a problem the record does not serve (a 409: it conflicts with the record)."""
 

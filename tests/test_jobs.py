@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, start_server
-from tests.factories import AUTH, issue_token, make_key, make_record
+from tests.factories import AUTH, CPU, issue_token, make_key, make_record
 from tunecache.device import DeviceFingerprint
 from tunecache.key import Key
 
@@ -268,3 +268,54 @@ def test_an_upload_that_answers_a_queued_miss_completes_it(any_server: LiveServe
     assert listed[64]["state"] == "running" and listed[64]["record_id"] is None
     assert listed[128]["state"] == "queued"  # a record that failed validation answers nothing
     assert listed[192]["state"] == "queued"  # a re-tune asked for is not a miss
+
+
+def _reject(url: str, verifier: str, record_id: int) -> None:
+    """A verifier claims ``record_id`` (the oldest pending on ``url``) and fails it."""
+    with httpx.Client(headers={"Authorization": f"Bearer {verifier}"}, base_url=url,
+                      timeout=30) as http:  # fmt: skip
+        asked = {"worker": "v", "device_arch": CPU.arch, "backends": ["tvm"]}
+        task = http.post("/v1/verifications/claim", json=asked)
+        assert task.status_code == 200 and task.json()["record"]["id"] == record_id, task.text
+        failed = make_record(make_key(), passed=False).validation.model_dump(mode="json")
+        found = {"worker": "v", "outcome": "failed", "device_name": "cpu", "validation": failed}
+        done = http.post(f"/v1/records/{record_id}/verification", json=found)
+        assert done.status_code == 200 and done.json()["status"] == "rejected", done.text
+
+
+def test_a_job_answered_by_a_record_a_verifier_rejects_is_open_again(
+    any_server: LiveServer,
+) -> None:
+    """A write token's bad upload answered a miss; a verifier rejected it: the key had no
+    winner and its misses found the job done, so it was never tuned. The job is queued again
+    (and claimable) when the key is served by none; a key another record still serves stays
+    done."""
+    verifier = issue_token(any_server.url, "verify")
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
+
+        def upload(m: int, time_ms: float) -> int:
+            body = make_record(make_key(m=m), time_ms=time_ms)
+            stored = http.post("/v1/records", json=body.model_dump(mode="json", by_alias=True))
+            assert stored.status_code == 201, stored.text
+            record_id: int = stored.json()["record_id"]
+            return record_id
+
+        def job(m: int) -> dict:  # type: ignore[type-arg]
+            listed = {j["key"]["problem"]["M"]: j for j in http.get("/v1/jobs").json()["items"]}
+            return listed[m]  # type: ignore[no-any-return]
+
+        for m in (64, 96):
+            assert http.post("/v1/misses", json={"key": make_key(m=m).to_json()}).status_code == 202
+        bad = upload(64, 1.0)
+        assert (job(64)["state"], job(64)["record_id"]) == ("done", bad)  # answered
+        _reject(any_server.url, verifier, bad)
+        assert (job(64)["state"], job(64)["record_id"]) == ("queued", None)
+        assert f"record {bad}, which answered it, was rejected" in job(64)["error"]
+        claimed = claim(http, "w")
+        assert claimed is not None and claimed["id"] == job(64)["id"]
+
+        answer, other = upload(96, 1.0), upload(96, 2.0)  # the other: slower, not the winner
+        _reject(any_server.url, verifier, answer)
+        assert (job(96)["state"], job(96)["record_id"]) == ("done", answer)  # `other` serves it
+        winner = http.post("/v1/lookup", json={"key": make_key(m=96).to_json()})
+        assert winner.status_code == 200 and winner.json()["record"]["id"] == other, winner.text

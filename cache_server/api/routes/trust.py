@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Request, Response, status
 
-from cache_server import queries, trust
+from cache_server import jobs, queries, trust
 from cache_server.api.auth import IdentifiedAccess, VerifyAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep, SettingsDep
@@ -92,11 +92,16 @@ def claim_verification(
     responses={409: {"description": "the record is not leased to this worker (or was decided)"}},
 )
 def verify_record(
-    record_id: RecordIdPath, result: VerificationCreate, session: SessionDep, token: VerifyAccess
+    record_id: RecordIdPath,
+    result: VerificationCreate,
+    session: SessionDep,
+    settings: SettingsDep,
+    token: VerifyAccess,
 ) -> RecordPublic:
     """Stores a verifier's finding on a record it leased: ``passed`` makes it ``verified`` (its
     time from now on is the verifier's, and the uploader's is flagged when it was more than 20 %
-    faster), ``failed`` makes it ``rejected``, ``unverifiable`` gives it back to the queue."""
+    faster), ``failed`` makes it ``rejected``, ``unverifiable`` gives it back to the queue. A
+    rejected record that answered a job, leaving its key served by none, opens the job again."""
     row = trust.finish(session, record_id=record_id, worker=result.worker, verifier=token.name,
                        result=result)  # fmt: skip
     if row is None:
@@ -104,4 +109,7 @@ def verify_record(
             status.HTTP_409_CONFLICT,
             f"record {record_id} is not leased to worker {result.worker!r} for verification",
         )
+    if row.status == "rejected" and not trust.served(session, row.key_hash, settings.policy):
+        why = f"record {row.id}, which answered it, was rejected by verifier {token.name!r}"
+        jobs.reopen(session, key_hash=row.key_hash, record_id=row.id, error=why)
     return _record(session, row.id)
