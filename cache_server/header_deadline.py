@@ -8,8 +8,11 @@ and a few thousand such connections left the server none for anyone else. With t
 such a connection lasts ``header_seconds``. A request whose headers came in time is never cut: the
 body has its own deadline (:mod:`cache_server.api.limits`), and the work none.
 
+The protocol also caps each client address's open connections (:mod:`cache_server.address_cap`).
+
 ``tunecache serve`` runs uvicorn with ``http="cache_server.header_deadline:HeaderDeadline"``;
-each server process reads the deadline from its settings (``TUNECACHE_SERVER_HEADER_SECONDS``).
+each server process reads the deadline and the cap from its settings
+(``TUNECACHE_SERVER_HEADER_SECONDS``, ``TUNECACHE_SERVER_MAX_CONNECTIONS_PER_ADDRESS``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from cache_server.address_cap import AddressCap
 from cache_server.settings import ServerSettings
 
 _Protocol: Any = AutoHTTPProtocol  # httptools' protocol where installed, else h11's
@@ -28,11 +32,35 @@ class HeaderDeadline(_Protocol):
     """uvicorn's HTTP protocol, closing a connection whose next request's headers are late."""
 
     seconds: float | None = None  # from the settings, on first use in this process
+    cap: AddressCap | None = None  # likewise
+    retry_after = 1
     _late: asyncio.TimerHandle | None = None
+    _address: str | None = None  # counted against the cap while open
+    _refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        address = peer[0] if isinstance(peer, tuple) and peer else None
+        if address is not None and not _cap().admit(address):
+            self._refuse(transport)
+            return
+        self._address = address
         self._await_headers()
+
+    def _refuse(self, transport: asyncio.Transport) -> None:
+        """Answers 429 and closes: the write side at once, the connection a second later, what
+        the client sent meanwhile read and dropped (closing with it unread would reset the
+        connection, and the client could lose the answer)."""
+        self._refused = True
+        transport.write(_cap().refusal(HeaderDeadline.retry_after))
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._late = self.loop.call_later(1.0, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:
+            super().data_received(data)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -41,6 +69,9 @@ class HeaderDeadline(_Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._late is not None:
             self._late.cancel()
+        if self._address is not None:
+            _cap().release(self._address)
+            self._address = None
         super().connection_lost(exc)
 
     def _idle(self) -> bool:
@@ -63,6 +94,14 @@ class HeaderDeadline(_Protocol):
                 self.transport.close()
 
         self._late = self.loop.call_later(_seconds(), late)
+
+
+def _cap() -> AddressCap:
+    if HeaderDeadline.cap is None:
+        settings = ServerSettings()
+        HeaderDeadline.cap = AddressCap(settings.max_connections_per_address)
+        HeaderDeadline.retry_after = settings.retry_after
+    return HeaderDeadline.cap
 
 
 def _seconds() -> float:

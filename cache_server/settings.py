@@ -15,6 +15,9 @@
   connection (or the previous answer on it) on (default 10); slower, the connection is closed,
   so a client that never finishes its headers cannot hold connections
   (:mod:`cache_server.header_deadline`)
+- ``TUNECACHE_SERVER_MAX_CONNECTIONS_PER_ADDRESS``: connections one client address may hold
+  open to one server process (default 256); beyond it, 429 at once and the connection closed
+  (:mod:`cache_server.address_cap`); behind a proxy, whose address every client has, raise it
 - ``TUNECACHE_SERVER_BODY_SECONDS``: seconds a request's body may take to arrive (default 10);
   slower gets 408, so a client that trickles its body cannot hold a request slot
 - ``TUNECACHE_SERVER_MAX_IN_FLIGHT``: requests one server process works on at once (default 2:
@@ -88,6 +91,7 @@ class ServerSettings(BaseSettings):
     max_json_elements: int = Field(default=1_000_000, ge=1000)
     header_seconds: float = Field(default=10.0, gt=0, le=3600)
     body_seconds: float = Field(default=10.0, gt=0, le=3600)
+    max_connections_per_address: int = Field(default=256, ge=1, le=1_000_000)
     max_in_flight: int = Field(default=2, ge=1, le=1000)
     max_wait: float = Field(default=0.02, ge=0, le=60)
     retry_after: int = Field(default=1, ge=1, le=3600)

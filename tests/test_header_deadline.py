@@ -13,20 +13,26 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import LiveServer, start_server
+from tunecache.http import IDENTITY_HEADER
 
 SECONDS = 1.0
 
 
-@pytest.fixture
-def strict_server(tmp_path: Path) -> Iterator[LiveServer]:
+def _server(tmp_path: Path, setting: str, value: float) -> Iterator[LiveServer]:
     db_path = tmp_path / "cache.db"
     live = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "server.log",
-                        env={"TUNECACHE_SERVER_HEADER_SECONDS": str(SECONDS)})  # fmt: skip
+                        env={f"TUNECACHE_SERVER_{setting}": str(value)})  # fmt: skip
     yield live
     live.stop()
+
+
+@pytest.fixture
+def strict_server(tmp_path: Path) -> Iterator[LiveServer]:
+    yield from _server(tmp_path, "HEADER_SECONDS", SECONDS)
 
 
 def _connect(server: LiveServer) -> socket.socket:
@@ -120,3 +126,43 @@ def test_a_pipelined_request_whose_headers_came_with_the_first_is_not_cut(
         assert conn.recv(65536).count(b"HTTP/1.1 ") >= 1  # the second answer (the first is read)
     finally:
         conn.close()
+
+
+CAP = 4
+
+
+@pytest.fixture
+def capped_server(tmp_path: Path) -> Iterator[LiveServer]:
+    yield from _server(tmp_path, "MAX_CONNECTIONS_PER_ADDRESS", CAP)
+
+
+def _health(conn: socket.socket) -> bytes:
+    conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    time.sleep(0.3)
+    return conn.recv(65536)
+
+
+def test_one_address_holds_at_most_its_cap_of_connections(capped_server: LiveServer) -> None:
+    """One client could open connections until the server had no file descriptor left for
+    anyone: past the cap, its next connection is answered 429 at once and closed, while its
+    open ones, and every other address, are served."""
+    host, port = capped_server.url.removeprefix("http://").split(":")
+    held = [_connect(capped_server) for _ in range(CAP)]
+    other = socket.create_connection((host, int(port)), timeout=10, source_address=("127.0.0.2", 0))
+    other.settimeout(0.2)
+    try:
+        time.sleep(0.3)
+        refused = httpx.get(f"{capped_server.url}/health", timeout=10)
+        assert refused.status_code == 429, refused.text
+        assert refused.headers["Retry-After"] == "1" and IDENTITY_HEADER in refused.headers
+        assert refused.json() == {"status": 429, "errors": [], "detail": (
+            f"more than {CAP} connections from this address are open to this server process: "
+            "close some, or reuse them (one client, one connection pool)")}  # fmt: skip
+        assert _health(held[0]).startswith(b"HTTP/1.1 200")  # an admitted one is served
+        assert _health(other).startswith(b"HTTP/1.1 200")  # so is another address
+        held.pop().close()
+        time.sleep(0.3)
+        assert httpx.get(f"{capped_server.url}/health", timeout=10).status_code == 200
+    finally:
+        for conn in (*held, other):
+            conn.close()
