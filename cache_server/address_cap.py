@@ -19,6 +19,10 @@ from cache_server.api.identity import IDENTITY
 from cache_server.api.problems import body
 
 STATUS: Final = 429
+# Refused connections of one address kept open a moment for their answer to be read (see
+# HeaderDeadline._refuse); beyond these, one is closed at once: a client hammering the server
+# with connections holds no more descriptors than this for it.
+LINGERING: Final = 8
 
 
 class AddressCap:
@@ -27,6 +31,7 @@ class AddressCap:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self._open: Counter[str] = Counter()
+        self._lingering: Counter[str] = Counter()
 
     def admit(self, address: str) -> bool:
         """Counts a new connection from ``address``; ``False`` (and not counted) when it already
@@ -36,11 +41,21 @@ class AddressCap:
         self._open[address] += 1
         return True
 
-    def release(self, address: str) -> None:
-        """Counts an admitted connection of ``address`` as closed."""
-        self._open[address] -= 1
-        if self._open[address] <= 0:
-            del self._open[address]
+    def release(self, address: str, *, refused: bool = False) -> None:
+        """Counts a connection of ``address`` as closed: an admitted one, or a ``refused`` one
+        that :meth:`linger` let linger."""
+        counts = self._lingering if refused else self._open
+        counts[address] -= 1
+        if counts[address] <= 0:
+            del counts[address]
+
+    def linger(self, address: str) -> bool:
+        """Whether a refused connection of ``address`` may stay open a moment (counted until
+        released), or must be closed at once."""
+        if self._lingering[address] >= LINGERING:
+            return False
+        self._lingering[address] += 1
+        return True
 
     def refusal(self, retry_after: int) -> bytes:
         """The raw HTTP answer to a connection over the cap (it is closed after it)."""

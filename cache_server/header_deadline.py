@@ -35,27 +35,31 @@ class HeaderDeadline(_Protocol):
     cap: AddressCap | None = None  # likewise
     retry_after = 1
     _late: asyncio.TimerHandle | None = None
-    _address: str | None = None  # counted against the cap while open
+    _address: str | None = None  # counted (as open, or as refused and lingering) until lost
     _refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
         address = peer[0] if isinstance(peer, tuple) and peer else None
-        if address is not None and not _cap().admit(address):
-            self._refuse(transport)
-            return
         self._address = address
+        if address is not None and not _cap().admit(address):
+            self._refuse(transport, address)
+            return
         self._await_headers()
 
-    def _refuse(self, transport: asyncio.Transport) -> None:
+    def _refuse(self, transport: asyncio.Transport, address: str) -> None:
         """Answers 429 and closes: the write side at once, the connection a second later, what
         the client sent meanwhile read and dropped (closing with it unread would reset the
-        connection, and the client could lose the answer)."""
+        connection, and the client could lose the answer); at once when the address already
+        has a few such connections lingering."""
         self._refused = True
         transport.write(_cap().refusal(HeaderDeadline.retry_after))
-        if transport.can_write_eof():
-            transport.write_eof()
+        if not transport.can_write_eof() or not _cap().linger(address):
+            self._address = None  # nothing counted
+            transport.close()
+            return
+        transport.write_eof()
         self._late = self.loop.call_later(1.0, transport.close)
 
     def data_received(self, data: bytes) -> None:
@@ -70,7 +74,7 @@ class HeaderDeadline(_Protocol):
         if self._late is not None:
             self._late.cancel()
         if self._address is not None:
-            _cap().release(self._address)
+            _cap().release(self._address, refused=self._refused)
             self._address = None
         super().connection_lost(exc)
 

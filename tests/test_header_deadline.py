@@ -166,3 +166,17 @@ def test_one_address_holds_at_most_its_cap_of_connections(capped_server: LiveSer
     finally:
         for conn in (*held, other):
             conn.close()
+
+
+def test_the_cap_counts_open_and_lingering_connections_per_address() -> None:
+    from cache_server.address_cap import LINGERING, AddressCap
+
+    cap = AddressCap(2)
+    assert cap.admit("10.0.0.1") and cap.admit("10.0.0.1") and not cap.admit("10.0.0.1")
+    assert cap.admit("10.0.0.2")  # another address has its own count
+    cap.release("10.0.0.1")
+    assert cap.admit("10.0.0.1") and not cap.admit("10.0.0.1")
+    # A refused connection lingers for its answer to be read, a few at a time per address.
+    assert [cap.linger("10.0.0.1") for _ in range(LINGERING + 1)] == [True] * LINGERING + [False]
+    cap.release("10.0.0.1", refused=True)
+    assert cap.linger("10.0.0.1") and not cap.admit("10.0.0.1")  # lingering is not admitted
