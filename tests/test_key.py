@@ -178,8 +178,12 @@ def test_bad_settings_name_the_variable(env: dict[str, str], name: str | None) -
         Settings.from_env(env)
 
 
-def test_a_client_refuses_a_url_with_a_password_without_showing_it() -> None:
+def test_a_client_refuses_a_url_with_a_password_without_showing_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from tunecache.client import Client
+
+    monkeypatch.setenv("TUNECACHE_URL", "http://ci:hunter2@cache")  # its own URL overrides it
 
     with pytest.raises(InvalidInput, match=r"url='https://cache/v1' \(user and") as raised:
         Client(url="https://ci:hunter2@cache/v1")

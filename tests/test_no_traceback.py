@@ -156,14 +156,21 @@ def test_bad_input_is_one_line_and_a_documented_code(
     assert len(err.splitlines()) == 1, err
 
 
-@pytest.mark.parametrize("given", ["--server", "TUNECACHE_URL"])
+@pytest.mark.parametrize(
+    ("given", "url", "says"),
+    [
+        ("--server", "http://alice:hunter2@127.0.0.1:9", "holds a user name or password"),
+        ("TUNECACHE_URL", "HTTP://alice:hunter2@127.0.0.1:9", "holds a user name or password"),
+        ("--server", "http://alice:hunter2@127.0.0.1:bad", "is not a valid URL: Invalid port"),
+        ("TUNECACHE_URL", "ftp://alice:hunter2@127.0.0.1:9", "must start with http://"),
+    ],
+)
 def test_a_server_url_with_a_password_is_refused_without_showing_it(
-    given: str, tmp_path: Path
+    given: str, url: str, says: str, tmp_path: Path
 ) -> None:
     # httpx sends a URL's user and password as Basic auth in place of the token (the server
     # answered 401 to a token that was never sent), and every message naming the server showed
-    # the password.
-    url = "http://alice:hunter2@127.0.0.1:9"
+    # the password: a URL wrong in any way too.
     argv, env = ["get", "matmul", *KEY], {**os.environ, "TUNECACHE_URL": DEAD}
     if given == "--server":
         argv += ["--server", url]
@@ -173,11 +180,22 @@ def test_a_server_url_with_a_password_is_refused_without_showing_it(
                           text=True, timeout=120, cwd=tmp_path, env=env)  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert "hunter2" not in done.stderr + done.stdout and "alice" not in done.stderr
-    assert done.stderr.strip() == (
-        f"tunecache: error: {given}{' ' if given == '--server' else '='}'http://127.0.0.1:9' "
-        "(user and password left out here) holds a user name or password: tunecache sends its "
-        "token (TUNECACHE_TOKEN) and nothing else; put a proxy's credentials in HTTPS_PROXY"
-    )
+    shown = url.replace("alice:hunter2@", "")
+    assert done.stderr.strip().startswith(
+        f"tunecache: error: {given}{' ' if given == '--server' else '='}{shown!r} "
+        f"(user and password left out here) {says}"
+    ), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_server_overrides_a_bad_tunecache_url(tmp_path: Path) -> None:
+    """``--server`` is the URL used: a malformed ``TUNECACHE_URL`` does not stop the command."""
+    env = {**os.environ, "TUNECACHE_URL": "http://alice:hunter2@cache"}
+    argv = ["get", "matmul", *KEY, "--server", DEAD]
+    done = subprocess.run([sys.executable, "-m", "tunecache_cli", *argv], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env=env)  # fmt: skip
+    assert done.returncode == 3 and "127.0.0.1:9" in done.stderr, done.stderr  # not reachable
+    assert "hunter2" not in done.stderr
 
 
 def test_a_gpu_daemon_without_a_gpu_says_what_to_run_instead(tmp_path: Path) -> None:

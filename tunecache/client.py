@@ -145,7 +145,7 @@ class Client(WorkerCalls):
                 f"policy={policy!r}: expected one of {', '.join(get_args(VersionPolicy))}"
             )
         need_env = not url or timeout is None or token is None
-        settings = Settings.from_env() if need_env else None
+        settings = Settings.from_env(with_url=not url) if need_env else None
         self.url = checked_url(url, "url=") if url else (settings or Settings.from_env()).url
         if isinstance(timeout, int | float):
             timeout = Timeout(lookup=float(timeout))

@@ -83,8 +83,12 @@ class Settings:
     snapshot: Path | None = None
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Reads the settings from ``environ`` (``os.environ`` by default).
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, with_url: bool = True
+    ) -> Settings:
+        """Reads the settings from ``environ`` (``os.environ`` by default); with ``with_url``
+        false, not ``TUNECACHE_URL`` (``url`` is the default): for a caller given a URL of its
+        own (``--server``), which a bad ``TUNECACHE_URL`` must not stop.
 
         Raises:
             InvalidInput: a variable is set to a value of the wrong type or range.
@@ -105,7 +109,9 @@ class Settings:
             return value
 
         return cls(
-            url=checked_url(env.get("TUNECACHE_URL") or defaults.url, "TUNECACHE_URL="),
+            url=checked_url(env.get("TUNECACHE_URL") or defaults.url, "TUNECACHE_URL=")
+            if with_url
+            else defaults.url,
             timeout=number("TUNECACHE_TIMEOUT", defaults.timeout, float),
             token=env.get("TUNECACHE_TOKEN") or None,
             snapshot=Path(env["TUNECACHE_SNAPSHOT"]) if env.get("TUNECACHE_SNAPSHOT") else None,
@@ -119,26 +125,38 @@ def checked_url(url: str, given: str) -> str:
     Raises:
         InvalidInput: not an http(s) URL with a host, malformed, or with a user name or password
             in it: httpx would send those as Basic auth *in place of* the token, and every
-            message naming the server would show them (they are left out of this one).
+            message naming the server would show them (no error here does).
     """
     import httpx
 
-    if not url.startswith(("http://", "https://")):
-        raise InvalidInput(f"{given}{url!r} must start with http:// or https://")
+    start, at = _userinfo(url)
+    label = f"{given}{url!r}"
+    if at > start:
+        label = f"{given}{url[:start] + url[at + 1 :]!r} (user and password left out here)"
+    if not url[:8].lower().startswith(("http://", "https://")):
+        raise InvalidInput(f"{label} must start with http:// or https://")
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL as exc:
-        raise InvalidInput(f"{given}{url!r} is not a valid URL: {exc}") from None
+        why = str(exc).replace(url[start : at + 1], "") if at > start else str(exc)
+        raise InvalidInput(f"{label} is not a valid URL: {why}") from None
     if parsed.userinfo:
-        shown = str(parsed.copy_with(username=None, password=None))
         raise InvalidInput(
-            f"{given}{shown!r} (user and password left out here) holds a user name or password:"
-            " tunecache sends its token (TUNECACHE_TOKEN) and nothing else; put a proxy's"
-            " credentials in HTTPS_PROXY"
+            f"{label} holds a user name or password: tunecache sends its token"
+            " (TUNECACHE_TOKEN) and no other credentials (a forward proxy's go in HTTPS_PROXY)"
         )
     if not parsed.host:
-        raise InvalidInput(f"{given}{url!r} names no host")
+        raise InvalidInput(f"{label} names no host")
     return url.rstrip("/")
+
+
+def _userinfo(url: str) -> tuple[int, int]:
+    """Where ``url``'s authority starts, and its last ``@`` (``-1``: none): what lies between is
+    a user name and password, whatever else is wrong with the URL."""
+    start = url.find("://")
+    start = 0 if start < 0 else start + 3
+    end = min([i for i in (url.find(c, start) for c in "/?#") if i >= 0], default=len(url))
+    return start, url.rfind("@", start, end)
 
 
 def settings_without_bad(environ: Mapping[str, str] | None = None) -> tuple[Settings, list[str]]:

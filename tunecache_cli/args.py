@@ -94,7 +94,7 @@ def preflight(url: str, needed: Scope, doing: str, *, or_else: str = "") -> None
     from tunecache.client import Client
 
     create = f"tunecache token create --name NAME --scope {needed}"
-    if not Settings.from_env().token:
+    if not Settings.from_env(with_url=False).token:
         raise InvalidInput(
             f"{doing} needs a token with the {needed!r} scope in $TUNECACHE_TOKEN ({create})"
             + or_else

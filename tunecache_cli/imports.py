@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
                                 key=shape.artifact_key(), value=value))  # fmt: skip
     url = server_url(args)
     preflight(url, "write", "importing")
-    with Client(url, timeout=Settings.from_env().timeout) as client:
+    with Client(url, timeout=Settings.from_env(with_url=False).timeout) as client:
         result = client.put_artifacts(items)
     devices = sorted({item.partition for item in items})
     entries = sum(len(item.value["configs"]) for item in items if isinstance(item.value, dict))

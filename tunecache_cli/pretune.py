@@ -137,7 +137,7 @@ def _on_ray(client: Any, manifest: Any, trials: int, hashes: list[str], address:
     from tuner.fanout import drain_on_ray
 
     def drain() -> None:
-        stored = drain_on_ray(client.url, Settings.from_env().token,
+        stored = drain_on_ray(client.url, Settings.from_env(with_url=False).token,
                               address=None if address == "local" else address, trials=trials,
                               kernels=manifest.packages)  # fmt: skip
         print(f"ray tasks stored {len(stored)} records", file=sys.stderr)

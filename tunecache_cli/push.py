@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
                   f"tunecache push --server {shown(other)}", file=sys.stderr)  # fmt: skip
         return 0
     preflight(url, "write", "pushing")
-    with Client(url, timeout=Settings.from_env().timeout) as client:
+    with Client(url, timeout=Settings.from_env(with_url=False).timeout) as client:
         sent, refused, error = outbox.push(client, url)
     left = outbox.waiting(url)
     print(f"pushed {sent} of {count} waiting upload{'' if count == 1 else 's'} to {url}"
@@ -56,7 +56,7 @@ def push_before(url: str | None) -> None:
     from tunecache.client import Client
 
     if url is not None:
-        with Client(url, timeout=Settings.from_env().timeout) as client:
+        with Client(url, timeout=Settings.from_env(with_url=False).timeout) as client:
             push_quietly(client, url)
 
 

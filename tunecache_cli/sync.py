@@ -59,7 +59,7 @@ def this_arch() -> str:
 def default_path(arch: str) -> Path:
     import platformdirs
 
-    configured = Settings.from_env().snapshot
+    configured = Settings.from_env(with_url=False).snapshot
     return configured or Path(platformdirs.user_cache_dir("tunecache")) / f"snapshot-{arch}.json"
 
 

@@ -129,7 +129,7 @@ def _upload(url: str, result: Any) -> int:
     from tunecache.inductor.remote import TeamCache
     from tunecache_cli.outbox import kept_upload
 
-    team = TeamCache(url, None, partition(), timeout=Settings.from_env().timeout)
+    team = TeamCache(url, None, partition(), timeout=Settings.from_env(with_url=False).timeout)
     try:
         items = share_items(team, result.groups, result.best_configs)
         if not items:

@@ -203,7 +203,7 @@ def _upload(url: str, mod: IRModule, target: dict[str, Any], records: list[Any])
     from tunecache.tvm import Database
     from tunecache_cli.outbox import kept_upload
 
-    database = Database(url, target=target, timeout=Settings.from_env().timeout)
+    database = Database(url, target=target, timeout=Settings.from_env(with_url=False).timeout)
     try:
         items = database.artifacts(mod, records)
         if not items:  # no record MetaSchedule's JSON can carry: nothing to keep or send

@@ -96,7 +96,7 @@ class Database(PyDatabase):
     ) -> None:
         super().__init__()
         if timeout is None:
-            timeout = Settings.from_env().timeout
+            timeout = Settings.from_env(with_url=False).timeout
         if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         self.partition = partition_for(target)
