@@ -20,7 +20,7 @@ from sqlalchemy import ColumnElement, and_, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from cache_server.db import upsert_insert
-from cache_server.models import JobRow, utcnow
+from cache_server.models import JobRow, RecordRow, utcnow
 from tunecache.canonical import canonical_json
 from tunecache.key import kernel_module
 
@@ -189,24 +189,29 @@ def answered(session: Session, *, key_hash: str, record_id: int) -> int:
             JobRow.strategy.is_(None),
             JobRow.trials.is_(None),
         )
-        .values(state="done", record_id=record_id, updated_at=utcnow(), lease_expires_at=None)
+        .values(
+            state="done", record_id=record_id, updated_at=utcnow(), lease_expires_at=None, error=""
+        )
         .execution_options(synchronize_session=False)
     )
     return int(session.execute(stmt).rowcount or 0)  # type: ignore[attr-defined]
 
 
-def reopen(session: Session, *, key_hash: str, record_id: int, error: str) -> int:
-    """Opens again the done job of ``key_hash`` that ``record_id`` answered, the record now
-    rejected and the key served by none: queued (claimable at once) while it has attempts left,
-    else ``failed``, with ``error``. Otherwise a key answered by a bad upload, or by a worker
-    whose record a verifier refused, was never tuned again: its misses found the job done.
-    Returns how many it opened."""
+def reopen(session: Session, *, key_hash: str, error: str) -> int:
+    """Opens again each done job whose answer was a record of ``key_hash``, a key now served
+    by none (a verifier rejected its last servable record): queued (claimable at once) while it
+    has attempts left, else ``failed``, with ``error``. Whichever of the key's records answered
+    it (an earlier one, since beaten by the one rejected now), and whatever the job's own key (a
+    worker keys its record with its own device and versions). Otherwise a key answered by a bad
+    upload, or by a worker whose record a verifier refused, was never tuned again: its misses
+    found the job done. Returns how many it opened."""
     out = JobRow.attempts >= JobRow.max_attempts
     opened = dict(state=case((out, "failed"), else_="queued"), record_id=None, error=error,
                   lease_owner=None, lease_token_id=None, lease_expires_at=None)  # fmt: skip
+    of_key = select(RecordRow.id).where(RecordRow.key_hash == key_hash)
     stmt = (
         update(JobRow)
-        .where(JobRow.key_hash == key_hash, JobRow.state == "done", JobRow.record_id == record_id)
+        .where(JobRow.state == "done", JobRow.record_id.in_(of_key))
         .values(updated_at=utcnow(), **opened)
         .execution_options(synchronize_session=False)
     )

@@ -287,35 +287,54 @@ def test_a_job_answered_by_a_record_a_verifier_rejects_is_open_again(
     any_server: LiveServer,
 ) -> None:
     """A write token's bad upload answered a miss; a verifier rejected it: the key had no
-    winner and its misses found the job done, so it was never tuned. The job is queued again
-    (and claimable) when the key is served by none; a key another record still serves stays
-    done."""
+    winner and its misses found the job done, so it was never tuned. A job is queued again (and
+    claimable) once the key of the record that answered it is served by none: answered by an
+    upload of its key, by an earlier record since beaten, or by a worker's record (keyed with the
+    worker's own device); while another record serves that key, it stays done."""
     verifier = issue_token(any_server.url, "verify")
     with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
 
-        def upload(m: int, time_ms: float) -> int:
-            body = make_record(make_key(m=m), time_ms=time_ms)
-            stored = http.post("/v1/records", json=body.model_dump(mode="json", by_alias=True))
+        def upload(key: Key, time_ms: float = 1.0) -> int:
+            body = make_record(key, time_ms=time_ms).model_dump(mode="json", by_alias=True)
+            stored = http.post("/v1/records", json=body)
             assert stored.status_code == 201, stored.text
             record_id: int = stored.json()["record_id"]
             return record_id
 
-        def job(m: int) -> dict:  # type: ignore[type-arg]
+        def job(m: int) -> tuple[str, int | None]:
             listed = {j["key"]["problem"]["M"]: j for j in http.get("/v1/jobs").json()["items"]}
-            return listed[m]  # type: ignore[no-any-return]
+            return listed[m]["state"], listed[m]["record_id"]
 
         for m in (64, 96):
             assert http.post("/v1/misses", json={"key": make_key(m=m).to_json()}).status_code == 202
-        bad = upload(64, 1.0)
-        assert (job(64)["state"], job(64)["record_id"]) == ("done", bad)  # answered
+        bad = upload(make_key(m=64))
+        assert job(64) == ("done", bad)  # answered
         _reject(any_server.url, verifier, bad)
-        assert (job(64)["state"], job(64)["record_id"]) == ("queued", None)
-        assert f"record {bad}, which answered it, was rejected" in job(64)["error"]
+        assert job(64) == ("queued", None)
+        listed = http.get("/v1/jobs").json()["items"]
+        reopened = next(j for j in listed if j["key"]["problem"]["M"] == 64)
+        assert reopened["error"] == (f"record {bad} was rejected by verifier 'test-verify': "
+                                     "its key is served by none")  # fmt: skip
         claimed = claim(http, "w")
-        assert claimed is not None and claimed["id"] == job(64)["id"]
+        assert claimed is not None and claimed["id"] == reopened["id"]
+        failed = http.post(f"/v1/jobs/{claimed['id']}/fail", json={"worker": "w", "error": "x"})
+        assert failed.status_code == 200, failed.text
 
-        answer, other = upload(96, 1.0), upload(96, 2.0)  # the other: slower, not the winner
-        _reject(any_server.url, verifier, answer)
-        assert (job(96)["state"], job(96)["record_id"]) == ("done", answer)  # `other` serves it
-        winner = http.post("/v1/lookup", json={"key": make_key(m=96).to_json()})
-        assert winner.status_code == 200 and winner.json()["record"]["id"] == other, winner.text
+        first, faster = upload(make_key(m=96), 2.0), upload(make_key(m=96), 1.0)
+        assert job(96) == ("done", first)
+        _reject(any_server.url, verifier, first)  # `faster` serves the key
+        assert job(96) == ("done", first)
+        _reject(any_server.url, verifier, faster)  # none does: `first` answers nothing now
+        assert job(96) == ("queued", None)
+
+        assert create(http, 13).status_code == 201
+        worker_job = claim(http, "w")
+        assert worker_job is not None and worker_job["key"]["problem"]["M"] == 13
+        asked = make_key(m=13)
+        device = DeviceFingerprint(kind="cpu", arch=asked.device.arch, name="worker-cpu", units=8)
+        local = upload(dataclasses.replace(asked, device=device))
+        done = http.post(f"/v1/jobs/{worker_job['id']}/complete",
+                         json={"worker": "w", "record_id": local})  # fmt: skip
+        assert done.status_code == 200 and job(13) == ("done", local), done.text
+        _reject(any_server.url, verifier, local)
+        assert job(13) == ("queued", None)

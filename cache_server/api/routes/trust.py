@@ -101,7 +101,8 @@ def verify_record(
     """Stores a verifier's finding on a record it leased: ``passed`` makes it ``verified`` (its
     time from now on is the verifier's, and the uploader's is flagged when it was more than 20 %
     faster), ``failed`` makes it ``rejected``, ``unverifiable`` gives it back to the queue. A
-    rejected record that answered a job, leaving its key served by none, opens the job again."""
+    rejected record that leaves its key served by none opens again the jobs its key's records
+    answered (:func:`cache_server.jobs.reopen`)."""
     row = trust.finish(session, record_id=record_id, worker=result.worker, verifier=token.name,
                        result=result)  # fmt: skip
     if row is None:
@@ -110,6 +111,6 @@ def verify_record(
             f"record {record_id} is not leased to worker {result.worker!r} for verification",
         )
     if row.status == "rejected" and not trust.served(session, row.key_hash, settings.policy):
-        why = f"record {row.id}, which answered it, was rejected by verifier {token.name!r}"
-        jobs.reopen(session, key_hash=row.key_hash, record_id=row.id, error=why)
+        why = f"record {row.id} was rejected by verifier {token.name!r}: its key is served by none"
+        jobs.reopen(session, key_hash=row.key_hash, error=why)
     return _record(session, row.id)
