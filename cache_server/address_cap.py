@@ -1,4 +1,5 @@
-"""At most ``max_connections`` open connections from one client address to one server process.
+"""At most ``max_connections`` open connections from one client address (an IPv6 /64) to one
+server process.
 
 Without it, one client could open connections until the server process ran out of file
 descriptors (1,024 by default) and could accept no one else's: each idle one lasts until its
@@ -11,6 +12,7 @@ touched. Behind a proxy every client has the proxy's address: raise the cap ther
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections import Counter
 from typing import Final
@@ -23,6 +25,21 @@ STATUS: Final = 429
 # HeaderDeadline._refuse); beyond these, one is closed at once: a client hammering the server
 # with connections holds no more descriptors than this for it.
 LINGERING: Final = 8
+
+
+def client_of(address: str) -> str:
+    """What the cap counts an address as: an IPv4 one (an IPv4-mapped IPv6 one too) as it is,
+    an IPv6 one as its /64 (a client holds a whole /64, and could take a new address of it for
+    each connection)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])  # without a scope ("fe80::1%eth0")
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
 
 
 class AddressCap:

@@ -53,6 +53,7 @@ class EmbeddedServer:
             port=self.port,
             log_level="warning",
             http="cache_server.header_deadline:HeaderDeadline",
+            ws="none",  # no WebSocket routes: an upgrade would leave the protocol uncounted
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

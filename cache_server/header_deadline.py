@@ -22,7 +22,7 @@ from typing import Any
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from cache_server.address_cap import AddressCap
+from cache_server.address_cap import AddressCap, client_of
 from cache_server.settings import ServerSettings
 
 _Protocol: Any = AutoHTTPProtocol  # httptools' protocol where installed, else h11's
@@ -41,7 +41,7 @@ class HeaderDeadline(_Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
         peer = transport.get_extra_info("peername")
-        address = peer[0] if isinstance(peer, tuple) and peer else None
+        address = client_of(peer[0]) if isinstance(peer, tuple) and peer else None
         self._address = address
         if address is not None and not _cap().admit(address):
             self._refuse(transport, address)

@@ -18,10 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
+from cache_server.dashboard.templating import spread
 from tests.conftest import LiveServer, start_server
 from tests.dashboard_browser import visit
 from tests.factories import AUTH, TEST_TOKEN, make_key, make_record, timing
 from tunecache.schemas import BaselineModel, Provenance, RecordCreate, Trial
+from tunecache.triton import hostbench
 from tunecache.triton.record import timing_of
 
 HOSTILE = "<script>alert('tc')</script>"
@@ -170,6 +172,9 @@ class TestPages:
         triton = page(token_server, f"/ui/records/{ids['softmax']}").text
         assert "p20 0.2375 · p80 0.2812 · triton do_bench (median, p20, p80)" in triton
         assert "min 0.2375" not in triton and "IQR" not in triton
+        # The interpreter's host clock: min and max of its runs, and no quartiles either.
+        interpreted = timing_of([2.0, 1.5, 3.0], hostbench.TIMER)
+        assert interpreted is not None and spread(interpreted) == "min 1.5 · max 3"
 
     def test_unknown_record_is_an_html_404(self, token_server: LiveServer, ids: Ids) -> None:
         response = page(token_server, "/ui/records/999999")

@@ -147,6 +147,15 @@ def test_one_address_holds_at_most_its_cap_of_connections(capped_server: LiveSer
     anyone: past the cap, its next connection is answered 429 at once and closed, while its
     open ones, and every other address, are served."""
     host, port = capped_server.url.removeprefix("http://").split(":")
+    for _ in range(CAP):  # WebSocket upgrades, answered and closed, leave nothing counted
+        upgrade = _connect(capped_server)
+        upgrade.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                        b"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")  # fmt: skip
+        time.sleep(0.2)
+        assert upgrade.recv(65536).startswith(b"HTTP/1.1 "), "no answer to an upgrade"
+        upgrade.close()
+    time.sleep(0.2)
     held = [_connect(capped_server) for _ in range(CAP)]
     other = socket.create_connection((host, int(port)), timeout=10, source_address=("127.0.0.2", 0))
     other.settimeout(0.2)
@@ -180,3 +189,14 @@ def test_the_cap_counts_open_and_lingering_connections_per_address() -> None:
     assert [cap.linger("10.0.0.1") for _ in range(LINGERING + 1)] == [True] * LINGERING + [False]
     cap.release("10.0.0.1", refused=True)
     assert cap.linger("10.0.0.1") and not cap.admit("10.0.0.1")  # lingering is not admitted
+
+
+def test_the_cap_counts_an_ipv6_client_by_its_slash_64() -> None:
+    from cache_server.address_cap import client_of
+
+    assert client_of("2001:db8:1:2:aaaa::1") == client_of("2001:db8:1:2:bbbb::7")
+    assert client_of("2001:db8:1:2::1") == "2001:db8:1:2::/64"
+    assert client_of("2001:db8:1:3::1") != client_of("2001:db8:1:2::1")
+    assert client_of("::ffff:10.0.0.1") == client_of("10.0.0.1") == "10.0.0.1"
+    assert client_of("fe80::1%eth0") == "fe80::/64"
+    assert client_of("not an address") == "not an address"

@@ -109,11 +109,12 @@ def run(args: argparse.Namespace) -> int:
                   f"policy {settings.policy}", file=sys.stderr)  # fmt: skip
         logs.configure(args.log_format, verbose=getattr(args, "verbose", False))
         # Our access log (cache_server.access) replaces uvicorn's; log_config=None keeps ours.
-        # uvicorn's HTTP protocol, with a deadline for every request's headers.
+        # uvicorn's HTTP protocol, with a deadline for every request's headers and a cap on each
+        # address's connections; no WebSocket (an upgraded connection would leave it uncounted).
         protocol = "cache_server.header_deadline:HeaderDeadline"
         options: dict[str, Any] = {"host": host, "port": port, "log_config": None,
                                    "log_level": "info", "access_log": False,
-                                   "http": protocol}  # fmt: skip
+                                   "http": protocol, "ws": "none"}  # fmt: skip
         if settings.workers == 1:
             uvicorn.run(create_app(settings), **options)
             return 0
