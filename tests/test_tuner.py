@@ -57,6 +57,8 @@ def test_tune_upload_then_get_from_another_process(
     assert record["validation"]["max_rel_error"] < record["validation"]["tolerance"]
     assert {b["name"] for b in record["baselines"]} >= {"torch_eager"}
     assert record["search"]["trials"] >= 1 and record["timing"]["median_ms"] > 0
+    # The last progress line says how the winner was timed as its record does.
+    assert f"(re-timed: {record['timing']['timer']}; the search's quick" in tuned.stderr
 
 
 class PoisonedBackend(Backend):
