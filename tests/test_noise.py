@@ -258,3 +258,12 @@ def test_chromium_shows_the_noisy_mark_and_the_intervals(
             assert text in seen.dom, (name, text)
         assert seen.console == []
     assert "The machine disturbed these timings" in seen.dom
+
+
+def test_the_timer_says_how_many_calls_a_sample_is() -> None:
+    """One call a sample (a call over ``min_sample_s``) reads "x 1 call", not "x 1 calls"."""
+    quick = TimerSettings(warmup=0, min_repeats=3, max_repeats=3, target_s=0.01)
+    slow = time_cpu(lambda: time.sleep(0.003), quick)
+    assert slow.timer.endswith(" x 1 call"), slow.timer
+    fast = time_cpu(lambda: None, quick)
+    assert fast.timer.endswith(" calls") and " x 1 call" not in fast.timer, fast.timer

@@ -91,6 +91,30 @@ def test_the_eta_counts_down_while_a_step_is_awaited() -> None:
     assert etas == sorted(etas, reverse=True) and etas[-1] <= 1  # never up; down to zero
 
 
+def test_no_eta_goes_past_the_seconds_budget() -> None:
+    """``tune --seconds 10``, a MetaSchedule batch of 12 s for 1 of 32 trials: the line said
+    "ETA 381s" for a run that stopped 7 s later. The pace's ETA is bounded by the budget's end,
+    on the plain lines and on the terminal's live line alike."""
+    stream = Stamped()
+    with ProgressPrinter("k", stream, heartbeat=60, seconds=2.0) as progress:
+        time.sleep(0.3)
+        progress(Progress(1, 32, 2.4, "measured a batch"))  # the pace: ~9 s left
+    eta = int(stream.getvalue().split("ETA ")[1].split("s")[0])
+    assert eta <= 2, stream.getvalue()
+    live = io.StringIO()
+    with ProgressPrinter("k", live, live=True, seconds=2.0) as progress:
+        time.sleep(0.3)
+        progress(Progress(1, 32, 2.4, "measured a batch"))
+        time.sleep(0.6)  # the live line refreshes by itself
+    shown = [int(e.split("s")[0]) for e in live.getvalue().split("ETA ")[1:] if e[:1].isdigit()]
+    assert shown and max(shown) <= 2, live.getvalue()
+    unbounded = Stamped()
+    with ProgressPrinter("k", unbounded, heartbeat=60) as progress:
+        time.sleep(0.3)
+        progress(Progress(1, 32, 2.4, "measured a batch"))
+    assert int(unbounded.getvalue().split("ETA ")[1].split("s")[0]) >= 8  # the pace alone
+
+
 def test_pretunes_eta_counts_down_while_the_next_job_is_awaited(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -139,7 +139,8 @@ def _sample(fn: Callable[[], Any], settings: TimerSettings) -> _Sampled:
         used = sorted(clean + disturbed)[: max(MIN_CLEAN, taken // 4)]
         how = f"quickest {len(used)} of {taken} samples"
     return _Sampled([ms for ms, _ in used], sum(calls for _, calls in used),
-                    f"perf_counter {how} x {number} calls", left_out=taken - len(used),
+                    f"perf_counter {how} x {number} call{'s' if number != 1 else ''}",
+                    left_out=taken - len(used),
                     disturbed=len(disturbed) / taken)  # fmt: skip
 
 

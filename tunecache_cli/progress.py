@@ -40,10 +40,12 @@ def eta_seconds(elapsed: float, done: int, total: int) -> float | None:
 
 class Countdown:
     """An ETA that counts down between steps: the pace as of the last step, less the time since
-    (waiting for the next step does not make the work left grow)."""
+    (waiting for the next step does not make the work left grow); never past ``deadline`` (a
+    ``time.monotonic()``: when a ``--seconds`` budget stops the run, whatever the pace)."""
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: float | None = None) -> None:
         self._at: tuple[float, float] | None = None  # (seconds left, when) at the last step
+        self.deadline = deadline
 
     def step(self, elapsed: float, done: int, total: int, now: float) -> None:
         """A step was made: ``done`` of ``total`` in ``elapsed`` seconds, at ``now``."""
@@ -52,7 +54,10 @@ class Countdown:
 
     def left(self, now: float) -> float | None:
         """Seconds left at ``now``, or ``None`` before the first step."""
-        return None if self._at is None else max(0.0, self._at[0] - (now - self._at[1]))
+        if self._at is None:
+            return None
+        left = self._at[0] - (now - self._at[1])
+        return max(0.0, left if self.deadline is None else min(left, self.deadline - now))
 
 
 class ProgressPrinter:
@@ -64,10 +69,12 @@ class ProgressPrinter:
         stream: where to write (this process's ``sys.stderr`` when made).
         live: a ``rich`` live line; by default when ``stream`` is a terminal.
         heartbeat: seconds of silence before a plain "still ..." line.
+        seconds: the run's time budget from now (``--seconds``): no ETA goes past it.
     """
 
     def __init__(self, label: str, stream: TextIO | None = None, *, live: bool | None = None,
-                 heartbeat: float = HEARTBEAT_SECONDS) -> None:  # fmt: skip
+                 heartbeat: float = HEARTBEAT_SECONDS,
+                 seconds: float | None = None) -> None:  # fmt: skip
         stream = sys.stderr if stream is None else stream  # now: not the one at import time
         self.label = label
         self.stream = stream
@@ -77,7 +84,7 @@ class ProgressPrinter:
         self._last = Progress(done=0, total=0, phase="search")
         self._phase_started = self.started
         self._last_line = self.started
-        self._eta = Countdown()
+        self._eta = Countdown(None if seconds is None else self.started + seconds)
         self._expected = False  # the last event was only expected (:meth:`expect`): not printed
         self._stop = threading.Event()
         self._rich: Any = None
@@ -156,16 +163,25 @@ class ProgressPrinter:
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
+            ProgressColumn,
+            Task,
             TextColumn,
             TimeElapsedColumn,
-            TimeRemainingColumn,
         )
         from rich.progress import Progress as Bar
+        from rich.text import Text
+
+        countdown = self._eta
+
+        class Eta(ProgressColumn):  # the plain lines' ETA, counted down at each refresh
+            def render(self, task: Task) -> Text:
+                left = countdown.left(time.monotonic())
+                return Text("ETA " + ("-" if left is None else f"{left:.0f}s"))
 
         bar = Bar(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[best]}"), TimeElapsedColumn(), TextColumn("ETA"),
-            TimeRemainingColumn(), TextColumn("{task.fields[note]}"),
+            TextColumn("{task.fields[best]}"), TimeElapsedColumn(), Eta(),
+            TextColumn("{task.fields[note]}"),
             console=Console(file=self.stream), refresh_per_second=4,
         )  # fmt: skip
         task = bar.add_task(f"{self.label} searching", total=None, best="", note="",

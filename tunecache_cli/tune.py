@@ -198,7 +198,10 @@ def _run_key(args: argparse.Namespace) -> int:
     options = TuneOptions(strategy="exhaustive" if args.landscape else args.strategy,
                           seed=args.seed, workers=args.workers)  # fmt: skip
     url = upload_url(args)
-    with Client(url or server_url(args)) as client, ProgressPrinter(key.short()) as progress:
+    with (
+        Client(url or server_url(args)) as client,
+        ProgressPrinter(key.short(), seconds=budget.seconds) as progress,
+    ):
         if url is not None:
             push_quietly(client, url)  # what an earlier tune could not upload goes first
         outcome = tune(key, budget, options, progress=progress,

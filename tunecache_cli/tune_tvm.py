@@ -118,7 +118,7 @@ def _search(
     from tunecache_cli.progress import ProgressPrinter
 
     started = time.monotonic()
-    with cpu_intrinsics_only(), ProgressPrinter(f"tvm {label}") as progress:
+    with cpu_intrinsics_only(), ProgressPrinter(f"tvm {label}", seconds=budget.seconds) as progress:
         outcome = tune(mod, target, budget, workdir=workdir, cores=host_cores(),
                        progress=progress)  # fmt: skip
     return outcome, time.monotonic() - started

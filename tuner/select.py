@@ -315,7 +315,8 @@ def _compare(bench: Benchmarker, contenders: list[Mapping[str, Any] | None], cou
              emit: Emit, deadline: float | None) -> _Final:  # fmt: skip
     """``count`` alternating rounds of ``contenders``, and more (up to ``MAX_ROUNDS``, within
     the deadline) while the winner and the default are undecided."""
-    emit(f"the winner against the baselines, {count} alternating rounds", phase="time")
+    rounds = f"{count} alternating round{'s' if count != 1 else ''}"
+    emit(f"the winner against the baselines, {rounds}", phase="time")
     final = _Final(bench, contenders, count)
     while (count > 1 and len(final.times) < MAX_ROUNDS and final.undecided()
            and (deadline is None or time.monotonic() < deadline)):  # fmt: skip
