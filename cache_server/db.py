@@ -11,7 +11,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.errors import InvalidInput
-from tunecache.settings import default_db_url
+from tunecache.settings import default_db_url, without_userinfo
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -23,6 +23,21 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cursor.close()
+
+
+def shown_url(url: str) -> str:
+    """A database URL as a message may show it: without its password (SQLAlchemy's rendering),
+    or, one it cannot parse, without what comes before its last ``@``."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # any parse error of a malformed URL
+        return without_userinfo(url)
+
+
+def scrubbed(message: str, url: str) -> str:
+    """``message`` (a driver's or SQLAlchemy's error) with ``url`` in it shown as
+    :func:`shown_url` shows it."""
+    return message.replace(url, shown_url(url))
 
 
 def make_engine(url: str) -> Engine:

@@ -55,7 +55,7 @@ from typing import Final, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from tunecache.settings import DEFAULT_PORT, default_db_url
+from tunecache.settings import DEFAULT_PORT, default_db_url, without_userinfo
 from tunecache.tokens import MIN_TOKEN_CHARS
 
 PROMETHEUS_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's, not ours
@@ -130,5 +130,6 @@ class ServerSettings(BaseSettings):
         if value.startswith("postgresql://"):  # SQLAlchemy would pick psycopg2; we ship psycopg 3
             return "postgresql+psycopg://" + value.removeprefix("postgresql://")
         if not value.startswith(("sqlite://", "postgresql+psycopg://")):
-            raise ValueError(f"database URL {value!r} must be sqlite:// or postgresql://")
+            shown = without_userinfo(value)  # never a password in a message
+            raise ValueError(f"database URL {shown!r} must be sqlite:// or postgresql://")
         return value

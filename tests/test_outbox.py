@@ -109,6 +109,22 @@ def test_push_names_the_servers_other_uploads_wait_for(
         in err  # fmt: skip
 
 
+def test_an_upload_kept_for_a_url_with_a_password_waits_for_the_server_without_it(
+    own_outbox: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Written before such URLs were refused: push never shows the password, and names the
+    server as ``--server`` now must (``HTTP://`` is ``http://``), so the upload is not stranded."""
+    outbox.release(outbox.put("HTTP://alice:hunter2@gpu-box:8765/", make_record(make_key(8)),
+                              own_outbox))  # fmt: skip
+    assert outbox.servers(own_outbox) == {"http://gpu-box:8765": 1}
+    assert outbox.waiting("http://gpu-box:8765", own_outbox) == 1
+    assert tunecache_cli.main(["push", "--server", URL]) == 0
+    err = capsys.readouterr().err
+    assert "hunter2" not in err and "alice" not in err
+    assert "1 upload waits for http://gpu-box:8765: tunecache push --server http://gpu-box:8765" \
+        in err  # fmt: skip
+
+
 def test_a_record_is_taken_once_and_a_dead_takers_file_waits_again(tmp_path: Path) -> None:
     taken = outbox.put(URL, make_record(make_key(8)), tmp_path)  # this tune's upload is next
     assert waiting_for(URL, tmp_path) == 0  # not pushable meanwhile: never sent twice

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ValidationError
 
 from tunecache.errors import ServerError
 from tunecache.jsonsafe import parse_json
+from tunecache.settings import without_userinfo
 from tunecache.strict import SERVED
 
 M = TypeVar("M", bound=BaseModel)
@@ -274,8 +275,9 @@ def proxy_mounts() -> dict[str, httpx.BaseTransport | None]:
     for pattern, url in get_environment_proxies().items():
         try:
             mounts[pattern] = None if url is None else DeadlineTransport(proxy=url)
-        except (ImportError, ValueError) as exc:  # a SOCKS proxy without socksio, a bad URL
-            logging.getLogger(__name__).warning("not using proxy %s: %s", url, exc)
+        except (ImportError, ValueError, httpx.InvalidURL) as exc:  # no socksio, a bad URL
+            shown = without_userinfo(url or "")  # a proxy's credentials stay out of the log
+            logging.getLogger(__name__).warning("not using proxy %s: %s", shown, exc)
     return mounts
 
 

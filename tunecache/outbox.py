@@ -32,7 +32,7 @@ from typing import Any
 from tunecache.artifacts import ArtifactIn
 from tunecache.errors import ServerError
 from tunecache.schemas import RecordCreate
-from tunecache.settings import outbox_dir
+from tunecache.settings import outbox_dir, without_userinfo
 
 logger = logging.getLogger(__name__)
 
@@ -152,8 +152,19 @@ def _waiting_for(url: str | None, folder: Path) -> Iterator[tuple[Path, Any]]:
             data: Any = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(data, dict) and (data.get("url") == url or url is None):
+        if isinstance(data, dict) and (url is None or _server(data.get("url")) == _server(url)):
             yield path, data
+
+
+def _server(url: Any) -> str | None:
+    """The server a file waits for, as a message may show it and ``--server`` names it: files
+    written before URLs with a user name or password were refused hold one (never shown), and
+    ``HTTP://`` is ``http://``."""
+    if not isinstance(url, str):
+        return None
+    shown = without_userinfo(url).rstrip("/")
+    scheme = shown.find("://")
+    return shown if scheme < 0 else shown[:scheme].lower() + shown[scheme:]
 
 
 def take(url: str, folder: Path | None = None) -> list[Waiting]:
@@ -201,7 +212,7 @@ def servers(folder: Path | None = None) -> dict[str, int]:
     """How many uploads wait for each server URL (none taken)."""
     counts: dict[str, int] = {}
     for _, data in _waiting_for(None, folder or outbox_dir()):
-        if isinstance(url := data.get("url"), str):
+        if (url := _server(data.get("url"))) is not None:
             counts[url] = counts.get(url, 0) + 1
     return counts
 

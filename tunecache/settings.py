@@ -119,44 +119,50 @@ class Settings:
 
 
 def checked_url(url: str, given: str) -> str:
-    """``url``, a cache server's, without a trailing ``/``; ``given`` says where it came from in
-    an error (``"--server "``, ``"TUNECACHE_URL="``).
+    """``url``, a cache server's, without a trailing ``/`` (its scheme in lower case); ``given``
+    says where it came from in an error (``"--server "``, ``"TUNECACHE_URL="``).
 
     Raises:
         InvalidInput: not an http(s) URL with a host, malformed, or with a user name or password
-            in it: httpx would send those as Basic auth *in place of* the token, and every
-            message naming the server would show them (no error here does).
+            in it (an ``@`` anywhere): httpx would send those as Basic auth *in place of* the
+            token, and every message naming the server would show them. No error here shows
+            what comes before the last ``@``.
     """
     import httpx
 
-    start, at = _userinfo(url)
-    label = f"{given}{url!r}"
-    if at > start:
-        label = f"{given}{url[:start] + url[at + 1 :]!r} (user and password left out here)"
+    shown = without_userinfo(url)
+    label = f"{given}{shown!r}" + (" (user and password left out here)" if shown != url else "")
     if not url[:8].lower().startswith(("http://", "https://")):
         raise InvalidInput(f"{label} must start with http:// or https://")
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL as exc:
-        why = str(exc).replace(url[start : at + 1], "") if at > start else str(exc)
-        raise InvalidInput(f"{label} is not a valid URL: {why}") from None
-    if parsed.userinfo:
+    if "@" in url:
         raise InvalidInput(
             f"{label} holds a user name or password: tunecache sends its token"
             " (TUNECACHE_TOKEN) and no other credentials (a forward proxy's go in HTTPS_PROXY)"
         )
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise InvalidInput(f"{label} is not a valid URL: {exc}") from None
     if not parsed.host:
         raise InvalidInput(f"{label} names no host")
-    return url.rstrip("/")
+    scheme = url.index("://")
+    return url[:scheme].lower() + url[scheme:].rstrip("/")
 
 
-def _userinfo(url: str) -> tuple[int, int]:
-    """Where ``url``'s authority starts, and its last ``@`` (``-1``: none): what lies between is
-    a user name and password, whatever else is wrong with the URL."""
-    start = url.find("://")
-    start = 0 if start < 0 else start + 3
-    end = min([i for i in (url.find(c, start) for c in "/?#") if i >= 0], default=len(url))
-    return start, url.rfind("@", start, end)
+def without_userinfo(url: str) -> str:
+    """``url`` as a message may show it: what stands between its scheme (or its start) and its
+    last ``@`` left out, however malformed it is (``http:/u:p@h``, a ``/`` in the password).
+
+    Example:
+        >>> without_userinfo("https://ci:p4ss/w0rd@cache:8765/x")
+        'https://cache:8765/x'
+    """
+    at = url.rfind("@")
+    if at < 0:
+        return url
+    scheme = url.find("://")
+    start = scheme + 3 if 0 <= scheme < at else 0
+    return url[:start] + url[at + 1 :]
 
 
 def settings_without_bad(environ: Mapping[str, str] | None = None) -> tuple[Settings, list[str]]:

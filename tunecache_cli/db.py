@@ -22,14 +22,15 @@ def register(commands: Any) -> None:
 def run_upgrade(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from cache_server.db import make_engine
+    from cache_server.db import make_engine, scrubbed, shown_url
     from cache_server.migrate import current_revision, upgrade
 
     url = server_settings(args).db
     try:
         upgrade(url, args.revision)
         revision = current_revision(make_engine(url))
-    except (SQLAlchemyError, OSError) as exc:
-        raise InvalidInput(f"cannot upgrade {url}: {one_line(exc)}") from None
-    print(f"{url}: at revision {revision}", file=sys.stderr)
+    except (SQLAlchemyError, ValueError, OSError) as exc:  # ValueError: a malformed URL
+        why = scrubbed(one_line(exc), url)
+        raise InvalidInput(f"cannot upgrade {shown_url(url)}: {why}") from None
+    print(f"{shown_url(url)}: at revision {revision}", file=sys.stderr)
     return 0

@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
 
     from cache_server import SchemaOutdated, logs
     from cache_server.app import create_app
+    from cache_server.db import scrubbed, shown_url
     from cache_server.metrics_multiprocess import user_metrics_dir, worker_metrics_dir
     from cache_server.migrate import prepare
 
@@ -92,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     except InvalidInput:
         raise
     except (SQLAlchemyError, ValueError, OSError) as exc:
-        raise InvalidInput(f"cannot open {url}: {one_line(exc)}") from None
+        why = scrubbed(one_line(exc), url)
+        raise InvalidInput(f"cannot open {shown_url(url)}: {why}") from None
     host, port = settings.host, settings.port
     _check_port(host, port)
     with ExitStack() as stack:
@@ -105,8 +107,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"tunecache serve: {exc}", file=sys.stderr)
             return 2
         if args.log_format == "text":  # in JSON, every stderr line is a log record
-            print(f"tunecache: serving {url} on http://{host}:{port} (OpenAPI at /docs); "
-                  f"policy {settings.policy}", file=sys.stderr)  # fmt: skip
+            print(f"tunecache: serving {shown_url(url)} on http://{host}:{port} (OpenAPI at "
+                  f"/docs); policy {settings.policy}", file=sys.stderr)  # fmt: skip
         logs.configure(args.log_format, verbose=getattr(args, "verbose", False))
         # Our access log (cache_server.access) replaces uvicorn's; log_config=None keeps ours.
         # uvicorn's HTTP protocol, with a deadline for every request's headers and a cap on each
