@@ -171,7 +171,7 @@ def complete(
     session: Session, *, job_id: int, worker: str, holder: int | None, record_id: int | None
 ) -> JobRow | None:
     """Marks the job done; ``None`` if ``worker`` (with token ``holder``) no longer holds it."""
-    return _change(session, job_id, worker, holder, state="done", record_id=record_id,
+    return _change(session, job_id, worker, holder, state="done", record_id=record_id, error="",
                    lease_owner=None, lease_token_id=None, lease_expires_at=None)  # fmt: skip
 
 

@@ -271,12 +271,17 @@ def test_an_upload_that_answers_a_queued_miss_completes_it(any_server: LiveServe
 
 
 def _reject(url: str, verifier: str, record_id: int) -> None:
-    """A verifier claims ``record_id`` (the oldest pending on ``url``) and fails it."""
+    """A verifier claims ``record_id`` and fails it (the pending ones it claims before it, it
+    gives back: they are claimable again only later)."""
     with httpx.Client(headers={"Authorization": f"Bearer {verifier}"}, base_url=url,
                       timeout=30) as http:  # fmt: skip
         asked = {"worker": "v", "device_arch": CPU.arch, "backends": ["tvm"]}
-        task = http.post("/v1/verifications/claim", json=asked)
-        assert task.status_code == 200 and task.json()["record"]["id"] == record_id, task.text
+        while (task := http.post("/v1/verifications/claim", json=asked)).status_code == 200:
+            if (other := task.json()["record"]["id"]) == record_id:
+                break
+            back = {"worker": "v", "outcome": "unverifiable", "device_name": "cpu"}
+            assert http.post(f"/v1/records/{other}/verification", json=back).status_code == 200
+        assert task.status_code == 200, task.text
         failed = make_record(make_key(), passed=False).validation.model_dump(mode="json")
         found = {"worker": "v", "outcome": "failed", "device_name": "cpu", "validation": failed}
         done = http.post(f"/v1/records/{record_id}/verification", json=found)
@@ -327,14 +332,31 @@ def test_a_job_answered_by_a_record_a_verifier_rejects_is_open_again(
         _reject(any_server.url, verifier, faster)  # none does: `first` answers nothing now
         assert job(96) == ("queued", None)
 
+        def worker_tunes(m: int) -> int:
+            """A worker claims the job of ``m`` and completes it with its own device's record."""
+            held = claim(http, "w")
+            assert held is not None and held["key"]["problem"]["M"] == m
+            asked = make_key(m=m)
+            device = DeviceFingerprint(kind="cpu", arch=asked.device.arch, name="worker-cpu",
+                                       units=8)  # fmt: skip
+            local = upload(dataclasses.replace(asked, device=device), time_ms=float(m))
+            for rejected in (bad, first):  # a record never served answers nothing
+                refused = http.post(f"/v1/jobs/{held['id']}/complete",
+                                    json={"worker": "w", "record_id": rejected})  # fmt: skip
+                assert refused.status_code == 409 and "rejected it" in refused.text, refused.text
+            done = http.post(f"/v1/jobs/{held['id']}/complete",
+                             json={"worker": "w", "record_id": local})  # fmt: skip
+            assert done.status_code == 200 and done.json()["error"] == "", done.text
+            return local
+
         assert create(http, 13).status_code == 201
-        worker_job = claim(http, "w")
-        assert worker_job is not None and worker_job["key"]["problem"]["M"] == 13
-        asked = make_key(m=13)
-        device = DeviceFingerprint(kind="cpu", arch=asked.device.arch, name="worker-cpu", units=8)
-        local = upload(dataclasses.replace(asked, device=device))
-        done = http.post(f"/v1/jobs/{worker_job['id']}/complete",
-                         json={"worker": "w", "record_id": local})  # fmt: skip
-        assert done.status_code == 200 and job(13) == ("done", local), done.text
+        local = worker_tunes(13)
+        assert job(13) == ("done", local)
         _reject(any_server.url, verifier, local)
         assert job(13) == ("queued", None)
+        again = worker_tunes(13)  # the error of its re-opening is cleared
+        assert create(http, 17, max_attempts=1).status_code == 201
+        last = worker_tunes(17)
+        _reject(any_server.url, verifier, last)
+        assert job(17) == ("failed", None)  # out of attempts
+        assert job(13) == ("done", again)  # another key's job is left alone

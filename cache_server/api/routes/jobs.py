@@ -175,7 +175,7 @@ def heartbeat(
 @router.post(
     "/jobs/{job_id}/complete",
     responses={
-        409: {"description": "lease lost, or no such record"},
+        409: {"description": "lease lost, or no such record, or one that is never served"},
         422: {"description": "the record was tuned for another kernel, problem, dtype or arch"},
     },
 )
@@ -183,8 +183,9 @@ def complete(
     job_id: JobId, request: JobResult, session: SessionDep, token: WriteAccess
 ) -> JobPublic:
     """Finishes a job this worker holds under this token with the record it uploaded, which must
-    exist (409) and answer the job: its key's kernel, backend, dtype, problem and device arch
-    are the job's (422); its device and versions are the worker's own."""
+    exist and may be served (not rejected, and validated: else 409, as a record rejected since
+    opens the job again) and answer the job: its key's kernel, backend, dtype, problem and
+    device arch are the job's (422); its device and versions are the worker's own."""
     if request.record_id is not None:
         _check_answer(session, job_id, request.record_id)
     job = jobs.complete(session, job_id=job_id, worker=request.worker, holder=_holder(token),
@@ -193,11 +194,15 @@ def complete(
 
 
 def _check_answer(session: SessionDep, job_id: int, record_id: int) -> None:
-    """409 when there is no record ``record_id``, 422 when it does not answer job ``job_id``
-    (no such job: left to the lease check, a 409)."""
+    """409 when there is no record ``record_id`` or it is never served, 422 when it does not
+    answer job ``job_id`` (no such job: left to the lease check, a 409)."""
     record = session.get(RecordRow, record_id)
     if record is None:
         raise HTTPException(status.HTTP_409_CONFLICT, f"no record {record_id}")
+    if record.status == "rejected" or not record.validated:
+        unserved = "a verifier rejected it" if record.validated else "it failed validation"
+        raise HTTPException(status.HTTP_409_CONFLICT,
+                            f"record {record_id} answers no job: {unserved}")  # fmt: skip
     job = jobs.get_job(session, job_id=job_id)
     if job is not None and (why := jobs.mismatch(job.key, record.key)) is not None:
         raise HTTPException(
