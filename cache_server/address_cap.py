@@ -1,5 +1,4 @@
-"""At most ``max_connections`` open connections from one client address (an IPv6 /64) to one
-server process.
+"""At most ``max_connections`` open connections from one client address to one server process.
 
 Without it, one client could open connections until the server process ran out of file
 descriptors (1,024 by default) and could accept no one else's: each idle one lasts until its
@@ -28,17 +27,16 @@ LINGERING: Final = 8
 
 
 def client_of(address: str) -> str:
-    """What the cap counts an address as: an IPv4 one (an IPv4-mapped IPv6 one too) as it is,
-    an IPv6 one as its /64 (a client holds a whole /64, and could take a new address of it for
-    each connection)."""
+    """What the cap counts an address as: itself, an IPv4-mapped IPv6 one as its IPv4 address.
+    (Not an IPv6 one's /64: every host of an IPv6 network shares one, and a cluster's nodes would
+    share one cap. A client holding a /64 can take a new address for each connection: the cap
+    bounds one misbehaving client, not a distributed attack.)"""
     try:
         ip = ipaddress.ip_address(address.split("%")[0])  # without a scope ("fe80::1%eth0")
     except ValueError:
         return address
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            return str(ip.ipv4_mapped)
-        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
     return str(ip)
 
 

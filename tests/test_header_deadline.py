@@ -191,12 +191,12 @@ def test_the_cap_counts_open_and_lingering_connections_per_address() -> None:
     assert cap.linger("10.0.0.1") and not cap.admit("10.0.0.1")  # lingering is not admitted
 
 
-def test_the_cap_counts_an_ipv6_client_by_its_slash_64() -> None:
+def test_the_cap_counts_each_address_and_an_ipv4_mapped_one_as_its_ipv4() -> None:
     from cache_server.address_cap import client_of
 
-    assert client_of("2001:db8:1:2:aaaa::1") == client_of("2001:db8:1:2:bbbb::7")
-    assert client_of("2001:db8:1:2::1") == "2001:db8:1:2::/64"
-    assert client_of("2001:db8:1:3::1") != client_of("2001:db8:1:2::1")
+    # Two hosts of one IPv6 network are two clients (a /64 would make a cluster one).
+    assert client_of("2001:db8:1:2:aaaa::1") != client_of("2001:db8:1:2:bbbb::7")
+    assert client_of("2001:DB8:1:2::1") == "2001:db8:1:2::1"
     assert client_of("::ffff:10.0.0.1") == client_of("10.0.0.1") == "10.0.0.1"
-    assert client_of("fe80::1%eth0") == "fe80::/64"
+    assert client_of("fe80::1%eth0") == "fe80::1"
     assert client_of("not an address") == "not an address"

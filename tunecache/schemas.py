@@ -263,7 +263,7 @@ class SearchModel(_Strict):
 
     strategy: Annotated[Line, Field(max_length=64)]
     trials: Annotated[int, Field(strict=True, ge=0, le=10_000_000), INTEGRAL]
-    # The whole tune's: the search and what follows it (re-timing, validation, baselines).
+    # The tune's (the tuner's: search, re-timing, validation, baselines; Triton's: its bench).
     seconds: Annotated[float, Field(strict=True, ge=0, le=MAX_SEARCH_SECONDS, allow_inf_nan=False)]
 
 

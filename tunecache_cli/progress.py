@@ -41,7 +41,9 @@ def eta_seconds(elapsed: float, done: int, total: int) -> float | None:
 class Countdown:
     """An ETA that counts down between steps: the pace as of the last step, less the time since
     (waiting for the next step does not make the work left grow); never past ``deadline`` (a
-    ``time.monotonic()``: when a ``--seconds`` budget stops the run, whatever the pace)."""
+    ``time.monotonic()``: when a ``--seconds`` budget stops the run, whatever the pace), and
+    none once it has passed (what runs over the budget, the winner's validation, has no pace to
+    go by: "ETA 0s" for as long as it lasts was not true either)."""
 
     def __init__(self, deadline: float | None = None) -> None:
         self._at: tuple[float, float] | None = None  # (seconds left, when) at the last step
@@ -53,11 +55,12 @@ class Countdown:
         self._at = None if eta is None else (eta, now)
 
     def left(self, now: float) -> float | None:
-        """Seconds left at ``now``, or ``None`` before the first step."""
-        if self._at is None:
+        """Seconds left at ``now``, or ``None`` before the first step or past the deadline."""
+        at, deadline = self._at, self.deadline  # read once: the live line's thread asks too
+        if at is None or (deadline is not None and now >= deadline):
             return None
-        left = self._at[0] - (now - self._at[1])
-        return max(0.0, left if self.deadline is None else min(left, self.deadline - now))
+        left = at[0] - (now - at[1])
+        return max(0.0, left if deadline is None else min(left, deadline - now))
 
 
 class ProgressPrinter:
@@ -69,7 +72,8 @@ class ProgressPrinter:
         stream: where to write (this process's ``sys.stderr`` when made).
         live: a ``rich`` live line; by default when ``stream`` is a terminal.
         heartbeat: seconds of silence before a plain "still ..." line.
-        seconds: the run's time budget from now (``--seconds``): no ETA goes past it.
+        seconds: the run's time budget (``--seconds``), from its first report on (the tuner
+            starts its clock as it says what it searches with): no ETA goes past it.
     """
 
     def __init__(self, label: str, stream: TextIO | None = None, *, live: bool | None = None,
@@ -84,7 +88,8 @@ class ProgressPrinter:
         self._last = Progress(done=0, total=0, phase="search")
         self._phase_started = self.started
         self._last_line = self.started
-        self._eta = Countdown(None if seconds is None else self.started + seconds)
+        self._eta = Countdown()
+        self._seconds = seconds
         self._expected = False  # the last event was only expected (:meth:`expect`): not printed
         self._stop = threading.Event()
         self._rich: Any = None
@@ -120,6 +125,8 @@ class ProgressPrinter:
                                  event.phase)  # fmt: skip
             self._last, self._expected = event, False
             self._last_line = now
+            if self._seconds is not None and self._eta.deadline is None:
+                self._eta.deadline = now + self._seconds  # the budget's clock starts now
             self._eta.step(now - self._phase_started, event.done, event.total, now)
             line = self._line(event, now)
         if self._rich is not None:

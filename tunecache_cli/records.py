@@ -87,7 +87,7 @@ def run_show(args: argparse.Namespace) -> int:
         return 0
     print(describe(record))
     print(shown(f"  search     {record.search.strategy}, {record.search.trials} trials; tuned in "
-                f"{record.search.seconds:.1f} s (search, validation, timing)"))  # fmt: skip
+                f"{record.search.seconds:.1f} s"))  # fmt: skip
     rows = [[i + 1, t.status, ms(t.time_ms), json.dumps(t.config)[:70], (t.error or "")[:40]]
             for i, t in enumerate(record.trials)]  # fmt: skip
     if rows:
