@@ -176,7 +176,7 @@ def _need_gpu(args: argparse.Namespace) -> None:
     from tunecache.key import device_kind
 
     backend = args.backend
-    if backend is None or device_kind(backend) != "cuda":
+    if backend not in BACKENDS or device_kind(backend) != "cuda":  # unknown: the key says so
         return
     try:
         local_device("cuda")
