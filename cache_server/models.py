@@ -174,6 +174,8 @@ class JobRow(Base):
         Index("ix_jobs_claimable", "state", "priority", "id"),
         Index("ix_jobs_target", "device_arch", "backend"),
         Index("ix_jobs_requested_by", "requested_by", "created_at"),
+        # The jobs a key's records answered, opened again when the key is served by none.
+        Index("ix_jobs_answered", "record_id", "state"),
     )
 
 

@@ -265,3 +265,31 @@ def test_the_job_callers_migration_adds_the_lease_token_and_the_requester(tmp_pa
         indexes = {row[1] for row in db.execute("pragma index_list(jobs)")}
     assert not {"lease_token_id", "requested_by"} & columns and "lease_owner" in columns
     assert "ix_jobs_requested_by" not in indexes
+
+
+def test_reopening_a_keys_jobs_reads_them_by_record_not_every_done_job(tmp_path: Path) -> None:
+    """``jobs.reopen`` runs when a verifier rejects a key's last servable record: its jobs are
+    found through the index of answered jobs, not by reading every done job ever kept (SQLite's
+    plan for the very statement it runs)."""
+    from sqlalchemy import event
+
+    from cache_server import jobs
+    from cache_server.db import make_sessionmaker
+
+    url = f"sqlite:///{tmp_path / 'plan.db'}"
+    upgrade(url)
+    engine = make_engine(url)
+    sent: list[tuple[str, Any]] = []
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def keep(conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: Any) -> None:
+        if statement.lstrip().upper().startswith("UPDATE JOBS"):
+            sent.append((statement, params))
+
+    with make_sessionmaker(engine)() as session:
+        assert jobs.reopen(session, key_hash="ab" * 32, error="rejected") == 0
+    [(statement, params)] = sent
+    with engine.connect() as conn:
+        plan = " ".join(row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}",
+                                                               params))  # fmt: skip
+    assert "ix_jobs_answered" in plan and "SCAN jobs" not in plan, plan
