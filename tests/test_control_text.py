@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import sqlite3
 from typing import Any
 
@@ -118,7 +119,7 @@ def _public_json(data: dict[str, Any]) -> str:
 def _hostile_transport() -> httpx.MockTransport:
     """A server that answers every lookup with a record of the asked key whose free text holds
     a newline, escape sequences, a C1 control and a bidi override (as an unchecked server
-    would serve them)."""
+    would serve them); its device's name differs, so it is served by the same-arch rule."""
 
     def handle(request: httpx.Request) -> httpx.Response:
         if request.url.path != "/v1/lookup":
@@ -129,7 +130,7 @@ def _hostile_transport() -> httpx.MockTransport:
         data["provenance"]["machine"] = "\u202eci"
         data["key"]["device"]["name"] = f"{key.device.name}\x9b8m"
         record = _public_json(data)
-        body = '{"record": ' + record + ', "match": "exact", "policy": "strict"}'
+        body = '{"record": ' + record + ', "match": "same_arch", "policy": "strict"}'
         return httpx.Response(200, content=body.encode(),
                               headers={IDENTITY_HEADER: "tunecache/test"})  # fmt: skip
 
@@ -163,3 +164,54 @@ def test_a_table_cell_holding_control_characters_stays_on_its_line() -> None:
         "a\\nb     \\x1b[8mhidden",
         "\\u202ex  \\x85",
     ]
+
+
+def test_a_hostile_servers_text_is_logged_escaped(caplog: pytest.LogCaptureFixture) -> None:
+    """A process's warnings hold what a server says (an error's detail, a refused record's key):
+    ``ESC]0;…`` retitled the terminal and ``\\r`` forged a log line of the user's process."""
+    forged = f"{ESC}]0;owned\x07{ESC}[2K\rWARNING forged line"
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        key = LookupRequest.model_validate_json(request.content).key.to_key()
+        if key.problem["M"] == 1:
+            return httpx.Response(500, json={"detail": forged},
+                                  headers={IDENTITY_HEADER: "tunecache/test"})  # fmt: skip
+        data = make_record(make_key(m=2, kernel="softmax")).model_dump(mode="json", by_alias=True)
+        data["key"]["device"]["name"] = forged
+        body = '{"record": ' + _public_json(data) + "}"
+        return httpx.Response(200, content=body.encode(),
+                              headers={IDENTITY_HEADER: "tunecache/test"})  # fmt: skip
+
+    with caplog.at_level(logging.WARNING):
+        for m in (1, 2):  # a failed call; a record of another key, refused
+            with Client("http://hostile.test", transport=httpx.MockTransport(handle)) as client:
+                assert client.lookup(make_key(m=m)).source == "default"
+    assert "500: \\x1b]0;owned\\x07\\x1b[2K; using default configs" in caplog.text  # one line
+    assert "ignoring record #7" in caplog.text and "\\x1b[2K\\rWARNING" in caplog.text
+    assert ESC not in caplog.text and "\r" not in caplog.text
+
+
+@pytest.mark.parametrize("json_out", [False, True], ids=["text", "json"])
+def test_get_calls_a_record_a_process_would_refuse_a_miss(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], json_out: bool
+) -> None:
+    """``tunecache get`` printed whatever the server answered as the key's winner, exit 0 and
+    ``"hit": true``: another kernel's record, one rejected by a verifier."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/v1/lookup":
+            return miss()
+        data = make_record(make_key(kernel="softmax")).model_dump(mode="json", by_alias=True)
+        body = '{"record": ' + _public_json({**data, "status": "rejected"}) + "}"
+        return httpx.Response(200, content=body.encode(),
+                              headers={IDENTITY_HEADER: "tunecache/test"})  # fmt: skip
+
+    hostile = functools.partial(Client, transport=httpx.MockTransport(handle))
+    monkeypatch.setattr(tunecache.client, "Client", hostile)
+    code = tunecache_cli.main(["get", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8",
+                               "--server", "http://hostile.test", *(["--json"] * json_out)])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 1, out
+    said = json.loads(out)["refused"] if json_out else out.splitlines()[1]
+    assert said.strip() == "record #7 refused: it is rejected"
+    assert json_out is False or json.loads(out)["hit"] is False

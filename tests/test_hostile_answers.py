@@ -18,17 +18,25 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from pydantic import ValidationError
 
 import tunecache.client
-from tests.factories import make_key
+import tunecache.strict
+from tests.factories import make_key, make_record
 from tests.hostile import IDENTITY, Request, Seen, answer, serve
 from tests.test_triton_autotune import run
 from tunecache import Client, ServerError
+from tunecache.artifacts import ArtifactList
 from tunecache.errors import InvalidInput
+from tunecache.http import deadline, parse
+from tunecache.jsonsafe import json_problem
 from tunecache.lookup import LookupResult
 from tunecache.resolver import Resolver, Source
+from tunecache.schemas import Health, LookupRequest, LookupResponse, Trial
 from tunecache.snapshot import load_snapshot
+from tunecache.strict import SERVED
 
 SECONDS = 1.0
 BOUND = SECONDS * 1.1
@@ -203,3 +211,84 @@ def test_an_unchanged_snapshot_is_read_whatever_encoding_a_proxy_names() -> None
 
     with serve(unchanged) as (url, _), Client(url, timeout=SECONDS, token="") as client:
         assert client.export_snapshot("cpu-avx2", if_none_match='"v1"') == (None, '"v1"')
+
+
+def _served_record(key: Any, **changes: Any) -> dict[str, Any]:
+    """A record of ``key`` as a server answers it, with ``changes`` to its fields."""
+    data = make_record(key).model_dump(mode="json", by_alias=True)
+    return {**data, "id": 7, "key_hash": "0" * 64, "created_at": "2026-01-01T00:00:00Z", **changes}
+
+
+def test_an_answer_of_a_million_empty_lists_is_refused_before_it_is_parsed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A valid record with 1.8 MiB of trials whose configs are empty lists (under a lookup's 2
+    MiB): parsing and checking it took 5 s of a 0.5 s lookup, and it was served (a server
+    never sends a lookup's trials). Now its brackets are counted before it is parsed."""
+    junk = [{"config": {"a": [[]] * 80_000}, "status": "invalid"}] * 8
+
+    def many_lists(conn: socket.socket, request: Request, seen: Seen) -> None:
+        key = LookupRequest.model_validate_json(request.body).key.to_key()
+        body = {"record": _served_record(key, trials=junk)}
+        answer(conn, 200, json.dumps(body, separators=(",", ":")).encode())
+
+    with serve(many_lists) as (url, _), caplog.at_level(logging.WARNING):
+        elapsed, result = timed_lookup(url)
+    assert result.source == "default" and elapsed <= BOUND
+    assert "640,043 JSON arrays and objects (or brackets), where at most 65,536" in caplog.text
+
+
+def test_an_artifact_read_holds_a_bounded_number_of_containers_over_all_its_pages(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each page under the bound, together over it: 256 MiB of empty lists over pages took 10
+    minutes and 9 GiB to read (all of it parsed, 87 million lists)."""
+    monkeypatch.setattr(tunecache.client, "READ_CONTAINERS", 3000)
+    item = {**_item(1, "p", "k"), "value": {"v": [[]] * 1000}}
+
+    def pages(conn: socket.socket, request: Request, seen: Seen) -> None:
+        after = int(request.path.partition("after=")[2].partition("&")[0] or 0)
+        page = {"items": [{**item, "id": after + 1}], "next_after": after + 1}
+        answer(conn, 200, json.dumps(page).encode())
+
+    refused = r"1,00\d JSON arrays and objects .* at most 9\d\d"
+    with (
+        serve(pages) as (url, seen),
+        Client(url, timeout=SECONDS, token="") as client,
+        pytest.raises(ServerError, match=refused),
+    ):
+        client.get_artifacts("tvm.record", "p", timeout=SECONDS)
+    assert len(seen.requests) == 3  # two pages read, the third refused
+    with pytest.raises(ValidationError, match="at most 1000 items"):
+        ArtifactList.model_validate({"items": [_item(i, "p", "k") for i in range(1, 1002)]})
+
+
+def test_an_answer_read_past_the_calls_deadline_is_a_failed_call() -> None:
+    """Parsing and checking an answer is part of the call: one read past the deadline fails
+    (and a lookup then skips the server a while) rather than serving a slow hostile answer."""
+    response = httpx.Response(200, json={"database": "sqlite", "records": 1, "version": "1"})
+    assert parse(Health, response, "/health").records == 1
+    with deadline(0.01), pytest.raises(ServerError, match="past the call's deadline"):
+        time.sleep(0.02)
+        parse(Health, response, "/health")
+
+
+def test_an_answer_is_walked_for_unsafe_json_once_not_once_per_nested_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each nested model walked its part of the body again (a lookup answer three times and
+    more); a nested model validated on its own is still walked."""
+    walks: list[str] = []
+
+    def counted(data: Any, root: str = "body") -> str | None:
+        walks.append(root)
+        return json_problem(data, root)
+
+    body = json.dumps({"record": _served_record(make_key())})
+    monkeypatch.setattr(tunecache.strict, "json_problem", counted)
+    LookupResponse.model_validate_json(body, context=SERVED)
+    assert walks == ["LookupResponse"]
+    with pytest.raises(ValidationError, match="NaN"):
+        LookupResponse.model_validate_json(body.replace('"time_ms": 1.0', '"time_ms": NaN', 1))
+    Trial.model_validate({"config": {}, "status": "invalid"})
+    assert walks[-1] == "Trial"

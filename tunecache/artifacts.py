@@ -31,6 +31,10 @@ Namespace = Literal[
 NAMESPACES: tuple[str, ...] = get_args(Namespace)
 MAX_BATCH = 500  # items one request may put
 MAX_PAGE = 1000  # items one read may return
+# JSON arrays and objects one read of artifacts may hold, all its pages together: a bound on
+# the memory and time a hostile answer takes (up to 256 MiB of empty lists would be 87 million
+# Python lists); ample for a key's 256 MetaSchedule records or 20,000 of Inductor's choices.
+READ_CONTAINERS = 4 * 1024 * 1024
 MAX_VALUE_BYTES = MAX_CONFIG_BYTES
 
 Partition = Annotated[Line, Field(min_length=1, max_length=256)]
@@ -90,5 +94,5 @@ class ArtifactPublic(ArtifactIn):
 class ArtifactList(_Strict):
     """One page of artifacts; ``next_after`` is the ``after`` of the next page, or ``None``."""
 
-    items: list[ArtifactPublic]
+    items: Annotated[list[ArtifactPublic], Field(max_length=MAX_PAGE)]
     next_after: int | None = None

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ValidationError
 from tunecache.artifacts import (
     MAX_BATCH,
     MAX_PAGE,
+    READ_CONTAINERS,
     ArtifactBatch,
     ArtifactIn,
     ArtifactList,
@@ -44,13 +45,14 @@ from tunecache.defaults import default_config
 from tunecache.errors import InvalidInput, ServerError
 from tunecache.http import (
     LOOKUP_ANSWER_BYTES,
+    LOOKUP_ANSWER_CONTAINERS,
     MAX_ANSWER_BYTES,
     DeadlineTransport,
     Timeout,
     answer_limit,
     deadline,
     is_tunecache,
-    no_route,
+    missing,
     parse,
     proxy_mounts,
     rejected,
@@ -244,11 +246,12 @@ class Client(WorkerCalls):
             with deadline(seconds), answer_limit(LOOKUP_ANSWER_BYTES):
                 limits = self.timeout.per_operation(seconds, read=True)
                 response = self._http.post("/v1/lookup", json=body, timeout=limits)
-            if response.status_code == 404 and is_tunecache(response) and not no_route(response):
-                return None
-            if response.is_error:
-                raise rejected("POST", "/v1/lookup", response)
-            return parse(LookupResponse, response, "/v1/lookup")  # says what is not tunecache
+                if missing(response):
+                    return None
+                if response.is_error:
+                    raise rejected("POST", "/v1/lookup", response)
+                return parse(LookupResponse, response, "/v1/lookup",  # says what is not tunecache
+                             max_containers=LOOKUP_ANSWER_CONTAINERS)  # fmt: skip
         except (httpx.HTTPError, ValidationError, ValueError) as exc:
             raise ServerError(f"lookup at {self.url} failed: {type(exc).__name__}: {exc}") from exc
 
@@ -438,6 +441,7 @@ class Client(WorkerCalls):
     ) -> list[ArtifactPublic]:  # fmt: skip
         items: list[ArtifactPublic] = []
         after: int | None = None
+        containers = READ_CONTAINERS  # left to this read's pages
         while wanted is None or len(items) < wanted:
             page_size = MAX_PAGE if wanted is None else min(MAX_PAGE, wanted - len(items))
             params: dict[str, Any] = {"namespace": namespace, "partition": partition,
@@ -445,7 +449,8 @@ class Client(WorkerCalls):
             params.update({"key": key} if key is not None else {})
             params.update({"after": after} if after is not None else {})
             response = self._call("GET", "/v1/artifacts", timeout, read=True, params=params)
-            page = parse(ArtifactList, response, "/v1/artifacts")
+            page = parse(ArtifactList, response, "/v1/artifacts", max_containers=containers)
+            containers -= response.content.count(b"[") + response.content.count(b"{")
             items.extend(item for item in page.items if item.namespace == namespace
                          and item.partition == partition and key in (None, item.key))  # fmt: skip
             if page.next_after is None or key is not None:

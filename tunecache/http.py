@@ -40,7 +40,7 @@ from pydantic import BaseModel, ValidationError
 from tunecache.errors import ServerError
 from tunecache.jsonsafe import parse_json
 from tunecache.settings import without_userinfo
-from tunecache.strict import SERVED
+from tunecache.strict import SERVED, shown
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -54,6 +54,9 @@ WRITE_CHUNK = 64 * 1024  # bytes a socket write sends under one bound
 # (its config at most 256 KiB, its checks at most 256), so it parses well within a lookup's
 # time; any other answer (a record's trials, a page of artifacts, a snapshot of 50,000 records).
 LOOKUP_ANSWER_BYTES = 2 * 1024 * 1024
+# JSON arrays and objects a lookup answer may hold: a record's largest config (a MetaSchedule
+# trace of 4,096 instructions, about 4.5 containers each) with room to spare.
+LOOKUP_ANSWER_CONTAINERS = 65_536
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
 
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
@@ -297,6 +300,12 @@ def is_tunecache(response: httpx.Response) -> bool:
             and isinstance(body.get("detail"), str))  # fmt: skip
 
 
+def missing(response: httpx.Response) -> bool:
+    """Whether ``response`` is a tunecache server saying the thing asked for is not there (a
+    404 with its identity, for a path it has)."""
+    return response.status_code == 404 and is_tunecache(response) and not no_route(response)
+
+
 def no_route(response: httpx.Response) -> bool:
     """Whether a tunecache server's 404 says no route has the path asked (the framework's own
     ``Not Found``), not that the thing asked for is missing: a URL with a path in it
@@ -333,8 +342,8 @@ def rejected(method: str, path: str, response: httpx.Response) -> ServerError:
     except (ValueError, AttributeError):
         detail = response.text
     lines = [line.strip() for line in detail.splitlines() if line.strip()]
-    shown = lines[0][:DETAIL_CHARS] if lines else ""
-    return ServerError(f"{method} {path} → {status}: {shown}", status_code=status,
+    said = shown(lines[0][:DETAIL_CHARS]) if lines else ""  # logged: no terminal controls
+    return ServerError(f"{method} {path} → {status}: {said}", status_code=status,
                        retry_after=retry_after(response))  # fmt: skip
 
 
@@ -347,14 +356,30 @@ def retry_after(response: httpx.Response) -> float | None:
     return seconds if 0 <= seconds <= 3600 else None
 
 
-def parse(model: type[M], response: httpx.Response, path: str) -> M:
-    """The answer of ``path`` as ``model``.
+def parse(model: type[M], response: httpx.Response, path: str, *,
+          max_containers: int | None = None) -> M:  # fmt: skip
+    """The answer of ``path`` as ``model``, read within the call's deadline (:func:`deadline`)
+    where one is set: parsing and checking an answer is part of the call.
+
+    Args:
+        max_containers: at most this many JSON arrays and objects in the answer, counted before
+            it is parsed (an upper bound: brackets inside strings count too). Building a
+            Python object costs far more than reading its two bytes: a 2 MiB answer of empty
+            lists took a second to parse and check.
 
     Raises:
-        ServerError: the answer is not a valid ``model`` (a broken or hostile server).
+        ServerError: the answer is not a valid ``model`` (a broken or hostile server), holds
+            more containers than ``max_containers``, or was read past the deadline.
     """
+    body = response.content
+    if (
+        max_containers is not None
+        and (count := body.count(b"[") + body.count(b"{")) > max_containers
+    ):
+        raise ServerError(f"{path} gave a bad answer: {count:,} JSON arrays and objects (or "
+                          f"brackets), where at most {max_containers:,} are read")  # fmt: skip
     try:
-        return model.model_validate_json(response.content, context=SERVED)
+        parsed = model.model_validate_json(body, context=SERVED)
     except ValidationError as exc:
         if not is_tunecache(response):
             raise ServerError(
@@ -365,6 +390,10 @@ def parse(model: type[M], response: httpx.Response, path: str) -> M:
             ) from exc
         first = exc.errors()[0]  # its location may hold the server's own keys: quoted, cut
         where = ".".join(repr(p) if isinstance(p, str) else str(p) for p in first["loc"])
-        said = f"{first['msg']} at {where or 'the body'}".replace("\n", " ")
+        said = shown(f"{first['msg']} at {where or 'the body'}".replace("\n", " "))
         raise ServerError(f"{path} gave a bad answer: {said[:BAD_ANSWER_CHARS]} "
                           f"({exc.error_count()} error(s))") from exc  # fmt: skip
+    if (left := time_left()) is not None and left < 0:
+        raise ServerError(f"{path}: reading the answer took {-left:.2f} s past the call's "
+                          f"deadline")  # fmt: skip
+    return parsed

@@ -108,7 +108,8 @@ def json_problem(data: Any, root: str = "body") -> str | None:
         if depth >= MAX_JSON_DEPTH:
             return f"{_render(path)} is nested more than {MAX_JSON_DEPTH} levels deep"
         long = len(container) > 8
-        if type(container) is dict or isinstance(container, Mapping):
+        kind = type(container)  # exact types first: ``isinstance(x, Mapping)`` is slow
+        if kind is dict or (kind is not list and isinstance(container, Mapping)):
             keys_ok = long and _all_plain(container)  # str keys, as JSON's are
             if keys_ok and _all_plain(container.values()):
                 continue
@@ -122,9 +123,14 @@ def json_problem(data: Any, root: str = "body") -> str | None:
         for key, value in pairs:
             if not keys_ok and isinstance(key, str) and (why := _text_problem(key)) is not None:
                 return f"{_render(path)} has a key that {why}"
-            kind = type(value)  # exact types first: ``isinstance(x, Mapping)`` is slow
+            kind = type(value)
             if kind is dict or kind is list:
-                children.append((value, (path, key), depth + 1))
+                if value:
+                    children.append((value, (path, key), depth + 1))
+                elif depth + 1 >= MAX_JSON_DEPTH:  # empty: nothing in it to look at
+                    return (
+                        f"{_render((path, key))} is nested more than {MAX_JSON_DEPTH} levels deep"
+                    )
                 continue
             if kind is bool or value is None:
                 continue

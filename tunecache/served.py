@@ -22,6 +22,7 @@ from tunecache.key import Key
 from tunecache.policies import VersionPolicy
 from tunecache.rules import Rule, match
 from tunecache.schemas import RecordCreate
+from tunecache.strict import shown
 
 UNSERVED_STATUSES = ("disputed", "rejected")
 
@@ -30,7 +31,15 @@ def served_problem(
     key: Key, record: RecordCreate, rule: Rule | None, policy: VersionPolicy
 ) -> str | None:
     """Why ``record`` must not be used for ``key`` (served by ``rule`` under ``policy``), or
-    ``None`` when it may."""
+    ``None`` when it may; one line, its served text escaped (:func:`tunecache.strict.shown`):
+    a device's name holding a terminal's controls would forge the log line it is put in."""
+    why = _problem(key, record, rule, policy)
+    return None if why is None else shown(why)
+
+
+def _problem(
+    key: Key, record: RecordCreate, rule: Rule | None, policy: VersionPolicy
+) -> str | None:
     if not record.validation.passed:
         return "it did not pass validation"
     status = getattr(record, "status", None)

@@ -16,6 +16,7 @@ read as it is: every display escapes it (:func:`shown`).
 from __future__ import annotations
 
 import re
+from contextvars import ContextVar
 from typing import Annotated, Any
 
 from pydantic import (
@@ -24,6 +25,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
     ValidationInfo,
     model_validator,
 )
@@ -94,17 +96,28 @@ def shown(text: str) -> str:
     return UNSHOWN.sub(lambda m: repr(m.group())[1:-1], text)
 
 
+# Set while a model's fields are validated after its whole body was walked: the models nested
+# in it are part of that body, and walking each again made a 2 MiB answer of nested models
+# take seconds (each level walked the levels below it once more).
+_WALKED: ContextVar[bool] = ContextVar("tunecache_json_walked", default=False)
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _sane_json(cls, data: Any, info: ValidationInfo) -> Any:
-        if info.context is STORED:
-            return data
+    def _sane_json(cls, data: Any, handler: ModelWrapValidatorHandler[Any],
+                   info: ValidationInfo) -> Any:  # fmt: skip
+        if info.context is STORED or _WALKED.get():
+            return handler(data)
         if (why := json_problem(data, cls.__name__)) is not None:
             raise ValueError(why)
-        return data
+        walked = _WALKED.set(True)
+        try:
+            return handler(data)
+        finally:
+            _WALKED.reset(walked)
 
 
 def printable_text(text: str, limit: int) -> str:

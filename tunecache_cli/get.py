@@ -61,10 +61,16 @@ def _versus_eager(record: RecordPublic) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
+    from tunecache.served import served_problem
 
     key = key_from_args(args)
     with Client(server_url(args), policy=args.policy) as client:
         answer = client.fetch_answer(key)
+        # what a process would refuse is no hit here either: the server is not trusted
+        refused = None if answer is None else served_problem(key, answer.record, answer.match,
+                                                              args.policy)  # fmt: skip
+        if answer is not None and refused is not None:
+            refused, answer = f"record #{answer.record.id} refused: {refused}", None
         nearest = _nearest(client, key) if answer is None and args.explain else None
         unserved = _unserved(client, key) if answer is None and not args.json else []
     if answer is None:
@@ -73,10 +79,12 @@ def run(args: argparse.Namespace) -> int:
                                     "policy": args.policy}  # fmt: skip
             if nearest is not None:
                 body["nearest"] = [asdict(n) for n in nearest]
+            if refused is not None:
+                body["refused"] = refused
             print(json.dumps(body, indent=2))
         else:
             print(f"miss: {key.short()} (under the {args.policy} version policy)")
-            for line in unserved:
+            for line in [refused] if refused is not None else unserved:
                 print(f"  {shown(line)}")
             if nearest is not None:
                 print(_explained(key, nearest))
