@@ -13,6 +13,7 @@ import pytest
 
 from backends import Budget, Progress, SearchRequest, SearchResult
 from backends.tvm import TVMBackend
+from backends.tvm.search import MAX_TRIALS_PER_ITER
 from tests.factories import TINY, build_default
 from tunecache.errors import InvalidInput, TuningError
 from workloads import get_workload
@@ -238,6 +239,18 @@ def test_database_is_partitioned_and_warm_starts(
 
 
 @pytest.mark.slow
+def test_a_deadline_in_the_batch_that_ends_the_trials_stops_the_search(
+    backend: TVMBackend, tmp_path: Path
+) -> None:
+    """The budget's seconds run out in the batch that also proposes the last of its trials:
+    MetaSchedule ends the task itself, and it was ended once more from the measure callback,
+    failing the tune with TVM's ``Check failed: (!task->is_terminated)``
+    (``tune matmul --backend tvm --seconds 4 --trials 16``)."""
+    budget = Budget(trials=MAX_TRIALS_PER_ITER, seconds=0.001)
+    result, _ = run_search(backend, SOFTMAX, SOFTMAX_PROBLEM, budget, tmp_path)
+    assert len(result.trials) == 1 and result.trials[0].status == "ok"  # the rest skipped
+
+
 def test_different_targets_get_different_databases(backend: TVMBackend, tmp_path: Path) -> None:
     from backends.tvm.database import database_dir, open_database
     from tunecache.tvm.target import host_target

@@ -151,3 +151,25 @@ def test_the_cpu_timer_cuts_a_call_slower_than_the_cutoff() -> None:
     assert timing.median_ms >= 5.0
     quick = time_cpu(lambda: None, settings)
     assert quick.repeats > 1 and "cut short" not in quick.timer
+
+
+def test_a_ctrl_c_while_a_worker_starts_is_its_parents_to_act_on() -> None:
+    """Ctrl-C reaches a terminal's whole process group: a measurement worker still importing
+    died of it with a ``KeyboardInterrupt`` traceback of its own (the parent stops its workers
+    itself). A worker starts with SIGINT held back, and the parent's own Ctrl-C still comes."""
+    import os
+    import signal
+    import time
+
+    from tuner.harness.processes import await_ready, start_worker, stop
+
+    slot = start_worker()
+    os.kill(slot.process.pid, signal.SIGINT)  # it is still importing
+    try:
+        await_ready(slot, timeout=120)  # raised 'a measurement worker died at start' before
+        assert slot.process.is_alive()
+    finally:
+        stop([slot])
+    with pytest.raises(KeyboardInterrupt):  # not held back here once the worker is started
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)

@@ -57,8 +57,10 @@ class _Recorder:
     trials: list[Trial] = field(default_factory=list)
     best_ms: float | None = None
     error: BaseException | None = None
+    proposed: int = 0  # candidates MetaSchedule proposed, measured or skipped
 
     def record(self, candidates: Any, builder_results: Any, runner_results: Any) -> None:
+        self.proposed += len(candidates)
         for cand, built, ran in zip(candidates, builder_results, runner_results, strict=False):
             if SKIPPED in (built.error_msg, ran.error_msg):
                 continue  # never measured: the time budget ran out
@@ -145,7 +147,9 @@ def _make_callback(recorder: _Recorder) -> Any:
             runner_results: Any,
         ) -> None:
             recorder.record(measure_candidates, builder_results, runner_results)
-            if recorder.should_stop():
+            # Once its trials are all proposed MetaSchedule ends the task itself, after this
+            # batch: ended here too, TVM's check failed the tune ('!task->is_terminated').
+            if recorder.should_stop() and recorder.proposed < recorder.total:
                 task_scheduler.terminate_task(task_id)
 
     return RecordTrials()

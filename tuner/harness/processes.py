@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -34,6 +36,25 @@ class Slot:
     task: str | None = None  # the task of the request in flight (the farm's)
 
 
+@contextmanager
+def _interrupts_ignored_by_children() -> Iterator[None]:
+    """Processes started inside ignore SIGINT from their first instruction (an ignored signal
+    stays ignored across ``exec``; a blocked one does not: the mask is reset), and a Ctrl-C
+    that comes meanwhile is held back for this process, not lost (Linux keeps a blocked signal
+    pending even while it is ignored). Only the main thread may change a handler: elsewhere
+    the block does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def start_worker(env: Mapping[str, str | None] | None = None,
                  cores: list[int] | None = None) -> Slot:  # fmt: skip
     """A new worker process; ``env`` changes its environment before it imports anything
@@ -41,7 +62,10 @@ def start_worker(env: Mapping[str, str | None] | None = None,
     parent, child = _CONTEXT.Pipe()
     process = _CONTEXT.Process(target=worker_main, args=(child, dict(env or {}), cores),
                                daemon=True)  # fmt: skip
-    process.start()
+    # Ctrl-C reaches the terminal's whole process group; the parent stops its workers, and a
+    # worker reached while still importing printed a KeyboardInterrupt traceback of its own
+    with _interrupts_ignored_by_children():
+        process.start()
     child.close()
     return Slot(process=process, conn=parent)
 
