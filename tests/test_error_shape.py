@@ -62,6 +62,15 @@ def _provoke(url: str) -> Iterator[tuple[str, str, int, httpx.Response]]:
             headers={**AUTH, "content-type": "application/json"},
         ),
     )
+    for broken in (b"{", b'{"key": 1,}', b"[1, 2"):  # not JSON at all: 400 too (it was a 422)
+        yield (
+            "POST",
+            "/v1/lookup",
+            400,
+            http.post(
+                "/v1/lookup", content=broken, headers={**AUTH, "content-type": "application/json"}
+            ),
+        )
     yield "POST", "/v1/records", 401, http.post("/v1/records", json={})
     yield (
         "GET",

@@ -167,6 +167,9 @@ def test_settings_from_env() -> None:
         ({"TUNECACHE_URL": "cache:9000"}, "TUNECACHE_URL"),
         ({"TUNECACHE_URL": "http://cache"}, None),
         ({"TUNECACHE_URL": "http://:8765"}, "TUNECACHE_URL='http://:8765' names no host"),
+        ({"TUNECACHE_URL": "http://cache:99999"}, "names port 99999: a port is 1 to 65535"),
+        ({"TUNECACHE_URL": "http://cache:0"}, "names port 0: a port is 1 to 65535"),
+        ({"TUNECACHE_URL": "http://cache:65535"}, None),
         ({"TUNECACHE_URL": "http://u:pw@cache"}, "TUNECACHE_URL='http://cache' .* password"),
     ],
 )
@@ -190,3 +193,17 @@ def test_a_client_refuses_a_url_with_a_password_without_showing_it(
     assert "hunter2" not in str(raised.value)
     with Client(url="https://cache/v1/") as client:  # and takes one without
         assert client.url == "https://cache/v1"
+
+
+@pytest.mark.parametrize("token", ["tc_\x01ctrl", "tc_ spaced", "tc_\u00e9secret", "tc_\nsecret"])
+def test_a_token_that_no_header_carries_is_refused_naming_where_not_the_token(token: str) -> None:
+    """A control character in TUNECACHE_TOKEN was sent anyway: the server's HTTP parser refused
+    the request, and its answer (without tunecache's identity) read as "not a tunecache server"."""
+    from tunecache.client import Client
+
+    with pytest.raises(InvalidInput, match=r"TUNECACHE_TOKEN holds .* at position 3") as refused:
+        Settings.from_env({"TUNECACHE_TOKEN": token})
+    assert token[4:] not in str(refused.value)  # what it says is where, not the token
+    with pytest.raises(InvalidInput, match=r"token= holds .* at position 3"):
+        Client("http://127.0.0.1:9", token=token)
+    assert Settings.from_env({"TUNECACHE_TOKEN": "tc_AbC-12_x.y"}).token == "tc_AbC-12_x.y"

@@ -101,8 +101,10 @@ def test_coverage_json_is_json_only(server: LiveServer, tmp_path: Path) -> None:
     manifest.write_text(EIGHT_KEYS)
     done = cli("coverage", str(manifest), "--server", server.url, "--json")
     assert done.returncode == 1  # nothing tuned yet
-    rows = [json.loads(line) for line in done.stdout.splitlines()]  # every line parses
+    document = json.loads(done.stdout)  # one document (it was a line per key)
+    rows = document["keys"]
     assert len(rows) == 8 and {r["state"] for r in rows} == {"missing"}
+    assert document["totals"] == {"tuned": 0, "stale": 0, "queued": 0, "failed": 0, "missing": 8}
     assert "8 missing of 8 keys" in done.stderr
 
 

@@ -82,7 +82,7 @@ from tunecache.schemas import (
     UploadResult,
 )
 from tunecache.server_source import ServerSource
-from tunecache.settings import Settings, checked_url
+from tunecache.settings import Settings, checked_token, checked_url
 from tunecache.snapshot import SnapshotImportResult, SnapshotPublic
 from tunecache.strict import SERVED
 from tunecache.tokens import Scope, TokenCreate, TokenCreated, TokenList, TokenPublic, WhoAmI
@@ -157,9 +157,10 @@ class Client(WorkerCalls):
         self.policy: VersionPolicy = policy
         self.report_misses = report_misses
         token = token if token is not None else (settings.token if settings else None)
-        # Answers unencoded: their size on the wire is their size in memory (tunecache.http).
-        headers = {"Accept-Encoding": "identity"}
-        headers.update({"Authorization": f"Bearer {token}"} if token else {})
+        headers = {"Accept-Encoding": "identity"}  # an answer's size on the wire is its size
+        headers.update(
+            {"Authorization": f"Bearer {checked_token(token, 'token=')}"} if token else {}
+        )
         mounts = proxy_mounts() if transport is None else {}
         self._http = httpx.Client(base_url=self.url, transport=transport or DeadlineTransport(),
                                   mounts=mounts, headers=headers)  # fmt: skip

@@ -113,7 +113,7 @@ class Settings:
             if with_url
             else defaults.url,
             timeout=number("TUNECACHE_TIMEOUT", defaults.timeout, float),
-            token=env.get("TUNECACHE_TOKEN") or None,
+            token=checked_token(env.get("TUNECACHE_TOKEN") or None, "TUNECACHE_TOKEN"),
             snapshot=Path(env["TUNECACHE_SNAPSHOT"]) if env.get("TUNECACHE_SNAPSHOT") else None,
         )
 
@@ -145,8 +145,30 @@ def checked_url(url: str, given: str) -> str:
         raise InvalidInput(f"{label} is not a valid URL: {exc}") from None
     if not parsed.host:
         raise InvalidInput(f"{label} names no host")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:  # httpx takes 99999
+        raise InvalidInput(f"{label} names port {parsed.port}: a port is 1 to 65535")
     scheme = url.index("://")
     return url[:scheme].lower() + url[scheme:].rstrip("/")
+
+
+_TOKEN = re.compile(r"[\x21-\x7e]*")  # printable ASCII, no space: what an HTTP header carries
+
+
+def checked_token(token: str | None, given: str) -> str | None:
+    """``token`` (``None`` stays ``None``); ``given`` names where it came from in an error.
+
+    Raises:
+        InvalidInput: it holds a space, a control or a non-ASCII character (the message says
+            where, never the token): sent anyway, the server's HTTP parser refused it, and the
+            answer without a tunecache identity read as "not a tunecache server".
+    """
+    if token is None or _TOKEN.fullmatch(token):
+        return token
+    at = next(i for i, c in enumerate(token) if not _TOKEN.fullmatch(c))
+    raise InvalidInput(
+        f"{given} holds {token[at]!a} at position {at}: an API token is "
+        "printable ASCII without spaces (as `tunecache token create` prints it)"
+    )
 
 
 def without_userinfo(url: str) -> str:

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 def register(commands: Any) -> None:
     parser = commands.add_parser("coverage", help="which of a manifest's keys are tuned")
     parser.add_argument("manifest", type=Path, metavar="MANIFEST.toml")
-    parser.add_argument("--json", action="store_true", help="one JSON object per key")
+    parser.add_argument("--json", action="store_true",
+                        help="the keys' states and totals as one JSON document")  # fmt: skip
     add_server(parser)
     parser.set_defaults(run=run)
 
@@ -64,13 +65,14 @@ def run(args: argparse.Namespace) -> int:
 
     manifest = load_manifest(args.manifest)
     states = manifest_states(manifest, server_url(args))
-    if args.json:
-        for key, state in states:
-            print(json.dumps({"key": key.short(), "digest": key.digest(), "state": state}))
-    else:
-        print(render(["key", "state"], [[key.short(), state] for key, state in states]))
     totals = {s: sum(1 for _, st in states if st == s) for s in
               ("tuned", "stale", "queued", "failed", "missing")}  # fmt: skip
     summary = ", ".join(f"{n} {s}" for s, n in totals.items()) + f" of {len(states)} keys"
+    if args.json:  # one document, as every --json prints; the summary on stderr
+        keys = [{"key": key.short(), "digest": key.digest(), "state": state}
+                for key, state in states]  # fmt: skip
+        print(json.dumps({"keys": keys, "totals": totals}, indent=2))
+    else:
+        print(render(["key", "state"], [[key.short(), state] for key, state in states]))
     print(summary, file=sys.stderr if args.json else sys.stdout)  # --json: stdout is JSON only
     return 0 if totals["tuned"] == len(states) else 1

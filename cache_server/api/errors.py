@@ -52,6 +52,9 @@ def install(app: FastAPI) -> None:
              "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
             for e in exc.errors()
         ]  # fmt: skip
+        if any(e["type"] == "json_invalid" for e in errors):  # not JSON at all
+            why = f"the body is not valid JSON: {validation_detail(errors)}"
+            return JSONResponse(body(400, why), status_code=400)
         return JSONResponse(body(422, validation_detail(errors), errors), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
