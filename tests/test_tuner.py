@@ -15,8 +15,10 @@ import torch
 
 from backends import Backend, Budget, Runnable, SearchRequest, SearchResult, get_backend
 from tests.conftest import LiveServer
+from tests.factories import make_record
 from tunecache import key_for
 from tunecache.errors import TuningError
+from tunecache.schemas import Trial
 from tunecache.timing import TimerSettings
 from tuner import TuneOptions, tune
 
@@ -58,7 +60,32 @@ def test_tune_upload_then_get_from_another_process(
     assert {b["name"] for b in record["baselines"]} >= {"torch_eager"}
     assert record["search"]["trials"] >= 1 and record["timing"]["median_ms"] > 0
     # The last progress line says how the winner was timed as its record does.
-    assert f"(re-timed: {record['timing']['timer']}; the search's quick" in tuned.stderr
+    done = next(line for line in tuned.stderr.splitlines() if " done " in line)
+    assert f"(re-timed: {record['timing']['timer']}; " in done
+    assert "its quick timing in the search was" in done or "was another config's" in done
+
+
+def test_the_last_line_shows_the_winners_own_quick_timing_not_another_configs() -> None:
+    """When the default won, the line showed the search's fastest quick timing beside the
+    default's time, as if it were the default's ('done 0.007126 ms (… the search's quick timing
+    was 0.00467 ms)')."""
+    from tuner.select import Winner
+    from tuner.tune import _done
+
+    record = make_record()
+    searched = {"schedule": "meta_schedule", "trace": [[], []]}
+    trials = [Trial(config=searched, status="ok", time_ms=0.00467),
+              Trial(config={"schedule": "default"}, status="ok", time_ms=0.0081)]  # fmt: skip
+    found = SearchResult([searched], trials[:1])
+    default = Winner({"schedule": "default"}, record.timing, record.validation)
+    assert "the search's fastest quick timing, 0.00467 ms, was another config's" in _done(
+        found, default
+    )
+    found = SearchResult([searched], trials)
+    assert "its quick timing in the search was 0.0081 ms" in _done(found, default)
+    assert "its quick timing in the search was 0.00467 ms" in _done(
+        found, Winner(searched, record.timing, record.validation)
+    )
 
 
 class PoisonedBackend(Backend):
