@@ -156,6 +156,37 @@ def test_pretunes_eta_counts_down_while_the_next_job_is_awaited(
     assert min(etas) == 40 and etas[40] == 40 and etas[45] == 35  # none before this run's first
 
 
+def test_pretunes_pace_counts_from_when_a_worker_took_the_first_job(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No daemon ran for the first 40 s: the first job done at 60 s made the pace 60 s a job
+    ('ETA 60s' for one that took 20 s). The clock is faked."""
+    import types
+
+    from tunecache_cli import pretune
+
+    clock = [0.0]
+    claimed, done_at = 40.0, {"a": 60.0, "b": 80.0}
+
+    def list_jobs(limit: int, offset: int) -> Any:
+        def state(t: float) -> str:
+            return "done" if clock[0] >= t else "running" if clock[0] >= claimed else "queued"
+
+        items = [types.SimpleNamespace(key_hash=h, state=state(t), attempts=int(clock[0] >= claimed))
+                 for h, t in done_at.items()][offset:]  # fmt: skip
+        return types.SimpleNamespace(items=items, count=2)
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    monkeypatch.setattr(pretune, "time", types.SimpleNamespace(monotonic=lambda: clock[0],
+                                                               sleep=sleep))  # fmt: skip
+    assert pretune.follow(types.SimpleNamespace(list_jobs=list_jobs), list(done_at), poll=5) == 0
+    etas = {int(line.split()[0].rstrip("s")): int(line.split("ETA ")[1].rstrip("s"))
+            for line in capsys.readouterr().err.splitlines() if "ETA " in line}  # fmt: skip
+    assert etas[60] == 20 and etas[70] == 10  # 20 s a job since the claim at 40 s
+
+
 def test_a_search_shows_the_space_as_its_total_when_smaller_than_the_budget() -> None:
     from tunecache.space import SearchSpace
     from tuner.search import get_strategy

@@ -82,6 +82,7 @@ def follow(client: Any, hashes: list[str], poll: float = 2.0, *, hint: str = "",
     started = time.monotonic()
     live = sys.stderr.isatty()
     countdown, finished, before = Countdown(), 0, None  # before: jobs finished when it began
+    worked = None  # when a worker was first seen on one of them: the pace counts from there
     while True:
         jobs = {h: j for h, j in all_jobs(client).items() if h in wanted}
         states = [j.state for j in jobs.values()]
@@ -94,9 +95,12 @@ def follow(client: Any, hashes: list[str], poll: float = 2.0, *, hint: str = "",
             print(f"{chr(10) if live else ''}{hint}", file=sys.stderr, flush=True)
             hint = ""  # once
         before = done + failed if before is None else before  # not this run's pace
+        if worked is None and (running or done + failed > before):  # minutes may pass with no
+            worked = now - (0.0 if running else poll)  # worker (no daemon started yet)
         if done + failed != finished and done + failed > before:  # a step: the pace as of now,
             finished = done + failed  # counted down until the next
-            countdown.step(elapsed, finished - before, len(wanted) - before, now)
+            countdown.step(now - (worked or started), finished - before, len(wanted) - before,
+                           now)  # fmt: skip
         eta = countdown.left(now)
         left = f", ETA {eta:.0f}s" if eta is not None else ""
         print(f"{chr(13) if live else ''}{elapsed:6.0f}s {done}/{len(wanted)} done, {running} "
