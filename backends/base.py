@@ -104,6 +104,10 @@ class SearchRequest:
     budget: Budget
     progress: ProgressFn | None = None
     seed: int = 0  # a search with the same seed, budget and history proposes the same candidates
+    # The seconds of the tune's work after the search (re-timing, validation, baselines), from
+    # one candidate's build and measurement seconds: a search stops early enough within
+    # ``budget.seconds`` to leave them. None: it stops at ``budget.seconds`` itself.
+    after: Callable[[float, float], float] | None = None
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from backends import Backend, SearchRequest, SearchResult
 from tunecache.configcheck import config_problem
 from tunecache.errors import InvalidInput
+from tunecache.interleave import MIN_ROUNDS
 from tunecache.key import Key
 from tunecache.schemas import Trial
 from tunecache.space import Config, SearchSpace
@@ -26,6 +27,18 @@ from workloads import Workload
 
 RETIME_TOP = 3  # the fastest few of a strategy's search are timed again before validation
 MAX_NATIVE_CANDIDATES = 5  # a backend's own search: its best and next-best, validated in order
+# What follows a backend's own search within --seconds, in its builds and measurements (as
+# tuner.harness.pool's AFTER_SEARCH_* for a strategy's): each candidate built again and re-timed
+# in one process, the default and the edge problem built, the validation, and at least
+# MIN_ROUNDS rounds of the final comparison of three.
+NATIVE_AFTER_BUILDS = MAX_NATIVE_CANDIDATES + 2
+NATIVE_AFTER_MEASURES = MAX_NATIVE_CANDIDATES + 1 + 3 * MIN_ROUNDS
+
+
+def native_after(build: float, measure: float) -> float:
+    """The seconds what follows a backend's own search takes, from one candidate's build and
+    measurement seconds in it (:attr:`backends.base.SearchRequest.after`)."""
+    return NATIVE_AFTER_BUILDS * build + NATIVE_AFTER_MEASURES * measure
 
 
 class Emit(Protocol):
@@ -112,7 +125,10 @@ def search_space(
 
 
 def search_native(backend: Backend, request: SearchRequest, workdir: Path) -> SearchResult:
-    """The backend's own search, run here; its candidates are measured by the pipeline."""
+    """The backend's own search, run here; its candidates are measured by the pipeline. Within
+    ``--seconds`` it leaves what follows it the time :func:`native_after` estimates."""
+    if request.budget.seconds is not None:
+        request = dataclasses.replace(request, after=native_after)
     result = backend.search(request, workdir=workdir)
     # its runnable (Inductor's compiled model) is not kept: every candidate is built again
     return dataclasses.replace(result, ranked=result.ranked[:MAX_NATIVE_CANDIDATES],

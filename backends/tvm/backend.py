@@ -97,6 +97,7 @@ class TVMBackend(Backend):
             progress=progress,
             cores=host_cores(),
             seed=request.seed,
+            after=request.after,
         )
         found.strategy, found.seconds = self.native_strategy or "", time.monotonic() - started
         ok = sum(t.status == "ok" for t in found.trials)

@@ -9,6 +9,7 @@ the moment as much as the candidate.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from backends.tvm.builder import SKIPPED
@@ -46,6 +47,7 @@ def make_runner(pool: WarmPool, *, repeat: int, min_repeat_ms: int) -> Any:
                     futures.append(LocalRunnerFuture(res=None, error_message=SKIPPED))
                     continue
                 args_info = tuple(info.as_json() for info in item.args_info)
+                began = time.monotonic()
                 job = pool.pool.submit(
                     _worker_func,
                     None,
@@ -66,6 +68,7 @@ def make_runner(pool: WarmPool, *, repeat: int, min_repeat_ms: int) -> Any:
                     futures.append(LocalRunnerFuture(res=None, error_message=f"run failed: {exc}"))
                 else:
                     pool.measured += 1
+                    pool.measure_s.append(time.monotonic() - began)
                     futures.append(LocalRunnerFuture(res=quickest(costs), error_message=None))
             return futures
 

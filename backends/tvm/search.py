@@ -16,7 +16,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +58,7 @@ class _Recorder:
     best_ms: float | None = None
     error: BaseException | None = None
     proposed: int = 0  # candidates MetaSchedule proposed, measured or skipped
+    pool: WarmPool | None = None  # once started: it says when the time left is the tune's
 
     def record(self, candidates: Any, builder_results: Any, runner_results: Any) -> None:
         self.proposed += len(candidates)
@@ -82,7 +83,7 @@ class _Recorder:
                 self.error = exc
 
     def should_stop(self) -> bool:
-        if self.error is not None:
+        if self.error is not None or (self.pool is not None and self.pool.out_of_time()):
             return True
         return self.deadline is not None and time.monotonic() >= self.deadline
 
@@ -230,9 +231,12 @@ def tune(
     progress: ProgressFn | None,
     cores: int,
     seed: int = 0,
+    after: Callable[[float, float], float] | None = None,
 ) -> SearchResult:
     """Tunes ``func`` for ``target`` with MetaSchedule within ``budget``, building and measuring
     on ``cores`` worker processes; the same ``seed`` and database propose the same candidates.
+    With ``after`` (:attr:`backends.base.SearchRequest.after`) it stops early enough to leave
+    what follows the search its time: no round of builds or timing starts past that.
 
     Raises:
         TuningError: no candidate compiled and ran.
@@ -248,7 +252,8 @@ def tune(
         pool = WarmPool(max_workers=cores, timeout_sec=WORKER_TIMEOUT_S,
                         log=workdir / "workers.log")  # workers start now  # fmt: skip
         pools.append(pool)
-        pool.deadline, pool.stopped = deadline, recorder.error is not None
+        pool.deadline, pool.after, pool.stopped = deadline, after, recorder.error is not None
+        recorder.pool = pool
         try:
             with cpu_intrinsics_only(), _numpy_seeded(seed):
                 if recorder.error is None:
