@@ -156,7 +156,7 @@ def test_the_cpu_timer_cuts_a_call_slower_than_the_cutoff() -> None:
 def test_a_ctrl_c_while_a_worker_starts_is_its_parents_to_act_on() -> None:
     """Ctrl-C reaches a terminal's whole process group: a measurement worker still importing
     died of it with a ``KeyboardInterrupt`` traceback of its own (the parent stops its workers
-    itself). A worker starts with SIGINT held back, and the parent's own Ctrl-C still comes."""
+    itself). A worker starts ignoring SIGINT, and the parent's own Ctrl-C still comes."""
     import os
     import signal
     import time

@@ -356,6 +356,15 @@ def retry_after(response: httpx.Response) -> float | None:
     return seconds if 0 <= seconds <= 3600 else None
 
 
+def _foreign(response: httpx.Response, path: str) -> ServerError:
+    return ServerError(
+        f"{path}: {response.url.host}:{response.url.port} answered, but is not a tunecache "
+        f"server (no {IDENTITY_HEADER} header): is the URL right?",
+        status_code=response.status_code,
+        foreign=True,
+    )
+
+
 def parse(model: type[M], response: httpx.Response, path: str, *,
           max_containers: int | None = None) -> M:  # fmt: skip
     """The answer of ``path`` as ``model``, read within the call's deadline (:func:`deadline`)
@@ -372,22 +381,17 @@ def parse(model: type[M], response: httpx.Response, path: str, *,
             more containers than ``max_containers``, or was read past the deadline.
     """
     body = response.content
-    if (
-        max_containers is not None
-        and (count := body.count(b"[") + body.count(b"{")) > max_containers
-    ):
+    count = body.count(b"[") + body.count(b"{") if max_containers is not None else 0
+    if max_containers is not None and count > max_containers:
+        if not is_tunecache(response):
+            raise _foreign(response, path)
         raise ServerError(f"{path} gave a bad answer: {count:,} JSON arrays and objects (or "
                           f"brackets), where at most {max_containers:,} are read")  # fmt: skip
     try:
         parsed = model.model_validate_json(body, context=SERVED)
     except ValidationError as exc:
         if not is_tunecache(response):
-            raise ServerError(
-                f"{path}: {response.url.host}:{response.url.port} answered, but is not a "
-                f"tunecache server (no {IDENTITY_HEADER} header): is the URL right?",
-                status_code=response.status_code,
-                foreign=True,
-            ) from exc
+            raise _foreign(response, path) from exc
         first = exc.errors()[0]  # its location may hold the server's own keys: quoted, cut
         where = ".".join(repr(p) if isinstance(p, str) else str(p) for p in first["loc"])
         said = shown(f"{first['msg']} at {where or 'the body'}".replace("\n", " "))

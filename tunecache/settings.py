@@ -113,7 +113,7 @@ class Settings:
             if with_url
             else defaults.url,
             timeout=number("TUNECACHE_TIMEOUT", defaults.timeout, float),
-            token=checked_token(env.get("TUNECACHE_TOKEN") or None, "TUNECACHE_TOKEN"),
+            token=checked_token(env.get("TUNECACHE_TOKEN") or None, "TUNECACHE_TOKEN="),
             snapshot=Path(env["TUNECACHE_SNAPSHOT"]) if env.get("TUNECACHE_SNAPSHOT") else None,
         )
 
@@ -165,9 +165,9 @@ def checked_token(token: str | None, given: str) -> str | None:
     if token is None or _TOKEN.fullmatch(token):
         return token
     at = next(i for i, c in enumerate(token) if not _TOKEN.fullmatch(c))
-    raise InvalidInput(
-        f"{given} holds {token[at]!a} at position {at}: an API token is "
-        "printable ASCII without spaces (as `tunecache token create` prints it)"
+    raise InvalidInput(  # NAME=… first, as every variable's error (settings_without_bad)
+        f"{given}(not shown) holds {token[at]!a} at position {at}: an API token is printable "
+        "ASCII without spaces (as `tunecache token create` prints it)"
     )
 
 

@@ -39,20 +39,17 @@ class Slot:
 @contextmanager
 def _interrupts_ignored_by_children() -> Iterator[None]:
     """Processes started inside ignore SIGINT from their first instruction (an ignored signal
-    stays ignored across ``exec``; a blocked one does not: the mask is reset), and a Ctrl-C
-    that comes meanwhile is held back for this process, not lost (Linux keeps a blocked signal
-    pending even while it is ignored). Only the main thread may change a handler: elsewhere
-    the block does nothing."""
+    stays ignored across ``exec``), as does this process for the block: a Ctrl-C in the few
+    milliseconds a start takes is lost (pressed again, it comes). Only the main thread may
+    change a handler: elsewhere the block does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def start_worker(env: Mapping[str, str | None] | None = None,
