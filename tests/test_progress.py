@@ -122,51 +122,20 @@ def test_no_eta_goes_past_the_seconds_budget() -> None:
     assert int(unbounded.getvalue().split("ETA ")[1].split("s")[0]) >= 8  # the pace alone
 
 
-def test_pretunes_eta_counts_down_while_the_next_job_is_awaited(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """``pretune`` following jobs: its ETA grew with the elapsed time (32 s → 56 s between two
-    jobs done). The queue is read through the client's ``list_jobs``; the clock is faked."""
+def _followed(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    done_at: dict[str, float],
+    claimed: float = 0.0,
+) -> dict[int, int]:
+    """``pretune``'s ETA at each second it printed one, following jobs queued until a worker
+    takes them all at ``claimed`` and each done at its ``done_at``. The queue is read through
+    the client's ``list_jobs``; the clock is faked, from 0."""
     import types
 
     from tunecache_cli import pretune
 
     clock = [0.0]
-    done_at = {"a": 10.0, "b": 40.0, "c": 50.0}  # when each job is done
-
-    def list_jobs(limit: int, offset: int) -> Any:
-        items = [types.SimpleNamespace(key_hash=h, state="done" if clock[0] >= t else "running")
-                 for h, t in done_at.items()][offset:]  # fmt: skip
-        return types.SimpleNamespace(items=items, count=3)
-
-    def sleep(seconds: float) -> None:
-        clock[0] += seconds
-
-    monkeypatch.setattr(pretune, "time", types.SimpleNamespace(monotonic=lambda: clock[0],
-                                                               sleep=sleep))  # fmt: skip
-    assert pretune.follow(types.SimpleNamespace(list_jobs=list_jobs), list(done_at), poll=5) == 0
-    etas = {int(line.split()[0].rstrip("s")): int(line.split("ETA ")[1].rstrip("s"))
-            for line in capsys.readouterr().err.splitlines() if "ETA " in line}  # fmt: skip
-    assert etas[10] == 20 and etas[25] == 5 and etas[35] == 0  # 10 s a job, counted down
-    assert etas[40] == 20  # the next job: 40 s for two, one left
-    clock[0], done_at["a"] = 0.0, -1.0  # again, one job finished before this run began
-    assert pretune.follow(types.SimpleNamespace(list_jobs=list_jobs), list(done_at), poll=5) == 0
-    etas = {int(line.split()[0].rstrip("s")): int(line.split("ETA ")[1].rstrip("s"))
-            for line in capsys.readouterr().err.splitlines() if "ETA " in line}  # fmt: skip
-    assert min(etas) == 40 and etas[40] == 40 and etas[45] == 35  # none before this run's first
-
-
-def test_pretunes_pace_counts_from_when_a_worker_took_the_first_job(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """No daemon ran for the first 40 s: the first job done at 60 s made the pace 60 s a job
-    ('ETA 60s' for one that took 20 s). The clock is faked."""
-    import types
-
-    from tunecache_cli import pretune
-
-    clock = [0.0]
-    claimed, done_at = 40.0, {"a": 60.0, "b": 80.0}
 
     def list_jobs(limit: int, offset: int) -> Any:
         def state(t: float) -> str:
@@ -174,7 +143,7 @@ def test_pretunes_pace_counts_from_when_a_worker_took_the_first_job(
 
         items = [types.SimpleNamespace(key_hash=h, state=state(t), attempts=int(clock[0] >= claimed))
                  for h, t in done_at.items()][offset:]  # fmt: skip
-        return types.SimpleNamespace(items=items, count=2)
+        return types.SimpleNamespace(items=items, count=len(done_at))
 
     def sleep(seconds: float) -> None:
         clock[0] += seconds
@@ -182,8 +151,28 @@ def test_pretunes_pace_counts_from_when_a_worker_took_the_first_job(
     monkeypatch.setattr(pretune, "time", types.SimpleNamespace(monotonic=lambda: clock[0],
                                                                sleep=sleep))  # fmt: skip
     assert pretune.follow(types.SimpleNamespace(list_jobs=list_jobs), list(done_at), poll=5) == 0
-    etas = {int(line.split()[0].rstrip("s")): int(line.split("ETA ")[1].rstrip("s"))
+    return {int(line.split()[0].rstrip("s")): int(line.split("ETA ")[1].rstrip("s"))
             for line in capsys.readouterr().err.splitlines() if "ETA " in line}  # fmt: skip
+
+
+def test_pretunes_eta_counts_down_while_the_next_job_is_awaited(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``pretune`` following jobs: its ETA grew with the elapsed time (32 s → 56 s between two
+    jobs done)."""
+    etas = _followed(monkeypatch, capsys, {"a": 10.0, "b": 40.0, "c": 50.0})
+    assert etas[10] == 20 and etas[25] == 5 and etas[35] == 0  # 10 s a job, counted down
+    assert etas[40] == 20  # the next job: 40 s for two, one left
+    etas = _followed(monkeypatch, capsys, {"a": -1.0, "b": 40.0, "c": 50.0})  # "a" done before
+    assert min(etas) == 40 and etas[40] == 40 and etas[45] == 35  # none before this run's first
+
+
+def test_pretunes_pace_counts_from_when_a_worker_took_the_first_job(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No daemon ran for the first 40 s: the first job done at 60 s made the pace 60 s a job
+    ('ETA 60s' for one that took 20 s)."""
+    etas = _followed(monkeypatch, capsys, {"a": 60.0, "b": 80.0}, claimed=40.0)
     assert etas[60] == 20 and etas[70] == 10  # 20 s a job since the claim at 40 s
 
 

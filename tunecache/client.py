@@ -50,6 +50,7 @@ from tunecache.http import (
     DeadlineTransport,
     Timeout,
     answer_limit,
+    containers,
     deadline,
     is_tunecache,
     missing,
@@ -157,10 +158,8 @@ class Client(WorkerCalls):
         self.policy: VersionPolicy = policy
         self.report_misses = report_misses
         token = token if token is not None else (settings.token if settings else None)
-        headers = {"Accept-Encoding": "identity"}  # an answer's size on the wire is its size
-        headers.update(
-            {"Authorization": f"Bearer {checked_token(token, 'token=')}"} if token else {}
-        )
+        auth = {"Authorization": f"Bearer {checked_token(token, 'token=')}"} if token else {}
+        headers = {"Accept-Encoding": "identity", **auth}  # as large on the wire as in memory
         mounts = proxy_mounts() if transport is None else {}
         self._http = httpx.Client(base_url=self.url, transport=transport or DeadlineTransport(),
                                   mounts=mounts, headers=headers)  # fmt: skip
@@ -442,7 +441,7 @@ class Client(WorkerCalls):
     ) -> list[ArtifactPublic]:  # fmt: skip
         items: list[ArtifactPublic] = []
         after: int | None = None
-        containers = READ_CONTAINERS  # left to this read's pages
+        left = READ_CONTAINERS  # arrays and objects left to this read's pages
         while wanted is None or len(items) < wanted:
             page_size = MAX_PAGE if wanted is None else min(MAX_PAGE, wanted - len(items))
             params: dict[str, Any] = {"namespace": namespace, "partition": partition,
@@ -450,8 +449,8 @@ class Client(WorkerCalls):
             params.update({"key": key} if key is not None else {})
             params.update({"after": after} if after is not None else {})
             response = self._call("GET", "/v1/artifacts", timeout, read=True, params=params)
-            page = parse(ArtifactList, response, "/v1/artifacts", max_containers=containers)
-            containers -= response.content.count(b"[") + response.content.count(b"{")
+            page = parse(ArtifactList, response, "/v1/artifacts", max_containers=left)
+            left -= containers(response.content)
             items.extend(item for item in page.items if item.namespace == namespace
                          and item.partition == partition and key in (None, item.key))  # fmt: skip
             if page.next_after is None or key is not None:
