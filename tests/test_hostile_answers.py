@@ -292,3 +292,23 @@ def test_an_answer_is_walked_for_unsafe_json_once_not_once_per_nested_model(
         LookupResponse.model_validate_json(body.replace('"time_ms": 1.0', '"time_ms": NaN', 1))
     Trial.model_validate({"config": {}, "status": "invalid"})
     assert walks[-1] == "Trial"
+
+
+def test_brackets_inside_a_records_strings_are_not_counted_as_containers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A write token's winning record whose 200 check notes held 102,400 brackets: every
+    consumer refused its answer as too many arrays and objects (and skipped the server a while),
+    though it holds a few dozen."""
+
+    def bracketed(conn: socket.socket, request: Request, seen: Seen) -> None:
+        key = LookupRequest.model_validate_json(request.body).key.to_key()
+        record = _served_record(key)
+        check = {**record["validation"]["checks"][0], "note": "[{" * 256}
+        record["validation"]["checks"] = [check] * 200
+        answer(conn, 200, json.dumps({"record": record}, separators=(",", ":")).encode())
+
+    with serve(bracketed) as (url, _), caplog.at_level(logging.WARNING):
+        elapsed, result = timed_lookup(url)
+    assert "JSON arrays and objects" not in caplog.text
+    assert result.source == "server" and elapsed <= BOUND
