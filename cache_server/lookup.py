@@ -7,12 +7,14 @@ snapshots and warm starts). Query functions: they never commit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy.orm import Session
 
 from cache_server.models import RecordRow
 from cache_server.queries import BUCKET_WINNERS, get_winner, public_record
 from cache_server.trust import winner_table
-from tunecache.policies import VersionPolicy
+from tunecache.policies import BucketPolicy, VersionPolicy
 from tunecache.rules import RULES, Rule, best, bucket_digest
 from tunecache.schemas import KeyModel, RecordPublic
 
@@ -21,15 +23,18 @@ __all__ = ["RULES", "Rule", "find_winner"]
 
 def find_winner(
     session: Session, *, key: KeyModel, policy: VersionPolicy = "strict",
-    serving: str = "validated",
+    serving: str = "validated", bucket: Sequence[str] | None = None,
 ) -> tuple[RecordPublic, Rule] | None:  # fmt: skip
     """The best record that may serve ``key`` under ``policy``, and the rule that matched.
+
+    ``bucket``: the dimensions the caller's kernel rounds to a power of two (its bucket policy);
+    ``None``: this server's registration of the kernel (a user's kernel: none, exact shapes).
 
     Only the winners of the server's serving policy are candidates (``validated``: pending and
     verified records; ``verified``: verified ones). An index narrows them to those of the key's
     bucket (:func:`~tunecache.rules.bucket_digest`: kernel, source, backend, dtype, arch,
-    bucketed problem), a handful however large the cache; the rules (:mod:`tunecache.rules`)
-    decide among those.
+    widest bucket of the problem), a handful however large the cache; the rules
+    (:mod:`tunecache.rules`) decide among those.
     """
     table = winner_table(serving)
     if (
@@ -41,7 +46,8 @@ def find_winner(
     candidates = session.execute(
         BUCKET_WINNERS[table], {"bucket_hash": bucket_digest(wanted)}
     ).all()
-    found = best(wanted, ((tuned, record_id) for record_id, tuned in candidates), policy)
+    buckets = None if bucket is None else BucketPolicy(tuple(bucket))
+    found = best(wanted, ((tuned, record_id) for record_id, tuned in candidates), policy, buckets)
     if found is None:
         return None
     record_id, rule = found

@@ -45,8 +45,11 @@ def store(session: Session, k: Key, ms: float, *, passed: bool = True) -> int:
     return record_id
 
 
-def lookup(session: Session, k: Key, policy: str = "strict") -> tuple[int, str] | None:
-    found = find_winner(session, key=KeyModel.from_key(k), policy=policy)  # type: ignore[arg-type]
+def lookup(
+    session: Session, k: Key, policy: str = "strict", bucket: list[str] | None = None
+) -> tuple[int, str] | None:
+    found = find_winner(session, key=KeyModel.from_key(k), policy=policy,  # type: ignore[arg-type]
+                        bucket=bucket)  # fmt: skip
     return None if found is None else (found[0].id, found[1])
 
 
@@ -81,6 +84,29 @@ def test_a_flag_never_matches_a_size(session: Session) -> None:
     sized = store(session, with_x(1, device=OTHER_CPU), 1.0)
     assert lookup(session, with_x(1)) == (sized, "same_arch")
     assert lookup(session, with_x(True)) is None  # True == 1 in Python, not in a key
+
+
+def test_a_users_kernel_is_bucketed_by_its_callers_dimensions(session: Session) -> None:
+    """A server never imports a user's kernel, so it cannot know its bucket: the caller says it
+    (``LookupRequest.bucket``), and the server's index finds the bucket mates whichever
+    dimensions a caller rounds."""
+
+    def affine(m: int, n: int = 64, device: DeviceFingerprint = CPU) -> Key:
+        return Key(kernel="mypkg.kernels:Affine", source_hash="abcd", backend="tvm",
+                   problem={"M": m, "N": n}, dtype="float32", device=device,
+                   environment={"apache-tvm": "0.27.0"})  # fmt: skip
+
+    tuned = store(session, affine(100), 1.0)
+    assert lookup(session, affine(120)) is None  # the server's own registration: exact shapes
+    assert lookup(session, affine(120), bucket=["M"]) == (tuned, "bucket")
+    assert lookup(session, affine(120, device=OTHER_CPU), "compatible", ["M"]) == (tuned, "bucket")
+    assert lookup(session, affine(120, n=60), bucket=["M"]) is None  # N is not rounded
+    assert lookup(session, affine(120, n=60), bucket=["M", "N"]) == (tuned, "bucket")
+    assert lookup(session, affine(200), bucket=["M"]) is None  # the next bucket
+    # A built-in's caller may round fewer dimensions than the server's registration (M).
+    built_in = store(session, key(m=100), 1.0)
+    assert lookup(session, key(m=120)) == (built_in, "bucket")
+    assert lookup(session, key(m=120), bucket=[]) is None
 
 
 def test_unvalidated_records_never_serve(session: Session) -> None:
@@ -118,6 +144,9 @@ def test_rules_and_policies_through_the_server_and_client(server) -> None:  # ty
     assert (answer["match"], answer["policy"]) == ("bucket", "strict")
     newer = key(m=100, tvm="0.27.9")
     assert httpx.post(f"{server.url}/v1/lookup", json={"key": newer.to_json()}).status_code == 404
+    stray = httpx.post(f"{server.url}/v1/lookup", json={"key": key().to_json(), "bucket": ["Q"]})
+    assert stray.status_code == 422 and "bucket names ['Q']" in stray.text
+
     with Client(server.url, policy="compatible") as client:
         result = client.lookup(newer)
         again = client.lookup(newer)
@@ -129,3 +158,21 @@ def test_rules_and_policies_through_the_server_and_client(server) -> None:  # ty
     assert (bucketed.rule, bucketed.policy) == ("bucket", "compatible")
     bad = httpx.post(f"{server.url}/v1/lookup", json={"key": newer.to_json(), "policy": "loose"})
     assert bad.status_code == 422
+
+
+def test_a_users_kernel_is_served_from_its_bucket_through_the_client(server) -> None:  # type: ignore[no-untyped-def]
+    """The client sends its kernel's bucket: a user's kernel declaring ``bucket = ("M",)`` is
+    served at a shape of the bucket it was not tuned at, as ``get --explain`` says it would be
+    (the server, which never imports it, served only the exact shape)."""
+    from tunecache import key_for
+    from tunecache.client import Client
+
+    affine = "tests.user_kernels:AffineRows"
+    tuned = key_for(affine, "tvm", {"M": 100, "N": 24}, "float32")
+    wanted = key_for(affine, "tvm", {"M": 120, "N": 24}, "float32")
+    with Client(server.url) as client:
+        stored = client.upload(make_record(tuned, time_ms=1.0))
+        hit = client.lookup(wanted)
+        assert (hit.source, hit.rule, hit.problem) == ("server", "bucket", {"M": 100, "N": 24})
+        assert hit.record is not None and hit.record.id == stored.record_id
+        assert not client.lookup(key_for(affine, "tvm", {"M": 120, "N": 32}, "float32")).hit

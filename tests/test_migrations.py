@@ -293,3 +293,42 @@ def test_reopening_a_keys_jobs_reads_them_by_record_not_every_done_job(tmp_path:
         plan = " ".join(row[3] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}",
                                                                params))  # fmt: skip
     assert "ix_jobs_answered" in plan and "SCAN jobs" not in plan, plan
+
+
+@pytest.mark.slow
+def test_the_widest_bucket_migration_indexes_a_users_kernel_for_its_callers_bucket(
+    database: tuple[str, Path | None],
+) -> None:
+    """Before 0011 a user's kernel's records were indexed at their exact shape (the server does
+    not know its bucket), so a caller rounding ``M`` found no bucket mate; 0011 indexes every
+    record by its widest bucket, and downgrading puts the old index back."""
+    from alembic import command
+
+    from cache_server.db import make_sessionmaker
+    from cache_server.lookup import find_winner
+    from cache_server.migrate import alembic_config
+    from cache_server.queries import add_record
+    from tests.factories import CPU, make_record
+    from tunecache.key import Key
+    from tunecache.schemas import KeyModel
+
+    def affine(m: int) -> Key:
+        return Key(kernel="mypkg.kernels:Affine", source_hash="abcd", backend="tvm",
+                   problem={"M": m, "N": 64}, dtype="float32", device=CPU,
+                   environment={"apache-tvm": "0.27.0"})  # fmt: skip
+
+    def near() -> Any:
+        with make_sessionmaker(make_engine(url))() as session:
+            found = find_winner(session, key=KeyModel.from_key(affine(120)), bucket=["M"])
+        return None if found is None else (found[0].id, found[1])
+
+    url, _ = database
+    upgrade(url)
+    with make_sessionmaker(make_engine(url))() as session:
+        tuned = add_record(session, key_hash=affine(100).digest(), record=make_record(affine(100)))
+        session.commit()
+    assert near() == (tuned.record_id, "bucket")
+    command.downgrade(alembic_config(url), "0010")
+    assert near() is None  # indexed at its exact shape, as before
+    upgrade(url)
+    assert near() == (tuned.record_id, "bucket")

@@ -65,7 +65,7 @@ from tunecache.jsonsafe import parse_json
 from tunecache.key import Key
 from tunecache.lookup import LookupResult
 from tunecache.outbox import Later
-from tunecache.policies import VersionPolicy
+from tunecache.policies import VersionPolicy, caller_bucket
 from tunecache.resolver import (
     Fits,
     Resolver,
@@ -256,9 +256,10 @@ class Client(WorkerCalls):
             raise ServerError(f"lookup at {self.url} failed: {type(exc).__name__}: {exc}") from exc
 
     def _lookup_body(self, key: Key) -> dict[str, Any]:
-        """The body of a lookup or a miss report: the key and this client's version policy."""
-        request = LookupRequest(key=KeyModel.from_key(key), policy=self.policy)
-        return request.model_dump(mode="json", by_alias=True)
+        """A lookup's or miss report's body: the key, the version policy, the kernel's bucket."""
+        bucket = caller_bucket(key.kernel)  # None where the server knows it (as older clients)
+        body = LookupRequest(key=KeyModel.from_key(key), policy=self.policy, bucket=bucket)
+        return body.model_dump(mode="json", by_alias=True, exclude=None if bucket else {"bucket"})
 
     # -- tuner and tooling calls (these raise ServerError) ----------------------------------
     def _call(

@@ -60,8 +60,8 @@ class KernelSpec:
         inputs: each tensor argument's symbolic shape (``(("M", "K"), ("K", "N"))``).
         output: the output's symbolic shape.
         bucket: parameters a lookup rounds up to the next power of two (the batch-like rows).
-            A server knows the built-in kernels' only: it never imports a user's kernel, so it
-            serves a user's kernel at the exact shapes it was tuned at.
+            A server knows the built-in kernels' only (it never imports a user's kernel): a
+            client's lookup of a user's kernel says its bucket.
         dtypes: backend → the dtypes the kernel runs in there (its keys are the backends).
         sources: backend (or ``"*"`` for every backend) → the files that define the kernel
             there; their hash invalidates cached entries when they change.

@@ -40,8 +40,8 @@ class BucketPolicy:
         return "pow2(" + ",".join(self.dims) + ")" if self.dims else "exact"
 
     def bucket(self, problem: Mapping[str, Any]) -> dict[str, Any]:
-        return {
-            k: next_power_of_two(v) if k in self.dims and isinstance(v, int) else v
+        return {  # a flag is not a size: True stays True
+            k: next_power_of_two(v) if k in self.dims and type(v) is int else v
             for k, v in sorted(problem.items())
         }
 
@@ -49,13 +49,30 @@ class BucketPolicy:
 EXACT = BucketPolicy(())
 
 
+def widest_bucket(problem: Mapping[str, Any]) -> dict[str, Any]:
+    """The problem with every size rounded up to the next power of two: the bucket of the policy
+    that rounds every dimension. Two problems in one bucket of any policy are in one of this, so
+    an index by it finds a key's bucket mates whatever dimensions its caller rounds."""
+    return {k: next_power_of_two(v) if type(v) is int else v for k, v in sorted(problem.items())}
+
+
 def bucket_policy(kernel: str) -> BucketPolicy:
     """The bucket policy of the registered kernel called ``kernel`` (its ``bucket``); exact shapes
-    for a kernel this process has not registered (a server never imports users' kernels)."""
+    for a kernel this process has not registered (a server never imports users' kernels: a
+    lookup says its caller's, :class:`tunecache.schemas.LookupRequest`)."""
     from tunecache.kernels import registered
 
     spec = registered(kernel)
     return EXACT if spec is None else BucketPolicy(spec.bucket)
+
+
+def caller_bucket(kernel: str) -> list[str] | None:
+    """The bucket dimensions a lookup of ``kernel`` tells the server
+    (:class:`tunecache.schemas.LookupRequest`): a user's kernel's (``module:Name``), which a server
+    never imports; ``None`` for a built-in or a kernel without a bucket, which the server rounds
+    as this process would (and a server older than the field reads that request as it did)."""
+    dims = bucket_policy(kernel).dims
+    return list(dims) if dims and ":" in kernel else None
 
 
 def shape_distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:

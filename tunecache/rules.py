@@ -6,7 +6,8 @@ The server (after its SQL pre-filter), snapshot files (offline) and warm starts 
 * ``exact``: the same key;
 * ``same_arch``: the same problem on another device of the same arch;
 * ``bucket``: the nearest problem in the key's shape bucket (the kernel's bucket dimensions
-  rounded up to a power of two, the others equal), on the same arch.
+  rounded up to a power of two, the others equal), on the same arch. Whose bucket dimensions:
+  the caller's kernel's (``buckets``); by default this process's registration of the kernel.
 
 Always the same kernel, source hash, backend and dtype, and environment versions the caller's
 version policy admits. Of several, the better rule wins, then the nearer shape, then the nearer
@@ -32,6 +33,7 @@ from tunecache.policies import (
     bucket_policy,
     shape_distance,
     versions_match,
+    widest_bucket,
 )
 
 Rule = Literal["exact", "same_arch", "bucket"]
@@ -62,16 +64,19 @@ class _Wanted:
     bucket: dict[str, Any]
 
     @classmethod
-    def of(cls, key: Mapping[str, Any]) -> _Wanted:
-        buckets = bucket_policy(key["kernel"])
+    def of(cls, key: Mapping[str, Any], buckets: BucketPolicy | None = None) -> _Wanted:
+        if buckets is None:
+            buckets = bucket_policy(key["kernel"])
         return cls(key, buckets, buckets.bucket(key["problem"]))
 
 
 def match(
-    wanted: Mapping[str, Any], tuned: Mapping[str, Any], policy: VersionPolicy
-) -> Rule | None:
-    """The rule by which a winner tuned for key ``tuned`` may serve key ``wanted``, or ``None``."""
-    return _match(_Wanted.of(wanted), tuned, policy)
+    wanted: Mapping[str, Any], tuned: Mapping[str, Any], policy: VersionPolicy,
+    buckets: BucketPolicy | None = None,
+) -> Rule | None:  # fmt: skip
+    """The rule by which a winner tuned for key ``tuned`` may serve key ``wanted``, or ``None``
+    (``buckets``: the wanted kernel's bucket policy; by default its registration here)."""
+    return _match(_Wanted.of(wanted, buckets), tuned, policy)
 
 
 def _match(prepared: _Wanted, tuned: Mapping[str, Any], policy: VersionPolicy) -> Rule | None:
@@ -98,11 +103,12 @@ def closeness(wanted: Mapping[str, Any], tuned: Mapping[str, Any]) -> tuple[floa
 
 def best(
     wanted: Mapping[str, Any], candidates: Iterable[tuple[Mapping[str, Any], T]],
-    policy: VersionPolicy,
+    policy: VersionPolicy, buckets: BucketPolicy | None = None,
 ) -> tuple[T, Rule] | None:  # fmt: skip
-    """The candidate (a tuned key and its payload) that serves ``wanted`` best, and its rule."""
+    """The candidate (a tuned key and its payload) that serves ``wanted`` best, and its rule
+    (``buckets`` as for :func:`match`)."""
     ranked: list[tuple[int, float, int, int, T, Rule]] = []
-    prepared = _Wanted.of(wanted)
+    prepared = _Wanted.of(wanted, buckets)
     for order, (tuned, payload) in enumerate(candidates):
         rule = _match(prepared, tuned, policy)
         if rule is not None:
@@ -115,12 +121,13 @@ def best(
 
 def bucket_digest(key: Mapping[str, Any]) -> str:
     """What every key a winner of ``key`` may serve by a rule shares, hashed: kernel, source,
-    backend, dtype, arch and the problem rounded to its bucket. The server indexes winners by it,
-    so a lookup reads a handful of rows, however many winners the cache holds."""
+    backend, dtype, arch and the problem's widest bucket (:func:`~tunecache.policies.widest_bucket`,
+    whatever its kernel's bucket policy: a server does not know a user's kernel's, and a caller
+    says its own). The server indexes winners by it, so a lookup reads a handful of rows, however
+    many winners the cache holds."""
     from tunecache.canonical import digest
 
-    buckets = bucket_policy(key["kernel"])
     shared = {f: key[f] for f in _SAME}
     return digest(
-        {**shared, "arch": key["device"]["arch"], "bucket": buckets.bucket(key["problem"])}
+        {**shared, "arch": key["device"]["arch"], "bucket": widest_bucket(key["problem"])}
     )

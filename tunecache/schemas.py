@@ -440,24 +440,6 @@ class RecordPublic(RecordCreate):
             return check
         return None
 
-    def trust_text(self) -> str:
-        """Who vouches for the record, in a line: ``verified by cpu-verifier …``."""
-        by = f"uploaded by {self.uploaded_by}" if self.uploaded_by else "uploaded"
-        check = self.verification
-        if self.status == "pending":
-            return f"pending: validated by its uploader only ({by}; not verified)"
-        if self.status == "disputed":
-            return f"disputed {self.disputes}x by consumers: not served until re-verified ({by})"
-        if check is None:
-            return f"{self.status} ({by})"
-        if self.status == "rejected":
-            return f"rejected by {check.verifier}: {check.error or 'its check failed'} ({by})"
-        text = f"verified by {check.verifier} on {check.device_name} ({by})"
-        if check.timing_flag and check.time_ratio is not None:
-            text += (f"; the uploaded time was {check.time_ratio:.2f}x faster than the "
-                     "verifier's: not believed")  # fmt: skip
-        return text
-
 
 class UploadResult(_Strict):
     """Where an upload stands: its id, the key's winner (default policy), the record's status and
@@ -475,9 +457,17 @@ class LookupRequest(_Strict):
     model_config = ConfigDict(json_schema_extra={"examples": [examples.LOOKUP]})
 
     key: KeyModel
-    # Which environment versions may be served: strict (equal), compatible (same major.minor),
-    # any. See tunecache.policies.
+    # Which environment versions may be served: strict (equal), compatible (same major.minor), any
     policy: Literal["strict", "compatible", "any"] = "strict"
+    # The problem's dimensions the caller's kernel rounds to a power of two (its bucket); absent:
+    # the server's registration of the kernel (a user's kernel: none). See tunecache.policies.
+    bucket: Annotated[list[ProblemName], Field(max_length=MAX_PARAMS)] | None = None
+
+    @model_validator(mode="after")
+    def _bucket_of_the_problem(self) -> LookupRequest:
+        if stray := sorted(set(self.bucket or ()) - set(self.key.problem)):
+            raise ValueError(f"bucket names {stray}, not parameters of the key's problem")
+        return self
 
 
 class LookupResponse(_Strict):

@@ -45,10 +45,29 @@ def describe(record: RecordPublic) -> str:
         f"  timing     {noisy}" if noisy else "",
         f"  validated  max rel error {record.validation.max_rel_error:.2e} "
         f"(tolerance {record.validation.tolerance:g}, {len(record.validation.checks)} checks)",
-        f"  trust      {record.trust_text()}",
+        f"  trust      {trust_text(record)}",
         f"  record     #{record.id}, {record.created_at:%Y-%m-%d %H:%M} UTC",
     ]
     return "\n".join(shown(part) for part in parts if part)
+
+
+def trust_text(record: RecordPublic) -> str:
+    """Who vouches for the record, in a line: ``verified by cpu-verifier …``."""
+    by = f"uploaded by {record.uploaded_by}" if record.uploaded_by else "uploaded"
+    check = record.verification
+    if record.status == "pending":
+        return f"pending: validated by its uploader only ({by}; not verified)"
+    if record.status == "disputed":
+        return f"disputed {record.disputes}x by consumers: not served until re-verified ({by})"
+    if check is None:
+        return f"{record.status} ({by})"
+    if record.status == "rejected":
+        return f"rejected by {check.verifier}: {check.error or 'its check failed'} ({by})"
+    text = f"verified by {check.verifier} on {check.device_name} ({by})"
+    if check.timing_flag and check.time_ratio is not None:
+        text += (f"; the uploaded time was {check.time_ratio:.2f}x faster than the "
+                 "verifier's: not believed")  # fmt: skip
+    return text
 
 
 def _versus_eager(record: RecordPublic) -> str:
@@ -109,7 +128,7 @@ def _unserved(client: Any, key: Key) -> list[str]:
                                     timeout=client.timeout.lookup).items  # fmt: skip
     except ServerError:
         return []
-    return [f"record #{r.id}: {'failed validation' if not r.validation.passed else r.trust_text()}"
+    return [f"record #{r.id}: {'failed validation' if not r.validation.passed else trust_text(r)}"
             for r in found]  # fmt: skip
 
 

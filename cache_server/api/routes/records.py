@@ -77,11 +77,13 @@ def lookup(
     """The best validated winner that may serve this key (404 on a miss).
 
     Rules, in order: the exact key; the same problem on another device of the same arch; the
-    nearest shape in the key's bucket. ``policy`` decides which environment versions may serve;
-    the server's serving policy which records may (never a disputed or rejected one).
+    nearest shape in the key's bucket (``bucket``: the dimensions the caller's kernel rounds to a
+    power of two; absent, the server's own registration of it). ``policy`` decides which
+    environment versions may serve; the server's serving policy which records may (never a
+    disputed or rejected one).
     """
     found = find_winner(session, key=request.key, policy=request.policy,
-                        serving=settings.policy)  # fmt: skip
+                        serving=settings.policy, bucket=request.bucket)  # fmt: skip
     session.commit()  # ends the reads on this thread: the dependency has nothing left to end
     if found is None:
         metrics.count_lookup(rule=None)
