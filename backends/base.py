@@ -45,6 +45,11 @@ class Budget:
     seconds: float | None = None
     patience: int | None = None  # stop early after this many trials without improvement
 
+    def text(self) -> str:
+        """``32 trials``, ``200 trials or 20 s``, ``... stopping after 10 without gain``."""
+        text = f"{self.trials} trials" + (f" or {self.seconds:g} s" if self.seconds else "")
+        return text + (f", stopping after {self.patience} without gain" if self.patience else "")
+
     def __post_init__(self) -> None:
         if self.trials < 1:
             raise ValueError(f"budget trials must be >= 1, got {self.trials}")
@@ -213,6 +218,10 @@ class Backend(abc.ABC):
     def measures_meaningfully(self) -> str | None:
         """Why timings taken here mean nothing (an interpreter), or ``None`` when they count."""
         return None
+
+    def budget_text(self, budget: Budget) -> str:
+        """What ``budget`` means to :meth:`search`, in words (a tune's first line says it)."""
+        return budget.text()
 
     def search(self, request: SearchRequest, *, workdir: Path) -> SearchResult:
         """Searches with ``native_strategy`` and returns the best config.

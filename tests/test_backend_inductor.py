@@ -76,6 +76,16 @@ def test_registered_and_available() -> None:
     assert backend.unavailable_reason() is None
 
 
+def test_the_tunes_first_line_says_what_the_budget_bounds(backend: InductorBackend) -> None:
+    """Inductor benchmarks every choice it has: its budget caps only the re-timed ones, and no
+    time budget bounds its compile (a tune's first line said ``(32 trials)`` and searched 2)."""
+    said = backend.budget_text(Budget(trials=32, seconds=10))
+    assert "up to 3 of its choices re-timed" in said and "not bounded by a time budget" in said
+    assert backend.budget_text(Budget(trials=1)) == "one max-autotune compile, then its pick"
+    generic = get_backend("tvm").budget_text(Budget(trials=200, seconds=20, patience=30))
+    assert generic == "200 trials or 20 s, stopping after 30 without gain"
+
+
 def test_summarize() -> None:
     backend = InductorBackend()
     assert backend.summarize({"mode": "default"}) == "default"

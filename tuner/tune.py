@@ -246,7 +246,8 @@ def tune(
     emit = _emitter(key, progress)
     request = SearchRequest(workload, _problem(key), key.dtype, budget, progress, options.seed)
     task = _task(key, backend, options)
-    emit(f"with {strategy} ({budget.trials} trials)")
+    plan = backend.budget_text(budget) if strategy == backend.native_strategy else budget.text()
+    emit(f"with {strategy} ({plan})")
     started = time.perf_counter()
     deadline = None if budget.seconds is None else time.monotonic() + budget.seconds
     found: SearchResult | None = None

@@ -31,10 +31,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backends.base import Backend, Runnable, SearchRequest, SearchResult
+from backends.base import Backend, Budget, Runnable, SearchRequest, SearchResult
 from backends.inductor.options import MODE_DEFAULT, MODE_MAX_AUTOTUNE
 from backends.inductor.runnable import InductorRunnable, default_frozen_inputs
-from backends.inductor.search import STRATEGY, run_search, summarize_config
+from backends.inductor.search import MAX_RETIMED, STRATEGY, run_search, summarize_config
 from tunecache.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -74,6 +74,13 @@ class InductorBackend(Backend):
         except Exception as exc:  # a broken install fails in many ways
             return f"torch._inductor cannot be imported: {type(exc).__name__}: {exc}"
         return None
+
+    def budget_text(self, budget: Budget) -> str:
+        """Inductor benchmarks the choices it has: the budget caps only the re-timed ones."""
+        retimed = min(MAX_RETIMED, budget.trials)
+        then = f"up to {retimed} of its choices re-timed end to end" if retimed > 1 else "its pick"
+        unbounded = "; not bounded by a time budget" if budget.seconds else ""
+        return f"one max-autotune compile, then {then}{unbounded}"
 
     def search(self, request: SearchRequest, *, workdir: Path) -> SearchResult:
         """One max-autotune compile with freezing; every choice Inductor benchmarks is a trial.
