@@ -200,10 +200,10 @@ def test_folders_named_like_ours_in_the_current_directory_shadow_nothing(tmp_pat
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert listed.returncode == 0, listed.stderr
     tuned = subprocess.run([command, "tune", "softmax", "--backend", "tvm", "--shape", "M=64,N=64",
-                            "--trials", "2", "--no-upload"], cwd=tmp_path, env=env,
+                            "--trials", "2", "--no-upload", "--json"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=600)  # fmt: skip
     assert tuned.returncode == 0, tuned.stderr[-2000:]
-    record = json.loads(tuned.stdout)  # --no-upload: the record, validated, on stdout
+    record = json.loads(tuned.stdout)  # --no-upload --json: the record, validated, on stdout
     assert record["key"]["kernel"] == "softmax" and record["validation"]["passed"] is True
 
 
@@ -352,3 +352,19 @@ def test_tune_tvm_shares_no_schedule_slower_than_tvms_default(speedup: Ratio, sh
     if not shared:
         assert why == ("the best schedule ran 1.25x slower than TVM's default schedule "
                        "(1.16-1.35x) here: a process served it would run slower")  # fmt: skip
+
+
+def test_a_tune_not_uploaded_prints_its_record_in_lines_and_as_json_only_when_asked(
+    tmp_path: Path,
+) -> None:
+    """``tune --no-upload`` printed the whole record as JSON, several hundred lines, where an
+    uploaded one prints a few; now both print the few (what is not stored says so) and
+    ``--json`` the record, as every command that prints data."""
+    from tests.factories import make_record
+    from tunecache_cli.get import describe
+
+    said = describe(make_record(time_ms=2.0))
+    assert said.splitlines()[0].startswith("matmul[") and "2 ms" in said
+    assert "stored     no (validated here)" in said and "record     #" not in said
+    done = tunecache("tune", "--torch", f"{tmp_path / 'model.py'}:f", "--json")
+    assert done.returncode == 2 and "--json prints a kernel key's record" in done.stderr

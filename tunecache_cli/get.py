@@ -9,7 +9,7 @@ from typing import Any
 
 from tunecache.explain import Nearby
 from tunecache.key import Key
-from tunecache.schemas import RecordPublic
+from tunecache.schemas import RecordCreate, RecordPublic
 from tunecache.timing import conditions_text, noise_text, versus
 from tunecache_cli.args import add_key, add_server, key_from_args, server_url
 from tunecache_cli.table import ms, shown
@@ -27,10 +27,12 @@ def register(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def describe(record: RecordPublic) -> str:
+def describe(record: RecordCreate) -> str:
     """The record in a few lines, a field each; what the server holds in a line is escaped
-    (:func:`shown`): a summary or a name cannot add a line, or hide one, on a terminal."""
-    timing = record.believed_timing
+    (:func:`shown`): a summary or a name cannot add a line, or hide one, on a terminal. A record
+    not stored (``tune --no-upload``) says so where a stored one says who vouches for it."""
+    stored = record if isinstance(record, RecordPublic) else None
+    timing = record.timing if stored is None else stored.believed_timing
     noisy = noise_text(record)
     parts = [
         f"{record.key.to_key().short()}",
@@ -45,8 +47,8 @@ def describe(record: RecordPublic) -> str:
         f"  timing     {noisy}" if noisy else "",
         f"  validated  max rel error {record.validation.max_rel_error:.2e} "
         f"(tolerance {record.validation.tolerance:g}, {len(record.validation.checks)} checks)",
-        f"  trust      {trust_text(record)}",
-        f"  record     #{record.id}, {record.created_at:%Y-%m-%d %H:%M} UTC",
+        f"  trust      {trust_text(stored)}" if stored else "  stored     no (validated here)",
+        f"  record     #{stored.id}, {stored.created_at:%Y-%m-%d %H:%M} UTC" if stored else "",
     ]
     return "\n".join(shown(part) for part in parts if part)
 
@@ -70,7 +72,7 @@ def trust_text(record: RecordPublic) -> str:
     return text
 
 
-def _versus_eager(record: RecordPublic) -> str:
+def _versus_eager(record: RecordCreate) -> str:
     """The record against torch eager; ``not believed`` once a verifier re-timed it too slow
     for its uploader's comparisons to stand."""
     if record.baselines and not record.comparisons():

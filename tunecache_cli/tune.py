@@ -81,6 +81,8 @@ def register(commands: Any) -> None:
                         help="measure every valid config (exhaustively: no --trials, --strategy "
                         "or --patience) and write them to FILE")  # fmt: skip
     parser.add_argument("--no-upload", action="store_true", help="tune and print, store nothing")
+    parser.add_argument("--json", action="store_true",
+                        help="print the record as JSON (the stored one once uploaded)")  # fmt: skip
     add_server(parser)
     parser.set_defaults(run=run)
 
@@ -163,8 +165,9 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidInput(
                 "--torch/--tvm tune your own code: leave out KERNEL, --backend and --shape"
             )
-        if args.landscape:
-            raise InvalidInput("--landscape records a kernel key's space, not --torch/--tvm code")
+        if args.landscape or args.json:
+            flag = "--landscape records" if args.landscape else "--json prints"
+            raise InvalidInput(f"{flag} a kernel key's record, not --torch/--tvm code's")
         args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
         if args.torch:
             from tunecache_cli import tune_torch
@@ -211,12 +214,13 @@ def _run_key(args: argparse.Namespace) -> int:
         record = outcome.record
         if url is None:
             progress.close()
-            print(record.model_dump_json(by_alias=True, indent=2, exclude={"trials"}))
+            print(record.model_dump_json(by_alias=True, indent=2, exclude={"trials"})
+                  if args.json else describe(record))  # fmt: skip
             return 0
         progress(Progress(0, 0, message=f"to {url}", phase="upload"))
         result = outbox.kept_upload(client, url, record)  # never lost: kept till the server has it
         stored = client.get_record(result.record_id)
-    print(describe(stored))
+    print(stored.model_dump_json(by_alias=True, indent=2) if args.json else describe(stored))
     state = "the winner" if result.is_winner else f"kept; #{result.winner_record_id} is faster"
     if result.policy == "verified" and result.status != "verified":
         state += " (this server serves verified records only: served once a verifier passes it)"
