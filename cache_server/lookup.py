@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from cache_server.models import RecordRow
 from cache_server.queries import BUCKET_WINNERS, get_winner, public_record
 from cache_server.trust import winner_table
-from tunecache.policies import BucketPolicy, VersionPolicy
+from tunecache.policies import BucketPolicy, VersionPolicy, server_bucket
 from tunecache.rules import RULES, Rule, best, bucket_digest
 from tunecache.schemas import KeyModel, RecordPublic
 
@@ -27,14 +27,15 @@ def find_winner(
 ) -> tuple[RecordPublic, Rule] | None:  # fmt: skip
     """The best record that may serve ``key`` under ``policy``, and the rule that matched.
 
-    ``bucket``: the dimensions the caller's kernel rounds to a power of two (its bucket policy);
-    ``None``: this server's registration of the kernel (a user's kernel: none, exact shapes).
+    ``bucket``: the dimensions the caller's kernel rounds to a power of two (its bucket policy),
+    for a kernel the server does not know (a user's; ``None``: none, exact shapes); a built-in
+    kernel's are the server's own, whatever the caller says.
 
     Only the winners of the server's serving policy are candidates (``validated``: pending and
     verified records; ``verified``: verified ones). An index narrows them to those of the key's
     bucket (:func:`~tunecache.rules.bucket_digest`: kernel, source, backend, dtype, arch,
-    widest bucket of the problem), a handful however large the cache; the rules
-    (:mod:`tunecache.rules`) decide among those.
+    bucketed problem), a handful however large the cache; the rules (:mod:`tunecache.rules`)
+    decide among those.
     """
     table = winner_table(serving)
     if (
@@ -46,7 +47,8 @@ def find_winner(
     candidates = session.execute(
         BUCKET_WINNERS[table], {"bucket_hash": bucket_digest(wanted)}
     ).all()
-    buckets = None if bucket is None else BucketPolicy(tuple(bucket))
+    known = server_bucket(key.kernel)
+    buckets = BucketPolicy(tuple(bucket or ())) if known is None else known
     found = best(wanted, ((tuned, record_id) for record_id, tuned in candidates), policy, buckets)
     if found is None:
         return None

@@ -96,8 +96,8 @@ class ServerSettings(BaseSettings):
     max_wait: float = Field(default=0.02, ge=0, le=60)
     retry_after: int = Field(default=1, ge=1, le=3600)
     list_limit: int = Field(default=1000, gt=0)
-    # Winners one shape bucket may hold (kernel, source, backend, dtype, arch, every size rounded
-    # up to a power of two: tunecache.rules.bucket_digest):
+    # Winners one shape bucket may hold (kernel, source, backend, dtype, arch, bucketed shape; a
+    # user's kernel's every size rounded up, its bucket unknown here: rules.bucket_digest):
     # a lookup other than an exact hit ranks them all, so a write token that filled one bucket
     # with 20,000 (one torch version each) made its lookups take 0.7 s instead of 8 ms. A new
     # key beyond it is refused (409); a key already there may still get a faster record.

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from cache_server.models import DisputeRow, RecordRow, VerifiedWinnerRow, WinnerRow, utcnow
 from cache_server.queries import WinnerTable, offer_winner
-from tunecache.policies import bucket_policy
+from tunecache.policies import server_bucket, widest_bucket
 from tunecache.schemas import VerificationPublic
 from tunecache.verification import DisputeCreate, VerificationCreate
 
@@ -113,9 +113,12 @@ def add_dispute(
     row = session.get(RecordRow, record_id, with_for_update=True)
     if row is None:
         return None
-    buckets = bucket_policy(row.kernel)
+    # A built-in's bucket; another kernel's widest: the server does not know its bucket, and
+    # served it to whatever bucket its caller said (tunecache.rules.bucket_digest).
+    buckets = server_bucket(row.kernel)
+    bucket = widest_bucket if buckets is None else buckets.bucket
     problem = dict(dispute.problem)
-    if buckets.bucket(problem) != buckets.bucket(row.key["problem"]):
+    if bucket(problem) != bucket(row.key["problem"]):
         raise OutsideBucket(
             f"record {record_id} serves {row.key['problem']} and its shape bucket, not {problem}"
         )

@@ -103,10 +103,10 @@ def test_a_users_kernel_is_bucketed_by_its_callers_dimensions(session: Session) 
     assert lookup(session, affine(120, n=60), bucket=["M"]) is None  # N is not rounded
     assert lookup(session, affine(120, n=60), bucket=["M", "N"]) == (tuned, "bucket")
     assert lookup(session, affine(200), bucket=["M"]) is None  # the next bucket
-    # A built-in's caller may round fewer dimensions than the server's registration (M).
+    # A built-in kernel's bucket is the server's own, whatever a caller says: no wider.
     built_in = store(session, key(m=100), 1.0)
-    assert lookup(session, key(m=120)) == (built_in, "bucket")
-    assert lookup(session, key(m=120), bucket=[]) is None
+    assert lookup(session, key(m=120), bucket=[]) == (built_in, "bucket")
+    assert lookup(session, key(m=100, n=100), bucket=["M", "N"]) is None
 
 
 def test_unvalidated_records_never_serve(session: Session) -> None:
@@ -166,6 +166,8 @@ def test_a_users_kernel_is_served_from_its_bucket_through_the_client(server) -> 
     (the server, which never imports it, served only the exact shape)."""
     from tunecache import key_for
     from tunecache.client import Client
+    from tunecache.schemas import CheckModel
+    from tunecache.verification import DisputeCreate
 
     affine = "tests.user_kernels:AffineRows"
     tuned = key_for(affine, "tvm", {"M": 100, "N": 24}, "float32")
@@ -176,3 +178,58 @@ def test_a_users_kernel_is_served_from_its_bucket_through_the_client(server) -> 
         assert (hit.source, hit.rule, hit.problem) == ("server", "bucket", {"M": 100, "N": 24})
         assert hit.record is not None and hit.record.id == stored.record_id
         assert not client.lookup(key_for(affine, "tvm", {"M": 120, "N": 32}, "float32")).hit
+        # Where it was served, it may be disputed (the server does not know its bucket).
+        failed = CheckModel.raised(wanted.problem, 0, "wrong at M=120")
+        disputed = client.dispute(stored.record_id, DisputeCreate(problem=wanted.problem,
+                                                                  check=failed))  # fmt: skip
+        assert disputed.status == "disputed"
+
+
+def test_a_users_kernel_named_without_a_module_says_its_bucket_too(server) -> None:  # type: ignore[no-untyped-def]
+    """What tells a user's kernel is that the server does not know it, not a ``:`` in its
+    name: one registered as ``my_affine`` with ``bucket = ("M",)`` is served from its bucket."""
+    from tunecache import key_for
+    from tunecache.client import Client
+    from tunecache.kernels import KernelSpec, register
+
+    register(KernelSpec(name="tests_affine_rows", params=("M", "N"), inputs=(("M", "N"),),
+                        output=("M", "N"), dtypes={"tvm": ("float32",)}, bucket=("M",)))  # fmt: skip
+    tuned = key_for("tests_affine_rows", "tvm", {"M": 100, "N": 24}, "float32")
+    with Client(server.url) as client:
+        client.upload(make_record(tuned, time_ms=1.0))
+        hit = client.lookup(key_for("tests_affine_rows", "tvm", {"M": 120, "N": 24}, "float32"))
+    assert (hit.source, hit.rule) == ("server", "bucket")
+
+
+def test_a_server_older_than_the_bucket_field_still_serves_every_key() -> None:
+    """A server that refuses the field as unknown (a 422 naming ``body.bucket``) is asked again
+    without it, and not again with it: it serves a user's kernel at exact shapes, as it did,
+    and is not taken for a server that is down (which skipped it for every key)."""
+    import json
+
+    import httpx
+
+    from tests.factories import miss
+    from tunecache import key_for
+    from tunecache.client import Client
+    from tunecache.http import IDENTITY_HEADER
+
+    bodies: list[dict[str, object]] = []
+
+    def old_server(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        if "bucket" in body:
+            error = {"loc": ["body", "bucket"], "msg": "Extra inputs are not permitted",
+                     "type": "extra_forbidden"}  # fmt: skip
+            return httpx.Response(422, json={"status": 422, "detail": "body.bucket: Extra inputs "
+                                             "are not permitted", "errors": [error]},
+                                  headers={IDENTITY_HEADER: "tunecache/0.0.9"})  # fmt: skip
+        return miss()
+
+    affine = "tests.user_kernels:AffineRows"
+    with Client("http://old.test", transport=httpx.MockTransport(old_server)) as client:
+        for m in (120, 121):
+            answer = client.fetch_answer(key_for(affine, "tvm", {"M": m, "N": 24}, "float32"))
+            assert answer is None  # a miss, not a failure
+    assert ["bucket" in body for body in bodies] == [True, False, False]

@@ -308,7 +308,7 @@ def test_the_widest_bucket_migration_indexes_a_users_kernel_for_its_callers_buck
     from cache_server.lookup import find_winner
     from cache_server.migrate import alembic_config
     from cache_server.queries import add_record
-    from tests.factories import CPU, make_record
+    from tests.factories import CPU, make_key, make_record
     from tunecache.key import Key
     from tunecache.schemas import KeyModel
 
@@ -317,18 +317,22 @@ def test_the_widest_bucket_migration_indexes_a_users_kernel_for_its_callers_buck
                    problem={"M": m, "N": 64}, dtype="float32", device=CPU,
                    environment={"apache-tvm": "0.27.0"})  # fmt: skip
 
-    def near() -> Any:
+    def near(wanted: Key) -> Any:
         with make_sessionmaker(make_engine(url))() as session:
-            found = find_winner(session, key=KeyModel.from_key(affine(120)), bucket=["M"])
+            found = find_winner(session, key=KeyModel.from_key(wanted), bucket=["M"])
         return None if found is None else (found[0].id, found[1])
 
     url, _ = database
     upgrade(url)
     with make_sessionmaker(make_engine(url))() as session:
         tuned = add_record(session, key_hash=affine(100).digest(), record=make_record(affine(100)))
+        built_in = add_record(session, key_hash=make_key(m=100).digest(),
+                              record=make_record(make_key(m=100)))  # fmt: skip
         session.commit()
-    assert near() == (tuned.record_id, "bucket")
+    assert near(affine(120)) == (tuned.record_id, "bucket")
     command.downgrade(alembic_config(url), "0010")
-    assert near() is None  # indexed at its exact shape, as before
+    assert near(affine(120)) is None  # indexed at its exact shape, as before
+    assert near(make_key(m=120)) == (built_in.record_id, "bucket")  # a built-in's: left alone
     upgrade(url)
-    assert near() == (tuned.record_id, "bucket")
+    assert near(affine(120)) == (tuned.record_id, "bucket")
+    assert near(make_key(m=120)) == (built_in.record_id, "bucket")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -52,12 +51,12 @@ from tunecache.http import (
     answer_limit,
     containers,
     deadline,
-    is_tunecache,
     missing,
     parse,
     proxy_mounts,
+    refuses_field,
     rejected,
-    retry_after,
+    shed_wait,
     time_left,
 )
 from tunecache.jobs import JobEnqueued
@@ -96,15 +95,6 @@ from tunecache.worker_calls import WorkerCalls
 M = TypeVar("M", bound=BaseModel)
 
 logger = logging.getLogger(__name__)
-
-
-def _shed_wait(response: httpx.Response) -> float | None:
-    """How long to wait before sending again a request a tunecache server shed (503 with
-    ``Retry-After``), with jitter; ``None``: not such an answer."""
-    if response.status_code != 503 or not is_tunecache(response):
-        return None
-    asked = retry_after(response)
-    return None if asked is None else max(asked, 0.05) * random.uniform(1.0, 1.25)
 
 
 class Client(WorkerCalls):
@@ -157,6 +147,7 @@ class Client(WorkerCalls):
         self.miss_ttl = miss_ttl
         self.policy: VersionPolicy = policy
         self.report_misses = report_misses
+        self.sends_bucket = True  # a user's kernel's bucket, until a server refuses the field
         token = token if token is not None else (settings.token if settings else None)
         auth = {"Authorization": f"Bearer {checked_token(token, 'token=')}"} if token else {}
         headers = {"Accept-Encoding": "identity", **auth}  # as large on the wire as in memory
@@ -246,6 +237,10 @@ class Client(WorkerCalls):
             with deadline(seconds), answer_limit(LOOKUP_ANSWER_BYTES):
                 limits = self.timeout.per_operation(seconds, read=True)
                 response = self._http.post("/v1/lookup", json=body, timeout=limits)
+                if "bucket" in body and refuses_field(response, "bucket"):  # an older server
+                    self.sends_bucket = False  # says no bucket: it serves exact shapes, as it did
+                    response = self._http.post("/v1/lookup", json=self._lookup_body(key),
+                                               timeout=limits)  # fmt: skip
                 if missing(response):
                     return None
                 if response.is_error:
@@ -257,7 +252,7 @@ class Client(WorkerCalls):
 
     def _lookup_body(self, key: Key) -> dict[str, Any]:
         """A lookup's or miss report's body: the key, the version policy, the kernel's bucket."""
-        bucket = caller_bucket(key.kernel)  # None where the server knows it (as older clients)
+        bucket = caller_bucket(key.kernel) if self.sends_bucket else None  # None: as before
         body = LookupRequest(key=KeyModel.from_key(key), policy=self.policy, bucket=bucket)
         return body.model_dump(mode="json", by_alias=True, exclude=None if bucket else {"bucket"})
 
@@ -276,7 +271,7 @@ class Client(WorkerCalls):
                         method, path, timeout=self.timeout.per_operation(seconds, read=read),
                         **kwargs,
                     )  # fmt: skip
-                    wait = _shed_wait(response)
+                    wait = shed_wait(response)
                     left = time_left()
                     if read or wait is None or left is None or wait >= left:
                         break

@@ -21,10 +21,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import ipaddress
 import logging
 import math
+import random
 import re
 import socket
 import threading
@@ -346,6 +348,26 @@ def rejected(method: str, path: str, response: httpx.Response) -> ServerError:
     said = shown(lines[0][:DETAIL_CHARS]) if lines else ""  # logged: no terminal controls
     return ServerError(f"{method} {path} → {status}: {said}", status_code=status,
                        retry_after=retry_after(response))  # fmt: skip
+
+
+def shed_wait(response: httpx.Response) -> float | None:
+    """How long to wait before sending again a request a tunecache server shed (503 with
+    ``Retry-After``), with jitter; ``None``: not such an answer."""
+    if response.status_code != 503 or not is_tunecache(response):
+        return None
+    asked = retry_after(response)
+    return None if asked is None else max(asked, 0.05) * random.uniform(1.0, 1.25)
+
+
+def refuses_field(response: httpx.Response, field: str) -> bool:
+    """Whether ``response`` is a tunecache server's 422 refusing the body's ``field`` as
+    unknown: a server older than the field (its errors name it ``body.FIELD``)."""
+    if response.status_code != 422 or not is_tunecache(response):
+        return False
+    with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
+        errors = parse_json(response.content)["errors"]
+        return any(e["loc"] == ["body", field] and e["type"] == "extra_forbidden" for e in errors)
+    return False
 
 
 def retry_after(response: httpx.Response) -> float | None:

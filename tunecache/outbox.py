@@ -262,14 +262,14 @@ class Later:
         except OSError as exc:
             logger.warning("%s not kept in the outbox (%s); uploading", what, exc)
 
-    def send(self, client: Any) -> None:
-        """Uploads it through ``client``.
+    def send(self, client: Any) -> Any:
+        """Uploads it through ``client``; returns the server's answer.
 
         Raises:
             ServerError: the server is unreachable or refused it.
         """
         try:
-            send(client, self.upload)
+            answer = send(client, self.upload)
         except ServerError as exc:
             if self.taken is not None and refused_for_good(exc):
                 aside = set_aside(self.taken, own_name(self.taken.name))
@@ -279,6 +279,7 @@ class Later:
         if self.taken is not None:
             done(self.taken)
             self.taken = None
+        return answer
 
     def lost(self) -> None:
         """Not sent, and no longer tried by this process: it waits for ``tunecache push``."""

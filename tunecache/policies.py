@@ -66,13 +66,22 @@ def bucket_policy(kernel: str) -> BucketPolicy:
     return EXACT if spec is None else BucketPolicy(spec.bucket)
 
 
+def server_bucket(kernel: str) -> BucketPolicy | None:
+    """A built-in kernel's bucket policy, which every server knows; ``None`` for any other
+    kernel (a user's, whatever its name: a server never imports one)."""
+    from tunecache.builtin import BUILTIN
+
+    spec = next((spec for spec in BUILTIN if spec.name == kernel), None)
+    return None if spec is None else BucketPolicy(spec.bucket)
+
+
 def caller_bucket(kernel: str) -> list[str] | None:
     """The bucket dimensions a lookup of ``kernel`` tells the server
-    (:class:`tunecache.schemas.LookupRequest`): a user's kernel's (``module:Name``), which a server
-    never imports; ``None`` for a built-in or a kernel without a bucket, which the server rounds
-    as this process would (and a server older than the field reads that request as it did)."""
+    (:class:`tunecache.schemas.LookupRequest`): those of a kernel registered here that is not
+    built-in (a user's, which a server never imports); ``None`` for a built-in (the server knows
+    its bucket) or a kernel without one (and a server older than the field reads that request)."""
     dims = bucket_policy(kernel).dims
-    return list(dims) if dims and ":" in kernel else None
+    return list(dims) if dims and server_bucket(kernel) is None else None
 
 
 def shape_distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:

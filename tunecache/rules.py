@@ -31,6 +31,7 @@ from tunecache.policies import (
     BucketPolicy,
     VersionPolicy,
     bucket_policy,
+    server_bucket,
     shape_distance,
     versions_match,
     widest_bucket,
@@ -121,13 +122,16 @@ def best(
 
 def bucket_digest(key: Mapping[str, Any]) -> str:
     """What every key a winner of ``key`` may serve by a rule shares, hashed: kernel, source,
-    backend, dtype, arch and the problem's widest bucket (:func:`~tunecache.policies.widest_bucket`,
-    whatever its kernel's bucket policy: a server does not know a user's kernel's, and a caller
-    says its own). The server indexes winners by it, so a lookup reads a handful of rows, however
-    many winners the cache holds."""
+    backend, dtype, arch and the problem rounded to its bucket: a built-in kernel's
+    (:func:`~tunecache.policies.server_bucket`); any other's widest
+    (:func:`~tunecache.policies.widest_bucket`: a server does not know a user's kernel's bucket,
+    and that one holds the bucket mates of whatever dimensions a caller rounds). The server
+    indexes winners by it, so a lookup reads a handful of rows, however many winners the cache
+    holds."""
     from tunecache.canonical import digest
 
+    buckets = server_bucket(key["kernel"])
+    problem = key["problem"]
+    bucket = widest_bucket(problem) if buckets is None else buckets.bucket(problem)
     shared = {f: key[f] for f in _SAME}
-    return digest(
-        {**shared, "arch": key["device"]["arch"], "bucket": widest_bucket(key["problem"])}
-    )
+    return digest({**shared, "arch": key["device"]["arch"], "bucket": bucket})
