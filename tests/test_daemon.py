@@ -234,3 +234,94 @@ def test_a_job_a_worker_could_not_run_is_a_bad_answer_not_a_crash(field: str, va
         with pytest.raises(ServerError, match=f"/v1/jobs/claim gave a bad answer: .*{field}"):
             worker.run()
     assert worker.done == [] and worker.failed == []
+
+
+def test_a_daemon_outlives_a_server_restart_and_its_record_is_not_lost(tmp_path: Path) -> None:
+    """The server stops while a job is being tuned: the daemon died at its next call (exit 3),
+    and the record, tuned for as long as the job took, was lost. Now the record waits, the
+    daemon asks again, backing off, and once the server is back sends it and completes the job."""
+    import signal
+    import threading
+    import time
+
+    from tests.conftest import start_server
+
+    db_path = tmp_path / "cache.db"
+    server = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "server.log")
+    port = int(server.url.rsplit(":", 1)[1])
+    key = key_for("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32")
+    with Client(server.url) as client:
+        job = client.create_job(key).job
+    worker = _start(server, "--trials", "4", "--poll", "0.2")
+    lines: list[str] = []
+    stream = worker.stderr
+    assert stream is not None
+    reader = threading.Thread(target=lambda: lines.extend(iter(stream.readline, "")))
+    reader.start()
+    try:
+        _wait_running(server)
+        server.stop()  # mid-tune
+        deadline = time.monotonic() + 300
+        while not any("the record waits" in line for line in lines):
+            assert worker.poll() is None, "".join(lines)[-3000:]
+            assert time.monotonic() < deadline, "".join(lines)[-3000:]
+            time.sleep(0.2)
+        time.sleep(1.5)  # a few claims go unanswered: the daemon waits longer each time
+        server = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "server.log", port=port)
+        deadline = time.monotonic() + 120
+        while (done := client_job(server, job.id)).state != "done":
+            assert time.monotonic() < deadline and worker.poll() is None, "".join(lines)[-3000:]
+            time.sleep(0.2)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+        reader.join(timeout=10)
+        server.stop()
+    said = "".join(lines)
+    assert worker.returncode == 0 and "1 jobs completed" in said, said[-3000:]
+    assert said.count("WARNING tuner.daemon: the server does not answer") == 1, said
+    assert said.count("the server answers again") == 1, said
+    assert done.record_id is not None and done.attempts == 1  # completed, not redone
+
+
+def client_job(server: LiveServer, job_id: int) -> Any:
+    with Client(server.url) as client:
+        return next(j for j in client.list_jobs().items if j.id == job_id)
+
+
+def test_polling_backs_off_while_the_server_is_away_and_stops_on_a_refusal() -> None:
+    """Unanswered claims are asked again, each wait twice the last up to a minute (or what the
+    server asked for); a refusal that asking again cannot change (a revoked token) ends it, as
+    does any failure with ``once``."""
+    import threading
+
+    from tuner.daemon import MAX_BACKOFF, poll
+
+    class Clock(threading.Event):
+        waits: list[float] = []
+
+        def wait(self, timeout: float | None = None) -> bool:
+            self.waits.append(float(timeout or 0))
+            if len(self.waits) == 9:
+                self.set()
+            return self.is_set()
+
+    answers: list[Any] = [ServerError("down")] * 6 + [ServerError("busy", status_code=503,
+                          retry_after=90)] + [None, None]  # fmt: skip
+
+    def claim() -> None:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+
+    stopping = Clock()
+    poll(claim, lambda job: None, stopping=stopping, once=False, every=5)
+    assert stopping.waits == [10, 20, 40, 60, 60, 60, MAX_BACKOFF, 5, 5]
+    for error, once in ((ServerError("revoked", status_code=401), False),
+                        (ServerError("down"), True)):  # fmt: skip
+
+        def fails(error: ServerError = error) -> None:
+            raise error
+
+        with pytest.raises(ServerError):
+            poll(fails, lambda job: None, stopping=threading.Event(), once=once, every=5)

@@ -33,6 +33,7 @@ from tunecache.errors import InvalidInput, ServerError, TuningError
 from tunecache.jobs import JobPublic
 from tunecache.kernels import BACKENDS
 from tunecache.key import DEVICE_KINDS, Key, kernel_module, key_for
+from tunecache.outbox import Later
 from tuner.harness import Harness
 from tuner.tune import TuneOptions, tune
 
@@ -80,12 +81,44 @@ def runnable_backends(device: str, wanted: tuple[str, ...] | None = None) -> tup
     return tuple(chosen)
 
 
+MAX_BACKOFF = 60.0  # seconds between claims while the server does not answer
+
+
+def passing(exc: ServerError) -> bool:
+    """Whether a claim's failure may pass (the server restarting, unreachable, overloaded, a
+    proxy's 502 meanwhile), rather than a refusal that asking again cannot change (a revoked
+    token: 401, 403)."""
+    code = exc.status_code
+    return code is None or code >= 500 or code in (408, 429)
+
+
 def poll(claim: Callable[[], T | None], work: Callable[[T], object], *,
          stopping: threading.Event, once: bool, every: float) -> None:  # fmt: skip
     """Claims and works on what it claimed until ``stopping`` is set; when a claim finds
-    nothing, waits ``every`` seconds (or, ``once``, returns)."""
+    nothing, waits ``every`` seconds (or, ``once``, returns).
+
+    A server that stops answering (:func:`passing`) is asked again, the wait doubling up to
+    :data:`MAX_BACKOFF` (or what it asked for), said once when it goes and once when it is back:
+    a team's daemons outlive a restart of the server. ``once``, or another refusal, raises.
+    """
+    down_since: float | None = None
+    wait = every
     while not stopping.is_set():
-        claimed = claim()
+        try:
+            claimed = claim()
+        except ServerError as exc:
+            if once or not passing(exc):
+                raise
+            if down_since is None:
+                down_since = time.monotonic()
+                logger.warning("the server does not answer (%s): asking again, at most every "
+                               "%g s", exc, MAX_BACKOFF)  # fmt: skip
+            wait = min(MAX_BACKOFF, max(wait * 2, exc.retry_after or 0))
+            stopping.wait(wait)
+            continue
+        if down_since is not None:
+            logger.warning("the server answers again (after %.0f s)", time.monotonic() - down_since)
+            down_since, wait = None, every
         if claimed is None:
             if once:
                 return
@@ -193,18 +226,50 @@ class Daemon(Worker):
         self.options = options
         self.done: list[int] = []  # record ids stored, in order
         self.failed: list[int] = []  # job ids given back as failed
+        self.unsent: list[tuple[JobPublic, Later, float]] = []  # tuned while the server was down
 
     def run(self) -> int:
-        """Works until stopped; returns how many jobs it completed."""
+        """Works until stopped; returns how many jobs it completed. A record the server did not
+        take as it answered no one waits in the outbox, sent (and its job completed) before the
+        next claim; one still unsent when the daemon stops waits for ``tunecache push``."""
         arch = self.arch()
         logger.info("%s: taking %s jobs for %s", self.worker, ",".join(self.backends), arch)
-        with Harness(workers=self.options.workers) as harness:
-            poll(lambda: self.client.claim_job(
-                     self.worker, lease_seconds=self.options.lease_seconds, device_arch=arch,
-                     backends=self.backends, kernel_packages=self.kernels),
-                 lambda job: self.work(job, harness), stopping=self.stopping,
-                 once=self.options.once, every=self.options.poll_seconds)  # fmt: skip
+        try:
+            with Harness(workers=self.options.workers) as harness:
+                poll(lambda: self.claim(arch), lambda job: self.work(job, harness),
+                     stopping=self.stopping, once=self.options.once,
+                     every=self.options.poll_seconds)  # fmt: skip
+        finally:
+            for _, kept, _ in self.unsent:
+                kept.lost()
         return len(self.done)
+
+    def claim(self, arch: str) -> JobPublic | None:
+        """The next job for this device, once the records tuned while the server did not answer
+        are sent."""
+        self.send_unsent()
+        return self.client.claim_job(self.worker, lease_seconds=self.options.lease_seconds,
+                                     device_arch=arch, backends=self.backends,
+                                     kernel_packages=self.kernels)  # fmt: skip
+
+    def send_unsent(self) -> None:
+        """Sends the records tuned while the server did not answer, and completes their jobs.
+
+        Raises:
+            ServerError: the server still does not answer (the rest wait).
+        """
+        while self.unsent:
+            job, kept, started = self.unsent[0]
+            try:
+                stored = kept.send(self.client)
+            except ServerError as exc:
+                if passing(exc):
+                    raise
+                kept.lost()  # refused as invalid: set aside already; else it waits for a push
+                self.give_back(job, exc)
+            else:
+                self.finish(job, stored.record_id, started)
+            self.unsent.pop(0)
 
     def local_key(self, job: JobPublic) -> Key:
         """The job's key completed with this machine's device and environment."""
@@ -226,19 +291,37 @@ class Daemon(Worker):
             options = TuneOptions(strategy=strategy, workers=self.options.workers)
             with leased(self.client, job, self.worker, self.options.lease_seconds):
                 outcome = tune(key, budget, options, harness=harness)
-            stored = self.client.upload(outcome.record)
+            kept = Later(self.client.url, outcome.record, f"job {job.id}'s record")
+            try:
+                stored = kept.send(self.client)  # kept in the outbox until the server has it
+            except ServerError as exc:
+                if not passing(exc):
+                    kept.lost()
+                    raise
+                logger.warning("job %d: tuned, but the server does not answer (%s): the record "
+                               "waits, sent before the next claim", job.id, exc)  # fmt: skip
+                self.unsent.append((job, kept, started))
+                return
         except (InvalidInput, TuningError, ServerError) as exc:
-            logger.warning("job %d: failed: %s", job.id, exc)
-            self.failed.append(job.id)
-            with contextlib.suppress(ServerError):
-                self.client.fail_job(job.id, self.worker, f"{type(exc).__name__}: {exc}")
+            self.give_back(job, exc)
             return
+        self.finish(job, stored.record_id, started)
+
+    def give_back(self, job: JobPublic, exc: Exception) -> None:
+        """Fails ``job``, saying why (to be retried while it has attempts left)."""
+        logger.warning("job %d: failed: %s", job.id, exc)
+        self.failed.append(job.id)
+        with contextlib.suppress(ServerError):
+            self.client.fail_job(job.id, self.worker, f"{type(exc).__name__}: {exc}")
+
+    def finish(self, job: JobPublic, record_id: int, started: float) -> None:
+        """Completes ``job`` with its stored record (a lost lease: the job is redone)."""
         try:
-            self.client.complete_job(job.id, self.worker, stored.record_id)
+            self.client.complete_job(job.id, self.worker, record_id)
         except ServerError as exc:  # the lease was lost: the record stays, the job is redone
             logger.warning("job %d: record #%d stored, job not completed: %s", job.id,
-                           stored.record_id, exc)  # fmt: skip
+                           record_id, exc)  # fmt: skip
             return
-        self.done.append(stored.record_id)
-        logger.info("job %d: stored record #%d in %.1f s", job.id, stored.record_id,
+        self.done.append(record_id)
+        logger.info("job %d: stored record #%d in %.1f s", job.id, record_id,
                     time.perf_counter() - started)  # fmt: skip
