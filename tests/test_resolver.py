@@ -119,3 +119,82 @@ def test_async_lookups_never_block_the_event_loop() -> None:
     client.close()
     assert sources == ["server", "server", "memo"] and len(calls) == 2
     assert ticks >= 10  # the loop ran on while the lookups waited
+
+
+def test_threads_asking_at_once_share_one_request_per_key_and_few_at_a_time() -> None:
+    """32 threads looking one key up at once sent 32 requests (against a server's default of 2 in
+    flight, 25 were shed and given the default config); now one, whose answer they all get, and
+    at most two keys' requests at a time, the others waiting for a slot within the timeout."""
+    import threading
+
+    lock, flying, most, calls = threading.Lock(), [0], [0], []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        with lock:
+            flying[0] += 1
+            most[0] = max(most[0], flying[0])
+        time.sleep(0.03)
+        with lock:
+            flying[0] -= 1
+            calls.append(1)
+        key = LookupRequest.model_validate_json(request.content).key.to_key()
+        record = make_record(key, config=knobs(4)).model_dump(mode="json", by_alias=True)
+        public = RecordPublic.model_validate(
+            {**record, "id": 7, "key_hash": "0" * 64, "created_at": "2026-01-01T00:00:00Z"}
+        )
+        return httpx.Response(200, content=LookupResponse(record=public).model_dump_json())
+
+    def burst(client: Client, keys: list) -> list:  # type: ignore[type-arg]
+        found: list = [None] * len(keys)  # type: ignore[type-arg]
+
+        def ask(i: int) -> None:
+            found[i] = client.lookup(keys[i])
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(keys))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return found
+
+    with Client("http://in-memory.test", transport=httpx.MockTransport(handle), token="",
+                timeout=5.0) as client:  # fmt: skip
+        same = burst(client, [make_key(m=64)] * 32)
+        assert len(calls) == 1 and all(r.config == knobs(4) for r in same)
+        distinct = burst(client, [make_key(m=m) for m in range(1, 9)])
+    assert all(r.source == "server" and r.config == knobs(4) for r in distinct)
+    assert len(calls) == 9 and most[0] == 2
+
+
+@pytest.mark.parametrize("passes", [True, False])
+def test_threads_verifying_one_served_config_run_one_check(passes: bool) -> None:
+    """16 threads with ``verify`` ran 16 checks of one config (16 disputes when it failed), and a
+    caller that did not verify put the failed config back in the memo, for good. Now one check;
+    the others wait for it; a config that failed here is never used in this process."""
+    import threading
+
+    from tunecache.schemas import CheckModel
+
+    checks: list[int] = []
+
+    def verify(config: dict) -> CheckModel:  # type: ignore[type-arg]
+        checks.append(1)
+        time.sleep(0.1)
+        if passes:
+            return CheckModel(problem=dict(key.problem), seed=0, rel_error=0.0, max_abs_error=0.0,
+                              tolerance=1e-4, passed=True)  # fmt: skip
+        return CheckModel.raised(key.problem, 0, "wrong answer")
+
+    key, calls = make_key(), []
+    with server_answering(knobs(4), calls) as client:
+        results: list = []  # type: ignore[type-arg]
+        threads = [threading.Thread(target=lambda: results.append(
+            client.lookup(key, default=knobs(1), verify=verify))) for _ in range(16)]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        unverified = client.resolver.resolve(key, default=knobs(1))
+    assert len(checks) == 1 and len(results) == 16
+    expected = knobs(4) if passes else knobs(1)
+    assert all(r.config == expected for r in results) and unverified.config == expected

@@ -159,6 +159,10 @@ class Resolver:
         self.sources = list(sources)
         self._warned: set[str] = set()
         self._verified: set[tuple[str, str]] = set()  # (key digest, config) checked here
+        # (key digest, config) whose check failed here: never used in this process, by any caller
+        self._failed: set[tuple[str, str]] = set()
+        self._gates: dict[tuple[str, str], threading.Lock] = {}  # one check at a time of each
+        self._lock = threading.Lock()
         # (key digest, config) whose check could not run here: not tried again until then
         self._unchecked: dict[tuple[str, str], float] = {}
 
@@ -176,12 +180,15 @@ class Resolver:
         """
         digest = key.digest()
         found = None if self.memo is None else self.memo.answers.get(digest)
-        if found is not None and (verify is None or self._memo_verified(key, digest, found,
-                                                                        verify)):  # fmt: skip
+        if found is not None and self._failed_here(digest, found):  # memoised meanwhile
+            assert self.memo is not None
+            self.memo.answers.pop(digest, None)
+        elif found is not None and (verify is None or self._memo_verified(key, digest, found,
+                                                                          verify)):  # fmt: skip
             return found
         for source in self.sources:
             answer = self._ask(source, key, digest)
-            if answer is None or answer.config is None:
+            if answer is None or answer.config is None or self._failed_here(digest, answer):
                 continue
             if fits is not None and (reason := _misfit(fits, answer.config)) is not None:
                 self._warn_once(digest, f"{key.short()}: the {answer.source}'s config does not "
@@ -218,6 +225,11 @@ class Resolver:
         self.memo.answers.pop(digest, None)
         return False
 
+    def _failed_here(self, digest: str, answer: LookupResult) -> bool:
+        """Whether ``answer``'s config failed a check in this process (whoever checked it)."""
+        return bool(self._failed) and answer.config is not None and \
+            (digest, canonical_json(answer.config)) in self._failed  # fmt: skip
+
     def _checked(self, digest: str, answer: LookupResult) -> bool:
         """Whether ``answer``'s config passed a check in this process."""
         if answer.config is None:
@@ -226,13 +238,26 @@ class Resolver:
 
     def _verified_here(self, key: Key, digest: str, source: Source, answer: LookupResult,
                        verify: Verify) -> bool:  # fmt: skip
-        """Whether ``answer``'s config passed ``verify`` (run now unless it passed before)."""
+        """Whether ``answer``'s config passed ``verify`` (run now unless it passed or failed
+        before: threads asking meanwhile wait for the one check running)."""
         assert answer.config is not None
         seen = (digest, canonical_json(answer.config))
         if seen in self._verified:
             return True
-        if self._unchecked.get(seen, 0.0) > time.monotonic():
-            return False
+        with self._lock:
+            gate = self._gates.setdefault(seen, threading.Lock())
+        with gate:
+            if seen in self._verified or seen in self._failed:
+                return seen in self._verified
+            if self._unchecked.get(seen, 0.0) > time.monotonic():
+                return False
+            return self._check(key, digest, seen, source, answer, verify)
+
+    def _check(self, key: Key, digest: str, seen: tuple[str, str], source: Source,
+               answer: LookupResult, verify: Verify) -> bool:  # fmt: skip
+        """Runs ``verify`` on ``answer``'s config: passed, remembered; failed, remembered and
+        disputed with ``source``; unable to run here, not tried again for a while."""
+        assert answer.config is not None
         try:
             check = verify(answer.config)
         except CheckUnavailable as exc:  # not the config's fault: unused, not disputed
@@ -249,6 +274,7 @@ class Resolver:
         if check.passed:
             self._verified.add(seen)
             return True
+        self._failed.add(seen)
         where = f"record #{answer.record.id}" if answer.record is not None else "its record"
         self._warn_once(digest, f"{key.short()}: the {answer.source}'s config {answer.config} "
                                 f"failed its check on first use ({check.failure()}); not using it, "

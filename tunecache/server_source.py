@@ -53,6 +53,20 @@ class ServerApi(Protocol):
 
 logger = logging.getLogger(__name__)
 MAX_PENDING_REPORTS = 256
+# Lookups one client has at the server at once (a server's worker takes 2 by default and sheds
+# what waits longer than 20 ms: 32 threads' lookups of one key at once were 32 requests, 25 of
+# them shed, each caller given the default config). More wait for a slot within their timeout.
+MAX_LOOKUPS_IN_FLIGHT = 2
+
+
+@dataclass
+class _Flight:
+    """One key's lookup in progress: the threads asking for it meanwhile wait for its answer."""
+
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    answer: LookupResult | None = None
+
+
 SEND_ATTEMPTS = 3  # times an upload is sent to a server that could not be reached
 
 
@@ -102,6 +116,8 @@ class ServerSource(Source):
         self._refused = False
         self._unsent = 0  # uploads queued and not yet sent (or given up on)
         self._closing = threading.Event()
+        self._flights: dict[str, _Flight] = {}
+        self._slots = threading.BoundedSemaphore(MAX_LOOKUPS_IN_FLIGHT)
 
     @property
     def down(self) -> bool:
@@ -109,11 +125,40 @@ class ServerSource(Source):
         return self._down_until > time.monotonic()
 
     def get(self, key: Key, digest: str) -> LookupResult | None:
+        """The server's answer: one request per key at a time (the threads asking for a key
+        meanwhile wait for that one's answer), at most :data:`MAX_LOOKUPS_IN_FLIGHT` keys at
+        once (the others wait for a slot), all within the lookup timeout."""
         now = time.monotonic()
+        timeout = self.client.timeout.lookup
         with self._lock:
             if self._misses.get(digest, -1.0) > now or self._down_until > now:
                 return None
-        timeout = self.client.timeout.lookup
+            flight = self._flights.get(digest)
+            if flight is None:
+                flight = self._flights[digest] = _Flight()
+                leading = True
+            else:
+                leading = False
+        if not leading:
+            return flight.answer if flight.done.wait(timeout) else None
+        try:
+            if self._slots.acquire(timeout=timeout):  # else the default, the server not blamed
+                try:
+                    left = now + timeout - time.monotonic()
+                    flight.answer = self._fetch(key, digest, now, left)
+                finally:
+                    self._slots.release()
+        finally:
+            with self._lock:
+                del self._flights[digest]
+            flight.done.set()
+        return flight.answer
+
+    def _fetch(self, key: Key, digest: str, now: float, timeout: float) -> LookupResult | None:
+        """Asks the server for ``key`` within ``timeout`` seconds: a checked answer, or ``None``
+        (a miss remembered, and reported when asked to; a failure, the server then skipped)."""
+        if timeout <= 0:
+            return None
         try:
             answer = self.client.fetch_answer(key, timeout=timeout)
         except ServerError as exc:
@@ -249,6 +294,8 @@ class ServerSource(Source):
             while True:  # what the thread will not send now: given up
                 if (report := self._reports.get_nowait()) is not None:
                     _give_up(report)
+        with contextlib.suppress(queue.Full):  # taken above: a thread still sending stops after
+            self._reports.put_nowait(None)  # it, rather than wait for the queue for good
         if self._unsent:
             why = (f"it failed less than {self.retry_after:.0f} s ago" if skipped else
                    f"it did not take them within {timeout:.0f} s of closing")  # fmt: skip

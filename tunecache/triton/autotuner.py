@@ -78,9 +78,18 @@ def settings() -> Settings:
     return found
 
 
-@functools.cache
+_CREATING = threading.Lock()
+
+
 def shared_client(url: str | None, snapshot: Path | None, policy: VersionPolicy) -> Client:
-    """One client per process and settings, shared by every decorated kernel."""
+    """One client per process and settings, shared by every decorated kernel (and thread: 16
+    threads' first launches at once made 16 clients, each with its pool, memo and thread)."""
+    with _CREATING:
+        return _shared_client(url, snapshot, policy)
+
+
+@functools.cache
+def _shared_client(url: str | None, snapshot: Path | None, policy: VersionPolicy) -> Client:
     found = settings()
     client = Client(url or found.url, timeout=found.timeout, token=found.token or "",
                     snapshot=snapshot, policy=policy, report_misses=True)  # fmt: skip
