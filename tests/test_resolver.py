@@ -198,3 +198,32 @@ def test_threads_verifying_one_served_config_run_one_check(passes: bool) -> None
     assert len(checks) == 1 and len(results) == 16
     expected = knobs(4) if passes else knobs(1)
     assert all(r.config == expected for r in results) and unverified.config == expected
+
+
+def test_many_async_lookups_stay_within_their_bound_and_leave_the_loops_executor_alone() -> None:
+    """64 tasks' lookups ran in the event loop's default executor (6 threads here): they took
+    3.9 s of a 0.5 s timeout, and other work there waited as long. Now the resolver's own
+    threads, and each task's answer within twice the lookup timeout (the default after)."""
+    import asyncio
+
+    calls: list[int] = []
+    with server_answering(knobs(4), calls, delay=0.3) as client:
+
+        async def burst() -> tuple[list[float], float]:
+            loop = asyncio.get_running_loop()
+
+            async def timed(m: int) -> float:
+                started = time.monotonic()
+                await client.alookup(make_key(m=m))
+                return time.monotonic() - started
+
+            tasks = [asyncio.create_task(timed(m)) for m in range(1, 65)]
+            await asyncio.sleep(0.05)
+            started = time.monotonic()
+            await loop.run_in_executor(None, time.sleep, 0)  # other work for the default pool
+            other = time.monotonic() - started
+            return list(await asyncio.gather(*tasks)), other
+
+        took, other = asyncio.run(burst())
+    assert max(took) < 2 * client.timeout.lookup + 0.3, max(took)
+    assert other < 0.2 and calls  # the server was asked; the loop's executor never waited

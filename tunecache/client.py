@@ -208,10 +208,13 @@ class Client(WorkerCalls):
         fits: Fits | None = None,
         verify: Verify | None = None,
     ) -> LookupResult:
-        """:meth:`lookup` for async code: it never blocks the event loop."""
+        """:meth:`lookup` for async code: it never blocks the event loop, nor waits longer
+        than twice the lookup timeout (then ``default``), unless it verifies."""
         if default is None:
             default = default_config(key.backend)
-        return await self.resolver.aresolve(key, default=default, fits=fits, verify=verify)
+        bound = None if verify else 2 * self.timeout.lookup
+        return await self.resolver.aresolve(key, default=default, fits=fits, verify=verify,
+                                            timeout=bound)  # fmt: skip
 
     def fetch(self, key: Key, *, timeout: float | None = None) -> RecordPublic | None:
         """The winner of exactly ``key`` from the server, ``None`` on a miss; no memo, no fallback;
