@@ -82,6 +82,21 @@ def _claimable(now: datetime) -> ColumnElement[bool]:
     return or_(and_(JobRow.state == "queued", due), expired)
 
 
+def _expire_last_attempts(session: Session, now: datetime) -> None:
+    """Fails each running job whose lease ran out on its last attempt: no worker may claim it
+    again, and it stayed ``running`` for good (its worker killed on that attempt), a pretune
+    following it waiting for ever."""
+    why = "its worker stopped renewing the lease of its last attempt (killed, or cut off)"
+    stmt = update(JobRow).where(
+        JobRow.state == "running",
+        JobRow.lease_expires_at < now,
+        JobRow.attempts >= JobRow.max_attempts,
+    )
+    stmt = stmt.values(state="failed", lease_owner=None, lease_token_id=None,
+                       lease_expires_at=None, updated_at=now, error=why)  # fmt: skip
+    session.execute(stmt.execution_options(synchronize_session=False))
+
+
 def claim(
     session: Session,
     *,
@@ -100,6 +115,7 @@ def claim(
     worker is never handed a job it cannot run.
     """
     now = utcnow()
+    _expire_last_attempts(session, now)
     fits = [_claimable(now)]
     if device_arch is not None:
         fits.append(JobRow.device_arch == device_arch)

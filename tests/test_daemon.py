@@ -306,8 +306,10 @@ def test_polling_backs_off_while_the_server_is_away_and_stops_on_a_refusal() -> 
                 self.set()
             return self.is_set()
 
-    answers: list[Any] = [ServerError("down")] * 6 + [ServerError("busy", status_code=503,
-                          retry_after=90)] + [None, None]  # fmt: skip
+    down = ServerError("connection refused")
+    down.__cause__ = httpx.ConnectError("refused")
+    answers: list[Any] = [down] * 6 + [ServerError("busy", status_code=503,
+                                                   retry_after=90)] + [None, None]  # fmt: skip
 
     def claim() -> None:
         answer = answers.pop(0)
@@ -317,8 +319,10 @@ def test_polling_backs_off_while_the_server_is_away_and_stops_on_a_refusal() -> 
     stopping = Clock()
     poll(claim, lambda job: None, stopping=stopping, once=False, every=5)
     assert stopping.waits == [10, 20, 40, 60, 60, 60, MAX_BACKOFF, 5, 5]
+    # A revoked token; an answer this client cannot read (the claim may have been made); any
+    # failure with once.
     for error, once in ((ServerError("revoked", status_code=401), False),
-                        (ServerError("down"), True)):  # fmt: skip
+                        (ServerError("gave a bad answer"), False), (down, True)):  # fmt: skip
 
         def fails(error: ServerError = error) -> None:
             raise error

@@ -126,6 +126,20 @@ def test_an_expired_lease_is_claimed_again(any_server: LiveServer) -> None:
         assert claim(http, "fast") is None
 
 
+def test_a_lease_that_runs_out_on_the_last_attempt_fails_the_job(any_server: LiveServer) -> None:
+    """A job whose worker died on its last attempt stayed ``running`` for good (no worker may
+    claim it again): a pretune following it waited for ever. The next claim fails it."""
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
+        create(http, 11, max_attempts=1)
+        job = claim(http, "dies", lease=0.3)
+        assert job is not None
+        time.sleep(0.8)
+        assert claim(http, "other") is None
+        (failed,) = http.get("/v1/jobs", params={"state": "failed"}).json()["items"]
+    assert failed["id"] == job["id"] and "last attempt" in failed["error"]
+    assert failed["lease_owner"] is None
+
+
 def test_failures_retry_until_the_limit(any_server: LiveServer) -> None:
     with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         create(http, 9, max_attempts=2)

@@ -227,3 +227,33 @@ def test_many_async_lookups_stay_within_their_bound_and_leave_the_loops_executor
         took, other = asyncio.run(burst())
     assert max(took) < 2 * client.timeout.lookup + 0.3, max(took)
     assert other < 0.2 and calls  # the server was asked; the loop's executor never waited
+
+
+def test_a_check_that_looks_its_own_key_up_does_not_hang_and_a_closed_client_answers() -> None:
+    """One check per config is a lock held while it runs: a check that looked its own key up
+    (a reference that launches the tuned kernel) waited for itself for good. And ``alookup``
+    after ``close()`` raised (no thread would take it); now the default."""
+    import asyncio
+    import threading
+
+    from tunecache.schemas import CheckModel
+
+    key, calls, depth = make_key(), [], []
+    with server_answering(knobs(4), calls) as client:
+
+        def verify(config: dict) -> CheckModel:  # type: ignore[type-arg]
+            depth.append(1)
+            if len(depth) == 1:  # once: the lookup inside the check, checked too
+                client.lookup(key, default=knobs(1), verify=verify)
+            return CheckModel(problem=dict(key.problem), seed=0, rel_error=0.0,
+                              max_abs_error=0.0, tolerance=1e-4, passed=True)  # fmt: skip
+
+        found: list = []  # type: ignore[type-arg]
+        thread = threading.Thread(target=lambda: found.append(
+            client.lookup(key, default=knobs(1), verify=verify)), daemon=True)  # fmt: skip
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive() and found[0].config == knobs(4)
+        asyncio.run(client.alookup(make_key(m=8)))  # the resolver's threads exist
+    after = asyncio.run(client.alookup(make_key(m=16), default=knobs(1)))
+    assert (after.source, after.config) == ("default", knobs(1))

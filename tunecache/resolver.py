@@ -164,7 +164,9 @@ class Resolver:
         self._verified: set[tuple[str, str]] = set()  # (key digest, config) checked here
         # (key digest, config) whose check failed here: never used in this process, by any caller
         self._failed: set[tuple[str, str]] = set()
-        self._gates: dict[tuple[str, str], threading.Lock] = {}  # one check at a time of each
+        self._failed_keys: set[str] = set()  # their digests: a memo hit's cheap test
+        # One check at a time of each; re-entrant: a check that looks its own key up goes on
+        self._gates: dict[tuple[str, str], threading.RLock] = {}
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None  # aresolve's threads, made on first use
         # (key digest, config) whose check could not run here: not tried again until then
@@ -213,8 +215,8 @@ class Resolver:
         :data:`ASYNC_WORKERS` threads, so the event loop never blocks, nor waits behind its
         default executor's other work (64 tasks took 3.9 s of a 0.5 s timeout there, and what
         else used it waited as long). ``timeout``: the answer is ``default`` after that many
-        seconds (the lookup goes on, and a later call finds its answer in the memo). One path,
-        not two: the sources stay synchronous."""
+        seconds (a lookup already running goes on, and a later call finds its answer in the
+        memo). One path, not two: the sources stay synchronous."""
         digest = key.digest()
         found = None if self.memo is None else self.memo.answers.get(digest)
         if (
@@ -226,11 +228,11 @@ class Resolver:
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(ASYNC_WORKERS, thread_name_prefix="tunecache")
-        call = asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(
-            self.resolve, key, default=default, fits=fits, verify=verify))  # fmt: skip
         try:
+            call = asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(
+                self.resolve, key, default=default, fits=fits, verify=verify))  # fmt: skip
             return await asyncio.wait_for(call, timeout)
-        except TimeoutError:
+        except (TimeoutError, RuntimeError):  # too slow; or closed: no thread takes it now
             return LookupResult(config=default, source="default")
 
     def _memo_verified(self, key: Key, digest: str, found: LookupResult,
@@ -247,7 +249,7 @@ class Resolver:
 
     def _failed_here(self, digest: str, answer: LookupResult) -> bool:
         """Whether ``answer``'s config failed a check in this process (whoever checked it)."""
-        return bool(self._failed) and answer.config is not None and \
+        return digest in self._failed_keys and answer.config is not None and \
             (digest, canonical_json(answer.config)) in self._failed  # fmt: skip
 
     def _checked(self, digest: str, answer: LookupResult) -> bool:
@@ -265,7 +267,7 @@ class Resolver:
         if seen in self._verified:
             return True
         with self._lock:
-            gate = self._gates.setdefault(seen, threading.Lock())
+            gate = self._gates.setdefault(seen, threading.RLock())
         with gate:
             if seen in self._verified or seen in self._failed:
                 return seen in self._verified
@@ -295,6 +297,7 @@ class Resolver:
             self._verified.add(seen)
             return True
         self._failed.add(seen)
+        self._failed_keys.add(digest)
         where = f"record #{answer.record.id}" if answer.record is not None else "its record"
         self._warn_once(digest, f"{key.short()}: the {answer.source}'s config {answer.config} "
                                 f"failed its check on first use ({check.failure()}); not using it, "
@@ -326,7 +329,7 @@ class Resolver:
         for source in self.sources:
             source.close()
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=False)  # what is queued still answers, by default at worst
 
     def _ask(self, source: Source, key: Key, digest: str) -> LookupResult | None:
         """``source``'s answer; ``None``, logged, should it raise after all: a source's bug

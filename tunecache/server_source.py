@@ -130,29 +130,33 @@ class ServerSource(Source):
         once (the others wait for a slot), all within the lookup timeout."""
         now = time.monotonic()
         timeout = self.client.timeout.lookup
-        with self._lock:
-            if self._misses.get(digest, -1.0) > now or self._down_until > now:
-                return None
-            flight = self._flights.get(digest)
-            if flight is None:
-                flight = self._flights[digest] = _Flight()
-                leading = True
-            else:
-                leading = False
-        if not leading:
-            return flight.answer if flight.done.wait(timeout) else None
+        mine = _Flight()
         try:
+            with self._lock:
+                if self._skipped(digest, now):
+                    return None
+                flight = self._flights.setdefault(digest, mine)
+            if flight is not mine:  # another thread asks for this key: its answer is ours
+                return flight.answer if flight.done.wait(timeout) else None
             if self._slots.acquire(timeout=timeout):  # else the default, the server not blamed
                 try:
-                    left = now + timeout - time.monotonic()
-                    flight.answer = self._fetch(key, digest, now, left)
+                    with self._lock:  # the server may have failed another lookup meanwhile
+                        skipped = self._skipped(digest, time.monotonic())
+                    if not skipped:
+                        left = now + timeout - time.monotonic()
+                        mine.answer = self._fetch(key, digest, now, left)
                 finally:
                     self._slots.release()
+            return mine.answer
         finally:
             with self._lock:
-                del self._flights[digest]
-            flight.done.set()
-        return flight.answer
+                if self._flights.get(digest) is mine:
+                    del self._flights[digest]
+            mine.done.set()
+
+    def _skipped(self, digest: str, now: float) -> bool:
+        """Whether the key missed lately, or the server is skipped (under ``_lock``)."""
+        return self._misses.get(digest, -1.0) > now or self._down_until > now
 
     def _fetch(self, key: Key, digest: str, now: float, timeout: float) -> LookupResult | None:
         """Asks the server for ``key`` within ``timeout`` seconds: a checked answer, or ``None``

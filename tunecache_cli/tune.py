@@ -214,8 +214,8 @@ def _run_key(args: argparse.Namespace) -> int:
         record = outcome.record
         if url is None:
             progress.close()
-            print(record.model_dump_json(by_alias=True, indent=2, exclude={"trials"})
-                  if args.json else describe(record))  # fmt: skip
+            print(record.model_dump_json(by_alias=True, indent=2) if args.json
+                  else describe(record))  # fmt: skip
             return 0
         progress(Progress(0, 0, message=f"to {url}", phase="upload"))
         result = outbox.kept_upload(client, url, record)  # never lost: kept till the server has it

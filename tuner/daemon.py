@@ -34,6 +34,7 @@ from tunecache.jobs import JobPublic
 from tunecache.kernels import BACKENDS
 from tunecache.key import DEVICE_KINDS, Key, kernel_module, key_for
 from tunecache.outbox import Later
+from tunecache.server_source import unreachable
 from tuner.harness import Harness
 from tuner.tune import TuneOptions, tune
 
@@ -85,11 +86,11 @@ MAX_BACKOFF = 60.0  # seconds between claims while the server does not answer
 
 
 def passing(exc: ServerError) -> bool:
-    """Whether a claim's failure may pass (the server restarting, unreachable, overloaded, a
-    proxy's 502 meanwhile), rather than a refusal that asking again cannot change (a revoked
-    token: 401, 403)."""
-    code = exc.status_code
-    return code is None or code >= 500 or code in (408, 429)
+    """Whether a call's failure may pass (the server restarting, unreachable, overloaded, a
+    proxy's 502 meanwhile), rather than an answer that asking again cannot change (a revoked
+    token: 401, 403; an answer this client cannot read, after which a claim was made but not
+    taken)."""
+    return unreachable(exc) or exc.status_code in (408, 429)
 
 
 def poll(claim: Callable[[], T | None], work: Callable[[T], object], *,
