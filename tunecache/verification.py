@@ -105,3 +105,22 @@ class VerificationCreate(_Strict):
         if self.outcome == "failed" and not failed and not self.error:
             raise ValueError("a failed verification carries the failed validation or an error")
         return self
+
+
+def trust_text(record: RecordPublic) -> str:
+    """Who vouches for the record, in a line: ``verified by cpu-verifier …``."""
+    by = f"uploaded by {record.uploaded_by}" if record.uploaded_by else "uploaded"
+    check = record.verification
+    if record.status == "pending":
+        return f"pending: validated by its uploader only ({by}; not verified)"
+    if record.status == "disputed":
+        return f"disputed {record.disputes}x by consumers: not served until re-verified ({by})"
+    if check is None:
+        return f"{record.status} ({by})"
+    if record.status == "rejected":
+        return f"rejected by {check.verifier}: {check.error or 'its check failed'} ({by})"
+    text = f"verified by {check.verifier} on {check.device_name} ({by})"
+    if check.timing_flag and check.time_ratio is not None:
+        text += (f"; the uploaded time was {check.time_ratio:.2f}x faster than the "
+                 "verifier's: not believed")  # fmt: skip
+    return text

@@ -11,6 +11,7 @@ from tunecache.explain import Nearby
 from tunecache.key import Key
 from tunecache.schemas import RecordCreate, RecordPublic
 from tunecache.timing import conditions_text, noise_text, versus
+from tunecache.verification import trust_text
 from tunecache_cli.args import add_key, add_server, key_from_args, server_url
 from tunecache_cli.table import ms, shown
 
@@ -51,25 +52,6 @@ def describe(record: RecordCreate) -> str:
         f"  record     #{stored.id}, {stored.created_at:%Y-%m-%d %H:%M} UTC" if stored else "",
     ]
     return "\n".join(shown(part) for part in parts if part)
-
-
-def trust_text(record: RecordPublic) -> str:
-    """Who vouches for the record, in a line: ``verified by cpu-verifier …``."""
-    by = f"uploaded by {record.uploaded_by}" if record.uploaded_by else "uploaded"
-    check = record.verification
-    if record.status == "pending":
-        return f"pending: validated by its uploader only ({by}; not verified)"
-    if record.status == "disputed":
-        return f"disputed {record.disputes}x by consumers: not served until re-verified ({by})"
-    if check is None:
-        return f"{record.status} ({by})"
-    if record.status == "rejected":
-        return f"rejected by {check.verifier}: {check.error or 'its check failed'} ({by})"
-    text = f"verified by {check.verifier} on {check.device_name} ({by})"
-    if check.timing_flag and check.time_ratio is not None:
-        text += (f"; the uploaded time was {check.time_ratio:.2f}x faster than the "
-                 "verifier's: not believed")  # fmt: skip
-    return text
 
 
 def _versus_eager(record: RecordCreate) -> str:

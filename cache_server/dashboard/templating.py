@@ -17,6 +17,7 @@ from tunecache import __version__
 from tunecache.measured import TimingModel
 from tunecache.schemas import RecordCreate
 from tunecache.timing import conditions_text, versus
+from tunecache.verification import trust_text
 
 HERE = Path(__file__).parent
 STATIC_DIR: Final = HERE / "static"
@@ -91,7 +92,7 @@ def _environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters.update(ms=ms, vs=vs, spread=spread, conditions=conditions_text, sci=sci, when=when,
-                       pretty=pretty, shape=shape)  # fmt: skip
+                       pretty=pretty, shape=shape, trust=trust_text)  # fmt: skip
     env.tests["past"] = past
     env.globals["version"] = __version__
     return env
