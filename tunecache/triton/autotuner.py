@@ -19,7 +19,6 @@ initialised, rank 0's choice is broadcast, so every rank launches the same confi
 
 from __future__ import annotations
 
-import atexit
 import functools
 import logging
 import threading
@@ -38,7 +37,7 @@ from tunecache.key import Key
 from tunecache.policies import VersionPolicy
 from tunecache.problem import describe
 from tunecache.schemas import CheckModel
-from tunecache.settings import Settings, interpret_enabled, settings_without_bad
+from tunecache.settings import interpret_enabled
 from tunecache.strict import printable_text
 from tunecache.triton import hostbench
 from tunecache.triton.check import SEED, compare_outputs, finish, fresh_call, out_of_memory
@@ -62,40 +61,11 @@ from tunecache.triton.record import (
     validated,
 )
 from tunecache.triton.shared import shared_misfit
+from tunecache.triton.shared_client import settings, shared_client
 
 logger = logging.getLogger(__name__)
 OnMiss = Literal["tune", "default"]
 VerifyMode = Literal["never", "first"]
-
-
-@functools.cache
-def settings() -> Settings:
-    """The environment's settings, read once; a malformed variable is taken as unset (a
-    warning each): a bad ``TUNECACHE_*`` value must not break the user's import or launch."""
-    found, problems = settings_without_bad()
-    for problem in problems:
-        logger.warning("tunecache.triton: %s; taking it as unset", problem)
-    return found
-
-
-_CREATING = threading.Lock()
-
-
-def shared_client(url: str | None, snapshot: Path | None, policy: VersionPolicy) -> Client:
-    """One client per process and settings, shared by every decorated kernel (and thread: 16
-    threads' first launches at once made 16 clients, each with its pool, memo and thread)."""
-    with _CREATING:
-        return _shared_client(url, snapshot, policy)
-
-
-@functools.cache
-def _shared_client(url: str | None, snapshot: Path | None, policy: VersionPolicy) -> Client:
-    found = settings()
-    client = Client(url or found.url, timeout=found.timeout, token=found.token or "",
-                    snapshot=snapshot, policy=policy, report_misses=True)  # fmt: skip
-    # Disputes and miss reports still queued at exit reach the server (a few seconds at most).
-    atexit.register(client.close)
-    return client
 
 
 class CachedAutotuner(Autotuner):
