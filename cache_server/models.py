@@ -77,9 +77,12 @@ class RecordRow(Base):
     verify_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     verify_attempts: Mapped[int] = mapped_column(Integer, default=0)
     verify_claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # cache_server.queries.upload_digest: an upload sent twice is stored once (None before 0012).
+    upload_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     __table_args__ = (
         Index("ix_records_kernel_backend_dtype", "kernel", "backend", "dtype"),
+        Index("ux_records_upload_digest", "upload_digest", unique=True),
         Index("ix_records_bucket_hash", "bucket_hash"),
         Index("ix_records_verify_queue", "status", "device_arch", "backend"),
     )

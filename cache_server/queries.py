@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from cache_server.db import upsert_insert
 from cache_server.models import RecordRow, TokenRow, TrialRow, VerifiedWinnerRow, WinnerRow, utcnow
+from tunecache.canonical import digest
 from tunecache.rules import bucket_digest
 from tunecache.schemas import STORED, RecordCreate, RecordPublic, VerificationPublic
 
@@ -78,7 +79,17 @@ def record_row(
         provenance=record.provenance.model_dump(mode="json"),
         trial_count=len(record.trials),
         bucket_hash=bucket_digest(record.key.model_dump(mode="json", by_alias=True)),
+        upload_digest=upload_digest(record, uploader),
     )
+
+
+def upload_digest(record: RecordCreate, uploader: TokenRow | None) -> str:
+    """What makes an upload the same upload: its uploader (a token's name) and every field it
+    sent. Two tunes never send the same record (their times differ); one upload sent twice does
+    (its answer was lost and it was sent again, an outbox pushed twice, a snapshot imported
+    twice)."""
+    sent = record.model_dump(mode="json", by_alias=True)
+    return digest({"uploader": None if uploader is None else uploader.name, "record": sent})
 
 
 def offer_winner(
@@ -102,11 +113,14 @@ def offer_winner(
 
 class Added(NamedTuple):
     """A stored record: its id, the key's winner now (``None`` while the key has no validated
-    record) and the record's status (``pending``, or ``verified`` from a trusted token)."""
+    record) and the record's status (``pending``, or ``verified`` from a trusted token; a record
+    sent again: its status now, disputed or rejected as it may be since), and whether this
+    uploader had sent this very record before (``again``: nothing was stored)."""
 
     record_id: int
     winner: int | None
     status: str
+    again: bool = False
 
 
 class BucketFull(Exception):
@@ -125,6 +139,9 @@ def add_record(
             ``bucket_limit`` winners (nothing is stored).
     """
     row = record_row(key_hash=key_hash, record=record, uploader=uploader)
+    held = session.scalar(select(RecordRow).where(RecordRow.upload_digest == row.upload_digest))
+    if held is not None:  # sent again: answered as it stands, never stored twice nor revived
+        return Added(held.id, _winner(session, key_hash), held.status, again=True)
     if bucket_limit is not None and record.validation.passed:
         _check_room(session, key_hash, row.bucket_hash or "", bucket_limit)
     session.add(row)
@@ -135,12 +152,15 @@ def add_record(
         if row.status == "verified":
             offer_winner(session, VerifiedWinnerRow, key_hash=key_hash, record_id=row.id,
                          time_ms=row.time_ms)  # fmt: skip
-    winner = session.scalar(select(WinnerRow.record_id).where(WinnerRow.key_hash == key_hash))
-    return Added(row.id, winner, row.status)
+    return Added(row.id, _winner(session, key_hash), row.status)
+
+
+def _winner(session: Session, key_hash: str) -> int | None:
+    return session.scalar(select(WinnerRow.record_id).where(WinnerRow.key_hash == key_hash))
 
 
 def _check_room(session: Session, key_hash: str, bucket_hash: str, limit: int) -> None:
-    if session.scalar(select(WinnerRow.record_id).where(WinnerRow.key_hash == key_hash)):
+    if _winner(session, key_hash):
         return  # the key has a winner already: no new one in the bucket
     held = session.scalar(
         select(func.count()).select_from(WinnerRow)

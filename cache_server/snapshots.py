@@ -62,7 +62,9 @@ def import_records(
     record of a key wins.
 
     Returns:
-        ``(imported, winners_changed)``: records stored, and keys whose winner is now one of them.
+        ``(imported, winners_changed)``: records stored (not those this uploader had sent
+        before: a snapshot imported twice is stored once), and keys whose winner is now one of
+        them.
 
     Raises:
         InvalidInput: the database refused a record's data (PostgreSQL refuses NUL characters in
@@ -70,14 +72,15 @@ def import_records(
         BucketFull: a record is a new key's in a bucket at ``bucket_limit`` winners (the same).
     """
     changed: set[str] = set()
+    stored = 0
     for i, record in enumerate(records):
         key_hash = record.key.digest()
         try:
-            record_id, winner, _ = add_record(session, key_hash=key_hash, record=record,
-                                              uploader=uploader,
-                                              bucket_limit=bucket_limit)  # fmt: skip
+            added = add_record(session, key_hash=key_hash, record=record, uploader=uploader,
+                               bucket_limit=bucket_limit)  # fmt: skip
         except DataError as exc:
             raise InvalidInput(f"records[{i}]: the database refused it: {exc.orig}") from exc
-        if winner == record_id:
+        stored += not added.again
+        if added.winner == added.record_id and not added.again:
             changed.add(key_hash)
-    return len(records), len(changed)
+    return stored, len(changed)

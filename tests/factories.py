@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +26,11 @@ from tunecache.tokens import new_token
 # bootstrap token and to clients and CLI runs as TUNECACHE_TOKEN. Raw requests send AUTH.
 TEST_TOKEN = new_token()
 AUTH = {"Authorization": f"Bearer {TEST_TOKEN}"}
+
+# How long each record's search took: never twice the same, as two tunes never send the same
+# record (the server stores one record sent twice once: cache_server.queries.upload_digest).
+# (A count, not a generator: threads make records at once, and a generator refuses that.)
+_RECORDS_MADE = itertools.count()
 
 # Problems small enough to compile and check every workload in a second, with ragged sizes.
 TINY = {
@@ -127,7 +133,9 @@ def make_record(
         validation=ValidationReport(
             passed=passed, tolerance=1e-4, max_rel_error=error, checks=[check]
         ),
-        search=SearchModel(strategy="test", trials=trials, seconds=1.0),
+        search=SearchModel(
+            strategy="test", trials=trials, seconds=1.0 + next(_RECORDS_MADE) / 1024
+        ),
         trials=[
             Trial(config={"tile": [i, 8]}, status="ok", time_ms=time_ms + i)
             for i in range(trials - 1)

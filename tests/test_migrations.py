@@ -104,7 +104,8 @@ def test_upgrade_from_the_first_revision_keeps_the_data(database: tuple[str, Pat
 
 
 def _store_as_at_0001(engine: Any, key: Any, record: Any) -> None:
-    """A record and its winner written with the columns revision 0001 has."""
+    """A record and its winner written with the columns the database has (revision 0001's, or
+    a later revision's)."""
     from sqlalchemy import MetaData, Table, insert
 
     from cache_server.models import utcnow
@@ -121,6 +122,69 @@ def _store_as_at_0001(engine: Any, key: Any, record: Any) -> None:
         ).inserted_primary_key[0]
         connection.execute(insert(winners).values(key_hash=key.digest(), record_id=record_id,
                                                   time_ms=0.5, updated_at=utcnow()))  # fmt: skip
+
+
+@pytest.mark.slow
+def test_records_stored_before_the_upload_digest_stay_and_the_migration_goes_back(
+    database: tuple[str, Path | None],
+) -> None:
+    """0012 gives new records what makes an upload the same one; a record stored before has none
+    (sent again, it is stored anew, once); downgrading keeps every record."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from cache_server.db import make_sessionmaker
+    from cache_server.migrate import alembic_config
+    from cache_server.queries import add_record
+    from tests.factories import make_key, make_record
+
+    url, _ = database
+    upgrade(url, "0011")
+    key = make_key()
+    record = make_record(key, time_ms=0.5)
+    _store_as_at_0001(make_engine(url), key, record)  # with the columns 0011 has
+    upgrade(url)
+    with make_sessionmaker(make_engine(url))() as session:
+        anew = add_record(session, key_hash=key.digest(), record=record)
+        again = add_record(session, key_hash=key.digest(), record=record)
+        session.commit()
+    assert not anew.again and again.again and again.record_id == anew.record_id
+    command.downgrade(alembic_config(url), "0011")
+    with make_engine(url).connect() as connection:
+        assert connection.execute(text("select count(*) from records")).scalar_one() == 2
+    upgrade(url)
+    check_schema(make_engine(url))
+
+
+@pytest.mark.slow
+def test_downgrading_to_the_first_revision_keeps_every_record_winner_and_trial(
+    database: tuple[str, Path | None],
+) -> None:
+    """Each downgrade keeps the data it does not drop. 0007's went through SQLite's batch mode,
+    which copies ``records`` and drops the old table: with foreign keys on, every winner and
+    trial went with it."""
+    from alembic import command
+    from alembic.script import ScriptDirectory
+    from sqlalchemy import text
+
+    from cache_server.db import make_sessionmaker
+    from cache_server.migrate import alembic_config
+    from cache_server.queries import add_record
+    from tests.factories import make_key, make_record
+
+    url, _ = database
+    upgrade(url)
+    with make_sessionmaker(make_engine(url))() as session:
+        key = make_key()
+        add_record(session, key_hash=key.digest(), record=make_record(key, trials=3))
+        session.commit()
+    config = alembic_config(url)
+    for script in ScriptDirectory.from_config(config).walk_revisions("0002", "head"):
+        command.downgrade(config, script.down_revision)
+        with make_engine(url).connect() as connection:
+            held = [connection.execute(text(f"select count(*) from {table}")).scalar_one()
+                    for table in ("records", "winners", "trials")]  # fmt: skip
+        assert held == [1, 1, 3], f"after downgrading {script.revision}"
 
 
 def test_the_migrations_build_exactly_the_models(database: tuple[str, Path | None]) -> None:
@@ -303,6 +367,7 @@ def test_the_widest_bucket_migration_indexes_a_users_kernel_for_its_callers_buck
     not know its bucket), so a caller rounding ``M`` found no bucket mate; 0011 indexes every
     record by its widest bucket, and downgrading puts the old index back."""
     from alembic import command
+    from sqlalchemy import text
 
     from cache_server.db import make_sessionmaker
     from cache_server.lookup import find_winner
@@ -310,6 +375,7 @@ def test_the_widest_bucket_migration_indexes_a_users_kernel_for_its_callers_buck
     from cache_server.queries import add_record
     from tests.factories import CPU, make_key, make_record
     from tunecache.key import Key
+    from tunecache.rules import bucket_digest
     from tunecache.schemas import KeyModel
 
     def affine(m: int) -> Key:
@@ -329,10 +395,21 @@ def test_the_widest_bucket_migration_indexes_a_users_kernel_for_its_callers_buck
         built_in = add_record(session, key_hash=make_key(m=100).digest(),
                               record=make_record(make_key(m=100)))  # fmt: skip
         session.commit()
+
+    def indexed_with(added: Any, wanted: Key) -> bool:
+        """Whether the record is indexed where a lookup of ``wanted`` reads (by SQL: the models
+        are at head, the schema at 0010)."""
+        with make_engine(url).connect() as connection:
+            stored = connection.execute(text("select bucket_hash from records where id = :id"),
+                                        {"id": added.record_id}).scalar_one()  # fmt: skip
+        return stored == bucket_digest(
+            KeyModel.from_key(wanted).model_dump(mode="json", by_alias=True)
+        )
+
     assert near(affine(120)) == (tuned.record_id, "bucket")
     command.downgrade(alembic_config(url), "0010")
-    assert near(affine(120)) is None  # indexed at its exact shape, as before
-    assert near(make_key(m=120)) == (built_in.record_id, "bucket")  # a built-in's: left alone
+    assert not indexed_with(tuned, affine(120))  # indexed at its exact shape, as before
+    assert indexed_with(built_in, make_key(m=120))  # a built-in's: left alone
     upgrade(url)
     assert near(affine(120)) == (tuned.record_id, "bucket")
     assert near(make_key(m=120)) == (built_in.record_id, "bucket")

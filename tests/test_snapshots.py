@@ -171,6 +171,9 @@ def test_import_reproduces_the_winners_and_the_faster_validated_record_wins(
         again = export(copy.url)
         assert again.headers["etag"] == exported.headers["etag"]
         assert again.content == exported.content  # byte-identical on another server and database
+        twice = import_(copy.url, exported.json())  # its records are this token's already
+        assert twice.json() == {"imported": 0, "winners_changed": 0}
+        assert record_count(copy.url) == 2
     finally:
         copy.stop()
 

@@ -196,6 +196,38 @@ def test_a_dispute_needs_a_token_and_stops_the_record_being_served(server: LiveS
     assert missing.status_code == 404
 
 
+def test_a_record_sent_again_is_stored_once_and_a_disputed_one_stays_disputed(
+    server: LiveServer,
+) -> None:
+    """An upload whose answer was lost is sent again (by the outbox, a daemon, ``push``): the same
+    token's same record is stored once, and a 200 says where it stands. Before, each sending
+    stored another record, and one sent again after a dispute was stored anew, pending, and
+    served. Another token's copy is its own upload."""
+    key = make_key(m=64)
+    body = make_record(key, time_ms=1.0, config=knobs(1)).model_dump(mode="json", by_alias=True)
+
+    def send(headers: dict[str, str] = AUTH) -> httpx.Response:
+        return httpx.post(f"{server.url}/v1/records", json=body, headers=headers)
+
+    first, again = send(), send()
+    assert (first.status_code, again.status_code) == (201, 200), again.text
+    assert again.json() == first.json() and first.json()["is_winner"]
+    record_id = first.json()["record_id"]
+    reader = {"Authorization": f"Bearer {token(server.url, 'consumer', 'read')}"}
+    assert post_dispute(server.url, record_id, reader, dispute_body(key)).status_code == 200
+    after = send()
+    assert after.status_code == 200
+    assert after.json() == {**first.json(), "status": "disputed", "is_winner": False,
+                            "winner_record_id": None}  # fmt: skip
+    with Client(server.url) as client:
+        assert client.lookup(key, default=DEFAULT).config == DEFAULT  # not served again
+    theirs = send({"Authorization": f"Bearer {token(server.url, 'another', 'write')}"})
+    assert theirs.status_code == 201 and theirs.json()["record_id"] != record_id
+    if server.db_path is not None:
+        with sqlite3.connect(server.db_path) as db:
+            assert db.execute("select count(*) from records").fetchone()[0] == 2
+
+
 def test_a_first_use_check_that_fails_falls_back_and_disputes_the_record(
     server: LiveServer, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
+from sqlalchemy.exc import IntegrityError
 
 from cache_server import jobs, queries
 from cache_server.api.auth import READ, WriteAccess
@@ -32,35 +34,50 @@ router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["records"])
 @router.post(
     "/records",
     status_code=status.HTTP_201_CREATED,
-    responses={409: {"description": "a new key's record in a shape bucket at the server's limit"}},
-)
+    responses={
+        200: {"model": UploadResult,
+              "description": "this token sent this very record before: nothing is stored, the "
+              "answer is where that record stands now"},
+        409: {"description": "a new key's record in a shape bucket at the server's limit"},
+    },
+)  # fmt: skip
 def upload_record(
     record: RecordCreate,
     session: SessionDep,
     settings: SettingsDep,
     metrics: MetricsDep,
     token: WriteAccess,
+    response: Response,
 ) -> UploadResult:
     """Stores a tuning result with all its trials, as this token's upload.
 
     Its config must pass its backend's closed schema (a 422 names the field). The key's winner
     becomes this record only if it passed validation and is strictly faster than the current
     winner; the answer says which record is the winner now. A record is ``pending`` until a
-    verifier re-checks it (``verified`` at once from a trusted token).
+    verifier re-checks it (``verified`` at once from a trusted token). The same record sent
+    again by the same token (its answer lost, say) is stored once: a 200 says where it stands.
     """
     key_hash = record.key.digest()
-    limit = settings.bucket_winners
-    record_id, winner, status = queries.add_record(session, key_hash=key_hash, record=record,
-                                                   uploader=token, bucket_limit=limit)  # fmt: skip
-    metrics.count_upload(validated=record.validation.passed, is_winner=winner == record_id)
-    if winner == record_id and status in SERVED_STATUSES[settings.policy]:
-        jobs.answered(session, key_hash=key_hash, record_id=record_id)  # its miss is answered
+    add = partial(queries.add_record, session, key_hash=key_hash, record=record,
+                  uploader=token, bucket_limit=settings.bucket_winners)  # fmt: skip
+    try:
+        added = add()
+    except IntegrityError:  # the same upload stored meanwhile, sent again before its answer
+        session.rollback()
+        added = add()
+    if added.again:
+        response.status_code = status.HTTP_200_OK
+    else:
+        metrics.count_upload(validated=record.validation.passed,
+                             is_winner=added.winner == added.record_id)  # fmt: skip
+    if added.winner == added.record_id and added.status in SERVED_STATUSES[settings.policy]:
+        jobs.answered(session, key_hash=key_hash, record_id=added.record_id)  # its miss is answered
     return UploadResult(
-        record_id=record_id,
+        record_id=added.record_id,
         key_hash=key_hash,
-        winner_record_id=winner,
-        is_winner=winner == record_id,
-        status=status,  # type: ignore[arg-type]
+        winner_record_id=added.winner,
+        is_winner=added.winner == added.record_id,
+        status=added.status,  # type: ignore[arg-type]
         policy=settings.policy,
     )
 

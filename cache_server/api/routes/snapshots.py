@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response, status
+from sqlalchemy.exc import IntegrityError
 
 from cache_server import snapshots
 from cache_server.api.auth import READ, WRITE, WriteAccess
@@ -71,9 +73,14 @@ def import_snapshot(
     """Merges a snapshot in one transaction: each record is added as if this token uploaded it.
 
     A key's winner becomes an imported record only if it is validated and strictly faster;
-    unvalidated records are stored but never served.
+    unvalidated records are stored but never served. A record this token had sent before (the
+    same snapshot imported again) is not stored twice, and not counted as imported.
     """
-    imported, changed = snapshots.import_records(session, records=snapshot.records,
-                                                 uploader=token,
-                                                 bucket_limit=settings.bucket_winners)  # fmt: skip
+    add = partial(snapshots.import_records, session, records=snapshot.records, uploader=token,
+                  bucket_limit=settings.bucket_winners)  # fmt: skip
+    try:
+        imported, changed = add()
+    except IntegrityError:  # the same snapshot imported meanwhile, by this token: stored once
+        session.rollback()
+        imported, changed = add()
     return SnapshotImportResult(imported=imported, winners_changed=changed)

@@ -144,14 +144,13 @@ def downgrade() -> None:
     op.drop_table("disputes")
     op.drop_index("ix_verified_winners_record_id", table_name="verified_winners")
     op.drop_table("verified_winners")
-    with op.batch_alter_table("artifacts") as batch:
-        batch.drop_column("trusted")
-        batch.drop_column("uploaded_by")
-    with op.batch_alter_table("tokens") as batch:
-        batch.drop_column("trusted")
+    # Column by column, not in batch mode: SQLite's batch mode copies a table and drops the old
+    # one, and with foreign keys on, dropping ``records`` deleted every winner and trial. SQLite
+    # >= 3.35 drops a column in place.
+    for column in ("trusted", "uploaded_by"):
+        op.drop_column("artifacts", column)
+    op.drop_column("tokens", "trusted")
     op.drop_index("ix_records_verify_queue", table_name="records")
-    with op.batch_alter_table("records") as batch:
-        for column in ("verify_claimed_at", "verify_attempts", "verify_expires_at",
-                       "verify_owner", "disputes",
-                       "verification", "uploaded_by", "status"):  # fmt: skip
-            batch.drop_column(column)
+    for column in ("verify_claimed_at", "verify_attempts", "verify_expires_at", "verify_owner",
+                   "disputes", "verification", "uploaded_by", "status"):  # fmt: skip
+        op.drop_column("records", column)
