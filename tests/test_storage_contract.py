@@ -103,6 +103,29 @@ class TestStorageContract:
                 full = http.get(f"/v1/records/{record_id}").json()
                 assert len(full["trials"]) == trials_each  # no trial lost
 
+    def test_one_record_sent_at_once_on_many_connections_is_stored_once(
+        self, any_server: LiveServer
+    ) -> None:
+        """A sender that timed out sends again while its first sending is still being stored:
+        the same token's same record, on 8 connections at once, is one record; one answer is a
+        201 and the others a 200 naming it, never a 5xx."""
+        senders = 8
+        for m in range(5):
+            body = make_record(make_key(m=300 + m)).model_dump(mode="json", by_alias=True)
+            start = threading.Barrier(senders)
+
+            def send(_: int, body: dict = body, start: threading.Barrier = start) -> httpx.Response:  # type: ignore[type-arg]
+                with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=60) as http:
+                    start.wait()
+                    return http.post("/v1/records", json=body)
+
+            with ThreadPoolExecutor(senders) as pool:
+                answers = list(pool.map(send, range(senders)))
+            assert sorted(a.status_code for a in answers) == [200] * (senders - 1) + [201]
+            assert len({a.json()["record_id"] for a in answers}) == 1
+        with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
+            assert http.get("/health").json()["records"] == 5
+
 
 def test_acknowledged_uploads_survive_kill_9(
     database: tuple[str, Path | None], tmp_path: Path
