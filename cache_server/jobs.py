@@ -113,10 +113,14 @@ def claim(
     With ``device_arch``, ``backends`` and ``kernel_packages``, only a job for that arch, one of
     those backends and a built-in kernel or one from those packages (or their subpackages): a
     worker is never handed a job it cannot run.
+
+    A worker that claims while it holds a live lease (under this token, on such a job) is handed
+    that job again, its lease renewed: a claim asked again because its answer was lost leases no
+    second job, and spends none of the job's attempts. A worker works one job at a time.
     """
     now = utcnow()
     _expire_last_attempts(session, now)
-    fits = [_claimable(now)]
+    fits: list[ColumnElement[bool]] = []
     if device_arch is not None:
         fits.append(JobRow.device_arch == device_arch)
     if backends is not None:
@@ -127,9 +131,14 @@ def claim(
                         JobRow.kernel_module.in_(list(kernel_packages)),
                         *(func.substr(JobRow.kernel_module, 1, len(p) + 1) == f"{p}."
                           for p in kernel_packages)))  # fmt: skip
+    if (held := _held_by(session, worker, token_id, now, fits)) is not None:
+        held.lease_expires_at = now + timedelta(seconds=lease_seconds)
+        held.updated_at = now
+        session.flush()
+        return held
     pick = (
         select(JobRow.id)
-        .where(*fits)
+        .where(_claimable(now), *fits)
         .order_by(JobRow.priority.desc(), JobRow.id)
         .limit(1)
         .with_for_update(skip_locked=True)
@@ -151,6 +160,19 @@ def claim(
     )
     job_id = session.execute(stmt).scalar()
     return None if job_id is None else session.get(JobRow, job_id, populate_existing=True)
+
+
+def _held_by(session: Session, worker: str, token_id: int, now: datetime,
+             fits: Sequence[ColumnElement[bool]]) -> JobRow | None:  # fmt: skip
+    """The job ``worker`` holds a live lease on under ``token_id`` that ``fits``, if any."""
+    return session.scalar(
+        select(JobRow)
+        .where(JobRow.state == "running", JobRow.lease_owner == worker,
+               JobRow.lease_token_id == token_id, JobRow.lease_expires_at >= now, *fits)
+        .order_by(JobRow.id)
+        .limit(1)
+        .with_for_update()
+    )  # fmt: skip
 
 
 def _owned(job_id: int, worker: str, holder: int | None) -> ColumnElement[bool]:

@@ -329,3 +329,62 @@ def test_polling_backs_off_while_the_server_is_away_and_stops_on_a_refusal() -> 
 
         with pytest.raises(ServerError):
             poll(fails, lambda job: None, stopping=threading.Event(), once=once, every=5)
+
+
+def test_answers_lost_on_the_way_back_cost_the_daemon_no_attempt_and_no_second_record(
+    server: LiveServer,
+) -> None:
+    """The server does what the daemon asks, and its answers are lost on the way back (a
+    timeout, a proxy): the claim's, then the upload's; the completion does not get through at
+    all. Before, the claim asked again leased nothing (the one job held for no one until its
+    lease ran out, an attempt spent), an upload sent again was a second record, and a completion
+    that did not get through was not asked again (the job redone once its lease ran out). Now
+    the job is done at its first attempt with its one record, and the daemon saw no refusal."""
+    import threading
+    import time
+
+    from tunecache.http import DeadlineTransport
+
+    class LostOnTheWay(httpx.BaseTransport):
+        """The real transport; each path's first call is lost: after the server did it (an
+        answer lost) or before it got there (no connection)."""
+
+        def __init__(self) -> None:
+            self.inner = DeadlineTransport()
+            self.lost: dict[str, str] = {"/v1/jobs/claim": "after", "/v1/records": "after",
+                                         "/complete": "before"}  # fmt: skip
+
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            path = request.url.path
+            when = next((self.lost.pop(p) for p in list(self.lost) if path.endswith(p)), None)
+            if when == "before":
+                raise httpx.ConnectError("connection refused", request=request)
+            response = self.inner.handle_request(request)
+            if when == "after":
+                response.read()
+                raise httpx.ReadTimeout("the answer was lost", request=request)
+            return response
+
+    key = key_for("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32")
+    with Client(server.url) as client:
+        job = client.create_job(key).job
+    transport = LostOnTheWay()
+    options = DaemonOptions(backends=("tvm",), trials=2, workers=1, poll_seconds=0.1,
+                            lease_seconds=120)  # fmt: skip
+    with Client(server.url, transport=transport) as client:
+        worker = Daemon(client, options)
+        runner = threading.Thread(target=worker.run)
+        runner.start()
+        try:
+            deadline = time.monotonic() + 120
+            while (done := client_job(server, job.id)).state != "done":
+                assert time.monotonic() < deadline and runner.is_alive(), done
+                time.sleep(0.2)
+        finally:
+            worker.stop()
+            runner.join(timeout=120)
+    assert transport.lost == {}  # each was lost once
+    with Client(server.url) as reader:
+        records = reader.list_records().items
+    assert done.attempts == 1 and [r.id for r in records] == [done.record_id] == worker.done
+    assert worker.failed == []

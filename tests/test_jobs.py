@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import time
 from collections import Counter
@@ -50,8 +51,8 @@ def test_claims_follow_priority_then_age(any_server: LiveServer) -> None:
         http.post("/v1/misses", json={"key": make_key(m=1).to_json()})
         create(http, 2)
         create(http, 3, priority=10)
-        order = [claim(http, "w")["key"]["problem"]["M"] for _ in range(3)]  # type: ignore[index]
-        assert claim(http, "w") is None
+        order = [claim(http, f"w{i}")["key"]["problem"]["M"] for i in range(3)]  # type: ignore[index]
+        assert claim(http, "w3") is None
     assert order == [3, 2, 1]
 
 
@@ -61,6 +62,7 @@ def test_a_claim_names_the_kernel_packages_it_may_import(any_server: LiveServer)
     matches nothing."""
     kernels = {1: "matmul", 2: "pkg.mod:Kernel", 3: "pkg:Kernel", 4: "pkgx.mod:Kernel",
                5: "pkg_sub.mod:Kernel", 6: "other.deep.mod:Kernel", 7: "PKG.mod:Kernel"}  # fmt: skip
+    workers = itertools.count()
     with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         for m, kernel in kernels.items():
             key = {**make_key(m=m).to_json(), "kernel": kernel}
@@ -68,8 +70,9 @@ def test_a_claim_names_the_kernel_packages_it_may_import(any_server: LiveServer)
 
         def claims(packages: list[str] | None) -> set[int]:
             got = set()
-            while True:
-                body = {"worker": "w", "lease_seconds": 60, "kernel_packages": packages}
+            while True:  # a worker works one job at a time: each claim is another worker's
+                body = {"worker": f"w{next(workers)}", "lease_seconds": 60,
+                        "kernel_packages": packages}  # fmt: skip
                 response = http.post("/v1/jobs/claim", json=body)
                 if response.status_code == 204:
                     return got
@@ -96,6 +99,8 @@ def test_concurrent_claimers_never_share_a_job(any_server: LiveServer) -> None:
             while (job := claim(http, name)) is not None:
                 with lock:
                     claimed.append(job["id"])
+                done = http.post(f"/v1/jobs/{job['id']}/complete", json={"worker": name})
+                assert done.status_code == 200, done.text  # one job at a time: done, the next
 
     threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(8)]
     for t in threads:
@@ -104,6 +109,29 @@ def test_concurrent_claimers_never_share_a_job(any_server: LiveServer) -> None:
         t.join()
     counts = Counter(claimed)
     assert len(counts) == 40 and set(counts.values()) == {1}
+
+
+def test_a_claim_asked_again_hands_back_the_workers_own_job(any_server: LiveServer) -> None:
+    """A claim whose answer was lost (a timeout, a proxy) is asked again: the worker was leased
+    a second job, the first held for no one until its lease ran out, one of its attempts spent
+    for nothing (three lost answers failed a job never run). Now a worker holding a live lease
+    is handed that job again, its lease renewed; another worker, or the same name under another
+    token, is not."""
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
+        create(http, 21)
+        create(http, 22)
+        first = claim(http, "w", lease=30)
+        again = claim(http, "w", lease=60)
+        assert first is not None and again is not None
+        assert (again["id"], again["attempts"]) == (first["id"], 1)
+        assert again["lease_expires_at"] > first["lease_expires_at"]
+        other = issue_token(any_server.url, "write")
+        with httpx.Client(headers={"Authorization": f"Bearer {other}"}, base_url=any_server.url,
+                          timeout=30) as theirs:  # fmt: skip
+            assert claim(theirs, "w")["id"] not in (first["id"], None)  # type: ignore[index]
+        assert claim(http, "v") is None  # both leased
+        done = http.post(f"/v1/jobs/{first['id']}/complete", json={"worker": "w"})
+        assert done.status_code == 200 and claim(http, "w") is None  # done: nothing left
 
 
 def test_an_expired_lease_is_claimed_again(any_server: LiveServer) -> None:

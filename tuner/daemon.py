@@ -254,7 +254,8 @@ class Daemon(Worker):
                                      kernel_packages=self.kernels)  # fmt: skip
 
     def send_unsent(self) -> None:
-        """Sends the records tuned while the server did not answer, and completes their jobs.
+        """Sends the records tuned while the server did not answer, and completes their jobs
+        (a record the server has already is answered as stored: sending it again is safe).
 
         Raises:
             ServerError: the server still does not answer (the rest wait).
@@ -292,21 +293,18 @@ class Daemon(Worker):
             options = TuneOptions(strategy=strategy, workers=self.options.workers)
             with leased(self.client, job, self.worker, self.options.lease_seconds):
                 outcome = tune(key, budget, options, harness=harness)
-            kept = Later(self.client.url, outcome.record, f"job {job.id}'s record")
-            try:
-                stored = kept.send(self.client)  # kept in the outbox until the server has it
-            except ServerError as exc:
-                if not passing(exc):
-                    kept.lost()
-                    raise
-                logger.warning("job %d: tuned, but the server does not answer (%s): the record "
-                               "waits, sent before the next claim", job.id, exc)  # fmt: skip
-                self.unsent.append((job, kept, started))
-                return
         except (InvalidInput, TuningError, ServerError) as exc:
             self.give_back(job, exc)
             return
-        self.finish(job, stored.record_id, started)
+        # Kept in the outbox until the server has it; sent, and its job completed, now or
+        # (the server not answering) before the next claim.
+        self.unsent.append((job, Later(self.client.url, outcome.record, f"job {job.id}'s record"),
+                            started))  # fmt: skip
+        try:
+            self.send_unsent()
+        except ServerError as exc:
+            logger.warning("job %d: tuned, but the server does not answer (%s): the record "
+                           "waits, sent before the next claim", job.id, exc)  # fmt: skip
 
     def give_back(self, job: JobPublic, exc: Exception) -> None:
         """Fails ``job``, saying why (to be retried while it has attempts left)."""
@@ -316,10 +314,17 @@ class Daemon(Worker):
             self.client.fail_job(job.id, self.worker, f"{type(exc).__name__}: {exc}")
 
     def finish(self, job: JobPublic, record_id: int, started: float) -> None:
-        """Completes ``job`` with its stored record (a lost lease: the job is redone)."""
+        """Completes ``job`` with its stored record (a lost lease: the job is redone).
+
+        Raises:
+            ServerError: the server did not answer (the record is sent again, and answered as
+                stored, before the job is completed).
+        """
         try:
             self.client.complete_job(job.id, self.worker, record_id)
         except ServerError as exc:  # the lease was lost: the record stays, the job is redone
+            if passing(exc):
+                raise
             logger.warning("job %d: record #%d stored, job not completed: %s", job.id,
                            record_id, exc)  # fmt: skip
             return

@@ -151,7 +151,9 @@ def claim_job(
     request: ClaimRequest, session: SessionDep, token: WriteAccess
 ) -> JobPublic | Response:
     """Leases the most urgent queued (or lease-expired) job the worker can run to it, under this
-    token: only this worker with this token (or an admin token) may renew, complete or fail it."""
+    token: only this worker with this token (or an admin token) may renew, complete or fail it.
+    A worker works one job at a time: one holding a live lease under this token is handed that
+    job again, its lease renewed (a claim asked again after its answer was lost)."""
     job = jobs.claim(session, worker=request.worker, token_id=token.id,
                      lease_seconds=request.lease_seconds,
                      device_arch=request.device_arch, backends=request.backends,
