@@ -154,15 +154,24 @@ def claim(
 ) -> RecordRow | None:  # fmt: skip
     """Leases the next record of ``device_arch`` and ``backends`` to re-check (disputed ones
     first, then the oldest), or ``None``. One statement, as a job claim is: two verifiers never
-    hold one record."""
+    hold one record. A verifier holding a live lease on such a record is handed it again, its
+    lease renewed (a claim asked again after its answer was lost: no second record leased, no
+    attempt spent)."""
     now = utcnow()
+    fits = (RecordRow.device_arch == device_arch, RecordRow.backend.in_(list(backends)))
+    held = session.scalar(
+        select(RecordRow)
+        .where(RecordRow.verify_owner == worker, RecordRow.verify_expires_at >= now,
+               RecordRow.status.in_(("pending", "disputed")), *fits)
+        .order_by(RecordRow.id).limit(1).with_for_update()
+    )  # fmt: skip
+    if held is not None:
+        held.verify_expires_at = now + timedelta(seconds=lease_seconds)
+        session.flush()
+        return held
     pick = (
         select(RecordRow.id)
-        .where(
-            _claimable(now),
-            RecordRow.device_arch == device_arch,
-            RecordRow.backend.in_(list(backends)),
-        )
+        .where(_claimable(now), *fits)
         .order_by(case((RecordRow.status == "disputed", 0), else_=1), RecordRow.id)
         .limit(1)
         .with_for_update(skip_locked=True)

@@ -369,6 +369,10 @@ def test_a_verifier_claims_disputed_records_first_and_settles_them(server: LiveS
         task = client.claim_verification("v1", device_arch=CPU.arch, backends=["tvm"])
         assert task is not None and task.record.id == second.record_id  # disputed first
         assert task.disputed_problems == [disputed_at]
+        # Asked again (its answer lost): v1's own record, its lease renewed, not a second one.
+        again = client.claim_verification("v1", device_arch=CPU.arch, backends=["tvm"])
+        assert again is not None and again.record.id == second.record_id
+        assert again.lease_expires_at >= task.lease_expires_at
         other = client.claim_verification("v2", device_arch=CPU.arch, backends=["tvm"])
         assert other is not None and other.record.id == first.record_id  # never the same one
         assert client.claim_verification("v3", device_arch=CPU.arch, backends=["tvm"]) is None
