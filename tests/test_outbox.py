@@ -71,12 +71,13 @@ def test_artifacts_wait_beside_records_and_are_sent_as_artifacts(tmp_path: Path)
 
     items = [item("w1", "t1", score=1.0), item("w2", "t2")]
     outbox.release(outbox.put(URL, items, tmp_path))
-    outbox.release(outbox.put(URL, make_record(make_key(8)), tmp_path))
+    record = make_record(make_key(8))
+    outbox.release(outbox.put(URL, record, tmp_path))
     (tmp_path / "bad.json").write_text(json.dumps({"url": URL, "artifacts": [{"namespace": "x"}]}))
     upstream = Upstream(None, None)
     assert outbox.push(upstream, URL, tmp_path) == (2, 1, None)  # bad.json: refused here
     assert ("artifacts", items) in upstream.sent  # as they were put: validated artifacts
-    assert make_record(make_key(8)) in upstream.sent and len(upstream.sent) == 2
+    assert record in upstream.sent and len(upstream.sent) == 2
     assert [p.name for p in tmp_path.iterdir()] == ["rejected"]  # nothing waits for ever
     assert [p.name for p in (tmp_path / "rejected").iterdir()] == ["bad.json"]
 
