@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -12,6 +14,16 @@ from tunecache import Client, RecordsSource, Resolver, ServerSource
 from tunecache.schemas import LookupRequest, LookupResponse, RecordPublic
 
 
+def served(body: bytes, config: dict) -> bytes:  # type: ignore[type-arg]
+    """The answer to the lookup ``body``: a record of the asked key holding ``config``."""
+    key = LookupRequest.model_validate_json(body).key.to_key()
+    record = make_record(key, config=config).model_dump(mode="json", by_alias=True)
+    public = RecordPublic.model_validate(
+        {**record, "id": 7, "key_hash": "0" * 64, "created_at": "2026-01-01T00:00:00Z"}
+    )
+    return LookupResponse(record=public).model_dump_json().encode()
+
+
 def server_answering(config: dict, calls: list[int], delay: float = 0.0) -> Client:  # type: ignore[type-arg]
     """An API client over an in-memory server that answers every lookup with a record of the
     asked key holding ``config``, after ``delay`` seconds."""
@@ -19,12 +31,7 @@ def server_answering(config: dict, calls: list[int], delay: float = 0.0) -> Clie
     def handle(request: httpx.Request) -> httpx.Response:
         time.sleep(delay)
         calls.append(1)
-        key = LookupRequest.model_validate_json(request.content).key.to_key()
-        record = make_record(key, config=config).model_dump(mode="json", by_alias=True)
-        public = RecordPublic.model_validate(
-            {**record, "id": 7, "key_hash": "0" * 64, "created_at": "2026-01-01T00:00:00Z"}
-        )
-        return httpx.Response(200, content=LookupResponse(record=public).model_dump_json())
+        return httpx.Response(200, content=served(request.content, config))
 
     return Client("http://in-memory.test", transport=httpx.MockTransport(handle), token="")
 
@@ -257,3 +264,33 @@ def test_a_check_that_looks_its_own_key_up_does_not_hang_and_a_closed_client_ans
         asyncio.run(client.alookup(make_key(m=8)))  # the resolver's threads exist
     after = asyncio.run(client.alookup(make_key(m=16), default=knobs(1)))
     assert (after.source, after.config) == ("default", knobs(1))
+
+
+def test_closing_waits_for_the_lookups_at_the_server_and_blames_it_for_none(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``close()`` while a lookup was at the server closed the connection under it: the lookup
+    failed (``ReadError: Bad file descriptor``), its caller got the default, and the server was
+    logged as failing. Now closing waits for it (within its timeout), and a lookup asked after
+    the close answers without the server."""
+    import threading
+
+    from tests import hostile
+
+    def slow_hit(conn: Any, request: hostile.Request, seen: hostile.Seen) -> None:
+        time.sleep(0.4)
+        hostile.answer(conn, 200, served(request.body, knobs(4)))
+
+    found: list[Any] = []
+    with hostile.serve(slow_hit) as (url, seen):
+        client = Client(url, timeout=5.0, token="")
+        asking = threading.Thread(target=lambda: found.append(client.lookup(make_key(m=64))))
+        asking.start()
+        time.sleep(0.1)  # at the server
+        client.close()
+        asking.join()
+        after = client.lookup(make_key(m=128), default={"tile": 1})
+    assert (found[0].source, found[0].config) == ("server", knobs(4))
+    assert (after.source, after.config) == ("default", {"tile": 1})
+    assert seen.requests == ["POST /v1/lookup"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

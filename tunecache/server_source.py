@@ -118,6 +118,7 @@ class ServerSource(Source):
         self._closing = threading.Event()
         self._flights: dict[str, _Flight] = {}
         self._slots = threading.BoundedSemaphore(MAX_LOOKUPS_IN_FLIGHT)
+        self._shut = threading.Event()  # closed: no lookup goes to the server any more
 
     @property
     def down(self) -> bool:
@@ -133,7 +134,7 @@ class ServerSource(Source):
         mine = _Flight()
         try:
             with self._lock:
-                if self._skipped(digest, now):
+                if self._skipped(digest, now) or self._shut.is_set():
                     return None
                 flight = self._flights.setdefault(digest, mine)
             if flight is not mine:  # another thread asks for this key: its answer is ours
@@ -141,7 +142,7 @@ class ServerSource(Source):
             if self._slots.acquire(timeout=timeout):  # else the default, the server not blamed
                 try:
                     with self._lock:  # the server may have failed another lookup meanwhile
-                        skipped = self._skipped(digest, time.monotonic())
+                        skipped = self._skipped(digest, time.monotonic()) or self._shut.is_set()
                     if not skipped:
                         left = now + timeout - time.monotonic()
                         mine.answer = self._fetch(key, digest, now, left)
@@ -284,7 +285,13 @@ class ServerSource(Source):
     def close(self, timeout: float = 5.0) -> None:
         """Sends the calls still queued (within ``timeout`` seconds), then stops the thread; a
         warning says how many uploads were not sent by then. A server that will not be asked
-        again within ``timeout`` (unreachable, or it refused a call) is not waited for."""
+        again within ``timeout`` (unreachable, or it refused a call) is not waited for.
+
+        Lookups asked from now on answer without the server; those at the server are waited for
+        (each within its lookup timeout): closing the connections under them failed them, and
+        blamed the server."""
+        self._shut.set()
+        self._wait_for_lookups(self.client.timeout.lookup)
         if self._reporter is None:
             return
         skipped = self._down_until - time.monotonic() > timeout
@@ -305,6 +312,17 @@ class ServerSource(Source):
                    f"it did not take them within {timeout:.0f} s of closing")  # fmt: skip
             logger.warning("%d upload(s) to %s not sent: %s", self._unsent, self.client.url,
                            why)  # fmt: skip
+
+    def _wait_for_lookups(self, timeout: float) -> None:
+        """Waits up to ``timeout`` seconds until no lookup holds a slot at the server."""
+        deadline = time.monotonic() + timeout
+        taken = 0
+        while taken < MAX_LOOKUPS_IN_FLIGHT and self._slots.acquire(
+            timeout=max(0.0, deadline - time.monotonic())
+        ):
+            taken += 1
+        for _ in range(taken):
+            self._slots.release()
 
     def _failed(self, exc: Exception) -> None:
         """Skips the server for ``retry_after`` seconds (or as long as a busy server asked)."""
