@@ -84,12 +84,12 @@ def record_row(
 
 
 def upload_digest(record: RecordCreate, uploader: TokenRow | None) -> str:
-    """What makes an upload the same upload: its uploader (a token's name) and every field it
-    sent. Two tunes never send the same record (their times differ); one upload sent twice does
-    (its answer was lost and it was sent again, an outbox pushed twice, a snapshot imported
-    twice)."""
+    """What makes an upload the same upload: its uploader (a token, by id: names may repeat)
+    and every field it sent. Two tunes never send the same record (their times differ); one
+    upload sent twice does (its answer was lost and it was sent again, an outbox pushed twice, a
+    snapshot imported twice)."""
     sent = record.model_dump(mode="json", by_alias=True)
-    return digest({"uploader": None if uploader is None else uploader.name, "record": sent})
+    return digest({"uploader": None if uploader is None else uploader.id, "record": sent})
 
 
 def offer_winner(

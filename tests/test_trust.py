@@ -202,7 +202,7 @@ def test_a_record_sent_again_is_stored_once_and_a_disputed_one_stays_disputed(
     """An upload whose answer was lost is sent again (by the outbox, a daemon, ``push``): the same
     token's same record is stored once, and a 200 says where it stands. Before, each sending
     stored another record, and one sent again after a dispute was stored anew, pending, and
-    served. Another token's copy is its own upload."""
+    served. Another token's copy is its own upload, whatever its name."""
     key = make_key(m=64)
     body = make_record(key, time_ms=1.0, config=knobs(1)).model_dump(mode="json", by_alias=True)
 
@@ -221,11 +221,13 @@ def test_a_record_sent_again_is_stored_once_and_a_disputed_one_stays_disputed(
                             "winner_record_id": None}  # fmt: skip
     with Client(server.url) as client:
         assert client.lookup(key, default=DEFAULT).config == DEFAULT  # not served again
-    theirs = send({"Authorization": f"Bearer {token(server.url, 'another', 'write')}"})
-    assert theirs.status_code == 201 and theirs.json()["record_id"] != record_id
+    twins = [token(server.url, "twin", "write") for _ in range(2)]  # one name, two tokens
+    theirs = [send({"Authorization": f"Bearer {twin}"}) for twin in twins]
+    assert [a.status_code for a in theirs] == [201, 201]
+    assert len({record_id, *(a.json()["record_id"] for a in theirs)}) == 3
     if server.db_path is not None:
         with sqlite3.connect(server.db_path) as db:
-            assert db.execute("select count(*) from records").fetchone()[0] == 2
+            assert db.execute("select count(*) from records").fetchone()[0] == 3
 
 
 def test_a_first_use_check_that_fails_falls_back_and_disputes_the_record(

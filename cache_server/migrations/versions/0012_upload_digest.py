@@ -1,4 +1,4 @@
-"""Records carry what makes an upload the same upload (its uploader and every field it sent),
+"""Records carry what makes an upload the same upload (its token and every field it sent),
 unique: an upload sent again, because its answer was lost or its outbox was pushed twice, is
 answered with the record stored the first time instead of storing a second one. Records stored
 before have none (each stays as it was).
