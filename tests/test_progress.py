@@ -127,10 +127,12 @@ def _followed(
     capsys: pytest.CaptureFixture[str],
     done_at: dict[str, float],
     claimed: float = 0.0,
+    live: bool = True,
 ) -> dict[int, int]:
     """``pretune``'s ETA at each second it printed one, following jobs queued until a worker
-    takes them all at ``claimed`` and each done at its ``done_at``. The queue is read through
-    the client's ``list_jobs``; the clock is faked, from 0."""
+    takes them all at ``claimed`` and each done at its ``done_at``, on a terminal (``live``)
+    or in a log. The queue is read through the client's ``list_jobs``; the clock is faked, from
+    0."""
     import types
 
     from tunecache_cli import pretune
@@ -150,6 +152,7 @@ def _followed(
 
     monkeypatch.setattr(pretune, "time", types.SimpleNamespace(monotonic=lambda: clock[0],
                                                                sleep=sleep))  # fmt: skip
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: live)
     assert pretune.follow(types.SimpleNamespace(list_jobs=list_jobs), list(done_at), poll=5) == 0
     return {int(line.split()[0].rstrip("s")): int(line.split("ETA ")[1].rstrip("s"))
             for line in capsys.readouterr().err.splitlines() if "ETA " in line}  # fmt: skip
@@ -174,6 +177,17 @@ def test_pretunes_pace_counts_from_when_a_worker_took_the_first_job(
     ('ETA 60s' for one that took 20 s)."""
     etas = _followed(monkeypatch, capsys, {"a": 60.0, "b": 80.0}, claimed=40.0)
     assert etas[60] == 20 and etas[70] == 10  # 20 s a job since the claim at 40 s
+
+
+def test_pretune_in_a_log_writes_a_line_when_a_count_changes_or_a_minute_went_by(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Off a terminal, ``pretune`` wrote its line at every poll: 1,800 lines in a CI log for an
+    hour's jobs. Now: when a count changes, else once a minute."""
+    etas = _followed(monkeypatch, capsys, {"a": 100.0, "b": 400.0}, claimed=50.0, live=False)
+    # 0 s and 50 s (no ETA yet), 100 s: the counts changed; 160 .. 340 s: a minute apart (then
+    # the last line, all done, has no ETA).
+    assert sorted(etas) == [100, 160, 220, 280, 340]
 
 
 def test_a_search_shows_the_space_as_its_total_when_smaller_than_the_budget() -> None:

@@ -20,6 +20,7 @@ from tunecache.settings import Settings
 from tunecache_cli.args import add_server, check_count, preflight, server_url
 
 RETRY_POLL_SECONDS = 2.0  # pretune --local: how often it looks whether a retry is due
+QUIET_LINE_SECONDS = 60.0  # off a terminal, a progress line when a count changes, else this often
 UNCLAIMED_HINT_SECONDS = 30.0  # no job claimed this long: say how to start a worker, once
 
 
@@ -32,6 +33,9 @@ def register(commands: Any) -> None:
                         "local Ray instance without one)")  # fmt: skip
     parser.add_argument("--no-wait", action="store_true", help="queue, do not follow")
     parser.add_argument("--trials", type=int, default=32, help="--local, --ray: budget per key")
+    parser.add_argument("--json", action="store_true",
+                        help="print the followed jobs as JSON at the end (as queued, with "
+                        "--no-wait)")  # fmt: skip
     add_server(parser)
     parser.set_defaults(run=run)
 
@@ -75,12 +79,14 @@ def follow(client: Any, hashes: list[str], poll: float = 2.0, *, hint: str = "",
            hint_after: float = UNCLAIMED_HINT_SECONDS) -> int:  # fmt: skip
     """Prints progress until every followed job is done or failed; returns the failures. When
     no job was ever claimed after ``hint_after`` seconds, prints ``hint`` once (and goes on:
-    a daemon may start later)."""
+    a daemon may start later). On a terminal the line is redrawn at each poll; elsewhere (a
+    log) a line is written when a count changes, else every :data:`QUIET_LINE_SECONDS`."""
     from tunecache_cli.progress import Countdown
 
     wanted = set(hashes)
     started = time.monotonic()
     live = sys.stderr.isatty()
+    line = _Line(live)
     countdown, finished, before = Countdown(), 0, None  # before: jobs finished when it began
     worked = None  # when a worker was first seen on one of them: the pace counts from there
     while True:
@@ -102,15 +108,29 @@ def follow(client: Any, hashes: list[str], poll: float = 2.0, *, hint: str = "",
             countdown.step(now - (worked or started), finished - before, len(wanted) - before,
                            now)  # fmt: skip
         eta = countdown.left(now)
-        left = f", ETA {eta:.0f}s" if eta is not None else ""
-        print(f"{chr(13) if live else ''}{elapsed:6.0f}s {done}/{len(wanted)} done, {running} "
-              f"running, {failed} failed{left}", end="" if live else "\n", file=sys.stderr,
-              flush=True)  # fmt: skip
+        line.show(f"{done}/{len(wanted)} done, {running} running, {failed} failed", elapsed,
+                  "" if eta is None else f", ETA {eta:.0f}s")  # fmt: skip
         if done + failed == len(wanted):
             if live:
                 print(file=sys.stderr)
             return failed
         time.sleep(poll)
+
+
+class _Line:
+    """``pretune``'s progress line: redrawn on a terminal; in a log, written when its counts
+    change or :data:`QUIET_LINE_SECONDS` after the last (following an hour's jobs wrote 1,800
+    lines, one per poll)."""
+
+    def __init__(self, live: bool) -> None:
+        self.live, self.counts, self.at = live, "", -QUIET_LINE_SECONDS
+
+    def show(self, counts: str, elapsed: float, eta: str) -> None:
+        if not self.live and counts == self.counts and elapsed - self.at < QUIET_LINE_SECONDS:
+            return
+        self.counts, self.at = counts, elapsed
+        print(f"{chr(13) if self.live else ''}{elapsed:6.0f}s {counts}{eta}",
+              end="" if self.live else "\n", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def _tune_here(client: Any, manifest: Any, trials: int, hashes: list[str]) -> None:
@@ -205,6 +225,18 @@ def run(args: argparse.Namespace) -> int:
             _tune_here(client, manifest, args.trials, hashes)
         if args.ray and hashes:
             _on_ray(client, manifest, args.trials, hashes, args.ray)
-        if args.no_wait or not hashes:
-            return 0
-        return 1 if follow(client, hashes, hint=unclaimed_hint(manifest, hashes)) else 0
+        failed = 0
+        if hashes and not args.no_wait:
+            failed = follow(client, hashes, hint=unclaimed_hint(manifest, hashes))
+        if args.json:  # stdout holds the JSON only; progress went to stderr
+            print(_followed_json(client, hashes, len(manifest.keys), tuned))
+        return 1 if failed else 0
+
+
+def _followed_json(client: Any, hashes: list[str], keys: int, tuned: int) -> str:
+    """``--json``: the manifest's counts and each followed job as it stands."""
+    import json
+
+    jobs = all_jobs(client)
+    followed = [jobs[h].model_dump(mode="json", by_alias=True) for h in hashes if h in jobs]
+    return json.dumps({"keys": keys, "tuned_already": tuned, "jobs": followed}, indent=2)
