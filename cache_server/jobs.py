@@ -114,9 +114,11 @@ def claim(
     those backends and a built-in kernel or one from those packages (or their subpackages): a
     worker is never handed a job it cannot run.
 
-    A worker that claims while it holds a live lease (under this token, on such a job) is handed
-    that job again, its lease renewed: a claim asked again because its answer was lost leases no
-    second job, and spends none of the job's attempts. A worker works one job at a time.
+    A worker that claims while it holds a live lease (under this token, on a job this claim
+    could be given) is handed that job again: a claim asked again because its answer was lost
+    leases no second job, and spends none of the job's attempts. The lease is not renewed (a
+    heartbeat renews it): a worker that keeps claiming without finishing its job gets it back
+    only until the lease runs out, and then as any worker, an attempt spent.
     """
     now = utcnow()
     _expire_last_attempts(session, now)
@@ -132,9 +134,6 @@ def claim(
                         *(func.substr(JobRow.kernel_module, 1, len(p) + 1) == f"{p}."
                           for p in kernel_packages)))  # fmt: skip
     if (held := _held_by(session, worker, token_id, now, fits)) is not None:
-        held.lease_expires_at = now + timedelta(seconds=lease_seconds)
-        held.updated_at = now
-        session.flush()
         return held
     pick = (
         select(JobRow.id)

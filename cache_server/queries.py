@@ -10,6 +10,7 @@ served (disputed, rejected) hands its place on (:mod:`cache_server.trust`).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple, TypeVar
@@ -19,7 +20,6 @@ from sqlalchemy.orm import Session
 
 from cache_server.db import upsert_insert
 from cache_server.models import RecordRow, TokenRow, TrialRow, VerifiedWinnerRow, WinnerRow, utcnow
-from tunecache.canonical import digest
 from tunecache.rules import bucket_digest
 from tunecache.schemas import STORED, RecordCreate, RecordPublic, VerificationPublic
 
@@ -85,11 +85,14 @@ def record_row(
 
 def upload_digest(record: RecordCreate, uploader: TokenRow | None) -> str:
     """What makes an upload the same upload: its uploader (a token, by id: names may repeat)
-    and every field it sent. Two tunes never send the same record (their times differ); one
-    upload sent twice does (its answer was lost and it was sent again, an outbox pushed twice, a
-    snapshot imported twice)."""
-    sent = record.model_dump(mode="json", by_alias=True)
-    return digest({"uploader": None if uploader is None else uploader.id, "record": sent})
+    and every field it sent, as parsed, in the order sent. Two tunes never send the same record
+    (their times differ); one upload sent twice does (its answer was lost and it was sent again,
+    an outbox pushed twice, a snapshot imported twice), in the same order. Not canonical JSON: a
+    record of 20,000 trials took 0.5 s to hash canonically, 0.05 s so; the same record sent
+    with its keys in another order is stored twice, as every record was before."""
+    who = "-" if uploader is None else str(uploader.id)
+    sent = record.model_dump_json(by_alias=True).encode()
+    return hashlib.sha256(who.encode() + b"\n" + sent).hexdigest()
 
 
 def offer_winner(

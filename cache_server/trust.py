@@ -154,9 +154,10 @@ def claim(
 ) -> RecordRow | None:  # fmt: skip
     """Leases the next record of ``device_arch`` and ``backends`` to re-check (disputed ones
     first, then the oldest), or ``None``. One statement, as a job claim is: two verifiers never
-    hold one record. A verifier holding a live lease on such a record is handed it again, its
-    lease renewed (a claim asked again after its answer was lost: no second record leased, no
-    attempt spent)."""
+    hold one record. A verifier holding a live lease on such a record is handed it again (a
+    claim asked again after its answer was lost: no second record leased, no attempt spent),
+    with the disputes open now, which its finding settles; its lease is not renewed, so a
+    verifier whose findings are refused gets it back only until the lease runs out."""
     now = utcnow()
     fits = (RecordRow.device_arch == device_arch, RecordRow.backend.in_(list(backends)))
     held = session.scalar(
@@ -166,7 +167,7 @@ def claim(
         .order_by(RecordRow.id).limit(1).with_for_update()
     )  # fmt: skip
     if held is not None:
-        held.verify_expires_at = now + timedelta(seconds=lease_seconds)
+        held.verify_claimed_at = now  # the task lists the disputes open now: it settles them
         session.flush()
         return held
     pick = (

@@ -388,3 +388,43 @@ def test_answers_lost_on_the_way_back_cost_the_daemon_no_attempt_and_no_second_r
         records = reader.list_records().items
     assert done.attempts == 1 and [r.id for r in records] == [done.record_id] == worker.done
     assert worker.failed == []
+
+
+def test_a_job_whose_completion_is_refused_is_given_back_not_tuned_again_for_good(
+    server: LiveServer,
+) -> None:
+    """The server refuses a completion (here every one, 409): the daemon kept the job's lease,
+    its next claim was that job again, and it tuned the job again and again (283 times in 8 s
+    with a stub tune, in a review). Now it gives the job back, an attempt spent, and goes on."""
+    import threading
+
+    from tunecache.http import DeadlineTransport
+
+    class RefusesCompletions(httpx.BaseTransport):
+        def __init__(self) -> None:
+            self.inner = DeadlineTransport()
+
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            if request.url.path.endswith("/complete"):
+                body = b'{"status": 409, "detail": "refused", "errors": []}'
+                return httpx.Response(409, content=body, headers={IDENTITY_HEADER: "tunecache/0"},
+                                      request=request)  # fmt: skip
+            return self.inner.handle_request(request)
+
+    keys = [key_for("matmul", "tvm", {"M": m, "N": 16, "K": 16}, "float32") for m in (16, 32)]
+    with Client(server.url) as client:
+        jobs = [client.create_job(key, max_attempts=1).job for key in keys]
+    options = DaemonOptions(backends=("tvm",), trials=2, workers=1, once=True, lease_seconds=120)
+    with Client(server.url, transport=RefusesCompletions()) as client:
+        worker = Daemon(client, options)
+        runner = threading.Thread(target=worker.run, daemon=True)
+        runner.start()
+        runner.join(timeout=300)
+        looping = runner.is_alive()
+        worker.stop()
+    assert not looping, "the daemon kept tuning a job whose completion was refused"
+    assert worker.failed == [job.id for job in jobs]
+    with Client(server.url) as reader:
+        states = {j.id: (j.state, j.attempts) for j in reader.list_jobs().items}
+        assert len(reader.list_records().items) == 2  # each tuned once
+    assert states == {job.id: ("failed", 1) for job in jobs}

@@ -96,7 +96,7 @@ def test_a_bad_manifest_or_no_token_queues_nothing(server: LiveServer, tmp_path:
     assert httpx.get(f"{server.url}/v1/jobs").json()["count"] == 0
 
 
-def test_coverage_json_is_json_only(server: LiveServer, tmp_path: Path) -> None:
+def test_coverage_and_pretune_json_are_json_only(server: LiveServer, tmp_path: Path) -> None:
     manifest = tmp_path / "eight.toml"
     manifest.write_text(EIGHT_KEYS)
     done = cli("coverage", str(manifest), "--server", server.url, "--json")
@@ -106,6 +106,11 @@ def test_coverage_json_is_json_only(server: LiveServer, tmp_path: Path) -> None:
     assert len(rows) == 8 and {r["state"] for r in rows} == {"missing"}
     assert document["totals"] == {"tuned": 0, "stale": 0, "queued": 0, "failed": 0, "missing": 8}
     assert "8 missing of 8 keys" in done.stderr
+    queued = cli("pretune", str(manifest), "--server", server.url, "--no-wait", "--json")
+    assert queued.returncode == 0, queued.stderr
+    jobs = json.loads(queued.stdout)  # JSON only: "8 keys: 0 tuned already" went to stderr
+    assert (jobs["keys"], jobs["tuned_already"], len(jobs["jobs"])) == (8, 0, 8)
+    assert {j["state"] for j in jobs["jobs"]} == {"queued"} and "8 queued" in queued.stderr
 
 
 @pytest.mark.slow

@@ -371,10 +371,10 @@ def test_a_verifier_claims_disputed_records_first_and_settles_them(server: LiveS
         task = client.claim_verification("v1", device_arch=CPU.arch, backends=["tvm"])
         assert task is not None and task.record.id == second.record_id  # disputed first
         assert task.disputed_problems == [disputed_at]
-        # Asked again (its answer lost): v1's own record, its lease renewed, not a second one.
+        # Asked again (its answer lost): v1's own record, its lease as it was, not a second one.
         again = client.claim_verification("v1", device_arch=CPU.arch, backends=["tvm"])
         assert again is not None and again.record.id == second.record_id
-        assert again.lease_expires_at >= task.lease_expires_at
+        assert again.lease_expires_at == task.lease_expires_at
         other = client.claim_verification("v2", device_arch=CPU.arch, backends=["tvm"])
         assert other is not None and other.record.id == first.record_id  # never the same one
         assert client.claim_verification("v3", device_arch=CPU.arch, backends=["tvm"]) is None
@@ -556,6 +556,25 @@ def test_a_dispute_during_a_verifiers_lease_is_not_settled_unrun(server: LiveSer
         assert verifier.submit_verification(record_id, _passed("w1", 1.0)).status == "disputed"
         again = verifier.claim_verification("w2", device_arch=CPU.arch, backends=["tvm"])
         assert again is not None and again.disputed_problems == [{"M": 50, "N": 64, "K": 64}]
+
+
+def test_a_verifiers_claim_asked_again_settles_the_disputes_it_was_handed(
+    server: LiveServer,
+) -> None:
+    """A verifier asks for its claim again (the answer lost) after a dispute came in: the task
+    it is handed lists that dispute's problem, and its finding settles it (the finding settled
+    only the disputes older than the first claim: the record stayed disputed, unserved)."""
+    url = server.url
+    key, reader, record_id = _one_record_and_a_reader(url)
+    with Client(url, token=token(url, "v", "verify")) as verifier:
+        first = verifier.claim_verification("w1", device_arch=CPU.arch, backends=["tvm"])
+        assert first is not None and first.disputed_problems == []
+        late = dispute_body(key, {"M": 50, "N": 64, "K": 64})
+        assert post_dispute(url, record_id, reader, late).status_code == 200
+        again = verifier.claim_verification("w1", device_arch=CPU.arch, backends=["tvm"])
+        assert again is not None and again.record.id == record_id
+        assert again.disputed_problems == [{"M": 50, "N": 64, "K": 64}]
+        assert verifier.submit_verification(record_id, _passed("w1", 1.0)).status == "verified"
 
 
 def test_a_lie_about_the_time_stays_flagged_and_no_time_overflows(server: LiveServer) -> None:

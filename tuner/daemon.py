@@ -314,7 +314,9 @@ class Daemon(Worker):
             self.client.fail_job(job.id, self.worker, f"{type(exc).__name__}: {exc}")
 
     def finish(self, job: JobPublic, record_id: int, started: float) -> None:
-        """Completes ``job`` with its stored record (a lost lease: the job is redone).
+        """Completes ``job`` with its stored record; refused (the lease lost, a record that
+        answers no job), the job is given back, an attempt spent: kept, its next claim would be
+        this job again, for good.
 
         Raises:
             ServerError: the server did not answer (the record is sent again, and answered as
@@ -322,11 +324,12 @@ class Daemon(Worker):
         """
         try:
             self.client.complete_job(job.id, self.worker, record_id)
-        except ServerError as exc:  # the lease was lost: the record stays, the job is redone
+        except ServerError as exc:
             if passing(exc):
                 raise
             logger.warning("job %d: record #%d stored, job not completed: %s", job.id,
                            record_id, exc)  # fmt: skip
+            self.give_back(job, exc)
             return
         self.done.append(record_id)
         logger.info("job %d: stored record #%d in %.1f s", job.id, record_id,
