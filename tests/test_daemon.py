@@ -428,3 +428,12 @@ def test_a_job_whose_completion_is_refused_is_given_back_not_tuned_again_for_goo
         states = {j.id: (j.state, j.attempts) for j in reader.list_jobs().items}
         assert len(reader.list_records().items) == 2  # each tuned once
     assert states == {job.id: ("failed", 1) for job in jobs}
+
+
+def test_daemons_sharing_a_host_name_and_pid_are_different_workers() -> None:
+    """A worker that claims while it holds a lease is handed that job again: two daemons named
+    alike (containers on one host network share its name, and often a pid) would be handed one
+    job. Each daemon's name is its own."""
+    with Client("http://127.0.0.1:9") as client:
+        names = {Daemon(client, DaemonOptions(backends=("tvm",))).worker for _ in range(2)}
+    assert len(names) == 2

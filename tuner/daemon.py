@@ -20,6 +20,7 @@ import importlib.util
 import logging
 import os
 import platform
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -182,7 +183,9 @@ class Worker:
                  role: str = "", kernels: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.client = client
         self.kernels = importable(kernels)
-        self.worker = f"{platform.node()}:{os.getpid()}{role}"
+        # Unique per process: a worker that claims while it holds a lease is handed that job
+        # again, and containers on one host network share its name and often a pid.
+        self.worker = f"{platform.node()}:{os.getpid()}:{secrets.token_hex(3)}{role}"
         try:
             self.device = local_device(device)
         except InvalidInput:
