@@ -411,9 +411,9 @@ def test_a_job_whose_completion_is_refused_is_given_back_not_tuned_again_for_goo
                                       request=request)  # fmt: skip
             return self.inner.handle_request(request)
 
-    keys = [key_for("matmul", "tvm", {"M": m, "N": 16, "K": 16}, "float32") for m in (16, 32)]
+    key = key_for("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32")
     with Client(server.url) as client:
-        jobs = [client.create_job(key, max_attempts=1).job for key in keys]
+        jobs = [client.create_job(key, max_attempts=1).job]
     options = DaemonOptions(backends=("tvm",), trials=2, workers=1, once=True, lease_seconds=120)
     with Client(server.url, transport=RefusesCompletions()) as client:
         worker = Daemon(client, options)
@@ -426,7 +426,7 @@ def test_a_job_whose_completion_is_refused_is_given_back_not_tuned_again_for_goo
     assert worker.failed == [job.id for job in jobs]
     with Client(server.url) as reader:
         states = {j.id: (j.state, j.attempts) for j in reader.list_jobs().items}
-        assert len(reader.list_records().items) == 2  # each tuned once
+        assert len(reader.list_records().items) == 1  # tuned once
     assert states == {job.id: ("failed", 1) for job in jobs}
 
 
