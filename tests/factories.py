@@ -28,7 +28,8 @@ TEST_TOKEN = new_token()
 AUTH = {"Authorization": f"Bearer {TEST_TOKEN}"}
 
 # How long each record's search took: never twice the same, as two tunes never send the same
-# record (the server stores one record sent twice once: cache_server.queries.upload_digest).
+# record (the server stores one record sent twice once: cache_server.queries.upload_digest);
+# shown, it is "1.0 s" however many records a test run makes.
 # (A count, not a generator: threads make records at once, and a generator refuses that.)
 _RECORDS_MADE = itertools.count()
 
@@ -134,7 +135,7 @@ def make_record(
             passed=passed, tolerance=1e-4, max_rel_error=error, checks=[check]
         ),
         search=SearchModel(
-            strategy="test", trials=trials, seconds=1.0 + next(_RECORDS_MADE) / 1024
+            strategy="test", trials=trials, seconds=1.0 + next(_RECORDS_MADE) * 1e-9
         ),
         trials=[
             Trial(config={"tile": [i, 8]}, status="ok", time_ms=time_ms + i)
