@@ -122,17 +122,7 @@ def claim(
     """
     now = utcnow()
     _expire_last_attempts(session, now)
-    fits: list[ColumnElement[bool]] = []
-    if device_arch is not None:
-        fits.append(JobRow.device_arch == device_arch)
-    if backends is not None:
-        fits.append(JobRow.backend.in_(list(backends)))
-    if kernel_packages is not None:
-        # A prefix compared as a substring: LIKE ignores case on SQLite and knows wildcards.
-        fits.append(or_(JobRow.kernel_module.is_(None),
-                        JobRow.kernel_module.in_(list(kernel_packages)),
-                        *(func.substr(JobRow.kernel_module, 1, len(p) + 1) == f"{p}."
-                          for p in kernel_packages)))  # fmt: skip
+    fits = _runnable(device_arch, backends, kernel_packages)
     if (held := _held_by(session, worker, token_id, now, fits)) is not None:
         return held
     pick = (
@@ -159,6 +149,23 @@ def claim(
     )
     job_id = session.execute(stmt).scalar()
     return None if job_id is None else session.get(JobRow, job_id, populate_existing=True)
+
+
+def _runnable(device_arch: str | None, backends: Sequence[str] | None,
+              kernel_packages: Sequence[str] | None) -> list[ColumnElement[bool]]:  # fmt: skip
+    """The conditions of a job a worker with these (``None``: any) can run."""
+    fits: list[ColumnElement[bool]] = []
+    if device_arch is not None:
+        fits.append(JobRow.device_arch == device_arch)
+    if backends is not None:
+        fits.append(JobRow.backend.in_(list(backends)))
+    if kernel_packages is not None:
+        # A prefix compared as a substring: LIKE ignores case on SQLite and knows wildcards.
+        fits.append(or_(JobRow.kernel_module.is_(None),
+                        JobRow.kernel_module.in_(list(kernel_packages)),
+                        *(func.substr(JobRow.kernel_module, 1, len(p) + 1) == f"{p}."
+                          for p in kernel_packages)))  # fmt: skip
+    return fits
 
 
 def _held_by(session: Session, worker: str, token_id: int, now: datetime,
