@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.errors import InvalidInput
@@ -77,6 +79,20 @@ def upsert_insert(session: Session, model: type[Any]) -> Any:
     if dialect == "sqlite":
         return sqlite.insert(model)
     raise NotImplementedError(f"no atomic upsert for database dialect {dialect!r}")
+
+
+T = TypeVar("T")
+
+
+def again_after_a_conflict(session: Session, write: Callable[[], T]) -> T:
+    """``write()``; when a unique index refuses it (the same upload stored meanwhile by another
+    request, sent again before its answer), the transaction is rolled back and ``write()`` runs
+    once more, finding what the other stored."""
+    try:
+        return write()
+    except IntegrityError:
+        session.rollback()
+        return write()
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

@@ -6,12 +6,12 @@ from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, Response, status
-from sqlalchemy.exc import IntegrityError
 
 from cache_server import jobs, queries
 from cache_server.api.auth import READ, WriteAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep, SettingsDep
+from cache_server.db import again_after_a_conflict
 from cache_server.lookup import find_winner
 from cache_server.metrics import MetricsDep
 from cache_server.trust import SERVED_STATUSES, winner_table
@@ -60,11 +60,7 @@ def upload_record(
     key_hash = record.key.digest()
     add = partial(queries.add_record, session, key_hash=key_hash, record=record,
                   uploader=token, bucket_limit=settings.bucket_winners)  # fmt: skip
-    try:
-        added = add()
-    except IntegrityError:  # the same upload stored meanwhile, sent again before its answer
-        session.rollback()
-        added = add()
+    added = again_after_a_conflict(session, add)
     if added.again:
         response.status_code = status.HTTP_200_OK
     else:

@@ -6,12 +6,12 @@ from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response, status
-from sqlalchemy.exc import IntegrityError
 
 from cache_server import snapshots
 from cache_server.api.auth import READ, WRITE, WriteAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep, SettingsDep
+from cache_server.db import again_after_a_conflict
 from cache_server.trust import winner_table
 from tunecache.snapshot import (
     SnapshotFilters,
@@ -78,9 +78,5 @@ def import_snapshot(
     """
     add = partial(snapshots.import_records, session, records=snapshot.records, uploader=token,
                   bucket_limit=settings.bucket_winners)  # fmt: skip
-    try:
-        imported, changed = add()
-    except IntegrityError:  # the same snapshot imported meanwhile, by this token: stored once
-        session.rollback()
-        imported, changed = add()
+    imported, changed = again_after_a_conflict(session, add)  # the same snapshot, meanwhile
     return SnapshotImportResult(imported=imported, winners_changed=changed)
