@@ -14,8 +14,9 @@ Triton's compile cache is a new, empty folder for the whole run (``TRITON_CACHE_
 by every process the tests start), removed afterwards: a warm ``~/.triton/cache`` hid a test that
 failed with a cold one, and a test must pass on a fresh machine. So is the outbox of records
 waiting for their upload (``TUNECACHE_OUTBOX``), and the tuner's working files
-(``TUNECACHE_WORK_DIR``: MetaSchedule's databases, which a later tune of a workload starts from):
-never the user's.
+(``TUNECACHE_WORK_DIR``: MetaSchedule's databases, which a later tune of a workload starts from),
+and the lock files through which timings take turns on a device (``TUNECACHE_LOCK_DIR``): never
+the user's.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import tempfile
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tunecache-tests-triton-")
 os.environ["TUNECACHE_OUTBOX"] = tempfile.mkdtemp(prefix="tunecache-tests-outbox-")
 os.environ["TUNECACHE_WORK_DIR"] = tempfile.mkdtemp(prefix="tunecache-tests-work-")
+os.environ["TUNECACHE_LOCK_DIR"] = tempfile.mkdtemp(prefix="tunecache-tests-locks-")
 import torch
 
 if not torch.cuda.is_available():
@@ -55,7 +57,7 @@ import pytest
 
 from cache_server.embedded import free_port
 
-for _made in ("TRITON_CACHE_DIR", "TUNECACHE_OUTBOX", "TUNECACHE_WORK_DIR"):
+for _made in ("TRITON_CACHE_DIR", "TUNECACHE_OUTBOX", "TUNECACHE_WORK_DIR", "TUNECACHE_LOCK_DIR"):
     atexit.register(shutil.rmtree, os.environ[_made], ignore_errors=True)
 
 

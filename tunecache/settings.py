@@ -17,6 +17,10 @@
   tuning databases (a re-tune of a workload starts from the records there), the measurement
   workers' log, the Inductor search's notes; unset: ``work`` in the user cache directory
   (``~/.cache/tunecache`` on Linux, ``$XDG_CACHE_HOME/tunecache`` where that is set)
+- ``TUNECACHE_LOCK_DIR``: the folder of the lock files through which timings on one device (a
+  GPU, a CPU core) take turns, one process at a time; unset: ``locks`` in the user cache
+  directory (one user's processes take turns; tuners running as several users on one machine
+  share a folder they can all write)
 - ``TUNECACHE_TIMING_CORES``: the CPU cores the tuner's measurement workers are pinned to
   (``2-3``, ``0,2,4-7``), with as many threads as cores; unset: every core this process may use
 - ``TUNECACHE_TRITON_AUTOTUNE``: ``1`` routes every ``triton.autotune`` of the process through
@@ -56,6 +60,12 @@ def work_dir(env: Mapping[str, str] | None = None) -> Path:
     """Where the tuner keeps its working files (``TUNECACHE_WORK_DIR``, else the user cache
     dir's ``work``)."""
     return _cache_folder("TUNECACHE_WORK_DIR", "work", env)
+
+
+def lock_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where timings take turns on a device (``TUNECACHE_LOCK_DIR``, else the user cache dir's
+    ``locks``; :mod:`tunecache.devicelock`)."""
+    return _cache_folder("TUNECACHE_LOCK_DIR", "locks", env)
 
 
 def _cache_folder(variable: str, name: str, env: Mapping[str, str] | None) -> Path:

@@ -12,7 +12,8 @@
 With ``cutoff_ms`` set (the tuner sets it to 3× the best time so far), a call already slower
 than that after the warm-up is not timed at length: its first estimate is its time.
 
-Pure functions: no search here. torch is imported only by the CUDA timer.
+Each timing holds its device's turn (:mod:`tunecache.devicelock`): two processes timing on one
+GPU or on the same cores take turns. No search here. torch is imported only by the CUDA timer.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tunecache import affinity, conditions
+from tunecache import affinity, conditions, devicelock
 from tunecache.schemas import (
     MAX_NOISE_REASONS,
     SAME_BELOW,
@@ -75,13 +76,15 @@ def time_cpu(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) -> 
     few undisturbed ones, the quickest quarter of all counts (the least disturbed), and the
     timing says how many were disturbed (:mod:`tunecache.conditions`).
     """
-    for _ in range(settings.warmup):
-        fn()
-    before = conditions.snapshot()  # after the warm-up: the clock has ramped up by now
-    with affinity.apart():  # its threads kept apart (the warm-up has started its pools)
-        sampled = _sample(fn, settings)
-    return _stats(sampled.samples, settings, sampled.repeats, sampled.timer, before,
-                  left_out=sampled.left_out, disturbed=sampled.disturbed)  # fmt: skip
+    with devicelock.timing_on("cpu") as turn:  # its cores' turn (other processes' timings)
+        for _ in range(settings.warmup):
+            fn()
+        before = conditions.snapshot()  # after the warm-up: the clock has ramped up by now
+        with affinity.apart():  # its threads kept apart (the warm-up has started its pools)
+            sampled = _sample(fn, settings)
+        return _stats(sampled.samples, settings, sampled.repeats, sampled.timer, before,
+                      left_out=sampled.left_out, disturbed=sampled.disturbed,
+                      turn=turn)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -149,13 +152,13 @@ L2_FLUSH_BYTES = 256 * 2**20
 
 def _stats(samples: list[float], settings: TimerSettings, repeats: int, timer: str,
            before: conditions.Snapshot, *, cuda: bool = False, left_out: int = 0,
-           disturbed: float = 0.0) -> TimingModel:  # fmt: skip
+           disturbed: float = 0.0, turn: devicelock.Turn) -> TimingModel:  # fmt: skip
     reading = conditions.between(before, conditions.snapshot(cuda))
     quartiles = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [samples[0]] * 3
     median = statistics.median(samples)
     iqr = max(0.0, quartiles[2] - quartiles[0])
     noise = conditions.noise(reading, spread=iqr / median if median > 0 else 0.0,
-                             disturbed=disturbed, cuda=cuda)  # fmt: skip
+                             disturbed=disturbed, cuda=cuda) + turn.noise  # fmt: skip
     return TimingModel(
         median_ms=median,
         min_ms=min(samples),
@@ -210,6 +213,13 @@ SPIN_PROBE_CYCLES = 2_000_000  # about a millisecond at the clocks of current GP
 
 def time_cuda(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) -> TimingModel:
     """Times ``fn()`` on the current CUDA device with events, flushing L2 before every call."""
+    with devicelock.timing_on("cuda") as turn:  # the GPU's turn (other processes' timings)
+        return _time_cuda(fn, settings, turn)
+
+
+def _time_cuda(
+    fn: Callable[[], Any], settings: TimerSettings, turn: devicelock.Turn
+) -> TimingModel:
     import torch
 
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
@@ -231,7 +241,7 @@ def time_cuda(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) ->
     if settings.cutoff_ms is not None and estimate_s * 1e3 > settings.cutoff_ms:
         # the flush is inside the estimate: an upper bound, fine for a candidate this slow
         return _stats([estimate_s * 1e3], settings, 5, f"cuda events, cut short: over "
-                      f"{settings.cutoff_ms:.4g} ms", before, cuda=True)  # fmt: skip
+                      f"{settings.cutoff_ms:.4g} ms", before, cuda=True, turn=turn)  # fmt: skip
     # twice the host's time per call, and then some: the device stays behind the host
     sleep = getattr(torch.cuda, "_sleep", None)  # torch's own, private: absent, no spin
     spin_ms = 0.0 if sleep is None else 2 * host_ms + HOST_MARGIN_MS
@@ -252,7 +262,7 @@ def time_cuda(fn: Callable[[], Any], settings: TimerSettings = DEFAULT_TIMER) ->
     torch.cuda.synchronize()
     samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
     return _stats(samples, settings, count, f"cuda events, L2 flushed, median of {count}", before,
-                  cuda=True)  # fmt: skip
+                  cuda=True, turn=turn)  # fmt: skip
 
 
 def speedup_text(

@@ -1,7 +1,8 @@
 """A MetaSchedule runner that times candidates in the builder's warm worker pool.
 
 Like ``LocalRunner`` it runs one candidate at a time (MetaSchedule builds a whole batch before it
-measures it, so the workers are idle then) with TVM's ``time_evaluator`` on random inputs. Of a
+measures it, so the workers are idle then) with TVM's ``time_evaluator`` on random inputs, each
+in the cores' turn with other processes' timings (:mod:`tunecache.devicelock`). Of a
 candidate's repeats, only the quickest quarter reaches MetaSchedule (:func:`quickest`): load on
 the machine only ever adds time, and a mean over repeats that another process interrupted ranks
 the moment as much as the candidate.
@@ -13,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from backends.tvm.builder import SKIPPED
+from tunecache.devicelock import timing_on
 
 if TYPE_CHECKING:
     from backends.tvm.builder import WarmPool
@@ -48,19 +50,12 @@ def make_runner(pool: WarmPool, *, repeat: int, min_repeat_ms: int) -> Any:
                     continue
                 args_info = tuple(info.as_json() for info in item.args_info)
                 began = time.monotonic()
-                job = pool.pool.submit(
-                    _worker_func,
-                    None,
-                    None,
-                    None,
-                    config,
-                    1,
-                    str(item.artifact_path),
-                    str(item.device_type),
-                    args_info,
-                )
                 try:
-                    costs = job.result()
+                    with timing_on("cpu"):  # the cores' turn (tunecache.devicelock)
+                        costs = pool.pool.submit(
+                            _worker_func, None, None, None, config, 1,
+                            str(item.artifact_path), str(item.device_type), args_info,
+                        ).result()  # fmt: skip
                 except TimeoutError:
                     message = f"run timed out after {pool.timeout_sec:g} s"
                     futures.append(LocalRunnerFuture(res=None, error_message=message))

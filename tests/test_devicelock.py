@@ -1,0 +1,201 @@
+"""Timings take turns on a device across processes (:mod:`tunecache.devicelock`): real processes
+holding real ``flock`` locks, the real CPU timer, a real MetaSchedule runner."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from tunecache import devicelock
+from tunecache.schemas import TimingModel
+from tunecache.timing import TimerSettings, time_cpu, time_cuda
+
+REPO = Path(__file__).resolve().parent.parent
+QUICK = TimerSettings(warmup=1, min_repeats=5, max_repeats=20, target_s=0.02)
+# Holds the device named in argv[1] (pinned to the cores in argv[2], if given) until its stdin
+# closes; says when it holds it and when it let go.
+HOLDER = """
+import os, sys
+if len(sys.argv) > 2:
+    os.sched_setaffinity(0, {int(c) for c in sys.argv[2].split(",")})
+from tunecache.devicelock import timing_on
+with timing_on(sys.argv[1]) as turn:
+    print("held", turn.shared, flush=True)
+    sys.stdin.read()
+print("released", flush=True)
+"""
+
+
+@pytest.fixture
+def locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A lock folder of this test's, and this process's lock state fresh."""
+    folder = tmp_path / "locks"
+    monkeypatch.setenv("TUNECACHE_LOCK_DIR", str(folder))
+    monkeypatch.setattr(devicelock, "_locks", devicelock._Locks())
+    return folder
+
+
+@pytest.fixture
+def holder(locks: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding the CPU (every core this one may use) until it is let go."""
+    with _hold("cpu") as process:
+        yield process
+
+
+class _hold:
+    def __init__(self, device: str, cores: str | None = None) -> None:
+        argv = [sys.executable, "-c", HOLDER, device, *([cores] if cores else [])]
+        self.process = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+    def __enter__(self) -> subprocess.Popen[str]:
+        assert self.process.stdout is not None
+        assert self.process.stdout.readline() == "held False\n"
+        return self.process
+
+    def __exit__(self, *exc: object) -> None:
+        let_go(self.process)
+
+
+def let_go(process: subprocess.Popen[str]) -> float:
+    """Lets the holder go; when it was told to (this machine's clock: it let go after)."""
+    told = time.time()
+    if process.poll() is None:
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.close()
+        assert process.stdout.readline() == "released\n"
+        process.wait(timeout=30)
+    return told
+
+
+@pytest.mark.parametrize("device", [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA GPU")]),
+])  # fmt: skip
+def test_a_timing_waits_for_another_processs_timing_on_its_device(locks: Path, device: str) -> None:
+    timer = time_cuda if device == "cuda" else time_cpu
+    calls: list[float] = []
+    timed: list[TimingModel] = []
+    with _hold(device) as holder:
+        thread = threading.Thread(
+            target=lambda: timed.append(timer(lambda: calls.append(time.time()), QUICK))
+        )
+        thread.start()
+        time.sleep(0.5)
+        assert calls == [] and thread.is_alive()  # not one call while the other process times
+        told = let_go(holder)
+    thread.join(timeout=30)
+    [timing] = timed
+    assert calls and calls[0] >= told  # its warm-up began once the device was free
+    assert timing.conditions is not None
+    assert not any("lock" in why for why in timing.conditions.noise)
+
+
+def test_a_lock_held_too_long_is_timed_beside_and_the_timing_says_so(
+    holder: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(devicelock, "MAX_WAIT_S", 0.3)
+    caplog.set_level(logging.WARNING, "tunecache.devicelock")
+    began = time.monotonic()
+    timing = time_cpu(lambda: None, QUICK)
+    assert time.monotonic() - began < 10
+    assert timing.noisy and timing.conditions is not None
+    assert "another process held the device's timing lock over 0.3 s" in timing.conditions.noise
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) >= 1 and all("held by another process over 0.3 s" in w for w in warned)
+    # Waited out: tried, not waited for again, and said once, while it stays held.
+    with devicelock.timing_on("cpu") as turn:
+        assert turn.shared and turn.waited_s < 0.2
+    assert len(caplog.records) == len(warned)
+    let_go(holder)
+    with devicelock.timing_on("cpu") as turn:  # free again: this process's turn as before
+        assert not turn.shared
+    after = time_cpu(lambda: None, QUICK)
+    assert after.conditions is not None and not any("lock" in w for w in after.conditions.noise)
+
+
+def test_processes_on_other_cores_do_not_wait_for_each_other(locks: Path) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+    first, second = cores[:2]
+    with _hold("cpu", str(first)):
+        mine = subprocess.run([sys.executable, "-c", (
+            f"import os, time; os.sched_setaffinity(0, {{{second}}})\n"
+            "from tunecache.devicelock import timing_on\n"
+            "with timing_on('cpu') as turn: print(turn.waited_s < 1, turn.shared)")],
+            cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert mine.stdout.split() == ["True", "False"], mine.stderr
+        # The same core is waited for (and, held past the bound here, timed beside).
+        shared = subprocess.run([sys.executable, "-c", (
+            f"import os; os.sched_setaffinity(0, {{{first}, {second}}})\n"
+            "from tunecache import devicelock\n"
+            "devicelock.MAX_WAIT_S = 0.5\n"
+            "with devicelock.timing_on('cpu') as turn: print(turn.waited_s >= 0.5, turn.shared)")],
+            cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert shared.stdout.split() == ["True", "True"], shared.stderr
+
+
+@pytest.mark.parametrize("planted", ["folder", "file"])
+def test_a_link_is_never_followed(
+    locks: Path, tmp_path: Path, planted: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lock folder or file that is a link (someone else's doing) is not used: no file is made
+    where it points; timings go on without turns, and a warning says so once."""
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    if planted == "folder":
+        locks.symlink_to(target, target_is_directory=True)
+    else:
+        locks.mkdir()
+        for core in os.sched_getaffinity(0):
+            (locks / f"cpu{core}.lock").symlink_to(target / f"victim{core}")
+    caplog.set_level(logging.WARNING, "tunecache.devicelock")
+    for _ in range(2):
+        with devicelock.timing_on("cpu") as turn:
+            assert not turn.shared
+    assert list(target.iterdir()) == []
+    assert len(caplog.records) == 1 and "no turns" in caplog.records[0].getMessage()
+
+
+@pytest.mark.slow
+def test_metaschedules_runner_takes_the_cores_turn(
+    holder: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture, tmp_path: Path,
+) -> None:  # fmt: skip
+    """Held past the bound by another process, MetaSchedule's timings are run beside it, and
+    that is said: they asked for the turn."""
+    pytest.importorskip("tvm")
+    from tvm import te
+    from tvm.s_tir import meta_schedule as ms
+
+    from backends.tvm.builder import WarmPool, make_builder
+    from backends.tvm.intrin import cpu_intrinsics_only
+    from backends.tvm.runner import make_runner
+    from tunecache.tvm.target import host_target
+
+    monkeypatch.setattr(devicelock, "MAX_WAIT_S", 0.3)
+    caplog.set_level(logging.WARNING, "tunecache.devicelock")
+    a = te.placeholder((64, 64), name="A")
+    b = te.compute((64, 64), lambda i, j: a[i, j] * 2.0, name="B")
+    func = te.create_prim_func([a, b])
+    pool = WarmPool(max_workers=1, timeout_sec=60)
+    try:
+        with cpu_intrinsics_only():
+            ms.tune_tir(func, host_target(), str(tmp_path / "work"), max_trials_global=2,
+                        num_trials_per_iter=2, builder=make_builder(pool),
+                        runner=make_runner(pool, repeat=1, min_repeat_ms=1))  # fmt: skip
+    finally:
+        pool.close()
+    assert pool.measured >= 1 and max(pool.measure_s) >= 0.3
+    assert any("held by another process" in r.getMessage() for r in caplog.records)
