@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -40,7 +41,7 @@ def locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A lock folder of this test's, and this process's lock state fresh."""
     folder = tmp_path / "locks"
     monkeypatch.setenv("TUNECACHE_LOCK_DIR", str(folder))
-    monkeypatch.setattr(devicelock, "_locks", devicelock._Locks())
+    monkeypatch.setattr(devicelock, "_state", devicelock._State())
     return folder
 
 
@@ -77,6 +78,18 @@ def let_go(process: subprocess.Popen[str]) -> float:
     return told
 
 
+def turn_elsewhere(wait_s: float, cores: set[int] | None = None) -> devicelock.Turn:
+    """The turn another process (pinned to ``cores``, if given) gets on the CPU, waiting at
+    most ``wait_s``."""
+    pin = f"import os; os.sched_setaffinity(0, {sorted(cores)})\n" if cores else ""
+    code = (f"{pin}from tunecache import devicelock\ndevicelock.MAX_WAIT_S = {wait_s}\n"
+            "with devicelock.timing_on('cpu') as turn: print(turn.waited_s, turn.shared)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    waited, shared = done.stdout.split()
+    return devicelock.Turn(float(waited), shared == "True")
+
+
 @pytest.mark.parametrize("device", [
     "cpu",
     pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
@@ -110,7 +123,7 @@ def test_a_lock_held_too_long_is_timed_beside_and_the_timing_says_so(
     timing = time_cpu(lambda: None, QUICK)
     assert time.monotonic() - began < 10
     assert timing.noisy and timing.conditions is not None
-    assert "another process held the device's timing lock over 0.3 s" in timing.conditions.noise
+    assert "another timing held the device's lock over 0.3 s" in timing.conditions.noise
     warned = [r.getMessage() for r in caplog.records]
     assert len(warned) >= 1 and all("held by another process over 0.3 s" in w for w in warned)
     # Waited out: tried, not waited for again, and said once, while it stays held.
@@ -130,28 +143,90 @@ def test_processes_on_other_cores_do_not_wait_for_each_other(locks: Path) -> Non
         pytest.skip("needs two cores")
     first, second = cores[:2]
     with _hold("cpu", str(first)):
-        mine = subprocess.run([sys.executable, "-c", (
-            f"import os, time; os.sched_setaffinity(0, {{{second}}})\n"
-            "from tunecache.devicelock import timing_on\n"
-            "with timing_on('cpu') as turn: print(turn.waited_s < 1, turn.shared)")],
-            cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert mine.stdout.split() == ["True", "False"], mine.stderr
+        mine = turn_elsewhere(30.0, {second})
+        assert mine.waited_s < 1 and not mine.shared
         # The same core is waited for (and, held past the bound here, timed beside).
-        shared = subprocess.run([sys.executable, "-c", (
-            f"import os; os.sched_setaffinity(0, {{{first}, {second}}})\n"
-            "from tunecache import devicelock\n"
-            "devicelock.MAX_WAIT_S = 0.5\n"
-            "with devicelock.timing_on('cpu') as turn: print(turn.waited_s >= 0.5, turn.shared)")],
-            cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert shared.stdout.split() == ["True", "True"], shared.stderr
+        both = turn_elsewhere(0.5, {first, second})
+        assert both.waited_s >= 0.5 and both.shared
 
 
-@pytest.mark.parametrize("planted", ["folder", "file"])
-def test_a_link_is_never_followed(
+BACK_TO_BACK = """
+import sys, time
+from tunecache.devicelock import timing_on
+print("held False", flush=True)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    with timing_on("cpu"):
+        time.sleep(0.2)  # one candidate's timing, the next one at once (MetaSchedule's loop)
+"""
+
+
+def test_a_process_timing_back_to_back_lets_a_waiting_one_have_its_turn(
+    locks: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(devicelock, "MAX_WAIT_S", 3.0)
+    busy = subprocess.Popen([sys.executable, "-c", BACK_TO_BACK, "15"], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert busy.stdout is not None and busy.stdout.readline() == "held False\n"
+        time.sleep(0.5)
+        for _ in range(4):
+            with devicelock.timing_on("cpu") as turn:
+                assert not turn.shared and turn.waited_s < 1.5, turn  # a turn or so, not 3 s
+                time.sleep(0.1)
+    finally:
+        busy.kill()
+        busy.wait()
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_wait_lets_go_of_the_cores_it_had(locks: Path) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores")
+
+    def interrupt(*_: object) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with _hold("cpu", str(cores[-1])):  # the last core held: the first ones taken, then wait
+            signal.setitimer(signal.ITIMER_REAL, 0.5)
+            with pytest.raises(_Interrupted), devicelock.timing_on("cpu"):
+                pass
+            assert not turn_elsewhere(1.0, {cores[0]}).shared  # core 0 is free again
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class _Unwind(Exception):
+    pass
+
+
+def test_a_child_forked_inside_a_timing_holds_nothing_and_lets_nothing_go(locks: Path) -> None:
+    try:
+        with devicelock.timing_on("cpu"):
+            pid = os.fork()
+            if pid == 0:
+                raise _Unwind  # the child leaves the block (its copy of it)
+            os.waitpid(pid, 0)
+            assert turn_elsewhere(0.5).shared  # still this process's
+    except _Unwind:
+        os._exit(0)
+    assert not turn_elsewhere(0.5).shared
+
+
+@pytest.mark.parametrize("planted", ["folder", "file", "fifo"])
+def test_a_link_or_fifo_is_never_used(
     locks: Path, tmp_path: Path, planted: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A lock folder or file that is a link (someone else's doing) is not used: no file is made
-    where it points; timings go on without turns, and a warning says so once."""
+    """A lock folder or file that is a link, or a FIFO (someone else's doing: opening one would
+    block), is not used: no file is made where a link points; timings go on without turns, and
+    a warning says so once."""
     target = tmp_path / "elsewhere"
     target.mkdir()
     if planted == "folder":
@@ -159,7 +234,10 @@ def test_a_link_is_never_followed(
     else:
         locks.mkdir()
         for core in os.sched_getaffinity(0):
-            (locks / f"cpu{core}.lock").symlink_to(target / f"victim{core}")
+            if planted == "fifo":
+                os.mkfifo(locks / f"cpu{core}.lock")
+            else:
+                (locks / f"cpu{core}.lock").symlink_to(target / f"victim{core}")
     caplog.set_level(logging.WARNING, "tunecache.devicelock")
     for _ in range(2):
         with devicelock.timing_on("cpu") as turn:
