@@ -72,6 +72,38 @@ def test_a_records_source_answers_by_the_rules_without_a_server() -> None:
     assert resolver.resolve(make_key(m=128)).source == "default"  # unvalidated: never served
 
 
+def test_what_a_caller_does_to_its_answer_reaches_no_other_caller() -> None:
+    """A caller that takes launch options out of its config (``config.pop("num_warps")``, then
+    the rest as arguments) emptied the memo's config for every later caller, unchecked, and the
+    snapshot record's own. Now each caller's answer is its own, and so is what ``verify`` and
+    ``fits`` are handed."""
+    from tunecache.schemas import CheckModel
+
+    record = make_record(make_key(m=64), config=knobs(2))
+    snapshot = Resolver([RecordsSource([record])])
+    snapshot.resolve(make_key(m=64)).config.pop("tile_i")  # type: ignore[union-attr]
+    assert snapshot.resolve(make_key(m=64)).config == knobs(2) and record.config == knobs(2)
+
+    def verify(config: dict) -> CheckModel:  # type: ignore[type-arg]
+        config.clear()  # a check that changes what it was handed
+        return CheckModel(problem=dict(key.problem), seed=0, rel_error=0.0, max_abs_error=0.0,
+                          tolerance=1e-4, passed=True)  # fmt: skip
+
+    def fits(config: dict) -> None:  # type: ignore[type-arg]
+        config["tile_i"] = 99
+
+    key, calls = make_key(), []
+    with server_answering(knobs(4), calls) as client:
+        first = client.lookup(key, verify=verify, fits=fits)
+        assert (first.source, first.config) == ("server", knobs(4))
+        first.config.pop("tile_i")  # type: ignore[union-attr]
+        first.problem.clear()  # type: ignore[union-attr]
+        again = client.lookup(key)
+        assert (again.source, again.config, again.problem) == ("memo", knobs(4), key.problem)
+        again.config["tile_i"] = 7  # type: ignore[index]
+        assert client.lookup(key).config == knobs(4) and calls == [1]
+
+
 def test_miss_reports_never_make_the_caller_wait() -> None:
     """The server answers lookups at once but takes 0.3 s per miss report: lookups return
     before any report is sent, and closing the client sends what is queued."""

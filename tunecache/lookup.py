@@ -5,6 +5,7 @@ integrations, ``best`` and the CLI read them.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -78,3 +79,24 @@ class LookupResult:
     @property
     def hit(self) -> bool:
         return self.source != "default"
+
+    def own(self) -> LookupResult:
+        """This answer with a config and problem of the caller's own: what a caller does to them
+        (``config.pop("num_warps")``) never reaches the memo, the record or another caller's
+        answer. Nested values are copied too; a flat config costs a dict copy (about 1 µs in
+        all: a memo hit is still a dict lookup, give or take)."""
+        copied = object.__new__(LookupResult)  # as dataclasses.replace, in half its time
+        fields = copied.__dict__
+        fields.update(self.__dict__)
+        fields["config"], fields["problem"] = _copied(self.config), _copied(self.problem)
+        return copied
+
+
+def _copied(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    copied = dict(value)
+    for name, item in copied.items():
+        if isinstance(item, dict | list):
+            copied[name] = copy.deepcopy(item)
+    return copied

@@ -191,7 +191,7 @@ class Resolver:
             self.memo.answers.pop(digest, None)
         elif found is not None and (verify is None or self._memo_verified(key, digest, found,
                                                                           verify)):  # fmt: skip
-            return found
+            return found.own()
         for source in self.sources:
             answer = self._ask(source, key, digest)
             if answer is None or answer.config is None or self._failed_here(digest, answer):
@@ -204,7 +204,7 @@ class Resolver:
                 continue
             if self.memo is not None and source.fills_memo:
                 self.memo.put(digest, answer)
-            return answer
+            return answer.own()
         return LookupResult(config=default, source="default")
 
     async def aresolve(self, key: Key, *, default: dict[str, Any] | None = None,
@@ -224,7 +224,7 @@ class Resolver:
             and not self._failed_here(digest, found)
             and (verify is None or self._checked(digest, found))
         ):
-            return found
+            return found.own()
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(ASYNC_WORKERS, thread_name_prefix="tunecache")
@@ -281,7 +281,7 @@ class Resolver:
         disputed with ``source``; unable to run here, not tried again for a while."""
         assert answer.config is not None
         try:
-            check = verify(answer.config)
+            check = verify(answer.own().config or {})  # its own copy: it may change it
         except CheckUnavailable as exc:  # not the config's fault: unused, not disputed
             self._unchecked[seen] = time.monotonic() + UNCHECKED_RETRY_S
             self._warn_once(digest, f"{key.short()}: could not check the {answer.source}'s "
@@ -351,6 +351,6 @@ class Resolver:
 def _misfit(fits: Fits, config: dict[str, Any]) -> str | None:
     """``fits(config)``; a ``fits`` that raises refuses the config, naming what it raised."""
     try:
-        return fits(config)
+        return fits(dict(config))  # its own copy: the answer's stays as served
     except Exception as exc:
         return f"checking it raised {one_line(exc)}"
