@@ -299,9 +299,10 @@ def _folder(state: _State) -> Path | None:
     """The lock folder, made (private) if missing; ``None`` when it is not a plain folder."""
     folder = lock_dir().absolute()
     try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):  # a file or a link there: said below
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not stat.S_ISDIR(os.lstat(folder).st_mode):
-            raise NotADirectoryError("not a plain folder (a link?)")
+            raise NotADirectoryError(0, "not a plain folder (a file, or a link)")
     except OSError as exc:
         _warn_once(state, f"lock folder {folder}: {exc.strerror or exc}")
         return None
