@@ -79,9 +79,13 @@ class RecordRow(Base):
     verify_claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # cache_server.queries.upload_digest: an upload sent twice is stored once (None before 0012).
     upload_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # tunecache.canonical.digest of the config: a key's records of one config share findings
+    # (cache_server.twins; None before 0013 for a config that is not plain JSON).
+    config_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
     __table_args__ = (
         Index("ix_records_kernel_backend_dtype", "kernel", "backend", "dtype"),
+        Index("ix_records_key_config", "key_hash", "config_digest"),
         Index("ux_records_upload_digest", "upload_digest", unique=True),
         Index("ix_records_bucket_hash", "bucket_hash"),
         Index("ix_records_verify_queue", "status", "device_arch", "backend"),

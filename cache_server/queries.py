@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, TypeVar
 from sqlalchemy import Select, bindparam, func, insert, select
 from sqlalchemy.orm import Session
 
+from cache_server import twins
 from cache_server.db import upsert_insert
 from cache_server.models import RecordRow, TokenRow, TrialRow, VerifiedWinnerRow, WinnerRow, utcnow
 from tunecache.rules import bucket_digest
@@ -80,6 +81,7 @@ def record_row(
         trial_count=len(record.trials),
         bucket_hash=bucket_digest(record.key.model_dump(mode="json", by_alias=True)),
         upload_digest=upload_digest(record, uploader),
+        config_digest=twins.config_digest(record.config),
     )
 
 
@@ -142,15 +144,17 @@ def add_record(
             ``bucket_limit`` winners (nothing is stored).
     """
     row = record_row(key_hash=key_hash, record=record, uploader=uploader)
+    twins.lock_key(session, key_hash)
     held = session.scalar(select(RecordRow).where(RecordRow.upload_digest == row.upload_digest))
     if held is not None:  # sent again: answered as it stands, never stored twice nor revived
         return Added(held.id, _winner(session, key_hash), held.status, again=True)
     if bucket_limit is not None and record.validation.passed:
         _check_room(session, key_hash, row.bucket_hash or "", bucket_limit)
+    twins.inherit_findings(session, row)
     session.add(row)
     session.flush()
     _insert_trials(session, row.id, record)
-    if record.validation.passed:
+    if record.validation.passed and row.status in ("pending", "verified"):
         offer_winner(session, WinnerRow, key_hash=key_hash, record_id=row.id, time_ms=row.time_ms)
         if row.status == "verified":
             offer_winner(session, VerifiedWinnerRow, key_hash=key_hash, record_id=row.id,
@@ -264,6 +268,7 @@ class RecordFilters:
     device_arch: str | None = None
     key_hash: str | None = None
     validated: bool | None = None
+    status: str | None = None
 
 
 def _filtered(stmt: S, filters: RecordFilters) -> S:

@@ -73,8 +73,10 @@ def import_records(
     """
     changed: set[str] = set()
     stored = 0
-    for i, record in enumerate(records):
-        key_hash = record.key.digest()
+    # By key, each key's in the order sent: every writer takes its keys' locks in one order
+    # (cache_server.twins.lock_key), so two imports at once never wait for each other in a circle.
+    ordered = sorted((record.key.digest(), i, record) for i, record in enumerate(records))
+    for key_hash, i, record in ordered:
         try:
             added = add_record(session, key_hash=key_hash, record=record, uploader=uploader,
                                bucket_limit=bucket_limit)  # fmt: skip

@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import and_, case, delete, or_, select, update
 from sqlalchemy.orm import Session
 
+from cache_server import twins
 from cache_server.models import DisputeRow, RecordRow, VerifiedWinnerRow, WinnerRow, utcnow
 from cache_server.queries import WinnerTable, offer_winner
 from tunecache.policies import server_bucket, widest_bucket
@@ -110,7 +111,7 @@ def add_dispute(
         OutsideBucket: the disputed problem is not one the record may serve (its own, or one of its
             shape bucket): no lookup could have handed it out there.
     """
-    row = session.get(RecordRow, record_id, with_for_update=True)
+    row = twins.lock(session, record_id)
     if row is None:
         return None
     # A built-in's bucket; another kernel's widest: the server does not know its bucket, and
@@ -124,19 +125,22 @@ def add_dispute(
         )
     open_ones = select(DisputeRow.id).where(DisputeRow.record_id == record_id,
                                             DisputeRow.resolved_at.is_(None))  # fmt: skip
-    if session.scalar(open_ones.where(DisputeRow.reporter == reporter)) is not None:
-        return row  # this reporter's dispute is open already: counted once
-    if len(session.scalars(open_ones).all()) < MAX_OPEN_DISPUTES:
-        session.add(DisputeRow(
-            record_id=record_id, reporter=reporter,
-            problem=dict(dispute.problem), check=dispute.check.model_dump(mode="json"),
-            device=None if dispute.device is None else dispute.device.model_dump(mode="json"),
-            note=dispute.note, created_at=utcnow(),
-        ))  # fmt: skip
-    row.disputes += 1
-    if row.status in ("pending", "verified"):
-        row.status = "disputed"
-        row.verify_attempts = 0  # a new question for the verifiers, however often it was asked
+    # One open dispute per reporter and record counts; a repeated one still reaches the twins.
+    if session.scalar(open_ones.where(DisputeRow.reporter == reporter)) is None:
+        if len(session.scalars(open_ones).all()) < MAX_OPEN_DISPUTES:
+            session.add(DisputeRow(
+                record_id=record_id, reporter=reporter,
+                problem=dict(dispute.problem), check=dispute.check.model_dump(mode="json"),
+                device=None if dispute.device is None else dispute.device.model_dump(mode="json"),
+                note=dispute.note, created_at=utcnow(),
+            ))  # fmt: skip
+        row.disputes += 1
+    # The key's other records of the config too (copies, whoever uploaded them): served, they
+    # would hand straight back the config the consumer's check refused (cache_server.twins).
+    changed = row.status in ("pending", "verified")
+    if changed:
+        row.status, row.verify_attempts = "disputed", 0  # a new question, however often asked
+    if twins.dispute(session, row, ("pending", "verified")) or changed:
         session.flush()
         recompute_winners(session, key_hash=row.key_hash)
     return row
@@ -195,11 +199,15 @@ def claim(
 
 
 def disputed_problems(session: Session, *, record_id: int) -> list[dict[str, Any]]:
-    """The distinct problems of a record's open disputes, oldest first."""
+    """The distinct problems of the open disputes of a record and of its key's other records of
+    its config (a copy is checked where the config failed), oldest first."""
+    row = session.get(RecordRow, record_id)
+    if row is None:
+        return []
     problems: list[dict[str, Any]] = []
     rows = session.scalars(
         select(DisputeRow.problem)
-        .where(DisputeRow.record_id == record_id, DisputeRow.resolved_at.is_(None))
+        .where(DisputeRow.id.in_(twins.disputes_of(row).scalar_subquery()))
         .order_by(DisputeRow.id)
     )
     for problem in rows:
@@ -213,7 +221,7 @@ def finish(
 ) -> RecordRow | None:
     """Stores a verifier's finding on a record ``worker`` holds the lease of, or ``None`` when it
     does not (no such record, another verifier's, or already decided)."""
-    row = session.get(RecordRow, record_id, with_for_update=True)
+    row = twins.lock(session, record_id)
     if row is None or row.verify_owner != worker or row.status not in ("pending", "disputed"):
         return None
     row.verify_owner, row.verify_expires_at = None, None
@@ -229,22 +237,29 @@ def finish(
     ).model_dump(mode="json")  # fmt: skip
     if passed and result.timing is not None:
         row.time_ms = result.timing.median_ms  # the verifier's time ranks the record from now on
-    # Disputes sent before the claim were run (VerifyTask.disputed_problems); any sent since were
-    # not: a passed record then stays disputed, for the next verifier.
-    open_ones = and_(DisputeRow.record_id == record_id, DisputeRow.resolved_at.is_(None))
+    if not passed:  # its disputes stay open: each twin, a question now, is checked there too
+        row.status = "rejected"
+        twins.dispute(session, row, ("pending", "verified", "disputed"))  # not a verdict
+        session.flush()
+        recompute_winners(session, key_hash=row.key_hash)
+        return row
+    # Disputes of the record and its twins sent before the claim were run (the task listed them:
+    # VerifyTask.disputed_problems); any sent since were not: a passed record then stays
+    # disputed, for the next verifier.
+    open_ones = DisputeRow.id.in_(twins.disputes_of(row).scalar_subquery())
     claimed = row.verify_claimed_at or utcnow()
     session.execute(
         update(DisputeRow)
         .where(open_ones, DisputeRow.created_at <= claimed)
         .values(resolved_at=utcnow())
+        .execution_options(synchronize_session=False)
     )
     newer = session.scalar(select(DisputeRow.id).where(open_ones).limit(1)) is not None
-    if not passed:
-        row.status = "rejected"
-    elif newer:
+    if newer:
         row.status, row.verify_attempts = "disputed", 0
     else:
         row.status = "verified"
+        twins.settle(session, row)
     session.flush()
     recompute_winners(session, key_hash=row.key_hash)
     return row

@@ -437,3 +437,43 @@ def test_daemons_sharing_a_host_name_and_pid_are_different_workers() -> None:
     with Client("http://127.0.0.1:9") as client:
         names = {Daemon(client, DaemonOptions(backends=("tvm",))).worker for _ in range(2)}
     assert len(names) == 2
+
+
+def test_a_re_tune_leaves_out_the_config_a_verifier_rejected_at_its_key(server: LiveServer) -> None:
+    """A verifier rejected the daemon's record and the key's job was queued again. The re-tune
+    found the same config again and uploaded it: refused as the job's answer (before), or stored
+    disputed, out of service until a verifier rejects it again and the job is queued again, round
+    after round (since a finding holds for the config at its key). Now the daemon leaves out the
+    configs rejected at its key, and the job is done with another, served."""
+    from tests.factories import issue_token
+    from tunecache.verification import VerificationCreate
+
+    key = key_for("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32")
+    with Client(server.url) as client:
+        job = client.create_job(key).job
+    options = DaemonOptions(backends=("tvm",), trials=2, workers=1, once=True, lease_seconds=120)
+    with Client(server.url) as client:
+        first = Daemon(client, options)
+        first.run()
+        rejected = client.get_record(first.done[0])
+    arch = local_device("cpu").fingerprint.arch
+    with Client(server.url, token=issue_token(server.url, "verify")) as verifier:
+        task = verifier.claim_verification("v", device_arch=arch, backends=["tvm"])
+        assert task is not None and task.record.id == rejected.id
+        failed = VerificationCreate(worker="v", outcome="failed", device_name="verifier",
+                                    validation=rejected.validation.model_copy(
+                                        update={"passed": False}))  # fmt: skip
+        assert verifier.submit_verification(rejected.id, failed).status == "rejected"
+    assert client_job(server, job.id).state == "queued"
+
+    with Client(server.url) as client:
+        second = Daemon(client, options)
+        assert second.run() == 1 and second.failed == []
+        retuned = client.get_record(second.done[0])
+    assert retuned.config != rejected.config and retuned.status == "pending"
+    assert client_job(server, job.id).record_id == retuned.id
+    with Client(server.url) as client:
+        assert client.lookup(key).config == retuned.config
+    # searched again (or the default config, then never a candidate): left out, saying why
+    again = [t for t in retuned.trials if t.config == rejected.config]
+    assert all(t.status == "invalid" and "rejected this config" in t.error for t in again)

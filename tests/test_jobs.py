@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, start_server
-from tests.factories import AUTH, CPU, issue_token, make_key, make_record
+from tests.factories import AUTH, CPU, issue_token, knobs, make_key, make_record
 from tunecache.device import DeviceFingerprint
 from tunecache.key import Key
 
@@ -341,9 +341,12 @@ def test_a_job_answered_by_a_record_a_verifier_rejects_is_open_again(
     worker's own device); while another record serves that key, it stays done."""
     verifier = issue_token(any_server.url, "verify")
     with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
+        # each record its own config: a verifier's rejection holds for the config at its key
+        tiles = itertools.count(1)
 
         def upload(key: Key, time_ms: float = 1.0) -> int:
-            body = make_record(key, time_ms=time_ms).model_dump(mode="json", by_alias=True)
+            record = make_record(key, time_ms=time_ms, config=knobs(next(tiles)))
+            body = record.model_dump(mode="json", by_alias=True)
             stored = http.post("/v1/records", json=body)
             assert stored.status_code == 201, stored.text
             record_id: int = stored.json()["record_id"]

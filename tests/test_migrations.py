@@ -103,7 +103,7 @@ def test_upgrade_from_the_first_revision_keeps_the_data(database: tuple[str, Pat
     assert near is not None and near[1] == "bucket" and near[0].id == record.id
 
 
-def _store_as_at_0001(engine: Any, key: Any, record: Any) -> None:
+def _store_as_at_0001(engine: Any, key: Any, record: Any, *, winner: bool = True) -> None:
     """A record and its winner written with the columns the database has (revision 0001's, or
     a later revision's)."""
     from sqlalchemy import MetaData, Table, insert
@@ -120,6 +120,8 @@ def _store_as_at_0001(engine: Any, key: Any, record: Any) -> None:
         record_id = connection.execute(
             insert(records).values(**{**values, "created_at": utcnow()})
         ).inserted_primary_key[0]
+        if not winner:
+            return
         connection.execute(insert(winners).values(key_hash=key.digest(), record_id=record_id,
                                                   time_ms=0.5, updated_at=utcnow()))  # fmt: skip
 
@@ -152,6 +154,45 @@ def test_records_stored_before_the_upload_digest_stay_and_the_migration_goes_bac
     command.downgrade(alembic_config(url), "0011")
     with make_engine(url).connect() as connection:
         assert connection.execute(text("select count(*) from records")).scalar_one() == 2
+    upgrade(url)
+    check_schema(make_engine(url))
+
+
+@pytest.mark.slow
+def test_records_stored_before_the_config_digest_get_theirs_and_share_findings(
+    database: tuple[str, Path | None],
+) -> None:
+    """0013 gives every record stored before its config's digest: a dispute of one then reaches
+    its copies stored before the migration too."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from cache_server.db import make_sessionmaker
+    from cache_server.migrate import alembic_config
+    from cache_server.trust import add_dispute
+    from cache_server.twins import config_digest
+    from tests.factories import knobs, make_key, make_record
+    from tunecache.verification import DisputeCreate
+
+    url, _ = database
+    upgrade(url, "0012")
+    key = make_key()
+    records = [make_record(key, time_ms=ms, config=knobs(1)) for ms in (0.5, 0.7)]
+    for i, record in enumerate(records):  # with the columns 0012 has
+        _store_as_at_0001(make_engine(url), key, record, winner=i == 0)
+    upgrade(url)
+    with make_engine(url).connect() as connection:
+        stored = connection.execute(text("select id, config_digest from records")).all()
+    assert [d for _, d in stored] == [config_digest(knobs(1))] * 2
+    check = records[0].validation.checks[0].model_copy(update={"passed": False})
+    with make_sessionmaker(make_engine(url))() as session:
+        add_dispute(session, record_id=stored[0][0], reporter="r",
+                    dispute=DisputeCreate(problem=dict(key.problem), check=check))  # fmt: skip
+        session.commit()
+    with make_engine(url).connect() as connection:
+        statuses = connection.execute(text("select status from records")).scalars().all()
+    assert statuses == ["disputed", "disputed"]
+    command.downgrade(alembic_config(url), "0012")
     upgrade(url)
     check_schema(make_engine(url))
 

@@ -224,3 +224,21 @@ def test_a_candidate_outside_the_closed_schema_never_wins(tmp_path: Path) -> Non
     refused = [t for t in record.trials if t.status == "invalid"]
     assert len(refused) == 1 and "closed schema" in refused[0].error
     assert "note" in refused[0].error
+
+
+def test_configs_rejected_at_the_key_are_never_candidates() -> None:
+    """What a daemon's re-tune passes as ``refused`` (rejected at its key by a verifier): left
+    out as ``invalid`` trials saying why; the default config stands in only when it is not one
+    of them, and is dropped as the fallback winner when it is."""
+    from tuner.candidates import servable, unrefused
+
+    key = key_for("matmul", "tvm", MATMUL16, "float32")
+    bad, good, default = ({"schedule": "knobs", "tile_i": t, "tile_j": 8} for t in (1, 2, 4))
+    found = SearchResult([bad, good], [], "random", 0.1)
+    kept = servable(found, key, default, refused=[{"tile_j": 8, "tile_i": 1, "schedule": "knobs"}])
+    assert kept.ranked == [good]
+    assert [(t.config, t.status) for t in kept.trials] == [(bad, "invalid")]
+    assert "rejected this config at this key" in kept.trials[0].error
+    assert servable(found, key, default, refused=[bad, good]).ranked == [default]
+    assert servable(found, key, None, refused=[bad, good]).ranked == []
+    assert unrefused(default, [bad]) == default and unrefused(default, [default]) is None

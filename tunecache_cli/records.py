@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import Any, get_args
 
 from tunecache.errors import InvalidInput
 from tunecache.key import BACKENDS, DTYPES
+from tunecache.schemas import RecordStatus
 from tunecache.timing import versus
 from tunecache_cli.args import add_server, server_url
 from tunecache_cli.table import ms, render, shown
 
 MAX_LIMIT = 1000
+STATUSES = get_args(RecordStatus)
 
 
 def register(commands: Any) -> None:
@@ -25,6 +27,7 @@ def register(commands: Any) -> None:
     listing.add_argument("--device-arch", metavar="ARCH", help="only this device arch")
     listing.add_argument("--all", action="store_true",
                          help="every record, not only each key's winner")  # fmt: skip
+    listing.add_argument("--status", choices=STATUSES, help="only records of this status")
     listing.add_argument("--limit", type=int, default=50, help=f"at most N (≤ {MAX_LIMIT})")
     listing.add_argument("--json", action="store_true", help="print them as JSON")
     add_server(listing)
@@ -45,9 +48,10 @@ def run_ls(args: argparse.Namespace) -> int:
                                ("--dtype", args.dtype, DTYPES)):  # fmt: skip
         if value is not None and value not in known:  # said here, not as the server's 422
             raise InvalidInput(f"{flag} {value!r}: expected one of {', '.join(known)}")
+    every = args.all or args.status in ("disputed", "rejected")  # never a key's winner
     filters = {"kernel": args.kernel, "backend": args.backend, "dtype": args.dtype,
-               "device_arch": args.device_arch, "limit": args.limit,
-               "winners_only": None if args.all else True}  # fmt: skip
+               "device_arch": args.device_arch, "status": args.status, "limit": args.limit,
+               "winners_only": None if every else True}  # fmt: skip
     with Client(server_url(args)) as client:
         found = client.list_records(**filters)
     if args.json:
@@ -64,13 +68,13 @@ def run_ls(args: argparse.Namespace) -> int:
         valid = "yes" if r.validation.passed else "NO"
         rows.append([f"#{r.id}", r.key.kernel, r.key.backend, r.key.dtype, shape,
                      r.key.device.arch, ms(r.timing.median_ms), versus(r),
-                     "noisy" if r.noisy else "-", valid,
+                     "noisy" if r.noisy else "-", valid, r.status,
                      f"{r.created_at:%Y-%m-%d %H:%M}"])  # fmt: skip
     header = ["record", "kernel", "backend", "dtype", "shape", "arch", "ms", "vs eager",
-              "timing", "valid", "created (UTC)"]  # fmt: skip
+              "timing", "valid", "status", "created (UTC)"]  # fmt: skip
     print(render(header, rows))
     more = "" if len(found.items) == found.count else " (raise --limit for more)"
-    print(f"{len(found.items)} of {found.count} {'records' if args.all else 'winners'}{more}")
+    print(f"{len(found.items)} of {found.count} {'records' if every else 'winners'}{more}")
     return 0
 
 

@@ -221,8 +221,16 @@ def _run_key(args: argparse.Namespace) -> int:
         result = outbox.kept_upload(client, url, record)  # never lost: kept till the server has it
         stored = client.get_record(result.record_id)
     print(stored.model_dump_json(by_alias=True, indent=2) if args.json else describe(stored))
+    print(f"uploaded record #{result.record_id} to {url}: {upload_state(result)}", file=sys.stderr)
+    return 0
+
+
+def upload_state(result: Any) -> str:
+    """Where an upload (an :class:`~tunecache.schemas.UploadResult`) stands, in words."""
+    if result.status in ("disputed", "rejected"):
+        return (f"{result.status}, not served: a consumer's check or a verifier failed this "
+                "config at this key; served once a verifier passes it")  # fmt: skip
     state = "the winner" if result.is_winner else f"kept; #{result.winner_record_id} is faster"
     if result.policy == "verified" and result.status != "verified":
         state += " (this server serves verified records only: served once a verifier passes it)"
-    print(f"uploaded record #{result.record_id} to {url}: {state}", file=sys.stderr)
-    return 0
+    return state

@@ -49,25 +49,42 @@ class Emit(Protocol):
     ) -> None: ...
 
 
-def servable(found: SearchResult, key: Key,
-             default: Mapping[str, Any] | None = None) -> SearchResult:  # fmt: skip
+REFUSED_AT_KEY = "a verifier of the cache rejected this config at this key: never served"
+
+
+def servable(
+    found: SearchResult, key: Key, default: Mapping[str, Any] | None = None,
+    refused: Sequence[Mapping[str, Any]] = (),
+) -> SearchResult:  # fmt: skip
     """``found`` without the candidates no record may hold: a config outside its backend's
-    closed schema (:func:`tunecache.configcheck.config_problem`) could never be served, so it
-    never wins; each is kept as an ``invalid`` trial saying why. When that leaves none, the
-    ``default`` config is the candidate."""
+    closed schema (:func:`tunecache.configcheck.config_problem`) could never be served, nor one
+    of ``refused`` (rejected at this key by a verifier of the cache, which stores a new upload
+    of it rejected too), so it never wins; each is kept as an ``invalid`` trial saying why.
+    When that leaves none, the ``default`` config is the candidate (unless refused too)."""
     ranked: list[dict[str, Any]] = []
-    refused: list[Trial] = []
+    left_out: list[Trial] = []
+    rejected = [dict(config) for config in refused]
     for config in found.ranked:
         why = config_problem(key.backend, config, kernel=key.kernel, device=key.device.kind)
-        if why is None:
+        if why is None and dict(config) not in rejected:
             ranked.append(config)
-        else:
-            error = f"outside the {key.backend} closed schema: {why}"[:2000]
-            refused.append(Trial(config=config, status="invalid", error=error))
-    if refused and not ranked and default is not None:
+            continue
+        error = REFUSED_AT_KEY if why is None else f"outside the {key.backend} closed schema: {why}"
+        left_out.append(Trial(config=config, status="invalid", error=error[:2000]))
+    if left_out and not ranked and default is not None and dict(default) not in rejected:
         ranked.append(dict(default))
-    return dataclasses.replace(found, ranked=ranked, trials=[*found.trials, *refused],
+    return dataclasses.replace(found, ranked=ranked, trials=[*found.trials, *left_out],
                                runnable=None)  # fmt: skip
+
+
+def unrefused(
+    default: Mapping[str, Any] | None, refused: Sequence[Mapping[str, Any]]
+) -> Mapping[str, Any] | None:
+    """``default``, or ``None`` when it is one of ``refused``: then it is neither a candidate nor
+    the config that replaces a winner it was not beaten by."""
+    if default is None or dict(default) not in [dict(config) for config in refused]:
+        return default
+    return None
 
 
 def enumerable_space(backend: Backend, workload: Workload, problem: Mapping[str, int],

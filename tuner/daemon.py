@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from backends import Budget, get_backend
 from tunecache.client import Client
@@ -222,6 +222,9 @@ class Worker:
         return self.device.fingerprint.arch
 
 
+REJECTED_PAGES = 10  # of 100 records: the configs rejected at a key a re-tune leaves out
+
+
 class Daemon(Worker):
     """Claims, tunes, uploads and completes jobs until stopped (or, ``once``, out of jobs)."""
 
@@ -282,6 +285,30 @@ class Daemon(Worker):
         return key_for(wanted.kernel, wanted.backend, wanted.problem, wanted.dtype,
                        device=self.device)  # fmt: skip
 
+    def rejected_at(self, job: JobPublic, key: Key) -> tuple[dict[str, Any], ...]:
+        """The configs a verifier of the cache rejected at ``key``, each once (a page of records
+        at a time, up to :data:`REJECTED_PAGES`: copies of one config do not crowd out another):
+        the re-tune of a key whose record was rejected leaves them out, since a new upload of one
+        waits for a verifier again. None when the server does not answer: the tune goes on."""
+        refused: list[dict[str, Any]] = []
+        offset = 0
+        try:
+            for _ in range(REJECTED_PAGES):
+                page = self.client.list_records(key_hash=key.digest(), status="rejected",
+                                                limit=100, offset=offset)  # fmt: skip
+                for record in page.items:
+                    if record.status == "rejected" and dict(record.config) not in refused:
+                        refused.append(dict(record.config))
+                offset += len(page.items)
+                if not page.items or offset >= page.count:
+                    break
+        except ServerError as exc:
+            logger.warning("job %d: the configs rejected at its key are unknown (%s)", job.id, exc)
+        if refused:
+            logger.info("job %d: leaving out %d config(s) a verifier rejected at its key",
+                        job.id, len(refused))  # fmt: skip
+        return tuple(refused)
+
     def work(self, job: JobPublic, harness: Harness) -> None:
         """Tunes one claimed job, uploads the winner and completes it (or fails it, saying why)."""
         started = time.perf_counter()
@@ -293,7 +320,8 @@ class Daemon(Worker):
             key = self.local_key(job)
             strategy = job.strategy or self.options.strategy  # the job's, else the daemon's
             budget = Budget(trials=job.trials or self.options.trials)
-            options = TuneOptions(strategy=strategy, workers=self.options.workers)
+            options = TuneOptions(strategy=strategy, workers=self.options.workers,
+                                  refused=self.rejected_at(job, key))  # fmt: skip
             with leased(self.client, job, self.worker, self.options.lease_seconds):
                 outcome = tune(key, budget, options, harness=harness)
         except (InvalidInput, TuningError, ServerError) as exc:

@@ -23,6 +23,7 @@ import logging
 import os
 import platform
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ from tunecache.schemas import (
 from tunecache.settings import work_dir
 from tunecache.space import Config
 from tunecache.timing import DEFAULT_TIMER, TimerSettings
-from tuner.candidates import Emit, search_native, search_space, servable
+from tuner.candidates import Emit, search_native, search_space, servable, unrefused
 from tuner.harness import Harness, Task
 from tuner.measure import Pipelines
 from tuner.search import DEFAULT_STRATEGY, STRATEGIES
@@ -85,6 +86,8 @@ class TuneOptions:
             ahead of the one process that times them, when the backend can compile without the
             device (Triton on a GPU: :meth:`backends.base.Backend.compile_target`); ``False``:
             each compiles in the worker that times it.
+        refused: configs a verifier of the cache rejected at this key (a daemon's re-tune of a
+            key whose record was rejected): never the winner, as the cache would not serve them.
     """
 
     strategy: str | None = None
@@ -98,6 +101,7 @@ class TuneOptions:
     workdir: Path | None = None
     backend_ref: str | None = None
     compile_ahead: bool = True
+    refused: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass
@@ -266,8 +270,8 @@ def tune(
                 neighbours=(lambda space: neighbour_configs(cache, key, space)) if cache else None,
                 prior_of=(lambda space: neighbour_prior(cache, key, space)) if cache else None,
             )  # fmt: skip
-        default = default_config(workload, key)
-        found = servable(found, key, default)
+        default = unrefused(default_config(workload, key), options.refused)
+        found = servable(found, key, default, options.refused)
         winner = select_winner(bench, found, default=default, seeds=options.seeds, emit=emit,
                                deadline=deadline)  # fmt: skip
         if isinstance(bench, Pipelines):

@@ -25,6 +25,7 @@ from tunecache.schemas import (
     RecordCreate,
     RecordList,
     RecordPublic,
+    RecordStatus,
     UploadResult,
 )
 
@@ -123,6 +124,7 @@ def list_records(
     device_arch: Annotated[Name | None, Query()] = None,
     key_hash: Annotated[str | None, Query(pattern=r"^[0-9a-f]{64}$")] = None,
     validated: bool | None = None,
+    record_status: Annotated[RecordStatus | None, Query(alias="status")] = None,
     winners_only: bool = False,
     limit: Annotated[int, Query(ge=1)] = 100,
     offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
@@ -144,6 +146,7 @@ def list_records(
         device_arch=device_arch,
         key_hash=key_hash,
         validated=validated,
+        status=record_status,
     )
     items, total = queries.list_records(
         session,

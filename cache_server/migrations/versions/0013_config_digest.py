@@ -1,0 +1,55 @@
+"""Records carry their config's canonical digest, indexed with their key's hash: a dispute or a
+verifier's rejection of one record is a question for the key's other records of the same config
+(cache_server.twins), found by the index, not by reading every config of the key. Records stored
+before get theirs now.
+
+Revision ID: 0013
+Revises: 0012
+Create Date: 2026-12-02
+"""
+
+from __future__ import annotations
+
+import json
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0013"
+down_revision = "0012"
+branch_labels = None
+depends_on = None
+
+_BATCH = 1000
+
+
+def _digest(config: object) -> str | None:
+    from tunecache.canonical import digest
+    from tunecache.errors import InvalidInput
+
+    try:
+        return digest(json.loads(config) if isinstance(config, str) else config)
+    except (InvalidInput, ValueError):
+        return None
+
+
+def upgrade() -> None:
+    op.add_column("records", sa.Column("config_digest", sa.String(64), nullable=True))
+    op.create_index("ix_records_key_config", "records", ["key_hash", "config_digest"])
+    records = sa.table("records", sa.column("id", sa.Integer), sa.column("config", sa.JSON),
+                       sa.column("config_digest", sa.String))  # fmt: skip
+    fill = records.update().where(records.c.id == sa.bindparam("row_id"))
+    fill = fill.values(config_digest=sa.bindparam("value"))
+    bind, after = op.get_bind(), 0
+    while batch := bind.execute(
+        sa.select(records.c.id, records.c.config).where(records.c.id > after)
+        .order_by(records.c.id).limit(_BATCH)
+    ).all():  # fmt: skip
+        bind.execute(fill, [{"row_id": i, "value": _digest(config)} for i, config in batch])
+        after = batch[-1][0]
+
+
+def downgrade() -> None:
+    op.drop_index("ix_records_key_config", table_name="records")
+    # Not a batch (see 0012): SQLite >= 3.35 drops a column in place.
+    op.drop_column("records", "config_digest")

@@ -1,0 +1,129 @@
+"""A key's validated records of one config ("twins"): a finding about one is a question for all.
+
+A dispute or a verifier's rejection is a finding about a config at a key, not about one upload of
+it. Before, a write token defeated every finding with copies: a copy of a disputed config,
+uploaded beforehand with another time, served the moment the dispute took the first out; one
+uploaded again after a rejection (one byte changed: not the same upload) was served anew. Now:
+
+- a dispute of a record, or its rejection, makes its twins ``disputed``: out of service under every
+  policy until a verifier checks each (a rejection is a verdict on one record only, so an uploader
+  cannot have an honest record rejected by a copy of it; a copy costs a verification);
+- a new upload is stored ``disputed`` while a twin is disputed, or rejected with none verified
+  since (a rejection makes every verified twin disputed: a verified one passed since);
+- a verifier that passes a record has run every twin's open dispute (its task listed them): those
+  are settled, and the twins disputed with it get their standing back.
+
+Twins share the key's hash and the config's canonical digest (``records.config_digest``: sorted
+keys, types kept, so ``True`` is not ``1`` nor ``64.0`` ``64``, as the closed schemas and a space's
+membership tell them apart), and passed their uploader's validation (an unvalidated record is never
+served nor claimed by a verifier: a finding on one would stand for good). An upload, a dispute and a
+verifier's finding each take their key's lock first (:func:`lock_key`), so none misses what another
+wrote meanwhile: a copy uploaded in the instant a dispute lands is disputed with the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Select, and_, exists, false, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from cache_server.models import DisputeRow, RecordRow
+from tunecache.canonical import digest
+from tunecache.errors import InvalidInput
+
+LOCK_CLASS = 0x74756E65  # "tune": the advisory locks' first key, apart from other users' locks
+_CHUNK = 1000  # ids a statement names at once (PostgreSQL takes at most 65,535 parameters)
+
+
+def config_digest(config: Any) -> str | None:
+    """The canonical digest twins share; ``None`` for a config that is not plain JSON data (no
+    record's, since the schemas admit only that)."""
+    try:
+        return digest(config)
+    except InvalidInput:
+        return None
+
+
+def lock_key(session: Session, key_hash: str) -> None:
+    """Holds the key's lock until the transaction ends: PostgreSQL, an advisory lock of the
+    key's slot (:data:`LOCK_CLASS`, the hash's first byte: an import of 20,000 keys takes at
+    most 256 locks, where a lock a key overflowed PostgreSQL's lock table, 64 a connection by
+    default; sorted keys take their slots in order); SQLite, the database's write lock (one
+    writer at a time), taken now rather than at the first write, so that what this transaction
+    reads from here on is what it writes over."""
+    if session.get_bind().dialect.name == "postgresql":
+        slot = int(key_hash[:2], 16)
+        session.execute(select(func.pg_advisory_xact_lock(LOCK_CLASS, slot)))
+    else:  # an update of no row still opens SQLite's write transaction
+        session.execute(update(RecordRow).where(RecordRow.id == -1).values(status=RecordRow.status))
+
+
+def _of(row: RecordRow) -> Any:
+    """The condition a twin of ``row`` meets (none for a record without a digest, or one its
+    uploader's validation failed: its findings are not the config's)."""
+    if row.config_digest is None or not row.validated:
+        return false()
+    return and_(RecordRow.key_hash == row.key_hash, RecordRow.config_digest == row.config_digest,
+                RecordRow.validated.is_(True))  # fmt: skip
+
+
+def lock(session: Session, record_id: int) -> RecordRow | None:
+    """The record ``record_id`` read afresh and locked, behind its key's lock (``None``: none)."""
+    row = session.get(RecordRow, record_id)
+    if row is None:
+        return None
+    lock_key(session, row.key_hash)
+    return session.get(RecordRow, record_id, with_for_update=True, populate_existing=True)
+
+
+def disputes_of(row: RecordRow) -> Select[Any]:
+    """The ids of the open disputes of ``row`` and of its twins (whatever their status)."""
+    mates = select(RecordRow.id).where(or_(RecordRow.id == row.id, _of(row)))
+    return select(DisputeRow.id).where(DisputeRow.record_id.in_(mates.scalar_subquery()),
+                                       DisputeRow.resolved_at.is_(None))  # fmt: skip
+
+
+def inherit_findings(session: Session, row: RecordRow) -> None:
+    """A new upload (``row``, not yet stored, behind its key's lock) stands ``disputed`` while a
+    twin is disputed, or rejected with none verified since; a trusted token's too (a consumer's
+    failed check and a verifier's verdict outrank an uploader's word)."""
+    twin = _of(row)
+
+    def some(status: str) -> bool:
+        return bool(session.scalar(select(exists().where(twin, RecordRow.status == status))))
+
+    if some("disputed") or (some("rejected") and not some("verified")):
+        row.status, row.verification = "disputed", None
+
+
+def dispute(session: Session, row: RecordRow, statuses: Sequence[str]) -> bool:
+    """Makes ``row``'s twins standing in ``statuses`` disputed: a new question for the verifiers,
+    however often it was asked (their attempts start again). One statement, however many copies
+    a key holds; whether any changed."""
+    changed = session.execute(
+        update(RecordRow)
+        .where(_of(row), RecordRow.id != row.id, RecordRow.status.in_(list(statuses)))
+        .values(status="disputed", verify_attempts=0)
+        .execution_options(synchronize_session=False)
+    )  # fmt: skip
+    return bool(changed.rowcount)  # type: ignore[attr-defined]
+
+
+def settle(session: Session, row: RecordRow) -> None:
+    """Gives ``row``'s disputed twins their standing back, ``row`` just passed by a verifier that
+    ran every open dispute of their config: verified if a verifier (or a trusted uploader's
+    token) passed them before, else pending."""
+    found = session.execute(
+        select(RecordRow.id, RecordRow.verification)
+        .where(_of(row), RecordRow.id != row.id, RecordRow.status == "disputed")
+    ).all()  # fmt: skip
+    passed_before = {i for i, seen in found if (seen or {}).get("passed") is True}
+    for status in ("verified", "pending"):
+        ids = [i for i, _ in found if (i in passed_before) == (status == "verified")]
+        for at in range(0, len(ids), _CHUNK):
+            session.execute(
+                update(RecordRow).where(RecordRow.id.in_(ids[at : at + _CHUNK]))
+                .values(status=status).execution_options(synchronize_session=False)
+            )  # fmt: skip

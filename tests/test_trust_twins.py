@@ -1,0 +1,251 @@
+"""A dispute or a verifier's rejection is a finding about a config at a key, not about one upload
+of it: other records of the key holding the same config (uploaded before or after) follow it.
+
+Before, a write token defeated every finding with copies: a disputed config's copy, uploaded
+beforehand with another time, served the moment the dispute took the first one out; one uploaded
+again after a verifier's rejection (one byte changed, so not the same upload) was served anew.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import httpx
+
+from tests.conftest import LiveServer
+from tests.factories import AUTH, CPU, knobs, make_key, make_record
+from tests.test_trust import DEFAULT, dispute_body, post_dispute, token
+from tunecache import Client
+from tunecache.verification import VerificationCreate
+
+BAD, GOOD = knobs(1), knobs(2)
+
+
+def upload(
+    url: str, config: dict[str, object], ms: float, headers: dict[str, str]
+) -> httpx.Response:
+    body = make_record(make_key(m=64), time_ms=ms, config=config).model_dump(mode="json",
+                                                                          by_alias=True)  # fmt: skip
+    answer = httpx.post(f"{url}/v1/records", json=body, headers=headers)
+    assert answer.status_code == 201, answer.text
+    return answer
+
+
+def served(url: str) -> dict[str, object] | None:
+    with Client(url) as client:
+        return client.lookup(make_key(m=64), default=DEFAULT).config
+
+
+def reject(verifier: Client, worker: str, record_id: int) -> None:
+    task = verifier.claim_verification(worker, device_arch=CPU.arch, backends=["tvm"])
+    assert task is not None and task.record.id == record_id
+    failed = VerificationCreate(worker=worker, outcome="failed", device_name="verifier-cpu",
+                                validation=make_record(passed=False).validation)  # fmt: skip
+    assert verifier.submit_verification(record_id, failed).status == "rejected"
+
+
+def passed(worker: str) -> VerificationCreate:
+    return VerificationCreate(worker=worker, outcome="passed", device_name="verifier-cpu",
+                              timing=make_record(time_ms=1.1).timing,
+                              validation=make_record().validation)  # fmt: skip
+
+
+def test_a_dispute_and_a_rejection_hold_for_every_copy_of_the_config(server: LiveServer) -> None:
+    url = server.url
+    writer = {"Authorization": f"Bearer {token(url, 'hostile', 'write')}"}
+    first = upload(url, BAD, 1.0, writer).json()["record_id"]
+    copy = upload(url, BAD, 1.2, writer).json()["record_id"]  # a copy held in reserve
+    upload(url, GOOD, 3.0, AUTH)
+    reader = {"Authorization": f"Bearer {token(url, 'consumer', 'read')}"}
+    disputed_at = {"M": 50, "N": 64, "K": 64}  # in the record's bucket (M 33..64)
+    body = dispute_body(make_key(m=64), disputed_at)
+    assert post_dispute(url, first, reader, body).json()["status"] == "disputed"
+    assert served(url) == GOOD  # not the copy
+    reordered = {k: BAD[k] for k in reversed(BAD)}  # the same config, other bytes
+    again = upload(url, reordered, 0.5, writer).json()
+    assert (again["status"], again["is_winner"]) == ("disputed", False)
+    assert served(url) == GOOD
+
+    with Client(url, token=token(url, "v", "verify")) as verifier:
+        reject(verifier, "w", first)
+        twin = verifier.claim_verification("w2", device_arch=CPU.arch, backends=["tvm"])
+        assert twin is not None and twin.record.id == copy
+        assert twin.disputed_problems == [disputed_at]  # the copy is checked where it failed
+        assert verifier.get_record(copy).status == "disputed"  # a question, not a verdict
+    late = upload(url, BAD, 0.1, writer).json()
+    assert (late["status"], late["is_winner"]) == ("disputed", False)
+    trusted = {"Authorization": f"Bearer {token(url, 'ci', 'write', trusted=True)}"}
+    assert upload(url, BAD, 0.1, trusted).json()["status"] == "disputed"  # a verifier's verdict
+    assert served(url) == GOOD
+
+
+def test_a_verifier_passes_a_config_only_after_every_dispute_of_its_copies(
+    server: LiveServer,
+) -> None:
+    """A copy disputed while the verifier checks another (its lease held) keeps both out of
+    service: the pass did not run that dispute. The next check runs it, and the pass then
+    gives the copies their standing back; a new upload of the config is pending again."""
+    url = server.url
+    first = upload(url, BAD, 1.0, AUTH).json()["record_id"]
+    copy = upload(url, BAD, 1.5, AUTH).json()["record_id"]
+    reader = {"Authorization": f"Bearer {token(url, 'consumer', 'read')}"}
+    assert post_dispute(url, first, reader, dispute_body(make_key(m=64))).status_code == 200
+    with Client(url, token=token(url, "v", "verify")) as verifier:
+        task = verifier.claim_verification("w", device_arch=CPU.arch, backends=["tvm"])
+        assert task is not None and task.record.id == first
+        assert task.disputed_problems == [dict(make_key(m=64).problem)]
+        late = {"M": 50, "N": 64, "K": 64}
+        assert (
+            post_dispute(url, copy, reader, dispute_body(make_key(m=64), late)).status_code == 200
+        )
+        assert verifier.submit_verification(first, passed("w")).status == "disputed"
+        assert served(url) == DEFAULT
+        task = verifier.claim_verification("w", device_arch=CPU.arch, backends=["tvm"])
+        assert task is not None and task.record.id == first
+        assert task.disputed_problems == [late]  # the copy's dispute, run now
+        assert verifier.submit_verification(first, passed("w")).status == "verified"
+        assert verifier.get_record(copy).status == "pending"
+    assert served(url) == BAD
+    assert upload(url, BAD, 0.9, AUTH).json()["status"] == "pending"
+
+
+def test_a_rejection_is_a_verdict_on_one_record_and_a_new_upload_is_checked_again(
+    server: LiveServer,
+) -> None:
+    """A rejection (a timeout, say) does not ban the config at its key for good: a new upload
+    of it is disputed, and a verifier that passes it restores it."""
+    url = server.url
+    first = upload(url, BAD, 1.0, AUTH).json()["record_id"]
+    with Client(url, token=token(url, "v", "verify")) as verifier:
+        reject(verifier, "w", first)
+        again = upload(url, BAD, 1.0, AUTH).json()
+        assert (again["status"], served(url)) == ("disputed", DEFAULT)
+        task = verifier.claim_verification("w", device_arch=CPU.arch, backends=["tvm"])
+        assert task is not None and task.record.id == again["record_id"]
+        assert verifier.submit_verification(again["record_id"], passed("w")).status == "verified"
+    assert served(url) == BAD
+    assert upload(url, BAD, 2.0, AUTH).json()["status"] == "pending"
+
+
+def test_only_a_validated_record_of_the_very_same_config_is_a_copy(server: LiveServer) -> None:
+    """A hostile token cannot take an honest config out of service with a near copy: ``1`` for
+    ``True`` is another config (the closed schemas and the spaces tell them apart), and an
+    unvalidated copy (never served, never verified) carries no finding."""
+    url = server.url
+    honest = knobs(1, vectorize=True)
+    trusted = {"Authorization": f"Bearer {token(url, 'ci', 'write', trusted=True)}"}
+    kept = upload(url, honest, 1.0, trusted).json()
+    assert kept["status"] == "verified" and kept["is_winner"]
+    writer = {"Authorization": f"Bearer {token(url, 'hostile', 'write')}"}
+    near = upload(url, knobs(1, vectorize=1), 0.5, writer).json()["record_id"]
+    body = make_record(make_key(m=64), config=honest, passed=False).model_dump(
+        mode="json", by_alias=True)  # fmt: skip
+    failing = httpx.post(f"{url}/v1/records", json=body, headers=writer).json()["record_id"]
+    reader = {"Authorization": f"Bearer {token(url, 'consumer', 'read')}"}
+    for record_id in (near, failing):
+        assert post_dispute(url, record_id, reader, dispute_body(make_key(m=64))).status_code == 200
+    with Client(url) as client:
+        assert client.get_record(kept["record_id"]).status == "verified"
+    assert served(url) == honest
+    assert upload(url, honest, 0.9, trusted).json()["status"] == "verified"
+
+
+def test_findings_on_twins_at_once_all_land(any_server: LiveServer) -> None:
+    """Disputes of six copies of one config and new uploads of it, all at once, on either
+    database: each is answered, and none of the copies is served after (a copy uploaded in the
+    instant a dispute lands is disputed with the others: each takes the key's lock)."""
+    url = any_server.url
+    ids = [upload(url, BAD, 1.0 + i / 10, AUTH).json()["record_id"] for i in range(6)]
+    upload(url, GOOD, 3.0, AUTH)
+    readers = [{"Authorization": f"Bearer {token(url, f'consumer{i}', 'read')}"} for i in range(6)]
+    body = dispute_body(make_key(m=64))
+
+    def dispute(i: int) -> int:
+        return post_dispute(url, ids[i], readers[i], body).status_code
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        disputes = [pool.submit(dispute, i) for i in range(6)]
+        uploads = [pool.submit(upload, url, BAD, 0.5 + i / 10, AUTH) for i in range(4)]
+    assert [f.result() for f in disputes] == [200] * 6
+    assert all(f.result().status_code == 201 for f in uploads)
+    with Client(url) as client:
+        listed = client.list_records(key_hash=make_key(m=64).digest(), limit=100).items
+    assert {r.status for r in listed if r.config == BAD} == {"disputed"}
+    assert served(url) == GOOD
+
+
+def test_a_copy_uploaded_while_a_dispute_lands_is_disputed_with_the_others(
+    any_server: LiveServer,
+) -> None:
+    """An upload of the config still open (stored, not committed) when a dispute of it arrives:
+    the dispute waits for the key's lock, then finds the copy. Without the lock it read the
+    key's records before the copy was committed and left it served."""
+    import threading
+    import time
+
+    from cache_server.db import make_engine, make_sessionmaker
+    from cache_server.queries import add_record
+
+    url = any_server.url
+    first = upload(url, BAD, 1.0, AUTH).json()["record_id"]
+    upload(url, GOOD, 3.0, AUTH)
+    reader = {"Authorization": f"Bearer {token(url, 'consumer', 'read')}"}
+    # the token's first use writes its last use (SQLite: the write lock); not the dispute's
+    assert httpx.get(f"{url}/v1/records", headers=reader).status_code == 200
+    answers: list[int] = []
+    disputing = threading.Thread(target=lambda: answers.append(
+        post_dispute(url, first, reader, dispute_body(make_key(m=64))).status_code))  # fmt: skip
+    engine = make_engine(any_server.db)
+    try:
+        with make_sessionmaker(engine).begin() as session:
+            record = make_record(make_key(m=64), time_ms=0.5, config=BAD)
+            copy = add_record(session, key_hash=make_key(m=64).digest(), record=record)
+            disputing.start()
+            time.sleep(1.0)  # the dispute reaches the server meanwhile
+    finally:
+        engine.dispose()
+    disputing.join(timeout=60)
+    assert answers == [200]
+    with Client(url) as client:
+        assert client.get_record(copy.record_id).status == "disputed"
+    assert served(url) == GOOD
+
+
+def test_records_ls_lists_a_keys_records_by_status(server: LiveServer) -> None:
+    """What an operator reads after findings: `records ls --status rejected` lists the records
+    a verifier rejected, `--status disputed` those out of service until checked (its copies)."""
+    import subprocess
+    import sys
+
+    url = server.url
+    first = upload(url, BAD, 1.0, AUTH).json()["record_id"]
+    copy = upload(url, BAD, 1.2, AUTH).json()["record_id"]
+    upload(url, GOOD, 3.0, AUTH)
+    with Client(url, token=token(url, "v", "verify")) as verifier:
+        reject(verifier, "w", first)
+    for status, record_id in (("rejected", first), ("disputed", copy)):  # --all implied
+        listed = subprocess.run([sys.executable, "-m", "tunecache_cli", "records", "ls",
+                                 "--status", status, "--server", url],
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert listed.returncode == 0, listed.stderr
+        rows = [line for line in listed.stdout.splitlines() if line.startswith("#")]
+        assert len(rows) == 1 and rows[0].startswith(f"#{record_id} "), listed.stdout
+        assert f" {status} " in rows[0]
+    bad = subprocess.run([sys.executable, "-m", "tunecache_cli", "records", "ls", "--status",
+                          "gone", "--server", url], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2 and "--status" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_tune_says_an_upload_of_a_disputed_config_is_not_served() -> None:
+    """`tunecache tune`'s last line, for an upload stored disputed (no winner at its key): it
+    said "kept; #None is faster"."""
+    from tunecache.schemas import UploadResult
+    from tunecache_cli.tune import upload_state
+
+    held = UploadResult(record_id=3, key_hash="0" * 64, winner_record_id=None, is_winner=False,
+                        status="disputed")  # fmt: skip
+    assert upload_state(held).startswith("disputed, not served: ") and "None" not in upload_state(
+        held
+    )
+    won = held.model_copy(update={"status": "pending", "is_winner": True, "winner_record_id": 3})
+    assert upload_state(won) == "the winner"
