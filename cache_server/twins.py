@@ -48,11 +48,12 @@ def config_digest(config: Any) -> str | None:
 
 def lock_key(session: Session, key_hash: str) -> None:
     """Holds the key's lock until the transaction ends: PostgreSQL, an advisory lock of the
-    key's slot (:data:`LOCK_CLASS`, the hash's first byte: an import of 20,000 keys takes at
-    most 256 locks, where a lock a key overflowed PostgreSQL's lock table, 64 a connection by
-    default; sorted keys take their slots in order); SQLite, the database's write lock (one
-    writer at a time), taken now rather than at the first write, so that what this transaction
-    reads from here on is what it writes over."""
+    key's slot (:data:`LOCK_CLASS`, the hash's first byte: an import takes at most 256 locks
+    however many keys it holds, where PostgreSQL sizes its shared lock table for 64 a connection
+    by default; 20,000 distinct ones fitted in a test cluster's slack, which is no bound; sorted
+    keys take their slots in order); SQLite, the database's write lock (one writer at a time),
+    taken now rather than at the first write, so that what this transaction reads from here on
+    is what it writes over."""
     if session.get_bind().dialect.name == "postgresql":
         slot = int(key_hash[:2], 16)
         session.execute(select(func.pg_advisory_xact_lock(LOCK_CLASS, slot)))
