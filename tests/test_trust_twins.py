@@ -249,3 +249,27 @@ def test_tune_says_an_upload_of_a_disputed_config_is_not_served() -> None:
     )
     won = held.model_copy(update={"status": "pending", "is_winner": True, "winner_record_id": 3})
     assert upload_state(won) == "the winner"
+
+
+def test_a_copy_that_spells_out_a_default_of_the_space_is_a_copy(server: LiveServer) -> None:
+    """A built-in kernel's config may leave out a parameter its space defaults (matmul's Triton
+    ``SPLIT_K``, 1): the same config with it written out runs the same and is the same config."""
+    from tests.factories import default_config
+
+    url = server.url
+    key = make_key(m=64, kernel="matmul", backend="triton", dtype="float16")
+    short = default_config(key)
+    assert "SPLIT_K" not in short
+
+    def send(config: dict[str, object], ms: float) -> dict[str, object]:
+        body = make_record(key, time_ms=ms, config=config).model_dump(mode="json", by_alias=True)
+        answer = httpx.post(f"{url}/v1/records", json=body, headers=AUTH)
+        assert answer.status_code == 201, answer.text
+        stored: dict[str, object] = answer.json()
+        return stored
+
+    first = send(short, 1.0)["record_id"]
+    reader = {"Authorization": f"Bearer {token(url, 'consumer', 'read')}"}
+    assert post_dispute(url, first, reader, dispute_body(key)).status_code == 200
+    assert send({**short, "SPLIT_K": 1}, 0.5)["status"] == "disputed"
+    assert send({**short, "SPLIT_K": 2}, 0.5)["status"] == "pending"  # another config

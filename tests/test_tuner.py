@@ -241,4 +241,7 @@ def test_configs_rejected_at_the_key_are_never_candidates() -> None:
     assert "rejected this config at this key" in kept.trials[0].error
     assert servable(found, key, default, refused=[bad, good]).ranked == [default]
     assert servable(found, key, None, refused=[bad, good]).ranked == []
-    assert unrefused(default, [bad]) == default and unrefused(default, [default]) is None
+    assert unrefused(default, [bad], key) == default and unrefused(default, [default], key) is None
+    near = {**good, "vectorize": 1}  # a near copy rejected refuses not the config with True
+    assert servable(SearchResult([{**good, "vectorize": True}], [], "random", 0.1), key, default,
+                    refused=[near]).ranked == [{**good, "vectorize": True}]  # fmt: skip

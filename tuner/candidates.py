@@ -9,13 +9,15 @@ takes it from there.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from backends import Backend, SearchRequest, SearchResult
-from tunecache.configcheck import config_problem
+from tunecache.canonical import canonical_json
+from tunecache.configcheck import completed, config_problem
 from tunecache.errors import InvalidInput
 from tunecache.interleave import MIN_ROUNDS
 from tunecache.key import Key
@@ -59,32 +61,44 @@ def servable(
     """``found`` without the candidates no record may hold: a config outside its backend's
     closed schema (:func:`tunecache.configcheck.config_problem`) could never be served, nor one
     of ``refused`` (rejected at this key by a verifier of the cache, which stores a new upload
-    of it rejected too), so it never wins; each is kept as an ``invalid`` trial saying why.
-    When that leaves none, the ``default`` config is the candidate (unless refused too)."""
+    of it disputed), so it never wins; each is kept as an ``invalid`` trial saying why. When
+    that leaves none, the ``default`` config is the candidate (unless refused too)."""
     ranked: list[dict[str, Any]] = []
     left_out: list[Trial] = []
-    rejected = [dict(config) for config in refused]
+    rejected = _runs_as(key, refused)
     for config in found.ranked:
         why = config_problem(key.backend, config, kernel=key.kernel, device=key.device.kind)
-        if why is None and dict(config) not in rejected:
+        if why is None and not _runs_as(key, [config]) & rejected:
             ranked.append(config)
             continue
         error = REFUSED_AT_KEY if why is None else f"outside the {key.backend} closed schema: {why}"
         left_out.append(Trial(config=config, status="invalid", error=error[:2000]))
-    if left_out and not ranked and default is not None and dict(default) not in rejected:
+    if left_out and not ranked and unrefused(default, refused, key) is not None:
+        assert default is not None
         ranked.append(dict(default))
     return dataclasses.replace(found, ranked=ranked, trials=[*found.trials, *left_out],
                                runnable=None)  # fmt: skip
 
 
 def unrefused(
-    default: Mapping[str, Any] | None, refused: Sequence[Mapping[str, Any]]
+    default: Mapping[str, Any] | None, refused: Sequence[Mapping[str, Any]], key: Key
 ) -> Mapping[str, Any] | None:
     """``default``, or ``None`` when it is one of ``refused``: then it is neither a candidate nor
     the config that replaces a winner it was not beaten by."""
-    if default is None or dict(default) not in [dict(config) for config in refused]:
+    if default is None or not _runs_as(key, [default]) & _runs_as(key, refused):
         return default
     return None
+
+
+def _runs_as(key: Key, configs: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The configs as they run at ``key`` (their space's defaults filled in), in canonical JSON:
+    ``True`` is not ``1`` (a near copy a verifier rejected refuses nothing else); a config that
+    is not plain JSON data is none."""
+    shown: set[str] = set()
+    for config in configs:
+        with contextlib.suppress(InvalidInput):
+            shown.add(canonical_json(completed(key.backend, dict(config), kernel=key.kernel)))
+    return shown
 
 
 def enumerable_space(backend: Backend, workload: Workload, problem: Mapping[str, int],

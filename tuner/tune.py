@@ -270,7 +270,7 @@ def tune(
                 neighbours=(lambda space: neighbour_configs(cache, key, space)) if cache else None,
                 prior_of=(lambda space: neighbour_prior(cache, key, space)) if cache else None,
             )  # fmt: skip
-        default = unrefused(default_config(workload, key), options.refused)
+        default = unrefused(default_config(workload, key), options.refused, key)
         found = servable(found, key, default, options.refused)
         winner = select_winner(bench, found, default=default, seeds=options.seeds, emit=emit,
                                deadline=deadline)  # fmt: skip

@@ -75,6 +75,22 @@ def config_problem(
     return None
 
 
+def completed(backend: str, config: Any, *, kernel: str | None = None) -> Any:
+    """``config`` with the parameters its kernel's ``backend`` space lets it leave out set to
+    their defaults (a kernel registered in this process; else ``config`` as it is): the config
+    that runs, whichever way it was written, so that two records of it compare equal.
+
+    Example:
+        >>> completed("triton", {"BLOCK_M": 64}, kernel="matmul")
+        {'SPLIT_K': 1, 'BLOCK_M': 64}
+    """
+    spec = registered(kernel) if kernel is not None else None
+    defaults = {} if spec is None else spec.config_defaults.get(backend, {})
+    if not defaults or not isinstance(config, Mapping):
+        return config
+    return {**{k: v for k, v in defaults.items() if k not in config}, **config}
+
+
 def space_problem(config: Mapping[str, Any], choices: Mapping[str, tuple[Any, ...]],
                   defaults: Mapping[str, Any]) -> str | None:  # fmt: skip
     """Why ``config`` is outside ``choices`` (parameter → its values; a parameter of

@@ -23,12 +23,15 @@ depends_on = None
 _BATCH = 1000
 
 
-def _digest(config: object) -> str | None:
+def _digest(config: object, kernel: str, backend: str) -> str | None:
+    """The digest of the config that runs (the space's defaults filled in, as new records')."""
     from tunecache.canonical import digest
+    from tunecache.configcheck import completed
     from tunecache.errors import InvalidInput
 
     try:
-        return digest(json.loads(config) if isinstance(config, str) else config)
+        value = json.loads(config) if isinstance(config, str) else config
+        return digest(completed(backend, value, kernel=kernel))
     except (InvalidInput, ValueError):
         return None
 
@@ -37,15 +40,18 @@ def upgrade() -> None:
     op.add_column("records", sa.Column("config_digest", sa.String(64), nullable=True))
     op.create_index("ix_records_key_config", "records", ["key_hash", "config_digest"])
     records = sa.table("records", sa.column("id", sa.Integer), sa.column("config", sa.JSON),
+                       sa.column("kernel", sa.String), sa.column("backend", sa.String),
                        sa.column("config_digest", sa.String))  # fmt: skip
     fill = records.update().where(records.c.id == sa.bindparam("row_id"))
     fill = fill.values(config_digest=sa.bindparam("value"))
     bind, after = op.get_bind(), 0
     while batch := bind.execute(
-        sa.select(records.c.id, records.c.config).where(records.c.id > after)
+        sa.select(records.c.id, records.c.config, records.c.kernel, records.c.backend)
+        .where(records.c.id > after)
         .order_by(records.c.id).limit(_BATCH)
     ).all():  # fmt: skip
-        bind.execute(fill, [{"row_id": i, "value": _digest(config)} for i, config in batch])
+        bind.execute(fill, [{"row_id": i, "value": _digest(config, kernel, backend)}
+                            for i, config, kernel, backend in batch])  # fmt: skip
         after = batch[-1][0]
 
 
