@@ -21,7 +21,6 @@ from sqlalchemy.orm import Session
 from cache_server import twins
 from cache_server.db import upsert_insert
 from cache_server.models import RecordRow, TokenRow, TrialRow, VerifiedWinnerRow, WinnerRow, utcnow
-from tunecache.configcheck import completed
 from tunecache.rules import bucket_digest
 from tunecache.schemas import STORED, RecordCreate, RecordPublic, VerificationPublic
 
@@ -82,7 +81,7 @@ def record_row(
         trial_count=len(record.trials),
         bucket_hash=bucket_digest(record.key.model_dump(mode="json", by_alias=True)),
         upload_digest=upload_digest(record, uploader),
-        config_digest=twins.config_digest(completed(key.backend, record.config, kernel=key.kernel)),
+        config_digest=twins.config_digest(key.backend, record.config, kernel=key.kernel),
     )
 
 

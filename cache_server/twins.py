@@ -23,27 +23,26 @@ wrote meanwhile: a copy uploaded in the instant a dispute lands is disputed with
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, and_, exists, false, func, or_, select, update
+from sqlalchemy import Select, and_, false, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from cache_server.models import DisputeRow, RecordRow
-from tunecache.canonical import digest
-from tunecache.errors import InvalidInput
+from tunecache.configcheck import as_run
 
 LOCK_CLASS = 0x74756E65  # "tune": the advisory locks' first key, apart from other users' locks
 _CHUNK = 1000  # ids a statement names at once (PostgreSQL takes at most 65,535 parameters)
 
 
-def config_digest(config: Any) -> str | None:
-    """The canonical digest twins share; ``None`` for a config that is not plain JSON data (no
-    record's, since the schemas admit only that)."""
-    try:
-        return digest(config)
-    except InvalidInput:
-        return None
+def config_digest(backend: str, config: Any, *, kernel: str) -> str | None:
+    """The digest twins share: of the config as it runs (:func:`tunecache.configcheck.as_run`,
+    the SHA-256 of its canonical JSON, as :func:`tunecache.canonical.digest`); ``None`` for one
+    that is not plain JSON data (no record's, since the schemas admit only that)."""
+    shown = as_run(backend, config, kernel=kernel)
+    return None if shown is None else hashlib.sha256(shown.encode("utf-8")).hexdigest()
 
 
 def lock_key(session: Session, key_hash: str) -> None:
@@ -90,12 +89,8 @@ def inherit_findings(session: Session, row: RecordRow) -> None:
     """A new upload (``row``, not yet stored, behind its key's lock) stands ``disputed`` while a
     twin is disputed, or rejected with none verified since; a trusted token's too (a consumer's
     failed check and a verifier's verdict outrank an uploader's word)."""
-    twin = _of(row)
-
-    def some(status: str) -> bool:
-        return bool(session.scalar(select(exists().where(twin, RecordRow.status == status))))
-
-    if some("disputed") or (some("rejected") and not some("verified")):
+    held = set(session.scalars(select(RecordRow.status).where(_of(row)).distinct()))
+    if "disputed" in held or ("rejected" in held and "verified" not in held):
         row.status, row.verification = "disputed", None
 
 

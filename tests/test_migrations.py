@@ -183,7 +183,7 @@ def test_records_stored_before_the_config_digest_get_theirs_and_share_findings(
     upgrade(url)
     with make_engine(url).connect() as connection:
         stored = connection.execute(text("select id, config_digest from records")).all()
-    assert [d for _, d in stored] == [config_digest(knobs(1))] * 2
+    assert [d for _, d in stored] == [config_digest("tvm", knobs(1), kernel=key.kernel)] * 2
     check = records[0].validation.checks[0].model_copy(update={"passed": False})
     with make_sessionmaker(make_engine(url))() as session:
         add_dispute(session, record_id=stored[0][0], reporter="r",

@@ -9,15 +9,13 @@ takes it from there.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from backends import Backend, SearchRequest, SearchResult
-from tunecache.canonical import canonical_json
-from tunecache.configcheck import completed, config_problem
+from tunecache.configcheck import as_run, config_problem
 from tunecache.errors import InvalidInput
 from tunecache.interleave import MIN_ROUNDS
 from tunecache.key import Key
@@ -68,7 +66,7 @@ def servable(
     rejected = _runs_as(key, refused)
     for config in found.ranked:
         why = config_problem(key.backend, config, kernel=key.kernel, device=key.device.kind)
-        if why is None and not _runs_as(key, [config]) & rejected:
+        if why is None and not (rejected and _runs_as(key, [config]) & rejected):
             ranked.append(config)
             continue
         error = REFUSED_AT_KEY if why is None else f"outside the {key.backend} closed schema: {why}"
@@ -85,20 +83,16 @@ def unrefused(
 ) -> Mapping[str, Any] | None:
     """``default``, or ``None`` when it is one of ``refused``: then it is neither a candidate nor
     the config that replaces a winner it was not beaten by."""
-    if default is None or not _runs_as(key, [default]) & _runs_as(key, refused):
+    if default is None or not refused or not _runs_as(key, [default]) & _runs_as(key, refused):
         return default
     return None
 
 
 def _runs_as(key: Key, configs: Sequence[Mapping[str, Any]]) -> set[str]:
-    """The configs as they run at ``key`` (their space's defaults filled in), in canonical JSON:
-    ``True`` is not ``1`` (a near copy a verifier rejected refuses nothing else); a config that
-    is not plain JSON data is none."""
-    shown: set[str] = set()
-    for config in configs:
-        with contextlib.suppress(InvalidInput):
-            shown.add(canonical_json(completed(key.backend, dict(config), kernel=key.kernel)))
-    return shown
+    """The configs as they run at ``key`` (:func:`tunecache.configcheck.as_run`: ``True`` is not
+    ``1``, so a near copy a verifier rejected refuses nothing else)."""
+    shown = (as_run(key.backend, dict(config), kernel=key.kernel) for config in configs)
+    return {each for each in shown if each is not None}
 
 
 def enumerable_space(backend: Backend, workload: Workload, problem: Mapping[str, int],

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from backends import Budget, get_backend
 from tunecache.client import Client
+from tunecache.configcheck import as_run
 from tunecache.device import local_device
 from tunecache.errors import InvalidInput, ServerError, TuningError
 from tunecache.jobs import JobPublic
@@ -290,15 +291,16 @@ class Daemon(Worker):
         at a time, up to :data:`REJECTED_PAGES`: copies of one config do not crowd out another):
         the re-tune of a key whose record was rejected leaves them out, since a new upload of one
         waits for a verifier again. None when the server does not answer: the tune goes on."""
-        refused: list[dict[str, Any]] = []
+        refused: dict[str | None, dict[str, Any]] = {}  # by the config as it runs
         offset = 0
         try:
             for _ in range(REJECTED_PAGES):
                 page = self.client.list_records(key_hash=key.digest(), status="rejected",
                                                 limit=100, offset=offset)  # fmt: skip
                 for record in page.items:
-                    if record.status == "rejected" and dict(record.config) not in refused:
-                        refused.append(dict(record.config))
+                    if record.status == "rejected":
+                        runs = as_run(key.backend, record.config, kernel=key.kernel)
+                        refused.setdefault(runs, dict(record.config))
                 offset += len(page.items)
                 if not page.items or offset >= page.count:
                     break
@@ -307,7 +309,7 @@ class Daemon(Worker):
         if refused:
             logger.info("job %d: leaving out %d config(s) a verifier rejected at its key",
                         job.id, len(refused))  # fmt: skip
-        return tuple(refused)
+        return tuple(refused.values())
 
     def work(self, job: JobPublic, harness: Harness) -> None:
         """Tunes one claimed job, uploads the winner and completes it (or fails it, saying why)."""

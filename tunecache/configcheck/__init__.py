@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tunecache.configcheck import inductor, triton, tvm
+from tunecache.errors import InvalidInput
 from tunecache.kernels import registered
 from tunecache.problem import describe
 from tunecache.vllm_moe import imported_value_problem
@@ -89,6 +90,17 @@ def completed(backend: str, config: Any, *, kernel: str | None = None) -> Any:
     if not defaults or not isinstance(config, Mapping):
         return config
     return {**{k: v for k, v in defaults.items() if k not in config}, **config}
+
+
+def as_run(backend: str, config: Any, *, kernel: str | None = None) -> str | None:
+    """:func:`completed` ``config`` in canonical JSON (types kept: ``True`` is not ``1``): equal
+    for two configs that run the same; ``None`` for one that is not plain JSON data."""
+    from tunecache.canonical import canonical_json
+
+    try:
+        return canonical_json(completed(backend, config, kernel=kernel))
+    except InvalidInput:
+        return None
 
 
 def space_problem(config: Mapping[str, Any], choices: Mapping[str, tuple[Any, ...]],

@@ -10,6 +10,7 @@ Create Date: 2026-12-02
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import sqlalchemy as sa
@@ -24,16 +25,15 @@ _BATCH = 1000
 
 
 def _digest(config: object, kernel: str, backend: str) -> str | None:
-    """The digest of the config that runs (the space's defaults filled in, as new records')."""
-    from tunecache.canonical import digest
-    from tunecache.configcheck import completed
-    from tunecache.errors import InvalidInput
+    """The digest of the config as it runs (cache_server.twins.config_digest, as new records')."""
+    from tunecache.configcheck import as_run
 
     try:
         value = json.loads(config) if isinstance(config, str) else config
-        return digest(completed(backend, value, kernel=kernel))
-    except (InvalidInput, ValueError):
+    except ValueError:
         return None
+    shown = as_run(backend, value, kernel=kernel)
+    return None if shown is None else hashlib.sha256(shown.encode("utf-8")).hexdigest()
 
 
 def upgrade() -> None:
