@@ -194,8 +194,13 @@ def record_fields(row: RecordRow) -> dict[str, Any]:
 
 
 def public_record(
-    row: RecordRow, *, is_winner: bool, trials: Sequence[TrialRow] = ()
+    row: RecordRow, *, is_winner: bool, trials: Sequence[TrialRow] = (), listed: bool = False
 ) -> RecordPublic:
+    """``row`` as the API shows it, with ``trials``; ``listed``: its validation's worst check
+    only (:func:`worst_check`)."""
+    fields = record_fields(row)
+    if listed:
+        fields["validation"] = worst_check(row.validation)
     return RecordPublic.model_validate(
         {
             "id": row.id,
@@ -206,7 +211,7 @@ def public_record(
             "uploaded_by": row.uploaded_by,
             "verification": row.verification,
             "disputes": row.disputes,
-            **record_fields(row),
+            **fields,
             # as stored too: an error written before its text was checked stays readable
             "trials": [
                 {"config": t.config, "status": t.status, "time_ms": t.time_ms, "error": t.error}
@@ -215,6 +220,23 @@ def public_record(
         },
         context=STORED,
     )
+
+
+def worst_check(validation: Any) -> Any:
+    """A stored validation with one check left: the worst, the one ``max_rel_error`` names (one
+    without an error counts as the largest, as there; a failed one first among equals). A
+    listing's records carry it: an upload may hold 256 checks of 32 parameters and a note each
+    (1.75 MB), and a page of a hundred took 10 to 15 s to read; a record read by id has all."""
+    checks = validation.get("checks") if isinstance(validation, dict) else None
+    if not isinstance(checks, list) or len(checks) < 2:
+        return validation
+
+    def badness(check: Any) -> tuple[bool, float, bool]:
+        error = check.get("rel_error") if isinstance(check, dict) else None
+        failed = isinstance(check, dict) and check.get("passed") is False
+        return error is None, error if isinstance(error, int | float) else 0.0, failed
+
+    return {**validation, "checks": [max(checks, key=badness)]}
 
 
 def get_winner(
@@ -242,20 +264,28 @@ BUCKET_WINNERS = {
 
 
 def get_record(
-    session: Session, *, record_id: int, with_trials: bool = True, table: WinnerTable = WinnerRow
-) -> RecordPublic | None:
-    """One record by id, with its trials in the order they ran (``is_winner``: in ``table``,
-    the serving policy's winners)."""
+    session: Session, *, record_id: int, with_trials: bool | int = True,
+    table: WinnerTable = WinnerRow,
+) -> RecordPublic | None:  # fmt: skip
+    """One record by id, with its trials in the order they ran, or the first ``with_trials``
+    of them (``is_winner``: in ``table``, the serving policy's winners)."""
     row = session.get(RecordRow, record_id)
     if row is None:
         return None
     trials: Sequence[TrialRow] = ()
-    if with_trials:
-        trials = session.scalars(
-            select(TrialRow).where(TrialRow.record_id == record_id).order_by(TrialRow.position)
-        ).all()
+    if with_trials is not False:
+        stmt = select(TrialRow).where(TrialRow.record_id == record_id).order_by(TrialRow.position)
+        if with_trials is not True:
+            stmt = stmt.limit(with_trials)
+        trials = session.scalars(stmt).all()
     winner = session.scalar(select(table.record_id).where(table.key_hash == row.key_hash))
     return public_record(row, is_winner=winner == row.id, trials=trials)
+
+
+def trial_times(session: Session, *, record_id: int) -> list[float | None]:
+    """The times of a record's trials in the order they ran (``None``: the trial failed)."""
+    return list(session.scalars(select(TrialRow.time_ms).where(TrialRow.record_id == record_id)
+                                .order_by(TrialRow.position)))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -305,7 +335,7 @@ def list_records(
     total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
     order = _BY_KEY if by_key else (RecordRow.id.desc(),)
     rows = session.execute(base.order_by(*order).limit(limit).offset(offset)).all()
-    return [public_record(r[0], is_winner=r[1] is not None) for r in rows], total
+    return [public_record(r[0], is_winner=r[1] is not None, listed=True) for r in rows], total
 
 
 def count_records(session: Session) -> int:

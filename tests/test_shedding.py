@@ -12,7 +12,13 @@ import time
 from typing import Any
 
 from cache_server.api.problems import send as send_error
-from cache_server.api.shedding import BULK_SLOTS, MONITOR_SLOTS, LoadShedding
+from cache_server.api.shedding import (
+    BROWSE_SLOTS,
+    BULK_SLOTS,
+    MONITOR_SLOTS,
+    LoadShedding,
+    browsing,
+)
 
 
 class Held:
@@ -29,7 +35,9 @@ class Held:
         await send({"type": "http.response.body", "body": b"ok"})
 
 
-async def call(app: Any, path: str = "/v1/lookup") -> tuple[int, dict[bytes, bytes], float]:
+async def call(
+    app: Any, path: str = "/v1/lookup", method: str = "POST"
+) -> tuple[int, dict[bytes, bytes], float]:
     """One request through ``app``: its status, headers and seconds."""
     answer: dict[str, Any] = {}
 
@@ -41,7 +49,7 @@ async def call(app: Any, path: str = "/v1/lookup") -> tuple[int, dict[bytes, byt
             answer.update(status=message["status"], headers=dict(message["headers"]))
 
     started = time.perf_counter()
-    await app({"type": "http", "path": path, "method": "POST", "headers": []}, receive, send)
+    await app({"type": "http", "path": path, "method": method, "headers": []}, receive, send)
     return answer["status"], answer["headers"], time.perf_counter() - started
 
 
@@ -188,3 +196,45 @@ def test_a_snapshot_never_holds_the_slots_lookups_need() -> None:
         assert [(await t)[0] for t in exports] == [200] * BULK_SLOTS
 
     asyncio.run(run())
+
+
+def test_browsing_never_holds_the_slots_lookups_need() -> None:
+    """Two anonymous views of a dashboard page over records of 1.75 MB each (10 to 15 s) held
+    both of a process's slots and every lookup got 503 meanwhile: pages and record listings have
+    slots of their own, one more is refused at once, and uploads are not among them."""
+
+    class Pages(Held):
+        async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if browsing(scope):
+                await super().__call__(scope, receive, send)
+                return
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    async def run() -> None:
+        held = Pages()
+        app = shedding(held, slots=2, wait=0.05)
+        paths = ["/", "/v1/records", "/ui/jobs"][:BROWSE_SLOTS]
+        views = [asyncio.create_task(call(app, path, "GET")) for path in paths]
+        await asyncio.sleep(0.01)
+        status, _, seconds = await call(app, "/ui/records/7", "GET")
+        assert status == 503 and seconds < 0.01
+        assert [(await call(app))[0] for _ in range(4)] == [200] * 4  # lookups: answered
+        assert (await call(app, "/v1/records"))[0] == 200  # an upload: the API's slots
+        held.release.set()
+        assert [(await t)[0] for t in views] == [200] * BROWSE_SLOTS
+
+    asyncio.run(run())
+
+
+def test_what_browses() -> None:
+    def scope(method: str, path: str) -> dict[str, Any]:
+        return {"type": "http", "method": method, "path": path}
+
+    assert all(browsing(scope("GET", p)) for p in ("/", "/ui/jobs", "/ui/records/3",
+                                                    "/v1/records", "/v1/records/3"))  # fmt: skip
+    assert browsing(scope("HEAD", "/"))
+    assert not any(browsing(scope(m, p)) for m, p in [
+        ("POST", "/v1/records"), ("POST", "/v1/records/3/disputes"), ("POST", "/v1/lookup"),
+        ("GET", "/v1/jobs"), ("GET", "/v1/recordsx"), ("GET", "/health"),
+    ])  # fmt: skip

@@ -319,6 +319,20 @@ class RecordCreate(_Strict):
     _config_size = field_validator("config")(_check_config)
     _config_closed = field_validator("config")(_closed_config)
 
+    @model_validator(mode="after")
+    def _checks_of_the_key(self, info: ValidationInfo) -> RecordCreate:
+        """A check ran the key's kernel: its problem names only the key's parameters (256
+        checks of 32 made-up parameters each made a record of 1.75 MB that every listing read);
+        a record stored or served is read as it is."""
+        if info.context is STORED or info.context is SERVED:
+            return self
+        known = self.key.problem.keys()
+        for i, check in enumerate(self.validation.checks):
+            if extra := sorted(check.problem.keys() - known):
+                raise ValueError(f"validation.checks[{i}].problem names parameters the key's "
+                                 f"problem does not have: {', '.join(extra)}")  # fmt: skip
+        return self
+
     def comparisons(self) -> list[BaselineModel]:
         """The baselines its speedups are read from: all it holds (a stored record's, not when a
         verifier did not believe its uploader's times)."""

@@ -19,7 +19,10 @@ overloaded server still says how it is, and a flood of them (each counts the rec
 the database connections the API needs. So do snapshots (``/v1/snapshot``, :data:`BULK_SLOTS`):
 an export's cost grows with the winners of an arch (20,000 took 22 s), and two anonymous ones
 held both slots of a process, every lookup refused meanwhile (and their times would have made
-the moving average shed what followed). A lookup never waits behind one.
+the moving average shed what followed). A lookup never waits behind one. So do the reads that
+browse (:func:`browsing`: the dashboard's pages, ``GET /v1/records``): their cost grows with what
+uploaders stored (two anonymous views of a dashboard page over records of 1.75 MB each took 10 to
+15 s and every lookup of the process was refused meanwhile).
 """
 
 from __future__ import annotations
@@ -36,15 +39,28 @@ MONITORING = frozenset({"/health", "/metrics"})
 MONITOR_SLOTS = 2
 BULK = frozenset({"/v1/snapshot"})
 BULK_SLOTS = 1
+BROWSE_SLOTS = 2
 SMOOTHING = 0.1  # weight of the newest request in the moving average of request times
+
+
+def browsing(scope: dict[str, Any]) -> bool:
+    """Whether ``scope`` reads to browse: a dashboard page, or records listed or read by id."""
+    path = scope.get("path", "")
+    if scope.get("method") not in ("GET", "HEAD"):
+        return False
+    return path == "/" or path.startswith(("/ui/", "/v1/records/")) or path == "/v1/records"
 
 
 @dataclass
 class _Side:
-    paths: frozenset[str]
+    takes: Callable[[dict[str, Any]], bool]
     slots: int
     what: str
     busy: int = 0
+
+
+def _on(paths: frozenset[str]) -> Callable[[dict[str, Any]], bool]:
+    return lambda scope: scope.get("path") in paths
 
 
 class LoadShedding:
@@ -64,8 +80,9 @@ class LoadShedding:
         self.max_in_flight, self.max_wait, self.retry_after = max_in_flight, max_wait, retry_after
         self.in_flight = 0
         # requests in flight on slots of their own: (paths, slots, what they are, how many)
-        self.sides = [_Side(MONITORING, MONITOR_SLOTS, "health or metrics"),
-                      _Side(BULK, BULK_SLOTS, "snapshot")]  # fmt: skip
+        self.sides = [_Side(_on(MONITORING), MONITOR_SLOTS, "health or metrics"),
+                      _Side(_on(BULK), BULK_SLOTS, "snapshot"),
+                      _Side(browsing, BROWSE_SLOTS, "dashboard or record listing")]  # fmt: skip
         self.waiting: deque[asyncio.Future[None]] = deque()
         self.seconds_per_request = 0.005  # until measured
         self.square_per_request = self.seconds_per_request**2  # their squares' moving average
@@ -130,7 +147,7 @@ class LoadShedding:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        side = next((side for side in self.sides if scope.get("path") in side.paths), None)
+        side = next((side for side in self.sides if side.takes(scope)), None)
         if side is not None:
             await self._aside(side, scope, receive, send)
             return

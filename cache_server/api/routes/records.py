@@ -129,7 +129,8 @@ def list_records(
     limit: Annotated[int, Query(ge=1)] = 100,
     offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
 ) -> RecordList:
-    """Records matching every given filter, newest first (trials are left out).
+    """Records matching every given filter, newest first; trials and every check of a validation
+    but its worst are left out (``GET /v1/records/{id}`` has them).
 
     ``kernel``, ``dtype`` and ``device_arch`` are names, as in a key: one with a character no
     name has (a NUL, which PostgreSQL's text cannot hold) is a 422 naming the parameter.
