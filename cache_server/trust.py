@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, case, delete, or_, select, update
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from cache_server import twins
 from cache_server.models import DisputeRow, RecordRow, VerifiedWinnerRow, WinnerRow, utcnow
 from cache_server.queries import WinnerTable, offer_winner
+from tunecache.canonical import canonical_json
 from tunecache.policies import server_bucket, widest_bucket
 from tunecache.schemas import VerificationPublic
 from tunecache.verification import DisputeCreate, VerificationCreate
@@ -36,6 +37,7 @@ TIMING_FLAG_RATIO = 1.25  # the uploader's time is over 20 % below the verifier'
 MAX_RATIO = 1e9  # a verifier / uploader time ratio beyond this is reported as this
 MAX_VERIFY_ATTEMPTS = 3  # claims of one record (a verifier that cannot run it gives it back)
 MAX_OPEN_DISPUTES = 32  # unresolved disputes kept per record (more are counted, not stored)
+MAX_TASK_PROBLEMS = 16  # disputed problems one verification runs (tunecache.verification)
 # A record a verifier could not run waits this long before another claim (another verifier of
 # the arch may have the right versions; this one should not take it again at once).
 UNVERIFIABLE_BACKOFF = timedelta(minutes=10)
@@ -198,22 +200,49 @@ def claim(
     return None if record_id is None else session.get(RecordRow, record_id, populate_existing=True)
 
 
-def disputed_problems(session: Session, *, record_id: int) -> list[dict[str, Any]]:
-    """The distinct problems of the open disputes of a record and of its key's other records of
-    its config (a copy is checked where the config failed), oldest first."""
+def disputed_problems(
+    session: Session, *, record_id: int, at: datetime | None = None
+) -> list[dict[str, Any]]:
+    """The distinct problems of the disputes of a record and of its key's other records of its
+    config (a copy is checked where the config failed) open now, or at ``at``: the oldest
+    :data:`MAX_TASK_PROBLEMS`. A verifier runs each; the rest wait for the next verification
+    (copies disputed 32 times each at distinct problems of the bucket made a task of thousands,
+    hours of one verifier's time)."""
     row = session.get(RecordRow, record_id)
     if row is None:
         return []
-    problems: list[dict[str, Any]] = []
-    rows = session.scalars(
-        select(DisputeRow.problem)
-        .where(DisputeRow.id.in_(twins.disputes_of(row).scalar_subquery()))
-        .order_by(DisputeRow.id)
-    )
-    for problem in rows:
-        if problem not in problems:
-            problems.append(problem)
-    return problems
+    stmt = select(DisputeRow.problem).where(DisputeRow.record_id.in_(twins.mates(row)))
+    if at is None:
+        stmt = stmt.where(DisputeRow.resolved_at.is_(None))
+    else:  # the ones open then, resolved since or not
+        still = or_(DisputeRow.resolved_at.is_(None), DisputeRow.resolved_at > at)
+        stmt = stmt.where(DisputeRow.created_at <= at, still)
+    problems: dict[str, dict[str, Any]] = {}
+    for problem in session.scalars(stmt.order_by(DisputeRow.id).execution_options(yield_per=500)):
+        problems.setdefault(canonical_json(problem), problem)
+        if len(problems) == MAX_TASK_PROBLEMS:
+            break
+    return list(problems.values())
+
+
+def _settle_disputes(session: Session, row: RecordRow) -> None:
+    """Resolves the disputes of ``row`` and its twins the verifier that passed it ran: those
+    open at its claim at a problem its task listed (:func:`disputed_problems` then). Any sent
+    since, or at a problem past the task's, were not: the record then stays disputed, for the
+    next verifier."""
+    claimed = row.verify_claimed_at or utcnow()
+    ran = {canonical_json(p) for p in disputed_problems(session, record_id=row.id, at=claimed)}
+    found = session.execute(
+        select(DisputeRow.id, DisputeRow.problem)
+        .where(DisputeRow.id.in_(twins.disputes_of(row).scalar_subquery()),
+               DisputeRow.created_at <= claimed)
+    ).all()  # fmt: skip
+    ids = [i for i, problem in found if canonical_json(problem) in ran]
+    for at in range(0, len(ids), twins.CHUNK):
+        session.execute(
+            update(DisputeRow).where(DisputeRow.id.in_(ids[at : at + twins.CHUNK]))
+            .values(resolved_at=utcnow()).execution_options(synchronize_session=False)
+        )  # fmt: skip
 
 
 def finish(
@@ -243,17 +272,8 @@ def finish(
         session.flush()
         recompute_winners(session, key_hash=row.key_hash)
         return row
-    # Disputes of the record and its twins sent before the claim were run (the task listed them:
-    # VerifyTask.disputed_problems); any sent since were not: a passed record then stays
-    # disputed, for the next verifier.
+    _settle_disputes(session, row)
     open_ones = DisputeRow.id.in_(twins.disputes_of(row).scalar_subquery())
-    claimed = row.verify_claimed_at or utcnow()
-    session.execute(
-        update(DisputeRow)
-        .where(open_ones, DisputeRow.created_at <= claimed)
-        .values(resolved_at=utcnow())
-        .execution_options(synchronize_session=False)
-    )
     newer = session.scalar(select(DisputeRow.id).where(open_ones).limit(1)) is not None
     if newer:
         row.status, row.verify_attempts = "disputed", 0

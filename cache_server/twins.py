@@ -34,7 +34,7 @@ from cache_server.models import DisputeRow, RecordRow
 from tunecache.configcheck import as_run
 
 LOCK_CLASS = 0x74756E65  # "tune": the advisory locks' first key, apart from other users' locks
-_CHUNK = 1000  # ids a statement names at once (PostgreSQL takes at most 65,535 parameters)
+CHUNK = 1000  # ids a statement names at once (PostgreSQL takes at most 65,535 parameters)
 
 
 def config_digest(backend: str, config: Any, *, kernel: str) -> str | None:
@@ -78,10 +78,14 @@ def lock(session: Session, record_id: int) -> RecordRow | None:
     return session.get(RecordRow, record_id, with_for_update=True, populate_existing=True)
 
 
+def mates(row: RecordRow) -> Any:
+    """The ids of ``row`` and of its twins (whatever their status), as a subquery."""
+    return select(RecordRow.id).where(or_(RecordRow.id == row.id, _of(row))).scalar_subquery()
+
+
 def disputes_of(row: RecordRow) -> Select[Any]:
     """The ids of the open disputes of ``row`` and of its twins (whatever their status)."""
-    mates = select(RecordRow.id).where(or_(RecordRow.id == row.id, _of(row)))
-    return select(DisputeRow.id).where(DisputeRow.record_id.in_(mates.scalar_subquery()),
+    return select(DisputeRow.id).where(DisputeRow.record_id.in_(mates(row)),
                                        DisputeRow.resolved_at.is_(None))  # fmt: skip
 
 
@@ -118,8 +122,8 @@ def settle(session: Session, row: RecordRow) -> None:
     passed_before = {i for i, seen in found if (seen or {}).get("passed") is True}
     for status in ("verified", "pending"):
         ids = [i for i, _ in found if (i in passed_before) == (status == "verified")]
-        for at in range(0, len(ids), _CHUNK):
+        for at in range(0, len(ids), CHUNK):
             session.execute(
-                update(RecordRow).where(RecordRow.id.in_(ids[at : at + _CHUNK]))
+                update(RecordRow).where(RecordRow.id.in_(ids[at : at + CHUNK]))
                 .values(status=status).execution_options(synchronize_session=False)
             )  # fmt: skip

@@ -10,6 +10,7 @@ what a server sends, on one line.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -215,3 +216,26 @@ def test_get_calls_a_record_a_process_would_refuse_a_miss(
     said = json.loads(out)["refused"] if json_out else out.splitlines()[1]
     assert said.strip() == "record #7 refused: it is rejected"
     assert json_out is False or json.loads(out)["hit"] is False
+
+
+def test_a_problem_flag_is_printable_and_a_key_label_shows_it_escaped(
+    shared_server: LiveServer,
+) -> None:
+    """A user kernel's string parameter held ``ESC]0;…BEL`` and a newline: stored (201), it
+    retitled the terminal of every verifier and daemon that logged the key and forged a line of
+    their logs. Now a 422 names it; a key a server sends with one is labelled escaped."""
+    key = make_key(m=72)
+    record = make_record(key).model_dump(mode="json", by_alias=True)
+    record["key"]["kernel"] = "mypkg.mod:Kern"
+    hostile = f"{ESC}]0;PWNED\x07\nINFO tuner.verify: record #9 ok"
+    for problem in [record["key"]["problem"], *(c["problem"] for c in
+                                                record["validation"]["checks"])]:  # fmt: skip
+        problem["mode"] = hostile
+    answer = httpx.post(f"{shared_server.url}/v1/records", json=record, headers=AUTH)
+    assert answer.status_code == 422, answer.text
+    assert "body.key.problem.mode" in answer.text and "control character" in answer.text
+    served = dataclasses.replace(key, kernel="mypkg.mod:Kern",
+                                 problem={**key.problem, "mode": hostile})  # fmt: skip
+    label = served.short()
+    assert "\n" not in label and ESC not in label and "\x07" not in label
+    assert "mode=\\x1b]0;PWNED\\x07\\nINFO" in label

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 
 import httpx
+import pytest
 
 from tests.conftest import LiveServer
 from tests.factories import AUTH, CPU, knobs, make_key, make_record
@@ -273,3 +274,58 @@ def test_a_copy_that_spells_out_a_default_of_the_space_is_a_copy(server: LiveSer
     assert post_dispute(url, first, reader, dispute_body(key)).status_code == 200
     assert send({**short, "SPLIT_K": 1}, 0.5)["status"] == "disputed"
     assert send({**short, "SPLIT_K": 2}, 0.5)["status"] == "pending"  # another config
+
+
+def test_a_verification_runs_at_most_sixteen_disputed_problems_and_the_rest_wait(
+    server: LiveServer,
+) -> None:
+    """Copies disputed 32 times each at distinct problems of the bucket made a verifier's task of
+    thousands of problems, one validation each (hours). A task lists the oldest 16, each once; a
+    pass settles the disputes at those, and the record stays disputed until a verifier has run
+    the rest."""
+    from cache_server.trust import MAX_TASK_PROBLEMS
+
+    url = server.url
+    first = upload(url, BAD, 1.0, AUTH).json()["record_id"]
+    copy = upload(url, BAD, 1.2, AUTH).json()["record_id"]
+    key = make_key(m=64)
+    problems = [{"M": m, "N": 64, "K": 64} for m in range(34, 34 + MAX_TASK_PROBLEMS + 4)]
+    # A reader's open dispute of a record counts once: one reader a problem, half on each copy.
+    readers = [{"Authorization": f"Bearer {token(url, f'reader{i}', 'read')}"}
+               for i in range(len(problems))]  # fmt: skip
+    for i, problem in enumerate(problems):
+        target = first if i % 2 == 0 else copy
+        assert post_dispute(url, target, readers[i], dispute_body(key, problem)).status_code == 200
+    # The first problem again, by another reader of the other copy: listed once.
+    assert post_dispute(url, copy, readers[0], dispute_body(key, problems[0])).status_code == 200
+    with Client(url, token=token(url, "verifier", "verify")) as verifier:
+        task = verifier.claim_verification("v1", device_arch=CPU.arch, backends=["tvm"])
+        assert task is not None
+        assert [dict(p) for p in task.disputed_problems] == problems[:MAX_TASK_PROBLEMS]
+        verifier.submit_verification(task.record.id, passed("v1"))
+        listed = verifier.list_records(key_hash=key.digest(), limit=100).items
+        assert {r.status for r in listed} == {"disputed"}  # four problems not run yet
+        rest = verifier.claim_verification("v2", device_arch=CPU.arch, backends=["tvm"])
+        assert rest is not None
+        assert [dict(p) for p in rest.disputed_problems] == problems[MAX_TASK_PROBLEMS:]
+        assert verifier.submit_verification(rest.record.id, passed("v2")).status == "verified"
+    assert served(url) == BAD  # every dispute was run, and passed
+
+
+def test_a_verifier_refuses_a_task_of_more_problems_than_it_may_run() -> None:
+    """A hostile server listed one problem 400 times: 401 validations of one record (70 s at
+    16×16×16; hours at real sizes). A task of more than MAX_DISPUTED_PROBLEMS is refused."""
+    import pydantic
+
+    from tunecache.verification import MAX_DISPUTED_PROBLEMS, VerifyTask
+
+    record = make_record(make_key(m=64)).model_dump(mode="json", by_alias=True)
+    task = {"record": {**record, "id": 7, "key_hash": "0" * 64,
+                       "created_at": "2026-01-01T00:00:00Z"},
+            "lease_expires_at": "2026-01-01T00:10:00Z"}  # fmt: skip
+    problem = {"M": 40, "N": 64, "K": 64}
+    assert len(VerifyTask.model_validate({**task, "disputed_problems": [problem] * 3})
+               .disputed_problems) == 3  # fmt: skip
+    with pytest.raises(pydantic.ValidationError, match="disputed_problems"):
+        VerifyTask.model_validate({**task, "disputed_problems": [problem] *
+                                   (MAX_DISPUTED_PROBLEMS + 1)})  # fmt: skip

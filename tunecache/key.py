@@ -36,6 +36,7 @@ from tunecache.problem import (
     describe,
 )
 from tunecache.settings import interpret_enabled
+from tunecache.strict import shown
 
 KEY_SCHEMA_VERSION = 1
 # Where each backend's kernels run unless a device is given (Triton under TRITON_INTERPRET=1
@@ -152,8 +153,11 @@ class Key:
         return found
 
     def short(self) -> str:
-        """A one-line human label: ``matmul[M=64,N=64,K=64] float32 tvm cpu-avx2``."""
-        shape = ",".join(f"{k}={v}" for k, v in self.problem.items())
+        """A one-line human label: ``matmul[M=64,N=64,K=64] float32 tvm cpu-avx2``; a string
+        parameter's control characters escaped (a key a server sent may hold them: a log line
+        it reaches is still one line, and no terminal acts on it)."""
+        shape = ",".join(f"{k}={shown(v) if isinstance(v, str) else v}"
+                         for k, v in self.problem.items())  # fmt: skip
         return f"{self.kernel}[{shape}] {self.dtype} {self.backend} {self.device.arch}"
 
 

@@ -26,7 +26,6 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
-    StrictStr,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -100,7 +99,7 @@ ProblemName = Annotated[str, Field(min_length=1, max_length=128,
 ProblemValue = (
     Annotated[int, Field(strict=True, ge=1, le=MAX_DIM), INTEGRAL]
     | StrictBool
-    | Annotated[StrictStr, Field(max_length=MAX_FLAG_CHARS)]
+    | Annotated[Line, Field(strict=True, max_length=MAX_FLAG_CHARS)]  # printable: logs show it
 )
 Problem = Annotated[
     dict[ProblemName, ProblemValue],

@@ -29,6 +29,8 @@ from tunecache.schemas import (
     _Strict,
 )
 
+MAX_DISPUTED_PROBLEMS = 64
+
 
 class FailedCheck(CheckModel):
     """A :class:`~tunecache.schemas.CheckModel` that failed (``passed`` is ``false``)."""
@@ -76,7 +78,9 @@ class VerifyTask(_Strict):
     """A record leased to a verifier, with the problems consumers disputed it at."""
 
     record: RecordPublic
-    disputed_problems: list[Problem] = []
+    # A server lists the oldest 16 (cache_server.trust.MAX_TASK_PROBLEMS); a verifier runs each
+    # once, and refuses a task of more than this: hours of work a server cannot ask of it.
+    disputed_problems: Annotated[list[Problem], Field(max_length=MAX_DISPUTED_PROBLEMS)] = []
     lease_expires_at: datetime
 
 

@@ -195,8 +195,10 @@ class Verifier(Worker):
         another problem could not have come from a lookup, and is not run."""
         buckets = bucket_policy(key.kernel)
         own = buckets.bucket(key.problem)
-        kept = []
+        kept: list[dict[str, Any]] = []
         for problem in problems:
+            if dict(problem) in kept:  # a server may list one again: run once
+                continue
             if dict(problem) != dict(key.problem) and buckets.bucket(problem) == own:
                 if (why := self._too_big(key, problem)) is not None:
                     logger.warning("%s: a dispute not run: %s", key.short(), why)
