@@ -477,3 +477,48 @@ def test_a_re_tune_leaves_out_the_config_a_verifier_rejected_at_its_key(server: 
     # searched again (or the default config, then never a candidate): left out, saying why
     again = [t for t in retuned.trials if t.config == rejected.config]
     assert all(t.status == "invalid" and "rejected this config" in t.error for t in again)
+
+
+def test_after_a_failed_job_the_next_claim_waits_longer_each_time_up_to_the_poll() -> None:
+    """A hostile server handed out a new job failing at once on every claim: 139 claims in 12 s.
+    After work that failed, the claim waits 0.1 s, doubling with each failure in a row up to the
+    poll interval; work done resets it."""
+    import threading
+
+    from tuner.daemon import FAILED_WAIT, poll
+
+    results = [False] * 5 + [True, False]
+
+    class Clock(threading.Event):
+        waits: list[float] = []
+
+        def wait(self, timeout: float | None = None) -> bool:
+            self.waits.append(float(timeout or 0))
+            return self.is_set()
+
+    stopping = Clock()
+
+    def work(job: int) -> bool:
+        if len(results) == 1:
+            stopping.set()
+        return results.pop(0)
+
+    poll(lambda: 1, work, stopping=stopping, once=False, every=0.5)
+    assert stopping.waits == [FAILED_WAIT, 2 * FAILED_WAIT, 4 * FAILED_WAIT, 0.5, 0.5,
+                              FAILED_WAIT]  # fmt: skip
+
+
+def test_a_job_spends_at_most_the_daemons_most_trials(server: LiveServer) -> None:
+    """A write token queued a job of 1,000,000 trials: the daemon tuned it for hours, SIGTERM
+    waiting on it. A job spends at most ``max_trials`` (and ``job_seconds``), whatever it asks."""
+    key = key_for("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32")
+    with Client(server.url) as client:
+        job = client.create_job(key, trials=1_000_000).job
+    options = DaemonOptions(backends=("tvm",), trials=2, max_trials=3, job_seconds=600,
+                            workers=1, once=True)  # fmt: skip
+    with Client(server.url) as client:
+        assert Daemon(client, options).run() == 1
+        (record,) = client.list_records(kernel="matmul").items
+        assert {j.id: j.state for j in client.list_jobs().items} == {job.id: "done"}
+    # Three searched, and what choosing the winner measured besides (the default config).
+    assert 1 <= record.search.trials <= 3 + 2

@@ -27,7 +27,16 @@ def register(commands: Any) -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help=device_help)
     backends_help = f"comma-separated, of {', '.join(BACKENDS)} (default: those installed here)"
     parser.add_argument("--backends", help=backends_help)
-    parser.add_argument("--trials", type=int, default=32, help="search budget per job")
+    parser.add_argument("--trials", type=int, default=32,
+                        help="search budget of a job that names none")  # fmt: skip
+    parser.add_argument("--max-trials", type=int, default=1024,
+                        help="the most trials one job may search, whatever it asks")  # fmt: skip
+    parser.add_argument(
+        "--job-seconds",
+        type=float,
+        default=3600.0,
+        help="the most seconds one job may take: search, checks, timing",
+    )
     parser.add_argument("--strategy", help="search strategy (default: the backend's)")
     parser.add_argument("--once", action="store_true", help="stop when no job is left")
     parser.add_argument("--poll", type=float, default=5.0, help="seconds between empty claims")
@@ -91,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     from tuner.daemon import Daemon, DaemonOptions
 
     check_count("--trials", args.trials)
+    check_count("--max-trials", args.max_trials)
+    check_seconds("--job-seconds", args.job_seconds)
     check_count("--workers", args.workers)
     check_seconds("--poll", args.poll)
     check_seconds("--lease", args.lease, most=MAX_LEASE_SECONDS)
@@ -102,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     options = DaemonOptions(
         device=args.device, backends=backends, trials=args.trials, strategy=args.strategy,
         lease_seconds=args.lease, poll_seconds=args.poll, once=args.once, workers=args.workers,
-        kernels=kernels,
+        kernels=kernels, max_trials=args.max_trials, job_seconds=args.job_seconds,
     )  # fmt: skip
     logging.getLogger("tuner.daemon").setLevel(logging.INFO)  # what it claimed, stored, failed
     with Client(server_url(args)) as client:

@@ -56,11 +56,17 @@ class DaemonOptions:
         kernels: the packages of users' kernels this daemon may import (a job names its kernel
             ``package.module:Class``, and anyone who can report a miss can queue a job); it
             claims no job for another package's kernel. Default: built-in kernels only.
+        trials: a job's search budget when it names none.
+        max_trials, job_seconds: what one job may spend at most, whatever it asks (a write
+            token queued a job of 1,000,000 trials: the daemon tuned it for hours, a stop
+            request waiting on it); ``trials`` if more.
     """
 
     device: str = "cpu"
     backends: tuple[str, ...] | None = None
     trials: int = 32
+    max_trials: int = 1024
+    job_seconds: float = 3600.0
     strategy: str | None = None
     lease_seconds: float = 300.0
     poll_seconds: float = 5.0
@@ -85,6 +91,7 @@ def runnable_backends(device: str, wanted: tuple[str, ...] | None = None) -> tup
 
 
 MAX_BACKOFF = 60.0  # seconds between claims while the server does not answer
+FAILED_WAIT = 0.1  # seconds before the claim after a failed job, doubling with each in a row
 
 
 def passing(exc: ServerError) -> bool:
@@ -98,14 +105,17 @@ def passing(exc: ServerError) -> bool:
 def poll(claim: Callable[[], T | None], work: Callable[[T], object], *,
          stopping: threading.Event, once: bool, every: float) -> None:  # fmt: skip
     """Claims and works on what it claimed until ``stopping`` is set; when a claim finds
-    nothing, waits ``every`` seconds (or, ``once``, returns).
+    nothing, waits ``every`` seconds (or, ``once``, returns). After work that failed (``work``
+    returned ``False``) it waits before the next claim, 0.1 s doubling with each failure in a
+    row up to ``every``: a server that hands out jobs failing at once (139 in 12 s) gets a
+    claim every ``every`` seconds, not a loop.
 
     A server that stops answering (:func:`passing`) is asked again, the wait doubling up to
     :data:`MAX_BACKOFF` (or what it asked for), said once when it goes and once when it is back:
     a team's daemons outlive a restart of the server. ``once``, or another refusal, raises.
     """
     down_since: float | None = None
-    wait = every
+    wait, failures = every, 0
     while not stopping.is_set():
         try:
             claimed = claim()
@@ -127,7 +137,11 @@ def poll(claim: Callable[[], T | None], work: Callable[[T], object], *,
                 return
             stopping.wait(every)
             continue
-        work(claimed)
+        if work(claimed) is False:
+            failures += 1
+            stopping.wait(min(every, FAILED_WAIT * 2 ** (failures - 1)))
+        else:
+            failures = 0
 
 
 @contextlib.contextmanager
@@ -311,8 +325,9 @@ class Daemon(Worker):
                         job.id, len(refused))  # fmt: skip
         return tuple(refused.values())
 
-    def work(self, job: JobPublic, harness: Harness) -> None:
-        """Tunes one claimed job, uploads the winner and completes it (or fails it, saying why)."""
+    def work(self, job: JobPublic, harness: Harness) -> bool:
+        """Tunes one claimed job, uploads the winner and completes it (or fails it, saying why:
+        then ``False``)."""
         started = time.perf_counter()
         logger.info("job %d: claimed %s (attempt %d of %d)", job.id, job.key.to_key().short(),
                     job.attempts, job.max_attempts)  # fmt: skip
@@ -321,14 +336,16 @@ class Daemon(Worker):
                 raise InvalidInput(why)
             key = self.local_key(job)
             strategy = job.strategy or self.options.strategy  # the job's, else the daemon's
-            budget = Budget(trials=job.trials or self.options.trials)
+            most = max(self.options.max_trials, self.options.trials)
+            budget = Budget(trials=min(job.trials or self.options.trials, most),
+                            seconds=self.options.job_seconds)  # fmt: skip
             options = TuneOptions(strategy=strategy, workers=self.options.workers,
                                   refused=self.rejected_at(job, key))  # fmt: skip
             with leased(self.client, job, self.worker, self.options.lease_seconds):
                 outcome = tune(key, budget, options, harness=harness)
         except (InvalidInput, TuningError, ServerError) as exc:
             self.give_back(job, exc)
-            return
+            return False
         # Kept in the outbox until the server has it; sent, and its job completed, now or
         # (the server not answering) before the next claim.
         self.unsent.append((job, Later(self.client.url, outcome.record, f"job {job.id}'s record"),
@@ -338,6 +355,7 @@ class Daemon(Worker):
         except ServerError as exc:
             logger.warning("job %d: tuned, but the server does not answer (%s): the record "
                            "waits, sent before the next claim", job.id, exc)  # fmt: skip
+        return True
 
     def give_back(self, job: JobPublic, exc: Exception) -> None:
         """Fails ``job``, saying why (to be retried while it has attempts left)."""
