@@ -218,20 +218,26 @@ def disputed_problems(
         still = or_(DisputeRow.resolved_at.is_(None), DisputeRow.resolved_at > at)
         stmt = stmt.where(DisputeRow.created_at <= at, still)
     problems: dict[str, dict[str, Any]] = {}
-    for problem in session.scalars(stmt.order_by(DisputeRow.id).execution_options(yield_per=500)):
-        problems.setdefault(canonical_json(problem), problem)
-        if len(problems) == MAX_TASK_PROBLEMS:
-            break
+    found = session.scalars(stmt.order_by(DisputeRow.id).execution_options(yield_per=500))
+    try:
+        for problem in found:
+            problems.setdefault(canonical_json(problem), problem)
+            if len(problems) == MAX_TASK_PROBLEMS:
+                break
+    finally:
+        found.close()  # a cursor left behind its first rows
     return list(problems.values())
 
 
-def _settle_disputes(session: Session, row: RecordRow) -> None:
+def _settle_disputes(session: Session, row: RecordRow, answered: Sequence[Any] | None) -> None:
     """Resolves the disputes of ``row`` and its twins the verifier that passed it ran: those
-    open at its claim at a problem its task listed (:func:`disputed_problems` then). Any sent
-    since, or at a problem past the task's, were not: the record then stays disputed, for the
-    next verifier."""
+    created by its claim at a problem its finding answers (``answered``; an older verifier's
+    says none: those its task listed, :func:`disputed_problems` at the claim). Any sent since,
+    or at another problem, were not run: the record then stays disputed, for the next verifier."""
     claimed = row.verify_claimed_at or utcnow()
-    ran = {canonical_json(p) for p in disputed_problems(session, record_id=row.id, at=claimed)}
+    if answered is None:
+        answered = disputed_problems(session, record_id=row.id, at=claimed)
+    ran = {canonical_json(dict(p)) for p in answered} | {canonical_json(row.key["problem"])}
     found = session.execute(
         select(DisputeRow.id, DisputeRow.problem)
         .where(DisputeRow.id.in_(twins.disputes_of(row).scalar_subquery()),
@@ -272,7 +278,7 @@ def finish(
         session.flush()
         recompute_winners(session, key_hash=row.key_hash)
         return row
-    _settle_disputes(session, row)
+    _settle_disputes(session, row, result.disputed_problems)
     open_ones = DisputeRow.id.in_(twins.disputes_of(row).scalar_subquery())
     newer = session.scalar(select(DisputeRow.id).where(open_ones).limit(1)) is not None
     if newer:

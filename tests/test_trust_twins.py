@@ -11,7 +11,6 @@ from __future__ import annotations
 import concurrent.futures
 
 import httpx
-import pytest
 
 from tests.conftest import LiveServer
 from tests.factories import AUTH, CPU, knobs, make_key, make_record
@@ -302,21 +301,45 @@ def test_a_verification_runs_at_most_sixteen_disputed_problems_and_the_rest_wait
         task = verifier.claim_verification("v1", device_arch=CPU.arch, backends=["tvm"])
         assert task is not None
         assert [dict(p) for p in task.disputed_problems] == problems[:MAX_TASK_PROBLEMS]
-        verifier.submit_verification(task.record.id, passed("v1"))
+        # Its finding answers the first ten: the other six it was given wait, with the rest.
+        answered = passed("v1").model_copy(update={"disputed_problems": problems[:10]})
+        verifier.submit_verification(task.record.id, answered)
         listed = verifier.list_records(key_hash=key.digest(), limit=100).items
-        assert {r.status for r in listed} == {"disputed"}  # four problems not run yet
+        assert {r.status for r in listed} == {"disputed"}
         rest = verifier.claim_verification("v2", device_arch=CPU.arch, backends=["tvm"])
         assert rest is not None
-        assert [dict(p) for p in rest.disputed_problems] == problems[MAX_TASK_PROBLEMS:]
+        assert [dict(p) for p in rest.disputed_problems] == problems[10:]
+        # An older verifier's finding says nothing: those its task listed are settled.
         assert verifier.submit_verification(rest.record.id, passed("v2")).status == "verified"
     assert served(url) == BAD  # every dispute was run, and passed
 
 
-def test_a_verifier_refuses_a_task_of_more_problems_than_it_may_run() -> None:
-    """A hostile server listed one problem 400 times: 401 validations of one record (70 s at
-    16×16×16; hours at real sizes). A task of more than MAX_DISPUTED_PROBLEMS is refused."""
-    import pydantic
+def test_a_claim_reads_a_disputed_problem_stored_before_its_text_was_checked(
+    server: LiveServer,
+) -> None:
+    """A problem's string stored before control characters were refused (a 201 then) made the
+    task refuse it: a 500 on every claim of the record, which disputed ones lead, for good."""
+    import json
+    import sqlite3
 
+    url = server.url
+    record_id = upload(url, BAD, 1.0, AUTH).json()["record_id"]
+    reader = {"Authorization": f"Bearer {token(url, 'consumer', 'read')}"}
+    at = {"M": 50, "N": 64, "K": 64}
+    assert post_dispute(url, record_id, reader, dispute_body(make_key(m=64), at)).status_code == 200
+    assert server.db_path is not None
+    with sqlite3.connect(server.db_path) as db:  # as an older server stored it
+        db.execute("UPDATE disputes SET problem = ?", (json.dumps({**at, "mode": "\x1b]0;x\x07"}),))
+    with Client(url, token=token(url, "verifier", "verify")) as verifier:
+        task = verifier.claim_verification("v1", device_arch=CPU.arch, backends=["tvm"])
+        assert task is not None and task.record.id == record_id
+        assert [dict(p)["mode"] for p in task.disputed_problems] == ["\x1b]0;x\x07"]
+
+
+def test_a_verifier_takes_at_most_its_share_of_a_tasks_problems() -> None:
+    """A hostile server listed one problem 400 times: 401 validations of one record (70 s at
+    16×16×16; hours at real sizes). A verifier takes the first MAX_DISPUTED_PROBLEMS (its
+    finding answers those: the rest stay open) and runs each once (Verifier._servable)."""
     from tunecache.verification import MAX_DISPUTED_PROBLEMS, VerifyTask
 
     record = make_record(make_key(m=64)).model_dump(mode="json", by_alias=True)
@@ -326,6 +349,6 @@ def test_a_verifier_refuses_a_task_of_more_problems_than_it_may_run() -> None:
     problem = {"M": 40, "N": 64, "K": 64}
     assert len(VerifyTask.model_validate({**task, "disputed_problems": [problem] * 3})
                .disputed_problems) == 3  # fmt: skip
-    with pytest.raises(pydantic.ValidationError, match="disputed_problems"):
-        VerifyTask.model_validate({**task, "disputed_problems": [problem] *
-                                   (MAX_DISPUTED_PROBLEMS + 1)})  # fmt: skip
+    many = [{**problem, "M": 33 + i % 32} for i in range(400)]
+    taken = VerifyTask.model_validate({**task, "disputed_problems": many}).disputed_problems
+    assert [dict(p) for p in taken] == many[:MAX_DISPUTED_PROBLEMS]

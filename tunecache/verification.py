@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, field_validator, model_validator
+from pydantic import BeforeValidator, Field, StrictBool, field_validator, model_validator
 
 from tunecache.schemas import (
     Backend,
@@ -74,13 +74,18 @@ class VerifyClaimRequest(_Strict):
     lease_seconds: LeaseSeconds = 600.0
 
 
+def _first_ones(value: Any) -> Any:
+    return value[:MAX_DISPUTED_PROBLEMS] if isinstance(value, list) else value
+
+
 class VerifyTask(_Strict):
     """A record leased to a verifier, with the problems consumers disputed it at."""
 
     record: RecordPublic
     # A server lists the oldest 16 (cache_server.trust.MAX_TASK_PROBLEMS); a verifier runs each
-    # once, and refuses a task of more than this: hours of work a server cannot ask of it.
-    disputed_problems: Annotated[list[Problem], Field(max_length=MAX_DISPUTED_PROBLEMS)] = []
+    # once, the first MAX_DISPUTED_PROBLEMS of a longer list (an older server's): hours of work
+    # a server cannot ask of it. Its finding says which it answers (the rest stay open).
+    disputed_problems: Annotated[list[Problem], BeforeValidator(_first_ones)] = []
     lease_expires_at: datetime
 
 
@@ -98,6 +103,11 @@ class VerificationCreate(_Strict):
     timing: TimingModel | None = None
     validation: ValidationReport | None = None
     error: Annotated[Text, Field(max_length=2048)] = ""
+    # The task's disputed problems this finding answers (run, or found beyond this machine);
+    # None (an older verifier): those its task listed, worked out again by the server.
+    disputed_problems: Annotated[list[Problem], Field(max_length=MAX_DISPUTED_PROBLEMS)] | None = (
+        None
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> VerificationCreate:

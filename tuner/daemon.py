@@ -139,7 +139,7 @@ def poll(claim: Callable[[], T | None], work: Callable[[T], object], *,
             continue
         if work(claimed) is False:
             failures += 1
-            stopping.wait(min(every, FAILED_WAIT * 2 ** (failures - 1)))
+            stopping.wait(min(every, FAILED_WAIT * 2 ** min(failures - 1, 32)))
         else:
             failures = 0
 

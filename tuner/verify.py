@@ -142,7 +142,10 @@ class Verifier(Worker):
         if not measured.ok or measured.timing is None:
             return self._finding("failed", validation=merged(reports),
                                  error=f"{measured.status}: {measured.error}")  # fmt: skip
-        return self._finding("passed", validation=merged(reports), timing=measured.timing)
+        # It answers the task's disputes: each run, or found beyond this machine or the bucket.
+        answered = [dict(p) for p in task.disputed_problems]
+        return self._finding("passed", validation=merged(reports), timing=measured.timing,
+                             disputed_problems=answered)  # fmt: skip
 
     def _finding(self, outcome: str, **fields: Any) -> VerificationCreate:
         if "error" in fields:  # a compiler's or the record's text: printable, as the field takes

@@ -19,10 +19,10 @@ overloaded server still says how it is, and a flood of them (each counts the rec
 the database connections the API needs. So do snapshots (``/v1/snapshot``, :data:`BULK_SLOTS`):
 an export's cost grows with the winners of an arch (20,000 took 22 s), and two anonymous ones
 held both slots of a process, every lookup refused meanwhile (and their times would have made
-the moving average shed what followed). A lookup never waits behind one. So do the reads that
-browse (:func:`browsing`: the dashboard's pages, ``GET /v1/records``): their cost grows with what
-uploaders stored (two anonymous views of a dashboard page over records of 1.75 MB each took 10 to
-15 s and every lookup of the process was refused meanwhile).
+the moving average shed what followed). A lookup never waits behind one. So do the dashboard's pages
+(:func:`browsing`), whose cost grows with what uploaders stored (two anonymous views of the index
+over records of 1.75 MB each took 10 to 15 s and every lookup of the process was refused
+meanwhile).
 """
 
 from __future__ import annotations
@@ -43,12 +43,23 @@ BROWSE_SLOTS = 2
 SMOOTHING = 0.1  # weight of the newest request in the moving average of request times
 
 
+def route_path(scope: dict[str, Any]) -> str:
+    """The path the app routes ``scope`` by: behind a prefix (``--root-path``), uvicorn's path
+    holds it too."""
+    path: str = scope.get("path", "")
+    root: str = scope.get("root_path", "")
+    return path[len(root) :] or "/" if root and path.startswith(root) else path
+
+
 def browsing(scope: dict[str, Any]) -> bool:
-    """Whether ``scope`` reads to browse: a dashboard page, or records listed or read by id."""
-    path = scope.get("path", "")
+    """Whether ``scope`` is a dashboard page (not its static files: cheap, and a page loads
+    several at once). Record listings stay in the API's slots: daemons, warm starts and
+    ``tunecache get`` read them, and the listing's cost is bounded (a record's worst check)."""
+    path = route_path(scope)
     if scope.get("method") not in ("GET", "HEAD"):
         return False
-    return path == "/" or path.startswith(("/ui/", "/v1/records/")) or path == "/v1/records"
+    return path == "/" or (path.startswith("/ui/")
+                           and not path.startswith(("/ui/static/", "/ui/swagger/")))  # fmt: skip
 
 
 @dataclass
@@ -60,7 +71,7 @@ class _Side:
 
 
 def _on(paths: frozenset[str]) -> Callable[[dict[str, Any]], bool]:
-    return lambda scope: scope.get("path") in paths
+    return lambda scope: route_path(scope) in paths
 
 
 class LoadShedding:
@@ -82,7 +93,7 @@ class LoadShedding:
         # requests in flight on slots of their own: (paths, slots, what they are, how many)
         self.sides = [_Side(_on(MONITORING), MONITOR_SLOTS, "health or metrics"),
                       _Side(_on(BULK), BULK_SLOTS, "snapshot"),
-                      _Side(browsing, BROWSE_SLOTS, "dashboard or record listing")]  # fmt: skip
+                      _Side(browsing, BROWSE_SLOTS, "dashboard page")]  # fmt: skip
         self.waiting: deque[asyncio.Future[None]] = deque()
         self.seconds_per_request = 0.005  # until measured
         self.square_per_request = self.seconds_per_request**2  # their squares' moving average

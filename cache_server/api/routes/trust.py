@@ -12,7 +12,7 @@ from cache_server.api.auth import IdentifiedAccess, VerifyAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.ratelimit import too_many
-from tunecache.schemas import MAX_ID, RecordPublic
+from tunecache.schemas import MAX_ID, STORED, RecordPublic
 from tunecache.verification import (
     DisputeCreate,
     DisputeResult,
@@ -80,11 +80,14 @@ def claim_verification(
         response.status_code = status.HTTP_204_NO_CONTENT
         return None
     assert row.verify_expires_at is not None
-    return VerifyTask(
-        record=_record(session, row.id),
-        disputed_problems=trust.disputed_problems(session, record_id=row.id),
-        lease_expires_at=row.verify_expires_at,
-    )
+    # As stored: a problem stored before its text was checked stays readable (a 500 otherwise,
+    # on every claim of the record, which disputed ones lead).
+    return VerifyTask.model_validate(
+        {"record": _record(session, row.id),
+         "disputed_problems": trust.disputed_problems(session, record_id=row.id),
+         "lease_expires_at": row.verify_expires_at},
+        context=STORED,
+    )  # fmt: skip
 
 
 @router.post(
