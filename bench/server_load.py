@@ -48,7 +48,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -201,12 +201,18 @@ def closed_loop(url: str, bodies: list[bytes], concurrency: int, seconds: float)
             i += concurrency
         conn.close()
 
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(concurrency)]
+    in_threads(client, concurrency)
+    return sum(done) / seconds
+
+
+def in_threads(work: Callable[[int], None], count: int) -> None:
+    """``work(0)`` … ``work(count - 1)``, each in a thread of its own, all at once; returns when
+    every one has."""
+    threads = [threading.Thread(target=work, args=(c,)) for c in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return sum(done) / seconds
 
 
 def percentile(values: list[float], q: float) -> float:
