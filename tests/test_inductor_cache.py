@@ -150,9 +150,9 @@ def test_tune_torch_reports_and_uploads_the_gemm_choices(pretuned: Pretuned) -> 
     assert "compiled with max-autotune" in out
     versus = next(line for line in out.splitlines() if " vs eager " in line)
     # the interleaved comparison with its interval, whichever way this machine's noise falls
-    assert re.search(
-        r"[0-9.]+x (faster|slower) \([0-9.]+-[0-9.]+x\)$|the same within noise", versus
-    )
+    # (a fresh-clone CI run kept one round: "1.01x slower", which now says it has no spread)
+    assert re.search(r"[0-9.]+x (faster|slower) \([0-9.]+-[0-9.]+x\)$|the same within noise|"
+                     r"[0-9.]+x (faster|slower) \(one round: no spread\)$", versus)  # fmt: skip
     assert "checked against float64 eager" in out and "(ok," in out
     assert "autotune choices recorded: 2 GEMM op(s)" in out
     assert "uploaded 2 entries" in pretuned.cli["stderr"]

@@ -160,8 +160,11 @@ class Compared:
     speedup: Ratio
 
     def text(self, than: str = "", times: str = "x") -> str:
-        """The speedup as :func:`tunecache.timing.speedup_text` says it, with its interval."""
-        interval = (self.speedup.low, self.speedup.high) if self.speedup.rounds > 1 else None
+        """The speedup as :func:`tunecache.timing.speedup_text` says it, with its interval (a
+        comparison of one round has none, and says so: a bare ratio reads as certain)."""
+        if self.speedup.rounds <= 1:
+            return speedup_text(self.speedup.median, times, than=than) + " (one round: no spread)"
+        interval = (self.speedup.low, self.speedup.high)
         return speedup_text(self.speedup.median, times, interval=interval, than=than)
 
 
