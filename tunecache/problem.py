@@ -7,7 +7,7 @@ A leaf: kernels, keys, configs and schemas all check problems and quote input th
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tunecache.canonical import integral
@@ -86,3 +86,13 @@ def check_sizes(problem: Any) -> dict[str, ProblemValue]:
     if not any(isinstance(v, int) and not isinstance(v, bool) for v in checked.values()):
         raise InvalidInput("problem: needs at least one integer size")
     return dict(sorted(checked.items()))
+
+
+def foreign_params(known: Mapping[str, Any], problems: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why one of ``problems`` (a record's checks, in order) names a parameter ``known`` (the
+    key's problem) does not have, or ``None``."""
+    for i, problem in enumerate(problems):
+        if extra := sorted(problem.keys() - known.keys()):
+            return (f"validation.checks[{i}].problem names parameters the key's problem does not "
+                    f"have: {', '.join(extra)}")  # fmt: skip
+    return None
