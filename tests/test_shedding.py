@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from cache_server.api.problems import send as send_error
@@ -31,6 +32,21 @@ class Held:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         self.started += 1
         await self.release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+class HeldWhere(Held):
+    """:class:`Held` for the requests ``holds`` picks; the others are answered 200 at once."""
+
+    def __init__(self, holds: Callable[[dict[str, Any]], bool]) -> None:
+        super().__init__()
+        self.holds = holds
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if self.holds(scope):
+            await super().__call__(scope, receive, send)
+            return
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
@@ -176,16 +192,8 @@ def test_a_snapshot_never_holds_the_slots_lookups_need() -> None:
     every lookup got 503 meanwhile: snapshots have a slot of their own, and a lookup is
     admitted beside one; one more snapshot is refused at once."""
 
-    class Snapshots(Held):
-        async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-            if scope["path"] == "/v1/snapshot":
-                await super().__call__(scope, receive, send)
-                return
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b"ok"})
-
     async def run() -> None:
-        held = Snapshots()
+        held = HeldWhere(lambda scope: scope["path"] == "/v1/snapshot")
         app = shedding(held, slots=2, wait=0.05)
         exports = [asyncio.create_task(call(app, "/v1/snapshot")) for _ in range(BULK_SLOTS)]
         await asyncio.sleep(0.01)
@@ -203,16 +211,8 @@ def test_browsing_never_holds_the_slots_lookups_need() -> None:
     both of a process's slots and every lookup got 503 meanwhile: pages have slots of their
     own, one more is refused at once, and uploads are not among them."""
 
-    class Pages(Held):
-        async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-            if browsing(scope):
-                await super().__call__(scope, receive, send)
-                return
-            await send({"type": "http.response.start", "status": 200, "headers": []})
-            await send({"type": "http.response.body", "body": b"ok"})
-
     async def run() -> None:
-        held = Pages()
+        held = HeldWhere(browsing)
         app = shedding(held, slots=2, wait=0.05)
         paths = ["/", "/ui/jobs", "/ui/records/3"][:BROWSE_SLOTS]
         views = [asyncio.create_task(call(app, path, "GET")) for path in paths]
