@@ -99,8 +99,9 @@ def upload_digest(record: RecordCreate, uploader: TokenRow | None) -> str:
 
 def offer_winner(
     session: Session, table: WinnerTable, *, key_hash: str, record_id: int, time_ms: float
-) -> None:
-    """Makes the record the key's winner in ``table`` if it has none or a slower one (atomic)."""
+) -> int | None:
+    """Makes the record the key's winner in ``table`` if it has none or a slower one (atomic):
+    ``record_id`` if it is the winner now, else ``None`` (the key's winner is faster)."""
     stmt = upsert_insert(session, table).values(
         key_hash=key_hash, record_id=record_id, time_ms=time_ms, updated_at=utcnow()
     )
@@ -113,7 +114,7 @@ def offer_winner(
         },
         where=table.time_ms > stmt.excluded.time_ms,
     )
-    session.execute(stmt)
+    return session.scalar(stmt.returning(table.record_id))
 
 
 class Added(NamedTuple):
@@ -145,30 +146,47 @@ def add_record(
     """
     row = record_row(key_hash=key_hash, record=record, uploader=uploader)
     twins.lock_key(session, key_hash)
-    held = session.scalar(select(RecordRow).where(RecordRow.upload_digest == row.upload_digest))
-    if held is not None:  # sent again: answered as it stands, never stored twice nor revived
-        return Added(held.id, _winner(session, key_hash), held.status, again=True)
-    if bucket_limit is not None and record.validation.passed:
-        _check_room(session, key_hash, row.bucket_hash or "", bucket_limit)
-    twins.inherit_findings(session, row)
+    state = session.execute(_UPLOAD_STATE, {"upload": row.upload_digest, "key_hash": key_hash,
+                                            "digest": row.config_digest}).one()  # fmt: skip
+    if state.held_id is not None:  # sent again: answered as it stands, not stored twice nor revived
+        return Added(state.held_id, state.winner, state.held_status, again=True)
+    if bucket_limit is not None and record.validation.passed and state.winner is None:
+        _check_room(session, row.bucket_hash or "", bucket_limit)  # a new key's first winner
+    twins.inherit_findings(row, state)
     session.add(row)
     session.flush()
     _insert_trials(session, row.id, record)
+    winner = state.winner
     if record.validation.passed and row.status in ("pending", "verified"):
-        offer_winner(session, WinnerRow, key_hash=key_hash, record_id=row.id, time_ms=row.time_ms)
+        winner = offer_winner(session, WinnerRow, key_hash=key_hash, record_id=row.id,
+                              time_ms=row.time_ms) or _winner(session, key_hash)  # fmt: skip
         if row.status == "verified":
             offer_winner(session, VerifiedWinnerRow, key_hash=key_hash, record_id=row.id,
                          time_ms=row.time_ms)  # fmt: skip
-    return Added(row.id, _winner(session, key_hash), row.status)
+    return Added(row.id, winner, row.status)
+
+
+def _of_upload(column: Any) -> Any:
+    return select(column).where(RecordRow.upload_digest == bindparam("upload")).scalar_subquery()
+
+
+# What an upload reads behind its key's lock, in one statement (each is a round trip to the
+# database: the key lock's reads cost a fifth of PostgreSQL's upload rate until they were one
+# with the others): this very upload if stored before, the key's winner, its twins' standing
+_UPLOAD_STATE = select(
+    _of_upload(RecordRow.id).label("held_id"),
+    _of_upload(RecordRow.status).label("held_status"),
+    select(WinnerRow.record_id).where(WinnerRow.key_hash == bindparam("key_hash"))
+    .scalar_subquery().label("winner"),
+    *twins.STANDING,
+)  # fmt: skip
 
 
 def _winner(session: Session, key_hash: str) -> int | None:
     return session.scalar(select(WinnerRow.record_id).where(WinnerRow.key_hash == key_hash))
 
 
-def _check_room(session: Session, key_hash: str, bucket_hash: str, limit: int) -> None:
-    if _winner(session, key_hash):
-        return  # the key has a winner already: no new one in the bucket
+def _check_room(session: Session, bucket_hash: str, limit: int) -> None:
     held = session.scalar(
         select(func.count()).select_from(WinnerRow)
         .join(RecordRow, WinnerRow.record_id == RecordRow.id)

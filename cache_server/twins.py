@@ -27,7 +27,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, and_, bindparam, false, func, or_, select, update
+from sqlalchemy import Select, and_, bindparam, exists, false, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from cache_server.models import DisputeRow, RecordRow
@@ -63,11 +63,20 @@ def lock_key(session: Session, key_hash: str) -> None:
 # they cost 2.5 ms of an upload's 10, this machine)
 _ADVISORY_LOCK = select(func.pg_advisory_xact_lock(LOCK_CLASS, bindparam("slot")))
 _SQLITE_WRITE_LOCK = "UPDATE records SET status = status WHERE id = -1"
-_TWIN_STATUSES = (
-    select(RecordRow.status).distinct()
-    .where(RecordRow.key_hash == bindparam("key_hash"),
-           RecordRow.config_digest == bindparam("digest"), RecordRow.validated.is_(True))
-)  # fmt: skip
+
+
+def _twin_standing(status: str) -> Any:
+    return (
+        exists().where(RecordRow.key_hash == bindparam("key_hash"),
+                       RecordRow.config_digest == bindparam("digest"),
+                       RecordRow.validated.is_(True), RecordRow.status == status)
+        .label(f"twin_{status}")
+    )  # fmt: skip
+
+
+# Whether a validated twin of a config (parameters ``key_hash`` and ``digest``) stands in each
+# status: columns of an upload's one read behind its key's lock (cache_server.queries.add_record)
+STANDING = tuple(_twin_standing(status) for status in ("disputed", "rejected", "verified"))
 
 
 def _of(row: RecordRow) -> Any:
@@ -99,15 +108,14 @@ def disputes_of(row: RecordRow) -> Select[Any]:
                                        DisputeRow.resolved_at.is_(None))  # fmt: skip
 
 
-def inherit_findings(session: Session, row: RecordRow) -> None:
+def inherit_findings(row: RecordRow, standing: Any) -> None:
     """A new upload (``row``, not yet stored, behind its key's lock) stands ``disputed`` while a
     twin is disputed, or rejected with none verified since; a trusted token's too (a consumer's
-    failed check and a verifier's verdict outrank an uploader's word)."""
+    failed check and a verifier's verdict outrank an uploader's word). ``standing``: a row with
+    the columns of :data:`STANDING`, read for ``row``'s key and config behind the lock."""
     if row.config_digest is None or not row.validated:
         return  # no twin: its findings are not the config's (_of)
-    held = set(session.scalars(_TWIN_STATUSES, {"key_hash": row.key_hash,
-                                                "digest": row.config_digest}))  # fmt: skip
-    if "disputed" in held or ("rejected" in held and "verified" not in held):
+    if standing.twin_disputed or (standing.twin_rejected and not standing.twin_verified):
         row.status, row.verification = "disputed", None
 
 
