@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
+from cache_server.budget import fitting, json_bytes
 from cache_server.db import upsert_insert
 from cache_server.models import ArtifactRow, TokenRow, utcnow
 from tunecache.artifacts import ArtifactIn, ArtifactPublic
@@ -79,14 +80,17 @@ def list_artifacts(
     after: int | None,
     limit: int,
     trusted_only: bool = False,
+    budget: int,
 ) -> tuple[list[ArtifactPublic], int | None]:
     """Items of one partition (and key), best score first within a key, else by id (only trusted
     tokens' with ``trusted_only``), and the ``after`` of the next page (``None``: no more).
 
-    Without ``key`` the order is by id, and ``after`` pages through it. An item its namespace's
-    closed schema refuses is left out (logged), so a page may hold fewer than ``limit``.
+    Without ``key`` the order is by id, and ``after`` pages through it. The leading items whose
+    values fit in ``budget`` bytes together are read (:mod:`cache_server.budget`: a key's best, a
+    partition's page with a next one), and an item its namespace's closed schema refuses is left
+    out (logged): a page may hold fewer than ``limit``.
     """
-    stmt = select(ArtifactRow).where(
+    stmt = select(ArtifactRow.id, json_bytes(ArtifactRow.value)).where(
         ArtifactRow.namespace == namespace, ArtifactRow.partition == partition
     )
     if trusted_only:
@@ -99,15 +103,19 @@ def list_artifacts(
         stmt = stmt.order_by(ArtifactRow.id)
     if after is not None:
         stmt = stmt.where(ArtifactRow.id > after)
-    rows = session.scalars(stmt.limit(limit)).all()
+    sized = session.execute(stmt.limit(limit)).all()
+    ids = [i for i, _ in sized[: fitting([size for _, size in sized], budget)]]
+    found = {
+        row.id: row for row in session.scalars(select(ArtifactRow).where(ArtifactRow.id.in_(ids)))
+    }
     kept = []
-    for row in rows:
+    for row in (found[i] for i in ids if i in found):
         if (why := artifact_problem(row.namespace, row.value)) is not None:
             logger.warning("not serving artifact %d (%s): %s", row.id, row.namespace, why)
             continue
         kept.append(_public(row))
-    full_page = key is None and len(rows) == limit
-    return kept, rows[-1].id if full_page else None
+    more = len(ids) < len(sized) or len(sized) == limit
+    return kept, ids[-1] if key is None and ids and more else None
 
 
 def _public(row: ArtifactRow) -> ArtifactPublic:

@@ -19,6 +19,7 @@ from sqlalchemy import Select, bindparam, func, insert, select
 from sqlalchemy.orm import Session
 
 from cache_server import twins
+from cache_server.budget import fitting, json_bytes
 from cache_server.db import upsert_insert
 from cache_server.models import RecordRow, TokenRow, TrialRow, VerifiedWinnerRow, WinnerRow, utcnow
 from tunecache.rules import bucket_digest
@@ -340,11 +341,13 @@ def list_records(
     offset: int = 0,
     by_key: bool = False,
     table: WinnerTable = WinnerRow,
+    budget: int | None = None,
 ) -> tuple[list[RecordPublic], int]:
     """Records matching every given filter, and the total count matching.
 
     Newest first; with ``by_key``, grouped by kernel, device, backend and dtype, fastest first
-    within a group (the dashboard's table).
+    within a group (the dashboard's table). With ``budget``, the leading records of the page
+    whose configs fit in ``budget`` bytes together (:mod:`cache_server.budget`; at least one).
     """
     base = select(RecordRow, table.record_id).outerjoin(table, table.record_id == RecordRow.id)
     if winners_only:
@@ -352,7 +355,16 @@ def list_records(
     base = _filtered(base, filters)
     total = session.scalar(select(func.count()).select_from(base.subquery())) or 0
     order = _BY_KEY if by_key else (RecordRow.id.desc(),)
-    rows = session.execute(base.order_by(*order).limit(limit).offset(offset)).all()
+    page = base.order_by(*order).limit(limit).offset(offset)
+    if budget is not None:
+        sized = session.execute(
+            page.with_only_columns(
+                RecordRow.id, json_bytes(RecordRow.config), maintain_column_froms=True
+            )
+        ).all()
+        ids = [i for i, _ in sized[: fitting([size for _, size in sized], budget)]]
+        page = base.where(RecordRow.id.in_(ids)).order_by(*order)
+    rows = session.execute(page).all()
     return [public_record(r[0], is_winner=r[1] is not None, listed=True) for r in rows], total
 
 

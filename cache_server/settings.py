@@ -27,6 +27,9 @@
   would wait longer gets 503 with ``Retry-After`` at once (default 0.02)
 - ``TUNECACHE_SERVER_RETRY_AFTER``: the seconds a 503 tells the client to wait (default 1)
 - ``TUNECACHE_SERVER_LIST_LIMIT``: most records one list request returns (default 1000)
+- ``TUNECACHE_SERVER_ANSWER_BYTES``: bytes of stored JSON (records' configs, artifacts' values)
+  one listing may return (default 8 MiB; :mod:`cache_server.budget`): a page cut short is
+  shorter, at least one item
 - ``TUNECACHE_SERVER_WORKERS``: server processes ``tunecache serve`` runs (default 1)
 - ``TUNECACHE_SERVER_MISS_REPORTS_PER_MINUTE``: miss reports one caller (token, or address) may
   send a minute to one server process (default 120); more get 429
@@ -96,6 +99,7 @@ class ServerSettings(BaseSettings):
     max_wait: float = Field(default=0.02, ge=0, le=60)
     retry_after: int = Field(default=1, ge=1, le=3600)
     list_limit: int = Field(default=1000, gt=0)
+    answer_bytes: int = Field(default=8 * 2**20, ge=1024, le=2**31)
     # Winners one shape bucket may hold (kernel, source, backend, dtype, arch, bucketed shape; a
     # user's kernel's every size rounded up, its bucket unknown here: rules.bucket_digest):
     # a lookup other than an exact hit ranks them all, so a write token that filled one bucket

@@ -41,6 +41,7 @@ def register(commands: Any) -> None:
 
 def run_ls(args: argparse.Namespace) -> int:
     from tunecache.client import Client
+    from tunecache.report.collect import fetch_first
 
     if not 1 <= args.limit <= MAX_LIMIT:
         raise InvalidInput(f"--limit {args.limit}: expected 1 to {MAX_LIMIT}")
@@ -50,10 +51,10 @@ def run_ls(args: argparse.Namespace) -> int:
             raise InvalidInput(f"{flag} {value!r}: expected one of {', '.join(known)}")
     every = args.all or args.status in ("disputed", "rejected")  # never a key's winner
     filters = {"kernel": args.kernel, "backend": args.backend, "dtype": args.dtype,
-               "device_arch": args.device_arch, "status": args.status, "limit": args.limit,
+               "device_arch": args.device_arch, "status": args.status,
                "winners_only": None if every else True}  # fmt: skip
-    with Client(server_url(args)) as client:
-        found = client.list_records(**filters)
+    with Client(server_url(args)) as client:  # pages: a server may cut one short
+        found = fetch_first(client, args.limit, **filters)
     if args.json:
         print(json.dumps({"count": found.count,
                           "items": [r.model_dump(mode="json", by_alias=True) for r in found.items]},

@@ -9,7 +9,7 @@ from typing import Any
 
 from tunecache.report.labels import key_label, natural, several_archs
 from tunecache.report.series import Convergence, convergence
-from tunecache.schemas import RecordPublic
+from tunecache.schemas import RecordList, RecordPublic
 
 PAGE = 1000  # the server's default maximum page
 
@@ -24,19 +24,34 @@ class Searches:
     without_trials: int
 
 
-def fetch_records(client: Any, **filters: str | None) -> list[RecordPublic]:
-    """Every record matching ``filters`` (``kernel``, ``backend``, ``device_arch``), page by
+def fetch_records(client: Any, **filters: Any) -> list[RecordPublic]:
+    """Every record matching ``filters`` (``kernel``, ``backend``, ``device_arch`` …), page by
     page, without trials.
 
     Raises:
         ServerError: the server is unreachable or refused.
     """
+    return fetch_first(client, None, **filters).items
+
+
+def fetch_first(client: Any, limit: int | None, **filters: Any) -> RecordList:
+    """The first ``limit`` records matching ``filters`` (every one: ``None``), page by page (a
+    server cuts a page short at its byte budget: the next starts after what came), and how many
+    match.
+
+    Raises:
+        ServerError: the server is unreachable or refused.
+    """
     found: list[RecordPublic] = []
-    while True:
-        page = client.list_records(limit=PAGE, offset=len(found), **filters)
-        found.extend(page.items)
-        if not page.items or len(found) >= page.count:
-            return found
+    count = 0
+    while limit is None or len(found) < limit:
+        size = PAGE if limit is None else min(PAGE, limit - len(found))
+        page = client.list_records(limit=size, offset=len(found), **filters)
+        found.extend(page.items[:size])
+        count = page.count
+        if not page.items or len(found) >= count:
+            break
+    return RecordList(items=found, count=count)
 
 
 def fetch_searches(client: Any, winners: Sequence[RecordPublic], *, keys: int) -> Searches:

@@ -55,7 +55,8 @@ def list_artifacts(
 
     With ``key``: its best-scored ``limit`` items (unscored last). Without: the partition's items
     by id; pass ``next_after`` back as ``after`` for the next page (a page may hold fewer items
-    than ``limit`` and still have a next one).
+    than ``limit`` and still have a next one: one answer holds at most the server's
+    ``answer_bytes`` of values, 8 MiB by default).
     """
     if key is not None and after is not None:
         raise HTTPException(
@@ -64,6 +65,6 @@ def list_artifacts(
         )
     items, next_after = artifacts.list_artifacts(
         session, namespace=namespace, partition=partition, key=key, after=after, limit=limit,
-        trusted_only=settings.policy == "verified",
+        trusted_only=settings.policy == "verified", budget=settings.answer_bytes,
     )  # fmt: skip
     return ArtifactList(items=items, next_after=next_after)

@@ -132,6 +132,10 @@ def list_records(
     """Records matching every given filter, newest first; trials and every check of a validation
     but its worst are left out (``GET /v1/records/{id}`` has them).
 
+    An answer holds at most the server's ``answer_bytes`` of configs (8 MiB by default): fewer
+    than ``limit`` records then, however many ``count`` says match. Page on with ``offset`` plus
+    the number of items received.
+
     ``kernel``, ``dtype`` and ``device_arch`` are names, as in a key: one with a character no
     name has (a NUL, which PostgreSQL's text cannot hold) is a 422 naming the parameter.
     """
@@ -156,6 +160,7 @@ def list_records(
         limit=limit,
         offset=offset,
         table=winner_table(settings.policy),
+        budget=settings.answer_bytes,
     )
     return RecordList(items=items, count=total)
 

@@ -1,0 +1,80 @@
+"""What one listing may send: at most the server's ``answer_bytes`` of stored JSON (a write
+token's 256 KiB configs made ``GET /v1/records?limit=1000`` up to 256 MB to build and send). A
+real server on loopback, SQLite and PostgreSQL (the sizes are computed by each database), with a
+budget of 1 KiB so that ordinary records and artifacts fill it; the clients page through whole."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cache_server.budget import fitting
+from tests.conftest import LiveServer, start_server
+from tests.factories import AUTH, make_key, make_record
+from tests.test_artifacts import NS, PART, item, tag
+from tunecache.client import Client
+from tunecache.report.collect import fetch_first, fetch_records
+
+BUDGET = 1024
+
+
+@pytest.fixture
+def tight_server(database: tuple[str, Path | None], tmp_path: Path) -> Iterator[LiveServer]:
+    url, path = database
+    live = start_server(url, path, tmp_path / "server.log",
+                        env={"TUNECACHE_SERVER_ANSWER_BYTES": str(BUDGET)})  # fmt: skip
+    yield live
+    live.stop()
+
+
+def _config_bytes(items: list[dict[str, object]]) -> int:
+    return sum(len(json.dumps(r["config"]).encode()) for r in items)
+
+
+def test_a_listing_holds_the_configs_its_budget_allows_and_pages_on(
+    tight_server: LiveServer,
+) -> None:
+    url = tight_server.url
+    ids = []
+    for m in range(40, 70):
+        body = make_record(make_key(m=m), trials=0).model_dump(mode="json", by_alias=True)
+        answer = httpx.post(f"{url}/v1/records", json=body, headers=AUTH, timeout=30)
+        assert answer.status_code == 201, answer.text
+        ids.append(answer.json()["record_id"])
+    page = httpx.get(f"{url}/v1/records", params={"limit": 1000}, timeout=30).json()
+    assert page["count"] == 30
+    assert 1 < len(page["items"]) < 30  # cut short, newest first
+    assert [r["id"] for r in page["items"]] == sorted(ids, reverse=True)[: len(page["items"])]
+    assert _config_bytes(page["items"]) <= BUDGET  # as stored, by the database's measure
+    with Client(url) as client:
+        assert sorted(r.id for r in fetch_records(client)) == sorted(ids)  # each once
+        first = fetch_first(client, 20, kernel="matmul")
+    assert first.count == 30 and [r.id for r in first.items] == sorted(ids, reverse=True)[:20]
+
+
+@pytest.mark.parametrize(
+    ("sizes", "kept"),
+    [([], 0), ([5000], 1), ([5000, 1], 1), ([500, 524, 1], 2), ([500, 525], 1), ([None, 1024], 2)],
+)
+def test_the_leading_rows_within_the_budget_are_kept_and_always_one(
+    sizes: list[int | None], kept: int
+) -> None:
+    assert fitting(sizes, BUDGET) == kept
+
+
+def test_an_artifact_page_holds_what_its_budget_allows_and_pages_on(
+    tight_server: LiveServer,
+) -> None:
+    many = [item(f"k{i}", i) for i in range(60)]
+    with Client(tight_server.url) as client:
+        assert client.put_artifacts(many).stored == 60
+        page = httpx.get(f"{tight_server.url}/v1/artifacts",
+                         params={"namespace": NS, "partition": PART}, timeout=30).json()  # fmt: skip
+        assert 1 < len(page["items"]) < 60 and page["next_after"] == page["items"][-1]["id"]
+        assert sum(len(json.dumps(a["value"]).encode()) for a in page["items"]) <= BUDGET
+        got = client.get_artifacts(NS, PART)  # pages on by next_after
+    assert sorted(int(tag(a.value)) for a in got) == list(range(60))
