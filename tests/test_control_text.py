@@ -25,6 +25,7 @@ import tunecache_cli
 from tests.conftest import LiveServer
 from tests.factories import AUTH, make_key, make_record, miss
 from tunecache import Client
+from tunecache.errors import InvalidInput
 from tunecache.http import IDENTITY_HEADER
 from tunecache.schemas import LookupRequest
 from tunecache.snapshot import load_snapshot, save_snapshot
@@ -239,3 +240,15 @@ def test_a_problem_flag_is_printable_and_a_key_label_shows_it_escaped(
     label = served.short()
     assert "\n" not in label and ESC not in label and "\x07" not in label
     assert "mode=\\x1b]0;PWNED\\x07\\nINFO" in label
+
+
+def test_a_key_a_server_would_refuse_is_refused_before_the_search() -> None:
+    """The same string parameter in a user's own key: ``tune`` searched, then failed at the
+    upload; now it stops first, naming the parameter."""
+    from tuner.tune import check_local
+    from workloads import get_workload
+
+    key = make_key(m=72)
+    hostile = dataclasses.replace(key, problem={**key.problem, "mode": f"{ESC}]0;PWNED\x07"})
+    with pytest.raises(InvalidInput, match=r"problem\.mode.*control character"):
+        check_local(hostile, get_workload(key.kernel))

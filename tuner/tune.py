@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from backends import (
     Backend,
     Budget,
@@ -43,7 +45,7 @@ from tunecache.client import Client
 from tunecache.configcheck import config_problem
 from tunecache.device import DeviceFingerprint, local_device
 from tunecache.environment import environment_for
-from tunecache.errors import InvalidInput, TuningError
+from tunecache.errors import InvalidInput, TuningError, validation_problems
 from tunecache.key import Key
 from tunecache.schemas import (
     KeyModel,
@@ -123,9 +125,15 @@ def default_workdir() -> Path:
 def check_local(key: Key, workload: Workload) -> None:
     """Raises :class:`InvalidInput` unless ``key`` can be tuned on this machine.
 
-    The key's device must be this machine's device of that kind, its environment the installed
-    versions, its source hash the kernel's current sources.
+    The key must be one a server stores (a user kernel's string parameter holding a control
+    character failed at the upload, after the whole search), its device this machine's device of
+    that kind, its environment the installed versions, its source hash the kernel's current
+    sources.
     """
+    try:
+        KeyModel.from_key(key)
+    except ValidationError as exc:
+        raise InvalidInput(f"key {key.short()}: {validation_problems(exc)}") from None
     here = local_device(key.device.kind).fingerprint
     if here != key.device:
         raise InvalidInput(
