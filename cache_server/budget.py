@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Integer
+from sqlalchemy import Integer, func, literal
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.functions import FunctionElement
 
@@ -36,6 +36,11 @@ def _postgresql_bytes(element: json_bytes, compiler: Any, **kw: Any) -> str:
 @compiles(json_bytes, "sqlite")
 def _sqlite_bytes(element: json_bytes, compiler: Any, **kw: Any) -> str:
     return f"length(CAST({compiler.process(element.clauses, **kw)} AS BLOB))"
+
+
+def stored_size(*columns: Any) -> Any:
+    """The bytes of ``columns``' stored JSON together, as an SQL expression (a NULL counts 0)."""
+    return sum((func.coalesce(json_bytes(column), 0) for column in columns), start=literal(0))
 
 
 def fitting(sizes: Sequence[int | None], budget: int) -> int:

@@ -7,17 +7,19 @@ transaction.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, func, select
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 
+from cache_server.budget import stored_size
 from cache_server.models import RecordRow, TokenRow, WinnerRow
 from cache_server.queries import WinnerTable, add_record, public_record, record_fields
 from tunecache.errors import InvalidInput
 from tunecache.kernels import builtin_problem
 from tunecache.schemas import STORED, RecordCreate
-from tunecache.snapshot import SnapshotFilters
+from tunecache.snapshot import MAX_SNAPSHOT_RECORDS, SnapshotFilters
 
 
 def _create(row: RecordRow) -> RecordCreate:
@@ -31,16 +33,27 @@ def _create(row: RecordRow) -> RecordCreate:
     return RecordCreate.model_validate(fields, context=STORED)
 
 
+class SnapshotTooLarge(Exception):
+    """The winners a snapshot would hold are over the server's bounds (a 422 naming them)."""
+
+
 def snapshot_winners(
-    session: Session, *, filters: SnapshotFilters, table: WinnerTable = WinnerRow
-) -> list[RecordCreate]:
-    """The winner (in ``table``) of every key matching ``filters``, by key hash, no trials."""
+    session: Session, *, filters: SnapshotFilters, table: WinnerTable = WinnerRow,
+    max_bytes: int | None = None,
+) -> list[RecordCreate]:  # fmt: skip
+    """The winner (in ``table``) of every key matching ``filters``, by key hash, no trials.
+
+    Raises:
+        SnapshotTooLarge: more than :data:`~tunecache.snapshot.MAX_SNAPSHOT_RECORDS` winners
+            (what a client reads), or with ``max_bytes``, more stored JSON than that: counted
+            in the database before any is read (a write token's fat winners made one export
+            gigabytes to build).
+    """
     stmt = (
         select(RecordRow)
         .join(table, table.record_id == RecordRow.id)
         .where(RecordRow.device_arch == filters.device_arch)
-        .order_by(table.key_hash)
-    )
+    )  # fmt: skip
     for column, value in (
         (RecordRow.device_name, filters.device_name),
         (RecordRow.kernel, filters.kernel),
@@ -48,10 +61,30 @@ def snapshot_winners(
     ):
         if value is not None:
             stmt = stmt.where(column == value)
+    _check_size(session, stmt, max_bytes)
     # A built-in kernel's record at a problem it does not take (stored before uploads were
     # checked) is never looked up, and another server would refuse it: left out.
-    return [_create(row) for row in session.scalars(stmt)
+    return [_create(row) for row in session.scalars(stmt.order_by(table.key_hash))
             if builtin_problem(row.key["kernel"], row.key["problem"]) is None]  # fmt: skip
+
+
+def _check_size(session: Session, stmt: Select[Any], max_bytes: int | None) -> None:
+    size = stored_size(RecordRow.key, RecordRow.config, RecordRow.timing, RecordRow.baselines,
+                       RecordRow.validation, RecordRow.search, RecordRow.provenance)  # fmt: skip
+    count, held = session.execute(
+        stmt.with_only_columns(
+            func.count(), func.coalesce(func.sum(size), 0), maintain_column_froms=True
+        )
+    ).one()
+    over = []
+    if count > MAX_SNAPSHOT_RECORDS:
+        over.append(f"{count} winners (a snapshot holds at most {MAX_SNAPSHOT_RECORDS})")
+    if max_bytes is not None and held > max_bytes:
+        over.append(f"{held:,} bytes of records (the server's limit is {max_bytes:,}: "
+                    "TUNECACHE_SERVER_SNAPSHOT_BYTES)")  # fmt: skip
+    if over:
+        raise SnapshotTooLarge(f"this snapshot would hold {' and '.join(over)}: narrow it with "
+                               "kernel, backend or device_name")  # fmt: skip
 
 
 def import_records(

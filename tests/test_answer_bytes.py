@@ -1,7 +1,9 @@
-"""What one listing may send: at most the server's ``answer_bytes`` of stored JSON (a write
-token's 256 KiB configs made ``GET /v1/records?limit=1000`` up to 256 MB to build and send). A
-real server on loopback, SQLite and PostgreSQL (the sizes are computed by each database), with a
-budget of 1 KiB so that ordinary records and artifacts fill it; the clients page through whole."""
+"""What one answer may send: a listing at most the server's ``answer_bytes`` of stored JSON (a
+write token's 256 KiB configs made ``GET /v1/records?limit=1000`` up to 256 MB to build and send),
+a snapshot export at most its ``snapshot_bytes`` (else a 422 saying to narrow it: it was every
+winner of an arch, however large). A real server on loopback, SQLite and PostgreSQL (the sizes
+are computed by each database), with budgets of 1 and 4 KiB so that ordinary records and
+artifacts fill them; the clients page through whole."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ BUDGET = 1024
 def tight_server(database: tuple[str, Path | None], tmp_path: Path) -> Iterator[LiveServer]:
     url, path = database
     live = start_server(url, path, tmp_path / "server.log",
-                        env={"TUNECACHE_SERVER_ANSWER_BYTES": str(BUDGET)})  # fmt: skip
+                        env={"TUNECACHE_SERVER_ANSWER_BYTES": str(BUDGET),
+                             "TUNECACHE_SERVER_SNAPSHOT_BYTES": str(4 * BUDGET)})  # fmt: skip
     yield live
     live.stop()
 
@@ -78,3 +81,23 @@ def test_an_artifact_page_holds_what_its_budget_allows_and_pages_on(
         assert sum(len(json.dumps(a["value"]).encode()) for a in page["items"]) <= BUDGET
         got = client.get_artifacts(NS, PART)  # pages on by next_after
     assert sorted(int(tag(a.value)) for a in got) == list(range(60))
+
+
+def test_a_snapshot_over_the_servers_bound_is_a_422_saying_to_narrow_it(
+    tight_server: LiveServer,
+) -> None:
+    url = tight_server.url
+    for key in [make_key(m=40), make_key(m=48), *(make_key(kernel="softmax", m=m)
+                                                   for m in (8, 16, 32, 64))]:  # fmt: skip
+        body = make_record(key, trials=0).model_dump(mode="json", by_alias=True)
+        assert (
+            httpx.post(f"{url}/v1/records", json=body, headers=AUTH, timeout=30).status_code == 201
+        )
+    arch = make_key().device.arch
+    whole = httpx.get(f"{url}/v1/snapshot", params={"device_arch": arch}, timeout=30)
+    assert whole.status_code == 422, whole.text
+    assert "TUNECACHE_SERVER_SNAPSHOT_BYTES" in whole.text and "narrow it" in whole.text
+    narrowed = httpx.get(f"{url}/v1/snapshot", params={"device_arch": arch, "kernel": "matmul"},
+                         timeout=30)  # fmt: skip
+    assert narrowed.status_code == 200, narrowed.text
+    assert sorted(r["key"]["problem"]["M"] for r in narrowed.json()["records"]) == [40, 48]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, Header, HTTPException, Query, Response, status
 
 from cache_server import snapshots
 from cache_server.api.auth import READ, WRITE, WriteAccess
@@ -33,7 +33,10 @@ def _matches(if_none_match: str, etag: str) -> bool:
     "/snapshot",
     response_model=SnapshotPublic,
     dependencies=[READ],
-    responses={304: {"description": "the snapshot still has the ETag in If-None-Match"}},
+    responses={
+        304: {"description": "the snapshot still has the ETag in If-None-Match"},
+        422: {"description": "more winners than a snapshot may hold: narrow it"},
+    },
 )
 def export_snapshot(
     filters: Annotated[SnapshotFilters, Query()],
@@ -47,10 +50,16 @@ def export_snapshot(
     Only winners are exported, and without their trials, to keep snapshots small. The body is
     canonical JSON with records ordered by key hash and no timestamp, so its ``ETag`` (SHA-256 of
     the canonical records) changes exactly when the winners do; send it back in
-    ``If-None-Match`` to get 304 with no body while they have not.
+    ``If-None-Match`` to get 304 with no body while they have not. One holds at most 50,000
+    winners and the server's ``snapshot_bytes`` of them (64 MiB by default): a 422 says to
+    narrow it by ``kernel``, ``backend`` or ``device_name``.
     """
     table = winner_table(settings.policy)
-    winners = snapshots.snapshot_winners(session, filters=filters, table=table)
+    try:
+        winners = snapshots.snapshot_winners(session, filters=filters, table=table,
+                                             max_bytes=settings.snapshot_bytes)  # fmt: skip
+    except snapshots.SnapshotTooLarge as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
     body, etag = render_snapshot(filters, winners)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     if if_none_match is not None and _matches(if_none_match, etag):
