@@ -31,7 +31,7 @@
   one listing may return (default 8 MiB; :mod:`cache_server.budget`): a page cut short is
   shorter, at least one item
 - ``TUNECACHE_SERVER_SNAPSHOT_BYTES``: bytes of stored records one snapshot export may hold
-  (default 64 MiB; counted before any is read): more is a 422 that says to narrow it
+  (default 128 MiB; counted before any is read): more is a 422 that says to narrow it
 - ``TUNECACHE_SERVER_WORKERS``: server processes ``tunecache serve`` runs (default 1)
 - ``TUNECACHE_SERVER_MISS_REPORTS_PER_MINUTE``: miss reports one caller (token, or address) may
   send a minute to one server process (default 120); more get 429
@@ -102,7 +102,7 @@ class ServerSettings(BaseSettings):
     retry_after: int = Field(default=1, ge=1, le=3600)
     list_limit: int = Field(default=1000, gt=0)
     answer_bytes: int = Field(default=8 * 2**20, ge=1024, le=2**31)
-    snapshot_bytes: int = Field(default=64 * 2**20, ge=1024, le=2**40)
+    snapshot_bytes: int = Field(default=128 * 2**20, ge=1024, le=2**40)
     # Winners one shape bucket may hold (kernel, source, backend, dtype, arch, bucketed shape; a
     # user's kernel's every size rounded up, its bucket unknown here: rules.bucket_digest):
     # a lookup other than an exact hit ranks them all, so a write token that filled one bucket

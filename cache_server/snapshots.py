@@ -84,7 +84,8 @@ def _check_size(session: Session, stmt: Select[Any], max_bytes: int | None) -> N
                     "TUNECACHE_SERVER_SNAPSHOT_BYTES)")  # fmt: skip
     if over:
         raise SnapshotTooLarge(f"this snapshot would hold {' and '.join(over)}: narrow it with "
-                               "kernel, backend or device_name")  # fmt: skip
+                               "kernel, backend or device_name (or have the server's operator "
+                               "raise its limit)")  # fmt: skip
 
 
 def import_records(

@@ -51,7 +51,7 @@ def export_snapshot(
     canonical JSON with records ordered by key hash and no timestamp, so its ``ETag`` (SHA-256 of
     the canonical records) changes exactly when the winners do; send it back in
     ``If-None-Match`` to get 304 with no body while they have not. One holds at most 50,000
-    winners and the server's ``snapshot_bytes`` of them (64 MiB by default): a 422 says to
+    winners and the server's ``snapshot_bytes`` of them (128 MiB by default): a 422 says to
     narrow it by ``kernel``, ``backend`` or ``device_name``.
     """
     table = winner_table(settings.policy)
