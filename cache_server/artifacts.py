@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from cache_server.budget import fitting, json_bytes
+from cache_server.budget import stored_size, within
 from cache_server.db import upsert_insert
 from cache_server.models import ArtifactRow, TokenRow, utcnow
 from tunecache.artifacts import ArtifactIn, ArtifactPublic
@@ -90,32 +91,32 @@ def list_artifacts(
     partition's page with a next one), and an item its namespace's closed schema refuses is left
     out (logged): a page may hold fewer than ``limit``.
     """
-    stmt = select(ArtifactRow.id, json_bytes(ArtifactRow.value)).where(
+    stmt = select(ArtifactRow.id).where(
         ArtifactRow.namespace == namespace, ArtifactRow.partition == partition
     )
     if trusted_only:
         stmt = stmt.where(ArtifactRow.trusted.is_(True))
+    order: tuple[Any, ...] = (ArtifactRow.id,)
     if key is not None:
-        stmt = stmt.where(ArtifactRow.key == key).order_by(
-            ArtifactRow.score.is_(None), ArtifactRow.score, ArtifactRow.id
-        )
-    else:
-        stmt = stmt.order_by(ArtifactRow.id)
+        stmt = stmt.where(ArtifactRow.key == key)
+        order = (ArtifactRow.score.is_(None), ArtifactRow.score, ArtifactRow.id)
     if after is not None:
         stmt = stmt.where(ArtifactRow.id > after)
-    sized = session.execute(stmt.limit(limit)).all()
-    ids = [i for i, _ in sized[: fitting([size for _, size in sized], budget)]]
-    found = {
-        row.id: row for row in session.scalars(select(ArtifactRow).where(ArtifactRow.id.in_(ids)))
-    }
+    at = func.row_number().over(order_by=order).label("at")
+    page = stmt.add_columns(at).order_by(*order).limit(limit).subquery()
+    paged = select(func.count()).select_from(page).scalar_subquery()  # the page's rows, all
+    kept_ids = within(page, ArtifactRow, stored_size(ArtifactRow.value), budget)
+    rows = session.execute(
+        select(ArtifactRow, paged).where(ArtifactRow.id.in_(kept_ids)).order_by(*order)
+    ).all()
     kept = []
-    for row in (found[i] for i in ids if i in found):
+    for row, _ in rows:
         if (why := artifact_problem(row.namespace, row.value)) is not None:
             logger.warning("not serving artifact %d (%s): %s", row.id, row.namespace, why)
             continue
         kept.append(_public(row))
-    more = len(ids) < len(sized) or len(sized) == limit
-    return kept, ids[-1] if key is None and ids and more else None
+    more = bool(rows) and (len(rows) < rows[0][1] or rows[0][1] == limit)
+    return kept, rows[-1][0].id if key is None and more else None
 
 
 def _public(row: ArtifactRow) -> ArtifactPublic:

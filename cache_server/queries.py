@@ -19,7 +19,7 @@ from sqlalchemy import Select, bindparam, func, insert, select
 from sqlalchemy.orm import Session
 
 from cache_server import twins
-from cache_server.budget import fitting, json_bytes
+from cache_server.budget import stored_size, within
 from cache_server.db import upsert_insert
 from cache_server.models import RecordRow, TokenRow, TrialRow, VerifiedWinnerRow, WinnerRow, utcnow
 from tunecache.rules import bucket_digest
@@ -327,6 +327,11 @@ def _filtered(stmt: S, filters: RecordFilters) -> S:
     return stmt
 
 
+# The stored JSON a record's listing loads (cache_server.budget).
+RECORD_SIZE = stored_size(RecordRow.key, RecordRow.config, RecordRow.timing, RecordRow.baselines,
+                          RecordRow.validation, RecordRow.search, RecordRow.provenance,
+                          RecordRow.verification)  # fmt: skip
+
 # Grouped by kernel, device, backend and dtype; fastest first within a group.
 _BY_KEY = (RecordRow.kernel, RecordRow.device_arch, RecordRow.device_name, RecordRow.backend,
            RecordRow.dtype, RecordRow.time_ms, RecordRow.id)  # fmt: skip
@@ -347,7 +352,8 @@ def list_records(
 
     Newest first; with ``by_key``, grouped by kernel, device, backend and dtype, fastest first
     within a group (the dashboard's table). With ``budget``, the leading records of the page
-    whose configs fit in ``budget`` bytes together (:mod:`cache_server.budget`; at least one).
+    whose stored JSON fits in ``budget`` bytes together (:mod:`cache_server.budget`; at least
+    one).
     """
     base = select(RecordRow, table.record_id).outerjoin(table, table.record_id == RecordRow.id)
     if winners_only:
@@ -357,13 +363,12 @@ def list_records(
     order = _BY_KEY if by_key else (RecordRow.id.desc(),)
     page = base.order_by(*order).limit(limit).offset(offset)
     if budget is not None:
-        sized = session.execute(
-            page.with_only_columns(
-                RecordRow.id, json_bytes(RecordRow.config), maintain_column_froms=True
-            )
-        ).all()
-        ids = [i for i, _ in sized[: fitting([size for _, size in sized], budget)]]
-        page = base.where(RecordRow.id.in_(ids)).order_by(*order)
+        ids = page.with_only_columns(
+            RecordRow.id, func.row_number().over(order_by=order).label("at"),
+            maintain_column_froms=True,
+        ).subquery()  # fmt: skip
+        kept = within(ids, RecordRow, RECORD_SIZE, budget)
+        page = base.where(RecordRow.id.in_(kept)).order_by(*order)
     rows = session.execute(page).all()
     return [public_record(r[0], is_winner=r[1] is not None, listed=True) for r in rows], total
 

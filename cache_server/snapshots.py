@@ -13,9 +13,14 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 
-from cache_server.budget import stored_size
 from cache_server.models import RecordRow, TokenRow, WinnerRow
-from cache_server.queries import WinnerTable, add_record, public_record, record_fields
+from cache_server.queries import (
+    RECORD_SIZE,
+    WinnerTable,
+    add_record,
+    public_record,
+    record_fields,
+)
 from tunecache.errors import InvalidInput
 from tunecache.kernels import builtin_problem
 from tunecache.schemas import STORED, RecordCreate
@@ -69,11 +74,9 @@ def snapshot_winners(
 
 
 def _check_size(session: Session, stmt: Select[Any], max_bytes: int | None) -> None:
-    size = stored_size(RecordRow.key, RecordRow.config, RecordRow.timing, RecordRow.baselines,
-                       RecordRow.validation, RecordRow.search, RecordRow.provenance)  # fmt: skip
     count, held = session.execute(
         stmt.with_only_columns(
-            func.count(), func.coalesce(func.sum(size), 0), maintain_column_froms=True
+            func.count(), func.coalesce(func.sum(RECORD_SIZE), 0), maintain_column_froms=True
         )
     ).one()
     over = []

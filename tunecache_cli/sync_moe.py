@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from tunecache.schemas import RecordPublic
 
 PAGE = 100  # records a request
-MAX_PAGES = 200  # 20,000 winners: far more than every preset's shapes on one device
+MAX_PAGES = 200  # requests: 20,000 winners at full pages, far more than every preset's shapes
 
 
 def write_folder(args: argparse.Namespace) -> int:
@@ -82,13 +82,14 @@ def write_folder(args: argparse.Namespace) -> int:
 
 
 def _winners(client: Client, timeout: float) -> list[RecordPublic]:
-    """Every winner of the engine's kernel the server lists, page by page."""
+    """Every winner of the engine's kernel the server lists, page by page (a page the server
+    cut short at its byte budget is not the last: the next starts after what came)."""
     found: list[RecordPublic] = []
-    for page in range(MAX_PAGES):
+    for _ in range(MAX_PAGES):
         listed = client.list_records(kernel=KERNEL, backend="triton", winners_only=True,
-                                     limit=PAGE, offset=page * PAGE, timeout=timeout)  # fmt: skip
+                                     limit=PAGE, offset=len(found), timeout=timeout)  # fmt: skip
         found += listed.items[:PAGE]
-        if len(listed.items) < PAGE or len(found) >= listed.count:
+        if not listed.items or len(found) >= listed.count:
             break
     return found
 

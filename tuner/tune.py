@@ -57,6 +57,7 @@ from tunecache.schemas import (
 )
 from tunecache.settings import work_dir
 from tunecache.space import Config
+from tunecache.strict import UNSHOWN
 from tunecache.timing import DEFAULT_TIMER, TimerSettings
 from tuner.candidates import Emit, search_native, search_space, servable, unrefused
 from tuner.harness import Harness, Task
@@ -130,6 +131,12 @@ def check_local(key: Key, workload: Workload) -> None:
     that kind, its environment the installed versions, its source hash the kernel's current
     sources.
     """
+    for name, value in key.problem.items():  # said plainly (the schema's says it per union arm)
+        if isinstance(value, str) and (found := UNSHOWN.search(value)) is not None:
+            raise InvalidInput(
+                f"key {key.short()}: problem.{name} holds the control character "
+                f"U+{ord(found.group()):04X}: a server stores printable text only"
+            )
     try:
         KeyModel.from_key(key)
     except ValidationError as exc:

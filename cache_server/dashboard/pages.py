@@ -31,12 +31,16 @@ PageNumber = Annotated[int, Query(ge=1, le=1_000_000)]
 router = APIRouter(include_in_schema=False)
 
 
-def _pages(total: int, number: int) -> dict[str, int]:
-    """Where a page of ``PAGE_SIZE`` rows starts and ends, and how many pages there are."""
+def _pages(total: int, number: int, shown: int | None = None) -> dict[str, int]:
+    """Where a page of ``PAGE_SIZE`` rows starts and ends, and how many pages there are;
+    ``shown``: the rows the page shows, when the server's byte budget cut it short (``cut``:
+    how many it leaves out)."""
     last = max(1, -(-total // PAGE_SIZE))
     first_row = (number - 1) * PAGE_SIZE
+    last_row = min(total, first_row + PAGE_SIZE)
+    cut = 0 if shown is None else max(0, last_row - first_row - shown)
     return {"number": number, "last": last, "first_row": first_row + 1,
-            "last_row": min(total, first_row + PAGE_SIZE), "total": total}  # fmt: skip
+            "last_row": last_row - cut, "total": total, "cut": cut}  # fmt: skip
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -61,6 +65,7 @@ def index(
         offset=(p - 1) * PAGE_SIZE,
         by_key=True,
         table=winner_table(settings.policy),
+        budget=settings.answer_bytes,  # fat records: a page of 100 was 425 MB to build
     )
     return page(
         request,
@@ -70,7 +75,7 @@ def index(
             "filters": filters,
             "all": all,
             "choices": dashboard_queries.choices(session, winner_table(settings.policy)),
-            "pages": _pages(total, p),
+            "pages": _pages(total, p, shown=len(records)),
             "query": {k: v for k, v in [*asdict(filters).items(), ("all", all)] if v},
         },
     )
