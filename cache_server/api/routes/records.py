@@ -132,7 +132,7 @@ def list_records(
     """Records matching every given filter, newest first; trials and every check of a validation
     but its worst are left out (``GET /v1/records/{id}`` has them).
 
-    An answer holds at most the server's ``answer_bytes`` of configs (8 MiB by default): fewer
+    An answer holds at most the server's ``answer_bytes`` of records (8 MiB by default): fewer
     than ``limit`` records then, however many ``count`` says match. Page on with ``offset`` plus
     the number of items received.
 
