@@ -101,7 +101,7 @@ class ServerSettings(BaseSettings):
     max_wait: float = Field(default=0.02, ge=0, le=60)
     retry_after: int = Field(default=1, ge=1, le=3600)
     list_limit: int = Field(default=1000, gt=0)
-    answer_bytes: int = Field(default=8 * 2**20, ge=1024, le=2**31)
+    answer_bytes: int = Field(default=8 * 2**20, ge=1024, le=2**31 - 1)  # an INTEGER in SQL
     snapshot_bytes: int = Field(default=128 * 2**20, ge=1024, le=2**40)
     # Winners one shape bucket may hold (kernel, source, backend, dtype, arch, bucketed shape; a
     # user's kernel's every size rounded up, its bucket unknown here: rules.bucket_digest):

@@ -90,7 +90,10 @@ def _winners(client: Client, timeout: float) -> list[RecordPublic]:
                                      limit=PAGE, offset=len(found), timeout=timeout)  # fmt: skip
         found += listed.items[:PAGE]
         if not listed.items or len(found) >= listed.count:
-            break
+            return found
+    print(f"read {len(found)} of the server's {listed.count} winners in {MAX_PAGES} requests "
+          "(its pages are cut short at its byte budget): the others are not written",
+          file=sys.stderr)  # fmt: skip
     return found
 
 
