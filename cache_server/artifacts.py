@@ -17,7 +17,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from cache_server.budget import stored_size, within
@@ -96,19 +96,17 @@ def list_artifacts(
     )
     if trusted_only:
         stmt = stmt.where(ArtifactRow.trusted.is_(True))
-    order: tuple[Any, ...] = (ArtifactRow.id,)
+    keys: list[tuple[Any, bool]] = [(ArtifactRow.id, False)]
     if key is not None:
         stmt = stmt.where(ArtifactRow.key == key)
-        order = (ArtifactRow.score.is_(None), ArtifactRow.score, ArtifactRow.id)
+        keys = [(ArtifactRow.score.is_(None), False), (ArtifactRow.score, False), keys[0]]
     if after is not None:
         stmt = stmt.where(ArtifactRow.id > after)
-    at = func.row_number().over(order_by=order).label("at")
-    page = stmt.add_columns(at).order_by(*order).limit(limit).subquery()
-    paged = select(func.count()).select_from(page).scalar_subquery()  # the page's rows, all
-    kept_ids = within(page, ArtifactRow, stored_size(ArtifactRow.value), budget)
+    page = within(stmt, keys, ArtifactRow, stored_size(ArtifactRow.value), budget, limit=limit)
     rows = session.execute(
-        select(ArtifactRow, paged).where(ArtifactRow.id.in_(kept_ids)).order_by(*order)
-    ).all()
+        select(ArtifactRow, page.c.paged).join(page, page.c.id == ArtifactRow.id)
+        .order_by(*(k for k, _ in keys))
+    ).all()  # fmt: skip
     kept = []
     for row, _ in rows:
         if (why := artifact_problem(row.namespace, row.value)) is not None:

@@ -363,12 +363,9 @@ def list_records(
     order = _BY_KEY if by_key else (RecordRow.id.desc(),)
     page = base.order_by(*order).limit(limit).offset(offset)
     if budget is not None:
-        ids = page.with_only_columns(
-            RecordRow.id, func.row_number().over(order_by=order).label("at"),
-            maintain_column_froms=True,
-        ).subquery()  # fmt: skip
-        kept = within(ids, RecordRow, RECORD_SIZE, budget)
-        page = base.where(RecordRow.id.in_(kept)).order_by(*order)
+        keys = [(c, False) for c in _BY_KEY] if by_key else [(RecordRow.id, True)]
+        kept = within(base, keys, RecordRow, RECORD_SIZE, budget, limit=limit, offset=offset)
+        page = base.where(RecordRow.id.in_(select(kept.c.id))).order_by(*order)
     rows = session.execute(page).all()
     return [public_record(r[0], is_winner=r[1] is not None, listed=True) for r in rows], total
 
