@@ -46,8 +46,7 @@ if TYPE_CHECKING:
     from tunecache.client import Client
     from tunecache.schemas import RecordPublic
 
-PAGE = 100  # records a request
-MAX_PAGES = 200  # requests: 20,000 winners at full pages, far more than every preset's shapes
+MAX_PAGES = 200  # requests of a page each: far more than every preset's shapes on one device
 
 
 def write_folder(args: argparse.Namespace) -> int:
@@ -84,17 +83,15 @@ def write_folder(args: argparse.Namespace) -> int:
 def _winners(client: Client, timeout: float) -> list[RecordPublic]:
     """Every winner of the engine's kernel the server lists, page by page (a page the server
     cut short at its byte budget is not the last: the next starts after what came)."""
-    found: list[RecordPublic] = []
-    for _ in range(MAX_PAGES):
-        listed = client.list_records(kernel=KERNEL, backend="triton", winners_only=True,
-                                     limit=PAGE, offset=len(found), timeout=timeout)  # fmt: skip
-        found += listed.items[:PAGE]
-        if not listed.items or len(found) >= listed.count:
-            return found
-    print(f"read {len(found)} of the server's {listed.count} winners in {MAX_PAGES} requests "
-          "(its pages are cut short at its byte budget): the others are not written",
-          file=sys.stderr)  # fmt: skip
-    return found
+    from tunecache.report.collect import fetch_first
+
+    listed = fetch_first(client, None, requests=MAX_PAGES, kernel=KERNEL, backend="triton",
+                         winners_only=True, timeout=timeout)  # fmt: skip
+    if len(listed.items) < listed.count:
+        print(f"read {len(listed.items)} of the server's {listed.count} winners in {MAX_PAGES} "
+              "requests (its pages are cut short at its byte budget): the others are not "
+              "written", file=sys.stderr)  # fmt: skip
+    return listed.items
 
 
 def _merge(imported: MoeFile | None, tuned: MoeFile | None) -> MoeFile:

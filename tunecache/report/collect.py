@@ -12,6 +12,7 @@ from tunecache.report.series import Convergence, convergence
 from tunecache.schemas import RecordList, RecordPublic
 
 PAGE = 1000  # the server's default maximum page
+MAX_REQUESTS = 10_000  # pages one read may ask for
 
 
 @dataclass(frozen=True)
@@ -34,17 +35,21 @@ def fetch_records(client: Any, **filters: Any) -> list[RecordPublic]:
     return fetch_first(client, None, **filters).items
 
 
-def fetch_first(client: Any, limit: int | None, **filters: Any) -> RecordList:
+def fetch_first(client: Any, limit: int | None, *, requests: int = MAX_REQUESTS,
+                **filters: Any) -> RecordList:  # fmt: skip
     """The first ``limit`` records matching ``filters`` (every one: ``None``), page by page (a
-    server cuts a page short at its byte budget: the next starts after what came), and how many
-    match.
+    server cuts a page short at its byte budget: the next starts after what came), in at most
+    ``requests`` requests (a server that answers a page of one item and a huge count is not
+    asked for ever), and how many match: fewer items than that count, the caller says so.
 
     Raises:
         ServerError: the server is unreachable or refused.
     """
     found: list[RecordPublic] = []
     count = 0
-    while limit is None or len(found) < limit:
+    for _ in range(requests):
+        if limit is not None and len(found) >= limit:
+            break
         size = PAGE if limit is None else min(PAGE, limit - len(found))
         page = client.list_records(limit=size, offset=len(found), **filters)
         found.extend(page.items[:size])
