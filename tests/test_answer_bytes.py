@@ -21,7 +21,8 @@ from tests.conftest import LiveServer, start_server
 from tests.factories import AUTH, make_key, make_record
 from tests.test_artifacts import NS, PART, item, tag
 from tunecache.client import Client
-from tunecache.report.collect import fetch_first, fetch_records
+from tunecache.pages import fetch_first
+from tunecache.report.collect import fetch_records
 
 BUDGET = 8192  # bytes of stored JSON a listing may send
 SNAPSHOT = 4096  # a snapshot's

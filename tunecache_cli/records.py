@@ -41,7 +41,7 @@ def register(commands: Any) -> None:
 
 def run_ls(args: argparse.Namespace) -> int:
     from tunecache.client import Client
-    from tunecache.report.collect import fetch_first
+    from tunecache.pages import fetch_first
 
     if not 1 <= args.limit <= MAX_LIMIT:
         raise InvalidInput(f"--limit {args.limit}: expected 1 to {MAX_LIMIT}")

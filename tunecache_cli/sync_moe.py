@@ -83,7 +83,7 @@ def write_folder(args: argparse.Namespace) -> int:
 def _winners(client: Client, timeout: float) -> list[RecordPublic]:
     """Every winner of the engine's kernel the server lists, page by page (a page the server
     cut short at its byte budget is not the last: the next starts after what came)."""
-    from tunecache.report.collect import fetch_first
+    from tunecache.pages import fetch_first
 
     listed = fetch_first(client, None, requests=MAX_PAGES, kernel=KERNEL, backend="triton",
                          winners_only=True, timeout=timeout)  # fmt: skip

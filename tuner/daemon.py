@@ -36,6 +36,7 @@ from tunecache.jobs import JobPublic
 from tunecache.kernels import BACKENDS
 from tunecache.key import DEVICE_KINDS, Key, kernel_module, key_for
 from tunecache.outbox import Later
+from tunecache.pages import fetch_first
 from tunecache.server_source import unreachable
 from tuner.harness import Harness
 from tuner.tune import TuneOptions, tune
@@ -301,25 +302,22 @@ class Daemon(Worker):
                        device=self.device)  # fmt: skip
 
     def rejected_at(self, job: JobPublic, key: Key) -> tuple[dict[str, Any], ...]:
-        """The configs a verifier of the cache rejected at ``key``, each once (a page of records
-        at a time, up to :data:`REJECTED_PAGES`: copies of one config do not crowd out another):
-        the re-tune of a key whose record was rejected leaves them out, since a new upload of one
-        waits for a verifier again. None when the server does not answer: the tune goes on."""
+        """The configs a verifier of the cache rejected at ``key``, each once (its first
+        :data:`REJECTED_PAGES` hundred rejected records, in at most as many requests: copies of
+        one config do not crowd out another): the re-tune of a key whose record was rejected
+        leaves them out, since a new upload of one waits for a verifier again. None when the
+        server does not answer: the tune goes on."""
         refused: dict[str | None, dict[str, Any]] = {}  # by the config as it runs
-        offset = 0
         try:
-            for _ in range(REJECTED_PAGES):
-                page = self.client.list_records(key_hash=key.digest(), status="rejected",
-                                                limit=100, offset=offset)  # fmt: skip
-                for record in page.items:
-                    if record.status == "rejected":
-                        runs = as_run(key.backend, record.config, kernel=key.kernel)
-                        refused.setdefault(runs, dict(record.config))
-                offset += len(page.items)
-                if not page.items or offset >= page.count:
-                    break
+            listed = fetch_first(self.client, REJECTED_PAGES * 100, requests=REJECTED_PAGES,
+                                 key_hash=key.digest(), status="rejected")  # fmt: skip
         except ServerError as exc:
             logger.warning("job %d: the configs rejected at its key are unknown (%s)", job.id, exc)
+            return ()
+        for record in listed.items:
+            if record.status == "rejected":
+                runs = as_run(key.backend, record.config, kernel=key.kernel)
+                refused.setdefault(runs, dict(record.config))
         if refused:
             logger.info("job %d: leaving out %d config(s) a verifier rejected at its key",
                         job.id, len(refused))  # fmt: skip

@@ -7,12 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tunecache.pages import fetch_first
 from tunecache.report.labels import key_label, natural, several_archs
 from tunecache.report.series import Convergence, convergence
-from tunecache.schemas import RecordList, RecordPublic
-
-PAGE = 1000  # the server's default maximum page
-MAX_REQUESTS = 10_000  # pages one read may ask for
+from tunecache.schemas import RecordPublic
 
 
 @dataclass(frozen=True)
@@ -33,30 +31,6 @@ def fetch_records(client: Any, **filters: Any) -> list[RecordPublic]:
         ServerError: the server is unreachable or refused.
     """
     return fetch_first(client, None, **filters).items
-
-
-def fetch_first(client: Any, limit: int | None, *, requests: int = MAX_REQUESTS,
-                **filters: Any) -> RecordList:  # fmt: skip
-    """The first ``limit`` records matching ``filters`` (every one: ``None``), page by page (a
-    server cuts a page short at its byte budget: the next starts after what came), in at most
-    ``requests`` requests (a server that answers a page of one item and a huge count is not
-    asked for ever), and how many match: fewer items than that count, the caller says so.
-
-    Raises:
-        ServerError: the server is unreachable or refused.
-    """
-    found: list[RecordPublic] = []
-    count = 0
-    for _ in range(requests):
-        if limit is not None and len(found) >= limit:
-            break
-        size = PAGE if limit is None else min(PAGE, limit - len(found))
-        page = client.list_records(limit=size, offset=len(found), **filters)
-        found.extend(page.items[:size])
-        count = page.count
-        if not page.items or len(found) >= count:
-            break
-    return RecordList(items=found, count=count)
 
 
 def fetch_searches(client: Any, winners: Sequence[RecordPublic], *, keys: int) -> Searches:
