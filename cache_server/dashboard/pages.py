@@ -26,21 +26,28 @@ TRIALS_SHOWN = 200
 # A filter is validated as the API's (a name, a backend, a job state); the form's "any" sends "".
 _BLANK_IS_ANY = BeforeValidator(lambda value: value or None)
 NameFilter = Annotated[Name | None, Query(), _BLANK_IS_ANY]
-PageNumber = Annotated[int, Query(ge=1, le=1_000_000)]
+PageNumber = Annotated[int, Query(ge=1, le=1_000_000)]  # the pages' links before "start"
+StartRow = Annotated[int | None, Query(ge=0, le=100_000_000)]
 
 router = APIRouter(include_in_schema=False)
 
 
-def _pages(total: int, number: int, shown: int | None = None) -> dict[str, int]:
-    """Where a page of ``PAGE_SIZE`` rows starts and ends, and how many pages there are;
-    ``shown``: the rows the page shows, when the server's byte budget cut it short (``cut``:
-    how many it leaves out)."""
-    last = max(1, -(-total // PAGE_SIZE))
-    first_row = (number - 1) * PAGE_SIZE
-    last_row = min(total, first_row + PAGE_SIZE)
-    cut = 0 if shown is None else max(0, last_row - first_row - shown)
-    return {"number": number, "last": last, "first_row": first_row + 1,
-            "last_row": last_row - cut, "total": total, "cut": cut}  # fmt: skip
+def _pages(total: int, start: int, shown: int) -> dict[str, int | None]:
+    """Where a page that shows ``shown`` rows from row ``start`` (0-based) sits among ``total``:
+    its rows (1-based), where ``next`` starts (right after what it shows: a page the server's byte
+    budget cut short leaves no row out of the next) and ``previous`` (a page size back), and
+    ``cut``: the rows of a full page it leaves out."""
+    end = start + shown
+    cut = max(0, min(PAGE_SIZE, total - start) - shown)
+    return {"first_row": start + 1, "last_row": end, "total": total, "cut": cut,
+            "next": end if end < total else None,
+            "previous": max(0, start - PAGE_SIZE) if start > 0 else None}  # fmt: skip
+
+
+def _start(start: int | None, number: int) -> int:
+    """The first row (0-based) a page asks for: ``start``, else page ``number``'s (the old
+    links')."""
+    return start if start is not None else (number - 1) * PAGE_SIZE
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -52,17 +59,19 @@ def index(
     backend: Annotated[Backend | None, Query(), _BLANK_IS_ANY] = None,
     device_arch: NameFilter = None,
     all: bool = False,
+    start: StartRow = None,
     p: PageNumber = 1,
 ) -> HTMLResponse:
     """Winners (or, with ``all``, every record) by kernel × device × backend."""
     settings = request.app.state.settings
+    first = _start(start, p)
     filters = queries.RecordFilters(kernel=kernel, backend=backend, device_arch=device_arch)
     records, total = queries.list_records(
         session,
         filters=filters,
         winners_only=not all,
         limit=PAGE_SIZE,
-        offset=(p - 1) * PAGE_SIZE,
+        offset=first,
         by_key=True,
         table=winner_table(settings.policy),
         budget=settings.answer_bytes,  # fat records: a page of 100 was 425 MB to build
@@ -75,7 +84,7 @@ def index(
             "filters": filters,
             "all": all,
             "choices": dashboard_queries.choices(session, winner_table(settings.policy)),
-            "pages": _pages(total, p, shown=len(records)),
+            "pages": _pages(total, first, len(records)),
             "query": {k: v for k, v in [*asdict(filters).items(), ("all", all)] if v},
         },
     )
@@ -105,11 +114,13 @@ def job_queue(
     session: SessionDep,
     _reader: Reader,
     state: Annotated[JobState | None, Query(), _BLANK_IS_ANY] = None,
+    start: StartRow = None,
     p: PageNumber = 1,
 ) -> HTMLResponse:
     """The queue: counts by state, then each job with its lease, attempts and last error."""
     counts = dashboard_queries.job_counts(session)
-    rows, total = jobs.list_jobs(session, state=state, limit=PAGE_SIZE, offset=(p - 1) * PAGE_SIZE)
+    first = _start(start, p)
+    rows, total = jobs.list_jobs(session, state=state, limit=PAGE_SIZE, offset=first)
     return page(
         request,
         "jobs.html",
@@ -119,7 +130,7 @@ def job_queue(
             ],
             "counts": counts,
             "state": state,
-            "pages": _pages(total, p),
+            "pages": _pages(total, first, len(rows)),
             "query": {"state": state} if state else {},
         },
     )
