@@ -8,7 +8,7 @@ from typing import Any, get_args
 
 from tunecache.errors import InvalidInput
 from tunecache.key import BACKENDS, DTYPES
-from tunecache.schemas import RecordStatus
+from tunecache.schemas import RecordPublic, RecordStatus
 from tunecache.timing import versus
 from tunecache_cli.args import add_server, server_url
 from tunecache_cli.table import ms, render, shown
@@ -68,12 +68,16 @@ def run_ls(args: argparse.Namespace) -> int:
         shape = ",".join(f"{k}={v}" for k, v in r.key.problem.items())
         valid = "yes" if r.validation.passed else "NO"
         rows.append([f"#{r.id}", r.key.kernel, r.key.backend, r.key.dtype, shape,
-                     r.key.device.arch, ms(r.timing.median_ms), versus(r),
+                     r.key.device.arch, _time(r), versus(r),
                      "noisy" if r.noisy else "-", valid, r.status,
                      f"{r.created_at:%Y-%m-%d %H:%M}"])  # fmt: skip
     header = ["record", "kernel", "backend", "dtype", "shape", "arch", "ms", "vs eager",
               "timing", "valid", "status", "created (UTC)"]  # fmt: skip
     print(render(header, rows))
+    if any(r.believed_timing is not r.timing for r in found.items):
+        print(
+            "ms: the verifier's time (v) where a verifier re-timed the record, else the uploader's"
+        )
     more = "" if len(found.items) == found.count else " (raise --limit for more)"
     print(f"{len(found.items)} of {found.count} {'records' if every else 'winners'}{more}")
     return 0
@@ -98,3 +102,10 @@ def run_show(args: argparse.Namespace) -> int:
     if rows:
         print(render(["trial", "status", "ms", "config", "error"], rows))
     return 0
+
+
+def _time(record: RecordPublic) -> str:
+    """The time the server ranks ``record`` by (the verifier's, marked ``v``, once it re-timed
+    it: a claimed time it found too fast is never shown as the record's)."""
+    timing = record.believed_timing
+    return ms(timing.median_ms) + (" v" if timing is not record.timing else "")

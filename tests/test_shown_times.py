@@ -1,0 +1,52 @@
+"""Every place that shows a record's time shows the one the server ranks it by: once a verifier
+re-timed a record, its time, marked as the verifier's (the uploader's claim of 0.2 ms, found
+ten times too fast, stood in the dashboard's index and in ``tunecache records ls`` while the
+record page, ``tunecache get`` and the ranking used the verifier's 2 ms). A real server."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import LiveServer
+from tests.factories import CPU, knobs, make_key, make_record
+from tests.test_trust import _passed, token
+from tunecache import Client
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_re_timed_record_shows_the_verifiers_time_everywhere(server: LiveServer) -> None:
+    url = server.url
+    with Client(url) as client:
+        claimed = client.upload(make_record(make_key(m=64), time_ms=0.2, config=knobs(1)))
+        plain = client.upload(make_record(make_key(m=128), time_ms=0.7, config=knobs(2)))
+    with Client(url, token=token(url, "gpu-verifier", "verify")) as client:
+        task = client.claim_verification("v1", device_arch=CPU.arch, backends=["tvm"])
+        assert task is not None and task.record.id == claimed.record_id
+        settled = client.submit_verification(claimed.record_id, _passed("v1", 2.0))
+    assert settled.status == "verified" and settled.verification is not None
+    assert settled.verification.timing_flag
+
+    html = httpx.get(f"{url}/", timeout=30).text
+    cells = list(re.findall(r'class="num time"[^>]*>([\d.]+)[^<]*(?:<span[^>]*>[^<]*</span>)?'
+                            r'.*?">record (\d+)<', html, flags=re.S))  # fmt: skip
+    times = {int(record): value for value, record in cells}
+    assert times == {claimed.record_id: "2", plain.record_id: "0.7"}
+    assert "verifier's</span>" in html and "its uploader said 0.2 ms" in html
+
+    listed = subprocess.run(
+        [sys.executable, "-m", "tunecache_cli", "records", "ls", "--server", url],
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=dict(os.environ),
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines() if line.startswith("#")}
+    assert re.search(r" 2 v +- ", rows[f"#{claimed.record_id}"])  # its time; no "vs eager"
+    assert re.search(r" 0\.7 +\S+ ", rows[f"#{plain.record_id}"])
+    assert " 0.2 " not in rows[f"#{claimed.record_id}"] and " v " not in rows[f"#{plain.record_id}"]
+    assert "the verifier's time (v)" in listed.stdout
