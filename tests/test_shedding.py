@@ -16,9 +16,11 @@ from cache_server.api.problems import send as send_error
 from cache_server.api.shedding import (
     BROWSE_SLOTS,
     BULK_SLOTS,
+    LISTING_SLOTS,
     MONITOR_SLOTS,
     LoadShedding,
     browsing,
+    listing,
 )
 
 
@@ -86,7 +88,7 @@ def test_beyond_its_slots_a_request_waits_a_little_then_gets_503() -> None:
         held.release.set()
         assert [(await t)[0] for t in first] == [200, 200]
         assert (await call(app))[0] == 200  # slots given back
-        assert app.in_flight == 0 and not app.waiting
+        assert app.api.in_flight == 0 and not app.api.waiting
 
     asyncio.run(run())
 
@@ -95,7 +97,7 @@ def test_a_request_that_would_wait_too_long_is_refused_without_waiting() -> None
     async def run() -> None:
         held = Held()
         app = shedding(held, slots=1, wait=0.05)
-        app.seconds_per_request = 1.0  # requests have been taking a second each
+        app.api.seconds_per_request = 1.0  # requests have been taking a second each
         holder = asyncio.create_task(call(app))
         await asyncio.sleep(0.01)
         status, _, seconds = await call(app)
@@ -113,13 +115,13 @@ def test_requests_of_erratic_times_are_refused_at_once_not_after_waiting() -> No
     async def admitted_to_wait(spread: float) -> bool:
         held = Held()
         app = shedding(held, slots=1, wait=0.05)
-        app.seconds_per_request = 0.03  # a slot frees in 0.03 s on average, under 0.05 s
-        app.square_per_request = 0.03**2 + spread**2
+        app.api.seconds_per_request = 0.03  # a slot frees in 0.03 s on average, under 0.05 s
+        app.api.square_per_request = 0.03**2 + spread**2
         holder = asyncio.create_task(call(app))
         await asyncio.sleep(0.01)
         second = asyncio.create_task(call(app))
         await asyncio.sleep(0.01)
-        waited = len(app.waiting) == 1
+        waited = len(app.api.waiting) == 1
         held.release.set()
         await holder
         status, _, seconds = await second
@@ -141,7 +143,7 @@ async def one_held_one_waiting(wait: float) -> tuple[Held, LoadShedding, Any, An
     await asyncio.sleep(0.01)
     waiter = asyncio.create_task(call(app))
     await asyncio.sleep(0.01)
-    assert len(app.waiting) == 1
+    assert len(app.api.waiting) == 1
     return held, app, holder, waiter
 
 
@@ -150,7 +152,7 @@ def test_a_waiting_request_gets_the_slot_handed_over() -> None:
         held, app, holder, waiter = await one_held_one_waiting(1.0)
         held.release.set()
         assert (await holder)[0] == 200 and (await waiter)[0] == 200
-        assert app.in_flight == 0
+        assert app.api.in_flight == 0
 
     asyncio.run(run())
 
@@ -162,7 +164,7 @@ def test_a_client_gone_while_waiting_leaks_no_slot() -> None:
         await asyncio.gather(gone, return_exceptions=True)
         held.release.set()
         await holder
-        assert app.in_flight == 0 and not app.waiting
+        assert app.api.in_flight == 0 and not app.api.waiting
         assert (await call(app))[0] == 200
 
     asyncio.run(run())
@@ -179,7 +181,7 @@ def test_health_has_slots_of_its_own() -> None:
         await asyncio.sleep(0.01)
         status, _, seconds = await call(app, "/health")
         assert status == 503 and seconds < 0.01
-        assert app.in_flight == 0  # the API's slot is free
+        assert app.api.in_flight == 0  # the API's slot is free
         held.release.set()
         assert [(await t)[0] for t in checks] == [200] * MONITOR_SLOTS
         assert (await call(app))[0] == 200
@@ -227,7 +229,7 @@ def test_browsing_never_holds_the_slots_lookups_need() -> None:
     asyncio.run(run())
 
 
-def test_what_browses() -> None:
+def test_what_browses_and_what_lists() -> None:
     def scope(method: str, path: str, root: str = "") -> dict[str, Any]:
         return {"type": "http", "method": method, "path": root + path, "root_path": root}
 
@@ -235,21 +237,55 @@ def test_what_browses() -> None:
     assert browsing(scope("HEAD", "/"))
     # Behind a prefix, uvicorn's path holds it: the page is still a page.
     assert browsing(scope("GET", "/", "/tc")) and browsing(scope("GET", "/ui/jobs", "/tc"))
-    assert not any(
-        browsing(scope(m, p))
-        for m, p in [
-            ("POST", "/v1/records"),
-            ("POST", "/v1/records/3/disputes"),
-            ("POST", "/v1/lookup"),
-            ("GET", "/v1/jobs"),
-            ("GET", "/v1/records"),
-            ("GET", "/v1/records/3"),
-            ("GET", "/health"),
-            ("GET", "/ui/static/dashboard.css"),
-            ("GET", "/ui/swagger/swagger-ui-bundle.js"),
-        ]
-    )  # daemons and warm starts list records; a page loads its static files at once
+    lists = [("GET", "/v1/jobs"), ("GET", "/v1/records"), ("GET", "/v1/records/3"),
+             ("GET", "/v1/artifacts"), ("GET", "/v1/tokens"), ("HEAD", "/v1/records")]  # fmt: skip
+    assert all(listing(scope(m, p)) for m, p in lists)
+    assert listing(scope("GET", "/v1/jobs", "/tc"))
+    neither = [("POST", "/v1/records"), ("POST", "/v1/records/3/disputes"), ("POST", "/v1/lookup"),
+               ("GET", "/v1/jobs/3"), ("POST", "/v1/jobs/claim"), ("PUT", "/v1/artifacts"),
+               ("GET", "/health"), ("GET", "/ui/static/dashboard.css"),
+               ("GET", "/ui/swagger/swagger-ui-bundle.js")]  # fmt: skip
+    assert not any(browsing(scope(m, p)) or listing(scope(m, p)) for m, p in neither)
+    assert not any(browsing(scope(m, p)) for m, p in lists)
     # ``/health`` behind a prefix is still in monitoring's slots.
     from cache_server.api.shedding import route_path
 
     assert route_path(scope("GET", "/health", "/tc")) == "/health"
+
+
+def test_listings_never_hold_the_slots_lookups_need() -> None:
+    """One client with no token kept 4 connections on ``GET /v1/jobs?limit=1000`` and 47 of
+    52 lookups of another were refused: listings have slots of their own; one more waits for
+    one of them (a listing's time, not a lookup's), and lookups are answered meanwhile."""
+
+    async def run() -> None:
+        held = HeldWhere(listing)
+        app = shedding(held, slots=2, wait=0.05)
+        lists = [asyncio.create_task(call(app, "/v1/jobs", "GET")) for _ in range(LISTING_SLOTS)]
+        await asyncio.sleep(0.01)
+        assert [(await call(app))[0] for _ in range(4)] == [200] * 4  # lookups: answered
+        more = asyncio.create_task(call(app, "/v1/records", "GET"))
+        await asyncio.sleep(0.01)
+        assert not more.done()  # waiting for a listing's slot
+        held.release.set()
+        assert [(await t)[0] for t in [*lists, more]] == [200] * (LISTING_SLOTS + 1)
+        assert app.api.in_flight == 0
+
+    asyncio.run(run())
+
+
+def test_a_metrics_flood_never_fails_the_health_check() -> None:
+    """Four connections on ``/metrics`` (anyone may read it) made 32 of 42 health checks 503:
+    a liveness probe would have called the server down. Each has slots of its own."""
+
+    async def run() -> None:
+        held = HeldWhere(lambda scope: scope["path"] == "/metrics")
+        app = shedding(held, slots=1, wait=0.05)
+        flood = [asyncio.create_task(call(app, "/metrics", "GET")) for _ in range(MONITOR_SLOTS)]
+        await asyncio.sleep(0.01)
+        assert (await call(app, "/metrics", "GET"))[0] == 503  # one more: refused at once
+        assert [(await call(app, "/health", "GET"))[0] for _ in range(4)] == [200] * 4
+        held.release.set()
+        assert [(await t)[0] for t in flood] == [200] * MONITOR_SLOTS
+
+    asyncio.run(run())

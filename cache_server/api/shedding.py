@@ -14,15 +14,21 @@ waiting ``max_wait`` (bench/server_load.py ``--overload`` at twice the sustainab
 event loop and every request waits seconds (measured: 400 lookups/s against a 200/s server,
 p50 21.8 s, p99 40 s).
 
-``/health`` and ``/metrics`` have slots of their own (:data:`MONITOR_SLOTS`, no waiting): an
-overloaded server still says how it is, and a flood of them (each counts the records) cannot take
-the database connections the API needs. So do snapshots (``/v1/snapshot``, :data:`BULK_SLOTS`):
+``/health`` and ``/metrics`` have slots of their own (:data:`MONITOR_SLOTS` each, no waiting):
+an overloaded server still says how it is, and a flood of them (each counts the records) cannot
+take the database connections the API needs; nor can a flood of ``/metrics`` (anyone may read
+it) make ``/health`` fail and a liveness probe call the server down (4 connections on
+``/metrics`` did, 32 of 42 checks). So do snapshots (``/v1/snapshot``, :data:`BULK_SLOTS`):
 an export's cost grows with the winners of an arch (20,000 took 22 s), and two anonymous ones
 held both slots of a process, every lookup refused meanwhile (and their times would have made
 the moving average shed what followed). A lookup never waits behind one. So do the dashboard's pages
 (:func:`browsing`), whose cost grows with what uploaders stored (two anonymous views of the index
 over records of 1.75 MB each took 10 to 15 s and every lookup of the process was refused
-meanwhile).
+meanwhile). So do the API's listings (:func:`listing`: records, jobs, artifacts, a record with
+its trials), a hundred times a lookup's cost: one client with no token keeping 4 connections
+on ``GET /v1/jobs?limit=1000`` had 47 of 52 lookups of another refused. A listing may wait for
+one of its slots (:data:`LISTING_WAIT`, as the API's requests wait for theirs): daemons' warm
+starts list records at once.
 """
 
 from __future__ import annotations
@@ -32,14 +38,15 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
-MONITORING = frozenset({"/health", "/metrics"})
-MONITOR_SLOTS = 2
+MONITOR_SLOTS = 2  # each of /health and /metrics
 BULK = frozenset({"/v1/snapshot"})
 BULK_SLOTS = 1
 BROWSE_SLOTS = 2
+LISTINGS = frozenset({"/v1/records", "/v1/jobs", "/v1/artifacts", "/v1/tokens"})
+LISTING_SLOTS = 2
+LISTING_WAIT = 2.0  # seconds a listing may wait for one of its slots
 SMOOTHING = 0.1  # weight of the newest request in the moving average of request times
 
 
@@ -51,49 +58,33 @@ def route_path(scope: dict[str, Any]) -> str:
     return path[len(root) :] or "/" if root and path.startswith(root) else path
 
 
+def _read(scope: dict[str, Any]) -> bool:
+    return scope.get("method") in ("GET", "HEAD")
+
+
 def browsing(scope: dict[str, Any]) -> bool:
     """Whether ``scope`` is a dashboard page (not its static files: cheap, and a page loads
-    several at once). Record listings stay in the API's slots: daemons, warm starts and
-    ``tunecache get`` read them, and the listing's cost is bounded (a record's worst check)."""
+    several at once)."""
     path = route_path(scope)
-    if scope.get("method") not in ("GET", "HEAD"):
-        return False
-    return path == "/" or (path.startswith("/ui/")
-                           and not path.startswith(("/ui/static/", "/ui/swagger/")))  # fmt: skip
+    page = path.startswith("/ui/") and not path.startswith(("/ui/static/", "/ui/swagger/"))
+    return _read(scope) and (path == "/" or page)
 
 
-@dataclass
-class _Side:
-    takes: Callable[[dict[str, Any]], bool]
-    slots: int
-    what: str
-    busy: int = 0
+def listing(scope: dict[str, Any]) -> bool:
+    """Whether ``scope`` reads a listing of the API (records, jobs, artifacts, tokens) or a
+    record with its trials (up to 20,000): reads whose cost grows with what was stored."""
+    path = route_path(scope)
+    return _read(scope) and (path in LISTINGS or path.startswith("/v1/records/"))
 
 
-def _on(paths: frozenset[str]) -> Callable[[dict[str, Any]], bool]:
-    return lambda scope: route_path(scope) in paths
+class _Lane:
+    """Slots for one kind of request: up to ``slots`` at a time; one more waits for a slot only
+    when the slots should free up within ``max_wait`` seconds (none: refused at once), from the
+    moving averages of how long its admitted requests took."""
 
-
-class LoadShedding:
-    """Answers 503 to what this process cannot start within ``max_wait`` (see the module doc).
-
-    Args:
-        app: the ASGI app.
-        max_in_flight: requests worked on at once.
-        max_wait: seconds a request may wait for a slot.
-        retry_after: seconds a shed request is told to wait (``Retry-After``).
-        reject: sends an error answer ``(send, status, detail, headers)``.
-    """
-
-    def __init__(self, app: Any, *, max_in_flight: int, max_wait: float, retry_after: int,
-                 reject: Callable[..., Awaitable[None]]) -> None:  # fmt: skip
-        self.app, self.reject = app, reject
-        self.max_in_flight, self.max_wait, self.retry_after = max_in_flight, max_wait, retry_after
+    def __init__(self, slots: int, max_wait: float, what: str = "") -> None:
+        self.slots, self.max_wait, self.what = slots, max_wait, what
         self.in_flight = 0
-        # requests in flight on slots of their own: (paths, slots, what they are, how many)
-        self.sides = [_Side(_on(MONITORING), MONITOR_SLOTS, "health or metrics"),
-                      _Side(_on(BULK), BULK_SLOTS, "snapshot"),
-                      _Side(browsing, BROWSE_SLOTS, "dashboard page")]  # fmt: skip
         self.waiting: deque[asyncio.Future[None]] = deque()
         self.seconds_per_request = 0.005  # until measured
         self.square_per_request = self.seconds_per_request**2  # their squares' moving average
@@ -102,19 +93,19 @@ class LoadShedding:
         """Seconds one more request would wait for a slot, from the recent times per request:
         the ``k`` requests ahead of it take ``k`` mean times, plus two standard deviations of
         their sum (``√k`` of one), so that one admitted to wait seldom waits in vain."""
-        if self.in_flight < self.max_in_flight:
+        if self.in_flight < self.slots:
             return 0.0
         ahead = len(self.waiting) + 1
         spread = math.sqrt(max(self.square_per_request - self.seconds_per_request**2, 0.0))
         took = ahead * self.seconds_per_request + 2 * math.sqrt(ahead) * spread
-        return took / self.max_in_flight
+        return took / self.slots
 
-    async def _admit(self) -> bool:
+    async def admit(self) -> bool:
         """Takes a slot, waiting at most ``max_wait``; whether it got one."""
-        if self.in_flight < self.max_in_flight:
+        if self.in_flight < self.slots:
             self.in_flight += 1
             return True
-        if self.expected_wait() > self.max_wait:
+        if self.max_wait <= 0 or self.expected_wait() > self.max_wait:
             return False
         slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiting.append(slot)
@@ -127,26 +118,18 @@ class LoadShedding:
             return False
         except asyncio.CancelledError:  # the client went away while waiting
             if slot.done():
-                self._release()  # the slot handed over: pass it on
+                self.release(None)  # the slot handed over: pass it on
             else:
                 self.waiting.remove(slot)
             raise
         return True
 
-    async def _aside(self, side: _Side, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """A request of ``side``'s paths, in its slots (no waiting)."""
-        if side.busy >= side.slots:
-            detail = f"{side.busy} {side.what} requests are in progress"
-            await self.reject(send, 503, detail, {"Retry-After": str(self.retry_after)})
-            return
-        side.busy += 1
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            side.busy -= 1
-
-    def _release(self) -> None:
-        """Hands the slot to the first request still waiting, else frees it."""
+    def release(self, took: float | None) -> None:
+        """Counts a request that took ``took`` seconds in the averages and hands its slot to the
+        first request still waiting, else frees it."""
+        if took is not None:
+            self.seconds_per_request += SMOOTHING * (took - self.seconds_per_request)
+            self.square_per_request += SMOOTHING * (took * took - self.square_per_request)
         while self.waiting:
             slot = self.waiting.popleft()
             if not slot.done():
@@ -154,24 +137,52 @@ class LoadShedding:
                 return
         self.in_flight -= 1
 
+    def busy(self) -> str:
+        what = f"{self.what} " if self.what else ""
+        return f"{self.in_flight} {what}requests in progress, {len(self.waiting)} waiting"
+
+
+def _on(paths: frozenset[str]) -> Callable[[dict[str, Any]], bool]:
+    return lambda scope: route_path(scope) in paths
+
+
+class LoadShedding:
+    """Answers 503 to what this process cannot start within ``max_wait`` (see the module doc).
+
+    Args:
+        app: the ASGI app.
+        max_in_flight: API requests worked on at once (:attr:`api`).
+        max_wait: seconds an API request may wait for a slot.
+        retry_after: seconds a shed request is told to wait (``Retry-After``).
+        reject: sends an error answer ``(send, status, detail, headers)``.
+    """
+
+    def __init__(self, app: Any, *, max_in_flight: int, max_wait: float, retry_after: int,
+                 reject: Callable[..., Awaitable[None]]) -> None:  # fmt: skip
+        self.app, self.reject, self.retry_after = app, reject, retry_after
+        self.api = _Lane(max_in_flight, max_wait)
+        # requests on slots of their own: which, and their lane
+        self.sides = [(_on(frozenset({"/health"})), _Lane(MONITOR_SLOTS, 0, "health")),
+                      (_on(frozenset({"/metrics"})), _Lane(MONITOR_SLOTS, 0, "metrics")),
+                      (_on(BULK), _Lane(BULK_SLOTS, 0, "snapshot")),
+                      (browsing, _Lane(BROWSE_SLOTS, 0, "dashboard page")),
+                      (listing, _Lane(LISTING_SLOTS, LISTING_WAIT, "listing"))]  # fmt: skip
+
+    def lane(self, scope: dict[str, Any]) -> _Lane:
+        """The lane ``scope`` is admitted in."""
+        return next((lane for takes, lane in self.sides if takes(scope)), self.api)
+
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        side = next((side for side in self.sides if side.takes(scope)), None)
-        if side is not None:
-            await self._aside(side, scope, receive, send)
-            return
-        if not await self._admit():
-            detail = (f"the server is busy ({self.in_flight} requests in progress, "
-                      f"{len(self.waiting)} waiting); retry in {self.retry_after} s")  # fmt: skip
+        lane = self.lane(scope)
+        if not await lane.admit():
+            detail = f"the server is busy ({lane.busy()}); retry in {self.retry_after} s"
             await self.reject(send, 503, detail, {"Retry-After": str(self.retry_after)})
             return
         started = time.perf_counter()
         try:
             await self.app(scope, receive, send)
         finally:
-            took = time.perf_counter() - started
-            self.seconds_per_request += SMOOTHING * (took - self.seconds_per_request)
-            self.square_per_request += SMOOTHING * (took * took - self.square_per_request)
-            self._release()
+            lane.release(time.perf_counter() - started)
