@@ -317,6 +317,25 @@ def test_client_looks_up_from_a_snapshot_file_without_a_server(tmp_path: Path) -
     assert transport.calls == 1  # the first miss; the server is then skipped for retry_after
 
 
+def test_tunecache_snapshot_is_the_clients_snapshot_unless_it_is_given_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The docs' "Point ``$TUNECACHE_SNAPSHOT`` at it": a ``Client`` given no ``snapshot=``
+    answers from that file (it did not: only the Triton drop-in read the variable); ``""``
+    turns it off."""
+    key = make_key(64)
+    body, _ = render_snapshot(SnapshotFilters(device_arch=ARCH),
+                              [make_record(key, config=knobs(3))])  # fmt: skip
+    path = tmp_path / "winners.json"
+    save_snapshot(path, json.loads(body))
+    monkeypatch.setenv("TUNECACHE_SNAPSHOT", str(path))
+    with Client("http://cache.test", transport=RefusingTransport(), token="") as client:
+        found = client.lookup(key, default=DEFAULT)
+    assert (found.source, found.config) == ("snapshot", knobs(3))
+    with Client("http://cache.test", transport=RefusingTransport(), snapshot="") as client:
+        assert client.lookup(key, default=DEFAULT).source == "default"
+
+
 def test_a_snapshot_answers_same_arch_and_nearest_bucket_offline_saying_which_rule(
     tmp_path: Path,
 ) -> None:

@@ -113,8 +113,8 @@ class Client(WorkerCalls):
             the server's rate limit, are logged at debug level and otherwise ignored.
         token: the API token to send; ``TUNECACHE_TOKEN`` when omitted, none when ``""``.
         snapshot: a snapshot file (:func:`tunecache.snapshot.save_snapshot`) to answer lookups
-            from before asking the server; read once, on the first lookup. A missing or corrupt
-            file is logged once and ignored.
+            from before asking the server; ``TUNECACHE_SNAPSHOT`` when omitted, none when ``""``.
+            Read once, on the first lookup; a missing or corrupt file is logged once and ignored.
 
     Raises:
         InvalidInput: an unknown ``policy`` (at once, not at the first lookup).
@@ -137,7 +137,7 @@ class Client(WorkerCalls):
             raise InvalidInput(
                 f"policy={policy!r}: expected one of {', '.join(get_args(VersionPolicy))}"
             )
-        need_env = not url or timeout is None or token is None
+        need_env = not url or timeout is None or token is None or snapshot is None
         settings = Settings.from_env(with_url=not url) if need_env else None
         self.url = checked_url(url, "url=") if url else (settings or Settings.from_env()).url
         if isinstance(timeout, int | float):
@@ -155,7 +155,8 @@ class Client(WorkerCalls):
         self._http = httpx.Client(base_url=self.url, transport=transport or DeadlineTransport(),
                                   mounts=mounts, headers=headers)  # fmt: skip
         sources: list[Source] = []
-        if snapshot is not None:
+        snapshot = snapshot if snapshot is not None else (settings.snapshot if settings else None)
+        if snapshot:
             sources.append(SnapshotSource(Path(snapshot), policy))
         self.server = ServerSource(self, retry_after=retry_after, miss_ttl=miss_ttl,
                                    report_misses=report_misses)  # fmt: skip
