@@ -350,3 +350,24 @@ def test_the_net_log_sees_a_request_off_the_machine(
         finally:
             local.shutdown()
     assert "http://tunecache-test.invalid/x.png" in seen.requests
+
+
+def test_the_templates_are_read_once_with_the_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A running server whose install was upgraded in place rendered the new ``_pager.html``
+    with its old code: every page a 500. The templates are read with the code, so a view reads
+    no file (here: opening one fails) and finds every template of the folder."""
+    import builtins
+
+    from cache_server.dashboard import templating
+
+    folder = Path(templating.__file__).parent / "templates"
+    names = sorted(p.name for p in folder.glob("*.html"))
+
+    def no_file(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a template was read from disk at view time")
+
+    templating.ENV.cache.clear()  # type: ignore[union-attr]
+    monkeypatch.setattr(builtins, "open", no_file)
+    monkeypatch.setattr(Path, "read_text", no_file)
+    assert [templating.ENV.get_template(name).name for name in names] == names
+    assert "index.html" in names and "_pager.html" in names

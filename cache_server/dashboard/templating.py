@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from jinja2 import DictLoader, Environment, StrictUndefined
 
 from tunecache import __version__
 from tunecache.measured import TimingModel
@@ -84,8 +84,12 @@ def shape(problem: dict[str, Any]) -> str:
 
 
 def _environment() -> Environment:
+    """The pages' templates, read once with this code: templates read from disk at each view
+    broke every page of a running server whose install was upgraded in place (the new
+    ``_pager.html`` with the old code: 500)."""
+    folder = HERE / "templates"
     env = Environment(
-        loader=FileSystemLoader(HERE / "templates"),
+        loader=DictLoader({p.name: p.read_text("utf-8") for p in folder.glob("*.html")}),
         autoescape=True,
         undefined=StrictUndefined,
         trim_blocks=True,
