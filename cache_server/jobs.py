@@ -56,6 +56,42 @@ def enqueue(
     return job, new_id is not None
 
 
+def requeue_failed(session: Session, *, key_hash: str, max_attempts: int, priority: int,
+                   strategy: str | None, trials: int | None) -> int:  # fmt: skip
+    """Queues again, with fresh attempts, the job of ``key_hash`` if it failed (ran out of its
+    attempts; its last error kept until a worker claims it): a caller asking for the key again
+    (``tunecache pretune``, ``POST /v1/jobs``) after what failed was mended, or after a token
+    spent its attempts on leases it let expire, is not answered with the old failure for ever.
+    Returns how many it queued (0 or 1)."""
+    again = dict(state="queued", attempts=0, max_attempts=max_attempts, priority=priority,
+                 strategy=strategy, trials=trials, lease_owner=None, lease_token_id=None,
+                 lease_expires_at=None, updated_at=utcnow())  # fmt: skip
+    stmt = (
+        update(JobRow)
+        .where(JobRow.key_hash == key_hash, JobRow.state == "failed")
+        .values(**again)
+        .execution_options(synchronize_session=False)
+    )
+    return int(session.execute(stmt).rowcount or 0)  # type: ignore[attr-defined]
+
+
+def release_leases(session: Session, *, token_id: int) -> int:
+    """Gives back the leases of the running jobs claimed with token ``token_id`` (revoked): each
+    is queued again, claimable at once, the attempt it spent refunded. Otherwise a revoked
+    token's leases held its jobs until they ran out (a day at most), or an admin failed each.
+    Returns how many."""
+    refunded = case((JobRow.attempts > 0, JobRow.attempts - 1), else_=0)
+    given_back = dict(state="queued", attempts=refunded, lease_owner=None, lease_token_id=None,
+                      lease_expires_at=None, updated_at=utcnow())  # fmt: skip
+    stmt = (
+        update(JobRow)
+        .where(JobRow.state == "running", JobRow.lease_token_id == token_id)
+        .values(**given_back)
+        .execution_options(synchronize_session=False)
+    )
+    return int(session.execute(stmt).rowcount or 0)  # type: ignore[attr-defined]
+
+
 def find(session: Session, *, key_hash: str) -> JobRow | None:
     return session.scalar(select(JobRow).where(JobRow.key_hash == key_hash))
 

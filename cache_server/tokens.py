@@ -12,6 +12,7 @@ from datetime import timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from cache_server import jobs
 from cache_server.db import upsert_insert
 from cache_server.models import TokenRow, utcnow
 from tunecache.tokens import Scope, TokenPublic, fingerprint, new_token, shown_part
@@ -102,7 +103,8 @@ LAST_ADMIN = (
 
 
 def revoke(session: Session, *, token_id: int) -> TokenRow | None:
-    """Revokes a token (kept, for the record); ``None`` if there is no such token.
+    """Revokes a token (kept, for the record), giving back the leases of the jobs it claimed
+    (:func:`cache_server.jobs.release_leases`); ``None`` if there is no such token.
 
     Raises:
         LastAdmin: the token is the last live admin token (a token may revoke itself while
@@ -121,4 +123,5 @@ def revoke(session: Session, *, token_id: int) -> TokenRow | None:
         .where(TokenRow.id == token_id, TokenRow.revoked_at.is_(None))
         .values(revoked_at=utcnow())
     )
+    jobs.release_leases(session, token_id=token_id)  # a revoked token holds no job
     return session.get(TokenRow, token_id, populate_existing=True)

@@ -169,6 +169,56 @@ def test_a_lease_that_runs_out_on_the_last_attempt_fails_the_job(any_server: Liv
     assert failed["lease_owner"] is None
 
 
+def test_a_job_whose_attempts_a_token_spent_is_queued_again_when_asked_for(
+    any_server: LiveServer,
+) -> None:
+    """A write token claiming with leases of a millisecond spent a job's every attempt in 0.06 s,
+    and the key could never be tuned again: a miss, an admin's ``POST /v1/jobs`` (100 attempts)
+    got the failed job back. Asking for the key again queues it, with that request's attempts
+    and budget; a miss still gets the job as it is."""
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
+        create(http, 13, max_attempts=2)
+        for worker in ("a", "b", "c"):
+            claim(http, worker, lease=0.001)
+            time.sleep(0.05)
+        (failed,) = http.get("/v1/jobs", params={"state": "failed"}).json()["items"]
+        miss = http.post("/v1/misses", json={"key": make_key(m=13).to_json()}).json()
+        assert miss["job"]["state"] == "failed" and not miss["created"]
+        again = create(http, 13, max_attempts=5, strategy="random", trials=7)
+        assert again.status_code == 200, again.text
+        job = again.json()["job"]
+        assert (job["id"], job["state"], job["attempts"]) == (failed["id"], "queued", 0)
+        assert (job["max_attempts"], job["strategy"], job["trials"]) == (5, "random", 7)
+        assert claim(http, "honest")["id"] == failed["id"]  # type: ignore[index]
+        assert create(http, 13).json()["job"]["state"] == "running"  # a live job is left alone
+
+
+def test_revoking_a_token_gives_back_the_jobs_it_holds(any_server: LiveServer) -> None:
+    """One write token leased every queued job for a day under made-up worker names, and
+    revoking it freed none of them: now each is queued again at once, its attempt refunded."""
+    url = any_server.url
+    hoarder = issue_token(url, "write")
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for m in (21, 22):
+            assert http.post("/v1/jobs", json={"key": make_key(m=m).to_json()},
+                             headers=AUTH).status_code == 201  # fmt: skip
+        held = [http.post("/v1/jobs/claim", json={"worker": f"h{i}", "lease_seconds": 86_400},
+                          headers={"Authorization": f"Bearer {hoarder}"}).json()
+                for i in range(2)]  # fmt: skip
+        assert {j["state"] for j in held} == {"running"}
+        tokens = http.get("/v1/tokens", headers=AUTH).json()["items"]
+        (row,) = [t for t in tokens if t["scope"] == "write"]
+        assert http.delete(f"/v1/tokens/{row['id']}", headers=AUTH).status_code == 200
+        queued = http.get("/v1/jobs", params={"state": "queued"}, headers=AUTH).json()["items"]
+        assert sorted(j["id"] for j in queued) == sorted(j["id"] for j in held)
+        assert {(j["attempts"], j["lease_owner"]) for j in queued} == {(0, None)}
+        gone = http.post(f"/v1/jobs/{held[0]['id']}/heartbeat", json={"worker": "h0"},
+                         headers={"Authorization": f"Bearer {hoarder}"})  # fmt: skip
+        assert gone.status_code == 401
+        taken = http.post("/v1/jobs/claim", json={"worker": "honest"}, headers=AUTH).json()
+        assert taken["id"] in {j["id"] for j in held}
+
+
 def test_failures_retry_until_the_limit(any_server: LiveServer) -> None:
     with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         create(http, 9, max_attempts=2)

@@ -60,7 +60,11 @@ def _holder(token: TokenRow) -> int | None:
     responses={200: {"model": JobEnqueued, "description": "the key's job, already queued"}},
 )
 def create_job(request: JobCreate, session: SessionDep, response: Response) -> JobEnqueued:
-    """Queues a tuning job for a key; an existing job for the key is returned instead (200)."""
+    """Queues a tuning job for a key; an existing job for the key is returned instead (200), a
+    failed one queued again first, with this request's attempts, priority and budget."""
+    jobs.requeue_failed(session, key_hash=request.key.digest(), max_attempts=request.max_attempts,
+                        priority=request.priority, strategy=request.strategy,
+                        trials=request.trials)  # fmt: skip
     job, created = jobs.enqueue(
         session,
         key_hash=request.key.digest(),
