@@ -271,3 +271,39 @@ def test_the_hint_names_the_daemon_each_device_of_the_jobs_needs() -> None:
     both = unclaimed_hint(manifest, [k.digest() for k in manifest.keys])
     assert "`tunecache daemon --device cpu` and `tunecache daemon --device cuda` on a machine " \
         "with a GPU" in both  # fmt: skip
+
+
+def test_a_job_listing_that_never_ends_is_read_a_bounded_number_of_pages() -> None:
+    """A hostile server answering each page with one job (the same one, or a new one) and a
+    count of a billion kept ``pretune`` and ``coverage`` asking for ever: now the listing stops
+    when a page brings nothing new, and after :data:`MAX_JOB_PAGES` pages in any case."""
+    from datetime import UTC, datetime
+
+    from tests.factories import make_key
+    from tunecache import Client
+    from tunecache.http import IDENTITY_HEADER
+    from tunecache_cli.pretune import MAX_JOB_PAGES, all_jobs
+
+    asked: list[int] = []
+
+    def job(n: int) -> dict[str, object]:
+        now = datetime.now(UTC).isoformat()
+        return {"id": n, "key_hash": f"{n:064x}", "key": make_key(m=64).to_json(),
+                "state": "queued", "priority": 0, "source": "api", "attempts": 0,
+                "max_attempts": 3, "lease_owner": None, "lease_expires_at": None, "error": "",
+                "record_id": None, "created_at": now, "updated_at": now}  # fmt: skip
+
+    def answer(fresh: bool) -> httpx.MockTransport:
+        def handle(request: httpx.Request) -> httpx.Response:
+            asked.append(1)
+            n = len(asked) if fresh else 1
+            return httpx.Response(200, json={"items": [job(n)], "count": 10**9},
+                                  headers={IDENTITY_HEADER: "tunecache/0"})  # fmt: skip
+
+        return httpx.MockTransport(handle)
+
+    with Client("http://cache.test", transport=answer(fresh=False), token="") as client:
+        assert len(all_jobs(client)) == 1 and len(asked) == 2
+    asked.clear()
+    with Client("http://cache.test", transport=answer(fresh=True), token="") as client:
+        assert len(all_jobs(client)) == MAX_JOB_PAGES == len(asked)

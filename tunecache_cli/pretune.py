@@ -40,14 +40,20 @@ def register(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
+MAX_JOB_PAGES = 1000  # of 1,000 jobs: a server answering one a page and a huge count ends
+
+
 def all_jobs(client: Any) -> dict[str, Any]:
-    """Every job on the server, by key hash."""
+    """Every job on the server, by key hash (at most :data:`MAX_JOB_PAGES` pages: a server is
+    not trusted to end the listing)."""
     found: dict[str, Any] = {}
-    while True:
+    for _ in range(MAX_JOB_PAGES):
         page = client.list_jobs(limit=1000, offset=len(found))
+        before = len(found)
         found.update({job.key_hash: job for job in page.items})
-        if not page.items or len(found) >= page.count:
-            return found
+        if len(found) == before or len(found) >= page.count:
+            break
+    return found
 
 
 def queue(client: Any, manifest: Any) -> tuple[list[str], int]:
