@@ -95,6 +95,9 @@ def test_a_users_kernel_is_named_by_module_and_qualname() -> None:
         spec.problem_from_args()
     with pytest.raises(InvalidInput, match="supports dtypes"):
         key_for(AFFINE, "triton", {"M": 8, "N": 24}, "float16")
+    # A package not on sys.path (a script run from another folder than the package's): says so.
+    with pytest.raises(InvalidInput, match=r"'no_such_package_9' on sys\.path.*PYTHONPATH"):
+        key_for("no_such_package_9.kernels:K", "tvm", {"M": 8}, "float32")
 
 
 def test_the_run_time_path_imports_only_tunecache(tmp_path: Path) -> None:

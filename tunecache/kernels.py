@@ -199,7 +199,12 @@ def load_ref(ref: str) -> Any:
     try:
         found: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise InvalidInput(f"cannot import {module_name!r} for kernel {ref!r}: {exc}") from None
+        top = module_name.partition(".")[0]
+        hint = (f" (is the folder holding {top!r} on sys.path? Install the package or set "
+                "PYTHONPATH: a script sees its own folder, not the current directory)"
+                if isinstance(exc, ModuleNotFoundError) and exc.name == top else "")  # fmt: skip
+        why = f"cannot import {module_name!r} for kernel {ref!r}: {exc}{hint}"
+        raise InvalidInput(why) from None
     for part in qualname.split("."):
         try:
             found = getattr(found, part)
