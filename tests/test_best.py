@@ -63,7 +63,7 @@ def test_the_fastest_validated_backend_wins_with_the_others_beside_it(three: Liv
     shown = cli(three, "best", "matmul", "--shape", SHAPE)
     assert shown.returncode == 0, shown.stderr
     first = shown.stdout.splitlines()[0]
-    assert "fastest is inductor (1 ms), 2.00x faster than tvm" in first
+    assert "fastest is inductor (1 ms), 2x faster than tvm (medians timed apart)" in first
     assert table_row(shown.stdout, "inductor")[2] == "fastest"  # as eager's row says it
     assert table_row(shown.stdout, "tvm")[2] == "2.00x"
     as_json = json.loads(cli(three, "best", "matmul", "--shape", SHAPE, "--json").stdout)
@@ -201,3 +201,23 @@ def test_a_speedup_the_verifier_did_not_believe_is_not_shown(server: LiveServer)
     assert best.returncode == 0, best.stderr
     assert not any(line.startswith("torch eager") for line in best.stdout.splitlines())
     assert table_row(best.stdout, "tvm")[3] == "-"
+
+
+def test_a_winner_no_faster_than_eager_within_noise_is_not_crowned_alone(
+    server: LiveServer,
+) -> None:
+    """A newcomer's ``tunecache best``: "fastest is tvm (0.0224 ms)" above an eager row of
+    0.0144 ms, the record's own comparison a median of 0.67x within 0.59-1.01x. The headline
+    now says the tie and its median."""
+    from tunecache.measured import BaselineModel, Speedup
+
+    key = key_for("matmul", "tvm", PROBLEM, "float32")
+    eager = BaselineModel(name="torch_eager", timing=make_record(key, time_ms=0.0144).timing,
+                          speedup=Speedup(median=0.67, low=0.59, high=1.01, rounds=11))  # fmt: skip
+    with Client(server.url) as client:
+        client.upload(make_record(key, time_ms=0.0224).model_copy(update={"baselines": [eager]}))
+    shown = cli(server, "best", "matmul", "--shape", SHAPE, "--backends", "tvm")
+    assert shown.returncode == 0, shown.stderr
+    first = shown.stdout.splitlines()[0]
+    assert "fastest is tvm (0.0224 ms); the same as torch eager within noise" in first
+    assert "median 0.67x, 0.59-1.01x" in first

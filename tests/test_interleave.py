@@ -261,7 +261,7 @@ def test_a_ratio_is_shown_with_its_interval_and_never_as_a_false_speedup() -> No
         "1.50x faster than torch eager (1.40-1.60x)"
     )
     assert speedup_text(1.3, interval=(0.9, 1.7), than="the default config") == (
-        "the same as the default config within noise (0.90-1.70x)"
+        "the same as the default config within noise (median 1.30x, 0.90-1.70x)"
     )
     assert speedup_text(0.5, times="×", interval=(0.4, 0.625)) == "2.00× slower (1.60-2.50×)"
     winner, _ = select([1.0, 1.5, 3.0], 11)

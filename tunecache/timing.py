@@ -270,7 +270,8 @@ def speedup_text(
 ) -> str:
     """``2.00x faster``, ``1.89x slower`` or ``1.00x (the same)``: never a bare ``0.53x``.
     With the interval of an interleaved comparison, the interval too, and ``the same within
-    noise`` when it holds 1.
+    noise`` when it holds 1, with the median (a median of 0.67x within 0.59-1.01x is no tie to
+    hide).
 
     Args:
         speedup: baseline time / tuned time.
@@ -282,14 +283,14 @@ def speedup_text(
         >>> speedup_text(2.0), speedup_text(0.5, interval=(0.45, 0.55))
         ('2.00x faster', '2.00x slower (1.82-2.22x)')
         >>> speedup_text(1.02, interval=(0.97, 1.08), than="torch eager")
-        'the same as torch eager within noise (0.97-1.08x)'
+        'the same as torch eager within noise (median 1.02x, 0.97-1.08x)'
     """
     than_it = f" than {than}" if than else ""
     if interval is not None:
         low, high = interval
         if low <= 1.0 <= high:
             same = f"the same as {than}" if than else "the same"
-            return f"{same} within noise ({low:.2f}-{high:.2f}{times})"
+            return f"{same} within noise (median {speedup:.2f}{times}, {low:.2f}-{high:.2f}{times})"
         if speedup >= 1:
             return f"{speedup:.2f}{times} faster{than_it} ({low:.2f}-{high:.2f}{times})"
         return f"{1 / speedup:.2f}{times} slower{than_it} ({1 / high:.2f}-{1 / low:.2f}{times})"

@@ -71,7 +71,10 @@ def _as_text(kernel: str, shape: str, dtype: str, answer: Any) -> str:
         head += f"fastest is {winner.backend} ({ms(winner.time_ms)} ms)"
         runner_up = answer.answers[1] if len(answer.answers) > 1 else None
         if runner_up is not None and runner_up.time_ms is not None and winner.time_ms:
-            head += f", {runner_up.time_ms / winner.time_ms:.2f}x faster than {runner_up.backend}"
+            ratio = runner_up.time_ms / winner.time_ms  # medians timed apart: no interval
+            head += f", {ratio:.2g}x faster than {runner_up.backend} (medians timed apart)"
+        if _ties_eager(winner):  # not measurably faster than eager, nor slower: say so
+            head += f"; {winner.result.vs_eager}"
     rows = [_eager_row(answer)] if answer.eager_ms is not None and winner is not None else []
     for a in answer.answers:
         result = a.result
@@ -97,6 +100,13 @@ def _speedup(row: Any) -> float | None:
     re-times the record, not eager)."""
     served = row.result.served_record
     return None if served is None else served.speedup()
+
+
+def _ties_eager(row: Any) -> bool:
+    """Whether ``row``'s record's interleaved comparison with torch eager holds 1."""
+    served = row.result.served_record
+    interval = None if served is None else served.speedup_interval()
+    return interval is not None and interval[0] <= 1.0 <= interval[1]
 
 
 def _vs_best(answer: Any, row: Any) -> str:
