@@ -50,3 +50,25 @@ def test_a_re_timed_record_shows_the_verifiers_time_everywhere(server: LiveServe
     assert re.search(r" 0\.7 +\S+ ", rows[f"#{plain.record_id}"])
     assert " 0.2 " not in rows[f"#{claimed.record_id}"] and " v " not in rows[f"#{plain.record_id}"]
     assert "the verifier's time (v)" in listed.stdout
+
+
+def test_an_interpreter_time_is_marked_in_the_listings(server: LiveServer) -> None:
+    """A Triton drop-in record timed by the interpreter on the host (9.73 ms, "3.54x faster")
+    stood in ``records ls`` and the dashboard's index as a time like any other; only the record
+    itself said "not a GPU's time". Both listings now mark it."""
+    from tunecache.measured import INTERPRETER_TIMER
+
+    record = make_record(make_key(m=64), time_ms=9.73)
+    timing = record.timing.model_copy(update={"timer": INTERPRETER_TIMER})
+    with Client(server.url) as client:
+        stored = client.upload(record.model_copy(update={"timing": timing}))
+    html = httpx.get(f"{server.url}/", timeout=30).text
+    assert '<span class="badge interpreter" title="host clock, Triton&#39;s interpreter' in html
+    listed = subprocess.run(
+        [sys.executable, "-m", "tunecache_cli", "records", "ls", "--server", server.url],
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=dict(os.environ),
+    )  # fmt: skip
+    (row,) = [
+        line for line in listed.stdout.splitlines() if line.startswith(f"#{stored.record_id}")
+    ]
+    assert " 9.73 " in row and " interpreter " in row

@@ -37,6 +37,9 @@ class ConditionsModel(Strict):
     noise: Annotated[list[NoiseReason], Field(max_length=MAX_NOISE_REASONS)] = []
 
 
+INTERPRETER_TIMER = "host clock, Triton's interpreter (not a GPU's time)"  # fits TimingModel.timer
+
+
 class TimingModel(Strict):
     """A timing: median of ``repeats`` runs after ``warmup`` runs, with its spread.
 
@@ -62,6 +65,12 @@ class TimingModel(Strict):
         if self.noisy != bool(self.conditions is not None and self.conditions.noise):
             raise ValueError("a timing is noisy exactly when its conditions name the noise")
         return self
+
+    @property
+    def interpreted(self) -> bool:
+        """Whether Triton's interpreter ran it on the host (:data:`INTERPRETER_TIMER`): a time
+        that says nothing of a GPU's, shown marked as such."""
+        return self.timer == INTERPRETER_TIMER
 
     @property
     def spread(self) -> float:

@@ -69,7 +69,7 @@ def run_ls(args: argparse.Namespace) -> int:
         valid = "yes" if r.validation.passed else "NO"
         rows.append([f"#{r.id}", r.key.kernel, r.key.backend, r.key.dtype, shape,
                      r.key.device.arch, _time(r), versus(r),
-                     "noisy" if r.noisy else "-", valid, r.status,
+                     _caveat(r), valid, r.status,
                      f"{r.created_at:%Y-%m-%d %H:%M}"])  # fmt: skip
     header = ["record", "kernel", "backend", "dtype", "shape", "arch", "ms", "vs eager",
               "timing", "valid", "status", "created (UTC)"]  # fmt: skip
@@ -109,3 +109,11 @@ def _time(record: RecordPublic) -> str:
     it: a claimed time it found too fast is never shown as the record's)."""
     timing = record.believed_timing
     return ms(timing.median_ms) + (" v" if timing is not record.timing else "")
+
+
+def _caveat(record: RecordPublic) -> str:
+    """What to know of ``record``'s time: Triton's interpreter on the host (no GPU's time), or
+    noisy, else ``-``."""
+    if record.believed_timing.interpreted:
+        return "interpreter"
+    return "noisy" if record.noisy else "-"

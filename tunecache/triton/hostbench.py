@@ -15,8 +15,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tunecache.measured import INTERPRETER_TIMER
+
 REPEATS = 3  # timed calls after one warm-up call
-TIMER = "host clock, Triton's interpreter (not a GPU's time)"  # fits TimingModel.timer
+TIMER = INTERPRETER_TIMER
 
 calls = 0  # host benchmarks run in this process
 
