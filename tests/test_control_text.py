@@ -252,3 +252,22 @@ def test_a_key_a_server_would_refuse_is_refused_before_the_search() -> None:
     hostile = dataclasses.replace(key, problem={**key.problem, "mode": f"{ESC}]0;PWNED\x07"})
     with pytest.raises(InvalidInput, match=r"problem\.mode.*control character"):
         check_local(hostile, get_workload(key.kernel))
+
+
+def test_timing_cores_this_process_may_not_use_are_refused_before_the_search(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``TUNECACHE_TIMING_CORES=9-12`` on a 2-core machine: a MetaSchedule tune searched for
+    12.7 s, then refused it when its measurement workers started. ``tune`` checks it first."""
+    import os
+
+    from tunecache.key import key_for
+    from tuner.tune import check_local
+    from workloads import get_workload
+
+    key = key_for("matmul", "tvm", {"M": 72, "N": 64, "K": 64}, "float32")  # this machine's
+    check_local(key, get_workload(key.kernel))  # the key itself is fine here
+    away = max(os.sched_getaffinity(0)) + 1000
+    monkeypatch.setenv("TUNECACHE_TIMING_CORES", f"{away}-{away + 3}")
+    with pytest.raises(InvalidInput, match="TUNECACHE_TIMING_CORES names cores"):
+        check_local(key, get_workload(key.kernel))

@@ -61,6 +61,7 @@ from tunecache.strict import UNSHOWN
 from tunecache.timing import DEFAULT_TIMER, TimerSettings
 from tuner.candidates import Emit, search_native, search_space, servable, unrefused
 from tuner.harness import Harness, Task
+from tuner.harness.discipline import reserved_cores
 from tuner.measure import Pipelines
 from tuner.search import DEFAULT_STRATEGY, STRATEGIES
 from tuner.select import Winner, select_winner
@@ -129,7 +130,7 @@ def check_local(key: Key, workload: Workload) -> None:
     The key must be one a server stores (a user kernel's string parameter holding a control
     character failed at the upload, after the whole search), its device this machine's device of
     that kind, its environment the installed versions, its source hash the kernel's current
-    sources.
+    sources; and ``TUNECACHE_TIMING_CORES``, if set, must name cores this process may use.
     """
     for name, value in key.problem.items():  # said plainly (the schema's says it per union arm)
         if isinstance(value, str) and (found := UNSHOWN.search(value)) is not None:
@@ -157,6 +158,7 @@ def check_local(key: Key, workload: Workload) -> None:
             f"here hash to {workload.source_hash(key.backend)}"
         )
     check_memory(key, workload)
+    reserved_cores()  # a bad TUNECACHE_TIMING_CORES: said now, not after the whole search
 
 
 def check_memory(key: Key, workload: Workload | None = None) -> None:
