@@ -118,3 +118,14 @@ def test_a_snapshot_over_the_servers_bound_is_a_422_saying_to_narrow_it(
                          timeout=30)  # fmt: skip
     assert narrowed.status_code == 200, narrowed.text
     assert sorted(r["key"]["problem"]["M"] for r in narrowed.json()["records"]) == [40, 48]
+
+
+def test_a_page_past_the_last_row_says_so(server: LiveServer) -> None:
+    """``/?start=100`` over 2 winners said "No winners match these filters" though they do."""
+    with Client(server.url) as client:
+        for m in (40, 48):
+            client.upload(make_record(make_key(m=m), trials=0))
+    html = httpx.get(f"{server.url}/", params={"start": 100}, timeout=30).text
+    assert "Nothing from row 101: there are 2" in html and "match these filters" not in html
+    jobs = httpx.get(f"{server.url}/ui/jobs", timeout=30).text
+    assert "No jobs." in jobs
