@@ -69,8 +69,15 @@ def _check_port(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
+            import errno
+
+            hint = (
+                "--port another"
+                if exc.errno == errno.EADDRINUSE
+                else "--host one of this machine's addresses"
+            )
             raise InvalidInput(
-                f"cannot listen on {host}:{port}: {exc.strerror or exc} (--port another)"
+                f"cannot listen on {host}:{port}: {exc.strerror or exc} ({hint})"
             ) from None
 
 
