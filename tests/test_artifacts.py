@@ -115,6 +115,8 @@ def test_a_partition_larger_than_a_page_is_read_whole(server: LiveServer) -> Non
         ({"items": [{"namespace": "tvm.record", "partition": "p", "key": "k",
                      "value": {"x": "y" * MAX_VALUE_BYTES}}]}, "bytes"),
         ({"items": []}, "items"),
+        ({"items": [{"namespace": "tvm.record", "partition": "x" * 257, "key": "k", "value": {}}]},
+         "partition: at most 256 characters, not 257"),  # not "256 items after validation"
     ],
 )  # fmt: skip
 def test_malformed_items_are_refused_with_a_reason(

@@ -60,10 +60,20 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
 
 
+def error_message(error: Mapping[str, Any]) -> str:
+    """What one of pydantic's errors says; a string over its length in characters (pydantic
+    says "at most 256 items after validation" of a constrained string type such as ``Line``)."""
+    given, most = error.get("input"), (error.get("ctx") or {}).get("max_length")
+    if error.get("type") == "too_long" and isinstance(given, str) and most is not None:
+        return f"at most {most} characters, not {len(given)}"
+    return str(error.get("msg", "invalid"))
+
+
 def validation_problems(exc: Any, limit: int = 3) -> str:
     """A pydantic ``ValidationError``'s first ``limit`` problems, on one line."""
     errors = exc.errors()
-    shown = "; ".join(f"{'.'.join(map(str, e['loc'])) or '$'}: {e['msg']}" for e in errors[:limit])
+    shown = "; ".join(f"{'.'.join(map(str, e['loc'])) or '$'}: {error_message(e)}"
+                      for e in errors[:limit])  # fmt: skip
     more = len(errors) - limit
     return shown + (f" (and {more} more)" if more > 0 else "")
 

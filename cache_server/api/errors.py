@@ -25,7 +25,7 @@ from cache_server.api.limits import TooComplex
 from cache_server.api.openapi import allowed_methods
 from cache_server.api.problems import body
 from cache_server.queries import BucketFull
-from tunecache.errors import InvalidInput, one_line
+from tunecache.errors import InvalidInput, error_message, one_line
 
 logger = logging.getLogger(__name__)
 SHOWN = 3  # fields named in a validation error's detail
@@ -49,7 +49,7 @@ def install(app: FastAPI) -> None:
     async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [
             {"loc": [p if isinstance(p, int) else str(p) for p in e.get("loc", ())],
-             "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+             "msg": error_message(e), "type": str(e.get("type", ""))}
             for e in exc.errors()
         ]  # fmt: skip
         if any(e["type"] == "json_invalid" for e in errors):  # not JSON at all
