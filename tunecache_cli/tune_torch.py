@@ -139,8 +139,9 @@ def _upload(url: str, result: Any) -> int:
     finally:
         team.close()
     entries = f"{len(items)} entr{'y' if len(items) == 1 else 'ies'}"
-    print(f"uploaded {entries} to {url} ({team.partition}): {stored.stored} stored, "
-          f"{stored.kept} kept (the team's were faster)", file=sys.stderr)  # fmt: skip
+    kept = f", {stored.kept} not (the team's were faster)" if stored.kept else ""
+    print(f"uploaded {entries} to {url} ({team.partition}): {stored.stored} stored{kept}",
+          file=sys.stderr)  # fmt: skip
     return 0
 
 
