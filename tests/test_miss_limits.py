@@ -114,6 +114,35 @@ def test_one_caller_gets_only_its_share_of_the_new_jobs(database: tuple[str, Pat
         live.stop()
 
 
+def test_callers_without_a_token_get_half_the_new_jobs_together(
+    database: tuple[str, Path | None], tmp_path: Path
+) -> None:
+    """Four addresses with no token, each within its share, spent the server's whole budget of
+    new jobs from misses (60 junk jobs a minute) and a consumer's miss with a token was refused:
+    callers without a token now get half of it together, the callers with one the rest."""
+    url, path = database
+    live = start_server(url, path, tmp_path / "server.log",
+                        env={"TUNECACHE_SERVER_MISS_JOBS_PER_MINUTE": "8"})  # fmt: skip
+
+    def from_address(address: str, m: int) -> httpx.Response:
+        transport = httpx.HTTPTransport(local_address=address)
+        with httpx.Client(transport=transport, timeout=30) as http:
+            return http.post(f"{live.url}/v1/misses", json={"key": make_key(m=m).to_json()})
+
+    try:
+        made = [from_address(f"127.0.0.{2 + i // 2}", 10 + i).status_code for i in range(4)]
+        assert made == [202] * 4  # two addresses, two jobs each: their shares
+        over = from_address("127.0.0.9", 20)  # a third address, within its own share
+        assert over.status_code == 429, over.text
+        assert "callers without a token created 4 new jobs" in over.json()["detail"]
+        token = {"Authorization": f"Bearer {issue_token(live.url, 'read')}"}
+        mine = report(live.url, 21, token)
+        assert mine.status_code == 202 and mine.json()["created"], mine.text
+        assert len(jobs(live.url)) == 5
+    finally:
+        live.stop()
+
+
 def test_client_reports_a_miss_once_per_miss_ttl(server: LiveServer) -> None:
     key = make_key(m=96)
     with Client(server.url, report_misses=True, miss_ttl=60, timeout=5) as client:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import timedelta
 from typing import Annotated
 
@@ -101,7 +102,7 @@ def report_miss(
     those (``miss_jobs_per_caller``), both counted in the database. A key already queued is
     answered as is.
     """
-    who = f"token:{caller.id}" if caller is not None else f"addr:{http.client and http.client.host}"
+    who = f"token:{caller.id}" if caller is not None else f"addr:{_network(http)}"
     who = who[:64]  # the column's width; an address is at most 45 characters
     if wait := http.app.state.miss_limiter.wait(who):
         raise too_many(
@@ -127,15 +128,43 @@ def report_miss(
     return JobEnqueued(job=public(job), created=created)
 
 
+ANONYMOUS = "addr:"  # what the names of the callers without a token start with
+
+
+def _network(http: Request) -> str:
+    """A caller without a token: its IPv4 address, or its IPv6 address's /64 (one host holds a
+    whole /64: counted by address, each of its requests could come as a new caller)."""
+    host = http.client.host if http.client else "unknown"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if address.version == 6 and address.ipv4_mapped is None:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(getattr(address, "ipv4_mapped", None) or address)  # a dual-stack socket's IPv4
+
+
 def _check_new_job_budget(session: SessionDep, settings: ServerSettings, who: str) -> None:
-    """A 429 when misses created the server's new jobs of the last minute, or ``who``'s share
-    of them: one caller cannot spend everyone's budget."""
+    """A 429 when misses created the server's new jobs of the last minute, ``who``'s share of
+    them, or (``who`` without a token) half of them from callers without a token: one caller
+    cannot spend everyone's budget, nor four addresses the budget of the callers with a token
+    (60 junk jobs from 127.0.0.2-5 in a minute and a consumer's miss was refused)."""
     since = utcnow() - timedelta(minutes=1)
     share = settings.miss_jobs_per_caller
     if jobs.count_created(session, source="miss", since=since, requested_by=who) >= share:
         raise too_many(
             f"this caller's misses created {share} new jobs in the last minute, its share of "
             f"the server's {settings.miss_jobs_per_minute}",
+            30.0,
+        )
+    anonymous = max(1, settings.miss_jobs_per_minute // 2)
+    if (
+        who.startswith(ANONYMOUS)
+        and jobs.count_created(session, source="miss", since=since, callers=ANONYMOUS) >= anonymous
+    ):
+        raise too_many(
+            f"misses of callers without a token created {anonymous} new jobs in the last "
+            f"minute, their share of the server's {settings.miss_jobs_per_minute}: send a token",
             30.0,
         )
     if jobs.count_created(session, source="miss", since=since) >= settings.miss_jobs_per_minute:
