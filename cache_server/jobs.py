@@ -20,7 +20,7 @@ from sqlalchemy import ColumnElement, and_, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from cache_server.db import upsert_insert
-from cache_server.models import JobRow, RecordRow, utcnow
+from cache_server.models import JobRow, RecordRow, TokenRow, utcnow
 from tunecache.canonical import canonical_json
 from tunecache.key import kernel_module
 
@@ -59,7 +59,7 @@ def enqueue(
 def requeue_failed(session: Session, *, key_hash: str, max_attempts: int, priority: int,
                    strategy: str | None, trials: int | None) -> int:  # fmt: skip
     """Queues again, with fresh attempts, the job of ``key_hash`` if it failed (ran out of its
-    attempts; its last error kept until a worker claims it): a caller asking for the key again
+    attempts; its last error kept, until an attempt ends): a caller asking for the key again
     (``tunecache pretune``, ``POST /v1/jobs``) after what failed was mended, or after a token
     spent its attempts on leases it let expire, is not answered with the old failure for ever.
     Returns how many it queued (0 or 1)."""
@@ -97,13 +97,21 @@ def find(session: Session, *, key_hash: str) -> JobRow | None:
 
 
 def count_created(
-    session: Session, *, source: str, since: datetime, requested_by: str | None = None
+    session: Session,
+    *,
+    source: str,
+    since: datetime,
+    requested_by: str | None = None,
+    callers: str | None = None,
 ) -> int:
     """Jobs from ``source`` created at or after ``since`` (whatever their state now); with
-    ``requested_by``, only those that caller asked for."""
+    ``requested_by``, only those that caller asked for; with ``callers``, those the callers
+    whose names start with it asked for."""
     stmt = select(func.count()).where(JobRow.source == source, JobRow.created_at >= since)
     if requested_by is not None:
         stmt = stmt.where(JobRow.requested_by == requested_by)
+    if callers is not None:
+        stmt = stmt.where(JobRow.requested_by.startswith(callers, autoescape=True))
     return session.scalar(stmt) or 0
 
 
@@ -169,9 +177,10 @@ def claim(
         .with_for_update(skip_locked=True)
         .scalar_subquery()
     )
+    live = select(TokenRow.id).where(TokenRow.id == token_id, TokenRow.revoked_at.is_(None))
     stmt = (
         update(JobRow)
-        .where(JobRow.id == pick, _claimable(now))
+        .where(JobRow.id == pick, _claimable(now), live.exists())  # not revoked meanwhile
         .values(
             state="running",
             lease_owner=worker,

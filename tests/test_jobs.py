@@ -456,3 +456,28 @@ def test_a_job_answered_by_a_record_a_verifier_rejects_is_open_again(
         _reject(any_server.url, verifier, last)
         assert job(17) == ("failed", None)  # out of attempts
         assert job(13) == ("done", again)  # another key's job is left alone
+
+
+def test_a_claim_that_passed_its_token_check_before_a_revocation_leases_nothing(
+    database: tuple[str, Path | None],
+) -> None:
+    """A claim authenticated just before its token was revoked ran its lease after the
+    revocation had given the token's jobs back, and held a job for a day: the lease itself now
+    needs the token live (the claim as the route runs it, after its check passed)."""
+    from cache_server import jobs, tokens
+    from cache_server.db import make_sessionmaker
+    from cache_server.migrate import prepare
+
+    engine = prepare(database[0])
+    try:
+        with make_sessionmaker(engine).begin() as session:
+            _, admin = tokens.issue(session, name="admin", scope="admin")
+            _, row = tokens.issue(session, name="hoarder", scope="write")
+            key = make_key(m=31)
+            jobs.enqueue(session, key_hash=key.digest(), key=key.to_json())
+            tokens.revoke(session, token_id=row.id)  # after the claim's token check
+            assert jobs.claim(session, worker="w", token_id=row.id, lease_seconds=86_400) is None
+            taken = jobs.claim(session, worker="v", token_id=admin.id, lease_seconds=60)
+            assert taken is not None and taken.lease_token_id == admin.id
+    finally:
+        engine.dispose()

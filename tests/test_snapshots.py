@@ -329,10 +329,14 @@ def test_tunecache_snapshot_is_the_clients_snapshot_unless_it_is_given_one(
     path = tmp_path / "winners.json"
     save_snapshot(path, json.loads(body))
     monkeypatch.setenv("TUNECACHE_SNAPSHOT", str(path))
-    with Client("http://cache.test", transport=RefusingTransport(), token="") as client:
+    # Another variable set wrong does not stop a client given the rest (the Triton drop-in's).
+    monkeypatch.setenv("TUNECACHE_TIMEOUT", "abc")
+    with Client("http://cache.test", transport=RefusingTransport(), token="",
+                timeout=0.5) as client:  # fmt: skip
         found = client.lookup(key, default=DEFAULT)
     assert (found.source, found.config) == ("snapshot", knobs(3))
-    with Client("http://cache.test", transport=RefusingTransport(), snapshot="") as client:
+    with Client("http://cache.test", transport=RefusingTransport(), snapshot="", token="",
+                timeout=0.5) as client:  # fmt: skip
         assert client.lookup(key, default=DEFAULT).source == "default"
 
 

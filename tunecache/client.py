@@ -82,7 +82,7 @@ from tunecache.schemas import (
     UploadResult,
 )
 from tunecache.server_source import ServerSource
-from tunecache.settings import Settings, checked_token, checked_url
+from tunecache.settings import Settings, checked_token, checked_url, snapshot_file
 from tunecache.snapshot import SnapshotImportResult, SnapshotPublic
 from tunecache.strict import SERVED
 from tunecache.tokens import Scope, TokenCreate, TokenCreated, TokenList, TokenPublic, WhoAmI
@@ -137,7 +137,7 @@ class Client(WorkerCalls):
             raise InvalidInput(
                 f"policy={policy!r}: expected one of {', '.join(get_args(VersionPolicy))}"
             )
-        need_env = not url or timeout is None or token is None or snapshot is None
+        need_env = not url or timeout is None or token is None
         settings = Settings.from_env(with_url=not url) if need_env else None
         self.url = checked_url(url, "url=") if url else (settings or Settings.from_env()).url
         if isinstance(timeout, int | float):
@@ -155,7 +155,7 @@ class Client(WorkerCalls):
         self._http = httpx.Client(base_url=self.url, transport=transport or DeadlineTransport(),
                                   mounts=mounts, headers=headers)  # fmt: skip
         sources: list[Source] = []
-        snapshot = snapshot if snapshot is not None else (settings.snapshot if settings else None)
+        snapshot = snapshot_file() if snapshot is None else snapshot
         if snapshot:
             sources.append(SnapshotSource(Path(snapshot), policy))
         self.server = ServerSource(self, retry_after=retry_after, miss_ttl=miss_ttl,

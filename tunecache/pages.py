@@ -17,11 +17,12 @@ MAX_REQUESTS = 10_000  # pages one read may ask for
 
 
 def fetch_first(client: Any, limit: int | None, *, requests: int = MAX_REQUESTS,
-                **filters: Any) -> RecordList:  # fmt: skip
+                page: int = PAGE, **filters: Any) -> RecordList:  # fmt: skip
     """The first ``limit`` records matching ``filters`` (every one: ``None``), page by page (a
     server cuts a page short at its byte budget: the next starts after what came), in at most
     ``requests`` requests (a server that answers a page of one item and a huge count is not
-    asked for ever), and how many match: fewer items than that count, the caller says so.
+    asked for ever), pages of at most ``page`` records, and how many match: fewer items than that
+    count, the caller says so.
 
     Raises:
         ServerError: the server is unreachable or refused.
@@ -31,10 +32,10 @@ def fetch_first(client: Any, limit: int | None, *, requests: int = MAX_REQUESTS,
     for _ in range(requests):
         if limit is not None and len(found) >= limit:
             break
-        size = PAGE if limit is None else min(PAGE, limit - len(found))
-        page = client.list_records(limit=size, offset=len(found), **filters)
-        found.extend(page.items[:size])
-        count = page.count
-        if not page.items or len(found) >= count:
+        size = page if limit is None else min(page, limit - len(found))
+        answer = client.list_records(limit=size, offset=len(found), **filters)
+        found.extend(answer.items[:size])
+        count = answer.count
+        if not answer.items or len(found) >= count:
             break
     return RecordList(items=found, count=count)

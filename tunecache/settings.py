@@ -220,6 +220,13 @@ _TRUE = frozenset({"1", "true", "on", "yes", "y"})
 _FALSE = frozenset({"", "0", "false", "off", "no", "n"})
 
 
+def snapshot_file(environ: Mapping[str, str] | None = None) -> Path | None:
+    """``TUNECACHE_SNAPSHOT``'s file, or ``None`` when unset: read alone, so that another
+    variable set wrong never stops a client that needs only this one."""
+    chosen = (os.environ if environ is None else environ).get("TUNECACHE_SNAPSHOT", "")
+    return Path(chosen) if chosen else None
+
+
 def interpret_enabled(environ: Mapping[str, str] | None = None) -> bool:
     """Whether ``TRITON_INTERPRET`` asks for Triton's CPU interpreter (``os.environ`` by default).
 

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         refuse_triton_object(args.workload)
         raise
     backends = [b.strip() for b in args.backends.split(",")] if args.backends else None
-    with Client(server_url(args)) as client:
+    with Client(server_url(args), snapshot="") as client:  # the server's records, not a file's
         client.health()  # an unreachable server is exit 3, not "no record" on every backend
         answer = client.resolver.best(args.workload, problem, args.dtype, args.device,
                                       backends=backends)  # fmt: skip
@@ -72,7 +72,7 @@ def _as_text(kernel: str, shape: str, dtype: str, answer: Any) -> str:
         runner_up = answer.answers[1] if len(answer.answers) > 1 else None
         if runner_up is not None and runner_up.time_ms is not None and winner.time_ms:
             ratio = runner_up.time_ms / winner.time_ms  # medians timed apart: no interval
-            head += f", {ratio:.2g}x faster than {runner_up.backend} (medians timed apart)"
+            head += f", {ratio:.3g}x faster than {runner_up.backend} (medians timed apart)"
         if _ties_eager(winner):  # not measurably faster than eager, nor slower: say so
             head += f"; {winner.result.vs_eager}"
     rows = [_eager_row(answer)] if answer.eager_ms is not None and winner is not None else []

@@ -71,11 +71,9 @@ def _check_port(host: str, port: int) -> None:
         except OSError as exc:
             import errno
 
-            hint = (
-                "--port another"
-                if exc.errno == errno.EADDRINUSE
-                else "--host one of this machine's addresses"
-            )
+            hints = {errno.EADDRINUSE: "--port another",
+                     errno.EACCES: "--port above 1023, or the right to bind this one"}  # fmt: skip
+            hint = hints.get(exc.errno or 0, "--host one of this machine's addresses")
             raise InvalidInput(
                 f"cannot listen on {host}:{port}: {exc.strerror or exc} ({hint})"
             ) from None
@@ -93,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
 
     settings = server_settings(args)
     url = settings.db
+    host, port = settings.host, settings.port
+    _check_port(host, port)  # before the database: a port in use leaves no new database behind
     try:  # an empty database gets the schema; an old one must be upgraded on purpose
         prepare(url, create=not args.no_create).dispose()
     except SchemaOutdated as exc:
@@ -102,8 +102,6 @@ def run(args: argparse.Namespace) -> int:
     except (SQLAlchemyError, ValueError, OSError) as exc:
         why = scrubbed(one_line(exc), url)
         raise InvalidInput(f"cannot open {shown_url(url)}: {why}") from None
-    host, port = settings.host, settings.port
-    _check_port(host, port)
     with ExitStack() as stack:
         try:  # validated before the banner; with several workers, before uvicorn spawns them
             if settings.workers > 1:

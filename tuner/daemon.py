@@ -310,7 +310,7 @@ class Daemon(Worker):
         refused: dict[str | None, dict[str, Any]] = {}  # by the config as it runs
         try:
             listed = fetch_first(self.client, REJECTED_PAGES * 100, requests=REJECTED_PAGES,
-                                 key_hash=key.digest(), status="rejected")  # fmt: skip
+                                 page=100, key_hash=key.digest(), status="rejected")  # fmt: skip
         except ServerError as exc:
             logger.warning("job %d: the configs rejected at its key are unknown (%s)", job.id, exc)
             return ()

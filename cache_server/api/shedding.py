@@ -26,9 +26,10 @@ the moving average shed what followed). A lookup never waits behind one. So do t
 over records of 1.75 MB each took 10 to 15 s and every lookup of the process was refused
 meanwhile). So do the API's listings (:func:`listing`: records, jobs, artifacts, a record with
 its trials), a hundred times a lookup's cost: one client with no token keeping 4 connections
-on ``GET /v1/jobs?limit=1000`` had 47 of 52 lookups of another refused. A listing may wait for
-one of its slots (:data:`LISTING_WAIT`, as the API's requests wait for theirs): daemons' warm
-starts list records at once.
+on ``GET /v1/jobs?limit=1000`` had 47 of 52 lookups of another refused. Listings wait for one
+of their slots when they should get one within :data:`LISTING_WAIT`, from the listings' own
+recent times (as the API's requests wait for theirs): daemons' warm starts list records at
+once.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ MONITOR_SLOTS = 2  # each of /health and /metrics
 BULK = frozenset({"/v1/snapshot"})
 BULK_SLOTS = 1
 BROWSE_SLOTS = 2
-LISTINGS = frozenset({"/v1/records", "/v1/jobs", "/v1/artifacts", "/v1/tokens"})
+LISTINGS = frozenset({"/v1/records", "/v1/jobs", "/v1/artifacts"})
 LISTING_SLOTS = 2
 LISTING_WAIT = 2.0  # seconds a listing may wait for one of its slots
 SMOOTHING = 0.1  # weight of the newest request in the moving average of request times
@@ -71,8 +72,9 @@ def browsing(scope: dict[str, Any]) -> bool:
 
 
 def listing(scope: dict[str, Any]) -> bool:
-    """Whether ``scope`` reads a listing of the API (records, jobs, artifacts, tokens) or a
-    record with its trials (up to 20,000): reads whose cost grows with what was stored."""
+    """Whether ``scope`` reads a listing of the API (records, jobs, artifacts) or a record with
+    its trials (up to 20,000): reads whose cost grows with what was stored. (The admin's token
+    list stays in the API's slots: an admin revoking a hostile token must not wait behind it.)"""
     path = route_path(scope)
     return _read(scope) and (path in LISTINGS or path.startswith("/v1/records/"))
 

@@ -35,7 +35,7 @@ def ms(value: float | None) -> str:
 
 def vs(record: RecordCreate, baseline: str) -> str:
     """The record's speedup over ``baseline`` with its interval where it has one:
-    ``1.83× faster (1.79-1.88×)``, ``the same within noise (0.96-1.05×)``."""
+    ``1.83× faster (1.79-1.88×)``, ``the same within noise (median 1.01×, 0.96-1.05×)``."""
     return versus(record, baseline, "×", missing="—")
 
 
