@@ -427,6 +427,10 @@ def test_cli_export_import_round_trip(server: LiveServer, tmp_path: Path) -> Non
     served = export(server.url)
     assert out.read_bytes() == served.content
     assert "exported 2 winners" in done.stdout and served.headers["etag"] in done.stdout
+    none = tunecache("snapshot", "export", "--arch", "nope", "--server", server.url, "-o",
+                     str(tmp_path / "none.json"))  # fmt: skip
+    assert none.returncode == 0 and "exported 0 winners" in none.stdout  # an empty one is fine,
+    assert "no winner matches: is 'nope' an arch" in none.stderr  # but said (a typo, perhaps)
 
     done = tunecache("snapshot", "import", str(out), "--server", server.url)
     assert done.returncode == 0, done.stderr

@@ -10,6 +10,7 @@ file, or one the server refuses as invalid or too large: 400, 413, 422), 3 serve
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,9 @@ def run_export(args: argparse.Namespace) -> int:
     assert document is not None  # no If-None-Match was sent
     save_snapshot(args.output, document)
     print(f"exported {len(document['records'])} winners to {args.output} (ETag {etag})")
+    if not document["records"]:  # a mistyped arch exports nothing, silently otherwise
+        print(f"tunecache: no winner matches: is {filters.device_arch!r} an arch the server has "
+              "winners of? (tunecache records ls shows their archs)", file=sys.stderr)  # fmt: skip
     return 0
 
 
