@@ -56,6 +56,16 @@ def enqueue(
     return job, new_id is not None
 
 
+NO_LEASE: dict[str, None] = {"lease_owner": None, "lease_token_id": None, "lease_expires_at": None}
+
+
+def _set(session: Session, where: Sequence[Any], **values: Any) -> int:
+    """``UPDATE jobs SET values WHERE where`` in one statement; how many rows it changed."""
+    stmt = update(JobRow).where(*where).values(updated_at=utcnow(), **values)
+    changed = session.execute(stmt.execution_options(synchronize_session=False))
+    return int(changed.rowcount or 0)  # type: ignore[attr-defined]
+
+
 def requeue_failed(session: Session, *, key_hash: str, max_attempts: int, priority: int,
                    strategy: str | None, trials: int | None) -> int:  # fmt: skip
     """Queues again, with fresh attempts, the job of ``key_hash`` if it failed (ran out of its
@@ -63,16 +73,9 @@ def requeue_failed(session: Session, *, key_hash: str, max_attempts: int, priori
     (``tunecache pretune``, ``POST /v1/jobs``) after what failed was mended, or after a token
     spent its attempts on leases it let expire, is not answered with the old failure for ever.
     Returns how many it queued (0 or 1)."""
-    again = dict(state="queued", attempts=0, max_attempts=max_attempts, priority=priority,
-                 strategy=strategy, trials=trials, lease_owner=None, lease_token_id=None,
-                 lease_expires_at=None, updated_at=utcnow())  # fmt: skip
-    stmt = (
-        update(JobRow)
-        .where(JobRow.key_hash == key_hash, JobRow.state == "failed")
-        .values(**again)
-        .execution_options(synchronize_session=False)
-    )
-    return int(session.execute(stmt).rowcount or 0)  # type: ignore[attr-defined]
+    return _set(session, [JobRow.key_hash == key_hash, JobRow.state == "failed"], state="queued",
+                attempts=0, max_attempts=max_attempts, priority=priority, strategy=strategy,
+                trials=trials, **NO_LEASE)  # fmt: skip
 
 
 def release_leases(session: Session, *, token_id: int) -> int:
@@ -81,15 +84,8 @@ def release_leases(session: Session, *, token_id: int) -> int:
     token's leases held its jobs until they ran out (a day at most), or an admin failed each.
     Returns how many."""
     refunded = case((JobRow.attempts > 0, JobRow.attempts - 1), else_=0)
-    given_back = dict(state="queued", attempts=refunded, lease_owner=None, lease_token_id=None,
-                      lease_expires_at=None, updated_at=utcnow())  # fmt: skip
-    stmt = (
-        update(JobRow)
-        .where(JobRow.state == "running", JobRow.lease_token_id == token_id)
-        .values(**given_back)
-        .execution_options(synchronize_session=False)
-    )
-    return int(session.execute(stmt).rowcount or 0)  # type: ignore[attr-defined]
+    held = [JobRow.state == "running", JobRow.lease_token_id == token_id]
+    return _set(session, held, state="queued", attempts=refunded, **NO_LEASE)
 
 
 def find(session: Session, *, key_hash: str) -> JobRow | None:
@@ -136,8 +132,7 @@ def _expire_last_attempts(session: Session, now: datetime) -> None:
         JobRow.lease_expires_at < now,
         JobRow.attempts >= JobRow.max_attempts,
     )
-    stmt = stmt.values(state="failed", lease_owner=None, lease_token_id=None,
-                       lease_expires_at=None, updated_at=now, error=why)  # fmt: skip
+    stmt = stmt.values(state="failed", updated_at=now, error=why, **NO_LEASE)
     session.execute(stmt.execution_options(synchronize_session=False))
 
 
@@ -261,7 +256,7 @@ def complete(
 ) -> JobRow | None:
     """Marks the job done; ``None`` if ``worker`` (with token ``holder``) no longer holds it."""
     return _change(session, job_id, worker, holder, state="done", record_id=record_id, error="",
-                   lease_owner=None, lease_token_id=None, lease_expires_at=None)  # fmt: skip
+                   **NO_LEASE)  # fmt: skip
 
 
 def answered(session: Session, *, key_hash: str, record_id: int) -> int:
@@ -269,21 +264,10 @@ def answered(session: Session, *, key_hash: str, record_id: int) -> int:
     served winner uploaded outside the queue (a drop-in's tune, a user's): the miss is answered.
     A running job is its worker's; a job queued with a budget or strategy of its own (a re-tune
     asked for) stays. Returns how many it marked."""
-    stmt = (
-        update(JobRow)
-        .where(
-            JobRow.key_hash == key_hash,
-            JobRow.state.in_(("queued", "failed")),
-            JobRow.source == "miss",
-            JobRow.strategy.is_(None),
-            JobRow.trials.is_(None),
-        )
-        .values(
-            state="done", record_id=record_id, updated_at=utcnow(), lease_expires_at=None, error=""
-        )
-        .execution_options(synchronize_session=False)
-    )
-    return int(session.execute(stmt).rowcount or 0)  # type: ignore[attr-defined]
+    miss = [JobRow.key_hash == key_hash, JobRow.state.in_(("queued", "failed")),
+            JobRow.source == "miss", JobRow.strategy.is_(None),
+            JobRow.trials.is_(None)]  # fmt: skip
+    return _set(session, miss, state="done", record_id=record_id, lease_expires_at=None, error="")
 
 
 def reopen(session: Session, *, key_hash: str, error: str) -> int:
@@ -295,16 +279,10 @@ def reopen(session: Session, *, key_hash: str, error: str) -> int:
     upload, or by a worker whose record a verifier refused, was never tuned again: its misses
     found the job done. Returns how many it opened."""
     out = JobRow.attempts >= JobRow.max_attempts
-    opened = dict(state=case((out, "failed"), else_="queued"), record_id=None, error=error,
-                  lease_owner=None, lease_token_id=None, lease_expires_at=None)  # fmt: skip
     of_key = select(RecordRow.id).where(RecordRow.key_hash == key_hash)
-    stmt = (
-        update(JobRow)
-        .where(JobRow.state == "done", JobRow.record_id.in_(of_key))
-        .values(updated_at=utcnow(), **opened)
-        .execution_options(synchronize_session=False)
-    )
-    return int(session.execute(stmt).rowcount or 0)  # type: ignore[attr-defined]
+    return _set(session, [JobRow.state == "done", JobRow.record_id.in_(of_key)],
+                state=case((out, "failed"), else_="queued"), record_id=None, error=error,
+                **NO_LEASE)  # fmt: skip
 
 
 def _asked(key: Mapping[str, Any]) -> dict[str, Any]:

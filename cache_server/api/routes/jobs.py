@@ -139,9 +139,11 @@ def _network(http: Request) -> str:
         address = ipaddress.ip_address(host)
     except ValueError:
         return host
-    if address.version == 6 and address.ipv4_mapped is None:
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:  # a dual-stack socket's IPv4 caller
+            return str(address.ipv4_mapped)
         return str(ipaddress.ip_network(f"{address}/64", strict=False))
-    return str(getattr(address, "ipv4_mapped", None) or address)  # a dual-stack socket's IPv4
+    return str(address)
 
 
 def _check_new_job_budget(session: SessionDep, settings: ServerSettings, who: str) -> None:
