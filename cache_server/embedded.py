@@ -54,6 +54,7 @@ class EmbeddedServer:
             log_level="warning",
             http="cache_server.header_deadline:HeaderDeadline",
             ws="none",  # no WebSocket routes: an upgrade would leave the protocol uncounted
+            proxy_headers=False,  # a caller is its connection's address
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

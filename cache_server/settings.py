@@ -32,6 +32,10 @@
   short is shorter, at least one item
 - ``TUNECACHE_SERVER_SNAPSHOT_BYTES``: bytes of stored records one snapshot export may hold
   (default 128 MiB; counted before any is read): more is a 422 that says to narrow it
+- ``TUNECACHE_SERVER_FORWARDED_ALLOW_IPS``: the proxies (addresses or networks, comma-separated)
+  whose ``X-Forwarded-For`` names the caller (default: none). Without one, a caller is its
+  connection's address: uvicorn's default trusted any client on loopback, so one local process
+  could name itself anew with each request and spend other callers' limits
 - ``TUNECACHE_SERVER_WORKERS``: server processes ``tunecache serve`` runs (default 1)
 - ``TUNECACHE_SERVER_MISS_REPORTS_PER_MINUTE``: miss reports one caller (token, or address) may
   send a minute to one server process (default 120); more get 429
@@ -54,6 +58,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from typing import Final, Literal
 
@@ -110,6 +115,7 @@ class ServerSettings(BaseSettings):
     # key beyond it is refused (409); a key already there may still get a faster record.
     bucket_winners: int = Field(default=4096, ge=1, le=1_000_000)
     workers: int = Field(default=1, ge=1, le=64)
+    forwarded_allow_ips: str = ""
     miss_reports_per_minute: int = Field(default=120, ge=1, le=1_000_000)
     miss_jobs_per_minute: int = Field(default=60, ge=1, le=1_000_000)
     miss_jobs_caller_share: float = Field(default=0.25, gt=0, le=1)
@@ -131,6 +137,18 @@ class ServerSettings(BaseSettings):
         ``tunecache serve --workers N`` starts (each builds its app from the environment)."""
         for name, value in self.model_dump(exclude_none=True).items():
             os.environ[f"TUNECACHE_SERVER_{name.upper()}"] = str(value)
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _proxies(cls, value: str) -> str:
+        """Each one an address or a network (no ``*``: every client would name itself)."""
+        proxies = [part.strip() for part in value.split(",") if part.strip()]
+        for proxy in proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(f"{proxy!r} is not an IP address or network") from None
+        return ",".join(proxies)
 
     @field_validator("db")
     @classmethod

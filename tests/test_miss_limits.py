@@ -143,6 +143,24 @@ def test_callers_without_a_token_get_half_the_new_jobs_together(
         live.stop()
 
 
+@pytest.mark.parametrize("proxies", ["", "127.0.0.1"])
+def test_a_caller_names_itself_only_through_a_trusted_proxy(proxies: str, tmp_path: Path) -> None:
+    """uvicorn believed any loopback client's ``X-Forwarded-For``, so one local process was a new
+    caller with each request and spent everyone's budget of new jobs. A caller is now its
+    connection's address, unless the server was told to trust that address as a proxy."""
+    db_path = tmp_path / "cache.db"
+    env = {"TUNECACHE_SERVER_MISS_JOBS_PER_MINUTE": "8",
+           "TUNECACHE_SERVER_FORWARDED_ALLOW_IPS": proxies}  # fmt: skip
+    live = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "server.log", env=env)
+    try:
+        forged = [report(live.url, m, {"X-Forwarded-For": f"10.0.0.{m}"}).status_code
+                  for m in (1, 2, 3)]  # fmt: skip
+        # Untrusted, the three are one caller and its share is 2; through a proxy, three.
+        assert forged == ([202, 202, 202] if proxies else [202, 202, 429])
+    finally:
+        live.stop()
+
+
 def test_client_reports_a_miss_once_per_miss_ttl(server: LiveServer) -> None:
     key = make_key(m=96)
     with Client(server.url, report_misses=True, miss_ttl=60, timeout=5) as client:

@@ -122,6 +122,9 @@ def run(args: argparse.Namespace) -> int:
         options: dict[str, Any] = {"host": host, "port": port, "log_config": None,
                                    "log_level": "info", "access_log": False,
                                    "http": protocol, "ws": "none"}  # fmt: skip
+        # A caller is its connection's address unless a proxy of the settings' forwarded it.
+        proxies = settings.forwarded_allow_ips
+        options.update(proxy_headers=bool(proxies), forwarded_allow_ips=proxies or None)
         if settings.workers == 1:
             uvicorn.run(create_app(settings), **options)
             return 0
