@@ -454,6 +454,9 @@ def test_upload_pushes_the_local_choice_file_and_warns_when_it_cannot(
         (MODEL + "\ndef f(x):\n    return x\n" + "\ndef get_inputs():\n    return [1, 2]\n",
          "f", "must return tensors"),
         ("import no_such_module_anywhere\n", "Model", "ModuleNotFoundError"),
+        (MODEL.replace("def forward(self, x)", "def forward(self, x, y)"), "Model",
+         "Model.forward(x, y) cannot take the 1 tensor(s) get_inputs() returned"),
+        (MODEL + "\ndef f():\n    return 1\n", "f", "f() cannot take the 1 tensor(s)"),
     ],
 )  # fmt: skip
 def test_tune_torch_refuses_bad_input_in_one_line(

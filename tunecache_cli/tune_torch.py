@@ -66,9 +66,31 @@ def load_target(
     if not inputs or not all(isinstance(x, torch.Tensor) for x in inputs):
         kinds = ", ".join(type(x).__name__ for x in inputs) or "nothing"
         raise InvalidInput(f"--torch: {inputs_name}() must return tensors, not {kinds}")
+    _check_arity(target, name, inputs, inputs_name)
     if isinstance(target, torch.nn.Module):
         target = target.to(device).eval()
     return target, [x.to(device) for x in inputs]
+
+
+def _check_arity(target: Any, name: str, inputs: list[Any], inputs_name: str) -> None:
+    """Refuses inputs the callable cannot take, before a compile would fail on them."""
+    import inspect
+
+    import torch
+
+    module = isinstance(target, torch.nn.Module)
+    call, name = (target.forward, f"{name}.forward") if module else (target, name)
+    try:
+        signature = inspect.signature(call)
+    except (TypeError, ValueError):  # no signature to read (a builtin): the compile will say
+        return
+    try:
+        signature.bind(*inputs)
+    except TypeError as exc:
+        raise InvalidInput(
+            f"--torch: {name}{signature} cannot take the {len(inputs)} tensor(s) "
+            f"{inputs_name}() returned: {exc}"
+        ) from None
 
 
 def _device(requested: str | None) -> str:
