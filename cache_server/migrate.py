@@ -47,8 +47,16 @@ def prepare(url: str, *, create: bool = True) -> Engine:
     """An engine on ``url`` at the head revision: an empty database gets the schema (unless
     ``create`` is false); one at an older revision raises :class:`SchemaOutdated`, for it must be
     upgraded on purpose."""
+    from sqlalchemy.engine import make_url
+
     from cache_server.db import make_engine
 
+    parsed = make_url(url)
+    file = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    if not create and file and file != ":memory:" and not Path(file).exists():
+        # Connecting would leave an empty file behind, a database that is not there.
+        raise SchemaOutdated(f"there is no database at {file}; create it with: "
+                             f"{UPGRADE_COMMAND.format(url=url)}")  # fmt: skip
     engine = make_engine(url)
     if create and current_revision(engine) is None:
         upgrade(url)

@@ -12,6 +12,7 @@ import pytest
 
 from cache_server import SchemaOutdated
 from cache_server.db import make_engine
+from cache_server.embedded import free_port
 from cache_server.migrate import check_schema, current_revision, head_revision, upgrade
 
 
@@ -45,12 +46,21 @@ def test_unknown_revision_is_refused(tmp_path: Path) -> None:
 
 def test_serve_refuses_an_empty_database_when_told_not_to_create(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'empty.db'}"
+    port = str(free_port())  # one this user may bind: the port is checked first
     done = subprocess.run(
-        [sys.executable, "-m", "tunecache_cli", "serve", "--db", url, "--no-create", "--port", "1"],
+        [sys.executable, "-m", "tunecache_cli", "serve", "--db", url, "--no-create", "--port", port],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 2
     assert "tunecache db upgrade" in done.stderr and "Traceback" not in done.stderr
+    # A database that is not there is said so, and none is left behind (an empty file was).
+    assert "there is no database at" in done.stderr and not (tmp_path / "empty.db").exists()
+    sqlite3.connect(tmp_path / "empty.db").close()  # there, but with no schema
+    done = subprocess.run(
+        [sys.executable, "-m", "tunecache_cli", "serve", "--db", url, "--no-create", "--port", port],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "has no tunecache schema" in done.stderr, done.stderr
 
 
 def test_db_upgrade_command(tmp_path: Path) -> None:
