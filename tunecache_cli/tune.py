@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tunecache.errors import InvalidInput
+from tunecache.errors import InvalidInput, ServerError
 from tunecache_cli.args import (
     MAX_SEED,
     add_key,
@@ -189,7 +189,6 @@ def _run_key(args: argparse.Namespace) -> int:
     from backends.base import Progress
     from tunecache.client import Client
     from tunecache_cli import outbox
-    from tunecache_cli.get import describe
     from tunecache_cli.progress import ProgressPrinter
     from tunecache_cli.push import push_quietly
     from tuner import TuneOptions, tune
@@ -214,15 +213,28 @@ def _run_key(args: argparse.Namespace) -> int:
         record = outcome.record
         if url is None:
             progress.close()
-            print(record.model_dump_json(by_alias=True, indent=2) if args.json
-                  else describe(record))  # fmt: skip
+            _show(record, args)
             return 0
         progress(Progress(0, 0, message=f"to {url}", phase="upload"))
-        result = outbox.kept_upload(client, url, record)  # never lost: kept till the server has it
-        stored = client.get_record(result.record_id)
-    print(stored.model_dump_json(by_alias=True, indent=2) if args.json else describe(stored))
+        try:  # never lost: kept till the server has it
+            result = outbox.kept_upload(client, url, record)
+        except ServerError:
+            progress.close()
+            _show(record, args)  # what the search found, though the server does not have it
+            raise
+        try:
+            stored: Any = client.get_record(result.record_id)
+        except ServerError:  # stored, but not read back: what was uploaded stands for it
+            stored = record
+    _show(stored, args)
     print(f"uploaded record #{result.record_id} to {url}: {upload_state(result)}", file=sys.stderr)
     return 0
+
+
+def _show(record: Any, args: argparse.Namespace) -> None:
+    from tunecache_cli.get import describe
+
+    print(record.model_dump_json(by_alias=True, indent=2) if args.json else describe(record))
 
 
 def upload_state(result: Any) -> str:
