@@ -164,6 +164,21 @@ def test_labels_name_the_arch_only_when_records_span_several() -> None:
     assert key_label(make_key(), with_arch=True).endswith(CPU.arch)
 
 
+def test_a_speedup_timed_by_the_interpreter_is_marked() -> None:
+    """A Triton drop-in record timed by Triton's interpreter on the host stood in the speedup
+    figure as a speedup like any other ("3.54x faster than torch eager"); its label now says so,
+    as ``records ls`` and the dashboard do."""
+    from tunecache.measured import INTERPRETER_TIMER
+
+    created = record(make_key(), 1.0, baselines=BOTH)
+    timing = created.timing.model_copy(update={"timer": INTERPRETER_TIMER})
+    interpreted = public(created.model_copy(update={"timing": timing}))
+    (row,) = speedups([interpreted])
+    assert row.interpreted and row.caveat == " (interpreter)"
+    (plain,) = speedups([public(created)])
+    assert not plain.interpreted and plain.caveat in ("", " (noisy)")
+
+
 def test_convergence_is_best_so_far_over_the_final_best_skipping_failed_trials() -> None:
     series = convergence(public(record(make_key(), 2.0, trials=SEARCH)), "k")
     assert series is not None

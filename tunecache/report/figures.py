@@ -107,7 +107,7 @@ def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
     at_one = ax.get_xaxis_transform()  # x in data, y in axes fraction
     ax.text(1, 1.005, "  faster →", transform=at_one, ha="left", va="bottom", fontsize=9)
     ax.text(1, 1.005, "← slower  ", transform=at_one, ha="right", va="bottom", fontsize=9)
-    ax.set_yticks(range(n), [short(r.label, 56) + (" (noisy)" if r.noisy else "") for r in shown],
+    ax.set_yticks(range(n), [short(r.label, 56) + r.caveat for r in shown],
                   fontsize=8)  # fmt: skip
     ax.set_ylim(n - 0.5, -0.5)  # the first key on top
     ax.set_xlabel("speedup of the tuned winner: baseline time / winner time, median of "

@@ -27,7 +27,8 @@ Interval = tuple[float, float]
 class Speedup:
     """One key's winner against its baselines: baseline time / winner time, the median of the
     interleaved comparison's rounds (``None``: the record has no such baseline), its 95 %
-    interval (``None``: a record without one), and whether the record's timings were noisy."""
+    interval (``None``: a record without one), whether the record's timings were noisy, and
+    whether Triton's interpreter timed it on the host (its speedups say nothing of a GPU)."""
 
     label: str
     vs_default: float | None
@@ -35,6 +36,13 @@ class Speedup:
     default_interval: Interval | None = None
     eager_interval: Interval | None = None
     noisy: bool = False
+    interpreted: bool = False
+
+    @property
+    def caveat(self) -> str:
+        """What to know of these speedups, for the key's label: `` (interpreter)``, ``
+        (noisy)`` or nothing."""
+        return " (interpreter)" if self.interpreted else " (noisy)" if self.noisy else ""
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,7 @@ def speedups(winners: Sequence[RecordPublic]) -> list[Speedup]:
             w.speedup_interval(DEFAULT),
             w.speedup_interval(EAGER),
             w.noisy,
+            w.believed_timing.interpreted,
         )
         for w in winners
     ]
