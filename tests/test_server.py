@@ -284,3 +284,16 @@ def test_openapi_docs_are_served(server: LiveServer) -> None:
     assert httpx.get(f"{server.url}/docs").status_code == 200
     spec = httpx.get(f"{server.url}/openapi.json").json()
     assert {"/v1/records", "/v1/lookup", "/health"} <= set(spec["paths"])
+
+
+def test_a_redirect_never_names_the_host_a_request_named(server: LiveServer) -> None:
+    """Starlette's trailing-slash redirects were absolute, built from the ``Host`` header:
+    ``Host: evil.example`` got ``Location: http://evil.example/v1/records``, an answer a shared
+    cache in front would give everyone. They are relative, and still lead where they did."""
+    evil = {"Host": "evil.example"}
+    for path, to in (("/v1/records/?limit=2", "/v1/records?limit=2"),
+                     ("/ui/static", "/ui/static/")):  # fmt: skip
+        answer = httpx.get(f"{server.url}{path}", headers=evil, timeout=30)
+        assert answer.status_code == 307 and answer.headers["location"] == to, answer.headers
+    followed = httpx.get(f"{server.url}/v1/records/", follow_redirects=True, timeout=30)
+    assert followed.status_code == 200 and followed.json()["items"] == []
