@@ -252,7 +252,7 @@ def heartbeat(
 
 
 def complete(
-    session: Session, *, job_id: int, worker: str, holder: int | None, record_id: int | None
+    session: Session, *, job_id: int, worker: str, holder: int | None, record_id: int
 ) -> JobRow | None:
     """Marks the job done; ``None`` if ``worker`` (with token ``holder``) no longer holds it."""
     return _change(session, job_id, worker, holder, state="done", record_id=record_id, error="",

@@ -49,7 +49,7 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("POST", "/v1/jobs", {"key": KEY}, "write"),
     ("POST", "/v1/jobs/claim", {"worker": "w"}, "write"),
     ("POST", "/v1/jobs/{job_id}/heartbeat", {"worker": "w"}, "write"),
-    ("POST", "/v1/jobs/{job_id}/complete", {"worker": "w"}, "write"),
+    ("POST", "/v1/jobs/{job_id}/complete", {"worker": "w", "record_id": 1}, "write"),
     ("POST", "/v1/jobs/{job_id}/fail", {"worker": "w"}, "write"),
     ("POST", "/v1/tokens", {"name": "x", "scope": "read"}, "admin"),
     ("GET", "/v1/tokens", None, "admin"),

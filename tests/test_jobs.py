@@ -33,6 +33,26 @@ def claim(http: httpx.Client, worker: str, lease: float = 60.0) -> dict | None: 
     return job
 
 
+def _upload(http: httpx.Client, key: Key, headers: dict[str, str] | None = None) -> int:
+    body = make_record(key).model_dump(mode="json", by_alias=True)
+    answer = http.post("/v1/records", json=body, headers=headers)
+    assert answer.status_code == 201, answer.text
+    record_id: int = answer.json()["record_id"]
+    return record_id
+
+
+def finish(
+    http: httpx.Client,
+    job: dict,
+    worker: str,
+    headers: dict[str, str] | None = None,  # type: ignore[type-arg]
+) -> httpx.Response:
+    """Completes ``job`` as ``worker`` with a record of its key, uploaded now."""
+    record_id = _upload(http, Key.from_json(job["key"]), headers)
+    return http.post(f"/v1/jobs/{job['id']}/complete",
+                     json={"worker": worker, "record_id": record_id}, headers=headers)  # fmt: skip
+
+
 def test_jobs_are_deduplicated_by_key(any_server: LiveServer) -> None:
     with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         first = create(http, 64)
@@ -99,7 +119,7 @@ def test_concurrent_claimers_never_share_a_job(any_server: LiveServer) -> None:
             while (job := claim(http, name)) is not None:
                 with lock:
                     claimed.append(job["id"])
-                done = http.post(f"/v1/jobs/{job['id']}/complete", json={"worker": name})
+                done = finish(http, job, name)
                 assert done.status_code == 200, done.text  # one job at a time: done, the next
 
     threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(8)]
@@ -131,7 +151,7 @@ def test_a_claim_asked_again_hands_back_the_workers_own_job(any_server: LiveServ
                           timeout=30) as theirs:  # fmt: skip
             assert claim(theirs, "w")["id"] not in (first["id"], None)  # type: ignore[index]
         assert claim(http, "v") is None  # both leased
-        done = http.post(f"/v1/jobs/{first['id']}/complete", json={"worker": "w"})
+        done = finish(http, first, "w")
         assert done.status_code == 200 and claim(http, "w") is None  # done: nothing left
 
 
@@ -148,9 +168,9 @@ def test_an_expired_lease_is_claimed_again(any_server: LiveServer) -> None:
         time.sleep(1.2)
         second = claim(http, "fast")
         assert second is not None and second["id"] == first["id"] and second["attempts"] == 2
-        late = http.post(f"/v1/jobs/{first['id']}/complete", json={"worker": "slow"})
+        late = finish(http, first, "slow")
         assert late.status_code == 409  # the lease moved on
-        done = http.post(f"/v1/jobs/{first['id']}/complete", json={"worker": "fast"})
+        done = finish(http, first, "fast")
         assert done.status_code == 200 and done.json()["state"] == "done"
         assert claim(http, "fast") is None
 
@@ -285,8 +305,9 @@ def test_a_lease_is_held_by_the_token_that_claimed_it(any_server: LiveServer) ->
         job = http.post("/v1/jobs/claim", json={"worker": "gpu-3"}, headers=mine).json()
         running = http.get("/v1/jobs", params={"state": "running"}).json()["items"]
         owner = running[0]["lease_owner"]
+        answer = {"worker": owner, "record_id": _upload(http, Key.from_json(job["key"]), mine)}
         for action, body in (("heartbeat", {"worker": owner}), ("fail", {"worker": owner}),
-                             ("complete", {"worker": owner})):  # fmt: skip
+                             ("complete", answer)):  # fmt: skip
             taken = http.post(f"/v1/jobs/{job['id']}/{action}", json=body, headers=theirs)
             assert taken.status_code == 409, (action, taken.text)
             assert "this worker and this token" in taken.json()["detail"]
@@ -294,7 +315,7 @@ def test_a_lease_is_held_by_the_token_that_claimed_it(any_server: LiveServer) ->
         renewed = http.post(f"/v1/jobs/{job['id']}/heartbeat", json={"worker": "gpu-3"},
                             headers=mine)  # fmt: skip
         assert renewed.status_code == 200, renewed.text
-        done = http.post(f"/v1/jobs/{job['id']}/complete", json={"worker": "gpu-3"}, headers=mine)
+        done = finish(http, job, "gpu-3", mine)
         assert done.status_code == 200 and done.json()["state"] == "done", done.text
         lost = http.post("/v1/jobs/claim", json={"worker": "lost"}, headers=mine).json()
         ended = http.post(f"/v1/jobs/{lost['id']}/fail", json={"worker": "lost", "error": "gone"},
@@ -302,21 +323,17 @@ def test_a_lease_is_held_by_the_token_that_claimed_it(any_server: LiveServer) ->
         assert ended.status_code == 200 and ended.json()["state"] == "queued", ended.text
 
 
-def _upload(http: httpx.Client, key: Key) -> int:
-    body = make_record(key).model_dump(mode="json", by_alias=True)
-    answer = http.post("/v1/records", json=body)
-    assert answer.status_code == 201, answer.text
-    record_id: int = answer.json()["record_id"]
-    return record_id
-
-
 def test_a_job_is_completed_only_with_a_record_that_answers_it(any_server: LiveServer) -> None:
-    """A record of another problem (or kernel, backend, dtype, arch) does not finish the job; one
-    of its problem tuned on the worker's own device of the arch, with its own versions, does."""
+    """No record, or a record of another problem (or kernel, backend, dtype, arch), does not
+    finish the job; one of its problem tuned on the worker's own device of the arch, with its own
+    versions, does."""
     with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         create(http, 13)
         job = claim(http, "w")
         assert job is not None
+        # Done with nothing: its key reported tuned with no record to check, nor to reopen by.
+        bare = http.post(f"/v1/jobs/{job['id']}/complete", json={"worker": "w"})
+        assert bare.status_code == 422 and "record_id" in bare.text, bare.text
         unrelated = _upload(http, make_key(m=14))
         refused = http.post(f"/v1/jobs/{job['id']}/complete",
                             json={"worker": "w", "record_id": unrelated})  # fmt: skip

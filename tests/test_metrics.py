@@ -85,13 +85,14 @@ def test_metrics_count_what_the_server_did(any_server: LiveServer) -> None:
         # Three jobs: one fails for good, one is done, one stays running.
         doomed = post_ok(http, "/v1/jobs", {"key": make_key(m=4).to_json(), "priority": 5,
                                             "max_attempts": 1}, 201)["job"]  # fmt: skip
-        done = post_ok(http, "/v1/jobs", {"key": make_key(m=5).to_json()}, 201)["job"]
+        done = post_ok(http, "/v1/jobs", {"key": k1.to_json()}, 201)["job"]  # answered by `won`
         running = post_ok(http, "/v1/jobs", {"key": make_key(m=6).to_json()}, 201)["job"]
         worker = {"worker": "w1"}
         for job, action in ((doomed, "fail"), (done, "complete"), (running, None)):
             assert post_ok(http, "/v1/jobs/claim", worker, 200)["id"] == job["id"]
             if action is not None:
-                post_ok(http, f"/v1/jobs/{job['id']}/{action}", worker, 200)
+                post_ok(http, f"/v1/jobs/{job['id']}/{action}",
+                        {**worker, "record_id": won["record_id"]}, 200)  # fmt: skip
         # Routes with a path parameter, no route at all, and one of Starlette's own.
         assert http.get(f"/v1/records/{won['record_id']}").status_code == 200
         assert http.get("/v1/records/999999").status_code == 404

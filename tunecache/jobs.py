@@ -94,9 +94,21 @@ class LeaseRequest(_Strict):
 
 
 class JobResult(_Strict):
+    """A failed attempt: the worker, and why (``record_id`` is read by no route; kept so that
+    old workers' bodies stay valid)."""
+
     worker: Annotated[Line, Field(min_length=1, max_length=128)]
     record_id: RecordId | None = None
     error: Annotated[Text, Field(max_length=4096)] = ""
+
+
+class JobDone(_Strict):
+    """A job answered: the record that answers it. A job done with no record had its key
+    reported tuned with nothing served, past every check (a verifier's rejection reopens a job
+    by its record): one that could not be answered is failed."""
+
+    worker: Annotated[Line, Field(min_length=1, max_length=128)]
+    record_id: RecordId
 
 
 class JobList(_Strict):

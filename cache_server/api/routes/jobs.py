@@ -19,6 +19,7 @@ from cache_server.settings import ServerSettings
 from tunecache.jobs import (
     ClaimRequest,
     JobCreate,
+    JobDone,
     JobEnqueued,
     JobList,
     JobPublic,
@@ -216,15 +217,12 @@ def heartbeat(
         422: {"description": "the record was tuned for another kernel, problem, dtype or arch"},
     },
 )
-def complete(
-    job_id: JobId, request: JobResult, session: SessionDep, token: WriteAccess
-) -> JobPublic:
+def complete(job_id: JobId, request: JobDone, session: SessionDep, token: WriteAccess) -> JobPublic:
     """Finishes a job this worker holds under this token with the record it uploaded, which must
     exist and may be served (not rejected, and validated: else 409, as a record rejected since
     opens the job again) and answer the job: its key's kernel, backend, dtype, problem and
     device arch are the job's (422); its device and versions are the worker's own."""
-    if request.record_id is not None:
-        _check_answer(session, job_id, request.record_id)
+    _check_answer(session, job_id, request.record_id)
     job = jobs.complete(session, job_id=job_id, worker=request.worker, holder=_holder(token),
                         record_id=request.record_id)  # fmt: skip
     return _held(job, job_id)
