@@ -312,3 +312,24 @@ def test_brackets_inside_a_records_strings_are_not_counted_as_containers(
         elapsed, result = timed_lookup(url)
     assert "JSON arrays and objects" not in caplog.text
     assert result.source == "server" and elapsed <= BOUND
+
+
+@pytest.mark.parametrize("charset", ["hex", "rot13", "base64", "no-such-codec"])
+def test_an_error_answer_in_any_charset_is_a_failed_call(charset: str) -> None:
+    """An error answer naming a charset of Python's bytes codecs (``charset=hex``) made httpx's
+    text decoding raise AssertionError or TypeError: ``tunecache.inductor.enable()`` raised it
+    into the user's code and the daemon died on one 502. It is a failed call, read as UTF-8."""
+    from tunecache.inductor.remote import TeamCache
+
+    def odd(conn: socket.socket, request: Request, seen: Seen) -> None:
+        answer(conn, 500, b'{"detail": "broken"}',
+               content_type=f"application/json; charset={charset}")  # fmt: skip
+
+    with serve(odd) as (url, _):
+        with Client(url, timeout=SECONDS, token="") as client:
+            with pytest.raises(ServerError, match="500: broken") as failed:
+                client.fetch(make_key())
+            assert failed.value.status_code == 500
+        team = TeamCache(url, "", "partition", timeout=SECONDS)
+        with pytest.warns(Warning):
+            assert team.fetch("inductor.choices") == []

@@ -340,10 +340,13 @@ def rejected(method: str, path: str, response: httpx.Response) -> ServerError:
                 if extra else "a server older than this client?")  # fmt: skip
         return ServerError(f"{method} {response.url.copy_with(query=None)} → 404: the tunecache "
                            f"server there has no such path: {hint}", status_code=404)  # fmt: skip
+    # The body as UTF-8, whatever charset the answer names: httpx decodes ``.text`` with any
+    # codec Python has, and "charset=hex" (a bytes codec) raised AssertionError into user code.
+    text = response.content.decode("utf-8", "replace")
     try:
-        detail = str(parse_json(response.content).get("detail", response.text))
+        detail = str(parse_json(response.content).get("detail", text))
     except (ValueError, AttributeError):
-        detail = response.text
+        detail = text
     lines = [line.strip() for line in detail.splitlines() if line.strip()]
     said = shown(lines[0][:DETAIL_CHARS]) if lines else ""  # logged: no terminal controls
     return ServerError(f"{method} {path} → {status}: {said}", status_code=status,

@@ -16,7 +16,6 @@ from typing import Any
 
 from tunecache.artifacts import ArtifactIn, ArtifactPublic, ArtifactPutResult, Namespace
 from tunecache.client import Client
-from tunecache.errors import ServerError
 from tunecache.http import Timeout
 
 logger = logging.getLogger(__name__)
@@ -65,7 +64,8 @@ class TeamCache:
             return self.client.get_artifacts(
                 namespace, self.partition, key=key, limit=limit, timeout=self.timeout
             )
-        except ServerError as exc:
+        except Exception as exc:  # ServerError, or anything the HTTP stack let through: a
+            # failure here would end the user's compile (as in tunecache.tvm.remote)
             self.fail(f"reading {namespace} from {self.url} failed ({exc})")
             return []
 
