@@ -307,3 +307,33 @@ def test_a_job_listing_that_never_ends_is_read_a_bounded_number_of_pages() -> No
     asked.clear()
     with Client("http://cache.test", transport=answer(fresh=True), token="") as client:
         assert len(all_jobs(client)) == MAX_JOB_PAGES == len(asked)
+
+
+def test_coverage_and_pretune_count_as_tuned_only_what_a_process_would_use() -> None:
+    """A server answering every lookup with a record of another problem (or a rejected one, or
+    one that failed validation) had ``coverage`` say "2 tuned of 2 keys" and ``pretune`` queue
+    nothing, so those keys were never tuned; ``tunecache get`` already refused the same answer."""
+    from tests.factories import make_key, make_record
+    from tunecache import Client
+    from tunecache.http import IDENTITY_HEADER
+    from tunecache_cli.coverage import state_of
+    from tunecache_cli.pretune import is_tuned
+
+    key = make_key(m=64)
+
+    def serving(record: dict[str, object]) -> httpx.MockTransport:
+        def handle(request: httpx.Request) -> httpx.Response:
+            body = {"record": {**record, "id": 7, "key_hash": "0" * 64,
+                               "created_at": "2026-01-01T00:00:00Z"}}  # fmt: skip
+            return httpx.Response(200, json=body, headers={IDENTITY_HEADER: "tunecache/0"})
+
+        return httpx.MockTransport(handle)
+
+    good = make_record(key).model_dump(mode="json", by_alias=True)
+    other = make_record(make_key(m=96)).model_dump(mode="json", by_alias=True)
+    failed = {**good, "validation": {**good["validation"], "passed": False}}  # type: ignore[dict-item]
+    for record, used in ((good, True), (other, False), ({**good, "status": "rejected"}, False),
+                         (failed, False)):  # fmt: skip
+        with Client("http://cache.test", transport=serving(record), token="") as client:
+            assert is_tuned(key, client) is used, record
+            assert state_of(key, client, client, {}) == ("tuned" if used else "missing")

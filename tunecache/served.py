@@ -17,6 +17,8 @@ What fits the device (shared memory, warps) is the integration's own ``fits`` ch
 
 from __future__ import annotations
 
+from typing import Any
+
 from tunecache.configcheck import config_problem
 from tunecache.key import Key
 from tunecache.policies import VersionPolicy
@@ -35,6 +37,17 @@ def served_problem(
     a device's name holding a terminal's controls would forge the log line it is put in."""
     why = _problem(key, record, rule, policy)
     return None if why is None else shown(why)
+
+
+def checked_answer(key: Key, answer: Any, policy: VersionPolicy) -> tuple[Any, str | None]:
+    """A server's lookup answer (a :class:`~tunecache.schemas.LookupResponse`, ``None`` on a
+    miss) as a process would take it: ``(answer, None)`` when its record may serve ``key``,
+    ``(None, why)`` when it must not (a hit a process refuses is no hit for any command either),
+    ``(None, None)`` on a miss."""
+    if answer is None:
+        return None, None
+    why = served_problem(key, answer.record, answer.match, policy)
+    return (answer, None) if why is None else (None, f"record #{answer.record.id} refused: {why}")
 
 
 def _problem(

@@ -31,9 +31,13 @@ def register(commands: Any) -> None:
 
 
 def state_of(key: Any, client: Any, anyway: Any, jobs: dict[str, Any]) -> str:
-    if client.fetch_answer(key) is not None:
+    """Tuned: the server answers a record a process would use (not any answer: the server is
+    not trusted); stale: one under another version policy; else the key's job's state."""
+    from tunecache_cli.pretune import is_tuned
+
+    if is_tuned(key, client):
         return "tuned"
-    if anyway.fetch_answer(key) is not None:
+    if is_tuned(key, anyway):
         return "stale"
     job = jobs.get(key.digest())
     if job is not None and job.state in ("queued", "running", "failed"):

@@ -64,16 +64,12 @@ def _versus_eager(record: RecordCreate) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
-    from tunecache.served import served_problem
+    from tunecache.served import checked_answer
 
     key = key_from_args(args)
     with Client(server_url(args), policy=args.policy) as client:
-        answer = client.fetch_answer(key)
         # what a process would refuse is no hit here either: the server is not trusted
-        refused = None if answer is None else served_problem(key, answer.record, answer.match,
-                                                              args.policy)  # fmt: skip
-        if answer is not None and refused is not None:
-            refused, answer = f"record #{answer.record.id} refused: {refused}", None
+        answer, refused = checked_answer(key, client.fetch_answer(key), args.policy)
         nearest = _nearest(client, key) if answer is None and args.explain else None
         unserved = _unserved(client, key) if answer is None and not args.json else []
     if answer is None:

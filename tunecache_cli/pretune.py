@@ -56,11 +56,18 @@ def all_jobs(client: Any) -> dict[str, Any]:
     return found
 
 
+def is_tuned(key: Any, client: Any) -> bool:
+    """Whether ``client``'s server answers ``key`` with a record a process would use."""
+    from tunecache.served import checked_answer
+
+    return checked_answer(key, client.fetch_answer(key), client.policy)[0] is not None
+
+
 def queue(client: Any, manifest: Any) -> tuple[list[str], int]:
     """Queues the keys not tuned yet; returns the key hashes followed and how many were tuned."""
     followed, tuned = [], 0
     for key in manifest.keys:
-        if client.fetch_answer(key) is not None:
+        if is_tuned(key, client):  # a record a process would use, not any answer
             tuned += 1
             continue
         strategy, trials = manifest.budgets[key.digest()]
