@@ -179,6 +179,21 @@ def test_a_speedup_timed_by_the_interpreter_is_marked() -> None:
     assert not plain.interpreted and plain.caveat in ("", " (noisy)")
 
 
+def test_a_label_that_reads_as_tex_is_drawn_as_text(tmp_path: Path) -> None:
+    """A write token uploaded a user kernel's key whose problem read ``$\\frac{1}{$``: from then
+    on every ``tunecache report`` ended in matplotlib's math parser ("internal error:
+    ValueError"). The server's text is drawn as text."""
+    from tunecache.report.figures import draw_convergence, draw_speedup
+    from tunecache.report.series import Convergence, Speedup
+
+    label = "mine $\\frac{1}{$ tvm float32"
+    said = draw_speedup([Speedup(label, 2.0, 0.5)], tmp_path / "speedup.png")
+    assert "1 key" in said and (tmp_path / "speedup.png").stat().st_size > 0
+    draw_convergence([Convergence(label, (1, 2), (2.0, 1.0), 0)], tmp_path / "convergence.png",
+                     not_shown=0)  # fmt: skip
+    assert (tmp_path / "convergence.png").stat().st_size > 0
+
+
 def test_convergence_is_best_so_far_over_the_final_best_skipping_failed_trials() -> None:
     series = convergence(public(record(make_key(), 2.0, trials=SEARCH)), "k")
     assert series is not None

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from matplotlib import rc_context
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -31,6 +32,9 @@ BASELINE_COLORS = {"default config": "#4c72b0", "torch eager": "#dd8452"}
 STATUS_COLORS = {"tuned": "#2ca02c", "stale": "#f0c419", "queued": "#5dade2", "failed": "#d62728",
                  "unvalidated": "#9467bd", "missing": "#c8c8c8"}  # fmt: skip
 EMPTY_COLOR = "#ffffff"
+# Labels are the server's text (a user kernel's name, its problem): never TeX. One key whose
+# problem read "$\\frac{1}{$" made every report fail in matplotlib's math parser.
+PLAIN_TEXT = rc_context({"text.parse_math": False})
 
 
 def save(fig: Figure, path: Path) -> None:
@@ -60,6 +64,7 @@ def short(label: str, limit: int) -> str:
     return label[:head] + "…" + label[len(label) - (limit - 1 - head) :]
 
 
+@PLAIN_TEXT
 def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
     """Grouped horizontal bars from 1× to each key's speedup over each baseline (log x).
 
@@ -119,6 +124,7 @@ def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
     return f"speedup of the winners of {_count(n, 'key')} vs the default config and torch eager"
 
 
+@PLAIN_TEXT
 def draw_convergence(
     series: Sequence[Convergence], path: Path, *, not_shown: int = 0, without_trials: int = 0
 ) -> str:
@@ -162,6 +168,7 @@ def draw_convergence(
     return f"search convergence (best time so far per trial) of {_count(len(shown), 'key')}"
 
 
+@PLAIN_TEXT
 def draw_coverage(grid: CoverageGrid, path: Path, *, source: str) -> str:
     """The grid as coloured cells, the status written in each; an empty cell is white.
 
