@@ -94,6 +94,12 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["tune", "matmul", *KEY, "--server", DEAD], 3, "not answering"),
     (["tune", "--torch", "{tmp}/missing.py:Model"], 2, "no Python file"),
     (["tune", "--tvm", "{tmp}/garbage.py:f"], 2, "importing"),
+    (
+        ["tune", "garbage:K", *KEY, "--no-upload"],
+        2,
+        "importing 'garbage' for kernel 'garbage:K' failed: SyntaxError",
+    ),
+    (["get", "garbage:K", *KEY, "--server", DEAD], 2, "failed: SyntaxError"),
     (["get", "matmul", *KEY, "--server", "http://[::1"], 2, "not a valid URL"),
     (["get", "matmul", *KEY, "--server", "ftp://x"], 2, "http://"),
     (["get", "matmul", *KEY, "--server", DEAD], 3, "Connect"),

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunecache.errors import InvalidInput
+from tunecache.errors import InvalidInput, one_line
 
 # Every backend tunecache knows, in one place (keys, environments, defaults and registries
 # are checked against it).
@@ -204,6 +204,9 @@ def load_ref(ref: str) -> Any:
                 "PYTHONPATH: a script sees its own folder, not the current directory)"
                 if isinstance(exc, ModuleNotFoundError) and exc.name == top else "")  # fmt: skip
         why = f"cannot import {module_name!r} for kernel {ref!r}: {exc}{hint}"
+        raise InvalidInput(why) from None
+    except Exception as exc:  # the module itself fails: a syntax error, a raise at import
+        why = f"importing {module_name!r} for kernel {ref!r} failed: {one_line(exc)}"
         raise InvalidInput(why) from None
     for part in qualname.split("."):
         try:
