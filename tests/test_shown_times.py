@@ -72,3 +72,24 @@ def test_an_interpreter_time_is_marked_in_the_listings(server: LiveServer) -> No
         line for line in listed.stdout.splitlines() if line.startswith(f"#{stored.record_id}")
     ]
     assert " 9.73 " in row and " interpreter " in row
+
+
+def test_a_speedup_of_one_round_says_it_has_no_spread() -> None:
+    """A tune whose comparison with torch eager ran one round (``--seconds 1e-9``) showed a bare
+    "1.29x faster than torch eager" in ``get``, ``records ls``, ``best`` and the dashboard, where
+    the same config's ten rounds had said 2.05x (1.47-2.14x): a bare ratio reads as certain.
+    ``tune --torch`` already said "(one round: no spread)"; every listing now does."""
+    from tunecache.measured import Speedup
+    from tunecache.timing import versus
+
+    record = make_record(make_key(m=64), time_ms=1.0)
+    (eager,) = record.baselines
+
+    def compared(rounds: int) -> str:
+        ratio = Speedup(median=1.29, low=1.29 if rounds == 1 else 1.1, high=1.29 if rounds == 1
+                        else 1.5, rounds=rounds)  # fmt: skip
+        baseline = eager.model_copy(update={"speedup": ratio})
+        return versus(record.model_copy(update={"baselines": [baseline]}), than="torch eager")
+
+    assert compared(1) == "1.29x faster than torch eager (one round: no spread)"
+    assert compared(10) == "1.29x faster than torch eager (1.10-1.50x)"

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from tunecache.timing import speedup_text
+from tunecache.timing import ONE_ROUND, speedup_text
 
 ROUNDS = 5  # rounds of a tune's final comparison (tuner.select), and of each added batch
 MAX_ROUNDS = 15  # rounds it may grow to while the comparison is undecided
@@ -163,7 +163,7 @@ class Compared:
         """The speedup as :func:`tunecache.timing.speedup_text` says it, with its interval (a
         comparison of one round has none, and says so: a bare ratio reads as certain)."""
         if self.speedup.rounds <= 1:
-            return speedup_text(self.speedup.median, times, than=than) + " (one round: no spread)"
+            return speedup_text(self.speedup.median, times, than=than) + ONE_ROUND
         interval = (self.speedup.low, self.speedup.high)
         return speedup_text(self.speedup.median, times, interval=interval, than=than)
 

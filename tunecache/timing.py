@@ -23,7 +23,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from tunecache import affinity, conditions, devicelock
 from tunecache.schemas import (
@@ -265,6 +265,9 @@ def _time_cuda(
                   cuda=True, turn=turn)  # fmt: skip
 
 
+ONE_ROUND: Final = " (one round: no spread)"  # what a comparison of a single round says
+
+
 def speedup_text(
     speedup: float, times: str = "x", interval: tuple[float, float] | None = None, than: str = ""
 ) -> str:
@@ -321,7 +324,10 @@ def versus(record: RecordCreate, baseline: str = "torch_eager", times: str = "x"
     value = record.speedup(baseline)
     if value is None:
         return missing
-    return speedup_text(value, times, interval=record.speedup_interval(baseline), than=than)
+    text = speedup_text(value, times, interval=record.speedup_interval(baseline), than=than)
+    rounds = [b.speedup.rounds for b in record.comparisons()
+              if b.name == baseline and b.speedup is not None]  # fmt: skip
+    return text + ONE_ROUND if rounds == [1] else text  # a bare ratio would read as certain
 
 
 def noise_text(record: RecordCreate) -> str:
