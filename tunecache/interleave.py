@@ -67,12 +67,17 @@ def quiet(times: Sequence[Sequence[float]]) -> list[Sequence[float]]:
     the machine only ever adds time, and a round it fell on partly (one contender slowed, not the
     other) would read as a difference between them. A round where a contender failed (a time of
     0 or less) is not one of them, nor is it the quickest."""
-    timed = [row for row in times if all(t > 0 for t in row)]
-    totals = [sum(row) for row in timed]
+    return [times[r] for r in quiet_rounds(times)]
+
+
+def quiet_rounds(times: Sequence[Sequence[float]]) -> list[int]:
+    """The indices of the :func:`quiet` rounds, in order."""
+    timed = [r for r, row in enumerate(times) if all(t > 0 for t in row)]
+    totals = {r: sum(times[r]) for r in timed}
     if not totals:
         return []
-    quickest = min(totals)
-    return [row for row, total in zip(timed, totals, strict=True) if total <= DISTURBED * quickest]
+    quickest = min(totals.values())
+    return [r for r in timed if totals[r] <= DISTURBED * quickest]
 
 
 def _per_round(times: Sequence[Sequence[float]], i: int, j: int) -> list[float]:

@@ -31,6 +31,7 @@ from tunecache.interleave import (
     ROUNDS,
     median_ratio,
     quiet,
+    quiet_rounds,
     ratio,
     rounds,
 )
@@ -233,13 +234,21 @@ class _Final:
 
         self.times += rounds(time_one, len(self.contenders), count, first=len(self.times))
 
+    def typical(self, i: int) -> TimingModel | None:
+        """Contender ``i``'s timing of its median round, of the undisturbed rounds (those its
+        speedups are read from: a median over every round, disturbed ones too, had eager's time
+        and the winner's say 2.44x beside a speedup of 1.62x) or, with none, of all."""
+        kept = set(quiet_rounds(self.times))
+        measured = self.measured[i]
+        return _typical([m for r, m in enumerate(measured) if r in kept] or measured)
+
     def undecided(self) -> bool:
         """Whether the winner and the default are the same within noise, too few rounds were
         undisturbed to tell (:func:`tunecache.interleave.quiet`), or the winner's timing is
         noisy (:mod:`tunecache.conditions`): more rounds may settle each."""
         if len(quiet(self.times)) < MIN_ROUNDS:
             return True
-        typical = _typical(self.measured[self.WINNER])
+        typical = self.typical(self.WINNER)
         if typical is not None and typical.noisy:
             return True
         if len(self.contenders) <= self.DEFAULT:
@@ -249,7 +258,7 @@ class _Final:
         return versus is not None and versus.low <= 1.0 <= versus.high
 
     def baseline(self, name: str, i: int, winner: int) -> BaselineModel | None:
-        timing = _typical(self.measured[i])
+        timing = self.typical(i)
         if timing is None:
             return None
         speedup = None if i == winner else _speedup(self.times, i, winner)  # itself: no ratio
@@ -292,7 +301,7 @@ def select_winner(
         contenders.append(dict(default))
     count = _rounds_that_fit(bench, len(contenders), deadline)
     final = _compare(bench, contenders, count, emit, deadline)
-    winner.timing = _typical(final.measured[_Final.WINNER]) or winner.timing
+    winner.timing = final.typical(_Final.WINNER) or winner.timing
     ahead = _Final.WINNER
     if has_default:
         assert default is not None
@@ -342,7 +351,7 @@ def _default_unless_beaten(
          f"({vs_default.median:.3f}x, interval {vs_default.low:.3f}-"
          f"{vs_default.high:.3f}); validating the default", phase="validate")  # fmt: skip
     report = bench.validate(default, seeds)
-    default_timing = _typical(final.measured[_Final.DEFAULT])
+    default_timing = final.typical(_Final.DEFAULT)
     if not report.passed or default_timing is None:
         return _Final.WINNER
     winner.config, winner.timing, winner.report = default, default_timing, report
