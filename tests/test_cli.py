@@ -368,3 +368,29 @@ def test_a_tune_not_uploaded_prints_its_record_in_lines_and_as_json_only_when_as
     assert "stored     no (validated here)" in said and "record     #" not in said
     done = tunecache("tune", "--torch", f"{tmp_path / 'model.py'}:f", "--json")
     assert done.returncode == 2 and "--json prints a kernel key's record" in done.stderr
+
+
+def test_a_server_that_never_answers_is_waited_for_out_loud(tmp_path: Path) -> None:
+    """A server that took the connection and never answered kept ``records ls``, ``records
+    show`` and ``best`` silent for their whole timeout (60 s): they now say, every few seconds,
+    that they are asking it."""
+    import socket
+
+    from tunecache_cli.progress import HEARTBEAT_SECONDS
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # connections are taken (by the kernel), never answered
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        for argv in (["records", "ls"], ["records", "show", "1"],
+                     ["best", "matmul", "--shape", "M=64,N=64,K=64"]):  # fmt: skip
+            process = subprocess.Popen([sys.executable, "-m", "tunecache_cli", *argv, "--server",
+                                        url], stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
+            said = f"asking the server at {url} (still working)"
+            assert process.stderr is not None
+            started = time.monotonic()
+            heard = next((line for line in process.stderr if said in line), None)  # or its end
+            waited = time.monotonic() - started
+            process.kill()
+            process.communicate(timeout=30)
+            assert heard is not None and waited >= HEARTBEAT_SECONDS, (argv, heard)

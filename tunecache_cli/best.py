@@ -40,6 +40,7 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache.kernels import as_spec
+    from tunecache_cli.progress import asking
 
     problem = parse_shape(args.shape)
     try:
@@ -48,7 +49,11 @@ def run(args: argparse.Namespace) -> int:
         refuse_triton_object(args.workload)
         raise
     backends = [b.strip() for b in args.backends.split(",")] if args.backends else None
-    with Client(server_url(args), snapshot="") as client:  # the server's records, not a file's
+    url = server_url(args)
+    with (
+        Client(url, snapshot="") as client,  # the server's records, not a file's
+        asking("best", url),
+    ):
         client.health()  # an unreachable server is exit 3, not "no record" on every backend
         answer = client.resolver.best(args.workload, problem, args.dtype, args.device,
                                       backends=backends)  # fmt: skip

@@ -18,7 +18,7 @@ from backends.base import Progress
 
 HEARTBEAT_SECONDS = 5.0
 PHASES = {"search": "searching", "validate": "validating", "time": "timing", "upload": "uploading",
-          "done": "done"}  # fmt: skip
+          "ask": "asking the server", "done": "done"}  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -29,6 +29,12 @@ def working(label: str, message: str, phase: str = "search") -> Iterator[Progres
     with ProgressPrinter(label) as printer:
         printer.expect(Progress(0, 0, message=message, phase=phase))
         yield printer
+
+
+def asking(label: str, url: str) -> contextlib.AbstractContextManager[ProgressPrinter]:
+    """A wait on the server at ``url``: said every few seconds while it lasts (a server that
+    took the connection and never answered kept ``records ls`` silent for its whole timeout)."""
+    return working(label, f"at {url}", phase="ask")
 
 
 def eta_seconds(elapsed: float, done: int, total: int) -> float | None:

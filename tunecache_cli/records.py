@@ -42,6 +42,7 @@ def register(commands: Any) -> None:
 def run_ls(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache.pages import fetch_first
+    from tunecache_cli.progress import asking
 
     if not 1 <= args.limit <= MAX_LIMIT:
         raise InvalidInput(f"--limit {args.limit}: expected 1 to {MAX_LIMIT}")
@@ -53,7 +54,8 @@ def run_ls(args: argparse.Namespace) -> int:
     filters = {"kernel": args.kernel, "backend": args.backend, "dtype": args.dtype,
                "device_arch": args.device_arch, "status": args.status,
                "winners_only": None if every else True}  # fmt: skip
-    with Client(server_url(args)) as client:  # pages: a server may cut one short
+    url = server_url(args)
+    with Client(url) as client, asking("records ls", url):  # pages: a server may cut one short
         found = fetch_first(client, args.limit, **filters)
     if args.json:
         print(json.dumps({"count": found.count,
@@ -86,10 +88,12 @@ def run_ls(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache_cli.get import describe
+    from tunecache_cli.progress import asking
 
     if args.record_id < 1:
         raise InvalidInput(f"ID {args.record_id}: a record ID is a whole number from 1 up")
-    with Client(server_url(args)) as client:
+    url = server_url(args)
+    with Client(url) as client, asking("records show", url):
         record = client.get_record(args.record_id)
     if args.json:
         print(record.model_dump_json(by_alias=True, indent=2))
