@@ -271,3 +271,57 @@ def test_timing_cores_this_process_may_not_use_are_refused_before_the_search(
     monkeypatch.setenv("TUNECACHE_TIMING_CORES", f"{away}-{away + 3}")
     with pytest.raises(InvalidInput, match="TUNECACHE_TIMING_CORES names cores"):
         check_local(key, get_workload(key.kernel))
+
+
+def _odd_answers() -> httpx.MockTransport:
+    """A server whose record holds a C1 control and a bidi override in its free text, whose new
+    token holds a terminal's controls, whose snapshot export is a 304 nobody asked for and whose
+    ETags hold a C1 control."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        ours = {IDENTITY_HEADER: "tunecache/test"}
+        if request.url.path == "/v1/records/1":
+            data = make_record(make_key()).model_dump(mode="json", by_alias=True)
+            data["config_summary"] = "tile \x9b2J \u202e8x4"
+            return httpx.Response(200, content=_public_json(data).encode(), headers=ours)
+        if request.url.path == "/v1/tokens":
+            info = {"id": 1, "name": "a", "scope": "read", "shown": "tc_abcde",
+                    "created_at": "2026-01-01T00:00:00Z", "revoked_at": None, "trusted": False}  # fmt: skip
+            body = {"token": f"tc_{ESC}]0;owned{ESC}\\{ESC}[2J" + "a" * 30, "info": info}
+            return httpx.Response(201, json=body, headers=ours)
+        if request.url.path == "/v1/snapshot":
+            etag = (b"ETag", b'"v1\xc2\x9b2J"')  # a C1 control, in UTF-8
+            return httpx.Response(
+                304, headers=[*((k.encode(), v.encode()) for k, v in ours.items()), etag]
+            )
+        return miss()
+
+    return httpx.MockTransport(handle)
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "absent"),
+    [
+        (["records", "show", "1", "--json"], 0, "\x9b"),  # model_dump_json left C1 and bidi
+        (["token", "create", "--name", "a", "--scope", "read"], 3, ESC),  # printed it raw
+        (["snapshot", "export", "--arch", "cpu-avx2", "-o", "{tmp}/s.json"], 3, "\x9b"),
+    ],
+)
+def test_what_a_hostile_server_answers_never_reaches_the_terminal_raw(
+    argv: list[str], code: int, absent: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], tmp_path: Any,
+) -> None:  # fmt: skip
+    """Found by a hostile-server review: ``records show --json`` printed a record's C1 and bidi
+    controls as they were, ``token create --server`` printed a "token" of escape sequences, and
+    ``snapshot export`` ended in AssertionError on a 304 it had not asked for."""
+    hostile = functools.partial(Client, transport=_odd_answers())
+    monkeypatch.setattr(tunecache.client, "Client", hostile)
+    monkeypatch.setenv("TUNECACHE_TOKEN", "tc_" + "3" * 43)
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert tunecache_cli.main([*argv, "--server", "http://hostile.test"]) == code
+    said = capsys.readouterr()
+    assert absent not in said.out + said.err and "\u202e" not in said.out + said.err
+    if code == 0:
+        assert "\\u009b" in said.out  # escaped, not dropped
+    else:
+        assert len(said.err.strip().splitlines()) == 1, said.err

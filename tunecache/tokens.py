@@ -96,9 +96,10 @@ class WhoAmI(_Strict):
 
 
 class TokenCreated(_Strict):
-    """A new token: ``token`` is its only appearance in clear."""
+    """A new token: ``token`` is its only appearance in clear (as :func:`new_token` makes it:
+    a server's answer holding anything else, a terminal's controls, is refused, not printed)."""
 
-    token: str
+    token: Annotated[str, Field(pattern=r"^tc_[A-Za-z0-9_-]{43}$")]
     info: TokenPublic
 
 

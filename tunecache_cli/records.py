@@ -96,7 +96,9 @@ def run_show(args: argparse.Namespace) -> int:
     with Client(url) as client, asking("records show", url):
         record = client.get_record(args.record_id)
     if args.json:
-        print(record.model_dump_json(by_alias=True, indent=2))
+        # json.dumps escapes every character past ASCII: the server's strings cannot carry a
+        # terminal's controls (C1, bidi) to it, as model_dump_json let them
+        print(json.dumps(record.model_dump(mode="json", by_alias=True), indent=2))
         return 0
     print(describe(record))
     print(shown(f"  search     {record.search.strategy}, {record.search.trials} trials; tuned in "

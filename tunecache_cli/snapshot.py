@@ -16,8 +16,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tunecache.errors import InvalidInput
+from tunecache.errors import InvalidInput, ServerError
 from tunecache.snapshot import SnapshotFilters
+from tunecache.strict import shown
 from tunecache_cli.args import add_server, output_file, server_url
 
 
@@ -70,9 +71,10 @@ def run_export(args: argparse.Namespace) -> int:
             kernel=filters.kernel,
             backend=filters.backend,
         )
-    assert document is not None  # no If-None-Match was sent
+    if document is None:  # "unchanged", where no If-None-Match was sent: not a snapshot
+        raise ServerError(f"{url} answered 304 Not Modified to an export that named no ETag")
     save_snapshot(args.output, document)
-    print(f"exported {len(document['records'])} winners to {args.output} (ETag {etag})")
+    print(f"exported {len(document['records'])} winners to {args.output} (ETag {shown(etag)})")
     if not document["records"]:  # a mistyped arch exports nothing, silently otherwise
         print(f"tunecache: no winner matches: is {filters.device_arch!r} an arch the server has "
               "winners of? (tunecache records ls shows their archs)", file=sys.stderr)  # fmt: skip

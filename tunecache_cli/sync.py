@@ -21,6 +21,7 @@ from typing import Any
 
 from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
+from tunecache.strict import shown
 from tunecache_cli.args import add_server, output_file, server_url
 
 
@@ -89,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
     with Client(server_url(args), timeout=Timeout(write=args.timeout)) as client:
         document, etag = client.export_snapshot(arch, if_none_match=held)
     if document is None:
-        print(f"{path} is up to date ({arch}, ETag {etag})")
+        print(f"{path} is up to date ({arch}, ETag {shown(etag)})")
         return 0
     save_snapshot(path, document)
-    print(f"wrote {len(document['records'])} winners of {arch} to {path} (ETag {etag})")
+    print(f"wrote {len(document['records'])} winners of {arch} to {path} (ETag {shown(etag)})")
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -234,7 +235,8 @@ def _run_key(args: argparse.Namespace) -> int:
 def _show(record: Any, args: argparse.Namespace) -> None:
     from tunecache_cli.get import describe
 
-    print(record.model_dump_json(by_alias=True, indent=2) if args.json else describe(record))
+    data = record.model_dump(mode="json", by_alias=True)  # escaped past ASCII, as records show
+    print(json.dumps(data, indent=2) if args.json else describe(record))
 
 
 def upload_state(result: Any) -> str:
