@@ -227,3 +227,14 @@ def test_the_command_line_and_its_workers_never_import_a_users_folder_named_like
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert sorted(p.name for p in tmp_path.glob("imported-*")) == []
+
+
+def test_a_backend_listed_without_its_hook_is_named_as_the_users_slip() -> None:
+    """A user's workload that lists tvm but defines no ``tvm_compute`` failed mid-search with
+    "internal error: ModuleNotFoundError: No module named 'mykern.tvm'", exit 1."""
+    from tests.user_kernels import NoTvmHook
+
+    with pytest.raises(InvalidInput, match=r"NoTvmHook lists 'tvm' in backend_dtypes but "
+                       r"defines no tvm_compute\(\), and there is no module "
+                       r"tests\.user_kernels\.tvm"):  # fmt: skip
+        NoTvmHook().tvm_compute({"M": 8}, "float32")

@@ -94,3 +94,22 @@ def stand_in_timer(fn: Callable[[], Any], settings: TimerSettings) -> TimingMode
     elapsed = max((time.perf_counter() - started) / 2 * 1e3, 1e-6)
     return TimingModel(median_ms=elapsed, min_ms=elapsed, max_ms=elapsed, repeats=2,
                        timer="test timer (interpreter timings mean nothing)")  # fmt: skip
+
+
+class NoTvmHook(Workload):
+    """Lists tvm among its backends but defines no ``tvm_compute`` (and this module has no
+    ``tvm`` module beside it): a user's slip, said as such."""
+
+    params = ("M",)
+    inputs = (("M",),)
+    output = ("M",)
+    backend_dtypes = {"inductor": ("float32",), "tvm": ("float32",)}
+
+    def torch_fn(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        return x.double() + 1
+
+    def flops(self, problem: Mapping[str, int]) -> float:
+        return float(problem["M"])

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from tunecache.device import DeviceLimits
     from tunecache.space import Config, SearchSpace
 
+# What a workload defines for a backend it lists, when no module beside it does.
+BACKEND_HOOKS = {"tvm": "tvm_compute()",
+                 "triton": "triton_space(), triton_default() and triton_launch()"}  # fmt: skip
 # Inputs are drawn from U(low, high) with a random sign: never zero, never a constant.
 INPUT_LOW, INPUT_HIGH = 0.1, 1.0
 
@@ -212,7 +215,17 @@ class Workload(abc.ABC):
     def backend_module(self, backend: str) -> Any:
         """This workload's module for ``backend`` (``workloads.matmul.tvm``), imported lazily."""
         self.check_backend(backend)
-        return importlib.import_module(f"{type(self).__module__}.{backend}")
+        name = f"{type(self).__module__}.{backend}"
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not name.startswith(exc.name):  # a module of its own lacks one
+                raise
+            hooks = BACKEND_HOOKS.get(backend, "its hooks")
+            raise InvalidInput(
+                f"{self.name} lists {backend!r} in backend_dtypes but defines no {hooks}, and "
+                f"there is no module {name}: define {hooks} or leave {backend!r} out"
+            ) from None
 
     def tvm_compute(self, problem: Mapping[str, int], dtype: str) -> list[te.Tensor]:
         """The TVM tensor-expression compute: the placeholders, then the output."""
