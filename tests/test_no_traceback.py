@@ -27,7 +27,7 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["db", "upgrade", "--db", "mysql://x/y"], 2, "sqlite:// or postgresql://"),
     (["serve", "--db", "sqlite:////proc/tunecache.db"], 2, "cannot open"),
     (["serve", "--db", "sqlite:///{tmp}/c.db", "--port", "{busy}"], 2, "cannot listen on"),
-    (["serve", "--port", "70000"], 2, "port"),
+    (["serve", "--port", "70000"], 2, "bad server setting: --port: "),
     (["token", "list", "--db", "sqlite:////proc/tunecache.db"], 2, "cannot use the database"),
     (["token", "create", "--name", "x", "--scope", "root", "--db"], 2, "--scope"),
     (

@@ -12,7 +12,7 @@ import sys
 from contextlib import ExitStack
 from typing import Any
 
-from tunecache.errors import InvalidInput, one_line
+from tunecache.errors import InvalidInput, error_message, one_line
 
 
 def register(commands: Any) -> None:
@@ -48,10 +48,16 @@ def server_settings(args: argparse.Namespace) -> Any:
     from cache_server.settings import ServerSettings
 
     overrides = {k: getattr(args, k, None) for k in ("db", "host", "port", "workers", "policy")}
+    given = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return ServerSettings(**{k: v for k, v in overrides.items() if v is not None})
+        return ServerSettings(**given)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        # Named as the user gave it: the flag, else the environment variable.
+        def named(field: str) -> str:
+            return f"--{field}" if field in given else f"TUNECACHE_SERVER_{field.upper()}"
+
+        problems = "; ".join(f"{named('.'.join(map(str, e['loc'])))}: {error_message(e)}"
+                             for e in exc.errors())  # fmt: skip
         raise InvalidInput(f"bad server setting: {problems}") from None
 
 
