@@ -318,3 +318,23 @@ def test_the_times_stored_are_of_the_rounds_the_speedups_are_read_from() -> None
     (eager,) = [b for b in winner.baselines if b.name == "torch_eager"]
     assert eager.speedup is not None and eager.speedup.median == pytest.approx(3.0)
     assert eager.timing.median_ms / winner.timing.median_ms == pytest.approx(3.0)  # was 9.0
+
+
+def test_a_comparison_adds_rounds_until_enough_were_undisturbed() -> None:
+    """``tune --torch`` said "1.04x slower (one round: no spread)": four of its five rounds had
+    been disturbed and left out, and none was added. Rounds are added (up to MAX_ROUNDS) until
+    three are undisturbed."""
+    from tunecache.interleave import MAX_ROUNDS, compare
+
+    calls = {"baseline": 0, "tuned": 0}
+
+    def timed(name: str, disturbed: range) -> float:
+        calls[name] += 1
+        return 10.0 if name == "tuned" and calls[name] - 1 in disturbed else 1.0
+
+    versus = compare(lambda: timed("baseline", range(0)), lambda: timed("tuned", range(1, 5)))
+    assert calls == {"baseline": 10, "tuned": 10}  # five more rounds, all quiet
+    assert versus.speedup.rounds == 6 and "one round" not in versus.text()
+    calls.update(baseline=0, tuned=0)  # disturbed for good: it stops at MAX_ROUNDS
+    compare(lambda: timed("baseline", range(0)), lambda: timed("tuned", range(1, 99)))
+    assert calls["tuned"] == MAX_ROUNDS
