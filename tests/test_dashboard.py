@@ -184,6 +184,20 @@ class TestPages:
         assert "no record 999999" in response.text.lower()
         assert response.headers["content-type"].startswith("text/html")
 
+    def test_a_bad_address_is_an_html_422_naming_it(
+        self, token_server: LiveServer, ids: Ids
+    ) -> None:
+        """A filter or a row out of range answered the API's JSON, a wall of text in a browser:
+        now a page naming what was wrong, escaped as all the server's text is."""
+        for path, params, says in (("/", {"start": "-1"}, "query.start"),
+                                   ("/", {"backend": "<b>x"}, "query.backend"),
+                                   ("/ui/jobs", {"state": "nope"}, "query.state"),
+                                   ("/ui/records/0", {}, "path.record_id")):  # fmt: skip
+            response = page(token_server, path, **params)
+            assert response.status_code == 422, (path, response.text)
+            assert response.headers["content-type"].startswith("text/html")
+            assert says in response.text and "<b>x" not in response.text
+
     def test_jobs_page_shows_leases_attempts_and_errors(
         self, token_server: LiveServer, ids: Ids
     ) -> None:

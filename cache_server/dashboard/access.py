@@ -4,19 +4,24 @@ token also taken from ``?token=`` or a cookie, since a browser cannot send a hea
 A token comes from, in order: the ``Authorization: Bearer`` header; ``?token=``, which, once
 checked, is moved into an HttpOnly cookie by a redirect to the same page without it (so it
 leaves the address bar and history); the cookie. A refusal is an HTML page saying how to pass
-a token, not the API's JSON, and clears a cookie that no longer works.
+a token, not the API's JSON, and clears a cookie that no longer works. So is a page's bad
+address (a filter or a row out of range): an HTML page naming what was wrong (:class:`PageRoute`).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials
 
 from cache_server.api.auth import Credentials, requires
 from cache_server.api.deps import SessionDep, SettingsDep
+from cache_server.api.errors import validation_detail
 from cache_server.dashboard.templating import page, root_path
 from cache_server.models import TokenRow
 
@@ -36,6 +41,23 @@ class PageError(Exception):
         self.status_code = status_code
         self.message = message
         self.headers = headers or {}
+
+
+class PageRoute(APIRoute):
+    """A page's route: a query or path it cannot take is a 422 page in HTML, naming it (the
+    API's JSON answer reached a browser as a wall of text)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def route(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                why = validation_detail(list(exc.errors()))
+                raise PageError(status.HTTP_422_UNPROCESSABLE_ENTITY, why) from exc
+
+        return route
 
 
 class _TokenAccepted(Exception):

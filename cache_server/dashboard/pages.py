@@ -12,7 +12,7 @@ from pydantic import BeforeValidator
 from cache_server import jobs, queries
 from cache_server.api.deps import SessionDep
 from cache_server.dashboard import queries as dashboard_queries
-from cache_server.dashboard.access import PageError, Reader
+from cache_server.dashboard.access import PageError, PageRoute, Reader
 from cache_server.dashboard.svg import convergence_svg
 from cache_server.dashboard.templating import page
 from cache_server.trust import winner_table
@@ -29,7 +29,7 @@ NameFilter = Annotated[Name | None, Query(), _BLANK_IS_ANY]
 PageNumber = Annotated[int, Query(ge=1, le=1_000_000)]  # the pages' links before "start"
 StartRow = Annotated[int | None, Query(ge=0, le=100_000_000)]
 
-router = APIRouter(include_in_schema=False)
+router = APIRouter(include_in_schema=False, route_class=PageRoute)
 
 
 def _pages(total: int, start: int, shown: int) -> dict[str, int | None]:
