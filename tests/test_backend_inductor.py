@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from backends import Budget, Progress, SearchRequest, SearchResult, get_backend  # noqa: E402
 from backends.inductor import InductorBackend  # noqa: E402
 from tests.factories import TINY, build_default  # noqa: E402
-from tunecache.errors import InvalidInput  # noqa: E402
+from tunecache.errors import InvalidInput, TuningError  # noqa: E402
 from workloads import get_workload  # noqa: E402
 from workloads.base import Workload  # noqa: E402
 from workloads.matmul import Matmul  # noqa: E402
@@ -243,14 +243,31 @@ class _Broken(Matmul):
         raise RuntimeError("no kernel here")
 
 
-@pytest.mark.slow
-def test_failed_compile_is_a_compile_error_trial(backend: InductorBackend, tmp_path: Path) -> None:
-    workload = _Broken()
-    request = SearchRequest(workload, {"M": 8, "N": 8, "K": 8}, DTYPE, Budget())
+def test_failed_compile_is_a_compile_error_trial(
+    backend: InductorBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def not_compiled(*args: Any) -> Any:
+        raise RuntimeError("no kernel here")
+
+    # Inductor fails on a torch_fn that runs eagerly: the default config is the candidate.
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: not_compiled)
+    request = SearchRequest(MATMUL, {"M": 8, "N": 8, "K": 8}, DTYPE, Budget())
     result = backend.search(request, workdir=tmp_path)
     assert result.config == {"mode": "default"} and result.runnable is None
     assert [t.status for t in result.trials] == ["compile_error"]
     assert "no kernel here" in result.trials[0].error
+    assert observers_left() == 0
+
+
+def test_a_torch_fn_that_raises_fails_the_search_naming_it(
+    backend: InductorBackend, tmp_path: Path
+) -> None:
+    # Dynamo wraps the user's exception in its own ("Unsupported: Observed exception", the
+    # user's only as a repr in the debug text): no config can pass, the search says why.
+    request = SearchRequest(_Broken(), {"M": 8, "N": 8, "K": 8}, DTYPE, Budget())
+    with pytest.raises(TuningError) as raised:
+        backend.search(request, workdir=tmp_path)
+    assert str(raised.value) == "matmul: torch_fn raised RuntimeError: no kernel here"
     assert observers_left() == 0
 
 

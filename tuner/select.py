@@ -46,6 +46,7 @@ from tunecache.schemas import (
 )
 from tuner.candidates import Emit
 from tuner.measure import Benchmarker, Measurement, Pipelines
+from tuner.validation import failure_summary
 
 
 @dataclass
@@ -159,7 +160,7 @@ def _validated(bench: Benchmarker, found: SearchResult, seeds: Sequence[int], em
              total=len(order))  # fmt: skip
         report = bench.validate(config, seeds)
         if not report.passed:
-            emit(f"rejected: {_first_note(report)}", phase="validate")
+            emit(f"rejected: {failure_summary(report)}", phase="validate")
             rejected.append(report)
             trials.append(_rejection(config, report))
             continue
@@ -170,8 +171,20 @@ def _validated(bench: Benchmarker, found: SearchResult, seeds: Sequence[int], em
         return Winner(config, measured.timing, report, rejected=rejected, trials=trials)
     raise TuningError(
         f"no candidate passed validation ({len(order)} tried, {len(found.trials)} searched); "
-        f"first failure: {rejected[0].checks if rejected else trials[:1]}"
+        f"first failure: {_first_failure(rejected, trials)}"
     )
+
+
+def _first_failure(rejected: Sequence[ValidationReport], trials: Sequence[Trial]) -> str:
+    """The first rejected candidate's failures (:func:`~tuner.validation.failure_summary`),
+    else how the first candidate that failed to run failed, on one line."""
+    if rejected:
+        return failure_summary(rejected[0])
+    failed = [t for t in trials if t.status != "ok"]
+    if not failed:
+        return "none ran"
+    error = (failed[0].error.strip().splitlines() or [""])[0]
+    return f"{failed[0].status}: {error}" if error else failed[0].status
 
 
 def _typical(measured: Sequence[Measurement]) -> TimingModel | None:

@@ -148,3 +148,36 @@ def validate(
         max_rel_error=worst,
         checks=checks,
     )
+
+
+MAX_PLACES = 4  # checks named per kind of failure in a summary
+
+
+def _place(check: CheckModel) -> str:
+    """``M=64 seed 1``."""
+    return " ".join([",".join(f"{k}={v}" for k, v in check.problem.items()), f"seed {check.seed}"])
+
+
+def failure_summary(report: ValidationReport, kinds: int = 3) -> str:
+    """What failed in ``report``, on one line: each kind of failure (a relative error over the
+    tolerance; else a note, by its first line) with how many of the checks failed so and where.
+
+    Example: ``rel error 0.51 > tolerance 0.0001 on 4 of 4 checks (M=64 seed 1, M=64 seed 2,
+    M=64 seed 3, M=63 seed 1)``; ``raised ValueError: odd M on 1 of 4 checks (M=63 seed 1)``.
+    """
+    groups: dict[str, list[CheckModel]] = {}
+    for c in report.checks:
+        if not c.passed:
+            over = c.rel_error is not None and not c.note  # compared, and off
+            what = "" if over else (c.failure().strip().splitlines() or ["failed"])[0]
+            groups.setdefault(what, []).append(c)
+    parts: list[str] = []
+    for what, failed in list(groups.items())[:kinds]:
+        if not what:
+            worst = max(c.rel_error or 0.0 for c in failed)
+            what = f"rel error {worst:.2g} > tolerance {failed[0].tolerance:g}"
+        places = ", ".join(_place(c) for c in failed[:MAX_PLACES])
+        places += ", ..." if len(failed) > MAX_PLACES else ""
+        parts.append(f"{what} on {len(failed)} of {len(report.checks)} checks ({places})")
+    more = len(groups) - kinds
+    return "; ".join(parts) + (f"; {more} more kinds of failure" if more > 0 else "") or "failed"

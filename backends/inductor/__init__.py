@@ -89,8 +89,9 @@ class InductorBackend(Backend):
         layernorm on CPU) there is one trial, the compiled call timed here. Pinned candidates
         are re-timed end to end before the winner is named (``budget.trials`` caps how many;
         ``budget.seconds`` is not enforced). A failed compile returns the default config with
-        one ``compile_error`` trial and no runnable. The search leaves
-        ``workdir/inductor_search.json`` behind.
+        one ``compile_error`` trial and no runnable; where ``torch_fn`` itself raises, the
+        search raises :class:`~tunecache.errors.TuningError` saying what it raised. The search
+        leaves ``workdir/inductor_search.json`` behind.
         """
         workload = request.workload
         return run_search(

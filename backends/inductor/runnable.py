@@ -15,6 +15,10 @@ fresh code objects give every entry its own cache, so no entry is ever a recompi
 none falls back to eager. For the same reason nothing here calls ``torch._dynamo.reset()``: entries
 share no dynamo state (a reset would only make earlier runnables recompile without their settings).
 At most :data:`MAX_ENTRIES` weight sets are kept per runnable (least recently used dropped).
+
+A compile that fails where ``torch_fn`` itself raises (run eagerly on the same inputs) raises what
+``torch_fn`` raised, as the uncompiled function would: Dynamo's own exception holds the user's
+only as text in its debug context.
 """
 
 from __future__ import annotations
@@ -117,6 +121,7 @@ class InductorRunnable:
         self.frozen = tuple(frozen) if config.get("mode") == MODE_MAX_AUTOTUNE else ()
         self.label = label
         self.compiles = 0
+        self.torch_fn_error: Exception | None = None  # what torch_fn raised run eagerly
         self._entries: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
 
     def _key(self, inputs: Sequence[torch.Tensor]) -> tuple[Any, ...]:
@@ -158,8 +163,14 @@ class InductorRunnable:
         args = tuple(t for i, t in enumerate(inputs) if i not in self.frozen)
         if entry is None:
             entry = self._compile(inputs)
-            with torch.no_grad(), compile_scope(self.config):
-                out = entry.call(*args)  # traces and compiles under the config's settings
+            try:
+                with torch.no_grad(), compile_scope(self.config):
+                    out = entry.call(*args)  # traces and compiles under the config's settings
+            except Exception:
+                self.torch_fn_error = _eager_error(self.fn, inputs)
+                if self.torch_fn_error is None:
+                    raise  # Dynamo or Inductor failed on code that runs eagerly
+                raise self.torch_fn_error from None  # Dynamo's: logged by _eager_error
             self._entries[key] = entry
             while len(self._entries) > MAX_ENTRIES:
                 self._entries.popitem(last=False)
@@ -168,6 +179,25 @@ class InductorRunnable:
             with torch.no_grad():
                 out = entry.call(*args)
         return _fresh(out, inputs)
+
+
+def _eager_error(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> Exception | None:
+    """What ``fn`` raises run eagerly on ``inputs``, or ``None``.
+
+    Dynamo traces a ``raise`` in user code without running it: what it raises is its own
+    ``Unsupported: Observed exception`` (or ``TorchRuntimeError``), the user's exception only a
+    repr in its debug text (torch 2.13: ``__cause__`` is an ``Observed<Name>Error`` holding that
+    repr, not the exception). Running ``fn`` eagerly gives the real one.
+    """
+    import torch
+
+    try:
+        with torch.no_grad():
+            fn(*inputs)
+    except Exception as exc:  # the user's code may raise anything
+        logger.debug("the compile failed; torch_fn run eagerly raises too", exc_info=True)
+        return exc
+    return None
 
 
 def _fresh(out: torch.Tensor, inputs: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -27,6 +27,7 @@ from backends.inductor.observe import AutotunedOp, ChoiceObserver, other_load
 from backends.inductor.options import MODE_MAX_AUTOTUNE
 from backends.inductor.runnable import InductorRunnable, default_frozen_inputs
 from tunecache import conditions
+from tunecache.errors import TuningError, one_line
 from tunecache.timing import TimerSettings, time_cpu
 
 if TYPE_CHECKING:
@@ -111,6 +112,10 @@ def run_search(
     ``budget.trials`` caps how many pinned candidates are re-timed (1: none, Inductor's pick
     stands); ``budget.seconds`` is not enforced, the search being one compile plus at most
     :data:`MAX_RETIMED` pinned ones. ``fallback`` gives the config returned when the compile fails.
+
+    Raises:
+        TuningError: ``torch_fn`` itself raises on the problem's inputs (run eagerly once the
+            compile failed): the message names the kernel and what it raised.
     """
     started, machine = time.perf_counter(), conditions.snapshot(family=True)
     inputs = workload.make_inputs(problem, dtype, seed=0)
@@ -124,9 +129,7 @@ def run_search(
         with observer.installed():
             runnable(*inputs)
     except Exception as exc:  # Inductor fails in many ways; the trial records it
-        logger.warning("inductor compile of %s failed: %s", workload.name, exc, exc_info=True)
-        error = f"{type(exc).__name__}: {exc}"[:2000]
-        trial = Trial(config=base, status="compile_error", error=error)
+        trial = _compile_error(workload.name, runnable, base, exc)
         return SearchResult([fallback()], [trial], STRATEGY, time.perf_counter() - started)
     compiled_s = time.perf_counter() - started
     ops = [op for op in observer.ops if op.choices]
@@ -153,6 +156,21 @@ def run_search(
     _write_log(workdir, workload.name, problem, dtype, outcome.config, ops, compiled_ms)
     outcome.seconds, outcome.runnable = time.perf_counter() - started, runnable
     return outcome
+
+
+def _compile_error(name: str, runnable: InductorRunnable, config: dict[str, Any],
+                   exc: Exception) -> Trial:  # fmt: skip
+    """The failed compile ``exc`` of ``runnable`` as a ``compile_error`` trial, logged on one
+    line (the traceback at DEBUG, ``-v``).
+
+    Raises:
+        TuningError: ``exc`` is what ``torch_fn`` itself raised (no config can pass), named.
+    """
+    if exc is runnable.torch_fn_error:  # its traceback logged at DEBUG by the runnable
+        raise TuningError(f"{name}: torch_fn raised {one_line(exc)}") from exc
+    logger.warning("inductor compile of %s failed: %s", name, one_line(exc))
+    logger.debug("inductor compile of %s failed", name, exc_info=exc)
+    return Trial(config=config, status="compile_error", error=f"{type(exc).__name__}: {exc}"[:2000])
 
 
 def _finished(outcome: SearchResult, message: str, progress: ProgressFn | None,
@@ -185,7 +203,8 @@ def _pick_retimed(
         try:
             other(*inputs)
         except Exception as exc:  # a pinned rebuild that fails is dropped, not fatal
-            logger.warning("pinned rebuild %s failed: %s", config.get("choice"), exc)
+            logger.warning("pinned rebuild %s failed: %s", config.get("choice"), one_line(exc))
+            logger.debug("pinned rebuild %s failed", config.get("choice"), exc_info=True)
             continue
         candidates.append((config, other))
     times = _retime(candidates, inputs)
