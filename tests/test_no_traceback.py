@@ -91,7 +91,11 @@ TABLE: list[tuple[list[str], int, str]] = [
         2,
         "GiB: a smaller shape",
     ),
-    (["tune", "matmul", *KEY, "--server", DEAD], 3, "not answering"),
+    (
+        ["tune", "matmul", *KEY, "--server", DEAD],
+        3,
+        "uploading the result: the server is not answering",
+    ),
     (["tune", "--torch", "{tmp}/missing.py:Model"], 2, "no Python file"),
     (["tune", "--tvm", "{tmp}/garbage.py:f"], 2, "importing"),
     (

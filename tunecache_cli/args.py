@@ -79,7 +79,7 @@ def upload_url(args: argparse.Namespace) -> str | None:
     if args.no_upload:
         return None
     url = server_url(args)
-    preflight(url, "write", "uploading", or_else=", or --no-upload")
+    preflight(url, "write", "uploading the result", or_else=", or --no-upload")
     return url
 
 
@@ -115,7 +115,9 @@ def preflight(url: str, needed: Scope, doing: str, *, or_else: str = "") -> None
                     f"{url} refuses the token in $TUNECACHE_TOKEN (unknown or revoked): {create}",
                     status_code=401,
                 ) from None
-            raise ServerError(f"{doing}: the server is not answering: {exc}") from None
+            other = or_else.removeprefix(", or ")
+            hint = f" (checked before any work: start it, or {other})" if other else ""
+            raise ServerError(f"{doing}: the server is not answering: {exc}{hint}") from None
     if me.scope is None or not grants(me.scope, needed):
         name = "no token" if me.token is None else f"token {me.token.name!r}"
         raise ServerError(
