@@ -29,6 +29,7 @@ from typing import Any, TypeVar, get_args
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from tunecache import answers
 from tunecache.artifacts import (
     MAX_BATCH,
     MAX_PAGE,
@@ -60,7 +61,6 @@ from tunecache.http import (
     time_left,
 )
 from tunecache.jobs import JobEnqueued
-from tunecache.jsonsafe import parse_json
 from tunecache.key import Key
 from tunecache.lookup import LookupResult
 from tunecache.outbox import Later
@@ -345,12 +345,14 @@ class Client(WorkerCalls):
         within ``timeout`` (default: the write timeout)."""
         params = {k: v for k, v in filters.items() if v is not None}
         response = self._call("GET", "/v1/records", timeout, params=params)
-        return parse(RecordList, response, "/v1/records")
+        bound = answers.record_page(params.get("limit"))  # at most ``limit`` records
+        return parse(RecordList, response, "/v1/records", max_containers=bound)
 
     def get_record(self, record_id: int) -> RecordPublic:
         """One record with all its trials."""
         path = f"/v1/records/{record_id}"
-        return parse(RecordPublic, self._call("GET", path), path)
+        response = self._call("GET", path)
+        return parse(RecordPublic, response, path, max_containers=answers.RECORD_CONTAINERS)
 
     def export_snapshot(
         self, device_arch: str, *, if_none_match: str | None = None, **filters: str | None
@@ -375,7 +377,8 @@ class Client(WorkerCalls):
         if response.status_code == 304:
             return None, response.headers.get("etag", if_none_match or "")
         try:
-            document: dict[str, Any] = parse_json(response.content)
+            document: dict[str, Any] = answers.json_answer(
+                response, "/v1/snapshot", answers.SNAPSHOT_CONTAINERS)  # fmt: skip
             SnapshotPublic.model_validate(document, context=SERVED)
         except (ValidationError, ValueError) as exc:
             raise ServerError(f"GET /v1/snapshot sent no valid snapshot: {exc}") from exc
@@ -490,10 +493,7 @@ class Client(WorkerCalls):
             ServerError: unreachable, or the answer is not a JSON object.
         """
         response = self._call("GET", "/health")
-        try:
-            result = parse_json(response.content)
-        except ValueError as exc:
-            raise ServerError(f"GET /health gave no JSON: {exc}") from None
+        result = answers.json_answer(response, "/health", answers.SMALL_ANSWER_CONTAINERS)
         if not isinstance(result, dict):
             raise ServerError("GET /health gave no JSON object")
         return result

@@ -110,13 +110,15 @@ def deadline(seconds: float | None) -> Iterator[None]:
 
 
 @contextmanager
-def answer_limit(max_bytes: int) -> Iterator[None]:
+def answer_limit(max_bytes: int) -> Iterator[list[int]]:
     """The requests made inside (through a :class:`DeadlineTransport`) read at most
     ``max_bytes`` off their sockets in all, and within any enclosing limit; past them the read
-    fails (``httpx.ReadError``)."""
-    token = _BUDGETS.set((*_BUDGETS.get(), [max_bytes, max_bytes]))
+    fails (``httpx.ReadError``). Yields ``[max_bytes, bytes left]``: below 0, this limit failed
+    the read (not an enclosing one, nor the server)."""
+    budget = [max_bytes, max_bytes]
+    token = _BUDGETS.set((*_BUDGETS.get(), budget))
     try:
-        yield
+        yield budget
     finally:
         _BUDGETS.reset(token)
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel
 
+from tunecache.answers import RECORD_CONTAINERS, SMALL_ANSWER_CONTAINERS, job_page
 from tunecache.errors import ServerError
 from tunecache.http import parse
 from tunecache.jobs import ClaimRequest, JobCreate, JobEnqueued, JobList, JobPublic
@@ -46,13 +47,15 @@ class WorkerCalls:
         response = self._call("POST", "/v1/verifications/claim", json=body)
         if response.status_code == 204:
             return None
-        return parse(VerifyTask, response, "/v1/verifications/claim")
+        return parse(VerifyTask, response, "/v1/verifications/claim",  # a record, and problems
+                     max_containers=RECORD_CONTAINERS)  # fmt: skip
 
     def submit_verification(self, record_id: int, result: VerificationCreate) -> RecordPublic:
         """Stores a verifier's finding on a record it holds the lease of; the record as now."""
         path = f"/v1/records/{record_id}/verification"
         body = result.model_dump(mode="json", by_alias=True)
-        return parse(RecordPublic, self._call("POST", path, json=body), path)
+        response = self._call("POST", path, json=body)
+        return parse(RecordPublic, response, path, max_containers=RECORD_CONTAINERS)
 
     # -- the job queue (tuning workers) -------------------------------------------------------
     def create_job(
@@ -103,7 +106,7 @@ class WorkerCalls:
             response = self._call("POST", "/v1/jobs/claim", json=body)
         if response.status_code == 204:
             return None
-        return parse(JobPublic, response, "/v1/jobs/claim")
+        return parse(JobPublic, response, "/v1/jobs/claim", max_containers=SMALL_ANSWER_CONTAINERS)
 
     def heartbeat_job(self, job_id: int, worker: str, *, lease_seconds: float = 300.0) -> JobPublic:
         """Extends the lease of a job this worker holds."""
@@ -120,8 +123,14 @@ class WorkerCalls:
         return self._job("POST", f"/v1/jobs/{job_id}/fail", JobPublic, json=body)
 
     def list_jobs(self, **filters: Any) -> JobList:
+        """A page of jobs (``limit``: at most so many, ``offset``, ``state``)."""
         params = {k: v for k, v in filters.items() if v is not None}
-        return self._job("GET", "/v1/jobs", JobList, params=params)
+        bound = job_page(params.get("limit"))  # at most ``limit`` jobs
+        return self._job("GET", "/v1/jobs", JobList, bound, params=params)
 
-    def _job(self, method: str, path: str, model: type[M], **kwargs: Any) -> M:
-        return parse(model, self._call(method, path, **kwargs), path)
+    def _job(self, method: str, path: str, model: type[M],
+             max_containers: int = SMALL_ANSWER_CONTAINERS, **kwargs: Any) -> M:  # fmt: skip
+        """One job call's answer as ``model``, of at most ``max_containers`` arrays and objects
+        (default: one job's, with room to spare)."""
+        response = self._call(method, path, **kwargs)
+        return parse(model, response, path, max_containers=max_containers)

@@ -41,18 +41,43 @@ def register(commands: Any) -> None:
 
 
 MAX_JOB_PAGES = 1000  # of 1,000 jobs: a server answering one a page and a huge count ends
+# Jobs and bytes one read of the queue holds at most: a server answering every page with new
+# jobs and a count of a billion grew the reader by 6 MB a page, up to 1,000 pages. A real page of
+# 1,000 jobs was 635 KB (parsed: some 6 MB): 100,000 jobs, a queue of a job per key, is 64 MB
+# read and 600 MB held, more than a deployment queues; past either bound the read is an error
+# (a part of the queue would show keys as missing, or follow jobs for ever).
+MAX_JOBS = 100_000
+MAX_JOB_BYTES = 256 * 2**20
 
 
 def all_jobs(client: Any) -> dict[str, Any]:
     """Every job on the server, by key hash (at most :data:`MAX_JOB_PAGES` pages: a server is
-    not trusted to end the listing)."""
+    not trusted to end the listing; nor to list at most :data:`MAX_JOBS` jobs and
+    :data:`MAX_JOB_BYTES`).
+
+    Raises:
+        ServerError: the server is unreachable, refused, or lists more than those bounds.
+    """
+    from tunecache.errors import ServerError
+    from tunecache.http import answer_limit
+
     found: dict[str, Any] = {}
-    for _ in range(MAX_JOB_PAGES):
-        page = client.list_jobs(limit=1000, offset=len(found))
-        before = len(found)
-        found.update({job.key_hash: job for job in page.items[:1000]})  # what was asked for
-        if len(found) == before or len(found) >= page.count:
-            break
+    too_many = (f"the server lists over {MAX_JOBS:,} jobs or {MAX_JOB_BYTES:,} bytes of them, "
+                "more than one read holds: not read")  # fmt: skip
+    with answer_limit(MAX_JOB_BYTES) as budget:
+        for _ in range(MAX_JOB_PAGES):
+            try:
+                page = client.list_jobs(limit=1000, offset=len(found))
+            except ServerError as exc:
+                if budget[1] >= 0:  # not this read's bound: the server failed
+                    raise
+                raise ServerError(too_many) from exc
+            before = len(found)
+            found.update({job.key_hash: job for job in page.items[:1000]})  # what was asked for
+            if len(found) == before or len(found) >= page.count:
+                break
+            if len(found) > MAX_JOBS:
+                raise ServerError(too_many)
     return found
 
 
