@@ -23,6 +23,7 @@ import pytest
 from pydantic import ValidationError
 
 import tunecache.client
+import tunecache.http
 import tunecache.strict
 from tests.factories import make_key, make_record
 from tests.hostile import IDENTITY, Request, Seen, answer, serve
@@ -333,3 +334,28 @@ def test_an_error_answer_in_any_charset_is_a_failed_call(charset: str) -> None:
         team = TeamCache(url, "", "partition", timeout=SECONDS)
         with pytest.warns(Warning):
             assert team.fetch("inductor.choices") == []
+
+
+@pytest.mark.parametrize("status", [404, 422, 500])
+def test_an_error_answer_of_a_million_empty_lists_is_read_as_text(
+    status: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error answer's body was parsed as JSON with no bound (to tell a miss from a missing
+    route, to say the server's reason): 2 MiB of empty lists in a 404 took seconds of a lookup's
+    half second, 256 MiB in a 500 would have held tens of GB. Past its bounds it is text."""
+    import tunecache.jsonsafe
+
+    parsed: list[int] = []
+    real = tunecache.jsonsafe.parse_json
+    monkeypatch.setattr(tunecache.http, "parse_json", lambda b: parsed.append(len(b)) or real(b))
+    junk = b"[" + b"[]," * 300_000 + b"[]]"  # 0.9 MB, 300,002 containers
+
+    def lists(conn: socket.socket, request: Request, seen: Seen) -> None:
+        answer(conn, status, junk)
+
+    with serve(lists) as (url, _), Client(url, timeout=SECONDS, token="") as client:
+        try:
+            assert client.fetch(make_key()) is None and status == 404  # a miss, as it says
+        except ServerError as failed:
+            assert failed.status_code == status != 404
+    assert parsed == []

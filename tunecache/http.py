@@ -61,6 +61,10 @@ LOOKUP_ANSWER_BYTES = 2 * 1024 * 1024
 # trace of 4,096 instructions, about 4.5 containers each) with room to spare.
 LOOKUP_ANSWER_CONTAINERS = 65_536
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
+# An error answer read as JSON: a 422 naming every error of a large upload fits; a 500 of 256 MiB
+# of empty lists, parsed unbounded, would have held tens of GB (read as text past these).
+ERROR_ANSWER_BYTES = 1024 * 1024
+ERROR_ANSWER_CONTAINERS = 65_536
 
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "tunecache_deadline", default=None
@@ -289,6 +293,20 @@ def proxy_mounts() -> dict[str, httpx.BaseTransport | None]:
     return mounts
 
 
+def error_json(response: httpx.Response) -> Any:
+    """An error answer's body as JSON, within :data:`ERROR_ANSWER_BYTES` and
+    :data:`ERROR_ANSWER_CONTAINERS` (an error answer was parsed with no bound: a hostile 404 of
+    2 MiB of empty lists took seconds of a lookup's half second).
+
+    Raises:
+        ValueError: not JSON, or past those bounds.
+    """
+    body = response.content
+    if len(body) > ERROR_ANSWER_BYTES or containers(body) > ERROR_ANSWER_CONTAINERS:
+        raise ValueError("an error answer too large to read as JSON")
+    return parse_json(body)
+
+
 def is_tunecache(response: httpx.Response) -> bool:
     """Whether the answer came from a tunecache server: it carries :data:`IDENTITY_HEADER`, or
     (a server from before the header, or an error answered past the middleware that adds it)
@@ -298,7 +316,7 @@ def is_tunecache(response: httpx.Response) -> bool:
     if not response.is_error or "json" not in response.headers.get("content-type", ""):
         return False
     try:
-        body = parse_json(response.content)
+        body = error_json(response)
     except ValueError:
         return False
     return (isinstance(body, dict) and body.get("status") == response.status_code
@@ -318,7 +336,7 @@ def no_route(response: httpx.Response) -> bool:
     if response.status_code != 404:
         return False
     try:
-        body = parse_json(response.content)
+        body = error_json(response)
     except ValueError:
         return False
     return isinstance(body, dict) and body.get("detail") == "Not Found"
@@ -344,9 +362,9 @@ def rejected(method: str, path: str, response: httpx.Response) -> ServerError:
                            f"server there has no such path: {hint}", status_code=404)  # fmt: skip
     # The body as UTF-8, whatever charset the answer names: httpx decodes ``.text`` with any
     # codec Python has, and "charset=hex" (a bytes codec) raised AssertionError into user code.
-    text = response.content.decode("utf-8", "replace")
+    text = response.content[: DETAIL_CHARS * 16].decode("utf-8", "replace")  # its start is shown
     try:
-        detail = str(parse_json(response.content).get("detail", text))
+        detail = str(error_json(response).get("detail", text))
     except (ValueError, AttributeError):
         detail = text
     lines = [line.strip() for line in detail.splitlines() if line.strip()]
@@ -370,7 +388,7 @@ def refuses_field(response: httpx.Response, field: str) -> bool:
     if response.status_code != 422 or not is_tunecache(response):
         return False
     with contextlib.suppress(ValueError, AttributeError, TypeError, KeyError):
-        errors = parse_json(response.content)["errors"]
+        errors = error_json(response)["errors"]
         return any(e["loc"] == ["body", field] and e["type"] == "extra_forbidden" for e in errors)
     return False
 
