@@ -53,7 +53,8 @@ def prepare(url: str, *, create: bool = True) -> Engine:
 
     parsed = make_url(url)
     file = parsed.database if parsed.get_backend_name() == "sqlite" else None
-    if not create and file and file != ":memory:" and not Path(file).exists():
+    uri = file is not None and (file.startswith("file:") or "uri" in parsed.query)
+    if not create and file and file != ":memory:" and not uri and not Path(file).exists():
         # Connecting would leave an empty file behind, a database that is not there.
         raise SchemaOutdated(f"there is no database at {file}; create it with: "
                              f"{UPGRADE_COMMAND.format(url=url)}")  # fmt: skip

@@ -142,12 +142,13 @@ class ServerSettings(BaseSettings):
     @classmethod
     def _proxies(cls, value: str) -> str:
         """Each one an address or a network (no ``*``: every client would name itself)."""
-        proxies = [part.strip() for part in value.split(",") if part.strip()]
-        for proxy in proxies:
-            try:
-                ipaddress.ip_network(proxy, strict=False)
+        proxies = []
+        for proxy in (part.strip() for part in value.split(",") if part.strip()):
+            try:  # as uvicorn reads them: "10.0.0.1/8" (host bits set) it took for a name
+                parsed = ipaddress.ip_network(proxy, strict=False)
             except ValueError:
                 raise ValueError(f"{proxy!r} is not an IP address or network") from None
+            proxies.append(str(parsed) if "/" in proxy else str(parsed.network_address))
         return ",".join(proxies)
 
     @field_validator("db")

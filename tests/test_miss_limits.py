@@ -174,3 +174,15 @@ def test_client_reports_a_miss_once_per_miss_ttl(server: LiveServer) -> None:
     with Client(server.url, timeout=5) as quiet:  # reporting is opt-in
         quiet.lookup(make_key(m=97))
     assert len(jobs(server.url)) == 1
+
+
+def test_a_trusted_proxy_is_written_as_uvicorn_reads_it() -> None:
+    """uvicorn reads "10.0.0.1/8" (host bits set) as a name, not a network: the proxy was not
+    trusted and every client behind it was one caller. The setting writes what it checked."""
+    from cache_server.settings import ServerSettings
+
+    given = ServerSettings(forwarded_allow_ips="10.0.0.1/8, ::1 ,192.168.1.7")
+    assert given.forwarded_allow_ips == "10.0.0.0/8,::1,192.168.1.7"
+    for wrong in ("*", "proxy.internal", "10.0.0.0/33"):
+        with pytest.raises(ValueError, match="is not an IP address or network"):
+            ServerSettings(forwarded_allow_ips=wrong)

@@ -219,7 +219,7 @@ class Workload(abc.ABC):
         try:
             return importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name is None or not name.startswith(exc.name):  # a module of its own lacks one
+            if exc.name != name:  # what the module itself imports is missing: not ours to say
                 raise
             hooks = BACKEND_HOOKS.get(backend, "its hooks")
             raise InvalidInput(

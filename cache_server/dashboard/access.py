@@ -24,6 +24,7 @@ from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.api.errors import validation_detail
 from cache_server.dashboard.templating import page, root_path
 from cache_server.models import TokenRow
+from tunecache.errors import error_message
 
 COOKIE = "tunecache_token"
 HOW = (
@@ -54,7 +55,8 @@ class PageRoute(APIRoute):
             try:
                 return await handler(request)
             except RequestValidationError as exc:
-                why = validation_detail(list(exc.errors()))
+                errors = [{**e, "msg": error_message(e)} for e in exc.errors()]  # as the API
+                why = validation_detail(errors)
                 raise PageError(status.HTTP_422_UNPROCESSABLE_ENTITY, why) from exc
 
         return route
