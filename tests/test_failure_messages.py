@@ -110,6 +110,30 @@ def test_the_compiled_kernel_raises_what_torch_fn_raises() -> None:
     assert isinstance(runnable.torch_fn_error, ValueError)
 
 
+def test_a_compile_that_ran_out_of_memory_is_not_run_again_eagerly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The device's failure is never ``torch_fn``'s to answer for: a compile out of memory was
+    run again eagerly (its memory still held), and blamed on ``torch_fn`` if that failed too."""
+    torch = pytest.importorskip("torch")
+    from backends.inductor.runnable import InductorRunnable
+
+    ran: list[int] = []
+
+    def torch_fn(x: Any) -> Any:
+        ran.append(1)
+        raise ValueError("would be blamed")
+
+    def out_of_memory(*args: Any) -> Any:
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: out_of_memory)
+    runnable = InductorRunnable(torch_fn, {"mode": "default"}, label="oom")
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        runnable(torch.ones(4))
+    assert ran == [] and runnable.torch_fn_error is None
+
+
 KERNEL = """
     from workloads import Workload
 

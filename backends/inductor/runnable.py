@@ -163,13 +163,17 @@ class InductorRunnable:
         args = tuple(t for i, t in enumerate(inputs) if i not in self.frozen)
         if entry is None:
             entry = self._compile(inputs)
+            failed: Exception | None = None
             try:
                 with torch.no_grad(), compile_scope(self.config):
                     out = entry.call(*args)  # traces and compiles under the config's settings
-            except Exception:
-                self.torch_fn_error = _eager_error(self.fn, inputs)
+            except Exception as exc:
+                failed = exc
+            if failed is not None:  # run eagerly out of the handler, and never past the device
+                if not _device_failure(failed):
+                    self.torch_fn_error = _eager_error(self.fn, inputs)
                 if self.torch_fn_error is None:
-                    raise  # Dynamo or Inductor failed on code that runs eagerly
+                    raise failed  # Dynamo or Inductor failed on code that runs eagerly
                 raise self.torch_fn_error from None  # Dynamo's: logged by _eager_error
             self._entries[key] = entry
             while len(self._entries) > MAX_ENTRIES:
@@ -196,8 +200,17 @@ def _eager_error(fn: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> Exce
             fn(*inputs)
     except Exception as exc:  # the user's code may raise anything
         logger.debug("the compile failed; torch_fn run eagerly raises too", exc_info=True)
-        return exc
+        return None if _device_failure(exc) else exc
     return None
+
+
+def _device_failure(exc: Exception) -> bool:
+    """Whether ``exc`` is the device's (out of memory, a CUDA error), never ``torch_fn``'s to
+    answer for: a compile that ran out of memory is not run again eagerly."""
+    import torch
+
+    out_of_memory = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+    return isinstance(exc, out_of_memory) or str(exc).startswith("CUDA error")
 
 
 def _fresh(out: torch.Tensor, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
