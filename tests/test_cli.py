@@ -394,3 +394,23 @@ def test_a_server_that_never_answers_is_waited_for_out_loud(tmp_path: Path) -> N
             process.kill()
             process.communicate(timeout=30)
             assert heard is not None and waited >= HEARTBEAT_SECONDS, (argv, heard)
+
+
+def test_asking_a_server_that_answers_at_once_leaves_no_line_on_a_terminal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a terminal the wait was a rich bar, left in the scrollback by every ``records ls``,
+    however fast the answer: it says something only once the wait has lasted."""
+    import io
+
+    from tunecache_cli.progress import asking
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with asking("records ls", "http://cache.test:8765"):
+        pass
+    assert terminal.getvalue() == ""

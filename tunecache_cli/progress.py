@@ -22,11 +22,12 @@ PHASES = {"search": "searching", "validate": "validating", "time": "timing", "up
 
 
 @contextlib.contextmanager
-def working(label: str, message: str, phase: str = "search") -> Iterator[ProgressPrinter]:
+def working(label: str, message: str, phase: str = "search", *,
+            live: bool | None = None) -> Iterator[ProgressPrinter]:  # fmt: skip
     """A phase with no steps of its own to count (importing, compiling, checking): nothing if
     it ends within :data:`HEARTBEAT_SECONDS` (bad input stays one line), else a line saying
-    what it is doing at least that often until it ends."""
-    with ProgressPrinter(label) as printer:
+    what it is doing at least that often until it ends (``live``: :class:`ProgressPrinter`'s)."""
+    with ProgressPrinter(label, live=live) as printer:
         printer.expect(Progress(0, 0, message=message, phase=phase))
         yield printer
 
@@ -34,7 +35,7 @@ def working(label: str, message: str, phase: str = "search") -> Iterator[Progres
 def asking(label: str, url: str) -> contextlib.AbstractContextManager[ProgressPrinter]:
     """A wait on the server at ``url``: said every few seconds while it lasts (a server that
     took the connection and never answered kept ``records ls`` silent for its whole timeout)."""
-    return working(label, f"at {url}", phase="ask")
+    return working(label, f"at {url}", phase="ask", live=False)  # a terminal's bar would stay
 
 
 def eta_seconds(elapsed: float, done: int, total: int) -> float | None:
