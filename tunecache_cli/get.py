@@ -28,10 +28,11 @@ def register(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def describe(record: RecordCreate) -> str:
+def describe(record: RecordCreate, *, uploaded: int | None = None) -> str:
     """The record in a few lines, a field each; what the server holds in a line is escaped
     (:func:`shown`): a summary or a name cannot add a line, or hide one, on a terminal. A record
-    not stored (``tune --no-upload``) says so where a stored one says who vouches for it."""
+    not stored (``tune --no-upload``) says so where a stored one says who vouches for it; one
+    ``uploaded`` as that record id but not read back says that."""
     stored = record if isinstance(record, RecordPublic) else None
     timing = record.timing if stored is None else stored.believed_timing
     noisy = noise_text(record)
@@ -48,10 +49,16 @@ def describe(record: RecordCreate) -> str:
         f"  timing     {noisy}" if noisy else "",
         f"  validated  max rel error {record.validation.max_rel_error:.2e} "
         f"(tolerance {record.validation.tolerance:g}, {len(record.validation.checks)} checks)",
-        f"  trust      {trust_text(stored)}" if stored else "  stored     no (validated here)",
+        f"  trust      {trust_text(stored)}" if stored else _unstored(uploaded),
         f"  record     #{stored.id}, {stored.created_at:%Y-%m-%d %H:%M} UTC" if stored else "",
     ]
     return "\n".join(shown(part) for part in parts if part)
+
+
+def _unstored(uploaded: int | None) -> str:
+    if uploaded is None:
+        return "  stored     no (validated here)"
+    return f"  stored     as #{uploaded}; not read back, so who vouches for it is not shown"
 
 
 def _versus_eager(record: RecordCreate) -> str:

@@ -226,17 +226,23 @@ def _run_key(args: argparse.Namespace) -> int:
         try:
             stored: Any = client.get_record(result.record_id)
         except ServerError:  # stored, but not read back: what was uploaded stands for it
-            stored = record
-    _show(stored, args)
+            stored = None
+    _show(
+        record if stored is None else stored,
+        args,
+        uploaded=result.record_id if stored is None else None,
+    )
     print(f"uploaded record #{result.record_id} to {url}: {upload_state(result)}", file=sys.stderr)
     return 0
 
 
-def _show(record: Any, args: argparse.Namespace) -> None:
+def _show(record: Any, args: argparse.Namespace, *, uploaded: int | None = None) -> None:
+    """``record`` on stdout (``--json``: escaped past ASCII, as ``records show``); ``uploaded``:
+    stored as that id, not read back."""
     from tunecache_cli.get import describe
 
-    data = record.model_dump(mode="json", by_alias=True)  # escaped past ASCII, as records show
-    print(json.dumps(data, indent=2) if args.json else describe(record))
+    data = record.model_dump(mode="json", by_alias=True)
+    print(json.dumps(data, indent=2) if args.json else describe(record, uploaded=uploaded))
 
 
 def upload_state(result: Any) -> str:
