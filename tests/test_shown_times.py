@@ -93,3 +93,14 @@ def test_a_speedup_of_one_round_says_it_has_no_spread() -> None:
 
     assert compared(1) == "1.29x faster than torch eager (one round: no spread)"
     assert compared(10) == "1.29x faster than torch eager (1.10-1.50x)"
+
+
+def test_a_record_uploaded_but_not_read_back_says_so() -> None:
+    """A tune whose upload was stored but whose read-back failed showed "stored no (validated
+    here)" above "uploaded record #12": it now says it was stored, as what id."""
+    from tunecache_cli.get import describe
+
+    record = make_record(make_key(m=64))
+    assert "stored     no (validated here)" in describe(record)
+    said = describe(record, uploaded=12)
+    assert "stored     as #12; not read back" in said and "stored     no" not in said
