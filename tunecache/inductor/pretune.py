@@ -151,7 +151,8 @@ def pretune(
         inputs: the call's arguments.
         device: ``cpu`` or ``cuda``.
         timer: how long to time the compiled and the eager call (each, in every one of
-            :data:`~tunecache.interleave.ROUNDS` alternating rounds).
+            :data:`~tunecache.interleave.ROUNDS` alternating rounds, more up to
+            :data:`~tunecache.interleave.MAX_ROUNDS` while fewer than three were undisturbed).
     """
     import torch
     from torch._inductor import config
