@@ -206,7 +206,10 @@ def test_a_nul_in_a_query_filter_is_422_naming_it(any_server: LiveServer) -> Non
         for path, name in QUERY_FILTERS:
             answer = http.get(path, params={name: "a\x00b"})
             assert answer.status_code == 422, (path, name, answer.text)
-            assert answer.json()["errors"][0]["loc"] == ["query", name], answer.text
+            if path.startswith("/v1/"):
+                assert answer.json()["errors"][0]["loc"] == ["query", name], answer.text
+            else:  # a page says it in HTML
+                assert f"query.{name}" in answer.text, answer.text
         # The dashboard's form sends "" for "any": still every record, every job.
         page = http.get("/", params={"kernel": "", "backend": "", "device_arch": ""})
         assert page.status_code == 200 and "matmul" in page.text
