@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from tunecache.errors import ServerError
-from tunecache.http import LOOKUP_ANSWER_CONTAINERS, containers
+from tunecache.http import LOOKUP_ANSWER_CONTAINERS, past_bound
 from tunecache.jsonsafe import parse_json
 
 SERVER_PAGE = 1000  # items a server lists at most in one page (its default list limit)
@@ -61,10 +61,8 @@ def json_answer(response: httpx.Response, path: str, max_containers: int) -> Any
     Raises:
         ServerError: the answer holds too many containers, or is not JSON.
     """
-    count = containers(response.content)
-    if count > max_containers:
-        raise ServerError(f"{path} gave a bad answer: {count:,} JSON arrays and objects (or "
-                          f"brackets), where at most {max_containers:,} are read")  # fmt: skip
+    if past := past_bound(response.content, max_containers):
+        raise ServerError(f"{path} gave a bad answer: {past}")
     try:
         return parse_json(response.content)
     except ValueError as exc:

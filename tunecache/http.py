@@ -302,7 +302,7 @@ def error_json(response: httpx.Response) -> Any:
         ValueError: not JSON, or past those bounds.
     """
     body = response.content
-    if len(body) > ERROR_ANSWER_BYTES or containers(body) > ERROR_ANSWER_CONTAINERS:
+    if len(body) > ERROR_ANSWER_BYTES or past_bound(body, ERROR_ANSWER_CONTAINERS):
         raise ValueError("an error answer too large to read as JSON")
     return parse_json(body)
 
@@ -420,6 +420,21 @@ def containers(body: bytes) -> int:
     return stripped.count(b"[") + stripped.count(b"{")
 
 
+def past_bound(body: bytes, max_containers: int) -> str | None:
+    """What puts ``body`` past ``max_containers`` JSON arrays and objects (:func:`containers`),
+    or ``None`` within it: the one check every answer a client parses passes first.
+
+    Example:
+        >>> past_bound(b"[[], []]", 2)
+        '3 JSON arrays and objects (or brackets), where at most 2 are read'
+    """
+    count = containers(body)
+    if count <= max_containers:
+        return None
+    return (f"{count:,} JSON arrays and objects (or brackets), where at most "
+            f"{max_containers:,} are read")  # fmt: skip
+
+
 def _foreign(response: httpx.Response, path: str) -> ServerError:
     return ServerError(
         f"{path}: {response.url.host}:{response.url.port} answered, but is not a tunecache "
@@ -445,12 +460,10 @@ def parse(model: type[M], response: httpx.Response, path: str, *,
             more containers than ``max_containers``, or was read past the deadline.
     """
     body = response.content
-    count = containers(body) if max_containers is not None else 0
-    if max_containers is not None and count > max_containers:
+    if max_containers is not None and (past := past_bound(body, max_containers)):
         if not is_tunecache(response):
             raise _foreign(response, path)
-        raise ServerError(f"{path} gave a bad answer: {count:,} JSON arrays and objects (or "
-                          f"brackets), where at most {max_containers:,} are read")  # fmt: skip
+        raise ServerError(f"{path} gave a bad answer: {past}")
     try:
         parsed = model.model_validate_json(body, context=SERVED)
     except ValidationError as exc:
