@@ -359,3 +359,18 @@ def test_an_error_answer_of_a_million_empty_lists_is_read_as_text(
         except ServerError as failed:
             assert failed.status_code == status != 404
     assert parsed == []
+
+
+def test_a_tunecache_servers_bad_answer_is_exit_3_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/cli.md: exit 3 is a server that could not be reached or whose answer does not read
+    as one; never a miss (1) or a traceback."""
+    from tunecache_cli import main
+
+    with serve(nested_everything) as (url, _):
+        code = main(["get", "matmul", "--backend", "tvm", "--shape", "M=64,N=64,K=64",
+                     "--server", url])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 3 and "bad answer" in err and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1

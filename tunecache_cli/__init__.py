@@ -82,7 +82,8 @@ def user_path() -> None:
 
 
 def server_exit(exc: ServerError) -> int:
-    """The exit code of a server's error, as docs/cli.md gives them: 3 unreachable; 2 an answer
+    """The exit code of a server's error, as docs/cli.md gives them: 3 unreachable, or an answer
+    that does not read as one (no status: a broken or hostile tunecache server); 2 an answer
     that is not a tunecache server's, or a request the server found malformed (400, 413, 422:
     the CLI built it from the user's arguments and files); 4 the token refused (401, 403); 1
     anything else (404: a miss; 409, 429, 5xx; an upload of a tuned record refused)."""
