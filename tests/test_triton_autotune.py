@@ -26,7 +26,9 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = """
-import json, torch
+import json, logging, os, torch
+if os.environ.get("TEST_LOG_INFO"):  # the drop-in's one line per new key, hit or miss
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 import tests.user_triton_autotune as m
 x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
 y = m.launch(x)
@@ -50,12 +52,15 @@ def dead_url() -> str:
 def test_tuned_once_then_launched_with_zero_benchmarking_everywhere(
     server: LiveServer, tmp_path: Path
 ) -> None:
-    tuned, _ = run({"TUNECACHE_URL": server.url})
+    said = {"TEST_LOG_INFO": "1"}
+    tuned, log = run({"TUNECACHE_URL": server.url, **said})
     assert tuned["bench"] == 6  # a miss: every listed config benchmarked, as Triton does
     assert tuned["config"] == {"BLOCK": 32, "num_warps": 1, "num_stages": 3}  # the stand-in's pick
+    assert "user_triton_autotune:affine[n=1000," in log and "served (a miss); tuning it" in log
 
-    fetched, _ = run({"TUNECACHE_URL": server.url})  # fresh process: empty memo, no snapshot
+    fetched, log = run({"TUNECACHE_URL": server.url, **said})  # fresh: empty memo, no snapshot
     assert fetched == {"bench": 0, "config": tuned["config"]}
+    assert "from the server (exact rule), no benchmarking" in log and "a miss" not in log
 
     with Client(server.url) as client:
         document, _ = client.export_snapshot(local_device("cpu").fingerprint.arch)
@@ -66,8 +71,9 @@ def test_tuned_once_then_launched_with_zero_benchmarking_everywhere(
     snapshot = tmp_path / "winners.json"
     assert document is not None
     save_snapshot(snapshot, document)
-    offline, _ = run({"TUNECACHE_URL": dead_url(), "TUNECACHE_SNAPSHOT": str(snapshot)})
+    offline, log = run({"TUNECACHE_URL": dead_url(), "TUNECACHE_SNAPSHOT": str(snapshot), **said})
     assert offline == {"bench": 0, "config": tuned["config"]}
+    assert "from the snapshot file" in log
 
 
 def test_a_tune_without_a_token_says_once_that_it_shares_nothing(server: LiveServer) -> None:

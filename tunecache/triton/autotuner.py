@@ -64,6 +64,8 @@ from tunecache.triton.shared import shared_misfit
 from tunecache.triton.shared_client import settings, shared_client
 
 logger = logging.getLogger(__name__)
+_FROM = {"memo": "this process's memo", "snapshot": "the snapshot file", "server": "the server",
+         "default": "the default"}  # fmt: skip
 OnMiss = Literal["tune", "default"]
 VerifyMode = Literal["never", "first"]
 
@@ -251,7 +253,11 @@ class CachedAutotuner(Autotuner):
             chosen = admit(result.config)
             if not isinstance(chosen, str):
                 self.cache[tuning_key] = chosen
+                logger.info("%s: launching %s from %s (%s rule), no benchmarking", key.short(),
+                            chosen, _FROM[result.source], result.rule)  # fmt: skip
                 return
+        then = "launching the first config" if self.on_miss == "default" else "tuning it"
+        logger.info("%s: no tuned config served (a miss); %s", key.short(), then)
         if self.on_miss == "default":
             self.cache[tuning_key] = self._first(args, kwargs)
 
