@@ -74,6 +74,7 @@ class RecordRow(Base):
     disputes: Mapped[int] = mapped_column(Integer, default=0)
     # A verifier's lease on the record while it re-checks it.
     verify_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    verify_token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # claimed with
     verify_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     verify_attempts: Mapped[int] = mapped_column(Integer, default=0)
     verify_claimed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

@@ -12,7 +12,7 @@ from datetime import timedelta
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from cache_server import jobs
+from cache_server import jobs, trust
 from cache_server.db import upsert_insert
 from cache_server.models import TokenRow, utcnow
 from tunecache.tokens import Scope, TokenPublic, fingerprint, new_token, shown_part
@@ -104,7 +104,8 @@ LAST_ADMIN = (
 
 def revoke(session: Session, *, token_id: int) -> TokenRow | None:
     """Revokes a token (kept, for the record), giving back the leases of the jobs it claimed
-    (:func:`cache_server.jobs.release_leases`); ``None`` if there is no such token.
+    (:func:`cache_server.jobs.release_leases`) and of the records it was verifying
+    (:func:`cache_server.trust.release_verifications`); ``None`` if there is no such token.
 
     Raises:
         LastAdmin: the token is the last live admin token (a token may revoke itself while
@@ -124,4 +125,5 @@ def revoke(session: Session, *, token_id: int) -> TokenRow | None:
         .values(revoked_at=utcnow())
     )
     jobs.release_leases(session, token_id=token_id)  # a revoked token holds no job
+    trust.release_verifications(session, token_id=token_id)  # nor a record to verify
     return session.get(TokenRow, token_id, populate_existing=True)

@@ -21,7 +21,14 @@ from sqlalchemy import and_, case, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from cache_server import twins
-from cache_server.models import DisputeRow, RecordRow, VerifiedWinnerRow, WinnerRow, utcnow
+from cache_server.models import (
+    DisputeRow,
+    RecordRow,
+    TokenRow,
+    VerifiedWinnerRow,
+    WinnerRow,
+    utcnow,
+)
 from cache_server.queries import WinnerTable, offer_winner
 from tunecache.canonical import canonical_json
 from tunecache.policies import server_bucket, widest_bucket
@@ -155,21 +162,23 @@ def _claimable(now: Any) -> Any:
 
 
 def claim(
-    session: Session, *, worker: str, device_arch: str, backends: Sequence[str],
+    session: Session, *, worker: str, token_id: int, device_arch: str, backends: Sequence[str],
     lease_seconds: float,
 ) -> RecordRow | None:  # fmt: skip
     """Leases the next record of ``device_arch`` and ``backends`` to re-check (disputed ones
-    first, then the oldest), or ``None``. One statement, as a job claim is: two verifiers never
-    hold one record. A verifier holding a live lease on such a record is handed it again (a
-    claim asked again after its answer was lost: no second record leased, no attempt spent),
-    with the disputes open now, which its finding settles; its lease is not renewed, so a
-    verifier whose findings are refused gets it back only until the lease runs out."""
+    first, then the oldest) to ``worker`` under token ``token_id``, or ``None``. One statement,
+    as a job claim is: two verifiers never hold one record, and a token revoked meanwhile leases
+    none. A verifier holding a live lease on such a record (this worker, this token) is handed it
+    again (a claim asked again after its answer was lost: no second record leased, no attempt
+    spent), with the disputes open now, which its finding settles; its lease is not renewed, so
+    a verifier whose findings are refused gets it back only until the lease runs out."""
     now = utcnow()
     fits = (RecordRow.device_arch == device_arch, RecordRow.backend.in_(list(backends)))
     held = session.scalar(
         select(RecordRow)
-        .where(RecordRow.verify_owner == worker, RecordRow.verify_expires_at >= now,
-               RecordRow.status.in_(("pending", "disputed")), *fits)
+        .where(RecordRow.verify_owner == worker, RecordRow.verify_token_id == token_id,
+               RecordRow.verify_expires_at >= now, RecordRow.status.in_(("pending", "disputed")),
+               *fits)
         .order_by(RecordRow.id).limit(1).with_for_update()
     )  # fmt: skip
     if held is not None:
@@ -184,11 +193,13 @@ def claim(
         .with_for_update(skip_locked=True)
         .scalar_subquery()
     )
+    live = select(TokenRow.id).where(TokenRow.id == token_id, TokenRow.revoked_at.is_(None))
     stmt = (
         update(RecordRow)
-        .where(RecordRow.id == pick, _claimable(now))
+        .where(RecordRow.id == pick, _claimable(now), live.exists())
         .values(
             verify_owner=worker,
+            verify_token_id=token_id,
             verify_expires_at=now + timedelta(seconds=lease_seconds),
             verify_attempts=RecordRow.verify_attempts + 1,
             verify_claimed_at=now,
@@ -198,6 +209,22 @@ def claim(
     )
     record_id = session.execute(stmt).scalar()
     return None if record_id is None else session.get(RecordRow, record_id, populate_existing=True)
+
+
+def release_verifications(session: Session, *, token_id: int) -> int:
+    """Gives back the live verification leases taken with token ``token_id`` (revoked): each
+    record is claimable at once, the attempt it spent refunded (as a revoked token's jobs are,
+    :func:`cache_server.jobs.release_leases`). Returns how many."""
+    refunded = case((RecordRow.verify_attempts > 0, RecordRow.verify_attempts - 1), else_=0)
+    stmt = (
+        update(RecordRow)
+        .where(RecordRow.verify_token_id == token_id, RecordRow.verify_owner.is_not(None),
+               RecordRow.verify_expires_at >= utcnow())
+        .values(verify_owner=None, verify_token_id=None, verify_expires_at=None,
+                verify_attempts=refunded)
+        .execution_options(synchronize_session=False)
+    )  # fmt: skip
+    return int(getattr(session.execute(stmt), "rowcount", 0) or 0)
 
 
 def disputed_problems(
@@ -252,14 +279,19 @@ def _settle_disputes(session: Session, row: RecordRow, answered: Sequence[Any] |
 
 
 def finish(
-    session: Session, *, record_id: int, worker: str, verifier: str, result: VerificationCreate
-) -> RecordRow | None:
-    """Stores a verifier's finding on a record ``worker`` holds the lease of, or ``None`` when it
-    does not (no such record, another verifier's, or already decided)."""
+    session: Session, *, record_id: int, worker: str, token_id: int, verifier: str,
+    result: VerificationCreate,
+) -> RecordRow | None:  # fmt: skip
+    """Stores a verifier's finding on a record ``worker`` holds the lease of under token
+    ``token_id``, or ``None`` when it does not (no such record, another verifier's — another
+    worker's, or the same worker name under another token —, or already decided). A lease taken
+    before leases had tokens (migration 0014) is its worker's under any verify token."""
     row = twins.lock(session, record_id)
-    if row is None or row.verify_owner != worker or row.status not in ("pending", "disputed"):
+    if (row is None or row.verify_owner != worker
+            or row.verify_token_id not in (None, token_id)
+            or row.status not in ("pending", "disputed")):  # fmt: skip
         return None
-    row.verify_owner, row.verify_expires_at = None, None
+    row.verify_owner, row.verify_expires_at, row.verify_token_id = None, None, None
     if result.outcome == "unverifiable":  # back in the queue, after a while, until its attempts
         row.verify_expires_at = utcnow() + UNVERIFIABLE_BACKOFF  # run out
         return row

@@ -70,12 +70,14 @@ def dispute_record(
     responses={204: {"description": "nothing to verify for this arch and these backends"}},
 )
 def claim_verification(
-    request: VerifyClaimRequest, session: SessionDep, response: Response, _token: VerifyAccess
+    request: VerifyClaimRequest, session: SessionDep, response: Response, token: VerifyAccess
 ) -> VerifyTask | None:
     """Leases the next pending or disputed record of the verifier's arch and backends (disputed
-    ones first), with the problems it was disputed at; 204 when there is none."""
-    row = trust.claim(session, worker=request.worker, device_arch=request.device_arch,
-                      backends=request.backends, lease_seconds=request.lease_seconds)  # fmt: skip
+    ones first), with the problems it was disputed at, to this worker under this token (only
+    they may settle it); 204 when there is none."""
+    row = trust.claim(session, worker=request.worker, token_id=token.id,
+                      device_arch=request.device_arch, backends=request.backends,
+                      lease_seconds=request.lease_seconds)  # fmt: skip
     if row is None:
         response.status_code = status.HTTP_204_NO_CONTENT
         return None
@@ -106,12 +108,13 @@ def verify_record(
     faster), ``failed`` makes it ``rejected``, ``unverifiable`` gives it back to the queue. A
     rejected record that leaves its key served by none opens again the jobs its key's records
     answered (:func:`cache_server.jobs.reopen`)."""
-    row = trust.finish(session, record_id=record_id, worker=result.worker, verifier=token.name,
-                       result=result)  # fmt: skip
+    row = trust.finish(session, record_id=record_id, worker=result.worker, token_id=token.id,
+                       verifier=token.name, result=result)  # fmt: skip
     if row is None:
         raise HTTPException(
             status.HTTP_409_CONFLICT,
-            f"record {record_id} is not leased to worker {result.worker!r} for verification",
+            f"record {record_id} is not leased to worker {result.worker!r} under this token "
+            "for verification",
         )
     if row.status == "rejected" and not trust.served(session, row.key_hash, settings.policy):
         why = f"record {row.id} was rejected by verifier {token.name!r}: its key is served by none"

@@ -1,0 +1,78 @@
+"""A verifier's lease is its worker's *and* its token's, as a job's is: another verify token
+naming the same worker can neither settle it nor be handed it, and a revoked token's leases go
+back to the queue at once (each on SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer
+from tests.factories import AUTH, CPU, knobs, make_key, make_record
+from tests.test_trust import _passed, token
+from tunecache import Client, ServerError
+
+
+def _uploaded(url: str, m: int) -> int:
+    with Client(url) as client:
+        return client.upload(make_record(make_key(m=m), config=knobs(1))).record_id
+
+
+def _token_id(url: str, name: str) -> int:
+    listed = httpx.get(f"{url}/v1/tokens", headers=AUTH).json()
+    return next(t["id"] for t in listed["items"] if t["name"] == name)
+
+
+def test_another_verify_token_naming_the_same_worker_cannot_settle_a_lease(
+    any_server: LiveServer,
+) -> None:
+    url = any_server.url
+    record_id = _uploaded(url, 40)
+    with (
+        Client(url, token=token(url, "honest", "verify")) as honest,
+        Client(url, token=token(url, "other", "verify")) as other,
+    ):
+        task = honest.claim_verification("w1", device_arch=CPU.arch, backends=["tvm"])
+        assert task is not None and task.record.id == record_id
+        # The same worker name under another token: not handed the lease, nor may settle it.
+        assert other.claim_verification("w1", device_arch=CPU.arch, backends=["tvm"]) is None
+        with pytest.raises(ServerError, match="under this token") as refused:
+            other.submit_verification(record_id, _passed("w1", 1.0))
+        assert refused.value.status_code == 409
+        assert honest.submit_verification(record_id, _passed("w1", 2.0)).status == "verified"
+
+
+def test_a_revoked_verifiers_lease_is_claimable_at_once(
+    database: tuple[str, Path | None], tmp_path: Path
+) -> None:
+    """Revoking a verify token gave back its jobs' leases but kept its records leased until the
+    lease ran out (an hour by default): no other verifier could check them meanwhile."""
+    from cache_server import tokens, trust
+    from cache_server.db import make_sessionmaker
+    from cache_server.migrate import prepare
+    from cache_server.queries import add_record
+
+    engine = prepare(database[0])
+    try:
+        with make_sessionmaker(engine).begin() as session:
+            _, gone = tokens.issue(session, name="gone", scope="verify")
+            _, kept = tokens.issue(session, name="kept", scope="verify")
+            record = make_record(make_key(m=41))
+            add_record(session, key_hash=record.key.digest(), record=record)
+            first = trust.claim(session, worker="w", token_id=gone.id, device_arch=CPU.arch,
+                                backends=["tvm"], lease_seconds=3600)  # fmt: skip
+            assert first is not None and first.verify_attempts == 1
+            assert trust.claim(session, worker="v", token_id=kept.id, device_arch=CPU.arch,
+                               backends=["tvm"], lease_seconds=60) is None  # fmt: skip
+            tokens.revoke(session, token_id=gone.id)
+            again = trust.claim(session, worker="v", token_id=kept.id, device_arch=CPU.arch,
+                                backends=["tvm"], lease_seconds=60)  # fmt: skip
+            assert again is not None and again.id == first.id
+            assert again.verify_attempts == 1  # the revoked token's attempt was refunded
+            # A claim that passed its token check just before the revocation leases nothing.
+            assert trust.claim(session, worker="w", token_id=gone.id, device_arch=CPU.arch,
+                               backends=["tvm"], lease_seconds=60) is None  # fmt: skip
+    finally:
+        engine.dispose()
