@@ -133,6 +133,26 @@ def test_a_snapshot_file_nested_past_any_recursion_is_refused(tmp_path: Path) ->
         assert client.lookup(make_key(), default=DEFAULT).source == "default"
 
 
+def test_a_snapshot_file_past_a_servers_snapshot_bounds_is_refused_unparsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crafted file of 20 MB of empty lists cost a consumer's first lookup 7.5 s and 1.1 GB
+    (parsed twice); past what a server's snapshot may hold it is refused before it is parsed,
+    as ``tunecache sync`` refuses such an answer (the bounds made small here to keep it quick)."""
+    import tunecache.snapshot
+
+    path = tmp_path / "snapshot.json"
+    path.write_bytes(b'{"records": [' + b",".join([b"[]"] * 2000) + b"]}")
+    monkeypatch.setattr(tunecache.snapshot, "SNAPSHOT_CONTAINERS", 1000)
+    with pytest.raises(InvalidInput, match=r"2,002 JSON arrays and objects .* at most 1,000"):
+        load_snapshot(path)
+    monkeypatch.setattr(tunecache.snapshot, "MAX_ANSWER_BYTES", 1000)
+    with pytest.raises(InvalidInput, match="over 1,000 bytes"):
+        load_snapshot(path)
+    with Client("http://127.0.0.1:9", snapshot=path, timeout=SECONDS, token="") as client:
+        assert client.lookup(make_key(), default=DEFAULT).source == "default"
+
+
 def _item(item_id: int, partition: str, key: str) -> dict[str, Any]:
     return {"id": item_id, "namespace": "tvm.record", "partition": partition, "key": key,
             "item": "", "value": {"v": item_id}, "score": 1.0,

@@ -29,8 +29,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
+from tunecache.answers import SNAPSHOT_CONTAINERS
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput, validation_problems
+from tunecache.http import MAX_ANSWER_BYTES, past_bound
 from tunecache.jsonsafe import parse_json
 from tunecache.schemas import Backend, KeyModel, Line, Name, RecordCreate, _Strict
 from tunecache.strict import SERVED
@@ -161,13 +163,24 @@ def load_snapshot(path: Path) -> SnapshotPublic:
     that does not validate on its own — a config outside the closed schemas of this version,
     say — so one bad record does not cost the others.
 
+    A file over the bounds of a server's snapshot answer (``MAX_ANSWER_BYTES``, 256 MiB, and
+    ``SNAPSHOT_CONTAINERS`` JSON arrays and objects) is refused before it is parsed: what
+    ``tunecache sync`` writes always loads, and no file costs a lookup more than a snapshot a
+    server may send (a crafted file of 100 MB of empty lists was parsed, twice).
+
     Raises:
-        InvalidInput: the file cannot be read or is not a valid snapshot.
+        InvalidInput: the file cannot be read, is past those bounds or is not a valid snapshot.
     """
     try:
-        text = path.read_bytes()
+        with path.open("rb") as file:
+            text = file.read(MAX_ANSWER_BYTES + 1)
     except OSError as exc:
         raise InvalidInput(f"cannot read snapshot {path}: {exc.strerror or exc}") from None
+    if len(text) > MAX_ANSWER_BYTES:
+        raise InvalidInput(f"{path} is over {MAX_ANSWER_BYTES:,} bytes: not a snapshot this "
+                           "reads (a server's snapshot answer is at most that)")  # fmt: skip
+    if past := past_bound(text, SNAPSHOT_CONTAINERS):
+        raise InvalidInput(f"{path} is not a snapshot this reads: {past}")
     try:
         return SnapshotPublic.model_validate_json(text, context=SERVED)
     except ValidationError as exc:
