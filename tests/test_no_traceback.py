@@ -59,6 +59,15 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["tune", "matmul", *KEY, "--trials", "-5", "--no-upload"], 2, "--trials must be at least 1"),
     (["tune", "matmul", *KEY, "--seed", "-1", "--no-upload"], 2, "--seed must be 0 to 4294967295"),
     (["tune", "--tvm", "{tmp}/garbage.py:f", "--workers", "0"], 2, "--workers must be at least 1"),
+    # An option the flow would ignore is named, never dropped without a word.
+    (
+        ["tune", "--tvm", "{tmp}/garbage.py:f", "--strategy", "random", "--seed", "3"],
+        2,
+        "--tvm tunes with MetaSchedule on its own search and random inputs: leave out "
+        "--strategy, --seed",
+    ),
+    (["tune", "--torch", "{tmp}/missing.py:M", "--patience", "4"], 2, "leave out --patience"),
+    (["tune", "matmul", *KEY, "--inputs", "make", "--no-upload"], 2, "leave out --inputs (they"),
     (
         ["tune", "matmul", *KEY, "--landscape", "{tmp}/no/l.json", "--no-upload"],
         2,

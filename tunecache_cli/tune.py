@@ -76,7 +76,7 @@ def register(commands: Any) -> None:
         " baselines); with --trials, whichever comes first",
     )
     parser.add_argument("--patience", type=int, help="stop after N trials without improvement")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the search strategy")
+    parser.add_argument("--seed", type=int, help="seed of the search strategy (default 0)")
     parser.add_argument("--workers", type=int, help="measurement worker processes")
     parser.add_argument("--landscape", type=Path, metavar="FILE",
                         help="measure every valid config (exhaustively: no --trials, --strategy "
@@ -100,6 +100,34 @@ def _check_numbers(args: argparse.Namespace) -> None:
         check_count(flag, value)
     check_count("--seed", args.seed, 0, MAX_SEED)
     check_seconds("--seconds", args.seconds)
+
+
+def _check_unused(args: argparse.Namespace) -> None:
+    """Options the chosen flow would ignore, refused by name: ``--strategy random`` given with
+    ``--tvm`` was dropped without a word (MetaSchedule searched), and so were ``--inputs`` and
+    ``--device`` with a kernel key.
+
+    Raises:
+        InvalidInput: naming each such option and what the flow does instead.
+    """
+    own = args.torch or args.tvm
+    search = [("--strategy", args.strategy), ("--patience", args.patience),
+              ("--seed", args.seed), ("--workers", args.workers)]  # fmt: skip
+    inputs = [("--inputs", args.inputs != "get_inputs"),
+              ("--init-inputs", args.init_inputs != "get_init_inputs")]  # fmt: skip
+    if args.torch:
+        given, flow = search, "--torch compiles with max-autotune, which searches on its own"
+    elif args.tvm:
+        given, flow = search + inputs, ("--tvm tunes with MetaSchedule on its own search and "
+                                        "random inputs")  # fmt: skip
+    else:
+        given, flow = [*inputs, ("--device", args.device)], (
+            "a kernel key is tuned on this machine's device for its backend, on the kernel's "
+            "own inputs")  # fmt: skip
+    unused = [flag for flag, value in given if value not in (None, False)]
+    if unused:
+        raise InvalidInput(f"{flow}: leave out {', '.join(unused)}"
+                           + ("" if own else " (they are for --torch / --tvm)"))  # fmt: skip
 
 
 def _check_landscape(args: argparse.Namespace) -> None:
@@ -169,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
         if args.landscape or args.json:
             flag = "--landscape records" if args.landscape else "--json prints"
             raise InvalidInput(f"{flag} a kernel key's record, not --torch/--tvm code's")
+        _check_unused(args)
         args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
         if args.torch:
             from tunecache_cli import tune_torch
@@ -181,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
                ("--shape", args.shape)) if not value]  # fmt: skip
     if missing:
         raise InvalidInput(f"tune needs {', '.join(missing)} (or --torch / --tvm FILE.py:NAME)")
+    _check_unused(args)
     _check_landscape(args)
     args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
     return _run_key(args)
@@ -199,7 +229,7 @@ def _run_key(args: argparse.Namespace) -> int:
     check_memory(key)  # a shape that cannot fit: one line, before the progress starts
     budget = _budget(args)
     options = TuneOptions(strategy="exhaustive" if args.landscape else args.strategy,
-                          seed=args.seed, workers=args.workers)  # fmt: skip
+                          seed=args.seed or 0, workers=args.workers)  # fmt: skip
     url = upload_url(args)
     with (
         Client(url or server_url(args)) as client,
