@@ -81,12 +81,14 @@ class CachedAutotuner(Autotuner):
         reset_to_zero = options.pop("reset_to_zero", None)
         restore_value = options.pop("restore_value", None)
         self.prune_given = options.get("prune_configs_by")  # Triton's Autotuner keeps its parts
-        if _interpreted():  # Triton's benchmarks need a GPU driver: the host clock stands in
+        interpreted = _interpreted()
+        if interpreted:  # Triton's benchmarks need a GPU driver: the host clock stands in
             for gpu_only in ("warmup", "rep", "use_cuda_graph"):
                 options.pop(gpu_only, None)
             options["do_bench"] = options.get("do_bench") or host_bench
-        # What the records' timings say measured them (the host clock is no GPU's time).
-        self.timer = hostbench.TIMER if options.get("do_bench") is host_bench else DO_BENCH_TIMER
+        # What the records' timings say measured them: under the interpreter no GPU's time,
+        # whichever do_bench ran (the built-in host clock or the user's own).
+        self.timer = hostbench.TIMER if interpreted else DO_BENCH_TIMER
         super().__init__(fn, arg_names, configs, key, reset_to_zero, restore_value, **options)
         # The tuned meta-parameters and their types, as the listed configs give them.
         self.meta = {k: type(v) for c in self.configs for k, v in c.kwargs.items()}

@@ -40,16 +40,24 @@ def config_json(config: Any) -> dict[str, Any]:
 
 
 DO_BENCH_TIMER = "triton do_bench (median, p20, p80)"
+# A do_bench answer of one number (a user's bench, or quantiles not asked for): a median alone.
+MEDIAN_TIMER = "triton do_bench (median)"
 
 
 def timing_of(timings: Any, timer: str = DO_BENCH_TIMER) -> TimingModel | None:
-    """Triton's ``do_bench`` answer (median, 20th, 80th percentile ms) as a timing, if sane;
-    ``timer`` says what measured it."""
-    values = list(timings) if isinstance(timings, list | tuple) else [timings] * 3
+    """Triton's ``do_bench`` answer as a timing, if sane; ``timer`` says what measured it.
+
+    A list or tuple is (median, 20th, 80th percentile) ms; a single number is a median with no
+    spread measured (min = max = median), and a timer claiming those percentiles then says
+    :data:`MEDIAN_TIMER` instead."""
+    single = not isinstance(timings, list | tuple)
+    values = [timings] * 3 if single else list(timings)
     if len(values) < 3 or not all(isinstance(v, int | float) and math.isfinite(v) and v > 0
                                   for v in values[:3]):  # fmt: skip
         return None
     median, low, high = (float(v) for v in values[:3])
+    if single and timer == DO_BENCH_TIMER:
+        timer = MEDIAN_TIMER
     return TimingModel(median_ms=median, min_ms=min(low, median), max_ms=max(high, median),
                        repeats=1, timer=timer)  # fmt: skip
 
