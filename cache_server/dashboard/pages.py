@@ -86,6 +86,7 @@ def index(
             "choices": dashboard_queries.choices(session, winner_table(settings.policy)),
             "pages": _pages(total, first, len(records)),
             "query": {k: v for k, v in [*asdict(filters).items(), ("all", all)] if v},
+            "stored": dashboard_queries.stored_trials(session, [r.id for r in records]),
         },
     )
 

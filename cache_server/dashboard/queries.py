@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final, get_args
 
 from sqlalchemy import func, select
@@ -41,3 +42,12 @@ def job_counts(session: Session) -> dict[str, int]:
     """How many jobs are in each state, every state listed (0 where none)."""
     counted = session.execute(select(JobRow.state, func.count()).group_by(JobRow.state)).all()
     return {state: 0 for state in JOB_STATES} | {state: n for state, n in counted}
+
+
+def stored_trials(session: Session, record_ids: Sequence[int]) -> dict[int, int]:
+    """How many trials the server stores of each record of ``record_ids`` (what the record's
+    page counts; an uploader's ``search.trials`` is only its claim)."""
+    if not record_ids:
+        return {}
+    stmt = select(RecordRow.id, RecordRow.trial_count).where(RecordRow.id.in_(record_ids))
+    return {record_id: count for record_id, count in session.execute(stmt).all()}

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib import rc_context
+from matplotlib.axes import Axes
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from tunecache.report.grid import STATUSES, CoverageGrid
-from tunecache.report.series import MAX_CONVERGENCE_KEYS, Convergence, Speedup
+from tunecache.report.series import MAX_CONVERGENCE_KEYS, Convergence, Interval, Speedup
 from tunecache.timing import speedup_text
 
 DPI = 110
@@ -64,13 +65,30 @@ def short(label: str, limit: int) -> str:
     return label[:head] + "…" + label[len(label) - (limit - 1 - head) :]
 
 
+# A bar whose speedup has no interval (a ratio of two medians timed apart, or one round) is
+# hatched, and the axis caption then says what the hatching means.
+NO_INTERVAL_HATCH = "///"
+SOLID_CAPTION = "solid: median of alternating rounds, with its 95 % interval"
+HATCHED_CAPTION = "hatched: no interval (two medians timed apart, or a single round)"
+
+
 @PLAIN_TEXT
 def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
     """Grouped horizontal bars from 1× to each key's speedup over each baseline (log x).
 
     A key without a baseline gets no bar for it, a grey note where the bar would be, and the
-    legend counts the keys that have each baseline.
+    legend counts the keys that have each baseline. A speedup without an interval is hatched;
+    a record no verifier vouches for is marked ``(pending)`` in its label, and one timed by
+    Triton's interpreter ``(interpreter)`` beside each of its speedups too.
     """
+    n = min(len(rows), MAX_SPEEDUP_ROWS)
+    fig = speedup_figure(rows)
+    save(fig, path)
+    return f"speedup of the winners of {_count(n, 'key')} vs the default config and torch eager"
+
+
+def speedup_figure(rows: Sequence[Speedup]) -> Figure:
+    """The speedup figure of :func:`draw_speedup`, not yet saved."""
     shown = list(rows[:MAX_SPEEDUP_ROWS])
     n = len(shown)
     fig = Figure(figsize=(11, max(3.0, 1.8 + 0.45 * n)), layout="constrained")
@@ -82,26 +100,11 @@ def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
              [r.eager_interval for r in shown]))  # fmt: skip
     values = [v for _, _, column, _ in bars for v in column if v is not None]
     values += [x for _, _, _, spans in bars for span in spans if span is not None for x in span]
+    hatched = solid = 0
     for name, offset, column, spans in bars:
-        have = [(i, v) for i, v in enumerate(column) if v is not None]
-        lacking = n - len(have)
-        label = f"vs {name} ({len(have)} of {n} keys"
-        label += f"; {lacking} without this baseline: no bar)" if lacking else ")"
-        ax.barh([i + offset for i, _ in have], [v - 1 for _, v in have], left=1, height=height,
-                color=BASELINE_COLORS[name], label=label)  # fmt: skip
-        for i, v in have:
-            span = spans[i]
-            if span is not None:  # the 95 % interval of the interleaved comparison
-                ax.errorbar(v, i + offset, xerr=[[v - span[0]], [span[1] - v]], fmt="none",
-                            ecolor="black", elinewidth=0.8, capsize=2)  # fmt: skip
-            edge = v if span is None else (span[1] if v >= 1 else span[0])
-            ax.annotate(speedup_text(v, "×", interval=span), (edge, i + offset),
-                        xytext=(3 if v >= 1 else -3, 0), textcoords="offset points",
-                        ha="left" if v >= 1 else "right", va="center", fontsize=7)  # fmt: skip
-        for i in (i for i, v in enumerate(column) if v is None):
-            ax.annotate(f"no {name} baseline", (1, i + offset), xytext=(4, 0),
-                        textcoords="offset points", va="center", fontsize=7, color="grey",
-                        style="italic")  # fmt: skip
+        _baseline_bars(ax, shown, name, offset, height, column, spans)
+        hatched += sum(v is not None and s is None for v, s in zip(column, spans, strict=True))
+        solid += sum(v is not None and s is not None for v, s in zip(column, spans, strict=True))
     low, high = min([1.0, *values]), max([1.0, *values])
     ax.set_xscale("log")
     ax.set_xlim(low / 1.6, high * 1.6)
@@ -112,16 +115,65 @@ def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
     at_one = ax.get_xaxis_transform()  # x in data, y in axes fraction
     ax.text(1, 1.005, "  faster →", transform=at_one, ha="left", va="bottom", fontsize=9)
     ax.text(1, 1.005, "← slower  ", transform=at_one, ha="right", va="bottom", fontsize=9)
-    ax.set_yticks(range(n), [short(r.label, 56) + r.caveat for r in shown],
+    ax.set_yticks(range(n), [short(r.label, 56) + r.status_mark + r.caveat for r in shown],
                   fontsize=8)  # fmt: skip
     ax.set_ylim(n - 0.5, -0.5)  # the first key on top
-    ax.set_xlabel("speedup of the tuned winner: baseline time / winner time, median of "
-                  "alternating rounds, with its 95 % interval (log scale)")  # fmt: skip
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlabel(speedup_caption(solid=solid, hatched=hatched))
+    handles, _ = ax.get_legend_handles_labels()
+    if hatched:
+        handles.append(Patch(facecolor="white", edgecolor="grey", hatch=NO_INTERVAL_HATCH,
+                             label=f"{HATCHED_CAPTION} ({hatched} bars)"))  # fmt: skip
+    ax.legend(handles=handles, loc="lower right", fontsize=8)
     more = f" (first {n} of {len(rows)} keys)" if len(rows) > n else ""
     fig.suptitle(f"Speedup per key vs the default config and torch eager{more}")
-    save(fig, path)
-    return f"speedup of the winners of {_count(n, 'key')} vs the default config and torch eager"
+    return fig
+
+
+def speedup_caption(*, solid: int, hatched: int) -> str:
+    """The speedup axis's caption: what a solid bar is, and what a hatched one is when any
+    is drawn (a bar without an interval is not the median of alternating rounds)."""
+    parts = [SOLID_CAPTION] if solid or not hatched else []
+    parts += [HATCHED_CAPTION] if hatched else []
+    return ("speedup of the tuned winner: baseline time / winner time; " + "; ".join(parts)
+            + " (log scale)")  # fmt: skip
+
+
+def _baseline_bars(
+    ax: Axes,
+    shown: Sequence[Speedup],
+    name: str,
+    offset: float,
+    height: float,
+    column: Sequence[float | None],
+    spans: Sequence[Interval | None],
+) -> None:
+    """One baseline's bars: solid with an interval, hatched without; each annotated with its
+    speedup (and ``(interpreter)`` for a record Triton's interpreter timed)."""
+    n = len(shown)
+    have = [(i, v) for i, v in enumerate(column) if v is not None]
+    lacking = n - len(have)
+    label = f"vs {name} ({len(have)} of {n} keys"
+    label += f"; {lacking} without this baseline: no bar)" if lacking else ")"
+    drawn = ax.barh([i + offset for i, _ in have], [v - 1 for _, v in have], left=1,
+                    height=height, color=BASELINE_COLORS[name], label=label)  # fmt: skip
+    for (i, v), bar in zip(have, drawn.patches, strict=True):
+        span = spans[i]
+        if span is None:  # a ratio of two medians timed apart: no interval to draw
+            bar.set_hatch(NO_INTERVAL_HATCH)
+            bar.set_edgecolor("white")
+        else:  # the 95 % interval of the interleaved comparison
+            ax.errorbar(v, i + offset, xerr=[[v - span[0]], [span[1] - v]], fmt="none",
+                        ecolor="black", elinewidth=0.8, capsize=2)  # fmt: skip
+        edge = v if span is None else (span[1] if v >= 1 else span[0])
+        text = speedup_text(v, "×", interval=span)
+        text += " (interpreter)" if shown[i].interpreted else ""
+        ax.annotate(text, (edge, i + offset), xytext=(3 if v >= 1 else -3, 0),
+                    textcoords="offset points", ha="left" if v >= 1 else "right",
+                    va="center", fontsize=7)  # fmt: skip
+    for i in (i for i, v in enumerate(column) if v is None):
+        ax.annotate(f"no {name} baseline", (1, i + offset), xytext=(4, 0),
+                    textcoords="offset points", va="center", fontsize=7, color="grey",
+                    style="italic")  # fmt: skip
 
 
 @PLAIN_TEXT

@@ -27,8 +27,9 @@ Interval = tuple[float, float]
 class Speedup:
     """One key's winner against its baselines: baseline time / winner time, the median of the
     interleaved comparison's rounds (``None``: the record has no such baseline), its 95 %
-    interval (``None``: a record without one), whether the record's timings were noisy, and
-    whether Triton's interpreter timed it on the host (its speedups say nothing of a GPU)."""
+    interval (``None``: a record without one), whether the record's timings were noisy,
+    whether Triton's interpreter timed it on the host (its speedups say nothing of a GPU), and
+    the record's status on the server (``pending``: only its uploader validated it)."""
 
     label: str
     vs_default: float | None
@@ -37,6 +38,13 @@ class Speedup:
     eager_interval: Interval | None = None
     noisy: bool = False
     interpreted: bool = False
+    status: str = "verified"
+
+    @property
+    def status_mark(self) -> str:
+        """`` (pending)`` (or the record's other status) for a record no verifier vouches for,
+        for the key's label; nothing for a verified one."""
+        return "" if self.status == "verified" else f" ({self.status})"
 
     @property
     def caveat(self) -> str:
@@ -74,6 +82,7 @@ def speedups(winners: Sequence[RecordPublic]) -> list[Speedup]:
             w.speedup_interval(EAGER),
             w.noisy,
             w.believed_timing.interpreted,
+            w.status,
         )
         for w in winners
     ]
