@@ -42,6 +42,9 @@ def scrubbed(message: str, url: str) -> str:
     return message.replace(url, shown_url(url))
 
 
+CONNECT_SECONDS = 10  # to reach a PostgreSQL server and log in
+
+
 def make_engine(url: str) -> Engine:
     """An engine for ``url``. The default SQLite file's folder (in the user cache directory) is
     created if missing; any other SQLite file's folder must exist: a mistyped path is an error,
@@ -57,7 +60,10 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    # A server that accepts the connection and never answers hung `serve` and `db upgrade`
+    # without a word: libpq's connect_timeout bounds it (unless the URL names its own).
+    timeout = {} if "connect_timeout" in parsed.query else {"connect_timeout": CONNECT_SECONDS}
+    return create_engine(url, pool_pre_ping=True, connect_args=timeout)
 
 
 def _sqlite_folder(path: Path, *, default: bool) -> None:

@@ -33,6 +33,20 @@ def head_revision() -> str:
     return head
 
 
+def known_revision(revision: str) -> bool:
+    """Whether this code's migrations hold ``revision`` (a database a newer version migrated is
+    at one they do not)."""
+    from alembic.util import CommandError
+
+    try:
+        return (
+            ScriptDirectory.from_config(alembic_config("sqlite://")).get_revision(revision)
+            is not None
+        )
+    except CommandError:
+        return False
+
+
 def current_revision(engine: Engine) -> str | None:
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
@@ -70,6 +84,11 @@ def check_schema(engine: Engine) -> None:
     current, head = current_revision(engine), head_revision()
     if current != head:
         url = engine.url.render_as_string(hide_password=True)
+        if current is not None and not known_revision(current):
+            raise SchemaOutdated(
+                f"the database is at revision {current}, which a newer tunecache made: this one "
+                f"knows revisions up to {head} (upgrades never go back); run the newer version"
+            )
         state = "has no tunecache schema" if current is None else f"is at revision {current}"
         raise SchemaOutdated(
             f"the database {state}; this server needs revision {head}. "

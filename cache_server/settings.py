@@ -151,6 +151,17 @@ class ServerSettings(BaseSettings):
             proxies.append(str(parsed) if "/" in proxy else str(parsed.network_address))
         return ",".join(proxies)
 
+    @field_validator("bootstrap_token")
+    @classmethod
+    def _sendable(cls, value: str | None) -> str | None:
+        """A token a client can send: printable ASCII with no space. One pasted with a trailing
+        newline (a secret file, a ``.env``) was stored, and no client could ever send it: the
+        operator was locked out."""
+        if value is not None and not all("!" <= c <= "~" for c in value):
+            raise ValueError("holds a space, a newline or a character outside printable ASCII "
+                             "(a pasted newline?): no client could send it")  # fmt: skip
+        return value
+
     @field_validator("db")
     @classmethod
     def _known_scheme(cls, value: str) -> str:

@@ -62,11 +62,12 @@ def one_line(exc: BaseException) -> str:
 
 def error_message(error: Mapping[str, Any]) -> str:
     """What one of pydantic's errors says; a string over its length in characters (pydantic
-    says "at most 256 items after validation" of a constrained string type such as ``Line``)."""
+    says "at most 256 items after validation" of a constrained string type such as ``Line``),
+    and our own validators' words without pydantic's "Value error, " before them."""
     given, most = error.get("input"), (error.get("ctx") or {}).get("max_length")
     if error.get("type") == "too_long" and isinstance(given, str) and most is not None:
         return f"at most {most} characters, not {len(given)}"
-    return str(error.get("msg", "invalid"))
+    return str(error.get("msg", "invalid")).removeprefix("Value error, ")
 
 
 def validation_problems(exc: Any, limit: int = 3) -> str:

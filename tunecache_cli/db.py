@@ -20,17 +20,25 @@ def register(commands: Any) -> None:
 
 
 def run_upgrade(args: argparse.Namespace) -> int:
+    from alembic.util import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
     from cache_server.db import make_engine, scrubbed, shown_url
-    from cache_server.migrate import current_revision, upgrade
+    from cache_server.migrate import current_revision, known_revision, upgrade
 
     url = server_settings(args).db
     try:
-        upgrade(url, args.revision)
+        before = current_revision(make_engine(url))
+        newer = before is not None and not known_revision(before)
+        if not newer:
+            upgrade(url, args.revision)
         revision = current_revision(make_engine(url))
-    except (SQLAlchemyError, ValueError, OSError) as exc:  # ValueError: a malformed URL
-        why = scrubbed(one_line(exc), url)
+    except (SQLAlchemyError, CommandError, ValueError, OSError) as exc:  # ValueError: a bad URL
+        why = scrubbed(one_line(exc), url)  # CommandError: a --revision it does not know
         raise InvalidInput(f"cannot upgrade {shown_url(url)}: {why}") from None
-    print(f"{shown_url(url)}: at revision {revision}", file=sys.stderr)
+    if newer:
+        raise InvalidInput(f"cannot upgrade {shown_url(url)}: it is at revision {before}, which "
+                           "a newer tunecache made (upgrades never go back)")  # fmt: skip
+    was = "an empty database" if before is None else f"revision {before}"
+    print(f"{shown_url(url)}: at revision {revision} (was {was})", file=sys.stderr)
     return 0

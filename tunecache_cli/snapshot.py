@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tunecache.errors import InvalidInput, ServerError
+from tunecache.errors import InvalidInput, ServerError, error_message
 from tunecache.snapshot import SnapshotFilters
 from tunecache.strict import shown
 from tunecache_cli.args import add_server, output_file, server_url
@@ -54,7 +54,7 @@ def _filters(args: argparse.Namespace) -> SnapshotFilters:
     except ValidationError as exc:
         first = exc.errors()[0]
         name = str(first["loc"][0]) if first["loc"] else ""
-        raise InvalidInput(f"{_FLAGS.get(name, f'--{name}')}: {first['msg']}") from None
+        raise InvalidInput(f"{_FLAGS.get(name, f'--{name}')}: {error_message(first)}") from None
 
 
 def run_export(args: argparse.Namespace) -> int:

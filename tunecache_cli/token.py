@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tunecache.errors import InvalidInput, ServerError, one_line
+from tunecache.errors import InvalidInput, ServerError, error_message, one_line
 from tunecache.tokens import SCOPES, TokenCreate, TokenCreated, TokenPublic
 from tunecache_cli.args import add_server, server_url
 from tunecache_cli.table import render
@@ -119,7 +119,7 @@ def run_create(args: argparse.Namespace) -> int:
         request = TokenCreate(name=args.name, scope=args.scope, trusted=args.trusted)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise InvalidInput(f"--{first['loc'][0]}: {first['msg']}") from None
+        raise InvalidInput(f"--{first['loc'][0]}: {error_message(first)}") from None
     with _tokens(args) as tokens:
         created: TokenCreated = tokens.create_token(request.name, request.scope,
                                                     trusted=request.trusted)  # fmt: skip
