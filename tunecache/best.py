@@ -9,7 +9,11 @@ measurably faster, :attr:`BestBackend.eager_faster` says so.
 
 Times are comparable only when they were measured on one device: a record served by the
 ``same_arch`` rule was timed on another device of the arch, and a GPU backend's record on another
-kind of device than a CPU backend's. :class:`BestBackend` says whether they were, and why not.
+kind of device than a CPU backend's. :class:`BestBackend` says whether they were, and why not;
+when they were not, no backend is crowned. A time taken by Triton's interpreter on the host
+(:attr:`~tunecache.measured.TimingModel.interpreted`) says nothing of a GPU's: its row is listed,
+never ranked. Two medians each inside the other record's spread (its fastest to slowest sample)
+are the same within their spreads (:attr:`BestBackend.tied`), not one faster.
 
 Example:
     >>> answer = best_backend(resolver, "matmul", {"M": 64, "N": 64, "K": 64}, "float32")
@@ -32,6 +36,7 @@ from tunecache.key import Key, key_for
 if TYPE_CHECKING:
     from tunecache.device import Device, DeviceFingerprint
     from tunecache.lookup import LookupResult
+    from tunecache.measured import TimingModel
 
 
 class Resolves(Protocol):
@@ -59,20 +64,76 @@ class BackendAnswer:
         """The device the served record was timed on (``arch name``), or ``None`` on a miss."""
         return None if self.result is None else self.result.device
 
+    @property
+    def timing(self) -> TimingModel | None:
+        """The timing :attr:`time_ms` is the median of: the verifier's once a verifier re-timed
+        the record, else the uploader's (``None`` on a miss)."""
+        if self.result is None:
+            return None
+        if self.result.record is not None:
+            return self.result.record.believed_timing
+        served = self.result.served_record
+        return None if served is None else served.timing
+
+    @property
+    def by_verifier(self) -> bool:
+        """Whether :attr:`time_ms` is a verifier's re-timing, not the uploader's own."""
+        record = None if self.result is None else self.result.record
+        return record is not None and record.believed_timing is not record.timing
+
+    @property
+    def status(self) -> str | None:
+        """The served record's status on the server (``pending``: its uploader's claim, checked
+        by no verifier; ``verified``), or ``None`` on a miss or a snapshot's record."""
+        record = None if self.result is None else self.result.record
+        return None if record is None else record.status
+
+    @property
+    def interpreted(self) -> bool:
+        """Whether Triton's interpreter timed it on the host: no GPU's time, never ranked."""
+        return self.timing is not None and self.timing.interpreted
+
+    @property
+    def ranked(self) -> bool:
+        """Whether its time takes part in the ranking: a hit not timed by an interpreter."""
+        return self.time_ms is not None and not self.interpreted
+
 
 @dataclass(frozen=True)
 class BestBackend:
-    """Every backend's answer, fastest first (misses last), and whether the times compare."""
+    """Every backend's answer, fastest first (interpreted times after the ranked ones, misses
+    last), and whether the ranked times compare."""
 
     answers: tuple[BackendAnswer, ...]
     comparable: bool
     note: str
 
     @property
+    def found(self) -> bool:
+        """Whether any backend has a validated record (ranked or not)."""
+        return any(a.time_ms is not None for a in self.answers)
+
+    @property
     def winner(self) -> BackendAnswer | None:
-        """The fastest backend's answer, or ``None`` when no backend has a validated record."""
+        """The fastest ranked answer; ``None`` when no backend has a ranked record, or when the
+        ranked times do not compare (measured on different devices or shapes)."""
         first = self.answers[0] if self.answers else None
-        return first if first is not None and first.time_ms is not None else None
+        return first if self.comparable and first is not None and first.ranked else None
+
+    @property
+    def runner_up(self) -> BackendAnswer | None:
+        """The second ranked answer, when there is a winner and another ranked answer."""
+        ranked = [a for a in self.answers if a.ranked]
+        return ranked[1] if self.winner is not None and len(ranked) > 1 else None
+
+    @property
+    def tied(self) -> tuple[BackendAnswer, ...]:
+        """The ranked answers the same as the winner within their spreads: each median inside
+        the other's timing from its fastest to its slowest sample (medians timed apart)."""
+        winner = self.winner
+        if winner is None:
+            return ()
+        return tuple(a for a in self.answers[1:] if a.ranked and _overlap(winner, a))
 
     @property
     def backend(self) -> str | None:
@@ -126,7 +187,7 @@ def best_backend(
         )
     spec.problem(problem)  # a malformed problem is wrong for every backend: say so once
     answers = [_ask(resolver, spec, b, problem, dtype, device) for b in supported]
-    answers.sort(key=lambda a: (a.time_ms is None, a.time_ms or 0.0, a.backend))
+    answers.sort(key=lambda a: (a.time_ms is None, a.interpreted, a.time_ms or 0.0, a.backend))
     comparable, note = _comparability(answers)
     return BestBackend(tuple(answers), comparable, note)
 
@@ -147,10 +208,26 @@ def _ask(
     return BackendAnswer(backend, key, result)
 
 
+def _overlap(one: BackendAnswer, other: BackendAnswer) -> bool:
+    """Whether each one's median lies within the other's fastest-to-slowest samples."""
+    a, b = one.timing, other.timing
+    if a is None or b is None:
+        return False
+    return b.min_ms <= a.median_ms <= b.max_ms and a.min_ms <= b.median_ms <= a.max_ms
+
+
 def _comparability(answers: Sequence[BackendAnswer]) -> tuple[bool, str]:
-    hits = [a for a in answers if a.result is not None]
+    interpreted = [a.backend for a in answers if a.interpreted]
+    if not interpreted:
+        return _ranked_comparability([a for a in answers if a.ranked], "")
+    comparable, note = _ranked_comparability([a for a in answers if a.ranked], " that is ranked")
+    return comparable, (f"{note}; {', '.join(interpreted)} timed by Triton's interpreter on the "
+                        "host (no GPU's time): not ranked")  # fmt: skip
+
+
+def _ranked_comparability(hits: Sequence[BackendAnswer], ranked: str) -> tuple[bool, str]:
     if not hits:
-        return True, "no backend has a validated record"
+        return not ranked, f"no backend has a validated record{ranked}"
     if len({a.device for a in hits}) > 1:
         where = "; ".join(f"{a.backend} on {a.device}" for a in hits)
         return False, f"times measured on different devices are not comparable ({where})"
@@ -159,8 +236,10 @@ def _comparability(answers: Sequence[BackendAnswer]) -> tuple[bool, str]:
         shapes = "; ".join(f"{a.backend} at {_shape(a)}" for a in hits)
         return False, f"times of different shapes (nearest in the bucket) do not compare ({shapes})"
     if len(hits) == 1:
-        return True, f"only {hits[0].backend} has a validated record"
-    return True, f"all timed on {hits[0].device}"
+        return True, f"only {hits[0].backend} has a validated record{ranked}"
+    by = ("; times: a verifier's (v) where a verifier re-timed the record, else its uploader's"
+          if any(a.by_verifier for a in hits) else "")  # fmt: skip
+    return True, f"all timed on {hits[0].device}{by}"
 
 
 def _shape(answer: BackendAnswer) -> str:

@@ -1,6 +1,7 @@
 """``tunecache best``: the fastest validated backend for a kernel × shape × dtype on this machine.
 
-Exit codes: 0 a backend has a validated record, 1 none has, 2 bad input, 3 unreachable.
+Exit codes: 0 a backend has a validated record (crowned or not), 1 none has, 2 bad input,
+3 unreachable.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 from tunecache.errors import InvalidInput
 from tunecache.key import DTYPES
 from tunecache_cli.args import add_server, parse_shape, refuse_triton_object, server_url
-from tunecache_cli.table import ms, render, shown
+from tunecache_cli.table import digits_apart, ms, ratio, render, shown
 
 
 def register(commands: Any) -> None:
@@ -61,42 +62,63 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(_as_json(answer), indent=2))
     else:
         print(_as_text(args.workload, args.shape, args.dtype, answer))
-    return 0 if answer.winner is not None else 1
+    return 0 if answer.found else 1
 
 
 def _as_text(kernel: str, shape: str, dtype: str, answer: Any) -> str:
-    winner = answer.winner
-    head = f"{kernel} {shape} {dtype}: "
-    if winner is None:
-        head += "no backend has a validated record"
-    elif answer.eager_faster:
-        head += (f"fastest is torch eager ({ms(answer.eager_ms)} ms): no tuned record beats it; "
-                 f"{winner.backend}'s, the fastest, is {winner.result.vs_eager}")  # fmt: skip
-    else:
-        head += f"fastest is {winner.backend} ({ms(winner.time_ms)} ms)"
-        runner_up = answer.answers[1] if len(answer.answers) > 1 else None
-        if runner_up is not None and runner_up.time_ms is not None and winner.time_ms:
-            ratio = runner_up.time_ms / winner.time_ms  # medians timed apart: no interval
-            head += f", {ratio:.3g}x faster than {runner_up.backend} (medians timed apart)"
-        if _ties_eager(winner):  # not measurably faster than eager, nor slower: say so
-            head += f"; {winner.result.vs_eager}"
-    rows = [_eager_row(answer)] if answer.eager_ms is not None and winner is not None else []
+    digits = digits_apart([*(a.time_ms for a in answer.answers), answer.eager_ms])
+    head = f"{kernel} {shape} {dtype}: {_headline(answer, digits)}"
+    rows = [_eager_row(answer, digits)] if answer.eager_ms is not None else []
     for a in answer.answers:
         result = a.result
         if result is None:
-            rows.append([a.backend, "-", "-", "-", "-", "-", (a.why_not or "").split(":")[0]])
+            rows.append([a.backend, "-", "-", "-", "-", "-", "-", (a.why_not or "").split(":")[0]])
             continue
         record = f"#{result.record.id}" if result.record is not None else result.source
-        marks = [m for m, on in (("slower than eager", result.slower_than_eager),
+        marks = [m for m, on in (("interpreter", a.interpreted),
+                                 ("slower than eager", result.slower_than_eager),
                                  ("noisy", result.noisy)) if on]  # fmt: skip
-        rows.append([a.backend, ms(a.time_ms), _vs_best(answer, a), result.vs_eager or "-",
-                     result.device or "-", result.rule or "-",
+        rows.append([a.backend, ms(a.time_ms, digits) + (" v" if a.by_verifier else ""),
+                     _vs_best(answer, a), result.vs_eager or "-", result.device or "-",
+                     result.rule or "-", a.status or "-",
                      " ".join([record, *(f"({m})" for m in marks)])])  # fmt: skip
     if rows and not answer.eager_faster and answer.eager_ms is not None:
         rows.append(rows.pop(0))  # eager last when a tuned record beats it
     table = render(["backend", "time ms", "vs best", "vs torch eager", "timed on", "rule",
-                    "record"], rows)  # fmt: skip
-    return f"{shown(head)}\n{table}\n{shown(answer.note)}"
+                    "status", "record"], rows)  # fmt: skip
+    said = answer.winner is None and answer.found  # the headline said the note already
+    return f"{shown(head)}\n{table}" + ("" if said else f"\n{shown(answer.note)}")
+
+
+def _headline(answer: Any, digits: int) -> str:
+    """Who is fastest, by how much; or that no backend is, and why."""
+    winner = answer.winner
+    if winner is None:
+        return answer.note if not answer.found else f"no backend is crowned: {answer.note}"
+    if answer.eager_faster:
+        eager = ms(answer.eager_ms, digits)
+        return (f"fastest is torch eager ({eager} ms): no tuned record beats it; "
+                f"{winner.backend}'s, the fastest, is {winner.result.vs_eager}")  # fmt: skip
+    if answer.tied:  # every gap inside both records' spreads: no one is faster
+        named = ", ".join(_named(a, digits) for a in answer.tied)
+        head = f"{_named(winner, digits)} and {named}: the same within their spreads"
+    else:
+        head = f"fastest is {_named(winner, digits)}"
+        runner_up = answer.runner_up
+        if runner_up is not None and winner.time_ms:
+            head += (f", {ratio(runner_up.time_ms / winner.time_ms)} faster than "
+                     f"{runner_up.backend}")  # fmt: skip
+    head += " (medians timed apart)" if answer.runner_up is not None else ""
+    if _ties_eager(winner):  # not measurably faster than eager, nor slower: say so
+        head += f"; {winner.result.vs_eager}"
+    return head
+
+
+def _named(row: Any, digits: int) -> str:
+    """``tvm (0.1 ms)``, saying whose time it is and, unverified, that it is a claim."""
+    whose = ", a verifier's time" if row.by_verifier else ""
+    claim = ", pending: its uploader's claim, not verified" if row.status == "pending" else ""
+    return f"{row.backend} ({ms(row.time_ms, digits)} ms{whose}{claim})"
 
 
 def _speedup(row: Any) -> float | None:
@@ -118,22 +140,28 @@ def _vs_best(answer: Any, row: Any) -> str:
     """``row``'s time over the fastest contender's. Behind torch eager, the record's own
     comparison with eager: the number its "vs torch eager" cell says, not a ratio of medians
     measured apart."""
+    if answer.winner is None or not row.ranked:  # no ranking, or an interpreter's time
+        return "-"
     speedup = _speedup(row) if answer.eager_faster else None
     if speedup:
-        return f"{1 / speedup:.2f}x"
+        return ratio(1 / speedup)
     if row is answer.winner and not answer.eager_faster:
         return "fastest"  # as eager's row says when eager is
     fastest = answer.eager_ms if answer.eager_faster else answer.winner.time_ms
-    return f"{row.time_ms / fastest:.2f}x" if fastest and row.time_ms is not None else "-"
+    if not fastest or row.time_ms is None:
+        return "-"
+    tie = ", tie" if row in answer.tied else ""
+    return f"{ratio(row.time_ms / fastest)}{tie}"
 
 
-def _eager_row(answer: Any) -> list[str]:
+def _eager_row(answer: Any, digits: int) -> list[str]:
     winner = answer.winner
     speedup = _speedup(winner)
-    relative = "fastest" if answer.eager_faster else f"{speedup:.2f}x" if speedup else "-"
+    relative = "fastest" if answer.eager_faster else ratio(speedup) if speedup else "-"
     device = winner.result.served_record.key.device  # eager was timed by the record's uploader
-    return ["torch eager", ms(answer.eager_ms), relative, "-", f"{device.arch} {device.name}",
-            "-", f"timed with {winner.backend}'s record"]  # fmt: skip
+    return ["torch eager", ms(answer.eager_ms, digits), relative, "-",
+            f"{device.arch} {device.name}", "-", "-",
+            f"timed with {winner.backend}'s record"]  # fmt: skip
 
 
 def _as_json(answer: Any) -> dict[str, Any]:
@@ -142,11 +170,15 @@ def _as_json(answer: Any) -> dict[str, Any]:
         "eager_faster": answer.eager_faster,
         "eager_ms": answer.eager_ms,
         "comparable": answer.comparable,
+        "tied": [a.backend for a in answer.tied],
         "note": answer.note,
         "answers": [
             {
                 "backend": a.backend,
                 "time_ms": a.time_ms,
+                "timed_by_verifier": a.by_verifier,
+                "status": a.status,
+                "interpreted": a.interpreted,
                 "device": a.device,
                 "problem": None if a.result is None else a.result.problem,
                 "rule": None if a.result is None else a.result.rule,
