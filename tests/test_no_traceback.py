@@ -69,6 +69,11 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["tune", "--torch", "{tmp}/missing.py:M", "--patience", "4"], 2, "leave out --patience"),
     (["tune", "matmul", *KEY, "--inputs", "make", "--no-upload"], 2, "leave out --inputs (they"),
     (
+        ["token", "list", "--server", "http://127.0.0.1:9", "--db", "sqlite:///{tmp}/t.db"],
+        2,
+        "give one of --server and --db",
+    ),
+    (
         ["tune", "matmul", *KEY, "--landscape", "{tmp}/no/l.json", "--no-upload"],
         2,
         "--landscape {tmp}/no/l.json: folder {tmp}/no does not exist",

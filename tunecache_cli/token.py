@@ -89,7 +89,14 @@ class _Direct:
 
 @contextmanager
 def _tokens(args: argparse.Namespace) -> Iterator[Any]:
-    """A client of the server, or a :class:`_Direct` on the database when ``--db`` was given."""
+    """A client of the server, or a :class:`_Direct` on the database when ``--db`` was given.
+
+    Raises:
+        InvalidInput: both ``--server`` and ``--db`` were given (``--db`` won, without a word).
+    """
+    if args.db is not None and args.server:
+        raise InvalidInput("give one of --server and --db: a token is made through a server or "
+                           "in a database, not both")  # fmt: skip
     if args.db is None:
         from tunecache.client import Client
 
