@@ -72,7 +72,10 @@ def _sqlite_folder(path: Path, *, default: bool) -> None:
         folder.mkdir(parents=True, exist_ok=True)
     elif not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
-        raise InvalidInput(f"--db: the SQLite file's folder {folder} {what}")
+        hint = "" if path.is_absolute() else (
+            f" (a relative path, from {Path.cwd()}: an absolute one takes four slashes, "
+            f"sqlite:////{path})")  # fmt: skip
+        raise InvalidInput(f"--db: the SQLite file's folder {folder} {what}{hint}")
     elif path.exists() and not path.is_file():
         raise InvalidInput(f"--db: {path} is not a file")
 

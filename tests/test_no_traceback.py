@@ -41,6 +41,11 @@ TABLE: list[tuple[list[str], int, str]] = [
         "/etc/passwd is not a folder",
     ),
     (["serve", "--db", "sqlite:///{tmp}/no/x.db"], 2, "does not exist"),
+    (
+        ["serve", "--db", "sqlite:///no/x.db"],
+        2,
+        "absolute one takes four slashes, sqlite:////no/x.db",
+    ),
     (["db", "upgrade", "--db", "sqlite:///{tmp}/no/x.db"], 2, "does not exist"),
     (["tune", "matmul", *KEY, "--trials", "0", "--no-upload"], 2, "trials"),
     (["tune", "matmul", *KEY, "--seconds", "-1", "--no-upload"], 2, "seconds"),
