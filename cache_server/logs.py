@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import logging
+import logging.config
 import re
-import sys
 import uuid
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -81,24 +81,40 @@ class JsonFormatter(logging.Formatter):
 def configure(log_format: LogFormat = "text", *, verbose: bool = False) -> None:
     """Logs the server's records to stderr: its own and uvicorn's at INFO, others at WARNING.
 
-    Replaces the root logger's handlers. Uvicorn must then be run with ``log_config=None`` (so it
-    keeps this set-up) and ``access_log=False`` (the access log is :func:`log_access`'s).
+    Replaces the root logger's handlers. Uvicorn must then be run with ``access_log=False`` (the
+    access log is :func:`log_access`'s) and with ``log_config=None`` (so it keeps this set-up) or
+    :func:`logging_config` (so each of its worker processes makes the same one).
 
     Args:
         log_format: ``"json"`` for one :class:`JsonFormatter` object per line, ``"text"`` for
             :data:`TEXT_FORMAT`.
         verbose: Log DEBUG records of every logger.
     """
-    handler = logging.StreamHandler(sys.stderr)
-    formatter = JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
-    handler.setFormatter(formatter)
-    root = logging.getLogger()
-    for old in root.handlers[:]:
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG if verbose else logging.WARNING)
-    for name in ("cache_server", "uvicorn"):
-        logging.getLogger(name).setLevel(logging.DEBUG if verbose else logging.INFO)
+    logging.config.dictConfig(logging_config(log_format, verbose=verbose))
+
+
+def logging_config(log_format: LogFormat = "text", *, verbose: bool = False) -> dict[str, Any]:
+    """:func:`configure`'s set-up as a :func:`logging.config.dictConfig` dictionary: uvicorn's
+    ``log_config``, which it applies in each worker process it spawns (``--workers`` above 1),
+    where what the parent configured does not reach."""
+    if log_format == "json":
+        formatter: dict[str, Any] = {"()": f"{__name__}.{JsonFormatter.__name__}"}
+    else:
+        formatter = {"format": TEXT_FORMAT}
+    ours: dict[str, Any] = {
+        "level": "DEBUG" if verbose else "INFO",
+        "handlers": [],
+        "propagate": True,
+    }
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,  # the loggers modules made on import keep logging
+        "formatters": {"server": formatter},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "server",
+                                "stream": "ext://sys.stderr"}},
+        "root": {"level": "DEBUG" if verbose else "WARNING", "handlers": ["stderr"]},
+        "loggers": {"cache_server": dict(ours), "uvicorn": dict(ours)},
+    }  # fmt: skip
 
 
 def new_request_id(offered: str | None) -> str:

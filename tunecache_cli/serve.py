@@ -120,12 +120,15 @@ def run(args: argparse.Namespace) -> int:
         if args.log_format == "text":  # in JSON, every stderr line is a log record
             print(f"tunecache: serving {shown_url(url)} on http://{host}:{port} (OpenAPI at "
                   f"/docs); policy {settings.policy}", file=sys.stderr)  # fmt: skip
-        logs.configure(args.log_format, verbose=getattr(args, "verbose", False))
-        # Our access log (cache_server.access) replaces uvicorn's; log_config=None keeps ours.
+        verbose = getattr(args, "verbose", False)
+        logs.configure(args.log_format, verbose=verbose)
+        # Our access log (cache_server.access) replaces uvicorn's. uvicorn applies log_config in
+        # each process it runs, so each worker of several logs as a single server does.
         # uvicorn's HTTP protocol, with a deadline for every request's headers and a cap on each
         # address's connections; no WebSocket (an upgraded connection would leave it uncounted).
         protocol = "cache_server.header_deadline:HeaderDeadline"
-        options: dict[str, Any] = {"host": host, "port": port, "log_config": None,
+        log_config = logs.logging_config(args.log_format, verbose=verbose)
+        options: dict[str, Any] = {"host": host, "port": port, "log_config": log_config,
                                    "log_level": "info", "access_log": False,
                                    "http": protocol, "ws": "none"}  # fmt: skip
         # A caller is its connection's address unless a proxy of the settings' forwarded it.

@@ -6,6 +6,9 @@ shape (:class:`cache_server.api.problems.ErrorBody`).
   no JSON encoder writes, such as NaN or a lone surrogate);
 - FastAPI's generic "There was an error parsing the body" says what it was;
 - :class:`tunecache.errors.InvalidInput` raised anywhere in a request is a 422;
+- a database that cannot be reached (down, restarting, refusing connections, a SQLite file locked
+  past its busy timeout or that cannot be opened) is a 503 with ``Retry-After``, as a busy server
+  is: the next request tries it again, so the server recovers by itself when it is back;
 - anything else that escapes a route is a 500 in the same shape (a bug; it is logged).
 """
 
@@ -18,6 +21,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -29,6 +33,16 @@ from tunecache.errors import InvalidInput, error_message, one_line
 
 logger = logging.getLogger(__name__)
 SHOWN = 3  # fields named in a validation error's detail
+OUTAGE_RETRY_AFTER = 5  # seconds: a database that went away is seldom back within one
+
+# What says the database could not be reached, not that the statement was wrong: PostgreSQL's
+# SQLSTATE classes 08 (connection), 53 (insufficient resources: too many connections, disk full)
+# and 58 (system: I/O), and its shutting down or starting up; SQLite's primary result codes
+# BUSY and LOCKED (locked past the busy timeout), IOERR and CANTOPEN.
+_PG_OUTAGE_CLASSES = ("08", "53", "58")
+_PG_OUTAGE_CODES = frozenset({"57P01", "57P02", "57P03"})
+_SQLITE_OUTAGE_CODES = frozenset({5, 6, 10, 14})
+_SQLITE_OUTAGE_MESSAGES = ("database is locked", "unable to open database file")
 
 
 def _where(error: dict[str, Any]) -> str:
@@ -87,11 +101,56 @@ def install(app: FastAPI) -> None:
         detail = "the server's database connections are all busy; retry in 1 s"
         return JSONResponse(body(503, detail), status_code=503, headers={"Retry-After": "1"})
 
+    @app.exception_handler(DBAPIError)
+    async def database_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        if database_outage(exc):
+            return _outage(request, exc)
+        return _internal(request, exc)
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("internal error on %s %s", request.method, request.url.path)
-        detail = f"internal error ({type(exc).__name__}); the server's log has the traceback"
-        return JSONResponse(body(500, detail), status_code=500)
+        if database_outage(exc):  # one raised in a middleware, outside the handlers above
+            return _outage(request, exc)
+        return _internal(request, exc)
+
+
+def database_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database could not be reached (down, restarting, refusing
+    connections, locked or unopenable), not that a statement was wrong: a 503, not a bug."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    if not isinstance(exc, OperationalError):
+        return False
+    orig = exc.orig
+    code = getattr(orig, "sqlite_errorcode", None)
+    if code is not None:  # extended result codes keep the primary one in their low byte
+        return code & 0xFF in _SQLITE_OUTAGE_CODES
+    if any(message in str(orig) for message in _SQLITE_OUTAGE_MESSAGES):
+        return True
+    sqlstate = getattr(orig, "sqlstate", None)
+    if sqlstate is None:  # the driver never got an answer: no connection, or it broke
+        return True
+    return sqlstate[:2] in _PG_OUTAGE_CLASSES or sqlstate in _PG_OUTAGE_CODES
+
+
+def _outage(request: Request, exc: BaseException) -> JSONResponse:
+    """503 with ``Retry-After``; the reason, for the operator, only in the log (a driver's
+    message may name the database's host)."""
+    why = one_line(getattr(exc, "orig", None) or exc)
+    logger.warning("the database did not answer %s %s: %s", request.method, request.url.path,
+                   why)  # fmt: skip
+    detail = (f"the database is not answering ({type(exc).__name__}); the server tries it again "
+              f"with each request: retry in {OUTAGE_RETRY_AFTER} s")  # fmt: skip
+    headers = {"Retry-After": str(OUTAGE_RETRY_AFTER)}
+    return JSONResponse(body(503, detail), status_code=503, headers=headers)
+
+
+def _internal(request: Request, exc: Exception) -> JSONResponse:
+    logger.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+    detail = f"internal error ({type(exc).__name__}); the server's log has the traceback"
+    return JSONResponse(body(500, detail), status_code=500)
 
 
 def _unparsable(cause: BaseException | None) -> str | None:

@@ -14,9 +14,14 @@ from tunecache.tokens import WhoAmI
 router = APIRouter(route_class=JsonRoute, tags=["health"])
 
 
-@router.get("/health")
+@router.get(
+    "/health",
+    responses={503: {"description": "the database is not answering (or the server is busy): "
+                     "`Retry-After` says when to ask again"}},
+)  # fmt: skip
 def health(session: SessionDep) -> Health:
-    """Liveness and readiness: answers only when the database does."""
+    """Liveness and readiness: 200 only when the database answers; while it does not, 503 with
+    ``Retry-After`` (see :mod:`cache_server.api.errors`), and 200 again once it is back."""
     return Health(
         database=session.get_bind().dialect.name,
         records=count_records(session),

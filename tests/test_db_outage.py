@@ -1,0 +1,76 @@
+"""A database outage is a 503 with ``Retry-After`` (the server is not working now), never a 500
+(a bug), and the server serves again by itself once the database is back.
+
+PostgreSQL only: its outage is made cleanly by refusing new connections to the test's database
+(``ALLOW_CONNECTIONS false``) and ending the server's open ones, then allowing them again. On
+SQLite the server's pooled connections keep the file open (a removed or locked-out file does not
+reach them), and a lock is only felt after the 30 s busy timeout.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import start_server
+from tests.pg import create_database
+
+
+def _admin(admin_url: str, *statements: str) -> None:
+    import psycopg
+
+    dsn = admin_url.replace("postgresql+psycopg://", "postgresql://") + "/postgres"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+@contextmanager
+def database_down(admin_url: str, name: str) -> Iterator[None]:
+    """No connection to ``name`` while inside: the open ones ended, new ones refused."""
+    _admin(admin_url, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false',
+           "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+           f"WHERE datname = '{name}' AND pid <> pg_backend_pid()")  # fmt: skip
+    try:
+        yield
+    finally:
+        _admin(admin_url, f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+
+
+def _assert_outage(response: httpx.Response, admin_url: str) -> None:
+    assert response.status_code == 503, response.text
+    assert int(response.headers["Retry-After"]) > 0
+    answer = response.json()
+    assert answer["status"] == 503 and answer["errors"] == []
+    assert answer["detail"].startswith("the database is not answering")
+    host_and_port = admin_url.split("@", 1)[1]  # the URL, its user or its address: none shown
+    assert host_and_port not in answer["detail"] and "tunecache@" not in answer["detail"]
+
+
+def test_a_database_outage_is_a_503_and_the_server_recovers(
+    postgres_admin: str, tmp_path: Path
+) -> None:
+    name = f"outage_{os.getpid()}"
+    url = create_database(postgres_admin, name)
+    log = tmp_path / "server.log"
+    live = start_server(url, None, log)
+    try:
+        with httpx.Client(base_url=live.url, timeout=30) as http:
+            assert http.get("/v1/records").status_code == 200
+            with database_down(postgres_admin, name):
+                for _ in range(2):  # the broken pooled connection, then a refused new one
+                    _assert_outage(http.get("/health"), postgres_admin)
+                _assert_outage(http.get("/v1/records"), postgres_admin)
+                _assert_outage(http.get("/v1/records/1"), postgres_admin)
+            health = http.get("/health")  # back: served again, without a restart
+            assert health.status_code == 200 and health.json()["database"] == "postgresql"
+            assert http.get("/v1/records").status_code == 200
+    finally:
+        live.stop()
+    text = log.read_text()
+    assert "the database did not answer GET /health" in text
+    assert "internal error" not in text and "Traceback" not in text
