@@ -394,3 +394,18 @@ def test_a_tunecache_servers_bad_answer_is_exit_3_in_one_line(
     err = capsys.readouterr().err
     assert code == 3 and "bad answer" in err and "Traceback" not in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_an_unavailable_server_is_exit_3_never_a_miss(capsys: pytest.CaptureFixture[str]) -> None:
+    """A 503 (a server shedding load, or its database down) made `get` exit 1, a miss's code."""
+    from tunecache_cli import main
+
+    def unavailable(conn: socket.socket, request: Request, seen: Seen) -> None:
+        answer(conn, 503, b'{"status": 503, "detail": "the database is not answering", '
+                          b'"errors": []}')  # fmt: skip
+
+    with serve(unavailable) as (url, _):
+        code = main(["get", "matmul", "--backend", "tvm", "--shape", "M=64,N=64,K=64",
+                     "--server", url])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 3 and "503" in err and "not answering" in err, err

@@ -82,14 +82,15 @@ def user_path() -> None:
 
 
 def server_exit(exc: ServerError) -> int:
-    """The exit code of a server's error, as docs/cli.md gives them: 3 unreachable, or an answer
-    that does not read as one (no status: a broken or hostile tunecache server); 2 an answer
-    that is not a tunecache server's, or a request the server found malformed (400, 413, 422:
-    the CLI built it from the user's arguments and files); 4 the token refused (401, 403); 1
-    anything else (404: a miss; 409, 429, 5xx; an upload of a tuned record refused)."""
+    """The exit code of a server's error, as docs/cli.md gives them: 3 unreachable, unavailable
+    (503: busy, or its database down) or an answer that does not read as one (no status: a broken
+    or hostile tunecache server); 2 an answer that is not a tunecache server's, or a request the
+    server found malformed (400, 413, 422: the CLI built it from the user's arguments and files);
+    4 the token refused (401, 403); 1 anything else (404: a miss; 409, 429, other 5xx; an upload
+    of a tuned record refused)."""
     from tunecache_cli.outbox import UploadRefused
 
-    if exc.status_code is None:
+    if exc.status_code is None or exc.status_code == 503:  # 503: busy, or its database down
         return EXIT_UNREACHABLE
     if exc.foreign:  # whatever it answered: the URL is wrong
         return EXIT_BAD_INPUT
