@@ -77,7 +77,9 @@ def _check_port(host: str, port: int) -> None:
         except OSError as exc:
             import errno
 
-            hints = {errno.EADDRINUSE: "--port another",
+            hints = {errno.EADDRINUSE: "--port another; or stop what holds it: the workers of a "
+                                       "'serve --workers N' killed with kill -9 keep serving, "
+                                       "stop its process group",
                      errno.EACCES: "--port above 1023, or the right to bind this one"}  # fmt: skip
             hint = hints.get(exc.errno or 0, "--host one of this machine's addresses")
             raise InvalidInput(
