@@ -31,7 +31,7 @@ from pydantic import (
     model_validator,
 )
 
-from tunecache import examples
+from tunecache import believed, examples
 from tunecache.canonical import canonical_json, integral
 from tunecache.configcheck import config_problem
 from tunecache.errors import InvalidInput
@@ -317,6 +317,7 @@ class RecordCreate(_Strict):
     _builtin_key = field_validator("key")(builtin_key)
     _config_size = field_validator("config")(_check_config)
     _config_closed = field_validator("config")(_closed_config)
+    _one_of_each = field_validator("baselines")(believed.one_of_each)
 
     @model_validator(mode="after")
     def _checks_of_the_key(self, info: ValidationInfo) -> RecordCreate:
@@ -328,55 +329,43 @@ class RecordCreate(_Strict):
         return self
 
     def comparisons(self) -> list[BaselineModel]:
-        """The baselines its speedups are read from: all it holds (a stored record's, not when a
-        verifier did not believe its uploader's times)."""
-        return self.baselines
+        """The baselines its speedups are read from: all it holds, less any named twice (a stored
+        record's: not when a verifier did not believe its uploader's times)."""
+        return believed.named_once(self.baselines)
+
+    def timed(self) -> tuple[str, TimingModel]:
+        """Who measured the time shown and ranked, and that timing: the uploader's (``winner``)."""
+        return "winner", self.timing
 
     def speedup(self, baseline: str = "torch_eager") -> float | None:
         """How many times faster than ``baseline`` the winner ran: the interleaved comparison's
         median where the record has one, else baseline median / winner median; ``None`` without
         that baseline, or none believed (:meth:`comparisons`)."""
-        for b in self.comparisons():
-            if b.name == baseline:
-                if b.speedup is not None:
-                    return b.speedup.median
-                return b.timing.median_ms / self.timing.median_ms
-        return None
+        return believed.speedup(self.comparisons(), self.timing, baseline)
 
     @property
     def slower_than_eager(self) -> bool:
         """Whether torch eager ran measurably faster than the winner: the whole interval of the
         interleaved comparison below 1 (records without one: a ratio that reads as slower,
         below :data:`SAME_BELOW`)."""
-        for b in self.comparisons():
-            if b.name == "torch_eager":
-                if b.speedup is not None and b.speedup.rounds > 1:
-                    return b.speedup.high < 1.0
-                value = self.speedup()
-                return value is not None and value < SAME_BELOW
-        return False
+        return believed.slower_than_eager(self.comparisons(), self.timing)
 
     @property
     def noisy(self) -> bool:
-        """Whether the winner's timing or a baseline's was noisy (:attr:`TimingModel.noisy`)."""
+        """Whether the timing shown or a baseline's was noisy (:attr:`TimingModel.noisy`)."""
         return bool(self.noise())
 
     def noise(self) -> list[str]:
-        """Why the record's timings are noisy, each reason once: the winner's, then the
-        baselines' (named)."""
-        reasons: list[str] = []
-        for who, timing in [("winner", self.timing), *((b.name, b.timing) for b in self.baselines)]:
-            if timing.conditions is not None:
-                reasons += [f"{who}: {why}" for why in timing.conditions.noise]
-        return list(dict.fromkeys(reasons))
+        """Why the timings shown are noisy, each reason once: the time shown (:meth:`timed`:
+        ``winner:``, or ``verifier:`` once a verifier re-timed it), then the baselines'
+        compared with (:meth:`comparisons`, named)."""
+        compared = ((b.name, b.timing) for b in self.comparisons())
+        return believed.noise_reasons([self.timed(), *compared])
 
     def speedup_interval(self, baseline: str = "torch_eager") -> tuple[float, float] | None:
         """The interval of :meth:`speedup` from the interleaved comparison (``None`` where the
         record has none: tuned before it existed, or timed in a single round)."""
-        for b in self.comparisons():
-            if b.name == baseline and b.speedup is not None and b.speedup.rounds > 1:
-                return b.speedup.low, b.speedup.high
-        return None
+        return believed.interval(self.comparisons(), baseline)
 
 
 # pending: validated by its uploader, served under the default policy; verified: re-validated by a
@@ -425,8 +414,7 @@ class RecordPublic(RecordCreate):
     def believed_timing(self) -> TimingModel:
         """The verifier's timing once a verifier passed the record, else the uploader's: the
         time the server ranks it by."""
-        check = self._timed_by_verifier()
-        return check.timing if check is not None and check.timing is not None else self.timing
+        return self.timed()[1]
 
     @property
     def timed_on(self) -> str:
@@ -435,12 +423,23 @@ class RecordPublic(RecordCreate):
         check = self._timed_by_verifier()
         return self.key.device.name if check is None else check.device_name
 
-    def comparisons(self) -> list[BaselineModel]:
-        """None once a verifier found the uploaded time too fast to believe (``timing_flag``):
-        the baselines were timed beside it, by the same uploader, and its "20x faster than torch
-        eager" would stand beside the verifier's slower time."""
+    def timed(self) -> tuple[str, TimingModel]:
+        """``("verifier", its timing)`` once a verifier re-timed it, else the uploader's."""
         check = self._timed_by_verifier()
-        return [] if check is not None and check.timing_flag else self.baselines
+        if check is None or check.timing is None:
+            return "winner", self.timing
+        return "verifier", check.timing
+
+    def comparisons(self) -> list[BaselineModel]:
+        """None once a verifier's time and the uploader's differ past
+        :data:`tunecache.believed.APART_RATIO` either way (or it flagged the uploaded time as too
+        fast, ``timing_flag``): the baselines were timed beside the uploader's, on its machine,
+        and its "20x faster than torch eager" would stand beside the verifier's time."""
+        who, shown = self.timed()
+        flagged = self.verification is not None and self.verification.timing_flag
+        if who == "verifier" and (flagged or believed.disagree(shown, self.timing)):
+            return []
+        return super().comparisons()
 
     def _timed_by_verifier(self) -> VerificationPublic | None:
         check = self.verification

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from tunecache import affinity, conditions, devicelock
+from tunecache import affinity, believed, conditions, devicelock
 from tunecache.schemas import (
     MAX_NOISE_REASONS,
     SAME_BELOW,
@@ -265,7 +265,7 @@ def _time_cuda(
                   cuda=True, turn=turn)  # fmt: skip
 
 
-ONE_ROUND: Final = " (one round: no spread)"  # what a comparison of a single round says
+ONE_ROUND: Final = f" ({believed.ONE_ROUND})"  # what a comparison of a single round says
 
 
 def speedup_text(
@@ -319,15 +319,21 @@ def best_so_far(times: Sequence[float | None]) -> list[float | None]:
 def versus(record: RecordCreate, baseline: str = "torch_eager", times: str = "x",
            than: str = "", missing: str = "-") -> str:  # fmt: skip
     """The record's speedup over ``baseline`` as :func:`speedup_text` says it, with the
-    interval of its interleaved comparison where it has one (``missing`` without that
-    baseline)."""
+    interval of its interleaved comparison where it has one, and what it lacks in brackets
+    (:func:`tunecache.believed.caveats`: no spread, or the uploader's measurement beside a
+    verifier's time); ``missing`` without that baseline, or none believed.
+
+    Example:
+        >>> from tunecache.examples import RECORD
+        >>> versus(RecordCreate.model_validate(RECORD), "default_config")
+        '1.46x faster (medians timed apart, no spread)'
+    """
     value = record.speedup(baseline)
     if value is None:
         return missing
     text = speedup_text(value, times, interval=record.speedup_interval(baseline), than=than)
-    rounds = [b.speedup.rounds for b in record.comparisons()
-              if b.name == baseline and b.speedup is not None]  # fmt: skip
-    return text + ONE_ROUND if rounds == [1] else text  # a bare ratio would read as certain
+    retimed = record.timed()[0] == "verifier"  # a bare ratio would read as certain
+    return text + believed.caveats(record.comparisons(), record.timing, baseline, retimed)
 
 
 def noise_text(record: RecordCreate) -> str:
