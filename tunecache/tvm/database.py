@@ -57,7 +57,8 @@ class _Entry:
     committed: bool = False
     uploaded: bool = False  # its tvm.workload artifact is on the server
     local: dict[str, TuningRecord] = field(default_factory=dict)  # committed here, by item
-    fetched: list[ArtifactPublic] | None = None  # the server's items, best first; None: unasked
+    # The server's items, best first; None: not answered yet (unasked, or the call failed).
+    fetched: list[ArtifactPublic] | None = None
     cursor: int = 0  # how many of ``fetched`` have been checked
     checked: dict[str, TuningRecord] = field(default_factory=dict)  # server records that passed
 
@@ -231,11 +232,12 @@ class Database(PyDatabase):
 
     def _check(self, entry: _Entry, k: float) -> None:
         """Checks the server's records of ``entry``, best score first, until ``k`` passed."""
-        if entry.fetched is None:
+        if entry.fetched is None:  # asked again while the server has not answered
             key = workload_key(entry.workload.mod)
             entry.fetched = self.remote.get(RECORD, key, KEY_LIMIT)
-        while len(entry.checked) < k and entry.cursor < len(entry.fetched):
-            item = entry.fetched[entry.cursor]
+        fetched = entry.fetched or []
+        while len(entry.checked) < k and entry.cursor < len(fetched):
+            item = fetched[entry.cursor]
             entry.cursor += 1
             record, why = check_record(item.value, entry.workload, entry.args, self.device)
             if record is not None:

@@ -4,14 +4,17 @@ MetaSchedule calls the database from C++ in the middle of ``tune_tir`` and ``com
 exception there would end the user's tuning or compilation. So every failure is answered here
 with "nothing" and logged once, as a warning; after a failure that will not mend by itself (no
 connection, a timeout, 401/403, a server error) the database stops asking for the rest of its
-life, so a dead server costs one timeout, not one per call. A write refused for the token
-(401/403: a read-only token) stops the writes only; a refused single write (422: an item the
-server will not take) only loses that item.
+life, so a dead server costs one timeout, not one per call. A server that sheds load or is
+briefly unavailable (503, 429) is skipped for the ``Retry-After`` it asks (at most
+:data:`MAX_PAUSE` seconds), then asked again: one shed read made a process build TVM's default
+schedule for good. A write refused for the token (401/403: a read-only token) stops the writes
+only; a refused single write (422: an item the server will not take) only loses that item.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 from tunecache.artifacts import ArtifactIn, ArtifactPublic, Namespace
@@ -23,6 +26,8 @@ logger = logging.getLogger(__name__)
 
 WRITE_TIMEOUT = 10.0  # seconds a write may take (reads get the lookup timeout)
 _STAYS_DOWN = frozenset({401, 403, 404, 405})
+_PAUSES = frozenset({429, 503})  # asked again after its Retry-After
+MAX_PAUSE = 60.0  # seconds, whatever Retry-After a server names
 
 
 class Remote:
@@ -43,23 +48,29 @@ class Remote:
         self.partition = partition
         self.down: str | None = None  # why the server is no longer asked
         self.read_only: str | None = None  # why it is no longer written to (a 401/403 on writes)
+        self.paused_until = 0.0  # time.monotonic() before which a shedding server is not asked
         self._warned = False
 
-    def get(self, namespace: Namespace, key: str | None, limit: int) -> list[ArtifactPublic]:
-        """The partition's ``namespace`` items (of ``key``: best score first); ``[]`` on error."""
-        if self.down is not None:
-            return []
+    def _skipped(self) -> bool:
+        return self.down is not None or time.monotonic() < self.paused_until
+
+    def get(self, namespace: Namespace, key: str | None,
+            limit: int) -> list[ArtifactPublic] | None:  # fmt: skip
+        """The partition's ``namespace`` items (of ``key``: best score first); ``None`` when the
+        server did not answer (down, paused, or the call failed): nothing to keep as its answer."""
+        if self._skipped():
+            return None
         try:
             return self.client.get_artifacts(
                 namespace, self.partition, key=key, limit=limit, timeout=self.timeout
             )
         except Exception as exc:  # ServerError, or anything the HTTP stack let through
             self._failed(f"reading {namespace}", _as_server_error(exc))
-            return []
+            return None
 
     def put(self, items: Sequence[ArtifactIn]) -> bool:
         """Stores ``items``; whether the server took them (``False``: logged, kept local)."""
-        if self.down is not None or self.read_only is not None or not items:
+        if self._skipped() or self.read_only is not None or not items:
             return False
         try:
             self.client.put_artifacts(items)
@@ -77,14 +88,21 @@ class Remote:
     def _failed(self, what: str, exc: ServerError, *, write: bool = False) -> None:
         code = exc.status_code
         refused_write = write and code in (401, 403)
-        stays_down = not refused_write and (code is None or code in _STAYS_DOWN or code >= 500)
+        paused = code in _PAUSES
+        stays_down = not refused_write and not paused and (
+            code is None or code in _STAYS_DOWN or code >= 500)  # fmt: skip
+        pause = min(MAX_PAUSE, max(1.0, exc.retry_after or 1.0))
         if stays_down:
             self.down = str(exc)
+        elif paused:
+            self.paused_until = time.monotonic() + pause
         if not self._warned:
             self._warned = True
             then = "skipped"
             if stays_down:
                 then = "using local records only from now on"
+            elif paused:
+                then = f"asking it again in {pause:.0f} s"
             elif refused_write:
                 then = "not writing to it from now on"
             logger.warning(
