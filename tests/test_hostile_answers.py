@@ -436,3 +436,24 @@ def test_the_tvm_database_asks_again_after_a_shed_read() -> None:
         items = remote.get("tvm.record", "key", 8)
         remote.close()
     assert items is not None and [i.id for i in items] == [1]
+
+
+def test_the_inductor_team_cache_asks_once_more_after_a_shed_read() -> None:
+    """One 503 with Retry-After marked the team cache down: that rank autotuned on its own."""
+    from tunecache.inductor.remote import TeamCache
+
+    def shed_once(conn: socket.socket, request: Request, seen: Seen) -> None:
+        if len(seen.requests) == 1:
+            body = b'{"status": 503, "detail": "busy", "errors": []}'
+            conn.sendall(f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                         f"Retry-After: 1\r\nContent-Length: {len(body)}\r\n{IDENTITY}"
+                         f"\r\n".encode() + body)  # fmt: skip
+            return
+        page = {"items": [_item(7, "partition", "key")], "next_after": None}
+        answer(conn, 200, json.dumps(page).encode())
+
+    with serve(shed_once) as (url, seen):
+        team = TeamCache(url, "", "partition", timeout=SECONDS)
+        items = team.fetch("tvm.record")  # the namespace of the items served
+        team.close()
+    assert [i.id for i in items] == [7] and not team.down and len(seen.requests) == 2
