@@ -30,11 +30,16 @@ from tunecache.snapshot import MAX_SNAPSHOT_RECORDS, SnapshotFilters
 def _create(row: RecordRow) -> RecordCreate:
     """``row`` as a snapshot carries it: the time the server believes (a verifier's, once one
     re-timed it) and only the comparisons that stand (none of an uploader whose time the
-    verifier flagged). A snapshot has no verification of its own: exported as uploaded, a time
-    the verifier found 3x too fast won again on the server that imported it."""
+    verifier's differs from past :data:`tunecache.believed.APART_RATIO`; beside a verifier's
+    time, only interleaved ones). A snapshot has no verification of its own: exported as
+    uploaded, a time the verifier found 3x too fast won again on the server that imported it."""
     public = public_record(row, is_winner=True)
-    fields = {**record_fields(row), "timing": public.believed_timing,
-              "baselines": public.comparisons()}  # fmt: skip
+    baselines = public.comparisons()
+    if public.believed_timing is not public.timing:  # a verifier's time beside the uploader's
+        # baselines: a ratio of medians would divide one machine's by another's; an interleaved
+        # comparison's ratio stands on its own.
+        baselines = [b for b in baselines if b.speedup is not None]
+    fields = {**record_fields(row), "timing": public.believed_timing, "baselines": baselines}
     return RecordCreate.model_validate(fields, context=STORED)
 
 

@@ -30,6 +30,7 @@ from cache_server.models import (
     utcnow,
 )
 from cache_server.queries import WinnerTable, offer_winner
+from tunecache.believed import APART_RATIO
 from tunecache.canonical import canonical_json
 from tunecache.policies import server_bucket, widest_bucket
 from tunecache.schemas import VerificationPublic
@@ -40,7 +41,7 @@ SERVED_STATUSES: dict[str, tuple[str, ...]] = {
     "verified": ("verified",),
 }
 # A verifier's timing more than this much slower than the uploader's flags the uploaded time.
-TIMING_FLAG_RATIO = 1.25  # the uploader's time is over 20 % below the verifier's
+TIMING_FLAG_RATIO = APART_RATIO  # the uploader's time is over 20 % below the verifier's
 MAX_RATIO = 1e9  # a verifier / uploader time ratio beyond this is reported as this
 MAX_VERIFY_ATTEMPTS = 3  # claims of one record (a verifier that cannot run it gives it back)
 MAX_OPEN_DISPUTES = 32  # unresolved disputes kept per record (more are counted, not stored)

@@ -529,3 +529,32 @@ def test_a_snapshot_carries_the_believed_time_not_one_a_verifier_flagged(
             assert client.lookup(key, default=DEFAULT).config == honest.config
     finally:
         other.stop()
+
+
+def test_beside_a_verifiers_time_a_snapshot_keeps_only_interleaved_comparisons(
+    server: LiveServer,
+) -> None:
+    """A verifier re-timed the record at 1.1 ms, close to its uploader's 1 ms: the export
+    carries the verifier's time, and of the uploader's baselines only the interleaved
+    comparison (its ratio stands on its own); a default config's 3 ms timed apart would have
+    been divided by the verifier's median, another machine's."""
+    from tests.factories import issue_token
+    from tests.test_best import with_eager
+    from tunecache.measured import BaselineModel
+    from tunecache.verification import VerificationCreate
+
+    key = make_key(97)
+    record = with_eager(key, 1.0, 2.0, 2.0)
+    apart = BaselineModel(name="default_config", timing=make_record(key, time_ms=3.0).timing)
+    record = record.model_copy(update={"baselines": [*record.baselines, apart]})
+    with Client(server.url) as client:
+        record_id = client.upload(record).record_id
+    with Client(server.url, token=issue_token(server.url, "verify")) as client:
+        assert client.claim_verification("v1", device_arch=ARCH, backends=[key.backend])
+        client.submit_verification(record_id, VerificationCreate(
+            worker="v1", outcome="passed", device_name="verifier-cpu",
+            timing=make_record(key, time_ms=1.1).timing,
+            validation=make_record(key).validation))  # fmt: skip
+    [carried] = export(server.url).json()["records"]
+    assert carried["timing"]["median_ms"] == 1.1
+    assert [b["name"] for b in carried["baselines"]] == ["torch_eager"]

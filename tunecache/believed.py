@@ -21,8 +21,8 @@ from tunecache.measured import SAME_BELOW, BaselineModel, TimingModel
 from tunecache.strict import SERVED, STORED
 
 # The ratio of a verifier's median to its uploader's past which, either way, the uploader's
-# comparisons are not believed: cache_server.trust.TIMING_FLAG_RATIO, the server's flag on an
-# uploaded time over 20 % faster than the verifier's.
+# comparisons are not believed; cache_server.trust flags an uploaded time this much faster than
+# the verifier's (TIMING_FLAG_RATIO).
 APART_RATIO = 1.25
 APART = "medians timed apart, no spread"  # a ratio of two medians, not an interleaved comparison
 ONE_ROUND = "one round: no spread"

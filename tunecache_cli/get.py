@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from tunecache.believed import APART_RATIO
 from tunecache.explain import Nearby
 from tunecache.key import Key
 from tunecache.schemas import RecordCreate, RecordPublic
@@ -62,10 +63,11 @@ def _unstored(uploaded: int | None) -> str:
 
 
 def _versus_eager(record: RecordCreate) -> str:
-    """The record against torch eager; ``not believed`` once a verifier re-timed it too slow
-    for its uploader's comparisons to stand."""
+    """The record against torch eager; ``not believed`` once a verifier's time and its
+    uploader's differ too much for the uploader's comparisons to stand."""
     if record.baselines and not record.comparisons():
-        return "not believed: the verifier timed it slower than its uploader, who timed eager"
+        return (f"not believed: the verifier's time and its uploader's differ over "
+                f"{APART_RATIO}x, and its uploader timed eager")  # fmt: skip
     return versus(record, than="torch eager")
 
 
