@@ -188,40 +188,6 @@ def test_a_hostile_servers_config_is_never_launched(
     assert m.BENCH_CALLS == []
 
 
-RANK_SCRIPT = """
-import json, os, sys, torch, torch.distributed as dist
-rank = int(sys.argv[1])
-dist.init_process_group("gloo", init_method=sys.argv[2], rank=rank, world_size=2)
-import tests.user_triton_autotune as m
-x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
-assert torch.allclose(m.launch(x), x * 2 + 1)
-from tunecache.triton.record import config_json
-print(json.dumps({"bench": len(m.BENCH_CALLS), "config": config_json(m.affine.best_config)}))
-dist.destroy_process_group()
-"""
-
-
-def test_ranks_of_a_distributed_group_launch_rank_0s_choice() -> None:
-    """On a miss each rank would pick differently (rank 1's timings are reversed): rank 0 tunes
-    and broadcasts, so both launch the same config."""
-    init = f"tcp://127.0.0.1:{free_port()}"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "TUNECACHE_URL": dead_url()}
-    ranks = [
-        subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(rank), init], cwd=REPO,
-                         env={**env, "TEST_TIMES": "reversed" if rank else "forward"},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for rank in (0, 1)
-    ]  # fmt: skip
-    answers = []
-    for process in ranks:
-        out, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err
-        answers.append(json.loads(out.splitlines()[-1]))
-    assert answers[0]["bench"] == 6 and answers[1]["bench"] == 0  # rank 0 tuned, rank 1 did not
-    assert answers[0]["config"] == answers[1]["config"] == {"BLOCK": 32, "num_warps": 1,
-                                                           "num_stages": 3}  # fmt: skip
-
-
 SHARED = """
 import json, torch
 import tests.user_triton_autotune as m

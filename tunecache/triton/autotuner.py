@@ -14,7 +14,8 @@ the listed configs benchmarked with Triton's ``do_bench``), the winner validated
 before Triton launches it into the call's tensors (a wrong one never is: the first config is) and
 uploaded, with the trials measured for its key, when a write token is set; or the first config
 is launched and the miss reported (``on_miss="default"``). With ``torch.distributed``
-initialised, rank 0's choice is broadcast, so every rank launches the same config.
+initialised, the first rank to reach a key decides it and the others launch its choice
+(:mod:`tunecache.triton.ranks`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from tunecache.problem import describe
 from tunecache.schemas import CheckModel
 from tunecache.settings import interpret_enabled
 from tunecache.strict import printable_text
-from tunecache.triton import hostbench
+from tunecache.triton import hostbench, ranks
 from tunecache.triton.check import SEED, compare_outputs, finish, fresh_call, out_of_memory
 from tunecache.triton.hostbench import host_bench
 from tunecache.triton.keys import (
@@ -49,14 +50,12 @@ from tunecache.triton.keys import (
     call_device,
     key_of_call,
     misfit,
-    triton_config,
 )
 from tunecache.triton.picks import Picks, TuningCall
 from tunecache.triton.pruning import CallPrune, early_config_prune
 from tunecache.triton.record import (
     DO_BENCH_TIMER,
     build_record,
-    config_json,
     reference_label,
     validated,
 )
@@ -68,6 +67,9 @@ _FROM = {"memo": "this process's memo", "snapshot": "the snapshot file", "server
          "default": "the default"}  # fmt: skip
 OnMiss = Literal["tune", "default"]
 VerifyMode = Literal["never", "first"]
+Admit = Callable[[dict[str, Any]], Config | str]  # a served config's launch, or why never
+Fits = Callable[[dict[str, Any]], str | None]  # why a config is never launched, or None
+Refuse = Callable[[str, dict[str, Any], str], str]  # (what, config, why) -> why, warned or not
 
 
 class CachedAutotuner(Autotuner):
@@ -122,15 +124,28 @@ class CachedAutotuner(Autotuner):
 
     def _new_key(self, arguments: dict[str, Any], tuning_key: tuple[Any, ...],
                  args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:  # fmt: skip
-        """The first launch at ``tuning_key``: served, else tuned (and checked, and uploaded) or
-        the first config, as Triton launches."""
+        """The first launch at ``tuning_key``: the config another rank decided for it, else
+        served, tuned (and checked, and uploaded) or the first config, as Triton launches."""
+        agreement = ranks.agree(self.identity, tuning_key)
+        if agreement is not None and not agreement.decides:
+            admit, fits = self._fits(args, kwargs, refuse=lambda what, config, why: why)
+            chosen = agreement.follow(admit, fits, lambda: self._first(args, kwargs),
+                                      self._warn_once)  # fmt: skip
+            if chosen is not None:
+                self.cache[tuning_key] = chosen
+                return super().run(*args, **kwargs)
+            agreement = None  # decided here alone
+        try:
+            return self._decide(arguments, tuning_key, args, kwargs)
+        finally:  # nothing in the cache: the decider's call raised before a pick
+            if agreement is not None:
+                agreement.publish(self.cache.get(tuning_key))
+
+    def _decide(self, arguments: dict[str, Any], tuning_key: tuple[Any, ...],
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:  # fmt: skip
         key = self._key(arguments)
         if key is not None:
             self._resolve(key, tuning_key, args, kwargs)
-        if _distributed() and self._rank() != 0:
-            chosen = _broadcast(None)
-            self.cache[tuning_key] = self.space.find(chosen) or triton_config(chosen)
-            return super().run(*args, **kwargs)
         tuned = tuning_key not in self.cache
         if tuned:
             # Triton sets the timings only when it benchmarks (not when pruning leaves one
@@ -145,8 +160,6 @@ class CachedAutotuner(Autotuner):
             self.benchmarked += bool(timings)
             if call is not None:
                 self._tuned(call, timings, time.perf_counter() - started)
-        if _distributed():
-            _broadcast(config_json(self.cache[tuning_key]))
         return out
 
     def _call(self) -> TuningCall | None:
@@ -234,18 +247,7 @@ class CachedAutotuner(Autotuner):
                  kwargs: dict[str, Any]) -> None:  # fmt: skip
         """Fills Triton's cache for ``tuning_key`` from tunecache when a config inside the
         kernel's space fits (or with the first config on a miss when ``on_miss="default"``)."""
-        arguments = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
-        named = {k: v for k, v in arguments.items() if k in self.arg_names}
-        device = call_device([v for v in arguments.values() if hasattr(v, "data_ptr")])
-
-        admit = self._admission(args, kwargs)
-
-        def fits(config: dict[str, Any]) -> str | None:
-            why = misfit(config, self.identity, self.meta, device)
-            if why is None and isinstance(placed := admit(config), str):
-                why = placed
-            return why or shared_misfit(self.fn, named, config, device)
-
+        admit, fits = self._fits(args, kwargs)
         # A config that does not fit is passed over: the next source, else a miss.
         verify = self._verifier(key, args, kwargs) if self.verify == "first" else None
         result = self._client().lookup(key, default=None, fits=fits, verify=verify)
@@ -263,20 +265,38 @@ class CachedAutotuner(Autotuner):
         if self.on_miss == "default":
             self.cache[tuning_key] = self._first(args, kwargs)
 
-    def _admission(self, args: tuple[Any, ...],
-                   kwargs: dict[str, Any]) -> Callable[[dict[str, Any]], Config | str]:  # fmt: skip
+    def _fits(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+              refuse: Refuse | None = None) -> tuple[Admit, Fits]:  # fmt: skip
+        """``admit`` (:meth:`_admission`) and ``fits(config)``: why a config must not be
+        launched at this call (outside the kernel's space or the device's means), or ``None``."""
+        arguments = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
+        named = {k: v for k, v in arguments.items() if k in self.arg_names}
+        device = call_device([v for v in arguments.values() if hasattr(v, "data_ptr")])
+        admit = self._admission(args, kwargs, refuse)
+
+        def fits(config: dict[str, Any]) -> str | None:
+            why = misfit(config, self.identity, self.meta, device)
+            if why is None and isinstance(placed := admit(config), str):
+                why = placed
+            return why or shared_misfit(self.fn, named, config, device)
+
+        return admit, fits
+
+    def _admission(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   refuse: Refuse | None = None) -> Admit:  # fmt: skip
         """``admit(config)``: the ``triton.Config`` to launch for a served config at this call,
         or why it is never launched (warned once per kernel): outside the kernel's space, or
         dropped by its ``early_config_prune`` for this call's arguments (run as Triton runs it,
         at most once per candidate set; a prune that raises is a miss, not the user's error)."""
         call = self._pruning(args, kwargs)
+        refused = refuse or self._refused
 
         def admit(config: dict[str, Any]) -> Config | str:
             placed = self.space.place(config)
             if isinstance(placed, str):
-                return self._refused("outside", config, placed)
+                return refused("outside", config, placed)
             if call is not None and (why := call.problem(placed)) is not None:
-                return self._refused("pruned", config, why)
+                return refused("pruned", config, why)
             return placed
 
         return admit
@@ -377,11 +397,6 @@ class CachedAutotuner(Autotuner):
             config.pre_hook({**nargs, **config.all_kwargs()})
         self.fn.run(*args, **kwargs, **config.all_kwargs())
 
-    def _rank(self) -> int:
-        import torch.distributed as dist
-
-        return int(dist.get_rank())
-
     def _warn_once(self, what: str, message: str) -> None:
         log = logger.debug if what in self._warned else logger.warning
         self._warned.add(what)
@@ -393,25 +408,6 @@ def _interpreted() -> bool:
         return interpret_enabled()
     except ValueError:
         return False  # Triton refuses the value itself
-
-
-def _distributed() -> bool:
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return False
-    return bool(dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1)
-
-
-def _broadcast(config: dict[str, Any] | None) -> dict[str, Any]:
-    """Rank 0's config, on every rank."""
-    import torch.distributed as dist
-
-    box = [config]
-    dist.broadcast_object_list(box, src=0)
-    chosen = box[0]
-    assert isinstance(chosen, dict)
-    return chosen
 
 
 def autotune(

@@ -6,8 +6,9 @@ them. :func:`install` replaces ``triton.autotune`` (as ``triton``, ``triton.runt
 defined in a module the :class:`~tunecache.settings.Routing` takes, builds
 :class:`~tunecache.triton.autotuner.CachedAutotuner` instead of Triton's ``Autotuner``: hits
 launch with no benchmark, misses tune or launch the first config as configured, every rank runs
-rank 0's config, and a served config launches only when it is one of the kernel's own listed
-configs (its space). Kernels of other modules get Triton's own autotuner, untouched.
+the config the first rank to reach a key decided (:mod:`tunecache.triton.ranks`), and a served
+config launches only when it is one of the kernel's own listed configs (its space). Kernels of
+other modules get Triton's own autotuner, untouched.
 
 Only kernels decorated after :func:`install` are routed: call it before importing the library,
 or set ``TUNECACHE_TRITON_AUTOTUNE=1`` (the start-up hook, ``_tunecache_triton_hook``, installs it
