@@ -20,6 +20,7 @@ from sqlalchemy import ColumnElement, and_, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from cache_server.db import upsert_insert
+from cache_server.leases import token_live
 from cache_server.models import JobRow, RecordRow, TokenRow, utcnow
 from tunecache.canonical import canonical_json
 from tunecache.key import kernel_module
@@ -159,6 +160,8 @@ def claim(
     heartbeat renews it): a worker that keeps claiming without finishing its job gets it back
     only until the lease runs out, and then as any worker, an attempt spent.
     """
+    if not token_live(session, token_id):  # revoked, or being revoked: no lease
+        return None
     now = utcnow()
     _expire_last_attempts(session, now)
     fits = _runnable(device_arch, backends, kernel_packages)

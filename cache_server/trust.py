@@ -21,6 +21,7 @@ from sqlalchemy import and_, case, delete, or_, select, update
 from sqlalchemy.orm import Session
 
 from cache_server import twins
+from cache_server.leases import token_live
 from cache_server.models import (
     DisputeRow,
     RecordRow,
@@ -173,6 +174,8 @@ def claim(
     again (a claim asked again after its answer was lost: no second record leased, no attempt
     spent), with the disputes open now, which its finding settles; its lease is not renewed, so
     a verifier whose findings are refused gets it back only until the lease runs out."""
+    if not token_live(session, token_id):  # revoked, or being revoked: no lease
+        return None
     now = utcnow()
     fits = (RecordRow.device_arch == device_arch, RecordRow.backend.in_(list(backends)))
     held = session.scalar(

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import start_server
 from tests.pg import create_database
@@ -74,3 +75,23 @@ def test_a_database_outage_is_a_503_and_the_server_recovers(
     text = log.read_text()
     assert "the database did not answer GET /health" in text
     assert "internal error" not in text and "Traceback" not in text
+
+
+@pytest.mark.parametrize(
+    ("code", "outage"),
+    [(5, True), (5 | 2 << 8, True), (8, True), (10, True), (13, True), (14, True),
+     (6, False), (1, False), (19, False)],
+)  # fmt: skip
+def test_which_sqlite_errors_are_an_outage(code: int, outage: bool) -> None:
+    """BUSY (locked past the busy timeout), READONLY, IOERR, FULL and CANTOPEN are the database
+    not answering (503); LOCKED (a table locked within one connection), a syntax error or a
+    constraint are bugs of ours (500)."""
+    import sqlite3
+
+    from sqlalchemy.exc import OperationalError
+
+    from cache_server.api.errors import database_outage
+
+    orig = sqlite3.OperationalError("an error")
+    orig.sqlite_errorcode = code
+    assert database_outage(OperationalError("SELECT 1", {}, orig)) is outage

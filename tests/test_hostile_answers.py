@@ -409,29 +409,41 @@ def test_an_unavailable_server_is_exit_3_never_a_miss(capsys: pytest.CaptureFixt
                      "--server", url])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 3 and "503" in err and "not answering" in err, err
+    from tunecache_cli import server_exit  # a 503 from what is not a tunecache server: its URL
+
+    assert server_exit(ServerError("a proxy's 503", status_code=503, foreign=True)) == 2
 
 
 def test_the_tvm_database_asks_again_after_a_shed_read() -> None:
     """One 503 with Retry-After (a server shedding load) made a process's TVM database stop
     asking for good: that rank built TVM's default schedule while the others built the tuned
-    one. It pauses for the Retry-After, and the failed answer is never kept as the answer."""
+    one. It asks once more after the Retry-After (MetaSchedule asks once a compile); shed twice,
+    it pauses for the Retry-After, and a failed answer is never kept as the answer."""
     from tunecache.tvm.remote import Remote
 
-    def shed_once(conn: socket.socket, request: Request, seen: Seen) -> None:
-        if len(seen.requests) == 1:
-            body = b'{"status": 503, "detail": "busy", "errors": []}'
-            conn.sendall(f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                         f"Retry-After: 1\r\nContent-Length: {len(body)}\r\n{IDENTITY}"
-                         f"\r\n".encode() + body)  # fmt: skip
-            return
-        page = {"items": [_item(1, "partition", "key")], "next_after": None}
-        answer(conn, 200, json.dumps(page).encode())
+    def shed(times: int) -> Any:
+        def behaviour(conn: socket.socket, request: Request, seen: Seen) -> None:
+            if len(seen.requests) <= times:
+                body = b'{"status": 503, "detail": "busy", "errors": []}'
+                conn.sendall(f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/"
+                             f"json\r\nRetry-After: 1\r\nContent-Length: {len(body)}\r\n"
+                             f"{IDENTITY}\r\n".encode() + body)  # fmt: skip
+                return
+            page = {"items": [_item(1, "partition", "key")], "next_after": None}
+            answer(conn, 200, json.dumps(page).encode())
 
-    with serve(shed_once) as (url, seen):
+        return behaviour
+
+    with serve(shed(1)) as (url, seen):
+        remote = Remote(url, "", SECONDS, "partition")
+        items = remote.get("tvm.record", "key", 8)  # shed, then asked once more: answered
+        assert items is not None and [i.id for i in items] == [1] and len(seen.requests) == 2
+        remote.close()
+    with serve(shed(2)) as (url, seen):
         remote = Remote(url, "", SECONDS, "partition")
         assert remote.get("tvm.record", "key", 8) is None and remote.down is None
         assert remote.get("tvm.record", "key", 8) is None  # paused: not asked
-        assert len(seen.requests) == 1
+        assert len(seen.requests) == 2
         time.sleep(1.1)
         items = remote.get("tvm.record", "key", 8)
         remote.close()

@@ -72,6 +72,7 @@ TABLE: list[tuple[list[str], int, str]] = [
         "--strategy, --seed",
     ),
     (["tune", "--torch", "{tmp}/missing.py:M", "--patience", "4"], 2, "leave out --patience"),
+    (["tune", "--torch", "{tmp}/missing.py:M", "--seed", "0"], 2, "leave out --seed"),
     (["tune", "matmul", *KEY, "--inputs", "make", "--no-upload"], 2, "leave out --inputs (they"),
     (
         ["token", "list", "--server", "http://127.0.0.1:9", "--db", "sqlite:///{tmp}/t.db"],

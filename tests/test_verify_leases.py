@@ -76,3 +76,58 @@ def test_a_revoked_verifiers_lease_is_claimable_at_once(
                                backends=["tvm"], lease_seconds=60) is None  # fmt: skip
     finally:
         engine.dispose()
+
+
+def test_a_claim_racing_a_revocation_never_outlives_it(
+    database: tuple[str, Path | None],
+) -> None:
+    """PostgreSQL, read committed: a claim that read the token live while a revocation was in
+    flight leased the record after the revocation's release had passed it over, and the lease
+    outlived the token. The claim now waits for the revocation, then leases nothing; a job's
+    claim likewise."""
+    import threading
+
+    from cache_server import jobs, tokens, trust
+    from cache_server.db import make_sessionmaker
+    from cache_server.migrate import prepare
+    from cache_server.queries import add_record
+
+    if database[1] is not None:
+        pytest.skip("SQLite serialises writers: the race needs PostgreSQL")
+    engine = prepare(database[0])
+    sessions = make_sessionmaker(engine)
+    try:
+        with sessions.begin() as session:
+            _, gone = tokens.issue(session, name="gone", scope="verify")
+            _, admin = tokens.issue(session, name="admin", scope="admin")
+            record = make_record(make_key(m=42))
+            add_record(session, key_hash=record.key.digest(), record=record)
+            key = make_key(m=43)
+            jobs.enqueue(session, key_hash=key.digest(), key=key.to_json())
+            gone_id = gone.id
+        claimed: list[object] = []
+
+        def claim_both() -> None:
+            with sessions.begin() as racing:
+                claimed.append(trust.claim(racing, worker="w", token_id=gone_id,
+                                           device_arch=CPU.arch, backends=["tvm"],
+                                           lease_seconds=3600))  # fmt: skip
+                claimed.append(jobs.claim(racing, worker="w", token_id=gone_id,
+                                          lease_seconds=3600))  # fmt: skip
+
+        revoking = sessions()
+        tokens.revoke(revoking, token_id=gone_id)  # in flight: not committed yet
+        racer = threading.Thread(target=claim_both)
+        racer.start()
+        racer.join(1.0)
+        assert racer.is_alive()  # waiting for the revocation
+        revoking.commit()
+        revoking.close()
+        racer.join(30)
+        assert claimed == [None, None]
+        with sessions.begin() as session:
+            taken = trust.claim(session, worker="v", token_id=admin.id, device_arch=CPU.arch,
+                                backends=["tvm"], lease_seconds=60)  # fmt: skip
+            assert taken is not None
+    finally:
+        engine.dispose()

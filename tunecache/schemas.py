@@ -431,13 +431,16 @@ class RecordPublic(RecordCreate):
         return "verifier", check.timing
 
     def comparisons(self) -> list[BaselineModel]:
-        """None once a verifier's time and the uploader's differ past
-        :data:`tunecache.believed.APART_RATIO` either way (or it flagged the uploaded time as too
-        fast, ``timing_flag``): the baselines were timed beside the uploader's, on its machine,
-        and its "20x faster than torch eager" would stand beside the verifier's time."""
+        """None once a verifier flagged the uploaded time as too fast (``timing_flag``), or timed
+        it on the uploader's very device and the two differ past
+        :data:`tunecache.believed.APART_RATIO` either way: the baselines were timed beside the
+        uploader's time, and its "20x faster than torch eager" would stand beside a time it did
+        not match. A verifier on another device of the arch (an H100 SXM after a PCIe) may time
+        it faster and leave the uploader's own comparisons standing, marked as the uploader's."""
         who, shown = self.timed()
         flagged = self.verification is not None and self.verification.timing_flag
-        if who == "verifier" and (flagged or believed.disagree(shown, self.timing)):
+        apart = self.timed_on == self.key.device.name and believed.disagree(shown, self.timing)
+        if who == "verifier" and (flagged or apart):
             return []
         return super().comparisons()
 

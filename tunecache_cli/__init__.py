@@ -90,10 +90,12 @@ def server_exit(exc: ServerError) -> int:
     of a tuned record refused)."""
     from tunecache_cli.outbox import UploadRefused
 
-    if exc.status_code is None or exc.status_code == 503:  # 503: busy, or its database down
+    if exc.status_code is None:
         return EXIT_UNREACHABLE
     if exc.foreign:  # whatever it answered: the URL is wrong
         return EXIT_BAD_INPUT
+    if exc.status_code == 503:  # busy, or its database down
+        return EXIT_UNREACHABLE
     if exc.status_code in (401, 403):
         return EXIT_REFUSED
     if exc.status_code in BAD_REQUEST and not isinstance(exc, UploadRefused):

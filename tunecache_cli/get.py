@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
-from tunecache.believed import APART_RATIO
+from tunecache.believed import APART_RATIO, named_once
 from tunecache.explain import Nearby
 from tunecache.key import Key
 from tunecache.schemas import RecordCreate, RecordPublic
@@ -66,6 +66,8 @@ def _versus_eager(record: RecordCreate) -> str:
     """The record against torch eager; ``not believed`` once a verifier's time and its
     uploader's differ too much for the uploader's comparisons to stand."""
     if record.baselines and not record.comparisons():
+        if not named_once(record.baselines):
+            return "not believed: its baselines name one twice (stored before that was refused)"
         return (f"not believed: the verifier's time and its uploader's differ over "
                 f"{APART_RATIO}x, and its uploader timed eager")  # fmt: skip
     return versus(record, than="torch eager")

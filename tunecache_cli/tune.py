@@ -124,7 +124,7 @@ def _check_unused(args: argparse.Namespace) -> None:
         given, flow = [*inputs, ("--device", args.device)], (
             "a kernel key is tuned on this machine's device for its backend, on the kernel's "
             "own inputs")  # fmt: skip
-    unused = [flag for flag, value in given if value not in (None, False)]
+    unused = [flag for flag, value in given if value is not None and value is not False]
     if unused:
         raise InvalidInput(f"{flow}: leave out {', '.join(unused)}"
                            + ("" if own else " (they are for --torch / --tvm)"))  # fmt: skip

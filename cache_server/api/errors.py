@@ -35,13 +35,15 @@ logger = logging.getLogger(__name__)
 SHOWN = 3  # fields named in a validation error's detail
 OUTAGE_RETRY_AFTER = 5  # seconds: a database that went away is seldom back within one
 
-# What says the database could not be reached, not that the statement was wrong: PostgreSQL's
-# SQLSTATE classes 08 (connection), 53 (insufficient resources: too many connections, disk full)
-# and 58 (system: I/O), and its shutting down or starting up; SQLite's primary result codes
-# BUSY and LOCKED (locked past the busy timeout), IOERR and CANTOPEN.
+# What says the database could not be reached or written, not that the statement was wrong:
+# PostgreSQL's SQLSTATE classes 08 (connection), 53 (insufficient resources: too many
+# connections, disk full) and 58 (system: I/O), its shutting down or starting up, and a standby
+# that only reads (25006, after a failover); SQLite's primary result codes BUSY (locked past the
+# busy timeout), READONLY, IOERR, CANTOPEN and FULL (LOCKED, a table locked within one
+# connection, is a bug of ours: a 500).
 _PG_OUTAGE_CLASSES = ("08", "53", "58")
-_PG_OUTAGE_CODES = frozenset({"57P01", "57P02", "57P03"})
-_SQLITE_OUTAGE_CODES = frozenset({5, 6, 10, 14})
+_PG_OUTAGE_CODES = frozenset({"57P01", "57P02", "57P03", "25006"})
+_SQLITE_OUTAGE_CODES = frozenset({5, 8, 10, 13, 14})
 _SQLITE_OUTAGE_MESSAGES = ("database is locked", "unable to open database file")
 
 
@@ -121,9 +123,11 @@ def database_outage(exc: BaseException) -> bool:
         return False
     if exc.connection_invalidated:
         return True
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) == "25006":  # a read-only standby: an InternalError
+        return True
     if not isinstance(exc, OperationalError):
         return False
-    orig = exc.orig
     code = getattr(orig, "sqlite_errorcode", None)
     if code is not None:  # extended result codes keep the primary one in their low byte
         return code & 0xFF in _SQLITE_OUTAGE_CODES

@@ -73,18 +73,19 @@ class Agreement:
         try:
             self.store.wait([self.name], self.wait)
             value = self.store.get(self.name).decode()
-        except Exception as exc:  # past the wait, or the store failed
+            decision = None if value == FAILED else json.loads(value)
+            chosen, decider = (None, None) if decision is None else (
+                dict(decision["config"]), int(decision["rank"]))  # fmt: skip
+        except Exception as exc:  # past the wait, the store failed, or not our value
             warn("rank-wait", f"{self.name}: another rank claimed this key and no config came "
                               f"within {self.wait.total_seconds():.0f} s ({one_line(exc)}); "
                               "this rank decides it alone: the ranks may launch different "
                               "configs at it")  # fmt: skip
             return None
-        if value == FAILED:
+        if chosen is None:
             warn("rank-failed", f"{self.name}: the rank deciding this key failed in its call; "
                                 "this rank decides it alone")  # fmt: skip
             return None
-        decision = json.loads(value)
-        chosen, decider = decision["config"], decision["rank"]
         why = fits(chosen)
         placed = admit(chosen) if why is None else why
         if isinstance(placed, str):

@@ -5,10 +5,11 @@ exception there would end the user's tuning or compilation. So every failure is 
 with "nothing" and logged once, as a warning; after a failure that will not mend by itself (no
 connection, a timeout, 401/403, a server error) the database stops asking for the rest of its
 life, so a dead server costs one timeout, not one per call. A server that sheds load or is
-briefly unavailable (503, 429) is skipped for the ``Retry-After`` it asks (at most
-:data:`MAX_PAUSE` seconds), then asked again: one shed read made a process build TVM's default
-schedule for good. A write refused for the token (401/403: a read-only token) stops the writes
-only; a refused single write (422: an item the server will not take) only loses that item.
+briefly unavailable (503, 429) is asked once more after its ``Retry-After`` (at most the read's
+timeout), then skipped for the ``Retry-After`` (at most :data:`MAX_PAUSE` seconds) and asked
+again: one shed read made a process build TVM's default schedule for good. A write refused for
+the token (401/403: a read-only token) stops the writes only; a refused single write (422: an
+item the server will not take) only loses that item.
 """
 
 from __future__ import annotations
@@ -60,13 +61,19 @@ class Remote:
         server did not answer (down, paused, or the call failed): nothing to keep as its answer."""
         if self._skipped():
             return None
-        try:
-            return self.client.get_artifacts(
-                namespace, self.partition, key=key, limit=limit, timeout=self.timeout
-            )
-        except Exception as exc:  # ServerError, or anything the HTTP stack let through
-            self._failed(f"reading {namespace}", _as_server_error(exc))
-            return None
+        for attempt in (1, 2):
+            try:
+                return self.client.get_artifacts(
+                    namespace, self.partition, key=key, limit=limit, timeout=self.timeout
+                )
+            except Exception as exc:  # ServerError, or anything the HTTP stack let through
+                error = _as_server_error(exc)
+            if attempt == 1 and error.status_code in _PAUSES:  # MetaSchedule asks once a
+                time.sleep(min(self.timeout, max(0.1, error.retry_after or 1.0)))  # compile:
+                continue  # asked once more now, as tunecache.inductor's team cache does
+            break
+        self._failed(f"reading {namespace}", error)
+        return None
 
     def put(self, items: Sequence[ArtifactIn]) -> bool:
         """Stores ``items``; whether the server took them (``False``: logged, kept local)."""
@@ -96,7 +103,7 @@ class Remote:
             self.down = str(exc)
         elif paused:
             self.paused_until = time.monotonic() + pause
-        if not self._warned:
+        if not self._warned or stays_down:  # a pause's warning never hides the server's end
             self._warned = True
             then = "skipped"
             if stays_down:
