@@ -414,25 +414,29 @@ def test_an_unavailable_server_is_exit_3_never_a_miss(capsys: pytest.CaptureFixt
     assert server_exit(ServerError("a proxy's 503", status_code=503, foreign=True)) == 2
 
 
+def shed(times: int, item_id: int = 1) -> Any:
+    """A tunecache server that sheds its first ``times`` requests (503, ``Retry-After: 1``),
+    then lists one artifact, ``item_id``."""
+
+    def behaviour(conn: socket.socket, request: Request, seen: Seen) -> None:
+        if len(seen.requests) <= times:
+            body = b'{"status": 503, "detail": "busy", "errors": []}'
+            conn.sendall(f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json"
+                         f"\r\nRetry-After: 1\r\nContent-Length: {len(body)}\r\n{IDENTITY}"
+                         f"\r\n".encode() + body)  # fmt: skip
+            return
+        page = {"items": [_item(item_id, "partition", "key")], "next_after": None}
+        answer(conn, 200, json.dumps(page).encode())
+
+    return behaviour
+
+
 def test_the_tvm_database_asks_again_after_a_shed_read() -> None:
     """One 503 with Retry-After (a server shedding load) made a process's TVM database stop
     asking for good: that rank built TVM's default schedule while the others built the tuned
     one. It asks once more after the Retry-After (MetaSchedule asks once a compile); shed twice,
     it pauses for the Retry-After, and a failed answer is never kept as the answer."""
     from tunecache.tvm.remote import Remote
-
-    def shed(times: int) -> Any:
-        def behaviour(conn: socket.socket, request: Request, seen: Seen) -> None:
-            if len(seen.requests) <= times:
-                body = b'{"status": 503, "detail": "busy", "errors": []}'
-                conn.sendall(f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/"
-                             f"json\r\nRetry-After: 1\r\nContent-Length: {len(body)}\r\n"
-                             f"{IDENTITY}\r\n".encode() + body)  # fmt: skip
-                return
-            page = {"items": [_item(1, "partition", "key")], "next_after": None}
-            answer(conn, 200, json.dumps(page).encode())
-
-        return behaviour
 
     with serve(shed(1)) as (url, seen):
         remote = Remote(url, "", SECONDS, "partition")
@@ -454,17 +458,7 @@ def test_the_inductor_team_cache_asks_once_more_after_a_shed_read() -> None:
     """One 503 with Retry-After marked the team cache down: that rank autotuned on its own."""
     from tunecache.inductor.remote import TeamCache
 
-    def shed_once(conn: socket.socket, request: Request, seen: Seen) -> None:
-        if len(seen.requests) == 1:
-            body = b'{"status": 503, "detail": "busy", "errors": []}'
-            conn.sendall(f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                         f"Retry-After: 1\r\nContent-Length: {len(body)}\r\n{IDENTITY}"
-                         f"\r\n".encode() + body)  # fmt: skip
-            return
-        page = {"items": [_item(7, "partition", "key")], "next_after": None}
-        answer(conn, 200, json.dumps(page).encode())
-
-    with serve(shed_once) as (url, seen):
+    with serve(shed(1, item_id=7)) as (url, seen):
         team = TeamCache(url, "", "partition", timeout=SECONDS)
         items = team.fetch("tvm.record")  # the namespace of the items served
         team.close()
