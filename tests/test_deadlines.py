@@ -107,12 +107,12 @@ def test_an_upload_never_waits_and_honours_the_down_state(
 ) -> None:
     with serve(silent) as (url, seen), Client(url, timeout=Timeout(lookup=0.3, write=30)) as c:
         elapsed, queued = timed(lambda: c.upload_later(make_record()))
-        assert queued and elapsed < 0.1
+        assert queued and elapsed < 3.0  # not the 30 s the silent server would hold a send
         time.sleep(0.2)
         assert seen.requests == ["POST /v1/records"]  # sent, and still waiting: not on us
         assert c.lookup(make_key(), default=DEFAULT).source == "default"  # times out: down
         elapsed, queued = timed(lambda: c.upload_later(make_record(make_key(m=8))))
-        assert queued and elapsed < 0.1  # kept for when the server is back, not dropped
+        assert queued and elapsed < 3.0  # kept for when the server is back, not dropped
         time.sleep(0.3)
         assert seen.requests == ["POST /v1/records", "POST /v1/lookup"]  # not sent while down
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
