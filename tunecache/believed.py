@@ -4,10 +4,10 @@ are noisy. :class:`tunecache.schemas.RecordCreate` and ``RecordPublic`` read the
 every listing (``tunecache get``, ``records ls``/``show``, the dashboard) through those.
 
 A verifier re-times a record's config, never its baselines: once its time is the one shown, a
-speedup is still the uploader's measurement. It stands, marked so, only while the two times
-agree within :data:`APART_RATIO` either way; beyond it, the uploader's machine measured
-something other than what the verifier saw, and its "500x faster than torch eager" (or
-"13x slower") is not believed at all.
+speedup is still the uploader's measurement, and stands marked so. It is not believed at all
+where the verifier flagged the uploaded time, or timed the record on the uploader's very device
+and the two differ past :data:`APART_RATIO` either way (``RecordPublic.comparisons``): the
+uploader's machine then measured something other than what the verifier saw.
 """
 
 from __future__ import annotations

@@ -263,10 +263,10 @@ class Client(WorkerCalls):
     # -- tuner and tooling calls (these raise ServerError) ----------------------------------
     def _call(
         self, method: str, path: str, timeout: float | None = None, *, read: bool = False,
-        **kwargs: Any,
+        again: bool = False, **kwargs: Any,
     ) -> httpx.Response:  # fmt: skip
         """One request within ``timeout`` seconds in all (default: the write timeout). A write
-        the server sheds (503 with ``Retry-After``) is sent again when asked, within that time."""
+        (a read with ``again``) the server sheds (503, Retry-After) is sent again in that time."""
         seconds = timeout or self.timeout.write
         try:
             with deadline(seconds), answer_limit(MAX_ANSWER_BYTES):
@@ -277,7 +277,7 @@ class Client(WorkerCalls):
                     )  # fmt: skip
                     wait = shed_wait(response)
                     left = time_left()
-                    if read or wait is None or left is None or wait >= left:
+                    if (read and not again) or wait is None or left is None or wait >= left:
                         break
                     time.sleep(wait)
         except httpx.HTTPError as exc:
@@ -451,7 +451,8 @@ class Client(WorkerCalls):
                                       "limit": page_size}  # fmt: skip
             params.update({"key": key} if key is not None else {})
             params.update({"after": after} if after is not None else {})
-            response = self._call("GET", "/v1/artifacts", timeout, read=True, params=params)
+            response = self._call("GET", "/v1/artifacts", timeout, read=True, again=True,
+                                  params=params)  # fmt: skip
             page = parse(ArtifactList, response, "/v1/artifacts", max_containers=left)
             left -= containers(response.content)
             items.extend(item for item in page.items if item.namespace == namespace

@@ -3,8 +3,8 @@
 :class:`TeamCache` wraps one :class:`tunecache.Client` for one partition. A read that fails
 (server down, timeout, 401/403, a bad answer) warns once (``TeamCacheWarning``) and marks the
 server down for the rest of the process, so a dead server costs one lookup timeout in all, not one
-per kernel; a server shedding load (503, 429) is asked once more after its ``Retry-After`` (at
-most the read's timeout) first: one shed read left a rank benchmarking on its own. Writes
+per kernel; a server shedding load (503) is asked again within the read's timeout where its
+``Retry-After`` allows first: one shed read left a rank benchmarking on its own. Writes
 (:meth:`TeamCache.put`) raise :class:`tunecache.errors.ServerError`: the callers that write
 (``tune --torch``, :func:`tunecache.inductor.upload`) decide what to do.
 """
@@ -12,14 +12,12 @@ most the read's timeout) first: one shed read left a rank benchmarking on its ow
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from tunecache.artifacts import ArtifactIn, ArtifactPublic, ArtifactPutResult, Namespace
 from tunecache.client import Client
-from tunecache.errors import ServerError
 from tunecache.http import Timeout
 
 logger = logging.getLogger(__name__)
@@ -64,21 +62,14 @@ class TeamCache:
         if self.down:
             return []
         limit = 1 if key is not None else MAX_ITEMS
-        for attempt in (1, 2):
-            try:
-                return self.client.get_artifacts(
-                    namespace, self.partition, key=key, limit=limit, timeout=self.timeout
-                )
-            except ServerError as exc:
-                if attempt == 1 and exc.status_code in (429, 503):  # shedding: asked once more
-                    time.sleep(min(self.timeout, max(0.1, exc.retry_after or 1.0)))
-                    continue
-                failure: Exception = exc
-            except Exception as exc:  # anything the HTTP stack let through: a failure here
-                failure = exc  # would end the user's compile (as in tunecache.tvm.remote)
-            break
-        self.fail(f"reading {namespace} from {self.url} failed ({failure})")
-        return []
+        try:  # a shed page is asked again within the timeout (Client.get_artifacts)
+            return self.client.get_artifacts(
+                namespace, self.partition, key=key, limit=limit, timeout=self.timeout
+            )
+        except Exception as exc:  # ServerError, or anything the HTTP stack let through: a
+            # failure here would end the user's compile (as in tunecache.tvm.remote)
+            self.fail(f"reading {namespace} from {self.url} failed ({exc})")
+            return []
 
     def put(self, items: Sequence[ArtifactIn]) -> ArtifactPutResult:
         """Stores ``items`` on the server.

@@ -1,15 +1,15 @@
 """The server side of :class:`tunecache.tvm.Database`: artifact reads and writes that never raise.
 
 MetaSchedule calls the database from C++ in the middle of ``tune_tir`` and ``compile_tir``; an
-exception there would end the user's tuning or compilation. So every failure is answered here
-with "nothing" and logged once, as a warning; after a failure that will not mend by itself (no
-connection, a timeout, 401/403, a server error) the database stops asking for the rest of its
-life, so a dead server costs one timeout, not one per call. A server that sheds load or is
-briefly unavailable (503, 429) is asked once more after its ``Retry-After`` (at most the read's
-timeout), then skipped for the ``Retry-After`` (at most :data:`MAX_PAUSE` seconds) and asked
-again: one shed read made a process build TVM's default schedule for good. A write refused for
-the token (401/403: a read-only token) stops the writes only; a refused single write (422: an
-item the server will not take) only loses that item.
+exception there would end the user's tuning or compilation. So every failure is answered here with
+"nothing" and logged once, as a warning; after a failure that will not mend by itself (no
+connection, a timeout, 401/403, a server error) the database stops asking for the rest of its life,
+so a dead server costs one timeout, not one per call. A server that sheds load or is briefly
+unavailable (503, 429) is asked again within the read's timeout where its ``Retry-After`` allows
+(:meth:`tunecache.Client.get_artifacts`), then skipped for the ``Retry-After`` (at most
+:data:`MAX_PAUSE` seconds) and asked again: one shed read made a process build TVM's default
+schedule for good. A write refused for the token (401/403: a read-only token) stops the writes only;
+a refused single write (422: an item the server will not take) only loses that item.
 """
 
 from __future__ import annotations
@@ -61,19 +61,13 @@ class Remote:
         server did not answer (down, paused, or the call failed): nothing to keep as its answer."""
         if self._skipped():
             return None
-        for attempt in (1, 2):
-            try:
-                return self.client.get_artifacts(
-                    namespace, self.partition, key=key, limit=limit, timeout=self.timeout
-                )
-            except Exception as exc:  # ServerError, or anything the HTTP stack let through
-                error = _as_server_error(exc)
-            if attempt == 1 and error.status_code in _PAUSES:  # MetaSchedule asks once a
-                time.sleep(min(self.timeout, max(0.1, error.retry_after or 1.0)))  # compile:
-                continue  # asked once more now, as tunecache.inductor's team cache does
-            break
-        self._failed(f"reading {namespace}", error)
-        return None
+        try:  # a shed page is asked again within the timeout (Client.get_artifacts)
+            return self.client.get_artifacts(
+                namespace, self.partition, key=key, limit=limit, timeout=self.timeout
+            )
+        except Exception as exc:  # ServerError, or anything the HTTP stack let through
+            self._failed(f"reading {namespace}", _as_server_error(exc))
+            return None
 
     def put(self, items: Sequence[ArtifactIn]) -> bool:
         """Stores ``items``; whether the server took them (``False``: logged, kept local)."""
