@@ -232,7 +232,7 @@ def test_server_errors_map_to_the_documented_exit_codes() -> None:
         (ServerError("token", status_code=401), 4),
         (ServerError("scope", status_code=403), 4),
         (ServerError("no record 9", status_code=404), 1),
-        (ServerError("busy", status_code=429), 1),
+        (ServerError("over its rate limit", status_code=429), 3),  # try again, as 503
         (ServerError("bug", status_code=500), 1),
         (UploadRefused("a tuned record refused", status_code=422), 1),  # not the user's input
     ]

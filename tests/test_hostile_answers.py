@@ -414,15 +414,15 @@ def test_an_unavailable_server_is_exit_3_never_a_miss(capsys: pytest.CaptureFixt
     assert server_exit(ServerError("a proxy's 503", status_code=503, foreign=True)) == 2
 
 
-def shed(times: int, item_id: int = 1) -> Any:
-    """A tunecache server that sheds its first ``times`` requests (503, ``Retry-After: 1``),
+def shed(times: int, item_id: int = 1, asked: int = 1) -> Any:
+    """A tunecache server that sheds its first ``times`` requests (503, ``Retry-After: asked``),
     then lists one artifact, ``item_id``."""
 
     def behaviour(conn: socket.socket, request: Request, seen: Seen) -> None:
         if len(seen.requests) <= times:
             body = b'{"status": 503, "detail": "busy", "errors": []}'
             conn.sendall(f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json"
-                         f"\r\nRetry-After: 1\r\nContent-Length: {len(body)}\r\n{IDENTITY}"
+                         f"\r\nRetry-After: {asked}\r\nContent-Length: {len(body)}\r\n{IDENTITY}"
                          f"\r\n".encode() + body)  # fmt: skip
             return
         page = {"items": [_item(item_id, "partition", "key")], "next_after": None}
@@ -453,6 +453,19 @@ def test_the_tvm_database_asks_again_after_a_shed_read() -> None:
         items = remote.get("tvm.record", "key", 8)
         remote.close()
     assert items is not None and [i.id for i in items] == [1]
+
+
+def test_a_server_asking_for_no_wait_is_not_asked_again_at_once() -> None:
+    """A server shedding every request with ``Retry-After: 0`` was asked 34 times in a read of
+    2 s (one request per 50 ms, for as long as the caller waited): each ask now waits at least
+    twice as long as the one before."""
+    from tunecache.tvm.remote import Remote
+
+    with serve(shed(10**6, asked=0)) as (url, seen):
+        remote = Remote(url, "", 2.0, "partition")
+        assert remote.get("tvm.record", "key", 8) is None
+        remote.close()
+    assert 2 <= len(seen.requests) <= 6, len(seen.requests)
 
 
 def test_the_inductor_team_cache_asks_once_more_after_a_shed_read() -> None:

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
@@ -134,9 +135,8 @@ class Client(WorkerCalls):
         snapshot: str | os.PathLike[str] | None = None,
     ) -> None:
         if policy not in get_args(VersionPolicy):
-            raise InvalidInput(
-                f"policy={policy!r}: expected one of {', '.join(get_args(VersionPolicy))}"
-            )
+            known = ", ".join(get_args(VersionPolicy))
+            raise InvalidInput(f"policy={policy!r}: expected one of {known}")
         need_env = not url or timeout is None or token is None
         settings = Settings.from_env(with_url=not url) if need_env else None
         self.url = checked_url(url, "url=") if url else (settings or Settings.from_env()).url
@@ -270,12 +270,12 @@ class Client(WorkerCalls):
         seconds = timeout or self.timeout.write
         try:
             with deadline(seconds), answer_limit(MAX_ANSWER_BYTES):
-                while True:
+                for sent in itertools.count(1):
                     response = self._http.request(
                         method, path, timeout=self.timeout.per_operation(seconds, read=read),
                         **kwargs,
                     )  # fmt: skip
-                    wait = shed_wait(response)
+                    wait = shed_wait(response, sent)
                     left = time_left()
                     if (read and not again) or wait is None or left is None or wait >= left:
                         break

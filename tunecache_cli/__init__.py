@@ -83,18 +83,18 @@ def user_path() -> None:
 
 def server_exit(exc: ServerError) -> int:
     """The exit code of a server's error, as docs/cli.md gives them: 3 unreachable, unavailable
-    (503: busy, or its database down) or an answer that does not read as one (no status: a broken
-    or hostile tunecache server); 2 an answer that is not a tunecache server's, or a request the
-    server found malformed (400, 413, 422: the CLI built it from the user's arguments and files);
-    4 the token refused (401, 403); 1 anything else (404: a miss; 409, 429, other 5xx; an upload
-    of a tuned record refused)."""
+    (503: busy, or its database down; 429: over its rate limit: both say try again) or an answer
+    that does not read as one (no status: a broken or hostile tunecache server); 2 an answer that
+    is not a tunecache server's, or a request the server found malformed (400, 413, 422: the CLI
+    built it from the user's arguments and files); 4 the token refused (401, 403); 1 anything else
+    (404: a miss; 409, other 5xx; an upload of a tuned record refused)."""
     from tunecache_cli.outbox import UploadRefused
 
     if exc.status_code is None:
         return EXIT_UNREACHABLE
     if exc.foreign:  # whatever it answered: the URL is wrong
         return EXIT_BAD_INPUT
-    if exc.status_code == 503:  # busy, or its database down
+    if exc.status_code in (429, 503):  # busy, its database down, or over its rate limit: later
         return EXIT_UNREACHABLE
     if exc.status_code in (401, 403):
         return EXIT_REFUSED
