@@ -154,6 +154,31 @@ def test_every_path_and_query_integer_is_bounded(any_server: LiveServer) -> None
     assert json.loads(httpx.get(f"{url}/health", timeout=30).text)["status"] == "ok"
 
 
+def test_a_path_id_has_one_spelling(server: LiveServer) -> None:
+    """``/v1/records/1.0``, ``+1``, ``01`` and ``1_000`` read as records 1 and 1000, and 5,000
+    digits of a job id were a 500 (starlette's ``:int`` ran past Python's digit limit): an id in
+    a path is decimal digits only, on every route and the dashboard's record page (422 naming
+    the id, never another record's answer)."""
+    url = server.url
+    document = httpx.get(f"{url}/openapi.json", timeout=30).json()
+    targets = [("GET", "/ui/records/{record_id}", "record_id")]
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            targets += [(method.upper(), path, p["name"]) for p in operation.get("parameters", [])
+                        if p["in"] == "path"]  # fmt: skip
+    assert len(targets) >= 8, targets  # records, disputes, verification, jobs, tokens, the page
+    for method, path, name in targets:
+        for spelling in ("1.0", "+1", "01", "1_000", "%201", "1%20", "9" * 5000):
+            target = path.replace("{" + name + "}", spelling)
+            answer = httpx.request(method, f"{url}{target}", json={} if method == "POST" else None,
+                                   headers=AUTH, timeout=30)  # fmt: skip
+            where = (method, target, answer.status_code, answer.text[:200])
+            if answer.status_code == 404:  # a ``:digits`` route: no route matches at all
+                assert answer.json()["detail"] == "Not Found", where
+            else:
+                assert answer.status_code == 422 and name in answer.text, where
+
+
 def test_an_integral_number_is_the_integer_json_schema_says_it_is(server: LiveServer) -> None:
     """The document says ``integer``, which admits ``64.0``: so does the server, as 64 (the same
     key); ``64.5``, ``true`` and ``"64"`` stay refused."""

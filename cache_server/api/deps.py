@@ -18,11 +18,14 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 import anyio
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
+from pydantic import BeforeValidator
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
+from starlette.convertors import Convertor, register_url_convertor
 
 from cache_server.settings import ServerSettings
+from tunecache.schemas import MAX_ID
 
 
 def _end(session: Session, commit: bool) -> None:
@@ -54,3 +57,32 @@ async def get_settings(request: Request) -> ServerSettings:
 
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SettingsDep = Annotated[ServerSettings, Depends(get_settings)]
+
+
+def _one_spelling(value: object) -> object:
+    """An id in a path spelled one way only: ASCII digits, no sign, no leading zero. A plain
+    ``int`` reads ``/records/1.0``, ``+1``, `` 1 `` and ``0001`` as record 1, and ``1_000`` as
+    record 1000."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit() and value[:1] != "0"):
+        raise ValueError("an id is written in decimal digits only, such as 12")
+    return value
+
+
+# An id in a path: an INTEGER column, int32 on PostgreSQL.
+IdPath = Annotated[int, Path(ge=1, le=MAX_ID), BeforeValidator(_one_spelling)]
+
+
+class _Digits(Convertor[str]):
+    """``{name:digits}`` in a route: a path segment of digits only, passed on as written for
+    :data:`IdPath` to check (starlette's ``:int`` turns ``01`` into 1 before it can)."""
+
+    regex = "[0-9]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return str(value)
+
+
+register_url_convertor("digits", _Digits())

@@ -5,19 +5,19 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 from pydantic import BeforeValidator
 
 from cache_server import jobs, queries
-from cache_server.api.deps import SessionDep
+from cache_server.api.deps import IdPath, SessionDep
 from cache_server.dashboard import queries as dashboard_queries
 from cache_server.dashboard.access import PageError, PageRoute, Reader
 from cache_server.dashboard.svg import convergence_svg
 from cache_server.dashboard.templating import page
 from cache_server.trust import winner_table
 from tunecache.jobs import JobPublic, JobState
-from tunecache.schemas import MAX_ID, STORED, Backend, Name
+from tunecache.schemas import STORED, Backend, Name
 
 PAGE_SIZE = 100
 # A record's page lists its first trials only: an upload may keep 20,000 (a page of 4.5 MB that
@@ -96,7 +96,7 @@ def record(
     request: Request,
     session: SessionDep,
     _reader: Reader,
-    record_id: Annotated[int, Path(ge=1, le=MAX_ID)],
+    record_id: IdPath,
 ) -> HTMLResponse:
     """One record: its key, config, timing, baselines, validation, provenance and search."""
     table = winner_table(request.app.state.settings.policy)

@@ -6,12 +6,12 @@ import ipaddress
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
 from cache_server import jobs
 from cache_server.api.auth import READ, WRITE, ReadAccess, WriteAccess
 from cache_server.api.body import JsonRoute
-from cache_server.api.deps import SessionDep, SettingsDep
+from cache_server.api.deps import IdPath, SessionDep, SettingsDep
 from cache_server.metrics import MetricsDep
 from cache_server.models import JobRow, RecordRow, TokenRow, utcnow
 from cache_server.ratelimit import too_many
@@ -28,7 +28,7 @@ from tunecache.jobs import (
     LeaseRequest,
 )
 from tunecache.kernels import builtin_problem
-from tunecache.schemas import INT64_MAX, MAX_ID, STORED, LookupRequest
+from tunecache.schemas import INT64_MAX, STORED, LookupRequest
 from tunecache.tokens import grants
 
 router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["jobs"])
@@ -197,12 +197,9 @@ def claim_job(
     return Response(status_code=status.HTTP_204_NO_CONTENT) if job is None else public(job)
 
 
-JobId = Annotated[int, Path(ge=1, le=MAX_ID)]  # an INTEGER column: int32 on PostgreSQL
-
-
 @router.post("/jobs/{job_id}/heartbeat", responses=LEASE_LOST)
 def heartbeat(
-    job_id: JobId, request: LeaseRequest, session: SessionDep, token: WriteAccess
+    job_id: IdPath, request: LeaseRequest, session: SessionDep, token: WriteAccess
 ) -> JobPublic:
     """Renews the lease this worker holds under this token."""
     job = jobs.heartbeat(session, job_id=job_id, worker=request.worker, holder=_holder(token),
@@ -217,7 +214,9 @@ def heartbeat(
         422: {"description": "the record was tuned for another kernel, problem, dtype or arch"},
     },
 )
-def complete(job_id: JobId, request: JobDone, session: SessionDep, token: WriteAccess) -> JobPublic:
+def complete(
+    job_id: IdPath, request: JobDone, session: SessionDep, token: WriteAccess
+) -> JobPublic:
     """Finishes a job this worker holds under this token with the record it uploaded, which must
     exist and may be served (not rejected, and validated: else 409, as a record rejected since
     opens the job again) and answer the job: its key's kernel, backend, dtype, problem and
@@ -248,7 +247,7 @@ def _check_answer(session: SessionDep, job_id: int, record_id: int) -> None:
 
 @router.post("/jobs/{job_id}/fail", responses=LEASE_LOST)
 def fail(
-    job_id: JobId,
+    job_id: IdPath,
     request: JobResult,
     session: SessionDep,
     settings: SettingsDep,
@@ -273,12 +272,12 @@ def list_jobs(
     return JobList(items=[public(r) for r in rows], count=total)
 
 
-# ``:int``: a static path beside it (``/jobs/claim``) is never taken for a job id, so a wrong
+# ``:digits``: a static path beside it (``/jobs/claim``) is never taken for a job id, so a wrong
 # method there is a 405, not a 422 about the id.
 @router.get(
-    "/jobs/{job_id:int}", dependencies=[READ], responses={404: {"description": "no such job"}}
+    "/jobs/{job_id:digits}", dependencies=[READ], responses={404: {"description": "no such job"}}
 )
-def get_job(job_id: JobId, session: SessionDep) -> JobPublic:
+def get_job(job_id: IdPath, session: SessionDep) -> JobPublic:
     job = jobs.get_job(session, job_id=job_id)
     if job is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")

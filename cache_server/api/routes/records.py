@@ -5,19 +5,18 @@ from __future__ import annotations
 from functools import partial
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, Response, status
+from fastapi import APIRouter, HTTPException, Query, Response, status
 
 from cache_server import jobs, queries
 from cache_server.api.auth import READ, WriteAccess
 from cache_server.api.body import JsonRoute
-from cache_server.api.deps import SessionDep, SettingsDep
+from cache_server.api.deps import IdPath, SessionDep, SettingsDep
 from cache_server.db import again_after_a_conflict
 from cache_server.lookup import find_winner
 from cache_server.metrics import MetricsDep
 from cache_server.trust import SERVED_STATUSES, winner_table
 from tunecache.schemas import (
     INT64_MAX,
-    MAX_ID,
     Backend,
     LookupRequest,
     LookupResponse,
@@ -170,9 +169,7 @@ def list_records(
     dependencies=[READ],
     responses={404: {"description": "no such record"}},
 )
-def get_record(
-    record_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep, settings: SettingsDep
-) -> RecordPublic:
+def get_record(record_id: IdPath, session: SessionDep, settings: SettingsDep) -> RecordPublic:
     """One record with every trial of its search (``is_winner``: under the server's policy)."""
     record = queries.get_record(session, record_id=record_id, table=winner_table(settings.policy))
     if record is None:

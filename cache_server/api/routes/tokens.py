@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, HTTPException, Path, status
+from fastapi import APIRouter, HTTPException, status
 
 from cache_server import tokens
 from cache_server.api.auth import ADMIN
 from cache_server.api.body import JsonRoute
-from cache_server.api.deps import SessionDep
-from tunecache.schemas import MAX_ID
+from cache_server.api.deps import IdPath, SessionDep
 from tunecache.tokens import TokenCreate, TokenCreated, TokenList, TokenPublic
 
 router = APIRouter(
@@ -40,9 +37,7 @@ def list_tokens(session: SessionDep, include_revoked: bool = False) -> TokenList
         409: {"description": "the last live admin token: create another first"},
     },
 )
-def revoke_token(
-    token_id: Annotated[int, Path(ge=1, le=MAX_ID)], session: SessionDep
-) -> TokenPublic:
+def revoke_token(token_id: IdPath, session: SessionDep) -> TokenPublic:
     """Revokes a token at once, on every server process; its row stays, marked revoked.
 
     The last live admin token cannot be revoked (409): nobody could manage tokens afterwards.

@@ -3,16 +3,14 @@ they found (:mod:`cache_server.trust`)."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, HTTPException, Path, Request, Response, status
+from fastapi import APIRouter, HTTPException, Request, Response, status
 
 from cache_server import jobs, queries, trust
 from cache_server.api.auth import IdentifiedAccess, VerifyAccess
 from cache_server.api.body import JsonRoute
-from cache_server.api.deps import SessionDep, SettingsDep
+from cache_server.api.deps import IdPath, SessionDep, SettingsDep
 from cache_server.ratelimit import too_many
-from tunecache.schemas import MAX_ID, STORED, RecordPublic
+from tunecache.schemas import STORED, RecordPublic
 from tunecache.verification import (
     DisputeCreate,
     DisputeResult,
@@ -22,7 +20,6 @@ from tunecache.verification import (
 )
 
 router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["trust"])
-RecordIdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 
 def _record(session: SessionDep, record_id: int) -> RecordPublic:
@@ -40,7 +37,7 @@ def _record(session: SessionDep, record_id: int) -> RecordPublic:
     },
 )
 def dispute_record(
-    record_id: RecordIdPath,
+    record_id: IdPath,
     dispute: DisputeCreate,
     session: SessionDep,
     settings: SettingsDep,
@@ -97,7 +94,7 @@ def claim_verification(
     responses={409: {"description": "the record is not leased to this worker (or was decided)"}},
 )
 def verify_record(
-    record_id: RecordIdPath,
+    record_id: IdPath,
     result: VerificationCreate,
     session: SessionDep,
     settings: SettingsDep,
