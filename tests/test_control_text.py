@@ -51,6 +51,9 @@ def _set(data: dict[str, Any], path: str, value: str) -> None:
         ("config_summary", f"tile 4x8{ESC}[8m"),
         ("config_summary", "tile 4x8\x9b8m"),  # C1: CSI in one byte
         ("config_summary", "tile \u202e8x4"),  # a bidi override
+        ("provenance.machine", "c\u200bi"),  # shows as "ci": another uploader's name
+        ("key.device.name", "test-cpu\u2028"),  # a line separator
+        ("provenance.machine", "ci\U000e0041"),  # a tag character: invisible
         ("provenance.machine", "ci\rverified"),
         ("provenance.tool_version", "1.0\u2066"),
         ("key.device.name", "test-cpu\x85"),
@@ -159,12 +162,14 @@ def test_the_cli_prints_a_hostile_servers_text_escaped_on_one_line(
 
 
 def test_a_table_cell_holding_control_characters_stays_on_its_line() -> None:
-    table = render(["name", "note"], [["a\nb", f"{ESC}[8mhidden"], ["\u202ex", "\x85"]])
+    table = render(["name", "note"], [["a\nb", f"{ESC}[8mhidden"], ["\u202ex", "\x85"],
+                                      ["c\u200bi", "\ufeff\U000e0041"]])  # fmt: skip
     assert table.splitlines() == [
-        "name     note",
-        "-------  -------------",
-        "a\\nb     \\x1b[8mhidden",
-        "\\u202ex  \\x85",
+        "name      note",
+        "--------  ----------------",
+        "a\\nb      \\x1b[8mhidden",
+        "\\u202ex   \\x85",
+        "c\\u200bi  \\ufeff\\U000e0041",
     ]
 
 

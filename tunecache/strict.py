@@ -49,13 +49,17 @@ STORED = {"stored": True}
 SERVED = {"served": True}
 
 # What a terminal or a page would act on rather than show: C0 controls, DEL, C1 controls (ESC's
-# 8-bit forms among them), and the marks and overrides that reorder text (bidi). A Text may hold
-# a newline and a tab.
+# 8-bit forms among them), the marks and overrides that reorder text (bidi), and what shows as
+# nothing (soft hyphen, zero-width spaces and joiners, word joiner and invisible operators, the
+# byte-order mark, line and paragraph separators, interlinear annotations: "ci" and "c\u200bi"
+# looked one uploader). A Text may hold a newline and a tab.
 _BIDI = r"\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
-_NOT_IN_LINE = r"\x00-\x1f\x7f-\x9f" + _BIDI  # as a regex (Python's and JSON Schema's)
-_NOT_IN_TEXT = r"\x00-\x08\x0b-\x1f\x7f-\x9f" + _BIDI
-UNSHOWN = re.compile(f"[{_NOT_IN_LINE}]")
-_NOT_TEXT = re.compile(f"[{_NOT_IN_TEXT}]")
+_INVISIBLE = r"\u00ad\u180e\u200b-\u200d\u2028\u2029\u2060-\u2064\ufeff\ufff9-\ufffb"
+_NOT_IN_LINE = r"\x00-\x1f\x7f-\x9f" + _BIDI + _INVISIBLE  # as a regex (Python's, JSON Schema's)
+_NOT_IN_TEXT = r"\x00-\x08\x0b-\x1f\x7f-\x9f" + _BIDI + _INVISIBLE
+_TAGS = "\U000e0000-\U000e007f"  # invisible too; past the BMP, so not in the JSON Schema's pattern
+UNSHOWN = re.compile(f"[{_NOT_IN_LINE}{_TAGS}]")
+_NOT_TEXT = re.compile(f"[{_NOT_IN_TEXT}{_TAGS}]")
 
 
 def _checked(value: str, info: ValidationInfo, refused: re.Pattern[str], what: str) -> str:
