@@ -12,15 +12,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
+from cache_server.api import shedding as shedding_module
 from cache_server.api.problems import send as send_error
 from cache_server.api.shedding import (
     BROWSE_SLOTS,
     BULK_SLOTS,
     LISTING_SLOTS,
     MONITOR_SLOTS,
+    STATIC_SLOTS,
     LoadShedding,
     browsing,
     listing,
+    static,
 )
 
 
@@ -256,6 +261,10 @@ def test_what_browses_and_what_lists() -> None:
                ("GET", "/ui/swagger/swagger-ui-bundle.js")]  # fmt: skip
     assert not any(browsing(scope(m, p)) or listing(scope(m, p)) for m, p in neither)
     assert not any(browsing(scope(m, p)) for m, p in lists)
+    files = [("GET", "/ui/static/dashboard.css"), ("GET", "/ui/swagger/swagger-ui-bundle.js"),
+             ("HEAD", "/ui/swagger/swagger-ui.css")]  # fmt: skip
+    assert all(static(scope(m, p)) for m, p in files) and static(scope(*files[0], "/tc"))
+    assert not any(static(scope(m, p)) for m, p in [*lists, ("GET", "/ui/jobs"), ("GET", "/")])
     # ``/health`` behind a prefix is still in monitoring's slots.
     from cache_server.api.shedding import route_path
 
@@ -296,5 +305,167 @@ def test_a_metrics_flood_never_fails_the_health_check() -> None:
         assert [(await call(app, "/health", "GET"))[0] for _ in range(4)] == [200] * 4
         held.release.set()
         assert [(await t)[0] for t in flood] == [200] * MONITOR_SLOTS
+
+    asyncio.run(run())
+
+
+class Streamed:
+    """An ASGI app that streams ``chunks`` body messages, then the last one (as a static file
+    is sent, a chunk at a time), counting the messages it sent."""
+
+    def __init__(self, chunks: int = 4) -> None:
+        self.chunks, self.sent = chunks, 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for _ in range(self.chunks):
+            await send({"type": "http.response.body", "body": b"x" * 100, "more_body": True})
+            self.sent += 1
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        self.sent += 1
+
+
+class Unread:
+    """The ``send`` of a connection whose client stopped reading after ``taken`` messages: the
+    next waits until ``reads`` is set (uvicorn's ``send`` waits so for the socket to drain)."""
+
+    def __init__(self, taken: int = 0) -> None:
+        self.taken, self.reads = taken, asyncio.Event()
+        self.messages: list[dict[str, Any]] = []
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if len(self.messages) >= self.taken:
+            await self.reads.wait()
+        self.messages.append(message)
+
+
+async def unread_call(app: Any, unread: Unread, path: str = "/v1/lookup") -> None:
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    await app({"type": "http", "path": path, "method": "GET", "headers": []}, receive, unread)
+
+
+def test_an_answer_its_client_does_not_read_holds_no_slot() -> None:
+    """Two connections pipelining requests and reading none of the answers held both of a
+    process's slots (each until ``send`` returned) and every lookup got 503: the slot is given
+    back as the answer is made, before the client takes it."""
+
+    async def run() -> None:
+        held = Held()
+        held.release.set()  # answers at once, in one message, as every answer of the API
+        app = shedding(held, slots=1, wait=0.05)
+        unread = Unread()
+        stuck = asyncio.create_task(unread_call(app, unread))
+        await asyncio.sleep(0.05)
+        assert not stuck.done() and app.api.in_flight == 0
+        assert [(await call(app))[0] for _ in range(4)] == [200] * 4
+        unread.reads.set()
+        await stuck
+        assert [m["type"] for m in unread.messages] == ["http.response.start", "http.response.body"]
+        assert app.api.in_flight == 0
+
+    asyncio.run(run())
+
+
+def test_a_client_gone_while_its_answer_is_unread_gives_the_slot_back_once() -> None:
+    async def run() -> None:
+        held = Held()
+        held.release.set()
+        app = shedding(held, slots=1, wait=WAIT)
+        stuck = asyncio.create_task(unread_call(app, Unread()))
+        await asyncio.sleep(0.05)
+        assert app.api.in_flight == 0  # given back as the answer was made
+        stuck.cancel()
+        await asyncio.gather(stuck, return_exceptions=True)
+        assert app.api.in_flight == 0 and not app.api.waiting  # and not once more
+        assert (await call(app))[0] == 200 and app.api.in_flight == 0
+
+    asyncio.run(run())
+
+
+def test_an_app_failing_after_its_answer_gives_the_slot_back_once() -> None:
+    async def run() -> None:
+        after = asyncio.Event()
+
+        async def answers_then_fails(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+            await after.wait()
+            raise RuntimeError("after the answer")
+
+        app = shedding(answers_then_fails, slots=1, wait=WAIT)
+        failing = asyncio.create_task(call(app))
+        await asyncio.sleep(0.05)
+        assert app.api.in_flight == 0
+        after.set()
+        with pytest.raises(RuntimeError):
+            await failing
+        assert app.api.in_flight == 0
+
+    asyncio.run(run())
+
+
+def test_a_streamed_answer_holds_its_slot_while_it_streams_and_no_longer(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that stops reading a streamed answer holds its slot ``SEND_SECONDS`` at most:
+    then the app is stopped and the connection left to uvicorn to close, with one line logged."""
+    monkeypatch.setattr(shedding_module, "SEND_SECONDS", 0.3)
+
+    async def run() -> None:
+        streamed = Streamed()
+        app = shedding(streamed, slots=1, wait=0.05)
+        unread = Unread(taken=2)  # the start and the first chunk, then nothing
+        stuck = asyncio.create_task(unread_call(app, unread))
+        await asyncio.sleep(0.05)
+        assert app.api.in_flight == 1 and (await call(app))[0] == 503  # streaming: held
+        await asyncio.wait_for(stuck, WAIT)  # given up, not raised to uvicorn
+        assert app.api.in_flight == 0 and streamed.sent == 1  # stopped at the unread chunk
+        assert (await call(app))[0] == 200
+
+    with caplog.at_level("WARNING", logger="cache_server.api.shedding"):
+        asyncio.run(run())
+    assert [r.getMessage() for r in caplog.records] == [
+        "gave up on GET /v1/lookup: the client took nothing for 0.3 s"
+    ]
+
+
+def test_a_streamed_answer_given_up_before_it_started_is_started_without_a_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Behind an unread answer to a request pipelined before it, even its start waits: given
+    up, it is sent once the client reads (or leaves), with no slot held, so that uvicorn does
+    not answer 500 over it."""
+    monkeypatch.setattr(shedding_module, "SEND_SECONDS", 0.3)
+
+    async def run() -> None:
+        streamed = Streamed()
+        app = shedding(streamed, slots=1, wait=0.05)
+        unread = Unread()
+        stuck = asyncio.create_task(unread_call(app, unread))
+        await asyncio.sleep(0.6)
+        assert app.api.in_flight == 0 and streamed.sent == 0 and not stuck.done()
+        assert (await call(app))[0] == 200
+        unread.reads.set()
+        await asyncio.wait_for(stuck, WAIT)
+        assert [m["type"] for m in unread.messages] == ["http.response.start"]
+
+    asyncio.run(run())
+
+
+def test_static_files_never_hold_the_slots_lookups_need() -> None:
+    """Streamed to a client that may not read them, static files have slots of their own."""
+
+    async def run() -> None:
+        held = HeldWhere(static)
+        app = shedding(held, slots=2, wait=WAIT)
+        path = "/ui/swagger/swagger-ui-bundle.js"
+        files = [asyncio.create_task(call(app, path, "GET")) for _ in range(STATIC_SLOTS)]
+        await asyncio.sleep(0.01)
+        assert app.api.in_flight == 0
+        assert [(await call(app))[0] for _ in range(4)] == [200] * 4  # lookups: answered
+        held.release.set()
+        assert [(await t)[0] for t in files] == [200] * STATIC_SLOTS
 
     asyncio.run(run())

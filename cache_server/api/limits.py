@@ -14,6 +14,19 @@ The whole body is read (bounded so) before the request goes on: a client that tr
 holds a connection, never one of the request slots load shedding counts
 (:mod:`cache_server.api.shedding`), and its 10 s run out first.
 
+Bodies are also bounded together: each process holds at most :class:`BodyBudget`'s bytes of
+request bodies at once, whoever sends them. Per request, each limit was bounded, and their sum
+was not: 24 connections with a write token, each sending 16 MiB less one byte and then stalling,
+took a server process from 114 MiB to 499 MiB (256 connections an address allowed: 4 GiB). A
+declared body is charged whole before a byte of it is read, a streamed one as it arrives; one
+that does not fit is refused at once with 503 and ``Retry-After`` (the server is busy, the request
+is not wrong: the same one fits once others have ended), and a request whose body fit keeps its
+bytes until its answer is made (not until the client has read it: one that never reads kept
+them). A body arrives into one ``bytearray``, not a list of chunks: after those 24
+connections closed, the chunks' memory stayed with the process (469 MiB of 485 at the peak: many
+freed pieces of a few hundred KB each, in the allocator's heap), a ``bytearray``'s went back to
+the system (104 MiB); and a list costs an object for each chunk, uncharged.
+
 Once read, a JSON body is parsed off the event loop (:func:`parse_json`, in a worker thread) with
 bounds on its nesting depth and element count, so a small body cannot expand into millions of
 objects (``[{},{},…]``: 3 bytes each).
@@ -24,10 +37,11 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import anyio
 
+from cache_server.address_cap import client_of
 from tunecache.tokens import Scope
 
 ScopeDict = dict[str, Any]
@@ -109,6 +123,101 @@ class ScopeLimits:
         return self.read if scope in ("read", "verify") else self.write
 
 
+# The bodies one process holds at once, in bodies of the largest size each may be (defaults:
+# 3 x 16 MiB + 256 x 64 KiB = 64 MiB). Bodies whose sender is not known to hold a token (every
+# body up to the anonymous limit: its token is checked only when it is larger, or when this pool
+# is full) have a pool of their own, which a token's bodies never take: uploads cannot make
+# lookups wait, nor can a flood of anonymous bodies refuse uploads.
+TOKEN_BODIES: Final = 3  # write limits' worth; read and verify scopes take at most half of it
+ANONYMOUS_BODIES: Final = 256  # anonymous limits' worth
+ADDRESS_BODIES: Final = 64  # of those, what one client address may hold: one cannot fill it
+
+
+class Hold:
+    """The body bytes one request holds in a :class:`BodyBudget`, and whose they are."""
+
+    __slots__ = ("address", "checked", "scope", "size")
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.scope: Scope | None = None  # None: anonymous, or its token not checked yet
+        self.checked = False  # whether its token was looked up (once at most)
+        self.size = 0
+
+
+class BodyBudget:
+    """The request-body bytes one server process holds at once (see the module doc).
+
+    Two pools: bodies of a checked token (``read`` and ``verify`` scopes at most half of it, so
+    they cannot refuse uploads) and the others, of which one client address may hold only a
+    share (so one address cannot refuse everyone's lookups). Each pool holds at least one body
+    of the largest size its senders may send. One event loop charges it: no lock.
+    """
+
+    def __init__(self, limits: ScopeLimits) -> None:
+        self.tokens_limit = max(TOKEN_BODIES * limits.write, limits.read)
+        self.read_limit = max(self.tokens_limit // 2, limits.read)
+        self.anonymous_limit = ANONYMOUS_BODIES * limits.anonymous
+        self.address_limit = ADDRESS_BODIES * limits.anonymous
+        self.tokens = self.read = self.anonymous = 0
+        self.by_address: dict[str, int] = {}
+
+    @property
+    def total(self) -> int:
+        """The most bytes of bodies this process holds at once."""
+        return self.tokens_limit + self.anonymous_limit
+
+    @property
+    def held(self) -> int:
+        return self.tokens + self.anonymous
+
+    def room(self, hold: Hold) -> int:
+        """Bytes more ``hold`` may take now."""
+        if hold.scope is None:
+            by_address = self.address_limit - self.by_address.get(hold.address, 0)
+            return min(self.anonymous_limit - self.anonymous, by_address)
+        room = self.tokens_limit - self.tokens
+        if hold.scope in ("read", "verify"):
+            room = min(room, self.read_limit - self.read)
+        return room
+
+    def take(self, hold: Hold, size: int) -> bool:
+        """Charges ``size`` bytes more to ``hold`` if they fit (else charges nothing)."""
+        if size > self.room(hold):
+            return False
+        self._add(hold, size)
+        return True
+
+    def move(self, hold: Hold, scope: Scope) -> bool:
+        """Moves ``hold``'s bytes to the pool of ``scope``, its checked token's, if they fit
+        there (else leaves them where they are)."""
+        size = hold.size
+        self._add(hold, -size)
+        hold.scope, was = scope, hold.scope
+        if self.take(hold, size):
+            return True
+        hold.scope = was
+        self._add(hold, size)
+        return False
+
+    def release(self, hold: Hold) -> None:
+        """Gives back every byte ``hold`` holds (the request ended)."""
+        self._add(hold, -hold.size)
+
+    def _add(self, hold: Hold, size: int) -> None:
+        hold.size += size
+        if hold.scope is not None:
+            self.tokens += size
+            self.read += size if hold.scope in ("read", "verify") else 0
+            return
+        self.anonymous += size
+        left = self.by_address.get(hold.address, 0) + size
+        if left:
+            self.by_address[hold.address] = left
+        else:  # an address that holds nothing is not kept
+            self.by_address.pop(hold.address, None)
+
+
 def bearer(scope: ScopeDict) -> str | None:
     """The bearer token of a request, if it sends one."""
     for name, value in scope.get("headers", []):
@@ -131,7 +240,8 @@ def declared_length(scope: ScopeDict) -> int | None:
 
 class BodyLimits:
     """Answers 413 to a body over its sender's limit, and 401 to an unknown token sending more
-    than an anonymous request may, before the body is read (see the module doc).
+    than an anonymous request may, before the body is read; 503 to a body the process's
+    :class:`BodyBudget` has no room for (see the module doc).
 
     Args:
         app: the ASGI app.
@@ -139,15 +249,22 @@ class BodyLimits:
         authenticate: a token's scope (``None``: unknown or revoked); called in a worker thread.
         seconds: how long the whole body may take to arrive (then 408).
         reject: sends an error answer ``(send, status, detail, headers)``.
+        budget: the bodies held at once (default: from ``limits``, see :class:`BodyBudget`).
     """
 
     def __init__(self, app: Any, *, limits: ScopeLimits, authenticate: Authenticate,
-                 seconds: float, reject: Callable[..., Awaitable[None]]) -> None:  # fmt: skip
+                 seconds: float, reject: Callable[..., Awaitable[None]],
+                 budget: BodyBudget | None = None) -> None:  # fmt: skip
         self.app, self.limits, self.authenticate, self.reject = app, limits, authenticate, reject
         self.seconds = seconds
+        self.budget = BodyBudget(limits) if budget is None else budget
 
-    async def _limit(self, scope: ScopeDict) -> int:
-        """The sender's limit; :class:`Refused` (401) for an unknown or revoked token."""
+    async def _check(self, scope: ScopeDict, hold: Hold) -> int:
+        """The sender's limit, its token looked up (once) and its bytes moved to its scope's
+        pool; :class:`Refused` for an unknown or revoked token (401), or no room there (503)."""
+        if hold.checked:
+            return self.limits.of(hold.scope)
+        hold.checked = True
         token = bearer(scope)
         if token is None:
             return self.limits.anonymous
@@ -159,7 +276,36 @@ class BodyLimits:
             ) from exc
         if held is None:
             raise Refused(401, "the token is not known to this server, or was revoked")
+        if not self.budget.move(hold, held):
+            raise self._busy(hold)
         return self.limits.of(held)
+
+    async def _charge(self, scope: ScopeDict, hold: Hold, size: int) -> None:
+        """Charges ``size`` bytes more to the request, or refuses it (503). A body not known to
+        be a token's whose pool is full has its token checked first: then it may use its
+        scope's pool (an anonymous flood refuses no token), and only then does a small body
+        cost a database query."""
+        if size <= 0 or self.budget.take(hold, size):
+            return
+        if not hold.checked and bearer(scope) is not None:
+            await self._check(scope, hold)
+            if self.budget.take(hold, size):
+                return
+        raise self._busy(hold)
+
+    def _busy(self, hold: Hold) -> Refused:
+        budget = self.budget
+        if hold.scope is not None:
+            who = f"bodies of {hold.scope} tokens"
+        elif budget.address_limit - budget.by_address.get(hold.address, 0) < (
+            budget.anonymous_limit - budget.anonymous
+        ):
+            who = "bodies without a token from this address"
+        else:
+            who = "bodies without a token"
+        held = f"{budget.held} bytes of bodies in all"
+        return Refused(503, f"the server holds as many {who} as it takes at once ({held}); "
+                            "retry in 1 s")  # fmt: skip
 
     def _too_large(self, scope: ScopeDict, limit: int, size: int | None) -> Refused:
         who = "a request without a token" if bearer(scope) is None else "this token's scope"
@@ -167,35 +313,36 @@ class BodyLimits:
         more = "; send a token" if bearer(scope) is None and limit < self.limits.write else ""
         return Refused(413, f"{sent} is over the limit of {limit} bytes for {who}{more}")
 
-    async def _read(self, scope: ScopeDict, receive: Any) -> bytes | None:
-        """The whole body, within its sender's limit and the deadline (``None``: the client
-        went away).
+    async def _read(self, scope: ScopeDict, receive: Any, hold: Hold) -> bytes | None:
+        """The whole body, within its sender's limit, the budget and the deadline (``None``: the
+        client went away).
 
         Raises:
-            Refused: over the limit (413), an unknown token (401), too slow (408).
+            Refused: over the limit (413), an unknown token (401), too slow (408), no room (503).
         """
-        limit, known = self.limits.anonymous, False
         declared = declared_length(scope)
-        if declared is not None and (declared < 0 or declared > limit):
-            limit, known = await self._limit(scope), True
+        if declared is not None and (declared < 0 or declared > self.limits.anonymous):
+            limit = await self._check(scope, hold)
             if declared < 0 or declared > limit:
                 raise self._too_large(scope, limit, declared if declared >= 0 else None)
-        chunks: list[bytes] = []
-        received = 0
+        if declared is not None:  # charged whole, before a byte is read
+            await self._charge(scope, hold, declared)
+        body = bytearray()
         with anyio.move_on_after(self.seconds) as waited:
             while True:
                 message = await receive()
                 if message["type"] != "http.request":
                     return None  # http.disconnect
                 chunk = message.get("body", b"")
-                received += len(chunk)
-                if received > limit and not known:
-                    limit, known = await self._limit(scope), True
-                if received > limit:
+                received = len(body) + len(chunk)
+                if received > self.limits.of(hold.scope) and not hold.checked:
+                    await self._check(scope, hold)
+                if received > (limit := self.limits.of(hold.scope)):
                     raise self._too_large(scope, limit, None)
-                chunks.append(chunk)
+                await self._charge(scope, hold, received - hold.size)
+                body += chunk
                 if not message.get("more_body", False):
-                    return b"".join(chunks)
+                    return bytes(body)  # a copy: one body at a time (no await until it is freed)
         assert waited.cancelled_caught
         raise Refused(408, f"the body did not arrive within {self.seconds:g} s")
 
@@ -203,8 +350,16 @@ class BodyLimits:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        client = scope.get("client")
+        hold = Hold(client_of(client[0]) if client else "")
         try:
-            body = await self._read(scope, receive)
+            await self._serve(scope, receive, send, hold)
+        finally:  # however the request ended: answered, refused, gone, failed
+            self.budget.release(hold)
+
+    async def _serve(self, scope: ScopeDict, receive: Any, send: Any, hold: Hold) -> None:
+        try:
+            body = await self._read(scope, receive, hold)
         except Refused as refused:
             await self._refuse(send, refused)
             return
@@ -220,12 +375,18 @@ class BodyLimits:
             message: Message = await receive()
             return message
 
-        await self.app(scope, replay, send)
+        async def answer(message: Message) -> None:
+            # The answer made, the body is done with: its bytes are given back before the
+            # client reads it (a write token's uploads left unread held the budget for good).
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                self.budget.release(hold)
+            await send(message)
+
+        await self.app(scope, replay, answer)
 
     async def _refuse(self, send: Any, refused: Refused) -> None:
         headers = {"WWW-Authenticate": "Bearer"} if refused.status == 401 else {}
-        if refused.status in (401, 408, 413):  # the rest of the body is never read
-            headers["Connection"] = "close"
+        headers["Connection"] = "close"  # refused before its body was read: never read it
         if refused.status == 503:
             headers["Retry-After"] = "1"
         await self.reject(send, refused.status, refused.detail, headers)

@@ -29,12 +29,25 @@ its trials), a hundred times a lookup's cost: one client with no token keeping 4
 on ``GET /v1/jobs?limit=1000`` had 47 of 52 lookups of another refused. Listings wait for one
 of their slots when they should get one within :data:`LISTING_WAIT`, from the listings' own
 recent times (as the API's requests wait for theirs): daemons' warm starts list records at
-once.
+once. So do static files (``/ui/static/``, ``/ui/swagger/``, :func:`static`): cheap to read, but
+streamed in chunks, and a chunk waits for the client to read the one before. A page loads
+several at once (``/docs``: three), so one more waits for one of their slots when it should get
+one within :data:`STATIC_WAIT`, from their own recent times, rather than leave a page unstyled.
+
+A slot stands for the server's work, not for the client's reading (:class:`_Answer`): it is given
+back as the answer's last body message is sent, before uvicorn's ``send`` waits for the socket to
+drain. Held until the app returned, it was held for as long as a client chose not to read: two
+connections with a tiny receive buffer, each pipelining ``GET /ui/swagger/swagger-ui-bundle.js``
+(1.5 MB) and reading nothing, held both of the API's slots of a process, and every lookup and
+upload was refused for as long as they stayed open. A streamed answer keeps its slot while it
+streams, and one ``send`` waits at most :data:`SEND_SECONDS` for the client: then the connection
+is given up, so a client that stops reading holds its lane's slot that long at most.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import time
 from collections import deque
@@ -48,7 +61,15 @@ BROWSE_SLOTS = 2
 LISTINGS = frozenset({"/v1/records", "/v1/jobs", "/v1/artifacts"})
 LISTING_SLOTS = 2
 LISTING_WAIT = 2.0  # seconds a listing may wait for one of its slots
+STATIC = ("/ui/static/", "/ui/swagger/")
+STATIC_SLOTS = 4
+STATIC_WAIT = 1.0  # seconds a static file may wait for one of its slots
 SMOOTHING = 0.1  # weight of the newest request in the moving average of request times
+# The longest one ``send`` may wait for the client to read: 64 KiB (a static file's chunk) in
+# that long is 2 KiB/s, slower than any client that means to read its answer.
+SEND_SECONDS = 30.0
+
+logger = logging.getLogger(__name__)
 
 
 def route_path(scope: dict[str, Any]) -> str:
@@ -67,8 +88,14 @@ def browsing(scope: dict[str, Any]) -> bool:
     """Whether ``scope`` is a dashboard page (not its static files: cheap, and a page loads
     several at once)."""
     path = route_path(scope)
-    page = path.startswith("/ui/") and not path.startswith(("/ui/static/", "/ui/swagger/"))
+    page = path.startswith("/ui/") and not path.startswith(STATIC)
     return _read(scope) and (path == "/" or page)
+
+
+def static(scope: dict[str, Any]) -> bool:
+    """Whether ``scope`` reads a static file of the dashboard or of Swagger UI: streamed in chunks,
+    so its slot is held while the client reads (see :class:`_Answer`); never one of the API's."""
+    return _read(scope) and route_path(scope).startswith(STATIC)
 
 
 def listing(scope: dict[str, Any]) -> bool:
@@ -144,6 +171,77 @@ class _Lane:
         return f"{self.in_flight} {what}requests in progress, {len(self.waiting)} waiting"
 
 
+class ClientNotReading(Exception):
+    """Raised to the app from a ``send`` whose client took nothing for :data:`SEND_SECONDS`: the
+    app stops making the answer, and uvicorn closes the connection."""
+
+
+class _Answer:
+    """The ``send`` of one admitted request, giving its slot back (once) when the answer is made.
+
+    uvicorn's ``send`` first waits for what was written before to drain: a client that does not
+    read makes it wait for ever. So the slot is given back as the last body message is sent,
+    before that ``send`` is awaited, and ``http.response.start`` is held back until the first
+    body message: an answer in one message (every answer of the API) is then sent with no slot
+    held, even behind an unread answer to an earlier request pipelined on its connection (there
+    the start waits). A streamed answer (a static file, read from disk a chunk at a time) keeps
+    its slot until its last chunk, and while it does a ``send`` waits at most
+    :data:`SEND_SECONDS`; then the app is stopped (:class:`ClientNotReading`).
+
+    A ``send`` with no slot held waits as long as the client takes: giving up there would free
+    nothing (uvicorn's close waits for what it buffered to drain, so the connection stays until
+    the client goes), and a start given up before uvicorn took it made uvicorn send a 500 over it,
+    then log a traceback when the client left. Such a start is sent after the slot is given
+    back (:meth:`finish`): uvicorn's ``send`` waits for the drain before it writes anything.
+    """
+
+    def __init__(self, send: Callable[[dict[str, Any]], Awaitable[None]], lane: _Lane) -> None:
+        self.downstream, self.lane = send, lane
+        self.started = time.perf_counter()
+        self.held = True
+        self.head: dict[str, Any] | None = None  # the start, until it is sent
+        self.given_up = False
+
+    def release(self) -> None:
+        """Gives the slot back, counting how long it was held; at most once."""
+        if self.held:
+            self.held = False
+            self.lane.release(time.perf_counter() - self.started)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.given_up:
+            raise ClientNotReading(f"the client took nothing for {SEND_SECONDS:g} s")
+        if message["type"] == "http.response.start":
+            self.head = message
+            return
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.release()
+        await self._bounded(self.head)
+        self.head = None
+        await self._bounded(message)
+
+    async def finish(self) -> None:
+        """Gives the slot back, then sends the start if it is still held back (the app ended
+        without a body, or the client took nothing before the start)."""
+        self.release()
+        if self.head is not None:
+            head, self.head = self.head, None
+            await self.downstream(head)
+
+    async def _bounded(self, message: dict[str, Any] | None) -> None:
+        if message is None:
+            return
+        if not self.held:
+            await self.downstream(message)
+            return
+        try:
+            async with asyncio.timeout(SEND_SECONDS):
+                await self.downstream(message)
+        except TimeoutError:
+            self.given_up = True
+            raise ClientNotReading(f"the client took nothing for {SEND_SECONDS:g} s") from None
+
+
 def _on(paths: frozenset[str]) -> Callable[[dict[str, Any]], bool]:
     return lambda scope: route_path(scope) in paths
 
@@ -168,6 +266,7 @@ class LoadShedding:
                       (_on(frozenset({"/metrics"})), _Lane(MONITOR_SLOTS, 0, "metrics")),
                       (_on(BULK), _Lane(BULK_SLOTS, 0, "snapshot")),
                       (browsing, _Lane(BROWSE_SLOTS, 0, "dashboard page")),
+                      (static, _Lane(STATIC_SLOTS, STATIC_WAIT, "static file")),
                       (listing, _Lane(LISTING_SLOTS, LISTING_WAIT, "listing"))]  # fmt: skip
 
     def lane(self, scope: dict[str, Any]) -> _Lane:
@@ -183,8 +282,13 @@ class LoadShedding:
             detail = f"the server is busy ({lane.busy()}); retry in {self.retry_after} s"
             await self.reject(send, 503, detail, {"Retry-After": str(self.retry_after)})
             return
-        started = time.perf_counter()
+        answer = _Answer(send, lane)
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, answer.send)
+        except ClientNotReading as exc:
+            # One line, not a traceback per connection: returning with the answer unfinished,
+            # uvicorn closes the connection (and logs one line of its own).
+            logger.warning("gave up on %s %s: %s", scope["method"], route_path(scope), exc)
         finally:
-            lane.release(time.perf_counter() - started)
+            answer.release()
+        await answer.finish()

@@ -1,0 +1,211 @@
+"""Request bodies held in memory are bounded across connections, not only one by one.
+
+An auditor's 24 connections with a write token, each sending 16 MiB less one byte and then
+stalling, took a server process from 114 MiB to 499 MiB. Against a real server: past the
+process's budget a body is refused with 503 and ``Retry-After`` before it is read (its answer
+comes without its body, not at the body deadline), the server's memory stays within a bound the
+budget sets, its bytes come back when the connections close, and one address's anonymous bodies
+refuse neither another address's lookups nor a token's.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cache_server.api.limits import ADDRESS_BODIES, TOKEN_BODIES, BodyBudget, ScopeLimits
+from tests.conftest import LiveServer, start_server
+from tests.factories import AUTH, issue_token, make_key, make_record
+
+MiB = 2**20
+KiB = 2**10
+FILLER = b"x" * MiB
+WAIT = 2.0  # for an answer sent without the body: the body deadline is 30 s here
+
+
+@pytest.fixture
+def patient_server(tmp_path: Path) -> Iterator[LiveServer]:
+    """A server whose body deadline (30 s) no test here reaches: an answer is never a 408."""
+    env = {"TUNECACHE_SERVER_BODY_SECONDS": "30"}
+    live = start_server(f"sqlite:///{tmp_path / 'c.db'}", tmp_path / "c.db",
+                        tmp_path / "server.log", env=env)  # fmt: skip
+    yield live
+    live.stop()
+
+
+def resident_mb(server: LiveServer, field: str = "VmRSS") -> float:
+    """The server process's resident memory now (``VmRSS``) or at its peak (``VmHWM``)."""
+    status = Path(f"/proc/{server.process.pid}/status").read_text()
+    kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith(field))
+    return kb / 1024
+
+
+def open_body(server: LiveServer, path: str, length: int, headers: dict[str, str]) -> socket.socket:
+    """A connection that has sent a request's head declaring ``length`` body bytes, none yet."""
+    host, port = server.url.removeprefix("http://").split(":")
+    lines = [f"POST {path} HTTP/1.1", f"Host: {host}", f"Content-Length: {length}",
+             "Content-Type: application/json", *(f"{k}: {v}" for k, v in headers.items())]  # fmt: skip
+    conn = socket.create_connection((host, int(port)), timeout=30)
+    conn.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+    return conn
+
+
+def answered(conn: socket.socket, wait: float = WAIT) -> tuple[int, str] | None:
+    """The answer's status and text if one comes within ``wait`` s (else ``None``)."""
+    if not select.select([conn], [], [], wait)[0]:
+        return None
+    data = b""
+    while (b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}")) and (
+        more := conn.recv(65536)
+    ):
+        data += more
+    return int(data.split(b" ")[1]), data.decode("latin-1")
+
+
+def send_filler(conn: socket.socket, size: int) -> None:
+    """Sends ``size`` body bytes (a JSON parser's error, were they ever parsed)."""
+    while size > 0:
+        conn.sendall(FILLER[: min(size, MiB)])
+        size -= MiB
+
+
+def test_stalled_write_bodies_past_the_budget_are_refused_at_once(
+    patient_server: LiveServer,
+) -> None:
+    """The auditor's attack: 12 write bodies of 16 MiB less one byte, each stalled before its
+    last byte. The budget's worth are held; the others get 503 without their bodies; memory
+    stays within twice the budget; once the connections close, a 16 MiB body fits again."""
+    server = patient_server
+    write = {"Authorization": f"Bearer {issue_token(server.url, 'write')}"}
+    size = 16 * MiB - 1
+    budget_mb = BodyBudget(ScopeLimits()).total / MiB  # the server's defaults
+    before = resident_mb(server)
+    held: list[socket.socket] = []
+    refusals = []
+    try:
+        for i in range(12):
+            conn = open_body(server, "/v1/records", size, write)
+            answer = None if i < TOKEN_BODIES else answered(conn)
+            if answer is None:  # taken: all but its last byte, then nothing
+                send_filler(conn, size - 1)
+                held.append(conn)
+            else:
+                refusals.append(answer)
+                conn.close()
+        time.sleep(0.5)  # what was sent is read
+        peak = resident_mb(server, "VmHWM")
+        assert peak < before + 2 * budget_mb, (before, peak, len(held))
+    finally:
+        for conn in held:
+            conn.close()
+    assert len(held) == TOKEN_BODIES and len(refusals) == 12 - TOKEN_BODIES
+    for status, text in refusals:
+        assert status == 503 and "retry-after: 1" in text.lower(), text
+        assert "as many bodies of write tokens as it takes at once" in text, text
+    assert_fits_again(server, write, size)
+    upload = make_record(make_key(m=24)).model_dump(mode="json", by_alias=True)
+    assert httpx.post(f"{server.url}/v1/records", json=upload, headers=AUTH,
+                      timeout=30).status_code == 201  # fmt: skip
+    found = httpx.post(
+        f"{server.url}/v1/lookup", json={"key": make_key(m=24).to_json()}, timeout=30
+    )
+    assert found.status_code == 200, found.text
+
+
+def assert_fits_again(server: LiveServer, headers: dict[str, str], size: int) -> None:
+    """A body of ``size`` is read whole and judged on its content (a 400: not JSON), not
+    refused as over the budget: closed connections gave their bytes back."""
+    deadline = time.monotonic() + 10  # the server sees the connections close at once, or soon
+    while True:
+        conn = open_body(server, "/v1/records", size, headers)
+        try:
+            answer = answered(conn, wait=0.5)
+            if answer is None:
+                send_filler(conn, size)
+                answer = answered(conn, wait=30)
+        finally:
+            conn.close()
+        assert answer is not None
+        if answer[0] != 503 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert answer[0] == 400, answer[1][:400]
+
+
+def test_one_address_anonymous_bodies_refuse_no_one_else(patient_server: LiveServer) -> None:
+    """One address holds its share of anonymous bodies (64 KiB each, stalled): its next one
+    gets 503 at once, saying so; another address's lookup, and one sent with a token from the
+    same address, are answered."""
+    server = patient_server
+    size = 64 * KiB
+    held = []
+    for _ in range(ADDRESS_BODIES):
+        conn = open_body(server, "/v1/lookup", size, {})
+        send_filler(conn, size - 1)
+        held.append(conn)
+    try:
+        conn = open_body(server, "/v1/lookup", size, {})
+        answer = answered(conn)
+        conn.close()
+        assert answer is not None, "a body past this address's share was not refused"
+        assert answer[0] == 503 and "without a token from this address" in answer[1], answer
+        lookup = {"key": make_key(m=40).to_json()}
+        elsewhere = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+        with elsewhere:
+            miss = elsewhere.post(f"{server.url}/v1/lookup", json=lookup, timeout=30)
+        assert miss.status_code == 404, miss.text
+        read = {"Authorization": f"Bearer {issue_token(server.url, 'read')}"}
+        miss = httpx.post(f"{server.url}/v1/lookup", json=lookup, headers=read, timeout=30)
+        assert miss.status_code == 404, miss.text
+    finally:
+        for conn in held:
+            conn.close()
+
+
+def test_a_body_is_given_back_once_its_answer_is_made_not_once_it_is_read() -> None:
+    """A request's body bytes were held until its answer drained: a client that never read its
+    answers kept them charged for as long as it stayed (three unread uploads of a write token
+    would have refused every other upload). They are given back as the answer is sent."""
+    import asyncio
+
+    from cache_server.api.limits import BodyLimits
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        await receive()  # type: ignore[operator]
+        await send({"type": "http.response.start", "status": 200, "headers": []})  # type: ignore[operator]
+        await send({"type": "http.response.body", "body": b"{}"})  # type: ignore[operator]
+
+    async def rejected(*_: object) -> None:
+        raise AssertionError("refused")
+
+    limits = BodyLimits(app, limits=ScopeLimits(), authenticate=lambda _: "write",
+                        seconds=5, reject=rejected)  # fmt: skip
+    held: list[int] = []
+    unread = asyncio.Event()
+
+    async def run() -> None:
+        body = [{"type": "http.request", "body": b"x" * 1000, "more_body": False}]
+
+        async def receive() -> dict[str, object]:
+            return body.pop() if body else {"type": "http.disconnect"}
+
+        async def send(message: dict[str, object]) -> None:
+            if message["type"] == "http.response.body":
+                held.append(limits.budget.held)
+                await unread.wait()  # a client that does not read: the send waits
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/lookup", "headers": [],
+                 "client": ("127.0.0.1", 5)}  # fmt: skip
+        task = asyncio.create_task(limits(scope, receive, send))
+        await asyncio.sleep(0.2)
+        assert held == [0] and limits.budget.held == 0  # the answer waits; the bytes do not
+        unread.set()
+        await task
+
+    asyncio.run(run())
