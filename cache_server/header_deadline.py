@@ -22,7 +22,8 @@ from typing import Any
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from cache_server.address_cap import AddressCap, client_of
+from cache_server.address_cap import AddressCap
+from cache_server.api.peers import client_of
 from cache_server.settings import ServerSettings
 
 _Protocol: Any = AutoHTTPProtocol  # httptools' protocol where installed, else h11's

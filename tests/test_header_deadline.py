@@ -192,7 +192,7 @@ def test_the_cap_counts_open_and_lingering_connections_per_address() -> None:
 
 
 def test_the_cap_counts_each_address_and_an_ipv4_mapped_one_as_its_ipv4() -> None:
-    from cache_server.address_cap import client_of
+    from cache_server.api.peers import client_of
 
     # Two hosts of one IPv6 network are two clients (a /64 would make a cluster one).
     assert client_of("2001:db8:1:2:aaaa::1") != client_of("2001:db8:1:2:bbbb::7")

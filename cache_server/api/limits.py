@@ -41,7 +41,7 @@ from typing import Any, Final
 
 import anyio
 
-from cache_server.address_cap import client_of
+from cache_server.api.peers import client_of
 from tunecache.tokens import Scope
 
 ScopeDict = dict[str, Any]
