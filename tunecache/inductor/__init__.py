@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import time
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -55,7 +56,8 @@ class Enabled:
         reachable: whether the server answered.
         fetched: well-formed choice groups read from the server.
         ignored: malformed ones dropped.
-        merged: groups added to Inductor's local choice file (the others were there already).
+        merged: groups added to Inductor's local choice file (the others were there already,
+            or past the merge's bounds: :func:`choices.merge_groups`).
     """
 
     partition: str
@@ -84,7 +86,9 @@ def enable(
         url: the server; ``TUNECACHE_URL`` when ``None``.
         token: an API token with the ``read`` scope (``write`` too with ``upload``);
             ``TUNECACHE_TOKEN`` when ``None``.
-        timeout: seconds each request to the server may take.
+        timeout: seconds each request to the server may take, and merging what it answered
+            (at most :data:`choices.MAX_MERGE_GROUPS` groups, the file bounded: see
+            :mod:`tunecache.inductor.choices`).
         upload: at exit, upload what this process's compiles chose (see :func:`upload`).
 
     Returns:
@@ -99,8 +103,10 @@ def enable(
     found = team.fetch(choices.NAMESPACE)
     groups = [ChoiceGroup.from_value(item.value) for item in found]
     good = [group for group in groups if group is not None]
+    deadline = time.monotonic() + timeout  # the merge, like each request, within the timeout
     try:
-        merged = choices.merge_groups(local_cache_path(), good, inductor_system())
+        merged = choices.merge_groups(local_cache_path(), good, inductor_system(),
+                                      deadline=deadline)  # fmt: skip
     except OSError as exc:
         logger.warning("could not write Inductor's choice file: %s", exc)
         merged = 0

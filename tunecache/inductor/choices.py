@@ -26,6 +26,17 @@ offers for the node has a time in it, and picks only among those candidates; a c
 candidate has is never looked at, and a group lacking one of them misses (Inductor benchmarks every
 candidate and writes their times into the group). Merging never replaces a group the local file
 already has, and never touches a local file it cannot read.
+
+What a server can make the client write is bounded, as Inductor reads the whole file and parses it
+on every autotuned GEMM, and rewrites it on every miss, in every later compile sharing the cache
+folder, with tunecache on or off. A served group whose choice names are longer than Inductor's
+(:data:`MAX_SERVED_NAME`) is refused; one :func:`merge_groups` adds at most
+:data:`MAX_MERGE_GROUPS` groups and :data:`MAX_MERGE_BYTES`, never grows the file past
+:data:`MAX_FILE_BYTES`, leaves a file already past it alone, and stops adding at its deadline. The
+groups a compile will look up (op and inputs key) are not known when the file is filled, before
+``torch.compile``: a served group for an op or shape this process never compiles costs only its
+bytes, which these bounds cap. (A server that answered groups for made-up ops grew the file by
+32 MB per ``enable()``, and every later compile on that cache paid for it.)
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ import logging
 import math
 import os
 import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -55,6 +67,17 @@ logger = logging.getLogger(__name__)
 
 NAMESPACE: Final = "inductor.choices"
 MAX_KEY = 256  # the server's limit on an artifact key
+# Inductor's choice hashes (``ChoiceCaller.hash_key()``) on torch 2.13: a 52-character code hash
+# behind the kernel's name and arguments, 72 and 85 characters in a CPU max-autotune compile
+# (``CppMicroGemmFP32Vec-c…``, ``_mkl_linear-B=None-batch_size=64-c…``), about 62 for Triton and
+# CUTLASS templates (``triton_mm-c…``). Three times the longest seen; the schema allows 512.
+MAX_SERVED_NAME: Final = 256
+# Inductor's file: a CPU group is about 500 bytes as Inductor writes it, a CUDA max-autotune group
+# of some 20 candidates about 2 KB, so 8 MiB holds thousands of shapes. Inductor parses the file
+# at every autotuned GEMM: 8 MiB is about 0.1 s a GEMM here, where 96 MB cost 10 s a compile.
+MAX_FILE_BYTES: Final = 8 * 1024 * 1024
+MAX_MERGE_BYTES: Final = 4 * 1024 * 1024  # one merge: a hostile one fills half the file at most
+MAX_MERGE_GROUPS: Final = 2048  # one merge; the next one adds the groups left out, if they fit
 
 
 @dataclass(frozen=True)
@@ -96,7 +119,7 @@ class ChoiceGroup:
     def from_value(cls, value: Any) -> ChoiceGroup | None:
         """A served group from an artifact value, its failed choices dropped (:meth:`timed`), or
         ``None`` if it is outside the closed schema or has no time left."""
-        if (why := choice_group_problem(value)) is not None:
+        if (why := served_group_problem(value)) is not None:
             logger.debug("choice group refused: %s", why)
             return None
         group = cls.checked(value["op"], value["inputs"], value["precision"], value["timings"],
@@ -132,6 +155,21 @@ class ChoiceGroup:
             clean[choice] = ms if ms is not None else math.inf
         group = cls(op, inputs, precision, clean)
         return group if group.best_ms is not None else None
+
+
+def served_group_problem(value: Any) -> str | None:
+    """Why a served artifact value is not a group this client merges, or ``None``.
+
+    The closed schema (:func:`choice_group_problem`, the server's check at upload too), then what
+    Inductor really writes: a choice name no longer than :data:`MAX_SERVED_NAME`. The schema's
+    512 characters let a server fill its 256 KiB values with a few hundred made-up names.
+    """
+    if (why := choice_group_problem(value)) is not None:
+        return why
+    long = next((name for name in value["timings"] if len(name) > MAX_SERVED_NAME), None)
+    if long is not None:
+        return f"choice name of {len(long)} characters: Inductor's have at most {MAX_SERVED_NAME}"
+    return None
 
 
 def _is_inf(value: Any) -> bool:
@@ -177,41 +215,102 @@ def read_groups(path: Path) -> list[ChoiceGroup]:
     return groups
 
 
-def merge_groups(path: Path, groups: Iterable[ChoiceGroup], system: Mapping[str, Any]) -> int:
-    """Adds the groups the file lacks to Inductor's choice file, atomically.
+@dataclass
+class _Budget:
+    """What one merge may still add: groups, bytes of the merge and of the file, and time."""
+
+    file_bytes: int  # the file as it will be written before any group is added
+    deadline: float | None
+    added: int = 0
+    added_bytes: int = 0
+    left_out: int = 0
+
+    def admits(self, cost: int) -> bool:
+        """Whether a group of ``cost`` bytes still fits (counted as added when it does)."""
+        if (
+            self.added >= MAX_MERGE_GROUPS
+            or self.added_bytes + cost > MAX_MERGE_BYTES
+            or self.file_bytes + self.added_bytes + cost > MAX_FILE_BYTES
+        ):
+            self.left_out += 1
+            return False
+        self.added += 1
+        self.added_bytes += cost
+        return True
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+
+def _cost(group: ChoiceGroup) -> int:
+    """At least the bytes ``group`` adds to the file as ``json.dumps(…, indent=4)`` writes it:
+    alone, plus the 4 spaces a line more that it is indented there, plus a separator."""
+    alone = json.dumps({group.op: {group.inputs: {group.precision: dict(group.timings)}}}, indent=4)
+    return len(alone) + 4 * alone.count("\n") + 8
+
+
+def _lacks(cache: Mapping[str, Any], group: ChoiceGroup) -> bool:
+    """Whether the file has no times for the group's op, inputs key and precision."""
+    by_inputs = cache.get(group.op, {})
+    by_precision = by_inputs.get(group.inputs, {}) if isinstance(by_inputs, dict) else None
+    return isinstance(by_precision, dict) and not by_precision.get(group.precision)
+
+
+def merge_groups(
+    path: Path,
+    groups: Iterable[ChoiceGroup],
+    system: Mapping[str, Any],
+    *,
+    deadline: float | None = None,
+) -> int:
+    """Adds the groups the file lacks to Inductor's choice file, atomically, within bounds.
 
     A group the file has already (same op, inputs key and precision) is kept as it is: it was
     timed on this machine. Only the groups' times are written (:meth:`ChoiceGroup.timed`): a
     failure from elsewhere would stop Inductor timing that choice, or fail the compile. A file
-    that cannot be read is left alone.
+    that cannot be read is left alone, and so is one already past :data:`MAX_FILE_BYTES`
+    (unparsed): every compile on it pays for its size, and served data must not add to it.
 
     Args:
         path: the file (:func:`local_cache_path`).
         groups: well-formed groups (:meth:`ChoiceGroup.from_value`).
         system: Inductor's system description, written into a new file.
+        deadline: a ``time.monotonic()`` after which no more groups are added (the file is still
+            written with those added before).
 
     Returns:
         How many groups were added.
     """
+    if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
+        logger.warning("Inductor's choice file %s is past %d bytes: the team's choices are not "
+                       "merged into it", path, MAX_FILE_BYTES)  # fmt: skip
+        return 0
     document = _read_file(path)
     if document is None:
         return 0
     cache: dict[str, Any] = document.setdefault("cache", {})
-    added = 0
-    timed = [t for t in (g.timed() for g in groups) if t is not None]
-    for group in timed:
-        by_inputs = cache.setdefault(group.op, {})
-        if not isinstance(by_inputs, dict):
+    document.setdefault("system", dict(system))
+    budget = _Budget(len(json.dumps(document, indent=4)), deadline)
+    for group in (t for t in (g.timed() for g in groups) if t is not None):
+        if not _lacks(cache, group):
             continue
-        by_precision = by_inputs.setdefault(group.inputs, {})
-        if not isinstance(by_precision, dict) or by_precision.get(group.precision):
-            continue
-        by_precision[group.precision] = dict(group.timings)
-        added += 1
-    if added:
-        document.setdefault("system", dict(system))
-        write_atomic(path, json.dumps(document, indent=4))
-    return added
+        if budget.expired():
+            budget.left_out += 1
+        elif budget.admits(_cost(group)):
+            by_precision = cache.setdefault(group.op, {}).setdefault(group.inputs, {})
+            by_precision[group.precision] = dict(group.timings)
+    if budget.left_out:
+        logger.warning("%d served choice groups not merged into %s: past what one merge adds "
+                       "(%d groups, %d bytes), the file's %d bytes, or the time", budget.left_out,
+                       path, MAX_MERGE_GROUPS, MAX_MERGE_BYTES, MAX_FILE_BYTES)  # fmt: skip
+    if not budget.added:
+        return 0
+    written = json.dumps(document, indent=4)  # ASCII: as many bytes as characters
+    if len(written) > MAX_FILE_BYTES:  # _cost over-counts; a guard, never expected to hold
+        logger.warning("choice groups not merged: %s would pass %d bytes", path, MAX_FILE_BYTES)
+        return 0
+    write_atomic(path, written)
+    return budget.added
 
 
 def write_atomic(path: Path, text: str) -> None:
