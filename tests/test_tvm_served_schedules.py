@@ -126,3 +126,86 @@ def test_a_config_whose_trace_vectorizes_too_wide_is_refused_where_it_is_built()
     sch.vectorize(sch.split(loop, [None, n])[1])
     with pytest.raises(InvalidInput, match=f"{n} vectorized lanes, more than {MAX_LANES}"):
         apply_trace(func, trace_json(sch.trace))
+
+
+def add(n: int) -> Any:
+    a, b = te.placeholder((n,), "float32", name="A"), te.placeholder((n,), "float32", name="B")
+    return _normalize_mod(te.create_prim_func([a, b, te.compute((n,), lambda i: a[i] + b[i])]))
+
+
+def pad(*splits: tuple[list[int | None], int]) -> Callable[[Schedule], None]:
+    """Splits the add's loop by the first factors, then one of the loops made (0: the outer, -1:
+    the inner) by the next, and so on."""
+
+    def schedule(sch: Schedule) -> None:
+        (loop,) = sch.get_loops(sch.get_sblock("compute"))
+        for factors, which in splits:
+            loop = sch.split(loop, factors)[which]
+
+    return schedule
+
+
+def repeat(sch: Schedule) -> None:
+    """A unit loop above the add, split by 256 x 256: a loop no binding names, walked 65536
+    times behind a bounds check that keeps the add's result."""
+    loop = sch.add_unit_loop(sch.get_sblock("compute"))
+    sch.split(loop, [256, 256])
+
+
+@pytest.mark.parametrize(
+    ("schedule", "kept"),
+    [(pad(([None, 48], 0)), True), (pad(([None, 300], 0)), True),
+     (pad(([None, 32768], 0)), True), (pad(([4096, 4096], 0)), False),
+     (pad(([None, 32768], 0), ([None, 64], 0)), False), (repeat, False)],
+    ids=["pads-a-tile", "past-the-loop", "a-millisecond", "far-past", "outer-of-one", "unit-loop"],
+)  # fmt: skip
+def test_a_schedule_padding_a_block_far_past_its_space_is_not_served(
+    schedule: Callable[[Schedule], None], kept: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An add over 128 elements whose loop a served trace split by 32768 x 32768, twice: each
+    instruction is allowed and the bounds check kept its result, but the kernel looped 2**45
+    times (a run of hours; one split alone took 1.6 s). A split padding a tile (48 over 128, 300
+    past it, or 32768: a millisecond of empty iterations at most) is served; one padding the
+    block far past its iteration space (4096 x 4096: a bound a test can run without it), the
+    loop of one left by a split split again, or a unit loop split so, is not."""
+    mod = add(128)
+    scheduled = served(mod, schedule, monkeypatch)
+    assert (scheduled is not None) == kept
+    x, y = np.ones(128, "float32"), np.full(128, 2.0, "float32")
+    *_, out = run(mod if scheduled is None else scheduled.mod, x, y, np.zeros(128, "float32"))
+    assert (out == 3.0).all()
+
+
+def test_a_config_whose_trace_pads_far_past_its_space_is_refused_where_it_is_built() -> None:
+    """The backend's own path (a consumer building a served config, a verifier re-timing it)."""
+    from backends.tvm.schedule import apply_trace, trace_json
+    from tunecache.errors import InvalidInput
+
+    func = add(128)["main"]
+    sch = Schedule(func)
+    pad(([32768, 32768], -1), ([32768, 32768], -1))(sch)
+    with pytest.raises(InvalidInput, match=r"block compute runs .* iterations for an iteration "
+                                            r"space of 128"):  # fmt: skip
+        apply_trace(func, trace_json(sch.trace))
+
+
+def test_a_loop_that_only_repeats_a_block_is_refused() -> None:
+    """A loop above a block that no block below it walks (its bindings and bounds check name it
+    not) only repeats the block: 1000 repeats of an add are refused, the add itself is not."""
+    from tvm.script import tirx as T
+
+    from tunecache.tvm.check import work_problem
+
+    @T.prim_func(s_tir=True)
+    def repeated(a: T.Buffer((128,), "float32"), c: T.Buffer((128,), "float32")) -> None:
+        for _ in range(1000):
+            for i in range(128):
+                with T.sblock("compute"):
+                    v = T.axis.spatial(128, i)
+                    c[v] = a[v] + T.float32(1)
+
+    original = add(128)
+    assert work_problem(Schedule(original), original) is None
+    assert work_problem(Schedule(repeated), original) == (
+        "loop _ (1000 long) repeats blocks none of which walks it"
+    )

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunecache.configcheck.tvm_trace import trace_problem
 from tunecache.errors import InvalidInput, TuningError
-from tunecache.tvm.check import vector_problem
+from tunecache.tvm.check import replayed_problem
 from tunecache.tvm.jsonutil import plain_json
 
 if TYPE_CHECKING:
@@ -73,8 +73,8 @@ def apply_trace(func: PrimFunc, trace: list[Any], *, where: str = "") -> Schedul
 
     Raises:
         InvalidInput: the trace is outside the allowlist (:func:`check_trace`), TVM never sees
-            it; or, replayed, it vectorizes a block wider than a build takes
-            (:func:`tunecache.tvm.check.vector_problem`).
+            it; or, replayed, it vectorizes a block wider than a build takes or pads a block's
+            loops far past its iteration space (:func:`tunecache.tvm.check.replayed_problem`).
         TuningError: an instruction cannot be replayed on this function (another problem size
             made a block, loop or decision invalid); the message names the instruction.
     """
@@ -92,7 +92,7 @@ def apply_trace(func: PrimFunc, trace: list[Any], *, where: str = "") -> Schedul
             " this one changed the loop nest the rest of the trace expects; use another config"
             " or tune at this size)"
         ) from exc
-    if (why := vector_problem(sch)) is not None:  # its build would raise, or kill the process
+    if (why := replayed_problem(sch, func)) is not None:  # its build would fail, or its run hang
         raise InvalidInput(f"the MetaSchedule trace is refused{where}: {why}")
     return sch
 

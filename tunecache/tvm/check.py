@@ -10,12 +10,14 @@ the module) and the parsed trace replays once more on a fresh schedule of the mo
 So a trace recorded for another workload is dropped here, in Python, instead of failing inside
 ``compile_tir``'s C++ ``QuerySchedule``. A replayed schedule whose vectorized loops are wider than
 :data:`MAX_LANES` is dropped too (:func:`vector_problem`): its build would raise or kill the
-process.
+process; so is one that pads a block's loops far past its iteration space
+(:func:`work_problem`): its kernel would loop for hours behind its bounds check.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -24,12 +26,20 @@ from tunecache.configcheck.tvm import record_value_problem
 if TYPE_CHECKING:
     from tvm.ir import IRModule
     from tvm.s_tir.meta_schedule.database import TuningRecord, Workload
+    from tvm.tirx import PrimFunc
 
 logger = logging.getLogger(__name__)
 
 # Lanes a block's vectorized loops may hold: MetaSchedule vectorizes up to 64 on llvm by default
 # (ParallelizeVectorizeUnroll); TVM's build raises at 32768 and dies at 65536.
 MAX_LANES = 1024
+# How far a block's loops may walk past its iteration space (a split that does not divide its
+# loop pads it, a bounds check skipping the rest): MAX_PADDING times it, plus PADDING_ITERATIONS
+# (about a millisecond of empty iterations). MetaSchedule's own spaces of the built-in workloads
+# pad a small block up to 37 times (a CUDA thread extent past a short loop; a large one far
+# less: a tile past its extent), and no more than that (bench/tvm_work.py).
+MAX_PADDING = 16
+PADDING_ITERATIONS = 2**20
 
 
 def args_info_json(mod: IRModule) -> list[Any]:
@@ -64,10 +74,91 @@ def check_record(
     schedule = Schedule(workload.mod)
     try:
         record.trace.apply_to_schedule(schedule, remove_postproc=False)
-        problem = vector_problem(schedule)
+        problem = replayed_problem(schedule, workload.mod)
     except Exception as exc:
         return None, f"its trace does not replay on this workload: {_last_line(exc)}"
     return (None, problem) if problem else (record, "")
+
+
+def replayed_problem(schedule: Any, original: IRModule | PrimFunc) -> str | None:
+    """Why a trace replayed on ``original`` as ``schedule`` may not be built or run, or
+    ``None``: :func:`vector_problem`, then :func:`work_problem`."""
+    return vector_problem(schedule) or work_problem(schedule, original)
+
+
+def work_problem(schedule: Any, original: IRModule | PrimFunc) -> str | None:
+    """Why a replayed ``schedule`` runs iterations its blocks do not need, or ``None``.
+
+    A served ``Split`` of a 128-long loop by factors 32768 x 32768 keeps its bounds check (and
+    so its result) and loops 2**30 times: two of them made a kernel of 128 additions run for
+    hours; each instruction is allowed, their product is not. So, for each block, the loops its
+    bindings or its bounds check name (the loops that walk its iteration space) may together
+    run at most :data:`MAX_PADDING` times its iteration space and :data:`PADDING_ITERATIONS`
+    more; a loop that no block below it
+    names (one that only repeats) may not be longer than 1. A loop that only repeats a block
+    (a producer computed inside its consumer's loops recomputes, as MetaSchedule's own
+    schedules do) is one a block below it names: bounded by that block. ``original`` only says
+    whether its loops are of constant extent (else nothing is bounded)."""
+    if _nests(original) is None:
+        return None
+    nests = _nests(schedule.mod)
+    if nests is None:
+        return "a loop of no constant extent where the module's loops are constant"
+    named: set[Any] = set()
+    for name, space, loops in nests:
+        walked = math.prod(extent for var, extent, names in loops if names)
+        named.update(var for var, _, names in loops if names)
+        if walked > MAX_PADDING * space + PADDING_ITERATIONS:
+            return (f"block {name} runs {walked:.3g} iterations for an iteration space of "
+                    f"{space:.3g}, more than {MAX_PADDING} times it and {PADDING_ITERATIONS} "
+                    "more")  # fmt: skip
+    for _, _, loops in nests:
+        for var, extent, _ in loops:
+            if extent > 1 and var not in named:
+                return f"loop {var} ({extent} long) repeats blocks none of which walks it"
+    return None
+
+
+Nest = tuple[str, int, list[tuple[Any, int, bool]]]
+
+
+def _nests(mod: IRModule | PrimFunc) -> list[Nest] | None:
+    """Each block of ``mod``'s functions as ``(name, its iteration space, [(loop variable,
+    extent, whether the block's bindings or bounds check name it) for each loop above it])``;
+    ``None`` when a loop or an iteration space is not of constant extent."""
+    from tvm.s_tir.stmt import SBlockRealize
+    from tvm.tirx import For
+    from tvm.tirx.analysis import undefined_vars
+
+    nests: list[Nest] = []
+    stack: list[tuple[Any, int]] = []
+
+    def walk(node: Any) -> bool:
+        if isinstance(node, SBlockRealize):
+            space = [getattr(v.dom.extent, "value", None) for v in node.block.iter_vars]
+            if not all(isinstance(e, int) for e in space):
+                return False
+            seen = [v for e in [*node.iter_values, node.predicate] for v in undefined_vars(e)]
+            loops = [(var, ext, any(var.same_as(v) for v in seen)) for var, ext in stack]
+            nests.append((node.block.name_hint, math.prod(space), loops))  # type: ignore[arg-type]
+            return all(walk(c) for c in (node.block.init, node.block.body) if c is not None)
+        if isinstance(node, For):
+            extent = getattr(node.extent, "value", None)
+            if not isinstance(extent, int):
+                return False
+            stack.append((node.loop_var, extent))
+            try:
+                return walk(node.body)
+            finally:
+                stack.pop()
+        children = [getattr(node, a, None) for a in ("body", "then_case", "else_case")]
+        return all(walk(c) for c in [*getattr(node, "seq", ()), *children] if c is not None)
+
+    functions = mod.functions.values() if hasattr(mod, "functions") else [mod]
+    for function in functions:
+        if hasattr(function, "body") and not walk(function.body):
+            return None
+    return nests
 
 
 def vector_problem(schedule: Any) -> str | None:
