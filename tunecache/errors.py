@@ -32,11 +32,13 @@ class ServerError(TunecacheError):
     """The cache server rejected a request or could not be reached for a write."""
 
     def __init__(self, message: str, *, status_code: int | None = None,
-                 retry_after: float | None = None, foreign: bool = False) -> None:  # fmt: skip
+                 retry_after: float | None = None, foreign: bool = False,
+                 no_route: bool = False) -> None:  # fmt: skip
         super().__init__(message)
         self.status_code = status_code
         self.retry_after = retry_after  # seconds the server asked to wait (503, 429)
         self.foreign = foreign  # the answer was not a tunecache server's (no identity header)
+        self.no_route = no_route  # a tunecache server's 404 for a path it has no route for
 
 
 class TuningError(TunecacheError):

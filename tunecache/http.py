@@ -359,7 +359,8 @@ def rejected(method: str, path: str, response: httpx.Response) -> ServerError:
         hint = (f"is the server URL its root (such as http://host:8765, without {extra})?"
                 if extra else "a server older than this client?")  # fmt: skip
         return ServerError(f"{method} {response.url.copy_with(query=None)} → 404: the tunecache "
-                           f"server there has no such path: {hint}", status_code=404)  # fmt: skip
+                           f"server there has no such path: {hint}", status_code=404,
+                           no_route=True)  # fmt: skip
     # The body as UTF-8, whatever charset the answer names: httpx decodes ``.text`` with any
     # codec Python has, and "charset=hex" (a bytes codec) raised AssertionError into user code.
     text = response.content[: DETAIL_CHARS * 16].decode("utf-8", "replace")  # its start is shown

@@ -86,8 +86,10 @@ def server_exit(exc: ServerError) -> int:
     (503: busy, or its database down; 429: over its rate limit: both say try again) or an answer
     that does not read as one (no status: a broken or hostile tunecache server); 2 an answer that
     is not a tunecache server's, or a request the server found malformed (400, 413, 422: the CLI
-    built it from the user's arguments and files); 4 the token refused (401, 403); 1 anything else
-    (404: a miss; 409, other 5xx; an upload of a tuned record refused)."""
+    built it from the user's arguments and files), or a 404 for a path no route of the server has
+    (the URL's path is wrong: a script reading 1, a miss, would tune again); 4 the token refused
+    (401, 403); 1 anything else (404: a miss; 409, other 5xx; an upload of a tuned record
+    refused)."""
     from tunecache_cli.outbox import UploadRefused
 
     if exc.status_code is None:
@@ -99,6 +101,8 @@ def server_exit(exc: ServerError) -> int:
     if exc.status_code in (401, 403):
         return EXIT_REFUSED
     if exc.status_code in BAD_REQUEST and not isinstance(exc, UploadRefused):
+        return EXIT_BAD_INPUT
+    if exc.no_route:  # the URL's path is wrong (…:8765/v1): never read as a miss
         return EXIT_BAD_INPUT
     return 1
 

@@ -93,7 +93,7 @@ def preflight(url: str, needed: Scope, doing: str, *, or_else: str = "") -> None
     """
     from tunecache.client import Client
 
-    create = f"tunecache token create --name NAME --scope {needed}"
+    create = token_hint(needed)
     if not Settings.from_env(with_url=False).token:
         raise InvalidInput(
             f"{doing} needs a token with the {needed!r} scope in $TUNECACHE_TOKEN ({create})"
@@ -112,7 +112,7 @@ def preflight(url: str, needed: Scope, doing: str, *, or_else: str = "") -> None
                 return
             if exc.status_code == 401:
                 raise ServerError(
-                    f"{url} refuses the token in $TUNECACHE_TOKEN (unknown or revoked): {create}",
+                    f"{url} refuses the token in $TUNECACHE_TOKEN (unknown or revoked); {create}",
                     status_code=401,
                 ) from None
             other = or_else.removeprefix(", or ")
@@ -124,6 +124,17 @@ def preflight(url: str, needed: Scope, doing: str, *, or_else: str = "") -> None
             f"{doing} needs the {needed!r} scope; {name} has {me.scope or 'none'} ({create})",
             status_code=403,
         )
+
+
+def token_hint(scope: Scope) -> str:
+    """How to make a token of ``scope``, in both forms: ``token create`` without ``--db`` goes
+    through the server and needs an admin token, so the hint alone (what this said) failed with
+    401 on the local default, where ``--db`` (the server's own database) is what works."""
+    return (
+        f"make one: `tunecache token create --db --name NAME --scope {scope}` on the "
+        "server's machine, or the same without --db anywhere, with an admin token in "
+        "$TUNECACHE_TOKEN"
+    )
 
 
 def _check_path(client: Client, url: str, doing: str) -> None:

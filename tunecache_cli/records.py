@@ -89,6 +89,7 @@ def run_show(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache_cli.get import describe
     from tunecache_cli.progress import asking
+    from tunecache_cli.trials import count_text, trial_rows
 
     if args.record_id < 1:
         raise InvalidInput(f"ID {args.record_id}: a record ID is a whole number from 1 up")
@@ -101,11 +102,9 @@ def run_show(args: argparse.Namespace) -> int:
         print(json.dumps(record.model_dump(mode="json", by_alias=True), indent=2))
         return 0
     print(describe(record))
-    print(shown(f"  search     {record.search.strategy}, {record.search.trials} trials; tuned in "
+    print(shown(f"  search     {record.search.strategy}, {count_text(record)}; tuned in "
                 f"{record.search.seconds:.1f} s"))  # fmt: skip
-    rows = [[i + 1, t.status, ms(t.time_ms), json.dumps(t.config)[:70], (t.error or "")[:40]]
-            for i, t in enumerate(record.trials)]  # fmt: skip
-    if rows:
+    if rows := trial_rows(record):
         print(render(["trial", "status", "ms", "config", "error"], rows))
     return 0
 

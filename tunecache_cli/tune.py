@@ -20,8 +20,15 @@ from tunecache_cli.args import (
     server_url,
     upload_url,
 )
-
-DEFAULT_TRIALS = 32
+from tunecache_cli.tune_forms import (
+    DEFAULT_TRIALS,
+    KEY,
+    TORCH,
+    check_unused,
+    fill_defaults,
+    form_of,
+    unset_defaults,
+)
 
 
 def register(commands: Any) -> None:
@@ -46,13 +53,11 @@ def register(commands: Any) -> None:
     own.add_argument(
         "--inputs",
         metavar="FUNC",
-        default="get_inputs",
         help="the function in FILE.py returning the inputs (default: get_inputs)",
     )
     own.add_argument(
         "--init-inputs",
         metavar="FUNC",
-        default="get_init_inputs",
         help="the function in FILE.py returning a module's constructor arguments "
         "(default: get_init_inputs, when FILE.py has one)",
     )
@@ -67,13 +72,13 @@ def register(commands: Any) -> None:
         "backend's own (the default where it has one: tvm: meta_schedule; inductor: "
         "inductor_max_autotune)",
     )
-    parser.add_argument("--trials", type=int,
-                        help=f"search budget in trials (default {DEFAULT_TRIALS})")  # fmt: skip
+    parser.add_argument("--trials", type=int, help=f"search budget in trials (default "
+                        f"{DEFAULT_TRIALS}); not with --torch")  # fmt: skip
     parser.add_argument(
         "--seconds",
         type=float,
         help="budget of the whole tune in seconds (search, re-timing, validation,"
-        " baselines); with --trials, whichever comes first",
+        " baselines; --tvm: its search); with --trials, whichever comes first; not with --torch",
     )
     parser.add_argument("--patience", type=int, help="stop after N trials without improvement")
     parser.add_argument("--seed", type=int, help="seed of the search strategy (default 0)")
@@ -85,6 +90,7 @@ def register(commands: Any) -> None:
     parser.add_argument("--json", action="store_true",
                         help="print the record as JSON (the stored one once uploaded)")  # fmt: skip
     add_server(parser)
+    unset_defaults(parser)  # given or not is then set or not (tune_forms)
     parser.set_defaults(run=run)
 
 
@@ -100,34 +106,6 @@ def _check_numbers(args: argparse.Namespace) -> None:
         check_count(flag, value)
     check_count("--seed", args.seed, 0, MAX_SEED)
     check_seconds("--seconds", args.seconds)
-
-
-def _check_unused(args: argparse.Namespace) -> None:
-    """Options the chosen flow would ignore, refused by name: ``--strategy random`` given with
-    ``--tvm`` was dropped without a word (MetaSchedule searched), and so were ``--inputs`` and
-    ``--device`` with a kernel key.
-
-    Raises:
-        InvalidInput: naming each such option and what the flow does instead.
-    """
-    own = args.torch or args.tvm
-    search = [("--strategy", args.strategy), ("--patience", args.patience),
-              ("--seed", args.seed), ("--workers", args.workers)]  # fmt: skip
-    inputs = [("--inputs", args.inputs != "get_inputs"),
-              ("--init-inputs", args.init_inputs != "get_init_inputs")]  # fmt: skip
-    if args.torch:
-        given, flow = search, "--torch compiles with max-autotune, which searches on its own"
-    elif args.tvm:
-        given, flow = search + inputs, ("--tvm tunes with MetaSchedule on its own search and "
-                                        "random inputs")  # fmt: skip
-    else:
-        given, flow = [*inputs, ("--device", args.device)], (
-            "a kernel key is tuned on this machine's device for its backend, on the kernel's "
-            "own inputs")  # fmt: skip
-    unused = [flag for flag, value in given if value is not None and value is not False]
-    if unused:
-        raise InvalidInput(f"{flow}: leave out {', '.join(unused)}"
-                           + ("" if own else " (they are for --torch / --tvm)"))  # fmt: skip
 
 
 def _check_landscape(args: argparse.Namespace) -> None:
@@ -187,33 +165,26 @@ def _write_landscape(path: Path, outcome: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check_numbers(args)
-    if args.torch and args.tvm:
-        raise InvalidInput("give one of --torch and --tvm, not both")
-    if args.torch or args.tvm:
-        if args.workload or args.backend or args.shape:
-            raise InvalidInput(
-                "--torch/--tvm tune your own code: leave out KERNEL, --backend and --shape"
-            )
-        if args.landscape or args.json:
-            flag = "--landscape records" if args.landscape else "--json prints"
-            raise InvalidInput(f"{flag} a kernel key's record, not --torch/--tvm code's")
-        _check_unused(args)
-        args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
-        if args.torch:
-            from tunecache_cli import tune_torch
+    form = form_of(args)
+    if form == KEY:
+        missing = [flag for flag, value in (("KERNEL", args.workload),
+                   ("--backend", args.backend), ("--shape", args.shape)) if not value]  # fmt: skip
+        if missing:
+            raise InvalidInput(f"tune needs {', '.join(missing)} (or --torch / --tvm "
+                               "FILE.py:NAME)")  # fmt: skip
+    check_unused(args, form)  # what the form would not use, refused by name (tune_forms)
+    if form == KEY:
+        _check_landscape(args)  # before the defaults: --trials given is refused with it
+    fill_defaults(args, form)
+    if form == KEY:
+        return _run_key(args)
+    if form == TORCH:
+        from tunecache_cli import tune_torch
 
-            return tune_torch.run(args)
-        from tunecache_cli import tune_tvm
+        return tune_torch.run(args)
+    from tunecache_cli import tune_tvm
 
-        return tune_tvm.run(args)
-    missing = [flag for flag, value in (("KERNEL", args.workload), ("--backend", args.backend),
-               ("--shape", args.shape)) if not value]  # fmt: skip
-    if missing:
-        raise InvalidInput(f"tune needs {', '.join(missing)} (or --torch / --tvm FILE.py:NAME)")
-    _check_unused(args)
-    _check_landscape(args)
-    args.trials = DEFAULT_TRIALS if args.trials is None else args.trials
-    return _run_key(args)
+    return tune_tvm.run(args)
 
 
 def _run_key(args: argparse.Namespace) -> int:

@@ -101,12 +101,13 @@ def _device(requested: str | None) -> str:
     return requested or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _timer(args: argparse.Namespace) -> Any:
+def _timer() -> Any:
+    """How long the compiled call and eager are each timed, in every round of their comparison:
+    fixed (``--trials`` and ``--seconds`` set these once, which read as a search budget
+    max-autotune never had: both are refused with ``--torch``, see tune_forms)."""
     from tunecache.timing import TimerSettings
 
-    trials = max(1, args.trials)
-    return TimerSettings(min_repeats=min(15, trials), max_repeats=max(15, trials),
-                         target_s=args.seconds or 0.3)  # fmt: skip
+    return TimerSettings(min_repeats=15, max_repeats=32, target_s=0.3)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     machine = conditions.snapshot(family=True)
     try:
         with working(args.torch, "compiling with max-autotune, then checking and timing it"):
-            result = pretune.pretune(fn, inputs, device=device, timer=_timer(args))
+            result = pretune.pretune(fn, inputs, device=device, timer=_timer())
     except Exception as exc:  # Inductor's own failure, said in one line
         raise TuningError(f"compiling {args.torch} failed: {one_line(exc)}") from exc
     _report(args.torch, result, machine)
@@ -141,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
             f"{result.check.error:.3g} > {result.check.tolerance:g}; nothing uploaded"
         )
     if url is None:
+        print("not uploaded (--no-upload)", file=sys.stderr)
         return 0
     return _upload(url, result)
 
@@ -179,13 +181,13 @@ def _report(spec: str, result: Any, since: Any) -> None:
         f"{sum(len(g.timings) for g in result.groups)} timings; "
         f"{len(result.best_configs)} Triton best config(s)",
     ]
-    from backends.inductor.observe import other_load
-
-    if (load := other_load(since)) is not None:
-        lines = [*lines, f"  note: other processes keep about {load:.1f} cores busy: "
-                         "CPU timings are skewed"]  # fmt: skip
     for group in result.groups:
         best = min(group.timings, key=lambda h: group.timings[h])
         lines = [*lines, f"    {group.op}: {best.split('-')[0]} {group.timings[best]:.4g} ms "
                          f"of {len(group.timings)} choices"]  # fmt: skip
+    from backends.inductor.observe import other_load
+
+    if (load := other_load(since)) is not None:  # after the list, not between it and its heading
+        lines = [*lines, f"  note: other processes keep about {load:.1f} cores busy: "
+                         "CPU timings are skewed"]  # fmt: skip
     print("\n".join(lines))

@@ -1,0 +1,87 @@
+"""A record's trials as ``records show`` lists them: each config in a few words, and the default
+config's timing told apart from the search's.
+
+Why: a TVM record's trial table showed ``{"schedule": "meta_schedule", "trace"`` on every row
+(its JSON cut at 70 characters, where the trace begins), though its backend summarises a trace
+in a few words (``tiles 1x8x2x4/1x1x64x1 unroll 16``); and ``--trials 16`` read as "17 trials",
+the 17th being the default config the tuner times beside the winner, no trial of the search.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from tunecache.defaults import default_config
+from tunecache.key import BACKENDS
+from tunecache.schemas import RecordCreate
+
+CONFIG_CHARS = 70
+DROP_IN = "triton_autotune"  # the Triton drop-in's records: every trial is its own bench's
+
+
+def default_trial(record: RecordCreate) -> bool:
+    """Whether ``record``'s last trial is the default config timed beside the winner, not a
+    trial of the search: the tuner appends it so, exactly when it compares the winner with the
+    default (the record then has a ``default_config`` baseline). Where the backend has one
+    default config (TVM's unscheduled function, Inductor's default mode) the trial's config must
+    be it; Triton's default depends on the kernel and the shape (knowing it here costs
+    importing Triton), so its records go by the baseline alone. The drop-in's records time the
+    default among their own configs, none appended."""
+    if not record.trials or record.search.strategy == DROP_IN:
+        return False
+    if not any(baseline.name == "default_config" for baseline in record.baselines):
+        return False
+    known = default_config(record.key.backend)
+    return known is None or record.trials[-1].config == known
+
+
+def count_text(record: RecordCreate) -> str:
+    """``16 trials + the default config`` where the last trial is the default's (see
+    :func:`default_trial`), else ``17 trials``."""
+    if default_trial(record):
+        searched = len(record.trials) - 1
+        return f"{searched} trial{'' if searched == 1 else 's'} + the default config"
+    return f"{record.search.trials} trials"
+
+
+def _summarizer(backend: str) -> Callable[[Mapping[str, Any]], str] | None:
+    """The backend's own ``summarize`` (text from the config's JSON: nothing served is run or
+    built), or ``None`` for a backend this CLI does not know."""
+    if backend not in BACKENDS:
+        return None
+    from backends import get_backend
+
+    try:
+        return get_backend(backend).summarize
+    except Exception:  # a backend that cannot be set up here: the configs' JSON then
+        return None
+
+
+def config_texts(record: RecordCreate) -> list[str]:
+    """Each trial's config in a few words (its JSON, cut, where the backend cannot say)."""
+    summarize = _summarizer(record.key.backend) if record.trials else None
+    texts = []
+    for trial in record.trials:
+        text = None
+        if summarize is not None:
+            try:
+                text = summarize(trial.config)
+            except Exception:  # a config its backend cannot read: its JSON
+                text = None
+        texts.append((text or json.dumps(trial.config))[:CONFIG_CHARS])
+    return texts
+
+
+def trial_rows(record: RecordCreate) -> list[list[object]]:
+    """The rows of ``records show``'s trial table: number (``default`` for the default's
+    timing), status, ms, config, error."""
+    from tunecache_cli.table import ms
+
+    last = len(record.trials) - 1 if default_trial(record) else None
+    texts = config_texts(record)
+    return [
+        ["default" if i == last else i + 1, t.status, ms(t.time_ms), texts[i], (t.error or "")[:40]]
+        for i, t in enumerate(record.trials)
+    ]
