@@ -187,27 +187,14 @@ def test_your_own_torch_code_pretunes_and_a_fresh_process_compiles_with_it(
     assert float(error.split()[-1]) < 1e-4
 
 
-MATMUL_BIAS = """
-from tvm import te
-
-
-def matmul_bias():
-    a = te.placeholder((32, 32), name="A", dtype="float32")
-    b = te.placeholder((32, 32), name="B", dtype="float32")
-    bias = te.placeholder((32,), name="bias", dtype="float32")
-    k = te.reduce_axis((0, 32), name="k")
-    c = te.compute((32, 32), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
-    out = te.compute((32, 32), lambda i, j: c[i, j] + bias[j], name="out")
-    return te.create_prim_func([a, b, bias, out])
-"""
-
-
 @pytest.mark.slow
 def test_your_own_tvm_module_tunes_and_a_process_compiles_with_its_schedule(
     server: LiveServer, tmp_path: Path
 ) -> None:
     pytest.importorskip("tvm")
-    (tmp_path / "kernels.py").write_text(MATMUL_BIAS)
+    source = block("def matmul_bias()")
+    assert source.startswith("# kernels.py\n")
+    (tmp_path / "kernels.py").write_text(source)
     [tune] = commands("tunecache tune --tvm kernels.py:matmul_bias")
     tune[tune.index("--trials") + 1] = "8"  # the documented 64, fewer: a test's minute
     run(tune, tmp_path, server.url)
