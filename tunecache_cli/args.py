@@ -160,7 +160,9 @@ def add_key(parser: argparse.ArgumentParser, *, optional: bool = False) -> None:
     )
     # Backends and dtypes are checked by the workload, so the error names what it supports.
     parser.add_argument("--backend", required=not optional, help=f"one of {', '.join(BACKENDS)}")
-    parser.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
+    parser.add_argument(
+        "--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)"
+    )
     parser.add_argument(
         "--shape", required=not optional, help="shape parameters, e.g. M=64,N=64,K=64"
     )

@@ -28,7 +28,9 @@ def register(commands: Any) -> None:
     parser.add_argument("workload", metavar="KERNEL",
                         help="a built-in kernel or your own, as package.module:Class")  # fmt: skip
     parser.add_argument("--shape", required=True, help="shape parameters, e.g. M=64,N=64,K=64")
-    parser.add_argument("--dtype", default="float32", help=f"one of {', '.join(DTYPES)}")
+    parser.add_argument(
+        "--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)"
+    )
     parser.add_argument("--backends", metavar="B,B", help="only these backends (default: all)")
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), help="every key's device (default: each backend's)"
