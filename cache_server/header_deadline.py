@@ -8,7 +8,15 @@ and a few thousand such connections left the server none for anyone else. With t
 such a connection lasts ``header_seconds``. A request whose headers came in time is never cut: the
 body has its own deadline (:mod:`cache_server.api.limits`), and the work none.
 
-The protocol also caps each client address's open connections (:mod:`cache_server.address_cap`).
+The protocol also caps each client address's open connections (:mod:`cache_server.address_cap`),
+and aborts a connection whose client has read nothing of what it was sent for ``drain_seconds``
+(``TUNECACHE_SERVER_DRAIN_SECONDS``, 30: 64 KiB in that long is 2 KiB/s, slower than any client
+that means to read): uvicorn's ``send`` waits for the transport's full buffer to drain for as
+long as it takes, and its close too, so a request whose answer is never read kept its body, its
+work and its connection for good (a client pipelining requests behind unread answers kept a
+write token's 16 MiB bodies charged to the server's body budget, every other upload refused).
+Aborting ends the request (uvicorn marks it disconnected and wakes the ``send``), and with it
+what it held.
 
 ``tunecache serve`` runs uvicorn with ``http="cache_server.header_deadline:HeaderDeadline"``;
 each server process reads the deadline and the cap from its settings
@@ -33,11 +41,13 @@ class HeaderDeadline(_Protocol):
     """uvicorn's HTTP protocol, closing a connection whose next request's headers are late."""
 
     seconds: float | None = None  # from the settings, on first use in this process
+    drain: float | None = None  # likewise
     cap: AddressCap | None = None  # likewise
     retry_after = 1
     _late: asyncio.TimerHandle | None = None
     _address: str | None = None  # counted (as open, or as refused and lingering) until lost
     _refused = False
+    _stalled: asyncio.TimerHandle | None = None  # while the transport's buffer is full
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
@@ -71,7 +81,32 @@ class HeaderDeadline(_Protocol):
         super().on_response_complete()
         self._await_headers()
 
+    def pause_writing(self) -> None:
+        """The buffer is full: the client has ``drain_seconds`` to read, or is cut off."""
+        super().pause_writing()
+        if self._stalled is None:
+            self._stalled = self.loop.call_later(_drain(), self._cut_off)
+
+    def _cut_off(self) -> None:
+        """Aborts the connection, its request marked gone first: the transport may wake the
+        waiting ``send`` before it says the connection is lost, and that ``send`` then wrote to
+        a closed transport (a traceback in the log). Behind pipelined requests uvicorn's
+        ``cycle`` is the newest one, not the one sending, which still logs uvicorn's traceback
+        as it does for any pipelining client that goes away (one per cut-off connection)."""
+        self._stalled = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+        self.transport.abort()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
         if self._late is not None:
             self._late.cancel()
         if self._address is not None:
@@ -107,6 +142,12 @@ def _cap() -> AddressCap:
         HeaderDeadline.cap = AddressCap(settings.max_connections_per_address)
         HeaderDeadline.retry_after = settings.retry_after
     return HeaderDeadline.cap
+
+
+def _drain() -> float:
+    if HeaderDeadline.drain is None:
+        HeaderDeadline.drain = ServerSettings().drain_seconds
+    return HeaderDeadline.drain
 
 
 def _seconds() -> float:

@@ -101,6 +101,7 @@ class ServerSettings(BaseSettings):
     max_json_elements: int = Field(default=1_000_000, ge=1000)
     header_seconds: float = Field(default=10.0, gt=0, le=3600)
     body_seconds: float = Field(default=10.0, gt=0, le=3600)
+    drain_seconds: float = Field(default=30.0, gt=0, le=3600)  # a client reading nothing: cut off
     max_connections_per_address: int = Field(default=256, ge=1, le=1_000_000)
     max_in_flight: int = Field(default=2, ge=1, le=1000)
     max_wait: float = Field(default=0.02, ge=0, le=60)

@@ -168,10 +168,15 @@ def test_one_address_anonymous_bodies_refuse_no_one_else(patient_server: LiveSer
             conn.close()
 
 
-def test_a_body_is_given_back_once_its_answer_is_made_not_once_it_is_read() -> None:
-    """A request's body bytes were held until its answer drained: a client that never read its
-    answers kept them charged for as long as it stayed (three unread uploads of a write token
-    would have refused every other upload). They are given back as the answer is sent."""
+@pytest.mark.parametrize("token", [False, True], ids=["anonymous", "token"])
+def test_a_body_without_a_token_is_given_back_as_its_answer_starts(token: bool) -> None:
+    """A request's body bytes were held until its answer drained: four addresses' connections
+    that never read their answers kept the anonymous pool full (every tokenless lookup
+    refused). One without a token is given back as its answer starts (the first message: load
+    shedding holds the start back until the body is made); a token's stays charged until the
+    request ends, which a client that stops reading reaches within the server's drain deadline
+    (tests/test_slow_readers.py): given back earlier, requests stuck behind unread answers kept
+    their 16 MiB bodies in memory, uncounted."""
     import asyncio
 
     from cache_server.api.limits import BodyLimits
@@ -186,26 +191,28 @@ def test_a_body_is_given_back_once_its_answer_is_made_not_once_it_is_read() -> N
 
     limits = BodyLimits(app, limits=ScopeLimits(), authenticate=lambda _: "write",
                         seconds=5, reject=rejected)  # fmt: skip
+    size = 2 * ScopeLimits().anonymous if token else 1000  # a token's is checked past 64 KiB
     held: list[int] = []
     unread = asyncio.Event()
 
     async def run() -> None:
-        body = [{"type": "http.request", "body": b"x" * 1000, "more_body": False}]
+        body = [{"type": "http.request", "body": b"x" * size, "more_body": False}]
 
         async def receive() -> dict[str, object]:
             return body.pop() if body else {"type": "http.disconnect"}
 
         async def send(message: dict[str, object]) -> None:
-            if message["type"] == "http.response.body":
-                held.append(limits.budget.held)
-                await unread.wait()  # a client that does not read: the send waits
+            held.append(limits.budget.held)
+            await unread.wait()  # a client that does not read: the first send waits
 
-        scope = {"type": "http", "method": "POST", "path": "/v1/lookup", "headers": [],
-                 "client": ("127.0.0.1", 5)}  # fmt: skip
+        headers = [(b"authorization", b"Bearer tc_x"), (b"content-length", str(size).encode())]
+        scope = {"type": "http", "method": "POST", "path": "/v1/records", "client": ("10.0.0.1", 5),
+                 "headers": headers if token else headers[1:]}  # fmt: skip
         task = asyncio.create_task(limits(scope, receive, send))
         await asyncio.sleep(0.2)
-        assert held == [0] and limits.budget.held == 0  # the answer waits; the bytes do not
+        assert held == [size if token else 0] and limits.budget.held == held[0]
         unread.set()
         await task
+        assert limits.budget.held == 0  # whatever it held, given back as the request ended
 
     asyncio.run(run())

@@ -110,3 +110,27 @@ def test_a_client_that_reads_slowly_gets_its_whole_answer(shedding_server: LiveS
     answer = httpx.get(f"{shedding_server.url}{BUNDLE}", timeout=30)
     assert answer.status_code == 200 and answer.content == BUNDLE_BYTES
     assert _lookup(shedding_server) == 404  # a miss: looked up
+
+
+def test_a_client_that_reads_nothing_is_cut_off_at_the_drain_deadline(tmp_path: Path) -> None:
+    """uvicorn waits for a full buffer to drain for as long as it takes (its close too): a
+    request whose answer was never read kept its body, its work and its connection for good.
+    The server aborts a connection that has read nothing for ``drain_seconds`` (2 here); one
+    that reads slowly is never cut (test_a_client_that_reads_slowly_gets_its_whole_answer)."""
+    db_path = tmp_path / "cache.db"
+    live = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "server.log",
+                        env={"TUNECACHE_SERVER_DRAIN_SECONDS": "2"})  # fmt: skip
+    try:
+        conn = _reader(live)
+        conn.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * 60)
+        time.sleep(8)  # the 2 s deadline, with room for a busy machine
+        conn.settimeout(10)
+        got = b""
+        while more := conn.recv(65536):  # what was sent before the cut, then its end
+            got += more
+        answers = got.count(b"HTTP/1.1 200")
+        assert 0 < answers < 60, answers  # cut off: not every answer came
+        assert httpx.get(f"{live.url}/health", timeout=10).status_code == 200
+    finally:
+        conn.close()
+        live.stop()

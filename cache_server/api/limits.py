@@ -21,10 +21,12 @@ took a server process from 114 MiB to 499 MiB (256 connections an address allowe
 declared body is charged whole before a byte of it is read, a streamed one as it arrives; one
 that does not fit is refused at once with 503 and ``Retry-After`` (the server is busy, the request
 is not wrong: the same one fits once others have ended), and a request whose body fit keeps its
-bytes until its answer is made (not until the client has read it: one that never reads kept
-them). A body arrives into one ``bytearray``, not a list of chunks: after those 24
-connections closed, the chunks' memory stayed with the process (469 MiB of 485 at the peak: many
-freed pieces of a few hundred KB each, in the allocator's heap), a ``bytearray``'s went back to
+bytes until it ends, a token's (one without a token, until its answer starts: see ``answer``);
+a client that stops reading its answers is cut off after ``drain_seconds``
+(:mod:`cache_server.header_deadline`), which ends its request. A body arrives into one
+``bytearray``, not a list of chunks: after those 24 connections closed, the chunks' memory
+stayed with the process (469 MiB of 485 at the peak: many freed pieces of a few hundred KB
+each, in the allocator's heap), a ``bytearray``'s went back to
 the system (104 MiB); and a list costs an object for each chunk, uncharged.
 
 Once read, a JSON body is parsed off the event loop (:func:`parse_json`, in a worker thread) with
@@ -376,9 +378,14 @@ class BodyLimits:
             return message
 
         async def answer(message: Message) -> None:
-            # The answer made, the body is done with: its bytes are given back before the
-            # client reads it (a write token's uploads left unread held the budget for good).
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
+            # A body without a token is given back as its answer starts, before the client
+            # reads it: held until the answer drained, four addresses' unread answers filled
+            # the pool and refused every tokenless lookup. A token's stays charged until the
+            # request ends (at most drain_seconds past the client's last read: the connection
+            # is then aborted, cache_server.header_deadline): given back earlier, the
+            # requests stuck behind unread answers, 256 connections an address, each kept
+            # its 16 MiB body in memory uncounted.
+            if hold.scope is None:
                 self.budget.release(hold)
             await send(message)
 
