@@ -10,6 +10,9 @@ One call before ``torch.compile`` makes this process start from what the team ha
   Inductor's ``RemoteAutotuneCache``, for the kernels Inductor compiles in this process (all of
   them with ``torch._inductor.config.compile_threads = 1``; not those of its worker processes).
 
+In a ``torch.distributed`` job one rank reads the choice groups for every rank
+(:func:`tunecache.ranks.shared_artifacts`), so the ranks merge the same groups.
+
 Entries are shared within a partition (:func:`partition`: Inductor's system hash and the torch
 version). Only JSON crosses the wire; Inductor's FX-graph cache (pickles) is never served. A
 server that is down, slow, refuses the token or answers garbage costs one warning
@@ -34,13 +37,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tunecache.artifacts import ArtifactIn, ArtifactPutResult, Namespace
+from tunecache.artifacts import ArtifactIn, ArtifactPublic, ArtifactPutResult, Namespace
 from tunecache.errors import ServerError
 from tunecache.inductor import autotune, choices
 from tunecache.inductor.autotune import AutotuneStore
 from tunecache.inductor.choices import ChoiceGroup, local_cache_path
 from tunecache.inductor.partition import inductor_system, partition
 from tunecache.inductor.remote import DEFAULT_TIMEOUT, TeamCache, TeamCacheWarning
+from tunecache.ranks import shared_artifacts
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +104,7 @@ def enable(
     except Exception as exc:  # a bad TUNECACHE_* value, or an Inductor that cannot say its system
         warnings.warn(f"tunecache: team cache off: {exc}", TeamCacheWarning, stacklevel=2)
         return Enabled(partition="", reachable=False)
-    found = team.fetch(choices.NAMESPACE)
+    found = _fetch_groups(team)
     groups = [ChoiceGroup.from_value(item.value) for item in found]
     good = [group for group in groups if group is not None]
     deadline = time.monotonic() + timeout  # the merge, like each request, within the timeout
@@ -117,6 +121,18 @@ def enable(
         atexit.register(_upload_at_exit, team, store)
     logger.info("team cache %s: %d choice groups, %d merged", team.partition, len(good), merged)
     return Enabled(team.partition, not team.down, len(good), len(groups) - len(good), merged)
+
+
+def _fetch_groups(team: TeamCache) -> list[ArtifactPublic]:
+    """The partition's choice groups, read by one rank for every rank of a distributed job
+    (:func:`tunecache.ranks.shared_artifacts`; one read per call): ranks reading on their own
+    could merge different groups, and max-autotune then picks different kernels per rank."""
+
+    def read() -> list[ArtifactPublic]:
+        return team.fetch(choices.NAMESPACE)
+
+    found = shared_artifacts(read, choices.NAMESPACE, team.partition, None)
+    return found or []
 
 
 def share_items(

@@ -49,6 +49,7 @@ from typing import Any, Final
 from tunecache.configcheck.inductor import best_config_problem
 from tunecache.inductor.remote import TeamCache
 from tunecache.jsonsafe import parse_json
+from tunecache.ranks import shared_artifacts
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,9 @@ class AutotuneStore:
         if not self.read or self.team is None:
             return None
         if name not in self._memo:
-            found = self.team.fetch(NAMESPACE, key=name)
+            team = self.team  # one rank reads for all (tunecache.ranks): the same kernels
+            found = shared_artifacts(lambda: team.fetch(NAMESPACE, key=name), NAMESPACE,
+                                     team.partition, name) or []  # fmt: skip
             value = sanitise_best_config(found[0].value) if found else None
             if found and value is None:
                 why = best_config_problem(found[0].value)

@@ -4,7 +4,10 @@
 ``compile_tir(db, mod, target)`` in any other process, on any other host with the same target and
 TVM version, then schedules ``mod`` with the team's best record (see :mod:`tunecache.tvm.wire`
 for the layout). Records are read once per workload and kept in this object (the in-process
-memo); each is checked (:mod:`tunecache.tvm.check`) before MetaSchedule sees it.
+memo); each is checked (:mod:`tunecache.tvm.check`) before MetaSchedule sees it. In a
+``torch.distributed`` job one rank reads a workload's records for all of them
+(:func:`tunecache.ranks.shared_artifacts`), so every rank schedules from the same records; each
+rank still checks every record itself.
 
 The database never raises into MetaSchedule: with the server down, slow, refusing the token or
 answering nonsense it logs one warning and answers from what this process committed, so
@@ -24,6 +27,7 @@ from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
 
 from tunecache.artifacts import ArtifactIn, ArtifactPublic, ArtifactPutResult
 from tunecache.configcheck.tvm import target_device
+from tunecache.ranks import shared_artifacts
 from tunecache.settings import Settings
 from tunecache.tvm.check import args_info_json, check_record
 from tunecache.tvm.remote import Remote
@@ -234,7 +238,8 @@ class Database(PyDatabase):
         """Checks the server's records of ``entry``, best score first, until ``k`` passed."""
         if entry.fetched is None:  # asked again while the server has not answered
             key = workload_key(entry.workload.mod)
-            entry.fetched = self.remote.get(RECORD, key, KEY_LIMIT)
+            entry.fetched = shared_artifacts(lambda: self.remote.get(RECORD, key, KEY_LIMIT),
+                                             RECORD, self.partition, key)  # fmt: skip
         fetched = entry.fetched or []
         while len(entry.checked) < k and entry.cursor < len(fetched):
             item = fetched[entry.cursor]
