@@ -22,6 +22,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from cache_server.embedded import free_port
+from tests.rank_procs import answers as ranks_printed
 from tunecache.http import IDENTITY_HEADER
 
 pytestmark = pytest.mark.slow
@@ -112,18 +113,7 @@ def run_ranks(world: int, url: str, what: str, steps: list[str],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for rank in range(world)
     ]  # fmt: skip
-    answers = []
-    try:
-        for process in ranks:
-            out, err = process.communicate(timeout=180)
-            assert process.returncode == 0, err[-3000:]
-            answers.append(json.loads(out.splitlines()[-1]))
-    finally:
-        for process in ranks:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
-    return answers
+    return ranks_printed(ranks, timeout=180)
 
 
 # -- TVM ------------------------------------------------------------------------------------------

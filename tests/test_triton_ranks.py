@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from cache_server.embedded import free_port
+from tests.rank_procs import answers as ranks_printed
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +38,7 @@ for step, n in steps:
         done.append(gradient.tolist())
 cached = {str(k[0]): m.CONFIGS.index(c) for k, c in m.affine.cache.items()}
 print(json.dumps({"done": done, "benched": m.BENCHED, "cached": cached}))
+dist.barrier()  # rank 0 holds the store: none leaves while another may still use it
 dist.destroy_process_group()
 """
 
@@ -54,18 +56,7 @@ def run_ranks(steps: list[list[tuple[str, int]]]) -> list[dict[str, Any]]:
                          text=True)
         for rank in (0, 1)
     ]  # fmt: skip
-    answers = []
-    try:
-        for process in ranks:
-            out, err = process.communicate(timeout=120)
-            assert process.returncode == 0, err[-3000:]
-            answers.append(json.loads(out.splitlines()[-1]))
-    finally:
-        for process in ranks:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
-    return answers
+    return ranks_printed(ranks, timeout=120)
 
 
 def decided(answers: list[dict[str, Any]], n: int) -> int:

@@ -85,5 +85,6 @@ def main() -> None:
                                 timeout=datetime.timedelta(seconds=20))  # fmt: skip
     done = tvm_rank(url, steps) if what == "tvm" else inductor_rank(url, steps, sys.argv[7])
     print(json.dumps(done))
-    if int(world) > 1:
+    if int(world) > 1:  # rank 0 holds the store: none leaves while another may still read it
+        dist.barrier()
         dist.destroy_process_group()

@@ -124,12 +124,16 @@ def _follow(store: Any, name: str, read: Callable[[], T], load: Callable[[str], 
 
 
 def _default_store() -> Any | None:
-    """The default process group's store, in a job of two ranks or more.
+    """The default process group's store, in a job of two ranks or more."""
+    found = job_store(lambda why: _alone("store", why))
+    return None if found is None else found[0]
 
-    Duplicated from :func:`tunecache.triton.ranks._default_store`, which imports Triton. It looks
-    only when ``torch.distributed`` is imported already: a job's process group needs it, and a
-    TVM user's first read should not pay for importing torch.
-    """
+
+def job_store(alone: Callable[[str], None]) -> tuple[Any, int] | None:
+    """The default process group's store and this rank, in a job of two ranks or more;
+    ``alone(why)`` where the group has no store that works. It looks only when
+    ``torch.distributed`` is imported already: a job's process group needs it, and a TVM user's
+    first read should not pay for importing torch."""
     dist = sys.modules.get("torch.distributed")
     if dist is None:
         return None
@@ -138,9 +142,9 @@ def _default_store() -> Any | None:
             return None
         from torch.distributed import distributed_c10d
 
-        return distributed_c10d._get_default_store()
+        return distributed_c10d._get_default_store(), int(dist.get_rank())
     except Exception as exc:  # a torch without it, or a group without one
-        _alone("store", f"no store for the default process group ({one_line(exc)})")
+        alone(f"no store for the default process group ({one_line(exc)})")
         return None
 
 
@@ -202,4 +206,11 @@ def shared_artifacts(read: Callable[[], list[ArtifactPublic] | None], namespace:
     return shared_read(name, read, dump_artifacts, load)
 
 
-__all__ = ["dump_artifacts", "load_artifacts", "next_name", "shared_artifacts", "shared_read"]
+__all__ = [
+    "dump_artifacts",
+    "job_store",
+    "load_artifacts",
+    "next_name",
+    "shared_artifacts",
+    "shared_read",
+]

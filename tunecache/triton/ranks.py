@@ -34,6 +34,7 @@ from triton import Config
 
 from tunecache.errors import one_line
 from tunecache.problem import describe
+from tunecache.ranks import job_store
 from tunecache.triton.keys import KernelIdentity
 from tunecache.triton.record import config_json
 
@@ -119,19 +120,7 @@ def agree(identity: KernelIdentity, tuning_key: tuple[Any, ...]) -> Agreement | 
 
 def _default_store() -> tuple[Any, int] | None:
     """The default process group's store and this rank, in a job of two ranks or more."""
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
-        return None
-    try:
-        from torch.distributed import distributed_c10d
-
-        return distributed_c10d._get_default_store(), int(dist.get_rank())
-    except Exception as exc:  # a torch without it, or a group without one
-        _alone(f"no store for the default process group ({one_line(exc)})")
-        return None
+    return job_store(_alone)
 
 
 def _alone(why: str) -> None:
