@@ -1,5 +1,5 @@
-"""How far MetaSchedule's own schedules pad a block's loops: what
-:data:`tunecache.tvm.check.MAX_PADDING` bounds a served trace by.
+"""How far MetaSchedule's own schedules walk a block past its iteration space, and whether
+:func:`tunecache.tvm.check.work_problem` (the bound a served trace is held to) refuses any.
 
 For each built-in workload with a TVM compute, at small and odd shapes, for an ``llvm`` and a
 ``cuda`` target, generates MetaSchedule's design spaces (``post-order-apply``, the default rules:
@@ -89,7 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"seeds per shape and target: {args.seeds}; MAX_PADDING is {MAX_PADDING}",
              "padding: a block's iterations over the loops its bindings or bounds check name, "
              "over its iteration space; the largest block's of each schedule",
-             "refused: schedules tunecache.tvm.check.work_problem refuses (none should be)"]  # fmt: skip
+             "loops bound to GPU threads not counted (they run side by side)",
+             "refused: schedules tunecache.tvm.check.work_problem refuses (none should be; it "
+             "bounds a block by the module's largest block, not its own space)"]  # fmt: skip
     write_result("tvm_work", "How far MetaSchedule's own schedules pad a block's loops", notes,
                  table)  # fmt: skip
     return 0

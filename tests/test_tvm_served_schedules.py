@@ -184,8 +184,8 @@ def test_a_config_whose_trace_pads_far_past_its_space_is_refused_where_it_is_bui
     func = add(128)["main"]
     sch = Schedule(func)
     pad(([32768, 32768], -1), ([32768, 32768], -1))(sch)
-    with pytest.raises(InvalidInput, match=r"block compute runs .* iterations for an iteration "
-                                            r"space of 128"):  # fmt: skip
+    with pytest.raises(InvalidInput, match=r"block compute runs .* iterations, more than 16 "
+                                            r"times the module's largest block \(128\)"):  # fmt: skip
         apply_trace(func, trace_json(sch.trace))
 
 
@@ -209,3 +209,70 @@ def test_a_loop_that_only_repeats_a_block_is_refused() -> None:
     assert work_problem(Schedule(repeated), original) == (
         "loop _ (1000 long) repeats blocks none of which walks it"
     )
+
+
+def gemv(rows: int, k: int) -> Any:
+    x = te.placeholder((rows, k), "float32", name="x")
+    w = te.placeholder((k,), "float32", name="w")
+    r = te.reduce_axis((0, k), name="k")
+    y = te.compute((rows,), lambda i: te.sum(x[i, r] * w[r], axis=r), name="y")
+    return _normalize_mod(te.create_prim_func([x, w, y]))
+
+
+def test_a_producer_padded_inside_a_padded_loop_of_its_consumer_is_refused() -> None:
+    """Each block within its own bound, a copy of ``w`` computed inside a padded loop of the
+    GEMV that reads it, and padded itself, multiplied the two: 1.2e9 iterations for 8,192
+    multiply-adds (allowed instructions only: CacheRead, Split, ComputeAt)."""
+    from tunecache.tvm.check import PADDING_ITERATIONS, work_problem
+
+    mod = gemv(128, 64)
+    sch = Schedule(mod)
+    block = sch.get_sblock("y")
+    copy = sch.cache_read(block, 1, "global")
+    outer, _ = sch.split(sch.get_loops(block)[0], [None, 16])
+    padded, _ = sch.split(outer, [(16 * 128 * 64 + PADDING_ITERATIONS) // (16 * 64), None])
+    sch.compute_at(copy, padded)
+    sch.split(sch.get_loops(copy)[1], [16 * 64 + PADDING_ITERATIONS, None])
+    why = work_problem(sch, mod)
+    assert why is not None and why.startswith("its blocks run 1.21e+09 iterations in all"), why
+
+
+@pytest.mark.parametrize("rows", [1024, 32768])
+def test_a_reduction_split_over_more_gpu_threads_than_it_has_is_served(rows: int) -> None:
+    """MetaSchedule's cross-thread reduction on CUDA splits a reduction by a sampled thread
+    extent (up to 512) whatever its length: 28 over 512 threads, at 32,768 rows, was refused as
+    padding. Threads run side by side: a loop bound to them is not counted."""
+    from tunecache.tvm.check import work_problem
+
+    x = te.placeholder((rows, 28), "float32", name="x")
+    r = te.reduce_axis((0, 28), name="k")
+    mod = _normalize_mod(te.create_prim_func([x, te.compute((rows,), lambda i: te.sum(
+        x[i, r], axis=r), name="y")]))  # fmt: skip
+    sch = Schedule(mod)
+    i, k = sch.get_loops(sch.get_sblock("y"))
+    sch.bind(sch.split(k, [None, 512])[1], "threadIdx.x")
+    sch.bind(i, "blockIdx.x")
+    assert work_problem(sch, mod) is None
+
+
+def test_a_gpu_tiles_copy_made_for_each_thread_block_is_served() -> None:
+    """MetaSchedule's CUDA matmul copies each thread block's tile of ``A`` into shared memory
+    under the fused loop of thread blocks: ``A`` is copied once for each tile of ``N`` (37 times
+    at N=37 in its own spaces, 64 times here), which a bound on the copy's own space refused."""
+    from tunecache.tvm.check import work_problem
+
+    a = te.placeholder((64, 64), "float32", name="A")
+    b = te.placeholder((64, 1024), "float32", name="B")
+    r = te.reduce_axis((0, 64), name="k")
+    mod = _normalize_mod(te.create_prim_func([a, b, te.compute((64, 1024), lambda i, j: te.sum(
+        a[i, r] * b[r, j], axis=r), name="C")]))  # fmt: skip
+    sch = Schedule(mod)
+    block = sch.get_sblock("C")
+    i, j, k = sch.get_loops(block)
+    i0, i1 = sch.split(i, [None, 16])
+    j0, j1 = sch.split(j, [None, 16])
+    sch.reorder(i0, j0, i1, j1, k)
+    tiles = sch.fuse(i0, j0)
+    copy = sch.cache_read(block, 0, "shared")
+    sch.compute_at(copy, tiles)
+    assert work_problem(sch, mod) is None

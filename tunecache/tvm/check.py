@@ -33,11 +33,12 @@ logger = logging.getLogger(__name__)
 # Lanes a block's vectorized loops may hold: MetaSchedule vectorizes up to 64 on llvm by default
 # (ParallelizeVectorizeUnroll); TVM's build raises at 32768 and dies at 65536.
 MAX_LANES = 1024
-# How far a block's loops may walk past its iteration space (a split that does not divide its
-# loop pads it, a bounds check skipping the rest): MAX_PADDING times it, plus PADDING_ITERATIONS
-# (about a millisecond of empty iterations). MetaSchedule's own spaces of the built-in workloads
-# pad a small block up to 37 times (a CUDA thread extent past a short loop; a large one far
-# less: a tile past its extent), and no more than that (bench/tvm_work.py).
+# How far a block's loops may walk (a split that does not divide its loop pads it, a bounds check
+# skipping the rest): MAX_PADDING times the module's largest block, plus PADDING_ITERATIONS
+# (about a millisecond of empty iterations); and the kernel, MAX_PADDING times the module's
+# iterations times its longest loop. MetaSchedule's own spaces of the built-in workloads walk a
+# block up to 37 times its own space (a CUDA tile of A copied for each thread block), none past
+# these bounds (bench/tvm_work.py).
 MAX_PADDING = 16
 PADDING_ITERATIONS = 2**20
 
@@ -93,29 +94,47 @@ def work_problem(schedule: Any, original: IRModule | PrimFunc) -> str | None:
     so its result) and loops 2**30 times: two of them made a kernel of 128 additions run for
     hours; each instruction is allowed, their product is not. So, for each block, the loops its
     bindings or its bounds check name (the loops that walk its iteration space) may together
-    run at most :data:`MAX_PADDING` times its iteration space and :data:`PADDING_ITERATIONS`
-    more; a loop that no block below it
-    names (one that only repeats) may not be longer than 1. A loop that only repeats a block
-    (a producer computed inside its consumer's loops recomputes, as MetaSchedule's own
-    schedules do) is one a block below it names: bounded by that block. ``original`` only says
-    whether its loops are of constant extent (else nothing is bounded)."""
-    if _nests(original) is None:
+    run at most :data:`MAX_PADDING` times the module's largest block and
+    :data:`PADDING_ITERATIONS` more (not its own space: a GPU tile's copy of ``A`` is made once
+    for each thread block, ``N / tile`` times ``A``, 37 times at ``N=37``, and more at larger
+    ``N``); a loop that no block below it names (one that only repeats) may not be longer
+    than 1.
+    A loop that repeats a block it does not walk (a producer computed inside its consumer's
+    loops recomputes, as MetaSchedule's own schedules do) is bounded by the block below it that
+    walks it, and the kernel as a whole: all its blocks' iterations together at most
+    :data:`MAX_PADDING` times the module's, times its longest loop (a recomputation repeats a
+    block at most that often), and :data:`PADDING_ITERATIONS` more (each block bounded alone,
+    a producer padded inside a padded loop of its consumer multiplied their paddings: 1.2e9
+    iterations for 8,192 multiply-adds). Loops bound to GPU threads are not counted: they run
+    side by side, as many as a block has threads (a CUDA reduction of 28 split over 512
+    threads is MetaSchedule's own). ``original`` says the module's iterations and longest loop
+    (a module of loops of no constant extent: nothing is bounded)."""
+    before = _nests(original)
+    if before is None:
         return None
     nests = _nests(schedule.mod)
     if nests is None:
         return "a loop of no constant extent where the module's loops are constant"
+    largest = max((space for _, space, _ in before), default=1)
     named: set[Any] = set()
     for name, space, loops in nests:
         walked = math.prod(extent for var, extent, names in loops if names)
         named.update(var for var, _, names in loops if names)
-        if walked > MAX_PADDING * space + PADDING_ITERATIONS:
-            return (f"block {name} runs {walked:.3g} iterations for an iteration space of "
-                    f"{space:.3g}, more than {MAX_PADDING} times it and {PADDING_ITERATIONS} "
+        if walked > MAX_PADDING * max(space, largest) + PADDING_ITERATIONS:
+            return (f"block {name} runs {walked:.3g} iterations, more than {MAX_PADDING} times "
+                    f"the module's largest block ({largest:.3g}) and {PADDING_ITERATIONS} "
                     "more")  # fmt: skip
     for _, _, loops in nests:
         for var, extent, _ in loops:
             if extent > 1 and var not in named:
                 return f"loop {var} ({extent} long) repeats blocks none of which walks it"
+    module = sum(math.prod(e for _, e, _ in loops) for _, _, loops in before)
+    longest = max((e for _, _, loops in before for _, e, _ in loops), default=1)
+    runs = sum(math.prod(e for _, e, _ in loops) for _, _, loops in nests)
+    if runs > MAX_PADDING * module * longest + PADDING_ITERATIONS:
+        return (f"its blocks run {runs:.3g} iterations in all, more than {MAX_PADDING} times "
+                f"the module's {module:.3g} times its longest loop ({longest}), and "
+                f"{PADDING_ITERATIONS} more")  # fmt: skip
     return None
 
 
@@ -124,8 +143,9 @@ Nest = tuple[str, int, list[tuple[Any, int, bool]]]
 
 def _nests(mod: IRModule | PrimFunc) -> list[Nest] | None:
     """Each block of ``mod``'s functions as ``(name, its iteration space, [(loop variable,
-    extent, whether the block's bindings or bounds check name it) for each loop above it])``;
-    ``None`` when a loop or an iteration space is not of constant extent."""
+    extent, whether the block's bindings or bounds check name it) for each loop above it])``,
+    loops bound to GPU threads left out (they run side by side); ``None`` when a loop or an
+    iteration space is not of constant extent."""
     from tvm.s_tir.stmt import SBlockRealize
     from tvm.tirx import For
     from tvm.tirx.analysis import undefined_vars
@@ -146,11 +166,14 @@ def _nests(mod: IRModule | PrimFunc) -> list[Nest] | None:
             extent = getattr(node.extent, "value", None)
             if not isinstance(extent, int):
                 return False
-            stack.append((node.loop_var, extent))
+            threads = str(getattr(node.thread_binding, "thread_tag", "")).startswith("threadIdx")
+            if not threads:
+                stack.append((node.loop_var, extent))
             try:
                 return walk(node.body)
             finally:
-                stack.pop()
+                if not threads:
+                    stack.pop()
         children = [getattr(node, a, None) for a in ("body", "then_case", "else_case")]
         return all(walk(c) for c in [*getattr(node, "seq", ()), *children] if c is not None)
 
