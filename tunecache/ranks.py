@@ -54,18 +54,20 @@ _lock = threading.Lock()
 _ITEMS: TypeAdapter[list[ArtifactPublic]] = TypeAdapter(list[ArtifactPublic])
 
 
-def shared_read(name: str, read: Callable[[], T], dump: Callable[[T], str],
+def shared_read(named: Callable[[], str], read: Callable[[], T], dump: Callable[[T], str],
                 load: Callable[[str], T]) -> T:  # fmt: skip
-    """``read()``, once for all the ranks of a distributed job that reach ``name``.
+    """``read()``, once for all the ranks of a distributed job that reach the name ``named()``
+    gives (asked only in such a job: a lookup outside one pays for no name).
 
     Outside a job of two ranks or more (or with no usable store), ``read()`` itself. Otherwise
-    the rank that claims ``name`` first returns ``read()`` and publishes ``dump()`` of it; the
+    the rank that claims the name first returns ``read()`` and publishes ``dump()`` of it; the
     others return ``load()`` of what it published. ``load`` raising refuses the published
     value: that rank then reads alone (warned), as it does past the wait.
     """
     store = _default_store()
     if store is None:
         return read()
+    name = named()
     try:
         decides = int(store.add(f"{name}/claims", 1)) == 1
     except Exception as exc:
@@ -202,8 +204,7 @@ def shared_artifacts(read: Callable[[], list[ArtifactPublic] | None], namespace:
     def load(text: str) -> list[ArtifactPublic] | None:
         return load_artifacts(text, namespace, partition, key)
 
-    name = next_name(namespace, partition, key)
-    return shared_read(name, read, dump_artifacts, load)
+    return shared_read(lambda: next_name(namespace, partition, key), read, dump_artifacts, load)
 
 
 __all__ = [

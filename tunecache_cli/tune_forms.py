@@ -28,6 +28,7 @@ _SEARCH = {
     TORCH: "max-autotune benchmarks every choice Inductor has, as Inductor runs it",
     TVM: "MetaSchedule searches on its own, on this machine's cores",
 }
+_OWN_INPUTS = "for --torch: a kernel key runs on the kernel's own inputs"
 _KEY_ONLY = {
     TORCH: "they name a kernel key; --torch tunes FILE.py:NAME",
     TVM: "they name a kernel key; --tvm tunes FILE.py:NAME",
@@ -71,7 +72,7 @@ OPTIONS: dict[str, Option] = {  # the argparse dest of each option of `tune`
         TORCH,
         default="get_inputs",
         why_not={
-            KEY: "for --torch: a kernel key runs on the kernel's own inputs",
+            KEY: _OWN_INPUTS,
             TVM: "MetaSchedule times the module on random inputs",
         },
     ),
@@ -80,7 +81,7 @@ OPTIONS: dict[str, Option] = {  # the argparse dest of each option of `tune`
         TORCH,
         default="get_init_inputs",
         why_not={
-            KEY: "for --torch: a kernel key runs on the kernel's own inputs",
+            KEY: _OWN_INPUTS,
             TVM: "a TVM module has no constructor",
         },
     ),
