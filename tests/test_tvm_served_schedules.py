@@ -276,3 +276,17 @@ def test_a_gpu_tiles_copy_made_for_each_thread_block_is_served() -> None:
     copy = sch.cache_read(block, 0, "shared")
     sch.compute_at(copy, tiles)
     assert work_problem(sch, mod) is None
+
+
+def test_a_loop_bound_to_more_threads_than_a_block_has_is_counted() -> None:
+    """Loops bound to GPU threads are not counted, as a block's threads run side by side; but a
+    block has at most 1,024 of them: a served split by 2**22 bound to ``threadIdx.x`` is counted
+    as any loop is, and refused."""
+    from tunecache.tvm.check import work_problem
+
+    mod = add(128)
+    sch = Schedule(mod)
+    (loop,) = sch.get_loops(sch.get_sblock("compute"))
+    sch.bind(sch.split(loop, [None, 2**22])[1], "threadIdx.x")
+    why = work_problem(sch, mod)
+    assert why is not None and why.startswith("block compute runs 4.19e+06 iterations"), why

@@ -40,6 +40,7 @@ MAX_LANES = 1024
 # block up to 37 times its own space (a CUDA tile of A copied for each thread block), none past
 # these bounds (bench/tvm_work.py).
 MAX_PADDING = 16
+MAX_THREADS = 1024  # a CUDA thread block's; a loop bound to more threads is counted as serial
 PADDING_ITERATIONS = 2**20
 
 
@@ -166,7 +167,8 @@ def _nests(mod: IRModule | PrimFunc) -> list[Nest] | None:
             extent = getattr(node.extent, "value", None)
             if not isinstance(extent, int):
                 return False
-            threads = str(getattr(node.thread_binding, "thread_tag", "")).startswith("threadIdx")
+            tag = str(getattr(node.thread_binding, "thread_tag", ""))
+            threads = tag.startswith("threadIdx") and extent <= MAX_THREADS  # side by side
             if not threads:
                 stack.append((node.loop_var, extent))
             try:
