@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from cache_server.db import upsert_insert
 from cache_server.leases import token_live
 from cache_server.models import JobRow, RecordRow, TokenRow, utcnow
+from cache_server.twins import LOCK_CLASS
 from tunecache.canonical import canonical_json
 from tunecache.key import kernel_module
 
@@ -110,6 +111,28 @@ def count_created(
     if callers is not None:
         stmt = stmt.where(JobRow.requested_by.startswith(callers, autoescape=True))
     return session.scalar(stmt) or 0
+
+
+def lock_miss_budget(session: Session) -> None:
+    """Holds the lock of the budget of new jobs from misses until the transaction ends, taken
+    before counting them (:func:`count_created`): the count and the insert it allows are then
+    one step. Counted first and inserted after, concurrent misses (server processes on
+    PostgreSQL: 16 jobs where the limit was 15) each read a count below the limit.
+
+    PostgreSQL: an advisory lock (:data:`cache_server.twins.LOCK_CLASS`, a slot of its own);
+    each statement after it (read committed) sees what the holder before committed. SQLite: the
+    database's write lock, taken now rather than at the insert, so that no other writer commits
+    between the count and the insert (reads run outside a transaction until the first write).
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(_MISS_BUDGET_LOCK)
+    else:  # an update of no row still opens SQLite's write transaction
+        session.connection().exec_driver_sql(_SQLITE_WRITE_LOCK)
+
+
+MISS_BUDGET_SLOT = 256  # past the keys' slots (0-255: cache_server.twins.lock_key)
+_MISS_BUDGET_LOCK = select(func.pg_advisory_xact_lock(LOCK_CLASS, MISS_BUDGET_SLOT))
+_SQLITE_WRITE_LOCK = "UPDATE jobs SET state = state WHERE id = -1"
 
 
 def _claimable(now: datetime) -> ColumnElement[bool]:

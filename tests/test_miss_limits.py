@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import text
 
+from cache_server.db import make_engine
 from cache_server.ratelimit import RateLimiter
 from tests.conftest import LiveServer, start_server
 from tests.factories import AUTH, issue_token, make_key
@@ -186,3 +190,44 @@ def test_a_trusted_proxy_is_written_as_uvicorn_reads_it() -> None:
     for wrong in ("*", "proxy.internal", "10.0.0.0/33"):
         with pytest.raises(ValueError, match="is not an IP address or network"):
             ServerSettings(forwarded_allow_ips=wrong)
+
+
+LIMIT = 6  # new jobs from misses a minute: small, so that a burst of reports meets it at once
+
+
+@pytest.mark.parametrize("token", [True, False], ids=["token", "no-token"])
+def test_concurrent_misses_create_exactly_the_limits_jobs(
+    database: tuple[str, Path | None], tmp_path: Path, token: bool
+) -> None:
+    """Each server process counted the last minute's jobs from misses and then inserted its
+    own, and concurrent reports to two server processes (measured on PostgreSQL: 16 jobs where
+    the limit was 15) each read a count below the limit. The count and the insert are now one
+    serialized step: a burst of reports of distinct keys, at once, to two processes creates
+    exactly the limit's jobs (the server's, with a token; half of it, without), the rest 429."""
+    url, path = database
+    env = {"TUNECACHE_SERVER_MISS_JOBS_PER_MINUTE": str(LIMIT),
+           "TUNECACHE_SERVER_MISS_JOBS_CALLER_SHARE": "1",  # one caller's share: all of it
+           "TUNECACHE_SERVER_MAX_IN_FLIGHT": "8"}  # fmt: skip
+    live = start_server(url, path, tmp_path / "server.log", env=env, args=["--workers", "2"])
+    reports, start = 48, threading.Barrier(48)
+    # A connection each: the kernel spreads them over the two processes.
+    headers = {"Connection": "close", **(AUTH if token else {})}
+
+    def one(m: int) -> int:
+        start.wait(timeout=60)
+        return report(live.url, m, headers).status_code
+
+    try:
+        with ThreadPoolExecutor(reports) as pool:
+            codes = list(pool.map(one, range(1, reports + 1)))
+    finally:
+        live.stop()
+    engine = make_engine(url)
+    try:
+        with engine.connect() as db:
+            made = db.execute(text("SELECT count(*) FROM jobs WHERE source = 'miss'")).scalar()
+    finally:
+        engine.dispose()
+    expected = LIMIT if token else LIMIT // 2
+    assert made == expected, f"{made} jobs from misses, the limit {expected}: {sorted(codes)}"
+    assert codes.count(202) == expected and set(codes) <= {202, 429, 503}  # 503: shed, a busy box

@@ -151,7 +151,10 @@ def _check_new_job_budget(session: SessionDep, settings: ServerSettings, who: st
     """A 429 when misses created the server's new jobs of the last minute, ``who``'s share of
     them, or (``who`` without a token) half of them from callers without a token: one caller
     cannot spend everyone's budget, nor four addresses the budget of the callers with a token
-    (60 junk jobs from 127.0.0.2-5 in a minute and a consumer's miss was refused)."""
+    (60 junk jobs from 127.0.0.2-5 in a minute and a consumer's miss was refused). Counted
+    behind the budget's lock, held until the insert commits: concurrent misses, in any server
+    process, never both fit under a limit that has room for one."""
+    jobs.lock_miss_budget(session)
     since = utcnow() - timedelta(minutes=1)
     share = settings.miss_jobs_per_caller
     if jobs.count_created(session, source="miss", since=since, requested_by=who) >= share:
