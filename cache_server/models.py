@@ -205,10 +205,11 @@ class TokenRow(Base):
 
 
 class ArtifactRow(Base):
-    """A backend's own JSON (Inductor choices, MetaSchedule records): :mod:`tunecache.artifacts`.
+    """A token's copy of a backend's own JSON (Inductor choices, MetaSchedule records):
+    :mod:`tunecache.artifacts`, :mod:`cache_server.artifacts`.
 
-    ``digest`` (SHA-256 of namespace, partition, key and item) is the one unique name an upsert
-    conflicts on; reads go by ``(namespace, partition, key)``.
+    ``digest`` (SHA-256 of namespace, partition, key, item and token id) is the one unique name
+    an upsert conflicts on; reads go by ``(namespace, partition, key)``.
     """
 
     __tablename__ = "artifacts"
@@ -223,6 +224,14 @@ class ArtifactRow(Base):
     score: Mapped[float | None] = mapped_column(Float, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     uploaded_by: Mapped[str | None] = mapped_column(String(128), nullable=True)  # token name
+    # The token whose copy this is (None: stored behind the API, or before copies were per token
+    # by a token whose name was not unique); a revoked token's copies are not served.
+    token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     trusted: Mapped[bool] = mapped_column(Boolean, default=False)  # uploaded by a trusted token
 
-    __table_args__ = (Index("ix_artifacts_name", "namespace", "partition", "key"),)
+    __table_args__ = (
+        # A key's copies of an item, found at once (which copy is served is asked per row read).
+        Index("ix_artifacts_item", "namespace", "partition", "key", "item"),
+        # A partition's page read in id order, from where the last one ended, without sorting.
+        Index("ix_artifacts_order", "namespace", "partition", "id"),
+    )

@@ -67,13 +67,57 @@ def test_an_unscored_item_never_replaces_a_scored_one(any_server: LiveServer) ->
     other = issue_token(any_server.url, "write")
     with Client(any_server.url) as client, Client(any_server.url, token=other) as them:
         client.put_artifacts([item("s", "good", score=0.5)])
-        unscored = them.put_artifacts([item("s", "unscored")])
-        assert (unscored.stored, unscored.kept) == (0, 1)
+        assert them.put_artifacts([item("s", "unscored")]).stored == 1  # their own copy
         served = client.get_artifacts(NS, PART, key="s")
         assert [(tag(a.value), a.score) for a in served] == [("good", 0.5)]
+        assert client.put_artifacts([item("s", "unscored")]).kept == 1  # not over its own
         client.put_artifacts([item("n", "unscored")])
         assert them.put_artifacts([item("n", "scored", score=9.0)]).stored == 1
         assert tag(client.get_artifacts(NS, PART, key="n")[0].value) == "scored"
+
+
+def test_another_tokens_made_up_score_keeps_the_teammates_item_and_revoking_it_restores_it(
+    any_server: LiveServer,
+) -> None:
+    """An item was one row: another token's made-up score (0) replaced a teammate's honest item
+    in place, which was lost, and revoking that token left the made-up one in service. Each token
+    now keeps its own copy; a read serves the best live one, each item once."""
+    hostile = issue_token(any_server.url, "write")
+    with Client(any_server.url) as team, Client(any_server.url, token=hostile) as them:
+        team.put_artifacts([item("k", "honest", score=0.5), item("k", "other", score=2.0,
+                                                                   sub="b")])  # fmt: skip
+        assert them.put_artifacts([item("k", "made-up", score=0.0)]).stored == 1
+        served = team.get_artifacts(NS, PART, key="k")
+        assert [(a.item, tag(a.value)) for a in served] == [("", "made-up"), ("b", "other")]
+        assert sorted(tag(a.value) for a in team.get_artifacts(NS, PART)) == ["made-up", "other"]
+        (hostile_id,) = [t.id for t in team.list_tokens() if t.name == "test-write"]
+        team.revoke_token(hostile_id)
+        served = team.get_artifacts(NS, PART, key="k")
+        assert [(tag(a.value), a.score) for a in served] == [("honest", 0.5), ("other", 2.0)]
+        assert sorted(tag(a.value) for a in team.get_artifacts(NS, PART)) == ["honest", "other"]
+
+
+def test_a_partition_read_serves_each_item_once_across_pages(server: LiveServer) -> None:
+    """Copies of one item from several tokens, the best stored first or last: paging by id
+    serves each item exactly once, from its best copy, whichever page that copy falls on."""
+    tokens = [issue_token(server.url, "write") for _ in range(3)]
+    for n, token in enumerate(tokens):
+        with Client(server.url, token=token) as client:  # token n is best at item n % 3
+            client.put_artifacts([item(f"k{i}", f"{i}-{n}", score=float((i - n) % 3))
+                                  for i in range(12)])  # fmt: skip
+    for limit in (1, 5, 1000):
+        got, after = [], None
+        while True:
+            params = {"namespace": NS, "partition": PART, "limit": limit}
+            page = httpx.get(
+                f"{server.url}/v1/artifacts",
+                headers=AUTH,
+                params={**params, **({} if after is None else {"after": after})},
+            )
+            got += [tag(a["value"]) for a in page.json()["items"]]
+            if (after := page.json()["next_after"]) is None:
+                break
+        assert sorted(got) == sorted(f"{i}-{i % 3}" for i in range(12)), limit
 
 
 def test_concurrent_writers_leave_the_best_score(server: LiveServer) -> None:

@@ -464,3 +464,74 @@ def test_the_widest_bucket_migration_indexes_a_users_kernel_for_its_callers_buck
     upgrade(url)
     assert near(affine(120)) == (tuned.record_id, "bucket")
     assert near(make_key(m=120)) == (built_in.record_id, "bucket")
+
+
+@pytest.mark.slow
+def test_artifacts_stored_before_copies_per_token_keep_their_uploader_where_the_name_is_sole(
+    database: tuple[str, Path | None],
+) -> None:
+    """0015: an item stored before is given its uploader's token where one token has that name
+    (later uploads of that token replace it in place; revoking the token takes it out of
+    service), and none where the name is shared or missing (served as before). Going back keeps
+    one row per item, the one a read served."""
+    from alembic import command
+    from sqlalchemy import MetaData, Table, insert, text
+
+    from cache_server import tokens
+    from cache_server.artifacts import artifact_digest, list_artifacts, put_artifacts
+    from cache_server.db import make_sessionmaker
+    from cache_server.migrate import alembic_config
+    from cache_server.models import TokenRow, utcnow
+    from tunecache.artifacts import ArtifactIn
+    from tunecache.canonical import digest
+
+    def group(tag: str) -> dict[str, Any]:
+        return {"op": "mm", "inputs": f"[{tag}]", "precision": "highest", "timings": {"c": 1.0}}
+
+    def item(name: str, tag: str, score: float) -> ArtifactIn:
+        return ArtifactIn(namespace="inductor.choices", partition="p", key="k", item=name,
+                          value=group(tag), score=score)  # fmt: skip
+
+    def served() -> dict[str, str]:
+        with make_sessionmaker(make_engine(url))() as session:
+            got, _ = list_artifacts(session, namespace="inductor.choices", partition="p",
+                                    key=None, after=None, limit=100, budget=1 << 20)  # fmt: skip
+        return {a.item: str(a.value["inputs"]) for a in got}  # type: ignore[call-overload]
+
+    url, _ = database
+    upgrade(url, "0014")
+    sessions = make_sessionmaker(make_engine(url))
+    with sessions.begin() as session:
+        alice = tokens.issue(session, name="alice", scope="write")[1].id
+        [tokens.issue(session, name="bob", scope="write") for _ in range(2)]
+        carol = tokens.issue(session, name="carol", scope="write")[1].id
+    artifacts = Table("artifacts", MetaData(), autoload_with=make_engine(url))
+    with make_engine(url).begin() as connection:
+        for name, uploader in (("a", "alice"), ("b", "bob"), ("c", None)):
+            connection.execute(insert(artifacts).values(
+                digest=digest(["inductor.choices", "p", "k", name]), namespace="inductor.choices",
+                partition="p", key="k", item=name, value=group(f"old-{name}"), score=1.0,
+                updated_at=utcnow(), uploaded_by=uploader, trusted=False))  # fmt: skip
+    upgrade(url)
+    with make_engine(url).connect() as connection:
+        owners = dict(connection.execute(text("select item, token_id from artifacts")).all())
+        named = connection.execute(text("select digest from artifacts where item = 'a'"))
+        assert named.scalar_one() == artifact_digest(item("a", "", 1.0), alice)
+    assert owners == {"a": alice, "b": None, "c": None}
+    with sessions.begin() as session:
+        writer = session.get(TokenRow, alice)
+        assert put_artifacts(session, items=[item("a", "alice-2", 0.5)], uploader=writer) == 1
+        put_artifacts(
+            session, items=[item("a", "carol", 0.1)], uploader=session.get(TokenRow, carol)
+        )
+    assert served() == {"a": "[carol]", "b": "[old-b]", "c": "[old-c]"}
+    with sessions.begin() as session:
+        tokens.revoke(session, token_id=carol)
+    assert served() == {"a": "[alice-2]", "b": "[old-b]", "c": "[old-c]"}
+    command.downgrade(alembic_config(url), "0014")
+    with make_engine(url).connect() as connection:
+        rows = connection.execute(text("select item, digest from artifacts order by item")).all()
+    assert rows == [(n, digest(["inductor.choices", "p", "k", n])) for n in "abc"]
+    upgrade(url)
+    check_schema(make_engine(url))
+    assert served() == {"a": "[alice-2]", "b": "[old-b]", "c": "[old-c]"}

@@ -476,7 +476,7 @@ def test_the_verified_policy_serves_only_trusted_tokens_artifacts(
     verified_server: LiveServer,
 ) -> None:
     """Artifacts (MetaSchedule records, Inductor choices) have no verifier: under the verified
-    policy only a trusted token's are served, and an untrusted upload never replaces one."""
+    policy only a trusted token's are served; an untrusted upload, however fast, never is."""
     url = verified_server.url
     item = {"namespace": "inductor.choices", "partition": "p", "key": "k"}
     with Client(url, token=token(url, "laptop", "write")) as laptop:
@@ -489,7 +489,7 @@ def test_the_verified_policy_serves_only_trusted_tokens_artifacts(
         assert [a.value for a in laptop.get_artifacts("inductor.choices", "p")] == [GROUP]
         faster = {**GROUP, "timings": {"c-1": 0.001, "c-2": 9.0}}
         result = laptop.put_artifacts([ArtifactIn(**item, value=faster, score=0.001)])
-        assert (result.stored, result.kept) == (0, 1)  # the trusted item stays
+        assert (result.stored, result.kept) == (1, 0)  # the laptop's own copy, not served
         assert [a.value for a in laptop.get_artifacts("inductor.choices", "p")] == [GROUP]
 
 

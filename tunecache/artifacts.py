@@ -3,8 +3,10 @@
 Inductor's autotune choices and Triton best configs, and MetaSchedule's workloads and tuning
 records, are each a backend's own JSON: tunecache stores them as it gets them, in a namespace per
 kind, partitioned by what makes them valid (device and versions, or target and TVM version), under
-the backend's own key. Several items may share a key (a workload's tuning records); an item with a
-``score`` (lower is better: milliseconds, seconds) is replaced only by a better one.
+the backend's own key. Several items may share a key (a workload's tuning records). Each token
+keeps its own copy of an item, which only a better ``score`` of its own replaces (lower is
+better: milliseconds, seconds); a read serves each item once, from its best copy whose token is
+not revoked (a trusted token's first).
 
 Only JSON crosses the wire, never pickles: a server must never be able to run code in a client.
 Each namespace has a closed schema (:func:`tunecache.configcheck.artifact_problem`: a MetaSchedule

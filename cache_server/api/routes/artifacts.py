@@ -30,11 +30,12 @@ def put_artifacts(
 ) -> ArtifactPutResult:
     """Stores every item in one transaction, as this token's.
 
-    Each value must pass its namespace's closed schema (a 422 names the item). An item replaces
-    the one of the same namespace, partition, key and item name when this token is trusted and
-    the stored one's was not, or both or neither were and the stored one has no score or the new
-    score is lower (an unscored item never replaces a scored one); otherwise the stored one is
-    kept (and counted as kept).
+    Each value must pass its namespace's closed schema (a 422 names the item). Each token keeps
+    its own copy of an item (namespace, partition, key and item name): an upload replaces this
+    token's copy when that has no score or the new score is lower (an unscored item never
+    replaces a scored one); otherwise the stored copy is kept (and counted as kept). Which copy
+    a read serves is decided then: a trusted token's first, then the lowest score, of the tokens
+    not revoked.
     """
     stored = artifacts.put_artifacts(session, items=batch.items, uploader=token)
     return ArtifactPutResult(stored=stored, kept=len(batch.items) - stored)
