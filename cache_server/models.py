@@ -70,6 +70,9 @@ class RecordRow(Base):
     # Trust (tunecache.schemas.RecordStatus): pending | verified | disputed | rejected.
     status: Mapped[str] = mapped_column(String(16), default="pending")
     uploaded_by: Mapped[str | None] = mapped_column(String(128), nullable=True)  # token name
+    # The token (its name) that imported the record from a snapshot (cache_server.snapshots);
+    # ``uploaded_by`` is then the uploader the snapshot named (None: it named none). NULL: uploaded.
+    imported_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
     verification: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     disputes: Mapped[int] = mapped_column(Integer, default=0)
     # A verifier's lease on the record while it re-checks it.
@@ -209,13 +212,15 @@ class ArtifactRow(Base):
     :mod:`tunecache.artifacts`, :mod:`cache_server.artifacts`.
 
     ``digest`` (SHA-256 of namespace, partition, key, item and token id) is the one unique name
-    an upsert conflicts on; reads go by ``(namespace, partition, key)``.
+    an upsert conflicts on; ``item_digest`` (the same without the token) names the item's copies
+    together; reads go by ``(namespace, partition, key)`` or by ``id`` within a partition.
     """
 
     __tablename__ = "artifacts"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     digest: Mapped[str] = mapped_column(String(64), unique=True)
+    item_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
     namespace: Mapped[str] = mapped_column(String(32))
     partition: Mapped[str] = mapped_column(String(256))
     key: Mapped[str] = mapped_column(String(256))
@@ -230,8 +235,9 @@ class ArtifactRow(Base):
     trusted: Mapped[bool] = mapped_column(Boolean, default=False)  # uploaded by a trusted token
 
     __table_args__ = (
-        # A key's copies of an item, found at once (which copy is served is asked per row read).
-        Index("ix_artifacts_item", "namespace", "partition", "key", "item"),
+        Index("ix_artifacts_name", "namespace", "partition", "key"),
+        # An item's copies, found at once (which copy is served is asked per row read).
+        Index("ix_artifacts_item", "item_digest"),
         # A partition's page read in id order, from where the last one ended, without sorting.
         Index("ix_artifacts_order", "namespace", "partition", "id"),
     )

@@ -1,8 +1,8 @@
 """Each token keeps its own copy of an artifact: an item was one row, which another token's upload
 with a made-up score replaced in place (the teammate's honest value was not kept), and revoking
-that token left its value in service. An item's digest now names the token too, and a read
-serves the best live copy (cache_server.artifacts): indexed by item, to find an item's copies,
-and by id within a partition, to read a page of it without sorting the partition.
+that token left its value in service. A copy's digest now names the token too, and a read
+serves the best live copy (cache_server.artifacts): found by the item's digest (the copies'
+shared name, indexed), and pages read by id within a partition without sorting it.
 
 Items stored before are given the token of their uploader's name where exactly one token has that
 name (a name is not unique); the others keep no token, and stay served as before.
@@ -27,6 +27,7 @@ _artifacts = sa.table(
     "artifacts", sa.column("id", sa.Integer), sa.column("digest", sa.String),
     sa.column("namespace", sa.String), sa.column("partition", sa.String),
     sa.column("key", sa.String), sa.column("item", sa.String), sa.column("score", sa.Float),
+    sa.column("item_digest", sa.String),
     sa.column("trusted", sa.Boolean), sa.column("uploaded_by", sa.String),
     sa.column("token_id", sa.Integer),
 )  # fmt: skip
@@ -35,29 +36,30 @@ _tokens = sa.table("tokens", sa.column("id", sa.Integer), sa.column("name", sa.S
 
 
 def _redigest(bind: sa.Connection, *, with_token: bool) -> None:
-    """Names every copy that has a token as cache_server.artifacts.artifact_digest does: with its
-    token (``with_token``), or without it as before this revision."""
+    """Names every copy as cache_server.artifacts.artifact_digest does, with its token
+    (``with_token``: and gives each its item's digest), or without it as before this revision."""
     from tunecache.canonical import digest
 
     a = _artifacts.c
     fill = _artifacts.update().where(a.id == sa.bindparam("row_id"))
-    fill = fill.values(digest=sa.bindparam("value"))
+    fill = fill.values(digest=sa.bindparam("copy"), **(
+        {"item_digest": sa.bindparam("shared")} if with_token else {}))  # fmt: skip
     after = 0
     while batch := bind.execute(
         sa.select(a.id, a.namespace, a.partition, a.key, a.item, a.token_id)
-        .where(a.id > after, a.token_id.is_not(None)).order_by(a.id).limit(_BATCH)
+        .where(a.id > after).order_by(a.id).limit(_BATCH)
     ).all():  # fmt: skip
-        named = [(i, [ns, part, key, item, *([token] if with_token else [])])
-                 for i, ns, part, key, item, token in batch]  # fmt: skip
-        bind.execute(fill, [{"row_id": i, "value": digest(name)} for i, name in named])
+        named = [(i, [ns, part, key, item], token) for i, ns, part, key, item, token in batch]
+        bind.execute(fill, [
+            {"row_id": i, "shared": digest(item),
+             "copy": digest(item if token is None or not with_token else [*item, token])}
+            for i, item, token in named])  # fmt: skip
         after = batch[-1][0]
 
 
 def upgrade() -> None:
     op.add_column("artifacts", sa.Column("token_id", sa.Integer, nullable=True))
-    op.drop_index("ix_artifacts_name", table_name="artifacts")
-    op.create_index("ix_artifacts_item", "artifacts", ["namespace", "partition", "key", "item"])
-    op.create_index("ix_artifacts_order", "artifacts", ["namespace", "partition", "id"])
+    op.add_column("artifacts", sa.Column("item_digest", sa.String(64), nullable=True))
     bind = op.get_bind()
     t = _tokens.c
     sole = (
@@ -66,6 +68,8 @@ def upgrade() -> None:
     )  # fmt: skip
     bind.execute(_artifacts.update().values(token_id=sole))
     _redigest(bind, with_token=True)
+    op.create_index("ix_artifacts_item", "artifacts", ["item_digest"])
+    op.create_index("ix_artifacts_order", "artifacts", ["namespace", "partition", "id"])
 
 
 def downgrade() -> None:
@@ -87,6 +91,6 @@ def downgrade() -> None:
     _redigest(bind, with_token=False)
     op.drop_index("ix_artifacts_order", table_name="artifacts")
     op.drop_index("ix_artifacts_item", table_name="artifacts")
-    op.create_index("ix_artifacts_name", "artifacts", ["namespace", "partition", "key"])
     # Not a batch (see 0012): SQLite >= 3.35 drops a column in place.
+    op.drop_column("artifacts", "item_digest")
     op.drop_column("artifacts", "token_id")
