@@ -133,8 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tunecache: tuning failed: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("tunecache: interrupted", file=sys.stderr)
-        return 130
+        from tunecache_cli.interrupt import EXIT_INTERRUPTED, say_interrupted
+
+        say_interrupted()  # once: the watcher of a tune may have said it (tunecache_cli.interrupt)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:  # `tunecache … | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

@@ -11,14 +11,35 @@ import contextlib
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any, TextIO
 
 from backends.base import Progress
 
 HEARTBEAT_SECONDS = 5.0
+_HUSHED = threading.Event()  # set by :func:`hush`: no printer writes another line
+_PRINTERS: weakref.WeakSet[ProgressPrinter] = weakref.WeakSet()  # made and not yet collected
 PHASES = {"search": "searching", "validate": "validating", "time": "timing", "upload": "uploading",
           "ask": "asking the server", "done": "done"}  # fmt: skip
+
+
+def hush(hushed: bool = True) -> None:
+    """Silences every :class:`ProgressPrinter` from now on (``False``: lets them speak again).
+
+    Ctrl-C calls it (:mod:`tunecache_cli.interrupt`): while a tune stopped its workers, the
+    heartbeat still said "(still working)" after the interrupt, and the last line was to be
+    "interrupted". A line being written as it is called is the last one: each is written under
+    its printer's lock, which this takes.
+    """
+    if not hushed:
+        _HUSHED.clear()
+        return
+    _HUSHED.set()
+    for printer in list(_PRINTERS):
+        with printer._lock:  # a line being written ends first; none starts after
+            if printer._rich is not None:  # the live line stays as it is, the cursor shown
+                printer._rich[0].stop()
 
 
 @contextlib.contextmanager
@@ -110,6 +131,7 @@ class ProgressPrinter:
         self._stop = threading.Event()
         self._rich: Any = None
         self._thread: threading.Thread | None = None
+        _PRINTERS.add(self)
         if stream.isatty() if live is None else live:
             self._start_rich()
         else:
@@ -146,18 +168,20 @@ class ProgressPrinter:
                 self._eta.deadline = now + self._seconds  # the budget's clock starts now
             self._eta.step(now - self._phase_started, event.done, event.total, now)
             line = self._line(event, now)
-        if self._rich is not None:
-            self._update_rich(event, line)
-        else:
-            print(line, file=self.stream, flush=True)
+            if _HUSHED.is_set():
+                return
+            if self._rich is not None:
+                self._update_rich(event, line)
+            else:
+                print(line, file=self.stream, flush=True)
 
     def expect(self, event: Progress) -> None:
         """What the run is doing, said by the heartbeat only (a phase that ends quickly prints
         nothing); on a terminal, the live line shows it at once."""
         with self._lock:
             self._last, self._expected = event, True
-        if self._rich is not None:
-            self._update_rich(event, "")
+            if self._rich is not None and not _HUSHED.is_set():
+                self._update_rich(event, "")
 
     def _line(self, event: Progress, now: float) -> str:
         elapsed = now - self.started
@@ -180,7 +204,8 @@ class ProgressPrinter:
                 still = Progress(self._last.done, self._last.total, self._last.best_ms,
                                  f"{said}(still working)", self._last.phase)  # fmt: skip
                 line = self._line(still, now)
-            print(line, file=self.stream, flush=True)
+                if not _HUSHED.is_set():
+                    print(line, file=self.stream, flush=True)
 
     def _start_rich(self) -> None:
         from rich.console import Console

@@ -176,15 +176,18 @@ def run(args: argparse.Namespace) -> int:
     if form == KEY:
         _check_landscape(args)  # before the defaults: --trials given is refused with it
     fill_defaults(args, form)
-    if form == KEY:
-        return _run_key(args)
-    if form == TORCH:
-        from tunecache_cli import tune_torch
+    from tunecache_cli.interrupt import prompt
 
-        return tune_torch.run(args)
-    from tunecache_cli import tune_tvm
+    with prompt():  # Ctrl-C: the progress silenced at once, the process ended within a second
+        if form == KEY:
+            return _run_key(args)
+        if form == TORCH:
+            from tunecache_cli import tune_torch
 
-    return tune_tvm.run(args)
+            return tune_torch.run(args)
+        from tunecache_cli import tune_tvm
+
+        return tune_tvm.run(args)
 
 
 def _run_key(args: argparse.Namespace) -> int:

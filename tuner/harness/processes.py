@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from tunecache.errors import TuningError
 from tuner.harness.messages import Request
 from tuner.harness.worker import worker_main
 
+STOP_GRACE_S = 5.0  # an idle worker asked to stop exits within this; then it is killed
 _CONTEXT = multiprocessing.get_context("spawn")  # no fork: CUDA and thread pools don't survive it
 
 
@@ -89,15 +91,26 @@ def kill(slot: Slot) -> None:
     slot.conn.close()
 
 
-def stop(slots: list[Slot]) -> None:
-    """Asks every worker to stop, then kills those that do not within 5 s."""
+def stop(slots: list[Slot], grace: float = STOP_GRACE_S) -> None:
+    """Stops every worker: an idle one is asked to and given ``grace`` seconds (all together,
+    not each), one with a request in flight is killed at once.
+
+    A worker ignores Ctrl-C and reads the next request only once it has answered the current
+    one, so one asked to stop mid-build or mid-timing finished its candidate first: a Ctrl-C
+    while both workers built took up to 5 s each, one after the other, on top of the search.
+    Whatever a busy worker was doing is dropped anyway (the caller stops waiting for it).
+    """
     import contextlib
 
     for slot in slots:
+        if slot.config is not None:
+            slot.process.kill()
+            continue
         with contextlib.suppress(OSError, ValueError):
             slot.conn.send(Request(op="stop"))
+    deadline = time.monotonic() + grace
     for slot in slots:
-        slot.process.join(timeout=5)
+        slot.process.join(timeout=max(0.0, deadline - time.monotonic()))
         kill(slot)
 
 

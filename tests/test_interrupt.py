@@ -1,0 +1,116 @@
+"""Ctrl-C during ``tunecache tune``: it stops within moments, says so once and prints nothing after.
+
+A newcomer's Ctrl-C took 6-11 s to stop a tune, and a "(still working)" heartbeat came after
+it: the harness asked each measurement worker to stop and waited up to 5 s for each, one after
+the other, while the workers (which ignore Ctrl-C) finished the candidate they were on; the
+progress's heartbeat went on meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+# A user's own TVM kernel (y = 2x + 1) whose compiles turn slow once the test says so: a
+# candidate in flight that would take a minute, as a large kernel's compile can.
+SLOW_KERNEL = """
+import multiprocessing
+import time
+from pathlib import Path
+
+from workloads import Workload
+
+HERE = Path(__file__).parent
+
+
+class SlowAffine(Workload):
+    params = ("M", "N")
+    inputs = (("M", "N"),)
+    output = ("M", "N")
+    bucket = ("M",)
+    backend_dtypes = {"tvm": ("float32",)}
+    tvm_knobs = "rows"  # TVM's knob schedule of row-wise kernels: a space to search at random
+
+    def torch_fn(self, x):
+        return x * 2.0 + 1.0
+
+    def reference(self, x):
+        return x.double() * 2.0 + 1.0
+
+    def flops(self, problem):
+        return 2 * problem["M"] * problem["N"]
+
+    def tvm_compute(self, problem, dtype):
+        from tvm import te
+
+        if multiprocessing.parent_process() is not None and (HERE / "slow").exists():
+            (HERE / "building").touch()
+            time.sleep(60)  # a measurement worker's compile, in flight at the Ctrl-C
+        x = te.placeholder((problem["M"], problem["N"]), dtype, name="X")
+        return [x, te.compute(x.shape, lambda i, j: x[i, j] * 2.0 + 1.0, name="Y")]
+"""
+
+# How long the process may take to end after the Ctrl-C. The old code could not end before
+# 2 x 5 s (it waited 5 s for each of the two workers, busy for a minute, before killing it);
+# the new one ends in a second or two (kills the busy workers at once, or ends the process a
+# second after the signal), so this holds with room on a loaded machine.
+BOUND_S = 7.5
+
+
+def _start(cwd: Path) -> subprocess.Popen[str]:
+    """``tunecache tune`` of the slow kernel in a process group of its own, as a terminal's
+    foreground job, with Python's own SIGINT handler whatever this process has."""
+    argv = ["tune", "slow_kernel:SlowAffine", "--backend", "tvm", "--shape", "M=16,N=16",
+            "--strategy", "random", "--trials", "40", "--workers", "2", "--no-upload"]  # fmt: skip
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "tunecache_cli", *argv], cwd=cwd,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_stops_a_tune_at_once_and_says_so_last(tmp_path: Path) -> None:
+    (tmp_path / "slow_kernel.py").write_text(SLOW_KERNEL)
+    process = _start(tmp_path)
+    assert process.stderr is not None
+    lines: list[tuple[float, str]] = []  # (when, line) of stderr
+
+    def read() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            lines.append((time.monotonic(), line.rstrip("\n")))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 240
+        while not any("searching [" in line for _, line in lines):  # the first trials' line
+            assert process.poll() is None and time.monotonic() < deadline, lines
+            time.sleep(0.05)
+        (tmp_path / "slow").touch()  # the next candidates' compiles take a minute
+        while not (tmp_path / "building").exists():
+            assert process.poll() is None and time.monotonic() < deadline, lines
+            time.sleep(0.05)
+        sent = time.monotonic()
+        os.killpg(process.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole group
+        code = process.wait(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    reader.join(timeout=5)
+    err = "\n".join(line for _, line in lines)
+    assert code == 130, err
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert lines[-1][1] == "tunecache: interrupted", err
+    after = [line for when, line in lines[:-1] if when >= sent]
+    assert after == [], f"progress after the Ctrl-C (ended {took:.1f} s after it): {after}"
+    assert took < BOUND_S, f"ended {took:.1f} s after the Ctrl-C\n{err}"
