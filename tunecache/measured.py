@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, StrictBool, model_validator
+from pydantic import Field, StrictBool, ValidationInfo, model_validator
 
 from tunecache.conditions import THROTTLE_REASONS
-from tunecache.strict import INTEGRAL, Line, Millis, Strict
+from tunecache.strict import INTEGRAL, SERVED, STORED, Line, Millis, Strict
 
 Mhz = Annotated[float, Field(strict=True, ge=0, lt=1e6, allow_inf_nan=False)]
 # Shown on terminals as they are: one line of printable text (no escape sequences).
@@ -16,6 +16,15 @@ NoiseReason = Annotated[Line, Field(min_length=1, max_length=120)]
 Throttle = Literal[THROTTLE_REASONS]  # type: ignore[valid-type]
 Cores = Annotated[float, Field(strict=True, ge=0, lt=1e5, allow_inf_nan=False)]
 MAX_NOISE_REASONS = 8
+
+
+def uploaded(info: ValidationInfo) -> bool:
+    """Whether the figures are checked for agreeing with each other: as uploaded (or built), not
+    as a server reads back what it stored nor as a client reads a server's answer. A record stored
+    before the checks stays readable: a listing is parsed whole, and one such record would fail
+    every ``best``, ``report`` and ``records list`` of the team (a server in the middle can
+    show consistent made-up figures anyway: ``docs/security.md``)."""
+    return info.context is not STORED and info.context is not SERVED
 
 
 class ConditionsModel(Strict):
@@ -38,6 +47,13 @@ class ConditionsModel(Strict):
 
 
 INTERPRETER_TIMER = "host clock, Triton's interpreter (not a GPU's time)"  # fits TimingModel.timer
+# Timers whose one repeat sums up many runs, its min and max their quantiles: Triton's do_bench
+# (median, p20, p80: tunecache.triton.record.DO_BENCH_TIMER) and the interpreter's host bench.
+SUMMING_TIMERS = frozenset({"triton do_bench (median, p20, p80)", INTERPRETER_TIMER})
+# The widest iqr over max - min of any samples: Python's (exclusive) quartiles of two samples
+# reach past them, 1.5x their range (tunecache.timing); of three or more they stay within.
+IQR_REACH = 1.5
+ROUNDING = 1e-9  # relative: figures computed two ways (a quartile, a ratio) differ by rounding
 
 
 class TimingModel(Strict):
@@ -59,12 +75,29 @@ class TimingModel(Strict):
     conditions: ConditionsModel | None = None
 
     @model_validator(mode="after")
-    def _ordered(self) -> TimingModel:
+    def _ordered(self, info: ValidationInfo) -> TimingModel:
         if not self.min_ms <= self.median_ms <= self.max_ms:
             raise ValueError("timing must satisfy min_ms <= median_ms <= max_ms")
         if self.noisy != bool(self.conditions is not None and self.conditions.noise):
             raise ValueError("a timing is noisy exactly when its conditions name the noise")
+        if uploaded(info) and (why := self._spread_problem()):
+            raise ValueError(why)
         return self
+
+    def _spread_problem(self) -> str | None:
+        """What no set of samples gives: a spread of one sample (``repeats`` counts calls, each
+        sample one or more; a summing timer's one repeat excepted), an iqr wider than
+        :data:`IQR_REACH` times the range. An audit uploaded ``repeats: 1`` with min 0.5, max 2
+        and an iqr of 0.1 ms, shown as given."""
+        spread = self.max_ms - self.min_ms
+        if self.repeats == 1 and self.timer not in SUMMING_TIMERS and (spread or self.iqr_ms):
+            return (f"repeats is 1 (one sample) but min_ms {self.min_ms:g}, max_ms {self.max_ms:g}"
+                    f", iqr_ms {self.iqr_ms:g}: one sample has min_ms == median_ms == max_ms "
+                    f"and iqr_ms 0")  # fmt: skip
+        if self.iqr_ms > IQR_REACH * spread * (1 + ROUNDING) + 1e-12:
+            return (f"iqr_ms {self.iqr_ms:g} is over {IQR_REACH:g} x (max_ms - min_ms) = "
+                    f"{IQR_REACH * spread:g}: no samples have quartiles so far apart")  # fmt: skip
+        return None
 
     @property
     def interpreted(self) -> bool:
@@ -78,6 +111,9 @@ class TimingModel(Strict):
         return self.iqr_ms / self.median_ms if self.median_ms > 0 else 0.0
 
 
+# A speedup's interval reaches at least this far either side of its median, one round's too:
+# tunecache.interleave.REPRODUCIBLE (which imports this module's users; a test pins the two).
+ONE_ROUND_REACH = 0.01
 SAME_BELOW = 0.995  # a ratio without an interval from here to 1/SAME_BELOW reads "the same"
 # A ratio of two times: positive, finite, within what any two timings can differ by.
 TimeRatio = Annotated[float, Field(strict=True, gt=0, lt=1e12, allow_inf_nan=False)]
@@ -94,10 +130,21 @@ class Speedup(Strict):
     rounds: Annotated[int, Field(strict=True, ge=1, le=10_000), INTEGRAL]
 
     @model_validator(mode="after")
-    def _ordered(self) -> Speedup:
+    def _ordered(self, info: ValidationInfo) -> Speedup:
         if not self.low <= self.median <= self.high:
             raise ValueError("a speedup must satisfy low <= median <= high")
+        if uploaded(info) and self.rounds == 1 and not self._one_ratio():
+            raise ValueError(f"a speedup of one round has one ratio: low {self.low:g} and high "
+                             f"{self.high:g} must be within {ONE_ROUND_REACH:.0%} of its median "
+                             f"{self.median:g}")  # fmt: skip
         return self
+
+    def _one_ratio(self) -> bool:
+        """Whether the interval is one ratio's: the median, widened by the reproducibility floor
+        (``low`` = median / 1.01, ``high`` = median x 1.01), or not at all (before the floor)."""
+        reach = 1 + ONE_ROUND_REACH
+        return (self.low * reach >= self.median * (1 - ROUNDING)
+                and self.high <= self.median * reach * (1 + ROUNDING))  # fmt: skip
 
 
 class BaselineModel(Strict):
@@ -105,3 +152,45 @@ class BaselineModel(Strict):
     timing: TimingModel
     # From the interleaved final comparison; None in records tuned before it existed.
     speedup: Speedup | None = None
+
+    @staticmethod
+    def agreeing(baselines: list[BaselineModel], info: ValidationInfo) -> list[BaselineModel]:
+        """``baselines`` (a record's, as a validator) if each speedup agrees with its timing and
+        the winner's (``timing``, validated before them): :func:`speedup_problem`."""
+        winner = info.data.get("timing")
+        if not uploaded(info) or not isinstance(winner, TimingModel):
+            return baselines
+        for i, baseline in enumerate(baselines):
+            if baseline.speedup is not None and (why := speedup_problem(baseline, winner)):
+                raise ValueError(f"baselines[{i}] ({baseline.name}): {why}")
+        return baselines
+
+
+# How far a speedup may lie outside [baseline min / winner max, baseline max / winner min]
+# (speedup_problem), either way. Measured: all 17 real comparisons here (TVM and Inductor tunes
+# on a busy 2-core Intel Xeon, the tuner's tests) kept the median inside the bare bound, by
+# 1.025x at the least (5-sample timings: narrow spreads); stand-in timers with no spread
+# (min = max, the rounds' drift all outside it) read up to 1.22x past it. The audit's claim was
+# 1000x past.
+SPEEDUP_SLACK = 2.0
+
+
+def speedup_problem(baseline: BaselineModel, winner: TimingModel) -> str | None:
+    """Why ``baseline``'s speedup cannot come from its timing and the winner's, if it cannot.
+
+    tuner.select times the winner and the baselines once each per round (a timing of many
+    samples, its median the round's time), alternating; the speedup is the median of the
+    undisturbed rounds' ratios (baseline / winner), and the record keeps each one's timing of
+    its median round among the same rounds. The ratio spans rounds, a timing's min and max only
+    its own round: the bound is [baseline min / winner max, baseline max / winner min] widened
+    by :data:`SPEEDUP_SLACK` either way for the rounds' drift."""
+    assert baseline.speedup is not None
+    timing, median = baseline.timing, baseline.speedup.median
+    low = timing.min_ms / winner.max_ms / SPEEDUP_SLACK
+    high = timing.max_ms / winner.min_ms * SPEEDUP_SLACK
+    if low <= median <= high:
+        return None
+    return (f"speedup median {median:g} is outside {low:.3g}-{high:.3g}, what its timing "
+            f"({timing.min_ms:g}-{timing.max_ms:g} ms) and the winner's ({winner.min_ms:g}-"
+            f"{winner.max_ms:g} ms) allow, {SPEEDUP_SLACK:g}x either way for the rounds' "
+            "drift")  # fmt: skip

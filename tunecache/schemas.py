@@ -318,6 +318,7 @@ class RecordCreate(_Strict):
     _config_size = field_validator("config")(_check_config)
     _config_closed = field_validator("config")(_closed_config)
     _one_of_each = field_validator("baselines")(believed.one_of_each)
+    _speedups_agree = field_validator("baselines")(BaselineModel.agreeing)  # with the timings
 
     @model_validator(mode="after")
     def _checks_of_the_key(self, info: ValidationInfo) -> RecordCreate:
@@ -384,8 +385,7 @@ class VerificationPublic(_Strict):
     timing: TimingModel | None = None  # the verifier's own timing of the config
     validation: ValidationReport | None = None  # the verifier's checks
     error: str = ""
-    # verifier median / uploader median; timing_flag: the uploader's time is more than 20 %
-    # faster than the verifier's (TIMING_FLAG_RATIO): not believed.
+    # verifier / uploader median; timing_flag: the uploader's >20 % faster (TIMING_FLAG_RATIO)
     time_ratio: float | None = None
     timing_flag: bool = False
 
