@@ -136,16 +136,19 @@ class BucketFull(Exception):
 
 def add_record(
     session: Session, *, key_hash: str, record: RecordCreate, uploader: TokenRow | None = None,
-    bucket_limit: int | None = None,
+    bucket_limit: int | None = None, row: RecordRow | None = None,
 ) -> Added:  # fmt: skip
     """Stores ``record`` and its trials; makes it the key's winner if validated and fastest
-    (and the verified policy's too when ``uploader`` is a trusted token).
+    (and the verified policy's too when ``uploader`` is a trusted token). ``row``: the row to
+    store, built already (an import's, whose status and provenance its snapshot states:
+    :mod:`cache_server.snapshots`); else :func:`record_row`'s.
 
     Raises:
         BucketFull: ``record`` would be a new key's winner in a bucket that holds
             ``bucket_limit`` winners (nothing is stored).
     """
-    row = record_row(key_hash=key_hash, record=record, uploader=uploader)
+    if row is None:
+        row = record_row(key_hash=key_hash, record=record, uploader=uploader)
     twins.lock_key(session, key_hash)
     state = session.execute(_UPLOAD_STATE, {"upload": row.upload_digest, "key_hash": key_hash,
                                             "digest": row.config_digest}).one()  # fmt: skip
@@ -227,7 +230,7 @@ def public_record(
             "created_at": row.created_at,
             "is_winner": is_winner,
             "status": row.status,
-            "uploaded_by": row.uploaded_by,
+            "uploaded_by": uploader_text(row),
             "verification": row.verification,
             "disputes": row.disputes,
             **fields,
@@ -239,6 +242,15 @@ def public_record(
         },
         context=STORED,
     )
+
+
+def uploader_text(row: RecordRow) -> str | None:
+    """Who ``row`` says uploaded it: its uploader's token, or for an imported record the uploader
+    its snapshot named and the token that imported it (``alice, imported by ci-sync``: a token
+    name holds no comma), so an importer never reads as the uploader of what it imported."""
+    if row.imported_by is None:
+        return row.uploaded_by
+    return f"{row.uploaded_by or 'an unnamed uploader'}, imported by {row.imported_by}"
 
 
 def worst_check(validation: Any) -> Any:

@@ -535,3 +535,31 @@ def test_artifacts_stored_before_copies_per_token_keep_their_uploader_where_the_
     upgrade(url)
     check_schema(make_engine(url))
     assert served() == {"a": "[alice-2]", "b": "[old-b]", "c": "[old-c]"}
+
+
+def test_the_imported_by_migration_keeps_records_as_uploads_and_goes_back(tmp_path: Path) -> None:
+    """0016: a record stored before was uploaded, not imported (``imported_by`` NULL, shown with
+    its uploader as before); downgrading drops the column and keeps every record."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from cache_server.db import make_sessionmaker
+    from cache_server.migrate import alembic_config
+    from cache_server.models import RecordRow
+    from cache_server.queries import add_record, uploader_text
+    from tests.factories import make_key, make_record
+
+    url = f"sqlite:///{tmp_path / 'cache.db'}"
+    upgrade(url)
+    key = make_key()
+    with make_sessionmaker(make_engine(url))() as session:
+        added = add_record(session, key_hash=key.digest(), record=make_record(key))
+        session.commit()
+    command.downgrade(alembic_config(url), "0015")
+    with make_engine(url).connect() as connection:
+        assert connection.execute(text("select count(*) from records")).scalar_one() == 1
+    upgrade(url)
+    check_schema(make_engine(url))
+    with make_sessionmaker(make_engine(url))() as session:
+        row = session.get(RecordRow, added.record_id)
+        assert row is not None and row.imported_by is None and uploader_text(row) is None

@@ -424,8 +424,9 @@ def test_cli_export_import_round_trip(server: LiveServer, tmp_path: Path) -> Non
 
     done = tunecache("snapshot", "export", "--arch", ARCH, "--server", server.url, "-o", str(out))
     assert done.returncode == 0, done.stderr
-    served = export(server.url)
+    served = export(server.url, provenance="true")  # the command states who measured what
     assert out.read_bytes() == served.content
+    assert served.headers["etag"] != export(server.url).headers["etag"]  # another document
     assert "exported 2 winners" in done.stdout and served.headers["etag"] in done.stdout
     none = tunecache("snapshot", "export", "--arch", "nope", "--server", server.url, "-o",
                      str(tmp_path / "none.json"))  # fmt: skip
@@ -435,7 +436,7 @@ def test_cli_export_import_round_trip(server: LiveServer, tmp_path: Path) -> Non
     done = tunecache("snapshot", "import", str(out), "--server", server.url)
     assert done.returncode == 0, done.stderr
     assert "imported 2 records" in done.stdout and "0 winners changed" in done.stdout
-    assert export(server.url).headers["etag"] == served.headers["etag"]
+    assert export(server.url, provenance="true").headers["etag"] == served.headers["etag"]
 
 
 @pytest.mark.parametrize(
@@ -558,3 +559,239 @@ def test_beside_a_verifiers_time_a_snapshot_keeps_only_interleaved_comparisons(
     [carried] = export(server.url).json()["records"]
     assert carried["timing"]["median_ms"] == 1.1
     assert [b["name"] for b in carried["baselines"]] == ["torch_eager"]
+
+
+# -- provenance: an import never raises trust, nor loses who measured what ----------------------
+
+
+def _token(url: str, name: str, scope: str = "write", trusted: bool = False) -> str:
+    answer = httpx.post(f"{url}/v1/tokens", json={"name": name, "scope": scope,
+                                                  "trusted": trusted}, headers=AUTH, timeout=30)  # fmt: skip
+    assert answer.status_code == 201, answer.text
+    made: str = answer.json()["token"]
+    return made
+
+
+def _tunecache_as(token: str, *args: str) -> subprocess.CompletedProcess[str]:
+    import os
+
+    env = {**os.environ, "TUNECACHE_TOKEN": token}
+    return subprocess.run([sys.executable, "-m", "tunecache_cli", *args], capture_output=True,
+                          text=True, timeout=120, env=env)  # fmt: skip
+
+
+def _records_on(url: str) -> dict[int, Any]:
+    """Every record on ``url`` by its key's ``M``, as the client reads them."""
+    from tunecache.schemas import RecordPublic
+
+    listed = httpx.get(f"{url}/v1/records", params={"limit": 100}, timeout=30).json()["items"]
+    return {r["key"]["problem"]["M"]: RecordPublic.model_validate(r) for r in listed}
+
+
+def _a_verified_and_a_pending_record(url: str) -> dict[int, Any]:
+    """On ``url``: mallory's record at M=98 claiming 1000x over eager, which a verifier passed,
+    timing it on another machine ("verifier-cpu"), and bob's at M=99, never verified."""
+    from tests.test_best import with_eager
+    from tunecache.verification import VerificationCreate
+
+    key = make_key(98)
+    with Client(url, token=_token(url, "mallory")) as client:
+        record_id = client.upload(with_eager(key, 1.0, 1000.0, 1000.0)).record_id
+    with Client(url, token=_token(url, "bob")) as client:
+        client.upload(with_eager(make_key(99), 2.0, 200.0, 100.0))
+    with Client(url, token=_token(url, "v", "verify")) as client:
+        assert client.claim_verification("v1", device_arch=ARCH, backends=[key.backend])
+        client.submit_verification(record_id, VerificationCreate(
+            worker="v1", outcome="passed", device_name="verifier-cpu",
+            timing=make_record(key, time_ms=1.1).timing,
+            validation=make_record(key).validation))  # fmt: skip
+    return _records_on(url)
+
+
+@pytest.mark.slow
+def test_an_import_keeps_who_measured_what_and_raises_no_trust(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """Exported from A and imported into B by a trusted CI token, mallory's verified record
+    read on B as "verified by ci-sync (trusted uploader) on <the key's device> (uploaded by
+    ci-sync)", dated the import, its 1000x with no caveat; bob's never-verified record came back
+    verified, and served under ``--policy verified``. Now each keeps what A knew of it."""
+    from tunecache.timing import versus
+    from tunecache.verification import trust_text
+
+    on_a = _a_verified_and_a_pending_record(server.url)
+    assert (on_a[98].status, on_a[99].status) == ("verified", "pending")
+    out = tmp_path / "a.json"
+    done = tunecache("snapshot", "export", "--arch", ARCH, "--server", server.url, "-o", str(out))
+    assert done.returncode == 0, done.stderr
+
+    db_path = tmp_path / "b.db"
+    other = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "b.log",
+                         args=["--policy", "verified"])  # fmt: skip
+    try:
+        ci = _token(other.url, "ci-sync", trusted=True)
+        done = _tunecache_as(ci, "snapshot", "import", str(out), "--server", other.url)
+        assert done.returncode == 0, done.stderr
+        on_b = _records_on(other.url)
+        with Client(other.url) as client:
+            found = {m: client.lookup(make_key(m), default=DEFAULT) for m in (98, 99)}
+        served = {m: (hit.source, hit.rule) for m, hit in found.items()}
+    finally:
+        other.stop()
+    verified, pending = on_b[98], on_b[99]
+    by = verified.uploaded_by or ""
+    held = {
+        # (a) the speedup beside the verifier's time is still said to be the uploader's
+        "a": "not re-timed by the verifier" in versus(verified),
+        # (b) the verifier's time is the verifier's device's, not the key's
+        "b": verified.timed_on == "verifier-cpu" and "on verifier-cpu" in trust_text(verified),
+        # (c) mallory uploaded it; ci-sync imported it
+        "c": by == "mallory, imported by ci-sync"
+        and "uploaded by ci-sync" not in trust_text(verified),
+        # (d) dated when it was uploaded, not when it was imported
+        "d": (verified.created_at, pending.created_at)
+        == (on_a[98].created_at, on_a[99].created_at),
+        # (e) never verified on A: pending on B, even from a trusted importer, and not served
+        "e": (verified.status, pending.status) == ("verified", "pending")
+        and served[98] == ("server", "exact")
+        and served[99] != ("server", "exact")
+        and (verified.is_winner, pending.is_winner) == (True, False)
+        and pending.uploaded_by == "bob, imported by ci-sync",
+    }
+    assert held == dict.fromkeys("abcde", True), (
+        verified.status,
+        pending.status,
+        served,
+        pending.uploaded_by,
+    )
+
+
+def test_a_speedup_the_verifiers_time_contradicts_is_not_exported(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """Beside a verifier's time a snapshot carried the uploader's interleaved comparisons, which
+    an import refuses where they contradict that time (a verifier on another machine timed the
+    winner 10x faster: 1000x over eager's 1000 ms is no ratio of 0.1 ms). The whole import was a
+    422; such a comparison is left out of the export instead."""
+    from tests.test_best import with_eager
+    from tunecache.verification import VerificationCreate
+
+    key = make_key(97)
+    with Client(server.url, token=_token(server.url, "mallory")) as client:
+        record_id = client.upload(with_eager(key, 1.0, 1000.0, 1000.0)).record_id
+    with Client(server.url, token=_token(server.url, "v", "verify")) as client:
+        assert client.claim_verification("v1", device_arch=ARCH, backends=[key.backend])
+        client.submit_verification(record_id, VerificationCreate(
+            worker="v1", outcome="passed", device_name="verifier-cpu",
+            timing=make_record(key, time_ms=0.1).timing,
+            validation=make_record(key).validation))  # fmt: skip
+    exported = httpx.get(f"{server.url}/v1/snapshot", headers=AUTH,
+                         params={"device_arch": ARCH, "provenance": "true"})  # fmt: skip
+    assert exported.status_code == 200, exported.text
+    (record,) = exported.json()["records"]
+    assert record["timing"]["median_ms"] == 0.1 and record["baselines"] == []
+    db_path = tmp_path / "b.db"
+    other = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "b.log")
+    try:
+        ci = _token(other.url, "ci-sync", trusted=True)
+        imported = httpx.post(f"{other.url}/v1/snapshot", content=exported.content,
+                              headers={"Authorization": f"Bearer {ci}",
+                                       "Content-Type": "application/json"})  # fmt: skip
+        assert imported.status_code == 200, imported.text
+        assert imported.json()["imported"] == 1
+    finally:
+        other.stop()
+
+
+def test_an_untrusted_import_is_pending_and_names_uploader_and_importer(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """A write token that is not trusted vouches for nothing: a verified record comes back
+    pending (as its uploader's claim, ranked by the time A believed), never "uploaded by" the
+    importer."""
+    from tunecache.verification import trust_text
+
+    on_a = _a_verified_and_a_pending_record(server.url)
+    exported = export(server.url, provenance="true").json()
+    db_path = tmp_path / "b.db"
+    other = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "b.log")
+    try:
+        answer = httpx.post(f"{other.url}/v1/snapshot", json=exported, timeout=60,
+                            headers={"Authorization": f"Bearer {_token(other.url, 'eve')}"})  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        on_b = _records_on(other.url)
+    finally:
+        other.stop()
+    assert (on_b[98].status, on_b[99].status) == ("pending", "pending")
+    assert on_b[98].uploaded_by == "mallory, imported by eve"
+    assert "uploaded by mallory, imported by eve" in trust_text(on_b[98])
+    assert on_b[98].created_at == on_a[98].created_at
+
+
+def test_an_old_snapshot_without_provenance_imports_pending_stated_by_nobody(
+    server: LiveServer,
+) -> None:
+    """A file of the format before provenance still imports; it states no one's word, so even a
+    trusted importer's copy is pending, its uploader unnamed, its importer named."""
+    ci = _token(server.url, "ci-sync", trusted=True)
+    old = document(make_record(make_key(64), time_ms=1.0))
+    answer = httpx.post(f"{server.url}/v1/snapshot", json=old, timeout=60,
+                        headers={"Authorization": f"Bearer {ci}"})  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["imported"] == 1
+    [record] = _records_on(server.url).values()
+    assert record.status == "pending"
+    assert record.uploaded_by is not None and "imported by ci-sync" in record.uploaded_by
+    assert not record.uploaded_by.startswith("ci-sync")
+
+
+def _stated(records: int = 1, **changes: Any) -> dict[str, Any]:
+    entry = {"status": "pending", "uploaded_by": "bob", "created_at": "2026-01-02T03:04:05Z",
+             "uploaders": ["timing", "torch_eager"], **changes}  # fmt: skip
+    return {
+        **document(*[make_record(make_key(64 + i)) for i in range(records)]),
+        "provenance": [entry] * records,
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({**_stated(2), "provenance": _stated(1)["provenance"]}, "provenance"),
+        (_stated(status="verified"), "verification"),
+        (_stated(status="disputed"), "status"),
+        (_stated(uploaded_by="x, imported by alice"), "uploaded_by"),
+        (_stated(created_at="2999-01-01T00:00:00Z"), "created_at"),
+        (_stated(created_at="2026-01-02T03:04:05"), "created_at"),
+        (_stated(uploaders=["torch_eager"]), "uploaders"),
+        (_stated(uploaders=["timing", "made_up", "torch_eager"]), "uploaders"),
+        (
+            _stated(
+                status="verified",
+                verification={
+                    "verifier": "v",
+                    "device_name": "d",
+                    "verified_at": "2026-01-03T00:00:00Z",
+                    "retimed": True,
+                },
+            ),
+            "uploader_timing",
+        ),
+    ],
+)
+def test_bad_provenance_is_a_422_naming_it_and_stores_nothing(
+    shared_server: LiveServer, body: dict[str, Any], named: str
+) -> None:
+    before = record_count(shared_server.url)
+    answer = import_(shared_server.url, body)
+    assert answer.status_code == 422, answer.text
+    assert named in answer.json()["detail"]
+    assert record_count(shared_server.url) == before
+
+
+def test_cli_import_of_a_file_with_bad_provenance_exits_2_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(_stated(status="verified")))
+    done = tunecache("snapshot", "import", str(path), "--server", "http://127.0.0.1:9")
+    assert done.returncode == 2, done.stderr
+    assert "verification" in done.stderr and "Traceback" not in done.stderr

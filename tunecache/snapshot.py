@@ -1,11 +1,13 @@
 """Snapshots: the validated winners of one device arch as one file.
 
-A snapshot is a :class:`SnapshotPublic` document, ``{"format", "filters",
-"records"}``, written as canonical JSON with records ordered by key hash. It carries no timestamp
-and no trials, so the same winners always give the same bytes, and its ETag (the SHA-256 of the
-canonical records) is a pure function of the winners: two servers holding the same winners give
-the same ETag. Clients keep one as a local file for lookups without a server
-(``Client(snapshot=path)``), and images can have one baked in.
+A snapshot is a :class:`SnapshotPublic` document, ``{"format", "filters", "records"}`` (and,
+from ``tunecache snapshot export``, ``"provenance"``: who measured and vouched for each record,
+:mod:`tunecache.snapshot_provenance`), written as canonical JSON with records ordered by key hash.
+It carries no timestamp of its own (a provenance states each record's date) and no trials, so the
+same winners always give the same bytes, and its ETag (the SHA-256 of the canonical records, and
+of their provenance where stated) is a pure function of them: two servers holding the same winners
+give the same ETag for a snapshot without provenance. Clients keep one as a local file for lookups
+without a server (``Client(snapshot=path)``), and images can have one baked in.
 
 Example:
     >>> from pathlib import Path
@@ -35,6 +37,7 @@ from tunecache.errors import InvalidInput, validation_problems
 from tunecache.http import MAX_ANSWER_BYTES, past_bound
 from tunecache.jsonsafe import parse_json
 from tunecache.schemas import Backend, KeyModel, Line, Name, RecordCreate, _Strict
+from tunecache.snapshot_provenance import RecordProvenance, stated_for
 from tunecache.strict import SERVED
 
 logger = logging.getLogger(__name__)
@@ -69,23 +72,29 @@ class SnapshotPublic(_Strict):
 
     Only winners are exported, without their trials (``trials`` is empty), to keep snapshots
     small. On import every record, validated or not, must match ``filters``; the count is checked
-    before any record is parsed, so an oversized snapshot is refused at once.
+    before any record is parsed, so an oversized snapshot is refused at once. ``provenance``, one
+    per record in the same order, states who measured and vouched for each (``None``: a snapshot
+    that states nobody's, as every one did before it existed: imported pending).
     """
 
     format: Literal["tunecache-snapshot/1"]
     filters: SnapshotFilters
     records: Annotated[list[RecordCreate], Field(max_length=MAX_SNAPSHOT_RECORDS)]
+    provenance: Annotated[list[RecordProvenance], Field(max_length=MAX_SNAPSHOT_RECORDS)] | None = (
+        None
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _bounded(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            records = data.get("records")
-            if isinstance(records, list) and len(records) > MAX_SNAPSHOT_RECORDS:
-                raise ValueError(
-                    f"a snapshot holds at most {MAX_SNAPSHOT_RECORDS} records, not "
-                    f"{len(records)}; split it by kernel or backend"
-                )
+            for name in ("records", "provenance"):
+                held = data.get(name)
+                if isinstance(held, list) and len(held) > MAX_SNAPSHOT_RECORDS:
+                    raise ValueError(
+                        f"a snapshot holds at most {MAX_SNAPSHOT_RECORDS} {name}, not "
+                        f"{len(held)}; split it by kernel or backend"
+                    )
         return data
 
     @model_validator(mode="after")
@@ -93,6 +102,14 @@ class SnapshotPublic(_Strict):
         for i, record in enumerate(self.records):
             if (why := self.filters.mismatch(record.key)) is not None:
                 raise ValueError(f"records[{i}]: key {why}")
+        if self.provenance is None:
+            return self
+        if len(self.provenance) != len(self.records):
+            raise ValueError(f"provenance states {len(self.provenance)} records' for "
+                             f"{len(self.records)} records: one each, in their order")  # fmt: skip
+        for i, (record, stated) in enumerate(zip(self.records, self.provenance, strict=True)):
+            if (why := stated_for(record, stated)) is not None:
+                raise ValueError(f"provenance[{i}].{why}")
         return self
 
 
@@ -116,28 +133,45 @@ def _records_json(records: Sequence[RecordCreate]) -> list[dict[str, Any]]:
     return [r.model_dump(mode="json", by_alias=True, exclude={"trials"}) for r in records]
 
 
-def snapshot_etag(records: Sequence[RecordCreate]) -> str:
-    """The quoted ETag of ``records``: the SHA-256 of their canonical JSON, trials left out.
+def _provenance_json(provenance: Sequence[RecordProvenance]) -> list[dict[str, Any]]:
+    return [p.model_dump(mode="json", exclude_none=True) for p in provenance]
+
+
+def snapshot_etag(
+    records: Sequence[RecordCreate], provenance: Sequence[RecordProvenance] | None = None
+) -> str:
+    """The quoted ETag of ``records``: the SHA-256 of their canonical JSON, trials left out, and
+    of their ``provenance`` with it where the snapshot states one (a record verified since, or
+    imported by another token, is another snapshot).
 
     Records must be in snapshot order (by key hash), as the server exports them.
     """
-    text = canonical_json(_records_json(records))
+    held: Any = _records_json(records)
+    if provenance is not None:
+        held = {"records": held, "provenance": _provenance_json(provenance)}
+    text = canonical_json(held)
     return f'"{hashlib.sha256(text.encode("utf-8")).hexdigest()}"'
 
 
-def render_snapshot(filters: SnapshotFilters, records: Sequence[RecordCreate]) -> tuple[bytes, str]:
+def render_snapshot(
+    filters: SnapshotFilters, records: Sequence[RecordCreate],
+    provenance: Sequence[RecordProvenance] | None = None,
+) -> tuple[bytes, str]:  # fmt: skip
     """The canonical document bytes of a snapshot and its ETag.
 
     Args:
         filters: what the snapshot was selected by (unset filters are left out).
         records: the winners, ordered by key hash; their trials are left out.
+        provenance: each record's, in their order (``None``: left out, as before it existed).
     """
-    document = {
+    document: dict[str, Any] = {
         "format": SNAPSHOT_FORMAT,
         "filters": filters.model_dump(mode="json", exclude_none=True),
         "records": _records_json(records),
     }
-    return canonical_json(document).encode("utf-8"), snapshot_etag(records)
+    if provenance is not None:
+        document["provenance"] = _provenance_json(provenance)
+    return canonical_json(document).encode("utf-8"), snapshot_etag(records, provenance)
 
 
 def parse_snapshot(
@@ -189,8 +223,8 @@ def load_snapshot(path: Path) -> SnapshotPublic:
     try:
         if salvaged is None:
             raise whole
-        document, records, left_out = salvaged
-        snapshot = SnapshotPublic.model_validate({**document, "records": records}, context=SERVED)
+        document, kept, left_out = salvaged
+        snapshot = SnapshotPublic.model_validate({**document, **kept}, context=SERVED)
     except ValidationError:
         raise InvalidInput(
             f"{path} is not a valid snapshot: {validation_problems(whole)}"
@@ -200,9 +234,10 @@ def load_snapshot(path: Path) -> SnapshotPublic:
     return snapshot
 
 
-def _salvage(text: bytes) -> tuple[dict[str, Any], list[Any], list[str]] | None:
-    """The document, the records that validate on their own, and why each other one does not;
-    ``None`` when it is not a snapshot's shape at all (nothing to salvage)."""
+def _salvage(text: bytes) -> tuple[dict[str, Any], dict[str, list[Any]], list[str]] | None:
+    """The document, the records that validate on their own (with their provenance, where it
+    states one for each), and why each other one does not; ``None`` when it is not a snapshot's
+    shape at all (nothing to salvage)."""
     try:
         document = parse_json(text)
     except ValueError:
@@ -210,14 +245,19 @@ def _salvage(text: bytes) -> tuple[dict[str, Any], list[Any], list[str]] | None:
     records = document.get("records") if isinstance(document, dict) else None
     if not isinstance(records, list) or len(records) > MAX_SNAPSHOT_RECORDS:
         return None
-    kept, left_out = [], []
+    stated = document.get("provenance")
+    aligned = isinstance(stated, list) and len(stated) == len(records)
+    kept: dict[str, list[Any]] = {"records": [], **({"provenance": []} if aligned else {})}
+    left_out = []
     for i, record in enumerate(records):
         try:
             RecordCreate.model_validate(record, context=SERVED)
         except ValidationError as exc:
             left_out.append(f"records[{i}]: {validation_problems(exc, 1)}")
             continue
-        kept.append(record)
+        kept["records"].append(record)
+        if aligned:
+            kept["provenance"].append(stated[i])
     return document, kept, left_out
 
 
@@ -245,7 +285,7 @@ def save_snapshot(path: Path, document: Mapping[str, Any] | SnapshotPublic) -> N
     """
     snapshot = parse_snapshot(document, served=True)  # what sync wrote, as the server sent it
     if isinstance(document, SnapshotPublic):
-        data = render_snapshot(snapshot.filters, snapshot.records)[0]
+        data = render_snapshot(snapshot.filters, snapshot.records, snapshot.provenance)[0]
     else:
         data = canonical_json(dict(document)).encode("utf-8")
     tmp: str | None = None

@@ -1,8 +1,10 @@
 """``tunecache snapshot export|import``: the winners of a device arch as one file, and back.
 
 ``export`` writes the server's snapshot atomically to ``-o FILE`` (a file ``Client(snapshot=…)``
-answers lookups from, or one to bake into an image); ``import`` merges a file into a server, where
-the faster validated record of each key wins. Exit 0 done, 1 rejected by the server for another
+answers lookups from, or one to bake into an image), with each record's provenance; ``import``
+merges a file into a server, where the faster validated record of each key wins, and each record
+keeps the status, uploader and verifier its file states (verified only from a trusted token; a
+file without provenance: pending). Exit 0 done, 1 rejected by the server for another
 reason, 2 bad input (bad filter, an output folder that does not exist, an unreadable or invalid
 file, or one the server refuses as invalid or too large: 400, 413, 422), 3 server unreachable.
 """
@@ -70,6 +72,7 @@ def run_export(args: argparse.Namespace) -> int:
             device_name=filters.device_name,
             kernel=filters.kernel,
             backend=filters.backend,
+            provenance="true",  # who measured and vouched for each record: kept by an import
         )
     if document is None:  # "unchanged", where no If-None-Match was sent: not a snapshot
         raise ServerError(f"{url} answered 304 Not Modified to an export that named no ETag")

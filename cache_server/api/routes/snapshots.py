@@ -23,6 +23,12 @@ from tunecache.snapshot import (
 router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["snapshots"])
 
 
+class ExportQuery(SnapshotFilters):
+    """An export's query: the filters, and whether to state each record's provenance."""
+
+    provenance: bool = False
+
+
 def _matches(if_none_match: str, etag: str) -> bool:
     """RFC 9110 weak comparison of ``If-None-Match`` against our strong ETag."""
     tags = [tag.strip() for tag in if_none_match.split(",")]
@@ -39,13 +45,18 @@ def _matches(if_none_match: str, etag: str) -> bool:
     },
 )
 def export_snapshot(
-    filters: Annotated[SnapshotFilters, Query()],
+    query: Annotated[ExportQuery, Query()],
     session: SessionDep,
     settings: SettingsDep,
     if_none_match: Annotated[str | None, Header()] = None,
 ) -> Response:
     """The winner of every key of ``device_arch`` (narrowed by the other filters) under the
     server's serving policy (``verified``: verified records only).
+
+    With ``provenance=true`` (what ``tunecache snapshot export`` asks for), the snapshot states
+    each record's status, uploader, date, verifier and the device it timed on, and which figures
+    are the uploader's own: an import elsewhere keeps them and gains no trust. Without it, the
+    document is as before provenance existed (what clients of before read; ``sync`` files).
 
     Only winners are exported, and without their trials, to keep snapshots small. The body is
     canonical JSON with records ordered by key hash and no timestamp, so its ``ETag`` (SHA-256 of
@@ -54,13 +65,16 @@ def export_snapshot(
     winners and the server's ``snapshot_bytes`` of them (128 MiB by default): a 422 says to
     narrow it by ``kernel``, ``backend`` or ``device_name``.
     """
+    filters = SnapshotFilters.model_validate(query.model_dump(exclude={"provenance"}))
     table = winner_table(settings.policy)
     try:
         winners = snapshots.snapshot_winners(session, filters=filters, table=table,
                                              max_bytes=settings.snapshot_bytes)  # fmt: skip
     except snapshots.SnapshotTooLarge as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
-    body, etag = render_snapshot(filters, winners)
+    records = [record for record, _ in winners]
+    stated = [said for _, said in winners] if query.provenance else None
+    body, etag = render_snapshot(filters, records, stated)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     if if_none_match is not None and _matches(if_none_match, etag):
         return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers=headers)
@@ -79,13 +93,18 @@ def export_snapshot(
 def import_snapshot(
     snapshot: SnapshotPublic, session: SessionDep, settings: SettingsDep, token: WriteAccess
 ) -> SnapshotImportResult:
-    """Merges a snapshot in one transaction: each record is added as if this token uploaded it.
+    """Merges a snapshot in one transaction: each record is stored as imported by this token.
 
     A key's winner becomes an imported record only if it is validated and strictly faster;
     unvalidated records are stored but never served. A record this token had sent before (the
-    same snapshot imported again) is not stored twice, and not counted as imported.
+    same snapshot imported again) is not stored twice, and not counted as imported. What the
+    snapshot's ``provenance`` states is kept, never raised: a pending record stays pending, a
+    verified one is verified only when this token is trusted (else pending); the uploader shown
+    is the one it names, "imported by" this token. A snapshot without provenance states nobody's
+    word: pending, uploader unnamed.
     """
     add = partial(snapshots.import_records, session, records=snapshot.records, uploader=token,
-                  bucket_limit=settings.bucket_winners)  # fmt: skip
+                  bucket_limit=settings.bucket_winners,
+                  provenance=snapshot.provenance)  # fmt: skip
     imported, changed = again_after_a_conflict(session, add)  # the same snapshot, meanwhile
     return SnapshotImportResult(imported=imported, winners_changed=changed)
