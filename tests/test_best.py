@@ -84,6 +84,21 @@ def test_times_from_another_device_are_flagged_not_comparable(server: LiveServer
     assert "different devices" in answer.note and "another-cpu-model" in answer.note
 
 
+def test_a_cpu_of_the_same_name_with_other_cores_is_another_device(server: LiveServer) -> None:
+    """A CPU's name is generic (``intel-xeon-processor``): a 64-core box's record, served here
+    by the same_arch rule, was ranked against this box's as timed "on one device"."""
+    upload(server, key_for("matmul", "tvm", PROBLEM, "float32"), 2.0)
+    here = key_for("matmul", "inductor", PROBLEM, "float32")
+    bigger = dataclasses.replace(here.device, units=here.device.units + 62)
+    upload(server, dataclasses.replace(here, device=bigger), 0.5)
+    with Client(server.url) as client:
+        answer = client.resolver.best("matmul", PROBLEM, "float32", backends=["tvm", "inductor"])
+    assert answer.backend is None and not answer.comparable
+    assert f"({bigger.units} cores)" in answer.note and "different devices" in answer.note
+    shown = json.loads(cli(server, "best", "matmul", "--shape", SHAPE, "--json").stdout)
+    assert shown["comparable"] is False and shown["backend"] is None
+
+
 def test_a_backend_without_a_record_is_listed_with_why(server: LiveServer) -> None:
     upload(server, key_for("matmul", "tvm", PROBLEM, "float32"), 2.0)
     shown = cli(server, "best", "matmul", "--shape", SHAPE)

@@ -7,7 +7,8 @@ the answers by their records' median times. torch eager is a contender too: ever
 timed against it in alternating rounds, and where the fastest record's comparison found eager
 measurably faster, :attr:`BestBackend.eager_faster` says so.
 
-Times are comparable only when they were measured on one device: a record served by the
+Times are comparable only when they were measured on one device (:attr:`BackendAnswer.machine`:
+its name, and its cores or SMs and memory where the record says them): a record served by the
 ``same_arch`` rule was timed on another device of the arch, and a GPU backend's record on another
 kind of device than a CPU backend's. :class:`BestBackend` says whether they were, and why not;
 when they were not, no backend is crowned. A time taken by Triton's interpreter on the host
@@ -63,6 +64,20 @@ class BackendAnswer:
     def device(self) -> str | None:
         """The device the served record was timed on (``arch name``), or ``None`` on a miss."""
         return None if self.result is None else self.result.device
+
+    @property
+    def machine(self) -> str | None:
+        """The device that measured :attr:`time_ms` as closely as the record names it: a
+        verifier's by its name once a verifier re-timed it, else the record's own device with its
+        cores or SMs and memory (``None`` on a miss). A device's name alone is generic for CPUs
+        (``intel-xeon-processor``): a 64-core box's time ranked against a 2-core box's."""
+        served = None if self.result is None else self.result.served_record
+        if served is None or self.by_verifier:
+            return self.device
+        device = served.key.device
+        units = f"{device.units} {'cores' if device.kind == 'cpu' else 'SMs'}"
+        memory = f", {device.memory_gb} GB" if device.memory_gb else ""
+        return f"{device.arch} {device.name} ({units}{memory})"
 
     @property
     def timing(self) -> TimingModel | None:
@@ -228,8 +243,10 @@ def _comparability(answers: Sequence[BackendAnswer]) -> tuple[bool, str]:
 def _ranked_comparability(hits: Sequence[BackendAnswer], ranked: str) -> tuple[bool, str]:
     if not hits:
         return not ranked, f"no backend has a validated record{ranked}"
-    if len({a.device for a in hits}) > 1:
-        where = "; ".join(f"{a.backend} on {a.device}" for a in hits)
+    # A verifier's device is known by its name alone: the same name is the same device there.
+    uploaders = {a.machine or "" for a in hits if not a.by_verifier}
+    if len({a.device for a in hits}) > 1 or len(uploaders) > 1:
+        where = "; ".join(f"{a.backend} on {a.machine}" for a in hits)
         return False, f"times measured on different devices are not comparable ({where})"
     problems = {canonical_json(a.result.problem) for a in hits if a.result is not None}
     if len(problems) > 1:
@@ -239,7 +256,7 @@ def _ranked_comparability(hits: Sequence[BackendAnswer], ranked: str) -> tuple[b
         return True, f"only {hits[0].backend} has a validated record{ranked}"
     by = ("; times: a verifier's (v) where a verifier re-timed the record, else its uploader's"
           if any(a.by_verifier for a in hits) else "")  # fmt: skip
-    return True, f"all timed on {hits[0].device}{by}"
+    return True, f"all timed on {min(uploaders) if uploaders else hits[0].device}{by}"
 
 
 def _shape(answer: BackendAnswer) -> str:
