@@ -6,7 +6,9 @@ a baseline twice is refused."""
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -17,7 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer
-from tests.factories import AUTH, CPU, knobs, make_key, make_record
+from tests.factories import AUTH, CPU, knobs, make_key, make_record, timing
 from tests.test_trust import token
 from tunecache import Client
 from tunecache.measured import BaselineModel, ConditionsModel, Speedup, TimingModel
@@ -41,7 +43,8 @@ def claimed(ms: float = 0.0766) -> RecordCreate:
     record = make_record(make_key(m=64), time_ms=ms, config=knobs(1))
     (eager,) = record.baselines
     ratio = Speedup(median=500.0, low=495.0, high=505.0, rounds=10)
-    return record.model_copy(update={"baselines": [eager.model_copy(update={"speedup": ratio})]})
+    eager = eager.model_copy(update={"timing": timing(ms * 500), "speedup": ratio})
+    return record.model_copy(update={"baselines": [eager]})
 
 
 def verified(record: RecordCreate, timing: TimingModel, device: str = "v") -> RecordPublic:
@@ -140,3 +143,95 @@ def test_records_show_marks_a_verified_records_speedup_and_noise(server: LiveSer
     assert f"noisy: verifier: {BUSY}" in shown.stdout
     html = httpx.get(f"{url}/ui/records/{uploaded.record_id}", timeout=30).text
     assert "not re-timed by the verifier" in html and f"verifier: {BUSY}" in html
+
+
+def _visible(html: str) -> str:
+    """What a reader sees of ``html`` without hovering: the text, tags (and their titles) gone,
+    spaces run together."""
+    return " ".join(re.sub(r"<[^>]+>", " ", html).split())
+
+
+def _index_row(html: str, record_id: int) -> str:
+    """The index's table row that links to record ``record_id``."""
+    for row in re.findall(r"<tr class=.*?</tr>", html, flags=re.S):
+        if f'/ui/records/{record_id}"' in row:
+            return str(row)
+    raise AssertionError(f"no row of record {record_id}")
+
+
+def test_the_index_names_the_verifier_as_verifier_and_the_uploader_as_uploader(
+    server: LiveServer,
+) -> None:
+    """The audit's t3: a verifier "ver" passed a record of the write token "mallory", timing it
+    on amd-epyc-other. The index's Status cell read "verified by mallory" (the uploader shown
+    as if it had verified), the real line only in a hover title, and the Device cell named the
+    key's device beside a time the verifier took on another machine. Both now say it in view."""
+    url = server.url
+    with Client(url, token=token(url, "mallory", "write")) as client:
+        uploaded = client.upload(claimed())
+    with Client(url, token=token(url, "ver", "verify")) as client:
+        task = client.claim_verification("vbox", device_arch=CPU.arch, backends=["tvm"])
+        assert task is not None and task.record.id == uploaded.record_id
+        finding = VerificationCreate(worker="vbox", outcome="passed", device_name="amd-epyc-other",
+                                     timing=claimed(0.08).timing,
+                                     validation=claimed().validation)  # fmt: skip
+        assert client.submit_verification(uploaded.record_id, finding).status == "verified"
+    html = httpx.get(f"{url}/", params={"all": "true"}, timeout=30).text
+    row = _visible(_index_row(html, uploaded.record_id))
+    assert "verified by mallory" not in row
+    assert "verified by ver on amd-epyc-other" in row and "uploaded by mallory" in row
+    assert "measured on amd-epyc-other" in row  # the time's machine, not the key's device
+    page = _visible(httpx.get(f"{url}/ui/records/{uploaded.record_id}", timeout=30).text)
+    assert "measured on amd-epyc-other" in page
+    # A record timed on its key's own device names no other machine.
+    with Client(url) as client:
+        plain = client.upload(make_record(make_key(m=128), time_ms=0.5, config=knobs(2)))
+    html = httpx.get(f"{url}/", params={"all": "true"}, timeout=30).text
+    assert "measured on" not in _visible(_index_row(html, plain.record_id))
+
+
+def _near_one(median: float, low: float, high: float, rounds: int = 5) -> RecordCreate:
+    """A record whose interleaved comparison with torch eager read ``median`` (``low``-``high``)."""
+    record = make_record(make_key(m=64), time_ms=1.0)
+    (eager,) = record.baselines
+    ratio = Speedup(median=median, low=low, high=high, rounds=rounds)
+    return record.model_copy(update={"baselines": [eager.model_copy(update={"speedup": ratio})]})
+
+
+def test_a_speedup_called_faster_never_reads_1_00() -> None:
+    """The audit's t5: a 1.004x speedup (1.001-1.007x) read "1.00x faster (1.00-1.01x)" in
+    ``get``, ``records`` and the dashboard: faster than itself, at the digits shown. A ratio
+    called faster or slower is shown with the digits that tell it from 1; one whose interval
+    holds 1 is still the same within noise."""
+    from cache_server.dashboard.templating import vs
+
+    faster = _near_one(1.004, 1.001, 1.007)
+    assert versus(faster, than="torch eager") == "1.004x faster than torch eager (1.001-1.007x)"
+    assert vs(faster, "torch_eager") == "1.004× faster (1.001-1.007×)"
+    assert "1.004x faster than torch eager (1.001-1.007x)" in describe(faster)
+    slower = _near_one(1 / 1.004, 1 / 1.007, 1 / 1.001)
+    assert versus(slower) == "1.004x slower (1.001-1.007x)"
+    same = _near_one(1.004, 0.994, 1.009)
+    assert versus(same) == "the same within noise (median 1.00x, 0.99-1.01x)"
+    assert versus(_near_one(2.0, 1.9, 2.1)) == "2.00x faster (1.90-2.10x)"  # as before
+    apart = make_record(make_key(m=64), time_ms=1.0)  # eager's median over the winner's: 2x
+    (eager,) = apart.baselines
+    tiny = apart.model_copy(update={"baselines": [eager.model_copy(update={
+        "timing": apart.timing.model_copy(update={"median_ms": 1.006})})]})  # fmt: skip
+    assert versus(tiny).startswith("1.01x faster")  # no more digits than it takes
+
+
+def test_the_confidence_of_an_interval_is_what_its_rounds_give() -> None:
+    """The distribution-free interval of the median of 5 rounds is their whole range, which
+    holds the median 93.8 % of the time, not 95 % (tunecache.interleave.median_interval)."""
+    from tunecache import believed
+    from tunecache.interleave import median_interval
+
+    for n in range(1, 40):
+        low, _ = median_interval(list(range(n)))
+        below = sum(math.comb(n, i) for i in range(low + 1)) / 2**n  # P(Binomial(n, 1/2) < k)
+        assert believed.coverage(n) == pytest.approx(1 - 2 * below), n
+    assert believed.coverage(5) == pytest.approx(0.9375)
+    assert believed.interval_label(5) == "93.8 % interval (the whole range of 5 rounds)"
+    assert believed.interval_label(15) == "95 % interval"
+    assert believed.interval_label(6) == "95 % interval"  # 96.9 %: at least 95

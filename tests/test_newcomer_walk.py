@@ -191,6 +191,33 @@ def test_records_show_counts_the_default_apart_and_summarises_each_trial(
     assert "default (no schedule)" in rows[-1] and '"trace"' not in out
 
 
+def test_the_dashboard_counts_the_default_apart_as_records_show_does(
+    any_server: LiveServer,
+) -> None:
+    """After ``tune --trials 8`` the CLI said "8 trials + the default config" while the
+    dashboard's index said 9 and the record page "9 trials; … 9 stored": the default config,
+    timed beside the winner, counted as a trial of the search. Both now say what the CLI says,
+    and the record page's trial table names the default's row as ``records show`` does. On
+    SQLite and PostgreSQL: the pages find the last trial's config in SQL."""
+    import httpx
+
+    from tunecache.client import Client
+
+    with Client(any_server.url, token=TEST_TOKEN) as client:
+        record_id = client.upload(_tvm_record(8)).record_id
+    auth = {"Authorization": f"Bearer {TEST_TOKEN}"}
+    index = httpx.get(f"{any_server.url}/", params={"all": "true"}, headers=auth).text
+    (row,) = [r for r in re.findall(r"<tr class=.*?</tr>", index, flags=re.S)
+              if f'/ui/records/{record_id}"' in r]  # fmt: skip
+    assert '<td class="num trials">8 trials + the default config</td>' in row, row
+    page = httpx.get(f"{any_server.url}/ui/records/{record_id}", headers=auth).text
+    assert "meta_schedule: 8 trials + the default config; tuned in 3.0 s;" in page
+    assert "9 trials" not in page
+    rows = page.split('<table class="trials">', 1)[1].split("</table>", 1)[0]
+    numbers = re.findall(r'<td class="num">([^<]*)</td><td>ok</td>', rows)
+    assert numbers == [*map(str, range(1, 9)), "default"], numbers
+
+
 # C5: tune --torch's closing lines.
 def test_tune_torch_says_it_did_not_upload_and_keeps_the_choices_under_their_heading(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -11,13 +11,15 @@ from typing import Any
 import pytest
 
 from tests.factories import make_key, make_record, timing
+from tunecache.believed import UPLOADERS
 from tunecache.measured import INTERPRETER_TIMER, BaselineModel
 from tunecache.measured import Speedup as Measured
 from tunecache.report import speedups
 from tunecache.report.series import Speedup
-from tunecache.schemas import RecordPublic
+from tunecache.schemas import RecordPublic, VerificationPublic
 
 figures = pytest.importorskip("tunecache.report.figures")  # matplotlib, the report extra
+UPLOADER_HATCH = getattr(figures, "UPLOADER_HATCH", "..")
 
 
 def _public(*, status: str, m: int = 64, interval: bool = True, **update: Any) -> RecordPublic:
@@ -92,3 +94,59 @@ def test_every_speedup_of_an_interpreted_record_says_interpreter() -> None:
     assert len(notes) == 2 and all(n.endswith(" (interpreter)") for n in notes)
     _, plain, _, _ = _texts(speedups([_public(status="verified", m=32)]))
     assert len(plain) == 2 and not any("interpreter" in n for n in plain)
+
+
+def _verified(record: RecordPublic, ms: float, device: str = "amd-epyc-other") -> RecordPublic:
+    """``record`` once a verifier passed it, timing it at ``ms`` on ``device``."""
+    check = VerificationPublic(passed=True, verifier="ver", device_name=device,
+                               verified_at=datetime.now(UTC), timing=timing(ms),
+                               time_ratio=ms / record.timing.median_ms)  # fmt: skip
+    return record.model_copy(update={"status": "verified", "verification": check})
+
+
+def test_a_verified_records_speedups_are_marked_as_the_uploaders() -> None:
+    """The audit's t1 and t3: mallory's record claimed 1000x over eager, and a verifier passed it
+    with its own time, taken on another machine. ``get``, ``records`` and the dashboard say the
+    speedup is the uploader's, not re-timed by the verifier; the report drew it as a solid bar
+    under "baseline time / winner time" with no caveat. Each of its bars is now marked so,
+    and the legend says what the mark means."""
+    record = _verified(_public(status="pending", m=64), 1.02)
+    plain = _public(status="verified", m=32)
+    rows = speedups([plain, record])
+    labels, notes, _, legend = _texts(rows)
+    assert len(notes) == 4
+    mine = [n for n in notes if "uploader" in n]
+    assert len(mine) == 2 and all(n.endswith(" (uploader's)") for n in mine)
+    assert any(UPLOADERS in entry for entry in legend), legend
+    hatches = [p.get_hatch() for p in _axes(rows).patches]
+    # the verified record's two bars, and no other (hatched apart from lacking an interval)
+    assert sum(UPLOADER_HATCH in (h or "") for h in hatches) == 2
+    assert "uploader" not in labels[0] and "uploader" in labels[1]
+    mallory = _public(status="verified", m=64)  # uploaded by a trusted token: not re-timed
+    assert not any("uploader" in n for n in _texts(speedups([mallory]))[1])
+
+
+def test_the_caption_gives_the_confidence_its_rounds_have() -> None:
+    """A bar of 5 interleaved rounds stood under "with its 95 % interval": the interval of the
+    median of 5 rounds is their whole range, 93.8 %."""
+    five = Measured(median=2.0, low=1.9, high=2.1, rounds=5)
+    record = _public(status="verified")
+    (eager, default) = record.baselines
+    record = record.model_copy(update={"baselines": [eager.model_copy(update={"speedup": five}),
+                                                     default]})  # fmt: skip
+    _, _, caption, _ = _texts(speedups([record]))
+    assert "95 %" not in caption
+    assert "93.8 % interval (the whole range of 5 rounds)" in caption
+    _, _, fifteen, _ = _texts(speedups([_public(status="verified")]))
+    assert "with its 95 % interval" in fifteen
+
+
+def test_a_small_speedup_is_drawn_with_the_digits_that_tell_it_from_1() -> None:
+    """1.004x (1.001-1.007x) read "1.00× faster (1.00-1.01×)" beside its bar."""
+    near = Measured(median=1.004, low=1.001, high=1.007, rounds=15)
+    record = _public(status="verified")
+    (eager, default) = record.baselines
+    record = record.model_copy(update={"baselines": [eager.model_copy(update={"speedup": near}),
+                                                     default]})  # fmt: skip
+    _, notes, _, _ = _texts(speedups([record]))
+    assert "1.004× faster (1.001-1.007×)" in notes

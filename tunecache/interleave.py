@@ -34,6 +34,8 @@ from tunecache.timing import ONE_ROUND, speedup_text
 ROUNDS = 5  # rounds of a tune's final comparison (tuner.select), and of each added batch
 MAX_ROUNDS = 15  # rounds it may grow to while the comparison is undecided
 MIN_ROUNDS = 3  # the fewest a time budget reserves for: fewer give no interval worth the name
+# What an interval aims at: reached from 6 rounds on; below, the whole range of the rounds holds
+# the median less often (tunecache.believed.interval_label names what each count reaches).
 CONFIDENCE = 0.95
 DISTURBED = 1.25  # a round that took longer than this times the quickest one was disturbed
 # How far apart identical timings land in one window anyway: a ratio's interval reaches at least

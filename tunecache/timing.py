@@ -271,7 +271,8 @@ ONE_ROUND: Final = f" ({believed.ONE_ROUND})"  # what a comparison of a single r
 def speedup_text(
     speedup: float, times: str = "x", interval: tuple[float, float] | None = None, than: str = ""
 ) -> str:
-    """``2.00x faster``, ``1.89x slower`` or ``1.00x (the same)``: never a bare ``0.53x``.
+    """``2.00x faster``, ``1.89x slower`` or ``1.00x (the same)``: never a bare ``0.53x``, nor
+    a ratio called faster or slower that reads 1.00 (``1.004x faster``: :func:`believed.decimals`).
     With the interval of an interleaved comparison, the interval too, and ``the same within
     noise`` when it holds 1, with the median (a median of 0.67x within 0.59-1.01x is no tie to
     hide).
@@ -294,14 +295,17 @@ def speedup_text(
         if low <= 1.0 <= high:
             same = f"the same as {than}" if than else "the same"
             return f"{same} within noise (median {speedup:.2f}{times}, {low:.2f}-{high:.2f}{times})"
-        if speedup >= 1:
-            return f"{speedup:.2f}{times} faster{than_it} ({low:.2f}-{high:.2f}{times})"
-        return f"{1 / speedup:.2f}{times} slower{than_it} ({1 / high:.2f}-{1 / low:.2f}{times})"
+        if speedup >= 1:  # the digits that show it, and its bound nearest 1, above 1
+            d = believed.decimals(speedup, low)
+            return f"{speedup:.{d}f}{times} faster{than_it} ({low:.{d}f}-{high:.{d}f}{times})"
+        factor, near, far = 1 / speedup, 1 / high, 1 / low
+        d = believed.decimals(factor, near)
+        return f"{factor:.{d}f}{times} slower{than_it} ({near:.{d}f}-{far:.{d}f}{times})"
     if SAME_BELOW <= speedup < 1 / SAME_BELOW:
         return f"1.00{times} (the same as {than})" if than else f"1.00{times} (the same)"
-    if speedup >= 1:
-        return f"{speedup:.2f}{times} faster{than_it}"
-    return f"{1 / speedup:.2f}{times} slower{than_it}"
+    factor = speedup if speedup >= 1 else 1 / speedup
+    verdict = "faster" if speedup >= 1 else "slower"
+    return f"{factor:.{believed.decimals(factor)}f}{times} {verdict}{than_it}"
 
 
 def best_so_far(times: Sequence[float | None]) -> list[float | None]:

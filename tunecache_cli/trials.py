@@ -13,37 +13,28 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tunecache.defaults import default_config
+from tunecache import trialcount
 from tunecache.key import BACKENDS
 from tunecache.schemas import RecordCreate
 
 CONFIG_CHARS = 70
-DROP_IN = "triton_autotune"  # the Triton drop-in's records: every trial is its own bench's
 
 
 def default_trial(record: RecordCreate) -> bool:
     """Whether ``record``'s last trial is the default config timed beside the winner, not a
-    trial of the search: the tuner appends it so, exactly when it compares the winner with the
-    default (the record then has a ``default_config`` baseline). Where the backend has one
-    default config (TVM's unscheduled function, Inductor's default mode) the trial's config must
-    be it; Triton's default depends on the kernel and the shape (knowing it here costs
-    importing Triton), so its records go by the baseline alone. The drop-in's records time the
-    default among their own configs, none appended."""
-    if not record.trials or record.search.strategy == DROP_IN:
-        return False
-    if not any(baseline.name == "default_config" for baseline in record.baselines):
-        return False
-    known = default_config(record.key.backend)
-    return known is None or record.trials[-1].config == known
+    trial of the search (:func:`tunecache.trialcount.default_last`, which the dashboard uses
+    too)."""
+    last = record.trials[-1].config if record.trials else None
+    return trialcount.default_last(record, last)
 
 
 def count_text(record: RecordCreate) -> str:
     """``16 trials + the default config`` where the last trial is the default's (see
-    :func:`default_trial`), else ``17 trials``."""
+    :func:`default_trial`), else ``17 trials``: as the dashboard says it
+    (:func:`tunecache.trialcount.count_text`)."""
     if default_trial(record):
-        searched = len(record.trials) - 1
-        return f"{searched} trial{'' if searched == 1 else 's'} + the default config"
-    return f"{record.search.trials} trials"
+        return trialcount.count_text(len(record.trials), True)
+    return trialcount.count_text(record.search.trials, False)
 
 
 def _summarizer(backend: str) -> Callable[[Mapping[str, Any]], str] | None:

@@ -87,6 +87,7 @@ def index(
             "pages": _pages(total, first, len(records)),
             "query": {k: v for k, v in [*asdict(filters).items(), ("all", all)] if v},
             "stored": dashboard_queries.stored_trials(session, [r.id for r in records]),
+            "defaults": dashboard_queries.default_last(session, records),
         },
     )
 
@@ -105,8 +106,9 @@ def record(
     if found is None:
         raise PageError(404, f"There is no record {record_id}.")
     times = queries.trial_times(session, record_id=record_id)
-    return page(request, "record.html", {"r": found, "plot": convergence_svg(times),
-                                         "stored": len(times)})  # fmt: skip
+    default = found.id in dashboard_queries.default_last(session, [found])
+    return page(request, "record.html", {"r": found, "plot": convergence_svg(times, default),
+                                         "stored": len(times), "default": default})  # fmt: skip
 
 
 @router.get("/ui/jobs", response_class=HTMLResponse)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from markupsafe import Markup
 
 from tunecache.timing import best_so_far
+from tunecache.trialcount import count_text
 
 WIDTH, HEIGHT = 720, 260
 LEFT, RIGHT, TOP, BOTTOM = 70, 16, 14, 40
@@ -73,9 +74,10 @@ def _frame(axes: _Axes) -> list[str]:
     return parts
 
 
-def convergence_svg(times: Sequence[float | None]) -> Markup | None:
+def convergence_svg(times: Sequence[float | None], default: bool = False) -> Markup | None:
     """The plot of trials that took ``times`` (``None``: the trial failed), or ``None`` when no
-    trial ran."""
+    trial ran; ``default``: the last is the default config's timing, counted apart in the title
+    as the page counts it (:func:`tunecache.trialcount.count_text`)."""
     ran = [t for t in times if t is not None]
     if not ran:
         return None
@@ -84,7 +86,7 @@ def convergence_svg(times: Sequence[float | None]) -> Markup | None:
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="plot" viewBox="0 0 {WIDTH} {HEIGHT}" '
         f'width="{WIDTH}" height="{HEIGHT}" role="img" aria-labelledby="plot-title">',
-        f'<title id="plot-title">Best time so far over {len(times)} trials: '
+        f'<title id="plot-title">Best time so far over {count_text(len(times), default)}: '
         f"{low:.4g} ms at best</title>",
         *_frame(axes),
     ]

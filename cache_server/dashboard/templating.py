@@ -13,7 +13,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from jinja2 import DictLoader, Environment, StrictUndefined
 
-from tunecache import __version__
+from tunecache import __version__, trialcount
 from tunecache.measured import TimingModel
 from tunecache.schemas import RecordCreate
 from tunecache.timing import conditions_text, versus
@@ -96,7 +96,8 @@ def _environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters.update(ms=ms, vs=vs, spread=spread, conditions=conditions_text, sci=sci, when=when,
-                       pretty=pretty, shape=shape, trust=trust_text)  # fmt: skip
+                       pretty=pretty, shape=shape, trust=trust_text,
+                       trials=trialcount.count_text)  # fmt: skip
     env.tests["past"] = past
     env.globals["version"] = __version__
     return env

@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
+from tunecache import believed
 from tunecache.report.grid import STATUSES, CoverageGrid
 from tunecache.report.series import MAX_CONVERGENCE_KEYS, Convergence, Interval, Speedup
 from tunecache.timing import speedup_text
@@ -66,10 +67,14 @@ def short(label: str, limit: int) -> str:
 
 
 # A bar whose speedup has no interval (a ratio of two medians timed apart, or one round) is
-# hatched, and the axis caption then says what the hatching means.
+# hatched, and the axis caption then says what the hatching means. A bar of a record a verifier
+# re-timed is dotted too (over its hatching, if any): the ratio is its uploader's, over the
+# uploader's own time, as `tunecache get` and the dashboard mark it.
 NO_INTERVAL_HATCH = "///"
-SOLID_CAPTION = "solid: median of alternating rounds, with its 95 % interval"
+UPLOADER_HATCH = ".."
+SOLID_CAPTION = "solid: median of alternating rounds, with its"  # then what its interval is
 HATCHED_CAPTION = "hatched: no interval (two medians timed apart, or a single round)"
+UPLOADER_CAPTION = f"dotted: {believed.UPLOADERS}"
 
 
 @PLAIN_TEXT
@@ -78,8 +83,9 @@ def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
 
     A key without a baseline gets no bar for it, a grey note where the bar would be, and the
     legend counts the keys that have each baseline. A speedup without an interval is hatched;
-    a record no verifier vouches for is marked ``(pending)`` in its label, and one timed by
-    Triton's interpreter ``(interpreter)`` beside each of its speedups too.
+    a record no verifier vouches for is marked ``(pending)`` in its label, one timed by
+    Triton's interpreter ``(interpreter)`` beside each of its speedups too, and one a verifier
+    re-timed is dotted and marked ``(uploader's)``: its ratios are its uploader's.
     """
     n = min(len(rows), MAX_SPEEDUP_ROWS)
     fig = speedup_figure(rows)
@@ -95,19 +101,22 @@ def speedup_figure(rows: Sequence[Speedup]) -> Figure:
     ax = fig.add_subplot()
     height = 0.38
     bars = (("default config", -height / 2, [r.vs_default for r in shown],
-             [r.default_interval for r in shown]),
+             [r.default_interval for r in shown], [r.default_rounds for r in shown]),
             ("torch eager", height / 2, [r.vs_eager for r in shown],
-             [r.eager_interval for r in shown]))  # fmt: skip
-    values = [v for _, _, column, _ in bars for v in column if v is not None]
-    values += [x for _, _, _, spans in bars for span in spans if span is not None for x in span]
-    hatched = solid = 0
-    for name, offset, column, spans in bars:
+             [r.eager_interval for r in shown], [r.eager_rounds for r in shown]))  # fmt: skip
+    values = [v for _, _, column, _, _ in bars for v in column if v is not None]
+    values += [x for _, _, _, spans, _ in bars for span in spans if span is not None for x in span]
+    hatched, solid_rounds = 0, []
+    for name, offset, column, spans, counts in bars:
         _baseline_bars(ax, shown, name, offset, height, column, spans)
         hatched += sum(v is not None and s is None for v, s in zip(column, spans, strict=True))
-        solid += sum(v is not None and s is not None for v, s in zip(column, spans, strict=True))
+        solid_rounds += [n for v, s, n in zip(column, spans, counts, strict=True)
+                         if v is not None and s is not None]  # fmt: skip
+    uploaders = sum(v is not None for _, _, column, _, _ in bars
+                    for r, v in zip(shown, column, strict=True) if r.retimed)  # fmt: skip
     low, high = min([1.0, *values]), max([1.0, *values])
     ax.set_xscale("log")
-    ax.set_xlim(low / 1.6, high * 1.6)
+    ax.set_xlim(low / 1.6, high * (2.4 if uploaders else 1.6))  # room for "(uploader's)"
     ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
     ax.xaxis.set_minor_formatter(NullFormatter())
@@ -118,24 +127,45 @@ def speedup_figure(rows: Sequence[Speedup]) -> Figure:
     ax.set_yticks(range(n), [short(r.label, 56) + r.status_mark + r.caveat for r in shown],
                   fontsize=8)  # fmt: skip
     ax.set_ylim(n - 0.5, -0.5)  # the first key on top
-    ax.set_xlabel(speedup_caption(solid=solid, hatched=hatched))
+    ax.set_xlabel(speedup_caption(solid=len(solid_rounds), hatched=hatched,
+                                  rounds=solid_rounds, uploaders=uploaders))  # fmt: skip
     handles, _ = ax.get_legend_handles_labels()
-    if hatched:
-        handles.append(Patch(facecolor="white", edgecolor="grey", hatch=NO_INTERVAL_HATCH,
-                             label=f"{HATCHED_CAPTION} ({hatched} bars)"))  # fmt: skip
-    ax.legend(handles=handles, loc="lower right", fontsize=8)
+    for count, hatch, caption in ((hatched, NO_INTERVAL_HATCH, HATCHED_CAPTION),
+                                  (uploaders, UPLOADER_HATCH, UPLOADER_CAPTION)):  # fmt: skip
+        if count:
+            handles.append(Patch(facecolor="white", edgecolor="grey", hatch=hatch,
+                                 label=f"{caption} ({count} bars)"))  # fmt: skip
+    # above the bars, where it hides none of them (below them is the caption)
+    ax.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, 1.07), ncols=2,
+              fontsize=8)  # fmt: skip
     more = f" (first {n} of {len(rows)} keys)" if len(rows) > n else ""
     fig.suptitle(f"Speedup per key vs the default config and torch eager{more}")
     return fig
 
 
-def speedup_caption(*, solid: int, hatched: int) -> str:
-    """The speedup axis's caption: what a solid bar is, and what a hatched one is when any
-    is drawn (a bar without an interval is not the median of alternating rounds)."""
-    parts = [SOLID_CAPTION] if solid or not hatched else []
+def speedup_caption(*, solid: int, hatched: int, rounds: Sequence[int | None] = (),
+                    uploaders: int = 0) -> str:  # fmt: skip
+    """The speedup axis's caption: what a solid bar is, with the confidence its rounds give
+    (:func:`tunecache.believed.interval_label`: the whole range of 5 rounds is no 95 %
+    interval), what a hatched one is when any is drawn (a bar without an interval is not the
+    median of alternating rounds), and a dotted one (its uploader's ratio, over its uploader's
+    time: not the winner time the server ranks it by)."""
+    parts = [f"{SOLID_CAPTION} {_interval_words(rounds)}"] if solid or not hatched else []
     parts += [HATCHED_CAPTION] if hatched else []
-    return ("speedup of the tuned winner: baseline time / winner time; " + "; ".join(parts)
-            + " (log scale)")  # fmt: skip
+    parts += [UPLOADER_CAPTION] if uploaders else []
+    return "\n".join(["speedup of the tuned winner: baseline time / winner time (log scale)",
+                      *parts])  # fmt: skip
+
+
+def _interval_words(rounds: Sequence[int | None]) -> str:
+    """``95 % interval``, or each confidence the bars' rounds give, widest first
+    (``95 % interval or 93.8 % interval (the whole range of 5 rounds)``); ``interval`` where
+    the rounds are not known."""
+    known = sorted({n for n in rounds if n is not None}, key=believed.coverage, reverse=True)
+    labels = list(dict.fromkeys(believed.interval_label(n) for n in known))
+    if any(n is None for n in rounds) or not labels:
+        labels.append("interval")
+    return " or ".join(labels)
 
 
 def _baseline_bars(
@@ -158,15 +188,18 @@ def _baseline_bars(
                     height=height, color=BASELINE_COLORS[name], label=label)  # fmt: skip
     for (i, v), bar in zip(have, drawn.patches, strict=True):
         span = spans[i]
-        if span is None:  # a ratio of two medians timed apart: no interval to draw
-            bar.set_hatch(NO_INTERVAL_HATCH)
+        hatch = (NO_INTERVAL_HATCH if span is None else "") + (
+            UPLOADER_HATCH if shown[i].retimed else "")  # fmt: skip
+        if hatch:
+            bar.set_hatch(hatch)
             bar.set_edgecolor("white")
-        else:  # the 95 % interval of the interleaved comparison
+        if span is not None:  # the interval of the interleaved comparison
             ax.errorbar(v, i + offset, xerr=[[v - span[0]], [span[1] - v]], fmt="none",
                         ecolor="black", elinewidth=0.8, capsize=2)  # fmt: skip
         edge = v if span is None else (span[1] if v >= 1 else span[0])
         text = speedup_text(v, "×", interval=span)
         text += " (interpreter)" if shown[i].interpreted else ""
+        text += f" ({believed.UPLOADERS_MARK})" if shown[i].retimed else ""
         ax.annotate(text, (edge, i + offset), xytext=(3 if v >= 1 else -3, 0),
                     textcoords="offset points", ha="left" if v >= 1 else "right",
                     va="center", fontsize=7)  # fmt: skip

@@ -2,7 +2,9 @@
 
 Speedups come from each winner's own ``baselines`` (the tuner timed them beside the winner, in
 alternating rounds), with their intervals; a missing baseline stays ``None`` — it is never
-estimated. Convergence is the best time found so far
+estimated. A verifier re-times a winner, never its baselines: once its time is the one the
+server ranks by, the speedups are still the uploader's, and a row says so (``retimed``) as
+``tunecache get`` and the dashboard do. Convergence is the best time found so far
 after each trial of the search, relative to the best the search found.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tunecache import believed
 from tunecache.report.labels import key_label, natural, several_archs
 from tunecache.schemas import RecordPublic
 from tunecache.timing import best_so_far
@@ -26,10 +29,13 @@ Interval = tuple[float, float]
 @dataclass(frozen=True)
 class Speedup:
     """One key's winner against its baselines: baseline time / winner time, the median of the
-    interleaved comparison's rounds (``None``: the record has no such baseline), its 95 %
-    interval (``None``: a record without one), whether the record's timings were noisy,
-    whether Triton's interpreter timed it on the host (its speedups say nothing of a GPU), and
-    the record's status on the server (``pending``: only its uploader validated it)."""
+    interleaved comparison's rounds (``None``: the record has no such baseline), its
+    distribution-free interval (``None``: a record without one) and the rounds it is of
+    (:func:`tunecache.believed.interval_label`: fewer than 6 give less than 95 %), whether the
+    record's timings were noisy, whether Triton's interpreter timed it on the host (its
+    speedups say nothing of a GPU), the record's status on the server (``pending``: only its
+    uploader validated it), and whether a verifier's time is the one it is ranked by
+    (``retimed``: these ratios are then the uploader's, over the uploader's own time)."""
 
     label: str
     vs_default: float | None
@@ -39,6 +45,9 @@ class Speedup:
     noisy: bool = False
     interpreted: bool = False
     status: str = "verified"
+    retimed: bool = False
+    default_rounds: int | None = None
+    eager_rounds: int | None = None
 
     @property
     def status_mark(self) -> str:
@@ -49,8 +58,9 @@ class Speedup:
     @property
     def caveat(self) -> str:
         """What to know of these speedups, for the key's label: `` (interpreter)``, ``
-        (noisy)`` or nothing."""
-        return " (interpreter)" if self.interpreted else " (noisy)" if self.noisy else ""
+        (noisy)`` or nothing, then `` (speedups: uploader's)`` where a verifier re-timed it."""
+        timing = " (interpreter)" if self.interpreted else " (noisy)" if self.noisy else ""
+        return timing + (f" (speedups: {believed.UPLOADERS_MARK})" if self.retimed else "")
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,9 @@ def speedups(winners: Sequence[RecordPublic]) -> list[Speedup]:
             w.noisy,
             w.believed_timing.interpreted,
             w.status,
+            retimed=w.timed()[0] == "verifier" and bool(w.comparisons()),
+            default_rounds=believed.rounds(w.comparisons(), DEFAULT),
+            eager_rounds=believed.rounds(w.comparisons(), EAGER),
         )
         for w in winners
     ]
