@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from cache_server.db import upsert_insert
 from cache_server.leases import token_live
 from cache_server.models import JobRow, RecordRow, TokenRow, utcnow
-from cache_server.twins import LOCK_CLASS
+from cache_server.twins import lock_slot
 from tunecache.canonical import canonical_json
 from tunecache.key import kernel_module
 
@@ -124,15 +124,10 @@ def lock_miss_budget(session: Session) -> None:
     database's write lock, taken now rather than at the insert, so that no other writer commits
     between the count and the insert (reads run outside a transaction until the first write).
     """
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(_MISS_BUDGET_LOCK)
-    else:  # an update of no row still opens SQLite's write transaction
-        session.connection().exec_driver_sql(_SQLITE_WRITE_LOCK)
+    lock_slot(session, MISS_BUDGET_SLOT)
 
 
 MISS_BUDGET_SLOT = 256  # past the keys' slots (0-255: cache_server.twins.lock_key)
-_MISS_BUDGET_LOCK = select(func.pg_advisory_xact_lock(LOCK_CLASS, MISS_BUDGET_SLOT))
-_SQLITE_WRITE_LOCK = "UPDATE jobs SET state = state WHERE id = -1"
 
 
 def _claimable(now: datetime) -> ColumnElement[bool]:

@@ -18,7 +18,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 
-from cache_server.models import RecordRow, TokenRow, WinnerRow
+from cache_server.models import RecordRow, TokenRow, WinnerRow, utcnow
 from cache_server.queries import (
     RECORD_SIZE,
     WinnerTable,
@@ -70,9 +70,12 @@ def _provenance(row: RecordRow, public: RecordPublic, record: RecordCreate) -> R
     if check is not None and check.passed:
         stated = StatedVerification(verifier=check.verifier, device_name=check.device_name,
                                     verified_at=check.verified_at, retimed=retimed)  # fmt: skip
+    # An imported record's uploader is what its file said, which no one here vouched for: stated
+    # on, it read as the uploader's own word one import later, its importer gone.
+    uploader = None if row.imported_by is not None else row.uploaded_by
     fields = {
         "status": "verified" if stated is not None else "pending",
-        "uploaded_by": row.uploaded_by, "created_at": row.created_at, "verification": stated,
+        "uploaded_by": uploader, "created_at": row.created_at, "verification": stated,
         "uploader_timing": public.timing if retimed else None,
         "uploaders": uploaders_of(record, retimed=retimed),
     }  # fmt: skip
@@ -142,7 +145,8 @@ def import_records(
 ) -> tuple[int, int]:  # fmt: skip
     """Adds every record through :func:`add_record`, imported by ``uploader`` with what
     ``provenance`` states of it (:func:`imported_row`; ``None``: nothing, as a snapshot before
-    provenance): the faster validated record of a key wins.
+    provenance): the faster validated record of a key wins. A record whose time a verifier
+    re-timed is left out unless ``uploader`` is trusted (:func:`imported_row`).
 
     Returns:
         ``(imported, winners_changed)``: records stored (not those this uploader had sent
@@ -162,6 +166,8 @@ def import_records(
     for key_hash, i, record in ordered:
         stated = None if provenance is None else provenance[i]
         row = imported_row(key_hash=key_hash, record=record, stated=stated, importer=uploader)
+        if row is None:  # a verifier's time only a trusted importer may vouch for
+            continue
         try:
             added = add_record(session, key_hash=key_hash, record=record, uploader=uploader,
                                bucket_limit=bucket_limit, row=row)  # fmt: skip
@@ -176,33 +182,34 @@ def import_records(
 def imported_row(
     *, key_hash: str, record: RecordCreate, stated: RecordProvenance | None,
     importer: TokenRow | None,
-) -> RecordRow:  # fmt: skip
+) -> RecordRow | None:  # fmt: skip
     """The row that stores ``record`` as ``importer`` imported it, with what ``stated`` says of
-    it: the uploader it names (the importer is ``imported_by``), its date, and its verification
-    with the device the verifier timed on — verified only where ``stated`` says so and a trusted
-    token imports it. A verified record of another importer comes in pending as the time its
-    snapshot believed, without its uploader's comparisons: nothing here vouches for the
-    verification that would mark them as its uploader's, and beside a time their uploader did not
-    measure they would read as this record's own (a pending record shows none as re-timed).
-    ``stated`` ``None`` (a snapshot without provenance) states nobody's word: pending, no uploader
-    named, dated now. Ranked by the snapshot's time, whatever is stated."""
+    it: the uploader it names (the importer is ``imported_by``), its date (one past now is now),
+    and its verification with the device the verifier timed on — verified only where ``stated``
+    says so and a trusted token imports it. ``stated`` ``None`` (a snapshot without provenance)
+    states nobody's word: pending, no uploader named, dated now. Ranked by the snapshot's time,
+    whatever is stated.
+
+    ``None`` (not imported) for a record whose time a verifier re-timed, where the importer is
+    not trusted: the time is the verifier's, measured on the verifier's device, and a pending
+    record has no verification to say so (it read as its uploader's own, on the key's device);
+    the uploader's own time instead would revive a claim the verifier did not confirm."""
+    vouched = importer is not None and importer.trusted and record.validation.passed
+    verified = stated is not None and stated.status == "verified" and stated.verification
+    if stated is not None and stated.retimed and not (vouched and verified):
+        return None
     row = record_row(key_hash=key_hash, record=record, uploader=importer)
     row.imported_by = None if importer is None else importer.name
     row.status, row.uploaded_by, row.verification = "pending", None, None
     if stated is None:
         return row
-    row.uploaded_by, row.created_at = stated.uploaded_by, stated.created_at
+    row.uploaded_by, row.created_at = stated.uploaded_by, min(stated.created_at, utcnow())
     # One import of the same record with other provenance (verified since) is another import.
     said = canonical_json(stated.model_dump(mode="json")).encode()
     row.upload_digest = hashlib.sha256(
         (row.upload_digest or "").encode() + b"\n" + said
     ).hexdigest()
-    vouched = importer is not None and importer.trusted and record.validation.passed
-    if stated.status != "verified" or stated.verification is None:
-        return row
-    if not vouched:
-        if stated.retimed:
-            row.baselines = []
+    if not (vouched and verified):
         return row
     row.status, row.verification = "verified", _verification(record, stated)
     if stated.uploader_timing is not None:  # shown as the uploader's claim; time_ms ranks
@@ -222,6 +229,6 @@ def _verification(record: RecordCreate, stated: RecordProvenance) -> dict[str, A
         ratio = time_ratio(timing.median_ms, stated.uploader_timing.model_dump(mode="json"))
     return VerificationPublic(
         passed=True, verifier=check.verifier, device_name=check.device_name,
-        verified_at=check.verified_at, timing=timing, time_ratio=ratio,
+        verified_at=min(check.verified_at, utcnow()), timing=timing, time_ratio=ratio,
         timing_flag=ratio is not None and ratio > TIMING_FLAG_RATIO,
     ).model_dump(mode="json")  # fmt: skip

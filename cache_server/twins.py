@@ -53,8 +53,15 @@ def lock_key(session: Session, key_hash: str) -> None:
     keys take their slots in order); SQLite, the database's write lock (one writer at a time),
     taken now rather than at the first write, so that what this transaction reads from here on
     is what it writes over."""
+    lock_slot(session, int(key_hash[:2], 16))
+
+
+def lock_slot(session: Session, slot: int) -> None:
+    """Holds lock ``slot`` of :data:`LOCK_CLASS` until the transaction ends (PostgreSQL: 0-255
+    are the keys', :func:`lock_key`; others are named where they are used), or on SQLite the
+    database's write lock, which is every slot's."""
     if session.get_bind().dialect.name == "postgresql":
-        session.execute(_ADVISORY_LOCK, {"slot": int(key_hash[:2], 16)})
+        session.execute(_ADVISORY_LOCK, {"slot": slot})
     else:  # an update of no row still opens SQLite's write transaction
         session.connection().exec_driver_sql(_SQLITE_WRITE_LOCK)
 

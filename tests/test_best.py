@@ -7,18 +7,22 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import LiveServer
-from tests.factories import issue_token, make_record
+from tests.factories import CPU, issue_token, make_record
 from tunecache import key_for
+from tunecache.best import best_backend
 from tunecache.client import Client
+from tunecache.device import DeviceFingerprint
 from tunecache.errors import InvalidInput
 from tunecache.key import Key
+from tunecache.lookup import LookupResult
 from tunecache.measured import BaselineModel, Speedup
-from tunecache.schemas import RecordCreate
+from tunecache.schemas import RecordCreate, RecordPublic
 
 REPO = Path(__file__).resolve().parents[1]
 PROBLEM = {"M": 64, "N": 48, "K": 32}
@@ -97,6 +101,48 @@ def test_a_cpu_of_the_same_name_with_other_cores_is_another_device(server: LiveS
     assert f"({bigger.units} cores)" in answer.note and "different devices" in answer.note
     shown = json.loads(cli(server, "best", "matmul", "--shape", SHAPE, "--json").stdout)
     assert shown["comparable"] is False and shown["backend"] is None
+
+
+class _Served:
+    """A resolver answering tvm with a record a verifier re-timed on a device named as the key's,
+    and inductor with one uploaded from a device of that name with other cores or SMs."""
+
+    def resolve(self, key: Key, *, default: dict[str, object] | None = None) -> LookupResult:
+        if key.backend == "tvm":
+            check = {
+                "passed": True,
+                "verifier": "ver",
+                "device_name": key.device.name,
+                "verified_at": datetime.now(UTC).isoformat(),
+                "timing": make_record(key, time_ms=2.0).timing.model_dump(mode="json"),
+            }
+            return LookupResult.served(_public(key, 2.0, check), "server", "exact", "strict")
+        other = dataclasses.replace(key.device, units=key.device.units + 62)
+        mine = _public(dataclasses.replace(key, device=other), 0.5)
+        return LookupResult.served(mine, "server", "same_arch", "strict")
+
+
+def _public(key: Key, ms: float, check: dict[str, object] | None = None) -> RecordPublic:
+    fields = make_record(key, time_ms=ms).model_dump(mode="json", by_alias=True)
+    fields.update(id=1, key_hash=key.digest(), created_at=datetime.now(UTC).isoformat(),
+                  is_winner=True, status="pending" if check is None else "verified",
+                  uploaded_by="u", verification=check)  # fmt: skip
+    return RecordPublic.model_validate(fields)
+
+
+def test_a_verifiers_time_on_a_cpu_is_not_ranked_against_an_uploaders() -> None:
+    """A CPU's name is generic: a verifier's time on a box named as the key's device was ranked
+    against a 64-core box's upload of that name, "all timed on ... (64 cores)". A GPU's name
+    names its model: there, a verifier's time and an uploader's of that name do compare."""
+    cpu = best_backend(_Served(), "matmul", PROBLEM, "float32", CPU,
+                       backends=["tvm", "inductor"])  # fmt: skip
+    assert not cpu.comparable and cpu.backend is None
+    assert "(verifier ver)" in cpu.note and "(64 cores)" in cpu.note
+    h100 = DeviceFingerprint(kind="cuda", arch="sm_90", name="nvidia-h100-80gb-hbm3", units=132,
+                             memory_gb=80)  # fmt: skip
+    gpu = best_backend(_Served(), "matmul", PROBLEM, "float32", h100,
+                       backends=["tvm", "inductor"])  # fmt: skip
+    assert gpu.comparable and gpu.backend == "inductor", gpu.note
 
 
 def test_a_backend_without_a_record_is_listed_with_why(server: LiveServer) -> None:

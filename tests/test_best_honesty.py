@@ -122,7 +122,8 @@ def test_a_pending_claim_and_a_verifiers_time_are_told_apart(server: LiveServer)
     text, lines = best(server, "--backends", "tvm,inductor")
     tvm = table_row(text, "tvm")
     assert tvm[1] == "2.2 v" and tvm[6] == "verified"
-    assert "all timed on" in lines[-1] and "a verifier's (v)" in lines[-1]
+    # On a CPU the verifier's machine is not the uploader's, whose name alone cannot tell.
+    assert "no backend is crowned" in lines[0] and "(verifier " in lines[0]
     as_json = json.loads(cli(server, "best", "matmul", "--shape", SHAPE, "--backends",
                              "tvm,inductor", "--json").stdout)  # fmt: skip
     assert {a["backend"]: (a["status"], a["timed_by_verifier"]) for a in as_json["answers"]} == {

@@ -126,14 +126,18 @@ def test_a_verified_records_speedups_are_marked_as_the_uploaders() -> None:
     assert not any("uploader" in n for n in _texts(speedups([mallory]))[1])
 
 
+def _eager_speedup(speedup: Measured) -> RecordPublic:
+    """A verified record whose comparison with torch eager found ``speedup``."""
+    record = _public(status="verified")
+    (eager, default) = record.baselines
+    eager = eager.model_copy(update={"speedup": speedup})
+    return record.model_copy(update={"baselines": [eager, default]})
+
+
 def test_the_caption_gives_the_confidence_its_rounds_have() -> None:
     """A bar of 5 interleaved rounds stood under "with its 95 % interval": the interval of the
     median of 5 rounds is their whole range, 93.8 %."""
-    five = Measured(median=2.0, low=1.9, high=2.1, rounds=5)
-    record = _public(status="verified")
-    (eager, default) = record.baselines
-    record = record.model_copy(update={"baselines": [eager.model_copy(update={"speedup": five}),
-                                                     default]})  # fmt: skip
+    record = _eager_speedup(Measured(median=2.0, low=1.9, high=2.1, rounds=5))
     _, _, caption, _ = _texts(speedups([record]))
     assert "95 %" not in caption
     assert "93.8 % interval (the whole range of 5 rounds)" in caption
@@ -143,10 +147,6 @@ def test_the_caption_gives_the_confidence_its_rounds_have() -> None:
 
 def test_a_small_speedup_is_drawn_with_the_digits_that_tell_it_from_1() -> None:
     """1.004x (1.001-1.007x) read "1.00× faster (1.00-1.01×)" beside its bar."""
-    near = Measured(median=1.004, low=1.001, high=1.007, rounds=15)
-    record = _public(status="verified")
-    (eager, default) = record.baselines
-    record = record.model_copy(update={"baselines": [eager.model_copy(update={"speedup": near}),
-                                                     default]})  # fmt: skip
+    record = _eager_speedup(Measured(median=1.004, low=1.001, high=1.007, rounds=15))
     _, notes, _, _ = _texts(speedups([record]))
     assert "1.004× faster (1.001-1.007×)" in notes

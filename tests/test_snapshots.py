@@ -706,9 +706,11 @@ def test_a_speedup_the_verifiers_time_contradicts_is_not_exported(
 def test_an_untrusted_import_is_pending_and_names_uploader_and_importer(
     server: LiveServer, tmp_path: Path
 ) -> None:
-    """A write token that is not trusted vouches for nothing: a verified record comes back
-    pending (as its uploader's claim, ranked by the time A believed), never "uploaded by" the
-    importer."""
+    """A write token that is not trusted vouches for nothing: a record comes in pending, never
+    "uploaded by" the importer, and one whose time a verifier re-timed not at all (it read as its
+    uploader's own time, on the key's device, not the verifier's). Exported again, an imported
+    record names no uploader: the name was its file's word, and one hop later read as the
+    uploader's own, the importer gone."""
     from tunecache.verification import trust_text
 
     on_a = _a_verified_and_a_pending_record(server.url)
@@ -719,13 +721,55 @@ def test_an_untrusted_import_is_pending_and_names_uploader_and_importer(
         answer = httpx.post(f"{other.url}/v1/snapshot", json=exported, timeout=60,
                             headers={"Authorization": f"Bearer {_token(other.url, 'eve')}"})  # fmt: skip
         assert answer.status_code == 200, answer.text
+        assert answer.json()["imported"] == 1
+        on_b = _records_on(other.url)
+        again = export(other.url, provenance="true").json()["provenance"]
+    finally:
+        other.stop()
+    assert list(on_b) == [99] and on_b[99].status == "pending"
+    assert on_b[99].uploaded_by == "bob, imported by eve"
+    assert "uploaded by bob, imported by eve" in trust_text(on_b[99])
+    assert on_b[99].created_at == on_a[99].created_at
+    assert [entry.get("uploaded_by") for entry in again] == [None]
+
+
+def test_a_date_ahead_of_the_clock_is_exported_read_and_imported_as_now(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """A date past a host's clock (another host's clock runs ahead, or a file said so) failed
+    every export of that host (500) and made a reader whose clock was behind ignore the whole
+    file. Dates are read as they are; an import takes one past its own time as its own time."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import update
+
+    from cache_server.db import make_engine
+    from cache_server.models import RecordRow
+
+    _a_verified_and_a_pending_record(server.url)
+    ahead = datetime.now(UTC) + timedelta(days=2)
+    engine = make_engine(server.db)
+    with engine.begin() as db:
+        db.execute(update(RecordRow).values(created_at=ahead))
+    engine.dispose()
+    exported = export(server.url, provenance="true")
+    assert exported.status_code == 200, exported.text
+    path = tmp_path / "ahead.json"
+    path.write_bytes(exported.content)
+    assert len(load_snapshot(path).records) == 2  # read whole, as it is
+    assert export(server.url).status_code == 200  # sync's form too
+    db_path = tmp_path / "b.db"
+    other = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "b.log")
+    try:
+        ci = _token(other.url, "ci-sync", trusted=True)
+        answer = httpx.post(f"{other.url}/v1/snapshot", content=exported.content, timeout=60,
+                            headers={"Authorization": f"Bearer {ci}",
+                                     "Content-Type": "application/json"})  # fmt: skip
+        assert answer.status_code == 200, answer.text
         on_b = _records_on(other.url)
     finally:
         other.stop()
-    assert (on_b[98].status, on_b[99].status) == ("pending", "pending")
-    assert on_b[98].uploaded_by == "mallory, imported by eve"
-    assert "uploaded by mallory, imported by eve" in trust_text(on_b[98])
-    assert on_b[98].created_at == on_a[98].created_at
+    assert all(r.created_at < ahead - timedelta(days=1) for r in on_b.values())
 
 
 def test_an_old_snapshot_without_provenance_imports_pending_stated_by_nobody(
@@ -761,7 +805,6 @@ def _stated(records: int = 1, **changes: Any) -> dict[str, Any]:
         (_stated(status="verified"), "verification"),
         (_stated(status="disputed"), "status"),
         (_stated(uploaded_by="x, imported by alice"), "uploaded_by"),
-        (_stated(created_at="2999-01-01T00:00:00Z"), "created_at"),
         (_stated(created_at="2026-01-02T03:04:05"), "created_at"),
         (_stated(uploaders=["torch_eager"]), "uploaders"),
         (_stated(uploaders=["timing", "made_up", "torch_eager"]), "uploaders"),

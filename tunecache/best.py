@@ -67,17 +67,27 @@ class BackendAnswer:
 
     @property
     def machine(self) -> str | None:
-        """The device that measured :attr:`time_ms` as closely as the record names it: a
-        verifier's by its name once a verifier re-timed it, else the record's own device with its
-        cores or SMs and memory (``None`` on a miss). A device's name alone is generic for CPUs
-        (``intel-xeon-processor``): a 64-core box's time ranked against a 2-core box's."""
+        """The device that measured :attr:`time_ms` as closely as the record names it (``None``
+        on a miss): a verifier's by its name and the verifier's, once a verifier re-timed it
+        (its cores are not recorded), else the record's own device with its cores or SMs and
+        memory. A CPU's name alone is generic (``intel-xeon-processor``): a 64-core box's time
+        was ranked against a 2-core box's."""
         served = None if self.result is None else self.result.served_record
-        if served is None or self.by_verifier:
+        record = None if self.result is None else self.result.record
+        if served is None:
             return self.device
+        if self.by_verifier and record is not None and record.verification is not None:
+            return f"{self.device} (verifier {record.verification.verifier})"
         device = served.key.device
         units = f"{device.units} {'cores' if device.kind == 'cpu' else 'SMs'}"
         memory = f", {device.memory_gb} GB" if device.memory_gb else ""
         return f"{device.arch} {device.name} ({units}{memory})"
+
+    @property
+    def on_cpu(self) -> bool:
+        """Whether the record's device is a CPU, whose name does not tell machines apart."""
+        served = None if self.result is None else self.result.served_record
+        return served is not None and served.key.device.kind == "cpu"
 
     @property
     def timing(self) -> TimingModel | None:
@@ -243,9 +253,12 @@ def _comparability(answers: Sequence[BackendAnswer]) -> tuple[bool, str]:
 def _ranked_comparability(hits: Sequence[BackendAnswer], ranked: str) -> tuple[bool, str]:
     if not hits:
         return not ranked, f"no backend has a validated record{ranked}"
-    # A verifier's device is known by its name alone: the same name is the same device there.
+    # A GPU's name names its model (its SMs and memory): a verifier's, known by its name alone,
+    # is the same device as an uploader's of that name. A CPU's name does not: a verifier's time
+    # compares only with the same verifier's on a device of that name.
     uploaders = {a.machine or "" for a in hits if not a.by_verifier}
-    if len({a.device for a in hits}) > 1 or len(uploaders) > 1:
+    machines = {a.machine for a in hits} if any(a.on_cpu for a in hits) else set()
+    if len({a.device for a in hits}) > 1 or len(uploaders) > 1 or len(machines) > 1:
         where = "; ".join(f"{a.backend} on {a.machine}" for a in hits)
         return False, f"times measured on different devices are not comparable ({where})"
     problems = {canonical_json(a.result.problem) for a in hits if a.result is not None}
@@ -256,7 +269,7 @@ def _ranked_comparability(hits: Sequence[BackendAnswer], ranked: str) -> tuple[b
         return True, f"only {hits[0].backend} has a validated record{ranked}"
     by = ("; times: a verifier's (v) where a verifier re-timed the record, else its uploader's"
           if any(a.by_verifier for a in hits) else "")  # fmt: skip
-    return True, f"all timed on {min(uploaders) if uploaders else hits[0].device}{by}"
+    return True, f"all timed on {min(uploaders) if uploaders else hits[0].machine}{by}"
 
 
 def _shape(answer: BackendAnswer) -> str:

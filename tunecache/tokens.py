@@ -62,7 +62,8 @@ def shown_part(token: str) -> str:
     return token[:SHOWN_CHARS]
 
 
-TokenName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\w.@:/ -]+$")]
+NAME_CHARACTERS = r"[\w.@:/ -]+"  # a token's name: no comma, no control or invisible character
+TokenName = Annotated[str, Field(min_length=1, max_length=128, pattern=f"^{NAME_CHARACTERS}$")]
 
 
 class TokenCreate(_Strict):
