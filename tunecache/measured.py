@@ -122,7 +122,8 @@ TimeRatio = Annotated[float, Field(strict=True, gt=0, lt=1e12, allow_inf_nan=Fal
 class Speedup(Strict):
     """How many times faster the winner ran than a baseline, timed in alternating rounds in one
     window (:mod:`tunecache.interleave`): the median of the per-round ratios (baseline / winner) and
-    its distribution-free 95 % interval. An interval holding 1 is "the same within noise"."""
+    its distribution-free interval (95 %, or of fewer rounds their whole range:
+    :func:`tunecache.believed.coverage`). An interval holding 1 is "the same within noise"."""
 
     median: TimeRatio
     low: TimeRatio

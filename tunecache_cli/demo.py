@@ -138,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
             print(
                 "\nValidated winners. Median ms on this CPU; default = the backend untuned "
                 "(TVM: no schedule, Inductor: torch.compile default), eager = torch eager.\n"
-                "Speedups: the median of alternating rounds, with its 95 % interval; "
+                "Speedups: the median of alternating rounds, with its interval (95 % from 6 "
+                "rounds on; of 5, their whole range: 93.8 %); "
                 "'noisy': the machine disturbed the timing (why, below).\n"
             )
             print(_winners_table(rows))
