@@ -103,9 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f"{min(ms):.1f}", f"{max(ms):.1f}"])  # fmt: skip
     table = render(["database", "copies", "read", "items", "median ms", "min", "max"], rows)
     notes = [f"{args.items} items, {ITEMS_PER_KEY} a key, each in as many copies as tokens",
-             f"in process, no HTTP; {PAGE} items a page; {args.repeats} reads each",
-             "before copies were per token (one row an item, 5cd1c04): 780 ms for the whole "
-             "read of 20,000 on this machine, SQLite"]  # fmt: skip
+             f"in process, no HTTP; {PAGE} items a page; {args.repeats} reads each"]  # fmt: skip
     write_result("artifact_reads", "Reading artifacts kept in a copy per token", notes, table)
     return 0
 
