@@ -27,6 +27,11 @@ from tunecache_cli import progress
 GRACE_SECONDS = 1.0  # after a Ctrl-C, the main thread's time to unwind before the process ends
 EXIT_INTERRUPTED = 130
 MESSAGE = "tunecache: interrupted"
+# A busy worker killed at a Ctrl-C (tuner.harness.processes.stop) leaves the semaphores it
+# registered to Python's resource tracker, a process of its own, which unlinks them and warned of
+# each on this terminal after the "interrupted" line (a CI run: "There appear to be 1 leaked
+# semaphore objects"). The tracker and the workers take this process's warning options as -W.
+QUIET_TRACKER = "ignore:resource_tracker:UserWarning"
 _saying = threading.Lock()  # held while the line is said; by the watcher, until the end
 
 
@@ -46,6 +51,8 @@ def prompt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    if QUIET_TRACKER not in sys.warnoptions:  # read as workers and the tracker start
+        sys.warnoptions.append(QUIET_TRACKER)
     read, write = os.pipe()
     os.set_blocking(write, False)
     previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
