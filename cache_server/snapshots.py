@@ -36,10 +36,11 @@ from tunecache.schemas import STORED, RecordCreate, RecordPublic, VerificationPu
 from tunecache.snapshot import MAX_SNAPSHOT_RECORDS, SnapshotFilters
 from tunecache.snapshot_provenance import RecordProvenance, StatedVerification, uploaders_of
 
-Exported = tuple[RecordCreate, RecordProvenance]
+# The winners as a snapshot carries them, and what it states of each (None: not asked for).
+Exported = tuple[list[RecordCreate], list[RecordProvenance] | None]
 
 
-def _create(row: RecordRow) -> Exported:
+def _create(row: RecordRow, *, provenance: bool) -> tuple[RecordCreate, RecordProvenance | None]:
     """``row`` as a snapshot carries it: the time the server believes (a verifier's, once one
     re-timed it) and only the comparisons that stand (none of an uploader whose time the
     verifier's differs from past :data:`tunecache.believed.APART_RATIO`; beside a verifier's
@@ -57,7 +58,7 @@ def _create(row: RecordRow) -> Exported:
                      if b.speedup is not None and speedup_problem(b, believed) is None]  # fmt: skip
     fields = {**record_fields(row), "timing": public.believed_timing, "baselines": baselines}
     record = RecordCreate.model_validate(fields, context=STORED)
-    return record, _provenance(row, public, record)
+    return record, _provenance(row, public, record) if provenance else None
 
 
 def _provenance(row: RecordRow, public: RecordPublic, record: RecordCreate) -> RecordProvenance:
@@ -91,10 +92,11 @@ class SnapshotTooLarge(Exception):
 
 def snapshot_winners(
     session: Session, *, filters: SnapshotFilters, table: WinnerTable = WinnerRow,
-    max_bytes: int | None = None,
-) -> list[Exported]:  # fmt: skip
-    """The winner (in ``table``) of every key matching ``filters``, by key hash, no trials, each
-    with its provenance.
+    max_bytes: int | None = None, provenance: bool = False,
+) -> Exported:  # fmt: skip
+    """The winner (in ``table``) of every key matching ``filters``, by key hash, no trials, and
+    with ``provenance`` what the snapshot states of each (built only then: an export without it
+    is a ``sync`` client's, polled).
 
     Raises:
         SnapshotTooLarge: more than :data:`~tunecache.snapshot.MAX_SNAPSHOT_RECORDS` winners
@@ -117,8 +119,11 @@ def snapshot_winners(
     _check_size(session, stmt, max_bytes)
     # A built-in kernel's record at a problem it does not take (stored before uploads were
     # checked) is never looked up, and another server would refuse it: left out.
-    return [_create(row) for row in session.scalars(stmt.order_by(table.key_hash))
-            if builtin_problem(row.key["kernel"], row.key["problem"]) is None]  # fmt: skip
+    exported = [_create(row, provenance=provenance)
+                for row in session.scalars(stmt.order_by(table.key_hash))
+                if builtin_problem(row.key["kernel"], row.key["problem"]) is None]  # fmt: skip
+    records = [record for record, _ in exported]
+    return records, [s for _, s in exported if s is not None] if provenance else None
 
 
 def _check_size(session: Session, stmt: Select[Any], max_bytes: int | None) -> None:

@@ -68,12 +68,15 @@ def export_snapshot(
     filters = SnapshotFilters.model_validate(query.model_dump(exclude={"provenance"}))
     table = winner_table(settings.policy)
     try:
-        winners = snapshots.snapshot_winners(session, filters=filters, table=table,
-                                             max_bytes=settings.snapshot_bytes)  # fmt: skip
+        records, stated = snapshots.snapshot_winners(
+            session,
+            filters=filters,
+            table=table,
+            max_bytes=settings.snapshot_bytes,
+            provenance=query.provenance,
+        )
     except snapshots.SnapshotTooLarge as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
-    records = [record for record, _ in winners]
-    stated = [said for _, said in winners] if query.provenance else None
     body, etag = render_snapshot(filters, records, stated)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     if if_none_match is not None and _matches(if_none_match, etag):
