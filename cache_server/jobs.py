@@ -164,13 +164,15 @@ def claim(
     device_arch: str | None = None,
     backends: Sequence[str] | None = None,
     kernel_packages: Sequence[str] | None = None,
+    key_hashes: Sequence[str] | None = None,
 ) -> JobRow | None:
     """Leases the most urgent claimable job to ``worker`` under token ``token_id``, or ``None``
     when there is none.
 
     With ``device_arch``, ``backends`` and ``kernel_packages``, only a job for that arch, one of
     those backends and a built-in kernel or one from those packages (or their subpackages): a
-    worker is never handed a job it cannot run.
+    worker is never handed a job it cannot run. With ``key_hashes``, only a job for one of those
+    keys (``pretune --local`` tunes its manifest's keys, not whatever else anyone queued).
 
     A worker that claims while it holds a live lease (under this token, on a job this claim
     could be given) is handed that job again: a claim asked again because its answer was lost
@@ -183,6 +185,8 @@ def claim(
     now = utcnow()
     _expire_last_attempts(session, now)
     fits = _runnable(device_arch, backends, kernel_packages)
+    if key_hashes is not None:
+        fits.append(JobRow.key_hash.in_(list(key_hashes)))
     if (held := _held_by(session, worker, token_id, now, fits)) is not None:
         return held
     pick = (

@@ -107,6 +107,29 @@ def test_a_claim_names_the_kernel_packages_it_may_import(any_server: LiveServer)
     assert bad.status_code == 422
 
 
+def test_a_claim_limited_to_keys_takes_only_their_jobs(any_server: LiveServer) -> None:
+    """``pretune --local`` claims its manifest's keys only: it took whatever anyone had queued
+    first (a write token's job of a million trials, an hour's tune) before its own."""
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
+        foreign = create(http, 1, priority=1000).json()["job"]
+        mine = [create(http, m).json()["job"] for m in (2, 3)]
+        wanted = [job["key_hash"] for job in mine]
+
+        def take(worker: str, hashes: list[str]) -> int | None:
+            body = {"worker": worker, "lease_seconds": 60, "key_hashes": hashes}
+            response = http.post("/v1/jobs/claim", json=body)
+            assert response.status_code in (200, 204), response.text
+            return None if response.status_code == 204 else response.json()["key"]["problem"]["M"]
+
+        assert {take("w1", wanted), take("w2", wanted)} == {2, 3}
+        assert take("w3", wanted) is None  # the foreign job, most urgent, is not handed out
+        bad = [http.post("/v1/jobs/claim", json={"worker": "w", "key_hashes": hashes})
+               for hashes in ([], ["ab%"], ["0" * 64] * 4097)]  # fmt: skip
+        assert claim(http, "w4")["id"] == foreign["id"]  # type: ignore[index]
+    assert [b.status_code for b in bad] == [422, 422, 422]
+    assert all("key_hashes" in b.text for b in bad)
+
+
 def test_concurrent_claimers_never_share_a_job(any_server: LiveServer) -> None:
     with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         for m in range(1, 41):

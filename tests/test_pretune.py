@@ -167,6 +167,29 @@ def test_ray_tasks_tune_every_key_of_a_manifest_once(server: LiveServer, tmp_pat
     assert covered.returncode == 0 and "4 tuned" in covered.stdout, covered.stdout
 
 
+@pytest.mark.slow
+def test_pretune_local_tunes_its_manifests_keys_and_no_one_elses(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """A job someone else queued (most urgent, a million trials) is left to its own workers:
+    ``pretune --local`` claimed it first and tuned it at its budget, for up to an hour."""
+    from tunecache.client import Client
+    from tunecache.key import key_for
+
+    foreign = key_for("matmul", "tvm", {"M": 64, "N": 64, "K": 64}, "float32")
+    with Client(server.url) as client:  # the tests' token (TUNECACHE_TOKEN)
+        job = client.create_job(foreign, priority=1000, trials=1_000_000).job
+    manifest = tmp_path / "one.toml"
+    manifest.write_text('[[tune]]\nkernel = "softmax"\nbackends = ["tvm"]\n'
+                        "shapes = [{M = 8, N = 8}]\ntrials = 1\n")  # fmt: skip
+    done = cli("pretune", str(manifest), "--server", server.url, "--local", "--trials", "1")
+    assert done.returncode == 0 and "1 queued" in done.stderr, done.stderr
+    jobs = {j["id"]: j for j in httpx.get(f"{server.url}/v1/jobs").json()["items"]}
+    assert (jobs[job.id]["state"], jobs[job.id]["attempts"]) == ("queued", 0)
+    (mine,) = (j for j in jobs.values() if j["id"] != job.id)
+    assert mine["state"] == "done" and mine["key"]["kernel"] == "softmax"
+
+
 @pytest.mark.parametrize(
     ("entry", "message"),
     [

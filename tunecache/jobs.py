@@ -36,6 +36,9 @@ STRATEGY_PATTERN = r"^[a-z_]{1,64}$"
 MAX_JOB_TRIALS = 1_000_000
 JobStrategy = Annotated[str, Field(min_length=1, max_length=64, pattern=STRATEGY_PATTERN)]
 JobTrials = Annotated[int, Field(strict=True, ge=1, le=MAX_JOB_TRIALS), INTEGRAL]
+KeyHash = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+MAX_CLAIM_KEYS = 4096  # a claim's key filter: 270 KB of hashes at most
+ClaimKeys = Annotated[list[KeyHash], Field(min_length=1, max_length=MAX_CLAIM_KEYS)]
 
 
 class JobCreate(_Strict):
@@ -86,6 +89,8 @@ class ClaimRequest(_Strict):
     backends: Annotated[list[Backend], Field(min_length=1, max_length=3)] | None = None
     # The packages of users' kernels it may import ([]: built-in kernels only).
     kernel_packages: Annotated[list[Package], Field(max_length=64)] | None = None
+    # Only jobs for these keys (``pretune --local``: its manifest's; unset: any).
+    key_hashes: ClaimKeys | None = None
 
 
 class LeaseRequest(_Strict):

@@ -82,11 +82,18 @@ class WorkerCalls:
         device_arch: str | None = None,
         backends: Sequence[str] | None = None,
         kernel_packages: Sequence[str] | None = None,
+        key_hashes: Sequence[str] | None = None,
     ) -> JobPublic | None:
         """Leases the most urgent job this worker can run (``None``: nothing to do): of
-        ``device_arch``, one of ``backends``, a built-in kernel or one of ``kernel_packages``'
-        (each unset: any)."""
-        listed = {"backends": backends, "kernel_packages": kernel_packages}
+        ``device_arch``, one of ``backends``, a built-in kernel or one of ``kernel_packages``',
+        for one of ``key_hashes`` (each unset: any).
+
+        Raises:
+            ServerError: as every call; and a server too old to limit a claim to ``key_hashes``
+                (it would hand out any job).
+        """
+        listed = {"backends": backends, "kernel_packages": kernel_packages,
+                  "key_hashes": key_hashes}  # fmt: skip
         wanted = {"worker": worker, "lease_seconds": lease_seconds, "device_arch": device_arch,
                   **{k: None if v is None else list(v) for k, v in listed.items()}}  # fmt: skip
         body = ClaimRequest.model_validate(wanted).model_dump(mode="json", exclude_none=True)
@@ -95,6 +102,10 @@ class WorkerCalls:
         try:
             response = self._call("POST", "/v1/jobs/claim", json=body)
         except ServerError as exc:
+            if exc.status_code == 422 and "key_hashes" in str(exc):
+                raise ServerError(f"the server cannot limit a claim to given keys (older than "
+                                  f"this client; upgrade it): no job claimed ({exc})",
+                                  status_code=422) from None  # fmt: skip
             if exc.status_code != 422 or "kernel_packages" not in str(exc):
                 raise
             # A server older than the kernel filter: it hands out any job (the worker refuses

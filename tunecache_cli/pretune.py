@@ -172,21 +172,26 @@ class _Line:
 
 
 def _tune_here(client: Any, manifest: Any, trials: int, hashes: list[str]) -> None:
-    """``pretune --local``: daemons in this process (jobs this machine cannot run are left
-    queued), again while a followed job that failed here waits for its retry."""
+    """``pretune --local``: daemons in this process that claim only the manifest's jobs (jobs
+    this machine cannot run are left queued; a job someone else queued was tuned here first, at
+    its own budget), again while a followed job that failed here waits for its retry. A job
+    tunes with at most the manifest's largest budget or ``trials`` (the job of a manifest's key
+    queued before by someone else may ask for more)."""
     from tunecache_cli.progress import working
     from tuner.daemon import Daemon, DaemonOptions
 
     skip: set[str] = set()
+    most, parts = _most(manifest, trials), _parts(hashes)
 
     def drain() -> None:
-        for device in ("cpu", "cuda"):
+        for device, part in ((d, p) for d in ("cpu", "cuda") for p in parts):
             if device in skip:
                 continue
+            options = DaemonOptions(device=device, once=True, trials=trials, max_trials=most,
+                                    kernels=manifest.packages, key_hashes=part)  # fmt: skip
             try:
                 with working("pretune --local", f"tuning the queued {device} keys here"):
-                    Daemon(client, DaemonOptions(device=device, once=True, trials=trials,
-                                                 kernels=manifest.packages)).run()  # fmt: skip
+                    Daemon(client, options).run()
             except InvalidInput as exc:  # no GPU, or no backend for it here
                 print(f"not tuning {device} jobs here: {exc}", file=sys.stderr)
                 skip.add(device)
@@ -194,15 +199,32 @@ def _tune_here(client: Any, manifest: Any, trials: int, hashes: list[str]) -> No
     _until_no_retry(client, hashes, drain)
 
 
+def _most(manifest: Any, trials: int) -> int:
+    """The most trials a job of ``pretune --local`` or ``--ray`` tunes with: the manifest's
+    largest budget, or ``trials`` (the job of a manifest's key that someone else queued before
+    may ask for a million)."""
+    return max([trials, *(budget for _, budget in manifest.budgets.values())])
+
+
+def _parts(hashes: list[str]) -> list[tuple[str, ...]]:
+    """The followed key hashes in as many claims' filters as they need."""
+    from tunecache.jobs import MAX_CLAIM_KEYS
+
+    return [tuple(hashes[i : i + MAX_CLAIM_KEYS]) for i in range(0, len(hashes), MAX_CLAIM_KEYS)]
+
+
 def _on_ray(client: Any, manifest: Any, trials: int, hashes: list[str], address: str) -> None:
-    """``pretune --ray``: daemons as Ray tasks, again while a failed job waits for its retry."""
+    """``pretune --ray``: daemons as Ray tasks that claim only the manifest's jobs, again while
+    a failed job waits for its retry."""
     from tuner.fanout import drain_on_ray
 
     def drain() -> None:
-        stored = drain_on_ray(client.url, Settings.from_env(with_url=False).token,
-                              address=None if address == "local" else address, trials=trials,
-                              kernels=manifest.packages)  # fmt: skip
-        print(f"ray tasks stored {len(stored)} records", file=sys.stderr)
+        for part in _parts(hashes):
+            stored = drain_on_ray(client.url, Settings.from_env(with_url=False).token,
+                                  address=None if address == "local" else address, trials=trials,
+                                  kernels=manifest.packages, key_hashes=part,
+                                  max_trials=_most(manifest, trials))  # fmt: skip
+            print(f"ray tasks stored {len(stored)} records", file=sys.stderr)
 
     _until_no_retry(client, hashes, drain)
 

@@ -61,6 +61,8 @@ class DaemonOptions:
         max_trials, job_seconds: what one job may spend at most, whatever it asks (a write
             token queued a job of 1,000,000 trials: the daemon tuned it for hours, a stop
             request waiting on it); ``trials`` if more.
+        key_hashes: claim only jobs for these keys (``pretune --local``: its manifest's, not
+            what anyone else queued); default: any.
     """
 
     device: str = "cpu"
@@ -74,6 +76,7 @@ class DaemonOptions:
     once: bool = False
     workers: int | None = None
     kernels: tuple[str, ...] = ()
+    key_hashes: tuple[str, ...] | None = None
 
 
 def runnable_backends(device: str, wanted: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -273,7 +276,8 @@ class Daemon(Worker):
         self.send_unsent()
         return self.client.claim_job(self.worker, lease_seconds=self.options.lease_seconds,
                                      device_arch=arch, backends=self.backends,
-                                     kernel_packages=self.kernels)  # fmt: skip
+                                     kernel_packages=self.kernels,
+                                     key_hashes=self.options.key_hashes)  # fmt: skip
 
     def send_unsent(self) -> None:
         """Sends the records tuned while the server did not answer, and completes their jobs

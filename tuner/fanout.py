@@ -19,17 +19,17 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
-def _drain(url: str, token: str | None, device: str, trials: int,
-           kernels: tuple[str, ...]) -> list[int]:  # fmt: skip
+def _drain(url: str, token: str | None, device: str, options: Any) -> list[int]:
     """One task: a daemon on this node's ``device`` until the queue has nothing it can run."""
+    from dataclasses import replace
+
     from tunecache.client import Client
     from tunecache.errors import InvalidInput
-    from tuner.daemon import Daemon, DaemonOptions
+    from tuner.daemon import Daemon
 
     with Client(url, token=token or "") as client:
         try:
-            daemon = Daemon(client, DaemonOptions(device=device, once=True, trials=trials,
-                                                  workers=1, kernels=kernels))  # fmt: skip
+            daemon = Daemon(client, replace(options, device=device))
             daemon.run()
         except InvalidInput as exc:  # nothing this node can run on that device, or a package
             logger.warning("ray task on %s: not tuning here: %s", device, exc)  # it lacks
@@ -38,17 +38,23 @@ def _drain(url: str, token: str | None, device: str, trials: int,
 
 
 def drain_on_ray(url: str, token: str | None, *, address: str | None = None,
-                 trials: int = 32, cpu_tasks: int | None = None,
-                 kernels: tuple[str, ...] = ()) -> list[int]:  # fmt: skip
+                 trials: int = 32, cpu_tasks: int | None = None, kernels: tuple[str, ...] = (),
+                 key_hashes: tuple[str, ...] | None = None,
+                 max_trials: int = 1024) -> list[int]:  # fmt: skip
     """Drains the server's queue with daemons as Ray tasks; returns the record ids stored.
 
     Args:
         address: an existing Ray cluster (``ray://…`` or ``auto``); ``None`` starts a local one.
         cpu_tasks: CPU daemons to run (default: the cluster's CPUs); GPU daemons: one per GPU.
-        kernels: the packages of users' kernels the daemons may import
-            (:attr:`tuner.daemon.DaemonOptions.kernels`).
+        kernels, key_hashes, trials, max_trials: as the daemons'
+            (:class:`tuner.daemon.DaemonOptions`).
     """
     import ray
+
+    from tuner.daemon import DaemonOptions
+
+    options = DaemonOptions(once=True, trials=trials, max_trials=max_trials, workers=1,
+                            kernels=kernels, key_hashes=key_hashes)  # fmt: skip
 
     # The tasks import the caller's kernels ("package.module:Class") from its directory too.
     runtime_env: dict[str, Any] = {"env_vars": {"PYTHONPATH": os.getcwd()}}
@@ -58,14 +64,9 @@ def drain_on_ray(url: str, token: str | None, *, address: str | None = None,
         resources = ray.cluster_resources()
         task = ray.remote(_drain)
         cpus = cpu_tasks or max(1, int(resources.get("CPU", 1)))
-        refs = [
-            task.options(num_cpus=1).remote(url, token, "cpu", trials, kernels) for _ in range(cpus)
-        ]
+        refs = [task.options(num_cpus=1).remote(url, token, "cpu", options) for _ in range(cpus)]
         gpus = int(resources.get("GPU", 0))
-        refs += [
-            task.options(num_gpus=1).remote(url, token, "cuda", trials, kernels)
-            for _ in range(gpus)
-        ]
+        refs += [task.options(num_gpus=1).remote(url, token, "cuda", options) for _ in range(gpus)]
         stored: list[int] = []
         for done in ray.get(refs):
             stored += done

@@ -196,7 +196,8 @@ def claim_job(
     job = jobs.claim(session, worker=request.worker, token_id=token.id,
                      lease_seconds=request.lease_seconds,
                      device_arch=request.device_arch, backends=request.backends,
-                     kernel_packages=request.kernel_packages)  # fmt: skip
+                     kernel_packages=request.kernel_packages,
+                     key_hashes=request.key_hashes)  # fmt: skip
     return Response(status_code=status.HTTP_204_NO_CONTENT) if job is None else public(job)
 
 
