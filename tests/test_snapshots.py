@@ -806,6 +806,8 @@ def _stated(records: int = 1, **changes: Any) -> dict[str, Any]:
         (_stated(status="disputed"), "status"),
         (_stated(uploaded_by="x, imported by alice"), "uploaded_by"),
         (_stated(created_at="2026-01-02T03:04:05"), "created_at"),
+        (_stated(created_at="0001-01-01T00:00:00+01:00"), "created_at"),  # was a 500
+        (_stated(created_at="9999-12-31T23:59:59-01:00"), "created_at"),
         (_stated(uploaders=["torch_eager"]), "uploaders"),
         (_stated(uploaders=["timing", "made_up", "torch_eager"]), "uploaders"),
         (
@@ -830,6 +832,20 @@ def test_bad_provenance_is_a_422_naming_it_and_stores_nothing(
     assert answer.status_code == 422, answer.text
     assert named in answer.json()["detail"]
     assert record_count(shared_server.url) == before
+
+
+def test_a_stated_date_is_read_in_utc() -> None:
+    """Every timestamp the API sends is UTC: a verifier's date stated at ``+23:59`` was stored
+    and served so."""
+    from datetime import UTC, datetime
+
+    from tunecache.snapshot_provenance import StatedVerification
+
+    stated = StatedVerification.model_validate({
+        "verifier": "v", "device_name": "d", "verified_at": "2026-06-01T12:00:00+23:59",
+        "retimed": False})  # fmt: skip
+    assert stated.verified_at.tzinfo is UTC
+    assert stated.verified_at == datetime(2026, 5, 31, 12, 1, tzinfo=UTC)
 
 
 def test_cli_import_of_a_file_with_bad_provenance_exits_2_naming_it(tmp_path: Path) -> None:
