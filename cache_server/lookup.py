@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from cache_server.models import RecordRow
 from cache_server.queries import BUCKET_WINNERS, get_winner, public_record
 from cache_server.trust import winner_table
+from cache_server.twins import refused_at
 from tunecache.policies import BucketPolicy, VersionPolicy, server_bucket
 from tunecache.rules import RULES, Rule, best, bucket_digest
 from tunecache.schemas import KeyModel, RecordPublic
@@ -35,7 +36,9 @@ def find_winner(
     verified records; ``verified``: verified ones). An index narrows them to those of the key's
     bucket (:func:`~tunecache.rules.bucket_digest`: kernel, source, backend, dtype, arch,
     bucketed problem), a handful however large the cache; the rules (:mod:`tunecache.rules`)
-    decide among those.
+    decide among those, less the configs that stand refused at ``key`` itself
+    (:func:`~cache_server.twins.refused_at`: disputed there, another device's copy is not served
+    in their place).
     """
     table = winner_table(serving)
     if (
@@ -47,9 +50,11 @@ def find_winner(
     candidates = session.execute(
         BUCKET_WINNERS[table], {"bucket_hash": bucket_digest(wanted)}
     ).all()
+    refused = refused_at(session, key.digest())  # a config disputed here, by no rule either
     known = server_bucket(key.kernel)
     buckets = BucketPolicy(tuple(bucket or ())) if known is None else known
-    found = best(wanted, ((tuned, record_id) for record_id, tuned in candidates), policy, buckets)
+    found = best(wanted, ((tuned, record_id) for record_id, tuned, digest in candidates
+                          if digest is None or digest not in refused), policy, buckets)  # fmt: skip
     if found is None:
         return None
     record_id, rule = found

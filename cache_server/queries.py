@@ -286,7 +286,7 @@ _WINNER_OF = {
     for table in (WinnerRow, VerifiedWinnerRow)
 }
 BUCKET_WINNERS = {
-    table: select(RecordRow.id, RecordRow.key)
+    table: select(RecordRow.id, RecordRow.key, RecordRow.config_digest)
     .join(table, table.record_id == RecordRow.id)
     .where(RecordRow.bucket_hash == bindparam("bucket_hash"))
     .order_by(RecordRow.id)

@@ -126,6 +126,26 @@ def inherit_findings(row: RecordRow, standing: Any) -> None:
         row.status, row.verification = "disputed", None
 
 
+_FINDINGS = select(RecordRow.config_digest, RecordRow.status).where(
+    RecordRow.key_hash == bindparam("key_hash"), RecordRow.validated.is_(True),
+    RecordRow.config_digest.is_not(None),
+    RecordRow.status.in_(("disputed", "rejected", "verified")),
+).distinct()  # fmt: skip
+
+
+def refused_at(session: Session, key_hash: str) -> set[str]:
+    """The digests of the configs that stand refused at a key: a twin disputed, or rejected with
+    none verified since (what a new upload of one inherits: :func:`inherit_findings`). A lookup
+    of the key serves none of them by another rule either (another device's copy of the same
+    arch, a bucket mate): a config disputed at a key was served again there from a copy
+    uploaded under another device's name."""
+    found: dict[str, set[str]] = {}
+    for digest, status in session.execute(_FINDINGS, {"key_hash": key_hash}):
+        found.setdefault(status, set()).add(digest)
+    disputed, rejected = found.get("disputed", set()), found.get("rejected", set())
+    return disputed | (rejected - found.get("verified", set()))
+
+
 def dispute(session: Session, row: RecordRow, statuses: Sequence[str]) -> bool:
     """Makes ``row``'s twins standing in ``statuses`` disputed: a new question for the verifiers,
     however often it was asked (their attempts start again). One statement, however many copies

@@ -352,3 +352,31 @@ def test_a_verifier_takes_at_most_its_share_of_a_tasks_problems() -> None:
     many = [{**problem, "M": 33 + i % 32} for i in range(400)]
     taken = VerifyTask.model_validate({**task, "disputed_problems": many}).disputed_problems
     assert [dict(p) for p in taken] == many[:MAX_DISPUTED_PROBLEMS]
+
+
+def test_a_config_disputed_at_a_key_is_served_there_by_no_other_rule(server: LiveServer) -> None:
+    """A dispute is about a config at a key: its copy under another device's name of the same
+    arch (a look-alike name, ``tеst-cpu``), or at a bucket mate's shape, was served at the
+    disputed key by the same-arch or bucket rule the moment the dispute took the first out."""
+    import dataclasses
+
+    url = server.url
+    key = make_key(m=64)
+    elsewhere = dataclasses.replace(key, device=dataclasses.replace(CPU, name="t\u0435st-cpu"))
+    writer = {"Authorization": f"Bearer {token(url, 'hostile', 'write')}"}
+    first = upload(url, BAD, 1.0, writer).json()["record_id"]
+    for copy in (make_record(elsewhere, time_ms=1.5, config=BAD),
+                 make_record(make_key(m=60), time_ms=1.5, config=BAD)):  # fmt: skip
+        body = copy.model_dump(mode="json", by_alias=True)
+        assert httpx.post(f"{url}/v1/records", json=body, headers=writer).status_code == 201
+    reader = {"Authorization": f"Bearer {token(url, 'consumer', 'read')}"}
+    assert post_dispute(url, first, reader, dispute_body(key)).json()["status"] == "disputed"
+    with Client(url) as client:
+        assert client.lookup(key, default=DEFAULT).source == "default"
+        assert client.lookup(make_key(m=60), default=DEFAULT).config == BAD  # not disputed there
+    third = dataclasses.replace(key, device=dataclasses.replace(CPU, name="third-cpu"))
+    good = make_record(third, time_ms=2.0, config=GOOD).model_dump(mode="json", by_alias=True)
+    assert httpx.post(f"{url}/v1/records", json=good, headers=AUTH).status_code == 201
+    with Client(url) as client:
+        found = client.lookup(key, default=DEFAULT)
+    assert (found.config, found.source) == (GOOD, "server")  # another config is served
