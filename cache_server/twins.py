@@ -141,7 +141,7 @@ def refused_at(session: Session, key_hash: str) -> set[str]:
     uploaded under another device's name."""
     found: dict[str, set[str]] = {}
     for digest, status in session.execute(_FINDINGS, {"key_hash": key_hash}):
-        found.setdefault(status, set()).add(digest)
+        found.setdefault(status, set()).add(str(digest))  # never None: the query's
     disputed, rejected = found.get("disputed", set()), found.get("rejected", set())
     return disputed | (rejected - found.get("verified", set()))
 
