@@ -11,11 +11,11 @@ it with no benchmarking at all. Anything else is a miss (one warning per kernel)
 With ``verify="first"`` a served config's first use in the process is checked against the
 reference on copies of the call's arguments. A miss is tuned as Triton tunes (``on_miss="tune"``:
 the listed configs benchmarked with Triton's ``do_bench``), the winner validated on fresh inputs
-before Triton launches it into the call's tensors (a wrong one never is: the first config is) and
-uploaded, with the trials measured for its key, when a write token is set; or the first config
-is launched and the miss reported (``on_miss="default"``). With ``torch.distributed``
-initialised, the first rank to reach a key decides it and the others launch its choice
-(:mod:`tunecache.triton.ranks`).
+before Triton launches it into the call's tensors (a wrong one never is: the fastest config that
+passes is, :mod:`tunecache.triton.fallback`) and uploaded, with the trials measured for its key,
+when a write token is set; or the first config is launched and the miss reported
+(``on_miss="default"``). With ``torch.distributed`` initialised, the first rank to reach a key
+decides it and the others launch its choice (:mod:`tunecache.triton.ranks`).
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ from tunecache.key import Key
 from tunecache.policies import VersionPolicy
 from tunecache.problem import describe
 from tunecache.schemas import CheckModel
-from tunecache.settings import interpret_enabled
 from tunecache.strict import printable_text
-from tunecache.triton import hostbench, ranks
+from tunecache.triton import fallback, hostbench, ranks
 from tunecache.triton.check import SEED, compare_outputs, finish, fresh_call, out_of_memory
 from tunecache.triton.hostbench import host_bench
 from tunecache.triton.keys import (
@@ -60,7 +59,7 @@ from tunecache.triton.record import (
     validated,
 )
 from tunecache.triton.shared import shared_misfit
-from tunecache.triton.shared_client import settings, shared_client
+from tunecache.triton.shared_client import server_url, settings, shared_client
 
 logger = logging.getLogger(__name__)
 _FROM = {"memo": "this process's memo", "snapshot": "the snapshot file", "server": "the server",
@@ -83,7 +82,7 @@ class CachedAutotuner(Autotuner):
         reset_to_zero = options.pop("reset_to_zero", None)
         restore_value = options.pop("restore_value", None)
         self.prune_given = options.get("prune_configs_by")  # Triton's Autotuner keeps its parts
-        interpreted = _interpreted()
+        interpreted = hostbench.interpreted()
         if interpreted:  # Triton's benchmarks need a GPU driver: the host clock stands in
             for gpu_only in ("warmup", "rep", "use_cuda_graph"):
                 options.pop(gpu_only, None)
@@ -165,10 +164,20 @@ class CachedAutotuner(Autotuner):
     def _call(self) -> TuningCall | None:
         return getattr(self._calls, "now", None)
 
-    def _bench(self, *args: Any, **kwargs: Any) -> Any:
+    def _bench(self, *args: Any, config: Config, **kwargs: Any) -> Any:
         if (call := self._call()) is not None:
             call.timed = True  # the pick Triton stores next comes from timings: it is checked
-        return super()._bench(*args, **kwargs)
+        try:
+            measured = super()._bench(*args, config=config, **kwargs)
+        except Exception as exc:  # the interpreter's failed ``tl.static_assert``: as a GPU's
+            if not hostbench.cannot_run(exc):  # compile, "cannot run", timed as never faster
+                raise
+            self._warn_once(f"cannot run {config}", f"{self.identity.name}: {config} cannot run "
+                            f"({one_line(exc)}): skipped, the others tuned")  # fmt: skip
+            measured = [float("inf")] * 3
+        if call is not None:
+            call.times[config] = measured
+        return measured
 
     def check_disk_cache(self, tuning_key: Any, configs: Any, bench_fn: Any) -> Any:
         if (call := self._call()) is not None:
@@ -195,20 +204,39 @@ class CachedAutotuner(Autotuner):
     def _checked_pick(self, tuning_key: Any, config: Config) -> Config:
         """What Triton's cache stores for ``tuning_key``: ``config``, unless it is Triton's pick
         from timings for the call this thread is tuning, which then runs on fresh copies of the
-        call's arguments first; a wrong one is replaced by the first config the kernel keeps for
-        the call before Triton launches the pick into the caller's tensors."""
+        call's arguments first; a wrong one is replaced (:meth:`_replacement`) before Triton
+        launches the pick into the caller's tensors."""
         call = self._call()
         if call is None or call.tuning_key != tuning_key or not call.timed or call.picked:
+            return config
+        if fallback.could_not_run(call.times, config):  # none could: the launch says why
             return config
         check = self._validate(call.key, config, call.args, call.kwargs)
         call.picked = (config, check)
         if check is None or check.passed:
             return config
-        first = self._first(call.args, call.kwargs)
-        self._warn_once("wrong", f"{call.key.short()}: the tuned config {config} failed "
-                                 f"validation ({check.failure()}); this call and the later ones "
-                                 f"launch {first}, the first the kernel keeps")  # fmt: skip
-        return first
+        return self._replacement(call, config, check, "this call and the later ones")
+
+    def _replacement(self, call: TuningCall, failed: Config, check: CheckModel,
+                     launch: str) -> Config:  # fmt: skip
+        """What ``launch`` runs in place of ``failed`` (its ``check`` failed), warned once: the
+        fastest config passing the same check (:mod:`tunecache.triton.fallback`); where none
+        does, the reference is the suspect (as where it cannot run) and Triton's pick is."""
+        key, args, kwargs = call.key, call.args, call.kwargs
+        tolerance = TOLERANCES.get(key.dtype, 1e-4)
+
+        def passes(config: Config) -> bool:
+            try:
+                return self._check(config, args, kwargs, tolerance, key).passed
+            except Exception:  # its run raised, or it could not be checked here: not taken
+                return False
+
+        pruning = self._pruning(args, kwargs)
+        kept = self.configs if pruning is None else pruning.kept()
+        found = fallback.fall_back(failed, call.times, kept, passes)
+        said = f"{key.short()}: the tuned config {failed} failed validation ({check.failure()})"
+        self._warn_once("wrong", found.warning(said, launch))
+        return found.config or failed
 
     def _validate(self, key: Key, config: Config, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> CheckModel | None:  # fmt: skip
@@ -336,14 +364,10 @@ class CachedAutotuner(Autotuner):
                         winner)  # fmt: skip
             return
         first = self._first(args, kwargs)
-        if picked is None:
+        if picked is None:  # checked after this call's launch (no ``_bench`` seen)
             check = self._validate(key, winner, args, kwargs)
             if check is not None and not check.passed:
-                self._warn_once("wrong", f"{key.short()}: the config {winner} Triton picked "
-                                         f"failed validation ({check.failure()}) after this "
-                                         f"call's launch; the later calls launch {first}, the "
-                                         "first the kernel keeps")  # fmt: skip
-                self.cache[tuning_key] = first
+                self.cache[tuning_key] = self._replacement(call, winner, check, "the later calls")
         else:
             winner, check = picked
         if check is None or not check.passed:
@@ -353,6 +377,8 @@ class CachedAutotuner(Autotuner):
                               seconds, timer=self.timer)  # fmt: skip
         if record is None:
             self._warn_once("timing", f"{key.short()}: no usable timings; not uploaded")
+            return
+        if server_url(self.url) is None:  # TUNECACHE_URL malformed: warned, no server
             return
         if not settings().token:  # said once: the team never gets what this process tunes
             self._warn_once("token", f"{key.short()}: tuned here, not uploaded: no TUNECACHE_TOKEN"
@@ -403,13 +429,6 @@ class CachedAutotuner(Autotuner):
         log("tunecache.triton: %s", message)
 
 
-def _interpreted() -> bool:
-    try:
-        return interpret_enabled()
-    except ValueError:
-        return False  # Triton refuses the value itself
-
-
 def autotune(
     configs: list[Config],
     key: list[str],
@@ -429,7 +448,7 @@ def autotune(
         configs, key: as ``triton.autotune``; ``options`` takes the rest of its arguments
             (``prune_configs_by``, ``reset_to_zero``, ``restore_value``, ``pre_hook``,
             ``post_hook``, ``warmup``, ``rep``, ``do_bench``, ``cache_results``).
-        url: the cache server (default ``$TUNECACHE_URL``).
+        url: the cache server (default ``$TUNECACHE_URL``; none where that is malformed).
         snapshot: a snapshot file answered from before the server (default
             ``$TUNECACHE_SNAPSHOT``).
         on_miss: ``"tune"`` (benchmark the configs here, validate, upload with a write token)
@@ -466,7 +485,7 @@ def autotune(
     where = Path(snapshot) if snapshot is not None else found.snapshot
 
     def decorator(fn: Any) -> CachedAutotuner:
-        return CachedAutotuner(fn, fn.arg_names, configs, key, url=url or found.url,
+        return CachedAutotuner(fn, fn.arg_names, configs, key, url=url,
                                snapshot=where, policy=policy, on_miss=on_miss,
                                reference=reference, space=space, verify=verify,
                                **options)  # fmt: skip

@@ -8,7 +8,7 @@ checking each pick on its way in, and :class:`TuningCall` what the check needs o
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from triton import Config
@@ -33,11 +33,13 @@ class Picks(dict[Any, Config]):
 @dataclass
 class TuningCall:
     """The call a thread is tuning: its key, Triton's tuning key and arguments; whether Triton
-    picked from timings (measured now, or on disk), and the pick with what its check found."""
+    picked from timings (measured now, or on disk), what each config measured now (``times``: its
+    ``do_bench`` answer), and the pick with what its check found."""
 
     key: Key
     tuning_key: tuple[Any, ...]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     timed: bool = False
+    times: dict[Config, Any] = field(default_factory=dict)
     picked: tuple[Config, CheckModel | None] | None = None

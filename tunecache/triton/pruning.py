@@ -75,6 +75,12 @@ class CallPrune:
         kept = self._survivors(None, "")
         return self.listed[0] if isinstance(kept, str) or not kept else kept[0]
 
+    def kept(self) -> list[Config]:
+        """The listed configs the prune keeps for this call, in order (all of them where the
+        prune raises or keeps none): what a wrong winner's replacement is sought among."""
+        kept = self._survivors(None, "")
+        return list(self.listed) if isinstance(kept, str) or not kept else list(kept)
+
     def _survivors(self, extra: Config | None, candidates: str) -> list[Config] | str:
         """The configs the prune keeps from the listed ones (and ``extra``), run once per set of
         candidates, or why it could not tell: a user's function may raise, or return anything."""

@@ -1,0 +1,156 @@
+"""The Triton drop-in where something is wrong: a tuned pick that fails validation, a config that
+cannot run under the interpreter, a malformed ``TUNECACHE_URL``, a token the server refuses.
+
+Each kernel runs in a fresh process under ``TRITON_INTERPRET=1``: Triton 3.9's interpreter
+patches ``triton.language`` for good in the process that runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cache_server.embedded import free_port
+from tests.conftest import LiveServer
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parent.parent
+
+# BLOCK=128 is listed first and timed fastest, and adds 1: wrong. 64 is timed next, 32 last.
+KERNEL = """
+import os, torch, triton, triton.language as tl
+import tunecache.triton
+
+TIMES = {128: 0.01, 64: 0.02, 32: 0.03}
+BENCHED = []
+
+def bench(kernel_call, quantiles=None):
+    BENCHED.append(1)
+    kernel_call()
+    return [TIMES[CURRENT[0]]] * 3
+
+CURRENT = [0]
+
+def hook(nargs):
+    CURRENT[0] = nargs["BLOCK"]
+
+def reference(x, y, n):
+    y.copy_(x * 2.0 + (5.0 if os.environ.get("TEST_WRONG_REFERENCE") else 0.0))
+
+UNSUPPORTED = int(os.environ.get("TEST_UNSUPPORTED", "0"))
+UNSUPPORTED_BELOW = int(os.environ.get("TEST_UNSUPPORTED_BELOW", "0"))
+CONFIGS = [triton.Config({"BLOCK": b}, num_warps=1, pre_hook=hook) for b in (128, 32, 64)]
+
+@tunecache.triton.autotune(configs=CONFIGS, key=["n"], do_bench=bench, reference=reference)
+@triton.jit
+def double(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    tl.static_assert(BLOCK != UNSUPPORTED, "BLOCK unsupported")
+    tl.static_assert(BLOCK > UNSUPPORTED_BELOW, "all unsupported")
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    bump = 1.0 if BLOCK == 128 else 0.0
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=m) * 2.0 + bump, mask=m)
+"""
+
+RUN = """
+import json, torch
+import userkernel as m
+x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+y = torch.empty_like(x)
+m.double[lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)](x, y, 1000)
+print(json.dumps({"right": bool(torch.allclose(y, x * 2.0)), "launched": m.double.best_config.kwargs,
+                  "sources": [type(s).__name__ for s in m.double._client().resolver.sources]}))
+""".replace("import json, torch", "import json, torch, triton")
+
+
+def dead_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+def run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "userkernel.py").write_text(KERNEL)
+    full = {**os.environ, "TRITON_INTERPRET": "1", "TUNECACHE_URL": dead_url(),
+            "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]), **env}  # fmt: skip
+    return subprocess.run([sys.executable, "-c", RUN], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env=full)  # fmt: skip
+
+
+def result(done: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    assert done.returncode == 0, done.stderr
+    answer: dict[str, object] = json.loads(done.stdout.splitlines()[-1])
+    return answer
+
+
+def test_a_wrong_pick_falls_back_to_the_fastest_config_that_passes(tmp_path: Path) -> None:
+    """The first listed config is the wrong pick itself: launching it (the old fallback) gave
+    the caller a wrong result while the warning said it was replaced."""
+    found = result(run(tmp_path))
+    assert found["right"] is True and found["launched"] == {"BLOCK": 64}, found
+    stderr = run(tmp_path).stderr
+    assert stderr.count("failed validation") == 1, stderr
+    assert "this call and the later ones launch BLOCK: 64" in stderr
+    assert "the fastest config that passed (checked 1)" in stderr
+
+
+def test_no_config_passing_blames_the_reference_and_launches_tritons_pick(
+    tmp_path: Path,
+) -> None:
+    """Every config disagrees with a wrong reference: one warning says so, and Triton's own pick
+    runs (as where the reference cannot run), never one chosen for being listed first."""
+    done = run(tmp_path, TEST_WRONG_REFERENCE="1")
+    found = result(done)
+    assert found["launched"] == {"BLOCK": 128}, found
+    assert done.stderr.count("failed validation") == 1, done.stderr
+    assert "and so did the 2 other config(s) the kernel keeps: the reference may be wrong" in (
+        done.stderr
+    )
+    assert "launch BLOCK: 128" in done.stderr and "Triton's pick, unchecked" in done.stderr
+
+
+def test_a_config_whose_static_assert_fails_is_skipped_under_the_interpreter(
+    tmp_path: Path,
+) -> None:
+    """As a GPU compile counts it ("cannot run"); one failing for every config is the user's."""
+    done = run(tmp_path, TEST_UNSUPPORTED="64")
+    found = result(done)
+    assert found["right"] is True and found["launched"] == {"BLOCK": 32}, found
+    assert "BLOCK: 64" in done.stderr and "cannot run" in done.stderr
+    assert "Traceback" not in done.stderr
+    every = run(tmp_path, TEST_UNSUPPORTED_BELOW="1000")
+    assert every.returncode != 0 and "all unsupported" in every.stderr, every.stderr
+    assert "validation" not in every.stderr, every.stderr  # no config ran: nothing to check
+
+
+def test_a_malformed_url_asks_no_server_at_all(tmp_path: Path) -> None:
+    """Not the default server (someone else's on a shared host): one warning naming it."""
+    done = run(tmp_path, TUNECACHE_URL="htp://x", TUNECACHE_TOKEN="tc_" + "3" * 43)
+    found = result(done)
+    assert "ServerSource" not in found["sources"], found
+    assert done.stderr.count("TUNECACHE_URL='htp://x'") == 1, done.stderr
+    assert "no cache server is asked" in done.stderr
+    assert "127.0.0.1" not in done.stderr and "upload of" not in done.stderr, done.stderr
+
+
+def test_a_refused_token_is_named_where_the_upload_waits(server: LiveServer) -> None:
+    """The warnings said only that the upload waits in the outbox, then that the server "failed
+    less than 30 s ago": never that it refused the token."""
+    script = (
+        "import torch, tests.user_triton_autotune as m\n"
+        "x = torch.randn(1000)\n"
+        "assert torch.allclose(m.launch(x), x * 2 + 1)\n"
+    )
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TUNECACHE_URL": server.url,
+           "TUNECACHE_TOKEN": "tc_nope"}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=REPO, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "refused the token" in line]
+    assert len(said) == 1, done.stderr
+    assert "401" in said[0] and "not known to this server" in said[0] and "waits in" in said[0]
+    assert "failed less than" not in done.stderr, done.stderr

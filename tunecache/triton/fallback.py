@@ -1,0 +1,75 @@
+"""What the drop-in launches in place of a tuned pick that failed validation.
+
+The fastest config that passes the same check on fresh copies of the call's arguments: the
+configs this call timed, fastest first (ties in the kernel's order), then the other configs the
+kernel keeps for the call, in its order. Each is checked at most once and the search stops at the
+first that passes, so it costs at most one check (two launches) per config the kernel keeps, a
+handful. When none passes, the reference itself is the likeliest culprit (every config disagrees
+with it): :func:`fall_back` says so and the caller launches what Triton would have.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from triton import Config
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """The config to launch in place of ``failed`` (``None``: none passed), and how many
+    configs were checked."""
+
+    config: Config | None
+    checked: int
+    failed: Config
+
+    def warning(self, said: str, launch: str) -> str:
+        """The one warning: ``said`` (the pick's failure), then what ``launch`` runs and why."""
+        if self.config is None:
+            return (f"{said}, and so did the {self.checked} other config(s) the kernel keeps: "
+                    f"the reference may be wrong; {launch} launch {self.failed}, Triton's pick, "
+                    "unchecked; not uploaded")  # fmt: skip
+        return (f"{said}; {launch} launch {self.config}, the fastest config that passed "
+                f"(checked {self.checked}); not uploaded")  # fmt: skip
+
+
+def candidates(failed: Config, times: Mapping[Config, Any], kept: Sequence[Config]) -> list[Config]:
+    """The configs to try in place of ``failed``, in order: those this call timed (``times``:
+    Triton's ``do_bench`` answers), fastest first, never one that could not run; then the rest of
+    ``kept`` (the configs the kernel keeps for the call), in its order."""
+    order = {id(config): i for i, config in enumerate(kept)}
+    timed = [c for c in times if c is not failed and math.isfinite(_ms(times[c]))]
+    timed.sort(key=lambda c: (_ms(times[c]), order.get(id(c), len(order))))
+    tried = {id(c) for c in timed} | {id(c) for c in times} | {id(failed)}
+    return timed + [c for c in kept if id(c) not in tried and c != failed]
+
+
+def fall_back(failed: Config, times: Mapping[Config, Any], kept: Sequence[Config],
+              passes: Callable[[Config], bool]) -> Fallback:  # fmt: skip
+    """The first of :func:`candidates` for which ``passes(config)`` (its check on fresh inputs)
+    holds, each checked at most once."""
+    checked = 0
+    for config in candidates(failed, times, kept):
+        checked += 1
+        if passes(config):
+            return Fallback(config, checked, failed)
+    return Fallback(None, checked, failed)
+
+
+def could_not_run(times: Mapping[Config, Any], config: Config) -> bool:
+    """Whether ``config`` was timed as one that cannot run (never faster: infinite)."""
+    return config in times and not math.isfinite(_ms(times[config]))
+
+
+def _ms(measured: Any) -> float:
+    """A ``do_bench`` answer's time: the number, or the first of its quantiles."""
+    if isinstance(measured, int | float):
+        return float(measured)
+    try:
+        return float(measured[0])
+    except (TypeError, IndexError, ValueError):
+        return math.inf
