@@ -4,7 +4,7 @@ command from the folder holding them, against a real server (docs/cli.md's conso
 bash script each, as pasted into a shell). An example that stops working fails here.
 
 Only what a block leaves open is supplied: the values a production snippet takes from the code
-around it (``model``, ``x``, ``matmul_bias``) and the server's address. The blocks that need a
+around it (``model``, ``x``) and the server's address. The blocks that need a
 GPU are run by their own tests.
 """
 
@@ -198,10 +198,20 @@ def test_your_own_tvm_module_tunes_and_a_process_compiles_with_its_schedule(
     [tune] = commands("tunecache tune --tvm kernels.py:matmul_bias")
     tune[tune.index("--trials") + 1] = "8"  # the documented 64, fewer: a test's minute
     run(tune, tmp_path, server.url)
-    given = "from kernels import matmul_bias as make\nmatmul_bias = make()\n"
     check = "\nprint(sch is not None, type(lib).__name__)\n"
-    out = run_python(given + block("tunecache.tvm.Database(") + check, tmp_path, server.url)
+    out = run_python(block("tunecache.tvm.Database(") + check, tmp_path, server.url)  # as written
     assert out.split()[-2] == "True", out  # the team's schedule was served and built
+
+
+def test_the_tvm_run_time_snippet_runs_as_written_with_no_server(tmp_path: Path) -> None:
+    """The snippet, copied exactly beside the page's kernels.py, with no server up: TVM's default
+    schedule, built (it once passed the factory function itself to ``compile_tir``)."""
+    pytest.importorskip("tvm")
+    (tmp_path / "kernels.py").write_text(block("def matmul_bias()"))
+    check = "\nprint(sch is None, type(lib).__name__)\n"
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens: a server that is down
+    out = run_python(block("tunecache.tvm.Database(") + check, tmp_path, down, timeout=120)
+    assert out.split()[-2] == "True", out
 
 
 @pytest.mark.slow

@@ -183,7 +183,8 @@ def as_spec(kernel: Any) -> KernelSpec:
         return get_kernel(kernel)
     spec = kernel if isinstance(kernel, KernelSpec) else getattr(kernel, "spec", None)
     if not isinstance(spec, KernelSpec):
-        raise InvalidInput(f"{kernel!r} is not a kernel: it is no KernelSpec and has no .spec")
+        what = getattr(kernel, "__qualname__", None) or type(kernel).__name__
+        raise InvalidInput(f"{what} is not a kernel: it is no KernelSpec and has no .spec")
     return spec
 
 
@@ -231,10 +232,26 @@ def get_kernel(name: str) -> KernelSpec:
             f"unknown kernel {name!r}; built-in: {known}; a kernel of your own is named "
             "'package.module:qualname'"
         )
-    spec = as_spec(load_ref(name))
+    found = load_ref(name)
+    if not isinstance(found, KernelSpec) and not isinstance(
+        getattr(found, "spec", None), KernelSpec
+    ):
+        raise InvalidInput(_not_a_kernel(name, found))
+    spec = as_spec(found)
     if spec.name != name:
         raise InvalidInput(f"{name!r} loads the kernel named {spec.name!r}; use that name")
     return spec
+
+
+def _not_a_kernel(name: str, found: Any) -> str:
+    """Why ``name`` names no kernel, with the form of ``tune`` a function or module takes."""
+    module, _, qualname = name.partition(":")
+    file = f"{module.replace('.', '/')}.py:{qualname}"
+    return (
+        f"{name!r} is a {type(found).__name__}, not a kernel (a Workload subclass or a "
+        f"KernelSpec): tune a TVM function with `--tvm {file}`, a torch module with "
+        f"`--torch {file}`"
+    )
 
 
 def builtin_problem(kernel: str, problem: Mapping[str, Any]) -> str | None:

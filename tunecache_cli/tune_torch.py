@@ -110,16 +110,36 @@ def _timer() -> Any:
     return TimerSettings(min_repeats=15, max_repeats=32, target_s=0.3)
 
 
+def _run_eagerly(spec: str, fn: Callable[..., Any], inputs: list[Any]) -> None:
+    """Runs the model once as written, before any compile: an exception here is a bug in the
+    user's own code (bad input), not a failed compile.
+
+    Raises:
+        InvalidInput: the eager run raised; one line naming it.
+    """
+    import torch
+
+    try:
+        with torch.no_grad():
+            fn(*inputs)
+    except Exception as exc:
+        raise InvalidInput(
+            f"running {spec} failed (eagerly, as written, before any compile): {one_line(exc)}"
+        ) from exc
+
+
 def run(args: argparse.Namespace) -> int:
     """Pretunes ``args.torch`` and uploads its choices (unless ``--no-upload``).
 
     Raises:
-        InvalidInput: a bad ``FILE.py:NAME``, factory, input or device; or no write token.
+        InvalidInput: a bad ``FILE.py:NAME``, factory, input or device; a model that raises
+            when run eagerly; or no write token.
         TuningError: the compile failed or its output is wrong.
         ServerError: the upload failed.
     """
     device = _device(args.device)
     fn, inputs = load_target(args.torch, args.inputs, args.init_inputs, device)
+    _run_eagerly(args.torch, fn, inputs)
     url = upload_url(args)  # after the file's own errors, before the compile
 
     from tunecache import conditions

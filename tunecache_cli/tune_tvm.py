@@ -17,6 +17,7 @@ the reference go to the server. With ``--no-upload`` the local database is all t
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     budget = _budget(args)
     file_of("--tvm", args.tvm)  # a mistyped path said before TVM's import (seconds)
     from backends.tvm.database import best_records, database_dir, open_database
-    from backends.tvm.golden import Reference
+    from backends.tvm.golden import Reference, require_fixed_shapes
     from tunecache.tvm.load import load_module
     from tunecache.tvm.target import host_target
     from tunecache_cli.progress import working
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     with working(f"tvm {args.tvm}", "loading the module and its float64 reference"):
         mod = load_module(args.tvm)
+        require_fixed_shapes(mod, f"--tvm {args.tvm!r}")
         target = host_target()
         reference = Reference(mod, target, SEEDS)  # before tuning: a broken module fails fast
     url = upload_url(args)  # after the module's own errors, before the search
@@ -96,10 +98,13 @@ def run(args: argparse.Namespace) -> int:
     print(f"trials: {len(outcome.trials)} measured, {ok} ran, in {seconds:.1f} s")
     with working(f"tvm {args.tvm}", "the best against the default schedule", "time"):
         versus = _compare_speed(reference, passed[0])
-    _report_speed(versus, passed[0])
+    own = own_times(outcome.trials)
+    _report_speed(versus, passed[0], own, outcome.best_ms)
+    earlier = sum(_trace_key(c.record) not in own for c in checked)
     print(
-        f"validation: {len(passed)} of {len(checked)} best schedules match the unscheduled "
-        f"module; best max rel error {passed[0].error:.2e} (tolerance {tolerance:g})"
+        f"validation: {len(passed)} of {len(checked)} best schedules{_from_earlier(earlier)} "
+        f"match the unscheduled module; best max rel error {passed[0].error:.2e} "
+        f"(tolerance {tolerance:g})"
     )
     if url is None or (why := slower_than_default(versus)) is not None:
         kept = "--no-upload" if url is None else f"not uploaded: {why}"
@@ -190,12 +195,38 @@ def slower_than_default(versus: Compared) -> str | None:
     return f"the best schedule ran {slower} here: a process served it would run slower"
 
 
-def _report_speed(versus: Any, best: Checked) -> None:
-    from backends.tvm.database import mean_seconds
+def own_times(trials: list[Any]) -> dict[str, float | None]:
+    """This run's measured schedules: each trace (as :func:`_trace_key` writes it) and its time
+    in the search. The best records are read from the local database, which also holds earlier
+    runs' records (the warm start): only these were measured by this run."""
+    return {json.dumps(t.config["trace"], sort_keys=True): t.time_ms for t in trials}
 
-    searched = mean_seconds(best.record)
-    during = f" ({1e3 * searched:.4g} ms in the search)" if searched is not None else ""
-    print(f"best: {versus.tuned_ms:.4g} ms{during} vs default schedule {versus.baseline_ms:.4g} "
+
+def _trace_key(record: Any) -> str:
+    from backends.tvm.schedule import trace_json
+
+    return json.dumps(trace_json(record.trace), sort_keys=True)
+
+
+def _from_earlier(count: int) -> str:
+    """How many of the best schedules came from earlier runs' records, said when any did."""
+    if not count:
+        return ""
+    return f" ({count} from earlier runs' records in the local database)"
+
+
+def _report_speed(
+    versus: Any, best: Checked, own: dict[str, float | None], searched_ms: float | None
+) -> None:
+    """The best schedule's time against the default's, beside its time in this run's search;
+    never a time from the local database of earlier runs (its record's ``run_secs``)."""
+    during = own.get(_trace_key(best.record))
+    if during is not None:
+        note = f" ({during:.4g} ms in the search)"
+    else:
+        fastest = f"; this run's search's best: {searched_ms:.4g} ms" if searched_ms else ""
+        note = f" (a schedule from an earlier run's records in the local database{fastest})"
+    print(f"best: {versus.tuned_ms:.4g} ms{note} vs default schedule {versus.baseline_ms:.4g} "
           f"ms: {versus.text()}")  # fmt: skip
 
 

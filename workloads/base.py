@@ -73,8 +73,10 @@ def random_nonzero(
 
 class Workload(abc.ABC):
     """One kernel. Built-ins set ``spec``; a user's subclass sets ``params``, ``inputs``,
-    ``output`` and ``backend_dtypes`` (``name``, ``bucket`` and ``description`` optional) and gets
-    its spec from them. Either way ``spec`` and these attributes agree."""
+    ``output`` and ``backend_dtypes`` (``name``, ``bucket`` and ``description`` optional), or
+    inherits them from the kernel it subclasses, and gets its own spec from them: a subclass is
+    a kernel of its own, never its parent under another name. Either way ``spec`` and these
+    attributes agree."""
 
     spec: ClassVar[KernelSpec]
     name: ClassVar[str]
@@ -94,13 +96,21 @@ class Workload(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "spec" not in cls.__dict__ and "params" in cls.__dict__:  # a user's kernel
-            source = Path(importlib.import_module(cls.__module__).__file__ or "")
+        # A user's kernel: a class with params of its own, or inheriting them (a subclass that
+        # overrides only its computation is its own kernel, under its own name: tuned as the
+        # parent, it got the parent's compute and key). Its source hash covers its parents' files.
+        if "spec" not in cls.__dict__ and hasattr(cls, "params"):
+            source = str(Path(importlib.import_module(cls.__module__).__file__ or ""))
+            parent: KernelSpec | None = getattr(cls, "spec", None)
+            inherited = dict(parent.sources) if parent is not None else {}
+            shared = tuple(dict.fromkeys((source, *inherited.get("*", ()))))
             cls.spec = register(KernelSpec(
                 name=cls.__dict__.get("name", f"{cls.__module__}:{cls.__qualname__}"),
                 params=cls.params, inputs=cls.inputs, output=cls.output, bucket=cls.bucket,
-                dtypes=dict(cls.backend_dtypes), sources={"*": (str(source),)},
+                dtypes=dict(cls.backend_dtypes), sources={**inherited, "*": shared},
                 description=cls.description,
+                choices=parent.choices if parent is not None else {},
+                config_defaults=parent.config_defaults if parent is not None else {},
             ))  # fmt: skip
         if "spec" in cls.__dict__:
             spec = cls.spec

@@ -35,14 +35,38 @@ class Argument:
     dtype: str
 
 
+def require_fixed_shapes(mod: IRModule, what: str) -> None:
+    """Checks that every buffer of ``mod``'s PrimFunc has a fixed shape (a tune times one shape,
+    and MetaSchedule's argument info cannot take a variable: a ``TypeError`` deep in TVM).
+
+    Raises:
+        InvalidInput: one line naming ``what``, the buffer and the dimension.
+    """
+    from tvm.tirx import IntImm, PrimFunc
+
+    for _, func in mod.functions_items():
+        if not isinstance(func, PrimFunc):
+            continue
+        for param in func.params:
+            for i, dim in enumerate(getattr(param, "shape", None) or ()):
+                if not isinstance(dim, IntImm):
+                    raise InvalidInput(
+                        f"{what}: its buffers must have fixed shapes, but buffer "
+                        f"{str(param.name)!r} has dimension {i} = {dim} (not a number): write "
+                        "the shape to tune as numbers (one function per shape)"
+                    )
+
+
 def arguments(mod: IRModule) -> list[Argument]:
     """The parameters of ``mod``'s entry function.
 
     Raises:
-        InvalidInput: a parameter is not a tensor of static shape.
+        InvalidInput: a buffer of dynamic shape, or a parameter that is not a tensor of static
+            shape.
     """
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
+    require_fixed_shapes(mod, "the module")
     found = []
     for i, info in enumerate(ArgInfo.from_entry_func(mod, remove_preproc=True)):
         kind, dtype, shape = info.as_json()

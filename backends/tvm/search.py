@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from backends.base import Budget, Progress, ProgressFn, SearchResult, Trial, TrialStatus
 from backends.tvm.builder import SKIPPED, WarmPool, make_builder
-from backends.tvm.database import best_records, mean_seconds, normalize_module, open_database
+from backends.tvm.database import best_records, normalize_module, open_database
 from backends.tvm.intrin import cpu_intrinsics_only
 from backends.tvm.runner import make_runner
 from backends.tvm.schedule import SCHEDULE_META, trace_json
@@ -277,6 +277,7 @@ def tune(
     configs = [
         {"schedule": SCHEDULE_META, "trace": trace_json(r.trace), "target": target} for r in records
     ]
-    best = mean_seconds(records[0])
+    # best_ms is this run's own fastest measurement: the ranked records may hold earlier runs'
+    # (the warm start), whose times were measured then, not by this search.
     return SearchResult(configs, recorder.trials, seconds=time.monotonic() - begin,
-                        best_ms=None if best is None else 1e3 * best)  # fmt: skip
+                        best_ms=recorder.best_ms)  # fmt: skip

@@ -1,0 +1,79 @@
+"""A user's Workload subclass that inherits ``params`` and overrides only its computation is a
+kernel of its own: its own name, key and compute (it once loaded as its parent, whose name the
+error then told the user to use: tuning the parent's compute)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tunecache.kernels import get_kernel
+from workloads import get_workload
+
+KERNELS = """
+from workloads import Workload
+
+
+class Affine(Workload):
+    params = ("M", "N")
+    inputs = (("M", "N"),)
+    output = ("M", "N")
+    bucket = ("M",)
+    backend_dtypes = {"tvm": ("float32",)}
+
+    def torch_fn(self, x):
+        return x * 2.0 + 1.0
+
+    def reference(self, x):
+        return x.double() * 2.0 + 1.0
+
+    def flops(self, problem):
+        return 2 * problem["M"] * problem["N"]
+
+    def tvm_compute(self, problem, dtype):
+        return "the parent's compute"
+
+
+class Shifted(Affine):
+    def tvm_compute(self, problem, dtype):
+        return "the subclass's compute"
+"""
+
+
+@pytest.fixture
+def module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    package = tmp_path / "subclass_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "kernels.py").write_text(KERNELS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "subclass_pkg.kernels"
+    for name in [n for n in sys.modules if n.startswith("subclass_pkg")]:
+        del sys.modules[name]
+
+
+def test_a_subclass_overriding_only_its_compute_is_its_own_kernel(module: str) -> None:
+    parent, child = get_kernel(f"{module}:Affine"), get_kernel(f"{module}:Shifted")
+    assert child.name == f"{module}:Shifted" and parent.name == f"{module}:Affine"
+    assert child.params == parent.params and child.dtypes == parent.dtypes
+    assert child.source_hash("tvm") == parent.source_hash("tvm")  # one file: names tell apart
+    workload = get_workload(f"{module}:Shifted")
+    assert workload.spec is child
+    assert workload.tvm_compute({"M": 4, "N": 4}, "float32") == "the subclass's compute"
+
+
+def test_a_subclass_of_a_builtin_hashes_the_builtins_sources_too(module: str) -> None:
+    from workloads.matmul import Matmul
+
+    class Mine(Matmul):
+        pass
+
+    assert Mine.spec.name.endswith(":test_a_subclass_of_a_builtin_hashes_the_builtins_sources_too."
+                                   "<locals>.Mine")  # fmt: skip
+    for backend, files in Matmul.spec.sources.items():
+        assert set(files) <= set(Mine.spec.sources[backend])
+    assert __file__ in Mine.spec.sources["*"]
+    assert Mine.spec.choices == Matmul.spec.choices

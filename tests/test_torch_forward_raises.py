@@ -1,0 +1,34 @@
+"""``tune --torch`` on a model whose own forward raises: bad input (exit 2), said as running the
+model, not compiling it; nothing is compiled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tunecache_cli import main as cli_main
+
+MODEL = """
+import torch
+from torch import nn
+
+
+class Raises(nn.Module):
+    def forward(self, x):
+        raise ValueError("my forward is broken")
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+"""
+
+
+def test_a_forward_that_raises_is_bad_input_not_a_failed_compile(
+    tmp_path: Path, capsys: Any
+) -> None:
+    path = tmp_path / "mymodel.py"
+    path.write_text(MODEL)
+    assert cli_main(["tune", "--torch", f"{path}:Raises", "--no-upload"]) == 2
+    err = capsys.readouterr().err
+    assert "running" in err and "ValueError: my forward is broken" in err
+    assert "compiling" not in err
