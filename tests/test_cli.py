@@ -31,7 +31,7 @@ BAD = [
     (["tune", "conv2d", "--backend", "tvm", "--shape", "M=8"], "unknown kernel 'conv2d'"),
     (["tune", "tests.no_such_module:K", "--backend", "tvm", "--shape", "M=8"], "cannot import 'tests.no_such_module'"),
     (["tune", "tests.factories:NoSuchKernel", "--backend", "tvm", "--shape", "M=8"], "has no 'NoSuchKernel'"),
-    (["tune", "tests.factories:make_key", "--backend", "tvm", "--shape", "M=8"], "is not a kernel"),
+    (["tune", "tests.factories:make_key", "--backend", "tvm", "--shape", "M=8"], "is a function, not a kernel"),
     (["tune", "matmul", "--backend", "cudnn", "--shape", "M=8,N=8,K=8"], "not 'cudnn'"),
     (["tune", "matmul", "--backend", "tvm", "--dtype", "fp8", "--shape", "M=8,N=8,K=8"], "not 'fp8'"),
     (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8"], "missing K"),

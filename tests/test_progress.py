@@ -54,6 +54,27 @@ def test_a_tune_with_a_slow_candidate_is_never_silent(tmp_path: Path) -> None:
     assert lines[-1].split()[2] == "done" and "validated" in lines[-1]
 
 
+def test_silence_counts_from_the_commands_start_not_each_phases() -> None:
+    """A TVM tune was silent 8.7 s from its start: 3.7 s loading (a phase under 5 s says
+    nothing), then the search's printer waited its own 5 s."""
+    from tunecache_cli.progress import command_started, working
+
+    stream = Stamped()
+    command_started()
+    try:
+        started = time.monotonic()
+        with working("k", "loading", live=False):
+            time.sleep(1.5)  # a quick phase: nothing said
+        with ProgressPrinter("k", stream, heartbeat=2.0) as progress:
+            progress.expect(Progress(0, 0, message="searching", phase="search"))
+            time.sleep(2.5)
+    finally:
+        command_started(False)
+    assert stream.stamps, "silent"
+    assert stream.stamps[0] - started < 2.0 + 0.8  # the command's 2 s, not the phase's
+    assert "(still working)" in stream.getvalue()
+
+
 def test_each_line_says_phase_count_best_and_eta() -> None:
     stream = Stamped()
     with ProgressPrinter("k", stream, heartbeat=60) as progress:

@@ -249,6 +249,8 @@ def test_tune_says_an_upload_of_a_disputed_config_is_not_served() -> None:
     )
     won = held.model_copy(update={"status": "pending", "is_winner": True, "winner_record_id": 3})
     assert upload_state(won) == "the winner"
+    kept = held.model_copy(update={"status": "pending", "winner_record_id": 2})
+    assert upload_state(kept) == "kept; #2 stays the winner (a lower time)"  # not "is faster"
 
 
 def test_a_copy_that_spells_out_a_default_of_the_space_is_a_copy(server: LiveServer) -> None:

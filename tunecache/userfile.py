@@ -34,10 +34,10 @@ def load_name(flag: str, spec: str) -> tuple[ModuleType, Path, Any]:
 
 def file_of(flag: str, spec: str) -> tuple[Path, str]:
     """``(file, NAME)`` of ``spec`` = ``FILE.py:NAME``, nothing run: checked before a framework
-    is imported (seconds), so a mistyped path is said at once.
+    is imported (seconds), so a mistyped path, or a file that is not Python, is said at once.
 
     Raises:
-        InvalidInput: a malformed spec, or no such Python file.
+        InvalidInput: a malformed spec, no such Python file, or one that does not compile.
     """
     path_text, sep, name = spec.rpartition(":")
     if not sep or not path_text or not name.isidentifier():
@@ -45,6 +45,10 @@ def file_of(flag: str, spec: str) -> tuple[Path, str]:
     path = Path(path_text)
     if path.suffix != ".py" or not path.is_file():
         raise InvalidInput(f"{flag}: no Python file {path_text!r}")
+    try:  # compiled, not run: a file that is not Python is said before seconds of imports
+        compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, OSError) as exc:
+        raise InvalidInput(f"{flag}: importing {path} failed: {one_line(exc)}") from None
     return path, name
 
 

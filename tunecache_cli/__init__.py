@@ -25,6 +25,7 @@ from tunecache_cli import (
     get,
     imports,
     pretune,
+    progress,
     push,
     records,
     replay,
@@ -115,6 +116,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     user_path()
+    progress.command_started()  # no printer is silent 5 s past the start or its last line
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -146,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tunecache: internal error: {one_line(exc)} (run with -v for the traceback)",
               file=sys.stderr)  # fmt: skip
         return 1
+    finally:
+        progress.command_started(False)
     return code
 
 

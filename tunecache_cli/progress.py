@@ -18,10 +18,20 @@ from typing import Any, TextIO
 from backends.base import Progress
 
 HEARTBEAT_SECONDS = 5.0
+# When a printer last wrote a line, or the command started (:func:`command_started`); ``None``
+# outside a command. A printer's silence counts from it: each phase's printer counted its own,
+# and a TVM tune was silent 8.7 s from its start (3.7 s loading, then 5 s searching).
+_SAID: list[float | None] = [None]
 _HUSHED = threading.Event()  # set by :func:`hush`: no printer writes another line
 _PRINTERS: weakref.WeakSet[ProgressPrinter] = weakref.WeakSet()  # made and not yet collected
 PHASES = {"search": "searching", "validate": "validating", "time": "timing", "upload": "uploading",
           "ask": "asking the server", "done": "done"}  # fmt: skip
+
+
+def command_started(started: bool = True) -> None:
+    """The command starts now (``False``: it ended): no printer's heartbeat waits longer than
+    :data:`HEARTBEAT_SECONDS` after it, or after the last line any printer wrote."""
+    _SAID[0] = time.monotonic() if started else None
 
 
 def hush(hushed: bool = True) -> None:
@@ -124,7 +134,8 @@ class ProgressPrinter:
         self._lock = threading.Lock()
         self._last = Progress(done=0, total=0, phase="search")
         self._phase_started = self.started
-        self._last_line = self.started
+        said = _SAID[0]  # silence counts from the command's last line, or its start
+        self._last_line = self.started if said is None else min(said, self.started)
         self._eta = Countdown()
         self._seconds = seconds
         self._expected = False  # the last event was only expected (:meth:`expect`): not printed
@@ -164,6 +175,8 @@ class ProgressPrinter:
                                  event.phase)  # fmt: skip
             self._last, self._expected = event, False
             self._last_line = now
+            if _SAID[0] is not None:
+                _SAID[0] = now
             if self._seconds is not None and self._eta.deadline is None:
                 self._eta.deadline = now + self._seconds  # the budget's clock starts now
             self._eta.step(now - self._phase_started, event.done, event.total, now)
@@ -200,6 +213,8 @@ class ProgressPrinter:
                 if now - self._last_line < self.heartbeat or self._last.phase == "done":
                     continue
                 self._last_line = now
+                if _SAID[0] is not None:
+                    _SAID[0] = now
                 said = f"{self._last.message} " if self._expected else ""
                 still = Progress(self._last.done, self._last.total, self._last.best_ms,
                                  f"{said}(still working)", self._last.phase)  # fmt: skip

@@ -254,7 +254,10 @@ def upload_state(result: Any) -> str:
     if result.status in ("disputed", "rejected"):
         return (f"{result.status}, not served: a consumer's check or a verifier failed this "
                 "config at this key; served once a verifier passes it")  # fmt: skip
-    state = "the winner" if result.is_winner else f"kept; #{result.winner_record_id} is faster"
+    # "#2 is faster" was said of the same config timed again within noise: the winner is the
+    # record of the lowest time the server ranks by, however close
+    state = ("the winner" if result.is_winner
+             else f"kept; #{result.winner_record_id} stays the winner (a lower time)")  # fmt: skip
     if result.policy == "verified" and result.status != "verified":
         state += " (this server serves verified records only: served once a verifier passes it)"
     return state

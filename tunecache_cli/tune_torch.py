@@ -137,14 +137,16 @@ def run(args: argparse.Namespace) -> int:
         TuningError: the compile failed or its output is wrong.
         ServerError: the upload failed.
     """
-    device = _device(args.device)
-    fn, inputs = load_target(args.torch, args.inputs, args.init_inputs, device)
-    _run_eagerly(args.torch, fn, inputs)
+    from tunecache_cli.progress import working
+
+    with working(args.torch, "loading torch and the model, then running it once"):  # seconds
+        device = _device(args.device)
+        fn, inputs = load_target(args.torch, args.inputs, args.init_inputs, device)
+        _run_eagerly(args.torch, fn, inputs)
     url = upload_url(args)  # after the file's own errors, before the compile
 
     from tunecache import conditions
     from tunecache.inductor import pretune
-    from tunecache_cli.progress import working
     from tunecache_cli.push import push_before
 
     push_before(url)  # what an earlier tune could not upload goes first

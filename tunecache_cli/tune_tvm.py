@@ -65,15 +65,17 @@ def run(args: argparse.Namespace) -> int:
                            "supported for TVM modules: leave --device out or pass cpu")  # fmt: skip
     budget = _budget(args)
     file_of("--tvm", args.tvm)  # a mistyped path said before TVM's import (seconds)
-    from backends.tvm.database import best_records, database_dir, open_database
-    from backends.tvm.golden import Reference, require_fixed_shapes
-    from tunecache.tvm.load import load_module
-    from tunecache.tvm.target import host_target
     from tunecache_cli.progress import working
-    from tunecache_cli.push import push_before
-    from tuner.tune import default_workdir
 
-    with working(f"tvm {args.tvm}", "loading the module and its float64 reference"):
+    # TVM's import is seconds: said while it lasts (the run was silent 8.7 s from its start)
+    with working(f"tvm {args.tvm}", "loading TVM, the module and its float64 reference"):
+        from backends.tvm.database import best_records, database_dir, open_database
+        from backends.tvm.golden import Reference, require_fixed_shapes
+        from tunecache.tvm.load import load_module
+        from tunecache.tvm.target import host_target
+        from tunecache_cli.push import push_before
+        from tuner.tune import default_workdir
+
         mod = load_module(args.tvm)
         require_fixed_shapes(mod, f"--tvm {args.tvm!r}")
         target = host_target()
