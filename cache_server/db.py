@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -13,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tunecache.errors import InvalidInput
+from tunecache.folders import private_file, private_folder
 from tunecache.settings import default_db_url, without_userinfo
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -47,7 +49,8 @@ CONNECT_SECONDS = 10  # to reach a PostgreSQL server and log in
 
 def make_engine(url: str) -> Engine:
     """An engine for ``url``. The default SQLite file's folder (in the user cache directory) is
-    created if missing; any other SQLite file's folder must exist: a mistyped path is an error,
+    created if missing, private (0700); a SQLite file is created private (0600) if missing; any
+    other SQLite file's folder must exist: a mistyped path is an error,
     never a new folder somewhere.
 
     Raises:
@@ -67,9 +70,14 @@ def make_engine(url: str) -> Engine:
 
 
 def _sqlite_folder(path: Path, *, default: bool) -> None:
+    """Checks a SQLite file's folder, making the default one (0700: token hashes, records and
+    jobs are no other local user's), and creates the file 0600 if missing (docs/server.md)."""
     folder = path.parent
     if default:
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            private_folder(folder)
+        except OSError as exc:
+            raise InvalidInput(f"the database folder {folder}: {exc.strerror or exc}") from None
     elif not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
         hint = "" if path.is_absolute() else (
@@ -78,6 +86,8 @@ def _sqlite_folder(path: Path, *, default: bool) -> None:
         raise InvalidInput(f"--db: the SQLite file's folder {folder} {what}{hint}")
     elif path.exists() and not path.is_file():
         raise InvalidInput(f"--db: {path} is not a file")
+    with contextlib.suppress(OSError):  # one that cannot be created: SQLite's error says why
+        private_file(path)
 
 
 def upsert_insert(session: Session, model: type[Any]) -> Any:

@@ -141,19 +141,48 @@ def _available(path: Path) -> bool:
     return pid.isdigit() and not _alive(int(pid))
 
 
-def _waiting_for(url: str | None, folder: Path) -> Iterator[tuple[Path, Any]]:
-    """The available files for ``url`` (``None``: any server), oldest first, with their parsed
-    bodies (a file that does not parse, or is gone meanwhile, is left alone)."""
+def _available_files(folder: Path) -> Iterator[tuple[Path, dict[str, Any] | None]]:
+    """The available files, oldest first, with their parsed bodies (``None``: a file that is
+    not a JSON object; one gone meanwhile is left out). A file is written whole before it is
+    named ``*.json`` (:func:`put`), so one that does not parse is never still being written."""
     paths = sorted(folder.glob("*.json"), key=lambda p: own_name(p.name))
     for path in paths if folder.is_dir() else []:
         if not _available(path):
             continue
         try:
-            data: Any = json.loads(path.read_text())
-        except (OSError, ValueError):
+            data: Any = json.loads(path.read_bytes())
+        except OSError:
             continue
-        if isinstance(data, dict) and (url is None or _server(data.get("url")) == _server(url)):
+        except ValueError:  # not JSON, or not text
+            data = None
+        yield path, data if isinstance(data, dict) else None
+
+
+def _waiting_for(url: str | None, folder: Path) -> Iterator[tuple[Path, Any]]:
+    """The available files for ``url`` (``None``: any server), oldest first, with their parsed
+    bodies (one that does not parse is for no server: :func:`set_aside_unreadable`)."""
+    for path, data in _available_files(folder):
+        if data is not None and (url is None or _server(data.get("url")) == _server(url)):
             yield path, data
+
+
+def set_aside_unreadable(folder: Path | None = None) -> list[str]:
+    """Moves the available files that hold no JSON object (truncated, binary: no server can be
+    named for them) to ``rejected/``, as refused uploads are; returns their names."""
+    folder = folder or outbox_dir()
+    names = []
+    for path, data in _available_files(folder):
+        if data is not None:
+            continue
+        name = own_name(path.name)
+        taken = folder / f"{TAKEN}{os.getpid()}-{name}"
+        try:
+            os.replace(path, taken)  # one process wins; the others find it gone
+        except OSError:
+            continue
+        set_aside(taken, name)
+        names.append(name)
+    return names
 
 
 def _server(url: Any) -> str | None:

@@ -20,11 +20,8 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -34,6 +31,7 @@ from pydantic import Field, ValidationError, model_validator
 from tunecache.answers import SNAPSHOT_CONTAINERS
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput, validation_problems
+from tunecache.folders import write_atomic
 from tunecache.http import MAX_ANSWER_BYTES, past_bound
 from tunecache.jsonsafe import parse_json
 from tunecache.schemas import Backend, KeyModel, Line, Name, RecordCreate, _Strict
@@ -275,7 +273,7 @@ def index_snapshot(snapshot: SnapshotPublic) -> dict[str, RecordCreate]:
 
 
 def save_snapshot(path: Path, document: Mapping[str, Any] | SnapshotPublic) -> None:
-    """Writes a snapshot atomically (temp file, fsync, ``os.replace``) as canonical JSON.
+    """Writes a snapshot atomically (:func:`tunecache.folders.write_atomic`) as canonical JSON.
 
     A dict from :meth:`tunecache.Client.export_snapshot` is written byte for byte as the server
     sent it; it is validated first, so a file this writes always loads.
@@ -288,19 +286,8 @@ def save_snapshot(path: Path, document: Mapping[str, Any] | SnapshotPublic) -> N
         data = render_snapshot(snapshot.filters, snapshot.records, snapshot.provenance)[0]
     else:
         data = canonical_json(dict(document)).encode("utf-8")
-    tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-        tmp = None
+        write_atomic(path, data)
     except OSError as exc:
         raise InvalidInput(f"cannot write snapshot {path}: {exc.strerror or exc}") from None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)

@@ -34,6 +34,7 @@ from typing import Final
 
 from tunecache.device import DeviceLimits
 from tunecache.errors import InvalidInput
+from tunecache.folders import write_atomic
 from tunecache.jsonsafe import parse_json
 
 # The engine's own Triton kernel as ``tune`` takes it (workloads/vllm_moe.py): its problems are
@@ -303,13 +304,10 @@ def write_file(folder: Path, shape: MoeShape, contents: MoeFile) -> Path:
     """
     text = file_text(contents)
     path = folder / shape.file_name()
-    partial = path.with_name(f".{path.name}.partial")
-    try:
-        partial.write_text(text)
-        partial.replace(path)
+    try:  # through a private temporary file: a link planted beside it is never followed
+        write_atomic(path, text.encode("utf-8"))
     except OSError as exc:
-        partial.unlink(missing_ok=True)
-        raise InvalidInput(f"{path}: cannot be written ({exc.strerror})") from None
+        raise InvalidInput(f"{path}: cannot be written ({exc.strerror or exc})") from None
     return path
 
 

@@ -2,9 +2,9 @@
 --torch`` and ``tune --tvm``; the outbox, :mod:`tunecache_cli.outbox`) to the server they were
 tuned for.
 
-Exit 0 when nothing waits any more for that server, 1 when some were refused (moved to the
-outbox's ``rejected/``) or could not be sent, 2 bad input, 3 the server could not be reached,
-4 it refused the token.
+Exit 0 when nothing waits any more for that server, 1 when some were refused or unreadable
+(moved to the outbox's ``rejected/``, each unreadable file named) or could not be sent, 2 bad
+input, 3 the server could not be reached, 4 it refused the token.
 """
 
 from __future__ import annotations
@@ -30,13 +30,17 @@ def run(args: argparse.Namespace) -> int:
     from tunecache_cli.table import shown
 
     url = server_url(args)
+    if unreadable := outbox.set_aside_unreadable():  # for no server: moved aside by any push
+        print(f"{len(unreadable)} unreadable file{'' if len(unreadable) == 1 else 's'} set "
+              f"aside in {outbox_dir() / 'rejected'}: {', '.join(map(shown, unreadable))}",
+              file=sys.stderr)  # fmt: skip
     count = outbox.waiting(url)
     if not count:
         print(f"nothing waits for {url} in {outbox_dir()}", file=sys.stderr)
         for other, waiting in sorted(outbox.servers().items()):  # tuned for another server
             print(f"  {waiting} upload{' waits' if waiting == 1 else 's wait'} for {shown(other)}: "
                   f"tunecache push --server {shown(other)}", file=sys.stderr)  # fmt: skip
-        return 0
+        return 1 if unreadable else 0
     preflight(url, "write", "pushing")
     with Client(url, timeout=Settings.from_env(with_url=False).timeout) as client:
         sent, refused, error = outbox.push(client, url)
@@ -47,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if left and error is not None and (error.status_code is None
                                        or error.status_code in (401, 403)):  # fmt: skip
         raise ServerError(f"pushing: {error}", status_code=error.status_code)
-    return 0 if not (left or refused) else 1
+    return 0 if not (left or refused or unreadable) else 1
 
 
 def push_before(url: str | None) -> None:

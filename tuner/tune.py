@@ -46,6 +46,7 @@ from tunecache.configcheck import config_problem
 from tunecache.device import DeviceFingerprint, local_device
 from tunecache.environment import environment_for
 from tunecache.errors import InvalidInput, TuningError, validation_problems
+from tunecache.folders import output_dir
 from tunecache.key import Key
 from tunecache.schemas import (
     KeyModel,
@@ -120,8 +121,14 @@ class TuneOutcome:
 
 
 def default_workdir() -> Path:
-    """``$TUNECACHE_WORK_DIR``, else ``work`` in the user cache dir (:mod:`tunecache.settings`)."""
-    return work_dir()
+    """``$TUNECACHE_WORK_DIR``, else ``work`` in the user cache dir (:mod:`tunecache.settings`),
+    made if need be: every backend's search, and ``tune --tvm``, take it from here.
+
+    Raises:
+        InvalidInput: it cannot be made, is not a folder or is not writable (one line naming
+            the variable and the path: the CLI's exit 2, as for its other local paths).
+    """
+    return output_dir(work_dir(), "TUNECACHE_WORK_DIR folder")
 
 
 def check_local(key: Key, workload: Workload) -> None:
@@ -161,26 +168,70 @@ def check_local(key: Key, workload: Workload) -> None:
     reserved_cores()  # a bad TUNECACHE_TIMING_CORES: said now, not after the whole search
 
 
+# The share of the memory available now that a tune leaves free: the inputs and output are not all
+# it holds (the harness's worker, the compiler, the timing), and others may be using the machine.
+MEMORY_HEADROOM = 0.2
+
+
 def check_memory(key: Key, workload: Workload | None = None) -> None:
-    """Raises :class:`InvalidInput` when ``key``'s inputs and output cannot fit in its device's
-    memory: said before any work (the CLI asks before its progress starts)."""
+    """Raises :class:`InvalidInput` when ``key``'s inputs and output cannot fit in the memory its
+    device has available now, less :data:`MEMORY_HEADROOM`: said before any work (the CLI asks
+    before its progress starts; a daemon fails the job, a verifier gives the record back)."""
     workload = workload or get_workload(key.kernel)
-    needed, have = workload.memory_needed(_problem(key), key.dtype), _memory(key.device)
-    if have and needed > have:
-        raise InvalidInput(
-            f"{key.short()}: its inputs and output need {needed / 2**30:.3g} GiB; this "
-            f"{key.device.kind} device has {have / 2**30:.3g} GiB: a smaller shape"
-        )
+    needed = workload.memory_needed(_problem(key), key.dtype)
+    available, total = _memory(key.device)
+    if (why := memory_problem(needed, available, total, key.device.kind)) is not None:
+        raise InvalidInput(f"{key.short()}: {why}")
 
 
-def _memory(device: DeviceFingerprint) -> int:
-    """Bytes of memory ``device`` has (0: unknown): a GPU's own, a CPU's host memory."""
+def memory_problem(needed: int, available: int, total: int, kind: str) -> str | None:
+    """Why ``needed`` bytes do not fit in ``available`` of a ``kind`` device's ``total`` bytes
+    with :data:`MEMORY_HEADROOM` left free, or ``None`` (also where ``available`` is unknown: 0).
+
+    Example:
+        >>> memory_problem(22 * 2**30, 21 * 2**30, 24 * 2**30, "cpu")[:48]
+        'its inputs and output need 22 GiB; this cpu devi'
+    """
+    usable = available * (1 - MEMORY_HEADROOM)
+    if not available or needed <= usable:
+        return None
+    return (
+        f"its inputs and output need {needed / 2**30:.3g} GiB; this {kind} device has "
+        f"{available / 2**30:.3g} GiB available now of {total / 2**30:.3g} GiB, of which a tune "
+        f"uses at most {1 - MEMORY_HEADROOM:.0%}, {usable / 2**30:.3g} GiB: a smaller shape"
+    )
+
+
+def _memory(device: DeviceFingerprint) -> tuple[int, int]:
+    """Bytes of memory ``device`` has available now and in all (0: unknown). A CPU's host memory
+    (available: what the kernel says can be allocated without swapping); a GPU's own, whose free
+    memory is not read here (its fingerprint names only its size): taken as all of it."""
     if device.kind != "cpu":
-        return device.memory_gb * 2**30
+        return device.memory_gb * 2**30, device.memory_gb * 2**30
     try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
-        return 0
+        total = 0
+    return _available_host_memory() or total, total
+
+
+def _available_host_memory() -> int:
+    """Host memory available now, in bytes (0: unknown): psutil's figure where it is installed,
+    else Linux's ``MemAvailable``."""
+    try:
+        import psutil
+    except ImportError:
+        pass
+    else:
+        return int(psutil.virtual_memory().available)
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _plan(key: Key, options: TuneOptions, backend: Backend | None) -> tuple[Backend, str]:

@@ -1,0 +1,136 @@
+"""A shape is measured against the memory available now, with headroom, not the machine's total.
+
+A matmul needing 22.6 GiB on a 23.5 GiB box with 21 GiB free was claimed and tuned until memory
+ran out. The decision is tested with a stated available figure; nothing big is allocated.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from tests.factories import make_record
+from tunecache import key_for
+from tunecache.errors import InvalidInput, ServerError
+from tunecache.key import Key
+from tunecache.schemas import RecordPublic
+from tunecache.strict import SERVED
+from tunecache.verification import VerifyTask
+from workloads import get_workload
+
+GIB = 2**30
+
+
+def total_ram() -> int:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def near_total_shape() -> dict[str, int]:
+    """A square matmul whose inputs and output need about 90% of this machine's total memory."""
+    side = math.isqrt(int(0.9 * total_ram()) // 36)  # 3 float32 arrays, each also in float64
+    shape = {"M": side, "N": side, "K": side}
+    assert 0.8 * total_ram() < get_workload("matmul").memory_needed(shape, "float32") < total_ram()
+    return shape
+
+
+@pytest.fixture
+def half_available(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine says half of its memory is available now."""
+    psutil = pytest.importorskip("psutil")
+    real = psutil.virtual_memory()
+    monkeypatch.setattr(psutil, "virtual_memory",
+                        lambda: real._replace(available=total_ram() // 2))  # fmt: skip
+
+
+def test_a_need_under_the_total_but_over_what_is_available_is_refused_naming_all_three() -> None:
+    from tuner.tune import MEMORY_HEADROOM, memory_problem
+
+    why = memory_problem(int(22.6 * GIB), 21 * GIB, int(23.5 * GIB), "cpu")
+    assert why is not None
+    assert "need 22.6 GiB" in why and "21 GiB available now" in why and "of 23.5 GiB" in why
+    assert 0 < MEMORY_HEADROOM < 1
+    # Within the available memory but not its headroom: refused; well within: taken.
+    assert memory_problem(20 * GIB, 21 * GIB, int(23.5 * GIB), "cpu") is not None
+    assert memory_problem(10 * GIB, 21 * GIB, int(23.5 * GIB), "cpu") is None
+    assert memory_problem(10 * GIB, 0, 0, "cpu") is None  # unknown: not refused here
+
+
+def test_check_memory_refuses_a_shape_over_the_available_memory(half_available: None) -> None:
+    from tuner.tune import check_memory
+
+    with pytest.raises(InvalidInput, match="GiB available now of"):
+        check_memory(key_for("matmul", "tvm", near_total_shape(), "float32"))
+
+
+class NoRun:
+    """Stands for what would run the kernel: reaching it fails the test, never allocating."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the shape was run ({name})")
+
+
+def test_a_daemon_fails_a_job_over_the_available_memory_and_goes_on(
+    half_available: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job fails, saying why, before any tune; the daemon is not stopped."""
+    tune_module = importlib.import_module("tuner.tune")  # the package's ``tune`` is the function
+
+    # Past the checks the search would start: reaching it fails the test, never allocating.
+    def started(*args: Any) -> Any:
+        raise AssertionError("the tune started")
+
+    monkeypatch.setattr(tune_module, "_emitter", started)
+    from tunecache.jobs import JobPublic
+    from tunecache.schemas import KeyModel
+    from tuner.daemon import Daemon, DaemonOptions
+
+    key = key_for("matmul", "tvm", near_total_shape(), "float32")
+    now = "2026-01-01T00:00:00Z"
+    job = JobPublic.model_validate({
+        "id": 7, "key_hash": key.digest(), "key": KeyModel.from_key(key).model_dump(by_alias=True),
+        "state": "running", "priority": 0, "source": "api", "attempts": 1, "max_attempts": 3,
+        "lease_owner": "w", "lease_expires_at": now, "error": "", "record_id": None,
+        "created_at": now, "updated_at": now,
+    })  # fmt: skip
+
+    class Server:  # what the daemon asks of its client, at a boundary we own
+        url = "http://127.0.0.1:9"
+
+        def __init__(self) -> None:
+            self.failed: list[tuple[int, str]] = []
+
+        def list_records(self, **query: Any) -> Any:
+            raise ServerError("not asked here")
+
+        def fail_job(self, job_id: int, worker: str, error: str) -> None:
+            self.failed.append((job_id, error))
+
+    server = Server()
+    daemon = Daemon(server, DaemonOptions(backends=("tvm",)))  # type: ignore[arg-type]
+    assert daemon.work(job, harness=NoRun()) is False  # type: ignore[arg-type]
+    assert daemon.failed == [7] and len(server.failed) == 1
+    assert "GiB available now of" in server.failed[0][1]
+
+
+def _leased(key: Key) -> VerifyTask:
+    body = make_record(key, config={"schedule": "default"}).model_dump(mode="json", by_alias=True)
+    stored = {**body, "id": 7, "key_hash": "0" * 64, "created_at": "2026-01-01T00:00:00Z"}
+    return VerifyTask(record=RecordPublic.model_validate(stored, context=SERVED),
+                      lease_expires_at=datetime.now(UTC))  # fmt: skip
+
+
+def test_a_verifier_gives_back_a_record_over_the_available_memory(half_available: None) -> None:
+    from tunecache import Client
+    from tuner.verify import Verifier, VerifierOptions
+
+    key = key_for("matmul", "tvm", near_total_shape(), "float32")
+    with Client("http://127.0.0.1:9") as client:
+        verifier = Verifier(client, VerifierOptions(backends=("tvm",)))
+        finding = verifier.finding(_leased(key), NoRun())  # type: ignore[arg-type]
+    assert finding.outcome == "unverifiable", finding
+    assert finding.error is not None and "GiB available now of" in finding.error
