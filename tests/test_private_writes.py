@@ -25,6 +25,7 @@ def test_a_link_planted_beside_a_vllm_moe_file_is_not_followed(tmp_path: Path) -
     assert written == out / name and not written.is_symlink()
     assert written.read_text() == file_text(contents)
     assert sorted(p.name for p in out.iterdir()) == sorted([name, f".{name}.partial"])
+    assert written.stat().st_mode & 0o777 == 0o644  # vLLM may read it as another user
 
 
 def test_concurrent_writes_of_one_vllm_moe_file_each_leave_it_whole(tmp_path: Path) -> None:

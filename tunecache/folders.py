@@ -32,17 +32,20 @@ def output_dir(path: Path, label: str = "output folder") -> Path:
     return path
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Writes ``data`` to ``path`` whole: into a private temporary file beside it (``mkstemp``: a
-    new name made exclusively, mode 0600, never a link planted there, never another writer's),
-    flushed to disk, then renamed over ``path`` (a link at ``path`` is replaced, not followed).
-    A reader never sees half a file; on failure no temporary file is left.
+    new name made exclusively, never a link planted there, never another writer's), given
+    ``mode`` (0600: its owner's; a file another user's program reads, such as a vLLM config,
+    0644), flushed to disk, then renamed over ``path`` (a link at ``path`` is replaced, not
+    followed). A reader never sees half a file; on failure no temporary file is left.
 
     Raises:
         OSError: the file cannot be written (callers say which file, in one line).
     """
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        if mode != 0o600:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as out:
             out.write(data)
             out.flush()

@@ -305,7 +305,7 @@ def write_file(folder: Path, shape: MoeShape, contents: MoeFile) -> Path:
     text = file_text(contents)
     path = folder / shape.file_name()
     try:  # through a private temporary file: a link planted beside it is never followed
-        write_atomic(path, text.encode("utf-8"))
+        write_atomic(path, text.encode("utf-8"), mode=0o644)  # read by vLLM, maybe as another user
     except OSError as exc:
         raise InvalidInput(f"{path}: cannot be written ({exc.strerror or exc})") from None
     return path

@@ -45,14 +45,13 @@ import hashlib
 import json
 import logging
 import math
-import os
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
+from tunecache import folders
 from tunecache.configcheck.inductor import (
     MAX_CHOICES,
     MAX_NAME,
@@ -314,13 +313,7 @@ def merge_groups(
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Writes ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    """Writes ``text`` to ``path`` whole (:func:`tunecache.folders.write_atomic`), its folder
+    made if missing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
+    folders.write_atomic(path, text.encode("utf-8"))
