@@ -214,3 +214,18 @@ def hostile_artifacts(values: list[Any]) -> Iterator[str]:
     finally:
         httpd.shutdown()
         httpd.server_close()
+
+
+def claimed_job(key: Key, job_id: int = 7) -> Any:
+    """A job for ``key`` as a server answers a worker's claim (running, attempt 1 of 3)."""
+    from tunecache.jobs import JobPublic
+    from tunecache.schemas import KeyModel
+
+    now = "2026-01-01T00:00:00Z"
+    return JobPublic.model_validate({
+        "id": job_id, "key_hash": key.digest(),
+        "key": KeyModel.from_key(key).model_dump(by_alias=True), "state": "running",
+        "priority": 0, "source": "api", "attempts": 1, "max_attempts": 3, "lease_owner": "w",
+        "lease_expires_at": now, "error": "", "record_id": None, "created_at": now,
+        "updated_at": now,
+    })  # fmt: skip

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer
-from tests.factories import make_key
+from tests.factories import claimed_job, make_key
 from tunecache import Client, Device, DeviceFingerprint, DeviceLimits, key_for
 from tunecache.device import local_device
 from tunecache.errors import ServerError
@@ -178,8 +178,6 @@ def test_a_daemon_refuses_a_job_for_a_package_it_was_not_given_whoever_hands_it_
 ) -> None:
     """The server filters claims by package, but a daemon trusts no server (an old one, or a
     hostile one): a job naming another package's kernel is failed unimported."""
-    from tunecache.jobs import JobPublic
-    from tunecache.schemas import KeyModel
     from tuner.daemon import Daemon, DaemonOptions
 
     marker = tmp_path / "imported"
@@ -189,13 +187,7 @@ def test_a_daemon_refuses_a_job_for_a_package_it_was_not_given_whoever_hands_it_
     monkeypatch.syspath_prepend(str(tmp_path))
     key = dataclasses.replace(make_key(), kernel="evilmod:Kernel",
                               device=local_device("cpu").fingerprint)  # fmt: skip
-    now = "2026-01-01T00:00:00Z"
-    job = JobPublic.model_validate({
-        "id": 7, "key_hash": key.digest(), "key": KeyModel.from_key(key).model_dump(by_alias=True),
-        "state": "running", "priority": 0, "source": "api", "attempts": 1, "max_attempts": 3,
-        "lease_owner": "w", "lease_expires_at": now, "error": "", "record_id": None,
-        "created_at": now, "updated_at": now,
-    })  # fmt: skip
+    job = claimed_job(key)
 
     class Server:  # what the daemon asks of its client, at a boundary we own
         def __init__(self) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.factories import make_record
+from tests.factories import claimed_job, make_record
 from tunecache import key_for
 from tunecache.errors import InvalidInput, ServerError
 from tunecache.key import Key
@@ -85,18 +85,10 @@ def test_a_daemon_fails_a_job_over_the_available_memory_and_goes_on(
         raise AssertionError("the tune started")
 
     monkeypatch.setattr(tune_module, "_emitter", started)
-    from tunecache.jobs import JobPublic
-    from tunecache.schemas import KeyModel
     from tuner.daemon import Daemon, DaemonOptions
 
     key = key_for("matmul", "tvm", near_total_shape(), "float32")
-    now = "2026-01-01T00:00:00Z"
-    job = JobPublic.model_validate({
-        "id": 7, "key_hash": key.digest(), "key": KeyModel.from_key(key).model_dump(by_alias=True),
-        "state": "running", "priority": 0, "source": "api", "attempts": 1, "max_attempts": 3,
-        "lease_owner": "w", "lease_expires_at": now, "error": "", "record_id": None,
-        "created_at": now, "updated_at": now,
-    })  # fmt: skip
+    job = claimed_job(key)
 
     class Server:  # what the daemon asks of its client, at a boundary we own
         url = "http://127.0.0.1:9"
