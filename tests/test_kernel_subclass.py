@@ -65,15 +65,12 @@ def test_a_subclass_overriding_only_its_compute_is_its_own_kernel(module: str) -
     assert workload.tvm_compute({"M": 4, "N": 4}, "float32") == "the subclass's compute"
 
 
-def test_a_subclass_of_a_builtin_hashes_the_builtins_sources_too(module: str) -> None:
+def test_a_builtins_subclass_stays_the_builtin() -> None:
+    """Its backends' hooks live beside the built-in (``workloads/matmul/``), not beside a user's
+    module: made a kernel of its own, it had none to tune with."""
     from workloads.matmul import Matmul
 
     class Mine(Matmul):
         pass
 
-    assert Mine.spec.name.endswith(":test_a_subclass_of_a_builtin_hashes_the_builtins_sources_too."
-                                   "<locals>.Mine")  # fmt: skip
-    for backend, files in Matmul.spec.sources.items():
-        assert set(files) <= set(Mine.spec.sources[backend])
-    assert __file__ in Mine.spec.sources["*"]
-    assert Mine.spec.choices == Matmul.spec.choices
+    assert Mine.spec.name == "matmul" and Mine.spec is Matmul.spec

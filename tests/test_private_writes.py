@@ -3,6 +3,7 @@ name (``DIR/.<file>.partial``) used to make ``sync --format vllm-moe`` overwrite
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -25,7 +26,12 @@ def test_a_link_planted_beside_a_vllm_moe_file_is_not_followed(tmp_path: Path) -
     assert written == out / name and not written.is_symlink()
     assert written.read_text() == file_text(contents)
     assert sorted(p.name for p in out.iterdir()) == sorted([name, f".{name}.partial"])
-    assert written.stat().st_mode & 0o777 == 0o644  # vLLM may read it as another user
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert written.stat().st_mode & 0o777 == 0o666 & ~umask  # vLLM may read it as another user
+    written.chmod(0o600)  # the owner's choice is kept
+    write_file(out, shape, contents)
+    assert written.stat().st_mode & 0o777 == 0o600
 
 
 def test_concurrent_writes_of_one_vllm_moe_file_each_leave_it_whole(tmp_path: Path) -> None:

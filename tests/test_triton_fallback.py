@@ -142,8 +142,9 @@ def test_a_refused_token_is_named_where_the_upload_waits(server: LiveServer) -> 
     less than 30 s ago": never that it refused the token."""
     script = (
         "import torch, tests.user_triton_autotune as m\n"
-        "x = torch.randn(1000)\n"
-        "assert torch.allclose(m.launch(x), x * 2 + 1)\n"
+        "for n in (1000, 3000):  # two keys, two uploads: one warning\n"
+        "    x = torch.randn(n)\n"
+        "    assert torch.allclose(m.launch(x), x * 2 + 1)\n"
     )
     env = {**os.environ, "TRITON_INTERPRET": "1", "TUNECACHE_URL": server.url,
            "TUNECACHE_TOKEN": "tc_nope"}  # fmt: skip
@@ -154,3 +155,20 @@ def test_a_refused_token_is_named_where_the_upload_waits(server: LiveServer) -> 
     assert len(said) == 1, done.stderr
     assert "401" in said[0] and "not known to this server" in said[0] and "waits in" in said[0]
     assert "failed less than" not in done.stderr, done.stderr
+
+
+def test_a_config_whose_check_cannot_run_is_launched_before_the_failed_pick() -> None:
+    """A check that could not run here (no memory for the copies) is no disagreement: when no
+    config passed, the failed pick ran into the caller's tensors, the reference blamed."""
+    from triton import Config
+
+    from tunecache.triton.fallback import fall_back
+
+    failed, slow, unknown = (Config({"BLOCK": b}) for b in (128, 64, 32))
+    times = {failed: [1.0], slow: [3.0], unknown: [2.0]}
+    verdicts = {slow: False, unknown: None}  # None: the check could not run
+    found = fall_back(failed, times, [failed, slow, unknown], verdicts.__getitem__)
+    assert (found.config, found.launched, found.checked) == (None, unknown, 2)
+    assert "could not run here" in found.warning("pick failed", "later calls")
+    every = fall_back(failed, times, [failed, slow, unknown], lambda config: False)
+    assert every.launched is failed and "the reference may be wrong" in every.warning("x", "y")

@@ -57,6 +57,25 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
         raise
 
 
+def shared_mode(path: Path) -> int:
+    """The mode for a file other programs read (a vLLM config): that of the file ``path`` holds
+    already, else what the process's umask leaves of 0666 (its owner's choice, not ours)."""
+    with contextlib.suppress(OSError):
+        return stat.S_IMODE(os.stat(path).st_mode)
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it where Linux says it (``/proc``)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o077)  # elsewhere: read by setting it, at once set back
+    os.umask(mask)
+    return mask
+
+
 def private_folder(path: Path) -> Path:
     """``path`` as a folder only its owner can open (0700), made with its missing parents; one
     found open to others (made by an older version) is closed to 0700. Only for a folder the
@@ -84,7 +103,8 @@ def private_file(path: Path) -> None:
         OSError: it cannot be created.
     """
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        no_links = getattr(os, "O_NOFOLLOW", 0)  # not on Windows
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | no_links, 0o600)
     except FileExistsError:
         return
     os.close(fd)

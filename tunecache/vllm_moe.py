@@ -34,7 +34,7 @@ from typing import Final
 
 from tunecache.device import DeviceLimits
 from tunecache.errors import InvalidInput
-from tunecache.folders import write_atomic
+from tunecache.folders import shared_mode, write_atomic
 from tunecache.jsonsafe import parse_json
 
 # The engine's own Triton kernel as ``tune`` takes it (workloads/vllm_moe.py): its problems are
@@ -305,7 +305,7 @@ def write_file(folder: Path, shape: MoeShape, contents: MoeFile) -> Path:
     text = file_text(contents)
     path = folder / shape.file_name()
     try:  # through a private temporary file: a link planted beside it is never followed
-        write_atomic(path, text.encode("utf-8"), mode=0o644)  # read by vLLM, maybe as another user
+        write_atomic(path, text.encode("utf-8"), mode=shared_mode(path))  # vLLM reads it
     except OSError as exc:
         raise InvalidInput(f"{path}: cannot be written ({exc.strerror or exc})") from None
     return path

@@ -22,6 +22,7 @@ HEARTBEAT_SECONDS = 5.0
 # outside a command. A printer's silence counts from it: each phase's printer counted its own,
 # and a TVM tune was silent 8.7 s from its start (3.7 s loading, then 5 s searching).
 _SAID: list[float | None] = [None]
+_SAID_LOCK = threading.Lock()  # a heartbeat thread's update never outlives the command's end
 _HUSHED = threading.Event()  # set by :func:`hush`: no printer writes another line
 _PRINTERS: weakref.WeakSet[ProgressPrinter] = weakref.WeakSet()  # made and not yet collected
 PHASES = {"search": "searching", "validate": "validating", "time": "timing", "upload": "uploading",
@@ -31,7 +32,15 @@ PHASES = {"search": "searching", "validate": "validating", "time": "timing", "up
 def command_started(started: bool = True) -> None:
     """The command starts now (``False``: it ended): no printer's heartbeat waits longer than
     :data:`HEARTBEAT_SECONDS` after it, or after the last line any printer wrote."""
-    _SAID[0] = time.monotonic() if started else None
+    with _SAID_LOCK:
+        _SAID[0] = time.monotonic() if started else None
+
+
+def _said(now: float) -> None:
+    """A printer wrote a line at ``now`` (within a command)."""
+    with _SAID_LOCK:
+        if _SAID[0] is not None:
+            _SAID[0] = now
 
 
 def hush(hushed: bool = True) -> None:
@@ -175,8 +184,7 @@ class ProgressPrinter:
                                  event.phase)  # fmt: skip
             self._last, self._expected = event, False
             self._last_line = now
-            if _SAID[0] is not None:
-                _SAID[0] = now
+            _said(now)
             if self._seconds is not None and self._eta.deadline is None:
                 self._eta.deadline = now + self._seconds  # the budget's clock starts now
             self._eta.step(now - self._phase_started, event.done, event.total, now)
@@ -213,8 +221,7 @@ class ProgressPrinter:
                 if now - self._last_line < self.heartbeat or self._last.phase == "done":
                     continue
                 self._last_line = now
-                if _SAID[0] is not None:
-                    _SAID[0] = now
+                _said(now)
                 said = f"{self._last.message} " if self._expected else ""
                 still = Progress(self._last.done, self._last.total, self._last.best_ms,
                                  f"{said}(still working)", self._last.phase)  # fmt: skip

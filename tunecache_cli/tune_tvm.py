@@ -65,21 +65,12 @@ def run(args: argparse.Namespace) -> int:
                            "supported for TVM modules: leave --device out or pass cpu")  # fmt: skip
     budget = _budget(args)
     file_of("--tvm", args.tvm)  # a mistyped path said before TVM's import (seconds)
+    mod, target, reference = _loaded(args.tvm)
+    from backends.tvm.database import best_records, database_dir, open_database
     from tunecache_cli.progress import working
+    from tunecache_cli.push import push_before
+    from tuner.tune import default_workdir
 
-    # TVM's import is seconds: said while it lasts (the run was silent 8.7 s from its start)
-    with working(f"tvm {args.tvm}", "loading TVM, the module and its float64 reference"):
-        from backends.tvm.database import best_records, database_dir, open_database
-        from backends.tvm.golden import Reference, require_fixed_shapes
-        from tunecache.tvm.load import load_module
-        from tunecache.tvm.target import host_target
-        from tunecache_cli.push import push_before
-        from tuner.tune import default_workdir
-
-        mod = load_module(args.tvm)
-        require_fixed_shapes(mod, f"--tvm {args.tvm!r}")
-        target = host_target()
-        reference = Reference(mod, target, SEEDS)  # before tuning: a broken module fails fast
     url = upload_url(args)  # after the module's own errors, before the search
     push_before(url)  # what an earlier tune could not upload goes first
     workdir = default_workdir()
@@ -113,6 +104,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"records kept in {database_dir(workdir, target)} ({kept})")
         return 0
     return _upload(url, mod, target, [c.record for c in passed])
+
+
+def _loaded(spec: str) -> tuple[Any, Any, Any]:
+    """The module, the host target and the float64 reference (before tuning: a broken module
+    fails fast), said while TVM loads (seconds: the run was silent 8.7 s from its start)."""
+    from tunecache_cli.progress import working
+
+    with working(f"tvm {spec}", "loading TVM, the module and its float64 reference"):
+        from backends.tvm.golden import Reference, require_fixed_shapes
+        from tunecache.tvm.load import load_module
+        from tunecache.tvm.target import host_target
+
+        mod = load_module(spec)
+        require_fixed_shapes(mod, f"--tvm {spec!r}")
+        target = host_target()
+        return mod, target, Reference(mod, target, SEEDS)
 
 
 def _search(

@@ -168,70 +168,49 @@ def check_local(key: Key, workload: Workload) -> None:
     reserved_cores()  # a bad TUNECACHE_TIMING_CORES: said now, not after the whole search
 
 
-# The share of the memory available now that a tune leaves free: the inputs and output are not all
-# it holds (the harness's worker, the compiler, the timing), and others may be using the machine.
+# The share of a CPU's host memory a tune leaves free: the inputs and output are not all it holds
+# (the harness's worker, the compiler, the timing), and the machine runs other processes. A
+# matmul needing 22.6 GiB on a 23.5 GiB box was claimed and tuned until memory ran out. Against
+# the total, not what is free at the moment: a daemon fails a job it refuses, and a moment of
+# someone else's use would spend all its attempts in a second. A GPU's memory is the tune's own.
 MEMORY_HEADROOM = 0.2
 
 
 def check_memory(key: Key, workload: Workload | None = None) -> None:
-    """Raises :class:`InvalidInput` when ``key``'s inputs and output cannot fit in the memory its
-    device has available now, less :data:`MEMORY_HEADROOM`: said before any work (the CLI asks
-    before its progress starts; a daemon fails the job, a verifier gives the record back)."""
+    """Raises :class:`InvalidInput` when ``key``'s inputs and output cannot fit in its device's
+    memory (a CPU's less :data:`MEMORY_HEADROOM`): said before any work (the CLI asks before its
+    progress starts; a daemon fails the job, a verifier gives the record back)."""
     workload = workload or get_workload(key.kernel)
     needed = workload.memory_needed(_problem(key), key.dtype)
-    available, total = _memory(key.device)
-    if (why := memory_problem(needed, available, total, key.device.kind)) is not None:
+    if (why := memory_problem(needed, _memory(key.device), key.device.kind)) is not None:
         raise InvalidInput(f"{key.short()}: {why}")
 
 
-def memory_problem(needed: int, available: int, total: int, kind: str) -> str | None:
-    """Why ``needed`` bytes do not fit in ``available`` of a ``kind`` device's ``total`` bytes
-    with :data:`MEMORY_HEADROOM` left free, or ``None`` (also where ``available`` is unknown: 0).
+def memory_problem(needed: int, total: int, kind: str) -> str | None:
+    """Why ``needed`` bytes do not fit in a ``kind`` device of ``total`` bytes (a CPU's with
+    :data:`MEMORY_HEADROOM` left free), or ``None`` (also where ``total`` is unknown: 0).
 
     Example:
-        >>> memory_problem(22 * 2**30, 21 * 2**30, 24 * 2**30, "cpu")[:48]
-        'its inputs and output need 22 GiB; this cpu devi'
+        >>> memory_problem(22 * 2**30, 24 * 2**30, "cpu")[-51:]
+        'a tune uses at most 80 %, 19.2 GiB: a smaller shape'
     """
-    usable = available * (1 - MEMORY_HEADROOM)
-    if not available or needed <= usable:
+    usable = total * (1 - MEMORY_HEADROOM) if kind == "cpu" else total
+    if not total or needed <= usable:
         return None
-    return (
-        f"its inputs and output need {needed / 2**30:.3g} GiB; this {kind} device has "
-        f"{available / 2**30:.3g} GiB available now of {total / 2**30:.3g} GiB, of which a tune "
-        f"uses at most {1 - MEMORY_HEADROOM:.0%}, {usable / 2**30:.3g} GiB: a smaller shape"
-    )
+    share = (f", of which a tune uses at most {1 - MEMORY_HEADROOM:.0%}".replace("%", " %")
+             + f", {usable / 2**30:.3g} GiB") if usable < total else ""  # fmt: skip
+    return (f"its inputs and output need {needed / 2**30:.3g} GiB; this {kind} device has "
+            f"{total / 2**30:.3g} GiB{share}: a smaller shape")  # fmt: skip
 
 
-def _memory(device: DeviceFingerprint) -> tuple[int, int]:
-    """Bytes of memory ``device`` has available now and in all (0: unknown). A CPU's host memory
-    (available: what the kernel says can be allocated without swapping); a GPU's own, whose free
-    memory is not read here (its fingerprint names only its size): taken as all of it."""
+def _memory(device: DeviceFingerprint) -> int:
+    """Bytes of memory ``device`` has (0: unknown): a GPU's own, a CPU's host memory."""
     if device.kind != "cpu":
-        return device.memory_gb * 2**30, device.memory_gb * 2**30
+        return device.memory_gb * 2**30
     try:
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, ValueError, OSError):
-        total = 0
-    return _available_host_memory() or total, total
-
-
-def _available_host_memory() -> int:
-    """Host memory available now, in bytes (0: unknown): psutil's figure where it is installed,
-    else Linux's ``MemAvailable``."""
-    try:
-        import psutil
-    except ImportError:
-        pass
-    else:
-        return int(psutil.virtual_memory().available)
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+        return 0
 
 
 def _plan(key: Key, options: TuneOptions, backend: Backend | None) -> tuple[Backend, str]:

@@ -96,12 +96,15 @@ class Workload(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # A user's kernel: a class with params of its own, or inheriting them (a subclass that
-        # overrides only its computation is its own kernel, under its own name: tuned as the
-        # parent, it got the parent's compute and key). Its source hash covers its parents' files.
-        if "spec" not in cls.__dict__ and hasattr(cls, "params"):
+        # A user's kernel: a class with params of its own, or inheriting a user's kernel's (a
+        # subclass that overrides only its computation is its own kernel, under its own name:
+        # tuned as the parent, it got the parent's compute and key). Its source hash covers its
+        # parents' files. A subclass of a built-in (named without a ':') stays that built-in: its
+        # backends' hooks live beside the built-in, not beside a user's module.
+        parent: KernelSpec | None = getattr(cls, "spec", None)
+        users = parent is not None and ":" in parent.name
+        if "spec" not in cls.__dict__ and ("params" in cls.__dict__ or users):
             source = str(Path(importlib.import_module(cls.__module__).__file__ or ""))
-            parent: KernelSpec | None = getattr(cls, "spec", None)
             inherited = dict(parent.sources) if parent is not None else {}
             shared = tuple(dict.fromkeys((source, *inherited.get("*", ()))))
             cls.spec = register(KernelSpec(

@@ -220,15 +220,18 @@ class CachedAutotuner(Autotuner):
     def _replacement(self, call: TuningCall, failed: Config, check: CheckModel,
                      launch: str) -> Config:  # fmt: skip
         """What ``launch`` runs in place of ``failed`` (its ``check`` failed), warned once: the
-        fastest config passing the same check (:mod:`tunecache.triton.fallback`); where none
-        does, the reference is the suspect (as where it cannot run) and Triton's pick is."""
+        fastest config passing the same check (:mod:`tunecache.triton.fallback`), else one whose
+        check could not run here; where every config ran and disagreed, the reference is the
+        suspect (as where it cannot run) and Triton's pick is."""
         key, args, kwargs = call.key, call.args, call.kwargs
         tolerance = TOLERANCES.get(key.dtype, 1e-4)
 
-        def passes(config: Config) -> bool:
+        def passes(config: Config) -> bool | None:
             try:
                 return self._check(config, args, kwargs, tolerance, key).passed
-            except Exception:  # its run raised, or it could not be checked here: not taken
+            except CheckUnavailable:  # not the config's fault: not known wrong
+                return None
+            except Exception:  # its own run raised: not taken
                 return False
 
         pruning = self._pruning(args, kwargs)
@@ -236,7 +239,7 @@ class CachedAutotuner(Autotuner):
         found = fallback.fall_back(failed, call.times, kept, passes)
         said = f"{key.short()}: the tuned config {failed} failed validation ({check.failure()})"
         self._warn_once("wrong", found.warning(said, launch))
-        return found.config or failed
+        return found.launched
 
     def _validate(self, key: Key, config: Config, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> CheckModel | None:  # fmt: skip

@@ -4,8 +4,9 @@ The fastest config that passes the same check on fresh copies of the call's argu
 configs this call timed, fastest first (ties in the kernel's order), then the other configs the
 kernel keeps for the call, in its order. Each is checked at most once and the search stops at the
 first that passes, so it costs at most one check (two launches) per config the kernel keeps, a
-handful. When none passes, the reference itself is the likeliest culprit (every config disagrees
-with it): :func:`fall_back` says so and the caller launches what Triton would have.
+handful. When none passes, the fastest whose check could not run here is launched (not known
+wrong, unlike the pick); when every config ran and disagreed, the reference itself is the
+likeliest culprit: :func:`fall_back` says so and the caller launches what Triton would have.
 """
 
 from __future__ import annotations
@@ -20,15 +21,27 @@ from triton import Config
 
 @dataclass(frozen=True)
 class Fallback:
-    """The config to launch in place of ``failed`` (``None``: none passed), and how many
-    configs were checked."""
+    """The config to launch in place of ``failed`` (``None``: none passed), how many configs
+    were tried, and the fastest whose check could not run here (``unchecked``: not known wrong,
+    unlike ``failed``)."""
 
     config: Config | None
     checked: int
     failed: Config
+    unchecked: Config | None = None
+
+    @property
+    def launched(self) -> Config:
+        """What runs: the config that passed, else one not known wrong, else Triton's pick
+        (every config disagreed with the reference: the reference is the suspect)."""
+        return self.config or self.unchecked or self.failed
 
     def warning(self, said: str, launch: str) -> str:
         """The one warning: ``said`` (the pick's failure), then what ``launch`` runs and why."""
+        if self.config is None and self.unchecked is not None:
+            return (f"{said}; {launch} launch {self.unchecked}, the fastest config whose check "
+                    f"could not run here (none of the {self.checked} tried passed): unchecked, "
+                    "but not known wrong; not uploaded")  # fmt: skip
         if self.config is None:
             return (f"{said}, and so did the {self.checked} other config(s) the kernel keeps: "
                     f"the reference may be wrong; {launch} launch {self.failed}, Triton's pick, "
@@ -49,15 +62,20 @@ def candidates(failed: Config, times: Mapping[Config, Any], kept: Sequence[Confi
 
 
 def fall_back(failed: Config, times: Mapping[Config, Any], kept: Sequence[Config],
-              passes: Callable[[Config], bool]) -> Fallback:  # fmt: skip
+              passes: Callable[[Config], bool | None]) -> Fallback:  # fmt: skip
     """The first of :func:`candidates` for which ``passes(config)`` (its check on fresh inputs)
-    holds, each checked at most once."""
-    checked = 0
+    holds, each checked at most once; ``passes`` answers ``None`` where the check could not
+    run here (no memory for the copies, the reference raising): such a config is remembered,
+    never counted as disagreeing with the reference."""
+    checked, unchecked = 0, None
     for config in candidates(failed, times, kept):
         checked += 1
-        if passes(config):
+        verdict = passes(config)
+        if verdict:
             return Fallback(config, checked, failed)
-    return Fallback(None, checked, failed)
+        if verdict is None and unchecked is None:
+            unchecked = config
+    return Fallback(None, checked, failed, unchecked)
 
 
 def could_not_run(times: Mapping[Config, Any], config: Config) -> bool:

@@ -67,6 +67,7 @@ class WrapperClient(Client):
         super().__init__(url or settings().url, **options)
         self.serverless = url is None
         self.refusal: ServerError | None = None
+        self.told = False  # the refusal's warning was given (once a process)
         if self.serverless:
             self.resolver.sources.remove(self.server)
 
@@ -111,11 +112,17 @@ class WrapperClient(Client):
             later.lost()
             return
         later.taken = None
-        if taken.exists():  # the server's words as ServerError shows them (escaped, one line)
-            logger.warning("tunecache.triton: %s not sent: the server refused the token (%s); it "
-                           "waits in %s (tunecache push --server %s sends it with a token that "
-                           "can write)", later.what, one_line(refusal), release(taken),
-                           self.url)  # fmt: skip
+        if not taken.exists():
+            return
+        kept = release(taken)
+        if self.told:  # one warning a process: each later upload waits beside it
+            logger.debug("tunecache.triton: %s waits in %s", later.what, kept)
+            return
+        self.told = True  # the server's words as ServerError shows them (escaped, one line)
+        logger.warning("tunecache.triton: %s not sent: the server refused the token (%s); it "
+                       "waits in %s, and so will later uploads (tunecache push --server %s sends "
+                       "them with a token that can write)", later.what, one_line(refusal), kept,
+                       self.url)  # fmt: skip
 
 
 _CREATING = threading.Lock()
