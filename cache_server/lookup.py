@@ -50,7 +50,9 @@ def find_winner(
     candidates = session.execute(
         BUCKET_WINNERS[table], {"bucket_hash": bucket_digest(wanted)}
     ).all()
-    refused = refused_at(session, key.digest())  # a config disputed here, by no rule either
+    # a config disputed here is served by no rule either (asked only when there is a candidate:
+    # a miss, the lookup's common cold answer, pays no extra query)
+    refused = refused_at(session, key.digest()) if candidates else set()
     known = server_bucket(key.kernel)
     buckets = BucketPolicy(tuple(bucket or ())) if known is None else known
     found = best(wanted, ((tuned, record_id) for record_id, tuned, digest in candidates
