@@ -1,6 +1,7 @@
 """An unusable ``TUNECACHE_WORK_DIR`` (its parent a file) is one line naming the variable and the
 path, exit 2, as other unusable local paths are: it was ``internal error: NotADirectoryError``,
-exit 1, once TVM's search had started."""
+exit 1, once TVM's search had started. A tune says it before its first line, a daemon instead of
+starting."""
 
 from __future__ import annotations
 
@@ -43,6 +44,22 @@ def test_a_tune_with_an_unusable_work_dir_is_one_line_exit_2(under_a_file: Path)
         capture_output=True, text=True, timeout=300, cwd=REPO, env=env,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
-    last = done.stderr.strip().splitlines()[-1]
-    assert "TUNECACHE_WORK_DIR" in last and str(under_a_file) in last, done.stderr
+    said = (done.stdout + done.stderr).strip().splitlines()
+    assert len(said) == 1, said  # refused before the search says it started
+    assert "TUNECACHE_WORK_DIR" in said[0] and str(under_a_file) in said[0], said
     assert "internal error" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_daemon_with_an_unusable_work_dir_does_not_start(under_a_file: Path) -> None:
+    """It started, claimed jobs and failed each (its attempts spent on a setting of its own)."""
+    env = {**os.environ, "TUNECACHE_WORK_DIR": str(under_a_file)}
+    env.pop("TUNECACHE_TOKEN", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "tunecache_cli", "daemon", "--device", "cpu", "--once",
+         "--server", "http://127.0.0.1:9"],
+        capture_output=True, text=True, timeout=120, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    said = (done.stdout + done.stderr).strip().splitlines()
+    assert len(said) == 1 and "TUNECACHE_WORK_DIR" in said[0], said
+    assert str(under_a_file) in said[0], said

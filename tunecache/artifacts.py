@@ -18,13 +18,13 @@ handing it to their backend.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
 from tunecache.configcheck import artifact_problem
 from tunecache.schemas import MAX_CONFIG_BYTES, MAX_ID, Line, _Strict, check_json_size
+from tunecache.strict import Utc
 from tunecache.vllm_moe import NAMESPACE, imported_name_problem
 
 Namespace = Literal[
@@ -90,7 +90,7 @@ class ArtifactPublic(ArtifactIn):
     """A stored artifact, as the server returns it."""
 
     id: Annotated[int, Field(ge=1, le=MAX_ID)]
-    updated_at: datetime
+    updated_at: Utc
 
 
 class ArtifactList(_Strict):

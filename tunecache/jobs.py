@@ -5,7 +5,6 @@ The queue itself is :mod:`cache_server.jobs` (server) and :mod:`tuner.daemon` (w
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, field_validator
@@ -22,6 +21,7 @@ from tunecache.schemas import (
     _Strict,
     builtin_key,
 )
+from tunecache.strict import Utc
 
 JobState = Literal["queued", "running", "done", "failed"]
 
@@ -65,11 +65,11 @@ class JobPublic(_Strict):
     attempts: int
     max_attempts: int
     lease_owner: str | None
-    lease_expires_at: datetime | None
+    lease_expires_at: Utc | None
     error: str
     record_id: int | None
-    created_at: datetime
-    updated_at: datetime
+    created_at: Utc
+    updated_at: Utc
     strategy: JobStrategy | None = None  # what a job may be queued with (a worker runs it)
     trials: JobTrials | None = None
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -46,7 +45,7 @@ from tunecache.measured import Speedup as Speedup
 from tunecache.measured import TimingModel as TimingModel
 from tunecache.problem import MAX_DIM, MAX_FLAG_CHARS, MAX_PARAMS, describe, foreign_params
 from tunecache.strict import INTEGRAL as INTEGRAL
-from tunecache.strict import SERVED
+from tunecache.strict import SERVED, Utc
 from tunecache.strict import STORED as STORED
 from tunecache.strict import Line as Line
 from tunecache.strict import Millis as Millis
@@ -381,7 +380,7 @@ class VerificationPublic(_Strict):
     passed: bool
     verifier: str  # the token name of the verifier
     device_name: str
-    verified_at: datetime
+    verified_at: Utc
     timing: TimingModel | None = None  # the verifier's own timing of the config
     validation: ValidationReport | None = None  # the verifier's checks
     error: str = ""
@@ -400,7 +399,7 @@ class RecordPublic(RecordCreate):
 
     id: int
     key_hash: str
-    created_at: datetime
+    created_at: Utc
     is_winner: bool = False
     status: RecordStatus = "pending"
     uploaded_by: str | None = None

@@ -17,14 +17,13 @@ imported pending, its uploader unnamed.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, AwareDatetime, Field, model_validator
 
 from tunecache.measured import TimingModel
 from tunecache.schemas import Line, RecordCreate
-from tunecache.strict import Strict
+from tunecache.strict import Strict, in_utc
 from tunecache.tokens import NAME_CHARACTERS, TokenName
 
 TIMING = "timing"  # in ``uploaders``: the record's time is its uploader's own
@@ -34,19 +33,7 @@ VerifierName = Annotated[str, Field(min_length=1, max_length=160, pattern=_VERIF
 # A date as stated: an import takes one past its own time as its own time
 # (cache_server.snapshots), never refuses it: refused at read, one row dated ahead of a host's
 # clock (hosts' clocks differ) failed every export of that host, and a reader whose clock was
-# behind the exporter's ignored the whole file.
-
-
-def in_utc(value: datetime) -> datetime:
-    """``value`` in UTC, as every timestamp the API stores and sends: a date stated in another
-    zone was stored and served in it (``+23:59``), and one before year 1 in UTC
-    (``0001-01-01T00:00:00+01:00``) failed the import's write with a 500."""
-    try:
-        return value.astimezone(UTC)
-    except OverflowError:
-        raise ValueError(f"{value.isoformat()} is out of range in UTC (years 1 to 9999)") from None
-
-
+# behind the exporter's ignored the whole file. It must carry its zone; it is kept in UTC.
 Stamp = Annotated[AwareDatetime, AfterValidator(in_utc)]
 
 

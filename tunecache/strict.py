@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from contextvars import ContextVar
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from pydantic import (
@@ -37,6 +38,21 @@ INTEGRAL = BeforeValidator(integral)  # 14.0 is the integer 14, as in JSON Schem
 # A time of at least a nanosecond: no kernel launches faster, and ratios of times stay finite.
 Millis = Annotated[float, Field(strict=True, ge=1e-6, lt=1e9, allow_inf_nan=False)]
 
+
+def in_utc(value: datetime) -> datetime:
+    """``value`` in UTC, as every timestamp the API stores and sends (one without a zone read as
+    UTC): a date stated in another zone was stored and served in it (``+23:59``) and a client
+    showed it labelled UTC; one before year 1 in UTC (``0001-01-01T00:00:00+01:00``) failed the
+    import's write with a 500."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"{value.isoformat()} is out of range in UTC (years 1 to 9999)") from None
+
+
+Utc = Annotated[datetime, AfterValidator(in_utc)]  # a time the API sends, read back in UTC
 
 # Validation context of data the server read back from its own database: it passed every check
 # as it was written, and the walk for NULs and lone surrogates (a third of a lookup's query

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import datetime
 from typing import Annotated, Final, Literal, get_args
 
 from pydantic import Field, StrictBool
 
 from tunecache.schemas import _Strict
+from tunecache.strict import Utc
 
 Scope = Literal["read", "write", "verify", "admin"]
 SCOPES: Final[tuple[Scope, ...]] = get_args(Scope)
@@ -81,9 +81,9 @@ class TokenPublic(_Strict):
     name: str
     scope: Scope
     prefix: str
-    created_at: datetime
-    last_used_at: datetime | None = None
-    revoked_at: datetime | None = None
+    created_at: Utc
+    last_used_at: Utc | None = None
+    revoked_at: Utc | None = None
     trusted: bool = False
 
 

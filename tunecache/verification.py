@@ -7,7 +7,6 @@ A record's own trust fields (``status``, ``uploaded_by``, ``verification``) are 
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, StrictBool, field_validator, model_validator
@@ -28,6 +27,7 @@ from tunecache.schemas import (
     ValidationReport,
     _Strict,
 )
+from tunecache.strict import Utc
 
 MAX_DISPUTED_PROBLEMS = 64
 
@@ -86,7 +86,7 @@ class VerifyTask(_Strict):
     # once, the first MAX_DISPUTED_PROBLEMS of a longer list (an older server's): hours of work
     # a server cannot ask of it. Its finding says which it answers (the rest stay open).
     disputed_problems: Annotated[list[Problem], BeforeValidator(_first_ones)] = []
-    lease_expires_at: datetime
+    lease_expires_at: Utc
 
 
 class VerificationCreate(_Strict):

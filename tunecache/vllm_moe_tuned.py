@@ -24,7 +24,6 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import UTC
 
 from tunecache.errors import InvalidInput
 from tunecache.schemas import RecordPublic
@@ -95,8 +94,5 @@ def _shape_and_m(record: RecordPublic, device: str) -> tuple[MoeShape, int] | No
 
 
 def _rank(record: RecordPublic) -> tuple[bool, float]:
-    """bfloat16 before float16, then the newer (a time without a zone read as UTC)."""
-    created = record.created_at
-    if created.tzinfo is None:
-        created = created.replace(tzinfo=UTC)
-    return record.key.dtype == "bfloat16", created.timestamp()
+    """bfloat16 before float16, then the newer (read in UTC: :data:`tunecache.strict.Utc`)."""
+    return record.key.dtype == "bfloat16", record.created_at.timestamp()

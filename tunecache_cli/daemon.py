@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache.schemas import MAX_LEASE_SECONDS
     from tuner.daemon import Daemon, DaemonOptions
+    from tuner.tune import default_workdir
 
     check_count("--trials", args.trials)
     check_count("--max-trials", args.max_trials)
@@ -106,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     check_seconds("--poll", args.poll)
     check_seconds("--lease", args.lease, most=MAX_LEASE_SECONDS)
     _check_device(args.device)
+    default_workdir()  # an unusable TUNECACHE_WORK_DIR refuses the start, not each job it claims
     kernels, backends = _packages(args.kernels), _backends(args.backends)  # before the server
     if args.verify:
         return run_verifier(args, kernels, backends)

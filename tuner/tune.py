@@ -297,13 +297,14 @@ def tune(
     emit = _emitter(key, progress)
     request = SearchRequest(workload, _problem(key), key.dtype, budget, progress, options.seed)
     task = _task(key, backend, options)
-    plan = backend.budget_text(budget) if strategy == backend.native_strategy else budget.text()
+    native = strategy == backend.native_strategy
+    workdir = (options.workdir or default_workdir()) if native else None  # refused before a line
+    plan = backend.budget_text(budget) if native else budget.text()
     emit(f"with {strategy} ({plan})")
     started = time.perf_counter()
     deadline = None if budget.seconds is None else time.monotonic() + budget.seconds
-    found: SearchResult | None = None
-    if strategy == backend.native_strategy:  # before the workers start: they would share cores
-        found = search_native(backend, request, options.workdir or default_workdir())
+    # the native search runs before the workers start: they would share its cores
+    found = None if workdir is None else search_native(backend, request, workdir)
     with contextlib.ExitStack() as stack:
         if harness is None:
             harness = stack.enter_context(
