@@ -40,7 +40,7 @@ from tunecache.errors import CheckUnavailable, InvalidInput, one_line
 from tunecache.key import Key
 from tunecache.lookup import LookupResult, SourceName
 from tunecache.policies import VersionPolicy
-from tunecache.rules import best
+from tunecache.record_index import RecordIndex
 from tunecache.schemas import CheckModel, RecordCreate
 from tunecache.served import served_problem
 from tunecache.strict import printable_text
@@ -92,14 +92,16 @@ class MemoSource(Source):
 class RecordsSource(Source):
     """Validated records held here (a snapshot's, or a test's), answered by the lookup rules.
 
-    Answers are kept per key: the rules scan the records once per key, not once per lookup.
+    The records are indexed once, on first use, by what the rules require equal
+    (:class:`~tunecache.record_index.RecordIndex`), so a lookup reads its key's group, not all
+    of them; and answers are kept per key.
     """
 
     name: SourceName = "snapshot"
 
     def __init__(self, records: Iterable[RecordCreate], policy: VersionPolicy = "strict") -> None:
         self.policy: VersionPolicy = policy
-        self._records: list[tuple[dict[str, Any], RecordCreate]] | None = None
+        self._index: RecordIndex[RecordCreate] | None = None
         self._given = records
         self._answers: dict[str, LookupResult | None] = {}
         self._lock = threading.Lock()
@@ -107,17 +109,19 @@ class RecordsSource(Source):
     def records(self) -> Iterable[RecordCreate]:
         return self._given
 
+    def index(self) -> RecordIndex[RecordCreate]:
+        """The records for the lookup rules (built once, on the first lookup)."""
+        from tunecache.snapshot_index import key_json
+
+        return RecordIndex((key_json(r), r) for r in self.records() if r.validation.passed)
+
     def get(self, key: Key, digest: str) -> LookupResult | None:
-        if self._records is None:
+        if self._index is None:
             with self._lock:
-                if self._records is None:
-                    held = [r for r in self.records() if r.validation.passed]
-                    self._records = [(r.key.model_dump(mode="json", by_alias=True), r)
-                                     for r in held]  # fmt: skip
-        if not self._records:
-            return None
+                if self._index is None:
+                    self._index = self.index()
         if digest not in self._answers:
-            found = best(key.to_json(), self._records, self.policy)
+            found = self._index.best(key.to_json(), self.policy)
             answer = None
             if found is not None:
                 record, rule = found
@@ -130,23 +134,33 @@ class RecordsSource(Source):
 
 
 class SnapshotSource(RecordsSource):
-    """A snapshot file (:func:`tunecache.snapshot.save_snapshot`), read once, on first use; a
-    missing or corrupt file is logged once and answers nothing."""
+    """A snapshot file (:func:`tunecache.snapshot.save_snapshot`), read and checked once, on
+    first use, each record validated on the first lookup of its group
+    (:func:`tunecache.snapshot_index.load_snapshot_index`); a missing, corrupt or unreadable
+    file (a FIFO, a device: refused without waiting) is logged once and answers nothing."""
 
     def __init__(self, path: Path, policy: VersionPolicy = "strict") -> None:
         super().__init__((), policy)
         self.path = path
 
     def records(self) -> Iterable[RecordCreate]:
+        """Every winner of the file, validated now (lookups use :meth:`index`)."""
         from tunecache.snapshot import index_snapshot, load_snapshot
 
         try:
-            index = index_snapshot(load_snapshot(self.path))
+            return index_snapshot(load_snapshot(self.path)).values()
         except InvalidInput as exc:
             logger.warning("%s; ignoring the snapshot", exc)
             return []
-        logger.debug("snapshot %s: %d winners", self.path, len(index))
-        return index.values()
+
+    def index(self) -> RecordIndex[RecordCreate]:
+        from tunecache.snapshot_index import load_snapshot_index
+
+        try:
+            return load_snapshot_index(self.path)
+        except InvalidInput as exc:
+            logger.warning("%s; ignoring the snapshot", exc)
+            return RecordIndex()
 
 
 class Resolver:

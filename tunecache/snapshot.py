@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping, Sequence
+import os
+import stat
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -203,8 +205,23 @@ def load_snapshot(path: Path) -> SnapshotPublic:
     Raises:
         InvalidInput: the file cannot be read, is past those bounds or is not a valid snapshot.
     """
+    return validated_snapshot(path, read_snapshot_bytes(path))
+
+
+def read_snapshot_bytes(path: Path) -> bytes:
+    """The bytes of the snapshot file at ``path``, within the bounds :func:`load_snapshot` says.
+
+    Opened without blocking and refused unless the opened file is a regular one (a symlink to
+    one is): a FIFO blocked the read until the process was killed, and ``/dev/zero`` was read
+    to the 256 MiB bound. The check is of the file opened, not a ``stat`` before, which races.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        with path.open("rb") as file:
+        with open(os.open(path, flags), "rb", closefd=True) as file:
+            mode = os.fstat(file.fileno()).st_mode
+            if not stat.S_ISREG(mode):
+                raise InvalidInput(f"cannot read snapshot {path}: not a regular file "
+                                   f"({_file_kind(mode)})")  # fmt: skip
             text = file.read(MAX_ANSWER_BYTES + 1)
     except OSError as exc:
         raise InvalidInput(f"cannot read snapshot {path}: {exc.strerror or exc}") from None
@@ -213,6 +230,21 @@ def load_snapshot(path: Path) -> SnapshotPublic:
                            "reads (a server's snapshot answer is at most that)")  # fmt: skip
     if past := past_bound(text, SNAPSHOT_CONTAINERS):
         raise InvalidInput(f"{path} is not a snapshot this reads: {past}")
+    return text
+
+
+def _file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):  # fmt: skip
+        if test(mode):
+            return kind
+    return "not a plain file"
+
+
+def validated_snapshot(path: Path, text: bytes) -> SnapshotPublic:
+    """:func:`load_snapshot`'s checks of the ``text`` of the file at ``path``, which
+    :func:`read_snapshot_bytes` read: every record is validated now."""
     try:
         return SnapshotPublic.model_validate_json(text, context=SERVED)
     except ValidationError as exc:
@@ -261,8 +293,13 @@ def _salvage(text: bytes) -> tuple[dict[str, Any], dict[str, list[Any]], list[st
 
 def index_snapshot(snapshot: SnapshotPublic) -> dict[str, RecordCreate]:
     """The snapshot's validated records by key digest; of two for one key, the faster wins."""
+    return winners(snapshot.records)
+
+
+def winners(records: Iterable[RecordCreate]) -> dict[str, RecordCreate]:
+    """:func:`index_snapshot` of ``records``, in their order."""
     index: dict[str, RecordCreate] = {}
-    for record in snapshot.records:
+    for record in records:
         if not record.validation.passed:
             continue  # stored by an import, never served
         digest = record.key.digest()
