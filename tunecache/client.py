@@ -30,7 +30,8 @@ from typing import Any, TypeVar, get_args
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from tunecache import answers
+from tunecache import answers, forksafe
+from tunecache.admin_calls import AdminCalls
 from tunecache.artifacts import (
     MAX_BATCH,
     MAX_PAGE,
@@ -48,14 +49,12 @@ from tunecache.http import (
     LOOKUP_ANSWER_BYTES,
     LOOKUP_ANSWER_CONTAINERS,
     MAX_ANSWER_BYTES,
-    DeadlineTransport,
     Timeout,
     answer_limit,
     containers,
     deadline,
     missing,
     parse,
-    proxy_mounts,
     refuses_field,
     rejected,
     shed_wait,
@@ -83,10 +82,16 @@ from tunecache.schemas import (
     UploadResult,
 )
 from tunecache.server_source import ServerSource
-from tunecache.settings import Settings, checked_token, checked_url, snapshot_file
+from tunecache.settings import (
+    checked_token,
+    checked_url,
+    env_timeout,
+    env_token,
+    env_url,
+    snapshot_file,
+)
 from tunecache.snapshot import SnapshotImportResult, SnapshotPublic
 from tunecache.strict import SERVED
-from tunecache.tokens import Scope, TokenCreate, TokenCreated, TokenList, TokenPublic, WhoAmI
 from tunecache.verification import (
     DisputeCreate,
     DisputeResult,
@@ -98,12 +103,12 @@ M = TypeVar("M", bound=BaseModel)
 logger = logging.getLogger(__name__)
 
 
-class Client(WorkerCalls):
+class Client(WorkerCalls, AdminCalls):
     """A client of one tunecache server.
 
     Args:
         url: the server, e.g. ``http://127.0.0.1:8765``; ``TUNECACHE_URL`` when omitted.
-        timeout: a :class:`Timeout`, or seconds for lookups.
+        timeout: a :class:`Timeout`, or seconds for lookups; ``TUNECACHE_TIMEOUT`` when omitted.
         transport: an ``httpx`` transport (tests pass an in-memory one).
         retry_after: seconds to skip the server after a failed lookup.
         miss_ttl: seconds a miss is remembered before the server is asked again.
@@ -117,8 +122,13 @@ class Client(WorkerCalls):
             from before asking the server; ``TUNECACHE_SNAPSHOT`` when omitted, none when ``""``.
             Read once, on the first lookup; a missing or corrupt file is logged once and ignored.
 
+    Only the variables of what was not given are read (a ``TUNECACHE_TIMEOUT`` set wrong never
+    stops a client given ``timeout``). A process forked from this one gets connections and a
+    background thread of its own (:mod:`tunecache.forksafe`).
+
     Raises:
-        InvalidInput: an unknown ``policy`` (at once, not at the first lookup).
+        InvalidInput: an unknown ``policy`` (at once, not at the first lookup), or a variable
+            read that is set wrong (naming it).
     """
 
     def __init__(
@@ -137,23 +147,19 @@ class Client(WorkerCalls):
         if policy not in get_args(VersionPolicy):
             known = ", ".join(get_args(VersionPolicy))
             raise InvalidInput(f"policy={policy!r}: expected one of {known}")
-        need_env = not url or timeout is None or token is None
-        settings = Settings.from_env(with_url=not url) if need_env else None
-        self.url = checked_url(url, "url=") if url else (settings or Settings.from_env()).url
-        if isinstance(timeout, int | float):
-            timeout = Timeout(lookup=float(timeout))
-        self.timeout = timeout or Timeout(lookup=settings.timeout if settings else 0.5)
+        self.url = checked_url(url, "url=") if url else env_url()
+        timeout = env_timeout() if timeout is None else timeout
+        self.timeout = timeout if isinstance(timeout, Timeout) else Timeout(lookup=float(timeout))
         self.retry_after = retry_after
         self.miss_ttl = miss_ttl
         self.policy: VersionPolicy = policy
         self.report_misses = report_misses
         self.sends_bucket = True  # a user's kernel's bucket, until a server refuses the field
-        token = token if token is not None else (settings.token if settings else None)
-        auth = {"Authorization": f"Bearer {checked_token(token, 'token=')}"} if token else {}
-        headers = {"Accept-Encoding": "identity", **auth}  # as large on the wire as in memory
-        mounts = proxy_mounts() if transport is None else {}
-        self._http = httpx.Client(base_url=self.url, transport=transport or DeadlineTransport(),
-                                  mounts=mounts, headers=headers)  # fmt: skip
+        token = env_token() if token is None else checked_token(token, "token=")
+        auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._transport = transport  # identity: as large on the wire as in memory
+        self._headers = {"Accept-Encoding": "identity", **auth}
+        self._http = forksafe.connect(self.url, transport, self._headers)
         sources: list[Source] = []
         snapshot = snapshot_file() if snapshot is None else snapshot
         if snapshot:
@@ -162,11 +168,20 @@ class Client(WorkerCalls):
                                    report_misses=report_misses)  # fmt: skip
         sources.append(self.server)
         self.resolver = Resolver(sources)
+        forksafe.track(self)  # a forked child gets connections of its own
 
     # -- lifecycle -------------------------------------------------------------------------
     def close(self) -> None:
+        forksafe.forget(self)
         self.resolver.close()  # sends the miss reports still queued
         self._http.close()
+
+    def renew_after_fork(self) -> None:
+        """In a forked child: connections and a server source of its own (:mod:`.forksafe`)."""
+        self._http = forksafe.connect(self.url, self._transport, self._headers)
+        old, self.server = self.server, ServerSource(self, retry_after=self.retry_after,
+            miss_ttl=self.miss_ttl, report_misses=self.report_misses)  # fmt: skip
+        self.resolver = forksafe.renewed(self.resolver, old, self.server)
 
     def __enter__(self) -> Client:
         return self
@@ -461,40 +476,3 @@ class Client(WorkerCalls):
                 break
             after = page.next_after
         return items
-
-    # -- token management (needs a token with the admin scope) ---------------------------
-    def create_token(self, name: str, scope: Scope, *, trusted: bool = False) -> TokenCreated:
-        """A new token; the answer holds it in clear, for the only time. ``trusted``: its
-        uploads are served as verified at once."""
-        body = TokenCreate(name=name, scope=scope, trusted=trusted).model_dump()
-        return parse(TokenCreated, self._call("POST", "/v1/tokens", json=body), "/v1/tokens")
-
-    def list_tokens(self, *, include_revoked: bool = False) -> list[TokenPublic]:
-        params = {"include_revoked": "true"} if include_revoked else {}
-        response = self._call("GET", "/v1/tokens", params=params)
-        return parse(TokenList, response, "/v1/tokens").items
-
-    def revoke_token(self, token_id: int) -> TokenPublic:
-        path = f"/v1/tokens/{token_id}"
-        return parse(TokenPublic, self._call("DELETE", path), path)
-
-    def whoami(self, *, timeout: float | None = None) -> WhoAmI:
-        """The token this client sends, as the server sees it, and its scope.
-
-        Raises:
-            ServerError: unreachable (``status_code`` None), or the token is refused (401).
-        """
-        response = self._call("GET", "/v1/whoami", timeout, read=True)
-        return parse(WhoAmI, response, "/v1/whoami")
-
-    def health(self) -> dict[str, Any]:
-        """The server's ``/health`` answer (``status``, ``database``, ``records``, ``version``).
-
-        Raises:
-            ServerError: unreachable, or the answer is not a JSON object.
-        """
-        response = self._call("GET", "/health")
-        result = answers.json_answer(response, "/health", answers.SMALL_ANSWER_CONTAINERS)
-        if not isinstance(result, dict):
-            raise ServerError("GET /health gave no JSON object")
-        return result

@@ -1,9 +1,11 @@
 """Every environment variable tunecache reads, in one place.
 
 - ``TUNECACHE_URL``: the cache server the client and CLI talk to (``http://127.0.0.1:8765``)
-- ``TUNECACHE_TIMEOUT``: seconds a run-time lookup may take before falling back (``0.5``)
+- ``TUNECACHE_TIMEOUT``: seconds a run-time lookup may take before falling back (``0.5``):
+  more than 0, at most 60 (a value in milliseconds, ``500``, is refused, not taken as minutes)
 - ``TUNECACHE_TOKEN``: the API token sent to the server (``tunecache token create``); reads
-  need none unless the server says so, uploads need one with the ``write`` scope
+  need none unless the server says so, uploads need one with the ``write`` scope; whitespace
+  around it (a secret file's last newline) is dropped
 - ``TUNECACHE_SNAPSHOT``: a snapshot file run-time lookups answer from before the server
   (``tunecache snapshot export``); unset: none
 - ``TRITON_INTERPRET``: ``1`` (or ``true``, ``on``, ``yes``, ``y``) runs Triton kernels in Triton's
@@ -98,34 +100,67 @@ class Settings:
     ) -> Settings:
         """Reads the settings from ``environ`` (``os.environ`` by default); with ``with_url``
         false, not ``TUNECACHE_URL`` (``url`` is the default): for a caller given a URL of its
-        own (``--server``), which a bad ``TUNECACHE_URL`` must not stop.
+        own (``--server``), which a bad ``TUNECACHE_URL`` must not stop. A caller that needs
+        only some of them reads those alone (:func:`env_url`, :func:`env_timeout`,
+        :func:`env_token`), so that a variable it does not use never stops it.
 
         Raises:
             InvalidInput: a variable is set to a value of the wrong type or range.
         """
         env = os.environ if environ is None else environ
-        defaults = cls()
-
-        def number(name: str, default: float, kind: type) -> float:
-            raw = env.get(name)
-            if raw is None or raw == "":
-                return default
-            try:
-                value = kind(raw)
-            except ValueError:
-                raise InvalidInput(f"{name}={raw!r} is not a {kind.__name__}") from None
-            if not value > 0:
-                raise InvalidInput(f"{name}={raw!r} must be positive")
-            return value
-
         return cls(
-            url=checked_url(env.get("TUNECACHE_URL") or defaults.url, "TUNECACHE_URL=")
-            if with_url
-            else defaults.url,
-            timeout=number("TUNECACHE_TIMEOUT", defaults.timeout, float),
-            token=checked_token(env.get("TUNECACHE_TOKEN") or None, "TUNECACHE_TOKEN="),
-            snapshot=Path(env["TUNECACHE_SNAPSHOT"]) if env.get("TUNECACHE_SNAPSHOT") else None,
+            url=env_url(env) if with_url else cls.url,
+            timeout=env_timeout(env),
+            token=env_token(env),
+            snapshot=snapshot_file(env),
         )
+
+
+MAX_ENV_TIMEOUT = 60.0  # seconds: TUNECACHE_TIMEOUT=500 meant milliseconds, not 8 minutes
+
+
+def env_url(environ: Mapping[str, str] | None = None) -> str:
+    """``TUNECACHE_URL``, checked (:func:`checked_url`), or the default server's.
+
+    Raises:
+        InvalidInput: not an http(s) URL of a host (the message names the variable).
+    """
+    env = os.environ if environ is None else environ
+    return checked_url(env.get("TUNECACHE_URL") or Settings.url, "TUNECACHE_URL=")
+
+
+def env_timeout(environ: Mapping[str, str] | None = None) -> float:
+    """``TUNECACHE_TIMEOUT``: seconds a run-time lookup may take (unset or empty: ``0.5``).
+
+    Raises:
+        InvalidInput: not a number, not above 0, not finite (``inf``: a lookup that never gives
+            up, which :class:`tunecache.http.Timeout` refuses), or over
+            :data:`MAX_ENV_TIMEOUT` (a value in milliseconds: each lookup of a silent server
+            would hold the caller that long).
+    """
+    raw = (os.environ if environ is None else environ).get("TUNECACHE_TIMEOUT")
+    if raw is None or raw == "":
+        return Settings.timeout
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidInput(f"TUNECACHE_TIMEOUT={raw!r} is not a float") from None
+    if not 0 < value <= MAX_ENV_TIMEOUT:  # nan and inf fail it too
+        limit = f"{MAX_ENV_TIMEOUT:g}"
+        raise InvalidInput(f"TUNECACHE_TIMEOUT={raw!r} must be more than 0 and at most {limit}: "
+                           "it is in seconds (0.5: half a second)")  # fmt: skip
+    return value
+
+
+def env_token(environ: Mapping[str, str] | None = None) -> str | None:
+    """``TUNECACHE_TOKEN``, checked (:func:`checked_token`: whitespace around it dropped), or
+    ``None`` when unset or blank.
+
+    Raises:
+        InvalidInput: it holds a space, a control or a non-ASCII character (not shown).
+    """
+    raw = (os.environ if environ is None else environ).get("TUNECACHE_TOKEN", "")
+    return checked_token(raw, "TUNECACHE_TOKEN=") or None
 
 
 def checked_url(url: str, given: str) -> str:
@@ -165,14 +200,16 @@ _TOKEN = re.compile(r"[\x21-\x7e]*")  # printable ASCII, no space: what an HTTP 
 
 
 def checked_token(token: str | None, given: str) -> str | None:
-    """``token`` (``None`` stays ``None``); ``given`` names where it came from in an error.
+    """``token`` without whitespace around it (``None`` stays ``None``); ``given`` names where
+    it came from in an error. Stripping never changes a valid token (printable ASCII without
+    spaces) and drops the newline a token read from a file (a mounted secret) ends with.
 
     Raises:
         InvalidInput: it holds a space, a control or a non-ASCII character (the message says
             where, never the token): sent anyway, the server's HTTP parser refused it, and the
             answer without a tunecache identity read as "not a tunecache server".
     """
-    if token is None or _TOKEN.fullmatch(token):
+    if token is None or _TOKEN.fullmatch(token := token.strip()):
         return token
     at = next(i for i, c in enumerate(token) if not _TOKEN.fullmatch(c))
     raise InvalidInput(  # NAME=… first, as every variable's error (settings_without_bad)

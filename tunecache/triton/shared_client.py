@@ -1,5 +1,7 @@
 """One client per process and settings, shared by every decorated kernel and thread, and the
-environment's settings read once (a malformed variable taken as unset, with a warning).
+environment's settings read once (a malformed variable taken as unset, with a warning). A child
+forked after the client was made keeps the object, renewed (its own connections and background
+thread, :mod:`tunecache.forksafe`).
 
 A malformed ``TUNECACHE_URL`` is no server at all, never the default one (someone else's, on a
 shared host): lookups answer from this process's memo and the snapshot file, a miss is tuned
@@ -12,6 +14,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -126,6 +129,16 @@ class WrapperClient(Client):
 
 
 _CREATING = threading.Lock()
+
+
+def _unlocked_in_child() -> None:
+    """A forked child's own lock: a parent thread making the client at the fork held the
+    inherited one for good. The client itself is renewed in the child (tunecache.forksafe)."""
+    global _CREATING
+    _CREATING = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_unlocked_in_child)
 
 
 def shared_client(url: str | None, snapshot: Path | None, policy: VersionPolicy) -> Client:

@@ -1,0 +1,139 @@
+"""A client made before a fork: the children and the parent each use their own connections.
+
+A parent that looked a key up (a keep-alive connection left in its pool) and then forked
+DataLoader-style workers had them all write requests onto that one inherited socket: answers
+crossed, every process got the default config, warned of a server that was "not a tunecache
+server" or broke the protocol, and skipped the server for 30 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import LiveServer, start_server
+from tests.factories import make_key, make_record
+from tunecache import Client
+from tunecache.key import Key
+from tunecache.triton import shared_client as shared
+
+WORKERS = 4
+KEYS = 12  # looked up by every process at once, each a request to the server
+FORK = multiprocessing.get_context("fork")
+
+
+@pytest.fixture
+def patient_server(tmp_path: Path) -> Iterator[LiveServer]:
+    """A server that lets five processes' lookups wait their turn (not shed after 20 ms): what
+    this file tests is the client, on a two-core machine."""
+    live = start_server(f"sqlite:///{tmp_path / 'cache.db'}", tmp_path / "cache.db",
+                        tmp_path / "server.log", env={"TUNECACHE_SERVER_MAX_WAIT": "10"})  # fmt: skip
+    yield live
+    live.stop()
+
+
+class Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def look_up(client: Client, keys: list[Key]) -> tuple[list[str], list[str]]:
+    """The source of each key's answer, and the warnings logged meanwhile."""
+    caught = Warnings()
+    logging.getLogger("tunecache").addHandler(caught)
+    try:
+        sources = [client.lookup(key, default={"tile": 0}).source for key in keys]
+    finally:
+        logging.getLogger("tunecache").removeHandler(caught)
+    return sources, caught.lines
+
+
+def worker(get: Callable[[], Client], keys: list[Key], go: object, out: object) -> None:
+    go.wait(30)  # type: ignore[attr-defined]
+    out.put(look_up(get(), keys))  # type: ignore[attr-defined]
+
+
+def run_forked(get: Callable[[], Client], server: LiveServer) -> None:
+    keys = [make_key(m=64 * (i + 1)) for i in range(KEYS + 1)]
+    with Client(server.url) as uploader:
+        for key in keys:
+            uploader.upload(make_record(key, time_ms=0.5))
+    parent = get()
+    assert look_up(parent, keys[:1]) == (["server"], [])  # a connection stays in the pool
+    go, out = FORK.Event(), FORK.Queue()
+    children = [FORK.Process(target=worker, args=(get, keys[1:], go, out))
+                for _ in range(WORKERS)]  # fmt: skip
+    for child in children:
+        child.start()
+    go.set()
+    mine = look_up(parent, keys[1:])
+    theirs = [out.get(timeout=60) for _ in children]
+    for child in children:
+        child.join(30)
+    assert mine == (["server"] * KEYS, [])
+    assert theirs == [(["server"] * KEYS, [])] * WORKERS
+    assert [child.exitcode for child in children] == [0] * WORKERS
+    # and the parent's client still works after its children are gone
+    assert look_up(parent, [keys[0], make_key(m=4096)]) == (["memo", "default"], [])
+
+
+def test_forked_workers_and_their_parent_each_get_the_served_configs(
+    patient_server: LiveServer,
+) -> None:
+    client = Client(patient_server.url, timeout=10)
+    try:
+        run_forked(lambda: client, patient_server)
+    finally:
+        client.close()
+
+
+def test_the_triton_drop_ins_one_client_a_process_is_fork_safe_too(
+    patient_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TUNECACHE_URL", patient_server.url)
+    monkeypatch.setenv("TUNECACHE_TIMEOUT", "10")
+    shared._read.cache_clear()
+    shared._shared_client.cache_clear()
+    try:
+        run_forked(lambda: shared.shared_client(None, None, "strict"), patient_server)
+    finally:
+        shared.shared_client(None, None, "strict").close()
+        shared._read.cache_clear()
+        shared._shared_client.cache_clear()
+
+
+def test_a_child_forked_while_a_parent_thread_makes_the_shared_client_can_make_it() -> None:
+    """The lock that makes the drop-in's client one a process, held by a parent thread at the
+    fork, is not held for good in the child."""
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with shared._CREATING:
+            holding.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    holding.wait(10)
+    try:
+        child = FORK.Process(target=_take_the_lock)
+        child.start()
+        child.join(20)
+    finally:
+        release.set()
+        thread.join()
+    assert child.exitcode == 0
+
+
+def _take_the_lock() -> None:
+    if not shared._CREATING.acquire(timeout=5):
+        raise SystemExit(3)
