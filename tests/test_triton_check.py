@@ -66,8 +66,9 @@ def test_an_all_zero_reference_is_judged_by_the_absolute_difference() -> None:
 def test_fresh_copies_are_identical_seeded_and_never_the_callers() -> None:
     a = torch.zeros(64, 32, dtype=torch.float16)
     index = torch.arange(5)
-    args, kwargs = fresh_call((a, 3, index), {"out": torch.empty(8)}, SEED)
-    again, kwargs_again = fresh_call((a, 3, index), {"out": torch.empty(8)}, SEED)
+    out = torch.zeros(8)  # all zero: drawn as any other (not kept non-negative)
+    args, kwargs = fresh_call((a, 3, index), {"out": out}, SEED)
+    again, kwargs_again = fresh_call((a, 3, index), {"out": out}, SEED)
     assert torch.equal(args[0], again[0]) and torch.equal(kwargs["out"], kwargs_again["out"])
     assert args[0].dtype == torch.float16 and args[0].shape == a.shape and args[0].abs().sum() > 0
     assert torch.equal(a, torch.zeros_like(a))  # the caller's tensor untouched
@@ -125,3 +126,11 @@ def test_an_error_beyond_float64_fails_the_check(factor: float) -> None:
     want = torch.full((1000,), 1e307, dtype=torch.float64)
     check = compare_outputs([want * factor], [want], 1e-4, {"n": 1})
     assert not check.passed and check.rel_error is None
+
+
+def test_a_non_negative_argument_gets_non_negative_copies() -> None:
+    """``x / (sqrt(v) + eps)`` for the caller's ``v > 0``: a normal draw of ``v`` made the
+    reference's output NaN, and the check could judge nothing."""
+    v, x = torch.rand(100) + 0.1, torch.randn(100)
+    copies = fresh_arguments([v, x], SEED)
+    assert bool((copies[0] >= 0).all()) and bool((copies[1] < 0).any())

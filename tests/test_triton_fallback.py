@@ -69,13 +69,18 @@ print(json.dumps({"right": bool(torch.allclose(y, x * 2.0)), "launched": m.doubl
 """.replace("import json, torch", "import json, torch, triton")
 
 
+NO_SERVER = "htp://x"  # malformed: no server asked
+
+
 def dead_url() -> str:
     return f"http://127.0.0.1:{free_port()}"  # nothing listens there
 
 
 def run(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "userkernel.py").write_text(KERNEL)
-    full = {**os.environ, "TRITON_INTERPRET": "1", "TUNECACHE_URL": dead_url(),
+    # No server at all (a malformed URL): a miss is tuned here; a server that does not answer
+    # is not a miss (nothing is tuned then).
+    full = {**os.environ, "TRITON_INTERPRET": "1", "TUNECACHE_URL": NO_SERVER,
             "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]), **env}  # fmt: skip
     return subprocess.run([sys.executable, "-c", RUN], capture_output=True, text=True,
                           timeout=300, cwd=tmp_path, env=full)  # fmt: skip

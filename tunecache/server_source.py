@@ -65,6 +65,7 @@ class _Flight:
 
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     answer: LookupResult | None = None
+    unanswered: bool = True  # the server gave no answer (see ``ServerSource.unanswered``)
 
 
 SEND_ATTEMPTS = 3  # times an upload is sent to a server that could not be reached
@@ -119,11 +120,20 @@ class ServerSource(Source):
         self._flights: dict[str, _Flight] = {}
         self._slots = threading.BoundedSemaphore(MAX_LOOKUPS_IN_FLIGHT)
         self._shut = threading.Event()  # closed: no lookup goes to the server any more
+        self._outcome = threading.local()  # what this thread's last ``get`` met (``unanswered``)
+        self._down_unanswered = False  # the failure that made it down: no answer (not a refusal)
 
     @property
     def down(self) -> bool:
         """Whether the server is skipped now, after a failure less than ``retry_after`` ago."""
         return self._down_until > time.monotonic()
+
+    def unanswered(self) -> bool:
+        """Whether the calling thread's last :meth:`get` had no answer from the server (it is
+        down or skipped after a failure, failed, or did not answer within the timeout), as
+        opposed to a miss the server answered: a caller may then launch its default rather than
+        do the work a miss asks for (the Triton drop-in does not tune while the server is down)."""
+        return bool(getattr(self._outcome, "unanswered", False))
 
     def get(self, key: Key, digest: str) -> LookupResult | None:
         """The server's answer: one request per key at a time (the threads asking for a key
@@ -132,13 +142,21 @@ class ServerSource(Source):
         now = time.monotonic()
         timeout = self.client.timeout.lookup
         mine = _Flight()
+        self._outcome.unanswered = True  # until the server answers (a miss is an answer)
         try:
             with self._lock:
+                # A miss remembered is an answer, and so is a refusal the server is skipped for;
+                # otherwise none until ``_fetch`` has one.
+                refused = self._down_until > now and not self._down_unanswered
+                self._outcome.unanswered = not (self._misses.get(digest, -1.0) > now or refused)
                 if self._skipped(digest, now) or self._shut.is_set():
                     return None
                 flight = self._flights.setdefault(digest, mine)
             if flight is not mine:  # another thread asks for this key: its answer is ours
-                return flight.answer if flight.done.wait(timeout) else None
+                if not flight.done.wait(timeout):
+                    return None
+                self._outcome.unanswered = flight.unanswered
+                return flight.answer
             if self._slots.acquire(timeout=timeout):  # else the default, the server not blamed
                 try:
                     with self._lock:  # the server may have failed another lookup meanwhile
@@ -146,6 +164,7 @@ class ServerSource(Source):
                     if not skipped:
                         left = now + timeout - time.monotonic()
                         mine.answer = self._fetch(key, digest, now, left)
+                        mine.unanswered = self._outcome.unanswered
                 finally:
                     self._slots.release()
             return mine.answer
@@ -168,7 +187,9 @@ class ServerSource(Source):
             answer = self.client.fetch_answer(key, timeout=timeout)
         except ServerError as exc:
             self._failed(exc)
+            self._outcome.unanswered = unreachable(exc)  # a refusal (401, not tunecache) answers
             return None
+        self._outcome.unanswered = False  # a record, or a miss: the server answered
         if answer is not None:
             why = served_problem(key, answer.record, answer.match, self.client.policy)
             if why is None:
@@ -330,6 +351,7 @@ class ServerSource(Source):
         pause = self.retry_after if asked is None else min(asked, self.retry_after)
         with self._lock:
             self._down_until = time.monotonic() + pause
+            self._down_unanswered = isinstance(exc, ServerError) and unreachable(exc)
             first, self._warned = not self._warned, True
         log = logger.warning if first else logger.debug
         log("%s; using default configs, retrying in %.0f s", exc, pause)

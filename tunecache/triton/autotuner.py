@@ -31,6 +31,7 @@ from typing import Any, Literal
 from triton import Config
 from triton.runtime.autotuner import Autotuner
 
+from tunecache.canonical import canonical_json
 from tunecache.client import Client
 from tunecache.defaults import TOLERANCES
 from tunecache.errors import CheckUnavailable, InvalidInput, one_line
@@ -39,17 +40,13 @@ from tunecache.policies import VersionPolicy
 from tunecache.problem import describe
 from tunecache.schemas import CheckModel
 from tunecache.strict import printable_text
-from tunecache.triton import fallback, hostbench, ranks
-from tunecache.triton.check import SEED, compare_outputs, finish, fresh_call, out_of_memory
+from tunecache.triton import fallback, hostbench, launching, ranks
+from tunecache.triton.admission import Admission
+from tunecache.triton.check import SEED
+from tunecache.triton.checking import run_check
 from tunecache.triton.hostbench import host_bench
-from tunecache.triton.keys import (
-    KernelIdentity,
-    KernelSpace,
-    SpaceLike,
-    call_device,
-    key_of_call,
-    misfit,
-)
+from tunecache.triton.keys import KernelIdentity, KernelSpace, SpaceLike, key_of_call
+from tunecache.triton.outage import say_once, server_failed
 from tunecache.triton.picks import Picks, TuningCall
 from tunecache.triton.pruning import CallPrune, early_config_prune
 from tunecache.triton.record import (
@@ -58,7 +55,6 @@ from tunecache.triton.record import (
     reference_label,
     validated,
 )
-from tunecache.triton.shared import shared_misfit
 from tunecache.triton.shared_client import server_url, settings, shared_client
 
 logger = logging.getLogger(__name__)
@@ -66,19 +62,16 @@ _FROM = {"memo": "this process's memo", "snapshot": "the snapshot file", "server
          "default": "the default"}  # fmt: skip
 OnMiss = Literal["tune", "default"]
 VerifyMode = Literal["never", "first"]
-Admit = Callable[[dict[str, Any]], Config | str]  # a served config's launch, or why never
-Fits = Callable[[dict[str, Any]], str | None]  # why a config is never launched, or None
-Refuse = Callable[[str, dict[str, Any], str], str]  # (what, config, why) -> why, warned or not
 
 
-class CachedAutotuner(Autotuner):
+class CachedAutotuner(Admission, Autotuner):
     """A Triton autotuner whose per-key cache is filled from tunecache first."""
 
     def __init__(self, fn: Any, arg_names: list[str], configs: list[Config], key: list[str],
                  *, url: str | None, snapshot: Path | None, policy: VersionPolicy,
                  on_miss: OnMiss, reference: Callable[..., Any] | None,
                  space: SpaceLike | None = None, verify: VerifyMode = "never",
-                 **options: Any) -> None:  # fmt: skip
+                 outputs: list[str] | None = None, **options: Any) -> None:  # fmt: skip
         reset_to_zero = options.pop("reset_to_zero", None)
         restore_value = options.pop("restore_value", None)
         self.prune_given = options.get("prune_configs_by")  # Triton's Autotuner keeps its parts
@@ -97,6 +90,13 @@ class CachedAutotuner(Autotuner):
         self.space = KernelSpace(self.configs, space)
         self.url, self.snapshot, self.policy = url, snapshot, policy
         self.on_miss, self.reference, self.verify = on_miss, reference, verify
+        unknown = [name for name in outputs or () if name not in arg_names]
+        if unknown:
+            raise InvalidInput(f"outputs={outputs!r}: {unknown} are not arguments of the kernel")
+        self.outputs = None if outputs is None else list(outputs)  # None: every tensor argument
+        # (key digest, config) that disagreed with the first config, no reference= given: not
+        # used in this process, never disputed (:meth:`_verifier`)
+        self._disagreed: set[tuple[str, str]] = set()
         self.benchmarked = 0  # tuning keys Triton benchmarked in this process
         self._warned: set[str] = set()
         # Triton's picks go through _checked_pick; what it needs is the calling thread's own
@@ -132,6 +132,7 @@ class CachedAutotuner(Autotuner):
                                       self._warn_once)  # fmt: skip
             if chosen is not None:
                 self.cache[tuning_key] = chosen
+                launching.reset(self, self.cache[tuning_key], args, kwargs)
                 return super().run(*args, **kwargs)
             agreement = None  # decided here alone
         try:
@@ -151,6 +152,8 @@ class CachedAutotuner(Autotuner):
             # config): whatever is there after the run was measured for this key.
             self.configs_timings: dict[Config, Any] = {}
             self._calls.now = None if key is None else TuningCall(key, tuning_key, args, kwargs)
+        else:  # decided here, not by Triton's benchmark: Triton's reset all the same
+            launching.reset(self, self.cache[tuning_key], args, kwargs)
         started = time.perf_counter()
         out = super().run(*args, **kwargs)
         call = self._call()
@@ -291,52 +294,16 @@ class CachedAutotuner(Autotuner):
                 logger.info("%s: launching %s from %s (%s rule), no benchmarking", key.short(),
                             chosen, _FROM[result.source], result.rule)  # fmt: skip
                 return
+        if server_failed(self._client()):  # not a miss: nothing tuned while the server is down
+            # (its one warning is the server source's: "using default configs")
+            logger.info("%s: the server did not answer (not a miss); launching the first "
+                        "config, nothing tuned", key.short())  # fmt: skip
+            self.cache[tuning_key] = self._first(args, kwargs)
+            return
         then = "launching the first config" if self.on_miss == "default" else "tuning it"
         logger.info("%s: no tuned config served (a miss); %s", key.short(), then)
         if self.on_miss == "default":
             self.cache[tuning_key] = self._first(args, kwargs)
-
-    def _fits(self, args: tuple[Any, ...], kwargs: dict[str, Any],
-              refuse: Refuse | None = None) -> tuple[Admit, Fits]:  # fmt: skip
-        """``admit`` (:meth:`_admission`) and ``fits(config)``: why a config must not be
-        launched at this call (outside the kernel's space or the device's means), or ``None``."""
-        arguments = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
-        named = {k: v for k, v in arguments.items() if k in self.arg_names}
-        device = call_device([v for v in arguments.values() if hasattr(v, "data_ptr")])
-        admit = self._admission(args, kwargs, refuse)
-
-        def fits(config: dict[str, Any]) -> str | None:
-            why = misfit(config, self.identity, self.meta, device)
-            if why is None and isinstance(placed := admit(config), str):
-                why = placed
-            return why or shared_misfit(self.fn, named, config, device)
-
-        return admit, fits
-
-    def _admission(self, args: tuple[Any, ...], kwargs: dict[str, Any],
-                   refuse: Refuse | None = None) -> Admit:  # fmt: skip
-        """``admit(config)``: the ``triton.Config`` to launch for a served config at this call,
-        or why it is never launched (warned once per kernel): outside the kernel's space, or
-        dropped by its ``early_config_prune`` for this call's arguments (run as Triton runs it,
-        at most once per candidate set; a prune that raises is a miss, not the user's error)."""
-        call = self._pruning(args, kwargs)
-        refused = refuse or self._refused
-
-        def admit(config: dict[str, Any]) -> Config | str:
-            placed = self.space.place(config)
-            if isinstance(placed, str):
-                return refused("outside", config, placed)
-            if call is not None and (why := call.problem(placed)) is not None:
-                return refused("pruned", config, why)
-            return placed
-
-        return admit
-
-    def _refused(self, what: str, config: dict[str, Any], why: str) -> str:
-        """``why``, warned once per kernel and ``what``: a served config never launched."""
-        self._warn_once(what, f"{self.identity.name}: a served config {describe(config, 200)} "
-                              f"is {why}: never launched, treated as a miss")  # fmt: skip
-        return why
 
     def _verifier(self, key: Key, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> Callable[[dict[str, Any]], CheckModel]:  # fmt: skip
@@ -349,7 +316,16 @@ class CachedAutotuner(Autotuner):
             if chosen is None:  # ``fits`` refuses it first (a memo answer is not re-fitted:
                 # another decoration of the kernel, other configs): never launched, not disputed
                 raise CheckUnavailable(f"{describe(config)} is outside this kernel's space")
-            return self._check(chosen, args, kwargs, tolerance, key)
+            seen = (key.digest(), canonical_json(config))
+            if seen not in self._disagreed:
+                check = self._check(chosen, args, kwargs, tolerance, key)
+                if check.passed or self.reference is not None:
+                    return check  # a failure against the user's reference= is disputed
+                self._disagreed.add(seen)
+            # Against the first config, an unproven oracle (a scratch buffer laid out by BLOCK
+            # differs between right configs): not used here, never disputed for everyone.
+            raise CheckUnavailable("its outputs differ from the kernel's first config's, and "
+                                   "with no reference= that proves neither wrong")  # fmt: skip
 
         return verify
 
@@ -383,9 +359,9 @@ class CachedAutotuner(Autotuner):
             return
         if server_url(self.url) is None:  # TUNECACHE_URL malformed: warned, no server
             return
-        if not settings().token:  # said once: the team never gets what this process tunes
-            self._warn_once("token", f"{key.short()}: tuned here, not uploaded: no TUNECACHE_TOKEN"
-                            " (a write token shares what this process tunes)")  # fmt: skip
+        if not settings().token:  # said once a process: the team never gets what it tunes
+            say_once("token", f"{key.short()}: tuned here, not uploaded: no TUNECACHE_TOKEN (a "
+                              "write token shares what this process tunes; said once)")  # fmt: skip
             return
         # In the background: the first launch never waits for the server (nor a down one).
         self._client().upload_later(record)
@@ -393,38 +369,11 @@ class CachedAutotuner(Autotuner):
     def _check(self, config: Config, args: tuple[Any, ...], kwargs: dict[str, Any],
                tolerance: float, key: Key) -> CheckModel:  # fmt: skip
         """``config``'s outputs against ``reference`` (or the first config) on identical fresh
-        copies of the call's arguments. Raises :class:`CheckUnavailable` where the check itself
-        cannot run here (the copies, the reference, the comparison, any lack of device memory):
-        only ``config``'s own launch failing says something about ``config``."""
-        try:
-            got, want = fresh_call(args, kwargs, SEED), fresh_call(args, kwargs, SEED)
-            if self.reference is not None:
-                named = {k: v for k, v in want[1].items() if k in self.arg_names}
-                self.reference(*want[0], **named)
-            else:
-                self._launch(self._first(args, kwargs), *want)
-            finish(want)  # a device's error surfaces here, not in the config's run
-        except Exception as exc:
-            raise CheckUnavailable(f"the reference's run: {one_line(exc)}") from exc
-        try:
-            self._launch(config, *got)
-            finish(got)
-        except Exception as exc:
-            if out_of_memory(exc):
-                raise CheckUnavailable(f"the config's run: {one_line(exc)}") from exc
-            raise
-        try:
-            return compare_outputs([*got[0], *got[1].values()], [*want[0], *want[1].values()],
-                                   tolerance, key.problem)  # fmt: skip
-        except Exception as exc:
-            raise CheckUnavailable(f"the comparison: {one_line(exc)}") from exc
-
-    def _launch(self, config: Config, args: list[Any], kwargs: dict[str, Any]) -> None:
-        """One launch of ``config`` as Triton launches a chosen config (its ``pre_hook`` first)."""
-        if config.pre_hook is not None:
-            nargs = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
-            config.pre_hook({**nargs, **config.all_kwargs()})
-        self.fn.run(*args, **kwargs, **config.all_kwargs())
+        copies of the call's arguments, each launched as Triton launches first at a key
+        (:func:`tunecache.triton.checking.run_check`). Raises :class:`CheckUnavailable` where
+        the check itself cannot run or judge here."""
+        first = self._first(args, kwargs) if self.reference is None else None
+        return run_check(self, config, first, args, kwargs, tolerance, key)
 
     def _warn_once(self, what: str, message: str) -> None:
         log = logger.debug if what in self._warned else logger.warning
@@ -443,6 +392,7 @@ def autotune(
     policy: VersionPolicy = "strict",
     space: SpaceLike | None = None,
     verify: VerifyMode = "never",
+    outputs: list[str] | None = None,
     **options: Any,
 ) -> Callable[[Any], CachedAutotuner]:
     """A drop-in for ``triton.autotune`` whose winners come from and go to the shared cache.
@@ -470,9 +420,12 @@ def autotune(
         verify: ``"never"`` or ``"first"``: the first time a served config would be launched in
             this process (once per key), it runs on seeded copies of the call's arguments and
             its outputs are compared with the reference's (``reference``, else the first listed
-            config) at the dtype's tolerance; a mismatch falls back as a miss and disputes the
-            record with the server. Costs two extra launches (and their compiles) per key, once
-            per process; the caller's tensors are never written.
+            config) at the dtype's tolerance; a mismatch falls back as a miss, and disputes the
+            record with the server only against ``reference`` (the first config is no proof).
+            Costs two extra launches (and their compiles) per key, once per process; the
+            caller's tensors are never written.
+        outputs: the names of the arguments a check compares (default: every tensor
+            argument); leave out a scratch buffer whose contents depend on the config.
 
     Example:
         >>> @autotune(configs=[triton.Config({"BLOCK": 64}), triton.Config({"BLOCK": 128})],
@@ -491,7 +444,7 @@ def autotune(
         return CachedAutotuner(fn, fn.arg_names, configs, key, url=url,
                                snapshot=where, policy=policy, on_miss=on_miss,
                                reference=reference, space=space, verify=verify,
-                               **options)  # fmt: skip
+                               outputs=outputs, **options)  # fmt: skip
 
     return decorator
 

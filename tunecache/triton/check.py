@@ -8,6 +8,12 @@ than the local benchmarks it spares (bench/results/h200-2026-11-27).
 A copy has its argument's strides, and arguments that share memory share it in their copies at
 the same distances: a kernel is passed the caller's strides and sizes, and addresses memory by
 them, so a compact copy of a padded view would be read and written out of bounds.
+
+A floating-point argument whose values are all non-negative and not all zero (a variance, a
+scale, a probability) gets non-negative copies: a kernel computing ``x / (sqrt(v) + eps)`` for
+the caller's positive ``v`` gave NaN on a normal draw, for the reference as for the config, and
+the check could not judge anything. An all-zero tensor says nothing of its range (an output, an
+accumulator): it is drawn as the others.
 """
 
 from __future__ import annotations
@@ -25,9 +31,9 @@ _NORMAL_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 def fresh_arguments(args: Sequence[Any], seed: int) -> list[Any]:
     """Copies of ``args``: floating-point tensors refilled with seeded random values, generated
-    on their device (one seeded stream per device, in argument order), other tensors with their
-    values; each copy with its argument's strides, and aliasing arguments aliasing in their
-    copies."""
+    on their device (one seeded stream per device, in argument order; non-negative for an
+    argument holding only non-negative values, some positive), other tensors with their values;
+    each copy with its argument's strides, and aliasing arguments aliasing in their copies."""
     import torch
 
     generators: dict[Any, torch.Generator] = {}
@@ -38,12 +44,24 @@ def fresh_arguments(args: Sequence[Any], seed: int) -> list[Any]:
         end = max(args[i].storage_offset() + _span(args[i]) for i in group)
         if first.is_floating_point():
             buffer = _seeded(end - base, first, generators, seed)
+            if _non_negative([args[i] for i in group]):
+                buffer = buffer.abs()
         else:  # indices, masks: their values matter; the span as it is
             buffer = first.as_strided((end - base,), (1,), base).clone()
         for i in group:
             fresh[i] = buffer.as_strided(args[i].shape, args[i].stride(),
                                          args[i].storage_offset() - base)  # fmt: skip
     return fresh
+
+
+def _non_negative(tensors: Sequence[Any]) -> bool:
+    """Whether ``tensors`` hold no negative value (nor NaN) and at least one positive one."""
+    import torch
+
+    floats = [t for t in tensors if t.numel()]
+    with torch.no_grad():
+        return bool(floats) and all(bool((t >= 0).all()) for t in floats) and \
+            any(bool((t > 0).any()) for t in floats)  # fmt: skip
 
 
 def _memory_groups(args: Sequence[Any]) -> list[list[int]]:

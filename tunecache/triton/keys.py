@@ -152,8 +152,13 @@ def misfit(config: Mapping[str, Any], identity: KernelIdentity, meta: Mapping[st
     if (why := config_problem(config)) is not None:
         return why
     names = set(config) - set(LAUNCH_OPTIONS)
-    if names != set(meta) or not names <= identity.meta_params:
+    if names != set(meta):
         return f"meta-parameters {sorted(names)} are not the kernel's tuned {sorted(meta)}"
+    if runtime := sorted(names - identity.meta_params):  # a listed config sets them too
+        return (
+            f"{runtime} {'is' if len(runtime) == 1 else 'are'} not tl.constexpr in the "
+            "kernel (a runtime argument its configs set): served configs are not placed"
+        )
     for name in sorted(names):
         if type(config[name]) is not meta[name]:  # a bool is no int, a string no block size
             return f"{name}={describe(config[name])} is not a {meta[name].__name__}"
