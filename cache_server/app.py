@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 import gc
+import ipaddress
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -40,7 +41,7 @@ logger = logging.getLogger(__name__)
 def create_app(settings: ServerSettings | None = None) -> FastAPI:
     """A cache server app on ``settings.db``; it refuses to start on an outdated schema."""
     settings = settings or ServerSettings()
-    engine = make_engine(settings.db)
+    engine = make_engine(settings.db, statement_seconds=settings.statement_seconds)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -110,6 +111,56 @@ def _authenticator(app: FastAPI) -> Callable[[str], Scope | None]:
 
 
 def _bootstrap(app: FastAPI, token: str) -> None:
+    """Stores ``TUNECACHE_SERVER_BOOTSTRAP_TOKEN`` and says truly what became of it: a revoked
+    one stays revoked, and an operator who sets it again must hear that it does not work."""
     with app.state.sessionmaker.begin() as session:
-        if tokens.ensure(session, token=token, name="bootstrap", scope="admin"):
-            logger.info("stored the bootstrap admin token (hashed)")
+        state = tokens.ensure(session, token=token, name="bootstrap", scope="admin")
+    if state == "stored":
+        logger.info("stored the bootstrap admin token (hashed)")
+    elif state == "known":
+        logger.info("the bootstrap admin token is already known")
+    else:
+        logger.warning(
+            "TUNECACHE_SERVER_BOOTSTRAP_TOKEN is a REVOKED token: it is refused, it grants "
+            "nothing; it stays revoked (unset the variable, or set it to a new token)"
+        )
+
+
+def warn_if_public(settings: ServerSettings) -> None:
+    """On an address other machines may reach, one warning of what is open there without a
+    token, and that nobody can administer the server when no live admin token exists (nor a
+    bootstrap token that start-up will store). Called once by ``tunecache serve``, before it
+    binds: a server on 0.0.0.0 over a new database otherwise started without a word."""
+    if _loopback(settings.host):
+        return
+    said = []
+    if settings.reads == "open":
+        said.append("reads (lookups, records, snapshots, jobs) and anonymous miss reports, which "
+                    "queue tuning jobs, are open to anyone who reaches it (set "
+                    "TUNECACHE_SERVER_READS=token to require a token)")  # fmt: skip
+    if not _administrable(settings):
+        said.append("the database holds no live admin token, so nobody can administer it "
+                    "until one is made (tunecache token create --db URL --name NAME "
+                    "--scope admin)")  # fmt: skip
+    if said:
+        logger.warning("serving on %s, not loopback: %s", settings.host, "; ".join(said))
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` (as uvicorn binds it) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a name: whatever it resolves to, take it as reachable
+        return False
+
+
+def _administrable(settings: ServerSettings) -> bool:
+    """Whether a live admin token exists, or the bootstrap token will be one once stored."""
+    engine = make_engine(settings.db)
+    try:
+        with make_sessionmaker(engine)() as session:
+            return tokens.administrable(session, bootstrap=settings.bootstrap_token)
+    finally:
+        engine.dispose()

@@ -13,6 +13,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from cache_server.settings import STATEMENT_SECONDS
 from tunecache.errors import InvalidInput
 from tunecache.folders import private_file, private_folder
 from tunecache.settings import default_db_url, without_userinfo
@@ -47,11 +48,18 @@ def scrubbed(message: str, url: str) -> str:
 CONNECT_SECONDS = 10  # to reach a PostgreSQL server and log in
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, statement_seconds: float | None = STATEMENT_SECONDS) -> Engine:
     """An engine for ``url``. The default SQLite file's folder (in the user cache directory) is
     created if missing, private (0700); a SQLite file is created private (0600) if missing; any
     other SQLite file's folder must exist: a mistyped path is an error,
     never a new folder somewhere.
+
+    On PostgreSQL every statement, and every wait for a lock, is bounded by
+    ``statement_seconds`` (``None`` or 0: no bound, for migrations): a table locked by an
+    operator's ``LOCK TABLE`` or a long migration held a request, and its API slot, for as long
+    as the lock lasted (39 s), while the client had given up after 5. Past the bound PostgreSQL
+    cancels the statement (``QueryCanceled``, ``LockNotAvailable``), which the API answers as a
+    database that does not answer: 503 with ``Retry-After`` (:mod:`cache_server.api.errors`).
 
     Raises:
         InvalidInput: a SQLite file whose folder does not exist or is not a folder.
@@ -65,8 +73,22 @@ def make_engine(url: str) -> Engine:
         return engine
     # A server that accepts the connection and never answers hung `serve` and `db upgrade`
     # without a word: libpq's connect_timeout bounds it (unless the URL names its own).
-    timeout = {} if "connect_timeout" in parsed.query else {"connect_timeout": CONNECT_SECONDS}
-    return create_engine(url, pool_pre_ping=True, connect_args=timeout)
+    connect: dict[str, Any] = {}
+    if "connect_timeout" not in parsed.query:
+        connect["connect_timeout"] = CONNECT_SECONDS
+    if statement_seconds:
+        connect["options"] = _bounds(statement_seconds, parsed.query.get("options"))
+    return create_engine(url, pool_pre_ping=True, connect_args=connect)
+
+
+def _bounds(seconds: float, given: str | tuple[str, ...] | None) -> str:
+    """libpq's ``options`` setting ``statement_timeout`` and ``lock_timeout`` for the session;
+    the URL's own ``options`` come after, so a setting it names wins (the connection's options
+    replace the URL's, which would otherwise be lost)."""
+    ms = max(1, round(seconds * 1000))
+    ours = f"-c statement_timeout={ms} -c lock_timeout={ms}"
+    theirs = " ".join([given] if isinstance(given, str) else given or ())
+    return f"{ours} {theirs}".strip()
 
 
 def _sqlite_folder(path: Path, *, default: bool) -> None:

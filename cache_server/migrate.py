@@ -1,23 +1,35 @@
 """Schema management through Alembic only: upgrade, and the start-up check.
 
 The server never calls ``create_all``: it refuses to start unless the database is at the head
-revision, and names the command that upgrades it.
+revision, and names the command that upgrades it. On PostgreSQL an upgrade holds an advisory
+lock for its whole run (:func:`migration_lock`), so servers and ``db upgrade`` runs started
+together on one database take turns: the first migrates, the others find the schema current.
 """
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Final
 
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine, inspect, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
 from cache_server import SchemaOutdated
 
 MIGRATIONS = Path(__file__).with_name("migrations")
-UPGRADE_COMMAND = "tunecache db upgrade --db {url}"
+# pg_advisory_lock's key for migrations: "tunecach" in ASCII, a fixed 64-bit number no other
+# lock of the database uses.
+MIGRATION_LOCK_KEY: Final = 0x74756E6563616368
+# Tables every revision has: one of them without a revision means the version table was lost.
+_OUR_TABLES: Final = ("records", "trials", "winners")
 
 
 def alembic_config(url: str) -> Config:
@@ -27,8 +39,12 @@ def alembic_config(url: str) -> Config:
     return config
 
 
+def _scripts() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config("sqlite://"))
+
+
 def head_revision() -> str:
-    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    head = _scripts().get_current_head()
     assert head is not None
     return head
 
@@ -39,10 +55,25 @@ def known_revision(revision: str) -> bool:
     from alembic.util import CommandError
 
     try:
-        return (
-            ScriptDirectory.from_config(alembic_config("sqlite://")).get_revision(revision)
-            is not None
-        )
+        return _scripts().get_revision(revision) is not None
+    except CommandError:
+        return False
+
+
+def past(current: str | None, target: str) -> bool:
+    """Whether a database at ``current`` is already beyond ``target``: an upgrade to it does
+    nothing (Alembic's upgrade never goes back, and says nothing of it). ``False`` for a target
+    that is not one revision (``head``, ``+1``) or that this code does not know."""
+    from alembic.util import CommandError
+
+    if current is None or current == target:
+        return False
+    try:
+        wanted = _scripts().get_revision(target)
+        if wanted is None:
+            return False
+        below = _scripts().iterate_revisions(current, "base")
+        return any(r.revision == wanted.revision for r in below if r.revision != current)
     except CommandError:
         return False
 
@@ -52,17 +83,77 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
+def upgrade_command(url: str) -> str:
+    """The ``tunecache db upgrade`` command for ``url``, as one can paste it: the URL on the
+    command line when it holds no password, else in ``TUNECACHE_SERVER_DB`` with a
+    placeholder where the password goes (``***``, pasted, was taken for the password)."""
+    parsed = make_url(url)
+    if parsed.password is None:
+        return f"tunecache db upgrade --db {shlex.quote(url)}"
+    shown = parsed.render_as_string(hide_password=True).replace(":***@", ":PASSWORD@", 1)
+    return (f"TUNECACHE_SERVER_DB={shlex.quote(shown)} tunecache db upgrade "
+            "(PASSWORD: the database's, left out here)")  # fmt: skip
+
+
 def upgrade(url: str, revision: str = "head") -> None:
-    """Brings the database at ``url`` to ``revision`` (creating it when empty)."""
+    """Brings the database at ``url`` to ``revision`` (creating it when empty).
+
+    Raises:
+        SchemaOutdated: the database holds tunecache's tables but no revision.
+    """
     command.upgrade(alembic_config(url), revision)
+
+
+@contextmanager
+def migration_lock(connection: Connection) -> Iterator[None]:
+    """Holds PostgreSQL's advisory lock for migrations on ``connection`` (elsewhere, nothing).
+
+    Without it, three servers started at once on one empty database each created the schema:
+    two failed with ``duplicate key value violates unique constraint "pg_type_typname_nsp_index"``
+    (and from revision 0010, one with Alembic's "expected to match one row"). A waiter then
+    reads the revision the first one left. Held for the session and given back at the end; on
+    a connection already in a transaction (the caller's), until that transaction ends.
+    """
+    if connection.dialect.name != "postgresql":
+        yield
+        return
+    key = {"key": MIGRATION_LOCK_KEY}
+    if connection.in_transaction():
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), key)
+        yield
+        return
+    connection.execute(text("SELECT pg_advisory_lock(:key)"), key)
+    connection.commit()  # so that Alembic begins (and commits) its own transaction
+    try:
+        yield
+    finally:
+        with suppress(SQLAlchemyError):  # a broken connection: its end gave the lock back
+            if connection.in_transaction():
+                connection.rollback()
+            connection.execute(text("SELECT pg_advisory_unlock(:key)"), key)
+            connection.commit()
+
+
+def check_versioned(connection: Connection) -> None:
+    """Raises :class:`SchemaOutdated` when the database holds tunecache's tables but no revision
+    (``alembic_version`` missing or empty): migrating it from nothing failed with
+    ``DuplicateTable: relation "records" already exists``."""
+    if MigrationContext.configure(connection).get_current_revision() is not None:
+        return
+    present = [t for t in _OUR_TABLES if inspect(connection).has_table(t)]
+    if present:
+        raise SchemaOutdated(
+            f"the database holds tunecache's tables ({', '.join(present)}) but no schema "
+            "revision (its alembic_version table is missing or empty), so it cannot be "
+            "upgraded: restore alembic_version from the backup it came from (one row, the "
+            "revision the tables were made at), or start from an empty database"
+        )
 
 
 def prepare(url: str, *, create: bool = True) -> Engine:
     """An engine on ``url`` at the head revision: an empty database gets the schema (unless
     ``create`` is false); one at an older revision raises :class:`SchemaOutdated`, for it must be
     upgraded on purpose."""
-    from sqlalchemy.engine import make_url
-
     from cache_server.db import make_engine
 
     parsed = make_url(url)
@@ -71,7 +162,7 @@ def prepare(url: str, *, create: bool = True) -> Engine:
     if not create and file and file != ":memory:" and not uri and not Path(file).exists():
         # Connecting would leave an empty file behind, a database that is not there.
         raise SchemaOutdated(f"there is no database at {file}; create it with: "
-                             f"{UPGRADE_COMMAND.format(url=url)}")  # fmt: skip
+                             f"{upgrade_command(url)}")  # fmt: skip
     engine = make_engine(url)
     if create and current_revision(engine) is None:
         upgrade(url)
@@ -82,15 +173,18 @@ def prepare(url: str, *, create: bool = True) -> Engine:
 def check_schema(engine: Engine) -> None:
     """Raises :class:`SchemaOutdated` unless the database is at the head revision."""
     current, head = current_revision(engine), head_revision()
-    if current != head:
-        url = engine.url.render_as_string(hide_password=True)
-        if current is not None and not known_revision(current):
-            raise SchemaOutdated(
-                f"the database is at revision {current}, which a newer tunecache made: this one "
-                f"knows revisions up to {head} (upgrades never go back); run the newer version"
-            )
-        state = "has no tunecache schema" if current is None else f"is at revision {current}"
+    if current == head:
+        return
+    if current is not None and not known_revision(current):
         raise SchemaOutdated(
-            f"the database {state}; this server needs revision {head}. "
-            f"Run: {UPGRADE_COMMAND.format(url=url)}"
+            f"the database is at revision {current}, which a newer tunecache made: this one "
+            f"knows revisions up to {head} (upgrades never go back); run the newer version"
         )
+    if current is None:
+        with engine.connect() as conn:
+            check_versioned(conn)
+    state = "has no tunecache schema" if current is None else f"is at revision {current}"
+    url = engine.url.render_as_string(hide_password=False)
+    raise SchemaOutdated(
+        f"the database {state}; this server needs revision {head}. Run: {upgrade_command(url)}"
+    )

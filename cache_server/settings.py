@@ -1,6 +1,10 @@
 """Server settings, read from ``TUNECACHE_SERVER_*`` environment variables.
 
-- ``TUNECACHE_SERVER_DB``: SQLAlchemy database URL (default: a SQLite file in the user cache dir)
+- ``TUNECACHE_SERVER_DB``: SQLAlchemy database URL (default: a SQLite file in the user cache dir);
+  ``postgresql://`` and ``postgres://`` (Heroku's, libpq's) mean PostgreSQL through psycopg 3
+- ``TUNECACHE_SERVER_STATEMENT_SECONDS``: on PostgreSQL, the longest one of the API's statements
+  may run, or wait for a lock (default 5; 0: no bound); past it the request gets 503 with
+  ``Retry-After``, as when the database does not answer. Migrations are not bounded.
 - ``TUNECACHE_SERVER_HOST``: the address ``tunecache serve`` binds (default ``127.0.0.1``)
 - ``TUNECACHE_SERVER_PORT``: the port ``tunecache serve`` binds (default 8765)
 - ``TUNECACHE_SERVER_MAX_BODY``: largest request body a ``write`` or ``admin`` token may send, in
@@ -69,6 +73,7 @@ from tunecache.settings import DEFAULT_PORT, default_db_url, without_userinfo
 from tunecache.tokens import MIN_TOKEN_CHARS
 
 PROMETHEUS_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's, not ours
+STATEMENT_SECONDS: Final = 5.0  # TUNECACHE_SERVER_STATEMENT_SECONDS's default
 
 
 def prometheus_dir() -> str | None:
@@ -92,6 +97,9 @@ class ServerSettings(BaseSettings):
     )
 
     db: str = Field(default_factory=default_db_url)
+    # A table locked (an operator's LOCK TABLE, a migration) held each request that needed it, and
+    # its API slot, for as long as the lock lasted: cache_server.db.make_engine bounds both.
+    statement_seconds: float = Field(default=STATEMENT_SECONDS, ge=0, le=3600)
     host: str = "127.0.0.1"
     port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
     max_body: int = Field(default=16 * 2**20, gt=0)
@@ -166,9 +174,14 @@ class ServerSettings(BaseSettings):
     @field_validator("db")
     @classmethod
     def _known_scheme(cls, value: str) -> str:
-        if value.startswith("postgresql://"):  # SQLAlchemy would pick psycopg2; we ship psycopg 3
-            return "postgresql+psycopg://" + value.removeprefix("postgresql://")
+        # postgresql:// alone, SQLAlchemy would drive with psycopg2 (we ship psycopg 3), and
+        # postgres:// (libpq's, Heroku's) it refuses outright: both mean psycopg 3.
+        for plain in ("postgresql://", "postgres://", "postgres+psycopg://"):
+            if value.startswith(plain):
+                return "postgresql+psycopg://" + value.removeprefix(plain)
         if not value.startswith(("sqlite://", "postgresql+psycopg://")):
             shown = without_userinfo(value)  # never a password in a message
-            raise ValueError(f"database URL {shown!r} must be sqlite:// or postgresql://")
+            raise ValueError(
+                f"database URL {shown!r} must be sqlite://, postgresql:// or postgres://"
+            )
         return value

@@ -1,4 +1,5 @@
-"""Token query functions: issue, authenticate, list, revoke. They never commit.
+"""Token query functions: issue (under a name no live token has: create), authenticate, list,
+revoke. They never commit.
 
 Only a token's SHA-256 is stored (:func:`tunecache.tokens.fingerprint`), with its first characters
 for lists. ``last_used_at`` is written at most once a minute per token, so authenticated reads do
@@ -7,9 +8,11 @@ not each become a write.
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import timedelta
+from typing import Literal
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from cache_server import jobs, trust
@@ -39,14 +42,64 @@ def issue(
     return token, row
 
 
-def ensure(session: Session, *, token: str, name: str, scope: Scope) -> bool:
+class NameTaken(Exception):
+    """A live token already goes by this name (compared as :func:`name_skeleton` makes it)."""
+
+
+# Held while a new name is stored and checked (PostgreSQL): two concurrent creates of one name
+# cannot both find it free. The number is arbitrary, this lock's ("tunename").
+_NAME_LOCK = 0x7475_6E65_6E61_6D65
+
+
+def name_skeleton(name: str) -> str:
+    """What a name is compared as: NFKC (``ⅰ`` is ``i``), case-folded, blanks trimmed and runs of
+    them one space, so ``"ops "``, ``"OPS"`` and ``"ops"`` are one name. A new name is ASCII
+    (:data:`tunecache.tokens.NewTokenName`); this also catches older names that are not."""
+    return " ".join(unicodedata.normalize("NFKC", name).casefold().split())
+
+
+def create(
+    session: Session, *, name: str, scope: Scope, trusted: bool = False
+) -> tuple[str, TokenRow]:
+    """:func:`issue` under a name no live token goes by: a token's name is who the dashboard and
+    every record say uploaded or verified it, so two live tokens may not share one.
+
+    The row is written first, then the live names read: on SQLite the write holds the database's
+    write lock until the transaction ends (a read first sees no lock, and two creates both found
+    the name free); on PostgreSQL an advisory lock, held to the transaction's end, orders them.
+
+    Raises:
+        NameTaken: a live (not revoked) token's name is ``name``, case and blanks aside; the
+            caller's transaction must be rolled back (the session dependency does).
+    """
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _NAME_LOCK})
+    token, row = issue(session, name=name, scope=scope, trusted=trusted)
+    wanted = name_skeleton(name)
+    live = session.execute(
+        select(TokenRow.id, TokenRow.name).where(TokenRow.revoked_at.is_(None),
+                                                 TokenRow.id != row.id)
+    ).all()  # fmt: skip
+    for token_id, taken in live:
+        if name_skeleton(taken) == wanted:
+            raise NameTaken(f"token {token_id} is already named {taken!r}, a live token: choose "
+                            "another name, or revoke that token first")  # fmt: skip
+    return token, row
+
+
+BootstrapState = Literal["stored", "known", "revoked"]
+
+
+def ensure(session: Session, *, token: str, name: str, scope: Scope) -> BootstrapState:
     """Stores a token chosen outside (the server's bootstrap token) unless it is known already.
 
     One statement, ``INSERT … ON CONFLICT DO NOTHING``, so several server processes starting at
     once store it once. A known token keeps its row: a revoked bootstrap token stays revoked.
+    Whether the row was written is read from ``RETURNING``: the statement's ``rowcount`` is -1
+    on psycopg, and a start-up on PostgreSQL said "stored" every time, a revoked token's too.
 
     Returns:
-        whether it was stored now.
+        ``stored`` now, ``known`` already (and live), or ``revoked``: known, and refused.
     """
     stmt = (
         upsert_insert(session, TokenRow)
@@ -58,8 +111,14 @@ def ensure(session: Session, *, token: str, name: str, scope: Scope) -> bool:
             created_at=utcnow(),
         )
         .on_conflict_do_nothing(index_elements=["secret_hash"])
+        .returning(TokenRow.id)
     )
-    return bool(session.execute(stmt).rowcount)  # type: ignore[attr-defined]
+    if session.execute(stmt).first() is not None:
+        return "stored"
+    revoked_at = session.scalar(
+        select(TokenRow.revoked_at).where(TokenRow.secret_hash == fingerprint(token))
+    )
+    return "known" if revoked_at is None else "revoked"
 
 
 def authenticate(session: Session, *, token: str) -> TokenRow | None:
@@ -83,6 +142,19 @@ def scope_of(session: Session, *, token: str) -> Scope | None:
     if found is None or found.revoked_at is not None:
         return None
     return found.scope
+
+
+def administrable(session: Session, *, bootstrap: str | None = None) -> bool:
+    """Whether some live admin token exists, or ``bootstrap`` (the server's bootstrap token) is
+    unknown yet, so that start-up stores it as one."""
+    live_admin = select(TokenRow.id).where(TokenRow.scope == "admin",
+                                           TokenRow.revoked_at.is_(None))  # fmt: skip
+    if session.scalar(live_admin.limit(1)) is not None:
+        return True
+    if bootstrap is None:
+        return False
+    known = select(TokenRow.id).where(TokenRow.secret_hash == fingerprint(bootstrap))
+    return session.scalar(known) is None
 
 
 def list_tokens(session: Session, *, include_revoked: bool = False) -> list[TokenRow]:

@@ -307,7 +307,7 @@ def test_cli_bootstraps_on_the_database_then_manages_through_the_server(
     [
         (["token", "create", "--name", "x", "--scope", "root", "--db", "sqlite:///{tmp}/a.db"], "--scope"),
         (["token", "create", "--name", "bad\nname", "--scope", "read", "--db", "sqlite:///{tmp}/a.db"], "--name"),
-        (["token", "create", "--name", "x", "--scope", "read", "--db", "mysql://x"], "sqlite:// or postgresql://"),
+        (["token", "create", "--name", "x", "--scope", "read", "--db", "mysql://x"], "sqlite://, postgresql:// or postgres://"),
         (["token", "revoke", "seven", "--db", "sqlite:///{tmp}/a.db"], "invalid int"),
     ],
 )  # fmt: skip

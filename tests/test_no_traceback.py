@@ -24,7 +24,7 @@ KEY = ["--backend", "tvm", "--shape", "M=8,N=8,K=8"]
 TABLE: list[tuple[list[str], int, str]] = [
     (["db", "upgrade", "--db", "postgresql://nobody:pw@127.0.0.1:1/x"], 2, "cannot upgrade"),
     (["db", "upgrade", "--db", "sqlite:////proc/tunecache.db"], 2, "unable to open database"),
-    (["db", "upgrade", "--db", "mysql://x/y"], 2, "sqlite:// or postgresql://"),
+    (["db", "upgrade", "--db", "mysql://x/y"], 2, "sqlite://, postgresql:// or postgres://"),
     (["serve", "--db", "sqlite:////proc/tunecache.db"], 2, "cannot open"),
     (["serve", "--db", "sqlite:///{tmp}/c.db", "--port", "{busy}"], 2, "cannot listen on"),
     (["serve", "--port", "70000"], 2, "bad server setting: --port: "),

@@ -221,7 +221,7 @@ def test_a_record_sent_again_is_stored_once_and_a_disputed_one_stays_disputed(
                             "winner_record_id": None}  # fmt: skip
     with Client(server.url) as client:
         assert client.lookup(key, default=DEFAULT).config == DEFAULT  # not served again
-    twins = [token(server.url, "twin", "write") for _ in range(2)]  # one name, two tokens
+    twins = [token(server.url, f"twin-{n}", "write") for n in range(2)]  # two tokens
     theirs = [send({"Authorization": f"Bearer {twin}"}) for twin in twins]
     assert [a.status_code for a in theirs] == [201, 201]
     assert len({record_id, *(a.json()["record_id"] for a in theirs)}) == 3

@@ -27,10 +27,11 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from typing import Annotated, Final, Literal, get_args
 
-from pydantic import Field, StrictBool
+from pydantic import AfterValidator, Field, StrictBool
 
 from tunecache.schemas import _Strict
 from tunecache.strict import Utc
@@ -62,14 +63,41 @@ def shown_part(token: str) -> str:
     return token[:SHOWN_CHARS]
 
 
-NAME_CHARACTERS = r"[\w.@:/ -]+"  # a token's name: no comma, no control or invisible character
+# A token's name as servers have stored, served and exported it (snapshots state it as their
+# uploader's and verifier's): no comma, no control or invisible character. It is read as it is,
+# so what an older server accepted stays readable; a NEW name is a NewTokenName.
+NAME_CHARACTERS = r"[\w.@:/ -]+"
 TokenName = Annotated[str, Field(min_length=1, max_length=128, pattern=f"^{NAME_CHARACTERS}$")]
+# A new token's name: ASCII letters, digits and _.@:/- in words one space apart (no leading,
+# trailing or doubled space). The name is who the dashboard and records say uploaded or
+# verified something, and Unicode's \w let "оps" (a Cyrillic о), "ⅰ" or "ops " pass for another.
+NEW_NAME = r"^[A-Za-z0-9_.@:/-]+( [A-Za-z0-9_.@:/-]+)*$"
+_NAME_RULE = "a new token's name is ASCII letters, digits and _.@:/- in words one space apart"
+
+
+def _new_name(value: str) -> str:
+    if re.fullmatch(NEW_NAME, value) is None:
+        odd = next((c for c in value if not (c.isascii() and (c.isalnum() or c in "_.@:/- "))),
+                   None)  # fmt: skip
+        why = "has a leading, trailing or doubled space"
+        if odd is not None:
+            why = f"holds {odd!r} (U+{ord(odd):04X})"
+        raise ValueError(f"{why}: {_NAME_RULE}")
+    return value
+
+
+NewTokenName = Annotated[str, Field(min_length=1, max_length=128,
+                                    json_schema_extra={"pattern": NEW_NAME}),
+                         AfterValidator(_new_name)]  # fmt: skip
 
 
 class TokenCreate(_Strict):
-    """A request for a new token; ``trusted``: its uploads are served as verified at once."""
+    """A request for a new token; ``trusted``: its uploads are served as verified at once.
 
-    name: TokenName
+    ``name``: a :data:`NewTokenName`, which no live token goes by (the server checks that).
+    """
+
+    name: NewTokenName
     scope: Scope
     trusted: StrictBool = False
 

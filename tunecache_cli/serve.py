@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from cache_server import SchemaOutdated, logs
-    from cache_server.app import create_app
+    from cache_server.app import create_app, warn_if_public
     from cache_server.db import scrubbed, shown_url
     from cache_server.metrics_multiprocess import user_metrics_dir, worker_metrics_dir
     from cache_server.migrate import prepare
@@ -124,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
                   f"/docs); policy {settings.policy}", file=sys.stderr)  # fmt: skip
         verbose = getattr(args, "verbose", False)
         logs.configure(args.log_format, verbose=verbose)
+        warn_if_public(settings)  # once, whatever the workers
         # Our access log (cache_server.access) replaces uvicorn's. uvicorn applies log_config in
         # each process it runs, so each worker of several logs as a single server does.
         # uvicorn's HTTP protocol, with a deadline for every request's headers and a cap on each

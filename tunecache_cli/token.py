@@ -65,8 +65,11 @@ class _Direct:
     def create_token(self, name: str, scope: str, *, trusted: bool = False) -> TokenCreated:
         from cache_server import tokens
 
-        token, row = tokens.issue(self.session, name=name, scope=scope,  # type: ignore[arg-type]
-                                  trusted=trusted)  # fmt: skip
+        try:
+            token, row = tokens.create(self.session, name=name, scope=scope,  # type: ignore[arg-type]
+                                       trusted=trusted)  # fmt: skip
+        except tokens.NameTaken as exc:  # bad input: exit 2, naming the clash
+            raise InvalidInput(f"--name: {exc}") from None
         return TokenCreated(token=token, info=tokens.public(row))
 
     def list_tokens(self, *, include_revoked: bool = False) -> list[TokenPublic]:

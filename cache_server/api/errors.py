@@ -7,7 +7,8 @@ shape (:class:`cache_server.api.problems.ErrorBody`).
 - FastAPI's generic "There was an error parsing the body" says what it was;
 - :class:`tunecache.errors.InvalidInput` raised anywhere in a request is a 422;
 - a database that cannot be reached (down, restarting, refusing connections, a SQLite file locked
-  past its busy timeout or that cannot be opened) is a 503 with ``Retry-After``, as a busy server
+  past its busy timeout or that cannot be opened, a PostgreSQL statement or lock wait cut at the
+  server's bound) is a 503 with ``Retry-After``, as a busy server
   is: the next request tries it again, so the server recovers by itself when it is back;
 - anything else that escapes a route is a 500 in the same shape (a bug; it is logged).
 """
@@ -37,12 +38,14 @@ OUTAGE_RETRY_AFTER = 5  # seconds: a database that went away is seldom back with
 
 # What says the database could not be reached or written, not that the statement was wrong:
 # PostgreSQL's SQLSTATE classes 08 (connection), 53 (insufficient resources: too many
-# connections, disk full) and 58 (system: I/O), its shutting down or starting up, and a standby
-# that only reads (25006, after a failover); SQLite's primary result codes BUSY (locked past the
-# busy timeout), READONLY, IOERR, CANTOPEN and FULL (LOCKED, a table locked within one
+# connections, disk full) and 58 (system: I/O), its shutting down or starting up, a standby
+# that only reads (25006, after a failover), and a statement cut at the server's bound on it or
+# on its wait for a lock (57014 query_canceled, 55P03 lock_not_available: a table an operator or
+# a migration locked, cache_server.db.make_engine); SQLite's primary result codes BUSY (locked
+# past the busy timeout), READONLY, IOERR, CANTOPEN and FULL (LOCKED, a table locked within one
 # connection, is a bug of ours: a 500).
 _PG_OUTAGE_CLASSES = ("08", "53", "58")
-_PG_OUTAGE_CODES = frozenset({"57P01", "57P02", "57P03", "25006"})
+_PG_OUTAGE_CODES = frozenset({"57P01", "57P02", "57P03", "25006", "57014", "55P03"})
 _SQLITE_OUTAGE_CODES = frozenset({5, 8, 10, 13, 14})
 _SQLITE_OUTAGE_MESSAGES = ("database is locked", "unable to open database file")
 

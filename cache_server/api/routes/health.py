@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
+from sqlalchemy import select
 
 from cache_server import tokens
 from cache_server.api.auth import ReadAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep, SettingsDep
+from cache_server.models import TokenRow
 from cache_server.queries import count_records
 from tunecache import __version__
 from tunecache.schemas import Health
@@ -21,7 +23,10 @@ router = APIRouter(route_class=JsonRoute, tags=["health"])
 )  # fmt: skip
 def health(session: SessionDep) -> Health:
     """Liveness and readiness: 200 only when the database answers; while it does not, 503 with
-    ``Retry-After`` (see :mod:`cache_server.api.errors`), and 200 again once it is back."""
+    ``Retry-After`` (see :mod:`cache_server.api.errors`), and 200 again once it is back. It reads
+    the tables every request needs (tokens, records): a lock held on either stalls the API, and
+    the statement bound (:func:`cache_server.db.make_engine`) turns that into this 503."""
+    session.execute(select(TokenRow.id).limit(1))
     return Health(
         database=session.get_bind().dialect.name,
         records=count_records(session),

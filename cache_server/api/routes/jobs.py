@@ -192,7 +192,9 @@ def claim_job(
     """Leases the most urgent queued (or lease-expired) job the worker can run to it, under this
     token: only this worker with this token (or an admin token) may renew, complete or fail it.
     A worker works one job at a time: one holding a live lease under this token is handed that
-    job again, its lease renewed (a claim asked again after its answer was lost)."""
+    job again (a claim asked again after its answer was lost), spending no attempt. That does
+    not renew the lease (a heartbeat does): a worker claiming in a loop gets its job back only
+    until the lease runs out."""
     job = jobs.claim(session, worker=request.worker, token_id=token.id,
                      lease_seconds=request.lease_seconds,
                      device_arch=request.device_arch, backends=request.backends,

@@ -15,11 +15,23 @@ router = APIRouter(
 )
 
 
-@router.post("", status_code=status.HTTP_201_CREATED)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    responses={409: {"description": "a live token already has this name (case aside)"}},
+)
 def create_token(request: TokenCreate, session: SessionDep) -> TokenCreated:
-    """A new token with one scope. The answer holds the token: it is never shown again."""
-    token, row = tokens.issue(session, name=request.name, scope=request.scope,
-                              trusted=request.trusted)  # fmt: skip
+    """A new token with one scope. The answer holds the token: it is never shown again.
+
+    Its name (ASCII letters, digits and ``_.@:/-``, words one space apart) is who records and the
+    dashboard say uploaded or verified something: one a live token has, case aside, is refused
+    (409).
+    """
+    try:
+        token, row = tokens.create(session, name=request.name, scope=request.scope,
+                                   trusted=request.trusted)  # fmt: skip
+    except tokens.NameTaken as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     return TokenCreated(token=token, info=tokens.public(row))
 
 
