@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from sqlalchemy.exc import SQLAlchemyError
 
 from cache_server import tokens
 from cache_server.api import errors, openapi, problems
@@ -157,10 +158,14 @@ def _loopback(host: str) -> bool:
 
 
 def _administrable(settings: ServerSettings) -> bool:
-    """Whether a live admin token exists, or the bootstrap token will be one once stored."""
-    engine = make_engine(settings.db)
+    """Whether a live admin token exists, or the bootstrap token will be one once stored (or
+    the database could not say: the warning is advice, and a start must not fail on it)."""
+    engine = make_engine(settings.db, statement_seconds=settings.statement_seconds)
     try:
         with make_sessionmaker(engine)() as session:
             return tokens.administrable(session, bootstrap=settings.bootstrap_token)
+    except SQLAlchemyError as exc:
+        logger.debug("could not count the admin tokens: %s", exc)
+        return True
     finally:
         engine.dispose()

@@ -150,10 +150,11 @@ def check_versioned(connection: Connection) -> None:
         )
 
 
-def prepare(url: str, *, create: bool = True) -> Engine:
+def prepare(url: str, *, create: bool = True, statement_seconds: float | None = None) -> Engine:
     """An engine on ``url`` at the head revision: an empty database gets the schema (unless
     ``create`` is false); one at an older revision raises :class:`SchemaOutdated`, for it must be
-    upgraded on purpose."""
+    upgraded on purpose. ``statement_seconds``: the engine's bound
+    (:func:`cache_server.db.make_engine`; the server's setting, 0 behind PgBouncer)."""
     from cache_server.db import make_engine
 
     parsed = make_url(url)
@@ -163,7 +164,7 @@ def prepare(url: str, *, create: bool = True) -> Engine:
         # Connecting would leave an empty file behind, a database that is not there.
         raise SchemaOutdated(f"there is no database at {file}; create it with: "
                              f"{upgrade_command(url)}")  # fmt: skip
-    engine = make_engine(url)
+    engine = make_engine(url, statement_seconds=statement_seconds)
     if create and current_revision(engine) is None:
         upgrade(url)
     check_schema(engine)

@@ -27,7 +27,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, and_, bindparam, exists, false, func, or_, select, update
+from sqlalchemy import Select, and_, bindparam, exists, false, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from cache_server.models import DisputeRow, RecordRow
@@ -61,6 +61,7 @@ def lock_slot(session: Session, slot: int) -> None:
     are the keys', :func:`lock_key`; others are named where they are used), or on SQLite the
     database's write lock, which is every slot's."""
     if session.get_bind().dialect.name == "postgresql":
+        session.execute(_PATIENT)
         session.execute(_ADVISORY_LOCK, {"slot": slot})
     else:  # an update of no row still opens SQLite's write transaction
         session.connection().exec_driver_sql(_SQLITE_WRITE_LOCK)
@@ -70,6 +71,17 @@ def lock_slot(session: Session, slot: int) -> None:
 # they cost 2.5 ms of an upload's 10, this machine)
 _ADVISORY_LOCK = select(func.pg_advisory_xact_lock(LOCK_CLASS, bindparam("slot")))
 _SQLITE_WRITE_LOCK = "UPDATE records SET status = status WHERE id = -1"
+# A write waits for a key's slot longer than the API's statement bound (5 s: a read's, or a
+# table an operator locked): a snapshot import holds its keys' slots until it commits, and an
+# upload, a dispute or a job's result behind it failed with 503 and was sent again and again.
+# Up to WRITE_WAIT, the client's write deadline, for the rest of the transaction; unbounded
+# where the operator set no bound (0).
+WRITE_WAIT = "60s"
+_PATIENT = text(
+    "SELECT set_config('lock_timeout', CASE current_setting('lock_timeout') WHEN '0' THEN '0' "
+    f"ELSE '{WRITE_WAIT}' END, true), set_config('statement_timeout', CASE "
+    f"current_setting('statement_timeout') WHEN '0' THEN '0' ELSE '{WRITE_WAIT}' END, true)"
+)
 
 
 def _twin_standing(status: str) -> Any:

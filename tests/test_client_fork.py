@@ -8,6 +8,7 @@ server" or broke the protocol, and skipped the server for 30 s.
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import threading
@@ -16,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from cache_server.embedded import free_port
 from tests.conftest import LiveServer, start_server
-from tests.factories import make_key, make_record
-from tunecache import Client
+from tests.factories import knobs, make_key, make_record
+from tunecache import Client, SnapshotSource
 from tunecache.key import Key
+from tunecache.snapshot import SnapshotFilters, render_snapshot, save_snapshot
 from tunecache.triton import shared_client as shared
 
 WORKERS = 4
@@ -137,3 +140,49 @@ def test_a_child_forked_while_a_parent_thread_makes_the_shared_client_can_make_i
 def _take_the_lock() -> None:
     if not shared._CREATING.acquire(timeout=5):
         raise SystemExit(3)
+
+
+def test_a_child_forked_while_a_parent_thread_loads_the_snapshot_answers_from_it(
+    tmp_path: Path,
+) -> None:
+    """The snapshot source's lock, held by a parent thread loading the file at the fork, was
+    held for good in the child: its first lookup blocked for ever."""
+    key = make_key()
+    body, _ = render_snapshot(SnapshotFilters(device_arch=make_key().device.arch),
+                              [make_record(key, config=knobs(5))])  # fmt: skip
+    path = tmp_path / "winners.json"
+    save_snapshot(path, json.loads(body))
+    client = Client(f"http://127.0.0.1:{free_port()}", timeout=0.2, snapshot=path)
+    (snapshot,) = [s for s in client.resolver.sources if isinstance(s, SnapshotSource)]
+    try:
+        with snapshot._lock:  # as a parent thread loading it holds it
+            child = FORK.Process(target=_snapshot_answer, args=(client, key))
+            child.start()
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+        assert child.exitcode == 0
+    finally:
+        client.close()
+
+
+def _snapshot_answer(client: Client, key: Key) -> None:
+    answer = client.lookup(key, default={"tile": 0})
+    raise SystemExit(0 if (answer.source, answer.config) == ("snapshot", knobs(5)) else 3)
+
+
+def test_a_child_does_not_use_a_config_its_parent_found_wrong() -> None:
+    """The renewed resolver forgot the parent's failed checks: a child was served the record
+    its parent had just proved wrong (its dispute perhaps still queued)."""
+    from tunecache import forksafe
+
+    client = Client(f"http://127.0.0.1:{free_port()}", timeout=0.2)
+    try:
+        client.resolver._failed.add(("digest", "{}"))
+        client.resolver._failed_keys.add("digest")
+        client.resolver._verified.add(("other", "{}"))
+        child = forksafe.renewed(client.resolver, client.server, client.server)
+        assert ("digest", "{}") in child._failed and "digest" in child._failed_keys
+        assert ("other", "{}") in child._verified
+    finally:
+        client.close()

@@ -126,3 +126,35 @@ def _wait_for_a_lock_wait(url: str) -> None:
                 return
             time.sleep(0.1)
     raise AssertionError("the migration never waited for the table")
+
+
+def test_an_upload_waits_for_its_keys_lock_past_the_bound(pg_server: LiveServer) -> None:
+    """A snapshot import holds its keys' slots until it commits: an upload behind it got 503
+    once the API's statement bound passed (1 s here), and was sent again and again. A write
+    waits for its key's slot up to the client's write deadline instead."""
+    import threading
+    import time
+
+    import psycopg
+
+    from cache_server.twins import LOCK_CLASS
+    from tests.factories import make_key, make_record
+
+    record = make_record(make_key(m=96))
+    slot = int(record.key.digest()[:2], 16)
+    answers: list[httpx.Response] = []
+
+    def upload() -> None:
+        answers.append(httpx.post(f"{pg_server.url}/v1/records", json=record.model_dump(mode="json", by_alias=True),
+                                  headers={"Authorization": f"Bearer {TEST_TOKEN}"},
+                                  timeout=90))  # fmt: skip
+
+    with psycopg.connect(pg_server.db.replace("postgresql+psycopg://", "postgresql://")) as conn:
+        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (LOCK_CLASS, slot))
+        sending = threading.Thread(target=upload)
+        sending.start()
+        _wait_for_a_lock_wait(pg_server.db)
+        time.sleep(2.5)  # past the bound, the slot still held: as by a long import
+        conn.rollback()
+    sending.join(60)
+    assert [a.status_code for a in answers] == [201], [a.text for a in answers]

@@ -67,3 +67,13 @@ def test_serve_on_loopback_says_nothing_of_it(tmp_path: Path) -> None:
     start_server(f"sqlite:///{db_path}", db_path, log,
                  env={"TUNECACHE_SERVER_BOOTSTRAP_TOKEN": ""}).stop()  # fmt: skip
     assert "not loopback" not in log.read_text()
+
+
+def test_a_database_that_cannot_say_does_not_fail_the_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The admin count is advice: a database error there (PgBouncer refusing the bound's
+    ``options``, a hiccup) was a traceback out of ``tunecache serve``."""
+    db = f"sqlite:///{tmp_path / 'cache.db'}"  # no schema: the token table is missing
+    (said,) = _warnings(caplog, host="0.0.0.0", db=db, bootstrap_token=None)
+    assert OPEN in said and NO_ADMIN not in said

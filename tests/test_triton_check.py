@@ -128,9 +128,13 @@ def test_an_error_beyond_float64_fails_the_check(factor: float) -> None:
     assert not check.passed and check.rel_error is None
 
 
-def test_a_non_negative_argument_gets_non_negative_copies() -> None:
+def test_a_non_negative_argument_gets_non_negative_copies_only_when_asked() -> None:
     """``x / (sqrt(v) + eps)`` for the caller's ``v > 0``: a normal draw of ``v`` made the
-    reference's output NaN, and the check could judge nothing."""
+    reference's output NaN, and the check could judge nothing; so a second draw keeps the sign.
+    Not the first: a config wrong only on negative values passed on the copies of a call whose
+    data happened to be non-negative, and was uploaded as validated for every caller."""
     v, x = torch.rand(100) + 0.1, torch.randn(100)
-    copies = fresh_arguments([v, x], SEED)
+    copies = fresh_arguments([v, x], SEED, keep_sign=True)
     assert bool((copies[0] >= 0).all()) and bool((copies[1] < 0).any())
+    first = fresh_arguments([v, x], SEED)
+    assert bool((first[0] < 0).any())  # the first draw probes negative values too

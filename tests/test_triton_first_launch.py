@@ -301,3 +301,67 @@ def test_a_runtime_argument_set_by_the_configs_is_named_as_such(tmp_path: Path) 
     why = misfit(config, identity, {"BLOCK": int, "ITERS": int}, call_device([]))
     assert why is not None and "['ITERS'] is not tl.constexpr" in why, why
     assert "are not the kernel's tuned" not in why
+
+
+OUTAGE = """
+import json, os, time, torch, triton
+import hookkernels as m
+from tests.factories import make_record
+from tunecache.client import Client
+from tunecache.triton.keys import KernelIdentity, key_of_call
+
+n, kernel = 1000, m.double
+x = torch.randn(n)
+args, grid = (x, torch.empty(n), n), lambda meta: (triton.cdiv(n, meta["BLOCK"]),)
+key = key_of_call(KernelIdentity.of(kernel.fn), kernel.keys, dict(zip(kernel.arg_names, args)))
+with Client(os.environ["TUNECACHE_URL"], token=os.environ["TEST_ADMIN_TOKEN"]) as c:
+    c.upload(make_record(key, time_ms=0.001, config={"BLOCK": 128, "num_warps": 4,
+                                                      "num_stages": 3}))
+server = kernel._client().server
+server._down_until, server._down_unanswered = time.monotonic() + 600, True  # as after a timeout
+found = []
+for up in (False, False, True):
+    if up:
+        server._down_until = 0.0  # the server may be asked again
+    before = len(m.CALLS)
+    kernel[grid](*args)
+    found.append({"best": kernel.best_config.kwargs["BLOCK"], "benched": len(m.CALLS) - before,
+                  "right": bool(torch.allclose(args[1], x * 2.0))})
+print(json.dumps(found))
+"""
+
+
+def test_a_key_launched_while_the_server_did_not_answer_is_asked_again(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """The first config launched during an outage (a slow first lookup, one shed 503) stayed
+    the key's config for the whole process; it is now asked for again once the server may
+    be, and the served config runs from then on."""
+    (tmp_path / "hookkernels.py").write_text(KERNELS)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "TEST_ADMIN_TOKEN": TEST_TOKEN,
+           "TUNECACHE_URL": server.url,
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", OUTAGE], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.splitlines()[-1])
+    assert [f["best"] for f in found] == [32, 32, 128], (found, done.stderr)
+    assert [f["benched"] for f in found] == [0, 0, 0] and all(f["right"] for f in found)
+
+
+def test_outputs_must_name_something_to_compare() -> None:
+    """``outputs=[]`` compared nothing: every check passed, and a record was uploaded as
+    validated with no error."""
+    import triton
+    import triton.language as tl
+
+    import tunecache.triton
+    from tunecache.errors import InvalidInput
+
+    def body(x_ptr, y_ptr, n, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+        pass
+
+    configs = [triton.Config({"BLOCK": b}) for b in (32, 64)]
+    for outputs in ([], ["y_ptr", "y_ptr"]):
+        with pytest.raises(InvalidInput, match="outputs="):
+            tunecache.triton.autotune(configs, key=["n"], outputs=outputs)(triton.jit(body))

@@ -63,12 +63,19 @@ def connect(url: str, transport: httpx.BaseTransport | None,
 
 
 def renewed(resolver: Resolver, old: Source, new: Source) -> Resolver:
-    """A resolver like ``resolver`` with ``new`` in the place of ``old`` (if there) and the
-    answers it remembered: none of its locks or threads (a parent thread may hold them)."""
+    """A resolver like ``resolver`` with ``new`` in the place of ``old`` (if there), the other
+    sources' locks renewed (a snapshot's, held by a parent thread loading it, blocked the
+    child's every lookup), and what it knew: the answers it remembered, and the configs it
+    checked here, failed ones included (a child must not launch what its parent proved
+    wrong, its dispute perhaps still queued). None of its locks or threads."""
+    for source in resolver.sources:
+        if source is not old:
+            source.renew_after_fork()
     fresh = Resolver([new if source is old else source for source in resolver.sources],
                      memo=resolver.memo is not None)  # fmt: skip
     if resolver.memo is not None and fresh.memo is not None:
         fresh.memo.answers.update(resolver.memo.answers)
+    fresh.inherit_checks(resolver)
     return fresh
 
 

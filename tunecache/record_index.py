@@ -120,6 +120,10 @@ class RecordIndex(Generic[T]):
         self._load = load
         self._lock = threading.Lock()
 
+    def renew_after_fork(self) -> None:
+        """In a forked child: a lock of its own (a parent thread loading a group held it)."""
+        self._lock = threading.Lock()
+
     def group(self, key: GroupKey) -> _Group[T] | None:
         """The group of ``key``, filled on first use where the index loads groups."""
         held = self._groups.get(key)

@@ -75,6 +75,10 @@ class Source(abc.ABC):
         """Tells where ``answer`` came from that its config failed ``check`` at ``key``'s
         problem (the server marks the record disputed); nothing for a local source."""
 
+    def renew_after_fork(self) -> None:  # noqa: B027  # most sources hold no lock
+        """In a forked child, alone: locks of its own (a parent thread may have held one at
+        the fork, for good in the child: :mod:`tunecache.forksafe`)."""
+
 
 class MemoSource(Source):
     """This process's earlier answers, by key digest (the resolver fills it)."""
@@ -105,6 +109,11 @@ class RecordsSource(Source):
         self._given = records
         self._answers: dict[str, LookupResult | None] = {}
         self._lock = threading.Lock()
+
+    def renew_after_fork(self) -> None:
+        self._lock = threading.Lock()  # a parent thread loading the snapshot held it
+        if self._index is not None:
+            self._index.renew_after_fork()
 
     def records(self) -> Iterable[RecordCreate]:
         return self._given
@@ -248,6 +257,13 @@ class Resolver:
             return await asyncio.wait_for(call, timeout)
         except (TimeoutError, RuntimeError):  # too slow; or closed: no thread takes it now
             return LookupResult(config=default, source="default")
+
+    def inherit_checks(self, parent: Resolver) -> None:
+        """Takes ``parent``'s verified and failed configs as this resolver's own (a forked
+        child's: :func:`tunecache.forksafe.renewed`)."""
+        self._verified |= parent._verified
+        self._failed |= parent._failed
+        self._failed_keys |= parent._failed_keys
 
     def _memo_verified(self, key: Key, digest: str, found: LookupResult,
                        verify: Verify) -> bool:  # fmt: skip

@@ -135,6 +135,10 @@ class ServerSource(Source):
         do the work a miss asks for (the Triton drop-in does not tune while the server is down)."""
         return bool(getattr(self._outcome, "unanswered", False))
 
+    def forget_outcome(self) -> None:
+        """Clears :meth:`unanswered` for the calling thread, before a lookup that may not ask."""
+        self._outcome.unanswered = False
+
     def get(self, key: Key, digest: str) -> LookupResult | None:
         """The server's answer: one request per key at a time (the threads asking for a key
         meanwhile wait for that one's answer), at most :data:`MAX_LOOKUPS_IN_FLIGHT` keys at

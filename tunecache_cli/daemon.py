@@ -107,10 +107,10 @@ def run(args: argparse.Namespace) -> int:
     check_seconds("--poll", args.poll)
     check_seconds("--lease", args.lease, most=MAX_LEASE_SECONDS)
     _check_device(args.device)
-    default_workdir()  # an unusable TUNECACHE_WORK_DIR refuses the start, not each job it claims
     kernels, backends = _packages(args.kernels), _backends(args.backends)  # before the server
-    if args.verify:
+    if args.verify:  # re-times configs: no search, no work folder
         return run_verifier(args, kernels, backends)
+    default_workdir()  # an unusable TUNECACHE_WORK_DIR refuses the start, not each job it claims
     preflight(server_url(args), "write", "the daemon (it claims jobs and uploads)")
     options = DaemonOptions(
         device=args.device, backends=backends, trials=args.trials, strategy=args.strategy,

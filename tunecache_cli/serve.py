@@ -102,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
     host, port = settings.host, settings.port
     _check_port(host, port)  # before the database: a port in use leaves no new database behind
     try:  # an empty database gets the schema; an old one must be upgraded on purpose
-        prepare(url, create=not args.no_create).dispose()
+        prepare(
+            url, create=not args.no_create, statement_seconds=settings.statement_seconds
+        ).dispose()
     except SchemaOutdated as exc:
         raise InvalidInput(str(exc)) from None
     except InvalidInput:

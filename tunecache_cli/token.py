@@ -115,7 +115,8 @@ def _tokens(args: argparse.Namespace) -> Iterator[Any]:
 
     args.db = args.db or None  # bare --db: the server's own setting
     try:
-        engine = prepare(server_settings(args).db)
+        settings = server_settings(args)
+        engine = prepare(settings.db, statement_seconds=settings.statement_seconds)
         with make_sessionmaker(engine).begin() as session:
             yield _Direct(session, engine.url.render_as_string(hide_password=True))
     except SchemaOutdated as exc:

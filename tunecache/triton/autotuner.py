@@ -46,7 +46,7 @@ from tunecache.triton.check import SEED
 from tunecache.triton.checking import run_check
 from tunecache.triton.hostbench import host_bench
 from tunecache.triton.keys import KernelIdentity, KernelSpace, SpaceLike, key_of_call
-from tunecache.triton.outage import say_once, server_failed
+from tunecache.triton.outage import forget_outcome, say_once, server_failed
 from tunecache.triton.picks import Picks, TuningCall
 from tunecache.triton.pruning import CallPrune, early_config_prune
 from tunecache.triton.record import (
@@ -91,8 +91,13 @@ class CachedAutotuner(Admission, Autotuner):
         self.url, self.snapshot, self.policy = url, snapshot, policy
         self.on_miss, self.reference, self.verify = on_miss, reference, verify
         unknown = [name for name in outputs or () if name not in arg_names]
-        if unknown:
-            raise InvalidInput(f"outputs={outputs!r}: {unknown} are not arguments of the kernel")
+        if unknown or (outputs is not None and (not outputs or len(set(outputs)) < len(outputs))):
+            why = (
+                f"{unknown} are not arguments of the kernel"
+                if unknown
+                else "names each output once, at least one (an empty list would compare nothing)"
+            )
+            raise InvalidInput(f"outputs={outputs!r}: {why}")
         self.outputs = None if outputs is None else list(outputs)  # None: every tensor argument
         # (key digest, config) that disagreed with the first config, no reference= given: not
         # used in this process, never disputed (:meth:`_verifier`)
@@ -103,6 +108,18 @@ class CachedAutotuner(Admission, Autotuner):
         # (two threads may tune two keys at once): TuningCall.
         self.cache: dict[Any, Config] = Picks(self._checked_pick)
         self._calls = threading.local()
+        # Keys launched with the first config while the server did not answer: decided again
+        # once it may be asked (a slow first lookup must not pin a kernel for the process).
+        self._meanwhile: set[Any] = set()
+
+    def _asks_again(self, tuning_key: Any) -> bool:
+        """Whether ``tuning_key``'s config was the first one, launched while the server did not
+        answer, and the server may be asked again now (it is then taken out of the cache)."""
+        if tuning_key not in self._meanwhile or self._client().server.down:
+            return False
+        self._meanwhile.discard(tuning_key)
+        self.cache.pop(tuning_key, None)
+        return True
 
     @functools.cached_property
     def identity(self) -> KernelIdentity:
@@ -114,7 +131,8 @@ class CachedAutotuner(Admission, Autotuner):
     def run(self, *args: Any, **kwargs: Any) -> Any:
         arguments = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
         tuning_key = self._triton_key(arguments)
-        if len(self.configs) < 2 or tuning_key in self.cache:
+        known = tuning_key in self.cache and not self._asks_again(tuning_key)
+        if len(self.configs) < 2 or known:
             return super().run(*args, **kwargs)
         try:
             return self._new_key(arguments, tuning_key, args, kwargs)
@@ -284,6 +302,7 @@ class CachedAutotuner(Admission, Autotuner):
         admit, fits = self._fits(args, kwargs)
         # A config that does not fit is passed over: the next source, else a miss.
         verify = self._verifier(key, args, kwargs) if self.verify == "first" else None
+        forget_outcome(self._client())  # what this lookup meets, not an earlier one
         result = self._client().lookup(key, default=None, fits=fits, verify=verify)
         if result.hit and result.config is not None:
             # Placed again (a memo answer is not re-fitted; the prune runs once): the user's own
@@ -299,6 +318,7 @@ class CachedAutotuner(Admission, Autotuner):
             logger.info("%s: the server did not answer (not a miss); launching the first "
                         "config, nothing tuned", key.short())  # fmt: skip
             self.cache[tuning_key] = self._first(args, kwargs)
+            self._meanwhile.add(tuning_key)  # asked again once the server may be
             return
         then = "launching the first config" if self.on_miss == "default" else "tuning it"
         logger.info("%s: no tuned config served (a miss); %s", key.short(), then)
@@ -351,7 +371,7 @@ class CachedAutotuner(Admission, Autotuner):
             winner, check = picked
         if check is None or not check.passed:
             return
-        against = reference_label(self.reference is not None, key.dtype)
+        against = reference_label(self.reference is not None, key.dtype, self.outputs)
         record = build_record(key, winner, timings, first, validated(check, against),
                               seconds, timer=self.timer)  # fmt: skip
         if record is None:

@@ -9,11 +9,15 @@ A copy has its argument's strides, and arguments that share memory share it in t
 the same distances: a kernel is passed the caller's strides and sizes, and addresses memory by
 them, so a compact copy of a padded view would be read and written out of bounds.
 
-A floating-point argument whose values are all non-negative and not all zero (a variance, a
-scale, a probability) gets non-negative copies: a kernel computing ``x / (sqrt(v) + eps)`` for
-the caller's positive ``v`` gave NaN on a normal draw, for the reference as for the config, and
-the check could not judge anything. An all-zero tensor says nothing of its range (an output, an
-accumulator): it is drawn as the others.
+Copies are normal draws. Only where the reference's output on them holds NaN or inf is the
+check drawn again (``keep_sign``) with non-negative copies of each floating-point argument whose
+values are all non-negative and not all zero (a variance, a scale, a probability): a kernel
+computing ``x / (sqrt(v) + eps)`` for the caller's positive ``v`` gave NaN on a normal draw, for
+the reference as for the config, and the check could not judge anything. Not at first: a config
+wrong only on negative values (a masked tail loaded as 0.0 into a row's maximum) passed on the
+copies of a call whose data happened to be non-negative, and was uploaded as validated for every
+caller at the key. An all-zero tensor says nothing of its range (an output, an accumulator): it
+is drawn as the others.
 """
 
 from __future__ import annotations
@@ -29,11 +33,12 @@ SEED = 1234
 _NORMAL_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
-def fresh_arguments(args: Sequence[Any], seed: int) -> list[Any]:
+def fresh_arguments(args: Sequence[Any], seed: int, *, keep_sign: bool = False) -> list[Any]:
     """Copies of ``args``: floating-point tensors refilled with seeded random values, generated
-    on their device (one seeded stream per device, in argument order; non-negative for an
-    argument holding only non-negative values, some positive), other tensors with their values;
-    each copy with its argument's strides, and aliasing arguments aliasing in their copies."""
+    on their device (one seeded stream per device, in argument order; with ``keep_sign``,
+    non-negative for an argument holding only non-negative values, some positive), other
+    tensors with their values; each copy with its argument's strides, and aliasing arguments
+    aliasing in their copies."""
     import torch
 
     generators: dict[Any, torch.Generator] = {}
@@ -44,7 +49,7 @@ def fresh_arguments(args: Sequence[Any], seed: int) -> list[Any]:
         end = max(args[i].storage_offset() + _span(args[i]) for i in group)
         if first.is_floating_point():
             buffer = _seeded(end - base, first, generators, seed)
-            if _non_negative([args[i] for i in group]):
+            if keep_sign and _non_negative([args[i] for i in group]):
                 buffer = buffer.abs()
         else:  # indices, masks: their values matter; the span as it is
             buffer = first.as_strided((end - base,), (1,), base).clone()
@@ -112,12 +117,12 @@ def _seeded(count: int, like: Any, generators: dict[Any, Any], seed: int) -> Any
 
 
 def fresh_call(
-    args: Sequence[Any], kwargs: Mapping[str, Any], seed: int
+    args: Sequence[Any], kwargs: Mapping[str, Any], seed: int, *, keep_sign: bool = False
 ) -> tuple[list[Any], dict[str, Any]]:
     """:func:`fresh_arguments` of a call's positional and keyword arguments (one seeded stream,
     positional first): two calls with the same ``seed`` get identical copies, and the caller's
     tensors are never written."""
-    values = fresh_arguments([*args, *kwargs.values()], seed)
+    values = fresh_arguments([*args, *kwargs.values()], seed, keep_sign=keep_sign)
     return values[: len(args)], dict(zip(kwargs, values[len(args) :], strict=True))
 
 

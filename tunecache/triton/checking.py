@@ -29,20 +29,15 @@ Call = tuple[list[Any], dict[str, Any]]
 def run_check(tuner: Any, config: Config, first: Config, args: tuple[Any, ...],
               kwargs: dict[str, Any], tolerance: float, key: Key) -> CheckModel:  # fmt: skip
     """``config``'s outputs against ``tuner.reference`` (else ``first``'s) on identical fresh
-    copies of the call's arguments. Only ``config``'s own launch failing (not for memory)
-    raises something other than :class:`CheckUnavailable`."""
-    try:
-        got, want = fresh_call(args, kwargs, SEED), fresh_call(args, kwargs, SEED)
-        if tuner.reference is not None:
-            reset_for_reference(tuner, *want)
-            named = {k: v for k, v in want[1].items() if k in tuner.arg_names}
-            tuner.reference(*want[0], **named)
-        else:
-            launch(tuner, first, *want)
-        finish(want)  # a device's error surfaces here, not in the config's run
-    except Exception as exc:
-        raise CheckUnavailable(f"the reference's run: {one_line(exc)}") from exc
-    expected = outputs_of(tuner, want)
+    copies of the call's arguments (drawn again keeping non-negative inputs so where the
+    reference's output was not finite: :mod:`tunecache.triton.check`). Only ``config``'s own
+    launch failing (not for memory) raises something other than :class:`CheckUnavailable`."""
+    got, expected = _reference(tuner, first, args, kwargs, keep_sign=False)
+    if _not_finite(expected) is not None:
+        got, expected = _reference(tuner, first, args, kwargs, keep_sign=True)
+    if not any(is_tensor(value) for value in expected.values()):  # a check comparing nothing
+        raise CheckUnavailable(f"outputs={getattr(tuner, 'outputs', None)!r} names no tensor "
+                               "of this call: nothing to compare")  # fmt: skip
     if (where := _not_finite(expected)) is not None:
         raise CheckUnavailable(f"the reference's own output {where!r} has NaN or inf on the "
                                "check's random inputs")  # fmt: skip
@@ -60,6 +55,24 @@ def run_check(tuner: Any, config: Config, first: Config, args: tuple[Any, ...],
         raise CheckUnavailable(f"the comparison: {one_line(exc)}") from exc
 
 
+def _reference(tuner: Any, first: Config, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+               keep_sign: bool) -> tuple[Call, dict[str, Any]]:  # fmt: skip
+    """The config's fresh copies, and the reference's outputs on identical ones."""
+    try:
+        got = fresh_call(args, kwargs, SEED, keep_sign=keep_sign)
+        want = fresh_call(args, kwargs, SEED, keep_sign=keep_sign)
+        if tuner.reference is not None:
+            reset_for_reference(tuner, *want)
+            named = {k: v for k, v in want[1].items() if k in tuner.arg_names}
+            tuner.reference(*want[0], **named)
+        else:
+            launch(tuner, first, *want)
+        finish(want)  # a device's error surfaces here, not in the config's run
+    except Exception as exc:
+        raise CheckUnavailable(f"the reference's run: {one_line(exc)}") from exc
+    return got, outputs_of(tuner, want)
+
+
 def outputs_of(tuner: Any, call: Call) -> dict[str, Any]:
     """What a check compares of ``call``, by name: the arguments ``tuner.outputs`` names, in
     that order, else every argument (tensors compared, the rest skipped)."""
@@ -68,6 +81,12 @@ def outputs_of(tuner: Any, call: Call) -> dict[str, Any]:
     if names is None:
         return named
     return {name: named[name] for name in names if name in named}
+
+
+def is_tensor(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
 
 
 def _not_finite(outputs: Mapping[str, Any]) -> str | None:

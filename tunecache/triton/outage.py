@@ -33,3 +33,12 @@ def server_failed(client: Any) -> bool:
         return False
     unanswered = getattr(server, "unanswered", None)
     return bool(unanswered()) if callable(unanswered) else False
+
+
+def forget_outcome(client: Any) -> None:
+    """Clears what the calling thread's last lookup through ``client`` met: a lookup answered
+    by the memo or the snapshot (then refused here) does not ask the server, and must not be
+    taken for the earlier lookup's outage."""
+    forget = getattr(getattr(client, "server", None), "forget_outcome", None)
+    if callable(forget):
+        forget()

@@ -62,11 +62,14 @@ def timing_of(timings: Any, timer: str = DO_BENCH_TIMER) -> TimingModel | None:
                        repeats=1, timer=timer)  # fmt: skip
 
 
-def reference_label(user_reference: bool, dtype: str) -> str:
-    """What a check compared with, in which dtype: ``"the first listed config, float16"`` or
-    ``"reference= (user function), float16"``."""
+def reference_label(user_reference: bool, dtype: str, outputs: list[str] | None = None) -> str:
+    """What a check compared with, in which dtype, and which outputs where ``outputs=`` named
+    them (a reader comparing every output must see that this check did not):
+    ``"the first listed config, float16"``, ``"reference= (user function), float16, outputs
+    y_ptr"``."""
     against = "reference= (user function)" if user_reference else "the first listed config"
-    return f"{against}, {dtype}"
+    named = f", outputs {' '.join(outputs)}" if outputs is not None else ""
+    return f"{against}, {dtype}{named}"
 
 
 def validated(check: CheckModel, reference: str) -> ValidationReport:
