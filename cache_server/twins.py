@@ -24,6 +24,7 @@ wrote meanwhile: a copy uploaded in the instant a dispute lands is disputed with
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,8 +53,17 @@ def lock_key(session: Session, key_hash: str) -> None:
     by default; 20,000 distinct ones fitted in a test cluster's slack, which is no bound; sorted
     keys take their slots in order); SQLite, the database's write lock (one writer at a time),
     taken now rather than at the first write, so that what this transaction reads from here on
-    is what it writes over."""
-    lock_slot(session, int(key_hash[:2], 16))
+    is what it writes over.
+
+    A write waits for its key's slot longer than the API's statement bound (5 s, a read's): a
+    snapshot import holds its keys' slots until it commits, and an upload, a dispute or a job's
+    result behind it got 503 past the bound and was sent again and again. Only that wait is
+    longer (:func:`_wait_patiently`), the fast path (the slot free) one statement as before."""
+    slot = int(key_hash[:2], 16)
+    if session.get_bind().dialect.name != "postgresql":
+        lock_slot(session, slot)
+    elif not session.execute(_TRY_LOCK, {"slot": slot}).scalar():
+        _wait_patiently(session, slot)
 
 
 def lock_slot(session: Session, slot: int) -> None:
@@ -61,7 +71,6 @@ def lock_slot(session: Session, slot: int) -> None:
     are the keys', :func:`lock_key`; others are named where they are used), or on SQLite the
     database's write lock, which is every slot's."""
     if session.get_bind().dialect.name == "postgresql":
-        session.execute(_PATIENT)
         session.execute(_ADVISORY_LOCK, {"slot": slot})
     else:  # an update of no row still opens SQLite's write transaction
         session.connection().exec_driver_sql(_SQLITE_WRITE_LOCK)
@@ -71,17 +80,34 @@ def lock_slot(session: Session, slot: int) -> None:
 # they cost 2.5 ms of an upload's 10, this machine)
 _ADVISORY_LOCK = select(func.pg_advisory_xact_lock(LOCK_CLASS, bindparam("slot")))
 _SQLITE_WRITE_LOCK = "UPDATE records SET status = status WHERE id = -1"
-# A write waits for a key's slot longer than the API's statement bound (5 s: a read's, or a
-# table an operator locked): a snapshot import holds its keys' slots until it commits, and an
-# upload, a dispute or a job's result behind it failed with 503 and was sent again and again.
-# Up to WRITE_WAIT, the client's write deadline, for the rest of the transaction; unbounded
-# where the operator set no bound (0).
-WRITE_WAIT = "60s"
-_PATIENT = text(
-    "SELECT set_config('lock_timeout', CASE current_setting('lock_timeout') WHEN '0' THEN '0' "
-    f"ELSE '{WRITE_WAIT}' END, true), set_config('statement_timeout', CASE "
-    f"current_setting('statement_timeout') WHEN '0' THEN '0' ELSE '{WRITE_WAIT}' END, true)"
-)
+_TRY_LOCK = select(func.pg_try_advisory_xact_lock(LOCK_CLASS, bindparam("slot")))
+# What a write waits for its key's slot at most: under the client's write deadline (60 s), so
+# that a wait that ends is answered before the client gives up (and sends the write again).
+WRITE_WAIT_MS = 45_000
+_BOUNDS = ("lock_timeout", "statement_timeout")
+_SET = text("SELECT set_config('lock_timeout', :lock, true), "
+            "set_config('statement_timeout', :statement, true)")  # fmt: skip
+_UNITS_MS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _wait_patiently(session: Session, slot: int) -> None:
+    """Waits for ``slot`` up to :data:`WRITE_WAIT_MS` (or the bounds set, if longer; none where
+    none is set), then puts this transaction's bounds back as they were."""
+    were = [str(session.execute(text(f"SHOW {name}")).scalar()) for name in _BOUNDS]
+    longer = [value if _ms(value) in (0, None) or (_ms(value) or 0) >= WRITE_WAIT_MS
+              else f"{WRITE_WAIT_MS}ms" for value in were]  # fmt: skip
+    session.execute(_SET, {"lock": longer[0], "statement": longer[1]})
+    session.execute(_ADVISORY_LOCK, {"slot": slot})
+    session.execute(_SET, {"lock": were[0], "statement": were[1]})
+
+
+def _ms(shown: str) -> int | None:
+    """A timeout as PostgreSQL shows it (``0``, ``500ms``, ``5s``, ``2min``) in milliseconds;
+    ``None`` for a form not known here (left as it is)."""
+    found = re.fullmatch(r"(\d+)\s*(ms|s|min|h|d)?", shown.strip())
+    if found is None:
+        return None
+    return int(found[1]) * _UNITS_MS[found[2] or "ms"]
 
 
 def _twin_standing(status: str) -> Any:

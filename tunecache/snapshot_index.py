@@ -64,7 +64,15 @@ def load_snapshot_index(path: Path) -> RecordIndex[RecordCreate]:
     if pending is None:
         return eager_index(validated_snapshot(path, text))
     del text
-    return RecordIndex(load=lambda group: _load(path, pending.pop(group, [])))
+
+    def load(group: GroupKey) -> list[Entry[RecordCreate]]:
+        # Taken out of ``pending`` once loaded, not before: a child forked while a parent
+        # thread loads the group loads it again from what is still there.
+        loaded = _load(path, pending.get(group, []))
+        pending.pop(group, None)
+        return loaded
+
+    return RecordIndex(load=load)
 
 
 def eager_index(snapshot: SnapshotPublic) -> RecordIndex[RecordCreate]:

@@ -38,6 +38,7 @@ from tunecache.errors import CheckUnavailable, InvalidInput, one_line
 from tunecache.key import Key
 from tunecache.policies import VersionPolicy
 from tunecache.problem import describe
+from tunecache.ranks import job_store
 from tunecache.schemas import CheckModel
 from tunecache.strict import printable_text
 from tunecache.triton import fallback, hostbench, launching, ranks
@@ -46,6 +47,7 @@ from tunecache.triton.check import SEED
 from tunecache.triton.checking import run_check
 from tunecache.triton.hostbench import host_bench
 from tunecache.triton.keys import KernelIdentity, KernelSpace, SpaceLike, key_of_call
+from tunecache.triton.meanwhile import Meanwhile, capturing
 from tunecache.triton.outage import forget_outcome, say_once, server_failed
 from tunecache.triton.picks import Picks, TuningCall
 from tunecache.triton.pruning import CallPrune, early_config_prune
@@ -108,18 +110,9 @@ class CachedAutotuner(Admission, Autotuner):
         # (two threads may tune two keys at once): TuningCall.
         self.cache: dict[Any, Config] = Picks(self._checked_pick)
         self._calls = threading.local()
-        # Keys launched with the first config while the server did not answer: decided again
-        # once it may be asked (a slow first lookup must not pin a kernel for the process).
-        self._meanwhile: set[Any] = set()
-
-    def _asks_again(self, tuning_key: Any) -> bool:
-        """Whether ``tuning_key``'s config was the first one, launched while the server did not
-        answer, and the server may be asked again now (it is then taken out of the cache)."""
-        if tuning_key not in self._meanwhile or self._client().server.down:
-            return False
-        self._meanwhile.discard(tuning_key)
-        self.cache.pop(tuning_key, None)
-        return True
+        # Keys launched with the first config while the server did not answer: asked again
+        # once it may be (:mod:`tunecache.triton.meanwhile`).
+        self._meanwhile = Meanwhile()
 
     @functools.cached_property
     def identity(self) -> KernelIdentity:
@@ -131,8 +124,9 @@ class CachedAutotuner(Admission, Autotuner):
     def run(self, *args: Any, **kwargs: Any) -> Any:
         arguments = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
         tuning_key = self._triton_key(arguments)
-        known = tuning_key in self.cache and not self._asks_again(tuning_key)
-        if len(self.configs) < 2 or known:
+        if self._meanwhile and self._meanwhile.due(tuning_key, *self._server_state()):
+            self._ask_again(arguments, tuning_key, args, kwargs)
+        if len(self.configs) < 2 or tuning_key in self.cache:
             return super().run(*args, **kwargs)
         try:
             return self._new_key(arguments, tuning_key, args, kwargs)
@@ -318,12 +312,44 @@ class CachedAutotuner(Admission, Autotuner):
             logger.info("%s: the server did not answer (not a miss); launching the first "
                         "config, nothing tuned", key.short())  # fmt: skip
             self.cache[tuning_key] = self._first(args, kwargs)
-            self._meanwhile.add(tuning_key)  # asked again once the server may be
+            self._meanwhile.add(tuning_key, self._server_state()[1])  # asked again later
             return
         then = "launching the first config" if self.on_miss == "default" else "tuning it"
         logger.info("%s: no tuned config served (a miss); %s", key.short(), then)
         if self.on_miss == "default":
             self.cache[tuning_key] = self._first(args, kwargs)
+
+    def _server_state(self) -> tuple[bool, float]:
+        """Whether the server is marked down, and how long it is then skipped."""
+        client = self._client()
+        server = getattr(client, "server", None)
+        return bool(getattr(server, "down", False)), float(getattr(client, "retry_after", 30.0))
+
+    def _ask_again(self, arguments: dict[str, Any], tuning_key: tuple[Any, ...],
+                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:  # fmt: skip
+        """Asks for a key launched with the first config while the server did not answer: a
+        served config that fits replaces it (one assignment: a thread launching the key
+        meanwhile runs one or the other); a miss keeps it (nothing tuned, no reset mid-run);
+        no answer, asked again later. What the ranks of a job agreed on stays; during a CUDA
+        graph capture it is not asked (a check would synchronise the device)."""
+        if capturing():
+            return
+        key = self._key(arguments)
+        if key is None or job_store(lambda why: None) is not None:
+            self._meanwhile.settle(tuning_key)
+            return
+        admit, fits = self._fits(args, kwargs)
+        verify = self._verifier(key, args, kwargs) if self.verify == "first" else None
+        forget_outcome(self._client())
+        result = self._client().lookup(key, default=None, fits=fits, verify=verify)
+        chosen = admit(result.config) if result.hit and result.config is not None else None
+        if chosen is not None and not isinstance(chosen, str):
+            self.cache[tuning_key] = chosen
+            logger.info("%s: the server answers again; launching %s from %s (%s rule)",
+                        key.short(), chosen, _FROM[result.source], result.rule)  # fmt: skip
+        elif server_failed(self._client()):
+            return  # still no answer: asked again later
+        self._meanwhile.settle(tuning_key)
 
     def _verifier(self, key: Key, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> Callable[[dict[str, Any]], CheckModel]:  # fmt: skip

@@ -34,6 +34,7 @@ def run_check(tuner: Any, config: Config, first: Config, args: tuple[Any, ...],
     launch failing (not for memory) raises something other than :class:`CheckUnavailable`."""
     got, expected = _reference(tuner, first, args, kwargs, keep_sign=False)
     if _not_finite(expected) is not None:
+        del got, expected  # the second draw's copies in their place, not beside them
         got, expected = _reference(tuner, first, args, kwargs, keep_sign=True)
     if not any(is_tensor(value) for value in expected.values()):  # a check comparing nothing
         raise CheckUnavailable(f"outputs={getattr(tuner, 'outputs', None)!r} names no tensor "
