@@ -12,12 +12,13 @@ import unicodedata
 from datetime import timedelta
 from typing import Literal
 
-from sqlalchemy import select, text, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from cache_server import jobs, trust
 from cache_server.db import upsert_insert
 from cache_server.models import TokenRow, utcnow
+from cache_server.twins import lock_slot
 from tunecache.tokens import Scope, TokenPublic, fingerprint, new_token, shown_part
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
@@ -48,7 +49,7 @@ class NameTaken(Exception):
 
 # Held while a new name is stored and checked (PostgreSQL): two concurrent creates of one name
 # cannot both find it free. The number is arbitrary, this lock's ("tunename").
-_NAME_LOCK = 0x7475_6E65_6E61_6D65
+NAME_SLOT = 257  # past the keys' slots and the miss budget's (cache_server.jobs)
 
 
 def name_skeleton(name: str) -> str:
@@ -66,14 +67,14 @@ def create(
 
     The row is written first, then the live names read: on SQLite the write holds the database's
     write lock until the transaction ends (a read first sees no lock, and two creates both found
-    the name free); on PostgreSQL an advisory lock, held to the transaction's end, orders them.
+    the name free); on PostgreSQL a lock slot of its own (:data:`NAME_SLOT`), held to the
+    transaction's end, orders them.
 
     Raises:
         NameTaken: a live (not revoked) token's name is ``name``, case and blanks aside; the
             caller's transaction must be rolled back (the session dependency does).
     """
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _NAME_LOCK})
+    lock_slot(session, NAME_SLOT)
     token, row = issue(session, name=name, scope=scope, trusted=trusted)
     wanted = name_skeleton(name)
     live = session.execute(

@@ -164,8 +164,7 @@ class Client(WorkerCalls, AdminCalls):
         snapshot = snapshot_file() if snapshot is None else snapshot
         if snapshot:
             sources.append(SnapshotSource(Path(snapshot), policy))
-        self.server = ServerSource(self, retry_after=retry_after, miss_ttl=miss_ttl,
-                                   report_misses=report_misses)  # fmt: skip
+        self.server = self._server_source()
         sources.append(self.server)
         self.resolver = Resolver(sources)
         forksafe.track(self)  # a forked child gets connections of its own
@@ -176,11 +175,14 @@ class Client(WorkerCalls, AdminCalls):
         self.resolver.close()  # sends the miss reports still queued
         self._http.close()
 
+    def _server_source(self) -> ServerSource:
+        return ServerSource(self, retry_after=self.retry_after, miss_ttl=self.miss_ttl,
+                            report_misses=self.report_misses)  # fmt: skip
+
     def renew_after_fork(self) -> None:
         """In a forked child: connections and a server source of its own (:mod:`.forksafe`)."""
         self._http = forksafe.connect(self.url, self._transport, self._headers)
-        old, self.server = self.server, ServerSource(self, retry_after=self.retry_after,
-            miss_ttl=self.miss_ttl, report_misses=self.report_misses)  # fmt: skip
+        old, self.server = self.server, self._server_source()
         self.resolver = forksafe.renewed(self.resolver, old, self.server)
 
     def __enter__(self) -> Client:

@@ -30,13 +30,13 @@ from tunecache.rules import Rule, best
 T = TypeVar("T")
 GroupKey = tuple[Any, ...]
 Entry = tuple[Mapping[str, Any], T]  # a tuned key as JSON, and its payload
-_GROUPED = ("kernel", "source_hash", "backend", "dtype")
+GROUPED = ("kernel", "source_hash", "backend", "dtype")  # with the device's arch
 
 
 def group_of(key: Mapping[str, Any]) -> GroupKey:
     """What every rule requires a candidate to share with the wanted key (compared with ``==``,
     as :func:`tunecache.rules.match` compares them)."""
-    return (*(key[f] for f in _GROUPED), key["device"]["arch"])
+    return (*(key[f] for f in GROUPED), key["device"]["arch"])
 
 
 def loose(value: Any) -> Hashable:

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from tunecache.errors import validation_problems
 from tunecache.jsonsafe import parse_json
-from tunecache.record_index import Entry, GroupKey, RecordIndex, group_of
+from tunecache.record_index import GROUPED, Entry, GroupKey, RecordIndex, group_of
 from tunecache.schemas import RecordCreate
 from tunecache.snapshot import (
     MAX_SNAPSHOT_RECORDS,
@@ -47,7 +47,6 @@ logger = logging.getLogger(__name__)
 # escape): a record's JSON so written is grouped by them before it is validated.
 _PLAIN = re.compile(r"[A-Za-z0-9_.:+-]+")
 _PLAIN_LINE = re.compile(r"[A-Za-z0-9_.:+()/-]+(?: [A-Za-z0-9_.:+()/-]+)*")
-_GROUPED = ("kernel", "source_hash", "backend", "dtype")
 
 Pending = list[tuple[int, Any]]  # (position in the file, a record's JSON or a validated record)
 
@@ -133,7 +132,7 @@ def _plain_group(record: Any, filters: SnapshotFilters) -> GroupKey | None:
     if type(device) is not dict:
         return None
     assert isinstance(key, Mapping)
-    group = (*(key.get(f) for f in _GROUPED), device.get("arch"))
+    group = (*(key.get(f) for f in GROUPED), device.get("arch"))
     if not all(type(v) is str and _PLAIN.fullmatch(v) for v in group):
         return None
     kernel, _, backend, _, arch = group

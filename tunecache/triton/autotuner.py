@@ -124,7 +124,7 @@ class CachedAutotuner(Admission, Autotuner):
     def run(self, *args: Any, **kwargs: Any) -> Any:
         arguments = {**dict(zip(self.arg_names, args, strict=False)), **kwargs}
         tuning_key = self._triton_key(arguments)
-        if self._meanwhile and self._meanwhile.due(tuning_key, *self._server_state()):
+        if self._meanwhile and self._meanwhile.due(tuning_key, self._server_state):
             self._ask_again(arguments, tuning_key, args, kwargs)
         if len(self.configs) < 2 or tuning_key in self.cache:
             return super().run(*args, **kwargs)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -31,14 +32,18 @@ class Meanwhile:
         with self._lock:
             self._due[tuning_key] = time.monotonic() + wait
 
-    def due(self, tuning_key: Any, down: bool, wait: float) -> bool:
+    def due(self, tuning_key: Any, server: Callable[[], tuple[bool, float]]) -> bool:
         """Whether this thread asks for ``tuning_key`` again now: it waits, its time has come
-        and the server is not ``down``; the next time is then ``wait`` seconds away (another
-        thread meanwhile launches what is there)."""
+        and the server is not down (``server()``: down, and how long it is then skipped, asked
+        only then: it takes the shared client's lock); the next time is then that long away
+        (another thread meanwhile launches what is there)."""
         now = time.monotonic()
+        when = self._due.get(tuning_key)
+        if when is None or now < when:
+            return False
+        down, wait = server()
         with self._lock:
-            when = self._due.get(tuning_key)
-            if when is None or now < when or down:
+            if self._due.get(tuning_key) != when or down:  # another thread took it meanwhile
                 return False
             self._due[tuning_key] = now + wait
             return True
