@@ -87,24 +87,21 @@ def _check_port(host: str, port: int) -> None:
             ) from None
 
 
-def run(args: argparse.Namespace) -> int:
-    import uvicorn
+def _prepare_database(settings: Any, *, create: bool) -> None:
+    """Gives an empty database the schema (unless ``create`` is false); refuses an old one.
+
+    Raises:
+        InvalidInput: naming the database (its password hidden) and why it cannot be served.
+    """
     from sqlalchemy.exc import SQLAlchemyError
 
-    from cache_server import SchemaOutdated, logs
-    from cache_server.app import create_app, warn_if_public
+    from cache_server import SchemaOutdated
     from cache_server.db import scrubbed, shown_url
-    from cache_server.metrics_multiprocess import user_metrics_dir, worker_metrics_dir
     from cache_server.migrate import prepare
 
-    settings = server_settings(args)
     url = settings.db
-    host, port = settings.host, settings.port
-    _check_port(host, port)  # before the database: a port in use leaves no new database behind
-    try:  # an empty database gets the schema; an old one must be upgraded on purpose
-        prepare(
-            url, create=not args.no_create, statement_seconds=settings.statement_seconds
-        ).dispose()
+    try:  # an old schema must be upgraded on purpose
+        prepare(url, create=create, statement_seconds=settings.statement_seconds).dispose()
     except SchemaOutdated as exc:
         raise InvalidInput(str(exc)) from None
     except InvalidInput:
@@ -112,6 +109,21 @@ def run(args: argparse.Namespace) -> int:
     except (SQLAlchemyError, ValueError, OSError) as exc:
         why = scrubbed(one_line(exc), url)
         raise InvalidInput(f"cannot open {shown_url(url)}: {why}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from cache_server import logs
+    from cache_server.app import create_app, warn_if_public
+    from cache_server.db import shown_url
+    from cache_server.metrics_multiprocess import user_metrics_dir, worker_metrics_dir
+
+    settings = server_settings(args)
+    url = settings.db
+    host, port = settings.host, settings.port
+    _check_port(host, port)  # before the database: a port in use leaves no new database behind
+    _prepare_database(settings, create=not args.no_create)
     with ExitStack() as stack:
         try:  # validated before the banner; with several workers, before uvicorn spawns them
             if settings.workers > 1:

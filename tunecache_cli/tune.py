@@ -39,6 +39,37 @@ def register(commands: Any) -> None:
         "(--torch FILE.py:NAME) or TVM module (--tvm FILE.py:NAME), and upload what was found.",
     )
     add_key(parser, optional=True)
+    _add_own_code(parser)
+    parser.add_argument(
+        "--strategy",
+        help="exhaustive, random, optuna, bayes, local, portfolio (the default), or the "
+        "backend's own (the default where it has one: tvm: meta_schedule; inductor: "
+        "inductor_max_autotune)",
+    )
+    parser.add_argument("--trials", type=int, help=f"search budget in trials (default "
+                        f"{DEFAULT_TRIALS}); not with --torch")  # fmt: skip
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        help="budget of the whole tune in seconds (search, re-timing, validation,"
+        " baselines; --tvm: its search); with --trials, whichever comes first; not with --torch",
+    )
+    parser.add_argument("--patience", type=int, help="stop after N trials without improvement")
+    parser.add_argument("--seed", type=int, help="seed of the search strategy (default 0)")
+    parser.add_argument("--workers", type=int, help="measurement worker processes")
+    parser.add_argument("--landscape", type=Path, metavar="FILE",
+                        help="measure every valid config (exhaustively: no --trials, --strategy "
+                        "or --patience) and write them to FILE")  # fmt: skip
+    parser.add_argument("--no-upload", action="store_true", help="tune and print, store nothing")
+    parser.add_argument("--json", action="store_true",
+                        help="print the record as JSON (the stored one once uploaded)")  # fmt: skip
+    add_server(parser)
+    unset_defaults(parser)  # given or not is then set or not (tune_forms)
+    parser.set_defaults(run=run)
+
+
+def _add_own_code(parser: Any) -> None:
+    """The flags of a tune of the user's own torch or TVM code."""
     own = parser.add_argument_group("your own code (instead of KERNEL)")
     own.add_argument(
         "--torch",
@@ -66,32 +97,6 @@ def register(commands: Any) -> None:
         choices=("cpu", "cuda"),
         help="--torch: where to compile and run (default: cuda when a GPU is visible); --tvm: cpu",
     )
-    parser.add_argument(
-        "--strategy",
-        help="exhaustive, random, optuna, bayes, local, portfolio (the default), or the "
-        "backend's own (the default where it has one: tvm: meta_schedule; inductor: "
-        "inductor_max_autotune)",
-    )
-    parser.add_argument("--trials", type=int, help=f"search budget in trials (default "
-                        f"{DEFAULT_TRIALS}); not with --torch")  # fmt: skip
-    parser.add_argument(
-        "--seconds",
-        type=float,
-        help="budget of the whole tune in seconds (search, re-timing, validation,"
-        " baselines; --tvm: its search); with --trials, whichever comes first; not with --torch",
-    )
-    parser.add_argument("--patience", type=int, help="stop after N trials without improvement")
-    parser.add_argument("--seed", type=int, help="seed of the search strategy (default 0)")
-    parser.add_argument("--workers", type=int, help="measurement worker processes")
-    parser.add_argument("--landscape", type=Path, metavar="FILE",
-                        help="measure every valid config (exhaustively: no --trials, --strategy "
-                        "or --patience) and write them to FILE")  # fmt: skip
-    parser.add_argument("--no-upload", action="store_true", help="tune and print, store nothing")
-    parser.add_argument("--json", action="store_true",
-                        help="print the record as JSON (the stored one once uploaded)")  # fmt: skip
-    add_server(parser)
-    unset_defaults(parser)  # given or not is then set or not (tune_forms)
-    parser.set_defaults(run=run)
 
 
 def _check_numbers(args: argparse.Namespace) -> None:

@@ -448,28 +448,22 @@ def autotune(
             (``prune_configs_by``, ``reset_to_zero``, ``restore_value``, ``pre_hook``,
             ``post_hook``, ``warmup``, ``rep``, ``do_bench``, ``cache_results``).
         url: the cache server (default ``$TUNECACHE_URL``; none where that is malformed).
-        snapshot: a snapshot file answered from before the server (default
-            ``$TUNECACHE_SNAPSHOT``).
+        snapshot: a snapshot file asked before the server (default ``$TUNECACHE_SNAPSHOT``).
         on_miss: ``"tune"`` (benchmark the configs here, validate, upload with a write token)
             or ``"default"`` (launch the first config and report the miss).
-        reference: ``reference(*args)`` computes the kernel's outputs in place (as the kernel
-            does) to validate a tuned winner (and a served config, with ``verify="first"``);
-            without it the first config's output is the reference.
+        reference: ``reference(*args)`` computes the kernel's outputs in place, to check a
+            tuned winner or (``verify="first"``) a served config; else the first config's.
         policy: which tuned versions may be served (``strict``, ``compatible``, ``any``).
-        space: served configs are launched only when they are one of ``configs`` (the user's
-            own ``triton.Config`` is launched); ``space`` widens that: a mapping of parameter
-            (meta-parameter or launch option) to its allowed values, or a
-            :class:`tunecache.space.SearchSpace`. A parameter it does not name keeps the values
-            the listed configs give it. Values compare with their types (``4.0`` is not ``4``).
-            Its configs run the listed configs' ``pre_hook`` (never launched where which one
-            cannot be told: :class:`~tunecache.triton.keys.PreHooks`).
-        verify: ``"never"`` or ``"first"``: the first time a served config would be launched in
-            this process (once per key), it runs on seeded copies of the call's arguments and
-            its outputs are compared with the reference's (``reference``, else the first listed
-            config) at the dtype's tolerance; a mismatch falls back as a miss, and disputes the
-            record with the server only against ``reference`` (the first config is no proof).
-            Costs two extra launches (and their compiles) per key, once per process; the
-            caller's tensors are never written.
+        space: widens which served configs may launch (by default only one of ``configs``,
+            and then the user's own ``triton.Config``): a mapping of parameter (meta-parameter
+            or launch option) to its allowed values, or a :class:`tunecache.space.SearchSpace`;
+            a parameter it leaves out keeps the listed configs' values; ``4.0`` is not ``4``.
+            Its configs run the listed configs' ``pre_hook`` (see
+            :class:`~tunecache.triton.keys.PreHooks` for when none can be told).
+        verify: ``"never"`` or ``"first"``: a served config's first launch in this process
+            (once per key) runs on seeded copies of the arguments, compared with the reference
+            at the dtype's tolerance; a mismatch falls back as a miss and disputes the record
+            only against ``reference``. Two extra launches per key and process.
         outputs: the names of the arguments a check compares (default: every tensor
             argument); leave out a scratch buffer whose contents depend on the config.
 
@@ -483,8 +477,7 @@ def autotune(
         raise InvalidInput(f"on_miss={on_miss!r}: expected 'tune' or 'default'")
     if verify not in ("never", "first"):
         raise InvalidInput(f"verify={verify!r}: expected 'never' or 'first'")
-    found = settings()
-    where = Path(snapshot) if snapshot is not None else found.snapshot
+    where = Path(snapshot) if snapshot is not None else settings().snapshot
 
     def decorator(fn: Any) -> CachedAutotuner:
         return CachedAutotuner(fn, fn.arg_names, configs, key, url=url,
