@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -123,34 +124,6 @@ def test_the_triton_drop_ins_one_client_a_process_is_fork_safe_too(
         shared._shared_client.cache_clear()
 
 
-def test_a_child_forked_while_a_parent_thread_makes_the_shared_client_can_make_it() -> None:
-    """The lock that makes the drop-in's client one a process, held by a parent thread at the
-    fork, is not held for good in the child."""
-    holding, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with shared._CREATING:
-            holding.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    holding.wait(10)
-    try:
-        child = FORK.Process(target=_take_the_lock)
-        child.start()
-        child.join(20)
-    finally:
-        release.set()
-        thread.join()
-    assert child.exitcode == 0
-
-
-def _take_the_lock() -> None:
-    if not shared._CREATING.acquire(timeout=5):
-        raise SystemExit(3)
-
-
 def test_a_child_forked_while_a_parent_thread_loads_the_snapshot_answers_from_it(
     tmp_path: Path,
 ) -> None:
@@ -195,3 +168,94 @@ def test_a_child_does_not_use_a_config_its_parent_found_wrong() -> None:
         assert ("other", "{}") in child._verified
     finally:
         client.close()
+
+
+def silent_child_lookup(client: Client, key: Key, out: object) -> None:
+    out.put(look_up(client, [key]))  # type: ignore[attr-defined]
+
+
+def test_a_child_knows_the_server_its_parent_found_silent_is_down() -> None:
+    """A server that accepts and never answers: the parent waited its lookup timeout and
+    warned. Each forked worker asked again (another connection, another timeout) and warned
+    again; now a child skips it as its parent does, with the default and no second warning."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                accepted.append(listener.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    client = Client(f"http://127.0.0.1:{listener.getsockname()[1]}", timeout=0.5)
+    try:
+        sources, warned = look_up(client, [make_key(m=64)])
+        assert sources == ["default"] and len(warned) == 1 and "retrying in" in warned[0]
+        before = len(accepted)
+        out = FORK.Queue()
+        child = FORK.Process(target=silent_child_lookup, args=(client, make_key(m=128), out))
+        child.start()
+        got = out.get(timeout=30)
+        child.join(30)
+        assert child.exitcode == 0
+        assert got == (["default"], [])  # no second warning
+        assert len(accepted) == before  # the child did not ask the server
+    finally:
+        client.close()
+        listener.close()
+        for conn in accepted:
+            conn.close()
+
+
+def client_made_in_child() -> None:
+    shared.shared_client(f"http://127.0.0.1:{free_port()}", None, "strict")
+
+
+def said_once_in_child() -> None:
+    from tunecache.triton import outage
+
+    outage.say_once("a cause", "a message")
+
+
+def named_in_child() -> None:
+    from tunecache import ranks
+
+    ranks.next_name("a namespace", "a part")
+
+
+@pytest.mark.parametrize(("module", "name", "in_child"),
+                         [("tunecache.triton.shared_client", "_CREATING", client_made_in_child),
+                          ("tunecache.triton.outage", "_lock", said_once_in_child),
+                          ("tunecache.ranks", "_lock", named_in_child)])  # fmt: skip
+def test_a_child_forked_while_a_parent_thread_holds_a_modules_lock_goes_on(
+    module: str, name: str, in_child: Callable[[], None]
+) -> None:
+    """A module-level lock a parent thread held at the fork (the drop-in's client being made, a
+    warning said once, a rank's read named) was held in the child for good: its first lookup,
+    warning or read waited for ever."""
+    import importlib
+
+    lock = getattr(importlib.import_module(module), name)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            holding.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        child = FORK.Process(target=in_child)
+        child.start()
+        child.join(20)
+        finished = child.exitcode
+        if finished is None:
+            child.kill()
+    finally:
+        release.set()
+        holder.join(10)
+    assert finished == 0

@@ -183,6 +183,7 @@ class Client(WorkerCalls, AdminCalls):
         """In a forked child: connections and a server source of its own (:mod:`.forksafe`)."""
         self._http = forksafe.connect(self.url, self._transport, self._headers)
         old, self.server = self.server, self._server_source()
+        self.server.inherit(old)
         self.resolver = forksafe.renewed(self.resolver, old, self.server)
 
     def __enter__(self) -> Client:

@@ -30,7 +30,6 @@ import hashlib
 import json
 import logging
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -40,6 +39,7 @@ from pydantic import TypeAdapter
 from tunecache.artifacts import READ_CONTAINERS, ArtifactPublic, Namespace
 from tunecache.errors import one_line
 from tunecache.http import past_bound
+from tunecache.processlock import ProcessLock
 from tunecache.strict import SERVED
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ READ = "read:"  # a published read starts so; what follows is the caller's ``dum
 FAILED = "failed"  # what a reading rank whose read raised publishes: nothing to take
 _warned: set[str] = set()  # the causes this process has warned of (one warning each)
 _attempts: dict[str, int] = {}  # reads named so far in this process, by what they read
-_lock = threading.Lock()
+_lock = ProcessLock()  # a forked child gets it free
 _ITEMS: TypeAdapter[list[ArtifactPublic]] = TypeAdapter(list[ArtifactPublic])
 
 

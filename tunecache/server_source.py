@@ -128,6 +128,17 @@ class ServerSource(Source):
         """Whether the server is skipped now, after a failure less than ``retry_after`` ago."""
         return self._down_until > time.monotonic()
 
+    def inherit(self, parent: ServerSource) -> None:
+        """Takes what ``parent`` knows of the server, as a forked child's source: until when it
+        is skipped and why, whether that failure was warned of, the misses it remembers (each
+        of a parent's forked workers waited a lookup timeout for a server the parent knew down,
+        and warned again). Run in the child alone: no lock taken."""
+        now = time.monotonic()
+        self._misses = {digest: until for digest, until in parent._misses.items() if until > now}
+        if parent._down_until > now:
+            self._down_until, self._down_unanswered = parent._down_until, parent._down_unanswered
+            self._warned = parent._warned
+
     def unanswered(self) -> bool:
         """Whether the calling thread's last :meth:`get` had no answer from the server (it is
         down or skipped after a failure, failed, or did not answer within the timeout), as

@@ -8,12 +8,13 @@ each for the same cause buried the one line that mattered (20 lines for 20 kerne
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
+
+from tunecache.processlock import ProcessLock
 
 logger = logging.getLogger("tunecache.triton.autotuner")
 _said: set[str] = set()
-_lock = threading.Lock()
+_lock = ProcessLock()  # a forked child gets it free
 
 
 def say_once(cause: str, message: str) -> None:

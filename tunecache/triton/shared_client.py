@@ -14,8 +14,6 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
-import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from tunecache.errors import ServerError, one_line
 from tunecache.key import Key
 from tunecache.outbox import Later, release
 from tunecache.policies import VersionPolicy
+from tunecache.processlock import ProcessLock
 from tunecache.schemas import LookupResponse, RecordCreate
 from tunecache.settings import Settings, settings_without_bad
 
@@ -128,17 +127,9 @@ class WrapperClient(Client):
                        self.url)  # fmt: skip
 
 
-_CREATING = threading.Lock()
-
-
-def _unlocked_in_child() -> None:
-    """A forked child's own lock: a parent thread making the client at the fork held the
-    inherited one for good. The client itself is renewed in the child (tunecache.forksafe)."""
-    global _CREATING
-    _CREATING = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_unlocked_in_child)
+# A parent thread making the client at a fork would hold it in the child for good; the client
+# itself is renewed in the child (tunecache.forksafe).
+_CREATING = ProcessLock()
 
 
 def shared_client(url: str | None, snapshot: Path | None, policy: VersionPolicy) -> Client:
