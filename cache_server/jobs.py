@@ -58,7 +58,8 @@ def enqueue(
     return job, new_id is not None
 
 
-NO_LEASE: dict[str, None] = {"lease_owner": None, "lease_token_id": None, "lease_expires_at": None}
+NO_LEASE: dict[str, None] = {"lease_owner": None, "lease_token_id": None,
+                             "lease_token_name": None, "lease_expires_at": None}  # fmt: skip
 
 
 def _set(session: Session, where: Sequence[Any], **values: Any) -> int:
@@ -151,7 +152,7 @@ def _expire_last_attempts(session: Session, now: datetime) -> None:
         JobRow.lease_expires_at < now,
         JobRow.attempts >= JobRow.max_attempts,
     )
-    stmt = stmt.values(state="failed", updated_at=now, error=why, **NO_LEASE)
+    stmt = stmt.values(state="failed", updated_at=now, error=why, error_by=None, **NO_LEASE)
     session.execute(stmt.execution_options(synchronize_session=False))
 
 
@@ -160,6 +161,7 @@ def claim(
     *,
     worker: str,
     token_id: int,
+    token_name: str,
     lease_seconds: float,
     device_arch: str | None = None,
     backends: Sequence[str] | None = None,
@@ -205,6 +207,7 @@ def claim(
             state="running",
             lease_owner=worker,
             lease_token_id=token_id,
+            lease_token_name=token_name,
             attempts=JobRow.attempts + 1,
             lease_expires_at=now + timedelta(seconds=lease_seconds),
             updated_at=now,
@@ -281,7 +284,7 @@ def complete(
 ) -> JobRow | None:
     """Marks the job done; ``None`` if ``worker`` (with token ``holder``) no longer holds it."""
     return _change(session, job_id, worker, holder, state="done", record_id=record_id, error="",
-                   **NO_LEASE)  # fmt: skip
+                   error_by=None, **NO_LEASE)  # fmt: skip
 
 
 def answered(session: Session, *, key_hash: str, record_id: int) -> int:
@@ -292,7 +295,8 @@ def answered(session: Session, *, key_hash: str, record_id: int) -> int:
     miss = [JobRow.key_hash == key_hash, JobRow.state.in_(("queued", "failed")),
             JobRow.source == "miss", JobRow.strategy.is_(None),
             JobRow.trials.is_(None)]  # fmt: skip
-    return _set(session, miss, state="done", record_id=record_id, lease_expires_at=None, error="")
+    return _set(session, miss, state="done", record_id=record_id, lease_expires_at=None, error="",
+                error_by=None)  # fmt: skip
 
 
 def reopen(session: Session, *, key_hash: str, error: str) -> int:
@@ -307,7 +311,7 @@ def reopen(session: Session, *, key_hash: str, error: str) -> int:
     of_key = select(RecordRow.id).where(RecordRow.key_hash == key_hash)
     return _set(session, [JobRow.state == "done", JobRow.record_id.in_(of_key)],
                 state=case((out, "failed"), else_="queued"), record_id=None, error=error,
-                **NO_LEASE)  # fmt: skip
+                error_by=None, **NO_LEASE)  # fmt: skip
 
 
 def _asked(key: Mapping[str, Any]) -> dict[str, Any]:
@@ -333,19 +337,20 @@ MAX_RETRY_SECONDS = 3600.0
 
 
 def fail(session: Session, *, job_id: int, worker: str, holder: int | None, error: str,
-         retry_seconds: float = 0.0) -> JobRow | None:  # fmt: skip
-    """Records a failed attempt: back to the queue, claimable again after ``retry_seconds``
-    doubled for each attempt after the first (at most :data:`MAX_RETRY_SECONDS`), or ``failed``
-    once out of attempts. (A queued job's ``lease_expires_at`` is that time.) ``None`` if
-    ``worker`` (with token ``holder``; ``None``: any token) no longer holds the job."""
+         reporter: str, retry_seconds: float = 0.0) -> JobRow | None:  # fmt: skip
+    """Records a failed attempt, ``error`` as token ``reporter`` wrote it: back to the queue,
+    claimable again after ``retry_seconds`` doubled for each attempt after the first (at most
+    :data:`MAX_RETRY_SECONDS`), or ``failed`` once out of attempts. (A queued job's
+    ``lease_expires_at`` is that time.) ``None`` if ``worker`` (with token ``holder``; ``None``:
+    any token) no longer holds the job."""
     job = session.get(JobRow, job_id)
     attempts = job.attempts if job is not None else 1
     delay = min(retry_seconds * 2 ** max(0, attempts - 1), MAX_RETRY_SECONDS)
     out = JobRow.attempts >= JobRow.max_attempts
     state = case((out, "failed"), else_="queued")
     retry_at = case((out, None), else_=utcnow() + timedelta(seconds=delay)) if delay else None
-    return _change(session, job_id, worker, holder, state=state, error=error,
-                   lease_owner=None, lease_token_id=None, lease_expires_at=retry_at)  # fmt: skip
+    return _change(session, job_id, worker, holder, state=state, error=error, error_by=reporter,
+                   **{**NO_LEASE, "lease_expires_at": retry_at})  # fmt: skip
 
 
 def list_jobs(

@@ -164,8 +164,13 @@ class JobRow(Base):
     lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
     # The token that claimed the lease (its id): only it (or an admin token) may renew or end it.
     lease_token_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Its name: the worker's name above is the claimant's own word, the token's is the server's.
+    lease_token_name: Mapped[str | None] = mapped_column(String(128), nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     error: Mapped[str] = mapped_column(Text, default="")
+    # The token whose worker reported ``error`` (its words); NULL: the server's own (a lease run
+    # out, a verifier's rejection), or none.
+    error_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
     record_id: Mapped[int | None] = mapped_column(ForeignKey("records.id"), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -31,6 +31,7 @@ from tunecache.schemas import LookupRequest
 from tunecache.snapshot import load_snapshot, save_snapshot
 from tunecache_cli.get import describe
 from tunecache_cli.table import render
+from tunecache_cli.trials import config_text
 
 ESC = "\x1b"
 FORGED = ("tile 4x8\n  trust      verified by cpu-verifier on test-cpu (uploaded by ci)"
@@ -54,6 +55,10 @@ def _set(data: dict[str, Any], path: str, value: str) -> None:
         ("provenance.machine", "c\u200bi"),  # shows as "ci": another uploader's name
         ("key.device.name", "test-cpu\u2028"),  # a line separator
         ("provenance.machine", "ci\U000e0041"),  # a tag character: invisible
+        ("provenance.machine", "ci\u3164"),  # a Hangul filler: printable to Python, shows nothing
+        ("key.device.name", "test-cpu\u034f"),  # combining grapheme joiner
+        ("config_summary", "tile\ufe0f 4x8"),  # a variation selector
+        ("provenance.machine", "c\U0001d173i"),  # musical formatting: invisible
         ("provenance.machine", "ci\rverified"),
         ("provenance.tool_version", "1.0\u2066"),
         ("key.device.name", "test-cpu\x85"),
@@ -108,10 +113,9 @@ def test_a_record_stored_before_the_check_is_served_as_stored_and_shown_escaped(
     save_snapshot(snapshot_file, document)
     assert load_snapshot(snapshot_file).records[0].config_summary == FORGED
     shown = describe(answer.record)
-    assert ESC not in shown and "\\x1b[8m" in shown
-    assert [line for line in shown.splitlines() if "trust" in line] == [
-        "  config     tile 4x8\\n  trust      verified by cpu-verifier on test-cpu (uploaded by "
-        "ci)\\x1b[8m",
+    assert ESC not in shown and "tile 4x8" not in shown  # the summary is not the config's
+    assert [line for line in shown.splitlines() if "trust" in line or "config" in line] == [
+        f"  config     {config_text('tvm', answer.record.config, 80)}",
         "  trust      pending: validated by its uploader only (uploaded by bootstrap; not verified)",
     ]
 
@@ -156,20 +160,22 @@ def test_the_cli_prints_a_hostile_servers_text_escaped_on_one_line(
     assert [line.split()[0] for line in lines[1:]] == [
         "config", "time", "speedup", "validated", "trust", "record", "matched"
     ]  # fmt: skip
-    assert lines[1] == ("  config     tile 4x8\\n  trust      verified by cpu-verifier on "
-                        "test-cpu (uploaded by ci)\\x1b[8m")  # fmt: skip
+    assert "tile 4x8" not in out  # the uploader's summary: said from the config instead
+    config = make_record(make_key()).config  # the same config whatever the key
+    assert lines[1] == f"  config     {config_text('tvm', config, 80)}"
     assert lines[5].startswith("  trust      pending: validated by its uploader only")
 
 
 def test_a_table_cell_holding_control_characters_stays_on_its_line() -> None:
     table = render(["name", "note"], [["a\nb", f"{ESC}[8mhidden"], ["\u202ex", "\x85"],
-                                      ["c\u200bi", "\ufeff\U000e0041"]])  # fmt: skip
+                                      ["c\u200bi", "\ufeff\U000e0041"], ["ci\u3164", "ok"]])  # fmt: skip
     assert table.splitlines() == [
         "name      note",
         "--------  ----------------",
         "a\\nb      \\x1b[8mhidden",
         "\\u202ex   \\x85",
         "c\\u200bi  \\ufeff\\U000e0041",
+        "ci\\u3164  ok",
     ]
 
 

@@ -204,9 +204,13 @@ class TestPages:
         html = page(token_server, "/ui/jobs").text
         counts = dict(re.findall(r"state-(\w+)[^>]*>\1 <b>(\d+)</b>", html))
         assert counts == {"queued": "1", "running": "1", "done": "0", "failed": "0"}
-        assert "&lt;b&gt;node&amp;3&lt;/b&gt;" in html  # who holds the lease
+        # who holds the lease: the worker's name, its own word, and the token that claimed
+        assert (
+            '&lt;b&gt;node&amp;3&lt;/b&gt; <span class="muted">(its word; token bootstrap)' in html
+        )
         assert "2 / 3" in html  # attempts of the job that failed once
-        assert "&lt;script&gt;alert(&#39;tc&#39;)&lt;/script&gt;" in html  # its error
+        # its error, and the token that reported it
+        assert "reported by token bootstrap:</span> &lt;script&gt;alert(&#39;tc&#39;)" in html
         assert "rmsnorm" in html
         queued = page(token_server, "/ui/jobs", state="queued").text
         assert "rmsnorm" in queued and "node&amp;3" not in queued
@@ -220,7 +224,9 @@ def test_user_data_is_escaped_everywhere(token_server: LiveServer, ids: Ids) -> 
         assert "<img" not in html and "<i>gpu" not in html and "<b>node" not in html, path
     html = page(token_server, f"/ui/records/{record}").text
     assert "&lt;i&gt;gpu&lt;/i&gt;" in html  # the device name
-    assert "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;" in html  # the config summary
+    # the config summary, said to be its uploader's words below the config itself
+    assert "summary (their words, not read from the config): &#34;&gt;&lt;img src=x" in html
+    assert html.index('<pre class="config">') < html.index("summary (their words")
     assert "&lt;script&gt;alert(&#39;tc&#39;)&lt;/script&gt;" in html  # machine, trial error
     assert "\\u003cscript\\u003e" in html  # inside a trial's config, as JSON
 

@@ -516,8 +516,15 @@ def test_a_claim_that_passed_its_token_check_before_a_revocation_leases_nothing(
             key = make_key(m=31)
             jobs.enqueue(session, key_hash=key.digest(), key=key.to_json())
             tokens.revoke(session, token_id=row.id)  # after the claim's token check
-            assert jobs.claim(session, worker="w", token_id=row.id, lease_seconds=86_400) is None
-            taken = jobs.claim(session, worker="v", token_id=admin.id, lease_seconds=60)
+            assert (
+                jobs.claim(
+                    session, worker="w", token_id=row.id, token_name=row.name, lease_seconds=86_400
+                )
+                is None
+            )
+            taken = jobs.claim(
+                session, worker="v", token_id=admin.id, token_name=admin.name, lease_seconds=60
+            )
             assert taken is not None and taken.lease_token_id == admin.id
     finally:
         engine.dispose()

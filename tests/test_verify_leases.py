@@ -112,7 +112,7 @@ def test_a_claim_racing_a_revocation_never_outlives_it(
                 claimed.append(trust.claim(racing, worker="w", token_id=gone_id,
                                            device_arch=CPU.arch, backends=["tvm"],
                                            lease_seconds=3600))  # fmt: skip
-                claimed.append(jobs.claim(racing, worker="w", token_id=gone_id,
+                claimed.append(jobs.claim(racing, worker="w", token_id=gone_id, token_name="gone",
                                           lease_seconds=3600))  # fmt: skip
 
         revoking = sessions()

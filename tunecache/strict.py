@@ -65,17 +65,23 @@ STORED = {"stored": True}
 SERVED = {"served": True}
 
 # What a terminal or a page would act on rather than show: C0 controls, DEL, C1 controls (ESC's
-# 8-bit forms among them), the marks and overrides that reorder text (bidi), and what shows as
-# nothing (soft hyphen, zero-width spaces and joiners, word joiner and invisible operators, the
-# byte-order mark, line and paragraph separators, interlinear annotations: "ci" and "c\u200bi"
-# looked one uploader). A Text may hold a newline and a tab.
+# 8-bit forms among them), the marks and overrides that reorder text (bidi), line and paragraph
+# separators, interlinear annotations, and every character Unicode says shows as nothing
+# (Default_Ignorable_Code_Point: soft hyphen, zero-width spaces and joiners, the combining
+# grapheme joiner, variation selectors, Hangul fillers, the byte-order mark, tags...: "ci",
+# "c\u200bi" and "ci\u3164" looked one uploader). A Text may hold a newline and a tab.
 _BIDI = r"\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
-_INVISIBLE = r"\u00ad\u180e\u200b-\u200d\u2028\u2029\u2060-\u2064\ufeff\ufff9-\ufffb"
+_INVISIBLE = (
+    r"\u00ad\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200d\u2028\u2029"
+    r"\u2060-\u2065\u206a-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufffb"
+)
 _NOT_IN_LINE = r"\x00-\x1f\x7f-\x9f" + _BIDI + _INVISIBLE  # as a regex (Python's, JSON Schema's)
 _NOT_IN_TEXT = r"\x00-\x08\x0b-\x1f\x7f-\x9f" + _BIDI + _INVISIBLE
-_TAGS = "\U000e0000-\U000e007f"  # invisible too; past the BMP, so not in the JSON Schema's pattern
-UNSHOWN = re.compile(f"[{_NOT_IN_LINE}{_TAGS}]")
-_NOT_TEXT = re.compile(f"[{_NOT_IN_TEXT}{_TAGS}]")
+# Invisible too, past the BMP (so not in the JSON Schema's pattern): shorthand format controls,
+# musical formatting, tags and the variation selectors' supplement.
+_ASTRAL = "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff"
+UNSHOWN = re.compile(f"[{_NOT_IN_LINE}{_ASTRAL}]")
+_NOT_TEXT = re.compile(f"[{_NOT_IN_TEXT}{_ASTRAL}]")
 
 
 def _checked(value: str, info: ValidationInfo, refused: re.Pattern[str], what: str) -> str:
@@ -113,7 +119,16 @@ def shown(text: str) -> str:
     """
     if UNSHOWN.search(text) is None:
         return text
-    return UNSHOWN.sub(lambda m: repr(m.group())[1:-1], text)
+    return UNSHOWN.sub(lambda m: _escaped(m.group()), text)
+
+
+def _escaped(char: str) -> str:
+    """``char`` as Python writes it escaped (``\\x1b``, ``\\u200b``), even where ``repr`` would
+    write it as it is (a Hangul filler is printable to Python, and shows as nothing)."""
+    code = ord(char)
+    if code < 0x100:
+        return repr(char)[1:-1]
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 # Set while a model's fields are validated after its whole body was walked: the models nested

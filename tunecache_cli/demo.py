@@ -19,6 +19,7 @@ from typing import Any
 from tunecache.errors import InvalidInput
 from tunecache.timing import noise_text, versus
 from tunecache_cli.table import ms, render
+from tunecache_cli.trials import config_text
 
 DEMO_WORKLOADS = ("matmul", "softmax", "layernorm", "bias_gelu")
 DEMO_BACKENDS = ("tvm", "inductor")
@@ -91,7 +92,7 @@ def _winners_table(rows: list[dict[str, Any]]) -> str:
             [
                 record.key.to_key().short().rsplit(" ", 2)[0],
                 record.key.backend,
-                record.config_summary[:56],
+                config_text(record.key.backend, record.config, 56),
                 ms(record.timing.median_ms),
                 ms(baseline.get("default_config")),
                 ms(baseline.get("torch_eager")),

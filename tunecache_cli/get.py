@@ -15,6 +15,7 @@ from tunecache.timing import conditions_text, noise_text, versus
 from tunecache.verification import trust_text
 from tunecache_cli.args import add_key, add_server, key_from_args, server_url
 from tunecache_cli.table import ms, shown
+from tunecache_cli.trials import config_text
 
 
 def register(commands: Any) -> None:
@@ -31,7 +32,8 @@ def register(commands: Any) -> None:
 
 def describe(record: RecordCreate, *, uploaded: int | None = None) -> str:
     """The record in a few lines, a field each; what the server holds in a line is escaped
-    (:func:`shown`): a summary or a name cannot add a line, or hide one, on a terminal. A record
+    (:func:`shown`): a name cannot add a line, or hide one, on a terminal. The config is said
+    from the config itself (:func:`config_text`), not by its uploader's summary. A record
     not stored (``tune --no-upload``) says so where a stored one says who vouches for it; one
     ``uploaded`` as that record id but not read back says that."""
     stored = record if isinstance(record, RecordPublic) else None
@@ -39,7 +41,7 @@ def describe(record: RecordCreate, *, uploaded: int | None = None) -> str:
     noisy = noise_text(record)
     parts = [
         f"{record.key.to_key().short()}",
-        f"  config     {record.config_summary or json.dumps(record.config)[:80]}",
+        f"  config     {config_text(record.key.backend, record.config, 80)}",
         f"  time       {ms(timing.median_ms)} ms ({timing.timer}"
         f"{', the verifier' if timing is not record.timing else ''})",
         "  speedup    " + _versus_eager(record),

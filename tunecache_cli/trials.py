@@ -50,19 +50,29 @@ def _summarizer(backend: str) -> Callable[[Mapping[str, Any]], str] | None:
         return None
 
 
+def _text(summarize: Callable[[Mapping[str, Any]], str] | None, config: Mapping[str, Any],
+          limit: int) -> str:  # fmt: skip
+    text = None
+    if summarize is not None:
+        try:
+            text = summarize(config)
+        except Exception:  # a config its backend cannot read: its JSON
+            text = None
+    return (text or json.dumps(config))[:limit]
+
+
+def config_text(backend: str, config: Mapping[str, Any], limit: int = CONFIG_CHARS) -> str:
+    """``config`` in a few words, as its backend summarises it (its JSON, cut, where the
+    backend cannot say): made here from the config itself, never the summary a record's
+    uploader wrote (``knobs tile_i=32 ...`` beside a config that was ``{"schedule":
+    "default"}``)."""
+    return _text(_summarizer(backend), config, limit)
+
+
 def config_texts(record: RecordCreate) -> list[str]:
-    """Each trial's config in a few words (its JSON, cut, where the backend cannot say)."""
+    """Each trial's config in a few words (:func:`config_text`)."""
     summarize = _summarizer(record.key.backend) if record.trials else None
-    texts = []
-    for trial in record.trials:
-        text = None
-        if summarize is not None:
-            try:
-                text = summarize(trial.config)
-            except Exception:  # a config its backend cannot read: its JSON
-                text = None
-        texts.append((text or json.dumps(trial.config))[:CONFIG_CHARS])
-    return texts
+    return [_text(summarize, trial.config, CONFIG_CHARS) for trial in record.trials]
 
 
 def trial_rows(record: RecordCreate) -> list[list[object]]:

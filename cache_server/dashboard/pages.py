@@ -124,13 +124,15 @@ def job_queue(
     counts = dashboard_queries.job_counts(session)
     first = _start(start, p)
     rows, total = jobs.list_jobs(session, state=state, limit=PAGE_SIZE, offset=first)
+    # Each with the tokens that hold its lease and reported its error: the page's, not the API's
+    # (a client made before them would refuse fields it does not know).
+    shown = [(JobPublic.model_validate(row, from_attributes=True, context=STORED),
+              row.lease_token_name, row.error_by) for row in rows]  # fmt: skip
     return page(
         request,
         "jobs.html",
         {
-            "jobs": [
-                JobPublic.model_validate(row, from_attributes=True, context=STORED) for row in rows
-            ],
+            "jobs": shown,
             "counts": counts,
             "state": state,
             "pages": _pages(total, first, len(rows)),

@@ -195,7 +195,7 @@ def claim_job(
     job again (a claim asked again after its answer was lost), spending no attempt. That does
     not renew the lease (a heartbeat does): a worker claiming in a loop gets its job back only
     until the lease runs out."""
-    job = jobs.claim(session, worker=request.worker, token_id=token.id,
+    job = jobs.claim(session, worker=request.worker, token_id=token.id, token_name=token.name,
                      lease_seconds=request.lease_seconds,
                      device_arch=request.device_arch, backends=request.backends,
                      kernel_packages=request.kernel_packages,
@@ -263,7 +263,8 @@ def fail(
     again (claimable after the server's retry delay, doubling with each attempt) until it runs
     out of attempts."""
     job = jobs.fail(session, job_id=job_id, worker=request.worker, holder=_holder(token),
-                    error=request.error, retry_seconds=settings.retry_seconds)  # fmt: skip
+                    error=request.error, reporter=token.name,
+                    retry_seconds=settings.retry_seconds)  # fmt: skip
     return _held(job, job_id)
 
 
