@@ -207,6 +207,39 @@ def test_a_daemon_refuses_a_job_for_a_package_it_was_not_given_whoever_hands_it_
     )
 
 
+@pytest.mark.parametrize("module", ["mypkg.__main__", "mypkg._tools", "mypkg._impl.kernels"])
+def test_a_daemon_imports_no_private_module_of_a_package_it_was_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str
+) -> None:
+    """``--kernels mypkg`` let anyone who can queue a job (or report a miss) pick which of its
+    modules the daemon imports: its ``__main__`` (the package's command line) ran at import."""
+    from tuner.daemon import Daemon, DaemonOptions
+
+    marker = tmp_path / "imported"
+    folder = tmp_path / Path(*module.split(".")[:-1])
+    folder.mkdir(parents=True, exist_ok=True)
+    for package in [tmp_path / "mypkg", folder]:
+        (package / "__init__.py").write_text("")
+    (folder / f"{module.split('.')[-1]}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    key = dataclasses.replace(make_key(), kernel=f"{module}:Kernel",
+                              device=local_device("cpu").fingerprint)  # fmt: skip
+
+    class Server:  # what the daemon asks of its client, at a boundary we own
+        def __init__(self) -> None:
+            self.failed: list[tuple[int, str]] = []
+
+        def fail_job(self, job_id: int, worker: str, error: str) -> None:
+            self.failed.append((job_id, error))
+
+    server = Server()
+    daemon = Daemon(server, DaemonOptions(kernels=("mypkg",)))  # type: ignore[arg-type]
+    daemon.work(claimed_job(key), harness=None)  # type: ignore[arg-type]
+    assert not marker.exists()
+    assert daemon.failed == [7] and len(server.failed) == 1
+    assert f"is in a private module ({module!r})" in server.failed[0][1]
+
+
 @pytest.mark.parametrize(("field", "value"), [("trials", -1), ("strategy", "x" * 65)])
 def test_a_job_a_worker_could_not_run_is_a_bad_answer_not_a_crash(field: str, value: Any) -> None:
     """A hostile (or older) server's claim answer with a budget or strategy no job can be queued
