@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -288,6 +289,29 @@ def test_different_targets_get_different_databases(backend: TVMBackend, tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         database_dir(tmp_path, t).name for t in (mine, other)
     )
+
+
+def test_a_database_grown_past_its_bound_is_not_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A daemon's partition grows with every job (MetaSchedule reads it whole at each tune): one
+    past MAX_DATABASE_BYTES is not read; the tune starts cold in memory, warned."""
+    from backends.tvm.database import MAX_DATABASE_BYTES, database_dir, open_database
+    from tunecache.tvm.target import host_target
+
+    path = database_dir(tmp_path, host_target())
+    path.mkdir(parents=True)
+    grown = path / "database_tuning_record.json"
+    with grown.open("wb") as f:  # sparse: its size is read, not its bytes
+        f.truncate(MAX_DATABASE_BYTES + 1)
+    (path / "database_workload.json").write_text("")
+    with caplog.at_level(logging.WARNING, logger="backends.tvm.database"):
+        database = open_database(tmp_path, host_target())
+    assert len(database) == 0 and grown.stat().st_size == MAX_DATABASE_BYTES + 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"MetaSchedule database at {path} holds 256 MiB (over 256 MiB): not read, this tune "
+        "starts cold and its records are not kept; remove the folder to start a new one"
+    ]
 
 
 @pytest.mark.slow

@@ -30,12 +30,26 @@ def database_dir(workdir: Path, target: Mapping[str, Any]) -> Path:
     return Path(workdir) / partition_name(target)
 
 
+# Past this, a partition's JSON files are not read (MetaSchedule reads them whole into memory at
+# every tune): about 2 KB a record, 24 KB a workload, so some hundred thousand trials. A daemon's
+# partition grows with every job it runs (a write token queued 500 shapes in two seconds).
+MAX_DATABASE_BYTES = 256 * 2**20
+
+
 def open_database(workdir: Path, target: Mapping[str, Any]) -> Database:
-    """The JSON database for ``target`` under ``workdir``, created when missing."""
+    """The JSON database for ``target`` under ``workdir``, created when missing; an empty one in
+    memory (this tune starts cold, warned) when its files hold more than
+    :data:`MAX_DATABASE_BYTES`."""
     from tvm.s_tir import meta_schedule as ms
 
     path = database_dir(workdir, target)
     path.mkdir(parents=True, exist_ok=True)
+    size = sum(f.stat().st_size for f in path.glob("*.json") if f.is_file())
+    if size > MAX_DATABASE_BYTES:
+        logger.warning("MetaSchedule database at %s holds %d MiB (over %d MiB): not read, this "
+                       "tune starts cold and its records are not kept; remove the folder to "
+                       "start a new one", path, size >> 20, MAX_DATABASE_BYTES >> 20)  # fmt: skip
+        return ms.database.MemoryDatabase()
     logger.debug("MetaSchedule database at %s", path)
     return ms.database.JSONDatabase(work_dir=str(path))
 
