@@ -286,6 +286,13 @@ def test_openapi_docs_are_served(server: LiveServer) -> None:
     assert {"/v1/records", "/v1/lookup", "/health"} <= set(spec["paths"])
 
 
+def test_every_answer_says_its_type_is_not_to_be_sniffed(server: LiveServer) -> None:
+    """The API's JSON answers (and /openapi.json) had no ``nosniff``: only the pages did."""
+    for path in ("/v1/health", "/openapi.json", "/v1/records?limit=1", "/v1/nothing", "/ui/jobs"):
+        answer = httpx.get(f"{server.url}{path}", timeout=30)
+        assert answer.headers.get_list("x-content-type-options") == ["nosniff"], path
+
+
 def test_a_redirect_never_names_the_host_a_request_named(server: LiveServer) -> None:
     """Starlette's trailing-slash redirects were absolute, built from the ``Host`` header:
     ``Host: evil.example`` got ``Location: http://evil.example/v1/records``, an answer a shared

@@ -17,6 +17,9 @@ from tunecache import __version__
 from tunecache.http import IDENTITY_HEADER
 
 IDENTITY = (IDENTITY_HEADER.lower().encode(), f"tunecache/{__version__}".encode())
+# No answer is read as another type than it says (a JSON answer echoing an uploader's text
+# taken for HTML by a browser that sniffs).
+NOSNIFF = (b"x-content-type-options", b"nosniff")
 
 
 def relative(location: bytes) -> bytes:
@@ -30,8 +33,8 @@ def relative(location: bytes) -> bytes:
 
 
 class Identify:
-    """Pure ASGI middleware: adds the identity header to every HTTP answer, and makes its
-    ``Location`` relative."""
+    """Pure ASGI middleware: adds the identity header (and ``nosniff``) to every HTTP answer,
+    and makes its ``Location`` relative."""
 
     def __init__(self, app: Any) -> None:
         self.app = app
@@ -45,6 +48,8 @@ class Identify:
             if message["type"] == "http.response.start":
                 headers = [(k, relative(v) if k == b"location" else v)
                            for k, v in message.get("headers", [])]  # fmt: skip
+                if not any(k == NOSNIFF[0] for k, _ in headers):  # a page sets its own
+                    headers.append(NOSNIFF)
                 message = {**message, "headers": [*headers, IDENTITY]}
             await send(message)
 
