@@ -112,7 +112,45 @@ HOSTILE: list[tuple[str, list[Any], str]] = [
     ("zero tile", [BASE_TRACE[0], [[4, [2, 0, 16, 4]]]], "is not an integer in 1.."),
     ("categorical index", [BASE_TRACE[0], [[9, 4]]], "4 is not an integer in 0..3"),
     ("too long", [[["EnterPostproc", [], [], []]] * 5000, []], "5000 instructions, over 4096"),
+    ("sampling without its decision", [BASE_TRACE[0], [[4, [2, 1, 16, 4]]]],
+     "trace[0][9] (SampleCategorical): a sampling instruction without its decision"),
+    ("no decisions at all", [BASE_TRACE[0], []],
+     "trace[0][4] (SamplePerfectTile): a sampling instruction without its decision"),
+    ("storage align factor", _with(13, ["StorageAlign", ["b13"], [0, -2, 1048576, 8], []]),
+     "trace[0][13] (StorageAlign): attributes item 2: 1048576 is not an integer in 1..128"),
+    ("storage align factor not a power of two",
+     _with(13, ["StorageAlign", ["b13"], [0, -2, 96, 8], []]), "factor 96 is not a power of two"),
+    ("storage align offset", _with(13, ["StorageAlign", ["b13"], [0, -2, 32, 32], []]),
+     "item 3: offset 32 is not in 0..31"),
+    ("storage align negative offset", _with(13, ["StorageAlign", ["b13"], [0, -2, 32, -1], []]),
+     "item 3: offset -1 is not in 0..31"),
+    ("storage align innermost axis", _with(13, ["StorageAlign", ["b13"], [0, -1, 32, 8], []]),
+     "attributes item 1: -1 is not an integer in -8..-2"),
+    ("storage align positive axis", _with(13, ["StorageAlign", ["b13"], [0, 1, 32, 8], []]),
+     "attributes item 1: 1 is not an integer in -8..-2"),
 ]  # fmt: skip
+
+# The audit's: a tile sampled without its decision before an RFactor (a matmul's "C"): TVM
+# sampled a fresh tile in each process, and ranks summed in their own orders.
+UNDECIDED_RFACTOR: list[Any] = [
+    [
+        ["GetSBlock", [], ["C", "main"], ["b0"]],
+        ["GetLoops", ["b0"], [], ["l1", "l2", "l3"]],
+        ["SamplePerfectTile", ["l3"], [2, 64], ["v4", "v5"]],
+        ["Split", ["l3", "v4", "v5"], [True, False], ["l6", "l7"]],
+        ["RFactor", ["l6"], [0], ["b8"]],
+    ],
+    [],
+]
+# The audit's: a factor of 2**20 made the consumer's own build raise (an int32 overflow).
+UNBOUNDED_ALIGN: list[Any] = [
+    [
+        ["GetSBlock", [], ["C", "main"], ["b0"]],
+        ["CacheRead", ["b0", []], [0, "global"], ["b1"]],
+        ["StorageAlign", ["b1"], [0, 1, 1048576, 1048575], []],
+    ],
+    [],
+]
 
 
 # -- the closed schema itself (no TVM) ----------------------------------------------------------
@@ -129,6 +167,10 @@ GPU_ONLY: list[tuple[str, list[Any], str]] = [
      "annotation key 'meta_schedule.cooperative_fetch' is for a GPU"),
     ("shared memory", ["CacheWrite", ["b0", []], [0, "shared"], ["b13"]],
      "storage scope 'shared' is for a GPU"),
+    # MetaSchedule's own padding of shared memory (its tensor-core rule; the cooperative-fetch
+    # postproc of TVM 0.1x): CUDA only.
+    ("storage align", ["StorageAlign", ["b13"], [0, -2, 32, 8], []],
+     "instruction kind StorageAlign is for a GPU"),
 ]  # fmt: skip
 
 
@@ -157,6 +199,36 @@ def test_unroll_is_refused_everywhere() -> None:
     for device in ("cpu", "cuda"):
         why = trace_problem(trace, device)
         assert why is not None and "instruction kind 'Unroll' is not allowed" in why
+
+
+def test_a_sampling_instruction_without_its_decision_is_refused() -> None:
+    """MetaSchedule records every decision; without one, each process reading the record would
+    sample its own tile (the audit's RFactor: results differed bit for bit across ranks)."""
+    for device in ("cpu", "cuda"):
+        why = trace_problem(UNDECIDED_RFACTOR, device)
+        assert why == ("trace[0][2] (SamplePerfectTile): a sampling instruction without its "
+                       "decision (each process would sample its own)"), why  # fmt: skip
+    decided = [UNDECIDED_RFACTOR[0], [[2, [2, 32]]]]
+    assert trace_problem(decided) is None
+    record = [UNDECIDED_RFACTOR, [1e-6], {"kind": "llvm"}, [["TENSOR", "float32", [8]]]]
+    assert record_value_problem(record) == trace_problem(UNDECIDED_RFACTOR)
+
+
+def test_an_unbounded_storage_align_is_refused() -> None:
+    """The audit's alignment of a cache buffer by 2**20 made the consumer's build overflow int32:
+    refused on a CPU (MetaSchedule aligns only a GPU's shared memory) and on a GPU (a factor
+    over 128, an axis that may be the innermost); MetaSchedule's own (0, -2, 32, 8 or 16)
+    passes on a GPU."""
+    why = trace_problem(UNBOUNDED_ALIGN)
+    assert why is not None and why.startswith("trace[0][2] (StorageAlign): "), why
+    why = trace_problem(UNBOUNDED_ALIGN, "cuda")
+    assert why == ("trace[0][2] (StorageAlign): attributes item 1: 1 is not an integer in "
+                   "-8..-2"), why  # fmt: skip
+    for offset in (8, 16):
+        honest = copy.deepcopy(UNBOUNDED_ALIGN)
+        honest[0][2][2] = [0, -2, 32, offset]
+        assert trace_problem(honest, "cuda") is None
+        assert "StorageAlign is for a GPU" in str(trace_problem(honest))
 
 
 @pytest.mark.parametrize(("case", "trace", "message"), HOSTILE, ids=[h[0] for h in HOSTILE])

@@ -290,3 +290,57 @@ def test_a_loop_bound_to_more_threads_than_a_block_has_is_counted() -> None:
     sch.bind(sch.split(loop, [None, 2**22])[1], "threadIdx.x")
     why = work_problem(sch, mod)
     assert why is not None and why.startswith("block compute runs 4.19e+06 iterations"), why
+
+
+def matmul(n: int) -> Any:
+    a, b = te.placeholder((n, n), "float32", name="A"), te.placeholder((n, n), "float32", name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return _normalize_mod(te.create_prim_func([a, b, c]))
+
+
+# The audit's: a tile of the reduction sampled without its decision, before an RFactor.
+UNDECIDED: list[Any] = [
+    [["GetSBlock", [], ["C", "main"], ["b0"]], ["GetLoops", ["b0"], [], ["l1", "l2", "l3"]],
+     ["SamplePerfectTile", ["l3"], [2, 64], ["v4", "v5"]],
+     ["Split", ["l3", "v4", "v5"], [True, False], ["l6", "l7"]], ["RFactor", ["l6"], [0], ["b8"]]],
+    [],
+]  # fmt: skip
+
+
+def test_a_record_tvm_must_invent_a_decision_for_is_not_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TVM reads a sampling instruction without its decision by sampling one, anew in each
+    process: each rank built its own tiling of the sum. The schema refuses it, and so does the
+    replay check behind it (the schema bypassed); with its decision, the record is used."""
+    import tunecache.tvm.check as check
+
+    mod = matmul(64)
+    workload, args = ms.database.Workload(mod), args_info_json(mod)
+    value = [UNDECIDED, [1e-6], TARGET, args]
+    record, why = check.check_record(value, workload, args)
+    assert record is None and why.startswith("trace[0][2] (SamplePerfectTile): a sampling "), why
+    monkeypatch.setattr(check, "record_value_problem", lambda *_: None)
+    record, why = check.check_record(value, workload, args)
+    assert record is None, "a decision TVM sampled was kept"
+    assert why.startswith("its instruction 2 (SamplePerfectTile) has no decision"), why
+    decided = [[UNDECIDED[0], [[2, [2, 32]]]], [1e-6], TARGET, args]
+    record, why = check.check_record(decided, workload, args)
+    assert record is not None, why
+
+
+def test_an_unbounded_storage_align_is_not_served(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The audit's: a cache of the matmul's ``A`` aligned by 2**20 replays, then the consumer's
+    own build raised (an int32 overflow); MetaSchedule aligns only a GPU's shared memory, so a
+    CPU's record holding it is not served, and the function is built as written."""
+    mod = matmul(16)
+
+    def align(sch: Schedule) -> None:
+        cache = sch.cache_read(sch.get_sblock("C"), 0, "global")
+        sch.storage_align(cache, 0, 1, 2**20, 2**20 - 1)
+
+    assert served(mod, align, monkeypatch) is None
+    a, b = np.ones((16, 16), "float32"), np.full((16, 16), 2.0, "float32")
+    *_, out = run(mod, a, b, np.zeros((16, 16), "float32"))
+    assert (out == 32.0).all()

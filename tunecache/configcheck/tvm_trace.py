@@ -14,8 +14,9 @@ and CUDA targets, each instruction checked for its inputs and attributes:
   transformations (``Split``, ``Fuse``, ``Reorder``, ``AddUnitLoop``, ``Parallel``,
   ``Vectorize``, ``Bind``), block moves and caches (``CacheRead``, ``CacheWrite``,
   ``ComputeAt``, ``ReverseComputeAt``, ``ComputeInline``, ``ReverseComputeInline``,
-  ``DecomposeReduction``, ``RFactor``, ``SetScope``, ``StorageAlign``), ``Annotate`` and
-  ``Unannotate`` of allowlisted keys, and ``EnterPostproc``. TVM checks each of these rewrites
+  ``DecomposeReduction``, ``RFactor``, ``SetScope``, ``StorageAlign`` as a GPU's padding:
+  a factor up to 128), ``Annotate`` and ``Unannotate`` of allowlisted keys, and
+  ``EnterPostproc``. TVM checks each of these rewrites
   for correctness as it replays them; none names code, a file or a type;
 - refused: ``TransformLayout``, ``TransformBlockLayout`` and ``AnnotateBufferAccess`` carry
   serialised TVM objects (index maps: expressions that ``tvm.ir.load_json`` would build, and that
@@ -28,6 +29,8 @@ and CUDA targets, each instruction checked for its inputs and attributes:
   MetaSchedule emits the tensorizing ones (and ``ReIndex``) only for tensor-core and int8 dot
   product spaces (float16 on CUDA, int8 on x86), which no built-in workload tunes: such records
   stay local to the process that tuned them;
+- **decisions**: each sampling instruction has its decision (MetaSchedule records them all):
+  without one, TVM samples anew in each process that reads the record, and ranks differ;
 - **values**: a string input is a random variable's name (``b0``, ``l12``, ``v5``), ``"None"``
   as a ``Split`` factor, or an ``Annotate`` value as its key allows (:data:`ANNOTATIONS`: a
   variable, a bounded integer, a list of them, or ``"[SR]{1,16}"`` for
@@ -38,8 +41,9 @@ and CUDA targets, each instruction checked for its inputs and attributes:
   it, factors that do not divide the loop read and write past the buffers);
 - **the device**: a trace for a CPU (an ``llvm`` target; every built-in TVM record, which builds
   for the host) holds nothing of a GPU's: no ``Bind`` to thread axes, no thread-extent,
-  cooperative-fetch or software-pipeline annotations, only the ``global`` storage scope (TVM
-  accepts those on llvm at replay, then fails or raises in the build that follows).
+  cooperative-fetch or software-pipeline annotations, no ``StorageAlign``, only the ``global``
+  storage scope (TVM accepts those on llvm at replay, then fails or raises in the build that
+  follows).
 
 Nothing here imports TVM: the server runs these checks too.
 
@@ -62,6 +66,7 @@ MAX_ITEMS: Final = 256  # inputs, attributes or outputs of one instruction; list
 MAX_UNROLL: Final = 4096  # an unroll step (MetaSchedule samples 0..1024)
 MAX_EXTENT: Final = 2**20  # parallel/vectorize/thread extents
 MAX_TILE: Final = 2**31 - 1
+MAX_ALIGN: Final = 128  # a StorageAlign factor (MetaSchedule's is 32)
 
 THREAD_AXES: Final = frozenset(
     {f"{kind}.{axis}" for kind in ("blockIdx", "threadIdx", "vthread") for axis in "xyz"}
@@ -69,8 +74,9 @@ THREAD_AXES: Final = frozenset(
 )
 SCOPES: Final = frozenset({"global", "shared", "shared.dyn", "local", "warp"})
 CPU_SCOPES: Final = frozenset({"global"})
-# What only a GPU's build takes: on a CPU these replay, then break the build.
-GPU_KINDS: Final = frozenset({"Bind"})
+# What only a GPU's build takes: on a CPU these replay, then break the build (``StorageAlign``:
+# MetaSchedule pads only a GPU's shared memory, and a served one broke a CPU's build).
+GPU_KINDS: Final = frozenset({"Bind", "StorageAlign"})
 GPU_ANNOTATIONS: Final = frozenset({
     "meta_schedule.thread_extent_low_inclusive", "meta_schedule.thread_extent_high_inclusive",
     "meta_schedule.cooperative_fetch", "software_pipeline_stage", "software_pipeline_order",
@@ -240,6 +246,23 @@ _POSITION = _int_in(-2, MAX_ITEMS)  # a loop index; -1 and -2 name the root and 
 _SMALL = _int_in(-MAX_EXTENT, MAX_EXTENT)
 
 
+def _storage_align_attrs(attrs: list[Any]) -> str | None:
+    """``[buffer_index, axis, factor, offset]`` as MetaSchedule emits them (``0, -2, 32, 8``
+    for float16 tensor cores and, in TVM 0.1x, after a cooperative fetch; ``0, -2, 32, 16`` for
+    int8 tensor cores: shared memory padded against bank conflicts): an axis counted from the end
+    other than the innermost (a positive one may be the innermost), a factor a power of two up
+    to :data:`MAX_ALIGN`, ``0 <= offset < factor``. A served factor of 2**20 made the consumer's
+    build overflow int32, and 512 on three cache buffers doubled a process's memory."""
+    if (why := _fixed(_INDEX, _int_in(-8, -2), _int_in(1, MAX_ALIGN), _SMALL)(attrs)) is not None:
+        return why
+    factor, offset = attrs[2], attrs[3]
+    if factor & (factor - 1):
+        return f"item 2: factor {factor} is not a power of two"
+    if not 0 <= offset < factor:
+        return f"item 3: offset {offset} is not in 0..{factor - 1} (below the factor)"
+    return None
+
+
 def _categorical_attrs(attrs: list[Any]) -> str | None:
     """``[candidates, probabilities]``: bounded integers, as many probabilities in [0, 1]."""
     if len(attrs) != 2:
@@ -278,7 +301,7 @@ KINDS: Final[dict[str, Shape]] = {
     "CacheRead": (_fixed(_rv, _rv_list), _fixed(_INDEX, _SCOPE), _ONE),
     "CacheWrite": (_fixed(_rv, _rv_list), _fixed(_INDEX, _SCOPE), _ONE),
     "SetScope": (_ONE, _fixed(_INDEX, _SCOPE), _NONE),
-    "StorageAlign": (_ONE, _fixed(_INDEX, _SMALL, _SMALL, _SMALL), _NONE),
+    "StorageAlign": (_ONE, _storage_align_attrs, _NONE),
     "ComputeAt": (_fixed(_rv, _rv), _fixed(_flag, _POSITION), _NONE),
     "ReverseComputeAt": (_fixed(_rv, _rv), _fixed(_flag, _POSITION), _NONE),
     "ComputeInline": (_ONE, _NONE, _NONE),
@@ -367,7 +390,8 @@ def trace_problem(trace: Any, device: str = "cpu") -> str | None:
 
     The reason names the place, e.g. ``trace[0][12] (Annotate): annotation key
     'pragma_import_llvm' is not allowed``. Also what TVM does not check and would crash on: a
-    decision for no instruction, a zero tile.
+    decision for no instruction, a zero tile; and a sampling instruction without its decision
+    (TVM would pick one at random as each process reads it).
     """
     if not (isinstance(trace, list) and len(trace) == 2):
         return "trace is not [instructions, decisions]"
@@ -383,6 +407,14 @@ def trace_problem(trace: Any, device: str = "cpu") -> str | None:
             kind = inst[0] if isinstance(inst, list) and inst and isinstance(inst[0], str) else ""
             kind = kind if kind in KINDS else ""
             return f"trace[0][{i}]{f' ({kind})' if kind else ''}: {why}"
+    return _decisions_problem(insts, decisions)
+
+
+def _decisions_problem(insts: list[Any], decisions: list[Any]) -> str | None:
+    """Why the decisions of checked instructions ``insts`` may not be served, or ``None``: one
+    for each sampling instruction and for no other, each a value it can take. Without its
+    decision, TVM samples a fresh one as it reads the record, in each process (a tile of a loop
+    before an ``RFactor``: each rank summed in its own order, their results differed)."""
     seen: set[int] = set()
     for i, decision in enumerate(decisions):
         where = f"trace[1][{i}]"
@@ -396,6 +428,10 @@ def trace_problem(trace: Any, device: str = "cpu") -> str | None:
         seen.add(index)
         if (why := _decision_problem(insts[index], decision[1])) is not None:
             return f"{where}: the decision for instruction {index}: {why}"
+    for i, inst in enumerate(insts):
+        if inst[0] in _SAMPLING and i not in seen:
+            return (f"trace[0][{i}] ({inst[0]}): a sampling instruction without its decision "
+                    "(each process would sample its own)")  # fmt: skip
     return None
 
 

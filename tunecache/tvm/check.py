@@ -6,7 +6,9 @@ token in the wrong hands). A value reaches MetaSchedule only when it passes the 
 finite mean run time, a trace of allowlisted instructions and annotations, so nothing in it can
 bring code into the build), its argument info is exactly the workload's (the shapes and dtypes
 of the function's parameters), TVM parses it against *this* workload (which replays the trace on
-the module) and the parsed trace replays once more on a fresh schedule of the module.
+the module) and the parsed trace replays once more on a fresh schedule of the module. A record
+TVM had to invent a decision for as it read it (:func:`invented_problem`) is dropped: each
+process would pick its own, and ranks would compute differently.
 So a trace recorded for another workload is dropped here, in Python, instead of failing inside
 ``compile_tir``'s C++ ``QuerySchedule``. A replayed schedule whose vectorized loops are wider than
 :data:`MAX_LANES` is dropped too (:func:`vector_problem`): its build would raise or kill the
@@ -73,6 +75,8 @@ def check_record(
         record = TuningRecord.from_json(value, workload)
     except Exception as exc:
         return None, f"TVM cannot read it for this workload: {_last_line(exc)}"
+    if (problem := invented_problem(record.trace, value[0])) is not None:
+        return None, problem
     schedule = Schedule(workload.mod)
     try:
         record.trace.apply_to_schedule(schedule, remove_postproc=False)
@@ -80,6 +84,20 @@ def check_record(
     except Exception as exc:
         return None, f"its trace does not replay on this workload: {_last_line(exc)}"
     return (None, problem) if problem else (record, "")
+
+
+def invented_problem(trace: Any, served: list[Any]) -> str | None:
+    """Why ``trace``, which TVM read from the ``[instructions, decisions]`` JSON ``served``,
+    holds a decision ``served`` does not, or ``None``. TVM samples a sampling instruction's
+    missing decision as it reads a record, anew in each process (seed -1): each rank of a job
+    would build its own kernel (tiles before an ``RFactor``: sums in their own orders)."""
+    if len(trace.decisions) <= len(served[1]):
+        return None
+    given = {decision[0] for decision in served[1]}
+    where = next((f"instruction {i} ({inst.kind.name})" for i, inst in enumerate(trace.insts)
+                  if inst in trace.decisions and i not in given), "an instruction")  # fmt: skip
+    return (f"its {where} has no decision: TVM sampled one as it read the record (each "
+            "process would pick its own)")  # fmt: skip
 
 
 def replayed_problem(schedule: Any, original: IRModule | PrimFunc) -> str | None:
