@@ -194,3 +194,25 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where screenshots go: ``$TUNECACHE_ARTIFACTS``, else a temporary directory."""
     given = os.environ.get("TUNECACHE_ARTIFACTS")
     return Path(given) if given else tmp_path_factory.mktemp("dashboard-artifacts")
+
+
+@pytest.fixture
+def inductor_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """Inductor's choice file in an empty Inductor cache folder (``tmp_path``), and what
+    :func:`tunecache.inductor.enable` sets process-wide restored."""
+    from torch._inductor import config
+    from torch._inductor.codecache import CacheBase
+    from torch._inductor.remote_cache import RemoteAutotuneCache
+
+    import tunecache.inductor
+    from tunecache.inductor.choices import local_cache_path
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    CacheBase.get_local_cache_path.cache_clear()  # Inductor keeps the first folder it saw
+    monkeypatch.setattr(RemoteAutotuneCache, "backend_override_cls", None)
+    monkeypatch.setattr(tunecache.inductor, "_active", None)
+    try:
+        with config.patch(autotune_remote_cache=config.autotune_remote_cache):
+            yield local_cache_path()
+    finally:
+        CacheBase.get_local_cache_path.cache_clear()

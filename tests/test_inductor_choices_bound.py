@@ -15,7 +15,6 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -30,7 +29,6 @@ from tunecache.inductor.choices import (
     MAX_MERGE_GROUPS,
     MAX_SERVED_NAME,
     ChoiceGroup,
-    local_cache_path,
     merge_groups,
 )
 
@@ -38,26 +36,6 @@ HONEST: dict[str, Any] = {"op": "mm", "inputs": "[('cpu', 'torch.float32', 8, 8)
           "timings": {"a-1": 0.5, "b-2": 0.25}}  # fmt: skip
 CHOICES = 400  # per made-up group, as the auditor's server answered
 GROUPS = 40  # per read: about 4.6 MB as Inductor's file holds them, past one merge's bytes
-
-
-@pytest.fixture
-def inductor_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
-    """An empty Inductor cache folder, and what :func:`enable` sets process-wide restored."""
-    from torch._inductor import config
-    from torch._inductor.codecache import CacheBase
-    from torch._inductor.remote_cache import RemoteAutotuneCache
-
-    import tunecache.inductor
-
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    CacheBase.get_local_cache_path.cache_clear()  # Inductor keeps the first folder it saw
-    monkeypatch.setattr(RemoteAutotuneCache, "backend_override_cls", None)
-    monkeypatch.setattr(tunecache.inductor, "_active", None)
-    try:
-        with config.patch(autotune_remote_cache=config.autotune_remote_cache):
-            yield local_cache_path()
-    finally:
-        CacheBase.get_local_cache_path.cache_clear()
 
 
 def made_up(op: str, name_length: int) -> dict[str, Any]:
@@ -68,16 +46,14 @@ def made_up(op: str, name_length: int) -> dict[str, Any]:
 
 
 def fresh_ops(name_length: int, first: list[dict[str, Any]]) -> Any:
-    """A server answering every artifact read with ``GROUPS`` groups for ops never seen before
-    (after ``first``, on the first read only)."""
+    """A server answering every artifact read with ``first``, then ``GROUPS`` groups for ops
+    never seen before."""
     counter = itertools.count()
 
     def behaviour(conn: Any, request: Request, seen: Seen) -> None:
         asked = {k: v[0] for k, v in parse_qs(urlsplit(request.path).query).items()}
         read = next(counter)
-        values = (first if read == 0 else []) + [
-            made_up(f"op_{read}_{i}", name_length) for i in range(GROUPS)
-        ]
+        values = first + [made_up(f"op_{read}_{i}", name_length) for i in range(GROUPS)]
         items = [{"namespace": asked["namespace"], "partition": asked["partition"],
                   "key": f"k{read}-{i}", "item": "", "value": value, "score": 1e-9,
                   "id": i + 1, "updated_at": "2026-01-01T00:00:00Z"}
@@ -90,7 +66,7 @@ def fresh_ops(name_length: int, first: list[dict[str, Any]]) -> Any:
 def test_fresh_made_up_groups_on_every_read_never_grow_the_file_past_its_bound(
     inductor_cache: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    sizes, merged = [], []
+    sizes, merged, removed = [], [], []
     name_length = MAX_SERVED_NAME - 6  # long, yet within what the client takes
     with serve(fresh_ops(name_length, [HONEST])) as (url, _), caplog.at_level(logging.WARNING):
         for _ in range(3):
@@ -99,11 +75,15 @@ def test_fresh_made_up_groups_on_every_read_never_grow_the_file_past_its_bound(
             assert time.monotonic() - start < 120  # a hang check, not a speed claim
             assert enabled.reachable and enabled.ignored == 0
             merged.append(enabled.merged)
+            removed.append(enabled.removed)
             sizes.append(inductor_cache.stat().st_size)
     assert all(0 < size <= MAX_FILE_BYTES for size in sizes), sizes
     growth = [b - a for a, b in zip([0, *sizes], sizes, strict=False)]
     assert all(step <= MAX_MERGE_BYTES + 1024 for step in growth), growth  # + the system entry
-    assert all(n <= MAX_MERGE_GROUPS for n in merged) and merged[-1] == 0, merged
+    assert all(n <= MAX_MERGE_GROUPS for n in merged) and merged[0] > 1, merged
+    # The groups of the read before, no longer served, are taken out (the honest one, served on
+    # every read, stays): the made-up groups never pile up in the file.
+    assert removed == [0, merged[0] - 1, merged[1]], (merged, removed)
     document = json.loads(inductor_cache.read_text())
     assert document["cache"]["mm"][HONEST["inputs"]]["highest"] == HONEST["timings"]
     assert "not merged" in caplog.text

@@ -43,7 +43,7 @@ from tunecache.inductor import autotune, choices
 from tunecache.inductor.autotune import AutotuneStore
 from tunecache.inductor.choices import ChoiceGroup, local_cache_path
 from tunecache.inductor.partition import inductor_system, partition
-from tunecache.inductor.remote import DEFAULT_TIMEOUT, TeamCache, TeamCacheWarning
+from tunecache.inductor.remote import DEFAULT_TIMEOUT, MAX_ITEMS, TeamCache, TeamCacheWarning
 from tunecache.ranks import shared_artifacts
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,9 @@ class Enabled:
         fetched: well-formed choice groups read from the server.
         ignored: malformed ones dropped.
         merged: groups added to Inductor's local choice file (the others were there already,
-            or past the merge's bounds: :func:`choices.merge_groups`).
+            or past the merge's bounds: :func:`choices.refresh_groups`).
+        removed: groups merged by an earlier ``enable()`` that the server no longer serves as
+            merged (revoked, disputed, served with other times), taken out of that file.
     """
 
     partition: str
@@ -69,6 +71,7 @@ class Enabled:
     fetched: int = 0
     ignored: int = 0
     merged: int = 0
+    removed: int = 0
 
 
 _active: tuple[TeamCache, AutotuneStore] | None = None
@@ -105,34 +108,39 @@ def enable(
         warnings.warn(f"tunecache: team cache off: {exc}", TeamCacheWarning, stacklevel=2)
         return Enabled(partition="", reachable=False)
     found = _fetch_groups(team)
-    groups = [ChoiceGroup.from_value(item.value) for item in found]
+    groups = [ChoiceGroup.from_value(item.value) for item in found or []]
     good = [group for group in groups if group is not None]
+    # Served groups merged before are taken out only when the server answered in full.
+    complete = found is not None and len(found) < MAX_ITEMS
     deadline = time.monotonic() + timeout  # the merge, like each request, within the timeout
     try:
-        merged = choices.merge_groups(local_cache_path(), good, inductor_system(),
-                                      deadline=deadline)  # fmt: skip
+        merged = choices.refresh_groups(local_cache_path(), good, inductor_system(),
+                                        deadline=deadline, complete=complete)  # fmt: skip
     except OSError as exc:
         logger.warning("could not write Inductor's choice file: %s", exc)
-        merged = 0
+        merged = choices.Merged()
     store = AutotuneStore(team)
     autotune.install(store)
     _active = (team, store)
     if upload:
         atexit.register(_upload_at_exit, team, store)
-    logger.info("team cache %s: %d choice groups, %d merged", team.partition, len(good), merged)
-    return Enabled(team.partition, not team.down, len(good), len(groups) - len(good), merged)
+    logger.info("team cache %s: %d choice groups, %d merged, %d taken out", team.partition,
+                len(good), merged.added, merged.removed)  # fmt: skip
+    return Enabled(team.partition, not team.down, len(good), len(groups) - len(good),
+                   merged.added, merged.removed)  # fmt: skip
 
 
-def _fetch_groups(team: TeamCache) -> list[ArtifactPublic]:
+def _fetch_groups(team: TeamCache) -> list[ArtifactPublic] | None:
     """The partition's choice groups, read by one rank for every rank of a distributed job
     (:func:`tunecache.ranks.shared_artifacts`; one read per call): ranks reading on their own
-    could merge different groups, and max-autotune then picks different kernels per rank."""
+    could merge different groups, and max-autotune then picks different kernels per rank.
+    ``None`` when the server did not answer: then what it serves is not known."""
 
-    def read() -> list[ArtifactPublic]:
-        return team.fetch(choices.NAMESPACE)
+    def read() -> list[ArtifactPublic] | None:
+        found = team.fetch(choices.NAMESPACE)
+        return None if team.down else found
 
-    found = shared_artifacts(read, choices.NAMESPACE, team.partition, None)
-    return found or []
+    return shared_artifacts(read, choices.NAMESPACE, team.partition, None)
 
 
 def share_items(
@@ -157,7 +165,9 @@ def share_items(
 def upload(
     url: str | None = None, token: str | None = None, *, timeout: float = 30.0
 ) -> ArtifactPutResult | None:
-    """Uploads Inductor's local choice file and the best configs this process recorded.
+    """Uploads the groups of Inductor's local choice file that this machine's Inductor timed
+    (not those still as :func:`enable` merged them from the server: :func:`choices.own_groups`)
+    and the best configs this process recorded.
 
     Args:
         url: the server; the one :func:`enable` used, else ``TUNECACHE_URL``.
@@ -180,7 +190,7 @@ def upload(
 
 
 def _upload(team: TeamCache, recorded: Mapping[str, dict[str, Any]]) -> ArtifactPutResult | None:
-    items = share_items(team, choices.read_groups(local_cache_path()), recorded)
+    items = share_items(team, choices.own_groups(local_cache_path()), recorded)
     if not items:
         return ArtifactPutResult(stored=0, kept=0)
     try:

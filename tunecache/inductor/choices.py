@@ -25,7 +25,15 @@ group is data, not code: ``PersistentCache.lookup`` uses it only when every cand
 offers for the node has a time in it, and picks only among those candidates; a choice hash no
 candidate has is never looked at, and a group lacking one of them misses (Inductor benchmarks every
 candidate and writes their times into the group). Merging never replaces a group the local file
-already has, and never touches a local file it cannot read.
+timed itself, and never touches a local file it cannot read.
+
+The file is persistent state, read by every later compile on that cache folder, tunecache on or
+off: a served group merged into it would be used long after the server stopped serving it. So the
+groups merged are recorded beside the file (:mod:`tunecache.inductor.served`); on each
+``enable()`` that read the server, those still exactly as merged that the server no longer serves
+so (a revoked token's, a disputed one, one served with other times now) are taken out before
+merging (:func:`refresh_groups`), and the one served now, a teammate's, can be merged again. An
+upload shares only the groups this machine's Inductor timed or re-timed (:func:`own_groups`).
 
 What a server can make the client write is bounded, as Inductor reads the whole file and parses it
 on every autotuned GEMM, and rewrites it on every miss, in every later compile sharing the cache
@@ -46,7 +54,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
@@ -60,6 +68,7 @@ from tunecache.configcheck.inductor import (
     finite_ms,
     text,
 )
+from tunecache.inductor import served
 from tunecache.jsonsafe import parse_json
 
 logger = logging.getLogger(__name__)
@@ -107,6 +116,11 @@ class ChoiceGroup:
             return readable
         raw = json.dumps([self.op, self.precision, self.inputs]).encode()
         return f"{self.op[:64]}|{self.precision[:32]}|sha256:{hashlib.sha256(raw).hexdigest()}"
+
+    def pair(self) -> served.Pair:
+        """Its identity and the digest of its times, as the served record holds them
+        (:mod:`tunecache.inductor.served`)."""
+        return served.identity(self.op, self.inputs, self.precision), served.digest(self.timings)
 
     def to_value(self) -> dict[str, Any]:
         """The artifact value (JSON: a failed choice's ``inf`` becomes ``null``)."""
@@ -200,8 +214,20 @@ def _read_file(path: Path) -> dict[str, Any] | None:
 def read_groups(path: Path) -> list[ChoiceGroup]:
     """Every well-formed group in Inductor's choice file (none if it is missing or unreadable)."""
     document = _read_file(path) or {}
-    groups: list[ChoiceGroup] = []
-    for op, by_inputs in document.get("cache", {}).items():
+    return list(_groups_in(document.get("cache", {})))
+
+
+def own_groups(path: Path) -> list[ChoiceGroup]:
+    """The groups of the file that this machine's Inductor timed (or re-timed): every one but
+    those still exactly as :func:`merge_groups` merged them from the server (its record,
+    :func:`tunecache.inductor.served.read_record`). What an upload shares: a merged copy uploaded
+    under this process's token would stay served after its uploader's token is revoked."""
+    merged = served.read_record(path)
+    return [group for group in read_groups(path) if group.pair() not in merged]
+
+
+def _groups_in(cache: Mapping[str, Any]) -> Iterator[ChoiceGroup]:
+    for op, by_inputs in cache.items():
         if not isinstance(by_inputs, dict):
             continue
         for inputs, by_precision in by_inputs.items():
@@ -210,16 +236,17 @@ def read_groups(path: Path) -> list[ChoiceGroup]:
             for precision, timings in by_precision.items():
                 group = ChoiceGroup.checked(op, inputs, precision, timings, failed=math.inf)
                 if group is not None:
-                    groups.append(group)
-    return groups
+                    yield group
 
 
 @dataclass
 class _Budget:
-    """What one merge may still add: groups, bytes of the merge and of the file, and time."""
+    """What one merge may still add: groups, bytes of the merge and of the file, groups the
+    served record holds, and time."""
 
     file_bytes: int  # the file as it will be written before any group is added
     deadline: float | None
+    recorded: int = 0  # served groups the file keeps from before
     added: int = 0
     added_bytes: int = 0
     left_out: int = 0
@@ -228,6 +255,7 @@ class _Budget:
         """Whether a group of ``cost`` bytes still fits (counted as added when it does)."""
         if (
             self.added >= MAX_MERGE_GROUPS
+            or self.recorded + self.added >= served.MAX_RECORDED
             or self.added_bytes + cost > MAX_MERGE_BYTES
             or self.file_bytes + self.added_bytes + cost > MAX_FILE_BYTES
         ):
@@ -255,6 +283,44 @@ def _lacks(cache: Mapping[str, Any], group: ChoiceGroup) -> bool:
     return isinstance(by_precision, dict) and not by_precision.get(group.precision)
 
 
+@dataclass(frozen=True)
+class Merged:
+    """What :func:`refresh_groups` did to the file: groups added, and served copies taken out."""
+
+    added: int = 0
+    removed: int = 0
+
+
+def _take_out_unserved(
+    cache: dict[str, Any], merged: set[served.Pair], now: Mapping[str, ChoiceGroup] | None
+) -> tuple[set[served.Pair], int]:
+    """Takes out of ``cache`` each group still exactly as merged from the server (its pair in
+    ``merged``) that the server no longer serves so (``now``: identity → served group; ``None``:
+    not known, nothing taken out). Groups timed or re-timed here are never touched.
+
+    Returns:
+        The pairs of the served groups the file keeps, and how many were taken out.
+    """
+    kept: set[served.Pair] = set()
+    removed = 0
+    for group in list(_groups_in(cache)):
+        ident, timed = group.pair()
+        if (ident, timed) not in merged:
+            continue  # Inductor timed it here, or re-timed what was merged: its own
+        serving = now.get(ident) if now is not None else None
+        if now is None or (serving is not None and serving.pair()[1] == timed):
+            kept.add((ident, timed))
+            continue
+        by_inputs = cache[group.op]
+        del by_inputs[group.inputs][group.precision]
+        if not by_inputs[group.inputs]:
+            del by_inputs[group.inputs]
+        if not by_inputs:
+            del cache[group.op]
+        removed += 1
+    return kept, removed
+
+
 def merge_groups(
     path: Path,
     groups: Iterable[ChoiceGroup],
@@ -262,13 +328,30 @@ def merge_groups(
     *,
     deadline: float | None = None,
 ) -> int:
-    """Adds the groups the file lacks to Inductor's choice file, atomically, within bounds.
+    """Adds the groups the file lacks (:func:`refresh_groups`, nothing taken out); how many."""
+    return refresh_groups(path, groups, system, deadline=deadline).added
 
-    A group the file has already (same op, inputs key and precision) is kept as it is: it was
-    timed on this machine. Only the groups' times are written (:meth:`ChoiceGroup.timed`): a
-    failure from elsewhere would stop Inductor timing that choice, or fail the compile. A file
-    that cannot be read is left alone, and so is one already past :data:`MAX_FILE_BYTES`
-    (unparsed): every compile on it pays for its size, and served data must not add to it.
+
+def refresh_groups(
+    path: Path,
+    groups: Iterable[ChoiceGroup],
+    system: Mapping[str, Any],
+    *,
+    deadline: float | None = None,
+    complete: bool = False,
+) -> Merged:
+    """Adds the groups the file lacks to Inductor's choice file, atomically, within bounds, and
+    records them as served (:mod:`tunecache.inductor.served`).
+
+    With ``complete`` (``groups`` is everything the server serves now), the groups merged before
+    that are still exactly as merged and that the server no longer serves so (revoked, disputed,
+    served with other times) are taken out first: a group replaced on the server is merged anew,
+    one no longer served is benchmarked by Inductor. A group the file has otherwise (same op,
+    inputs key and precision) is kept as it is: this machine's Inductor timed it, or re-timed
+    the one merged. Only the groups' times are written (:meth:`ChoiceGroup.timed`): a failure
+    from elsewhere would stop Inductor timing that choice, or fail the compile. A file that
+    cannot be read is left alone, and so is one already past :data:`MAX_FILE_BYTES` (unparsed):
+    every compile on it pays for its size, and served data must not add to it.
 
     Args:
         path: the file (:func:`local_cache_path`).
@@ -276,21 +359,57 @@ def merge_groups(
         system: Inductor's system description, written into a new file.
         deadline: a ``time.monotonic()`` after which no more groups are added (the file is still
             written with those added before).
+        complete: whether ``groups`` is all the server serves now.
 
-    Returns:
-        How many groups were added.
+    Raises:
+        OSError: the file or its record cannot be written.
     """
     if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
         logger.warning("Inductor's choice file %s is past %d bytes: the team's choices are not "
                        "merged into it", path, MAX_FILE_BYTES)  # fmt: skip
-        return 0
+        return Merged()
     document = _read_file(path)
     if document is None:
-        return 0
+        return Merged()
     cache: dict[str, Any] = document.setdefault("cache", {})
     document.setdefault("system", dict(system))
-    budget = _Budget(len(json.dumps(document, indent=4)), deadline)
-    for group in (t for t in (g.timed() for g in groups) if t is not None):
+    offered = [t for t in (g.timed() for g in groups) if t is not None]
+    now: dict[str, ChoiceGroup] = {}
+    for group in offered:  # the first of one identity: the one the merge below would add
+        now.setdefault(group.pair()[0], group)
+    before = served.read_record(path)
+    kept, removed = _take_out_unserved(cache, before, now if complete else None)
+    added = _add(path, cache, offered, _Budget(len(json.dumps(document, indent=4)), deadline,
+                                               recorded=len(kept)))  # fmt: skip
+    after = kept | {group.pair() for group in added}
+    if (added or removed) and not _write(path, document, before | after):
+        return Merged()
+    if after != before:
+        served.write_record(path, after)
+    if removed:
+        logger.info("%d choice groups merged from the server before and no longer served so were "
+                    "taken out of %s", removed, path)  # fmt: skip
+    return Merged(len(added), removed)
+
+
+def _write(path: Path, document: Mapping[str, Any], recorded: set[served.Pair]) -> bool:
+    """Writes the file, ``recorded`` (the served pairs before and after) first: whichever file a
+    crash leaves, its served groups are known. ``False`` when it would pass its bound."""
+    written = json.dumps(document, indent=4)  # ASCII: as many bytes as characters
+    if len(written) > MAX_FILE_BYTES:  # _cost over-counts; a guard, never expected to hold
+        logger.warning("choice groups not merged: %s would pass %d bytes", path, MAX_FILE_BYTES)
+        return False
+    served.write_record(path, recorded)
+    write_atomic(path, written)
+    return True
+
+
+def _add(
+    path: Path, cache: dict[str, Any], groups: Iterable[ChoiceGroup], budget: _Budget
+) -> list[ChoiceGroup]:
+    """Adds to ``cache`` the groups it lacks, within ``budget``; those added."""
+    added: list[ChoiceGroup] = []
+    for group in groups:
         if not _lacks(cache, group):
             continue
         if budget.expired():
@@ -298,18 +417,12 @@ def merge_groups(
         elif budget.admits(_cost(group)):
             by_precision = cache.setdefault(group.op, {}).setdefault(group.inputs, {})
             by_precision[group.precision] = dict(group.timings)
+            added.append(group)
     if budget.left_out:
         logger.warning("%d served choice groups not merged into %s: past what one merge adds "
                        "(%d groups, %d bytes), the file's %d bytes, or the time", budget.left_out,
                        path, MAX_MERGE_GROUPS, MAX_MERGE_BYTES, MAX_FILE_BYTES)  # fmt: skip
-    if not budget.added:
-        return 0
-    written = json.dumps(document, indent=4)  # ASCII: as many bytes as characters
-    if len(written) > MAX_FILE_BYTES:  # _cost over-counts; a guard, never expected to hold
-        logger.warning("choice groups not merged: %s would pass %d bytes", path, MAX_FILE_BYTES)
-        return 0
-    write_atomic(path, written)
-    return budget.added
+    return added
 
 
 def write_atomic(path: Path, text: str) -> None:

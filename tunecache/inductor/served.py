@@ -1,0 +1,111 @@
+"""Which groups of Inductor's choice file came from the server: a record beside the file.
+
+Inductor's choice file (:mod:`tunecache.inductor.choices`) is persistent state: every later
+compile on that cache folder reads it, with tunecache on or off, and Inductor prefers what it
+holds to benchmarking. A served group merged into it stays there until something takes it out;
+nothing in the file says it was served. This record says so: for each group :func:`enable
+<tunecache.inductor.enable>` merged, its identity (op, inputs key and precision, hashed) and a
+digest of the times merged (:func:`identity`, :func:`digest`), in ``<choice file>`` +
+:data:`SUFFIX`. A group of the file whose pair is in the record is still exactly a served copy:
+it is taken out when the server no longer serves it so (revoked, disputed, replaced), and never
+uploaded as this machine's own. A group Inductor timed or re-timed here has another digest, or
+none recorded: it is never taken out, and it is what an upload shares.
+
+The record is data from a file anyone with the cache folder may have written: it is parsed as
+JSON, bounded (:data:`MAX_RECORD_BYTES`, :data:`MAX_ENTRIES`), and anything else about it (missing,
+unreadable, malformed) reads as "nothing merged": every group of the file is then taken as timed
+here, as before there was a record. It names groups by hash only: it can make a group count as
+served (then it is not uploaded, and is taken out if not served so), never add one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Final
+
+from tunecache import folders
+from tunecache.jsonsafe import parse_json
+
+logger = logging.getLogger(__name__)
+
+SUFFIX: Final = ".tunecache-served.json"
+FORMAT: Final = "tunecache.inductor.served/1"
+MAX_RECORDED: Final = 32_768  # served groups one file may hold: about 140 bytes each here
+MAX_ENTRIES: Final = 2 * MAX_RECORDED  # a record may hold the pairs before and after one merge
+MAX_RECORD_BYTES: Final = MAX_ENTRIES * 160
+
+Pair = tuple[str, str]  # (identity, digest)
+_HEX = re.compile(r"[0-9a-f]{64}\Z")
+
+
+def record_path(choice_file: Path) -> Path:
+    """The record of ``choice_file``: beside it, its name plus :data:`SUFFIX`."""
+    return choice_file.with_name(choice_file.name + SUFFIX)
+
+
+def identity(op: str, inputs: str, precision: str) -> str:
+    """A group's identity: its op, inputs key and precision, hashed (unambiguous, fixed size)."""
+    return hashlib.sha256(json.dumps([op, inputs, precision]).encode()).hexdigest()
+
+
+def digest(timings: Mapping[str, float]) -> str:
+    """A digest of a group's times: the same for the same choices and times, in any order."""
+    canonical = json.dumps(sorted((choice, float(ms)) for choice, ms in timings.items()))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def read_record(choice_file: Path) -> set[Pair]:
+    """The (identity, digest) pairs merged into ``choice_file``; none when the record is missing,
+    past its bound, unreadable or malformed (with a warning for the last three)."""
+    path = record_path(choice_file)
+    try:
+        if not path.is_file():
+            return set()
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            logger.warning("%s is past %d bytes: read as no served group", path, MAX_RECORD_BYTES)
+            return set()
+        document = parse_json(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        logger.warning("%s cannot be read (%s): read as no served group", path, exc)
+        return set()
+    pairs = _pairs(document)
+    if pairs is None:
+        logger.warning("%s is not tunecache's record: read as no served group", path)
+        return set()
+    return pairs
+
+
+def _pairs(document: object) -> set[Pair] | None:
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        return None
+    entries = document.get("groups")
+    if not isinstance(entries, list) or len(entries) > MAX_ENTRIES:
+        return None
+    pairs: set[Pair] = set()
+    for entry in entries:
+        if not (isinstance(entry, list) and len(entry) == 2
+                and all(isinstance(part, str) and _HEX.match(part) for part in entry)):  # fmt: skip
+            return None
+        pairs.add((entry[0], entry[1]))
+    return pairs
+
+
+def write_record(choice_file: Path, pairs: Iterable[Pair]) -> None:
+    """Writes the record of ``choice_file`` whole (removes it when there is no pair).
+
+    Raises:
+        OSError: it cannot be written.
+    """
+    path = record_path(choice_file)
+    entries = sorted(set(pairs))
+    if not entries:
+        path.unlink(missing_ok=True)
+        return
+    text = json.dumps({"format": FORMAT, "groups": [list(pair) for pair in entries]})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    folders.write_atomic(path, text.encode("ascii"))
