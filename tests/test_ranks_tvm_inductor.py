@@ -186,7 +186,8 @@ def group(inputs: str) -> tuple[str, dict[str, Any], float]:
 def test_inductor_ranks_merge_the_groups_of_one_read(scripted: Any, tmp_path: Path) -> None:
     """The server answers its first read with one group, every later one with two others: read
     by each rank, the ranks merged different groups (and max-autotune would pick different
-    kernels). Each ``enable()`` is one read for both ranks, and both merge its groups."""
+    kernels). Each ``enable()`` is one read for both ranks, and both merge its groups (and take
+    out the one merged before that the server no longer serves)."""
     pytest.importorskip("torch")
     first = [group("[('cpu', 'torch.float32', 8, 8)]")]
     later = [group("[('cpu', 'torch.float32', 16, 16)]"), group("[('cpu', 'torch.float32', 4, 4)]")]
@@ -195,7 +196,7 @@ def test_inductor_ranks_merge_the_groups_of_one_read(scripted: Any, tmp_path: Pa
     assert ranks[0] == ranks[1], ranks
     once, twice = ranks[0]
     assert once == {"fetched": 1, "groups": [first[0][0]]}
-    assert twice["fetched"] == 2 and len(twice["groups"]) == 3
+    assert twice["fetched"] == 2 and sorted(twice["groups"]) == sorted(g[0] for g in later)
     assert server.reads == 2
 
 
