@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, func, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, and_, case, func, or_, outerjoin, select, update
+from sqlalchemy.orm import Session, aliased
 
 from cache_server.db import upsert_insert
 from cache_server.leases import token_live
@@ -70,15 +70,25 @@ def _set(session: Session, where: Sequence[Any], **values: Any) -> int:
 
 
 def requeue_failed(session: Session, *, key_hash: str, max_attempts: int, priority: int,
-                   strategy: str | None, trials: int | None) -> int:  # fmt: skip
+                   strategy: str | None, trials: int | None,
+                   requester: str | None = None) -> int:  # fmt: skip
     """Queues again, with fresh attempts, the job of ``key_hash`` if it failed (ran out of its
     attempts; its last error kept, until an attempt ends): a caller asking for the key again
     (``tunecache pretune``, ``POST /v1/jobs``) after what failed was mended, or after a token
     spent its attempts on leases it let expire, is not answered with the old failure for ever.
-    Returns how many it queued (0 or 1)."""
+
+    With ``requester`` (a caller's ``requested_by`` name; ``None``: an admin's call), the job
+    takes this call's attempts, priority and budget only if that caller asked for it: another's
+    job is queued again with its own (a write token re-queued anyone's failed job with 100
+    attempts and its own priority and budget). Returns how many it queued (0 or 1)."""
+    asked: dict[str, Any] = {"max_attempts": max_attempts, "priority": priority,
+                             "strategy": strategy, "trials": trials}  # fmt: skip
+    if requester is not None:
+        own = JobRow.requested_by == requester
+        asked = {name: case((own, value), else_=getattr(JobRow, name))
+                 for name, value in asked.items()}  # fmt: skip
     return _set(session, [JobRow.key_hash == key_hash, JobRow.state == "failed"], state="queued",
-                attempts=0, max_attempts=max_attempts, priority=priority, strategy=strategy,
-                trials=trials, **NO_LEASE)  # fmt: skip
+                attempts=0, **asked, **NO_LEASE)  # fmt: skip
 
 
 def release_leases(session: Session, *, token_id: int) -> int:
@@ -92,7 +102,10 @@ def release_leases(session: Session, *, token_id: int) -> int:
 
 
 def find(session: Session, *, key_hash: str) -> JobRow | None:
-    return session.scalar(select(JobRow).where(JobRow.key_hash == key_hash))
+    """The job of ``key_hash``, as stored now (one loaded before is refreshed: the updates
+    here bypass the session's copies)."""
+    stmt = select(JobRow).where(JobRow.key_hash == key_hash)
+    return session.scalar(stmt.execution_options(populate_existing=True))
 
 
 def count_created(
@@ -129,6 +142,26 @@ def lock_miss_budget(session: Session) -> None:
 
 
 MISS_BUDGET_SLOT = 256  # past the keys' slots (0-255: cache_server.twins.lock_key)
+
+
+def count_open(session: Session, *, requested_by: str) -> int:
+    """The open (queued or running) jobs ``requested_by`` asked for, whatever their source."""
+    stmt = select(func.count()).where(
+        JobRow.requested_by == requested_by, JobRow.state.in_(("queued", "running"))
+    )
+    return session.scalar(stmt) or 0
+
+
+def lock_open_jobs(session: Session, *, token_id: int) -> None:
+    """Holds the lock of token ``token_id``'s open jobs until the transaction ends, taken
+    before counting them (:func:`count_open`): concurrent requests of one token never both fit
+    under a cap that has room for one (as :func:`lock_miss_budget`; tokens share
+    :data:`OPEN_JOBS_SLOTS` slots)."""
+    lock_slot(session, OPEN_JOBS_SLOT + token_id % OPEN_JOBS_SLOTS)
+
+
+OPEN_JOBS_SLOT = 512  # 512-767: past the keys', the miss budget's and token names' (257)
+OPEN_JOBS_SLOTS = 256
 
 
 def _claimable(now: datetime) -> ColumnElement[bool]:
@@ -191,14 +224,7 @@ def claim(
         fits.append(JobRow.key_hash.in_(list(key_hashes)))
     if (held := _held_by(session, worker, token_id, now, fits)) is not None:
         return held
-    pick = (
-        select(JobRow.id)
-        .where(_claimable(now), *fits)
-        .order_by(JobRow.priority.desc(), JobRow.id)
-        .limit(1)
-        .with_for_update(skip_locked=True)
-        .scalar_subquery()
-    )
+    pick = _pick(now, fits)
     live = select(TokenRow.id).where(TokenRow.id == token_id, TokenRow.revoked_at.is_(None))
     stmt = (
         update(JobRow)
@@ -217,6 +243,41 @@ def claim(
     )
     job_id = session.execute(stmt).scalar()
     return None if job_id is None else session.get(JobRow, job_id, populate_existing=True)
+
+
+def _pick(now: datetime, fits: Sequence[ColumnElement[bool]]) -> Any:
+    """The id of the job a claim takes, as a scalar subquery: the most urgent claimable job that
+    ``fits``; among those of one priority, one of the requester (``requested_by``: the token
+    that queued it, the caller whose miss asked for it) with the fewest open (queued or
+    running) jobs, then the oldest. One requester's flood at a priority (500 jobs in 2 s, each
+    an hour's tune) held every daemon for as long as it lasted; now it waits behind everyone
+    else's jobs there, whether daemons take jobs one at a time or many at once (counting only
+    running jobs, one daemon that finishes each job before its next claim took the flood's
+    first). Jobs of no recorded requester are one requester.
+
+    The counts are one aggregate over the open jobs, joined to the candidates; the candidate
+    row is locked (``FOR UPDATE OF jobs SKIP LOCKED``: PostgreSQL cannot lock the nullable side
+    of an outer join, nor an aggregate's rows), so concurrent claimers still skip each other's
+    pick. Not rendered on SQLite, whose write lock the statement holds."""
+    other = aliased(JobRow)
+    open_by = (
+        select(other.requested_by.label("requester"), func.count().label("n"))
+        .where(other.state.in_(("queued", "running")))
+        .group_by(other.requested_by)
+        .subquery("open_by")
+    )
+    joined = outerjoin(
+        JobRow, open_by, JobRow.requested_by.is_not_distinct_from(open_by.c.requester)
+    )
+    return (
+        select(JobRow.id)
+        .select_from(joined)
+        .where(_claimable(now), *fits)
+        .order_by(JobRow.priority.desc(), func.coalesce(open_by.c.n, 0), JobRow.id)
+        .limit(1)
+        .with_for_update(of=JobRow, skip_locked=True)
+        .scalar_subquery()
+    )
 
 
 def _runnable(device_arch: str | None, backends: Sequence[str] | None,

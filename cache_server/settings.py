@@ -48,6 +48,15 @@
 - ``TUNECACHE_SERVER_MISS_JOBS_CALLER_SHARE``: the fraction of those one caller's misses may
   create (default 0.25: 15 of 60, at least 1), also counted in the database; so one caller cannot
   spend every other caller's budget
+- ``TUNECACHE_SERVER_JOBS_OPEN_PER_TOKEN``: open (queued or running) jobs one non-admin token
+  may have queued through ``POST /v1/jobs`` or its misses (default 10,000: a pre-tune of a larger
+  manifest needs an admin token or more); past it a new job is
+  refused (429) until some are done or failed. An admin token is not bounded
+- ``TUNECACHE_SERVER_JOB_PRIORITY_MAX``: the highest priority a non-admin token's job gets
+  (default 0, what ``tunecache pretune`` sends); more is lowered to it. Only an admin token
+  queues ahead of everyone's pre-tuning
+- ``TUNECACHE_SERVER_JOB_ATTEMPTS_MAX``: the most attempts a non-admin token's job gets (default
+  5; clients ask for 3); more is lowered to it
 - ``TUNECACHE_SERVER_DISPUTES_PER_MINUTE``: disputes one token may send a minute to one server
   process (default 30); more get 429
 - ``TUNECACHE_SERVER_READS``: ``open`` (default: lookups and other reads need no token) or
@@ -128,6 +137,12 @@ class ServerSettings(BaseSettings):
     miss_reports_per_minute: int = Field(default=120, ge=1, le=1_000_000)
     miss_jobs_per_minute: int = Field(default=60, ge=1, le=1_000_000)
     miss_jobs_caller_share: float = Field(default=0.25, gt=0, le=1)
+    # What a non-admin token's POST /v1/jobs may ask (cache_server.api.routes.jobs.create_job):
+    # one write token queued 500 jobs of priority 1000, 100 attempts and a million trials each in
+    # 2 s, and daemons claimed nothing else for as long as they ran.
+    jobs_open_per_token: int = Field(default=10_000, ge=1, le=1_000_000)
+    job_priority_max: int = Field(default=0, ge=-1000, le=1000)
+    job_attempts_max: int = Field(default=5, ge=1, le=100)
     disputes_per_minute: int = Field(default=30, ge=1, le=1_000_000)
     # A failed job waits this long before it may be claimed again, doubling with each attempt
     # (capped at an hour): a job that fails at once does not spend its attempts in a second.

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
 from cache_server import jobs
-from cache_server.api.auth import READ, WRITE, ReadAccess, WriteAccess
+from cache_server.api.auth import READ, ReadAccess, WriteAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import IdPath, SessionDep, SettingsDep
 from cache_server.metrics import MetricsDep
@@ -58,28 +58,67 @@ def _holder(token: TokenRow) -> int | None:
 @router.post(
     "/jobs",
     status_code=status.HTTP_201_CREATED,
-    dependencies=[WRITE],
-    responses={200: {"model": JobEnqueued, "description": "the key's job, already queued"}},
+    responses={
+        200: {"model": JobEnqueued, "description": "the key's job, already queued"},
+        429: {"description": "this token's open jobs are at the server's cap"},
+    },
 )
-def create_job(request: JobCreate, session: SessionDep, response: Response) -> JobEnqueued:
+def create_job(
+    request: JobCreate,
+    session: SessionDep,
+    settings: SettingsDep,
+    token: WriteAccess,
+    response: Response,
+) -> JobEnqueued:
     """Queues a tuning job for a key; an existing job for the key is returned instead (200), a
-    failed one queued again first, with this request's attempts, priority and budget."""
-    jobs.requeue_failed(session, key_hash=request.key.digest(), max_attempts=request.max_attempts,
-                        priority=request.priority, strategy=request.strategy,
-                        trials=request.trials)  # fmt: skip
+    failed one queued again first: with this request's attempts, priority and budget if this
+    token queued it (or is an admin's), else with its own.
+
+    A non-admin token's job gets at most the server's ``job_priority_max`` priority and
+    ``job_attempts_max`` attempts (more is lowered to them: the answer's job shows what it
+    got), and the token may have at most ``jobs_open_per_token`` open (queued or running) jobs:
+    past it, a request that would open one more is refused (429)."""
+    key_hash = request.key.digest()
+    who = f"token:{token.id}"
+    admin = _holder(token) is None  # an admin token: not bounded
+    priority, max_attempts = request.priority, request.max_attempts
+    if not admin:
+        priority = min(priority, settings.job_priority_max)
+        max_attempts = min(max_attempts, settings.job_attempts_max)
+        existing = jobs.find(session, key_hash=key_hash)
+        if existing is None or existing.state == "failed":  # this request opens a job
+            _check_open_jobs(session, settings, token)
+    jobs.requeue_failed(session, key_hash=key_hash, max_attempts=max_attempts, priority=priority,
+                        strategy=request.strategy, trials=request.trials,
+                        requester=None if admin else who)  # fmt: skip
     job, created = jobs.enqueue(
         session,
-        key_hash=request.key.digest(),
+        key_hash=key_hash,
         key=request.key.model_dump(mode="json", by_alias=True),
-        priority=request.priority,
-        max_attempts=request.max_attempts,
+        priority=priority,
+        max_attempts=max_attempts,
         source=request.source,
         strategy=request.strategy,
         trials=request.trials,
+        requested_by=who,
     )
     if not created:
         response.status_code = status.HTTP_200_OK
     return JobEnqueued(job=public(job), created=created)
+
+
+def _check_open_jobs(session: SessionDep, settings: ServerSettings, token: TokenRow) -> None:
+    """A 429 when ``token`` has ``jobs_open_per_token`` open jobs (queued or running, from
+    ``POST /v1/jobs`` or its misses). Counted behind the token's lock, held until the insert
+    commits: concurrent requests, in any server process, never both fit under the cap."""
+    jobs.lock_open_jobs(session, token_id=token.id)
+    cap = settings.jobs_open_per_token
+    if jobs.count_open(session, requested_by=f"token:{token.id}") >= cap:
+        raise too_many(
+            f"this token has {cap} open (queued or running) jobs, the server's cap per token "
+            "(TUNECACHE_SERVER_JOBS_OPEN_PER_TOKEN): wait for some to finish",
+            60.0,
+        )
 
 
 @router.post(
