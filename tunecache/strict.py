@@ -15,6 +15,7 @@ read as it is: every display escapes it (:func:`shown`).
 
 from __future__ import annotations
 
+import functools
 import re
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -138,12 +139,21 @@ _WALKED: ContextVar[bool] = ContextVar("tunecache_json_walked", default=False)
 
 
 class Strict(BaseModel):
+    """Refuses unknown fields in what it checks (a request, an upload, a file written here);
+    in a server's answer (:data:`SERVED`) an unknown field is left out instead: a newer server
+    adds fields to its answers, and a client that refused them turned every hit into its
+    default config (and an upload the server stored into an exception)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     @model_validator(mode="wrap")
     @classmethod
     def _sane_json(cls, data: Any, handler: ModelWrapValidatorHandler[Any],
                    info: ValidationInfo) -> Any:  # fmt: skip
+        if info.context is SERVED and isinstance(data, dict):
+            known = _known_fields(cls)
+            if not known.issuperset(data):
+                data = {name: value for name, value in data.items() if name in known}
         if info.context is STORED or _WALKED.get():
             return handler(data)
         if (why := json_problem(data, cls.__name__)) is not None:
@@ -165,3 +175,13 @@ def printable_text(text: str, limit: int) -> str:
         'red\ufffd[31m\\nline'
     """
     return _NOT_TEXT.sub("\ufffd", storable_text(text.replace("\r\n", "\n"), limit))[:limit]
+
+
+@functools.cache
+def _known_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The names a model's fields may be given by in JSON: their names and aliases."""
+    names = set(model.model_fields)
+    names.update(f.alias for f in model.model_fields.values() if f.alias)
+    names.update(f.validation_alias for f in model.model_fields.values()
+                 if isinstance(f.validation_alias, str))  # fmt: skip
+    return frozenset(names)
