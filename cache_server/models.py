@@ -168,8 +168,8 @@ class JobRow(Base):
     lease_token_name: Mapped[str | None] = mapped_column(String(128), nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     error: Mapped[str] = mapped_column(Text, default="")
-    # The token whose worker reported ``error`` (its words); NULL: the server's own (a lease run
-    # out, a verifier's rejection), or none.
+    # The token whose worker reported ``error`` (its words); "": the server's own (a lease run
+    # out, a verifier's rejection); NULL: none, or not recorded (an error stored before 0017).
     error_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
     record_id: Mapped[int | None] = mapped_column(ForeignKey("records.id"), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import functools
 import http.server
 import re
+import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -391,3 +393,28 @@ def test_the_templates_are_read_once_with_the_code(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(Path, "read_text", no_file)
     assert [templating.ENV.get_template(name).name for name in names] == names
     assert "index.html" in names and "_pager.html" in names
+
+
+def test_the_jobs_page_tells_the_servers_errors_from_a_workers_and_unrecorded_ones(
+    server: LiveServer,
+) -> None:
+    """A worker's error names its token; the server's own (a last lease run out) names none; an
+    error stored before reporters were recorded says so, where it read as the server's."""
+    url = server.url
+    for m in (601, 602):
+        _post(url, "/v1/jobs", {"key": make_key(m=m).to_json(), "max_attempts": 1})
+    first = _post(url, "/v1/jobs/claim", {"worker": "w1", "lease_seconds": 0.05}).json()
+    _post(url, "/v1/jobs/claim", {"worker": "w2", "lease_seconds": 600})
+    time.sleep(0.2)  # the first lease runs out on its last attempt
+    assert httpx.post(f"{url}/v1/jobs/claim", json={"worker": "w3"}, headers=AUTH,
+                      timeout=30).status_code == 204  # fmt: skip
+    jobs = httpx.get(f"{url}/v1/jobs", timeout=30).json()["items"]
+    second = next(j for j in jobs if j["id"] != first["id"])
+    _post(url, f"/v1/jobs/{second['id']}/fail", {"worker": "w2", "error": "worker's words"})
+    html = page(server, "/ui/jobs").text
+    assert "reported by token bootstrap:</span> worker&#39;s words" in html
+    assert '</td>\n      <td class="error">its worker stopped renewing' in html
+    with sqlite3.connect(server.db_path) as db:  # as stored before 0017
+        db.execute("update jobs set error_by = null where id = ?", (second["id"],))
+    html = page(server, "/ui/jobs").text
+    assert "(not recorded):</span> worker&#39;s words" in html

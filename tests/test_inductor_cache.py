@@ -355,9 +355,10 @@ def test_merging_keeps_local_groups_and_leaves_an_unreadable_file_alone(tmp_path
     assert merge_groups(path, [failed], {"hash": "h"}) == 0  # a failure is never merged
     assert "bmm" not in json.loads(path.read_text())["cache"]
     assert {g.op for g in read_groups(path)} == {"mm", "addmm"}
-    # no temp file left: the choice file, and the record of the groups merged from the server
+    # no temp file left: the choice file, the record of the groups merged from the server, and
+    # the lock the two are written under
     assert sorted(p.name for p in path.parent.iterdir()) == [
-        "system-hash", "system-hash.tunecache-served.json"
+        "system-hash", "system-hash.tunecache-lock", "system-hash.tunecache-served.json"
     ]  # fmt: skip
     path.write_text("{not json")
     assert merge_groups(path, [other], {"hash": "h"}) == 0

@@ -197,3 +197,37 @@ def test_a_corrupt_record_means_nothing_merged(inductor_cache: Path, record: byt
     assert read_record(inductor_cache) == set()
     assert [g.to_value() for g in own_groups(inductor_cache)] == [MADE_UP]
     assert [g.to_value() for g in read_groups(inductor_cache)] == [MADE_UP]
+
+
+def test_a_merge_waits_for_another_processs_merge_of_the_same_file(inductor_cache: Path) -> None:
+    """Two processes merging at once each wrote the record whole: a group one merged was left
+    out of it, counted as this machine's own, and uploaded. The file and its record are read
+    and written under one lock; a merge waits while another holds it."""
+    import threading
+
+    from tunecache.inductor import served as served_record
+
+    group = ChoiceGroup.from_value(MADE_UP)
+    assert group is not None
+    holding, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with served_record.locked(inductor_cache):
+            holding.set()
+            release.wait(10)
+
+    def merge() -> None:
+        merge_groups(inductor_cache, [group], {})
+        done.set()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert holding.wait(10)
+    merging = threading.Thread(target=merge)
+    merging.start()
+    waited = not done.wait(0.5)
+    release.set()
+    holder.join(10)
+    merging.join(10)
+    assert waited and done.is_set()
+    assert read_record(inductor_cache) == {group.timed().pair()}  # type: ignore[union-attr]

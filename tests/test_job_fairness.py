@@ -200,3 +200,36 @@ def test_another_tokens_failed_job_is_requeued_with_its_own_parameters(
     own = _create(url, alice, 7, max_attempts=2, strategy="grid", trials=9).json()["job"]
     got5 = (own["state"], own["priority"], own["max_attempts"], own["strategy"], own["trials"])
     assert got5 == ("queued", 0, 2, "grid", 9)
+
+
+def test_a_failed_job_of_no_recorded_requester_comes_back_within_the_bounds(
+    database: tuple[str, Path | None],
+) -> None:
+    """A flood's job queued before requesters were recorded (priority 1000, 100 attempts, then
+    failed): asked for again by a write token, it came back at priority 1000 with 100 fresh
+    attempts; now at the bounds a write token's own jobs get."""
+    from sqlalchemy import update
+
+    from cache_server import jobs
+    from cache_server.db import make_sessionmaker
+    from cache_server.migrate import prepare
+    from cache_server.models import JobRow
+
+    engine = prepare(database[0])
+    key = make_key(m=77)
+    try:
+        with make_sessionmaker(engine).begin() as session:
+            jobs.enqueue(session, key_hash=key.digest(), key=key.to_json(), priority=1000,
+                         max_attempts=100, trials=1_000_000)  # fmt: skip
+            session.execute(update(JobRow).values(state="failed", attempts=100))
+        with make_sessionmaker(engine).begin() as session:
+            queued = jobs.requeue_failed(session, key_hash=key.digest(), max_attempts=3,
+                                         priority=0, strategy=None, trials=None,
+                                         requester="token:9", caps=(0, 5))  # fmt: skip
+        with make_sessionmaker(engine).begin() as session:
+            job = jobs.find(session, key_hash=key.digest())
+            assert job is not None and queued == 1
+            got = (job.state, job.attempts, job.priority, job.max_attempts, job.trials)
+        assert got == ("queued", 0, 0, 5, 1_000_000)
+    finally:
+        engine.dispose()

@@ -194,16 +194,17 @@ def _fairly(state: _State, path: str, fd: int, deadline: float) -> bool:
     held by the one waiting, and waits its turn."""
     gate = _open(state, path.removesuffix(".lock") + ".gate")
     try:
-        if gate is not None and not _poll(gate, deadline):
+        if gate is not None and not poll_lock(gate, deadline):
             return False
-        return _poll(fd, deadline)
+        return poll_lock(fd, deadline)
     finally:
         if gate is not None:
             _close(state, gate)
 
 
-def _poll(fd: int, deadline: float) -> bool:
-    """Whether ``fd``'s lock was had before ``deadline`` (tried at least once)."""
+def poll_lock(fd: int, deadline: float) -> bool:
+    """Whether ``fd``'s ``flock`` was had before ``deadline`` (tried at least once; another
+    process's hold polled, the pause doubling)."""
     assert fcntl is not None
     pause = _POLL_S[0]
     while True:

@@ -224,9 +224,9 @@ class Worker:
         module = kernel_module(kernel)
         if module is None:
             return None
-        if any(part.startswith("_") for part in module.split(".")):  # __main__: a package's CLI
-            return (f"kernel {kernel!r} is in a private module ({module!r}): a worker imports "
-                    "no module whose name has a part starting with '_'")  # fmt: skip
+        if any(p.startswith("__") and p.endswith("__") for p in module.split(".")):
+            return (f"kernel {kernel!r} is in {module!r}: a worker imports no module named "
+                    "like __main__ (a package's command line, run at import)")  # fmt: skip
         if any(module == p or module.startswith(f"{p}.") for p in self.kernels):
             return None
         allowed = ", ".join(self.kernels) or "none: built-in kernels only"

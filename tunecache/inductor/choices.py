@@ -222,8 +222,9 @@ def own_groups(path: Path) -> list[ChoiceGroup]:
     those still exactly as :func:`merge_groups` merged them from the server (its record,
     :func:`tunecache.inductor.served.read_record`). What an upload shares: a merged copy uploaded
     under this process's token would stay served after its uploader's token is revoked."""
-    merged = served.read_record(path)
-    return [group for group in read_groups(path) if group.pair() not in merged]
+    with served.locked(path):
+        merged = served.read_record(path)
+        return [group for group in read_groups(path) if group.pair() not in merged]
 
 
 def _groups_in(cache: Mapping[str, Any]) -> Iterator[ChoiceGroup]:
@@ -364,6 +365,13 @@ def refresh_groups(
     Raises:
         OSError: the file or its record cannot be written.
     """
+    with served.locked(path):  # the file and its record read and written as one
+        return _refreshed(path, groups, system, deadline, complete)
+
+
+def _refreshed(path: Path, groups: Iterable[ChoiceGroup], system: Mapping[str, Any],
+               deadline: float | None, complete: bool) -> Merged:  # fmt: skip
+    """:func:`refresh_groups` under the file's lock."""
     if path.is_file() and path.stat().st_size > MAX_FILE_BYTES:
         logger.warning("Inductor's choice file %s is past %d bytes: the team's choices are not "
                        "merged into it", path, MAX_FILE_BYTES)  # fmt: skip

@@ -20,15 +20,19 @@ served (then it is not uploaded, and is taken out if not served so), never add o
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Final
 
 from tunecache import folders
+from tunecache.devicelock import poll_lock
 from tunecache.jsonsafe import parse_json
 
 logger = logging.getLogger(__name__)
@@ -38,6 +42,9 @@ FORMAT: Final = "tunecache.inductor.served/1"
 MAX_RECORDED: Final = 32_768  # served groups one file may hold: about 140 bytes each here
 MAX_ENTRIES: Final = 2 * MAX_RECORDED  # a record may hold the pairs before and after one merge
 MAX_RECORD_BYTES: Final = MAX_ENTRIES * 160
+
+LOCK_SUFFIX: Final = ".tunecache-lock"
+LOCK_WAIT_S: Final = 10.0  # then the merge goes on unlocked, warned
 
 Pair = tuple[str, str]  # (identity, digest)
 _HEX = re.compile(r"[0-9a-f]{64}\Z")
@@ -109,3 +116,35 @@ def write_record(choice_file: Path, pairs: Iterable[Pair]) -> None:
     text = json.dumps({"format": FORMAT, "groups": [list(pair) for pair in entries]})
     path.parent.mkdir(parents=True, exist_ok=True)
     folders.write_atomic(path, text.encode("ascii"))
+
+
+@contextlib.contextmanager
+def locked(choice_file: Path) -> Iterator[None]:
+    """Holds the lock of ``choice_file`` and its record (an advisory ``flock`` on a file beside
+    them) while they are read and written: two processes merging at once each wrote the record
+    whole, and a group one of them merged was left out of it, so counted as this machine's own
+    and uploaded. Waits at most :data:`LOCK_WAIT_S`; a lock that cannot be had (a link, a
+    folder that cannot be written, a holder that hangs) is gone on without, warned."""
+    path = choice_file.with_name(choice_file.name + LOCK_SUFFIX)
+    fd = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        logger.warning("%s cannot be opened (%s): choice groups merged without a lock", path, exc)
+    try:
+        if fd is not None and not _taken(fd, time.monotonic() + LOCK_WAIT_S):
+            logger.warning("%s held for %.0f s: choice groups merged without it", path,
+                           LOCK_WAIT_S)  # fmt: skip
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # lets the lock go
+
+
+def _taken(fd: int, deadline: float) -> bool:
+    try:
+        return poll_lock(fd, deadline)
+    except OSError:  # a file system without locks
+        return False

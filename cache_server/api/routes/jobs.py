@@ -90,7 +90,8 @@ def create_job(
             _check_open_jobs(session, settings, token)
     jobs.requeue_failed(session, key_hash=key_hash, max_attempts=max_attempts, priority=priority,
                         strategy=request.strategy, trials=request.trials,
-                        requester=None if admin else who)  # fmt: skip
+                        requester=None if admin else who,
+                        caps=(settings.job_priority_max, settings.job_attempts_max))  # fmt: skip
     job, created = jobs.enqueue(
         session,
         key_hash=key_hash,

@@ -1,7 +1,8 @@
 """A job says which token holds its lease and which token reported its error: the lease's
 worker name and the error's text are the claimant's own words (a write token claimed a job as
 "ci-runner-1 (verified CI)" and failed it with a forged log line, and the jobs page showed both
-as fact). Jobs stored before: NULL (not known).
+as fact). ``error_by`` is the reporting token's name, ``""`` for an error the server wrote; jobs
+stored before: NULL (not known, and shown so).
 
 Revision ID: 0017
 Revises: 0016
