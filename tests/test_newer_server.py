@@ -21,7 +21,7 @@ from tests.factories import make_key, make_record, miss
 from tunecache import Client
 from tunecache.http import IDENTITY_HEADER
 from tunecache.key import Key
-from tunecache.schemas import LookupRequest
+from tunecache.schemas import LookupRequest, RecordCreate
 from tunecache.snapshot import SNAPSHOT_FORMAT, load_snapshot
 
 NEWER = {IDENTITY_HEADER: "tunecache/9.0.0"}
@@ -87,3 +87,24 @@ def test_a_snapshot_file_a_newer_version_wrote_is_read(tmp_path: Any) -> None:
     path.write_text(json.dumps(document))
     snapshot = load_snapshot(path)
     assert [r.config for r in snapshot.records] == [make_record(key).config]
+
+
+def test_an_upload_leaves_out_what_an_older_server_need_not_hear_of() -> None:
+    """A server older than ``timing.noisy`` or a trial's ``times_ms`` refused every upload
+    that sent them, at their defaults too: an upload sends only what differs from them, and
+    means the same record."""
+    sent: list[dict[str, Any]] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        body = {"record_id": 7, "key_hash": "0" * 64, "winner_record_id": 7, "is_winner": True}
+        return httpx.Response(201, json=body, headers=NEWER)
+
+    record = make_record(make_key(m=48))
+    assert not record.timing.noisy and all(not t.times_ms for t in record.trials)
+    with Client("http://older.test", transport=httpx.MockTransport(handle),
+                token="tc_" + "a" * 43) as client:  # fmt: skip
+        client.upload(record)
+    (body,) = sent
+    assert "noisy" not in body["timing"] and all("times_ms" not in t for t in body["trials"])
+    assert RecordCreate.model_validate(body) == record
