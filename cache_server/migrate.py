@@ -104,6 +104,16 @@ def upgrade(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
+def downgrade(url: str, revision: str) -> None:
+    """Takes the database at ``url`` back to ``revision`` (each migration's ``downgrade``, the
+    newest first): what an older server needs after a newer one migrated it.
+
+    Raises:
+        alembic.util.CommandError: ``revision`` is not one this code knows.
+    """
+    command.downgrade(alembic_config(url), revision)
+
+
 @contextmanager
 def migration_lock(connection: Connection) -> Iterator[None]:
     """Holds PostgreSQL's advisory lock for migrations on ``connection`` (elsewhere, nothing).
@@ -179,7 +189,8 @@ def check_schema(engine: Engine) -> None:
     if current is not None and not known_revision(current):
         raise SchemaOutdated(
             f"the database is at revision {current}, which a newer tunecache made: this one "
-            f"knows revisions up to {head} (upgrades never go back); run the newer version"
+            f"knows revisions up to {head} (upgrades never go back); run the newer version, or "
+            f"take the database back with it: tunecache db downgrade --revision {head}"
         )
     if current is None:
         with engine.connect() as conn:

@@ -82,3 +82,40 @@ def test_tables_without_a_revision_are_named_so(tmp_path: Path) -> None:
         db.execute("DROP TABLE alembic_version")
     with pytest.raises(SchemaOutdated, match="no schema revision"):
         prepare(url, create=False)
+
+
+def test_a_database_a_newer_tunecache_migrated_can_be_taken_back(
+    database: tuple[str, Path | None],
+) -> None:
+    """A rollback had no path: an older server refused the database a newer one migrated, and
+    its printed command (an upgrade) failed; there was no downgrade. ``db downgrade`` takes it
+    back to the revision the older server names, which then serves it; a revision this code
+    does not know, or no database, is refused (exit 2) and changes nothing."""
+    url, _ = database
+    upgrade(url)
+    unknown = _tunecache("db", "downgrade", "--db", url, "--revision", "0999")
+    assert unknown.returncode == 2 and "does not know revision 0999" in unknown.stderr
+    assert current_revision(make_engine(url)) == head_revision()
+    back = _tunecache("db", "downgrade", "--db", url, "--revision", "0012")
+    assert back.returncode == 0, back.stderr
+    assert f"at revision 0012 (was revision {head_revision()})" in back.stderr
+    assert current_revision(make_engine(url)) == "0012"
+    with pytest.raises(SchemaOutdated, match="needs revision"):
+        check_schema(make_engine(url))  # this server wants it upgraded again
+    again = _tunecache("db", "upgrade", "--db", url)
+    assert again.returncode == 0 and current_revision(make_engine(url)) == head_revision()
+
+
+def test_a_server_refusing_a_newer_database_names_the_downgrade(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'newer.db'}"
+    upgrade(url)
+    with sqlite3.connect(tmp_path / "newer.db") as db:
+        db.execute("update alembic_version set version_num = '0999'")
+    with pytest.raises(
+        SchemaOutdated, match=f"tunecache db downgrade --revision {head_revision()}"
+    ):
+        check_schema(make_engine(url))
+    missing = _tunecache("db", "downgrade", "--db", f"sqlite:///{tmp_path / 'none.db'}",
+                         "--revision", "0012")  # fmt: skip
+    assert missing.returncode == 2 and "no database at" in missing.stderr
+    assert not (tmp_path / "none.db").exists()

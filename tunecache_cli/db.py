@@ -1,9 +1,10 @@
-"""``tunecache db upgrade``: bring a database to the server's schema revision."""
+"""``tunecache db upgrade`` / ``downgrade``: bring a database to a schema revision."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from tunecache.errors import InvalidInput, one_line
@@ -20,6 +21,47 @@ def register(commands: Any) -> None:
                               "TUNECACHE_SERVER_DB instead")  # fmt: skip
     upgrade.add_argument("--revision", default="head", help="target revision (default: head)")
     upgrade.set_defaults(run=run_upgrade)
+    downgrade = actions.add_parser("downgrade", help="take the database back to an older revision "
+                                   "(for an older server: back up the database first)")  # fmt: skip
+    downgrade.add_argument("--db", metavar="URL", help="as for upgrade")
+    downgrade.add_argument(
+        "--revision", required=True, help="the revision an older server needs (it names it)"
+    )
+    downgrade.set_defaults(run=run_downgrade)
+
+
+def run_downgrade(args: argparse.Namespace) -> int:
+    from alembic.util import CommandError
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from cache_server.db import make_engine, scrubbed, shown_url
+    from cache_server.migrate import current_revision, downgrade, known_revision
+
+    url = server_settings(args).db
+    unbounded = {"statement_seconds": None}
+    file = make_url(url).database if make_url(url).get_backend_name() == "sqlite" else None
+    if file and file != ":memory:" and not file.startswith("file:") and not Path(file).exists():
+        raise InvalidInput(f"there is no database at {file}: nothing to take back")
+    try:
+        before = current_revision(make_engine(url, **unbounded))
+        if before is None:
+            raise InvalidInput(f"{shown_url(url)} has no tunecache schema: nothing to take back")
+        if not known_revision(before) or not known_revision(args.revision):
+            unknown = before if not known_revision(before) else args.revision
+            raise InvalidInput(
+                f"cannot downgrade {shown_url(url)}: this tunecache does not know revision "
+                f"{unknown} (run the newest tunecache that migrated it)"
+            )
+        downgrade(url, args.revision)
+        revision = current_revision(make_engine(url, **unbounded))
+    except InvalidInput:
+        raise
+    except (SQLAlchemyError, CommandError, ValueError, OSError) as exc:
+        why = scrubbed(one_line(exc), url)
+        raise InvalidInput(f"cannot downgrade {shown_url(url)}: {why}") from None
+    print(f"{shown_url(url)}: at revision {revision} (was revision {before})", file=sys.stderr)
+    return 0
 
 
 def run_upgrade(args: argparse.Namespace) -> int:
