@@ -237,10 +237,9 @@ def claim(
              "lease_token_name": token_name, "attempts": JobRow.attempts + 1,
              "lease_expires_at": now + timedelta(seconds=lease_seconds),
              "updated_at": now}  # fmt: skip
-    # The fairest job; if another claim took the last of its requester's meanwhile, the oldest.
-    for pick in (_fairest(session, now, fits), _oldest(now, fits)):
-        if pick is None:
-            continue
+    # The fairest requesters' jobs in turn (another claim may hold or take the first one's
+    # meanwhile: concurrent claimers all reach for it), then the oldest.
+    for pick in (*_fairest(session, now, fits), _oldest(now, fits)):
         stmt = (
             update(JobRow)
             .where(JobRow.id == pick, _claimable(now), live.exists())  # not revoked meanwhile
@@ -267,9 +266,10 @@ def _oldest(now: datetime, fits: Sequence[ColumnElement[bool]], *where: Any) -> 
     )
 
 
-def _fairest(session: Session, now: datetime, fits: Sequence[ColumnElement[bool]]) -> Any | None:
-    """The job a claim takes (:func:`_oldest` form), or ``None`` when none is claimable: of the
-    most urgent claimable jobs that ``fits``, one of the requester (``requested_by``: the token
+def _fairest(session: Session, now: datetime, fits: Sequence[ColumnElement[bool]]) -> list[Any]:
+    """The jobs a claim tries first (:func:`_oldest` form), fairest first, up to
+    :data:`FAIREST_TRIED` (none when no job is claimable): of the most urgent claimable jobs
+    that ``fits``, one of each requester (``requested_by``: the token
     that queued it, the caller whose miss asked for it) with the fewest open (queued or
     running) jobs, the oldest first among equals. One requester's flood at a priority (500 jobs
     in 2 s, each an hour's tune) held every daemon for as long as it lasted; now it waits
@@ -283,7 +283,7 @@ def _fairest(session: Session, now: datetime, fits: Sequence[ColumnElement[bool]
     claimable = [_claimable(now), *fits]
     top = session.scalar(select(func.max(JobRow.priority)).where(*claimable))
     if top is None:
-        return None
+        return []
     who = func.coalesce(JobRow.requested_by, "")
     waiting = (select(who.label("requester"), func.min(JobRow.id).label("first"))
                .where(*claimable, JobRow.priority == top).group_by(who)
@@ -293,16 +293,18 @@ def _fairest(session: Session, now: datetime, fits: Sequence[ColumnElement[bool]
     open_by = (select(theirs.label("requester"), func.count().label("n"))
                .where(other.state.in_(("queued", "running"))).group_by(theirs)
                .subquery("open_by"))  # fmt: skip
-    requester = session.scalar(
+    requesters = session.scalars(
         select(waiting.c.requester)
         .outerjoin(open_by, open_by.c.requester == waiting.c.requester)
         .order_by(func.coalesce(open_by.c.n, 0), waiting.c.first)
-        .limit(1)
-    )
-    if requester is None:
-        return None
-    mine = JobRow.requested_by.is_(None) if requester == "" else JobRow.requested_by == requester
-    return _oldest(now, fits, JobRow.priority == top, mine)
+        .limit(FAIREST_TRIED)
+    ).all()
+    return [_oldest(now, fits, JobRow.priority == top,
+                    JobRow.requested_by.is_(None) if r == "" else JobRow.requested_by == r)
+            for r in requesters]  # fmt: skip
+
+
+FAIREST_TRIED = 8  # requesters a claim tries in turn before the oldest job
 
 
 def _runnable(device_arch: str | None, backends: Sequence[str] | None,

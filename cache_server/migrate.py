@@ -104,6 +104,14 @@ def upgrade(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
+def undone(current: str, target: str) -> list[str]:
+    """The revisions a downgrade from ``current`` to ``target`` takes out, newest first, each
+    with the first line of what it added (its docstring)."""
+    revisions = _scripts().iterate_revisions(current, target)
+    return [f"{r.revision}: {(r.doc or '').splitlines()[0] if r.doc else ''}" for r in revisions
+            if r.revision != target]  # fmt: skip
+
+
 def downgrade(url: str, revision: str) -> None:
     """Takes the database at ``url`` back to ``revision`` (each migration's ``downgrade``, the
     newest first): what an older server needs after a newer one migrated it.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -203,31 +204,69 @@ def test_a_merge_waits_for_another_processs_merge_of_the_same_file(inductor_cach
     """Two processes merging at once each wrote the record whole: a group one merged was left
     out of it, counted as this machine's own, and uploaded. The file and its record are read
     and written under one lock; a merge waits while another holds it."""
+    group = ChoiceGroup.from_value(MADE_UP)
+    assert group is not None
+    waited, finished = run_while_locked(
+        inductor_cache, lambda: merge_groups(inductor_cache, [group], {})
+    )
+    assert waited and finished
+    assert read_record(inductor_cache) == {group.timed().pair()}  # type: ignore[union-attr]
+
+
+def test_another_users_lock_file_is_still_a_lock(
+    inductor_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a team's shared cache folder the lock file is the first user's: opening it to write
+    was refused (EACCES), and every other user merged without a lock, warned each time. It is
+    then opened to read, which a lock needs no more than."""
+    import os
+
+    from tunecache.inductor import served as served_record
+
+    with served_record.locked(inductor_cache):
+        pass  # the first user made it
+    real_open = os.open
+
+    def not_mine(path: Any, flags: int, *mode: int) -> int:
+        if str(path).endswith(served_record.LOCK_SUFFIX) and flags & os.O_RDWR:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *mode)
+
+    monkeypatch.setattr(served_record.os, "open", not_mine)
+
+    def enter() -> None:
+        with served_record.locked(inductor_cache):
+            pass
+
+    waited, finished = run_while_locked(inductor_cache, enter)
+    assert waited and finished
+
+
+def run_while_locked(choice_file: Path, second: Callable[[], object]) -> tuple[bool, bool]:
+    """Runs ``second`` in a thread while another thread holds ``choice_file``'s lock for half a
+    second: whether it waited that long, and whether it finished once the lock was free."""
     import threading
 
     from tunecache.inductor import served as served_record
 
-    group = ChoiceGroup.from_value(MADE_UP)
-    assert group is not None
     holding, release, done = threading.Event(), threading.Event(), threading.Event()
 
     def hold() -> None:
-        with served_record.locked(inductor_cache):
+        with served_record.locked(choice_file):
             holding.set()
             release.wait(10)
 
-    def merge() -> None:
-        merge_groups(inductor_cache, [group], {})
+    def run() -> None:
+        second()
         done.set()
 
     holder = threading.Thread(target=hold)
     holder.start()
-    assert holding.wait(10)
-    merging = threading.Thread(target=merge)
-    merging.start()
+    holding.wait(10)
+    runner = threading.Thread(target=run)
+    runner.start()
     waited = not done.wait(0.5)
     release.set()
     holder.join(10)
-    merging.join(10)
-    assert waited and done.is_set()
-    assert read_record(inductor_cache) == {group.timed().pair()}  # type: ignore[union-attr]
+    runner.join(10)
+    return waited, done.is_set()

@@ -233,3 +233,46 @@ def test_a_failed_job_of_no_recorded_requester_comes_back_within_the_bounds(
         assert got == ("queued", 0, 0, 5, 1_000_000)
     finally:
         engine.dispose()
+
+
+def test_a_claim_whose_fairest_job_is_held_takes_the_next_fairest_not_the_flood(
+    database: tuple[str, Path | None],
+) -> None:
+    """Concurrent claimers all reach for the fairest requester's job: those that found it held
+    (``SKIP LOCKED``) fell back to the oldest job, the flood's. They try the next fairest
+    requesters first. Row locks are PostgreSQL's (SQLite runs one claim at a time)."""
+    from sqlalchemy import select
+
+    from cache_server import jobs, tokens
+    from cache_server.db import make_sessionmaker
+    from cache_server.migrate import prepare
+    from cache_server.models import JobRow
+
+    url, _ = database
+    if not url.startswith("postgresql"):
+        pytest.skip("row locks held by another claim: PostgreSQL's")
+    engine = prepare(url)
+    sessions = make_sessionmaker(engine)
+    try:
+        with sessions.begin() as session:
+            _, worker = tokens.issue(session, name="daemon", scope="write")
+            for m, requester in [*((m, "token:100") for m in range(1, 6)),
+                                 (11, "token:101"), (12, "token:102")]:  # fmt: skip
+                key = make_key(m=m)
+                jobs.enqueue(session, key_hash=key.digest(), key=key.to_json(),
+                             requested_by=requester)  # fmt: skip
+            worker_id, worker_name = worker.id, worker.name
+        holder = sessions()  # another claim, holding the fairest requester's only job
+        held = select(JobRow).where(JobRow.requested_by == "token:101").with_for_update()
+        assert holder.execute(held).scalar_one().requested_by == "token:101"
+        try:
+            with sessions.begin() as session:
+                taken = jobs.claim(session, worker="w", token_id=worker_id,
+                                   token_name=worker_name, lease_seconds=60)  # fmt: skip
+                got = None if taken is None else taken.requested_by
+        finally:
+            holder.rollback()
+            holder.close()
+        assert got == "token:102"
+    finally:
+        engine.dispose()

@@ -96,7 +96,13 @@ def test_a_database_a_newer_tunecache_migrated_can_be_taken_back(
     unknown = _tunecache("db", "downgrade", "--db", url, "--revision", "0999")
     assert unknown.returncode == 2 and "does not know revision 0999" in unknown.stderr
     assert current_revision(make_engine(url)) == head_revision()
-    back = _tunecache("db", "downgrade", "--db", url, "--revision", "0012")
+    asked = _tunecache("db", "downgrade", "--db", url, "--revision", "0012")
+    assert asked.returncode == 2 and "run again with --yes" in asked.stderr, asked.stderr
+    listed = [line.split(":")[0].strip() for line in asked.stderr.splitlines()[1:-1]]
+    assert listed[0] == head_revision() and listed[-1] == "0013"  # newest first, 0012 kept
+    assert listed == sorted(listed, reverse=True)  # nothing taken out yet:
+    assert current_revision(make_engine(url)) == head_revision()
+    back = _tunecache("db", "downgrade", "--db", url, "--revision", "0012", "--yes")
     assert back.returncode == 0, back.stderr
     assert f"at revision 0012 (was revision {head_revision()})" in back.stderr
     assert current_revision(make_engine(url)) == "0012"
@@ -116,6 +122,6 @@ def test_a_server_refusing_a_newer_database_names_the_downgrade(tmp_path: Path) 
     ):
         check_schema(make_engine(url))
     missing = _tunecache("db", "downgrade", "--db", f"sqlite:///{tmp_path / 'none.db'}",
-                         "--revision", "0012")  # fmt: skip
+                         "--revision", "0012", "--yes")  # fmt: skip
     assert missing.returncode == 2 and "no database at" in missing.stderr
     assert not (tmp_path / "none.db").exists()

@@ -32,7 +32,7 @@ def _grown(record: dict[str, Any]) -> dict[str, Any]:
     return {
         **record,
         "lineage": {"parent": 3},
-        "timing": {**record["timing"], "clock_source": "tsc"},
+        "timing": {**record["timing"], "clock_source": "tsc", "cycles": 2**70},  # past int64
         "key": {**record["key"], "device": {**record["key"]["device"], "pcie_gen": 5}},
         "validation": {**record["validation"], "seeds": [1, 2]},
     }
@@ -108,3 +108,6 @@ def test_an_upload_leaves_out_what_an_older_server_need_not_hear_of() -> None:
     (body,) = sent
     assert "noisy" not in body["timing"] and all("times_ms" not in t for t in body["trials"])
     assert RecordCreate.model_validate(body) == record
+    # what a default means is still said: a later server may change a default, not the meaning
+    assert body["key"]["schema"] == 1 and body["timing"]["timer"] == record.timing.timer
+    assert body["validation"]["reference"] == record.validation.reference

@@ -63,6 +63,7 @@ from tunecache.http import (
 from tunecache.jobs import JobEnqueued
 from tunecache.key import Key
 from tunecache.lookup import LookupResult
+from tunecache.measured import without_late_defaults
 from tunecache.outbox import Later
 from tunecache.policies import VersionPolicy, caller_bucket
 from tunecache.resolver import (
@@ -310,9 +311,9 @@ class Client(WorkerCalls, AdminCalls):
         Raises:
             ServerError: the server is unreachable or rejected the record.
         """
-        # Fields at their defaults left out: a server older than a field it need not hear of
-        # (``timing.noisy: false``, ``times_ms: []``) refused the whole upload (422).
-        body = record.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+        # The late fields at their defaults left out: a server older than a field it need not
+        # hear of (``timing.noisy: false``, ``times_ms: []``) refused the whole upload (422).
+        body = without_late_defaults(record.model_dump(mode="json", by_alias=True))
         response = self._call("POST", "/v1/records", json=body)
         return parse(UploadResult, response, "/v1/records")
 

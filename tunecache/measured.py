@@ -3,7 +3,7 @@ over a baseline from an interleaved comparison (:mod:`tunecache.interleave`)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, ValidationInfo, model_validator
 
@@ -195,3 +195,33 @@ def speedup_problem(baseline: BaselineModel, winner: TimingModel) -> str | None:
             f"({timing.min_ms:g}-{timing.max_ms:g} ms) and the winner's ({winner.min_ms:g}-"
             f"{winner.max_ms:g} ms) allow, {SPEEDUP_SLACK:g}x either way for the rounds' "
             "drift")  # fmt: skip
+
+
+# Fields a record's timings and trials gained after the first servers: at their defaults
+# (``None``, ``False``, empty) an upload leaves them out, and a server that predates them takes
+# it (they refused the whole upload: 422 on ``timing.noisy: false``). Every other field is sent
+# as it is (a key's schema, a timing's timer: their meaning must not ride on a default).
+LATE_TIMING_FIELDS = ("noisy", "conditions")
+LATE_TRIAL_FIELDS = ("times_ms",)
+LATE_BASELINE_FIELDS = ("speedup",)
+
+
+def without_late_defaults(record: dict[str, Any]) -> dict[str, Any]:
+    """A record's JSON (``RecordCreate``'s) without the late fields at their defaults."""
+
+    def lean(item: Any, names: tuple[str, ...]) -> Any:
+        if not isinstance(item, dict):
+            return item
+        return {k: v for k, v in item.items()
+                if not (k in names and (v is None or v is False or v == []))}  # fmt: skip
+
+    body = dict(record)
+    body["timing"] = lean(body.get("timing"), LATE_TIMING_FIELDS)
+    body["trials"] = [lean(t, LATE_TRIAL_FIELDS) for t in body.get("trials") or []]
+    body["baselines"] = [
+        {**lean(b, LATE_BASELINE_FIELDS), "timing": lean(b.get("timing"), LATE_TIMING_FIELDS)}
+        if isinstance(b, dict)
+        else b
+        for b in body.get("baselines") or []
+    ]
+    return body

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
@@ -156,7 +158,13 @@ class Strict(BaseModel):
                 data = {name: value for name, value in data.items() if name in known}
         if info.context is STORED or _WALKED.get():
             return handler(data)
-        if (why := json_problem(data, cls.__name__)) is not None:
+        why = json_problem(data, cls.__name__)
+        if why is not None and info.context is SERVED:
+            # A newer server's field this client does not know, deeper down (a 64-bit counter
+            # past int64), is left out before it is held against the answer.
+            data = _pruned(cls, data)
+            why = json_problem(data, cls.__name__)
+        if why is not None:
             raise ValueError(why)
         walked = _WALKED.set(True)
         try:
@@ -185,3 +193,39 @@ def _known_fields(model: type[BaseModel]) -> frozenset[str]:
     names.update(f.validation_alias for f in model.model_fields.values()
                  if isinstance(f.validation_alias, str))  # fmt: skip
     return frozenset(names)
+
+
+@functools.cache
+def _field_types(model: type[BaseModel]) -> dict[str, Any]:
+    """Each field's type by every name it may be given in JSON."""
+    types: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        for known in (name, field.alias, field.validation_alias):
+            if isinstance(known, str):
+                types[known] = field.annotation
+    return types
+
+
+def _pruned(model: type[BaseModel], data: Any) -> Any:
+    """``data`` as ``model`` reads it, less the fields no model in it knows, at every depth."""
+    if not isinstance(data, dict):
+        return data
+    types = _field_types(model)
+    return {name: _pruned_as(types[name], value) for name, value in data.items() if name in types}
+
+
+def _pruned_as(kind: Any, value: Any) -> Any:
+    """``value`` as a field of type ``kind`` holds it, pruned where a model is in ``kind``."""
+    if isinstance(kind, type) and issubclass(kind, BaseModel):
+        return _pruned(kind, value)
+    origin, args = get_origin(kind), get_args(kind)
+    if origin is Annotated:
+        return _pruned_as(args[0], value)
+    if origin in (list, tuple, Sequence) and isinstance(value, list) and args:
+        return [_pruned_as(args[0], item) for item in value]
+    if origin in (dict, Mapping) and isinstance(value, dict) and len(args) == 2:
+        return {key: _pruned_as(args[1], item) for key, item in value.items()}
+    if origin in (Union, UnionType):
+        others = [arg for arg in args if arg is not type(None)]
+        return _pruned_as(others[0], value) if len(others) == 1 else value
+    return value

@@ -27,6 +27,8 @@ def register(commands: Any) -> None:
     downgrade.add_argument(
         "--revision", required=True, help="the revision an older server needs (it names it)"
     )
+    downgrade.add_argument("--yes", action="store_true",
+                           help="go on: what the later revisions added is dropped")  # fmt: skip
     downgrade.set_defaults(run=run_downgrade)
 
 
@@ -53,6 +55,8 @@ def run_downgrade(args: argparse.Namespace) -> int:
                 f"cannot downgrade {shown_url(url)}: this tunecache does not know revision "
                 f"{unknown} (run the newest tunecache that migrated it)"
             )
+        if not args.yes:
+            raise InvalidInput(_undoing(url, before, args.revision))
         downgrade(url, args.revision)
         revision = current_revision(make_engine(url, **unbounded))
     except InvalidInput:
@@ -95,3 +99,20 @@ def run_upgrade(args: argparse.Namespace) -> int:
     was = "an empty database" if before is None else f"revision {before}"
     print(f"{shown_url(url)}: at revision {revision} (was {was})", file=sys.stderr)
     return 0
+
+
+def _undoing(url: str, before: str, target: str) -> str:
+    """What a downgrade would take out, asking for ``--yes``."""
+    from cache_server.db import shown_url
+    from cache_server.migrate import undone
+
+    revisions = undone(before, target)
+    if not revisions:
+        return f"{shown_url(url)} is at revision {before}, not past {target}: nothing to take back"
+    lines = "\n".join(f"  {line}" for line in revisions)
+    return (
+        f"taking {shown_url(url)} back from revision {before} to {target} takes out:\n"
+        f"{lines}\nwhat they added is dropped, and not restored by upgrading again (a "
+        "snapshot import's importer, a verifier's token, artifacts' copies...): back the "
+        "database up, then run again with --yes"
+    )

@@ -128,9 +128,7 @@ def locked(choice_file: Path) -> Iterator[None]:
     path = choice_file.with_name(choice_file.name + LOCK_SUFFIX)
     fd = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        fd = os.open(path, flags, 0o600)
+        fd = _opened(path)
     except OSError as exc:
         logger.warning("%s cannot be opened (%s): choice groups merged without a lock", path, exc)
     try:
@@ -141,6 +139,18 @@ def locked(choice_file: Path) -> Iterator[None]:
     finally:
         if fd is not None:
             os.close(fd)  # lets the lock go
+
+
+def _opened(path: Path) -> int:
+    """The lock file, created if missing (readable by all: a team's shared cache folder holds
+    one lock for every user), else opened for reading only where it is another user's (a lock
+    is taken on any open file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o644)
+    except PermissionError:
+        return os.open(path, os.O_RDONLY | flags)
 
 
 def _taken(fd: int, deadline: float) -> bool:
