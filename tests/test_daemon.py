@@ -173,6 +173,17 @@ def test_sigterm_lets_the_current_job_finish(server: LiveServer) -> None:
     assert job.state == "done" and job.attempts == 1  # finished, not lost
 
 
+class FailRecorder:
+    """What a daemon that refuses a job asks of its client, at a boundary we own: the jobs it
+    failed and why."""
+
+    def __init__(self) -> None:
+        self.failed: list[tuple[int, str]] = []
+
+    def fail_job(self, job_id: int, worker: str, error: str) -> None:
+        self.failed.append((job_id, error))
+
+
 def test_a_daemon_refuses_a_job_for_a_package_it_was_not_given_whoever_hands_it_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,14 +200,7 @@ def test_a_daemon_refuses_a_job_for_a_package_it_was_not_given_whoever_hands_it_
                               device=local_device("cpu").fingerprint)  # fmt: skip
     job = claimed_job(key)
 
-    class Server:  # what the daemon asks of its client, at a boundary we own
-        def __init__(self) -> None:
-            self.failed: list[tuple[int, str]] = []
-
-        def fail_job(self, job_id: int, worker: str, error: str) -> None:
-            self.failed.append((job_id, error))
-
-    server = Server()
+    server = FailRecorder()
     daemon = Daemon(server, DaemonOptions(kernels=("mypkg",)))  # type: ignore[arg-type]
     daemon.work(job, harness=None)  # type: ignore[arg-type]
     assert not marker.exists()
@@ -225,14 +229,7 @@ def test_a_daemon_imports_no_main_module_of_a_package_it_was_given(
     key = dataclasses.replace(make_key(), kernel=f"{module}:Kernel",
                               device=local_device("cpu").fingerprint)  # fmt: skip
 
-    class Server:  # what the daemon asks of its client, at a boundary we own
-        def __init__(self) -> None:
-            self.failed: list[tuple[int, str]] = []
-
-        def fail_job(self, job_id: int, worker: str, error: str) -> None:
-            self.failed.append((job_id, error))
-
-    server = Server()
+    server = FailRecorder()
     daemon = Daemon(server, DaemonOptions(kernels=("mypkg",)))  # type: ignore[arg-type]
     daemon.work(claimed_job(key), harness=None)  # type: ignore[arg-type]
     assert not marker.exists()

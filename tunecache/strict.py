@@ -188,11 +188,7 @@ def printable_text(text: str, limit: int) -> str:
 @functools.cache
 def _known_fields(model: type[BaseModel]) -> frozenset[str]:
     """The names a model's fields may be given by in JSON: their names and aliases."""
-    names = set(model.model_fields)
-    names.update(f.alias for f in model.model_fields.values() if f.alias)
-    names.update(f.validation_alias for f in model.model_fields.values()
-                 if isinstance(f.validation_alias, str))  # fmt: skip
-    return frozenset(names)
+    return frozenset(_field_types(model))
 
 
 @functools.cache
