@@ -87,8 +87,10 @@ def test_the_verifiers_noise_is_the_noise_shown() -> None:
     """A verifier's noisy timing, the one shown and ranked, read as clean: ``noise()`` read
     only the uploader's timing."""
     record = verified(claimed(), noisy(0.08))
-    assert record.noisy and record.noise() == [f"verifier: {BUSY}"]
-    assert f"timing     noisy: verifier: {BUSY}" in describe(record)
+    # What the verifier said, then what its figures say and it did not: a spread of 30 %.
+    assert record.noisy and record.noise() == [f"verifier: {BUSY}",
+                                               "verifier: spread 30% of the median"]  # fmt: skip
+    assert f"timing     noisy: verifier: {BUSY}; verifier: spread 30%" in describe(record)
     quiet = verified(claimed().model_copy(update={"timing": noisy(0.0766)}), claimed(0.08).timing)
     assert not quiet.noisy  # the uploader's noisy time is not the one shown
 

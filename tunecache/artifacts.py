@@ -22,8 +22,9 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
+from tunecache.canonical import check_json_size
 from tunecache.configcheck import artifact_problem
-from tunecache.schemas import MAX_CONFIG_BYTES, MAX_ID, Line, _Strict, check_json_size
+from tunecache.schemas import MAX_CONFIG_BYTES, MAX_ID, Line, _Strict
 from tunecache.strict import Utc
 from tunecache.vllm_moe import NAMESPACE, imported_name_problem
 

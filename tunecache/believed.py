@@ -13,6 +13,7 @@ uploader's machine then measured something other than what the verifier saw.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -112,13 +113,23 @@ def caveats(baselines: Iterable[BaselineModel], winner: TimingModel, name: str,
     return f" ({'; '.join(notes)})" if notes else ""
 
 
-def noise_reasons(timings: Iterable[tuple[str, TimingModel]]) -> list[str]:
-    """Why the named timings are noisy, each reason once, as ``who: why``."""
+def noise_reasons(timings: Iterable[tuple[str, TimingModel]], cuda: bool) -> list[str]:
+    """Why the named timings (on a GPU if ``cuda``) are noisy, each reason once, as ``who:
+    why``: what their measurer said, then what their figures say and it did not
+    (:meth:`~tunecache.measured.TimingModel.figures_noise`: an uploader's ``noisy: false`` is
+    not taken for it)."""
     reasons: list[str] = []
     for who, timing in timings:
-        if timing.conditions is not None:
-            reasons += [f"{who}: {why}" for why in timing.conditions.noise]
+        said = timing.conditions.noise if timing.conditions is not None else []
+        kinds = {_kind(why) for why in said}  # its figures rounded: 1.45 cores reads 1.4, not 1.5
+        shown = [*said, *(why for why in timing.figures_noise(cuda) if _kind(why) not in kinds)]
+        reasons += [f"{who}: {why}" for why in shown]
     return list(dict.fromkeys(reasons))
+
+
+def _kind(reason: str) -> str:
+    """A noise reason without its figures: ``other processes used # cores``."""
+    return re.sub(r"[0-9.]+", "#", reason)
 
 
 def rounds(baselines: Iterable[BaselineModel], name: str) -> int | None:

@@ -90,3 +90,15 @@ def canonical_json(value: Any) -> str:
 def digest(value: Any) -> str:
     """The SHA-256 hex digest of ``value``'s canonical JSON."""
     return hashlib.sha256(canonical_json(value).encode("utf-8")).hexdigest()
+
+
+def check_json_size(value: Any, what: str, limit: int) -> Any:
+    """``value`` if its canonical JSON is at most ``limit`` bytes (a validator's ValueError if
+    not, or if it is not plain JSON data)."""
+    try:
+        size = len(canonical_json(value).encode())
+    except InvalidInput as exc:
+        raise ValueError(str(exc)) from None
+    if size > limit:
+        raise ValueError(f"{what} is {size} bytes; the limit is {limit}")
+    return value

@@ -31,13 +31,14 @@ from pydantic import (
 )
 
 from tunecache import believed, examples
-from tunecache.canonical import canonical_json, integral
+from tunecache.canonical import check_json_size, integral
 from tunecache.configcheck import config_problem
 from tunecache.errors import InvalidInput
 from tunecache.jsonsafe import INT64_MAX
 from tunecache.kernels import builtin_problem
 from tunecache.key import BACKENDS, DTYPES, KEY_SCHEMA_VERSION, Key, check_problem
 from tunecache.measured import MAX_NOISE_REASONS as MAX_NOISE_REASONS
+from tunecache.measured import ROUNDING, uploaded
 from tunecache.measured import SAME_BELOW as SAME_BELOW
 from tunecache.measured import BaselineModel as BaselineModel
 from tunecache.measured import ConditionsModel as ConditionsModel
@@ -74,20 +75,8 @@ LeaseSeconds = Annotated[float, Field(strict=True, gt=0, le=MAX_LEASE_SECONDS, a
 JSONObject = dict[str, Any]
 
 
-def check_json_size(value: Any, what: str = "config", limit: int = MAX_CONFIG_BYTES) -> Any:
-    """``value`` if its canonical JSON is at most ``limit`` bytes (a validator's ValueError if
-    not, or if it is not plain JSON data)."""
-    try:
-        size = len(canonical_json(value).encode())
-    except InvalidInput as exc:
-        raise ValueError(str(exc)) from None
-    if size > limit:
-        raise ValueError(f"{what} is {size} bytes; the limit is {limit}")
-    return value
-
-
 def _check_config(value: JSONObject) -> JSONObject:
-    checked: JSONObject = check_json_size(value)
+    checked: JSONObject = check_json_size(value, "config", MAX_CONFIG_BYTES)
     return checked
 
 
@@ -219,9 +208,11 @@ class ValidationReport(_Strict):
     reference: Annotated[Line, Field(max_length=128)] = "float64"
 
     @model_validator(mode="after")
-    def _consistent(self) -> ValidationReport:
+    def _consistent(self, info: ValidationInfo) -> ValidationReport:
         if self.passed and not all(c.passed for c in self.checks):
             raise ValueError("validation.passed is true but a check failed")
+        if uploaded(info) and (why := self.contradiction()):
+            raise ValueError(why)
         errors = [c.rel_error for c in self.checks]
         worst = None if None in errors else max(e for e in errors if e is not None)
         if (worst is None) != (self.max_rel_error is None) or (
@@ -231,6 +222,24 @@ class ValidationReport(_Strict):
         ):
             raise ValueError("validation.max_rel_error is not the worst check's rel_error")
         return self
+
+    def contradiction(self) -> str | None:
+        """Why its figures say it failed though it says it passed (``None``: they agree). Every
+        check passes exactly when its error is within its tolerance (the tuner's, the Triton
+        drop-in's, a verifier's: a merged report's tolerance is its loosest check's); an audit
+        uploaded a check passed at 0.5 against 0.01, served and shown as validated."""
+        if not self.passed:
+            return None
+        for i, c in enumerate(self.checks):
+            if c.rel_error is None:
+                return f"validation.checks[{i}] passed with no relative error compared"
+            if c.rel_error > c.tolerance * (1 + ROUNDING):
+                return (f"validation.checks[{i}] passed with relative error {c.rel_error:g} "
+                        f"over its tolerance {c.tolerance:g}")  # fmt: skip
+        if (self.max_rel_error or 0.0) > self.tolerance * (1 + ROUNDING):
+            return (f"validation passed with max_rel_error {self.max_rel_error:g} over its "
+                    f"tolerance {self.tolerance:g}")  # fmt: skip
+        return None
 
 
 TrialStatus = Literal["ok", "invalid", "compile_error", "runtime_error", "timeout", "wrong_answer"]
@@ -352,7 +361,8 @@ class RecordCreate(_Strict):
 
     @property
     def noisy(self) -> bool:
-        """Whether the timing shown or a baseline's was noisy (:attr:`TimingModel.noisy`)."""
+        """Whether the timing shown or a baseline's was noisy: said so, or its figures say so
+        (:meth:`noise`)."""
         return bool(self.noise())
 
     def noise(self) -> list[str]:
@@ -360,7 +370,7 @@ class RecordCreate(_Strict):
         ``winner:``, or ``verifier:`` once a verifier re-timed it), then the baselines'
         compared with (:meth:`comparisons`, named)."""
         compared = ((b.name, b.timing) for b in self.comparisons())
-        return believed.noise_reasons([self.timed(), *compared])
+        return believed.noise_reasons([self.timed(), *compared], self.key.device.kind != "cpu")
 
     def speedup_interval(self, baseline: str = "torch_eager") -> tuple[float, float] | None:
         """The interval of :meth:`speedup` from the interleaved comparison (``None`` where the

@@ -3,7 +3,8 @@
 A server (or whatever sits between it and the client) may answer anything. A record is used only
 when all of these hold, whichever source it came from (the server, a snapshot file):
 
-- it passed its uploader's validation (``validation.passed``) and is not ``disputed`` or
+- it passed its uploader's validation (``validation.passed``, its errors within its tolerances:
+  :meth:`~tunecache.schemas.ValidationReport.contradiction`) and is not ``disputed`` or
   ``rejected`` (:data:`tunecache.schemas.RecordStatus`);
 - its key may serve the key asked for under the lookup rules (:func:`tunecache.rules.match`):
   the same kernel, source, backend and dtype, the same device arch, versions the policy admits,
@@ -55,6 +56,8 @@ def _problem(
 ) -> str | None:
     if not record.validation.passed:
         return "it did not pass validation"
+    if why := record.validation.contradiction():  # uploaded before the server checked it
+        return f"its figures say it failed: {why}"
     status = getattr(record, "status", None)
     if status in UNSERVED_STATUSES:
         return f"it is {status}"
