@@ -3,8 +3,9 @@ that follow a record's status. Keyword-only; they never commit (the session's ow
 
 A record is ``pending`` when uploaded (``verified`` at once from a trusted token). A consumer whose
 check of it failed disputes it: it is then served under no policy. A verifier claims pending and
-disputed records of its arch (disputed first), re-checks them on its own device (at the record's
-problem, its edge problem and every disputed problem) and re-times them: ``verified`` (its time
+disputed records of its arch (the fairest uploader's first: :func:`_fairest`), re-checks them on
+its own device (at the record's problem, its edge problem and every disputed problem) and
+re-times them: ``verified`` (its time
 now ranks the record: an uploader's fake time is replaced) or ``rejected`` (never served). Each
 change hands the key's winner places on (:func:`recompute_winners`), under a row lock, so a
 concurrent upload's atomic upsert still leaves the fastest servable record as the winner.
@@ -17,10 +18,11 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, case, delete, or_, select, update
+from sqlalchemy import and_, case, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from cache_server import twins
+from cache_server.fairness import fewest_first
 from cache_server.leases import token_live
 from cache_server.models import (
     DisputeRow,
@@ -167,8 +169,9 @@ def claim(
     session: Session, *, worker: str, token_id: int, device_arch: str, backends: Sequence[str],
     lease_seconds: float,
 ) -> RecordRow | None:  # fmt: skip
-    """Leases the next record of ``device_arch`` and ``backends`` to re-check (disputed ones
-    first, then the oldest) to ``worker`` under token ``token_id``, or ``None``. One statement,
+    """Leases the next record of ``device_arch`` and ``backends`` to re-check (the fairest
+    uploader's, :func:`_fairest`; its disputed ones first, then its oldest) to ``worker`` under
+    token ``token_id``, or ``None``. One statement,
     as a job claim is: two verifiers never hold one record, and a token revoked meanwhile leases
     none. A verifier holding a live lease on such a record (this worker, this token) is handed it
     again (a claim asked again after its answer was lost: no second record leased, no attempt
@@ -189,30 +192,65 @@ def claim(
         held.verify_claimed_at = now  # the task lists the disputes open now: it settles them
         session.flush()
         return held
-    pick = (
+    live = select(TokenRow.id).where(TokenRow.id == token_id, TokenRow.revoked_at.is_(None))
+    # The fairest uploaders' records in turn (a concurrent claim may hold the first meanwhile),
+    # then the first of all.
+    for pick in (*_fairest(session, now, fits), _first(now, fits)):
+        stmt = (
+            update(RecordRow)
+            .where(RecordRow.id == pick, _claimable(now), live.exists())
+            .values(
+                verify_owner=worker,
+                verify_token_id=token_id,
+                verify_expires_at=now + timedelta(seconds=lease_seconds),
+                verify_attempts=RecordRow.verify_attempts + 1,
+                verify_claimed_at=now,
+            )
+            .returning(RecordRow.id)
+            .execution_options(synchronize_session=False)
+        )
+        if (record_id := session.execute(stmt).scalar()) is not None:
+            return session.get(RecordRow, record_id, populate_existing=True)
+    return None
+
+
+def _first(now: datetime, fits: Sequence[Any], *where: Any) -> Any:
+    """The claimable record that ``fits`` (and ``where``) a claim takes first, disputed ones
+    before the rest, the oldest first: a scalar subquery, its row locked."""
+    return (
         select(RecordRow.id)
-        .where(_claimable(now), *fits)
+        .where(_claimable(now), *fits, *where)
         .order_by(case((RecordRow.status == "disputed", 0), else_=1), RecordRow.id)
         .limit(1)
         .with_for_update(skip_locked=True)
         .scalar_subquery()
     )
-    live = select(TokenRow.id).where(TokenRow.id == token_id, TokenRow.revoked_at.is_(None))
-    stmt = (
-        update(RecordRow)
-        .where(RecordRow.id == pick, _claimable(now), live.exists())
-        .values(
-            verify_owner=worker,
-            verify_token_id=token_id,
-            verify_expires_at=now + timedelta(seconds=lease_seconds),
-            verify_attempts=RecordRow.verify_attempts + 1,
-            verify_claimed_at=now,
-        )
-        .returning(RecordRow.id)
-        .execution_options(synchronize_session=False)
-    )
-    record_id = session.execute(stmt).scalar()
-    return None if record_id is None else session.get(RecordRow, record_id, populate_existing=True)
+
+
+FAIREST_TRIED = 8  # uploaders a claim tries in turn before the first record of all
+
+
+def _fairest(session: Session, now: datetime, fits: Sequence[Any]) -> list[Any]:
+    """The records a claim tries first (:func:`_first` form), one of each uploader with
+    claimable records that ``fits``, the uploader with the fewest awaiting a verifier (leased
+    ones too) first, the one whose record waited longest among equals, up to
+    :data:`FAIREST_TRIED`. The uploader is the token that put the record here (its importer for
+    a snapshot's); records of none are one uploader's. One write token's three records of a
+    6000-cube matmul (five minutes and 2.4 GB of a verifier's each, then rejected) came before
+    an honest record uploaded after them, and its own disputes put its records before every
+    pending one: now a flood, or a token disputing its own records, waits behind every other
+    uploader's. Chosen in two small aggregates before a row is locked
+    (:mod:`cache_server.fairness`)."""
+    who = func.coalesce(RecordRow.imported_by, RecordRow.uploaded_by, "")
+    waiting = (select(who.label("name"), func.min(RecordRow.id).label("first"))
+               .where(_claimable(now), *fits).group_by(who).subquery("waiting"))  # fmt: skip
+    awaiting = (select(who.label("name"), func.count().label("n"))
+                .where(RecordRow.validated.is_(True),
+                       RecordRow.status.in_(("pending", "disputed")),
+                       RecordRow.verify_attempts < MAX_VERIFY_ATTEMPTS, *fits)
+                .group_by(who).subquery("awaiting"))  # fmt: skip
+    uploaders = fewest_first(session, waiting, awaiting, FAIREST_TRIED)
+    return [_first(now, fits, who == uploader) for uploader in uploaders]
 
 
 def release_verifications(session: Session, *, token_id: int) -> int:

@@ -2,7 +2,8 @@
 
 An uploader is trusted with nothing: its validation and its time are claims. A verifier (a token
 with the ``verify`` scope, ``tunecache daemon --verify``) claims records of its device's arch and
-backends (disputed ones first), and for each:
+backends (the uploader with the fewest waiting first, its disputed ones before the rest), and
+for each:
 
 1. gives it back as ``unverifiable`` when it cannot run it as tuned: other software versions,
    a kernel it does not have, other kernel sources;
