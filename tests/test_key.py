@@ -213,3 +213,13 @@ def test_a_token_that_no_header_carries_is_refused_naming_where_not_the_token(to
     # where a bad variable must not fail a user's import (the Triton decorator): taken as unset
     found, problems = settings_without_bad({"TUNECACHE_TOKEN": token, "TUNECACHE_TIMEOUT": "2"})
     assert (found.token, found.timeout) == (None, 2.0) and len(problems) == 1
+
+
+@pytest.mark.parametrize("shape", [8, "M=8,N=8,K=8", ["M", "N", "K"], None])
+def test_key_for_a_shape_that_is_no_mapping_names_what_a_shape_is(shape: object) -> None:
+    """A number raised a bare TypeError; a string's letters were read as its parameters."""
+    from tunecache import key_for
+
+    with pytest.raises(InvalidInput, match=r"matmul: a shape maps its parameters to sizes, e\.g\. "
+                       r"\{'M': 64, 'N': 64, 'K': 64\}; got "):  # fmt: skip
+        key_for("matmul", "tvm", shape, "float32")  # type: ignore[arg-type]

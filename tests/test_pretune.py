@@ -57,6 +57,10 @@ BAD = [
     ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}]\ntrials = 2_000_000\n', "line 1: trials=2000000 must be an integer from 1 to 1,000,000"),
     ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}]\nstrategy = "Optuna"\n', "line 1: strategy='Optuna' is not a strategy name"),
     ("kernel = [", "not TOML"),
+    # Not a table: an internal error (a number), the letters of a string read as its parameters.
+    ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [8]\n', "line 1: shapes[0] = 8 is not a table of sizes"),
+    ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = ["M=8,N=8,K=8"]\n', "shapes[0] = 'M=8,N=8,K=8' is not a table"),
+    ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}, true]\n', "shapes[1] = True is not a table"),
     ("policy = 'loose'\n[[tune]]\n", "policy 'loose'"),
 ]  # fmt: skip
 

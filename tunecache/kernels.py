@@ -123,8 +123,12 @@ class KernelSpec:
         Raises:
             InvalidInput: a parameter is missing, unknown or out of range.
         """
-        from tunecache.problem import check_sizes
+        from tunecache.problem import check_sizes, describe
 
+        if not isinstance(sizes, Mapping):  # a string's letters would read as its parameters
+            example = ", ".join(f"{p!r}: 64" for p in self.params)
+            raise InvalidInput(f"{self.name}: a shape maps its parameters to sizes, e.g. "
+                               f"{{{example}}}; got {describe(sizes)}")  # fmt: skip
         missing = [p for p in self.params if p not in sizes]
         unknown = [p for p in sizes if p not in self.params]
         if missing or unknown:

@@ -115,7 +115,10 @@ def _entry_keys(entry: Mapping[str, Any], arch: str | None) -> list[Key]:
         problems = {entry["kernel"]: shapes}
     keys = []
     for kernel, shapes in problems.items():
-        for problem in shapes:
+        for i, problem in enumerate(shapes):
+            if not isinstance(problem, dict):  # a string's letters were read as its parameters
+                raise InvalidInput(f"shapes[{i}] = {problem!r} is not a table of sizes; write "
+                                   "shapes = [{M = 16, N = 4096}]")  # fmt: skip
             for backend in backends:
                 for dtype in dtypes:
                     key = key_for(kernel, backend, problem, dtype, device=_device(arch, backend))
