@@ -29,8 +29,9 @@ def get_workload(name: str) -> Workload:
     """The workload called ``name``: a built-in name or ``"package.module:QualName"``.
 
     Raises:
-        InvalidInput: no workload has that name (the message lists the built-in ones), or the
-            reference does not name a :class:`Workload` subclass or instance.
+        InvalidInput: no workload has that name (the message lists the built-in ones), the
+            reference does not name a :class:`Workload` subclass or instance, or it names a
+            subclass that leaves methods abstract (the message names them and where they are).
     """
     if name in WORKLOADS:
         return WORKLOADS[name]
@@ -41,10 +42,29 @@ def get_workload(name: str) -> Workload:
         )
     found = load_ref(name)
     if isinstance(found, type) and issubclass(found, Workload):
+        if missing := _abstract_methods(found):
+            raise InvalidInput(f"{name} must define {missing}")
         found = found()
     if not isinstance(found, Workload):
         raise InvalidInput(f"{name!r} is {type(found).__name__}, not a Workload subclass")
     return found
+
+
+def _abstract_methods(cls: type[Workload]) -> str:
+    """What ``cls`` leaves abstract, as ``"flops() and reference() (abstract in
+    workloads.base.Workload)"``, or ``""`` when it can be instantiated."""
+    names = sorted(getattr(cls, "__abstractmethods__", ()))
+    if not names:
+        return ""
+    owners = dict.fromkeys(
+        f"{owner.__module__}.{owner.__qualname__}"
+        for owner in cls.__mro__
+        for method in names
+        if getattr(owner.__dict__.get(method), "__isabstractmethod__", False)
+    )
+    listed = [f"{method}()" for method in names]
+    methods = listed[0] if len(listed) == 1 else f"{', '.join(listed[:-1])} and {listed[-1]}"
+    return f"{methods} (abstract in {', '.join(owners)})"
 
 
 __all__ = ["WORKLOADS", "Workload", "get_workload"]

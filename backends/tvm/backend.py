@@ -16,6 +16,7 @@ from backends.base import (
     SearchResult,
     import_failure,
 )
+from tunecache.errors import TunecacheError, TuningError, one_line
 
 if TYPE_CHECKING:
     from tvm.tirx import PrimFunc
@@ -77,7 +78,7 @@ class TVMBackend(Backend):
         (:func:`backends.tvm.search.tune`).
 
         Raises:
-            TuningError: no candidate compiled and ran.
+            TuningError: no candidate compiled and ran, or the workload's ``tvm_compute`` raised.
         """
         from backends.tvm.search import tune
         from tunecache.tvm.target import canonical_target, host_cores, host_target
@@ -167,8 +168,22 @@ class TVMBackend(Backend):
 
     @staticmethod
     def _prim_func(workload: Workload, problem: Mapping[str, int], dtype: str) -> PrimFunc:
+        """``workload``'s TE compute at ``problem`` as a PrimFunc.
+
+        Raises:
+            TuningError: ``tvm_compute`` itself raised (no config can pass), named as the
+                Inductor backend names a ``torch_fn`` that raises; its traceback at DEBUG.
+            TunecacheError: what ``tvm_compute`` raised of ours (a dtype it does not run in:
+                :class:`~tunecache.errors.InvalidInput`), as it is.
+        """
         from tvm import te
 
-        tensors = workload.tvm_compute(problem, dtype)
+        try:
+            tensors = workload.tvm_compute(problem, dtype)
+        except TunecacheError:
+            raise
+        except Exception as exc:  # the workload's code may raise anything
+            logger.debug("tvm_compute of %s raised", workload.name, exc_info=True)
+            raise TuningError(f"{workload.name}: tvm_compute raised {one_line(exc)}") from exc
         func: PrimFunc = te.create_prim_func(tensors)
         return func
