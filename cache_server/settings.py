@@ -78,6 +78,7 @@ from typing import Final, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tunecache.schemas import MAX_LISTED
 from tunecache.settings import DEFAULT_PORT, default_db_url, without_userinfo
 from tunecache.tokens import MIN_TOKEN_CHARS
 
@@ -123,7 +124,7 @@ class ServerSettings(BaseSettings):
     max_in_flight: int = Field(default=2, ge=1, le=1000)
     max_wait: float = Field(default=0.02, ge=0, le=60)
     retry_after: int = Field(default=1, ge=1, le=3600)
-    list_limit: int = Field(default=1000, gt=0)
+    list_limit: int = Field(default=1000, gt=0, le=MAX_LISTED)  # what a client reads at most
     answer_bytes: int = Field(default=8 * 2**20, ge=1024, le=2**31 - 1)  # an INTEGER in SQL
     snapshot_bytes: int = Field(default=128 * 2**20, ge=1024, le=2**40)
     # Winners one shape bucket may hold (kernel, source, backend, dtype, arch, bucketed shape; a

@@ -19,7 +19,14 @@ from cache_server import jobs, trust
 from cache_server.db import upsert_insert
 from cache_server.models import TokenRow, utcnow
 from cache_server.twins import lock_slot
-from tunecache.tokens import Scope, TokenPublic, fingerprint, new_token, shown_part
+from tunecache.tokens import (
+    MAX_LISTED_TOKENS,
+    Scope,
+    TokenPublic,
+    fingerprint,
+    new_token,
+    shown_part,
+)
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
@@ -159,7 +166,7 @@ def administrable(session: Session, *, bootstrap: str | None = None) -> bool:
 
 
 def list_tokens(session: Session, *, include_revoked: bool = False) -> list[TokenRow]:
-    stmt = select(TokenRow).order_by(TokenRow.id)
+    stmt = select(TokenRow).order_by(TokenRow.id).limit(MAX_LISTED_TOKENS)
     if not include_revoked:
         stmt = stmt.where(TokenRow.revoked_at.is_(None))
     return list(session.scalars(stmt))

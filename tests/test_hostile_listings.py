@@ -191,3 +191,88 @@ def test_a_job_queue_that_never_ends_is_refused_at_a_bound(
     ):
         tunecache_cli.pretune.all_jobs(client)
     assert len(seen.requests) <= 3
+
+
+def numbers_where_items_belong(count: int) -> Callable[[socket.socket, Request, Seen], None]:
+    """A server whose every listing holds ``count`` numbers where its items belong: one
+    container, but an error each (a million took 11 s and 1.7 GB of a 2 MiB answer)."""
+    body = b'{"items":[' + b",".join([b"1"] * count) + b'],"count":1}'
+
+    def behave(conn: socket.socket, request: Request, seen: Seen) -> None:
+        answer(conn, 200, body)
+
+    return behave
+
+
+LISTINGS: dict[str, Callable[[Client], Any]] = {
+    "records": lambda c: c.list_records(limit=5),
+    "jobs": lambda c: c.list_jobs(limit=5),
+    "tokens": lambda c: c.list_tokens(),
+}
+
+
+@pytest.mark.parametrize("call", LISTINGS)
+def test_a_listing_longer_than_any_page_is_one_error(call: str) -> None:
+    """Refused at its length, the first error named: not a million errors built to find it."""
+    with (
+        serve(numbers_where_items_belong(1_000_001)) as (url, _),
+        Client(url, timeout=SECONDS, token="t" * 40) as client,
+        pytest.raises(ServerError, match=r"List should have at most [\d,]+ items.* \(1 error"),
+    ):
+        LISTINGS[call](client)
+
+
+def test_an_answer_of_one_small_object_is_read_to_a_small_bound() -> None:
+    """A claim, an upload's result, whoami: a hostile 64 MiB claim answer took a daemon from
+    453 MB to 1.83 GB; now the read stops at SMALL_ANSWER_BYTES."""
+    from tunecache.http import SMALL_ANSWER_BYTES
+
+    padding = {"x": "a" * SMALL_ANSWER_BYTES}
+
+    def behave(conn: socket.socket, request: Request, seen: Seen) -> None:
+        _send(conn, {**_job(1), **padding})
+
+    small = {"claim": lambda c: c.claim_job("w"), "whoami": lambda c: c.whoami(),
+             "upload": lambda c: c.upload(make_record(make_key()))}  # fmt: skip
+    with serve(behave) as (url, _), Client(url, timeout=SECONDS, token="t" * 40) as client:
+        for call in small.values():  # each refused at the bound, not read whole and parsed
+            with pytest.raises(ServerError, match=f"over {SMALL_ANSWER_BYTES:,} bytes"):
+                call(client)
+
+
+def test_a_redirect_is_named_and_not_followed() -> None:
+    """It read as broken JSON ("EOF while parsing a value"); the token never follows it."""
+    followed: list[str] = []
+
+    def elsewhere(conn: socket.socket, request: Request, seen: Seen) -> None:
+        followed.append(request.path)
+
+    def redirect(conn: socket.socket, request: Request, seen: Seen) -> None:
+        conn.sendall(f"HTTP/1.1 307 X\r\nLocation: {target}/steal\r\nContent-Length: 0\r\n"
+                     "\r\n".encode())  # fmt: skip
+
+    with serve(elsewhere) as (target, _), serve(redirect) as (url, _):
+        with (
+            Client(url, timeout=SECONDS, token="t" * 40) as client,
+            pytest.raises(ServerError, match=f"redirected to '{target}/steal', not followed"),
+        ):
+            client.list_records(limit=5)
+    assert followed == []
+
+
+def test_a_bad_snapshot_is_named_in_one_line_without_the_servers_data() -> None:
+    """sync printed pydantic's message: newlines, an excerpt of the server's data and a URL."""
+
+    def behave(conn: socket.socket, request: Request, seen: Seen) -> None:
+        _send(conn, {"format": "tunecache-snapshot/1", "filters": {"device_arch": "x"},
+                     "records": [1, "\x1b[31mred"]})  # fmt: skip
+
+    with (
+        serve(behave) as (url, _),
+        Client(url, timeout=SECONDS, token="t" * 40) as client,
+        pytest.raises(ServerError) as raised,
+    ):
+        client.export_snapshot("x")
+    said = str(raised.value)
+    assert said.startswith("GET /v1/snapshot sent no valid snapshot: ") and "(2 error(s))" in said
+    assert "\n" not in said and "pydantic.dev" not in said and "\x1b" not in said, said

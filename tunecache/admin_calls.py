@@ -22,7 +22,7 @@ class AdminCalls:
 
     def _call(
         self, method: str, path: str, timeout: float | None = None, *, read: bool = False,
-        **kwargs: Any,
+        small: bool = False, **kwargs: Any,
     ) -> httpx.Response:  # fmt: skip
         raise NotImplementedError  # the client's
 
@@ -30,7 +30,9 @@ class AdminCalls:
         """A new token; the answer holds it in clear, for the only time. ``trusted``: its
         uploads are served as verified at once."""
         body = TokenCreate(name=name, scope=scope, trusted=trusted).model_dump()
-        return parse(TokenCreated, self._call("POST", "/v1/tokens", json=body), "/v1/tokens")
+        return parse(
+            TokenCreated, self._call("POST", "/v1/tokens", small=True, json=body), "/v1/tokens"
+        )
 
     def list_tokens(self, *, include_revoked: bool = False) -> list[TokenPublic]:
         params = {"include_revoked": "true"} if include_revoked else {}
@@ -39,7 +41,7 @@ class AdminCalls:
 
     def revoke_token(self, token_id: int) -> TokenPublic:
         path = f"/v1/tokens/{token_id}"
-        return parse(TokenPublic, self._call("DELETE", path), path)
+        return parse(TokenPublic, self._call("DELETE", path, small=True), path)
 
     def whoami(self, *, timeout: float | None = None) -> WhoAmI:
         """The token this client sends, as the server sees it, and its scope.
@@ -47,7 +49,7 @@ class AdminCalls:
         Raises:
             ServerError: unreachable (``status_code`` None), or the token is refused (401).
         """
-        response = self._call("GET", "/v1/whoami", timeout, read=True)
+        response = self._call("GET", "/v1/whoami", timeout, read=True, small=True)
         return parse(WhoAmI, response, "/v1/whoami")
 
     def health(self) -> dict[str, Any]:
@@ -56,7 +58,7 @@ class AdminCalls:
         Raises:
             ServerError: unreachable, or the answer is not a JSON object.
         """
-        response = self._call("GET", "/health")
+        response = self._call("GET", "/health", small=True)
         result = answers.json_answer(response, "/health", answers.SMALL_ANSWER_CONTAINERS)
         if not isinstance(result, dict):
             raise ServerError("GET /health gave no JSON object")

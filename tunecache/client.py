@@ -49,10 +49,12 @@ from tunecache.http import (
     LOOKUP_ANSWER_BYTES,
     LOOKUP_ANSWER_CONTAINERS,
     MAX_ANSWER_BYTES,
+    SMALL_ANSWER_BYTES,
     Timeout,
     answer_limit,
     containers,
     deadline,
+    first_error,
     missing,
     parse,
     refuses_field,
@@ -92,7 +94,7 @@ from tunecache.settings import (
     snapshot_file,
 )
 from tunecache.snapshot import SnapshotImportResult, SnapshotPublic
-from tunecache.strict import SERVED
+from tunecache.strict import SERVED, shown
 from tunecache.verification import (
     DisputeCreate,
     DisputeResult,
@@ -282,13 +284,16 @@ class Client(WorkerCalls, AdminCalls):
     # -- tuner and tooling calls (these raise ServerError) ----------------------------------
     def _call(
         self, method: str, path: str, timeout: float | None = None, *, read: bool = False,
-        again: bool = False, **kwargs: Any,
+        again: bool = False, small: bool = False, **kwargs: Any,
     ) -> httpx.Response:  # fmt: skip
-        """One request within ``timeout`` seconds in all (default: the write timeout). A write
-        (a read with ``again``) the server sheds (503, Retry-After) is sent again in that time."""
+        """One request within ``timeout`` seconds in all (default: the write timeout), its
+        answer at most :data:`~tunecache.http.MAX_ANSWER_BYTES` (``small``: one small object's,
+        :data:`~tunecache.http.SMALL_ANSWER_BYTES`). A write (a read with ``again``) the server
+        sheds (503, Retry-After) is sent again in that time."""
         seconds = timeout or self.timeout.write
+        limit = SMALL_ANSWER_BYTES if small else MAX_ANSWER_BYTES
         try:
-            with deadline(seconds), answer_limit(MAX_ANSWER_BYTES):
+            with deadline(seconds), answer_limit(limit):
                 for sent in itertools.count(1):
                     response = self._http.request(
                         method, path, timeout=self.timeout.per_operation(seconds, read=read),
@@ -301,6 +306,11 @@ class Client(WorkerCalls, AdminCalls):
                     time.sleep(wait)
         except httpx.HTTPError as exc:
             raise ServerError(f"{method} {self.url}{path} failed: {exc}") from exc
+        if response.is_redirect:  # never followed: a token goes only where it was given
+            to = shown(response.headers.get("location", "")[:200])
+            raise ServerError(f"{method} {self.url}{path}: the server redirected to {to!r}, not "
+                              "followed (is the URL right: http or https, a path prefix?)",
+                              status_code=response.status_code)  # fmt: skip
         if response.is_error:
             raise rejected(method, path, response)
         return response
@@ -314,7 +324,7 @@ class Client(WorkerCalls, AdminCalls):
         # The late fields at their defaults left out: a server older than a field it need not
         # hear of (``timing.noisy: false``, ``times_ms: []``) refused the whole upload (422).
         body = without_late_defaults(record.model_dump(mode="json", by_alias=True))
-        response = self._call("POST", "/v1/records", json=body)
+        response = self._call("POST", "/v1/records", small=True, json=body)
         return parse(UploadResult, response, "/v1/records")
 
     def upload_later(self, record: RecordCreate) -> bool:
@@ -345,7 +355,7 @@ class Client(WorkerCalls, AdminCalls):
             ServerError: the server is unreachable or refused (429: over its rate limit).
         """
         body = self._lookup_body(key)
-        response = self._call("POST", "/v1/misses", timeout, read=True, json=body)
+        response = self._call("POST", "/v1/misses", timeout, read=True, small=True, json=body)
         return parse(JobEnqueued, response, "/v1/misses")
 
     def dispute(
@@ -359,7 +369,8 @@ class Client(WorkerCalls, AdminCalls):
         """
         body = dispute.model_dump(mode="json", by_alias=True)
         path = f"/v1/records/{record_id}/disputes"
-        return parse(DisputeResult, self._call("POST", path, timeout, read=True, json=body), path)
+        return parse(DisputeResult, self._call("POST", path, timeout, read=True, small=True,
+                                                json=body), path)  # fmt: skip
 
     def list_records(self, *, timeout: float | None = None, **filters: Any) -> RecordList:
         """Records matching ``filters`` (``kernel``, ``backend``, ``dtype``, ``device_arch`` …),
@@ -401,8 +412,9 @@ class Client(WorkerCalls, AdminCalls):
             document: dict[str, Any] = answers.json_answer(
                 response, "/v1/snapshot", answers.SNAPSHOT_CONTAINERS)  # fmt: skip
             SnapshotPublic.model_validate(document, context=SERVED)
-        except (ValidationError, ValueError) as exc:
-            raise ServerError(f"GET /v1/snapshot sent no valid snapshot: {exc}") from exc
+        except (ValidationError, ValueError) as exc:  # one line, not pydantic's with the data
+            why = first_error(exc) if isinstance(exc, ValidationError) else exc
+            raise ServerError(f"GET /v1/snapshot sent no valid snapshot: {why}") from exc
         return document, response.headers.get("etag", "")
 
     def import_snapshot(self, document: Mapping[str, Any] | SnapshotPublic) -> dict[str, int]:
@@ -416,7 +428,7 @@ class Client(WorkerCalls, AdminCalls):
         """
         if isinstance(document, SnapshotPublic):
             document = document.model_dump(mode="json", by_alias=True)
-        response = self._call("POST", "/v1/snapshot", json=dict(document))
+        response = self._call("POST", "/v1/snapshot", small=True, json=dict(document))
         return parse(SnapshotImportResult, response, "/v1/snapshot").model_dump()
 
     # -- artifacts: the integrations' own JSON (tunecache.inductor, tunecache.tvm) ----------
@@ -430,7 +442,7 @@ class Client(WorkerCalls, AdminCalls):
         for start in range(0, len(items), MAX_BATCH):
             batch = ArtifactBatch(items=list(items[start : start + MAX_BATCH]))
             body = batch.model_dump(mode="json")
-            response = self._call("POST", "/v1/artifacts", json=body)
+            response = self._call("POST", "/v1/artifacts", small=True, json=body)
             result = parse(ArtifactPutResult, response, "/v1/artifacts")
             stored, kept = stored + result.stored, kept + result.kept
         return ArtifactPutResult(stored=stored, kept=kept)

@@ -61,6 +61,9 @@ LOOKUP_ANSWER_BYTES = 2 * 1024 * 1024
 # trace of 4,096 instructions, about 4.5 containers each) with room to spare.
 LOOKUP_ANSWER_CONTAINERS = 65_536
 MAX_ANSWER_BYTES = 256 * 1024 * 1024
+# Bytes an answer of one small object may read (an upload's result, a job, a token, whoami): a
+# hostile server's 64 MiB claim answer took a daemon from 453 MB to 1.83 GB before it was refused.
+SMALL_ANSWER_BYTES = 1024 * 1024
 # An error answer read as JSON: a 422 naming every error of a large upload fits; a 500 of 256 MiB
 # of empty lists, parsed unbounded, would have held tens of GB (read as text past these).
 ERROR_ANSWER_BYTES = 1024 * 1024
@@ -448,6 +451,23 @@ def _foreign(response: httpx.Response, path: str) -> ServerError:
     )
 
 
+# Errors of a bad answer worth listing to find the first: pydantic lists them all, 4.6 s for a
+# million (a list of a million numbers where records belong, were its length not bounded).
+LISTED_ERRORS = 10_000
+
+
+def first_error(exc: ValidationError) -> str:
+    """The first of ``exc``'s errors in a line, with their count; its location may hold the
+    server's own keys: quoted, cut."""
+    count = exc.error_count()
+    if count > LISTED_ERRORS:
+        return f"{count:,} errors against {exc.title}"
+    first = exc.errors(include_url=False)[0]
+    where = ".".join(repr(p) if isinstance(p, str) else str(p) for p in first["loc"])
+    said = shown(f"{first['msg']} at {where or 'the body'}".replace("\n", " "))
+    return f"{said[:BAD_ANSWER_CHARS]} ({count} error(s))"
+
+
 def parse(model: type[M], response: httpx.Response, path: str, *,
           max_containers: int | None = None) -> M:  # fmt: skip
     """The answer of ``path`` as ``model``, read within the call's deadline (:func:`deadline`)
@@ -473,11 +493,7 @@ def parse(model: type[M], response: httpx.Response, path: str, *,
     except ValidationError as exc:
         if not is_tunecache(response):
             raise _foreign(response, path) from exc
-        first = exc.errors()[0]  # its location may hold the server's own keys: quoted, cut
-        where = ".".join(repr(p) if isinstance(p, str) else str(p) for p in first["loc"])
-        said = shown(f"{first['msg']} at {where or 'the body'}".replace("\n", " "))
-        raise ServerError(f"{path} gave a bad answer: {said[:BAD_ANSWER_CHARS]} "
-                          f"({exc.error_count()} error(s))") from exc  # fmt: skip
+        raise ServerError(f"{path} gave a bad answer: {first_error(exc)}") from exc
     if (left := time_left()) is not None and left < 0:
         raise ServerError(f"{path}: reading the answer took {-left:.2f} s past the call's "
                           f"deadline")  # fmt: skip

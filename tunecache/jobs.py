@@ -34,6 +34,7 @@ Package = Annotated[
 ]
 STRATEGY_PATTERN = r"^[a-z_]{1,64}$"
 MAX_JOB_TRIALS = 1_000_000
+MAX_JOB_PAGE = 1000  # jobs one listing holds at most
 JobStrategy = Annotated[str, Field(min_length=1, max_length=64, pattern=STRATEGY_PATTERN)]
 JobTrials = Annotated[int, Field(strict=True, ge=1, le=MAX_JOB_TRIALS), INTEGRAL]
 KeyHash = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
@@ -117,5 +118,5 @@ class JobDone(_Strict):
 
 
 class JobList(_Strict):
-    items: list[JobPublic]
+    items: Annotated[list[JobPublic], Field(max_length=MAX_JOB_PAGE)]
     count: int

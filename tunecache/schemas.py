@@ -3,7 +3,8 @@
 The job queue's are in :mod:`tunecache.jobs`, disputes' and verifiers' in
 :mod:`tunecache.verification`, snapshots' in :mod:`tunecache.snapshot`, artifacts' in
 :mod:`tunecache.artifacts`, measurements' (timings, their conditions, speedups) in
-:mod:`tunecache.measured`; their strict base is :mod:`tunecache.strict`.
+:mod:`tunecache.measured`, a key's (re-exported here) in :mod:`tunecache.key_model`; their strict
+base is :mod:`tunecache.strict`.
 
 Naming follows the FastAPI template: ``XCreate`` is what a client sends, ``XPublic`` what the server
 returns. Every model forbids unknown fields and bounds its sizes, so a malformed or oversized upload
@@ -31,12 +32,17 @@ from pydantic import (
 )
 
 from tunecache import believed, examples
-from tunecache.canonical import check_json_size, integral
+from tunecache.canonical import check_json_size
 from tunecache.configcheck import config_problem
-from tunecache.errors import InvalidInput
 from tunecache.jsonsafe import INT64_MAX
 from tunecache.kernels import builtin_problem
-from tunecache.key import BACKENDS, DTYPES, KEY_SCHEMA_VERSION, Key, check_problem
+from tunecache.key_model import Backend as Backend
+from tunecache.key_model import DeviceModel as DeviceModel
+from tunecache.key_model import Dtype as Dtype
+from tunecache.key_model import KeyModel as KeyModel
+from tunecache.key_model import Name as Name
+from tunecache.key_model import Problem as Problem
+from tunecache.key_model import ProblemName, checked_problem
 from tunecache.measured import MAX_NOISE_REASONS as MAX_NOISE_REASONS
 from tunecache.measured import ROUNDING, uploaded
 from tunecache.measured import SAME_BELOW as SAME_BELOW
@@ -44,7 +50,7 @@ from tunecache.measured import BaselineModel as BaselineModel
 from tunecache.measured import ConditionsModel as ConditionsModel
 from tunecache.measured import Speedup as Speedup
 from tunecache.measured import TimingModel as TimingModel
-from tunecache.problem import MAX_DIM, MAX_FLAG_CHARS, MAX_PARAMS, describe, foreign_params
+from tunecache.problem import MAX_PARAMS, foreign_params
 from tunecache.strict import INTEGRAL as INTEGRAL
 from tunecache.strict import SERVED, Utc
 from tunecache.strict import STORED as STORED
@@ -54,6 +60,7 @@ from tunecache.strict import Strict as _Strict
 from tunecache.strict import Text as Text
 
 MAX_TRIALS = 20_000
+MAX_LISTED = 100_000  # records one listing holds at most (a server's list_limit)
 MAX_CHECKS = 256
 MAX_CONFIG_BYTES = 256 * 1024
 MAX_ID = 2**31 - 1  # ids are INTEGER columns: int32 on PostgreSQL
@@ -61,9 +68,6 @@ MAX_SEARCH_SECONDS = 1e8
 MAX_REPEATS = 64  # the times a trial keeps behind its time
 MAX_TRIAL_ERROR = 2048  # characters of a trial's error
 
-Backend = Literal["triton", "tvm", "inductor"]
-assert set(BACKENDS) == {"triton", "tvm", "inductor"}
-Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$")]
 ShortText = Annotated[Text, Field(max_length=512)]
 # A relative or absolute error: any size a broken kernel produces, but a number.
 Error = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
@@ -80,96 +84,6 @@ def _check_config(value: JSONObject) -> JSONObject:
     return checked
 
 
-# The constraints of ``tunecache.key.check_problem`` that JSON Schema can say (the document a
-# client is generated from); it also checks that one size is an integer, and the kernel's rules.
-ProblemName = Annotated[str, Field(min_length=1, max_length=128,
-                                   pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$")]  # fmt: skip
-ProblemValue = (
-    Annotated[int, Field(strict=True, ge=1, le=MAX_DIM), INTEGRAL]
-    | StrictBool
-    | Annotated[Line, Field(strict=True, max_length=MAX_FLAG_CHARS)]  # printable: logs show it
-)
-Problem = Annotated[
-    dict[ProblemName, ProblemValue],
-    Field(min_length=1, max_length=MAX_PARAMS, json_schema_extra={"additionalProperties": False}),
-]
-# A string (a list is "not a valid string"), one of DTYPES (checked by KeyModel, naming them).
-Dtype = Annotated[str, Field(json_schema_extra={"enum": list(DTYPES)})]
-
-
-class DeviceModel(_Strict):
-    kind: Literal["cpu", "cuda", "rocm"]
-    arch: Name
-    name: Annotated[Line, Field(min_length=1, max_length=128)]
-    units: Annotated[int, Field(strict=True, ge=1, le=1_000_000), INTEGRAL]
-    memory_gb: Annotated[int, Field(strict=True, ge=0, le=1_000_000), INTEGRAL] = 0
-    flags: Annotated[list[Name], Field(max_length=64)] = []
-
-
-def _checked_problem(value: Any, kernel: str | None = None) -> Any:
-    """``check_problem`` as a pydantic validator: one error naming the parameter and its bound."""
-    try:
-        return check_problem(value, kernel=kernel)
-    except InvalidInput as exc:
-        raise ValueError(str(exc)) from None
-
-
-class KeyModel(_Strict):
-    """A :class:`tunecache.key.Key` on the wire."""
-
-    schema_: Annotated[
-        int, Field(alias="schema", json_schema_extra={"const": KEY_SCHEMA_VERSION})
-    ] = KEY_SCHEMA_VERSION
-    kernel: Name
-    source_hash: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[0-9a-f]+$")]
-    backend: Backend
-    problem: Problem
-    dtype: Dtype
-    device: DeviceModel
-    # Distribution name -> version (tunecache.environment).
-    environment: Annotated[
-        dict[
-            Annotated[
-                str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-            ],
-            Annotated[Line, Field(max_length=64)],
-        ],
-        Field(max_length=16, json_schema_extra={"additionalProperties": False}),
-    ]
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
-                              json_schema_extra={"examples": [examples.KEY]})  # fmt: skip
-
-    @field_validator("schema_", mode="before")
-    @classmethod
-    def _known_schema(cls, value: Any) -> Any:
-        if type(integral(value)) is not int or value != KEY_SCHEMA_VERSION:  # not True
-            raise ValueError(f"key schema {describe(value)} is not {KEY_SCHEMA_VERSION}")
-        return KEY_SCHEMA_VERSION
-
-    @field_validator("dtype")
-    @classmethod
-    def _known_dtype(cls, value: str) -> str:
-        if value not in DTYPES:
-            raise ValueError(f"unknown dtype {describe(value)}; expected one of {DTYPES}")
-        return value
-
-    @field_validator("problem", mode="before")
-    @classmethod
-    def _valid_problem(cls, value: Any, info: ValidationInfo) -> Any:
-        return _checked_problem(value, info.data.get("kernel"))
-
-    @classmethod
-    def from_key(cls, key: Key) -> KeyModel:
-        return cls.model_validate(key.to_json())
-
-    def to_key(self) -> Key:
-        return Key.from_json(self.model_dump(by_alias=True))
-
-    def digest(self) -> str:
-        return self.to_key().digest()
-
-
 class CheckModel(_Strict):
     """One comparison of a candidate's output with the float64 golden reference."""
 
@@ -182,7 +96,7 @@ class CheckModel(_Strict):
     passed: StrictBool
     note: ShortText = ""
 
-    _valid_problem = field_validator("problem", mode="before")(_checked_problem)
+    _valid_problem = field_validator("problem", mode="before")(checked_problem)
 
     @classmethod
     def raised(cls, problem: Mapping[str, Any], seed: int, why: str) -> CheckModel:
@@ -498,7 +412,9 @@ class LookupResponse(_Strict):
 
 
 class RecordList(_Strict):
-    items: list[RecordPublic]
+    # A server lists at most its list_limit (at most this); a hostile one's million numbers
+    # were a million errors to build, 11 s and 1.7 GB of a 2 MiB answer.
+    items: Annotated[list[RecordPublic], Field(max_length=MAX_LISTED)]
     count: int
 
 

@@ -66,6 +66,7 @@ def shown_part(token: str) -> str:
 # A token's name as servers have stored, served and exported it (snapshots state it as their
 # uploader's and verifier's): no comma, no control or invisible character. It is read as it is,
 # so what an older server accepted stays readable; a NEW name is a NewTokenName.
+MAX_LISTED_TOKENS = 100_000  # tokens one listing holds at most (the first, by id)
 NAME_CHARACTERS = r"[\w.@:/ -]+"
 TokenName = Annotated[str, Field(min_length=1, max_length=128, pattern=f"^{NAME_CHARACTERS}$")]
 # A new token's name: ASCII letters, digits and _.@:/- in words one space apart (no leading,
@@ -133,4 +134,4 @@ class TokenCreated(_Strict):
 
 
 class TokenList(_Strict):
-    items: list[TokenPublic]
+    items: Annotated[list[TokenPublic], Field(max_length=MAX_LISTED_TOKENS)]

@@ -31,7 +31,7 @@ class WorkerCalls:
 
     def _call(
         self, method: str, path: str, timeout: float | None = None, *, read: bool = False,
-        **kwargs: Any,
+        small: bool = False, **kwargs: Any,
     ) -> httpx.Response:  # fmt: skip
         raise NotImplementedError  # the client's
 
@@ -100,7 +100,7 @@ class WorkerCalls:
         if getattr(self, "_unfiltered_claims", False):
             body.pop("kernel_packages", None)
         try:
-            response = self._call("POST", "/v1/jobs/claim", json=body)
+            response = self._call("POST", "/v1/jobs/claim", small=True, json=body)
         except ServerError as exc:
             if exc.status_code == 422 and "key_hashes" in str(exc):
                 raise ServerError(f"the server cannot limit a claim to given keys (older than "
@@ -114,7 +114,7 @@ class WorkerCalls:
             logger.warning("the server cannot filter claims by kernel package: %s", exc)
             self._unfiltered_claims = True
             body.pop("kernel_packages", None)
-            response = self._call("POST", "/v1/jobs/claim", json=body)
+            response = self._call("POST", "/v1/jobs/claim", small=True, json=body)
         if response.status_code == 204:
             return None
         return parse(JobPublic, response, "/v1/jobs/claim", max_containers=SMALL_ANSWER_CONTAINERS)
@@ -143,5 +143,6 @@ class WorkerCalls:
              max_containers: int = SMALL_ANSWER_CONTAINERS, **kwargs: Any) -> M:  # fmt: skip
         """One job call's answer as ``model``, of at most ``max_containers`` arrays and objects
         (default: one job's, with room to spare)."""
-        response = self._call(method, path, **kwargs)
+        small = max_containers == SMALL_ANSWER_CONTAINERS  # one job, not a page of them
+        response = self._call(method, path, small=small, **kwargs)
         return parse(model, response, path, max_containers=max_containers)

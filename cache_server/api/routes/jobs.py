@@ -17,6 +17,7 @@ from cache_server.models import JobRow, RecordRow, TokenRow, utcnow
 from cache_server.ratelimit import too_many
 from cache_server.settings import ServerSettings
 from tunecache.jobs import (
+    MAX_JOB_PAGE,
     ClaimRequest,
     JobCreate,
     JobDone,
@@ -312,7 +313,7 @@ def fail(
 def list_jobs(
     session: SessionDep,
     state: JobState | None = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=MAX_JOB_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
 ) -> JobList:
     rows, total = jobs.list_jobs(session, state=state, limit=limit, offset=offset)
