@@ -71,6 +71,10 @@ def test_get_unreachable_server_is_exit_3() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     done = tunecache("get", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8", "--server", url)
     assert done.returncode == 3 and "Connect" in done.stderr and "Traceback" not in done.stderr
+    # Nothing listens there: said as the likely cause (it was errno 111 alone).
+    for run in (done, tunecache("records", "ls", "--server", url)):
+        assert run.stderr.rstrip().endswith("(is `tunecache serve` running there, and is the URL "
+                                            "right?)"), run.stderr  # fmt: skip
 
 
 def test_get_miss_is_exit_1(shared_server: LiveServer) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -223,3 +224,16 @@ def test_key_for_a_shape_that_is_no_mapping_names_what_a_shape_is(shape: object)
     with pytest.raises(InvalidInput, match=r"matmul: a shape maps its parameters to sizes, e\.g\. "
                        r"\{'M': 64, 'N': 64, 'K': 64\}; got "):  # fmt: skip
         key_for("matmul", "tvm", shape, "float32")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("ref", "dotted"), [("mypkg/kernels.py:RowScale", "mypkg.kernels:RowScale"),
+                                             ("./mypkg/kernels.py:K", "mypkg.kernels:K"),
+                                             ("kernels.py:K", "kernels:K")])  # fmt: skip
+def test_a_kernel_named_by_its_file_is_told_its_module_name(ref: str, dotted: str) -> None:
+    """It was told to put the folder on PYTHONPATH, which does not help a path."""
+    from tunecache.kernels import load_ref
+
+    with pytest.raises(InvalidInput, match=f"names a file; a kernel is named by its module, "
+                       f"e.g. {re.escape(dotted)} with") as raised:  # fmt: skip
+        load_ref(ref)
+    assert "PYTHONPATH" not in str(raised.value)

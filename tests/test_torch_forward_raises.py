@@ -32,3 +32,31 @@ def test_a_forward_that_raises_is_bad_input_not_a_failed_compile(
     err = capsys.readouterr().err
     assert "running" in err and "ValueError: my forward is broken" in err
     assert "compiling" not in err
+
+
+NEEDS_ARGUMENTS = """
+import torch
+from torch import nn
+
+
+class Model(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.linear = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+"""
+
+
+def test_a_module_whose_file_has_no_init_inputs_is_told_so(tmp_path: Path, capsys: Any) -> None:
+    """It blamed ``Model(*get_init_inputs())``, a function the file does not have."""
+    path = tmp_path / "needs.py"
+    path.write_text(NEEDS_ARGUMENTS)
+    assert cli_main(["tune", "--torch", f"{path}:Model", "--no-upload"]) == 2
+    err = capsys.readouterr().err
+    assert "Model() (needs.py has no get_init_inputs() to give its arguments) failed" in err, err

@@ -209,16 +209,30 @@ def load_ref(ref: str) -> Any:
                 "PYTHONPATH: a script sees its own folder, not the current directory)"
                 if isinstance(exc, ModuleNotFoundError) and exc.name == top else "")  # fmt: skip
         why = f"cannot import {module_name!r} for kernel {ref!r}: {exc}{hint}"
-        raise InvalidInput(why) from None
+        raise InvalidInput(_as_file(module_name, qualname) or why) from None
     except Exception as exc:  # the module itself fails: a syntax error, a raise at import
         why = f"importing {module_name!r} for kernel {ref!r} failed: {one_line(exc)}"
-        raise InvalidInput(why) from None
+        raise InvalidInput(_as_file(module_name, qualname) or why) from None
     for part in qualname.split("."):
         try:
             found = getattr(found, part)
         except AttributeError:
             raise InvalidInput(f"module {module_name!r} has no {qualname!r}") from None
     return found
+
+
+def _as_file(module_name: str, qualname: str) -> str | None:
+    """What to write for a kernel named by a file's path (``mypkg/kernels.py:K``, a form
+    ``tune --torch`` takes), or ``None`` when ``module_name`` reads as no path."""
+    path = module_name.replace("\\", "/")
+    if "/" not in path and not path.endswith(".py"):
+        return None
+    dotted = ".".join(p for p in path.removesuffix(".py").split("/") if p not in ("", "."))
+    return (
+        f"{module_name}:{qualname} names a file; a kernel is named by its module, "
+        f"e.g. {dotted}:{qualname} with the folder holding it on sys.path (FILE.py:NAME is "
+        "what tune --torch and --tvm take)"
+    )
 
 
 def get_kernel(name: str) -> KernelSpec:

@@ -82,6 +82,14 @@ def user_path() -> None:
     sys.path[:] = [*kept, ours, here]
 
 
+def _nobody_there(exc: ServerError) -> str:
+    """A hint when nothing listens at the server's address (a connection refused)."""
+    cause = exc.__cause__
+    if exc.status_code is None and "connection refused" in str(cause).lower():
+        return " (is `tunecache serve` running there, and is the URL right?)"
+    return ""
+
+
 def server_exit(exc: ServerError) -> int:
     """The exit code of a server's error, as docs/cli.md gives them: 3 unreachable, unavailable
     (503: busy, or its database down; 429: over its rate limit: both say try again) or an answer
@@ -129,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ServerError as exc:  # what a server said, on one line
         from tunecache_cli.table import shown
 
-        print(f"tunecache: error: {shown(str(exc))}", file=sys.stderr)
+        print(f"tunecache: error: {shown(str(exc))}{_nobody_there(exc)}", file=sys.stderr)
         return server_exit(exc)
     except TuningError as exc:
         print(f"tunecache: tuning failed: {exc}", file=sys.stderr)

@@ -59,7 +59,10 @@ def load_target(
         try:
             target = target(*args)
         except Exception as exc:
-            raise InvalidInput(f"--torch: {name}(*{init_name}()) failed: {one_line(exc)}") from exc
+            called = f"{name}(*{init_name}())"
+            if not hasattr(module, init_name):
+                called = f"{name}() ({path.name} has no {init_name}() to give its arguments)"
+            raise InvalidInput(f"--torch: {called} failed: {one_line(exc)}") from exc
     elif not callable(target):
         raise InvalidInput(f"--torch: {name} in {path} is not a function or nn.Module class")
     inputs = _call_factory(module, inputs_name, path, required=True)
