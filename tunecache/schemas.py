@@ -251,6 +251,26 @@ class RecordCreate(_Strict):
             raise ValueError(why)
         return self
 
+    @model_validator(mode="after")
+    def _search_agrees(self, info: ValidationInfo) -> RecordCreate:
+        """What its search could not have done, as uploaded: more trials stored than it ran, or
+        interleaved rounds longer than the whole tune (an audit uploaded 10,000 rounds of 1 ms
+        or more in a tune of 0.001 s). The rounds ran inside ``search.seconds`` (tuner.tune
+        times the final comparison too), each contender at least one call a round, half of them
+        no quicker than its median round's quickest (the timing kept)."""
+        if not uploaded(info):
+            return self
+        if len(self.trials) > self.search.trials:
+            raise ValueError(f"search.trials is {self.search.trials} but {len(self.trials)} "
+                             "trials are stored")  # fmt: skip
+        compared = [b for b in self.baselines if b.speedup is not None]
+        rounds = max((b.speedup.rounds for b in compared if b.speedup), default=0)
+        least_ms = (rounds + 1) // 2 * (self.timing.min_ms + sum(b.timing.min_ms for b in compared))
+        if least_ms > (self.search.seconds + 0.001) * 1000 * (1 + ROUNDING):
+            raise ValueError(f"{rounds} interleaved rounds take at least {least_ms / 1000:.3g} s, "
+                             f"more than search.seconds {self.search.seconds:g}")  # fmt: skip
+        return self
+
     def comparisons(self) -> list[BaselineModel]:
         """The baselines its speedups are read from: all it holds, less any named twice (a stored
         record's: not when a verifier did not believe its uploader's times)."""
