@@ -101,12 +101,17 @@ def queue(client: Any, manifest: Any) -> tuple[list[str], int]:
     return followed, tuned
 
 
+def devices_needed(manifest: Any, hashes: list[str]) -> list[str]:
+    """The daemons' devices (``cpu``, ``cuda``) the manifest's keys among ``hashes`` need."""
+    wanted = set(hashes)
+    return sorted({"cpu" if k.device.kind == "cpu" else "cuda"
+                   for k in manifest.keys if k.digest() in wanted})  # fmt: skip
+
+
 def unclaimed_hint(manifest: Any, hashes: list[str]) -> str:
     """What to run when no worker claims the followed jobs: a daemon for each device they need
     (with the packages of the manifest's own kernels)."""
-    wanted = set(hashes)
-    devices = sorted({"cpu" if k.device.kind == "cpu" else "cuda"
-                      for k in manifest.keys if k.digest() in wanted})  # fmt: skip
+    devices = devices_needed(manifest, hashes)
     kernels = f" --kernels {','.join(manifest.packages)}" if manifest.packages else ""
     runs = " and ".join(f"`tunecache daemon --device {d}{kernels}`" for d in devices)
     where = " on a machine with a GPU" if "cuda" in devices else ""
@@ -114,15 +119,18 @@ def unclaimed_hint(manifest: Any, hashes: list[str]) -> str:
 
 
 def follow(client: Any, hashes: list[str], poll: float = 2.0, *, hint: str = "",
-           hint_after: float = UNCLAIMED_HINT_SECONDS) -> int:  # fmt: skip
-    """Prints progress until every followed job is done or failed; returns the failures. When
-    no job was ever claimed after ``hint_after`` seconds, prints ``hint`` once (and goes on:
-    a daemon may start later). On a terminal the line is redrawn at each poll; elsewhere (a
-    log) a line is written when a count changes, else every :data:`QUIET_LINE_SECONDS`."""
+           hint_after: float = UNCLAIMED_HINT_SECONDS,
+           started: float | None = None) -> int:  # fmt: skip
+    """Prints progress until every followed job is done or failed; returns the failures. The
+    elapsed time counts from ``started`` (``time.monotonic()`` when the command began: the
+    tuning of ``--local`` included), else from now. When no job was ever claimed after
+    ``hint_after`` seconds, prints ``hint`` once (and goes on: a daemon may start later). On a
+    terminal the line is redrawn at each poll; elsewhere (a log) a line is written when a count
+    changes, else every :data:`QUIET_LINE_SECONDS`."""
     from tunecache_cli.progress import Countdown
 
     wanted = set(hashes)
-    started = time.monotonic()
+    started = time.monotonic() if started is None else started
     live = sys.stderr.isatty()
     line = _Line(live)
     countdown, finished, before = Countdown(), 0, None  # before: jobs finished when it began
@@ -174,17 +182,19 @@ class _Line:
 def _tune_here(client: Any, manifest: Any, trials: int, hashes: list[str]) -> None:
     """``pretune --local``: daemons in this process that claim only the manifest's jobs (jobs
     this machine cannot run are left queued; a job someone else queued was tuned here first, at
-    its own budget), again while a followed job that failed here waits for its retry. A job
-    tunes with at most the manifest's largest budget or ``trials`` (the job of a manifest's key
-    queued before by someone else may ask for more)."""
+    its own budget), again while a followed job that failed here waits for its retry. Only the
+    devices the jobs' keys need get a daemon (a manifest of CPU keys says nothing of CUDA). A
+    job tunes with at most the manifest's largest budget or ``trials`` (the job of a manifest's
+    key queued before by someone else may ask for more)."""
     from tunecache_cli.progress import working
     from tuner.daemon import Daemon, DaemonOptions
 
     skip: set[str] = set()
     most, parts = _most(manifest, trials), _parts(hashes)
+    devices = devices_needed(manifest, hashes)
 
     def drain() -> None:
-        for device, part in ((d, p) for d in ("cpu", "cuda") for p in parts):
+        for device, part in ((d, p) for d in devices for p in parts):
             if device in skip:
                 continue
             options = DaemonOptions(device=device, once=True, trials=trials, max_trials=most,
@@ -273,6 +283,7 @@ def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache.manifest import load_manifest
 
+    started = time.monotonic()  # the progress line's clock: --local's tuning counts
     check_count("--trials", args.trials)
     manifest = load_manifest(args.manifest)  # a bad manifest stops here: nothing queued
     _check_strategies(manifest)
@@ -287,7 +298,8 @@ def run(args: argparse.Namespace) -> int:
             _on_ray(client, manifest, args.trials, hashes, args.ray)
         failed = 0
         if hashes and not args.no_wait:
-            failed = follow(client, hashes, hint=unclaimed_hint(manifest, hashes))
+            failed = follow(client, hashes, hint=unclaimed_hint(manifest, hashes),
+                            started=started)  # fmt: skip
         if args.json:  # stdout holds the JSON only; progress went to stderr
             print(_followed_json(client, hashes, len(manifest.keys), tuned))
         return 1 if failed else 0

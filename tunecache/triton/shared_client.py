@@ -7,6 +7,10 @@ A malformed ``TUNECACHE_URL`` is no server at all, never the default one (someon
 shared host): lookups answer from this process's memo and the snapshot file, a miss is tuned
 here, and nothing is uploaded. :class:`WrapperClient` remembers a server's refusal of the token
 (401 or 403) and names it where an upload is kept in the outbox instead of sent.
+
+Under ``TRITON_INTERPRET=1`` the client reports no misses: the key names the interpreter's CPU,
+and no daemon tunes Triton there (the CLI refuses it, a CUDA daemon claims no CPU's job), so a job
+would stay queued for good. Lookups are asked as ever: a record the server holds is served.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from tunecache.policies import VersionPolicy
 from tunecache.processlock import ProcessLock
 from tunecache.schemas import LookupResponse, RecordCreate
 from tunecache.settings import Settings, settings_without_bad
+from tunecache.triton.hostbench import interpreted
 
 logger = logging.getLogger("tunecache.triton.autotuner")
 URL_VAR = "TUNECACHE_URL"
@@ -134,16 +139,18 @@ _CREATING = ProcessLock()
 
 def shared_client(url: str | None, snapshot: Path | None, policy: VersionPolicy) -> Client:
     """One client per process and settings, shared by every decorated kernel (and thread: 16
-    threads' first launches at once made 16 clients, each with its pool, memo and thread)."""
+    threads' first launches at once made 16 clients, each with its pool, memo and thread).
+    Misses are reported to the server except under Triton's interpreter (the module's doc)."""
     with _CREATING:
-        return _shared_client(server_url(url), snapshot, policy)
+        return _shared_client(server_url(url), snapshot, policy, not interpreted())
 
 
 @functools.cache
-def _shared_client(url: str | None, snapshot: Path | None, policy: VersionPolicy) -> Client:
+def _shared_client(url: str | None, snapshot: Path | None, policy: VersionPolicy,
+                   report_misses: bool = True) -> Client:  # fmt: skip
     found = settings()
-    client = WrapperClient(url, timeout=found.timeout, token=found.token or "",
-                           snapshot=snapshot, policy=policy, report_misses=True)  # fmt: skip
+    client = WrapperClient(url, timeout=found.timeout, token=found.token or "", snapshot=snapshot,
+                           policy=policy, report_misses=report_misses)  # fmt: skip
     # Disputes and miss reports still queued at exit reach the server (a few seconds at most).
     atexit.register(client.close)
     return client
