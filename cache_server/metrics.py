@@ -11,6 +11,11 @@ default, so apps built side by side in one process count apart). Families, with 
 - ``tunecache_jobs{state}`` (gauge; ``queued``, ``running``, ``done``, ``failed``)
 - ``tunecache_records`` (gauge)
 
+``status`` is the answer's status, or ``499`` (nginx's "client closed request") for a request
+whose client went away before any answer started (it closed the connection while sending its
+body, say): no answer was sent, and the server did nothing wrong. A request whose app failed
+before answering counts as ``500``.
+
 ``route`` is the matched route's template (``/v1/records/{record_id}``), never the raw path, and
 ``"unmatched"`` when no route matched; ``method`` is one of the standard methods or ``"OTHER"``:
 label values come from a fixed, small set whatever clients send.
@@ -62,6 +67,7 @@ from tunecache.jobs import JobState
 logger = logging.getLogger(__name__)
 
 UNMATCHED: Final = "unmatched"
+CLIENT_CLOSED: Final = 499  # nginx's "client closed request": gone before any answer started
 MISS_RULE: Final = "none"
 METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UPLOAD_OUTCOMES: Final = ("winner", "kept", "unvalidated")
@@ -234,7 +240,8 @@ class ObserveRequests:
     The id (``X-Request-ID``, see :func:`cache_server.logs.new_request_id`) is echoed in the
     response and set in :data:`cache_server.logs.request_id` while the request is served. The
     time runs to the end of the response, streamed or not; a request whose app fails before
-    answering counts as a 500.
+    answering counts as a 500, and one whose client went away before any answer started (the
+    app, told ``http.disconnect``, returned without one) as :data:`CLIENT_CLOSED`.
 
     Args:
         app: The ASGI app to wrap.
@@ -252,19 +259,28 @@ class ObserveRequests:
         rid = logs.new_request_id(_header(scope, REQUEST_ID_KEY))
         echoed = (REQUEST_ID_KEY, rid.encode())
         status = 500
+        started = gone = False
         token = logs.request_id.set(rid)
         start = time.perf_counter()
 
+        async def watching_receive() -> Message:
+            nonlocal gone
+            message: Message = await receive()
+            gone = gone or message["type"] == "http.disconnect"
+            return message
+
         async def tagging_send(message: Message) -> None:
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
                 headers = [h for h in message.get("headers", []) if h[0].lower() != REQUEST_ID_KEY]
                 message = {**message, "headers": [*headers, echoed]}
             await send(message)
 
         try:
-            await self.app(scope, receive, tagging_send)
+            await self.app(scope, watching_receive, tagging_send)
+            if gone and not started:  # returned unanswered, the client gone: not a server error
+                status = CLIENT_CLOSED
         finally:
             seconds = time.perf_counter() - start
             route = route_template(scope)

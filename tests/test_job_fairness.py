@@ -189,7 +189,7 @@ def test_another_tokens_failed_job_is_requeued_with_its_own_parameters(
     made = _create(url, alice, 7, priority=-3, max_attempts=1, strategy="random", trials=5)
     assert made.status_code == 201, made.text
     fail_it()
-    again = _create(url, mallory, 7, priority=1000, max_attempts=100, strategy="grid",
+    again = _create(url, mallory, 7, priority=1000, max_attempts=100, strategy="exhaustive",
                     trials=1_000_000)  # fmt: skip
     assert again.status_code == 200, again.text
     job = again.json()["job"]
@@ -197,9 +197,9 @@ def test_another_tokens_failed_job_is_requeued_with_its_own_parameters(
     got = (job["priority"], job["max_attempts"], job["strategy"], job["trials"])
     assert got == (-3, 1, "random", 5)
     fail_it()
-    own = _create(url, alice, 7, max_attempts=2, strategy="grid", trials=9).json()["job"]
+    own = _create(url, alice, 7, max_attempts=2, strategy="exhaustive", trials=9).json()["job"]
     got5 = (own["state"], own["priority"], own["max_attempts"], own["strategy"], own["trials"])
-    assert got5 == ("queued", 0, 2, "grid", 9)
+    assert got5 == ("queued", 0, 2, "exhaustive", 9)
 
 
 def test_a_failed_job_of_no_recorded_requester_comes_back_within_the_bounds(

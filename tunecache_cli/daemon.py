@@ -38,7 +38,11 @@ def register(commands: Any) -> None:
         help="the most seconds one job may take: search, checks, timing",
     )
     parser.add_argument("--strategy", help="search strategy (default: the backend's)")
-    parser.add_argument("--once", action="store_true", help="stop when no job is left")
+    parser.add_argument(
+        "--once", action="store_true",
+        help="stop when no job is left (or when the server keeps handing out a job this run "
+        "already failed or completed)",
+    )  # fmt: skip
     parser.add_argument("--poll", type=float, default=5.0, help="seconds between empty claims")
     parser.add_argument("--lease", type=float, default=300.0, help="job lease in seconds")
     parser.add_argument("--workers", type=int, help="measurement worker processes")

@@ -53,7 +53,9 @@ class DaemonOptions:
         device: ``"cpu"`` or ``"cuda"`` (device 0; set ``CUDA_VISIBLE_DEVICES`` per daemon).
         backends: the backends to take jobs for; default: those installed that run on
             ``device`` (Triton only on a GPU: its interpreter cannot time).
-        once: stop when no job is left, instead of polling.
+        once: stop when no job is left, instead of polling. A job it already failed or completed
+            in this run that is handed out again (its retry due at once, a server that refused
+            its completion or its failure) is given back unrun; handed out once more, it stops.
         kernels: the packages of users' kernels this daemon may import (a job names its kernel
             ``package.module:Class``, and anyone who can report a miss can queue a job); it
             claims no job for another package's kernel. Default: built-in kernels only.
@@ -255,6 +257,8 @@ class Daemon(Worker):
         self.options = options
         self.done: list[int] = []  # record ids stored, in order
         self.failed: list[int] = []  # job ids given back as failed
+        self.handled: dict[int, str] = {}  # job id → what this run did with it, once it ended
+        self.returned: set[int] = set()  # job ids handed out again, given back unrun (once)
         self.unsent: list[tuple[JobPublic, Later, float]] = []  # tuned while the server was down
 
     def run(self) -> int:
@@ -333,6 +337,9 @@ class Daemon(Worker):
     def work(self, job: JobPublic, harness: Harness) -> bool:
         """Tunes one claimed job, uploads the winner and completes it (or fails it, saying why:
         then ``False``)."""
+        if self.options.once and job.id in self.handled:
+            self.refuse_again(job)
+            return False
         started = time.perf_counter()
         logger.info("job %d: claimed %s (attempt %d of %d)", job.id, job.key.to_key().short(),
                     job.attempts, job.max_attempts)  # fmt: skip
@@ -362,10 +369,25 @@ class Daemon(Worker):
                            "waits, sent before the next claim", job.id, exc)  # fmt: skip
         return True
 
+    def refuse_again(self, job: JobPublic) -> None:
+        """``once``: a job this worker already failed or completed in this run is handed out
+        again (a server that refused its completion, or its failure, handed it back on every
+        claim, and the daemon failed it 28 times in 120 s, or tuned and uploaded it each time).
+        It is given back unrun, what this run did with it repeated; handed out once more, the
+        worker stops claiming (a later run, or another worker, takes it)."""
+        before = self.handled[job.id]
+        self.give_back(job, TuningError(f"not run again by this --once worker, which {before}"))
+        if job.id in self.returned:
+            logger.warning("job %d: handed out again after it was given back unrun: not "
+                           "claiming any more (--once)", job.id)  # fmt: skip
+            self.stop()
+        self.returned.add(job.id)
+
     def give_back(self, job: JobPublic, exc: Exception) -> None:
         """Fails ``job``, saying why (to be retried while it has attempts left)."""
         logger.warning("job %d: failed: %s", job.id, exc)
         self.failed.append(job.id)
+        self.handled.setdefault(job.id, f"failed it ({type(exc).__name__}: {exc})")
         with contextlib.suppress(ServerError):
             self.client.fail_job(job.id, self.worker, f"{type(exc).__name__}: {exc}")
 
@@ -385,8 +407,11 @@ class Daemon(Worker):
                 raise
             logger.warning("job %d: record #%d stored, job not completed: %s", job.id,
                            record_id, exc)  # fmt: skip
+            self.handled.setdefault(job.id, f"stored record #{record_id} for it, its completion "
+                                            f"refused ({exc})")  # fmt: skip
             self.give_back(job, exc)
             return
         self.done.append(record_id)
+        self.handled.setdefault(job.id, f"completed it with record #{record_id}")
         logger.info("job %d: stored record #%d in %.1f s", job.id, record_id,
                     time.perf_counter() - started)  # fmt: skip

@@ -365,8 +365,8 @@ class BodyLimits:
         except Refused as refused:
             await self._refuse(send, refused)
             return
-        if body is None:
-            return
+        if body is None:  # the client went away: no one to answer (counted as 499, not 500:
+            return  # cache_server.metrics.ObserveRequests saw the http.disconnect)
         replayed = False
 
         async def replay() -> Message:

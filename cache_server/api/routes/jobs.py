@@ -16,6 +16,7 @@ from cache_server.metrics import MetricsDep
 from cache_server.models import JobRow, RecordRow, TokenRow, utcnow
 from cache_server.ratelimit import too_many
 from cache_server.settings import ServerSettings
+from tunecache.errors import InvalidInput
 from tunecache.jobs import (
     MAX_JOB_PAGE,
     ClaimRequest,
@@ -28,13 +29,41 @@ from tunecache.jobs import (
     JobState,
     LeaseRequest,
 )
-from tunecache.kernels import builtin_problem
+from tunecache.kernels import builtin_problem, registered
+from tunecache.key_model import KeyModel
 from tunecache.schemas import INT64_MAX, STORED, LookupRequest
 from tunecache.tokens import grants
 
 router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["jobs"])
 LEASE_LOST: dict[int | str, dict[str, str]] = {409: {"description": "lease lost"}}
 MISS_PRIORITY = -10  # misses seen in production queue behind explicit pre-tuning
+
+# The strategies a daemon tunes with, by backend (what ``tuner.tune.strategy_problem`` takes:
+# ``tuner.search.STRATEGIES`` where the backend has a space to search, and its own search). The
+# server never imports the tuner (the layers); tests/test_job_checks.py holds the two alike.
+SEARCHES = frozenset({"bayes", "exhaustive", "local", "optuna", "portfolio", "random"})
+JOB_STRATEGIES: dict[str, frozenset[str]] = {
+    "triton": SEARCHES,
+    "tvm": SEARCHES | {"meta_schedule"},
+    "inductor": frozenset({"inductor_max_autotune"}),
+}
+
+
+def unrunnable(key: KeyModel, strategy: str | None = None) -> str | None:
+    """Why no daemon can run a job for ``key`` with ``strategy``, the field named first, or
+    ``None``. Only what the server knows: a built-in kernel's backends and dtypes (a user's
+    kernel's are known only where it is imported), and each backend's strategies."""
+    spec = registered(key.kernel) if ":" not in key.kernel else None
+    if spec is not None:
+        try:
+            spec.check_dtype(key.dtype, key.backend)
+        except InvalidInput as exc:
+            return f"{'key.dtype' if key.backend in spec.backends else 'key.backend'}: {exc}"
+    known = JOB_STRATEGIES.get(key.backend, frozenset())
+    if strategy is not None and strategy not in known:
+        return (f"strategy: {strategy!r} is not a strategy of {key.backend}; known: "
+                f"{', '.join(sorted(known))}")  # fmt: skip
+    return None
 
 
 def public(job: JobRow) -> JobPublic:
@@ -78,7 +107,11 @@ def create_job(
     A non-admin token's job gets at most the server's ``job_priority_max`` priority and
     ``job_attempts_max`` attempts (more is lowered to them: the answer's job shows what it
     got), and the token may have at most ``jobs_open_per_token`` open (queued or running) jobs:
-    past it, a request that would open one more is refused (429)."""
+    past it, a request that would open one more is refused (429). A job no daemon could run (a
+    built-in kernel's backend or dtype it lacks, a strategy unknown on the key's backend) is
+    refused (422, naming the field)."""
+    if (why := unrunnable(request.key, request.strategy)) is not None:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, why)
     key_hash = request.key.digest()
     who = f"token:{token.id}"
     admin = _holder(token) is None  # an admin token: not bounded
@@ -153,6 +186,8 @@ def report_miss(
         )
     if (why := builtin_problem(request.key.kernel, request.key.problem)) is not None:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, f"key: {why}")  # no job
+    if (why := unrunnable(request.key)) is not None:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, why)  # no job either
     key_hash = request.key.digest()
     if (existing := jobs.find(session, key_hash=key_hash)) is not None:
         metrics.count_miss_report()
