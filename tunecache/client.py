@@ -102,6 +102,7 @@ from tunecache.verification import (
 from tunecache.worker_calls import WorkerCalls
 
 M = TypeVar("M", bound=BaseModel)
+REDIRECTS = frozenset({301, 302, 303, 307, 308})  # 304 is "not modified": an answer
 
 logger = logging.getLogger(__name__)
 
@@ -306,7 +307,7 @@ class Client(WorkerCalls, AdminCalls):
                     time.sleep(wait)
         except httpx.HTTPError as exc:
             raise ServerError(f"{method} {self.url}{path} failed: {exc}") from exc
-        if response.is_redirect:  # never followed: a token goes only where it was given
+        if response.status_code in REDIRECTS:  # never followed: the token goes where it was sent
             to = shown(response.headers.get("location", "")[:200])
             raise ServerError(f"{method} {self.url}{path}: the server redirected to {to!r}, not "
                               "followed (is the URL right: http or https, a path prefix?)",

@@ -125,8 +125,6 @@ class ValidationReport(_Strict):
     def _consistent(self, info: ValidationInfo) -> ValidationReport:
         if self.passed and not all(c.passed for c in self.checks):
             raise ValueError("validation.passed is true but a check failed")
-        if uploaded(info) and (why := self.contradiction()):
-            raise ValueError(why)
         errors = [c.rel_error for c in self.checks]
         worst = None if None in errors else max(e for e in errors if e is not None)
         if (worst is None) != (self.max_rel_error is None) or (
@@ -135,6 +133,8 @@ class ValidationReport(_Strict):
             and not math.isclose(worst, self.max_rel_error, rel_tol=1e-9, abs_tol=1e-300)
         ):
             raise ValueError("validation.max_rel_error is not the worst check's rel_error")
+        if uploaded(info) and (why := self.contradiction()):
+            raise ValueError(why)
         return self
 
     def contradiction(self) -> str | None:
