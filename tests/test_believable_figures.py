@@ -168,7 +168,7 @@ def test_a_reason_its_measurer_named_is_not_named_again_from_its_rounded_figures
 
 
 def test_a_search_that_could_not_have_run_what_it_claims_is_refused(server: LiveServer) -> None:
-    """10,000 rounds of 1 ms or more in a tune of 0.001 s; fewer trials run than stored."""
+    """10,000 rounds of 1 ms or more in a tune of 0.001 s."""
     rushed = body(make_record(make_key(m=71)))
     with_eager(rushed, winner_ms=1.0, eager_ms=1.5, speedup=1.5)
     rushed["timing"]["min_ms"] = rushed["baselines"][0]["timing"]["min_ms"] = 1.0
@@ -181,10 +181,3 @@ def test_a_search_that_could_not_have_run_what_it_claims_is_refused(server: Live
     )
     rushed["search"]["seconds"] = 20.0  # time enough for them
     assert upload(server, rushed).status_code == 201
-
-    fewer = body(make_record(make_key(m=72), trials=3))
-    fewer["search"]["trials"] = 2
-    answer = upload(server, fewer)
-    assert answer.status_code == 422 and "search.trials is 2 but 3 trials are stored" in (
-        answer.text
-    )

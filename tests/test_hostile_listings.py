@@ -251,12 +251,13 @@ def test_a_redirect_is_named_and_not_followed() -> None:
         conn.sendall(f"HTTP/1.1 307 X\r\nLocation: {target}/steal\r\nContent-Length: 0\r\n"
                      "\r\n".encode())  # fmt: skip
 
-    with serve(elsewhere) as (target, _), serve(redirect) as (url, _):
-        with (
-            Client(url, timeout=SECONDS, token="t" * 40) as client,
-            pytest.raises(ServerError, match=f"redirected to '{target}/steal', not followed"),
-        ):
-            client.list_records(limit=5)
+    with (
+        serve(elsewhere) as (target, _),
+        serve(redirect) as (url, _),
+        Client(url, timeout=SECONDS, token="t" * 40) as client,
+        pytest.raises(ServerError, match=f"redirected to '{target}/steal', not followed"),
+    ):
+        client.list_records(limit=5)
     assert followed == []
 
 

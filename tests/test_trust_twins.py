@@ -55,7 +55,9 @@ def test_a_dispute_and_a_rejection_hold_for_every_copy_of_the_config(server: Liv
     writer = {"Authorization": f"Bearer {token(url, 'hostile', 'write')}"}
     first = upload(url, BAD, 1.0, writer).json()["record_id"]
     copy = upload(url, BAD, 1.2, writer).json()["record_id"]  # a copy held in reserve
-    upload(url, GOOD, 3.0, AUTH)
+    # Verified at once (a trusted token's): no verifier's turn for it before the hostile ones.
+    trusted = {"Authorization": f"Bearer {token(url, 'ci', 'write', trusted=True)}"}
+    upload(url, GOOD, 3.0, trusted)
     reader = {"Authorization": f"Bearer {token(url, 'consumer', 'read')}"}
     disputed_at = {"M": 50, "N": 64, "K": 64}  # in the record's bucket (M 33..64)
     body = dispute_body(make_key(m=64), disputed_at)
@@ -74,7 +76,6 @@ def test_a_dispute_and_a_rejection_hold_for_every_copy_of_the_config(server: Liv
         assert verifier.get_record(copy).status == "disputed"  # a question, not a verdict
     late = upload(url, BAD, 0.1, writer).json()
     assert (late["status"], late["is_winner"]) == ("disputed", False)
-    trusted = {"Authorization": f"Bearer {token(url, 'ci', 'write', trusted=True)}"}
     assert upload(url, BAD, 0.1, trusted).json()["status"] == "disputed"  # a verifier's verdict
     assert served(url) == GOOD
 
