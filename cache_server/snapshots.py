@@ -1,26 +1,31 @@
 """Snapshot queries: the winners of a device arch, and merging a snapshot's records.
 
-Keyword-only and typed, and they never commit: the session's owner does, so an import is one
-transaction. An export states each record's provenance (:mod:`tunecache.snapshot_provenance`);
-an import keeps it and never raises trust above it: a record pending at export stays pending, a
-verified one is verified only when a trusted token imports it (the importer vouches for the file),
-and the importer is recorded as the importer, never as the uploader.
+Keyword-only and typed, and they never commit: the session's owner does, but for an import's
+chunks (:func:`import_records`), each committed as it is stored so that an import holds other
+writers back one chunk at most, never for its whole run. An export states each record's
+provenance (:mod:`tunecache.snapshot_provenance`); an import keeps it and never raises trust above
+it: a record pending at export stays pending, a verified one is verified only when a trusted token
+imports it (the importer vouches for the file), and the importer is recorded as the importer,
+never as the uploader.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 from sqlalchemy import Select, func, select
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session
 
+from cache_server import twins
 from cache_server.models import RecordRow, TokenRow, WinnerRow, utcnow
 from cache_server.queries import (
     RECORD_SIZE,
+    BucketFull,
     WinnerTable,
     add_record,
     public_record,
@@ -144,6 +149,28 @@ def _check_size(session: Session, stmt: Select[Any], max_bytes: int | None) -> N
                                "raise its limit)")  # fmt: skip
 
 
+# An import commits its records a chunk at a time, each chunk taking only its own keys' locks
+# (cache_server.twins.lock_key) and giving them back as it commits. As one transaction, one import
+# of 4,097 keys held every lock slot for 30 s (PostgreSQL; SQLite's one write lock as long): every
+# other token's uploads waited, one 45 s and then a 503, and it failed at the end (a full bucket).
+CHUNK_RECORDS = 256  # records a chunk stores at most
+CHUNK_SECONDS = 0.25  # and it commits once it has held its locks this long
+# What an import waits between chunks on SQLite, where its write lock is the whole database's: a
+# writer waiting for it polls this far apart at most (SQLite's busy handler), and so gets a turn.
+SQLITE_TURN_SECONDS = 0.1
+
+
+class _Planned(NamedTuple):
+    """A snapshot's record as an import stores it: its key's hash, its position in the snapshot,
+    what its provenance states, and the row (:func:`imported_row`)."""
+
+    key_hash: str
+    position: int
+    record: RecordCreate
+    stated: RecordProvenance | None
+    row: RecordRow
+
+
 def import_records(
     session: Session, *, records: Sequence[RecordCreate], uploader: TokenRow | None = None,
     bucket_limit: int | None = None, provenance: Sequence[RecordProvenance] | None = None,
@@ -153,6 +180,14 @@ def import_records(
     provenance): the faster validated record of a key wins. A record whose time a verifier
     re-timed is left out unless ``uploader`` is trusted (:func:`imported_row`).
 
+    What would refuse the import midway is checked first, before any key's lock is taken: a new
+    key in a full bucket is a :class:`BucketFull` at once, nothing stored. Then the records are
+    stored by key, a chunk at a time (:data:`CHUNK_RECORDS`, :data:`CHUNK_SECONDS`), and each
+    chunk but the last is committed here (the session's owner commits the last): a write waits
+    for an import at most one chunk, and only a write of the keys the chunk holds (PostgreSQL).
+    One refused midway all the same (a writer filled the bucket meanwhile) keeps the chunks
+    before it, its error says how many records they stored, and sent again it stores the rest.
+
     Returns:
         ``(imported, winners_changed)``: records stored (not those this uploader had sent
         before: a snapshot imported twice is stored once), and keys whose winner is now one of
@@ -160,28 +195,151 @@ def import_records(
 
     Raises:
         InvalidInput: the database refused a record's data (PostgreSQL refuses NUL characters in
-            text columns, for one); the caller's rollback then undoes the whole import.
+            text columns, for one); the caller's rollback then undoes its chunk.
         BucketFull: a record is a new key's in a bucket at ``bucket_limit`` winners (the same).
     """
+    planned = _plan(session, records=records, provenance=provenance, importer=uploader)
+    if bucket_limit is not None:
+        _check_rooms(session, planned, bucket_limit)
     changed: set[str] = set()
-    stored = 0
-    # By key, each key's in the order sent: every writer takes its keys' locks in one order
-    # (cache_server.twins.lock_key), so two imports at once never wait for each other in a circle.
-    ordered = sorted((record.key.digest(), i, record) for i, record in enumerate(records))
-    for key_hash, i, record in ordered:
-        stated = None if provenance is None else provenance[i]
-        row = imported_row(key_hash=key_hash, record=record, stated=stated, importer=uploader)
-        if row is None:  # a verifier's time only a trusted importer may vouch for
-            continue
+    stored = at = 0
+    while at < len(planned):
+        if at:
+            _next_chunk(session)
         try:
-            added = add_record(session, key_hash=key_hash, record=record, uploader=uploader,
-                               bucket_limit=bucket_limit, row=row)  # fmt: skip
+            at, new, won = _store_chunk(session, planned, at, uploader=uploader,
+                                        bucket_limit=bucket_limit)  # fmt: skip
+        except (BucketFull, InvalidInput) as exc:
+            if not stored:
+                raise
+            raise type(exc)(f"{exc} (the {stored} records this import stored before it stay "
+                            "stored, committed a chunk at a time: sent again, it stores the "
+                            "rest)") from exc  # fmt: skip
+        stored += new
+        changed |= won
+    return stored, len(changed)
+
+
+def _plan(
+    session: Session, *, records: Sequence[RecordCreate],
+    provenance: Sequence[RecordProvenance] | None, importer: TokenRow | None,
+) -> list[_Planned]:  # fmt: skip
+    """What an import stores: by key, each key's records in the order sent (every writer takes
+    its keys' locks in one order, :func:`cache_server.twins.lock_key`, so two imports at once
+    never wait for each other in a circle); not a record :func:`imported_row` leaves out, nor
+    one this importer stored before (records are never deleted: it is stored still)."""
+    planned = []
+    for key_hash, i, record in sorted((r.key.digest(), i, r) for i, r in enumerate(records)):
+        stated = None if provenance is None else provenance[i]
+        row = imported_row(key_hash=key_hash, record=record, stated=stated, importer=importer)
+        if row is not None:
+            planned.append(_Planned(key_hash, i, record, stated, row))
+    digests = (p.row.upload_digest for p in planned)
+    held = {d for (d,) in _among(session, select(RecordRow.upload_digest),
+                                 RecordRow.upload_digest, digests)}  # fmt: skip
+    return [p for p in planned if p.row.upload_digest not in held]
+
+
+def _among(
+    session: Session, stmt: Select[*tuple[Any, ...]], column: Any, values: Iterable[Any]
+) -> list[Any]:
+    """The rows of ``stmt`` whose ``column`` is one of ``values``, read
+    :data:`cache_server.twins.CHUNK` values a statement."""
+    wanted = sorted(set(values))
+    rows: list[Any] = []
+    for at in range(0, len(wanted), twins.CHUNK):
+        rows += session.execute(stmt.where(column.in_(wanted[at : at + twins.CHUNK]))).all()
+    return rows
+
+
+# The winners (default policy) of each bucket, as add_record counts them (queries._check_room)
+_BUCKET_WINNERS = (
+    select(RecordRow.bucket_hash, func.count()).select_from(WinnerRow)
+    .join(RecordRow, WinnerRow.record_id == RecordRow.id).group_by(RecordRow.bucket_hash)
+)  # fmt: skip
+
+
+def _check_rooms(session: Session, planned: Sequence[_Planned], limit: int) -> None:
+    """Raises :class:`BucketFull` where :func:`add_record` would, before any lock is taken: a
+    validated record of a key without a winner, in a bucket that holds ``limit`` winners with
+    those the import's records before it add (none for one a twin's finding makes disputed:
+    :func:`cache_server.twins.inherit_findings`). Read without locks: a bucket a writer fills
+    meanwhile, :func:`add_record` still finds (its check holds the key's lock)."""
+    validated = [p for p in planned if p.record.validation.passed]
+    won = {k for (k,) in _among(session, select(WinnerRow.key_hash), WinnerRow.key_hash,
+                                (p.key_hash for p in validated))}  # fmt: skip
+    new = [p for p in validated if p.key_hash not in won]
+    if not new:
+        return
+    buckets = (p.row.bucket_hash or "" for p in new)
+    held: dict[str, int] = dict(_among(session, _BUCKET_WINNERS, RecordRow.bucket_hash, buckets))
+    refused = twins.refused_among(session, {p.key_hash for p in new})
+    for p in new:
+        bucket = p.row.bucket_hash or ""
+        if p.key_hash in won:
+            continue
+        if held.get(bucket, 0) >= limit:
+            raise BucketFull(f"records[{p.position}]: a new key in a shape bucket that holds "
+                             f"{held[bucket]} winners with this snapshot's before it, the "
+                             "server's limit (TUNECACHE_SERVER_BUCKET_WINNERS): nothing "
+                             "was stored")  # fmt: skip
+        if p.row.config_digest not in refused.get(p.key_hash, set()):
+            won.add(p.key_hash)
+            held[bucket] = held.get(bucket, 0) + 1
+
+
+def _next_chunk(session: Session) -> None:
+    """Commits the chunk stored (its keys' locks go back); on SQLite, waits for a writer behind
+    it to take its turn (:data:`SQLITE_TURN_SECONDS`)."""
+    session.commit()
+    if session.get_bind().dialect.name == "sqlite":
+        time.sleep(SQLITE_TURN_SECONDS)
+
+
+def _store_chunk(
+    session: Session, planned: list[_Planned], at: int, *, uploader: TokenRow | None,
+    bucket_limit: int | None,
+) -> tuple[int, int, set[str]]:  # fmt: skip
+    """Stores ``planned[at:]`` until the chunk is full: the index it ended at, the records it
+    stored and the keys whose winner is now one of them. A unique index that refuses one (the
+    same upload, stored meanwhile by another request) rolls the chunk back, and it runs once
+    more on rows built afresh, finding what the other stored."""
+    try:
+        return _chunk(session, planned, at, uploader=uploader, bucket_limit=bucket_limit)
+    except IntegrityError:
+        session.rollback()
+    for i in range(at, min(at + CHUNK_RECORDS, len(planned))):
+        p = planned[i]
+        row = imported_row(key_hash=p.key_hash, record=p.record, stated=p.stated,
+                           importer=uploader)  # fmt: skip
+        assert row is not None  # as it was built before
+        planned[i] = p._replace(row=row)
+    return _chunk(session, planned, at, uploader=uploader, bucket_limit=bucket_limit)
+
+
+def _chunk(
+    session: Session, planned: Sequence[_Planned], at: int, *, uploader: TokenRow | None,
+    bucket_limit: int | None,
+) -> tuple[int, int, set[str]]:  # fmt: skip
+    """:func:`_store_chunk`, once: at most :data:`CHUNK_RECORDS` records, and none more once
+    its first took :data:`CHUNK_SECONDS` and on."""
+    started, changed, stored, end = time.monotonic(), set(), 0, at
+    while end < len(planned) and end - at < CHUNK_RECORDS:
+        if end > at and time.monotonic() - started >= CHUNK_SECONDS:
+            break
+        p = planned[end]
+        try:
+            added = add_record(session, key_hash=p.key_hash, record=p.record, uploader=uploader,
+                               bucket_limit=bucket_limit, row=p.row)  # fmt: skip
         except DataError as exc:
-            raise InvalidInput(f"records[{i}]: the database refused it: {exc.orig}") from exc
+            raise InvalidInput(
+                f"records[{p.position}]: the database refused it: {exc.orig}"
+            ) from exc
         stored += not added.again
         if added.winner == added.record_id and not added.again:
-            changed.add(key_hash)
-    return stored, len(changed)
+            changed.add(p.key_hash)
+        end += 1
+    return end, stored, changed
 
 
 def imported_row(

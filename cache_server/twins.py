@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from sqlalchemy import Select, and_, bindparam, exists, false, func, or_, select, text, update
@@ -58,7 +58,9 @@ def lock_key(session: Session, key_hash: str) -> None:
     A write waits for its key's slot longer than the API's statement bound (5 s, a read's): a
     snapshot import holds its keys' slots until it commits, and an upload, a dispute or a job's
     result behind it got 503 past the bound and was sent again and again. Only that wait is
-    longer (:func:`_wait_patiently`), the fast path (the slot free) one statement as before."""
+    longer (:func:`_wait_patiently`), the fast path (the slot free) one statement as before.
+    An import commits its keys a chunk at a time (:func:`cache_server.snapshots.import_records`):
+    one of 4,097 keys held every slot for 30 s, every other writer waiting behind it."""
     slot = int(key_hash[:2], 16)
     if session.get_bind().dialect.name != "postgresql":
         lock_slot(session, slot)
@@ -164,11 +166,14 @@ def inherit_findings(row: RecordRow, standing: Any) -> None:
         row.status, row.verification = "disputed", None
 
 
-_FINDINGS = select(RecordRow.config_digest, RecordRow.status).where(
-    RecordRow.key_hash == bindparam("key_hash"), RecordRow.validated.is_(True),
-    RecordRow.config_digest.is_not(None),
-    RecordRow.status.in_(("disputed", "rejected", "verified")),
-).distinct()  # fmt: skip
+# A finding about a config at a key: a validated twin that stands disputed, rejected or verified
+_FINDING = (RecordRow.validated.is_(True), RecordRow.config_digest.is_not(None),
+            RecordRow.status.in_(("disputed", "rejected", "verified")))  # fmt: skip
+_FINDINGS = (
+    select(RecordRow.config_digest, RecordRow.status)
+    .where(RecordRow.key_hash == bindparam("key_hash"), *_FINDING)
+    .distinct()
+)
 
 
 def refused_at(session: Session, key_hash: str) -> set[str]:
@@ -180,6 +185,26 @@ def refused_at(session: Session, key_hash: str) -> set[str]:
     found: dict[str, set[str]] = {}
     for digest, status in session.execute(_FINDINGS, {"key_hash": key_hash}):
         found.setdefault(status, set()).add(str(digest))  # never None: the query's
+    return _refused(found)
+
+
+def refused_among(session: Session, key_hashes: Collection[str]) -> dict[str, set[str]]:
+    """:func:`refused_at` of each of ``key_hashes`` (those with none left out), read
+    :data:`CHUNK` keys a statement: a snapshot import's check before it takes any key's lock
+    (:mod:`cache_server.snapshots`)."""
+    keys = sorted(key_hashes)
+    found: dict[str, dict[str, set[str]]] = {}
+    for at in range(0, len(keys), CHUNK):
+        stmt = select(RecordRow.key_hash, RecordRow.config_digest, RecordRow.status).where(
+            RecordRow.key_hash.in_(keys[at : at + CHUNK]), *_FINDING
+        )
+        for key_hash, digest, status in session.execute(stmt.distinct()):
+            found.setdefault(key_hash, {}).setdefault(status, set()).add(str(digest))
+    return {key_hash: _refused(statuses) for key_hash, statuses in found.items()}
+
+
+def _refused(found: dict[str, set[str]]) -> set[str]:
+    """The refused digests among a key's findings (digests by status): :func:`refused_at`."""
     disputed, rejected = found.get("disputed", set()), found.get("rejected", set())
     return disputed | (rejected - found.get("verified", set()))
 

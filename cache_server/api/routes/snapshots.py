@@ -96,7 +96,9 @@ def export_snapshot(
 def import_snapshot(
     snapshot: SnapshotPublic, session: SessionDep, settings: SettingsDep, token: WriteAccess
 ) -> SnapshotImportResult:
-    """Merges a snapshot in one transaction: each record is stored as imported by this token.
+    """Merges a snapshot, committed in chunks of keys (an import never holds every other
+    writer for its whole run: :func:`cache_server.snapshots.import_records`): each record is
+    stored as imported by this token.
 
     A key's winner becomes an imported record only if it is validated and strictly faster;
     unvalidated records are stored but never served. A record this token had sent before (the
