@@ -47,8 +47,21 @@ def job_count(http: httpx.Client) -> int:
         (make_key(12, backend="inductor"), {"strategy": "random"}, "strategy", "'random'"),
         (make_key(13, dtype="int8"), {}, "key.dtype", "'int8'"),
         (make_key(14, backend="triton", dtype="int8"), {}, "key.dtype", "'int8'"),
+        # A bare name no built-in has: a daemon imports no kernel by one (a review's bypass).
+        (
+            dataclasses.replace(make_key(15), kernel="nosuchkernel"),
+            {},
+            "key.kernel",
+            "'nosuchkernel'",
+        ),
     ],
-    ids=["unknown strategy", "no space on inductor", "int8 on tvm", "int8 on triton"],
+    ids=[
+        "unknown strategy",
+        "no space on inductor",
+        "int8 on tvm",
+        "int8 on triton",
+        "no such kernel",
+    ],
 )
 def test_a_job_no_daemon_can_run_is_refused_naming_its_field(
     http: httpx.Client, key: Key, fields: dict[str, Any], field: str, named: str

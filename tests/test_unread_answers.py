@@ -95,7 +95,8 @@ class Answers:
     BIG = 3 * CHUNK + 1
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        body = b"x" * self.BIG if scope["path"] == "/v1/records/1" else b"ok"
+        big = scope["path"] in ("/v1/records/1", "/openapi.json")  # the latter: in no big lane
+        body = b"x" * self.BIG if big else b"ok"
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": body})
 
@@ -171,5 +172,28 @@ def test_one_address_past_its_share_refuses_no_other_address() -> None:
         assert await ask(app, "/v1/records/1", "10.0.0.2") == 200
         client.reads.set()
         assert await stuck == 200 and app.backlog.held == 0
+
+    asyncio.run(run())
+
+
+def test_one_address_past_the_whole_backlog_in_a_lane_never_refused_refuses_no_other() -> None:
+    """A review: ``/openapi.json`` (113 KB, its lane never refused) on thousands of unread
+    connections of one address charged the process's backlog past its limit, and every other
+    address's snapshot, listing and dashboard page was refused."""
+
+    async def run() -> None:
+        app = LoadShedding(Answers(), max_in_flight=8, max_wait=1.0, retry_after=2,
+                           reject=send_error, backlog=Backlog(limit=2 * Answers.BIG,
+                                                              address_limit=Answers.BIG))  # fmt: skip
+        clients = [Unread() for _ in range(3)]
+        stuck = [asyncio.create_task(ask(app, "/openapi.json", "10.0.0.1", client))
+                 for client in clients]  # fmt: skip
+        await asyncio.sleep(0.05)
+        assert app.backlog.held == 3 * Answers.BIG  # past the whole limit, one address
+        assert await ask(app, "/v1/records/1", "10.0.0.1") == 503  # its own share is full
+        assert await ask(app, "/v1/records/1", "10.0.0.2") == 200
+        for client in clients:
+            client.reads.set()
+        assert await asyncio.gather(*stuck) == [200] * 3 and app.backlog.held == 0
 
     asyncio.run(run())

@@ -40,8 +40,8 @@ def register(commands: Any) -> None:
     parser.add_argument("--strategy", help="search strategy (default: the backend's)")
     parser.add_argument(
         "--once", action="store_true",
-        help="stop when no job is left (or when the server keeps handing out a job this run "
-        "already failed or completed)",
+        help="stop when no job is left (or when the server hands out again a job this run "
+        "completed, or one it ran with no attempt spent since)",
     )  # fmt: skip
     parser.add_argument("--poll", type=float, default=5.0, help="seconds between empty claims")
     parser.add_argument("--lease", type=float, default=300.0, help="job lease in seconds")

@@ -53,9 +53,9 @@ class DaemonOptions:
         device: ``"cpu"`` or ``"cuda"`` (device 0; set ``CUDA_VISIBLE_DEVICES`` per daemon).
         backends: the backends to take jobs for; default: those installed that run on
             ``device`` (Triton only on a GPU: its interpreter cannot time).
-        once: stop when no job is left, instead of polling. A job it already failed or completed
-            in this run that is handed out again (its retry due at once, a server that refused
-            its completion or its failure) is given back unrun; handed out once more, it stops.
+        once: stop when no job is left, instead of polling; and when a job this run ran is
+            handed out again with no attempt spent on it, after this run completed it, or for a
+            fourth run (:meth:`Daemon.handed_again`): it is not run, and its lease lapses.
         kernels: the packages of users' kernels this daemon may import (a job names its kernel
             ``package.module:Class``, and anyone who can report a miss can queue a job); it
             claims no job for another package's kernel. Default: built-in kernels only.
@@ -98,6 +98,7 @@ def runnable_backends(device: str, wanted: tuple[str, ...] | None = None) -> tup
 
 MAX_BACKOFF = 60.0  # seconds between claims while the server does not answer
 FAILED_WAIT = 0.1  # seconds before the claim after a failed job, doubling with each in a row
+MAX_RUNS_ONCE = 3  # runs of one job a --once worker makes (a failed job's retries)
 
 
 def passing(exc: ServerError) -> bool:
@@ -257,8 +258,8 @@ class Daemon(Worker):
         self.options = options
         self.done: list[int] = []  # record ids stored, in order
         self.failed: list[int] = []  # job ids given back as failed
-        self.handled: dict[int, str] = {}  # job id → what this run did with it, once it ended
-        self.returned: set[int] = set()  # job ids handed out again, given back unrun (once)
+        # job id -> (its attempts when last claimed, runs, what this run did with it): --once
+        self.seen: dict[int, tuple[int, int, str]] = {}
         self.unsent: list[tuple[JobPublic, Later, float]] = []  # tuned while the server was down
 
     def run(self) -> int:
@@ -337,9 +338,13 @@ class Daemon(Worker):
     def work(self, job: JobPublic, harness: Harness) -> bool:
         """Tunes one claimed job, uploads the winner and completes it (or fails it, saying why:
         then ``False``)."""
-        if self.options.once and job.id in self.handled:
-            self.refuse_again(job)
-            return False
+        if self.options.once and (why := self.handed_again(job)) is not None:
+            logger.warning("job %d: handed out again after this --once worker %s: not running "
+                           "it, not claiming any more", job.id, why)  # fmt: skip
+            self.stop()  # its lease lapses: another worker, or a later run, takes it
+            return True
+        runs = self.seen.get(job.id, (0, 0, ""))[1]
+        self.seen[job.id] = (job.attempts, runs + 1, "ran it")
         started = time.perf_counter()
         logger.info("job %d: claimed %s (attempt %d of %d)", job.id, job.key.to_key().short(),
                     job.attempts, job.max_attempts)  # fmt: skip
@@ -369,25 +374,33 @@ class Daemon(Worker):
                            "waits, sent before the next claim", job.id, exc)  # fmt: skip
         return True
 
-    def refuse_again(self, job: JobPublic) -> None:
-        """``once``: a job this worker already failed or completed in this run is handed out
-        again (a server that refused its completion, or its failure, handed it back on every
-        claim, and the daemon failed it 28 times in 120 s, or tuned and uploaded it each time).
-        It is given back unrun, what this run did with it repeated; handed out once more, the
-        worker stops claiming (a later run, or another worker, takes it)."""
-        before = self.handled[job.id]
-        self.give_back(job, TuningError(f"not run again by this --once worker, which {before}"))
-        if job.id in self.returned:
-            logger.warning("job %d: handed out again after it was given back unrun: not "
-                           "claiming any more (--once)", job.id)  # fmt: skip
-            self.stop()
-        self.returned.add(job.id)
+    def handed_again(self, job: JobPublic) -> str | None:
+        """``once``: why ``job``, claimed before in this run, is not run again (``None``: it may
+        be: a failed job's retry, an attempt later). A server that handed out one job on every
+        claim (its retry due at once, its completion or failure refused) kept a --once worker
+        failing it 28 times in 120 s, or tuning and uploading it each time; an honest server
+        spends an attempt on every claim, and retries a job a few times at most."""
+        if job.id not in self.seen:
+            return None
+        attempts, runs, did = self.seen[job.id]
+        if did.startswith("completed") or did.startswith("stored"):
+            return did
+        if job.attempts <= attempts:
+            return f"{did} (claimed again at attempt {job.attempts}, no attempt spent)"
+        if runs >= MAX_RUNS_ONCE:
+            return f"{did} {runs} times"
+        return None
+
+    def _did(self, job: JobPublic, what: str) -> None:
+        """Notes what this run did with ``job`` (:meth:`handed_again`), its first ending kept."""
+        attempts, runs, did = self.seen.get(job.id, (job.attempts, 1, "ran it"))
+        self.seen[job.id] = (attempts, runs, what if did == "ran it" else did)
 
     def give_back(self, job: JobPublic, exc: Exception) -> None:
         """Fails ``job``, saying why (to be retried while it has attempts left)."""
         logger.warning("job %d: failed: %s", job.id, exc)
         self.failed.append(job.id)
-        self.handled.setdefault(job.id, f"failed it ({type(exc).__name__}: {exc})")
+        self._did(job, f"failed it ({type(exc).__name__}: {exc})")
         with contextlib.suppress(ServerError):
             self.client.fail_job(job.id, self.worker, f"{type(exc).__name__}: {exc}")
 
@@ -407,11 +420,10 @@ class Daemon(Worker):
                 raise
             logger.warning("job %d: record #%d stored, job not completed: %s", job.id,
                            record_id, exc)  # fmt: skip
-            self.handled.setdefault(job.id, f"stored record #{record_id} for it, its completion "
-                                            f"refused ({exc})")  # fmt: skip
+            self._did(job, f"stored record #{record_id} for it, its completion refused ({exc})")
             self.give_back(job, exc)
             return
         self.done.append(record_id)
-        self.handled.setdefault(job.id, f"completed it with record #{record_id}")
+        self._did(job, f"completed it with record #{record_id}")
         logger.info("job %d: stored record #%d in %.1f s", job.id, record_id,
                     time.perf_counter() - started)  # fmt: skip

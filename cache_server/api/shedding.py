@@ -223,8 +223,12 @@ class Backlog:
         self.by_address: dict[str, int] = {}
 
     def full(self, address: str) -> str | None:
-        """Why no big answer may be made for ``address`` now (``None``: one may)."""
-        if self.held >= self.limit:
+        """Why no big answer may be made for ``address`` now (``None``: one may). Each address
+        counts toward the process's limit with its share at most: one address's unread
+        answers (``/openapi.json`` on thousands of connections, whose lane is never refused)
+        must not refuse everyone's."""
+        shares = sum(min(held, self.address_limit) for held in self.by_address.values())
+        if shares >= self.limit:
             return f"{self.held} bytes of answers wait for their clients to read them"
         mine = self.by_address.get(address, 0)
         if mine >= self.address_limit:

@@ -52,8 +52,12 @@ JOB_STRATEGIES: dict[str, frozenset[str]] = {
 def unrunnable(key: KeyModel, strategy: str | None = None) -> str | None:
     """Why no daemon can run a job for ``key`` with ``strategy``, the field named first, or
     ``None``. Only what the server knows: a built-in kernel's backends and dtypes (a user's
-    kernel's are known only where it is imported), and each backend's strategies."""
+    kernel's are known only where it is imported, a ``package.module:Class``), and each
+    backend's strategies. A bare name is a built-in's or no kernel at all: a daemon imports
+    none by a bare name (``nosuchkernel`` was queued, claimed and failed on every attempt)."""
     spec = registered(key.kernel) if ":" not in key.kernel else None
+    if spec is None and ":" not in key.kernel:
+        return f"key.kernel: {key.kernel!r} is no built-in kernel and no 'package.module:Class'"
     if spec is not None:
         try:
             spec.check_dtype(key.dtype, key.backend)
