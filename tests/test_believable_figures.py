@@ -156,15 +156,28 @@ def test_noise_its_figures_show_is_shown_whatever_its_uploader_said(server: Live
     assert make_record(key).model_copy(update={"timing": quiet_said(1.99, 0.02)}).noisy
 
 
-def test_a_reason_its_measurer_named_is_not_named_again_from_its_rounded_figures() -> None:
-    """The measurer saw 1.4539 cores ("1.5"); stored rounded, 1.45 formats as "1.4"."""
-    timing = quiet_said(1.45, 0.02).model_copy(update={"noisy": True})
+def said_noise(others_cpu: float, spread: float, *reasons: str) -> RecordCreate:
+    """A record whose timing's measurer gave ``reasons``, beside these figures."""
+    timing = quiet_said(others_cpu, spread).model_copy(update={"noisy": True})
     assert timing.conditions is not None
-    said = timing.conditions.model_copy(update={"noise": ["other processes used 1.5 cores"]})
-    record = make_record(make_key()).model_copy(
+    said = timing.conditions.model_copy(update={"noise": list(reasons)})
+    return make_record(make_key()).model_copy(
         update={"timing": timing.model_copy(update={"conditions": said})}
     )
-    assert record.noise() == ["winner: other processes used 1.5 cores"]
+
+
+def test_a_reason_its_figures_give_is_said_once_in_their_words() -> None:
+    """Named once: the measurer saw 1.4539 cores ("1.5"), stored 1.45 reads "1.4"; and a stated
+    figure hides none its figures show (a review: "spread 1%" hid a spread of 50 %)."""
+    assert said_noise(1.45, 0.02, "other processes used 1.5 cores").noise() == [
+        "winner: other processes used 1.4 cores"
+    ]
+    lying = said_noise(1.99, 0.5, "spread 1% of the median", "other processes used 0.0 cores")
+    assert lying.noise() == ["winner: spread 50% of the median",
+                             "winner: other processes used 2.0 cores"]  # fmt: skip
+    # A reason its figures cannot give (disturbed samples) is said as its measurer said it.
+    kept = said_noise(0.1, 0.02, "60% of samples disturbed")
+    assert kept.noise() == ["winner: 60% of samples disturbed"]
 
 
 def test_a_search_that_could_not_have_run_what_it_claims_is_refused(server: LiveServer) -> None:
@@ -181,3 +194,19 @@ def test_a_search_that_could_not_have_run_what_it_claims_is_refused(server: Live
     )
     rushed["search"]["seconds"] = 20.0  # time enough for them
     assert upload(server, rushed).status_code == 201
+
+
+def test_a_clock_change_within_its_rounding_is_no_noise() -> None:
+    """1000.49 to 1100.53 MHz is no 10 % change; stored to the MHz, 1000 to 1101 read as one."""
+    from tunecache import conditions
+
+    real = conditions.Reading(0.1, (1000.49, 1100.53), None, (), None)
+    assert conditions.noise(real, spread=0.02, disturbed=0.0, cuda=False) == []
+    stored = ConditionsModel(others_cpu=0.1, cpu_mhz_before=1000.0, cpu_mhz_after=1101.0)
+    timing = TimingModel(median_ms=1.0, min_ms=0.9, max_ms=1.1, iqr_ms=0.02, repeats=20,
+                         conditions=stored)  # fmt: skip
+    assert timing.figures_noise(cuda=False) == []
+    changed = stored.model_copy(update={"cpu_mhz_after": 1102.0})  # past it, rounding and all
+    assert timing.model_copy(update={"conditions": changed}).figures_noise(cuda=False) == [
+        "CPU clock 1000->1102 MHz"
+    ]

@@ -22,6 +22,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+import tunecache.artifact_calls
 import tunecache.client
 import tunecache.http
 import tunecache.strict
@@ -265,7 +266,7 @@ def test_an_artifact_read_holds_a_bounded_number_of_containers_over_all_its_page
 ) -> None:
     """Each page under the bound, together over it: 256 MiB of empty lists over pages took 10
     minutes and 9 GiB to read (all of it parsed, 87 million lists)."""
-    monkeypatch.setattr(tunecache.client, "READ_CONTAINERS", 3000)
+    monkeypatch.setattr(tunecache.artifact_calls, "READ_CONTAINERS", 3000)
     item = {**_item(1, "p", "k"), "value": {"v": [[]] * 1000}}
 
     def pages(conn: socket.socket, request: Request, seen: Seen) -> None:

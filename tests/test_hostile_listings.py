@@ -227,7 +227,7 @@ def test_an_answer_of_one_small_object_is_read_to_a_small_bound() -> None:
     453 MB to 1.83 GB; now the read stops at SMALL_ANSWER_BYTES."""
     from tunecache.http import SMALL_ANSWER_BYTES
 
-    padding = {"x": "a" * SMALL_ANSWER_BYTES}
+    padding = {"x": "a" * 2 * SMALL_ANSWER_BYTES}
 
     def behave(conn: socket.socket, request: Request, seen: Seen) -> None:
         _send(conn, {**_job(1), **padding})
@@ -277,3 +277,23 @@ def test_a_bad_snapshot_is_named_in_one_line_without_the_servers_data() -> None:
     said = str(raised.value)
     assert said.startswith("GET /v1/snapshot sent no valid snapshot: ") and "(2 error(s))" in said
     assert "\n" not in said and "pydantic.dev" not in said and "\x1b" not in said, said
+
+
+def test_an_error_answer_over_the_small_bound_keeps_its_status() -> None:
+    """An older server's 422 naming each of 20,000 trials (a field it does not know) is over a
+    small answer's bound: it was read as an outage (no status), and the outbox kept trying."""
+    detail = {"status": 422, "detail": "unknown field", "errors": [
+        {"loc": ["body", "trials", i, "times_ms"], "msg": "Extra inputs are not permitted",
+         "type": "extra_forbidden"} for i in range(20_000)]}  # fmt: skip
+
+    def older(conn: socket.socket, request: Request, seen: Seen) -> None:
+        answer(conn, 422, json.dumps(detail).encode())
+
+    with (
+        serve(older) as (url, _),
+        Client(url, timeout=SECONDS, token="t" * 40) as client,
+        pytest.raises(ServerError) as raised,
+    ):
+        client.upload(make_record(make_key()))
+    assert raised.value.status_code == 422, raised.value
+    assert len(json.dumps(detail)) > 1024 * 1024  # over the small bound, read all the same

@@ -115,14 +115,16 @@ def caveats(baselines: Iterable[BaselineModel], winner: TimingModel, name: str,
 
 def noise_reasons(timings: Iterable[tuple[str, TimingModel]], cuda: bool) -> list[str]:
     """Why the named timings (on a GPU if ``cuda``) are noisy, each reason once, as ``who:
-    why``: what their measurer said, then what their figures say and it did not
-    (:meth:`~tunecache.measured.TimingModel.figures_noise`: an uploader's ``noisy: false`` is
-    not taken for it)."""
+    why``: what their measurer said (in their figures' words where they say it too), then what
+    their figures say and it did not (:meth:`~tunecache.measured.TimingModel.figures_noise`: an
+    uploader's ``noisy: false``, or its own figure in a reason, is not taken for them)."""
     reasons: list[str] = []
     for who, timing in timings:
         said = timing.conditions.noise if timing.conditions is not None else []
-        kinds = {_kind(why) for why in said}  # its figures rounded: 1.45 cores reads 1.4, not 1.5
-        shown = [*said, *(why for why in timing.figures_noise(cuda) if _kind(why) not in kinds)]
+        # A reason its figures give too is said with their figures: a stated "spread 1%" hid
+        # the 50% they showed (and a stated 1.5 cores reads 1.4 from the stored 1.45).
+        figures = {_kind(why): why for why in timing.figures_noise(cuda)}
+        shown = [figures.pop(_kind(why), why) for why in said] + list(figures.values())
         reasons += [f"{who}: {why}" for why in shown]
     return list(dict.fromkeys(reasons))
 

@@ -23,7 +23,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
@@ -32,17 +32,7 @@ from pydantic import BaseModel, ValidationError
 
 from tunecache import answers, forksafe
 from tunecache.admin_calls import AdminCalls
-from tunecache.artifacts import (
-    MAX_BATCH,
-    MAX_PAGE,
-    READ_CONTAINERS,
-    ArtifactBatch,
-    ArtifactIn,
-    ArtifactList,
-    ArtifactPublic,
-    ArtifactPutResult,
-    Namespace,
-)
+from tunecache.artifact_calls import ArtifactCalls
 from tunecache.defaults import default_config
 from tunecache.errors import InvalidInput, ServerError
 from tunecache.http import (
@@ -52,7 +42,6 @@ from tunecache.http import (
     SMALL_ANSWER_BYTES,
     Timeout,
     answer_limit,
-    containers,
     deadline,
     first_error,
     missing,
@@ -107,7 +96,7 @@ REDIRECTS = frozenset({301, 302, 303, 307, 308})  # 304 is "not modified": an an
 logger = logging.getLogger(__name__)
 
 
-class Client(WorkerCalls, AdminCalls):
+class Client(WorkerCalls, AdminCalls, ArtifactCalls):
     """A client of one tunecache server.
 
     Args:
@@ -288,18 +277,26 @@ class Client(WorkerCalls, AdminCalls):
         again: bool = False, small: bool = False, **kwargs: Any,
     ) -> httpx.Response:  # fmt: skip
         """One request within ``timeout`` seconds in all (default: the write timeout), its
-        answer at most :data:`~tunecache.http.MAX_ANSWER_BYTES` (``small``: one small object's,
-        :data:`~tunecache.http.SMALL_ANSWER_BYTES`). A write (a read with ``again``) the server
-        sheds (503, Retry-After) is sent again in that time."""
+        answer at most :data:`~tunecache.http.MAX_ANSWER_BYTES`; with ``small``, a success's at
+        most one small object's (:data:`~tunecache.http.SMALL_ANSWER_BYTES`; an error's as any:
+        an older server's 422 naming each of 20,000 trials lost its status, and the outbox took
+        it for an outage). A write (a read with ``again``) the server sheds (503, Retry-After)
+        is sent again in that time."""
         seconds = timeout or self.timeout.write
-        limit = SMALL_ANSWER_BYTES if small else MAX_ANSWER_BYTES
         try:
-            with deadline(seconds), answer_limit(limit):
+            with deadline(seconds), answer_limit(MAX_ANSWER_BYTES):
                 for sent in itertools.count(1):
-                    response = self._http.request(
+                    request = self._http.build_request(
                         method, path, timeout=self.timeout.per_operation(seconds, read=read),
                         **kwargs,
                     )  # fmt: skip
+                    response = self._http.send(request, stream=True)
+                    most = SMALL_ANSWER_BYTES if small and not response.is_error else None
+                    try:
+                        with answer_limit(most or MAX_ANSWER_BYTES):
+                            response.read()
+                    finally:
+                        response.close()
                     wait = shed_wait(response, sent)
                     left = time_left()
                     if (read and not again) or wait is None or left is None or wait >= left:
@@ -431,67 +428,3 @@ class Client(WorkerCalls, AdminCalls):
             document = document.model_dump(mode="json", by_alias=True)
         response = self._call("POST", "/v1/snapshot", small=True, json=dict(document))
         return parse(SnapshotImportResult, response, "/v1/snapshot").model_dump()
-
-    # -- artifacts: the integrations' own JSON (tunecache.inductor, tunecache.tvm) ----------
-    def put_artifacts(self, items: Sequence[ArtifactIn]) -> ArtifactPutResult:
-        """Stores ``items`` (in batches of :data:`~tunecache.artifacts.MAX_BATCH`).
-
-        Raises:
-            ServerError: the server is unreachable or rejected a batch; earlier batches stay.
-        """
-        stored = kept = 0
-        for start in range(0, len(items), MAX_BATCH):
-            batch = ArtifactBatch(items=list(items[start : start + MAX_BATCH]))
-            body = batch.model_dump(mode="json")
-            response = self._call("POST", "/v1/artifacts", small=True, json=body)
-            result = parse(ArtifactPutResult, response, "/v1/artifacts")
-            stored, kept = stored + result.stored, kept + result.kept
-        return ArtifactPutResult(stored=stored, kept=kept)
-
-    def get_artifacts(
-        self,
-        namespace: Namespace,
-        partition: str,
-        *,
-        key: str | None = None,
-        limit: int | None = None,
-        timeout: float | None = None,
-    ) -> list[ArtifactPublic]:
-        """The items of a partition (every page), or of one key in it (best score first); an
-        item the server sent of another namespace, partition or key is left out.
-
-        Args:
-            limit: at most this many items; a key's items come in one page of up to
-                :data:`~tunecache.artifacts.MAX_PAGE`.
-            timeout: seconds the whole read may take, every page (default: the write timeout).
-
-        Raises:
-            ServerError: the server is unreachable, refused, or gave a bad answer.
-        """
-        wanted = MAX_PAGE if key is not None and limit is None else limit
-        with deadline(timeout or self.timeout.write), answer_limit(MAX_ANSWER_BYTES):
-            return self._artifact_pages(namespace, partition, key, wanted, timeout)
-
-    def _artifact_pages(
-        self, namespace: Namespace, partition: str, key: str | None, wanted: int | None,
-        timeout: float | None,
-    ) -> list[ArtifactPublic]:  # fmt: skip
-        items: list[ArtifactPublic] = []
-        after: int | None = None
-        left = READ_CONTAINERS  # arrays and objects left to this read's pages
-        while wanted is None or len(items) < wanted:
-            page_size = MAX_PAGE if wanted is None else min(MAX_PAGE, wanted - len(items))
-            params: dict[str, Any] = {"namespace": namespace, "partition": partition,
-                                      "limit": page_size}  # fmt: skip
-            params.update({"key": key} if key is not None else {})
-            params.update({"after": after} if after is not None else {})
-            response = self._call("GET", "/v1/artifacts", timeout, read=True, again=True,
-                                  params=params)  # fmt: skip
-            page = parse(ArtifactList, response, "/v1/artifacts", max_containers=left)
-            left -= containers(response.content)
-            items.extend(item for item in page.items if item.namespace == namespace
-                         and item.partition == partition and key in (None, item.key))  # fmt: skip
-            if page.next_after is None or key is not None:
-                break
-            after = page.next_after
-        return items

@@ -124,7 +124,13 @@ class TimingModel(Strict):
 
 
 def _pair(before: float | None, after: float | None) -> tuple[float, float] | None:
-    return None if before is None or after is None else (before, after)
+    """Two clocks as stored, rounded to the MHz: each half a MHz toward the other, so that no
+    change is read past a threshold the clocks themselves were not (1000.49 to 1100.53 MHz is
+    no 10 % change; stored, 1000 to 1101 was)."""
+    if before is None or after is None:
+        return None
+    step = min(0.5, abs(after - before) / 2)
+    return (before + step, after - step) if after > before else (before - step, after + step)
 
 
 # A speedup's interval reaches at least this far either side of its median, one round's too:

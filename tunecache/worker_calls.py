@@ -137,12 +137,12 @@ class WorkerCalls:
         """A page of jobs (``limit``: at most so many, ``offset``, ``state``)."""
         params = {k: v for k, v in filters.items() if v is not None}
         bound = job_page(params.get("limit"))  # at most ``limit`` jobs
-        return self._job("GET", "/v1/jobs", JobList, bound, params=params)
+        return self._job("GET", "/v1/jobs", JobList, bound, small=False, params=params)
 
     def _job(self, method: str, path: str, model: type[M],
-             max_containers: int = SMALL_ANSWER_CONTAINERS, **kwargs: Any) -> M:  # fmt: skip
+             max_containers: int = SMALL_ANSWER_CONTAINERS, *, small: bool = True,
+             **kwargs: Any) -> M:  # fmt: skip
         """One job call's answer as ``model``, of at most ``max_containers`` arrays and objects
-        (default: one job's, with room to spare)."""
-        small = max_containers == SMALL_ANSWER_CONTAINERS  # one job, not a page of them
+        (default: one job's, with room to spare), and ``small`` (one job, not a page of them)."""
         response = self._call(method, path, small=small, **kwargs)
         return parse(model, response, path, max_containers=max_containers)

@@ -123,14 +123,15 @@ def follow(client: Any, hashes: list[str], poll: float = 2.0, *, hint: str = "",
            started: float | None = None) -> int:  # fmt: skip
     """Prints progress until every followed job is done or failed; returns the failures. The
     elapsed time counts from ``started`` (``time.monotonic()`` when the command began: the
-    tuning of ``--local`` included), else from now. When no job was ever claimed after
-    ``hint_after`` seconds, prints ``hint`` once (and goes on: a daemon may start later). On a
-    terminal the line is redrawn at each poll; elsewhere (a log) a line is written when a count
-    changes, else every :data:`QUIET_LINE_SECONDS`."""
+    tuning of ``--local`` included), else from now. When no job was ever claimed
+    ``hint_after`` seconds after following began, prints ``hint`` once (and goes on: a daemon
+    may start later). On a terminal the line is redrawn at each poll; elsewhere (a log) a line
+    is written when a count changes, else every :data:`QUIET_LINE_SECONDS`."""
     from tunecache_cli.progress import Countdown
 
     wanted = set(hashes)
-    started = time.monotonic() if started is None else started
+    following = time.monotonic()  # the hint's clock: a daemon has had no chance before
+    started = following if started is None else started
     live = sys.stderr.isatty()
     line = _Line(live)
     countdown, finished, before = Countdown(), 0, None  # before: jobs finished when it began
@@ -142,7 +143,7 @@ def follow(client: Any, hashes: list[str], poll: float = 2.0, *, hint: str = "",
         running = states.count("running")
         now = time.monotonic()
         elapsed = now - started
-        if hint and elapsed >= hint_after and all(j.state == "queued" and j.attempts == 0
+        if hint and now - following >= hint_after and all(j.state == "queued" and j.attempts == 0
                                                   for j in jobs.values()):  # fmt: skip
             print(f"{chr(10) if live else ''}{hint}", file=sys.stderr, flush=True)
             hint = ""  # once

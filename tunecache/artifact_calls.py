@@ -1,0 +1,101 @@
+"""The API calls about artifacts: the integrations' own JSON (:mod:`tunecache.inductor`,
+:mod:`tunecache.tvm`), stored in batches and read a page at a time.
+
+A part of :class:`tunecache.client.Client` (which it is mixed into): each call goes through the
+client's ``_call`` (one deadline per call; a :class:`~tunecache.errors.ServerError` on failure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from tunecache.artifacts import (
+    MAX_BATCH,
+    MAX_PAGE,
+    READ_CONTAINERS,
+    ArtifactBatch,
+    ArtifactIn,
+    ArtifactList,
+    ArtifactPublic,
+    ArtifactPutResult,
+    Namespace,
+)
+from tunecache.http import MAX_ANSWER_BYTES, Timeout, answer_limit, containers, deadline, parse
+
+
+class ArtifactCalls:
+    """Artifact calls (mixed into :class:`tunecache.client.Client`)."""
+
+    timeout: Timeout
+
+    def _call(
+        self, method: str, path: str, timeout: float | None = None, *, read: bool = False,
+        again: bool = False, small: bool = False, **kwargs: Any,
+    ) -> httpx.Response:  # fmt: skip
+        raise NotImplementedError  # the client's
+
+    def put_artifacts(self, items: Sequence[ArtifactIn]) -> ArtifactPutResult:
+        """Stores ``items`` (in batches of :data:`~tunecache.artifacts.MAX_BATCH`).
+
+        Raises:
+            ServerError: the server is unreachable or rejected a batch; earlier batches stay.
+        """
+        stored = kept = 0
+        for start in range(0, len(items), MAX_BATCH):
+            batch = ArtifactBatch(items=list(items[start : start + MAX_BATCH]))
+            body = batch.model_dump(mode="json")
+            response = self._call("POST", "/v1/artifacts", small=True, json=body)
+            result = parse(ArtifactPutResult, response, "/v1/artifacts")
+            stored, kept = stored + result.stored, kept + result.kept
+        return ArtifactPutResult(stored=stored, kept=kept)
+
+    def get_artifacts(
+        self,
+        namespace: Namespace,
+        partition: str,
+        *,
+        key: str | None = None,
+        limit: int | None = None,
+        timeout: float | None = None,
+    ) -> list[ArtifactPublic]:
+        """The items of a partition (every page), or of one key in it (best score first); an
+        item the server sent of another namespace, partition or key is left out.
+
+        Args:
+            limit: at most this many items; a key's items come in one page of up to
+                :data:`~tunecache.artifacts.MAX_PAGE`.
+            timeout: seconds the whole read may take, every page (default: the write timeout).
+
+        Raises:
+            ServerError: the server is unreachable, refused, or gave a bad answer.
+        """
+        wanted = MAX_PAGE if key is not None and limit is None else limit
+        with deadline(timeout or self.timeout.write), answer_limit(MAX_ANSWER_BYTES):
+            return self._artifact_pages(namespace, partition, key, wanted, timeout)
+
+    def _artifact_pages(
+        self, namespace: Namespace, partition: str, key: str | None, wanted: int | None,
+        timeout: float | None,
+    ) -> list[ArtifactPublic]:  # fmt: skip
+        items: list[ArtifactPublic] = []
+        after: int | None = None
+        left = READ_CONTAINERS  # arrays and objects left to this read's pages
+        while wanted is None or len(items) < wanted:
+            page_size = MAX_PAGE if wanted is None else min(MAX_PAGE, wanted - len(items))
+            params: dict[str, Any] = {"namespace": namespace, "partition": partition,
+                                      "limit": page_size}  # fmt: skip
+            params.update({"key": key} if key is not None else {})
+            params.update({"after": after} if after is not None else {})
+            response = self._call("GET", "/v1/artifacts", timeout, read=True, again=True,
+                                  params=params)  # fmt: skip
+            page = parse(ArtifactList, response, "/v1/artifacts", max_containers=left)
+            left -= containers(response.content)
+            items.extend(item for item in page.items if item.namespace == namespace
+                         and item.partition == partition and key in (None, item.key))  # fmt: skip
+            if page.next_after is None or key is not None:
+                break
+            after = page.next_after
+        return items
