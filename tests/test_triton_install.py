@@ -114,7 +114,9 @@ def test_a_miss_launches_the_first_listed_config_when_told_to(server: LiveServer
     assert out["benchmarked"] == 0 and out["host_bench"] == 0
     with Client(server.url, token=TEST_TOKEN) as client:
         jobs = client.list_jobs()
-    assert [job.key.kernel for job in jobs.items] == [KERNEL]  # reported: a tuning job
+    # Not reported under Triton's interpreter: no daemon tunes Triton on this CPU, and its job
+    # stayed queued for good (test_interpreter_misses; on a GPU the miss is a tuning job).
+    assert jobs.items == []
 
 
 def test_a_served_config_outside_the_kernels_listed_configs_is_never_launched(
