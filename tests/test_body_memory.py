@@ -19,7 +19,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cache_server.api.limits import ADDRESS_BODIES, TOKEN_BODIES, BodyBudget, ScopeLimits
+from cache_server.api.limits import (
+    ADDRESS_BODIES,
+    ANONYMOUS_BODIES,
+    TOKEN_BODIES,
+    BodyBudget,
+    ScopeLimits,
+)
 from tests.conftest import LiveServer, start_server
 from tests.factories import AUTH, issue_token, make_key, make_record
 
@@ -46,12 +52,15 @@ def resident_mb(server: LiveServer, field: str = "VmRSS") -> float:
     return kb / 1024
 
 
-def open_body(server: LiveServer, path: str, length: int, headers: dict[str, str]) -> socket.socket:
-    """A connection that has sent a request's head declaring ``length`` body bytes, none yet."""
+def open_body(
+    server: LiveServer, path: str, length: int, headers: dict[str, str], source: str = "127.0.0.1"
+) -> socket.socket:
+    """A connection from ``source`` that has sent a request's head declaring ``length`` body
+    bytes, none yet."""
     host, port = server.url.removeprefix("http://").split(":")
     lines = [f"POST {path} HTTP/1.1", f"Host: {host}", f"Content-Length: {length}",
              "Content-Type: application/json", *(f"{k}: {v}" for k, v in headers.items())]  # fmt: skip
-    conn = socket.create_connection((host, int(port)), timeout=30)
+    conn = socket.create_connection((host, int(port)), timeout=30, source_address=(source, 0))
     conn.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
     return conn
 
@@ -163,6 +172,43 @@ def test_one_address_anonymous_bodies_refuse_no_one_else(patient_server: LiveSer
         read = {"Authorization": f"Bearer {issue_token(server.url, 'read')}"}
         miss = httpx.post(f"{server.url}/v1/lookup", json=lookup, headers=read, timeout=30)
         assert miss.status_code == 404, miss.text
+    finally:
+        for conn in held:
+            conn.close()
+
+
+def test_addresses_filling_the_tokenless_pool_are_cut_off_for_a_newcomer(
+    patient_server: LiveServer,
+) -> None:
+    """The auditor's attack: four addresses each hold their share of stalled 64 KiB bodies, the
+    whole pool of bodies without a token (honest lookups were shed for as long as they held it).
+    A fifth address's lookup is answered all the same: one stalled body of an address holding
+    the most is cut off for it (503, saying so), and a body from an address already holding the
+    most finds no one to cut."""
+    server = patient_server
+    size = 64 * KiB
+    fillers = [f"127.0.0.{2 + i}" for i in range(ANONYMOUS_BODIES // ADDRESS_BODIES)]
+    held = []
+    try:
+        for source in fillers:
+            for _ in range(ADDRESS_BODIES):
+                held.append(conn := open_body(server, "/v1/lookup", size, {}, source))
+                send_filler(conn, size - 1)
+        time.sleep(0.5)  # what was sent is read
+        again = open_body(server, "/v1/lookup", size, {}, fillers[0])
+        refused = answered(again)
+        again.close()
+        assert refused is not None and refused[0] == 503, refused
+        assert "from this address" in refused[1], refused
+        lookup = {"key": make_key(m=44).to_json()}
+        newcomer = httpx.Client(transport=httpx.HTTPTransport(local_address="127.0.0.9"))
+        with newcomer:
+            miss = newcomer.post(f"{server.url}/v1/lookup", json=lookup, timeout=30)
+        assert miss.status_code == 404, miss.text
+        cut = [a for conn in held if (a := answered(conn, wait=0.05)) is not None]
+        assert len(cut) == 1, cut
+        assert cut[0][0] == 503 and "cut off for another address's" in cut[0][1], cut
+        assert "retry-after: 1" in cut[0][1].lower(), cut
     finally:
         for conn in held:
             conn.close()

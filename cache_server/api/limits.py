@@ -29,6 +29,13 @@ stayed with the process (469 MiB of 485 at the peak: many freed pieces of a few 
 each, in the allocator's heap), a ``bytearray``'s went back to
 the system (104 MiB); and a list costs an object for each chunk, uncharged.
 
+The bodies without a token are shared fairly: one address may hold a share of their pool
+(``ADDRESS_BODIES``), and a body that finds the pool full cuts off a body still arriving from
+the address that holds the most, as long as that address holds more than the newcomer would with
+it (503, ``Retry-After``, saying so). Four addresses, each holding its share of stalled 64 KiB
+bodies, filled the pool and shed 290 of 293 honest lookups over 30 s; any number of addresses
+now hold no more than those who want room leave them, and a few-KB lookup always finds it.
+
 Once read, a JSON body is parsed off the event loop (:func:`parse_json`, in a worker thread) with
 bounds on its nesting depth and element count, so a small body cannot expand into millions of
 objects (``[{},{},…]``: 3 bytes each).
@@ -138,13 +145,16 @@ ADDRESS_BODIES: Final = 64  # of those, what one client address may hold: one ca
 class Hold:
     """The body bytes one request holds in a :class:`BodyBudget`, and whose they are."""
 
-    __slots__ = ("address", "checked", "scope", "size")
+    __slots__ = ("address", "checked", "cut", "cut_off", "scope", "size")
 
     def __init__(self, address: str) -> None:
         self.address = address
         self.scope: Scope | None = None  # None: anonymous, or its token not checked yet
         self.checked = False  # whether its token was looked up (once at most)
         self.size = 0
+        # While its body arrives: what cuts it off (BodyBudget.make_room), and whether it was
+        self.cut: Callable[[], Any] | None = None
+        self.cut_off = False
 
 
 class BodyBudget:
@@ -163,6 +173,7 @@ class BodyBudget:
         self.address_limit = ADDRESS_BODIES * limits.anonymous
         self.tokens = self.read = self.anonymous = 0
         self.by_address: dict[str, int] = {}
+        self.arriving: set[Hold] = set()  # holds whose body still arrives, and can be cut off
 
     @property
     def total(self) -> int:
@@ -185,7 +196,7 @@ class BodyBudget:
 
     def take(self, hold: Hold, size: int) -> bool:
         """Charges ``size`` bytes more to ``hold`` if they fit (else charges nothing)."""
-        if size > self.room(hold):
+        if hold.cut_off or size > self.room(hold):
             return False
         self._add(hold, size)
         return True
@@ -205,6 +216,34 @@ class BodyBudget:
     def release(self, hold: Hold) -> None:
         """Gives back every byte ``hold`` holds (the request ended)."""
         self._add(hold, -hold.size)
+
+    def make_room(self, hold: Hold, size: int) -> bool:
+        """Charges ``size`` bytes more to ``hold``, a body without a token, cutting off bodies
+        still arriving from the address that holds the most such bytes while it holds more than
+        ``hold``'s address would with them (so holds even out, and never swap back and forth);
+        ``False`` (nothing cut, nothing charged) when that does not make room. Within its
+        address's share only: what an address holds past it, no other's is cut for."""
+        if hold.scope is not None or size > self.address_limit - self.by_address.get(
+            hold.address, 0
+        ):
+            return False
+        after = self.by_address.get(hold.address, 0) + size
+        while size > self.room(hold):
+            held = [h for h in self.arriving if h.scope is None and h.size and h.cut is not None]
+            if not held:
+                return False
+            victim = max(held, key=lambda h: (self.by_address[h.address], h.size))
+            if self.by_address[victim.address] <= after:
+                return False
+            self._cut(victim)
+        return self.take(hold, size)
+
+    def _cut(self, hold: Hold) -> None:
+        self.release(hold)
+        self.arriving.discard(hold)
+        hold.cut_off = True
+        assert hold.cut is not None
+        hold.cut()
 
     def _add(self, hold: Hold, size: int) -> None:
         hold.size += size
@@ -293,13 +332,15 @@ class BodyLimits:
             await self._check(scope, hold)
             if self.budget.take(hold, size):
                 return
+        if self.budget.make_room(hold, size):
+            return
         raise self._busy(hold)
 
     def _busy(self, hold: Hold) -> Refused:
         budget = self.budget
         if hold.scope is not None:
             who = f"bodies of {hold.scope} tokens"
-        elif budget.address_limit - budget.by_address.get(hold.address, 0) < (
+        elif budget.address_limit - budget.by_address.get(hold.address, 0) <= (
             budget.anonymous_limit - budget.anonymous
         ):
             who = "bodies without a token from this address"
@@ -329,24 +370,38 @@ class BodyLimits:
                 raise self._too_large(scope, limit, declared if declared >= 0 else None)
         if declared is not None:  # charged whole, before a byte is read
             await self._charge(scope, hold, declared)
-        body = bytearray()
         with anyio.move_on_after(self.seconds) as waited:
-            while True:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return None  # http.disconnect
-                chunk = message.get("body", b"")
-                received = len(body) + len(chunk)
-                if received > self.limits.of(hold.scope) and not hold.checked:
-                    await self._check(scope, hold)
-                if received > (limit := self.limits.of(hold.scope)):
-                    raise self._too_large(scope, limit, None)
-                await self._charge(scope, hold, received - hold.size)
-                body += chunk
-                if not message.get("more_body", False):
-                    return bytes(body)  # a copy: one body at a time (no await until it is freed)
+            hold.cut = waited.cancel
+            self.budget.arriving.add(hold)
+            try:
+                return await self._arrive(scope, receive, hold)
+            finally:
+                self.budget.arriving.discard(hold)
+                hold.cut = None
+        if hold.cut_off:
+            raise Refused(503, "the server holds as many bodies without a token as it takes at "
+                               "once, and this address held the most of them: this one was cut "
+                               "off for another address's; retry in 1 s")  # fmt: skip
         assert waited.cancelled_caught
         raise Refused(408, f"the body did not arrive within {self.seconds:g} s")
+
+    async def _arrive(self, scope: ScopeDict, receive: Any, hold: Hold) -> bytes | None:
+        """:meth:`_read`'s loop: the body as it arrives, charged, within its sender's limit."""
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None  # http.disconnect
+            chunk = message.get("body", b"")
+            received = len(body) + len(chunk)
+            if received > self.limits.of(hold.scope) and not hold.checked:
+                await self._check(scope, hold)
+            if received > (limit := self.limits.of(hold.scope)):
+                raise self._too_large(scope, limit, None)
+            await self._charge(scope, hold, received - hold.size)
+            body += chunk
+            if not message.get("more_body", False):
+                return bytes(body)  # a copy: one body at a time (no await until it is freed)
 
     async def __call__(self, scope: ScopeDict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
