@@ -21,7 +21,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session
 
-from cache_server import twins
+from cache_server import tokens, twins
 from cache_server.models import RecordRow, TokenRow, WinnerRow, utcnow
 from cache_server.queries import (
     RECORD_SIZE,
@@ -197,6 +197,7 @@ def import_records(
         InvalidInput: the database refused a record's data (PostgreSQL refuses NUL characters in
             text columns, for one); the caller's rollback then undoes its chunk.
         BucketFull: a record is a new key's in a bucket at ``bucket_limit`` winners (the same).
+        Revoked: ``uploader`` was revoked while the import ran; the chunks before stay stored.
     """
     planned = _plan(session, records=records, provenance=provenance, importer=uploader)
     if bucket_limit is not None:
@@ -206,6 +207,9 @@ def import_records(
     while at < len(planned):
         if at:
             _next_chunk(session)
+            if uploader is not None:  # one revoked meanwhile stores no more
+                tokens.ensure_live(session, uploader, doing=f"the {stored} records this import "
+                                   "stored before it stay stored, and no more were")  # fmt: skip
         try:
             at, new, won = _store_chunk(session, planned, at, uploader=uploader,
                                         bucket_limit=bucket_limit)  # fmt: skip

@@ -172,6 +172,19 @@ def list_tokens(session: Session, *, include_revoked: bool = False) -> list[Toke
     return list(session.scalars(stmt))
 
 
+class Revoked(Exception):
+    """The token a request came with was revoked while the request ran (a 401): a snapshot
+    import, committed a chunk at a time, stops at the next chunk (:func:`ensure_live`)."""
+
+
+def ensure_live(session: Session, token: TokenRow, *, doing: str) -> None:
+    """Raises :class:`Revoked` when ``token`` was revoked since the request authenticated it
+    (``doing``: what the error says stays as it is)."""
+    revoked = session.scalar(select(TokenRow.revoked_at).where(TokenRow.id == token.id))
+    if revoked is not None:
+        raise Revoked(f"the token was revoked while this request ran: {doing}")
+
+
 class LastAdmin(Exception):
     """Revoking this token would leave no live admin token: nobody could manage tokens again."""
 

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from cache_server import snapshots
+from cache_server import snapshots, tokens
 from cache_server.db import make_engine, make_sessionmaker
 from cache_server.migrate import upgrade
 from cache_server.models import RecordRow
@@ -151,3 +151,39 @@ def test_an_import_in_chunks_stores_and_counts_as_in_one(
     finally:
         engine.dispose()
     assert count == 6 and winner is not None and winner.timing.median_ms == 0.5
+
+
+def test_a_token_revoked_mid_import_stores_no_more(
+    database: tuple[str, Path | None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write token revoked while its import runs (between two chunks, by an admin's request
+    in another transaction) stores no chunk after it: the import stops with the token's
+    revocation named and what it stored before counted (those records stay); it went on
+    writing until its end."""
+    url, _ = database
+    upgrade(url)
+    monkeypatch.setattr(snapshots, "CHUNK_RECORDS", 1)
+    monkeypatch.setattr(snapshots, "SQLITE_TURN_SECONDS", 0.0)
+    engine = make_engine(url)
+    sessions = make_sessionmaker(engine)
+    committed = snapshots._next_chunk
+
+    def revoked_meanwhile(session: Any) -> None:
+        committed(session)
+        with sessions.begin() as admin:  # the admin's request, between two chunks
+            tokens.revoke(admin, token_id=uploader.id)
+
+    try:
+        with sessions.begin() as session:
+            _, uploader = tokens.issue(session, name="importer", scope="write")
+        monkeypatch.setattr(snapshots, "_next_chunk", revoked_meanwhile)
+        records = [make_record(make_key(64 * (i + 1)), trials=0) for i in range(3)]
+        with sessions() as session, pytest.raises(tokens.Revoked) as refused:
+            snapshots.import_records(session, records=records, uploader=uploader)
+        with sessions.begin() as session:
+            count = session.scalar(select(func.count()).select_from(RecordRow))
+    finally:
+        engine.dispose()
+    assert "revoked while this request ran" in str(refused.value), refused.value
+    assert "the 1 records this import stored before it stay stored" in str(refused.value)
+    assert count == 1

@@ -6,6 +6,7 @@ shape (:class:`cache_server.api.problems.ErrorBody`).
   no JSON encoder writes, such as NaN or a lone surrogate);
 - FastAPI's generic "There was an error parsing the body" says what it was;
 - :class:`tunecache.errors.InvalidInput` raised anywhere in a request is a 422;
+- a token revoked while its request ran (:class:`cache_server.tokens.Revoked`) is a 401;
 - a database that cannot be reached (down, restarting, refusing connections, a SQLite file locked
   past its busy timeout or that cannot be opened, a PostgreSQL statement or lock wait cut at the
   server's bound) is a 503 with ``Retry-After``, as a busy server
@@ -30,6 +31,7 @@ from cache_server.api.limits import TooComplex
 from cache_server.api.openapi import allowed_methods
 from cache_server.api.problems import body
 from cache_server.queries import BucketFull
+from cache_server.tokens import Revoked
 from tunecache.errors import InvalidInput, error_message, one_line
 
 logger = logging.getLogger(__name__)
@@ -94,6 +96,11 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(BucketFull)
     async def bucket_full(_request: Request, exc: BucketFull) -> JSONResponse:
         return JSONResponse(body(409, str(exc)), status_code=409)
+
+    @app.exception_handler(Revoked)
+    async def revoked(_request: Request, exc: Revoked) -> JSONResponse:
+        return JSONResponse(body(401, str(exc)), status_code=401,
+                            headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
 
     @app.exception_handler(InvalidInput)
     async def invalid_input(_request: Request, exc: InvalidInput) -> JSONResponse:
