@@ -11,12 +11,10 @@ touched. Behind a proxy every client has the proxy's address: raise the cap ther
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from typing import Final
 
-from cache_server.api.identity import IDENTITY
-from cache_server.api.problems import body
+from cache_server.api.problems import raw_answer
 
 STATUS: Final = 429
 # Refused connections of one address kept open a moment for their answer to be read (see
@@ -63,11 +61,4 @@ class AddressCap:
             f"more than {self.limit} connections from this address are open to this server "
             "process: close some, or reuse them (one client, one connection pool)"
         )
-        content = json.dumps(body(STATUS, detail)).encode()
-        name, value = IDENTITY
-        head = (
-            f"HTTP/1.1 {STATUS} Too Many Requests\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(content)}\r\nretry-after: {retry_after}\r\n"
-            f"connection: close\r\n{name.decode()}: {value.decode()}\r\n\r\n"
-        )
-        return head.encode() + content
+        return raw_answer(STATUS, "Too Many Requests", detail, {"retry-after": str(retry_after)})

@@ -18,6 +18,14 @@ write token's 16 MiB bodies charged to the server's body budget, every other upl
 Aborting ends the request (uvicorn marks it disconnected and wakes the ``send``), and with it
 what it held.
 
+A request's head (its request line and headers) is bounded too: past :data:`HEAD_BYTES` without
+its end it is answered 431 and the connection closed. uvicorn's httptools protocol bounds neither
+(h11's does): one connection without a token sending one header or URL that never ends had the
+server hold 130 MiB of it within the header deadline, its event loop at 100 % (the parser grows
+the value by copying it whole at each read), and honest lookups timed out. And a request that is
+not HTTP is answered 400 in the API's error shape (uvicorn's own answer was plain text, without
+the header that says it comes from tunecache).
+
 ``tunecache serve`` runs uvicorn with ``http="cache_server.header_deadline:HeaderDeadline"``;
 each server process reads the deadline and the cap from its settings
 (``TUNECACHE_SERVER_HEADER_SECONDS``, ``TUNECACHE_SERVER_MAX_CONNECTIONS_PER_ADDRESS``).
@@ -26,15 +34,24 @@ each server process reads the deadline and the cap from its settings
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Final
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from cache_server.address_cap import AddressCap
 from cache_server.api.peers import client_of
+from cache_server.api.problems import raw_answer
 from cache_server.settings import ServerSettings
 
 _Protocol: Any = AutoHTTPProtocol  # httptools' protocol where installed, else h11's
+
+# The most bytes of a request's head (request line and headers) a connection may send; a read's
+# more at most pass before it is found (the read a head began in is not counted: its part of it
+# is not known). A lookup's head is under 1 KiB; nginx's limit is 4 x 8 KiB by default.
+HEAD_BYTES: Final = 64 * 2**10
+# Whether the protocol says where a request's head begins and ends (httptools' does; h11's does
+# not, and bounds a head itself: uvicorn's h11_max_incomplete_event_size)
+_HEADS_SEEN: Final = hasattr(_Protocol, "on_headers_complete")
 
 
 class HeaderDeadline(_Protocol):
@@ -48,6 +65,10 @@ class HeaderDeadline(_Protocol):
     _address: str | None = None  # counted (as open, or as refused and lingering) until lost
     _refused = False
     _stalled: asyncio.TimerHandle | None = None  # while the transport's buffer is full
+    _heading = True  # a request's head may be arriving (none has begun, or its headers not done)
+    _began = False  # a request began in the data being read
+    _head_bytes = 0  # of the head arriving, read since the read it began in
+    _answered = False  # by this protocol, and closed
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
@@ -74,8 +95,37 @@ class HeaderDeadline(_Protocol):
         self._late = self.loop.call_later(1.0, transport.close)
 
     def data_received(self, data: bytes) -> None:
-        if not self._refused:
-            super().data_received(data)
+        if self._refused or self._answered:
+            return
+        self._began = False
+        super().data_received(data)
+        if not _HEADS_SEEN or not self._heading or self.transport.is_closing():
+            self._head_bytes = 0
+            return
+        self._head_bytes = 0 if self._began else self._head_bytes + len(data)
+        if self._head_bytes > HEAD_BYTES:
+            detail = (f"the request's head (its line and headers) is over {HEAD_BYTES} bytes, "
+                      "the server's limit")  # fmt: skip
+            self._answer(raw_answer(431, "Request Header Fields Too Large", detail))
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._heading = self._began = True
+
+    def on_headers_complete(self) -> None:
+        self._heading = False
+        super().on_headers_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        """A request that is not HTTP (uvicorn answered it in plain text), in the API's shape."""
+        detail = f"the request is not valid HTTP/1.1 ({msg.rstrip('.')})"
+        self._answer(raw_answer(400, "Bad Request", detail))
+
+    def _answer(self, answer: bytes) -> None:
+        """Writes ``answer`` and closes the connection; what its client sends after is dropped."""
+        self._answered = True
+        self.transport.write(answer)
+        self.transport.close()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import Field
 
+from cache_server.api.identity import IDENTITY
 from tunecache.schemas import _Strict
 
 
@@ -62,6 +63,22 @@ def body(status: int, detail: str, errors: list[dict[str, Any]] | None = None) -
     model = ErrorBody(status=status, detail=detail,
                       errors=[FieldError(**e) for e in errors or []])  # fmt: skip
     return model.model_dump(mode="json")
+
+
+def raw_answer(
+    status: int, reason: str, detail: str, headers: dict[str, str] | None = None
+) -> bytes:
+    """An :class:`ErrorBody` answer as the bytes of an HTTP/1.1 response that closes its
+    connection, for a protocol to write where no app runs (a connection over its address's cap,
+    a request's head too large or not HTTP); it says it comes from tunecache
+    (:data:`cache_server.api.identity.IDENTITY`) like every other answer."""
+    content = json.dumps(body(status, detail)).encode()
+    name, value = IDENTITY
+    lines = [f"HTTP/1.1 {status} {reason}", "content-type: application/json",
+             f"content-length: {len(content)}", *(f"{k}: {v}" for k, v in (headers or {}).items()),
+             "connection: close", f"{name.decode()}: {value.decode()}",
+             "x-content-type-options: nosniff"]  # fmt: skip
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + content
 
 
 async def send(send: Any, status: int, detail: str, headers: dict[str, str] | None = None) -> None:

@@ -1,0 +1,147 @@
+"""A request's head (its line and headers) is bounded, and a request that is not HTTP is
+answered in the API's error shape.
+
+An audit without a token sent ``GET /health`` and a header (or a URL) that never ended: the
+server held 130 MiB of it within the header deadline, its event loop at 100 % (uvicorn's
+httptools protocol grows the value by copying it whole at each read), and honest lookups timed
+out; a 32 MiB header that did end was answered 200. Unparsable requests got uvicorn's plain-text
+400, without the header that says the answer is tunecache's. Against ``tunecache serve`` in a
+subprocess, at the socket.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cache_server.header_deadline import HEAD_BYTES
+from tests.conftest import LiveServer, start_server
+from tests.factories import issue_token
+from tunecache.http import IDENTITY_HEADER
+
+KiB = 2**10
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    folder = tmp_path_factory.mktemp("heads")
+    live = start_server(f"sqlite:///{folder / 'c.db'}", folder / "c.db", folder / "server.log")
+    yield live
+    live.stop()
+
+
+def connect(server: LiveServer) -> socket.socket:
+    host, port = server.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def answer(conn: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """The status, headers and body of the one answer ``conn`` gets before it is closed."""
+    data = b""
+    while chunk := conn.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+    return int(lines[0].split(" ")[1]), headers, body
+
+
+def send_endless(conn: socket.socket, start: bytes, filler: bytes, size: int) -> None:
+    """Sends ``start`` and then ``size`` bytes of ``filler``, never ending the head, until the
+    server closes the connection."""
+    conn.sendall(start)
+    try:
+        for _ in range(size // len(filler)):
+            conn.sendall(filler)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # closed: its answer was written before
+
+
+def assert_error_shape(status: int, headers: dict[str, str], body: bytes, expected: int) -> str:
+    assert status == expected, (status, body[:300])
+    assert headers["content-type"] == "application/json", headers
+    assert IDENTITY_HEADER.lower() in headers, headers
+    assert headers.get("connection") == "close", headers
+    text = json.loads(body)
+    assert text["status"] == expected, text
+    return str(text["detail"])
+
+
+@pytest.mark.parametrize(
+    ("start", "filler"),
+    [(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ", b"a" * (16 * KiB)),
+     (b"GET /health?q=", b"a" * (16 * KiB)),
+     (b"GET /health HTTP/1.1\r\nHost: x\r\n", b"X-A: b\r\n" * 2048)],
+    ids=["header", "url", "many-headers"],
+)  # fmt: skip
+def test_a_head_that_never_ends_is_answered_431_past_the_limit(
+    server: LiveServer, start: bytes, filler: bytes
+) -> None:
+    """Sent on and on, a head is cut off a little past :data:`HEAD_BYTES` (one read more at most),
+    not after the header deadline with everything it sent held."""
+    conn = connect(server)
+    with conn:
+        send_endless(conn, start, filler, 64 * HEAD_BYTES)
+        status, headers, body = answer(conn)
+    detail = assert_error_shape(status, headers, body, 431)
+    assert f"over {HEAD_BYTES} bytes" in detail, detail
+
+
+def test_a_head_within_the_limit_and_a_large_body_after_it_are_answered(
+    server: LiveServer,
+) -> None:
+    """Headers up to near the limit are answered; a body is never counted as a head: 200 KiB of
+    a read token's body, sent with its head, is judged as a body (not JSON), not as a head."""
+    headers = "".join(f"X-Pad-{i}: {'p' * 100}\r\n" for i in range(HEAD_BYTES // 128))
+    conn = connect(server)
+    with conn:
+        conn.sendall(f"GET /health HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n"
+                     .encode())  # fmt: skip
+        status, _, body = answer(conn)
+    assert status == 200, body[:300]
+    token = issue_token(server.url, "read")
+    content = b"x" * (200 * KiB)
+    conn = connect(server)
+    with conn:
+        conn.sendall(f"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                     f"Content-Type: application/json\r\nContent-Length: {len(content)}\r\n"
+                     "Connection: close\r\n\r\n".encode() + content)  # fmt: skip
+        status, headers_back, body = answer(conn)
+    assert_error_shape(status, headers_back, body, 400)
+
+
+def test_a_kept_alive_connections_next_head_is_bounded_too(server: LiveServer) -> None:
+    """The bound counts each request's head afresh: a first request answered, the second's
+    endless header is cut as a first one's is."""
+    conn = connect(server)
+    with conn:
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while b"}" not in first:
+            first += conn.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200"), first[:200]
+        send_endless(conn, b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ", b"a" * (16 * KiB),
+                     64 * HEAD_BYTES)  # fmt: skip
+        status, headers, body = answer(conn)
+    assert_error_shape(status, headers, body, 431)
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [b"FOO / HTTP/1.1\r\nHost: x\r\n\r\n",
+     b"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\n"],
+    ids=["method", "two-lengths"],
+)  # fmt: skip
+def test_a_request_that_is_not_http_is_a_400_in_the_apis_shape(
+    server: LiveServer, request_bytes: bytes
+) -> None:
+    conn = connect(server)
+    with conn:
+        conn.sendall(request_bytes)
+        status, headers, body = answer(conn)
+    detail = assert_error_shape(status, headers, body, 400)
+    assert "not valid HTTP/1.1" in detail, detail
