@@ -11,6 +11,7 @@ operation with that schema.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -223,3 +224,35 @@ def test_links_name_the_resources_answers_make(document: dict) -> None:
     made = document["paths"]["/v1/tokens"]["post"]["responses"]["201"]["links"]
     for link in (*uploaded.values(), *claimed.values(), *made.values()):
         assert link["operationId"] in ids
+
+
+@pytest.fixture
+def default_server(tmp_path: Path) -> Iterator[LiveServer]:
+    """A server with the default limits (this module's other server takes 4 KiB bodies)."""
+    server = start_server(f"sqlite:///{tmp_path / 'c.db'}", tmp_path / "c.db", tmp_path / "log")
+    yield server
+    server.stop()
+
+
+def test_a_422_lists_a_bounded_number_of_fields_and_counts_them_all(
+    default_server: LiveServer,
+) -> None:
+    """A body without a token whose mapping holds 4,000 entries of the wrong type, one keyed by
+    a long name: the answer lists the first 20 fields, each part of its place cut short, and
+    its detail counts every one (it was 4,000 errors, 419 KB, for a 63 KB body)."""
+    url = default_server.url
+    key = make_key().to_json()
+    key["environment"] = {f"e{i}": ["x"] for i in range(4000)}
+    answer = httpx.post(f"{url}/v1/lookup", json={"key": key}, timeout=30)
+    assert answer.status_code == 422, answer.text[:300]
+    found = answer.json()
+    assert len(found["errors"]) == 20, len(found["errors"])
+    more = re.search(r"and (\d+) more", found["detail"])
+    assert more is not None and int(more.group(1)) >= 4000 - 3, found["detail"]
+    assert len(answer.content) < 8 * 2**10, len(answer.content)
+    key["environment"] = {"n" * 5000: ["x"]}
+    answer = httpx.post(f"{url}/v1/lookup", json={"key": key}, timeout=30)
+    assert answer.status_code == 422, answer.text[:300]
+    places = [part for e in answer.json()["errors"] for part in e["loc"]]
+    assert any(str(p).startswith("nnn") for p in places), places
+    assert all(len(str(p)) <= 64 for p in places), [len(str(p)) for p in places]

@@ -52,6 +52,18 @@ _SQLITE_OUTAGE_CODES = frozenset({5, 8, 10, 13, 14})
 _SQLITE_OUTAGE_MESSAGES = ("database is locked", "unable to open database file")
 
 
+# A 422 lists at most this many fields, each part of a field's place at most PART characters: a
+# 63 KB body without a token, a mapping of 4,000 entries each of the wrong type, was answered
+# with 4,000 errors in 419 KB (a read token's 1 MB, 6.3 MB in 0.96 s), and two clients sending
+# them had most honest lookups shed; a key of 60 KB was a part of its entry's place, echoed.
+LISTED = 20
+PART = 64
+
+
+def _part(name: str) -> str:
+    return name if len(name) <= PART else f"{name[: PART - 1]}…"
+
+
 def _where(error: dict[str, Any]) -> str:
     return ".".join(str(part) for part in error.get("loc", ())) or "request"
 
@@ -69,14 +81,15 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [
-            {"loc": [p if isinstance(p, int) else str(p) for p in e.get("loc", ())],
+            {"loc": [p if isinstance(p, int) else _part(str(p)) for p in e.get("loc", ())],
              "msg": error_message(e), "type": str(e.get("type", ""))}
             for e in exc.errors()
         ]  # fmt: skip
         if any(e["type"] == "json_invalid" for e in errors):  # not JSON at all
             why = f"the body is not valid JSON: {validation_detail(errors)}"
             return JSONResponse(body(400, why), status_code=400)
-        return JSONResponse(body(422, validation_detail(errors), errors), status_code=422)
+        listed = errors[:LISTED]  # the detail counts them all
+        return JSONResponse(body(422, validation_detail(errors), listed), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> Response:

@@ -37,7 +37,9 @@ class ErrorBody(_Strict):
     status: int = Field(ge=400, le=599, description="the HTTP status, repeated")
     detail: str = Field(description="what was wrong, in one sentence a person can act on")
     errors: list[FieldError] = Field(
-        default_factory=list, description="each field that did not validate (422 only)"
+        default_factory=list,
+        description="the fields that did not validate, the first 20 (422 only; ``detail`` "
+        "counts them all)",
     )
 
 
