@@ -75,6 +75,24 @@ def test_the_cli_on_the_database_refuses_a_live_name(database: tuple[str, Path |
     assert odd.returncode == 2 and "--name" in odd.stderr
 
 
+def test_the_cli_through_a_server_refuses_a_live_name_as_bad_input(
+    any_server: LiveServer,
+) -> None:
+    """The same clash through a server is bad input too: exit 2 naming ``--name``, as with
+    ``--db`` (the server's 409 was exit 1)."""
+    env = {**os.environ, "TUNECACHE_URL": any_server.url, "TUNECACHE_TOKEN": AUTH[
+        "Authorization"].removeprefix("Bearer ")}  # fmt: skip
+    argv = [sys.executable, "-m", "tunecache_cli", "token", "create", "--name"]
+    first = subprocess.run([*argv, "cli-ops", "--scope", "read"], text=True,
+                           capture_output=True, timeout=120, env=env)  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    clash = subprocess.run([*argv, "CLI-ops", "--scope", "read"], text=True,
+                           capture_output=True, timeout=120, env=env)  # fmt: skip
+    assert clash.returncode == 2, clash.stderr
+    assert "--name" in clash.stderr and "'cli-ops'" in clash.stderr, clash.stderr
+    assert "Traceback" not in clash.stderr
+
+
 def test_older_names_keep_working_and_still_clash(database: tuple[str, Path | None]) -> None:
     """A token named before the rule (stored as it was) still authenticates, and a new name that
     would pass for it is refused."""

@@ -132,8 +132,13 @@ def run_create(args: argparse.Namespace) -> int:
         first = exc.errors()[0]
         raise InvalidInput(f"--{first['loc'][0]}: {error_message(first)}") from None
     with _tokens(args) as tokens:
-        created: TokenCreated = tokens.create_token(request.name, request.scope,
-                                                    trusted=request.trusted)  # fmt: skip
+        try:
+            created: TokenCreated = tokens.create_token(request.name, request.scope,
+                                                        trusted=request.trusted)  # fmt: skip
+        except ServerError as exc:  # a live token's name: bad input, as with --db (exit 2)
+            if exc.status_code != 409:
+                raise
+            raise InvalidInput(f"--name: {exc}") from None
         where = getattr(tokens, "where", None) or server_url(args)
     info = created.info
     trusted = ", trusted (its uploads are served as verified)" if info.trusted else ""
