@@ -157,7 +157,7 @@ def test_the_pre_hook_a_declared_config_takes() -> None:
     assert "'num_warps': 1" in why and "have different pre_hooks" in why, why
     apart = KernelSpace([config(32, 1, _zero), config(64, 2, _other, stages=4)], space)
     inside = {**served, "num_stages": 4}  # each value is a listed one; no config has both
-    assert apart.find(inside) is None and "none of them has" in apart.outside(inside)
+    assert apart.find(inside) is None and "no listed config's together" in apart.outside(inside)
 
 
 # -- a tl.static_assert failing at this call ------------------------------------------------------

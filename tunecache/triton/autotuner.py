@@ -457,7 +457,8 @@ def autotune(
         space: widens which served configs may launch (by default only one of ``configs``,
             and then the user's own ``triton.Config``): a mapping of parameter (meta-parameter
             or launch option) to its allowed values, or a :class:`tunecache.space.SearchSpace`;
-            a parameter it leaves out keeps the listed configs' values; ``4.0`` is not ``4``.
+            the parameters it leaves out keep one listed config's values together (``SPLIT``
+            of one and ``ATOMIC`` of another is outside); ``4.0`` is not ``4``.
             Its configs run the listed configs' ``pre_hook`` (see
             :class:`~tunecache.triton.keys.PreHooks` for when none can be told).
         verify: ``"never"`` or ``"first"``: a served config's first launch in this process

@@ -230,9 +230,11 @@ def triton_config(config: Mapping[str, Any], pre_hook: Any = None) -> Config:
 class DeclaredSpace:
     """A space the user declares (``space=``): each parameter's allowed values.
 
-    A parameter the space does not name keeps the values the listed configs give it (a launch
-    option none of them sets: Triton's default). Values compare with their types: ``4.0`` is not
-    ``4``. A :class:`~tunecache.space.SearchSpace` also applies its constraint and members.
+    The parameters the space does not name keep, together, the values of one listed config (a
+    launch option none of them sets: Triton's default): a kernel listing ``SPLIT=1, ATOMIC=False``
+    and ``SPLIT=4, ATOMIC=True`` is wrong at ``SPLIT=4, ATOMIC=False``, which takes each value from
+    a listed config but is none of them. Values compare with their types: ``4.0`` is not ``4``. A
+    :class:`~tunecache.space.SearchSpace` also applies its constraint and members.
 
     Raises:
         InvalidInput: the space names a parameter that is neither a meta-parameter of the listed
@@ -250,7 +252,13 @@ class DeclaredSpace:
             raise InvalidInput(f"space= names {unknown}: neither a meta-parameter of the listed "
                                f"configs nor a launch option {LAUNCH_OPTIONS}")  # fmt: skip
         self.search = space if isinstance(space, SearchSpace) else None
-        self.named = frozenset(params)  # the rest keep the listed configs' values
+        self.named = frozenset(params)
+        # The rest are held together, not one by one: their values may only work as the
+        # listed configs pair them (SPLIT=4 with ATOMIC=True), so one listed config's or none.
+        self.rest = sorted(names - self.named)
+        self.rests: dict[str, dict[str, Any]] = {}
+        for rest in (self.rest_of(config) for config in listed):
+            self.rests.setdefault(identity_of(rest), rest)
         self.allowed: dict[str, frozenset[tuple[str, Any]]] = {}
         for name in sorted(names):
             values = params[name] if name in params else [c.get(name) for c in listed]
@@ -258,6 +266,10 @@ class DeclaredSpace:
                 self.allowed[name] = frozenset(kinded(v) for v in values)
             except TypeError as exc:
                 raise InvalidInput(f"space= {name}: values must be scalars ({exc})") from exc
+
+    def rest_of(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """``config``'s values of the parameters the space does not name."""
+        return {name: config.get(name) for name in self.rest}
 
     def problem(self, config: Mapping[str, Any]) -> str | None:
         """Why the :func:`flat` ``config`` is outside this space, or ``None``."""
@@ -270,6 +282,8 @@ class DeclaredSpace:
                 inside = False
             if not inside:
                 return f"{name}={describe(value, 20)} is outside the declared space"
+        if identity_of(self.rest_of(config)) not in self.rests:
+            return self._unlisted(config)
         if self.search is None:
             return None
         try:  # a config the space cannot name, or a constraint that answers no reason: outside
@@ -277,6 +291,20 @@ class DeclaredSpace:
             return self.search.prune_reason(named)
         except InvalidInput as exc:
             return str(exc)
+
+    def _unlisted(self, config: Mapping[str, Any]) -> str:
+        """Why ``config``, each of whose values a listed config has, is still outside: the
+        parameters the space does not name (those the listed configs vary) mix listed configs."""
+        held = list(self.rests.values())
+        varying = [n for n in self.rest if len({identity_of(r[n]) for r in held}) > 1] \
+            or self.rest  # fmt: skip
+        theirs = [{n: rest[n] for n in varying} for rest in held]
+        mixed = describe({n: config.get(n) for n in varying}, 200)
+        return (
+            f"its {mixed} are no listed config's together: the parameters the space does not "
+            f"name keep one listed config's values, and the listed configs hold "
+            f"{describe(theirs, 200)}"
+        )
 
 
 class PreHooks:
@@ -289,16 +317,13 @@ class PreHooks:
     """
 
     def __init__(self, configs: Sequence[Config], flats: Sequence[Mapping[str, Any]],
-                 named: frozenset[str]) -> None:  # fmt: skip
+                 declared: DeclaredSpace) -> None:  # fmt: skip
         hooks = [getattr(config, "pre_hook", None) for config in configs]
         self.common = _distinct(hooks)
-        self.rest = sorted({name for config in flats for name in config} - named)
+        self._rest = declared.rest_of  # the listed configs' rests are the declared space's
         self.by_rest: dict[str, list[Any]] = {}
         for hook, flattened in zip(hooks, flats, strict=True):
             self.by_rest.setdefault(identity_of(self._rest(flattened)), []).append(hook)
-
-    def _rest(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        return {name: config.get(name) for name in self.rest}
 
     def choose(self, config: Mapping[str, Any]) -> tuple[Any, str | None]:
         """The ``pre_hook`` for the :func:`flat` ``config``, and ``None``; or ``None`` and why
@@ -340,7 +365,7 @@ class KernelSpace:
         for config, flattened in zip(configs, flats, strict=True):
             self.listed.setdefault(identity_of(flattened), config)
         self.declared = DeclaredSpace(declared, flats) if declared is not None else None
-        self.hooks = PreHooks(configs, flats, self.declared.named) if self.declared else None
+        self.hooks = PreHooks(configs, flats, self.declared) if self.declared else None
 
     def find(self, config: Mapping[str, Any]) -> Config | None:
         """The ``triton.Config`` to launch for a served ``config``: the user's own listed object
