@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from tunecache.device import DeviceLimits
+from tunecache.device import DeviceLimits, normalise_name
 from tunecache.errors import InvalidInput
 from tunecache.folders import shared_mode, write_atomic
 from tunecache.jsonsafe import parse_json
@@ -110,6 +110,86 @@ def check_device_name(name: str) -> str:
         raise InvalidInput(f"{name!r} is not a device name as the engine writes it (letters, "
                            "digits and _.+-() only, spaces as _: NVIDIA_H100_80GB)")  # fmt: skip
     return name
+
+
+# The arch of the GPU families the engine ships files for (and their kin), by the start of the
+# name as a CUDA key holds it (:func:`key_device_name`): a file named for one is held to that arch.
+_ARCH_BY_FAMILY: Final = (
+    (re.compile(r"(a100|a800|a30)\b"), "sm_80"),
+    (re.compile(r"(a10g?|a40|a16|a2|rtx-a[0-9]+|geforce-rtx-30[0-9]0)\b"), "sm_86"),
+    (re.compile(r"(l4|l40s?|l20y?|rtx-[0-9]+-ada|geforce-rtx-40[0-9]0)\b"), "sm_89"),
+    (re.compile(r"(h100|h200|h800|h20|gh200)\b"), "sm_90"),
+    (re.compile(r"(b100|b200|gb200)\b"), "sm_100"),
+    (re.compile(r"(b300|gb300)\b"), "sm_103"),
+    (re.compile(r"(geforce-rtx-50[0-9]0|rtx-pro-[0-9]+-blackwell)\b"), "sm_120"),
+    (re.compile(r"gb10\b"), "sm_121"),
+)
+_NVIDIA_PREFIXES: Final = ("NVIDIA", "Tesla", "Quadro")  # torch's names of NVIDIA's GPUs
+
+
+def key_device_name(name: str) -> str:
+    """A GPU's name as a CUDA key holds it (:func:`tunecache.device.normalise_name`), from the
+    engine's name or the key's own: ``NVIDIA_H100_80GB_HBM3`` and ``h100-80gb-hbm3`` →
+    ``h100-80gb-hbm3``; every H200 ``h200`` (the engine names them all ``NVIDIA_H200``)."""
+    slug = normalise_name(name.replace("_", " "))
+    return "h200" if "h200" in slug.split("-") else slug
+
+
+@dataclass(frozen=True)
+class EngineDevice:
+    """The device a file is for, and what goes in it: records keyed to its kind (and a GPU's
+    arch), entries whose tiles fit its shared memory. All of it comes from the device (this
+    machine's GPU, or the name asked), never from a record: a write token keys a record to any
+    device it likes, and a file the engine reads must launch on the device it is named for.
+
+    Attributes:
+        name: the engine's name, as in the file's (``NVIDIA_H100_80GB_HBM3``).
+        kind: ``cuda``; ``cpu`` for Triton's interpreter, named as a CPU key names the CPU
+            (``intel-xeon-platinum-8481c``: tests and the interpreter's runs of the engine);
+            ``None`` for another platform (AMD's, Intel's) or a name not known here.
+        arch: a GPU's arch (``sm_90``); ``None`` where not known (no tuned record is taken).
+        shared: bytes of shared memory a block may use.
+
+    Example:
+        >>> EngineDevice.named("NVIDIA_A10")
+        EngineDevice(name='NVIDIA_A10', kind='cuda', arch='sm_86', shared=101376)
+    """
+
+    name: str
+    kind: str | None
+    arch: str | None
+    shared: int
+
+    @classmethod
+    def named(cls, name: str) -> EngineDevice:
+        """The device the engine's ``name`` is (``--device``).
+
+        Raises:
+            InvalidInput: ``name`` is not a device name as the engine writes it.
+        """
+        name = check_device_name(name)
+        if normalise_name(name) == name:  # as a CPU key names a CPU: no GPU is named so
+            return cls(name, "cpu", None, INTERPRETER_SHARED)
+        slug = key_device_name(name)
+        arch = next((a for family, a in _ARCH_BY_FAMILY if family.match(slug)), None)
+        nvidia = arch is not None or name.split("_")[0] in _NVIDIA_PREFIXES
+        limit = SHARED_BY_ARCH.get(arch, SHARED_LEAST) if arch else SHARED_LEAST
+        return cls(name, "cuda" if nvidia else None, arch, limit)
+
+    @property
+    def what(self) -> str:
+        """How messages name it: ``NVIDIA_A10 (sm_86)``."""
+        return f"{self.name} ({self.arch or self.kind or 'platform not known here'})"
+
+    def takes(self, kind: str, arch: str, name: str) -> bool:
+        """Whether a record whose key's device is of ``kind``, ``arch`` and ``name`` is one of
+        this device's: a CPU's of that CPU (the interpreter's), a GPU's of its kind, arch and name
+        (as a CUDA key holds it: :func:`key_device_name`)."""
+        if self.kind == "cpu":
+            return kind == "cpu" and name == self.name
+        same_gpu = key_device_name(name) == key_device_name(self.name)
+        same_arch = self.arch is not None and arch == self.arch  # not known here: none
+        return self.kind == kind == "cuda" and same_arch and same_gpu
 
 
 @dataclass(frozen=True)
@@ -246,24 +326,67 @@ def check_entry(entry: object, where: str) -> Entry:
     return {field: entry[field] for field in (*FIELDS, *OPTIONAL) if field in entry}
 
 
-def shared_bytes(entry: Mapping[str, int], element_size: int = 2) -> int:
+def shared_bytes(
+    entry: Mapping[str, int], element_size: int = 2, shape: MoeShape | None = None
+) -> int:
     """Shared memory an entry's kernel is estimated to need: ``num_stages`` buffered A and B
-    tiles of ``element_size`` bytes (bfloat16 and float16: 2)."""
+    tiles of ``element_size`` bytes (bfloat16 and float16: 2). With the ``shape`` of the file the
+    entry is in, as the engine launches it: its dtype's sizes (``fp8_w8a8``: 1 byte each,
+    ``int4_w4a16``: 2 and half a byte) and a block-quantised file's ``BLOCK_SIZE_K`` cut to its
+    block (the engine does), so that its own shipped files are not held to bfloat16's sizes."""
     bm, bn, bk = (int(entry[f"BLOCK_SIZE_{d}"]) for d in "MNK")
-    return int(entry["num_stages"]) * (bm * bk + bk * bn) * element_size
+    a_bits = b_bits = 8 * element_size
+    if shape is not None:
+        a_bits, b_bits = _dtype_bits(shape.dtype)
+        if shape.block_shape is not None:
+            bk = min(bk, *shape.block_shape)
+    return int(entry["num_stages"]) * -(-(bm * bk * a_bits + bk * bn * b_bits) // 8)
 
 
-def engine_entry_problem(entry: Mapping[str, int], arch: str) -> str | None:
-    """Why a tuned entry is not one to hand the engine for a device of ``arch``, or ``None``:
-    a value outside the engine's tuner's space (:data:`ENGINE_SPACE`), or tiles whose shared
-    memory is over what the arch gives a block (a launch would fail in the engine)."""
+def _dtype_bits(dtype: str | None) -> tuple[int, int]:
+    """Bits of an activation and of a weight in a file of ``dtype`` (``fp8_w8a8`` → 8 and 8);
+    16 each where the name does not say (the engine's unquantized files: bfloat16, float16)."""
+    found = re.fullmatch(r"[a-z0-9]+_w(?P<w>[0-9]{1,2})a(?P<a>[0-9]{1,2})", dtype or "")
+    if found is None:
+        return 16, 16
+    return min(int(found["a"]), 16) or 16, min(int(found["w"]), 16) or 16
+
+
+def engine_entry_problem(entry: Mapping[str, int], device: EngineDevice) -> str | None:
+    """Why a tuned entry is not one to hand the engine for ``device``, or ``None``: a value
+    outside the engine's tuner's space (:data:`ENGINE_SPACE`), or what
+    :func:`launch_problem` finds."""
     for field, choices in ENGINE_SPACE.items():
         if entry.get(field) not in (*choices, *_DEFAULTS_BESIDES.get(field, ())):
             return f"{field}={entry.get(field)!r} is outside the engine's tuner's space"
-    least = SHARED_LEAST if arch.startswith("sm_") else INTERPRETER_SHARED
-    needed, limit = shared_bytes(entry), SHARED_BY_ARCH.get(arch, least)
-    if needed > limit:
-        return f"its tiles need {needed} B of shared memory, over {arch}'s {limit} B"
+    return launch_problem(entry, device)
+
+
+def launch_problem(
+    entry: Mapping[str, int],
+    device: EngineDevice,
+    shape: MoeShape | None = None,
+    *,
+    least: bool = False,
+) -> str | None:
+    """Why the engine's launch of ``entry`` on ``device`` would fail, or ``None``: a field its
+    CUDA launch does not take (ROCm's ``kpack``…: the engine passes the entry to the kernel as
+    keywords, and Triton refuses one it does not know), or tiles whose shared memory is over
+    what the device gives a block (:func:`shared_bytes`; ``shape``: the file's). The limits are
+    the device's, never what a record says of itself. ``least``: count only the buffers a
+    pipeline of ``num_stages`` must hold (one fewer: what every NVIDIA entry vLLM ships fits on
+    its device), for entries measured on the device elsewhere (imported files), where the full
+    count would drop entries that run. A device of another platform (AMD's, Intel's) or not
+    known here has nothing to hold an entry to: ``None``."""
+    if device.kind is None:
+        return None
+    foreign = sorted(set(entry) - set(FIELDS))
+    if foreign:
+        return f"field(s) {', '.join(map(repr, foreign))} are not the engine's CUDA launch's"
+    stages = max(int(entry["num_stages"]) - 1, 1) if least else int(entry["num_stages"])
+    needed = shared_bytes({**entry, "num_stages": stages}, shape=shape)
+    if needed > device.shared:
+        return f"its tiles need {needed} B of shared memory, over {device.what}'s {device.shared} B"
     return None
 
 

@@ -4,11 +4,14 @@
 (M, E, N, K, topk, dtype, device); a file holds one config per M for an (E, N, device). This
 module turns the records a server sends into files, trusting none of them: a record is taken only
 if it is of the engine's kernel on the Triton backend, passed its validation, is not disputed or
-rejected, is for the device asked, and its problem and config are what a file holds (the six
+rejected, is keyed to the device asked (:meth:`tunecache.vllm_moe.EngineDevice.takes`: a GPU's
+file takes only CUDA records of its arch, whatever name a CPU record gives itself; a CPU's, for
+Triton's interpreter, only that CPU's), and its problem and config are what a file holds (the six
 fields in range, :func:`tunecache.vllm_moe.check_entry`) inside the engine's tuner's space, with
-tiles that fit the arch's shared memory (:func:`tunecache.vllm_moe.engine_entry_problem`), and
-no other field (ROCm's ``kpack``…): an entry that cannot launch would fail the engine while it
-serves, not in a benchmark. Every other one is skipped and counted, as are entries past a file's
+tiles that fit the shared memory of the device the file is for, never the one the record claims
+(:func:`tunecache.vllm_moe.engine_entry_problem`), and no other field (ROCm's ``kpack``…): an
+entry that cannot launch would fail the engine while it serves, not in a benchmark. Every other
+one is skipped and counted, as are entries past a file's
 :data:`~tunecache.vllm_moe.MAX_ENTRIES`; a Triton version that is not one is left out.
 
 Unquantized bfloat16 and float16 share a file (the engine's file names have no ``dtype=`` for
@@ -34,10 +37,10 @@ from tunecache.vllm_moe import (
     MAX_ENTRIES,
     MAX_M,
     VERSION,
+    EngineDevice,
     MoeFile,
     MoeShape,
     check_entry,
-    engine_device_name,
     engine_entry_problem,
 )
 
@@ -45,10 +48,13 @@ DTYPES = ("bfloat16", "float16")  # a file without dtype=: the engine's unquanti
 
 
 def tuned_files(
-    records: Iterable[RecordPublic], device: str
+    records: Iterable[RecordPublic], device: EngineDevice | str
 ) -> tuple[dict[MoeShape, MoeFile], int]:
-    """The files of ``device`` (the engine's device name) that ``records`` make, and how many
-    records were skipped as not such a winner (see the module docstring)."""
+    """The files of ``device`` (or of the engine's device name: :meth:`EngineDevice.named`) that
+    ``records`` make, and how many records were skipped as not such a winner (see the module
+    docstring)."""
+    if isinstance(device, str):
+        device = EngineDevice.named(device)
     chosen: dict[tuple[MoeShape, int], RecordPublic] = {}
     skipped = 0
     for record in records:
@@ -72,21 +78,20 @@ def tuned_files(
     return {s: MoeFile(t, versions[s]) for s, t in tables.items()}, skipped
 
 
-def _shape_and_m(record: RecordPublic, device: str) -> tuple[MoeShape, int] | None:
+def _shape_and_m(record: RecordPublic, device: EngineDevice) -> tuple[MoeShape, int] | None:
     """The file and M ``record`` is an entry of, if it is a served winner for ``device``."""
-    key, config = record.key, record.config
+    key, config, keyed = record.key, record.config, record.key.device
     if (key.kernel != KERNEL or key.backend != "triton" or key.dtype not in DTYPES
-            or key.device.kind not in ("cuda", "cpu") or not record.validation.passed
-            or record.status in UNSERVED_STATUSES or engine_device_name(key.device.name) != device
-            or set(config) != set(FIELDS)):  # fmt: skip
+            or not device.takes(keyed.kind, keyed.arch, keyed.name) or not record.validation.passed
+            or record.status in UNSERVED_STATUSES or set(config) != set(FIELDS)):  # fmt: skip
         return None  # (another platform's fields, kpack…, would fail the engine's CUDA launch)
     e, n, m = key.problem.get("E"), key.problem.get("N"), key.problem.get("M")
     if type(e) is not int or type(n) is not int or type(m) is not int:  # not True, not "16"
         return None
     try:
-        if engine_entry_problem(check_entry(config, ""), key.device.arch) is not None:
-            return None
-        shape = MoeShape(e, n, device)
+        if engine_entry_problem(check_entry(config, ""), device) is not None:
+            return None  # the limits of the device the file is for, not the record's claim
+        shape = MoeShape(e, n, device.name)
         MoeShape.parse(shape.file_name())  # E and N in the file name's range
     except InvalidInput:
         return None

@@ -9,7 +9,13 @@ cache holds for it are written to DIR in the engine's exact file names and layou
   policy, verified), held to :mod:`tunecache.vllm_moe_tuned`'s rules;
 - with ``--accept imported``, the files imported with ``tunecache import vllm-moe``: tuned
   elsewhere, by someone else, never validated here. Where both give an M, the tuned one is
-  written.
+  written. For an NVIDIA GPU (or a CPU, the interpreter's) an imported entry the engine's launch
+  would fail on is skipped, one line each: a field its CUDA launch does not take (ROCm's
+  ``kpack``…) or tiles over the device's shared memory
+  (:func:`tunecache.vllm_moe.launch_problem`).
+
+The device is named as the engine names it, and what it is comes from the name (or from this
+machine's GPU), never from a record (:class:`tunecache.vllm_moe.EngineDevice`).
 
 The server is not trusted: every file and record is held to the closed schema again, an imported
 file must be stored under its own device and shape, a record must be a served winner of the
@@ -31,12 +37,13 @@ from tunecache.folders import output_dir
 from tunecache.vllm_moe import (
     KERNEL,
     NAMESPACE,
+    EngineDevice,
     MoeFile,
     MoeShape,
-    check_device_name,
     engine_device_name,
     imported_contents,
     imported_name_problem,
+    launch_problem,
     write_file,
 )
 from tunecache.vllm_moe_tuned import tuned_files
@@ -57,11 +64,11 @@ def write_folder(args: argparse.Namespace) -> int:
         raise InvalidInput("--arch goes with a snapshot; with --format vllm-moe, name --device")
     if args.output is None:
         raise InvalidInput("--format vllm-moe needs -o DIR, the folder to write the files in")
-    devices = [check_device_name(d) for d in args.device or [_this_gpu()]]
+    devices = [EngineDevice.named(d) for d in args.device] if args.device else [_this_gpu()]
     folder = output_dir(args.output)  # made only once the command is known to be good
     with Client(server_url(args), timeout=Timeout(write=args.timeout)) as client:
         winners = _winners(client, args.timeout)
-        imported = {d: client.get_artifacts(NAMESPACE, d, timeout=args.timeout) if
+        imported = {d: client.get_artifacts(NAMESPACE, d.name, timeout=args.timeout) if
                     "imported" in args.accept else [] for d in devices}  # fmt: skip
     written = 0
     for device in devices:
@@ -73,8 +80,9 @@ def write_folder(args: argparse.Namespace) -> int:
             write_file(folder, shape, contents)
         what = _summary(merged, tuned, "imported" in args.accept)
         skips = skipped + passed_over
-        print(f"{device}: wrote {what} to {folder}"
-              + (f"; skipped {skips} outside the schema or not served here" if skips else ""),
+        print(f"{device.name}: wrote {what} to {folder}"
+              + (f"; skipped {skips} outside the schema, not served here or unfit for it"
+                 if skips else ""),
               file=sys.stderr)  # fmt: skip
         written += len(merged)
     return 0 if written else 1
@@ -121,24 +129,40 @@ def _summary(
 
 
 def _files(
-    device: str, items: list[tuple[str, str, object]]
+    device: EngineDevice | str, items: list[tuple[str, str, object]]
 ) -> tuple[dict[MoeShape, MoeFile], int]:
     """Each shape's file from a device's ``(key, item, value)`` items; and how many were
-    skipped as outside the schema or misnamed (a server is not trusted)."""
+    skipped as outside the schema or misnamed (a server is not trusted), or, entry by entry (one
+    line each), as what the engine's launch on the device would fail on."""
+    if isinstance(device, str):
+        device = EngineDevice.named(device)
     files: dict[MoeShape, MoeFile] = {}
     skipped = 0
     for key, item, value in items:
-        if imported_name_problem(device, key, item, value) is not None:
+        if imported_name_problem(device.name, key, item, value) is not None:
             skipped += 1
             continue
         try:
-            files[MoeShape.of_artifact(device, key)] = imported_contents(value)
+            shape, contents = MoeShape.of_artifact(device.name, key), imported_contents(value)
         except InvalidInput:
             skipped += 1
+            continue
+        table = {}
+        for m, entry in contents.table.items():
+            problem = launch_problem(entry, device, shape, least=True)
+            if problem is None:
+                table[m] = entry
+            else:
+                print(f"{shape.file_name()}: entry M={m} skipped: {problem}", file=sys.stderr)
+        skipped += len(contents.table) - len(table)
+        if table:
+            files[shape] = MoeFile(table, contents.triton_version)
     return files, skipped
 
 
-def _this_gpu() -> str:
+def _this_gpu() -> EngineDevice:
+    """This machine's GPU as the engine names it, its arch and shared memory as torch gives
+    them (a ROCm build's GPU: as its name says, another platform)."""
     try:
         import torch
 
@@ -148,4 +172,12 @@ def _this_gpu() -> str:
     if not visible:
         raise InvalidInput("--device: no GPU is visible here; name the engine's device as in its "
                            "file names, e.g. --device NVIDIA_H100")  # fmt: skip
-    return engine_device_name(str(torch.cuda.get_device_name(0)))
+    name = engine_device_name(str(torch.cuda.get_device_name(0)))
+    if getattr(torch.version, "hip", None):
+        return EngineDevice.named(name)
+    from tunecache.device import DeviceLimits
+
+    props = torch.cuda.get_device_properties(0)
+    shared = DeviceLimits.from_properties(props).max_shared_memory_per_block
+    return EngineDevice(EngineDevice.named(name).name, "cuda", f"sm_{props.major}{props.minor}",
+                        shared)  # fmt: skip
