@@ -1,5 +1,7 @@
-"""Trust: a record's status (pending, verified, disputed, rejected), who uploaded it, consumers'
-disputes, verifiers' leases and findings, the verified policy's winners, trusted tokens.
+"""Trust: records' status and disputes; going back deletes the rejected and disputed records.
+
+A record's status (pending, verified, disputed, rejected), who uploaded it, consumers' disputes,
+verifiers' leases and findings, the verified policy's winners, trusted tokens.
 
 Existing records become ``pending``. A stored record whose config the closed schemas of
 :mod:`tunecache.configcheck` refuse (a MetaSchedule trace that links code, a Triton value outside
@@ -7,6 +9,10 @@ a built-in kernel's space) becomes ``rejected`` and loses its place as winner, w
 key's fastest record still servable, if any; a stored artifact they refuse is deleted. Artifacts
 remember who uploaded them and whether that token was trusted (the ``verified`` policy serves
 only trusted tokens' artifacts).
+
+Going back deletes the records a verifier rejected or a consumer disputed, with their trials: a
+revision without a status would serve them, and upgrading again would make them ``pending``. A
+key whose winner one of them was gets its fastest validated record left, if any.
 
 Revision ID: 0007
 Revises: 0006
@@ -139,7 +145,41 @@ def upgrade() -> None:
     _drop_unservable_artifacts(op.get_bind())
 
 
+def _delete_untrusted(bind: sa.Connection) -> None:
+    """Deletes the rejected and disputed records (their trials, disputes, winner rows; a job
+    they answered keeps no record), and gives each key whose winner one was its fastest
+    validated record left, as :func:`cache_server.trust.recompute_winners` would."""
+    records = sa.table(
+        "records", sa.column("id", sa.Integer), sa.column("key_hash", sa.String),
+        sa.column("time_ms", sa.Float), sa.column("validated", sa.Boolean),
+        sa.column("status", sa.String),
+    )  # fmt: skip
+    winners = sa.table(
+        "winners", sa.column("key_hash", sa.String), sa.column("record_id", sa.Integer),
+        sa.column("time_ms", sa.Float), sa.column("updated_at", sa.DateTime(timezone=True)),
+    )  # fmt: skip
+    doomed = sa.select(records.c.id).where(records.c.status.in_(("rejected", "disputed")))
+    touched = bind.execute(sa.select(winners.c.key_hash).where(winners.c.record_id.in_(doomed)))
+    keys = sorted(touched.scalars())
+    for name in ("trials", "disputes", "verified_winners", "winners"):
+        table = sa.table(name, sa.column("record_id", sa.Integer))
+        bind.execute(table.delete().where(table.c.record_id.in_(doomed)))
+    jobs = sa.table("jobs", sa.column("record_id", sa.Integer))
+    bind.execute(jobs.update().where(jobs.c.record_id.in_(doomed)).values(record_id=None))
+    bind.execute(records.delete().where(records.c.id.in_(doomed)))
+    for key_hash in keys:
+        best = bind.execute(
+            sa.select(records.c.id, records.c.time_ms)
+            .where(records.c.key_hash == key_hash, records.c.validated.is_(True))
+            .order_by(records.c.time_ms, records.c.id).limit(1)
+        ).first()  # fmt: skip
+        if best is not None:
+            values = {"key_hash": key_hash, "record_id": best[0], "time_ms": best[1]}
+            bind.execute(winners.insert().values(**values, updated_at=sa.func.now()))
+
+
 def downgrade() -> None:
+    _delete_untrusted(op.get_bind())
     op.drop_index("ix_disputes_record_id", table_name="disputes")
     op.drop_table("disputes")
     op.drop_index("ix_verified_winners_record_id", table_name="verified_winners")

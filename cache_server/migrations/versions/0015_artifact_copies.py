@@ -5,7 +5,8 @@ serves the best live copy (cache_server.artifacts): found by the item's digest (
 shared name, indexed), and pages read by id within a partition without sorting it.
 
 Items stored before are given the token of their uploader's name where exactly one token has that
-name (a name is not unique); the others keep no token, and stay served as before.
+name (a name is not unique); the others keep no token, and stay served as before (so do all
+items of a database whose 0007 was its first version, which recorded no uploader).
 
 Revision ID: 0015
 Revises: 0014
@@ -66,7 +67,9 @@ def upgrade() -> None:
         sa.select(sa.func.min(t.id)).where(t.name == _artifacts.c.uploaded_by)
         .having(sa.func.count() == 1).scalar_subquery()
     )  # fmt: skip
-    bind.execute(_artifacts.update().values(token_id=sole))
+    # 0007's first version recorded no uploader: its items keep no token (0018 adds the column).
+    if any(c["name"] == "uploaded_by" for c in sa.inspect(bind).get_columns("artifacts")):
+        bind.execute(_artifacts.update().values(token_id=sole))
     _redigest(bind, with_token=True)
     op.create_index("ix_artifacts_item", "artifacts", ["item_digest"])
     op.create_index("ix_artifacts_order", "artifacts", ["namespace", "partition", "id"])
