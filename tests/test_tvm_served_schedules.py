@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -344,3 +345,107 @@ def test_an_unbounded_storage_align_is_not_served(monkeypatch: pytest.MonkeyPatc
     a, b = np.ones((16, 16), "float32"), np.full((16, 16), 2.0, "float32")
     *_, out = run(mod, a, b, np.zeros((16, 16), "float32"))
     assert (out == 32.0).all()
+
+
+def matmul_row_sum(n: int) -> Any:
+    """The audit's: ``C = A @ B`` then ``D[i] = sum_j C[i, j]``."""
+    a, b = te.placeholder((n, n), "float32", name="A"), te.placeholder((n, n), "float32", name="B")
+    k, j = te.reduce_axis((0, n), name="k"), te.reduce_axis((0, n), name="j2")
+    c = te.compute((n, n), lambda i, jj: te.sum(a[i, k] * b[k, jj], axis=k), name="C")
+    d = te.compute((n,), lambda i: te.sum(c[i, j], axis=j), name="D")
+    return _normalize_mod(te.create_prim_func([a, b, d]))
+
+
+def sum_at(level: int) -> Callable[[Schedule], None]:
+    """``D`` moved under loop ``level`` of ``C`` (0: its row ``i``; 2: its reduction ``k``)."""
+
+    def schedule(sch: Schedule) -> None:
+        loops = sch.get_loops(sch.get_sblock("C"))
+        sch.reverse_compute_at(sch.get_sblock("D"), loops[level])
+
+    return schedule
+
+
+def test_a_consumer_moved_inside_its_producers_reduction_is_not_served(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The audit's: a served trace moved the row sum ``D`` under the ``k`` loop of the matmul
+    ``C`` it reads (``ReverseComputeAt``, allowed); TVM accepted it and the kernel summed partial
+    products (an error of ~574). It is refused with one warning naming it, and the function is
+    built as written; ``D`` moved under ``C``'s row loop instead (after the row's reduction) is
+    served, and right."""
+    n = 16
+    mod = matmul_row_sum(n)
+    rng = np.random.default_rng(0)
+    a, b = rng.random((n, n), dtype="float32"), rng.random((n, n), dtype="float32")
+    want = (a.astype("float64") @ b.astype("float64")).sum(1)
+    bad = Schedule(mod)
+    sum_at(2)(bad)
+    *_, partial = run(bad.mod, a, b, np.zeros(n, "float32"))
+    assert not np.allclose(partial, want, rtol=1e-4), "the premise: built, it sums partial values"
+
+    caplog.set_level(logging.WARNING, logger="tunecache.tvm")
+    assert served(mod, sum_at(2), monkeypatch) is None
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "ignoring record #1" in warnings[0], warnings
+    assert "block D reads C inside loop k of block C's reduction" in warnings[0], warnings
+    *_, out = run(mod, a, b, np.zeros(n, "float32"))
+    np.testing.assert_allclose(out, want, rtol=1e-4)
+
+    caplog.clear()
+    honest = served(mod, sum_at(0), monkeypatch)
+    assert honest is not None and not caplog.records, [r.getMessage() for r in caplog.records]
+    assert "reverse_compute_at" in str(honest.trace)
+    *_, out = run(honest.mod, a, b, np.zeros(n, "float32"))
+    np.testing.assert_allclose(out, want, rtol=1e-4)
+
+
+def test_a_config_reading_a_partial_reduction_is_refused_where_it_is_built() -> None:
+    """The backend's own path (a consumer building a served config, a verifier re-timing it)."""
+    from backends.tvm.schedule import apply_trace, trace_json
+    from tunecache.errors import InvalidInput
+
+    func = matmul_row_sum(16)["main"]
+    sch = Schedule(func)
+    sum_at(2)(sch)
+    with pytest.raises(InvalidInput, match="block D reads C inside loop k of block C's reduct"):
+        apply_trace(func, trace_json(sch.trace))
+    sch = Schedule(func)
+    sum_at(0)(sch)
+    assert apply_trace(func, trace_json(sch.trace)) is not None
+
+
+def test_an_init_inside_its_reduction_loop_is_refused() -> None:
+    """A block writing what a reduction accumulates, under that reduction's loop, resets it on
+    each step: refused like a read; the same init above the loop is not."""
+    from tvm.script import tirx as T
+
+    from tunecache.tvm.partial import partial_problem
+
+    @T.prim_func(s_tir=True)
+    def inside(a: T.Buffer((4, 8), "float32"), c: T.Buffer((4,), "float32")) -> None:
+        for i, k in T.grid(4, 8):
+            with T.sblock("init"):
+                vi = T.axis.spatial(4, i)
+                c[vi] = T.float32(0)
+            with T.sblock("update"):
+                vi, vk = T.axis.remap("SR", [i, k])
+                c[vi] = c[vi] + a[vi, vk]
+
+    @T.prim_func(s_tir=True)
+    def above(a: T.Buffer((4, 8), "float32"), c: T.Buffer((4,), "float32")) -> None:
+        for i in range(4):
+            with T.sblock("init"):
+                vi = T.axis.spatial(4, i)
+                c[vi] = T.float32(0)
+            for k in range(8):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    c[vi] = c[vi] + a[vi, vk]
+
+    assert partial_problem(inside) == (
+        "block init writes c inside loop k of block update's reduction, before that reduction "
+        "has finished writing it (a partial result)"
+    )
+    assert partial_problem(above) is None

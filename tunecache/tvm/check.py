@@ -13,7 +13,10 @@ So a trace recorded for another workload is dropped here, in Python, instead of 
 ``compile_tir``'s C++ ``QuerySchedule``. A replayed schedule whose vectorized loops are wider than
 :data:`MAX_LANES` is dropped too (:func:`vector_problem`): its build would raise or kill the
 process; so is one that pads a block's loops far past its iteration space
-(:func:`work_problem`): its kernel would loop for hours behind its bounds check.
+(:func:`work_problem`): its kernel would loop for hours behind its bounds check; and one that
+places a block inside the loop of another block's reduction whose output it reads
+(:func:`tunecache.tvm.partial.partial_problem`): TVM accepts it, and the kernel computes from
+partial sums.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from tunecache.configcheck.tvm import record_value_problem
+from tunecache.tvm.partial import partial_problem
 
 if TYPE_CHECKING:
     from tvm.ir import IRModule
@@ -102,8 +106,10 @@ def invented_problem(trace: Any, served: list[Any]) -> str | None:
 
 def replayed_problem(schedule: Any, original: IRModule | PrimFunc) -> str | None:
     """Why a trace replayed on ``original`` as ``schedule`` may not be built or run, or
-    ``None``: :func:`vector_problem`, then :func:`work_problem`."""
-    return vector_problem(schedule) or work_problem(schedule, original)
+    ``None``: :func:`partial_problem` (its result would be wrong), :func:`vector_problem`,
+    then :func:`work_problem`."""
+    return (partial_problem(schedule.mod) or vector_problem(schedule)
+            or work_problem(schedule, original))  # fmt: skip
 
 
 def work_problem(schedule: Any, original: IRModule | PrimFunc) -> str | None:
