@@ -21,7 +21,7 @@ import pytest
 import swagger_ui_bundle
 
 from tests.conftest import LiveServer, start_server
-from tests.factories import make_key
+from tests.factories import AUTH, make_key, make_record
 
 BUNDLE = "/ui/swagger/swagger-ui-bundle.js"
 BUNDLE_BYTES = (Path(swagger_ui_bundle.swagger_ui_path) / "swagger-ui-bundle.js").read_bytes()
@@ -134,3 +134,27 @@ def test_a_client_that_reads_nothing_is_cut_off_at_the_drain_deadline(tmp_path: 
     finally:
         conn.close()
         live.stop()
+
+
+def test_clients_gone_mid_answer_log_no_internal_error(shedding_server: LiveServer) -> None:
+    """Five connections pipeline listings of 200 records they never read, then close: no
+    "internal error" (the server logged a 500 as its own bug, with a traceback, and uvicorn one
+    more, for each connection); the server answers on."""
+    assert shedding_server.db_path is not None
+    log = shedding_server.db_path.parent / "server.log"
+    with httpx.Client(headers=AUTH, timeout=30) as client:
+        for i in range(200):
+            upload = make_record(make_key(m=64 + i)).model_dump(mode="json", by_alias=True)
+            assert client.post(f"{shedding_server.url}/v1/records", json=upload).status_code == 201
+    before = log.read_text(errors="replace")
+    hostile = [_reader(shedding_server) for _ in range(5)]
+    for conn in hostile:
+        conn.sendall(b"GET /v1/records?limit=500 HTTP/1.1\r\nHost: x\r\n\r\n" * 20)
+    time.sleep(2.0)  # the server writes what the sockets take, then waits for them
+    for conn in hostile:
+        conn.close()
+    time.sleep(2.0)  # each waiting send finds its transport gone
+    added = log.read_text(errors="replace")[len(before) :]
+    assert "internal error" not in added, added[-3000:]
+    assert "Traceback" not in added and "Exception in ASGI application" not in added, added[-3000:]
+    assert httpx.get(f"{shedding_server.url}/health", timeout=10).status_code == 200
