@@ -17,7 +17,7 @@ shape (:class:`cache_server.api.problems.ErrorBody`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -75,6 +75,21 @@ def validation_detail(errors: Sequence[dict[str, Any]]) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "") or "invalid request"
 
 
+# What is refused for a reason of the server's own, the exception's text the answer's detail
+_REFUSALS: dict[type[Exception], tuple[int, dict[str, str]]] = {
+    BucketFull: (409, {}),
+    Revoked: (401, {"WWW-Authenticate": "Bearer"}),
+    InvalidInput: (422, {}),
+}
+
+
+def _refusal(status: int, headers: dict[str, str]) -> Callable[..., Awaitable[JSONResponse]]:
+    async def refuse(_request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(body(status, str(exc)), status_code=status, headers=headers or None)
+
+    return refuse
+
+
 def install(app: FastAPI) -> None:
     """Registers the handlers on ``app``."""
 
@@ -106,18 +121,8 @@ def install(app: FastAPI) -> None:
         return JSONResponse(body(exc.status_code, detail), status_code=exc.status_code,
                             headers=headers)  # fmt: skip
 
-    @app.exception_handler(BucketFull)
-    async def bucket_full(_request: Request, exc: BucketFull) -> JSONResponse:
-        return JSONResponse(body(409, str(exc)), status_code=409)
-
-    @app.exception_handler(Revoked)
-    async def revoked(_request: Request, exc: Revoked) -> JSONResponse:
-        return JSONResponse(body(401, str(exc)), status_code=401,
-                            headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
-
-    @app.exception_handler(InvalidInput)
-    async def invalid_input(_request: Request, exc: InvalidInput) -> JSONResponse:
-        return JSONResponse(body(422, str(exc)), status_code=422)
+    for kind, (status, headers) in _REFUSALS.items():
+        app.add_exception_handler(kind, _refusal(status, headers))
 
     @app.exception_handler(SQLAlchemyTimeout)
     async def database_busy(request: Request, exc: SQLAlchemyTimeout) -> JSONResponse:
