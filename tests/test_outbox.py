@@ -127,11 +127,13 @@ def test_an_upload_kept_for_a_url_with_a_password_waits_for_the_server_without_i
 
 
 def test_a_record_is_taken_once_and_a_dead_takers_file_waits_again(tmp_path: Path) -> None:
+    from tests.test_outbox_locks import kill, sender
+
     taken = outbox.put(URL, make_record(make_key(8)), tmp_path)  # this tune's upload is next
     assert waiting_for(URL, tmp_path) == 0  # not pushable meanwhile: never sent twice
     assert outbox.take(URL, tmp_path) == []
-    dead = taken.with_name(taken.name.replace(f"-{os.getpid()}-", "-999999999-", 1))
-    taken.rename(dead)  # as if its tune had been killed mid-upload
+    outbox.done(taken)
+    kill(sender(tmp_path))  # its tune killed mid-upload
     assert waiting_for(URL, tmp_path) == 1
     (first,) = outbox.take(URL, tmp_path)
     assert outbox.take(URL, tmp_path) == []  # taken: a second pusher finds nothing

@@ -1,15 +1,20 @@
 """Folders a command writes into (``report -o DIR``, ``sync --format vllm-moe -o DIR``): made if
 need be and checked writable before any work, each refusal one line; the one way a local file
-is written whole (:func:`write_atomic`); and private folders and files, which only their owner
-can read (:func:`private_folder`, :func:`private_file`: the server's default database)."""
+is written whole (:func:`write_atomic`); private folders and files, which only their owner
+can read (:func:`private_folder`, :func:`private_file`: the server's default database); folders
+no other user can have put files in (:func:`own_folder`: the outbox); and the one way a file
+named by a path is read without blocking or without bound (:func:`open_regular`,
+:func:`read_bounded`)."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 from tunecache.errors import InvalidInput
 
@@ -76,6 +81,20 @@ def _umask() -> int:
     return mask
 
 
+def _plain_folder(path: Path) -> os.stat_result:
+    """``path``'s status as a plain folder, made (0700, with its missing parents) if missing.
+
+    Raises:
+        OSError: it cannot be made, or is not a plain folder (a file, or a link).
+    """
+    with contextlib.suppress(FileExistsError):  # a file or a link there: said below
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    found = os.lstat(path)
+    if not stat.S_ISDIR(found.st_mode):
+        raise NotADirectoryError(f"{path} is not a plain folder (a file, or a link)")
+    return found
+
+
 def private_folder(path: Path) -> Path:
     """``path`` as a folder only its owner can open (0700), made with its missing parents; one
     found open to others (made by an older version) is closed to 0700. Only for a folder the
@@ -84,13 +103,34 @@ def private_folder(path: Path) -> Path:
     Raises:
         OSError: it cannot be made or closed, or is not a plain folder (a file, or a link).
     """
-    with contextlib.suppress(FileExistsError):  # a file or a link there: said below
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    mode = os.lstat(path).st_mode
-    if not stat.S_ISDIR(mode):
-        raise NotADirectoryError(0, f"{path} is not a plain folder (a file, or a link)")
-    if mode & 0o077:
+    if _plain_folder(path).st_mode & 0o077:
         os.chmod(path, 0o700)
+    return path
+
+
+def own_folder(path: Path, label: str = "folder", *, close: bool = False) -> Path:
+    """``path`` as a folder no other user can have put files in, made (0700) if missing: what
+    it holds is this user's to act on (the outbox, whose files are uploaded under this user's
+    token: one another user made in ``/tmp`` held their records). ``close``: a folder of the
+    product's own found writable by others (made under an umask of 002 by an older version) is
+    closed to 0700, as :func:`private_folder` does, rather than refused.
+
+    Raises:
+        OSError: it cannot be made, is a link or no folder, belongs to another user, or group or
+            others may write in it; the message names ``label`` and ``path`` in one line.
+    """
+    found = _plain_folder(path)
+    if found.st_uid != os.getuid():
+        raise PermissionError(
+            f"{label} {path} belongs to another user (uid {found.st_uid}), "
+            "not this one: refused (what it holds may not be this user's)"
+        )
+    if found.st_mode & 0o022 and close:
+        os.chmod(path, 0o700)
+    elif found.st_mode & 0o022:
+        raise PermissionError(f"{label} {path} is writable by group or others (mode "
+                              f"{stat.S_IMODE(found.st_mode):04o}): refused (what it holds may "
+                              f"not be this user's); chmod go-w {path}")  # fmt: skip
     return path
 
 
@@ -108,3 +148,55 @@ def private_file(path: Path) -> None:
     except FileExistsError:
         return
     os.close(fd)
+
+
+class NotRegularFile(OSError):
+    """A path read for its bytes that names no regular file: a FIFO, a device, a folder, or a
+    link where links are not followed. Its message says which, in the words of
+    :func:`file_kind`."""
+
+
+def open_regular(path: Path, *, follow_links: bool = True) -> BinaryIO:
+    """``path`` opened for reading without blocking, refused unless the file opened is a regular
+    one (``follow_links``: a link to one is; else a link is refused unread): a FIFO blocked the
+    read until the process was killed, and ``/dev/zero`` was read without end. The check is of
+    the file opened, not a ``stat`` before, which races.
+
+    Raises:
+        NotRegularFile: it is no regular file ("not a regular file (a FIFO)").
+        OSError: it cannot be opened.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    no_links = 0 if follow_links else getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags | no_links)
+    except OSError as exc:
+        if no_links and exc.errno == errno.ELOOP:  # O_NOFOLLOW's answer for a link
+            raise NotRegularFile("not a regular file (a link, not followed)") from None
+        raise
+    file = open(fd, "rb", closefd=True)  # noqa: SIM115 (returned open: the caller's to close)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        file.close()
+        raise NotRegularFile(f"not a regular file ({file_kind(mode)})")
+    return file
+
+
+def read_bounded(file: BinaryIO, limit: int) -> bytes | None:
+    """The bytes of ``file`` (from :func:`open_regular`), or ``None`` when it holds more than
+    ``limit``: its size is looked at first, so a huge file is never read, and at most
+    ``limit + 1`` bytes are, should it grow meanwhile."""
+    if os.fstat(file.fileno()).st_size > limit:
+        return None
+    data = file.read(limit + 1)
+    return None if len(data) > limit else data
+
+
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, for a message ("a FIFO")."""
+    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):  # fmt: skip
+        if test(mode):
+            return kind
+    return "not a plain file"

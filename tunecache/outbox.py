@@ -11,32 +11,43 @@ down, the process exiting first) waits for ``tunecache push``. An upload the ser
 invalid (a 4xx of its own, other than auth) is moved to ``rejected/``, to be read, never sent
 again.
 
-Files are taken before they are sent: renamed to ``.sending-PID-NAME`` (one process wins the
-rename), so two pushers, or a pusher and the tune that wrote the record, never send one record
-twice. A file taken by a process that died is waiting again.
+Files are taken before they are sent, under a lock the kernel drops when their process dies, and
+only this user's files, in a folder only this user can write, are read, within bounds
+(:mod:`tunecache.outbox_files`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tunecache.artifacts import ArtifactIn
 from tunecache.errors import ServerError
+from tunecache.outbox_files import (
+    TAKEN,
+    Found,
+    checked_folder,
+    files,
+    hold,
+    let_go,
+    own_name,
+    take_found,
+)
 from tunecache.schemas import RecordCreate
-from tunecache.settings import outbox_dir, without_userinfo
+from tunecache.settings import without_userinfo
 
 logger = logging.getLogger(__name__)
 
-TAKEN = ".sending-"
 Upload = RecordCreate | list[ArtifactIn]  # a tuning record, or artifacts stored together
 
 
@@ -85,103 +96,83 @@ def _parsed(data: dict[str, Any]) -> Upload:
 
 def put(url: str, upload: Upload, folder: Path | None = None) -> Path:
     """Writes ``upload`` for ``url`` into the outbox (whole or not at all), taken by this
-    process (its upload is next); returns the taken file, for :func:`done` or :func:`release`."""
-    folder = folder or outbox_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    process (its upload is next; its lock held from before it is named); returns the taken
+    file, for :func:`done` or :func:`release`.
+
+    Raises:
+        OSError: the outbox cannot be written, or is refused (:mod:`tunecache.outbox_files`).
+    """
+    folder = checked_folder(folder, make=True)
+    assert folder is not None
     body, digest = _body(url, upload)
     name = f"{int(time.time() * 1000)}-{digest[:16]}.json"
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".writing-", suffix=".tmp")
+    out = os.fdopen(fd, "wb")
     try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(body, out)
-            out.flush()
-            os.fsync(out.fileno())
+        out.write(json.dumps(body).encode("utf-8"))
+        out.flush()
+        os.fsync(fd)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
         taken = folder / f"{TAKEN}{os.getpid()}-{name}"
         os.replace(tmp, taken)
     except BaseException:
+        out.close()
         Path(tmp).unlink(missing_ok=True)
         raise
+    hold(taken, out)
     return taken
 
 
 def done(taken: Path) -> None:
     """The server has the upload: it leaves the outbox."""
-    taken.unlink(missing_ok=True)
-
-
-def own_name(name: str) -> str:
-    """A file's name while it waits (``.sending-PID-NAME`` → ``NAME``)."""
-    return name.removeprefix(TAKEN).split("-", 1)[1] if name.startswith(TAKEN) else name
+    try:
+        taken.unlink(missing_ok=True)
+    finally:
+        let_go(taken)
 
 
 def release(taken: Path) -> Path:
-    """The upload failed: it waits under its own name; returns that file."""
+    """The upload failed: it waits under its own name; returns that file. (Should the rename
+    fail, the lock is let go all the same: the file waits under its taken name.)"""
     waiting = taken.with_name(own_name(taken.name))
-    os.replace(taken, waiting)
+    try:
+        os.replace(taken, waiting)
+    finally:
+        let_go(taken)
     return waiting
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's: alive
-        return True
-    return True
-
-
-def _available(path: Path) -> bool:
-    """Whether ``path`` waits: under its own name, or taken by a process that is gone."""
-    if not path.name.startswith("."):
-        return True
-    if not path.name.startswith(TAKEN):
-        return False  # being written
-    pid = path.name.removeprefix(TAKEN).split("-", 1)[0]
-    return pid.isdigit() and not _alive(int(pid))
-
-
-def _available_files(folder: Path) -> Iterator[tuple[Path, dict[str, Any] | None]]:
-    """The available files, oldest first, with their parsed bodies (``None``: a file that is
-    not a JSON object; one gone meanwhile is left out). A file is written whole before it is
-    named ``*.json`` (:func:`put`), so one that does not parse is never still being written."""
-    paths = sorted(folder.glob("*.json"), key=lambda p: own_name(p.name))
-    for path in paths if folder.is_dir() else []:
-        if not _available(path):
-            continue
-        try:
-            data: Any = json.loads(path.read_bytes())
-        except OSError:
-            continue
-        except ValueError:  # not JSON, or not text
-            data = None
-        yield path, data if isinstance(data, dict) else None
-
-
-def _waiting_for(url: str | None, folder: Path) -> Iterator[tuple[Path, Any]]:
-    """The available files for ``url`` (``None``: any server), oldest first, with their parsed
-    bodies (one that does not parse is for no server: :func:`set_aside_unreadable`)."""
-    for path, data in _available_files(folder):
-        if data is not None and (url is None or _server(data.get("url")) == _server(url)):
-            yield path, data
+def _for(url: str | None, found: Found) -> bool:
+    """Whether ``found`` holds an upload for ``url`` (``None``: for any server)."""
+    return found.data is not None and (
+        url is None or _server(found.data.get("url")) == _server(url)
+    )
 
 
 def set_aside_unreadable(folder: Path | None = None) -> list[str]:
     """Moves the available files that hold no JSON object (truncated, binary: no server can be
-    named for them) to ``rejected/``, as refused uploads are; returns their names."""
-    folder = folder or outbox_dir()
+    named for them) to ``rejected/``, as refused uploads are, and those that are no file to
+    read (a FIFO, a link, past :data:`MAX_FILE_BYTES`, each named with why); returns their
+    names. One ``rejected/`` cannot take waits where it is (:func:`set_aside` says why).
+
+    Raises:
+        OSError: the outbox folder is refused (:mod:`tunecache.outbox_files`).
+    """
     names = []
-    for path, data in _available_files(folder):
-        if data is not None:
+    for found in files(folder):
+        if found.data is not None or not found.lock(exclusive=True):
             continue
-        name = own_name(path.name)
-        taken = folder / f"{TAKEN}{os.getpid()}-{name}"
-        try:
-            os.replace(path, taken)  # one process wins; the others find it gone
-        except OSError:
+        name = own_name(found.path.name)
+        if found.file is None:  # nobody can send it: no lock to hold
+            taken = found.path.with_name(f"{TAKEN}{os.getpid()}-{name}")
+            with contextlib.suppress(OSError):
+                os.replace(found.path, taken)
+        elif (taken_or_none := take_found(found)) is not None:
+            taken = taken_or_none
+        else:
             continue
-        set_aside(taken, name)
-        names.append(name)
+        if set_aside(taken, name).parent.name == "rejected":
+            names.append(f"{name}: {found.problem}" if found.problem else name)
     return names
 
 
@@ -196,24 +187,33 @@ def _server(url: Any) -> str | None:
     return shown if scheme < 0 else shown[:scheme].lower() + shown[scheme:]
 
 
-def take(url: str, folder: Path | None = None) -> list[Waiting]:
-    """Takes the files waiting for ``url``, oldest first (one another process took first is
-    left to it); a file that holds no valid upload comes with ``upload=None``."""
-    folder = folder or outbox_dir()
-    found = []
-    for path, data in _waiting_for(url, folder):
-        name = own_name(path.name)
-        taken = folder / f"{TAKEN}{os.getpid()}-{name}"
+def take(
+    url: str, folder: Path | None = None, *, limit: int | None = None,
+    skip: Collection[str] = (),
+) -> list[Waiting]:  # fmt: skip
+    """Takes the files waiting for ``url``, oldest first, at most ``limit`` (each is held open
+    until it is done with), none of those named in ``skip`` (one another process took first
+    is left to it); a file that holds no valid upload comes with ``upload=None``.
+
+    Raises:
+        OSError: the outbox folder is refused (:mod:`tunecache.outbox_files`).
+    """
+    taken_ones: list[Waiting] = []
+    for found in files(folder):
+        if limit is not None and len(taken_ones) >= limit:
+            break
+        if own_name(found.path.name) in skip or not _for(url, found):
+            continue
+        if not found.lock(exclusive=True):
+            continue
+        assert found.data is not None
         try:
-            upload: Upload | None = _parsed(data)
+            upload: Upload | None = _parsed(found.data)
         except ValueError:
             upload = None
-        try:
-            os.replace(path, taken)  # one process wins; the others find it gone
-        except OSError:
-            continue
-        found.append(Waiting(taken, name, url, upload))
-    return found
+        if (taken := take_found(found)) is not None:
+            taken_ones.append(Waiting(taken, own_name(taken.name), url, upload))
+    return taken_ones
 
 
 def refused_for_good(exc: ServerError) -> bool:
@@ -225,55 +225,109 @@ def refused_for_good(exc: ServerError) -> bool:
 
 
 def set_aside(taken: Path, name: str) -> Path:
-    """Moves a taken file to ``rejected/``, to be read, never sent again; returns where."""
+    """Moves a taken file to ``rejected/``, to be read, never sent again; returns where. When
+    ``rejected/`` cannot take it (a file of that name, a folder not writable), one warning
+    names the folder and why, and the file waits again under its own name (nothing is lost;
+    a push sends it again); returns that file."""
     aside = taken.parent / "rejected"
-    aside.mkdir(exist_ok=True)
-    os.replace(taken, aside / name)
+    try:
+        aside.mkdir(exist_ok=True)
+        os.replace(taken, aside / name)
+    except OSError as exc:
+        why = "a file, not a folder" if isinstance(exc, FileExistsError) else exc.strerror or exc
+        logger.warning("%s cannot be set aside in %s (%s): it waits in %s, to be sent again",
+                       name, aside, why, taken.parent)  # fmt: skip
+        with contextlib.suppress(OSError):
+            return release(taken)
+        let_go(taken)  # it waits under its taken name, no longer held
+        return taken
+    let_go(taken)
     return aside / name
 
 
+def _counted(url: str | None, folder: Path | None) -> Iterator[tuple[Found, bool]]:
+    """The files holding an upload for ``url`` (``None``: any server), each with whether it
+    waits (``False``: a live process is sending it). Only taken files are tried, as readers:
+    one under its own name waits, and trying its lock could make a pusher skip it."""
+    for found in files(folder):
+        if _for(url, found):
+            yield found, not found.path.name.startswith(TAKEN) or found.lock(exclusive=False)
+
+
 def waiting(url: str, folder: Path | None = None) -> int:
-    """How many uploads wait for ``url`` (none taken)."""
-    return sum(1 for _ in _waiting_for(url, folder or outbox_dir()))
+    """How many uploads wait for ``url`` (none a live process is sending: :func:`sending`)."""
+    return sum(free for _, free in _counted(url, folder))
+
+
+def sending(url: str, folder: Path | None = None) -> int:
+    """How many uploads for ``url`` another live process (or this one) is sending now."""
+    return sum(not free for _, free in _counted(url, folder))
+
+
+def unreadable(folder: Path | None = None) -> int:
+    """How many files hold no upload still (``rejected/`` could not take them)."""
+    return sum(found.data is None for found in files(folder))
 
 
 def servers(folder: Path | None = None) -> dict[str, int]:
-    """How many uploads wait for each server URL (none taken)."""
+    """How many uploads wait for each server URL (none a live process is sending)."""
     counts: dict[str, int] = {}
-    for _, data in _waiting_for(None, folder or outbox_dir()):
-        if (url := _server(data.get("url"))) is not None:
+    for found, free in _counted(None, folder):
+        if free and (url := _server(found.data and found.data.get("url"))) is not None:
             counts[url] = counts.get(url, 0) + 1
     return counts
 
 
+# The files a push holds taken (open, locked) at once: all of a few thousand waiting would use up
+# the process's file descriptors (1,024 by default), its connections to the server among them.
+TAKEN_AT_ONCE = 64
+
+
 def push(client: Any, url: str, folder: Path | None = None) -> tuple[int, int, ServerError | None]:
-    """Uploads what waits for ``url`` through ``client``: ``(sent, refused, last error)``. Sent
-    uploads leave; refused ones move to ``rejected/``; the rest wait (after an unreachable
-    server, the others are not tried)."""
+    """Uploads what waits for ``url`` through ``client``, :data:`TAKEN_AT_ONCE` files at a
+    time, each tried once: ``(sent, refused, last error)``. Sent uploads leave; refused ones
+    move to ``rejected/``; the rest wait (after an unreachable server, the others are not
+    tried; one ``rejected/`` could not take waits too)."""
     sent, refused, error = 0, 0, None
-    items = take(url, folder)
+    tried: set[str] = set()
+    while items := take(url, folder, limit=TAKEN_AT_ONCE, skip=tried):
+        tried.update(item.name for item in items)
+        more_sent, more_refused, failed, unreachable = _push_taken(client, items)
+        sent, refused, error = sent + more_sent, refused + more_refused, failed or error
+        if unreachable:
+            break
+    return sent, refused, error
+
+
+def _push_taken(client: Any, items: list[Waiting]) -> tuple[int, int, ServerError | None, bool]:
+    """:func:`push` of the files taken: ``(sent, refused, last error, whether the server was
+    unreachable)``; the files not sent wait again."""
+    sent, refused, error = 0, 0, None
     for i, item in enumerate(items):
         if item.upload is None:  # not an upload this version can send
-            set_aside(item.path, item.name)
-            refused += 1
+            refused += _aside(item)
             continue
         try:
             send(client, item.upload)
         except ServerError as exc:
             error = exc
             if refused_for_good(exc):
-                set_aside(item.path, item.name)
-                refused += 1
+                refused += _aside(item)
                 continue
             release(item.path)
             if exc.status_code is None:  # unreachable: the rest would fail alike; they wait
                 for rest in items[i + 1 :]:
                     release(rest.path)
-                break
+                return sent, refused, error, True
             continue
         done(item.path)
         sent += 1
-    return sent, refused, error
+    return sent, refused, error, False
+
+
+def _aside(item: Waiting) -> bool:
+    """Sets ``item`` aside (:func:`set_aside`); whether it is (else it waits again)."""
+    return set_aside(item.path, item.name).parent != item.path.parent
 
 
 class Later:
@@ -302,8 +356,9 @@ class Later:
         except ServerError as exc:
             if self.taken is not None and refused_for_good(exc):
                 aside = set_aside(self.taken, own_name(self.taken.name))
+                if aside.parent != self.taken.parent:  # else set_aside said where it waits
+                    logger.warning("%s is kept in %s, never to be sent", self.what, aside)
                 self.taken = None
-                logger.warning("%s is kept in %s, never to be sent", self.what, aside)
             raise
         if self.taken is not None:
             done(self.taken)

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import stat
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -33,7 +31,7 @@ from pydantic import Field, ValidationError, model_validator
 from tunecache.answers import SNAPSHOT_CONTAINERS
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput, validation_problems
-from tunecache.folders import write_atomic
+from tunecache.folders import open_regular, read_bounded, shared_mode, write_atomic
 from tunecache.http import MAX_ANSWER_BYTES, past_bound
 from tunecache.jsonsafe import parse_json
 from tunecache.schemas import Backend, KeyModel, Line, Name, RecordCreate, _Strict
@@ -212,34 +210,20 @@ def read_snapshot_bytes(path: Path) -> bytes:
     """The bytes of the snapshot file at ``path``, within the bounds :func:`load_snapshot` says.
 
     Opened without blocking and refused unless the opened file is a regular one (a symlink to
-    one is): a FIFO blocked the read until the process was killed, and ``/dev/zero`` was read
-    to the 256 MiB bound. The check is of the file opened, not a ``stat`` before, which races.
+    one is; :func:`tunecache.folders.open_regular`): a FIFO blocked the read until the process
+    was killed, and ``/dev/zero`` was read to the 256 MiB bound.
     """
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        with open(os.open(path, flags), "rb", closefd=True) as file:
-            mode = os.fstat(file.fileno()).st_mode
-            if not stat.S_ISREG(mode):
-                raise InvalidInput(f"cannot read snapshot {path}: not a regular file "
-                                   f"({_file_kind(mode)})")  # fmt: skip
-            text = file.read(MAX_ANSWER_BYTES + 1)
+        with open_regular(path) as file:
+            text = read_bounded(file, MAX_ANSWER_BYTES)
     except OSError as exc:
         raise InvalidInput(f"cannot read snapshot {path}: {exc.strerror or exc}") from None
-    if len(text) > MAX_ANSWER_BYTES:
+    if text is None:
         raise InvalidInput(f"{path} is over {MAX_ANSWER_BYTES:,} bytes: not a snapshot this "
                            "reads (a server's snapshot answer is at most that)")  # fmt: skip
     if past := past_bound(text, SNAPSHOT_CONTAINERS):
         raise InvalidInput(f"{path} is not a snapshot this reads: {past}")
     return text
-
-
-def _file_kind(mode: int) -> str:
-    for test, kind in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):  # fmt: skip
-        if test(mode):
-            return kind
-    return "not a plain file"
 
 
 def validated_snapshot(path: Path, text: bytes) -> SnapshotPublic:
@@ -310,7 +294,9 @@ def winners(records: Iterable[RecordCreate]) -> dict[str, RecordCreate]:
 
 
 def save_snapshot(path: Path, document: Mapping[str, Any] | SnapshotPublic) -> None:
-    """Writes a snapshot atomically (:func:`tunecache.folders.write_atomic`) as canonical JSON.
+    """Writes a snapshot atomically (:func:`tunecache.folders.write_atomic`) as canonical JSON,
+    keeping the mode of the file it replaces (:func:`tunecache.folders.shared_mode`: a snapshot
+    other users' processes read was rewritten 0600, unreadable to them).
 
     A dict from :meth:`tunecache.Client.export_snapshot` is written byte for byte as the server
     sent it; it is validated first, so a file this writes always loads.
@@ -325,6 +311,6 @@ def save_snapshot(path: Path, document: Mapping[str, Any] | SnapshotPublic) -> N
         data = canonical_json(dict(document)).encode("utf-8")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, data)
+        write_atomic(path, data, mode=shared_mode(path))  # other users' processes may read it
     except OSError as exc:
         raise InvalidInput(f"cannot write snapshot {path}: {exc.strerror or exc}") from None

@@ -2,9 +2,11 @@
 --torch`` and ``tune --tvm``; the outbox, :mod:`tunecache_cli.outbox`) to the server they were
 tuned for.
 
-Exit 0 when nothing waits any more for that server, 1 when some were refused or unreadable
-(moved to the outbox's ``rejected/``, each unreadable file named) or could not be sent, 2 bad
-input, 3 the server could not be reached, 4 it refused the token.
+Exit 0 when nothing waits any more for that server (uploads another process is sending now are
+said, not waited for), 1 when some were refused or unreadable (moved to the outbox's
+``rejected/``, each unreadable file named; one ``rejected/`` could not take stays, said in a
+warning naming it) or could not be sent, 2 bad input (an outbox folder refused: another user's,
+or open to others' writes), 3 the server could not be reached, 4 it refused the token.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import argparse
 import sys
 from typing import Any
 
-from tunecache.errors import ServerError
+from tunecache.errors import InvalidInput, ServerError
 from tunecache.settings import Settings, outbox_dir
 from tunecache_cli.args import add_server, preflight, server_url
 
@@ -25,22 +27,32 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    url = server_url(args)
+    try:
+        return _pushed(url)
+    except OSError as exc:  # the outbox refused (another user's, open to others) or unreadable
+        why = f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else exc
+        raise InvalidInput(f"the outbox cannot be used: {why}") from None
+
+
+def _pushed(url: str) -> int:
     from tunecache import outbox
     from tunecache.client import Client
     from tunecache_cli.table import shown
 
-    url = server_url(args)
     if unreadable := outbox.set_aside_unreadable():  # for no server: moved aside by any push
         print(f"{len(unreadable)} unreadable file{'' if len(unreadable) == 1 else 's'} set "
               f"aside in {outbox_dir() / 'rejected'}: {', '.join(map(shown, unreadable))}",
               file=sys.stderr)  # fmt: skip
+    stuck = outbox.unreadable()  # rejected/ could not take them (set_aside said why)
     count = outbox.waiting(url)
     if not count:
         print(f"nothing waits for {url} in {outbox_dir()}", file=sys.stderr)
+        _say_sending(url)
         for other, waiting in sorted(outbox.servers().items()):  # tuned for another server
             print(f"  {waiting} upload{' waits' if waiting == 1 else 's wait'} for {shown(other)}: "
                   f"tunecache push --server {shown(other)}", file=sys.stderr)  # fmt: skip
-        return 1 if unreadable else 0
+        return 1 if unreadable or stuck else 0
     preflight(url, "write", "pushing")
     with Client(url, timeout=Settings.from_env(with_url=False).timeout) as client:
         sent, refused, error = outbox.push(client, url)
@@ -48,10 +60,21 @@ def run(args: argparse.Namespace) -> int:
     print(f"pushed {sent} of {count} waiting upload{'' if count == 1 else 's'} to {url}"
           + (f"; {refused} refused (in {outbox_dir() / 'rejected'})" if refused else "")
           + (f"; {left} still waiting" if left else ""), file=sys.stderr)  # fmt: skip
+    _say_sending(url)
     if left and error is not None and (error.status_code is None
                                        or error.status_code in (401, 403)):  # fmt: skip
         raise ServerError(f"pushing: {error}", status_code=error.status_code)
-    return 0 if not (left or refused or unreadable) else 1
+    return 0 if not (left or refused or unreadable or stuck) else 1
+
+
+def _say_sending(url: str) -> None:
+    """Uploads for ``url`` another process is sending now (a tune's own, another push): not
+    waiting, and not nothing either."""
+    from tunecache import outbox
+
+    if busy := outbox.sending(url):
+        print(f"  {busy} upload{' is' if busy == 1 else 's are'} being sent to {url} by another "
+              "process (a tune, or another push) now", file=sys.stderr)  # fmt: skip
 
 
 def push_before(url: str | None) -> None:

@@ -435,6 +435,8 @@ def _add(
 
 def write_atomic(path: Path, text: str) -> None:
     """Writes ``text`` to ``path`` whole (:func:`tunecache.folders.write_atomic`), its folder
-    made if missing."""
+    made if missing, keeping the mode of the file it replaces
+    (:func:`tunecache.folders.shared_mode`: a team's shared cache folder holds one choice file
+    every user's compiles read; it was rewritten 0600, unreadable to them)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    folders.write_atomic(path, text.encode("utf-8"))
+    folders.write_atomic(path, text.encode("utf-8"), mode=folders.shared_mode(path))

@@ -103,7 +103,9 @@ def _pairs(document: object) -> set[Pair] | None:
 
 
 def write_record(choice_file: Path, pairs: Iterable[Pair]) -> None:
-    """Writes the record of ``choice_file`` whole (removes it when there is no pair).
+    """Writes the record of ``choice_file`` whole (removes it when there is no pair), keeping
+    the mode of the record it replaces (:func:`tunecache.folders.shared_mode`: every user of a
+    shared cache folder reads it; it was rewritten 0600).
 
     Raises:
         OSError: it cannot be written.
@@ -115,7 +117,7 @@ def write_record(choice_file: Path, pairs: Iterable[Pair]) -> None:
         return
     text = json.dumps({"format": FORMAT, "groups": [list(pair) for pair in entries]})
     path.parent.mkdir(parents=True, exist_ok=True)
-    folders.write_atomic(path, text.encode("ascii"))
+    folders.write_atomic(path, text.encode("ascii"), mode=folders.shared_mode(path))
 
 
 @contextlib.contextmanager

@@ -1,0 +1,112 @@
+"""The outbox reads its files within bounds: a FIFO named ``*.json`` blocked ``tunecache push``
+(and the quiet push at the start of every tune) for ever, and a ``*.json`` link to ``/dev/zero``
+was read until memory ran out ("internal error"). They are opened without following links or
+blocking, read only if regular and within :data:`tunecache.outbox_files.MAX_FILE_BYTES`, and set
+aside in ``rejected/``, each named with why. A ``rejected`` that is a file is said in one line
+naming it, the upload waiting still: it was "internal error: FileExistsError"."""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.factories import make_key, make_record
+from tests.test_outbox import Upstream
+from tunecache import outbox, outbox_files
+from tunecache.errors import ServerError
+
+URL = "http://cache.example:8765"
+MEMORY = 2 * 2**30  # a push needs far less; a read of /dev/zero without bound meets it
+
+
+def push(folder: Path) -> subprocess.CompletedProcess[str]:
+    """``tunecache push`` on ``folder``, in a process of bounded memory and time (what went
+    wrong before: a read for ever, or without bound)."""
+
+    def bounded() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+
+    env = {**os.environ, "TUNECACHE_OUTBOX": str(folder)}
+    return subprocess.run([sys.executable, "-m", "tunecache_cli", "push", "--server", URL],
+                          env=env, capture_output=True, text=True, timeout=60,
+                          preexec_fn=bounded)  # fmt: skip
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_is_set_aside_never_waited_on(own_outbox: Path) -> None:
+    fifo = own_outbox / "1700000000000-fifo.json"
+    os.mkfifo(fifo)
+    pushed = push(own_outbox)
+    assert pushed.returncode == 1, pushed.stderr
+    assert f"1 unreadable file set aside in {own_outbox / 'rejected'}: 1700000000000-fifo.json: " \
+        "not a regular file (a FIFO)" in pushed.stderr  # fmt: skip
+    assert stat.S_ISFIFO(os.lstat(own_outbox / "rejected" / fifo.name).st_mode)
+    assert not os.path.lexists(fifo)
+
+
+def test_a_link_to_dev_zero_is_set_aside_unread(own_outbox: Path) -> None:
+    link = own_outbox / "1700000000000-zero.json"
+    link.symlink_to("/dev/zero")
+    pushed = push(own_outbox)
+    assert pushed.returncode == 1, pushed.stderr
+    assert "internal error" not in pushed.stderr
+    assert "1700000000000-zero.json: not a regular file (a link, not followed)" in pushed.stderr
+    assert os.readlink(own_outbox / "rejected" / link.name) == "/dev/zero"
+
+
+def test_a_file_past_the_bound_is_set_aside_unparsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    small = outbox.release(outbox.put(URL, make_record(make_key(8)), tmp_path))
+    monkeypatch.setattr(outbox_files, "MAX_FILE_BYTES", small.stat().st_size - 1)
+    assert outbox.waiting(URL, tmp_path) == 0  # never read as an upload
+    bound = small.stat().st_size - 1
+    assert outbox.set_aside_unreadable(tmp_path) == [f"{small.name}: over {bound:,} bytes"]
+    assert (tmp_path / "rejected" / small.name).exists()
+
+
+def test_push_with_rejected_a_file_says_so_in_one_line_and_loses_nothing(
+    own_outbox: Path,
+) -> None:
+    garbage = own_outbox / "1700000000000-garbage.json"
+    garbage.write_text("not json")
+    (own_outbox / "rejected").write_text("i am a file")
+    pushed = push(own_outbox)
+    assert pushed.returncode == 1, pushed.stderr  # an unreadable file is left: not all well
+    assert "internal error" not in pushed.stderr
+    said = [line for line in pushed.stderr.splitlines() if "rejected" in line]
+    assert len(said) == 1, pushed.stderr
+    assert f"{garbage.name} cannot be set aside in {own_outbox / 'rejected'} (a file, not a " \
+        f"folder): it waits in {own_outbox}" in said[0]  # fmt: skip
+    assert garbage.read_text() == "not json"
+    assert (own_outbox / "rejected").read_text() == "i am a file"
+
+
+def test_an_upload_refused_when_rejected_is_a_file_waits_again(
+    own_outbox: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (own_outbox / "rejected").write_text("i am a file")
+    later = outbox.Later(URL, make_record(make_key(8)), "the record")
+    refusal = ServerError("POST /v1/records → 422: invalid", status_code=422)
+    with caplog.at_level(logging.WARNING), pytest.raises(ServerError, match="422"):
+        later.send(Upstream(refusal))
+    assert [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()] == [
+        f"{later_name(own_outbox)} cannot be set aside in {own_outbox / 'rejected'} (a file, "
+        f"not a folder): it waits in {own_outbox}, to be sent again"
+    ]
+    assert outbox.waiting(URL, own_outbox) == 1  # nothing lost
+    upstream = Upstream(ServerError("422 invalid", status_code=422))
+    assert outbox.push(upstream, URL, own_outbox)[:2] == (0, 0)  # not refused: it waits
+    assert outbox.waiting(URL, own_outbox) == 1
+
+
+def later_name(folder: Path) -> str:
+    (waiting,) = folder.glob("[0-9]*.json")
+    return waiting.name

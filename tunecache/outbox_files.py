@@ -1,0 +1,194 @@
+"""The outbox's files as one process reads and holds them (:mod:`tunecache.outbox` decides
+what to do with them).
+
+A file is taken before it is sent: an advisory lock (``flock``) held on it from before it is
+renamed ``.sending-PID-NAME`` (the PID for people reading the folder) until its upload is done
+with, so no record is sent twice. The kernel drops the lock when its process dies: a taken file
+whose lock can be had waits again (so does one taken before the lock). The PID judged it, and a
+PID reused (a container's PID 1, a reboot) left the upload never sent again. Only this user's
+files are read, in a folder only this user can write (:func:`tunecache.folders.own_folder`: they
+are uploaded under this user's token), opened without following links or blocking and read
+within :data:`MAX_FILE_BYTES`; one that is no regular file or is larger is set aside.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from tunecache.folders import NotRegularFile, open_regular, own_folder, read_bounded
+from tunecache.settings import outbox_dir
+
+logger = logging.getLogger("tunecache.outbox")
+
+TAKEN = ".sending-"
+MAX_FILE_BYTES = 64 * 2**20  # four times the largest body a server takes by default (16 MiB)
+
+
+_held: dict[Path, BinaryIO] = {}  # the files this process has taken, each open, its lock held
+_held_guard = threading.Lock()  # Later sends from a background thread
+_said: set[tuple[str, str]] = set()  # (folder, name) a warning named already: said once
+
+
+@dataclass
+class Found:
+    """A file of the outbox as read: what it holds, or why it cannot hold an upload."""
+
+    path: Path
+    file: BinaryIO | None = None  # open while it is looked at; handed to _held once taken
+    data: dict[str, Any] | None = None  # None: no JSON object (or no file to read at all)
+    problem: str = ""  # no regular file, or too large: never read as an upload
+
+    def lock(self, exclusive: bool) -> bool:
+        """Whether no live process sends it: its lock had (``exclusive``: kept, to take it;
+        else only tried, as a reader, and let go at once). A file exclusively locked is checked
+        to be the one its name still holds (another process may have taken it meanwhile)."""
+        if self.file is None:  # a FIFO, a link: nobody sends it
+            return True
+        fd = self.file.fileno()
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        if not exclusive:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return True
+        with contextlib.suppress(OSError):
+            now, opened = os.lstat(self.path), os.fstat(fd)
+            return (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino)
+        return False
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def let_go(taken: Path) -> None:
+    """Closes the taken file, which lets its lock go."""
+    with _held_guard:
+        file = _held.pop(taken, None)
+    if file is not None:
+        file.close()
+
+
+def _forget_in_child() -> None:
+    """A forked child sends none of its parent's files: its copies are closed (the parent's
+    lock stays with the parent), so a parent that dies leaves them waiting."""
+    global _held_guard
+    _held_guard = threading.Lock()  # another thread may have held it at the fork
+    for file in _held.values():
+        with contextlib.suppress(OSError):
+            file.close()
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def checked_folder(folder: Path | None, make: bool) -> Path | None:
+    """The outbox folder, checked as this user's alone (made if ``make``; ``None``: it is not
+    there). The product's own folder, under the user cache dir, is closed if an older version
+    left it open to the group (an umask of 002); one a user named is refused.
+
+    Raises:
+        OSError: it is a link or no folder, another user's, or others may write in it.
+    """
+    folder = folder or outbox_dir()
+    if not make and not os.path.lexists(folder):
+        return None
+    return own_folder(folder, "outbox folder", close=folder == outbox_dir({}))
+
+
+def own_name(name: str) -> str:
+    """A file's name while it waits (``.sending-PID-NAME`` → ``NAME``)."""
+    return name.removeprefix(TAKEN).split("-", 1)[1] if name.startswith(TAKEN) else name
+
+
+def read_file(path: Path, foreign: list[str]) -> Found | None:
+    """``path`` as read, left open (``None``: gone meanwhile, unreadable, or another user's,
+    its name added to ``foreign``). A file is written whole before it is named ``*.json``
+    (:func:`put`), so one that does not parse is never still being written."""
+    try:
+        if os.lstat(path).st_uid != os.getuid():  # put there by another user: never sent
+            foreign.append(path.name)
+            return None
+        file = open_regular(path, follow_links=False)
+    except NotRegularFile as exc:
+        return Found(path, problem=str(exc))
+    except OSError:
+        return None
+    found = Found(path, file)
+    try:
+        text = read_bounded(file, MAX_FILE_BYTES)
+        data: Any = None if text is None else json.loads(text)
+    except OSError:
+        found.close()
+        return None
+    except ValueError:  # not JSON, or not text
+        data = None
+    found.problem = f"over {MAX_FILE_BYTES:,} bytes" if text is None else ""
+    found.data = data if isinstance(data, dict) else None
+    return found
+
+
+def files(folder: Path | None) -> Iterator[Found]:
+    """The outbox's files, oldest first, each open while its consumer looks at it (one it
+    took is handed on, :func:`take_found`). Files of another user are left alone, named in one
+    warning.
+
+    Raises:
+        OSError: the outbox folder is refused (:func:`checked_folder`).
+    """
+    checked = checked_folder(folder, make=False)
+    if checked is None:
+        return
+    foreign: list[str] = []
+    try:
+        for path in sorted(checked.glob("*.json"), key=lambda p: own_name(p.name)):
+            if (found := read_file(path, foreign)) is None:
+                continue
+            try:
+                yield found
+            finally:
+                found.close()
+    finally:
+        _say_foreign(checked, foreign)
+
+
+def _say_foreign(folder: Path, names: list[str]) -> None:
+    """One warning naming the files of another user found in the outbox (each named once)."""
+    new = [name for name in names if (str(folder), name) not in _said]
+    if not new:
+        return
+    _said.update((str(folder), name) for name in new)
+    logger.warning("%d file(s) in the outbox %s are not this user's, so never sent: %s",
+                   len(new), folder, ", ".join(new))  # fmt: skip
+
+
+def take_found(found: Found) -> Path | None:
+    """Takes ``found`` (its lock held): renamed ``.sending-PID-NAME``, held by this process;
+    ``None`` when it is gone meanwhile."""
+    assert found.file is not None
+    taken = found.path.with_name(f"{TAKEN}{os.getpid()}-{own_name(found.path.name)}")
+    try:
+        os.replace(found.path, taken)
+    except OSError:
+        return None
+    with _held_guard:
+        _held[taken], found.file = found.file, None
+    return taken
+
+
+def hold(taken: Path, file: BinaryIO) -> None:
+    """Keeps ``file`` (``taken``, its lock held) open until :func:`let_go`."""
+    with _held_guard:
+        _held[taken] = file
