@@ -67,11 +67,15 @@ class HeaderDeadline(_Protocol):
     _stalled: asyncio.TimerHandle | None = None  # while the transport's buffer is full
     _heading = True  # a request's head may be arriving (none has begun, or its headers not done)
     _began = False  # a request began in the data being read
-    _head_bytes = 0  # of the head arriving, read since the read it began in
+    _head_bytes = 0  # of the head arriving (or trailers), read since the read it began in
+    _headed = False  # a head ended in the data being read
+    _bodied = False  # body bytes came in the data being read
+    _in_message = False  # a request began and has not ended (its head, body or trailers due)
     _answered = False  # by this protocol, and closed
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
+        self._cycles: list[Any] = []  # this connection's requests not answered yet
         peer = transport.get_extra_info("peername")
         address = client_of(peer[0]) if isinstance(peer, tuple) and peer else None
         self._address = address
@@ -97,24 +101,37 @@ class HeaderDeadline(_Protocol):
     def data_received(self, data: bytes) -> None:
         if self._refused or self._answered:
             return
-        self._began = False
+        self._began = self._headed = self._bodied = False
         super().data_received(data)
-        if not _HEADS_SEEN or not self._heading or self.transport.is_closing():
-            self._head_bytes = 0
+        if not _HEADS_SEEN or self.transport.is_closing():
             return
-        self._head_bytes = 0 if self._began else self._head_bytes + len(data)
+        if self._heading:  # a head arriving: counted from the read after the one it began in
+            counted = not self._began
+        else:  # a message past its head: a read without body bytes holds framing or trailers
+            counted = self._in_message and not (self._headed or self._bodied)
+        self._head_bytes = self._head_bytes + len(data) if counted else 0
         if self._head_bytes > HEAD_BYTES:
-            detail = (f"the request's head (its line and headers) is over {HEAD_BYTES} bytes, "
-                      "the server's limit")  # fmt: skip
+            detail = (f"the request's head (its line and headers, or its trailers) is over "
+                      f"{HEAD_BYTES} bytes, the server's limit")  # fmt: skip
             self._answer(raw_answer(431, "Request Header Fields Too Large", detail))
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._heading = self._began = True
+        self._heading = self._began = self._in_message = True
 
     def on_headers_complete(self) -> None:
-        self._heading = False
+        self._heading, self._headed = False, True
         super().on_headers_complete()
+        if self.cycle is not None:  # pipelined requests each have one, the newest uvicorn's
+            self._cycles = [c for c in self._cycles if not c.response_complete] + [self.cycle]
+
+    def on_body(self, body: bytes) -> None:
+        self._bodied = True
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._in_message = False
+        super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
         """A request that is not HTTP (uvicorn answered it in plain text), in the API's shape."""
@@ -122,10 +139,18 @@ class HeaderDeadline(_Protocol):
         self._answer(raw_answer(400, "Bad Request", detail))
 
     def _answer(self, answer: bytes) -> None:
-        """Writes ``answer`` and closes the connection; what its client sends after is dropped."""
+        """Writes ``answer`` and closes the connection: the write side at once, the rest a
+        second later, what the client sends meanwhile read and dropped (closed with it unread,
+        the connection was reset, and the client could lose the answer: :meth:`_refuse`)."""
         self._answered = True
         self.transport.write(answer)
-        self.transport.close()
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        if self._late is not None:
+            self._late.cancel()
+        self._late = self.loop.call_later(1.0, self.transport.close)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -138,15 +163,22 @@ class HeaderDeadline(_Protocol):
             self._stalled = self.loop.call_later(_drain(), self._cut_off)
 
     def _cut_off(self) -> None:
-        """Aborts the connection, its request marked gone first: the transport may wake the
-        waiting ``send`` before it says the connection is lost, and that ``send`` then wrote to
-        a closed transport (a traceback in the log). Behind pipelined requests uvicorn's
-        ``cycle`` is the newest one, not the one sending, which still logs uvicorn's traceback
-        as it does for any pipelining client that goes away (one per cut-off connection)."""
+        """Aborts the connection, its requests marked gone first (:meth:`_gone`): the transport
+        may wake the waiting ``send`` before it says the connection is lost, and that ``send``
+        then wrote to a closed transport (a traceback in the log)."""
         self._stalled = None
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.cycle.disconnected = True
+        self._gone()
         self.transport.abort()
+
+    def _gone(self) -> None:
+        """Marks every request of this connection not answered yet gone, and wakes it: uvicorn
+        marks only its newest (``cycle``), and behind pipelined requests the one sending is an
+        older one, whose ``send`` then wrote to the closed transport (uvloop raised: an internal
+        error and a traceback logged for each connection a client closed unread)."""
+        for cycle in self._cycles:
+            if not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -155,6 +187,7 @@ class HeaderDeadline(_Protocol):
             self._stalled = None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._gone()
         if self._stalled is not None:
             self._stalled.cancel()
         if self._late is not None:

@@ -183,8 +183,8 @@ def test_addresses_filling_the_tokenless_pool_are_cut_off_for_a_newcomer(
     """The auditor's attack: four addresses each hold their share of stalled 64 KiB bodies, the
     whole pool of bodies without a token (honest lookups were shed for as long as they held it).
     A fifth address's lookup is answered all the same: one stalled body of an address holding
-    the most is cut off for it (503, saying so), and a body from an address already holding the
-    most finds no one to cut."""
+    the most is cut off for it (503, saying so); a body from an address at its share is refused
+    as such."""
     server = patient_server
     size = 64 * KiB
     fillers = [f"127.0.0.{2 + i}" for i in range(ANONYMOUS_BODIES // ADDRESS_BODIES)]
@@ -194,7 +194,7 @@ def test_addresses_filling_the_tokenless_pool_are_cut_off_for_a_newcomer(
             for _ in range(ADDRESS_BODIES):
                 held.append(conn := open_body(server, "/v1/lookup", size, {}, source))
                 send_filler(conn, size - 1)
-        time.sleep(0.5)  # what was sent is read
+        time.sleep(1.5)  # what was sent is read, and the bodies have stopped arriving
         again = open_body(server, "/v1/lookup", size, {}, fillers[0])
         refused = answered(again)
         again.close()
@@ -207,11 +207,38 @@ def test_addresses_filling_the_tokenless_pool_are_cut_off_for_a_newcomer(
         assert miss.status_code == 404, miss.text
         cut = [a for conn in held if (a := answered(conn, wait=0.05)) is not None]
         assert len(cut) == 1, cut
-        assert cut[0][0] == 503 and "cut off for another address's" in cut[0][1], cut
+        assert cut[0][0] == 503 and "had stopped arriving" in cut[0][1], cut
         assert "retry-after: 1" in cut[0][1].lower(), cut
     finally:
         for conn in held:
             conn.close()
+
+
+def test_a_body_still_arriving_is_never_cut_for_stalled_ones(patient_server: LiveServer) -> None:
+    """An honest client sends its 64,000-byte body slowly (2 KB every 0.1 s) while 320
+    addresses each declare a body a little smaller and send nothing: cut by holdings alone,
+    the honest body was cut for them. It arrives whole and is judged on its content (not JSON:
+    400); the stalled ones are what is cut or refused."""
+    server = patient_server
+    honest = open_body(server, "/v1/lookup", 64_000, {}, "127.0.0.9")
+    stalled, sent = [], 0
+    try:
+        for i in range(32):
+            send_filler(honest, 2000)
+            sent += 2000
+            for j in range(10):
+                stalled.append(open_body(server, "/v1/lookup", 63_000, {},
+                                         f"127.0.{1 + (10 * i + j) // 250}.{1 + (10 * i + j) % 250}"))  # fmt: skip
+            time.sleep(0.1)
+        send_filler(honest, 64_000 - sent)
+        answer = answered(honest, wait=30)
+        shed = [a[0] for conn in stalled if (a := answered(conn, wait=0.01)) is not None]
+    finally:
+        honest.close()
+        for conn in stalled:
+            conn.close()
+    assert answer is not None and answer[0] == 400, answer
+    assert shed and set(shed) == {503}, shed  # the pool was full: stalled bodies were refused
 
 
 @pytest.mark.parametrize("token", [False, True], ids=["anonymous", "token"])

@@ -113,6 +113,31 @@ def test_a_head_within_the_limit_and_a_large_body_after_it_are_answered(
     assert_error_shape(status, headers_back, body, 400)
 
 
+def test_trailers_that_never_end_are_answered_431_and_small_chunks_are_not(
+    server: LiveServer,
+) -> None:
+    """A chunked body's trailers are parsed as headers are: a trailer that never ended was
+    held until the body deadline (105 MiB in 8 s). A body of many small chunks, whose framing
+    is most of its bytes, is a body all the same."""
+    conn = connect(server)
+    with conn:
+        send_endless(conn, b"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n"
+                     b"0\r\nX-Trailer: ", b"a" * (16 * KiB), 64 * HEAD_BYTES)  # fmt: skip
+        status, headers, body = answer(conn)
+    detail = assert_error_shape(status, headers, body, 431)
+    assert "trailers" in detail, detail
+    token = issue_token(server.url, "read")
+    chunks = b"".join(b"1\r\nx\r\n" for _ in range(40 * KiB))  # 200 KiB of framing
+    conn = connect(server)
+    with conn:
+        conn.sendall(f"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                     "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+                     "Connection: close\r\n\r\n".encode() + chunks + b"0\r\n\r\n")  # fmt: skip
+        status, headers, body = answer(conn)
+    assert_error_shape(status, headers, body, 400)  # read whole, and not JSON
+
+
 def test_a_kept_alive_connections_next_head_is_bounded_too(server: LiveServer) -> None:
     """The bound counts each request's head afresh: a first request answered, the second's
     endless header is cut as a first one's is."""

@@ -29,12 +29,13 @@ stayed with the process (469 MiB of 485 at the peak: many freed pieces of a few 
 each, in the allocator's heap), a ``bytearray``'s went back to
 the system (104 MiB); and a list costs an object for each chunk, uncharged.
 
-The bodies without a token are shared fairly: one address may hold a share of their pool
-(``ADDRESS_BODIES``), and a body that finds the pool full cuts off a body still arriving from
-the address that holds the most, as long as that address holds more than the newcomer would with
-it (503, ``Retry-After``, saying so). Four addresses, each holding its share of stalled 64 KiB
-bodies, filled the pool and shed 290 of 293 honest lookups over 30 s; any number of addresses
-now hold no more than those who want room leave them, and a few-KB lookup always finds it.
+The bodies without a token are shared: one address may hold a share of their pool
+(``ADDRESS_BODIES``), and a body that finds the pool full cuts off bodies that have stopped
+arriving (none for a second, or slower than ``MIN_RATE``), from the address that holds the most
+first (503, ``Retry-After``, saying so). Four addresses, each holding its share of stalled 64 KiB
+bodies, filled the pool and shed 290 of 293 honest lookups over 30 s. A body still arriving is
+never cut, nor one that sends a token: cutting by holdings alone, 286 addresses each holding a
+stalled body a little smaller than an honest client's slow one had it cut.
 
 Once read, a JSON body is parsed off the event loop (:func:`parse_json`, in a worker thread) with
 bounds on its nesting depth and element count, so a small body cannot expand into millions of
@@ -44,6 +45,7 @@ objects (``[{},{},…]``: 3 bytes each).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -140,21 +142,38 @@ class ScopeLimits:
 TOKEN_BODIES: Final = 3  # write limits' worth; read and verify scopes take at most half of it
 ANONYMOUS_BODIES: Final = 256  # anonymous limits' worth
 ADDRESS_BODIES: Final = 64  # of those, what one client address may hold: one cannot fill it
+# A body without a token is arriving (never cut for another) while bytes came within the last
+# STALL_SECONDS and, past its first GRACE_SECONDS, at MIN_RATE bytes a second at least (a 64 KiB
+# lookup in 5 s): a slow honest client sends far faster, one holding its body back cannot.
+STALL_SECONDS: Final = 1.0
+GRACE_SECONDS: Final = 1.0
+MIN_RATE: Final = 16 * 2**10
 
 
 class Hold:
     """The body bytes one request holds in a :class:`BodyBudget`, and whose they are."""
 
-    __slots__ = ("address", "checked", "cut", "cut_off", "scope", "size")
+    __slots__ = ("address", "bearer", "checked", "cut", "cut_off", "last", "received", "scope",
+                 "size", "started")  # fmt: skip
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, *, bearer: bool = False) -> None:
         self.address = address
+        self.bearer = bearer  # it sends a token (checked or not): never cut for a body without
         self.scope: Scope | None = None  # None: anonymous, or its token not checked yet
         self.checked = False  # whether its token was looked up (once at most)
         self.size = 0
         # While its body arrives: what cuts it off (BodyBudget.make_room), and whether it was
         self.cut: Callable[[], Any] | None = None
         self.cut_off = False
+        # Its body's bytes arrived, and when it began and when bytes last came (monotonic)
+        self.received = 0
+        self.started = self.last = time.monotonic()
+
+    def arriving(self, now: float) -> bool:
+        """Whether its body is arriving as a client that means to send it sends one: bytes
+        within the last :data:`STALL_SECONDS`, at :data:`MIN_RATE` since its first second."""
+        due = max(0.0, now - self.started - GRACE_SECONDS) * MIN_RATE
+        return now - self.last < STALL_SECONDS and self.received >= due
 
 
 class BodyBudget:
@@ -219,23 +238,21 @@ class BodyBudget:
 
     def make_room(self, hold: Hold, size: int) -> bool:
         """Charges ``size`` bytes more to ``hold``, a body without a token, cutting off bodies
-        still arriving from the address that holds the most such bytes while it holds more than
-        ``hold``'s address would with them (so holds even out, and never swap back and forth);
-        ``False`` (nothing cut, nothing charged) when that does not make room. Within its
-        address's share only: what an address holds past it, no other's is cut for."""
+        without a token that have stopped arriving (:meth:`Hold.arriving`: stalled, or
+        trickled), from the address that holds the most first; ``False`` (nothing cut, nothing
+        charged) when that does not make room. Within its address's share only. A body still
+        arriving is never cut, nor one that sends a token."""
         if hold.scope is not None or size > self.address_limit - self.by_address.get(
             hold.address, 0
         ):
             return False
-        after = self.by_address.get(hold.address, 0) + size
+        now = time.monotonic()
         while size > self.room(hold):
-            held = [h for h in self.arriving if h.scope is None and h.size and h.cut is not None]
+            held = [h for h in self.arriving if h.scope is None and not h.bearer and h.size
+                    and h.cut is not None and h is not hold and not h.arriving(now)]  # fmt: skip
             if not held:
                 return False
-            victim = max(held, key=lambda h: (self.by_address[h.address], h.size))
-            if self.by_address[victim.address] <= after:
-                return False
-            self._cut(victim)
+            self._cut(max(held, key=lambda h: (self.by_address[h.address], h.size)))
         return self.take(hold, size)
 
     def _cut(self, hold: Hold) -> None:
@@ -380,8 +397,9 @@ class BodyLimits:
                 hold.cut = None
         if hold.cut_off:
             raise Refused(503, "the server holds as many bodies without a token as it takes at "
-                               "once, and this address held the most of them: this one was cut "
-                               "off for another address's; retry in 1 s")  # fmt: skip
+                               f"once, and this one had stopped arriving (nothing for "
+                               f"{STALL_SECONDS:g} s, or under {MIN_RATE} bytes a second): cut "
+                               "off for another; retry in 1 s")  # fmt: skip
         assert waited.cancelled_caught
         raise Refused(408, f"the body did not arrive within {self.seconds:g} s")
 
@@ -400,6 +418,8 @@ class BodyLimits:
                 raise self._too_large(scope, limit, None)
             await self._charge(scope, hold, received - hold.size)
             body += chunk
+            if chunk:
+                hold.received, hold.last = received, time.monotonic()
             if not message.get("more_body", False):
                 return bytes(body)  # a copy: one body at a time (no await until it is freed)
 
@@ -408,7 +428,7 @@ class BodyLimits:
             await self.app(scope, receive, send)
             return
         client = scope.get("client")
-        hold = Hold(client_of(client[0]) if client else "")
+        hold = Hold(client_of(client[0]) if client else "", bearer=bearer(scope) is not None)
         try:
             await self._serve(scope, receive, send, hold)
         finally:  # however the request ended: answered, refused, gone, failed

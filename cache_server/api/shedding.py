@@ -281,7 +281,6 @@ class _Answer:
         self.held = True
         self.head: dict[str, Any] | None = None  # the start, until it is sent
         self.given_up = False
-        self.gone = False  # the client went away: nothing more is sent (:meth:`_send`)
 
     def release(self) -> None:
         """Gives the slot back, counting how long it was held; at most once."""
@@ -321,33 +320,17 @@ class _Answer:
         self.release()
         if self.head is not None:
             head, self.head = self.head, None
-            await self._send(head)
-
-    async def _send(self, message: dict[str, Any]) -> None:
-        """``message`` sent on, or dropped once the client is gone. Behind pipelined requests
-        uvicorn marks only the newest gone, and an older one's ``send`` wrote to the closed
-        transport: uvloop raised, and the server logged an internal error and a traceback for
-        each connection a client closed without reading. Dropped, as uvicorn drops what is sent
-        to a client it knows is gone."""
-        if self.gone:
-            return
-        try:
-            await self.downstream(message)
-        except RuntimeError as exc:
-            if "closed" not in str(exc):  # uvloop: "unable to perform operation on <TCPTransport
-                raise  # closed=True ...>; the handler is closed"
-            self.gone = True
-            logger.info("the client went away before its answer was sent: %s", exc)
+            await self.downstream(head)
 
     async def _bounded(self, message: dict[str, Any] | None) -> None:
         if message is None:
             return
         if not self.held:
-            await self._send(message)
+            await self.downstream(message)
             return
         try:
             async with asyncio.timeout(SEND_SECONDS):
-                await self._send(message)
+                await self.downstream(message)
         except TimeoutError:
             self.given_up = True
             raise ClientNotReading(f"the client took nothing for {SEND_SECONDS:g} s") from None
