@@ -449,3 +449,28 @@ def test_an_init_inside_its_reduction_loop_is_refused() -> None:
         "has finished writing it (a partial result)"
     )
     assert partial_problem(above) is None
+
+
+def test_a_blockized_reduction_is_not_refused_and_computes_right() -> None:
+    """A reduction blockized (what tensor-core schedules do before they tensorize) holds its
+    init and its update in the outer block, under the outer block's own reduction loop: not a
+    block reading another's partial result. It was refused, and its result is right."""
+    from tunecache.tvm.partial import partial_problem
+
+    n = 32
+    a, b = te.placeholder((n, n), name="A"), te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), name="k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    sch = Schedule(tvm.IRModule({"main": te.create_prim_func([a, b, c])}))
+    i, j, kk = sch.get_loops(sch.get_sblock("C"))
+    i0, i1 = sch.split(i, [None, 8])
+    j0, j1 = sch.split(j, [None, 8])
+    k0, k1 = sch.split(kk, [None, 8])
+    sch.reorder(i0, j0, k0, i1, j1, k1)
+    sch.blockize(i1)
+    assert partial_problem(sch.mod) is None
+    built = tvm.compile(sch.mod, target="llvm")
+    x, y = (np.random.default_rng(s).random((n, n), dtype="float32") for s in (1, 2))
+    out = tvm.runtime.tensor(np.zeros((n, n), dtype="float32"))
+    built(tvm.runtime.tensor(x), tvm.runtime.tensor(y), out)
+    np.testing.assert_allclose(out.numpy(), x @ y, rtol=1e-4)

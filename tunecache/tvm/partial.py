@@ -31,6 +31,7 @@ class _Placed:
     reduction: list[Any] = field(default_factory=list)  # loop variables its reduction walks
     reads: list[Any] = field(default_factory=list)  # buffers (their ``TensorRegion.source``)
     writes: list[Any] = field(default_factory=list)
+    outer: list[str] = field(default_factory=list)  # the blocks it is nested in (blockized)
 
 
 def partial_problem(mod: Any) -> str | None:
@@ -57,6 +58,8 @@ def partial_problem(mod: Any) -> str | None:
 def _inside(producer: _Placed, consumer: _Placed) -> str | None:
     """Why ``consumer`` sits inside a loop of ``producer``'s reduction and touches what it
     writes, or ``None``."""
+    if producer.name in consumer.outer:  # its own init or body, a blockized reduction's
+        return None
     loop = next((var for var, _ in consumer.loops
                  if any(var.same_as(r) for r in producer.reduction)), None)  # fmt: skip
     if loop is None:
@@ -79,21 +82,27 @@ def _placed(body: Any) -> list[_Placed]:
 
     blocks: list[_Placed] = []
     stack: list[tuple[Any, Any]] = []
+    outer: list[str] = []
 
     def walk(node: Any) -> None:
         if isinstance(node, SBlockRealize):
             block = node.block
             placed = _Placed(block.name_hint, list(stack),
                              reads=[r.source for r in block.reads],
-                             writes=[w.source for w in block.writes])  # fmt: skip
+                             writes=[w.source for w in block.writes],
+                             outer=list(outer))  # fmt: skip
             for var, value in zip(block.iter_vars, node.iter_values, strict=True):
                 if var.iter_type != IterVar.DataPar:
                     placed.reduction.extend(undefined_vars(value))
             placed.reduction = [v for v in placed.reduction if _steps(stack, v)]
             blocks.append(placed)
-            for child in (block.init, block.body):
-                if child is not None:
-                    walk(child)
+            outer.append(block.name_hint)
+            try:
+                for child in (block.init, block.body):
+                    if child is not None:
+                        walk(child)
+            finally:
+                outer.pop()
             return
         if isinstance(node, For):
             stack.append((node.loop_var, node.extent))
