@@ -80,6 +80,29 @@ def test_a_gpus_file_takes_only_its_own_kind_and_arch_and_its_own_limits(
     }
 
 
+def test_a_gpu_whose_name_tells_no_arch_takes_its_records_within_every_archs_limit(
+    server: LiveServer, tmp_path: Path, capsys: Any
+) -> None:
+    """Named by ``--device``, a GPU missing from the families known here took no tuned record
+    at all (a T4's, a V100's, any new one's): it takes its own name's CUDA records, held to the
+    shared memory every arch gives a block (64 KiB). A T4 is known by its Tesla name."""
+    foo = DeviceFingerprint(kind="cuda", arch="sm_89", name="foo-x9", units=40)
+    upload(server.url, foo, 8, SMALL)
+    upload(server.url, foo, 16, BIG)  # 131072 B: over what every arch gives
+    out = tmp_path / "foo"
+    assert sync(server.url, out, "--device", "NVIDIA_Foo_X9") == 0
+    assert written(out) == {
+        "E=8,N=1024,device_name=NVIDIA_Foo_X9.json": {"triton_version": "3.6.0", "8": SMALL}
+    }
+    assert "skipped 1" in capsys.readouterr().err
+    t4 = DeviceFingerprint(kind="cuda", arch="sm_75", name="tesla-t4", units=40)
+    upload(server.url, t4, 8, SMALL)
+    assert sync(server.url, tmp_path / "t4", "--device", "Tesla_T4") == 0
+    assert written(tmp_path / "t4") == {
+        "E=8,N=1024,device_name=Tesla_T4.json": {"triton_version": "3.6.0", "8": SMALL}
+    }
+
+
 def test_a_winner_keyed_as_a_gpu_keys_itself_reaches_the_file_the_engine_reads(
     server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:

@@ -73,9 +73,12 @@ _DEFAULTS_BESIDES: Final[Mapping[str, tuple[int, ...]]] = {"BLOCK_SIZE_K": (32,)
                                                           "GROUP_SIZE_M": (8,)}  # fmt: skip
 # Shared memory a block may opt into, by CUDA arch; a CUDA arch not named: the least (99 KiB:
 # sm_86, sm_89, sm_120); a CPU's (Triton's interpreter): the H100 limits it checks against.
-SHARED_BY_ARCH: Final[Mapping[str, int]] = {"sm_80": 166912, "sm_87": 166912, "sm_90": 232448,
-                                            "sm_100": 232448, "sm_103": 232448}  # fmt: skip
+SHARED_BY_ARCH: Final[Mapping[str, int]] = {"sm_70": 98304, "sm_75": 65536, "sm_80": 166912,
+                                            "sm_87": 166912, "sm_90": 232448, "sm_100": 232448,
+                                            "sm_103": 232448}  # fmt: skip
 SHARED_LEAST: Final = 101376
+# An NVIDIA GPU whose arch its name does not tell: what every arch the engine runs on gives a block
+SHARED_ANY: Final = 65536
 INTERPRETER_SHARED: Final = DeviceLimits.CPU_INTERPRETER.max_shared_memory_per_block
 VERSION_KEY: Final = "triton_version"  # vLLM's tuner writes it first; the engine ignores it
 MAX_ENTRIES: Final = 4096  # batch sizes in one file (vLLM's have 18)
@@ -115,9 +118,11 @@ def check_device_name(name: str) -> str:
 # The arch of the GPU families the engine ships files for (and their kin), by the start of the
 # name as a CUDA key holds it (:func:`key_device_name`): a file named for one is held to that arch.
 _ARCH_BY_FAMILY: Final = (
+    (re.compile(r"(v100|titan-v)\b"), "sm_70"),
+    (re.compile(r"(t4|titan-rtx|quadro-rtx-[0-9]+|geforce-rtx-20[0-9]0)\b"), "sm_75"),
     (re.compile(r"(a100|a800|a30)\b"), "sm_80"),
     (re.compile(r"(a10g?|a40|a16|a2|rtx-a[0-9]+|geforce-rtx-30[0-9]0)\b"), "sm_86"),
-    (re.compile(r"(l4|l40s?|l20y?|rtx-[0-9]+-ada|geforce-rtx-40[0-9]0)\b"), "sm_89"),
+    (re.compile(r"(l4|l40[sg]?|l20y?|rtx-[0-9]+(-sff)?-ada|geforce-rtx-40[0-9]0)\b"), "sm_89"),
     (re.compile(r"(h100|h200|h800|h20|gh200)\b"), "sm_90"),
     (re.compile(r"(b100|b200|gb200)\b"), "sm_100"),
     (re.compile(r"(b300|gb300)\b"), "sm_103"),
@@ -147,7 +152,8 @@ class EngineDevice:
         kind: ``cuda``; ``cpu`` for Triton's interpreter, named as a CPU key names the CPU
             (``intel-xeon-platinum-8481c``: tests and the interpreter's runs of the engine);
             ``None`` for another platform (AMD's, Intel's) or a name not known here.
-        arch: a GPU's arch (``sm_90``); ``None`` where not known (no tuned record is taken).
+        arch: a GPU's arch (``sm_90``); ``None`` where its name does not tell (records of its
+            name are taken, held to :data:`SHARED_ANY`).
         shared: bytes of shared memory a block may use.
 
     Example:
@@ -171,9 +177,10 @@ class EngineDevice:
         if normalise_name(name) == name:  # as a CPU key names a CPU: no GPU is named so
             return cls(name, "cpu", None, INTERPRETER_SHARED)
         slug = key_device_name(name)
-        arch = next((a for family, a in _ARCH_BY_FAMILY if family.match(slug)), None)
+        family_name = slug.removeprefix("tesla-")  # Tesla_T4, Tesla_V100-SXM2-32GB
+        arch = next((a for family, a in _ARCH_BY_FAMILY if family.match(family_name)), None)
         nvidia = arch is not None or name.split("_")[0] in _NVIDIA_PREFIXES
-        limit = SHARED_BY_ARCH.get(arch, SHARED_LEAST) if arch else SHARED_LEAST
+        limit = SHARED_BY_ARCH.get(arch, SHARED_LEAST) if arch else SHARED_ANY
         return cls(name, "cuda" if nvidia else None, arch, limit)
 
     @property
@@ -188,7 +195,7 @@ class EngineDevice:
         if self.kind == "cpu":
             return kind == "cpu" and name == self.name
         same_gpu = key_device_name(name) == key_device_name(self.name)
-        same_arch = self.arch is not None and arch == self.arch  # not known here: none
+        same_arch = self.arch is None or arch == self.arch  # not known: held to SHARED_ANY
         return self.kind == kind == "cuda" and same_arch and same_gpu
 
 
