@@ -103,8 +103,8 @@ class HeaderDeadline(_Protocol):
             return
         self._began = self._headed = self._bodied = False
         super().data_received(data)
-        if not _HEADS_SEEN or self.transport.is_closing():
-            return
+        if not _HEADS_SEEN or self._answered or self.transport.is_closing():
+            return  # answered in this read (a request that is not HTTP): nothing more
         if self._heading:  # a head arriving: counted from the read after the one it began in
             counted = not self._began
         else:  # a message past its head: a read without body bytes holds framing or trailers
@@ -143,6 +143,7 @@ class HeaderDeadline(_Protocol):
         second later, what the client sends meanwhile read and dropped (closed with it unread,
         the connection was reset, and the client could lose the answer: :meth:`_refuse`)."""
         self._answered = True
+        self._gone()  # a request still being served writes nothing after the answer's end
         self.transport.write(answer)
         if not self.transport.can_write_eof():
             self.transport.close()

@@ -177,8 +177,10 @@ def test_one_address_anonymous_bodies_refuse_no_one_else(patient_server: LiveSer
             conn.close()
 
 
+@pytest.mark.parametrize("claimed", [{}, {"Authorization": "Bearer tc_not-a-token"}],
+                         ids=["no-token", "a-token-claimed"])  # fmt: skip
 def test_addresses_filling_the_tokenless_pool_are_cut_off_for_a_newcomer(
-    patient_server: LiveServer,
+    patient_server: LiveServer, claimed: dict[str, str]
 ) -> None:
     """The auditor's attack: four addresses each hold their share of stalled 64 KiB bodies, the
     whole pool of bodies without a token (honest lookups were shed for as long as they held it).
@@ -192,7 +194,7 @@ def test_addresses_filling_the_tokenless_pool_are_cut_off_for_a_newcomer(
     try:
         for source in fillers:
             for _ in range(ADDRESS_BODIES):
-                held.append(conn := open_body(server, "/v1/lookup", size, {}, source))
+                held.append(conn := open_body(server, "/v1/lookup", size, claimed, source))
                 send_filler(conn, size - 1)
         time.sleep(1.5)  # what was sent is read, and the bodies have stopped arriving
         again = open_body(server, "/v1/lookup", size, {}, fillers[0])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -169,3 +170,46 @@ def test_a_request_that_is_not_http_is_a_400_in_the_apis_shape(
         status, headers, body = answer(conn)
     detail = assert_error_shape(status, headers, body, 400)
     assert "not valid HTTP/1.1" in detail, detail
+
+
+def log_since(server: LiveServer, before: int) -> str:
+    assert server.db_path is not None
+    return (server.db_path.parent / "server.log").read_text(errors="replace")[before:]
+
+
+def log_size(server: LiveServer) -> int:
+    assert server.db_path is not None
+    return len((server.db_path.parent / "server.log").read_text(errors="replace"))
+
+
+def test_a_400_behind_a_request_being_served_logs_no_traceback(server: LiveServer) -> None:
+    """A request, then bytes that are not HTTP, in one read: the 400 ends the connection, and
+    the request it cut short writes nothing after it (its write after the end was a traceback
+    in the log, one per such packet)."""
+    before = log_size(server)
+    conn = connect(server)
+    with conn:
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n\x01bad stuff\r\n\r\n")
+        status, headers, body = answer(conn)
+    assert_error_shape(status, headers, body, 400)
+    time.sleep(0.5)  # the request's task has run
+    added = log_since(server, before)
+    assert "Traceback" not in added and "ERROR" not in added, added[-2000:]
+
+
+def test_a_400_and_a_head_past_the_limit_in_one_read_answer_once(server: LiveServer) -> None:
+    """A head counted near the limit, then a read that is not HTTP and takes it past: one 400,
+    no second answer written after the end (uvloop's fatal error in the log)."""
+    before = log_size(server)
+    conn = connect(server)
+    with conn:
+        for part in (b"GET /health HTTP/1.1\r\nX-A: " + b"a" * 40_000, b"a" * 40_000,
+                     b"a" * 30_000 + b"\x01\r\n\r\n"):  # fmt: skip
+            conn.sendall(part)
+            time.sleep(0.2)  # a read each
+        status, _, body = answer(conn)
+    assert status in (400, 431), body[:300]
+    assert body.count(b'"status"') == 1, body[:600]
+    time.sleep(0.5)
+    added = log_since(server, before)
+    assert "Fatal error" not in added and "Traceback" not in added, added[-2000:]

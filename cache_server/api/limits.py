@@ -34,8 +34,9 @@ The bodies without a token are shared: one address may hold a share of their poo
 arriving (none for a second, or slower than ``MIN_RATE``), from the address that holds the most
 first (503, ``Retry-After``, saying so). Four addresses, each holding its share of stalled 64 KiB
 bodies, filled the pool and shed 290 of 293 honest lookups over 30 s. A body still arriving is
-never cut, nor one that sends a token: cutting by holdings alone, 286 addresses each holding a
-stalled body a little smaller than an honest client's slow one had it cut.
+never cut: cutting by holdings alone, 286 addresses each holding a stalled body a little smaller
+than an honest client's slow one had it cut. A token not checked yet spares no body (any
+``Authorization`` header would do).
 
 Once read, a JSON body is parsed off the event loop (:func:`parse_json`, in a worker thread) with
 bounds on its nesting depth and element count, so a small body cannot expand into millions of
@@ -153,12 +154,11 @@ MIN_RATE: Final = 16 * 2**10
 class Hold:
     """The body bytes one request holds in a :class:`BodyBudget`, and whose they are."""
 
-    __slots__ = ("address", "bearer", "checked", "cut", "cut_off", "last", "received", "scope",
-                 "size", "started")  # fmt: skip
+    __slots__ = ("address", "checked", "cut", "cut_off", "last", "received", "scope", "size",
+                 "started")  # fmt: skip
 
-    def __init__(self, address: str, *, bearer: bool = False) -> None:
+    def __init__(self, address: str) -> None:
         self.address = address
-        self.bearer = bearer  # it sends a token (checked or not): never cut for a body without
         self.scope: Scope | None = None  # None: anonymous, or its token not checked yet
         self.checked = False  # whether its token was looked up (once at most)
         self.size = 0
@@ -241,14 +241,15 @@ class BodyBudget:
         without a token that have stopped arriving (:meth:`Hold.arriving`: stalled, or
         trickled), from the address that holds the most first; ``False`` (nothing cut, nothing
         charged) when that does not make room. Within its address's share only. A body still
-        arriving is never cut, nor one that sends a token."""
+        arriving is never cut. (One that sends a token not checked yet can be: any header would
+        do, and spared, bodies claiming one filled the pool as stalled ones had.)"""
         if hold.scope is not None or size > self.address_limit - self.by_address.get(
             hold.address, 0
         ):
             return False
         now = time.monotonic()
         while size > self.room(hold):
-            held = [h for h in self.arriving if h.scope is None and not h.bearer and h.size
+            held = [h for h in self.arriving if h.scope is None and h.size
                     and h.cut is not None and h is not hold and not h.arriving(now)]  # fmt: skip
             if not held:
                 return False
@@ -428,7 +429,7 @@ class BodyLimits:
             await self.app(scope, receive, send)
             return
         client = scope.get("client")
-        hold = Hold(client_of(client[0]) if client else "", bearer=bearer(scope) is not None)
+        hold = Hold(client_of(client[0]) if client else "")
         try:
             await self._serve(scope, receive, send, hold)
         finally:  # however the request ended: answered, refused, gone, failed
