@@ -110,3 +110,32 @@ def test_an_upload_refused_when_rejected_is_a_file_waits_again(
 def later_name(folder: Path) -> str:
     (waiting,) = folder.glob("[0-9]*.json")
     return waiting.name
+
+
+def test_json_nested_past_the_parser_is_set_aside_not_an_internal_error(own_outbox: Path) -> None:
+    """``[[[…`` 200,000 deep is JSON no parser takes (RecursionError): push was an internal
+    error naming no file, and every tune, which pushes first, died before it began."""
+    deep = own_outbox / "1700000000000-deep.json"
+    deep.write_text("[" * 200_000)
+    pushed = push(own_outbox)
+    assert pushed.returncode == 1, pushed.stderr
+    assert "internal error" not in pushed.stderr and "Traceback" not in pushed.stderr
+    assert "1700000000000-deep.json" in pushed.stderr, pushed.stderr
+    assert (own_outbox / "rejected" / deep.name).exists()
+
+
+def test_an_error_of_another_kind_mid_push_leaves_the_rest_waiting(own_outbox: Path) -> None:
+    """A send that fails with something other than the server's answer (a bug, an interrupt)
+    ends the push; the files it had taken and not sent wait again, none left held as "being
+    sent" by a process that goes on for hours."""
+    for m in (8, 16, 24):
+        outbox.release(outbox.put(URL, make_record(make_key(m)), own_outbox))
+
+    class Broken:
+        def upload(self, record: object) -> None:
+            raise RuntimeError("a bug in the sender")
+
+    with pytest.raises(RuntimeError):
+        outbox.push(Broken(), URL, own_outbox)
+    assert outbox.waiting(URL, own_outbox) == 3
+    assert outbox.sending(URL, own_outbox) == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import stat
 import tempfile
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from tunecache.errors import InvalidInput
+
+logger = logging.getLogger(__name__)
 
 
 def output_dir(path: Path, label: str = "output folder") -> Path:
@@ -127,6 +130,9 @@ def own_folder(path: Path, label: str = "folder", *, close: bool = False) -> Pat
         )
     if found.st_mode & 0o022 and close:
         os.chmod(path, 0o700)
+        logger.warning("%s %s was writable by group or others (mode %04o): closed to 0700, "
+                       "as what it holds is this user's alone", label, path,
+                       stat.S_IMODE(found.st_mode))  # fmt: skip
     elif found.st_mode & 0o022:
         raise PermissionError(f"{label} {path} is writable by group or others (mode "
                               f"{stat.S_IMODE(found.st_mode):04o}): refused (what it holds may "

@@ -19,7 +19,6 @@ only this user's files, in a folder only this user can write, are read, within b
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -40,6 +39,7 @@ from tunecache.outbox_files import (
     files,
     hold,
     let_go,
+    lock_new,
     own_name,
     take_found,
 )
@@ -112,7 +112,7 @@ def put(url: str, upload: Upload, folder: Path | None = None) -> Path:
         out.write(json.dumps(body).encode("utf-8"))
         out.flush()
         os.fsync(fd)
-        fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: nobody else holds it
+        lock_new(fd)
         taken = folder / f"{TAKEN}{os.getpid()}-{name}"
         os.replace(tmp, taken)
     except BaseException:
@@ -302,27 +302,38 @@ def push(client: Any, url: str, folder: Path | None = None) -> tuple[int, int, S
 def _push_taken(client: Any, items: list[Waiting]) -> tuple[int, int, ServerError | None, bool]:
     """:func:`push` of the files taken: ``(sent, refused, last error, whether the server was
     unreachable)``; the files not sent wait again."""
-    sent, refused, error = 0, 0, None
-    for i, item in enumerate(items):
-        if item.upload is None:  # not an upload this version can send
-            refused += _aside(item)
-            continue
-        try:
-            send(client, item.upload)
-        except ServerError as exc:
-            error = exc
-            if refused_for_good(exc):
-                refused += _aside(item)
-                continue
-            release(item.path)
-            if exc.status_code is None:  # unreachable: the rest would fail alike; they wait
-                for rest in items[i + 1 :]:
-                    release(rest.path)
-                return sent, refused, error, True
-            continue
-        done(item.path)
-        sent += 1
-    return sent, refused, error, False
+    sent, refused, error, done_with = 0, 0, None, 0
+    try:
+        for item in items:
+            outcome = _push_one(client, item)
+            done_with += 1
+            if isinstance(outcome, ServerError):
+                error = outcome
+                if outcome.status_code is None:  # unreachable: the rest would fail alike
+                    return sent, refused, error, True
+            else:
+                sent, refused = sent + (outcome == "sent"), refused + (outcome == "refused")
+        return sent, refused, error, False
+    finally:  # however it ended (an error of another kind too): the rest wait again
+        for rest in items[done_with:]:
+            with contextlib.suppress(OSError):
+                release(rest.path)
+
+
+def _push_one(client: Any, item: Waiting) -> str | ServerError:
+    """One taken file pushed: ``sent``, ``refused`` (set aside), ``waits`` (a ``rejected/``
+    that could not take it), or the server's error (the file waits again)."""
+    if item.upload is None:  # not an upload this version can send
+        return "refused" if _aside(item) else "waits"
+    try:
+        send(client, item.upload)
+    except ServerError as exc:
+        if refused_for_good(exc):
+            return "refused" if _aside(item) else "waits"
+        release(item.path)
+        return exc
+    done(item.path)
+    return "sent"
 
 
 def _aside(item: Waiting) -> bool:

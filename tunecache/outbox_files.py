@@ -14,6 +14,7 @@ within :data:`MAX_FILE_BYTES`; one that is no regular file or is larger is set a
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -28,6 +29,23 @@ from tunecache.folders import NotRegularFile, open_regular, own_folder, read_bou
 from tunecache.settings import outbox_dir
 
 logger = logging.getLogger("tunecache.outbox")
+
+# What flock answers on a file system without locks (NFS without lockd, Lustre without its flock
+# option): there a file is taken by its rename alone, as before the lock, and one a sender that
+# died had taken waits for good (a live sender's may be sent twice by two pushers: the server
+# stores an upload sent twice once).
+NO_LOCKS = frozenset({errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL})
+
+
+def lock_new(fd: int) -> None:
+    """Takes the lock of a file this process just wrote (nobody else holds it), where the file
+    system has locks (:data:`NO_LOCKS`)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        if exc.errno not in NO_LOCKS:
+            raise
+
 
 TAKEN = ".sending-"
 MAX_FILE_BYTES = 64 * 2**20  # four times the largest body a server takes by default (16 MiB)
@@ -58,6 +76,10 @@ class Found:
             fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
         except BlockingIOError:
             return False
+        except OSError as exc:
+            if exc.errno not in NO_LOCKS:
+                raise
+            return True  # a file system without locks: one rename wins (:data:`NO_LOCKS`)
         if not exclusive:
             fcntl.flock(fd, fcntl.LOCK_UN)
             return True
@@ -133,7 +155,7 @@ def read_file(path: Path, foreign: list[str]) -> Found | None:
     except OSError:
         found.close()
         return None
-    except ValueError:  # not JSON, or not text
+    except (ValueError, RecursionError):  # not JSON, not text, or nested past the parser
         data = None
     found.problem = f"over {MAX_FILE_BYTES:,} bytes" if text is None else ""
     found.data = data if isinstance(data, dict) else None

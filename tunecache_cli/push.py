@@ -27,12 +27,15 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tunecache.outbox_files import checked_folder
+
     url = server_url(args)
-    try:
-        return _pushed(url)
-    except OSError as exc:  # the outbox refused (another user's, open to others) or unreadable
+    try:  # the outbox refused (another user's, open to others' writes, a link, no folder)
+        checked_folder(None, make=False)
+    except OSError as exc:
         why = f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else exc
         raise InvalidInput(f"the outbox cannot be used: {why}") from None
+    return _pushed(url)
 
 
 def _pushed(url: str) -> int:
