@@ -85,18 +85,15 @@ class HeaderDeadline(_Protocol):
         self._await_headers()
 
     def _refuse(self, transport: asyncio.Transport, address: str) -> None:
-        """Answers 429 and closes: the write side at once, the connection a second later, what
-        the client sent meanwhile read and dropped (closing with it unread would reset the
-        connection, and the client could lose the answer); at once when the address already
-        has a few such connections lingering."""
+        """Answers 429 and closes (:meth:`_close_after`); at once when the address already has
+        a few such connections lingering."""
         self._refused = True
-        transport.write(_cap().refusal(HeaderDeadline.retry_after))
-        if not transport.can_write_eof() or not _cap().linger(address):
+        if not _cap().linger(address):
             self._address = None  # nothing counted
+            transport.write(_cap().refusal(HeaderDeadline.retry_after))
             transport.close()
             return
-        transport.write_eof()
-        self._late = self.loop.call_later(1.0, transport.close)
+        self._close_after(transport, _cap().refusal(HeaderDeadline.retry_after))
 
     def data_received(self, data: bytes) -> None:
         if self._refused or self._answered:
@@ -139,19 +136,23 @@ class HeaderDeadline(_Protocol):
         self._answer(raw_answer(400, "Bad Request", detail))
 
     def _answer(self, answer: bytes) -> None:
-        """Writes ``answer`` and closes the connection: the write side at once, the rest a
-        second later, what the client sends meanwhile read and dropped (closed with it unread,
-        the connection was reset, and the client could lose the answer: :meth:`_refuse`)."""
+        """Writes ``answer`` and closes the connection (:meth:`_close_after`)."""
         self._answered = True
         self._gone()  # a request still being served writes nothing after the answer's end
-        self.transport.write(answer)
-        if not self.transport.can_write_eof():
-            self.transport.close()
+        self._close_after(self.transport, answer)
+
+    def _close_after(self, transport: asyncio.Transport, answer: bytes) -> None:
+        """Writes ``answer`` and closes: the write side at once, the connection a second later,
+        what the client sends meanwhile read and dropped (closed with it unread, the connection
+        was reset, and the client could lose the answer)."""
+        transport.write(answer)
+        if not transport.can_write_eof():
+            transport.close()
             return
-        self.transport.write_eof()
+        transport.write_eof()
         if self._late is not None:
             self._late.cancel()
-        self._late = self.loop.call_later(1.0, self.transport.close)
+        self._late = self.loop.call_later(1.0, transport.close)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
