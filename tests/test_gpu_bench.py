@@ -13,6 +13,7 @@ import torch
 
 from bench.gpu import decode_gemm, kernels, merge, startup
 from bench.gpu import tuning_throughput as gpu_throughput
+from bench.gpu.common import ceilings_from
 
 NO_GPU = not torch.cuda.is_available()
 
@@ -64,6 +65,22 @@ def test_the_startup_dry_run_lists_fifty_shapes_and_the_four_processes(capsys) -
     assert out.startswith("50 shapes")
     assert "processes, in order: pretune, cached, verified, plain" in out
     assert len(set(startup.SHAPES)) == 50
+
+
+def test_ceilings_are_taken_from_a_file_only_when_measured_on_the_same_gpu(tmp_path: Path) -> None:
+    # 2026-12-04: an H200's decode table took the committed file's H100 copy bandwidth as its own.
+    path = tmp_path / "ceilings.json"
+    path.write_text(json.dumps({"copy_tbs": 3.0, "mm_tflops": 679.0,
+                                "device": "NVIDIA H100 80GB HBM3"}))  # fmt: skip
+    assert ceilings_from(path, "NVIDIA H200") is None
+    same = ceilings_from(path, "NVIDIA H100 80GB HBM3")
+    assert same is not None and same.copy_tbs == 3.0 and "from ceilings.json" in same.source
+    path.write_text(json.dumps({"copy_tbs": 3.0, "mm_tflops": 679.0}))  # written before names
+    assert ceilings_from(path, "NVIDIA H100 80GB HBM3") is None
+    assert ceilings_from(tmp_path / "missing.json", "NVIDIA H200") is None
+    committed = json.loads((Path(__file__).parents[1] / "bench/results/ceilings-gpu.json")
+                           .read_text())  # fmt: skip
+    assert committed["device"] == "NVIDIA H100 80GB HBM3"  # what run.sh passes by default
 
 
 def _row(label: str, dtype: str, tuned: float, torch_ms: float, default: float, **extra) -> dict:

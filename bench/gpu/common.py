@@ -13,6 +13,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,9 +66,11 @@ def geomean(values: Sequence[float]) -> float:
 class Ceilings:
     copy_tbs: float  # device-to-device copy, bytes read + written per second / 1e12
     mm_tflops: float  # bf16 8192^3 torch.mm
+    device: str = ""  # torch's name of the GPU they were measured on ("" in files of before)
+    source: str = "measured now"  # where a table's figures came from; not written to files
 
-    def to_json(self) -> dict[str, float]:
-        return {"copy_tbs": self.copy_tbs, "mm_tflops": self.mm_tflops}
+    def to_json(self) -> dict[str, Any]:
+        return {"copy_tbs": self.copy_tbs, "mm_tflops": self.mm_tflops, "device": self.device}
 
 
 def measure_ceilings() -> Ceilings:
@@ -89,13 +92,36 @@ def measure_ceilings() -> Ceilings:
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
     mm_ms = time_cuda(lambda: torch.mm(a, b), settings).median_ms
-    return Ceilings(copy_tbs=copy_tbs, mm_tflops=2 * n**3 / (mm_ms / 1e3) / 1e12)
+    return Ceilings(copy_tbs=copy_tbs, mm_tflops=2 * n**3 / (mm_ms / 1e3) / 1e12,
+                    device=torch.cuda.get_device_name(0))  # fmt: skip
+
+
+def ceilings_from(path: Path, device: str) -> Ceilings | None:
+    """The ceilings in ``path`` if they were measured on a GPU named ``device``, else None.
+
+    A file of another GPU (or one that names none) would put that GPU's bandwidth under this
+    one's table: the committed ``ceilings-gpu.json`` is an H100's, and an H200's decode table
+    of 2026-12-04 said "measured on it" of it."""
+    if not path.exists():
+        return None
+    found = json.loads(path.read_text())
+    if found.get("device") != device:
+        return None
+    return Ceilings(**found, source=f"from {path.name}, measured on this GPU model before")
 
 
 def load_ceilings(path: Path | None) -> Ceilings:
-    """The ceilings from ``path`` (written by ``bench.gpu.ceilings``), else measured now."""
+    """The ceilings from ``path`` (written by ``bench.gpu.ceilings``) when they are this GPU's,
+    else measured now."""
+    import torch
+
+    device = torch.cuda.get_device_name(0)
+    known = ceilings_from(path, device) if path is not None else None
+    if known is not None:
+        return known
     if path is not None and path.exists():
-        return Ceilings(**json.loads(path.read_text()))
+        print(f"{path} holds another GPU's ceilings (this is {device}): measuring now",
+              file=sys.stderr)  # fmt: skip
     return measure_ceilings()
 
 

@@ -172,7 +172,7 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], skipped: list[s
     body, heads = table(rows, ceilings)
     notes = [
         f"device: {device_name()}; {software()}",
-        f"copy bandwidth measured on it: {ceilings.copy_tbs:.2f} TB/s (read + write)",
+        f"copy bandwidth: {ceilings.copy_tbs:.2f} TB/s (read + write), {ceilings.source}",
         f"search: tunecache's default strategy, {args.trials} trials or {args.seconds:g} s per "
         f"tune, {args.workers} harness workers",
         "records keyed: " + ", ".join(sorted({r["record_device"] for r in rows})),

@@ -250,8 +250,8 @@ def report(args: argparse.Namespace, rows: list[dict[str, Any]], skipped: list[s
     table, heads = (gemm_table if args.part == "gemm" else rows_table)(rows, ceilings)
     notes = [
         f"device: {device_name()}; {software()}",
-        f"ceilings measured on it: copy {ceilings.copy_tbs:.2f} TB/s (read + write), bf16 "
-        f"8192³ torch.mm {ceilings.mm_tflops:.0f} TFLOP/s",
+        f"ceilings: copy {ceilings.copy_tbs:.2f} TB/s (read + write), bf16 8192³ torch.mm "
+        f"{ceilings.mm_tflops:.0f} TFLOP/s, {ceilings.source}",
         f"search: tunecache's default strategy, {args.trials} trials or {args.seconds:g} s per "
         f"key, {args.workers} harness workers; winners uploaded to an embedded server and "
         "fetched back before timing",
