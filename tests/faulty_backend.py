@@ -64,6 +64,16 @@ class FaultyBackend(Backend):
         return f"{config['mode']} {config.get('sleep_ms', 0)}ms"
 
 
+class SlowSetUpBackend(FaultyBackend):
+    """The faulty backend whose every set-up in a worker takes ``SET_UP_S`` (a cold device, a
+    large reference): the workers construct it by name when they set a task up."""
+
+    SET_UP_S = 3.0
+
+    def __init__(self) -> None:
+        time.sleep(self.SET_UP_S)
+
+
 def knob(mode: str, sleep_ms: float = 0.0) -> dict[str, Any]:
     """A :class:`FaultyTVM` config: a TVM knob config (what a TVM record may hold) naming a mode."""
     return {"schedule": "knobs", "fault": MODES.index(mode), "sleep_us": int(sleep_ms * 1000)}

@@ -36,14 +36,17 @@ from tunecache.canonical import digest
 from tunecache.device import DeviceLimits
 from tunecache.schemas import Trial
 from tunecache.space import Config, SearchSpace
+from tunecache.timing import TimerSettings
 from tuner import TuneOptions, tune
 from tuner.harness import Harness, Task
 from tuner.harness.farm import CompileFarm
+from tuner.measure import Pipelines
 from tuner.search import get_strategy, run_search
 
 REPO = Path(__file__).resolve().parents[1]
 SM_90 = Target("cuda", "sm_90", DeviceLimits.H100)
 GEMM = {"M": 16, "N": 4096, "K": 4096}
+QUICK = TimerSettings(warmup=1, min_repeats=3, max_repeats=5, target_s=0.01)
 
 
 # -- Triton for real ------------------------------------------------------------------------
@@ -297,6 +300,40 @@ def test_a_candidate_that_kills_the_timing_process_fails_alone() -> None:
     assert [t.status for t in trials] == ["ok", "runtime_error", "ok"], trials
     assert "SIGSEGV" in trials[1].error
     assert replaced == 1  # the timing process, set up again for the candidate after it
+
+
+class SlowSetUpFarmed(FarmedTriton):
+    """:class:`FarmedTriton` whose set-up takes ``SET_UP_S`` in a process that may see a device
+    (the timing process, as a CUDA context on a GPU); the farm's processes, which see none and
+    construct it for every compile, are not slowed."""
+
+    SET_UP_S = 5.0
+
+    def __init__(self) -> None:
+        if os.environ.get("CUDA_VISIBLE_DEVICES") != "":
+            time.sleep(self.SET_UP_S)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("launchable", "marks")
+def test_the_wait_before_the_first_timing_is_not_taken_for_what_a_batch_costs() -> None:
+    # Through the farm, the first batch waits for the timing process's set-up (on a GPU: its
+    # device, the inputs and the reference) and the farm's first compiles; the batches after it
+    # were compiled while the one before was timed. Projected at the first batch's cost, the next
+    # one would end past the 12 s, and the search stopped at 2 trials.
+    task = Task(backend="tests.test_compile_farm:SlowSetUpFarmed", workload="matmul",
+                problem=PROBLEM, dtype="float32", timer_ref="tunecache.timing:time_cpu",
+                target=SM_90, timer=QUICK)  # fmt: skip
+    space = FarmedTriton().space(get_matmul(), PROBLEM, "float32")
+    with Harness(workers=2) as harness:
+        bench = harness.benchmarker(task)
+        assert isinstance(bench, Pipelines)
+        log = run_search(get_strategy("random", space, seed=0), bench.evaluate,
+                         Budget(trials=8, seconds=12.0), batch_size=2, prefetch=bench.prefetch,
+                         set_up=bench.seconds_setting_up)  # fmt: skip
+    assert SlowSetUpFarmed.SET_UP_S <= bench.seconds_setting_up() < log.seconds
+    assert (len(log), log.stopped_because) == (8, "trials"), [t.status for _, t in log]
+    assert all(t.status == "ok" for _, t in log)
 
 
 # -- the search's pipeline ------------------------------------------------------------------

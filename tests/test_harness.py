@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from backends import Budget
+from tests.faulty_backend import SlowSetUpBackend
 from tunecache.errors import TuningError
-from tunecache.space import Config
+from tunecache.space import Config, SearchSpace
 from tunecache.timing import TimerSettings
 from tuner.harness import Harness, HarnessBenchmarker, Task
+from tuner.search import get_strategy
+from tuner.search.loop import run_search
 
 pytestmark = pytest.mark.slow
 FAULTY = "tests.faulty_backend:FaultyBackend"
@@ -173,3 +177,26 @@ def test_a_ctrl_c_while_a_worker_starts_is_its_parents_to_act_on() -> None:
     with pytest.raises(KeyboardInterrupt):  # not held back here once the worker is started
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)
+
+
+def test_a_tasks_set_up_is_counted_apart_from_the_search_it_delays() -> None:
+    # On an H200 a tune's first batch paid one-time work, and the search, taking that for what
+    # every batch costs, stopped at 9 of its 48 trials with 10 s of its 25 unspent. The set-up
+    # of the key's first batch is counted apart, and the search goes on.
+    slow = task("tests.faulty_backend:SlowSetUpBackend")
+    space = SearchSpace({"mode": ("ok",), "sleep_ms": tuple(i / 10 for i in range(10))})
+    with Harness(workers=2, build_timeout=60, run_timeout=10) as harness:
+        bench = harness.benchmarker(slow)
+        log = run_search(get_strategy("random", space, seed=0), bench.evaluate,
+                         Budget(trials=8, seconds=8.0), batch_size=bench.parallelism,
+                         after=bench.seconds_after_search,
+                         set_up=bench.seconds_setting_up)  # fmt: skip
+        set_up = harness.setup_s
+        bench.evaluate([cfg("ok")])  # set up already: nothing more to count
+        again = harness.setup_s
+    # the two workers set up at once, not one after the other
+    assert SlowSetUpBackend.SET_UP_S <= set_up < 3 * SlowSetUpBackend.SET_UP_S, set_up
+    assert again == set_up == bench.seconds_setting_up()
+    # with the set-up taken for a batch's cost, the first batch (2 trials in over 3 s)
+    # projected the next, and the work after the search, past the 8 s: it stopped there
+    assert (len(log), log.stopped_because) == (8, "trials"), [t.status for _, t in log]

@@ -473,6 +473,25 @@ def test_choosing_is_counted_on_the_loops_clock() -> None:
     assert (log.seconds, log.choosing) == (5.0, 0.0)
 
 
+def test_a_batchs_one_time_set_up_is_not_taken_for_what_the_next_batch_costs() -> None:
+    # One trial a second, and 10 s of set-up in the first batch (a task set up on the workers,
+    # the compile farm started). Projected at 13 s a batch, the next would end past 20 s and the
+    # search stopped at 3 trials; at 3 s a batch it runs to 19 s.
+    clock, set_up = FakeClock(), [0.0]
+    measure = clock.evaluator()
+
+    def evaluate(configs: list[Config]) -> list[Trial]:
+        if set_up[0] == 0.0:
+            clock.now += 10.0
+            set_up[0] = 10.0
+        return measure(configs)
+
+    log = run_search(get_strategy("random", SPACE), evaluate, Budget(trials=100, seconds=20),
+                     clock=clock, batch_size=3, set_up=lambda: set_up[0])  # fmt: skip
+    assert (len(log), log.stopped_because) == (9, "seconds")
+    assert clock.now - 100.0 == 19.0
+
+
 @pytest.mark.parametrize("pipelined", [False, True])
 def test_the_log_counts_the_seconds_spent_choosing_not_measuring(pipelined: bool) -> None:
     def slow_evaluate(configs: list[Config]) -> list[Trial]:

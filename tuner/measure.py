@@ -92,6 +92,11 @@ class Benchmarker(abc.ABC):
         """How long one :meth:`measure` has taken, on average (0 until one has run)."""
         return 0.0
 
+    def seconds_setting_up(self) -> float:
+        """The seconds :meth:`evaluate` has waited on one-time work so far (the key set up
+        in its first batch), cumulative: the search leaves them out of what a batch costs."""
+        return 0.0
+
     def seconds_after_search(self) -> float:
         """What re-timing, validating and timing the baselines of a winner will take, from the
         builds and measurements seen so far (0 until there are some)."""

@@ -27,11 +27,12 @@ the worker while answering (where it counts them), which the compile farm keeps 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tunecache.schemas import ValidationReport
+from tunecache.schemas import CheckModel, ValidationReport
+from tunecache.strict import printable_text
 from tuner.measure import Measurement
 
 Op = Literal["setup", "build", "measure", "validate", "compile", "stop"]
@@ -96,3 +97,12 @@ class Answer:
 
 
 READY = Answer(status="ok")  # a worker's hello, once it has started
+
+
+def failed_report(problem: Mapping[str, int], seeds: Sequence[int], note: str) -> ValidationReport:
+    """A failed validation report saying why the check could not run (the worker died, …)."""
+    check = CheckModel(
+        problem=dict(problem), seed=seeds[0], rel_error=None, max_abs_error=None,
+        tolerance=1.0, passed=False, note=printable_text(note, 500),
+    )  # fmt: skip
+    return ValidationReport(passed=False, tolerance=1.0, max_rel_error=None, checks=[check])

@@ -26,7 +26,6 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -39,12 +38,11 @@ from typing import Any
 from tunecache.canonical import canonical_json
 from tunecache.errors import TuningError
 from tunecache.interleave import MIN_ROUNDS
-from tunecache.schemas import CheckModel, Trial, ValidationReport
+from tunecache.schemas import Trial, ValidationReport
 from tunecache.space import Config
-from tunecache.strict import printable_text
 from tuner.harness.discipline import reserved_cores, worker_environment
 from tuner.harness.farm import CompileFarm
-from tuner.harness.messages import Answer, AnswerStatus, Op, Request
+from tuner.harness.messages import Answer, AnswerStatus, Op, Request, failed_report
 from tuner.harness.processes import Slot, await_ready, death, kill, start_worker, stop
 from tuner.harness.task import Task
 from tuner.measure import Benchmarker, Measurement
@@ -86,6 +84,7 @@ class Harness:
         self.started = 0  # worker processes started, replacements included
         self.replaced = 0
         self._farm: CompileFarm | None = None
+        self.setup_s = 0.0  # seconds waited on tasks being set up on the workers
         self.cores = reserved_cores()  # measurement workers are pinned to these (None: not)
         count = max(1, workers or os.cpu_count() or 1)
         self._slots = [self._start() for _ in range(count)]
@@ -145,7 +144,9 @@ class Harness:
         """
         if task_id in self._slots[index].tasks:
             return
+        started = time.monotonic()
         answer = self._call(index, task, Request(op="setup"), None, self.start_timeout)
+        self.setup_s += time.monotonic() - started
         if not answer.ok:
             raise TuningError(f"a measurement worker could not set up: {answer.error}")
         self._slots[index].tasks.add(task_id)
@@ -158,9 +159,11 @@ class Harness:
             TuningError: the task cannot be set up.
         """
         waiting = [i for i, s in enumerate(self._slots) if task_id not in s.tasks]
+        if not waiting:
+            return
         for i in waiting:
             self._send(i, task, Request(op="setup"), None, self.start_timeout)
-        failure = None
+        failure, started = None, time.monotonic()
         for i in waiting:
             slot = self._slots[i]
             if slot.conn.poll(max(0.0, slot.deadline - time.monotonic())):
@@ -172,6 +175,7 @@ class Harness:
                 self._slots[i].tasks.add(task_id)
             else:
                 failure = failure or answer.error
+        self.setup_s += time.monotonic() - started
         if failure is not None:
             raise TuningError(f"a measurement worker could not set up: {failure}")
 
@@ -351,6 +355,7 @@ class HarnessBenchmarker(Benchmarker):
         self._measure_s: list[float] = []
         self.best_ms: float | None = None  # the fastest searched candidate so far
         self.timer_compiles = 0  # compiles run in the processes that time (not the farm's)
+        self._first_batch, self._set_up_s = True, 0.0  # the one-time seconds of the first batch
 
     @property
     def parallelism(self) -> int:
@@ -364,6 +369,17 @@ class HarnessBenchmarker(Benchmarker):
 
     def seconds_per_measure(self) -> float:
         return sum(self._measure_s) / len(self._measure_s) if self._measure_s else 0.0
+
+    def seconds_setting_up(self) -> float:
+        return self._set_up_s
+
+    def _once(self, seconds: float) -> float:
+        """``seconds`` of one-time work, counted if this is the key's first batch; else 0 (a
+        worker set up again after a crash is what the batches that crash cost)."""
+        if not self._first_batch:
+            return 0.0
+        self._first_batch, self._set_up_s = False, max(0.0, seconds)
+        return self._set_up_s
 
     def seconds_after_search(self) -> float:
         if not self._measure_s:
@@ -395,14 +411,15 @@ class HarnessBenchmarker(Benchmarker):
         self._count(answer)
         if answer.ok and answer.report is not None:
             return answer.report
-        return failed_report(self.task, seeds, f"{answer.status}: {answer.error}")
+        return failed_report(self.task.problem, seeds, f"{answer.status}: {answer.error}")
 
     def evaluate(self, configs: list[Config]) -> list[Trial]:
-        started = time.monotonic()
+        started, setting_up = time.monotonic(), self.harness.setup_s
         built = self.harness.build_all(self.task, configs)
         if configs:  # builds run in parallel: each worker built about this many, one at a time
             rounds = -(-len(configs) // self.harness.workers)
-            self._build_s.append((time.monotonic() - started) / rounds)
+            once = self._once(self.harness.setup_s - setting_up)  # not a build's seconds
+            self._build_s.append(max(0.0, time.monotonic() - started - once) / rounds)
         trials = []
         for config in configs:
             answer = built[_label(config)]
@@ -431,7 +448,7 @@ class FarmBenchmarker(HarnessBenchmarker):
 
     def __init__(self, harness: Harness, task: Task) -> None:
         super().__init__(harness, task)
-        self._edge = _edge_task(task)  # the validation's problem: compiled in the farm too
+        self._edge = task.at_edge()  # the validation's problem: compiled in the farm too
 
     def prefetch(self, configs: list[Config]) -> None:
         """Starts compiling ``configs``, the search's next batch, in the farm while the current
@@ -458,30 +475,20 @@ class FarmBenchmarker(HarnessBenchmarker):
         return super().validate(config, seeds)
 
     def evaluate(self, configs: list[Config]) -> list[Trial]:
-        """Times each config as soon as the farm has compiled it."""
+        """Times each config as soon as the farm has compiled it. In the key's first batch,
+        the wait before the first timing (the timing process's set-up, the farm's first compiles,
+        which no batch before overlapped) is one-time work."""
         found: dict[str, Trial] = {}
+        started, waited = time.monotonic(), None
         answers = self.harness.measure_compiled(self.task, configs, self._cutoff)
         for label, answer in answers:
+            if waited is None and answer.measure_s is not None:
+                waited = time.monotonic() - started - answer.measure_s
             if answer.compile_s is not None and answer.measure_s is not None:
                 self._build_s.append(answer.compile_s)
                 self._measure_s.append(answer.measure_s)
             self._count(answer)
             found[label] = self._note(json.loads(label), answer.as_measurement())
+        if configs:
+            self._once(waited or 0.0)
         return [found[_label(c)] for c in configs]
-
-
-def _edge_task(task: Task) -> Task | None:
-    """``task`` at its workload's edge problem (validation's odd sizes), or ``None``."""
-    from workloads import get_workload
-
-    edge = get_workload(task.workload).edge_problem(task.problem)
-    return None if edge is None else dataclasses.replace(task, problem=dict(edge))
-
-
-def failed_report(task: Task, seeds: Sequence[int], note: str) -> ValidationReport:
-    """A failed validation report saying why the check could not run (the worker died, …)."""
-    check = CheckModel(
-        problem=dict(task.problem), seed=seeds[0], rel_error=None, max_abs_error=None,
-        tolerance=1.0, passed=False, note=printable_text(note, 500),
-    )  # fmt: skip
-    return ValidationReport(passed=False, tolerance=1.0, max_rel_error=None, checks=[check])

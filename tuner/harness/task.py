@@ -9,7 +9,7 @@ serves many tasks: each request names its task, and a worker sets a task up once
 from __future__ import annotations
 
 import importlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from backends import Backend, get_backend
@@ -68,6 +68,13 @@ class Task:
         target = data.get("target")
         return cls(**{**data, "timer": TimerSettings(**data["timer"]),
                       "target": None if target is None else Target.from_json(target)})  # fmt: skip
+
+    def at_edge(self) -> Task | None:
+        """This task at its workload's edge problem (validation's odd sizes), or ``None``."""
+        from workloads import get_workload
+
+        edge = get_workload(self.workload).edge_problem(self.problem)
+        return None if edge is None else replace(self, problem=dict(edge))
 
     def digest(self) -> str:
         """The task's identity (what a worker caches its set-up and builds under)."""
