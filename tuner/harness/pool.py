@@ -84,7 +84,8 @@ class Harness:
         self.started = 0  # worker processes started, replacements included
         self.replaced = 0
         self._farm: CompileFarm | None = None
-        self.setup_s = 0.0  # seconds waited on tasks being set up on the workers
+        # seconds spent setting keys up: on every worker at once, or on the timing process
+        self.setup_s = 0.0
         self.cores = reserved_cores()  # measurement workers are pinned to these (None: not)
         count = max(1, workers or os.cpu_count() or 1)
         self._slots = [self._start() for _ in range(count)]
@@ -144,9 +145,7 @@ class Harness:
         """
         if task_id in self._slots[index].tasks:
             return
-        started = time.monotonic()
         answer = self._call(index, task, Request(op="setup"), None, self.start_timeout)
-        self.setup_s += time.monotonic() - started
         if not answer.ok:
             raise TuningError(f"a measurement worker could not set up: {answer.error}")
         self._slots[index].tasks.add(task_id)
@@ -161,9 +160,9 @@ class Harness:
         waiting = [i for i, s in enumerate(self._slots) if task_id not in s.tasks]
         if not waiting:
             return
+        failure, started = None, time.monotonic()
         for i in waiting:
             self._send(i, task, Request(op="setup"), None, self.start_timeout)
-        failure, started = None, time.monotonic()
         for i in waiting:
             slot = self._slots[i]
             if slot.conn.poll(max(0.0, slot.deadline - time.monotonic())):
@@ -267,7 +266,7 @@ class Harness:
             timer = self._slots[TIMER]
             if doing is None and task_id not in timer.tasks:  # overlaps the farm's compiles
                 self._send(TIMER, task, Request(op="setup"), None, self.start_timeout)
-                doing = "setup"
+                doing, sent = "setup", time.monotonic()
                 continue
             if doing is None and (label := farm.arrived(task, waiting)) is not None:
                 waiting.remove(label)
@@ -294,7 +293,7 @@ class Harness:
                 continue
             self._slots[TIMER].config = None
             if doing == "setup":
-                doing = None
+                doing, self.setup_s = None, self.setup_s + time.monotonic() - sent
                 if not answer.ok:
                     raise TuningError(f"a measurement worker could not set up: {answer.error}")
                 self._slots[TIMER].tasks.add(task_id)
@@ -476,10 +475,10 @@ class FarmBenchmarker(HarnessBenchmarker):
 
     def evaluate(self, configs: list[Config]) -> list[Trial]:
         """Times each config as soon as the farm has compiled it. In the key's first batch,
-        the wait before the first timing (the timing process's set-up, the farm's first compiles,
-        which no batch before overlapped) is one-time work."""
+        the timing process's set-up, as far as the batch waited for it before its first timing,
+        is one-time work (not the farm's compiles: they may be its pace)."""
         found: dict[str, Trial] = {}
-        started, waited = time.monotonic(), None
+        started, waited, setting_up = time.monotonic(), None, self.harness.setup_s
         answers = self.harness.measure_compiled(self.task, configs, self._cutoff)
         for label, answer in answers:
             if waited is None and answer.measure_s is not None:
@@ -490,5 +489,6 @@ class FarmBenchmarker(HarnessBenchmarker):
             self._count(answer)
             found[label] = self._note(json.loads(label), answer.as_measurement())
         if configs:
-            self._once(waited or 0.0)
+            set_up = self.harness.setup_s - setting_up
+            self._once(set_up if waited is None else min(waited, set_up))
         return [found[_label(c)] for c in configs]

@@ -9,10 +9,9 @@ trials that did not improve the best time, or the strategy having nothing left t
 the work that follows the search (re-timing, validation, baselines) will take, and the loop
 starts no batch that, at the last batch's seconds per candidate, would leave less than that.
 The seconds a batch spent on one-time work (``set_up``: in a key's first batch, the key set up
-on the workers; through the compile farm, the wait before the first timing, which no earlier batch
-overlapped) are left out of that rate: a cold first batch once stopped a 25 s search on an H200
-at 9 of its 48 trials, 10 s of its budget unspent. Where that wait was the farm's own pace, the
-batch after it shows so, at the cost of about one batch past the estimate.
+on the workers, or through the compile farm on the timing process) are left out of that rate: a
+cold first batch once stopped a 25 s search on an H200 at 9 of its 48 trials, 10 s of its budget
+unspent.
 
 With ``prefetch`` the loop is pipelined: it asks for the next batch and hands it to ``prefetch``
 (which starts compiling it) before it evaluates the current one, so the strategy hears of a
