@@ -354,7 +354,7 @@ class HarnessBenchmarker(Benchmarker):
         self._measure_s: list[float] = []
         self.best_ms: float | None = None  # the fastest searched candidate so far
         self.timer_compiles = 0  # compiles run in the processes that time (not the farm's)
-        self._first_batch, self._set_up_s = True, 0.0  # the one-time seconds of the first batch
+        self._set_up_s: float | None = None  # the first batch's one-time seconds (None: no batch)
 
     @property
     def parallelism(self) -> int:
@@ -370,14 +370,14 @@ class HarnessBenchmarker(Benchmarker):
         return sum(self._measure_s) / len(self._measure_s) if self._measure_s else 0.0
 
     def seconds_setting_up(self) -> float:
-        return self._set_up_s
+        return self._set_up_s or 0.0
 
     def _once(self, seconds: float) -> float:
         """``seconds`` of one-time work, counted if this is the key's first batch; else 0 (a
         worker set up again after a crash is what the batches that crash cost)."""
-        if not self._first_batch:
+        if self._set_up_s is not None:
             return 0.0
-        self._first_batch, self._set_up_s = False, max(0.0, seconds)
+        self._set_up_s = max(0.0, seconds)
         return self._set_up_s
 
     def seconds_after_search(self) -> float:
