@@ -113,6 +113,9 @@ class SearchRequest:
     # one candidate's build and measurement seconds: a search stops early enough within
     # ``budget.seconds`` to leave them. None: it stops at ``budget.seconds`` itself.
     after: Callable[[float, float], float] | None = None
+    # When ``budget.seconds`` began to count, a ``time.monotonic()`` reading: the tune's start,
+    # so that starting its workers and asking the cache count. None: when the search starts.
+    began: float | None = None
 
 
 @dataclass

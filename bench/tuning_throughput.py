@@ -87,9 +87,11 @@ def compile_throughput(configs: list[dict[str, int]], workers: int) -> tuple[flo
     return len(each) / wall, sum(each) / len(each)
 
 
-def farm_throughput(configs: list[dict[str, int]], workers: int) -> float:
-    """Configs per second the harness's compile farm compiles for sm_90 with ``workers``
-    processes (after a first compile per process, untimed), into an empty Triton cache."""
+def farm_throughput(configs: list[dict[str, int]], workers: int) -> dict[str, float]:
+    """The harness's compile farm compiling for sm_90 with ``workers`` processes, into an
+    empty Triton cache: ``rate`` (configs per second after a first compile per process),
+    ``start`` (seconds until every process is ready), ``first`` and ``next`` (a compile's
+    seconds, as its answer reports them: each process's first, the later ones)."""
     from backends.base import Target
     from backends.triton import DeviceLimits
     from tuner.harness import Task
@@ -101,12 +103,16 @@ def farm_throughput(configs: list[dict[str, int]], workers: int) -> float:
     with tempfile.TemporaryDirectory() as cache:
         previous = os.environ.get("TRITON_CACHE_DIR")
         os.environ["TRITON_CACHE_DIR"] = cache  # the farm's processes inherit it
+        started = time.perf_counter()
         farm = CompileFarm(workers=workers, timeout=600, start_timeout=180)
         try:
-            _drain(farm, task, warm)
+            start = time.perf_counter() - started
+            first = _drain(farm, task, warm)  # one a process: each is idle when it is handed out
             started = time.perf_counter()
-            _drain(farm, task, configs[1:])
-            return (len(configs) - 1) / (time.perf_counter() - started)
+            later = _drain(farm, task, configs[1:])
+            rate = (len(configs) - 1) / (time.perf_counter() - started)
+            return {"rate": rate, "start": start, "first": sum(first) / len(first),
+                    "next": sum(later) / len(later)}  # fmt: skip
         finally:
             farm.close()
             if previous is None:
@@ -115,10 +121,12 @@ def farm_throughput(configs: list[dict[str, int]], workers: int) -> float:
                 os.environ["TRITON_CACHE_DIR"] = previous
 
 
-def _drain(farm: Any, task: Any, configs: list[dict[str, int]]) -> None:
-    """Compiles ``configs`` in ``farm``, every one of which must compile."""
-    for answer in farm.compile_all(task, configs).values():
-        assert answer.ok, answer
+def _drain(farm: Any, task: Any, configs: list[dict[str, int]]) -> list[float]:
+    """Compiles ``configs`` in ``farm``, every one of which must compile; their seconds."""
+    answers = list(farm.compile_all(task, configs).values())
+    for answer in answers:
+        assert answer.ok and answer.seconds is not None, answer
+    return [answer.seconds for answer in answers]
 
 
 def gemm_configs(count: int, offset: int = 0) -> list[dict[str, int]]:
@@ -252,10 +260,13 @@ def main(argv: list[str] | None = None) -> int:
         print(rows[-1], flush=True)
     farm_one = 0.0
     for workers in sorted({1, 2, cores}):
-        rate = farm_throughput(configs, workers)
-        farm_one = farm_one or rate
+        compiled = farm_throughput(configs, workers)
+        farm_one = farm_one or compiled["rate"]
         rows.append([f"compile for sm_90 in the compile farm, {workers} process(es)",
-                     f"{rate:.2f} configs/s", f"{rate / farm_one:.2f}x one process"])  # fmt: skip
+                     f"{compiled['rate']:.2f} configs/s", f"{compiled['rate'] / farm_one:.2f}x "
+                     f"one process; started in {compiled['start']:.2f} s; a process's first "
+                     f"compile {compiled['first']:.2f} s, its next ones "
+                     f"{compiled['next']:.2f} s"])  # fmt: skip
         print(rows[-1], flush=True)
     for farm in (False, True):
         overhead, timed = harness_overhead(args.candidates, workers=2, farm=farm)

@@ -116,3 +116,12 @@ class FaultyNativeTVM(FaultyTVM):
         best, runner_up = knob("segfault"), knob("ok")
         trials = [Trial(config=c, status="ok", time_ms=1.0) for c in (best, runner_up)]
         return SearchResult([best, runner_up], trials, self.native_strategy or "")
+
+
+class SoundTVM(FaultyTVM):
+    """Only candidates that pass, a few microseconds apart: many quick trials, a search that only
+    its budget stops."""
+
+    def space(self, workload: Workload, problem: Mapping[str, int], dtype: str) -> SearchSpace:
+        return SearchSpace({"schedule": ("knobs",), "fault": (MODES.index("ok"),),
+                            "sleep_us": tuple(range(64))})  # fmt: skip

@@ -148,7 +148,8 @@ def test_the_tuning_throughput_bench_runs_each_measure_small() -> None:
     assert len(configs) == 3 and all("SPLIT_K" in c for c in configs)
     rate, each = bench.compile_throughput(configs, workers=1)  # real compiles for sm_90
     assert rate > 0 and each > 0
-    assert bench.farm_throughput(configs, workers=1) > 0  # through the compile farm
+    farm = bench.farm_throughput(configs, workers=1)  # through the compile farm
+    assert all(farm[k] > 0 for k in ("rate", "start", "first", "next")), farm
     for farm in (False, True):
         overhead, timed = bench.harness_overhead(candidates=6, workers=2, farm=farm)
         assert overhead > 0 and timed >= 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from backends import Budget
@@ -200,3 +202,55 @@ def test_a_tasks_set_up_is_counted_apart_from_the_search_it_delays() -> None:
     # with the set-up taken for a batch's cost, the first batch (2 trials in over 3 s)
     # projected the next, and the work after the search, past the 10 s: it stopped there
     assert (len(log), log.stopped_because) == (8, "trials"), [t.status for _, t in log]
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc/PID/maps")
+@pytest.mark.parametrize("farm", [False, True], ids=["measurement", "compile farm"])
+def test_a_worker_has_loaded_torch_and_tritons_compiler_when_it_says_it_is_ready(
+    farm: bool,
+) -> None:
+    """Not in its first request: that is inside a key's first batch, whose pace a time-bounded
+    search takes for the next batch's (a farm process's first compile took 2.1-2.7 s against
+    0.3-0.8 s for its next ones here, 1.4 s of it importing torch)."""
+    from tunecache.settings import NO_DEVICE_ENV
+    from tuner.harness.processes import await_ready, start_worker, stop
+
+    slot = start_worker(NO_DEVICE_ENV if farm else None)
+    try:
+        await_ready(slot, timeout=180)
+        libraries = {Path(line.split()[-1]).name for line in
+                     Path(f"/proc/{slot.process.pid}/maps").read_text().splitlines()
+                     if "/" in line}  # fmt: skip
+    finally:
+        stop([slot])
+    assert any(name.startswith("libtorch_cpu") for name in libraries), sorted(libraries)
+    assert any(name.startswith("libtriton") for name in libraries), sorted(libraries)
+
+
+def test_a_tunes_seconds_count_the_start_of_its_workers(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # --seconds bound the whole tune; the search counted its seconds from its own start, so a
+    # slow start of the workers (importing torch and Triton, now before they say they are
+    # ready) was time the search did not see, and the tune overran by as much.
+    import sys
+    import time
+
+    from tests.faulty_backend import SoundTVM
+    from tunecache import key_for
+    from tuner import TuneOptions, tune
+
+    class SlowStart(Harness):
+        def __init__(self, **kwargs: object) -> None:
+            time.sleep(3.0)
+            super().__init__(**kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sys.modules["tuner.tune"], "Harness", SlowStart)
+    key = key_for("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32")
+    options = TuneOptions(strategy="random", backend_ref="tests.faulty_backend:SoundTVM",
+                          workers=2, timer=QUICK, workdir=tmp_path)  # fmt: skip
+    said: list[str] = []
+    outcome = tune(key, Budget(trials=64, seconds=3.0), options, backend=SoundTVM(),
+                   progress=lambda p: said.append(p.message))  # fmt: skip
+    [searched] = [m for m in said if m.startswith("searched ")]
+    # the budget was spent when the search began: its first batch (one config a worker) only
+    assert searched.startswith("searched 2 configs (seconds)"), searched
+    assert outcome.record.validation.passed

@@ -149,6 +149,15 @@ class TestStrategyContract:
                          after=lambda: 3.0)  # fmt: skip
         assert (len(log), log.stopped_because) == (7, "seconds")
 
+    def test_seconds_count_from_when_the_tune_started(self, strategy: str) -> None:
+        # 3 s went on starting the workers before the search: 10 s hold 7 trials, not 10; the
+        # search's own seconds are the log's
+        clock = FakeClock()
+        log = run_search(get_strategy(strategy, SPACE), clock.evaluator(),
+                         Budget(trials=100, seconds=10), clock=clock,
+                         started=clock.now - 3.0)  # fmt: skip
+        assert (len(log), log.stopped_because, log.seconds) == (7, "seconds", 7.0)
+
     def test_the_first_batch_runs_whatever_the_seconds(self, strategy: str) -> None:
         clock = FakeClock()
         log = run_search(get_strategy(strategy, SPACE), clock.evaluator(),

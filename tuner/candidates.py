@@ -140,7 +140,7 @@ def search_space(
     searcher = get_strategy(strategy, space, seed=seed, warm_start=warm_start, prior=prior)
     log = run_search(searcher, bench.evaluate, request.budget, batch_size=bench.parallelism,
                      progress=request.progress, after=bench.seconds_after_search,
-                     set_up=bench.seconds_setting_up,
+                     set_up=bench.seconds_setting_up, started=request.began,
                      prefetch=bench.prefetch if isinstance(bench, Pipelines) else None)  # fmt: skip
     failures = [t.status for t in log.trials if t.status != "ok"]
     share = 100 * log.choosing / log.seconds if log.seconds > 0 else 0.0

@@ -295,21 +295,21 @@ def tune(
     backend, strategy = _plan(key, options, backend)
     check_local(key, workload)
     emit = _emitter(key, progress)
-    request = SearchRequest(workload, _problem(key), key.dtype, budget, progress, options.seed)
+    began = time.monotonic()  # --seconds bound the whole tune: starting the workers counts
+    request = SearchRequest(workload, _problem(key), key.dtype, budget, progress, options.seed,
+                            began=began)  # fmt: skip
     task = _task(key, backend, options)
     native = strategy == backend.native_strategy
     workdir = (options.workdir or default_workdir()) if native else None  # refused before a line
-    plan = backend.budget_text(budget) if native else budget.text()
-    emit(f"with {strategy} ({plan})")
+    emit(f"with {strategy} ({backend.budget_text(budget) if native else budget.text()})")
     started = time.perf_counter()
-    deadline = None if budget.seconds is None else time.monotonic() + budget.seconds
+    deadline = None if budget.seconds is None else began + budget.seconds
     # the native search runs before the workers start: they would share its cores
     found = None if workdir is None else search_native(backend, request, workdir)
     with contextlib.ExitStack() as stack:
         if harness is None:
-            harness = stack.enter_context(
-                Harness(workers=options.workers, run_timeout=options.run_timeout)
-            )
+            harness = stack.enter_context(Harness(workers=options.workers,
+                                                  run_timeout=options.run_timeout))  # fmt: skip
         bench = harness.benchmarker(task)
         if found is None:
             found = search_space(

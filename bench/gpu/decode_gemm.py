@@ -17,6 +17,7 @@ the measured copy bandwidth.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,8 @@ def run_key(plan: Plan, url: str, token: str, harness: Any, trials: int, seconds
         "split_config": backend.summarize(fetched.config),
         "plain_config": backend.summarize(plain.record.config),
         "split_tune_s": round(split_s, 1), "plain_tune_s": round(plain_s, 1),
-        "trials": split.record.search.trials, "weights_bytes": weights,
+        "trials": split.record.search.trials, "plain_trials": plain.record.search.trials,
+        "weights_bytes": weights,
     }  # fmt: skip
     for name, config in (("split", fetched.config), ("plain", plain.record.config)):
         run = backend.build(workload, plan.problem, plan.dtype, config)
@@ -107,13 +109,14 @@ def table(rows: list[dict[str, Any]], ceilings: Ceilings) -> tuple[str, list[str
     body = markdown(
         ["shape", "split-K config", "ms", "TB/s", "of copy", "no-split config", "no-split ms",
          "cuBLAS ms", "Inductor ms", "split/cuBLAS", "split/no-split", "split/Inductor",
-         "floor ms", "tune s (split, no-split)"],
+         "floor ms", "tune s (split, no-split)", "trials (split, no-split)"],
         [[r["label"], r["split_config"], r["split_ms"], tbs(r, "split_ms"),
           tbs(r, "split_ms") / ceilings.copy_tbs, r["plain_config"], r["plain_ms"],
           r["cublas_ms"], r.get("inductor_ms", float("nan")), r["cublas_ms"] / r["split_ms"],
           r["plain_ms"] / r["split_ms"], r.get("inductor_ms", float("nan")) / r["split_ms"],
           r["bytes"] / (ceilings.copy_tbs * 1e12) * 1e3,
-          f"{r['split_tune_s']}, {r['plain_tune_s']}"] for r in rows],
+          f"{r['split_tune_s']}, {r['plain_tune_s']}",
+          f"{r['trials']}, {r.get('plain_trials', '?')}"] for r in rows],
     )  # fmt: skip
     m16 = [r for r in rows if r["problem"]["M"] == 16]
     heads = [
@@ -144,7 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ceilings", type=Path, help="ceilings.json (else measured now)")
     parser.add_argument("--stop-after", type=float, default=480.0)
     parser.add_argument("--dry-run", action="store_true", help="check the plan; run nothing")
+    parser.add_argument("--verbose", action="store_true",
+                        help="log each batch of the searches and why each stopped")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.verbose:
+        logging.basicConfig(format="%(relativeCreated)9.0f ms %(name)s: %(message)s")
+        logging.getLogger("tuner.search.loop").setLevel(logging.DEBUG)
     try:
         ms = [int(m) for m in args.ms.split(",")]
     except ValueError:

@@ -8,9 +8,10 @@ trials that did not improve the best time, or the strategy having nothing left t
 ``budget.seconds`` bounds more than the search when ``after`` is given: it says how many seconds
 the work that follows the search (re-timing, validation, baselines) will take, and the loop
 starts no batch that, at the last batch's seconds per candidate, would leave less than that.
-The seconds a batch spent on one-time work (``set_up``: in a key's first batch, the key set up
-on the workers, or through the compile farm on the timing process) are left out of that rate: a
-cold first batch once stopped a 25 s search on an H200 at 9 of its 48 trials, 10 s of its budget
+The seconds count from ``started`` (a tune's start: starting its workers counts too). The
+seconds a batch spent on one-time work (``set_up``: in a key's first batch, the key set up on the
+workers, or through the compile farm on the timing process) are left out of that rate: a cold
+first batch once stopped a 25 s search on an H200 at 9 of its 48 trials, 10 s of its budget
 unspent.
 
 With ``prefetch`` the loop is pipelined: it asks for the next batch and hands it to ``prefetch``
@@ -119,6 +120,7 @@ def run_search(
     after: Callable[[], float] | None = None,
     prefetch: Callable[[list[Config]], None] | None = None,
     set_up: Callable[[], float] | None = None,
+    started: float | None = None,
 ) -> SearchLog:
     """Asks ``strategy`` for configs, measures them with ``evaluate``, and tells it the results.
 
@@ -128,11 +130,9 @@ def run_search(
         budget: trials, seconds and patience limits.
         batch_size: configs asked for and evaluated together (the harness runs them in parallel).
         progress: called after every batch. clock: seconds, monotonic (tests inject one).
-        after: the seconds of work still to come within ``budget.seconds`` after the search;
-            ``set_up``: of one-time work the evaluator has waited on so far, cumulative (see
-            the module's docstring for both).
-        prefetch: told each batch before the one ahead of it is evaluated (see the module's
-            docstring).
+        after, set_up, prefetch: the seconds of work after the search within ``budget.seconds``;
+            of one-time work waited on so far; told each batch ahead (the module's docstring).
+        started: when ``budget.seconds`` began, a ``clock()`` reading (by default, now).
 
     Returns:
         The log of every evaluated config and why the loop stopped.
@@ -142,7 +142,8 @@ def run_search(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    started = clock()
+    searching = clock()
+    started = searching if started is None else started
     log = SearchLog(strategy=getattr(strategy, "name", type(strategy).__name__))
     streak, asker = _Streak(), _Asker(strategy, prefetch, log, clock)
     per_candidate = 0.0  # seconds, as the last batch took them
@@ -163,10 +164,10 @@ def run_search(
             asker.close()
             log.stopped_because = reason
             break
-    log.seconds = clock() - started
-    logger.debug(
-        "search %s stopped (%s) after %d trials", log.strategy, log.stopped_because, len(log)
-    )
+    log.seconds = clock() - searching
+    logger.debug("search %s stopped (%s) after %d trials, %.2f s in; next batch %.2f s, then "
+                 "%.2f s", log.strategy, log.stopped_because, len(log), clock() - started,
+                 per_candidate * size, ahead - per_candidate * size)  # fmt: skip
     return log
 
 
@@ -215,6 +216,8 @@ def _evaluate(batch: list[Config], evaluate: Evaluator, strategy: SearchStrategy
     if not batch:
         return None
     once = set_up() - setting_up if set_up is not None else 0.0
+    logger.debug("batch of %d: %.2f s, of which %.2f s one-time set-up",
+                 len(batch), clock() - started, once)  # fmt: skip
     return max(0.0, clock() - started - once) / len(batch)
 
 
