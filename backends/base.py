@@ -114,7 +114,8 @@ class SearchRequest:
     # ``budget.seconds`` to leave them. None: it stops at ``budget.seconds`` itself.
     after: Callable[[float, float], float] | None = None
     # When ``budget.seconds`` began to count, a ``time.monotonic()`` reading: the tune's start,
-    # so that starting its workers and asking the cache count. None: when the search starts.
+    # so that starting its workers and asking the cache count (the tuner's strategies; a
+    # backend's own search, run first, counts from its own start). None: when it starts.
     began: float | None = None
 
 

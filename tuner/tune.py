@@ -302,7 +302,6 @@ def tune(
     native = strategy == backend.native_strategy
     workdir = (options.workdir or default_workdir()) if native else None  # refused before a line
     emit(f"with {strategy} ({backend.budget_text(budget) if native else budget.text()})")
-    started = time.perf_counter()
     deadline = None if budget.seconds is None else began + budget.seconds
     # the native search runs before the workers start: they would share its cores
     found = None if workdir is None else search_native(backend, request, workdir)
@@ -325,7 +324,7 @@ def tune(
         if isinstance(bench, Pipelines):
             emit(f"compiled ahead in the compile farm ({harness.farm.workers} processes); "
                  f"{bench.timer_compiles} compiles in the timing process")  # fmt: skip
-    seconds = time.perf_counter() - started
+    seconds = time.monotonic() - began
     record = build_record(key, backend, strategy, found, winner, seconds)
     emit(_done(found, winner), phase="done")
     return TuneOutcome(key, record, winner.rejected, [*found.trials, *winner.trials],

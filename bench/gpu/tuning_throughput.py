@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         url, token = stack.enter_context(embedded_server(Path(tmp) / "c.db"))
         client = stack.enter_context(Client(url, token=token))
         harness = stack.enter_context(Harness(workers=args.workers))
+        if not args.no_farm:
+            _ = harness.farm  # started before the first key: part of the start-up
         start_s = time.perf_counter() - started
         backend = TritonBackend()
         here = torch.cuda.get_device_name(0)
@@ -127,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     notes = [
         f"device: {device_name()}; {software()}",
-        f"harness start-up ({args.workers} workers), before the first key: {start_s:.1f} s",
+        f"harness start-up ({args.workers} workers"
+        + ("" if args.no_farm else f", {args.workers} compile processes")
+        + f"), before the first key: {start_s:.1f} s",
         f"{args.trials} trials per key, no seconds budget; the default search strategy",
         "candidates compiled "
         + (

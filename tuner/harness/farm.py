@@ -29,8 +29,17 @@ from typing import Any
 from tunecache.canonical import canonical_json
 from tunecache.settings import NO_DEVICE_ENV
 from tuner.harness.messages import Answer, Request
-from tuner.harness.processes import Slot, await_ready, death, kill, start_worker, stop
+from tuner.harness.processes import Slot, await_all, await_ready, death, kill, start_worker, stop
 from tuner.harness.task import Task
+
+# Imported by a farm process before it says it is ready, where installed. Before, its first
+# compile paid them inside a key's first batch, whose pace a time-bounded search projects for the
+# next: each process's first compile took 1.8-2.3 s against 0.6-0.7 s for its next ones on a
+# 2-core AMD EPYC, 0.7-0.8 s since (bench/results/tuning_throughput-epyc*.md); on an H200 the
+# first key of a process stopped its 25 s search at 9 of its 48 trials, twice. Measurement
+# workers import what their backend needs as they set a task up, which is counted apart: a TVM
+# worker loads no Triton (two LLVMs in one process).
+PRELOAD = ("torch", "triton.compiler")
 
 
 class CompileFarm:
@@ -51,8 +60,7 @@ class CompileFarm:
         self._done: dict[tuple[str, str], Answer] = {}  # (task, label) → answer
         self._dropped: set[tuple[str, str]] = set()  # running, cancelled: answers not kept
         self._slots = [self._start() for _ in range(max(1, workers))]
-        for slot in self._slots:
-            await_ready(slot, start_timeout)
+        await_all(self._slots, start_timeout)
 
     @property
     def workers(self) -> int:
@@ -60,7 +68,7 @@ class CompileFarm:
 
     def _start(self) -> Slot:
         self.started += 1
-        return start_worker(NO_DEVICE_ENV)
+        return start_worker(NO_DEVICE_ENV, preload=PRELOAD)
 
     def _replace(self, index: int) -> None:
         kill(self._slots[index])

@@ -43,7 +43,7 @@ from tunecache.space import Config
 from tuner.harness.discipline import reserved_cores, worker_environment
 from tuner.harness.farm import CompileFarm
 from tuner.harness.messages import Answer, AnswerStatus, Op, Request, failed_report
-from tuner.harness.processes import Slot, await_ready, death, kill, start_worker, stop
+from tuner.harness.processes import Slot, await_all, await_ready, death, kill, start_worker, stop
 from tuner.harness.task import Task
 from tuner.measure import Benchmarker, Measurement
 
@@ -89,8 +89,7 @@ class Harness:
         self.cores = reserved_cores()  # measurement workers are pinned to these (None: not)
         count = max(1, workers or os.cpu_count() or 1)
         self._slots = [self._start() for _ in range(count)]
-        for slot in self._slots:
-            self._await_ready(slot)
+        await_all(self._slots, self.start_timeout)
 
     @property
     def workers(self) -> int:

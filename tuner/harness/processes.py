@@ -11,7 +11,7 @@ import multiprocessing
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -54,13 +54,14 @@ def _interrupts_ignored_by_children() -> Iterator[None]:
         signal.signal(signal.SIGINT, handler)
 
 
-def start_worker(env: Mapping[str, str | None] | None = None,
-                 cores: list[int] | None = None) -> Slot:  # fmt: skip
+def start_worker(env: Mapping[str, str | None] | None = None, cores: list[int] | None = None,
+                 preload: Sequence[str] = ()) -> Slot:  # fmt: skip
     """A new worker process; ``env`` changes its environment before it imports anything
-    (``None`` removes a variable); ``cores``: a measurement worker's, pinned to them."""
+    (``None`` removes a variable); ``cores``: a measurement worker's, pinned to them;
+    ``preload``: modules it imports before it says it is ready."""
     parent, child = _CONTEXT.Pipe()
-    process = _CONTEXT.Process(target=worker_main, args=(child, dict(env or {}), cores),
-                               daemon=True)  # fmt: skip
+    process = _CONTEXT.Process(target=worker_main, args=(child, dict(env or {}), cores,
+                                                         tuple(preload)), daemon=True)  # fmt: skip
     # Ctrl-C reaches the terminal's whole process group; the parent stops its workers, and a
     # worker reached while still importing printed a KeyboardInterrupt traceback of its own
     with _interrupts_ignored_by_children():
@@ -82,6 +83,22 @@ def await_ready(slot: Slot, timeout: float) -> None:
         slot.conn.recv()
     except EOFError:
         raise TuningError(f"a measurement worker died at start: {death(slot.process)}") from None
+
+
+def await_all(slots: Sequence[Slot], timeout: float) -> None:
+    """Waits for each new worker's hello, ``timeout`` seconds each; when one does not come (or
+    the wait is interrupted), kills them all before raising: none is left running unowned.
+
+    Raises:
+        TuningError: a worker did not start within ``timeout`` seconds, or died starting.
+    """
+    try:
+        for slot in slots:
+            await_ready(slot, timeout)
+    except BaseException:
+        for slot in slots:
+            kill(slot)
+        raise
 
 
 def kill(slot: Slot) -> None:

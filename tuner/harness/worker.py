@@ -14,7 +14,7 @@ import importlib.util
 import signal
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tuner.harness.measurer import Measurer, describe
@@ -25,12 +25,6 @@ if TYPE_CHECKING:
 
 MAX_TASKS = 4  # set-ups kept per worker (inputs and references can be large)
 MAX_CUDA_TASKS = 2  # on a GPU, where every worker's set-ups share one device's memory
-# Imported before a worker says it is ready, where installed: a process's first request paid
-# them before, inside a key's first batch, whose pace a time-bounded search takes for the next
-# batch's. Through the compile farm on this 2-core machine, each process's first compile took
-# 2.1-2.7 s against 0.3-0.8 s for the next ones, 1.4 s of it importing torch (on an H200 the
-# first key of a process stopped its 25 s search at 9 of its 48 trials, twice).
-PRELOAD = ("torch", "triton.compiler")
 
 
 class _Tasks:
@@ -130,26 +124,28 @@ def _answer(tasks: _Tasks, request: Request) -> Answer:
     return Answer(status="invalid", error=f"cannot answer {request.op!r} with config {config}")
 
 
-def _preload() -> None:
-    """Imports :data:`PRELOAD`'s modules that are installed; one that fails to import is
-    left for the request that needs it to report."""
-    for name in PRELOAD:
+def _preload(names: Sequence[str]) -> str | None:
+    """Imports ``names`` (those installed); returns why one failed, if one did (its first
+    request's answer says it: a second import of a half-imported module may fail otherwise)."""
+    for name in names:
         if importlib.util.find_spec(name.partition(".")[0]) is None:
             continue
         try:
             importlib.import_module(name)
-        except Exception:  # reported, with its cause, by the request that needs it
-            continue
+        except Exception as exc:
+            return f"importing {name} at start failed: {describe(exc)}"
+    return None
 
 
 def worker_main(conn: Connection, env: Mapping[str, str | None] | None = None,
-                cores: list[int] | None = None) -> None:  # fmt: skip
+                cores: list[int] | None = None, preload: Sequence[str] = ()) -> None:  # fmt: skip
     """The worker process's loop: answer requests until told to stop.
 
     ``env`` changes the process's environment first, before anything is imported (``None``
     removes a variable): the compile farm's processes run without the Triton interpreter.
     ``cores``: a measurement worker's, pinned to them with as many threads
-    (:mod:`tuner.harness.discipline`).
+    (:mod:`tuner.harness.discipline`). ``preload``: modules imported before the worker says it
+    is ready (see :mod:`tuner.harness.farm`).
     """
     from tunecache.settings import apply_environment
 
@@ -161,7 +157,7 @@ def worker_main(conn: Connection, env: Mapping[str, str | None] | None = None,
     # Ctrl-C reaches the whole process group: the parent stops the workers, which must not
     # print tracebacks of their own meanwhile.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _preload()
+    failed = _preload(preload)
     tasks = _Tasks()
     conn.send(READY)
     while True:
@@ -171,4 +167,7 @@ def worker_main(conn: Connection, env: Mapping[str, str | None] | None = None,
             return
         if request.op == "stop":
             return
-        conn.send(_answer(tasks, request))
+        answer = _answer(tasks, request)
+        if failed is not None and not answer.ok:
+            answer = answer.plus(error=f"{answer.error} ({failed})")
+        conn.send(answer)

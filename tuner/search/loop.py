@@ -165,9 +165,9 @@ def run_search(
             log.stopped_because = reason
             break
     log.seconds = clock() - searching
-    logger.debug("search %s stopped (%s) after %d trials, %.2f s in; next batch %.2f s, then "
+    logger.debug("search %s stopped (%s) after %d trials, %.2f s in; a batch %.2f s, then "
                  "%.2f s", log.strategy, log.stopped_because, len(log), clock() - started,
-                 per_candidate * size, ahead - per_candidate * size)  # fmt: skip
+                 per_candidate * size, after() if after is not None else 0.0)  # fmt: skip
     return log
 
 
