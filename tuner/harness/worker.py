@@ -169,5 +169,5 @@ def worker_main(conn: Connection, env: Mapping[str, str | None] | None = None,
             return
         answer = _answer(tasks, request)
         if failed is not None and not answer.ok:
-            answer = answer.plus(error=f"{answer.error} ({failed})")
+            answer = answer.plus(error=f"{answer.error} ({failed})" if answer.error else failed)
         conn.send(answer)

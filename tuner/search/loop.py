@@ -165,10 +165,17 @@ def run_search(
             log.stopped_because = reason
             break
     log.seconds = clock() - searching
-    logger.debug("search %s stopped (%s) after %d trials, %.2f s in; a batch %.2f s, then "
-                 "%.2f s", log.strategy, log.stopped_because, len(log), clock() - started,
-                 per_candidate * size, after() if after is not None else 0.0)  # fmt: skip
+    if logger.isEnabledFor(logging.DEBUG):  # asks ``after`` again: only when it is shown
+        _say_stopped(log, clock() - started, per_candidate * size, after)
     return log
+
+
+def _say_stopped(log: SearchLog, elapsed: float, batch_s: float,
+                 after: Callable[[], float] | None) -> None:  # fmt: skip
+    """Logs why the search stopped, with what it projected (``--verbose`` in the GPU benches)."""
+    logger.debug("search %s stopped (%s) after %d trials, %.2f s in; a batch %.2f s, then %.2f s",
+                 log.strategy, log.stopped_because, len(log), elapsed, batch_s,
+                 after() if after is not None else 0.0)  # fmt: skip
 
 
 def _should_stop(
