@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ from tunecache.schemas import TimingModel, Trial, ValidationReport
 from tunecache.space import Config
 from tunecache.timing import speedup_text
 from tuner.measure import Benchmarker, Measurement
-from tuner.select import select_winner
+from tuner.select import RETIME_ROUNDS, select_winner
 
 
 class NoisyMachine:
@@ -241,6 +242,40 @@ def test_a_candidate_that_fails_its_re_timing_is_dropped_with_its_trial() -> Non
     winner = select_winner(bench, found, default=None, seeds=[1], emit=lambda *a, **k: None)
     assert winner.config == {"c": 1} and bench.validated == [{"c": 1}]
     assert [(t.config, t.status) for t in winner.trials] == [({"c": 9}, "runtime_error")]
+
+
+class SlowChecksBench(SyntheticBench):
+    """Each check of a validation makes inputs and a reference that take 10 s (a large
+    problem's float64 reference on a CPU); counts the timings taken before the validation."""
+
+    def __init__(self, machine: NoisyMachine) -> None:
+        super().__init__(machine)
+        self.timed = self.timed_before_validation = 0
+
+    def measure(self, config: Mapping[str, Any] | None, *, again: bool = False) -> Measurement:
+        self.timed += 1
+        return super().measure(config, again=again)
+
+    def validate(self, config: Mapping[str, Any], seeds: Sequence[int]) -> ValidationReport:
+        self.timed_before_validation = self.timed_before_validation or self.timed
+        return super().validate(config, seeds)
+
+    def seconds_per_check(self) -> float:
+        return 10.0
+
+
+def test_re_timing_rounds_leave_the_validation_its_checks_seconds() -> None:
+    # 30 s left and timings that cost nothing: a validation of three seeds and the edge problem
+    # (four checks, 40 s) leaves no time for a round after the first; one of one seed (20 s)
+    # leaves time for every round.
+    found = SearchResult(ranked=[{"c": 0}, {"c": 1}], trials=[])
+    counts = []
+    for seeds in ([1, 2, 3], [1]):
+        bench = SlowChecksBench(NoisyMachine([1.0, 1.1, 1.5, 3.0], 0))
+        select_winner(bench, found, default=None, seeds=seeds, emit=lambda *a, **k: None,
+                      deadline=time.monotonic() + 30)  # fmt: skip
+        counts.append(bench.timed_before_validation)
+    assert counts == [2, 2 * RETIME_ROUNDS], counts
 
 
 def test_every_baseline_carries_its_interleaved_speedup() -> None:

@@ -1,6 +1,6 @@
 """``--seconds`` bounds the whole tune (search, re-timing, validation, baselines), within 10 %
-plus one candidate, with a backend whose every build is slow; with ``--trials`` the first limit
-reached stops the search.
+plus one candidate, with a backend whose every build is slow, and with a kernel whose golden
+reference is slow; with ``--trials`` the first limit reached stops the search.
 
 The backend is the real Triton backend (its kernels in the CPU interpreter, timed by
 ``time_cpu``) whose builds each sleep ``BUILD_S``, like a slow compiler.
@@ -17,7 +17,9 @@ import pytest
 from backends import Budget
 from backends.triton import TritonBackend
 from tests.test_triton_kernels import interpreter_without_gpu, launchable  # noqa: F401
+from tests.user_kernels import AffineRows
 from tunecache import key_for
+from tunecache.space import SearchSpace
 from tuner import TuneOptions, tune
 from tuner.harness import Harness
 
@@ -32,6 +34,21 @@ class SlowTriton(TritonBackend):
     def build(self, workload: Any, problem: Any, dtype: str, config: Any) -> Any:
         time.sleep(BUILD_S)
         return super().build(workload, problem, dtype, config)
+
+
+class SlowReference(AffineRows):
+    """A user's kernel whose float64 reference takes ``REFERENCE_S`` (a large problem's on a
+    CPU), in a space of 112 configs (two knobs the kernel ignores: its time is the search's)."""
+
+    REFERENCE_S = 2.0
+
+    def reference(self, x: Any) -> Any:
+        time.sleep(self.REFERENCE_S)
+        return super().reference(x)
+
+    def triton_space(self, problem: Any, dtype: str, limits: Any) -> SearchSpace:
+        return SearchSpace({"BLOCK": (16, 32, 64, 128, 256, 512, 1024), "num_warps": (1, 2),
+                            "unused": (1, 2, 3, 4, 5, 6, 7, 8)})  # fmt: skip
 
 
 OPTIONS = TuneOptions(timer_ref="tunecache.timing:time_cpu",
@@ -71,3 +88,18 @@ def test_trials_and_seconds_stop_at_whichever_comes_first(harness: Harness) -> N
     assert time.monotonic() - started < 60
     searched = [t for t in outcome.trials if t.status == "ok"]
     assert len(searched) >= 2 and outcome.record.validation.passed
+
+
+@pytest.mark.usefixtures("launchable")
+def test_seconds_bound_a_tune_whose_reference_is_slow(harness: Harness) -> None:
+    # The validation computes the reference again for each of its seeds and the edge problem
+    # (four references: 8 s here); the search leaves them time as it leaves the re-timing.
+    key = key_for("tests.test_tune_seconds:SlowReference", "triton", {"M": 16, "N": 32}, "float32")
+    seconds = 20.0
+    started = time.monotonic()
+    outcome = tune(key, Budget(trials=500, seconds=seconds), OPTIONS, harness=harness,
+                   backend=SlowTriton())  # fmt: skip
+    wall = time.monotonic() - started
+    assert wall <= 1.1 * seconds + 2 * BUILD_S, wall
+    assert 2 <= outcome.record.search.trials < 112, wall  # stopped by the time
+    assert outcome.record.validation.passed

@@ -28,7 +28,7 @@ from workloads import Workload
 RETIME_TOP = 3  # the fastest few of a strategy's search are timed again before validation
 MAX_NATIVE_CANDIDATES = 5  # a backend's own search: its best and next-best, validated in order
 # What follows a backend's own search within --seconds, in its builds and measurements (as
-# tuner.harness.pool's AFTER_SEARCH_* for a strategy's): each candidate built again and re-timed
+# tuner.measure's AFTER_SEARCH_* for a strategy's): each candidate built again and re-timed
 # in one process, the default and the edge problem built, the validation, and at least
 # MIN_ROUNDS rounds of the final comparison of three.
 NATIVE_AFTER_BUILDS = MAX_NATIVE_CANDIDATES + 2

@@ -19,9 +19,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from tunecache.interleave import MIN_ROUNDS
 from tunecache.schemas import MAX_TRIAL_ERROR, TimingModel, Trial, TrialStatus, ValidationReport
 from tunecache.space import Config
 from tunecache.strict import printable_text
+from tuner.validation import DEFAULT_SEEDS
+
+# What follows a search, in builds, measurements and checks: re-timing the top 3; validating the
+# winner (the edge problem's build; its seeds and the edge problem checked once each: each check
+# makes inputs and their reference, as the set-up did, and runs the candidate, together about
+# one measurement); the winner, torch eager and the default config timed in alternating rounds,
+# as many as the time left allows and at least MIN_ROUNDS reserved for (the default built, when
+# the search never tried it).
+AFTER_SEARCH_BUILDS = 2
+AFTER_SEARCH_MEASURES = 3 + 1 + 3 * MIN_ROUNDS  # one re-timing round: more where time is left
+AFTER_SEARCH_CHECKS = len(DEFAULT_SEEDS) + 1  # with the validation's default seeds
 
 
 @dataclass(frozen=True)
@@ -97,10 +109,23 @@ class Benchmarker(abc.ABC):
         in its first batch), cumulative: the search leaves them out of what a batch costs."""
         return 0.0
 
+    def seconds_per_build(self) -> float:
+        """How long one build has taken, on average (0 until one has run)."""
+        return 0.0
+
+    def seconds_per_check(self) -> float:
+        """What each check of a validation does beyond running the candidate: make fresh inputs
+        and their float64 reference, as long as the key's set-up took for them (0 before it)."""
+        return 0.0
+
     def seconds_after_search(self) -> float:
         """What re-timing, validating and timing the baselines of a winner will take, from the
-        builds and measurements seen so far (0 until there are some)."""
-        return 0.0
+        builds, measurements and set-up seen so far (0 until a measurement has run)."""
+        measure = self.seconds_per_measure()
+        if measure <= 0:
+            return 0.0
+        return (AFTER_SEARCH_BUILDS * self.seconds_per_build() + AFTER_SEARCH_MEASURES * measure
+                + AFTER_SEARCH_CHECKS * self.seconds_per_check())  # fmt: skip
 
     @abc.abstractmethod
     def validate(self, config: Mapping[str, Any], seeds: Sequence[int]) -> ValidationReport:

@@ -82,7 +82,7 @@ RETIME_ROUNDS = ROUNDS  # alternating rounds in which two or more candidates are
 
 
 def _order(bench: Benchmarker, found: SearchResult, trials: list[Trial],
-           deadline: float | None) -> Ordered:  # fmt: skip
+           deadline: float | None, checks: int) -> Ordered:  # fmt: skip
     """The candidates in validation order: two or more are re-timed in
     :data:`RETIME_ROUNDS` alternating rounds (:func:`tunecache.interleave.rounds`' rotation) and
     ordered by their median per-round ratio to the search's first, with each one's median round.
@@ -91,7 +91,8 @@ def _order(bench: Benchmarker, found: SearchResult, trials: list[Trial],
     different moments: on a busy machine they rank the moments as much as the candidates. A
     candidate that fails is dropped (its trial kept); none is timed past ``deadline`` (a
     ``time.monotonic()``): the untimed keep the search's order, after the timed. Rounds after
-    the first are left out where they would crowd out the validation and final comparison.
+    the first are left out where they would crowd out the validation (``checks``: its checks)
+    and final comparison.
     """
     ranked = found.ranked
     if len(ranked) < 2:
@@ -103,7 +104,7 @@ def _order(bench: Benchmarker, found: SearchResult, trials: list[Trial],
         alive = list(measured)
         if len(alive) < (1 if r == 0 else 2):  # one left: nothing to order it against
             break
-        if r > 0 and not _time_for_a_round(bench, len(alive), deadline):
+        if r > 0 and not _time_for_a_round(bench, len(alive), checks, deadline):
             break
         turn = r % len(alive)  # who goes first rotates
         for i in alive[turn:] + alive[:turn]:
@@ -131,14 +132,16 @@ def _order(bench: Benchmarker, found: SearchResult, trials: list[Trial],
             *((ranked[i], None) for i in untimed)]  # fmt: skip
 
 
-def _time_for_a_round(bench: Benchmarker, contenders: int, deadline: float | None) -> bool:
+def _time_for_a_round(bench: Benchmarker, contenders: int, checks: int,
+                      deadline: float | None) -> bool:  # fmt: skip
     """Whether one more re-timing round of ``contenders`` fits before ``deadline`` with what
-    follows it (a validation, and the final comparison's fewest rounds of three): under a time
-    budget the search was given time for one round only (``AFTER_SEARCH_MEASURES``)."""
+    follows it (a validation of ``checks`` checks, and the final comparison's fewest rounds of
+    three): under a time budget the search was given time for one round only
+    (``AFTER_SEARCH_MEASURES``)."""
     if deadline is None:
         return True
-    after = contenders + 1 + 3 * MIN_ROUNDS
-    return time.monotonic() + after * bench.seconds_per_measure() < deadline
+    after = (contenders + 1 + 3 * MIN_ROUNDS) * bench.seconds_per_measure()
+    return time.monotonic() + after + checks * bench.seconds_per_check() < deadline
 
 
 def _median_measurement(measured: Sequence[Measurement]) -> Measurement:
@@ -154,7 +157,7 @@ def _validated(bench: Benchmarker, found: SearchResult, seeds: Sequence[int], em
     if len(found.ranked) > 1:
         emit(f"re-timing the search's best {len(found.ranked)} in up to {RETIME_ROUNDS} "
              "alternating rounds", phase="time")  # fmt: skip
-    order = _order(bench, found, trials, deadline)
+    order = _order(bench, found, trials, deadline, checks=len(seeds) + 1)  # and the edge
     for i, (config, measured) in enumerate(order):
         emit(f"candidate {i + 1} of {len(order)}", phase="validate", done=i,
              total=len(order))  # fmt: skip

@@ -33,6 +33,9 @@ class InProcessBenchmarker(Benchmarker):
     def validate(self, config: Mapping[str, Any], seeds: Sequence[int]) -> ValidationReport:
         return self.measurer.validate(config, seeds)
 
+    def seconds_per_check(self) -> float:
+        return self.measurer.check_s
+
     def evaluate(self, configs: list[Config]) -> list[Trial]:
         trials = []
         for config in configs:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -43,8 +44,11 @@ class Measurer:
         self.workload = get_workload(task.workload)
         from tuner.validation import reference_on
 
+        started = time.monotonic()
         inputs = self.workload.make_inputs(task.problem, task.dtype, task.seed)
         self.reference = reference_on(self.workload, inputs, task.device)
+        # what each check of a validation does again: seconds for a large problem on a CPU
+        self.check_s = time.monotonic() - started
         self.inputs = tuple(t.to(task.device) for t in inputs)
         self.tolerance = self.workload.tolerance(task.dtype)
         self.built: dict[str, Runnable] = {}

@@ -5,9 +5,9 @@ this package's code (:mod:`tuner.harness.worker`): the pool's measurement worker
 farm's. Requests name their task by its JSON (:meth:`~tuner.harness.task.Task.to_json`), which the
 worker sets up once and keeps while it is recent.
 
-* ``setup``: make the task's inputs and reference → ``ok`` (sent before a worker's first request
-  for a task, under the start timeout), or ``setup_error`` (an unknown kernel, a backend that
-  fails to import)
+* ``setup``: make the task's inputs and reference → ``ok`` with the seconds they took
+  (``check_s``; sent before a worker's first request for a task, under the start timeout), or
+  ``setup_error`` (an unknown kernel, a backend that fails to import)
 * ``build``: compile ``config`` → ``ok``, or the failed :class:`~tuner.measure.Measurement`
   (``compile_error``)
 * ``measure``: check and time ``config`` (``None``: the kernel's torch eager function, the
@@ -71,6 +71,7 @@ class Answer:
     facts: Mapping[str, int] = field(default_factory=dict)  # compile: what the code says
     compile_s: float | None = None  # measured after the farm compiled it: that compile's seconds
     measure_s: float | None = None  # ... and the check and timing's wall time
+    check_s: float | None = None  # setup: the seconds its inputs and reference took
 
     @property
     def ok(self) -> bool:

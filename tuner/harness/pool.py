@@ -37,7 +37,6 @@ from typing import Any
 
 from tunecache.canonical import canonical_json
 from tunecache.errors import TuningError
-from tunecache.interleave import MIN_ROUNDS
 from tunecache.schemas import Trial, ValidationReport
 from tunecache.space import Config
 from tuner.harness.discipline import reserved_cores, worker_environment
@@ -86,6 +85,7 @@ class Harness:
         self._farm: CompileFarm | None = None
         # seconds spent setting keys up: on every worker at once, or on the timing process
         self.setup_s = 0.0
+        self.check_s: dict[str, float] = {}  # by task: the slowest set-up's inputs and reference
         self.cores = reserved_cores()  # measurement workers are pinned to these (None: not)
         count = max(1, workers or os.cpu_count() or 1)
         self._slots = [self._start() for _ in range(count)]
@@ -165,7 +165,7 @@ class Harness:
         for i in waiting:
             slot = self._slots[i]
             if slot.conn.poll(max(0.0, slot.deadline - time.monotonic())):
-                answer = self._collect(i, "setup", task.device)
+                answer = self._collect(i, "setup", task)
             else:
                 answer = self._expire(i, "setup")
             self._slots[i].config = None
@@ -183,7 +183,7 @@ class Harness:
         slot.config, slot.deadline = _label(config), time.monotonic() + timeout
         slot.conn.send(request.bound(task.to_json(), config))
 
-    def _collect(self, index: int, phase: Op, device: str) -> Answer:
+    def _collect(self, index: int, phase: Op, task: Task) -> Answer:
         """The answer of worker ``index``, or a failure if it died; replaces a dead worker."""
         slot = self._slots[index]
         try:
@@ -193,7 +193,10 @@ class Harness:
             answer = Answer(status=status, error=f"{death(slot.process)} during {phase}")
             self._replace(index)
             return answer
-        if device == "cuda" and answer.status == "runtime_error":
+        if answer.check_s is not None:
+            digest = task.digest()
+            self.check_s[digest] = max(answer.check_s, self.check_s.get(digest, 0.0))
+        if task.device == "cuda" and answer.status == "runtime_error":
             self._replace(index)  # the CUDA context may be corrupt: never reuse it
         return answer
 
@@ -209,7 +212,7 @@ class Harness:
         slot = self._slots[index]
         phase = request.op
         if slot.conn.poll(max(0.0, slot.deadline - time.monotonic())):
-            answer = self._collect(index, phase, task.device)
+            answer = self._collect(index, phase, task)
         else:
             answer = self._expire(index, phase)
         self._slots[index].config = None
@@ -235,7 +238,7 @@ class Harness:
                 config = slot.config
                 assert config is not None
                 if slot.conn in ready:
-                    answers[config] = self._collect(i, "build", task.device)
+                    answers[config] = self._collect(i, "build", task)
                     if answers[config].ok:
                         self._slots[i].built.add((task_id, config))
                 elif time.monotonic() >= slot.deadline:
@@ -285,7 +288,7 @@ class Harness:
                 continue
             label = timer.config
             if timer.conn in ready:
-                answer = self._collect(TIMER, doing, task.device)
+                answer = self._collect(TIMER, doing, task)
             elif time.monotonic() >= timer.deadline:
                 answer = self._expire(TIMER, doing)
             else:
@@ -333,13 +336,6 @@ class Harness:
         return answer.plus(compiles=answer.compiles + compiles) if compiles else answer
 
 
-# What follows a search, in builds and measurements: re-timing the top 3; validating the winner
-# (the edge problem's build; 3 seeds and the edge checked once each, together about one
-# measurement); the winner, torch eager and the default config timed in alternating rounds, as
-# many as the time left allows and at least MIN_ROUNDS reserved for (the default built, when the
-# search never tried it).
-AFTER_SEARCH_BUILDS = 2
-AFTER_SEARCH_MEASURES = 3 + 1 + 3 * MIN_ROUNDS  # one re-timing round: more where time is left
 CUT_SLOWER_THAN = 3.0  # a searched candidate this many times slower than the best is cut short
 
 
@@ -349,6 +345,7 @@ class HarnessBenchmarker(Benchmarker):
     def __init__(self, harness: Harness, task: Task) -> None:
         self.harness = harness
         self.task = task
+        self._task_id = task.digest()
         self._build_s: list[float] = []  # one build's seconds, per batch
         self._measure_s: list[float] = []
         self.best_ms: float | None = None  # the fastest searched candidate so far
@@ -379,12 +376,11 @@ class HarnessBenchmarker(Benchmarker):
         self._set_up_s = max(0.0, seconds)
         return self._set_up_s
 
-    def seconds_after_search(self) -> float:
-        if not self._measure_s:
-            return 0.0
-        build = sum(self._build_s) / len(self._build_s) if self._build_s else 0.0
-        measure = sum(self._measure_s) / len(self._measure_s)
-        return AFTER_SEARCH_BUILDS * build + AFTER_SEARCH_MEASURES * measure
+    def seconds_per_build(self) -> float:
+        return sum(self._build_s) / len(self._build_s) if self._build_s else 0.0
+
+    def seconds_per_check(self) -> float:
+        return self.harness.check_s.get(self._task_id, 0.0)
 
     def measure(self, config: ConfigJSON | None, cutoff_ms: float | None = None, *,
                 again: bool = False) -> Measurement:  # fmt: skip

@@ -110,7 +110,7 @@ def _answer(tasks: _Tasks, request: Request) -> Answer:
         return Answer(status="setup_error", error=describe(exc))
     config = None if request.config is None else dict(request.config)
     if request.op == "setup":
-        return Answer(status="ok")
+        return Answer(status="ok", check_s=measurer.check_s)
     if request.op == "build" and config is not None:
         return _counting_compiles(measurer, lambda: _build(measurer, config))
     if request.op == "measure":
