@@ -42,8 +42,12 @@ class Measurer:
         self.task = task
         self.backend = resolve_backend(task.backend)
         self.workload = get_workload(task.workload)
+        import torch  # a fresh worker's first set-up imports it (a second): not a check's cost
+
         from tuner.validation import reference_on
 
+        if task.device != "cpu":
+            torch.empty(0, device=task.device)  # nor the device's start
         started = time.monotonic()
         inputs = self.workload.make_inputs(task.problem, task.dtype, task.seed)
         self.reference = reference_on(self.workload, inputs, task.device)
