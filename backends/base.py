@@ -114,9 +114,11 @@ class SearchRequest:
     # ``budget.seconds`` to leave them. None: it stops at ``budget.seconds`` itself.
     after: Callable[[float, float], float] | None = None
     # When ``budget.seconds`` began to count, a ``time.monotonic()`` reading: the tune's start,
-    # so that starting its workers and asking the cache count (the tuner's strategies; a
-    # backend's own search, run first, counts from its own start). None: when it starts.
+    # so that starting its workers and asking the cache count. None: when it starts.
     began: float | None = None
+    # Whether the tune's measurement workers start after a backend's own search (a daemon's run
+    # ones already): then what follows the search takes their start too.
+    workers_start: bool = True
 
 
 @dataclass

@@ -274,6 +274,44 @@ def test_a_search_leaves_what_follows_it_the_time_it_needs(
     assert len(backend.search(roomy, workdir=tmp_path / "roomy").trials) == 32
 
 
+def test_a_round_is_proposed_only_when_it_and_what_follows_the_search_fit() -> None:
+    """Within ``--seconds``, MetaSchedule proposed a round (its evolution: 3-5 s a round on a
+    2-core CPU) whose builds were then skipped, out of time, and the measurement workers that
+    start after the search (each importing TVM) were left out of what follows it: ``tune matmul
+    --backend tvm --seconds 20`` took 24 s. Now another round is proposed only when proposing it
+    (as long as the last), one round of builds and its timings, and what follows the search fit;
+    what follows counts the workers' start as long as the pool's own took."""
+    import time
+
+    from backends.tvm.builder import WarmPool
+
+    pool = WarmPool(max_workers=1, timeout_sec=30)
+    try:
+        waited = time.monotonic() + 120
+        while not pool.start_s() and time.monotonic() < waited:  # its worker imports TVM
+            time.sleep(0.05)
+        start = pool.start_s()
+        assert start > 0
+        pool.after = lambda build, measure: 1.0
+        pool.build_s, pool.measure_s, pool.measured = [0.5], [0.1], 1
+        pool.deadline = time.monotonic() + 1.0 + start / 2  # what follows, less half the start
+        assert pool.out_of_time()
+        pool.deadline = time.monotonic() + 1.0 + start + 3.0  # 3 s to spare
+        pool.propose_s = 4.0  # a round: 4.0 + 0.5 + 0.1 s
+        assert not pool.out_of_time() and pool.out_of_time(next_round=True)
+        pool.propose_s = 1.0  # 1.6 s
+        assert not pool.out_of_time(next_round=True)
+        pool.workers_follow = False  # a daemon's workers run already: their start is not counted
+        pool.deadline = time.monotonic() + 1.0 + start / 2
+        assert not pool.out_of_time()
+        pool.round_done()  # the runner's end: the cost model's update and proposing follow
+        time.sleep(0.3)
+        pool.build([])  # a round's builds (an empty round too)
+        assert 0.3 <= pool.propose_s < 30
+    finally:
+        pool.close()
+
+
 def test_different_targets_get_different_databases(backend: TVMBackend, tmp_path: Path) -> None:
     from backends.tvm.database import database_dir, open_database
     from tunecache.tvm.target import host_target

@@ -150,11 +150,13 @@ def search_space(
     return log.result(top=RETIME_TOP)
 
 
-def search_native(backend: Backend, request: SearchRequest, workdir: Path) -> SearchResult:
+def search_native(backend: Backend, request: SearchRequest, workdir: Path,
+                  workers_start: bool = True) -> SearchResult:  # fmt: skip
     """The backend's own search, run here; its candidates are measured by the pipeline. Within
-    ``--seconds`` it leaves what follows it the time :func:`native_after` estimates."""
+    ``--seconds`` it leaves what follows it the time :func:`native_after` estimates, and with
+    ``workers_start`` the measurement workers' start after it."""
     if request.budget.seconds is not None:
-        request = dataclasses.replace(request, after=native_after)
+        request = dataclasses.replace(request, after=native_after, workers_start=workers_start)
     result = backend.search(request, workdir=workdir)
     # its runnable (Inductor's compiled model) is not kept: every candidate is built again
     return dataclasses.replace(result, ranked=result.ranked[:MAX_NATIVE_CANDIDATES],

@@ -304,7 +304,7 @@ def tune(
     emit(f"with {strategy} ({backend.budget_text(budget) if native else budget.text()})")
     deadline = None if budget.seconds is None else began + budget.seconds
     # the native search runs before the workers start: they would share its cores
-    found = None if workdir is None else search_native(backend, request, workdir)
+    found = None if workdir is None else search_native(backend, request, workdir, harness is None)
     with contextlib.ExitStack() as stack:
         if harness is None:
             harness = stack.enter_context(Harness(workers=options.workers,

@@ -99,6 +99,8 @@ class TVMBackend(Backend):
             cores=host_cores(),
             seed=request.seed,
             after=request.after,
+            started=request.began,
+            workers_follow=request.workers_start,
         )
         found.strategy, found.seconds = self.native_strategy or "", time.monotonic() - started
         ok = sum(t.status == "ok" for t in found.trials)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,9 +63,12 @@ def fast_export(mod: Module) -> str:
     return path
 
 
-def _ready() -> bool:
-    """Runs in a worker once it has imported TVM: the warm-up task."""
-    return True
+def _ready() -> float:
+    """Runs in a worker once it has imported TVM: the warm-up task; when (``time.monotonic()``,
+    one clock for every process of the machine)."""
+    import time
+
+    return time.monotonic()
 
 
 def _ignore_interrupts() -> None:
@@ -106,6 +110,11 @@ class WarmPool:
         self.built = 0  # candidates built: nor its builds before one
         self.build_s: list[float] = []  # the wall seconds of each round of parallel builds
         self.measure_s: list[float] = []  # the wall seconds of each candidate's timing
+        # MetaSchedule's proposing of its latest round (cost model, evolution: seconds a round on
+        # a CPU), from the end of the round before, or the pool's start, to its first build
+        self.propose_s = 0.0
+        self.workers_follow = True  # the tune's measurement workers start after the search
+        self._idle_since: float | None = time.monotonic()  # None: a round is being built or run
         self.stopped = False  # interrupted: nothing more starts, whatever was measured
         self.pool = PopenPoolExecutor(
             max_workers=max_workers,
@@ -116,16 +125,17 @@ class WarmPool:
             stderr=self._log,
         )
         # One warm-up task per worker thread: each starts its process now, in the background.
+        self._created = time.monotonic()
         self._warmup = [self.pool.submit(_ready) for _ in range(max_workers)]
 
     def build(self, build_inputs: list[Any]) -> list[Any]:
         """Builds and exports every input; failures become ``BuilderResult`` errors."""
-        import time
-
         from tvm.s_tir.meta_schedule.builder import BuilderResult
         from tvm.s_tir.meta_schedule.builder.local_builder import _worker_func
         from tvm.support.popen_pool import StatusKind
 
+        if self._idle_since is not None:  # the round's first builds: its proposing is done
+            self.propose_s, self._idle_since = time.monotonic() - self._idle_since, None
         args = [(fast_build, fast_export, b.mod, b.target, None) for b in build_inputs]
         results: list[Any] = []
         # Within a deadline, a round of parallel builds at a time (between rounds the time is
@@ -148,12 +158,25 @@ class WarmPool:
             self.build_s.append(time.monotonic() - began)
         return results
 
-    def out_of_time(self, *, building: bool = False) -> bool:
+    def start_s(self) -> float:
+        """How long the workers took to start and import TVM (0 until they all have): the
+        tune's measurement workers, started after the search, take about as long again."""
+        if not all(f.done() and f.exception() is None for f in self._warmup):
+            return 0.0
+        return max(0.0, max(f.result() for f in self._warmup) - self._created)
+
+    def round_done(self) -> None:
+        """Says a round was built and measured: from now MetaSchedule updates its cost model
+        and proposes the next (it runs every round, an empty one too)."""
+        self._idle_since = time.monotonic()
+
+    def out_of_time(self, *, building: bool = False, next_round: bool = False) -> bool:
         """Whether the search was stopped, or its deadline has passed (never without one, nor
         before one candidate ran, or, ``building``, was built): the deadline less what
-        :attr:`after` needs, at the builds and timings seen so far."""
-        import time
-
+        :attr:`after` needs, at the builds and timings seen so far, and the start of the
+        measurement workers that follow (:meth:`start_s`); with ``next_round``, less
+        what a round that measures anything costs too (proposing it as the latest round took,
+        a round of parallel builds, their timings)."""
         if self.stopped:
             return True
         if self.deadline is None or (self.built if building else self.measured) == 0:
@@ -163,7 +186,14 @@ class WarmPool:
             return left <= 0
         build = sum(self.build_s) / len(self.build_s)
         measure = sum(self.measure_s) / len(self.measure_s) if self.measure_s else 0.0
-        return left <= self.after(build, measure)
+        after = self.after(build, measure) + (self.start_s() if self.workers_follow else 0.0)
+        if not next_round:
+            return left <= after
+        ahead = self.propose_s + build + self.workers * measure
+        logger.debug("MetaSchedule round done, %.2f s left: the next round %.2f s (proposing "
+                     "it %.2f s), after the search %.2f s", left, ahead, self.propose_s,
+                     after)  # fmt: skip
+        return left <= after + ahead
 
     def close(self) -> None:
         """Stops the worker processes."""

@@ -65,6 +65,7 @@ def make_runner(pool: WarmPool, *, repeat: int, min_repeat_ms: int) -> Any:
                     pool.measured += 1
                     pool.measure_s.append(time.monotonic() - began)
                     futures.append(LocalRunnerFuture(res=quickest(costs), error_message=None))
+            pool.round_done()  # MetaSchedule's callbacks (its cost model's update), then a round
             return futures
 
     return WarmRunner()

@@ -83,7 +83,9 @@ class _Recorder:
                 self.error = exc
 
     def should_stop(self) -> bool:
-        if self.error is not None or (self.pool is not None and self.pool.out_of_time()):
+        """Whether the round just measured is the last: another would not fit (see
+        :meth:`WarmPool.out_of_time`), or the search failed."""
+        if self.error is not None or (self.pool and self.pool.out_of_time(next_round=True)):
             return True
         return self.deadline is not None and time.monotonic() >= self.deadline
 
@@ -232,17 +234,24 @@ def tune(
     cores: int,
     seed: int = 0,
     after: Callable[[float, float], float] | None = None,
+    started: float | None = None,
+    workers_follow: bool = True,
 ) -> SearchResult:
     """Tunes ``func`` for ``target`` with MetaSchedule within ``budget``, building and measuring
     on ``cores`` worker processes; the same ``seed`` and database propose the same candidates.
     With ``after`` (:attr:`backends.base.SearchRequest.after`) it stops early enough to leave
-    what follows the search its time: no round of builds or timing starts past that.
+    what follows the search its time: no round is proposed, and no build or timing starts, past
+    that, nor when the tune's measurement workers would not have the time to start after it
+    (``workers_follow``). ``budget.seconds`` count from ``started`` (a ``time.monotonic()``;
+    default: now).
 
     Raises:
         TuningError: no candidate compiled and ran.
     """
     begin = time.monotonic()
-    deadline = None if budget.seconds is None else begin + budget.seconds
+    deadline = (
+        None if budget.seconds is None else (begin if started is None else started) + budget.seconds
+    )
     recorder = _Recorder(budget.trials, target, deadline, progress)
     pools: list[WarmPool] = []  # the pool, once started: an interrupt stops it
     with _interrupt_stops(recorder, pools):  # from the start: TVM's own set-up is C++ too
@@ -253,6 +262,7 @@ def tune(
                         log=workdir / "workers.log")  # workers start now  # fmt: skip
         pools.append(pool)
         pool.deadline, pool.after, pool.stopped = deadline, after, recorder.error is not None
+        pool.workers_follow = workers_follow
         recorder.pool = pool
         try:
             with cpu_intrinsics_only(), _numpy_seeded(seed):
@@ -267,6 +277,16 @@ def tune(
             pool.close()
     if recorder.error is not None:
         raise recorder.error
+    return _found(database, mod, target, recorder, time.monotonic() - begin)
+
+
+def _found(database: Any, mod: Any, target: dict[str, Any], recorder: _Recorder,
+           seconds: float) -> SearchResult:  # fmt: skip
+    """The search's result: the database's best records of ``mod``, and every trial it ran.
+
+    Raises:
+        TuningError: none ran.
+    """
     records = best_records(database, mod, RANKED + 1)
     if not records:
         errors = "; ".join(t.error.splitlines()[-1] for t in recorder.trials[:3] if t.error)
@@ -279,5 +299,5 @@ def tune(
     ]
     # best_ms is this run's own fastest measurement: the ranked records may hold earlier runs'
     # (the warm start), whose times were measured then, not by this search.
-    return SearchResult(configs, recorder.trials, seconds=time.monotonic() - begin,
+    return SearchResult(configs, recorder.trials, seconds=seconds,
                         best_ms=recorder.best_ms)  # fmt: skip
