@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,8 +54,8 @@ class Budget:
     def __post_init__(self) -> None:
         if self.trials < 1:
             raise ValueError(f"budget trials must be >= 1, got {self.trials}")
-        if self.seconds is not None and self.seconds <= 0:
-            raise ValueError(f"budget seconds must be > 0, got {self.seconds}")
+        if self.seconds is not None and not (math.isfinite(self.seconds) and self.seconds > 0):
+            raise ValueError(f"budget seconds must be finite and > 0, got {self.seconds}")
         if self.patience is not None and self.patience < 1:
             raise ValueError(f"budget patience must be >= 1, got {self.patience}")
 

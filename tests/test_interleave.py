@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from backends import SearchResult
+from backends import Budget, SearchResult
 from tests.factories import make_key, make_record
 from tunecache.interleave import (
     REPRODUCIBLE,
@@ -276,6 +276,24 @@ def test_re_timing_rounds_leave_the_validation_its_checks_seconds() -> None:
                       deadline=time.monotonic() + 30)  # fmt: skip
         counts.append(bench.timed_before_validation)
     assert counts == [2, 2 * RETIME_ROUNDS], counts
+
+
+class MeasuredBench(SyntheticBench):
+    """A measurement takes a millisecond."""
+
+    def seconds_per_measure(self) -> float:
+        return 1e-3
+
+
+def test_a_deadline_however_far_leaves_the_comparison_its_rounds() -> None:
+    # ``Budget(seconds=1e308)``: the rounds that fit were inf, and int(inf) raised after the search
+    bench = MeasuredBench(NoisyMachine([1.0, 1.5, 3.0], 0))
+    found = SearchResult(ranked=[{"c": 0}], trials=[])
+    winner = select_winner(bench, found, default={"c": 1}, seeds=[1], emit=lambda *a, **k: None,
+                           deadline=time.monotonic() + 1e308)  # fmt: skip
+    assert winner.config == {"c": 0} and winner.baselines
+    with pytest.raises(ValueError, match="finite"):
+        Budget(seconds=math.inf)
 
 
 def test_every_baseline_carries_its_interleaved_speedup() -> None:

@@ -54,6 +54,9 @@ TABLE: list[tuple[list[str], int, str]] = [
         2,
         "--seconds must be a positive",
     ),
+    # a record holds at most 1e8 seconds; 1e308 was an internal error after the whole search
+    (["tune", "matmul", *KEY, "--seconds", "1e308", "--no-upload"], 2, "at most 1e+08 seconds"),
+    (["daemon", "--job-seconds", "1e9"], 2, "--job-seconds 1e+09: at most 1e+08 seconds"),
     (["tune", "matmul", *KEY, "--workers", "0", "--no-upload"], 2, "--workers must be at least 1"),
     (["tune", "matmul", *KEY, "--workers", "-2", "--no-upload"], 2, "--workers must be at least 1"),
     (

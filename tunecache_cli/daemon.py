@@ -100,13 +100,13 @@ def _check_device(kind: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
-    from tunecache.schemas import MAX_LEASE_SECONDS
+    from tunecache.schemas import MAX_LEASE_SECONDS, MAX_SEARCH_SECONDS
     from tuner.daemon import Daemon, DaemonOptions
     from tuner.tune import default_workdir
 
     check_count("--trials", args.trials)
     check_count("--max-trials", args.max_trials)
-    check_seconds("--job-seconds", args.job_seconds)
+    check_seconds("--job-seconds", args.job_seconds, most=MAX_SEARCH_SECONDS)
     check_count("--workers", args.workers)
     check_seconds("--poll", args.poll)
     check_seconds("--lease", args.lease, most=MAX_LEASE_SECONDS)

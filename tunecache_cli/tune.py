@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecache.errors import InvalidInput, ServerError
+from tunecache.schemas import MAX_SEARCH_SECONDS
 from tunecache_cli.args import (
     MAX_SEED,
     add_key,
@@ -110,7 +111,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
                         ("--workers", args.workers)):  # fmt: skip
         check_count(flag, value)
     check_count("--seed", args.seed, 0, MAX_SEED)
-    check_seconds("--seconds", args.seconds)
+    check_seconds("--seconds", args.seconds, most=MAX_SEARCH_SECONDS)  # what a record holds
 
 
 def _check_landscape(args: argparse.Namespace) -> None:

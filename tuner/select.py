@@ -216,7 +216,7 @@ def _rounds_that_fit(bench: Benchmarker, contenders: int, deadline: float | None
     left = deadline - time.monotonic()
     if per_round <= 0:
         return ROUNDS if left > 0 else 1
-    return max(1, min(ROUNDS, int(left / per_round)))
+    return max(1, int(min(ROUNDS, left / per_round)))  # a deadline years away: ROUNDS
 
 
 def flagged(timing: TimingModel, reason: str) -> TimingModel:
