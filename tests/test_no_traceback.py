@@ -148,6 +148,8 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["coverage", "{tmp}/missing.toml"], 2, "cannot read manifest"),
     (["daemon", "--trials", "0"], 2, "--trials must be at least 1, not 0"),
     (["daemon", "--workers", "0"], 2, "--workers must be at least 1, not 0"),
+    (["daemon", "--workers", "100000"], 2, "--workers 100000: at most"),
+    (["tune", "matmul", *KEY, "--workers", "100000", "--no-upload"], 2, "the CPU cores this"),
     (["daemon", "--poll", "nan"], 2, "--poll must be a positive number of seconds"),
     (["daemon", "--lease", "-1"], 2, "--lease must be a positive number of seconds"),
     (["daemon", "--lease", "1e9"], 2, "--lease 1e+09: at most 86400 seconds"),

@@ -251,6 +251,23 @@ def check_count(flag: str, value: int | None, low: int = 1, high: int | None = N
     raise InvalidInput(f"{flag} must be {wanted}, not {value}")
 
 
+def check_workers(value: int | None) -> None:
+    """``--workers``: from 1 to the CPU cores this process may use, or unset (each worker
+    builds on a core, and holds a few hundred MB: 284 MB for a TVM worker set up for a small
+    matmul; more workers than cores only share them, and a typed extra zero could take the
+    machine's memory).
+
+    Raises:
+        InvalidInput: naming the value and the cores.
+    """
+    from tunecache.tvm.target import host_cores
+
+    check_count("--workers", value)
+    if value is not None and value > (cores := host_cores()):
+        raise InvalidInput(f"--workers {value}: at most {cores}, the CPU cores this process may "
+                           "use (each worker builds on one)")  # fmt: skip
+
+
 def check_seconds(flag: str, value: float | None, most: float | None = None) -> None:
     """A duration option (``--seconds``, ``--poll``): a finite number above 0 (at most
     ``most``, where given), or unset.

@@ -18,7 +18,14 @@ from typing import Any
 
 from tunecache.errors import InvalidInput
 from tunecache.kernels import BACKENDS
-from tunecache_cli.args import add_server, check_count, check_seconds, preflight, server_url
+from tunecache_cli.args import (
+    add_server,
+    check_count,
+    check_seconds,
+    check_workers,
+    preflight,
+    server_url,
+)
 
 
 def register(commands: Any) -> None:
@@ -107,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     check_count("--trials", args.trials)
     check_count("--max-trials", args.max_trials)
     check_seconds("--job-seconds", args.job_seconds, most=MAX_SEARCH_SECONDS)
-    check_count("--workers", args.workers)
+    check_workers(args.workers)
     check_seconds("--poll", args.poll)
     check_seconds("--lease", args.lease, most=MAX_LEASE_SECONDS)
     _check_device(args.device)
