@@ -245,3 +245,25 @@ def test_configs_rejected_at_the_key_are_never_candidates() -> None:
     near = {**good, "vectorize": 1}  # a near copy rejected refuses not the config with True
     assert servable(SearchResult([{**good, "vectorize": True}], [], "random", 0.1), key, default,
                     refused=[near]).ranked == [{**good, "vectorize": True}]  # fmt: skip
+
+
+def test_a_record_of_more_trials_than_it_holds_keeps_the_fastest_in_order() -> None:
+    # A landscape of a larger space, or a daemon's job of more trials: the record of them all
+    # was refused (ValidationError) after the whole search, and a daemon died of it.
+    from tunecache.schemas import MAX_TRIALS, RecordCreate, SearchModel
+    from tuner.tune import recorded
+
+    n = MAX_TRIALS + 10
+    searched = [Trial(config={"i": i}, status="ok", time_ms=float(n - i)) for i in range(n)]
+    searched.insert(5, Trial(config={"i": -1}, status="runtime_error", error="died"))
+    after = [Trial(config={"i": n - 1}, status="ok", time_ms=1.0)]
+    kept = recorded(searched, after)
+    assert len(kept) == MAX_TRIALS and kept[-1] == after[0]
+    assert [t.config["i"] for t in kept[:-1]] == list(range(11, n))  # the fastest, as they ran
+    assert recorded(searched[:100], after) == [*searched[:100], *after]  # room: every one
+    record = make_record().model_dump()  # a record holds them, counting every one
+    record.update(
+        trials=[t.model_dump() for t in kept],
+        search=SearchModel(strategy="random", trials=n + 2, seconds=1.0).model_dump(),
+    )
+    assert len(RecordCreate.model_validate(record).trials) == MAX_TRIALS

@@ -251,6 +251,19 @@ def check_count(flag: str, value: int | None, low: int = 1, high: int | None = N
     raise InvalidInput(f"{flag} must be {wanted}, not {value}")
 
 
+def check_trials(flag: str, value: int | None) -> None:
+    """A trial count (``--trials``, ``--max-trials``): from 1 to what a job may ask
+    (:data:`~tunecache.jobs.MAX_JOB_TRIALS`; 2**63 trials failed in TVM's C++ after the search
+    had started), or unset.
+
+    Raises:
+        InvalidInput: naming ``flag``, the value and the range.
+    """
+    from tunecache.jobs import MAX_JOB_TRIALS
+
+    check_count(flag, value, 1, MAX_JOB_TRIALS)
+
+
 def check_workers(value: int | None) -> None:
     """``--workers``: from 1 to the CPU cores this process may use, or unset (each worker
     builds on a core, and holds a few hundred MB: 284 MB for a TVM worker set up for a small
@@ -268,9 +281,10 @@ def check_workers(value: int | None) -> None:
                            "use (each worker builds on one)")  # fmt: skip
 
 
-def check_seconds(flag: str, value: float | None, most: float | None = None) -> None:
+def check_seconds(flag: str, value: float | None, most: float | None = None,
+                  least: float | None = None) -> None:  # fmt: skip
     """A duration option (``--seconds``, ``--poll``): a finite number above 0 (at most
-    ``most``, where given), or unset.
+    ``most``, at least ``least``, where given), or unset.
 
     Raises:
         InvalidInput: naming ``flag`` and the value.
@@ -279,6 +293,8 @@ def check_seconds(flag: str, value: float | None, most: float | None = None) -> 
         raise InvalidInput(f"{flag} must be a positive number of seconds, not {value:g}")
     if value is not None and most is not None and value > most:
         raise InvalidInput(f"{flag} {value:g}: at most {most:g} seconds")
+    if value is not None and least is not None and value < least:
+        raise InvalidInput(f"{flag} {value:g}: at least {least:g} seconds")
 
 
 def output_file(flag: str, path: Path) -> Path:

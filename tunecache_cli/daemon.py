@@ -20,12 +20,18 @@ from tunecache.errors import InvalidInput
 from tunecache.kernels import BACKENDS
 from tunecache_cli.args import (
     add_server,
-    check_count,
     check_seconds,
+    check_trials,
     check_workers,
     preflight,
     server_url,
 )
+
+# A lease is renewed three times in its length for the whole tune (a review counted 13,451
+# renewals in a second at --lease 1e-300, with a stub client), and an empty claim is asked again
+# after --poll: below these, a daemon floods its server with requests.
+MIN_LEASE_SECONDS = 1.0
+MIN_POLL_SECONDS = 0.1
 
 
 def register(commands: Any) -> None:
@@ -111,12 +117,12 @@ def run(args: argparse.Namespace) -> int:
     from tuner.daemon import Daemon, DaemonOptions
     from tuner.tune import default_workdir
 
-    check_count("--trials", args.trials)
-    check_count("--max-trials", args.max_trials)
+    check_trials("--trials", args.trials)
+    check_trials("--max-trials", args.max_trials)
     check_seconds("--job-seconds", args.job_seconds, most=MAX_SEARCH_SECONDS)
     check_workers(args.workers)
-    check_seconds("--poll", args.poll)
-    check_seconds("--lease", args.lease, most=MAX_LEASE_SECONDS)
+    check_seconds("--poll", args.poll, least=MIN_POLL_SECONDS)
+    check_seconds("--lease", args.lease, most=MAX_LEASE_SECONDS, least=MIN_LEASE_SECONDS)
     _check_device(args.device)
     kernels, backends = _packages(args.kernels), _backends(args.backends)  # before the server
     if args.verify:  # re-times configs: no search, no work folder

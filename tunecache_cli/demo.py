@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tunecache.errors import InvalidInput
 from tunecache.timing import noise_text, versus
+from tunecache_cli.args import check_trials
 from tunecache_cli.table import ms, render
 from tunecache_cli.trials import config_text
 
@@ -126,8 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from cache_server.embedded import EmbeddedServer
     from workloads import get_workload
 
-    if args.trials < 1:
-        raise InvalidInput(f"--trials {args.trials}: the budget per key must be at least 1")
+    check_trials("--trials", args.trials)
     for name in args.workloads.split(","):
         get_workload(name.strip())  # an unknown name fails here, before the server starts
     with tempfile.TemporaryDirectory(prefix="tunecache-demo-") as tmp:

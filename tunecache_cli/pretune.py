@@ -17,7 +17,7 @@ from typing import Any
 
 from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
-from tunecache_cli.args import add_server, check_count, preflight, server_url
+from tunecache_cli.args import add_server, check_trials, preflight, server_url
 
 RETRY_POLL_SECONDS = 2.0  # pretune --local: how often it looks whether a retry is due
 QUIET_LINE_SECONDS = 60.0  # off a terminal, a progress line when a count changes, else this often
@@ -285,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
     from tunecache.manifest import load_manifest
 
     started = time.monotonic()  # the progress line's clock: --local's tuning counts
-    check_count("--trials", args.trials)
+    check_trials("--trials", args.trials)
     manifest = load_manifest(args.manifest)  # a bad manifest stops here: nothing queued
     _check_strategies(manifest)
     preflight(server_url(args), "write", "queuing jobs")

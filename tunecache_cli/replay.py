@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tunecache_cli.args import MAX_SEED, check_count
+from tunecache_cli.args import MAX_SEED, check_count, check_trials
 from tunecache_cli.table import ms, render
 
 
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from tuner.landscape import Landscape
     from tuner.search import get_strategy, run_search
 
-    check_count("--trials", args.trials)
+    check_trials("--trials", args.trials)
     check_count("--seed", args.seed, 0, MAX_SEED)
     landscape = Landscape.load(args.landscape)
     optimum = landscape.optimum()

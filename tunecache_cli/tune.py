@@ -16,6 +16,7 @@ from tunecache_cli.args import (
     add_server,
     check_count,
     check_seconds,
+    check_trials,
     check_workers,
     key_from_args,
     output_file,
@@ -109,8 +110,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
             above this process's cores, ``--seed`` outside what the strategies take,
             ``--seconds`` not a positive number or above what a record holds.
     """
-    for flag, value in (("--trials", args.trials), ("--patience", args.patience)):
-        check_count(flag, value)
+    check_trials("--trials", args.trials)
+    check_count("--patience", args.patience)
     check_workers(args.workers)
     check_count("--seed", args.seed, 0, MAX_SEED)
     check_seconds("--seconds", args.seconds, most=MAX_SEARCH_SECONDS)  # what a record holds

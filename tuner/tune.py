@@ -49,6 +49,7 @@ from tunecache.errors import InvalidInput, TuningError, validation_problems
 from tunecache.folders import output_dir
 from tunecache.key import Key
 from tunecache.schemas import (
+    MAX_TRIALS,
     KeyModel,
     Provenance,
     RecordCreate,
@@ -65,6 +66,7 @@ from tuner.harness import Harness, Task
 from tuner.harness.discipline import reserved_cores
 from tuner.measure import Pipelines
 from tuner.search import DEFAULT_STRATEGY, STRATEGIES
+from tuner.search.loop import trial_time
 from tuner.select import Winner, select_winner
 from tuner.validation import DEFAULT_SEEDS
 from tuner.warm_start import neighbour_configs, neighbour_prior
@@ -357,7 +359,8 @@ def _done(found: SearchResult, winner: Winner) -> str:
 def build_record(
     key: Key, backend: Backend, strategy: str, found: SearchResult, winner: Winner, seconds: float
 ) -> RecordCreate:
-    """The record of a finished run: winner, timings, validation, search and every trial."""
+    """The record of a finished run: winner, timings, validation, search and its trials (every
+    one, up to what a record holds: :func:`recorded`)."""
     trials = [*found.trials, *winner.trials]
     return RecordCreate(
         key=KeyModel.from_key(key),
@@ -367,8 +370,21 @@ def build_record(
         baselines=winner.baselines,
         validation=winner.report,
         search=SearchModel(strategy=strategy, trials=len(trials), seconds=round(seconds, 3)),
-        trials=trials,
+        trials=recorded(found.trials, winner.trials),
         provenance=Provenance(
             machine=platform.node(), tool_version=__version__, device_raw_name=key.device.raw_name
         ),
     )
+
+
+def recorded(searched: list[Trial], after: list[Trial]) -> list[Trial]:
+    """The trials a record holds: the search's and those after it (re-timings, rejections), or,
+    past :data:`~tunecache.schemas.MAX_TRIALS`, those after it and the search's fastest, in the
+    order they ran (a landscape of a larger space, a daemon's job of more trials: a record of
+    them all was refused after the whole search); ``search.trials`` still counts every one."""
+    room = max(0, MAX_TRIALS - len(after))
+    if len(searched) <= room:
+        return [*searched, *after][:MAX_TRIALS]
+    times = [trial_time(t) for t in searched]
+    fastest = sorted(range(len(searched)), key=lambda i: (times[i] is None, times[i] or 0.0))
+    return [*(searched[i] for i in sorted(fastest[:room])), *after][:MAX_TRIALS]
