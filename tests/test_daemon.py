@@ -4,6 +4,7 @@ completes; failures are given back with their reason; a client's miss becomes a 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 import subprocess
 import sys
@@ -546,3 +547,39 @@ def test_a_job_spends_at_most_the_daemons_most_trials(server: LiveServer) -> Non
         assert {j.id: j.state for j in client.list_jobs().items} == {job.id: "done"}
     # Three searched, and what choosing the winner measured besides (the default config).
     assert 1 <= record.search.trials <= 3 + 2
+
+
+def test_a_job_that_fails_as_nothing_foresaw_is_given_back_and_the_daemon_goes_on(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A kernel's code failing as nothing caught (a user's ``tvm_compute`` returning no tensors:
+    a TypeError from TVM) ended the daemon, and each daemon that claimed the job after its lease
+    lapsed. Now that job is failed with its error, the workers are started afresh, and the next
+    job is done. (The error is raised where tuning is called: the daemon's boundary.)"""
+    import tuner.daemon as daemon_module
+
+    real, tuned = daemon_module.tune, []
+
+    def tune(key: Any, *args: Any, **kwargs: Any) -> Any:
+        tuned.append(key)
+        if len(tuned) == 1:
+            raise RuntimeError("boom\nand more")
+        return real(key, *args, **kwargs)
+
+    monkeypatch.setattr(daemon_module, "tune", tune)
+    keys = [key_for("matmul", "tvm", {"M": m, "N": 16, "K": 16}, "float32") for m in (16, 32)]
+    with Client(server.url) as client:
+        jobs = {client.create_job(k).job.id for k in keys}
+    options = DaemonOptions(backends=("tvm",), trials=2, workers=1, once=True)
+    with Client(server.url) as client, caplog.at_level(logging.WARNING, logger="tuner.daemon"):
+        worker = Daemon(client, options)
+        assert worker.run() >= 1 and len(worker.failed) == 1
+    (failed,) = worker.failed
+    assert failed in jobs and len(tuned) >= 2
+    said = [r.getMessage() for r in caplog.records if r.name == "tuner.daemon"]
+    assert f"job {failed}: failed: internal error: RuntimeError: boom" in said
+    assert {client_job(server, j).state for j in jobs - {failed}} == {"done"}
+    # given back, then retried: done by this daemon (an answered job's error is cleared), or
+    # queued for the next, saying why it failed
+    again = client_job(server, failed)
+    assert again.state == "done" or again.error == "TuningError: internal error: RuntimeError: boom"

@@ -79,6 +79,11 @@ KERNELS = """
             raise RuntimeError("my tvm compute is broken\\nsecond line")
 
 
+    class NotTensors(Raises):
+        def tvm_compute(self, problem, dtype):
+            return ["not", "tensors"]
+
+
     class WrongDtype(Raises):
         def tvm_compute(self, problem, dtype):
             from tunecache.errors import InvalidInput
@@ -155,6 +160,21 @@ def test_tvm_compute_that_raises_is_a_tuning_error_naming_it(package: Path) -> N
         TVMBackend._prim_func(get_workload(ref), {"M": 8, "N": 24}, "float32")
     assert str(raised.value) == f"{ref}: tvm_compute raised RuntimeError: my tvm compute is broken"
     assert isinstance(raised.value.__cause__, RuntimeError)
+
+
+def test_tvm_compute_returning_no_tensors_is_a_tuning_error_naming_it(package: Path) -> None:
+    # an internal error (a TypeError from TVM) before: the CLI's exit 1 with "internal error",
+    # and the end of a daemon that claimed a job of it
+    pytest.importorskip("tvm")
+    from backends.tvm.backend import TVMBackend
+
+    ref = f"{PACKAGE}.kernels:NotTensors"
+    with pytest.raises(TuningError) as raised:
+        TVMBackend._prim_func(get_workload(ref), {"M": 8, "N": 24}, "float32")
+    assert str(raised.value).startswith(
+        f"{ref}: tvm_compute returned what TVM makes no PrimFunc of (its placeholders, then its "
+        "output): TypeError: "
+    )
 
 
 def test_tvm_compute_raising_our_own_error_passes_it_on(package: Path) -> None:

@@ -31,7 +31,7 @@ from backends import Budget, get_backend
 from tunecache.client import Client
 from tunecache.configcheck import as_run
 from tunecache.device import local_device
-from tunecache.errors import InvalidInput, ServerError, TuningError
+from tunecache.errors import InvalidInput, ServerError, TuningError, one_line
 from tunecache.jobs import JobPublic
 from tunecache.kernels import BACKENDS
 from tunecache.key import DEVICE_KINDS, Key, kernel_module, key_for
@@ -362,6 +362,12 @@ class Daemon(Worker):
                 outcome = tune(key, budget, options, harness=harness)
         except (InvalidInput, TuningError, ServerError) as exc:
             self.give_back(job, exc)
+            return False
+        except Exception as exc:  # a bug, or a kernel's code failing as nothing foresaw: a job
+            # that ended the daemon ended each that claimed it next, its lease lapsing to them
+            logger.error("job %d: unexpected error", job.id, exc_info=True)
+            harness.restart()  # a request it left unanswered must not answer the next job's
+            self.give_back(job, TuningError(f"internal error: {one_line(exc)}"))
             return False
         # Kept in the outbox until the server has it; sent, and its job completed, now or
         # (the server not answering) before the next claim.

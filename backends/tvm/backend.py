@@ -174,7 +174,8 @@ class TVMBackend(Backend):
 
         Raises:
             TuningError: ``tvm_compute`` itself raised (no config can pass), named as the
-                Inductor backend names a ``torch_fn`` that raises; its traceback at DEBUG.
+                Inductor backend names a ``torch_fn`` that raises, or returned what TVM makes
+                no PrimFunc of; its traceback at DEBUG.
             TunecacheError: what ``tvm_compute`` raised of ours (a dtype it does not run in:
                 :class:`~tunecache.errors.InvalidInput`), as it is.
         """
@@ -187,5 +188,12 @@ class TVMBackend(Backend):
         except Exception as exc:  # the workload's code may raise anything
             logger.debug("tvm_compute of %s raised", workload.name, exc_info=True)
             raise TuningError(f"{workload.name}: tvm_compute raised {one_line(exc)}") from exc
-        func: PrimFunc = te.create_prim_func(tensors)
+        try:
+            func: PrimFunc = te.create_prim_func(tensors)
+        except Exception as exc:  # not tensors, or not a computation (an internal error before)
+            logger.debug("tvm_compute of %s: no PrimFunc", workload.name, exc_info=True)
+            raise TuningError(
+                f"{workload.name}: tvm_compute returned what TVM makes no PrimFunc "
+                f"of (its placeholders, then its output): {one_line(exc)}"
+            ) from exc
         return func

@@ -126,6 +126,15 @@ class Harness:
                                      start_timeout=self.start_timeout)  # fmt: skip
         return self._farm
 
+    def restart(self) -> None:
+        """Every worker started afresh, the farm when next used: after an error that may have
+        left a request unanswered, no answer meant for it is taken for the next one's."""
+        for index in range(len(self._slots)):
+            self._replace(index)
+        if self._farm is not None:
+            self._farm.close()
+            self._farm = None
+
     def close(self) -> None:
         stop(self._slots)
         if self._farm is not None:
