@@ -583,3 +583,26 @@ def test_a_job_that_fails_as_nothing_foresaw_is_given_back_and_the_daemon_goes_o
     # queued for the next, saying why it failed
     again = client_job(server, failed)
     assert again.state == "done" or again.error == "TuningError: internal error: RuntimeError: boom"
+
+
+def test_a_daemon_whose_every_job_fails_as_nothing_foresaw_stops(
+    server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault of the daemon's own (a broken install) would fail every job it claims, each
+    spending an attempt: after MAX_INTERNAL_ERRORS in a row it stops, raising."""
+    import tuner.daemon as daemon_module
+    from tuner.daemon import MAX_INTERNAL_ERRORS
+
+    def tune(*args: Any, **kwargs: Any) -> Any:
+        raise ImportError("a broken install")
+
+    monkeypatch.setattr(daemon_module, "tune", tune)
+    with Client(server.url) as client:
+        for m in (16, 32, 64, 128):
+            client.create_job(key_for("matmul", "tvm", {"M": m, "N": 16, "K": 16}, "float32"))
+    options = DaemonOptions(backends=("tvm",), trials=2, workers=1, poll_seconds=0.1)
+    with Client(server.url) as client:
+        worker = Daemon(client, options)
+        with pytest.raises(ImportError, match="a broken install"):
+            worker.run()
+    assert len(worker.failed) == MAX_INTERNAL_ERRORS

@@ -192,3 +192,25 @@ def test_a_stored_record_at_a_problem_its_kernel_does_not_take_stays_readable(
         document, _ = client.export_snapshot(key.device.arch)
     assert document is not None
     assert [r["key"]["problem"] for r in document["records"]] == [dict(key.problem)]
+
+
+def test_a_record_whose_check_fails_as_nothing_foresaw_is_unverifiable_not_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A kernel's code run in the verifier's own process (its class, problem, space) raising what
+    nothing caught ended the verifier, and each that claimed the record next. Now the record is
+    given back unverifiable, saying why, and the workers are started afresh. (The error is
+    raised where the check is called: the verifier's boundary.)"""
+    key = key_for("matmul", "tvm", TINY["matmul"], "float32")
+
+    def check(self: Verifier, task: Any, harness: Harness) -> Any:
+        raise ZeroDivisionError("division by zero\nin the kernel's code")
+
+    monkeypatch.setattr(Verifier, "check", check)
+    with Client("http://127.0.0.1:9") as client, Harness(workers=1) as harness:
+        verifier = Verifier(client, VerifierOptions(backends=("tvm",)))
+        before = harness._slots[0].process.pid
+        finding = verifier.finding(_leased(key, dict(key.problem)), harness)
+        assert harness._slots[0].process.pid != before and harness.replaced == 1
+    assert finding.outcome == "unverifiable", finding
+    assert finding.error == "internal error: ZeroDivisionError: division by zero"

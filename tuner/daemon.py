@@ -99,6 +99,9 @@ def runnable_backends(device: str, wanted: tuple[str, ...] | None = None) -> tup
 MAX_BACKOFF = 60.0  # seconds between claims while the server does not answer
 FAILED_WAIT = 0.1  # seconds before the claim after a failed job, doubling with each in a row
 MAX_RUNS_ONCE = 3  # runs of one job a --once worker makes (a failed job's retries)
+# Jobs in a row failing as nothing foresaw after which the daemon stops: a fault of its own (a
+# broken install) failed every job it claimed, each spending an attempt.
+MAX_INTERNAL_ERRORS = 3
 
 
 def passing(exc: ServerError) -> bool:
@@ -261,6 +264,7 @@ class Daemon(Worker):
         # job id -> (its attempts when last claimed, runs, what this run did with it): --once
         self.seen: dict[int, tuple[int, int, str]] = {}
         self.unsent: list[tuple[JobPublic, Later, float]] = []  # tuned while the server was down
+        self.internal_errors = 0  # jobs in a row that failed as nothing foresaw
 
     def run(self) -> int:
         """Works until stopped; returns how many jobs it completed. A record the server did not
@@ -362,13 +366,18 @@ class Daemon(Worker):
                 outcome = tune(key, budget, options, harness=harness)
         except (InvalidInput, TuningError, ServerError) as exc:
             self.give_back(job, exc)
+            harness.restart(busy_only=True)  # an answer left unread is not the next job's
             return False
         except Exception as exc:  # a bug, or a kernel's code failing as nothing foresaw: a job
             # that ended the daemon ended each that claimed it next, its lease lapsing to them
             logger.error("job %d: unexpected error", job.id, exc_info=True)
-            harness.restart()  # a request it left unanswered must not answer the next job's
             self.give_back(job, TuningError(f"internal error: {one_line(exc)}"))
+            self.internal_errors += 1
+            if self.internal_errors >= MAX_INTERNAL_ERRORS:
+                raise  # the daemon's own fault, not the jobs': it stops
+            harness.restart()
             return False
+        self.internal_errors = 0
         # Kept in the outbox until the server has it; sent, and its job completed, now or
         # (the server not answering) before the next claim.
         self.unsent.append((job, Later(self.client.url, outcome.record, f"job {job.id}'s record"),

@@ -34,7 +34,7 @@ from backends import get_backend
 from tunecache.client import Client
 from tunecache.configcheck import config_problem
 from tunecache.environment import environment_for
-from tunecache.errors import InvalidInput, ServerError, TuningError
+from tunecache.errors import InvalidInput, ServerError, TuningError, one_line
 from tunecache.key import Key
 from tunecache.policies import bucket_policy
 from tunecache.schemas import MAX_CHECKS, ValidationReport
@@ -113,7 +113,13 @@ class Verifier(Worker):
         except (InvalidInput, TuningError, ValueError, TypeError) as exc:
             logger.warning("record #%d: not checked: %s: %s", task.record.id,
                            type(exc).__name__, exc)  # fmt: skip
+            harness.restart(busy_only=True)  # an answer left unread is not the next check's
             return self._finding("unverifiable", error=f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # a kernel's code run here failing as nothing foresaw: a record
+            # that ended the verifier ended each that claimed it next
+            logger.error("record #%d: unexpected error", task.record.id, exc_info=True)
+            harness.restart()
+            return self._finding("unverifiable", error=f"internal error: {one_line(exc)}")
 
     def check(self, task: VerifyTask, harness: Harness) -> VerificationCreate:
         """The finding on one leased record (never raises on what the record holds)."""

@@ -109,14 +109,11 @@ class Harness:
         self.started += 1
         return start_worker(worker_environment(self.cores), self.cores)
 
-    def _await_ready(self, slot: Slot) -> None:
-        await_ready(slot, self.start_timeout)
-
     def _replace(self, index: int) -> None:
         kill(self._slots[index])
         self.replaced += 1
         self._slots[index] = self._start()
-        self._await_ready(self._slots[index])
+        await_ready(self._slots[index], self.start_timeout)
 
     @property
     def farm(self) -> CompileFarm:
@@ -126,12 +123,16 @@ class Harness:
                                      start_timeout=self.start_timeout)  # fmt: skip
         return self._farm
 
-    def restart(self) -> None:
-        """Every worker started afresh, the farm when next used: after an error that may have
-        left a request unanswered, no answer meant for it is taken for the next one's."""
-        for index in range(len(self._slots)):
-            self._replace(index)
-        if self._farm is not None:
+    def restart(self, *, busy_only: bool = False) -> None:
+        """Workers started afresh at once (``busy_only``: those with a request in flight; else
+        all, and the farm when next used): an answer left unread is not taken for the next's."""
+        chosen = [i for i, s in enumerate(self._slots) if not busy_only or s.config is not None]
+        for i in chosen:
+            kill(self._slots[i])
+            self._slots[i] = self._start()
+        self.replaced += len(chosen)
+        await_all([self._slots[i] for i in chosen], self.start_timeout)
+        if self._farm is not None and not busy_only:
             self._farm.close()
             self._farm = None
 
@@ -429,11 +430,8 @@ class HarnessBenchmarker(Benchmarker):
         for config in configs:
             answer = built[_label(config)]
             self._count(answer)
-            if answer.ok:
-                measured = self.measure(config, self._cutoff())
-            else:
-                measured = answer.as_measurement()
-            trials.append(self._note(config, measured))
+            measured = self.measure(config, self._cutoff()) if answer.ok else None
+            trials.append(self._note(config, measured or answer.as_measurement()))
         return trials
 
     def _note(self, config: ConfigJSON, measured: Measurement) -> Trial:
