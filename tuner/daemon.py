@@ -352,6 +352,7 @@ class Daemon(Worker):
         started = time.perf_counter()
         logger.info("job %d: claimed %s (attempt %d of %d)", job.id, job.key.to_key().short(),
                     job.attempts, job.max_attempts)  # fmt: skip
+        tuning = False  # only a tune asks the workers (bad input is refused before it does)
         try:
             if (why := self.refused(job.key.kernel)) is not None:
                 raise InvalidInput(why)
@@ -363,10 +364,12 @@ class Daemon(Worker):
             options = TuneOptions(strategy=strategy, workers=self.options.workers,
                                   refused=self.rejected_at(job, key))  # fmt: skip
             with leased(self.client, job, self.worker, self.options.lease_seconds):
+                tuning = True
                 outcome = tune(key, budget, options, harness=harness)
         except (InvalidInput, TuningError, ServerError) as exc:
             self.give_back(job, exc)
-            harness.restart(busy_only=True)  # an answer left unread is not the next job's
+            if tuning and not isinstance(exc, InvalidInput):
+                harness.restart(busy_only=True)  # an answer left unread is not the next job's
             return False
         except Exception as exc:  # a bug, or a kernel's code failing as nothing foresaw: a job
             # that ended the daemon ended each that claimed it next, its lease lapsing to them
@@ -375,7 +378,8 @@ class Daemon(Worker):
             self.internal_errors += 1
             if self.internal_errors >= MAX_INTERNAL_ERRORS:
                 raise  # the daemon's own fault, not the jobs': it stops
-            harness.restart()
+            if tuning:
+                harness.restart()
             return False
         self.internal_errors = 0
         # Kept in the outbox until the server has it; sent, and its job completed, now or

@@ -113,7 +113,8 @@ class Verifier(Worker):
         except (InvalidInput, TuningError, ValueError, TypeError) as exc:
             logger.warning("record #%d: not checked: %s: %s", task.record.id,
                            type(exc).__name__, exc)  # fmt: skip
-            harness.restart(busy_only=True)  # an answer left unread is not the next check's
+            if isinstance(exc, TuningError):  # from the workers: an answer left unread
+                harness.restart(busy_only=True)  # is not the next check's
             return self._finding("unverifiable", error=f"{type(exc).__name__}: {exc}")
         except Exception as exc:  # a kernel's code run here failing as nothing foresaw: a record
             # that ended the verifier ended each that claimed it next
