@@ -28,6 +28,15 @@ from tunecache.errors import InvalidInput
 
 logger = logging.getLogger(__name__)
 
+
+def host_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, not the machine's total)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 # ISA flags that change which code a compiler emits, and so which config wins.
 _X86_FLAGS = (
     "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",

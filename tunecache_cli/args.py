@@ -273,12 +273,10 @@ def check_workers(value: int | None) -> None:
     Raises:
         InvalidInput: naming the value and the cores.
     """
+    from tunecache.device import host_cores
+
     check_count("--workers", value)
-    try:  # the cores this process may use (not tunecache.tvm's count: that package imports TVM)
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    if value is not None and value > cores:
+    if value is not None and value > (cores := host_cores()):
         raise InvalidInput(f"--workers {value}: at most {cores}, the CPU cores this process may "
                            "use (each worker builds on one)")  # fmt: skip
 

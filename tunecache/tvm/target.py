@@ -10,24 +10,16 @@ import functools
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
+from tunecache.device import host_cores
 from tunecache.tvm.jsonutil import plain_json
 
 logger = logging.getLogger(__name__)
 
 # CPU names LLVM reports when it cannot tell; passing them as mcpu adds nothing.
 _GENERIC_CPUS = frozenset({"", "generic", "x86-64", "unknown"})
-
-
-def host_cores() -> int:
-    """The CPU cores this process may run on (its affinity mask, not the machine's total)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 @functools.cache
