@@ -218,6 +218,29 @@ def test_the_dashboard_counts_the_default_apart_as_records_show_does(
     assert numbers == [*map(str, range(1, 9)), "default"], numbers
 
 
+def test_a_record_that_kept_part_of_its_trials_counts_every_one_searched(
+    shared_server: LiveServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record keeps at most 20,000 trials (and 8 MiB of them): ``search.trials`` counts
+    every one. ``records show`` and the record page counted the kept ones where the last was
+    the default's: 25,000 searched read "8 trials + the default config"."""
+    import httpx
+
+    from tunecache.client import Client
+
+    record = _tvm_record(8)
+    record = record.model_copy(
+        update={"search": record.search.model_copy(update={"trials": 25_001})}
+    )
+    with Client(shared_server.url, token=TEST_TOKEN) as client:
+        record_id = client.upload(record).record_id
+    assert main(["records", "show", str(record_id), "--server", shared_server.url]) == 0
+    assert "meta_schedule, 25000 trials + the default config;" in capsys.readouterr().out
+    auth = {"Authorization": f"Bearer {TEST_TOKEN}"}
+    page = httpx.get(f"{shared_server.url}/ui/records/{record_id}", headers=auth).text
+    assert "meta_schedule: 25000 trials + the default config; tuned in 3.0 s; 9 stored" in page
+
+
 # C5: tune --torch's closing lines.
 def test_tune_torch_says_it_did_not_upload_and_keeps_the_choices_under_their_heading(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

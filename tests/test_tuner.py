@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 
@@ -267,3 +268,35 @@ def test_a_record_of_more_trials_than_it_holds_keeps_the_fastest_in_order() -> N
         search=SearchModel(strategy="random", trials=n + 2, seconds=1.0).model_dump(),
     )
     assert len(RecordCreate.model_validate(record).trials) == MAX_TRIALS
+
+
+def test_a_record_of_trials_over_the_bodys_bytes_keeps_the_fastest_that_fit(
+    server: LiveServer,
+) -> None:
+    # MetaSchedule's configs are traces of kilobytes: 9,000 of them made a record of 18 MB of
+    # trials, refused by the server (413, past its 16 MiB body with the rest) after the search.
+    from tests.factories import AUTH
+    from tunecache.schemas import MAX_TRIALS_BYTES, SearchModel
+    from tuner.tune import recorded
+
+    n, pad = 9_000, "x" * 2_000
+    searched = [Trial(config={"i": i, "trace": pad}, status="ok", time_ms=float(n - i))
+                for i in range(n)]  # fmt: skip
+    after = [Trial(config={"i": n - 1, "trace": pad}, status="ok", time_ms=1.0)]
+    kept = recorded(searched, after)
+    size = sum(len(t.model_dump_json()) + 1 for t in kept)
+    assert MAX_TRIALS_BYTES - 2_100 < size <= MAX_TRIALS_BYTES and kept[-1] == after[0]
+    ids = [t.config["i"] for t in kept[:-1]]
+    assert ids == list(range(n - len(ids), n))  # the fastest, in the order they ran
+    assert recorded(searched[:100], after) == [*searched[:100], *after]  # room: every one
+
+    record = make_record().model_dump(mode="json")
+    record.update(
+        trials=[t.model_dump(mode="json") for t in kept],
+        search=SearchModel(strategy="random", trials=n + 1, seconds=1.0).model_dump(),
+    )
+    answer = httpx.post(f"{server.url}/v1/records", json=record, headers=AUTH, timeout=60)
+    assert answer.status_code == 201, answer.text
+    every = {**record, "trials": [t.model_dump(mode="json") for t in [*searched, *after]]}
+    assert httpx.post(f"{server.url}/v1/records", json=every, headers=AUTH,
+                      timeout=60).status_code == 413  # fmt: skip

@@ -60,6 +60,9 @@ from tunecache.strict import Strict as _Strict
 from tunecache.strict import Text as Text
 
 MAX_TRIALS = 20_000
+# Bytes of a record's trials (their JSON) the tuner sends: half the server's default body limit
+# (16 MiB), the rest left to the record's other parts. MetaSchedule's traces are kilobytes each.
+MAX_TRIALS_BYTES = 8 * 1024 * 1024
 MAX_LISTED = 100_000  # records one listing holds at most (a server's list_limit)
 MAX_CHECKS = 256
 MAX_CONFIG_BYTES = 256 * 1024

@@ -32,8 +32,8 @@ def count_text(record: RecordCreate) -> str:
     """``16 trials + the default config`` where the last trial is the default's (see
     :func:`default_trial`), else ``17 trials``: as the dashboard says it
     (:func:`tunecache.trialcount.count_text`)."""
-    if default_trial(record):
-        return trialcount.count_text(len(record.trials), True)
+    if default_trial(record):  # a record keeps at most MAX_TRIALS, its search counts all
+        return trialcount.count_text(max(len(record.trials), record.search.trials), True)
     return trialcount.count_text(record.search.trials, False)
 
 

@@ -23,7 +23,7 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ from tunecache.folders import output_dir
 from tunecache.key import Key
 from tunecache.schemas import (
     MAX_TRIALS,
+    MAX_TRIALS_BYTES,
     KeyModel,
     Provenance,
     RecordCreate,
@@ -379,12 +380,33 @@ def build_record(
 
 def recorded(searched: list[Trial], after: list[Trial]) -> list[Trial]:
     """The trials a record holds: the search's and those after it (re-timings, rejections), or,
-    past :data:`~tunecache.schemas.MAX_TRIALS`, those after it and the search's fastest, in the
-    order they ran (a landscape of a larger space, a daemon's job of more trials: a record of
-    them all was refused after the whole search); ``search.trials`` still counts every one."""
-    room = max(0, MAX_TRIALS - len(after))
-    if len(searched) <= room:
-        return [*searched, *after][:MAX_TRIALS]
+    past :data:`~tunecache.schemas.MAX_TRIALS` trials or
+    :data:`~tunecache.schemas.MAX_TRIALS_BYTES` of their JSON, those after it and the search's
+    fastest that fit, in the order they ran (a landscape of a larger space, a daemon's job of more
+    trials, MetaSchedule's traces: a record of them all was refused after the whole search);
+    ``search.trials`` still counts every one."""
+    sizes = [len(t.model_dump_json()) + 1 for t in searched]
+    after_sizes = [len(t.model_dump_json()) + 1 for t in after]
+    every = len(searched) + len(after) <= MAX_TRIALS
+    if every and sum(sizes) + sum(after_sizes) <= MAX_TRIALS_BYTES:
+        return [*searched, *after]
     times = [trial_time(t) for t in searched]
     fastest = sorted(range(len(searched)), key=lambda i: (times[i] is None, times[i] or 0.0))
-    return [*(searched[i] for i in sorted(fastest[:room])), *after][:MAX_TRIALS]
+    kept_after = _fitting(after_sizes, range(len(after)), MAX_TRIALS, MAX_TRIALS_BYTES)
+    count = MAX_TRIALS - len(kept_after)
+    room = MAX_TRIALS_BYTES - sum(after_sizes[i] for i in kept_after)
+    kept = _fitting(sizes, fastest, count, room)
+    return [*(searched[i] for i in sorted(kept)), *(after[i] for i in sorted(kept_after))]
+
+
+def _fitting(sizes: list[int], order: Iterable[int], count: int, room: int) -> list[int]:
+    """The indices, taken in ``order``, of at most ``count`` items whose ``sizes`` fit ``room``
+    (one that does not fit is skipped, a smaller one after it may)."""
+    kept: list[int] = []
+    for i in order:
+        if len(kept) >= count:
+            break
+        if sizes[i] <= room:
+            kept.append(i)
+            room -= sizes[i]
+    return kept
