@@ -337,6 +337,24 @@ def test_brackets_inside_a_records_strings_are_not_counted_as_containers(
     assert result.source == "server" and elapsed <= BOUND
 
 
+@pytest.mark.parametrize("status", [200, 404])
+def test_a_string_that_never_ends_is_counted_past_at_once(status: int) -> None:
+    """``"`` + ``\\"`` × 32,000 (64 KB): the count of arrays and objects before the parse
+    searched for each quote's end again from the next quote, 14 s at C speed holding the GIL:
+    a lookup (or an error answer read as JSON) stood the whole process still past its deadline.
+    An unended string is an answer that does not parse: the default, within the deadline."""
+    body = b'"' + b'\\"' * (1 << 16)
+
+    def unended(conn: socket.socket, request: Request, seen: Seen) -> None:
+        answer(conn, status, body)
+
+    with serve(unended) as (url, _):
+        elapsed, result = timed_lookup(url)
+    assert result.source == "default" and elapsed <= BOUND, elapsed
+    assert tunecache.http.containers(b'["a\\\n[", {"b": "\\"]"}]') == 2  # escapes, any byte
+    assert tunecache.http.containers(b'[{}, "[{') == 2  # to the end: what follows is string
+
+
 @pytest.mark.parametrize("charset", ["hex", "rot13", "base64", "no-such-codec"])
 def test_an_error_answer_in_any_charset_is_a_failed_call(charset: str) -> None:
     """An error answer naming a charset of Python's bytes codecs (``charset=hex``) made httpx's
