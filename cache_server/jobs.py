@@ -25,6 +25,7 @@ from cache_server.leases import token_live
 from cache_server.models import JobRow, RecordRow, TokenRow, utcnow
 from cache_server.twins import lock_slot
 from tunecache.canonical import canonical_json
+from tunecache.jobs import MISS_SOURCE
 from tunecache.key import kernel_module
 
 
@@ -375,7 +376,7 @@ def answered(session: Session, *, key_hash: str, record_id: int) -> int:
     A running job is its worker's; a job queued with a budget or strategy of its own (a re-tune
     asked for) stays. Returns how many it marked."""
     miss = [JobRow.key_hash == key_hash, JobRow.state.in_(("queued", "failed")),
-            JobRow.source == "miss", JobRow.strategy.is_(None),
+            JobRow.source == MISS_SOURCE, JobRow.strategy.is_(None),
             JobRow.trials.is_(None)]  # fmt: skip
     return _set(session, miss, state="done", record_id=record_id, lease_expires_at=None, error="",
                 error_by=None)  # fmt: skip

@@ -94,6 +94,23 @@ def test_misses_create_at_most_the_servers_jobs_a_minute(capped_server: LiveServ
     assert sorted(j["key"]["problem"]["M"] for j in jobs(url)) == [1, 2, 3, 4]
 
 
+def test_a_job_queued_through_the_api_cannot_pass_for_a_miss(capped_server: LiveServer) -> None:
+    """A write token queued jobs with ``"source": "miss"``: they were counted in the misses'
+    server-wide budget, which that one token spent alone (65 in a minute, every other caller's
+    misses then refused with 429), past its share; a miss's answer marked them done."""
+    url = capped_server.url
+    token = issue_token(url, "write")
+    writer = {"Authorization": f"Bearer {token}"}
+    for m in (1, 2, 3):
+        body = {"key": make_key(m=m).to_json(), "source": "miss"}
+        refused = httpx.post(f"{url}/v1/jobs", json=body, headers=writer, timeout=30)
+        assert refused.status_code == 422 and "source 'miss' is the server's" in refused.text
+        body["source"] = "pretune"  # any other source is the token's own
+        assert httpx.post(f"{url}/v1/jobs", json=body, headers=writer).status_code == 201
+    assert [report(url, m, AUTH).status_code for m in (4, 5, 6)] == [202, 202, 202]
+    assert sorted(j["source"] for j in jobs(url)) == ["miss"] * 3 + ["pretune"] * 3
+
+
 def test_one_caller_gets_only_its_share_of_the_new_jobs(database: tuple[str, Path | None],
                                                         tmp_path: Path) -> None:  # fmt: skip
     """One caller (here: an address, no token) spent the whole server's budget of new jobs from

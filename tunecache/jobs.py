@@ -42,18 +42,33 @@ MAX_CLAIM_KEYS = 4096  # a claim's key filter: 270 KB of hashes at most
 ClaimKeys = Annotated[list[KeyHash], Field(min_length=1, max_length=MAX_CLAIM_KEYS)]
 
 
+MISS_SOURCE = "miss"
+
+
+def _not_a_miss_source(value: str) -> str:
+    """``value``, a job's source, if it is not :data:`MISS_SOURCE`: the server's, for the jobs
+    misses open. A write token's jobs of that source were counted in the misses' server-wide
+    budget, which one token then spent alone (every other caller's misses refused a minute),
+    and a miss's answer marked them done."""
+    if value == MISS_SOURCE:
+        raise ValueError(f"source {MISS_SOURCE!r} is the server's: a miss is reported at "
+                         "POST /v1/misses, which bounds each caller's share")  # fmt: skip
+    return value
+
+
 class JobCreate(_Strict):
     model_config = ConfigDict(json_schema_extra={"examples": [examples.JOB]})
 
     key: KeyModel
     priority: Annotated[int, Field(strict=True, ge=-1000, le=1000), INTEGRAL] = 0
     max_attempts: Annotated[int, Field(strict=True, ge=1, le=100), INTEGRAL] = 3
-    source: Annotated[str, Field(max_length=32, pattern=r"^[a-z_]+$")] = "api"
+    source: Annotated[str, Field(max_length=32, pattern=r"^[a-z_]+$")] = "api"  # never MISS_SOURCE
     # How to tune it (a strategy name, a budget in trials); unset: the worker's own.
     strategy: JobStrategy | None = None
     trials: JobTrials | None = None
 
     _builtin_key = field_validator("key")(builtin_key)
+    _not_a_miss = field_validator("source")(_not_a_miss_source)
 
 
 class JobPublic(_Strict):

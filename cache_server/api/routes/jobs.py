@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from datetime import timedelta
 from typing import Annotated
@@ -19,6 +20,7 @@ from cache_server.settings import ServerSettings
 from tunecache.errors import InvalidInput
 from tunecache.jobs import (
     MAX_JOB_PAGE,
+    MISS_SOURCE,
     ClaimRequest,
     JobCreate,
     JobDone,
@@ -202,7 +204,7 @@ def report_miss(
         key_hash=key_hash,
         key=request.key.model_dump(mode="json", by_alias=True),
         priority=MISS_PRIORITY,
-        source="miss",
+        source=MISS_SOURCE,
         requested_by=who,
     )
     metrics.count_miss_report()
@@ -237,7 +239,8 @@ def _check_new_job_budget(session: SessionDep, settings: ServerSettings, who: st
     jobs.lock_miss_budget(session)
     since = utcnow() - timedelta(minutes=1)
     share = settings.miss_jobs_per_caller
-    if jobs.count_created(session, source="miss", since=since, requested_by=who) >= share:
+    misses = functools.partial(jobs.count_created, session, source=MISS_SOURCE, since=since)
+    if misses(requested_by=who) >= share:
         raise too_many(
             f"this caller's misses created {share} new jobs in the last minute, its share of "
             f"the server's {settings.miss_jobs_per_minute}",
@@ -246,14 +249,14 @@ def _check_new_job_budget(session: SessionDep, settings: ServerSettings, who: st
     anonymous = max(1, settings.miss_jobs_per_minute // 2)
     if (
         who.startswith(ANONYMOUS)
-        and jobs.count_created(session, source="miss", since=since, callers=ANONYMOUS) >= anonymous
+        and misses(callers=ANONYMOUS) >= anonymous
     ):
         raise too_many(
             f"misses of callers without a token created {anonymous} new jobs in the last "
             f"minute, their share of the server's {settings.miss_jobs_per_minute}: send a token",
             30.0,
         )
-    if jobs.count_created(session, source="miss", since=since) >= settings.miss_jobs_per_minute:
+    if misses() >= settings.miss_jobs_per_minute:
         raise too_many(
             f"misses created {settings.miss_jobs_per_minute} new jobs in the last minute, "
             "the server's limit",
