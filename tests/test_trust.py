@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -543,6 +544,33 @@ def test_disputes_after_verifications_are_always_claimable(server: LiveServer) -
         if answer.status_code == 429:
             break
     assert answer.status_code == 429 and int(answer.headers["retry-after"]) >= 1
+
+
+def test_a_new_dispute_makes_a_record_whose_attempts_ran_out_claimable_again(
+    server: LiveServer,
+) -> None:
+    """Three verifications that never answered (killed, or a claimer letting its leases lapse)
+    used up a disputed record's attempts: another consumer's dispute left it out of service for
+    good, unclaimable, where the docs say each new dispute makes it claimable again. The same
+    consumer's dispute repeated is not new."""
+    url = server.url
+    key, reader, record_id = _one_record_and_a_reader(url)
+    other = {"Authorization": f"Bearer {token(url, 'consumer-2', 'read')}"}
+    assert post_dispute(url, record_id, reader, dispute_body(key)).status_code == 200
+    with Client(url, token=token(url, "v", "verify")) as verifier:
+        for round_ in range(3):
+            task = verifier.claim_verification(f"w{round_}", device_arch=CPU.arch,
+                                               backends=["tvm"], lease_seconds=0.001)  # fmt: skip
+            assert task is not None and task.record.id == record_id
+            time.sleep(0.01)
+        claim = {"device_arch": CPU.arch, "backends": ["tvm"], "lease_seconds": 60.0}
+        assert verifier.claim_verification("w3", **claim) is None  # its attempts ran out
+        assert post_dispute(url, record_id, reader, dispute_body(key)).status_code == 200
+        assert verifier.claim_verification("w4", **claim) is None  # the same dispute again
+        assert post_dispute(url, record_id, other, dispute_body(key)).status_code == 200
+        task = verifier.claim_verification("w5", **claim)
+        assert task is not None and task.record.id == record_id
+        assert verifier.submit_verification(record_id, _passed("w5", 1.0)).status == "verified"
 
 
 def test_a_dispute_during_a_verifiers_lease_is_not_settled_unrun(server: LiveServer) -> None:
