@@ -116,6 +116,25 @@ def test_the_daemon_refuses_to_start_without_a_write_token(server: LiveServer) -
     assert done.returncode == 2 and "'write' scope" in done.stderr
 
 
+@pytest.mark.parametrize(("given", "said"), [
+    (["--strategy", "bogus"], "--strategy: unknown strategy 'bogus' for "),
+    (["--strategy", "bayes"], "inductor has no space to search with 'bayes'; its search is "
+                              "'inductor_max_autotune' (--backends tvm: those it can tune)"),
+    (["--strategy", "meta_schedule", "--backends", "tvm,inductor"], "(--backends tvm: those"),
+])  # fmt: skip
+def test_a_strategy_the_daemon_cannot_tune_with_is_refused_before_it_claims(
+    server: LiveServer, given: list[str], said: str
+) -> None:
+    """A mistyped ``--strategy`` was said by the first job claimed: failed, an attempt of a
+    team's job spent (and the job held back by the retry delay)."""
+    with Client(server.url) as client:
+        job = client.create_job(make_key(m=96)).job
+    done = daemon(server, *given)
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    listed = httpx.get(f"{server.url}/v1/jobs").json()["items"]
+    assert [(j["id"], j["state"], j["attempts"]) for j in listed] == [(job.id, "queued", 0)]
+
+
 def _start(server: LiveServer, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "tunecache_cli", "daemon", "--server",
                              server.url, "--workers", "1", *args], cwd=REPO, text=True,

@@ -97,6 +97,24 @@ def _packages(text: str | None) -> tuple[str, ...]:
         raise InvalidInput(f"--kernels: {exc}") from None
 
 
+def _check_strategy(strategy: str | None, device: str, backends: tuple[str, ...] | None) -> None:
+    """Raises:
+    InvalidInput: ``--strategy`` cannot tune one of the backends the daemon takes jobs of (a
+    typo was said only by the first job claimed: failed, an attempt of a team's job spent)."""
+    if strategy is None:
+        return
+    from backends import get_backend
+    from tuner.daemon import runnable_backends
+    from tuner.tune import strategy_problem
+
+    names = runnable_backends(device, backends)
+    problems = {name: strategy_problem(get_backend(name), strategy) for name in names}
+    fits = [name for name, why in problems.items() if why is None]
+    for why in filter(None, problems.values()):
+        hint = f" (--backends {','.join(fits)}: those it can tune)" if fits else ""
+        raise InvalidInput(f"--strategy: {why}{hint}")
+
+
 def _check_device(kind: str) -> None:
     """Raises:
     InvalidInput: ``--device cuda`` where no GPU is visible, saying what to run instead."""
@@ -125,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
     check_seconds("--lease", args.lease, most=MAX_LEASE_SECONDS, least=MIN_LEASE_SECONDS)
     _check_device(args.device)
     kernels, backends = _packages(args.kernels), _backends(args.backends)  # before the server
+    if not args.verify:
+        _check_strategy(args.strategy, args.device, backends)
     if args.verify:  # re-times configs: no search, no work folder
         return run_verifier(args, kernels, backends)
     default_workdir()  # an unusable TUNECACHE_WORK_DIR refuses the start, not each job it claims
