@@ -309,12 +309,17 @@ def test_cli_bootstraps_on_the_database_then_manages_through_the_server(
         (["token", "create", "--name", "bad\nname", "--scope", "read", "--db", "sqlite:///{tmp}/a.db"], "--name"),
         (["token", "create", "--name", "x", "--scope", "read", "--db", "mysql://x"], "sqlite://, postgresql:// or postgres://"),
         (["token", "revoke", "seven", "--db", "sqlite:///{tmp}/a.db"], "invalid int"),
+        (["token", "revoke", "--db", "sqlite:///{tmp}/a.db", "--", "-5"], "ID -5: a token ID is a whole number from 1"),
+        # A mistyped path said "no tokens" (exit 0) and left an empty database behind.
+        (["token", "list", "--db", "sqlite:///{tmp}/a.db"], "there is no database at"),
+        (["token", "revoke", "1", "--db", "sqlite:///{tmp}/a.db"], "there is no database at"),
     ],
 )  # fmt: skip
 def test_cli_bad_input_exits_2(tmp_path: Path, argv: list[str], message: str) -> None:
     done = tunecache(*[a.format(tmp=tmp_path) for a in argv])
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "a.db").exists()
 
 
 def test_tune_without_a_token_stops_before_tuning(server: LiveServer) -> None:

@@ -28,7 +28,21 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["serve", "--db", "sqlite:////proc/tunecache.db"], 2, "cannot open"),
     (["serve", "--db", "sqlite:///{tmp}/c.db", "--port", "{busy}"], 2, "cannot listen on"),
     (["serve", "--port", "70000"], 2, "bad server setting: --port: "),
-    (["token", "list", "--db", "sqlite:////proc/tunecache.db"], 2, "cannot use the database"),
+    (
+        [
+            "token",
+            "create",
+            "--name",
+            "x",
+            "--scope",
+            "read",
+            "--db",
+            "sqlite:////proc/tunecache.db",
+        ],
+        2,
+        "cannot use the database",
+    ),
+    (["token", "list", "--db", "sqlite:////proc/tunecache.db"], 2, "there is no database at"),
     (["token", "create", "--name", "x", "--scope", "root", "--db"], 2, "--scope"),
     (
         ["token", "create", "--name", "x", "--scope", "read", "--db", "sqlite:///{tmp}/no/x.db"],
@@ -160,6 +174,8 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["tune", "matmul", *KEY, "--trials", str(2**63), "--no-upload"], 2, "must be 1 to 1000000"),
     (["pretune", "{tmp}/garbage.py", "--trials", "1000001"], 2, "--trials must be 1 to 1000000"),
     (["demo", "--trials", str(2**63)], 2, "--trials must be 1 to 1000000"),
+    # Another database's URL was an internal error: its driver, missing (exit 1).
+    (["demo", "--db", "mysql://x"], 2, "--db: database URL 'mysql://x' must be sqlite://"),
     (["tune", "matmul", *KEY, "--workers", "100000", "--no-upload"], 2, "the CPU cores this"),
     (["daemon", "--poll", "nan"], 2, "--poll must be a positive number of seconds"),
     (["daemon", "--lease", "-1"], 2, "--lease must be a positive number of seconds"),

@@ -127,6 +127,10 @@ def run(args: argparse.Namespace) -> int:
     from workloads import get_workload
 
     check_trials("--trials", args.trials)
+    if args.db:  # a URL of another database was an internal error (its driver, missing)
+        from tunecache_cli.serve import server_settings
+
+        args.db = server_settings(args).db
     for name in args.workloads.split(","):
         get_workload(name.strip())  # an unknown name fails here, before the server starts
     with tempfile.TemporaryDirectory(prefix="tunecache-demo-") as tmp:

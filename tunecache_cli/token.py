@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tunecache.errors import InvalidInput, ServerError, error_message, one_line
+from tunecache.schemas import MAX_ID
 from tunecache.tokens import SCOPES, TokenCreate, TokenCreated, TokenPublic
 from tunecache_cli.args import add_server, server_url
 from tunecache_cli.table import render
@@ -91,8 +92,10 @@ class _Direct:
 
 
 @contextmanager
-def _tokens(args: argparse.Namespace) -> Iterator[Any]:
-    """A client of the server, or a :class:`_Direct` on the database when ``--db`` was given.
+def _tokens(args: argparse.Namespace, *, create: bool = False) -> Iterator[Any]:
+    """A client of the server, or a :class:`_Direct` on the database when ``--db`` was given,
+    made first if ``create`` (else a mistyped SQLite path is refused: ``token list`` said "no
+    tokens" and left an empty database behind).
 
     Raises:
         InvalidInput: both ``--server`` and ``--db`` were given (``--db`` won, without a word).
@@ -116,7 +119,7 @@ def _tokens(args: argparse.Namespace) -> Iterator[Any]:
     args.db = args.db or None  # bare --db: the server's own setting
     try:
         settings = server_settings(args)
-        engine = prepare(settings.db, statement_seconds=settings.statement_seconds)
+        engine = prepare(settings.db, create=create, statement_seconds=settings.statement_seconds)
         with make_sessionmaker(engine).begin() as session:
             yield _Direct(session, engine.url.render_as_string(hide_password=True))
     except SchemaOutdated as exc:
@@ -131,7 +134,7 @@ def run_create(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         first = exc.errors()[0]
         raise InvalidInput(f"--{first['loc'][0]}: {error_message(first)}") from None
-    with _tokens(args) as tokens:
+    with _tokens(args, create=True) as tokens:
         try:
             created: TokenCreated = tokens.create_token(request.name, request.scope,
                                                         trusted=request.trusted)  # fmt: skip
@@ -172,6 +175,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_revoke(args: argparse.Namespace) -> int:
+    if not 1 <= args.token_id <= MAX_ID:  # bad input, as records show says it (exit 2)
+        raise InvalidInput(f"ID {args.token_id}: a token ID is a whole number from 1 to {MAX_ID}")
     with _tokens(args) as tokens:
         info: TokenPublic = tokens.revoke_token(args.token_id)
     print(f"revoked token {info.id} {info.name!r}", file=sys.stderr)
