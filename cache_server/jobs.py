@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, case, func, literal, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from cache_server.db import upsert_insert
@@ -105,10 +105,15 @@ def release_leases(session: Session, *, token_id: int) -> int:
     """Gives back the leases of the running jobs claimed with token ``token_id`` (revoked): each
     is queued again, claimable at once, the attempt it spent refunded. Otherwise a revoked
     token's leases held its jobs until they ran out (a day at most), or an admin failed each.
-    Returns how many."""
+    The jobs that failed when its lease of their last attempt ran out are queued again with
+    fresh attempts: a write token let leases of a millisecond lapse, and failed every job of
+    the queue in 3 s. Returns how many."""
     refunded = case((JobRow.attempts > 0, JobRow.attempts - 1), else_=0)
     held = [JobRow.state == "running", JobRow.lease_token_id == token_id]
-    return _set(session, held, state="queued", attempts=refunded, **NO_LEASE)
+    released = _set(session, held, state="queued", attempts=refunded, **NO_LEASE)
+    lapsed = [JobRow.state == "failed", JobRow.lease_token_id == token_id,
+              JobRow.error_by == SERVER]  # fmt: skip
+    return released + _set(session, lapsed, state="queued", attempts=0, **NO_LEASE)
 
 
 def find(session: Session, *, key_hash: str) -> JobRow | None:
@@ -189,13 +194,17 @@ def _expire_last_attempts(session: Session, now: datetime) -> None:
     """Fails each running job whose lease ran out on its last attempt: no worker may claim it
     again, and it stayed ``running`` for good (its worker killed on that attempt), a pretune
     following it waiting for ever."""
-    why = "its worker stopped renewing the lease of its last attempt (killed, or cut off)"
+    why = "its worker stopped renewing the lease of its last attempt (killed, or cut off); "
+    # Whose lease it was stays (the token's name in the error, its id for its revocation:
+    # :func:`release_leases`): a token failing jobs by leases it lets lapse is named.
+    whose = literal(why + "the lease was token ") + func.coalesce(JobRow.lease_token_name, "?")
     stmt = update(JobRow).where(
         JobRow.state == "running",
         JobRow.lease_expires_at < now,
         JobRow.attempts >= JobRow.max_attempts,
     )
-    stmt = stmt.values(state="failed", updated_at=now, error=why, error_by=SERVER, **NO_LEASE)
+    stmt = stmt.values(state="failed", updated_at=now, error=whose, error_by=SERVER,
+                       lease_owner=None, lease_expires_at=None)  # fmt: skip
     session.execute(stmt.execution_options(synchronize_session=False))
 
 
