@@ -88,10 +88,12 @@ def test_stalled_write_bodies_past_the_budget_are_refused_at_once(
     patient_server: LiveServer,
 ) -> None:
     """The auditor's attack: 12 write bodies of 16 MiB less one byte, each stalled before its
-    last byte. The budget's worth are held; the others get 503 without their bodies; memory
-    stays within twice the budget; once the connections close, a 16 MiB body fits again."""
+    last byte, each of another write token. The budget's worth are held; the others get 503
+    without their bodies; memory stays within twice the budget; once the connections close, a
+    16 MiB body fits again."""
     server = patient_server
-    write = {"Authorization": f"Bearer {issue_token(server.url, 'write')}"}
+    writes = [{"Authorization": f"Bearer {issue_token(server.url, 'write')}"} for _ in range(12)]
+    write = writes[0]
     size = 16 * MiB - 1
     budget_mb = BodyBudget(ScopeLimits()).total / MiB  # the server's defaults
     before = resident_mb(server)
@@ -99,7 +101,7 @@ def test_stalled_write_bodies_past_the_budget_are_refused_at_once(
     refusals = []
     try:
         for i in range(12):
-            conn = open_body(server, "/v1/records", size, write)
+            conn = open_body(server, "/v1/records", size, writes[i])
             answer = None if i < TOKEN_BODIES else answered(conn)
             if answer is None:  # taken: all but its last byte, then nothing
                 send_filler(conn, size - 1)
@@ -145,6 +147,34 @@ def assert_fits_again(server: LiveServer, headers: dict[str, str], size: int) ->
             break
         time.sleep(0.2)
     assert answer[0] == 400, answer[1][:400]
+
+
+def test_one_tokens_stalled_bodies_refuse_no_other_token(patient_server: LiveServer) -> None:
+    """A write token's three stalled 16 MiB bodies took the tokens' whole pool: every other
+    token's upload over 64 KiB, an admin's too, got 503 for as long as it kept them coming.
+    One token's bodies now take at most half of it."""
+    server = patient_server
+    write = {"Authorization": f"Bearer {issue_token(server.url, 'write')}"}
+    size = 16 * MiB - 1
+    held: list[socket.socket] = []
+    try:
+        first = open_body(server, "/v1/records", size, write)
+        assert answered(first) is None  # taken
+        send_filler(first, size - 1)
+        held.append(first)
+        for _ in range(2):
+            conn = open_body(server, "/v1/records", size, write)
+            held.append(conn)
+            answer = answered(conn)
+            assert answer is not None and answer[0] == 503, answer
+            assert "as many bodies of this token (at most half of all tokens')" in answer[1]
+        assert_fits_again(server, AUTH, size)  # another token's, the first still held
+        other = {"Authorization": f"Bearer {issue_token(server.url, 'write')}"}
+        assert_fits_again(server, other, size)
+    finally:
+        for conn in held:
+            conn.close()
+    assert_fits_again(server, write, size)
 
 
 def test_one_address_anonymous_bodies_refuse_no_one_else(patient_server: LiveServer) -> None:

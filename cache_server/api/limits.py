@@ -38,6 +38,10 @@ never cut: cutting by holdings alone, 286 addresses each holding a stalled body 
 than an honest client's slow one had it cut. A token not checked yet spares no body (any
 ``Authorization`` header would do).
 
+The bodies of tokens are shared too: one token's take at most half of their pool (one body of
+the write limit at least). A write token's three stalled 16 MiB bodies took it all, and every
+other token's upload over 64 KiB, an admin's too, got 503 for as long as it kept them coming.
+
 Once read, a JSON body is parsed off the event loop (:func:`parse_json`, in a worker thread) with
 bounds on its nesting depth and element count, so a small body cannot expand into millions of
 objects (``[{},{},…]``: 3 bytes each).
@@ -45,6 +49,7 @@ objects (``[{},{},…]``: 3 bytes each).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -141,6 +146,8 @@ class ScopeLimits:
 # is full) have a pool of their own, which a token's bodies never take: uploads cannot make
 # lookups wait, nor can a flood of anonymous bodies refuse uploads.
 TOKEN_BODIES: Final = 3  # write limits' worth; read and verify scopes take at most half of it
+# One token's bodies take at most half of the tokens' pool (one write body at least): a write
+# token's three stalled 16 MiB bodies refused every other token's upload, admins' too.
 ANONYMOUS_BODIES: Final = 256  # anonymous limits' worth
 ADDRESS_BODIES: Final = 64  # of those, what one client address may hold: one cannot fill it
 # A body without a token is arriving (never cut for another) while bytes came within the last
@@ -155,11 +162,12 @@ class Hold:
     """The body bytes one request holds in a :class:`BodyBudget`, and whose they are."""
 
     __slots__ = ("address", "checked", "cut", "cut_off", "last", "received", "scope", "size",
-                 "started")  # fmt: skip
+                 "started", "token")  # fmt: skip
 
     def __init__(self, address: str) -> None:
         self.address = address
         self.scope: Scope | None = None  # None: anonymous, or its token not checked yet
+        self.token = b""  # its checked token's digest (b"": none)
         self.checked = False  # whether its token was looked up (once at most)
         self.size = 0
         # While its body arrives: what cuts it off (BodyBudget.make_room), and whether it was
@@ -188,10 +196,12 @@ class BodyBudget:
     def __init__(self, limits: ScopeLimits) -> None:
         self.tokens_limit = max(TOKEN_BODIES * limits.write, limits.read)
         self.read_limit = max(self.tokens_limit // 2, limits.read)
+        self.token_limit = max(self.tokens_limit // 2, limits.write)
         self.anonymous_limit = ANONYMOUS_BODIES * limits.anonymous
         self.address_limit = ADDRESS_BODIES * limits.anonymous
         self.tokens = self.read = self.anonymous = 0
         self.by_address: dict[str, int] = {}
+        self.by_token: dict[bytes, int] = {}
         self.arriving: set[Hold] = set()  # holds whose body still arrives, and can be cut off
 
     @property
@@ -208,7 +218,9 @@ class BodyBudget:
         if hold.scope is None:
             by_address = self.address_limit - self.by_address.get(hold.address, 0)
             return min(self.anonymous_limit - self.anonymous, by_address)
-        room = self.tokens_limit - self.tokens
+        room = min(
+            self.tokens_limit - self.tokens, self.token_limit - self.by_token.get(hold.token, 0)
+        )
         if hold.scope in ("read", "verify"):
             room = min(room, self.read_limit - self.read)
         return room
@@ -220,15 +232,15 @@ class BodyBudget:
         self._add(hold, size)
         return True
 
-    def move(self, hold: Hold, scope: Scope) -> bool:
-        """Moves ``hold``'s bytes to the pool of ``scope``, its checked token's, if they fit
-        there (else leaves them where they are)."""
+    def move(self, hold: Hold, scope: Scope, token: bytes) -> bool:
+        """Moves ``hold``'s bytes to the pool of ``scope``, its checked token's (whose digest is
+        ``token``), if they fit there (else leaves them where they are)."""
         size = hold.size
         self._add(hold, -size)
-        hold.scope, was = scope, hold.scope
+        hold.scope, hold.token, was = scope, token, hold.scope
         if self.take(hold, size):
             return True
-        hold.scope = was
+        hold.scope, hold.token = was, b""
         self._add(hold, size)
         return False
 
@@ -268,6 +280,11 @@ class BodyBudget:
         if hold.scope is not None:
             self.tokens += size
             self.read += size if hold.scope in ("read", "verify") else 0
+            left = self.by_token.get(hold.token, 0) + size
+            if left:
+                self.by_token[hold.token] = left
+            else:
+                self.by_token.pop(hold.token, None)
             return
         self.anonymous += size
         left = self.by_address.get(hold.address, 0) + size
@@ -335,7 +352,7 @@ class BodyLimits:
             ) from exc
         if held is None:
             raise Refused(401, "the token is not known to this server, or was revoked")
-        if not self.budget.move(hold, held):
+        if not self.budget.move(hold, held, hashlib.sha256(token.encode()).digest()):
             raise self._busy(hold)
         return self.limits.of(held)
 
@@ -356,7 +373,10 @@ class BodyLimits:
 
     def _busy(self, hold: Hold) -> Refused:
         budget = self.budget
-        if hold.scope is not None:
+        mine = budget.token_limit - budget.by_token.get(hold.token, 0)  # this token's room
+        if hold.scope is not None and mine < budget.tokens_limit - budget.tokens:
+            who = "bodies of this token (at most half of all tokens')"
+        elif hold.scope is not None:
             who = f"bodies of {hold.scope} tokens"
         elif budget.address_limit - budget.by_address.get(hold.address, 0) <= (
             budget.anonymous_limit - budget.anonymous
