@@ -192,6 +192,11 @@ def test_a_snapshot_path_may_be_a_str_and_a_bad_policy_fails_at_construction(
     assert (result.source, result.config) == ("default", {"tile": 1})
     with pytest.raises(InvalidInput, match="policy='loose': expected one of strict"):
         Client("http://127.0.0.1:9", policy="loose")  # type: ignore[arg-type]
+    # timeout="x" raised float()'s "could not convert string to float", naming nothing; True
+    # was taken for one second.
+    for bad in ("x", True, float("nan"), 0):
+        with pytest.raises(ValueError, match=r"Timeout.lookup must be a positive number of seco"):
+            Client("http://127.0.0.1:9", timeout=bad)  # type: ignore[arg-type]
 
 
 def test_a_claim_on_a_server_older_than_the_kernel_filter_is_sent_again_without_it(

@@ -142,7 +142,7 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
             raise InvalidInput(f"policy={policy!r}: expected one of {known}")
         self.url = checked_url(url, "url=") if url else env_url()
         timeout = env_timeout() if timeout is None else timeout
-        self.timeout = timeout if isinstance(timeout, Timeout) else Timeout(lookup=float(timeout))
+        self.timeout = timeout if isinstance(timeout, Timeout) else Timeout(lookup=timeout)
         self.retry_after = retry_after
         self.miss_ttl = miss_ttl
         self.policy: VersionPolicy = policy

@@ -91,7 +91,8 @@ class Timeout:
     def __post_init__(self) -> None:
         for name in ("lookup", "connect", "write"):
             value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if value is not None and not (number and math.isfinite(value) and value > 0):
                 raise ValueError(f"Timeout.{name} must be a positive number of seconds: {value!r}")
 
     def per_operation(self, seconds: float, *, read: bool) -> httpx.Timeout:
