@@ -162,7 +162,8 @@ def test_a_backend_without_a_record_is_listed_with_why(server: LiveServer) -> No
     [
         (["best", "nosuchkernel", "--shape", SHAPE], "nosuchkernel"),
         (["best", "matmul", "--shape", "M=64"], "matmul"),
-        (["best", "matmul", "--shape", SHAPE, "--backends", "cuda"], "unknown backend 'cuda'"),
+        (["best", "matmul", "--shape", SHAPE, "--backends", "cuda"], "--backends 'cuda': expected"),
+        (["best", "matmul", "--shape", SHAPE, "--backends", ","], "--backends ',': expected some"),
         (["best", "matmul", "--shape", SHAPE, "--dtype", "int8"], "no backend for int8"),
     ],
 )
@@ -233,8 +234,9 @@ def test_one_ratio_to_eager_and_the_device_that_measured_each_time(server: LiveS
     # tvm is now timed on the verifier's device, inductor on its uploader's: no crown, no eager row
     shown = cli(server, "best", "matmul", "--shape", SHAPE, "--backends", "tvm,inductor")
     assert shown.returncode == 0 and "no backend is crowned" in shown.stdout, shown.stderr
-    shown = cli(server, "best", "matmul", "--shape", SHAPE, "--backends", "tvm")
+    shown = cli(server, "best", "matmul", "--shape", SHAPE, "--backends", "tvm,tvm")
     assert shown.returncode == 0, shown.stderr
+    assert [line.split()[0] for line in shown.stdout.splitlines() if line.strip()].count("tvm") == 1
     tvm, eager = table_row(shown.stdout, "tvm"), table_row(shown.stdout, "torch eager")
     assert tvm[1] == "2.2 v" and tvm[4] == f"{key.device.arch} verifier-cpu"
     assert eager[1] == "1" and eager[4] == f"{key.device.arch} {key.device.name}"

@@ -314,3 +314,16 @@ def output_file(flag: str, path: Path) -> Path:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InvalidInput(f"{flag} {path}: folder {folder} is not writable")
     return path
+
+
+def parse_backends(text: str) -> tuple[str, ...]:
+    """``--backends``: known backend names, each once (``best --backends tvm,tvm`` printed its
+    row twice; an unknown name was asked of the server, and answered with nothing).
+
+    Raises:
+        InvalidInput: an unknown name, or none.
+    """
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not names or any(n not in BACKENDS for n in names):
+        raise InvalidInput(f"--backends {text!r}: expected some of {', '.join(BACKENDS)}")
+    return names

@@ -12,7 +12,13 @@ from typing import Any
 
 from tunecache.errors import InvalidInput
 from tunecache.key import DTYPES
-from tunecache_cli.args import add_server, parse_shape, refuse_triton_object, server_url
+from tunecache_cli.args import (
+    add_server,
+    parse_backends,
+    parse_shape,
+    refuse_triton_object,
+    server_url,
+)
 from tunecache_cli.table import digits_apart, ms, ratio, render, shown
 
 
@@ -51,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     except InvalidInput:
         refuse_triton_object(args.workload)
         raise
-    backends = [b.strip() for b in args.backends.split(",")] if args.backends else None
+    backends = None if args.backends is None else list(parse_backends(args.backends))
     url = server_url(args)
     with (
         Client(url, snapshot="") as client,  # the server's records, not a file's

@@ -23,6 +23,7 @@ from tunecache_cli.args import (
     check_seconds,
     check_trials,
     check_workers,
+    parse_backends,
     preflight,
     server_url,
 )
@@ -70,16 +71,6 @@ def register(commands: Any) -> None:
     )  # fmt: skip
     add_server(parser)
     parser.set_defaults(run=run)
-
-
-def _backends(text: str | None) -> tuple[str, ...] | None:
-    if text is None:
-        return None
-    names = tuple(n.strip() for n in text.split(",") if n.strip())
-    unknown = [n for n in names if n not in BACKENDS]
-    if unknown or not names:
-        raise InvalidInput(f"--backends {text!r}: expected some of {', '.join(BACKENDS)}")
-    return names
 
 
 def _packages(text: str | None) -> tuple[str, ...]:
@@ -142,11 +133,11 @@ def run(args: argparse.Namespace) -> int:
     check_seconds("--poll", args.poll, least=MIN_POLL_SECONDS)
     check_seconds("--lease", args.lease, most=MAX_LEASE_SECONDS, least=MIN_LEASE_SECONDS)
     _check_device(args.device)
-    kernels, backends = _packages(args.kernels), _backends(args.backends)  # before the server
-    if not args.verify:
-        _check_strategy(args.strategy, args.device, backends)
+    kernels = _packages(args.kernels)  # these, before the server
+    backends = None if args.backends is None else parse_backends(args.backends)
     if args.verify:  # re-times configs: no search, no work folder
         return run_verifier(args, kernels, backends)
+    _check_strategy(args.strategy, args.device, backends)
     default_workdir()  # an unusable TUNECACHE_WORK_DIR refuses the start, not each job it claims
     preflight(server_url(args), "write", "the daemon (it claims jobs and uploads)")
     options = DaemonOptions(
