@@ -431,7 +431,12 @@ def test_cli_export_import_round_trip(server: LiveServer, tmp_path: Path) -> Non
     none = tunecache("snapshot", "export", "--arch", "nope", "--server", server.url, "-o",
                      str(tmp_path / "none.json"))  # fmt: skip
     assert none.returncode == 0 and "exported 0 winners" in none.stdout  # an empty one is fine,
-    assert "no winner matches: is 'nope' an arch" in none.stderr  # but said (a typo, perhaps)
+    assert "no winner matches arch 'nope': is each" in none.stderr  # but said (a typo, perhaps)
+    # A mistyped kernel was blamed on the arch: "is 'cpu-…' an arch the server has winners of?"
+    none = tunecache("snapshot", "export", "--arch", ARCH, "--kernel", "nosuch", "--server",
+                     server.url, "-o", str(tmp_path / "none.json"))  # fmt: skip
+    assert none.returncode == 0 and "exported 0 winners" in none.stdout
+    assert f"no winner matches arch {ARCH!r}, kernel 'nosuch': is each" in none.stderr
 
     done = tunecache("snapshot", "import", str(out), "--server", server.url)
     assert done.returncode == 0, done.stderr
@@ -489,6 +494,11 @@ def test_sync_downloads_this_arch_once_and_the_resolver_reads_it(
 
     assert "wrote 1 winners of" in sync() and path.exists()
     assert "is up to date" in sync()  # the file's ETag went as If-None-Match: 304
+    bogus = subprocess.run([sys.executable, "-m", "tunecache_cli", "sync", "--arch", "bogus",
+                            "--server", server.url, "-o", str(tmp_path / "bogus.json")],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bogus.returncode == 0 and "wrote 0 winners of bogus" in bogus.stdout  # said, then:
+    assert "no winner matches arch 'bogus': is each" in bogus.stderr, bogus.stderr
     with Client("http://127.0.0.1:9", snapshot=path) as offline:
         hit = offline.lookup(key)
     assert (hit.source, hit.rule, hit.config) == ("snapshot", "exact", knobs(3))

@@ -327,3 +327,15 @@ def parse_backends(text: str) -> tuple[str, ...]:
     if not names or any(n not in BACKENDS for n in names):
         raise InvalidInput(f"--backends {text!r}: expected some of {', '.join(BACKENDS)}")
     return names
+
+
+def nothing_matched(**filters: str | None) -> str:
+    """The warning after an export or a sync that matched no winner, naming each filter given
+    (one naming the arch alone blamed it for a mistyped ``--kernel``; a sync of a mistyped arch
+    said only "wrote 0 winners")."""
+    given = ", ".join(f"{name.replace('_', ' ')} {value!r}" for name, value in filters.items()
+                      if value is not None)  # fmt: skip
+    return (
+        f"tunecache: no winner matches {given}: is each a value the server has winners "
+        "of? (tunecache records ls --all shows them)"
+    )

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from tunecache.errors import InvalidInput, ServerError, error_message
 from tunecache.snapshot import SnapshotFilters
 from tunecache.strict import shown
-from tunecache_cli.args import add_server, output_file, server_url
+from tunecache_cli.args import add_server, nothing_matched, output_file, server_url
 
 
 def register(commands: Any) -> None:
@@ -78,9 +78,10 @@ def run_export(args: argparse.Namespace) -> int:
         raise ServerError(f"{url} answered 304 Not Modified to an export that named no ETag")
     save_snapshot(args.output, document)
     print(f"exported {len(document['records'])} winners to {args.output} (ETag {shown(etag)})")
-    if not document["records"]:  # a mistyped arch exports nothing, silently otherwise
-        print(f"tunecache: no winner matches: is {filters.device_arch!r} an arch the server has "
-              "winners of? (tunecache records ls shows their archs)", file=sys.stderr)  # fmt: skip
+    if not document["records"]:  # a mistyped filter exports nothing, silently otherwise
+        hint = nothing_matched(arch=filters.device_arch, device_name=filters.device_name,
+                               kernel=filters.kernel, backend=filters.backend)  # fmt: skip
+        print(hint, file=sys.stderr)
     return 0
 
 

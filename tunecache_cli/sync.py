@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
 from tunecache.strict import shown
-from tunecache_cli.args import add_server, output_file, server_url
+from tunecache_cli.args import add_server, nothing_matched, output_file, server_url
 
 
 def register(commands: Any) -> None:
@@ -94,4 +95,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     save_snapshot(path, document)
     print(f"wrote {len(document['records'])} winners of {arch} to {path} (ETag {shown(etag)})")
+    if not document["records"]:
+        print(nothing_matched(arch=arch), file=sys.stderr)
     return 0
