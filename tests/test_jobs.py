@@ -212,13 +212,13 @@ def test_a_lease_that_runs_out_on_the_last_attempt_fails_the_job(any_server: Liv
     assert failed["lease_owner"] is None
 
 
-def test_jobs_a_token_failed_by_lapsed_leases_name_it_and_come_back_when_it_is_revoked(
+def test_a_job_failed_by_a_lapsed_lease_names_the_token_whose_lease_it_was(
     any_server: LiveServer,
 ) -> None:
     """A write token claimed with leases of a millisecond under made-up worker names: every job
-    of the queue failed in 3 s, the server named as the failure's author and nothing recorded
-    whose leases they were. The error names the token, and revoking it queues its jobs again
-    with fresh attempts; a job another token's lease failed stays failed."""
+    of the queue failed in 3 s, the server named as the failure's author and nothing said whose
+    leases they were. The error names the token (an admin revokes it, and asks for the keys
+    again: the next test)."""
     url = any_server.url
     honest, lapser = issue_token(url, "write"), issue_token(url, "write")  # test-write, -2
     with httpx.Client(headers=AUTH, base_url=url, timeout=30) as http:
@@ -233,16 +233,11 @@ def test_jobs_a_token_failed_by_lapsed_leases_name_it_and_come_back_when_it_is_r
 
         assert lapsing(honest, "h") == 200
         assert [lapsing(lapser, f"x{n}") for n in range(3)] == [200, 200, 204]
-        failed = {j["id"]: j["error"] for j in http.get("/v1/jobs", params={"state": "failed"}
-                                                        ).json()["items"]}  # fmt: skip
-        theirs = [i for i, error in failed.items() if error.endswith("token test-write-2")]
-        assert len(failed) == 3 and len(theirs) == 2, failed
-        assert sum(error.endswith("the lease was token test-write") for error in failed.values())
-        (row,) = [t for t in http.get("/v1/tokens").json()["items"] if t["name"] == "test-write-2"]
-        assert http.delete(f"/v1/tokens/{row['id']}").status_code == 200
-        after = {j["id"]: (j["state"], j["attempts"]) for j in http.get("/v1/jobs").json()["items"]}
-    assert {i: after[i] for i in theirs} == {i: ("queued", 0) for i in theirs}
-    assert [after[i][0] for i in failed if i not in theirs] == ["failed"]
+        failed = [j["error"] for j in http.get("/v1/jobs", params={"state": "failed"}
+                                               ).json()["items"]]  # fmt: skip
+    assert len(failed) == 3, failed
+    assert sorted(error.rsplit("the lease was token ", 1)[1] for error in failed) == [
+        "test-write", "test-write-2", "test-write-2"]  # fmt: skip
 
 
 def test_a_job_whose_attempts_a_token_spent_is_queued_again_when_asked_for(
