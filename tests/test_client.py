@@ -6,9 +6,12 @@ import json
 import logging
 import time
 from datetime import UTC, datetime
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from cache_server.embedded import free_port
@@ -197,6 +200,8 @@ def test_a_snapshot_path_may_be_a_str_and_a_bad_policy_fails_at_construction(
     for bad in ("x", True, float("nan"), 0):
         with pytest.raises(ValueError, match=r"Timeout.lookup must be a positive number of seco"):
             Client("http://127.0.0.1:9", timeout=bad)  # type: ignore[arg-type]
+    for number in (Decimal("2"), Fraction(1, 2), np.float32(0.5), np.int64(2)):  # any number
+        assert Client("http://127.0.0.1:9", timeout=number).timeout.lookup == float(number)  # type: ignore[arg-type]
 
 
 def test_a_claim_on_a_server_older_than_the_kernel_filter_is_sent_again_without_it(

@@ -89,11 +89,20 @@ class Timeout:
     write: float = 60.0
 
     def __post_init__(self) -> None:
+        """Each a float: any number (numpy's, ``Decimal``) that is positive and finite; not a
+        flag, nor text (``"x"`` raised ``float()``'s own message, naming nothing; ``True`` was
+        taken for one second)."""
         for name in ("lookup", "connect", "write"):
             value = getattr(self, name)
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            if value is not None and not (number and math.isfinite(value) and value > 0):
+            if value is None:
+                continue
+            try:
+                seconds = -1.0 if isinstance(value, bool | str | bytes) else float(value)
+            except (TypeError, ValueError):
+                seconds = -1.0
+            if not (math.isfinite(seconds) and seconds > 0):
                 raise ValueError(f"Timeout.{name} must be a positive number of seconds: {value!r}")
+            object.__setattr__(self, name, seconds)
 
     def per_operation(self, seconds: float, *, read: bool) -> httpx.Timeout:
         """httpx's per-operation limits for a call of ``seconds`` (the deadline bounds the sum)."""
