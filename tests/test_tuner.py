@@ -284,11 +284,17 @@ def test_a_record_of_trials_over_the_bodys_bytes_keeps_the_fastest_that_fit(
                 for i in range(n)]  # fmt: skip
     after = [Trial(config={"i": n - 1, "trace": pad}, status="ok", time_ms=1.0)]
     kept = recorded(searched, after)
-    size = sum(len(t.model_dump_json()) + 1 for t in kept)
+    size = sum(len(t.model_dump_json().encode()) + 1 for t in kept)
     assert MAX_TRIALS_BYTES - 2_100 < size <= MAX_TRIALS_BYTES and kept[-1] == after[0]
     ids = [t.config["i"] for t in kept[:-1]]
     assert ids == list(range(n - len(ids), n))  # the fastest, in the order they ran
     assert recorded(searched[:100], after) == [*searched[:100], *after]  # room: every one
+    # Bytes, not characters: errors not ASCII took up to three times the room they were given.
+    broken = [
+        Trial(config={"i": i}, status="compile_error", error="é—" * 1_024) for i in range(2_000)
+    ]
+    assert sum(len(t.model_dump_json()) for t in broken) < MAX_TRIALS_BYTES
+    assert len(recorded(broken, [])) < len(broken)
 
     record = make_record().model_dump(mode="json")
     record.update(
