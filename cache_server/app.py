@@ -20,7 +20,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from cache_server import tokens
 from cache_server.api import errors, openapi, problems
 from cache_server.api.identity import Identify
-from cache_server.api.limits import BodyLimits, JsonLimits, ScopeLimits
+from cache_server.api.json_bounds import JsonLimits
+from cache_server.api.limits import BodyLimits, ScopeLimits
 from cache_server.api.routes import artifacts as artifact_routes
 from cache_server.api.routes import health, jobs, records, snapshots
 from cache_server.api.routes import tokens as token_routes

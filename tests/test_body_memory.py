@@ -167,7 +167,7 @@ def test_one_tokens_stalled_bodies_refuse_no_other_token(patient_server: LiveSer
             held.append(conn)
             answer = answered(conn)
             assert answer is not None and answer[0] == 503, answer
-            assert "as many bodies of this token (at most half of all tokens')" in answer[1]
+            assert "as many bodies of this token (at most half of all write tokens')" in answer[1]
         assert_fits_again(server, AUTH, size)  # another token's, the first still held
         other = {"Authorization": f"Bearer {issue_token(server.url, 'write')}"}
         assert_fits_again(server, other, size)
@@ -321,3 +321,47 @@ def test_a_body_without_a_token_is_given_back_as_its_answer_starts(token: bool) 
         assert limits.budget.held == 0  # whatever it held, given back as the request ended
 
     asyncio.run(run())
+
+
+def test_one_read_or_verify_token_takes_half_of_their_pool_and_is_told_so() -> None:
+    """A read token's share was half of the tokens' pool, which is the whole of the read and
+    verify pool: one read token refused every verifier's body. A token's streamed body over its
+    share was told it was a body without a token (its bytes had gone back there)."""
+    import asyncio
+    import hashlib
+
+    from cache_server.api.limits import BodyLimits, Hold
+
+    limits = ScopeLimits()
+    budget = BodyBudget(limits)
+    reader, verifier = Hold("10.0.0.1"), Hold("10.0.0.2")
+    assert budget.move(reader, "read", b"r") and budget.move(verifier, "verify", b"v")
+    assert budget.take(reader, budget.read_limit // 2) and not budget.take(reader, 1)
+    assert budget.take(verifier, limits.read)  # the pool has room for another token
+
+    said: list[tuple[int, str]] = []
+
+    async def reject(send: object, status: int, detail: str, *_: object) -> None:
+        said.append((status, detail))
+
+    async def app(*_: object) -> None:
+        raise AssertionError("a body over its token's share reached the app")
+
+    guard = BodyLimits(app, limits=limits, authenticate=lambda _: "read", seconds=5,
+                       reject=reject, budget=budget)  # fmt: skip
+    budget.by_token[hashlib.sha256(b"tc_r").digest()] = budget.read_token_limit  # it holds all
+
+    async def run() -> None:
+        chunk = b"x" * (2 * limits.anonymous)  # past an anonymous body: its token is checked
+        body = [{"type": "http.request", "body": chunk, "more_body": True}]
+
+        async def receive() -> dict[str, object]:
+            return body.pop() if body else {"type": "http.disconnect"}
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/disputes",
+                 "client": ("10.0.0.3", 5), "headers": [(b"authorization", b"Bearer tc_r")]}  # fmt: skip
+        await guard(scope, receive, lambda message: asyncio.sleep(0))
+
+    asyncio.run(run())
+    assert said == [(503, said[0][1])] and "bodies of this token (at most half of all read" in (
+        said[0][1]), said  # fmt: skip

@@ -2,7 +2,7 @@
 
 Every API router is an ``APIRouter(route_class=JsonRoute)``: FastAPI reads a route's JSON body
 through ``Request.json()``, which :class:`JsonRequest` answers with
-:func:`cache_server.api.limits.parse_json_off_loop` (FastAPI's documented way to change how a
+:func:`cache_server.api.json_bounds.parse_json_off_loop` (FastAPI's documented way to change how a
 body is read: a custom request and route class). A body over a limit is a 400 that says which
 (:mod:`cache_server.api.errors`).
 
@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import HTTPException, Request, Response, status
 from fastapi.routing import APIRoute
 
-from cache_server.api.limits import JsonLimits, parse_json_off_loop
+from cache_server.api.json_bounds import JsonLimits, parse_json_off_loop
 
 
 class JsonRequest(Request):

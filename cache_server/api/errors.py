@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cache_server.api.limits import TooComplex
+from cache_server.api.json_bounds import TooComplex
 from cache_server.api.openapi import allowed_methods
 from cache_server.api.problems import body
 from cache_server.queries import BucketFull

@@ -38,19 +38,12 @@ never cut: cutting by holdings alone, 286 addresses each holding a stalled body 
 than an honest client's slow one had it cut. A token not checked yet spares no body (any
 ``Authorization`` header would do).
 
-The bodies of tokens are shared too: one token's take at most half of their pool (one body of
-the write limit at least). A write token's three stalled 16 MiB bodies took it all, and every
-other token's upload over 64 KiB, an admin's too, got 503 for as long as it kept them coming.
-
-Once read, a JSON body is parsed off the event loop (:func:`parse_json`, in a worker thread) with
-bounds on its nesting depth and element count, so a small body cannot expand into millions of
-objects (``[{},{},…]``: 3 bytes each).
+Once read, a JSON body is parsed within bounds (:mod:`cache_server.api.json_bounds`).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -72,58 +65,6 @@ class Refused(Exception):
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(detail)
         self.status, self.detail = status, detail
-
-
-class TooComplex(ValueError):
-    """A JSON body nested deeper, or holding more elements, than the server takes."""
-
-
-@dataclass(frozen=True)
-class JsonLimits:
-    """How deep a JSON body may nest and how many values (containers, keys' values, array
-    items) it may hold."""
-
-    depth: int = 64
-    elements: int = 1_000_000
-
-    def check(self, value: Any) -> None:
-        """Raises :class:`TooComplex` when ``value`` (parsed JSON) is over a limit."""
-        stack = [(value, 1)]
-        count = 0
-        while stack:
-            node, depth = stack.pop()
-            if depth > self.depth:
-                raise TooComplex(f"it is nested too deeply (more than {self.depth} levels)")
-            children = node.values() if isinstance(node, dict) else node
-            count += len(children)
-            if count > self.elements:
-                raise TooComplex(f"it holds more than {self.elements} values")
-            stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
-
-
-def parse_json(body: bytes, limits: JsonLimits) -> Any:
-    """``body`` parsed, within ``limits``.
-
-    A cheap count of the bytes that open a container or separate values comes first: a body
-    with far more of them than ``limits.elements`` is refused before it is parsed (an
-    over-estimate: those characters inside strings count too).
-
-    Raises:
-        TooComplex: over a limit.
-        json.JSONDecodeError, UnicodeDecodeError, RecursionError: not parsable.
-    """
-    structural = body.count(b"{") + body.count(b"[") + body.count(b",")
-    if structural > 2 * limits.elements:
-        raise TooComplex(f"it holds more than {limits.elements} values")
-    value = json.loads(body)
-    if isinstance(value, dict | list):
-        limits.check(value)
-    return value
-
-
-async def parse_json_off_loop(body: bytes, limits: JsonLimits) -> Any:
-    """:func:`parse_json` in a worker thread: the event loop keeps answering meanwhile."""
-    return await anyio.to_thread.run_sync(parse_json, body, limits)
 
 
 @dataclass(frozen=True)
@@ -188,15 +129,18 @@ class BodyBudget:
     """The request-body bytes one server process holds at once (see the module doc).
 
     Two pools: bodies of a checked token (``read`` and ``verify`` scopes at most half of it, so
-    they cannot refuse uploads) and the others, of which one client address may hold only a
-    share (so one address cannot refuse everyone's lookups). Each pool holds at least one body
-    of the largest size its senders may send. One event loop charges it: no lock.
+    they cannot refuse uploads; one token at most half of its scope's: a write token's three
+    stalled 16 MiB bodies refused every other token's upload, an admin's too) and the others,
+    of which one client address may hold only a share (so one address cannot refuse everyone's
+    lookups). Each pool holds at least one body of the largest size its senders may send. One
+    event loop charges it: no lock.
     """
 
     def __init__(self, limits: ScopeLimits) -> None:
         self.tokens_limit = max(TOKEN_BODIES * limits.write, limits.read)
         self.read_limit = max(self.tokens_limit // 2, limits.read)
-        self.token_limit = max(self.tokens_limit // 2, limits.write)
+        self.token_limit = max(self.tokens_limit // 2, limits.write)  # one write token's share
+        self.read_token_limit = max(self.read_limit // 2, limits.read)  # a read or verify one's
         self.anonymous_limit = ANONYMOUS_BODIES * limits.anonymous
         self.address_limit = ADDRESS_BODIES * limits.anonymous
         self.tokens = self.read = self.anonymous = 0
@@ -218,12 +162,15 @@ class BodyBudget:
         if hold.scope is None:
             by_address = self.address_limit - self.by_address.get(hold.address, 0)
             return min(self.anonymous_limit - self.anonymous, by_address)
-        room = min(
-            self.tokens_limit - self.tokens, self.token_limit - self.by_token.get(hold.token, 0)
-        )
+        room = min(self.tokens_limit - self.tokens,
+                   self.share(hold.scope) - self.by_token.get(hold.token, 0))  # fmt: skip
         if hold.scope in ("read", "verify"):
             room = min(room, self.read_limit - self.read)
         return room
+
+    def share(self, scope: Scope) -> int:
+        """The bytes one token of ``scope`` may hold: half of its scope's pool."""
+        return self.read_token_limit if scope in ("read", "verify") else self.token_limit
 
     def take(self, hold: Hold, size: int) -> bool:
         """Charges ``size`` bytes more to ``hold`` if they fit (else charges nothing)."""
@@ -352,8 +299,9 @@ class BodyLimits:
             ) from exc
         if held is None:
             raise Refused(401, "the token is not known to this server, or was revoked")
-        if not self.budget.move(hold, held, hashlib.sha256(token.encode()).digest()):
-            raise self._busy(hold)
+        digest = hashlib.sha256(token.encode()).digest()
+        if not self.budget.move(hold, held, digest):
+            raise self._busy(hold, (held, digest))  # its bytes stayed where they were
         return self.limits.of(held)
 
     async def _charge(self, scope: ScopeDict, hold: Hold, size: int) -> None:
@@ -371,13 +319,17 @@ class BodyLimits:
             return
         raise self._busy(hold)
 
-    def _busy(self, hold: Hold) -> Refused:
+    def _busy(self, hold: Hold, token: tuple[Scope, bytes] | None = None) -> Refused:
+        """The 503 for ``hold``, sent with ``token`` (scope, digest; default: its own)."""
         budget = self.budget
-        mine = budget.token_limit - budget.by_token.get(hold.token, 0)  # this token's room
-        if hold.scope is not None and mine < budget.tokens_limit - budget.tokens:
-            who = "bodies of this token (at most half of all tokens')"
-        elif hold.scope is not None:
-            who = f"bodies of {hold.scope} tokens"
+        scope, digest = token or (hold.scope, hold.token)
+        pool = budget.tokens_limit - budget.tokens
+        if scope in ("read", "verify"):
+            pool = min(pool, budget.read_limit - budget.read)
+        if scope is not None and budget.share(scope) - budget.by_token.get(digest, 0) < pool:
+            who = f"bodies of this token (at most half of all {scope} tokens')"
+        elif scope is not None:
+            who = f"bodies of {scope} tokens"
         elif budget.address_limit - budget.by_address.get(hold.address, 0) <= (
             budget.anonymous_limit - budget.anonymous
         ):
