@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     except InvalidInput:
         refuse_triton_object(args.workload)
         raise
-    backends = None if args.backends is None else list(parse_backends(args.backends))
+    backends = list(parse_backends(args.backends)) if args.backends else None  # "": all
     url = server_url(args)
     with (
         Client(url, snapshot="") as client,  # the server's records, not a file's
