@@ -140,9 +140,9 @@ def add_dispute(
                                             DisputeRow.resolved_at.is_(None))  # fmt: skip
     # One open dispute per reporter and record counts; a repeated one still reaches the twins.
     if session.scalar(open_ones.where(DisputeRow.reporter == reporter)) is None:
+        if row.status == "disputed":  # claimable again (its verifiers' attempts ran out), the
+            row.verify_attempts = 0  # open disputes at their cap too
         if len(session.scalars(open_ones).all()) < MAX_OPEN_DISPUTES:
-            if row.status == "disputed":  # claimable again: its verifiers' attempts ran out
-                row.verify_attempts = 0
             session.add(DisputeRow(
                 record_id=record_id, reporter=reporter,
                 problem=dict(dispute.problem), check=dispute.check.model_dump(mode="json"),
