@@ -25,6 +25,7 @@ from pydantic import ValidationError
 import tunecache.artifact_calls
 import tunecache.client
 import tunecache.http
+import tunecache.jsonsafe
 import tunecache.strict
 from tests.factories import make_key, make_record
 from tests.hostile import IDENTITY, Request, Seen, answer, serve
@@ -351,8 +352,8 @@ def test_a_string_that_never_ends_is_counted_past_at_once(status: int) -> None:
     with serve(unended) as (url, _):
         elapsed, result = timed_lookup(url)
     assert result.source == "default" and elapsed <= BOUND, elapsed
-    assert tunecache.http.containers(b'["a\\\n[", {"b": "\\"]"}]') == 2  # escapes, any byte
-    assert tunecache.http.containers(b'[{}, "[{') == 2  # to the end: what follows is string
+    assert tunecache.jsonsafe.containers(b'["a\\\n[", {"b": "\\"]"}]') == 2  # escapes, any byte
+    assert tunecache.jsonsafe.containers(b'[{}, "[{') == 2  # to the end: what follows is string
 
 
 @pytest.mark.parametrize("charset", ["hex", "rot13", "base64", "no-such-codec"])

@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 
 from tunecache.errors import ServerError
-from tunecache.http import LOOKUP_ANSWER_CONTAINERS, past_bound
-from tunecache.jsonsafe import parse_json
+from tunecache.http import LOOKUP_ANSWER_CONTAINERS
+from tunecache.jsonsafe import parse_json, past_bound
 
 SERVER_PAGE = 1000  # items a server lists at most in one page (its default list limit)
 # A listing's page: each record as much as a lookup's (one record, all its checks: more than a

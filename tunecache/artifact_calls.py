@@ -23,7 +23,8 @@ from tunecache.artifacts import (
     ArtifactPutResult,
     Namespace,
 )
-from tunecache.http import MAX_ANSWER_BYTES, Timeout, answer_limit, containers, deadline, parse
+from tunecache.http import MAX_ANSWER_BYTES, Timeout, answer_limit, deadline, parse
+from tunecache.jsonsafe import containers
 
 
 class ArtifactCalls:

@@ -27,7 +27,6 @@ import ipaddress
 import logging
 import math
 import random
-import re
 import socket
 import threading
 import time
@@ -41,7 +40,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from tunecache.errors import ServerError
-from tunecache.jsonsafe import parse_json
+from tunecache.jsonsafe import parse_json, past_bound
 from tunecache.settings import without_userinfo
 from tunecache.strict import SERVED, shown
 
@@ -417,42 +416,6 @@ def retry_after(response: httpx.Response) -> float | None:
     except ValueError:
         return None
     return seconds if 0 <= seconds <= 3600 else None
-
-
-# A JSON string, escapes and all (unrolled: a 2 MiB string is passed over in 20 ms), or one that
-# never ends, to the end of the body: where it had to end, each quote after an unended one started
-# the search again, so ``"`` + ``\"`` × 32,000 (64 KB) took 14 s holding the GIL (the process
-# stood still, past every deadline). Linear now: every quote's match succeeds.
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
-
-
-def containers(body: bytes) -> int:
-    """How many JSON arrays and objects ``body`` holds (if it is JSON), counted at C speed with
-    its strings left out: what :func:`parse`'s ``max_containers`` bounds. Brackets inside
-    strings do not count: a write token's record whose check notes held 100,000 of them was
-    refused by every consumer, and the server skipped (3 MiB of lists: 50 ms).
-
-    Example:
-        >>> containers(b'{"a": [[], {}], "b": "[[{ ]"}')
-        4
-    """
-    stripped = _JSON_STRING.sub(b"", body)
-    return stripped.count(b"[") + stripped.count(b"{")
-
-
-def past_bound(body: bytes, max_containers: int) -> str | None:
-    """What puts ``body`` past ``max_containers`` JSON arrays and objects (:func:`containers`),
-    or ``None`` within it: the one check every answer a client parses passes first.
-
-    Example:
-        >>> past_bound(b"[[], []]", 2)
-        '3 JSON arrays and objects (or brackets), where at most 2 are read'
-    """
-    count = containers(body)
-    if count <= max_containers:
-        return None
-    return (f"{count:,} JSON arrays and objects (or brackets), where at most "
-            f"{max_containers:,} are read")  # fmt: skip
 
 
 def _foreign(response: httpx.Response, path: str) -> ServerError:

@@ -38,7 +38,7 @@ from pydantic import TypeAdapter
 
 from tunecache.artifacts import READ_CONTAINERS, ArtifactPublic, Namespace
 from tunecache.errors import one_line
-from tunecache.http import past_bound
+from tunecache.jsonsafe import past_bound
 from tunecache.processlock import ProcessLock
 from tunecache.strict import SERVED
 

@@ -32,8 +32,8 @@ from tunecache.answers import SNAPSHOT_CONTAINERS
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput, validation_problems
 from tunecache.folders import open_regular, read_bounded, shared_mode, write_atomic
-from tunecache.http import MAX_ANSWER_BYTES, past_bound
-from tunecache.jsonsafe import parse_json
+from tunecache.http import MAX_ANSWER_BYTES
+from tunecache.jsonsafe import parse_json, past_bound
 from tunecache.schemas import Backend, KeyModel, Line, Name, RecordCreate, _Strict
 from tunecache.snapshot_provenance import RecordProvenance, stated_for
 from tunecache.strict import SERVED
