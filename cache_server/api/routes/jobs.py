@@ -247,10 +247,7 @@ def _check_new_job_budget(session: SessionDep, settings: ServerSettings, who: st
             30.0,
         )
     anonymous = max(1, settings.miss_jobs_per_minute // 2)
-    if (
-        who.startswith(ANONYMOUS)
-        and misses(callers=ANONYMOUS) >= anonymous
-    ):
+    if who.startswith(ANONYMOUS) and misses(callers=ANONYMOUS) >= anonymous:
         raise too_many(
             f"misses of callers without a token created {anonymous} new jobs in the last "
             f"minute, their share of the server's {settings.miss_jobs_per_minute}: send a token",
