@@ -66,6 +66,29 @@ def test_sent_records_leave_refused_ones_move_aside_unreachable_ones_stay(tmp_pa
     assert waiting_for(URL, tmp_path) == 2  # a broken file is skipped, not fatal
 
 
+def test_uploads_put_within_one_millisecond_are_sent_in_the_order_put(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Files were named by the millisecond and sent in name order: two put within one went in
+    the order of their digests (a fresh-clone CI run sent M=16 before M=8)."""
+    import time as clock
+
+    now = [1_700_000_000_000_000_000]
+
+    def tick() -> int:  # a clock that moves 0.1 ms a read
+        now[0] += 100_000
+        return now[0]
+
+    monkeypatch.setattr(clock, "time_ns", tick)
+    monkeypatch.setattr(clock, "time", lambda: tick() / 1e9)
+    records = [make_record(make_key(m)) for m in range(8, 168, 8)]
+    for record in records:
+        outbox.release(outbox.put(URL, record, tmp_path))
+    upstream = Upstream(*[None] * len(records))
+    assert outbox.push(upstream, URL, tmp_path)[:2] == (len(records), 0)
+    assert upstream.sent == records
+
+
 def test_artifacts_wait_beside_records_and_are_sent_as_artifacts(tmp_path: Path) -> None:
     from tests.test_artifacts import item
 

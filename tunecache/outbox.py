@@ -105,7 +105,9 @@ def put(url: str, upload: Upload, folder: Path | None = None) -> Path:
     folder = checked_folder(folder, make=True)
     assert folder is not None
     body, digest = _body(url, upload)
-    name = f"{int(time.time() * 1000)}-{digest[:16]}.json"
+    # Named by the time in ns: files are sent in name order, and two put in one millisecond
+    # (named by ms) went in the order of their digests (the fresh-clone CI caught it once).
+    name = f"{time.time_ns()}-{digest[:16]}.json"
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".writing-", suffix=".tmp")
     out = os.fdopen(fd, "wb")
     try:
