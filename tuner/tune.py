@@ -385,18 +385,14 @@ def recorded(searched: list[Trial], after: list[Trial]) -> list[Trial]:
     fastest that fit, in the order they ran (a landscape of a larger space, a daemon's job of more
     trials, MetaSchedule's traces: a record of them all was refused after the whole search);
     ``search.trials`` still counts every one."""
-    sizes = [_bytes(t) for t in searched]
-    after_sizes = [_bytes(t) for t in after]
-    every = len(searched) + len(after) <= MAX_TRIALS
-    if every and sum(sizes) + sum(after_sizes) <= MAX_TRIALS_BYTES:
-        return [*searched, *after]
+    trials = [*searched, *after]
+    sizes = [_bytes(t) for t in trials]
+    if len(trials) <= MAX_TRIALS and sum(sizes) <= MAX_TRIALS_BYTES:
+        return trials
     times = [trial_time(t) for t in searched]
     fastest = sorted(range(len(searched)), key=lambda i: (times[i] is None, times[i] or 0.0))
-    kept_after = _fitting(after_sizes, range(len(after)), MAX_TRIALS, MAX_TRIALS_BYTES)
-    count = MAX_TRIALS - len(kept_after)
-    room = MAX_TRIALS_BYTES - sum(after_sizes[i] for i in kept_after)
-    kept = _fitting(sizes, fastest, count, room)
-    return [*(searched[i] for i in sorted(kept)), *(after[i] for i in sorted(kept_after))]
+    first = [*range(len(searched), len(trials)), *fastest]  # those after it, then the fastest
+    return [trials[i] for i in sorted(_fitting(sizes, first, MAX_TRIALS, MAX_TRIALS_BYTES))]
 
 
 def _bytes(trial: Trial) -> int:

@@ -87,8 +87,6 @@ class ScopeLimits:
 # is full) have a pool of their own, which a token's bodies never take: uploads cannot make
 # lookups wait, nor can a flood of anonymous bodies refuse uploads.
 TOKEN_BODIES: Final = 3  # write limits' worth; read and verify scopes take at most half of it
-# One token's bodies take at most half of the tokens' pool (one write body at least): a write
-# token's three stalled 16 MiB bodies refused every other token's upload, admins' too.
 ANONYMOUS_BODIES: Final = 256  # anonymous limits' worth
 ADDRESS_BODIES: Final = 64  # of those, what one client address may hold: one cannot fill it
 # A body without a token is arriving (never cut for another) while bytes came within the last
@@ -162,15 +160,18 @@ class BodyBudget:
         if hold.scope is None:
             by_address = self.address_limit - self.by_address.get(hold.address, 0)
             return min(self.anonymous_limit - self.anonymous, by_address)
-        room = min(self.tokens_limit - self.tokens,
-                   self.share(hold.scope) - self.by_token.get(hold.token, 0))  # fmt: skip
-        if hold.scope in ("read", "verify"):
-            room = min(room, self.read_limit - self.read)
-        return room
+        return min(self.pool_room(hold.scope), self.token_room(hold.scope, hold.token))
 
-    def share(self, scope: Scope) -> int:
-        """The bytes one token of ``scope`` may hold: half of its scope's pool."""
-        return self.read_token_limit if scope in ("read", "verify") else self.token_limit
+    def pool_room(self, scope: Scope) -> int:
+        """Bytes more the pool of ``scope``'s tokens may take now."""
+        room = self.tokens_limit - self.tokens
+        return min(room, self.read_limit - self.read) if scope in ("read", "verify") else room
+
+    def token_room(self, scope: Scope, token: bytes) -> int:
+        """Bytes more the token of ``scope`` whose digest is ``token`` may take now: half of its
+        scope's pool at most."""
+        share = self.read_token_limit if scope in ("read", "verify") else self.token_limit
+        return share - self.by_token.get(token, 0)
 
     def take(self, hold: Hold, size: int) -> bool:
         """Charges ``size`` bytes more to ``hold`` if they fit (else charges nothing)."""
@@ -323,10 +324,7 @@ class BodyLimits:
         """The 503 for ``hold``, sent with ``token`` (scope, digest; default: its own)."""
         budget = self.budget
         scope, digest = token or (hold.scope, hold.token)
-        pool = budget.tokens_limit - budget.tokens
-        if scope in ("read", "verify"):
-            pool = min(pool, budget.read_limit - budget.read)
-        if scope is not None and budget.share(scope) - budget.by_token.get(digest, 0) < pool:
+        if scope is not None and budget.token_room(scope, digest) < budget.pool_room(scope):
             who = f"bodies of this token (at most half of all {scope} tokens')"
         elif scope is not None:
             who = f"bodies of {scope} tokens"
