@@ -86,9 +86,14 @@ class RecordRow(Base):
     # tunecache.canonical.digest of the config: a key's records of one config share findings
     # (cache_server.twins; None before 0013 for a config that is not plain JSON).
     config_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # The token (its id) on whose word alone the record is served: its uploader's, or for a
+    # snapshot's its importer's, until a verifier of this server passes it (then NULL). Revoking
+    # that token with ``withdraw`` disputes the record (cache_server.withdrawal).
+    vouched_by: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     __table_args__ = (
         Index("ix_records_kernel_backend_dtype", "kernel", "backend", "dtype"),
+        Index("ix_records_vouched_by", "vouched_by"),
         Index("ix_records_key_config", "key_hash", "config_digest"),
         Index("ux_records_upload_digest", "upload_digest", unique=True),
         Index("ix_records_bucket_hash", "bucket_hash"),

@@ -59,6 +59,7 @@ def record_row(
     return RecordRow(
         status="verified" if trusted else "pending",
         uploaded_by=None if uploader is None else uploader.name,
+        vouched_by=None if uploader is None else uploader.id,
         verification=verification,
         disputes=0,
         verify_attempts=0,

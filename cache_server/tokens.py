@@ -15,7 +15,7 @@ from typing import Literal
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from cache_server import jobs, trust
+from cache_server import jobs, trust, withdrawal
 from cache_server.db import upsert_insert
 from cache_server.models import TokenRow, utcnow
 from cache_server.twins import lock_slot
@@ -23,6 +23,7 @@ from tunecache.tokens import (
     MAX_LISTED_TOKENS,
     Scope,
     TokenPublic,
+    TokenRevoked,
     fingerprint,
     new_token,
     shown_part,
@@ -195,10 +196,13 @@ LAST_ADMIN = (
 )
 
 
-def revoke(session: Session, *, token_id: int) -> TokenRow | None:
+def revoke(session: Session, *, token_id: int, withdraw: bool = False) -> TokenRevoked | None:
     """Revokes a token (kept, for the record), giving back the leases of the jobs it claimed
     (:func:`cache_server.jobs.release_leases`) and of the records it was verifying
-    (:func:`cache_server.trust.release_verifications`); ``None`` if there is no such token.
+    (:func:`cache_server.trust.release_verifications`); with ``withdraw``, disputes the records
+    served on its word alone (:func:`cache_server.withdrawal.withdraw`). ``None`` if there is no
+    such token. A revoked token is revoked again at no cost (its first time kept): an admin who
+    finds out later that it leaked withdraws its records then.
 
     Raises:
         LastAdmin: the token is the last live admin token (a token may revoke itself while
@@ -219,4 +223,9 @@ def revoke(session: Session, *, token_id: int) -> TokenRow | None:
     )
     jobs.release_leases(session, token_id=token_id)  # a revoked token holds no job
     trust.release_verifications(session, token_id=token_id)  # nor a record to verify
-    return session.get(TokenRow, token_id, populate_existing=True)
+    row = session.get(TokenRow, token_id, populate_existing=True)
+    if row is None:
+        return None
+    withdrawn = withdrawal.withdraw(session, token_id=token_id) if withdraw else 0
+    return TokenRevoked(**public(row).model_dump(), withdrawn=withdrawn,
+                        standing=withdrawal.standing(session, token_id=token_id))  # fmt: skip

@@ -346,6 +346,8 @@ def finish(
         timing=result.timing, validation=result.validation, error=result.error,
         time_ratio=ratio, timing_flag=ratio is not None and ratio > TIMING_FLAG_RATIO,
     ).model_dump(mode="json")  # fmt: skip
+    if passed:  # served on this server's verifier's word now, not on its uploader's alone
+        row.vouched_by = None
     if passed and result.timing is not None:
         row.time_ms = result.timing.median_ms  # the verifier's time ranks the record from now on
     if not passed:  # its disputes stay open: each twin, a question now, is checked there too

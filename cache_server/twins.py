@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import Select, and_, bindparam, exists, false, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
-from cache_server.models import DisputeRow, RecordRow
+from cache_server.models import DisputeRow, RecordRow, TokenRow
 from tunecache.configcheck import as_run
 
 LOCK_CLASS = 0x74756E65  # "tune": the advisory locks' first key, apart from other users' locks
@@ -225,10 +225,16 @@ def dispute(session: Session, row: RecordRow, statuses: Sequence[str]) -> bool:
 def settle(session: Session, row: RecordRow) -> None:
     """Gives ``row``'s disputed twins their standing back, ``row`` just passed by a verifier that
     ran every open dispute of their config: verified if a verifier (or a trusted uploader's
-    token) passed them before, else pending."""
+    token) passed them before, else pending. Not a twin served on the word of a revoked token
+    alone (withdrawn, :mod:`cache_server.withdrawal`): its time is that token's claim, which the
+    verifier did not check (a made-up time over an honest copy ranked the config first again);
+    a verifier checks it itself."""
+    revoked = select(TokenRow.id).where(TokenRow.id == RecordRow.vouched_by,
+                                        TokenRow.revoked_at.is_not(None))  # fmt: skip
     found = session.execute(
         select(RecordRow.id, RecordRow.verification)
-        .where(_of(row), RecordRow.id != row.id, RecordRow.status == "disputed")
+        .where(_of(row), RecordRow.id != row.id, RecordRow.status == "disputed",
+               ~revoked.exists())
     ).all()  # fmt: skip
     passed_before = {i for i, seen in found if (seen or {}).get("passed") is True}
     for status in ("verified", "pending"):

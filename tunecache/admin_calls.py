@@ -14,7 +14,15 @@ import httpx
 from tunecache import answers
 from tunecache.errors import ServerError
 from tunecache.http import parse
-from tunecache.tokens import Scope, TokenCreate, TokenCreated, TokenList, TokenPublic, WhoAmI
+from tunecache.tokens import (
+    Scope,
+    TokenCreate,
+    TokenCreated,
+    TokenList,
+    TokenPublic,
+    TokenRevoked,
+    WhoAmI,
+)
 
 
 class AdminCalls:
@@ -39,9 +47,11 @@ class AdminCalls:
         response = self._call("GET", "/v1/tokens", params=params)
         return parse(TokenList, response, "/v1/tokens").items
 
-    def revoke_token(self, token_id: int) -> TokenPublic:
-        path = f"/v1/tokens/{token_id}"
-        return parse(TokenPublic, self._call("DELETE", path, small=True), path)
+    def revoke_token(self, token_id: int, *, withdraw: bool = False) -> TokenRevoked:
+        """Revokes a token; ``withdraw`` disputes the records served on its word alone (out of
+        service until a verifier checks each). The answer counts them."""
+        path = f"/v1/tokens/{token_id}" + ("?withdraw=true" if withdraw else "")
+        return parse(TokenRevoked, self._call("DELETE", path, small=True), path)
 
     def whoami(self, *, timeout: float | None = None) -> WhoAmI:
         """The token this client sends, as the server sees it, and its scope.

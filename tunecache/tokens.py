@@ -31,7 +31,7 @@ import re
 import secrets
 from typing import Annotated, Final, Literal, get_args
 
-from pydantic import AfterValidator, Field, StrictBool
+from pydantic import AfterValidator, Field, NonNegativeInt, StrictBool
 
 from tunecache.schemas import _Strict
 from tunecache.strict import Utc
@@ -114,6 +114,16 @@ class TokenPublic(_Strict):
     last_used_at: Utc | None = None
     revoked_at: Utc | None = None
     trusted: bool = False
+
+
+class TokenRevoked(TokenPublic):
+    """A token just revoked, with the records served on its word alone (its uploads and imports
+    no verifier of the server passed: :mod:`cache_server.withdrawal`): ``withdrawn`` by this
+    revocation (disputed: out of service until a verifier checks each) and ``standing``, those
+    still served (revoked without withdrawing them)."""
+
+    withdrawn: NonNegativeInt = 0
+    standing: NonNegativeInt = 0
 
 
 class WhoAmI(_Strict):

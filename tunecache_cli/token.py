@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from tunecache.errors import InvalidInput, ServerError, error_message, one_line
 from tunecache.schemas import MAX_ID
-from tunecache.tokens import SCOPES, TokenCreate, TokenCreated, TokenPublic
+from tunecache.tokens import SCOPES, TokenCreate, TokenCreated, TokenPublic, TokenRevoked
 from tunecache_cli.args import add_server, server_url
 from tunecache_cli.table import render
 
@@ -44,6 +44,11 @@ def register(commands: Any) -> None:
     listing.set_defaults(run=run_list)
     revoke = actions.add_parser("revoke", help="revoke a token by its id")
     revoke.add_argument("token_id", type=int, metavar="ID")
+    revoke.add_argument(
+        "--withdraw", action="store_true",
+        help="also take its records out of service until a verifier checks each: its uploads "
+        "and imports no verifier passed (for a token that leaked; may follow a revocation)",
+    )  # fmt: skip
     revoke.set_defaults(run=run_revoke)
     for action in (create, listing, revoke):
         add_server(action)
@@ -79,16 +84,16 @@ class _Direct:
         rows = tokens.list_tokens(self.session, include_revoked=include_revoked)
         return [tokens.public(row) for row in rows]
 
-    def revoke_token(self, token_id: int) -> TokenPublic:
+    def revoke_token(self, token_id: int, *, withdraw: bool = False) -> TokenRevoked:
         from cache_server import tokens
 
         try:
-            row = tokens.revoke(self.session, token_id=token_id)
+            revoked = tokens.revoke(self.session, token_id=token_id, withdraw=withdraw)
         except tokens.LastAdmin as exc:  # as the server answers it: 409, exit 1
             raise ServerError(str(exc), status_code=409) from None
-        if row is None:  # as the server answers it: 404, exit 1
+        if revoked is None:  # as the server answers it: 404, exit 1
             raise ServerError(f"no token {token_id}", status_code=404)
-        return tokens.public(row)
+        return revoked
 
 
 @contextmanager
@@ -178,6 +183,18 @@ def run_revoke(args: argparse.Namespace) -> int:
     if not 1 <= args.token_id <= MAX_ID:  # bad input, as records show says it (exit 2)
         raise InvalidInput(f"ID {args.token_id}: a token ID is a whole number from 1 to {MAX_ID}")
     with _tokens(args) as tokens:
-        info: TokenPublic = tokens.revoke_token(args.token_id)
-    print(f"revoked token {info.id} {info.name!r}", file=sys.stderr)
+        info: TokenRevoked = tokens.revoke_token(args.token_id, withdraw=args.withdraw)
+    said = f"revoked token {info.id} {info.name!r}"
+    if args.withdraw:
+        said += (f"; withdrew {_records(info.withdrawn)} served on its word alone: disputed, out "
+                 "of service until a verifier checks each")  # fmt: skip
+    if info.standing:
+        said += (f"; {_records(info.standing)} that no verifier passed still served on its word "
+                 f"alone: if it leaked, `tunecache token revoke {info.id} --withdraw` takes them "
+                 "out of service until a verifier checks each")  # fmt: skip
+    print(said, file=sys.stderr)
     return 0
+
+
+def _records(count: int) -> str:
+    return f"{count} record" if count == 1 else f"{count} records"

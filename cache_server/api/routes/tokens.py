@@ -8,7 +8,7 @@ from cache_server import tokens
 from cache_server.api.auth import ADMIN
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import IdPath, SessionDep
-from tunecache.tokens import TokenCreate, TokenCreated, TokenList, TokenPublic
+from tunecache.tokens import TokenCreate, TokenCreated, TokenList, TokenRevoked
 
 router = APIRouter(
     route_class=JsonRoute, prefix="/v1/tokens", tags=["tokens"], dependencies=[ADMIN]
@@ -49,15 +49,18 @@ def list_tokens(session: SessionDep, include_revoked: bool = False) -> TokenList
         409: {"description": "the last live admin token: create another first"},
     },
 )
-def revoke_token(token_id: IdPath, session: SessionDep) -> TokenPublic:
-    """Revokes a token at once, on every server process; its row stays, marked revoked.
+def revoke_token(token_id: IdPath, session: SessionDep, withdraw: bool = False) -> TokenRevoked:
+    """Revokes a token at once, on every server process; its row stays, marked revoked. The
+    answer counts the records served on its word alone (its uploads and imports that no verifier
+    here passed); ``withdraw=true`` disputes them, out of service until a verifier checks each
+    (for a token that leaked: asked again of a revoked token, it withdraws them then).
 
     The last live admin token cannot be revoked (409): nobody could manage tokens afterwards.
     """
     try:
-        row = tokens.revoke(session, token_id=token_id)
+        revoked = tokens.revoke(session, token_id=token_id, withdraw=withdraw)
     except tokens.LastAdmin as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
-    if row is None:
+    if revoked is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no token {token_id}")
-    return tokens.public(row)
+    return revoked

@@ -1,0 +1,60 @@
+"""The records that stand on one token's word alone, and their withdrawal when it is revoked.
+
+A record is served on the word of the token that put it here until a verifier of this server
+passes it: pending (the default policy serves it), or verified at once from a trusted token (both
+policies do); a snapshot's record on its importer's word. ``records.vouched_by`` names that token.
+
+Revoking a token leaves those records as they are unless told to withdraw them: a routine
+revocation (a teammate leaving, a token rotated) should not take their work out of service. An
+admin who finds a token leaked withdraws them: each is ``disputed``, out of service under every
+policy until a verifier checks it, as a consumer's dispute makes it; consumers fall back to
+defaults meanwhile, never to a wrong result. Only the token's own records: a revocation is a
+finding about a token, not about a config, so their twins (other uploads of the same config at
+the key) keep their standing, as a rejection leaves an honest copy's (:mod:`cache_server.twins`).
+Records a verifier of this server passed, rejected or disputed ones, and unvalidated ones (never
+served) are left as they are. Keyword-only; nothing here commits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from cache_server import twins
+from cache_server.models import RecordRow
+from cache_server.trust import SERVED_STATUSES, recompute_winners
+
+_SERVED = SERVED_STATUSES["validated"]  # every status some policy serves
+
+
+def _on_word_of(token_id: int) -> tuple[Any, ...]:
+    return (RecordRow.vouched_by == token_id, RecordRow.validated.is_(True),
+            RecordRow.status.in_(_SERVED))  # fmt: skip
+
+
+def standing(session: Session, *, token_id: int) -> int:
+    """How many records are served on token ``token_id``'s word alone."""
+    return int(session.scalar(select(func.count()).where(*_on_word_of(token_id))) or 0)
+
+
+def withdraw(session: Session, *, token_id: int) -> int:
+    """Disputes every record served on token ``token_id``'s word alone (claimable by a verifier
+    at once) and hands each key's winner places on. Each key's lock is taken first, in order
+    (:func:`cache_server.twins.lock_key`), so an upload or a verifier's finding at the key waits
+    for this. Returns how many records."""
+    keys = session.scalars(
+        select(RecordRow.key_hash).where(*_on_word_of(token_id)).distinct()
+    ).all()  # fmt: skip
+    for key_hash in sorted(keys):
+        twins.lock_key(session, key_hash)
+    withdrawn = session.execute(
+        update(RecordRow)
+        .where(*_on_word_of(token_id))
+        .values(status="disputed", verify_attempts=0)
+        .execution_options(synchronize_session=False)
+    )  # fmt: skip
+    for key_hash in sorted(keys):
+        recompute_winners(session, key_hash=key_hash)
+    return int(getattr(withdrawn, "rowcount", 0) or 0)

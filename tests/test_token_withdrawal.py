@@ -1,0 +1,209 @@
+"""Revoking a token that leaked takes the records served on its word alone out of service.
+
+Before, a revoked token's uploads stayed served: pending ones under the default policy, a trusted
+token's (verified at once) under both, and an admin had to dispute them one by one. A revocation
+counts them; ``withdraw`` disputes them until a verifier checks each. Through a real server on
+loopback over SQLite and PostgreSQL, the CLI, and the migration that fills in stored records.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import LiveServer, start_server
+from tests.factories import AUTH, CPU, knobs, make_key, make_record
+from tests.test_auth import tunecache
+from tests.test_trust import _passed, dispute_body, post_dispute, token
+from tunecache import Client, Key
+
+DEFAULT = knobs(99)
+
+
+def _token_id(url: str, name: str) -> int:
+    listed = httpx.get(f"{url}/v1/tokens", headers=AUTH).json()["items"]
+    return int(next(t["id"] for t in listed if t["name"] == name))
+
+
+def _served(url: str, key: Key) -> object:
+    """The config a consumer is served at ``key`` (``DEFAULT`` on a miss)."""
+    with Client(url) as client:
+        return client.lookup(key, default=DEFAULT).config
+
+
+def _status(url: str, record_id: int) -> str:
+    with Client(url) as client:
+        return client.get_record(record_id).status
+
+
+def test_a_revocation_counts_the_leaked_tokens_records_and_withdraw_disputes_them(
+    any_server: LiveServer,
+) -> None:
+    url = any_server.url
+    shared, alone, checked = make_key(m=64), make_key(m=2048), make_key(m=4096)
+    leaked, honest = token(url, "leaked", "write"), token(url, "honest", "write")
+    verifier = token(url, "gpu-verifier", "verify")
+    with Client(url, token=leaked) as client:
+        passed = client.upload(make_record(checked, time_ms=1.0, config=knobs(4))).record_id
+    with Client(url, token=verifier) as client:
+        task = client.claim_verification("v", device_arch=CPU.arch, backends=["tvm"])
+        assert task is not None and task.record.id == passed
+        assert client.submit_verification(passed, _passed("v", 1.0)).status == "verified"
+    with Client(url, token=honest) as client:
+        client.upload(make_record(shared, time_ms=2.0, config=knobs(2)))
+    with Client(url, token=leaked) as client:
+        fast = client.upload(make_record(shared, time_ms=0.5, config=knobs(1))).record_id
+        only = client.upload(make_record(alone, time_ms=1.0, config=knobs(3))).record_id
+    assert _served(url, shared) == knobs(1)
+    leaked_id = _token_id(url, "leaked")
+
+    plain = httpx.delete(f"{url}/v1/tokens/{leaked_id}", headers=AUTH)
+    assert plain.status_code == 200, plain.text
+    assert (plain.json()["withdrawn"], plain.json()["standing"]) == (0, 2)
+    assert _served(url, shared) == knobs(1)  # a routine revocation leaves its work served
+
+    later = httpx.delete(f"{url}/v1/tokens/{leaked_id}", params={"withdraw": "true"}, headers=AUTH)
+    assert later.status_code == 200, later.text
+    assert later.json()["revoked_at"] == plain.json()["revoked_at"]  # revoked once
+    assert (later.json()["withdrawn"], later.json()["standing"]) == (2, 0)
+    assert _served(url, shared) == knobs(2)  # the honest record, though slower
+    assert _served(url, alone) == DEFAULT
+    assert _served(url, checked) == knobs(4)  # a verifier passed it: not on the token's word
+    assert [_status(url, i) for i in (fast, only, passed)] == ["disputed", "disputed", "verified"]
+
+    with Client(url, token=verifier) as client:  # a verifier restores what holds up
+        for round_ in range(3):  # the honest pending record too, whichever comes first
+            task = client.claim_verification(f"v{round_}", device_arch=CPU.arch,
+                                             backends=["tvm"])  # fmt: skip
+            assert task is not None
+            finding = _passed(f"v{round_}", task.record.timing.median_ms)
+            assert client.submit_verification(task.record.id, finding).status == "verified"
+    assert [_status(url, i) for i in (fast, only)] == ["verified", "verified"]
+    assert _served(url, shared) == knobs(1)
+    again = httpx.delete(f"{url}/v1/tokens/{leaked_id}?withdraw=true", headers=AUTH).json()
+    assert (again["withdrawn"], again["standing"]) == (0, 0)
+
+
+def test_a_trusted_tokens_records_leave_the_verified_policy_too(tmp_path: Path) -> None:
+    db_path = tmp_path / "cache.db"
+    live = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "server.log",
+                        args=["--policy", "verified"])  # fmt: skip
+    try:
+        url, key = live.url, make_key(m=64)
+        with Client(url, token=token(url, "ci", "write", trusted=True)) as client:
+            record_id = client.upload(make_record(key, config=knobs(5))).record_id
+        assert _status(url, record_id) == "verified" and _served(url, key) == knobs(5)
+        answer = httpx.delete(
+            f"{url}/v1/tokens/{_token_id(url, 'ci')}?withdraw=1", headers=AUTH
+        ).json()  # fmt: skip
+        assert answer["withdrawn"] == 1 and _status(url, record_id) == "disputed"
+        assert _served(url, key) == DEFAULT
+    finally:
+        live.stop()
+
+
+def test_withdraw_that_is_not_a_yes_or_no_is_a_422(server: LiveServer) -> None:
+    url = server.url
+    token(url, "laptop", "write")
+    laptop = _token_id(url, "laptop")
+    refused = httpx.delete(f"{url}/v1/tokens/{laptop}?withdraw=maybe", headers=AUTH)
+    assert refused.status_code == 422 and "withdraw" in refused.text
+    listed = httpx.get(f"{url}/v1/tokens", headers=AUTH).json()["items"]
+    assert any(t["name"] == "laptop" for t in listed)  # not revoked by the refused call
+
+
+def test_the_cli_says_what_stays_served_and_withdraws_on_request(server: LiveServer) -> None:
+    url = server.url
+    with Client(url, token=token(url, "laptop", "write")) as client:
+        record_id = client.upload(make_record(make_key(m=64), config=knobs(1))).record_id
+    laptop = str(_token_id(url, "laptop"))
+    as_admin = {"TUNECACHE_TOKEN": AUTH["Authorization"].removeprefix("Bearer ")}
+    plain = tunecache("token", "revoke", laptop, "--server", url, env=as_admin)
+    assert plain.returncode == 0, plain.stderr
+    assert "1 record that no verifier passed still served" in plain.stderr
+    assert f"tunecache token revoke {laptop} --withdraw" in plain.stderr
+    assert _status(url, record_id) == "pending"
+    direct = tunecache("token", "revoke", laptop, "--withdraw", "--db", server.db)
+    assert direct.returncode == 0, direct.stderr
+    assert "withdrew 1 record served on its word alone" in direct.stderr
+    assert "still served" not in direct.stderr and "Traceback" not in direct.stderr
+    assert _status(url, record_id) == "disputed"
+
+
+def test_the_migration_gives_stored_records_the_token_whose_word_serves_them(
+    database: tuple[str, Path | None],
+) -> None:
+    """0019: a stored record standing on its uploader's word (pending, or a trusted token's
+    upload) gets the token of its uploader's name where one token alone has that name; a record a
+    verifier passed, and one whose uploader's name two tokens had, get none."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from cache_server import tokens
+    from cache_server.db import make_engine, make_sessionmaker
+    from cache_server.migrate import alembic_config, check_schema, upgrade
+    from cache_server.models import RecordRow
+    from cache_server.queries import add_record
+
+    url, _ = database
+    upgrade(url)
+    with make_sessionmaker(make_engine(url))() as session:
+        _, alice = tokens.issue(session, name="alice", scope="write")
+        _, ci = tokens.issue(session, name="ci", scope="write", trusted=True)
+        _, twice = tokens.issue(session, name="twice", scope="write")
+        _, again = tokens.issue(session, name="twice", scope="write")
+        session.flush()
+        uploads = {
+            "pending": (alice, 1), "trusted": (ci, 2), "checked": (alice, 3), "shared": (twice, 4)
+        }  # fmt: skip
+        ids = {}
+        for what, (uploader, m) in uploads.items():
+            key = make_key(m=64 * m)
+            added = add_record(session, key_hash=key.digest(), record=make_record(key),
+                               uploader=uploader)  # fmt: skip
+            ids[what] = added.record_id
+        session.commit()
+        expected = {"pending": alice.id, "trusted": ci.id, "checked": None, "shared": None}
+        assert again.id != twice.id
+    with make_engine(url).begin() as connection:  # as a verifier's pass leaves it
+        connection.execute(text("update records set status = 'verified' where id = :i"),
+                           {"i": ids["checked"]})  # fmt: skip
+    command.downgrade(alembic_config(url), "0018")
+    upgrade(url)
+    check_schema(make_engine(url))
+    with make_sessionmaker(make_engine(url))() as session:
+        got = {what: session.get(RecordRow, i).vouched_by for what, i in ids.items()}  # type: ignore[union-attr]
+    assert got == expected
+    command.downgrade(alembic_config(url), "0018")  # and back: every record kept
+    with make_engine(url).connect() as connection:
+        assert connection.execute(text("select count(*) from records")).scalar_one() == 4
+
+
+def test_a_verifiers_pass_of_an_honest_copy_does_not_serve_a_withdrawn_one_again(
+    server: LiveServer,
+) -> None:
+    """A withdrawn record of a config a teammate uploaded too (its twin) stays out when a
+    verifier passes the teammate's: its time is the leaked token's claim, which the verifier did
+    not check. Before, the pass gave every disputed twin its standing back, and the made-up time
+    ranked the config first again."""
+    url = server.url
+    key = make_key(m=64)
+    leaked, honest, other = (token(url, name, "write") for name in ("leaked", "honest", "other"))
+    with Client(url, token=honest) as client:
+        copy = client.upload(make_record(key, time_ms=2.0, config=knobs(1))).record_id
+    with Client(url, token=other) as client:
+        client.upload(make_record(key, time_ms=1.0, config=knobs(2)))
+    with Client(url, token=leaked) as client:
+        made_up = client.upload(make_record(key, time_ms=0.01, config=knobs(1))).record_id
+    httpx.delete(f"{url}/v1/tokens/{_token_id(url, 'leaked')}?withdraw=true", headers=AUTH)
+    assert _served(url, key) == knobs(2)
+    consumer = {"Authorization": f"Bearer {token(url, 'consumer', 'read')}"}
+    disputed = post_dispute(url, copy, consumer, dispute_body(key))
+    assert disputed.status_code == 200, disputed.text
+    with Client(url, token=token(url, "gpu-verifier", "verify")) as client:
+        task = client.claim_verification("v", device_arch=CPU.arch, backends=["tvm"])
+        assert task is not None and task.record.id == copy
+        assert client.submit_verification(copy, _passed("v", 2.0)).status == "verified"
+    assert _status(url, made_up) == "disputed"
+    assert _served(url, key) == knobs(2)  # 1.0 ms beats the copy's 2.0 ms, re-timed
