@@ -112,6 +112,25 @@ def test_the_eta_counts_down_while_a_step_is_awaited() -> None:
     assert etas == sorted(etas, reverse=True) and etas[-1] <= 1  # never up; down to zero
 
 
+def test_no_eta_once_the_countdown_ran_out_before_the_next_step() -> None:
+    """A step slower than the pace so far: the demo said "ETA 0s" for 20 s. Past the
+    countdown's end the line says no ETA (plain lines) or "ETA -" (the live line), until the next
+    step gives a pace again."""
+    stream = Stamped()
+    with ProgressPrinter("k", stream, heartbeat=0.3) as progress:
+        time.sleep(0.3)
+        progress(Progress(3, 4, 0.5, "measured a batch"))  # ~0.1 s a step: ~0.1 s left
+        time.sleep(1.3)  # heartbeats while the last step runs over
+    heartbeats = [line for line in stream.getvalue().splitlines() if "still" in line]
+    assert len(heartbeats) >= 2 and all("ETA" not in line for line in heartbeats), heartbeats
+    live = io.StringIO()
+    with ProgressPrinter("k", live, live=True) as progress:
+        time.sleep(0.2)
+        progress(Progress(3, 4, 0.5, "measured a batch"))
+        time.sleep(1.0)  # the live line refreshes by itself
+    assert "ETA -" in live.getvalue().split("ETA 0s")[-1], live.getvalue()[-400:]
+
+
 def test_no_eta_goes_past_the_seconds_budget() -> None:
     """``tune --seconds 10``, a MetaSchedule batch of 12 s for 1 of 32 trials: the line said
     "ETA 381s" for a run that stopped 7 s later. The pace's ETA is bounded by the budget's end
@@ -149,8 +168,8 @@ def _followed(
     done_at: dict[str, float],
     claimed: float = 0.0,
     live: bool = True,
-) -> dict[int, int]:
-    """``pretune``'s ETA at each second it printed one, following jobs queued until a worker
+) -> dict[int, int | None]:
+    """``pretune``'s ETA at each second it printed a line (``None``: none), following jobs queued until a worker
     takes them all at ``claimed`` and each done at its ``done_at``, on a terminal (``live``)
     or in a log. The queue is read through the client's ``list_jobs``; the clock is faked, from
     0."""
@@ -175,8 +194,14 @@ def _followed(
                                                                sleep=sleep))  # fmt: skip
     monkeypatch.setattr(sys.stderr, "isatty", lambda: live)
     assert pretune.follow(types.SimpleNamespace(list_jobs=list_jobs), list(done_at), poll=5) == 0
-    return {int(line.split()[0].rstrip("s")): int(line.split("ETA ")[1].rstrip("s"))
-            for line in capsys.readouterr().err.splitlines() if "ETA " in line}  # fmt: skip
+    lines = [
+        line
+        for line in capsys.readouterr().err.splitlines()
+        if line.split()[:1] and line.split()[0][:-1].isdigit()
+    ]
+    return {int(line.split()[0].rstrip("s")):
+            int(line.split("ETA ")[1].rstrip("s")) if "ETA " in line else None
+            for line in lines}  # fmt: skip
 
 
 def test_pretunes_eta_counts_down_while_the_next_job_is_awaited(
@@ -185,10 +210,12 @@ def test_pretunes_eta_counts_down_while_the_next_job_is_awaited(
     """``pretune`` following jobs: its ETA grew with the elapsed time (32 s → 56 s between two
     jobs done)."""
     etas = _followed(monkeypatch, capsys, {"a": 10.0, "b": 40.0, "c": 50.0})
-    assert etas[10] == 20 and etas[25] == 5 and etas[35] == 0  # 10 s a job, counted down
+    assert etas[10] == 20 and etas[25] == 5  # 10 s a job, counted down
+    assert etas[35] is None  # ran out before the next job: no count to go by ("ETA 0s" was not)
     assert etas[40] == 20  # the next job: 40 s for two, one left
     etas = _followed(monkeypatch, capsys, {"a": -1.0, "b": 40.0, "c": 50.0})  # "a" done before
-    assert min(etas) == 40 and etas[40] == 40 and etas[45] == 35  # none before this run's first
+    counted = {t: eta for t, eta in etas.items() if eta is not None}
+    assert min(counted) == 40 and etas[40] == 40 and etas[45] == 35  # none before this run's first
 
 
 def test_pretunes_pace_counts_from_when_a_worker_took_the_first_job(
@@ -206,9 +233,11 @@ def test_pretune_in_a_log_writes_a_line_when_a_count_changes_or_a_minute_went_by
     """Off a terminal, ``pretune`` wrote its line at every poll: 1,800 lines in a CI log for an
     hour's jobs. Now: when a count changes, else once a minute."""
     etas = _followed(monkeypatch, capsys, {"a": 100.0, "b": 400.0}, claimed=50.0, live=False)
-    # 0 s and 50 s (no ETA yet), 100 s: the counts changed; 160 .. 340 s: a minute apart (then
-    # the last line, all done, has no ETA).
-    assert sorted(etas) == [100, 160, 220, 280, 340]
+    # 0 s and 50 s (no ETA yet), 100 s: the counts changed; 160 .. 340 s: a minute apart, with
+    # no ETA (the pace, 50 s a job, ran out at 150 s: it said "ETA 0s" for four minutes); 400 s
+    # all done.
+    assert sorted(etas) == [0, 50, 100, 160, 220, 280, 340, 400], etas
+    assert etas[100] == 50 and [etas[t] for t in (160, 220, 280, 340, 400)] == [None] * 5
 
 
 def test_a_search_shows_the_space_as_its_total_when_smaller_than_the_budget() -> None:

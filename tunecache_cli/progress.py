@@ -99,7 +99,9 @@ class Countdown:
     (waiting for the next step does not make the work left grow); never past ``deadline`` (a
     ``time.monotonic()``: when a ``--seconds`` budget stops the run, whatever the pace), and
     none once it has passed (what runs over the budget, the winner's validation, has no pace to
-    go by: "ETA 0s" for as long as it lasts was not true either)."""
+    go by: "ETA 0s" for as long as it lasts was not true either); none either once the
+    countdown has run out before the next step (a step slower than the pace so far: the demo
+    said "ETA 0s" for 20 s)."""
 
     def __init__(self, deadline: float | None = None) -> None:
         self._at: tuple[float, float] | None = None  # (seconds left, when) at the last step
@@ -111,12 +113,15 @@ class Countdown:
         self._at = None if eta is None else (eta, now)
 
     def left(self, now: float) -> float | None:
-        """Seconds left at ``now``, or ``None`` before the first step or past the deadline."""
+        """Seconds left at ``now``, or ``None`` before the first step, past the deadline or
+        once the pace's countdown ran out."""
         at, deadline = self._at, self.deadline  # read once: the live line's thread asks too
         if at is None or (deadline is not None and now >= deadline):
             return None
         left = at[0] - (now - at[1])
-        return max(0.0, left if deadline is None else min(left, deadline - now))
+        if left < 0:  # the step awaited is slower than the pace: no count to go by
+            return None
+        return left if deadline is None else min(left, deadline - now)
 
 
 class ProgressPrinter:
