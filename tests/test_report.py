@@ -204,6 +204,22 @@ def test_convergence_is_best_so_far_over_the_final_best_skipping_failed_trials()
     assert convergence(public(record(make_key(), 2.0)), "k") is None
 
 
+def test_convergence_leaves_out_the_default_config_timed_beside_the_winner() -> None:
+    """The tuner appends the default config's timing to a record's trials: it was drawn as the
+    search's last trial, and where it was the fastest the search's own best read as 1.25x."""
+    from tunecache.defaults import default_config
+
+    searched = record(make_key(), 2.0, trials=[5.0, 2.5], baselines={"default_config": 2.0})
+    default = Trial(config=default_config("tvm") or {}, status="ok", time_ms=2.0)
+    with_default = searched.model_copy(update={"trials": [*searched.trials, default]})
+    series = convergence(public(with_default), "k")
+    assert series is not None and series.trials == (1, 2) and series.relative == (2.0, 1.0)
+    other = Trial(config={"tile": 9}, status="ok", time_ms=2.0)  # a search's own last trial
+    kept = convergence(public(searched.model_copy(update={"trials": [*searched.trials, other]})),
+                       "k")  # fmt: skip
+    assert kept is not None and kept.trials == (1, 2, 3)
+
+
 def test_the_grid_puts_each_key_in_its_cell_with_the_best_status_of_a_cell() -> None:
     a, b = make_key(16), make_key(32)
     other_device = dataclasses.replace(a, device=dataclasses.replace(CPU, name="other-cpu"))

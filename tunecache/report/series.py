@@ -17,6 +17,7 @@ from tunecache import believed
 from tunecache.report.labels import key_label, natural, several_archs
 from tunecache.schemas import RecordPublic
 from tunecache.timing import best_so_far
+from tunecache.trialcount import default_last
 
 DEFAULT = "default_config"  # the backend's config untuned
 EAGER = "torch_eager"  # the same computation in eager PyTorch
@@ -104,8 +105,14 @@ def speedups(winners: Sequence[RecordPublic]) -> list[Speedup]:
 
 def convergence(record: RecordPublic, label: str) -> Convergence | None:
     """Best-so-far time relative to the final best after each successful trial of ``record``'s
-    search; ``None`` when it holds no successful trial (a snapshot import keeps none)."""
-    measured = [t.time_ms if t.status == "ok" else None for t in record.trials]
+    search; ``None`` when it holds no successful trial (a snapshot import keeps none). The
+    default config timed beside the winner, last of the trials (:func:`default_last`), is not
+    the search's: it counted as one more trial, and where it was the fastest the search's best
+    read as its slower point."""
+    searched = record.trials
+    if searched and default_last(record, searched[-1].config):
+        searched = searched[:-1]
+    measured = [t.time_ms if t.status == "ok" else None for t in searched]
     running = best_so_far(measured)
     trials = [n for n, ms in enumerate(measured, start=1) if ms is not None]
     times = [b for b, ms in zip(running, measured, strict=True) if ms is not None and b is not None]
