@@ -51,8 +51,49 @@ def _texts(rows: list[Speedup]) -> tuple[list[str], list[str], str, list[str]]:
     ax = _axes(rows)
     labels = [t.get_text() for t in ax.get_yticklabels()]
     notes = [t.get_text() for t in ax.texts if "×" in t.get_text()]  # each bar's speedup
-    legend = ax.get_legend()
-    return labels, notes, ax.get_xlabel(), [t.get_text() for t in legend.get_texts()]
+    (legend,) = ax.figure.legends
+    caption = " ".join(ax.get_xlabel().split())  # its lines wrapped to fit the figure
+    return labels, notes, caption, [t.get_text() for t in legend.get_texts()]
+
+
+@pytest.mark.parametrize("keys", [1, 6, 40])
+def test_every_text_of_the_speedup_figure_lies_within_it(keys: int) -> None:
+    """Long key labels squeezed the bars to the right: the legend's entries and the caption's
+    lines ran past the figure's right edge, and a slower bar's speedup, written to its left,
+    over the keys' labels. Drawn as saved, every text lies within the figure, and no bar's
+    speedup reaches left of 1x."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    rows = [
+        Speedup(f"matmul[K=4096,M={64 * (i + 1)},N=4096] float16 triton nvidia-h100-80gb-hbm3 sm_90",
+                0.8 + 0.3 * i, 0.9 + 0.1 * i,
+                default_interval=None if i % 2 else (0.7 + 0.3 * i, 0.95 + 0.3 * i),
+                eager_interval=(0.8 + 0.1 * i, 1.0 + 0.1 * i), noisy=i == 1, interpreted=i == 2,
+                status="pending" if i % 3 == 0 else "verified", retimed=i == 3,
+                default_rounds=5, eager_rounds=12)
+        for i in range(keys)
+    ]  # fmt: skip
+    fig = figures.speedup_figure(rows)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    inside = fig.bbox.padded(1)
+    (ax,) = fig.axes
+    low, high = ax.get_xlim()
+    drawn_ticks = [t.label1 for t in ax.xaxis.get_major_ticks() if low <= t.get_loc() <= high]
+    texts = [*ax.texts, ax.xaxis.label, *ax.get_yticklabels(), *drawn_ticks,
+             *fig.legends[0].get_texts(), *fig.texts]  # fmt: skip
+    texts = [t for t in texts if t.get_visible() and t.get_text().strip()]
+    assert len(texts) > 3 * keys
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        assert inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1), (
+            text.get_text(),
+            box,
+            fig.bbox,
+        )
+    one = ax.transData.transform((1.0, 0.0))[0]
+    for note in (t for t in ax.texts if "×" in t.get_text()):
+        assert note.get_window_extent(renderer).x0 >= one, note.get_text()
 
 
 def test_a_pending_winner_is_marked_pending_in_its_label() -> None:
