@@ -207,9 +207,10 @@ def import_records(
     while at < len(planned):
         if at:
             _next_chunk(session)
-            if uploader is not None:  # one revoked meanwhile stores no more
-                tokens.ensure_live(session, uploader, doing=f"the {stored} records this import "
-                                   "stored before it stay stored, and no more were")  # fmt: skip
+        if uploader is not None:  # one revoked meanwhile stores no more (before a key's lock)
+            before = (f"the {stored} records this import stored before it stay stored, and no "
+                      "more were") if stored else "nothing was stored"  # fmt: skip
+            tokens.ensure_live(session, uploader, doing=before)
         try:
             at, new, won = _store_chunk(session, planned, at, uploader=uploader,
                                         bucket_limit=bucket_limit)  # fmt: skip

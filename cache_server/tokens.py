@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from cache_server import jobs, trust, withdrawal
 from cache_server.db import upsert_insert
+from cache_server.leases import token_live
 from cache_server.models import TokenRow, utcnow
 from cache_server.twins import lock_slot
 from tunecache.tokens import (
@@ -180,9 +181,17 @@ class Revoked(Exception):
 
 def ensure_live(session: Session, token: TokenRow, *, doing: str) -> None:
     """Raises :class:`Revoked` when ``token`` was revoked since the request authenticated it
-    (``doing``: what the error says stays as it is)."""
-    revoked = session.scalar(select(TokenRow.revoked_at).where(TokenRow.id == token.id))
-    if revoked is not None:
+    (``doing``: what the error says stays as it is). Read under a share lock of the token's row
+    (:func:`cache_server.leases.token_live`), held until the transaction ends: a revocation in
+    flight is waited for and then read, and one that comes after waits for this write, then
+    counts (and withdraws) what it stored. Called before the write takes any key's lock, as a
+    revocation takes the token's row before the keys'; on SQLite the database's write lock is
+    taken first, so the read is of the last revocation committed. Before, an upload
+    authenticated in the instant before a revocation was stored after it, on the revoked
+    token's word, uncounted."""
+    if session.get_bind().dialect.name != "postgresql":
+        lock_slot(session, 0)  # every slot's lock on SQLite: one writer at a time from here
+    if not token_live(session, token.id):
         raise Revoked(f"the token was revoked while this request ran: {doing}")
 
 

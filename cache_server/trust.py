@@ -182,7 +182,11 @@ def claim(
     if not token_live(session, token_id):  # revoked, or being revoked: no lease
         return None
     now = utcnow()
-    fits = (RecordRow.device_arch == device_arch, RecordRow.backend.in_(list(backends)))
+    # Never a record on this token's own word (its upload or import): a verify token may upload,
+    # and passed its own made-up record, which then stood as a verifier's finding.
+    not_its_own = or_(RecordRow.vouched_by.is_(None), RecordRow.vouched_by != token_id)
+    fits = (RecordRow.device_arch == device_arch, RecordRow.backend.in_(list(backends)),
+            not_its_own)  # fmt: skip
     held = session.scalar(
         select(RecordRow)
         .where(RecordRow.verify_owner == worker, RecordRow.verify_token_id == token_id,

@@ -12,7 +12,10 @@ defaults meanwhile, never to a wrong result. Only the token's own records: a rev
 finding about a token, not about a config, so their twins (other uploads of the same config at
 the key) keep their standing, as a rejection leaves an honest copy's (:mod:`cache_server.twins`).
 Records a verifier of this server passed, rejected or disputed ones, and unvalidated ones (never
-served) are left as they are. Keyword-only; nothing here commits.
+served) are left as they are (records stored before migration 0019 were given their token by
+name: an imported one a verifier here passed after its import counts as its importer's). A
+verify token is never handed its own records to check (:func:`cache_server.trust.claim`): a
+record stands on its uploader's word until another's pass. Keyword-only; nothing here commits.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from cache_server.models import RecordRow
 from cache_server.trust import SERVED_STATUSES, recompute_winners
 
 _SERVED = SERVED_STATUSES["validated"]  # every status some policy serves
+_ROUNDS = 8  # of finding, locking and disputing: a round finds only what writes served meanwhile
 
 
 def _on_word_of(token_id: int) -> tuple[Any, ...]:
@@ -41,20 +45,29 @@ def standing(session: Session, *, token_id: int) -> int:
 
 def withdraw(session: Session, *, token_id: int) -> int:
     """Disputes every record served on token ``token_id``'s word alone (claimable by a verifier
-    at once) and hands each key's winner places on. Each key's lock is taken first, in order
-    (:func:`cache_server.twins.lock_key`), so an upload or a verifier's finding at the key waits
-    for this. Returns how many records."""
-    keys = session.scalars(
-        select(RecordRow.key_hash).where(*_on_word_of(token_id)).distinct()
-    ).all()  # fmt: skip
-    for key_hash in sorted(keys):
-        twins.lock_key(session, key_hash)
-    withdrawn = session.execute(
-        update(RecordRow)
-        .where(*_on_word_of(token_id))
-        .values(status="disputed", verify_attempts=0)
-        .execution_options(synchronize_session=False)
-    )  # fmt: skip
-    for key_hash in sorted(keys):
-        recompute_winners(session, key_hash=key_hash)
-    return int(getattr(withdrawn, "rowcount", 0) or 0)
+    at once) and hands each key's winner places on; call it once the token is revoked. Each
+    key's lock is taken first, in order (:func:`cache_server.twins.lock_key`), and only the
+    records of keys locked so are disputed, each key's winners worked out again: a record of
+    the token that a concurrent write served meanwhile (a verifier's pass of its twin, committed
+    before this revocation) is found by the next round, never disputed while it stays a winner.
+    Returns how many records."""
+    withdrawn = 0
+    for _ in range(_ROUNDS):
+        keys = sorted(
+            set(session.scalars(select(RecordRow.key_hash).where(*_on_word_of(token_id))))
+        )
+        if not keys:
+            break
+        for key_hash in keys:
+            twins.lock_key(session, key_hash)
+        for at in range(0, len(keys), twins.CHUNK):
+            done = session.execute(
+                update(RecordRow)
+                .where(*_on_word_of(token_id), RecordRow.key_hash.in_(keys[at : at + twins.CHUNK]))
+                .values(status="disputed", verify_attempts=0)
+                .execution_options(synchronize_session=False)
+            )  # fmt: skip
+            withdrawn += int(getattr(done, "rowcount", 0) or 0)
+        for key_hash in keys:
+            recompute_winners(session, key_hash=key_hash)
+    return withdrawn

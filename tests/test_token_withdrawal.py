@@ -8,9 +8,11 @@ loopback over SQLite and PostgreSQL, the CLI, and the migration that fills in st
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import LiveServer, start_server
 from tests.factories import AUTH, CPU, knobs, make_key, make_record
@@ -122,7 +124,7 @@ def test_the_cli_says_what_stays_served_and_withdraws_on_request(server: LiveSer
     plain = tunecache("token", "revoke", laptop, "--server", url, env=as_admin)
     assert plain.returncode == 0, plain.stderr
     assert "1 record that no verifier passed still served" in plain.stderr
-    assert f"tunecache token revoke {laptop} --withdraw" in plain.stderr
+    assert "revoking it again with --withdraw" in plain.stderr
     assert _status(url, record_id) == "pending"
     direct = tunecache("token", "revoke", laptop, "--withdraw", "--db", server.db)
     assert direct.returncode == 0, direct.stderr
@@ -145,6 +147,7 @@ def test_the_migration_gives_stored_records_the_token_whose_word_serves_them(
     from cache_server.migrate import alembic_config, check_schema, upgrade
     from cache_server.models import RecordRow
     from cache_server.queries import add_record
+    from tunecache.schemas import VerificationPublic
 
     url, _ = database
     upgrade(url)
@@ -155,7 +158,8 @@ def test_the_migration_gives_stored_records_the_token_whose_word_serves_them(
         _, again = tokens.issue(session, name="twice", scope="write")
         session.flush()
         uploads = {
-            "pending": (alice, 1), "trusted": (ci, 2), "checked": (alice, 3), "shared": (twice, 4)
+            "pending": (alice, 1), "trusted": (ci, 2), "checked": (alice, 3), "shared": (twice, 4),
+            "disputed": (alice, 5),
         }  # fmt: skip
         ids = {}
         for what, (uploader, m) in uploads.items():
@@ -163,12 +167,19 @@ def test_the_migration_gives_stored_records_the_token_whose_word_serves_them(
             added = add_record(session, key_hash=key.digest(), record=make_record(key),
                                uploader=uploader)  # fmt: skip
             ids[what] = added.record_id
+        checked = session.get(RecordRow, ids["checked"])
+        assert checked is not None  # as a verifier's pass leaves it
+        checked.status = "verified"
+        checked.verification = VerificationPublic(
+            passed=True, verifier="gpu-verifier", device_name="v", verified_at=datetime.now(UTC)
+        ).model_dump(mode="json")  # fmt: skip
+        disputed = session.get(RecordRow, ids["disputed"])
+        assert disputed is not None
+        disputed.status = "disputed"  # a twin's dispute, before any verifier's pass
         session.commit()
-        expected = {"pending": alice.id, "trusted": ci.id, "checked": None, "shared": None}
+        expected = {"pending": alice.id, "trusted": ci.id, "checked": None, "shared": None,
+                    "disputed": alice.id}  # fmt: skip
         assert again.id != twice.id
-    with make_engine(url).begin() as connection:  # as a verifier's pass leaves it
-        connection.execute(text("update records set status = 'verified' where id = :i"),
-                           {"i": ids["checked"]})  # fmt: skip
     command.downgrade(alembic_config(url), "0018")
     upgrade(url)
     check_schema(make_engine(url))
@@ -177,7 +188,7 @@ def test_the_migration_gives_stored_records_the_token_whose_word_serves_them(
     assert got == expected
     command.downgrade(alembic_config(url), "0018")  # and back: every record kept
     with make_engine(url).connect() as connection:
-        assert connection.execute(text("select count(*) from records")).scalar_one() == 4
+        assert connection.execute(text("select count(*) from records")).scalar_one() == 5
 
 
 def test_a_verifiers_pass_of_an_honest_copy_does_not_serve_a_withdrawn_one_again(
@@ -207,3 +218,95 @@ def test_a_verifiers_pass_of_an_honest_copy_does_not_serve_a_withdrawn_one_again
         assert client.submit_verification(copy, _passed("v", 2.0)).status == "verified"
     assert _status(url, made_up) == "disputed"
     assert _served(url, key) == knobs(2)  # 1.0 ms beats the copy's 2.0 ms, re-timed
+
+
+def test_a_verify_token_is_never_handed_its_own_upload(server: LiveServer) -> None:
+    """A verify token may upload (its scope grants writes): it claimed its own made-up record
+    and passed it, which then stood as a verifier's finding and left the token's word behind it
+    (withdrawing the token withdrew nothing). Another verify token checks it."""
+    url = server.url
+    key = make_key(m=64)
+    mallory = token(url, "mallory", "verify")
+    with Client(url, token=mallory) as client:
+        record_id = client.upload(make_record(key, time_ms=0.001, config=knobs(1))).record_id
+        claim = {"device_arch": CPU.arch, "backends": ["tvm"], "lease_seconds": 60.0}
+        assert client.claim_verification("m", **claim) is None
+    with Client(url, token=token(url, "gpu-verifier", "verify")) as client:
+        task = client.claim_verification("v", **claim)
+        assert task is not None and task.record.id == record_id
+    answer = httpx.delete(f"{url}/v1/tokens/{_token_id(url, 'mallory')}", headers=AUTH).json()
+    assert answer["standing"] == 1
+
+
+def test_an_import_under_a_token_revoked_after_it_authenticated_stores_nothing(
+    database: tuple[str, Path | None],
+) -> None:
+    """The request authenticated its token, then a revocation with ``withdraw`` committed, then
+    the request stored: its records were stored on the revoked token's word, after the
+    withdrawal had counted, and served. A write now reads its token live before any key's lock
+    (under a share lock on PostgreSQL), as uploads do."""
+    from cache_server import snapshots, tokens, withdrawal
+    from cache_server.db import make_engine, make_sessionmaker
+    from cache_server.migrate import upgrade
+
+    url, _ = database
+    upgrade(url)
+    sessions = make_sessionmaker(make_engine(url))
+    with sessions() as session:
+        tokens.issue(session, name="admin", scope="admin")
+        secret, row = tokens.issue(session, name="leaked", scope="write")
+        session.commit()
+        leaked_id = row.id
+    with sessions() as request:
+        authenticated = tokens.authenticate(request, token=secret)
+        assert authenticated is not None
+        request.commit()
+        with sessions() as admin:
+            revoked = tokens.revoke(admin, token_id=leaked_id, withdraw=True)
+            admin.commit()
+        assert revoked is not None and revoked.withdrawn == 0
+        with pytest.raises(tokens.Revoked, match="nothing was stored"):
+            snapshots.import_records(request, records=[make_record(make_key(m=64))],
+                                     uploader=authenticated)  # fmt: skip
+        request.rollback()
+    with sessions() as session:
+        assert withdrawal.standing(session, token_id=leaked_id) == 0
+
+
+def test_revoke_withdraw_against_a_server_that_knows_no_withdrawal_fails_saying_so(
+    tmp_path: Path,
+) -> None:
+    """An older server ignores ``withdraw=true``: the CLI said "withdrew 0 records" and exited
+    0, the records still served. A fake server at the CLI's transport answers as such a server
+    did (no counts)."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    old = {"id": 3, "name": "laptop", "scope": "write", "prefix": "tc_abcde",
+           "created_at": "2026-01-01T00:00:00Z", "revoked_at": "2026-01-02T00:00:00Z"}  # fmt: skip
+
+    class OldServer(BaseHTTPRequestHandler):
+        def do_DELETE(self) -> None:
+            body = json.dumps(old).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), OldServer)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        as_admin = {"TUNECACHE_TOKEN": AUTH["Authorization"].removeprefix("Bearer ")}
+        asked = tunecache("token", "revoke", "3", "--withdraw", "--server", url, env=as_admin)
+        assert asked.returncode == 1, asked.stderr
+        assert "withdrew none of its records: the server does not know --withdraw" in asked.stderr
+        plain = tunecache("token", "revoke", "3", "--server", url, env=as_admin)
+        assert plain.returncode == 0 and "still served" not in plain.stderr, plain.stderr
+    finally:
+        httpd.shutdown()

@@ -120,10 +120,12 @@ class TokenRevoked(TokenPublic):
     """A token just revoked, with the records served on its word alone (its uploads and imports
     no verifier of the server passed: :mod:`cache_server.withdrawal`): ``withdrawn`` by this
     revocation (disputed: out of service until a verifier checks each) and ``standing``, those
-    still served (revoked without withdrawing them)."""
+    still served (revoked without withdrawing them). ``None``: a server that knows no
+    withdrawal (it ignored ``withdraw``)."""
 
-    withdrawn: NonNegativeInt = 0
-    standing: NonNegativeInt = 0
+    # None: a server that knows no withdrawal (before 0019), which ignored ``withdraw``.
+    withdrawn: NonNegativeInt | None = None
+    standing: NonNegativeInt | None = None
 
 
 class WhoAmI(_Strict):

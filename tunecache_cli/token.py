@@ -185,13 +185,20 @@ def run_revoke(args: argparse.Namespace) -> int:
     with _tokens(args) as tokens:
         info: TokenRevoked = tokens.revoke_token(args.token_id, withdraw=args.withdraw)
     said = f"revoked token {info.id} {info.name!r}"
+    if args.withdraw and info.withdrawn is None:  # a server before withdrawals ignored it
+        print(
+            f"{said}, but withdrew none of its records: the server does not know --withdraw "
+            "(an older version); its records stay served until disputed",
+            file=sys.stderr,
+        )
+        return 1
     if args.withdraw:
-        said += (f"; withdrew {_records(info.withdrawn)} served on its word alone: disputed, out "
-                 "of service until a verifier checks each")  # fmt: skip
+        said += (f"; withdrew {_records(info.withdrawn or 0)} served on its word alone: "
+                 "disputed, out of service until a verifier checks each")  # fmt: skip
     if info.standing:
         said += (f"; {_records(info.standing)} that no verifier passed still served on its word "
-                 f"alone: if it leaked, `tunecache token revoke {info.id} --withdraw` takes them "
-                 "out of service until a verifier checks each")  # fmt: skip
+                 "alone: if it leaked, revoking it again with --withdraw takes them out of "
+                 "service until a verifier checks each")  # fmt: skip
     print(said, file=sys.stderr)
     return 0
 

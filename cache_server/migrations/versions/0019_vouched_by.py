@@ -5,8 +5,12 @@ its records one by one. Revoking with ``withdraw`` now disputes them (cache_serv
 
 Records stored before are given the token of their uploader's name (their importer's, for a
 snapshot's) where exactly one token has that name (a name is not unique), if they stand on its
-word: pending, or verified by that token's own word (a trusted token's upload or import). The
-others keep none, and a revocation leaves them as before.
+word: pending, verified by that token's own word (a trusted token's upload or import), or
+disputed before a verifier passed them (a dispute of a twin: a verifier's pass of the twin must
+not serve them again once the token is revoked, :func:`cache_server.twins.settle`). The others
+keep none, and a revocation leaves them as before. An imported record a verifier here passed
+after its import is counted its importer's (the two cannot be told apart): withdrawn, it is
+checked again.
 
 Revision ID: 0019
 Revises: 0018
@@ -40,13 +44,16 @@ def upgrade() -> None:
         sa.select(sa.func.min(t.id)).where(t.name == putter)
         .having(sa.func.count() == 1).scalar_subquery()
     )  # fmt: skip
-    own_word = sa.or_(
+    never_passed = sa.or_(r.verification.is_(None), sa.cast(r.verification, sa.Text) == "null")
+    own_word = sa.and_(r.status.in_(("pending", "verified", "disputed")), sa.or_(
         r.status == "pending",
-        sa.and_(r.status == "verified", sa.or_(
-            r.imported_by.is_not(None),  # verified at import: the trusted importer's word
-            sa.cast(r.verification, sa.Text).like("%(trusted uploader)%"),
-        )),
-    )  # fmt: skip
+        never_passed,  # disputed before any verifier passed it: its standing was its uploader's
+        # Verified at import (the trusted importer's word; one a verifier here passed after its
+        # import cannot be told apart: it is counted the importer's, re-checked if withdrawn),
+        # or at upload, a trusted token's.
+        r.imported_by.is_not(None),
+        sa.cast(r.verification, sa.Text).like("%(trusted uploader)%"),
+    ))  # fmt: skip
     op.get_bind().execute(_records.update().where(own_word).values(vouched_by=sole))
 
 
