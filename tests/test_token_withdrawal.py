@@ -19,6 +19,7 @@ from tests.factories import AUTH, CPU, knobs, make_key, make_record
 from tests.test_auth import tunecache
 from tests.test_trust import _passed, dispute_body, post_dispute, token
 from tunecache import Client, Key
+from tunecache.verification import trust_text
 
 DEFAULT = knobs(99)
 
@@ -131,6 +132,9 @@ def test_the_cli_says_what_stays_served_and_withdraws_on_request(server: LiveSer
     assert "withdrew 1 record served on its word alone" in direct.stderr
     assert "still served" not in direct.stderr and "Traceback" not in direct.stderr
     assert _status(url, record_id) == "disputed"
+    with Client(url) as client:  # as `tunecache get` and `records show` explain it
+        explained = trust_text(client.get_record(record_id))
+    assert "disputed 0x" not in explained and "token was revoked" in explained, explained
 
 
 def test_the_migration_gives_stored_records_the_token_whose_word_serves_them(

@@ -127,6 +127,10 @@ def trust_text(record: RecordPublic) -> str:
     check = record.verification
     if record.status == "pending":
         return f"pending: validated by its uploader only ({by}; not verified)"
+    if record.status == "disputed" and not record.disputes:  # "disputed 0x by consumers"
+        return ("disputed: not served until re-verified; no consumer disputed this record "
+                "itself: a copy of its config at this key was, or its uploader's token was "
+                f"revoked with its records withdrawn ({by})")  # fmt: skip
     if record.status == "disputed":
         return f"disputed {record.disputes}x by consumers: not served until re-verified ({by})"
     if check is None:
