@@ -125,6 +125,13 @@ def own_outbox(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mon
     return folder
 
 
+@pytest.fixture(autouse=True)
+def lock_warning_unsaid(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test whose lock folder is unusable marks the warning said for the processes started
+    from this one (tunecache.settings.LOCK_WARNED); the next test's is unsaid."""
+    monkeypatch.delenv("TUNECACHE_LOCK_WARNED", raising=False)
+
+
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[LiveServer]:
     """A fresh uvicorn cache server on loopback over a new SQLite file."""

@@ -18,6 +18,7 @@ import torch
 
 from tunecache import devicelock
 from tunecache.schemas import TimingModel
+from tunecache.settings import LOCK_WARNED
 from tunecache.timing import TimerSettings, time_cpu, time_cuda
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,6 +43,7 @@ def locks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     folder = tmp_path / "locks"
     monkeypatch.setenv("TUNECACHE_LOCK_DIR", str(folder))
     monkeypatch.setattr(devicelock, "_state", devicelock._State())
+    monkeypatch.delenv(LOCK_WARNED, raising=False)  # restored after: a warning sets it
     return folder
 
 
@@ -244,6 +246,34 @@ def test_a_link_or_fifo_is_never_used(
             assert not turn.shared
     assert list(target.iterdir()) == []
     assert len(caplog.records) == 1 and "no turns" in caplog.records[0].getMessage()
+
+
+def test_a_lock_folder_said_unusable_before_a_tune_is_not_said_again_by_its_workers(
+    locks: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tune said "lock folder …: not a plain folder" twice: once from MetaSchedule's runner
+    process, once from its own re-timing. Said before the workers start, the processes started
+    from here (and forked ones) say it no more."""
+    locks.symlink_to(tmp_path, target_is_directory=True)
+    caplog.set_level(logging.WARNING, "tunecache.devicelock")
+    devicelock.check_folder()
+    devicelock.check_folder()
+    assert len(caplog.records) == 1 and "no turns" in caplog.records[0].getMessage()
+    worker = subprocess.run(
+        [sys.executable, "-c", "import logging; logging.basicConfig()\n"
+         "from tunecache.devicelock import timing_on\n"
+         "with timing_on('cpu') as turn: print('shared', turn.shared)"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert worker.stdout.strip() == "shared False", worker.stderr
+    assert "lock folder" not in worker.stderr, worker.stderr
+    pid = os.fork()
+    if pid == 0:  # a forked worker: nothing said either
+        with devicelock.timing_on("cpu"):
+            pass
+        os._exit(len(caplog.records))
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1  # the parent's one record, no more
 
 
 @pytest.mark.slow

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tunecache.settings import lock_dir
+from tunecache.settings import lock_dir, lock_warned, mark_lock_warned
 
 try:
     import fcntl
@@ -108,7 +108,7 @@ def _forget_in_child() -> None:
     for fd in _state.open_fds:
         with contextlib.suppress(OSError):
             os.close(fd)
-    _state = _State()
+    _state = _State(warned=_state.warned)  # said once in the parent is said
 
 
 if hasattr(os, "register_at_fork"):
@@ -310,7 +310,15 @@ def _folder(state: _State) -> Path | None:
     return folder
 
 
+def check_folder() -> None:
+    """Says now (once) when the lock folder cannot be used: called before a tune starts its
+    worker processes, which then say it no more (:func:`tunecache.settings.lock_warned`): a tune
+    said it twice, once from MetaSchedule's runner and once from its own re-timing."""
+    _folder(_state)
+
+
 def _warn_once(state: _State, why: str) -> None:
-    if not state.warned:
+    if not state.warned and not lock_warned():
         state.warned = True
+        mark_lock_warned()
         logger.warning("%s: timings take no turns with other processes' (TUNECACHE_LOCK_DIR)", why)

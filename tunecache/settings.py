@@ -70,6 +70,20 @@ def lock_dir(env: Mapping[str, str] | None = None) -> Path:
     return _cache_folder("TUNECACHE_LOCK_DIR", "locks", env)
 
 
+LOCK_WARNED = "TUNECACHE_LOCK_WARNED"  # "1": a parent process said its lock folder is unusable
+
+
+def lock_warned(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process, or the one that started it, said its lock folder cannot be used
+    (:mod:`tunecache.devicelock`): its worker processes say it no more."""
+    return (os.environ if env is None else env).get(LOCK_WARNED) == "1"
+
+
+def mark_lock_warned() -> None:
+    """Records that the lock folder's warning was given, for the processes started from here."""
+    os.environ[LOCK_WARNED] = "1"
+
+
 def _cache_folder(variable: str, name: str, env: Mapping[str, str] | None) -> Path:
     import platformdirs
 

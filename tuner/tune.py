@@ -40,7 +40,7 @@ from backends import (
     compile_target,
     get_backend,
 )
-from tunecache import __version__
+from tunecache import __version__, devicelock
 from tunecache.client import Client
 from tunecache.configcheck import config_problem
 from tunecache.device import DeviceFingerprint, local_device
@@ -297,6 +297,7 @@ def tune(
     workload = get_workload(key.kernel)
     backend, strategy = _plan(key, options, backend)
     check_local(key, workload)
+    devicelock.check_folder()  # said here, once: not again by each worker process
     emit = _emitter(key, progress)
     began = time.monotonic()  # --seconds bound the whole tune: starting the workers counts
     request = SearchRequest(workload, _problem(key), key.dtype, budget, progress, options.seed,
