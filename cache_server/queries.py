@@ -135,6 +135,12 @@ class BucketFull(Exception):
     """A new key's record for a shape bucket that holds its limit of winners (a 409)."""
 
 
+class Revoked(Exception):
+    """The token a request came with was revoked while the request ran (a 401): a write reads
+    its token again behind its key's lock (:func:`add_record`); a snapshot import, committed a
+    chunk at a time, stores no chunk after (:func:`cache_server.tokens.ensure_live`)."""
+
+
 def add_record(
     session: Session, *, key_hash: str, record: RecordCreate, uploader: TokenRow | None = None,
     bucket_limit: int | None = None, row: RecordRow | None = None,
@@ -147,12 +153,20 @@ def add_record(
     Raises:
         BucketFull: ``record`` would be a new key's winner in a bucket that holds
             ``bucket_limit`` winners (nothing is stored).
+        Revoked: ``uploader`` is revoked, read behind the key's lock (nothing is stored): a
+            write authenticated just before a revocation was stored after it, on the revoked
+            token's word, and a withdrawal, which takes every key's lock first
+            (:mod:`cache_server.withdrawal`), did not count it.
     """
     if row is None:
         row = record_row(key_hash=key_hash, record=record, uploader=uploader)
     twins.lock_key(session, key_hash)
     state = session.execute(_UPLOAD_STATE, {"upload": row.upload_digest, "key_hash": key_hash,
-                                            "digest": row.config_digest}).one()  # fmt: skip
+                                            "digest": row.config_digest,
+                                            "token": None if uploader is None else uploader.id,
+                                            }).one()  # fmt: skip
+    if uploader is not None and state.revoked is not None:
+        raise Revoked("the token was revoked while this request ran: nothing was stored")
     if state.held_id is not None:  # sent again: answered as it stands, not stored twice nor revived
         return Added(state.held_id, state.winner, state.held_status, again=True)
     if bucket_limit is not None and record.validation.passed and state.winner is None:
@@ -183,6 +197,8 @@ _UPLOAD_STATE = select(
     _of_upload(RecordRow.status).label("held_status"),
     select(WinnerRow.record_id).where(WinnerRow.key_hash == bindparam("key_hash"))
     .scalar_subquery().label("winner"),
+    select(TokenRow.revoked_at).where(TokenRow.id == bindparam("token"))
+    .scalar_subquery().label("revoked"),
     *twins.STANDING,
 )  # fmt: skip
 

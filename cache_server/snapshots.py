@@ -207,13 +207,17 @@ def import_records(
     while at < len(planned):
         if at:
             _next_chunk(session)
-        if uploader is not None:  # one revoked meanwhile stores no more (before a key's lock)
-            before = (f"the {stored} records this import stored before it stay stored, and no "
-                      "more were") if stored else "nothing was stored"  # fmt: skip
+        before = (f"the {stored} records this import stored before it stay stored, and no "
+                  "more were") if stored else "nothing was stored"  # fmt: skip
+        if uploader is not None:  # one revoked meanwhile stores no more
             tokens.ensure_live(session, uploader, doing=before)
         try:
             at, new, won = _store_chunk(session, planned, at, uploader=uploader,
                                         bucket_limit=bucket_limit)  # fmt: skip
+        except tokens.Revoked:  # read behind a key's lock, mid-chunk (its rollback undoes it)
+            raise tokens.Revoked(
+                f"the token was revoked while this request ran: {before}"
+            ) from None
         except (BucketFull, InvalidInput) as exc:
             if not stored:
                 raise

@@ -15,10 +15,10 @@ from typing import Literal
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from cache_server import jobs, trust, withdrawal
+from cache_server import jobs, trust, twins, withdrawal
 from cache_server.db import upsert_insert
-from cache_server.leases import token_live
 from cache_server.models import TokenRow, utcnow
+from cache_server.queries import Revoked
 from cache_server.twins import lock_slot
 from tunecache.tokens import (
     MAX_LISTED_TOKENS,
@@ -174,24 +174,12 @@ def list_tokens(session: Session, *, include_revoked: bool = False) -> list[Toke
     return list(session.scalars(stmt))
 
 
-class Revoked(Exception):
-    """The token a request came with was revoked while the request ran (a 401): a snapshot
-    import, committed a chunk at a time, stops at the next chunk (:func:`ensure_live`)."""
-
-
 def ensure_live(session: Session, token: TokenRow, *, doing: str) -> None:
     """Raises :class:`Revoked` when ``token`` was revoked since the request authenticated it
-    (``doing``: what the error says stays as it is). Read under a share lock of the token's row
-    (:func:`cache_server.leases.token_live`), held until the transaction ends: a revocation in
-    flight is waited for and then read, and one that comes after waits for this write, then
-    counts (and withdraws) what it stored. Called before the write takes any key's lock, as a
-    revocation takes the token's row before the keys'; on SQLite the database's write lock is
-    taken first, so the read is of the last revocation committed. Before, an upload
-    authenticated in the instant before a revocation was stored after it, on the revoked
-    token's word, uncounted."""
-    if session.get_bind().dialect.name != "postgresql":
-        lock_slot(session, 0)  # every slot's lock on SQLite: one writer at a time from here
-    if not token_live(session, token.id):
+    (``doing``: what the error says stays as it is). A plain read: a record written after it
+    reads its token again behind its key's lock (:func:`cache_server.queries.add_record`)."""
+    revoked = session.scalar(select(TokenRow.revoked_at).where(TokenRow.id == token.id))
+    if revoked is not None:
         raise Revoked(f"the token was revoked while this request ran: {doing}")
 
 
@@ -229,7 +217,9 @@ def revoke(session: Session, *, token_id: int, withdraw: bool = False) -> TokenR
         update(TokenRow)
         .where(TokenRow.id == token_id, TokenRow.revoked_at.is_(None))
         .values(revoked_at=utcnow())
-    )
+    )  # the token's row before every key's lock: a write of its holds the row (its last use)
+    if withdraw:  # before the leases' rows: a verifier's finding takes its key's lock, then them
+        twins.lock_every_key(session)
     jobs.release_leases(session, token_id=token_id)  # a revoked token holds no job
     trust.release_verifications(session, token_id=token_id)  # nor a record to verify
     row = session.get(TokenRow, token_id, populate_existing=True)

@@ -68,6 +68,21 @@ def lock_key(session: Session, key_hash: str) -> None:
         _wait_patiently(session, slot)
 
 
+KEY_SLOTS = 256  # the keys' slots of LOCK_CLASS (a key hash's first byte)
+
+
+def lock_every_key(session: Session) -> None:
+    """Holds every key's slot until the transaction ends, taken in order (as an import takes its
+    keys'), each waited for as :func:`lock_key` waits: every write of a record in flight ends
+    first, and none starts until this transaction does (SQLite: its one write lock)."""
+    if session.get_bind().dialect.name != "postgresql":
+        lock_slot(session, 0)
+        return
+    for slot in range(KEY_SLOTS):
+        if not session.execute(_TRY_LOCK, {"slot": slot}).scalar():
+            _wait_patiently(session, slot)
+
+
 def lock_slot(session: Session, slot: int) -> None:
     """Holds lock ``slot`` of :data:`LOCK_CLASS` until the transaction ends (PostgreSQL: 0-255
     are the keys', :func:`lock_key`; others are named where they are used), or on SQLite the

@@ -30,7 +30,6 @@ from cache_server.models import RecordRow
 from cache_server.trust import SERVED_STATUSES, recompute_winners
 
 _SERVED = SERVED_STATUSES["validated"]  # every status some policy serves
-_ROUNDS = 8  # of finding, locking and disputing: a round finds only what writes served meanwhile
 
 
 def _on_word_of(token_id: int) -> tuple[Any, ...]:
@@ -45,29 +44,23 @@ def standing(session: Session, *, token_id: int) -> int:
 
 def withdraw(session: Session, *, token_id: int) -> int:
     """Disputes every record served on token ``token_id``'s word alone (claimable by a verifier
-    at once) and hands each key's winner places on; call it once the token is revoked. Each
-    key's lock is taken first, in order (:func:`cache_server.twins.lock_key`), and only the
-    records of keys locked so are disputed, each key's winners worked out again: a record of
-    the token that a concurrent write served meanwhile (a verifier's pass of its twin, committed
-    before this revocation) is found by the next round, never disputed while it stays a winner.
-    Returns how many records."""
+    at once) and hands each key's winner places on; called once the token's row is revoked in
+    this transaction, with every key's lock held (:func:`cache_server.twins.lock_every_key`,
+    which :func:`cache_server.tokens.revoke` takes after the token's row and before the leases'
+    rows): each write of a record in flight ended before the records are read here (an upload
+    of the token's authenticated before the revocation, a verifier's pass that gave a withdrawn
+    twin its standing back), and every write after reads the revocation behind its key's lock.
+    Writes wait while this runs (seconds for thousands of records). Returns how many records."""
+    keys = sorted(set(session.scalars(select(RecordRow.key_hash).where(*_on_word_of(token_id)))))
     withdrawn = 0
-    for _ in range(_ROUNDS):
-        keys = sorted(
-            set(session.scalars(select(RecordRow.key_hash).where(*_on_word_of(token_id))))
-        )
-        if not keys:
-            break
-        for key_hash in keys:
-            twins.lock_key(session, key_hash)
-        for at in range(0, len(keys), twins.CHUNK):
-            done = session.execute(
-                update(RecordRow)
-                .where(*_on_word_of(token_id), RecordRow.key_hash.in_(keys[at : at + twins.CHUNK]))
-                .values(status="disputed", verify_attempts=0)
-                .execution_options(synchronize_session=False)
-            )  # fmt: skip
-            withdrawn += int(getattr(done, "rowcount", 0) or 0)
-        for key_hash in keys:
-            recompute_winners(session, key_hash=key_hash)
+    for at in range(0, len(keys), twins.CHUNK):
+        done = session.execute(
+            update(RecordRow)
+            .where(*_on_word_of(token_id), RecordRow.key_hash.in_(keys[at : at + twins.CHUNK]))
+            .values(status="disputed", verify_attempts=0)
+            .execution_options(synchronize_session=False)
+        )  # fmt: skip
+        withdrawn += int(getattr(done, "rowcount", 0) or 0)
+    for key_hash in keys:
+        recompute_winners(session, key_hash=key_hash)
     return withdrawn

@@ -191,3 +191,17 @@ def test_a_small_speedup_is_drawn_with_the_digits_that_tell_it_from_1() -> None:
     record = _eager_speedup(Measured(median=1.004, low=1.001, high=1.007, rounds=15))
     _, notes, _, _ = _texts(speedups([record]))
     assert "1.004× faster (1.001-1.007×)" in notes
+
+
+@pytest.mark.parametrize("interval", [(0.5, 1e6), (1e-11, 9.9e11), (1e-300, 1e300)])
+def test_a_hostile_interval_is_drawn_not_raised(interval: tuple[float, float]) -> None:
+    """A pending upload may claim any interval the schemas admit: the axis widened for its
+    note by compounding, and (0.5, 1e6) on an interpreted, re-timed record raised
+    OverflowError, so ``tunecache report`` failed for everyone."""
+    import math
+
+    row = Speedup("k", 0.9, 0.9, interval, interval, interpreted=True, retimed=True,
+                  noisy=True, status="pending", default_rounds=5, eager_rounds=5)  # fmt: skip
+    fig = figures.speedup_figure([row])
+    right = fig.axes[0].get_xlim()[1]
+    assert math.isfinite(right) and right <= 1e300

@@ -252,6 +252,7 @@ def test_an_import_under_a_token_revoked_after_it_authenticated_stores_nothing(
     from cache_server import snapshots, tokens, withdrawal
     from cache_server.db import make_engine, make_sessionmaker
     from cache_server.migrate import upgrade
+    from cache_server.queries import add_record
 
     url, _ = database
     upgrade(url)
@@ -272,6 +273,11 @@ def test_an_import_under_a_token_revoked_after_it_authenticated_stores_nothing(
         with pytest.raises(tokens.Revoked, match="nothing was stored"):
             snapshots.import_records(request, records=[make_record(make_key(m=64))],
                                      uploader=authenticated)  # fmt: skip
+        request.rollback()
+        key = make_key(m=128)  # an upload reads its token behind its key's lock
+        with pytest.raises(tokens.Revoked, match="nothing was stored"):
+            add_record(request, key_hash=key.digest(), record=make_record(key),
+                       uploader=authenticated)  # fmt: skip
         request.rollback()
     with sessions() as session:
         assert withdrawal.standing(session, token_id=leaked_id) == 0

@@ -138,9 +138,8 @@ def speedup_figure(rows: Sequence[Speedup]) -> Figure:
         if count:
             handles.append(Patch(facecolor="white", edgecolor="grey", hatch=hatch,
                                  label=f"{caption} ({count} bars)"))  # fmt: skip
-    # Above the bars, where it hides none of them (below them is the caption), centred on the
-    # figure, which the layout makes room for: centred on the axes, its long entries ran past
-    # the figure's right edge.
+    # Below the caption, where it hides no bar, centred on the figure, which the layout makes
+    # room for: centred on the axes above them, its long entries ran past the figure's edge.
     fig.legend(handles=handles, loc="outside lower center", ncols=2, fontsize=8)
     # room for the caption's lines and the legend's rows, below the bars' own
     width, height = fig.get_size_inches()
@@ -154,19 +153,32 @@ def speedup_figure(rows: Sequence[Speedup]) -> Figure:
 def _fit_notes(fig: Figure, ax: Axes, tries: int = 3) -> None:
     """Widens the log axis to the right until every bar's note ends inside it, as drawn: a long
     note ("the same within noise (median 0.90×, 0.80-1.00×)") beside the largest speedup ran
-    past the figure's edge. A few draws: the layout moves as the limits change."""
+    past the figure's edge. A note starting at ``s`` of the axis's log span, ``w`` of its width
+    long, fits a span of ``s / (1 - w)``; a note longer than 60 % of the axis is given that
+    much, and the right end is never past ``1e300`` (a hostile record's 1e6-wide interval must
+    not draw past what a float holds). A few draws: the layout moves as the limits change."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Annotation
 
     renderer = FigureCanvasAgg(fig).get_renderer()
     for _ in range(tries):
         fig.draw(renderer)  # lays the figure out as saved
         box = ax.get_window_extent(renderer)
-        right = max((t.get_window_extent(renderer).x1 for t in ax.texts), default=box.x1)
-        if right <= box.x1 or box.width <= 0:
-            return
         low, high = ax.get_xlim()
-        decades = math.log(high / low) * (right - box.x0) / box.width * 1.05
-        ax.set_xlim(low, low * math.exp(decades))
+        span = needed = math.log(high) - math.log(low)  # not of high / low: that overflows
+        for note in (t for t in ax.texts if isinstance(t, Annotation)):
+            extent = note.get_window_extent(renderer)
+            if extent.x1 <= box.x1 or box.width <= 0:
+                continue
+            start = math.log(float(note.xy[0])) - math.log(low)  # its anchor, in log units
+            taken = min((extent.x1 - box.x0) / box.width - start / span, 0.6)  # its width
+            needed = max(needed, start / (1 - taken))
+        if needed <= span:
+            return
+        ax.set_xlim(low, math.exp(min(math.log(low) + needed * 1.02, MAX_LOG_LIMIT)))
+
+
+MAX_LOG_LIMIT = math.log(1e300)  # the speedup axis's right end at most
 
 
 def speedup_caption(*, solid: int, hatched: int, rounds: Sequence[int | None] = (),

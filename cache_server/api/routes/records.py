@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response, status
 
-from cache_server import jobs, queries, tokens
+from cache_server import jobs, queries
 from cache_server.api.auth import READ, WriteAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import IdPath, SessionDep, SettingsDep
@@ -57,12 +58,8 @@ def upload_record(
     again by the same token (its answer lost, say) is stored once: a 200 says where it stands.
     """
     key_hash = record.key.digest()
-
-    def add() -> queries.Added:
-        tokens.ensure_live(session, token, doing="nothing was stored")  # before the key's lock
-        return queries.add_record(session, key_hash=key_hash, record=record, uploader=token,
-                                  bucket_limit=settings.bucket_winners)  # fmt: skip
-
+    add = partial(queries.add_record, session, key_hash=key_hash, record=record,
+                  uploader=token, bucket_limit=settings.bucket_winners)  # fmt: skip
     added = again_after_a_conflict(session, add)
     if added.again:
         response.status_code = status.HTTP_200_OK
