@@ -25,7 +25,6 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from cache_server import twins
 from cache_server.models import RecordRow
 from cache_server.trust import SERVED_STATUSES, recompute_winners
 
@@ -51,16 +50,13 @@ def withdraw(session: Session, *, token_id: int) -> int:
     of the token's authenticated before the revocation, a verifier's pass that gave a withdrawn
     twin its standing back), and every write after reads the revocation behind its key's lock.
     Writes wait while this runs (seconds for thousands of records). Returns how many records."""
-    keys = sorted(set(session.scalars(select(RecordRow.key_hash).where(*_on_word_of(token_id)))))
-    withdrawn = 0
-    for at in range(0, len(keys), twins.CHUNK):
-        done = session.execute(
-            update(RecordRow)
-            .where(*_on_word_of(token_id), RecordRow.key_hash.in_(keys[at : at + twins.CHUNK]))
-            .values(status="disputed", verify_attempts=0)
-            .execution_options(synchronize_session=False)
-        )  # fmt: skip
-        withdrawn += int(getattr(done, "rowcount", 0) or 0)
-    for key_hash in keys:
+    disputed = session.scalars(
+        update(RecordRow)
+        .where(*_on_word_of(token_id))
+        .values(status="disputed", verify_attempts=0)
+        .returning(RecordRow.key_hash)
+        .execution_options(synchronize_session=False)
+    ).all()  # fmt: skip
+    for key_hash in sorted(set(disputed)):
         recompute_winners(session, key_hash=key_hash)
-    return withdrawn
+    return len(disputed)
