@@ -90,10 +90,15 @@ class RecordRow(Base):
     # snapshot's its importer's, until a verifier of this server passes it (then NULL). Revoking
     # that token with ``withdraw`` disputes the record (cache_server.withdrawal).
     vouched_by: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The verify token (its id) whose finding decided the record last: its pass or rejection, or
+    # a twin's pass that settled its dispute. Revoking that token with ``withdraw`` disputes the
+    # record again (cache_server.withdrawal); NULL where no verifier of this server decided it.
+    checked_by: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     __table_args__ = (
         Index("ix_records_kernel_backend_dtype", "kernel", "backend", "dtype"),
         Index("ix_records_vouched_by", "vouched_by"),
+        Index("ix_records_checked_by", "checked_by"),
         Index("ix_records_key_config", "key_hash", "config_digest"),
         Index("ux_records_upload_digest", "upload_digest", unique=True),
         Index("ix_records_bucket_hash", "bucket_hash"),

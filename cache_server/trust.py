@@ -350,6 +350,7 @@ def finish(
         timing=result.timing, validation=result.validation, error=result.error,
         time_ratio=ratio, timing_flag=ratio is not None and ratio > TIMING_FLAG_RATIO,
     ).model_dump(mode="json")  # fmt: skip
+    row.checked_by = token_id  # its finding, withdrawn with the token (cache_server.withdrawal)
     if passed:  # served on this server's verifier's word now, not on its uploader's alone
         row.vouched_by = None
     if passed and result.timing is not None:

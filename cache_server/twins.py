@@ -240,12 +240,15 @@ def dispute(session: Session, row: RecordRow, statuses: Sequence[str]) -> bool:
 def settle(session: Session, row: RecordRow) -> None:
     """Gives ``row``'s disputed twins their standing back, ``row`` just passed by a verifier that
     ran every open dispute of their config: verified if a verifier (or a trusted uploader's
-    token) passed them before, else pending. Not a twin served on the word of a revoked token
-    alone (withdrawn, :mod:`cache_server.withdrawal`): its time is that token's claim, which the
-    verifier did not check (a made-up time over an honest copy ranked the config first again);
-    a verifier checks it itself."""
-    revoked = select(TokenRow.id).where(TokenRow.id == RecordRow.vouched_by,
-                                        TokenRow.revoked_at.is_not(None))  # fmt: skip
+    token) passed them before, else pending; their standing is that verifier's finding now
+    (``checked_by``, ``row``'s). Not a twin served on the word of a revoked token (withdrawn,
+    :mod:`cache_server.withdrawal`: its uploader's, or the verifier's whose pass set its time):
+    its time is that token's claim, which this verifier did not check (a made-up time over an
+    honest copy ranked the config first again); a verifier checks it itself."""
+    revoked = select(TokenRow.id).where(
+        TokenRow.id.in_((RecordRow.vouched_by, RecordRow.checked_by)),
+        TokenRow.revoked_at.is_not(None),
+    )  # fmt: skip
     found = session.execute(
         select(RecordRow.id, RecordRow.verification)
         .where(_of(row), RecordRow.id != row.id, RecordRow.status == "disputed",
@@ -257,5 +260,6 @@ def settle(session: Session, row: RecordRow) -> None:
         for at in range(0, len(ids), CHUNK):
             session.execute(
                 update(RecordRow).where(RecordRow.id.in_(ids[at : at + CHUNK]))
-                .values(status=status).execution_options(synchronize_session=False)
+                .values(status=status, checked_by=row.checked_by)
+                .execution_options(synchronize_session=False)
             )  # fmt: skip

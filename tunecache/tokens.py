@@ -117,11 +117,11 @@ class TokenPublic(_Strict):
 
 
 class TokenRevoked(TokenPublic):
-    """A token just revoked, with the records served on its word alone (its uploads and imports
-    no verifier of the server passed: :mod:`cache_server.withdrawal`): ``withdrawn`` by this
-    revocation (disputed: out of service until a verifier checks each) and ``standing``, those
-    still served (revoked without withdrawing them). ``None``: a server that knows no
-    withdrawal (it ignored ``withdraw``)."""
+    """A token just revoked, with the records standing on its word (its uploads and imports no
+    verifier of the server passed, and a verify token's passes and rejections:
+    :mod:`cache_server.withdrawal`): ``withdrawn`` by this revocation (disputed: out of service
+    until another verifier checks each) and ``standing``, those still standing (revoked without
+    withdrawing them). ``None``: a server that knows no withdrawal (it ignored ``withdraw``)."""
 
     # None: a server that knows no withdrawal (before 0019), which ignored ``withdraw``.
     withdrawn: NonNegativeInt | None = None

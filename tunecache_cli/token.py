@@ -22,7 +22,14 @@ from pydantic import ValidationError
 
 from tunecache.errors import InvalidInput, ServerError, error_message, one_line
 from tunecache.schemas import MAX_ID
-from tunecache.tokens import SCOPES, TokenCreate, TokenCreated, TokenPublic, TokenRevoked
+from tunecache.tokens import (
+    SCOPES,
+    TokenCreate,
+    TokenCreated,
+    TokenPublic,
+    TokenRevoked,
+    grants,
+)
 from tunecache_cli.args import add_server, server_url
 from tunecache_cli.table import render
 
@@ -46,8 +53,9 @@ def register(commands: Any) -> None:
     revoke.add_argument("token_id", type=int, metavar="ID")
     revoke.add_argument(
         "--withdraw", action="store_true",
-        help="also take its records out of service until a verifier checks each: its uploads "
-        "and imports no verifier passed (for a token that leaked; may follow a revocation)",
+        help="also take its records out of service until another verifier checks each: its "
+        "uploads and imports no verifier passed, and a verify token's passes and rejections "
+        "(for a token that leaked; may follow a revocation)",
     )  # fmt: skip
     revoke.set_defaults(run=run_revoke)
     for action in (create, listing, revoke):
@@ -192,15 +200,25 @@ def run_revoke(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    verifier = grants(info.scope, "verify")  # its findings stand on its word too
     if args.withdraw:
-        said += (f"; withdrew {_records(info.withdrawn or 0)} served on its word alone: "
-                 "disputed, out of service until a verifier checks each")  # fmt: skip
+        on_its_word = VERIFIERS_WORD if verifier else "served on its word alone"
+        said += (f"; withdrew {_records(info.withdrawn or 0)} {on_its_word}: disputed, out of "
+                 "service until another verifier checks each")  # fmt: skip
     if info.standing:
-        said += (f"; {_records(info.standing)} that no verifier passed still served on its word "
-                 "alone: if it leaked, revoking it again with --withdraw takes them out of "
-                 "service until a verifier checks each")  # fmt: skip
+        on_its_word = (f"still {VERIFIERS_WORD}" if verifier
+                       else "that no verifier passed still served on its word alone")  # fmt: skip
+        said += (
+            f"; {_records(info.standing)} {on_its_word}: if it leaked, revoking it again "
+            "with --withdraw takes them out of service until another verifier checks each"
+        )
     print(said, file=sys.stderr)
     return 0
+
+
+VERIFIERS_WORD = (
+    "standing on its word (its uploads no verifier passed, its passes and rejections as a verifier)"
+)
 
 
 def _records(count: int) -> str:
