@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput
 from tunecache.kernels import BACKENDS, as_spec
-from tunecache.key import Key, key_for
+from tunecache.key import Key, key_for, problem_text
 
 if TYPE_CHECKING:
     from tunecache.device import Device, DeviceFingerprint
@@ -274,4 +274,4 @@ def _ranked_comparability(hits: Sequence[BackendAnswer], ranked: str) -> tuple[b
 
 def _shape(answer: BackendAnswer) -> str:
     problem = {} if answer.result is None else answer.result.problem or {}
-    return ",".join(f"{k}={v}" for k, v in problem.items())
+    return problem_text(problem)

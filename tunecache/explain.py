@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tunecache.key import problem_text
 from tunecache.policies import VersionPolicy, shape_distance
 from tunecache.rules import Rule, match
 
@@ -44,8 +45,7 @@ def differences(wanted: Mapping[str, Any], tuned: Mapping[str, Any]) -> list[str
             found.append(f"{package} {env.get(package, 'absent')}, not "
                          f"{wanted_env.get(package, 'absent')}")  # fmt: skip
     if tuned["problem"] != wanted["problem"]:
-        shape = ",".join(f"{k}={v}" for k, v in tuned["problem"].items())
-        found.append(f"shape {shape}")
+        found.append(f"shape {problem_text(tuned['problem'])}")
     return found
 
 

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,12 +154,29 @@ class Key:
         return found
 
     def short(self) -> str:
-        """A one-line human label: ``matmul[M=64,N=64,K=64] float32 tvm cpu-avx2``; a string
-        parameter's control characters escaped (a key a server sent may hold them: a log line
-        it reaches is still one line, and no terminal acts on it)."""
-        shape = ",".join(f"{k}={shown(v) if isinstance(v, str) else v}"
-                         for k, v in self.problem.items())  # fmt: skip
-        return f"{self.kernel}[{shape}] {self.dtype} {self.backend} {self.device.arch}"
+        """A one-line human label: ``matmul[M=64,N=64,K=64] float32 tvm cpu-avx2``, the shape
+        as :func:`problem_text` shows it."""
+        return (f"{self.kernel}[{problem_text(self.problem)}] {self.dtype} {self.backend} "
+                f"{self.device.arch}")  # fmt: skip
+
+
+def problem_text(problem: Mapping[str, Any], sep: str = ",") -> str:
+    """``M=64,N=64,K=64``: how a shape is shown everywhere (the CLI, logs, reports, the
+    dashboard). A string is quoted as JSON writes it (``layout="bshd"``), so a size sent as text
+    (``N="6144"``: another key, which no kernel takes as ``N=6144``) never reads as one, nor
+    does one holding the separator (``N="64,K=8"``) as two parameters; control characters and
+    bidi controls are escaped (:func:`tunecache.strict.shown`: a key a server sent may hold
+    them, and a log line it reaches is still one line no terminal acts on).
+
+    Example:
+        >>> problem_text({"M": 64, "N": "64", "causal": True})
+        'M=64,N="64",causal=True'
+    """
+    return sep.join(shown(f"{name}={_value_text(value)}") for name, value in problem.items())
+
+
+def _value_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else str(value)
 
 
 def device_kind(backend: str) -> str:

@@ -7,7 +7,7 @@ import json
 from typing import Any, get_args
 
 from tunecache.errors import InvalidInput
-from tunecache.key import BACKENDS, DTYPES
+from tunecache.key import BACKENDS, DTYPES, problem_text
 from tunecache.schemas import RecordPublic, RecordStatus
 from tunecache.timing import versus
 from tunecache_cli.args import add_server, server_url
@@ -67,7 +67,7 @@ def run_ls(args: argparse.Namespace) -> int:
         return 1
     rows = []
     for r in found.items:
-        shape = ",".join(f"{k}={v}" for k, v in r.key.problem.items())
+        shape = problem_text(r.key.problem)
         valid = "yes" if r.validation.passed else "NO"
         rows.append([f"#{r.id}", r.key.kernel, r.key.backend, r.key.dtype, shape,
                      r.key.device.arch, _time(r), versus(r),

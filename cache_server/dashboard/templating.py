@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse
 from jinja2 import DictLoader, Environment, StrictUndefined
 
 from tunecache import __version__, trialcount
+from tunecache.key import problem_text
 from tunecache.measured import TimingModel
 from tunecache.schemas import RecordCreate
 from tunecache.timing import conditions_text, versus
@@ -79,8 +80,8 @@ def pretty(value: Any) -> str:
 
 
 def shape(problem: dict[str, Any]) -> str:
-    """``M=64, N=64, K=64``."""
-    return ", ".join(f"{k}={v}" for k, v in problem.items())
+    """``M=64, N=64, K=64`` (:func:`tunecache.key.problem_text`: a string quoted)."""
+    return problem_text(problem, ", ")
 
 
 def _environment() -> Environment:

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from tunecache.report.labels import KeyLike, natural, shape_text
+from tunecache.key import problem_text
+from tunecache.report.labels import KeyLike, natural
 from tunecache.schemas import KeyModel, RecordPublic
 
 # Best first: a cell shows the first of these its keys have.
@@ -35,7 +36,7 @@ class CoverageGrid:
 
 def row_of(key: KeyLike) -> str:
     """``"matmul M=64,N=64,K=64"``."""
-    return f"{key.kernel} {shape_text(key.problem)}"
+    return f"{key.kernel} {problem_text(key.problem)}"
 
 
 def column_of(key: KeyLike) -> str:

@@ -10,6 +10,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from tunecache.key import problem_text
+
 
 class _HasArch(Protocol):
     @property
@@ -31,11 +33,6 @@ class KeyLike(Protocol):
     def device(self) -> _HasArch: ...
 
 
-def shape_text(problem: Mapping[str, Any]) -> str:
-    """``{"M": 64, "N": 32}`` → ``"M=64,N=32"``."""
-    return ",".join(f"{name}={value}" for name, value in problem.items())
-
-
 def key_label(key: KeyLike, *, with_arch: bool = False) -> str:
     """``"matmul tvm float32 M=64,N=64,K=64"``, then the device arch when ``with_arch``.
 
@@ -44,7 +41,7 @@ def key_label(key: KeyLike, *, with_arch: bool = False) -> str:
         >>> key_label(make_key(32))  # doctest: +SKIP
         'matmul tvm float32 M=32,N=64,K=64'
     """
-    label = f"{key.kernel} {key.backend} {key.dtype} {shape_text(key.problem)}"
+    label = f"{key.kernel} {key.backend} {key.dtype} {problem_text(key.problem)}"
     return f"{label} {key.device.arch}" if with_arch else label
 
 

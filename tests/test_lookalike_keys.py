@@ -1,0 +1,55 @@
+"""A shape holding a string never reads as another key's shape, wherever a shape is shown.
+
+A problem's parameter may be a string (a layout, a mode). Shown bare, ``N="6144"`` read as
+``N=6144``: an uploader's record of the string key (no kernel takes it for the size) stood beside
+a teammate's unvalidated key of the same kernel, each shown ``K=4096,M=16,N=6144`` by ``records
+ls``, ``records show`` and the dashboard, and the report's coverage grid merged the two into one
+cell shown *tuned*. Found by a hostile review. Through a real server on loopback, the CLI, the
+dashboard and the report's grid.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.conftest import LiveServer
+from tests.factories import AUTH, CPU, make_record
+from tests.test_auth import tunecache
+from tunecache import Client, Key
+from tunecache.key import problem_text
+from tunecache.report.grid import coverage_grid, record_states
+
+
+def _key(n: int | str) -> Key:
+    return Key(kernel="teampkg.ops:Gemm", source_hash="0123456789abcdef", backend="tvm",
+               problem={"M": 16, "N": n, "K": 4096}, dtype="float32", device=CPU,
+               environment={"apache-tvm": "0.27.0.post1"})  # fmt: skip
+
+
+def test_a_string_is_quoted_and_its_separators_stay_inside_it() -> None:
+    assert problem_text({"M": 16, "N": 6144}) == "M=16,N=6144"
+    assert problem_text({"M": 16, "N": "6144"}) == 'M=16,N="6144"'
+    assert problem_text({"N": '64", K="8'}, ", ") == 'N="64\\", K=\\"8"'  # one parameter
+    assert problem_text({"causal": True, "mode": "True"}) == 'causal=True,mode="True"'
+    assert problem_text({"layout": "a\u202eb\x1b"}) == 'layout="a\\u202eb\\u001b"'
+    assert _key(6144).short() != _key("6144").short()
+
+
+def test_records_of_a_size_and_of_its_text_are_told_apart_everywhere(server: LiveServer) -> None:
+    url = server.url
+    with Client(url, token=AUTH["Authorization"].removeprefix("Bearer ")) as client:
+        victim = client.upload(make_record(_key(6144), passed=False)).record_id
+        lookalike = client.upload(make_record(_key("6144"))).record_id
+        records = client.list_records(kernel="teampkg.ops:Gemm").items
+    as_admin = {"TUNECACHE_TOKEN": AUTH["Authorization"].removeprefix("Bearer ")}
+    listed = tunecache("records", "ls", "--all", "--server", url, env=as_admin)
+    assert listed.returncode == 0, listed.stderr
+    lines = {line.split()[0]: line for line in listed.stdout.splitlines() if "#" in line}
+    assert "K=4096,M=16,N=6144 " in lines[f"#{victim}"]
+    assert 'K=4096,M=16,N="6144"' in lines[f"#{lookalike}"]
+    shown = tunecache("records", "show", str(lookalike), "--server", url, env=as_admin)
+    assert 'teampkg.ops:Gemm[K=4096,M=16,N="6144"]' in shown.stdout, shown.stdout
+    html = httpx.get(f"{url}/", params={"all": "true"}, headers=AUTH, timeout=30).text
+    assert "K=4096, M=16, N=&#34;6144&#34;" in html and "K=4096, M=16, N=6144<" in html
+    grid = coverage_grid(record_states(records))
+    assert len(grid.rows) == 2 and grid.counts() == {"tuned": 1, "unvalidated": 1}
