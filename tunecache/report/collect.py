@@ -34,14 +34,19 @@ def fetch_records(client: Any, **filters: Any) -> list[RecordPublic]:
 
 
 def fetch_searches(client: Any, winners: Sequence[RecordPublic], *, keys: int) -> Searches:
-    """The convergence of up to ``keys`` winners, in label order; a winner without a successful
-    trial is passed over for the next.
+    """The convergence of up to ``keys`` winners, in label order: verified winners' before the
+    rest (as :func:`tunecache.report.labels.verified_first` keeps them: one token's keys named
+    to sort first took every panel), each by label; a winner without a successful trial is
+    passed over for the next.
 
     Raises:
         ServerError: the server is unreachable or refused.
     """
     with_arch = several_archs([w.key for w in winners])
-    ordered = sorted(winners, key=lambda w: natural(key_label(w.key, with_arch=with_arch)))
+    ordered = sorted(
+        winners,
+        key=lambda w: (w.status != "verified", natural(key_label(w.key, with_arch=with_arch))),
+    )
     series: list[Convergence] = []
     read = 0
     for winner in ordered:
@@ -54,4 +59,5 @@ def fetch_searches(client: Any, winners: Sequence[RecordPublic], *, keys: int) -
         found = convergence(full, key_label(full.key, with_arch=with_arch))
         if found is not None:
             series.append(found)
+    series.sort(key=lambda found: natural(found.label))
     return Searches(series, len(winners) - len(series), read - len(series))

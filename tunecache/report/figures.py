@@ -12,6 +12,7 @@ import math
 import os
 import textwrap
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,12 +26,14 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 
 from tunecache import believed
 from tunecache.report.grid import STATUSES, CoverageGrid
+from tunecache.report.labels import verified_first
 from tunecache.report.series import MAX_CONVERGENCE_KEYS, Convergence, Interval, Speedup
 from tunecache.timing import speedup_text
 
 DPI = 110
 MAX_SPEEDUP_ROWS = 60
 MAX_GRID_ROWS = 80
+MAX_GRID_COLUMNS = 30  # 480 columns (one key each, 3 s of uploads) drew 66,643 px and 760 MB
 BASELINE_COLORS = {"default config": "#4c72b0", "torch eager": "#dd8452"}
 STATUS_COLORS = {"tuned": "#2ca02c", "stale": "#f0c419", "queued": "#5dade2", "failed": "#d62728",
                  "unvalidated": "#9467bd", "missing": "#c8c8c8"}  # fmt: skip
@@ -97,7 +100,8 @@ def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
 
 def speedup_figure(rows: Sequence[Speedup]) -> Figure:
     """The speedup figure of :func:`draw_speedup`, not yet saved."""
-    shown = list(rows[:MAX_SPEEDUP_ROWS])
+    shown = verified_first(rows, MAX_SPEEDUP_ROWS, label=lambda row: row.label,
+                           verified=lambda row: row.status == "verified")  # fmt: skip
     n = len(shown)
     fig = Figure(figsize=(11, max(3.0, 1.8 + 0.45 * n)), layout="constrained")
     ax = fig.add_subplot()
@@ -116,7 +120,7 @@ def speedup_figure(rows: Sequence[Speedup]) -> Figure:
                          if v is not None and s is not None]  # fmt: skip
     uploaders = sum(v is not None for _, _, column, _, _ in bars
                     for r, v in zip(shown, column, strict=True) if r.retimed)  # fmt: skip
-    low, high = min([1.0, *values]), max([1.0, *values])
+    low, high = min([1.0, *map(on_scale, values)]), max([1.0, *map(on_scale, values)])
     ax.set_xscale("log")
     ax.set_xlim(low / 1.6, high * (2.4 if uploaders else 1.6))  # room for "(uploader's)"
     ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
@@ -145,7 +149,7 @@ def speedup_figure(rows: Sequence[Speedup]) -> Figure:
     width, height = fig.get_size_inches()
     fig.set_size_inches(width, height + 0.17 * caption.count("\n") + 0.2 * len(handles) / 2)
     _fit_notes(fig, ax)
-    more = f" (first {n} of {len(rows)} keys)" if len(rows) > n else ""
+    more = f" ({n} of {len(rows)} keys, verified ones first)" if len(rows) > n else ""
     fig.suptitle(f"Speedup per key vs the default config and torch eager{more}")
     return fig
 
@@ -179,6 +183,26 @@ def _fit_notes(fig: Figure, ax: Axes, tries: int = 3) -> None:
 
 
 MAX_LOG_LIMIT = math.log(1e300)  # the speedup axis's right end at most
+# A speedup past this either way is drawn to it, its note saying its value and "off scale": one
+# record's claim of 1e15x (a time of 1e-6 ms over baselines of 1e9 ms, which the schema admits)
+# spread the axis over 30 decades, every other bar a sliver.
+SPEEDUP_SCALE = 1e4
+
+
+def on_scale(speedup: float) -> float:
+    """``speedup`` within the axis's bounds (:data:`SPEEDUP_SCALE` either way)."""
+    return min(max(speedup, 1 / SPEEDUP_SCALE), SPEEDUP_SCALE)
+
+
+def off_scale_text(speedup: float) -> str:
+    """A bar's note past the axis's bounds, short (a long one widened the axis again).
+
+    Example:
+        >>> off_scale_text(1e15), off_scale_text(2e-5)
+        ('off scale: 1e+15× faster', 'off scale: 5e+04× slower')
+    """
+    factor, word = (speedup, "faster") if speedup >= 1 else (1 / speedup, "slower")
+    return f"off scale: {factor:.3g}× {word}"
 
 
 def speedup_caption(*, solid: int, hatched: int, rounds: Sequence[int | None] = (),
@@ -222,7 +246,7 @@ def _baseline_bars(
     lacking = n - len(have)
     label = f"vs {name} ({len(have)} of {n} keys"
     label += f"; {lacking} without this baseline: no bar)" if lacking else ")"
-    drawn = ax.barh([i + offset for i, _ in have], [v - 1 for _, v in have], left=1,
+    drawn = ax.barh([i + offset for i, _ in have], [on_scale(v) - 1 for _, v in have], left=1,
                     height=height, color=BASELINE_COLORS[name], label=label)  # fmt: skip
     for (i, v), bar in zip(have, drawn.patches, strict=True):
         span = spans[i]
@@ -236,8 +260,8 @@ def _baseline_bars(
                         ecolor="black", elinewidth=0.8, capsize=2)  # fmt: skip
         # Right of the bar, or of 1x for a slower one (its side is empty there): drawn left of
         # a slower bar, the text ran over the keys' labels.
-        edge = max(1.0, v if span is None else span[1])
-        text = speedup_text(v, "×", interval=span)
+        edge = max(1.0, on_scale(v if span is None else span[1]))
+        text = speedup_text(v, "×", interval=span) if on_scale(v) == v else off_scale_text(v)
         text += " (interpreter)" if shown[i].interpreted else ""
         text += f" ({believed.UPLOADERS_MARK})" if shown[i].retimed else ""
         ax.annotate(text, (edge, i + offset), xytext=(3, 0), textcoords="offset points",
@@ -299,39 +323,65 @@ def draw_coverage(grid: CoverageGrid, path: Path, *, source: str) -> str:
     Args:
         source: where the statuses come from (``"records"``, ``"manifest M.toml"``), for the title.
     """
-    rows = grid.rows[:MAX_GRID_ROWS]
-    codes = np.zeros((len(rows), len(grid.columns)))
-    for (i, j), status in grid.cells.items():
-        if i < len(rows):
-            codes[i, j] = STATUSES.index(status) + 1
+    rows, columns, cells = _shown_cells(grid)
+    codes = np.zeros((len(rows), len(columns)))
+    for (i, j), status in cells.items():
+        codes[i, j] = STATUSES.index(status) + 1
     colors = [EMPTY_COLOR, *(STATUS_COLORS[s] for s in STATUSES)]
-    width = 3.0 + 1.25 * len(grid.columns) + 1.6
+    width = 3.0 + 1.25 * len(columns) + 1.6
     fig = Figure(figsize=(max(width, 7.0), max(3.0, 1.8 + 0.32 * len(rows))), layout="constrained")
     ax = fig.add_subplot()
     ax.imshow(codes, cmap=ListedColormap(colors), vmin=-0.5, vmax=len(colors) - 0.5,
               aspect="auto", interpolation="nearest")  # fmt: skip
-    for (i, j), status in grid.cells.items():
-        if i < len(rows):
-            ax.text(j, i, status, ha="center", va="center", fontsize=7)
-    ax.set_xticks(range(len(grid.columns)), [short(c, 32) for c in grid.columns], rotation=30,
+    for (i, j), status in cells.items():
+        ax.text(j, i, status, ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(columns)), [short(c, 32) for c in columns], rotation=30,
                   ha="right", fontsize=8)  # fmt: skip
     ax.set_yticks(range(len(rows)), [short(r, 56) for r in rows], fontsize=8)
-    ax.set_xticks(np.arange(-0.5, len(grid.columns)), minor=True)
+    ax.set_xticks(np.arange(-0.5, len(columns)), minor=True)
     ax.set_yticks(np.arange(-0.5, len(rows)), minor=True)
     ax.grid(which="minor", color="#eeeeee", linewidth=1.5)
     ax.tick_params(which="minor", length=0)
     counts = grid.counts()
     handles = [Patch(color=STATUS_COLORS[s], label=f"{s} ({n})") for s, n in counts.items()]
-    if len(grid.cells) < len(rows) * len(grid.columns):
+    if len(cells) < len(rows) * len(columns):
         handles.append(Patch(facecolor=EMPTY_COLOR, edgecolor="grey", label="no key"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    more = f"; first {len(rows)} of {len(grid.rows)} rows" if len(grid.rows) > len(rows) else ""
+    more = ""
+    if (len(rows), len(columns)) != (len(grid.rows), len(grid.columns)):
+        more = (f"; {len(rows)} of {len(grid.rows)} rows × {len(columns)} of "
+                f"{len(grid.columns)} columns, those of most keys")  # fmt: skip
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
     fig.suptitle(f"Coverage from {source}: {summary}{more}")
     save(fig, path)
     shape = f"{_count(len(grid.rows), 'kernel shape')} × "
     shape += _count(len(grid.columns), "backend/dtype/arch column")
     return f"coverage grid, {shape}, from {source}: {summary}"
+
+
+def _shown_cells(
+    grid: CoverageGrid,
+) -> tuple[list[str], list[str], dict[tuple[int, int], str]]:
+    """The rows and columns drawn, at most :data:`MAX_GRID_ROWS` × :data:`MAX_GRID_COLUMNS`:
+    those with the most filled cells, in the grid's order (by name among equals: kept by name
+    alone, one token's keys named to sort first took every place), and their cells."""
+    kept_rows = _most_filled([i for i, _ in grid.cells], len(grid.rows), MAX_GRID_ROWS)
+    kept_columns = _most_filled([j for _, j in grid.cells], len(grid.columns), MAX_GRID_COLUMNS)
+    row_at = {i: at for at, i in enumerate(kept_rows)}
+    column_at = {j: at for at, j in enumerate(kept_columns)}
+    cells = {(row_at[i], column_at[j]): status for (i, j), status in grid.cells.items()
+             if i in row_at and j in column_at}  # fmt: skip
+    return ([grid.rows[i] for i in kept_rows], [grid.columns[j] for j in kept_columns], cells)
+
+
+def _most_filled(filled: Sequence[int], total: int, limit: int) -> list[int]:
+    """The ``limit`` indices of ``0..total-1`` that ``filled`` names most often (the first among
+    equals), in order."""
+    if total <= limit:
+        return list(range(total))
+    counts = Counter(filled)
+    by_count = sorted(range(total), key=lambda i: -counts[i])
+    return sorted(by_count[:limit])
 
 
 def _count(n: int, noun: str) -> str:

@@ -1,0 +1,94 @@
+"""One uploader's records cannot take over or blow up another user's report.
+
+A write token's 480 records of one key each (3 s of uploads), each under another device arch,
+made the coverage figure 66,643 px wide (760 MB to draw; a few thousand would have run out of
+memory); keys named to sort first ("A…") took every place of the speedup figure and of the
+convergence panels, and one record's claim of a 1e15x speedup spread the speedup axis over 30
+decades, every other bar a sliver. Found by a hostile review.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.factories import make_key
+from tunecache.report.grid import coverage_grid
+from tunecache.report.labels import natural
+from tunecache.report.series import Speedup
+
+figures = pytest.importorskip("tunecache.report.figures")  # matplotlib, the report extra
+
+
+def _arch(key_m: int, arch: str) -> object:
+    key = make_key(m=key_m)
+    return key.__class__(**{**key.__dict__, "device": key.device.__class__(
+        **{**key.device.__dict__, "arch": arch})})  # fmt: skip
+
+
+def test_the_coverage_figure_keeps_the_columns_of_most_keys_and_a_bounded_size(
+    tmp_path: Path,
+) -> None:
+    from PIL import Image
+
+    team = [(make_key(m=64 * (i + 1)), "tuned") for i in range(4)]  # one column, four rows
+    flood = [(_arch(4096 + i, f"a{i:04d}"), "tuned") for i in range(480)]
+    grid = coverage_grid([*flood, *team])  # type: ignore[list-item]
+    assert len(grid.columns) == 481
+    path = tmp_path / "coverage.png"
+    said = figures.draw_coverage(grid, path, source="records")
+    assert "481 backend/dtype/arch columns" in said
+    width, _ = Image.open(path).size
+    limit = (3.0 + 1.25 * figures.MAX_GRID_COLUMNS + 1.6) * figures.DPI
+    assert width <= limit * 1.05, width
+    rows, columns, cells = figures._shown_cells(grid)
+    assert len(columns) == figures.MAX_GRID_COLUMNS and len(rows) == figures.MAX_GRID_ROWS
+    assert "tvm float32 cpu-avx2" in columns  # the team's, four keys
+    assert all(f"matmul K=64,M={64 * (i + 1)},N=64" in rows for i in range(4))
+    assert sum(1 for (_, j) in cells if columns[j] == "tvm float32 cpu-avx2") == 4
+
+
+def test_verified_keys_keep_their_place_in_the_speedup_figure() -> None:
+    flood = [Speedup(f"A{i:03d} tvm float32 M=64", 2.0, 2.0, status="pending")
+             for i in range(80)]  # fmt: skip
+    team = [Speedup(f"matmul tvm float32 M={m}", 1.5, 3.0) for m in (64, 128, 256)]
+    fig = figures.speedup_figure(sorted([*flood, *team], key=lambda row: row.label))
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert len(labels) == figures.MAX_SPEEDUP_ROWS
+    assert labels[-3:] == [row.label for row in team]  # kept, in name order
+    assert "(60 of 83 keys, verified ones first)" in fig.get_suptitle()
+
+
+def test_a_claim_off_the_scale_leaves_the_other_bars_readable() -> None:
+    rows = [Speedup("A claims", 1e15, 1e-15, status="pending"), Speedup("matmul", 1.46, 2.0)]
+    fig = figures.speedup_figure(rows)
+    ax = fig.axes[0]
+    low, high = ax.get_xlim()
+    assert low >= 1 / figures.SPEEDUP_SCALE / 2 and high <= figures.SPEEDUP_SCALE * 100
+    notes = [t.get_text() for t in ax.texts if "×" in t.get_text()]
+    assert sorted(note for note in notes if "off scale" in note) == [
+        "off scale: 1e+15× faster", "off scale: 1e+15× slower"]  # fmt: skip
+    assert any(note.startswith("1.46×") for note in notes), notes
+
+
+def test_verified_searches_keep_their_convergence_panels() -> None:
+    """The panels went to the first winners by label (a flood of keys named to sort first took
+    all twelve)."""
+    from tests.test_report import public, record
+    from tunecache.report.collect import fetch_searches
+
+    winners = [public(record(make_key(m=16 * (i + 1)), 2.0, trials=[3.0, 2.0]),
+                      i + 1).model_copy(update={"status": "pending"})
+               for i in range(14)]  # fmt: skip
+    verified = public(record(make_key(m=64, kernel="softmax"), 1.0, trials=[2.0, 1.0]), 99)
+    winners.append(verified.model_copy(update={"status": "verified"}))
+
+    class Server:  # the records as the server holds them, trials and all
+        def get_record(self, record_id: int) -> object:
+            return next(w for w in winners if w.id == record_id)
+
+    searches = fetch_searches(Server(), winners, keys=12)
+    labels = [found.label for found in searches.series]
+    assert len(labels) == 12 and labels == sorted(labels, key=natural)
+    assert labels[-1] == "softmax tvm float32 M=64,N=64" and searches.not_shown == 3
