@@ -220,6 +220,20 @@ def claim(
     return None
 
 
+def own_awaiting(session: Session, *, token_id: int, device_arch: str,
+                 backends: Sequence[str]) -> int:  # fmt: skip
+    """How many records of ``device_arch`` and ``backends`` a verifier would be handed but for
+    being on token ``token_id``'s own word (:func:`claim` never hands them to it): told with a
+    claim that found nothing, as one verify token held by a tuning daemon and its verifier
+    left the daemon's uploads unverified for good, without a word."""
+    now = utcnow()
+    return int(session.scalar(
+        select(func.count()).where(_claimable(now), RecordRow.vouched_by == token_id,
+                                   RecordRow.device_arch == device_arch,
+                                   RecordRow.backend.in_(list(backends)))
+    ) or 0)  # fmt: skip
+
+
 def _first(now: datetime, fits: Sequence[Any], *where: Any) -> Any:
     """The claimable record that ``fits`` (and ``where``) a claim takes first, disputed ones
     before the rest, the oldest first: a scalar subquery, its row locked."""

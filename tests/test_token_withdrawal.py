@@ -8,6 +8,7 @@ loopback over SQLite and PostgreSQL, the CLI, and the migration that fills in st
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -224,17 +225,28 @@ def test_a_verifiers_pass_of_an_honest_copy_does_not_serve_a_withdrawn_one_again
     assert _served(url, key) == knobs(2)  # 1.0 ms beats the copy's 2.0 ms, re-timed
 
 
-def test_a_verify_token_is_never_handed_its_own_upload(server: LiveServer) -> None:
+def test_a_verify_token_is_never_handed_its_own_upload(
+    server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
     """A verify token may upload (its scope grants writes): it claimed its own made-up record
     and passed it, which then stood as a verifier's finding and left the token's word behind it
-    (withdrawing the token withdrew nothing). Another verify token checks it."""
+    (withdrawing the token withdrew nothing). Another verify token checks it; the token's own
+    claims are told why they find nothing (one token for a daemon and its verifier left the
+    daemon's uploads unverified without a word)."""
     url = server.url
     key = make_key(m=64)
     mallory = token(url, "mallory", "verify")
     with Client(url, token=mallory) as client:
         record_id = client.upload(make_record(key, time_ms=0.001, config=knobs(1))).record_id
         claim = {"device_arch": CPU.arch, "backends": ["tvm"], "lease_seconds": 60.0}
-        assert client.claim_verification("m", **claim) is None
+        with caplog.at_level(logging.WARNING, logger="tunecache.worker_calls"):
+            assert client.claim_verification("m", **claim) is None
+            assert client.claim_verification("m", **claim) is None  # said once, not each poll
+        said = [
+            r.getMessage() for r in caplog.records if "await another verifier" in r.getMessage()
+        ]
+        assert len(said) == 1 and said[0].startswith(f"1 record of {CPU.arch} await"), said
+        assert "give the tuning daemon a write token of its own" in said[0]
     with Client(url, token=token(url, "gpu-verifier", "verify")) as client:
         task = client.claim_verification("v", **claim)
         assert task is not None and task.record.id == record_id

@@ -30,6 +30,9 @@ from tunecache.schemas import (
 from tunecache.strict import Utc
 
 MAX_DISPUTED_PROBLEMS = 64
+# With a claim's 204: how many records await another verify token, the claiming token's own
+# uploads (a verify token is never handed its own records to check).
+OWN_AWAITING_HEADER = "X-Tunecache-Own-Awaiting"
 
 
 class FailedCheck(CheckModel):

@@ -20,7 +20,12 @@ from tunecache.jobs import ClaimRequest, JobCreate, JobEnqueued, JobList, JobPub
 from tunecache.key import Key
 from tunecache.schemas import KeyModel, RecordPublic
 from tunecache.strict import printable_text
-from tunecache.verification import VerificationCreate, VerifyClaimRequest, VerifyTask
+from tunecache.verification import (
+    OWN_AWAITING_HEADER,
+    VerificationCreate,
+    VerifyClaimRequest,
+    VerifyTask,
+)
 
 M = TypeVar("M", bound=BaseModel)
 logger = logging.getLogger(__name__)
@@ -46,9 +51,26 @@ class WorkerCalls:
                                   lease_seconds=lease_seconds).model_dump(mode="json")  # fmt: skip
         response = self._call("POST", "/v1/verifications/claim", json=body)
         if response.status_code == 204:
+            self._say_own_awaiting(response, device_arch)
             return None
         return parse(VerifyTask, response, "/v1/verifications/claim",  # a record, and problems
                      max_containers=RECORD_CONTAINERS)  # fmt: skip
+
+    def _say_own_awaiting(self, response: httpx.Response, device_arch: str) -> None:
+        """Warns when the server says records await another verify token, this token's own
+        uploads (one verify token held by a tuning daemon and its verifier left the daemon's
+        uploads unverified for good, without a word): once per count, however often a claim
+        polls. A count that is not a small decimal number (a hostile server's) is ignored."""
+        said = response.headers.get(OWN_AWAITING_HEADER, "")
+        count = int(said) if said.isascii() and said.isdecimal() and len(said) <= 9 else 0
+        if count and count != getattr(self, "_own_awaiting_said", None):
+            logger.warning(
+                "%d record%s of %s await another verifier: they are this token's own uploads, "
+                "and a verify token is never handed its own records to check; give the tuning "
+                "daemon a write token of its own (tunecache token create --scope write)",
+                count, "" if count == 1 else "s", device_arch,
+            )  # fmt: skip
+        self._own_awaiting_said = count
 
     def submit_verification(self, record_id: int, result: VerificationCreate) -> RecordPublic:
         """Stores a verifier's finding on a record it holds the lease of; the record as now."""

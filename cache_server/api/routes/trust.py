@@ -12,6 +12,7 @@ from cache_server.api.deps import IdPath, SessionDep, SettingsDep
 from cache_server.ratelimit import too_many
 from tunecache.schemas import STORED, RecordPublic
 from tunecache.verification import (
+    OWN_AWAITING_HEADER,
     DisputeCreate,
     DisputeResult,
     VerificationCreate,
@@ -64,7 +65,13 @@ def dispute_record(
 
 @router.post(
     "/verifications/claim",
-    responses={204: {"description": "nothing to verify for this arch and these backends"}},
+    responses={
+        204: {
+            "description": "nothing to verify for this arch and these backends; "
+            f"``{OWN_AWAITING_HEADER}``: how many await another verify "
+            "token, this token's own uploads"
+        }
+    },
 )
 def claim_verification(
     request: VerifyClaimRequest, session: SessionDep, response: Response, token: VerifyAccess
@@ -77,6 +84,10 @@ def claim_verification(
                       lease_seconds=request.lease_seconds)  # fmt: skip
     if row is None:
         response.status_code = status.HTTP_204_NO_CONTENT
+        own = trust.own_awaiting(session, token_id=token.id, device_arch=request.device_arch,
+                                 backends=request.backends)  # fmt: skip
+        if own:
+            response.headers[OWN_AWAITING_HEADER] = str(own)
         return None
     assert row.verify_expires_at is not None
     # As stored: a problem stored before its text was checked stays readable (a 500 otherwise,
