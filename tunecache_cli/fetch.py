@@ -1,6 +1,7 @@
 """Fetch keys through :class:`tunecache.Client` in a fresh process (used by ``tunecache demo``).
 
-Reads ``{"server": URL, "keys": [{"workload", "backend", "problem", "dtype"}, ...]}`` on stdin,
+Reads ``{"server": URL, "token": T, "keys": [{"workload", "backend", "problem", "dtype"}, ...]}``
+on stdin (``token``: the demo server's own, never the user's ``TUNECACHE_TOKEN``),
 rebuilds every key from scratch (device fingerprint, versions, source hashes) and prints one JSON
 line per key: ``{"label", "hit", "source", "record_id", "config_summary"}``.
 """
@@ -16,7 +17,8 @@ def main() -> int:
     from tunecache.key import key_for
 
     request = json.load(sys.stdin)
-    with Client(request["server"], timeout=5.0, snapshot="") as client:  # the server's answer
+    with Client(request["server"], token=request["token"], timeout=5.0,
+                snapshot="") as client:  # the server's answer  # fmt: skip
         for spec in request["keys"]:
             key = key_for(spec["workload"], spec["backend"], spec["problem"], spec["dtype"])
             result = client.lookup(key)
