@@ -250,7 +250,7 @@ def test_a_problem_flag_is_printable_and_a_key_label_shows_it_escaped(
                                  problem={**key.problem, "mode": hostile})  # fmt: skip
     label = served.short()
     assert "\n" not in label and ESC not in label and "\x07" not in label
-    assert "mode=\\x1b]0;PWNED\\x07\\nINFO" in label
+    assert 'mode="\\u001b]0;PWNED\\u0007\\nINFO' in label  # quoted as JSON writes it
 
 
 def test_a_key_a_server_would_refuse_is_refused_before_the_search() -> None:

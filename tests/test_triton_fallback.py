@@ -144,7 +144,8 @@ def test_a_malformed_url_asks_no_server_at_all(tmp_path: Path) -> None:
 
 def test_a_refused_token_is_named_where_the_upload_waits(server: LiveServer) -> None:
     """The warnings said only that the upload waits in the outbox, then that the server "failed
-    less than 30 s ago": never that it refused the token."""
+    less than 30 s ago": never that it refused the token. The lookup's refusal said "using
+    default configs", and the kernel was tuned (a refusal is an answer: a miss)."""
     script = (
         "import torch, tests.user_triton_autotune as m\n"
         "for n in (1000, 3000):  # two keys, two uploads: one warning\n"
@@ -160,6 +161,10 @@ def test_a_refused_token_is_named_where_the_upload_waits(server: LiveServer) -> 
     assert len(said) == 1, done.stderr
     assert "401" in said[0] and "not known to this server" in said[0] and "waits in" in said[0]
     assert "failed less than" not in done.stderr, done.stderr
+    # The lookup's refusal is a miss, tuned here: it said "using default configs", then tuned.
+    assert "using default configs" not in done.stderr, done.stderr
+    looked = [line for line in done.stderr.splitlines() if "each lookup a miss" in line]
+    assert len(looked) == 1 and "401" in looked[0], done.stderr
 
 
 def test_a_config_whose_check_cannot_run_is_launched_before_the_failed_pick() -> None:

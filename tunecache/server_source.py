@@ -364,12 +364,16 @@ class ServerSource(Source):
         """Skips the server for ``retry_after`` seconds (or as long as a busy server asked)."""
         asked = getattr(exc, "retry_after", None)
         pause = self.retry_after if asked is None else min(asked, self.retry_after)
+        unanswered = isinstance(exc, ServerError) and unreachable(exc)
         with self._lock:
             self._down_until = time.monotonic() + pause
-            self._down_unanswered = isinstance(exc, ServerError) and unreachable(exc)
+            self._down_unanswered = unanswered
             first, self._warned = not self._warned, True
         log = logger.warning if first else logger.debug
-        log("%s; using default configs, retrying in %.0f s", exc, pause)
+        # A refusal (a token it does not take, not a tunecache server) is an answer: a miss,
+        # which the Triton drop-in tunes; "using default configs" said otherwise before it did.
+        then = "using default configs" if unanswered else "each lookup a miss"
+        log("%s; %s, asking again in %.0f s", exc, then, pause)
 
 
 def _give_up(report: _Report) -> None:
