@@ -218,6 +218,9 @@ class TokenRow(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # When its records were withdrawn (revoked as leaked: cache_server.withdrawal); a twin on
+    # its word is then never served again by another's pass (cache_server.twins.settle).
+    withdrawn_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # Its uploads are served as verified at once (the verified policy), without a verifier.
     trusted: Mapped[bool] = mapped_column(Boolean, default=False)
 

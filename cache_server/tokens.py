@@ -219,6 +219,11 @@ def revoke(session: Session, *, token_id: int, withdraw: bool = False) -> TokenR
         .values(revoked_at=utcnow())
     )  # the token's row before every key's lock: a write of its holds the row (its last use)
     if withdraw:  # before the leases' rows: a verifier's finding takes its key's lock, then them
+        session.execute(
+            update(TokenRow)
+            .where(TokenRow.id == token_id, TokenRow.withdrawn_at.is_(None))
+            .values(withdrawn_at=utcnow())
+        )  # fmt: skip
         twins.lock_every_key(session)
     jobs.release_leases(session, token_id=token_id)  # a revoked token holds no job
     trust.release_verifications(session, token_id=token_id)  # nor a record to verify

@@ -32,7 +32,7 @@ from cache_server.models import (
     WinnerRow,
     utcnow,
 )
-from cache_server.queries import WinnerTable, offer_winner
+from cache_server.queries import Revoked, WinnerTable, offer_winner
 from tunecache.believed import APART_RATIO
 from tunecache.canonical import canonical_json
 from tunecache.policies import server_bucket, widest_bucket
@@ -347,12 +347,22 @@ def finish(
     """Stores a verifier's finding on a record ``worker`` holds the lease of under token
     ``token_id``, or ``None`` when it does not (no such record, another verifier's — another
     worker's, or the same worker name under another token —, or already decided). A lease taken
-    before leases had tokens (migration 0014) is its worker's under any verify token."""
+    before leases had tokens (migration 0014) is its worker's under any verify token.
+
+    Raises:
+        Revoked: token ``token_id`` was revoked after the request authenticated it.
+    """
     row = twins.lock(session, record_id)
     if (row is None or row.verify_owner != worker
             or row.verify_token_id not in (None, token_id)
             or row.status not in ("pending", "disputed")):  # fmt: skip
         return None
+    # Read behind the key's lock, as an upload reads its token (a plain read: a share lock of
+    # the token's row here would wait for a revocation that waits for this key): a finding
+    # authenticated before a withdrawal and stored after it, on a lease run out (which a
+    # revocation does not release), was a revoked token's pass, verified and served.
+    if session.scalar(select(TokenRow.revoked_at).where(TokenRow.id == token_id)) is not None:
+        raise Revoked("the token was revoked while this request ran: no finding was stored")
     row.verify_owner, row.verify_expires_at, row.verify_token_id = None, None, None
     if result.outcome == "unverifiable":  # back in the queue, after a while, until its attempts
         row.verify_expires_at = utcnow() + UNVERIFIABLE_BACKOFF  # run out

@@ -241,13 +241,15 @@ def settle(session: Session, row: RecordRow) -> None:
     """Gives ``row``'s disputed twins their standing back, ``row`` just passed by a verifier that
     ran every open dispute of their config: verified if a verifier (or a trusted uploader's
     token) passed them before, else pending; their standing is that verifier's finding now
-    (``checked_by``, ``row``'s). Not a twin served on the word of a revoked token (withdrawn,
-    :mod:`cache_server.withdrawal`: its uploader's, or the verifier's whose pass set its time):
+    (``checked_by``, ``row``'s). Not a twin on the word of a token whose records were withdrawn
+    (:mod:`cache_server.withdrawal`: its uploader's, or the verifier's whose pass set its time):
     its time is that token's claim, which this verifier did not check (a made-up time over an
-    honest copy ranked the config first again); a verifier checks it itself."""
+    honest copy ranked the config first again); a verifier checks it itself. A token revoked
+    without withdrawing (rotated, a teammate leaving) keeps its twins' standing, as it keeps
+    its records': each would cost a verification of its own."""
     revoked = select(TokenRow.id).where(
         TokenRow.id.in_((RecordRow.vouched_by, RecordRow.checked_by)),
-        TokenRow.revoked_at.is_not(None),
+        TokenRow.withdrawn_at.is_not(None),
     )  # fmt: skip
     found = session.execute(
         select(RecordRow.id, RecordRow.verification)

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import LiveServer
 from tests.factories import AUTH, CPU, knobs, make_key, make_record
@@ -182,3 +183,72 @@ def test_the_cli_counts_a_verify_tokens_findings_as_standing_on_its_word(
     assert direct.returncode == 0, direct.stderr
     assert "withdrew 1 record standing on its word" in direct.stderr, direct.stderr
     assert "still standing" not in direct.stderr and _status(url, record_id) == "disputed"
+
+
+def test_a_finding_authenticated_before_a_withdrawal_and_stored_after_it_is_refused(
+    database: tuple[str, Path | None],
+) -> None:
+    """The leaked verifier's pass of an accomplice's record, on a lease run out (a revocation
+    releases live leases only), authenticated before the withdrawal committed and stored after
+    it: the record was verified on the revoked token's word and served. A finding now reads its
+    token behind its key's lock, as an upload does."""
+    from cache_server import tokens, trust
+    from cache_server.db import make_engine, make_sessionmaker
+    from cache_server.migrate import upgrade
+    from cache_server.models import RecordRow
+    from cache_server.queries import add_record
+
+    url, _ = database
+    upgrade(url)
+    sessions = make_sessionmaker(make_engine(url))
+    with sessions() as session:
+        tokens.issue(session, name="admin", scope="admin")
+        _, accomplice = tokens.issue(session, name="accomplice", scope="write")
+        secret, leaked = tokens.issue(session, name="leaked-verifier", scope="verify")
+        key = make_key(m=64)
+        record_id = add_record(session, key_hash=key.digest(), record=make_record(key),
+                               uploader=accomplice).record_id  # fmt: skip
+        session.commit()
+        leaked_id = leaked.id
+    with sessions() as request:
+        claimed = trust.claim(request, worker="m", token_id=leaked_id, device_arch=CPU.arch,
+                              backends=["tvm"], lease_seconds=0.001)  # fmt: skip
+        assert claimed is not None and claimed.id == record_id
+        request.commit()
+        authenticated = tokens.authenticate(request, token=secret)
+        assert authenticated is not None
+        request.commit()
+        with sessions() as admin:
+            revoked = tokens.revoke(admin, token_id=leaked_id, withdraw=True)
+            admin.commit()
+        assert revoked is not None
+        with pytest.raises(tokens.Revoked, match="no finding was stored"):
+            trust.finish(request, record_id=record_id, worker="m", token_id=leaked_id,
+                         verifier="leaked-verifier", result=_passed("m", 0.001))  # fmt: skip
+        request.rollback()
+    with sessions() as session:
+        row = session.get(RecordRow, record_id)
+        assert row is not None and row.status == "pending" and row.checked_by is None
+
+
+def test_a_rotated_verify_tokens_twins_are_served_again_by_a_pass(server: LiveServer) -> None:
+    """A verify token revoked without withdrawing (rotated) keeps its findings' standing: a twin
+    it passed, disputed with its copy, is served again when another verifier passes the copy.
+    Taken for withdrawn, each twin waited for a verification of its own."""
+    url = server.url
+    key = make_key(m=64)
+    with Client(url, token=token(url, "alice", "write")) as client:
+        first = client.upload(make_record(key, time_ms=1.0, config=knobs(1))).record_id
+    with Client(url, token=token(url, "bob", "write")) as client:
+        second = client.upload(make_record(key, time_ms=1.1, config=knobs(1))).record_id
+    with Client(url, token=token(url, "old-verifier", "verify")) as client:
+        _decide(client, "o", {first: True, second: True})
+    httpx.delete(f"{url}/v1/tokens/{_token_id(url, 'old-verifier')}", headers=AUTH)  # rotated
+    consumer = {"Authorization": f"Bearer {token(url, 'consumer', 'read')}"}
+    assert post_dispute(url, first, consumer, dispute_body(key)).status_code == 200
+    assert [_status(url, i) for i in (first, second)] == ["disputed", "disputed"]
+    with Client(url, token=token(url, "new-verifier", "verify")) as client:
+        task = client.claim_verification("n", **CLAIM)
+        assert task is not None and task.record.id in (first, second)
+        assert client.submit_verification(task.record.id, _passed("n", 1.0)).status == "verified"
+    assert [_status(url, i) for i in (first, second)] == ["verified", "verified"]
