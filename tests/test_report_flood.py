@@ -57,7 +57,28 @@ def test_verified_keys_keep_their_place_in_the_speedup_figure() -> None:
     labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert len(labels) == figures.MAX_SPEEDUP_ROWS
     assert labels[-3:] == [row.label for row in team]  # kept, in name order
-    assert "(60 of 83 keys, verified ones first)" in fig.get_suptitle()
+    assert "(60 of 83 keys: verified first, then each uploader's in turn)" in fig.get_suptitle()
+
+
+def test_each_uploaders_keys_take_their_turn_where_none_is_verified() -> None:
+    """A team with no verifier: every key pending, one token's 80 keys named to sort first."""
+    flood = [Speedup(f"A{i:03d} tvm float32 M=64", 2.0, 2.0, status="pending", uploader="flood")
+             for i in range(80)]  # fmt: skip
+    team = [Speedup(f"matmul tvm float32 M={m}", 1.5, 3.0, status="pending", uploader=who)
+            for m, who in ((64, "alice"), (128, "alice"), (256, "bob"))]  # fmt: skip
+    fig = figures.speedup_figure(sorted([*flood, *team], key=lambda row: row.label))
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels[-3:] == [f"{row.label} (pending)" for row in team], labels[-4:]
+
+
+def test_each_kernels_shapes_take_their_turn_for_the_coverage_rows(tmp_path: Path) -> None:
+    flood = [(make_key(m=8 * (i + 1), kernel="bias_gelu"), "tuned") for i in range(80)]
+    team = [(make_key(m=64 * (i + 1)), "tuned") for i in range(5)]  # matmul sorts after it
+    grid = coverage_grid([*flood, *team])  # type: ignore[list-item]
+    rows, _, _ = figures._shown_cells(grid)
+    assert sum(row.startswith("matmul") for row in rows) == 5 and len(rows) == 80
+    said = figures.draw_coverage(grid, tmp_path / "coverage.png", source="records")
+    assert "85 kernel shapes × 1 backend/dtype/arch column (80 × 1 drawn)" in said, said
 
 
 def test_a_claim_off_the_scale_leaves_the_other_bars_readable() -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunecache.pages import fetch_first
-from tunecache.report.labels import key_label, natural, several_archs
+from tunecache.report.labels import fair_order, key_label, natural, several_archs
 from tunecache.report.series import Convergence, convergence
 from tunecache.schemas import RecordPublic
 
@@ -34,19 +34,18 @@ def fetch_records(client: Any, **filters: Any) -> list[RecordPublic]:
 
 
 def fetch_searches(client: Any, winners: Sequence[RecordPublic], *, keys: int) -> Searches:
-    """The convergence of up to ``keys`` winners, in label order: verified winners' before the
-    rest (as :func:`tunecache.report.labels.verified_first` keeps them: one token's keys named
-    to sort first took every panel), each by label; a winner without a successful trial is
-    passed over for the next.
+    """The convergence of up to ``keys`` winners, in label order, kept in the order of
+    :func:`tunecache.report.labels.fair_order` (verified first, then each uploader's in turn:
+    one token's keys named to sort first took every panel); a winner without a successful trial
+    is passed over for the next.
 
     Raises:
         ServerError: the server is unreachable or refused.
     """
     with_arch = several_archs([w.key for w in winners])
-    ordered = sorted(
-        winners,
-        key=lambda w: (w.status != "verified", natural(key_label(w.key, with_arch=with_arch))),
-    )
+    ordered = fair_order(winners, label=lambda w: key_label(w.key, with_arch=with_arch),
+                         verified=lambda w: w.status == "verified",
+                         uploader=lambda w: w.uploaded_by or "")  # fmt: skip
     series: list[Convergence] = []
     read = 0
     for winner in ordered:

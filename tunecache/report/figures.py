@@ -26,7 +26,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 
 from tunecache import believed
 from tunecache.report.grid import STATUSES, CoverageGrid
-from tunecache.report.labels import verified_first
+from tunecache.report.labels import fair_first
 from tunecache.report.series import MAX_CONVERGENCE_KEYS, Convergence, Interval, Speedup
 from tunecache.timing import speedup_text
 
@@ -100,8 +100,9 @@ def draw_speedup(rows: Sequence[Speedup], path: Path) -> str:
 
 def speedup_figure(rows: Sequence[Speedup]) -> Figure:
     """The speedup figure of :func:`draw_speedup`, not yet saved."""
-    shown = verified_first(rows, MAX_SPEEDUP_ROWS, label=lambda row: row.label,
-                           verified=lambda row: row.status == "verified")  # fmt: skip
+    shown = fair_first(rows, MAX_SPEEDUP_ROWS, label=lambda row: row.label,
+                       verified=lambda row: row.status == "verified",
+                       uploader=lambda row: row.uploader)  # fmt: skip
     n = len(shown)
     fig = Figure(figsize=(11, max(3.0, 1.8 + 0.45 * n)), layout="constrained")
     ax = fig.add_subplot()
@@ -149,7 +150,8 @@ def speedup_figure(rows: Sequence[Speedup]) -> Figure:
     width, height = fig.get_size_inches()
     fig.set_size_inches(width, height + 0.17 * caption.count("\n") + 0.2 * len(handles) / 2)
     _fit_notes(fig, ax)
-    more = f" ({n} of {len(rows)} keys, verified ones first)" if len(rows) > n else ""
+    more = f" ({n} of {len(rows)} keys: verified first, then each uploader's in turn)" if len(
+        rows) > n else ""  # fmt: skip
     fig.suptitle(f"Speedup per key vs the default config and torch eager{more}")
     return fig
 
@@ -356,6 +358,8 @@ def draw_coverage(grid: CoverageGrid, path: Path, *, source: str) -> str:
     save(fig, path)
     shape = f"{_count(len(grid.rows), 'kernel shape')} × "
     shape += _count(len(grid.columns), "backend/dtype/arch column")
+    if (len(rows), len(columns)) != (len(grid.rows), len(grid.columns)):
+        shape += f" ({len(rows)} × {len(columns)} drawn)"
     return f"coverage grid, {shape}, from {source}: {summary}"
 
 
@@ -363,10 +367,12 @@ def _shown_cells(
     grid: CoverageGrid,
 ) -> tuple[list[str], list[str], dict[tuple[int, int], str]]:
     """The rows and columns drawn, at most :data:`MAX_GRID_ROWS` × :data:`MAX_GRID_COLUMNS`:
-    those with the most filled cells, in the grid's order (by name among equals: kept by name
-    alone, one token's keys named to sort first took every place), and their cells."""
-    kept_rows = _most_filled([i for i, _ in grid.cells], len(grid.rows), MAX_GRID_ROWS)
-    kept_columns = _most_filled([j for _, j in grid.cells], len(grid.columns), MAX_GRID_COLUMNS)
+    those with the most filled cells, rows of equal counts each kernel's in turn (kept by name
+    alone, one token's kernel named to sort first, at 80 shapes, took every row), in the grid's
+    order, and their cells."""
+    kernels = [row.split(" ", 1)[0] for row in grid.rows]  # a row is "kernel shape"
+    kept_rows = _most_filled([i for i, _ in grid.cells], MAX_GRID_ROWS, kernels)
+    kept_columns = _most_filled([j for _, j in grid.cells], MAX_GRID_COLUMNS, grid.columns)
     row_at = {i: at for at, i in enumerate(kept_rows)}
     column_at = {j: at for at, j in enumerate(kept_columns)}
     cells = {(row_at[i], column_at[j]): status for (i, j), status in grid.cells.items()
@@ -374,14 +380,17 @@ def _shown_cells(
     return ([grid.rows[i] for i in kept_rows], [grid.columns[j] for j in kept_columns], cells)
 
 
-def _most_filled(filled: Sequence[int], total: int, limit: int) -> list[int]:
-    """The ``limit`` indices of ``0..total-1`` that ``filled`` names most often (the first among
-    equals), in order."""
-    if total <= limit:
-        return list(range(total))
-    counts = Counter(filled)
-    by_count = sorted(range(total), key=lambda i: -counts[i])
-    return sorted(by_count[:limit])
+def _most_filled(filled: Sequence[int], limit: int, groups: Sequence[str]) -> list[int]:
+    """The ``limit`` indices of ``groups`` that ``filled`` names most often, each group's in
+    turn among equals (its first, then each one's second, …), the first among those; in order."""
+    if len(groups) <= limit:
+        return list(range(len(groups)))
+    counts, turns = Counter(filled), Counter[str]()
+    ranked = []
+    for i, group in enumerate(groups):
+        ranked.append((-counts[i], turns[group], i))
+        turns[group] += 1
+    return sorted(i for *_, i in sorted(ranked)[:limit])
 
 
 def _count(n: int, noun: str) -> str:

@@ -53,15 +53,27 @@ def several_archs(keys: Sequence[KeyLike]) -> bool:
 T = TypeVar("T")
 
 
-def verified_first(items: Sequence[T], limit: int, *, label: Callable[[T], str],
-                   verified: Callable[[T], bool]) -> list[T]:  # fmt: skip
-    """At most ``limit`` of ``items`` for a figure, in name order: those a verifier vouches for
-    kept before the rest, each by name. Kept by name alone, one write token's keys named to sort
-    first ("A…", 480 of them uploaded in 3 s) filled every place and left out each teammate's;
-    an uploader cannot make its keys verified."""
-    if len(items) <= limit:
-        return sorted(items, key=lambda item: natural(label(item)))
-    kept = sorted(items, key=lambda item: (not verified(item), natural(label(item))))[:limit]
+def fair_order(items: Sequence[T], *, label: Callable[[T], str], verified: Callable[[T], bool],
+               uploader: Callable[[T], str]) -> list[T]:  # fmt: skip
+    """``items`` in the order a figure with too few places keeps them: those a verifier vouches
+    for first, then every uploader's in turn (each one's first by name, then each one's second,
+    …), by name among equals. Kept by name alone, one write token's keys named to sort first
+    (480 uploaded in 3 s) filled every place and left out each teammate's: an uploader cannot
+    make its keys verified, nor take another uploader's turn."""
+    by_name = sorted(items, key=lambda item: natural(label(item)))
+    turns: dict[str, int] = {}
+    ranked = []
+    for at, item in enumerate(by_name):
+        who = uploader(item)
+        turns[who] = turn = turns.get(who, -1) + 1
+        ranked.append((not verified(item), turn, at, item))
+    return [item for *_, item in sorted(ranked, key=lambda ranks: ranks[:3])]
+
+
+def fair_first(items: Sequence[T], limit: int, *, label: Callable[[T], str],
+               verified: Callable[[T], bool], uploader: Callable[[T], str]) -> list[T]:  # fmt: skip
+    """At most ``limit`` of ``items`` for a figure (:func:`fair_order`), shown in name order."""
+    kept = fair_order(items, label=label, verified=verified, uploader=uploader)[:limit]
     return sorted(kept, key=lambda item: natural(label(item)))
 
 

@@ -49,6 +49,7 @@ class Speedup:
     retimed: bool = False
     default_rounds: int | None = None
     eager_rounds: int | None = None
+    uploader: str = ""  # the token that uploaded it, as the server names it
 
     @property
     def status_mark(self) -> str:
@@ -97,6 +98,7 @@ def speedups(winners: Sequence[RecordPublic]) -> list[Speedup]:
             retimed=w.timed()[0] == "verifier" and bool(w.comparisons()),
             default_rounds=believed.rounds(w.comparisons(), DEFAULT),
             eager_rounds=believed.rounds(w.comparisons(), EAGER),
+            uploader=w.uploaded_by or "",
         )
         for w in winners
     ]
