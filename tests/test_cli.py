@@ -32,6 +32,8 @@ BAD = [
     (["tune", "tests.no_such_module:K", "--backend", "tvm", "--shape", "M=8"], "cannot import 'tests.no_such_module'"),
     (["tune", "tests.factories:NoSuchKernel", "--backend", "tvm", "--shape", "M=8"], "has no 'NoSuchKernel'"),
     (["tune", "tests.factories:make_key", "--backend", "tvm", "--shape", "M=8"], "is a function, not a kernel"),
+    (["tune", "tests.user_kernels:Undeclared", "--backend", "tvm", "--shape", "M=8"], "is a Workload subclass that declares no kernel: set its params"),
+    (["tune", "tests.factories:CPU", "--backend", "tvm", "--shape", "M=8"], "is an object of type DeviceFingerprint, not a kernel"),
     (["tune", "matmul", "--backend", "cudnn", "--shape", "M=8,N=8,K=8"], "not 'cudnn'"),
     (["tune", "matmul", "--backend", "tvm", "--dtype", "fp8", "--shape", "M=8,N=8,K=8"], "not 'fp8'"),
     (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8"], "missing K"),

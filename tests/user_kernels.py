@@ -113,3 +113,8 @@ class NoTvmHook(Workload):
 
     def flops(self, problem: Mapping[str, int]) -> float:
         return float(problem["M"])
+
+
+class Undeclared(Workload):
+    """A Workload subclass that declares no kernel (no params of its own): it was called "a
+    ABCMeta, not a kernel (a Workload subclass ...)"."""

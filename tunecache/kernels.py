@@ -261,14 +261,28 @@ def get_kernel(name: str) -> KernelSpec:
     return spec
 
 
+_KINDS = {
+    "function": "a function",
+    "builtin_function_or_method": "a function",
+    "module": "a module",
+}
+
+
 def _not_a_kernel(name: str, found: Any) -> str:
     """Why ``name`` names no kernel, with the form of ``tune`` a function or module takes."""
     module, _, qualname = name.partition(":")
     file = f"{module.replace('.', '/')}.py:{qualname}"
+    if isinstance(found, type) and any(c.__name__ == "Workload" for c in found.__mro__[1:]):
+        return (
+            f"{name!r} is a Workload subclass that declares no kernel: set its params, "
+            "inputs, output and backend_dtypes (docs/integrations.md, 'Your own kernel')"
+        )
+    kind = type(found).__name__
+    what = ("a class" if isinstance(found, type)
+            else _KINDS.get(kind, f"an object of type {kind}"))  # fmt: skip
     return (
-        f"{name!r} is a {type(found).__name__}, not a kernel (a Workload subclass or a "
-        f"KernelSpec): tune a TVM function with `--tvm {file}`, a torch module with "
-        f"`--torch {file}`"
+        f"{name!r} is {what}, not a kernel (a Workload subclass or a KernelSpec): tune a TVM "
+        f"function with `--tvm {file}`, a torch module with `--torch {file}`"
     )
 
 
