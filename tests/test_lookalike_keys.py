@@ -32,6 +32,7 @@ def test_a_string_is_quoted_and_its_separators_stay_inside_it() -> None:
     assert problem_text({"N": '64", K="8'}, ", ") == 'N="64\\", K=\\"8"'  # one parameter
     assert problem_text({"causal": True, "mode": "True"}) == 'causal=True,mode="True"'
     assert problem_text({"layout": "a\u202eb\x1b"}) == 'layout="a\\u202eb\\u001b"'
+    assert problem_text({"layout": "b\u0455hd"}) == 'layout="b\\u0455hd"'  # not "bshd"
     assert _key(6144).short() != _key("6144").short()
 
 
@@ -53,3 +54,20 @@ def test_records_of_a_size_and_of_its_text_are_told_apart_everywhere(server: Liv
     assert "K=4096, M=16, N=&#34;6144&#34;" in html and "K=4096, M=16, N=6144<" in html
     grid = coverage_grid(record_states(records))
     assert len(grid.rows) == 2 and grid.counts() == {"tuned": 1, "unvalidated": 1}
+
+
+def test_keys_of_another_version_of_the_kernels_code_are_rows_of_their_own() -> None:
+    """A record of the same shape under another source hash (another version of the kernel's
+    code, never served for this one) merged into the teammate's cell and showed it *tuned*."""
+    import dataclasses
+
+    teammates = _key(6144)
+    other = dataclasses.replace(teammates, source_hash="ffffffffffffffff")
+    grid = coverage_grid([(teammates, "unvalidated"), (other, "tuned")])
+    assert grid.rows == (
+        "teampkg.ops:Gemm K=4096,M=16,N=6144 (source 01234567)",
+        "teampkg.ops:Gemm K=4096,M=16,N=6144 (source ffffffff)",
+    )
+    assert grid.counts() == {"tuned": 1, "unvalidated": 1}
+    same = coverage_grid([(teammates, "unvalidated"), (dataclasses.replace(teammates), "tuned")])
+    assert same.rows == ("teampkg.ops:Gemm K=4096,M=16,N=6144",)  # one version: one row

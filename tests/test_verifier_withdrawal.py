@@ -182,6 +182,7 @@ def test_the_cli_counts_a_verify_tokens_findings_as_standing_on_its_word(
     direct = tunecache("token", "revoke", leaked, "--withdraw", "--db", server.db)
     assert direct.returncode == 0, direct.stderr
     assert "withdrew 1 record standing on its word" in direct.stderr, direct.stderr
+    assert "disputed, each checked again by another verifier" in direct.stderr, direct.stderr
     assert "still standing" not in direct.stderr and _status(url, record_id) == "disputed"
 
 

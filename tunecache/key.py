@@ -162,9 +162,10 @@ class Key:
 
 def problem_text(problem: Mapping[str, Any], sep: str = ",") -> str:
     """``M=64,N=64,K=64``: how a shape is shown everywhere (the CLI, logs, reports, the
-    dashboard). A string is quoted as JSON writes it (``layout="bshd"``), so a size sent as text
-    (``N="6144"``: another key, which no kernel takes as ``N=6144``) never reads as one, nor
-    does one holding the separator (``N="64,K=8"``) as two parameters; control characters and
+    dashboard). A string is quoted as JSON writes it, in ASCII (``layout="bshd"``), so a size
+    sent as text (``N="6144"``: another key, which no kernel takes as ``N=6144``) never reads as
+    one, nor one holding the separator (``N="64,K=8"``) as two parameters, nor one spelt with
+    a look-alike letter (a Cyrillic ``ѕ``: ``"b\u0455hd"``) as another; control characters and
     bidi controls are escaped (:func:`tunecache.strict.shown`: a key a server sent may hold
     them, and a log line it reaches is still one line no terminal acts on).
 
@@ -176,7 +177,7 @@ def problem_text(problem: Mapping[str, Any], sep: str = ",") -> str:
 
 
 def _value_text(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else str(value)
+    return json.dumps(value) if isinstance(value, str) else str(value)  # ASCII: no look-alikes
 
 
 def device_kind(backend: str) -> str:

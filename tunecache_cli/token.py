@@ -201,17 +201,17 @@ def run_revoke(args: argparse.Namespace) -> int:
         )
         return 1
     verifier = grants(info.scope, "verify")  # its findings stand on its word too
+    # A verify token's rejections were out of service already: withdrawn, each is checked again.
+    then = ("each checked again by another verifier (out of service until it passes)" if verifier
+            else "out of service until another verifier checks each")  # fmt: skip
     if args.withdraw:
         on_its_word = VERIFIERS_WORD if verifier else "served on its word alone"
-        said += (f"; withdrew {_records(info.withdrawn or 0)} {on_its_word}: disputed, out of "
-                 "service until another verifier checks each")  # fmt: skip
+        said += f"; withdrew {_records(info.withdrawn or 0)} {on_its_word}: disputed, {then}"
     if info.standing:
         on_its_word = (f"still {VERIFIERS_WORD}" if verifier
                        else "that no verifier passed still served on its word alone")  # fmt: skip
-        said += (
-            f"; {_records(info.standing)} {on_its_word}: if it leaked, revoking it again "
-            "with --withdraw takes them out of service until another verifier checks each"
-        )
+        said += (f"; {_records(info.standing)} {on_its_word}: if it leaked, revoking it again "
+                 f"with --withdraw disputes them, {then}")  # fmt: skip
     print(said, file=sys.stderr)
     return 0
 
