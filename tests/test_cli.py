@@ -83,6 +83,7 @@ def test_get_miss_is_exit_1(shared_server: LiveServer) -> None:
     done = tunecache("get", "matmul", "--backend", "inductor", "--shape", "M=8,N=8,K=8",
                      "--server", shared_server.url)  # fmt: skip
     assert done.returncode == 1 and done.stdout.startswith("miss: matmul")
+    assert "--explain lists the records nearest this key" in done.stdout  # a hint, not a guess
 
 
 def test_version_bare_help_and_workloads_json() -> None:
@@ -420,3 +421,12 @@ def test_asking_a_server_that_answers_at_once_leaves_no_line_on_a_terminal(
     with asking("records ls", "http://cache.test:8765"):
         pass
     assert terminal.getvalue() == ""
+
+
+def test_https_to_a_plain_http_server_says_so(shared_server: LiveServer) -> None:
+    """It said only "[SSL: WRONG_VERSION_NUMBER] wrong version number"."""
+    url = shared_server.url.replace("http://", "https://")
+    done = tunecache("get", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8",
+                     "--server", url)  # fmt: skip
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+    assert "the server there speaks plain HTTP: use an http:// URL" in done.stderr, done.stderr

@@ -50,6 +50,7 @@ from tunecache.http import (
     rejected,
     shed_wait,
     time_left,
+    tls_hint,
 )
 from tunecache.jobs import JobEnqueued
 from tunecache.key import Key
@@ -263,7 +264,8 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
                 return parse(LookupResponse, response, "/v1/lookup",  # says what is not tunecache
                              max_containers=LOOKUP_ANSWER_CONTAINERS)  # fmt: skip
         except (httpx.HTTPError, ValidationError, ValueError) as exc:
-            raise ServerError(f"lookup at {self.url} failed: {type(exc).__name__}: {exc}") from exc
+            raise ServerError(f"lookup at {self.url} failed: {type(exc).__name__}: {exc}"
+                              f"{tls_hint(exc)}") from exc  # fmt: skip
 
     def _lookup_body(self, key: Key) -> dict[str, Any]:
         """A lookup's or miss report's body: the key, the version policy, the kernel's bucket."""
@@ -303,7 +305,7 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
                         break
                     time.sleep(wait)
         except httpx.HTTPError as exc:
-            raise ServerError(f"{method} {self.url}{path} failed: {exc}") from exc
+            raise ServerError(f"{method} {self.url}{path} failed: {exc}{tls_hint(exc)}") from exc
         if response.status_code in REDIRECTS:  # never followed: the token goes where it was sent
             to = shown(response.headers.get("location", "")[:200])
             raise ServerError(f"{method} {self.url}{path}: the server redirected to {to!r}, not "

@@ -474,3 +474,11 @@ def parse(model: type[M], response: httpx.Response, path: str, *,
         raise ServerError(f"{path}: reading the answer took {-left:.2f} s past the call's "
                           f"deadline")  # fmt: skip
     return parsed
+
+
+def tls_hint(exc: Exception) -> str:
+    """What a failed call's message adds when an ``https://`` URL met a server speaking plain
+    HTTP (OpenSSL's "wrong version number", which said nothing of the URL), else nothing."""
+    if "WRONG_VERSION_NUMBER" in str(exc) or "wrong version number" in str(exc):
+        return " (the server there speaks plain HTTP: use an http:// URL)"
+    return ""

@@ -100,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {shown(line)}")
             if nearest is not None:
                 print(_explained(key, nearest))
+            else:  # an edit of the kernel's file, another version: said only by --explain
+                print("  --explain lists the records nearest this key and what differs (the "
+                      "kernel's code, versions, the shape)")  # fmt: skip
         return 1
     if args.json:
         body = {"hit": True, "match": answer.match, "policy": answer.policy,
