@@ -393,7 +393,7 @@ def test_a_server_that_never_answers_is_waited_for_out_loud(tmp_path: Path) -> N
                      ["best", "matmul", "--shape", "M=64,N=64,K=64"]):  # fmt: skip
             process = subprocess.Popen([sys.executable, "-m", "tunecache_cli", *argv, "--server",
                                         url], stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
-            said = f"asking the server at {url} (still working)"
+            said = f"asking the server at {url}, waiting for its answer up to "
             assert process.stderr is not None
             started = time.monotonic()
             heard = next((line for line in process.stderr if said in line), None)  # or its end
@@ -401,6 +401,8 @@ def test_a_server_that_never_answers_is_waited_for_out_loud(tmp_path: Path) -> N
             process.kill()
             process.communicate(timeout=30)
             assert heard is not None and waited >= HEARTBEAT_SECONDS, (argv, heard)
+            bound = "10 s" if argv[0] == "best" else "60 s"  # best asks /health first, briefly
+            assert f"up to {bound} a call (still working)" in heard, heard
 
 
 def test_asking_a_server_that_answers_at_once_leaves_no_line_on_a_terminal(

@@ -62,13 +62,14 @@ class AdminCalls:
         response = self._call("GET", "/v1/whoami", timeout, read=True, small=True)
         return parse(WhoAmI, response, "/v1/whoami")
 
-    def health(self) -> dict[str, Any]:
-        """The server's ``/health`` answer (``status``, ``database``, ``records``, ``version``).
+    def health(self, timeout: float | None = None) -> dict[str, Any]:
+        """The server's ``/health`` answer (``status``, ``database``, ``records``, ``version``),
+        within ``timeout`` seconds (default: the write timeout).
 
         Raises:
             ServerError: unreachable, or the answer is not a JSON object.
         """
-        response = self._call("GET", "/health", small=True)
+        response = self._call("GET", "/health", timeout, read=True, small=True)
         result = answers.json_answer(response, "/health", answers.SMALL_ANSWER_CONTAINERS)
         if not isinstance(result, dict):
             raise ServerError("GET /health gave no JSON object")

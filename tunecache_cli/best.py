@@ -21,6 +21,8 @@ from tunecache_cli.args import (
 )
 from tunecache_cli.table import digits_apart, ms, ratio, render, shown
 
+HEALTH_SECONDS = 10.0  # the server's first answer, before its records are asked for
+
 
 def register(commands: Any) -> None:
     parser = commands.add_parser(
@@ -61,9 +63,11 @@ def run(args: argparse.Namespace) -> int:
     url = server_url(args)
     with (
         Client(url, snapshot="") as client,  # the server's records, not a file's
-        asking("best", url),
+        asking("best", url, HEALTH_SECONDS),
     ):
-        client.health()  # an unreachable server is exit 3, not "no record" on every backend
+        # An unreachable server is exit 3, not "no record" on every backend; one that never
+        # answers, within HEALTH_SECONDS (it kept `best` waiting a minute).
+        client.health(timeout=HEALTH_SECONDS)
         answer = client.resolver.best(args.workload, problem, args.dtype, args.device,
                                       backends=backends)  # fmt: skip
     if args.json:

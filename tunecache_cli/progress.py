@@ -72,10 +72,18 @@ def working(label: str, message: str, phase: str = "search", *,
         yield printer
 
 
-def asking(label: str, url: str) -> contextlib.AbstractContextManager[ProgressPrinter]:
-    """A wait on the server at ``url``: said every few seconds while it lasts (a server that
-    took the connection and never answered kept ``records ls`` silent for its whole timeout)."""
-    return working(label, f"at {url}", phase="ask", live=False)  # a terminal's bar would stay
+def asking(
+    label: str, url: str, seconds: float | None = None
+) -> contextlib.AbstractContextManager[ProgressPrinter]:
+    """A wait on the server at ``url``, which a call gives up after ``seconds``: said every few
+    seconds while it lasts, with that bound (a server that took the connection and never
+    answered kept ``records ls`` silent for its whole timeout, then said only "still working"
+    for a minute). ``None``: a client's default write timeout."""
+    from tunecache.http import Timeout
+
+    seconds = Timeout.write if seconds is None else seconds
+    return working(label, f"at {url}, waiting for its answer up to {seconds:.0f} s a call",
+                   phase="ask", live=False)  # a terminal's bar would stay  # fmt: skip
 
 
 def eta_seconds(elapsed: float, done: int, total: int) -> float | None:
