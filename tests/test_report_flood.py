@@ -113,3 +113,19 @@ def test_verified_searches_keep_their_convergence_panels() -> None:
     labels = [found.label for found in searches.series]
     assert len(labels) == 12 and labels == sorted(labels, key=natural)
     assert labels[-1] == "softmax tvm float32 M=64,N=64" and searches.not_shown == 3
+
+
+def test_labels_that_differ_in_their_middle_stay_apart() -> None:
+    """A Triton drop-in kernel's keys differ in the middle of their labels (``n_cols`` before
+    the pointers' dtypes): cut in the middle, five bars read the same."""
+    rows = [Speedup(f"rowfuse:add_rmsnorm triton float32 n_cols={n},x_ptr.dtype=float32,"
+                    "y_ptr.dtype=float32", 1.5, 2.0) for n in (306, 512, 1024, 4096, 8192)]  # fmt: skip
+    fig = figures.speedup_figure(rows)
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert len(set(labels)) == 5 and all(len(label) <= 56 for label in labels), labels
+    assert all(
+        f"n_cols={n}," in label
+        for n, label in zip((306, 512, 1024, 4096, 8192), labels, strict=True)
+    )
+    short = ["matmul tvm float32 M=64", "matmul tvm float32 M=128"]
+    assert figures.shorts(short, 56) == short  # what fits is as it is

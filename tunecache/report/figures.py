@@ -70,6 +70,40 @@ def short(label: str, limit: int) -> str:
     return label[:head] + "…" + label[len(label) - (limit - 1 - head) :]
 
 
+def shorts(labels: Sequence[str], limit: int) -> list[str]:
+    """Each of ``labels`` in at most ``limit`` characters, told apart where :func:`short` would
+    not: a label whose first difference from every other lies in the part :func:`short` elides
+    keeps its head, then the text from the start of the parameter that difference is in.
+    Labels of one kernel's keys differ in the middle (a Triton kernel's tuning key:
+    ``n_cols=306`` before its pointers' dtypes): five bars read the same.
+
+    Example:
+        >>> shorts(["k triton float32 n=306,x.dtype=float32,y.dtype=float32",
+        ...         "k triton float32 n=512,x.dtype=float32,y.dtype=float32"], 32)
+        ['k triton f…n=306,x.dtype=float3…', 'k triton f…n=512,x.dtype=float3…']
+    """
+    shown = []
+    for label in labels:
+        apart = max((_common(label, other) for other in labels if other != label), default=0)
+        head = (limit - 1) // 2
+        if len(label) <= limit or apart < head or apart >= len(label) - (limit - 1 - head):
+            shown.append(short(label, limit))  # its difference is shown as it is
+            continue
+        keep = limit // 3
+        # From the start of the parameter the difference is in (at most 16 characters back)
+        start = max(keep, apart - 16, *(label.rfind(c, 0, apart) + 1 for c in " ,[("))
+        rest = label[start:]
+        room = limit - keep - 1
+        shown.append(label[:keep] + "…" + (rest if len(rest) <= room else rest[: room - 1] + "…"))
+    return shown
+
+
+def _common(one: str, other: str) -> int:
+    """How many characters ``one`` and ``other`` share from their start."""
+    return next((i for i, (a, b) in enumerate(zip(one, other, strict=False)) if a != b),
+                min(len(one), len(other)))  # fmt: skip
+
+
 # A bar whose speedup has no interval (a ratio of two medians timed apart, or one round) is
 # hatched, and the axis caption then says what the hatching means. A bar of a record a verifier
 # re-timed is dotted too (over its hatching, if any): the ratio is its uploader's, over the
@@ -131,8 +165,9 @@ def speedup_figure(rows: Sequence[Speedup]) -> Figure:
     at_one = ax.get_xaxis_transform()  # x in data, y in axes fraction
     ax.text(1, 1.005, "  faster →", transform=at_one, ha="left", va="bottom", fontsize=9)
     ax.text(1, 1.005, "← slower  ", transform=at_one, ha="right", va="bottom", fontsize=9)
-    ax.set_yticks(range(n), [short(r.label, 56) + r.status_mark + r.caveat for r in shown],
-                  fontsize=8)  # fmt: skip
+    labels = shorts([r.label for r in shown], 56)
+    marked = [label + r.status_mark + r.caveat for label, r in zip(labels, shown, strict=True)]
+    ax.set_yticks(range(n), marked, fontsize=8)
     ax.set_ylim(n - 0.5, -0.5)  # the first key on top
     caption = speedup_caption(solid=len(solid_rounds), hatched=hatched, rounds=solid_rounds,
                               uploaders=uploaders)  # fmt: skip
@@ -292,10 +327,11 @@ def draw_convergence(
     fig = Figure(figsize=(max(7.0, 3.3 * columns + 0.8), 2.6 * rows + 1.0), layout="constrained")
     axes = fig.subplots(rows, columns, squeeze=False, sharey=True)
     top = max(max(s.relative) for s in shown)
-    for ax, s, color in zip(axes.flat, shown, _palette(len(shown)), strict=False):
+    titles = shorts([s.label for s in shown], 44)
+    for ax, s, color, title in zip(axes.flat, shown, _palette(len(shown)), titles, strict=False):
         ax.step(s.trials, s.relative, where="post", marker=".", color=color, linewidth=1.5)
         ax.axhline(1, color="grey", linestyle=":", linewidth=1)
-        ax.set_title(short(s.label, 44), fontsize=8)
+        ax.set_title(title, fontsize=8)
         ax.set_xlim(0.5, max(s.trials[-1], s.trials[0] + 1) + 0.5)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if s.failed:
@@ -337,9 +373,9 @@ def draw_coverage(grid: CoverageGrid, path: Path, *, source: str) -> str:
               aspect="auto", interpolation="nearest")  # fmt: skip
     for (i, j), status in cells.items():
         ax.text(j, i, status, ha="center", va="center", fontsize=7)
-    ax.set_xticks(range(len(columns)), [short(c, 32) for c in columns], rotation=30,
+    ax.set_xticks(range(len(columns)), shorts(columns, 32), rotation=30,
                   ha="right", fontsize=8)  # fmt: skip
-    ax.set_yticks(range(len(rows)), [short(r, 56) for r in rows], fontsize=8)
+    ax.set_yticks(range(len(rows)), shorts(rows, 56), fontsize=8)
     ax.set_xticks(np.arange(-0.5, len(columns)), minor=True)
     ax.set_yticks(np.arange(-0.5, len(rows)), minor=True)
     ax.grid(which="minor", color="#eeeeee", linewidth=1.5)
