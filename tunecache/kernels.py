@@ -205,8 +205,9 @@ def load_ref(ref: str) -> Any:
         found: Any = importlib.import_module(module_name)
     except ImportError as exc:
         top = module_name.partition(".")[0]
-        hint = (f" (is the folder holding {top!r} on sys.path? Install the package or set "
-                "PYTHONPATH: a script sees its own folder, not the current directory)"
+        hint = (f" (is the folder holding {top!r} on sys.path? tunecache's commands look in "
+                "the current directory, a script in its own folder; else install the package "
+                "or set PYTHONPATH)"
                 if isinstance(exc, ModuleNotFoundError) and exc.name == top else "")  # fmt: skip
         why = f"cannot import {module_name!r} for kernel {ref!r}: {exc}{hint}"
         raise InvalidInput(_as_file(module_name, qualname) or why) from None

@@ -14,7 +14,7 @@ from tunecache.schemas import RecordCreate, RecordPublic
 from tunecache.timing import conditions_text, noise_text, versus
 from tunecache.verification import trust_text
 from tunecache_cli.args import add_key, add_server, key_from_args, server_url
-from tunecache_cli.table import ms, shown
+from tunecache_cli.table import counted, ms, shown
 from tunecache_cli.trials import config_text
 
 
@@ -51,7 +51,8 @@ def describe(record: RecordCreate, *, uploaded: int | None = None) -> str:
         f"  machine    {conditions_text(timing.conditions)}" if timing.conditions else "",
         f"  timing     {noisy}" if noisy else "",
         f"  validated  max rel error {record.validation.max_rel_error:.2e} "
-        f"(tolerance {record.validation.tolerance:g}, {len(record.validation.checks)} checks)",
+        f"(tolerance {record.validation.tolerance:g}, "
+        f"{counted(len(record.validation.checks), 'check')})",
         f"  trust      {trust_text(stored)}" if stored else _unstored(uploaded),
         f"  record     #{stored.id}, {stored.created_at:%Y-%m-%d %H:%M} UTC" if stored else "",
     ]

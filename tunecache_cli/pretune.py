@@ -18,6 +18,7 @@ from typing import Any
 from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
 from tunecache_cli.args import add_server, check_trials, preflight, server_url
+from tunecache_cli.table import counted
 
 RETRY_POLL_SECONDS = 2.0  # pretune --local: how often it looks whether a retry is due
 QUIET_LINE_SECONDS = 60.0  # off a terminal, a progress line when a count changes, else this often
@@ -291,7 +292,8 @@ def run(args: argparse.Namespace) -> int:
     preflight(server_url(args), "write", "queuing jobs")
     with Client(server_url(args), policy=manifest.policy) as client:
         hashes, tuned = queue(client, manifest)
-        print(f"{len(manifest.keys)} keys: {tuned} tuned already, {len(hashes)} queued",
+        print(f"{counted(len(manifest.keys), 'key')}: {tuned} tuned already, "
+              f"{len(hashes)} queued",
               file=sys.stderr)  # fmt: skip
         if args.local and hashes:
             _tune_here(client, manifest, args.trials, hashes)

@@ -51,3 +51,8 @@ def ratio(value: float) -> str:
     while places < MOST_DIGITS and value != 1 and f"{value:.{places}f}" == f"{1:.{places}f}":
         places += 1
     return f"{value:.{places}f}x"
+
+
+def counted(count: int, noun: str) -> str:
+    """``"1 check"``, ``"4 checks"`` (it said "1 checks", "1 keys")."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

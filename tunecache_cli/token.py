@@ -31,7 +31,7 @@ from tunecache.tokens import (
     grants,
 )
 from tunecache_cli.args import add_server, server_url
-from tunecache_cli.table import render
+from tunecache_cli.table import counted, render
 
 
 def register(commands: Any) -> None:
@@ -206,11 +206,14 @@ def run_revoke(args: argparse.Namespace) -> int:
             else "out of service until another verifier checks each")  # fmt: skip
     if args.withdraw:
         on_its_word = VERIFIERS_WORD if verifier else "served on its word alone"
-        said += f"; withdrew {_records(info.withdrawn or 0)} {on_its_word}: disputed, {then}"
+        said += (
+            f"; withdrew {counted(info.withdrawn or 0, 'record')} {on_its_word}: disputed, {then}"
+        )
     if info.standing:
         on_its_word = (f"still {VERIFIERS_WORD}" if verifier
                        else "that no verifier passed still served on its word alone")  # fmt: skip
-        said += (f"; {_records(info.standing)} {on_its_word}: if it leaked, revoking it again "
+        standing = counted(info.standing, "record")
+        said += (f"; {standing} {on_its_word}: if it leaked, revoking it again "
                  f"with --withdraw disputes them, {then}")  # fmt: skip
     print(said, file=sys.stderr)
     return 0
@@ -219,7 +222,3 @@ def run_revoke(args: argparse.Namespace) -> int:
 VERIFIERS_WORD = (
     "standing on its word (its uploads no verifier passed, its passes and rejections as a verifier)"
 )
-
-
-def _records(count: int) -> str:
-    return f"{count} record" if count == 1 else f"{count} records"
