@@ -135,6 +135,9 @@ class SearchResult:
     seconds: float = 0.0
     best_ms: float | None = None  # the best time the search measured, where it has one
     runnable: Runnable | None = None
+    # Why it measured fewer trials than its budget: "time" (the time budget, the rest kept for
+    # what follows the search), "space" (its space gave no new candidate), "" (neither said).
+    stopped: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.ranked, list) or not all(isinstance(c, dict) for c in self.ranked):

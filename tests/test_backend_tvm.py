@@ -249,8 +249,10 @@ def test_a_deadline_in_the_batch_that_ends_the_trials_stops_the_search(
     failing the tune with TVM's ``Check failed: (!task->is_terminated)``
     (``tune matmul --backend tvm --seconds 4 --trials 16``)."""
     budget = Budget(trials=MAX_TRIALS_PER_ITER, seconds=0.001)
-    result, _ = run_search(backend, SOFTMAX, SOFTMAX_PROBLEM, budget, tmp_path)
+    result, reports = run_search(backend, SOFTMAX, SOFTMAX_PROBLEM, budget, tmp_path)
     assert len(result.trials) == 1 and result.trials[0].status == "ok"  # the rest skipped
+    # Said on the last line: "[1/64] meta_schedule: done" said nothing of the 63 not run
+    assert result.stopped == "time" and "stopped, the rest of --seconds kept" in reports[-1].message
 
 
 def test_a_search_leaves_what_follows_it_the_time_it_needs(
@@ -270,8 +272,10 @@ def test_a_search_leaves_what_follows_it_the_time_it_needs(
                             after=everything)  # fmt: skip
     result = backend.search(request, workdir=tmp_path / "tight")
     assert len(result.trials) == 1 and asked and all(build > 0 for build, _ in asked)
+    assert result.stopped == "time"
     roomy = dataclasses.replace(request, after=lambda build, measure: 0.0)
-    assert len(backend.search(roomy, workdir=tmp_path / "roomy").trials) == 32
+    whole = backend.search(roomy, workdir=tmp_path / "roomy")
+    assert len(whole.trials) == 32 and whole.stopped == ""
 
 
 def test_a_round_is_proposed_only_when_it_and_what_follows_the_search_fit() -> None:

@@ -112,6 +112,21 @@ def test_the_eta_counts_down_while_a_step_is_awaited() -> None:
     assert etas == sorted(etas, reverse=True) and etas[-1] <= 1  # never up; down to zero
 
 
+def test_a_report_of_no_new_trial_is_no_step_of_the_eta() -> None:
+    """MetaSchedule's rounds of candidates it had measured report the same count: each was taken
+    for a step, and the ETA grew at each (133 s, 136 s, ... 146 s) with nothing measured."""
+    stream = io.StringIO()
+    with ProgressPrinter("k", stream, heartbeat=60) as progress:
+        time.sleep(0.3)
+        progress(Progress(1, 4, 0.5, "measured a batch"))  # ~0.3 s a step: ~0.9 s left
+        for _ in range(3):
+            time.sleep(0.2)
+            progress(Progress(1, 4, 0.5, "measured a batch"))  # an empty round: no step
+    etas = [float(line.split("ETA ")[1].split("s")[0]) for line in stream.getvalue().splitlines()
+            if "ETA " in line]  # fmt: skip
+    assert len(etas) >= 2 and etas == sorted(etas, reverse=True), stream.getvalue()
+
+
 def test_no_eta_once_the_countdown_ran_out_before_the_next_step() -> None:
     """A step slower than the pace so far: the demo said "ETA 0s" for 20 s. Past the
     countdown's end the line says no ETA (plain lines) or "ETA -" (the live line), until the next

@@ -189,6 +189,9 @@ class ProgressPrinter:
     def __call__(self, event: Progress) -> None:
         now = time.monotonic()
         with self._lock:
+            # A report of no new trial (MetaSchedule's rounds of candidates already measured) is
+            # no step: its ETA grew at each, 133 s, 136 s, ... 146 s, with nothing measured.
+            stepped = event.phase != self._last.phase or not _no_new_trial(event, self._last)
             if event.phase != self._last.phase:
                 self._phase_started = now
             if event.phase == self._last.phase and (event.best_ms is None or _no_new_trial(
@@ -200,7 +203,8 @@ class ProgressPrinter:
             _said(now)
             if self._seconds is not None and self._eta.deadline is None:
                 self._eta.deadline = now + self._seconds  # the budget's clock starts now
-            self._eta.step(now - self._phase_started, event.done, event.total, now)
+            if stepped:
+                self._eta.step(now - self._phase_started, event.done, event.total, now)
             line = self._line(event, now)
             if _HUSHED.is_set():
                 return

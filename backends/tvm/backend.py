@@ -29,6 +29,14 @@ logger = logging.getLogger(__name__)
 INSTALL_HINT = "apache-tvm is not installed: pip install 'tunecache[tvm]'"
 
 
+# Why a search ended short of its trials, said on its last line: "[1/32] … meta_schedule: done"
+# said nothing of the 31 trials it did not run.
+_STOPPED = {
+    "time": "meta_schedule: stopped, the rest of --seconds kept for validating and timing",
+    "space": "meta_schedule: done, its space gave no new candidate",
+}
+
+
 class TVMBackend(Backend):
     """Tunes TE computes on this CPU's llvm target: MetaSchedule, or our strategies over knobs.
 
@@ -114,9 +122,8 @@ class TVMBackend(Backend):
             self.summarize(found.config),
         )
         if progress is not None:
-            progress(
-                Progress(len(found.trials), budget.trials, found.best_ms, "meta_schedule: done")
-            )
+            said = _STOPPED.get(found.stopped, "meta_schedule: done")
+            progress(Progress(len(found.trials), budget.trials, found.best_ms, said))
         return found
 
     def build(

@@ -59,6 +59,7 @@ class _Recorder:
     error: BaseException | None = None
     proposed: int = 0  # candidates MetaSchedule proposed, measured or skipped
     pool: WarmPool | None = None  # once started: it says when the time left is the tune's
+    out_of_time: bool = False  # stopped by the time budget (the rest kept for what follows)
 
     def record(self, candidates: Any, builder_results: Any, runner_results: Any) -> None:
         self.proposed += len(candidates)
@@ -85,9 +86,11 @@ class _Recorder:
     def should_stop(self) -> bool:
         """Whether the round just measured is the last: another would not fit (see
         :meth:`WarmPool.out_of_time`), or the search failed."""
-        if self.error is not None or (self.pool and self.pool.out_of_time(next_round=True)):
+        if self.error is not None:
             return True
-        return self.deadline is not None and time.monotonic() >= self.deadline
+        self.out_of_time = bool(self.pool and self.pool.out_of_time(next_round=True)) or (
+            self.deadline is not None and time.monotonic() >= self.deadline)  # fmt: skip
+        return self.out_of_time
 
 
 @contextlib.contextmanager
@@ -299,5 +302,7 @@ def _found(database: Any, mod: Any, target: dict[str, Any], recorder: _Recorder,
     ]
     # best_ms is this run's own fastest measurement: the ranked records may hold earlier runs'
     # (the warm start), whose times were measured then, not by this search.
-    return SearchResult(configs, recorder.trials, seconds=seconds,
-                        best_ms=recorder.best_ms)  # fmt: skip
+    short = len(recorder.trials) < recorder.total
+    stopped = "" if not short else "time" if recorder.out_of_time else "space"
+    return SearchResult(configs, recorder.trials, seconds=seconds, best_ms=recorder.best_ms,
+                        stopped=stopped)  # fmt: skip
