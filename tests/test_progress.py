@@ -73,6 +73,10 @@ def test_silence_counts_from_the_commands_start_not_each_phases() -> None:
     assert stream.stamps, "silent"
     assert stream.stamps[0] - started < 2.0 + 0.8  # the command's 2 s, not the phase's
     assert "(still working)" in stream.getvalue()
+    # The time it shows is the command's too: a --tvm tune's first line, after 4 s loading,
+    # read "1.5s"
+    shown = float(stream.getvalue().split("s k ")[0])
+    assert shown >= 1.9, stream.getvalue()
 
 
 def test_each_line_says_phase_count_best_and_eta() -> None:

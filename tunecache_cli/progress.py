@@ -22,6 +22,8 @@ HEARTBEAT_SECONDS = 5.0
 # outside a command. A printer's silence counts from it: each phase's printer counted its own,
 # and a TVM tune was silent 8.7 s from its start (3.7 s loading, then 5 s searching).
 _SAID: list[float | None] = [None]
+# When the command started, for the elapsed time its first printer shows (``None``: outside one)
+_STARTED: list[float | None] = [None]
 _SAID_LOCK = threading.Lock()  # a heartbeat thread's update never outlives the command's end
 _HUSHED = threading.Event()  # set by :func:`hush`: no printer writes another line
 _PRINTERS: weakref.WeakSet[ProgressPrinter] = weakref.WeakSet()  # made and not yet collected
@@ -33,7 +35,7 @@ def command_started(started: bool = True) -> None:
     """The command starts now (``False``: it ended): no printer's heartbeat waits longer than
     :data:`HEARTBEAT_SECONDS` after it, or after the last line any printer wrote."""
     with _SAID_LOCK:
-        _SAID[0] = time.monotonic() if started else None
+        _SAID[0] = _STARTED[0] = time.monotonic() if started else None
 
 
 def _said(now: float) -> None:
@@ -158,6 +160,10 @@ class ProgressPrinter:
         self._phase_started = self.started
         said = _SAID[0]  # silence counts from the command's last line, or its start
         self._last_line = self.started if said is None else min(said, self.started)
+        # The time shown: from the command's start while no line was written (a --tvm tune's
+        # first line, after 4 s loading TVM and the module, read "1.5s"), else from now.
+        began = _STARTED[0]
+        self._shown_from = began if began is not None and said == began else self.started
         self._eta = Countdown()
         self._seconds = seconds
         self._expected = False  # the last event was only expected (:meth:`expect`): not printed
@@ -222,7 +228,7 @@ class ProgressPrinter:
                 self._update_rich(event, "")
 
     def _line(self, event: Progress, now: float) -> str:
-        elapsed = now - self.started
+        elapsed = now - self._shown_from
         count = f" [{event.done}/{event.total}]" if event.total else ""
         best = f" best {event.best_ms:.4g} ms" if event.best_ms is not None else ""
         eta = self._eta.left(now)

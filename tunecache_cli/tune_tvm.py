@@ -65,9 +65,11 @@ def run(args: argparse.Namespace) -> int:
                            "supported for TVM modules: leave --device out or pass cpu")  # fmt: skip
     budget = _budget(args)
     file_of("--tvm", args.tvm)  # a mistyped path said before TVM's import (seconds)
-    mod, target, reference = _loaded(args.tvm)
-    from backends.tvm.database import best_records, database_dir, open_database
     from tunecache_cli.progress import working
+
+    with working(f"tvm {args.tvm}", "loading TVM and the module"):  # seconds, said past 5
+        mod, target, reference = _loaded(args.tvm)
+    from backends.tvm.database import best_records, database_dir, open_database
     from tunecache_cli.push import push_before
     from tuner.tune import default_workdir
 
