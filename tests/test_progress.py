@@ -100,6 +100,26 @@ def test_the_live_line_on_a_terminal_renders_the_phase() -> None:
     shown = stream.getvalue()
     assert "k searching" in shown or "k done" in shown
     assert "0.3 ms, validated" in shown  # the last line stays in the scrollback
+    assert shown.count("0.3 ms, validated") == 1, shown  # not again in the live line's last frame
+
+
+def test_the_live_line_keeps_its_count_time_and_eta_beside_a_long_note() -> None:
+    """On a 120-column terminal a long note squeezed the count, the time and the ETA to "…"."""
+    from rich.console import Console
+
+    stream = io.StringIO()
+    printer = ProgressPrinter("matmul[K=128,M=64,N=64] float32 tvm cpu-avx512", stream, live=True)
+    with printer as progress:
+        progress(Progress(2, 5, None, "re-timing the search's best 5, each at its own pace of "
+                                      "calls per sample", phase="time"))  # fmt: skip
+        bar, _ = printer._rich
+        bar.console.width = 120
+        frame = Console(width=120, file=io.StringIO(), legacy_windows=False)
+        with frame.capture() as captured:
+            frame.print(bar.get_renderable())
+    line = captured.get().splitlines()[0]
+    assert "2/5" in line and "0:00:00" in line and "ETA" in line, line
+    assert "re-timing" in line and len(line) <= 120, line
 
 
 def test_the_eta_counts_down_while_a_step_is_awaited() -> None:

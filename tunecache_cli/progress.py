@@ -263,6 +263,7 @@ class ProgressPrinter:
             TimeElapsedColumn,
         )
         from rich.progress import Progress as Bar
+        from rich.table import Column
         from rich.text import Text
 
         countdown = self._eta
@@ -272,11 +273,15 @@ class ProgressPrinter:
                 left = countdown.left(time.monotonic())
                 return Text("ETA " + ("-" if left is None else f"{left:.0f}s"))
 
+        # The note takes what the line leaves, cut short: a long note squeezed the count, the
+        # time and the ETA to "…". Text is shown as it is: a label's "[...]" is no markup.
+        note = Column(ratio=1, no_wrap=True, overflow="ellipsis")
         bar = Bar(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[best]}"), TimeElapsedColumn(), Eta(),
-            TextColumn("{task.fields[note]}"),
-            console=Console(file=self.stream), refresh_per_second=4,
+            TextColumn("{task.description}", markup=False), BarColumn(bar_width=20),
+            MofNCompleteColumn(), TextColumn("{task.fields[best]}", markup=False),
+            TimeElapsedColumn(), Eta(),
+            TextColumn("{task.fields[note]}", markup=False, table_column=note),
+            console=Console(file=self.stream), refresh_per_second=4, expand=True,
         )  # fmt: skip
         task = bar.add_task(f"{self.label} searching", total=None, best="", note="",
                             phase="search")  # fmt: skip
@@ -291,6 +296,9 @@ class ProgressPrinter:
         best = f"best {event.best_ms:.4g} ms" if event.best_ms is not None else ""
         phase = PHASES.get(event.phase, event.phase)
         bar.update(task, description=f"{self.label} {phase}", total=event.total or None,
-                   completed=event.done, best=best, note=event.message[:60])  # fmt: skip
+                   completed=event.done, best=best, note=event.message[:60],
+                   visible=True)  # fmt: skip
         if event.phase == "done" or event.message.startswith("rejected"):
-            bar.console.print(line)  # a line that stays in the scrollback
+            bar.console.print(line, markup=False, highlight=False)  # stays in the scrollback
+        if event.phase == "done":  # said in full above: the live line's last frame showed it
+            bar.update(task, visible=False)  # again, cut off
