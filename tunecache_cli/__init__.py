@@ -8,11 +8,13 @@ reached, 4 the server refused the token (401, 403), 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import ClassVar
 
 from tunecache import __version__
 from tunecache.errors import InvalidInput, ServerError, TuningError, one_line
@@ -49,8 +51,24 @@ COMMANDS = (
 
 
 class _Parser(argparse.ArgumentParser):
+    argv: ClassVar[list[str]] = []  # the command line being parsed (main sets it)
+
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+        unknown = self._unknown_options()
+        if unknown and message.startswith("the following arguments are required"):
+            # A mistyped flag: "--shpae M=8" said only that --shape is required
+            message = f"unrecognized arguments: {' '.join(unknown)} ({message})"
+        hints = [f"{option}: did you mean {', '.join(close)}?" for option in unknown
+                 if (close := difflib.get_close_matches(option, self._option_string_actions,
+                                                        n=2, cutoff=0.7))]  # fmt: skip
+        said = f"{message}; {'; '.join(hints)}" if hints else message
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {said}\n")
+
+    def _unknown_options(self) -> list[str]:
+        """The ``--options`` of this command line that this parser has none of."""
+        known = {*self._option_string_actions, "--verbose", "--version", "--help"}  # and root's
+        given = (arg.partition("=")[0] for arg in self.argv if arg.startswith("--"))
+        return [option for option in given if option != "--" and option not in known]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,6 +137,7 @@ def server_exit(exc: ServerError) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the CLI; returns the exit code."""
     parser = build_parser()
+    _Parser.argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.command is None:  # bare `tunecache`: what it can do
         parser.print_help()
