@@ -57,7 +57,7 @@ def test_a_tune_with_a_slow_candidate_is_never_silent(tmp_path: Path) -> None:
 def test_silence_counts_from_the_commands_start_not_each_phases() -> None:
     """A TVM tune was silent 8.7 s from its start: 3.7 s loading (a phase under 5 s says
     nothing), then the search's printer waited its own 5 s."""
-    from tunecache_cli.progress import command_started, working
+    from tunecache_cli.progress import command_start, command_started, working
 
     stream = Stamped()
     command_started()
@@ -65,9 +65,12 @@ def test_silence_counts_from_the_commands_start_not_each_phases() -> None:
         started = time.monotonic()
         with working("k", "loading", live=False):
             time.sleep(1.5)  # a quick phase: nothing said
-        with ProgressPrinter("k", stream, heartbeat=2.0) as progress:
+        with ProgressPrinter("k", stream, heartbeat=2.0, since=command_start()) as progress:
             progress.expect(Progress(0, 0, message="searching", phase="search"))
             time.sleep(2.5)
+        other = io.StringIO()  # a printer of another key: its own time
+        with ProgressPrinter("k2", other, heartbeat=60) as progress:
+            progress(Progress(1, 4, 0.5, "measured a batch"))
     finally:
         command_started(False)
     assert stream.stamps, "silent"
@@ -77,6 +80,7 @@ def test_silence_counts_from_the_commands_start_not_each_phases() -> None:
     # read "1.5s"
     shown = float(stream.getvalue().split("s k ")[0])
     assert shown >= 1.9, stream.getvalue()
+    assert float(other.getvalue().split("s k2 ")[0]) < 0.5, other.getvalue()
 
 
 def test_each_line_says_phase_count_best_and_eta() -> None:

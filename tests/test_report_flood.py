@@ -129,3 +129,20 @@ def test_labels_that_differ_in_their_middle_stay_apart() -> None:
     )
     short = ["matmul tvm float32 M=64", "matmul tvm float32 M=128"]
     assert figures.shorts(short, 56) == short  # what fits is as it is
+
+
+def test_labels_told_apart_are_never_fewer_than_cut_in_the_middle() -> None:
+    """Windowed on the difference from its nearest label, float32 and float16 of one n_cols
+    read the same where short() told them apart (a reviewer's fuzzing found more)."""
+    import random
+
+    labels = [f"rowfuse:add_rmsnorm triton {d} n_cols={n},x_ptr.dtype={d},y_ptr.dtype={d}"
+              for d in ("float32", "float16") for n in (306, 512)]  # fmt: skip
+    rng = random.Random(1)
+    cases = [labels] + [["".join(rng.choice("ab=,") for _ in range(rng.randint(1, 70)))
+                         for _ in range(rng.randint(1, 6))] for _ in range(500)]  # fmt: skip
+    for case in cases:
+        for limit in (8, 32, 44, 56):
+            told = figures.shorts(case, limit)
+            assert all(len(text) <= limit for text in told)
+            assert len(set(told)) >= len({figures.short(label, limit) for label in case}), case

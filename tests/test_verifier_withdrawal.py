@@ -253,3 +253,35 @@ def test_a_rotated_verify_tokens_twins_are_served_again_by_a_pass(server: LiveSe
         assert task is not None and task.record.id in (first, second)
         assert client.submit_verification(task.record.id, _passed("n", 1.0)).status == "verified"
     assert [_status(url, i) for i in (first, second)] == ["verified", "verified"]
+
+
+def test_the_migration_counts_every_token_revoked_before_it_withdrawn(
+    database: tuple[str, Path | None],
+) -> None:
+    """0021: which revoked tokens were withdrawn was not recorded before it. Taken for rotated,
+    a token withdrawn before the upgrade had its made-up record served again by a copy's pass
+    (found by a review); every revoked token is counted withdrawn, a live one not."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from cache_server import tokens
+    from cache_server.db import make_engine, make_sessionmaker
+    from cache_server.migrate import alembic_config, upgrade
+
+    url, _ = database
+    upgrade(url)
+    with make_sessionmaker(make_engine(url))() as session:
+        tokens.issue(session, name="admin", scope="admin")
+        _, gone = tokens.issue(session, name="gone", scope="write")
+        _, live = tokens.issue(session, name="live", scope="write")
+        session.flush()
+        tokens.revoke(session, token_id=gone.id, withdraw=True)
+        session.commit()
+        ids = {"gone": gone.id, "live": live.id}
+    command.downgrade(alembic_config(url), "0020")
+    upgrade(url)
+    with make_engine(url).connect() as connection:
+        rows = connection.execute(text("select id, revoked_at, withdrawn_at from tokens")).all()
+    found = {i: (revoked, withdrawn) for i, revoked, withdrawn in rows}
+    assert found[ids["gone"]][1] is not None and found[ids["gone"]][1] == found[ids["gone"]][0]
+    assert found[ids["live"]] == (None, None)

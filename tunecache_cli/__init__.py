@@ -67,8 +67,15 @@ class _Parser(argparse.ArgumentParser):
     def _unknown_options(self) -> list[str]:
         """The ``--options`` of this command line that this parser has none of."""
         known = {*self._option_string_actions, "--verbose", "--version", "--help"}  # and root's
-        given = (arg.partition("=")[0] for arg in self.argv if arg.startswith("--"))
-        return [option for option in given if option != "--" and option not in known]
+        before = self.argv[: self.argv.index("--")] if "--" in self.argv else self.argv
+        given = dict.fromkeys(arg.partition("=")[0] for arg in before if arg.startswith("--"))
+        # An option argparse takes for a known one (a unique prefix: --back is --backend) is no
+        # typo
+        return [
+            option
+            for option in given
+            if option not in known and sum(k.startswith(option) for k in known) != 1
+        ]
 
 
 def build_parser() -> argparse.ArgumentParser:

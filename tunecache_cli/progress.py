@@ -22,7 +22,7 @@ HEARTBEAT_SECONDS = 5.0
 # outside a command. A printer's silence counts from it: each phase's printer counted its own,
 # and a TVM tune was silent 8.7 s from its start (3.7 s loading, then 5 s searching).
 _SAID: list[float | None] = [None]
-# When the command started, for the elapsed time its first printer shows (``None``: outside one)
+# When the command started (``None``: outside one): :func:`command_start`
 _STARTED: list[float | None] = [None]
 _SAID_LOCK = threading.Lock()  # a heartbeat thread's update never outlives the command's end
 _HUSHED = threading.Event()  # set by :func:`hush`: no printer writes another line
@@ -36,6 +36,12 @@ def command_started(started: bool = True) -> None:
     :data:`HEARTBEAT_SECONDS` after it, or after the last line any printer wrote."""
     with _SAID_LOCK:
         _SAID[0] = _STARTED[0] = time.monotonic() if started else None
+
+
+def command_start() -> float | None:
+    """When the command started (a ``time.monotonic()``), or ``None`` outside one: the time a
+    one-key command's printer counts from (``since``), what it loaded before included."""
+    return _STARTED[0]
 
 
 def _said(now: float) -> None:
@@ -145,11 +151,13 @@ class ProgressPrinter:
         heartbeat: seconds of silence before a plain "still ..." line.
         seconds: the run's time budget (``--seconds``), from its first report on (the tuner
             starts its clock as it says what it searches with): no ETA goes past it.
+        since: when the work shown began (a ``time.monotonic()``, :func:`command_start` for a
+            one-key command), for the time each line shows; default: now.
     """
 
     def __init__(self, label: str, stream: TextIO | None = None, *, live: bool | None = None,
-                 heartbeat: float = HEARTBEAT_SECONDS,
-                 seconds: float | None = None) -> None:  # fmt: skip
+                 heartbeat: float = HEARTBEAT_SECONDS, seconds: float | None = None,
+                 since: float | None = None) -> None:  # fmt: skip
         stream = sys.stderr if stream is None else stream  # now: not the one at import time
         self.label = label
         self.stream = stream
@@ -160,10 +168,9 @@ class ProgressPrinter:
         self._phase_started = self.started
         said = _SAID[0]  # silence counts from the command's last line, or its start
         self._last_line = self.started if said is None else min(said, self.started)
-        # The time shown: from the command's start while no line was written (a --tvm tune's
-        # first line, after 4 s loading TVM and the module, read "1.5s"), else from now.
-        began = _STARTED[0]
-        self._shown_from = began if began is not None and said == began else self.started
+        # The time shown counts from ``since``: a one-key command's, from its start (a --tvm
+        # tune's first line, after 4 s loading TVM and the module, read "1.5s").
+        self._shown_from = self.started if since is None else min(since, self.started)
         self._eta = Countdown()
         self._seconds = seconds
         self._expected = False  # the last event was only expected (:meth:`expect`): not printed

@@ -203,7 +203,7 @@ def _run_key(args: argparse.Namespace) -> int:
     from backends.base import Progress
     from tunecache.client import Client
     from tunecache_cli import outbox
-    from tunecache_cli.progress import ProgressPrinter
+    from tunecache_cli.progress import ProgressPrinter, command_start
     from tunecache_cli.push import push_quietly
     from tuner import TuneOptions, tune
     from tuner.tune import check_memory
@@ -216,7 +216,7 @@ def _run_key(args: argparse.Namespace) -> int:
     url = upload_url(args)
     with (
         Client(url or server_url(args)) as client,
-        ProgressPrinter(key.short(), seconds=budget.seconds) as progress,
+        ProgressPrinter(key.short(), seconds=budget.seconds, since=command_start()) as progress,
     ):
         if url is not None:
             push_quietly(client, url)  # what an earlier tune could not upload goes first

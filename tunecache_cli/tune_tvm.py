@@ -65,11 +65,9 @@ def run(args: argparse.Namespace) -> int:
                            "supported for TVM modules: leave --device out or pass cpu")  # fmt: skip
     budget = _budget(args)
     file_of("--tvm", args.tvm)  # a mistyped path said before TVM's import (seconds)
-    from tunecache_cli.progress import working
-
-    with working(f"tvm {args.tvm}", "loading TVM and the module"):  # seconds, said past 5
-        mod, target, reference = _loaded(args.tvm)
+    mod, target, reference = _loaded(args.tvm)
     from backends.tvm.database import best_records, database_dir, open_database
+    from tunecache_cli.progress import working
     from tunecache_cli.push import push_before
     from tuner.tune import default_workdir
 
@@ -131,10 +129,13 @@ def _search(
     from backends.tvm.intrin import cpu_intrinsics_only
     from backends.tvm.search import tune
     from tunecache.tvm.target import host_cores
-    from tunecache_cli.progress import ProgressPrinter
+    from tunecache_cli.progress import ProgressPrinter, command_start
 
     started = time.monotonic()
-    with cpu_intrinsics_only(), ProgressPrinter(f"tvm {label}", seconds=budget.seconds) as progress:
+    with (
+        cpu_intrinsics_only(),
+        ProgressPrinter(f"tvm {label}", seconds=budget.seconds, since=command_start()) as progress,
+    ):
         outcome = tune(mod, target, budget, workdir=workdir, cores=host_cores(),
                        progress=progress)  # fmt: skip
     return outcome, time.monotonic() - started

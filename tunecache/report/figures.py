@@ -95,7 +95,11 @@ def shorts(labels: Sequence[str], limit: int) -> list[str]:
         rest = label[start:]
         room = limit - keep - 1
         shown.append(label[:keep] + "…" + (rest if len(rest) <= room else rest[: room - 1] + "…"))
-    return shown
+    # A window that met another label's (their differences elsewhere: float32 and float16 of
+    # one n_cols) is no better than short(), which is kept there.
+    taken = Counter(dict(zip(labels, shown, strict=True)).values())  # by distinct labels
+    return [short(label, limit) if taken[text] > 1 else text
+            for text, label in zip(shown, labels, strict=True)]  # fmt: skip
 
 
 def _common(one: str, other: str) -> int:

@@ -3,9 +3,9 @@ a token revoked without withdrawing (rotated, a teammate leaving) was never serv
 another verifier's pass of an honest copy, as if withdrawn, and each such twin cost a
 verification of its own (cache_server.twins.settle).
 
-Tokens withdrawn before this are not known as such (none was recorded): their twins are served
-again by a pass, as before 0019; an admin withdraws such a token again to record it (a revoked
-token is revoked again at no cost, and its records still standing are withdrawn then).
+Which tokens revoked before this were withdrawn was not recorded: every one is counted withdrawn
+(its twins are checked each by a verifier, as before), never one of them taken for rotated (the
+made-up record of a token withdrawn before the upgrade was served again by a copy's pass).
 
 Revision ID: 0021
 Revises: 0020
@@ -23,8 +23,18 @@ branch_labels = None
 depends_on = None
 
 
+_tokens = sa.table(
+    "tokens", sa.column("revoked_at", sa.DateTime(timezone=True)),
+    sa.column("withdrawn_at", sa.DateTime(timezone=True)),
+)  # fmt: skip
+
+
 def upgrade() -> None:
     op.add_column("tokens", sa.Column("withdrawn_at", sa.DateTime(timezone=True), nullable=True))
+    t = _tokens.c
+    op.get_bind().execute(
+        _tokens.update().where(t.revoked_at.is_not(None)).values(withdrawn_at=t.revoked_at)
+    )
 
 
 def downgrade() -> None:
