@@ -372,8 +372,12 @@ class ServerSource(Source):
         log = logger.warning if first else logger.debug
         # A refusal (a token it does not take, not a tunecache server) is an answer: a miss,
         # which the Triton drop-in tunes; "using default configs" said otherwise before it did.
-        then = "using default configs" if unanswered else "each lookup a miss"
-        log("%s; %s, asking again in %.0f s", exc, then, pause)
+        then = (
+            "using default configs, retrying in"
+            if unanswered
+            else "each lookup a miss, asking again in"
+        )
+        log("%s; %s %.0f s", exc, then, pause)
 
 
 def _give_up(report: _Report) -> None:
