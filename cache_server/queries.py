@@ -138,7 +138,17 @@ class BucketFull(Exception):
 class Revoked(Exception):
     """The token a request came with was revoked while the request ran (a 401): a write reads
     its token again behind its key's lock (:func:`add_record`); a snapshot import, committed a
-    chunk at a time, stores no chunk after (:func:`cache_server.tokens.ensure_live`)."""
+    chunk at a time, stores no chunk after (:func:`ensure_live`), nor a verifier's finding
+    after it (:func:`cache_server.trust.finish`)."""
+
+
+def ensure_live(session: Session, token_id: int, *, doing: str) -> None:
+    """Raises :class:`Revoked` when token ``token_id`` was revoked since the request
+    authenticated it (``doing``: what the error says stays as it is). A plain read: a share lock
+    of the token's row would wait for a revocation that waits for a key this request holds."""
+    revoked = session.scalar(select(TokenRow.revoked_at).where(TokenRow.id == token_id))
+    if revoked is not None:
+        raise Revoked(f"the token was revoked while this request ran: {doing}")
 
 
 def add_record(

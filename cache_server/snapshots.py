@@ -28,6 +28,7 @@ from cache_server.queries import (
     BucketFull,
     WinnerTable,
     add_record,
+    ensure_live,
     public_record,
     record_fields,
     record_row,
@@ -210,7 +211,7 @@ def import_records(
         before = (f"the {stored} records this import stored before it stay stored, and no "
                   "more were") if stored else "nothing was stored"  # fmt: skip
         if uploader is not None:  # one revoked meanwhile stores no more
-            tokens.ensure_live(session, uploader, doing=before)
+            ensure_live(session, uploader.id, doing=before)
         try:
             at, new, won = _store_chunk(session, planned, at, uploader=uploader,
                                         bucket_limit=bucket_limit)  # fmt: skip

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from cache_server import jobs, trust, twins, withdrawal
 from cache_server.db import upsert_insert
 from cache_server.models import TokenRow, utcnow
-from cache_server.queries import Revoked
+from cache_server.queries import Revoked as Revoked  # re-exported: a revoked token's 401
 from cache_server.twins import lock_slot
 from tunecache.tokens import (
     MAX_LISTED_TOKENS,
@@ -172,15 +172,6 @@ def list_tokens(session: Session, *, include_revoked: bool = False) -> list[Toke
     if not include_revoked:
         stmt = stmt.where(TokenRow.revoked_at.is_(None))
     return list(session.scalars(stmt))
-
-
-def ensure_live(session: Session, token: TokenRow, *, doing: str) -> None:
-    """Raises :class:`Revoked` when ``token`` was revoked since the request authenticated it
-    (``doing``: what the error says stays as it is). A plain read: a record written after it
-    reads its token again behind its key's lock (:func:`cache_server.queries.add_record`)."""
-    revoked = session.scalar(select(TokenRow.revoked_at).where(TokenRow.id == token.id))
-    if revoked is not None:
-        raise Revoked(f"the token was revoked while this request ran: {doing}")
 
 
 class LastAdmin(Exception):

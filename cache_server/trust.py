@@ -32,7 +32,7 @@ from cache_server.models import (
     WinnerRow,
     utcnow,
 )
-from cache_server.queries import Revoked, WinnerTable, offer_winner
+from cache_server.queries import WinnerTable, ensure_live, offer_winner
 from tunecache.believed import APART_RATIO
 from tunecache.canonical import canonical_json
 from tunecache.policies import server_bucket, widest_bucket
@@ -357,12 +357,10 @@ def finish(
             or row.verify_token_id not in (None, token_id)
             or row.status not in ("pending", "disputed")):  # fmt: skip
         return None
-    # Read behind the key's lock, as an upload reads its token (a plain read: a share lock of
-    # the token's row here would wait for a revocation that waits for this key): a finding
-    # authenticated before a withdrawal and stored after it, on a lease run out (which a
-    # revocation does not release), was a revoked token's pass, verified and served.
-    if session.scalar(select(TokenRow.revoked_at).where(TokenRow.id == token_id)) is not None:
-        raise Revoked("the token was revoked while this request ran: no finding was stored")
+    # Read behind the key's lock, as an upload reads its token: a finding authenticated before
+    # a withdrawal and stored after it, on a lease run out (which a revocation does not
+    # release), was a revoked token's pass, verified and served.
+    ensure_live(session, token_id, doing="no finding was stored")
     row.verify_owner, row.verify_expires_at, row.verify_token_id = None, None, None
     if result.outcome == "unverifiable":  # back in the queue, after a while, until its attempts
         row.verify_expires_at = utcnow() + UNVERIFIABLE_BACKOFF  # run out

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -138,6 +139,22 @@ def test_the_cli_says_what_stays_served_and_withdraws_on_request(server: LiveSer
     assert "disputed 0x" not in explained and "token was revoked" in explained, explained
 
 
+def migrated_again(url: str, revision: str, ids: dict[str, int], column: str) -> dict[str, Any]:
+    """``column`` of each record of ``ids`` once the database at ``url`` went back to
+    ``revision`` and up to the head again (the schema checked)."""
+    from alembic import command
+
+    from cache_server.db import make_engine, make_sessionmaker
+    from cache_server.migrate import alembic_config, check_schema, upgrade
+    from cache_server.models import RecordRow
+
+    command.downgrade(alembic_config(url), revision)
+    upgrade(url)
+    check_schema(make_engine(url))
+    with make_sessionmaker(make_engine(url))() as session:
+        return {what: getattr(session.get(RecordRow, i), column) for what, i in ids.items()}
+
+
 def test_the_migration_gives_stored_records_the_token_whose_word_serves_them(
     database: tuple[str, Path | None],
 ) -> None:
@@ -149,7 +166,7 @@ def test_the_migration_gives_stored_records_the_token_whose_word_serves_them(
 
     from cache_server import tokens
     from cache_server.db import make_engine, make_sessionmaker
-    from cache_server.migrate import alembic_config, check_schema, upgrade
+    from cache_server.migrate import alembic_config, upgrade
     from cache_server.models import RecordRow
     from cache_server.queries import add_record
     from tunecache.schemas import VerificationPublic
@@ -185,12 +202,7 @@ def test_the_migration_gives_stored_records_the_token_whose_word_serves_them(
         expected = {"pending": alice.id, "trusted": ci.id, "checked": None, "shared": None,
                     "disputed": alice.id}  # fmt: skip
         assert again.id != twice.id
-    command.downgrade(alembic_config(url), "0018")
-    upgrade(url)
-    check_schema(make_engine(url))
-    with make_sessionmaker(make_engine(url))() as session:
-        got = {what: session.get(RecordRow, i).vouched_by for what, i in ids.items()}  # type: ignore[union-attr]
-    assert got == expected
+    assert migrated_again(url, "0018", ids, "vouched_by") == expected
     command.downgrade(alembic_config(url), "0018")  # and back: every record kept
     with make_engine(url).connect() as connection:
         assert connection.execute(text("select count(*) from records")).scalar_one() == 5

@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import LiveServer
 from tests.factories import AUTH, CPU, knobs, make_key, make_record
 from tests.test_auth import tunecache
-from tests.test_token_withdrawal import DEFAULT, _served, _status, _token_id
+from tests.test_token_withdrawal import DEFAULT, _served, _status, _token_id, migrated_again
 from tests.test_trust import _passed, dispute_body, post_dispute, token
 from tunecache import Client
 from tunecache.verification import VerificationCreate
@@ -108,11 +108,10 @@ def test_the_migration_gives_decided_records_the_verify_token_of_their_verifier(
     """0020: a record a verifier's finding decided gets the verify (or admin) token of the
     verifier's name where one such token alone has it; a trusted uploader's verification, a
     write token's name, a name two tokens share, and a pending record get none."""
-    from alembic import command
 
     from cache_server import tokens
     from cache_server.db import make_engine, make_sessionmaker
-    from cache_server.migrate import alembic_config, check_schema, upgrade
+    from cache_server.migrate import upgrade
     from cache_server.models import RecordRow
     from cache_server.queries import add_record
     from tunecache.schemas import VerificationPublic
@@ -153,12 +152,7 @@ def test_the_migration_gives_decided_records_the_verify_token_of_their_verifier(
             "by admin": ops.id,
             "disputed since": gpu.id,
         }
-    command.downgrade(alembic_config(url), "0019")
-    upgrade(url)
-    check_schema(make_engine(url))
-    with make_sessionmaker(make_engine(url))() as session:
-        got = {what: session.get(RecordRow, i).checked_by for what, i in ids.items()}  # type: ignore[union-attr]
-    assert got == expected
+    assert migrated_again(url, "0019", ids, "checked_by") == expected
 
 
 def test_the_cli_counts_a_verify_tokens_findings_as_standing_on_its_word(

@@ -189,8 +189,8 @@ def speedup_figure(rows: Sequence[Speedup]) -> Figure:
     width, height = fig.get_size_inches()
     fig.set_size_inches(width, height + 0.17 * caption.count("\n") + 0.2 * len(handles) / 2)
     _fit_notes(fig, ax)
-    more = f" ({n} of {len(rows)} keys: verified first, then each uploader's in turn)" if len(
-        rows) > n else ""  # fmt: skip
+    kept = f" ({n} of {len(rows)} keys: verified first, then each uploader's in turn)"
+    more = kept if len(rows) > n else ""
     fig.suptitle(f"Speedup per key vs the default config and torch eager{more}")
     return fig
 
