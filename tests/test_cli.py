@@ -31,6 +31,11 @@ BAD = [
     (["tune", "conv2d", "--backend", "tvm", "--shape", "M=8"], "unknown kernel 'conv2d'"),
     (["get", "matmul", "--backend", "tvm", "--shpae", "M=8,N=8,K=8"], "unrecognized arguments: --shpae (the following arguments are required: --shape); --shpae: did you mean --shape?"),
     (["get", "matmul", "--back", "tvm"], "error: the following arguments are required: --shape"),  # --back is --backend
+    # Said by the root parser, which has none of a command's options: the command's are offered
+    (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8", "--trails", "3"], "unrecognized arguments: --trails 3; --trails: did you mean --trials?"),
+    (["gett", "matmul"], "invalid choice: 'gett'"),
+    (["gett", "matmul"], "gett: did you mean get?"),
+    (["records", "lss"], "lss: did you mean ls?"),
     (["tune", "tests.no_such_module:K", "--backend", "tvm", "--shape", "M=8"], "cannot import 'tests.no_such_module'"),
     (["tune", "tests.factories:NoSuchKernel", "--backend", "tvm", "--shape", "M=8"], "has no 'NoSuchKernel'"),
     (["tune", "tests.factories:make_key", "--backend", "tvm", "--shape", "M=8"], "is a function, not a kernel"),

@@ -58,15 +58,46 @@ class _Parser(argparse.ArgumentParser):
         if unknown and message.startswith("the following arguments are required"):
             # A mistyped flag: "--shpae M=8" said only that --shape is required
             message = f"unrecognized arguments: {' '.join(unknown)} ({message})"
+        parsing = self._parsing()
         hints = [f"{option}: did you mean {', '.join(close)}?" for option in unknown
-                 if (close := difflib.get_close_matches(option, self._option_string_actions,
+                 if (close := difflib.get_close_matches(option, parsing._option_string_actions,
                                                         n=2, cutoff=0.7))]  # fmt: skip
+        hints += self._command_hints(message)
         said = f"{message}; {'; '.join(hints)}" if hints else message
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {said}\n")
 
+    def _commands(self) -> dict[str, argparse.ArgumentParser]:
+        """This parser's commands (``records`` has ``ls``, ``show`` …), none where it has none."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return dict(action.choices)
+        return {}
+
+    def _parsing(self) -> argparse.ArgumentParser:
+        """The parser of the command this command line names, however deep (``records ls``):
+        unrecognized arguments are said by the root, which knows none of a command's options."""
+        parser: argparse.ArgumentParser = self
+        for arg in self.argv:
+            if arg == "--":
+                break
+            commands = parser._commands() if isinstance(parser, _Parser) else {}
+            if arg in commands:
+                parser = commands[arg]
+        return parser
+
+    def _command_hints(self, message: str) -> list[str]:
+        """'did you mean get?' for a mistyped command (``tunecache gett``)."""
+        commands = self._commands()
+        if not message.startswith("argument ") or "invalid choice: " not in message:
+            return []
+        typed = message.partition("invalid choice: ")[2].partition(" (")[0].strip("'\"")
+        close = difflib.get_close_matches(typed, commands, n=2, cutoff=0.6)
+        return [f"{typed}: did you mean {', '.join(close)}?"] if close else []
+
     def _unknown_options(self) -> list[str]:
-        """The ``--options`` of this command line that this parser has none of."""
-        known = {*self._option_string_actions, "--verbose", "--version", "--help"}  # and root's
+        """The ``--options`` of this command line that the command's parser has none of."""
+        parsing = self._parsing()
+        known = {*parsing._option_string_actions, "--verbose", "--version", "--help"}  # and root's
         before = self.argv[: self.argv.index("--")] if "--" in self.argv else self.argv
         given = dict.fromkeys(arg.partition("=")[0] for arg in before if arg.startswith("--"))
         # An option argparse takes for a known one (a unique prefix: --back is --backend) is no
