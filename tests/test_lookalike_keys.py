@@ -71,3 +71,35 @@ def test_keys_of_another_version_of_the_kernels_code_are_rows_of_their_own() -> 
     assert grid.counts() == {"tuned": 1, "unvalidated": 1}
     same = coverage_grid([(teammates, "unvalidated"), (dataclasses.replace(teammates), "tuned")])
     assert same.rows == ("teampkg.ops:Gemm K=4096,M=16,N=6144",)  # one version: one row
+    chosen = dataclasses.replace(teammates, source_hash="01234567ffffffff")  # its first 8 alike
+    apart = coverage_grid([(teammates, "unvalidated"), (chosen, "tuned")])
+    assert set(apart.rows) == {
+        "teampkg.ops:Gemm K=4096,M=16,N=6144 (source 012345678)",
+        "teampkg.ops:Gemm K=4096,M=16,N=6144 (source 01234567f)",
+    }
+
+
+def test_listings_name_the_source_where_a_kernels_code_differs(server: LiveServer) -> None:
+    """Two winners of one kernel and shape under two source hashes (two versions of its code,
+    one maybe an uploader's look-alike hash sharing the first eight characters) read as one key
+    listed twice: each names its source, as the shortest prefix telling them apart, in ``records
+    ls`` and on the dashboard."""
+    import dataclasses
+
+    token = AUTH["Authorization"].removeprefix("Bearer ")
+    teammates = _key(6144)
+    chosen = dataclasses.replace(teammates, source_hash="01234567ffffffff")
+    other = dataclasses.replace(teammates, kernel="teampkg.ops:Other")
+    with Client(server.url, token=token) as client:
+        mine = client.upload(make_record(teammates)).record_id
+        theirs = client.upload(make_record(chosen)).record_id
+        alone = client.upload(make_record(other)).record_id
+    listed = tunecache("records", "ls", "--server", server.url, env={"TUNECACHE_TOKEN": token})
+    assert listed.returncode == 0, listed.stderr
+    lines = {line.split()[0]: line for line in listed.stdout.splitlines() if "#" in line}
+    assert "teampkg.ops:Gemm (source 012345678) " in lines[f"#{mine}"]
+    assert "teampkg.ops:Gemm (source 01234567f) " in lines[f"#{theirs}"]
+    assert "teampkg.ops:Other " in lines[f"#{alone}"] and "source" not in lines[f"#{alone}"]
+    html = httpx.get(f"{server.url}/", headers=AUTH, timeout=30).text
+    assert ">teampkg.ops:Gemm (source 012345678)<" in html
+    assert ">teampkg.ops:Gemm (source 01234567f)<" in html and ">teampkg.ops:Other<" in html

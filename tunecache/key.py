@@ -18,10 +18,11 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from tunecache.canonical import digest
 from tunecache.device import Device, DeviceFingerprint, local_device
@@ -178,6 +179,60 @@ def problem_text(problem: Mapping[str, Any], sep: str = ",") -> str:
 
 def _value_text(value: Any) -> str:
     return json.dumps(value) if isinstance(value, str) else str(value)  # ASCII: no look-alikes
+
+
+def source_labels(hashes: Iterable[str], least: int = 8) -> dict[str, str]:
+    """Each source hash's shortest prefix, from ``least`` characters, that none of the others
+    starts with: two versions of a kernel's code never read as one, even where an uploader chose
+    a hash sharing the first eight characters of another's.
+
+    >>> source_labels(["ab12cd34ef", "ab12cd34ff", "0123456789"])
+    {'0123456789': '01234567', 'ab12cd34ef': 'ab12cd34e', 'ab12cd34ff': 'ab12cd34f'}
+    """
+    ordered = sorted(set(hashes))
+    shared = [_common(a, b) for a, b in itertools.pairwise(ordered)]
+    labels = {}
+    for i, value in enumerate(ordered):  # neighbours in order share the longest prefixes
+        nearest = max(shared[i - 1] if i > 0 else 0, shared[i] if i < len(shared) else 0)
+        labels[value] = value[: max(least, nearest + 1)]
+    return labels
+
+
+class _Versioned(Protocol):
+    @property
+    def kernel(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def source_hash(self) -> str: ...
+
+
+def kernel_names(keys: Sequence[_Versioned]) -> list[str]:
+    """Each key's kernel, as a listing of ``keys`` shows it: with its source where the listing
+    holds another version of that kernel's code (another source hash). Two such keys read alike,
+    and neither is served for the other's code.
+
+    >>> from types import SimpleNamespace as Named
+    >>> a, b = (Named(kernel="k", backend="tvm", source_hash=h) for h in ("ab12", "ff00"))
+    >>> kernel_names([a, b, a])
+    ['k (source ab12)', 'k (source ff00)', 'k (source ab12)']
+    """
+    sources: dict[tuple[str, str], set[str]] = {}
+    for key in keys:
+        sources.setdefault((key.kernel, key.backend), set()).add(key.source_hash)
+    labels = {named: source_labels(hashes) for named, hashes in sources.items() if len(hashes) > 1}
+    names = []
+    for key in keys:
+        label = labels.get((key.kernel, key.backend), {}).get(key.source_hash)
+        names.append(key.kernel if label is None else f"{key.kernel} (source {label})")
+    return names
+
+
+def _common(a: str, b: str) -> int:
+    """How many characters ``a`` and ``b`` start with alike."""
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
 
 
 def device_kind(backend: str) -> str:

@@ -7,7 +7,7 @@ import json
 from typing import Any, get_args
 
 from tunecache.errors import InvalidInput
-from tunecache.key import BACKENDS, DTYPES, problem_text
+from tunecache.key import BACKENDS, DTYPES, kernel_names, problem_text
 from tunecache.schemas import RecordPublic, RecordStatus
 from tunecache.timing import versus
 from tunecache_cli.args import add_server, server_url
@@ -66,10 +66,11 @@ def run_ls(args: argparse.Namespace) -> int:
         print("no records match")
         return 1
     rows = []
-    for r in found.items:
+    kernels = kernel_names([r.key for r in found.items])
+    for r, kernel in zip(found.items, kernels, strict=True):
         shape = problem_text(r.key.problem)
         valid = "yes" if r.validation.passed else "NO"
-        rows.append([f"#{r.id}", r.key.kernel, r.key.backend, r.key.dtype, shape,
+        rows.append([f"#{r.id}", kernel, r.key.backend, r.key.dtype, shape,
                      r.key.device.arch, _time(r), versus(r),
                      _caveat(r), valid, r.status,
                      f"{r.created_at:%Y-%m-%d %H:%M}"])  # fmt: skip

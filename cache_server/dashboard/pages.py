@@ -17,6 +17,7 @@ from cache_server.dashboard.svg import convergence_svg
 from cache_server.dashboard.templating import page
 from cache_server.trust import winner_table
 from tunecache.jobs import JobPublic, JobState
+from tunecache.key import kernel_names
 from tunecache.schemas import STORED, Backend, Name
 
 PAGE_SIZE = 100
@@ -81,6 +82,7 @@ def index(
         "index.html",
         {
             "records": records,
+            "kernels": kernel_names([r.key for r in records]),
             "filters": filters,
             "all": all,
             "choices": dashboard_queries.choices(session, winner_table(settings.policy)),

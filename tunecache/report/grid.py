@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from tunecache.key import problem_text
+from tunecache.key import problem_text, source_labels
 from tunecache.report.labels import KeyLike, natural
 from tunecache.schemas import KeyModel, RecordPublic
 
@@ -57,13 +57,14 @@ def coverage_grid(states: Iterable[tuple[KeyLike, str]]) -> CoverageGrid:
     sources: dict[str, set[str]] = {}
     for key, _ in states:
         sources.setdefault(row_of(key), set()).add(key.source_hash)
+    labels = {row: source_labels(hashes) for row, hashes in sources.items()}
     best: dict[tuple[str, str], str] = {}
     for key, status in states:
         if status not in STATUSES:
             raise ValueError(f"unknown coverage status {status!r}")
         row = row_of(key)
         if len(sources[row]) > 1:  # another version of the kernel's code: never served for it
-            row += f" (source {key.source_hash[:8]})"
+            row += f" (source {labels[row][key.source_hash]})"
         cell = (row, column_of(key))
         held = best.get(cell)
         if held is None or STATUSES.index(status) < STATUSES.index(held):
