@@ -112,6 +112,15 @@ HOSTILE: list[tuple[str, list[Any], str]] = [
     ("zero tile", [BASE_TRACE[0], [[4, [2, 0, 16, 4]]]], "is not an integer in 1.."),
     ("categorical index", [BASE_TRACE[0], [[9, 4]]], "4 is not an integer in 0..3"),
     ("too long", [[["EnterPostproc", [], [], []]] * 5000, []], "5000 instructions, over 4096"),
+    ("blocks without bound", [[["GetSBlock", [], ["C", "main"], ["b0"]]]
+                              + [["CacheRead", ["b0", []], [0, "global"], [f"b{i}"]]
+                                 for i in range(1, 130)], []],
+     "trace adds 129 blocks (CacheRead, CacheWrite, RFactor, DecomposeReduction), over 128"),
+    ("loops without bound", [[["GetSBlock", [], ["C", "main"], ["b0"]],
+                              ["GetLoops", ["b0"], [], ["l0"]]]
+                             + [["Split", [f"l{2 * i}", "None", 1], [True, False],
+                                 [f"l{2 * i + 2}", f"l{2 * i + 3}"]] for i in range(257)], []],
+     "trace adds 514 loops (Split, AddUnitLoop), over 512"),
     ("sampling without its decision", [BASE_TRACE[0], [[4, [2, 1, 16, 4]]]],
      "trace[0][9] (SampleCategorical): a sampling instruction without its decision"),
     ("no decisions at all", [BASE_TRACE[0], []],

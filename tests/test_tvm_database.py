@@ -507,6 +507,52 @@ def test_hostile_records_are_ignored(
     np.testing.assert_allclose(out, a @ b + bias, rtol=1e-4, atol=1e-4)
 
 
+def _chained_caches(mod: Any, count: int) -> Any:
+    """A record of ``mod`` whose trace reads one buffer through ``count`` chained caches: each
+    instruction allowed, each replay and the build cubically slower (1,000: 44 s)."""
+    sch = tvm.s_tir.Schedule(mod)
+    block = sch.get_sblock("D")
+    for _ in range(count):
+        sch.cache_read(block, 0, "global")
+    return sch.trace
+
+
+def test_a_trace_adding_blocks_without_bound_is_refused_before_replay(kernels: Path) -> None:
+    from backends.tvm.schedule import trace_json
+    from tunecache.configcheck.tvm import record_value_problem
+    from tunecache.configcheck.tvm_trace import MAX_STAGES
+
+    mod = _normalized(_load(kernels, "matmul_bias"))
+    good = _hand_record(mod, 0.5, "D", 16).as_json()
+    slow = [trace_json(_chained_caches(mod, MAX_STAGES + 1)), [1e-9], good[2], good[3]]
+    assert record_value_problem(slow) == (
+        f"trace adds {MAX_STAGES + 1} blocks (CacheRead, CacheWrite, RFactor, "
+        f"DecomposeReduction), over {MAX_STAGES}"
+    )
+    bounded = [trace_json(_chained_caches(mod, 4)), [1e-9], good[2], good[3]]
+    assert record_value_problem(bounded) is None  # a few caches, as MetaSchedule adds
+
+
+def test_checking_a_workloads_records_stops_at_its_time_budget(
+    kernels: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Records that pass every check can still replay slowly: past CHECK_SECONDS of checking one
+    workload's, the rest are not used (256 of them checked for minutes)."""
+    import tunecache.tvm.database as database
+
+    caplog.set_level(logging.DEBUG, logger="tunecache")
+    monkeypatch.setattr(database, "CHECK_SECONDS", 1e-9)  # spent by the first record's check
+    mod = _normalized(_load(kernels, "matmul_bias"))
+    values = [_hand_record(mod, 0.5, "D", factor).as_json() for factor in (16, 8, 4)]
+    with hostile_artifacts(values) as url:
+        db = Database(url, target=host_target())
+        db.commit_workload(mod)
+        assert len(db.get_all_tuning_records()) == 1  # the first, checked within the budget
+    said = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
+    assert len(said) == 1 and "ignoring 2 more record(s) of this workload" in said[0], said
+    assert "checking its records took" in said[0]
+
+
 # -- tune --tvm: the validation of a best schedule -------------------------------------------
 def _variant(mod: Any, old: str, new: str) -> Any:
     """``mod`` with one line of its TVMScript changed, compiled for this CPU."""

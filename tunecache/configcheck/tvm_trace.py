@@ -39,6 +39,12 @@ and CUDA targets, each instruction checked for its inputs and attributes:
   identifiers; unroll steps are at most :data:`MAX_UNROLL`, so a record cannot make a build
   unroll without bound; a ``Split`` keeps its bounds check (``disable_predication`` off: without
   it, factors that do not divide the loop read and write past the buffers);
+- **size**: at most :data:`MAX_INSTRUCTIONS` instructions, of which at most :data:`MAX_STAGES`
+  add a block (``CacheRead``, ``CacheWrite``, ``RFactor``, ``DecomposeReduction``) and which add
+  at most :data:`MAX_LOOPS` loops (a ``Split``'s outputs, ``AddUnitLoop``): each of these makes
+  every later rewrite and the build slower, and 1,000 chained ``CacheRead`` of one buffer (each
+  allowed, 52 KB of JSON) made one ``compile_tir`` replay and build for 44 s; MetaSchedule's own
+  traces add a few blocks and loops per block;
 - **the device**: a trace for a CPU (an ``llvm`` target; every built-in TVM record, which builds
   for the host) holds nothing of a GPU's: no ``Bind`` to thread axes, no thread-extent,
   cooperative-fetch or software-pipeline annotations, no ``StorageAlign``, only the ``global``
@@ -62,6 +68,12 @@ from tunecache.configcheck.triton import strict_int
 from tunecache.problem import describe
 
 MAX_INSTRUCTIONS: Final = 4096
+# At each bound a chain of them (the slowest: each rewrite of the last) replays and builds in
+# 0.2 s on this project's CPUs; MetaSchedule's traces of the built-in and test kernels add at most
+# 6 blocks and 13 loops (llvm and CUDA).
+MAX_STAGES: Final = 128  # instructions adding a block
+MAX_LOOPS: Final = 512  # loops added (Split outputs, AddUnitLoop)
+STAGE_KINDS: Final = frozenset({"CacheRead", "CacheWrite", "RFactor", "DecomposeReduction"})
 MAX_ITEMS: Final = 256  # inputs, attributes or outputs of one instruction; list values
 MAX_UNROLL: Final = 4096  # an unroll step (MetaSchedule samples 0..1024)
 MAX_EXTENT: Final = 2**20  # parallel/vectorize/thread extents
@@ -407,7 +419,20 @@ def trace_problem(trace: Any, device: str = "cpu") -> str | None:
             kind = inst[0] if isinstance(inst, list) and inst and isinstance(inst[0], str) else ""
             kind = kind if kind in KINDS else ""
             return f"trace[0][{i}]{f' ({kind})' if kind else ''}: {why}"
-    return _decisions_problem(insts, decisions)
+    return _size_problem(insts) or _decisions_problem(insts, decisions)
+
+
+def _size_problem(insts: list[Any]) -> str | None:
+    """Why checked instructions ``insts`` add too many blocks or loops to replay and build in
+    bounded time, or ``None``."""
+    stages = sum(inst[0] in STAGE_KINDS for inst in insts)
+    if stages > MAX_STAGES:
+        return (f"trace adds {stages} blocks (CacheRead, CacheWrite, RFactor, "
+                f"DecomposeReduction), over {MAX_STAGES}")  # fmt: skip
+    loops = sum(len(inst[3]) for inst in insts if inst[0] in ("Split", "AddUnitLoop"))
+    if loops > MAX_LOOPS:
+        return f"trace adds {loops} loops (Split, AddUnitLoop), over {MAX_LOOPS}"
+    return None
 
 
 def _decisions_problem(insts: list[Any], decisions: list[Any]) -> str | None:
@@ -452,6 +477,8 @@ __all__ = [
     "GPU_DEVICES",
     "KINDS",
     "MAX_ITEMS",
+    "MAX_LOOPS",
+    "MAX_STAGES",
     "SCOPES",
     "THREAD_AXES",
     "instruction_problem",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -27,6 +28,7 @@ from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
 
 from tunecache.artifacts import ArtifactIn, ArtifactPublic, ArtifactPutResult
 from tunecache.configcheck.tvm import target_device
+from tunecache.http import BAD_ANSWER_CHARS
 from tunecache.ranks import shared_artifacts
 from tunecache.settings import Settings
 from tunecache.tvm.check import args_info_json, check_record
@@ -50,6 +52,10 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 KEY_LIMIT = 256  # records read per workload, best score first
+# Seconds of checking (TVM's replays) one workload's served records may take in all: past them the
+# rest are not used. A record that passes every check can still replay slowly, and 256 of them
+# made one compile_tir check for minutes.
+CHECK_SECONDS = 10.0
 
 
 @dataclass
@@ -64,6 +70,7 @@ class _Entry:
     # The server's items, best first; None: not answered yet (unasked, or the call failed).
     fetched: list[ArtifactPublic] | None = None
     cursor: int = 0  # how many of ``fetched`` have been checked
+    spent: float = 0.0  # seconds spent checking them
     checked: dict[str, TuningRecord] = field(default_factory=dict)  # server records that passed
 
 
@@ -185,7 +192,7 @@ class Database(PyDatabase):
     def refresh(self) -> None:
         """Forgets the server's answers (not this process's records): the next lookups re-read."""
         for entry in self._entries.values():
-            entry.fetched, entry.cursor, entry.checked = None, 0, {}
+            entry.fetched, entry.cursor, entry.checked, entry.spent = None, 0, {}, 0.0
 
     def close(self) -> None:
         """Closes the HTTP connection pool."""
@@ -242,9 +249,16 @@ class Database(PyDatabase):
                                              RECORD, self.partition, key)  # fmt: skip
         fetched = entry.fetched or []
         while len(entry.checked) < k and entry.cursor < len(fetched):
+            if entry.spent >= CHECK_SECONDS:
+                self._reject(f"{len(fetched) - entry.cursor} more record(s) of this workload",
+                             f"checking its records took {entry.spent:.0f} s already")  # fmt: skip
+                entry.cursor = len(fetched)
+                break
             item = fetched[entry.cursor]
             entry.cursor += 1
+            started = time.monotonic()
             record, why = check_record(item.value, entry.workload, entry.args, self.device)
+            entry.spent += time.monotonic() - started
             if record is not None:
                 entry.checked[item.item] = record
             else:
@@ -253,7 +267,12 @@ class Database(PyDatabase):
     def _reject(self, what: str, why: str) -> None:
         self._rejected += 1
         log = logger.warning if self._rejected == 1 else logger.debug
-        log("tunecache.tvm: ignoring %s from %s: %s", what, self.remote.client.url, why)
+        log(
+            "tunecache.tvm: ignoring %s from %s: %s",
+            what,
+            self.remote.client.url,
+            why[:BAD_ANSWER_CHARS],
+        )  # TVM's block names grow with each cache: 29 KB lines
 
     def _guard(self, what: str, call: Callable[[], T], fallback: T) -> T:
         try:
