@@ -85,15 +85,16 @@ class HeaderDeadline(_Protocol):
         self._await_headers()
 
     def _refuse(self, transport: asyncio.Transport, address: str) -> None:
-        """Answers 429 and closes (:meth:`_close_after`); at once when the address already has
-        a few such connections lingering."""
+        """Answers 429 (503 where the process is full) and closes (:meth:`_close_after`); at
+        once when the address already has a few such connections lingering, or no descriptor is
+        left to linger with."""
         self._refused = True
         if not _cap().linger(address):
             self._address = None  # nothing counted
-            transport.write(_cap().refusal(HeaderDeadline.retry_after))
+            transport.write(_cap().refusal(HeaderDeadline.retry_after, address))
             transport.close()
             return
-        self._close_after(transport, _cap().refusal(HeaderDeadline.retry_after))
+        self._close_after(transport, _cap().refusal(HeaderDeadline.retry_after, address))
 
     def data_received(self, data: bytes) -> None:
         if self._refused or self._answered:
@@ -224,7 +225,8 @@ class HeaderDeadline(_Protocol):
 def _cap() -> AddressCap:
     if HeaderDeadline.cap is None:
         settings = ServerSettings()
-        HeaderDeadline.cap = AddressCap(settings.max_connections_per_address)
+        HeaderDeadline.cap = AddressCap(settings.max_connections_per_address,
+                                        settings.max_connections)  # fmt: skip
         HeaderDeadline.retry_after = settings.retry_after
     return HeaderDeadline.cap
 

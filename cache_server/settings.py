@@ -121,6 +121,9 @@ class ServerSettings(BaseSettings):
     body_seconds: float = Field(default=10.0, gt=0, le=3600)
     drain_seconds: float = Field(default=30.0, gt=0, le=3600)  # a client reading nothing: cut off
     max_connections_per_address: int = Field(default=256, ge=1, le=1_000_000)
+    # All connections of a server process; None: its open-file limit (raised to the hard limit)
+    # less the descriptors of its own files (cache_server.address_cap).
+    max_connections: int | None = Field(default=None, ge=16, le=10_000_000)
     max_in_flight: int = Field(default=2, ge=1, le=1000)
     max_wait: float = Field(default=0.02, ge=0, le=60)
     retry_after: int = Field(default=1, ge=1, le=3600)

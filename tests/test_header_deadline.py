@@ -200,3 +200,75 @@ def test_the_cap_counts_each_address_and_an_ipv4_mapped_one_as_its_ipv4() -> Non
     assert client_of("::ffff:10.0.0.1") == client_of("10.0.0.1") == "10.0.0.1"
     assert client_of("fe80::1%eth0") == "fe80::1"
     assert client_of("not an address") == "not an address"
+
+
+def test_a_full_process_refuses_many_connections_of_one_address_first() -> None:
+    from cache_server.address_cap import AddressCap
+
+    cap = AddressCap(256, total=100)  # its last 25 only for addresses holding fewer than 2
+    assert sum(cap.admit("10.0.0.1") for _ in range(200)) == 75
+    assert cap.full_for("10.0.0.1") and not cap.full_for("10.0.0.2")
+    assert sum(cap.admit("10.0.0.2") for _ in range(200)) == 2  # a client or two still get in
+    answer = cap.refusal(1, "10.0.0.1").decode()
+    assert answer.startswith("HTTP/1.1 503 ") and "full (77 of its 100 connections held)" in answer
+    assert "75 of them from this address" in answer
+    while cap.admit(f"10.1.{len(cap._open)}.1"):  # every address, until full
+        pass
+    assert cap._held == 100 and not cap.linger("10.0.0.9")  # no descriptor even to answer with
+    cap.release("10.0.0.1")
+    assert not cap.admit("10.0.0.1") and cap.admit("10.0.0.3")
+
+
+def test_addresses_of_one_client_cannot_take_every_connection(tmp_path: Path) -> None:
+    """A local client took 256 connections from each of four loopback addresses, and the server
+    (1,024 descriptors) answered no one else: a full process refuses the addresses holding
+    many first, and one with none still gets in."""
+    db_path = tmp_path / "cache.db"
+    live = start_server(f"sqlite:///{db_path}", db_path, tmp_path / "server.log",
+                        env={"TUNECACHE_SERVER_MAX_CONNECTIONS": "96",
+                             "TUNECACHE_SERVER_MAX_CONNECTIONS_PER_ADDRESS": "32"})  # fmt: skip
+    host, port = live.url.removeprefix("http://").split(":")
+    held: list[socket.socket] = []
+    try:
+        for last in (2, 3, 4):
+            for _ in range(32):
+                conn = socket.create_connection((host, int(port)), timeout=10,
+                                                source_address=(f"127.0.0.{last}", 0))  # fmt: skip
+                held.append(conn)
+        time.sleep(0.5)
+        answers = [_peek(conn) for conn in held[-32:]]  # the third address's
+        refused = [a for a in answers if a.startswith(b"HTTP/1.1 503")]
+        assert len(refused) == 32 - 8, answers[:3]  # 96 less 24 kept for small clients
+        assert b"full (73 of its 96 connections held), 8 of them" in refused[0]  # one lingers
+        honest = httpx.get(f"{live.url}/health", timeout=10)  # 127.0.0.1: holding none
+        assert honest.status_code == 200, honest.text
+    finally:
+        for conn in held:
+            conn.close()
+        live.stop()
+
+
+def _peek(conn: socket.socket) -> bytes:
+    """What the server sent ``conn`` unasked (a refusal), or nothing."""
+    conn.settimeout(0.05)
+    try:
+        return conn.recv(65536)
+    except OSError:  # nothing sent: an admitted connection waiting for its request
+        return b""
+
+
+def test_a_server_raises_its_open_file_limit_to_the_hard_limit() -> None:
+    import subprocess
+    import sys
+
+    code = ("import resource; from cache_server.address_cap import connections_limit; "
+            "print(connections_limit(), resource.getrlimit(resource.RLIMIT_NOFILE)[0])")  # fmt: skip
+
+    def low() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          preexec_fn=low, timeout=60)  # fmt: skip
+    assert done.stdout.split() == [str(4096 - 128), "4096"], done.stderr
