@@ -7,24 +7,29 @@ snapshots and warm starts). Query functions: they never commit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sqlalchemy.orm import Session
 
 from cache_server.models import RecordRow
-from cache_server.queries import BUCKET_WINNERS, get_winner, public_record
+from cache_server.queries import BUCKET_SIZE, BUCKET_WINNERS, get_winner, public_record
 from cache_server.trust import winner_table
 from cache_server.twins import refused_at
 from tunecache.policies import BucketPolicy, VersionPolicy, server_bucket
 from tunecache.rules import RULES, Rule, best, bucket_digest
 from tunecache.schemas import KeyModel, RecordPublic
 
-__all__ = ["RULES", "Rule", "find_winner"]
+__all__ = ["RANK_FREE", "RULES", "Rule", "find_winner"]
+
+# Winners of a bucket a lookup ranks in the API's own slots (about 40 us each); more, and it
+# ranks in a lane of its own (cache_server.api.shedding.LoadShedding.move).
+RANK_FREE = 64
 
 
 def find_winner(
     session: Session, *, key: KeyModel, policy: VersionPolicy = "strict",
     serving: str = "validated", bucket: Sequence[str] | None = None,
+    ranking: Callable[[int], None] | None = None,
 ) -> tuple[RecordPublic, Rule] | None:  # fmt: skip
     """The best record that may serve ``key`` under ``policy``, and the rule that matched.
 
@@ -39,6 +44,10 @@ def find_winner(
     decide among those, less the configs that stand refused at ``key`` itself
     (:func:`~cache_server.twins.refused_at`: disputed there, another device's copy is not served
     in their place).
+
+    ``ranking``: called with the bucket's size before ranking more than :data:`RANK_FREE`
+    winners (what it raises, the lookup raises): the route moves the request to a lane of its
+    own there.
     """
     table = winner_table(serving)
     if (
@@ -47,9 +56,13 @@ def find_winner(
     ):
         return hit, "exact"
     wanted = key.model_dump(mode="json", by_alias=True)
-    candidates = session.execute(
-        BUCKET_WINNERS[table], {"bucket_hash": bucket_digest(wanted)}
-    ).all()
+    asked = {"bucket_hash": bucket_digest(wanted)}
+    if (
+        ranking is not None
+        and (size := session.execute(BUCKET_SIZE[table], asked).scalar_one()) > RANK_FREE
+    ):
+        ranking(size)
+    candidates = session.execute(BUCKET_WINNERS[table], asked).all()
     # a config disputed here is served by no rule either (asked only when there is a candidate:
     # a miss, the lookup's common cold answer, pays no extra query)
     refused = refused_at(session, key.digest()) if candidates else set()

@@ -312,6 +312,13 @@ _WINNER_OF = {
     .where(table.key_hash == bindparam("key_hash"))
     for table in (WinnerRow, VerifiedWinnerRow)
 }
+BUCKET_SIZE = {
+    table: select(func.count())
+    .select_from(RecordRow)
+    .join(table, table.record_id == RecordRow.id)
+    .where(RecordRow.bucket_hash == bindparam("bucket_hash"))
+    for table in (WinnerRow, VerifiedWinnerRow)
+}
 BUCKET_WINNERS = {
     table: select(RecordRow.id, RecordRow.key, RecordRow.config_digest)
     .join(table, table.record_id == RecordRow.id)

@@ -5,12 +5,14 @@ from __future__ import annotations
 from functools import partial
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Response, status
+import anyio.from_thread
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
 from cache_server import jobs, queries
 from cache_server.api.auth import READ, WriteAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import IdPath, SessionDep, SettingsDep
+from cache_server.api.shedding import MOVE
 from cache_server.db import again_after_a_conflict
 from cache_server.lookup import find_winner
 from cache_server.metrics import MetricsDep
@@ -85,8 +87,9 @@ def upload_record(
     responses={404: {"description": "no validated record for this key"}},
 )
 def lookup(
-    request: LookupRequest, session: SessionDep, settings: SettingsDep, metrics: MetricsDep
-) -> Response:
+    request: LookupRequest, session: SessionDep, settings: SettingsDep, metrics: MetricsDep,
+    asked: Request,
+) -> Response:  # fmt: skip
     """The best validated winner that may serve this key (404 on a miss).
 
     Rules, in order: the exact key; the same problem on another device of the same arch; the
@@ -96,7 +99,8 @@ def lookup(
     disputed or rejected one).
     """
     found = find_winner(session, key=request.key, policy=request.policy,
-                        serving=settings.policy, bucket=request.bucket)  # fmt: skip
+                        serving=settings.policy, bucket=request.bucket,
+                        ranking=partial(_rank_aside, asked, settings.retry_after))  # fmt: skip
     session.commit()  # ends the reads on this thread: the dependency has nothing left to end
     if found is None:
         metrics.count_lookup(rule=None)
@@ -111,6 +115,23 @@ def lookup(
     # The record was validated as it was read; returning the model would validate it once more
     # (FastAPI checks a returned model against response_model), on the hottest path there is.
     return Response(answer.model_dump_json(by_alias=True), media_type="application/json")
+
+
+def _rank_aside(asked: Request, retry_after: int, size: int) -> None:
+    """Moves this lookup, about to rank ``size`` winners, to the ranking lane of the load
+    shedding (from this worker thread, on the event loop).
+
+    Raises:
+        HTTPException: 503, when that lane has no slot for it.
+    """
+    move = asked.scope.get("state", {}).get(MOVE)
+    if move is None:  # no load shedding in front of the app
+        return
+    busy = anyio.from_thread.run(move)
+    if busy is not None:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
+                            f"the server is busy ({busy}); retry in {retry_after} s",
+                            headers={"Retry-After": str(retry_after)})  # fmt: skip
 
 
 @router.get("/records", dependencies=[READ])
