@@ -386,8 +386,9 @@ def test_a_tune_not_uploaded_prints_its_record_in_lines_and_as_json_only_when_as
 
 def test_a_server_that_never_answers_is_waited_for_out_loud(tmp_path: Path) -> None:
     """A server that took the connection and never answered kept ``records ls``, ``records
-    show`` and ``best`` silent for their whole timeout (60 s): they now say, every few seconds,
-    that they are asking it."""
+    show``, ``best``, ``token list``, ``sync``, ``coverage``, ``snapshot export`` and ``report``
+    silent for their whole timeout (60 s): they now say, every few seconds, that they are asking
+    it."""
     import socket
 
     from tunecache_cli.progress import HEARTBEAT_SECONDS
@@ -396,8 +397,12 @@ def test_a_server_that_never_answers_is_waited_for_out_loud(tmp_path: Path) -> N
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)  # connections are taken (by the kernel), never answered
         url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        (tmp_path / "m.toml").write_text('[[tune]]\nkernel = "softmax"\nbackends = ["tvm"]\n'
+                                         'shapes = [{M = 8, N = 8}]\n')  # fmt: skip
         for argv in (["records", "ls"], ["records", "show", "1"],
-                     ["best", "matmul", "--shape", "M=64,N=64,K=64"]):  # fmt: skip
+                     ["best", "matmul", "--shape", "M=64,N=64,K=64"], ["token", "list"],
+                     ["sync", "-o", "s.json", "--timeout", "60"], ["coverage", "m.toml"],
+                     ["snapshot", "export", "--arch", "x", "-o", "e.json"], ["report", "-o", "out"]):  # fmt: skip
             process = subprocess.Popen([sys.executable, "-m", "tunecache_cli", *argv, "--server",
                                         url], stderr=subprocess.PIPE, text=True, cwd=tmp_path)  # fmt: skip
             said = f"asking the server at {url}, waiting for its answer up to "
@@ -439,3 +444,20 @@ def test_https_to_a_plain_http_server_says_so(shared_server: LiveServer) -> None
                      "--server", url)  # fmt: skip
     assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
     assert "the server there speaks plain HTTP: use an http:// URL" in done.stderr, done.stderr
+
+
+def test_key_for_a_triton_drop_in_kernel_says_what_it_is() -> None:
+    """``tunecache.key_for`` on a drop-in kernel said to tune it with ``--tvm`` or ``--torch``."""
+    pytest.importorskip("triton")
+    import subprocess as sp
+
+    code = ("import tunecache\ntry:\n    tunecache.key_for('tests.user_triton_autotune:affine', "
+            "'triton', {'n': 100}, 'float32')\nexcept tunecache.InvalidInput as exc:\n"
+            "    print(exc)\n")  # fmt: skip
+    done = sp.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                  env={**os.environ, "TRITON_INTERPRET": "1"})  # fmt: skip
+    assert (
+        "'tests.user_triton_autotune:affine' is a kernel of tunecache's Triton drop-in"
+        in done.stdout
+    ), done.stderr
+    assert "--tvm" not in done.stdout and "records ls --kernel" in done.stdout

@@ -182,6 +182,12 @@ def test_cli_tunes_validates_and_uploads(
     assert 1 <= len(records) <= 5  # only the validated best ones, never all 16
     assert all(r.score is not None and r.score > 0 for r in records)
     assert workloads and workloads[0].value["script_sha"] == workload_key(mod)
+    # Its lines count from the command's start, every phase (the clock restarted at each), and
+    # the search names its count from its first line ("searching (still working)" for 25 s)
+    lines = [line for line in tuned.stderr.splitlines() if re.match(r"^ *[0-9.]+s tvm ", line)]
+    stamps = [float(line.split("s tvm ")[0]) for line in lines]
+    assert stamps == sorted(stamps), tuned.stderr
+    assert all("/16]" in line for line in lines if " searching " in line), tuned.stderr
 
 
 @pytest.mark.slow

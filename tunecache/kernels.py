@@ -269,10 +269,25 @@ _KINDS = {
 }
 
 
+def triton_kind(found: Any) -> str | None:
+    """What Triton kernel object ``found`` is (one of the drop-in's, or Triton's own), or
+    ``None`` when it is none."""
+    module = type(found).__module__
+    if module.startswith("tunecache.triton"):
+        return "a kernel of tunecache's Triton drop-in (tunecache.triton.autotune)"
+    if module.partition(".")[0] == "triton":
+        return f"a Triton kernel ({type(found).__name__})"
+    return None
+
+
 def _not_a_kernel(name: str, found: Any) -> str:
     """Why ``name`` names no kernel, with the form of ``tune`` a function or module takes."""
     module, _, qualname = name.partition(":")
     file = f"{module.replace('.', '/')}.py:{qualname}"
+    if (triton := triton_kind(found)) is not None:  # it said: tune it with --tvm, --torch
+        return (f"{name!r} is {triton}: it has no key of its own (the drop-in keys each launch "
+                "by its arguments, dtypes included, and looks itself up as it launches); list "
+                f"its records with `tunecache records ls --kernel {name} --all`")  # fmt: skip
     if isinstance(found, type) and any(c.__name__ == "Workload" for c in found.__mro__[1:]):
         return (
             f"{name!r} is a Workload subclass that declares no kernel: set its params, "

@@ -146,6 +146,24 @@ def _nobody_there(exc: ServerError) -> str:
     return ""
 
 
+def _token_refused(exc: ServerError, args: argparse.Namespace) -> str:
+    """A hint naming the token and the server where a server refused the token (401: "the
+    token is not known to this server" named neither)."""
+    if exc.status_code != 401 or exc.foreign or "$TUNECACHE_TOKEN" in str(exc):
+        return ""
+    from tunecache.settings import Settings
+    from tunecache_cli.args import server_url
+
+    try:
+        url = server_url(args) if hasattr(args, "server") else "the server"
+    except InvalidInput:
+        url = "the server"
+    if not Settings.from_env(with_url=False).token:
+        return f" ($TUNECACHE_TOKEN is unset; {url} asks for one)"
+    return (f" (the token in $TUNECACHE_TOKEN, sent to {url}: `tunecache token create` makes one "
+            "that server knows)")  # fmt: skip
+
+
 def server_exit(exc: ServerError) -> int:
     """The exit code of a server's error, as docs/cli.md gives them: 3 unreachable, unavailable
     (503: busy, or its database down; 429: over its rate limit: both say try again) or an answer
@@ -194,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ServerError as exc:  # what a server said, on one line
         from tunecache_cli.table import shown
 
-        print(f"tunecache: error: {shown(str(exc))}{_nobody_there(exc)}", file=sys.stderr)
+        hint = _nobody_there(exc) or _token_refused(exc, args)
+        print(f"tunecache: error: {shown(str(exc))}{hint}", file=sys.stderr)
         return server_exit(exc)
     except TuningError as exc:
         print(f"tunecache: tuning failed: {exc}", file=sys.stderr)

@@ -132,8 +132,9 @@ def token_hint(scope: Scope) -> str:
     401 on the local default, where ``--db`` (the server's own database) is what works."""
     return (
         f"make one: `tunecache token create --db --name NAME --scope {scope}` on the "
-        "server's machine, or the same without --db anywhere, with an admin token in "
-        "$TUNECACHE_TOKEN"
+        "server's machine (`--db URL` where the server was started with `--db URL`: bare, "
+        "--db is the default database, another server's), or the same without --db anywhere, "
+        "with an admin token in $TUNECACHE_TOKEN"
     )
 
 
@@ -217,7 +218,7 @@ def refuse_triton_object(ref: str | None) -> None:
         InvalidInput: ``ref`` (``module:name``) is a kernel of the Triton drop-in
             (``tunecache.triton.autotune``) or of Triton itself, naming it as written.
     """
-    from tunecache.kernels import load_ref
+    from tunecache.kernels import load_ref, triton_kind
 
     if ref is None or ":" not in ref:
         return
@@ -225,12 +226,7 @@ def refuse_triton_object(ref: str | None) -> None:
         found = load_ref(ref)  # imported already by the failed key: no second import
     except InvalidInput:
         return
-    module = type(found).__module__
-    if module.startswith("tunecache.triton"):
-        what = "a kernel of tunecache's Triton drop-in (tunecache.triton.autotune)"
-    elif module.partition(".")[0] == "triton":
-        what = f"a Triton kernel ({type(found).__name__})"
-    else:
+    if (what := triton_kind(found)) is None:
         return
     raise InvalidInput(
         f"{ref} is {what}: the CLI does not look Triton kernels up by their Python object (the "

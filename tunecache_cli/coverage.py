@@ -56,9 +56,11 @@ def manifest_states(
     """
     from tunecache.client import Client
     from tunecache_cli.pretune import all_jobs
+    from tunecache_cli.progress import asking
 
     keys = manifest.keys if keys is None else keys
-    with Client(url, policy=manifest.policy) as client, Client(url, policy="any") as anyway:
+    with (Client(url, policy=manifest.policy) as client, Client(url, policy="any") as anyway,
+          asking("coverage", url)):  # fmt: skip
         jobs = all_jobs(client)
         return [(key, state_of(key, client, anyway, jobs)) for key in keys]
 

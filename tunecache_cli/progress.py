@@ -70,12 +70,13 @@ def hush(hushed: bool = True) -> None:
 
 
 @contextlib.contextmanager
-def working(label: str, message: str, phase: str = "search", *,
-            live: bool | None = None) -> Iterator[ProgressPrinter]:  # fmt: skip
+def working(label: str, message: str, phase: str = "search", *, live: bool | None = None,
+            since: float | None = None) -> Iterator[ProgressPrinter]:  # fmt: skip
     """A phase with no steps of its own to count (importing, compiling, checking): nothing if
     it ends within :data:`HEARTBEAT_SECONDS` (bad input stays one line), else a line saying
-    what it is doing at least that often until it ends (``live``: :class:`ProgressPrinter`'s)."""
-    with ProgressPrinter(label, live=live) as printer:
+    what it is doing at least that often until it ends (``live``, ``since``:
+    :class:`ProgressPrinter`'s)."""
+    with ProgressPrinter(label, live=live, since=since) as printer:
         printer.expect(Progress(0, 0, message=message, phase=phase))
         yield printer
 

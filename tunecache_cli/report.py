@@ -67,6 +67,7 @@ def _report(args: argparse.Namespace, out: Path) -> int:
     from tunecache.client import Client
     from tunecache.report import build, collect, grid
     from tunecache.report.series import MAX_CONVERGENCE_KEYS
+    from tunecache_cli.progress import asking
 
     build.require_matplotlib()
     manifest = None
@@ -76,7 +77,7 @@ def _report(args: argparse.Namespace, out: Path) -> int:
         manifest = load_manifest(args.manifest)
     url = server_url(args)
     filters = {"kernel": args.kernel, "backend": args.backend, "device_arch": args.device_arch}
-    with Client(url) as client:
+    with Client(url) as client, asking("report", url):
         records = collect.fetch_records(client, **filters)
         if not records:
             named = ", ".join(f"{k}={v}" for k, v in filters.items() if v is not None)

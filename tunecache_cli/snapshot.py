@@ -62,11 +62,12 @@ def _filters(args: argparse.Namespace) -> SnapshotFilters:
 def run_export(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache.snapshot import save_snapshot
+    from tunecache_cli.progress import asking
 
     filters = _filters(args)
     output_file("-o", args.output)  # its folder exists: said before the server is asked
     url = server_url(args)
-    with Client(url) as client:
+    with Client(url) as client, asking("snapshot export", url):
         document, etag = client.export_snapshot(
             filters.device_arch,
             device_name=filters.device_name,
@@ -88,10 +89,11 @@ def run_export(args: argparse.Namespace) -> int:
 def run_import(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache.snapshot import load_snapshot
+    from tunecache_cli.progress import asking
 
     snapshot = load_snapshot(args.file)
     url = server_url(args)
-    with Client(url) as client:
+    with Client(url) as client, asking("snapshot import", url):
         result = client.import_snapshot(snapshot)
     print(
         f"imported {result['imported']} records from {args.file} into {url}: "

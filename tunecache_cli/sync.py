@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache.http import Timeout
     from tunecache.snapshot import load_snapshot, save_snapshot, snapshot_etag
+    from tunecache_cli.progress import asking
 
     if not (math.isfinite(args.timeout) and args.timeout > 0):
         raise InvalidInput(f"--timeout must be a positive number of seconds, not {args.timeout:g}")
@@ -88,7 +89,9 @@ def run(args: argparse.Namespace) -> int:
             held = snapshot_etag(load_snapshot(path).records)
         except InvalidInput:
             held = None  # a corrupt file is replaced
-    with Client(server_url(args), timeout=Timeout(write=args.timeout)) as client:
+    url = server_url(args)
+    with (Client(url, timeout=Timeout(write=args.timeout)) as client,
+          asking("sync", url, args.timeout)):  # fmt: skip
         document, etag = client.export_snapshot(arch, if_none_match=held)
     if document is None:
         print(f"{path} is up to date ({arch}, ETag {shown(etag)})")

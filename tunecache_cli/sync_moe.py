@@ -59,6 +59,7 @@ MAX_PAGES = 200  # requests of a page each: far more than every preset's shapes 
 def write_folder(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache.http import Timeout
+    from tunecache_cli.progress import asking
 
     if args.arch:
         raise InvalidInput("--arch goes with a snapshot; with --format vllm-moe, name --device")
@@ -66,7 +67,9 @@ def write_folder(args: argparse.Namespace) -> int:
         raise InvalidInput("--format vllm-moe needs -o DIR, the folder to write the files in")
     devices = [EngineDevice.named(d) for d in args.device] if args.device else [_this_gpu()]
     folder = output_dir(args.output)  # made only once the command is known to be good
-    with Client(server_url(args), timeout=Timeout(write=args.timeout)) as client:
+    url = server_url(args)
+    with (Client(url, timeout=Timeout(write=args.timeout)) as client,
+          asking("sync", url, args.timeout)):  # fmt: skip
         winners = _winners(client, args.timeout)
         imported = {d: client.get_artifacts(NAMESPACE, d.name, timeout=args.timeout) if
                     "imported" in args.accept else [] for d in devices}  # fmt: skip

@@ -118,8 +118,10 @@ def _tokens(args: argparse.Namespace, *, create: bool = False) -> Iterator[Any]:
                            "in a database, not both")  # fmt: skip
     if args.db is None:
         from tunecache.client import Client
+        from tunecache_cli.progress import asking
 
-        with Client(server_url(args)) as client:
+        url = server_url(args)
+        with Client(url) as client, asking(f"token {args.action}", url):
             yield client
         return
     from sqlalchemy.exc import SQLAlchemyError

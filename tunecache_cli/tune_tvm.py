@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     file_of("--tvm", args.tvm)  # a mistyped path said before TVM's import (seconds)
     mod, target, reference = _loaded(args.tvm)
     from backends.tvm.database import best_records, database_dir, open_database
-    from tunecache_cli.progress import working
+    from tunecache_cli.progress import command_start, working
     from tunecache_cli.push import push_before
     from tuner.tune import default_workdir
 
@@ -77,7 +77,12 @@ def run(args: argparse.Namespace) -> int:
     outcome, seconds = _search(mod, target, budget, workdir, args.tvm)
     records = best_records(open_database(workdir, target), mod, RANKED)
     tolerance = _tolerance(reference)
-    with working(f"tvm {args.tvm}", f"checking the {len(records)} best schedules", "validate"):
+    with working(
+        f"tvm {args.tvm}",
+        f"checking the {len(records)} best schedules",
+        "validate",
+        since=command_start(),
+    ):
         checked = [_check(reference, mod, record, target) for record in records]
     passed = [c for c in checked if c.passed(tolerance)]
     if not passed:
@@ -89,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
     ok = sum(t.status == "ok" for t in outcome.trials)
     print(f"tvm {args.tvm}: target {target}")
     print(f"trials: {len(outcome.trials)} measured, {ok} ran, in {seconds:.1f} s")
-    with working(f"tvm {args.tvm}", "the best against the default schedule", "time"):
+    with working(
+        f"tvm {args.tvm}", "the best against the default schedule", "time", since=command_start()
+    ):
         versus = _compare_speed(reference, passed[0])
     own = own_times(outcome.trials)
     _report_speed(versus, passed[0], own, outcome.best_ms)
@@ -109,9 +116,11 @@ def run(args: argparse.Namespace) -> int:
 def _loaded(spec: str) -> tuple[Any, Any, Any]:
     """The module, the host target and the float64 reference (before tuning: a broken module
     fails fast), said while TVM loads (seconds: the run was silent 8.7 s from its start)."""
-    from tunecache_cli.progress import working
+    from tunecache_cli.progress import command_start, working
 
-    with working(f"tvm {spec}", "loading TVM, the module and its float64 reference"):
+    with working(
+        f"tvm {spec}", "loading TVM, the module and its float64 reference", since=command_start()
+    ):
         from backends.tvm.golden import Reference, require_fixed_shapes
         from tunecache.tvm.load import load_module
         from tunecache.tvm.target import host_target
@@ -126,6 +135,7 @@ def _search(
     mod: IRModule, target: dict[str, Any], budget: Any, workdir: Any, label: str
 ) -> tuple[Any, float]:
     """MetaSchedule on ``mod`` into the local JSON database; the outcome and its seconds."""
+    from backends.base import Progress
     from backends.tvm.intrin import cpu_intrinsics_only
     from backends.tvm.search import tune
     from tunecache.tvm.target import host_cores
@@ -136,6 +146,8 @@ def _search(
         cpu_intrinsics_only(),
         ProgressPrinter(f"tvm {label}", seconds=budget.seconds, since=command_start()) as progress,
     ):
+        if budget.trials:  # its first batch takes seconds (was "searching (still working)")
+            progress.expect(Progress(0, budget.trials, None, "meta_schedule: the first batch"))
         outcome = tune(mod, target, budget, workdir=workdir, cores=host_cores(),
                        progress=progress)  # fmt: skip
     return outcome, time.monotonic() - started
