@@ -210,3 +210,21 @@ def test_a_clock_change_within_its_rounding_is_no_noise() -> None:
     assert timing.model_copy(update={"conditions": changed}).figures_noise(cuda=False) == [
         "CPU clock 1000->1102 MHz"
     ]
+
+
+def test_a_negative_zero_is_stored_and_shown_as_zero(server: LiveServer) -> None:
+    """-0.0 passes ``ge=0``: a record read "max rel error -0.00e+00" and "tuned in -0.0 s"."""
+    data = body(make_record(make_key(m=71)))
+    data["validation"]["max_rel_error"] = -0.0
+    data["validation"]["checks"][0]["rel_error"] = -0.0
+    data["search"]["seconds"] = -0.0
+    data["timing"]["iqr_ms"] = -0.0
+    answer = upload(server, data)
+    assert answer.status_code == 201, answer.text
+    record_id = answer.json()["record_id"]
+    shown = cli(server, "records", "show", str(record_id))
+    assert shown.returncode == 0, shown.stderr
+    assert "max rel error 0.00e+00" in shown.stdout and "tuned in 0.0 s" in shown.stdout
+    assert "-0.0" not in shown.stdout, shown.stdout
+    stored = httpx.get(f"{server.url}/v1/records/{record_id}", headers=AUTH, timeout=30).text
+    assert "-0.0" not in stored, stored

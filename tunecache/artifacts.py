@@ -25,7 +25,7 @@ from pydantic import Field, field_validator, model_validator
 from tunecache.canonical import check_json_size
 from tunecache.configcheck import artifact_problem
 from tunecache.schemas import MAX_CONFIG_BYTES, MAX_ID, Line, _Strict
-from tunecache.strict import Utc
+from tunecache.strict import UNSIGNED, Utc
 from tunecache.vllm_moe import NAMESPACE, imported_name_problem
 
 Namespace = Literal[
@@ -43,7 +43,7 @@ MAX_VALUE_BYTES = MAX_CONFIG_BYTES
 Partition = Annotated[Line, Field(min_length=1, max_length=256)]
 ArtifactKey = Annotated[Line, Field(min_length=1, max_length=256)]
 Item = Annotated[Line, Field(max_length=128)]
-Score = Annotated[float, Field(strict=True, ge=0, lt=1e12, allow_inf_nan=False)]
+Score = Annotated[float, Field(strict=True, ge=0, lt=1e12, allow_inf_nan=False), UNSIGNED]
 
 
 class ArtifactIn(_Strict):

@@ -8,13 +8,13 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StrictBool, ValidationInfo, model_validator
 
 from tunecache.conditions import THROTTLE_REASONS, Reading, noise
-from tunecache.strict import INTEGRAL, SERVED, STORED, Line, Millis, Strict
+from tunecache.strict import INTEGRAL, SERVED, STORED, UNSIGNED, Line, Millis, Strict
 
-Mhz = Annotated[float, Field(strict=True, ge=0, lt=1e6, allow_inf_nan=False)]
+Mhz = Annotated[float, Field(strict=True, ge=0, lt=1e6, allow_inf_nan=False), UNSIGNED]
 # Shown on terminals as they are: one line of printable text (no escape sequences).
 NoiseReason = Annotated[Line, Field(min_length=1, max_length=120)]
 Throttle = Literal[THROTTLE_REASONS]  # type: ignore[valid-type]
-Cores = Annotated[float, Field(strict=True, ge=0, lt=1e5, allow_inf_nan=False)]
+Cores = Annotated[float, Field(strict=True, ge=0, lt=1e5, allow_inf_nan=False), UNSIGNED]
 MAX_NOISE_REASONS = 8
 
 
@@ -66,7 +66,7 @@ class TimingModel(Strict):
     median_ms: Millis
     min_ms: Millis
     max_ms: Millis
-    iqr_ms: Annotated[float, Field(strict=True, ge=0, lt=1e9, allow_inf_nan=False)] = 0.0
+    iqr_ms: Annotated[float, Field(strict=True, ge=0, lt=1e9, allow_inf_nan=False), UNSIGNED] = 0.0
     # Up to max_repeats samples of up to 1e6 batched calls each (tunecache.timing).
     repeats: Annotated[int, Field(strict=True, ge=1, le=1_000_000_000), INTEGRAL]
     warmup: Annotated[int, Field(strict=True, ge=0, le=1_000_000), INTEGRAL] = 0

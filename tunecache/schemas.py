@@ -52,7 +52,7 @@ from tunecache.measured import Speedup as Speedup
 from tunecache.measured import TimingModel as TimingModel
 from tunecache.problem import MAX_PARAMS, foreign_params
 from tunecache.strict import INTEGRAL as INTEGRAL
-from tunecache.strict import SERVED, Utc
+from tunecache.strict import SERVED, UNSIGNED, Utc
 from tunecache.strict import STORED as STORED
 from tunecache.strict import Line as Line
 from tunecache.strict import Millis as Millis
@@ -73,7 +73,7 @@ MAX_TRIAL_ERROR = 2048  # characters of a trial's error
 
 ShortText = Annotated[Text, Field(max_length=512)]
 # A relative or absolute error: any size a broken kernel produces, but a number.
-Error = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+Error = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False), UNSIGNED]
 # A relative-error bound: 1.0 (100 %) already lets anything of the right magnitude through.
 Tolerance = Annotated[float, Field(strict=True, gt=0, le=1.0, allow_inf_nan=False)]
 RecordId = Annotated[int, Field(strict=True, ge=1, le=MAX_ID), INTEGRAL]
@@ -188,7 +188,9 @@ class SearchModel(_Strict):
     strategy: Annotated[Line, Field(max_length=64)]
     trials: Annotated[int, Field(strict=True, ge=0, le=10_000_000), INTEGRAL]
     # The tune's (the tuner's: search, re-timing, validation, baselines; Triton's: its bench).
-    seconds: Annotated[float, Field(strict=True, ge=0, le=MAX_SEARCH_SECONDS, allow_inf_nan=False)]
+    seconds: Annotated[
+        float, Field(strict=True, ge=0, le=MAX_SEARCH_SECONDS, allow_inf_nan=False), UNSIGNED
+    ]
 
 
 class Provenance(_Strict):

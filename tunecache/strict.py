@@ -38,6 +38,8 @@ from tunecache.canonical import integral
 from tunecache.jsonsafe import json_problem, storable_text
 
 INTEGRAL = BeforeValidator(integral)  # 14.0 is the integer 14, as in JSON Schema
+# -0.0 is 0 (it passes ge=0, and a record read "max rel error -0.00e+00", "tuned in -0.0 s")
+UNSIGNED = AfterValidator(lambda value: value + 0.0)
 # A time of at least a nanosecond: no kernel launches faster, and ratios of times stay finite.
 Millis = Annotated[float, Field(strict=True, ge=1e-6, lt=1e9, allow_inf_nan=False)]
 
