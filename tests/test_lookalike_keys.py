@@ -103,3 +103,23 @@ def test_listings_name_the_source_where_a_kernels_code_differs(server: LiveServe
     html = httpx.get(f"{server.url}/", headers=AUTH, timeout=30).text
     assert ">teampkg.ops:Gemm (source 012345678)<" in html
     assert ">teampkg.ops:Gemm (source 01234567f)<" in html and ">teampkg.ops:Other<" in html
+
+
+def test_a_device_name_no_client_makes_is_quoted_on_the_dashboard(server: LiveServer) -> None:
+    """Every client's key holds a normalised device name (``h100-80gb-hbm3``); an uploader's
+    ``NVIDIA Н100 80GB HBM3`` (a Cyrillic letter, a trailing space, spaces HTML collapses) read
+    as the real H100's: it is shown quoted in ASCII, as JSON writes it."""
+    import dataclasses
+
+    honest = dataclasses.replace(_key(64), device=dataclasses.replace(CPU, name="h100-80gb-hbm3"))
+    named = "NVIDIA \u041d100 80GB  HBM3 "
+    spoofed = dataclasses.replace(_key(65), device=dataclasses.replace(CPU, name=named))
+    with Client(server.url, token=AUTH["Authorization"].removeprefix("Bearer ")) as client:
+        client.upload(make_record(honest))
+        record_id = client.upload(make_record(spoofed)).record_id
+    html = httpx.get(f"{server.url}/", headers=AUTH, timeout=30).text
+    assert ">h100-80gb-hbm3 <" in html  # as it is
+    quoted = "&#34;NVIDIA \\u041d100 80GB  HBM3 &#34;"
+    assert quoted in html and "\u041d" not in html
+    page = httpx.get(f"{server.url}/ui/records/{record_id}", headers=AUTH, timeout=30).text
+    assert quoted in page and "\u041d" not in page

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -159,6 +160,21 @@ class Key:
         as :func:`problem_text` shows it."""
         return (f"{self.kernel}[{problem_text(self.problem)}] {self.dtype} {self.backend} "
                 f"{self.device.arch}")  # fmt: skip
+
+
+_DEVICE_NAME = re.compile(r"[a-z0-9.]+(?:-[a-z0-9.]+)*")
+
+
+def device_text(name: str) -> str:
+    """A device's name as shown: as it is where :func:`tunecache.device.normalise_name` could
+    have made it (every client's key and verifier holds such a name), else quoted in ASCII as
+    JSON writes it: an uploader's ``"NVIDIA \u041d100 80GB HBM3 "`` (a Cyrillic letter, a
+    trailing space) read as the H100's own on the dashboard.
+
+    >>> device_text("h100-80gb-hbm3"), device_text("NVIDIA H100 ")
+    ('h100-80gb-hbm3', '"NVIDIA H100 "')
+    """
+    return name if _DEVICE_NAME.fullmatch(name) else json.dumps(name)
 
 
 def problem_text(problem: Mapping[str, Any], sep: str = ",") -> str:

@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse
 from jinja2 import DictLoader, Environment, StrictUndefined
 
 from tunecache import __version__, trialcount
-from tunecache.key import problem_text
+from tunecache.key import device_text, problem_text
 from tunecache.measured import TimingModel
 from tunecache.schemas import RecordCreate
 from tunecache.timing import conditions_text, versus
@@ -97,7 +97,7 @@ def _environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters.update(ms=ms, vs=vs, spread=spread, conditions=conditions_text, sci=sci, when=when,
-                       pretty=pretty, shape=shape, trust=trust_text,
+                       pretty=pretty, shape=shape, trust=trust_text, device=device_text,
                        trials=trialcount.count_text)  # fmt: skip
     env.tests["past"] = past
     env.globals["version"] = __version__
