@@ -116,7 +116,8 @@ def unclaimed_hint(manifest: Any, hashes: list[str]) -> str:
     kernels = f" --kernels {','.join(manifest.packages)}" if manifest.packages else ""
     runs = " and ".join(f"`tunecache daemon --device {d}{kernels}`" for d in devices)
     where = " on a machine with a GPU" if "cuda" in devices else ""
-    return f"no worker has claimed any of these jobs yet: start one with {runs}{where}; waiting"
+    return (f"no worker has claimed any of these jobs yet: start one with {runs}{where}; waiting "
+            "(Ctrl-C stops waiting, the jobs stay queued)")  # fmt: skip
 
 
 def follow(client: Any, hashes: list[str], poll: float = 2.0, *, hint: str = "",
