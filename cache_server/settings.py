@@ -200,7 +200,8 @@ class ServerSettings(BaseSettings):
                 return "postgresql+psycopg://" + value.removeprefix(plain)
         if not value.startswith(("sqlite://", "postgresql+psycopg://")):
             shown = without_userinfo(value)  # never a password in a message
+            file = "" if "://" in value else f" (a SQLite file: sqlite:///{value})"
             raise ValueError(
-                f"database URL {shown!r} must be sqlite://, postgresql:// or postgres://"
+                f"database URL {shown!r} must be sqlite://, postgresql:// or postgres://{file}"
             )
         return value

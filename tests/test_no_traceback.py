@@ -28,6 +28,7 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["serve", "--db", "sqlite:////proc/tunecache.db"], 2, "cannot open"),
     (["serve", "--db", "sqlite:///{tmp}/c.db", "--port", "{busy}"], 2, "cannot listen on"),
     (["serve", "--port", "70000"], 2, "bad server setting: --port: "),
+    (["serve", "--db", "{tmp}/c.db"], 2, "postgres:// (a SQLite file: sqlite:///{tmp}/c.db)"),
     (
         [
             "token",

@@ -588,6 +588,7 @@ def test_validation_fails_wrong_and_unwritten_outputs(kernels: Path) -> None:
 # -- tune --tvm: bad input is one line and exit 2 --------------------------------------------
 BAD_TVM = [
     ("{dir}/missing.py:matmul_bias", "no Python file"),
+    ("{bare}:matmul_bias", "no Python file '{bare}' (did you mean {kernels}:matmul_bias?)"),
     ("{kernels}", "wants FILE.py:NAME"),
     ("{kernels}:", "wants FILE.py:NAME"),
     ("{kernels}:nothing_here", "has no 'nothing_here'"),
@@ -603,7 +604,9 @@ def test_tune_tvm_bad_input_is_one_line(
 ) -> None:
     broken = tmp_path / "broken.py"
     broken.write_text("def f(:\n    pass\n")
-    spec = spec.format(dir=tmp_path, kernels=kernels, broken=broken)
+    bare = kernels.with_suffix("")  # "user_kernels:f" for "user_kernels.py:f"
+    spec = spec.format(dir=tmp_path, kernels=kernels, broken=broken, bare=bare)
+    message = message.format(kernels=kernels, bare=bare)
     code = cli_main(["tune", "--tvm", spec, "--trials", "2", "--no-upload"])
     err = capsys.readouterr().err
     assert code == 2

@@ -44,7 +44,11 @@ def file_of(flag: str, spec: str) -> tuple[Path, str]:
         raise InvalidInput(f"{flag} wants FILE.py:NAME (e.g. model.py:Model), not {spec!r}")
     path = Path(path_text)
     if path.suffix != ".py" or not path.is_file():
-        raise InvalidInput(f"{flag}: no Python file {path_text!r}")
+        typed = path.with_name(path.name + ".py")
+        hint = (
+            f" (did you mean {typed}:{name}?)" if path.suffix != ".py" and typed.is_file() else ""
+        )
+        raise InvalidInput(f"{flag}: no Python file {path_text!r}{hint}")
     try:  # compiled, not run: a file that is not Python is said before seconds of imports
         compile(path.read_bytes(), str(path), "exec", dont_inherit=True)
     except (SyntaxError, ValueError, OSError) as exc:
