@@ -114,3 +114,30 @@ def test_ctrl_c_stops_a_tune_at_once_and_says_so_last(tmp_path: Path) -> None:
     after = [line for when, line in lines[:-1] if when >= sent]
     assert after == [], f"progress after the Ctrl-C (ended {took:.1f} s after it): {after}"
     assert took < BOUND_S, f"ended {took:.1f} s after the Ctrl-C\n{err}"
+
+
+def test_a_tune_that_inherits_ctrl_c_ignored_keeps_ignoring_it(tmp_path: Path) -> None:
+    """A background job of a script inherits SIGINT ignored: MetaSchedule's search installed a
+    handler of its own, and a SIGINT meant for the script's foreground stopped the tune (130)."""
+    from tests.test_tvm_database import KERNELS
+
+    (tmp_path / "user_kernels.py").write_text(KERNELS)
+    argv = ["tune", "--tvm", "user_kernels.py:matmul_bias", "--trials", "8", "--no-upload"]
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # inherited by the child
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "tunecache_cli", *argv], cwd=tmp_path,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "c")})  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        assert process.stderr is not None
+        heard = next((line for line in process.stderr if "searching [" in line), None)
+        assert heard is not None, process.communicate(timeout=300)
+        process.send_signal(signal.SIGINT)  # in the search: ignored, as the shell asked
+        out, err = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err
+    assert "trials: 8 measured" in out and "interrupted" not in err

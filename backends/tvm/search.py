@@ -98,8 +98,12 @@ def _interrupt_stops(recorder: _Recorder, pools: list[WarmPool]) -> Iterator[Non
     """For the block, Ctrl-C stops the search at MetaSchedule's next step instead of raising
     inside TVM's C++ (which crashed the process: a segfault, or ``'NoneType' object has no
     attribute 'kill'``), and is raised once MetaSchedule has returned; a second Ctrl-C raises at
-    once. Only in the main thread (where Python delivers signals)."""
-    if threading.current_thread() is not threading.main_thread():
+    once. Only in the main thread (where Python delivers signals), and where Ctrl-C is not
+    ignored (a background job of a script inherits SIGINT ignored: installing a handler made the
+    tune stop at a signal meant for the script's foreground)."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    ):
         yield
         return
 
