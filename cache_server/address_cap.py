@@ -41,7 +41,8 @@ class AddressCap:
 
     def __init__(self, limit: int, total: int | None = None) -> None:
         self.limit = limit
-        self.total = connections_limit() if total is None else total
+        most = connections_limit()  # the open-file limit raised: a total given never passes it
+        self.total = most if total is None else min(total, most)
         self._open: Counter[str] = Counter()
         self._held = 0  # the sum of _open and _lingering: every counted descriptor
         self._lingering: Counter[str] = Counter()

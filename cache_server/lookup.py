@@ -50,10 +50,10 @@ def find_winner(
     own there.
     """
     table = winner_table(serving)
-    if (
-        policy == "strict"
-        and (hit := get_winner(session, key_hash=key.digest(), table=table)) is not None
-    ):
+    # The key's own winner first, whatever the version policy: its environment is the key's, so
+    # every policy admits it, and no rule ranks before it (a compatible lookup of a tuned key
+    # ranked its whole bucket, and could be refused where the bucket was large)
+    if (hit := get_winner(session, key_hash=key.digest(), table=table)) is not None:
         return hit, "exact"
     wanted = key.model_dump(mode="json", by_alias=True)
     asked = {"bucket_hash": bucket_digest(wanted)}

@@ -284,8 +284,9 @@ def test_cli_bootstraps_on_the_database_then_manages_through_the_server(
         assert admin not in listed.stdout and writer.stdout.strip() not in listed.stdout
         unknown = tunecache("records", "ls", *server, env={"TUNECACHE_TOKEN": "tc_unknown"})
         assert unknown.returncode == 4 and "401" in unknown.stderr  # names the token and server
-        assert (f"(the token in $TUNECACHE_TOKEN, sent to {live.url}: `tunecache token create` "
-                "makes one that server knows)") in unknown.stderr, unknown.stderr  # fmt: skip
+        assert (f"(the token in $TUNECACHE_TOKEN, sent to {live.url}: make one it knows on its "
+                "machine, `tunecache token create --db [URL] --name NAME --scope SCOPE`, URL its "
+                "--db)") in unknown.stderr, unknown.stderr  # fmt: skip
         as_writer = {"TUNECACHE_TOKEN": writer.stdout.strip()}
         refused = tunecache("token", "list", *server, env=as_writer)
         assert (

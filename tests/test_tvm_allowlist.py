@@ -121,6 +121,10 @@ HOSTILE: list[tuple[str, list[Any], str]] = [
                              + [["Split", [f"l{2 * i}", "None", 1], [True, False],
                                  [f"l{2 * i + 2}", f"l{2 * i + 3}"]] for i in range(257)], []],
      "trace adds 514 loops (Split, AddUnitLoop), over 512"),
+    ("reorders without bound", [[["GetSBlock", [], ["C", "main"], ["b0"]],
+                                 ["GetLoops", ["b0"], [], ["l1", "l2", "l3"]]]
+                                + [["Reorder", ["l3", "l2", "l1"], [], []]] * 342, []],
+     "trace reorders or fuses 1026 loops (Reorder, Fuse), over 1024"),
     ("sampling without its decision", [BASE_TRACE[0], [[4, [2, 1, 16, 4]]]],
      "trace[0][9] (SampleCategorical): a sampling instruction without its decision"),
     ("no decisions at all", [BASE_TRACE[0], []],

@@ -264,7 +264,7 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
                 return parse(LookupResponse, response, "/v1/lookup",  # says what is not tunecache
                              max_containers=LOOKUP_ANSWER_CONTAINERS)  # fmt: skip
         except httpx.TimeoutException as exc:  # "ReadTimeout: timed out" named no bound
-            said = f"no answer within {seconds:g} s (a lookup's timeout; TUNECACHE_TIMEOUT sets it)"
+            said = f"no answer within {seconds:g} s (the lookup's timeout)"
             raise ServerError(f"lookup at {self.url} timed out: {said}") from exc
         except (httpx.HTTPError, ValidationError, ValueError) as exc:
             raise ServerError(f"lookup at {self.url} failed: {type(exc).__name__}: {exc}"

@@ -160,8 +160,10 @@ def _token_refused(exc: ServerError, args: argparse.Namespace) -> str:
         url = "the server"
     if not Settings.from_env(with_url=False).token:
         return f" ($TUNECACHE_TOKEN is unset; {url} asks for one)"
-    return (f" (the token in $TUNECACHE_TOKEN, sent to {url}: `tunecache token create` makes one "
-            "that server knows)")  # fmt: skip
+    make = "`tunecache token create --db [URL] --name NAME --scope SCOPE`, URL its --db"
+    return (
+        f" (the token in $TUNECACHE_TOKEN, sent to {url}: make one it knows on its machine, {make})"
+    )
 
 
 def server_exit(exc: ServerError) -> int:

@@ -85,7 +85,7 @@ STATIC = ("/ui/static/", "/ui/swagger/")
 STATIC_SLOTS = 4
 STATIC_WAIT = 1.0  # seconds a static file may wait for one of its slots
 SMOOTHING = 0.1  # weight of the newest request in the moving average of request times
-RANKING_SLOTS = 2  # lookups ranking a large bucket (see LoadShedding.move), at once
+RANKING_SLOTS = 2  # lookups ranking a large bucket (see LoadShedding.move) at once, at least
 MOVE = "tunecache.move"  # in a request's scope["state"]: moves it to the ranking lane
 # The longest one ``send`` may wait for the client to read: 64 KiB (a static file's chunk) in
 # that long is 2 KiB/s, slower than any client that means to read its answer.
@@ -369,7 +369,7 @@ class LoadShedding:
                       (static, _Lane(STATIC_SLOTS, STATIC_WAIT, "static file")),
                       (listing, _Lane(LISTING_SLOTS, LISTING_WAIT, "listing",
                                       big=True))]  # fmt: skip
-        self.ranking = _Lane(RANKING_SLOTS, max_wait, "bucket ranking")
+        self.ranking = _Lane(max(RANKING_SLOTS, max_in_flight), max_wait, "bucket ranking")
 
     def lane(self, scope: dict[str, Any]) -> _Lane:
         """The lane ``scope`` is admitted in."""

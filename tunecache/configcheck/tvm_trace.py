@@ -41,7 +41,8 @@ and CUDA targets, each instruction checked for its inputs and attributes:
   it, factors that do not divide the loop read and write past the buffers);
 - **size**: at most :data:`MAX_INSTRUCTIONS` instructions, of which at most :data:`MAX_STAGES`
   add a block (``CacheRead``, ``CacheWrite``, ``RFactor``, ``DecomposeReduction``) and which add
-  at most :data:`MAX_LOOPS` loops (a ``Split``'s outputs, ``AddUnitLoop``): each of these makes
+  at most :data:`MAX_LOOPS` loops (a ``Split``'s outputs, ``AddUnitLoop``), and whose
+  ``Reorder`` and ``Fuse`` name at most :data:`MAX_MOVES` loops in all: each of these makes
   every later rewrite and the build slower, and 1,000 chained ``CacheRead`` of one buffer (each
   allowed, 52 KB of JSON) made one ``compile_tir`` replay and build for 44 s; MetaSchedule's own
   traces add a few blocks and loops per block;
@@ -69,10 +70,12 @@ from tunecache.problem import describe
 
 MAX_INSTRUCTIONS: Final = 4096
 # At each bound a chain of them (the slowest: each rewrite of the last) replays and builds in
-# 0.2 s on this project's CPUs; MetaSchedule's traces of the built-in and test kernels add at most
-# 6 blocks and 13 loops (llvm and CUDA).
+# 0.2 s on this project's CPUs, all three at theirs a record's check takes 0.4 s; MetaSchedule's
+# traces of the built-in and test kernels add at most 6 blocks and 13 loops and name 24 in
+# Reorder and Fuse (llvm and CUDA; a fused conv, attention and conv3d: 12 blocks, 35 loops).
 MAX_STAGES: Final = 128  # instructions adding a block
 MAX_LOOPS: Final = 512  # loops added (Split outputs, AddUnitLoop)
+MAX_MOVES: Final = 1024  # loops named by Reorder and Fuse: MetaSchedule's name tens
 STAGE_KINDS: Final = frozenset({"CacheRead", "CacheWrite", "RFactor", "DecomposeReduction"})
 MAX_ITEMS: Final = 256  # inputs, attributes or outputs of one instruction; list values
 MAX_UNROLL: Final = 4096  # an unroll step (MetaSchedule samples 0..1024)
@@ -432,6 +435,9 @@ def _size_problem(insts: list[Any]) -> str | None:
     loops = sum(len(inst[3]) for inst in insts if inst[0] in ("Split", "AddUnitLoop"))
     if loops > MAX_LOOPS:
         return f"trace adds {loops} loops (Split, AddUnitLoop), over {MAX_LOOPS}"
+    moves = sum(len(inst[1]) for inst in insts if inst[0] in ("Reorder", "Fuse"))
+    if moves > MAX_MOVES:  # 3,700 Reorders of 251 loops each replayed for 2.5 s
+        return f"trace reorders or fuses {moves} loops (Reorder, Fuse), over {MAX_MOVES}"
     return None
 
 
@@ -478,6 +484,7 @@ __all__ = [
     "KINDS",
     "MAX_ITEMS",
     "MAX_LOOPS",
+    "MAX_MOVES",
     "MAX_STAGES",
     "SCOPES",
     "THREAD_AXES",
