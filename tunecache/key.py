@@ -214,7 +214,9 @@ def source_labels(hashes: Iterable[str], least: int = 8) -> dict[str, str]:
     return labels
 
 
-class _Versioned(Protocol):
+class Versioned(Protocol):
+    """What names a version of a kernel's code: a :class:`Key`'s or a ``KeyModel``'s parts."""
+
     @property
     def kernel(self) -> str: ...
     @property
@@ -223,7 +225,7 @@ class _Versioned(Protocol):
     def source_hash(self) -> str: ...
 
 
-def kernel_names(keys: Sequence[_Versioned]) -> list[str]:
+def kernel_names(keys: Sequence[Versioned]) -> list[str]:
     """Each key's kernel, as a listing of ``keys`` shows it: with its source where the listing
     holds another version of that kernel's code (another source hash). Two such keys read alike,
     and neither is served for the other's code.

@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from tunecache.key import problem_text
+from tunecache.key import Versioned, problem_text
 
 
 class _HasArch(Protocol):
@@ -18,15 +18,10 @@ class _HasArch(Protocol):
     def arch(self) -> str: ...
 
 
-class KeyLike(Protocol):
-    """The parts of a key a figure shows (both ``Key`` and ``KeyModel`` have them)."""
+class KeyLike(Versioned, Protocol):
+    """The parts of a key a figure shows (both ``Key`` and ``KeyModel`` have them): its kernel,
+    source and backend (:class:`~tunecache.key.Versioned`), and these."""
 
-    @property
-    def kernel(self) -> str: ...
-    @property
-    def source_hash(self) -> str: ...
-    @property
-    def backend(self) -> str: ...
     @property
     def dtype(self) -> str: ...
     @property
