@@ -27,8 +27,9 @@ from sqlalchemy.orm import Session, aliased
 from cache_server.budget import stored_size, within
 from cache_server.db import upsert_insert
 from cache_server.models import ArtifactRow, TokenRow, utcnow
+from cache_server.quota import charge
 from tunecache.artifacts import ArtifactIn, ArtifactPublic
-from tunecache.canonical import digest
+from tunecache.canonical import canonical_json, digest
 from tunecache.configcheck import artifact_problem
 
 logger = logging.getLogger(__name__)
@@ -49,17 +50,27 @@ def artifact_digest(item: ArtifactIn, token_id: int | None) -> str:
 
 
 def put_artifacts(
-    session: Session, *, items: Sequence[ArtifactIn], uploader: TokenRow | None = None
-) -> int:
+    session: Session, *, items: Sequence[ArtifactIn], uploader: TokenRow | None = None,
+    quota: int | None = None,
+) -> int:  # fmt: skip
     """Upserts ``items`` as ``uploader``'s copies; returns how many were written (new or
-    replaced: the others' stored copy of this uploader scored better)."""
-    stored = 0
+    replaced: the others' stored copy of this uploader scored better). The uploader is charged
+    the bytes of those written (:func:`item_bytes`) against ``quota`` (``None``: not charged).
+
+    The rows are written in the order of their digests (two batches that share items, sent in
+    opposite orders, each held a row the other waited for: PostgreSQL ends one of them).
+
+    Raises:
+        QuotaFull: the items written would take ``uploader`` past ``quota`` (none is stored).
+    """
+    stored = written = 0
     trusted = uploader is not None and uploader.trusted
     name, token_id = (None, None) if uploader is None else (uploader.name, uploader.id)
-    for item in items:
+    for row_digest, item in sorted(((artifact_digest(i, token_id), i) for i in items),
+                                   key=lambda pair: pair[0]):  # fmt: skip
         now = utcnow()
         stmt = upsert_insert(session, ArtifactRow).values(
-            digest=artifact_digest(item, token_id), item_digest=item_digest(item),
+            digest=row_digest, item_digest=item_digest(item),
             namespace=item.namespace, partition=item.partition, key=item.key, item=item.item,
             value=item.value, score=item.score, updated_at=now, uploaded_by=name,
             token_id=token_id, trusted=trusted,
@@ -76,8 +87,18 @@ def put_artifacts(
             where=or_(ArtifactRow.score.is_(None), ArtifactRow.score > stmt.excluded.score),
         )
         # RETURNING gives a row exactly when the item was written (rowcount is -1 on psycopg).
-        stored += session.execute(stmt.returning(ArtifactRow.id)).first() is not None
+        if session.execute(stmt.returning(ArtifactRow.id)).first() is not None:
+            stored += 1
+            written += item_bytes(item)
+    if quota is not None:  # the last lock this transaction takes (cache_server.quota)
+        charge(session, uploader, written, quota=quota, what=f"these {stored} items")
     return stored
+
+
+def item_bytes(item: ArtifactIn) -> int:
+    """What storing ``item`` charges its uploader: its value's canonical JSON and its names."""
+    names = (item.namespace, item.partition, item.key, item.item)
+    return len(canonical_json(item.value).encode()) + sum(len(n.encode()) for n in names)
 
 
 def list_artifacts(

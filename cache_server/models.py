@@ -5,7 +5,18 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
@@ -94,6 +105,9 @@ class RecordRow(Base):
     # a twin's pass that settled its dispute. Revoking that token with ``withdraw`` disputes the
     # record again (cache_server.withdrawal); NULL where no verifier of this server decided it.
     checked_by: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The bytes of the record as its uploader sent it, trials and all (its token is charged
+    # them: cache_server.quota); NULL before 0022.
+    sent_bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     __table_args__ = (
         Index("ix_records_kernel_backend_dtype", "kernel", "backend", "dtype"),
@@ -223,6 +237,16 @@ class TokenRow(Base):
     withdrawn_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # Its uploads are served as verified at once (the verified policy), without a verifier.
     trusted: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class TokenUsageRow(Base):
+    """The bytes of records and artifacts a token has stored, against the server's quota
+    (:mod:`cache_server.quota`); no row: none."""
+
+    __tablename__ = "token_usage"
+
+    token_id: Mapped[int] = mapped_column(ForeignKey("tokens.id"), primary_key=True)
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class ArtifactRow(Base):

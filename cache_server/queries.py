@@ -48,6 +48,7 @@ def record_row(
     """The row that stores ``record`` (its trials and winner aside), uploaded by ``uploader``:
     ``pending``, or ``verified`` at once when that token is trusted."""
     key = record.key
+    sent = record.model_dump_json(by_alias=True).encode()
     trusted = uploader is not None and uploader.trusted and record.validation.passed
     verification = None
     if trusted:
@@ -82,20 +83,21 @@ def record_row(
         provenance=record.provenance.model_dump(mode="json"),
         trial_count=len(record.trials),
         bucket_hash=bucket_digest(record.key.model_dump(mode="json", by_alias=True)),
-        upload_digest=upload_digest(record, uploader),
+        upload_digest=upload_digest(sent, uploader),
+        sent_bytes=len(sent),
         config_digest=twins.config_digest(key.backend, record.config, kernel=key.kernel),
     )
 
 
-def upload_digest(record: RecordCreate, uploader: TokenRow | None) -> str:
+def upload_digest(sent: bytes, uploader: TokenRow | None) -> str:
     """What makes an upload the same upload: its uploader (a token, by id: names may repeat)
-    and every field it sent, as parsed, in the order sent. Two tunes never send the same record
-    (their times differ); one upload sent twice does (its answer was lost and it was sent again,
-    an outbox pushed twice, a snapshot imported twice), in the same order. Not canonical JSON: a
+    and every field it sent (``sent``: the record's JSON, as parsed, in the order sent). Two
+    tunes never send the same record (their times differ); one upload sent twice does (its
+    answer was lost and it was sent again, an outbox pushed twice, a snapshot imported twice),
+    in the same order. Not canonical JSON: a
     record of 20,000 trials took 0.5 s to hash canonically, 0.05 s so; the same record sent
     with its keys in another order is stored twice, as every record was before."""
     who = "-" if uploader is None else str(uploader.id)
-    sent = record.model_dump_json(by_alias=True).encode()
     return hashlib.sha256(who.encode() + b"\n" + sent).hexdigest()
 
 
@@ -123,12 +125,14 @@ class Added(NamedTuple):
     """A stored record: its id, the key's winner now (``None`` while the key has no validated
     record) and the record's status (``pending``, or ``verified`` from a trusted token; a record
     sent again: its status now, disputed or rejected as it may be since), and whether this
-    uploader had sent this very record before (``again``: nothing was stored)."""
+    uploader had sent this very record before (``again``: nothing was stored); ``sent_bytes``:
+    what storing it charges its uploader (:mod:`cache_server.quota`; 0 when ``again``)."""
 
     record_id: int
     winner: int | None
     status: str
     again: bool = False
+    sent_bytes: int = 0
 
 
 class BucketFull(Exception):
@@ -192,7 +196,7 @@ def add_record(
         if row.status == "verified":
             offer_winner(session, VerifiedWinnerRow, key_hash=key_hash, record_id=row.id,
                          time_ms=row.time_ms)  # fmt: skip
-    return Added(row.id, winner, row.status)
+    return Added(row.id, winner, row.status, sent_bytes=row.sent_bytes or 0)
 
 
 def _of_upload(column: Any) -> Any:

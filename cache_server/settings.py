@@ -57,6 +57,9 @@
   queues ahead of everyone's pre-tuning
 - ``TUNECACHE_SERVER_JOB_ATTEMPTS_MAX``: the most attempts a non-admin token's job gets (default
   5; clients ask for 3); more is lowered to it
+- ``TUNECACHE_SERVER_TOKEN_BYTES``: bytes of records and artifacts one non-admin token may store
+  (default 4 GiB; :mod:`cache_server.quota`): an upload past it is refused (403, nothing stored).
+  Records are never deleted, so a token's usage only grows; an admin token is not bounded
 - ``TUNECACHE_SERVER_DISPUTES_PER_MINUTE``: disputes one token may send a minute to one server
   process (default 30); more get 429
 - ``TUNECACHE_SERVER_READS``: ``open`` (default: lookups and other reads need no token) or
@@ -147,6 +150,10 @@ class ServerSettings(BaseSettings):
     jobs_open_per_token: int = Field(default=10_000, ge=1, le=1_000_000)
     job_priority_max: int = Field(default=0, ge=-1000, le=1000)
     job_attempts_max: int = Field(default=5, ge=1, le=100)
+    # What a non-admin token may store (cache_server.quota): a write token stored 14.3 MiB a
+    # second of records that never won, unbounded. A TVM tune of 200 trials sent 395 KB (a
+    # matmul here): 4 GiB holds some 10,000 of them, as many keys as the token may queue.
+    token_bytes: int = Field(default=4 * 2**30, ge=2**20, le=2**62)
     disputes_per_minute: int = Field(default=30, ge=1, le=1_000_000)
     # A failed job waits this long before it may be claimed again, doubling with each attempt
     # (capped at an hour): a job that fails at once does not spend its attempts in a second.

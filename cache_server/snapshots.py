@@ -33,6 +33,7 @@ from cache_server.queries import (
     record_fields,
     record_row,
 )
+from cache_server.quota import QuotaFull, charge
 from cache_server.trust import TIMING_FLAG_RATIO, time_ratio
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput
@@ -175,6 +176,7 @@ class _Planned(NamedTuple):
 def import_records(
     session: Session, *, records: Sequence[RecordCreate], uploader: TokenRow | None = None,
     bucket_limit: int | None = None, provenance: Sequence[RecordProvenance] | None = None,
+    quota: int | None = None,
 ) -> tuple[int, int]:  # fmt: skip
     """Adds every record through :func:`add_record`, imported by ``uploader`` with what
     ``provenance`` states of it (:func:`imported_row`; ``None``: nothing, as a snapshot before
@@ -186,8 +188,10 @@ def import_records(
     stored by key, a chunk at a time (:data:`CHUNK_RECORDS`, :data:`CHUNK_SECONDS`), and each
     chunk but the last is committed here (the session's owner commits the last): a write waits
     for an import at most one chunk, and only a write of the keys the chunk holds (PostgreSQL).
-    One refused midway all the same (a writer filled the bucket meanwhile) keeps the chunks
-    before it, its error says how many records they stored, and sent again it stores the rest.
+    One refused midway all the same (a writer filled the bucket meanwhile, or the uploader's
+    quota of stored bytes ran out: ``quota``, each chunk charged as it ends,
+    :mod:`cache_server.quota`) keeps the chunks before it, its error says how many records
+    they stored, and sent again it stores the rest.
 
     Returns:
         ``(imported, winners_changed)``: records stored (not those this uploader had sent
@@ -198,6 +202,7 @@ def import_records(
         InvalidInput: the database refused a record's data (PostgreSQL refuses NUL characters in
             text columns, for one); the caller's rollback then undoes its chunk.
         BucketFull: a record is a new key's in a bucket at ``bucket_limit`` winners (the same).
+        QuotaFull: the records of a chunk would take ``uploader`` past ``quota`` (the same).
         Revoked: ``uploader`` was revoked while the import ran; the chunks before stay stored.
     """
     planned = _plan(session, records=records, provenance=provenance, importer=uploader)
@@ -213,13 +218,13 @@ def import_records(
         if uploader is not None:  # one revoked meanwhile stores no more
             ensure_live(session, uploader.id, doing=before)
         try:
-            at, new, won = _store_chunk(session, planned, at, uploader=uploader,
-                                        bucket_limit=bucket_limit)  # fmt: skip
+            at, new, won = _store_chunk(session, planned, at, _Importer(uploader, bucket_limit,
+                                                                        quota))  # fmt: skip
         except tokens.Revoked:  # read behind a key's lock, mid-chunk (its rollback undoes it)
             raise tokens.Revoked(
                 f"the token was revoked while this request ran: {before}"
             ) from None
-        except (BucketFull, InvalidInput) as exc:
+        except (BucketFull, InvalidInput, QuotaFull) as exc:
             if not stored:
                 raise
             raise type(exc)(f"{exc} (the {stored} records this import stored before it stay "
@@ -306,49 +311,62 @@ def _next_chunk(session: Session) -> None:
         time.sleep(SQLITE_TURN_SECONDS)
 
 
+class _Importer(NamedTuple):
+    """Who imports (``None``: behind the API), and the bounds its import keeps: winners a bucket
+    may hold, bytes the importer may store (``None``: neither bounded)."""
+
+    token: TokenRow | None
+    bucket_limit: int | None
+    quota: int | None
+
+
 def _store_chunk(
-    session: Session, planned: list[_Planned], at: int, *, uploader: TokenRow | None,
-    bucket_limit: int | None,
-) -> tuple[int, int, set[str]]:  # fmt: skip
+    session: Session, planned: list[_Planned], at: int, importer: _Importer
+) -> tuple[int, int, set[str]]:
     """Stores ``planned[at:]`` until the chunk is full: the index it ended at, the records it
     stored and the keys whose winner is now one of them. A unique index that refuses one (the
     same upload, stored meanwhile by another request) rolls the chunk back, and it runs once
     more on rows built afresh, finding what the other stored."""
     try:
-        return _chunk(session, planned, at, uploader=uploader, bucket_limit=bucket_limit)
+        return _chunk(session, planned, at, importer)
     except IntegrityError:
         session.rollback()
     for i in range(at, min(at + CHUNK_RECORDS, len(planned))):
         p = planned[i]
         row = imported_row(key_hash=p.key_hash, record=p.record, stated=p.stated,
-                           importer=uploader)  # fmt: skip
+                           importer=importer.token)  # fmt: skip
         assert row is not None  # as it was built before
         planned[i] = p._replace(row=row)
-    return _chunk(session, planned, at, uploader=uploader, bucket_limit=bucket_limit)
+    return _chunk(session, planned, at, importer)
 
 
 def _chunk(
-    session: Session, planned: Sequence[_Planned], at: int, *, uploader: TokenRow | None,
-    bucket_limit: int | None,
-) -> tuple[int, int, set[str]]:  # fmt: skip
+    session: Session, planned: Sequence[_Planned], at: int, importer: _Importer
+) -> tuple[int, int, set[str]]:
     """:func:`_store_chunk`, once: at most :data:`CHUNK_RECORDS` records, and none more once
-    its first took :data:`CHUNK_SECONDS` and on."""
-    started, changed, stored, end = time.monotonic(), set(), 0, at
+    its first took :data:`CHUNK_SECONDS` and on; the importer is charged the chunk's bytes as
+    it ends (the last lock it takes: :mod:`cache_server.quota`)."""
+    started, changed, stored, end, sent = time.monotonic(), set(), 0, at, 0
     while end < len(planned) and end - at < CHUNK_RECORDS:
         if end > at and time.monotonic() - started >= CHUNK_SECONDS:
             break
         p = planned[end]
         try:
-            added = add_record(session, key_hash=p.key_hash, record=p.record, uploader=uploader,
-                               bucket_limit=bucket_limit, row=p.row)  # fmt: skip
+            added = add_record(session, key_hash=p.key_hash, record=p.record,
+                               uploader=importer.token, bucket_limit=importer.bucket_limit,
+                               row=p.row)  # fmt: skip
         except DataError as exc:
             raise InvalidInput(
                 f"records[{p.position}]: the database refused it: {exc.orig}"
             ) from exc
         stored += not added.again
+        sent += added.sent_bytes
         if added.winner == added.record_id and not added.again:
             changed.add(p.key_hash)
         end += 1
+    if importer.quota is not None:
+        charge(session, importer.token, sent, quota=importer.quota,
+               what=f"the import's next {stored} records")  # fmt: skip
     return end, stored, changed
 
 

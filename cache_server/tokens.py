@@ -15,7 +15,7 @@ from typing import Literal
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from cache_server import jobs, trust, twins, withdrawal
+from cache_server import jobs, quota, trust, twins, withdrawal
 from cache_server.db import upsert_insert
 from cache_server.models import TokenRow, utcnow
 from cache_server.queries import Revoked as Revoked  # re-exported: a revoked token's 401
@@ -33,8 +33,12 @@ from tunecache.tokens import (
 LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
-def public(row: TokenRow) -> TokenPublic:
-    return TokenPublic.model_validate(row, from_attributes=True)
+def public(row: TokenRow, *, stored_bytes: int | None = None) -> TokenPublic:
+    """``row`` as the API shows it (``stored_bytes``: what it has stored, where that is read)."""
+    shown = TokenPublic.model_validate(row, from_attributes=True)
+    return (
+        shown if stored_bytes is None else shown.model_copy(update={"stored_bytes": stored_bytes})
+    )
 
 
 def issue(
@@ -167,11 +171,15 @@ def administrable(session: Session, *, bootstrap: str | None = None) -> bool:
     return session.scalar(known) is None
 
 
-def list_tokens(session: Session, *, include_revoked: bool = False) -> list[TokenRow]:
+def list_tokens(session: Session, *, include_revoked: bool = False) -> list[TokenPublic]:
+    """Every live token (and the revoked ones with ``include_revoked``), each with the bytes it
+    has stored (:mod:`cache_server.quota`)."""
     stmt = select(TokenRow).order_by(TokenRow.id).limit(MAX_LISTED_TOKENS)
     if not include_revoked:
         stmt = stmt.where(TokenRow.revoked_at.is_(None))
-    return list(session.scalars(stmt))
+    rows = list(session.scalars(stmt))
+    used = quota.usage(session, [row.id for row in rows])
+    return [public(row, stored_bytes=used.get(row.id, 0)) for row in rows]
 
 
 class LastAdmin(Exception):

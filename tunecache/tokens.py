@@ -114,6 +114,9 @@ class TokenPublic(_Strict):
     last_used_at: Utc | None = None
     revoked_at: Utc | None = None
     trusted: bool = False
+    # The bytes of records and artifacts it has stored (cache_server.quota); None: a server
+    # that counts none (before 0022), or an answer that does not say (a token just created).
+    stored_bytes: NonNegativeInt | None = None
 
 
 class TokenRevoked(TokenPublic):
@@ -147,3 +150,21 @@ class TokenCreated(_Strict):
 
 class TokenList(_Strict):
     items: Annotated[list[TokenPublic], Field(max_length=MAX_LISTED_TOKENS)]
+
+
+def byte_size(size: int) -> str:
+    """``size`` bytes for a person: exact below a KiB, else to three significant figures.
+
+    Example:
+        >>> byte_size(512), byte_size(14_994_023), byte_size(4 * 2**30)
+        ('512 B', '14.3 MiB', '4.00 GiB')
+    """
+    if size < 1024:
+        return f"{size} B"
+    value, exponent = float(size), 0
+    while value >= 999.5 and exponent < len(_UNITS):  # 1,000 KiB is shown as 0.977 MiB
+        value, exponent = value / 1024, exponent + 1
+    return f"{value:#.3g} {_UNITS[exponent - 1]}".replace(". ", " ")
+
+
+_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")

@@ -28,6 +28,7 @@ from tunecache.tokens import (
     TokenCreated,
     TokenPublic,
     TokenRevoked,
+    byte_size,
     grants,
 )
 from tunecache_cli.args import add_server, server_url
@@ -89,8 +90,7 @@ class _Direct:
     def list_tokens(self, *, include_revoked: bool = False) -> list[TokenPublic]:
         from cache_server import tokens
 
-        rows = tokens.list_tokens(self.session, include_revoked=include_revoked)
-        return [tokens.public(row) for row in rows]
+        return tokens.list_tokens(self.session, include_revoked=include_revoked)
 
     def revoke_token(self, token_id: int, *, withdraw: bool = False) -> TokenRevoked:
         from cache_server import tokens
@@ -179,10 +179,13 @@ def run_list(args: argparse.Namespace) -> int:
     def when(moment: Any) -> str:
         return "-" if moment is None else moment.strftime("%Y-%m-%d %H:%M")
 
-    header = ("id", "name", "scope", "token", "created", "last used", "revoked")
+    def stored(size: int | None) -> str:  # None: a server that counts none
+        return "-" if size is None else byte_size(size)
+
+    header = ("id", "name", "scope", "token", "created", "last used", "revoked", "stored")
     rows = [
         (t.id, t.name, t.scope, f"{t.prefix}…", when(t.created_at), when(t.last_used_at),
-         when(t.revoked_at))
+         when(t.revoked_at), stored(t.stored_bytes))
         for t in items
     ]  # fmt: skip
     print(render(header, rows) if rows else "no tokens")

@@ -296,7 +296,9 @@ class Daemon(Worker):
         (a record the server has already is answered as stored: sending it again is safe).
 
         Raises:
-            ServerError: the server still does not answer (the rest wait).
+            ServerError: the server still does not answer (the rest wait), or it refused this
+                token the upload (403: its quota of stored bytes is full): every job it tuned
+                would be refused alike, so it claims no more (the record waits for a push).
         """
         while self.unsent:
             job, kept, started = self.unsent[0]
@@ -307,8 +309,11 @@ class Daemon(Worker):
                     raise
                 kept.lost()  # refused as invalid: set aside already; else it waits for a push
                 self.give_back(job, exc)
-            else:
-                self.finish(job, stored.record_id, started)
+                self.unsent.pop(0)
+                if exc.status_code == 403:
+                    raise
+                continue
+            self.finish(job, stored.record_id, started)
             self.unsent.pop(0)
 
     def local_key(self, job: JobPublic) -> Key:
@@ -389,6 +394,8 @@ class Daemon(Worker):
         try:
             self.send_unsent()
         except ServerError as exc:
+            if not passing(exc):
+                raise  # the token may store no more: tuning on would be refused alike
             logger.warning("job %d: tuned, but the server does not answer (%s): the record "
                            "waits, sent before the next claim", job.id, exc)  # fmt: skip
         return True

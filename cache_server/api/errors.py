@@ -7,6 +7,8 @@ shape (:class:`cache_server.api.problems.ErrorBody`).
 - FastAPI's generic "There was an error parsing the body" says what it was;
 - :class:`tunecache.errors.InvalidInput` raised anywhere in a request is a 422;
 - a token revoked while its request ran (:class:`cache_server.tokens.Revoked`) is a 401;
+- an upload past its token's quota of stored bytes (:class:`cache_server.quota.QuotaFull`) is a
+  403 (sending it again cannot help until an admin raises the quota; 429 would say it can);
 - a database that cannot be reached (down, restarting, refusing connections, a SQLite file locked
   past its busy timeout or that cannot be opened, a PostgreSQL statement or lock wait cut at the
   server's bound) is a 503 with ``Retry-After``, as a busy server
@@ -31,6 +33,7 @@ from cache_server.api.json_bounds import TooComplex
 from cache_server.api.openapi import allowed_methods
 from cache_server.api.problems import body
 from cache_server.queries import BucketFull
+from cache_server.quota import QuotaFull
 from cache_server.tokens import Revoked
 from tunecache.errors import InvalidInput, error_message, one_line
 
@@ -78,6 +81,7 @@ def validation_detail(errors: Sequence[dict[str, Any]]) -> str:
 # What is refused for a reason of the server's own, the exception's text the answer's detail
 _REFUSALS: dict[type[Exception], tuple[int, dict[str, str]]] = {
     BucketFull: (409, {}),
+    QuotaFull: (403, {}),
     Revoked: (401, {"WWW-Authenticate": "Bearer"}),
     InvalidInput: (422, {}),
 }

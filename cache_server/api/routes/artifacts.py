@@ -24,9 +24,12 @@ from tunecache.schemas import MAX_ID
 router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["artifacts"])
 
 
-@router.post("/artifacts")
+@router.post(
+    "/artifacts",
+    responses={403: {"description": "the token's quota of stored bytes has no room for them"}},
+)
 def put_artifacts(
-    batch: ArtifactBatch, session: SessionDep, token: WriteAccess
+    batch: ArtifactBatch, session: SessionDep, settings: SettingsDep, token: WriteAccess
 ) -> ArtifactPutResult:
     """Stores every item in one transaction, as this token's.
 
@@ -35,9 +38,11 @@ def put_artifacts(
     token's copy when that has no score or the new score is lower (an unscored item never
     replaces a scored one); otherwise the stored copy is kept (and counted as kept). Which copy
     a read serves is decided then: a trusted token's first, then the lowest score, of the tokens
-    not revoked.
+    not revoked. A non-admin token is charged the bytes of the items written against the
+    server's quota; past it, a 403 names the quota and none is stored.
     """
-    stored = artifacts.put_artifacts(session, items=batch.items, uploader=token)
+    stored = artifacts.put_artifacts(session, items=batch.items, uploader=token,
+                                     quota=settings.token_bytes)  # fmt: skip
     return ArtifactPutResult(stored=stored, kept=len(batch.items) - stored)
 
 

@@ -8,7 +8,7 @@ from typing import Annotated
 import anyio.from_thread
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
-from cache_server import jobs, queries
+from cache_server import jobs, queries, quota
 from cache_server.api.auth import READ, WriteAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import IdPath, SessionDep, SettingsDep
@@ -40,6 +40,7 @@ router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["records"])
         200: {"model": UploadResult,
               "description": "this token sent this very record before: nothing is stored, the "
               "answer is where that record stands now"},
+        403: {"description": "the token's quota of stored bytes has no room for it"},
         409: {"description": "a new key's record in a shape bucket at the server's limit"},
     },
 )  # fmt: skip
@@ -58,18 +59,21 @@ def upload_record(
     winner; the answer says which record is the winner now. A record is ``pending`` until a
     verifier re-checks it (``verified`` at once from a trusted token). The same record sent
     again by the same token (its answer lost, say) is stored once: a 200 says where it stands.
+    A non-admin token is charged the record's bytes against the server's quota; past it, a 403
+    names the quota and nothing is stored.
     """
     key_hash = record.key.digest()
     add = partial(queries.add_record, session, key_hash=key_hash, record=record,
                   uploader=token, bucket_limit=settings.bucket_winners)  # fmt: skip
     added = again_after_a_conflict(session, add)
+    if added.winner == added.record_id and added.status in SERVED_STATUSES[settings.policy]:
+        jobs.answered(session, key_hash=key_hash, record_id=added.record_id)  # its miss is answered
+    quota.charge(session, token, added.sent_bytes, quota=settings.token_bytes)  # the last lock
     if added.again:
         response.status_code = status.HTTP_200_OK
     else:
         metrics.count_upload(validated=record.validation.passed,
                              is_winner=added.winner == added.record_id)  # fmt: skip
-    if added.winner == added.record_id and added.status in SERVED_STATUSES[settings.policy]:
-        jobs.answered(session, key_hash=key_hash, record_id=added.record_id)  # its miss is answered
     return UploadResult(
         record_id=added.record_id,
         key_hash=key_hash,

@@ -89,6 +89,7 @@ def export_snapshot(
     dependencies=[WRITE],
     responses={
         413: {"description": "the body is over the server's size limit"},
+        403: {"description": "the token's quota of stored bytes has no room for its records"},
         409: {"description": "a new key's record in a shape bucket at the server's limit"},
         422: {"description": "malformed, over the record limit, or a record outside the filters"},
     },
@@ -110,6 +111,6 @@ def import_snapshot(
     """
     add = partial(snapshots.import_records, session, records=snapshot.records, uploader=token,
                   bucket_limit=settings.bucket_winners,
-                  provenance=snapshot.provenance)  # fmt: skip
+                  provenance=snapshot.provenance, quota=settings.token_bytes)  # fmt: skip
     imported, changed = again_after_a_conflict(session, add)  # the same snapshot, meanwhile
     return SnapshotImportResult(imported=imported, winners_changed=changed)

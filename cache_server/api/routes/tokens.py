@@ -37,9 +37,10 @@ def create_token(request: TokenCreate, session: SessionDep) -> TokenCreated:
 
 @router.get("")
 def list_tokens(session: SessionDep, include_revoked: bool = False) -> TokenList:
-    """Every live token (and the revoked ones on request), without the tokens themselves."""
-    rows = tokens.list_tokens(session, include_revoked=include_revoked)
-    return TokenList(items=[tokens.public(row) for row in rows])
+    """Every live token (and the revoked ones on request), without the tokens themselves, each
+    with the bytes of records and artifacts it has stored (``stored_bytes``: what the server's
+    quota of a non-admin token bounds)."""
+    return TokenList(items=tokens.list_tokens(session, include_revoked=include_revoked))
 
 
 @router.delete(

@@ -1,0 +1,247 @@
+"""A token's quota of stored bytes (cache_server.quota), on a real server over SQLite and
+PostgreSQL: uploads, snapshot imports and artifacts charge their token what they store; past the
+quota a 403 names it and nothing is stored; an admin token, and other tokens, are not held."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer, start_server
+from tests.factories import AUTH, issue_token, make_key, make_record
+from tunecache import Client, ServerError, key_for
+from tunecache.artifacts import ArtifactIn
+from tunecache.outbox import refused_for_good
+from tunecache.schemas import RecordCreate
+from tunecache.snapshot import SNAPSHOT_FORMAT
+from tunecache.tokens import byte_size
+
+QUOTA = 2**20  # the least the setting takes
+NS, PART = "inductor.choices", "sys-abc|torch-2.13.0"
+
+
+@pytest.fixture
+def bounded(database: tuple[str, Path | None], tmp_path: Path) -> Iterator[LiveServer]:
+    url, path = database
+    live = start_server(url, path, tmp_path / "server.log",
+                        env={"TUNECACHE_SERVER_TOKEN_BYTES": str(QUOTA)})  # fmt: skip
+    yield live
+    live.stop()
+
+
+def big_record(m: int) -> RecordCreate:
+    """A record of some 200 KB as sent (2,500 trials): five fit in the quota."""
+    return make_record(make_key(m), trials=2500, passed=m % 2 == 0)
+
+
+def sent(record: RecordCreate) -> int:
+    """What the server charges for ``record``: its JSON as it parses and dumps it."""
+    return len(record.model_dump_json(by_alias=True).encode())
+
+
+def headers(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def post(url: str, token: str, record: RecordCreate) -> httpx.Response:
+    return httpx.post(f"{url}/v1/records", json=record.model_dump(mode="json", by_alias=True),
+                      headers=headers(token), timeout=60)  # fmt: skip
+
+
+def stored_by(url: str, name: str) -> int:
+    tokens = httpx.get(f"{url}/v1/tokens", headers=AUTH, timeout=30).json()["items"]
+    (found,) = [t["stored_bytes"] for t in tokens if t["name"] == name]
+    assert isinstance(found, int)
+    return found
+
+
+def record_count(url: str) -> int:
+    count: int = httpx.get(f"{url}/health", timeout=10).json()["records"]
+    return count
+
+
+def test_concurrent_uploads_stop_at_the_quota_and_nothing_refused_is_stored(
+    bounded: LiveServer,
+) -> None:
+    """Eight clients of one write token send 24 records of 200 KB at once (4.8 MB, with records
+    that fail validation: stored all the same): what is stored fits the quota, the token's usage
+    is exactly what it stored, and each refusal is a 403 naming the quota and its setting."""
+    url = bounded.url
+    mallory = issue_token(url, "write")
+    records = [big_record(m) for m in range(1, 25)]
+    answers: dict[int, httpx.Response] = {}
+
+    def send(start: int) -> None:
+        for i in range(start, len(records), 8):
+            answers[i] = post(url, mallory, records[i])
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    kept = [i for i, answer in answers.items() if answer.status_code == 201]
+    refused = [answer for answer in answers.values() if answer.status_code != 201]
+    assert kept and refused and len(kept) + len(refused) == 24
+    assert {answer.status_code for answer in refused} == {403}, refused[0].text
+    detail = refused[0].json()["detail"]
+    assert "TUNECACHE_SERVER_TOKEN_BYTES" in detail and "'test-write'" in detail, detail
+    assert "1.00 MiB" in detail and "nothing of it was stored" in detail, detail
+    usage = stored_by(url, "test-write")
+    assert usage == sum(sent(records[i]) for i in kept) <= QUOTA
+    assert usage > QUOTA - max(sent(r) for r in records)  # it was filled, not refused early
+    assert record_count(url) == len(kept)
+    # another write token has a quota of its own; an admin token has none
+    assert post(url, issue_token(url, "write"), big_record(100)).status_code == 201
+    for m in range(200, 207):
+        assert httpx.post(f"{url}/v1/records", headers=AUTH, timeout=60,
+                          json=big_record(m).model_dump(mode="json", by_alias=True)
+                          ).status_code == 201  # fmt: skip
+    assert stored_by(url, "bootstrap") > QUOTA
+    assert record_count(url) == len(kept) + 8
+
+
+def test_a_record_sent_again_at_the_quota_is_answered_and_not_charged(
+    bounded: LiveServer,
+) -> None:
+    """An outbox that lost its answer sends the record again: the server has it, so the token
+    is not charged twice, and a full quota does not refuse it."""
+    url = bounded.url
+    token = issue_token(url, "write")
+    first = big_record(2)
+    assert post(url, token, first).status_code == 201
+    m = 4
+    while post(url, token, big_record(m)).status_code == 201:
+        m += 2
+    full = stored_by(url, "test-write")
+    again = post(url, token, first)
+    assert again.status_code == 200, again.text
+    assert stored_by(url, "test-write") == full
+    # token list shows each token's usage, through the server and on the database
+    ways = [["--server", url]] + ([["--db", bounded.db]] if bounded.db_path else [])
+    for way in ways:
+        listed = subprocess.run([sys.executable, "-m", "tunecache_cli", "token", "list", *way],
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        header, _, *rows = listed.stdout.splitlines()
+        assert header.split()[-1] == "stored", listed.stdout
+        (row,) = [r for r in rows if " test-write " in r]
+        assert row.endswith(byte_size(full)) and byte_size(full).endswith("KiB"), listed.stdout
+
+
+def test_a_refused_upload_waits_in_the_outbox(bounded: LiveServer, own_outbox: Path) -> None:
+    """A 403 of the quota is not the record's fault: the client's upload raises it, and the
+    outbox keeps the record for a later push rather than setting it aside as refused."""
+    url = bounded.url
+    token = issue_token(url, "write")
+    with Client(url, token=token) as client:
+        m = 2
+        while True:
+            try:
+                client.upload(big_record(m))
+            except ServerError as exc:
+                assert exc.status_code == 403 and "quota" in str(exc), exc
+                assert not refused_for_good(exc)
+                break
+            m += 2
+        assert client.upload_later(big_record(m + 2))
+        assert client.drain(30)
+    waiting = [p for p in own_outbox.rglob("*") if p.is_file() and "rejected" not in p.parts]
+    assert len(waiting) == 1, list(own_outbox.rglob("*"))
+
+
+def _group(tag: int) -> dict[str, Any]:
+    """An Inductor choice group of some 140 KB: 1,024 choices of long names."""
+    return {"op": "mm", "inputs": f"[{tag}]", "precision": "highest",
+            "timings": {f"c-{i}-" + "x" * 128: 1.0 for i in range(1024)}}  # fmt: skip
+
+
+def _items(first: int, count: int, *, score: float) -> list[ArtifactIn]:
+    return [ArtifactIn(namespace=NS, partition=PART, key=f"k{n}", value=_group(n),
+                       score=score) for n in range(first, first + count)]  # fmt: skip
+
+
+def test_artifacts_are_charged_what_they_write(bounded: LiveServer) -> None:
+    """Items written are charged; items kept (the token's stored copy scores better) are not;
+    a batch past the quota is refused whole."""
+    url = bounded.url
+    token = issue_token(url, "write")
+    with Client(url, token=token) as client:
+        assert client.put_artifacts(_items(0, 3, score=1.0)).stored == 3
+        used = stored_by(url, "test-write")
+        assert 3 * 140_000 < used < QUOTA
+        assert client.put_artifacts(_items(0, 3, score=2.0)).kept == 3  # worse: nothing written
+        assert stored_by(url, "test-write") == used
+        with pytest.raises(ServerError) as refused:
+            client.put_artifacts(_items(3, 5, score=1.0))
+        assert refused.value.status_code == 403 and "these 5 items" in str(refused.value)
+        assert stored_by(url, "test-write") == used
+        assert len(client.get_artifacts(NS, PART)) == 3
+
+
+def test_a_snapshot_import_stops_at_the_quota(bounded: LiveServer) -> None:
+    """An import is charged a chunk at a time: the chunk that does not fit is refused (403) and
+    stores nothing, the chunks before stay stored and charged, and the same import sent again
+    is not charged for them twice."""
+    url = bounded.url
+    token = issue_token(url, "write")
+    records = [big_record(m) for m in range(2, 20, 2)]
+    document = {"format": SNAPSHOT_FORMAT, "filters": {"device_arch": "cpu-avx2"},
+                "records": [r.model_dump(mode="json", by_alias=True) for r in records]}  # fmt: skip
+    seen = []
+    for _ in range(2):
+        refused = httpx.post(f"{url}/v1/snapshot", json=document, headers=headers(token),
+                             timeout=120)  # fmt: skip
+        assert refused.status_code == 403, refused.text
+        assert "TUNECACHE_SERVER_TOKEN_BYTES" in refused.json()["detail"]
+        held, usage = record_count(url), stored_by(url, "test-write")
+        assert held < len(records) and usage <= QUOTA
+        assert held * min(map(sent, records)) <= usage <= held * max(map(sent, records))
+        seen.append((held, usage))
+    assert seen[0] == seen[1]  # sent again: nothing stored or charged twice
+    small = {
+        **document,
+        "records": [make_record(make_key(1000)).model_dump(mode="json", by_alias=True)],
+    }
+    assert httpx.post(f"{url}/v1/snapshot", json=small, headers=headers(token),
+                      timeout=60).json()["imported"] == 1  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_daemon_whose_token_is_at_its_quota_stops_claiming(
+    bounded: LiveServer, own_outbox: Path
+) -> None:
+    """Its tuned record refused (403), the daemon gives the job back and stops: every job it
+    tuned next would be refused alike (it tuned each and failed it, an attempt each; without
+    --once, on and on). The
+    record waits in its outbox; the next job stays queued for another worker."""
+    url = bounded.url
+    token = issue_token(url, "write")
+    m = 2
+    while post(url, token, big_record(m)).status_code == 201:
+        m += 2
+    while post(url, token, make_record(make_key(m))).status_code == 201:  # to the last KiB
+        m += 2
+    with Client(url) as admin:
+        jobs = [admin.create_job(key_for("matmul", "tvm", {"M": n, "N": 16, "K": 16}, "float32"),
+                                 priority=-n).job for n in (16, 32)]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "tunecache_cli", "daemon", "--once", "--server", url,
+         "--trials", "2", "--workers", "1"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "TUNECACHE_TOKEN": token},
+    )  # fmt: skip
+    assert done.returncode == 4, done.stderr
+    assert "TUNECACHE_SERVER_TOKEN_BYTES" in done.stderr and "Traceback" not in done.stderr
+    with Client(url) as admin:
+        states = {job.id: (job.state, job.attempts) for job in admin.list_jobs().items}
+    # given back (queued again for another worker, an attempt spent); the next one not claimed
+    assert states == {jobs[0].id: ("queued", 1), jobs[1].id: ("queued", 0)}, done.stderr
+    waiting = [p for p in own_outbox.rglob("*") if p.is_file() and "rejected" not in p.parts]
+    assert len(waiting) == 1, done.stderr
