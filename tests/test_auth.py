@@ -237,6 +237,7 @@ def test_client_sends_its_token_and_reports_refusals(
         with pytest.raises(ServerError) as missing:
             client.upload(make_record(make_key(m=80)))
         assert missing.value.status_code == 401
+        assert f"(no token sent (token=''), and {server.url} asks for one)" in str(missing.value)
     with (
         Client(server.url, token="tc_wrong", timeout=5) as client,
         caplog.at_level(logging.WARNING),
@@ -244,6 +245,8 @@ def test_client_sends_its_token_and_reports_refusals(
         result = client.lookup(make_key(m=64), default={"fallback": True})
     assert result.source == "default" and result.config == {"fallback": True}
     assert "401" in caplog.text and "not known to this server" in caplog.text
+    # the warning (the Triton drop-in's too) names the token refused and the server
+    assert f"(the token given as token=, sent to {server.url})" in caplog.text, caplog.text
     with Client(server.url, token=create(server.url, "writer", "write")) as client:
         assert client.upload(make_record(make_key(m=80))).is_winner
 
@@ -284,9 +287,9 @@ def test_cli_bootstraps_on_the_database_then_manages_through_the_server(
         assert admin not in listed.stdout and writer.stdout.strip() not in listed.stdout
         unknown = tunecache("records", "ls", *server, env={"TUNECACHE_TOKEN": "tc_unknown"})
         assert unknown.returncode == 4 and "401" in unknown.stderr  # names the token and server
-        assert (f"(the token in $TUNECACHE_TOKEN, sent to {live.url}: make one it knows on its "
-                "machine, `tunecache token create --db [URL] --name NAME --scope SCOPE`, URL its "
-                "--db)") in unknown.stderr, unknown.stderr  # fmt: skip
+        assert (f"(the token in $TUNECACHE_TOKEN, sent to {live.url}); make one it knows on "
+                "its machine: `tunecache token create --db [URL] --name NAME --scope SCOPE`, URL "
+                "its --db") in unknown.stderr, unknown.stderr  # fmt: skip
         as_writer = {"TUNECACHE_TOKEN": writer.stdout.strip()}
         refused = tunecache("token", "list", *server, env=as_writer)
         assert (

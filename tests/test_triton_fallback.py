@@ -165,6 +165,9 @@ def test_a_refused_token_is_named_where_the_upload_waits(server: LiveServer) -> 
     assert "using default configs" not in done.stderr, done.stderr
     looked = [line for line in done.stderr.splitlines() if "each lookup a miss" in line]
     assert len(looked) == 1 and "401" in looked[0], done.stderr
+    # both name the token refused and the server (they named neither)
+    named = f"(the token in $TUNECACHE_TOKEN, sent to {server.url})"
+    assert named in said[0] and named in looked[0], done.stderr
 
 
 def test_a_config_whose_check_cannot_run_is_launched_before_the_failed_pick() -> None:

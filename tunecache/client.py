@@ -97,6 +97,21 @@ REDIRECTS = frozenset({301, 302, 303, 307, 308})  # 304 is "not modified": an an
 logger = logging.getLogger(__name__)
 
 
+def _token_said(token: str | None, given: bool, url: str) -> str:
+    """What a 401 adds: which token the server refused, and where (its answer names neither).
+    The integrations pass ``TUNECACHE_TOKEN``'s value as ``token=``: named as the variable."""
+    try:
+        from_env = not given or (token or "") == (env_token() or "")
+    except InvalidInput:  # a malformed variable: not the token given
+        from_env = False
+    where = "in $TUNECACHE_TOKEN" if from_env else "given as token="
+    if token:
+        return f"the token {where}, sent to {url}"
+    if from_env:
+        return f"no token sent: $TUNECACHE_TOKEN is unset, and {url} asks for one"
+    return f"no token sent (token=''), and {url} asks for one"
+
+
 class Client(WorkerCalls, AdminCalls, ArtifactCalls):
     """A client of one tunecache server.
 
@@ -149,8 +164,10 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
         self.policy: VersionPolicy = policy
         self.report_misses = report_misses
         self.sends_bucket = True  # a user's kernel's bucket, until a server refuses the field
+        given = token is not None
         token = env_token() if token is None else checked_token(token, "token=")
         auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._token_said = _token_said(token, given, self.url)
         self._transport = transport  # identity: as large on the wire as in memory
         self._headers = {"Accept-Encoding": "identity", **auth}
         self._http = forksafe.connect(self.url, transport, self._headers)
@@ -260,7 +277,7 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
                 if missing(response):
                     return None
                 if response.is_error:
-                    raise rejected("POST", "/v1/lookup", response)
+                    raise self._rejected("POST", "/v1/lookup", response)
                 return parse(LookupResponse, response, "/v1/lookup",  # says what is not tunecache
                              max_containers=LOOKUP_ANSWER_CONTAINERS)  # fmt: skip
         except httpx.TimeoutException as exc:  # "ReadTimeout: timed out" named no bound
@@ -315,8 +332,16 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
                               "followed (is the URL right: http or https, a path prefix?)",
                               status_code=response.status_code)  # fmt: skip
         if response.is_error:
-            raise rejected(method, path, response)
+            raise self._rejected(method, path, response)
         return response
+
+    def _rejected(self, method: str, path: str, response: httpx.Response) -> ServerError:
+        """:func:`~tunecache.http.rejected`, saying which token a 401 refused and where."""
+        exc = rejected(method, path, response)
+        if exc.status_code != 401 or exc.foreign:
+            return exc
+        return ServerError(f"{exc} ({self._token_said})", status_code=401,
+                           retry_after=exc.retry_after)  # fmt: skip
 
     def upload(self, record: RecordCreate) -> UploadResult:
         """Uploads a tuning result.

@@ -146,24 +146,14 @@ def _nobody_there(exc: ServerError) -> str:
     return ""
 
 
-def _token_refused(exc: ServerError, args: argparse.Namespace) -> str:
-    """A hint naming the token and the server where a server refused the token (401: "the
-    token is not known to this server" named neither)."""
-    if exc.status_code != 401 or exc.foreign or "$TUNECACHE_TOKEN" in str(exc):
+def _token_refused(exc: ServerError) -> str:
+    """Where a server refused the token the client named (401: the client's error says which
+    token, and where), how to make one it knows."""
+    said = str(exc)
+    if exc.status_code != 401 or exc.foreign or "token create" in said or "no token" in said:
         return ""
-    from tunecache.settings import Settings
-    from tunecache_cli.args import server_url
-
-    try:
-        url = server_url(args) if hasattr(args, "server") else "the server"
-    except InvalidInput:
-        url = "the server"
-    if not Settings.from_env(with_url=False).token:
-        return f" ($TUNECACHE_TOKEN is unset; {url} asks for one)"
-    make = "`tunecache token create --db [URL] --name NAME --scope SCOPE`, URL its --db"
-    return (
-        f" (the token in $TUNECACHE_TOKEN, sent to {url}: make one it knows on its machine, {make})"
-    )
+    return ("; make one it knows on its machine: `tunecache token create --db [URL] --name NAME "
+            "--scope SCOPE`, URL its --db")  # fmt: skip
 
 
 def server_exit(exc: ServerError) -> int:
@@ -214,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ServerError as exc:  # what a server said, on one line
         from tunecache_cli.table import shown
 
-        hint = _nobody_there(exc) or _token_refused(exc, args)
+        hint = _nobody_there(exc) or _token_refused(exc)
         print(f"tunecache: error: {shown(str(exc))}{hint}", file=sys.stderr)
         return server_exit(exc)
     except TuningError as exc:
