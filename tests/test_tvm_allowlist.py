@@ -371,6 +371,19 @@ def test_the_schema_imports_no_tvm() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=REPO)
 
 
+def test_a_records_summary_imports_no_tvm() -> None:
+    """``tunecache get`` of a MetaSchedule record took 4-6 s more, silent, importing TVM to
+    summarise its trace (backends.tvm.schedule imported tunecache.tvm, which imports TVM)."""
+    config = {"schedule": "meta_schedule", "trace": CPU_TRACE}
+    code = (
+        "import sys, json; from tunecache_cli.trials import config_text;"
+        f"text = config_text('tvm', json.loads({json.dumps(config)!r}), 80);"
+        "assert text == 'tiles 2x1x16x4 unroll 16 par', text;"
+        "assert 'tvm' not in sys.modules, 'tvm imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=REPO)
+
+
 # -- MetaSchedule's own traces pass ---------------------------------------------------------------
 tvm = pytest.importorskip("tvm")
 

@@ -27,8 +27,8 @@ _STARTED: list[float | None] = [None]
 _SAID_LOCK = threading.Lock()  # a heartbeat thread's update never outlives the command's end
 _HUSHED = threading.Event()  # set by :func:`hush`: no printer writes another line
 _PRINTERS: weakref.WeakSet[ProgressPrinter] = weakref.WeakSet()  # made and not yet collected
-PHASES = {"search": "searching", "validate": "validating", "time": "timing", "upload": "uploading",
-          "ask": "asking the server", "done": "done"}  # fmt: skip
+PHASES = {"load": "loading", "search": "searching", "validate": "validating", "time": "timing",
+          "upload": "uploading", "ask": "asking the server", "done": "done"}  # fmt: skip
 
 
 def command_started(started: bool = True) -> None:

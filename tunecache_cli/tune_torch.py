@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     """
     from tunecache_cli.progress import working
 
-    with working(args.torch, "loading torch and the model, then running it once"):  # seconds
+    with working(args.torch, "torch and the model, then running it once", "load"):  # seconds
         device = _device(args.device)
         fn, inputs = load_target(args.torch, args.inputs, args.init_inputs, device)
         _run_eagerly(args.torch, fn, inputs)

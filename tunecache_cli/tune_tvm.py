@@ -119,7 +119,7 @@ def _loaded(spec: str) -> tuple[Any, Any, Any]:
     from tunecache_cli.progress import command_start, working
 
     with working(
-        f"tvm {spec}", "loading TVM, the module and its float64 reference", since=command_start()
+        f"tvm {spec}", "TVM, the module and its float64 reference", "load", since=command_start()
     ):
         from backends.tvm.golden import Reference, require_fixed_shapes
         from tunecache.tvm.load import load_module

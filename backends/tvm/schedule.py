@@ -5,6 +5,9 @@ plain JSON, rebuilt in any process by replaying the trace on a freshly created P
 ``SamplePerfectTile`` decisions that no longer divide a loop (an edge problem with odd sizes)
 are re-sampled by TVM during replay, so a trace tuned at 128 also schedules 127.
 
+Importing this module imports no TVM (which takes seconds): a record's summary
+(:func:`summarize_trace`, what ``tunecache get`` shows) and its checks need none.
+
 A trace is replayed only when it passes the allowlist of
 :func:`tunecache.configcheck.tvm_trace.trace_problem` (MetaSchedule's own instructions and
 annotation keys): an instruction or annotation that could bring code into the build, such as
@@ -18,8 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 from tunecache.configcheck.tvm_trace import trace_problem
 from tunecache.errors import InvalidInput, TuningError
-from tunecache.tvm.check import replayed_problem
-from tunecache.tvm.jsonutil import plain_json
 
 if TYPE_CHECKING:
     from tvm.s_tir import Schedule
@@ -33,6 +34,8 @@ _MAX_ERROR = 2000
 
 def trace_json(trace: Any) -> list[Any]:
     """A MetaSchedule ``Trace`` as plain JSON data (instructions and decisions)."""
+    from tunecache.tvm.jsonutil import plain_json  # tunecache.tvm imports TVM (seconds)
+
     data: list[Any] = plain_json(trace.as_json())
     return data
 
@@ -81,6 +84,8 @@ def apply_trace(func: PrimFunc, trace: list[Any], *, where: str = "") -> Schedul
     check_trace(trace)
     from tvm.s_tir import Schedule
     from tvm.s_tir.schedule import Trace
+
+    from tunecache.tvm.check import replayed_problem
 
     sch = Schedule(func)
     try:
