@@ -21,15 +21,15 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import Text, and_, cast, or_, select
 from sqlalchemy.orm import Session, aliased
 
 from cache_server.budget import stored_size, within
 from cache_server.db import upsert_insert
 from cache_server.models import ArtifactRow, TokenRow, utcnow
-from cache_server.quota import charge
+from cache_server.quota import artifact_bytes, charge
 from tunecache.artifacts import ArtifactIn, ArtifactPublic
-from tunecache.canonical import canonical_json, digest
+from tunecache.canonical import digest
 from tunecache.configcheck import artifact_problem
 
 logger = logging.getLogger(__name__)
@@ -54,8 +54,9 @@ def put_artifacts(
     quota: int | None = None,
 ) -> int:  # fmt: skip
     """Upserts ``items`` as ``uploader``'s copies; returns how many were written (new or
-    replaced: the others' stored copy of this uploader scored better). The uploader is charged
-    the bytes of those written (:func:`item_bytes`) against ``quota`` (``None``: not charged).
+    replaced: the others' stored copy of this uploader scored better, or held this very value
+    unscored). The uploader is charged what those written store
+    (:func:`cache_server.quota.artifact_bytes`) against ``quota`` (``None``: not charged).
 
     The rows are written in the order of their digests (two batches that share items, sent in
     opposite orders, each held a row the other waited for: PostgreSQL ends one of them).
@@ -83,22 +84,27 @@ def put_artifacts(
                 "updated_at": now,
                 "uploaded_by": stmt.excluded.uploaded_by,
             },
-            # NULL > x is not true: an unscored item never replaces a scored one.
-            where=or_(ArtifactRow.score.is_(None), ArtifactRow.score > stmt.excluded.score),
+            # NULL > x is not true: an unscored item never replaces a scored one; an unscored
+            # copy is rewritten only with another value (the same one, sent again, was charged
+            # again each time: a tune sends its workload's every run).
+            where=or_(
+                and_(
+                    ArtifactRow.score.is_(None),
+                    or_(
+                        stmt.excluded.score.is_not(None),
+                        cast(ArtifactRow.value, Text) != cast(stmt.excluded.value, Text),
+                    ),
+                ),
+                ArtifactRow.score > stmt.excluded.score,
+            ),
         )
         # RETURNING gives a row exactly when the item was written (rowcount is -1 on psycopg).
         if session.execute(stmt.returning(ArtifactRow.id)).first() is not None:
             stored += 1
-            written += item_bytes(item)
+            written += artifact_bytes(item, name)
     if quota is not None:  # the last lock this transaction takes (cache_server.quota)
         charge(session, uploader, written, quota=quota, what=f"these {stored} items")
     return stored
-
-
-def item_bytes(item: ArtifactIn) -> int:
-    """What storing ``item`` charges its uploader: its value's canonical JSON and its names."""
-    names = (item.namespace, item.partition, item.key, item.item)
-    return len(canonical_json(item.value).encode()) + sum(len(n.encode()) for n in names)
 
 
 def list_artifacts(

@@ -105,9 +105,6 @@ class RecordRow(Base):
     # a twin's pass that settled its dispute. Revoking that token with ``withdraw`` disputes the
     # record again (cache_server.withdrawal); NULL where no verifier of this server decided it.
     checked_by: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # The bytes of the record as its uploader sent it, trials and all (its token is charged
-    # them: cache_server.quota); NULL before 0022.
-    sent_bytes: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     __table_args__ = (
         Index("ix_records_kernel_backend_dtype", "kernel", "backend", "dtype"),
@@ -245,7 +242,8 @@ class TokenUsageRow(Base):
 
     __tablename__ = "token_usage"
 
-    token_id: Mapped[int] = mapped_column(ForeignKey("tokens.id"), primary_key=True)
+    # No foreign key: its check would lock the token's row, which a revocation holds.
+    token_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
 
 

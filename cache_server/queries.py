@@ -22,6 +22,7 @@ from cache_server import twins
 from cache_server.budget import stored_size, within
 from cache_server.db import upsert_insert
 from cache_server.models import RecordRow, TokenRow, TrialRow, VerifiedWinnerRow, WinnerRow, utcnow
+from cache_server.quota import record_bytes
 from tunecache.rules import bucket_digest
 from tunecache.schemas import STORED, RecordCreate, RecordPublic, VerificationPublic
 
@@ -84,7 +85,6 @@ def record_row(
         trial_count=len(record.trials),
         bucket_hash=bucket_digest(record.key.model_dump(mode="json", by_alias=True)),
         upload_digest=upload_digest(sent, uploader),
-        sent_bytes=len(sent),
         config_digest=twins.config_digest(key.backend, record.config, kernel=key.kernel),
     )
 
@@ -125,14 +125,15 @@ class Added(NamedTuple):
     """A stored record: its id, the key's winner now (``None`` while the key has no validated
     record) and the record's status (``pending``, or ``verified`` from a trusted token; a record
     sent again: its status now, disputed or rejected as it may be since), and whether this
-    uploader had sent this very record before (``again``: nothing was stored); ``sent_bytes``:
-    what storing it charges its uploader (:mod:`cache_server.quota`; 0 when ``again``)."""
+    uploader had sent this very record before (``again``: nothing was stored); ``stored_bytes``:
+    what storing it stored, which its uploader is charged (:mod:`cache_server.quota`; 0 when
+    ``again``)."""
 
     record_id: int
     winner: int | None
     status: str
     again: bool = False
-    sent_bytes: int = 0
+    stored_bytes: int = 0
 
 
 class BucketFull(Exception):
@@ -196,7 +197,7 @@ def add_record(
         if row.status == "verified":
             offer_winner(session, VerifiedWinnerRow, key_hash=key_hash, record_id=row.id,
                          time_ms=row.time_ms)  # fmt: skip
-    return Added(row.id, winner, row.status, sent_bytes=row.sent_bytes or 0)
+    return Added(row.id, winner, row.status, stored_bytes=record_bytes(row, record.trials))
 
 
 def _of_upload(column: Any) -> Any:

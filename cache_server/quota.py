@@ -1,61 +1,85 @@
-"""What one token may store: the bytes of the records and artifacts it has stored, counted in
-the database (``token_usage``) against the server's ``token_bytes`` (an admin token's are counted,
-never bounded).
+"""What one token may store: the bytes of the records, artifacts and jobs it has stored, counted
+in the database (``token_usage``) against the server's ``token_bytes`` (an admin token's are
+counted, never bounded).
 
 Without it a write token could fill the server's disk: records that fail validation or do not
-win are stored all the same (for analysis), and so are artifacts, and a reviewer's client stored
-27 uploads of 14.3 MiB in 15 s. Each is charged what it stores: a record its JSON as sent, trials
-and all (``records.sent_bytes``); an artifact its value's canonical JSON with its names, each time
-it is written (a copy replaced by a better score is charged again, never credited back: a credit
-read before a concurrent replacement could be given twice, and usage would fall below what is
-stored). Nothing is ever deleted, so a token's usage only grows; an upload over the quota is
-refused whole (403, nothing stored) and waits in its client's outbox until an admin raises the
-quota, or sends it with another token.
+win are stored all the same (for analysis), and so are artifacts and failed jobs, and a
+reviewer's client stored 27 uploads of 14.3 MiB in 15 s. Each write is charged what it stores,
+as the database stores it (:func:`record_bytes`, :func:`artifact_bytes`, :func:`job_bytes`,
+:func:`text_bytes`): every JSON column as SQLAlchemy writes it (``json.dumps``: a character past
+ASCII is 6 or 12 bytes), every text column, and what a row costs beyond them (its other columns,
+its index entries, the page it sits in: :data:`RECORD_ROW`, ...). An artifact written again is
+charged again, never credited back (a credit read before a concurrent replacement could be given
+twice, and usage would fall below what is stored); an unchanged one is not written. Nothing is
+ever deleted, so a token's usage only grows; a write over the quota is refused whole (403,
+nothing stored) and an upload waits in its client's outbox until an admin raises the quota, or it
+is sent with another token.
 
-Every write that charges takes this table's row last, once its records' key locks and its
-artifacts' rows are held, and holds nothing more until it commits: a charge waits for another
-of the same token's only until that commits, and never in a circle (a revocation takes the
-token's row and then every key's lock, never this row).
+Every write that charges takes this table's row last, once its records' key locks, its
+artifacts' and its jobs' rows are held, and holds nothing more until it commits: a charge waits
+for another of the same token's only until that commits, and never in a circle. The row has no
+foreign key: a key's check would lock the token's row, which a revocation holds.
 """
 
 from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from cache_server.db import upsert_insert
-from cache_server.models import TokenRow, TokenUsageRow
+from cache_server.models import RecordRow, TokenRow, TokenUsageRow
+from tunecache.artifacts import ArtifactIn
+from tunecache.schemas import Trial
 from tunecache.tokens import byte_size
+
+# What a row costs beyond its JSON and text columns: its other columns, its index entries
+# (digests and names again) and its share of a page. Measured with rows as small as they come,
+# filling a 4 MiB quota on SQLite (this 2-core AMD EPYC): the file grew 0.76 of what was charged
+# for records (no trials or 3), 0.56 for artifacts (a 70-byte value), 0.52 for jobs; charged as
+# the JSON alone, such rows grew it 2 to 7 times as much.
+RECORD_ROW = 2048
+TRIAL_ROW = 128
+ARTIFACT_ROW = 768
+JOB_ROW = 1024
 
 
 class QuotaFull(Exception):
-    """An upload would take a token past the server's ``token_bytes`` (nothing is stored)."""
+    """A write would take a token past the server's ``token_bytes`` (nothing is stored)."""
 
 
 def charge(
-    session: Session, token: TokenRow | None, size: int, *, quota: int, what: str = "this upload"
-) -> None:
+    session: Session, token: TokenRow | None, size: int, *, quota: int | None,
+    what: str = "this upload",
+) -> None:  # fmt: skip
     """Adds ``size`` bytes to ``token``'s usage in this transaction; an admin token (or none:
-    written behind the API) is not bounded by ``quota``. ``what``: the bytes' name in a refusal.
+    written behind the API) is not bounded by ``quota``, nor is any with ``quota`` ``None`` (a
+    job's failure: its one error is stored in place of the last, each job's failures are
+    bounded by its attempts and its jobs by their charges; a token at its quota must still
+    give back the jobs it holds). ``what``: the bytes' name in a refusal.
 
     Raises:
         QuotaFull: ``token``'s usage with ``size`` would pass ``quota`` (nothing is added).
     """
     if token is None or size <= 0:
         return
-    bounded = token.scope != "admin"
-    if bounded and size > quota:
-        raise QuotaFull(_refusal(token, what, size, quota, used(session, token.id)))
+    limit = None if token.scope == "admin" else quota
+    if limit is not None and size > limit:
+        raise QuotaFull(refusal(token, what, size, limit, used(session, token.id)))
     stmt = upsert_insert(session, TokenUsageRow).values(token_id=token.id, stored_bytes=size)
     grown = TokenUsageRow.stored_bytes + stmt.excluded.stored_bytes
     stmt = stmt.on_conflict_do_update(
         index_elements=[TokenUsageRow.token_id],
         set_={"stored_bytes": grown},
-        where=(grown <= quota) if bounded else None,
+        where=None if limit is None else grown <= limit,
     )
     # RETURNING gives a row exactly when the usage grew (the WHERE held, or the row is new).
     if session.execute(stmt.returning(TokenUsageRow.token_id)).first() is None:
-        raise QuotaFull(_refusal(token, what, size, quota, used(session, token.id)))
+        assert limit is not None  # no WHERE: it grew
+        raise QuotaFull(refusal(token, what, size, limit, used(session, token.id)))
 
 
 def used(session: Session, token_id: int) -> int:
@@ -77,9 +101,43 @@ def usage(session: Session, token_ids: list[int]) -> dict[int, int]:
     return {token_id: int(stored) for token_id, stored in rows}
 
 
-def _refusal(token: TokenRow, what: str, size: int, quota: int, held: int) -> str:
+def refusal(token: TokenRow, what: str, size: int, quota: int, held: int) -> str:
+    """Why ``what`` (``size`` bytes) is refused ``token``, which holds ``held`` of ``quota``."""
     return (
         f"token {token.name!r} has stored {byte_size(held)} of its quota of {byte_size(quota)} "
-        f"(TUNECACHE_SERVER_TOKEN_BYTES): {what} ({byte_size(size)}) does not fit, and nothing "
+        f"(TUNECACHE_SERVER_TOKEN_BYTES): {what} would store {byte_size(size)} more, so none "
         "of it was stored; an admin may raise the quota"
     )
+
+
+def json_bytes(value: Any) -> int:
+    """The bytes of ``value`` in a JSON column: SQLAlchemy writes ``json.dumps(value)``."""
+    return 0 if value is None else len(json.dumps(value))
+
+
+def text_bytes(*texts: str | None) -> int:
+    """The bytes of ``texts`` in text columns (UTF-8)."""
+    return sum(len(t.encode()) for t in texts if t)
+
+
+def record_bytes(row: RecordRow, trials: Sequence[Trial]) -> int:
+    """What storing ``row`` and its ``trials`` stores."""
+    columns = (row.key, row.config, row.timing, row.baselines, row.validation, row.search,
+               row.provenance, row.verification)  # fmt: skip
+    texts = (row.kernel, row.backend, row.dtype, row.device_arch, row.device_name,
+             row.config_summary, row.uploaded_by, row.imported_by, row.key_hash, row.bucket_hash,
+             row.upload_digest, row.config_digest, row.status)  # fmt: skip
+    stored = RECORD_ROW + sum(map(json_bytes, columns)) + text_bytes(*texts)
+    return stored + sum(TRIAL_ROW + json_bytes(t.config) + text_bytes(t.error) for t in trials)
+
+
+def artifact_bytes(item: ArtifactIn, uploader: str | None) -> int:
+    """What storing ``item`` (its copy of ``uploader``, a token's name) stores: its names are
+    in two indexes beside the row."""
+    names = text_bytes(item.namespace, item.partition, item.key)
+    return ARTIFACT_ROW + json_bytes(item.value) + 3 * names + text_bytes(item.item, uploader)
+
+
+def job_bytes(key: Mapping[str, Any], texts: Iterable[str | None] = ()) -> int:
+    """What storing a job of ``key`` stores, with its ``texts`` (names, an error)."""
+    return JOB_ROW + json_bytes(key) + text_bytes(*texts)

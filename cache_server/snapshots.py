@@ -227,9 +227,9 @@ def import_records(
         except (BucketFull, InvalidInput, QuotaFull) as exc:
             if not stored:
                 raise
+            again = "" if isinstance(exc, QuotaFull) else ": sent again, it stores the rest"
             raise type(exc)(f"{exc} (the {stored} records this import stored before it stay "
-                            "stored, committed a chunk at a time: sent again, it stores the "
-                            "rest)") from exc  # fmt: skip
+                            f"stored, committed a chunk at a time{again})") from exc  # fmt: skip
         stored += new
         changed |= won
     return stored, len(changed)
@@ -360,7 +360,7 @@ def _chunk(
                 f"records[{p.position}]: the database refused it: {exc.orig}"
             ) from exc
         stored += not added.again
-        sent += added.sent_bytes
+        sent += added.stored_bytes
         if added.winner == added.record_id and not added.again:
             changed.add(p.key_hash)
         end += 1

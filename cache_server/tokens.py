@@ -208,7 +208,7 @@ def revoke(session: Session, *, token_id: int, withdraw: bool = False) -> TokenR
     live_admins = session.scalars(
         select(TokenRow.id)
         .where(TokenRow.scope == "admin", TokenRow.revoked_at.is_(None))
-        .with_for_update()
+        .with_for_update(key_share=True)  # NO KEY UPDATE: two revocations still take turns
     ).all()
     if list(live_admins) == [token_id]:
         raise LastAdmin(LAST_ADMIN.format(id=token_id))

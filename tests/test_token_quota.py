@@ -15,6 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
+from cache_server.models import TokenRow
+from cache_server.queries import record_row
+from cache_server.quota import record_bytes
 from tests.conftest import LiveServer, start_server
 from tests.factories import AUTH, issue_token, make_key, make_record
 from tunecache import Client, ServerError, key_for
@@ -42,9 +45,12 @@ def big_record(m: int) -> RecordCreate:
     return make_record(make_key(m), trials=2500, passed=m % 2 == 0)
 
 
-def sent(record: RecordCreate) -> int:
-    """What the server charges for ``record``: its JSON as it parses and dumps it."""
-    return len(record.model_dump_json(by_alias=True).encode())
+def sent(record: RecordCreate, name: str = "test-write") -> int:
+    """What the server charges token ``name`` for ``record``: the row it stores, as it stores
+    it (the row's digest names the token's id, 64 characters whatever it is)."""
+    row = record_row(key_hash=record.key.digest(), record=record,
+                     uploader=TokenRow(id=1, name=name, trusted=False))  # fmt: skip
+    return record_bytes(row, record.trials)
 
 
 def headers(token: str) -> dict[str, str]:
@@ -94,7 +100,7 @@ def test_concurrent_uploads_stop_at_the_quota_and_nothing_refused_is_stored(
     assert {answer.status_code for answer in refused} == {403}, refused[0].text
     detail = refused[0].json()["detail"]
     assert "TUNECACHE_SERVER_TOKEN_BYTES" in detail and "'test-write'" in detail, detail
-    assert "1.00 MiB" in detail and "nothing of it was stored" in detail, detail
+    assert "1.00 MiB" in detail and "none of it was stored" in detail, detail
     usage = stored_by(url, "test-write")
     assert usage == sum(sent(records[i]) for i in kept) <= QUOTA
     assert usage > QUOTA - max(sent(r) for r in records)  # it was filled, not refused early
@@ -184,6 +190,39 @@ def test_artifacts_are_charged_what_they_write(bounded: LiveServer) -> None:
         assert refused.value.status_code == 403 and "these 5 items" in str(refused.value)
         assert stored_by(url, "test-write") == used
         assert len(client.get_artifacts(NS, PART)) == 3
+        # an unscored item sent again unchanged is not written again, nor charged (a tune sends
+        # its workload each run); changed, it is
+        unscored = ArtifactIn(namespace=NS, partition=PART, key="u", value=_group(99))
+        assert client.put_artifacts([unscored]).stored == 1
+        once = stored_by(url, "test-write")
+        assert client.put_artifacts([unscored]).kept == 1
+        assert stored_by(url, "test-write") == once > used
+        changed = unscored.model_copy(update={"value": _group(98)})
+        assert client.put_artifacts([changed]).stored == 1
+        assert stored_by(url, "test-write") - once == once - used
+
+
+def test_jobs_are_charged_and_a_full_token_may_still_fail_its_jobs(bounded: LiveServer) -> None:
+    """A write token created jobs, claimed and failed each at once (a job failed is no longer
+    open), 30 KB a job, never charged. Now each new job is charged; a failure's error too, but
+    never refused: a token at its quota still gives back the jobs it holds."""
+    url = bounded.url
+    token = issue_token(url, "write")
+    made = []
+    with Client(url, token=token) as client:
+        for m in range(1, 10_000):
+            try:
+                made.append(client.create_job(make_key(m)).job.id)
+            except ServerError as exc:
+                assert exc.status_code == 403 and "this job" in str(exc), exc
+                break
+        assert 100 < len(made) < 2000  # a job and its key: about 2 KB
+        job = client.claim_job("w", device_arch="cpu-avx2", backends=("tvm",))
+        assert job is not None
+        failed = httpx.post(f"{url}/v1/jobs/{job.id}/fail", headers=headers(token), timeout=30,
+                            json={"worker": "w", "error": "x" * 4000})  # fmt: skip
+        assert failed.status_code == 200, failed.text
+    assert stored_by(url, "test-write") > QUOTA - 2048
 
 
 def test_a_snapshot_import_stops_at_the_quota(bounded: LiveServer) -> None:

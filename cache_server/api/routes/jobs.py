@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
-from cache_server import jobs
+from cache_server import jobs, quota
 from cache_server.api.auth import READ, ReadAccess, WriteAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import IdPath, SessionDep, SettingsDep
@@ -143,7 +143,10 @@ def create_job(
         trials=request.trials,
         requested_by=who,
     )
-    if not created:
+    if created:  # the last lock (cache_server.quota)
+        quota.charge(session, token, quota.job_bytes(job.key, (who,)),
+                     quota=settings.token_bytes, what="this job")  # fmt: skip
+    else:
         response.status_code = status.HTTP_200_OK
     return JobEnqueued(job=public(job), created=created)
 
@@ -207,6 +210,9 @@ def report_miss(
         source=MISS_SOURCE,
         requested_by=who,
     )
+    if created:  # a token's (the last lock); misses without a token are bounded a minute
+        quota.charge(session, caller, quota.job_bytes(job.key, (who,)),
+                     quota=settings.token_bytes, what="this miss's job")  # fmt: skip
     metrics.count_miss_report()
     return JobEnqueued(job=public(job), created=created)
 
@@ -345,6 +351,8 @@ def fail(
     job = jobs.fail(session, job_id=job_id, worker=request.worker, holder=_holder(token),
                     error=request.error, reporter=token.name,
                     retry_seconds=settings.retry_seconds)  # fmt: skip
+    if job is not None:  # its error, charged each time it is written (the last lock)
+        quota.charge(session, token, quota.text_bytes(request.error, token.name), quota=None)
     return _held(job, job_id)
 
 

@@ -68,7 +68,7 @@ def upload_record(
     added = again_after_a_conflict(session, add)
     if added.winner == added.record_id and added.status in SERVED_STATUSES[settings.policy]:
         jobs.answered(session, key_hash=key_hash, record_id=added.record_id)  # its miss is answered
-    quota.charge(session, token, added.sent_bytes, quota=settings.token_bytes)  # the last lock
+    quota.charge(session, token, added.stored_bytes, quota=settings.token_bytes)  # the last lock
     if added.again:
         response.status_code = status.HTTP_200_OK
     else:

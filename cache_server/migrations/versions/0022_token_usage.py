@@ -1,6 +1,6 @@
 """What each token has stored, counted against the server's quota (``token_usage``:
-cache_server.quota), and each record's bytes as sent (``records.sent_bytes``, what its token
-was charged): a write token could fill the disk with records that never win and with artifacts.
+cache_server.quota): a write token could fill the disk with records that never win, artifacts
+and failed jobs.
 
 What tokens stored before this is not counted (a record's token was known by name only, and
 names repeat): each token's usage starts at none, and the quota bounds what it stores from now.
@@ -24,13 +24,10 @@ depends_on = None
 def upgrade() -> None:
     op.create_table(
         "token_usage",
-        sa.Column("token_id", sa.Integer, sa.ForeignKey("tokens.id"), primary_key=True),
+        sa.Column("token_id", sa.Integer, primary_key=True, autoincrement=False),
         sa.Column("stored_bytes", sa.BigInteger, nullable=False),
     )
-    op.add_column("records", sa.Column("sent_bytes", sa.Integer, nullable=True))
 
 
 def downgrade() -> None:
-    # Not a batch (see 0012): SQLite >= 3.35 drops a column in place.
-    op.drop_column("records", "sent_bytes")
     op.drop_table("token_usage")
