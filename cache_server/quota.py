@@ -110,7 +110,7 @@ def refusal(token: TokenRow, what: str, size: int, quota: int, held: int) -> str
     )
 
 
-def json_bytes(value: Any) -> int:
+def json_size(value: Any) -> int:
     """The bytes of ``value`` in a JSON column: SQLAlchemy writes ``json.dumps(value)``."""
     return 0 if value is None else len(json.dumps(value))
 
@@ -127,17 +127,17 @@ def record_bytes(row: RecordRow, trials: Sequence[Trial]) -> int:
     texts = (row.kernel, row.backend, row.dtype, row.device_arch, row.device_name,
              row.config_summary, row.uploaded_by, row.imported_by, row.key_hash, row.bucket_hash,
              row.upload_digest, row.config_digest, row.status)  # fmt: skip
-    stored = RECORD_ROW + sum(map(json_bytes, columns)) + text_bytes(*texts)
-    return stored + sum(TRIAL_ROW + json_bytes(t.config) + text_bytes(t.error) for t in trials)
+    stored = RECORD_ROW + sum(map(json_size, columns)) + text_bytes(*texts)
+    return stored + sum(TRIAL_ROW + json_size(t.config) + text_bytes(t.error) for t in trials)
 
 
 def artifact_bytes(item: ArtifactIn, uploader: str | None) -> int:
     """What storing ``item`` (its copy of ``uploader``, a token's name) stores: its names are
     in two indexes beside the row."""
     names = text_bytes(item.namespace, item.partition, item.key)
-    return ARTIFACT_ROW + json_bytes(item.value) + 3 * names + text_bytes(item.item, uploader)
+    return ARTIFACT_ROW + json_size(item.value) + 3 * names + text_bytes(item.item, uploader)
 
 
 def job_bytes(key: Mapping[str, Any], texts: Iterable[str | None] = ()) -> int:
     """What storing a job of ``key`` stores, with its ``texts`` (names, an error)."""
-    return JOB_ROW + json_bytes(key) + text_bytes(*texts)
+    return JOB_ROW + json_size(key) + text_bytes(*texts)
