@@ -22,7 +22,7 @@ from cache_server import twins
 from cache_server.budget import stored_size, within
 from cache_server.db import upsert_insert
 from cache_server.models import RecordRow, TokenRow, TrialRow, VerifiedWinnerRow, WinnerRow, utcnow
-from cache_server.quota import record_bytes
+from cache_server.quota import Room, record_bytes
 from tunecache.rules import bucket_digest
 from tunecache.schemas import STORED, RecordCreate, RecordPublic, VerificationPublic
 
@@ -158,16 +158,20 @@ def ensure_live(session: Session, token_id: int, *, doing: str) -> None:
 
 def add_record(
     session: Session, *, key_hash: str, record: RecordCreate, uploader: TokenRow | None = None,
-    bucket_limit: int | None = None, row: RecordRow | None = None,
+    bucket_limit: int | None = None, row: RecordRow | None = None, room: Room | None = None,
 ) -> Added:  # fmt: skip
     """Stores ``record`` and its trials; makes it the key's winner if validated and fastest
     (and the verified policy's too when ``uploader`` is a trusted token). ``row``: the row to
     store, built already (an import's, whose status and provenance its snapshot states:
-    :mod:`cache_server.snapshots`); else :func:`record_row`'s.
+    :mod:`cache_server.snapshots`); else :func:`record_row`'s. ``room``: what the uploader
+    may still store (:func:`cache_server.quota.room`), checked before anything is (its charge,
+    the caller's, decides: ``stored_bytes``).
 
     Raises:
         BucketFull: ``record`` would be a new key's winner in a bucket that holds
             ``bucket_limit`` winners (nothing is stored).
+        QuotaFull: ``record`` would not fit in ``room`` (nothing is stored; one sent again is
+            answered all the same).
         Revoked: ``uploader`` is revoked, read behind the key's lock (nothing is stored): a
             write authenticated just before a revocation was stored after it, on the revoked
             token's word, and a withdrawal, which takes every key's lock first
@@ -187,6 +191,8 @@ def add_record(
     if bucket_limit is not None and record.validation.passed and state.winner is None:
         _check_room(session, row.bucket_hash or "", bucket_limit)  # a new key's first winner
     twins.inherit_findings(row, state)
+    if room is not None:
+        room.ensure(record_bytes(row, record.trials), "this upload")
     session.add(row)
     session.flush()
     _insert_trials(session, row.id, record)

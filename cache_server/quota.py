@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
@@ -80,6 +81,36 @@ def charge(
     if session.execute(stmt.returning(TokenUsageRow.token_id)).first() is None:
         assert limit is not None  # no WHERE: it grew
         raise QuotaFull(refusal(token, what, size, limit, used(session, token.id)))
+
+
+@dataclass(frozen=True)
+class Room:
+    """What ``token`` may still store under its ``limit``, its usage (``held``) read without a
+    lock before a write stores anything: a write that cannot fit is refused before its work (a
+    token at its quota sending a 7.5 MB record in a loop left 486 MiB of dead rows on PostgreSQL
+    in 90 s, each one stored and rolled back). :func:`charge` still decides: a concurrent
+    write of the same token may take the room meanwhile."""
+
+    token: TokenRow
+    limit: int
+    held: int
+
+    def ensure(self, size: int, what: str) -> None:
+        """Raises :class:`QuotaFull` (a refusal naming ``what``) if ``size`` bytes do not fit."""
+        if size > self.limit - self.held:
+            raise QuotaFull(refusal(self.token, what, size, self.limit, self.held))
+
+    def fits(self, size: int) -> bool:
+        """Whether ``size`` bytes fit."""
+        return size <= self.limit - self.held
+
+
+def room(session: Session, token: TokenRow | None, quota: int | None) -> Room | None:
+    """``token``'s :class:`Room` under ``quota`` (``None``: not bounded: no token, an admin's,
+    or no quota)."""
+    if token is None or quota is None or token.scope == "admin":
+        return None
+    return Room(token, quota, used(session, token.id))
 
 
 def used(session: Session, token_id: int) -> int:

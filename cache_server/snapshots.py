@@ -33,7 +33,7 @@ from cache_server.queries import (
     record_fields,
     record_row,
 )
-from cache_server.quota import QuotaFull, charge
+from cache_server.quota import QuotaFull, charge, record_bytes, room
 from cache_server.trust import TIMING_FLAG_RATIO, time_ratio
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput
@@ -189,9 +189,9 @@ def import_records(
     chunk but the last is committed here (the session's owner commits the last): a write waits
     for an import at most one chunk, and only a write of the keys the chunk holds (PostgreSQL).
     One refused midway all the same (a writer filled the bucket meanwhile, or the uploader's
-    quota of stored bytes ran out: ``quota``, each chunk charged as it ends,
-    :mod:`cache_server.quota`) keeps the chunks before it, its error says how many records
-    they stored, and sent again it stores the rest.
+    quota ran out: ``quota``, :mod:`cache_server.quota`, a chunk ending before a record that
+    would not fit) keeps the chunks before it, its error says how many records they stored,
+    and sent again it stores the rest (past the quota: none).
 
     Returns:
         ``(imported, winners_changed)``: records stored (not those this uploader had sent
@@ -344,13 +344,22 @@ def _chunk(
     session: Session, planned: Sequence[_Planned], at: int, importer: _Importer
 ) -> tuple[int, int, set[str]]:
     """:func:`_store_chunk`, once: at most :data:`CHUNK_RECORDS` records, and none more once
-    its first took :data:`CHUNK_SECONDS` and on; the importer is charged the chunk's bytes as
-    it ends (the last lock it takes: :mod:`cache_server.quota`)."""
+    its first took :data:`CHUNK_SECONDS` and on, nor once the next would not fit in the
+    importer's quota; the importer is charged the chunk's bytes as it ends (the last lock it
+    takes: :mod:`cache_server.quota`). So an import past the quota stores its records, in the
+    order it stores them, up to the first that does not fit, however the chunks fell (when a
+    chunk ended by the clock, one refused whole stored more or less of them run to run)."""
     started, changed, stored, end, sent = time.monotonic(), set(), 0, at, 0
+    left = room(session, importer.token, importer.quota)
     while end < len(planned) and end - at < CHUNK_RECORDS:
         if end > at and time.monotonic() - started >= CHUNK_SECONDS:
             break
         p = planned[end]
+        size = record_bytes(p.row, p.record.trials)
+        if left is not None and not left.fits(sent + size):
+            if end > at:
+                break  # the next chunk starts with it, and is refused
+            left.ensure(size, f"records[{p.position}]")
         try:
             added = add_record(session, key_hash=p.key_hash, record=p.record,
                                uploader=importer.token, bucket_limit=importer.bucket_limit,

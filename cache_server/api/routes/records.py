@@ -63,8 +63,9 @@ def upload_record(
     names the quota and nothing is stored.
     """
     key_hash = record.key.digest()
+    room = quota.room(session, token, settings.token_bytes)
     add = partial(queries.add_record, session, key_hash=key_hash, record=record,
-                  uploader=token, bucket_limit=settings.bucket_winners)  # fmt: skip
+                  uploader=token, bucket_limit=settings.bucket_winners, room=room)  # fmt: skip
     added = again_after_a_conflict(session, add)
     if added.winner == added.record_id and added.status in SERVED_STATUSES[settings.policy]:
         jobs.answered(session, key_hash=key_hash, record_id=added.record_id)  # its miss is answered
