@@ -203,12 +203,14 @@ def revoke(session: Session, *, token_id: int, withdraw: bool = False) -> TokenR
     Raises:
         LastAdmin: the token is the last live admin token (a token may revoke itself while
             another admin remains). The live admin rows are locked while this is decided, so two
-            concurrent revocations cannot both pass (PostgreSQL; SQLite serialises writers).
+            concurrent revocations cannot both pass (PostgreSQL; SQLite serialises writers): a
+            caller holding an admin row (its own, its last use written) commits it first.
     """
     live_admins = session.scalars(
         select(TokenRow.id)
         .where(TokenRow.scope == "admin", TokenRow.revoked_at.is_(None))
-        .with_for_update(key_share=True)  # NO KEY UPDATE: two revocations still take turns
+        .order_by(TokenRow.id)  # locked in one order: two revocations take turns
+        .with_for_update(key_share=True)  # NO KEY UPDATE
     ).all()
     if list(live_admins) == [token_id]:
         raise LastAdmin(LAST_ADMIN.format(id=token_id))

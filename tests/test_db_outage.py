@@ -95,3 +95,23 @@ def test_which_sqlite_errors_are_an_outage(code: int, outage: bool) -> None:
     orig = sqlite3.OperationalError("an error")
     orig.sqlite_errorcode = code
     assert database_outage(OperationalError("SELECT 1", {}, orig)) is outage
+
+
+@pytest.mark.parametrize(
+    ("name", "ended"),
+    [("DeadlockDetected", True), ("SerializationFailure", True), ("UniqueViolation", False),
+     ("QueryCanceled", False), ("AdminShutdown", False)],
+)  # fmt: skip
+def test_a_transaction_postgresql_ended_for_another_is_a_retry(name: str, ended: bool) -> None:
+    """A deadlock or a serialisation failure ended the transaction so that another could go on:
+    a 503 to send again (Retry-After: 1), not a 500 nor an outage of 5 s; a unique index's
+    refusal is a bug's 500, a statement cut or a shutdown an outage."""
+    import psycopg.errors
+    from sqlalchemy.exc import IntegrityError, OperationalError
+
+    from cache_server.api.errors import transaction_ended
+
+    orig = getattr(psycopg.errors, name)("an error")
+    kind = IntegrityError if name == "UniqueViolation" else OperationalError
+    assert transaction_ended(kind("UPDATE tokens", {}, orig)) is ended
+    assert transaction_ended(orig) is False  # not through SQLAlchemy: not a database's answer

@@ -13,6 +13,9 @@ shape (:class:`cache_server.api.problems.ErrorBody`).
   past its busy timeout or that cannot be opened, a PostgreSQL statement or lock wait cut at the
   server's bound) is a 503 with ``Retry-After``, as a busy server
   is: the next request tries it again, so the server recovers by itself when it is back;
+- a transaction PostgreSQL ended to break a deadlock or a serialisation failure (40P01, 40001)
+  is a 503 with ``Retry-After: 1``: what it was writing was not stored and the same request
+  sent again goes through (the deadlock is still logged as the error of ours it is);
 - anything else that escapes a route is a 500 in the same shape (a bug; it is logged).
 """
 
@@ -53,6 +56,9 @@ _PG_OUTAGE_CLASSES = ("08", "53", "58")
 _PG_OUTAGE_CODES = frozenset({"57P01", "57P02", "57P03", "25006", "57014", "55P03"})
 _SQLITE_OUTAGE_CODES = frozenset({5, 8, 10, 13, 14})
 _SQLITE_OUTAGE_MESSAGES = ("database is locked", "unable to open database file")
+# A transaction PostgreSQL ended so that another could go on: deadlock_detected,
+# serialization_failure. Nothing of it is stored; sent again, it runs alone.
+_PG_ENDED_CODES = frozenset({"40P01", "40001"})
 
 
 # A 422 lists at most this many fields, each part of a field's place at most PART characters: a
@@ -137,13 +143,17 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(DBAPIError)
     async def database_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        if transaction_ended(exc):
+            return _ended(request, exc)
         if database_outage(exc):
             return _outage(request, exc)
         return _internal(request, exc)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        if database_outage(exc):  # one raised in a middleware, outside the handlers above
+        if transaction_ended(exc):  # one raised in a middleware, outside the handlers above
+            return _ended(request, exc)
+        if database_outage(exc):
             return _outage(request, exc)
         return _internal(request, exc)
 
@@ -169,6 +179,24 @@ def database_outage(exc: BaseException) -> bool:
     if sqlstate is None:  # the driver never got an answer: no connection, or it broke
         return True
     return sqlstate[:2] in _PG_OUTAGE_CLASSES or sqlstate in _PG_OUTAGE_CODES
+
+
+def transaction_ended(exc: BaseException) -> bool:
+    """Whether ``exc`` says PostgreSQL ended the request's transaction so that another could go
+    on (a deadlock, a serialisation failure): nothing of it was stored, and sent again it goes
+    through, so a 503 to retry, not a 500."""
+    orig = getattr(exc, "orig", None) if isinstance(exc, DBAPIError) else None
+    return getattr(orig, "sqlstate", None) in _PG_ENDED_CODES
+
+
+def _ended(request: Request, exc: BaseException) -> JSONResponse:
+    """503 with ``Retry-After: 1``; logged with its traceback: two writers waiting for each
+    other is a bug of ours in the order they take their locks."""
+    logger.error("the database ended %s %s to break a conflict with another request",
+                 request.method, request.url.path, exc_info=exc)  # fmt: skip
+    detail = ("the database ended this request's transaction to let a concurrent one go on (a "
+              "deadlock); what it was writing was not stored: retry in 1 s")  # fmt: skip
+    return JSONResponse(body(503, detail), status_code=503, headers={"Retry-After": "1"})
 
 
 def _outage(request: Request, exc: BaseException) -> JSONResponse:

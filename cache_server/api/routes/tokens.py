@@ -58,6 +58,10 @@ def revoke_token(token_id: IdPath, session: SessionDep, withdraw: bool = False) 
 
     The last live admin token cannot be revoked (409): nobody could manage tokens afterwards.
     """
+    # The caller's own row, its last use written as it was authenticated, is committed first:
+    # held to the end, two admins revoking at once each waited for the other's row while
+    # holding its own (PostgreSQL ended one: a 500).
+    session.commit()
     try:
         revoked = tokens.revoke(session, token_id=token_id, withdraw=withdraw)
     except tokens.LastAdmin as exc:
