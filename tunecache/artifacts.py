@@ -81,7 +81,8 @@ class ArtifactBatch(_Strict):
 
 
 class ArtifactPutResult(_Strict):
-    """``stored``: items written (new or replaced); ``kept``: items whose stored one was better."""
+    """``stored``: items written (new or replaced); ``kept``: items not written, the uploader's
+    stored copy scoring better or as well, or holding this very value unscored."""
 
     stored: int
     kept: int

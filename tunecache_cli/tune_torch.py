@@ -188,7 +188,7 @@ def _upload(url: str, result: Any) -> int:
     finally:
         team.close()
     entries = f"{len(items)} entr{'y' if len(items) == 1 else 'ies'}"
-    kept = f", {stored.kept} not (the team's were faster)" if stored.kept else ""
+    kept = f", {stored.kept} held already (as fast or faster)" if stored.kept else ""
     print(f"uploaded {entries} to {url} ({team.partition}): {stored.stored} stored{kept}",
           file=sys.stderr)  # fmt: skip
     return 0

@@ -35,8 +35,9 @@ def put_artifacts(
 
     Each value must pass its namespace's closed schema (a 422 names the item). Each token keeps
     its own copy of an item (namespace, partition, key and item name): an upload replaces this
-    token's copy when that has no score or the new score is lower (an unscored item never
-    replaces a scored one); otherwise the stored copy is kept (and counted as kept). Which copy
+    token's copy when that has no score and another value, or the new score is lower (an
+    unscored item never replaces a scored one); otherwise the stored copy is kept (and counted
+    as kept). Which copy
     a read serves is decided then: a trusted token's first, then the lowest score, of the tokens
     not revoked. A non-admin token is charged the bytes of the items written against the
     server's quota; past it, a 403 names the quota and none is stored.
