@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, aliased
 from cache_server.budget import stored_size, within
 from cache_server.db import upsert_insert
 from cache_server.models import ArtifactRow, TokenRow, utcnow
-from cache_server.quota import artifact_bytes, charge
+from cache_server.quota import artifact_bytes, charge, room
 from tunecache.artifacts import ArtifactIn, ArtifactPublic
 from tunecache.canonical import digest
 from tunecache.configcheck import artifact_problem
@@ -62,9 +62,11 @@ def put_artifacts(
     opposite orders, each held a row the other waited for: PostgreSQL ends one of them).
 
     Raises:
-        QuotaFull: the items written would take ``uploader`` past ``quota`` (none is stored).
+        QuotaFull: the items written would take ``uploader`` past ``quota`` (none is stored;
+            the writes stop at the first item past its room, read as they start).
     """
     stored = written = 0
+    left = room(session, uploader, quota)
     trusted = uploader is not None and uploader.trusted
     name, token_id = (None, None) if uploader is None else (uploader.name, uploader.id)
     for row_digest, item in sorted(((artifact_digest(i, token_id), i) for i in items),
@@ -102,6 +104,8 @@ def put_artifacts(
         if session.execute(stmt.returning(ArtifactRow.id)).first() is not None:
             stored += 1
             written += artifact_bytes(item, name)
+            if left is not None and not left.fits(written):  # the rest is not written
+                left.ensure(written, f"these {len(items)} items ({stored} of them alone)")
     if quota is not None:  # the last lock this transaction takes (cache_server.quota)
         charge(session, uploader, written, quota=quota, what=f"these {stored} items")
     return stored
