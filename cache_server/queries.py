@@ -192,7 +192,7 @@ def add_record(
         _check_room(session, row.bucket_hash or "", bucket_limit)  # a new key's first winner
     twins.inherit_findings(row, state)
     if room is not None:
-        room.ensure(record_bytes(row, record.trials), "this upload")
+        room.ensure(record_bytes(row, record.trials))
     session.add(row)
     session.flush()
     _insert_trials(session, row.id, record)

@@ -94,11 +94,13 @@ class Room:
     token: TokenRow
     limit: int
     held: int
+    what: str = "this upload"  # what a refusal names
 
-    def ensure(self, size: int, what: str) -> None:
-        """Raises :class:`QuotaFull` (a refusal naming ``what``) if ``size`` bytes do not fit."""
+    def ensure(self, size: int, what: str | None = None) -> None:
+        """Raises :class:`QuotaFull` (a refusal naming ``what``, or the room's) if ``size``
+        bytes do not fit."""
         if size > self.limit - self.held:
-            raise QuotaFull(refusal(self.token, what, size, self.limit, self.held))
+            raise QuotaFull(refusal(self.token, what or self.what, size, self.limit, self.held))
 
     def fits(self, size: int) -> bool:
         """Whether ``size`` bytes fit."""

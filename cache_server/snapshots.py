@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from pydantic import ValidationError
@@ -252,7 +253,12 @@ def _plan(
     digests = (p.row.upload_digest for p in planned)
     held = {d for (d,) in _among(session, select(RecordRow.upload_digest),
                                  RecordRow.upload_digest, digests)}  # fmt: skip
-    return [p for p in planned if p.row.upload_digest not in held]
+    kept = []
+    for p in planned:  # a record twice in the snapshot is one upload: stored once, charged once
+        if p.row.upload_digest not in held:
+            held.add(p.row.upload_digest)
+            kept.append(p)
+    return kept
 
 
 def _among(
@@ -355,15 +361,13 @@ def _chunk(
         if end > at and time.monotonic() - started >= CHUNK_SECONDS:
             break
         p = planned[end]
-        size = record_bytes(p.row, p.record.trials)
-        if left is not None and not left.fits(sent + size):
-            if end > at:
-                break  # the next chunk starts with it, and is refused
-            left.ensure(size, f"records[{p.position}]")
+        if end > at and left and not left.fits(sent + record_bytes(p.row, p.record.trials)):
+            break  # the next chunk starts with it: refused there, unless stored meanwhile
+        first = None if end > at or left is None else replace(left, what=f"records[{p.position}]")
         try:
             added = add_record(session, key_hash=p.key_hash, record=p.record,
                                uploader=importer.token, bucket_limit=importer.bucket_limit,
-                               row=p.row)  # fmt: skip
+                               row=p.row, room=first)  # fmt: skip
         except DataError as exc:
             raise InvalidInput(
                 f"records[{p.position}]: the database refused it: {exc.orig}"

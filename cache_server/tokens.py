@@ -192,7 +192,12 @@ LAST_ADMIN = (
 )
 
 
-def revoke(session: Session, *, token_id: int, withdraw: bool = False) -> TokenRevoked | None:
+REVOKE_SLOT = 258  # past the keys', the miss budget's and token names' (NAME_SLOT)
+
+
+def revoke(
+    session: Session, *, token_id: int, withdraw: bool = False, by: int | None = None
+) -> TokenRevoked | None:
     """Revokes a token (kept, for the record), giving back the leases of the jobs it claimed
     (:func:`cache_server.jobs.release_leases`) and of the records it was verifying
     (:func:`cache_server.trust.release_verifications`); with ``withdraw``, disputes the records
@@ -200,18 +205,26 @@ def revoke(session: Session, *, token_id: int, withdraw: bool = False) -> TokenR
     such token. A revoked token is revoked again at no cost (its first time kept): an admin who
     finds out later that it leaked withdraws its records then.
 
+    ``by``: the admin token asking (through the API), refused if it was revoked meanwhile.
+
     Raises:
         LastAdmin: the token is the last live admin token (a token may revoke itself while
-            another admin remains). The live admin rows are locked while this is decided, so two
-            concurrent revocations cannot both pass (PostgreSQL; SQLite serialises writers): a
-            caller holding an admin row (its own, its last use written) commits it first.
+            another admin remains). Revocations take turns (:data:`REVOKE_SLOT`; on SQLite the
+            database's write lock: a read alone takes none, and two admins revoking each other
+            both found the other live and left none), and the live admin rows are locked while
+            this is decided: a caller holding an admin row (its own, its last use written)
+            commits it first.
+        Revoked: ``by`` is no longer a live admin token (nothing is revoked).
     """
+    lock_slot(session, REVOKE_SLOT)
     live_admins = session.scalars(
         select(TokenRow.id)
         .where(TokenRow.scope == "admin", TokenRow.revoked_at.is_(None))
         .order_by(TokenRow.id)  # locked in one order: two revocations take turns
         .with_for_update(key_share=True)  # NO KEY UPDATE
     ).all()
+    if by is not None and by not in live_admins:
+        raise Revoked("the token was revoked while this request ran: nothing was revoked")
     if list(live_admins) == [token_id]:
         raise LastAdmin(LAST_ADMIN.format(id=token_id))
     session.execute(

@@ -291,6 +291,23 @@ def test_a_snapshot_import_stops_at_the_quota(bounded: LiveServer) -> None:
                       timeout=60).json()["imported"] == 1  # fmt: skip
 
 
+def test_a_record_twice_in_an_import_is_stored_and_charged_once(bounded: LiveServer) -> None:
+    """A snapshot that holds a record twice stores it once, charged once: with room for one
+    copy and not two, the import goes through (it was refused, naming the second copy)."""
+    url = bounded.url
+    token = issue_token(url, "write")
+    assert post(url, token, big_record(2)).status_code == 201
+    room = QUOTA - stored_by(url, "test-write")
+    twice = big_record(4)
+    assert sent(twice) <= room < 2 * sent(twice)
+    document = {"format": SNAPSHOT_FORMAT, "filters": {"device_arch": "cpu-avx2"},
+                "records": [twice.model_dump(mode="json", by_alias=True)] * 2}  # fmt: skip
+    answer = httpx.post(f"{url}/v1/snapshot", json=document, headers=headers(token), timeout=60)
+    assert answer.status_code == 200 and answer.json()["imported"] == 1, answer.text
+    assert stored_by(url, "test-write") == QUOTA - room + sent(twice)
+    assert record_count(url) == 2
+
+
 @pytest.mark.slow
 def test_a_daemon_whose_token_is_at_its_quota_stops_claiming(
     bounded: LiveServer, own_outbox: Path

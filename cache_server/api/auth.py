@@ -86,8 +86,10 @@ ReadAccess = Annotated[TokenRow | None, Depends(requires("read"))]
 IdentifiedAccess = Annotated[TokenRow, Depends(requires("read", anonymous=False))]
 WriteAccess = Annotated[TokenRow, Depends(requires("write"))]
 VerifyAccess = Annotated[TokenRow, Depends(requires("verify"))]
+_ADMIN = requires("admin")  # one dependency: a route with both checks the token once
+AdminAccess = Annotated[TokenRow, Depends(_ADMIN)]
 # For a route's ``dependencies=[...]``.
 READ = Depends(requires("read"))
 WRITE = Depends(requires("write"))
 VERIFY = Depends(requires("verify"))
-ADMIN = Depends(requires("admin"))
+ADMIN = Depends(_ADMIN)

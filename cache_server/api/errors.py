@@ -14,8 +14,8 @@ shape (:class:`cache_server.api.problems.ErrorBody`).
   server's bound) is a 503 with ``Retry-After``, as a busy server
   is: the next request tries it again, so the server recovers by itself when it is back;
 - a transaction PostgreSQL ended to break a deadlock or a serialisation failure (40P01, 40001)
-  is a 503 with ``Retry-After: 1``: what it was writing was not stored and the same request
-  sent again goes through (the deadlock is still logged as the error of ours it is);
+  is a 503 with ``Retry-After: 1``: what it wrote since it last committed was not stored, and
+  the same request sent again goes through (the deadlock is logged as the error of ours it is);
 - anything else that escapes a route is a 500 in the same shape (a bug; it is logged).
 """
 
@@ -194,8 +194,11 @@ def _ended(request: Request, exc: BaseException) -> JSONResponse:
     other is a bug of ours in the order they take their locks."""
     logger.error("the database ended %s %s to break a conflict with another request",
                  request.method, request.url.path, exc_info=exc)  # fmt: skip
-    detail = ("the database ended this request's transaction to let a concurrent one go on (a "
-              "deadlock); what it was writing was not stored: retry in 1 s")  # fmt: skip
+    detail = (
+        "the database ended this request's transaction to let a concurrent one go on (a "
+        "deadlock or a serialisation failure); what it wrote since it last committed was "
+        "not stored (an import keeps the chunks it committed before): retry in 1 s"
+    )
     return JSONResponse(body(503, detail), status_code=503, headers={"Retry-After": "1"})
 
 

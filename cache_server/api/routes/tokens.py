@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, status
 
 from cache_server import tokens
-from cache_server.api.auth import ADMIN
+from cache_server.api.auth import ADMIN, AdminAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import IdPath, SessionDep
 from tunecache.tokens import TokenCreate, TokenCreated, TokenList, TokenRevoked
@@ -50,7 +50,9 @@ def list_tokens(session: SessionDep, include_revoked: bool = False) -> TokenList
         409: {"description": "the last live admin token: create another first"},
     },
 )
-def revoke_token(token_id: IdPath, session: SessionDep, withdraw: bool = False) -> TokenRevoked:
+def revoke_token(
+    token_id: IdPath, session: SessionDep, caller: AdminAccess, withdraw: bool = False
+) -> TokenRevoked:
     """Revokes a token at once, on every server process; its row stays, marked revoked. The
     answer counts the records served on its word alone (its uploads and imports that no verifier
     here passed); ``withdraw=true`` disputes them, out of service until a verifier checks each
@@ -63,7 +65,7 @@ def revoke_token(token_id: IdPath, session: SessionDep, withdraw: bool = False) 
     # holding its own (PostgreSQL ended one: a 500).
     session.commit()
     try:
-        revoked = tokens.revoke(session, token_id=token_id, withdraw=withdraw)
+        revoked = tokens.revoke(session, token_id=token_id, withdraw=withdraw, by=caller.id)
     except tokens.LastAdmin as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     if revoked is None:
