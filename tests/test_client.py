@@ -19,6 +19,7 @@ from tests.conftest import LiveServer
 from tests.factories import default_config, make_key, make_record, miss
 from tunecache import Client, ServerError
 from tunecache.errors import InvalidInput
+from tunecache.http import Timeout
 from tunecache.key import Key
 from tunecache.schemas import LookupResponse, RecordPublic
 
@@ -198,8 +199,18 @@ def test_a_snapshot_path_may_be_a_str_and_a_bad_policy_fails_at_construction(
     # timeout="x" raised float()'s "could not convert string to float", naming nothing; True
     # was taken for one second.
     for bad in ("x", True, float("nan"), 0):
-        with pytest.raises(ValueError, match=r"Timeout.lookup must be a positive number of seco"):
+        with pytest.raises(InvalidInput, match=r"Timeout.lookup \(a client's timeout=\) must be a"):
             Client("http://127.0.0.1:9", timeout=bad)  # type: ignore[arg-type]
+    # milliseconds meant: each lookup of a silent server held the process 8 minutes (refused
+    # in TUNECACHE_TIMEOUT, taken here)
+    for bad in (500, 10**6, float("inf")):
+        with pytest.raises(InvalidInput, match=r"timeout=\) must be (at most 60 seconds|a pos)"):
+            Client("http://127.0.0.1:9", timeout=bad)
+    with pytest.raises(InvalidInput, match=r"Timeout\.connect"):
+        Client("http://127.0.0.1:9", timeout=Timeout(lookup=1, connect=120))
+    assert (
+        Client("http://127.0.0.1:9", timeout=Timeout(lookup=60, write=3600)).timeout.write == 3600
+    )
     for number in (Decimal("2"), Fraction(1, 2), np.float32(0.5), np.int64(2)):  # any number
         assert Client("http://127.0.0.1:9", timeout=number).timeout.lookup == float(number)  # type: ignore[arg-type]
 

@@ -12,7 +12,7 @@ import pytest
 from tests.factories import make_key, miss
 from tunecache import Client
 from tunecache.errors import InvalidInput
-from tunecache.settings import MAX_ENV_TIMEOUT, Settings, settings_without_bad
+from tunecache.settings import MAX_LOOKUP_TIMEOUT, Settings, settings_without_bad
 from tunecache.triton import shared_client as shared
 
 
@@ -67,7 +67,7 @@ def test_a_timeout_over_a_minute_is_refused_as_likely_milliseconds(raw: str) -> 
         Settings.from_env({"TUNECACHE_TIMEOUT": raw})
 
 
-@pytest.mark.parametrize("raw", ["0.05", "2", "60", f"{MAX_ENV_TIMEOUT:g}"])
+@pytest.mark.parametrize("raw", ["0.05", "2", "60", f"{MAX_LOOKUP_TIMEOUT:g}"])
 def test_a_timeout_up_to_a_minute_is_taken(raw: str) -> None:
     assert Settings.from_env({"TUNECACHE_TIMEOUT": raw}).timeout == float(raw)
 

@@ -32,6 +32,7 @@ from tests.factories import hostile_artifacts, store_behind_the_api
 from tests.tvm_db_client import seeded_inputs
 from tunecache.artifacts import ArtifactIn
 from tunecache.client import Client
+from tunecache.errors import InvalidInput
 
 tvm = pytest.importorskip("tvm")
 
@@ -360,6 +361,14 @@ def _compile_twice_with(db: Database, kernels: Path) -> Any:
     out, _ = _run(mod, MATMUL_SHAPES)
     assert np.isfinite(out).all()
     return out
+
+
+@pytest.mark.parametrize("bad", [500, True, 0, float("nan"), "1"])
+def test_a_timeout_that_is_not_a_lookups_few_seconds_is_refused(bad: Any) -> None:
+    """``timeout=500`` (milliseconds meant) held each lookup of a silent server 8 minutes,
+    where ``TUNECACHE_TIMEOUT=500`` is refused; ``True`` was one second."""
+    with pytest.raises(InvalidInput, match="timeout must be a positive number of seconds, at"):
+        Database("http://127.0.0.1:9", target=host_target(), timeout=bad)
 
 
 def test_server_down_falls_back_with_one_warning(

@@ -39,9 +39,9 @@ import httpcore
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from tunecache.errors import ServerError
+from tunecache.errors import InvalidInput, ServerError
 from tunecache.jsonsafe import parse_json, past_bound
-from tunecache.settings import without_userinfo
+from tunecache.settings import MAX_LOOKUP_TIMEOUT, without_userinfo
 from tunecache.strict import SERVED, shown
 
 M = TypeVar("M", bound=BaseModel)
@@ -90,7 +90,13 @@ class Timeout:
     def __post_init__(self) -> None:
         """Each a float: any number (numpy's, ``Decimal``) that is positive and finite; not a
         flag, nor text (``"x"`` raised ``float()``'s own message, naming nothing; ``True`` was
-        taken for one second)."""
+        taken for one second); ``lookup`` and ``connect`` at most :data:`MAX_LOOKUP_TIMEOUT`
+        (``Client(url, timeout=500)``, milliseconds meant, held each lookup of a silent server
+        8 minutes, where ``TUNECACHE_TIMEOUT=500`` was refused).
+
+        Raises:
+            InvalidInput: a bound that is none of these, named (a ``ValueError``).
+        """
         for name in ("lookup", "connect", "write"):
             value = getattr(self, name)
             if value is None:
@@ -100,7 +106,12 @@ class Timeout:
             except (TypeError, ValueError):
                 seconds = -1.0
             if not (math.isfinite(seconds) and seconds > 0):
-                raise ValueError(f"Timeout.{name} must be a positive number of seconds: {value!r}")
+                raise InvalidInput(f"Timeout.{name} (a client's timeout=) must be a positive "
+                                   f"number of seconds: {value!r}")  # fmt: skip
+            if name != "write" and seconds > MAX_LOOKUP_TIMEOUT:
+                raise InvalidInput(f"Timeout.{name} (a client's timeout=) must be at most "
+                                   f"{MAX_LOOKUP_TIMEOUT:g} seconds: {value!r} (it is in "
+                                   "seconds: 0.5 is half a second)")  # fmt: skip
             object.__setattr__(self, name, seconds)
 
     def per_operation(self, seconds: float, *, read: bool) -> httpx.Timeout:

@@ -130,7 +130,10 @@ class Settings:
         )
 
 
-MAX_ENV_TIMEOUT = 60.0  # seconds: TUNECACHE_TIMEOUT=500 meant milliseconds, not 8 minutes
+# The most seconds a run-time lookup may be given, however it is given (TUNECACHE_TIMEOUT,
+# Client(timeout=), Timeout(lookup=)): 500 meant milliseconds, not a process held 8 minutes by
+# each lookup of a silent server.
+MAX_LOOKUP_TIMEOUT = 60.0
 
 
 def env_url(environ: Mapping[str, str] | None = None) -> str:
@@ -149,7 +152,7 @@ def env_timeout(environ: Mapping[str, str] | None = None) -> float:
     Raises:
         InvalidInput: not a number, not above 0, not finite (``inf``: a lookup that never gives
             up, which :class:`tunecache.http.Timeout` refuses), or over
-            :data:`MAX_ENV_TIMEOUT` (a value in milliseconds: each lookup of a silent server
+            :data:`MAX_LOOKUP_TIMEOUT` (a value in milliseconds: each lookup of a silent server
             would hold the caller that long).
     """
     raw = (os.environ if environ is None else environ).get("TUNECACHE_TIMEOUT")
@@ -159,8 +162,8 @@ def env_timeout(environ: Mapping[str, str] | None = None) -> float:
         value = float(raw)
     except ValueError:
         raise InvalidInput(f"TUNECACHE_TIMEOUT={raw!r} is not a float") from None
-    if not 0 < value <= MAX_ENV_TIMEOUT:  # nan and inf fail it too
-        limit = f"{MAX_ENV_TIMEOUT:g}"
+    if not 0 < value <= MAX_LOOKUP_TIMEOUT:  # nan and inf fail it too
+        limit = f"{MAX_LOOKUP_TIMEOUT:g}"
         raise InvalidInput(f"TUNECACHE_TIMEOUT={raw!r} must be more than 0 and at most {limit}: "
                            "it is in seconds (0.5: half a second)")  # fmt: skip
     return value

@@ -28,9 +28,10 @@ from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
 
 from tunecache.artifacts import ArtifactIn, ArtifactPublic, ArtifactPutResult
 from tunecache.configcheck.tvm import target_device
+from tunecache.errors import InvalidInput
 from tunecache.http import BAD_ANSWER_CHARS
 from tunecache.ranks import shared_artifacts
-from tunecache.settings import Settings
+from tunecache.settings import MAX_LOOKUP_TIMEOUT, Settings
 from tunecache.tvm.check import args_info_json, check_record
 from tunecache.tvm.remote import Remote
 from tunecache.tvm.wire import (
@@ -109,8 +110,11 @@ class Database(PyDatabase):
         super().__init__()
         if timeout is None:
             timeout = Settings.from_env(with_url=False).timeout
-        if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if isinstance(timeout, bool) or not (
+            isinstance(timeout, int | float) and 0 < timeout <= MAX_LOOKUP_TIMEOUT
+        ):
+            raise InvalidInput(f"timeout must be a positive number of seconds, at most "
+                               f"{MAX_LOOKUP_TIMEOUT:g}: {timeout!r}")  # fmt: skip
         self.partition = partition_for(target)
         self.device = target_device(target_json(target))  # what the traces it takes are for
         self.remote = Remote(url, token, float(timeout), self.partition)
