@@ -13,10 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from cache_server.embedded import free_port
 from tests.conftest import LiveServer
+from tests.factories import issue_token
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +67,8 @@ x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
 y = torch.empty_like(x)
 m.double[lambda meta: (triton.cdiv(1000, meta["BLOCK"]),)](x, y, 1000)
 print(json.dumps({"right": bool(torch.allclose(y, x * 2.0)), "launched": m.double.best_config.kwargs,
-                  "sources": [type(s).__name__ for s in m.double._client().resolver.sources]}))
+                  "sources": [type(s).__name__ for s in m.double._client().resolver.sources],
+                  "benched": len(m.BENCHED)}))
 """.replace("import json, torch", "import json, torch, triton")
 
 
@@ -101,6 +104,28 @@ def test_a_wrong_pick_falls_back_to_the_fastest_config_that_passes(tmp_path: Pat
     assert stderr.count("failed validation") == 1, stderr
     assert "this call and the later ones launch BLOCK: 64" in stderr
     assert "the fastest config that passed (checked 1)" in stderr
+
+
+def test_the_config_launched_for_a_wrong_pick_is_shared_and_served(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """The fastest config that passed in the wrong pick's place was launched and never
+    uploaded: every new process benchmarked the kernel again, for good. Now it is the key's
+    record, the wrong pick's trial saying so, and a fresh process launches it unbenchmarked."""
+    env = {"TUNECACHE_URL": server.url, "TUNECACHE_TOKEN": issue_token(server.url, "write")}
+    tuned = run(tmp_path, **env)
+    assert result(tuned)["launched"] == {"BLOCK": 64} and result(tuned)["benched"] == 3
+    assert "the fastest config that passed (checked 1): the key's record in its place" in (
+        tuned.stderr
+    )
+    (record,) = httpx.get(f"{server.url}/v1/records", timeout=30).json()["items"]
+    assert record["config"]["BLOCK"] == 64 and record["validation"]["passed"] is True
+    full = httpx.get(f"{server.url}/v1/records/{record['id']}", timeout=30).json()
+    trials = {t["config"]["BLOCK"]: (t["status"], t["time_ms"]) for t in full["trials"]}
+    assert trials[128] == ("wrong_answer", None), trials
+    assert trials[64][0] == trials[32][0] == "ok" and trials[64][1] < trials[32][1], trials
+    served = result(run(tmp_path, **env))
+    assert served == {**served, "right": True, "launched": {"BLOCK": 64}, "benched": 0}, served
 
 
 def test_no_config_passing_blames_the_reference_and_launches_tritons_pick(

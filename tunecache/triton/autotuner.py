@@ -240,20 +240,30 @@ class CachedAutotuner(Admission, Autotuner):
         suspect (as where it cannot run) and Triton's pick is."""
         key, args, kwargs = call.key, call.args, call.kwargs
         tolerance = TOLERANCES.get(key.dtype, 1e-4)
+        wrong: list[Config] = [failed]
+        checks: dict[int, CheckModel] = {}
 
         def passes(config: Config) -> bool | None:
             try:
-                return self._check(config, args, kwargs, tolerance, key).passed
+                checks[id(config)] = found = self._check(config, args, kwargs, tolerance, key)
             except CheckUnavailable:  # not the config's fault: not known wrong
                 return None
             except Exception:  # its own run raised: not taken
+                found = None
+            if found is None or not found.passed:
+                wrong.append(config)
                 return False
+            return True
 
         pruning = self._pruning(args, kwargs)
         kept = self.configs if pruning is None else pruning.kept()
         found = fallback.fall_back(failed, call.times, kept, passes)
+        shared = found.config is not None and fallback.timed(call.times, found.config)
+        if shared:  # the key's record in the pick's place (_tuned)
+            assert found.config is not None
+            call.replaced = (found.config, checks[id(found.config)], tuple(wrong))
         said = f"{key.short()}: the tuned config {failed} failed validation ({check.failure()})"
-        self._warn_once("wrong", found.warning(said, launch))
+        self._warn_once("wrong", found.warning(said, launch, shared=shared))
         return found.launched
 
     def _validate(self, key: Key, config: Config, args: tuple[Any, ...],
@@ -395,11 +405,14 @@ class CachedAutotuner(Admission, Autotuner):
                 self.cache[tuning_key] = self._replacement(call, winner, check, "the later calls")
         else:
             winner, check = picked
+        wrong: tuple[Config, ...] = ()
+        if check is not None and not check.passed and call.replaced is not None:
+            winner, check, wrong = call.replaced  # the fastest that passed, timed here
         if check is None or not check.passed:
             return
         against = reference_label(self.reference is not None, key.dtype, self.outputs)
         record = build_record(key, winner, timings, first, validated(check, against),
-                              seconds, timer=self.timer)  # fmt: skip
+                              seconds, timer=self.timer, wrong=wrong)  # fmt: skip
         if record is None:
             self._warn_once("timing", f"{key.short()}: no usable timings; not uploaded")
             return

@@ -36,8 +36,9 @@ class Fallback:
         (every config disagreed with the reference: the reference is the suspect)."""
         return self.config or self.unchecked or self.failed
 
-    def warning(self, said: str, launch: str) -> str:
-        """The one warning: ``said`` (the pick's failure), then what ``launch`` runs and why."""
+    def warning(self, said: str, launch: str, *, shared: bool = False) -> str:
+        """The one warning: ``said`` (the pick's failure), then what ``launch`` runs and why;
+        ``shared``: the config that passed is the key's record (it was timed here)."""
         if self.config is None and self.unchecked is not None:
             return (f"{said}; {launch} launch {self.unchecked}, the fastest config whose check "
                     f"could not run here (none of the {self.checked} tried passed): unchecked, "
@@ -46,8 +47,9 @@ class Fallback:
             return (f"{said}, and so did the {self.checked} other config(s) the kernel keeps: "
                     f"the reference may be wrong; {launch} launch {self.failed}, Triton's pick, "
                     "unchecked; not uploaded")  # fmt: skip
+        then = "the key's record in its place" if shared else "not uploaded (not timed here)"
         return (f"{said}; {launch} launch {self.config}, the fastest config that passed "
-                f"(checked {self.checked}); not uploaded")  # fmt: skip
+                f"(checked {self.checked}): {then}")  # fmt: skip
 
 
 def candidates(failed: Config, times: Mapping[Config, Any], kept: Sequence[Config]) -> list[Config]:
@@ -76,6 +78,11 @@ def fall_back(failed: Config, times: Mapping[Config, Any], kept: Sequence[Config
         if verdict is None and unchecked is None:
             unchecked = config
     return Fallback(None, checked, failed, unchecked)
+
+
+def timed(times: Mapping[Config, Any], config: Config) -> bool:
+    """Whether ``config`` was timed here as one that runs (a finite time)."""
+    return config in times and math.isfinite(_ms(times[config]))
 
 
 def could_not_run(times: Mapping[Config, Any], config: Config) -> bool:

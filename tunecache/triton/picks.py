@@ -34,7 +34,7 @@ class Picks(dict[Any, Config]):
 class TuningCall:
     """The call a thread is tuning: its key, Triton's tuning key and arguments; whether Triton
     picked from timings (measured now, or on disk), what each config measured now (``times``: its
-    ``do_bench`` answer), and the pick with what its check found."""
+    ``do_bench`` answer), the pick with what its check found, and what replaced it."""
 
     key: Key
     tuning_key: tuple[Any, ...]
@@ -43,3 +43,6 @@ class TuningCall:
     timed: bool = False
     times: dict[Config, Any] = field(default_factory=dict)
     picked: tuple[Config, CheckModel | None] | None = None
+    # What replaced a wrong pick: the fastest config timed here that passed, its check, and the
+    # configs found wrong on the way (the pick first): the key's record in the pick's place.
+    replaced: tuple[Config, CheckModel, tuple[Config, ...]] | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import platform
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from tunecache import __version__
@@ -89,9 +89,11 @@ def build_record(
     seconds: float,
     summary: Callable[[dict[str, Any]], str] | None = None,
     timer: str = DO_BENCH_TIMER,
+    wrong: Collection[Any] = (),
 ) -> RecordCreate | None:
     """The record of a local autotuning run, or ``None`` when its timings are unusable;
-    ``timer``: what measured them.
+    ``timer``: what measured them; ``wrong``: configs whose outputs failed the check (their
+    trials say so, with no time: a faster wrong config is no winner).
 
     ``timings`` must be the ones measured for ``key`` (Triton leaves an earlier key's in place
     when it launches without benchmarking): every entry becomes a trial of this record.
@@ -102,7 +104,10 @@ def build_record(
     trials = []
     for config, measured in timings.items():
         t = timing_of(measured, timer)
-        if t is None:
+        if any(config is w for w in wrong):
+            trials.append(Trial(config=config_json(config), status="wrong_answer",
+                                error="its outputs failed the check"))  # fmt: skip
+        elif t is None:
             trials.append(Trial(config=config_json(config), status="runtime_error",
                                 error="no usable timing (failed to compile or run)"))  # fmt: skip
         else:
