@@ -207,6 +207,7 @@ def test_a_config_whose_check_cannot_run_is_launched_before_the_failed_pick() ->
     verdicts = {slow: False, unknown: None}  # None: the check could not run
     found = fall_back(failed, times, [failed, slow, unknown], verdicts.__getitem__)
     assert (found.config, found.launched, found.checked) == (None, unknown, 2)
+    assert found.wrong == (slow,)  # the one whose check ran and failed; not the unknown one
     assert "could not run here" in found.warning("pick failed", "later calls")
     every = fall_back(failed, times, [failed, slow, unknown], lambda config: False)
     assert every.launched is failed and "the reference may be wrong" in every.warning("x", "y")

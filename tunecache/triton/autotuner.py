@@ -240,28 +240,23 @@ class CachedAutotuner(Admission, Autotuner):
         suspect (as where it cannot run) and Triton's pick is."""
         key, args, kwargs = call.key, call.args, call.kwargs
         tolerance = TOLERANCES.get(key.dtype, 1e-4)
-        wrong: list[Config] = [failed]
         checks: dict[int, CheckModel] = {}
 
         def passes(config: Config) -> bool | None:
             try:
-                checks[id(config)] = found = self._check(config, args, kwargs, tolerance, key)
+                checks[id(config)] = self._check(config, args, kwargs, tolerance, key)
             except CheckUnavailable:  # not the config's fault: not known wrong
                 return None
             except Exception:  # its own run raised: not taken
-                found = None
-            if found is None or not found.passed:
-                wrong.append(config)
                 return False
-            return True
+            return checks[id(config)].passed
 
         pruning = self._pruning(args, kwargs)
         kept = self.configs if pruning is None else pruning.kept()
         found = fallback.fall_back(failed, call.times, kept, passes)
         shared = found.config is not None and fallback.timed(call.times, found.config)
-        if shared:  # the key's record in the pick's place (_tuned)
-            assert found.config is not None
-            call.replaced = (found.config, checks[id(found.config)], tuple(wrong))
+        if shared and found.config is not None:  # the key's record in the pick's place (_tuned)
+            call.replaced = (found.config, checks[id(found.config)], (failed, *found.wrong))
         said = f"{key.short()}: the tuned config {failed} failed validation ({check.failure()})"
         self._warn_once("wrong", found.warning(said, launch, shared=shared))
         return found.launched

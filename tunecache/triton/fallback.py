@@ -22,13 +22,14 @@ from triton import Config
 @dataclass(frozen=True)
 class Fallback:
     """The config to launch in place of ``failed`` (``None``: none passed), how many configs
-    were tried, and the fastest whose check could not run here (``unchecked``: not known wrong,
-    unlike ``failed``)."""
+    were tried, the fastest whose check could not run here (``unchecked``: not known wrong,
+    unlike ``failed``), and those tried that failed their check (``wrong``)."""
 
     config: Config | None
     checked: int
     failed: Config
     unchecked: Config | None = None
+    wrong: tuple[Config, ...] = ()
 
     @property
     def launched(self) -> Config:
@@ -69,15 +70,17 @@ def fall_back(failed: Config, times: Mapping[Config, Any], kept: Sequence[Config
     holds, each checked at most once; ``passes`` answers ``None`` where the check could not
     run here (no memory for the copies, the reference raising): such a config is remembered,
     never counted as disagreeing with the reference."""
-    checked, unchecked = 0, None
+    checked, unchecked, wrong = 0, None, list[Config]()
     for config in candidates(failed, times, kept):
         checked += 1
         verdict = passes(config)
         if verdict:
-            return Fallback(config, checked, failed)
+            return Fallback(config, checked, failed, wrong=tuple(wrong))
         if verdict is None and unchecked is None:
             unchecked = config
-    return Fallback(None, checked, failed, unchecked)
+        if verdict is False:
+            wrong.append(config)
+    return Fallback(None, checked, failed, unchecked, tuple(wrong))
 
 
 def timed(times: Mapping[Config, Any], config: Config) -> bool:
