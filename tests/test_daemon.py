@@ -88,6 +88,10 @@ def test_a_job_never_makes_the_daemon_import_a_package_it_was_not_given(
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "0 jobs completed, 0 failed" in done.stderr
+    # said once, the package named, never imported (it idled saying only "0 jobs completed")
+    said = [line for line in done.stderr.splitlines() if "wait for kernels" in line]
+    assert len(said) == 1 and "evilmod:Kernel; --kernels evilmod takes them" in said[0], said
+    assert "for packages you trust" in said[0]
     # it takes the job's backend: the package kept the job from it
     assert re.search(r": taking \S*tvm\S* jobs for ", done.stderr), done.stderr
     assert not marker.exists()  # neither the job's module nor the allowed package (found only)

@@ -32,7 +32,7 @@ from tunecache.client import Client
 from tunecache.configcheck import as_run
 from tunecache.device import local_device
 from tunecache.errors import InvalidInput, ServerError, TuningError, one_line
-from tunecache.jobs import JobPublic
+from tunecache.jobs import MAX_JOB_PAGE, JobPublic
 from tunecache.kernels import BACKENDS
 from tunecache.key import DEVICE_KINDS, Key, kernel_module, key_for
 from tunecache.outbox import Later
@@ -265,6 +265,7 @@ class Daemon(Worker):
         self.seen: dict[int, tuple[int, int, str]] = {}
         self.unsent: list[tuple[JobPublic, Later, float]] = []  # tuned while the server was down
         self.internal_errors = 0  # jobs in a row that failed as nothing foresaw
+        self.others_said = False  # say_others, once
 
     def run(self) -> int:
         """Works until stopped; returns how many jobs it completed. A record the server did not
@@ -284,12 +285,39 @@ class Daemon(Worker):
 
     def claim(self, arch: str) -> JobPublic | None:
         """The next job for this device, once the records tuned while the server did not answer
-        are sent."""
+        are sent; the first time none is left, :meth:`say_others`."""
         self.send_unsent()
-        return self.client.claim_job(self.worker, lease_seconds=self.options.lease_seconds,
-                                     device_arch=arch, backends=self.backends,
-                                     kernel_packages=self.kernels,
-                                     key_hashes=self.options.key_hashes)  # fmt: skip
+        job = self.client.claim_job(self.worker, lease_seconds=self.options.lease_seconds,
+                                    device_arch=arch, backends=self.backends,
+                                    kernel_packages=self.kernels,
+                                    key_hashes=self.options.key_hashes)  # fmt: skip
+        if job is None and not self.others_said:
+            self.others_said = True
+            self.say_others(arch)
+        return job
+
+    def say_others(self, arch: str) -> None:
+        """Says once which queued jobs of this device wait for kernels of packages this worker
+        does not import (a team's own kernel, queued by ``pretune``: a daemon without
+        ``--kernels`` idled beside it, saying "0 jobs completed"), among the first
+        :data:`MAX_JOB_PAGE`. A hint: a server that cannot list them says nothing."""
+        try:
+            queued = self.client.list_jobs(state="queued", limit=MAX_JOB_PAGE).items
+        except ServerError:
+            return
+        wanted = self.options.key_hashes
+        kernels = sorted({j.key.kernel for j in queued if j.key.device.arch == arch
+                          and j.key.backend in self.backends
+                          and (wanted is None or j.key_hash in wanted)
+                          and self.refused(j.key.kernel) is not None})  # fmt: skip
+        top = {k: str(kernel_module(k)).partition(".")[0] for k in kernels}
+        kernels = [k for k in kernels if not (top[k].startswith("__") and top[k].endswith("__"))]
+        if kernels:
+            logger.warning("queued jobs for %s wait for kernels this worker does not import: "
+                           "%s; --kernels %s takes them, for packages you trust (a worker "
+                           "imports each, running its code)", arch, ", ".join(kernels[:5])
+                           + (f" and {len(kernels) - 5} more" if len(kernels) > 5 else ""),
+                           ",".join(sorted({top[k] for k in kernels})))  # fmt: skip
 
     def send_unsent(self) -> None:
         """Sends the records tuned while the server did not answer, and completes their jobs
