@@ -140,6 +140,18 @@ def test_the_eta_counts_down_while_a_step_is_awaited() -> None:
     assert etas == sorted(etas, reverse=True) and etas[-1] <= 1  # never up; down to zero
 
 
+def test_a_report_that_says_again_what_the_last_said_is_not_printed() -> None:
+    """MetaSchedule's rounds of no new candidate printed five identical lines in 0.2 s (but for
+    the elapsed time) when the output is not a terminal."""
+    stream = io.StringIO()
+    with ProgressPrinter("k", stream, heartbeat=60) as progress:
+        for _ in range(5):
+            progress(Progress(1, 8, 0.5, "measured a batch", phase="search"))
+        progress(Progress(2, 8, 0.4, "measured a batch"))
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 2 and "[1/8]" in lines[0] and "[2/8]" in lines[1], lines
+
+
 def test_a_report_of_no_new_trial_is_no_step_of_the_eta() -> None:
     """MetaSchedule's rounds of candidates it had measured report the same count: each was taken
     for a step, and the ETA grew at each (133 s, 136 s, ... 146 s) with nothing measured."""

@@ -90,3 +90,32 @@ def test_tune_tvm_says_the_best_is_an_earlier_runs_not_in_the_search(
     assert "in the search" not in out.split("best:")[1].splitlines()[0]
     assert "a schedule from an earlier run's records in the local database" in out
     assert "from earlier runs' records in the local database) match" in out
+
+
+def test_a_schedule_two_runs_measured_is_one_of_the_best_once(
+    kernels: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Each run measures the schedules MetaSchedule proposes again: "validation: 2 of 2 best
+    schedules" were one schedule, twice; and "1 measured" against --trials 8 said no more."""
+    import json
+
+    from backends.tvm.database import best_records
+    from backends.tvm.schedule import trace_json
+
+    workdir = tmp_path / "work"
+    monkeypatch.setenv("TUNECACHE_WORK_DIR", str(workdir))
+    for _ in range(2):
+        assert cli_main(["tune", "--tvm", f"{kernels}:rowscale", "--trials", "64",
+                         "--no-upload"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    database = open_database(workdir, host_target())
+    mod = normalize_module(_func(kernels))
+
+    def trace(record: Any) -> str:
+        return json.dumps(trace_json(record.trace), sort_keys=True)
+
+    every = [trace(r) for r in database.get_top_k(database.commit_workload(mod), 1000)]
+    assert len(every) > len(set(every))  # the second run measured a schedule again
+    best = [trace(r) for r in best_records(database, mod, 5)]
+    assert best and len(best) == len(set(best))
+    assert "of 64 asked (MetaSchedule proposed no other new schedule of this module" in out, out

@@ -166,6 +166,7 @@ class ProgressPrinter:
         self.heartbeat = heartbeat
         self._lock = threading.Lock()
         self._last = Progress(done=0, total=0, phase="search")
+        self._said_text = ""  # the last line printed, past its elapsed time
         self._phase_started = self.started
         said = _SAID[0]  # silence counts from the command's last line, or its start
         self._last_line = self.started if said is None else min(said, self.started)
@@ -224,7 +225,10 @@ class ProgressPrinter:
                 return
             if self._rich is not None:
                 self._update_rich(event, line)
-            else:
+            elif (said := line.lstrip().split(" ", 1)[-1]) != self._said_text:
+                # not a report that says again what the last said (MetaSchedule's rounds of no
+                # new candidate printed five identical lines in 0.2 s)
+                self._said_text = said
                 print(line, file=self.stream, flush=True)
 
     def expect(self, event: Progress) -> None:

@@ -91,9 +91,8 @@ def run(args: argparse.Namespace) -> int:
             f"none of the {len(checked)} best schedules matched the unscheduled "
             f"module (tolerance {tolerance:g}): {notes}"
         )
-    ok = sum(t.status == "ok" for t in outcome.trials)
     print(f"tvm {args.tvm}: target {target}")
-    print(f"trials: {len(outcome.trials)} measured, {ok} ran, in {seconds:.1f} s")
+    print(_trials_line(outcome.trials, budget, seconds))
     with working(
         f"tvm {args.tvm}", "the best against the default schedule", "time", since=command_start()
     ):
@@ -230,6 +229,23 @@ def _trace_key(record: Any) -> str:
     from backends.tvm.schedule import trace_json
 
     return json.dumps(trace_json(record.trace), sort_keys=True)
+
+
+def _trials_line(trials: list[Any], budget: Any, seconds: float) -> str:
+    """``trials: N measured, M ran, in S s``, saying why fewer were measured than asked (it
+    said "1 measured" against ``--trials 8`` and no more)."""
+    ok = sum(t.status == "ok" for t in trials)
+    asked = budget.trials
+    why = ""
+    if asked and len(trials) < asked:
+        if budget.seconds is not None and seconds >= budget.seconds:
+            why = f" of {asked} asked (--seconds {budget.seconds:g} ran out)"
+        else:
+            why = (
+                f" of {asked} asked (MetaSchedule proposed no other new schedule of this "
+                "module: its space is that small, or the local database holds the rest)"
+            )
+    return f"trials: {len(trials)} measured{why}, {ok} ran, in {seconds:.1f} s"
 
 
 def _from_earlier(count: int) -> str:

@@ -8,6 +8,7 @@ it, re-tuning a workload finds the earlier records and starts from them (warm st
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -73,10 +74,21 @@ def mean_seconds(record: TuningRecord) -> float | None:
 
 
 def best_records(database: Database, mod: IRModule, k: int) -> list[TuningRecord]:
-    """Up to ``k`` successfully measured records of ``mod``, fastest first."""
+    """Up to ``k`` successfully measured records of ``mod``, fastest first, each schedule once
+    (its fastest record: a schedule every run proposes again is measured once a run, and
+    "validation: 2 of 2 best schedules" were one schedule, twice)."""
+    from backends.tvm.schedule import trace_json
+
     if not database.has_workload(mod):
         return []
     workload = database.commit_workload(mod)
-    records = [r for r in database.get_top_k(workload, k) if mean_seconds(r) is not None]
+    records = [r for r in database.get_top_k(workload, 4 * k) if mean_seconds(r) is not None]
     records.sort(key=lambda r: mean_seconds(r) or 0.0)
-    return records
+    seen: set[str] = set()
+    distinct = []
+    for record in records:
+        trace = json.dumps(trace_json(record.trace), sort_keys=True)
+        if trace not in seen:
+            seen.add(trace)
+            distinct.append(record)
+    return distinct[:k]
