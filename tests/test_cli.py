@@ -46,6 +46,7 @@ BAD = [
     (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8"], "missing K"),
     (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=x"], "K='x' is not an integer"),
     (["tune", "matmul", "--backend", "tvm", "--shape", "M8,N=8,K=8"], "malformed shape"),
+    (["tune", "matmul", "--backend", "tvm", "--shape", "M=8 N=8 K=8"], "not an integer (sizes go apart with commas: M=64,N=64)"),
     (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=-8"], "must be positive"),
     (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8", "--trials", "0"], "trials"),
     (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8,Q=2"], "unknown Q"),

@@ -174,7 +174,7 @@ def test_a_killed_daemons_job_is_reclaimed_after_its_lease_and_finished(
     first.communicate(timeout=30)
     time.sleep(3.5)  # the lease expires: the job is claimable again
     second = daemon(server, "--lease", "30")
-    assert second.returncode == 0 and "1 jobs completed" in second.stderr, second.stderr
+    assert second.returncode == 0 and "1 job completed" in second.stderr, second.stderr
     with Client(server.url) as client:
         finished = client.list_jobs().items[0]
     assert finished.id == job.id and finished.state == "done" and finished.attempts == 2
@@ -191,7 +191,7 @@ def test_sigterm_lets_the_current_job_finish(server: LiveServer) -> None:
     _wait_running(server)
     worker.send_signal(signal.SIGTERM)
     _, stderr = worker.communicate(timeout=300)
-    assert worker.returncode == 0 and "1 jobs completed" in stderr, stderr
+    assert worker.returncode == 0 and "1 job completed" in stderr, stderr
     with Client(server.url) as client:
         (job,) = client.list_jobs().items
     assert job.state == "done" and job.attempts == 1  # finished, not lost
@@ -326,7 +326,7 @@ def test_a_daemon_outlives_a_server_restart_and_its_record_is_not_lost(tmp_path:
         reader.join(timeout=10)
         server.stop()
     said = "".join(lines)
-    assert worker.returncode == 0 and "1 jobs completed" in said, said[-3000:]
+    assert worker.returncode == 0 and "1 job completed" in said, said[-3000:]
     assert said.count("WARNING tuner.daemon: the server does not answer") == 1, said
     assert said.count("the server answers again") == 1, said
     assert done.record_id is not None and done.attempts == 1  # completed, not redone

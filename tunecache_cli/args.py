@@ -41,8 +41,9 @@ def parse_shape(text: str) -> dict[str, int]:
         if name in shape:
             raise InvalidInput(f"malformed shape {shown}: {name} given twice")
         if not _INTEGER.fullmatch(value):
+            apart = " (sizes go apart with commas: M=64,N=64)" if "=" in value else ""
             raise InvalidInput(
-                f"malformed shape {shown}: {name}={describe(value)} is not an integer"
+                f"malformed shape {shown}: {name}={describe(value)} is not an integer{apart}"
             )
         if len(value.lstrip("-")) > len(str(MAX_DIM)):  # and int() refuses 4300+ digits
             raise InvalidInput(f"shape: {name}={describe(value)} is outside 1..{MAX_DIM}")

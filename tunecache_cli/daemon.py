@@ -149,8 +149,9 @@ def run(args: argparse.Namespace) -> int:
     with Client(server_url(args)) as client:
         daemon = Daemon(client, options)
         _until_stopped(daemon)
-    print(f"daemon {daemon.worker}: {len(daemon.done)} jobs completed, {len(daemon.failed)} "
-          "failed", file=sys.stderr)  # fmt: skip
+    done = len(daemon.done)
+    print(f"daemon {daemon.worker}: {done} job{'' if done == 1 else 's'} completed, "
+          f"{len(daemon.failed)} failed", file=sys.stderr)  # fmt: skip
     return 1 if args.once and daemon.failed else 0  # --once: a script can tell it went wrong
 
 
