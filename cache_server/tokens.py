@@ -245,5 +245,6 @@ def revoke(
     if row is None:
         return None
     withdrawn = withdrawal.withdraw(session, token_id=token_id) if withdraw else 0
-    return TokenRevoked(**public(row).model_dump(), withdrawn=withdrawn,
+    return TokenRevoked(**public(row, stored_bytes=quota.used(session, token_id)).model_dump(),
+                        withdrawn=withdrawn,
                         standing=withdrawal.standing(session, token_id=token_id))  # fmt: skip

@@ -130,6 +130,12 @@ def test_a_record_sent_again_at_the_quota_is_answered_and_not_charged(
     while post(url, token, big_record(m)).status_code == 201:
         m += 2
     full = stored_by(url, "test-write")
+    # the token sees its own usage; a token just made has stored nothing (they said null)
+    me = httpx.get(f"{url}/v1/whoami", headers=headers(token), timeout=30).json()["token"]
+    assert me["stored_bytes"] == full
+    made = httpx.post(f"{url}/v1/tokens", json={"name": "fresh", "scope": "write"},
+                      headers=AUTH, timeout=30).json()  # fmt: skip
+    assert made["info"]["stored_bytes"] == 0
     again = post(url, token, first)
     assert again.status_code == 200, again.text
     assert stored_by(url, "test-write") == full

@@ -114,8 +114,8 @@ class TokenPublic(_Strict):
     last_used_at: Utc | None = None
     revoked_at: Utc | None = None
     trusted: bool = False
-    # The bytes of records and artifacts it has stored (cache_server.quota); None: a server
-    # that counts none (before 0022), or an answer that does not say (a token just created).
+    # The bytes of records, artifacts and jobs it has stored (cache_server.quota); None: a
+    # server that counts none (before 0022).
     stored_bytes: NonNegativeInt | None = None
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from sqlalchemy import select
 
-from cache_server import tokens
+from cache_server import quota, tokens
 from cache_server.api.auth import ReadAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep, SettingsDep
@@ -38,12 +38,17 @@ def health(session: SessionDep) -> Health:
     "/v1/whoami",
     responses={401: {"description": "the token is unknown or revoked, or reads need one"}},
 )
-def whoami(caller: ReadAccess, settings: SettingsDep) -> WhoAmI:
-    """The caller's token and scope: a client checks it may do its work before starting it.
+def whoami(caller: ReadAccess, settings: SettingsDep, session: SessionDep) -> WhoAmI:
+    """The caller's token (with the bytes it has stored: ``stored_bytes``) and scope: a client
+    checks it may do its work before starting it.
 
     Any live token may ask (401 for an unknown or revoked one); without a token the answer is
     ``token: null`` where reads are open, 401 where they need a token.
     """
-    public = None if caller is None else tokens.public(caller)
+    public = (
+        None
+        if caller is None
+        else tokens.public(caller, stored_bytes=quota.used(session, caller.id))
+    )
     return WhoAmI(token=public, scope=None if public is None else public.scope,
                   reads=settings.reads)  # fmt: skip

@@ -32,7 +32,7 @@ def create_token(request: TokenCreate, session: SessionDep) -> TokenCreated:
                                    trusted=request.trusted)  # fmt: skip
     except tokens.NameTaken as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
-    return TokenCreated(token=token, info=tokens.public(row))
+    return TokenCreated(token=token, info=tokens.public(row, stored_bytes=0))  # nothing yet
 
 
 @router.get("")
