@@ -182,7 +182,11 @@ def _upload(url: str, result: Any) -> int:
     try:
         items = share_items(team, result.groups, result.best_configs)
         if not items:
-            print("nothing autotuned to upload", file=sys.stderr)
+            print(
+                "nothing autotuned to upload: max-autotune benchmarked no choice of this "
+                "module's ops (on a CPU it autotunes matrix multiplies only)",
+                file=sys.stderr,
+            )
             return 0
         stored = kept_upload(team.client, url, items, "the upload")  # never lost: see outbox
     finally:

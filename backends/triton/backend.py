@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 INSTALL_HINT = "triton is not installed: pip install 'tunecache[triton]'"
 INTERPRETER_NOTE = (
     f"{INTERPRET_VAR}=1: kernels run in Triton's CPU interpreter, for correctness only "
-    "(its timings are meaningless)"
+    "(its timings are meaningless); to try a kernel of yours end to end on a CPU, decorate it "
+    "with tunecache.triton.autotune (its records keyed to this CPU: docs/integrations.md)"
 )
 
 
