@@ -81,8 +81,13 @@ def test_a_job_never_makes_the_daemon_import_a_package_it_was_not_given(
     (tmp_path / "mypkg" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
     job = dataclasses.replace(make_key(), kernel="evilmod:Kernel",
                               device=local_device("cpu").fingerprint)  # fmt: skip
+    # named by whoever queued them: never offered as a --kernels (a standard library module
+    # that runs code when imported; a module like __main__, which no worker imports)
+    odd = [dataclasses.replace(job, kernel=k) for k in ("antigravity:K", "otherpkg.__main__:K")]
     with Client(server.url) as client:
         client.create_job(job, max_attempts=1)
+        for other in odd:
+            client.create_job(other, max_attempts=1)
     done = subprocess.run([sys.executable, "-m", "tunecache_cli", "daemon", "--once", "--server",
                            server.url, "--workers", "1", "--kernels", "mypkg,mypkg.sub"],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)  # fmt: skip
@@ -90,14 +95,17 @@ def test_a_job_never_makes_the_daemon_import_a_package_it_was_not_given(
     assert "0 jobs completed, 0 failed" in done.stderr
     # said once, the package named, never imported (it idled saying only "0 jobs completed")
     said = [line for line in done.stderr.splitlines() if "wait for kernels" in line]
-    assert len(said) == 1 and "evilmod:Kernel; --kernels evilmod takes them" in said[0], said
-    assert "for packages you trust" in said[0]
+    assert len(said) == 1 and "such as evilmod:Kernel; --kernels evilmod takes them" in said[0], (
+        said
+    )
+    assert "for packages you trust" in said[0] and "antigravity" not in said[0], said
+    assert "__main__" not in said[0], said
     # it takes the job's backend: the package kept the job from it
     assert re.search(r": taking \S*tvm\S* jobs for ", done.stderr), done.stderr
     assert not marker.exists()  # neither the job's module nor the allowed package (found only)
     with Client(server.url) as client:
-        (waiting,) = client.list_jobs().items
-    assert (waiting.state, waiting.attempts) == ("queued", 0)
+        waiting = client.list_jobs().items
+    assert {(j.state, j.attempts) for j in waiting} == {("queued", 0)} and len(waiting) == 3
 
 
 def test_a_daemon_given_a_package_it_cannot_import_does_not_start(server: LiveServer) -> None:

@@ -150,6 +150,13 @@ def test_a_report_that_says_again_what_the_last_said_is_not_printed() -> None:
         progress(Progress(2, 8, 0.4, "measured a batch"))
     lines = stream.getvalue().splitlines()
     assert len(lines) == 2 and "[1/8]" in lines[0] and "[2/8]" in lines[1], lines
+    # the same report again and again is no sign of life: the heartbeat still speaks
+    stream = io.StringIO()
+    with ProgressPrinter("k", stream, heartbeat=0.6) as progress:
+        for _ in range(12):
+            progress(Progress(3, 8, 0.5, "measured a batch"))
+            time.sleep(0.2)
+    assert "(still working)" in stream.getvalue(), stream.getvalue()
 
 
 def test_a_report_of_no_new_trial_is_no_step_of_the_eta() -> None:

@@ -29,7 +29,8 @@ KERNEL = """
 import os, torch, triton, triton.language as tl
 import tunecache.triton
 
-TIMES = {128: 0.01, 64: 0.02, 32: 0.03}
+TIMES = ({64: 0.01, 32: 0.02, 128: 0.03} if os.environ.get("TEST_64_FASTEST")
+         else {128: 0.01, 64: 0.02, 32: 0.03})
 BENCHED = []
 
 def bench(kernel_call, quantiles=None):
@@ -49,7 +50,8 @@ UNSUPPORTED = int(os.environ.get("TEST_UNSUPPORTED", "0"))
 UNSUPPORTED_BELOW = int(os.environ.get("TEST_UNSUPPORTED_BELOW", "0"))
 CONFIGS = [triton.Config({"BLOCK": b}, num_warps=1, pre_hook=hook) for b in (128, 32, 64)]
 
-@tunecache.triton.autotune(configs=CONFIGS, key=["n"], do_bench=bench, reference=reference)
+@tunecache.triton.autotune(configs=CONFIGS, key=["n"], do_bench=bench,
+                           reference=None if os.environ.get("TEST_NO_REFERENCE") else reference)
 @triton.jit
 def double(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     tl.static_assert(BLOCK != UNSUPPORTED, "BLOCK unsupported")
@@ -124,8 +126,28 @@ def test_the_config_launched_for_a_wrong_pick_is_shared_and_served(
     trials = {t["config"]["BLOCK"]: (t["status"], t["time_ms"]) for t in full["trials"]}
     assert trials[128] == ("wrong_answer", None), trials
     assert trials[64][0] == trials[32][0] == "ok" and trials[64][1] < trials[32][1], trials
+    (said,) = [t["error"] for t in full["trials"] if t["config"]["BLOCK"] == 128]
+    assert said.startswith("failed the check: "), said
+    # the wrong pick is the kernel's first config: no baseline ("2.00x slower than the default")
+    assert [b["name"] for b in full["baselines"]] == [], full["baselines"]
     served = result(run(tmp_path, **env))
     assert served == {**served, "right": True, "launched": {"BLOCK": 64}, "benched": 0}, served
+
+
+def test_without_a_reference_the_config_launched_for_a_wrong_pick_is_not_shared(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """Checked against the kernel's first config (no reference=), a disagreement proves neither
+    wrong: here the first config is the wrong one, the right pick "failed", and the config
+    that agreed with the first, the wrong one, was about to be served as the key's record."""
+    env = {"TUNECACHE_URL": server.url, "TUNECACHE_TOKEN": issue_token(server.url, "write"),
+           "TEST_NO_REFERENCE": "1", "TEST_64_FASTEST": "1"}  # fmt: skip
+    done = run(tmp_path, **env)
+    assert result(done)["launched"] == {"BLOCK": 128}  # as before: what agrees with the first
+    assert "not uploaded (checked against the kernel's first config, with no reference=" in (
+        done.stderr
+    )
+    assert httpx.get(f"{server.url}/v1/records", timeout=30).json()["items"] == []
 
 
 def test_no_config_passing_blames_the_reference_and_launches_tritons_pick(

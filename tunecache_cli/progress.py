@@ -214,20 +214,24 @@ class ProgressPrinter:
                 event = Progress(event.done, event.total, self._last.best_ms, event.message,
                                  event.phase)  # fmt: skip
             self._last, self._expected = event, False
-            self._last_line = now
-            _said(now)
             if self._seconds is not None and self._eta.deadline is None:
                 self._eta.deadline = now + self._seconds  # the budget's clock starts now
             if stepped:
                 self._eta.step(now - self._phase_started, event.done, event.total, now)
             line = self._line(event, now)
+            said = line.lstrip().split(" ", 1)[-1]  # past its elapsed time
+            if self._rich is None and said == self._said_text and not _HUSHED.is_set():
+                # It says again what the last line said (MetaSchedule's rounds of no new
+                # candidate printed five identical lines in 0.2 s): not printed, nor counted as
+                # said, so the heartbeat still says the run is working.
+                return
+            self._last_line = now
+            _said(now)
             if _HUSHED.is_set():
                 return
             if self._rich is not None:
                 self._update_rich(event, line)
-            elif (said := line.lstrip().split(" ", 1)[-1]) != self._said_text:
-                # not a report that says again what the last said (MetaSchedule's rounds of no
-                # new candidate printed five identical lines in 0.2 s)
+            else:
                 self._said_text = said
                 print(line, file=self.stream, flush=True)
 

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             f"module (tolerance {tolerance:g}): {notes}"
         )
     print(f"tvm {args.tvm}: target {target}")
-    print(_trials_line(outcome.trials, budget, seconds))
+    print(_trials_line(outcome, budget, seconds))
     with working(
         f"tvm {args.tvm}", "the best against the default schedule", "time", since=command_start()
     ):
@@ -231,20 +231,19 @@ def _trace_key(record: Any) -> str:
     return json.dumps(trace_json(record.trace), sort_keys=True)
 
 
-def _trials_line(trials: list[Any], budget: Any, seconds: float) -> str:
-    """``trials: N measured, M ran, in S s``, saying why fewer were measured than asked (it
-    said "1 measured" against ``--trials 8`` and no more)."""
+def _trials_line(outcome: Any, budget: Any, seconds: float) -> str:
+    """``trials: N measured, M ran, in S s``, saying why fewer were measured than asked, as the
+    search says it stopped (it said "1 measured" against ``--trials 8`` and no more)."""
+    trials = outcome.trials
     ok = sum(t.status == "ok" for t in trials)
-    asked = budget.trials
     why = ""
-    if asked and len(trials) < asked:
-        if budget.seconds is not None and seconds >= budget.seconds:
-            why = f" of {asked} asked (--seconds {budget.seconds:g} ran out)"
-        else:
-            why = (
-                f" of {asked} asked (MetaSchedule proposed no other new schedule of this "
-                "module: its space is that small, or the local database holds the rest)"
-            )
+    if budget.trials and len(trials) < budget.trials and outcome.stopped == "time":
+        why = f" of {budget.trials} asked (--seconds {budget.seconds:g} ran out)"
+    elif budget.trials and len(trials) < budget.trials and outcome.stopped == "space":
+        why = (
+            f" of {budget.trials} asked (MetaSchedule proposed no other new schedule of "
+            "this module: its space is that small, or the local database holds the rest)"
+        )
     return f"trials: {len(trials)} measured{why}, {ok} ran, in {seconds:.1f} s"
 
 

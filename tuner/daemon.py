@@ -21,6 +21,7 @@ import logging
 import os
 import platform
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -250,6 +251,7 @@ class Worker:
         return self.device.fingerprint.arch
 
 
+SAID_KERNELS = 5  # kernels the daemon's hint names at most (Daemon.say_others)
 REJECTED_PAGES = 10  # of 100 records: the configs rejected at a key a re-tune leaves out
 
 
@@ -291,8 +293,8 @@ class Daemon(Worker):
                                     device_arch=arch, backends=self.backends,
                                     kernel_packages=self.kernels,
                                     key_hashes=self.options.key_hashes)  # fmt: skip
-        if job is None and not self.others_said:
-            self.others_said = True
+        if job is None and not self.others_said and self.options.key_hashes is None:
+            self.others_said = True  # (pretune --local tunes its manifest's keys: not said)
             self.say_others(arch)
         return job
 
@@ -305,19 +307,24 @@ class Daemon(Worker):
             queued = self.client.list_jobs(state="queued", limit=MAX_JOB_PAGE).items
         except ServerError:
             return
-        wanted = self.options.key_hashes
         kernels = sorted({j.key.kernel for j in queued if j.key.device.arch == arch
                           and j.key.backend in self.backends
-                          and (wanted is None or j.key_hash in wanted)
                           and self.refused(j.key.kernel) is not None})  # fmt: skip
-        top = {k: str(kernel_module(k)).partition(".")[0] for k in kernels}
-        kernels = [k for k in kernels if not (top[k].startswith("__") and top[k].endswith("__"))]
+        # Names anyone who may report a miss chooses: only those a --kernels could take (no
+        # module like __main__ in its path, no standard library's), five at most.
+        parts = {k: str(kernel_module(k)).split(".") for k in kernels}
+        kernels = [
+            k
+            for k in kernels
+            if parts[k][0] not in sys.stdlib_module_names
+            and not any(p.startswith("__") and p.endswith("__") for p in parts[k])
+        ]
+        kernels = kernels[:SAID_KERNELS]
         if kernels:
-            logger.warning("queued jobs for %s wait for kernels this worker does not import: "
-                           "%s; --kernels %s takes them, for packages you trust (a worker "
-                           "imports each, running its code)", arch, ", ".join(kernels[:5])
-                           + (f" and {len(kernels) - 5} more" if len(kernels) > 5 else ""),
-                           ",".join(sorted({top[k] for k in kernels})))  # fmt: skip
+            logger.warning("queued jobs for %s wait for kernels this worker does not import, "
+                           "such as %s; --kernels %s takes them, for packages you trust (a "
+                           "worker imports each, running its code)", arch, ", ".join(kernels),
+                           ",".join(sorted({parts[k][0] for k in kernels})))  # fmt: skip
 
     def send_unsent(self) -> None:
         """Sends the records tuned while the server did not answer, and completes their jobs

@@ -240,25 +240,25 @@ class CachedAutotuner(Admission, Autotuner):
         suspect (as where it cannot run) and Triton's pick is."""
         key, args, kwargs = call.key, call.args, call.kwargs
         tolerance = TOLERANCES.get(key.dtype, 1e-4)
-        checks: dict[int, CheckModel] = {}
+        checks: dict[int, CheckModel | None] = {id(failed): check}  # None: its run raised
 
         def passes(config: Config) -> bool | None:
             try:
-                checks[id(config)] = self._check(config, args, kwargs, tolerance, key)
+                got: CheckModel | None = self._check(config, args, kwargs, tolerance, key)
             except CheckUnavailable:  # not the config's fault: not known wrong
                 return None
             except Exception:  # its own run raised: not taken
-                return False
-            return checks[id(config)].passed
+                got = None
+            checks[id(config)] = got
+            return got is not None and got.passed
 
-        pruning = self._pruning(args, kwargs)
-        kept = self.configs if pruning is None else pruning.kept()
+        kept = self.configs if (pruning := self._pruning(args, kwargs)) is None else pruning.kept()
         found = fallback.fall_back(failed, call.times, kept, passes)
-        shared = found.config is not None and fallback.timed(call.times, found.config)
-        if shared and found.config is not None:  # the key's record in the pick's place (_tuned)
-            call.replaced = (found.config, checks[id(found.config)], (failed, *found.wrong))
+        then = fallback.shared(found, call.times, self.reference is not None)
+        if then == fallback.SHARED and (won := checks.get(id(found.config))) is not None:
+            call.replaced = (found.config, won, fallback.reasons(found, checks))  # see _tuned
         said = f"{key.short()}: the tuned config {failed} failed validation ({check.failure()})"
-        self._warn_once("wrong", found.warning(said, launch, shared=shared))
+        self._warn_once("wrong", found.warning(said, launch, then))
         return found.launched
 
     def _validate(self, key: Key, config: Config, args: tuple[Any, ...],

@@ -18,6 +18,8 @@ from typing import Any
 
 from triton import Config
 
+from tunecache.schemas import MAX_TRIAL_ERROR
+
 
 @dataclass(frozen=True)
 class Fallback:
@@ -37,9 +39,9 @@ class Fallback:
         (every config disagreed with the reference: the reference is the suspect)."""
         return self.config or self.unchecked or self.failed
 
-    def warning(self, said: str, launch: str, *, shared: bool = False) -> str:
+    def warning(self, said: str, launch: str, then: str = "not uploaded") -> str:
         """The one warning: ``said`` (the pick's failure), then what ``launch`` runs and why;
-        ``shared``: the config that passed is the key's record (it was timed here)."""
+        ``then``: what becomes of the config that passed (:func:`shared`)."""
         if self.config is None and self.unchecked is not None:
             return (f"{said}; {launch} launch {self.unchecked}, the fastest config whose check "
                     f"could not run here (none of the {self.checked} tried passed): unchecked, "
@@ -48,7 +50,6 @@ class Fallback:
             return (f"{said}, and so did the {self.checked} other config(s) the kernel keeps: "
                     f"the reference may be wrong; {launch} launch {self.failed}, Triton's pick, "
                     "unchecked; not uploaded")  # fmt: skip
-        then = "the key's record in its place" if shared else "not uploaded (not timed here)"
         return (f"{said}; {launch} launch {self.config}, the fastest config that passed "
                 f"(checked {self.checked}): {then}")  # fmt: skip
 
@@ -83,9 +84,33 @@ def fall_back(failed: Config, times: Mapping[Config, Any], kept: Sequence[Config
     return Fallback(None, checked, failed, unchecked, tuple(wrong))
 
 
-def timed(times: Mapping[Config, Any], config: Config) -> bool:
-    """Whether ``config`` was timed here as one that runs (a finite time)."""
-    return config in times and math.isfinite(_ms(times[config]))
+SHARED = "the key's record in its place"
+
+
+def shared(found: Fallback, times: Mapping[Config, Any], reference: bool) -> str:
+    """What becomes of the config that passed in the wrong pick's place: :data:`SHARED` (the
+    drop-in uploads it) when this call timed it and the check was against the kernel's
+    ``reference``; against its first config, a disagreement proves neither wrong (a wrong
+    first config would be served, the right ones marked wrong), so it is not uploaded."""
+    if not reference:
+        return ("not uploaded (checked against the kernel's first config, with no reference= "
+                "to tell which of them is wrong)")  # fmt: skip
+    if (
+        found.config is None
+        or found.config not in times
+        or not math.isfinite(_ms(times[found.config]))
+    ):
+        return "not uploaded (not timed here)"
+    return SHARED
+
+
+def reasons(found: Fallback, checks: Mapping[int, Any]) -> tuple[tuple[Config, str], ...]:
+    """Each config known wrong (the failed pick, then those tried) and why, for its trial:
+    what its check (``checks``, by ``id``) found, or (``None``) that its run raised in it."""
+    known = (found.failed, *found.wrong)
+    return tuple((c, "its run raised in the check" if (check := checks.get(id(c))) is None
+                  else f"failed the check: {check.failure()}"[:MAX_TRIAL_ERROR])
+                 for c in known)  # fmt: skip
 
 
 def could_not_run(times: Mapping[Config, Any], config: Config) -> bool:

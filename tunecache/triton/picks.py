@@ -44,5 +44,5 @@ class TuningCall:
     times: dict[Config, Any] = field(default_factory=dict)
     picked: tuple[Config, CheckModel | None] | None = None
     # What replaced a wrong pick: the fastest config timed here that passed, its check, and the
-    # configs found wrong on the way (the pick first): the key's record in the pick's place.
-    replaced: tuple[Config, CheckModel, tuple[Config, ...]] | None = None
+    # configs found wrong on the way (the pick first), each with why: the key's record.
+    replaced: tuple[Config, CheckModel, tuple[tuple[Config, str], ...]] | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import platform
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tunecache import __version__
@@ -89,11 +89,11 @@ def build_record(
     seconds: float,
     summary: Callable[[dict[str, Any]], str] | None = None,
     timer: str = DO_BENCH_TIMER,
-    wrong: Collection[Any] = (),
+    wrong: Sequence[tuple[Any, str]] = (),
 ) -> RecordCreate | None:
     """The record of a local autotuning run, or ``None`` when its timings are unusable;
-    ``timer``: what measured them; ``wrong``: configs whose outputs failed the check (their
-    trials say so, with no time: a faster wrong config is no winner).
+    ``timer``: what measured them; ``wrong``: configs the check found wrong, and why (their
+    trials say so, with no time: a faster wrong config is no winner, nor a baseline).
 
     ``timings`` must be the ones measured for ``key`` (Triton leaves an earlier key's in place
     when it launches without benchmarking): every entry becomes a trial of this record.
@@ -104,16 +104,17 @@ def build_record(
     trials = []
     for config, measured in timings.items():
         t = timing_of(measured, timer)
-        if any(config is w for w in wrong):
-            trials.append(Trial(config=config_json(config), status="wrong_answer",
-                                error="its outputs failed the check"))  # fmt: skip
+        if (why := next((w for c, w in wrong if c is config), None)) is not None:
+            trials.append(Trial(config=config_json(config), status="wrong_answer", error=why))
         elif t is None:
             trials.append(Trial(config=config_json(config), status="runtime_error",
                                 error="no usable timing (failed to compile or run)"))  # fmt: skip
         else:
             trials.append(Trial(config=config_json(config), status="ok", time_ms=t.median_ms))
     baselines = []
-    if (default_timing := timing_of(timings.get(default), timer)) is not None:
+    if any(c is default for c, _ in wrong):
+        pass  # a wrong default is no baseline: "2.00x slower than the default config"
+    elif (default_timing := timing_of(timings.get(default), timer)) is not None:
         baselines.append(BaselineModel(name="default_config", timing=default_timing))
     chosen = config_json(winner)
     label = summary(chosen) if summary else " ".join(f"{k}={v}" for k, v in chosen.items())
