@@ -34,7 +34,7 @@ from cache_server.queries import (
     record_fields,
     record_row,
 )
-from cache_server.quota import QuotaFull, charge, record_bytes, room
+from cache_server.quota import QuotaFull, charge, room
 from cache_server.trust import TIMING_FLAG_RATIO, time_ratio
 from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput
@@ -361,13 +361,18 @@ def _chunk(
         if end > at and time.monotonic() - started >= CHUNK_SECONDS:
             break
         p = planned[end]
-        if end > at and left and not left.fits(sent + record_bytes(p.row, p.record.trials)):
-            break  # the next chunk starts with it: refused there, unless stored meanwhile
-        first = None if end > at or left is None else replace(left, what=f"records[{p.position}]")
+        # Its room: what is left less what the chunk stored, checked by add_record once the
+        # row is as it would be stored (after its twins' findings, and its 'sent again' check).
+        fits = None if left is None else replace(left, held=left.held + sent,
+                                                 what=f"records[{p.position}]")  # fmt: skip
         try:
             added = add_record(session, key_hash=p.key_hash, record=p.record,
                                uploader=importer.token, bucket_limit=importer.bucket_limit,
-                               row=p.row, room=first)  # fmt: skip
+                               row=p.row, room=fits)  # fmt: skip
+        except QuotaFull:
+            if end > at:
+                break  # nothing of it written: the next chunk starts with it, refused there
+            raise
         except DataError as exc:
             raise InvalidInput(
                 f"records[{p.position}]: the database refused it: {exc.orig}"

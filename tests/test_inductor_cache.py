@@ -444,6 +444,10 @@ def test_upload_pushes_the_local_choice_file_and_warns_when_it_cannot(
         result = upload(server.url)
         assert result is not None and (result.stored, result.kept) == (1, 0)
         assert [g.to_value() for g in server_groups(server.url)] == [group.to_value()]
+        # an upload's timeout may be long (a lookup's is at most 60 s: it was refused, warned)
+        with recorded_warnings() as quiet:
+            again = upload(server.url, timeout=120)
+        assert again is not None and again.stored + again.kept == 1 and quiet == [], quiet
         with recorded_warnings() as caught:
             assert upload(f"http://127.0.0.1:{free_port()}", timeout=1.0) is None
         assert [w.category for w in caught] == [TeamCacheWarning]

@@ -82,13 +82,21 @@ def best_records(database: Database, mod: IRModule, k: int) -> list[TuningRecord
     if not database.has_workload(mod):
         return []
     workload = database.commit_workload(mod)
-    records = [r for r in database.get_top_k(workload, 4 * k) if mean_seconds(r) is not None]
-    records.sort(key=lambda r: mean_seconds(r) or 0.0)
-    seen: set[str] = set()
-    distinct = []
-    for record in records:
-        trace = json.dumps(trace_json(record.trace), sort_keys=True)
-        if trace not in seen:
-            seen.add(trace)
-            distinct.append(record)
-    return distinct[:k]
+    window = 4 * k
+    while True:  # wider until k schedules are found, or the records run out
+        top = database.get_top_k(workload, window)
+        records = sorted((r for r in top if mean_seconds(r) is not None),
+                         key=lambda r: mean_seconds(r) or 0.0)  # fmt: skip
+        seen: set[str] = set()
+        distinct = []
+        for record in records:
+            trace = json.dumps(trace_json(record.trace), sort_keys=True)
+            if trace not in seen:
+                seen.add(trace)
+                distinct.append(record)
+        if len(distinct) >= k or len(top) < window or window >= MAX_TOP_WINDOW:
+            return distinct[:k]
+        window *= 4
+
+
+MAX_TOP_WINDOW = 4096  # records best_records reads at most to find its k schedules

@@ -45,6 +45,7 @@ from tunecache.inductor.choices import ChoiceGroup, local_cache_path
 from tunecache.inductor.partition import inductor_system, partition
 from tunecache.inductor.remote import DEFAULT_TIMEOUT, MAX_ITEMS, TeamCache, TeamCacheWarning
 from tunecache.ranks import shared_artifacts
+from tunecache.settings import MAX_LOOKUP_TIMEOUT
 
 logger = logging.getLogger(__name__)
 
@@ -180,8 +181,9 @@ def upload(
     if _active is not None and url is None and token is None:
         team, recorded = _active[0], _active[1].recorded
     else:
-        try:
-            team = TeamCache(url, token, partition(), timeout=timeout)
+        try:  # its reads (what the server holds) as lookups, bounded as they are
+            team = TeamCache(url, token, partition(), write=timeout,
+                             timeout=min(timeout, MAX_LOOKUP_TIMEOUT))  # fmt: skip
         except Exception as exc:
             warnings.warn(f"tunecache: upload failed: {exc}", TeamCacheWarning, stacklevel=2)
             return None

@@ -37,21 +37,23 @@ class TeamCache:
         url: the server; ``TUNECACHE_URL`` when ``None``.
         token: the API token; ``TUNECACHE_TOKEN`` when ``None``.
         partition: the partition (:func:`tunecache.inductor.partition.partition`).
-        timeout: seconds each read request may take (connecting included).
+        timeout: seconds each read request may take (connecting included; at most 60).
+        write: seconds an upload may take (default: ``timeout``, at least 30).
 
     Raises:
-        ValueError: a ``TUNECACHE_*`` variable has a bad value (see :mod:`tunecache.settings`).
+        ValueError: a ``TUNECACHE_*`` variable has a bad value (see :mod:`tunecache.settings`),
+            or a timeout is not a positive number of seconds (``timeout`` at most 60).
     """
 
     def __init__(
-        self, url: str | None, token: str | None, partition: str, *, timeout: float
-    ) -> None:
+        self, url: str | None, token: str | None, partition: str, *, timeout: float,
+        write: float | None = None,
+    ) -> None:  # fmt: skip
         self.partition = partition
         self.timeout = timeout
         self.down = False
-        self.client = Client(
-            url, timeout=Timeout(lookup=timeout, write=max(30.0, timeout)), token=token
-        )
+        writes = max(30.0, timeout) if write is None else write
+        self.client = Client(url, timeout=Timeout(lookup=timeout, write=writes), token=token)
 
     @property
     def url(self) -> str:
