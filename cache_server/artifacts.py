@@ -104,7 +104,7 @@ def put_artifacts(
         if session.execute(stmt.returning(ArtifactRow.id)).first() is not None:
             stored += 1
             written += artifact_bytes(item, name)
-            if left is not None and not left.fits(written):  # the rest is not written
+            if left is not None:  # past the room, the rest is not written
                 left.ensure(written, f"these {len(items)} items ({stored} of them alone)")
     if quota is not None:  # the last lock this transaction takes (cache_server.quota)
         charge(session, uploader, written, quota=quota, what=f"these {stored} items")

@@ -102,10 +102,6 @@ class Room:
         if size > self.limit - self.held:
             raise QuotaFull(refusal(self.token, what or self.what, size, self.limit, self.held))
 
-    def fits(self, size: int) -> bool:
-        """Whether ``size`` bytes fit."""
-        return size <= self.limit - self.held
-
 
 def room(session: Session, token: TokenRow | None, quota: int | None) -> Room | None:
     """``token``'s :class:`Room` under ``quota`` (``None``: not bounded: no token, an admin's,
