@@ -95,6 +95,14 @@ def test_a_users_kernel_is_named_by_module_and_qualname() -> None:
         spec.problem_from_args()
     with pytest.raises(InvalidInput, match="supports dtypes"):
         key_for(AFFINE, "triton", {"M": 8, "N": 24}, "float16")
+    # Another name of a supported dtype is pointed at its name here; an unknown one is not.
+    for typed in ("fp32", "torch.float32", "Float32 "):
+        with pytest.raises(InvalidInput, match=r"not '.*' \(did you mean 'float32'\?\)$"):
+            key_for(AFFINE, "tvm", {"M": 8, "N": 24}, typed)
+    with pytest.raises(InvalidInput, match=r"not 'bf16'$"):  # tvm: float32 only
+        key_for(AFFINE, "tvm", {"M": 8, "N": 24}, "bf16")
+    with pytest.raises(InvalidInput, match=r"did you mean 'bfloat16'"):
+        key_for("matmul", "triton", {"M": 8, "N": 8, "K": 8}, "bf16")
     # A package not on sys.path (a script run from another folder than the package's): says so.
     with pytest.raises(InvalidInput, match=r"'no_such_package_9' on sys\.path.*PYTHONPATH"):
         key_for("no_such_package_9.kernels:K", "tvm", {"M": 8}, "float32")

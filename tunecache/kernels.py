@@ -50,6 +50,28 @@ def hash_files(paths: tuple[str, ...]) -> str:
     return h.hexdigest()[:16]
 
 
+# What users write for a dtype, as torch and NumPy name it (torch.float32, fp32, half, ...).
+_DTYPE_ALIASES = {
+    "fp16": "float16", "f16": "float16", "half": "float16",
+    "bf16": "bfloat16",
+    "fp32": "float32", "f32": "float32", "float": "float32", "single": "float32",
+    "fp64": "float64", "f64": "float64", "double": "float64",
+    "e4m3": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "float8_e4m3": "float8_e4m3fn",
+    "e5m2": "float8_e5m2", "fp8_e5m2": "float8_e5m2",
+    "i8": "int8", "char": "int8",
+}  # fmt: skip
+
+
+def dtype_hint(dtype: object, supported: tuple[str, ...] | list[str]) -> str:
+    """``" (did you mean 'float32'?)"`` when ``dtype`` is another name of a supported dtype
+    (``fp32``, ``torch.float32``, ``Float32``), else ``""``."""
+    if not isinstance(dtype, str):
+        return ""
+    name = dtype.strip().lower().removeprefix("torch.").removeprefix("np.").removeprefix("numpy.")
+    name = _DTYPE_ALIASES.get(name, name)
+    return f" (did you mean {name!r}?)" if name in supported and name != dtype else ""
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """What identifies one kernel in a cache key.
@@ -111,6 +133,7 @@ class KernelSpec:
         if dtype not in supported:
             raise InvalidInput(
                 f"{self.name} on {backend} supports dtypes {', '.join(supported)}, not {dtype!r}"
+                f"{dtype_hint(dtype, supported)}"
             )
 
     def source_hash(self, backend: str) -> str:

@@ -29,7 +29,7 @@ from tunecache.canonical import digest
 from tunecache.device import Device, DeviceFingerprint, local_device
 from tunecache.environment import environment_for
 from tunecache.errors import InvalidInput
-from tunecache.kernels import BACKENDS, as_spec
+from tunecache.kernels import BACKENDS, as_spec, dtype_hint
 from tunecache.policies import bucket_policy
 from tunecache.problem import (
     MAX_DIM,
@@ -99,7 +99,10 @@ class Key:
         if self.backend not in BACKENDS:
             raise InvalidInput(f"unknown backend {self.backend!r}; expected one of {BACKENDS}")
         if self.dtype not in DTYPES:
-            raise InvalidInput(f"unknown dtype {self.dtype!r}; expected one of {DTYPES}")
+            raise InvalidInput(
+                f"unknown dtype {self.dtype!r}; expected one of {DTYPES}"
+                f"{dtype_hint(self.dtype, DTYPES)}"
+            )
         # Store sorted plain dicts so equal keys compare equal whatever order they were built in.
         object.__setattr__(self, "problem", check_problem(self.problem, kernel=self.kernel))
         object.__setattr__(self, "environment", dict(sorted(self.environment.items())))
