@@ -143,6 +143,12 @@ def test_get_json_prints_the_record(server: LiveServer) -> None:
                       "--server", server.url)  # fmt: skip
     assert plain.returncode == 0 and "2.00x faster than torch eager" in plain.stdout
     assert "matched    exact rule, strict version policy" in plain.stdout
+    # M=7 is served M=8's record by the bucket rule: its header is the record's key, its
+    # matched line the key asked for.
+    bucketed = tunecache("get", "matmul", "--backend", "tvm", "--shape", "M=7,N=8,K=8",
+                         "--server", server.url)  # fmt: skip
+    assert bucketed.returncode == 0 and bucketed.stdout.startswith("matmul[K=8,M=8,N=8]")
+    assert "matched    bucket rule for matmul[K=8,M=7,N=8] float32 tvm" in bucketed.stdout
     missed = tunecache("get", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=9", "--json",
                        "--server", server.url)  # fmt: skip
     assert missed.returncode == 1 and json.loads(missed.stdout)["hit"] is False

@@ -111,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(body, indent=2))
     else:
         print(describe(answer.record))
-        print(f"  matched    {answer.match} rule, {answer.policy} version policy")
+        # a bucket or same-arch match serves another key's record: the line names the key asked
+        asked = "" if answer.match == "exact" else f" for {key.short()}"
+        print(shown(f"  matched    {answer.match} rule{asked}, {answer.policy} version policy"))
     return 0
 
 
