@@ -233,3 +233,34 @@ def test_a_config_whose_check_cannot_run_is_launched_before_the_failed_pick() ->
     assert "could not run here" in found.warning("pick failed", "later calls")
     every = fall_back(failed, times, [failed, slow, unknown], lambda config: False)
     assert every.launched is failed and "the reference may be wrong" in every.warning("x", "y")
+
+
+def test_a_faster_config_whose_check_could_not_run_is_no_plain_ok_trial() -> None:
+    """The record of a replaced pick: a config timed faster than the one that passed, whose
+    check could not run here, was an ``ok`` trial faster than the winner, nothing saying it
+    went unvalidated. It keeps its time (not known wrong) and says why it is not the winner."""
+    from triton import Config
+
+    from tests.factories import make_key, make_record
+    from tunecache.triton.fallback import UNSURE, fall_back, reasons
+    from tunecache.triton.record import build_record
+
+    tile = {"BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}
+    failed, unknown, wrong, right = (Config({"BLOCK_M": b, **tile}) for b in (128, 64, 32, 16))
+    times = {failed: 1.0, unknown: 2.0, wrong: 3.0, right: 4.0}  # do_bench answers
+    verdicts = {unknown: None, wrong: False, right: True}
+    found = fall_back(failed, times, list(times), verdicts.__getitem__)
+    assert (found.config, found.unsure, found.wrong, found.unchecked) == (
+        right,
+        (unknown,),
+        (wrong,),
+        unknown,
+    )
+    key = make_key(kernel="matmul", backend="triton", dtype="float16")
+    report = make_record().validation
+    record = build_record(key, right, times, failed, report, 1.0, marks=reasons(found, {}))
+    assert record is not None and record.config["BLOCK_M"] == 16
+    said = {t.config["BLOCK_M"]: (t.status, t.time_ms, t.error) for t in record.trials}
+    assert said[64] == ("ok", 2.0, UNSURE), said
+    assert said[16] == ("ok", 4.0, "") and said[32][0] == said[128][0] == "wrong_answer", said
+    assert [b.name for b in record.baselines] == []  # the default (the failed pick) is wrong

@@ -407,7 +407,7 @@ class CachedAutotuner(Admission, Autotuner):
             return
         against = reference_label(self.reference is not None, key.dtype, self.outputs)
         record = build_record(key, winner, timings, first, validated(check, against),
-                              seconds, timer=self.timer, wrong=wrong)  # fmt: skip
+                              seconds, timer=self.timer, marks=wrong)  # fmt: skip
         if record is None:
             self._warn_once("timing", f"{key.short()}: no usable timings; not uploaded")
             return

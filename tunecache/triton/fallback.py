@@ -18,20 +18,28 @@ from typing import Any
 
 from triton import Config
 
-from tunecache.schemas import MAX_TRIAL_ERROR
+from tunecache.schemas import MAX_TRIAL_ERROR, TrialStatus
+
+# A trial's status and what it says (Trial.error), for the config it names.
+Mark = tuple[Config, TrialStatus, str]
 
 
 @dataclass(frozen=True)
 class Fallback:
     """The config to launch in place of ``failed`` (``None``: none passed), how many configs
-    were tried, the fastest whose check could not run here (``unchecked``: not known wrong,
-    unlike ``failed``), and those tried that failed their check (``wrong``)."""
+    were tried, those tried whose check could not run here (``unsure``, fastest first: not known
+    wrong, unlike ``failed``, nor right), and those tried that failed their check (``wrong``)."""
 
     config: Config | None
     checked: int
     failed: Config
-    unchecked: Config | None = None
+    unsure: tuple[Config, ...] = ()
     wrong: tuple[Config, ...] = ()
+
+    @property
+    def unchecked(self) -> Config | None:
+        """The fastest config tried whose check could not run here, if any."""
+        return self.unsure[0] if self.unsure else None
 
     @property
     def launched(self) -> Config:
@@ -71,17 +79,14 @@ def fall_back(failed: Config, times: Mapping[Config, Any], kept: Sequence[Config
     holds, each checked at most once; ``passes`` answers ``None`` where the check could not
     run here (no memory for the copies, the reference raising): such a config is remembered,
     never counted as disagreeing with the reference."""
-    checked, unchecked, wrong = 0, None, list[Config]()
+    checked, unsure, wrong = 0, list[Config](), list[Config]()
     for config in candidates(failed, times, kept):
         checked += 1
         verdict = passes(config)
         if verdict:
-            return Fallback(config, checked, failed, wrong=tuple(wrong))
-        if verdict is None and unchecked is None:
-            unchecked = config
-        if verdict is False:
-            wrong.append(config)
-    return Fallback(None, checked, failed, unchecked, tuple(wrong))
+            return Fallback(config, checked, failed, tuple(unsure), tuple(wrong))
+        (unsure if verdict is None else wrong).append(config)
+    return Fallback(None, checked, failed, tuple(unsure), tuple(wrong))
 
 
 SHARED = "the key's record in its place"
@@ -104,13 +109,19 @@ def shared(found: Fallback, times: Mapping[Config, Any], reference: bool) -> str
     return SHARED
 
 
-def reasons(found: Fallback, checks: Mapping[int, Any]) -> tuple[tuple[Config, str], ...]:
-    """Each config known wrong (the failed pick, then those tried) and why, for its trial:
-    what its check (``checks``, by ``id``) found, or (``None``) that its run raised in it."""
+UNSURE = "not validated: its check could not run"  # records show keeps 40 characters
+
+
+def reasons(found: Fallback, checks: Mapping[int, Any]) -> tuple[Mark, ...]:
+    """What each trial of the record must say beyond its time: each config known wrong (the
+    failed pick, then those tried) ``wrong_answer`` and why (what its check, ``checks`` by
+    ``id``, found, or, ``None``, that its run raised in it); each tried whose check could not run
+    (faster than the winner: tried before it) stays ``ok``, saying it was not validated."""
     known = (found.failed, *found.wrong)
-    return tuple((c, "its run raised in the check" if (check := checks.get(id(c))) is None
-                  else f"failed the check: {check.failure()}"[:MAX_TRIAL_ERROR])
-                 for c in known)  # fmt: skip
+    return (*((c, "wrong_answer", "its run raised in the check" if (check := checks.get(id(c)))
+               is None else f"failed the check: {check.failure()}"[:MAX_TRIAL_ERROR])
+              for c in known),
+            *((c, "ok", UNSURE) for c in found.unsure))  # fmt: skip
 
 
 def could_not_run(times: Mapping[Config, Any], config: Config) -> bool:

@@ -15,6 +15,7 @@ from triton import Config
 
 from tunecache.key import Key
 from tunecache.schemas import CheckModel
+from tunecache.triton.fallback import Mark
 
 
 class Picks(dict[Any, Config]):
@@ -44,5 +45,5 @@ class TuningCall:
     times: dict[Config, Any] = field(default_factory=dict)
     picked: tuple[Config, CheckModel | None] | None = None
     # What replaced a wrong pick: the fastest config timed here that passed, its check, and the
-    # configs found wrong on the way (the pick first), each with why: the key's record.
-    replaced: tuple[Config, CheckModel, tuple[tuple[Config, str], ...]] | None = None
+    # configs found wrong or left unvalidated on the way (fallback.reasons): the key's record.
+    replaced: tuple[Config, CheckModel, tuple[Mark, ...]] | None = None

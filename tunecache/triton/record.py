@@ -89,11 +89,12 @@ def build_record(
     seconds: float,
     summary: Callable[[dict[str, Any]], str] | None = None,
     timer: str = DO_BENCH_TIMER,
-    wrong: Sequence[tuple[Any, str]] = (),
+    marks: Sequence[tuple[Any, str, str]] = (),
 ) -> RecordCreate | None:
     """The record of a local autotuning run, or ``None`` when its timings are unusable;
-    ``timer``: what measured them; ``wrong``: configs the check found wrong, and why (their
-    trials say so, with no time: a faster wrong config is no winner, nor a baseline).
+    ``timer``: what measured them; ``marks``: (config, status, why) for configs a check judged
+    (:func:`tunecache.triton.fallback.reasons`): ``wrong_answer`` trials have no time (a faster
+    wrong config is no winner, nor a baseline); ``ok`` ones keep theirs and say ``why``.
 
     ``timings`` must be the ones measured for ``key`` (Triton leaves an earlier key's in place
     when it launches without benchmarking): every entry becomes a trial of this record.
@@ -104,15 +105,17 @@ def build_record(
     trials = []
     for config, measured in timings.items():
         t = timing_of(measured, timer)
-        if (why := next((w for c, w in wrong if c is config), None)) is not None:
+        status, why = next(((s, w) for c, s, w in marks if c is config), ("ok", ""))
+        if status == "wrong_answer":
             trials.append(Trial(config=config_json(config), status="wrong_answer", error=why))
         elif t is None:
             trials.append(Trial(config=config_json(config), status="runtime_error",
                                 error="no usable timing (failed to compile or run)"))  # fmt: skip
         else:
-            trials.append(Trial(config=config_json(config), status="ok", time_ms=t.median_ms))
+            trials.append(Trial(config=config_json(config), status="ok", time_ms=t.median_ms,
+                                error=why))  # fmt: skip
     baselines = []
-    if any(c is default for c, _ in wrong):
+    if any(c is default and s == "wrong_answer" for c, s, _ in marks):
         pass  # a wrong default is no baseline: "2.00x slower than the default config"
     elif (default_timing := timing_of(timings.get(default), timer)) is not None:
         baselines.append(BaselineModel(name="default_config", timing=default_timing))
