@@ -161,6 +161,16 @@ def test_tune_torch_reports_and_uploads_the_gemm_choices(pretuned: Pretuned) -> 
     assert {g.op for g in groups} == {"packed_linear"}
     assert len(groups) == 2 and all(len(g.timings) >= 2 for g in groups)
     assert relative(pretuned.output, eager_output(pretuned.model)) < 1e-4
+    # what the upload points to lists them, from this machine's partition
+    assert "`tunecache artifacts ls` lists them" in pretuned.cli["stderr"]
+    listed = subprocess.run(
+        [sys.executable, "-m", "tunecache_cli", "artifacts", "ls", "--server", pretuned.server.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0 and "inductor.choices: 2 items" in listed.stdout, listed
+    assert listed.stdout.count("packed_linear ") == 2, listed.stdout
 
 
 @pytest.mark.slow

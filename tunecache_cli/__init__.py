@@ -19,6 +19,7 @@ from typing import ClassVar
 from tunecache import __version__
 from tunecache.errors import InvalidInput, ServerError, TuningError, one_line
 from tunecache_cli import (
+    artifacts,
     best,
     coverage,
     daemon,
@@ -45,8 +46,8 @@ EXIT_UNREACHABLE = 3
 EXIT_REFUSED = 4
 BAD_REQUEST = (400, 413, 422)  # the server found the request (the user's input) malformed
 COMMANDS = (
-    serve, db, token, tune, get, best, records, replay, workloads, demo, snapshot, sync, imports,
-    daemon, pretune, coverage, report, push,
+    serve, db, token, tune, get, best, records, artifacts, replay, workloads, demo, snapshot, sync,
+    imports, daemon, pretune, coverage, report, push,
 )  # fmt: skip
 
 

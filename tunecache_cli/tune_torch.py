@@ -193,8 +193,8 @@ def _upload(url: str, result: Any) -> int:
         team.close()
     entries = f"{len(items)} entr{'y' if len(items) == 1 else 'ies'}"
     kept = f", {stored.kept} held already (as fast or faster)" if stored.kept else ""
-    print(f"uploaded {entries} to {url} ({team.partition}): {stored.stored} stored{kept}",
-          file=sys.stderr)  # fmt: skip
+    print(f"uploaded {entries} to {url} ({team.partition}): {stored.stored} stored{kept}; "
+          "`tunecache artifacts ls` lists them", file=sys.stderr)  # fmt: skip
     return 0
 
 

@@ -1,0 +1,71 @@
+"""``tunecache artifacts ls`` on a real server: what the integrations shared, for this machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import LiveServer
+from tunecache.artifacts import ArtifactIn
+from tunecache.client import Client
+from tunecache.inductor.partition import partition
+
+# A Triton best config as Inductor's AutotuneCache.save writes it (the namespace's schema).
+BEST = {"XBLOCK": 128, "R0_BLOCK": 8, "num_warps": 4, "num_stages": 1,
+        "configs_hash": "a" * 64, "found_by_coordesc": False, "time_taken_ms": 12,
+        "triton_cache_hash": None}  # fmt: skip
+
+
+def tunecache(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tunecache_cli", *args], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
+def group(op: str, choices: int) -> dict[str, object]:
+    timings = {f"choice-{i}": 1.0 + i for i in range(choices)}
+    return {"op": op, "inputs": "[[8, 8]]", "precision": "highest", "timings": timings}
+
+
+def test_artifacts_ls_lists_this_machines_inductor_items(server: LiveServer) -> None:
+    """An ``inductor.enable()`` or ``tune --torch`` upload was seen by no command: records ls
+    lists records only. A bare ``artifacts ls`` lists this machine's Inductor partition."""
+    own, other = partition(), "another-system|torch-2.0"
+    with Client(server.url) as client:
+        client.put_artifacts([
+            ArtifactIn(namespace="inductor.choices", partition=own, key="mm-key", item="x",
+                       value=group("mm", 3), score=1.0),
+            ArtifactIn(namespace="inductor.autotune", partition=own, key="k" * 40, value=BEST),
+            ArtifactIn(namespace="inductor.choices", partition=other, key="elsewhere",
+                       value=group("addmm", 1), score=2.0),
+        ])  # fmt: skip
+    done = tunecache("artifacts", "ls", "--server", server.url)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == f"partition {own}"
+    assert "inductor.choices: 1 item" in lines and "inductor.autotune: 1 item" in lines
+    assert "mm highest, 3 choices timed" in done.stdout and "elsewhere" not in done.stdout
+    # a best config reads as its arguments, without Inductor's bookkeeping; a long key is cut
+    assert "XBLOCK=128 R0_BLOCK=8 num_warps=4 num_stages=1" in done.stdout
+    assert "configs_hash" not in done.stdout and "k" * 21 + "..." in done.stdout
+    # another partition, one namespace, as JSON
+    listed = tunecache("artifacts", "ls", "--partition", other, "--namespace", "inductor.choices",
+                       "--json", "--server", server.url)  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    (item,) = json.loads(listed.stdout)["items"]
+    assert (item["key"], item["value"]["op"], item["score"]) == ("elsewhere", "addmm", 2.0)
+    # nothing there: exit 1, said
+    empty = tunecache("artifacts", "ls", "--partition", "nothing-here", "--server", server.url)
+    assert empty.returncode == 1 and "inductor.choices: 0 items" in empty.stdout
+
+
+def test_artifacts_ls_bad_input_exits_2_naming_it() -> None:
+    for args, said in [
+        (["--namespace", "tvm.record"], "--namespace tvm.record needs --partition"),
+        (["--limit", "0"], "--limit 0: expected 1 to 1000"),
+        (["--partition", " "], "--partition ' ': expected 1 to 256 characters"),
+        (["--namespace", "tvm.records"], "invalid choice: 'tvm.records'"),
+    ]:
+        done = tunecache("artifacts", "ls", *args, "--server", "http://127.0.0.1:9")
+        assert done.returncode == 2 and said in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr

@@ -1,0 +1,101 @@
+"""``tunecache artifacts ls``: what the team cache holds beside records, for this machine.
+
+The integrations share their backends' own JSON as artifacts (Inductor's GEMM choice timings and
+Triton best configs, MetaSchedule's workloads and tuning records, serving engines' fused-MoE
+files), each partitioned by what makes it valid. ``records ls`` shows records only: an
+``inductor.enable()`` or ``tune --torch`` upload was seen nowhere but its own line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, cast
+
+from tunecache.artifacts import MAX_PAGE, NAMESPACES, ArtifactPublic, Namespace
+from tunecache.errors import InvalidInput
+from tunecache_cli.args import add_server, server_url
+from tunecache_cli.table import counted, ms, render
+
+# What a bare ``artifacts ls`` lists: Inductor's, whose partition this machine can name itself.
+INDUCTOR = ("inductor.choices", "inductor.autotune")
+SUMMARY = 60  # characters of a value shown in the table
+# What a best config holds beside the config itself (AutotuneCache.save's bookkeeping).
+_BOOKKEEPING = {"configs_hash", "found_by_coordesc", "time_taken_ms", "triton_cache_hash"}
+
+
+def register(commands: Any) -> None:
+    parser = commands.add_parser("artifacts", help="list what the integrations share (Inductor, "
+                                 "MetaSchedule, fused-MoE files)")  # fmt: skip
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser("ls", help="one partition's items, best score first per key")
+    listing.add_argument("--namespace", choices=NAMESPACES,
+                         help="only this kind (default: Inductor's two)")  # fmt: skip
+    listing.add_argument("--partition", help="the partition (default: this machine's Inductor "
+                         "partition; required for the other namespaces)")  # fmt: skip
+    listing.add_argument("--key", help="only this key's items")
+    listing.add_argument("--limit", type=int, default=50,
+                         help=f"at most N per namespace (≤ {MAX_PAGE})")  # fmt: skip
+    listing.add_argument("--json", action="store_true", help="print them as JSON")
+    add_server(listing)
+    listing.set_defaults(run=run_ls)
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    from tunecache.client import Client
+    from tunecache_cli.progress import asking
+
+    if not 1 <= args.limit <= MAX_PAGE:
+        raise InvalidInput(f"--limit {args.limit}: expected 1 to {MAX_PAGE}")
+    namespaces = cast(tuple[Namespace, ...], (args.namespace,) if args.namespace else INDUCTOR)
+    partition = args.partition if args.partition is not None else _own_partition(namespaces)
+    if not partition.strip() or len(partition) > 256:
+        raise InvalidInput(f"--partition {partition!r}: expected 1 to 256 characters")
+    url = server_url(args)
+    with Client(url) as client, asking("artifacts ls", url):
+        found = {ns: client.get_artifacts(ns, partition, key=args.key, limit=args.limit)
+                 for ns in namespaces}  # fmt: skip
+    if args.json:
+        print(json.dumps({"partition": partition, "items": [
+            item.model_dump(mode="json") for items in found.values() for item in items]},
+            indent=2))  # fmt: skip
+        return 0 if any(found.values()) else 1
+    print(f"partition {partition}")
+    for namespace, items in found.items():
+        print(f"{namespace}: {counted(len(items), 'item')}"
+              f"{' (raise --limit for more)' if len(items) == args.limit else ''}")  # fmt: skip
+        if items:
+            print(render(["id", "key", "item", "score", "value", "updated (UTC)"],
+                         [_row(item) for item in items]))  # fmt: skip
+    return 0 if any(found.values()) else 1
+
+
+def _own_partition(namespaces: tuple[Namespace, ...]) -> str:
+    if any(ns not in INDUCTOR for ns in namespaces):
+        raise InvalidInput(f"--namespace {namespaces[0]} needs --partition: its partitions are "
+                           "named by a target or device, not this machine's Inductor")  # fmt: skip
+    from tunecache.inductor.partition import partition
+
+    return partition()
+
+
+def _row(item: ArtifactPublic) -> list[object]:
+    key = item.key if len(item.key) <= 24 else item.key[:21] + "..."
+    score = "-" if item.score is None else ms(item.score)
+    return [item.id, key, item.item or "-", score, _summary(item),
+            f"{item.updated_at:%Y-%m-%d %H:%M}"]  # fmt: skip
+
+
+def _summary(item: ArtifactPublic) -> str:
+    """The value in a few words: an Inductor choice group's op and how many choices it timed, a
+    best config's arguments, else the JSON itself, cut to :data:`SUMMARY` characters."""
+    value = item.value
+    if item.namespace == "inductor.choices" and isinstance(value, dict):
+        timings = value.get("timings")
+        count = len(timings) if isinstance(timings, dict) else 0
+        text = f"{value.get('op')} {value.get('precision')}, {counted(count, 'choice')} timed"
+    elif item.namespace == "inductor.autotune" and isinstance(value, dict):
+        text = " ".join(f"{k}={v}" for k, v in value.items() if k not in _BOOKKEEPING)
+    else:
+        text = json.dumps(value, separators=(",", ":"))
+    return text if len(text) <= SUMMARY else text[: SUMMARY - 3] + "..."
