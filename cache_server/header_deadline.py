@@ -45,9 +45,10 @@ from cache_server.settings import ServerSettings
 
 _Protocol: Any = AutoHTTPProtocol  # httptools' protocol where installed, else h11's
 
-# The most bytes of a request's head (request line and headers) a connection may send; a read's
-# more at most pass before it is found (the read a head began in is not counted: its part of it
-# is not known). A lookup's head is under 1 KiB; nginx's limit is 4 x 8 KiB by default.
+# The most bytes of a request's head (request line and headers) a connection may send: a head
+# still arriving is counted by the reads after the one it began in (a read's more at most pass
+# before it is found), one that ended by what the parser found in it. A lookup's head is under
+# 1 KiB; nginx's limit is 4 x 8 KiB by default.
 HEAD_BYTES: Final = 64 * 2**10
 # Whether the protocol says where a request's head begins and ends (httptools' does; h11's does
 # not, and bounds a head itself: uvicorn's h11_max_incomplete_event_size)
@@ -72,6 +73,8 @@ class HeaderDeadline(_Protocol):
     _bodied = False  # body bytes came in the data being read
     _in_message = False  # a request began and has not ended (its head, body or trailers due)
     _answered = False  # by this protocol, and closed
+    _parsed = 0  # bytes of the head arriving that the parser handed over (its URL, its headers)
+    _oversize = False  # a head past HEAD_BYTES ended: never served, answered 431
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
@@ -103,33 +106,51 @@ class HeaderDeadline(_Protocol):
         super().data_received(data)
         if not _HEADS_SEEN or self._answered or self.transport.is_closing():
             return  # answered in this read (a request that is not HTTP): nothing more
+        if self._oversize:
+            self._answer(_too_large("line and headers"))
+            return
         if self._heading:  # a head arriving: counted from the read after the one it began in
             counted = not self._began
         else:  # a message past its head: a read without body bytes holds framing or trailers
             counted = self._in_message and not (self._headed or self._bodied)
         self._head_bytes = self._head_bytes + len(data) if counted else 0
         if self._head_bytes > HEAD_BYTES:
-            detail = (f"the request's head (its line and headers, or its trailers) is over "
-                      f"{HEAD_BYTES} bytes, the server's limit")  # fmt: skip
-            self._answer(raw_answer(431, "Request Header Fields Too Large", detail))
+            self._answer(_too_large("line and headers, or its trailers"))
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._heading = self._began = self._in_message = True
+        self._parsed = 0
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        self._parsed += len(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        self._parsed += len(name) + len(value) + 4  # ": " and CRLF
 
     def on_headers_complete(self) -> None:
         self._heading, self._headed = False, True
+        # A head that ended in the read it began in was never counted by the reads (up to a
+        # read's 256 KiB of it went through): counted here, from what the parser handed over,
+        # and such a request is never served (no cycle: uvicorn would run it meanwhile).
+        if self._parsed > HEAD_BYTES:
+            self._oversize = True
+            return
         super().on_headers_complete()
         if self.cycle is not None:  # pipelined requests each have one, the newest uvicorn's
             self._cycles = [c for c in self._cycles if not c.response_complete] + [self.cycle]
 
     def on_body(self, body: bytes) -> None:
         self._bodied = True
-        super().on_body(body)
+        if not self._oversize:
+            super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._in_message = False
-        super().on_message_complete()
+        if not self._oversize:
+            super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
         """A request that is not HTTP (uvicorn answered it in plain text), in the API's shape."""
@@ -241,3 +262,8 @@ def _seconds() -> float:
     if HeaderDeadline.seconds is None:
         HeaderDeadline.seconds = ServerSettings().header_seconds
     return HeaderDeadline.seconds
+
+
+def _too_large(what: str) -> bytes:
+    detail = f"the request's head (its {what}) is over {HEAD_BYTES} bytes, the server's limit"
+    return raw_answer(431, "Request Header Fields Too Large", detail)

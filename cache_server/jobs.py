@@ -85,10 +85,12 @@ def requeue_failed(session: Session, *, key_hash: str, max_attempts: int, priori
     job is queued again with its own (a write token re-queued anyone's failed job with 100
     attempts and its own priority and budget); one of no recorded requester (queued before
     requesters were) with its priority and attempts no more than ``caps`` (a flood's job queued
-    before the bounds came back at priority 1000 with 100 attempts). Returns how many it queued
-    (0 or 1)."""
+    before the bounds came back at priority 1000 with 100 attempts). The job re-opened is then
+    ``requester``'s, counted among its open jobs, whose cap the caller checked (it counted as
+    its first requester's, past that one's cap). Returns how many it queued (0 or 1)."""
     asked: dict[str, Any] = {"max_attempts": max_attempts, "priority": priority,
                              "strategy": strategy, "trials": trials}  # fmt: skip
+    opened: dict[str, Any] = {} if requester is None else {"requested_by": requester}
     if requester is not None:
         own = JobRow.requested_by == requester
         kept: dict[str, Any] = {name: getattr(JobRow, name) for name in asked}
@@ -98,7 +100,7 @@ def requeue_failed(session: Session, *, key_hash: str, max_attempts: int, priori
                 kept[name] = case((and_(unknown, kept[name] > cap), cap), else_=kept[name])
         asked = {name: case((own, value), else_=kept[name]) for name, value in asked.items()}
     return _set(session, [JobRow.key_hash == key_hash, JobRow.state == "failed"], state="queued",
-                attempts=0, **asked, **NO_LEASE)  # fmt: skip
+                attempts=0, **asked, **opened, **NO_LEASE)  # fmt: skip
 
 
 def release_leases(session: Session, *, token_id: int) -> int:

@@ -172,7 +172,9 @@ def test_another_tokens_failed_job_is_requeued_with_its_own_parameters(
     any_server: LiveServer,
 ) -> None:
     """Asking again for Alice's failed job, Mallory queues it with Alice's attempts, priority,
-    strategy and budget, not her own; Alice's own request (or an admin's) sets them."""
+    strategy and budget, not her own; the job re-opened is Mallory's then (counted among her
+    open jobs, under her cap), so Mallory's next request sets them, within the bounds, and
+    Alice's does not (it re-opens it as hers, as it was)."""
     url = any_server.url
     mallory = _headers(issue_token(url, "write"))
     alice = _headers(issue_token(url, "write"))
@@ -197,9 +199,40 @@ def test_another_tokens_failed_job_is_requeued_with_its_own_parameters(
     got = (job["priority"], job["max_attempts"], job["strategy"], job["trials"])
     assert got == (-3, 1, "random", 5)
     fail_it()
-    own = _create(url, alice, 7, max_attempts=2, strategy="exhaustive", trials=9).json()["job"]
+    own = _create(url, mallory, 7, max_attempts=1, strategy="exhaustive", trials=9).json()["job"]
     got5 = (own["state"], own["priority"], own["max_attempts"], own["strategy"], own["trials"])
-    assert got5 == ("queued", 0, 2, "exhaustive", 9)
+    assert got5 == ("queued", 0, 1, "exhaustive", 9)  # hers now: her request, within bounds
+    fail_it()
+    hers = _create(url, alice, 7, max_attempts=3, strategy="random", trials=4).json()["job"]
+    assert (hers["max_attempts"], hers["strategy"], hers["trials"]) == (1, "exhaustive", 9)
+
+
+def test_misses_and_re_queued_jobs_count_under_the_callers_cap(capped: LiveServer) -> None:
+    """A token's misses opened jobs past its cap (7 open under a cap of 2, a read token's
+    too), and re-queuing another token's failed job left it that token's, past its cap."""
+    url = capped.url
+    reader = _headers(issue_token(url, "read"))
+    for m in (1, 2, 3):
+        miss = httpx.post(f"{url}/v1/misses", json={"key": make_key(m=m).to_json()},
+                          headers=reader, timeout=30)  # fmt: skip
+        assert miss.status_code == 202, miss.text
+    refused = httpx.post(f"{url}/v1/misses", json={"key": make_key(m=4).to_json()},
+                         headers=reader, timeout=30)  # fmt: skip
+    assert refused.status_code == 429 and "3 open" in refused.json()["detail"], refused.text
+    queued = httpx.post(f"{url}/v1/misses", json={"key": make_key(m=1).to_json()},
+                        headers=reader, timeout=30)  # fmt: skip
+    assert queued.status_code == 202  # a key already queued is answered, past the cap too
+    # Alice fails a job of hers, fills her cap; Mallory's asking again opens it as Mallory's
+    alice, mallory = (_headers(issue_token(url, "write")) for _ in range(2))
+    assert _create(url, alice, 10, max_attempts=1).status_code == 201
+    mine = [j for j in (_claim(url, f"w{i}") for i in range(4)) if j]
+    (job,) = [j for j in mine if j["key"]["problem"]["M"] == 10]
+    httpx.post(f"{url}/v1/jobs/{job['id']}/fail", json={"worker": f"w{mine.index(job)}",
+               "error": "x"}, headers=AUTH, timeout=30).raise_for_status()  # fmt: skip
+    assert [_create(url, alice, m).status_code for m in (11, 12, 13, 14)] == [201] * 3 + [429]
+    assert _create(url, mallory, 10).status_code == 200
+    assert _create(url, alice, 15).status_code == 429  # still 3: the re-opened job is not hers
+    assert [_create(url, mallory, m).status_code for m in (16, 17, 18)] == [201, 201, 429]
 
 
 def test_a_failed_job_of_no_recorded_requester_comes_back_within_the_bounds(

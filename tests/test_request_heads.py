@@ -16,11 +16,12 @@ import socket
 import time
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from cache_server.header_deadline import HEAD_BYTES
 from tests.conftest import LiveServer, start_server
-from tests.factories import issue_token
+from tests.factories import issue_token, make_key
 from tunecache.http import IDENTITY_HEADER
 
 KiB = 2**10
@@ -89,6 +90,35 @@ def test_a_head_that_never_ends_is_answered_431_past_the_limit(
         status, headers, body = answer(conn)
     detail = assert_error_shape(status, headers, body, 431)
     assert f"over {HEAD_BYTES} bytes" in detail, detail
+
+
+def test_a_head_over_the_limit_sent_at_once_is_answered_431_and_not_served(
+    server: LiveServer,
+) -> None:
+    """The read a head begins in was not counted: a 190 KB header sent in one piece, ended, was
+    answered 200 (200 KB and more 431). Now it is 431, and the request is never served: a miss
+    report behind such a head queues no job."""
+    for size in (HEAD_BYTES + 1024, 190_000):
+        conn = connect(server)
+        with conn:
+            conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size
+                         + b"\r\nConnection: close\r\n\r\n")  # fmt: skip
+            status, headers, body = answer(conn)
+        assert "line and headers" in assert_error_shape(status, headers, body, 431), size
+    token = issue_token(server.url, "read")
+    key = json.dumps({"key": make_key(m=77).to_json()}).encode()
+    conn = connect(server)
+    with conn:
+        conn.sendall(
+            f"POST /v1/misses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(key)}\r\n"
+            f"X-Pad: {'p' * 100_000}\r\nConnection: close\r\n\r\n".encode()
+            + key
+        )
+        status, headers, body = answer(conn)
+    assert_error_shape(status, headers, body, 431)
+    queued = httpx.get(f"{server.url}/v1/jobs", timeout=30).json()["items"]
+    assert [j for j in queued if j["key"]["problem"]["M"] == 77] == [], queued
 
 
 def test_a_head_within_the_limit_and_a_large_body_after_it_are_answered(

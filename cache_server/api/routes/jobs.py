@@ -183,8 +183,9 @@ def report_miss(
     Rate-limited: each caller (its token, else its address) may report
     ``miss_reports_per_minute`` a minute to a server process; misses may create at most
     ``miss_jobs_per_minute`` new jobs a minute in all, and one caller's at most its share of
-    those (``miss_jobs_per_caller``), both counted in the database. A key already queued is
-    answered as is.
+    those (``miss_jobs_per_caller``), both counted in the database; a token's misses count
+    among its open jobs (``jobs_open_per_token``, 429 past it, as ``POST /v1/jobs``). A key
+    already queued is answered as is.
     """
     who = f"token:{caller.id}" if caller is not None else f"addr:{_network(http)}"
     who = who[:64]  # the column's width; an address is at most 45 characters
@@ -201,6 +202,8 @@ def report_miss(
     if (existing := jobs.find(session, key_hash=key_hash)) is not None:
         metrics.count_miss_report()
         return JobEnqueued(job=public(existing), created=False)
+    if caller is not None and _holder(caller) is not None:  # a token's, bounded as its jobs are
+        _check_open_jobs(session, settings, caller)
     _check_new_job_budget(session, settings, who)
     job, created = jobs.enqueue(
         session,
