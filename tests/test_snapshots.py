@@ -428,10 +428,15 @@ def test_cli_export_import_round_trip(server: LiveServer, tmp_path: Path) -> Non
     assert out.read_bytes() == served.content
     assert served.headers["etag"] != export(server.url).headers["etag"]  # another document
     assert "exported 2 winners" in done.stdout and served.headers["etag"] in done.stdout
-    none = tunecache("snapshot", "export", "--arch", "nope", "--server", server.url, "-o",
+    none = tunecache("snapshot", "export", "--arch", "sm_120", "--server", server.url, "-o",
                      str(tmp_path / "none.json"))  # fmt: skip
     assert none.returncode == 0 and "exported 0 winners" in none.stdout  # an empty one is fine,
-    assert "no winner matches arch 'nope': is each" in none.stderr  # but said (a typo, perhaps)
+    assert "no winner matches arch 'sm_120': is each" in none.stderr  # but said (a typo, perhaps)
+    # an arch no device has, of which the server holds nothing: a typo, refused, nothing written
+    typo = tunecache("snapshot", "export", "--arch", "cpu-avx51", "--server", server.url, "-o",
+                     str(tmp_path / "typo.json"))  # fmt: skip
+    assert typo.returncode == 2 and "did you mean cpu-avx512?" in typo.stderr, typo.stderr
+    assert "nothing written" in typo.stderr and not (tmp_path / "typo.json").exists()
     # A mistyped kernel was blamed on the arch: "is 'cpu-…' an arch the server has winners of?"
     none = tunecache("snapshot", "export", "--arch", ARCH, "--kernel", "nosuch", "--server",
                      server.url, "-o", str(tmp_path / "none.json"))  # fmt: skip
@@ -492,13 +497,20 @@ def test_sync_downloads_this_arch_once_and_the_resolver_reads_it(
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    assert "wrote 1 winners of" in sync() and path.exists()
+    assert "wrote 1 winner of" in sync() and path.exists()
     assert "is up to date" in sync()  # the file's ETag went as If-None-Match: 304
-    bogus = subprocess.run([sys.executable, "-m", "tunecache_cli", "sync", "--arch", "bogus",
-                            "--server", server.url, "-o", str(tmp_path / "bogus.json")],
-                           capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert bogus.returncode == 0 and "wrote 0 winners of bogus" in bogus.stdout  # said, then:
-    assert "no winner matches arch 'bogus': is each" in bogus.stderr, bogus.stderr
+    none = subprocess.run([sys.executable, "-m", "tunecache_cli", "sync", "--arch", "sm_90",
+                           "--server", server.url, "-o", str(tmp_path / "none.json")],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert none.returncode == 0 and "wrote 0 winners of sm_90" in none.stdout  # said, then:
+    assert "no winner matches arch 'sm_90': is each" in none.stderr, none.stderr
+    # A mistyped arch replaced the good snapshot with an empty one, exit 0: now refused, kept
+    held = path.read_bytes()
+    typo = subprocess.run([sys.executable, "-m", "tunecache_cli", "sync", "--arch", "cpu-avx51",
+                           "--server", server.url, "-o", str(path)], capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert typo.returncode == 2 and "did you mean cpu-avx512?" in typo.stderr, typo.stderr
+    assert path.read_bytes() == held
     with Client("http://127.0.0.1:9", snapshot=path) as offline:
         hit = offline.lookup(key)
     assert (hit.source, hit.rule, hit.config) == ("snapshot", "exact", knobs(3))

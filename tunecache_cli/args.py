@@ -336,3 +336,27 @@ def nothing_matched(**filters: str | None) -> str:
         f"tunecache: no winner matches {given}: is each a value the server has winners "
         "of? (tunecache records ls --all shows them)"
     )
+
+
+def refuse_unknown_arch(arch: str | None, flag: str = "--arch") -> None:
+    """After a server answered no winner of ``arch``: a mistyped one (``cpu-avx51``) is bad
+    input, and nothing is written (a sync of it replaced a good snapshot with an empty one,
+    exit 0). An arch the server holds is never refused, known here or not (a newer GPU's).
+
+    Raises:
+        InvalidInput: ``arch`` is no arch a device has, naming the nearest that is.
+    """
+    import difflib
+
+    from tunecache.device import CPU_ARCHS, CUDA_ARCHS, check_arch
+
+    if arch is None:
+        return
+    try:
+        check_arch(arch)
+    except InvalidInput:
+        close = difflib.get_close_matches(arch, CUDA_ARCHS + CPU_ARCHS, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
+        raise InvalidInput(f"{flag} {arch!r}: no device has that arch and the server holds no "
+                           f"winner of it ({hint}`tunecache records ls` shows the archs it "
+                           "holds); nothing written") from None  # fmt: skip

@@ -21,7 +21,14 @@ from pydantic import ValidationError
 from tunecache.errors import InvalidInput, ServerError, error_message
 from tunecache.snapshot import SnapshotFilters
 from tunecache.strict import shown
-from tunecache_cli.args import add_server, nothing_matched, output_file, server_url
+from tunecache_cli.args import (
+    add_server,
+    nothing_matched,
+    output_file,
+    refuse_unknown_arch,
+    server_url,
+)
+from tunecache_cli.table import counted
 
 
 def register(commands: Any) -> None:
@@ -77,8 +84,11 @@ def run_export(args: argparse.Namespace) -> int:
         )
     if document is None:  # "unchanged", where no If-None-Match was sent: not a snapshot
         raise ServerError(f"{url} answered 304 Not Modified to an export that named no ETag")
+    if not document["records"]:
+        refuse_unknown_arch(filters.device_arch)
     save_snapshot(args.output, document)
-    print(f"exported {len(document['records'])} winners to {args.output} (ETag {shown(etag)})")
+    print(f"exported {counted(len(document['records']), 'winner')} to {args.output} "
+          f"(ETag {shown(etag)})")  # fmt: skip
     if not document["records"]:  # a mistyped filter exports nothing, silently otherwise
         hint = nothing_matched(arch=filters.device_arch, device_name=filters.device_name,
                                kernel=filters.kernel, backend=filters.backend)  # fmt: skip

@@ -23,7 +23,14 @@ from typing import Any
 from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
 from tunecache.strict import shown
-from tunecache_cli.args import add_server, nothing_matched, output_file, server_url
+from tunecache_cli.args import (
+    add_server,
+    nothing_matched,
+    output_file,
+    refuse_unknown_arch,
+    server_url,
+)
+from tunecache_cli.table import counted
 
 
 def register(commands: Any) -> None:
@@ -96,8 +103,11 @@ def run(args: argparse.Namespace) -> int:
     if document is None:
         print(f"{path} is up to date ({arch}, ETag {shown(etag)})")
         return 0
+    if not document["records"]:
+        refuse_unknown_arch(args.arch)
     save_snapshot(path, document)
-    print(f"wrote {len(document['records'])} winners of {arch} to {path} (ETag {shown(etag)})")
+    print(f"wrote {counted(len(document['records']), 'winner')} of {arch} to {path} "
+          f"(ETag {shown(etag)})")  # fmt: skip
     if not document["records"]:
         print(nothing_matched(arch=arch), file=sys.stderr)
     return 0
