@@ -364,3 +364,36 @@ def test_coverage_and_pretune_count_as_tuned_only_what_a_process_would_use() -> 
         with Client("http://cache.test", transport=serving(record), token="") as client:
             assert is_tuned(key, client) is used, record
             assert state_of(key, client, client, {}) == ("tuned" if used else "missing")
+
+
+def test_pretune_names_a_key_whose_job_is_done_but_whose_record_is_withdrawn(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """A key tuned by a token then withdrawn (its record disputed until a verifier rechecks it):
+    pretune said "1 queued", then "1/1 done", exit 0, and nothing ran; coverage said missing.
+    Now it names the key as tuned but not served, waits for nothing, and exits 1."""
+    from tests.factories import AUTH, issue_token, make_record
+    from tunecache.client import Client
+
+    manifest = tmp_path / "one.toml"
+    manifest.write_text('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\n'
+                        'shapes = [{M = 8, N = 16, K = 16}]\ntrials = 2\n')  # fmt: skip
+    (key,) = parse_manifest(manifest.read_text(), str(manifest)).keys
+    writer = issue_token(server.url, "write")
+    with Client(server.url, token=writer) as client:
+        job = client.create_job(key, trials=2).job
+        claimed = client.claim_job("w", device_arch=key.device.arch, backends=["tvm"])
+        assert claimed is not None and claimed.id == job.id
+        record_id = client.upload(make_record(key)).record_id
+        assert client.complete_job(job.id, "w", record_id).state == "done"
+    assert cli("coverage", str(manifest), "--server", server.url).returncode == 0  # tuned
+    tokens = httpx.get(f"{server.url}/v1/tokens", headers=AUTH, timeout=30).json()["items"]
+    (writer_id,) = [t["id"] for t in tokens if t["scope"] == "write"]
+    revoked = httpx.delete(f"{server.url}/v1/tokens/{writer_id}", params={"withdraw": "true"},
+                           headers=AUTH, timeout=30)  # fmt: skip
+    assert revoked.json()["withdrawn"] == 1, revoked.text
+    again = cli("pretune", str(manifest), "--server", server.url)
+    assert again.returncode == 1, again.stderr
+    assert "0 tuned already, 0 queued, 1 unserved" in again.stderr, again.stderr
+    assert "tuned, but not served: matmul[" in again.stderr and "daemon --verify" in again.stderr
+    assert "1/1 done" not in again.stderr

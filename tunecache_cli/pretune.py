@@ -4,7 +4,8 @@ Keys already tuned (under the manifest's version policy) or already queued are n
 Then it follows the jobs to the end with a progress line (daemons do the tuning), or, ``--local``,
 tunes them in this process, or, ``--ray [ADDRESS]``, as daemons running as Ray tasks
 (:mod:`tuner.fanout`); ``--no-wait`` only queues. Exit 0 when every job is done, 1 when some
-failed, 2 bad input (a bad manifest names its line; nothing is queued), 3 server unreachable.
+failed or a key's record waits for a verifier (its job done, nothing served), 2 bad input (a bad
+manifest names its line; nothing is queued), 3 server unreachable.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
 from tunecache_cli.args import add_server, check_trials, preflight, server_url
-from tunecache_cli.table import counted
+from tunecache_cli.table import counted, shown
 
 RETRY_POLL_SECONDS = 2.0  # pretune --local: how often it looks whether a retry is due
 QUIET_LINE_SECONDS = 60.0  # off a terminal, a progress line when a count changes, else this often
@@ -89,17 +90,32 @@ def is_tuned(key: Any, client: Any) -> bool:
     return checked_answer(key, client.fetch_answer(key), client.policy)[0] is not None
 
 
-def queue(client: Any, manifest: Any) -> tuple[list[str], int]:
-    """Queues the keys not tuned yet; returns the key hashes followed and how many were tuned."""
-    followed, tuned = [], 0
+def queue(client: Any, manifest: Any) -> tuple[list[str], int, list[Any]]:
+    """Queues the keys not tuned yet; returns the key hashes followed, how many were tuned, and
+    the keys whose job is done with no record served (:data:`UNSERVED`): not followed, as
+    "done" they read as tuned again when nothing ran."""
+    followed, tuned, unserved = [], 0, []
     for key in manifest.keys:
         if is_tuned(key, client):  # a record a process would use, not any answer
             tuned += 1
             continue
         strategy, trials = manifest.budgets[key.digest()]
         job = client.create_job(key, strategy=strategy, trials=trials).job
-        followed.append(job.key_hash)
-    return followed, tuned
+        if job.state == "done" and is_tuned(key, client):  # done meanwhile
+            tuned += 1
+        elif job.state == "done":
+            unserved.append(key)
+        else:
+            followed.append(job.key_hash)
+    return followed, tuned, unserved
+
+
+# A key tuned (its job done) whose record is not served: disputed (its uploader's token was
+# withdrawn), or pending under the verified policy. Its job is not run again: a verifier decides.
+UNSERVED = (
+    "tuned, but not served: {keys}: its record waits for a verifier (disputed, or "
+    "pending under the verified policy); `tunecache daemon --verify` decides it"
+)
 
 
 def devices_needed(manifest: Any, hashes: list[str]) -> list[str]:
@@ -292,10 +308,14 @@ def run(args: argparse.Namespace) -> int:
     _check_strategies(manifest)
     preflight(server_url(args), "write", "queuing jobs")
     with Client(server_url(args), policy=manifest.policy) as client:
-        hashes, tuned = queue(client, manifest)
+        hashes, tuned, unserved = queue(client, manifest)
         print(f"{counted(len(manifest.keys), 'key')}: {tuned} tuned already, "
-              f"{len(hashes)} queued",
+              f"{len(hashes)} queued{f', {len(unserved)} unserved' if unserved else ''}",
               file=sys.stderr)  # fmt: skip
+        if unserved:
+            named = ", ".join(shown(k.short()) for k in unserved[:3])
+            more = f" and {len(unserved) - 3} more" if len(unserved) > 3 else ""
+            print(UNSERVED.format(keys=named + more), file=sys.stderr)
         if args.local and hashes:
             _tune_here(client, manifest, args.trials, hashes)
         if args.ray and hashes:
@@ -306,7 +326,7 @@ def run(args: argparse.Namespace) -> int:
                             started=started)  # fmt: skip
         if args.json:  # stdout holds the JSON only; progress went to stderr
             print(_followed_json(client, hashes, len(manifest.keys), tuned))
-        return 1 if failed else 0
+        return 1 if failed or unserved else 0
 
 
 def _followed_json(client: Any, hashes: list[str], keys: int, tuned: int) -> str:
