@@ -46,7 +46,9 @@ def test_presets_give_the_models_gemms_and_norms() -> None:
 
 
 BAD = [
-    ('[[tune]]\nkernel = "conv9d"\nbackends = ["tvm"]\nshapes = [{M = 8}]\n', "line 1: unknown kernel 'conv9d'"),
+    ('[[tune]]\nkernel = "conv9d"\nbackends = ["tvm"]\nshapes = [{M = 8}]\n', "the [[tune]] entry at line 1: unknown kernel 'conv9d'"),
+    # a top-level typo left the default policy quietly
+    ('polcy = "strict"\n[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}]\n', "unknown top-level fields ['polcy'] (did you mean policy?)"),
     ('\n\n[[tune]]\npreset = "gpt-9"\nbackends = ["tvm"]\n', "line 3: unknown preset 'gpt-9'"),
     ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8}]\n', "line 1: matmul takes shape parameters M, N, K: missing K"),
     ('[[tune]]\nkernel = "matmul"\nshapes = [{M = 8, N = 8, K = 8}]\n', "line 1: backends must be a non-empty list"),

@@ -35,6 +35,7 @@ entry is an error naming its line, before anything is queued.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import re
 import tomllib
 from collections.abc import Mapping
@@ -88,6 +89,9 @@ def _device(arch: str | None, backend: str) -> Any:
     if here is not None and here.arch == arch:
         return here
     return DeviceFingerprint(kind=arch_kind(arch), arch=arch, name="any", units=1)
+
+
+_TOP_FIELDS = {"arch", "policy", "tune"}
 
 
 def _entry_keys(entry: Mapping[str, Any], arch: str | None) -> list[Key]:
@@ -158,6 +162,11 @@ def parse_manifest(text: str, source: str = "manifest") -> Manifest:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InvalidInput(f"{source}: not TOML: {exc}") from None
+    if unknown := sorted(set(data) - _TOP_FIELDS):  # a typo (polcy) left the default quietly
+        close = difflib.get_close_matches(unknown[0], _TOP_FIELDS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise InvalidInput(f"{source}: unknown top-level fields {unknown}{hint}; known: "
+                           f"{sorted(_TOP_FIELDS)}, the entries each a [[tune]] table")  # fmt: skip
     policy = data.get("policy", "compatible")
     if policy not in VERSION_POLICIES:
         raise InvalidInput(f"{source}: policy {policy!r} is not one of {VERSION_POLICIES}")
@@ -174,7 +183,8 @@ def parse_manifest(text: str, source: str = "manifest") -> Manifest:
     keys: list[Key] = []
     budgets: dict[str, tuple[str | None, int]] = {}
     for i, entry in enumerate(entries):
-        where = f"{source}, line {lines[i]}" if i < len(lines) else f"{source}, entry {i + 1}"
+        where = (f"{source}, the [[tune]] entry at line {lines[i]}" if i < len(lines)
+                 else f"{source}, entry {i + 1}")  # fmt: skip
         try:
             found = _entry_keys(entry, arch)
         except InvalidInput as exc:
