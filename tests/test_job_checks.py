@@ -114,3 +114,8 @@ def test_the_servers_strategies_are_the_tuners() -> None:
         native = {backend.native_strategy} if backend.native_strategy else set()
         tuners[name] = {s for s in STRATEGIES if strategy_problem(backend, s) is None} | native
     assert {name: set(known) for name, known in JOB_STRATEGIES.items()} == tuners
+    # what an unknown strategy's error lists is what the backend takes: inductor's listed
+    # random, then refused it ("inductor has no space to search with 'random'")
+    for name, known in tuners.items():
+        said = strategy_problem(get_backend(name), "nosuch")
+        assert said is not None and said.endswith(f"known: {', '.join(sorted(known))}"), said

@@ -237,10 +237,13 @@ def strategy_problem(backend: Backend, strategy: str | None) -> str | None:
     native = backend.native_strategy
     if strategy is None or strategy == native:
         return None
-    if strategy not in STRATEGIES:
-        known = ", ".join(sorted({*STRATEGIES, *([native] if native else [])}))
+    searchable = type(backend).space is not Backend.space  # an enumerable space for ours
+    if strategy not in STRATEGIES:  # the strategies it takes: never one then refused
+        known = ", ".join(
+            sorted({*(STRATEGIES if searchable else ()), *([native] if native else [])})
+        )
         return f"unknown strategy {strategy!r} for {backend.name}; known: {known}"
-    if type(backend).space is Backend.space:  # no enumerable space for our strategies
+    if not searchable:
         return f"{backend.name} has no space to search with {strategy!r}; its search is {native!r}"
     return None
 
