@@ -133,6 +133,9 @@ def test_the_daemon_refuses_to_start_without_a_write_token(server: LiveServer) -
     (["--strategy", "bayes"], "inductor has no space to search with 'bayes'; its search is "
                               "'inductor_max_autotune' (--backends tvm: those it can tune)"),
     (["--strategy", "meta_schedule", "--backends", "tvm,inductor"], "(--backends tvm: those"),
+    # it said "no backend installed here runs on cpu", where TVM and Inductor do
+    (["--backends", "triton"], "--backends triton: none of them runs on cpu here (those that "
+                               "do: tvm, inductor)"),
 ])  # fmt: skip
 def test_a_strategy_the_daemon_cannot_tune_with_is_refused_before_it_claims(
     server: LiveServer, given: list[str], said: str

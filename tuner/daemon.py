@@ -218,6 +218,7 @@ class Worker:
             raise InvalidInput(f"no {device} device is visible here (CUDA_VISIBLE_DEVICES?): "
                                f"nothing to take {device} jobs") from None  # fmt: skip
         self.backends = runnable_backends(device, backends)
+        self.asked = backends  # what --backends named (None: every backend)
         self.stopping = threading.Event()
 
     def stop(self) -> None:
@@ -246,6 +247,11 @@ class Worker:
         Raises:
             InvalidInput: no backend installed here runs on this device.
         """
+        if not self.backends and self.asked is not None:  # --backends named only others
+            runs = runnable_backends(self.device.kind, None)
+            raise InvalidInput(f"--backends {','.join(self.asked)}: none of them runs on "
+                               f"{self.device.kind} here (those that do: "
+                               f"{', '.join(runs) or 'none'})")  # fmt: skip
         if not self.backends:
             raise InvalidInput(f"no backend installed here runs on {self.device.kind}")
         return self.device.fingerprint.arch
