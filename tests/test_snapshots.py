@@ -414,6 +414,28 @@ def tunecache(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def test_cli_import_of_a_snapshot_whose_every_record_is_left_out_is_bad_input(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """Every record of a tampered snapshot left out: it said 'imported 0 records', exit 0. Now
+    exit 2 naming the file; one record left out of two still imports the other."""
+    upload(server.url, make_record(make_key(64), time_ms=1.0))
+    upload(server.url, make_record(make_key(128), time_ms=2.0))
+    out = tmp_path / "two.json"
+    assert tunecache("snapshot", "export", "--arch", CPU.arch, "--server", server.url,
+                     "-o", str(out)).returncode == 0  # fmt: skip
+    document = json.loads(out.read_text())
+    document["records"][0]["config"] = {"evil": 1}  # outside the closed schema
+    (tmp_path / "one_bad.json").write_text(json.dumps(document))
+    document["records"][1]["config"] = {"evil": 2}
+    (tmp_path / "all_bad.json").write_text(json.dumps(document))
+    some = tunecache("snapshot", "import", str(tmp_path / "one_bad.json"), "--server", server.url)
+    assert some.returncode == 0 and "imported 1 record from" in some.stdout, some.stderr
+    none = tunecache("snapshot", "import", str(tmp_path / "all_bad.json"), "--server", server.url)
+    assert none.returncode == 2, none.stdout
+    assert "no record of it may be imported" in none.stderr and "Traceback" not in none.stderr
+
+
 @pytest.mark.slow
 def test_cli_export_import_round_trip(server: LiveServer, tmp_path: Path) -> None:
     upload(server.url, make_record(make_key(64), time_ms=1.0))

@@ -102,11 +102,24 @@ def run_import(args: argparse.Namespace) -> int:
     from tunecache_cli.progress import asking
 
     snapshot = load_snapshot(args.file)
+    if not snapshot.records and _records_in(args.file):  # each left out, as warned
+        raise InvalidInput(f"{args.file}: no record of it may be imported (each was left out, "
+                           "as said above); nothing imported")  # fmt: skip
     url = server_url(args)
     with Client(url) as client, asking("snapshot import", url):
         result = client.import_snapshot(snapshot)
     print(
-        f"imported {result['imported']} records from {args.file} into {url}: "
+        f"imported {counted(result['imported'], 'record')} from {args.file} into {url}: "
         f"{result['winners_changed']} winners changed"
     )
     return 0
+
+
+def _records_in(path: Path) -> int:
+    """How many records the snapshot file at ``path`` lists, valid or not."""
+    from tunecache.jsonsafe import parse_json
+    from tunecache.snapshot import read_snapshot_bytes
+
+    document = parse_json(read_snapshot_bytes(path))
+    records = document.get("records") if isinstance(document, dict) else None
+    return len(records) if isinstance(records, list) else 0
