@@ -35,7 +35,7 @@ def test_artifacts_ls_lists_this_machines_inductor_items(server: LiveServer) -> 
         client.put_artifacts([
             ArtifactIn(namespace="inductor.choices", partition=own, key="mm-key", item="x",
                        value=group("mm", 3), score=1.0),
-            ArtifactIn(namespace="inductor.autotune", partition=own, key="k" * 40, value=BEST),
+            ArtifactIn(namespace="inductor.autotune", partition=own, key="k" * 60, value=BEST),
             ArtifactIn(namespace="inductor.choices", partition=other, key="elsewhere",
                        value=group("addmm", 1), score=2.0),
         ])  # fmt: skip
@@ -47,13 +47,24 @@ def test_artifacts_ls_lists_this_machines_inductor_items(server: LiveServer) -> 
     assert "mm highest, 3 choices timed" in done.stdout and "elsewhere" not in done.stdout
     # a best config reads as its arguments, without Inductor's bookkeeping; a long key is cut
     assert "XBLOCK=128 R0_BLOCK=8 num_warps=4 num_stages=1" in done.stdout
-    assert "configs_hash" not in done.stdout and "k" * 21 + "..." in done.stdout
+    assert "configs_hash" not in done.stdout and "k" * 24 + "..." + "k" * 13 in done.stdout
     # another partition, one namespace, as JSON
     listed = tunecache("artifacts", "ls", "--partition", other, "--namespace", "inductor.choices",
                        "--json", "--server", server.url)  # fmt: skip
     assert listed.returncode == 0, listed.stderr
     (item,) = json.loads(listed.stdout)["items"]
     assert (item["key"], item["value"]["op"], item["score"]) == ("elsewhere", "addmm", 2.0)
+    # a partition's items by key, each key's best score first (they came by id)
+    with Client(server.url) as client:
+        client.put_artifacts([
+            ArtifactIn(namespace="inductor.choices", partition="ranked", key=key,
+                       item=str(score), value=group("mm", 1), score=score)
+            for key, score in [("b", 3.0), ("a", 2.0), ("b", 1.0), ("a", None), ("a", 0.5)]
+        ])  # fmt: skip
+    ranked = tunecache("artifacts", "ls", "--partition", "ranked", "--json", "--server",
+                       server.url)  # fmt: skip
+    order = [(a["key"], a["score"]) for a in json.loads(ranked.stdout)["items"]]
+    assert order == [("a", 0.5), ("a", 2.0), ("a", None), ("b", 1.0), ("b", 3.0)], order
     # nothing there: exit 1, said
     empty = tunecache("artifacts", "ls", "--partition", "nothing-here", "--server", server.url)
     assert empty.returncode == 1 and "inductor.choices: 0 items" in empty.stdout

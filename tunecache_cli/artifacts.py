@@ -20,6 +20,7 @@ from tunecache_cli.table import counted, ms, render
 # What a bare ``artifacts ls`` lists: Inductor's, whose partition this machine can name itself.
 INDUCTOR = ("inductor.choices", "inductor.autotune")
 SUMMARY = 60  # characters of a value shown in the table
+KEY_SHOWN = 40  # characters of a key shown in the table
 # What a best config holds beside the config itself (AutotuneCache.save's bookkeeping).
 _BOOKKEEPING = {"configs_hash", "found_by_coordesc", "time_taken_ms", "triton_cache_hash"}
 
@@ -55,6 +56,8 @@ def run_ls(args: argparse.Namespace) -> int:
     with Client(url) as client, asking("artifacts ls", url):
         found = {ns: client.get_artifacts(ns, partition, key=args.key, limit=args.limit)
                  for ns in namespaces}  # fmt: skip
+    for items in found.values():  # a partition's pages come by id: each key's best first
+        items.sort(key=lambda a: (a.key, a.score is None, a.score or 0.0, a.id))
     if args.json:
         print(json.dumps({"partition": partition, "items": [
             item.model_dump(mode="json") for items in found.values() for item in items]},
@@ -80,7 +83,8 @@ def _own_partition(namespaces: tuple[Namespace, ...]) -> str:
 
 
 def _row(item: ArtifactPublic) -> list[object]:
-    key = item.key if len(item.key) <= 24 else item.key[:21] + "..."
+    # cut in the middle: keys of one op share their start (packed_linear|highest|[[8, 16]...)
+    key = item.key if len(item.key) <= KEY_SHOWN else f"{item.key[:24]}...{item.key[-13:]}"
     score = "-" if item.score is None else ms(item.score)
     return [item.id, key, item.item or "-", score, _summary(item),
             f"{item.updated_at:%Y-%m-%d %H:%M}"]  # fmt: skip
