@@ -12,12 +12,12 @@ import unicodedata
 from datetime import timedelta
 from typing import Literal
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from cache_server import jobs, quota, trust, twins, withdrawal
 from cache_server.db import upsert_insert
-from cache_server.models import TokenRow, utcnow
+from cache_server.models import ArtifactRow, TokenRow, utcnow
 from cache_server.queries import Revoked as Revoked  # re-exported: a revoked token's 401
 from cache_server.twins import lock_slot
 from tunecache.tokens import (
@@ -245,6 +245,7 @@ def revoke(
     if row is None:
         return None
     withdrawn = withdrawal.withdraw(session, token_id=token_id) if withdraw else 0
+    shared = session.scalar(select(func.count()).where(ArtifactRow.token_id == token_id))
+    standing = withdrawal.standing(session, token_id=token_id)
     return TokenRevoked(**public(row, stored_bytes=quota.used(session, token_id)).model_dump(),
-                        withdrawn=withdrawn,
-                        standing=withdrawal.standing(session, token_id=token_id))  # fmt: skip
+                        withdrawn=withdrawn, standing=standing, artifacts=shared or 0)  # fmt: skip

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
+import httpx
+
 from tests.conftest import LiveServer
+from tests.factories import AUTH, issue_token
 from tunecache.artifacts import ArtifactIn
 from tunecache.client import Client
 from tunecache.inductor.partition import partition
@@ -80,3 +84,32 @@ def test_artifacts_ls_bad_input_exits_2_naming_it() -> None:
         done = tunecache("artifacts", "ls", *args, "--server", "http://127.0.0.1:9")
         assert done.returncode == 2 and said in done.stderr, (args, done.stderr)
         assert "Traceback" not in done.stderr
+
+
+def test_revoking_a_token_says_its_shared_artifacts_are_served_no_more(server: LiveServer) -> None:
+    """A teammate's tune --tvm / tune --torch work went out of service with its token, the
+    revocation saying only 'revoked token 2'."""
+    writer = issue_token(server.url, "write")
+    with Client(server.url, token=writer) as client:
+        client.put_artifacts(
+            [
+                ArtifactIn(
+                    namespace="inductor.choices",
+                    partition="p",
+                    key=f"k{i}",
+                    value=group("mm", 1),
+                    score=1.0,
+                )
+                for i in range(3)
+            ]
+        )
+    tokens = httpx.get(f"{server.url}/v1/tokens", headers=AUTH, timeout=30).json()["items"]
+    (writer_id,) = [t["id"] for t in tokens if t["scope"] == "write"]
+    env = {**os.environ, "TUNECACHE_TOKEN": AUTH["Authorization"].removeprefix("Bearer ")}
+    done = subprocess.run([sys.executable, "-m", "tunecache_cli", "token", "revoke",
+                           str(writer_id), "--server", server.url], capture_output=True,
+                          text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "its 3 shared artifacts (Inductor's choices" in done.stderr, done.stderr
+    with Client(server.url) as client:
+        assert client.get_artifacts("inductor.choices", "p") == []  # as said

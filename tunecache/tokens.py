@@ -129,6 +129,9 @@ class TokenRevoked(TokenPublic):
     # None: a server that knows no withdrawal (before 0019), which ignored ``withdraw``.
     withdrawn: NonNegativeInt | None = None
     standing: NonNegativeInt | None = None
+    # The artifacts it stored (Inductor's choices, MetaSchedule's records...), served no more
+    # where no live token holds a copy; None: a server that does not say.
+    artifacts: NonNegativeInt | None = None
 
 
 class WhoAmI(_Strict):

@@ -220,6 +220,10 @@ def run_revoke(args: argparse.Namespace) -> int:
         standing = counted(info.standing, "record")
         said += (f"; {standing} {on_its_word}: if it leaked, revoking it again "
                  f"with --withdraw disputes them, {then}")  # fmt: skip
+    if info.artifacts:  # what its tune --torch, tune --tvm and enable() shared: gone silently
+        said += (f"; its {counted(info.artifacts, 'shared artifact')} (Inductor's choices, "
+                 "MetaSchedule's records, fused-MoE files: `tunecache artifacts ls`) are served "
+                 "no more, but where another token holds a copy")  # fmt: skip
     print(said, file=sys.stderr)
     return 0
 
