@@ -10,7 +10,7 @@ together on one database take turns: the first migrates, the others find the sch
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Final
@@ -172,11 +172,13 @@ def check_versioned(connection: Connection) -> None:
         )
 
 
-def prepare(url: str, *, create: bool = True, statement_seconds: float | None = None) -> Engine:
+def prepare(url: str, *, create: bool = True, statement_seconds: float | None = None,
+            created: Callable[[], None] | None = None) -> Engine:  # fmt: skip
     """An engine on ``url`` at the head revision: an empty database gets the schema (unless
-    ``create`` is false); one at an older revision raises :class:`SchemaOutdated`, for it must be
-    upgraded on purpose. ``statement_seconds``: the engine's bound
-    (:func:`cache_server.db.make_engine`; the server's setting, 0 behind PgBouncer)."""
+    ``create`` is false), and ``created`` is called then; one at an older revision raises
+    :class:`SchemaOutdated`, for it must be upgraded on purpose. ``statement_seconds``: the
+    engine's bound (:func:`cache_server.db.make_engine`; the server's setting, 0 behind
+    PgBouncer)."""
     from cache_server.db import make_engine
 
     parsed = make_url(url)
@@ -189,6 +191,8 @@ def prepare(url: str, *, create: bool = True, statement_seconds: float | None = 
     engine = make_engine(url, statement_seconds=statement_seconds)
     if create and current_revision(engine) is None:
         upgrade(url)
+        if created is not None:
+            created()
     check_schema(engine)
     return engine
 

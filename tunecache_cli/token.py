@@ -132,15 +132,22 @@ def _tokens(args: argparse.Namespace, *, create: bool = False) -> Iterator[Any]:
     from tunecache_cli.serve import server_settings
 
     args.db = args.db or None  # bare --db: the server's own setting
+    new: list[bool] = []
     try:
         settings = server_settings(args)
-        engine = prepare(settings.db, create=create, statement_seconds=settings.statement_seconds)
+        engine = prepare(settings.db, create=create, statement_seconds=settings.statement_seconds,
+                         created=lambda: new.append(True))  # fmt: skip
         with make_sessionmaker(engine).begin() as session:
             yield _Direct(session, engine.url.render_as_string(hide_password=True))
     except SchemaOutdated as exc:
         raise InvalidInput(str(exc)) from None
     except SQLAlchemyError as exc:
         raise InvalidInput(f"cannot use the database: {one_line(exc)}") from None
+    if new:  # a shell without the server's TUNECACHE_SERVER_DB made a database of its own
+        where = engine.url.render_as_string(hide_password=True)
+        print(f"tunecache: {where} was a new database, made now: a server started on another "
+              "(`serve --db URL`, $TUNECACHE_SERVER_DB) does not know this token; give its URL "
+              "to --db", file=sys.stderr)  # fmt: skip
 
 
 def run_create(args: argparse.Namespace) -> int:
