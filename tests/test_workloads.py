@@ -87,6 +87,11 @@ def test_key_for_checks_kernel_backend_and_dtype() -> None:
         key_for("matmul", "cuda", {"M": 1, "N": 1, "K": 1}, "float32")
     with pytest.raises(InvalidInput, match="supports dtypes"):
         key_for("matmul", "tvm", {"M": 1, "N": 1, "K": 1}, "float17")
+    # a near miss is pointed at the name it missed (matmull, tmv got only the lists)
+    with pytest.raises(InvalidInput, match=r"unknown kernel 'matmull' \(did you mean 'matmul'\?\)"):
+        key_for("matmull", "tvm", {"M": 1}, "float32")
+    with pytest.raises(InvalidInput, match=r"not 'tmv' \(did you mean 'tvm'\?\)$"):
+        key_for("matmul", "tmv", {"M": 1, "N": 1, "K": 1}, "float32")
 
 
 def test_source_hash_depends_on_the_backend_sources() -> None:

@@ -23,10 +23,11 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import importlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,12 @@ _DTYPE_ALIASES = {
     "e5m2": "float8_e5m2", "fp8_e5m2": "float8_e5m2",
     "i8": "int8", "char": "int8",
 }  # fmt: skip
+
+
+def _nearest(typed: str, known: Sequence[str]) -> str:
+    """``" (did you mean 'matmul'?)"`` for a near miss of one of ``known``, else ``""``."""
+    close = difflib.get_close_matches(typed, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def dtype_hint(dtype: object, supported: tuple[str, ...] | list[str]) -> str:
@@ -124,6 +131,7 @@ class KernelSpec:
         if backend not in self.dtypes:
             raise InvalidInput(
                 f"{self.name} has backends {', '.join(self.backends)}, not {backend!r}"
+                f"{_nearest(backend, self.backends)}"
             )
 
     def check_dtype(self, dtype: str, backend: str) -> None:
@@ -269,10 +277,10 @@ def get_kernel(name: str) -> KernelSpec:
     if name in _REGISTRY:
         return _REGISTRY[name]
     if ":" not in name:
-        known = ", ".join(sorted(k for k in _REGISTRY if ":" not in k))
+        builtin = sorted(k for k in _REGISTRY if ":" not in k)
         raise InvalidInput(
-            f"unknown kernel {name!r}; built-in: {known}; a kernel of your own is named "
-            "'package.module:qualname'"
+            f"unknown kernel {name!r}{_nearest(name, builtin)}; built-in: {', '.join(builtin)}; "
+            "a kernel of your own is named 'package.module:qualname'"
         )
     found = load_ref(name)
     if not isinstance(found, KernelSpec) and not isinstance(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunecache_cli.args import add_server, server_url
+from tunecache_cli.table import counted
 
 if TYPE_CHECKING:
     from tunecache.key import Key
@@ -73,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     states = manifest_states(manifest, server_url(args))
     totals = {s: sum(1 for _, st in states if st == s) for s in
               ("tuned", "stale", "queued", "failed", "missing")}  # fmt: skip
-    summary = ", ".join(f"{n} {s}" for s, n in totals.items()) + f" of {len(states)} keys"
+    summary = ", ".join(f"{n} {s}" for s, n in totals.items())
+    summary += f" of {counted(len(states), 'key')}"
     if args.json:  # one document, as every --json prints; the summary on stderr
         keys = [{"key": key.short(), "digest": key.digest(), "state": state}
                 for key, state in states]  # fmt: skip
