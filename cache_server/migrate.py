@@ -110,10 +110,16 @@ def upgrade(url: str, revision: str = "head") -> None:
 
 def undone(current: str, target: str) -> list[str]:
     """The revisions a downgrade from ``current`` to ``target`` takes out, newest first, each
-    with the first line of what it added (its docstring)."""
+    with what it added (its docstring's first paragraph, as plain text, cut at a word: the
+    first line of it stopped mid-sentence, its markup raw)."""
     revisions = _scripts().iterate_revisions(current, target)
-    return [f"{r.revision}: {(r.doc or '').splitlines()[0] if r.doc else ''}" for r in revisions
+    return [f"{r.revision}: {_summary(r.doc or '')}" for r in revisions
             if r.revision != target]  # fmt: skip
+
+
+def _summary(doc: str, width: int = 160) -> str:
+    text = " ".join(doc.split("\n\n")[0].split()).replace("``", "")
+    return text if len(text) <= width else text[: text.rfind(" ", 0, width - 1)] + "…"
 
 
 def downgrade(url: str, revision: str) -> None:

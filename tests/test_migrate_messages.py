@@ -101,6 +101,14 @@ def test_a_database_a_newer_tunecache_migrated_can_be_taken_back(
     listed = [line.split(":")[0].strip() for line in asked.stderr.splitlines()[1:-1]]
     assert listed[0] == head_revision() and listed[-1] == "0013"  # newest first, 0012 kept
     assert listed == sorted(listed, reverse=True)  # nothing taken out yet:
+    # each says what it added in plain words, not its docstring's first line (cut mid-sentence,
+    # its ``markup`` raw)
+    assert (
+        "``" not in asked.stderr
+        and "0022: What each token has stored, counted against the "
+        "server's quota (token_usage: cache_server.quota): a write token"
+        in asked.stderr
+    )
     assert current_revision(make_engine(url)) == head_revision()
     back = _tunecache("db", "downgrade", "--db", url, "--revision", "0012", "--yes")
     assert back.returncode == 0, back.stderr
