@@ -73,6 +73,11 @@ def scale_add(A: T.Buffer((128, 96), "float32"), B: T.Buffer((128, 96), "float32
 not_tvm = 42
 
 
+class Mlp(__import__("torch").nn.Module):  # for tune --torch: called, it raised a TypeError
+    def __init__(self, width):
+        super().__init__()
+
+
 def raises():
     raise RuntimeError("no kernel today")
 '''
@@ -602,6 +607,7 @@ BAD_TVM = [
     ("{kernels}:", "wants FILE.py:NAME"),
     ("{kernels}:nothing_here", "has no 'nothing_here'"),
     ("{kernels}:not_tvm", "is of type int, not a TVM PrimFunc or IRModule"),
+    ("{kernels}:Mlp", "Mlp is an nn.Module, for tune --torch, not a TVM PrimFunc or IRModule"),
     ("{kernels}:raises", "raises() raised RuntimeError: no kernel today"),
     ("{broken}:f", "SyntaxError"),
 ]

@@ -34,6 +34,10 @@ def _as_tvm(value: Any, what: str) -> Any:
     import tvm
 
     kinds = (tvm.tirx.PrimFunc, tvm.IRModule)
+    if isinstance(value, type):  # a class (an nn.Module's): called, it said a TypeError
+        kind = "an nn.Module, for tune --torch" if _is_module(value) else "a class"
+        raise InvalidInput(f"{what} is {kind}, not a TVM PrimFunc or IRModule (or a function "
+                           "of no arguments returning one)")  # fmt: skip
     if not isinstance(value, kinds) and callable(value):
         try:
             value = value()
@@ -45,6 +49,12 @@ def _as_tvm(value: Any, what: str) -> Any:
             "(or a function of no arguments returning one)"
         )
     return value
+
+
+def _is_module(cls: type) -> bool:
+    """Whether ``cls`` is a torch ``nn.Module`` (by its bases' names: torch is not imported)."""
+    return any(f"{base.__module__}.{base.__qualname__}" == "torch.nn.modules.module.Module"
+               for base in cls.__mro__)  # fmt: skip
 
 
 def _normalize(value: Any, what: str) -> IRModule:
