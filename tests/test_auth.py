@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -287,6 +288,13 @@ def test_cli_bootstraps_on_the_database_then_manages_through_the_server(
         )
         assert writer.returncode == 0, writer.stderr
         assert f"with the 'write' scope in {live.url}; it is shown" in writer.stderr
+        me = tunecache("token", "whoami", *server, env={"TUNECACHE_TOKEN": writer.stdout.strip()})
+        assert me.returncode == 0, me.stderr
+        assert (
+            re.match(r"token \d+ 'ci' \(tc_", me.stdout) and "scope write; stored 0 B" in me.stdout
+        )
+        nobody = tunecache("token", "whoami", *server, env={"TUNECACHE_TOKEN": ""})
+        assert nobody.returncode == 1 and nobody.stdout.startswith("no token"), nobody.stdout
         listed = tunecache("token", "list", *server, env=as_admin)
         assert listed.returncode == 0 and "ops" in listed.stdout and "ci" in listed.stdout
         assert admin not in listed.stdout and writer.stdout.strip() not in listed.stdout

@@ -32,7 +32,7 @@ from tunecache.tokens import (
     grants,
 )
 from tunecache_cli.args import add_server, server_url
-from tunecache_cli.table import counted, render
+from tunecache_cli.table import counted, render, shown
 
 
 def register(commands: Any) -> None:
@@ -59,6 +59,11 @@ def register(commands: Any) -> None:
         "(for a token that leaked; may follow a revocation)",
     )  # fmt: skip
     revoke.set_defaults(run=run_revoke)
+    whoami = actions.add_parser("whoami", help="the token in $TUNECACHE_TOKEN, as the server "
+                                "sees it: name, scope, what it has stored")  # fmt: skip
+    whoami.add_argument("--json", action="store_true", help="print JSON")
+    add_server(whoami)
+    whoami.set_defaults(run=run_whoami)
     for action in (create, listing, revoke):
         add_server(action)
         action.add_argument(
@@ -238,3 +243,30 @@ def run_revoke(args: argparse.Namespace) -> int:
 VERIFIERS_WORD = (
     "standing on its word (its uploads no verifier passed, its passes and rejections as a verifier)"
 )
+
+
+def run_whoami(args: argparse.Namespace) -> int:
+    """Exit 0 with a token the server knows, 1 without one (reads alone, where they are open)."""
+    from tunecache.client import Client
+    from tunecache.tokens import byte_size
+    from tunecache_cli.progress import asking
+
+    url = server_url(args)
+    with Client(url) as client, asking("token whoami", url):
+        me = client.whoami()
+    if args.json:
+        print(json.dumps(me.model_dump(mode="json"), indent=2))
+        return 0 if me.token else 1
+    reads = "open to anyone" if me.reads == "open" else "for tokens only"
+    if me.token is None:
+        print(f"no token (none in $TUNECACHE_TOKEN); {url}'s reads are {reads}")
+        return 1
+    t = me.token
+    stored = "" if t.stored_bytes is None else f"; stored {byte_size(t.stored_bytes)}"
+    print(
+        shown(
+            f"token {t.id} {t.name!r} ({t.prefix}...), scope {t.scope}"
+            f"{', trusted' if t.trusted else ''}{stored}; {url}'s reads are {reads}"
+        )
+    )
+    return 0
