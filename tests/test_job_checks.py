@@ -54,6 +54,10 @@ def job_count(http: httpx.Client) -> int:
             "key.kernel",
             "'nosuchkernel'",
         ),
+        # Names no import finds: queued, claimed and failed on every attempt (a review's)
+        (dataclasses.replace(make_key(16), kernel="matmul:"), {}, "key.kernel", "'matmul:'"),
+        (dataclasses.replace(make_key(17), kernel="a:b:c"), {}, "key.kernel", "'a:b:c'"),
+        (dataclasses.replace(make_key(18), kernel="my-pkg:K"), {}, "key.kernel", "'my-pkg:K'"),
     ],
     ids=[
         "unknown strategy",
@@ -61,6 +65,9 @@ def job_count(http: httpx.Client) -> int:
         "int8 on tvm",
         "int8 on triton",
         "no such kernel",
+        "no class",
+        "two colons",
+        "no module name",
     ],
 )
 def test_a_job_no_daemon_can_run_is_refused_naming_its_field(

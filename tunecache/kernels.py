@@ -27,6 +27,7 @@ import difflib
 import functools
 import hashlib
 import importlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -221,6 +222,13 @@ def as_spec(kernel: Any) -> KernelSpec:
         what = getattr(kernel, "__qualname__", None) or type(kernel).__name__
         raise InvalidInput(f"{what} is not a kernel: it is no KernelSpec and has no .spec")
     return spec
+
+
+# A kernel of a user's package, as a daemon imports it: dotted identifiers, a colon, dotted
+# identifiers (``mypkg.ops:Gemm``). A key's name admits more (``x:``, ``a:b:c``), which no import
+# finds: a job for one was claimed and failed on every attempt.
+_IDENTS = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
+KERNEL_REF = re.compile(f"{_IDENTS}:{_IDENTS}")
 
 
 def load_ref(ref: str) -> Any:

@@ -31,7 +31,7 @@ from tunecache.jobs import (
     JobState,
     LeaseRequest,
 )
-from tunecache.kernels import builtin_problem, registered
+from tunecache.kernels import KERNEL_REF, builtin_problem, registered
 from tunecache.key_model import KeyModel
 from tunecache.schemas import INT64_MAX, STORED, LookupRequest
 from tunecache.tokens import grants
@@ -58,7 +58,7 @@ def unrunnable(key: KeyModel, strategy: str | None = None) -> str | None:
     backend's strategies. A bare name is a built-in's or no kernel at all: a daemon imports
     none by a bare name (``nosuchkernel`` was queued, claimed and failed on every attempt)."""
     spec = registered(key.kernel) if ":" not in key.kernel else None
-    if spec is None and ":" not in key.kernel:
+    if spec is None and not KERNEL_REF.fullmatch(key.kernel):
         return f"key.kernel: {key.kernel!r} is no built-in kernel and no 'package.module:Class'"
     if spec is not None:
         try:
