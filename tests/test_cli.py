@@ -468,3 +468,33 @@ def test_key_for_a_triton_drop_in_kernel_says_what_it_is() -> None:
         in done.stdout
     ), done.stderr
     assert "--tvm" not in done.stdout and "records ls --kernel" in done.stdout
+
+
+def test_a_port_that_closes_without_an_http_answer_is_hinted(tmp_path: Path) -> None:
+    """PostgreSQL's port given for the server's: 'Server disconnected without sending a
+    response', and no word of what it may be."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def close_each() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(1024)
+                conn.shutdown(socket.SHUT_RDWR)  # as a database does, reading no startup packet
+
+    threading.Thread(target=close_each, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        done = tunecache("records", "ls", "--server", url)
+    finally:
+        listener.close()
+    assert done.returncode == 3, done.stderr
+    assert "(is it an HTTP server: a database's port, say, not `tunecache serve`'s?)" in (
+        done.stderr
+    ), done.stderr

@@ -140,10 +140,15 @@ def user_path() -> None:
 
 
 def _nobody_there(exc: ServerError) -> str:
-    """A hint when nothing listens at the server's address (a connection refused)."""
+    """A hint when nothing listens at the server's address (a connection refused), or what does
+    closes without an HTTP answer (PostgreSQL's port given for the server's)."""
     cause = exc.__cause__
     if exc.status_code is None and "connection refused" in str(cause).lower():
         return " (is `tunecache serve` running there, and is the URL right?)"
+    if exc.status_code is None and (
+        "disconnected without sending a response" in str(cause) or "reset by peer" in str(cause)
+    ):
+        return " (is it an HTTP server: a database's port, say, not `tunecache serve`'s?)"
     return ""
 
 
