@@ -75,6 +75,8 @@ class HeaderDeadline(_Protocol):
     _answered = False  # by this protocol, and closed
     _parsed = 0  # bytes of the head arriving that the parser handed over (its URL, its headers)
     _oversize = False  # a head past HEAD_BYTES ended: never served, answered 431
+    _held: bytes | None = None  # a 431 written once the requests before it are answered
+    _held_own: Any = None  # the request a held 431 refuses the trailers of (not waited for)
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)
@@ -100,14 +102,14 @@ class HeaderDeadline(_Protocol):
         self._close_after(transport, _cap().refusal(HeaderDeadline.retry_after, address))
 
     def data_received(self, data: bytes) -> None:
-        if self._refused or self._answered:
+        if self._refused or self._answered or self._held is not None:
             return
         self._began = self._headed = self._bodied = False
         super().data_received(data)
         if not _HEADS_SEEN or self._answered or self.transport.is_closing():
             return  # answered in this read (a request that is not HTTP): nothing more
         if self._oversize:
-            self._answer(_too_large("line and headers"))
+            self._refuse_head(_too_large("line and headers"))
             return
         if self._heading:  # a head arriving: counted from the read after the one it began in
             counted = not self._began
@@ -115,7 +117,8 @@ class HeaderDeadline(_Protocol):
             counted = self._in_message and not (self._headed or self._bodied)
         self._head_bytes = self._head_bytes + len(data) if counted else 0
         if self._head_bytes > HEAD_BYTES:
-            self._answer(_too_large("line and headers, or its trailers"))
+            own = None if self._heading else self.cycle  # trailers: their request is refused
+            self._refuse_head(_too_large("line and headers, or its trailers"), own)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -133,9 +136,10 @@ class HeaderDeadline(_Protocol):
     def on_headers_complete(self) -> None:
         self._heading, self._headed = False, True
         # A head that ended in the read it began in was never counted by the reads (up to a
-        # read's 256 KiB of it went through): counted here, from what the parser handed over,
-        # and such a request is never served (no cycle: uvicorn would run it meanwhile).
-        if self._parsed > HEAD_BYTES:
+        # read's 256 KiB of it went through): counted here, from what the parser handed over
+        # (not the spaces it drops before a value: those pass within the one read), and such a
+        # request is never served (no cycle: uvicorn would run it meanwhile), nor one after it.
+        if self._oversize or self._parsed > HEAD_BYTES:
             self._oversize = True
             return
         super().on_headers_complete()
@@ -156,6 +160,21 @@ class HeaderDeadline(_Protocol):
         """A request that is not HTTP (uvicorn answered it in plain text), in the API's shape."""
         detail = f"the request is not valid HTTP/1.1 ({msg.rstrip('.')})"
         self._answer(raw_answer(400, "Bad Request", detail))
+
+    def _refuse_head(self, answer: bytes, own: Any = None) -> None:
+        """Answers a head past the limit (431) and closes, once the requests before it on this
+        connection (not ``own``, the request whose trailers these are) are answered: answered
+        at once, a pipelined request before it lost its answer (499), its work undone or done
+        unsaid. Nothing more is read meanwhile."""
+        if self._waiting(own):
+            self._held, self._held_own = answer, own
+            self.transport.pause_reading()
+            return
+        self._answer(answer)
+
+    def _waiting(self, own: Any) -> bool:
+        """Whether a request of this connection but ``own`` awaits its answer's end."""
+        return any(not c.response_complete and c is not own for c in self._cycles)
 
     def _answer(self, answer: bytes) -> None:
         """Writes ``answer`` and closes the connection (:meth:`_close_after`)."""
@@ -178,6 +197,10 @@ class HeaderDeadline(_Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self._held is not None:
+            if not self._waiting(self._held_own):
+                self._answer(self._held)
+            return
         self._await_headers()
 
     def pause_writing(self) -> None:

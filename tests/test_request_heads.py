@@ -121,6 +121,30 @@ def test_a_head_over_the_limit_sent_at_once_is_answered_431_and_not_served(
     assert [j for j in queued if j["key"]["problem"]["M"] == 77] == [], queued
 
 
+def test_a_request_before_an_oversize_head_is_answered_and_none_after_it_is_served(
+    server: LiveServer,
+) -> None:
+    """Pipelined in one send: a request, a head past the limit, a miss report. The first lost
+    its answer to the 431 (a token revocation logged 499, not done); the last must not run."""
+    token = issue_token(server.url, "read")
+    key = json.dumps({"key": make_key(m=78).to_json()}).encode()
+    conn = connect(server)
+    with conn:
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                     + b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n"
+                     + f"POST /v1/misses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                       f"Content-Type: application/json\r\nContent-Length: {len(key)}\r\n\r\n"
+                     .encode() + key)  # fmt: skip
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    first, _, rest = data.partition(b"HTTP/1.1 431")
+    assert first.startswith(b"HTTP/1.1 200") and b'"status":"ok"' in first, data[:400]
+    assert rest and b"HTTP/1.1" not in rest, data[-400:]  # the 431 last, then closed
+    queued = httpx.get(f"{server.url}/v1/jobs", timeout=30).json()["items"]
+    assert [j for j in queued if j["key"]["problem"]["M"] == 78] == [], queued
+
+
 def test_a_head_within_the_limit_and_a_large_body_after_it_are_answered(
     server: LiveServer,
 ) -> None:
