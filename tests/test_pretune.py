@@ -399,3 +399,29 @@ def test_pretune_names_a_key_whose_job_is_done_but_whose_record_is_withdrawn(
     assert "0 tuned already, 0 queued, 1 unserved" in again.stderr, again.stderr
     assert "tuned, but not served: matmul[" in again.stderr and "daemon --verify" in again.stderr
     assert "1/1 done" not in again.stderr
+
+
+def test_pretune_names_a_key_done_with_a_record_of_other_versions_as_stale(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """A key's job done by a worker of other versions: no verifier serves it here, and pretune
+    said its record waits for one (a review of the first version of the message)."""
+    import dataclasses
+
+    from tests.factories import issue_token, make_record
+    from tunecache.client import Client
+
+    manifest = tmp_path / "one.toml"
+    manifest.write_text('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\n'
+                        'shapes = [{M = 8, N = 16, K = 16}]\ntrials = 2\n')  # fmt: skip
+    (key,) = parse_manifest(manifest.read_text(), str(manifest)).keys
+    elsewhere = dataclasses.replace(key, environment={**key.environment, "apache-tvm": "0.1.0"})
+    with Client(server.url, token=issue_token(server.url, "write")) as client:
+        job = client.create_job(key, trials=2).job
+        assert client.claim_job("w", device_arch=key.device.arch, backends=["tvm"]) is not None
+        record_id = client.upload(make_record(elsewhere)).record_id
+        assert client.complete_job(job.id, "w", record_id).state == "done"
+    again = cli("pretune", str(manifest), "--server", server.url)
+    assert again.returncode == 1, again.stderr
+    assert "1 unserved" in again.stderr and "tuned under other versions only" in again.stderr
+    assert "daemon --verify" not in again.stderr, again.stderr

@@ -90,32 +90,38 @@ def is_tuned(key: Any, client: Any) -> bool:
     return checked_answer(key, client.fetch_answer(key), client.policy)[0] is not None
 
 
-def queue(client: Any, manifest: Any) -> tuple[list[str], int, list[Any]]:
+def queue(client: Any, manifest: Any) -> tuple[list[str], int, dict[str, list[Any]]]:
     """Queues the keys not tuned yet; returns the key hashes followed, how many were tuned, and
-    the keys whose job is done with no record served (:data:`UNSERVED`): not followed, as
-    "done" they read as tuned again when nothing ran."""
-    followed, tuned, unserved = [], 0, []
-    for key in manifest.keys:
-        if is_tuned(key, client):  # a record a process would use, not any answer
-            tuned += 1
-            continue
-        strategy, trials = manifest.budgets[key.digest()]
-        job = client.create_job(key, strategy=strategy, trials=trials).job
-        if job.state == "done" and is_tuned(key, client):  # done meanwhile
-            tuned += 1
-        elif job.state == "done":
-            unserved.append(key)
-        else:
-            followed.append(job.key_hash)
+    the keys whose job is done with no record served, by why (:data:`UNSERVED`): not followed,
+    as "done" they read as tuned again when nothing ran."""
+    from tunecache.client import Client
+
+    followed, tuned, unserved = [], 0, {why: list[Any]() for why in UNSERVED}
+    with Client(client.url, policy="any") as anyway:
+        for key in manifest.keys:
+            if is_tuned(key, client):  # a record a process would use, not any answer
+                tuned += 1
+                continue
+            strategy, trials = manifest.budgets[key.digest()]
+            job = client.create_job(key, strategy=strategy, trials=trials).job
+            if job.state == "done" and is_tuned(key, client):  # done meanwhile
+                tuned += 1
+            elif job.state == "done":
+                unserved["stale" if is_tuned(key, anyway) else "unchecked"].append(key)
+            else:
+                followed.append(job.key_hash)
     return followed, tuned, unserved
 
 
-# A key tuned (its job done) whose record is not served: disputed (its uploader's token was
-# withdrawn), or pending under the verified policy. Its job is not run again: a verifier decides.
-UNSERVED = (
-    "tuned, but not served: {keys}: its record waits for a verifier (disputed, or "
-    "pending under the verified policy); `tunecache daemon --verify` decides it"
-)
+# A key tuned (its job done) whose record is not served under the manifest's policy: its job is
+# not run again. Tuned under other versions only (stale), or its record waits for a verifier
+# (disputed, its uploader's token withdrawn; pending under the verified policy).
+UNSERVED = {
+    "stale": "tuned under other versions only (stale under the manifest's policy): {keys}; its "
+             "job is done, so it is not queued again",
+    "unchecked": "tuned, but not served: {keys}: its record waits for a verifier (disputed, or "
+                 "pending under the verified policy); `tunecache daemon --verify` decides it",
+}  # fmt: skip
 
 
 def devices_needed(manifest: Any, hashes: list[str]) -> list[str]:
@@ -309,13 +315,15 @@ def run(args: argparse.Namespace) -> int:
     preflight(server_url(args), "write", "queuing jobs")
     with Client(server_url(args), policy=manifest.policy) as client:
         hashes, tuned, unserved = queue(client, manifest)
+        left = sum(len(keys) for keys in unserved.values())
         print(f"{counted(len(manifest.keys), 'key')}: {tuned} tuned already, "
-              f"{len(hashes)} queued{f', {len(unserved)} unserved' if unserved else ''}",
+              f"{len(hashes)} queued{f', {left} unserved' if left else ''}",
               file=sys.stderr)  # fmt: skip
-        if unserved:
-            named = ", ".join(shown(k.short()) for k in unserved[:3])
-            more = f" and {len(unserved) - 3} more" if len(unserved) > 3 else ""
-            print(UNSERVED.format(keys=named + more), file=sys.stderr)
+        for why, keys in unserved.items():
+            if keys:
+                named = ", ".join(shown(k.short()) for k in keys[:3])
+                more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+                print(UNSERVED[why].format(keys=named + more), file=sys.stderr)
         if args.local and hashes:
             _tune_here(client, manifest, args.trials, hashes)
         if args.ray and hashes:
@@ -326,7 +334,7 @@ def run(args: argparse.Namespace) -> int:
                             started=started)  # fmt: skip
         if args.json:  # stdout holds the JSON only; progress went to stderr
             print(_followed_json(client, hashes, len(manifest.keys), tuned))
-        return 1 if failed or unserved else 0
+        return 1 if failed or left else 0
 
 
 def _followed_json(client: Any, hashes: list[str], keys: int, tuned: int) -> str:
