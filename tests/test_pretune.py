@@ -47,6 +47,9 @@ def test_presets_give_the_models_gemms_and_norms() -> None:
 
 BAD = [
     ('[[tune]]\nkernel = "conv9d"\nbackends = ["tvm"]\nshapes = [{M = 8}]\n', "the [[tune]] entry at line 1: unknown kernel 'conv9d'"),
+    # an entry's header with a comment, or spaced, is an entry's line too
+    ('[[tune]] # first\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}]\n[[ tune ]]\nkernel = "softmax"\nbackends = ["tvm"]\nshapes = [{M = -1, N = 8}]\n', "the [[tune]] entry at line 5: problem: M=-1 is outside"),
+    ('[[tune]]  # the bad one\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, Q = 8}]\n[[tune]]\nkernel = "softmax"\nbackends = ["tvm"]\nshapes = [{M = 1, N = 8}]\n', "the [[tune]] entry at line 1: matmul takes"),
     # a top-level typo left the default policy quietly
     ('polcy = "strict"\n[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}]\n', "unknown top-level fields ['polcy'] (did you mean policy?)"),
     ('\n\n[[tune]]\npreset = "gpt-9"\nbackends = ["tvm"]\n', "line 3: unknown preset 'gpt-9'"),

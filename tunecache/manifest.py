@@ -72,9 +72,13 @@ class Manifest:
         return tuple(sorted({m for k in self.keys if (m := kernel_module(k.kernel)) is not None}))
 
 
+_ENTRY = re.compile(r"""\s*\[\[\s*(tune|"tune"|'tune')\s*\]\]\s*(#.*)?""")
+
+
 def _lines(text: str) -> list[int]:
-    """The line number of each ``[[tune]]`` entry, in order."""
-    return [i + 1 for i, line in enumerate(text.splitlines()) if line.strip() == "[[tune]]"]
+    """The line number of each ``[[tune]]`` entry, in order (``[[ tune ]] # a comment`` too: one
+    not counted put every later entry's error on the line of the one before)."""
+    return [i + 1 for i, line in enumerate(text.splitlines()) if _ENTRY.fullmatch(line)]
 
 
 def _device(arch: str | None, backend: str) -> Any:
