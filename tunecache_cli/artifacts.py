@@ -54,10 +54,12 @@ def run_ls(args: argparse.Namespace) -> int:
         raise InvalidInput(f"--partition {partition!r}: expected 1 to 256 characters")
     url = server_url(args)
     with Client(url) as client, asking("artifacts ls", url):
-        found = {ns: client.get_artifacts(ns, partition, key=args.key, limit=args.limit)
+        # one more than shown: whether there are more is known, not guessed from the count
+        found = {ns: client.get_artifacts(ns, partition, key=args.key, limit=args.limit + 1)
                  for ns in namespaces}  # fmt: skip
-    for items in found.values():  # a partition's pages come by id: each key's best first
-        items.sort(key=lambda a: (a.key, a.score is None, a.score or 0.0, a.id))
+    more = {ns for ns, items in found.items() if len(items) > args.limit}
+    for ns, items in found.items():  # a partition's pages come by id: each key's best first
+        found[ns] = sorted(items[: args.limit], key=_ranked)
     if args.json:
         print(json.dumps({"partition": partition, "items": [
             item.model_dump(mode="json") for items in found.values() for item in items]},
@@ -65,12 +67,17 @@ def run_ls(args: argparse.Namespace) -> int:
         return 0 if any(found.values()) else 1
     print(f"partition {partition}")
     for namespace, items in found.items():
+        raise_it = "; raise --limit" if args.limit < MAX_PAGE else ""
         print(f"{namespace}: {counted(len(items), 'item')}"
-              f"{' (raise --limit for more)' if len(items) == args.limit else ''}")  # fmt: skip
+              f"{f' (more not listed{raise_it})' if namespace in more else ''}")  # fmt: skip
         if items:
             print(render(["id", "key", "item", "score", "value", "updated (UTC)"],
                          [_row(item) for item in items]))  # fmt: skip
     return 0 if any(found.values()) else 1
+
+
+def _ranked(item: ArtifactPublic) -> tuple[str, bool, float, int]:
+    return (item.key, item.score is None, item.score or 0.0, item.id)
 
 
 def _own_partition(namespaces: tuple[Namespace, ...]) -> str:
