@@ -50,6 +50,7 @@ BAD = [
     # an entry's header with a comment, or spaced, is an entry's line too
     ('[[tune]] # first\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}]\n[[ tune ]]\nkernel = "softmax"\nbackends = ["tvm"]\nshapes = [{M = -1, N = 8}]\n', "the [[tune]] entry at line 5: problem: M=-1 is outside"),
     ('[[tune]]  # the bad one\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, Q = 8}]\n[[tune]]\nkernel = "softmax"\nbackends = ["tvm"]\nshapes = [{M = 1, N = 8}]\n', "the [[tune]] entry at line 1: matmul takes"),
+    ('[[tune]]\nkernel = "matmul"\nbackends = ["tmv"]\nshapes = [{M = 8, N = 8, K = 8}]\n', "unknown backend 'tmv' (did you mean 'tvm'?)"),
     # a top-level typo left the default policy quietly
     ('polcy = "strict"\n[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}]\n', "unknown top-level fields ['polcy'] (did you mean policy?)"),
     ('\n\n[[tune]]\npreset = "gpt-9"\nbackends = ["tvm"]\n', "line 3: unknown preset 'gpt-9'"),

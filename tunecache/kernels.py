@@ -64,7 +64,7 @@ _DTYPE_ALIASES = {
 }  # fmt: skip
 
 
-def _nearest(typed: str, known: Sequence[str]) -> str:
+def nearest(typed: str, known: Sequence[str]) -> str:
     """``" (did you mean 'matmul'?)"`` for a near miss of one of ``known``, else ``""``."""
     close = difflib.get_close_matches(typed, known, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
@@ -132,7 +132,7 @@ class KernelSpec:
         if backend not in self.dtypes:
             raise InvalidInput(
                 f"{self.name} has backends {', '.join(self.backends)}, not {backend!r}"
-                f"{_nearest(backend, self.backends)}"
+                f"{nearest(backend, self.backends)}"
             )
 
     def check_dtype(self, dtype: str, backend: str) -> None:
@@ -287,7 +287,7 @@ def get_kernel(name: str) -> KernelSpec:
     if ":" not in name:
         builtin = sorted(k for k in _REGISTRY if ":" not in k)
         raise InvalidInput(
-            f"unknown kernel {name!r}{_nearest(name, builtin)}; built-in: {', '.join(builtin)}; "
+            f"unknown kernel {name!r}{nearest(name, builtin)}; built-in: {', '.join(builtin)}; "
             "a kernel of your own is named 'package.module:qualname'"
         )
     found = load_ref(name)

@@ -29,7 +29,7 @@ from tunecache.canonical import digest
 from tunecache.device import Device, DeviceFingerprint, local_device
 from tunecache.environment import environment_for
 from tunecache.errors import InvalidInput
-from tunecache.kernels import BACKENDS, as_spec, dtype_hint
+from tunecache.kernels import BACKENDS, as_spec, dtype_hint, nearest
 from tunecache.policies import bucket_policy
 from tunecache.problem import (
     MAX_DIM,
@@ -97,7 +97,8 @@ class Key:
         if not isinstance(self.kernel, str) or not NAME.fullmatch(self.kernel):
             raise InvalidInput(f"kernel name {describe(self.kernel)} is not an identifier")
         if self.backend not in BACKENDS:
-            raise InvalidInput(f"unknown backend {self.backend!r}; expected one of {BACKENDS}")
+            raise InvalidInput(f"unknown backend {self.backend!r}{nearest(self.backend, BACKENDS)}"
+                               f"; expected one of {BACKENDS}")  # fmt: skip
         if self.dtype not in DTYPES:
             raise InvalidInput(
                 f"unknown dtype {self.dtype!r}; expected one of {DTYPES}"
@@ -259,7 +260,8 @@ def _common(a: str, b: str) -> int:
 def device_kind(backend: str) -> str:
     """``"cuda"`` or ``"cpu"``: where ``backend``'s kernels run here by default."""
     if backend not in DEVICE_KINDS:
-        raise InvalidInput(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+        raise InvalidInput(f"unknown backend {backend!r}{nearest(backend, BACKENDS)}; expected "
+                           f"one of {BACKENDS}")  # fmt: skip
     if backend == "triton":
         try:
             return "cpu" if interpret_enabled() else "cuda"

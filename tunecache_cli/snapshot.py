@@ -110,7 +110,7 @@ def run_import(args: argparse.Namespace) -> int:
         result = client.import_snapshot(snapshot)
     print(
         f"imported {counted(result['imported'], 'record')} from {args.file} into {url}: "
-        f"{result['winners_changed']} winners changed"
+        f"{counted(result['winners_changed'], 'winner')} changed"
     )
     return 0
 
