@@ -350,7 +350,7 @@ def refuse_unknown_arch(arch: str | None, flag: str = "--arch") -> None:
 
     from tunecache.device import CPU_ARCHS, CUDA_ARCHS, check_arch
 
-    if arch is None:
+    if arch is None or re.fullmatch(r"sm_\d{2,3}", arch):  # any GPU's: a newer or older one's
         return
     try:
         check_arch(arch)
