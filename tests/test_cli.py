@@ -34,6 +34,8 @@ BAD = [
     # Said by the root parser, which has none of a command's options: the command's are offered
     (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8", "--trails", "3"], "unrecognized arguments: --trails 3; --trails: did you mean --trials?"),
     (["gett", "matmul"], "invalid choice: 'gett'"),
+    # the last --shape was tuned, without a word
+    (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8", "--shape", "M=9,N=8,K=8"], "--shape given twice: give it once"),
     (["gett", "matmul"], "gett: did you mean get?"),
     (["records", "lss"], "lss: did you mean ls?"),
     (["tune", "tests.no_such_module:K", "--backend", "tvm", "--shape", "M=8"], "cannot import 'tests.no_such_module'"),

@@ -70,8 +70,10 @@ def test_artifacts_ls_lists_this_machines_inductor_items(server: LiveServer) -> 
     order = [(a["key"], a["score"]) for a in json.loads(ranked.stdout)["items"]]
     assert order == [("a", 0.5), ("a", 2.0), ("a", None), ("b", 1.0), ("b", 3.0)], order
     # more than shown is said only when there are more
-    for limit, said in (("5", "inductor.choices: 5 items\n"), ("4", "4 items (more not listed; "
-                                                                      "raise --limit)")):
+    for limit, said in (
+        ("5", "inductor.choices: 5 items\n"),
+        ("4", "4 items (more not listed; raise --limit)"),
+    ):
         cut = tunecache("artifacts", "ls", "--partition", "ranked", "--limit", limit, "--server",
                         server.url)  # fmt: skip
         assert said in cut.stdout, cut.stdout

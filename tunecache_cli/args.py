@@ -161,13 +161,29 @@ def add_key(parser: argparse.ArgumentParser, *, optional: bool = False) -> None:
         help="a built-in kernel (see `tunecache workloads`) or your own, as package.module:Class",
     )
     # Backends and dtypes are checked by the workload, so the error names what it supports.
-    parser.add_argument("--backend", required=not optional, help=f"one of {', '.join(BACKENDS)}")
+    parser.add_argument("--backend", required=not optional, action=Once,
+                        help=f"one of {', '.join(BACKENDS)}")  # fmt: skip
     parser.add_argument(
-        "--dtype", default="float32", help=f"one of {', '.join(DTYPES)} (default float32)"
-    )
+        "--dtype", default="float32", action=Once,
+        help=f"one of {', '.join(DTYPES)} (default float32)",
+    )  # fmt: skip
     parser.add_argument(
-        "--shape", required=not optional, help="shape parameters, e.g. M=64,N=64,K=64"
-    )
+        "--shape", required=not optional, action=Once,
+        help="shape parameters, e.g. M=64,N=64,K=64",
+    )  # fmt: skip
+
+
+class Once(argparse.Action):
+    """An option of one key given twice is refused (``--shape`` twice: the last one was tuned,
+    without a word)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:  # fmt: skip
+        given: set[str] = namespace.__dict__.setdefault("_given_once", set())
+        if self.dest in given:
+            parser.error(f"{option_string} given twice: give it once")
+        given.add(self.dest)
+        setattr(namespace, self.dest, values)
 
 
 def key_from_args(args: argparse.Namespace) -> Key:
