@@ -23,12 +23,11 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 import functools
 import hashlib
 import importlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,10 +63,18 @@ _DTYPE_ALIASES = {
 }  # fmt: skip
 
 
+def closest(typed: str, known: Iterable[str]) -> str | None:
+    """The one of ``known`` that ``typed`` nearly is (a typo's intended word), or ``None``."""
+    import difflib  # only for an error's words: not on the run-time import path
+
+    close = difflib.get_close_matches(typed, list(known), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def nearest(typed: str, known: Sequence[str]) -> str:
     """``" (did you mean 'matmul'?)"`` for a near miss of one of ``known``, else ``""``."""
-    close = difflib.get_close_matches(typed, known, n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    close = closest(typed, known)
+    return f" (did you mean {close!r}?)" if close else ""
 
 
 def dtype_hint(dtype: object, supported: tuple[str, ...] | list[str]) -> str:

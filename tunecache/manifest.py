@@ -35,7 +35,6 @@ entry is an error naming its line, before anything is queued.
 from __future__ import annotations
 
 import contextlib
-import difflib
 import re
 import tomllib
 from collections.abc import Mapping
@@ -48,6 +47,7 @@ from pydantic import ValidationError
 from tunecache.device import DeviceFingerprint, check_arch, local_device
 from tunecache.errors import InvalidInput, validation_problems
 from tunecache.jobs import MAX_JOB_TRIALS, STRATEGY_PATTERN
+from tunecache.kernels import closest
 from tunecache.key import DEVICE_KINDS, Key, arch_kind, device_kind, kernel_module, key_for
 from tunecache.policies import VERSION_POLICIES, VersionPolicy
 from tunecache.presets import preset_problems
@@ -167,8 +167,8 @@ def parse_manifest(text: str, source: str = "manifest") -> Manifest:
     except tomllib.TOMLDecodeError as exc:
         raise InvalidInput(f"{source}: not TOML: {exc}") from None
     if unknown := sorted(set(data) - _TOP_FIELDS):  # a typo (polcy) left the default quietly
-        close = difflib.get_close_matches(unknown[0], _TOP_FIELDS, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
+        close = closest(unknown[0], _TOP_FIELDS)
+        hint = f" (did you mean {close}?)" if close else ""
         raise InvalidInput(f"{source}: unknown top-level fields {unknown}{hint}; known: "
                            f"{sorted(_TOP_FIELDS)}, the entries each a [[tune]] table")  # fmt: skip
     policy = data.get("policy", "compatible")

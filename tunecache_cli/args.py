@@ -362,17 +362,16 @@ def refuse_unknown_arch(arch: str | None, flag: str = "--arch") -> None:
     Raises:
         InvalidInput: ``arch`` is no arch a device has, naming the nearest that is.
     """
-    import difflib
-
     from tunecache.device import CPU_ARCHS, CUDA_ARCHS, check_arch
+    from tunecache.kernels import closest
 
     if arch is None or re.fullmatch(r"sm_\d{2,3}", arch):  # any GPU's: a newer or older one's
         return
     try:
         check_arch(arch)
     except InvalidInput:
-        close = difflib.get_close_matches(arch, CUDA_ARCHS + CPU_ARCHS, n=1, cutoff=0.6)
-        hint = f"did you mean {close[0]}? " if close else ""
+        close = closest(arch, CUDA_ARCHS + CPU_ARCHS)
+        hint = f"did you mean {close}? " if close else ""
         raise InvalidInput(f"{flag} {arch!r}: no device has that arch and the server holds no "
                            f"winner of it ({hint}`tunecache records ls` shows the archs it "
                            "holds); nothing written") from None  # fmt: skip
