@@ -85,7 +85,7 @@ def test_artifacts_ls_lists_this_machines_inductor_items(server: LiveServer) -> 
 def test_artifacts_ls_bad_input_exits_2_naming_it() -> None:
     for args, said in [
         (["--namespace", "tvm.record"], "--namespace tvm.record needs --partition"),
-        (["--limit", "0"], "--limit 0: expected 1 to 1000"),
+        (["--limit", "0"], "--limit must be 1 to 1000, not 0"),
         (["--partition", " "], "--partition ' ': expected 1 to 256 characters"),
         (["--namespace", "tvm.records"], "invalid choice: 'tvm.records'"),
     ]:

@@ -119,6 +119,7 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["records", "ls", "--backend", "cuda"], 2, "--backend 'cuda': expected one of triton, tvm"),
     (["records", "ls", "--dtype", "fp9"], 2, "--dtype 'fp9': expected one of"),
     (["records", "show", "-1"], 2, "ID -1: a record ID is a whole number from 1 up"),
+    (["records", "ls", "--limit", "0"], 2, "--limit must be 1 to 1000, not 0"),
     (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=x,K=8"], 2, "not an integer"),
     (
         [

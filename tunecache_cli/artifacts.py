@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from tunecache.artifacts import MAX_PAGE, NAMESPACES, ArtifactPublic, Namespace
 from tunecache.errors import InvalidInput
-from tunecache_cli.args import add_server, server_url
+from tunecache_cli.args import add_server, check_count, server_url
 from tunecache_cli.table import counted, ms, render
 
 # What a bare ``artifacts ls`` lists: Inductor's, whose partition this machine can name itself.
@@ -46,8 +46,7 @@ def run_ls(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache_cli.progress import asking
 
-    if not 1 <= args.limit <= MAX_PAGE:
-        raise InvalidInput(f"--limit {args.limit}: expected 1 to {MAX_PAGE}")
+    check_count("--limit", args.limit, 1, MAX_PAGE)
     namespaces = cast(tuple[Namespace, ...], (args.namespace,) if args.namespace else INDUCTOR)
     partition = args.partition if args.partition is not None else _own_partition(namespaces)
     if not partition.strip() or len(partition) > 256:

@@ -10,7 +10,7 @@ from tunecache.errors import InvalidInput
 from tunecache.key import BACKENDS, DTYPES, kernel_names, problem_text
 from tunecache.schemas import RecordPublic, RecordStatus
 from tunecache.timing import versus
-from tunecache_cli.args import add_server, server_url
+from tunecache_cli.args import add_server, check_count, server_url
 from tunecache_cli.table import ms, render, shown
 
 MAX_LIMIT = 1000
@@ -44,8 +44,7 @@ def run_ls(args: argparse.Namespace) -> int:
     from tunecache.pages import fetch_first
     from tunecache_cli.progress import asking
 
-    if not 1 <= args.limit <= MAX_LIMIT:
-        raise InvalidInput(f"--limit {args.limit}: expected 1 to {MAX_LIMIT}")
+    check_count("--limit", args.limit, 1, MAX_LIMIT)
     for flag, value, known in (("--backend", args.backend, BACKENDS),
                                ("--dtype", args.dtype, DTYPES)):  # fmt: skip
         if value is not None and value not in known:  # said here, not as the server's 422
