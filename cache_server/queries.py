@@ -240,17 +240,9 @@ def _check_room(session: Session, bucket_hash: str, limit: int) -> None:
 
 
 def record_fields(row: RecordRow) -> dict[str, Any]:
-    """What a client sent for ``row`` (as in :class:`RecordCreate`), less its trials."""
-    return {
-        "key": row.key,
-        "config": row.config,
-        "config_summary": row.config_summary,
-        "timing": row.timing,
-        "baselines": row.baselines,
-        "validation": row.validation,
-        "search": row.search,
-        "provenance": row.provenance,
-    }
+    """What a client sent for ``row`` (as in :class:`RecordCreate`), less its trials (kept in
+    rows of their own)."""
+    return {name: getattr(row, name) for name in RecordCreate.model_fields if name != "trials"}
 
 
 def public_record(
