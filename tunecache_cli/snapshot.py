@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from tunecache.errors import InvalidInput, ServerError, error_message
-from tunecache.snapshot import SnapshotFilters
+from tunecache.snapshot import SnapshotFilters, save_snapshot
 from tunecache.strict import shown
 from tunecache_cli.args import (
     add_server,
@@ -68,7 +69,6 @@ def _filters(args: argparse.Namespace) -> SnapshotFilters:
 
 def run_export(args: argparse.Namespace) -> int:
     from tunecache.client import Client
-    from tunecache.snapshot import save_snapshot
     from tunecache_cli.progress import asking
 
     filters = _filters(args)
@@ -84,16 +84,33 @@ def run_export(args: argparse.Namespace) -> int:
         )
     if document is None:  # "unchanged", where no If-None-Match was sent: not a snapshot
         raise ServerError(f"{url} answered 304 Not Modified to an export that named no ETag")
-    if not document["records"]:
-        refuse_unknown_arch(filters.device_arch)
-    save_snapshot(args.output, document)
-    print(f"exported {counted(len(document['records']), 'winner')} to {args.output} "
-          f"(ETag {shown(etag)})")  # fmt: skip
-    if not document["records"]:  # a mistyped filter exports nothing, silently otherwise
-        hint = nothing_matched(arch=filters.device_arch, device_name=filters.device_name,
-                               kernel=filters.kernel, backend=filters.backend)  # fmt: skip
-        print(hint, file=sys.stderr)
+    write_export(args.output, document, etag, lambda n: f"exported {n} to {args.output}",
+                 arch_given=filters.device_arch, arch=filters.device_arch,
+                 device_name=filters.device_name, kernel=filters.kernel,
+                 backend=filters.backend)  # fmt: skip
     return 0
+
+
+def write_export(path: Path, document: dict[str, Any], etag: str,
+                 said: Callable[[str], str], *,
+                 arch_given: str | None, **filters: str | None) -> None:  # fmt: skip
+    """Writes a server's snapshot export ``document`` to ``path`` and says so (``said`` of the
+    winners counted, then the ETag).
+
+    An empty export of ``arch_given`` (the ``--arch`` typed, if any) that no device has is
+    refused before anything is written; any other empty one is written and followed by a hint
+    naming ``filters`` on stderr: a mistyped filter exports nothing, silently otherwise.
+
+    Raises:
+        InvalidInput: ``arch_given`` is no device's arch (:func:`refuse_unknown_arch`).
+    """
+    empty = not document["records"]
+    if empty:
+        refuse_unknown_arch(arch_given)
+    save_snapshot(path, document)
+    print(f"{said(counted(len(document['records']), 'winner'))} (ETag {shown(etag)})")
+    if empty:
+        print(nothing_matched(**filters), file=sys.stderr)
 
 
 def run_import(args: argparse.Namespace) -> int:

@@ -16,21 +16,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
 from tunecache.strict import shown
-from tunecache_cli.args import (
-    add_server,
-    nothing_matched,
-    output_file,
-    refuse_unknown_arch,
-    server_url,
-)
-from tunecache_cli.table import counted
+from tunecache_cli.args import add_server, output_file, server_url
+from tunecache_cli.snapshot import write_export
 
 
 def register(commands: Any) -> None:
@@ -75,7 +68,7 @@ def default_path(arch: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache.http import Timeout
-    from tunecache.snapshot import load_snapshot, save_snapshot, snapshot_etag
+    from tunecache.snapshot import load_snapshot, snapshot_etag
     from tunecache_cli.progress import asking
 
     if not (math.isfinite(args.timeout) and args.timeout > 0):
@@ -103,11 +96,6 @@ def run(args: argparse.Namespace) -> int:
     if document is None:
         print(f"{path} is up to date ({arch}, ETag {shown(etag)})")
         return 0
-    if not document["records"]:
-        refuse_unknown_arch(args.arch)
-    save_snapshot(path, document)
-    print(f"wrote {counted(len(document['records']), 'winner')} of {arch} to {path} "
-          f"(ETag {shown(etag)})")  # fmt: skip
-    if not document["records"]:
-        print(nothing_matched(arch=arch), file=sys.stderr)
+    write_export(path, document, etag, lambda n: f"wrote {n} of {arch} to {path}",
+                 arch_given=args.arch, arch=arch)  # fmt: skip
     return 0
