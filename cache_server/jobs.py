@@ -26,14 +26,13 @@ from cache_server.models import JobRow, RecordRow, TokenRow, utcnow
 from cache_server.twins import lock_slot
 from tunecache.canonical import canonical_json
 from tunecache.jobs import MISS_SOURCE
-from tunecache.key import kernel_module
+from tunecache.key import Key, kernel_module
 
 
 def enqueue(
     session: Session,
+    key: Key,
     *,
-    key_hash: str,
-    key: dict[str, Any],
     priority: int = 0,
     max_attempts: int = 3,
     source: str = "api",
@@ -41,16 +40,17 @@ def enqueue(
     trials: int | None = None,
     requested_by: str | None = None,
 ) -> tuple[JobRow, bool]:
-    """Queues a job for ``key_hash`` unless one exists; returns it and whether it is new.
+    """Queues a job for ``key`` unless one exists; returns it and whether it is new.
 
     ``requested_by``: the caller whose miss asks for it (see :func:`count_created`).
     """
     now = utcnow()
+    key_hash, as_json = key.digest(), key.to_json()
     stmt = upsert_insert(session, JobRow).values(
-        key_hash=key_hash, key=key, state="queued", priority=priority, source=source,
+        key_hash=key_hash, key=as_json, state="queued", priority=priority, source=source,
         attempts=0, max_attempts=max_attempts, error="", created_at=now, updated_at=now,
-        backend=key["backend"], device_arch=key["device"]["arch"], strategy=strategy,
-        trials=trials, kernel_module=kernel_module(key["kernel"]), requested_by=requested_by,
+        backend=key.backend, device_arch=key.device.arch, strategy=strategy, trials=trials,
+        kernel_module=kernel_module(key.kernel), requested_by=requested_by,
     )  # fmt: skip
     new_id = session.execute(
         stmt.on_conflict_do_nothing(index_elements=["key_hash"]).returning(JobRow.id)

@@ -173,14 +173,22 @@ def database(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path 
     return create_database(admin, f"test_{os.getpid()}_{next(_databases)}"), None
 
 
-@pytest.fixture
-def any_server(database: tuple[str, Path | None], tmp_path: Path) -> Iterator[LiveServer]:
-    """A uvicorn cache server on loopback over each kind of database."""
+def database_server(
+    database: tuple[str, Path | None], tmp: Path, env: dict[str, str] | None = None
+) -> Iterator[LiveServer]:
+    """A server over ``database`` (its log in ``tmp``), ``env`` added to its environment; stopped,
+    if it still runs, when the generator is closed."""
     url, path = database
-    live = start_server(url, path, tmp_path / "server.log")
+    live = start_server(url, path, tmp / "server.log", env=env)
     yield live
     if live.process.poll() is None:
         live.stop()
+
+
+@pytest.fixture
+def any_server(database: tuple[str, Path | None], tmp_path: Path) -> Iterator[LiveServer]:
+    """A uvicorn cache server on loopback over each kind of database."""
+    yield from database_server(database, tmp_path)
 
 
 @pytest.fixture(scope="session")

@@ -28,7 +28,7 @@ from cache_server.migrate import upgrade
 from cache_server.models import RecordRow
 from cache_server.queries import get_winner
 from cache_server.twins import lock_slot
-from tests.conftest import LiveServer, start_server
+from tests.conftest import LiveServer, database_server
 from tests.factories import AUTH, make_key, make_record
 from tunecache.snapshot import SNAPSHOT_FORMAT
 
@@ -50,11 +50,7 @@ def stored(url: str) -> int:
 @pytest.fixture
 def small_buckets(database: tuple[str, Path | None], tmp_path: Path) -> Iterator[LiveServer]:
     """A server over each kind of database whose buckets hold 300 winners."""
-    url, path = database
-    live = start_server(url, path, tmp_path / "server.log",
-                        env={"TUNECACHE_SERVER_BUCKET_WINNERS": "300"})  # fmt: skip
-    yield live
-    live.stop()
+    yield from database_server(database, tmp_path, {"TUNECACHE_SERVER_BUCKET_WINNERS": "300"})
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import LiveServer, start_server
+from tests.conftest import LiveServer, database_server
 from tests.factories import AUTH, issue_token, make_key
 
 pytestmark = pytest.mark.slow
@@ -42,12 +42,7 @@ def _claim(url: str, worker: str) -> dict | None:
 @pytest.fixture
 def capped(database: tuple[str, Path | None], tmp_path: Path) -> Iterator[LiveServer]:
     """A server whose tokens may each have 3 open jobs."""
-    url, path = database
-    live = start_server(url, path, tmp_path / "server.log",
-                        env={"TUNECACHE_SERVER_JOBS_OPEN_PER_TOKEN": "3"})  # fmt: skip
-    yield live
-    if live.process.poll() is None:
-        live.stop()
+    yield from database_server(database, tmp_path, {"TUNECACHE_SERVER_JOBS_OPEN_PER_TOKEN": "3"})
 
 
 def test_a_tokens_open_jobs_are_capped(capped: LiveServer) -> None:
@@ -252,7 +247,7 @@ def test_a_failed_job_of_no_recorded_requester_comes_back_within_the_bounds(
     key = make_key(m=77)
     try:
         with make_sessionmaker(engine).begin() as session:
-            jobs.enqueue(session, key_hash=key.digest(), key=key.to_json(), priority=1000,
+            jobs.enqueue(session, key, priority=1000,
                          max_attempts=100, trials=1_000_000)  # fmt: skip
             session.execute(update(JobRow).values(state="failed", attempts=100))
         with make_sessionmaker(engine).begin() as session:
@@ -292,7 +287,7 @@ def test_a_claim_whose_fairest_job_is_held_takes_the_next_fairest_not_the_flood(
             for m, requester in [*((m, "token:100") for m in range(1, 6)),
                                  (11, "token:101"), (12, "token:102")]:  # fmt: skip
                 key = make_key(m=m)
-                jobs.enqueue(session, key_hash=key.digest(), key=key.to_json(),
+                jobs.enqueue(session, key,
                              requested_by=requester)  # fmt: skip
             worker_id, worker_name = worker.id, worker.name
         holder = sessions()  # another claim, holding the fairest requester's only job

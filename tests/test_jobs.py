@@ -542,7 +542,7 @@ def test_a_claim_that_passed_its_token_check_before_a_revocation_leases_nothing(
             _, admin = tokens.issue(session, name="admin", scope="admin")
             _, row = tokens.issue(session, name="hoarder", scope="write")
             key = make_key(m=31)
-            jobs.enqueue(session, key_hash=key.digest(), key=key.to_json())
+            jobs.enqueue(session, key)
             tokens.revoke(session, token_id=row.id)  # after the claim's token check
             assert (
                 jobs.claim(

@@ -103,7 +103,7 @@ def test_a_claim_racing_a_revocation_never_outlives_it(
             record = make_record(make_key(m=42))
             add_record(session, key_hash=record.key.digest(), record=record)
             key = make_key(m=43)
-            jobs.enqueue(session, key_hash=key.digest(), key=key.to_json())
+            jobs.enqueue(session, key)
             gone_id = gone.id
         claimed: list[object] = []
 

@@ -134,8 +134,7 @@ def create_job(
                         caps=(settings.job_priority_max, settings.job_attempts_max))  # fmt: skip
     job, created = jobs.enqueue(
         session,
-        key_hash=key_hash,
-        key=request.key.model_dump(mode="json", by_alias=True),
+        request.key.to_key(),
         priority=priority,
         max_attempts=max_attempts,
         source=request.source,
@@ -207,8 +206,7 @@ def report_miss(
     _check_new_job_budget(session, settings, who)
     job, created = jobs.enqueue(
         session,
-        key_hash=key_hash,
-        key=request.key.model_dump(mode="json", by_alias=True),
+        request.key.to_key(),
         priority=MISS_PRIORITY,
         source=MISS_SOURCE,
         requested_by=who,

@@ -1,0 +1,73 @@
+"""What ``tunecache sync`` and ``tunecache snapshot export`` share: writing a server's export of
+an arch's winners, refusing a mistyped arch before anything is written, warning when nothing
+matched."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tunecache.errors import InvalidInput
+from tunecache.snapshot import save_snapshot
+from tunecache.strict import shown
+from tunecache_cli.table import counted
+
+
+def write_export(path: Path, document: dict[str, Any], etag: str,
+                 said: Callable[[str], str], *,
+                 arch_given: str | None, **filters: str | None) -> None:  # fmt: skip
+    """Writes a server's snapshot export ``document`` to ``path`` and says so (``said`` of the
+    winners counted, then the ETag).
+
+    An empty export of ``arch_given`` (the ``--arch`` typed, if any) that no device has is
+    refused before anything is written; any other empty one is written and followed by a hint
+    naming ``filters`` on stderr: a mistyped filter exports nothing, silently otherwise.
+
+    Raises:
+        InvalidInput: ``arch_given`` is no device's arch (:func:`refuse_unknown_arch`).
+    """
+    empty = not document["records"]
+    if empty:
+        refuse_unknown_arch(arch_given)
+    save_snapshot(path, document)
+    print(f"{said(counted(len(document['records']), 'winner'))} (ETag {shown(etag)})")
+    if empty:
+        print(nothing_matched(**filters), file=sys.stderr)
+
+
+def nothing_matched(**filters: str | None) -> str:
+    """The warning after an export or a sync that matched no winner, naming each filter given
+    (one naming the arch alone blamed it for a mistyped ``--kernel``; a sync of a mistyped arch
+    said only "wrote 0 winners")."""
+    given = ", ".join(f"{name.replace('_', ' ')} {value!r}" for name, value in filters.items()
+                      if value is not None)  # fmt: skip
+    return (
+        f"tunecache: no winner matches {given}: is each a value the server has winners "
+        "of? (tunecache records ls --all shows them)"
+    )
+
+
+def refuse_unknown_arch(arch: str | None, flag: str = "--arch") -> None:
+    """After a server answered no winner of ``arch``: a mistyped one (``cpu-avx51``) is bad
+    input, and nothing is written (a sync of it replaced a good snapshot with an empty one,
+    exit 0). An arch the server holds is never refused, known here or not (a newer GPU's).
+
+    Raises:
+        InvalidInput: ``arch`` is no arch a device has, naming the nearest that is.
+    """
+    from tunecache.device import CPU_ARCHS, CUDA_ARCHS, check_arch
+    from tunecache.kernels import closest
+
+    if arch is None or re.fullmatch(r"sm_\d{2,3}", arch):  # any GPU's: a newer or older one's
+        return
+    try:
+        check_arch(arch)
+    except InvalidInput:
+        close = closest(arch, CUDA_ARCHS + CPU_ARCHS)
+        hint = f"did you mean {close}? " if close else ""
+        raise InvalidInput(f"{flag} {arch!r}: no device has that arch and the server holds no "
+                           f"winner of it ({hint}`tunecache records ls` shows the archs it "
+                           "holds); nothing written") from None  # fmt: skip
