@@ -33,15 +33,38 @@ AUTH = {"Authorization": f"Bearer {TEST_TOKEN}"}
 # (A count, not a generator: threads make records at once, and a generator refuses that.)
 _RECORDS_MADE = itertools.count()
 
+
+def builtin_problems(
+    gemm: dict[str, int], rows: dict[str, int], **own: dict[str, int]
+) -> dict[str, dict[str, int]]:
+    """A problem of each built-in workload: ``gemm`` for matmul and bias_gelu, ``rows`` for the
+    row-wise ones (softmax, layernorm, rmsnorm); ``own`` gives a workload a problem of its own."""
+    return {"matmul": dict(gemm), "softmax": dict(rows), "layernorm": dict(rows),
+            "rmsnorm": dict(rows), "bias_gelu": dict(gemm), **own}  # fmt: skip
+
+
 # Problems small enough to compile and check every workload in a second, with ragged sizes.
-TINY = {
-    "matmul": {"M": 24, "N": 40, "K": 16},
-    "softmax": {"M": 8, "N": 48},
-    "layernorm": {"M": 8, "N": 48},
-    "rmsnorm": {"M": 8, "N": 48},
-    "bias_gelu": {"M": 24, "N": 40, "K": 16},
-}
+TINY = builtin_problems({"M": 24, "N": 40, "K": 16}, {"M": 8, "N": 48})
 CPU = DeviceFingerprint(kind="cpu", arch="cpu-avx2", name="test-cpu", units=2, flags=("avx2",))
+
+# A user's y = 2x + 1 kernel for TVM as source text: its class's attributes and math (to
+# ``flops``), indented as a class body. A test writing a user's module puts it under a class line
+# and adds the rest (``tvm_compute``, imports).
+AFFINE_TVM_BODY = """\
+    params = ("M", "N")
+    inputs = (("M", "N"),)
+    output = ("M", "N")
+    bucket = ("M",)
+    backend_dtypes = {"tvm": ("float32",)}
+
+    def torch_fn(self, x):
+        return x * 2.0 + 1.0
+
+    def reference(self, x):
+        return x.double() * 2.0 + 1.0
+
+    def flops(self, problem):
+        return 2 * problem["M"] * problem["N"]"""
 
 
 def issue_token(url: str, scope: str) -> str:
@@ -233,3 +256,21 @@ def claimed_job(key: Key, job_id: int = 7) -> Any:
         "lease_expires_at": now, "error": "", "record_id": None, "created_at": now,
         "updated_at": now,
     })  # fmt: skip
+
+
+def run_daemon(client: Any, options: Any, *, timeout: float) -> tuple[Any, bool]:
+    """A tuning daemon of ``client`` and ``options`` run in a thread until it returns or
+    ``timeout`` s pass, then stopped (and waited for as long again). Returns the daemon and
+    whether it was still running at the timeout: looping where it should have stopped."""
+    import threading
+
+    from tuner.daemon import Daemon
+
+    worker = Daemon(client, options)
+    runner = threading.Thread(target=worker.run, daemon=True)
+    runner.start()
+    runner.join(timeout=timeout)
+    looping = runner.is_alive()
+    worker.stop()
+    runner.join(timeout=timeout)
+    return worker, looping

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer
-from tests.factories import claimed_job, make_key
+from tests.factories import claimed_job, make_key, run_daemon
 from tunecache import Client, Device, DeviceFingerprint, DeviceLimits, key_for
 from tunecache.device import local_device
 from tunecache.errors import ServerError
@@ -455,8 +455,6 @@ def test_a_job_whose_completion_is_refused_is_given_back_not_tuned_again_for_goo
     """The server refuses a completion (here every one, 409): the daemon kept the job's lease,
     its next claim was that job again, and it tuned the job again and again (283 times in 8 s
     with a stub tune, in a review). Now it gives the job back, an attempt spent, and goes on."""
-    import threading
-
     from tunecache.http import DeadlineTransport
 
     class RefusesCompletions(httpx.BaseTransport):
@@ -475,12 +473,7 @@ def test_a_job_whose_completion_is_refused_is_given_back_not_tuned_again_for_goo
         jobs = [client.create_job(key, max_attempts=1).job]
     options = DaemonOptions(backends=("tvm",), trials=2, workers=1, once=True, lease_seconds=120)
     with Client(server.url, transport=RefusesCompletions()) as client:
-        worker = Daemon(client, options)
-        runner = threading.Thread(target=worker.run, daemon=True)
-        runner.start()
-        runner.join(timeout=300)
-        looping = runner.is_alive()
-        worker.stop()
+        worker, looping = run_daemon(client, options, timeout=300)
     assert not looping, "the daemon kept tuning a job whose completion was refused"
     assert worker.failed == [job.id for job in jobs]
     with Client(server.url) as reader:

@@ -12,12 +12,12 @@ The server here is a fake at the client's transport: it answers every claim with
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.factories import run_daemon
 from tunecache import Client
 from tunecache.device import local_device
 from tunecache.http import IDENTITY_HEADER
@@ -65,13 +65,7 @@ def run_once(server: SameJobServer) -> Daemon:
     """A --once daemon against ``server``, until it stops (or 30 s: still claiming)."""
     options = DaemonOptions(backends=("tvm",), once=True, workers=1, poll_seconds=0.2)
     with Client("http://same-job.test", transport=httpx.MockTransport(server)) as client:
-        worker = Daemon(client, options)
-        runner = threading.Thread(target=worker.run, daemon=True)
-        runner.start()
-        runner.join(timeout=30)
-        looping = runner.is_alive()
-        worker.stop()
-        runner.join(timeout=30)
+        worker, looping = run_daemon(client, options, timeout=30)
     assert not looping, f"the daemon was still claiming after {server.claims} claims"
     return worker
 

@@ -16,9 +16,11 @@ import threading
 import time
 from pathlib import Path
 
+from tests.factories import AFFINE_TVM_BODY
+
 # A user's own TVM kernel (y = 2x + 1) whose compiles turn slow once the test says so: a
 # candidate in flight that would take a minute, as a large kernel's compile can.
-SLOW_KERNEL = """
+SLOW_KERNEL = f"""
 import multiprocessing
 import time
 from pathlib import Path
@@ -29,21 +31,9 @@ HERE = Path(__file__).parent
 
 
 class SlowAffine(Workload):
-    params = ("M", "N")
-    inputs = (("M", "N"),)
-    output = ("M", "N")
-    bucket = ("M",)
-    backend_dtypes = {"tvm": ("float32",)}
+{AFFINE_TVM_BODY}
+
     tvm_knobs = "rows"  # TVM's knob schedule of row-wise kernels: a space to search at random
-
-    def torch_fn(self, x):
-        return x * 2.0 + 1.0
-
-    def reference(self, x):
-        return x.double() * 2.0 + 1.0
-
-    def flops(self, problem):
-        return 2 * problem["M"] * problem["N"]
 
     def tvm_compute(self, problem, dtype):
         from tvm import te

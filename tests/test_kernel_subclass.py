@@ -10,28 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.factories import AFFINE_TVM_BODY
 from tunecache.kernels import get_kernel
 from workloads import get_workload
 
-KERNELS = """
+KERNELS = f"""
 from workloads import Workload
 
 
 class Affine(Workload):
-    params = ("M", "N")
-    inputs = (("M", "N"),)
-    output = ("M", "N")
-    bucket = ("M",)
-    backend_dtypes = {"tvm": ("float32",)}
-
-    def torch_fn(self, x):
-        return x * 2.0 + 1.0
-
-    def reference(self, x):
-        return x.double() * 2.0 + 1.0
-
-    def flops(self, problem):
-        return 2 * problem["M"] * problem["N"]
+{AFFINE_TVM_BODY}
 
     def tvm_compute(self, problem, dtype):
         return "the parent's compute"

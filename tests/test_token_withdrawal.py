@@ -42,6 +42,38 @@ def _status(url: str, record_id: int) -> str:
         return client.get_record(record_id).status
 
 
+def migrated_sessions(url: str) -> Any:
+    """Sessions of the database at ``url``, migrated to the head, its first token an admin's."""
+    from cache_server import tokens
+    from cache_server.db import make_engine, make_sessionmaker
+    from cache_server.migrate import upgrade
+
+    upgrade(url)
+    sessions = make_sessionmaker(make_engine(url))
+    with sessions() as session:
+        tokens.issue(session, name="admin", scope="admin")
+        session.commit()
+    return sessions
+
+
+def authenticated_then_withdrawn(
+    sessions: Any, request: Any, *, secret: str, token_id: int
+) -> tuple[Any, Any]:
+    """``request`` authenticates ``secret`` (committed), then another session revokes that token
+    withdrawing its records (committed): a write authenticated before a withdrawal, which
+    ``request`` goes on to store after it. Returns the authenticated token and the revoked one."""
+    from cache_server import tokens
+
+    authenticated = tokens.authenticate(request, token=secret)
+    assert authenticated is not None
+    request.commit()
+    with sessions() as admin:
+        revoked = tokens.revoke(admin, token_id=token_id, withdraw=True)
+        admin.commit()
+    assert revoked is not None
+    return authenticated, revoked
+
+
 def test_a_revocation_counts_the_leaked_tokens_records_and_withdraw_disputes_them(
     any_server: LiveServer,
 ) -> None:
@@ -274,26 +306,19 @@ def test_an_import_under_a_token_revoked_after_it_authenticated_stores_nothing(
     withdrawal had counted, and served. A write now reads its token live before any key's lock
     (under a share lock on PostgreSQL), as uploads do."""
     from cache_server import snapshots, tokens, withdrawal
-    from cache_server.db import make_engine, make_sessionmaker
-    from cache_server.migrate import upgrade
     from cache_server.queries import add_record
 
     url, _ = database
-    upgrade(url)
-    sessions = make_sessionmaker(make_engine(url))
+    sessions = migrated_sessions(url)
     with sessions() as session:
-        tokens.issue(session, name="admin", scope="admin")
         secret, row = tokens.issue(session, name="leaked", scope="write")
         session.commit()
         leaked_id = row.id
     with sessions() as request:
-        authenticated = tokens.authenticate(request, token=secret)
-        assert authenticated is not None
-        request.commit()
-        with sessions() as admin:
-            revoked = tokens.revoke(admin, token_id=leaked_id, withdraw=True)
-            admin.commit()
-        assert revoked is not None and revoked.withdrawn == 0
+        authenticated, revoked = authenticated_then_withdrawn(
+            sessions, request, secret=secret, token_id=leaked_id
+        )
+        assert revoked.withdrawn == 0
         with pytest.raises(tokens.Revoked, match="nothing was stored"):
             snapshots.import_records(request, records=[make_record(make_key(m=64))],
                                      uploader=authenticated)  # fmt: skip

@@ -29,7 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import LiveServer
-from tests.factories import hostile_artifacts, miss, store_behind_the_api
+from tests.factories import builtin_problems, hostile_artifacts, miss, store_behind_the_api
 from tunecache.configcheck import artifact_problem
 from tunecache.configcheck import config_problem as any_config_problem
 from tunecache.configcheck.tvm import config_problem, record_value_problem, workload_value_problem
@@ -405,13 +405,8 @@ def erf16(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
             B[vi] = T.erf(A[vi])
 """
 )
-BUILTIN_PROBLEMS = {
-    "matmul": {"M": 64, "N": 48, "K": 32},
-    "softmax": {"M": 16, "N": 200},
-    "layernorm": {"M": 16, "N": 200},
-    "rmsnorm": {"M": 16, "N": 200},
-    "bias_gelu": {"M": 32, "N": 48, "K": 32},
-}
+BUILTIN_PROBLEMS = builtin_problems({"M": 64, "N": 48, "K": 32}, {"M": 16, "N": 200},
+                                    bias_gelu={"M": 32, "N": 48, "K": 32})  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,15 @@ import pytest
 from tests.conftest import LiveServer
 from tests.factories import AUTH, CPU, knobs, make_key, make_record
 from tests.test_auth import tunecache
-from tests.test_token_withdrawal import DEFAULT, _served, _status, _token_id, migrated_again
+from tests.test_token_withdrawal import (
+    DEFAULT,
+    _served,
+    _status,
+    _token_id,
+    authenticated_then_withdrawn,
+    migrated_again,
+    migrated_sessions,
+)
 from tests.test_trust import _passed, dispute_body, post_dispute, token
 from tunecache import Client
 from tunecache.verification import VerificationCreate
@@ -188,16 +196,12 @@ def test_a_finding_authenticated_before_a_withdrawal_and_stored_after_it_is_refu
     it: the record was verified on the revoked token's word and served. A finding now reads its
     token behind its key's lock, as an upload does."""
     from cache_server import tokens, trust
-    from cache_server.db import make_engine, make_sessionmaker
-    from cache_server.migrate import upgrade
     from cache_server.models import RecordRow
     from cache_server.queries import add_record
 
     url, _ = database
-    upgrade(url)
-    sessions = make_sessionmaker(make_engine(url))
+    sessions = migrated_sessions(url)
     with sessions() as session:
-        tokens.issue(session, name="admin", scope="admin")
         _, accomplice = tokens.issue(session, name="accomplice", scope="write")
         secret, leaked = tokens.issue(session, name="leaked-verifier", scope="verify")
         key = make_key(m=64)
@@ -210,13 +214,7 @@ def test_a_finding_authenticated_before_a_withdrawal_and_stored_after_it_is_refu
                               backends=["tvm"], lease_seconds=0.001)  # fmt: skip
         assert claimed is not None and claimed.id == record_id
         request.commit()
-        authenticated = tokens.authenticate(request, token=secret)
-        assert authenticated is not None
-        request.commit()
-        with sessions() as admin:
-            revoked = tokens.revoke(admin, token_id=leaked_id, withdraw=True)
-            admin.commit()
-        assert revoked is not None
+        authenticated_then_withdrawn(sessions, request, secret=secret, token_id=leaked_id)
         with pytest.raises(tokens.Revoked, match="no finding was stored"):
             trust.finish(request, record_id=record_id, worker="m", token_id=leaked_id,
                          verifier="leaked-verifier", result=_passed("m", 0.001))  # fmt: skip

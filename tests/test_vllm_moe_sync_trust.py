@@ -35,6 +35,11 @@ def cli(*argv: str) -> int:
     return main(list(argv))
 
 
+def cpu_device(name: str) -> DeviceFingerprint:
+    """A CPU named ``name`` as its key names it: where Triton's interpreter runs (H100 limits)."""
+    return DeviceFingerprint(kind="cpu", arch="cpu-avx512", name=name, units=4)
+
+
 def upload(url: str, device: DeviceFingerprint, m: int, config: dict[str, int]) -> None:
     """A winner of the engine's kernel at batch size ``m`` (E=8, N=1024), keyed to ``device``:
     what any write token may send."""
@@ -53,6 +58,19 @@ def written(out: Path) -> dict[str, dict[str, Any]]:
     return {p.name: json.loads(p.read_text()) for p in out.iterdir()} if out.exists() else {}
 
 
+def one_file(device: str, entries: dict[str, dict[str, int]]) -> dict[str, dict[str, Any]]:
+    """What ``written`` reads where a sync wrote ``device``'s one file (E=8, N=1024) of
+    ``entries`` (batch size: config)."""
+    return {f"E=8,N=1024,device_name={device}.json": {"triton_version": "3.6.0", **entries}}
+
+
+def assert_synced(url: str, out: Path, device: str, entries: dict[str, dict[str, int]]) -> None:
+    """``sync --device device`` into ``out`` succeeds, writing ``device``'s one file of
+    ``entries`` and nothing else."""
+    assert sync(url, out, "--device", device) == 0
+    assert written(out) == one_file(device, entries)
+
+
 def test_a_gpus_file_takes_only_its_own_kind_and_arch_and_its_own_limits(
     server: LiveServer, tmp_path: Path, capsys: Any
 ) -> None:
@@ -62,22 +80,14 @@ def test_a_gpus_file_takes_only_its_own_kind_and_arch_and_its_own_limits(
     # Forged keys for the same GPU: a CPU's kind (the interpreter's H100 limits) under the GPU's
     # name as torch gives it and as the engine writes it, and a CUDA key claiming an H100's arch.
     for m, name in [(32, "NVIDIA A10"), (64, "NVIDIA_A10")]:
-        cpu = DeviceFingerprint(kind="cpu", arch="cpu-avx512", name=name, units=4)
-        upload(server.url, cpu, m, BIG)
+        upload(server.url, cpu_device(name), m, BIG)
     upload(server.url, DeviceFingerprint(kind="cuda", arch="sm_90", name="a10", units=72), 128, BIG)
-    out = tmp_path / "moe"
-    assert sync(server.url, out, "--device", "NVIDIA_A10") == 0
-    file = "E=8,N=1024,device_name=NVIDIA_A10.json"
-    assert written(out) == {file: {"triton_version": "3.6.0", "8": SMALL}}
+    assert_synced(server.url, tmp_path / "moe", "NVIDIA_A10", {"8": SMALL})
     assert "skipped 4" in capsys.readouterr().err
     # The interpreter's use stays: a CPU's records, in a file named for that CPU as its key names
     # it (tests/test_vllm_moe_kernel.py has the engine read it), held to the H100 limits it runs.
-    xeon = DeviceFingerprint(kind="cpu", arch="cpu-avx512", name="intel-xeon-8481c", units=4)
-    upload(server.url, xeon, 16, BIG)
-    assert sync(server.url, tmp_path / "cpu", "--device", "intel-xeon-8481c") == 0
-    assert written(tmp_path / "cpu") == {
-        "E=8,N=1024,device_name=intel-xeon-8481c.json": {"triton_version": "3.6.0", "16": BIG}
-    }
+    upload(server.url, cpu_device("intel-xeon-8481c"), 16, BIG)
+    assert_synced(server.url, tmp_path / "cpu", "intel-xeon-8481c", {"16": BIG})
 
 
 def test_a_gpu_whose_name_tells_no_arch_takes_its_records_within_every_archs_limit(
@@ -89,18 +99,11 @@ def test_a_gpu_whose_name_tells_no_arch_takes_its_records_within_every_archs_lim
     foo = DeviceFingerprint(kind="cuda", arch="sm_89", name="foo-x9", units=40)
     upload(server.url, foo, 8, SMALL)
     upload(server.url, foo, 16, BIG)  # 131072 B: over what every arch gives
-    out = tmp_path / "foo"
-    assert sync(server.url, out, "--device", "NVIDIA_Foo_X9") == 0
-    assert written(out) == {
-        "E=8,N=1024,device_name=NVIDIA_Foo_X9.json": {"triton_version": "3.6.0", "8": SMALL}
-    }
+    assert_synced(server.url, tmp_path / "foo", "NVIDIA_Foo_X9", {"8": SMALL})
     assert "skipped 1" in capsys.readouterr().err
     t4 = DeviceFingerprint(kind="cuda", arch="sm_75", name="tesla-t4", units=40)
     upload(server.url, t4, 8, SMALL)
-    assert sync(server.url, tmp_path / "t4", "--device", "Tesla_T4") == 0
-    assert written(tmp_path / "t4") == {
-        "E=8,N=1024,device_name=Tesla_T4.json": {"triton_version": "3.6.0", "8": SMALL}
-    }
+    assert_synced(server.url, tmp_path / "t4", "Tesla_T4", {"8": SMALL})
 
 
 def test_a_winner_keyed_as_a_gpu_keys_itself_reaches_the_file_the_engine_reads(
@@ -109,10 +112,8 @@ def test_a_winner_keyed_as_a_gpu_keys_itself_reaches_the_file_the_engine_reads(
     h100 = Device.from_cuda_properties(H100).fingerprint
     assert h100.name == "h100-80gb-hbm3"  # what a CUDA key holds: the normalised name
     upload(server.url, h100, 16, SMALL)
-    file = "E=8,N=1024,device_name=NVIDIA_H100_80GB_HBM3.json"  # vLLM's own name for it
-    out = tmp_path / "named"
-    assert sync(server.url, out, "--device", "NVIDIA_H100_80GB_HBM3") == 0
-    assert written(out) == {file: {"triton_version": "3.6.0", "16": SMALL}}
+    named = "NVIDIA_H100_80GB_HBM3"  # vLLM's own name for it
+    assert_synced(server.url, tmp_path / "named", named, {"16": SMALL})
     # The key's own spelling is not a name the engine reads: no file under it.
     assert sync(server.url, tmp_path / "slug", "--device", "h100-80gb-hbm3") == 1
     assert written(tmp_path / "slug") == {}
@@ -122,7 +123,7 @@ def test_a_winner_keyed_as_a_gpu_keys_itself_reaches_the_file_the_engine_reads(
     monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda, version=SimpleNamespace()))
     out = tmp_path / "here"
     assert sync(server.url, out) == 0
-    assert written(out) == {file: {"triton_version": "3.6.0", "16": SMALL}}
+    assert written(out) == one_file(named, {"16": SMALL})
     assert "NVIDIA_H100_80GB_HBM3: wrote 1 file (1 entries: 1 tuned, 0 imported)" in (
         capsys.readouterr().err
     )
