@@ -340,38 +340,3 @@ def parse_backends(text: str) -> tuple[str, ...]:
     if not names or any(n not in BACKENDS for n in names):
         raise InvalidInput(f"--backends {text!r}: expected some of {', '.join(BACKENDS)}")
     return names
-
-
-def nothing_matched(**filters: str | None) -> str:
-    """The warning after an export or a sync that matched no winner, naming each filter given
-    (one naming the arch alone blamed it for a mistyped ``--kernel``; a sync of a mistyped arch
-    said only "wrote 0 winners")."""
-    given = ", ".join(f"{name.replace('_', ' ')} {value!r}" for name, value in filters.items()
-                      if value is not None)  # fmt: skip
-    return (
-        f"tunecache: no winner matches {given}: is each a value the server has winners "
-        "of? (tunecache records ls --all shows them)"
-    )
-
-
-def refuse_unknown_arch(arch: str | None, flag: str = "--arch") -> None:
-    """After a server answered no winner of ``arch``: a mistyped one (``cpu-avx51``) is bad
-    input, and nothing is written (a sync of it replaced a good snapshot with an empty one,
-    exit 0). An arch the server holds is never refused, known here or not (a newer GPU's).
-
-    Raises:
-        InvalidInput: ``arch`` is no arch a device has, naming the nearest that is.
-    """
-    from tunecache.device import CPU_ARCHS, CUDA_ARCHS, check_arch
-    from tunecache.kernels import closest
-
-    if arch is None or re.fullmatch(r"sm_\d{2,3}", arch):  # any GPU's: a newer or older one's
-        return
-    try:
-        check_arch(arch)
-    except InvalidInput:
-        close = closest(arch, CUDA_ARCHS + CPU_ARCHS)
-        hint = f"did you mean {close}? " if close else ""
-        raise InvalidInput(f"{flag} {arch!r}: no device has that arch and the server holds no "
-                           f"winner of it ({hint}`tunecache records ls` shows the archs it "
-                           "holds); nothing written") from None  # fmt: skip

@@ -12,23 +12,15 @@ file, or one the server refuses as invalid or too large: 400, 413, 422), 3 serve
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from tunecache.errors import InvalidInput, ServerError, error_message
-from tunecache.snapshot import SnapshotFilters, save_snapshot
-from tunecache.strict import shown
-from tunecache_cli.args import (
-    add_server,
-    nothing_matched,
-    output_file,
-    refuse_unknown_arch,
-    server_url,
-)
+from tunecache.snapshot import SnapshotFilters
+from tunecache_cli.args import add_server, output_file, server_url
+from tunecache_cli.exports import write_export
 from tunecache_cli.table import counted
 
 
@@ -89,28 +81,6 @@ def run_export(args: argparse.Namespace) -> int:
                  device_name=filters.device_name, kernel=filters.kernel,
                  backend=filters.backend)  # fmt: skip
     return 0
-
-
-def write_export(path: Path, document: dict[str, Any], etag: str,
-                 said: Callable[[str], str], *,
-                 arch_given: str | None, **filters: str | None) -> None:  # fmt: skip
-    """Writes a server's snapshot export ``document`` to ``path`` and says so (``said`` of the
-    winners counted, then the ETag).
-
-    An empty export of ``arch_given`` (the ``--arch`` typed, if any) that no device has is
-    refused before anything is written; any other empty one is written and followed by a hint
-    naming ``filters`` on stderr: a mistyped filter exports nothing, silently otherwise.
-
-    Raises:
-        InvalidInput: ``arch_given`` is no device's arch (:func:`refuse_unknown_arch`).
-    """
-    empty = not document["records"]
-    if empty:
-        refuse_unknown_arch(arch_given)
-    save_snapshot(path, document)
-    print(f"{said(counted(len(document['records']), 'winner'))} (ETag {shown(etag)})")
-    if empty:
-        print(nothing_matched(**filters), file=sys.stderr)
 
 
 def run_import(args: argparse.Namespace) -> int:

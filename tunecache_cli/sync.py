@@ -23,7 +23,7 @@ from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
 from tunecache.strict import shown
 from tunecache_cli.args import add_server, output_file, server_url
-from tunecache_cli.snapshot import write_export
+from tunecache_cli.exports import write_export
 
 
 def register(commands: Any) -> None:
