@@ -16,7 +16,7 @@ import triton.language as tl
 from tunecache.space import Config
 from workloads.layernorm import EPS
 from workloads.triton_kit.jit import lazy_jit
-from workloads.triton_kit.launch import launch_rows, row_tile
+from workloads.triton_kit.launch import launch_rows, load_cols, load_vector, row_tile, store_cols
 from workloads.triton_kit.spaces import row_default as default_config
 from workloads.triton_kit.spaces import row_space as space
 
@@ -30,40 +30,30 @@ def layernorm_kernel(
 ):  # fmt: skip
     x_rows, y_rows, row_ok, cols = row_tile(x_ptr, y_ptr, M, stride_xm, stride_ym, ROWS, BLOCK_N)
     if ONE_TILE:
-        col_ok = cols[None, :] < N
-        x = tl.load(x_rows + cols[None, :], mask=col_ok, other=0.0).to(tl.float32)
+        x, col_ok = load_cols(x_rows, cols, N)
         mean = tl.sum(x, axis=1) / N
         diff = tl.where(col_ok, x - mean[:, None], 0.0)
         rstd = 1.0 / tl.sqrt(tl.sum(diff * diff, axis=1) / N + eps)
-        w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-        y = diff * rstd[:, None] * w[None, :] + b[None, :]
-        tl.store(
-            y_rows + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok
-        )
+        w, b = load_vector(w_ptr, cols, N), load_vector(b_ptr, cols, N)
+        store_cols(y_rows, cols, diff * rstd[:, None] * w[None, :] + b[None, :], row_ok, col_ok)
     else:
         acc = tl.zeros((ROWS, BLOCK_N), tl.float32)
         for start in range(0, N, BLOCK_N):
-            col_ok = (start + cols)[None, :] < N
-            acc += tl.load(x_rows + start + cols[None, :], mask=col_ok, other=0.0).to(tl.float32)
+            x, _ = load_cols(x_rows, start + cols, N)
+            acc += x
         mean = tl.sum(acc, axis=1) / N
         acc = tl.zeros((ROWS, BLOCK_N), tl.float32)
         for start in range(0, N, BLOCK_N):
-            col_ok = (start + cols)[None, :] < N
-            x = tl.load(x_rows + start + cols[None, :], mask=col_ok, other=0.0).to(tl.float32)
+            x, col_ok = load_cols(x_rows, start + cols, N)
             diff = tl.where(col_ok, x - mean[:, None], 0.0)
             acc += diff * diff
         rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=1) / N + eps)
         for start in range(0, N, BLOCK_N):
             c = start + cols
-            col_ok = c[None, :] < N
-            x = tl.load(x_rows + c[None, :], mask=col_ok, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
-            b = tl.load(b_ptr + c, mask=c < N, other=0.0).to(tl.float32)
+            x, col_ok = load_cols(x_rows, c, N)
+            w, b = load_vector(w_ptr, c, N), load_vector(b_ptr, c, N)
             y = (x - mean[:, None]) * rstd[:, None] * w[None, :] + b[None, :]
-            tl.store(
-                y_rows + c[None, :], y.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok
-            )
+            store_cols(y_rows, c, y, row_ok, col_ok)
 
 
 def launch(

@@ -13,7 +13,7 @@ import triton.language as tl
 from tunecache.space import Config
 from workloads.rmsnorm import EPS
 from workloads.triton_kit.jit import lazy_jit
-from workloads.triton_kit.launch import launch_rows, row_tile
+from workloads.triton_kit.launch import launch_rows, load_cols, load_vector, row_tile, store_cols
 from workloads.triton_kit.spaces import row_default as default_config
 from workloads.triton_kit.spaces import row_space as space
 
@@ -27,30 +27,21 @@ def rmsnorm_kernel(
 ):  # fmt: skip
     x_rows, y_rows, row_ok, cols = row_tile(x_ptr, y_ptr, M, stride_xm, stride_ym, ROWS, BLOCK_N)
     if ONE_TILE:
-        col_ok = cols[None, :] < N
-        x = tl.load(x_rows + cols[None, :], mask=col_ok, other=0.0).to(tl.float32)
+        x, col_ok = load_cols(x_rows, cols, N)
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)
-        w = tl.load(w_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
-        y = x * rstd[:, None] * w[None, :]
-        tl.store(
-            y_rows + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok
-        )
+        w = load_vector(w_ptr, cols, N)
+        store_cols(y_rows, cols, x * rstd[:, None] * w[None, :], row_ok, col_ok)
     else:
         acc = tl.zeros((ROWS, BLOCK_N), tl.float32)
         for start in range(0, N, BLOCK_N):
-            col_ok = (start + cols)[None, :] < N
-            x = tl.load(x_rows + start + cols[None, :], mask=col_ok, other=0.0).to(tl.float32)
+            x, _ = load_cols(x_rows, start + cols, N)
             acc += x * x
         rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=1) / N + eps)
         for start in range(0, N, BLOCK_N):
             c = start + cols
-            col_ok = c[None, :] < N
-            x = tl.load(x_rows + c[None, :], mask=col_ok, other=0.0).to(tl.float32)
-            w = tl.load(w_ptr + c, mask=c < N, other=0.0).to(tl.float32)
-            y = x * rstd[:, None] * w[None, :]
-            tl.store(
-                y_rows + c[None, :], y.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok
-            )
+            x, col_ok = load_cols(x_rows, c, N)
+            w = load_vector(w_ptr, c, N)
+            store_cols(y_rows, c, x * rstd[:, None] * w[None, :], row_ok, col_ok)
 
 
 def launch(
