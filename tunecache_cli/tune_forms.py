@@ -56,76 +56,33 @@ OPTIONS: dict[str, Option] = {  # the argparse dest of each option of `tune`
     "workload": _option("KERNEL", KEY, why_not=_KEY_ONLY),
     "backend": _option("--backend", KEY, why_not=_KEY_ONLY),
     "shape": _option("--shape", KEY, why_not=_KEY_ONLY),
-    "dtype": _option(
-        "--dtype",
-        KEY,
-        default="float32",
-        why_not={
-            TORCH: "your code runs in the dtypes of the tensors get_inputs() returns: set it there",
-            TVM: "the module's buffers declare their dtypes: set it there",
-        },
-    ),
+    "dtype": _option("--dtype", KEY, default="float32", why_not={
+        TORCH: "your code runs in the dtypes of the tensors get_inputs() returns: set it there",
+        TVM: "the module's buffers declare their dtypes: set it there"}),
     "torch": _option("--torch", TORCH),
     "tvm": _option("--tvm", TVM),
-    "inputs": _option(
-        "--inputs",
-        TORCH,
-        default="get_inputs",
-        why_not={
-            KEY: _OWN_INPUTS,
-            TVM: "MetaSchedule times the module on random inputs",
-        },
-    ),
-    "init_inputs": _option(
-        "--init-inputs",
-        TORCH,
-        default="get_init_inputs",
-        why_not={
-            KEY: _OWN_INPUTS,
-            TVM: "a TVM module has no constructor",
-        },
-    ),
-    "device": _option(
-        "--device",
-        TORCH,
-        TVM,
-        why_not={
-            KEY: "for --torch / --tvm: a kernel key is tuned on this machine's device for its "
-            "backend",
-        },
-    ),
+    "inputs": _option("--inputs", TORCH, default="get_inputs", why_not={
+        KEY: _OWN_INPUTS, TVM: "MetaSchedule times the module on random inputs"}),
+    "init_inputs": _option("--init-inputs", TORCH, default="get_init_inputs", why_not={
+        KEY: _OWN_INPUTS, TVM: "a TVM module has no constructor"}),
+    "device": _option("--device", TORCH, TVM, why_not={
+        KEY: "for --torch / --tvm: a kernel key is tuned on this machine's device for its "
+        "backend"}),
     "strategy": _option("--strategy", KEY, why_not=_SEARCH),
-    "trials": _option(
-        "--trials",
-        KEY,
-        TVM,
-        default=DEFAULT_TRIALS,
-        why_not={
-            TORCH: _SEARCH[TORCH] + ", whatever the count",
-        },
-    ),
-    "seconds": _option(
-        "--seconds",
-        KEY,
-        TVM,
-        why_not={
-            TORCH: "max-autotune's compile is not cut, so no time budget holds",
-        },
-    ),
+    "trials": _option("--trials", KEY, TVM, default=DEFAULT_TRIALS, why_not={
+        TORCH: _SEARCH[TORCH] + ", whatever the count"}),
+    "seconds": _option("--seconds", KEY, TVM, why_not={
+        TORCH: "max-autotune's compile is not cut, so no time budget holds"}),
     "patience": _option("--patience", KEY, why_not=_SEARCH),
     "seed": _option("--seed", KEY, why_not=_SEARCH),
     "workers": _option("--workers", KEY, why_not=_SEARCH),
-    "landscape": _option(
-        "--landscape",
-        KEY,
-        why_not=dict.fromkeys((TORCH, TVM), "it measures a kernel key's config space"),
-    ),
+    "landscape": _option("--landscape", KEY, why_not=dict.fromkeys(
+        (TORCH, TVM), "it measures a kernel key's config space")),
     "no_upload": _option("--no-upload", *FORMS),
-    "json": _option(
-        "--json", KEY, why_not=dict.fromkeys((TORCH, TVM), "it prints a kernel key's record")
-    ),
+    "json": _option("--json", KEY, why_not=dict.fromkeys(
+        (TORCH, TVM), "it prints a kernel key's record")),
     "server": _option("--server", *FORMS),
-}
+}  # fmt: skip
 NOT_OPTIONS = frozenset({"command", "verbose", "run"})  # set by the top-level parser
 
 
