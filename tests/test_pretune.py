@@ -369,7 +369,7 @@ def test_coverage_and_pretune_count_as_tuned_only_what_a_process_would_use() -> 
                          (failed, False)):  # fmt: skip
         with Client("http://cache.test", transport=serving(record), token="") as client:
             assert is_tuned(key, client) is used, record
-            assert state_of(key, client, client, {}) == ("tuned" if used else "missing")
+            assert state_of(key, client, client, {}) == ("tuned" if used else "missing", "")
 
 
 def test_pretune_names_a_key_whose_job_is_done_but_whose_record_is_withdrawn(
@@ -429,3 +429,32 @@ def test_pretune_names_a_key_done_with_a_record_of_other_versions_as_stale(
     assert again.returncode == 1, again.stderr
     assert "1 unserved" in again.stderr and "tuned under other versions only" in again.stderr
     assert "daemon --verify" not in again.stderr, again.stderr
+
+
+def test_coverage_says_which_tuned_keys_run_slower_than_torch_eager(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """``coverage`` said "2 tuned", exit 0, of a key whose winner ran slower than torch eager
+    (the dashboard and ``best`` say so): it is tuned, and its row and the summary say so."""
+    from tests.factories import make_record
+    from tests.test_noise import noisy_and_slower_record
+    from tunecache import Client
+
+    text = ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\n'
+            'shapes = [{M = 8, N = 16, K = 16}, {M = 12, N = 16, K = 16}]\n')  # fmt: skip
+    manifest = tmp_path / "two.toml"
+    manifest.write_text(text)
+    slow_key, fast_key = parse_manifest(text).keys
+    with Client(server.url) as client:
+        slow = client.upload(noisy_and_slower_record(slow_key)).record_id
+        client.upload(make_record(fast_key))
+    said = f"record {slow} is slower than torch eager"
+    done = cli("coverage", str(manifest), "--server", server.url)
+    assert done.returncode == 0, done.stderr  # both tuned
+    [row] = [line for line in done.stdout.splitlines() if said in line]
+    assert "tuned" in row and "M=8," in row
+    assert "2 tuned, 0 stale, 0 queued, 0 failed, 0 missing of 2 keys; slower than torch " \
+        "eager: 1 tuned key" in done.stdout  # fmt: skip
+    as_json = cli("coverage", str(manifest), "--server", server.url, "--json")
+    notes = {row["digest"]: row["note"] for row in json.loads(as_json.stdout)["keys"]}
+    assert notes == {slow_key.digest(): said, fast_key.digest(): ""}

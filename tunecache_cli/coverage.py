@@ -2,7 +2,8 @@
 
 *tuned*: a winner serves the key under the manifest's version policy; *stale*: one serves it only
 when versions are ignored (tuned under other versions); *queued* / *failed*: a job holds it;
-*missing*: nothing. Exit 0 only when every key is tuned, 1 otherwise, 2 bad input, 3 unreachable.
+*missing*: nothing. A tuned key whose winner ran slower than torch eager has a note saying so.
+Exit 0 only when every key is tuned, 1 otherwise, 2 bad input, 3 unreachable.
 """
 
 from __future__ import annotations
@@ -31,26 +32,30 @@ def register(commands: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def state_of(key: Any, client: Any, anyway: Any, jobs: dict[str, Any]) -> str:
+def state_of(key: Any, client: Any, anyway: Any, jobs: dict[str, Any]) -> tuple[str, str]:
     """Tuned: the server answers a record a process would use (not any answer: the server is
-    not trusted); stale: one under another version policy; else the key's job's state."""
-    from tunecache_cli.pretune import is_tuned
+    not trusted); stale: one under another version policy; else the key's job's state. With a
+    note: a tuned key's winner that ran slower than torch eager says so (tuned, but not using
+    the kernel would be faster)."""
+    from tunecache_cli.pretune import is_tuned, served
 
-    if is_tuned(key, client):
-        return "tuned"
+    if (answer := served(key, client)) is not None:
+        slower = answer.record.slower_than_eager
+        return "tuned", f"record {answer.record.id} is slower than torch eager" if slower else ""
     if is_tuned(key, anyway):
-        return "stale"
+        return "stale", ""
     job = jobs.get(key.digest())
     if job is not None and job.state in ("queued", "running", "failed"):
-        return "failed" if job.state == "failed" else "queued"
-    return "missing"
+        return ("failed" if job.state == "failed" else "queued"), ""
+    return "missing", ""
 
 
 def manifest_states(
     manifest: Manifest, url: str, keys: Sequence[Key] | None = None
-) -> list[tuple[Key, str]]:
+) -> list[tuple[Key, str, str]]:
     """Each of ``keys`` (default: the manifest's) with its state on the server at ``url``, under
-    the manifest's version policy (``tunecache report`` draws these too).
+    the manifest's version policy, and its note (:func:`state_of`; ``tunecache report`` draws
+    the states too).
 
     Raises:
         ServerError: the server is unreachable or refused.
@@ -63,7 +68,7 @@ def manifest_states(
     with (Client(url, policy=manifest.policy) as client, Client(url, policy="any") as anyway,
           asking("coverage", url)):  # fmt: skip
         jobs = all_jobs(client)
-        return [(key, state_of(key, client, anyway, jobs)) for key in keys]
+        return [(key, *state_of(key, client, anyway, jobs)) for key in keys]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,15 +77,20 @@ def run(args: argparse.Namespace) -> int:
 
     manifest = load_manifest(args.manifest)
     states = manifest_states(manifest, server_url(args))
-    totals = {s: sum(1 for _, st in states if st == s) for s in
+    totals = {s: sum(1 for _, st, _ in states if st == s) for s in
               ("tuned", "stale", "queued", "failed", "missing")}  # fmt: skip
     summary = ", ".join(f"{n} {s}" for s, n in totals.items())
     summary += f" of {counted(len(states), 'key')}"
+    if slower := sum(1 for _, st, note in states if st == "tuned" and note):
+        summary += f"; slower than torch eager: {counted(slower, 'tuned key')}"
     if args.json:  # one document, as every --json prints; the summary on stderr
-        keys = [{"key": key.short(), "digest": key.digest(), "state": state}
-                for key, state in states]  # fmt: skip
+        keys = [{"key": key.short(), "digest": key.digest(), "state": state, "note": note}
+                for key, state, note in states]  # fmt: skip
         print(json.dumps({"keys": keys, "totals": totals}, indent=2))
+    elif slower:
+        rows = [[key.short(), state, note] for key, state, note in states]
+        print(render(["key", "state", "note"], rows))
     else:
-        print(render(["key", "state"], [[key.short(), state] for key, state in states]))
+        print(render(["key", "state"], [[key.short(), state] for key, state, _ in states]))
     print(summary, file=sys.stderr if args.json else sys.stdout)  # --json: stdout is JSON only
     return 0 if totals["tuned"] == len(states) else 1

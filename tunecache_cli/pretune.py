@@ -83,11 +83,17 @@ def all_jobs(client: Any) -> dict[str, Any]:
     return found
 
 
-def is_tuned(key: Any, client: Any) -> bool:
-    """Whether ``client``'s server answers ``key`` with a record a process would use."""
+def served(key: Any, client: Any) -> Any:
+    """``client``'s server's answer for ``key`` if it is one a process would use (its record
+    may serve ``key``), else ``None``."""
     from tunecache.served import checked_answer
 
-    return checked_answer(key, client.fetch_answer(key), client.policy)[0] is not None
+    return checked_answer(key, client.fetch_answer(key), client.policy)[0]
+
+
+def is_tuned(key: Any, client: Any) -> bool:
+    """Whether ``client``'s server answers ``key`` with a record a process would use."""
+    return served(key, client) is not None
 
 
 def queue(client: Any, manifest: Any) -> tuple[list[str], int, dict[str, list[Any]]]:

@@ -90,7 +90,7 @@ def _report(args: argparse.Namespace, out: Path) -> int:
         from tunecache_cli.coverage import manifest_states
 
         keys = [key for key in manifest.keys if _matches(key, args)]
-        states: list[tuple[Any, str]] = list(manifest_states(manifest, url, keys))
+        states: list[tuple[Any, str]] = [(k, s) for k, s, _ in manifest_states(manifest, url, keys)]
         source = f"manifest {args.manifest.name}"
     else:
         states, source = list(grid.record_states(records)), "records"
