@@ -110,3 +110,27 @@ def test_shared_kernel_sources_are_in_the_source_hash(monkeypatch: pytest.Monkey
         type(bias_gelu), "spec", dataclasses.replace(bias_gelu.spec, sources=sources)
     )
     assert bias_gelu.source_hash("triton") != with_shared  # matmul/triton.py's GEMM counts
+
+
+def test_each_triton_kernels_jitted_helpers_are_in_its_source_hash_and_no_others() -> None:
+    """A built-in's Triton file calling jitted helpers of ``workloads.triton_kit`` (``row_tile``;
+    the norm kernels' loads and stores) has their files in its sources: a helper changed
+    re-tunes the kernels that call it. The norm helpers are in the norm kernels' only (put
+    beside ``row_tile``, they changed every Triton built-in's hash, matmul's too)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "workloads"
+    jitted = {p.stem for p in (root / "triton_kit").glob("*.py") if "@_jit_like_triton" in
+              p.read_text("utf-8")}  # fmt: skip
+    assert {"launch", "norm"} <= jitted
+    hashed = {}
+    for name in sorted(WORKLOADS):
+        tree = ast.parse((root / name / "triton.py").read_text("utf-8"))
+        used = {node.module.rsplit(".", 1)[1] for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module
+                and node.module.startswith("workloads.triton_kit.")} & jitted  # fmt: skip
+        sources = get_workload(name).spec.sources["triton"]
+        hashed[name] = {Path(f).stem for f in sources if Path(f).parent.name == "triton_kit"}
+        assert used <= hashed[name], name
+    assert {name for name, stems in hashed.items() if "norm" in stems} == {"layernorm", "rmsnorm"}

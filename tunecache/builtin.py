@@ -17,6 +17,7 @@ _ROOT = Path(__file__).resolve().parent.parent  # where tunecache/ and workloads
 _CPU = ("float32",)
 # Kernel code every built-in shares per backend (Triton's row tiles and the out= checks).
 _SHARED = {"triton": ("workloads/triton_kit/launch.py",)}
+_NORM = ("workloads/triton_kit/norm.py",)  # the norm kernels' tile loads and stores
 _ALL = {"tvm": _CPU, "inductor": _CPU, "triton": ("float32", "float16", "bfloat16")}
 
 # The Triton spaces' enumerated choices (``workloads.triton_kit.spaces`` prunes them per problem and
@@ -69,12 +70,12 @@ SOFTMAX = register(KernelSpec(
 ))  # fmt: skip
 LAYERNORM = register(KernelSpec(
     name="layernorm", params=("M", "N"), inputs=(*ROWS, ("N",), ("N",)), output=("M", "N"),
-    bucket=("M",), dtypes=_ALL, sources=_sources("layernorm"),
+    bucket=("M",), dtypes=_ALL, sources=_sources("layernorm", triton=_NORM),
     description="Y = layer_norm(X, (N,), weight, bias, eps=1e-5) (X: M×N)", **_ROWS,
 ))  # fmt: skip
 RMSNORM = register(KernelSpec(
     name="rmsnorm", params=("M", "N"), inputs=(*ROWS, ("N",)), output=("M", "N"),
-    bucket=("M",), dtypes=_ALL, sources=_sources("rmsnorm"),
+    bucket=("M",), dtypes=_ALL, sources=_sources("rmsnorm", triton=_NORM),
     description="Y = X / sqrt(mean(X², -1) + 1e-6) · weight (X: M×N, weight: N)", **_ROWS,
 ))  # fmt: skip
 BIAS_GELU = register(KernelSpec(

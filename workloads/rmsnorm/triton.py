@@ -13,7 +13,8 @@ import triton.language as tl
 from tunecache.space import Config
 from workloads.rmsnorm import EPS
 from workloads.triton_kit.jit import lazy_jit
-from workloads.triton_kit.launch import launch_rows, load_cols, load_vector, row_tile, store_cols
+from workloads.triton_kit.launch import launch_rows, row_tile
+from workloads.triton_kit.norm import load_cols, load_vector, store_cols
 from workloads.triton_kit.spaces import row_default as default_config
 from workloads.triton_kit.spaces import row_space as space
 

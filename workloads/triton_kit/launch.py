@@ -80,27 +80,6 @@ def row_tile(x_ptr, y_ptr, M, stride_xm, stride_ym, ROWS: tl.constexpr, BLOCK_N:
     return x_rows, y_rows, rows < M, tl.arange(0, BLOCK_N)
 
 
-@_jit_like_triton
-def load_cols(rows, c, N):
-    """Columns ``c`` of a tile's rows (``rows`` point at their starts) in fp32, 0 past ``N``;
-    with which columns exist: ``(x, col_ok)``."""
-    col_ok = c[None, :] < N
-    return tl.load(rows + c[None, :], mask=col_ok, other=0.0).to(tl.float32), col_ok
-
-
-@_jit_like_triton
-def load_vector(ptr, c, N):
-    """Entries ``c`` of a length-``N`` vector (a weight, a bias) in fp32, 0 past ``N``."""
-    return tl.load(ptr + c, mask=c < N, other=0.0).to(tl.float32)
-
-
-@_jit_like_triton
-def store_cols(y_rows, c, y, row_ok, col_ok):
-    """Writes tile ``y`` to columns ``c`` of the rows ``y_rows`` point at, in their dtype, where
-    both the row and the column exist."""
-    tl.store(y_rows + c[None, :], y.to(y_rows.dtype.element_ty), mask=row_ok[:, None] & col_ok)
-
-
 @functools.lru_cache(maxsize=1024)
 def row_meta(config: Config) -> tuple[int, int, int, int]:
     """``(BLOCK_N, ROWS_PER_PROGRAM, num_warps, num_stages)`` of a row kernel's ``config``, worked
