@@ -268,6 +268,8 @@ def test_a_web_server_that_is_not_tunecache_is_exit_2_for_get_as_for_tune(tmp_pa
     from cache_server.embedded import free_port
 
     port = free_port()
+    (tmp_path / "v1").mkdir()  # a page at the path an export asks: a 200 that is not JSON
+    (tmp_path / "v1" / "snapshot").write_text("<html><body>a web page</body></html>")
     web = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind",
                             "127.0.0.1"], cwd=tmp_path, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)  # fmt: skip
@@ -282,12 +284,16 @@ def test_a_web_server_that_is_not_tunecache_is_exit_2_for_get_as_for_tune(tmp_pa
                 time.sleep(0.2)
         key = ["matmul", "--backend", "tvm", "--shape", "M=8,N=8,K=8", "--server", url]
         env = {**os.environ, "TUNECACHE_TOKEN": "tc_" + "3" * 43}
-        for argv in (["get", *key], ["tune", *key], ["records", "ls", "--server", url]):
+        out = ["-o", str(tmp_path / "s.json"), "--server", url]
+        for argv in (["get", *key], ["tune", *key], ["records", "ls", "--server", url],
+                     ["sync", "--arch", "sm_90", *out],  # exit 3, "gave no JSON", before
+                     ["snapshot", "export", "--arch", "sm_90", *out]):  # fmt: skip
             done = subprocess.run([sys.executable, "-m", "tunecache_cli", *argv], env=env,
                                   capture_output=True, text=True, timeout=120)  # fmt: skip
             assert done.returncode == 2, (argv, done.stderr)
             assert "not a tunecache server" in done.stderr and "Traceback" not in done.stderr
             assert len(done.stderr.splitlines()) == 1, done.stderr
+        assert not (tmp_path / "s.json").exists()
     finally:
         web.terminate()
         web.wait(timeout=30)

@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from tunecache.errors import ServerError
-from tunecache.http import LOOKUP_ANSWER_CONTAINERS
+from tunecache.http import LOOKUP_ANSWER_CONTAINERS, foreign, is_tunecache
 from tunecache.jsonsafe import parse_json, past_bound
 
 SERVER_PAGE = 1000  # items a server lists at most in one page (its default list limit)
@@ -62,8 +62,14 @@ def json_answer(response: httpx.Response, path: str, max_containers: int) -> Any
         ServerError: the answer holds too many containers, or is not JSON.
     """
     if past := past_bound(response.content, max_containers):
-        raise ServerError(f"{path} gave a bad answer: {past}")
+        raise _bad(response, path, f"{path} gave a bad answer: {past}")
     try:
         return parse_json(response.content)
     except ValueError as exc:
-        raise ServerError(f"{path} gave no JSON: {exc}") from None
+        raise _bad(response, path, f"{path} gave no JSON: {exc}") from None
+
+
+def _bad(response: httpx.Response, path: str, why: str) -> ServerError:
+    """A bad answer's error: :func:`~tunecache.http.foreign` when it is not a tunecache server's
+    (a web page at the URL is a wrong URL, not a broken server)."""
+    return ServerError(why) if is_tunecache(response) else foreign(response, path)

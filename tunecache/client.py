@@ -44,6 +44,8 @@ from tunecache.http import (
     answer_limit,
     deadline,
     first_error,
+    foreign,
+    is_tunecache,
     missing,
     parse,
     refuses_field,
@@ -440,8 +442,10 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
             document: dict[str, Any] = answers.json_answer(
                 response, "/v1/snapshot", answers.SNAPSHOT_CONTAINERS)  # fmt: skip
             SnapshotPublic.model_validate(document, context=SERVED)
-        except (ValidationError, ValueError) as exc:  # one line, not pydantic's with the data
-            why = first_error(exc) if isinstance(exc, ValidationError) else exc
+        except ValidationError as exc:  # one line, not pydantic's with the data
+            if not is_tunecache(response):
+                raise foreign(response, "/v1/snapshot") from exc
+            why = first_error(exc)
             raise ServerError(f"GET /v1/snapshot sent no valid snapshot: {why}") from exc
         return document, response.headers.get("etag", "")
 

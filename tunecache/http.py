@@ -429,7 +429,9 @@ def retry_after(response: httpx.Response) -> float | None:
     return seconds if 0 <= seconds <= 3600 else None
 
 
-def _foreign(response: httpx.Response, path: str) -> ServerError:
+def foreign(response: httpx.Response, path: str) -> ServerError:
+    """The error for a success answer of ``path`` that is not a tunecache server's (no
+    :data:`IDENTITY_HEADER`, and not what the call answers): a URL pointing elsewhere."""
     return ServerError(
         f"{path}: {response.url.host}:{response.url.port} answered, but is not a tunecache "
         f"server (no {IDENTITY_HEADER} header): is the URL right?",
@@ -473,13 +475,13 @@ def parse(model: type[M], response: httpx.Response, path: str, *,
     body = response.content
     if max_containers is not None and (past := past_bound(body, max_containers)):
         if not is_tunecache(response):
-            raise _foreign(response, path)
+            raise foreign(response, path)
         raise ServerError(f"{path} gave a bad answer: {past}")
     try:
         parsed = model.model_validate_json(body, context=SERVED)
     except ValidationError as exc:
         if not is_tunecache(response):
-            raise _foreign(response, path) from exc
+            raise foreign(response, path) from exc
         raise ServerError(f"{path} gave a bad answer: {first_error(exc)}") from exc
     if (left := time_left()) is not None and left < 0:
         raise ServerError(f"{path}: reading the answer took {-left:.2f} s past the call's "
