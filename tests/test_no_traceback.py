@@ -412,3 +412,18 @@ def test_ctrl_c_in_every_inductor_phase_is_exit_130_and_one_line(
     rest = _after_interrupt(process, 120)
     assert process.returncode == 130, rest
     assert "Traceback" not in rest and rest.strip().splitlines()[-1] == "tunecache: interrupted"
+
+
+def test_sync_to_a_snapshot_variable_in_a_missing_folder_is_refused_not_made(
+    tmp_path: Path,
+) -> None:
+    """``TUNECACHE_SNAPSHOT=/…/a/b/x.json tunecache sync`` made ``a/`` and ``a/b/`` and wrote
+    there, exit 0, where ``-o`` into a missing folder is refused (a newcomer's walk): the
+    variable's file is checked as ``-o``'s is, before the server is asked."""
+    target = tmp_path / "no" / "deeper" / "snap.json"
+    env = {**os.environ, "TUNECACHE_SNAPSHOT": str(target), "TUNECACHE_URL": DEAD}
+    done = subprocess.run([sys.executable, "-m", "tunecache_cli", "sync"], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env=env)  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    said = f"TUNECACHE_SNAPSHOT {target}: folder {target.parent} does not exist (create it first)"
+    assert said in done.stderr and not (tmp_path / "no").exists()

@@ -505,6 +505,7 @@ def test_cli_bad_input_exits_2_and_an_unreachable_server_3(
 def test_sync_downloads_this_arch_once_and_the_resolver_reads_it(
     server: LiveServer, tmp_path: Path
 ) -> None:
+    import os
     import subprocess
     import sys
 
@@ -524,6 +525,11 @@ def test_sync_downloads_this_arch_once_and_the_resolver_reads_it(
 
     assert "wrote 1 winner of" in sync() and path.exists()
     assert "is up to date" in sync()  # the file's ETag went as If-None-Match: 304
+    named = tmp_path / "named.json"  # no -o: the variable's file (its folder exists)
+    env = {**os.environ, "TUNECACHE_SNAPSHOT": str(named)}
+    done = subprocess.run([sys.executable, "-m", "tunecache_cli", "sync", "--server", server.url],
+                          capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert done.returncode == 0 and f"to {named}" in done.stdout and named.exists(), done.stderr
     none = subprocess.run([sys.executable, "-m", "tunecache_cli", "sync", "--arch", "sm_90",
                            "--server", server.url, "-o", str(tmp_path / "none.json")],
                           capture_output=True, text=True, timeout=60)  # fmt: skip

@@ -2,8 +2,8 @@
 
 Downloads the server's winners for this device's arch (the GPU's when one is visible, else this
 CPU's; or ``--arch``) to ``-o FILE`` (default: ``$TUNECACHE_SNAPSHOT``, else the user cache
-directory, created if need be; ``-o``'s folder must exist), atomically, and only when they changed
-(the file's ETag is sent as If-None-Match).
+directory, created if need be; the folder of ``-o``'s or the variable's file must exist),
+atomically, and only when they changed (the file's ETag is sent as If-None-Match).
 Run-time lookups read it with ``TUNECACHE_SNAPSHOT=FILE`` (or ``Client(snapshot=FILE)``).
 ``--timeout`` bounds the whole download, connecting to the last byte (default 60 s).
 Exit 0 written or up to date, 2 bad input, 3 server unreachable or too slow.
@@ -59,10 +59,11 @@ def this_arch() -> str:
 
 
 def default_path(arch: str) -> Path:
+    """Where ``sync`` writes ``arch``'s snapshot with neither ``-o`` nor ``TUNECACHE_SNAPSHOT``:
+    the user cache directory (created if need be)."""
     import platformdirs
 
-    configured = Settings.from_env(with_url=False).snapshot
-    return configured or Path(platformdirs.user_cache_dir("tunecache")) / f"snapshot-{arch}.json"
+    return Path(platformdirs.user_cache_dir("tunecache")) / f"snapshot-{arch}.json"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,10 +80,13 @@ def run(args: argparse.Namespace) -> int:
         return write_folder(args)
     if args.device or args.accept:
         raise InvalidInput("--device and --accept go with --format vllm-moe")
+    configured = None if args.output else Settings.from_env(with_url=False).snapshot
     if args.output is not None:  # before the server is asked; its folder is never created
         output_file("-o", args.output)
+    elif configured is not None:  # a mistyped folder in the variable alike (it was made)
+        output_file("TUNECACHE_SNAPSHOT", configured)
     arch = args.arch or this_arch()
-    path = args.output or default_path(arch)
+    path = args.output or configured or default_path(arch)
     held = None
     if path.exists():
         try:
