@@ -126,6 +126,10 @@ def test_a_page_past_the_last_row_says_so(server: LiveServer) -> None:
         for m in (40, 48):
             client.upload(make_record(make_key(m=m), trials=0))
     html = httpx.get(f"{server.url}/", params={"start": 100}, timeout=30).text
-    assert "Nothing from row 101: there are 2" in html and "match these filters" not in html
+    assert "Nothing from row 101: there are 2 rows" in html and "match these filters" not in html
     jobs = httpx.get(f"{server.url}/ui/jobs", timeout=30).text
     assert "No jobs." in jobs
+    with Client(server.url) as client:
+        client.create_job(make_key(m=56))
+    one = httpx.get(f"{server.url}/ui/jobs", params={"start": 50}, timeout=30).text
+    assert "Nothing from row 51: there is 1 row;" in one  # it said "there are 1"

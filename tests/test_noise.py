@@ -272,3 +272,13 @@ def test_the_timer_says_how_many_calls_a_sample_is() -> None:
     assert slow.timer.endswith(" x 1 call"), slow.timer
     fast = time_cpu(lambda: None, quick)
     assert fast.timer.endswith(" calls") and " x 1 call" not in fast.timer, fast.timer
+
+
+def test_the_conditions_line_counts_one_as_one() -> None:
+    """``records show`` said "1 samples left out" (a newcomer's walk)."""
+    one = ConditionsModel(others_cpu=0.1, left_out=1, gpu_others=1)
+    assert "1 sample left out (disturbed)" in conditions_text(one)
+    assert "1 other process on the GPU" in conditions_text(one)
+    two = ConditionsModel(others_cpu=0.1, left_out=2, gpu_others=2)
+    assert "2 samples left out" in conditions_text(two)
+    assert "2 other processes on the GPU" in conditions_text(two)

@@ -362,9 +362,11 @@ def conditions_text(conditions: ConditionsModel) -> str:
     if conditions.throttle:
         parts.append("throttled: " + ", ".join(conditions.throttle))
     if conditions.gpu_others:
-        parts.append(f"{conditions.gpu_others} other processes on the GPU")
+        others = conditions.gpu_others
+        parts.append(f"{others} other process{'es' if others != 1 else ''} on the GPU")
     if conditions.left_out:
-        parts.append(f"{conditions.left_out} samples left out (disturbed)")
+        out = conditions.left_out
+        parts.append(f"{out} sample{'s' if out != 1 else ''} left out (disturbed)")
     if conditions.attempts > 1:
         parts.append(f"timed {conditions.attempts} times")
     return " · ".join(parts) or "not read"
