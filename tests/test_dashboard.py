@@ -418,3 +418,26 @@ def test_the_jobs_page_tells_the_servers_errors_from_a_workers_and_unrecorded_on
         db.execute("update jobs set error_by = null where id = ?", (second["id"],))
     html = page(server, "/ui/jobs").text
     assert "(not recorded):</span> worker&#39;s words" in html
+
+
+def test_a_record_without_stored_trials_says_why_not_that_they_failed(server: LiveServer) -> None:
+    """A snapshot imported back into the server it came from stores trial-less copies; their
+    pages said "No trial ran successfully" and "The uploader kept no trials", each false (the
+    uploader's record holds them; a newcomer's walk). An upload with no trials keeps its words."""
+    from tunecache import Client
+
+    key = make_key(m=72)
+    with Client(server.url) as client:
+        bare = client.upload(make_record(make_key(m=80), trials=0)).record_id
+        first = client.upload(make_record(key, trials=3)).record_id
+        document, _ = client.export_snapshot(key.device.arch)
+        client.import_snapshot(document)
+        copies = [r.id for r in client.list_records(kernel=key.kernel, winners_only=False).items
+                  if r.key_hash == key.digest() and r.id != first]  # fmt: skip
+    assert copies, "the import stored no copy"
+    page = httpx.get(f"{server.url}/ui/records/{copies[0]}", timeout=30).text
+    assert "Imported from a snapshot, which carries no trials" in page
+    assert "No trial stored: nothing to plot." in page and "ran successfully" not in page
+    assert "The uploader kept no trials" not in page
+    plain = httpx.get(f"{server.url}/ui/records/{bare}", timeout=30).text
+    assert "The uploader kept no trials." in plain and "No trial stored" in plain
