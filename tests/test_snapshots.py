@@ -535,6 +535,12 @@ def test_sync_downloads_this_arch_once_and_the_resolver_reads_it(
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert none.returncode == 0 and "wrote 0 winners of sm_90" in none.stdout  # said, then:
     assert "no winner matches arch 'sm_90': is each" in none.stderr, none.stderr
+    # Every empty snapshot has one ETag: an empty sm_90 file read as an up-to-date sm_80 one
+    other = subprocess.run([sys.executable, "-m", "tunecache_cli", "sync", "--arch", "sm_80",
+                            "--server", server.url, "-o", str(tmp_path / "none.json")],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert other.returncode == 0 and "wrote 0 winners of sm_80" in other.stdout, other.stdout
+    assert json.loads((tmp_path / "none.json").read_text())["filters"] == {"device_arch": "sm_80"}
     # A mistyped arch replaced the good snapshot with an empty one, exit 0: now refused, kept
     held = path.read_bytes()
     typo = subprocess.run([sys.executable, "-m", "tunecache_cli", "sync", "--arch", "cpu-avx51",

@@ -69,7 +69,7 @@ def default_path(arch: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache.http import Timeout
-    from tunecache.snapshot import load_snapshot, snapshot_etag
+    from tunecache.snapshot import SnapshotFilters, load_snapshot, snapshot_etag
     from tunecache_cli.progress import asking
 
     if not (math.isfinite(args.timeout) and args.timeout > 0):
@@ -90,9 +90,13 @@ def run(args: argparse.Namespace) -> int:
     held = None
     if path.exists():
         try:
-            held = snapshot_etag(load_snapshot(path).records)
+            snapshot = load_snapshot(path)
         except InvalidInput:
-            held = None  # a corrupt file is replaced
+            snapshot = None  # a corrupt file is replaced
+        # Only a snapshot of exactly this arch is up to date by its ETag: every empty snapshot
+        # has one ETag, and an empty sm_80 file read as an up-to-date sm_90 one.
+        if snapshot is not None and snapshot.filters == SnapshotFilters(device_arch=arch):
+            held = snapshot_etag(snapshot.records)
     url = server_url(args)
     with (Client(url, timeout=Timeout(write=args.timeout)) as client,
           asking("sync", url, args.timeout)):  # fmt: skip
