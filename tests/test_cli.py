@@ -231,11 +231,20 @@ def test_folders_named_like_ours_in_the_current_directory_shadow_nothing(tmp_pat
 
 
 def test_a_request_the_server_refuses_as_malformed_is_exit_2(shared_server: LiveServer) -> None:
-    # An option the CLI passes on unchecked (a device arch's pattern is the server's): its 422
+    # An option the CLI passes on unchecked (an artifact key's length is the server's): its 422
     # is bad input, exit 2, one line; a missing record stays a miss, exit 1.
-    done = tunecache("records", "ls", "--device-arch", "x y", "--server", shared_server.url)
+    done = tunecache("artifacts", "ls", "--partition", "p", "--key", "k" * 300,
+                     "--server", shared_server.url)  # fmt: skip
     assert done.returncode == 2, done.stderr
-    assert "device_arch" in done.stderr and len(done.stderr.splitlines()) == 1
+    assert "query.key" in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+    # records ls checks its names itself (the server's pattern was what it said)
+    arch = tunecache("records", "ls", "--device-arch", "x y", "--server", shared_server.url)
+    assert arch.returncode == 2 and "--device-arch 'x y': a name starts with" in arch.stderr
+    typo = tunecache("records", "ls", "--kernel", "matmull", "--device-arch", "cpu-avx51",
+                     "--server", shared_server.url)  # fmt: skip
+    assert typo.returncode == 1, typo.stderr
+    assert "no records match (--kernel: did you mean 'matmul'?; --device-arch: did you mean " \
+        "'cpu-avx512'?)" in typo.stdout  # fmt: skip
     missing = tunecache("records", "show", "999", "--server", shared_server.url)
     assert missing.returncode == 1 and "no record 999" in missing.stderr, missing.stderr
 

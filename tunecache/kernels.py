@@ -282,6 +282,11 @@ def _as_file(module_name: str, qualname: str) -> str | None:
     )
 
 
+def builtin_names() -> list[str]:
+    """The built-in kernels' names, sorted."""
+    return sorted(k for k in _REGISTRY if ":" not in k)
+
+
 def get_kernel(name: str) -> KernelSpec:
     """The kernel called ``name``: a registered (built-in) name or ``"module:qualname"``.
 
@@ -292,7 +297,7 @@ def get_kernel(name: str) -> KernelSpec:
     if name in _REGISTRY:
         return _REGISTRY[name]
     if ":" not in name:
-        builtin = sorted(k for k in _REGISTRY if ":" not in k)
+        builtin = builtin_names()
         raise InvalidInput(
             f"unknown kernel {name!r}{nearest(name, builtin)}; built-in: {', '.join(builtin)}; "
             "a kernel of your own is named 'package.module:qualname'"

@@ -45,10 +45,7 @@ def run_ls(args: argparse.Namespace) -> int:
     from tunecache_cli.progress import asking
 
     check_count("--limit", args.limit, 1, MAX_LIMIT)
-    for flag, value, known in (("--backend", args.backend, BACKENDS),
-                               ("--dtype", args.dtype, DTYPES)):  # fmt: skip
-        if value is not None and value not in known:  # said here, not as the server's 422
-            raise InvalidInput(f"{flag} {value!r}: expected one of {', '.join(known)}")
+    _check_filters(args)
     every = args.all or args.status in ("disputed", "rejected")  # never a key's winner
     filters = {"kernel": args.kernel, "backend": args.backend, "dtype": args.dtype,
                "device_arch": args.device_arch, "status": args.status,
@@ -62,7 +59,7 @@ def run_ls(args: argparse.Namespace) -> int:
                          indent=2))  # fmt: skip
         return 0 if found.items else 1
     if not found.items:
-        print("no records match")
+        print(f"no records match{_near_misses(args)}")
         return 1
     rows = []
     kernels = kernel_names([r.key for r in found.items])
@@ -83,6 +80,42 @@ def run_ls(args: argparse.Namespace) -> int:
     more = "" if len(found.items) == found.count else " (raise --limit for more)"
     print(f"{len(found.items)} of {found.count} {'records' if every else 'winners'}{more}")
     return 0
+
+
+def _check_filters(args: argparse.Namespace) -> None:
+    """The filters, said here rather than as the server's 422 (its pattern for a name).
+
+    Raises:
+        InvalidInput: an unknown backend or dtype (with the nearest known one), or a kernel or
+            arch no name can be.
+    """
+    from tunecache.kernels import dtype_hint, nearest
+    from tunecache.problem import NAME
+
+    for flag, value, known in (("--backend", args.backend, BACKENDS),
+                               ("--dtype", args.dtype, DTYPES)):  # fmt: skip
+        if value is not None and value not in known:
+            hint = dtype_hint(value, DTYPES) if flag == "--dtype" else ""
+            raise InvalidInput(f"{flag} {value!r}: expected one of {', '.join(known)}"
+                               f"{hint or nearest(value, known)}")  # fmt: skip
+    for flag, value in (("--kernel", args.kernel), ("--device-arch", args.device_arch)):
+        if value is not None and not NAME.fullmatch(value):
+            raise InvalidInput(f"{flag} {value!r}: a name starts with a letter or _ and holds "
+                               "letters, digits and _ . : - (at most 128)")  # fmt: skip
+
+
+def _near_misses(args: argparse.Namespace) -> str:
+    """``" (--kernel: did you mean 'matmul'?)"`` for a kernel or arch filter that nearly is a
+    built-in kernel's name or a device's arch (a typo matches nothing), else ``""``."""
+    from tunecache.device import CPU_ARCHS, CUDA_ARCHS
+    from tunecache.kernels import builtin_names, closest
+
+    hints, archs = [], CUDA_ARCHS + CPU_ARCHS
+    for flag, value, known in (("--kernel", args.kernel, builtin_names()),
+                               ("--device-arch", args.device_arch, archs)):  # fmt: skip
+        if value is not None and value not in known and (close := closest(value, known)):
+            hints.append(f"{flag}: did you mean {close!r}?")
+    return f" ({'; '.join(hints)})" if hints else ""
 
 
 def run_show(args: argparse.Namespace) -> int:
