@@ -2,7 +2,8 @@
 
 Exit codes: 0 success (a hit for ``get``), 1 a miss or a failed run, 2 bad input (a server that is
 not tunecache, or one that refuses the request as malformed, included), 3 the server could not be
-reached, 4 the server refused the token (401, 403), 130 interrupted.
+reached, 4 the server refused the token (401, 403), 130 interrupted, 141 the reader of stdout
+left (``| head``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ from tunecache_cli import (
 EXIT_BAD_INPUT = 2
 EXIT_UNREACHABLE = 3
 EXIT_REFUSED = 4
+# The reader of stdout left (`… | head`): what a shell reports for a process SIGPIPE ended, not
+# 1, a miss's (records show of an ID that exists read as one that does not).
+EXIT_BROKEN_PIPE = 128 + 13
 BAD_REQUEST = (400, 413, 422)  # the server found the request (the user's input) malformed
 COMMANDS = (
     serve, db, token, tune, get, best, records, artifacts, replay, workloads, demo, snapshot, sync,
@@ -223,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `tunecache … | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+        return EXIT_BROKEN_PIPE
     except Exception as exc:  # a bug of ours: one line, the traceback only when asked for
         if args.verbose:
             raise
