@@ -441,3 +441,22 @@ def test_a_record_without_stored_trials_says_why_not_that_they_failed(server: Li
     assert "The uploader kept no trials" not in page
     plain = httpx.get(f"{server.url}/ui/records/{bare}", timeout=30).text
     assert "The uploader kept no trials." in plain and "No trial stored" in plain
+
+
+def test_a_search_timing_far_below_the_records_own_is_explained(server: LiveServer) -> None:
+    """A record page's plot said "Best time so far … 4.481e-05 ms at best" of a record timed at
+    0.00243 ms (a config timed fast in the search, slower or failing when timed again): it now
+    says the search's timings are quick ones and the record's is its re-timed winner's."""
+    from tunecache import Client
+
+    record = make_record(make_key(m=88), time_ms=2.0, trials=3)
+    quick = [Trial(config={"tile": [1, 8]}, status="ok", time_ms=0.05), *record.trials]
+    close = make_record(make_key(m=96), time_ms=2.0, trials=3)  # its trials 2 ms and more
+    with Client(server.url) as client:
+        fast = client.upload(record.model_copy(update={"trials": quick})).record_id
+        plain = client.upload(close).record_id
+    page = httpx.get(f"{server.url}/ui/records/{fast}", timeout=30).text
+    assert "The search's fastest timing, 0.05 ms, is below the record's 2 ms" in page
+    assert "timed again and validated" in page
+    other = httpx.get(f"{server.url}/ui/records/{plain}", timeout=30).text
+    assert "fastest timing" not in other and "Best time so far" in other

@@ -109,8 +109,10 @@ def record(
         raise PageError(404, f"There is no record {record_id}.")
     times = queries.trial_times(session, record_id=record_id)
     default = found.id in dashboard_queries.default_last(session, [found])
+    fastest = min((time for time in times if time is not None), default=None)
     return page(request, "record.html", {"r": found, "plot": convergence_svg(times, default),
-                                         "stored": len(times), "default": default})  # fmt: skip
+                                         "stored": len(times), "default": default,
+                                         "fastest": fastest})  # fmt: skip
 
 
 @router.get("/ui/jobs", response_class=HTMLResponse)
