@@ -11,6 +11,8 @@ import functools
 import http.server
 import re
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -460,3 +462,10 @@ def test_a_search_timing_far_below_the_records_own_is_explained(server: LiveServ
     assert "timed again and validated" in page
     other = httpx.get(f"{server.url}/ui/records/{plain}", timeout=30).text
     assert "fastest timing" not in other and "Best time so far" in other
+    for record_id, said in ((fast, True), (plain, False)):  # records show alike
+        shown = subprocess.run([sys.executable, "-m", "tunecache_cli", "records", "show",
+                                str(record_id), "--server", server.url], capture_output=True,
+                               text=True, timeout=120)  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        line = "the search's fastest timing, 0.05 ms, is below the record's 2 ms"
+        assert (line in shown.stdout) is said, shown.stdout
