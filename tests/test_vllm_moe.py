@@ -220,6 +220,12 @@ def test_sync_writes_imported_entries_only_when_told_and_names_bad_input(
     )
     assert "imported files need --accept imported" in capsys.readouterr().err
     assert list((tmp_path / "out").iterdir()) == []
+    # A device of no file at all: its name is the likelier cause than the server's policy
+    assert cli("sync", "--format", "vllm-moe", "-o", out, "--device", "NVIDIA_H20", "--accept",
+               "imported", "--server", url) == 1  # fmt: skip
+    assert "no imported file for it either: is the device named as the engine names it" in (
+        capsys.readouterr().err
+    )
     (tmp_path / "out").rmdir()
     for argv, words in [
         (["--device", "NVIDIA H100"], "'NVIDIA H100' is not a device name"),

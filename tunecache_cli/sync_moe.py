@@ -127,7 +127,9 @@ def _summary(
     if merged:
         return line
     return line + (f" (no winner of {KERNEL} tuned for this device; " + (
-        "a server under the verified policy serves only trusted tokens' imports)" if imported
+        "no imported file for it either: is the device named as the engine names it, such as "
+        "NVIDIA_H100? A server under the verified policy serves only trusted tokens' imports)"
+        if imported
         else "imported files need --accept imported)"))  # fmt: skip
 
 
