@@ -201,6 +201,8 @@ class TestPages:
             assert response.status_code == 422, (path, response.text)
             assert response.headers["content-type"].startswith("text/html")
             assert says in response.text and "<b>x" not in response.text
+        zero = page(token_server, "/ui/records/0").text  # spelled well: said to be out of range
+        assert "ids start at 1" in zero and "without a sign" not in zero
 
     def test_jobs_page_shows_leases_attempts_and_errors(
         self, token_server: LiveServer, ids: Ids

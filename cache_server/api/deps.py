@@ -64,6 +64,8 @@ def _one_spelling(value: object) -> object:
     ``int`` reads ``/records/1.0``, ``+1``, `` 1 `` and ``0001`` as record 1, and ``1_000`` as
     record 1000."""
     if isinstance(value, str) and not (value.isascii() and value.isdigit() and value[:1] != "0"):
+        if value == "0":  # spelled well, out of range (the range's own words were never reached)
+            raise ValueError(f"ids start at 1: expected 1 to {MAX_ID}")
         raise ValueError(
             "an id is written in decimal digits, without a sign or a leading zero, such as 12"
         )
