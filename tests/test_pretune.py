@@ -456,5 +456,7 @@ def test_coverage_says_which_tuned_keys_run_slower_than_torch_eager(
     assert "2 tuned, 0 stale, 0 queued, 0 failed, 0 missing of 2 keys; slower than torch " \
         "eager: 1 tuned key" in done.stdout  # fmt: skip
     as_json = cli("coverage", str(manifest), "--server", server.url, "--json")
-    notes = {row["digest"]: row["note"] for row in json.loads(as_json.stdout)["keys"]}
+    document = json.loads(as_json.stdout)
+    notes = {row["digest"]: row["note"] for row in document["keys"]}
     assert notes == {slow_key.digest(): said, fast_key.digest(): ""}
+    assert document["slower_than_eager"] == 1

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:  # one document, as every --json prints; the summary on stderr
         keys = [{"key": key.short(), "digest": key.digest(), "state": state, "note": note}
                 for key, state, note in states]  # fmt: skip
-        print(json.dumps({"keys": keys, "totals": totals}, indent=2))
+        print(json.dumps({"keys": keys, "totals": totals, "slower_than_eager": slower}, indent=2))
     elif slower:
         rows = [[key.short(), state, note] for key, state, note in states]
         print(render(["key", "state", "note"], rows))
