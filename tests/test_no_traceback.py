@@ -162,6 +162,7 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["sync", "-o", "{tmp}/snap.json", "--server", DEAD], 3, "refused"),
     (["sync", "-o", "{tmp}/no/snap.json"], 2, "-o {tmp}/no/snap.json: folder {tmp}/no does not"),
     (["sync", "-o", "{tmp}"], 2, "is a folder: name a file in it"),
+    (["sync", "--arch", ""], 2, "--arch '': expected a device arch"),  # it synced this machine's
     (
         ["snapshot", "export", "--arch", "cpu-avx2", "-o", "{tmp}/no/s.json"],
         2,

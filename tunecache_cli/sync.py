@@ -97,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
         output_file("-o", args.output)
     elif configured is not None:  # a mistyped folder in the variable alike (it was made)
         output_file("TUNECACHE_SNAPSHOT", configured)
+    if args.arch is not None and not args.arch.strip():  # it read as no --arch: this machine's
+        raise InvalidInput(f"--arch {args.arch!r}: expected a device arch, such as sm_90")
     arch = args.arch or this_arch()
     path = args.output or configured or default_path(arch)
     held = None
