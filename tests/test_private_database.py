@@ -65,26 +65,3 @@ def test_a_named_folder_is_left_as_it_is_and_the_database_made_in_it_is_0600(
     tmp_path.chmod(0o755)
     write_something(f"sqlite:///{tmp_path / 'named.db'}")
     assert oct(mode(tmp_path)) == "0o755"
-
-
-def test_a_clients_first_folder_in_the_user_cache_is_0700_too(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A client on a machine with no server made the user cache's ``tunecache`` folder 0755
-    (``mkdir(parents=True)`` gives the parents the umask's mode; only the outbox was 0700), and
-    ``sync`` wrote its snapshot in a folder it made so (a newcomer's walk; the docs say 0700)."""
-    from tunecache.folders import own_folder
-    from tunecache_cli.sync import default_path
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    outbox = own_folder(tmp_path / "cache" / "tunecache" / "outbox")
-    assert [oct(mode(f)) for f in (outbox, outbox.parent, outbox.parent.parent)] == ["0o700"] * 3
-    (tmp_path / "cache" / "tunecache").chmod(0o755)  # made open by an older client: closed
-    snapshot = default_path("cpu-avx2")
-    assert snapshot.parent == tmp_path / "cache" / "tunecache"
-    assert oct(mode(snapshot.parent)) == "0o700"
-    fresh = tmp_path / "fresh"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(fresh / "cache"))
-    assert (
-        oct(mode(default_path("sm_90").parent)) == "0o700" and oct(mode(fresh / "cache")) == "0o700"
-    )

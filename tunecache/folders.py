@@ -85,17 +85,13 @@ def _umask() -> int:
 
 
 def _plain_folder(path: Path) -> os.stat_result:
-    """``path``'s status as a plain folder, made (0700, with its missing parents, each 0700 too:
-    ``mkdir(parents=True)`` gives them the umask's mode, and the user cache's ``tunecache``
-    folder a client made first was open to others) if missing.
+    """``path``'s status as a plain folder, made (0700, with its missing parents) if missing.
 
     Raises:
         OSError: it cannot be made, or is not a plain folder (a file, or a link).
     """
-    missing = [folder for folder in (path, *path.parents) if not folder.exists()]
-    for folder in reversed(missing):
-        with contextlib.suppress(FileExistsError):  # a file or a link there: said below
-            folder.mkdir(mode=0o700)
+    with contextlib.suppress(FileExistsError):  # a file or a link there: said below
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
     found = os.lstat(path)
     if not stat.S_ISDIR(found.st_mode):
         raise NotADirectoryError(f"{path} is not a plain folder (a file, or a link)")

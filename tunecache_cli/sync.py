@@ -60,22 +60,10 @@ def this_arch() -> str:
 
 def default_path(arch: str) -> Path:
     """Where ``sync`` writes ``arch``'s snapshot with neither ``-o`` nor ``TUNECACHE_SNAPSHOT``:
-    the user cache directory's ``tunecache`` folder, made 0700 if need be as the product's own
-    folder is (:func:`tunecache.folders.private_folder`).
-
-    Raises:
-        InvalidInput: the folder cannot be made.
-    """
+    the user cache directory (created if need be)."""
     import platformdirs
 
-    from tunecache.folders import private_folder
-
-    folder = Path(platformdirs.user_cache_dir("tunecache"))
-    try:
-        private_folder(folder)
-    except OSError as exc:
-        raise InvalidInput(f"cannot make the snapshot folder {folder}: {exc}") from None
-    return folder / f"snapshot-{arch}.json"
+    return Path(platformdirs.user_cache_dir("tunecache")) / f"snapshot-{arch}.json"
 
 
 def run(args: argparse.Namespace) -> int:
