@@ -245,6 +245,9 @@ def test_a_request_the_server_refuses_as_malformed_is_exit_2(shared_server: Live
     assert typo.returncode == 1, typo.stderr
     assert "no records match (--kernel: did you mean 'matmul'?; --device-arch: did you mean " \
         "'cpu-avx512'?)" in typo.stdout  # fmt: skip
+    own = tunecache("records", "ls", "--kernel", "my.ops:matmul", "--device-arch", "sm_130",
+                    "--server", shared_server.url)  # fmt: skip
+    assert own.returncode == 1 and own.stdout.strip() == "no records match", own.stdout
     missing = tunecache("records", "show", "999", "--server", shared_server.url)
     assert missing.returncode == 1 and "no record 999" in missing.stderr, missing.stderr
 
@@ -515,3 +518,14 @@ def test_a_port_that_closes_without_an_http_answer_is_hinted(tmp_path: Path) -> 
     assert "(is it an HTTP server: a database's port, say, not `tunecache serve`'s?)" in (
         done.stderr
     ), done.stderr
+
+
+def test_a_foreign_answer_names_its_host_without_a_port_it_did_not_name() -> None:
+    """``https://example.com``'s web page was named ``example.com:None`` (a review)."""
+    from tunecache.http import foreign, rejected
+
+    page = httpx.Response(200, request=httpx.Request("GET", "https://example.com/v1/snapshot"))
+    assert str(foreign(page, "/v1/snapshot")).startswith("/v1/snapshot: example.com answered")
+    other = httpx.Response(404, request=httpx.Request("GET", "http://u:pw@10.0.0.1:8000/v1/x"))
+    said = str(rejected("GET", "/v1/x", other))
+    assert "from 10.0.0.1:8000, which is not" in said and "pw" not in said

@@ -163,6 +163,7 @@ TABLE: list[tuple[list[str], int, str]] = [
     (["sync", "-o", "{tmp}/no/snap.json"], 2, "-o {tmp}/no/snap.json: folder {tmp}/no does not"),
     (["sync", "-o", "{tmp}"], 2, "is a folder: name a file in it"),
     (["sync", "--arch", ""], 2, "--arch '': expected a device arch"),  # it synced this machine's
+    (["sync", "--arch", "sm 90", "-o", "{tmp}/held.json"], 2, "--arch 'sm 90': expected a device"),
     (
         ["snapshot", "export", "--arch", "cpu-avx2", "-o", "{tmp}/no/s.json"],
         2,

@@ -370,8 +370,9 @@ def rejected(method: str, path: str, response: httpx.Response) -> ServerError:
     line: an answer that is not tunecache's, such as an HTML page, is named as such)."""
     status = response.status_code
     if not is_tunecache(response):
+        where = response.url.netloc.decode("ascii", "replace")  # host, and its port if named
         return ServerError(
-            f"{method} {path} → {status} from {response.url.host}:{response.url.port}, which is "
+            f"{method} {path} → {status} from {where}, which is "
             f"not a tunecache server (no {IDENTITY_HEADER} header): is the URL right?",
             status_code=status,
             foreign=True,
@@ -432,8 +433,9 @@ def retry_after(response: httpx.Response) -> float | None:
 def foreign(response: httpx.Response, path: str) -> ServerError:
     """The error for a success answer of ``path`` that is not a tunecache server's (no
     :data:`IDENTITY_HEADER`, and not what the call answers): a URL pointing elsewhere."""
+    where = response.url.netloc.decode("ascii", "replace")  # host, and its port if named
     return ServerError(
-        f"{path}: {response.url.host}:{response.url.port} answered, but is not a tunecache "
+        f"{path}: {where} answered, but is not a tunecache "
         f"server (no {IDENTITY_HEADER} header): is the URL right?",
         status_code=response.status_code,
         foreign=True,

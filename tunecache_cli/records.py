@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from typing import Any, get_args
 
 from tunecache.errors import InvalidInput
@@ -113,7 +114,9 @@ def _near_misses(args: argparse.Namespace) -> str:
     hints, archs = [], CUDA_ARCHS + CPU_ARCHS
     for flag, value, known in (("--kernel", args.kernel, builtin_names()),
                                ("--device-arch", args.device_arch, archs)):  # fmt: skip
-        if value is not None and value not in known and (close := closest(value, known)):
+        if value is None or value in known or ":" in value or re.fullmatch(r"sm_\d+a?", value):
+            continue  # a kernel of one's own, or a GPU arch (any, newer ones too): not a typo
+        if close := closest(value, known):
             hints.append(f"{flag}: did you mean {close!r}?")
     return f" ({'; '.join(hints)})" if hints else ""
 

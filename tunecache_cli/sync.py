@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecache.errors import InvalidInput
+from tunecache.problem import NAME
 from tunecache.settings import Settings
 from tunecache.strict import shown
 from tunecache_cli.args import add_server, output_file, server_url
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         output_file("-o", args.output)
     elif configured is not None:  # a mistyped folder in the variable alike (it was made)
         output_file("TUNECACHE_SNAPSHOT", configured)
-    if args.arch is not None and not args.arch.strip():  # it read as no --arch: this machine's
+    if args.arch is not None and not NAME.fullmatch(args.arch):  # '' read as no --arch at all
         raise InvalidInput(f"--arch {args.arch!r}: expected a device arch, such as sm_90")
     arch = args.arch or this_arch()
     path = args.output or configured or default_path(arch)
