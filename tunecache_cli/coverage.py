@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     summary = ", ".join(f"{n} {s}" for s, n in totals.items())
     summary += f" of {counted(len(states), 'key')}"
     if slower := sum(1 for _, st, note in states if st == "tuned" and note):
-        summary += f"; slower than torch eager: {counted(slower, 'tuned key')}"
+        summary += f"\nslower than torch eager: {counted(slower, 'tuned key')} (see the note)"
     if args.json:  # one document, as every --json prints; the summary on stderr
         keys = [{"key": key.short(), "digest": key.digest(), "state": state, "note": note}
                 for key, state, note in states]  # fmt: skip
