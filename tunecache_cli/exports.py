@@ -50,6 +50,12 @@ def nothing_matched(**filters: str | None) -> str:
     )
 
 
+def gpu_arch(arch: str) -> bool:
+    """Whether ``arch`` is spelled as any NVIDIA GPU's (``sm_90``, ``sm_90a``, an older or newer
+    one's than this version knows): never taken for a typo of a known one."""
+    return re.fullmatch(r"sm_\d{2,3}a?", arch) is not None
+
+
 def refuse_unknown_arch(arch: str | None, flag: str = "--arch") -> None:
     """After a server answered no winner of ``arch``: a mistyped one (``cpu-avx51``) is bad
     input, and nothing is written (a sync of it replaced a good snapshot with an empty one,
@@ -61,7 +67,7 @@ def refuse_unknown_arch(arch: str | None, flag: str = "--arch") -> None:
     from tunecache.device import CPU_ARCHS, CUDA_ARCHS, check_arch
     from tunecache.kernels import closest
 
-    if arch is None or re.fullmatch(r"sm_\d{2,3}", arch):  # any GPU's: a newer or older one's
+    if arch is None or gpu_arch(arch):
         return
     try:
         check_arch(arch)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from typing import Any, get_args
 
 from tunecache.errors import InvalidInput
@@ -110,11 +109,12 @@ def _near_misses(args: argparse.Namespace) -> str:
     built-in kernel's name or a device's arch (a typo matches nothing), else ``""``."""
     from tunecache.device import CPU_ARCHS, CUDA_ARCHS
     from tunecache.kernels import builtin_names, closest
+    from tunecache_cli.exports import gpu_arch
 
     hints, archs = [], CUDA_ARCHS + CPU_ARCHS
     for flag, value, known in (("--kernel", args.kernel, builtin_names()),
                                ("--device-arch", args.device_arch, archs)):  # fmt: skip
-        if value is None or value in known or ":" in value or re.fullmatch(r"sm_\d+a?", value):
+        if value is None or value in known or ":" in value or gpu_arch(value):
             continue  # a kernel of one's own, or a GPU arch (any, newer ones too): not a typo
         if close := closest(value, known):
             hints.append(f"{flag}: did you mean {close!r}?")
