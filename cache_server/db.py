@@ -97,9 +97,10 @@ def _sqlite_folder(path: Path, *, default: bool) -> None:
     folder = path.parent
     if default:
         try:
-            private_folder(folder)
-        except OSError as exc:
-            raise InvalidInput(f"the database folder {folder}: {exc.strerror or exc}") from None
+            private_folder(folder, "the database folder")
+        except OSError as exc:  # a refusal of ours names the folder; the system's does not
+            said = f"the database folder {folder}: {exc.strerror}" if exc.strerror else str(exc)
+            raise InvalidInput(said) from None
     elif not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
         hint = "" if path.is_absolute() else (

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from cache_server.db import make_engine
+from tunecache.errors import InvalidInput
 from tunecache.settings import default_db_url
 
 
@@ -65,3 +66,36 @@ def test_a_named_folder_is_left_as_it_is_and_the_database_made_in_it_is_0600(
     tmp_path.chmod(0o755)
     write_something(f"sqlite:///{tmp_path / 'named.db'}")
     assert oct(mode(tmp_path)) == "0o755"
+
+
+def test_a_link_for_the_default_database_folder_is_refused_and_its_target_left_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    url = default_db_url()
+    folder = Path(url.removeprefix("sqlite:///")).parent
+    target = tmp_path / "shared"
+    target.mkdir(mode=0o755)
+    target.chmod(0o755)
+    folder.parent.mkdir(parents=True)
+    folder.symlink_to(target)
+    with pytest.raises(InvalidInput, match=f"database folder {folder} is not a plain folder"):
+        make_engine(url)
+    assert oct(mode(target)) == "0o755"
+    assert list(target.iterdir()) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root (chown)")
+def test_a_default_database_folder_another_user_owns_is_refused_not_taken_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    url = default_db_url()
+    folder = Path(url.removeprefix("sqlite:///")).parent
+    folder.mkdir(parents=True, mode=0o777)
+    folder.chmod(0o777)
+    os.chown(folder, 65534, 65534)  # nobody's, open to all
+    with pytest.raises(InvalidInput, match=f"{folder} belongs to another user"):
+        make_engine(url)
+    assert oct(mode(folder)) == "0o777"
+    assert list(folder.iterdir()) == []

@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -84,30 +85,58 @@ def _umask() -> int:
     return mask
 
 
-def _plain_folder(path: Path) -> os.stat_result:
-    """``path``'s status as a plain folder, made (0700, with its missing parents) if missing.
+@contextlib.contextmanager
+def _plain_folder(path: Path, label: str) -> Iterator[tuple[int, os.stat_result]]:
+    """``path`` opened as a plain folder, made (0700, with its missing parents) if missing: the
+    open descriptor and its status. Its mode is changed through the descriptor, never by name
+    again: a folder swapped for a link between a check and a ``chmod`` by name had the link's
+    target changed.
 
     Raises:
-        OSError: it cannot be made, or is not a plain folder (a file, or a link).
+        OSError: it cannot be made or opened, or is not a plain folder (a file, or a link).
     """
     with contextlib.suppress(FileExistsError):  # a file or a link there: said below
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    found = os.lstat(path)
-    if not stat.S_ISDIR(found.st_mode):
-        raise NotADirectoryError(f"{path} is not a plain folder (a file, or a link)")
-    return found
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+    refused = NotADirectoryError(f"{label} {path} is not a plain folder (a file, or a link)")
+    try:
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise refused from None
+        raise
+    try:
+        found = os.fstat(fd)
+        if not stat.S_ISDIR(found.st_mode):  # where O_DIRECTORY is not known
+            raise refused
+        yield fd, found
+    finally:
+        os.close(fd)
 
 
-def private_folder(path: Path) -> Path:
+def _refuse_others(path: Path, found: os.stat_result, label: str) -> None:
+    """Refuses a folder another user owns: what it holds may not be this user's, and its mode
+    is not this user's to change."""
+    if found.st_uid != os.getuid():
+        raise PermissionError(
+            f"{label} {path} belongs to another user (uid {found.st_uid}), "
+            "not this one: refused (what it holds may not be this user's)"
+        )
+
+
+def private_folder(path: Path, label: str = "folder") -> Path:
     """``path`` as a folder only its owner can open (0700), made with its missing parents; one
     found open to others (made by an older version) is closed to 0700. Only for a folder the
     product owns (the default database's), never one a user named.
 
     Raises:
-        OSError: it cannot be made or closed, or is not a plain folder (a file, or a link).
+        OSError: it cannot be made or closed, is not a plain folder (a file, or a link), or
+            belongs to another user; a refusal's message names ``label`` and ``path``.
     """
-    if _plain_folder(path).st_mode & 0o077:
-        os.chmod(path, 0o700)
+    with _plain_folder(path, label) as (fd, found):
+        _refuse_others(path, found, label)
+        if found.st_mode & 0o077:
+            os.fchmod(fd, 0o700)
     return path
 
 
@@ -122,21 +151,17 @@ def own_folder(path: Path, label: str = "folder", *, close: bool = False) -> Pat
         OSError: it cannot be made, is a link or no folder, belongs to another user, or group or
             others may write in it; the message names ``label`` and ``path`` in one line.
     """
-    found = _plain_folder(path)
-    if found.st_uid != os.getuid():
-        raise PermissionError(
-            f"{label} {path} belongs to another user (uid {found.st_uid}), "
-            "not this one: refused (what it holds may not be this user's)"
-        )
-    if found.st_mode & 0o022 and close:
-        os.chmod(path, 0o700)
-        logger.warning("%s %s was writable by group or others (mode %04o): closed to 0700, "
-                       "as what it holds is this user's alone", label, path,
-                       stat.S_IMODE(found.st_mode))  # fmt: skip
-    elif found.st_mode & 0o022:
-        raise PermissionError(f"{label} {path} is writable by group or others (mode "
-                              f"{stat.S_IMODE(found.st_mode):04o}): refused (what it holds may "
-                              f"not be this user's); chmod go-w {path}")  # fmt: skip
+    with _plain_folder(path, label) as (fd, found):
+        _refuse_others(path, found, label)
+        if found.st_mode & 0o022 and close:
+            os.fchmod(fd, 0o700)
+            logger.warning("%s %s was writable by group or others (mode %04o): closed to 0700, "
+                           "as what it holds is this user's alone", label, path,
+                           stat.S_IMODE(found.st_mode))  # fmt: skip
+        elif found.st_mode & 0o022:
+            raise PermissionError(f"{label} {path} is writable by group or others (mode "
+                                  f"{stat.S_IMODE(found.st_mode):04o}): refused (what it holds "
+                                  f"may not be this user's); chmod go-w {path}")  # fmt: skip
     return path
 
 
