@@ -430,6 +430,26 @@ def test_a_served_config_outside_the_list_is_not_returned(
     assert "none of the kernel's own configs" in caplog.text
 
 
+def test_a_served_config_outside_the_list_is_never_among_inductors_cache_artifacts(
+    listed: list[Any], tmp_path: Path
+) -> None:
+    """Inductor records what its remote cache answers (``save_cache_artifacts``); loaded on
+    another machine, a recorded best config becomes a local one, which Inductor rebuilds and
+    launches: the guard dropped it after the read, and it was recorded all the same."""
+    import torch.compiler
+    from torch.compiler._cache import CacheArtifactManager
+
+    CacheArtifactManager.clear()
+    try:
+        assert _read_best(tmp_path, {**BEST, "XBLOCK": 4096}, listed) is None
+        assert torch.compiler.save_cache_artifacts() is None  # nothing recorded
+        assert _read_best(tmp_path, BEST, listed) is listed[1]
+        saved = torch.compiler.save_cache_artifacts()  # a listed one is, as Inductor does
+        assert saved is not None and len(saved[1].artifacts["autotune"]) == 1
+    finally:
+        CacheArtifactManager.clear()
+
+
 def test_a_served_config_in_the_list_selects_the_listed_one(
     listed: list[Any], tmp_path: Path
 ) -> None:

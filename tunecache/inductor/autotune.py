@@ -19,8 +19,12 @@ another kernel is ignored by Inductor itself.
 matches none of the kernel's listed configs and launches it ("dynamically added configs"). While
 the store is installed, ``AutotuneCache.read_best`` is guarded (:func:`install_guard`): a best
 config the team cache answered must select exactly one of the kernel's listed configs (same
-arguments, ``num_warps`` and ``num_stages``), else it is dropped with one warning and Inductor
-benchmarks as usual. What Inductor's own local cache answers is left as it was. A torch whose
+arguments, ``num_warps`` and ``num_stages``), else the store answers a miss with one warning and
+Inductor benchmarks as usual. The store drops it, not the guard after the read: Inductor records
+what its remote cache answers as a cache artifact (``torch.compiler.save_cache_artifacts``), and
+an artifact loaded elsewhere becomes a local best config it would launch. A config Inductor
+returns that is not one of the listed objects is dropped by the guard too. What Inductor's own
+local cache answers is left as it was. A torch whose
 ``AutotuneCache`` has no ``read_best(self, inductor_meta, configs)`` runs unguarded (a debug
 line); torch 2.11's ``_load_cached_autotuning`` rebuilds only ``found_by_coordesc`` configs,
 which the schema refuses.
@@ -58,9 +62,21 @@ MAX_KEY = 256
 MAX_RECORDED = 10_000
 _GUARD: Final = "__tunecache_original__"  # on the guarded read_best: the method it wraps
 _READ_BEST_PARAMS: Final = ("self", "inductor_meta", "configs")
-# Set by the guarded read_best while it runs: the store notes there the keys it answered.
-_answered: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
-    "tunecache_autotune_answered", default=None
+
+
+@dataclass
+class _Read:
+    """A guarded ``read_best`` in progress: the kernel's listed configs, and the keys the team
+    cache answered for it."""
+
+    configs: list[Any]
+    answered: list[str] = field(default_factory=list)
+
+
+# Set by the guarded read_best while it runs: the store checks its answers against the listed
+# configs there, and notes the keys it answered.
+_reading: contextvars.ContextVar[_Read | None] = contextvars.ContextVar(
+    "tunecache_autotune_reading", default=None
 )
 _warned = False
 
@@ -123,8 +139,11 @@ class AutotuneStore:
         value = self._memo[name]
         if value is None:
             return None
-        if (answered := _answered.get()) is not None:
-            answered.append(name)
+        if (reading := _reading.get()) is not None:
+            if not selects_one(value, reading.configs):
+                _drop([name], value)  # before Inductor sees it: it records what it is answered
+                return None
+            reading.answered.append(name)
         return _encode(value)
 
     def put(self, key: str, data: Any) -> None:
@@ -162,21 +181,18 @@ def backend_class(store: AutotuneStore) -> type[Any]:
     return TeamAutotuneBackend
 
 
-def _same_config(listed: Any, best: Any) -> bool:
-    """Whether ``best`` is ``listed`` or has its arguments, ``num_warps`` and ``num_stages``."""
-    if listed is best:
-        return True
-    return bool(
-        getattr(listed, "kwargs", None) == getattr(best, "kwargs", object())
-        and getattr(listed, "num_warps", None) == getattr(best, "num_warps", object())
-        and getattr(listed, "num_stages", None) == getattr(best, "num_stages", object())
-    )
-
-
-def own_config(best: Any, configs: Sequence[Any]) -> Any | None:
-    """The one listed config ``best`` selects, or ``None`` (none or several match)."""
-    matching = [listed for listed in configs if _same_config(listed, best)]
-    return matching[0] if len(matching) == 1 else None
+def selects_one(best: Mapping[str, Any], configs: Sequence[Any]) -> bool:
+    """Whether ``best`` selects exactly one of ``configs`` as Inductor matches them (every
+    argument of the listed config, its ``num_warps`` and its ``num_stages``): a best config that
+    selects none or several, Inductor rebuilds from the values it was given and launches."""
+    matching = [
+        listed
+        for listed in configs
+        if all(value == best.get(name) for name, value in getattr(listed, "kwargs", {}).items())
+        and getattr(listed, "num_warps", None) == best.get("num_warps")
+        and getattr(listed, "num_stages", None) == best.get("num_stages")
+    ]
+    return len(matching) == 1
 
 
 def _drop(keys: list[str], best: Any) -> None:
@@ -196,18 +212,18 @@ def _guarded(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def read_best(self: Any, inductor_meta: Any, configs: Any, *args: Any, **kwargs: Any) -> Any:
-        answered: list[str] = []
-        token = _answered.set(answered)
+        reading = _Read(list(configs))
+        token = _reading.set(reading)
         try:
             best = original(self, inductor_meta, configs, *args, **kwargs)
         finally:
-            _answered.reset(token)
-        if best is None or not answered:  # a miss, or Inductor's local cache answered
+            _reading.reset(token)
+        if best is None or not reading.answered:  # a miss, or Inductor's local cache answered
             return best
-        own = own_config(best, list(configs))
-        if own is None:
-            _drop(answered, best)
-        return own
+        if not any(best is listed for listed in reading.configs):  # matched otherwise than here
+            _drop(reading.answered, best)
+            return None
+        return best
 
     setattr(read_best, _GUARD, original)
     return read_best
