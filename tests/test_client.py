@@ -241,3 +241,21 @@ def test_a_claim_on_a_server_older_than_the_kernel_filter_is_sent_again_without_
         ["lease_seconds", "worker"],
     ]
     assert "cannot filter claims by kernel package" in caplog.text
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_lookup_redirected_with_a_record_in_its_body_is_no_hit(status: int) -> None:
+    """A redirect's body was read as the answer: every other call refuses a redirect, and a
+    lookup that follows none has no answer from the server it asked."""
+    key = make_key(m=64)
+    hit = stored(make_record(key, time_ms=1.5))
+
+    def redirect(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, headers={"location": "http://elsewhere.test/v1/lookup"},
+                              content=LookupResponse(record=hit).model_dump_json(by_alias=True))  # fmt: skip
+
+    with Client("http://cache.test", transport=httpx.MockTransport(redirect)) as client:
+        with pytest.raises(ServerError, match=r"redirected to 'http://elsewhere\.test/v1/lookup'"):
+            client.fetch_answer(key)
+        result = client.lookup(key, default=DEFAULT)
+    assert (result.source, result.config, result.hit) == ("default", DEFAULT, False)

@@ -278,7 +278,7 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
                                                timeout=limits)  # fmt: skip
                 if missing(response):
                     return None
-                if response.is_error:
+                if response.is_error or response.status_code in REDIRECTS:
                     raise self._rejected("POST", "/v1/lookup", response)
                 return parse(LookupResponse, response, "/v1/lookup",  # says what is not tunecache
                              max_containers=LOOKUP_ANSWER_CONTAINERS)  # fmt: skip
@@ -328,17 +328,18 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
                     time.sleep(wait)
         except httpx.HTTPError as exc:
             raise ServerError(f"{method} {self.url}{path} failed: {exc}{tls_hint(exc)}") from exc
-        if response.status_code in REDIRECTS:  # never followed: the token goes where it was sent
-            to = shown(response.headers.get("location", "")[:200])
-            raise ServerError(f"{method} {self.url}{path}: the server redirected to {to!r}, not "
-                              "followed (is the URL right: http or https, a path prefix?)",
-                              status_code=response.status_code)  # fmt: skip
-        if response.is_error:
+        if response.is_error or response.status_code in REDIRECTS:
             raise self._rejected(method, path, response)
         return response
 
     def _rejected(self, method: str, path: str, response: httpx.Response) -> ServerError:
-        """:func:`~tunecache.http.rejected`, saying which token a 401 refused and where."""
+        """:func:`~tunecache.http.rejected`, saying which token a 401 refused and where; a
+        redirect is never followed (the token goes where it was sent), nor its body read."""
+        if response.status_code in REDIRECTS:
+            to = shown(response.headers.get("location", "")[:200])
+            return ServerError(f"{method} {self.url}{path}: the server redirected to {to!r}, not "
+                               "followed (is the URL right: http or https, a path prefix?)",
+                               status_code=response.status_code)  # fmt: skip
         exc = rejected(method, path, response)
         if exc.status_code != 401 or exc.foreign:
             return exc
