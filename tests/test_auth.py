@@ -182,6 +182,20 @@ def test_a_revoked_token_is_refused_at_once_and_listed_only_on_request(server: L
     assert httpx.get(f"{url}/health").json()["records"] == 1  # the refused upload stored nothing
 
 
+def test_two_authorization_headers_are_400_whichever_they_name(server: LiveServer) -> None:
+    """The first was used: a read token then an admin's read as the reader, an admin's then
+    anything as the admin; a proxy adding its own and the server could disagree on who called."""
+    url = server.url
+    reader = create(url, "reader-2", "read")
+    for first, second in ((reader, TEST_TOKEN), (TEST_TOKEN, "garbage")):
+        both = [("authorization", f"Bearer {first}"), ("authorization", f"Bearer {second}")]
+        for method, path in (("GET", "/v1/whoami"), ("POST", "/v1/records")):
+            answer = httpx.request(method, f"{url}{path}", headers=both, json=RECORD)
+            assert answer.status_code == 400, (path, answer.text)
+            assert "more than one Authorization header" in answer.json()["detail"]
+    assert httpx.get(f"{url}/health").json()["records"] == 0
+
+
 def test_reads_need_a_read_token_when_the_server_says_so(tmp_path: Path) -> None:
     db_path = tmp_path / "cache.db"
     live = start_server(

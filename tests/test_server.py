@@ -203,6 +203,36 @@ def test_json_with_parameters_or_a_json_suffix_is_read(server: LiveServer) -> No
         assert answer.status_code == 404, answer.text  # read, and a miss
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32"])
+def test_a_body_in_another_unicode_encoding_is_400_not_guessed(
+    server: LiveServer, encoding: str
+) -> None:
+    """``json.loads`` of bytes guessed UTF-16 and UTF-32: such an upload was stored (201)."""
+    body = json.dumps(body_of(make_record(make_key(m=40)))).encode(encoding)
+    answer = httpx.post(f"{server.url}/v1/records", content=body, timeout=30,
+                        headers={**AUTH, "content-type": "application/json"})  # fmt: skip
+    assert answer.status_code == 400, answer.text
+    assert "not UTF-8" in answer.json()["detail"]
+    assert httpx.get(f"{server.url}/v1/records", timeout=30).json()["count"] == 0
+
+
+def test_an_object_naming_a_field_twice_is_400_naming_it(server: LiveServer) -> None:
+    """The second ``config`` was stored (201), the first ignored: a proxy or an auditor reading
+    the first saw another record than the one stored."""
+    record = body_of(make_record(make_key(m=41)))
+    rest = {name: value for name, value in record.items() if name != "config"}
+    text = json.dumps({"config": {"tile_i": "8; rm -rf /"}, **rest})
+    assert text.startswith('{"config": {"tile_i": "8; rm -rf /"}, "key": ')
+    text = text.replace('"key": ', f'"config": {json.dumps(record["config"])}, "key": ', 1)
+    answer = httpx.post(f"{server.url}/v1/records", content=text.encode(), timeout=30,
+                        headers={**AUTH, "content-type": "application/json"})  # fmt: skip
+    assert answer.status_code == 400, answer.text
+    assert (
+        answer.json()["detail"] == "the body is refused: an object names the field 'config' twice"
+    )
+    assert httpx.get(f"{server.url}/v1/records", timeout=30).json()["count"] == 0
+
+
 def _mutated(path: list[str | int], value: object) -> dict:
     body = body_of(make_record())
     target = body

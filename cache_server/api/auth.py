@@ -59,6 +59,11 @@ async def _authorize(
     credentials: HTTPAuthorizationCredentials | None, session: SessionDep,
     settings: SettingsDep, request: Request, needed: Scope, anonymous: bool,
 ) -> TokenRow | None:  # fmt: skip
+    if len(request.headers.getlist("authorization")) > 1:  # a proxy's and the caller's: which?
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST,
+            "the request has more than one Authorization header: send one",
+        )
     if credentials is None and request.headers.get("authorization") is not None:
         raise _unauthorized("the Authorization header is not 'Bearer <token>'")
     if credentials is None:

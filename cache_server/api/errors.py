@@ -32,7 +32,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from cache_server.api.json_bounds import TooComplex
+from cache_server.api.json_bounds import NotPlain, TooComplex
 from cache_server.api.openapi import allowed_methods
 from cache_server.api.problems import body
 from cache_server.queries import BucketFull
@@ -222,7 +222,7 @@ def _internal(request: Request, exc: Exception) -> JSONResponse:
 
 def _unparsable(cause: BaseException | None) -> str | None:
     """What FastAPI's "There was an error parsing the body" was, in words a client can act on."""
-    if isinstance(cause, TooComplex):
+    if isinstance(cause, TooComplex | NotPlain):
         return f"the body is refused: {cause}"
     if isinstance(cause, RecursionError):
         return "the body could not be parsed: it is nested too deeply"

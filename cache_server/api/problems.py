@@ -44,8 +44,8 @@ class ErrorBody(_Strict):
 
 
 DESCRIPTIONS = {
-    400: "the body could not be parsed (not JSON, not UTF-8), or is nested too deeply or holds "
-    "too many values",
+    400: "the body could not be parsed (not JSON, not UTF-8), or is nested too deeply, holds "
+    "too many values or has an object naming a field twice",
     401: "no token, or one the server does not know (or that was revoked)",
     403: "the token's scope does not allow this",
     404: "not found",
