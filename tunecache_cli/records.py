@@ -122,6 +122,7 @@ def _near_misses(args: argparse.Namespace) -> str:
 
 
 def run_show(args: argparse.Namespace) -> int:
+    from tunecache import search_times
     from tunecache.client import Client
     from tunecache_cli.get import describe
     from tunecache_cli.progress import asking
@@ -142,12 +143,10 @@ def run_show(args: argparse.Namespace) -> int:
                 f"{record.search.seconds:.1f} s"))  # fmt: skip
     if rows := trial_rows(record):
         print(render(["trial", "status", "ms", "config", "error"], rows))
-    own = record.believed_timing.median_ms
-    quick = min((t.time_ms for t in record.trials if t.time_ms is not None), default=own)
-    if quick < 0.9 * own:  # a fast quick timing beside the winner's read as the record's time
-        print(f"the search's fastest timing, {ms(quick)} ms, is below the record's {ms(own)} ms: "
-              "a search's timings are quick ones; the record's is its winner's, timed again "
-              "and validated")  # fmt: skip
+    said = search_times.note(record.search.strategy, (t.time_ms for t in record.trials),
+                             record.believed_timing.median_ms, ms)  # fmt: skip
+    if said is not None:  # a trial's time beside the winner's read as the record's time
+        print(shown(said))
     return 0
 
 

@@ -14,8 +14,9 @@ from cache_server.api.deps import IdPath, SessionDep
 from cache_server.dashboard import queries as dashboard_queries
 from cache_server.dashboard.access import PageError, PageRoute, Reader
 from cache_server.dashboard.svg import convergence_svg
-from cache_server.dashboard.templating import page
+from cache_server.dashboard.templating import ms, page
 from cache_server.trust import winner_table
+from tunecache import search_times
 from tunecache.jobs import JobPublic, JobState
 from tunecache.key import kernel_names
 from tunecache.schemas import STORED, Backend, Name
@@ -109,10 +110,10 @@ def record(
         raise PageError(404, f"There is no record {record_id}.")
     times = queries.trial_times(session, record_id=record_id)
     default = found.id in dashboard_queries.default_last(session, [found])
-    fastest = min((time for time in times if time is not None), default=None)
+    said = search_times.note(found.search.strategy, times, found.believed_timing.median_ms, ms)
     return page(request, "record.html", {"r": found, "plot": convergence_svg(times, default),
                                          "stored": len(times), "default": default,
-                                         "fastest": fastest})  # fmt: skip
+                                         "said": said and said[0].upper() + said[1:]})  # fmt: skip
 
 
 @router.get("/ui/jobs", response_class=HTMLResponse)

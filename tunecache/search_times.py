@@ -1,0 +1,45 @@
+"""What a search's trial times are, beside a record's own time: one sentence, the same in
+``records show``, on the dashboard's record page and in ``tune``'s last line.
+
+A search's timings are quick ones (a config timed fast in it may be slower timed again, or fail
+its check), and Inductor's are its own benchmark of each choice while compiling: on a CPU,
+16 ms for a GEMM whose compiled model runs in 0.04 ms. Beside the record's time, re-timed end to
+end and validated, either read as a time the kernel runs at.
+
+Example:
+    >>> note("inductor_max_autotune", [16.0, 16.2], 0.04, "{:.3g}".format)[:62]
+    "the search's timings are Inductor's own, of each choice while "
+    >>> note("bayes", [1.0, 1.2], 1.0, "{:.3g}".format) is None
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Final
+
+# Strategies whose trials are timed by a compiler's own benchmark of each choice, not the run's.
+COMPILER_TIMED: Final = frozenset({"inductor_max_autotune"})
+QUICK_BELOW: Final = 0.9  # a search's fastest this far below the record's is said to be quick
+COMPILER_ABOVE: Final = 1.25  # a compiler's timing this far above the record's is no run time
+
+
+def note(
+    strategy: str, times: Iterable[float | None], own_ms: float, ms: Callable[[float], str]
+) -> str | None:
+    """One sentence on the search's trial ``times`` beside the record's ``own_ms`` (written with
+    ``ms``), or ``None`` when they read as what they are."""
+    fastest = min((t for t in times if t is not None), default=None)
+    if fastest is None or not own_ms > 0:
+        return None
+    if strategy in COMPILER_TIMED and fastest > COMPILER_ABOVE * own_ms:
+        return (f"the search's timings are Inductor's own, of each choice while compiling (the "
+                f"fastest, {ms(fastest)} ms, is {fastest / own_ms:.0f}x the record's "
+                f"{ms(own_ms)} ms): they rank the choices only, and are no time the kernel runs "
+                "at; the record's is its winner's, timed end to end and validated")  # fmt: skip
+    if fastest < QUICK_BELOW * own_ms:
+        return (f"the search's fastest timing, {ms(fastest)} ms, is below the record's "
+                f"{ms(own_ms)} ms: a search's timings are quick ones, and the record's is its "
+                "winner's, timed again and validated (a config timed fast in the search may be "
+                "slower timed again, or fail its check)")  # fmt: skip
+    return None
