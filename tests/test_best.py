@@ -292,3 +292,26 @@ def test_a_winner_no_faster_than_eager_within_noise_is_not_crowned_alone(
     assert "fastest is tvm (0.0224 ms, pending: its uploader's claim, not verified); the same as "\
         "torch eager within noise" in first  # fmt: skip
     assert "median 0.67x, 0.59-1.01x" in first
+    # Eager was listed last (below backends with no record), "0.67x" with no tie: it is right
+    # below the record it ties, and says so as a tuned record within noise of the fastest does.
+    every = cli(server, "best", "matmul", "--shape", SHAPE, "--backends", "tvm,inductor")
+    names = [line.split("  ")[0] for line in every.stdout.splitlines()[3:] if line.strip()]
+    assert names[:3] == ["tvm", "torch eager", "inductor"], every.stdout
+    assert table_row(every.stdout, "torch eager")[2] == "0.67x, tie"
+
+
+def test_times_of_the_nearest_shape_in_the_bucket_say_where_they_were_measured(
+    server: LiveServer,
+) -> None:
+    """``best`` at M=7 headed "matmul M=7,N=8,K=8 float32: fastest is tvm (0.5 ms …)" with a
+    time measured at M=8 (the bucket's nearest record); only the table's rule said "bucket"."""
+    key = key_for("matmul", "tvm", {"M": 8, "N": 8, "K": 8}, "float32")
+    with Client(server.url) as client:
+        client.upload(make_record(key, time_ms=0.5))
+    asked = cli(server, "best", "matmul", "--shape", "M=7,N=8,K=8", "--backends", "tvm")
+    assert asked.returncode == 0, asked.stderr
+    first = asked.stdout.splitlines()[0]
+    assert first.startswith("matmul M=7,N=8,K=8 float32: fastest is tvm (0.5 ms"), first
+    assert first.endswith("(times measured at K=8,M=8,N=8, the nearest shape in the bucket)")
+    exact = cli(server, "best", "matmul", "--shape", "M=8,N=8,K=8", "--backends", "tvm")
+    assert exact.returncode == 0 and "times measured at" not in exact.stdout, exact.stdout

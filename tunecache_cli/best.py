@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from tunecache.errors import InvalidInput
-from tunecache.key import DTYPES
+from tunecache.key import DTYPES, problem_text
 from tunecache_cli.args import (
     add_server,
     parse_backends,
@@ -73,13 +74,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(_as_json(answer), indent=2))
     else:
-        print(_as_text(args.workload, args.shape, args.dtype, answer))
+        print(_as_text(args.workload, args.shape, args.dtype, answer, problem))
     return 0 if answer.found else 1
 
 
-def _as_text(kernel: str, shape: str, dtype: str, answer: Any) -> str:
+def _as_text(kernel: str, shape: str, dtype: str, answer: Any, asked: Mapping[str, Any]) -> str:
     digits = digits_apart([*(a.time_ms for a in answer.answers), answer.eager_ms])
-    head = f"{kernel} {shape} {dtype}: {_headline(answer, digits)}"
+    head = f"{kernel} {shape} {dtype}: {_headline(answer, digits)}{_timed_at(answer, asked)}"
     rows = [_eager_row(answer, digits)] if answer.eager_ms is not None else []
     for a in answer.answers:
         result = a.result
@@ -95,7 +96,7 @@ def _as_text(kernel: str, shape: str, dtype: str, answer: Any) -> str:
                      result.rule or "-", a.status or "-",
                      " ".join([record, *(f"({m})" for m in marks)])])  # fmt: skip
     if rows and not answer.eager_faster and answer.eager_ms is not None:
-        rows.append(rows.pop(0))  # eager last when a tuned record beats it
+        rows.insert(_eager_place(answer), rows.pop(0))
     table = render(["backend", "time ms", "vs best", "vs torch eager", "timed on", "rule",
                     "status", "record"], rows)  # fmt: skip
     said = answer.winner is None and answer.found  # the headline said the note already
@@ -126,6 +127,16 @@ def _headline(answer: Any, digits: int) -> str:
     return head
 
 
+def _timed_at(answer: Any, asked: Mapping[str, Any]) -> str:
+    """Where the times shown were measured, when that is not the shape asked (a record of the
+    nearest shape in the bucket answered): they read as the asked shape's."""
+    winner = answer.winner
+    measured = None if winner is None or winner.result is None else winner.result.problem
+    if not measured or dict(measured) == dict(asked):
+        return ""
+    return f" (times measured at {problem_text(measured)}, the nearest shape in the bucket)"
+
+
 def _named(row: Any, digits: int) -> str:
     """``tvm (0.1 ms)``, saying whose time it is and, unverified, that it is a claim."""
     whose = ", a verifier's time" if row.by_verifier else ""
@@ -139,6 +150,20 @@ def _speedup(row: Any) -> float | None:
     re-times the record, not eager)."""
     served = row.result.served_record
     return None if served is None else served.speedup()
+
+
+def _eager_place(answer: Any) -> int:
+    """Where torch eager's row goes when no tuned record is faster: after the records that beat
+    it by their own comparison with it, and after the fastest record should that one tie it (it
+    was listed last, below a tie and below backends with no record)."""
+    beats = 0
+    for row in answer.answers:
+        served = None if row.result is None else row.result.served_record
+        interval = None if served is None else served.speedup_interval()
+        if interval is None or interval[0] <= 1.0:
+            break
+        beats += 1
+    return max(beats, 1)
 
 
 def _ties_eager(row: Any) -> bool:
@@ -170,6 +195,8 @@ def _eager_row(answer: Any, digits: int) -> list[str]:
     winner = answer.winner
     speedup = _speedup(winner)
     relative = "fastest" if answer.eager_faster else ratio(speedup) if speedup else "-"
+    if speedup and not answer.eager_faster and _ties_eager(winner):
+        relative += ", tie"  # as a tuned record within noise of the fastest says
     device = winner.result.served_record.key.device  # eager was timed by the record's uploader
     return ["torch eager", ms(answer.eager_ms, digits), relative, "-",
             f"{device.arch} {device.name}", "-", "-",
