@@ -7,6 +7,7 @@ under test (its interface is the boundary).
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import subprocess
@@ -226,8 +227,8 @@ def test_the_noisy_flag_and_conditions_are_stored_and_shown(server: LiveServer) 
 
     page = httpx.get(f"{server.url}/ui/records/{stored.id}").text
     index = httpx.get(f"{server.url}/").text
-    for html in (page, index):
-        assert 'class="badge bad noisy"' in html and 'class="badge bad slower"' in html
+    for text in (page, index):
+        assert 'class="badge bad noisy"' in text and 'class="badge bad slower"' in text
     assert "other processes used 1.90 cores" in page
 
 
@@ -282,3 +283,23 @@ def test_the_conditions_line_counts_one_as_one() -> None:
     two = ConditionsModel(others_cpu=0.1, left_out=2, gpu_others=2)
     assert "2 samples left out" in conditions_text(two)
     assert "2 other processes on the GPU" in conditions_text(two)
+
+
+def test_a_noisy_baseline_is_not_said_to_be_the_records_time(server: LiveServer) -> None:
+    """The dashboard's index put a "noisy" badge on a record's time whose own timing was quiet
+    (only torch eager's was noisy), and its page said the machine disturbed the timings "even
+    when timed again", of timings taken once."""
+    key = make_key(m=72)
+    eager = BaselineModel(name="torch_eager", timing=noisy_timing(1.0, "other processes used 1.4 cores"),
+                          speedup=Speedup(median=0.5, low=0.45, high=0.55, rounds=5))  # fmt: skip
+    record = make_record(key, time_ms=2.0).model_copy(update={"baselines": [eager]})
+    assert record.noisy and not record.time_noisy
+    with Client(server.url) as client:
+        stored = client.upload(record).record_id
+    page = html.unescape(httpx.get(f"{server.url}/ui/records/{stored}", timeout=30).text)
+    assert "The machine disturbed the baselines' timings (not the record's own)" in page, page
+    assert "timed again" not in page and ">noisy baseline<" in page
+    index = httpx.get(f"{server.url}/", timeout=30).text
+    assert ">noisy baseline</span>" in index and ">noisy</span>" not in index
+    listed = cli(server, "records", "ls")
+    assert "noisy baseline" in listed.stdout.splitlines()[2], listed.stdout

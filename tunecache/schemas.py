@@ -301,6 +301,12 @@ class RecordCreate(_Strict):
         (:meth:`noise`)."""
         return bool(self.noise())
 
+    @property
+    def time_noisy(self) -> bool:
+        """Whether the time shown (:meth:`timed`) was noisy, not only a baseline's: a badge
+        beside the time says which."""
+        return bool(believed.noise_reasons([self.timed()], self.key.device.kind != "cpu"))
+
     def noise(self) -> list[str]:
         """Why the timings shown are noisy, each reason once: the time shown (:meth:`timed`:
         ``winner:``, or ``verifier:`` once a verifier re-timed it), then the baselines'

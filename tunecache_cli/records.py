@@ -158,8 +158,8 @@ def _time(record: RecordPublic) -> str:
 
 
 def _caveat(record: RecordPublic) -> str:
-    """What to know of ``record``'s time: Triton's interpreter on the host (no GPU's time), or
-    noisy, else ``-``."""
+    """What to know of ``record``'s time: Triton's interpreter on the host (no GPU's time),
+    noisy, or only a baseline's noisy, else ``-``."""
     if record.believed_timing.interpreted:
         return "interpreter"
-    return "noisy" if record.noisy else "-"
+    return "noisy" if record.time_noisy else "noisy baseline" if record.noisy else "-"
