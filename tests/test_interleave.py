@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -207,6 +208,21 @@ def test_the_default_config_stays_unless_the_winner_is_faster_beyond_noise() -> 
     assert took_default >= 45
     winner, bench = select([1.0, 1.0, 3.0], 3)
     assert winner.config == {"c": 1} and {"c": 1} in bench.validated  # validated before taken
+
+
+def test_a_winner_slower_than_the_default_is_said_so_never_as_a_bare_ratio() -> None:
+    """The line read "slower than the default config beyond noise (0.308x, interval
+    0.305-0.311)": a ratio below 1 beside the word "slower", where every other line says
+    "3.25x slower"."""
+    said: list[str] = []
+    bench = SyntheticBench(NoisyMachine([3.0, 1.0, 3.0], 1))  # the winner, the default, eager
+    found = SearchResult(ranked=[{"c": 0}], trials=[])
+    winner = select_winner(bench, found, default={"c": 1}, seeds=[1],
+                           emit=lambda line, **_: said.append(line))  # fmt: skip
+    assert winner.config == {"c": 1}
+    (line,) = [s for s in said if "validating the default" in s]
+    assert re.fullmatch(r"the search's winner was [23]\.\d\dx slower than the default config "
+                        r"\(\d\.\d\d-\d\.\d\dx\); validating the default", line), line  # fmt: skip
 
 
 class FailingBench(SyntheticBench):

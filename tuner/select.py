@@ -44,6 +44,7 @@ from tunecache.schemas import (
     Trial,
     ValidationReport,
 )
+from tunecache.timing import speedup_text
 from tuner.candidates import Emit
 from tuner.measure import Benchmarker, Measurement, Pipelines
 from tuner.validation import failure_summary
@@ -362,10 +363,9 @@ def _default_unless_beaten(
     if vs_default is None or vs_default.low > 1.0:
         return _Final.WINNER
     # Not measurably faster than the untuned config: that is the winner if it passes.
-    how = "slower than" if vs_default.high < 1.0 else "not faster than"
-    emit(f"the search's winner was {how} the default config beyond noise "
-         f"({vs_default.median:.3f}x, interval {vs_default.low:.3f}-"
-         f"{vs_default.high:.3f}); validating the default", phase="validate")  # fmt: skip
+    how = speedup_text(vs_default.median, interval=(vs_default.low, vs_default.high),
+                       than="the default config")  # fmt: skip
+    emit(f"the search's winner was {how}; validating the default", phase="validate")
     report = bench.validate(default, seeds)
     default_timing = final.typical(_Final.DEFAULT)
     if not report.passed or default_timing is None:
