@@ -49,6 +49,7 @@ def test_artifacts_ls_lists_this_machines_inductor_items(server: LiveServer) -> 
     assert lines[0] == f"partition {own}"
     assert "inductor.choices: 1 item" in lines and "inductor.autotune: 1 item" in lines
     assert "mm highest, 3 choices timed" in done.stdout and "elsewhere" not in done.stdout
+    assert "score ms" in lines[2]
     # a best config reads as its arguments, without Inductor's bookkeeping; a long key is cut
     assert "XBLOCK=128 R0_BLOCK=8 num_warps=4 num_stages=1" in done.stdout
     assert "configs_hash" not in done.stdout and "k" * 24 + "..." + "k" * 13 in done.stdout
@@ -80,6 +81,22 @@ def test_artifacts_ls_lists_this_machines_inductor_items(server: LiveServer) -> 
     # nothing there: exit 1, said
     empty = tunecache("artifacts", "ls", "--partition", "nothing-here", "--server", server.url)
     assert empty.returncode == 1 and "inductor.choices: 0 items" in empty.stdout
+
+
+def test_every_namespaces_score_is_listed_in_milliseconds(server: LiveServer) -> None:
+    """A TVM record's score is its mean run time in seconds: listed as it was, ``8.41e-06`` sat
+    in one column with Inductor's milliseconds (``12``)."""
+    from tests.test_tvm_allowlist import CPU_TRACE
+
+    value = [CPU_TRACE, [8.41e-06], None, [["TENSOR", "float32", [8]]]]
+    with Client(server.url) as client:
+        client.put_artifacts([ArtifactIn(namespace="tvm.record", partition="llvm -x", key="k",
+                                         value=value, score=8.41e-06)])  # fmt: skip
+    done = tunecache("artifacts", "ls", "--partition", "llvm -x", "--namespace", "tvm.record",
+                     "--server", server.url)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    header, _, row = done.stdout.splitlines()[2:5]
+    assert "score ms" in header and " 0.00841 " in row, done.stdout
 
 
 def test_artifacts_ls_bad_input_exits_2_naming_it() -> None:

@@ -23,6 +23,9 @@ SUMMARY = 60  # characters of a value shown in the table
 KEY_SHOWN = 40  # characters of a key shown in the table
 # What a best config holds beside the config itself (AutotuneCache.save's bookkeeping).
 _BOOKKEEPING = {"configs_hash", "found_by_coordesc", "time_taken_ms", "triton_cache_hash"}
+# A namespace's score in milliseconds: TVM's is its records' mean run time in seconds
+# (tunecache.tvm.wire), Inductor's choices' their fastest time in ms.
+_SCORE_MS: dict[str, float] = {"tvm.record": 1000.0}
 
 
 def register(commands: Any) -> None:
@@ -70,7 +73,7 @@ def run_ls(args: argparse.Namespace) -> int:
         print(f"{namespace}: {counted(len(items), 'item')}"
               f"{f' (more not listed{raise_it})' if namespace in more else ''}")  # fmt: skip
         if items:
-            print(render(["id", "key", "item", "score", "value", "updated (UTC)"],
+            print(render(["id", "key", "item", "score ms", "value", "updated (UTC)"],
                          [_row(item) for item in items]))  # fmt: skip
     return 0 if any(found.values()) else 1
 
@@ -91,7 +94,7 @@ def _own_partition(namespaces: tuple[Namespace, ...]) -> str:
 def _row(item: ArtifactPublic) -> list[object]:
     # cut in the middle: keys of one op share their start (packed_linear|highest|[[8, 16]...)
     key = item.key if len(item.key) <= KEY_SHOWN else f"{item.key[:24]}...{item.key[-13:]}"
-    score = "-" if item.score is None else ms(item.score)
+    score = "-" if item.score is None else ms(item.score * _SCORE_MS.get(item.namespace, 1.0))
     return [item.id, key, item.item or "-", score, _summary(item),
             f"{item.updated_at:%Y-%m-%d %H:%M}"]  # fmt: skip
 
