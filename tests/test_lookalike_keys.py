@@ -79,6 +79,23 @@ def test_keys_of_another_version_of_the_kernels_code_are_rows_of_their_own() -> 
     }
 
 
+def test_each_backends_own_source_of_one_kernel_is_one_row() -> None:
+    """A built-in hashes its code per backend (its TVM and its Inductor code): ``report``'s
+    coverage split matmul in two rows, "(source 6cec13dd)" and "(source 88b2224d)", read as
+    two versions of the kernel's code."""
+    import dataclasses
+
+    tvm = _key(64)
+    inductor = dataclasses.replace(tvm, backend="inductor", source_hash="88b2224d88b2224d")
+    grid = coverage_grid([(tvm, "tuned"), (inductor, "tuned")])
+    assert grid.rows == ("teampkg.ops:Gemm K=4096,M=16,N=64",) and len(grid.columns) == 2
+    older = dataclasses.replace(inductor, source_hash="ffffffffffffffff")  # two versions there
+    split = coverage_grid([(tvm, "tuned"), (inductor, "tuned"), (older, "missing")])
+    assert set(split.rows) == {"teampkg.ops:Gemm K=4096,M=16,N=64",
+                               "teampkg.ops:Gemm K=4096,M=16,N=64 (source 88b2224d)",
+                               "teampkg.ops:Gemm K=4096,M=16,N=64 (source ffffffff)"}  # fmt: skip
+
+
 def test_listings_name_the_source_where_a_kernels_code_differs(server: LiveServer) -> None:
     """Two winners of one kernel and shape under two source hashes (two versions of its code,
     one maybe an uploader's look-alike hash sharing the first eight characters) read as one key

@@ -46,25 +46,27 @@ def column_of(key: KeyLike) -> str:
 
 def coverage_grid(states: Iterable[tuple[KeyLike, str]]) -> CoverageGrid:
     """The grid of ``(key, status)`` pairs, rows and columns sorted by name (numbers as numbers).
-    Keys of one kernel and shape whose code differs (their source hashes) are rows of their own,
-    each naming its source: a record of another version of the kernel is never served for this
-    one, and merged into one cell it showed a teammate's untuned key *tuned*.
+    Keys of one kernel, shape and backend whose code differs (their source hashes) are rows of
+    their own, each naming its source: a record of another version of the kernel is never served
+    for this one, and merged into one cell it showed a teammate's untuned key *tuned*. A built-in
+    kernel's backends each hash their own code: two backends' sources are no two versions.
 
     Raises:
         ValueError: a status not in :data:`STATUSES`.
     """
     states = list(states)
-    sources: dict[str, set[str]] = {}
+    sources: dict[tuple[str, str], set[str]] = {}
     for key, _ in states:
-        sources.setdefault(row_of(key), set()).add(key.source_hash)
-    labels = {row: source_labels(hashes) for row, hashes in sources.items()}
+        sources.setdefault((row_of(key), key.backend), set()).add(key.source_hash)
+    labels = {mine: source_labels(hashes) for mine, hashes in sources.items()}
     best: dict[tuple[str, str], str] = {}
     for key, status in states:
         if status not in STATUSES:
             raise ValueError(f"unknown coverage status {status!r}")
         row = row_of(key)
-        if len(sources[row]) > 1:  # another version of the kernel's code: never served for it
-            row += f" (source {labels[row][key.source_hash]})"
+        mine = (row, key.backend)
+        if len(sources[mine]) > 1:  # another version of the kernel's code: never served for it
+            row += f" (source {labels[mine][key.source_hash]})"
         cell = (row, column_of(key))
         held = best.get(cell)
         if held is None or STATUSES.index(status) < STATUSES.index(held):
