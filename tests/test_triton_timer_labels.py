@@ -39,6 +39,16 @@ def test_a_single_number_from_do_bench_is_a_median_without_percentiles() -> None
     assert spread(three) == "p20 0.2375 · p80 0.2812"
 
 
+def test_a_wide_range_of_percentiles_is_a_noisy_timing() -> None:
+    """A drop-in's record stored no spread (``iqr_ms`` 0) beside p20 and p80, so the noise
+    check never saw one: the interpreter's 24.2-56.3 ms around 35.5 ms was a quiet timing."""
+    wide = timing_of((35.5, 24.2, 56.3), INTERPRETER_TIMER)
+    assert wide is not None and wide.iqr_ms == pytest.approx(56.3 - 24.2)
+    assert any("spread 90% of the median" in why for why in wide.figures_noise(cuda=False))
+    narrow = timing_of((0.25, 0.249, 0.251))
+    assert narrow is not None and narrow.figures_noise(cuda=True) == []
+
+
 @pytest.mark.slow
 def test_an_interpreted_run_with_the_users_do_bench_is_marked_interpreter(
     server: LiveServer,

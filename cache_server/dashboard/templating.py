@@ -49,12 +49,12 @@ def spread(timing: TimingModel) -> str:
     """A timing's spread as what its timer measured: ``min 1.2 · max 1.5 · IQR 0.1``; ``p20 1.2
     · p80 1.5`` for a timer whose bounds are those percentiles (Triton's ``do_bench``: a "min"
     there would be a false claim); no IQR for a timing of one repeat (Triton's timers), which
-    measured none."""
+    measured none, nor where its ``iqr_ms`` is its percentiles' range (its bounds say that)."""
     low, high = "min", "max"
     if named := _QUANTILES.search(timing.timer):
         low, high = named.groups()
     parts = [f"{low} {ms(timing.min_ms)}", f"{high} {ms(timing.max_ms)}"]
-    if timing.repeats > 1 or timing.iqr_ms > 0:
+    if timing.repeats > 1 and not named:
         parts.append(f"IQR {ms(timing.iqr_ms)}")
     return " · ".join(parts)
 

@@ -47,9 +47,11 @@ MEDIAN_TIMER = "triton do_bench (median)"
 def timing_of(timings: Any, timer: str = DO_BENCH_TIMER) -> TimingModel | None:
     """Triton's ``do_bench`` answer as a timing, if sane; ``timer`` says what measured it.
 
-    A list or tuple is (median, 20th, 80th percentile) ms; a single number is a median with no
-    spread measured (min = max = median), and a timer claiming those percentiles then says
-    :data:`MEDIAN_TIMER` instead."""
+    A list or tuple is (median, 20th, 80th percentile) ms, the range between the two stored as
+    its ``iqr_ms`` too (wider than the quartiles': a spread the noise check reads, where none
+    stored let the interpreter's 24-56 ms around 35 ms pass as quiet); a single number is a
+    median with no spread measured (min = max = median), and a timer claiming those percentiles
+    then says :data:`MEDIAN_TIMER` instead."""
     single = not isinstance(timings, list | tuple)
     values = [timings] * 3 if single else list(timings)
     if len(values) < 3 or not all(isinstance(v, int | float) and math.isfinite(v) and v > 0
@@ -58,8 +60,9 @@ def timing_of(timings: Any, timer: str = DO_BENCH_TIMER) -> TimingModel | None:
     median, low, high = (float(v) for v in values[:3])
     if single and timer == DO_BENCH_TIMER:
         timer = MEDIAN_TIMER
-    return TimingModel(median_ms=median, min_ms=min(low, median), max_ms=max(high, median),
-                       repeats=1, timer=timer)  # fmt: skip
+    low, high = min(low, median), max(high, median)
+    return TimingModel(median_ms=median, min_ms=low, max_ms=high, iqr_ms=high - low, repeats=1,
+                       timer=timer)  # fmt: skip
 
 
 def reference_label(user_reference: bool, dtype: str, outputs: list[str] | None = None) -> str:
