@@ -43,6 +43,7 @@ BAD = [
     (["tune", "tests.factories:make_key", "--backend", "tvm", "--shape", "M=8"], "is a function, not a kernel"),
     (["tune", "tests.user_kernels:Undeclared", "--backend", "tvm", "--shape", "M=8"], "is a Workload subclass that declares no kernel: set its params"),
     (["tune", "tests.factories:CPU", "--backend", "tvm", "--shape", "M=8"], "is an object of type DeviceFingerprint, not a kernel"),
+    (["tune", "torch.nn:Linear", "--backend", "tvm", "--shape", "M=8"], "is a torch module (torch.nn.Module), not a kernel (a Workload subclass or a KernelSpec): tune it with `--torch torch/nn.py:Linear`"),
     (["tune", "matmul", "--backend", "cudnn", "--shape", "M=8,N=8,K=8"], "not 'cudnn'"),
     (["tune", "matmul", "--backend", "tvm", "--dtype", "fp8", "--shape", "M=8,N=8,K=8"], "not 'fp8'"),
     (["tune", "matmul", "--backend", "tvm", "--shape", "M=8,N=8"], "missing K"),

@@ -347,6 +347,13 @@ def _not_a_kernel(name: str, found: Any) -> str:
     kind = type(found).__name__
     what = ("a class" if isinstance(found, type)
             else _KINDS.get(kind, f"an object of type {kind}"))  # fmt: skip
+    if isinstance(found, type) and any(c.__name__ == "Module" and c.__module__.startswith(
+            "torch.nn") for c in found.__mro__):  # fmt: skip
+        return (f"{name!r} is a torch module (torch.nn.Module), not a kernel (a Workload "
+                f"subclass or a KernelSpec): tune it with `--torch {file}`")  # fmt: skip
+    if type(found).__module__.partition(".")[0] == "tvm":  # a PrimFunc, an IRModule
+        return (f"{name!r} is a TVM {kind}, not a kernel (a Workload subclass or a KernelSpec): "
+                f"tune it with `--tvm {file}`")  # fmt: skip
     return (
         f"{name!r} is {what}, not a kernel (a Workload subclass or a KernelSpec): tune a TVM "
         f"function with `--tvm {file}`, a torch module with `--torch {file}`"
