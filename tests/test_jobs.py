@@ -556,30 +556,3 @@ def test_a_claim_that_passed_its_token_check_before_a_revocation_leases_nothing(
             assert taken is not None and taken.lease_token_id == admin.id
     finally:
         engine.dispose()
-
-
-def test_a_disputed_record_answers_no_job(any_server: LiveServer) -> None:
-    """A job completed with a disputed record was done while its key was served by none: its
-    misses and pretune's asks found it done, and nothing queued the key again."""
-    from tests.test_trust import dispute_body
-
-    key = make_key(m=77)
-    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
-        disputed = _upload(http, key)
-        said = http.post(f"/v1/records/{disputed}/disputes", json=dispute_body(key))
-        assert said.status_code == 200 and said.json()["status"] == "disputed", said.text
-        assert create(http, 77).status_code == 201
-        held = claim(http, "w")
-        assert held is not None and held["key"]["problem"]["M"] == 77
-        refused = http.post(f"/v1/jobs/{held['id']}/complete",
-                            json={"worker": "w", "record_id": disputed})  # fmt: skip
-        assert refused.status_code == 409, refused.text
-        assert f"record {disputed} answers no job: it is disputed" in refused.text
-        assert http.post("/v1/lookup", json={"key": key.to_json()}).status_code == 404
-        (listed,) = [j for j in http.get("/v1/jobs").json()["items"] if j["id"] == held["id"]]
-        assert listed["state"] == "running"  # still the worker's, to answer with a record served
-        body = make_record(key, config=knobs(3)).model_dump(mode="json", by_alias=True)
-        served = http.post("/v1/records", json=body).json()["record_id"]
-        done = http.post(f"/v1/jobs/{held['id']}/complete",
-                         json={"worker": "w", "record_id": served})  # fmt: skip
-        assert done.status_code == 200 and done.json()["state"] == "done", done.text

@@ -326,10 +326,8 @@ def _check_answer(session: SessionDep, job_id: int, record_id: int) -> None:
     record = session.get(RecordRow, record_id)
     if record is None:
         raise HTTPException(status.HTTP_409_CONFLICT, f"no record {record_id}")
-    unserved = {"rejected": "a verifier rejected it",
-                "disputed": "it is disputed, served by none until a verifier checks it"}.get(
-        record.status, None if record.validated else "it failed validation")  # fmt: skip
-    if unserved is not None:  # a job done with it left its key untuned: its misses found it done
+    if record.status == "rejected" or not record.validated:
+        unserved = "a verifier rejected it" if record.validated else "it failed validation"
         raise HTTPException(status.HTTP_409_CONFLICT,
                             f"record {record_id} answers no job: {unserved}")  # fmt: skip
     job = jobs.get_job(session, job_id=job_id)
