@@ -442,6 +442,9 @@ def test_a_served_config_outside_the_list_is_never_among_inductors_cache_artifac
     CacheArtifactManager.clear()
     try:
         assert _read_best(tmp_path, {**BEST, "XBLOCK": 4096}, listed) is None
+        # a listed config of another kernel's configs: Inductor ignores it here, but recorded,
+        # a machine where that hash is the kernel's rebuilds it from its values
+        assert _read_best(tmp_path, {**BEST, "configs_hash": "b" * 64}, listed) is None
         assert torch.compiler.save_cache_artifacts() is None  # nothing recorded
         assert _read_best(tmp_path, BEST, listed) is listed[1]
         saved = torch.compiler.save_cache_artifacts()  # a listed one is, as Inductor does

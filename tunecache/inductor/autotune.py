@@ -18,8 +18,10 @@ another kernel is ignored by Inductor itself.
 **Only the kernel's own configs.** Inductor (torch 2.13) *rebuilds* a cached best config that
 matches none of the kernel's listed configs and launches it ("dynamically added configs"). While
 the store is installed, ``AutotuneCache.read_best`` is guarded (:func:`install_guard`): a best
-config the team cache answered must select exactly one of the kernel's listed configs (same
-arguments, ``num_warps`` and ``num_stages``), else the store answers a miss with one warning and
+config the team cache answered must carry the kernel's own ``configs_hash`` and select exactly
+one of its listed configs (same arguments, ``num_warps`` and ``num_stages``; another hash,
+recorded, was rebuilt from its values on a machine whose kernel lists other configs), else the
+store answers a miss with one warning and
 Inductor benchmarks as usual. The store drops it, not the guard after the read: Inductor records
 what its remote cache answers as a cache artifact (``torch.compiler.save_cache_artifacts``), and
 an artifact loaded elsewhere becomes a local best config it would launch. A config Inductor
@@ -70,6 +72,7 @@ class _Read:
     cache answered for it."""
 
     configs: list[Any]
+    configs_hash: Any = None
     answered: list[str] = field(default_factory=list)
 
 
@@ -140,7 +143,8 @@ class AutotuneStore:
         if value is None:
             return None
         if (reading := _reading.get()) is not None:
-            if not selects_one(value, reading.configs):
+            if (value.get("configs_hash") != reading.configs_hash
+                    or not selects_one(value, reading.configs)):  # fmt: skip
                 _drop([name], value)  # before Inductor sees it: it records what it is answered
                 return None
             reading.answered.append(name)
@@ -212,7 +216,7 @@ def _guarded(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def read_best(self: Any, inductor_meta: Any, configs: Any, *args: Any, **kwargs: Any) -> Any:
-        reading = _Read(list(configs))
+        reading = _Read(list(configs), getattr(self, "configs_hash", None))
         token = _reading.set(reading)
         try:
             best = original(self, inductor_meta, configs, *args, **kwargs)
