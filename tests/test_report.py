@@ -360,7 +360,10 @@ def test_bad_input_is_one_line_and_exit_2(
         (["--server", team.url], "the following arguments are required: -o"),
         (["-o", str(a_file / "sub"), "--server", team.url], "cannot create output folder"),
         (["-o", str(a_file), "--server", team.url], "is not a folder"),
-        (["-o", str(tmp_path), "--backend", "cuda", "--server", team.url], "invalid choice"),
+        (
+            ["-o", str(tmp_path), "--backend", "cuda", "--server", team.url],
+            "--backend 'cuda': expected one of triton, tvm, inductor",
+        ),
         (["-o", str(tmp_path), "--manifest", str(bad), "--server", team.url], "not TOML"),
     ]:
         code, err = run_report(args, capsys)

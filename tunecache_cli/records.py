@@ -7,10 +7,11 @@ import json
 from typing import Any, get_args
 
 from tunecache.errors import InvalidInput
-from tunecache.key import BACKENDS, DTYPES, kernel_names, problem_text
+from tunecache.key import kernel_names, problem_text
 from tunecache.schemas import RecordPublic, RecordStatus
 from tunecache.timing import versus
 from tunecache_cli.args import add_server, check_count, server_url
+from tunecache_cli.filters import add_filters, check_filters, near_misses
 from tunecache_cli.table import ms, render, shown
 
 MAX_LIMIT = 1000
@@ -21,10 +22,7 @@ def register(commands: Any) -> None:
     parser = commands.add_parser("records", help="list the cached records, or show one")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser("ls", help="records matching filters, newest first")
-    listing.add_argument("--kernel", help="only this kernel")
-    listing.add_argument("--backend", help=f"only this backend ({', '.join(BACKENDS)})")
-    listing.add_argument("--dtype", help=f"only this dtype ({', '.join(DTYPES)})")
-    listing.add_argument("--device-arch", metavar="ARCH", help="only this device arch")
+    add_filters(listing, dtype=True)
     listing.add_argument("--all", action="store_true",
                          help="every record, not only each key's winner")  # fmt: skip
     listing.add_argument("--status", choices=STATUSES, help="only records of this status")
@@ -45,7 +43,7 @@ def run_ls(args: argparse.Namespace) -> int:
     from tunecache_cli.progress import asking
 
     check_count("--limit", args.limit, 1, MAX_LIMIT)
-    _check_filters(args)
+    check_filters(args)
     every = args.all or args.status in ("disputed", "rejected")  # never a key's winner
     filters = {"kernel": args.kernel, "backend": args.backend, "dtype": args.dtype,
                "device_arch": args.device_arch, "status": args.status,
@@ -59,7 +57,7 @@ def run_ls(args: argparse.Namespace) -> int:
                          indent=2))  # fmt: skip
         return 0 if found.items else 1
     if not found.items:
-        print(f"no records match{_near_misses(args)}")
+        print(f"no records match{near_misses(args)}")
         return 1
     rows = []
     kernels = kernel_names([r.key for r in found.items])
@@ -80,45 +78,6 @@ def run_ls(args: argparse.Namespace) -> int:
     more = "" if len(found.items) == found.count else " (raise --limit for more)"
     print(f"{len(found.items)} of {found.count} {'records' if every else 'winners'}{more}")
     return 0
-
-
-def _check_filters(args: argparse.Namespace) -> None:
-    """The filters, said here rather than as the server's 422 (its pattern for a name).
-
-    Raises:
-        InvalidInput: an unknown backend or dtype (with the nearest known one), or a kernel or
-            arch no name can be.
-    """
-    from tunecache.kernels import dtype_hint, nearest
-    from tunecache.problem import NAME
-
-    for flag, value, known in (("--backend", args.backend, BACKENDS),
-                               ("--dtype", args.dtype, DTYPES)):  # fmt: skip
-        if value is not None and value not in known:
-            hint = dtype_hint(value, DTYPES) if flag == "--dtype" else ""
-            raise InvalidInput(f"{flag} {value!r}: expected one of {', '.join(known)}"
-                               f"{hint or nearest(value, known)}")  # fmt: skip
-    for flag, value in (("--kernel", args.kernel), ("--device-arch", args.device_arch)):
-        if value is not None and not NAME.fullmatch(value):
-            raise InvalidInput(f"{flag} {value!r}: a name starts with a letter or _ and holds "
-                               "letters, digits and _ . : - (at most 128)")  # fmt: skip
-
-
-def _near_misses(args: argparse.Namespace) -> str:
-    """``" (--kernel: did you mean 'matmul'?)"`` for a kernel or arch filter that nearly is a
-    built-in kernel's name or a device's arch (a typo matches nothing), else ``""``."""
-    from tunecache.device import CPU_ARCHS, CUDA_ARCHS
-    from tunecache.kernels import builtin_names, closest
-    from tunecache_cli.exports import gpu_arch
-
-    hints, archs = [], CUDA_ARCHS + CPU_ARCHS
-    for flag, value, known in (("--kernel", args.kernel, builtin_names()),
-                               ("--device-arch", args.device_arch, archs)):  # fmt: skip
-        if value is None or value in known or ":" in value or gpu_arch(value):
-            continue  # a kernel of one's own, or a GPU arch (any, newer ones too): not a typo
-        if close := closest(value, known):
-            hints.append(f"{flag}: did you mean {close!r}?")
-    return f" ({'; '.join(hints)})" if hints else ""
 
 
 def run_show(args: argparse.Namespace) -> int:

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tunecache.key import BACKENDS
 from tunecache_cli.args import add_server, server_url
+from tunecache_cli.filters import add_filters, check_filters, near_misses
 
 
 def register(commands: Any) -> None:
@@ -29,10 +29,7 @@ def register(commands: Any) -> None:
     )
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="DIR",
                         help="folder to write the PNGs into (created if need be)")  # fmt: skip
-    parser.add_argument("--kernel", metavar="K", help="only this kernel's records")
-    parser.add_argument("--backend", choices=BACKENDS, metavar="B",
-                        help=f"only this backend's records ({', '.join(BACKENDS)})")  # fmt: skip
-    parser.add_argument("--device-arch", metavar="A", help="only this device arch, e.g. sm_90")
+    add_filters(parser)
     parser.add_argument(
         "--manifest", type=Path, metavar="MANIFEST.toml",
         help="draw the coverage of this manifest's keys (default: of the records)",
@@ -69,6 +66,7 @@ def _report(args: argparse.Namespace, out: Path) -> int:
     from tunecache.report.series import MAX_CONVERGENCE_KEYS
     from tunecache_cli.progress import asking
 
+    check_filters(args)
     build.require_matplotlib()
     manifest = None
     if args.manifest is not None:
@@ -81,8 +79,8 @@ def _report(args: argparse.Namespace, out: Path) -> int:
         records = collect.fetch_records(client, **filters)
         if not records:
             named = ", ".join(f"{k}={v}" for k, v in filters.items() if v is not None)
-            print(f"tunecache report: no records match{' ' + named if named else ''} on {url}",
-                  file=sys.stderr)  # fmt: skip
+            print(f"tunecache report: no records match{' ' + named if named else ''} on {url}"
+                  f"{near_misses(args)}", file=sys.stderr)  # fmt: skip
             return 1
         winners = [r for r in records if r.is_winner]
         searches = collect.fetch_searches(client, winners, keys=MAX_CONVERGENCE_KEYS)

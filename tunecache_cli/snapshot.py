@@ -21,6 +21,7 @@ from tunecache.errors import InvalidInput, ServerError, error_message
 from tunecache.snapshot import SnapshotFilters
 from tunecache_cli.args import add_server, output_file, server_url
 from tunecache_cli.exports import write_export
+from tunecache_cli.filters import add_filters, check_filters
 from tunecache_cli.table import counted
 
 
@@ -30,8 +31,7 @@ def register(commands: Any) -> None:
     export = actions.add_parser("export", help="write the winners of a device arch to a file")
     export.add_argument("--arch", required=True, help="device arch, e.g. sm_90 or cpu-avx2")
     export.add_argument("--device-name", help="only this device name")
-    export.add_argument("--kernel", help="only this kernel")
-    export.add_argument("--backend", help="only this backend")
+    add_filters(export, arch=False)
     export.add_argument("-o", "--output", required=True, type=Path, metavar="FILE")
     add_server(export)
     export.set_defaults(run=run_export)
@@ -45,6 +45,7 @@ _FLAGS = {"device_arch": "--arch", "device_name": "--device-name"}
 
 
 def _filters(args: argparse.Namespace) -> SnapshotFilters:
+    check_filters(args)
     given = {
         "device_arch": args.arch,
         "device_name": args.device_name,
