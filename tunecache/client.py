@@ -94,9 +94,14 @@ from tunecache.verification import (
 from tunecache.worker_calls import WorkerCalls
 
 M = TypeVar("M", bound=BaseModel)
-REDIRECTS = frozenset({301, 302, 303, 307, 308})  # 304 is "not modified": an answer
 
 logger = logging.getLogger(__name__)
+
+
+def _redirect(status: int) -> bool:
+    """Whether ``status`` sends the client elsewhere (every 3xx but 304, "not modified": an
+    answer): never followed, never read as an answer."""
+    return 300 <= status < 400 and status != 304
 
 
 def _token_said(token: str | None, given: bool, url: str) -> str:
@@ -278,7 +283,7 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
                                                timeout=limits)  # fmt: skip
                 if missing(response):
                     return None
-                if response.is_error or response.status_code in REDIRECTS:
+                if response.status_code != 200:  # a hit is a 200: no other answer is one
                     raise self._rejected("POST", "/v1/lookup", response)
                 return parse(LookupResponse, response, "/v1/lookup",  # says what is not tunecache
                              max_containers=LOOKUP_ANSWER_CONTAINERS)  # fmt: skip
@@ -328,14 +333,14 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
                     time.sleep(wait)
         except httpx.HTTPError as exc:
             raise ServerError(f"{method} {self.url}{path} failed: {exc}{tls_hint(exc)}") from exc
-        if response.is_error or response.status_code in REDIRECTS:
+        if response.is_error or _redirect(response.status_code):
             raise self._rejected(method, path, response)
         return response
 
     def _rejected(self, method: str, path: str, response: httpx.Response) -> ServerError:
         """:func:`~tunecache.http.rejected`, saying which token a 401 refused and where; a
         redirect is never followed (the token goes where it was sent), nor its body read."""
-        if response.status_code in REDIRECTS:
+        if _redirect(response.status_code):
             to = shown(response.headers.get("location", "")[:200])
             return ServerError(f"{method} {self.url}{path}: the server redirected to {to!r}, not "
                                "followed (is the URL right: http or https, a path prefix?)",
