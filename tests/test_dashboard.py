@@ -453,13 +453,19 @@ def test_inductors_compile_time_timings_are_said_to_be_no_run_time(server: LiveS
     (16 ms) as its trials, beside the record's 0.04 ms and the default's: records show and the
     record page listed them in one column, 400x slower than the record, unexplained."""
     from tunecache import Client
+    from tunecache.measured import BaselineModel
 
-    record = make_record(make_key(m=80, backend="inductor"), time_ms=0.04, trials=0)
+    key = make_key(m=80, backend="inductor")
+    record = make_record(key, time_ms=0.04, trials=0)
     compiling = [Trial(config={"mode": "max-autotune", "choice": f"c{i}"}, status="ok",
                        time_ms=ms) for i, ms in enumerate((15.97, 15.99))]  # fmt: skip
+    # the default config, timed end to end beside the winner: the last trial, no search's
+    default = Trial(config={"mode": "default"}, status="ok", time_ms=0.0422)
+    baseline = BaselineModel(name="default_config", timing=make_record(key, time_ms=0.0422).timing)
     search = record.search.model_copy(update={"strategy": "inductor_max_autotune", "trials": 2})
     with Client(server.url) as client:
-        stored = client.upload(record.model_copy(update={"trials": compiling, "search": search}))
+        stored = client.upload(record.model_copy(update={
+            "trials": [*compiling, default], "search": search, "baselines": [baseline]}))  # fmt: skip
     page = html.unescape(httpx.get(f"{server.url}/ui/records/{stored.record_id}", timeout=30).text)
     said = ("he search's timings are Inductor's own, of each choice while compiling (the "
             "fastest, {} ms, is 399x the record's {} ms)")  # fmt: skip

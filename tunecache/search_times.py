@@ -33,10 +33,12 @@ def note(
     if fastest is None or not own_ms > 0:
         return None
     if strategy in COMPILER_TIMED and fastest > COMPILER_ABOVE * own_ms:
+        ratio = fastest / own_ms
+        above = f"{ratio:.2f}x" if ratio < 10 else f"{ratio:,.0f}x"
         return (f"the search's timings are Inductor's own, of each choice while compiling (the "
-                f"fastest, {ms(fastest)} ms, is {fastest / own_ms:.0f}x the record's "
-                f"{ms(own_ms)} ms): they rank the choices only, and are no time the kernel runs "
-                "at; the record's is its winner's, timed end to end and validated")  # fmt: skip
+                f"fastest, {ms(fastest)} ms, is {above} the record's {ms(own_ms)} ms): they rank "
+                "the choices only, and are no time the kernel runs at; the record's is its "
+                "winner's, timed end to end and validated")  # fmt: skip
     if fastest < QUICK_BELOW * own_ms:
         return (f"the search's fastest timing, {ms(fastest)} ms, is below the record's "
                 f"{ms(own_ms)} ms: a search's timings are quick ones, and the record's is its "

@@ -85,7 +85,7 @@ def run_show(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache_cli.get import describe
     from tunecache_cli.progress import asking
-    from tunecache_cli.trials import count_text, trial_rows
+    from tunecache_cli.trials import count_text, default_trial, trial_rows
 
     if args.record_id < 1:
         raise InvalidInput(f"ID {args.record_id}: a record ID is a whole number from 1 up")
@@ -102,7 +102,8 @@ def run_show(args: argparse.Namespace) -> int:
                 f"{record.search.seconds:.1f} s"))  # fmt: skip
     if rows := trial_rows(record):
         print(render(["trial", "status", "ms", "config", "error"], rows))
-    said = search_times.note(record.search.strategy, (t.time_ms for t in record.trials),
+    searched = record.trials[:-1] if default_trial(record) else record.trials  # the search's
+    said = search_times.note(record.search.strategy, (t.time_ms for t in searched),
                              record.believed_timing.median_ms, ms)  # fmt: skip
     if said is not None:  # a trial's time beside the winner's read as the record's time
         print(shown(said))
