@@ -315,3 +315,19 @@ def test_times_of_the_nearest_shape_in_the_bucket_say_where_they_were_measured(
     assert first.endswith("(times measured at K=8,M=8,N=8, the nearest shape in the bucket)")
     exact = cli(server, "best", "matmul", "--shape", "M=8,N=8,K=8", "--backends", "tvm")
     assert exact.returncode == 0 and "times measured at" not in exact.stdout, exact.stdout
+
+
+def test_torch_eager_is_listed_after_every_record_that_beats_it(server: LiveServer) -> None:
+    """Eager was placed after the records beating it in an unbroken run: a record whose
+    comparison with eager has no interval (its ratio of medians: 2.00x) was listed below it."""
+    problem = {"M": 96, "N": 48, "K": 32}
+    tvm = key_for("matmul", "tvm", problem, "float32")
+    inductor = key_for("matmul", "inductor", problem, "float32")
+    eager = BaselineModel(name="torch_eager", timing=make_record(inductor, time_ms=3.0).timing)
+    with Client(server.url) as client:
+        client.upload(with_eager(tvm, 1.0, 2.0, 2.0))
+        client.upload(make_record(inductor, time_ms=1.5).model_copy(update={"baselines": [eager]}))
+    shown = cli(server, "best", "matmul", "--shape", "M=96,N=48,K=32", "--backends", "tvm,inductor")
+    assert shown.returncode == 0, shown.stderr
+    names = [line.split("  ")[0] for line in shown.stdout.splitlines()[3:6]]
+    assert names == ["tvm", "inductor", "torch eager"], shown.stdout

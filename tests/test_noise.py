@@ -289,7 +289,7 @@ def test_a_noisy_baseline_is_not_said_to_be_the_records_time(server: LiveServer)
     """The dashboard's index put a "noisy" badge on a record's time whose own timing was quiet
     (only torch eager's was noisy), and its page said the machine disturbed the timings "even
     when timed again", of timings taken once."""
-    key = make_key(m=72)
+    key = key_for("matmul", "tvm", {"M": 72, "N": 48, "K": 32}, "float32")
     eager = BaselineModel(name="torch_eager", timing=noisy_timing(1.0, "other processes used 1.4 cores"),
                           speedup=Speedup(median=0.5, low=0.45, high=0.55, rounds=5))  # fmt: skip
     record = make_record(key, time_ms=2.0).model_copy(update={"baselines": [eager]})
@@ -303,3 +303,5 @@ def test_a_noisy_baseline_is_not_said_to_be_the_records_time(server: LiveServer)
     assert ">noisy baseline</span>" in index and ">noisy</span>" not in index
     listed = cli(server, "records", "ls")
     assert "noisy baseline" in listed.stdout.splitlines()[2], listed.stdout
+    best = cli(server, "best", "matmul", "--shape", "M=72,N=48,K=32", "--backends", "tvm")
+    assert "(noisy baseline)" in best.stdout and "(noisy)" not in best.stdout, best.stdout

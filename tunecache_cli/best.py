@@ -90,7 +90,7 @@ def _as_text(kernel: str, shape: str, dtype: str, answer: Any, asked: Mapping[st
         record = f"#{result.record.id}" if result.record is not None else result.source
         marks = [m for m, on in (("interpreter", a.interpreted),
                                  ("slower than eager", result.slower_than_eager),
-                                 ("noisy", result.noisy)) if on]  # fmt: skip
+                                 (_noise(result), result.noisy)) if on]  # fmt: skip
         rows.append([a.backend, ms(a.time_ms, digits) + (" v" if a.by_verifier else ""),
                      _vs_best(answer, a), result.vs_eager or "-", result.device or "-",
                      result.rule or "-", a.status or "-",
@@ -152,18 +152,28 @@ def _speedup(row: Any) -> float | None:
     return None if served is None else served.speedup()
 
 
+def _noise(result: Any) -> str:
+    """``noisy`` where the record's own time was, ``noisy baseline`` where only a baseline's
+    was (as ``records ls`` says it)."""
+    served = result.served_record
+    return "noisy" if served is not None and served.time_noisy else "noisy baseline"
+
+
 def _eager_place(answer: Any) -> int:
-    """Where torch eager's row goes when no tuned record is faster: after the records that beat
-    it by their own comparison with it, and after the fastest record should that one tie it (it
-    was listed last, below a tie and below backends with no record)."""
-    beats = 0
-    for row in answer.answers:
+    """Where torch eager's row goes when no tuned record is faster: after the last record that
+    beats it by its own comparison with it (its interval above 1; without one, its ratio), and
+    after the fastest record should that one tie it (it was listed last, below a tie and below
+    backends with no record)."""
+    place = 1
+    for i, row in enumerate(answer.answers, start=1):
         served = None if row.result is None else row.result.served_record
-        interval = None if served is None else served.speedup_interval()
-        if interval is None or interval[0] <= 1.0:
-            break
-        beats += 1
-    return max(beats, 1)
+        if served is None:
+            continue
+        interval = served.speedup_interval()
+        speedup = served.speedup()
+        if (interval[0] > 1.0) if interval is not None else (speedup is not None and speedup > 1.0):
+            place = i
+    return place
 
 
 def _ties_eager(row: Any) -> bool:

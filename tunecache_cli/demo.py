@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
                 "(TVM: no schedule, Inductor: torch.compile default), eager = torch eager.\n"
                 "Speedups: the median of alternating rounds, with its interval (95 % from 6 "
                 "rounds on; of 5, their whole range: 93.8 %); "
-                "'noisy': the machine disturbed the timing (why, below).\n"
+                "'noisy': the machine disturbed a timing of the row (which, and why, below).\n"
             )
             print(_winners_table(rows))
             for row in rows:
