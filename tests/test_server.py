@@ -214,6 +214,10 @@ def test_a_body_in_another_unicode_encoding_is_400_not_guessed(
     assert answer.status_code == 400, answer.text
     assert "not UTF-8" in answer.json()["detail"]
     assert httpx.get(f"{server.url}/v1/records", timeout=30).json()["count"] == 0
+    with_bom = b"\xef\xbb\xbf" + json.dumps({"key": make_key().to_json()}).encode()
+    answer = httpx.post(f"{server.url}/v1/lookup", content=with_bom, timeout=30,
+                        headers={"content-type": "application/json"})  # fmt: skip
+    assert answer.status_code == 404, answer.text  # UTF-8 after a byte order mark: read
 
 
 def test_an_object_naming_a_field_twice_is_400_naming_it(server: LiveServer) -> None:

@@ -74,7 +74,8 @@ def parse_json(body: bytes, limits: JsonLimits) -> Any:
     structural = body.count(b"{") + body.count(b"[") + body.count(b",")
     if structural > 2 * limits.elements:
         raise TooComplex(f"it holds more than {limits.elements} values")
-    value = json.loads(body.decode("utf-8"), object_pairs_hook=_once_each)
+    # UTF-8, a byte order mark before it left out as json.loads of bytes did
+    value = json.loads(body.decode("utf-8-sig"), object_pairs_hook=_once_each)
     if isinstance(value, dict | list):
         limits.check(value)
     return value
