@@ -26,7 +26,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import os
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -331,10 +333,20 @@ def triton_kind(found: Any) -> str | None:
     return None
 
 
+def _file_of(module: str) -> str:
+    """The file ``--tvm`` and ``--torch`` would take for ``module``: its own (as the current
+    directory names it), or ``FILE.py`` where it has none they can load (a package's)."""
+    path = getattr(sys.modules.get(module), "__file__", None)
+    if not path or Path(path).name == "__init__.py":
+        return "FILE.py"
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
+
+
 def _not_a_kernel(name: str, found: Any) -> str:
     """Why ``name`` names no kernel, with the form of ``tune`` a function or module takes."""
     module, _, qualname = name.partition(":")
-    file = f"{module.replace('.', '/')}.py:{qualname}"
+    file = f"{_file_of(module)}:{qualname}"
     if (triton := triton_kind(found)) is not None:  # it said: tune it with --tvm, --torch
         return (f"{name!r} is {triton}: it has no key of its own (the drop-in keys each launch "
                 "by its arguments, dtypes included, and looks itself up as it launches); list "

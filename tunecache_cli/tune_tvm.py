@@ -268,9 +268,10 @@ def _report_speed(
     # The ratio is the rounds' median ratio, not the two medians' (4.13x beside 0.009814 and
     # 0.04224 ms, whose ratio is 4.30): said, or the line reads as miscomputed.
     rounds = versus.speedup.rounds
+    ratios = f"the median of the {rounds} rounds' ratios" if rounds > 1 else "one round's ratio"
     print(f"best: {versus.tuned_ms:.4g} ms{note} vs default schedule {versus.baseline_ms:.4g} "
-          f"ms (medians, timed in alternating rounds; the speedup is the median of the "
-          f"{rounds} rounds' ratios): {versus.text()}")  # fmt: skip
+          f"ms (medians, timed in alternating rounds; the speedup is {ratios}): "
+          f"{versus.text()}")  # fmt: skip
 
 
 def _upload(url: str, mod: IRModule, target: dict[str, Any], records: list[Any]) -> int:
