@@ -28,6 +28,15 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
+def default_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Path]:
+    """The default database's URL and folder, under ``tmp_path``."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    url = default_db_url()
+    folder = Path(url.removeprefix("sqlite:///")).parent
+    assert folder.is_relative_to(tmp_path)
+    return url, folder
+
+
 def write_something(url: str) -> None:
     """Opens ``url`` and writes, leaving its ``-wal`` and ``-shm`` files while it is open."""
     engine = make_engine(url)
@@ -49,10 +58,7 @@ def write_something(url: str) -> None:
 def test_the_default_database_folder_is_0700_and_its_files_0600(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, existing: bool
 ) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    url = default_db_url()
-    folder = Path(url.removeprefix("sqlite:///")).parent
-    assert folder.is_relative_to(tmp_path)
+    url, folder = default_folder(tmp_path, monkeypatch)
     if existing:  # made 0755 by an older version: the product's own, closed
         folder.mkdir(parents=True, mode=0o755)
         folder.chmod(0o755)
@@ -71,9 +77,7 @@ def test_a_named_folder_is_left_as_it_is_and_the_database_made_in_it_is_0600(
 def test_a_link_for_the_default_database_folder_is_refused_and_its_target_left_as_it_is(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    url = default_db_url()
-    folder = Path(url.removeprefix("sqlite:///")).parent
+    url, folder = default_folder(tmp_path, monkeypatch)
     target = tmp_path / "shared"
     target.mkdir(mode=0o755)
     target.chmod(0o755)
@@ -89,9 +93,7 @@ def test_a_link_for_the_default_database_folder_is_refused_and_its_target_left_a
 def test_a_default_database_folder_another_user_owns_is_refused_not_taken_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    url = default_db_url()
-    folder = Path(url.removeprefix("sqlite:///")).parent
+    url, folder = default_folder(tmp_path, monkeypatch)
     folder.mkdir(parents=True, mode=0o777)
     folder.chmod(0o777)
     os.chown(folder, 65534, 65534)  # nobody's, open to all
