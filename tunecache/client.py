@@ -87,21 +87,19 @@ from tunecache.settings import (
 )
 from tunecache.snapshot import SnapshotImportResult, SnapshotPublic
 from tunecache.strict import SERVED, shown
-from tunecache.verification import (
-    DisputeCreate,
-    DisputeResult,
-)
+from tunecache.verification import DisputeCreate, DisputeResult
 from tunecache.worker_calls import WorkerCalls
 
 M = TypeVar("M", bound=BaseModel)
+NOT_MODIFIED = 304  # the one 3xx that is an answer (a snapshot unchanged), not a redirect
 
 logger = logging.getLogger(__name__)
 
 
 def _redirect(status: int) -> bool:
-    """Whether ``status`` sends the client elsewhere (every 3xx but 304, "not modified": an
-    answer): never followed, never read as an answer."""
-    return 300 <= status < 400 and status != 304
+    """Whether ``status`` sends the client elsewhere (every 3xx but :data:`NOT_MODIFIED`):
+    never followed, never read as an answer."""
+    return 300 <= status < 400 and status != NOT_MODIFIED
 
 
 def _token_said(token: str | None, given: bool, url: str) -> str:
