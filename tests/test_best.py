@@ -9,6 +9,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -331,3 +332,23 @@ def test_torch_eager_is_listed_after_every_record_that_beats_it(server: LiveServ
     assert shown.returncode == 0, shown.stderr
     names = [line.split("  ")[0] for line in shown.stdout.splitlines()[3:6]]
     assert names == ["tvm", "inductor", "torch eager"], shown.stdout
+
+
+def test_torch_eager_follows_only_the_leading_records_that_beat_it() -> None:
+    """Placed after the last record beating it, eager fell below a record whose own cell says
+    it is slower than eager; a ratio of 1.003 with no interval reads "the same", not faster."""
+    from types import SimpleNamespace
+
+    from tunecache_cli.best import _eager_place
+
+    def row(speedup: float | None, interval: tuple[float, float] | None = None) -> Any:
+        served = SimpleNamespace(speedup=lambda: speedup, speedup_interval=lambda: interval)
+        return SimpleNamespace(result=SimpleNamespace(served_record=served))
+
+    def place(*rows: Any) -> int:
+        return _eager_place(SimpleNamespace(answers=rows))
+
+    assert place(row(1.5, (1.3, 1.7)), row(2.0), row(1.2, (1.1, 1.3))) == 3
+    assert place(row(1.0, (0.9, 1.1)), row(0.7, (0.6, 0.8)), row(1.2)) == 1  # a tie first
+    assert place(row(1.5, (1.3, 1.7)), row(1.003), row(2.0)) == 1  # "1.00x (the same)"
+    assert place(row(1.5, (1.3, 1.7)), SimpleNamespace(result=None), row(2.0)) == 1

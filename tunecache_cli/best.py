@@ -13,6 +13,7 @@ from typing import Any
 
 from tunecache.errors import InvalidInput
 from tunecache.key import DTYPES, problem_text
+from tunecache.measured import SAME_BELOW
 from tunecache_cli.args import (
     add_server,
     parse_backends,
@@ -160,20 +161,22 @@ def _noise(result: Any) -> str:
 
 
 def _eager_place(answer: Any) -> int:
-    """Where torch eager's row goes when no tuned record is faster: after the last record that
-    beats it by its own comparison with it (its interval above 1; without one, its ratio), and
-    after the fastest record should that one tie it (it was listed last, below a tie and below
-    backends with no record)."""
-    place = 1
-    for i, row in enumerate(answer.answers, start=1):
+    """Where torch eager's row goes when no tuned record is faster: after the leading records
+    that beat it by their own comparison with it (its interval above 1; without one, a ratio
+    that reads faster, past :data:`SAME_BELOW`), and after the fastest record should that one
+    tie it. It was listed last, below a tie and below backends with no record; listed after
+    the last record beating it, it fell below records slower than it."""
+    place = 0
+    for row in answer.answers:
         served = None if row.result is None else row.result.served_record
-        if served is None:
-            continue
-        interval = served.speedup_interval()
-        speedup = served.speedup()
-        if (interval[0] > 1.0) if interval is not None else (speedup is not None and speedup > 1.0):
-            place = i
-    return place
+        interval = None if served is None else served.speedup_interval()
+        speedup = None if served is None else served.speedup()
+        beats = (interval[0] > 1.0 if interval is not None
+                 else speedup is not None and speedup >= 1 / SAME_BELOW)  # fmt: skip
+        if not beats:
+            break
+        place += 1
+    return max(place, 1)
 
 
 def _ties_eager(row: Any) -> bool:
