@@ -47,6 +47,7 @@ BAD = [
     (["snapshot", "export", "--arch", "cpu-avx2", "--kernel", "a b", "-o", "/nonexistent/s.json"], "--kernel 'a b': a name starts with a letter"),
     (["report", "-o", "/tmp/tunecache-bad-filter-report", "--kernel", "a b"], "--kernel 'a b': a name starts with a letter"),
     (["report", "-o", "/tmp/tunecache-bad-filter-report", "--backend", "cuda"], "--backend 'cuda': expected one of triton, tvm, inductor"),
+    (["tune", "_json:make_scanner", "--backend", "tvm", "--shape", "M=8"], "tune a TVM function with `--tvm FILE.py:make_scanner`"),
     (["tune", "torch.nn:Linear", "--backend", "tvm", "--shape", "M=8"], "is a torch module (torch.nn.Module), not a kernel (a Workload subclass or a KernelSpec): tune it with `--torch FILE.py:Linear`"),
     (["tune", "matmul", "--backend", "cudnn", "--shape", "M=8,N=8,K=8"], "not 'cudnn'"),
     (["tune", "matmul", "--backend", "tvm", "--dtype", "fp8", "--shape", "M=8,N=8,K=8"], "not 'fp8'"),

@@ -256,7 +256,8 @@ def test_a_lookup_redirected_with_a_record_in_its_body_is_no_hit(status: int) ->
                               content=LookupResponse(record=hit).model_dump_json(by_alias=True))  # fmt: skip
 
     with Client("http://cache.test", transport=httpx.MockTransport(redirect)) as client:
-        said = "redirected to 'http://elsewhere.test/v1/lookup'" if status >= 300 else f"{status}"
+        said = ("redirected to 'http://elsewhere.test/v1/lookup'" if status >= 300
+                else f"→ {status}: a hit is a 200, a miss a 404")  # fmt: skip
         with pytest.raises(ServerError, match=re.escape(said)):
             client.fetch_answer(key)
         result = client.lookup(key, default=DEFAULT)

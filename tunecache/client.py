@@ -281,8 +281,12 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
                                                timeout=limits)  # fmt: skip
                 if missing(response):
                     return None
-                if response.status_code != 200:  # a hit is a 200: no other answer is one
+                if response.is_error or _redirect(response.status_code):
                     raise self._rejected("POST", "/v1/lookup", response)
+                if response.status_code != 200:  # a hit is a 200: no other answer is one
+                    raise ServerError(f"POST {self.url}/v1/lookup → {response.status_code}: a "
+                                      "hit is a 200, a miss a 404; not read as an answer",
+                                      status_code=response.status_code)  # fmt: skip
                 return parse(LookupResponse, response, "/v1/lookup",  # says what is not tunecache
                              max_containers=LOOKUP_ANSWER_CONTAINERS)  # fmt: skip
         except httpx.TimeoutException as exc:  # "ReadTimeout: timed out" named no bound
@@ -440,7 +444,7 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
         params = {"device_arch": device_arch, **{k: v for k, v in filters.items() if v is not None}}
         headers = {"If-None-Match": if_none_match} if if_none_match else {}
         response = self._call("GET", "/v1/snapshot", params=params, headers=headers)
-        if response.status_code == 304:
+        if response.status_code == NOT_MODIFIED:
             return None, response.headers.get("etag", if_none_match or "")
         try:
             document: dict[str, Any] = answers.json_answer(

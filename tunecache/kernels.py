@@ -337,8 +337,8 @@ def _file_of(module: str) -> str:
     """The file ``--tvm`` and ``--torch`` would take for ``module``: its own (as the current
     directory names it), or ``FILE.py`` where it has none they can load (a package's)."""
     path = getattr(sys.modules.get(module), "__file__", None)
-    if not path or Path(path).name == "__init__.py":
-        return "FILE.py"
+    if not path or Path(path).suffix != ".py" or Path(path).name == "__init__.py":
+        return "FILE.py"  # none, compiled, or a package's
     relative = os.path.relpath(path)
     return path if relative.startswith("..") else relative
 
