@@ -97,7 +97,9 @@ def _plain_folder(path: Path, label: str) -> Iterator[tuple[int, os.stat_result]
     """
     with contextlib.suppress(FileExistsError):  # a file or a link there: said below
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+    # O_PATH where Linux has it: a folder of one's own without read permission (0300) opens too
+    access = getattr(os, "O_PATH", os.O_RDONLY)
+    flags = access | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
     refused = NotADirectoryError(f"{label} {path} is not a plain folder (a file, or a link)")
     try:
         fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0))
@@ -112,6 +114,17 @@ def _plain_folder(path: Path, label: str) -> Iterator[tuple[int, os.stat_result]
         yield fd, found
     finally:
         os.close(fd)
+
+
+def _close_up(fd: int) -> None:
+    """Makes the folder open as ``fd`` 0700, through the descriptor (an ``O_PATH`` one takes no
+    ``fchmod``: Linux changes it through ``/proc/self/fd``, which names that very folder)."""
+    try:
+        os.fchmod(fd, 0o700)
+    except OSError as exc:
+        if exc.errno != errno.EBADF:
+            raise
+        os.chmod(f"/proc/self/fd/{fd}", 0o700)
 
 
 def _refuse_others(path: Path, found: os.stat_result, label: str) -> None:
@@ -136,7 +149,7 @@ def private_folder(path: Path, label: str = "folder") -> Path:
     with _plain_folder(path, label) as (fd, found):
         _refuse_others(path, found, label)
         if found.st_mode & 0o077:
-            os.fchmod(fd, 0o700)
+            _close_up(fd)
     return path
 
 
@@ -154,7 +167,7 @@ def own_folder(path: Path, label: str = "folder", *, close: bool = False) -> Pat
     with _plain_folder(path, label) as (fd, found):
         _refuse_others(path, found, label)
         if found.st_mode & 0o022 and close:
-            os.fchmod(fd, 0o700)
+            _close_up(fd)
             logger.warning("%s %s was writable by group or others (mode %04o): closed to 0700, "
                            "as what it holds is this user's alone", label, path,
                            stat.S_IMODE(found.st_mode))  # fmt: skip
