@@ -307,6 +307,12 @@ class RecordCreate(_Strict):
         beside the time says which."""
         return bool(believed.noise_reasons([self.timed()], self.key.device.kind != "cpu"))
 
+    @property
+    def noise_label(self) -> str:
+        """``noisy`` where the time shown was, ``noisy baseline`` where only a baseline's was,
+        else ``""``: the words beside its time in ``records ls``, ``best`` and the dashboard."""
+        return "noisy" if self.time_noisy else "noisy baseline" if self.noisy else ""
+
     def noise(self) -> list[str]:
         """Why the timings shown are noisy, each reason once: the time shown (:meth:`timed`:
         ``winner:``, or ``verifier:`` once a verifier re-timed it), then the baselines'

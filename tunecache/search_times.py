@@ -15,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Final
 
 # Strategies whose trials are timed by a compiler's own benchmark of each choice, not the run's.
@@ -25,11 +25,15 @@ COMPILER_ABOVE: Final = 1.25  # a compiler's timing this far above the record's 
 
 
 def note(
-    strategy: str, times: Iterable[float | None], own_ms: float, ms: Callable[[float], str]
-) -> str | None:
+    strategy: str, times: Sequence[float | None], own_ms: float, ms: Callable[[float], str],
+    *, default_last: bool = False,
+) -> str | None:  # fmt: skip
     """One sentence on the search's trial ``times`` beside the record's ``own_ms`` (written with
-    ``ms``), or ``None`` when they read as what they are."""
-    fastest = min((t for t in times if t is not None), default=None)
+    ``ms``), or ``None`` when they read as what they are. ``default_last``: the last of
+    ``times`` is the default config's, timed end to end beside the winner, no search's
+    (:func:`tunecache.trialcount.default_last`): left out."""
+    searched = times[:-1] if default_last else times
+    fastest = min((t for t in searched if t is not None), default=None)
     if fastest is None or not own_ms > 0:
         return None
     if strategy in COMPILER_TIMED and fastest > COMPILER_ABOVE * own_ms:

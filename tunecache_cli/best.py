@@ -89,9 +89,10 @@ def _as_text(kernel: str, shape: str, dtype: str, answer: Any, asked: Mapping[st
             rows.append([a.backend, "-", "-", "-", "-", "-", "-", (a.why_not or "").split(":")[0]])
             continue
         record = f"#{result.record.id}" if result.record is not None else result.source
+        noise = "" if result.served_record is None else result.served_record.noise_label
         marks = [m for m, on in (("interpreter", a.interpreted),
                                  ("slower than eager", result.slower_than_eager),
-                                 (_noise(result), result.noisy)) if on]  # fmt: skip
+                                 (noise, bool(noise))) if on]  # fmt: skip
         rows.append([a.backend, ms(a.time_ms, digits) + (" v" if a.by_verifier else ""),
                      _vs_best(answer, a), result.vs_eager or "-", result.device or "-",
                      result.rule or "-", a.status or "-",
@@ -151,13 +152,6 @@ def _speedup(row: Any) -> float | None:
     re-times the record, not eager)."""
     served = row.result.served_record
     return None if served is None else served.speedup()
-
-
-def _noise(result: Any) -> str:
-    """``noisy`` where the record's own time was, ``noisy baseline`` where only a baseline's
-    was (as ``records ls`` says it)."""
-    served = result.served_record
-    return "noisy" if served is not None and served.time_noisy else "noisy baseline"
 
 
 def _eager_place(answer: Any) -> int:

@@ -102,9 +102,9 @@ def run_show(args: argparse.Namespace) -> int:
                 f"{record.search.seconds:.1f} s"))  # fmt: skip
     if rows := trial_rows(record):
         print(render(["trial", "status", "ms", "config", "error"], rows))
-    searched = record.trials[:-1] if default_trial(record) else record.trials  # the search's
-    said = search_times.note(record.search.strategy, (t.time_ms for t in searched),
-                             record.believed_timing.median_ms, ms)  # fmt: skip
+    said = search_times.note(record.search.strategy, [t.time_ms for t in record.trials],
+                             record.believed_timing.median_ms, ms,
+                             default_last=default_trial(record))  # fmt: skip
     if said is not None:  # a trial's time beside the winner's read as the record's time
         print(shown(said))
     return 0
@@ -122,4 +122,4 @@ def _caveat(record: RecordPublic) -> str:
     noisy, or only a baseline's noisy, else ``-``."""
     if record.believed_timing.interpreted:
         return "interpreter"
-    return "noisy" if record.time_noisy else "noisy baseline" if record.noisy else "-"
+    return record.noise_label or "-"

@@ -352,8 +352,9 @@ def _done(found: SearchResult, winner: Winner) -> str:
     winner's time, it read as the winner's)."""
     searched = [t.time_ms for t in found.trials if t.time_ms is not None]
     own = [t.time_ms for t in found.trials if t.time_ms is not None and t.config == winner.config]
-    said = search_times.note(found.strategy, searched, winner.timing.median_ms, "{:.4g}".format)
-    quick = (f"; {said}" if said and found.strategy in search_times.COMPILER_TIMED else
+    said = (search_times.note(found.strategy, searched, winner.timing.median_ms, "{:.4g}".format)
+            if found.strategy in search_times.COMPILER_TIMED else None)  # fmt: skip
+    quick = (f"; {said}" if said else
              f"; its quick timing in the search was {min(own):.4g} ms" if own else
              f"; the search's fastest quick timing, {min(searched):.4g} ms, was another "
              "config's" if searched else "")  # fmt: skip
