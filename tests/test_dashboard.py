@@ -476,6 +476,13 @@ def test_inductors_compile_time_timings_are_said_to_be_no_run_time(server: LiveS
     assert shown.returncode == 0, shown.stderr
     assert "t" + said.format("16", "0.04") in shown.stdout, shown.stdout
     assert "fastest timing" not in shown.stdout
+    # a record of another backend naming Inductor's strategy: its uploader's claim, not said
+    tvm = make_record(make_key(m=81), time_ms=0.04, trials=0)
+    claimed = tvm.model_copy(update={"search": search, "trials": [
+        Trial(config=tvm.config, status="ok", time_ms=15.97)]})  # fmt: skip
+    with Client(server.url) as client:
+        other = client.upload(claimed).record_id
+    assert "Inductor" not in httpx.get(f"{server.url}/ui/records/{other}", timeout=30).text
 
 
 def test_a_search_timing_far_below_the_records_own_is_explained(server: LiveServer) -> None:

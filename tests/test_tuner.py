@@ -80,12 +80,12 @@ def test_the_last_line_shows_the_winners_own_quick_timing_not_another_configs() 
     found = SearchResult([searched], trials[:1])
     default = Winner({"schedule": "default"}, record.timing, record.validation)
     assert "the search's fastest quick timing, 0.00467 ms, was another config's" in _done(
-        found, default
+        found, default, "tvm"
     )
     found = SearchResult([searched], trials)
-    assert "its quick timing in the search was 0.0081 ms" in _done(found, default)
+    assert "its quick timing in the search was 0.0081 ms" in _done(found, default, "tvm")
     assert "its quick timing in the search was 0.00467 ms" in _done(
-        found, Winner(searched, record.timing, record.validation)
+        found, Winner(searched, record.timing, record.validation), "tvm"
     )
 
 

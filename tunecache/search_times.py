@@ -7,9 +7,9 @@ its check), and Inductor's are its own benchmark of each choice while compiling:
 end and validated, either read as a time the kernel runs at.
 
 Example:
-    >>> note("inductor_max_autotune", [16.0, 16.2], 0.04, "{:.3g}".format)[:62]
+    >>> note("inductor_max_autotune", "inductor", [16.0, 16.2], 0.04, "{:.3g}".format)[:62]
     "the search's timings are Inductor's own, of each choice while "
-    >>> note("bayes", [1.0, 1.2], 1.0, "{:.3g}".format) is None
+    >>> note("bayes", "tvm", [1.0, 1.2], 1.0, "{:.3g}".format) is None
     True
 """
 
@@ -18,25 +18,26 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Final
 
-# Strategies whose trials are timed by a compiler's own benchmark of each choice, not the run's.
-COMPILER_TIMED: Final = frozenset({"inductor_max_autotune"})
+# Strategies whose trials are timed by a compiler's own benchmark of each choice, not the run's,
+# with the backend they search (a record of another backend naming one is its uploader's claim).
+COMPILER_TIMED: Final = {"inductor_max_autotune": "inductor"}
 QUICK_BELOW: Final = 0.9  # a search's fastest this far below the record's is said to be quick
 COMPILER_ABOVE: Final = 1.25  # a compiler's timing this far above the record's is no run time
 
 
 def note(
-    strategy: str, times: Sequence[float | None], own_ms: float, ms: Callable[[float], str],
-    *, default_last: bool = False,
+    strategy: str, backend: str, times: Sequence[float | None], own_ms: float,
+    ms: Callable[[float], str], *, default_last: bool = False,
 ) -> str | None:  # fmt: skip
-    """One sentence on the search's trial ``times`` beside the record's ``own_ms`` (written with
-    ``ms``), or ``None`` when they read as what they are. ``default_last``: the last of
-    ``times`` is the default config's, timed end to end beside the winner, no search's
-    (:func:`tunecache.trialcount.default_last`): left out."""
+    """One sentence on the trial ``times`` of a ``strategy`` search on ``backend`` beside the
+    record's ``own_ms`` (written with ``ms``), or ``None`` when they read as what they are.
+    ``default_last``: the last of ``times`` is the default config's, timed end to end beside
+    the winner, no search's (:func:`tunecache.trialcount.default_last`): left out."""
     searched = times[:-1] if default_last else times
     fastest = min((t for t in searched if t is not None), default=None)
     if fastest is None or not own_ms > 0:
         return None
-    if strategy in COMPILER_TIMED and fastest > COMPILER_ABOVE * own_ms:
+    if COMPILER_TIMED.get(strategy) == backend and fastest > COMPILER_ABOVE * own_ms:
         ratio = fastest / own_ms
         above = f"{ratio:.2f}x" if ratio < 10 else f"{ratio:,.0f}x"
         return (f"the search's timings are Inductor's own, of each choice while compiling (the "

@@ -102,7 +102,8 @@ def run_show(args: argparse.Namespace) -> int:
                 f"{record.search.seconds:.1f} s"))  # fmt: skip
     if rows := trial_rows(record):
         print(render(["trial", "status", "ms", "config", "error"], rows))
-    said = search_times.note(record.search.strategy, [t.time_ms for t in record.trials],
+    said = search_times.note(record.search.strategy, record.key.backend,
+                             [t.time_ms for t in record.trials],
                              record.believed_timing.median_ms, ms,
                              default_last=default_trial(record))  # fmt: skip
     if said is not None:  # a trial's time beside the winner's read as the record's time

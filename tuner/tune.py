@@ -333,7 +333,7 @@ def tune(
                  f"{bench.timer_compiles} compiles in the timing process")  # fmt: skip
     seconds = time.monotonic() - began
     record = build_record(key, backend, strategy, found, winner, seconds)
-    emit(_done(found, winner), phase="done")
+    emit(_done(found, winner, key.backend), phase="done")
     return TuneOutcome(key, record, winner.rejected, [*found.trials, *winner.trials],
                        timer_compiles=bench.timer_compiles)  # fmt: skip
 
@@ -346,13 +346,14 @@ def _task(key: Key, backend: Backend, options: TuneOptions) -> Task:
                 target=compile_target(backend) if options.compile_ahead else None)  # fmt: skip
 
 
-def _done(found: SearchResult, winner: Winner) -> str:
+def _done(found: SearchResult, winner: Winner, backend: str) -> str:
     """The last progress line: the winner's time, beside its own quick timing in the search (the
     search's fastest was another config when the default or a runner-up won: shown beside the
     winner's time, it read as the winner's)."""
     searched = [t.time_ms for t in found.trials if t.time_ms is not None]
     own = [t.time_ms for t in found.trials if t.time_ms is not None and t.config == winner.config]
-    said = (search_times.note(found.strategy, searched, winner.timing.median_ms, "{:.4g}".format)
+    said = (search_times.note(found.strategy, backend, searched, winner.timing.median_ms,
+                              "{:.4g}".format)
             if found.strategy in search_times.COMPILER_TIMED else None)  # fmt: skip
     quick = (f"; {said}" if said else
              f"; its quick timing in the search was {min(own):.4g} ms" if own else

@@ -110,8 +110,8 @@ def record(
         raise PageError(404, f"There is no record {record_id}.")
     times = queries.trial_times(session, record_id=record_id)
     default = found.id in dashboard_queries.default_last(session, [found])
-    said = search_times.note(found.search.strategy, times, found.believed_timing.median_ms, ms,
-                             default_last=default)  # fmt: skip
+    said = search_times.note(found.search.strategy, found.key.backend, times,
+                             found.believed_timing.median_ms, ms, default_last=default)  # fmt: skip
     return page(request, "record.html", {"r": found, "plot": convergence_svg(times, default),
                                          "stored": len(times), "default": default,
                                          "said": said and said[0].upper() + said[1:]})  # fmt: skip
