@@ -553,6 +553,43 @@ def test_sync_downloads_this_arch_once_and_the_resolver_reads_it(
     assert (hit.source, hit.rule, hit.config) == ("snapshot", "exact", knobs(3))
 
 
+def test_sync_and_export_leave_a_file_that_is_not_a_snapshot_as_it_is(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """``sync -o notes.txt`` replaced the notes with a snapshot (and ``TUNECACHE_SNAPSHOT`` set
+    to the wrong file, at every sync): a file that is not a snapshot is refused before the
+    server is asked, and kept; an empty file, or a snapshot this version does not read, is
+    still replaced."""
+    import os
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    notes = tmp_path / "notes.txt"
+    other = tmp_path / "settings.json"
+    for path, text in ((notes, "my notes\n"), (other, '{"format": "vscode/1", "x": 1}')):
+        path.write_text(text)
+        for argv in (
+            ["sync", "--server", dead, "-o", str(path)],
+            ["snapshot", "export", "--arch", ARCH, "--server", dead, "-o", str(path)],
+        ):
+            done = tunecache(*argv)
+            assert done.returncode == 2, (argv, done.stderr)  # not 3: the server never asked
+            assert f"-o {path} is a file that is not a tunecache snapshot" in done.stderr
+            assert "Traceback" not in done.stderr and path.read_text() == text
+    env = {**os.environ, "TUNECACHE_SNAPSHOT": str(notes)}
+    done = subprocess.run([sys.executable, "-m", "tunecache_cli", "sync", "--server", dead],
+                          capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert done.returncode == 2 and "TUNECACHE_SNAPSHOT" in done.stderr, done.stderr
+    assert notes.read_text() == "my notes\n"
+
+    empty, newer = tmp_path / "empty.json", tmp_path / "newer.json"
+    empty.write_text("")
+    newer.write_text('{"format": "tunecache-snapshot/9", "filters": {}, "records": 7}')
+    for path in (empty, newer):
+        done = tunecache("sync", "--arch", ARCH, "--server", server.url, "-o", str(path))
+        assert done.returncode == 0, done.stderr
+        assert json.loads(path.read_text())["format"] == SNAPSHOT_FORMAT
+
+
 def test_a_snapshot_carries_the_believed_time_not_one_a_verifier_flagged(
     server: LiveServer, tmp_path: Path
 ) -> None:

@@ -1,9 +1,10 @@
 """What ``tunecache sync`` and ``tunecache snapshot export`` share: writing a server's export of
-an arch's winners, refusing a mistyped arch before anything is written, warning when nothing
-matched."""
+an arch's winners, refusing a mistyped arch or a file that is not a snapshot before anything is
+written, warning when nothing matched."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecache.errors import InvalidInput
-from tunecache.snapshot import save_snapshot
+from tunecache.snapshot import SNAPSHOT_FORMAT, read_snapshot_bytes, save_snapshot
 from tunecache.strict import shown
 from tunecache_cli.table import counted
 
@@ -36,6 +37,34 @@ def write_export(path: Path, document: dict[str, Any], etag: str,
     print(f"{said(counted(len(document['records']), 'winner'))} (ETag {shown(etag)})")
     if empty:
         print(nothing_matched(**filters), file=sys.stderr)
+
+
+def replaceable(label: str, path: Path) -> bytes | None:
+    """The bytes of the snapshot file at ``path`` that a sync or an export will replace, or
+    ``None`` where there is none (no file, or an empty one).
+
+    A file that is not a snapshot is refused and left as it was: ``sync -o notes.txt``, or
+    ``TUNECACHE_SNAPSHOT`` set to the wrong file, replaced it at every sync. A snapshot this
+    version no longer reads (another format version, a record it refuses) is still replaced.
+
+    Raises:
+        InvalidInput: naming ``label`` and ``path``: it cannot be read (a folder, a FIFO, past a
+            snapshot's bounds) or is not a snapshot.
+    """
+    if not path.exists():
+        return None
+    text = read_snapshot_bytes(path)
+    if not text.strip():
+        return None
+    try:
+        document = json.loads(text)
+    except ValueError:
+        document = None
+    kind = document.get("format") if isinstance(document, dict) else None
+    if isinstance(kind, str) and kind.startswith(SNAPSHOT_FORMAT.split("/")[0] + "/"):
+        return text
+    raise InvalidInput(f"{label} {path} is a file that is not a tunecache snapshot: left as it "
+                       "is (remove it, or name another file)")  # fmt: skip
 
 
 def nothing_matched(**filters: str | None) -> str:

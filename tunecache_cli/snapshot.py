@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from tunecache.errors import InvalidInput, ServerError, error_message
 from tunecache.snapshot import SnapshotFilters
 from tunecache_cli.args import add_server, output_file, server_url
-from tunecache_cli.exports import write_export
+from tunecache_cli.exports import replaceable, write_export
 from tunecache_cli.filters import add_filters, check_filters
 from tunecache_cli.table import counted
 
@@ -66,6 +66,7 @@ def run_export(args: argparse.Namespace) -> int:
 
     filters = _filters(args)
     output_file("-o", args.output)  # its folder exists: said before the server is asked
+    replaceable("-o", args.output)  # and it is no other file
     url = server_url(args)
     with Client(url) as client, asking("snapshot export", url):
         document, etag = client.export_snapshot(

@@ -2,8 +2,9 @@
 
 Downloads the server's winners for this device's arch (the GPU's when one is visible, else this
 CPU's; or ``--arch``) to ``-o FILE`` (default: ``$TUNECACHE_SNAPSHOT``, else the user cache
-directory, created if need be; the folder of ``-o``'s or the variable's file must exist),
-atomically, and only when they changed (the file's ETag is sent as If-None-Match).
+directory, created if need be; the folder of ``-o``'s or the variable's file must exist, and a
+file there must be a snapshot), atomically, and only when they changed (the file's ETag is sent
+as If-None-Match).
 Run-time lookups read it with ``TUNECACHE_SNAPSHOT=FILE`` (or ``Client(snapshot=FILE)``).
 ``--timeout`` bounds the whole download, connecting to the last byte (default 60 s).
 Exit 0 written or up to date, 2 bad input, 3 server unreachable or too slow.
@@ -24,7 +25,7 @@ from tunecache.problem import NAME
 from tunecache.settings import Settings
 from tunecache.strict import shown
 from tunecache_cli.args import add_server, output_file, server_url
-from tunecache_cli.exports import write_export
+from tunecache_cli.exports import replaceable, write_export
 
 
 def register(commands: Any) -> None:
@@ -70,7 +71,7 @@ def default_path(arch: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache.http import Timeout
-    from tunecache.snapshot import SnapshotFilters, load_snapshot, snapshot_etag
+    from tunecache.snapshot import SnapshotFilters, snapshot_etag, validated_snapshot
     from tunecache_cli.progress import asking
 
     if not (math.isfinite(args.timeout) and args.timeout > 0):
@@ -91,11 +92,13 @@ def run(args: argparse.Namespace) -> int:
     arch = args.arch or this_arch()
     path = args.output or configured or default_path(arch)
     held = None
-    if path.exists():
+    text = replaceable("-o" if args.output else "TUNECACHE_SNAPSHOT" if configured else
+                       "the snapshot", path)  # fmt: skip
+    if text is not None:
         try:
-            snapshot = load_snapshot(path)
+            snapshot = validated_snapshot(path, text)
         except InvalidInput:
-            snapshot = None  # a corrupt file is replaced
+            snapshot = None  # a snapshot this version does not read is replaced
         # Only a snapshot of exactly this arch is up to date by its ETag: every empty snapshot
         # has one ETag, and an empty sm_80 file read as an up-to-date sm_90 one.
         if snapshot is not None and snapshot.filters == SnapshotFilters(device_arch=arch):
