@@ -12,6 +12,7 @@ operation with that schema.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,19 @@ def test_validation_and_refusal_422s_share_the_shape(live: LiveServer) -> None:
     assert invalid["errors"] and all(set(e) == {"loc", "msg", "type"} for e in invalid["errors"])
     assert refused["detail"] == "limit 1001 is over the server's maximum of 1000"
     assert refused["errors"] == []
+
+
+def test_a_refusal_422_logs_no_deprecation_warning(server: LiveServer, tmp_path: Path) -> None:
+    """The first refusal a route raised itself logged Starlette's warning that the name of its
+    status (``HTTP_422_UNPROCESSABLE_ENTITY``) is deprecated, in every server's log."""
+    refused = httpx.get(f"{server.url}/v1/records?limit=1001", headers=AUTH, timeout=30)
+    assert refused.status_code == 422
+    assert "is over the server's maximum" in refused.json()["detail"]
+    deadline = time.monotonic() + 30
+    while "GET /v1/records 422" not in (log := (tmp_path / "server.log").read_text()):
+        assert time.monotonic() < deadline, log  # its access line, written after the answer
+        time.sleep(0.05)
+    assert "Deprecat" not in log, log
 
 
 def test_the_document_names_every_status_an_operation_can_answer(document: dict) -> None:

@@ -15,12 +15,16 @@ document: 401 and 403 where a token is checked, 422 where there is anything to v
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
 
 from pydantic import Field
 
 from cache_server.api.identity import IDENTITY
 from tunecache.schemas import _Strict
+
+# A request whose content is refused. Starlette's HTTP_422_UNPROCESSABLE_ENTITY is deprecated (a
+# warning in the log at the first 422) and its new name is not in every Starlette FastAPI takes.
+UNPROCESSABLE: Final = 422
 
 
 class FieldError(_Strict):

@@ -22,6 +22,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from cache_server.api.auth import Credentials, requires
 from cache_server.api.deps import SessionDep, SettingsDep
 from cache_server.api.errors import validation_detail
+from cache_server.api.problems import UNPROCESSABLE
 from cache_server.dashboard.templating import page, root_path
 from cache_server.models import TokenRow
 from tunecache.errors import error_message
@@ -57,7 +58,7 @@ class PageRoute(APIRoute):
             except RequestValidationError as exc:
                 errors = [{**e, "msg": error_message(e)} for e in exc.errors()]  # as the API
                 why = validation_detail(errors)
-                raise PageError(status.HTTP_422_UNPROCESSABLE_ENTITY, why) from exc
+                raise PageError(UNPROCESSABLE, why) from exc
 
         return route
 

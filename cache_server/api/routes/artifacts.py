@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, status
+from fastapi import APIRouter, HTTPException, Query
 
 from cache_server import artifacts
 from cache_server.api.auth import READ, WriteAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep, SettingsDep
+from cache_server.api.problems import UNPROCESSABLE
 from tunecache.artifacts import (
     MAX_PAGE,
     ArtifactBatch,
@@ -67,7 +68,7 @@ def list_artifacts(
     """
     if key is not None and after is not None:
         raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_ENTITY,
+            UNPROCESSABLE,
             "after pages through a whole partition; a key's items come best first in one page",
         )
     items, next_after = artifacts.list_artifacts(

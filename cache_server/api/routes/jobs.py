@@ -13,6 +13,7 @@ from cache_server import jobs, quota
 from cache_server.api.auth import READ, ReadAccess, WriteAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import IdPath, SessionDep, SettingsDep
+from cache_server.api.problems import UNPROCESSABLE
 from cache_server.metrics import MetricsDep
 from cache_server.models import JobRow, RecordRow, TokenRow, utcnow
 from cache_server.ratelimit import too_many
@@ -117,7 +118,7 @@ def create_job(
     built-in kernel's backend or dtype it lacks, a strategy unknown on the key's backend) is
     refused (422, naming the field)."""
     if (why := unrunnable(request.key, request.strategy)) is not None:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, why)
+        raise HTTPException(UNPROCESSABLE, why)
     key_hash = request.key.digest()
     who = f"token:{token.id}"
     admin = _holder(token) is None  # an admin token: not bounded
@@ -194,9 +195,9 @@ def report_miss(
             wait,
         )
     if (why := builtin_problem(request.key.kernel, request.key.problem)) is not None:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, f"key: {why}")  # no job
+        raise HTTPException(UNPROCESSABLE, f"key: {why}")  # no job
     if (why := unrunnable(request.key)) is not None:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, why)  # no job either
+        raise HTTPException(UNPROCESSABLE, why)  # no job either
     key_hash = request.key.digest()
     if (existing := jobs.find(session, key_hash=key_hash)) is not None:
         metrics.count_miss_report()
@@ -333,7 +334,7 @@ def _check_answer(session: SessionDep, job_id: int, record_id: int) -> None:
     job = jobs.get_job(session, job_id=job_id)
     if job is not None and (why := jobs.mismatch(job.key, record.key)) is not None:
         raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_ENTITY,
+            UNPROCESSABLE,
             f"record {record_id} does not answer job {job_id}: {why}",
         )
 

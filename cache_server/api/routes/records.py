@@ -12,6 +12,7 @@ from cache_server import jobs, queries, quota
 from cache_server.api.auth import READ, WriteAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import IdPath, SessionDep, SettingsDep
+from cache_server.api.problems import UNPROCESSABLE
 from cache_server.api.shedding import MOVE
 from cache_server.db import again_after_a_conflict
 from cache_server.lookup import find_winner
@@ -166,7 +167,7 @@ def list_records(
     """
     if limit > settings.list_limit:
         raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_ENTITY,
+            UNPROCESSABLE,
             f"limit {limit} is over the server's maximum of {settings.list_limit}",
         )
     filters = queries.RecordFilters(

@@ -11,6 +11,7 @@ from cache_server import snapshots
 from cache_server.api.auth import READ, WRITE, WriteAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import SessionDep, SettingsDep
+from cache_server.api.problems import UNPROCESSABLE
 from cache_server.db import again_after_a_conflict
 from cache_server.trust import winner_table
 from tunecache.snapshot import (
@@ -76,7 +77,7 @@ def export_snapshot(
             provenance=query.provenance,
         )
     except snapshots.SnapshotTooLarge as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, str(exc)) from None
+        raise HTTPException(UNPROCESSABLE, str(exc)) from None
     body, etag = render_snapshot(filters, records, stated)
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     if if_none_match is not None and _matches(if_none_match, etag):
