@@ -406,14 +406,18 @@ def _asked(key: Mapping[str, Any]) -> dict[str, Any]:
     """What a job asks of the record that completes it: what a worker keeps of the job's key
     when it keys its run with its own device and environment (``tuner.daemon.Daemon.local_key``),
     and the arch its claim matched."""
-    asked = {name: key[name] for name in ("kernel", "backend", "dtype", "problem")}
+    asked = {name: key[name] for name in ("kernel", "source_hash", "backend", "dtype", "problem")}
     return {**asked, "device.arch": key["device"]["arch"]}
 
 
 def mismatch(job_key: Mapping[str, Any], record_key: Mapping[str, Any]) -> str | None:
     """Why a record of ``record_key`` cannot complete a job for ``job_key`` (it answers another
-    kernel, backend, dtype, problem or arch), or ``None``. Its device's name and size, its
-    versions and its kernel's source hash are the worker's own."""
+    kernel, kernel source, backend, dtype, problem or arch), or ``None``. Its device's name and
+    size and its versions are the worker's own.
+
+    The source too: every lookup rule serves only records of the asking kernel's source, so a
+    worker whose kernel (or tunecache, for a built-in) hashed otherwise closed the job with a
+    record none of the processes that asked is served, and their misses found the job done."""
     wanted, got = _asked(job_key), _asked(record_key)
     for name, value in wanted.items():
         if canonical_json(value) != canonical_json(got[name]):

@@ -69,6 +69,24 @@ def test_the_daemon_tunes_what_it_can_run_and_a_miss_becomes_a_hit(server: LiveS
     }
 
 
+def test_a_job_of_another_kernel_source_is_given_back_untuned(server: LiveServer) -> None:
+    """A job queued by a process of another version of the kernel (or of tunecache, for a
+    built-in): the daemon keyed its record with its own source, which no lookup of the job's
+    key is served, and the job was done, its askers' misses finding it so. It is failed,
+    saying why, without a tune; the server refuses such a record as the job's answer too."""
+    here = key_for("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32")
+    other = dataclasses.replace(here, source_hash="0" * 16)
+    with Client(server.url) as client:
+        client.create_job(other, max_attempts=1)
+    done = daemon(server)
+    assert done.returncode == 1 and "0 jobs completed, 1 failed" in done.stderr, done.stderr
+    with Client(server.url) as client:
+        (job,) = client.list_jobs().items
+        assert client.list_records().items == []
+    assert job.state == "failed"
+    assert f"source hashes {here.source_hash} here, the job's {'0' * 16}" in job.error, job.error
+
+
 def test_a_job_never_makes_the_daemon_import_a_package_it_was_not_given(
     server: LiveServer, tmp_path: Path
 ) -> None:
@@ -354,7 +372,7 @@ def test_polling_backs_off_while_the_server_is_away_and_stops_on_a_refusal() -> 
     does any failure with ``once``."""
     import threading
 
-    from tuner.daemon import MAX_BACKOFF, poll
+    from tuner.polling import MAX_BACKOFF, poll
 
     class Clock(threading.Event):
         waits: list[float] = []
@@ -537,7 +555,7 @@ def test_after_a_failed_job_the_next_claim_waits_longer_each_time_up_to_the_poll
     poll interval; work done resets it."""
     import threading
 
-    from tuner.daemon import FAILED_WAIT, poll
+    from tuner.polling import FAILED_WAIT, poll
 
     results = [False] * 5 + [True, False]
 

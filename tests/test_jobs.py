@@ -375,8 +375,8 @@ def test_a_lease_is_held_by_the_token_that_claimed_it(any_server: LiveServer) ->
 
 
 def test_a_job_is_completed_only_with_a_record_that_answers_it(any_server: LiveServer) -> None:
-    """No record, or a record of another problem (or kernel, backend, dtype, arch), does not
-    finish the job; one of its problem tuned on the worker's own device of the arch, with its own
+    """No record, or a record of another problem (or kernel, kernel source, backend, dtype,
+    arch), does not finish the job; one of its problem tuned on the worker's own device of the arch, with its own
     versions, does."""
     with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         create(http, 13)
@@ -393,6 +393,13 @@ def test_a_job_is_completed_only_with_a_record_that_answers_it(any_server: LiveS
         assert "problem" in refused.json()["detail"]
         assert http.get(f"/v1/jobs/{job['id']}").json()["state"] == "running"
         asked = make_key(m=13)
+        # Another source of the kernel (a worker on another version): served to none who asked
+        other = _upload(http, dataclasses.replace(asked, source_hash="0" * 16))
+        refused = http.post(f"/v1/jobs/{job['id']}/complete",
+                            json={"worker": "w", "record_id": other})  # fmt: skip
+        assert refused.status_code == 422, refused.text
+        assert 'its source_hash is "0000000000000000"' in refused.json()["detail"]
+        assert http.get(f"/v1/jobs/{job['id']}").json()["state"] == "running"
         device = DeviceFingerprint(kind="cpu", arch=asked.device.arch, name="worker-cpu", units=8)
         local = dataclasses.replace(asked, device=device, environment={"apache-tvm": "0.28.0"})
         assert local.digest() != asked.digest()
@@ -556,3 +563,36 @@ def test_a_claim_that_passed_its_token_check_before_a_revocation_leases_nothing(
             assert taken is not None and taken.lease_token_id == admin.id
     finally:
         engine.dispose()
+
+
+def test_a_completion_waits_for_a_verifier_deciding_its_record(server: LiveServer) -> None:
+    """A verifier rejected the record between the completion's check and its write: the job
+    was done with a record never served (the rejection reopens done jobs only). The completion
+    reads the record behind its key's lock, as a finding is written, and finds it rejected."""
+    import sqlite3
+
+    assert server.db_path is not None
+    with httpx.Client(headers=AUTH, base_url=server.url, timeout=30) as http:
+        create(http, 17)
+        job = claim(http, "w")
+        assert job is not None
+        record_id = _upload(http, Key.from_json(job["key"]))
+        verifier = sqlite3.connect(server.db_path, isolation_level=None, timeout=30)
+        verifier.execute("BEGIN IMMEDIATE")  # a finding being written, behind the write lock
+        verifier.execute("UPDATE records SET status = 'rejected' WHERE id = ?", (record_id,))
+        answers: list[httpx.Response] = []
+        sent = threading.Thread(
+            target=lambda: answers.append(
+                http.post(
+                    f"/v1/jobs/{job['id']}/complete", json={"worker": "w", "record_id": record_id}
+                )
+            )
+        )
+        sent.start()
+        time.sleep(1.5)  # the completion is in, waiting
+        verifier.execute("COMMIT")
+        verifier.close()
+        sent.join(30)
+        assert answers and answers[0].status_code == 409, answers and answers[0].text
+        assert "a verifier rejected it" in answers[0].json()["detail"]
+        assert http.get(f"/v1/jobs/{job['id']}").json()["state"] == "running"

@@ -24,7 +24,7 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -38,8 +38,8 @@ from tunecache.kernels import BACKENDS
 from tunecache.key import DEVICE_KINDS, Key, kernel_module, key_for
 from tunecache.outbox import Later
 from tunecache.pages import fetch_first
-from tunecache.server_source import unreachable
 from tuner.harness import Harness
+from tuner.polling import leased, passing, poll
 from tuner.tune import TuneOptions, tune
 
 logger = logging.getLogger(__name__)
@@ -97,83 +97,10 @@ def runnable_backends(device: str, wanted: tuple[str, ...] | None = None) -> tup
     return tuple(chosen)
 
 
-MAX_BACKOFF = 60.0  # seconds between claims while the server does not answer
-FAILED_WAIT = 0.1  # seconds before the claim after a failed job, doubling with each in a row
 MAX_RUNS_ONCE = 3  # runs of one job a --once worker makes (a failed job's retries)
 # Jobs in a row failing as nothing foresaw after which the daemon stops: a fault of its own (a
 # broken install) failed every job it claimed, each spending an attempt.
 MAX_INTERNAL_ERRORS = 3
-
-
-def passing(exc: ServerError) -> bool:
-    """Whether a call's failure may pass (the server restarting, unreachable, overloaded, a
-    proxy's 502 meanwhile), rather than an answer that asking again cannot change (a revoked
-    token: 401, 403; an answer this client cannot read, after which a claim was made but not
-    taken)."""
-    return unreachable(exc) or exc.status_code in (408, 429)
-
-
-def poll(claim: Callable[[], T | None], work: Callable[[T], object], *,
-         stopping: threading.Event, once: bool, every: float) -> None:  # fmt: skip
-    """Claims and works on what it claimed until ``stopping`` is set; when a claim finds
-    nothing, waits ``every`` seconds (or, ``once``, returns). After work that failed (``work``
-    returned ``False``) it waits before the next claim, 0.1 s doubling with each failure in a
-    row up to ``every``: a server that hands out jobs failing at once (139 in 12 s) gets a
-    claim every ``every`` seconds, not a loop.
-
-    A server that stops answering (:func:`passing`) is asked again, the wait doubling up to
-    :data:`MAX_BACKOFF` (or what it asked for), said once when it goes and once when it is back:
-    a team's daemons outlive a restart of the server. ``once``, or another refusal, raises.
-    """
-    down_since: float | None = None
-    wait, failures = every, 0
-    while not stopping.is_set():
-        try:
-            claimed = claim()
-        except ServerError as exc:
-            if once or not passing(exc):
-                raise
-            if down_since is None:
-                down_since = time.monotonic()
-                logger.warning("the server does not answer (%s): asking again, at most every "
-                               "%g s", exc, MAX_BACKOFF)  # fmt: skip
-            wait = min(MAX_BACKOFF, max(wait * 2, exc.retry_after or 0))
-            stopping.wait(wait)
-            continue
-        if down_since is not None:
-            logger.warning("the server answers again (after %.0f s)", time.monotonic() - down_since)
-            down_since, wait = None, every
-        if claimed is None:
-            if once:
-                return
-            stopping.wait(every)
-            continue
-        if work(claimed) is False:
-            failures += 1
-            stopping.wait(min(every, FAILED_WAIT * 2 ** min(failures - 1, 32)))
-        else:
-            failures = 0
-
-
-@contextlib.contextmanager
-def leased(client: Client, job: JobPublic, worker: str, seconds: float) -> Iterator[None]:
-    """Renews ``job``'s lease every third of ``seconds`` while the block runs."""
-    done = threading.Event()
-
-    def renew() -> None:
-        while not done.wait(seconds / 3):
-            try:
-                client.heartbeat_job(job.id, worker, lease_seconds=seconds)
-            except ServerError as exc:
-                logger.warning("job %d: lease not renewed: %s", job.id, exc)
-
-    thread = threading.Thread(target=renew, daemon=True, name=f"lease-{job.id}")
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join(timeout=5)
 
 
 def importable(packages: Sequence[str]) -> tuple[str, ...]:
@@ -358,10 +285,23 @@ class Daemon(Worker):
             self.unsent.pop(0)
 
     def local_key(self, job: JobPublic) -> Key:
-        """The job's key completed with this machine's device and environment."""
+        """The job's key completed with this machine's device and environment.
+
+        Raises:
+            InvalidInput: the kernel's source hashes otherwise here: a record of it would be
+                served to none of the processes that asked (the job was done, and their misses
+                found it so).
+        """
         wanted = job.key
-        return key_for(wanted.kernel, wanted.backend, wanted.problem, wanted.dtype,
-                       device=self.device)  # fmt: skip
+        key = key_for(wanted.kernel, wanted.backend, wanted.problem, wanted.dtype,
+                      device=self.device)  # fmt: skip
+        if key.source_hash != wanted.source_hash:
+            raise InvalidInput(
+                f"{wanted.kernel}'s source hashes {key.source_hash} here, the job's "
+                f"{wanted.source_hash}: another version of the kernel (or of tunecache, for a "
+                "built-in) asked, and a record of this one would not be served to it"
+            )
+        return key
 
     def rejected_at(self, job: JobPublic, key: Key) -> tuple[dict[str, Any], ...]:
         """The configs a verifier of the cache rejected at ``key``, each once (its first

@@ -42,8 +42,9 @@ from tunecache.space import Config
 from tunecache.strict import printable_text
 from tunecache.timing import DEFAULT_TIMER, TimerSettings
 from tunecache.verification import VerificationCreate, VerifyTask
-from tuner.daemon import Worker, poll
+from tuner.daemon import Worker
 from tuner.harness import Harness, Task
+from tuner.polling import poll
 from tuner.tune import check_memory
 from workloads import get_workload
 

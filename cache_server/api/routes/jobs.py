@@ -9,13 +9,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
-from cache_server import jobs, quota
+from cache_server import jobs, quota, twins
 from cache_server.api.auth import READ, ReadAccess, WriteAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import IdPath, SessionDep, SettingsDep
 from cache_server.api.problems import UNPROCESSABLE
 from cache_server.metrics import MetricsDep
-from cache_server.models import JobRow, RecordRow, TokenRow, utcnow
+from cache_server.models import JobRow, TokenRow, utcnow
 from cache_server.ratelimit import too_many
 from cache_server.settings import ServerSettings
 from tunecache.errors import InvalidInput
@@ -313,8 +313,12 @@ def complete(
 ) -> JobPublic:
     """Finishes a job this worker holds under this token with the record it uploaded, which must
     exist and may be served (not rejected, and validated: else 409, as a record rejected since
-    opens the job again) and answer the job: its key's kernel, backend, dtype, problem and
-    device arch are the job's (422); its device and versions are the worker's own."""
+    opens the job again) and answer the job: its key's kernel, kernel source, backend, dtype,
+    problem and device arch are the job's (422); its device and versions are the worker's own.
+
+    The record is read behind its key's lock, as a verifier's finding is written: a rejection
+    between the check and the completion left the job done with a record never served (the
+    rejection reopened done jobs only, and this one was not done yet)."""
     _check_answer(session, job_id, request.record_id)
     job = jobs.complete(session, job_id=job_id, worker=request.worker, holder=_holder(token),
                         record_id=request.record_id)  # fmt: skip
@@ -324,7 +328,7 @@ def complete(
 def _check_answer(session: SessionDep, job_id: int, record_id: int) -> None:
     """409 when there is no record ``record_id`` or it is never served, 422 when it does not
     answer job ``job_id`` (no such job: left to the lease check, a 409)."""
-    record = session.get(RecordRow, record_id)
+    record = twins.lock(session, record_id)
     if record is None:
         raise HTTPException(status.HTTP_409_CONFLICT, f"no record {record_id}")
     if record.status == "rejected" or not record.validated:
