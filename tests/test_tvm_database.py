@@ -602,6 +602,25 @@ def test_validation_fails_wrong_and_unwritten_outputs(kernels: Path) -> None:
     assert error is not None and error > 1e-4  # over the float32 tolerance
 
 
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int32", "bool"])
+def test_validation_takes_outputs_of_every_integer_width(dtype: str) -> None:
+    """An int8 function's outputs were filled with -0x5EED before each run: "value cannot be
+    converted to type int8_t without overflow", ``tune --tvm``'s internal error."""
+    from tvm import te
+
+    from backends.tvm.golden import Reference
+    from tunecache_cli.tune_tvm import max_error
+
+    a = te.placeholder((8, 8), name="A", dtype=dtype)
+    out = te.compute((8, 8), lambda i, j: a[j, i] | a[i, j] if dtype == "bool"
+                     else a[j, i] + a[i, j], name="out")  # fmt: skip
+    reference = Reference(_normalized(te.create_prim_func([a, out])), host_target(), seeds=(1,))
+    assert reference.outputs == (1,)
+    (given, _), (expected,) = reference.inputs(1), reference.expected[0]
+    assert bool((expected == (given | given.T if dtype == "bool" else given + given.T)).all())
+    assert max_error(reference, reference.lib) == (0.0, "")
+
+
 # -- tune --tvm: bad input is one line and exit 2 --------------------------------------------
 BAD_TVM = [
     ("{dir}/missing.py:matmul_bias", "no Python file"),

@@ -143,10 +143,26 @@ def _values(args: Sequence[Argument], seed: int, poisoned: Sequence[int]) -> lis
     for i, arg in enumerate(args):
         dtype = torch_dtype(arg.dtype)
         if i in poisoned:
-            fill = float("nan") if dtype.is_floating_point else INT_POISON
-            values.append(torch.full(arg.shape, fill, dtype=dtype))
+            values.append(torch.full(arg.shape, _poison(dtype), dtype=dtype))
         elif dtype.is_floating_point:
             values.append(random_nonzero(arg.shape, arg.dtype, generator))
         else:  # small positive integers: index-like inputs stay in range more often
-            values.append(torch.randint(1, 4, arg.shape, generator=generator, dtype=dtype))
+            low, high = (0, 2) if dtype == torch.bool else (1, 4)
+            values.append(torch.randint(low, high, arg.shape, generator=generator, dtype=dtype))
     return values
+
+
+def _poison(dtype: torch.dtype) -> float | int | bool:
+    """What an output of ``dtype`` holds before a run: NaN, :data:`INT_POISON`, or the value
+    furthest from zero the integer type holds (``int8``'s -128: the fill of -0x5EED raised
+    "cannot be converted to type int8_t without overflow", an internal error of ``tune``)."""
+    import torch
+
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    info = torch.iinfo(dtype)
+    if info.min <= INT_POISON <= info.max:
+        return INT_POISON
+    return info.min if info.min < 0 else info.max
