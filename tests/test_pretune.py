@@ -461,3 +461,41 @@ def test_coverage_says_which_tuned_keys_run_slower_than_torch_eager(
     notes = {row["digest"]: row["note"] for row in document["keys"]}
     assert notes == {slow_key.digest(): said, fast_key.digest(): ""}
     assert document["slower_than_eager"] == 1
+
+
+def test_local_tuning_takes_a_job_whose_lease_lapsed_instead_of_waiting_for_good(
+    tmp_path: Path,
+) -> None:
+    """A run stopped with Ctrl-C left its job leased; the next ``pretune --local`` found it
+    running, claimed nothing, and followed "1 running" until it was killed. It runs its daemons
+    again once the lease lapses, and tunes the job here."""
+    import time
+
+    from tests.conftest import start_server
+    from tests.factories import make_key, make_record
+    from tunecache.client import Client
+    from tunecache_cli.pretune import _until_no_retry
+
+    db = tmp_path / "cache.db"
+    live = start_server(f"sqlite:///{db}", db, tmp_path / "server.log")
+    try:
+        with Client(live.url) as client:
+            job = client.create_job(make_key(9)).job
+            assert client.claim_job("stopped", lease_seconds=3) is not None  # the Ctrl-C'd run
+            drains: list[str] = []
+
+            def drain() -> None:  # a once-daemon: takes what is claimable now, then stops
+                taken = client.claim_job("here", lease_seconds=60)
+                drains.append("took" if taken else "nothing")
+                if taken is not None:
+                    stored = client.upload(make_record(taken.key.to_key()))
+                    client.complete_job(taken.id, "here", stored.record_id)
+
+            started = time.monotonic()
+            _until_no_retry(client, [job.key_hash], drain)
+            assert drains == ["nothing", "took"]  # leased at first, then its lease lapsed
+            assert time.monotonic() - started < 30
+            (final,) = client.list_jobs().items
+            assert (final.state, final.lease_owner) == ("done", None)
+    finally:
+        live.stop()

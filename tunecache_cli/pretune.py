@@ -22,6 +22,7 @@ from tunecache_cli.args import add_server, check_trials, preflight, server_url
 from tunecache_cli.table import counted, shown
 
 RETRY_POLL_SECONDS = 2.0  # pretune --local: how often it looks whether a retry is due
+MAX_LEASE_WAIT = 30.0  # and at most this long for a job leased elsewhere (a lease is renewed)
 QUIET_LINE_SECONDS = 60.0  # off a terminal, a progress line when a count changes, else this often
 UNCLAIMED_HINT_SECONDS = 30.0  # no job claimed this long: say how to start a worker, once
 
@@ -272,17 +273,30 @@ def _on_ray(client: Any, manifest: Any, trials: int, hashes: list[str], address:
 
 def _until_no_retry(client: Any, hashes: list[str], drain: Any) -> None:
     """Runs ``drain`` (daemons that stop when nothing is claimable), then again after a wait
-    while a followed job that failed is queued for its retry (the server's delay)."""
+    while a followed job that failed is queued for its retry (the server's delay), or once the
+    lease of one leased elsewhere lapses: a run stopped with Ctrl-C left its job leased for
+    minutes, and the next run said "1 running" until it was killed."""
     from tunecache_cli.progress import working
 
-    wanted = set(hashes)
+    wanted, due = set(hashes), True
     while True:
-        drain()
+        if due:
+            drain()
         jobs = [j for h, j in all_jobs(client).items() if h in wanted]
-        if not any(j.state == "queued" and j.attempts > 0 for j in jobs):
-            return
-        with working("pretune", "failed jobs wait for their retry"):
-            time.sleep(RETRY_POLL_SECONDS)
+        if any(j.state == "queued" and j.attempts > 0 for j in jobs):
+            due, wait, said = True, RETRY_POLL_SECONDS, "failed jobs wait for their retry"
+        else:
+            leases = [j.lease_expires_at for j in jobs
+                      if j.state == "running" and j.lease_expires_at is not None]  # fmt: skip
+            if not leases:
+                return
+            lapse = min(leases)
+            wait = min(MAX_LEASE_WAIT, max(RETRY_POLL_SECONDS, lapse.timestamp() - time.time() + 1))
+            due = lapse.timestamp() <= time.time() + wait  # else it is read again, maybe renewed
+            said = (f"{counted(len(leases), 'job')} leased elsewhere: tuned here if a worker's "
+                    f"lease lapses (the first at {lapse.astimezone():%H:%M:%S})")  # fmt: skip
+        with working("pretune", said):
+            time.sleep(wait)
 
 
 def _check_strategies(manifest: Any) -> None:
