@@ -126,3 +126,7 @@ def test_the_servers_strategies_are_the_tuners() -> None:
     for name, known in tuners.items():
         said = strategy_problem(get_backend(name), "nosuch")
         assert said is not None and said.endswith(f"known: {', '.join(sorted(known))}"), said
+    # a typo is named as one (--strategy optuan said only what is known)
+    said = strategy_problem(get_backend("tvm"), "optuan")
+    assert said is not None and "'optuan' for tvm (did you mean 'optuna'?); known:" in said, said
+    assert "did you mean" not in (strategy_problem(get_backend("tvm"), "nosuch") or "")

@@ -47,6 +47,7 @@ from tunecache.device import DeviceFingerprint, local_device
 from tunecache.environment import environment_for
 from tunecache.errors import InvalidInput, TuningError, validation_problems
 from tunecache.folders import output_dir
+from tunecache.kernels import nearest
 from tunecache.key import Key
 from tunecache.schemas import (
     MAX_TRIALS,
@@ -242,7 +243,8 @@ def strategy_problem(backend: Backend, strategy: str | None) -> str | None:
         known = ", ".join(
             sorted({*(STRATEGIES if searchable else ()), *([native] if native else [])})
         )
-        return f"unknown strategy {strategy!r} for {backend.name}; known: {known}"
+        near = nearest(strategy, known.split(", "))
+        return f"unknown strategy {strategy!r} for {backend.name}{near}; known: {known}"
     if not searchable:
         return f"{backend.name} has no space to search with {strategy!r}; its search is {native!r}"
     return None
