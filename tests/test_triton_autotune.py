@@ -319,6 +319,7 @@ def test_a_check_that_cannot_run_here_never_breaks_the_launch_nor_disputes(
         assert json.loads(done.stdout.splitlines()[-1]) == {"bench": bench}
     assert "could not check the server's config here" in done.stderr, done.stderr
     assert "not disputing it" in done.stderr and "could not check the tuned config" in done.stderr
+    assert "run unchecked, as Triton's own pick; not uploaded" in done.stderr
     assert "CUDA out of memory" in done.stderr and "Traceback" not in done.stderr
     with Client(server.url) as client:
         records = client.list_records(kernel="tests.user_triton_autotune:affine_rows")

@@ -267,8 +267,8 @@ class CachedAutotuner(Admission, Autotuner):
         try:
             return self._check(config, args, kwargs, TOLERANCES.get(key.dtype, 1e-4), key)
         except CheckUnavailable as exc:  # never into the user's launch
-            self._warn_once("unchecked", f"{key.short()}: could not check the tuned config "
-                                         f"{config} ({one_line(exc)}); not uploaded")  # fmt: skip
+            said = f"{config} ({one_line(exc)}): run unchecked, as Triton's own pick; not uploaded"
+            self._warn_once("unchecked", f"{key.short()}: could not check the tuned config {said}")
             return None
         except Exception as exc:  # the config's own run failed on fresh inputs
             return CheckModel.raised(
