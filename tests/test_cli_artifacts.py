@@ -97,6 +97,11 @@ def test_every_namespaces_score_is_listed_in_milliseconds(server: LiveServer) ->
     assert done.returncode == 0, done.stderr
     header, _, row = done.stdout.splitlines()[2:5]
     assert "score ms" in header and " 0.00841 " in row, done.stdout
+    # A partition named alone lists every kind it holds: a TVM partition's records were
+    # "inductor.choices: 0 items / inductor.autotune: 0 items", exit 1 (a newcomer's walk)
+    every = tunecache("artifacts", "ls", "--partition", "llvm -x", "--server", server.url)
+    assert every.returncode == 0, every.stderr
+    assert "tvm.record: 1 item" in every.stdout and "inductor" not in every.stdout, every.stdout
 
 
 def test_artifacts_ls_bad_input_exits_2_naming_it() -> None:

@@ -34,7 +34,8 @@ def register(commands: Any) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser("ls", help="one partition's items, best score first per key")
     listing.add_argument("--namespace", choices=NAMESPACES,
-                         help="only this kind (default: Inductor's two)")  # fmt: skip
+                         help="only this kind (default: every kind the partition holds, or "
+                              "Inductor's two in this machine's partition)")  # fmt: skip
     listing.add_argument("--partition", help="the partition (default: this machine's Inductor "
                          "partition; required for the other namespaces)")  # fmt: skip
     listing.add_argument("--key", help="only this key's items")
@@ -50,7 +51,10 @@ def run_ls(args: argparse.Namespace) -> int:
     from tunecache_cli.progress import asking
 
     check_count("--limit", args.limit, 1, MAX_PAGE)
-    namespaces = cast(tuple[Namespace, ...], (args.namespace,) if args.namespace else INDUCTOR)
+    # A partition named: every kind (a TVM partition's records were listed as "inductor.choices:
+    # 0 items", exit 1); none: this machine's Inductor partition, the one it can name itself.
+    every = NAMESPACES if args.partition is not None else INDUCTOR
+    namespaces = cast(tuple[Namespace, ...], (args.namespace,) if args.namespace else every)
     partition = args.partition if args.partition is not None else _own_partition(namespaces)
     if not partition.strip() or len(partition) > 256:
         raise InvalidInput(f"--partition {partition!r}: expected 1 to 256 characters")
@@ -68,7 +72,8 @@ def run_ls(args: argparse.Namespace) -> int:
             indent=2))  # fmt: skip
         return 0 if any(found.values()) else 1
     print(f"partition {partition}")
-    for namespace, items in found.items():
+    held = {ns: items for ns, items in found.items() if items or args.namespace}
+    for namespace, items in (held if held and every is NAMESPACES else found).items():
         raise_it = "; raise --limit" if args.limit < MAX_PAGE else ""
         print(f"{namespace}: {counted(len(items), 'item')}"
               f"{f' (more not listed{raise_it})' if namespace in more else ''}")  # fmt: skip
