@@ -497,5 +497,13 @@ def test_local_tuning_takes_a_job_whose_lease_lapsed_instead_of_waiting_for_good
             assert time.monotonic() - started < 30
             (final,) = client.list_jobs().items
             assert (final.state, final.lease_owner) == ("done", None)
+            # a lapsed job no daemon here takes (its device is not here): left to follow(),
+            # not drained for every two seconds for good
+            other = client.create_job(make_key(10)).job
+            assert client.claim_job("stopped", lease_seconds=2) is not None
+            idle: list[str] = []
+            started = time.monotonic()
+            _until_no_retry(client, [other.key_hash], lambda: idle.append("nothing"))
+            assert len(idle) == 2 and time.monotonic() - started < 30, idle
     finally:
         live.stop()

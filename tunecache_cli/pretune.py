@@ -23,6 +23,7 @@ from tunecache_cli.table import counted, shown
 
 RETRY_POLL_SECONDS = 2.0  # pretune --local: how often it looks whether a retry is due
 MAX_LEASE_WAIT = 30.0  # and at most this long for a job leased elsewhere (a lease is renewed)
+LAPSE_MARGIN = 3.0  # seconds past a lease's end before it is claimed (the server's clock may lag)
 QUIET_LINE_SECONDS = 60.0  # off a terminal, a progress line when a count changes, else this often
 UNCLAIMED_HINT_SECONDS = 30.0  # no job claimed this long: say how to start a worker, once
 
@@ -275,10 +276,12 @@ def _until_no_retry(client: Any, hashes: list[str], drain: Any) -> None:
     """Runs ``drain`` (daemons that stop when nothing is claimable), then again after a wait
     while a followed job that failed is queued for its retry (the server's delay), or once the
     lease of one leased elsewhere lapses: a run stopped with Ctrl-C left its job leased for
-    minutes, and the next run said "1 running" until it was killed."""
+    minutes, and the next run said "1 running" until it was killed. A job whose lease had lapsed
+    when the daemons ran, and still has, is one no daemon here takes (its device is not here):
+    left to :func:`follow`, not drained for every few seconds."""
     from tunecache_cli.progress import working
 
-    wanted, due = set(hashes), True
+    wanted, due, lapsed = set(hashes), True, set[int]()
     while True:
         if due:
             drain()
@@ -286,15 +289,19 @@ def _until_no_retry(client: Any, hashes: list[str], drain: Any) -> None:
         if any(j.state == "queued" and j.attempts > 0 for j in jobs):
             due, wait, said = True, RETRY_POLL_SECONDS, "failed jobs wait for their retry"
         else:
-            leases = [j.lease_expires_at for j in jobs
-                      if j.state == "running" and j.lease_expires_at is not None]  # fmt: skip
+            now = time.time()
+            leases = {j.id: j.lease_expires_at.timestamp() for j in jobs
+                      if j.state == "running" and j.lease_expires_at is not None}  # fmt: skip
+            leases = {i: at for i, at in leases.items() if not (i in lapsed and at < now)}
             if not leases:
                 return
-            lapse = min(leases)
-            wait = min(MAX_LEASE_WAIT, max(RETRY_POLL_SECONDS, lapse.timestamp() - time.time() + 1))
-            due = lapse.timestamp() <= time.time() + wait  # else it is read again, maybe renewed
+            lapse = min(leases.values())
+            wait = min(MAX_LEASE_WAIT, max(RETRY_POLL_SECONDS, lapse - now + LAPSE_MARGIN))
+            due = lapse <= now + wait  # else read again then: a worker renews its lease
+            lapsed = {i for i, at in leases.items() if at <= now + wait} if due else set()
+            first = time.strftime("%H:%M:%S", time.localtime(lapse))
             said = (f"{counted(len(leases), 'job')} leased elsewhere: tuned here if a worker's "
-                    f"lease lapses (the first at {lapse.astimezone():%H:%M:%S})")  # fmt: skip
+                    f"lease lapses (the first at {first})")  # fmt: skip
         with working("pretune", said):
             time.sleep(wait)
 
