@@ -58,6 +58,7 @@ BAD = [
     ('[[tune]]\nkernel = "matmul"\nshapes = [{M = 8, N = 8, K = 8}]\n', "line 1: backends must be a non-empty list"),
     ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}]\ntrials = 0\n', "line 1: trials=0 must be an integer from 1 to"),
     ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}]\nbudget = 3\n', "line 1: unknown fields ['budget']"),
+    ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshape = [{M = 8, N = 8, K = 8}]\n', "unknown fields ['shape'] (did you mean 'shapes'?); known:"),
     ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}]\n[[tune]]\nkernel = "softmax"\nbackends = ["tvm"]\nshapes = [{M = -1, N = 8}]\n', "line 5: problem: M=-1 is outside"),
     ('arch = "sm_999"\n[[tune]]\nkernel = "matmul"\nbackends = ["triton"]\nshapes = [{M = 8, N = 8, K = 8}]\n', "arch 'sm_999' is not a known arch; known: sm_50"),
     ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 8, K = 8}]\ntrials = 2_000_000\n', "line 1: trials=2000000 must be an integer from 1 to 1,000,000"),

@@ -47,7 +47,7 @@ from pydantic import ValidationError
 from tunecache.device import DeviceFingerprint, check_arch, local_device
 from tunecache.errors import InvalidInput, validation_problems
 from tunecache.jobs import MAX_JOB_TRIALS, STRATEGY_PATTERN
-from tunecache.kernels import closest
+from tunecache.kernels import closest, nearest
 from tunecache.key import DEVICE_KINDS, Key, arch_kind, device_kind, kernel_module, key_for
 from tunecache.policies import VERSION_POLICIES, VersionPolicy
 from tunecache.presets import preset_problems
@@ -101,7 +101,8 @@ _TOP_FIELDS = {"arch", "policy", "tune"}
 def _entry_keys(entry: Mapping[str, Any], arch: str | None) -> list[Key]:
     unknown = sorted(set(entry) - _ENTRY_FIELDS)
     if unknown:
-        raise InvalidInput(f"unknown fields {unknown}; known: {sorted(_ENTRY_FIELDS)}")
+        hint = nearest(unknown[0], sorted(_ENTRY_FIELDS)) if len(unknown) == 1 else ""
+        raise InvalidInput(f"unknown fields {unknown}{hint}; known: {sorted(_ENTRY_FIELDS)}")
     if ("kernel" in entry) == ("preset" in entry):
         raise InvalidInput("give either kernel (with shapes) or preset (with tokens)")
     backends, dtypes = entry.get("backends"), entry.get("dtypes", ["float32"])
