@@ -60,3 +60,4 @@ def test_a_module_whose_file_has_no_init_inputs_is_told_so(tmp_path: Path, capsy
     assert cli_main(["tune", "--torch", f"{path}:Model", "--no-upload"]) == 2
     err = capsys.readouterr().err
     assert "Model() (needs.py has no get_init_inputs() to give its arguments) failed" in err, err
+    assert err.rstrip().endswith("(--init-inputs NAME: the file's function of its arguments)")

@@ -62,7 +62,9 @@ def load_target(
             called = f"{name}(*{init_name}())"
             if not hasattr(module, init_name):
                 called = f"{name}() ({path.name} has no {init_name}() to give its arguments)"
-            raise InvalidInput(f"--torch: {called} failed: {one_line(exc)}") from exc
+            hint = " (--init-inputs NAME: the file's function of its arguments)"
+            hint = hint if isinstance(exc, TypeError) else ""  # the arguments did not fit
+            raise InvalidInput(f"--torch: {called} failed: {one_line(exc)}{hint}") from exc
     elif not callable(target):
         raise InvalidInput(f"--torch: {name} in {path} is not a function or nn.Module class")
     inputs = _call_factory(module, inputs_name, path, required=True)
