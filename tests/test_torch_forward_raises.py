@@ -61,3 +61,15 @@ def test_a_module_whose_file_has_no_init_inputs_is_told_so(tmp_path: Path, capsy
     err = capsys.readouterr().err
     assert "Model() (needs.py has no get_init_inputs() to give its arguments) failed" in err, err
     assert err.rstrip().endswith("(--init-inputs NAME: the file's function of its arguments)")
+
+
+def test_init_inputs_given_for_a_function_is_refused(tmp_path: Path, capsys: Any) -> None:
+    """``--init-inputs`` beside a function was accepted and never called: an option the form
+    would not use is refused by name, never dropped without a word."""
+    path = tmp_path / "fused.py"
+    path.write_text("import torch\n\ndef fused(x):\n    return x * 2 + 1\n\n"
+                    "def get_inputs():\n    return [torch.randn(4, 8)]\n")  # fmt: skip
+    assert cli_main(["tune", "--torch", f"{path}:fused", "--init-inputs", "none",
+                     "--no-upload"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "--init-inputs none goes with an nn.Module class; fused is a function" in err, err

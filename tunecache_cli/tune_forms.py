@@ -23,6 +23,7 @@ from tunecache.errors import InvalidInput
 KEY, TORCH, TVM = "KERNEL", "--torch", "--tvm"
 FORMS = (KEY, TORCH, TVM)
 DEFAULT_TRIALS = 32
+INIT_INPUTS = "get_init_inputs"  # --init-inputs's default: a module class's arguments, if any
 
 _SEARCH = {
     TORCH: "max-autotune benchmarks every choice Inductor has, as Inductor runs it",
@@ -63,7 +64,7 @@ OPTIONS: dict[str, Option] = {  # the argparse dest of each option of `tune`
     "tvm": _option("--tvm", TVM),
     "inputs": _option("--inputs", TORCH, default="get_inputs", why_not={
         KEY: _OWN_INPUTS, TVM: "MetaSchedule times the module on random inputs"}),
-    "init_inputs": _option("--init-inputs", TORCH, default="get_init_inputs", why_not={
+    "init_inputs": _option("--init-inputs", TORCH, default=INIT_INPUTS, why_not={
         KEY: _OWN_INPUTS, TVM: "a TVM module has no constructor"}),
     "device": _option("--device", TORCH, TVM, why_not={
         KEY: "for --torch / --tvm: a kernel key is tuned on this machine's device for its "

@@ -21,6 +21,7 @@ from tunecache.errors import InvalidInput, TuningError, one_line
 from tunecache.settings import Settings
 from tunecache.userfile import load_name
 from tunecache_cli.args import upload_url
+from tunecache_cli.tune_forms import INIT_INPUTS
 
 
 def _call_factory(module: ModuleType, name: str, path: Path, *, required: bool) -> list[Any]:
@@ -67,6 +68,9 @@ def load_target(
             raise InvalidInput(f"--torch: {called} failed: {one_line(exc)}{hint}") from exc
     elif not callable(target):
         raise InvalidInput(f"--torch: {name} in {path} is not a function or nn.Module class")
+    elif init_name != INIT_INPUTS:  # given, and nothing would call it: never dropped unsaid
+        raise InvalidInput(f"--init-inputs {init_name} goes with an nn.Module class; {name} is "
+                           "a function, called with --inputs alone")  # fmt: skip
     inputs = _call_factory(module, inputs_name, path, required=True)
     if not inputs or not all(isinstance(x, torch.Tensor) for x in inputs):
         kinds = ", ".join(type(x).__name__ for x in inputs) or "nothing"
