@@ -404,6 +404,11 @@ def test_a_comparison_adds_rounds_until_enough_were_undisturbed() -> None:
     versus = compare(lambda: timed("baseline", range(0)), lambda: timed("tuned", range(1, 5)))
     assert calls == {"baseline": 10, "tuned": 10}  # five more rounds, all quiet
     assert versus.speedup.rounds == 6 and "one round" not in versus.text()
+    # the rounds left out are said ("the median of the 4 rounds' ratios" read as cut short)
+    assert versus.left_out() == ", 4 of 10 left out as disturbed"
+    calls.update(baseline=0, tuned=0)
+    quiet = compare(lambda: timed("baseline", range(0)), lambda: timed("tuned", range(0)))
+    assert (quiet.timed, quiet.left_out()) == (5, "")
     calls.update(baseline=0, tuned=0)  # disturbed for good: it stops at MAX_ROUNDS
     compare(lambda: timed("baseline", range(0)), lambda: timed("tuned", range(1, 99)))
     assert calls["tuned"] == MAX_ROUNDS

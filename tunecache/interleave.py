@@ -165,6 +165,13 @@ class Compared:
     baseline_ms: float
     tuned_ms: float
     speedup: Ratio
+    timed: int = 0  # the rounds run: those past speedup.rounds were disturbed, left out
+
+    def left_out(self) -> str:
+        """``", 1 of 5 left out as disturbed"`` where a round was (else ``""``): the median of
+        "the 4 rounds' ratios" read as a comparison cut short of its 5 rounds."""
+        out = self.timed - self.speedup.rounds
+        return f", {out} of {self.timed} left out as disturbed" if out > 0 else ""
 
     def text(self, than: str = "", times: str = "x") -> str:
         """The speedup as :func:`tunecache.timing.speedup_text` says it, with its interval (a
@@ -189,4 +196,5 @@ def compare(baseline: Callable[[], float], tuned: Callable[[], float],
         times += rounds(time_one, 2, min(count, MAX_ROUNDS - len(times)), first=len(times))
     kept = quiet(times)
     return Compared(statistics.median(row[0] for row in kept),
-                    statistics.median(row[1] for row in kept), ratio(times, 0, 1))  # fmt: skip
+                    statistics.median(row[1] for row in kept), ratio(times, 0, 1),
+                    timed=len(times))  # fmt: skip

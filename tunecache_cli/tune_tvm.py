@@ -269,6 +269,7 @@ def _report_speed(
     # 0.04224 ms, whose ratio is 4.30): said, or the line reads as miscomputed.
     rounds = versus.speedup.rounds
     ratios = f"the median of the {rounds} rounds' ratios" if rounds > 1 else "one round's ratio"
+    ratios += versus.left_out()
     print(f"best: {versus.tuned_ms:.4g} ms{note} vs default schedule {versus.baseline_ms:.4g} "
           f"ms (medians, timed in alternating rounds; the speedup is {ratios}): "
           f"{versus.text()}")  # fmt: skip
