@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+from tests.conftest import LiveServer
 from tests.factories import AFFINE_TVM_BODY
 
 # A user's own TVM kernel (y = 2x + 1) whose compiles turn slow once the test says so: a
@@ -131,3 +132,39 @@ def test_a_tune_that_inherits_ctrl_c_ignored_keeps_ignoring_it(tmp_path: Path) -
             process.kill()
     assert process.returncode == 0, err
     assert "trials: 8 measured" in out and "interrupted" not in err
+
+
+def test_ctrl_c_stops_pretune_local_within_moments(server: LiveServer, tmp_path: Path) -> None:
+    """``pretune --local`` tunes in this process: a Ctrl-C in MetaSchedule's search took 4 to
+    8.5 s to end it, and a progress line came after it (``tune`` ends within a second)."""
+    import httpx
+
+    manifest = tmp_path / "one.toml"
+    manifest.write_text('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\n'
+                        "shapes = [{M = 128, N = 128, K = 128}]\ntrials = 64\n")  # fmt: skip
+    argv = ["pretune", str(manifest), "--local", "--server", server.url]
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "tunecache_cli", *argv], cwd=tmp_path,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    try:
+        deadline = time.monotonic() + 240
+        while httpx.get(f"{server.url}/v1/jobs?state=running").json()["count"] == 0:
+            assert process.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(6)  # into the search
+        assert process.poll() is None
+        sent = time.monotonic()
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+        took = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 130, err
+    assert err.rstrip().splitlines()[-1] == "tunecache: interrupted", err
+    assert "Traceback" not in err and took < BOUND_S, f"ended {took:.1f} s after\n{err}"

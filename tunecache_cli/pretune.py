@@ -334,6 +334,7 @@ def _check_strategies(manifest: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from tunecache.client import Client
     from tunecache.manifest import load_manifest
+    from tunecache_cli.interrupt import prompt
 
     started = time.monotonic()  # the progress line's clock: --local's tuning counts
     check_trials("--trials", args.trials)
@@ -351,10 +352,11 @@ def run(args: argparse.Namespace) -> int:
                 named = ", ".join(shown(k.short()) for k in keys[:3])
                 more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
                 print(UNSERVED[why].format(keys=named + more), file=sys.stderr)
-        if args.local and hashes:
-            _tune_here(client, manifest, args.trials, hashes)
-        if args.ray and hashes:
-            _on_ray(client, manifest, args.trials, hashes, args.ray)
+        with prompt():  # Ctrl-C while tuning here: ended within a second (it took 8.5 s)
+            if args.local and hashes:
+                _tune_here(client, manifest, args.trials, hashes)
+            if args.ray and hashes:
+                _on_ray(client, manifest, args.trials, hashes, args.ray)
         failed = 0
         if hashes and not args.no_wait:
             failed = follow(client, hashes, hint=unclaimed_hint(manifest, hashes),
