@@ -508,3 +508,37 @@ def test_local_tuning_takes_a_job_whose_lease_lapsed_instead_of_waiting_for_good
             assert len(idle) == 2 and time.monotonic() - started < 30, idle
     finally:
         live.stop()
+
+
+def test_a_lapsed_job_none_here_takes_is_not_drained_again_while_another_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One job lapsed that no daemon here takes, beside one a live worker renews for an hour:
+    the lapsed one was forgotten at each wait for the live one, and the daemons (with --ray, a
+    cluster's tasks) ran again every 32 s, 115 times in the hour (a review's simulation)."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    import tunecache_cli.pretune as pretune
+
+    clock = [1_000_000.0]
+    at = dt.datetime.fromtimestamp
+
+    def jobs(_client: object) -> dict[str, SimpleNamespace]:
+        live = SimpleNamespace(id=2, state="running", attempts=1,
+                               lease_expires_at=at(clock[0] + 60, dt.UTC))  # fmt: skip
+        if clock[0] > 1_000_000.0 + 3600:  # the live one is done after an hour
+            live = SimpleNamespace(id=2, state="done", attempts=1, lease_expires_at=None)
+        lapsed = SimpleNamespace(id=1, state="running", attempts=1,
+                                 lease_expires_at=at(1_000_000.0 - 5, dt.UTC))  # fmt: skip
+        return {"a": lapsed, "b": live}
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    monkeypatch.setattr(pretune, "all_jobs", jobs)
+    monkeypatch.setattr(pretune.time, "time", lambda: clock[0])
+    monkeypatch.setattr(pretune.time, "sleep", sleep)
+    drains: list[float] = []
+    pretune._until_no_retry(None, ["a", "b"], lambda: drains.append(clock[0]))
+    assert len(drains) == 1, drains  # the first look only: the lapsed one none here took

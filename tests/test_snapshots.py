@@ -581,10 +581,16 @@ def test_sync_and_export_leave_a_file_that_is_not_a_snapshot_as_it_is(
     assert done.returncode == 2 and "TUNECACHE_SNAPSHOT" in done.stderr, done.stderr
     assert notes.read_text() == "my notes\n"
 
-    empty, newer = tmp_path / "empty.json", tmp_path / "newer.json"
+    deep = tmp_path / "deep.json"  # nested past Python's stack: an internal error
+    deep.write_text('{"a":' * 3000 + "1" + "}" * 3000)
+    done = tunecache("sync", "--server", dead, "-o", str(deep))
+    assert done.returncode == 2 and "not a tunecache snapshot" in done.stderr, done.stderr
+
+    empty, newer, cut = (tmp_path / f"{name}.json" for name in ("empty", "newer", "cut"))
     empty.write_text("")
     newer.write_text('{"format": "tunecache-snapshot/9", "filters": {}, "records": 7}')
-    for path in (empty, newer):
+    cut.write_text('{"filters":{"device_arch":"cpu-avx2"},"format":"tunecache-snapshot/1","rec')
+    for path in (empty, newer, cut):  # none any use: replaced (a lookup calls the cut one corrupt)
         done = tunecache("sync", "--arch", ARCH, "--server", server.url, "-o", str(path))
         assert done.returncode == 0, done.stderr
         assert json.loads(path.read_text())["format"] == SNAPSHOT_FORMAT

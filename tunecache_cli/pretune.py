@@ -281,24 +281,26 @@ def _until_no_retry(client: Any, hashes: list[str], drain: Any) -> None:
     left to :func:`follow`, not drained for every few seconds."""
     from tunecache_cli.progress import working
 
-    wanted, due, lapsed = set(hashes), True, set[int]()
+    wanted, due, lapsed, drained = set(hashes), True, set[int](), 0.0
     while True:
         if due:
+            drained = time.time()
             drain()
         jobs = [j for h, j in all_jobs(client).items() if h in wanted]
+        leases = {j.id: j.lease_expires_at.timestamp() for j in jobs
+                  if j.state == "running" and j.lease_expires_at is not None}  # fmt: skip
+        if due:  # lapsed when the daemons ran, and not taken: none here takes them
+            lapsed |= {i for i, at in leases.items() if at + LAPSE_MARGIN <= drained}
         if any(j.state == "queued" and j.attempts > 0 for j in jobs):
             due, wait, said = True, RETRY_POLL_SECONDS, "failed jobs wait for their retry"
         else:
             now = time.time()
-            leases = {j.id: j.lease_expires_at.timestamp() for j in jobs
-                      if j.state == "running" and j.lease_expires_at is not None}  # fmt: skip
             leases = {i: at for i, at in leases.items() if not (i in lapsed and at < now)}
             if not leases:
                 return
             lapse = min(leases.values())
             wait = min(MAX_LEASE_WAIT, max(RETRY_POLL_SECONDS, lapse - now + LAPSE_MARGIN))
             due = lapse <= now + wait  # else read again then: a worker renews its lease
-            lapsed = {i for i, at in leases.items() if at <= now + wait} if due else set()
             first = time.strftime("%H:%M:%S", time.localtime(lapse))
             said = (f"{counted(len(leases), 'job')} leased elsewhere: tuned here if a worker's "
                     f"lease lapses (the first at {first})")  # fmt: skip
