@@ -622,6 +622,27 @@ def test_validation_takes_outputs_of_every_integer_width(dtype: str) -> None:
     assert max_error(reference, reference.lib) == (0.0, "")
 
 
+def test_validation_fails_an_unwritten_flag_or_small_integer() -> None:
+    """Outputs of flags and integers start with a fill, and one fill for every seed passed an
+    element left unwritten whose expected value it was: ``A != 0`` on non-zero inputs is True
+    everywhere, the fill was True, and a schedule writing 1 of 64 elements passed."""
+    from tvm import te
+
+    from backends.tvm.golden import Reference
+    from tunecache_cli.tune_tvm import SEEDS, max_error
+
+    a = te.placeholder((8, 8), name="A", dtype="float32")
+    out = te.compute((8, 8), lambda i, j: a[i, j] != tvm.tirx.const(0, "float32"), name="out")
+    mod = _normalized(te.create_prim_func([a, out]))
+    reference = Reference(mod, host_target(), SEEDS)
+    assert bool(reference.expected[0][0].all())  # True everywhere: the odd seed's fill
+    assert max_error(reference, reference.lib) == (0.0, "")
+    for grid in ("T.grid(1, 1)", "T.grid(7, 8)"):
+        unwritten = _variant(mod, "T.grid(8, 8)", grid)
+        error, _ = max_error(reference, unwritten)
+        assert error != 0.0, grid
+
+
 # -- tune --tvm: bad input is one line and exit 2 --------------------------------------------
 BAD_TVM = [
     ("{dir}/missing.py:matmul_bias", "no Python file"),

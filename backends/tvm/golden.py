@@ -4,8 +4,10 @@ A user's PrimFunc comes with no reference implementation, but TVM's default lowe
 unscheduled module is one: a schedule only reorders the same computation. :class:`Reference`
 compiles it once, finds its outputs (the arguments a call changes: no IR analysis needed, so
 TE and TVMScript functions alike) and computes them on seeded random non-zero inputs. Every run,
-the reference's own included, starts with NaN (or, for integers, a sentinel) in the outputs, so
-an element a schedule never writes stays NaN and fails the comparison.
+the reference's own included, starts with NaN in the outputs (integers and flags: a value one
+seed's runs start with, the other's another), so an element a schedule never writes stays NaN
+and fails the comparison (an integer or flag, with one of two seeds at least, unless both
+seeds' expected values are their fills).
 """
 
 from __future__ import annotations
@@ -143,7 +145,7 @@ def _values(args: Sequence[Argument], seed: int, poisoned: Sequence[int]) -> lis
     for i, arg in enumerate(args):
         dtype = torch_dtype(arg.dtype)
         if i in poisoned:
-            values.append(torch.full(arg.shape, _poison(dtype), dtype=dtype))
+            values.append(torch.full(arg.shape, _poison(dtype, seed), dtype=dtype))
         elif dtype.is_floating_point:
             values.append(random_nonzero(arg.shape, arg.dtype, generator))
         else:  # small positive integers: index-like inputs stay in range more often
@@ -152,17 +154,21 @@ def _values(args: Sequence[Argument], seed: int, poisoned: Sequence[int]) -> lis
     return values
 
 
-def _poison(dtype: torch.dtype) -> float | int | bool:
-    """What an output of ``dtype`` holds before a run: NaN, :data:`INT_POISON`, or the value
-    furthest from zero the integer type holds (``int8``'s -128: the fill of -0x5EED raised
-    "cannot be converted to type int8_t without overflow", an internal error of ``tune``)."""
+def _poison(dtype: torch.dtype, seed: int) -> float | int | bool:
+    """What an output of ``dtype`` holds before a run of ``seed``: NaN; for integers and
+    flags, an odd seed's fill and an even seed's differ (``True`` or ``False``; ``-0x5EED`` or
+    ``0x5EED``, else the type's extremes: ``int8``'s -128 or 127, ``uint8``'s 255 or 0). One
+    fill passed an unwritten element whose expected value it was (``True`` for ``A != 0``); a
+    fill of -0x5EED in int8 raised "cannot be converted to type int8_t without overflow"."""
     import torch
 
     if dtype.is_floating_point or dtype.is_complex:
         return float("nan")
+    odd = seed % 2 == 1
     if dtype == torch.bool:
-        return True
+        return odd
     info = torch.iinfo(dtype)
-    if info.min <= INT_POISON <= info.max:
-        return INT_POISON
-    return info.min if info.min < 0 else info.max
+    sentinel = INT_POISON if odd else -INT_POISON
+    if info.min <= sentinel <= info.max:
+        return sentinel
+    return (info.min if odd else info.max) if info.min < 0 else (info.max if odd else info.min)
