@@ -465,13 +465,14 @@ def test_coverage_says_which_tuned_keys_run_slower_than_torch_eager(
 
 
 def test_local_tuning_takes_a_job_whose_lease_lapsed_instead_of_waiting_for_good(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A run stopped with Ctrl-C left its job leased; the next ``pretune --local`` found it
     running, claimed nothing, and followed "1 running" until it was killed. It runs its daemons
     again once the lease lapses, and tunes the job here."""
     import time
 
+    import tunecache_cli.pretune as pretune
     from tests.conftest import start_server
     from tests.factories import make_key, make_record
     from tunecache.client import Client
@@ -498,14 +499,16 @@ def test_local_tuning_takes_a_job_whose_lease_lapsed_instead_of_waiting_for_good
             assert time.monotonic() - started < 30
             (final,) = client.list_jobs().items
             assert (final.state, final.lease_owner) == ("done", None)
-            # a lapsed job no daemon here takes (its device is not here): left to follow(),
-            # not drained for every two seconds for good
+            # a lapsed job no daemon here takes (its device is not here): drained for at its
+            # lapse and once more well past it (a server's clock may lag), then left to
+            # follow(), not drained for every two seconds for good
+            monkeypatch.setattr(pretune, "MAX_LEASE_WAIT", 5.0)
             other = client.create_job(make_key(10)).job
             assert client.claim_job("stopped", lease_seconds=2) is not None
-            idle: list[str] = []
+            idle: list[float] = []
             started = time.monotonic()
-            _until_no_retry(client, [other.key_hash], lambda: idle.append("nothing"))
-            assert len(idle) == 2 and time.monotonic() - started < 30, idle
+            _until_no_retry(client, [other.key_hash], lambda: idle.append(time.monotonic()))
+            assert [round(t - started) for t in idle] == [0, 5, 7], idle
     finally:
         live.stop()
 
@@ -540,5 +543,25 @@ def test_a_lapsed_job_none_here_takes_is_not_drained_again_while_another_runs(
     monkeypatch.setattr(pretune.time, "time", lambda: clock[0])
     monkeypatch.setattr(pretune.time, "sleep", sleep)
     drains: list[float] = []
-    pretune._until_no_retry(None, ["a", "b"], lambda: drains.append(clock[0]))
-    assert len(drains) == 1, drains  # the first look only: the lapsed one none here took
+    pretune._until_no_retry(None, ["a", "b"], lambda: drains.append(clock[0] - 1_000_000.0))
+    assert drains == [0.0, 25.0], drains  # the first look, and once well past its lapse
+
+    # this machine's clock 10 s ahead of the server's: the first drain past the lapse found it
+    # leased still, and the job was given up for good (follow() said "1 running" forever)
+    skew, taken = 10.0, []
+
+    def server_jobs(_client: object) -> dict[str, SimpleNamespace]:
+        end = dt.datetime.fromtimestamp(1_000_000.0 + 60, dt.UTC)
+        done = bool(taken)
+        job = SimpleNamespace(id=3, state="done" if done else "running", attempts=1,
+                              lease_expires_at=None if done else end)  # fmt: skip
+        return {"c": job}
+
+    def claim() -> None:  # the server's clock: the lease is over at its end, not before
+        if clock[0] - skew >= 1_000_000.0 + 60:
+            taken.append(clock[0])
+
+    clock[0] = 1_000_000.0
+    monkeypatch.setattr(pretune, "all_jobs", server_jobs)
+    pretune._until_no_retry(None, ["c"], claim)
+    assert taken, "never drained past the lapse by the server's clock"

@@ -39,6 +39,11 @@ def write_export(path: Path, document: dict[str, Any], etag: str,
         print(nothing_matched(**filters), file=sys.stderr)
 
 
+# What a snapshot cut short opens with: its canonical JSON's filters (an object of names), then
+# its format.
+_CUT_SNAPSHOT = re.compile(rb'\s*\{("filters":\{[^{}]*\},)?"format":"tunecache-snapshot/')
+
+
 def replaceable(label: str, path: Path) -> bytes | None:
     """The bytes of the snapshot file at ``path`` that a sync or an export will replace, or
     ``None`` where there is none (no file, or an empty one).
@@ -56,7 +61,7 @@ def replaceable(label: str, path: Path) -> bytes | None:
     text = read_snapshot_bytes(path)
     if not text.strip():
         return None
-    family = SNAPSHOT_FORMAT.split("/")[0] + "/"
+    family = SNAPSHOT_FORMAT.split("/")[0] + "/"  # tunecache-snapshot/, as _CUT_SNAPSHOT
     try:
         document = json.loads(text)
     except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
@@ -65,9 +70,8 @@ def replaceable(label: str, path: Path) -> bytes | None:
     if isinstance(kind, str) and kind.startswith(family):
         return text
     # One cut short (its canonical JSON opens with its filters, then its format): a lookup
-    # calls it corrupt and ignores it, and it is replaced
-    if document is None and text.lstrip().startswith(b"{") and \
-            f'"format":"{family}'.encode() in text[:4096]:  # fmt: skip
+    # calls it corrupt and ignores it, and it is replaced; not a file merely holding one
+    if document is None and _CUT_SNAPSHOT.match(text):
         return text
     raise InvalidInput(f"{label} {path} is a file that is not a tunecache snapshot: left as it "
                        "is (remove it, or name another file)")  # fmt: skip

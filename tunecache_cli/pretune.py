@@ -276,12 +276,16 @@ def _until_no_retry(client: Any, hashes: list[str], drain: Any) -> None:
     """Runs ``drain`` (daemons that stop when nothing is claimable), then again after a wait
     while a followed job that failed is queued for its retry (the server's delay), or once the
     lease of one leased elsewhere lapses: a run stopped with Ctrl-C left its job leased for
-    minutes, and the next run said "1 running" until it was killed. A job whose lease had lapsed
-    when the daemons ran, and still has, is one no daemon here takes (its device is not here):
-    left to :func:`follow`, not drained for every few seconds."""
+    minutes, and the next run said "1 running" until it was killed.
+
+    A lapsed lease is drained for at its end (:data:`LAPSE_MARGIN` after, by this machine's
+    clock) and again :data:`MAX_LEASE_WAIT` after: a job still leased then is one no daemon here
+    takes (its device is not here), left to :func:`follow`, not drained for every few seconds.
+    Once was not enough: a server whose clock lags this machine's by more than the margin still
+    held the lease at the first drain."""
     from tunecache_cli.progress import working
 
-    wanted, due, lapsed, drained = set(hashes), True, set[int](), 0.0
+    wanted, due, given_up, drained = set(hashes), True, set[int](), 0.0
     while True:
         if due:
             drained = time.time()
@@ -289,20 +293,22 @@ def _until_no_retry(client: Any, hashes: list[str], drain: Any) -> None:
         jobs = [j for h, j in all_jobs(client).items() if h in wanted]
         leases = {j.id: j.lease_expires_at.timestamp() for j in jobs
                   if j.state == "running" and j.lease_expires_at is not None}  # fmt: skip
-        if due:  # lapsed when the daemons ran, and not taken: none here takes them
-            lapsed |= {i for i, at in leases.items() if at + LAPSE_MARGIN <= drained}
+        if due:  # drained for well past their lapse, and not taken: none here takes them
+            given_up |= {i for i, at in leases.items() if at + MAX_LEASE_WAIT <= drained}
         if any(j.state == "queued" and j.attempts > 0 for j in jobs):
             due, wait, said = True, RETRY_POLL_SECONDS, "failed jobs wait for their retry"
         else:
             now = time.time()
-            leases = {i: at for i, at in leases.items() if not (i in lapsed and at < now)}
-            if not leases:
+            # when each is drained for next: at its lapse, then once more well past it
+            nexts = {i: at + (MAX_LEASE_WAIT if at + LAPSE_MARGIN <= drained else LAPSE_MARGIN)
+                     for i, at in leases.items() if i not in given_up}  # fmt: skip
+            if not nexts:
                 return
-            lapse = min(leases.values())
-            wait = min(MAX_LEASE_WAIT, max(RETRY_POLL_SECONDS, lapse - now + LAPSE_MARGIN))
-            due = lapse <= now + wait  # else read again then: a worker renews its lease
-            first = time.strftime("%H:%M:%S", time.localtime(lapse))
-            said = (f"{counted(len(leases), 'job')} leased elsewhere: tuned here if a worker's "
+            upcoming = min(nexts.values())
+            wait = min(MAX_LEASE_WAIT, max(RETRY_POLL_SECONDS, upcoming - now))
+            due = upcoming <= now + wait  # else read again then: a worker renews its lease
+            first = time.strftime("%H:%M:%S", time.localtime(min(leases[i] for i in nexts)))
+            said = (f"{counted(len(nexts), 'job')} leased elsewhere: tuned here if a worker's "
                     f"lease lapses (the first at {first})")  # fmt: skip
         with working("pretune", said):
             time.sleep(wait)

@@ -157,9 +157,9 @@ def _values(args: Sequence[Argument], seed: int, poisoned: Sequence[int]) -> lis
 def _poison(dtype: torch.dtype, seed: int) -> float | int | bool:
     """What an output of ``dtype`` holds before a run of ``seed``: NaN; for integers and
     flags, an odd seed's fill and an even seed's differ (``True`` or ``False``; ``-0x5EED`` or
-    ``0x5EED``, else the type's extremes: ``int8``'s -128 or 127, ``uint8``'s 255 or 0). One
-    fill passed an unwritten element whose expected value it was (``True`` for ``A != 0``); a
-    fill of -0x5EED in int8 raised "cannot be converted to type int8_t without overflow"."""
+    ``0x5EED``, else values neither zero nor saturated: ``int8``'s -95 or 95, ``uint8``'s 170
+    or 85). One fill passed an unwritten element whose expected value it was (``True`` for
+    ``A != 0``); -0x5EED in int8 raised "cannot be converted to type int8_t without overflow"."""
     import torch
 
     if dtype.is_floating_point or dtype.is_complex:
@@ -171,4 +171,6 @@ def _poison(dtype: torch.dtype, seed: int) -> float | int | bool:
     sentinel = INT_POISON if odd else -INT_POISON
     if info.min <= sentinel <= info.max:
         return sentinel
-    return (info.min if odd else info.max) if info.min < 0 else (info.max if odd else info.min)
+    if info.min < 0:  # neither zero nor a saturated value, what clamping kernels write
+        return -(info.max * 3 // 4) if odd else info.max * 3 // 4
+    return info.max * 2 // 3 if odd else info.max // 3
