@@ -60,7 +60,9 @@ def test_a_module_whose_file_has_no_init_inputs_is_told_so(tmp_path: Path, capsy
     assert cli_main(["tune", "--torch", f"{path}:Model", "--no-upload"]) == 2
     err = capsys.readouterr().err
     assert "Model() (needs.py has no get_init_inputs() to give its arguments) failed" in err, err
-    assert err.rstrip().endswith("(--init-inputs NAME: the file's function of its arguments)")
+    assert err.rstrip().endswith(
+        "(its arguments another function's of the file? --init-inputs NAME)"
+    )
 
 
 def test_init_inputs_given_for_a_function_is_refused(tmp_path: Path, capsys: Any) -> None:
@@ -72,4 +74,4 @@ def test_init_inputs_given_for_a_function_is_refused(tmp_path: Path, capsys: Any
     assert cli_main(["tune", "--torch", f"{path}:fused", "--init-inputs", "none",
                      "--no-upload"]) == 2  # fmt: skip
     err = capsys.readouterr().err
-    assert "--init-inputs none goes with an nn.Module class; fused is a function" in err, err
+    assert "--init-inputs none goes with an nn.Module class; fused is no class" in err, err

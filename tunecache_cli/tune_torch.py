@@ -63,14 +63,15 @@ def load_target(
             called = f"{name}(*{init_name}())"
             if not hasattr(module, init_name):
                 called = f"{name}() ({path.name} has no {init_name}() to give its arguments)"
-            hint = " (--init-inputs NAME: the file's function of its arguments)"
-            hint = hint if isinstance(exc, TypeError) else ""  # the arguments did not fit
+            hint = " (its arguments another function's of the file? --init-inputs NAME)"
+            # the arguments may not fit; not said where --init-inputs was given
+            hint = hint if isinstance(exc, TypeError) and init_name == INIT_INPUTS else ""
             raise InvalidInput(f"--torch: {called} failed: {one_line(exc)}{hint}") from exc
     elif not callable(target):
         raise InvalidInput(f"--torch: {name} in {path} is not a function or nn.Module class")
     elif init_name != INIT_INPUTS:  # given, and nothing would call it: never dropped unsaid
         raise InvalidInput(f"--init-inputs {init_name} goes with an nn.Module class; {name} is "
-                           "a function, called with --inputs alone")  # fmt: skip
+                           "no class: it is called as it is, with --inputs alone")  # fmt: skip
     inputs = _call_factory(module, inputs_name, path, required=True)
     if not inputs or not all(isinstance(x, torch.Tensor) for x in inputs):
         kinds = ", ".join(type(x).__name__ for x in inputs) or "nothing"
