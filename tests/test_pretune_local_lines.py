@@ -29,6 +29,9 @@ class _Clock:
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
 
+    def __getattr__(self, name: str) -> Any:  # the rest of the module: time(), strftime()...
+        return getattr(time, name)
+
 
 @pytest.mark.slow
 def test_a_cpu_manifest_tuned_here_names_no_cuda_and_counts_its_tuning_time(
