@@ -63,7 +63,13 @@ def test_tune_upload_then_get_from_another_process(
     # The last progress line says how the winner was timed as its record does.
     done = next(line for line in tuned.stderr.splitlines() if " done " in line)
     assert f"(re-timed: {record['timing']['timer']}; " in done
-    assert "its quick timing in the search was" in done or "was another config's" in done
+    # ...and its quick timing in the search; or, of Inductor's search (compiler-timed), what its
+    # timings are where they fall far from the record's, above or below (as the machine's
+    # timings fall: this session's CI run, on 5c211e3, drew one, a rerun the other)
+    said = ["its quick timing in the search was", "was another config's"]
+    if backend == "inductor":
+        said += ["the search's timings are Inductor's own", "a search's timings are quick ones"]
+    assert any(s in done for s in said), done
 
 
 def test_the_last_line_shows_the_winners_own_quick_timing_not_another_configs() -> None:
