@@ -39,9 +39,10 @@ def write_export(path: Path, document: dict[str, Any], etag: str,
         print(nothing_matched(**filters), file=sys.stderr)
 
 
-# What a snapshot cut short opens with: its canonical JSON's filters (an object of names), then
-# its format.
-_CUT_SNAPSHOT = re.compile(rb'\s*\{("filters":\{[^{}]*\},)?"format":"tunecache-snapshot/')
+_FAMILY = SNAPSHOT_FORMAT.split("/")[0] + "/"  # every version's format starts so
+# What a snapshot sync or export wrote opens with, whole or cut short: its canonical JSON's
+# filters (an object of names), then its format.
+_OPENING = re.compile(rb'\s*\{("filters":\{[^{}]*\},)?"format":"' + re.escape(_FAMILY.encode()))
 
 
 def replaceable(label: str, path: Path) -> bytes | None:
@@ -61,17 +62,16 @@ def replaceable(label: str, path: Path) -> bytes | None:
     text = read_snapshot_bytes(path)
     if not text.strip():
         return None
-    family = SNAPSHOT_FORMAT.split("/")[0] + "/"  # tunecache-snapshot/, as _CUT_SNAPSHOT
-    try:
+    # Known by its opening without parsing it (sync parses it once, after): one cut short too,
+    # which a lookup calls corrupt and ignores; not a file merely holding one further in
+    if _OPENING.match(text):
+        return text
+    try:  # a snapshot written otherwise (by hand, indented): its format field
         document = json.loads(text)
     except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
         document = None
     kind = document.get("format") if isinstance(document, dict) else None
-    if isinstance(kind, str) and kind.startswith(family):
-        return text
-    # One cut short (its canonical JSON opens with its filters, then its format): a lookup
-    # calls it corrupt and ignores it, and it is replaced; not a file merely holding one
-    if document is None and _CUT_SNAPSHOT.match(text):
+    if isinstance(kind, str) and kind.startswith(_FAMILY):
         return text
     raise InvalidInput(f"{label} {path} is a file that is not a tunecache snapshot: left as it "
                        "is (remove it, or name another file)")  # fmt: skip
