@@ -31,7 +31,7 @@ from tests.factories import make_key, make_record
 from tests.hostile import IDENTITY, Request, Seen, answer, serve
 from tests.test_triton_autotune import run
 from tunecache import Client, ServerError
-from tunecache.artifacts import ArtifactList
+from tunecache.artifacts import MAX_VALUE_BYTES, ArtifactList
 from tunecache.errors import InvalidInput
 from tunecache.http import deadline, parse
 from tunecache.jsonsafe import json_problem
@@ -285,6 +285,45 @@ def test_an_artifact_read_holds_a_bounded_number_of_containers_over_all_its_page
     assert len(seen.requests) == 3  # two pages read, the third refused
     with pytest.raises(ValidationError, match="at most 1000 items"):
         ArtifactList.model_validate({"items": [_item(i, "p", "k") for i in range(1, 1002)]})
+
+
+def test_an_artifact_read_of_a_flat_list_is_refused_unparsed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Numbers and strings are built as Python objects too: one item whose value was a flat list
+    of 16 million zeros (7 containers in 64 MiB) took 10 s and 1.4 GB to parse, past a TVM
+    database's 0.5 s deadline, before its value was refused as too large. Values of any kind
+    are counted before the parse, over all the pages of a read."""
+    monkeypatch.setattr(tunecache.artifact_calls, "READ_VALUES", 100_000)
+    flat = {**_item(1, "p", "k"), "value": {"v": [0] * 60_000}}
+
+    def pages(conn: socket.socket, request: Request, seen: Seen) -> None:
+        after = int(request.path.partition("after=")[2].partition("&")[0] or 0)
+        page = {"items": [{**flat, "id": after + 1}], "next_after": after + 1}
+        answer(conn, 200, json.dumps(page).encode())
+
+    with (
+        serve(pages) as (url, seen),
+        Client(url, timeout=SECONDS, token="") as client,
+        pytest.raises(ServerError, match=r"about [\d,]+ JSON values .* at most [\d,]+ are read"),
+    ):
+        client.get_artifacts("tvm.record", "p", timeout=SECONDS)
+    assert len(seen.requests) == 2  # a page read, the second past what is left
+
+
+def test_a_keys_artifact_read_is_bounded_by_what_its_items_can_hold() -> None:
+    """A key's page of ``limit`` items is at most ``limit`` items' bytes: one Inductor config
+    (one item, 256 KiB of value at most) was read up to the 256 MiB every answer may be."""
+    big = {**_item(1, "p", "k"), "value": {"v": "x" * (3 * MAX_VALUE_BYTES)}}
+
+    def one(conn: socket.socket, request: Request, seen: Seen) -> None:
+        answer(conn, 200, json.dumps({"items": [big], "next_after": None}).encode())
+
+    with serve(one) as (url, _), Client(url, timeout=SECONDS, token="") as client:
+        with pytest.raises(ServerError, match="the answer is over 528,384 bytes"):
+            client.get_artifacts("inductor.autotune", "p", key="k", limit=1, timeout=SECONDS)
+        with pytest.raises(ServerError, match="bytes; the limit is"):  # read, then refused
+            client.get_artifacts("inductor.autotune", "p", key="k", limit=2, timeout=SECONDS)
 
 
 def test_an_answer_read_past_the_calls_deadline_is_a_failed_call() -> None:

@@ -13,9 +13,11 @@ from typing import Any
 import httpx
 
 from tunecache.artifacts import (
+    ITEM_BYTES,
     MAX_BATCH,
     MAX_PAGE,
     READ_CONTAINERS,
+    READ_VALUES,
     ArtifactBatch,
     ArtifactIn,
     ArtifactList,
@@ -24,7 +26,7 @@ from tunecache.artifacts import (
     Namespace,
 )
 from tunecache.http import MAX_ANSWER_BYTES, Timeout, answer_limit, deadline, parse
-from tunecache.jsonsafe import containers
+from tunecache.jsonsafe import counts
 
 
 class ArtifactCalls:
@@ -74,7 +76,10 @@ class ArtifactCalls:
             ServerError: the server is unreachable, refused, or gave a bad answer.
         """
         wanted = MAX_PAGE if key is not None and limit is None else limit
-        with deadline(timeout or self.timeout.write), answer_limit(MAX_ANSWER_BYTES):
+        most = MAX_ANSWER_BYTES  # a key's one page holds no more than its items can
+        if key is not None and wanted is not None:  # (a key's 256 TVM records: 129 MiB)
+            most = min(most, wanted * ITEM_BYTES)
+        with deadline(timeout or self.timeout.write), answer_limit(most):
             return self._artifact_pages(namespace, partition, key, wanted, timeout)
 
     def _artifact_pages(
@@ -84,6 +89,7 @@ class ArtifactCalls:
         items: list[ArtifactPublic] = []
         after: int | None = None
         left = READ_CONTAINERS  # arrays and objects left to this read's pages
+        values = READ_VALUES  # and values of any kind
         while wanted is None or len(items) < wanted:
             page_size = MAX_PAGE if wanted is None else min(MAX_PAGE, wanted - len(items))
             params: dict[str, Any] = {"namespace": namespace, "partition": partition,
@@ -92,8 +98,10 @@ class ArtifactCalls:
             params.update({"after": after} if after is not None else {})
             response = self._call("GET", "/v1/artifacts", timeout, read=True, again=True,
                                   params=params)  # fmt: skip
-            page = parse(ArtifactList, response, "/v1/artifacts", max_containers=left)
-            left -= containers(response.content)
+            page = parse(ArtifactList, response, "/v1/artifacts", max_containers=left,
+                         max_values=values)  # fmt: skip
+            held, count = counts(response.content)
+            left, values = left - held, values - count
             items.extend(item for item in page.items if item.namespace == namespace
                          and item.partition == partition and key in (None, item.key))  # fmt: skip
             if page.next_after is None or key is not None:

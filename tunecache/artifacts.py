@@ -38,7 +38,12 @@ MAX_PAGE = 1000  # items one read may return
 # the memory and time a hostile answer takes (up to 256 MiB of empty lists would be 87 million
 # Python lists); ample for a key's 256 MetaSchedule records or 20,000 of Inductor's choices.
 READ_CONTAINERS = 4 * 1024 * 1024
+# Values of any kind one read may hold (numbers and strings are built as Python objects too: a
+# flat list of 16 million zeros, 64 MiB, took 10 s and 1.4 GB): a key's 256 MetaSchedule records
+# hold about 110,000 on a CPU (430 each).
+READ_VALUES = 4 * 1024 * 1024
 MAX_VALUE_BYTES = MAX_CONFIG_BYTES
+ITEM_BYTES = 2 * MAX_VALUE_BYTES + 4096  # one item as served, at most (its value escaped)
 
 Partition = Annotated[Line, Field(min_length=1, max_length=256)]
 ArtifactKey = Annotated[Line, Field(min_length=1, max_length=256)]

@@ -460,22 +460,22 @@ def first_error(exc: ValidationError) -> str:
 
 
 def parse(model: type[M], response: httpx.Response, path: str, *,
-          max_containers: int | None = None) -> M:  # fmt: skip
+          max_containers: int | None = None, max_values: int | None = None) -> M:  # fmt: skip
     """The answer of ``path`` as ``model``, read within the call's deadline (:func:`deadline`)
     where one is set: parsing and checking an answer is part of the call.
 
     Args:
         max_containers: at most this many JSON arrays and objects in the answer, counted before
-            it is parsed (an upper bound: brackets inside strings count too). Building a
-            Python object costs far more than reading its two bytes: a 2 MiB answer of empty
-            lists took a second to parse and check.
+            it is parsed (its strings left out). Building a Python object costs far more than
+            reading its two bytes: a 2 MiB answer of empty lists took a second to parse and check.
+        max_values: and at most about this many values of any kind, counted alike.
 
     Raises:
         ServerError: the answer is not a valid ``model`` (a broken or hostile server), holds
             more containers than ``max_containers``, or was read past the deadline.
     """
     body = response.content
-    if max_containers is not None and (past := past_bound(body, max_containers)):
+    if max_containers is not None and (past := past_bound(body, max_containers, max_values)):
         if not is_tunecache(response):
             raise foreign(response, path)
         raise ServerError(f"{path} gave a bad answer: {past}")

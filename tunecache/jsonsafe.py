@@ -189,20 +189,33 @@ def containers(body: bytes) -> int:
         >>> containers(b'{"a": [[], {}], "b": "[[{ ]"}')
         4
     """
+    return counts(body)[0]
+
+
+def counts(body: bytes) -> tuple[int, int]:
+    """The arrays and objects in ``body``, and an upper bound on its values (each value but a
+    container's first follows a comma), its strings left out."""
     stripped = _JSON_STRING.sub(b"", body)
-    return stripped.count(b"[") + stripped.count(b"{")
+    held = stripped.count(b"[") + stripped.count(b"{")
+    return held, 2 * held + stripped.count(b",") + 1
 
 
-def past_bound(body: bytes, max_containers: int) -> str | None:
+def past_bound(body: bytes, max_containers: int, max_values: int | None = None) -> str | None:
     """What puts ``body`` past ``max_containers`` JSON arrays and objects (:func:`containers`),
-    or ``None`` within it: the one check every answer a client parses passes first.
+    or past ``max_values`` values of any kind (numbers, strings, containers: each is built as
+    a Python object; a flat list of 16 million zeros took 10 s and 1.4 GB to parse), or ``None``
+    within them: the one check every answer a client parses passes first.
 
     Example:
         >>> past_bound(b"[[], []]", 2)
         '3 JSON arrays and objects (or brackets), where at most 2 are read'
+        >>> past_bound(b"[0, 0, 0, 0]", 2, max_values=3)
+        'about 6 JSON values (or commas), where at most 3 are read'
     """
-    count = containers(body)
-    if count <= max_containers:
-        return None
-    return (f"{count:,} JSON arrays and objects (or brackets), where at most "
-            f"{max_containers:,} are read")  # fmt: skip
+    count, values = counts(body)
+    if count > max_containers:
+        return (f"{count:,} JSON arrays and objects (or brackets), where at most "
+                f"{max_containers:,} are read")  # fmt: skip
+    if max_values is not None and values > max_values:
+        return f"about {values:,} JSON values (or commas), where at most {max_values:,} are read"
+    return None
