@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, TypeVar
 from sqlalchemy import Select, bindparam, func, insert, select
 from sqlalchemy.orm import Session
 
-from cache_server import twins
+from cache_server import buckets, twins
 from cache_server.budget import stored_size, within
 from cache_server.db import upsert_insert
 from cache_server.models import RecordRow, TokenRow, TrialRow, VerifiedWinnerRow, WinnerRow, utcnow
@@ -189,7 +189,7 @@ def add_record(
     if state.held_id is not None:  # sent again: answered as it stands, not stored twice nor revived
         return Added(state.held_id, state.winner, state.held_status, again=True)
     if bucket_limit is not None and record.validation.passed and state.winner is None:
-        _check_room(session, row.bucket_hash or "", bucket_limit)  # a new key's first winner
+        _check_room(session, row.bucket_hash or "", bucket_limit, uploader)  # a new key's first
     twins.inherit_findings(row, state)
     if room is not None:
         room.ensure(record_bytes(row, record.trials))
@@ -228,15 +228,14 @@ def _winner(session: Session, key_hash: str) -> int | None:
     return session.scalar(select(WinnerRow.record_id).where(WinnerRow.key_hash == key_hash))
 
 
-def _check_room(session: Session, bucket_hash: str, limit: int) -> None:
-    held = session.scalar(
-        select(func.count()).select_from(WinnerRow)
-        .join(RecordRow, WinnerRow.record_id == RecordRow.id)
-        .where(RecordRow.bucket_hash == bucket_hash)
-    )  # fmt: skip
-    if held is not None and held >= limit:
-        raise BucketFull(f"the key's shape bucket holds {held} winners, the server's limit "
-                         "(TUNECACHE_SERVER_BUCKET_WINNERS): no new key there")  # fmt: skip
+def _check_room(session: Session, bucket_hash: str, limit: int, uploader: TokenRow | None) -> None:
+    """Raises :class:`BucketFull` where ``uploader`` may add no new key to the bucket
+    (:func:`cache_server.buckets.refusal`)."""
+    name = None if uploader is None else uploader.name
+    found = session.execute(buckets.winners(name).where(RecordRow.bucket_hash == bucket_hash))
+    _, held, own = found.one_or_none() or (bucket_hash, 0, 0)
+    if (why := buckets.refusal(held, own, limit, uploader)) is not None:
+        raise BucketFull(f"the key's shape bucket {why}: no new key there")
 
 
 def record_fields(row: RecordRow) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session
 
-from cache_server import tokens, twins
+from cache_server import buckets, tokens, twins
 from cache_server.models import RecordRow, TokenRow, WinnerRow, utcnow
 from cache_server.queries import (
     RECORD_SIZE,
@@ -208,7 +208,7 @@ def import_records(
     """
     planned = _plan(session, records=records, provenance=provenance, importer=uploader)
     if bucket_limit is not None:
-        _check_rooms(session, planned, bucket_limit)
+        _check_rooms(session, planned, bucket_limit, uploader)
     changed: set[str] = set()
     stored = at = 0
     while at < len(planned):
@@ -273,17 +273,12 @@ def _among(
     return rows
 
 
-# The winners (default policy) of each bucket, as add_record counts them (queries._check_room)
-_BUCKET_WINNERS = (
-    select(RecordRow.bucket_hash, func.count()).select_from(WinnerRow)
-    .join(RecordRow, WinnerRow.record_id == RecordRow.id).group_by(RecordRow.bucket_hash)
-)  # fmt: skip
-
-
-def _check_rooms(session: Session, planned: Sequence[_Planned], limit: int) -> None:
+def _check_rooms(session: Session, planned: Sequence[_Planned], limit: int,
+                 importer: TokenRow | None) -> None:  # fmt: skip
     """Raises :class:`BucketFull` where :func:`add_record` would, before any lock is taken: a
-    validated record of a key without a winner, in a bucket that holds ``limit`` winners with
-    those the import's records before it add (none for one a twin's finding makes disputed:
+    validated record of a key without a winner, in a bucket where ``importer`` may add no new
+    key (:func:`cache_server.buckets.refusal`) with the winners the import's records before it
+    add (none for one a twin's finding makes disputed:
     :func:`cache_server.twins.inherit_findings`). Read without locks: a bucket a writer fills
     meanwhile, :func:`add_record` still finds (its check holds the key's lock)."""
     validated = [p for p in planned if p.record.validation.passed]
@@ -292,21 +287,23 @@ def _check_rooms(session: Session, planned: Sequence[_Planned], limit: int) -> N
     new = [p for p in validated if p.key_hash not in won]
     if not new:
         return
-    buckets = (p.row.bucket_hash or "" for p in new)
-    held: dict[str, int] = dict(_among(session, _BUCKET_WINNERS, RecordRow.bucket_hash, buckets))
+    name = None if importer is None else importer.name
+    counted = _among(session, buckets.winners(name), RecordRow.bucket_hash,
+                     (p.row.bucket_hash or "" for p in new))  # fmt: skip
+    held: dict[str, list[int]] = {bucket: [n, own] for bucket, n, own in counted}
     refused = twins.refused_among(session, {p.key_hash for p in new})
     for p in new:
         bucket = p.row.bucket_hash or ""
         if p.key_hash in won:
             continue
-        if held.get(bucket, 0) >= limit:
-            raise BucketFull(f"records[{p.position}]: a new key in a shape bucket that holds "
-                             f"{held[bucket]} winners with this snapshot's before it, the "
-                             "server's limit (TUNECACHE_SERVER_BUCKET_WINNERS): nothing "
-                             "was stored")  # fmt: skip
+        n, own = held.setdefault(bucket, [0, 0])
+        if (why := buckets.refusal(n, own, limit, importer)) is not None:
+            before = "with this snapshot's records before it"
+            raise BucketFull(f"records[{p.position}]: a new key in a shape bucket that, {before}, "
+                             f"{why}: nothing was stored")  # fmt: skip
         if p.row.config_digest not in refused.get(p.key_hash, set()):
             won.add(p.key_hash)
-            held[bucket] = held.get(bucket, 0) + 1
+            held[bucket] = [n + 1, own + 1]
 
 
 def _next_chunk(session: Session) -> None:

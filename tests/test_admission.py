@@ -288,6 +288,55 @@ def test_a_write_the_server_sheds_is_sent_again_within_its_deadline() -> None:
         assert calls.count("/v1/lookup") == 1
 
 
+def test_one_token_fills_a_quarter_of_a_shape_bucket_and_a_trusted_one_twice_its_limit(
+    tmp_path: Path,
+) -> None:
+    """One write token filled a bucket (4,094 copies under made-up torch versions, one 6 MB
+    import) and every other token's new key there was a 409, a team's CI included, until an
+    admin withdrew it. A token adds new keys to a bucket while it holds less than a quarter of
+    the limit there (by upload or import); another still adds its own; a trusted token's new
+    key is refused only at twice the limit."""
+    from tests.conftest import start_server
+    from tests.factories import issue_token, make_record
+    from tunecache.snapshot import SNAPSHOT_FORMAT
+
+    live = start_server(f"sqlite:///{tmp_path / 'c.db'}", tmp_path / "c.db",
+                        tmp_path / "server.log", env={"TUNECACHE_SERVER_BUCKET_WINNERS": "8"})  # fmt: skip
+    try:
+        url = live.url
+        mallory, alice = (issue_token(url, "write") for _ in range(2))
+        made = httpx.post(
+            f"{url}/v1/tokens",
+            json={"name": "ci", "scope": "write", "trusted": True},
+            headers=AUTH,
+            timeout=30,
+        )
+        ci = made.json()["token"]
+
+        def upload(token: str, m: int) -> httpx.Response:
+            body = make_record(make_key(m)).model_dump(mode="json", by_alias=True)
+            return httpx.post(f"{url}/v1/records", json=body, timeout=30,
+                              headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+
+        assert [upload(mallory, m).status_code for m in (65, 66)] == [201] * 2  # M 65..128
+        third = upload(mallory, 67)
+        assert third.status_code == 409, third.text
+        assert "holds 2 winners of this token's, a quarter of" in third.json()["detail"]
+        document = {"format": SNAPSHOT_FORMAT, "filters": {"device_arch": "cpu-avx2"},
+                    "records": [make_record(make_key(68)).model_dump(mode="json", by_alias=True)]}  # fmt: skip
+        imported = httpx.post(f"{url}/v1/snapshot", json=document, timeout=30,
+                              headers={"Authorization": f"Bearer {mallory}"})  # fmt: skip
+        assert imported.status_code == 409 and "of this token's" in imported.text, imported.text
+        assert [upload(alice, m).status_code for m in (69, 70)] == [201] * 2
+        assert [upload(ci, m).status_code for m in range(71, 83)] == [201] * 12  # 16 in all
+        last = upload(ci, 83)
+        assert last.status_code == 409 and "twice the server's limit" in last.text, last.text
+        full = upload(issue_token(url, "write"), 84)
+        assert full.status_code == 409 and "holds 16 winners, the server's limit" in full.text
+    finally:
+        live.stop()
+
+
 def test_a_full_shape_bucket_takes_no_new_key(tmp_path: Path) -> None:
     """A write token filled one bucket with 20,000 winners (one torch version each) and its
     lookups took 0.7 s instead of 8 ms: a bucket holds ``BUCKET_WINNERS``; a new key beyond is
@@ -306,16 +355,17 @@ def test_a_full_shape_bucket_takes_no_new_key(tmp_path: Path) -> None:
             body = make_record(make_key(m), time_ms=time_ms).model_dump(mode="json", by_alias=True)
             return httpx.post(f"{url}/v1/records", json=body, headers=AUTH, timeout=30)
 
-        assert [upload(m).status_code for m in (65, 66, 67)] == [201] * 3  # bucket M 65..128
-        full = upload(68)
-        assert full.status_code == 409 and "holds 3 winners" in full.json()["detail"], full.text
+        # bucket M 65..128; an admin's token fills it to twice the limit
+        assert [upload(m).status_code for m in range(65, 71)] == [201] * 6
+        full = upload(71)
+        assert full.status_code == 409 and "holds 6 winners" in full.json()["detail"], full.text
         faster = upload(66, time_ms=0.5)
         assert faster.status_code == 201 and faster.json()["is_winner"]
         assert upload(200).status_code == 201  # another bucket
         document = {"format": SNAPSHOT_FORMAT, "filters": {"device_arch": "cpu-avx2"},
-                    "records": [make_record(make_key(69)).model_dump(mode="json", by_alias=True)]}  # fmt: skip
+                    "records": [make_record(make_key(72)).model_dump(mode="json", by_alias=True)]}  # fmt: skip
         imported = httpx.post(f"{url}/v1/snapshot", json=document, headers=AUTH, timeout=30)
         assert imported.status_code == 409, imported.text
-        assert httpx.get(f"{url}/health", timeout=10).json()["records"] == 5  # none of the 409s
+        assert httpx.get(f"{url}/health", timeout=10).json()["records"] == 8  # none of the 409s
     finally:
         live.stop()

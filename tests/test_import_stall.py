@@ -49,8 +49,9 @@ def stored(url: str) -> int:
 
 @pytest.fixture
 def small_buckets(database: tuple[str, Path | None], tmp_path: Path) -> Iterator[LiveServer]:
-    """A server over each kind of database whose buckets hold 300 winners."""
-    yield from database_server(database, tmp_path, {"TUNECACHE_SERVER_BUCKET_WINNERS": "300"})
+    """A server over each kind of database whose buckets hold 300 winners of an admin's token
+    (twice the limit, 150)."""
+    yield from database_server(database, tmp_path, {"TUNECACHE_SERVER_BUCKET_WINNERS": "150"})
 
 
 @contextmanager
@@ -86,7 +87,7 @@ def test_an_import_a_full_bucket_refuses_is_a_409_before_it_takes_any_lock(
         sent.join(timeout=30)  # the locks stay held until it is answered
         assert answer, "the import waited for the key locks"
     assert answer[0].status_code == 409, answer[0].text
-    assert "holds 300 winners" in answer[0].json()["detail"]
+    assert "holds 300 winners, twice the server's limit" in answer[0].json()["detail"]
     assert stored(url) == 0
     fits = httpx.post(f"{url}/v1/snapshot", json=document(300), headers=AUTH, timeout=120)
     assert fits.json() == {"imported": 300, "winners_changed": 300}, fits.text
