@@ -910,6 +910,10 @@ def _stated(records: int = 1, **changes: Any) -> dict[str, Any]:
         (_stated(created_at="2026-01-02T03:04:05"), "created_at"),
         (_stated(created_at="0001-01-01T00:00:00+01:00"), "created_at"),  # was a 500
         (_stated(created_at="9999-12-31T23:59:59-01:00"), "created_at"),
+        (_stated(created_at="0"), "created_at"),  # was a Unix time: 1970
+        (_stated(created_at="-1"), "created_at"),  # 1969
+        (_stated(created_at=0), "created_at"),
+        (_stated(created_at="1999-12-31T23:59:59Z"), "created_at"),  # no record is as old
         (_stated(uploaders=["torch_eager"]), "uploaders"),
         (_stated(uploaders=["timing", "made_up", "torch_eager"]), "uploaders"),
         (
