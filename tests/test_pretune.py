@@ -565,3 +565,40 @@ def test_a_lapsed_job_none_here_takes_is_not_drained_again_while_another_runs(
     monkeypatch.setattr(pretune, "all_jobs", server_jobs)
     pretune._until_no_retry(None, ["c"], claim)
     assert taken, "never drained past the lapse by the server's clock"
+
+
+def test_a_failed_job_none_here_takes_is_drained_at_its_retry_not_every_two_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A failed job queued for its retry that no daemon here takes (a GPU job, this machine a
+    CPU): the daemons (with --ray, a cluster's tasks) ran every 2 s until it ran out of
+    attempts elsewhere, an hour at the longest retry. They run when its retry is due and once
+    more well past it (a server's clock may lag), then it is left to follow()."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    import tunecache_cli.pretune as pretune
+
+    clock = [1_000_000.0]
+    at = dt.datetime.fromtimestamp
+    retry = at(1_000_000.0 + 600, dt.UTC)  # its retry, ten minutes on
+
+    def jobs(_client: object) -> dict[str, SimpleNamespace]:
+        waiting = SimpleNamespace(id=1, state="queued", attempts=1, lease_expires_at=retry,
+                                  updated_at=at(1_000_000.0, dt.UTC))  # fmt: skip
+        return {"a": waiting}
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    monkeypatch.setattr(pretune, "all_jobs", jobs)
+    monkeypatch.setattr(pretune.time, "time", lambda: clock[0])
+    monkeypatch.setattr(pretune.time, "sleep", sleep)
+    drains: list[float] = []
+
+    def drain() -> None:
+        drains.append(clock[0] - 1_000_000.0)
+        assert len(drains) < 20, f"drained in a loop: {drains}"
+
+    pretune._until_no_retry(None, ["a"], drain)
+    assert drains == [0.0, 603.0, 630.0], drains  # the first look, at its retry, well past it

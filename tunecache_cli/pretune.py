@@ -21,7 +21,7 @@ from tunecache.settings import Settings
 from tunecache_cli.args import add_server, check_trials, preflight, server_url
 from tunecache_cli.table import counted, shown
 
-RETRY_POLL_SECONDS = 2.0  # pretune --local: how often it looks whether a retry is due
+RETRY_POLL_SECONDS = 2.0  # pretune --local: the least it waits before it looks again
 MAX_LEASE_WAIT = 30.0  # and at most this long for a job leased elsewhere (a lease is renewed)
 LAPSE_MARGIN = 3.0  # seconds past a lease's end before it is claimed (the server's clock may lag)
 QUIET_LINE_SECONDS = 60.0  # off a terminal, a progress line when a count changes, else this often
@@ -273,16 +273,17 @@ def _on_ray(client: Any, manifest: Any, trials: int, hashes: list[str], address:
 
 
 def _until_no_retry(client: Any, hashes: list[str], drain: Any) -> None:
-    """Runs ``drain`` (daemons that stop when nothing is claimable), then again after a wait
-    while a followed job that failed is queued for its retry (the server's delay), or once the
-    lease of one leased elsewhere lapses: a run stopped with Ctrl-C left its job leased for
-    minutes, and the next run said "1 running" until it was killed.
+    """Runs ``drain`` (daemons that stop when nothing is claimable), then again when a followed
+    job that failed is due for its retry (the server's delay), or once the lease of one leased
+    elsewhere lapses: a run stopped with Ctrl-C left its job leased for minutes, and the next run
+    said "1 running" until it was killed.
 
-    A lapsed lease is drained for at its end (:data:`LAPSE_MARGIN` after, by this machine's
-    clock) and again :data:`MAX_LEASE_WAIT` after: a job still leased then is one no daemon here
-    takes (its device is not here), left to :func:`follow`, not drained for every few seconds.
-    Once was not enough: a server whose clock lags this machine's by more than the margin still
-    held the lease at the first drain."""
+    Either is drained for at its time (:data:`LAPSE_MARGIN` after, by this machine's clock) and
+    again :data:`MAX_LEASE_WAIT` after: a job still leased or queued then is one no daemon here
+    takes (its device is not here), left to :func:`follow`, not drained for every few seconds
+    (a failed GPU job's retries drained a CPU machine's daemons every 2 s, with ``--ray`` a
+    cluster's tasks, until it ran out of attempts elsewhere). Once was not enough: a server
+    whose clock lags this machine's by more than the margin still held it at the first drain."""
     from tunecache_cli.progress import working
 
     wanted, due, given_up, drained = set(hashes), True, set[int](), 0.0
@@ -291,23 +292,27 @@ def _until_no_retry(client: Any, hashes: list[str], drain: Any) -> None:
             drained = time.time()
             drain()
         jobs = [j for h, j in all_jobs(client).items() if h in wanted]
+        # a queued job's lease_expires_at is when its retry is due (none: since it failed)
+        retries = {j.id: (j.lease_expires_at or j.updated_at).timestamp() for j in jobs
+                   if j.state == "queued" and j.attempts > 0}  # fmt: skip
         leases = {j.id: j.lease_expires_at.timestamp() for j in jobs
                   if j.state == "running" and j.lease_expires_at is not None}  # fmt: skip
-        if due:  # drained for well past their lapse, and not taken: none here takes them
-            given_up |= {i for i, at in leases.items() if at + MAX_LEASE_WAIT <= drained}
-        if any(j.state == "queued" and j.attempts > 0 for j in jobs):
-            due, wait, said = True, RETRY_POLL_SECONDS, "failed jobs wait for their retry"
+        times = {**leases, **retries}
+        if due:  # drained for well past their time, and not taken: none here takes them
+            given_up |= {i for i, at in times.items() if at + MAX_LEASE_WAIT <= drained}
+        now = time.time()
+        # when each is drained for next: at its time, then once more well past it
+        nexts = {i: at + (MAX_LEASE_WAIT if at + LAPSE_MARGIN <= drained else LAPSE_MARGIN)
+                 for i, at in times.items() if i not in given_up}  # fmt: skip
+        if not nexts:
+            return
+        upcoming = min(nexts.values())
+        wait = min(MAX_LEASE_WAIT, max(RETRY_POLL_SECONDS, upcoming - now))
+        due = upcoming <= now + wait  # else read again then: a worker renews its lease
+        first = time.strftime("%H:%M:%S", time.localtime(min(times[i] for i in nexts)))
+        if any(i in retries for i in nexts):
+            said = f"failed jobs wait for their retry (the first at {first})"
         else:
-            now = time.time()
-            # when each is drained for next: at its lapse, then once more well past it
-            nexts = {i: at + (MAX_LEASE_WAIT if at + LAPSE_MARGIN <= drained else LAPSE_MARGIN)
-                     for i, at in leases.items() if i not in given_up}  # fmt: skip
-            if not nexts:
-                return
-            upcoming = min(nexts.values())
-            wait = min(MAX_LEASE_WAIT, max(RETRY_POLL_SECONDS, upcoming - now))
-            due = upcoming <= now + wait  # else read again then: a worker renews its lease
-            first = time.strftime("%H:%M:%S", time.localtime(min(leases[i] for i in nexts)))
             said = (f"{counted(len(nexts), 'job')} leased elsewhere: tuned here if a worker's "
                     f"lease lapses (the first at {first})")  # fmt: skip
         with working("pretune", said):
