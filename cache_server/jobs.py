@@ -108,13 +108,9 @@ def release_leases(session: Session, *, token_id: int) -> int:
     is queued again, claimable at once, the attempt it spent refunded. Otherwise a revoked
     token's leases held its jobs until they ran out (a day at most), or an admin failed each.
     Returns how many."""
+    refunded = case((JobRow.attempts > 0, JobRow.attempts - 1), else_=0)
     held = [JobRow.state == "running", JobRow.lease_token_id == token_id]
-    return _set(session, held, state="queued", attempts=_refunded(), **NO_LEASE)
-
-
-def _refunded() -> ColumnElement[int]:
-    """A job's attempts less the one its lease's claim spent."""
-    return case((JobRow.attempts > 0, JobRow.attempts - 1), else_=0)
+    return _set(session, held, state="queued", attempts=refunded, **NO_LEASE)
 
 
 def find(session: Session, *, key_hash: str) -> JobRow | None:
@@ -219,7 +215,6 @@ def claim(
     backends: Sequence[str] | None = None,
     kernel_packages: Sequence[str] | None = None,
     key_hashes: Sequence[str] | None = None,
-    declined: Sequence[int] | None = None,
 ) -> JobRow | None:
     """Leases the most urgent claimable job to ``worker`` under token ``token_id``, or ``None``
     when there is none.
@@ -227,8 +222,7 @@ def claim(
     With ``device_arch``, ``backends`` and ``kernel_packages``, only a job for that arch, one of
     those backends and a built-in kernel or one from those packages (or their subpackages): a
     worker is never handed a job it cannot run. With ``key_hashes``, only a job for one of those
-    keys (``pretune --local`` tunes its manifest's keys, not whatever else anyone queued). With
-    ``declined``, none of those jobs (the worker gave them back unrun: :func:`decline`).
+    keys (``pretune --local`` tunes its manifest's keys, not whatever else anyone queued).
 
     A worker that claims while it holds a live lease (under this token, on a job this claim
     could be given) is handed that job again: a claim asked again because its answer was lost
@@ -243,8 +237,6 @@ def claim(
     fits = _runnable(device_arch, backends, kernel_packages)
     if key_hashes is not None:
         fits.append(JobRow.key_hash.in_(list(key_hashes)))
-    if declined:
-        fits.append(JobRow.id.not_in(list(declined)))
     if (held := _held_by(session, worker, token_id, now, fits)) is not None:
         return held
     live = select(TokenRow.id).where(TokenRow.id == token_id, TokenRow.revoked_at.is_(None))
@@ -431,18 +423,6 @@ def mismatch(job_key: Mapping[str, Any], record_key: Mapping[str, Any]) -> str |
         if canonical_json(value) != canonical_json(got[name]):
             return f"its {name} is {canonical_json(got[name])}, the job's {canonical_json(value)}"
     return None
-
-
-def decline(session: Session, *, job_id: int, worker: str, holder: int | None, error: str,
-            reporter: str) -> JobRow | None:  # fmt: skip
-    """Gives back unrun a job ``worker`` holds (with token ``holder``; ``None``: any token's)
-    that it cannot run, ``error`` saying why as token ``reporter`` wrote it: queued again,
-    claimable at once, the attempt its claim spent refunded. A daemon of another version of the
-    job's kernel than the one that asked (a fleet mid-upgrade) failed the job instead, spending
-    its attempts ahead of the daemons that could run it. ``None`` if ``worker`` no longer holds
-    the job."""
-    return _change(session, job_id, worker, holder, state="queued", attempts=_refunded(),
-                   error=error, error_by=reporter, **NO_LEASE)  # fmt: skip
 
 
 MAX_RETRY_SECONDS = 3600.0

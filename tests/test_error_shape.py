@@ -234,7 +234,7 @@ def test_links_name_the_resources_answers_make(document: dict) -> None:
     uploaded = document["paths"]["/v1/records"]["post"]["responses"]["201"]["links"]
     assert uploaded["GetRecord"]["parameters"] == {"record_id": "$response.body#/record_id"}
     claimed = document["paths"]["/v1/jobs/claim"]["post"]["responses"]["200"]["links"]
-    assert set(claimed) == {"Heartbeat", "Complete", "Fail", "Decline"}
+    assert set(claimed) == {"Heartbeat", "Complete", "Fail"}
     made = document["paths"]["/v1/tokens"]["post"]["responses"]["201"]["links"]
     for link in (*uploaded.values(), *claimed.values(), *made.values()):
         assert link["operationId"] in ids

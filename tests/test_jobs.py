@@ -178,33 +178,6 @@ def test_a_claim_asked_again_hands_back_the_workers_own_job(any_server: LiveServ
         assert done.status_code == 200 and claim(http, "w") is None  # done: nothing left
 
 
-def test_a_declined_job_is_queued_again_its_attempt_refunded(any_server: LiveServer) -> None:
-    """A worker that cannot run the job it claimed (another version of its kernel than the one
-    that asked: a fleet mid-upgrade) gives it back unrun: queued at once, the attempt its claim
-    spent refunded (failing it spent the job's attempts ahead of the daemons that could run it),
-    not handed to a claim that lists it as declined, and claimable by another at once."""
-    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
-        create(http, 41, max_attempts=1)
-        job = claim(http, "old")
-        assert job is not None and job["attempts"] == 1
-        why = {"worker": "old", "error": "another version of its kernel"}
-        assert http.post(f"/v1/jobs/{job['id']}/decline", json={**why, "worker": "new"}
-                         ).status_code == 409  # not its lease  # fmt: skip
-        given = http.post(f"/v1/jobs/{job['id']}/decline", json=why)
-        assert given.status_code == 200, given.text
-        assert (given.json()["state"], given.json()["attempts"]) == ("queued", 0)
-        assert given.json()["error"] == why["error"] and given.json()["lease_owner"] is None
-        assert http.post(f"/v1/jobs/{job['id']}/decline", json=why).status_code == 409  # gone
-        again = http.post("/v1/jobs/claim", json={"worker": "old", "declined": [job["id"]]})
-        assert again.status_code == 204, again.text  # its only job, declined by it
-        taken = claim(http, "new")
-        assert taken is not None and (taken["id"], taken["attempts"]) == (job["id"], 1)
-        assert finish(http, taken, "new").json()["state"] == "done"  # its one attempt, unspent
-        for bad in ([], [0], ["1"], list(range(1, 258))):
-            refused = http.post("/v1/jobs/claim", json={"worker": "old", "declined": bad})
-            assert refused.status_code == 422 and "declined" in refused.text, (bad, refused.text)
-
-
 def test_an_expired_lease_is_claimed_again(any_server: LiveServer) -> None:
     with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
         create(http, 7)
@@ -385,7 +358,7 @@ def test_a_lease_is_held_by_the_token_that_claimed_it(any_server: LiveServer) ->
         owner = running[0]["lease_owner"]
         answer = {"worker": owner, "record_id": _upload(http, Key.from_json(job["key"]), mine)}
         for action, body in (("heartbeat", {"worker": owner}), ("fail", {"worker": owner}),
-                             ("decline", {"worker": owner}), ("complete", answer)):  # fmt: skip
+                             ("complete", answer)):  # fmt: skip
             taken = http.post(f"/v1/jobs/{job['id']}/{action}", json=body, headers=theirs)
             assert taken.status_code == 409, (action, taken.text)
             assert "this worker and this token" in taken.json()["detail"]

@@ -39,8 +39,6 @@ JobStrategy = Annotated[str, Field(min_length=1, max_length=64, pattern=STRATEGY
 JobTrials = Annotated[int, Field(strict=True, ge=1, le=MAX_JOB_TRIALS), INTEGRAL]
 KeyHash = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 MAX_CLAIM_KEYS = 4096  # a claim's key filter: 270 KB of hashes at most
-MAX_DECLINED = 256  # jobs a claim leaves out as declined by its worker
-JobId = RecordId  # a row id, as a record's
 ClaimKeys = Annotated[list[KeyHash], Field(min_length=1, max_length=MAX_CLAIM_KEYS)]
 
 
@@ -109,8 +107,6 @@ class ClaimRequest(_Strict):
     kernel_packages: Annotated[list[Package], Field(max_length=64)] | None = None
     # Only jobs for these keys (``pretune --local``: its manifest's; unset: any).
     key_hashes: ClaimKeys | None = None
-    # Jobs this worker gave back unrun (``/decline``): never handed to it again.
-    declined: Annotated[list[JobId], Field(min_length=1, max_length=MAX_DECLINED)] | None = None
 
 
 class LeaseRequest(_Strict):

@@ -105,18 +105,17 @@ class WorkerCalls:
         backends: Sequence[str] | None = None,
         kernel_packages: Sequence[str] | None = None,
         key_hashes: Sequence[str] | None = None,
-        declined: Sequence[int] = (),
     ) -> JobPublic | None:
         """Leases the most urgent job this worker can run (``None``: nothing to do): of
         ``device_arch``, one of ``backends``, a built-in kernel or one of ``kernel_packages``',
-        for one of ``key_hashes`` (each unset: any), none of the jobs it ``declined``.
+        for one of ``key_hashes`` (each unset: any).
 
         Raises:
             ServerError: as every call; and a server too old to limit a claim to ``key_hashes``
                 (it would hand out any job).
         """
         listed = {"backends": backends, "kernel_packages": kernel_packages,
-                  "key_hashes": key_hashes, "declined": declined or None}  # fmt: skip
+                  "key_hashes": key_hashes}  # fmt: skip
         wanted = {"worker": worker, "lease_seconds": lease_seconds, "device_arch": device_arch,
                   **{k: None if v is None else list(v) for k, v in listed.items()}}  # fmt: skip
         body = ClaimRequest.model_validate(wanted).model_dump(mode="json", exclude_none=True)
@@ -155,16 +154,6 @@ class WorkerCalls:
         """Gives a job back as failed (retried until its attempts run out), saying why."""
         body = {"worker": worker, "error": printable_text(error, 4096)}
         return self._job("POST", f"/v1/jobs/{job_id}/fail", JobPublic, json=body)
-
-    def decline_job(self, job_id: int, worker: str, error: str) -> JobPublic:
-        """Gives back unrun a job this worker cannot run, saying why: queued again at once, the
-        attempt its claim spent refunded (a claim then lists it in ``declined``).
-
-        Raises:
-            ServerError: as every call; 404 from a server older than the route.
-        """
-        body = {"worker": worker, "error": printable_text(error, 4096)}
-        return self._job("POST", f"/v1/jobs/{job_id}/decline", JobPublic, json=body)
 
     def list_jobs(self, **filters: Any) -> JobList:
         """A page of jobs (``limit``: at most so many, ``offset``, ``state``)."""

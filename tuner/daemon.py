@@ -33,7 +33,7 @@ from tunecache.client import Client
 from tunecache.configcheck import as_run
 from tunecache.device import local_device
 from tunecache.errors import InvalidInput, ServerError, TuningError, one_line
-from tunecache.jobs import MAX_DECLINED, MAX_JOB_PAGE, JobPublic
+from tunecache.jobs import MAX_JOB_PAGE, JobPublic
 from tunecache.kernels import BACKENDS
 from tunecache.key import DEVICE_KINDS, Key, kernel_module, key_for
 from tunecache.outbox import Later
@@ -101,10 +101,6 @@ MAX_RUNS_ONCE = 3  # runs of one job a --once worker makes (a failed job's retri
 # Jobs in a row failing as nothing foresaw after which the daemon stops: a fault of its own (a
 # broken install) failed every job it claimed, each spending an attempt.
 MAX_INTERNAL_ERRORS = 3
-
-
-class OtherVersion(InvalidInput):
-    """A job for another version of its kernel than this machine's: given back unrun."""
 
 
 def importable(packages: Sequence[str]) -> tuple[str, ...]:
@@ -200,8 +196,6 @@ class Daemon(Worker):
         self.options = options
         self.done: list[int] = []  # record ids stored, in order
         self.failed: list[int] = []  # job ids given back as failed
-        self.declined: dict[int, None] = {}  # job ids given back unrun, the latest last
-        self.declines = 0  # jobs given back unrun
         # job id -> (its attempts when last claimed, runs, what this run did with it): --once
         self.seen: dict[int, tuple[int, int, str]] = {}
         self.unsent: list[tuple[JobPublic, Later, float]] = []  # tuned while the server was down
@@ -231,8 +225,7 @@ class Daemon(Worker):
         job = self.client.claim_job(self.worker, lease_seconds=self.options.lease_seconds,
                                     device_arch=arch, backends=self.backends,
                                     kernel_packages=self.kernels,
-                                    key_hashes=self.options.key_hashes,
-                                    declined=list(self.declined))  # fmt: skip
+                                    key_hashes=self.options.key_hashes)  # fmt: skip
         if job is None and not self.others_said and self.options.key_hashes is None:
             self.others_said = True  # (pretune --local tunes its manifest's keys: not said)
             self.say_others(arch)
@@ -295,7 +288,7 @@ class Daemon(Worker):
         """The job's key completed with this machine's device and environment.
 
         Raises:
-            OtherVersion: the kernel's source hashes otherwise here: a record of it would be
+            InvalidInput: the kernel's source hashes otherwise here: a record of it would be
                 served to none of the processes that asked (the job was done, and their misses
                 found it so).
         """
@@ -303,7 +296,7 @@ class Daemon(Worker):
         key = key_for(wanted.kernel, wanted.backend, wanted.problem, wanted.dtype,
                       device=self.device)  # fmt: skip
         if key.source_hash != wanted.source_hash:
-            raise OtherVersion(
+            raise InvalidInput(
                 f"{wanted.kernel}'s source hashes {key.source_hash} here, the job's "
                 f"{wanted.source_hash}: another version of the kernel (or of tunecache, for a "
                 "built-in) asked, and a record of this one would not be served to it"
@@ -359,9 +352,6 @@ class Daemon(Worker):
             with leased(self.client, job, self.worker, self.options.lease_seconds):
                 tuning = True
                 outcome = tune(key, budget, options, harness=harness)
-        except OtherVersion as exc:
-            self.decline(job, exc)
-            return False
         except (InvalidInput, TuningError, ServerError) as exc:
             self.give_back(job, exc)
             if tuning and not isinstance(exc, InvalidInput):
@@ -420,27 +410,6 @@ class Daemon(Worker):
         self._did(job, f"failed it ({type(exc).__name__}: {exc})")
         with contextlib.suppress(ServerError):
             self.client.fail_job(job.id, self.worker, f"{type(exc).__name__}: {exc}")
-
-    def decline(self, job: JobPublic, exc: OtherVersion) -> None:
-        """Gives ``job`` back unrun, its attempt refunded, and claims it no more: a daemon of
-        another version of the kernel than the one that asked (a fleet mid-upgrade) failed it,
-        spending its attempts ahead of the daemons that could run it. Failed after all where
-        the server is older than declining (404)."""
-        try:
-            self.client.decline_job(job.id, self.worker, str(exc))
-        except ServerError as refused:
-            if refused.status_code == 404:  # no such route
-                self.give_back(job, exc)
-                return
-            logger.warning("job %d: %s; not given back (%s): its lease lapses", job.id, exc,
-                           refused)  # fmt: skip
-        else:
-            logger.warning("job %d: given back unrun: %s", job.id, exc)
-        self.declines += 1
-        self._did(job, f"declined it ({exc})")
-        self.declined[job.id] = None
-        while len(self.declined) > MAX_DECLINED:  # the oldest handed out again, declined again
-            del self.declined[next(iter(self.declined))]
 
     def finish(self, job: JobPublic, record_id: int, started: float) -> None:
         """Completes ``job`` with its stored record; refused (the lease lost, a record that

@@ -1,8 +1,8 @@
 """OpenAPI links: which answer's field names the resource another operation takes.
 
 A client generator (and a stateful fuzzer) follows them: the record an upload made can be read
-back, the job a claim leased can be heartbeaten, completed, failed or declined, the token made
-can be revoked. Operation ids are FastAPI's, from the route functions' names.
+back, the job a claim leased can be heartbeaten, completed or failed, the token made can be
+revoked. Operation ids are FastAPI's, from the route functions' names.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ LINKS: tuple[tuple[str, str, str, str, str, dict[str, str]], ...] = (
     ("/v1/jobs/claim", "post", "200", "Complete", "complete_v1_jobs__job_id__complete_post",
      {"job_id": "$response.body#/id"}),
     ("/v1/jobs/claim", "post", "200", "Fail", "fail_v1_jobs__job_id__fail_post",
-     {"job_id": "$response.body#/id"}),
-    ("/v1/jobs/claim", "post", "200", "Decline", "decline_v1_jobs__job_id__decline_post",
      {"job_id": "$response.body#/id"}),
     ("/v1/tokens", "post", "201", "Revoke", "revoke_token_v1_tokens__token_id__delete",
      {"token_id": "$response.body#/info/id"}),

@@ -287,7 +287,7 @@ def claim_job(
                      lease_seconds=request.lease_seconds,
                      device_arch=request.device_arch, backends=request.backends,
                      kernel_packages=request.kernel_packages,
-                     key_hashes=request.key_hashes, declined=request.declined)  # fmt: skip
+                     key_hashes=request.key_hashes)  # fmt: skip
     return Response(status_code=status.HTTP_204_NO_CONTENT) if job is None else public(job)
 
 
@@ -358,21 +358,6 @@ def fail(
                     error=request.error, reporter=token.name,
                     retry_seconds=settings.retry_seconds)  # fmt: skip
     if job is not None:  # its error, charged each time it is written (the last lock)
-        quota.charge(session, token, quota.text_bytes(request.error, token.name), quota=None)
-    return _held(job, job_id)
-
-
-@router.post("/jobs/{job_id}/decline", responses=LEASE_LOST)
-def decline(
-    job_id: IdPath, request: JobResult, session: SessionDep, token: WriteAccess
-) -> JobPublic:
-    """Gives back unrun a job this worker holds under this token and cannot run (another version
-    of its kernel than the one that asked): queued again, claimable at once, the attempt its
-    claim spent refunded, ``error`` saying why. A claim listing it in ``declined`` is not handed
-    it again."""
-    job = jobs.decline(session, job_id=job_id, worker=request.worker, holder=_holder(token),
-                       error=request.error, reporter=token.name)  # fmt: skip
-    if job is not None:  # its error, charged as a failure's
         quota.charge(session, token, quota.text_bytes(request.error, token.name), quota=None)
     return _held(job, job_id)
 
