@@ -913,7 +913,6 @@ def _stated(records: int = 1, **changes: Any) -> dict[str, Any]:
         (_stated(created_at="0"), "created_at"),  # was a Unix time: 1970
         (_stated(created_at="-1"), "created_at"),  # 1969
         (_stated(created_at=0), "created_at"),
-        (_stated(created_at="1999-12-31T23:59:59Z"), "created_at"),  # no record is as old
         (_stated(uploaders=["torch_eager"]), "uploaders"),
         (_stated(uploaders=["timing", "made_up", "torch_eager"]), "uploaders"),
         (
@@ -938,6 +937,17 @@ def test_bad_provenance_is_a_422_naming_it_and_stores_nothing(
     assert answer.status_code == 422, answer.text
     assert named in answer.json()["detail"]
     assert record_count(shared_server.url) == before
+
+
+def test_a_stated_date_before_2000_is_taken_as_2000() -> None:
+    """No record is as old: an importer stated records made in 1969 or in year 1. Taken as
+    2000, not refused: a server that imported such a record before could no longer export."""
+    from tunecache.snapshot_provenance import EARLIEST, StatedVerification
+
+    for said in ("1969-12-31T23:59:59Z", "0001-01-02T00:00:00Z", "2000-01-01T01:59:59+02:00"):
+        stated = StatedVerification.model_validate({
+            "verifier": "v", "device_name": "d", "verified_at": said, "retimed": False})  # fmt: skip
+        assert stated.verified_at == EARLIEST, said
 
 
 def test_a_stated_date_is_read_in_utc() -> None:

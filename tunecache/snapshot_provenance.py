@@ -36,25 +36,22 @@ VerifierName = Annotated[str, Field(min_length=1, max_length=160, pattern=_VERIF
 # (cache_server.snapshots), never refuses it: refused at read, one row dated ahead of a host's
 # clock (hosts' clocks differ) failed every export of that host, and a reader whose clock was
 # behind the exporter's ignored the whole file. It must carry its zone; it is kept in UTC. It is
-# an ISO 8601 date from this century: pydantic read "0" and "-1" as Unix times, and an importer
-# stated records made in 1969 or in year 1.
+# an ISO 8601 date (pydantic read "0" and "-1" as Unix times: an importer stated records made in
+# 1969), and one before 2000 is taken as 2000 (no record is as old; refused, a server holding one
+# imported before could no longer export).
 EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def _iso_date(value: object) -> object:
-    if isinstance(value, str) and not re.match(r"\d{4}-\d{2}-\d{2}[T ]", value):
+    if isinstance(value, int | float) or (
+        isinstance(value, str) and not re.match(r"\d{4}-\d{2}-\d{2}[T ]", value)
+    ):
         raise ValueError("a date must be ISO 8601 (2026-01-31T12:00:00Z), not a number")
     return value
 
 
-def _this_century(value: datetime) -> datetime:
-    if value < EARLIEST:
-        raise ValueError(f"{value.isoformat()} is before {EARLIEST.date()}: no record is as old")
-    return value
-
-
 Stamp = Annotated[AwareDatetime, BeforeValidator(_iso_date), AfterValidator(in_utc),
-                  AfterValidator(_this_century)]  # fmt: skip
+                  AfterValidator(lambda at: max(at, EARLIEST))]  # fmt: skip
 
 
 class StatedVerification(Strict):
