@@ -194,10 +194,11 @@ def containers(body: bytes) -> int:
 
 def counts(body: bytes) -> tuple[int, int]:
     """The arrays and objects in ``body``, and an upper bound on its values (each value but a
-    container's first follows a comma), its strings left out."""
+    container's first follows a comma), its strings left out, an object's member counted as 4
+    (a colon): building one took 1.65 µs here, a number 0.2-0.4 µs, an empty list 1 µs."""
     stripped = _JSON_STRING.sub(b"", body)
     held = stripped.count(b"[") + stripped.count(b"{")
-    return held, 2 * held + stripped.count(b",") + 1
+    return held, 2 * held + stripped.count(b",") + 3 * stripped.count(b":") + 1
 
 
 def past_bound(body: bytes, max_containers: int, max_values: int | None = None) -> str | None:
@@ -210,12 +211,13 @@ def past_bound(body: bytes, max_containers: int, max_values: int | None = None) 
         >>> past_bound(b"[[], []]", 2)
         '3 JSON arrays and objects (or brackets), where at most 2 are read'
         >>> past_bound(b"[0, 0, 0, 0]", 2, max_values=3)
-        'about 6 JSON values (or commas), where at most 3 are read'
+        'about 6 JSON values (an object member counting 4), where at most 3 are read'
     """
     count, values = counts(body)
     if count > max_containers:
         return (f"{count:,} JSON arrays and objects (or brackets), where at most "
                 f"{max_containers:,} are read")  # fmt: skip
     if max_values is not None and values > max_values:
-        return f"about {values:,} JSON values (or commas), where at most {max_values:,} are read"
+        return (f"about {values:,} JSON values (an object member counting 4), where at most "
+                f"{max_values:,} are read")  # fmt: skip
     return None
