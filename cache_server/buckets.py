@@ -6,9 +6,11 @@ rounded problem) is what a non-exact lookup ranks, so it holds at most ``limit``
 of one write token's winners (4,094 copies of one record under made-up torch versions, one
 6 MB import) refused every other token's new key there, a team's CI included, until an admin
 withdrew the token. So a token that is neither trusted nor an admin adds new keys to a bucket
-only while it holds less than a quarter of the limit there; a trusted or admin token's new key
-is refused only at twice the limit, past what the others may fill. A record's owner is the
-token that imported it, else the one that uploaded it (never a name a snapshot states).
+only while it holds less than half the limit there (a sweep of every length in 2,049-4,096, a
+user's kernel's bucket, fits in the default's half); a trusted or admin token's new key is
+refused only at twice the limit, past what the others may fill. A token holds the winners on its
+word alone (``vouched_by``: those it uploaded or imported that no verifier of this server has
+passed since), by id: a new token of a revoked one's name holds none of them.
 """
 
 from __future__ import annotations
@@ -23,15 +25,11 @@ from tunecache.tokens import grants
 SETTING = "TUNECACHE_SERVER_BUCKET_WINNERS"
 
 
-def owner() -> Any:
-    """A record's owner, as the token's name: its importer's, else its uploader's."""
-    return func.coalesce(RecordRow.imported_by, RecordRow.uploaded_by)
-
-
-def winners(name: str | None) -> Any:
-    """Each bucket's winners (the default policy's), and how many of them are token ``name``'s,
-    as ``(bucket_hash, held, own)`` rows (filter it by bucket)."""
-    own = func.coalesce(func.sum(case((owner() == name, 1), else_=0)), 0)
+def winners(token: TokenRow | None) -> Any:
+    """Each bucket's winners (the default policy's), and how many of them are on ``token``'s
+    word alone, as ``(bucket_hash, held, own)`` rows (filter it by bucket)."""
+    mine = RecordRow.vouched_by == (None if token is None else token.id)
+    own = func.coalesce(func.sum(case((mine, 1), else_=0)), 0)
     return (
         select(RecordRow.bucket_hash, func.count(), own)
         .select_from(WinnerRow)
@@ -51,9 +49,9 @@ def refusal(held: int, own: int, limit: int, token: TokenRow | None) -> str | No
         return None
     if held >= limit:
         return f"holds {held:,} winners, the server's limit ({SETTING})"
-    share = max(1, limit // 4)
+    share = max(1, limit // 2)
     if token is not None and own >= share:
-        return (f"holds {own:,} winners of this token's, a quarter of the server's limit "
+        return (f"holds {own:,} winners on this token's word, half the server's limit "
                 f"({SETTING}), as many as one token may add there (a trusted token may add "
                 "more)")  # fmt: skip
     return None

@@ -231,8 +231,7 @@ def _winner(session: Session, key_hash: str) -> int | None:
 def _check_room(session: Session, bucket_hash: str, limit: int, uploader: TokenRow | None) -> None:
     """Raises :class:`BucketFull` where ``uploader`` may add no new key to the bucket
     (:func:`cache_server.buckets.refusal`)."""
-    name = None if uploader is None else uploader.name
-    found = session.execute(buckets.winners(name).where(RecordRow.bucket_hash == bucket_hash))
+    found = session.execute(buckets.winners(uploader).where(RecordRow.bucket_hash == bucket_hash))
     _, held, own = found.one_or_none() or (bucket_hash, 0, 0)
     if (why := buckets.refusal(held, own, limit, uploader)) is not None:
         raise BucketFull(f"the key's shape bucket {why}: no new key there")

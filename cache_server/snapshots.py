@@ -287,8 +287,7 @@ def _check_rooms(session: Session, planned: Sequence[_Planned], limit: int,
     new = [p for p in validated if p.key_hash not in won]
     if not new:
         return
-    name = None if importer is None else importer.name
-    counted = _among(session, buckets.winners(name), RecordRow.bucket_hash,
+    counted = _among(session, buckets.winners(importer), RecordRow.bucket_hash,
                      (p.row.bucket_hash or "" for p in new))  # fmt: skip
     held: dict[str, list[int]] = {bucket: [n, own] for bucket, n, own in counted}
     refused = twins.refused_among(session, {p.key_hash for p in new})

@@ -288,14 +288,15 @@ def test_a_write_the_server_sheds_is_sent_again_within_its_deadline() -> None:
         assert calls.count("/v1/lookup") == 1
 
 
-def test_one_token_fills_a_quarter_of_a_shape_bucket_and_a_trusted_one_twice_its_limit(
+def test_one_token_fills_half_a_shape_bucket_and_a_trusted_one_twice_its_limit(
     tmp_path: Path,
 ) -> None:
     """One write token filled a bucket (4,094 copies under made-up torch versions, one 6 MB
     import) and every other token's new key there was a 409, a team's CI included, until an
-    admin withdrew it. A token adds new keys to a bucket while it holds less than a quarter of
-    the limit there (by upload or import); another still adds its own; a trusted token's new
-    key is refused only at twice the limit."""
+    admin withdrew it. A token adds new keys to a bucket while it holds less than half the
+    limit there on its word alone (by upload or import); another still adds its own; a trusted
+    token's new key is refused only at twice the limit; a new token of a revoked one's name
+    holds none of its winners."""
     from tests.conftest import start_server
     from tests.factories import issue_token, make_record
     from tunecache.snapshot import SNAPSHOT_FORMAT
@@ -318,17 +319,26 @@ def test_one_token_fills_a_quarter_of_a_shape_bucket_and_a_trusted_one_twice_its
             return httpx.post(f"{url}/v1/records", json=body, timeout=30,
                               headers={"Authorization": f"Bearer {token}"})  # fmt: skip
 
-        assert [upload(mallory, m).status_code for m in (65, 66)] == [201] * 2  # M 65..128
-        third = upload(mallory, 67)
-        assert third.status_code == 409, third.text
-        assert "holds 2 winners of this token's, a quarter of" in third.json()["detail"]
+        assert [upload(mallory, m).status_code for m in range(65, 69)] == [201] * 4  # M 65..128
+        fifth = upload(mallory, 69)
+        assert fifth.status_code == 409, fifth.text
+        assert "holds 4 winners on this token's word, half" in fifth.json()["detail"]
         document = {"format": SNAPSHOT_FORMAT, "filters": {"device_arch": "cpu-avx2"},
-                    "records": [make_record(make_key(68)).model_dump(mode="json", by_alias=True)]}  # fmt: skip
+                    "records": [make_record(make_key(70)).model_dump(mode="json", by_alias=True)]}  # fmt: skip
         imported = httpx.post(f"{url}/v1/snapshot", json=document, timeout=30,
                               headers={"Authorization": f"Bearer {mallory}"})  # fmt: skip
-        assert imported.status_code == 409 and "of this token's" in imported.text, imported.text
-        assert [upload(alice, m).status_code for m in (69, 70)] == [201] * 2
-        assert [upload(ci, m).status_code for m in range(71, 83)] == [201] * 12  # 16 in all
+        assert imported.status_code == 409 and "on this token's word" in imported.text
+        assert [upload(alice, m).status_code for m in (71, 72)] == [201] * 2
+        listed = httpx.get(f"{url}/v1/tokens", headers=AUTH, timeout=30).json()["items"]
+        (theirs,) = [t for t in listed if t["name"] == "test-write"]  # mallory's
+        revoked = httpx.delete(f"{url}/v1/tokens/{theirs['id']}", headers=AUTH, timeout=30)
+        assert revoked.status_code == 200, revoked.text
+        newcomer = issue_token(url, "write")  # the name freed: given again
+        again = [t for t in httpx.get(f"{url}/v1/tokens", headers=AUTH, timeout=30).json()["items"]
+                 if t["name"] == "test-write" and t["id"] != theirs["id"]]  # fmt: skip
+        assert again, "the revoked token's name was not given again"
+        assert upload(newcomer, 73).status_code == 201  # none of mallory's winners are its own
+        assert [upload(ci, m).status_code for m in range(74, 83)] == [201] * 9  # 16 in all
         last = upload(ci, 83)
         assert last.status_code == 409 and "twice the server's limit" in last.text, last.text
         full = upload(issue_token(url, "write"), 84)
