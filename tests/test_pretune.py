@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -513,6 +514,18 @@ def test_local_tuning_takes_a_job_whose_lease_lapsed_instead_of_waiting_for_good
         live.stop()
 
 
+def on_a_fake_clock(monkeypatch: pytest.MonkeyPatch, clock: list[float], jobs: Any) -> None:
+    """``pretune``'s waits on ``clock`` (a sleep moves it on), its job list ``jobs``."""
+    import tunecache_cli.pretune as pretune
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    monkeypatch.setattr(pretune, "all_jobs", jobs)
+    monkeypatch.setattr(pretune.time, "time", lambda: clock[0])
+    monkeypatch.setattr(pretune.time, "sleep", sleep)
+
+
 def test_a_lapsed_job_none_here_takes_is_not_drained_again_while_another_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -536,12 +549,7 @@ def test_a_lapsed_job_none_here_takes_is_not_drained_again_while_another_runs(
                                  lease_expires_at=at(1_000_000.0 - 5, dt.UTC))  # fmt: skip
         return {"a": lapsed, "b": live}
 
-    def sleep(seconds: float) -> None:
-        clock[0] += seconds
-
-    monkeypatch.setattr(pretune, "all_jobs", jobs)
-    monkeypatch.setattr(pretune.time, "time", lambda: clock[0])
-    monkeypatch.setattr(pretune.time, "sleep", sleep)
+    on_a_fake_clock(monkeypatch, clock, jobs)
     drains: list[float] = []
     pretune._until_no_retry(None, ["a", "b"], lambda: drains.append(clock[0] - 1_000_000.0))
     assert drains == [0.0, 25.0], drains  # the first look, and once well past its lapse
@@ -588,12 +596,7 @@ def test_a_failed_job_none_here_takes_is_drained_at_its_retry_not_every_two_seco
                                   updated_at=at(1_000_000.0, dt.UTC))  # fmt: skip
         return {"a": waiting}
 
-    def sleep(seconds: float) -> None:
-        clock[0] += seconds
-
-    monkeypatch.setattr(pretune, "all_jobs", jobs)
-    monkeypatch.setattr(pretune.time, "time", lambda: clock[0])
-    monkeypatch.setattr(pretune.time, "sleep", sleep)
+    on_a_fake_clock(monkeypatch, clock, jobs)
     drains: list[float] = []
 
     def drain() -> None:
