@@ -2,7 +2,8 @@
 
 A bucket (:func:`tunecache.rules.bucket_digest`: kernel, source, backend, dtype, arch, the
 rounded problem) is what a non-exact lookup ranks, so it holds at most ``limit`` winners
-(``TUNECACHE_SERVER_BUCKET_WINNERS``): 20,000 made its lookups 0.7 s, from 8 ms. A bucket full
+(``TUNECACHE_SERVER_BUCKET_WINNERS``), twice that with trusted or admin tokens' keys: 20,000
+made its lookups 0.7 s, from 8 ms. A bucket full
 of one write token's winners (4,094 copies of one record under made-up torch versions, one
 6 MB import) refused every other token's new key there, a team's CI included, until an admin
 withdrew the token. So a token that is neither trusted nor an admin adds new keys to a bucket

@@ -168,8 +168,9 @@ def add_record(
     the caller's, decides: ``stored_bytes``).
 
     Raises:
-        BucketFull: ``record`` would be a new key's winner in a bucket that holds
-            ``bucket_limit`` winners (nothing is stored).
+        BucketFull: ``record`` would be a new key's winner in a bucket with no room for
+            ``uploader``'s at ``bucket_limit`` (:func:`cache_server.buckets.refusal`; nothing
+            is stored).
         QuotaFull: ``record`` would not fit in ``room`` (nothing is stored; one sent again is
             answered all the same).
         Revoked: ``uploader`` is revoked, read behind the key's lock (nothing is stored): a

@@ -137,7 +137,8 @@ class ServerSettings(BaseSettings):
     # user's kernel's every size rounded up, its bucket unknown here: rules.bucket_digest):
     # a lookup other than an exact hit ranks them all, so a write token that filled one bucket
     # with 20,000 (one torch version each) made its lookups take 0.7 s instead of 8 ms. A new
-    # key beyond it is refused (409); a key already there may still get a faster record.
+    # key beyond it is refused (409), a trusted or admin token's beyond twice it, and one token's
+    # past half of it (cache_server.buckets); a key already there may still get a faster record.
     bucket_winners: int = Field(default=4096, ge=1, le=1_000_000)
     workers: int = Field(default=1, ge=1, le=64)
     forwarded_allow_ips: str = ""

@@ -202,7 +202,7 @@ def import_records(
     Raises:
         InvalidInput: the database refused a record's data (PostgreSQL refuses NUL characters in
             text columns, for one); the caller's rollback then undoes its chunk.
-        BucketFull: a record is a new key's in a bucket at ``bucket_limit`` winners (the same).
+        BucketFull: a record is a new key's in a bucket with no room for ``uploader``'s (same).
         QuotaFull: the records of a chunk would take ``uploader`` past ``quota`` (the same).
         Revoked: ``uploader`` was revoked while the import ran; the chunks before stay stored.
     """

@@ -311,6 +311,30 @@ def test_an_artifact_read_of_a_flat_list_is_refused_unparsed(
     assert len(seen.requests) == 2  # a page read, the second past what is left
 
 
+def test_an_honest_read_of_many_pages_passes_each_pages_bound_and_stops_at_the_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each page is bounded on its own (its parse, before the deadline is looked at again), and
+    the read over all its pages by four times that: one bound for both refused a partition of
+    20,000 Inductor groups of 50 choices each, marking the team cache down for the process."""
+    monkeypatch.setattr(tunecache.artifact_calls, "PAGE_VALUES", 3000)
+    monkeypatch.setattr(tunecache.artifact_calls, "READ_VALUES", 12_000)
+    timings = {f"c{i}": 0.5 for i in range(50)}  # a group's 50 choices: 200 values and more
+
+    def pages(conn: socket.socket, request: Request, seen: Seen) -> None:
+        after = int(request.path.partition("after=")[2].partition("&")[0] or 0)
+        items = [{**_item(after + i, "p", f"k{after + i}"), "value": {"timings": timings}}
+                 for i in range(1, 11)]  # fmt: skip
+        page = {"items": items, "next_after": after + 10 if after < 30 else None}
+        answer(conn, 200, json.dumps(page).encode())
+
+    with serve(pages) as (url, _), Client(url, timeout=SECONDS, token="") as client:
+        assert len(client.get_artifacts("tvm.record", "p", timeout=SECONDS)) == 40
+        monkeypatch.setattr(tunecache.artifact_calls, "READ_VALUES", 9_000)
+        with pytest.raises(ServerError, match="JSON values"):
+            client.get_artifacts("tvm.record", "p", timeout=SECONDS)
+
+
 def test_a_keys_artifact_read_is_bounded_by_what_its_items_can_hold() -> None:
     """A key's page of ``limit`` items is at most ``limit`` items' bytes: one Inductor config
     (one item, 256 KiB of value at most) was read up to the 256 MiB every answer may be."""

@@ -605,3 +605,25 @@ def test_a_failed_job_none_here_takes_is_drained_at_its_retry_not_every_two_seco
 
     pretune._until_no_retry(None, ["a"], drain)
     assert drains == [0.0, 603.0, 630.0], drains  # the first look, at its retry, well past it
+
+    # long overdue, and the first drain's daemons stopped before claiming it (a --once daemon
+    # handed a job again stops): one drain well past its time gave it up for good
+    overdue = at(1_000_000.0 - 600, dt.UTC)
+    state = ["queued"]
+
+    def late_jobs(_client: object) -> dict[str, SimpleNamespace]:
+        job = SimpleNamespace(id=2, state=state[0], attempts=1, lease_expires_at=overdue,
+                              updated_at=overdue)  # fmt: skip
+        return {"b": job}
+
+    clock[0] = 1_000_000.0
+    on_a_fake_clock(monkeypatch, clock, late_jobs)
+    runs: list[float] = []
+
+    def stops_early_once() -> None:
+        runs.append(clock[0] - 1_000_000.0)
+        if len(runs) > 1:
+            state[0] = "done"
+
+    pretune._until_no_retry(None, ["b"], stops_early_once)
+    assert (runs, state[0]) == ([0.0, 2.0], "done"), runs

@@ -16,6 +16,7 @@ from tunecache.artifacts import (
     ITEM_BYTES,
     MAX_BATCH,
     MAX_PAGE,
+    PAGE_VALUES,
     READ_CONTAINERS,
     READ_VALUES,
     ArtifactBatch,
@@ -99,7 +100,7 @@ class ArtifactCalls:
             response = self._call("GET", "/v1/artifacts", timeout, read=True, again=True,
                                   params=params)  # fmt: skip
             page = parse(ArtifactList, response, "/v1/artifacts", max_containers=left,
-                         max_values=values)  # fmt: skip
+                         max_values=min(values, PAGE_VALUES))  # fmt: skip
             held, count = counts(response.content)
             left, values = left - held, values - count
             items.extend(item for item in page.items if item.namespace == namespace

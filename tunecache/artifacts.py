@@ -36,12 +36,15 @@ MAX_BATCH = 500  # items one request may put
 MAX_PAGE = 1000  # items one read may return
 # JSON arrays and objects one read of artifacts may hold, all its pages together: a bound on
 # the memory and time a hostile answer takes (up to 256 MiB of empty lists would be 87 million
-# Python lists); ample for a key's 256 MetaSchedule records or 20,000 of Inductor's choices.
+# Python lists); ample for a key's 256 MetaSchedule records or 20,000 of Inductor's groups.
 READ_CONTAINERS = 4 * 1024 * 1024
-# Values of any kind one read may hold (numbers and strings are built as Python objects too: a
-# flat list of 16 million zeros, 64 MiB, took 10 s and 1.4 GB): a key's 256 MetaSchedule records
-# hold about 110,000 on a CPU (430 each).
-READ_VALUES = 4 * 1024 * 1024
+# Values of any kind (an object's member counting 4) one page of artifacts may hold, and one read
+# all its pages together: numbers and strings are built as Python objects too (a flat list of 16
+# million zeros, 64 MiB, took 10 s and 1.4 GB), so a page's parse takes at most about 1.8 s here
+# before the call's deadline is looked at again. A key's 256 MetaSchedule records hold about
+# 110,000 on a CPU (430 each); 20,000 of Inductor's choice groups of 200 choices, 16 million.
+PAGE_VALUES = 4 * 1024 * 1024
+READ_VALUES = 16 * 1024 * 1024
 MAX_VALUE_BYTES = MAX_CONFIG_BYTES
 ITEM_BYTES = 2 * MAX_VALUE_BYTES + 4096  # one item as served, at most (its value escaped)
 

@@ -44,9 +44,9 @@ EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
 
 def _iso_date(value: object) -> object:
     if isinstance(value, int | float) or (
-        isinstance(value, str) and not re.match(r"\d{4}-\d{2}-\d{2}[T ]", value)
+        isinstance(value, str) and not re.match(r"\d{4}-\d{2}-\d{2}[Tt _]", value)
     ):
-        raise ValueError("a date must be ISO 8601 (2026-01-31T12:00:00Z), not a number")
+        raise ValueError("a date must be ISO 8601, as 2026-01-31T12:00:00Z")
     return value
 
 

@@ -286,31 +286,36 @@ def _until_no_retry(client: Any, hashes: list[str], drain: Any) -> None:
     whose clock lags this machine's by more than the margin still held it at the first drain."""
     from tunecache_cli.progress import working
 
-    wanted, due, given_up, drained = set(hashes), True, set[int](), 0.0
+    # per job and its time (a new retry time is a new wait): drains since it was due
+    wanted, due, tried, drained = set(hashes), True, dict[tuple[int, float], int](), 0.0
     while True:
         if due:
             drained = time.time()
             drain()
         jobs = [j for h, j in all_jobs(client).items() if h in wanted]
         # a queued job's lease_expires_at is when its retry is due (none: since it failed)
-        retries = {j.id: (j.lease_expires_at or j.updated_at).timestamp() for j in jobs
+        retries = {(j.id, (j.lease_expires_at or j.updated_at).timestamp()) for j in jobs
                    if j.state == "queued" and j.attempts > 0}  # fmt: skip
-        leases = {j.id: j.lease_expires_at.timestamp() for j in jobs
+        leases = {(j.id, j.lease_expires_at.timestamp()) for j in jobs
                   if j.state == "running" and j.lease_expires_at is not None}  # fmt: skip
-        times = {**leases, **retries}
-        if due:  # drained for well past their time, and not taken: none here takes them
-            given_up |= {i for i, at in times.items() if at + MAX_LEASE_WAIT <= drained}
+        if due:
+            for waited in retries | leases:
+                if waited[1] + LAPSE_MARGIN <= drained:
+                    tried[waited] = tried.get(waited, 0) + 1
+        # drained for twice since it was due, the last well past it, and not taken: none here
+        # takes it (a daemon that stopped early, a --once one handed a job again, drained once)
+        left = {w for w in retries | leases
+                if tried.get(w, 0) < 2 or w[1] + MAX_LEASE_WAIT > drained}  # fmt: skip
         now = time.time()
         # when each is drained for next: at its time, then once more well past it
-        nexts = {i: at + (MAX_LEASE_WAIT if at + LAPSE_MARGIN <= drained else LAPSE_MARGIN)
-                 for i, at in times.items() if i not in given_up}  # fmt: skip
+        nexts = {w: w[1] + (MAX_LEASE_WAIT if tried.get(w, 0) else LAPSE_MARGIN) for w in left}
         if not nexts:
             return
         upcoming = min(nexts.values())
         wait = min(MAX_LEASE_WAIT, max(RETRY_POLL_SECONDS, upcoming - now))
         due = upcoming <= now + wait  # else read again then: a worker renews its lease
-        first = time.strftime("%H:%M:%S", time.localtime(min(times[i] for i in nexts)))
-        if any(i in retries for i in nexts):
+        first = time.strftime("%H:%M:%S", time.localtime(min(w[1] for w in nexts)))
+        if any(w in retries for w in nexts):
             said = f"failed jobs wait for their retry (the first at {first})"
         else:
             said = (f"{counted(len(nexts), 'job')} leased elsewhere: tuned here if a worker's "

@@ -358,8 +358,8 @@ def refresh_groups(
         path: the file (:func:`local_cache_path`).
         groups: well-formed groups (:meth:`ChoiceGroup.from_value`).
         system: Inductor's system description, written into a new file.
-        deadline: a ``time.monotonic()`` after which no more groups are added (the file is still
-            written with those added before).
+        deadline: a ``time.monotonic()`` after which no more groups are checked or added, nor
+            any taken out (the file is still written with those added before).
         complete: whether ``groups`` is all the server serves now.
 
     Raises:
@@ -384,20 +384,22 @@ def _refreshed(path: Path, groups: Iterable[ChoiceGroup], system: Mapping[str, A
     # Each group's times and identity within the deadline too (a page of 1,000 groups of 1,000
     # choices took 1.9 s to pass over here, past a 1.5 s timeout): one not reached is not
     # offered, and what was served is then not known in full.
-    expired = _Budget(0, deadline).expired
+    expired, cut = _Budget(0, deadline).expired, False
     offered: list[ChoiceGroup] = []
     for group in groups:
-        if expired():
-            complete = False
+        if cut := expired():
             break
         if (timed := group.timed()) is not None:
             offered.append(timed)
     now: dict[str, ChoiceGroup] = {}
-    for group in offered if complete else ():  # the first of one identity: the one added below
-        if expired():
-            complete = False
+    for group in offered if complete and not cut else ():  # the first of one identity: added
+        if cut := expired():
             break
         now.setdefault(group.pair()[0], group)
+    if cut:
+        complete = False
+        logger.warning("the served choice groups were not all checked within the timeout: "
+                       "%d offered, none taken out", len(offered))  # fmt: skip
     before = served.read_record(path)
     kept, removed = _take_out_unserved(cache, before, now if complete else None)
     added = _add(path, cache, offered, _Budget(len(json.dumps(document, indent=4)), deadline,
