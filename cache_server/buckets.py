@@ -45,14 +45,18 @@ def refusal(held: int, own: int, limit: int, token: TokenRow | None) -> str | No
     may."""
     if token is not None and (token.trusted or grants(token.scope, "admin")):  # type: ignore[arg-type]
         if held >= 2 * limit:
-            return (f"holds {held:,} winners, twice the server's limit ({SETTING}), which a "
+            return (f"holds {_winners(held)}, twice the server's limit ({SETTING}), which a "
                     "trusted or admin token may fill")  # fmt: skip
         return None
     if held >= limit:
-        return f"holds {held:,} winners, the server's limit ({SETTING})"
+        return f"holds {_winners(held)}, the server's limit ({SETTING})"
     share = max(1, limit // 2)
     if token is not None and own >= share:
-        return (f"holds {own:,} winners on this token's word, half the server's limit "
+        return (f"holds {_winners(own)} on this token's word, half the server's limit "
                 f"({SETTING}), as many as one token may add there (a trusted token may add "
                 "more)")  # fmt: skip
     return None
+
+
+def _winners(count: int) -> str:
+    return f"{count:,} winner{'' if count == 1 else 's'}"
