@@ -99,9 +99,9 @@ class ArtifactCalls:
             params.update({"after": after} if after is not None else {})
             response = self._call("GET", "/v1/artifacts", timeout, read=True, again=True,
                                   params=params)  # fmt: skip
+            held, count = counted = counts(response.content)
             page = parse(ArtifactList, response, "/v1/artifacts", max_containers=left,
-                         max_values=min(values, PAGE_VALUES))  # fmt: skip
-            held, count = counts(response.content)
+                         max_values=min(values, PAGE_VALUES), counted=counted)  # fmt: skip
             left, values = left - held, values - count
             items.extend(item for item in page.items if item.namespace == namespace
                          and item.partition == partition and key in (None, item.key))  # fmt: skip

@@ -460,7 +460,8 @@ def first_error(exc: ValidationError) -> str:
 
 
 def parse(model: type[M], response: httpx.Response, path: str, *,
-          max_containers: int | None = None, max_values: int | None = None) -> M:  # fmt: skip
+          max_containers: int | None = None, max_values: int | None = None,
+          counted: tuple[int, int] | None = None) -> M:  # fmt: skip
     """The answer of ``path`` as ``model``, read within the call's deadline (:func:`deadline`)
     where one is set: parsing and checking an answer is part of the call.
 
@@ -468,14 +469,14 @@ def parse(model: type[M], response: httpx.Response, path: str, *,
         max_containers: at most this many JSON arrays and objects in the answer, counted before
             it is parsed (its strings left out). Building a Python object costs far more than
             reading its two bytes: a 2 MiB answer of empty lists took a second to parse and check.
-        max_values: and at most about this many values of any kind, counted alike.
+        max_values, counted: as :func:`~tunecache.jsonsafe.past_bound`'s.
 
     Raises:
         ServerError: the answer is not a valid ``model`` (a broken or hostile server), holds
             more containers than ``max_containers``, or was read past the deadline.
     """
-    body = response.content
-    if max_containers is not None and (past := past_bound(body, max_containers, max_values)):
+    body, most = response.content, max_containers
+    if most is not None and (past := past_bound(body, most, max_values, counted=counted)):
         if not is_tunecache(response):
             raise foreign(response, path)
         raise ServerError(f"{path} gave a bad answer: {past}")

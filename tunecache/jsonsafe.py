@@ -201,11 +201,13 @@ def counts(body: bytes) -> tuple[int, int]:
     return held, 2 * held + stripped.count(b",") + 3 * stripped.count(b":") + 1
 
 
-def past_bound(body: bytes, max_containers: int, max_values: int | None = None) -> str | None:
+def past_bound(body: bytes, max_containers: int, max_values: int | None = None, *,
+               counted: tuple[int, int] | None = None) -> str | None:  # fmt: skip
     """What puts ``body`` past ``max_containers`` JSON arrays and objects (:func:`containers`),
     or past ``max_values`` values of any kind (numbers, strings, containers: each is built as
     a Python object; a flat list of 16 million zeros took 10 s and 1.4 GB to parse), or ``None``
-    within them: the one check every answer a client parses passes first.
+    within them: the one check every answer a client parses passes first. ``counted``: the
+    body's :func:`counts`, where the caller has them (one pass over up to 256 MiB, not two).
 
     Example:
         >>> past_bound(b"[[], []]", 2)
@@ -213,7 +215,7 @@ def past_bound(body: bytes, max_containers: int, max_values: int | None = None) 
         >>> past_bound(b"[0, 0, 0, 0]", 2, max_values=3)
         'about 6 JSON values (an object member counting 4), where at most 3 are read'
     """
-    count, values = counts(body)
+    count, values = counts(body) if counted is None else counted
     if count > max_containers:
         return (f"{count:,} JSON arrays and objects (or brackets), where at most "
                 f"{max_containers:,} are read")  # fmt: skip

@@ -298,14 +298,14 @@ def _until_no_retry(client: Any, hashes: list[str], drain: Any) -> None:
                    if j.state == "queued" and j.attempts > 0}  # fmt: skip
         leases = {(j.id, j.lease_expires_at.timestamp()) for j in jobs
                   if j.state == "running" and j.lease_expires_at is not None}  # fmt: skip
+        waiting = retries | leases
         if due:
-            for waited in retries | leases:
-                if waited[1] + LAPSE_MARGIN <= drained:
-                    tried[waited] = tried.get(waited, 0) + 1
+            for w in waiting:
+                if w[1] + LAPSE_MARGIN <= drained:
+                    tried[w] = tried.get(w, 0) + 1
         # drained for twice since it was due, the last well past it, and not taken: none here
         # takes it (a daemon that stopped early, a --once one handed a job again, drained once)
-        left = {w for w in retries | leases
-                if tried.get(w, 0) < 2 or w[1] + MAX_LEASE_WAIT > drained}  # fmt: skip
+        left = {w for w in waiting if tried.get(w, 0) < 2 or w[1] + MAX_LEASE_WAIT > drained}
         now = time.time()
         # when each is drained for next: at its time, then once more well past it
         nexts = {w: w[1] + (MAX_LEASE_WAIT if tried.get(w, 0) else LAPSE_MARGIN) for w in left}
