@@ -50,7 +50,8 @@ def enqueue(
         key_hash=key_hash, key=as_json, state="queued", priority=priority, source=source,
         attempts=0, max_attempts=max_attempts, error="", created_at=now, updated_at=now,
         backend=key.backend, device_arch=key.device.arch, strategy=strategy, trials=trials,
-        kernel_module=kernel_module(key.kernel), requested_by=requested_by,
+        kernel_module=kernel_module(key.kernel), requested_by=requested_by, kernel=key.kernel,
+        source_hash=key.source_hash,
     )  # fmt: skip
     new_id = session.execute(
         stmt.on_conflict_do_nothing(index_elements=["key_hash"]).returning(JobRow.id)
@@ -215,6 +216,7 @@ def claim(
     backends: Sequence[str] | None = None,
     kernel_packages: Sequence[str] | None = None,
     key_hashes: Sequence[str] | None = None,
+    sources: Sequence[tuple[str, str, str]] = (),
 ) -> JobRow | None:
     """Leases the most urgent claimable job to ``worker`` under token ``token_id``, or ``None``
     when there is none.
@@ -223,6 +225,10 @@ def claim(
     those backends and a built-in kernel or one from those packages (or their subpackages): a
     worker is never handed a job it cannot run. With ``key_hashes``, only a job for one of those
     keys (``pretune --local`` tunes its manifest's keys, not whatever else anyone queued).
+    With ``sources`` (``(kernel, backend, source_hash)``: the versions of the kernels the worker
+    runs), no job of a kernel and backend listed there with another source hash: a worker of
+    another version would fail it, an attempt spent (a fleet half upgraded failed the new
+    version's jobs); it waits for a worker of its version.
 
     A worker that claims while it holds a live lease (under this token, on a job this claim
     could be given) is handed that job again: a claim asked again because its answer was lost
@@ -235,6 +241,8 @@ def claim(
     now = utcnow()
     _expire_last_attempts(session, now)
     fits = _runnable(device_arch, backends, kernel_packages)
+    if sources:
+        fits.append(_of_versions(sources))
     if key_hashes is not None:
         fits.append(JobRow.key_hash.in_(list(key_hashes)))
     if (held := _held_by(session, worker, token_id, now, fits)) is not None:
@@ -322,6 +330,20 @@ def _runnable(device_arch: str | None, backends: Sequence[str] | None,
                         *(func.substr(JobRow.kernel_module, 1, len(p) + 1) == f"{p}."
                           for p in kernel_packages)))  # fmt: skip
     return fits
+
+
+def _of_versions(sources: Sequence[tuple[str, str, str]]) -> ColumnElement[bool]:
+    """A job of a kernel and backend not in ``sources``, or of a version listed there.
+
+    Compared as one string each ("/" is in no kernel name, backend or hash): a list of row
+    values made a claim of 1,024 made-up kernels take 2.8 s over 40,000 jobs on SQLite, and of
+    1,024 versions of one kernel 4.7 s on PostgreSQL; one column's list is a hashed lookup on
+    both."""
+    named = JobRow.kernel + "/" + JobRow.backend
+    pairs = sorted({f"{k}/{b}" for k, b, _ in sources})
+    versions = sorted({"/".join(s) for s in sources})
+    listed = named + "/" + JobRow.source_hash
+    return or_(JobRow.kernel.is_(None), named.not_in(pairs), listed.in_(versions))
 
 
 def _held_by(session: Session, worker: str, token_id: int, now: datetime,

@@ -203,6 +203,11 @@ class JobRow(Base):
     device_arch: Mapped[str | None] = mapped_column(String(128), nullable=True)
     # The module of a user's kernel (``package.module:Class``); NULL: a built-in kernel.
     kernel_module: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    # The key's kernel and its version, as columns a claim filters on: a worker running another
+    # version of the kernel is not handed the job (NULL: stored by a server from before 0023
+    # while another was upgraded, handed to any claim as then).
+    kernel: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    source_hash: Mapped[str | None] = mapped_column(String(128), nullable=True)
     # How to tune it; unset: the worker's own choice.
     strategy: Mapped[str | None] = mapped_column(String(64), nullable=True)
     trials: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -199,6 +199,32 @@ def store_behind_the_api(db_url: str, items: list[dict[str, Any]]) -> int:
         engine.dispose()
 
 
+def queue_at(db_url: str, revision: str, jobs: dict[str, tuple[dict[str, Any], str]]) -> None:
+    """Creates a database at migration ``revision`` holding queued ``jobs`` (key hash -> the
+    key's JSON and its backend), as a server of that revision stored them."""
+    from datetime import UTC, datetime
+
+    import sqlalchemy as sa
+
+    from cache_server.db import make_engine
+    from cache_server.migrate import upgrade
+
+    upgrade(db_url, revision)
+    engine = make_engine(db_url)
+    table = sa.Table("jobs", sa.MetaData(), autoload_with=engine)
+    now = datetime.now(UTC)
+    try:
+        with engine.begin() as conn:
+            for key_hash, (key, backend) in jobs.items():
+                conn.execute(table.insert().values(
+                    key_hash=key_hash, key=key, state="queued", priority=0, source="api",
+                    attempts=0, max_attempts=3, error="", created_at=now, updated_at=now,
+                    backend=backend, device_arch="cpu-avx2",
+                ))  # fmt: skip
+    finally:
+        engine.dispose()
+
+
 @contextlib.contextmanager
 def hostile_artifacts(values: list[Any]) -> Iterator[str]:
     """A compromised cache server on loopback: every artifact read is answered with ``values``,

@@ -216,32 +216,34 @@ def test_a_snapshot_path_may_be_a_str_and_a_bad_policy_fails_at_construction(
         assert Client("http://127.0.0.1:9", timeout=number).timeout.lookup == float(number)  # type: ignore[arg-type]
 
 
-def test_a_claim_on_a_server_older_than_the_kernel_filter_is_sent_again_without_it(
-    caplog: pytest.LogCaptureFixture,
+@pytest.mark.parametrize(("lacks", "said"), [("kernel_packages", "kernel package"),
+                                             ("sources", "kernel version")])  # fmt: skip
+def test_a_claim_on_a_server_older_than_a_filter_is_sent_again_without_it(
+    lacks: str, said: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A server from before ``kernel_packages`` refuses the field (422): the daemon warns and
-    claims without it (refusing such kernels itself) instead of dying on every claim."""
+    """A server from before ``kernel_packages`` (or ``sources``, the kernels' versions) refuses
+    the field (422): the daemon warns and claims without it (failing a job it cannot run)
+    instead of dying on every claim; the other filter is still sent."""
     bodies: list[dict[str, object]] = []
 
     def old_server(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         bodies.append(body)
-        if "kernel_packages" in body:
-            detail = [{"type": "extra_forbidden", "loc": ["body", "kernel_packages"],
+        if lacks in body:
+            detail = [{"type": "extra_forbidden", "loc": ["body", lacks],
                        "msg": "Extra inputs are not permitted"}]  # fmt: skip
             return httpx.Response(422, json={"detail": detail},
                                   headers={"Tunecache-Server": "tunecache/0.1.0"})  # fmt: skip
         return httpx.Response(204, headers={"Tunecache-Server": "tunecache/0.1.0"})
 
+    filters = {"kernel_packages": ["mypkg"], "sources": [("matmul", "tvm", "ab12")]}
+    sent = sorted(["lease_seconds", "worker", *filters])
+    kept = sorted(["lease_seconds", "worker", *(f for f in filters if f != lacks)])
     with Client("http://old.test", transport=httpx.MockTransport(old_server)) as client:
-        assert client.claim_job("w", kernel_packages=["mypkg"]) is None
-        assert client.claim_job("w", kernel_packages=["mypkg"]) is None  # refused once only
-    assert [sorted(b) for b in bodies] == [
-        ["kernel_packages", "lease_seconds", "worker"],
-        ["lease_seconds", "worker"],
-        ["lease_seconds", "worker"],
-    ]
-    assert "cannot filter claims by kernel package" in caplog.text
+        assert client.claim_job("w", **filters) is None  # type: ignore[arg-type]
+        assert client.claim_job("w", **filters) is None  # type: ignore[arg-type]  # refused once
+    assert [sorted(b) for b in bodies] == [sent, kept, kept]
+    assert f"cannot filter claims by {said}" in caplog.text
 
 
 @pytest.mark.parametrize("status", [300, 301, 302, 303, 305, 307, 308, 399, 203, 206])

@@ -69,22 +69,36 @@ def test_the_daemon_tunes_what_it_can_run_and_a_miss_becomes_a_hit(server: LiveS
     }
 
 
-def test_a_job_of_another_kernel_source_is_given_back_untuned(server: LiveServer) -> None:
+def test_a_job_of_another_kernel_version_is_left_to_a_worker_of_that_version(
+    server: LiveServer,
+) -> None:
     """A job queued by a process of another version of the kernel (or of tunecache, for a
-    built-in): the daemon keyed its record with its own source, which no lookup of the job's
-    key is served, and the job was done, its askers' misses finding it so. It is failed,
-    saying why, without a tune; the server refuses such a record as the job's answer too."""
+    built-in): a record of this daemon's version would be served to none of the processes that
+    asked. It failed such jobs, an attempt each (a fleet half upgraded failed the new version's
+    jobs). A claim now names the versions this daemon runs: a built-in's job of another version
+    is never handed to it, and the daemon says why it waits; a user's kernel's version is known
+    once a job imported it, so one job of another version fails (saying why, untuned) and the
+    next is left alone."""
     here = key_for("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32")
-    other = dataclasses.replace(here, source_hash="0" * 16)
+    affine = key_for("tests.user_kernels:AffineRows", "tvm", {"M": 8, "N": 24}, "float32")
+    others = [dataclasses.replace(k, source_hash="0" * 16) for k in (here, affine)]
+    second = dataclasses.replace(others[1], problem={"M": 16, "N": 24})
     with Client(server.url) as client:
-        client.create_job(other, max_attempts=1)
-    done = daemon(server)
+        for key in (*others, second):
+            client.create_job(key, max_attempts=1)
+    done = daemon(server, "--kernels", "tests")
     assert done.returncode == 1 and "0 jobs completed, 1 failed" in done.stderr, done.stderr
+    said = [line for line in done.stderr.splitlines() if "they wait for a worker" in line]
+    assert len(said) == 1, done.stderr
+    assert "of matmul, tests.user_kernels:AffineRows are for another version" in said[0]
     with Client(server.url) as client:
-        (job,) = client.list_jobs().items
+        jobs = {(j.key.kernel, j.key.problem["M"]): j for j in client.list_jobs().items}
         assert client.list_records().items == []
-    assert job.state == "failed"
-    assert f"source hashes {here.source_hash} here, the job's {'0' * 16}" in job.error, job.error
+    failed = jobs["tests.user_kernels:AffineRows", 8]
+    assert failed.state == "failed" and failed.attempts == 1
+    assert f"source hashes {affine.source_hash} here, the job's {'0' * 16}" in failed.error
+    waiting = [jobs["matmul", 16], jobs["tests.user_kernels:AffineRows", 16]]
+    assert [(j.state, j.attempts) for j in waiting] == [("queued", 0)] * 2
 
 
 def test_a_job_never_makes_the_daemon_import_a_package_it_was_not_given(

@@ -316,27 +316,14 @@ def test_the_trust_migration_rejects_stored_records_the_closed_schemas_refuse(
 def test_the_kernel_module_migration_fills_in_the_jobs_queued_before_it(tmp_path: Path) -> None:
     """Jobs queued at 0007 get their kernel's module (a user's kernel) or none (a built-in), so
     a daemon's claim filters them like new ones; downgrading drops the column again."""
-    from datetime import UTC, datetime
-
-    import sqlalchemy as sa
     from alembic import command
 
     from cache_server.migrate import alembic_config
-    from tests.factories import make_key
+    from tests.factories import make_key, queue_at
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
-    upgrade(url, "0007")
-    engine = make_engine(url)
-    jobs = sa.Table("jobs", sa.MetaData(), autoload_with=engine)
-    now = datetime.now(UTC)
-    with engine.begin() as conn:
-        for m, kernel in ((8, "matmul"), (16, "mypkg.kernels:Affine")):
-            key = {**make_key(m=m).to_json(), "kernel": kernel}
-            conn.execute(jobs.insert().values(
-                key_hash=str(m) * 4, key=key, state="queued", priority=0, source="api",
-                attempts=0, max_attempts=3, error="", created_at=now, updated_at=now,
-                backend="tvm", device_arch="cpu-avx2",
-            ))  # fmt: skip
+    queue_at(url, "0007", {str(m) * 4: ({**make_key(m=m).to_json(), "kernel": kernel}, "tvm")
+                           for m, kernel in ((8, "matmul"), (16, "mypkg.kernels:Affine"))})  # fmt: skip
     upgrade(url)
     with sqlite3.connect(tmp_path / "old.db") as db:
         modules = dict(db.execute("select key_hash, kernel_module from jobs").fetchall())

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, field_validator
 
 from tunecache import examples
+from tunecache.key_model import Name, SourceHash
 from tunecache.schemas import (
     INTEGRAL,
     Backend,
@@ -40,6 +41,9 @@ JobTrials = Annotated[int, Field(strict=True, ge=1, le=MAX_JOB_TRIALS), INTEGRAL
 KeyHash = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 MAX_CLAIM_KEYS = 4096  # a claim's key filter: 270 KB of hashes at most
 ClaimKeys = Annotated[list[KeyHash], Field(min_length=1, max_length=MAX_CLAIM_KEYS)]
+# Kernels a claim names the version of (a daemon: 15 built-ins on three backends, then the
+# users' kernels it imported): 79 KiB at most.
+MAX_CLAIM_SOURCES = 256
 
 
 MISS_SOURCE = "miss"
@@ -95,6 +99,15 @@ class JobEnqueued(_Strict):
     created: bool  # False: a job for this key already existed (deduplicated)
 
 
+class KernelSource(_Strict):
+    """The version of a kernel a worker runs on a backend: a job of that kernel and backend
+    with another source hash is not handed to it (it would fail the job, an attempt spent)."""
+
+    kernel: Name
+    backend: Backend
+    source_hash: SourceHash
+
+
 class ClaimRequest(_Strict):
     model_config = ConfigDict(json_schema_extra={"examples": [examples.CLAIM]})
 
@@ -107,6 +120,8 @@ class ClaimRequest(_Strict):
     kernel_packages: Annotated[list[Package], Field(max_length=64)] | None = None
     # Only jobs for these keys (``pretune --local``: its manifest's; unset: any).
     key_hashes: ClaimKeys | None = None
+    # The kernels whose version it knows (unset or unlisted: any version).
+    sources: Annotated[list[KernelSource], Field(max_length=MAX_CLAIM_SOURCES)] | None = None
 
 
 class LeaseRequest(_Strict):

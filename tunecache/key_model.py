@@ -21,6 +21,7 @@ from tunecache.strict import Strict as _Strict
 Backend = Literal["triton", "tvm", "inductor"]
 assert set(BACKENDS) == {"triton", "tvm", "inductor"}
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_.:-]*$")]
+SourceHash = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[0-9a-f]+$")]
 
 # The constraints of ``tunecache.key.check_problem`` that JSON Schema can say (the document a
 # client is generated from); it also checks that one size is an integer, and the kernel's rules.
@@ -63,7 +64,7 @@ class KeyModel(_Strict):
         int, Field(alias="schema", json_schema_extra={"const": KEY_SCHEMA_VERSION})
     ] = KEY_SCHEMA_VERSION
     kernel: Name
-    source_hash: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[0-9a-f]+$")]
+    source_hash: SourceHash
     backend: Backend
     problem: Problem
     dtype: Dtype

@@ -105,10 +105,12 @@ class WorkerCalls:
         backends: Sequence[str] | None = None,
         kernel_packages: Sequence[str] | None = None,
         key_hashes: Sequence[str] | None = None,
+        sources: Sequence[tuple[str, str, str]] | None = None,
     ) -> JobPublic | None:
         """Leases the most urgent job this worker can run (``None``: nothing to do): of
         ``device_arch``, one of ``backends``, a built-in kernel or one of ``kernel_packages``',
-        for one of ``key_hashes`` (each unset: any).
+        for one of ``key_hashes``, and of no other version of a kernel than ``sources`` lists
+        (``(kernel, backend, source_hash)``) (each unset: any).
 
         Raises:
             ServerError: as every call; and a server too old to limit a claim to ``key_hashes``
@@ -116,30 +118,45 @@ class WorkerCalls:
         """
         listed = {"backends": backends, "kernel_packages": kernel_packages,
                   "key_hashes": key_hashes}  # fmt: skip
-        wanted = {"worker": worker, "lease_seconds": lease_seconds, "device_arch": device_arch,
-                  **{k: None if v is None else list(v) for k, v in listed.items()}}  # fmt: skip
+        wanted: dict[str, Any] = {
+            "worker": worker, "lease_seconds": lease_seconds, "device_arch": device_arch,
+            **{k: None if v is None else list(v) for k, v in listed.items()},
+        }  # fmt: skip
+        if sources is not None:
+            wanted["sources"] = [dict(zip(("kernel", "backend", "source_hash"), s, strict=True))
+                                 for s in sources]  # fmt: skip
         body = ClaimRequest.model_validate(wanted).model_dump(mode="json", exclude_none=True)
-        if getattr(self, "_unfiltered_claims", False):
-            body.pop("kernel_packages", None)
-        try:
-            response = self._call("POST", "/v1/jobs/claim", small=True, json=body)
-        except ServerError as exc:
-            if exc.status_code == 422 and "key_hashes" in str(exc):
-                raise ServerError(f"the server cannot limit a claim to given keys (older than "
-                                  f"this client; upgrade it): no job claimed ({exc})",
-                                  status_code=422) from None  # fmt: skip
-            if exc.status_code != 422 or "kernel_packages" not in str(exc):
-                raise
-            # A server older than the kernel filter: it hands out any job (the worker refuses
-            # a kernel it may not import, and fails that job) — upgrade it. Said once; later
-            # claims leave the field out.
-            logger.warning("the server cannot filter claims by kernel package: %s", exc)
-            self._unfiltered_claims = True
-            body.pop("kernel_packages", None)
-            response = self._call("POST", "/v1/jobs/claim", small=True, json=body)
+        while True:
+            for field in getattr(self, "_unfiltered_claims", ()):
+                body.pop(field, None)
+            try:
+                response = self._call("POST", "/v1/jobs/claim", small=True, json=body)
+                break
+            except ServerError as exc:
+                if exc.status_code == 422 and "key_hashes" in str(exc):
+                    raise ServerError(f"the server cannot limit a claim to given keys (older "
+                                      f"than this client; upgrade it): no job claimed ({exc})",
+                                      status_code=422) from None  # fmt: skip
+                self._older_server(exc, body)
         if response.status_code == 204:
             return None
         return parse(JobPublic, response, "/v1/jobs/claim", max_containers=SMALL_ANSWER_CONTAINERS)
+
+    def _older_server(self, exc: ServerError, body: dict[str, Any]) -> None:
+        """Leaves out of this client's claims the filter a server older than it refused (422
+        naming it), said once: it hands out jobs of any kernel package (the worker refuses a
+        kernel it may not import, failing that job) or version (the worker fails a job of
+        another) — upgrade it.
+
+        Raises:
+            ServerError: ``exc``, naming no such filter the claim carries.
+        """
+        filters = {"kernel_packages": "kernel package", "sources": "kernel version"}
+        refused = [f for f in filters if f in body and f in str(exc)]
+        if exc.status_code != 422 or not refused:
+            raise exc
+        logger.warning("the server cannot filter claims by %s: %s", filters[refused[0]], exc)
+        self._unfiltered_claims = (*getattr(self, "_unfiltered_claims", ()), refused[0])
 
     def heartbeat_job(self, job_id: int, worker: str, *, lease_seconds: float = 300.0) -> JobPublic:
         """Extends the lease of a job this worker holds."""

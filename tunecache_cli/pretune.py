@@ -141,13 +141,15 @@ def devices_needed(manifest: Any, hashes: list[str]) -> list[str]:
 
 def unclaimed_hint(manifest: Any, hashes: list[str]) -> str:
     """What to run when no worker claims the followed jobs: a daemon for each device they need
-    (with the packages of the manifest's own kernels)."""
+    (with the packages of the manifest's own kernels), of this version (a daemon's claim names
+    the versions of the kernels it runs: a job of another version waits)."""
     devices = devices_needed(manifest, hashes)
     kernels = f" --kernels {','.join(manifest.packages)}" if manifest.packages else ""
     runs = " and ".join(f"`tunecache daemon --device {d}{kernels}`" for d in devices)
     where = " on a machine with a GPU" if "cuda" in devices else ""
-    return (f"no worker has claimed any of these jobs yet: start one with {runs}{where}; waiting "
-            "(Ctrl-C stops waiting, the jobs stay queued)")  # fmt: skip
+    return (f"no worker has claimed any of these jobs yet: start one with {runs}{where}, of this "
+            "version of tunecache and of the kernels (a daemon of another version takes none of "
+            "them); waiting (Ctrl-C stops waiting, the jobs stay queued)")  # fmt: skip
 
 
 def follow(client: Any, hashes: list[str], poll: float = 2.0, *, hint: str = "",

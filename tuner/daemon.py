@@ -33,8 +33,8 @@ from tunecache.client import Client
 from tunecache.configcheck import as_run
 from tunecache.device import local_device
 from tunecache.errors import InvalidInput, ServerError, TuningError, one_line
-from tunecache.jobs import MAX_JOB_PAGE, JobPublic
-from tunecache.kernels import BACKENDS
+from tunecache.jobs import MAX_CLAIM_SOURCES, MAX_JOB_PAGE, JobPublic
+from tunecache.kernels import BACKENDS, builtin_names, get_kernel
 from tunecache.key import DEVICE_KINDS, Key, kernel_module, key_for
 from tunecache.outbox import Later
 from tunecache.pages import fetch_first
@@ -127,6 +127,12 @@ def importable(packages: Sequence[str]) -> tuple[str, ...]:
     return tuple(packages)
 
 
+def builtin_versions(backends: Sequence[str]) -> dict[tuple[str, str], str]:
+    """The source hash here of each built-in kernel on each of ``backends`` it runs on."""
+    specs = [get_kernel(name) for name in builtin_names()]
+    return {(s.name, b): s.source_hash(b) for s in specs for b in backends if b in s.dtypes}
+
+
 class Worker:
     """What the tuning daemon and the verifier share: a name, this machine's device of a kind
     and the backends installed here that run on it, and a stop flag (:meth:`stop`: finish the
@@ -201,6 +207,9 @@ class Daemon(Worker):
         self.unsent: list[tuple[JobPublic, Later, float]] = []  # tuned while the server was down
         self.internal_errors = 0  # jobs in a row that failed as nothing foresaw
         self.others_said = False  # say_others, once
+        # (kernel, backend) -> its source hash here, what claims name: built-in kernels on
+        # this daemon's backends, then each user's kernel as its first job imports it.
+        self.versions: dict[tuple[str, str], str] = builtin_versions(self.backends)
 
     def run(self) -> int:
         """Works until stopped; returns how many jobs it completed. A record the server did not
@@ -225,7 +234,9 @@ class Daemon(Worker):
         job = self.client.claim_job(self.worker, lease_seconds=self.options.lease_seconds,
                                     device_arch=arch, backends=self.backends,
                                     kernel_packages=self.kernels,
-                                    key_hashes=self.options.key_hashes)  # fmt: skip
+                                    key_hashes=self.options.key_hashes,
+                                    sources=[(k, b, h) for (k, b), h in self.versions.items()
+                                             ][:MAX_CLAIM_SOURCES])  # fmt: skip
         if job is None and not self.others_said and self.options.key_hashes is None:
             self.others_said = True  # (pretune --local tunes its manifest's keys: not said)
             self.say_others(arch)
@@ -235,11 +246,26 @@ class Daemon(Worker):
         """Says once which queued jobs of this device wait for kernels of packages this worker
         does not import (a team's own kernel, queued by ``pretune``: a daemon without
         ``--kernels`` idled beside it, saying "0 jobs completed"), among the first
-        :data:`MAX_JOB_PAGE`. A hint: a server that cannot list them says nothing."""
+        :data:`MAX_JOB_PAGE`, and which wait for another version of a kernel than it runs (an
+        upgrade half rolled out). A hint: a server that cannot list them says nothing."""
         try:
             queued = self.client.list_jobs(state="queued", limit=MAX_JOB_PAGE).items
         except ServerError:
             return
+        versions = sorted(
+            {
+                j.key.kernel
+                for j in queued
+                if j.key.device.arch == arch
+                and self.versions.get((j.key.kernel, j.key.backend), j.key.source_hash)
+                != j.key.source_hash
+            }
+        )
+        if versions:
+            logger.warning("queued jobs for %s of %s are for another version of the kernel "
+                           "than this worker runs (its sources hash otherwise here): they wait "
+                           "for a worker of their version", arch,
+                           ", ".join(versions[:SAID_KERNELS]))  # fmt: skip
         kernels = sorted({j.key.kernel for j in queued if j.key.device.arch == arch
                           and j.key.backend in self.backends
                           and self.refused(j.key.kernel) is not None})  # fmt: skip
@@ -295,6 +321,7 @@ class Daemon(Worker):
         wanted = job.key
         key = key_for(wanted.kernel, wanted.backend, wanted.problem, wanted.dtype,
                       device=self.device)  # fmt: skip
+        self.versions[(wanted.kernel, wanted.backend)] = key.source_hash  # claimed from now on
         if key.source_hash != wanted.source_hash:
             raise InvalidInput(
                 f"{wanted.kernel}'s source hashes {key.source_hash} here, the job's "

@@ -282,12 +282,15 @@ def claim_job(
     A worker works one job at a time: one holding a live lease under this token is handed that
     job again (a claim asked again after its answer was lost), spending no attempt. That does
     not renew the lease (a heartbeat does): a worker claiming in a loop gets its job back only
-    until the lease runs out."""
+    until the lease runs out. A worker that names the versions (source hashes) of kernels it
+    runs is not handed a job of another version of one of them."""
     job = jobs.claim(session, worker=request.worker, token_id=token.id, token_name=token.name,
                      lease_seconds=request.lease_seconds,
                      device_arch=request.device_arch, backends=request.backends,
                      kernel_packages=request.kernel_packages,
-                     key_hashes=request.key_hashes)  # fmt: skip
+                     key_hashes=request.key_hashes,
+                     sources=[(s.kernel, s.backend, s.source_hash)
+                              for s in request.sources or ()])  # fmt: skip
     return Response(status_code=status.HTTP_204_NO_CONTENT) if job is None else public(job)
 
 
