@@ -217,6 +217,7 @@ def claim(
     kernel_packages: Sequence[str] | None = None,
     key_hashes: Sequence[str] | None = None,
     sources: Sequence[tuple[str, str, str]] = (),
+    version_wait: float = 86_400.0,
 ) -> JobRow | None:
     """Leases the most urgent claimable job to ``worker`` under token ``token_id``, or ``None``
     when there is none.
@@ -225,10 +226,9 @@ def claim(
     those backends and a built-in kernel or one from those packages (or their subpackages): a
     worker is never handed a job it cannot run. With ``key_hashes``, only a job for one of those
     keys (``pretune --local`` tunes its manifest's keys, not whatever else anyone queued).
-    With ``sources`` (``(kernel, backend, source_hash)``: the versions of the kernels the worker
-    runs), no job of a kernel and backend listed there with another source hash: a worker of
-    another version would fail it, an attempt spent (a fleet half upgraded failed the new
-    version's jobs); it waits for a worker of its version.
+    With ``sources`` (``(kernel, backend, source_hash)``: the versions of kernels the worker
+    runs), no job of another version of one (:func:`_of_versions`) that waited less than
+    ``version_wait`` seconds since it was queued or last failed.
 
     A worker that claims while it holds a live lease (under this token, on a job this claim
     could be given) is handed that job again: a claim asked again because its answer was lost
@@ -242,7 +242,7 @@ def claim(
     _expire_last_attempts(session, now)
     fits = _runnable(device_arch, backends, kernel_packages)
     if sources:
-        fits.append(_of_versions(sources))
+        fits.append(_of_versions(sources, now - timedelta(seconds=version_wait)))
     if key_hashes is not None:
         fits.append(JobRow.key_hash.in_(list(key_hashes)))
     if (held := _held_by(session, worker, token_id, now, fits)) is not None:
@@ -332,8 +332,11 @@ def _runnable(device_arch: str | None, backends: Sequence[str] | None,
     return fits
 
 
-def _of_versions(sources: Sequence[tuple[str, str, str]]) -> ColumnElement[bool]:
-    """A job of a kernel and backend not in ``sources``, or of a version listed there.
+def _of_versions(sources: Sequence[tuple[str, str, str]], since: datetime) -> ColumnElement[bool]:
+    """A job of a kernel and backend not in ``sources``, or of a version listed there, or left
+    waiting since before ``since``. A worker of another version would fail it, an attempt spent
+    (a fleet half upgraded failed the new version's jobs); one that waited so long is an old
+    version's, no worker of which is left: a worker of another version fails it, ending it.
 
     Compared as one string each ("/" is in no kernel name, backend or hash): a list of row
     values made a claim of 1,024 made-up kernels take 2.8 s over 40,000 jobs on SQLite, and of
@@ -343,7 +346,8 @@ def _of_versions(sources: Sequence[tuple[str, str, str]]) -> ColumnElement[bool]
     pairs = sorted({f"{k}/{b}" for k, b, _ in sources})
     versions = sorted({"/".join(s) for s in sources})
     listed = named + "/" + JobRow.source_hash
-    return or_(JobRow.kernel.is_(None), named.not_in(pairs), listed.in_(versions))
+    waited = JobRow.updated_at < since
+    return or_(JobRow.kernel.is_(None), named.not_in(pairs), listed.in_(versions), waited)
 
 
 def _held_by(session: Session, worker: str, token_id: int, now: datetime,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import sqlite3
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -65,6 +66,35 @@ def test_a_claim_naming_kernel_versions_takes_no_job_of_another_version(
         assert claims([]) == {2}  # an empty list names no kernel: any version
         jobs = http.get("/v1/jobs", params={"state": "running"}).json()["items"]
     assert len(jobs) == len(QUEUED)
+
+
+def test_a_job_that_waited_a_day_for_its_version_goes_to_any_worker(any_server: LiveServer) -> None:
+    """An old version's job, left queued when every daemon was upgraded, waited for good (each
+    counted among its token's open jobs): after ``VERSION_WAIT_SECONDS`` (a day) since it was
+    queued or last failed, a worker of another version is handed it (and fails it)."""
+    import sqlalchemy as sa
+
+    from cache_server.db import make_engine
+
+    other = [{"kernel": "matmul", "backend": "tvm", "source_hash": "ffff"}]
+    body = {"worker": "w", "lease_seconds": 60, "sources": other}
+    engine = make_engine(any_server.db)
+
+    def claimed_after(hours: int) -> httpx.Response:
+        with engine.begin() as conn:  # as if queued that long ago
+            then = datetime.now(UTC) - timedelta(hours=hours)
+            conn.execute(sa.text("update jobs set updated_at = :then"), {"then": then})
+        return http.post("/v1/jobs/claim", json=body)
+
+    try:
+        with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
+            assert http.post("/v1/jobs", json={"key": _key(1)}).status_code == 201
+            assert [claimed_after(h).status_code for h in (0, 23)] == [204, 204]
+            old = claimed_after(25)
+    finally:
+        engine.dispose()
+    assert old.status_code == 200, old.text
+    assert old.json()["key"]["source_hash"] == "aaaa"
 
 
 def test_a_claims_kernel_versions_are_bounded_and_checked(any_server: LiveServer) -> None:

@@ -301,8 +301,8 @@ def test_the_hint_names_the_daemon_each_device_of_the_jobs_needs() -> None:
     cpu = [k.digest() for k in manifest.keys if k.backend == "tvm"]
     assert unclaimed_hint(manifest, cpu) == (
         "no worker has claimed any of these jobs yet: start one with `tunecache daemon --device "
-        "cpu`, of this version of tunecache and of the kernels (a daemon of another version "
-        "takes none of them); waiting (Ctrl-C stops waiting, the jobs stay queued)"
+        "cpu`, with the kernels' sources as here (a daemon running another version of a kernel "
+        "leaves its jobs); waiting (Ctrl-C stops waiting, the jobs stay queued)"
     )
     both = unclaimed_hint(manifest, [k.digest() for k in manifest.keys])
     assert "`tunecache daemon --device cpu` and `tunecache daemon --device cuda` on a machine " \

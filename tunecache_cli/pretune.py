@@ -147,9 +147,9 @@ def unclaimed_hint(manifest: Any, hashes: list[str]) -> str:
     kernels = f" --kernels {','.join(manifest.packages)}" if manifest.packages else ""
     runs = " and ".join(f"`tunecache daemon --device {d}{kernels}`" for d in devices)
     where = " on a machine with a GPU" if "cuda" in devices else ""
-    return (f"no worker has claimed any of these jobs yet: start one with {runs}{where}, of this "
-            "version of tunecache and of the kernels (a daemon of another version takes none of "
-            "them); waiting (Ctrl-C stops waiting, the jobs stay queued)")  # fmt: skip
+    return (f"no worker has claimed any of these jobs yet: start one with {runs}{where}, with "
+            "the kernels' sources as here (a daemon running another version of a kernel leaves "
+            "its jobs); waiting (Ctrl-C stops waiting, the jobs stay queued)")  # fmt: skip
 
 
 def follow(client: Any, hashes: list[str], poll: float = 2.0, *, hint: str = "",

@@ -275,7 +275,7 @@ def _check_new_job_budget(session: SessionDep, settings: ServerSettings, who: st
     responses={204: {"description": "no job to claim"}},
 )
 def claim_job(
-    request: ClaimRequest, session: SessionDep, token: WriteAccess
+    request: ClaimRequest, session: SessionDep, token: WriteAccess, settings: SettingsDep
 ) -> JobPublic | Response:
     """Leases the most urgent queued (or lease-expired) job the worker can run to it, under this
     token: only this worker with this token (or an admin token) may renew, complete or fail it.
@@ -283,14 +283,16 @@ def claim_job(
     job again (a claim asked again after its answer was lost), spending no attempt. That does
     not renew the lease (a heartbeat does): a worker claiming in a loop gets its job back only
     until the lease runs out. A worker that names the versions (source hashes) of kernels it
-    runs is not handed a job of another version of one of them."""
+    runs is not handed a job of another version of one of them, until the job has waited
+    ``version_wait_seconds`` for a worker of its version."""
     job = jobs.claim(session, worker=request.worker, token_id=token.id, token_name=token.name,
                      lease_seconds=request.lease_seconds,
                      device_arch=request.device_arch, backends=request.backends,
                      kernel_packages=request.kernel_packages,
                      key_hashes=request.key_hashes,
                      sources=[(s.kernel, s.backend, s.source_hash)
-                              for s in request.sources or ()])  # fmt: skip
+                              for s in request.sources or ()],
+                     version_wait=settings.version_wait_seconds)  # fmt: skip
     return Response(status_code=status.HTTP_204_NO_CONTENT) if job is None else public(job)
 
 
