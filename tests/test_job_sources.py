@@ -5,7 +5,6 @@ and PostgreSQL, and the migration that gives queued jobs the columns the claim f
 from __future__ import annotations
 
 import itertools
-import sqlite3
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -112,24 +111,33 @@ def test_a_claims_kernel_versions_are_bounded_and_checked(any_server: LiveServer
     assert fine.status_code == 204  # nothing queued
 
 
-def test_the_job_sources_migration_fills_in_the_jobs_queued_before_it(tmp_path: Path) -> None:
+def test_the_job_sources_migration_fills_in_the_jobs_queued_before_it(
+    database: tuple[str, Path | None],
+) -> None:
     """Jobs queued at 0022 get their key's kernel and source hash, so that a claim naming
-    versions filters them like new ones; downgrading drops the columns again."""
+    versions filters them like new ones, a key holding a NUL too (queued before NUL was refused;
+    PostgreSQL cannot read such a key as text); downgrading drops the columns again."""
+    import sqlalchemy as sa
     from alembic import command
 
+    from cache_server.db import make_engine
     from cache_server.migrate import alembic_config, upgrade
 
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    queue_at(
-        url, "0022", {f"{m:064x}": (_key(m), backend) for m, (_, backend, _) in QUEUED.items()}
-    )
+    url = database[0]
+    queued = {f"{m:064x}": (_key(m), backend) for m, (_, backend, _) in QUEUED.items()}
+    nul = {**_key(1), "environment": {"apache-tvm": "0.27\u0000"}}
+    queue_at(url, "0022", {**queued, f"{99:064x}": (nul, "tvm")})
     upgrade(url)
-    with sqlite3.connect(tmp_path / "old.db") as db:
-        filled = db.execute("select key_hash, kernel, source_hash from jobs").fetchall()
-    assert {int(h, 16): (k, s) for h, k, s in filled} == {
-        m: (kernel, source) for m, (kernel, _, source) in QUEUED.items()
-    }
-    command.downgrade(alembic_config(url), "0022")
-    with sqlite3.connect(tmp_path / "old.db") as db:
-        columns = {row[1] for row in db.execute("pragma table_info(jobs)")}
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            filled = conn.execute(sa.text("select key_hash, kernel, source_hash from jobs")).all()
+        assert {int(h, 16): (k, s) for h, k, s in filled} == {
+            **{m: (kernel, source) for m, (kernel, _, source) in QUEUED.items()},
+            99: ("matmul", "aaaa"),
+        }
+        command.downgrade(alembic_config(url), "0022")
+        columns = {c["name"] for c in sa.inspect(engine).get_columns("jobs")}
+    finally:
+        engine.dispose()
     assert not {"kernel", "source_hash"} & columns and "kernel_module" in columns

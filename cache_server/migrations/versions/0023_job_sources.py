@@ -21,12 +21,22 @@ depends_on = None
 def upgrade() -> None:
     op.add_column("jobs", sa.Column("kernel", sa.String(128), nullable=True))
     op.add_column("jobs", sa.Column("source_hash", sa.String(128), nullable=True))
-    jobs = sa.table("jobs", sa.column("key", sa.JSON), sa.column("kernel", sa.String),
-                    sa.column("source_hash", sa.String))  # fmt: skip
+    jobs = sa.table(
+        "jobs", sa.column("id", sa.Integer), sa.column("key", sa.JSON),
+        sa.column("kernel", sa.String), sa.column("source_hash", sa.String),
+    )  # fmt: skip
     # In one statement, the database reading each key (50,000 jobs one update each: 15 s on
-    # PostgreSQL).
+    # PostgreSQL); one job at a time where PostgreSQL cannot read a key as text (a NUL in any
+    # of its strings, which jobs queued before NUL was refused may hold).
+    bind = op.get_bind()
     kernel, source = jobs.c.key["kernel"].as_string(), jobs.c.key["source_hash"].as_string()
-    op.get_bind().execute(jobs.update().values(kernel=kernel, source_hash=source))
+    try:
+        with bind.begin_nested():
+            bind.execute(jobs.update().values(kernel=kernel, source_hash=source))
+    except sa.exc.DBAPIError:
+        for job_id, key in bind.execute(sa.select(jobs.c.id, jobs.c.key)).all():
+            values = {"kernel": key.get("kernel"), "source_hash": key.get("source_hash")}
+            bind.execute(jobs.update().where(jobs.c.id == job_id).values(**values))
 
 
 def downgrade() -> None:
