@@ -228,7 +228,7 @@ def claim(
     keys (``pretune --local`` tunes its manifest's keys, not whatever else anyone queued).
     With ``sources`` (``(kernel, backend, source_hash)``: the versions of kernels the worker
     runs), no job of another version of one (:func:`_of_versions`) that waited less than
-    ``version_wait`` seconds since it was queued or last failed.
+    ``version_wait`` seconds since it was last written (queued, claimed, renewed or failed).
 
     A worker that claims while it holds a live lease (under this token, on a job this claim
     could be given) is handed that job again: a claim asked again because its answer was lost

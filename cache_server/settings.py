@@ -159,10 +159,10 @@ class ServerSettings(BaseSettings):
     # A failed job waits this long before it may be claimed again, doubling with each attempt
     # (capped at an hour): a job that fails at once does not spend its attempts in a second.
     retry_seconds: float = Field(default=30.0, ge=0, le=3600)
-    # A job waits this long (since it was queued or last failed) for a worker of its kernel's
-    # version (a claim names the versions it runs), then any worker may claim it, and one of
-    # another version fails it: an old version's jobs, left when every daemon was upgraded,
-    # stayed queued for good, each counted among its token's open jobs.
+    # A job waits this long (since it was last queued, claimed, renewed or failed) for a worker
+    # of its kernel's version (a claim names the versions it runs), then any worker may claim it,
+    # and one of another version fails an attempt of it: an old version's jobs, left when every
+    # daemon was upgraded, stayed queued for good, each counted among its token's open jobs.
     version_wait_seconds: float = Field(default=86_400.0, ge=0, le=30 * 86_400)
     reads: Literal["open", "token"] = "open"
     policy: Literal["validated", "verified"] = "validated"

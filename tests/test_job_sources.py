@@ -70,7 +70,7 @@ def test_a_claim_naming_kernel_versions_takes_no_job_of_another_version(
 def test_a_job_that_waited_a_day_for_its_version_goes_to_any_worker(any_server: LiveServer) -> None:
     """An old version's job, left queued when every daemon was upgraded, waited for good (each
     counted among its token's open jobs): after ``VERSION_WAIT_SECONDS`` (a day) since it was
-    queued or last failed, a worker of another version is handed it (and fails it)."""
+    last written, a worker of another version is handed it (and fails it)."""
     import sqlalchemy as sa
 
     from cache_server.db import make_engine

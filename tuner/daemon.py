@@ -319,16 +319,18 @@ class Daemon(Worker):
                 found it so).
         """
         wanted = job.key
-        key = key_for(wanted.kernel, wanted.backend, wanted.problem, wanted.dtype,
-                      device=self.device)  # fmt: skip
-        self.versions[(wanted.kernel, wanted.backend)] = key.source_hash  # claimed from now on
-        if key.source_hash != wanted.source_hash:
+        # Its version here, claimed from now on (known before the key is checked: another
+        # version's job may name a dtype or shape this one does not take)
+        here = get_kernel(wanted.kernel).source_hash(wanted.backend)
+        self.versions[(wanted.kernel, wanted.backend)] = here
+        if here != wanted.source_hash:
             raise InvalidInput(
-                f"{wanted.kernel}'s source hashes {key.source_hash} here, the job's "
+                f"{wanted.kernel}'s source hashes {here} here, the job's "
                 f"{wanted.source_hash}: another version of the kernel (or of tunecache, for a "
                 "built-in) asked, and a record of this one would not be served to it"
             )
-        return key
+        return key_for(wanted.kernel, wanted.backend, wanted.problem, wanted.dtype,
+                       device=self.device)  # fmt: skip
 
     def rejected_at(self, job: JobPublic, key: Key) -> tuple[dict[str, Any], ...]:
         """The configs a verifier of the cache rejected at ``key``, each once (its first
