@@ -18,7 +18,7 @@ from tests.conftest import LiveServer
 from tests.factories import claimed_job, make_key, run_daemon
 from tunecache import Client, Device, DeviceFingerprint, DeviceLimits, key_for
 from tunecache.device import local_device
-from tunecache.errors import ServerError
+from tunecache.errors import ServerError, TuningError
 from tunecache.http import IDENTITY_HEADER
 from tuner.daemon import Daemon, DaemonOptions
 
@@ -101,6 +101,31 @@ def test_a_job_of_another_kernel_version_is_left_to_a_worker_of_that_version(
     assert f"source hashes {affine.source_hash} here, the job's {'0' * 16}" in failed.error
     waiting = [jobs["matmul", 16], jobs["tests.user_kernels:AffineRows", 16]]
     assert [(j.state, j.attempts) for j in waiting] == [("queued", 0)] * 2
+
+
+def test_a_daemon_whose_kernels_change_on_disk_stops_before_its_next_claim(
+    server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pull under a running daemon: the processes its harness starts import the new code,
+    which it tuned under the version it had read, and the records were served to processes of
+    that version, never checked with their code. It stops before claiming, saying why."""
+    package = tmp_path / "pulledpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    source = (REPO / "tests" / "user_kernels.py").read_text()
+    (package / "kernels.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    name = "pulledpkg.kernels:AffineRows"
+    with Client(server.url) as client:
+        daemon = Daemon(client, DaemonOptions(once=True, kernels=("pulledpkg",)))
+        arch = daemon.arch()
+        key = key_for(name, "tvm", {"M": 8, "N": 24}, "float32")
+        assert daemon.local_key(claimed_job(key)) == key  # its version read, and named
+        assert daemon.claim(arch) is None  # nothing queued, nothing changed
+        (package / "kernels.py").write_text(source + "\n# pulled\n")
+        with pytest.raises(TuningError, match=r"pulledpkg.kernels:AffineRows's sources for tvm "
+                           r"changed on disk since this daemon read them .*restart it"):  # fmt: skip
+            daemon.claim(arch)
 
 
 def test_a_job_never_makes_the_daemon_import_a_package_it_was_not_given(

@@ -42,15 +42,18 @@ BACKENDS = ("triton", "tvm", "inductor")
 Shape = tuple[str, ...]  # a tensor's symbolic shape: parameter names, one per dimension
 
 
-@functools.cache
-def hash_files(paths: tuple[str, ...]) -> str:
-    """SHA-256 (16 hex) of the files' names and contents, in order; missing files are skipped."""
+def hash_files_now(paths: tuple[str, ...]) -> str:
+    """SHA-256 (16 hex) of the files' names and contents, in order; missing files are skipped.
+    Read now: :func:`hash_files` keeps a process's first reading (the sources it loaded)."""
     h = hashlib.sha256()
     for name in paths:
         path = Path(name)
         if path.exists():
             h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
+
+
+hash_files = functools.cache(hash_files_now)
 
 
 # What users write for a dtype, as torch and NumPy name it (torch.float32, fp32, half, ...).
@@ -154,9 +157,11 @@ class KernelSpec:
                 f"{dtype_hint(dtype, supported)}"
             )
 
-    def source_hash(self, backend: str) -> str:
-        """SHA-256 (16 hex) of the sources that define this kernel for ``backend``."""
-        return hash_files((*self.sources.get("*", ()), *self.sources.get(backend, ())))
+    def source_hash(self, backend: str, *, now: bool = False) -> str:
+        """SHA-256 (16 hex) of the sources that define this kernel for ``backend``, as this
+        process first read them (``now``: as they are on disk now)."""
+        paths = (*self.sources.get("*", ()), *self.sources.get(backend, ()))
+        return hash_files_now(paths) if now else hash_files(paths)
 
     def problem(self, sizes: Mapping[str, Any]) -> dict[str, int]:
         """Checks ``sizes`` names exactly this kernel's parameters, each a positive integer.

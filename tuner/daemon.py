@@ -133,6 +133,18 @@ def builtin_versions(backends: Sequence[str]) -> dict[tuple[str, str], str]:
     return {(s.name, b): s.source_hash(b) for s in specs for b in backends if b in s.dtypes}
 
 
+def changed_on_disk(versions: dict[tuple[str, str], str]) -> str | None:
+    """Why this process's kernels are not those on disk now (``None``: they are): a pull under
+    a running daemon tuned the new code, in the processes its harness starts, under the
+    version it had read, served to processes of that version, never checked with its code."""
+    for (kernel, backend), read in versions.items():
+        if (now := get_kernel(kernel).source_hash(backend, now=True)) != read:
+            return (f"{kernel}'s sources for {backend} changed on disk since this daemon read "
+                    f"them (source hash {read}, now {now}): it would tune the new code under "
+                    "the old version's keys; restart it")  # fmt: skip
+    return None
+
+
 class Worker:
     """What the tuning daemon and the verifier share: a name, this machine's device of a kind
     and the backends installed here that run on it, and a stop flag (:meth:`stop`: finish the
@@ -229,7 +241,14 @@ class Daemon(Worker):
 
     def claim(self, arch: str) -> JobPublic | None:
         """The next job for this device, once the records tuned while the server did not answer
-        are sent; the first time none is left, :meth:`say_others`."""
+        are sent; the first time none is left, :meth:`say_others`.
+
+        Raises:
+            TuningError: a kernel's sources changed on disk since this daemon read them
+                (:func:`changed_on_disk`): it stops, claiming nothing.
+        """
+        if (why := changed_on_disk(self.versions)) is not None:
+            raise TuningError(why)
         self.send_unsent()
         job = self.client.claim_job(self.worker, lease_seconds=self.options.lease_seconds,
                                     device_arch=arch, backends=self.backends,
