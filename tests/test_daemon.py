@@ -103,18 +103,25 @@ def test_a_job_of_another_kernel_version_is_left_to_a_worker_of_that_version(
     assert [(j.state, j.attempts) for j in waiting] == [("queued", 0)] * 2
 
 
+def _pulled_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> Path:
+    """A package ``name`` of tests/user_kernels.py's kernels, importable here (and in the
+    processes a harness spawns); returns its kernels' file."""
+    package = tmp_path / name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "kernels.py").write_text((REPO / "tests" / "user_kernels.py").read_text())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return package / "kernels.py"
+
+
 def test_a_daemon_whose_kernels_change_on_disk_stops_before_its_next_claim(
     server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pull under a running daemon: the processes its harness starts import the new code,
     which it tuned under the version it had read, and the records were served to processes of
     that version, never checked with their code. It stops before claiming, saying why."""
-    package = tmp_path / "pulledpkg"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    source = (REPO / "tests" / "user_kernels.py").read_text()
-    (package / "kernels.py").write_text(source)
-    monkeypatch.syspath_prepend(str(tmp_path))
+    kernels = _pulled_package(tmp_path, monkeypatch, "pulledpkg")
+    source = kernels.read_text()
     name = "pulledpkg.kernels:AffineRows"
     with Client(server.url) as client:
         daemon = Daemon(client, DaemonOptions(once=True, kernels=("pulledpkg",)))
@@ -122,10 +129,40 @@ def test_a_daemon_whose_kernels_change_on_disk_stops_before_its_next_claim(
         key = key_for(name, "tvm", {"M": 8, "N": 24}, "float32")
         assert daemon.local_key(claimed_job(key)) == key  # its version read, and named
         assert daemon.claim(arch) is None  # nothing queued, nothing changed
-        (package / "kernels.py").write_text(source + "\n# pulled\n")
+        kernels.write_text(source + "\n# pulled\n")
         with pytest.raises(TuningError, match=r"pulledpkg.kernels:AffineRows's sources for tvm "
                            r"changed on disk since this daemon read them .*restart it"):  # fmt: skip
             daemon.claim(arch)
+
+
+def test_a_job_tuned_while_its_kernel_changed_on_disk_is_failed_not_uploaded(
+    server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pull lands while a job tunes (an hour's job, a claim's millisecond): its record would
+    be uploaded under the version the daemon had read. The job is failed, nothing uploaded, and
+    the daemon stops at its next claim."""
+    import tuner.daemon
+
+    kernels = _pulled_package(tmp_path, monkeypatch, "midpullpkg")
+    key = key_for("midpullpkg.kernels:AffineRows", "tvm", {"M": 8, "N": 24}, "float32")
+    tune = tuner.daemon.tune
+
+    def tune_then_pull(*args: Any, **kwargs: Any) -> Any:
+        outcome = tune(*args, **kwargs)
+        kernels.write_text(kernels.read_text() + "\n# pulled\n")
+        return outcome
+
+    monkeypatch.setattr(tuner.daemon, "tune", tune_then_pull)
+    options = DaemonOptions(once=True, kernels=("midpullpkg",), trials=2, workers=1)
+    with Client(server.url) as client:
+        client.create_job(key)
+        daemon = Daemon(client, options)
+        with pytest.raises(TuningError, match="changed on disk since this daemon read them"):
+            daemon.run()
+        (job,) = client.list_jobs().items
+        assert client.list_records().items == []
+    assert job.state == "queued" and job.attempts == 1, job  # failed, to be retried
+    assert "changed on disk" in job.error
 
 
 def test_a_job_never_makes_the_daemon_import_a_package_it_was_not_given(

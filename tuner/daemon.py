@@ -245,11 +245,12 @@ class Daemon(Worker):
 
         Raises:
             TuningError: a kernel's sources changed on disk since this daemon read them
-                (:func:`changed_on_disk`): it stops, claiming nothing.
+                (:func:`changed_on_disk`): it stops, claiming nothing (the records tuned
+                before are sent; a job tuned as they changed was failed).
         """
+        self.send_unsent()
         if (why := changed_on_disk(self.versions)) is not None:
             raise TuningError(why)
-        self.send_unsent()
         job = self.client.claim_job(self.worker, lease_seconds=self.options.lease_seconds,
                                     device_arch=arch, backends=self.backends,
                                     kernel_packages=self.kernels,
@@ -400,6 +401,8 @@ class Daemon(Worker):
             with leased(self.client, job, self.worker, self.options.lease_seconds):
                 tuning = True
                 outcome = tune(key, budget, options, harness=harness)
+            if (why := changed_on_disk(self.versions)) is not None:  # a pull meanwhile: the
+                raise TuningError(why)  # harness may have tuned the new code (the claim stops)
         except (InvalidInput, TuningError, ServerError) as exc:
             self.give_back(job, exc)
             if tuning and not isinstance(exc, InvalidInput):
