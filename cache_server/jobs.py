@@ -23,6 +23,7 @@ from cache_server.db import upsert_insert
 from cache_server.fairness import fewest_first
 from cache_server.leases import token_live
 from cache_server.models import JobRow, RecordRow, TokenRow, utcnow
+from cache_server.settings import VERSION_WAIT_SECONDS
 from cache_server.twins import lock_slot
 from tunecache.canonical import canonical_json
 from tunecache.jobs import MISS_SOURCE
@@ -217,7 +218,7 @@ def claim(
     kernel_packages: Sequence[str] | None = None,
     key_hashes: Sequence[str] | None = None,
     sources: Sequence[tuple[str, str, str]] = (),
-    version_wait: float = 86_400.0,
+    version_wait: float = VERSION_WAIT_SECONDS,
 ) -> JobRow | None:
     """Leases the most urgent claimable job to ``worker`` under token ``token_id``, or ``None``
     when there is none.

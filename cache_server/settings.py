@@ -87,6 +87,7 @@ from tunecache.tokens import MIN_TOKEN_CHARS
 
 PROMETHEUS_DIR_ENV: Final = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's, not ours
 STATEMENT_SECONDS: Final = 5.0  # TUNECACHE_SERVER_STATEMENT_SECONDS's default
+VERSION_WAIT_SECONDS: Final = 86_400.0  # TUNECACHE_SERVER_VERSION_WAIT_SECONDS's default: a day
 
 
 def prometheus_dir() -> str | None:
@@ -163,7 +164,7 @@ class ServerSettings(BaseSettings):
     # of its kernel's version (a claim names the versions it runs), then any worker may claim it,
     # and one of another version fails an attempt of it: an old version's jobs, left when every
     # daemon was upgraded, stayed queued for good, each counted among its token's open jobs.
-    version_wait_seconds: float = Field(default=86_400.0, ge=0, le=30 * 86_400)
+    version_wait_seconds: float = Field(default=VERSION_WAIT_SECONDS, ge=0, le=30 * 86_400)
     reads: Literal["open", "token"] = "open"
     policy: Literal["validated", "verified"] = "validated"
     bootstrap_token: str | None = Field(default=None, min_length=MIN_TOKEN_CHARS, repr=False)

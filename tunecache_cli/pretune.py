@@ -141,8 +141,8 @@ def devices_needed(manifest: Any, hashes: list[str]) -> list[str]:
 
 def unclaimed_hint(manifest: Any, hashes: list[str]) -> str:
     """What to run when no worker claims the followed jobs: a daemon for each device they need
-    (with the packages of the manifest's own kernels), of this version (a daemon's claim names
-    the versions of the kernels it runs: a job of another version waits)."""
+    (with the packages of the manifest's own kernels), running the kernels' sources as here (a
+    daemon's claim names the versions it runs: a job of another version waits for its own)."""
     devices = devices_needed(manifest, hashes)
     kernels = f" --kernels {','.join(manifest.packages)}" if manifest.packages else ""
     runs = " and ".join(f"`tunecache daemon --device {d}{kernels}`" for d in devices)
