@@ -18,7 +18,7 @@ from tests.conftest import LiveServer
 from tests.factories import claimed_job, make_key, run_daemon
 from tunecache import Client, Device, DeviceFingerprint, DeviceLimits, key_for
 from tunecache.device import local_device
-from tunecache.errors import ServerError, TuningError
+from tunecache.errors import ServerError, SourcesChanged
 from tunecache.http import IDENTITY_HEADER
 from tuner.daemon import Daemon, DaemonOptions
 
@@ -130,18 +130,21 @@ def test_a_daemon_whose_kernels_change_on_disk_stops_before_its_next_claim(
         assert daemon.local_key(claimed_job(key)) == key  # its version read, and named
         assert daemon.claim(arch) is None  # nothing queued, nothing changed
         kernels.write_text(source + "\n# pulled\n")
-        with pytest.raises(TuningError, match=r"pulledpkg.kernels:AffineRows's sources for tvm "
+        with pytest.raises(SourcesChanged, match=r"pulledpkg.kernels:AffineRows's sources for tvm "
                            r"changed on disk since this daemon read them .*restart it"):  # fmt: skip
             daemon.claim(arch)
 
 
 def test_a_job_tuned_while_its_kernel_changed_on_disk_is_failed_not_uploaded(
-    server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     """A pull lands while a job tunes (an hour's job, a claim's millisecond): its record would
     be uploaded under the version the daemon had read. The job is failed, nothing uploaded, and
-    the daemon stops at its next claim."""
+    the daemon stops at its next claim, saying it stopped (it said "tuning failed" where an idle
+    daemon was stopped so)."""
     import tuner.daemon
+    from tunecache_cli import main
 
     kernels = _pulled_package(tmp_path, monkeypatch, "midpullpkg")
     key = key_for("midpullpkg.kernels:AffineRows", "tvm", {"M": 8, "N": 24}, "float32")
@@ -153,12 +156,15 @@ def test_a_job_tuned_while_its_kernel_changed_on_disk_is_failed_not_uploaded(
         return outcome
 
     monkeypatch.setattr(tuner.daemon, "tune", tune_then_pull)
-    options = DaemonOptions(once=True, kernels=("midpullpkg",), trials=2, workers=1)
     with Client(server.url) as client:
         client.create_job(key)
-        daemon = Daemon(client, options)
-        with pytest.raises(TuningError, match="changed on disk since this daemon read them"):
-            daemon.run()
+    code = main(["daemon", "--once", "--server", server.url, "--kernels", "midpullpkg",
+                 "--trials", "2", "--workers", "1"])  # fmt: skip
+    said = capsys.readouterr().err
+    assert code == 1 and "tuning failed" not in said, said
+    assert ("tunecache: stopped: midpullpkg.kernels:AffineRows's sources for tvm changed on "
+            "disk since this daemon read them") in said, said  # fmt: skip
+    with Client(server.url) as client:
         (job,) = client.list_jobs().items
         assert client.list_records().items == []
     assert job.state == "queued" and job.attempts == 1, job  # failed, to be retried

@@ -552,6 +552,26 @@ def test_a_server_asking_for_no_wait_is_not_asked_again_at_once() -> None:
     assert 2 <= len(seen.requests) <= 6, len(seen.requests)
 
 
+def slow_shed(conn: socket.socket, request: Request, seen: Seen) -> None:
+    """A tunecache server answering each request late, with 503 and ``Retry-After: 0``."""
+    time.sleep(0.2)
+    body = b'{"status": 503, "detail": "busy", "errors": []}'
+    conn.sendall(f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                 f"Retry-After: 0\r\nContent-Length: {len(body)}\r\n{IDENTITY}\r\n".encode()
+                 + body)  # fmt: skip
+
+
+def test_a_server_asking_for_no_wait_cannot_make_every_lookup_wait_for_it() -> None:
+    """The server's ``Retry-After`` could only shorten the pause after a failure: one answering
+    each lookup near the lookup timeout with 503 and ``Retry-After: 0`` was asked by every
+    lookup, each waiting for it (10 lookups, 10 requests, 4.5 s at a 0.5 s timeout). Now the
+    pause is at least 0.1 s, doubled for each failure since the server last answered."""
+    with serve(slow_shed) as (url, seen), Client(url, timeout=SECONDS, token="") as client:
+        looked = [client.lookup(make_key(m=16 * (i + 1)), default=DEFAULT) for i in range(10)]
+    assert {result.source for result in looked} == {"default"}
+    assert len(seen.requests) <= 2, len(seen.requests)  # the rest skipped: the server was down
+
+
 def test_the_inductor_team_cache_asks_once_more_after_a_shed_read() -> None:
     """One 503 with Retry-After marked the team cache down: that rank autotuned on its own."""
     from tunecache.inductor.remote import TeamCache

@@ -45,6 +45,11 @@ class TuningError(TunecacheError):
     """A tuning run failed to produce a validated winner."""
 
 
+class SourcesChanged(TuningError):
+    """A kernel's files changed on disk under a worker that had read them: it stops, whether it
+    was tuning or idle (``tuner.daemon.changed_on_disk``)."""
+
+
 class CheckUnavailable(TunecacheError):
     """A first-use check (``verify``) could not run in this process, for a reason of its own:
     no memory for the copies of the arguments, a reference that failed. The served config is

@@ -122,6 +122,7 @@ class ServerSource(Source):
         self._shut = threading.Event()  # closed: no lookup goes to the server any more
         self._outcome = threading.local()  # what this thread's last ``get`` met (``unanswered``)
         self._down_unanswered = False  # the failure that made it down: no answer (not a refusal)
+        self._failures = 0  # failures since the server last answered a lookup
 
     @property
     def down(self) -> bool:
@@ -137,7 +138,7 @@ class ServerSource(Source):
         self._misses = {digest: until for digest, until in parent._misses.items() if until > now}
         if parent._down_until > now:
             self._down_until, self._down_unanswered = parent._down_until, parent._down_unanswered
-            self._warned = parent._warned
+            self._warned, self._failures = parent._warned, parent._failures
 
     def unanswered(self) -> bool:
         """Whether the calling thread's last :meth:`get` had no answer from the server (it is
@@ -205,6 +206,7 @@ class ServerSource(Source):
             self._outcome.unanswered = unreachable(exc)  # a refusal (401, not tunecache) answers
             return None
         self._outcome.unanswered = False  # a record, or a miss: the server answered
+        self._failures = 0
         if answer is not None:
             why = served_problem(key, answer.record, answer.match, self.client.policy)
             if why is None:
@@ -361,11 +363,16 @@ class ServerSource(Source):
             self._slots.release()
 
     def _failed(self, exc: Exception) -> None:
-        """Skips the server for ``retry_after`` seconds (or as long as a busy server asked)."""
+        """Skips the server for ``retry_after`` seconds, or as long as a busy server asked if
+        shorter, but at least 0.1 s doubled for each failure since it last answered: a server
+        answering each lookup near its timeout with a 503 and ``Retry-After: 0`` had each call
+        wait that long, never skipped."""
         asked = getattr(exc, "retry_after", None)
-        pause = self.retry_after if asked is None else min(asked, self.retry_after)
         unanswered = isinstance(exc, ServerError) and unreachable(exc)
         with self._lock:
+            self._failures += 1
+            floor = 0.1 * 2 ** min(self._failures - 1, 10)
+            pause = self.retry_after if asked is None else min(max(asked, floor), self.retry_after)
             self._down_until = time.monotonic() + pause
             self._down_unanswered = unanswered
             first, self._warned = not self._warned, True
@@ -377,7 +384,7 @@ class ServerSource(Source):
             if unanswered
             else "each lookup a miss, asking again in"
         )
-        log("%s; %s %.0f s", exc, then, pause)
+        log("%s; %s %.3g s", exc, then, pause)
 
 
 def _give_up(report: _Report) -> None:

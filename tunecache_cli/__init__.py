@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from tunecache import __version__
-from tunecache.errors import InvalidInput, ServerError, TuningError, one_line
+from tunecache.errors import InvalidInput, ServerError, SourcesChanged, TuningError, one_line
 from tunecache_cli import (
     artifacts,
     best,
@@ -217,6 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = _nobody_there(exc) or _token_refused(exc)
         print(f"tunecache: error: {shown(str(exc))}{hint}", file=sys.stderr)
         return server_exit(exc)
+    except SourcesChanged as exc:  # an idle daemon too: "tuning failed" would be untrue
+        print(f"tunecache: stopped: {exc}", file=sys.stderr)
+        return 1
     except TuningError as exc:
         print(f"tunecache: tuning failed: {exc}", file=sys.stderr)
         return 1

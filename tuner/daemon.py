@@ -32,7 +32,7 @@ from backends import Budget, get_backend
 from tunecache.client import Client
 from tunecache.configcheck import as_run
 from tunecache.device import local_device
-from tunecache.errors import InvalidInput, ServerError, TuningError, one_line
+from tunecache.errors import InvalidInput, ServerError, SourcesChanged, TuningError, one_line
 from tunecache.jobs import MAX_CLAIM_SOURCES, MAX_JOB_PAGE, JobPublic
 from tunecache.kernels import BACKENDS, builtin_names, get_kernel
 from tunecache.key import DEVICE_KINDS, Key, kernel_module, key_for
@@ -244,13 +244,13 @@ class Daemon(Worker):
         are sent; the first time none is left, :meth:`say_others`.
 
         Raises:
-            TuningError: a kernel's sources changed on disk since this daemon read them
+            SourcesChanged: a kernel's sources changed on disk since this daemon read them
                 (:func:`changed_on_disk`): it stops, claiming nothing (the records tuned
                 before are sent; a job tuned as they changed was failed).
         """
         self.send_unsent()
         if (why := changed_on_disk(self.versions)) is not None:
-            raise TuningError(why)
+            raise SourcesChanged(why)
         job = self.client.claim_job(self.worker, lease_seconds=self.options.lease_seconds,
                                     device_arch=arch, backends=self.backends,
                                     kernel_packages=self.kernels,
@@ -402,7 +402,7 @@ class Daemon(Worker):
                 tuning = True
                 outcome = tune(key, budget, options, harness=harness)
             if (why := changed_on_disk(self.versions)) is not None:  # a pull meanwhile: the
-                raise TuningError(why)  # harness may have tuned the new code (the claim stops)
+                raise SourcesChanged(why)  # harness may have tuned the new code (the claim stops)
         except (InvalidInput, TuningError, ServerError) as exc:
             self.give_back(job, exc)
             if tuning and not isinstance(exc, InvalidInput):
