@@ -45,11 +45,11 @@ def refusal(held: int, own: int, limit: int, token: TokenRow | None) -> str | No
     may."""
     if token is not None and (token.trusted or grants(token.scope, "admin")):  # type: ignore[arg-type]
         if held >= 2 * limit:
-            return (f"holds {_winners(held)}, twice the server's limit ({SETTING}), which a "
-                    "trusted or admin token may fill")  # fmt: skip
+            return (f"holds {_winners(held)}, twice the server's limit of {limit:,} ({SETTING}) "
+                    "or more, which a trusted or admin token may fill")  # fmt: skip
         return None
-    if held >= limit:
-        return f"holds {_winners(held)}, the server's limit ({SETTING})"
+    if held >= limit:  # more where trusted or admin tokens added past it
+        return f"holds {_winners(held)}, the server's limit of {limit:,} ({SETTING}) or more"
     share = max(1, limit // 2)
     if token is not None and own >= share:
         return (f"holds {_winners(own)} on this token's word, half the server's limit "

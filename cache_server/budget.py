@@ -1,4 +1,4 @@
-"""What one answer may hold: a byte budget for listings of stored JSON (records, artifacts).
+"""What one answer may hold: a byte budget for listings of stored JSON (records, artifacts, jobs).
 
 A listing's count bounds its rows, not its bytes: each record's config and each artifact's value
 may be 256 KiB, a record's validation 1.8 MB, so a page of 1,000 was up to gigabytes to read,

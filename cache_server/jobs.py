@@ -370,6 +370,12 @@ def _owned(job_id: int, worker: str, holder: int | None) -> ColumnElement[bool]:
     return held if holder is None else and_(held, JobRow.lease_token_id == holder)
 
 
+def held(session: Session, *, job_id: int, worker: str, holder: int | None) -> JobRow | None:
+    """Job ``job_id`` if ``worker`` holds its lease, taken with token ``holder`` (``None``: any
+    token's), else ``None``."""
+    return session.scalar(select(JobRow).where(_owned(job_id, worker, holder)))
+
+
 def _change(
     session: Session, job_id: int, worker: str, holder: int | None, **values: Any
 ) -> JobRow | None:
@@ -470,17 +476,6 @@ def fail(session: Session, *, job_id: int, worker: str, holder: int | None, erro
     retry_at = case((out, None), else_=utcnow() + timedelta(seconds=delay)) if delay else None
     return _change(session, job_id, worker, holder, state=state, error=error, error_by=reporter,
                    **{**NO_LEASE, "lease_expires_at": retry_at})  # fmt: skip
-
-
-def list_jobs(
-    session: Session, *, state: str | None = None, limit: int = 100, offset: int = 0
-) -> tuple[list[JobRow], int]:
-    stmt = select(JobRow)
-    if state is not None:
-        stmt = stmt.where(JobRow.state == state)
-    total = session.scalar(select(func.count()).select_from(stmt.subquery())) or 0
-    rows = session.scalars(stmt.order_by(JobRow.id).limit(limit).offset(offset)).all()
-    return list(rows), total
 
 
 def get_job(session: Session, *, job_id: int) -> JobRow | None:

@@ -25,6 +25,7 @@ from cache_server.models import RecordRow, TokenRow, TrialRow, VerifiedWinnerRow
 from cache_server.quota import Room, record_bytes
 from tunecache.rules import bucket_digest
 from tunecache.schemas import STORED, RecordCreate, RecordPublic, VerificationPublic
+from tunecache.tokens import TRUSTED_UPLOADER, name_text
 
 WinnerTable = type[WinnerRow] | type[VerifiedWinnerRow]
 
@@ -55,7 +56,7 @@ def record_row(
     if trusted:
         assert uploader is not None
         verification = VerificationPublic(
-            passed=True, verifier=f"{uploader.name} (trusted uploader)",
+            passed=True, verifier=uploader.name + TRUSTED_UPLOADER,
             device_name=key.device.name, verified_at=utcnow(),
         ).model_dump(mode="json")  # fmt: skip
     return RecordRow(
@@ -277,9 +278,10 @@ def uploader_text(row: RecordRow) -> str | None:
     """Who ``row`` says uploaded it: its uploader's token, or for an imported record the uploader
     its snapshot named and the token that imported it (``alice, imported by ci-sync``: a token
     name holds no comma), so an importer never reads as the uploader of what it imported."""
+    uploader = None if row.uploaded_by is None else name_text(row.uploaded_by)
     if row.imported_by is None:
-        return row.uploaded_by
-    return f"{row.uploaded_by or 'an unnamed uploader'}, imported by {row.imported_by}"
+        return uploader
+    return f"{uploader or 'an unnamed uploader'}, imported by {name_text(row.imported_by)}"
 
 
 def worst_check(validation: Any) -> Any:

@@ -31,9 +31,9 @@
   would wait longer gets 503 with ``Retry-After`` at once (default 0.02)
 - ``TUNECACHE_SERVER_RETRY_AFTER``: the seconds a 503 tells the client to wait (default 1)
 - ``TUNECACHE_SERVER_LIST_LIMIT``: most records one list request returns (default 1000)
-- ``TUNECACHE_SERVER_ANSWER_BYTES``: bytes of stored JSON (records', artifacts' values) one
-  listing or dashboard page may return (default 8 MiB; :mod:`cache_server.budget`): a page cut
-  short is shorter, at least one item
+- ``TUNECACHE_SERVER_ANSWER_BYTES``: bytes of stored JSON (records', artifacts' values, jobs'
+  keys and errors) one listing or dashboard page may return (default 8 MiB;
+  :mod:`cache_server.budget`): a page cut short is shorter, at least one item
 - ``TUNECACHE_SERVER_SNAPSHOT_BYTES``: bytes of stored records one snapshot export may hold
   (default 128 MiB; counted before any is read): more is a 422 that says to narrow it
 - ``TUNECACHE_SERVER_FORWARDED_ALLOW_IPS``: the proxies (addresses or networks, comma-separated)

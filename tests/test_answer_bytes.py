@@ -133,3 +133,25 @@ def test_a_page_past_the_last_row_says_so(server: LiveServer) -> None:
         client.create_job(make_key(m=56))
     one = httpx.get(f"{server.url}/ui/jobs", params={"start": 50}, timeout=30).text
     assert "Nothing from row 51: there is 1 row;" in one  # it said "there are 1"
+
+
+def test_a_job_listing_holds_what_its_budget_allows_and_pages_on(
+    tight_server: LiveServer,
+) -> None:
+    """``GET /v1/jobs`` and the dashboard's queue sent every job asked for, whatever their keys
+    and errors held (a write token's jobs of 13 KB keys: 17 MB a page of 1,000); now as many as
+    ``answer_bytes`` holds, and ``pretune`` reads the whole queue by the counts received."""
+    from tunecache_cli.pretune import all_jobs
+
+    url = tight_server.url
+    with Client(url) as client:
+        queued = {client.create_job(make_key(m=m)).job.key_hash for m in range(40, 70)}
+        page = httpx.get(f"{url}/v1/jobs", params={"limit": 1000}, timeout=30)
+        assert page.status_code == 200 and page.json()["count"] == 30
+        listed = page.json()["items"]
+        assert 1 < len(listed) < 30
+        assert sum(len(json.dumps(j["key"], separators=(",", ":"))) for j in listed) <= BUDGET
+        assert [j["id"] for j in listed] == sorted(j["id"] for j in listed)  # oldest first
+        assert set(all_jobs(client)) == queued  # paged on: each once
+    html = httpx.get(f"{url}/ui/jobs", timeout=30).text
+    assert f"shows {30 - len(listed)} rows fewer than a page holds" in html

@@ -633,6 +633,27 @@ def test_a_re_tune_leaves_out_the_config_a_verifier_rejected_at_its_key(server: 
     assert all(t.status == "invalid" and "rejected this config" in t.error for t in again)
 
 
+def test_a_daemon_leaves_out_the_configs_disputed_at_its_key(server: LiveServer) -> None:
+    """A write token uploaded a key's best config and disputed its own record: a daemon's tune
+    found that config, its upload was stored disputed, its completion refused (a disputed record
+    answers no job), an attempt spent each time until the job failed. The daemon now leaves out
+    the configs disputed at its key, as those a verifier rejected."""
+    from tests.factories import AUTH, knobs, make_record
+    from tests.test_trust import dispute_body, post_dispute
+
+    key = key_for("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32")
+    best = make_record(key, time_ms=0.1, config=knobs(4))
+    other = make_record(key, time_ms=0.2, config=knobs(8))
+    with Client(server.url) as client:
+        disputed = client.upload(best).record_id
+        client.upload(other)
+        job = client.create_job(key).job
+        answer = post_dispute(server.url, disputed, AUTH, dispute_body(key))
+        assert answer.json()["status"] == "disputed", answer.text
+        refused = Daemon(client, DaemonOptions(backends=("tvm",))).rejected_at(job, key)
+    assert refused == (dict(best.config),)
+
+
 def test_after_a_failed_job_the_next_claim_waits_longer_each_time_up_to_the_poll() -> None:
     """A hostile server handed out a new job failing at once on every claim: 139 claims in 12 s.
     After work that failed, the claim waits 0.1 s, doubling with each failure in a row up to the

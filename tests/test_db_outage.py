@@ -67,6 +67,8 @@ def test_a_database_outage_is_a_503_and_the_server_recovers(
                     _assert_outage(http.get("/health"), postgres_admin)
                 _assert_outage(http.get("/v1/records"), postgres_admin)
                 _assert_outage(http.get("/v1/records/1"), postgres_admin)
+                assert http.head("/health").status_code == 503  # a probe's HEAD: down too
+            assert http.head("/health").status_code == 200
             health = http.get("/health")  # back: served again, without a restart
             assert health.status_code == 200 and health.json()["database"] == "postgresql"
             assert http.get("/v1/records").status_code == 200

@@ -410,6 +410,32 @@ def test_a_job_is_completed_only_with_a_record_that_answers_it(any_server: LiveS
         assert (done.json()["state"], done.json()["record_id"]) == ("done", answered)
 
 
+def test_a_job_is_not_completed_with_a_disputed_record(any_server: LiveServer) -> None:
+    """A write token disputed its own upload (any token may) and completed a miss it claimed
+    with it: the job was done with a record served under no policy, and every later miss of the
+    key found it done. And a caller holding no lease was answered about the record (422, its
+    key's lock taken) before the lease: now the lease first (409)."""
+    from tests.test_trust import dispute_body, post_dispute
+
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
+        create(http, 21)
+        job = claim(http, "w")
+        assert job is not None
+        key = Key.from_json(job["key"])
+        record_id = _upload(http, key)
+        disputed = post_dispute(any_server.url, record_id, AUTH, dispute_body(key))
+        assert disputed.status_code == 200 and disputed.json()["status"] == "disputed"
+        unrelated = _upload(http, make_key(m=22))
+        for worker, answer, said in (
+            ("nobody", unrelated, "is not running under a lease of this worker"),
+            ("w", record_id, f"record {record_id} answers no job: it is disputed"),
+        ):
+            refused = http.post(f"/v1/jobs/{job['id']}/complete",
+                                json={"worker": worker, "record_id": answer})  # fmt: skip
+            assert refused.status_code == 409 and said in refused.json()["detail"], refused.text
+        assert http.get(f"/v1/jobs/{job['id']}").json()["state"] == "running"
+
+
 def test_an_upload_that_answers_a_queued_miss_completes_it(any_server: LiveServer) -> None:
     """A drop-in's (or a user's) tune uploads the key a miss queued: the miss is done, with that
     record. A record that is not the key's new winner (one that failed validation) answers

@@ -267,3 +267,28 @@ def test_a_background_upload_leaves_the_outbox_once_sent_or_refused(
         assert client.drain(timeout=10)
     assert [p.name for p in own_outbox.iterdir()] == ["rejected"]  # kept to be read, not sent
     assert len(list((own_outbox / "rejected").iterdir())) == 1
+
+
+@pytest.mark.slow
+def test_a_tune_refused_as_bad_input_sends_nothing_waiting(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """A tune exits 2 when it cannot run here (Triton under its interpreter: no time is
+    meaningful), and exit 2 means nothing was stored: it sent the outbox's waiting uploads first,
+    stored under this tune's token, then refused. They go just before a tune's own upload."""
+    folder = tmp_path / "outbox"
+    outbox.release(outbox.put(server.url, make_record(make_key(m=8)), folder))
+    env = {**os.environ, "TUNECACHE_OUTBOX": str(folder), "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-m", "tunecache_cli", "tune", "matmul", "--backend",
+                           "triton", "--shape", "M=64,N=64,K=64", "--trials", "2", "--server",
+                           server.url], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 2 and "cannot tune triton here" in done.stderr, done.stderr
+    assert "pushed" not in done.stderr, done.stderr
+    assert waiting_for(server.url, folder) == 1 and _stored(server.url, "record") == 0
+    env.pop("TRITON_INTERPRET")  # the next tune that uploads sends it first
+    done = subprocess.run([sys.executable, "-m", "tunecache_cli", "tune", "softmax", "--backend",
+                           "tvm", "--shape", "M=64,N=64", "--trials", "2", "--server",
+                           server.url], env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"pushed 1 waiting upload(s) to {server.url}" in done.stderr, done.stderr
+    assert waiting_for(server.url, folder) == 0 and _stored(server.url, "record") == 2

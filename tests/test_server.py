@@ -338,3 +338,14 @@ def test_a_redirect_never_names_the_host_a_request_named(server: LiveServer) -> 
         assert answer.status_code == 307 and answer.headers["location"] == to, answer.headers
     followed = httpx.get(f"{server.url}/v1/records/", follow_redirects=True, timeout=30)
     assert followed.status_code == 200 and followed.json()["items"] == []
+
+
+def test_a_probe_asking_with_head_finds_the_server_up(server: LiveServer) -> None:
+    """``HEAD /health`` was a 405: a load balancer probing with ``HEAD`` (HAProxy's
+    ``option httpchk HEAD``) read a healthy server as down. Other routes keep their methods."""
+    head = httpx.head(f"{server.url}/health", timeout=30)
+    assert head.status_code == 200 and head.content == b"", head.text
+    assert head.headers.get_list("x-content-type-options") == ["nosniff"]
+    assert httpx.head(f"{server.url}/v1/records", timeout=30).status_code == 405
+    spec = httpx.get(f"{server.url}/openapi.json", timeout=30).json()
+    assert set(spec["paths"]["/health"]) == {"get"}

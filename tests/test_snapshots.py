@@ -970,3 +970,26 @@ def test_cli_import_of_a_file_with_bad_provenance_exits_2_naming_it(tmp_path: Pa
     done = tunecache("snapshot", "import", str(path), "--server", "http://127.0.0.1:9")
     assert done.returncode == 2, done.stderr
     assert "verification" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_stated_name_no_token_could_take_is_shown_quoted(server: LiveServer) -> None:
+    """A snapshot stated its uploader and verifier as "\u0430dmin1   w1" and "\u0430dmin1 (trusted
+    uploader)" (a Cyrillic а, spaces HTML collapses), names no new token may take: a trusted
+    import showed the record "verified by аdmin1" on the dashboard, read as the team's admin1.
+    Such a name is shown quoted in ASCII, as a device's name is."""
+    from tunecache.verification import trust_text
+
+    ci = _token(server.url, "ci-sync", trusted=True)
+    check = {"verifier": "\u0430dmin1 (trusted uploader)", "device_name": CPU.name,
+             "verified_at": "2026-01-02T03:04:05Z", "retimed": False}  # fmt: skip
+    body = _stated(status="verified", uploaded_by="\u0430dmin1   w1", verification=check)
+    answer = httpx.post(f"{server.url}/v1/snapshot", json=body, timeout=60,
+                        headers={"Authorization": f"Bearer {ci}"})  # fmt: skip
+    assert answer.status_code == 200 and answer.json()["imported"] == 1, answer.text
+    [record] = _records_on(server.url).values()
+    assert record.status == "verified"
+    assert record.uploaded_by == '"\\u0430dmin1   w1", imported by ci-sync'
+    assert 'verified by "\\u0430dmin1" (trusted uploader) on ' in trust_text(record)
+    for page in ("/", f"/ui/records/{record.id}"):
+        html = httpx.get(f"{server.url}{page}", timeout=30).text
+        assert "\u0430" not in html and "&#34;\\u0430dmin1&#34; (trusted uploader)" in html, page

@@ -198,3 +198,18 @@ def test_tune_of_a_tvm_compute_that_raises_says_so_as_inductor_does(tmp_path: Pa
         f"tunecache: tuning failed: {ref}: tvm_compute raised RuntimeError: "
         "my tvm compute is broken"
     )
+
+
+def test_a_strategy_asked_of_a_kernel_with_no_space_names_the_kernel_and_its_search() -> None:
+    """``--strategy exhaustive`` on a user's TVM kernel with no knob space said "tvm has no
+    enumerable space", where the built-in TVM kernels have one: the kernel is named."""
+    from backends import get_backend
+    from tuner.candidates import enumerable_space
+
+    kernel = get_workload("tests.user_kernels:AffineRows")
+    with pytest.raises(InvalidInput) as refused:
+        enumerable_space(get_backend("tvm"), kernel, {"M": 8, "N": 24}, "float32")
+    assert str(refused.value) == (
+        "tests.user_kernels:AffineRows has no config space of its own on tvm for a strategy to "
+        "search: its search there is 'meta_schedule' (the strategy to ask for, or none)"
+    )

@@ -122,7 +122,7 @@ class ServerSource(Source):
         self._shut = threading.Event()  # closed: no lookup goes to the server any more
         self._outcome = threading.local()  # what this thread's last ``get`` met (``unanswered``)
         self._down_unanswered = False  # the failure that made it down: no answer (not a refusal)
-        self._failures = 0  # failures since the server last answered a lookup
+        self._failures = 0  # failures since the server last answered a lookup or a send
 
     @property
     def down(self) -> bool:
@@ -292,6 +292,7 @@ class ServerSource(Source):
         log = logger.debug if not report.loud or self._closing.is_set() else logger.warning
         try:
             report.send()
+            self._failures = 0  # it answered: a failure's pause starts again from the least
         except ServerError as exc:
             if unreachable(exc):
                 self._failed(exc)  # not asked for a while: lookups fall back at once

@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import secrets
 from typing import Annotated, Final, Literal, get_args
@@ -74,6 +75,23 @@ TokenName = Annotated[str, Field(min_length=1, max_length=128, pattern=f"^{NAME_
 # verified something, and Unicode's \w let "оps" (a Cyrillic о), "ⅰ" or "ops " pass for another.
 NEW_NAME = r"^[A-Za-z0-9_.@:/-]+( [A-Za-z0-9_.@:/-]+)*$"
 _NAME_RULE = "a new token's name is ASCII letters, digits and _.@:/- in words one space apart"
+
+
+TRUSTED_UPLOADER = " (trusted uploader)"  # a trusted token's name, as the verifier it is
+
+
+def name_text(name: str) -> str:
+    """A token's name as shown (records' uploaders and verifiers, the dashboard, the CLI): as it
+    is where a new token may be named so, else quoted in ASCII as JSON writes it: a snapshot's
+    stated uploader ``"\\u0430dmin1"`` (a Cyrillic а) or ``"ops  w1"`` read as a token of this
+    team's, and a verifier's name as a teammate's. A trusted uploader's keeps its suffix.
+
+    >>> name_text("ci-sync"), name_text("\u0430dmin"), name_text("ci (trusted uploader)")
+    ('ci-sync', '"\\\\u0430dmin"', 'ci (trusted uploader)')
+    """
+    base = name.removesuffix(TRUSTED_UPLOADER)
+    shown = base if re.fullmatch(NEW_NAME, base) else json.dumps(base)
+    return shown if base == name else shown + TRUSTED_UPLOADER
 
 
 def _new_name(value: str) -> str:

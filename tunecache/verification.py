@@ -28,6 +28,7 @@ from tunecache.schemas import (
     _Strict,
 )
 from tunecache.strict import Utc
+from tunecache.tokens import name_text
 
 MAX_DISPUTED_PROBLEMS = 64
 # With a claim's 204: how many records await another verify token, the claiming token's own
@@ -138,9 +139,10 @@ def trust_text(record: RecordPublic) -> str:
         return f"disputed {record.disputes}x by consumers: not served until re-verified ({by})"
     if check is None:
         return f"{record.status} ({by})"
+    verifier = name_text(check.verifier)
     if record.status == "rejected":
-        return f"rejected by {check.verifier}: {check.error or 'its check failed'} ({by})"
-    text = f"verified by {check.verifier} on {check.device_name} ({by})"
+        return f"rejected by {verifier}: {check.error or 'its check failed'} ({by})"
+    text = f"verified by {verifier} on {check.device_name} ({by})"
     if check.timing_flag and check.time_ratio is not None:
         text += (f"; the uploaded time was {check.time_ratio:.2f}x faster than the "
                  "verifier's: not believed")  # fmt: skip

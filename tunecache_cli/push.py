@@ -80,19 +80,10 @@ def _say_sending(url: str) -> None:
               "process (a tune, or another push) now", file=sys.stderr)  # fmt: skip
 
 
-def push_before(url: str | None) -> None:
-    """:func:`push_quietly` through a client of its own, before a tune that uploads without one
-    (``tune --torch``, ``tune --tvm``); nothing to do without a server."""
-    from tunecache.client import Client
-
-    if url is not None:
-        with Client(url, timeout=Settings.from_env(with_url=False).timeout) as client:
-            push_quietly(client, url)
-
-
 def push_quietly(client: Any, url: str) -> None:
-    """At the start of a tune: what waits for ``url`` is sent first, in one line if anything
-    was; nothing here stops the tune (its own upload meets the server later)."""
+    """Before a tune's own upload: what waits for ``url`` is sent first, in one line if anything
+    was; nothing here stops the upload (which meets the server's answer itself). Not at the
+    start: a tune refused as bad input (exit 2) or failing stores nothing."""
     from tunecache import outbox
 
     try:

@@ -150,9 +150,9 @@ def _tokens(args: argparse.Namespace, *, create: bool = False) -> Iterator[Any]:
         raise InvalidInput(f"cannot use the database: {one_line(exc)}") from None
     if new:  # a shell without the server's TUNECACHE_SERVER_DB made a database of its own
         where = engine.url.render_as_string(hide_password=True)
-        print(f"tunecache: {where} was a new database, made now: a server started on another "
-              "(`serve --db URL`, $TUNECACHE_SERVER_DB) does not know this token; give its URL "
-              "to --db", file=sys.stderr)  # fmt: skip
+        print(f"tunecache: {where} was a new database, made now. A server on this database "
+              "knows the token; one started on another (`serve --db URL`, "
+              "$TUNECACHE_SERVER_DB) does not: give its URL to --db", file=sys.stderr)  # fmt: skip
 
 
 def run_create(args: argparse.Namespace) -> int:

@@ -206,21 +206,20 @@ def _run_key(args: argparse.Namespace) -> int:
     from tunecache_cli.progress import ProgressPrinter, command_start
     from tunecache_cli.push import push_quietly
     from tuner import TuneOptions, tune
-    from tuner.tune import check_memory
+    from tuner.tune import check_memory, plan
 
     key = key_from_args(args)  # bad input fails here, before anything is compiled
     check_memory(key)  # a shape that cannot fit: one line, before the progress starts
     budget = _budget(args)
     options = TuneOptions(strategy="exhaustive" if args.landscape else args.strategy,
                           seed=args.seed or 0, workers=args.workers)  # fmt: skip
+    backend, _ = plan(key, options)  # what cannot run or time here: before the progress starts
     url = upload_url(args)
     with (
         Client(url or server_url(args)) as client,
         ProgressPrinter(key.short(), seconds=budget.seconds, since=command_start()) as progress,
     ):
-        if url is not None:
-            push_quietly(client, url)  # what an earlier tune could not upload goes first
-        outcome = tune(key, budget, options, progress=progress,
+        outcome = tune(key, budget, options, progress=progress, backend=backend,
                        cache=None if url is None else client)  # fmt: skip
         if args.landscape:
             _write_landscape(args.landscape, outcome)
@@ -230,6 +229,7 @@ def _run_key(args: argparse.Namespace) -> int:
             _show(record, args)
             return 0
         progress(Progress(0, 0, message=f"to {url}", phase="upload"))
+        push_quietly(client, url)  # what an earlier tune could not upload goes first
         try:  # never lost: kept till the server has it
             result = outbox.kept_upload(client, url, record)
         except ServerError:

@@ -157,9 +157,6 @@ def run(args: argparse.Namespace) -> int:
 
     from tunecache import conditions
     from tunecache.inductor import pretune
-    from tunecache_cli.push import push_before
-
-    push_before(url)  # what an earlier tune could not upload goes first
 
     machine = conditions.snapshot(family=True)
     try:
@@ -184,6 +181,7 @@ def _upload(url: str, result: Any) -> int:
     from tunecache.inductor.partition import partition
     from tunecache.inductor.remote import TeamCache
     from tunecache_cli.outbox import kept_upload
+    from tunecache_cli.push import push_quietly
 
     team = TeamCache(url, None, partition(), timeout=Settings.from_env(with_url=False).timeout)
     try:
@@ -195,6 +193,7 @@ def _upload(url: str, result: Any) -> int:
                 file=sys.stderr,
             )
             return 0
+        push_quietly(team.client, url)  # what an earlier tune could not upload goes first
         stored = kept_upload(team.client, url, items, "the upload")  # never lost: see outbox
     finally:
         team.close()

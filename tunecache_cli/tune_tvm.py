@@ -68,11 +68,9 @@ def run(args: argparse.Namespace) -> int:
     mod, target, reference = _loaded(args.tvm)
     from backends.tvm.database import best_records, database_dir, open_database
     from tunecache_cli.progress import command_start, working
-    from tunecache_cli.push import push_before
     from tuner.tune import default_workdir
 
     url = upload_url(args)  # after the module's own errors, before the search
-    push_before(url)  # what an earlier tune could not upload goes first
     workdir = default_workdir()
     outcome, seconds = _search(mod, target, budget, workdir, args.tvm)
     records = best_records(open_database(workdir, target), mod, RANKED)
@@ -278,12 +276,14 @@ def _report_speed(
 def _upload(url: str, mod: IRModule, target: dict[str, Any], records: list[Any]) -> int:
     from tunecache.tvm import Database
     from tunecache_cli.outbox import kept_upload
+    from tunecache_cli.push import push_quietly
 
     database = Database(url, target=target, timeout=Settings.from_env(with_url=False).timeout)
     try:
         items = database.artifacts(mod, records)
         if not items:  # no record MetaSchedule's JSON can carry: nothing to keep or send
             raise TuningError(f"none of the {len(records)} validated records can be uploaded")
+        push_quietly(database.remote.client, url)  # what an earlier tune could not upload
         result = kept_upload(database.remote.client, url, items, "the upload")  # see outbox
     finally:
         database.close()

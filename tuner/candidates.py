@@ -49,7 +49,9 @@ class Emit(Protocol):
     ) -> None: ...
 
 
-REFUSED_AT_KEY = "a verifier of the cache rejected this config at this key: never served"
+REFUSED_AT_KEY = (
+    "a verifier of the cache rejected this config at this key, or it is disputed there: not served"
+)
 
 
 def servable(
@@ -102,7 +104,8 @@ def enumerable_space(backend: Backend, workload: Workload, problem: Mapping[str,
     if space is None:
         native = backend.native_strategy
         raise InvalidInput(
-            f"{backend.name} has no enumerable space; its search strategy is {native!r}"
+            f"{workload.name} has no config space of its own on {backend.name} for a strategy "
+            f"to search: its search there is {native!r} (the strategy to ask for, or none)"
         )
     return space
 

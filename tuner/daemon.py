@@ -353,24 +353,28 @@ class Daemon(Worker):
                        device=self.device)  # fmt: skip
 
     def rejected_at(self, job: JobPublic, key: Key) -> tuple[dict[str, Any], ...]:
-        """The configs a verifier of the cache rejected at ``key``, each once (its first
-        :data:`REJECTED_PAGES` hundred rejected records, in at most as many requests: copies of
-        one config do not crowd out another): the re-tune of a key whose record was rejected
-        leaves them out, since a new upload of one waits for a verifier again. None when the
-        server does not answer: the tune goes on."""
+        """The configs a verifier of the cache rejected at ``key``, or disputed there, each once
+        (the first :data:`REJECTED_PAGES` hundred records of each status, in at most as many
+        requests: copies of one config do not crowd out another): the re-tune of a key whose
+        record was rejected leaves them out, since a new upload of one is stored disputed,
+        out of service, and answers no job (a 409: an attempt spent on each finding it again, a
+        write token's own disputed upload of the key's best config failing the job). None when
+        the server does not answer: the tune goes on."""
         refused: dict[str | None, dict[str, Any]] = {}  # by the config as it runs
-        try:
-            listed = fetch_first(self.client, REJECTED_PAGES * 100, requests=REJECTED_PAGES,
-                                 page=100, key_hash=key.digest(), status="rejected")  # fmt: skip
-        except ServerError as exc:
-            logger.warning("job %d: the configs rejected at its key are unknown (%s)", job.id, exc)
-            return ()
-        for record in listed.items:
-            if record.status == "rejected":
-                runs = as_run(key.backend, record.config, kernel=key.kernel)
-                refused.setdefault(runs, dict(record.config))
+        for status in ("rejected", "disputed"):
+            try:
+                listed = fetch_first(self.client, REJECTED_PAGES * 100, requests=REJECTED_PAGES,
+                                     page=100, key_hash=key.digest(), status=status)  # fmt: skip
+            except ServerError as exc:
+                logger.warning("job %d: the configs %s at its key are unknown (%s)", job.id,
+                               status, exc)  # fmt: skip
+                return ()
+            for record in listed.items:
+                if record.status == status:
+                    runs = as_run(key.backend, record.config, kernel=key.kernel)
+                    refused.setdefault(runs, dict(record.config))
         if refused:
-            logger.info("job %d: leaving out %d config(s) a verifier rejected at its key",
+            logger.info("job %d: leaving out %d config(s) rejected or disputed at its key",
                         job.id, len(refused))  # fmt: skip
         return tuple(refused.values())
 

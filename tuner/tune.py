@@ -217,8 +217,9 @@ def _memory(device: DeviceFingerprint) -> int:
         return 0
 
 
-def _plan(key: Key, options: TuneOptions, backend: Backend | None) -> tuple[Backend, str]:
-    """The backend and strategy for ``key``, refusing what cannot run or time here."""
+def plan(key: Key, options: TuneOptions, backend: Backend | None = None) -> tuple[Backend, str]:
+    """The backend and strategy for ``key``, refusing what cannot run or time here (before a
+    caller does anything else: ``tune`` sends the uploads waiting from earlier tunes first)."""
     backend = backend or get_backend(key.backend)
     if backend.name != key.backend:
         raise InvalidInput(f"backend instance {backend.name!r} is not {key.backend!r}")
@@ -300,7 +301,7 @@ def tune(
         TuningError: the backend is unavailable, or no candidate passed validation.
     """
     workload = get_workload(key.kernel)
-    backend, strategy = _plan(key, options, backend)
+    backend, strategy = plan(key, options, backend)
     check_local(key, workload)
     devicelock.check_folder()  # said here, once: not again by each worker process
     emit = _emitter(key, progress)

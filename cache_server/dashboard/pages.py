@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 from pydantic import BeforeValidator
 
-from cache_server import jobs, queries
+from cache_server import job_pages, queries
 from cache_server.api.deps import IdPath, SessionDep
 from cache_server.dashboard import queries as dashboard_queries
 from cache_server.dashboard.access import PageError, PageRoute, Reader
@@ -129,7 +129,8 @@ def job_queue(
     """The queue: counts by state, then each job with its lease, attempts and last error."""
     counts = dashboard_queries.job_counts(session)
     first = _start(start, p)
-    rows, total = jobs.list_jobs(session, state=state, limit=PAGE_SIZE, offset=first)
+    rows, total = job_pages.list_jobs(session, state=state, limit=PAGE_SIZE, offset=first,
+                                      budget=request.app.state.settings.answer_bytes)  # fmt: skip
     # Each with the tokens that hold its lease and reported its error: the page's, not the API's
     # (a client made before them would refuse fields it does not know).
     shown = [(JobPublic.model_validate(row, from_attributes=True, context=STORED),

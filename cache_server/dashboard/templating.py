@@ -18,6 +18,7 @@ from tunecache.key import device_text, problem_text
 from tunecache.measured import TimingModel
 from tunecache.schemas import RecordCreate
 from tunecache.timing import conditions_text, versus
+from tunecache.tokens import name_text
 from tunecache.verification import trust_text
 
 HERE = Path(__file__).parent
@@ -98,7 +99,7 @@ def _environment() -> Environment:
     )
     env.filters.update(ms=ms, vs=vs, spread=spread, conditions=conditions_text, sci=sci, when=when,
                        pretty=pretty, shape=shape, trust=trust_text, device=device_text,
-                       trials=trialcount.count_text)  # fmt: skip
+                       name=name_text, trials=trialcount.count_text)  # fmt: skip
     env.tests["past"] = past
     env.globals["version"] = __version__
     return env

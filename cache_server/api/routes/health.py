@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response, status
 from sqlalchemy import select
 
 from cache_server import quota, tokens
@@ -32,6 +32,14 @@ def health(session: SessionDep) -> Health:
         records=count_records(session),
         version=__version__,
     )
+
+
+@router.head("/health", include_in_schema=False)
+def health_head(session: SessionDep) -> Response:
+    """``GET /health``'s status, from the same reads, without its body: for probes that ask
+    with ``HEAD`` (HAProxy's ``option httpchk HEAD``), which read a 405 as the server down."""
+    health(session)
+    return Response(status_code=status.HTTP_200_OK)
 
 
 @router.get(

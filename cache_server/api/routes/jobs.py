@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
-from cache_server import jobs, quota, twins
+from cache_server import job_pages, jobs, quota, twins
 from cache_server.api.auth import READ, ReadAccess, WriteAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import IdPath, SessionDep, SettingsDep
@@ -309,43 +309,52 @@ def heartbeat(
 @router.post(
     "/jobs/{job_id}/complete",
     responses={
-        409: {"description": "lease lost, or no such record, or one that is never served"},
+        409: {"description": "lease lost, or no such record, or one out of service"},
         422: {"description": "the record was tuned for another kernel, problem, dtype or arch"},
     },
 )
 def complete(
     job_id: IdPath, request: JobDone, session: SessionDep, token: WriteAccess
 ) -> JobPublic:
-    """Finishes a job this worker holds under this token with the record it uploaded, which must
-    exist and may be served (not rejected, and validated: else 409, as a record rejected since
-    opens the job again) and answer the job: its key's kernel, kernel source, backend, dtype,
-    problem and device arch are the job's (422); its device and versions are the worker's own.
+    """Finishes a job this worker holds under this token (else 409, before any record is read)
+    with the record it uploaded, which must exist and be in service (validated, neither
+    rejected nor disputed: else 409, as a record rejected since opens the job again) and answer
+    the job: its key's kernel, kernel source, backend, dtype, problem and device arch are the
+    job's (422); its device and versions are the worker's own.
 
     The record is read behind its key's lock, as a verifier's finding is written: a rejection
     between the check and the completion left the job done with a record never served (the
-    rejection reopened done jobs only, and this one was not done yet)."""
-    _check_answer(session, job_id, request.record_id)
-    job = jobs.complete(session, job_id=job_id, worker=request.worker, holder=_holder(token),
-                        record_id=request.record_id)  # fmt: skip
+    rejection reopened done jobs only, and this one was not done yet). A disputed one answered
+    the job while served by none: a write token disputed its own upload and completed a miss
+    with it, and every later miss of the key found its job done."""
+    holder = _holder(token)
+    job = jobs.held(session, job_id=job_id, worker=request.worker, holder=holder)
+    if job is not None:
+        _check_answer(session, job, request.record_id)
+        job = jobs.complete(session, job_id=job_id, worker=request.worker, holder=holder,
+                            record_id=request.record_id)  # fmt: skip
     return _held(job, job_id)
 
 
-def _check_answer(session: SessionDep, job_id: int, record_id: int) -> None:
-    """409 when there is no record ``record_id`` or it is never served, 422 when it does not
-    answer job ``job_id`` (no such job: left to the lease check, a 409)."""
+_OUT_OF_SERVICE = {
+    "rejected": "a verifier rejected it",
+    "disputed": "it is disputed, out of service until a verifier re-checks it",
+}
+
+
+def _check_answer(session: SessionDep, job: JobRow, record_id: int) -> None:
+    """409 when there is no record ``record_id`` or it is out of service, 422 when it does not
+    answer ``job``."""
     record = twins.lock(session, record_id)
     if record is None:
         raise HTTPException(status.HTTP_409_CONFLICT, f"no record {record_id}")
-    if record.status == "rejected" or not record.validated:
-        unserved = "a verifier rejected it" if record.validated else "it failed validation"
+    if record.status in _OUT_OF_SERVICE or not record.validated:
+        unserved = _OUT_OF_SERVICE.get(record.status, "it failed validation")
         raise HTTPException(status.HTTP_409_CONFLICT,
                             f"record {record_id} answers no job: {unserved}")  # fmt: skip
-    job = jobs.get_job(session, job_id=job_id)
-    if job is not None and (why := jobs.mismatch(job.key, record.key)) is not None:
-        raise HTTPException(
-            UNPROCESSABLE,
-            f"record {record_id} does not answer job {job_id}: {why}",
-        )
+    if (why := jobs.mismatch(job.key, record.key)) is not None:
+        raise HTTPException(UNPROCESSABLE,
+                            f"record {record_id} does not answer job {job.id}: {why}")  # fmt: skip
 
 
 @router.post("/jobs/{job_id}/fail", responses=LEASE_LOST)
@@ -370,11 +379,17 @@ def fail(
 @router.get("/jobs", dependencies=[READ])
 def list_jobs(
     session: SessionDep,
+    settings: SettingsDep,
     state: JobState | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_JOB_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
 ) -> JobList:
-    rows, total = jobs.list_jobs(session, state=state, limit=limit, offset=offset)
+    """Jobs of ``state`` (any, without), by id. An answer holds at most the server's
+    ``answer_bytes`` of jobs' keys and errors (8 MiB by default): fewer than ``limit`` jobs
+    then, however many ``count`` says there are. Page on with ``offset`` plus the number of
+    items received."""
+    rows, total = job_pages.list_jobs(session, state=state, limit=limit, offset=offset,
+                                      budget=settings.answer_bytes)  # fmt: skip
     return JobList(items=[public(r) for r in rows], count=total)
 
 
