@@ -436,6 +436,35 @@ def test_a_job_is_not_completed_with_a_disputed_record(any_server: LiveServer) -
         assert http.get(f"/v1/jobs/{job['id']}").json()["state"] == "running"
 
 
+def test_a_dispute_that_leaves_a_key_served_by_none_opens_its_done_job_again(
+    any_server: LiveServer,
+) -> None:
+    """The same, the other way round: a write token completed a miss with its own upload (or
+    answered a queued miss by uploading), then disputed the record. The job stayed done with a
+    key served by none, its misses absorbed: now it is queued again, as after a rejection."""
+    from tests.test_trust import dispute_body, post_dispute
+
+    with httpx.Client(headers=AUTH, base_url=any_server.url, timeout=30) as http:
+        create(http, 23)
+        job = claim(http, "w")
+        assert job is not None
+        done = finish(http, job, "w")
+        assert done.status_code == 200 and done.json()["state"] == "done", done.text
+        key = Key.from_json(job["key"])
+        answered = http.post("/v1/misses", json={"key": make_key(m=24).to_json()})
+        assert answered.status_code == 202, answered.text
+        uploaded = _upload(http, make_key(m=24))  # answers the queued miss: done
+        misses = {j["key"]["problem"]["M"]: j for j in http.get("/v1/jobs").json()["items"]}
+        assert misses[24]["state"] == "done" and misses[24]["record_id"] == uploaded
+        for record_id, asked in ((done.json()["record_id"], key), (uploaded, make_key(m=24))):
+            disputed = post_dispute(any_server.url, record_id, AUTH, dispute_body(asked))
+            assert disputed.json()["status"] == "disputed", disputed.text
+        jobs = {j["key"]["problem"]["M"]: j for j in http.get("/v1/jobs").json()["items"]}
+    for m in (23, 24):
+        assert (jobs[m]["state"], jobs[m]["record_id"]) == ("queued", None), jobs[m]
+        assert "was disputed by bootstrap: its key is served by none" in jobs[m]["error"]
+
+
 def test_an_upload_that_answers_a_queued_miss_completes_it(any_server: LiveServer) -> None:
     """A drop-in's (or a user's) tune uploads the key a miss queued: the miss is done, with that
     record. A record that is not the key's new winner (one that failed validation) answers

@@ -33,6 +33,7 @@ from tunecache.canonical import canonical_json
 from tunecache.errors import InvalidInput
 from tunecache.kernels import BACKENDS, as_spec
 from tunecache.key import Key, key_for, problem_text
+from tunecache.tokens import name_text
 
 if TYPE_CHECKING:
     from tunecache.device import Device, DeviceFingerprint
@@ -77,7 +78,7 @@ class BackendAnswer:
         if served is None:
             return self.device
         if self.by_verifier and record is not None and record.verification is not None:
-            return f"{self.device} (verifier {record.verification.verifier})"
+            return f"{self.device} (verifier {name_text(record.verification.verifier)})"
         device = served.key.device
         units = f"{device.units} {'cores' if device.kind == 'cpu' else 'SMs'}"
         memory = f", {device.memory_gb} GB" if device.memory_gb else ""

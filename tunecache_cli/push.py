@@ -81,9 +81,10 @@ def _say_sending(url: str) -> None:
 
 
 def push_quietly(client: Any, url: str) -> None:
-    """Before a tune's own upload: what waits for ``url`` is sent first, in one line if anything
-    was; nothing here stops the upload (which meets the server's answer itself). Not at the
-    start: a tune refused as bad input (exit 2) or failing stores nothing."""
+    """After a tune's own upload the server took (in the outbox until then, however long this
+    takes): what waits for ``url`` is sent too, said in one line if anything was; nothing here
+    fails the tune. Not at the start: a tune refused as bad input (exit 2) or failing stores
+    nothing."""
     from tunecache import outbox
 
     try:

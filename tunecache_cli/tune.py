@@ -229,13 +229,13 @@ def _run_key(args: argparse.Namespace) -> int:
             _show(record, args)
             return 0
         progress(Progress(0, 0, message=f"to {url}", phase="upload"))
-        push_quietly(client, url)  # what an earlier tune could not upload goes first
         try:  # never lost: kept till the server has it
             result = outbox.kept_upload(client, url, record)
         except ServerError:
             progress.close()
             _show(record, args)  # what the search found, though the server does not have it
             raise
+        push_quietly(client, url)  # then what earlier tunes could not upload
         try:
             stored: Any = client.get_record(result.record_id)
         except ServerError:  # stored, but not read back: what was uploaded stands for it

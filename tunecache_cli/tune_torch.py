@@ -193,8 +193,8 @@ def _upload(url: str, result: Any) -> int:
                 file=sys.stderr,
             )
             return 0
-        push_quietly(team.client, url)  # what an earlier tune could not upload goes first
         stored = kept_upload(team.client, url, items, "the upload")  # never lost: see outbox
+        push_quietly(team.client, url)  # then what earlier tunes could not upload
     finally:
         team.close()
     entries = f"{len(items)} entr{'y' if len(items) == 1 else 'ies'}"

@@ -283,8 +283,8 @@ def _upload(url: str, mod: IRModule, target: dict[str, Any], records: list[Any])
         items = database.artifacts(mod, records)
         if not items:  # no record MetaSchedule's JSON can carry: nothing to keep or send
             raise TuningError(f"none of the {len(records)} validated records can be uploaded")
-        push_quietly(database.remote.client, url)  # what an earlier tune could not upload
         result = kept_upload(database.remote.client, url, items, "the upload")  # see outbox
+        push_quietly(database.remote.client, url)  # then what earlier tunes could not upload
     finally:
         database.close()
     print(upload_summary(len(records), items, result, url, database.partition), file=sys.stderr)

@@ -355,20 +355,20 @@ class Daemon(Worker):
     def rejected_at(self, job: JobPublic, key: Key) -> tuple[dict[str, Any], ...]:
         """The configs a verifier of the cache rejected at ``key``, or disputed there, each once
         (the first :data:`REJECTED_PAGES` hundred records of each status, in at most as many
-        requests: copies of one config do not crowd out another): the re-tune of a key whose
+        requests each: copies of one config do not crowd out another): the re-tune of a key whose
         record was rejected leaves them out, since a new upload of one is stored disputed,
         out of service, and answers no job (a 409: an attempt spent on each finding it again, a
-        write token's own disputed upload of the key's best config failing the job). None when
-        the server does not answer: the tune goes on."""
+        write token's own disputed upload of the key's best config failing the job). Those read
+        before the server stopped answering, if it did: the tune goes on."""
         refused: dict[str | None, dict[str, Any]] = {}  # by the config as it runs
         for status in ("rejected", "disputed"):
             try:
                 listed = fetch_first(self.client, REJECTED_PAGES * 100, requests=REJECTED_PAGES,
                                      page=100, key_hash=key.digest(), status=status)  # fmt: skip
-            except ServerError as exc:
+            except ServerError as exc:  # those read so far are still left out
                 logger.warning("job %d: the configs %s at its key are unknown (%s)", job.id,
                                status, exc)  # fmt: skip
-                return ()
+                break
             for record in listed.items:
                 if record.status == status:
                     runs = as_run(key.backend, record.config, kernel=key.kernel)

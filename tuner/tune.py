@@ -218,8 +218,8 @@ def _memory(device: DeviceFingerprint) -> int:
 
 
 def plan(key: Key, options: TuneOptions, backend: Backend | None = None) -> tuple[Backend, str]:
-    """The backend and strategy for ``key``, refusing what cannot run or time here (before a
-    caller does anything else: ``tune`` sends the uploads waiting from earlier tunes first)."""
+    """The backend and strategy for ``key``, refusing what cannot run or time here (a caller
+    may ask before it starts anything: ``tunecache tune`` before its progress line)."""
     backend = backend or get_backend(key.backend)
     if backend.name != key.backend:
         raise InvalidInput(f"backend instance {backend.name!r} is not {key.backend!r}")

@@ -11,6 +11,7 @@ from cache_server.api.body import JsonRoute
 from cache_server.api.deps import IdPath, SessionDep, SettingsDep
 from cache_server.ratelimit import too_many
 from tunecache.schemas import STORED, RecordPublic
+from tunecache.tokens import name_text
 from tunecache.verification import (
     OWN_AWAITING_HEADER,
     DisputeCreate,
@@ -49,8 +50,11 @@ def dispute_record(
 
     Needs a token (of any scope), even where reads are open: a dispute stops the record being
     served under every policy until a verifier re-verifies it. One open dispute per token and
-    record counts; a token may send ``disputes_per_minute`` a minute to a server process.
-    """
+    record counts; a token may send ``disputes_per_minute`` a minute to a server process. A
+    dispute that leaves its key served by none opens again the jobs its key's records answered
+    (:func:`cache_server.jobs.reopen`, as a rejection does): a write token completed a miss
+    with its own upload, then disputed it, and every later miss of the key found its job done
+    (a daemon's re-tune leaves the disputed config out)."""
     if wait := http.app.state.dispute_limiter.wait(f"token:{token.id}"):
         raise too_many(f"more than {settings.disputes_per_minute} disputes a minute", wait)
     try:
@@ -60,6 +64,9 @@ def dispute_record(
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no record {record_id}")
+    if row.status == "disputed" and not trust.served(session, row.key_hash, settings.policy):
+        why = f"record {row.id} was disputed by {name_text(token.name)}: its key is served by none"
+        jobs.reopen(session, key_hash=row.key_hash, error=why)
     return DisputeResult(record_id=row.id, status=row.status, disputes=row.disputes)  # type: ignore[arg-type]
 
 
