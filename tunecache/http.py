@@ -39,6 +39,7 @@ import httpcore
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from tunecache.backoff import backoff
 from tunecache.errors import InvalidInput, ServerError
 from tunecache.jsonsafe import parse_json, past_bound
 from tunecache.settings import MAX_LOOKUP_TIMEOUT, without_userinfo
@@ -406,8 +407,7 @@ def shed_wait(response: httpx.Response, sent: int = 1) -> float | None:
     if response.status_code != 503 or not is_tunecache(response):
         return None
     asked = retry_after(response)
-    floor = 0.1 * 2 ** min(sent - 1, 10)
-    return None if asked is None else max(asked, floor) * random.uniform(1.0, 1.25)
+    return None if asked is None else max(asked, backoff(sent)) * random.uniform(1.0, 1.25)
 
 
 def refuses_field(response: httpx.Response, field: str) -> bool:

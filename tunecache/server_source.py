@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from httpx import TransportError
 
+from tunecache.backoff import backoff
 from tunecache.errors import ServerError, one_line
 from tunecache.key import Key
 from tunecache.lookup import LookupResult
@@ -372,7 +373,7 @@ class ServerSource(Source):
         unanswered = isinstance(exc, ServerError) and unreachable(exc)
         with self._lock:
             self._failures += 1
-            floor = 0.1 * 2 ** min(self._failures - 1, 10)
+            floor = backoff(self._failures)
             pause = self.retry_after if asked is None else min(max(asked, floor), self.retry_after)
             self._down_until = time.monotonic() + pause
             self._down_unanswered = unanswered

@@ -35,6 +35,7 @@ from tunecache.jobs import (
 from tunecache.kernels import KERNEL_REF, builtin_problem, registered
 from tunecache.key_model import KeyModel
 from tunecache.schemas import INT64_MAX, STORED, LookupRequest
+from tunecache.served import UNSERVED_STATUSES
 from tunecache.tokens import grants
 
 router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["jobs"])
@@ -336,7 +337,7 @@ def complete(
     return _held(job, job_id)
 
 
-_OUT_OF_SERVICE = {
+_WHY_UNSERVED = {  # of each of UNSERVED_STATUSES
     "rejected": "a verifier rejected it",
     "disputed": "it is disputed, out of service until a verifier re-checks it",
 }
@@ -348,8 +349,8 @@ def _check_answer(session: SessionDep, job: JobRow, record_id: int) -> None:
     record = twins.lock(session, record_id)
     if record is None:
         raise HTTPException(status.HTTP_409_CONFLICT, f"no record {record_id}")
-    if record.status in _OUT_OF_SERVICE or not record.validated:
-        unserved = _OUT_OF_SERVICE.get(record.status, "it failed validation")
+    if record.status in UNSERVED_STATUSES or not record.validated:
+        unserved = _WHY_UNSERVED.get(record.status, "it failed validation")
         raise HTTPException(status.HTTP_409_CONFLICT,
                             f"record {record_id} answers no job: {unserved}")  # fmt: skip
     if (why := jobs.mismatch(job.key, record.key)) is not None:
