@@ -569,7 +569,8 @@ def test_a_server_asking_for_no_wait_cannot_make_every_lookup_wait_for_it() -> N
     with serve(slow_shed) as (url, seen), Client(url, timeout=SECONDS, token="") as client:
         looked = [client.lookup(make_key(m=16 * (i + 1)), default=DEFAULT) for i in range(10)]
     assert {result.source for result in looked} == {"default"}
-    assert len(seen.requests) <= 2, len(seen.requests)  # the rest skipped: the server was down
+    # the rest skipped, the server down (3: a machine stalled twice past a pause; 10 before)
+    assert len(seen.requests) <= 3, len(seen.requests)
 
 
 def test_the_inductor_team_cache_asks_once_more_after_a_shed_read() -> None:
