@@ -196,12 +196,18 @@ REVOKE_SLOT = 258  # past the keys', the miss budget's and token names' (NAME_SL
 
 
 def revoke(
-    session: Session, *, token_id: int, withdraw: bool = False, by: int | None = None
+    session: Session,
+    *,
+    token_id: int,
+    withdraw: bool = False,
+    by: int | None = None,
+    policy: str = "validated",
 ) -> TokenRevoked | None:
     """Revokes a token (kept, for the record), giving back the leases of the jobs it claimed
     (:func:`cache_server.jobs.release_leases`) and of the records it was verifying
     (:func:`cache_server.trust.release_verifications`); with ``withdraw``, disputes the records
-    served on its word alone (:func:`cache_server.withdrawal.withdraw`). ``None`` if there is no
+    served on its word alone (:func:`cache_server.withdrawal.withdraw`; ``policy``: the server's,
+    which decides whether their keys are still served). ``None`` if there is no
     such token. A revoked token is revoked again at no cost (its first time kept): an admin who
     finds out later that it leaked withdraws its records then.
 
@@ -244,7 +250,8 @@ def revoke(
     row = session.get(TokenRow, token_id, populate_existing=True)
     if row is None:
         return None
-    withdrawn = withdrawal.withdraw(session, token_id=token_id) if withdraw else 0
+    withdrawn = (withdrawal.withdraw(session, token_id=token_id, name=row.name, policy=policy)
+                 if withdraw else 0)  # fmt: skip
     shared = session.scalar(select(func.count()).where(ArtifactRow.token_id == token_id))
     standing = withdrawal.standing(session, token_id=token_id)
     return TokenRevoked(**public(row, stored_bytes=quota.used(session, token_id)).model_dump(),

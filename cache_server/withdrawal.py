@@ -30,8 +30,10 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
+from cache_server import jobs
 from cache_server.models import RecordRow
-from cache_server.trust import SERVED_STATUSES, recompute_winners
+from cache_server.trust import SERVED_STATUSES, recompute_winners, served
+from tunecache.tokens import name_text
 
 _SERVED = SERVED_STATUSES["validated"]  # every status some policy serves
 _DECIDED = (*_SERVED, "rejected")  # and the one a verifier's failure keeps out
@@ -50,15 +52,19 @@ def standing(session: Session, *, token_id: int) -> int:
     return int(session.scalar(select(func.count()).where(_on_word_of(token_id))) or 0)
 
 
-def withdraw(session: Session, *, token_id: int) -> int:
+def withdraw(session: Session, *, token_id: int, name: str, policy: str) -> int:
     """Disputes every record standing on token ``token_id``'s word (claimable by a verifier at
-    once) and hands each key's winner places on; called once the token's row is revoked in
-    this transaction, with every key's lock held (:func:`cache_server.twins.lock_every_key`,
-    which :func:`cache_server.tokens.revoke` takes after the token's row and before the leases'
-    rows): each write of a record in flight ended before the records are read here (an upload
-    of the token's authenticated before the revocation, a verifier's pass that gave a withdrawn
-    twin its standing back), and every write after reads the revocation behind its key's lock.
-    Writes wait while this runs (seconds for thousands of records). Returns how many records."""
+    once) and hands each key's winner places on; a key ``policy`` then serves by none has the
+    done jobs its records answered opened again (:func:`cache_server.jobs.reopen`, as a dispute
+    does: a leaked token that completed misses with its uploads left them done, its keys
+    untuned); ``name``: the token's, for the jobs' error. Called once the token's row is
+    revoked in this transaction, with every key's lock held
+    (:func:`cache_server.twins.lock_every_key`, which :func:`cache_server.tokens.revoke` takes
+    after the token's row and before the leases' rows): each write of a record in flight ended
+    before the records are read here (an upload of the token's authenticated before the
+    revocation, a verifier's pass that gave a withdrawn twin its standing back), and every write
+    after reads the revocation behind its key's lock. Writes wait while this runs (seconds for
+    thousands of records). Returns how many records."""
     disputed = session.scalars(
         update(RecordRow)
         .where(_on_word_of(token_id))
@@ -66,6 +72,9 @@ def withdraw(session: Session, *, token_id: int) -> int:
         .returning(RecordRow.key_hash)
         .execution_options(synchronize_session=False)
     ).all()  # fmt: skip
+    why = f"the records of token {name_text(name)} were withdrawn: its key is served by none"
     for key_hash in sorted(set(disputed)):
         recompute_winners(session, key_hash=key_hash)
+        if not served(session, key_hash, policy):
+            jobs.reopen(session, key_hash=key_hash, error=why)
     return len(disputed)

@@ -465,6 +465,49 @@ def test_a_dispute_that_leaves_a_key_served_by_none_opens_its_done_job_again(
         assert "was disputed by bootstrap: its key is served by none" in jobs[m]["error"]
 
 
+def test_withdrawing_a_leaked_token_opens_the_jobs_its_records_answered_again(
+    any_server: LiveServer,
+) -> None:
+    """A leaked write token completed a job it claimed with its own upload and answered queued
+    misses by uploading. Revoked with ``withdraw``, its records are disputed: the keys they
+    alone served are served by none, and their jobs are queued again (they stayed done, the
+    keys untuned, their misses absorbed). A key an honest record still serves keeps its job."""
+    from tests.test_token_withdrawal import _token_id
+    from tests.test_trust import token
+
+    url = any_server.url
+    leaked = {"Authorization": f"Bearer {token(url, 'leaked', 'write')}"}
+
+    def upload(http: httpx.Client, m: int, config: int, time_ms: float) -> None:
+        body = make_record(make_key(m=m), config=knobs(config), time_ms=time_ms)
+        answer = http.post("/v1/records", json=body.model_dump(mode="json", by_alias=True))
+        assert answer.status_code == 201, answer.text
+
+    with (httpx.Client(headers=AUTH, base_url=url, timeout=30) as http,
+          httpx.Client(headers=leaked, base_url=url, timeout=30) as as_leaked):  # fmt: skip
+        assert create(http, 23).status_code == 201
+        for m in (24, 25):
+            assert http.post("/v1/misses", json={"key": make_key(m=m).to_json()}).status_code == 202
+        job = claim(as_leaked, "w")
+        assert job is not None and job["key"]["problem"]["M"] == 23
+        assert finish(as_leaked, job, "w").json()["state"] == "done"
+        upload(as_leaked, 24, 1, 0.5)  # answers the queued misses
+        upload(as_leaked, 25, 1, 0.5)
+        upload(http, 25, 2, 2.0)  # an honest record, slower, at one of them
+        before = {
+            j["key"]["problem"]["M"]: j["state"] for j in http.get("/v1/jobs").json()["items"]
+        }
+        revoked = http.delete(f"/v1/tokens/{_token_id(url, 'leaked')}", params={"withdraw": True})
+        assert revoked.status_code == 200 and revoked.json()["withdrawn"] == 3, revoked.text
+        jobs = {j["key"]["problem"]["M"]: j for j in http.get("/v1/jobs").json()["items"]}
+    assert before == {23: "done", 24: "done", 25: "done"}
+    for m in (23, 24):
+        assert (jobs[m]["state"], jobs[m]["record_id"]) == ("queued", None), jobs[m]
+        assert jobs[m]["error"] == ("the records of token leaked were withdrawn: its key is "
+                                    "served by none")  # fmt: skip
+    assert jobs[25]["state"] == "done", jobs[25]  # the honest record serves its key
+
+
 def test_an_upload_that_answers_a_queued_miss_completes_it(any_server: LiveServer) -> None:
     """A drop-in's (or a user's) tune uploads the key a miss queued: the miss is done, with that
     record. A record that is not the key's new winner (one that failed validation) answers

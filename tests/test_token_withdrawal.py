@@ -152,7 +152,9 @@ def test_withdraw_that_is_not_a_yes_or_no_is_a_422(server: LiveServer) -> None:
 
 def test_the_cli_says_what_stays_served_and_withdraws_on_request(server: LiveServer) -> None:
     url = server.url
-    with Client(url, token=token(url, "laptop", "write")) as client:
+    asked = httpx.post(f"{url}/v1/misses", json={"key": make_key(m=64).to_json()}, headers=AUTH)
+    assert asked.status_code == 202, asked.text
+    with Client(url, token=token(url, "laptop", "write")) as client:  # answers the miss
         record_id = client.upload(make_record(make_key(m=64), config=knobs(1))).record_id
     laptop = str(_token_id(url, "laptop"))
     as_admin = {"TUNECACHE_TOKEN": AUTH["Authorization"].removeprefix("Bearer ")}
@@ -166,6 +168,9 @@ def test_the_cli_says_what_stays_served_and_withdraws_on_request(server: LiveSer
     assert "withdrew 1 record served on its word alone" in direct.stderr
     assert "still served" not in direct.stderr and "Traceback" not in direct.stderr
     assert _status(url, record_id) == "disputed"
+    job = httpx.get(f"{url}/v1/jobs", headers=AUTH).json()["items"][0]
+    assert (job["state"], job["error"]) == ("queued", "the records of token laptop were "
+                                            "withdrawn: its key is served by none")  # fmt: skip
     with Client(url) as client:  # as `tunecache get` and `records show` explain it
         explained = trust_text(client.get_record(record_id))
     assert "disputed 0x" not in explained and "token was revoked" in explained, explained

@@ -79,8 +79,9 @@ def register(commands: Any) -> None:
 class _Direct:
     """The token actions on a database, in one transaction."""
 
-    def __init__(self, session: Any, where: str) -> None:
+    def __init__(self, session: Any, where: str, policy: str) -> None:
         self.session, self.where = session, where  # where: the database's URL, no password
+        self.policy = policy  # the server's: whether a withdrawn record's key is still served
 
     def create_token(self, name: str, scope: str, *, trusted: bool = False) -> TokenCreated:
         from cache_server import tokens
@@ -101,7 +102,8 @@ class _Direct:
         from cache_server import tokens
 
         try:
-            revoked = tokens.revoke(self.session, token_id=token_id, withdraw=withdraw)
+            revoked = tokens.revoke(self.session, token_id=token_id, withdraw=withdraw,
+                                    policy=self.policy)  # fmt: skip
         except tokens.LastAdmin as exc:  # as the server answers it: 409, exit 1
             raise ServerError(str(exc), status_code=409) from None
         if revoked is None:  # as the server answers it: 404, exit 1
@@ -143,7 +145,8 @@ def _tokens(args: argparse.Namespace, *, create: bool = False) -> Iterator[Any]:
         engine = prepare(settings.db, create=create, statement_seconds=settings.statement_seconds,
                          created=lambda: new.append(True))  # fmt: skip
         with make_sessionmaker(engine).begin() as session:
-            yield _Direct(session, engine.url.render_as_string(hide_password=True))
+            yield _Direct(session, engine.url.render_as_string(hide_password=True),
+                          settings.policy)  # fmt: skip
     except SchemaOutdated as exc:
         raise InvalidInput(str(exc)) from None
     except SQLAlchemyError as exc:

@@ -7,7 +7,7 @@ from fastapi import APIRouter, HTTPException, status
 from cache_server import tokens
 from cache_server.api.auth import ADMIN, AdminAccess
 from cache_server.api.body import JsonRoute
-from cache_server.api.deps import IdPath, SessionDep
+from cache_server.api.deps import IdPath, SessionDep, SettingsDep
 from tunecache.tokens import TokenCreate, TokenCreated, TokenList, TokenRevoked
 
 router = APIRouter(
@@ -51,12 +51,17 @@ def list_tokens(session: SessionDep, include_revoked: bool = False) -> TokenList
     },
 )
 def revoke_token(
-    token_id: IdPath, session: SessionDep, caller: AdminAccess, withdraw: bool = False
+    token_id: IdPath,
+    session: SessionDep,
+    settings: SettingsDep,
+    caller: AdminAccess,
+    withdraw: bool = False,
 ) -> TokenRevoked:
     """Revokes a token at once, on every server process; its row stays, marked revoked. The
     answer counts the records served on its word alone (its uploads and imports that no verifier
     here passed); ``withdraw=true`` disputes them, out of service until a verifier checks each
-    (for a token that leaked: asked again of a revoked token, it withdraws them then).
+    (for a token that leaked: asked again of a revoked token, it withdraws them then), and opens
+    again the done jobs they answered at keys left served by none.
 
     The last live admin token cannot be revoked (409): nobody could manage tokens afterwards.
     """
@@ -65,7 +70,8 @@ def revoke_token(
     # holding its own (PostgreSQL ended one: a 500).
     session.commit()
     try:
-        revoked = tokens.revoke(session, token_id=token_id, withdraw=withdraw, by=caller.id)
+        revoked = tokens.revoke(session, token_id=token_id, withdraw=withdraw, by=caller.id,
+                                policy=settings.policy)  # fmt: skip
     except tokens.LastAdmin as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     if revoked is None:
