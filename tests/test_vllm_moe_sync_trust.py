@@ -152,3 +152,44 @@ def test_imported_entries_the_devices_launch_would_fail_on_are_skipped_one_line_
     assert f"{nvidia}: entry M=32 skipped: its tiles need" in err
     assert "NVIDIA_H100_80GB_HBM3: wrote 1 file (1 entries: 0 tuned, 1 imported)" in err
     assert "skipped 2 outside the schema" in err
+
+
+def test_imported_entries_nvidias_triton_refuses_or_spills_are_skipped(
+    server: LiveServer, tmp_path: Path, capsys: Any
+) -> None:
+    """A write token's import of entries in range that NVIDIA's Triton does not compile (a
+    ``tl.dot`` K under 16, or under 32 for 8-bit activations, after the engine cuts K to a
+    block-quantised file's block) or that hold a 1024 x 1024 accumulator on one warp: each
+    skipped, one line, on an NVIDIA GPU; kept for the interpreter, which runs them."""
+    thin = {**SMALL, "BLOCK_SIZE_K": 8}
+    k16 = {**SMALL, "BLOCK_SIZE_K": 16}
+    wide = {"BLOCK_SIZE_M": 1024, "BLOCK_SIZE_N": 1024, "BLOCK_SIZE_K": 16, "GROUP_SIZE_M": 1,
+            "num_warps": 1, "num_stages": 1}  # 64 KiB of tiles: under every shared limit  # fmt: skip
+    edge = {**SMALL, "BLOCK_SIZE_M": 256, "BLOCK_SIZE_N": 256, "num_warps": 4, "num_stages": 1}
+    names = {device: {dtype: f"E=8,N=2048,device_name={device}{dtype}.json"
+                      for dtype in ("", ",dtype=fp8_w8a8", ",dtype=int8_w8a16",
+                                    ",block_shape=[128,8]")}
+             for device in ("NVIDIA_H100_80GB_HBM3", "intel-xeon-8481c")}  # fmt: skip
+    folder = tmp_path / "imp"
+    folder.mkdir()
+    for by_dtype in names.values():
+        for name in by_dtype.values():
+            (folder / name).write_text(json.dumps({"1": thin, "2": k16, "4": wide, "8": edge}))
+    assert cli("import", "vllm-moe", str(folder), "--server", server.url) == 0
+    capsys.readouterr()
+    out = tmp_path / "moe"
+    assert sync(server.url, out, "--device", "NVIDIA_H100_80GB_HBM3", "--device",
+                "intel-xeon-8481c", "--accept", "imported") == 0  # fmt: skip
+    err = capsys.readouterr().err
+    h100 = names["NVIDIA_H100_80GB_HBM3"]
+    assert written(out)[h100[""]] == written(out)[h100[",dtype=int8_w8a16"]] == {"2": k16,
+                                                                                  "8": edge}
+    assert written(out)[h100[",dtype=fp8_w8a8"]] == {"8": edge}  # an 8-bit dot takes K=32
+    assert h100[",block_shape=[128,8]"] not in written(out)  # every K cut to 8
+    assert (f"{h100['']}: entry M=1 skipped: BLOCK_SIZE_K=8 is under the 16 a 16-bit tl.dot "
+            "takes on NVIDIA GPUs") in err  # fmt: skip
+    assert f"{h100[',dtype=fp8_w8a8']}: entry M=2 skipped: BLOCK_SIZE_K=16 is under the 32" in err
+    assert (f"{h100['']}: entry M=4 skipped: its 1024x1024 tile on 32 threads holds 32768 "
+            "accumulators a thread, over the 512 the engine's tuner goes to") in err
+    interpreted = {"1": thin, "2": k16, "4": wide, "8": edge}
+    assert all(written(out)[name] == interpreted for name in names["intel-xeon-8481c"].values())

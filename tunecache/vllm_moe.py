@@ -58,19 +58,6 @@ _RANGES: Final[Mapping[str, tuple[int, int, bool]]] = {
     "matrix_instr_nonkdim": (0, 32, False),
     "kpack": (1, 2, False),
 }
-# The space vLLM's tuner searches on CUDA (benchmark_moe.get_configs_compute_bound: 1,920 configs),
-# and the values the engine's untuned defaults take besides (BLOCK_SIZE_K 32 and GROUP_SIZE_M 8
-# in its batch-invariant mode and older releases). Written by ``sync`` only inside these.
-ENGINE_SPACE: Final[Mapping[str, tuple[int, ...]]] = {
-    "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
-    "BLOCK_SIZE_N": (32, 64, 128, 256),
-    "BLOCK_SIZE_K": (64, 128, 256),
-    "GROUP_SIZE_M": (1, 16, 32, 64),
-    "num_warps": (4, 8),
-    "num_stages": (2, 3, 4, 5),
-}
-_DEFAULTS_BESIDES: Final[Mapping[str, tuple[int, ...]]] = {"BLOCK_SIZE_K": (32,),
-                                                          "GROUP_SIZE_M": (8,)}  # fmt: skip
 # Shared memory a block may opt into, by CUDA arch; a CUDA arch not named: the least (99 KiB:
 # sm_86, sm_89, sm_120); a CPU's (Triton's interpreter): the H100 limits it checks against.
 SHARED_BY_ARCH: Final[Mapping[str, int]] = {"sm_70": 98304, "sm_75": 65536, "sm_80": 166912,
@@ -331,70 +318,6 @@ def check_entry(entry: object, where: str) -> Entry:
             kind = "a power of two" if power else "a whole number"
             raise InvalidInput(f"{where}: {field}={value!r} is not {kind} from {low} to {high}")
     return {field: entry[field] for field in (*FIELDS, *OPTIONAL) if field in entry}
-
-
-def shared_bytes(
-    entry: Mapping[str, int], element_size: int = 2, shape: MoeShape | None = None
-) -> int:
-    """Shared memory an entry's kernel is estimated to need: ``num_stages`` buffered A and B
-    tiles of ``element_size`` bytes (bfloat16 and float16: 2). With the ``shape`` of the file the
-    entry is in, as the engine launches it: its dtype's sizes (``fp8_w8a8``: 1 byte each,
-    ``int4_w4a16``: 2 and half a byte) and a block-quantised file's ``BLOCK_SIZE_K`` cut to its
-    block (the engine does), so that its own shipped files are not held to bfloat16's sizes."""
-    bm, bn, bk = (int(entry[f"BLOCK_SIZE_{d}"]) for d in "MNK")
-    a_bits = b_bits = 8 * element_size
-    if shape is not None:
-        a_bits, b_bits = _dtype_bits(shape.dtype)
-        if shape.block_shape is not None:
-            bk = min(bk, *shape.block_shape)
-    return int(entry["num_stages"]) * -(-(bm * bk * a_bits + bk * bn * b_bits) // 8)
-
-
-def _dtype_bits(dtype: str | None) -> tuple[int, int]:
-    """Bits of an activation and of a weight in a file of ``dtype`` (``fp8_w8a8`` → 8 and 8);
-    16 each where the name does not say (the engine's unquantized files: bfloat16, float16)."""
-    found = re.fullmatch(r"[a-z0-9]+_w(?P<w>[0-9]{1,2})a(?P<a>[0-9]{1,2})", dtype or "")
-    if found is None:
-        return 16, 16
-    return min(int(found["a"]), 16) or 16, min(int(found["w"]), 16) or 16
-
-
-def engine_entry_problem(entry: Mapping[str, int], device: EngineDevice) -> str | None:
-    """Why a tuned entry is not one to hand the engine for ``device``, or ``None``: a value
-    outside the engine's tuner's space (:data:`ENGINE_SPACE`), or what
-    :func:`launch_problem` finds."""
-    for field, choices in ENGINE_SPACE.items():
-        if entry.get(field) not in (*choices, *_DEFAULTS_BESIDES.get(field, ())):
-            return f"{field}={entry.get(field)!r} is outside the engine's tuner's space"
-    return launch_problem(entry, device)
-
-
-def launch_problem(
-    entry: Mapping[str, int],
-    device: EngineDevice,
-    shape: MoeShape | None = None,
-    *,
-    least: bool = False,
-) -> str | None:
-    """Why the engine's launch of ``entry`` on ``device`` would fail, or ``None``: a field its
-    CUDA launch does not take (ROCm's ``kpack``…: the engine passes the entry to the kernel as
-    keywords, and Triton refuses one it does not know), or tiles whose shared memory is over
-    what the device gives a block (:func:`shared_bytes`; ``shape``: the file's). The limits are
-    the device's, never what a record says of itself. ``least``: count only the buffers a
-    pipeline of ``num_stages`` must hold (one fewer: what every NVIDIA entry vLLM ships fits on
-    its device), for entries measured on the device elsewhere (imported files), where the full
-    count would drop entries that run. A device of another platform (AMD's, Intel's) or not
-    known here has nothing to hold an entry to: ``None``."""
-    if device.kind is None:
-        return None
-    foreign = sorted(set(entry) - set(FIELDS))
-    if foreign:
-        return f"field(s) {', '.join(map(repr, foreign))} are not the engine's CUDA launch's"
-    stages = max(int(entry["num_stages"]) - 1, 1) if least else int(entry["num_stages"])
-    needed = shared_bytes({**entry, "num_stages": stages}, shape=shape)
-    if needed > device.shared:
-        return f"its tiles need {needed} B of shared memory, over {device.what}'s {device.shared} B"
-    return None
 
 
 def read_file(path: Path) -> tuple[MoeShape, MoeFile]:

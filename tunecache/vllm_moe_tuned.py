@@ -9,7 +9,7 @@ file takes only CUDA records of its arch, whatever name a CPU record gives itsel
 Triton's interpreter, only that CPU's), and its problem and config are what a file holds (the six
 fields in range, :func:`tunecache.vllm_moe.check_entry`) inside the engine's tuner's space, with
 tiles that fit the shared memory of the device the file is for, never the one the record claims
-(:func:`tunecache.vllm_moe.engine_entry_problem`), and no other field (ROCm's ``kpack``…): an
+(:func:`tunecache.vllm_moe_launch.engine_entry_problem`), and no other field (ROCm's ``kpack``…): an
 entry that cannot launch would fail the engine while it serves, not in a benchmark. Every other
 one is skipped and counted, as are entries past a file's
 :data:`~tunecache.vllm_moe.MAX_ENTRIES`; a Triton version that is not one is left out.
@@ -41,8 +41,8 @@ from tunecache.vllm_moe import (
     MoeFile,
     MoeShape,
     check_entry,
-    engine_entry_problem,
 )
+from tunecache.vllm_moe_launch import engine_entry_problem
 
 DTYPES = ("bfloat16", "float16")  # a file without dtype=: the engine's unquantized activations
 

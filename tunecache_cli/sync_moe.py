@@ -11,8 +11,9 @@ cache holds for it are written to DIR in the engine's exact file names and layou
   elsewhere, by someone else, never validated here. Where both give an M, the tuned one is
   written. For an NVIDIA GPU (or a CPU, the interpreter's) an imported entry the engine's launch
   would fail on is skipped, one line each: a field its CUDA launch does not take (ROCm's
-  ``kpack``…) or tiles over the device's shared memory
-  (:func:`tunecache.vllm_moe.launch_problem`).
+  ``kpack``…), tiles over the device's shared memory, and on an NVIDIA GPU a ``tl.dot`` K
+  Triton refuses or more accumulators a thread than the engine's tuner tries
+  (:func:`tunecache.vllm_moe_launch.launch_problem`).
 
 The device is named as the engine names it, and what it is comes from the name (or from this
 machine's GPU), never from a record (:class:`tunecache.vllm_moe.EngineDevice`).
@@ -43,9 +44,9 @@ from tunecache.vllm_moe import (
     engine_device_name,
     imported_contents,
     imported_name_problem,
-    launch_problem,
     write_file,
 )
+from tunecache.vllm_moe_launch import launch_problem
 from tunecache.vllm_moe_tuned import tuned_files
 from tunecache_cli.args import server_url
 

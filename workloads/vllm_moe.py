@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 from tunecache.device import DeviceLimits
 from tunecache.errors import InvalidInput
 from tunecache.space import Config, SearchSpace
-from tunecache.vllm_moe import ENGINE_SPACE, FIELDS, KERNEL, shared_bytes
+from tunecache.vllm_moe import FIELDS, KERNEL
+from tunecache.vllm_moe_launch import ENGINE_SPACE, shared_bytes
 from workloads.base import Workload
 
 if TYPE_CHECKING:
