@@ -129,6 +129,17 @@ def test_a_winner_keyed_as_a_gpu_keys_itself_reaches_the_file_the_engine_reads(
     )
 
 
+def imported_synced(url: str, folder: Path, capsys: Any, other: str) -> tuple[Path, str]:
+    """Imports ``folder``'s files, then syncs them for an H100 and ``other`` with
+    ``--accept imported`` into a folder beside it: that folder, and what the sync said."""
+    assert cli("import", "vllm-moe", str(folder), "--server", url) == 0
+    capsys.readouterr()
+    out = folder.parent / "moe"
+    assert sync(url, out, "--device", "NVIDIA_H100_80GB_HBM3", "--device", other, "--accept",
+                "imported") == 0  # fmt: skip
+    return out, capsys.readouterr().err
+
+
 def test_imported_entries_the_devices_launch_would_fail_on_are_skipped_one_line_each(
     server: LiveServer, tmp_path: Path, capsys: Any
 ) -> None:
@@ -141,12 +152,7 @@ def test_imported_entries_the_devices_launch_would_fail_on_are_skipped_one_line_
     amd = "E=8,N=2048,device_name=AMD_Instinct_MI300X.json"
     (folder / nvidia).write_text(json.dumps({"1": SMALL, "16": rocm, "32": huge}))
     (folder / amd).write_text(json.dumps({"16": rocm}))  # its own platform's fields: kept
-    assert cli("import", "vllm-moe", str(folder), "--server", server.url) == 0
-    capsys.readouterr()
-    out = tmp_path / "moe"
-    assert sync(server.url, out, "--device", "NVIDIA_H100_80GB_HBM3", "--device",
-                "AMD_Instinct_MI300X", "--accept", "imported") == 0  # fmt: skip
-    err = capsys.readouterr().err
+    out, err = imported_synced(server.url, folder, capsys, "AMD_Instinct_MI300X")
     assert written(out) == {nvidia: {"1": SMALL}, amd: {"16": rocm}}
     assert f"{nvidia}: entry M=16 skipped: field(s) 'kpack', 'matrix_instr_nonkdim'" in err
     assert f"{nvidia}: entry M=32 skipped: its tiles need" in err
@@ -175,21 +181,16 @@ def test_imported_entries_nvidias_triton_refuses_or_spills_are_skipped(
     for by_dtype in names.values():
         for name in by_dtype.values():
             (folder / name).write_text(json.dumps({"1": thin, "2": k16, "4": wide, "8": edge}))
-    assert cli("import", "vllm-moe", str(folder), "--server", server.url) == 0
-    capsys.readouterr()
-    out = tmp_path / "moe"
-    assert sync(server.url, out, "--device", "NVIDIA_H100_80GB_HBM3", "--device",
-                "intel-xeon-8481c", "--accept", "imported") == 0  # fmt: skip
-    err = capsys.readouterr().err
+    out, err = imported_synced(server.url, folder, capsys, "intel-xeon-8481c")
     h100 = names["NVIDIA_H100_80GB_HBM3"]
-    assert written(out)[h100[""]] == written(out)[h100[",dtype=int8_w8a16"]] == {"2": k16,
-                                                                                  "8": edge}
+    kept = {"2": k16, "8": edge}
+    assert written(out)[h100[""]] == written(out)[h100[",dtype=int8_w8a16"]] == kept
     assert written(out)[h100[",dtype=fp8_w8a8"]] == {"8": edge}  # an 8-bit dot takes K=32
     assert h100[",block_shape=[128,8]"] not in written(out)  # every K cut to 8
     assert (f"{h100['']}: entry M=1 skipped: BLOCK_SIZE_K=8 is under the 16 a 16-bit tl.dot "
             "takes on NVIDIA GPUs") in err  # fmt: skip
     assert f"{h100[',dtype=fp8_w8a8']}: entry M=2 skipped: BLOCK_SIZE_K=16 is under the 32" in err
     assert (f"{h100['']}: entry M=4 skipped: its 1024x1024 tile on 32 threads holds 32768 "
-            "accumulators a thread, over the 512 the engine's tuner goes to") in err
+            "accumulators a thread, over the 512 the engine's tuner goes to") in err  # fmt: skip
     interpreted = {"1": thin, "2": k16, "4": wide, "8": edge}
     assert all(written(out)[name] == interpreted for name in names["intel-xeon-8481c"].values())
