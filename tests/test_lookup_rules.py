@@ -115,6 +115,48 @@ def test_unvalidated_records_never_serve(session: Session) -> None:
     assert lookup(session, key(m=100)) is None
 
 
+@pytest.mark.parametrize("finding", ["disputed", "rejected"])
+def test_a_winner_taken_out_of_service_as_the_lookup_reads_it_is_not_served(
+    session: Session, database: tuple[str, Path | None], monkeypatch: pytest.MonkeyPatch,
+    finding: str,
+) -> None:  # fmt: skip
+    """A lookup by another rule than the exact key's reads the bucket's winners, then the one it
+    chose, in statements of their own: a dispute (or a verifier's rejection) committed between
+    them answered the lookup with a record out of service (a reviewer's race: 52 lookups in
+    1,553 on PostgreSQL). It serves the next winner in service instead, or misses."""
+    import cache_server.lookup as module
+    from cache_server import trust
+    from cache_server.models import RecordRow
+    from tests.test_trust import dispute_body
+    from tunecache.verification import DisputeCreate
+
+    # Both of the asking CPU's arch: the nearer in size (6 units to its 2, against 8) is chosen.
+    near, far = (
+        store(session, key(device=THIRD_CPU), 1.0),
+        store(session, key(device=OTHER_CPU), 1.0),
+    )
+    others, read = make_sessionmaker(make_engine(database[0])), module.refused_at
+
+    def out_of_service_meanwhile(reading: Session, key_hash: str) -> set[str]:
+        with others() as other:  # another request's finding, committed between the two reads
+            if finding == "disputed":
+                body = DisputeCreate.model_validate(dispute_body(key(device=THIRD_CPU)))
+                trust.add_dispute(other, record_id=near, reporter="someone", dispute=body)
+            else:
+                row = other.get(RecordRow, near)
+                assert row is not None
+                row.status = "rejected"
+                other.flush()
+                trust.recompute_winners(other, key_hash=row.key_hash)
+            other.commit()
+        return read(reading, key_hash)
+
+    monkeypatch.setattr(module, "refused_at", out_of_service_meanwhile)
+    assert lookup(session, key()) == (far, "same_arch")
+    monkeypatch.setattr(module, "refused_at", read)
+    assert lookup(session, key()) == (far, "same_arch")  # as the next lookup reads it
+
+
 def test_version_policies(session: Session) -> None:
     tuned = store(session, key(m=96, tvm="0.27.0"), 1.0)
     patch, minor = key(m=96, tvm="0.27.1"), key(m=96, tvm="0.28.0")
