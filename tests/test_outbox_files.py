@@ -139,3 +139,52 @@ def test_an_error_of_another_kind_mid_push_leaves_the_rest_waiting(own_outbox: P
         outbox.push(Broken(), URL, own_outbox)
     assert outbox.waiting(URL, own_outbox) == 3
     assert outbox.sending(URL, own_outbox) == 0
+
+
+def test_a_stray_file_named_as_taken_breaks_no_push(own_outbox: Path) -> None:
+    """``.sending-x.json`` (no PID in its name, put there by hand) made every push, and the push
+    after each tune's upload, an "internal error: IndexError" after the tune's record was
+    stored. It is read as any other file; the uploads beside it go."""
+    (own_outbox / ".sending-x.json").write_text("{}")
+    outbox.release(outbox.put(URL, make_record(make_key(8)), own_outbox))
+    assert outbox.waiting(URL, own_outbox) == 1
+    assert outbox.push(Upstream(None), URL, own_outbox)[:2] == (1, 0)
+    pushed = push(own_outbox)
+    assert "internal error" not in pushed.stderr and "Traceback" not in pushed.stderr
+
+
+def test_an_upload_the_disk_cannot_hold_leaves_no_half_written_file(own_outbox: Path) -> None:
+    """On a full disk (here a file-size limit) each upload left its ``.writing-*.tmp`` behind,
+    cut short: closing the file flushed it again, which failed again, before it was removed.
+    Ones a killed writer left over an hour ago go at the next upload."""
+    abandoned, fresh = own_outbox / ".writing-old.tmp", own_outbox / ".writing-new.tmp"
+    abandoned.write_text("{")
+    fresh.write_text("{")
+    os.utime(abandoned, (0, 0))
+    script = ("import signal, resource, sys\n"
+              "from pathlib import Path\n"
+              "from tests.factories import make_key, make_record\n"
+              "from tunecache import outbox\n"
+              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))\n"
+              "try:\n"
+              f"    outbox.put({URL!r}, make_record(make_key(8), trials=50), Path(sys.argv[1]))\n"
+              "except OSError as exc:\n"
+              "    print(exc.errno)\n")  # fmt: skip
+    ran = subprocess.run([sys.executable, "-c", script, str(own_outbox)], capture_output=True,
+                         text=True, timeout=60, cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert ran.stdout.strip() == "27", ran.stderr  # EFBIG: the record did not fit
+    assert sorted(p.name for p in own_outbox.iterdir()) == [fresh.name]
+
+
+def test_a_rejected_folder_that_is_a_link_takes_nothing(own_outbox: Path, tmp_path: Path) -> None:
+    """``rejected`` planted as a link (while an older version left the outbox open) moved the
+    uploads set aside out of the private folder, to wherever it pointed."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (own_outbox / "rejected").symlink_to(elsewhere)
+    garbage = own_outbox / "1700000000000-garbage.json"
+    garbage.write_text("not json")
+    pushed = push(own_outbox)
+    assert "(a link, not a folder): it waits in" in pushed.stderr, pushed.stderr
+    assert list(elsewhere.iterdir()) == [] and garbage.read_text() == "not json"

@@ -161,3 +161,41 @@ def test_a_push_of_more_files_than_descriptors_sends_them_all(tmp_path: Path) ->
     assert pushed.returncode == 0, pushed.stderr[-2000:]
     assert pushed.stdout.split("\n")[0] == "(300, 0) 300 0", pushed.stdout
     assert not list(folder.glob("*.json"))
+
+
+def test_a_child_forked_while_an_upload_is_written_holds_none_of_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child forked while a parent thread wrote an upload into the outbox kept the file open,
+    its lock with it: once the parent died, the upload was "being sent" for as long as the
+    child ran (a data loader's worker: hours), and no push sent it. The file is held from the
+    moment it is made, so the child closes its copy (and no fork falls between the two)."""
+    import multiprocessing
+    import os
+    import threading
+
+    writing, go_on = threading.Event(), threading.Event()
+    fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        writing.set()
+        go_on.wait(30)
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+    writer = threading.Thread(target=outbox.put, args=(URL, make_record(make_key(8)), tmp_path))
+    writer.start()
+    assert writing.wait(30)
+    read_end, write_end = multiprocessing.get_context("fork").Pipe(duplex=False)
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        opened = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                  if os.path.exists(f"/proc/self/fd/{fd}")]  # fmt: skip
+        write_end.send([path for path in opened if str(tmp_path) in path])
+        os._exit(0)
+    go_on.set()
+    writer.join(30)
+    held_by_child = read_end.recv()
+    os.waitpid(child, 0)
+    assert held_by_child == []
+    assert outbox.sending(URL, tmp_path) == 1  # the parent's, taken: its upload is next

@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
@@ -32,15 +31,18 @@ from typing import Any
 
 from tunecache.artifacts import ArtifactIn
 from tunecache.errors import ServerError
+from tunecache.folders import own_folder
 from tunecache.outbox_files import (
     TAKEN,
     Found,
     checked_folder,
     files,
-    hold,
     let_go,
     lock_new,
+    new_held,
     own_name,
+    rename_held,
+    sweep_unfinished,
     take_found,
 )
 from tunecache.schemas import RecordCreate
@@ -108,37 +110,42 @@ def put(url: str, upload: Upload, folder: Path | None = None) -> Path:
     # Named by the time in ns: files are sent in name order, and two put in one millisecond
     # (named by ms) went in the order of their digests (the fresh-clone CI caught it once).
     name = f"{time.time_ns()}-{digest[:16]}.json"
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".writing-", suffix=".tmp")
-    out = os.fdopen(fd, "wb")
+    sweep_unfinished(folder)
+    tmp, out = new_held(folder)
     try:
         out.write(json.dumps(body).encode("utf-8"))
         out.flush()
-        os.fsync(fd)
-        lock_new(fd)
+        os.fsync(out.fileno())
+        lock_new(out.fileno())
         taken = folder / f"{TAKEN}{os.getpid()}-{name}"
-        os.replace(tmp, taken)
+        rename_held(tmp, taken)
     except BaseException:
-        out.close()
-        Path(tmp).unlink(missing_ok=True)
+        let_go(tmp)  # closed first (a full disk's flush fails again): else it stayed behind
+        tmp.unlink(missing_ok=True)
         raise
-    hold(taken, out)
     return taken
 
 
 def done(taken: Path) -> None:
-    """The server has the upload: it leaves the outbox."""
+    """The server has the upload: it leaves the outbox (one that cannot be removed waits, and
+    a push sends it again: the server stores an upload sent twice once). Never raises: it runs
+    in the caller's thread, after its upload went well."""
     try:
-        taken.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            taken.unlink(missing_ok=True)
     finally:
         let_go(taken)
 
 
 def release(taken: Path) -> Path:
-    """The upload failed: it waits under its own name; returns that file. (Should the rename
-    fail, the lock is let go all the same: the file waits under its taken name.)"""
+    """The upload failed: it waits under its own name; returns that file. Should the rename
+    fail, the lock is let go all the same and the file waits under its taken name (returned):
+    never raises, as it runs in the caller's thread (a Triton launch's, a process exiting)."""
     waiting = taken.with_name(own_name(taken.name))
     try:
         os.replace(taken, waiting)
+    except OSError:
+        waiting = taken
     finally:
         let_go(taken)
     return waiting
@@ -232,19 +239,23 @@ def set_aside(taken: Path, name: str) -> Path:
     names the folder and why, and the file waits again under its own name (nothing is lost;
     a push sends it again); returns that file."""
     aside = taken.parent / "rejected"
-    try:
-        aside.mkdir(exist_ok=True)
+    try:  # a link planted while an older version left the outbox open moved uploads elsewhere
+        own_folder(aside, "the outbox's rejected folder")
         os.replace(taken, aside / name)
     except OSError as exc:
-        why = "a file, not a folder" if isinstance(exc, FileExistsError) else exc.strerror or exc
+        why = _not_taken(aside, exc)
         logger.warning("%s cannot be set aside in %s (%s): it waits in %s, to be sent again",
                        name, aside, why, taken.parent)  # fmt: skip
-        with contextlib.suppress(OSError):
-            return release(taken)
-        let_go(taken)  # it waits under its taken name, no longer held
-        return taken
+        return release(taken)
     let_go(taken)
     return aside / name
+
+
+def _not_taken(aside: Path, exc: OSError) -> str:
+    """Why ``rejected/`` could not take a file, in a few words."""
+    if isinstance(exc, NotADirectoryError | FileExistsError) and os.path.lexists(aside):
+        return f"{'a link' if os.path.islink(aside) else 'a file'}, not a folder"
+    return str(exc.strerror if exc.filename and exc.strerror else exc)
 
 
 def _counted(url: str | None, folder: Path | None) -> Iterator[tuple[Found, bool]]:
@@ -318,8 +329,7 @@ def _push_taken(client: Any, items: list[Waiting]) -> tuple[int, int, ServerErro
         return sent, refused, error, False
     finally:  # however it ended (an error of another kind too): the rest wait again
         for rest in items[done_with:]:
-            with contextlib.suppress(OSError):
-                release(rest.path)
+            release(rest.path)
 
 
 def _push_one(client: Any, item: Waiting) -> str | ServerError:

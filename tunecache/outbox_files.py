@@ -19,7 +19,10 @@ import fcntl
 import json
 import logging
 import os
+import stat
+import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +51,8 @@ def lock_new(fd: int) -> None:
 
 
 TAKEN = ".sending-"
+WRITING = ".writing-"
+UNFINISHED_SECONDS = 3600.0  # a file is written in well under a second: one older was abandoned
 MAX_FILE_BYTES = 64 * 2**20  # four times the largest body a server takes by default (16 MiB)
 
 
@@ -95,25 +100,67 @@ class Found:
 
 
 def let_go(taken: Path) -> None:
-    """Closes the taken file, which lets its lock go."""
+    """Closes the taken file, which lets its lock go (a write that failed to flush, a full
+    disk's, is not raised again: the file is given up either way)."""
     with _held_guard:
         file = _held.pop(taken, None)
     if file is not None:
-        file.close()
+        with contextlib.suppress(OSError):
+            file.close()
+
+
+def new_held(folder: Path) -> tuple[Path, BinaryIO]:
+    """A new file to write in ``folder`` (``.writing-*.tmp``), open and held from the moment it
+    is made (:func:`let_go`, :func:`rename_held`): a child forked meanwhile closes its copy. One
+    made before it was held, and locked, stayed open in a child forked then: its lock outlived
+    the parent, and the upload was not sent while the child ran."""
+    with _held_guard:  # no fork between making it and holding it (:func:`_before_fork`)
+        fd, name = tempfile.mkstemp(dir=folder, prefix=WRITING, suffix=".tmp")
+        path, file = Path(name), os.fdopen(fd, "wb")
+        _held[path] = file
+    return path, file
+
+
+def rename_held(held: Path, taken: Path) -> None:
+    """Names ``held`` (written, its lock taken) ``taken``, still held under that name."""
+    os.replace(held, taken)
+    with _held_guard:
+        _held[taken] = _held.pop(held)
+
+
+def sweep_unfinished(folder: Path) -> None:
+    """Removes this user's files of ``folder`` left half-written (``.writing-*``) by a process
+    killed while it wrote them, at least :data:`UNFINISHED_SECONDS` old: nothing reads them, and
+    they were left on every upload of a killed or failing writer."""
+    for path in folder.glob(f"{WRITING}*.tmp"):
+        with contextlib.suppress(OSError):
+            found = os.lstat(path)
+            old = time.time() - found.st_mtime > UNFINISHED_SECONDS
+            if old and found.st_uid == os.getuid() and stat.S_ISREG(found.st_mode):
+                path.unlink()
+
+
+def _before_fork() -> None:
+    _held_guard.acquire()  # a file being made is held before the fork copies it
+
+
+def _after_fork_in_parent() -> None:
+    _held_guard.release()
 
 
 def _forget_in_child() -> None:
     """A forked child sends none of its parent's files: its copies are closed (the parent's
     lock stays with the parent), so a parent that dies leaves them waiting."""
     global _held_guard
-    _held_guard = threading.Lock()  # another thread may have held it at the fork
+    _held_guard = threading.Lock()  # the parent's was held at the fork
     for file in _held.values():
         with contextlib.suppress(OSError):
             file.close()
     _held.clear()
 
 
-os.register_at_fork(after_in_child=_forget_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_forget_in_child)  # fmt: skip
 
 
 def checked_folder(folder: Path | None, make: bool) -> Path | None:
@@ -131,8 +178,12 @@ def checked_folder(folder: Path | None, make: bool) -> Path | None:
 
 
 def own_name(name: str) -> str:
-    """A file's name while it waits (``.sending-PID-NAME`` → ``NAME``)."""
-    return name.removeprefix(TAKEN).split("-", 1)[1] if name.startswith(TAKEN) else name
+    """A file's name while it waits (``.sending-PID-NAME`` → ``NAME``; a name not of that form,
+    ``.sending-x.json``, put there by hand, less the prefix: it failed every push)."""
+    if not name.startswith(TAKEN):
+        return name
+    pid, dash, rest = name.removeprefix(TAKEN).partition("-")
+    return rest if dash and pid.isdigit() else name.removeprefix(TAKEN)
 
 
 def read_file(path: Path, foreign: list[str]) -> Found | None:
@@ -208,9 +259,3 @@ def take_found(found: Found) -> Path | None:
     with _held_guard:
         _held[taken], found.file = found.file, None
     return taken
-
-
-def hold(taken: Path, file: BinaryIO) -> None:
-    """Keeps ``file`` (``taken``, its lock held) open until :func:`let_go`."""
-    with _held_guard:
-        _held[taken] = file

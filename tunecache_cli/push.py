@@ -95,6 +95,10 @@ def push_quietly(client: Any, url: str) -> None:
         print(f"tunecache: warning: the outbox {outbox_dir()} could not be read: {exc}",
               file=sys.stderr)  # fmt: skip
         return
+    except Exception as exc:  # the tune's own upload is stored: this must not undo its exit 0
+        print(f"tunecache: warning: the uploads waiting in {outbox_dir()} were not pushed: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)  # fmt: skip
+        return
     if sent or refused:
         print(f"pushed {sent} waiting upload(s) to {url}"
               + (f"; {refused} refused" if refused else ""), file=sys.stderr)  # fmt: skip
