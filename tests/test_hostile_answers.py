@@ -582,3 +582,25 @@ def test_the_inductor_team_cache_asks_once_more_after_a_shed_read() -> None:
         items = team.fetch("tvm.record")  # the namespace of the items served
         team.close()
     assert [i.id for i in items] == [7] and not team.down and len(seen.requests) == 2
+
+
+def test_the_tvm_database_waits_longer_each_time_a_server_sheds_it() -> None:
+    """The TVM database paused a second after each shed read, whatever came before: a server
+    shedding every read near the timeout with ``Retry-After: 0`` was asked each second of a
+    compile, each read waiting for it. Each pause in a row past the first few is twice as
+    long as the one before (to :data:`~tunecache.tvm.remote.MAX_PAUSE`); an answer resets it."""
+    from tunecache.tvm.remote import MAX_PAUSE, Remote
+
+    pauses = []
+    with serve(shed(12)) as (url, seen):  # Retry-After: 1, past the timeout: one ask a call
+        remote = Remote(url, "", SECONDS, "partition")
+        for _ in range(12):
+            assert remote.get("tvm.record", "key", 8) is None and remote.down is None
+            pauses.append(round(remote.paused_until - time.monotonic()))
+            remote.paused_until = 0.0  # the pause ran out
+        items = remote.get("tvm.record", "key", 8)
+        assert items is not None and [i.id for i in items] == [1]
+        remote.close()
+    assert pauses[:4] == [1, 1, 1, 1] and pauses[-1] == MAX_PAUSE, pauses
+    assert pauses == sorted(pauses), pauses
+    assert remote._shed == 0 and len(seen.requests) == 13

@@ -8,8 +8,11 @@ so a dead server costs one timeout, not one per call. A server that sheds load o
 unavailable (503, 429) is asked again within the read's timeout where its ``Retry-After`` allows
 (:meth:`tunecache.Client.get_artifacts`), then skipped for the ``Retry-After`` (at most
 :data:`MAX_PAUSE` seconds) and asked again: one shed read made a process build TVM's default
-schedule for good. A write refused for the token (401/403: a read-only token) stops the writes only;
-a refused single write (422: an item the server will not take) only loses that item.
+schedule for good. The pause is at least a second, doubled past that for each shed call in a
+row (:func:`tunecache.backoff.backoff`): a server shedding every call near the timeout with
+``Retry-After: 0`` was asked each second of a compile, each call waiting for it. A write refused
+for the token (401/403: a read-only token) stops the writes only; a refused single write (422:
+an item the server will not take) only loses that item.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from collections.abc import Sequence
 
 from tunecache.artifacts import ArtifactIn, ArtifactPublic, Namespace
+from tunecache.backoff import backoff
 from tunecache.client import Client
 from tunecache.errors import ServerError
 from tunecache.http import Timeout
@@ -50,6 +54,7 @@ class Remote:
         self.down: str | None = None  # why the server is no longer asked
         self.read_only: str | None = None  # why it is no longer written to (a 401/403 on writes)
         self.paused_until = 0.0  # time.monotonic() before which a shedding server is not asked
+        self._shed = 0  # calls shed in a row: each pause past the first few is twice as long
         self._warned = False
 
     def _skipped(self) -> bool:
@@ -62,12 +67,14 @@ class Remote:
         if self._skipped():
             return None
         try:  # a shed page is asked again within the timeout (Client.get_artifacts)
-            return self.client.get_artifacts(
+            items = self.client.get_artifacts(
                 namespace, self.partition, key=key, limit=limit, timeout=self.timeout
             )
         except Exception as exc:  # ServerError, or anything the HTTP stack let through
             self._failed(f"reading {namespace}", _as_server_error(exc))
             return None
+        self._shed = 0
+        return items
 
     def put(self, items: Sequence[ArtifactIn]) -> bool:
         """Stores ``items``; whether the server took them (``False``: logged, kept local)."""
@@ -81,6 +88,7 @@ class Remote:
                 self.read_only = str(error)
             self._failed(f"writing {len(items)} {items[0].namespace} item(s)", error, write=True)
             return False
+        self._shed = 0
         return True
 
     def close(self) -> None:
@@ -92,7 +100,8 @@ class Remote:
         paused = code in _PAUSES
         stays_down = not refused_write and not paused and (
             code is None or code in _STAYS_DOWN or code >= 500)  # fmt: skip
-        pause = min(MAX_PAUSE, max(1.0, exc.retry_after or 1.0))
+        self._shed += paused
+        pause = min(MAX_PAUSE, max(1.0, exc.retry_after or 1.0, backoff(self._shed)))
         if stays_down:
             self.down = str(exc)
         elif paused:
