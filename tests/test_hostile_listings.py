@@ -297,3 +297,27 @@ def test_an_error_answer_over_the_small_bound_keeps_its_status() -> None:
         client.upload(make_record(make_key()))
     assert raised.value.status_code == 422, raised.value
     assert len(json.dumps(detail)) > 1024 * 1024  # over the small bound, read all the same
+
+
+def test_a_token_name_no_new_token_may_take_is_shown_quoted_in_ascii(capsys: Any) -> None:
+    """``token list`` and ``token whoami`` printed a server's token names as sent: a Cyrillic
+    ``а`` made ``аdmin`` read as the team's admin token (control characters were escaped
+    already). Such a name is shown quoted in ASCII, as records' uploaders are."""
+    from tunecache_cli import main
+
+    token = {"id": 3, "name": "\u0430dmin", "scope": "admin", "prefix": "tc_abcd",
+             "created_at": "2026-01-01T00:00:00Z"}  # fmt: skip
+
+    def tokens(conn: socket.socket, request: Request, seen: Seen) -> None:
+        if request.path.startswith("/v1/whoami"):
+            _send(conn, {"token": token, "scope": "admin", "reads": "open"})
+        else:
+            _send(conn, {"items": [token, {**token, "id": 4, "name": "ops"}]})
+
+    with serve(tokens) as (url, _):
+        assert main(["token", "list", "--server", url]) == 0
+        listed = capsys.readouterr().out
+        assert main(["token", "whoami", "--server", url]) == 0
+        me = capsys.readouterr().out
+    assert '"\\u0430dmin"' in listed and "\u0430" not in listed and "\n4   ops  " in listed
+    assert 'token 3 "\\u0430dmin" (tc_abcd...)' in me, me

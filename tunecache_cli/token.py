@@ -30,6 +30,7 @@ from tunecache.tokens import (
     TokenRevoked,
     byte_size,
     grants,
+    name_text,
 )
 from tunecache_cli.args import add_server, server_url
 from tunecache_cli.table import counted, render, shown
@@ -176,12 +177,18 @@ def run_create(args: argparse.Namespace) -> int:
     info = created.info
     trusted = ", trusted (its uploads are served as verified)" if info.trusted else ""
     print(
-        f"created token {info.id} {info.name!r} with the {info.scope!r} scope{trusted} in "
+        f"created token {info.id} {_named(info.name)} with the {info.scope!r} scope{trusted} in "
         f"{where}; it is shown only now:",
         file=sys.stderr,
     )
     print(created.token)
     return 0
+
+
+def _named(name: str) -> str:
+    """A token's name in a sentence: quoted, in ASCII where no new token may be so named (a
+    server is not trusted: ``'аdmin'`` with a Cyrillic а read as the team's admin token)."""
+    return repr(name) if name_text(name) == name else name_text(name)
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -199,8 +206,8 @@ def run_list(args: argparse.Namespace) -> int:
 
     header = ("id", "name", "scope", "token", "created", "last used", "revoked", "stored")
     rows = [
-        (t.id, t.name, t.scope, f"{t.prefix}…", when(t.created_at), when(t.last_used_at),
-         when(t.revoked_at), stored(t.stored_bytes))
+        (t.id, name_text(t.name), t.scope, f"{t.prefix}…", when(t.created_at),
+         when(t.last_used_at), when(t.revoked_at), stored(t.stored_bytes))
         for t in items
     ]  # fmt: skip
     print(render(header, rows) if rows else "no tokens")
@@ -212,7 +219,7 @@ def run_revoke(args: argparse.Namespace) -> int:
         raise InvalidInput(f"ID {args.token_id}: a token ID is a whole number from 1 to {MAX_ID}")
     with _tokens(args) as tokens:
         info: TokenRevoked = tokens.revoke_token(args.token_id, withdraw=args.withdraw)
-    said = f"revoked token {info.id} {info.name!r}"
+    said = f"revoked token {info.id} {_named(info.name)}"
     if args.withdraw and info.withdrawn is None:  # a server before withdrawals ignored it
         print(
             f"{said}, but withdrew none of its records: the server does not know --withdraw "
@@ -268,7 +275,7 @@ def run_whoami(args: argparse.Namespace) -> int:
     stored = "" if t.stored_bytes is None else f"; stored {byte_size(t.stored_bytes)}"
     print(
         shown(
-            f"token {t.id} {t.name!r} ({t.prefix}...), scope {t.scope}"
+            f"token {t.id} {_named(t.name)} ({t.prefix}...), scope {t.scope}"
             f"{', trusted' if t.trusted else ''}{stored}; {url}'s reads are {reads}"
         )
     )
