@@ -188,3 +188,35 @@ def test_a_rejected_folder_that_is_a_link_takes_nothing(own_outbox: Path, tmp_pa
     pushed = push(own_outbox)
     assert "(a link, not a folder): it waits in" in pushed.stderr, pushed.stderr
     assert list(elsewhere.iterdir()) == [] and garbage.read_text() == "not json"
+
+
+def test_a_half_written_file_whose_writer_lives_is_not_swept(own_outbox: Path) -> None:
+    """The sweep went by the file's age alone: a writer an hour behind (its clock, or its file
+    server's) or stopped mid-write lost its file to another process's upload, and its own
+    upload was not kept. A live writer holds its file's lock."""
+    import fcntl
+
+    live = own_outbox / ".writing-live.tmp"
+    live.write_text("{")
+    os.utime(live, (0, 0))
+    with open(live, "rb") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)  # as its writer holds it
+        outbox.release(outbox.put(URL, make_record(make_key(8)), own_outbox))
+        assert live.exists()
+    outbox.release(outbox.put(URL, make_record(make_key(16)), own_outbox))  # its writer died
+    assert not live.exists() and outbox.waiting(URL, own_outbox) == 2
+
+
+def test_a_rejected_folder_an_older_version_left_open_is_closed_and_used(
+    own_outbox: Path,
+) -> None:
+    """``rejected/`` made under an umask of 002 (0775) by an older version was refused as
+    another's to write in: every refused upload stayed, sent again at every push."""
+    (own_outbox / "rejected").mkdir(mode=0o775)
+    os.chmod(own_outbox / "rejected", 0o775)
+    garbage = own_outbox / "1700000000000-garbage.json"
+    garbage.write_text("not json")
+    pushed = push(own_outbox)
+    assert "set aside in" in pushed.stderr and "cannot be set aside" not in pushed.stderr
+    assert (own_outbox / "rejected" / garbage.name).exists()
+    assert stat.S_IMODE(os.stat(own_outbox / "rejected").st_mode) == 0o700

@@ -38,7 +38,6 @@ from tunecache.outbox_files import (
     checked_folder,
     files,
     let_go,
-    lock_new,
     new_held,
     own_name,
     rename_held,
@@ -113,10 +112,10 @@ def put(url: str, upload: Upload, folder: Path | None = None) -> Path:
     sweep_unfinished(folder)
     tmp, out = new_held(folder)
     try:
-        out.write(json.dumps(body).encode("utf-8"))
-        out.flush()
+        data = memoryview(json.dumps(body).encode("utf-8"))
+        while data:  # unbuffered (new_held): a write may take part of it
+            data = data[out.write(data) or 0 :]
         os.fsync(out.fileno())
-        lock_new(out.fileno())
         taken = folder / f"{TAKEN}{os.getpid()}-{name}"
         rename_held(tmp, taken)
     except BaseException:
@@ -240,7 +239,7 @@ def set_aside(taken: Path, name: str) -> Path:
     a push sends it again); returns that file."""
     aside = taken.parent / "rejected"
     try:  # a link planted while an older version left the outbox open moved uploads elsewhere
-        own_folder(aside, "the outbox's rejected folder")
+        own_folder(aside, "the outbox's rejected folder", close=True)  # made 0775 by <0.x
         os.replace(taken, aside / name)
     except OSError as exc:
         why = _not_taken(aside, exc)

@@ -57,7 +57,7 @@ MAX_FILE_BYTES = 64 * 2**20  # four times the largest body a server takes by def
 
 
 _held: dict[Path, BinaryIO] = {}  # the files this process has taken, each open, its lock held
-_held_guard = threading.Lock()  # Later sends from a background thread
+_held_guard = threading.RLock()  # Later sends from a background thread; reentrant: a fork
 _said: set[tuple[str, str]] = set()  # (folder, name) a warning named already: said once
 
 
@@ -110,14 +110,23 @@ def let_go(taken: Path) -> None:
 
 
 def new_held(folder: Path) -> tuple[Path, BinaryIO]:
-    """A new file to write in ``folder`` (``.writing-*.tmp``), open and held from the moment it
-    is made (:func:`let_go`, :func:`rename_held`): a child forked meanwhile closes its copy. One
-    made before it was held, and locked, stayed open in a child forked then: its lock outlived
-    the parent, and the upload was not sent while the child ran."""
+    """A new file to write in ``folder`` (``.writing-*.tmp``), locked and held from the moment
+    it is made (:func:`let_go`, :func:`rename_held`): a child forked meanwhile closes its copy,
+    and :func:`sweep_unfinished` leaves it alone while its writer lives. One made before it was
+    held stayed open in a child forked then: its lock outlived the parent, and the upload was
+    not sent while the child ran. Unbuffered: a child closes its copy without flushing what the
+    parent's write buffered (twice in the file) or waiting on the buffer's lock, held for good
+    by a parent thread writing at the fork (the child hung in its fork)."""
     with _held_guard:  # no fork between making it and holding it (:func:`_before_fork`)
         fd, name = tempfile.mkstemp(dir=folder, prefix=WRITING, suffix=".tmp")
-        path, file = Path(name), os.fdopen(fd, "wb")
+        path, file = Path(name), os.fdopen(fd, "wb", buffering=0)
         _held[path] = file
+    try:
+        lock_new(fd)
+    except OSError:
+        let_go(path)
+        path.unlink(missing_ok=True)
+        raise
     return path, file
 
 
@@ -130,18 +139,39 @@ def rename_held(held: Path, taken: Path) -> None:
 
 def sweep_unfinished(folder: Path) -> None:
     """Removes this user's files of ``folder`` left half-written (``.writing-*``) by a process
-    killed while it wrote them, at least :data:`UNFINISHED_SECONDS` old: nothing reads them, and
-    they were left on every upload of a killed or failing writer."""
+    killed while it wrote them: at least :data:`UNFINISHED_SECONDS` old, and no live process
+    holds its lock (:func:`new_held`; a writer whose clock, or its file server's, is an hour
+    behind, or one stopped mid-write, still holds it). Nothing reads them, and they were left on
+    every upload of a killed writer. None goes where the file system has no locks: a live
+    writer's could not be told from a dead one's."""
     for path in folder.glob(f"{WRITING}*.tmp"):
         with contextlib.suppress(OSError):
             found = os.lstat(path)
             old = time.time() - found.st_mtime > UNFINISHED_SECONDS
             if old and found.st_uid == os.getuid() and stat.S_ISREG(found.st_mode):
-                path.unlink()
+                _remove_unheld(path)
+
+
+def _remove_unheld(path: Path) -> None:
+    """Removes ``path`` if its lock can be had (its writer is dead).
+
+    Raises:
+        OSError: it is gone, or cannot be opened or locked (a file system without locks).
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: its writer lives
+        now, opened = os.lstat(path), os.fstat(fd)
+        if (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino):
+            path.unlink()
+    finally:
+        os.close(fd)
 
 
 def _before_fork() -> None:
-    _held_guard.acquire()  # a file being made is held before the fork copies it
+    # A file being made is held before the fork copies it. Reentrant: a signal handler forking
+    # on the thread that holds it went on (else it waited on itself for good).
+    _held_guard.acquire()
 
 
 def _after_fork_in_parent() -> None:
@@ -152,7 +182,7 @@ def _forget_in_child() -> None:
     """A forked child sends none of its parent's files: its copies are closed (the parent's
     lock stays with the parent), so a parent that dies leaves them waiting."""
     global _held_guard
-    _held_guard = threading.Lock()  # the parent's was held at the fork
+    _held_guard = threading.RLock()  # the parent's was held at the fork
     for file in _held.values():
         with contextlib.suppress(OSError):
             file.close()
