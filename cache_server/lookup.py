@@ -25,7 +25,7 @@ __all__ = ["RANK_FREE", "RULES", "Rule", "find_winner"]
 # ranks in a lane of its own (cache_server.api.shedding.LoadShedding.move).
 RANK_FREE = 64
 # Winners a lookup finds out of service as it reads them (a dispute or a rejection committed
-# meanwhile) before it answers a miss: each one found ranks the bucket again.
+# meanwhile) before it answers a miss: each one found reads and ranks the bucket again.
 RECHECKS = 4
 
 
@@ -65,23 +65,23 @@ def find_winner(
         and (size := session.execute(BUCKET_SIZE[table], asked).scalar_one()) > RANK_FREE
     ):
         ranking(size)
-    candidates = session.execute(BUCKET_WINNERS[table], asked).all()
-    # a config disputed here is served by no rule either (asked only when there is a candidate:
-    # a miss, the lookup's common cold answer, pays no extra query)
-    refused = refused_at(session, key.digest()) if candidates else set()
     known = server_bucket(key.kernel)
     buckets = BucketPolicy(tuple(bucket or ())) if known is None else known
-    choices = [(tuned, record_id) for record_id, tuned, digest in candidates
-               if digest is None or digest not in refused]  # fmt: skip
     for _ in range(RECHECKS):
+        candidates = session.execute(BUCKET_WINNERS[table], asked).all()
+        # a config disputed here is served by no rule either (asked only when there is a
+        # candidate: a miss, the lookup's common cold answer, pays no extra query)
+        refused = refused_at(session, key.digest()) if candidates else set()
+        choices = ((tuned, record_id) for record_id, tuned, digest in candidates
+                   if digest is None or digest not in refused)  # fmt: skip
         if (found := best(wanted, choices, policy, buckets)) is None:
             return None
         record_id, rule = found
         # Read in a statement of its own, after the bucket's winners: a dispute or a rejection
         # committed between the two took it out of service (a reviewer's lookups racing one
-        # dispute were answered with the disputed record 52 times in 1,553 on PostgreSQL).
+        # dispute were answered with the disputed record 52 times in 1,553 on PostgreSQL). The
+        # bucket is read again: the finding may have made another record its key's winner.
         row = session.get(RecordRow, record_id)
         if row is not None and row.validated and row.status in SERVED_STATUSES[serving]:
             return public_record(row, is_winner=True), rule
-        choices = [choice for choice in choices if choice[1] != record_id]
     return None

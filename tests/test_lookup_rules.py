@@ -12,7 +12,7 @@ from cache_server.db import make_engine, make_sessionmaker
 from cache_server.lookup import find_winner
 from cache_server.migrate import upgrade
 from cache_server.queries import add_record
-from tests.factories import CPU, make_record
+from tests.factories import CPU, knobs, make_record
 from tunecache.device import DeviceFingerprint
 from tunecache.key import Key
 from tunecache.policies import bucket_policy, next_power_of_two, versions_match
@@ -37,10 +37,11 @@ def session(database: tuple[str, Path | None]) -> Iterator[Session]:
         yield s
 
 
-def store(session: Session, k: Key, ms: float, *, passed: bool = True) -> int:
-    record_id, *_ = add_record(
-        session, key_hash=k.digest(), record=make_record(k, time_ms=ms, passed=passed)
-    )
+def store(
+    session: Session, k: Key, ms: float, *, passed: bool = True, config: dict | None = None
+) -> int:
+    record = make_record(k, time_ms=ms, passed=passed, config=config)
+    record_id, *_ = add_record(session, key_hash=k.digest(), record=record)
     session.commit()
     return record_id
 
@@ -123,7 +124,9 @@ def test_a_winner_taken_out_of_service_as_the_lookup_reads_it_is_not_served(
     """A lookup by another rule than the exact key's reads the bucket's winners, then the one it
     chose, in statements of their own: a dispute (or a verifier's rejection) committed between
     them answered the lookup with a record out of service (a reviewer's race: 52 lookups in
-    1,553 on PostgreSQL). It serves the next winner in service instead, or misses."""
+    1,553 on PostgreSQL). It reads the bucket again: the finding made the nearer key's second
+    record its winner, which it serves (not the farther key's, as ranking what it had read
+    did)."""
     import cache_server.lookup as module
     from cache_server import trust
     from cache_server.models import RecordRow
@@ -135,9 +138,14 @@ def test_a_winner_taken_out_of_service_as_the_lookup_reads_it_is_not_served(
         store(session, key(device=THIRD_CPU), 1.0),
         store(session, key(device=OTHER_CPU), 1.0),
     )
+    second = store(session, key(device=THIRD_CPU), 2.0, config=knobs(2))
     others, read = make_sessionmaker(make_engine(database[0])), module.refused_at
+    found: list[str] = []
 
     def out_of_service_meanwhile(reading: Session, key_hash: str) -> set[str]:
+        if found:
+            return read(reading, key_hash)
+        found.append(finding)
         with others() as other:  # another request's finding, committed between the two reads
             if finding == "disputed":
                 body = DisputeCreate.model_validate(dispute_body(key(device=THIRD_CPU)))
@@ -152,9 +160,10 @@ def test_a_winner_taken_out_of_service_as_the_lookup_reads_it_is_not_served(
         return read(reading, key_hash)
 
     monkeypatch.setattr(module, "refused_at", out_of_service_meanwhile)
-    assert lookup(session, key()) == (far, "same_arch")
+    assert lookup(session, key()) == (second, "same_arch") and found == [finding]
     monkeypatch.setattr(module, "refused_at", read)
-    assert lookup(session, key()) == (far, "same_arch")  # as the next lookup reads it
+    assert lookup(session, key()) == (second, "same_arch")  # as the next lookup reads it
+    assert far not in (near, second)
 
 
 def test_version_policies(session: Session) -> None:
