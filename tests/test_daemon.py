@@ -756,3 +756,38 @@ def test_a_daemon_whose_every_job_fails_as_nothing_foresaw_stops(
         with pytest.raises(ImportError, match="a broken install"):
             worker.run()
     assert len(worker.failed) == MAX_INTERNAL_ERRORS
+
+
+def test_a_daemon_reads_the_configs_refused_at_its_key_within_a_bound() -> None:
+    """A server answering a job's listing of rejected and disputed records with thousands of
+    trials each held a daemon at 3.8 GB (2 GiB read, the bound any listing has) before it tuned
+    the job. Each status is read within 16 MiB: the configs, which is all it needs, fit."""
+    import json
+    from urllib.parse import parse_qs, urlsplit
+
+    from tests.factories import knobs, make_record
+    from tests.hostile import answer, serve
+    from tunecache.jobs import JobPublic
+
+    key = key_for("matmul", "tvm", {"M": 16, "N": 16, "K": 16}, "float32")
+    record = make_record(key, config=knobs(4)).model_dump(mode="json", by_alias=True)
+    record["trials"] = record["trials"][:1] * 700  # about 7 MB a page of 100
+    job = JobPublic.model_validate({
+        "id": 1, "key_hash": key.digest(), "key": key.to_json(), "state": "running",
+        "priority": 0, "source": "api", "attempts": 1, "max_attempts": 3, "error": "",
+        "lease_owner": None, "lease_expires_at": None, "record_id": None,
+        "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"})  # fmt: skip
+
+    def fat(conn: Any, request: Any, seen: Any) -> None:
+        asked = parse_qs(urlsplit(request.path).query)
+        first, limit = int(asked.get("offset", ["0"])[0]), int(asked["limit"][0])
+        items = [{**record, "id": first + i + 1, "key_hash": key.digest(),
+                  "status": asked["status"][0], "created_at": "2026-01-01T00:00:00Z"}
+                 for i in range(limit)]  # fmt: skip
+        answer(conn, 200, json.dumps({"items": items, "count": 10**9}).encode())
+
+    with serve(fat) as (url, seen), Client(url, token="t", timeout=30) as client:
+        refused = Daemon(client, DaemonOptions(backends=("tvm",))).rejected_at(job, key)
+    assert refused == (knobs(4),)
+    listings = [r for r in seen.requests if r.startswith("GET /v1/records")]
+    assert len(listings) <= 6, listings  # pages of ~7 MB, 3 a status at most: 20 before

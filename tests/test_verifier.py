@@ -214,3 +214,87 @@ def test_a_record_whose_check_fails_as_nothing_foresaw_is_unverifiable_not_the_e
         assert harness._slots[0].process.pid != before and harness.replaced == 1
     assert finding.outcome == "unverifiable", finding
     assert finding.error == "internal error: ZeroDivisionError: division by zero"
+
+
+def _handing_out(task: VerifyTask, *, refuse: bool) -> Any:
+    """A server at the verifier's transport that hands ``task`` out at every claim and answers
+    each finding with 409 (``refuse``) or takes it."""
+    import json
+
+    from tests.hostile import answer
+
+    record = task.record.model_dump(mode="json", by_alias=True)
+    handed = json.dumps(task.model_dump(mode="json", by_alias=True)).encode()
+
+    def behaviour(conn: Any, request: Any, seen: Any) -> None:
+        if request.path.startswith("/v1/verifications/claim"):
+            answer(conn, 200, handed)
+        elif refuse:
+            answer(conn, 409, b'{"status": 409, "detail": "not leased", "errors": []}')
+        else:
+            answer(conn, 200, json.dumps({**record, "status": "rejected"}).encode())
+
+    return behaviour
+
+
+def test_a_verifier_handed_one_record_again_and_again_neither_spins_nor_runs_for_ever() -> None:
+    """A server handing out one record at every claim and refusing each finding was claimed
+    from 11 times a second (the verifier took a finding not stored as work done); with
+    ``--once``, taking each finding, it was checked 164 times and the verifier never ended.
+    Now a finding not stored waits before the next claim, as the daemon's failed jobs do, and
+    a ``--once`` verifier stops at a record it reported already."""
+    import threading
+    import time
+
+    from tests.hostile import serve
+
+    key = key_for("matmul", "tvm", TINY["matmul"], "float32")
+    task = _leased(key, {"layout": "row"})  # found wrong at once: no worker is asked
+    options = VerifierOptions(backends=("tvm",), poll_seconds=1.0)
+    with serve(_handing_out(task, refuse=True)) as (url, seen), Client(url, token="t") as client:
+        verifier = Verifier(client, options)
+        runner = threading.Thread(target=verifier.run)
+        runner.start()
+        time.sleep(3)
+        verifier.stop()
+        runner.join(30)
+    claims = sum(r.startswith("POST /v1/verifications/claim") for r in seen.requests)
+    assert 1 <= claims <= 10, claims  # 0.1 s, doubling to the poll's 1 s: 7 in 3 s at most
+    once = dataclasses.replace(options, once=True)
+    with serve(_handing_out(task, refuse=False)) as (url, seen), Client(url, token="t") as client:
+        verifier = Verifier(client, once)
+        runner = threading.Thread(target=verifier.run, daemon=True)
+        runner.start()
+        runner.join(60)
+        assert not runner.is_alive()
+    assert verifier.outcomes == {7: "failed"}
+    assert sum(r.startswith("POST /v1/verifications/claim") for r in seen.requests) == 2
+
+
+def test_a_verification_task_past_its_bound_is_not_read() -> None:
+    """One claim answered with 128 MiB of disputed problems held a verifier at 5.4 GB (the
+    bound was any answer's, 256 MiB): a task is a record and its problems, at most twice the
+    bytes of a record's trials."""
+    import json
+
+    from tests.hostile import answer, serve
+    from tunecache.errors import ServerError
+    from tunecache.worker_calls import TASK_ANSWER_BYTES
+
+    key = key_for("matmul", "tvm", TINY["matmul"], "float32")
+    task = _leased(key, {}).model_dump(mode="json", by_alias=True)
+    wide = {f"D{i}": i + 1 for i in range(32)}
+    many = 2 + TASK_ANSWER_BYTES // len(json.dumps(wide))
+    body = json.dumps({**task, "disputed_problems": [wide] * many}).encode()
+
+    def behaviour(conn: Any, request: Any, seen: Any) -> None:
+        answer(conn, 200, body)
+
+    with (serve(behaviour) as (url, _), Client(url, token="t") as client,
+          pytest.raises(ServerError)):  # fmt: skip
+        client.claim_verification("v", device_arch=key.device.arch, backends=["tvm"])
+    small = json.dumps({**task, "disputed_problems": [wide] * 1000}).encode()
+    with (serve(lambda conn, request, seen: answer(conn, 200, small)) as (url, _),
+          Client(url, token="t") as client):  # fmt: skip
+        claimed = client.claim_verification("v", device_arch=key.device.arch, backends=["tvm"])
+    assert claimed is not None and len(claimed.disputed_problems) == 64

@@ -15,10 +15,10 @@ from pydantic import BaseModel
 
 from tunecache.answers import RECORD_CONTAINERS, SMALL_ANSWER_CONTAINERS, job_page
 from tunecache.errors import ServerError
-from tunecache.http import parse
+from tunecache.http import answer_limit, parse
 from tunecache.jobs import ClaimRequest, JobCreate, JobEnqueued, JobList, JobPublic
 from tunecache.key import Key
-from tunecache.schemas import KeyModel, RecordPublic
+from tunecache.schemas import MAX_TRIALS_BYTES, KeyModel, RecordPublic
 from tunecache.strict import printable_text
 from tunecache.verification import (
     OWN_AWAITING_HEADER,
@@ -28,6 +28,9 @@ from tunecache.verification import (
 )
 
 M = TypeVar("M", bound=BaseModel)
+# Bytes a verification task's answer may read: a record (its trials at most MAX_TRIALS_BYTES) and
+# the problems it was disputed at (64 are kept). 128 MiB of problems held a verifier at 5.4 GB.
+TASK_ANSWER_BYTES = 2 * MAX_TRIALS_BYTES
 logger = logging.getLogger(__name__)
 
 
@@ -49,7 +52,8 @@ class WorkerCalls:
         body = VerifyClaimRequest(worker=worker, device_arch=device_arch,
                                   backends=list(backends),  # type: ignore[arg-type]
                                   lease_seconds=lease_seconds).model_dump(mode="json")  # fmt: skip
-        response = self._call("POST", "/v1/verifications/claim", json=body)
+        with answer_limit(TASK_ANSWER_BYTES):
+            response = self._call("POST", "/v1/verifications/claim", json=body)
         if response.status_code == 204:
             self._say_own_awaiting(response, device_arch)
             return None

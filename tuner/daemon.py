@@ -204,6 +204,10 @@ class Worker:
 
 SAID_KERNELS = 5  # kernels the daemon's hint names at most (Daemon.say_others)
 REJECTED_PAGES = 10  # of 100 records: the configs rejected at a key a re-tune leaves out
+# Bytes of answers a job's listing of one status may read: 1,000 records without their trials
+# take a few MB, where a server sending each with thousands of trials held a daemon at 3.8 GB
+# (2 GiB read) before its job was tuned.
+REJECTED_BYTES = 16 * 2**20
 
 
 class Daemon(Worker):
@@ -364,7 +368,8 @@ class Daemon(Worker):
         for status in ("rejected", "disputed"):
             try:
                 listed = fetch_first(self.client, REJECTED_PAGES * 100, requests=REJECTED_PAGES,
-                                     page=100, key_hash=key.digest(), status=status)  # fmt: skip
+                                     page=100, max_bytes=REJECTED_BYTES, key_hash=key.digest(),
+                                     status=status)  # fmt: skip
             except ServerError as exc:  # those read so far are still left out
                 logger.warning("job %d: the configs %s at its key are unknown (%s)", job.id,
                                status, exc)  # fmt: skip

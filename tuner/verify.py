@@ -87,24 +87,40 @@ class Verifier(Worker):
         arch = self.arch()
         logger.info("%s: verifying %s records of %s", self.worker, ",".join(self.backends), arch)
         with Harness(workers=self.options.workers) as harness:
-            poll(lambda: self.client.claim_verification(
-                     self.worker, device_arch=arch, backends=self.backends,
-                     lease_seconds=self.options.lease_seconds),
+            poll(lambda: self._claim(arch),
                  lambda task: self._report(task, self.finding(task, harness)),
                  stopping=self.stopping, once=self.options.once,
                  every=self.options.poll_seconds)  # fmt: skip
         return sum(outcome != "unverifiable" for outcome in self.outcomes.values())
 
-    def _report(self, task: VerifyTask, result: VerificationCreate) -> None:
+    def _claim(self, arch: str) -> VerifyTask | None:
+        """The next record to check; ``None`` with ``once`` when it is one this run reported
+        already (a server handing it out again: a ``--once`` verifier checked one record 164
+        times and never ended). Its lease lapses."""
+        task = self.client.claim_verification(self.worker, device_arch=arch,
+                                              backends=self.backends,
+                                              lease_seconds=self.options.lease_seconds)  # fmt: skip
+        if task is not None and self.options.once and task.record.id in self.outcomes:
+            logger.warning("record #%d: handed out again after this --once verifier reported it "
+                           "(%s): not checking it, not claiming any more", task.record.id,
+                           self.outcomes[task.record.id])  # fmt: skip
+            return None
+        return task
+
+    def _report(self, task: VerifyTask, result: VerificationCreate) -> bool:
+        """Sends the finding; whether it counts as work done (``False``: not stored, or
+        ``unverifiable``, and the next claim waits a while: a server refusing every finding of
+        a record it hands out again was claimed from 11 times a second)."""
         record = task.record
         try:
             stored = self.client.submit_verification(record.id, result)
         except ServerError as exc:  # the lease was lost: another verifier will take it
             logger.warning("record #%d: finding not stored: %s", record.id, exc)
-            return
+            return False
         self.outcomes[record.id] = result.outcome
         logger.info("record #%d %s: %s%s", record.id, record.key.to_key().short(), stored.status,
                     f" ({result.error})" if result.error else "")  # fmt: skip
+        return result.outcome != "unverifiable"
 
     def finding(self, task: VerifyTask, harness: Harness) -> VerificationCreate:
         """:meth:`check`, or where the check itself raised (a record this verifier cannot run,
