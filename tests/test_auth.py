@@ -441,3 +441,40 @@ def test_two_admins_revoking_each_other_leave_one(any_server: LiveServer) -> Non
         survivor = pair[won]
         live = httpx.get(f"{url}/v1/tokens", headers=bearer(survivor)).json()["items"]
         assert [t["id"] for t in live if t["scope"] == "admin"] == [ids[won]]
+
+
+def test_a_read_token_cannot_be_trusted_and_the_listing_shows_the_trusted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--scope read --trusted`` was taken, and said "its uploads are served as verified" of a
+    token that cannot upload; ``token list`` showed no sign of which tokens are trusted (the
+    docs ask for the care of an admin token's), but in ``--json``."""
+    from tunecache_cli import main
+
+    db = f"sqlite:///{tmp_path / 'cache.db'}"
+    assert main(["token", "create", "--db", db, "--name", "r", "--scope", "read",
+                 "--trusted"]) == 2  # fmt: skip
+    assert "a read token uploads nothing to trust" in capsys.readouterr().err
+    assert main(["token", "create", "--db", db, "--name", "ci", "--scope", "write",
+                 "--trusted"]) == 0  # fmt: skip
+    assert main(["token", "create", "--db", db, "--name", "me", "--scope", "admin"]) == 0
+    capsys.readouterr()
+    assert main(["token", "list", "--db", db]) == 0
+    rows = {line.split()[1]: line.split()[3] for line in capsys.readouterr().out.splitlines()[2:]}
+    assert rows == {"ci": "yes", "me": "-"}
+
+
+def test_pretune_takes_local_or_ray_not_both(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both were taken: the keys were tuned here, then a Ray instance started and found none."""
+    from tunecache_cli import main
+
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(
+        '[[keys]]\nkernel = "matmul"\nbackend = "tvm"\nshape = {M = 16, N = 16, K = 16}\n'
+    )
+    with pytest.raises(SystemExit) as ended:
+        main(["pretune", str(manifest), "--local", "--ray", "--server", "http://127.0.0.1:9"])
+    assert ended.value.code == 2
+    assert "not allowed with argument --local" in capsys.readouterr().err

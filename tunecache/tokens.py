@@ -32,7 +32,14 @@ import re
 import secrets
 from typing import Annotated, Final, Literal, get_args
 
-from pydantic import AfterValidator, Field, NonNegativeInt, StrictBool
+from pydantic import (
+    AfterValidator,
+    Field,
+    NonNegativeInt,
+    StrictBool,
+    ValidationInfo,
+    field_validator,
+)
 
 from tunecache.schemas import _Strict
 from tunecache.strict import Utc
@@ -119,6 +126,15 @@ class TokenCreate(_Strict):
     name: NewTokenName
     scope: Scope
     trusted: StrictBool = False
+
+    @field_validator("trusted")
+    @classmethod
+    def _trusted_uploads(cls, trusted: bool, info: ValidationInfo) -> bool:
+        scope = info.data.get("scope")  # absent where it failed its own check
+        if trusted and scope is not None and not grants(scope, "write"):  # was taken, said so
+            raise ValueError("a read token uploads nothing to trust; give it the write scope "
+                             "(or more), or leave trusted out")  # fmt: skip
+        return trusted
 
 
 class TokenPublic(_Strict):

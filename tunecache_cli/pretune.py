@@ -31,8 +31,9 @@ UNCLAIMED_HINT_SECONDS = 30.0  # no job claimed this long: say how to start a wo
 def register(commands: Any) -> None:
     parser = commands.add_parser("pretune", help="queue a manifest's keys as tuning jobs")
     parser.add_argument("manifest", type=Path, metavar="MANIFEST.toml")
-    parser.add_argument("--local", action="store_true", help="tune the jobs in this process")
-    parser.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+    where = parser.add_mutually_exclusive_group()  # both: --local tuned, then Ray found none
+    where.add_argument("--local", action="store_true", help="tune the jobs in this process")
+    where.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                         help="tune the jobs as Ray tasks (an existing cluster's address, or a "
                         "local Ray instance without one)")  # fmt: skip
     parser.add_argument("--no-wait", action="store_true", help="queue, do not follow")

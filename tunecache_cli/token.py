@@ -204,10 +204,11 @@ def run_list(args: argparse.Namespace) -> int:
     def stored(size: int | None) -> str:  # None: a server that counts none
         return "-" if size is None else byte_size(size)
 
-    header = ("id", "name", "scope", "token", "created", "last used", "revoked", "stored")
+    header = ("id", "name", "scope", "trusted", "token", "created", "last used", "revoked",
+              "stored")  # fmt: skip
     rows = [
-        (t.id, name_text(t.name), t.scope, f"{t.prefix}…", when(t.created_at),
-         when(t.last_used_at), when(t.revoked_at), stored(t.stored_bytes))
+        (t.id, name_text(t.name), t.scope, "yes" if t.trusted else "-", f"{t.prefix}…",
+         when(t.created_at), when(t.last_used_at), when(t.revoked_at), stored(t.stored_bytes))
         for t in items
     ]  # fmt: skip
     print(render(header, rows) if rows else "no tokens")
