@@ -298,15 +298,16 @@ def test_the_hint_names_the_daemon_each_device_of_the_jobs_needs() -> None:
     manifest = parse_manifest('arch = "sm_90"\n[[tune]]\nkernel = "matmul"\n'
                               'backends = ["triton", "tvm"]\n'
                               "shapes = [{M = 8, N = 8, K = 8}]\n")  # fmt: skip
-    cpu = [k.digest() for k in manifest.keys if k.backend == "tvm"]
-    assert unclaimed_hint(manifest, cpu) == (
+    (tvm,) = [k for k in manifest.keys if k.backend == "tvm"]
+    assert unclaimed_hint(manifest, [tvm.digest()]) == (
         "no worker has claimed any of these jobs yet: start one with `tunecache daemon --device "
-        "cpu`, with the kernels' sources as here (a daemon running another version of a kernel "
-        "leaves its jobs); waiting (Ctrl-C stops waiting, the jobs stay queued)"
+        f"cpu` on a machine of arch {tvm.device.arch}, with the kernels' sources as here (a "
+        "daemon running another version of a kernel leaves its jobs); waiting (Ctrl-C stops "
+        "waiting, the jobs stay queued)"
     )
     both = unclaimed_hint(manifest, [k.digest() for k in manifest.keys])
-    assert "`tunecache daemon --device cpu` and `tunecache daemon --device cuda` on a machine " \
-        "with a GPU" in both  # fmt: skip
+    assert f"`tunecache daemon --device cpu` on a machine of arch {tvm.device.arch} and " \
+        "`tunecache daemon --device cuda` on a machine of arch sm_90, with" in both  # fmt: skip
 
 
 def test_a_job_listing_that_never_ends_is_read_a_bounded_number_of_pages() -> None:
@@ -375,12 +376,13 @@ def test_coverage_and_pretune_count_as_tuned_only_what_a_process_would_use() -> 
             assert state_of(key, client, client, {}) == ("tuned" if used else "missing", "")
 
 
-def test_pretune_names_a_key_whose_job_is_done_but_whose_record_is_withdrawn(
+def test_pretune_queues_a_key_whose_record_was_withdrawn_again(
     server: LiveServer, tmp_path: Path
 ) -> None:
     """A key tuned by a token then withdrawn (its record disputed until a verifier rechecks it):
     pretune said "1 queued", then "1/1 done", exit 0, and nothing ran; coverage said missing.
-    Now it names the key as tuned but not served, waits for nothing, and exits 1."""
+    The withdrawal opens the key's done job again (served by none), so pretune follows it: a
+    daemon tunes the key again."""
     from tests.factories import AUTH, issue_token, make_record
     from tunecache.client import Client
 
@@ -401,11 +403,12 @@ def test_pretune_names_a_key_whose_job_is_done_but_whose_record_is_withdrawn(
     revoked = httpx.delete(f"{server.url}/v1/tokens/{writer_id}", params={"withdraw": "true"},
                            headers=AUTH, timeout=30)  # fmt: skip
     assert revoked.json()["withdrawn"] == 1, revoked.text
-    again = cli("pretune", str(manifest), "--server", server.url)
-    assert again.returncode == 1, again.stderr
-    assert "0 tuned already, 0 queued, 1 unserved" in again.stderr, again.stderr
-    assert "tuned, but not served: matmul[" in again.stderr and "daemon --verify" in again.stderr
-    assert "1/1 done" not in again.stderr
+    assert cli("coverage", str(manifest), "--server", server.url).returncode == 1  # missing
+    again = cli("pretune", str(manifest), "--server", server.url, "--no-wait")
+    assert again.returncode == 0, again.stderr
+    assert "0 tuned already, 1 queued" in again.stderr and "unserved" not in again.stderr
+    (queued,) = httpx.get(f"{server.url}/v1/jobs", timeout=30).json()["items"]
+    assert (queued["id"], queued["state"]) == (job.id, "queued")
 
 
 def test_pretune_names_a_key_done_with_a_record_of_other_versions_as_stale(
@@ -628,3 +631,43 @@ def test_a_failed_job_none_here_takes_is_drained_at_its_retry_not_every_two_seco
 
     pretune._until_no_retry(None, ["b"], stops_early_once)
     assert (runs, state[0]) == ([0.0, 2.0], "done"), runs
+
+
+def test_pretune_names_a_key_it_followed_to_done_that_no_verifier_has_passed(
+    tmp_path: Path,
+) -> None:
+    """Under the verified policy with no verifier running, a daemon's upload is stored pending:
+    pretune followed the job to "1/1 done" and exited 0, while coverage said missing and a run
+    again said "unserved", exit 1. It now says so at the end, as it does for a key found so."""
+    import os
+    import time
+
+    from tests.conftest import start_server
+    from tests.factories import issue_token, make_record
+    from tunecache.client import Client
+
+    db = tmp_path / "cache.db"
+    live = start_server(f"sqlite:///{db}", db, tmp_path / "server.log",
+                        args=["--policy", "verified"])  # fmt: skip
+    try:
+        manifest = tmp_path / "one.toml"
+        manifest.write_text('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\n'
+                            'shapes = [{M = 8, N = 16, K = 16}]\ntrials = 2\n')  # fmt: skip
+        (key,) = parse_manifest(manifest.read_text(), str(manifest)).keys
+        following = subprocess.Popen(
+            [sys.executable, "-m", "tunecache_cli", "pretune", str(manifest), "--server",
+             live.url], stderr=subprocess.PIPE, text=True, cwd=REPO, env=dict(os.environ),
+        )  # fmt: skip
+        with Client(live.url, token=issue_token(live.url, "write")) as daemon:
+            deadline = time.monotonic() + 120
+            while (job := daemon.claim_job("w", device_arch=key.device.arch,
+                                           backends=["tvm"])) is None:  # fmt: skip
+                assert time.monotonic() < deadline and following.poll() is None
+                time.sleep(0.2)
+            record_id = daemon.upload(make_record(key)).record_id  # pending: a write token's
+            assert daemon.complete_job(job.id, "w", record_id).state == "done"
+        _, said = following.communicate(timeout=120)
+    finally:
+        live.stop()
+    assert following.returncode == 1, said
+    assert "1/1 done" in said and "tuned, but not served: matmul[" in said, said

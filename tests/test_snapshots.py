@@ -993,3 +993,26 @@ def test_a_stated_name_no_token_could_take_is_shown_quoted(server: LiveServer) -
     for page in ("/", f"/ui/records/{record.id}"):
         html = httpx.get(f"{server.url}{page}", timeout=30).text
         assert "\u0430" not in html and "&#34;\\u0430dmin1&#34; (trusted uploader)" in html, page
+
+
+def test_an_import_that_leaves_out_what_a_verifier_re_timed_says_why(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """A write token's import of a verified server's snapshot (every record re-timed by its
+    verifier) said "imported 0 records ... 0 winners changed" and exited 0, giving no reason:
+    a server stores a re-timed record from a trusted token's import only. It says so."""
+    record = make_record(make_key(64), time_ms=1.0)
+    timing = record.model_dump(mode="json", by_alias=True)["timing"]
+    stated = _stated(status="verified", uploader_timing=timing, uploaders=["torch_eager"],
+                     verification={"verifier": "v", "device_name": "d",
+                                   "verified_at": "2026-01-03T00:00:00Z", "retimed": True})  # fmt: skip
+    path = tmp_path / "snap.json"
+    path.write_text(json.dumps(stated))
+    untrusted = _tunecache_as(_token(server.url, "w"), "snapshot", "import", str(path),
+                              "--server", server.url)  # fmt: skip
+    assert untrusted.returncode == 0, untrusted.stderr
+    assert "imported 0 records" in untrusted.stdout, untrusted.stdout
+    assert "1 record of" in untrusted.stderr and "trusted token's import only" in untrusted.stderr
+    trusted = _tunecache_as(_token(server.url, "ci", trusted=True), "snapshot", "import",
+                            str(path), "--server", server.url)  # fmt: skip
+    assert "imported 1 record" in trusted.stdout and "re-timed" not in trusted.stderr

@@ -116,10 +116,43 @@ def queue(client: Any, manifest: Any) -> tuple[list[str], int, dict[str, list[An
             if job.state == "done" and is_tuned(key, client):  # done meanwhile
                 tuned += 1
             elif job.state == "done":
-                unserved["stale" if is_tuned(key, anyway) else "unchecked"].append(key)
+                unserved[_why_unserved(key, anyway)].append(key)
             else:
                 followed.append(job.key_hash)
     return followed, tuned, unserved
+
+
+def _why_unserved(key: Any, anyway: Any) -> str:
+    """Why a key tuned (its job done) is not served: ``stale`` where a client taking any
+    versions (``anyway``) is served it, else ``unchecked`` (:data:`UNSERVED`)."""
+    return "stale" if is_tuned(key, anyway) else "unchecked"
+
+
+def unserved_after(client: Any, manifest: Any, hashes: list[str]) -> dict[str, list[Any]]:
+    """The followed keys whose job ended done with no record served, by why: under the
+    verified policy with no verifier running, ``pretune`` said "1/1 done" and exited 0, the
+    key missing at run time (a run again said "unserved", exit 1)."""
+    from tunecache.client import Client
+
+    jobs, wanted = all_jobs(client), set(hashes)
+    unserved: dict[str, list[Any]] = {why: [] for why in UNSERVED}
+    with Client(client.url, policy="any") as anyway:
+        for key in manifest.keys:
+            job = jobs.get(key.digest())
+            if key.digest() in wanted and job is not None and job.state == "done" \
+                    and not is_tuned(key, client):  # fmt: skip
+                unserved[_why_unserved(key, anyway)].append(key)
+    return unserved
+
+
+def say_unserved(unserved: dict[str, list[Any]]) -> int:
+    """Prints why each group of keys is not served (a few named); returns how many keys."""
+    for why, keys in unserved.items():
+        if keys:
+            named = ", ".join(shown(k.short()) for k in keys[:3])
+            more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+            print(UNSERVED[why].format(keys=named + more), file=sys.stderr)
+    return sum(len(keys) for keys in unserved.values())
 
 
 # A key tuned (its job done) whose record is not served under the manifest's policy: its job is
@@ -136,19 +169,30 @@ UNSERVED = {
 def devices_needed(manifest: Any, hashes: list[str]) -> list[str]:
     """The daemons' devices (``cpu``, ``cuda``) the manifest's keys among ``hashes`` need."""
     wanted = set(hashes)
-    return sorted({"cpu" if k.device.kind == "cpu" else "cuda"
-                   for k in manifest.keys if k.digest() in wanted})  # fmt: skip
+    return sorted({_daemon_device(k) for k in manifest.keys if k.digest() in wanted})
+
+
+def _daemon_device(key: Any) -> str:
+    return "cpu" if key.device.kind == "cpu" else "cuda"
+
+
+def _archs(manifest: Any, hashes: list[str], device: str) -> list[str]:
+    """The archs of the keys among ``hashes`` a daemon of ``device`` runs: a daemon claims its
+    own arch's jobs only (the hint said ``--device cpu`` where one ran already, of another)."""
+    wanted = set(hashes)
+    return sorted({k.device.arch for k in manifest.keys
+                   if k.digest() in wanted and _daemon_device(k) == device})  # fmt: skip
 
 
 def unclaimed_hint(manifest: Any, hashes: list[str]) -> str:
     """What to run when no worker claims the followed jobs: a daemon for each device they need
     (with the packages of the manifest's own kernels), running the kernels' sources as here (a
     daemon's claim names the versions it runs: a job of another version waits for its own)."""
-    devices = devices_needed(manifest, hashes)
     kernels = f" --kernels {','.join(manifest.packages)}" if manifest.packages else ""
-    runs = " and ".join(f"`tunecache daemon --device {d}{kernels}`" for d in devices)
-    where = " on a machine with a GPU" if "cuda" in devices else ""
-    return (f"no worker has claimed any of these jobs yet: start one with {runs}{where}, with "
+    runs = " and ".join(f"`tunecache daemon --device {device}{kernels}` on a machine of arch "
+                        f"{' or '.join(_archs(manifest, hashes, device))}"
+                        for device in devices_needed(manifest, hashes))  # fmt: skip
+    return (f"no worker has claimed any of these jobs yet: start one with {runs}, with "
             "the kernels' sources as here (a daemon running another version of a kernel leaves "
             "its jobs); waiting (Ctrl-C stops waiting, the jobs stay queued)")  # fmt: skip
 
@@ -368,11 +412,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{counted(len(manifest.keys), 'key')}: {tuned} tuned already, "
               f"{len(hashes)} queued{f', {left} unserved' if left else ''}",
               file=sys.stderr)  # fmt: skip
-        for why, keys in unserved.items():
-            if keys:
-                named = ", ".join(shown(k.short()) for k in keys[:3])
-                more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
-                print(UNSERVED[why].format(keys=named + more), file=sys.stderr)
+        say_unserved(unserved)
         with prompt():  # Ctrl-C while tuning here: ended within a second (it took 8.5 s)
             if args.local and hashes:
                 _tune_here(client, manifest, args.trials, hashes)
@@ -382,6 +422,7 @@ def run(args: argparse.Namespace) -> int:
         if hashes and not args.no_wait:
             failed = follow(client, hashes, hint=unclaimed_hint(manifest, hashes),
                             started=started)  # fmt: skip
+            left += say_unserved(unserved_after(client, manifest, hashes))
         if args.json:  # stdout holds the JSON only; progress went to stderr
             print(_followed_json(client, hashes, len(manifest.keys), tuned))
         return 1 if failed or left else 0

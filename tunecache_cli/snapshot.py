@@ -12,6 +12,7 @@ file, or one the server refuses as invalid or too large: 400, 413, 422), 3 serve
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,12 @@ def run_import(args: argparse.Namespace) -> int:
         f"imported {counted(result['imported'], 'record')} from {args.file} into {url}: "
         f"{counted(result['winners_changed'], 'winner')} changed"
     )
+    retimed = sum(p.retimed for p in snapshot.provenance or ())
+    if retimed and result["imported"] < len(snapshot.records):  # said nothing, exit 0
+        print(f"tunecache: {counted(retimed, 'record')} of {args.file} a verifier re-timed: a "
+              "server stores those from a trusted token's import only (`tunecache token "
+              "create ... --trusted`); the others not stored it held already",
+              file=sys.stderr)  # fmt: skip
     return 0
 
 
