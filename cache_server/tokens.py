@@ -196,13 +196,9 @@ REVOKE_SLOT = 258  # past the keys', the miss budget's and token names' (NAME_SL
 
 
 def revoke(
-    session: Session,
-    *,
-    token_id: int,
-    withdraw: bool = False,
-    by: int | None = None,
+    session: Session, *, token_id: int, withdraw: bool = False, by: int | None = None,
     policy: str = "validated",
-) -> TokenRevoked | None:
+) -> TokenRevoked | None:  # fmt: skip
     """Revokes a token (kept, for the record), giving back the leases of the jobs it claimed
     (:func:`cache_server.jobs.release_leases`) and of the records it was verifying
     (:func:`cache_server.trust.release_verifications`); with ``withdraw``, disputes the records
