@@ -671,3 +671,70 @@ def test_pretune_names_a_key_it_followed_to_done_that_no_verifier_has_passed(
         live.stop()
     assert following.returncode == 1, said
     assert "1/1 done" in said and "tuned, but not served: matmul[" in said, said
+
+
+def test_pretune_and_coverage_say_why_a_job_failed(tmp_path: Path) -> None:
+    """``pretune`` ended "0/1 done, 0 running, 1 failed", exit 1, and ``coverage`` said
+    "failed" with an empty note: why was only in the daemon's log and the dashboard. Both now
+    give the job's attempts and the first line of its last error."""
+    import threading
+    import time
+
+    from tests.conftest import start_server
+    from tunecache.client import Client
+
+    text = '[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\nshapes = [{M = 8, N = 16, K = 16}]\n'
+    manifest = tmp_path / "one.toml"
+    manifest.write_text(text)
+    why = "RuntimeError: no schedule compiled for sm_90"
+    live = start_server(f"sqlite:///{tmp_path / 'cache.db'}", tmp_path / "cache.db",
+                        tmp_path / "server.log", env={"TUNECACHE_SERVER_RETRY_SECONDS": "0"})  # fmt: skip
+    failures: list[int] = []
+
+    def failing_daemon() -> None:  # fails each attempt it is handed, for the job's 3
+        with Client(live.url) as worker:
+            deadline = time.monotonic() + 120
+            while len(failures) < 3 and time.monotonic() < deadline:
+                job = worker.claim_job("w", lease_seconds=60)
+                if job is None:
+                    time.sleep(0.1)
+                    continue
+                worker.fail_job(job.id, "w", f"{why}\n  Traceback (most recent call last):")
+                failures.append(job.attempts)
+
+    try:
+        thread = threading.Thread(target=failing_daemon)
+        thread.start()
+        done = cli("pretune", str(manifest), "--server", live.url)
+        thread.join()
+        assert failures == [1, 2, 3]
+        assert done.returncode == 1, done.stderr
+        key = parse_manifest(text).keys[0].short()
+        assert f"failed: {key}: attempt 3/3: {why}\n" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr  # its first line only
+        covered = cli("coverage", str(manifest), "--server", live.url)
+        assert covered.returncode == 1, covered.stderr
+        [row] = [line for line in covered.stdout.splitlines() if "M=8," in line]
+        assert "failed" in row and f"attempt 3/3: {why}" in row, covered.stdout
+        as_json = json.loads(cli("coverage", str(manifest), "--server", live.url, "--json").stdout)
+        assert as_json["keys"][0]["note"] == f"attempt 3/3: {why}"
+    finally:
+        live.stop()
+
+
+def test_a_failed_jobs_error_from_a_server_is_one_line_shown_as_it_is() -> None:
+    """A job's error as a server answers it is taken as it is (a client reads old records'
+    text), so a hostile server's escape sequence, bidi override or megabyte line must not
+    reach the terminal as sent."""
+    from tests.factories import claimed_job, make_key
+    from tunecache.jobs import JobPublic
+    from tunecache.strict import SERVED
+    from tunecache_cli.pretune import ERROR_SHOWN, why_failed
+
+    body = claimed_job(make_key(8)).model_dump(mode="json")
+    body.update(state="failed", attempts=2, max_attempts=2,
+                error="\x1b[2J\x1b[8mhidden\u202e" + "x" * 5000 + "\nsecond line")  # fmt: skip
+    note = why_failed(JobPublic.model_validate(body, context=SERVED))
+    assert note.startswith("attempt 2/2: \\x1b[2J\\x1b[8mhidden\\u202e") and note.endswith("...")
+    assert "\x1b" not in note and "\u202e" not in note and "second line" not in note
+    assert len(note) < ERROR_SHOWN + 60

@@ -26,6 +26,8 @@ MAX_LEASE_WAIT = 30.0  # and at most this long for a job leased elsewhere (a lea
 LAPSE_MARGIN = 3.0  # seconds past a lease's end before it is claimed (the server's clock may lag)
 QUIET_LINE_SECONDS = 60.0  # off a terminal, a progress line when a count changes, else this often
 UNCLAIMED_HINT_SECONDS = 30.0  # no job claimed this long: say how to start a worker, once
+FAILED_NAMED = 10  # failed jobs named with their errors after following; the rest counted
+ERROR_SHOWN = 200  # characters of a job's error's first line a note shows
 
 
 def register(commands: Any) -> None:
@@ -128,13 +130,15 @@ def _why_unserved(key: Any, anyway: Any) -> str:
     return "stale" if is_tuned(key, anyway) else "unchecked"
 
 
-def unserved_after(client: Any, manifest: Any, hashes: list[str]) -> dict[str, list[Any]]:
-    """The followed keys whose job ended done with no record served, by why: under the
-    verified policy with no verifier running, ``pretune`` said "1/1 done" and exited 0, the
-    key missing at run time (a run again said "unserved", exit 1)."""
+def unserved_after(
+    client: Any, manifest: Any, hashes: list[str], jobs: dict[str, Any]
+) -> dict[str, list[Any]]:
+    """The followed keys whose job (in ``jobs``, by key hash) ended done with no record served,
+    by why: under the verified policy with no verifier running, ``pretune`` said "1/1 done" and
+    exited 0, the key missing at run time (a run again said "unserved", exit 1)."""
     from tunecache.client import Client
 
-    jobs, wanted = all_jobs(client), set(hashes)
+    wanted = set(hashes)
     unserved: dict[str, list[Any]] = {why: [] for why in UNSERVED}
     with Client(client.url, policy="any") as anyway:
         for key in manifest.keys:
@@ -153,6 +157,27 @@ def say_unserved(unserved: dict[str, list[Any]]) -> int:
             more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
             print(UNSERVED[why].format(keys=named + more), file=sys.stderr)
     return sum(len(keys) for keys in unserved.values())
+
+
+def why_failed(job: Any) -> str:
+    """A job's attempts and the first line of its last error, as one line a terminal shows as
+    it is (the error is a worker's words, as the server keeps them: control characters are
+    escaped, the line cut to :data:`ERROR_SHOWN` characters)."""
+    first = job.error.strip().split("\n", 1)[0].strip() or "no reason given"
+    cut = first if len(first) <= ERROR_SHOWN else first[:ERROR_SHOWN] + "..."
+    return f"attempt {job.attempts}/{job.max_attempts}: {shown(cut)}"
+
+
+def say_failed(jobs: dict[str, Any], hashes: list[str]) -> None:
+    """Names each followed job that failed, with :func:`why_failed` (at most
+    :data:`FAILED_NAMED`): ``pretune`` said "1 failed" and no more, the reason only in the
+    daemon's log and the dashboard."""
+    failed = [jobs[h] for h in hashes if h in jobs and jobs[h].state == "failed"]
+    for job in failed[:FAILED_NAMED]:
+        print(f"failed: {shown(job.key.to_key().short())}: {why_failed(job)}", file=sys.stderr)
+    if len(failed) > FAILED_NAMED:
+        print(f"and {counted(len(failed) - FAILED_NAMED, 'more failed job')}: `tunecache "
+              "coverage MANIFEST` notes each one's error", file=sys.stderr)  # fmt: skip
 
 
 # A key tuned (its job done) whose record is not served under the manifest's policy: its job is
@@ -418,20 +443,22 @@ def run(args: argparse.Namespace) -> int:
                 _tune_here(client, manifest, args.trials, hashes)
             if args.ray and hashes:
                 _on_ray(client, manifest, args.trials, hashes, args.ray)
-        failed = 0
+        failed, jobs = 0, None
         if hashes and not args.no_wait:
             failed = follow(client, hashes, hint=unclaimed_hint(manifest, hashes),
                             started=started)  # fmt: skip
-            left += say_unserved(unserved_after(client, manifest, hashes))
+            jobs = all_jobs(client)  # as they ended: the failed named, the unserved found
+            say_failed(jobs, hashes)
+            left += say_unserved(unserved_after(client, manifest, hashes, jobs))
         if args.json:  # stdout holds the JSON only; progress went to stderr
-            print(_followed_json(client, hashes, len(manifest.keys), tuned))
+            jobs = all_jobs(client) if jobs is None else jobs
+            print(_followed_json(jobs, hashes, len(manifest.keys), tuned))
         return 1 if failed or left else 0
 
 
-def _followed_json(client: Any, hashes: list[str], keys: int, tuned: int) -> str:
+def _followed_json(jobs: dict[str, Any], hashes: list[str], keys: int, tuned: int) -> str:
     """``--json``: the manifest's counts and each followed job as it stands."""
     import json
 
-    jobs = all_jobs(client)
     followed = [jobs[h].model_dump(mode="json", by_alias=True) for h in hashes if h in jobs]
     return json.dumps({"keys": keys, "tuned_already": tuned, "jobs": followed}, indent=2)
