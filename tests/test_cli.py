@@ -349,6 +349,12 @@ def test_tune_tvm_says_what_each_uploaded_count_is() -> None:
         "records and the module's workload): the server stored 4 (new, or better than what it "
         "held) and kept what it held for 2"
     )
+    unserved = upload_summary(5, items, ArtifactPutResult(stored=4, kept=2, served=False),
+                              "http://h", "llvm-x")  # fmt: skip
+    assert (
+        unserved == line + "; this server serves only trusted tokens' artifacts (its "
+        "verified policy; no verifier checks artifacts): stored, but served to no one"
+    )
 
 
 def test_a_path_in_the_url_that_no_route_has_is_refused_before_the_tune(

@@ -7,6 +7,7 @@ loopback and through a hostile server at the client's transport.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import time
@@ -483,15 +484,97 @@ def test_the_verified_policy_serves_only_trusted_tokens_artifacts(
     with Client(url, token=token(url, "laptop", "write")) as laptop:
         from tunecache.artifacts import ArtifactIn
 
-        laptop.put_artifacts([ArtifactIn(**item, value=GROUP, score=1.0)])
+        said = laptop.put_artifacts([ArtifactIn(**item, value=GROUP, score=1.0)])
+        assert said.served is False  # the uploader is told, not left to find out
         assert laptop.get_artifacts("inductor.choices", "p") == []  # pending, never verified
         with Client(url, token=token(url, "ci", "write", trusted=True)) as ci:
-            ci.put_artifacts([ArtifactIn(**item, value=GROUP, score=1.0)])
+            assert ci.put_artifacts([ArtifactIn(**item, value=GROUP, score=1.0)]).served is True
         assert [a.value for a in laptop.get_artifacts("inductor.choices", "p")] == [GROUP]
         faster = {**GROUP, "timings": {"c-1": 0.001, "c-2": 9.0}}
         result = laptop.put_artifacts([ArtifactIn(**item, value=faster, score=0.001)])
         assert (result.stored, result.kept) == (1, 0)  # the laptop's own copy, not served
         assert [a.value for a in laptop.get_artifacts("inductor.choices", "p")] == [GROUP]
+
+
+def test_uploads_a_verified_server_stores_but_never_serves_are_said_so(
+    verified_server: LiveServer, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Under the verified policy ``tune --tvm``, ``tune --torch``, ``import vllm-moe``, the
+    TVM database, the Inductor hook and the Triton drop-in said an untrusted token's uploads
+    were stored, and nothing more: they are never served (artifacts), or only once a verifier
+    passes them (records). Each says so now; the TVM database stops writing (its quota spent
+    for nothing); the drop-in's client says it once."""
+    import shutil
+
+    from tunecache.artifacts import UNSERVED_NOTE, ArtifactIn
+    from tunecache.tvm.remote import Remote
+    from tunecache_cli import main
+
+    url = verified_server.url
+    writer = token(url, "laptop", "write")
+    items = [ArtifactIn(namespace="inductor.choices", partition="p", key="k", value=GROUP)]
+    remote = Remote(url, writer, 5.0, "p")
+    try:
+        with caplog.at_level(logging.WARNING, logger="tunecache"):
+            assert remote.put(items) is True  # stored
+            assert remote.put(items) is False  # not written again
+        assert [r.getMessage().count(UNSERVED_NOTE) for r in caplog.records] == [1]
+    finally:
+        remote.close()
+    caplog.clear()
+    with Client(url, token=writer) as client, caplog.at_level(logging.WARNING, logger="tunecache"):
+        for m in (64, 128):
+            assert client.upload_later(make_record(make_key(m=m)))
+            assert client.drain(30)
+    pending = [r.getMessage() for r in caplog.records if "not served" in r.getMessage()]
+    assert len(pending) == 1 and "serves verified records only" in pending[0], pending
+    folder = tmp_path / "moe"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "vllm-moe-configs", folder)
+    monkeypatch.setenv("TUNECACHE_TOKEN", writer)
+    capsys.readouterr()
+    assert main(["import", "vllm-moe", str(folder), "--server", url]) == 0
+    assert UNSERVED_NOTE in capsys.readouterr().err
+
+
+def test_the_inductor_hook_warns_that_a_verified_server_serves_its_upload_to_no_one(
+    verified_server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tunecache.inductor import TeamCacheWarning, _upload
+    from tunecache.inductor.remote import TeamCache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # no choice file
+    best = {"XBLOCK": 128, "R0_BLOCK": 8, "num_warps": 4, "num_stages": 1,
+            "configs_hash": "a" * 64, "found_by_coordesc": False, "time_taken_ms": 12,
+            "triton_cache_hash": None}  # fmt: skip
+    url = verified_server.url
+    for name, trusted in (("laptop", False), ("ci", True)):
+        team = TeamCache(url, token(url, name, "write", trusted=trusted), "p", timeout=5.0)
+        try:
+            with pytest.warns(TeamCacheWarning, match="served to no one") if not trusted \
+                    else _no_warning(TeamCacheWarning):  # fmt: skip
+                result = _upload(team, {"k" * 60: best})
+        finally:
+            team.close()
+        assert result is not None and (result.stored, result.served) == (1, trusted)
+
+
+@contextlib.contextmanager
+def _no_warning(category: type[Warning]) -> Any:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    assert not [w for w in caught if issubclass(w.category, category)], caught
+
+
+def test_a_validated_server_says_its_artifacts_are_served(server: LiveServer) -> None:
+    from tunecache.artifacts import ArtifactIn
+
+    item = ArtifactIn(namespace="inductor.choices", partition="p", key="k", value=GROUP)
+    with Client(server.url) as client:
+        assert client.put_artifacts([item]).served is True
 
 
 def test_an_artifact_the_schemas_refuse_is_never_read_back(server: LiveServer) -> None:

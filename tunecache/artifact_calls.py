@@ -48,13 +48,17 @@ class ArtifactCalls:
             ServerError: the server is unreachable or rejected a batch; earlier batches stay.
         """
         stored = kept = 0
+        served: set[bool | None] = set()
         for start in range(0, len(items), MAX_BATCH):
             batch = ArtifactBatch(items=list(items[start : start + MAX_BATCH]))
             body = batch.model_dump(mode="json")
             response = self._call("POST", "/v1/artifacts", small=True, json=body)
             result = parse(ArtifactPutResult, response, "/v1/artifacts")
             stored, kept = stored + result.stored, kept + result.kept
-        return ArtifactPutResult(stored=stored, kept=kept)
+            served.add(result.served)
+        # not served where a batch said so; served where every batch did; else not said
+        said = False if False in served else (True if served == {True} else None)
+        return ArtifactPutResult(stored=stored, kept=kept, served=said)
 
     def get_artifacts(
         self,

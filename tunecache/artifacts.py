@@ -94,6 +94,22 @@ class ArtifactPutResult(_Strict):
 
     stored: int
     kept: int
+    # Whether the server's serving policy reads this token's items back at all (they still rank
+    # against other tokens' copies): False under the ``verified`` policy for a token not
+    # trusted (artifacts have no verifier: stored, never served); None from a server that does
+    # not say.
+    served: bool | None = None
+
+
+# How a client says an upload of artifacts is stored but never served (``served`` False).
+UNSERVED_NOTE = ("this server serves only trusted tokens' artifacts (its verified policy; no "
+                 "verifier checks artifacts): stored, but served to no one")  # fmt: skip
+
+
+def unserved(result: ArtifactPutResult) -> str:
+    """``"; "`` and :data:`UNSERVED_NOTE` where ``result`` says its items are not served, else
+    ``""``: what a command's line about an upload ends with."""
+    return f"; {UNSERVED_NOTE}" if result.served is False else ""
 
 
 class ArtifactPublic(ArtifactIn):

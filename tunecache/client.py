@@ -169,6 +169,7 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
         self.policy: VersionPolicy = policy
         self.report_misses = report_misses
         self.sends_bucket = True  # a user's kernel's bucket, until a server refuses the field
+        self.said_pending = False  # upload_later warned once that its uploads wait unserved
         given = token is not None
         token = env_token() if token is None else checked_token(token, "token=")
         auth = {"Authorization": f"Bearer {token}"} if token else {}
@@ -372,11 +373,21 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
         ``False`` only when the queue is full. A failed upload is a warning; :meth:`close` waits
         a few seconds for uploads still queued and says how many were not sent. Until the server
         has it, the record is kept in the outbox (:class:`tunecache.outbox.Later`): one never
-        sent waits there for ``tunecache push``."""
+        sent waits there for ``tunecache push``. One the server stores but serves only once a
+        verifier passes it (its verified policy) is said, once a client."""
         what = f"upload of {record.key.kernel} ({record.key.backend})"
         later = Later(self.url, record, what)  # kept in the outbox till the server has it
-        queued = self.server.send_later(what, lambda: later.send(self), loud=True,
-                                        lost=later.lost)  # fmt: skip
+
+        def send() -> None:
+            result = later.send(self)
+            if result.policy == "verified" and result.status == "pending" and not self.said_pending:
+                self.said_pending = True  # once: a team's every tune would say it
+                logger.warning("%s: record #%d is stored but not served: this server serves "
+                               "verified records only (served once `tunecache daemon --verify` "
+                               "passes it; uploads of a trusted token are served at once)",
+                               self.url, result.record_id)  # fmt: skip
+
+        queued = self.server.send_later(what, send, loud=True, lost=later.lost)
         if not queued:
             later.lost()
         return queued

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tunecache.artifacts import unserved
 from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
 from tunecache.vllm_moe import NAMESPACE, imported_value, read_file
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     entries = sum(len(item.value["configs"]) for item in items if isinstance(item.value, dict))
     print(f"imported {len(items)} file{'' if len(items) == 1 else 's'} ({entries} entries; "
           f"{', '.join(devices)}) into {url} as {NAMESPACE}: {result.stored} stored, "
-          f"{result.kept} kept as they were", file=sys.stderr)  # fmt: skip
+          f"{result.kept} kept as they were{unserved(result)}", file=sys.stderr)  # fmt: skip
     return 0
 
 

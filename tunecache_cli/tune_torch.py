@@ -177,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _upload(url: str, result: Any) -> int:
+    from tunecache.artifacts import unserved
     from tunecache.inductor import share_items
     from tunecache.inductor.partition import partition
     from tunecache.inductor.remote import TeamCache
@@ -199,8 +200,9 @@ def _upload(url: str, result: Any) -> int:
         team.close()
     entries = f"{len(items)} entr{'y' if len(items) == 1 else 'ies'}"
     kept = f", {stored.kept} held already (as fast or faster)" if stored.kept else ""
-    print(f"uploaded {entries} to {url} ({team.partition}): {stored.stored} stored{kept}; "
-          "`tunecache artifacts ls` lists them", file=sys.stderr)  # fmt: skip
+    listed = unserved(stored) or "; `tunecache artifacts ls` lists them"
+    print(f"uploaded {entries} to {url} ({team.partition}): {stored.stored} stored{kept}"
+          f"{listed}", file=sys.stderr)  # fmt: skip
     return 0
 
 

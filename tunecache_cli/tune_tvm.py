@@ -288,10 +288,9 @@ def _upload(url: str, mod: IRModule, target: dict[str, Any], records: list[Any])
     finally:
         database.close()
     print(upload_summary(len(records), items, result, url, database.partition), file=sys.stderr)
-    print(
-        f"use them: compile_tir(tunecache.tvm.Database({url!r}, target={target!r}), mod, target)",
-        file=sys.stderr,
-    )
+    if result.served is not False:  # else no Database of this server reads them back
+        print(f"use them: compile_tir(tunecache.tvm.Database({url!r}, target={target!r}), mod, "
+              "target)", file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -299,6 +298,7 @@ def upload_summary(validated: int, items: list[Any], result: Any, url: str, part
     """What an upload sent and what the server did with it, each count named: the artifacts
     are the module's workload and one per tuning record; the server ``stored`` those new or
     better than what it held, and ``kept`` what it held for the others."""
+    from tunecache.artifacts import unserved
     from tunecache.tvm.wire import RECORD, WORKLOAD
 
     records = sum(item.namespace == RECORD for item in items)
@@ -310,5 +310,5 @@ def upload_summary(validated: int, items: list[Any], result: Any, url: str, part
         f"uploaded {validated} validated record{'' if validated == 1 else 's'} to {url} "
         f"(partition {partition}) as {len(items)} artifacts ({sent}): the server stored "
         f"{result.stored} (new, or better than what it held) and kept what it held for "
-        f"{result.kept}"
+        f"{result.kept}{unserved(result)}"
     )

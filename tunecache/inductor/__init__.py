@@ -37,7 +37,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tunecache.artifacts import ArtifactIn, ArtifactPublic, ArtifactPutResult, Namespace
+from tunecache.artifacts import (
+    UNSERVED_NOTE,
+    ArtifactIn,
+    ArtifactPublic,
+    ArtifactPutResult,
+    Namespace,
+)
 from tunecache.errors import ServerError
 from tunecache.inductor import autotune, choices
 from tunecache.inductor.autotune import AutotuneStore
@@ -210,10 +216,13 @@ def _upload(team: TeamCache, recorded: Mapping[str, dict[str, Any]]) -> Artifact
     if not items:
         return ArtifactPutResult(stored=0, kept=0)
     try:
-        return team.put(items)
+        result = team.put(items)
     except ServerError as exc:
         warnings.warn(f"tunecache: upload failed: {exc}", TeamCacheWarning, stacklevel=3)
         return None
+    if result.served is False:
+        warnings.warn(f"tunecache: {team.url}: {UNSERVED_NOTE}", TeamCacheWarning, stacklevel=3)
+    return result
 
 
 def _upload_at_exit(team: TeamCache, store: AutotuneStore) -> None:

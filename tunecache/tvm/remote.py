@@ -12,7 +12,8 @@ schedule for good. The pause is at least a second, doubled past that for each sh
 row (:func:`tunecache.backoff.backoff`): a server shedding every call near the timeout with
 ``Retry-After: 0`` was asked each second of a compile, each call waiting for it. A write refused
 for the token (401/403: a read-only token) stops the writes only; a refused single write (422:
-an item the server will not take) only loses that item.
+an item the server will not take) only loses that item. A server that says it serves none of
+this token's items (its verified policy, a token not trusted) is not written to again, once said.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from tunecache.artifacts import ArtifactIn, ArtifactPublic, Namespace
+from tunecache.artifacts import UNSERVED_NOTE, ArtifactIn, ArtifactPublic, Namespace
 from tunecache.backoff import backoff
 from tunecache.client import Client
 from tunecache.errors import ServerError
@@ -81,7 +82,7 @@ class Remote:
         if self._skipped() or self.read_only is not None or not items:
             return False
         try:
-            self.client.put_artifacts(items)
+            result = self.client.put_artifacts(items)
         except Exception as exc:
             error = _as_server_error(exc)
             if error.status_code in (401, 403):  # a read-only token: reads still work
@@ -89,6 +90,10 @@ class Remote:
             self._failed(f"writing {len(items)} {items[0].namespace} item(s)", error, write=True)
             return False
         self._shed = 0
+        if result.served is False:  # stored for nothing: its quota is not spent on more
+            self.read_only = UNSERVED_NOTE
+            logger.warning("tunecache.tvm: %s: %s; not writing to it from now on",
+                           self.client.url, UNSERVED_NOTE)  # fmt: skip
         return True
 
     def close(self) -> None:

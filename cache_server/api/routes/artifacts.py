@@ -41,11 +41,13 @@ def put_artifacts(
     as kept). Which copy
     a read serves is decided then: a trusted token's first, then the lowest score, of the tokens
     not revoked. A non-admin token is charged the bytes of the items written against the
-    server's quota; past it, a 403 names the quota and none is stored.
+    server's quota; past it, a 403 names the quota and none is stored. ``served`` is false
+    where no read will serve them: the ``verified`` policy, a token not trusted.
     """
     stored = artifacts.put_artifacts(session, items=batch.items, uploader=token,
                                      quota=settings.token_bytes)  # fmt: skip
-    return ArtifactPutResult(stored=stored, kept=len(batch.items) - stored)
+    served = settings.policy != "verified" or bool(token.trusted)
+    return ArtifactPutResult(stored=stored, kept=len(batch.items) - stored, served=served)
 
 
 @router.get("/artifacts", dependencies=[READ])
