@@ -441,6 +441,10 @@ def test_a_daemon_outlives_a_server_restart_and_its_record_is_not_lost(tmp_path:
     said = "".join(lines)
     assert worker.returncode == 0 and "1 job completed" in said, said[-3000:]
     assert said.count("WARNING tuner.daemon: the server does not answer") == 1, said
+    # each line of a log that runs for days says when (it said only what)
+    stamped = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d{4} (INFO|WARNING) tuner\.daemon: "
+    logged = [line for line in said.splitlines() if " tuner.daemon: " in line]
+    assert logged and all(re.match(stamped, line) for line in logged), logged
     assert said.count("the server answers again") == 1, said
     assert done.record_id is not None and done.attempts == 1  # completed, not redone
 

@@ -202,9 +202,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     user_path()
     progress.command_started()  # no printer is silent 5 s past the start or its last line
+    when = "%(asctime)s " if getattr(args, "log_times", False) else ""  # a daemon's lines
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
+        format=f"{when}%(levelname)s %(name)s: %(message)s",
+        datefmt="%Y-%m-%dT%H:%M:%S%z",  # local time, its offset named
     )
     try:
         code: int = args.run(args)

@@ -70,7 +70,7 @@ def register(commands: Any) -> None:
         help="verify uploaded records instead of tuning jobs (a token with the verify scope)",
     )  # fmt: skip
     add_server(parser)
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, log_times=True)  # its log runs for days: each line's time
 
 
 def _packages(text: str | None) -> tuple[str, ...]:
