@@ -376,6 +376,40 @@ def test_a_daemon_imports_no_main_module_of_a_package_it_was_given(
     )
 
 
+@pytest.mark.parametrize(("change", "said"), [
+    ({"arch": "sm_90"}, "the server handed a job for sm_90; this worker claimed jobs for "),
+    ({"backend": "triton"}, "the server handed a job for the triton backend; this worker "),
+    ({"m": 24}, "a key this worker did not ask for (pretune --local)"),
+])  # fmt: skip
+def test_a_daemon_runs_no_job_its_claim_did_not_ask_for(
+    change: dict[str, Any], said: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim names this machine's arch, its backends and (``pretune --local``) its keys; a
+    server (an old or hostile one) that answers with another's was tuned for: the whole search
+    run, its record keyed by this machine answering no job (an honest server then refused the
+    completion, the attempt spent). It is failed before anything runs, saying why."""
+    from tuner import daemon as daemon_module
+    from tuner.daemon import Daemon, DaemonOptions
+    from tuner.handed import unasked
+
+    ran: list[Any] = []
+    monkeypatch.setattr(daemon_module, "tune", lambda *args, **kwargs: ran.append(args))
+    here = local_device("cpu").fingerprint
+    asked = dataclasses.replace(make_key(m=16), device=here)
+    arch = change.get("arch", here.arch)
+    key = dataclasses.replace(make_key(m=change.get("m", 16)),
+                              device=dataclasses.replace(here, arch=arch),
+                              backend=change.get("backend", asked.backend))  # fmt: skip
+    server = FailRecorder()
+    options = DaemonOptions(backends=(asked.backend,), key_hashes=(asked.digest(),))
+    daemon = Daemon(server, options)  # type: ignore[arg-type]
+    assert daemon.arch() == here.arch and daemon.backends == (asked.backend,)
+    assert unasked(claimed_job(asked), *(here.arch, daemon.backends, options.key_hashes)) is None
+    daemon.work(claimed_job(key), harness=None)  # type: ignore[arg-type]
+    assert ran == [] and daemon.failed == [7]
+    assert said in server.failed[0][1], server.failed
+
+
 @pytest.mark.parametrize(("field", "value"), [("trials", -1), ("strategy", "x" * 65)])
 def test_a_job_a_worker_could_not_run_is_a_bad_answer_not_a_crash(field: str, value: Any) -> None:
     """A hostile (or older) server's claim answer with a budget or strategy no job can be queued

@@ -38,6 +38,7 @@ from tunecache.kernels import BACKENDS, builtin_names, get_kernel
 from tunecache.key import DEVICE_KINDS, Key, kernel_module, key_for
 from tunecache.outbox import Later
 from tunecache.pages import fetch_first
+from tuner.handed import unasked
 from tuner.harness import Harness
 from tuner.polling import leased, passing, poll
 from tuner.tune import TuneOptions, tune
@@ -398,7 +399,8 @@ class Daemon(Worker):
                     job.attempts, job.max_attempts)  # fmt: skip
         tuning = False  # only a tune asks the workers (bad input is refused before it does)
         try:
-            if (why := self.refused(job.key.kernel)) is not None:
+            asked = self.arch(), self.backends, self.options.key_hashes  # a server may not
+            if (why := self.refused(job.key.kernel) or unasked(job, *asked)) is not None:
                 raise InvalidInput(why)
             key = self.local_key(job)
             strategy = job.strategy or self.options.strategy  # the job's, else the daemon's
