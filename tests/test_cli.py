@@ -353,7 +353,7 @@ def test_tune_tvm_says_what_each_uploaded_count_is() -> None:
                               "http://h", "llvm-x")  # fmt: skip
     assert (
         unserved == line + "; this server serves only trusted tokens' artifacts (its "
-        "verified policy; no verifier checks artifacts): stored, but served to no one"
+        "verified policy; no verifier checks artifacts): this token's copies are served to no one"
     )
 
 

@@ -56,7 +56,7 @@ def test_sent_records_leave_refused_ones_move_aside_unreachable_ones_stay(tmp_pa
     upstream = Upstream(None, ServerError("422 invalid", status_code=422),
                         ServerError("413 from a proxy", status_code=413, foreign=True),
                         ServerError("unreachable"))  # fmt: skip
-    sent, refused, error = outbox.push(upstream, URL, tmp_path)
+    sent, refused, error, _ = outbox.push(upstream, URL, tmp_path)
     assert (sent, refused) == (1, 1) and error is not None and error.status_code is None
     assert upstream.sent == [records[0]]
     assert waiting_for(URL, tmp_path) == 2  # not ours to refuse (a proxy's 413), unreachable
@@ -98,7 +98,7 @@ def test_artifacts_wait_beside_records_and_are_sent_as_artifacts(tmp_path: Path)
     outbox.release(outbox.put(URL, record, tmp_path))
     (tmp_path / "bad.json").write_text(json.dumps({"url": URL, "artifacts": [{"namespace": "x"}]}))
     upstream = Upstream(None, None)
-    assert outbox.push(upstream, URL, tmp_path) == (2, 1, None)  # bad.json: refused here
+    assert outbox.push(upstream, URL, tmp_path)[:3] == (2, 1, None)  # bad.json: refused here
     assert ("artifacts", items) in upstream.sent  # as they were put: validated artifacts
     assert record in upstream.sent and len(upstream.sent) == 2
     assert [p.name for p in tmp_path.iterdir()] == ["rejected"]  # nothing waits for ever
@@ -243,7 +243,7 @@ def test_a_background_upload_the_server_never_took_waits_for_push(
                and f"(tunecache push --server {down} sends it)" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]  # fmt: skip
     with Client(server.url) as client:
-        assert outbox.push(client, down, own_outbox) == (1, 0, None)
+        assert outbox.push(client, down, own_outbox)[:3] == (1, 0, None)
         assert client.lookup(key, default={"d": 1}).config == record.config
     assert outbox.waiting(down, own_outbox) == 0
 

@@ -718,6 +718,11 @@ def test_pretune_and_coverage_say_why_a_job_failed(tmp_path: Path) -> None:
         assert "failed" in row and f"attempt 3/3: {why}" in row, covered.stdout
         as_json = json.loads(cli("coverage", str(manifest), "--server", live.url, "--json").stdout)
         assert as_json["keys"][0]["note"] == f"attempt 3/3: {why}"
+        again = cli("pretune", str(manifest), "--server", live.url, "--no-wait")  # queued again
+        assert again.returncode == 0 and "1 queued" in again.stderr, again.stderr
+        as_json = json.loads(cli("coverage", str(manifest), "--server", live.url, "--json").stdout)
+        [queued] = as_json["keys"]  # the last run's error, not "attempt 0/3" of one that failed
+        assert (queued["state"], queued["note"]) == ("queued", f"last error: {why}"), queued
     finally:
         live.stop()
 
@@ -733,8 +738,8 @@ def test_a_failed_jobs_error_from_a_server_is_one_line_shown_as_it_is() -> None:
 
     body = claimed_job(make_key(8)).model_dump(mode="json")
     body.update(state="failed", attempts=2, max_attempts=2,
-                error="\x1b[2J\x1b[8mhidden\u202e" + "x" * 5000 + "\nsecond line")  # fmt: skip
+                error="\x1b[2J\x1b[8mhidden\u202e" + "\U000e0041" * 5000 + "\nsecond line")  # fmt: skip
     note = why_failed(JobPublic.model_validate(body, context=SERVED))
     assert note.startswith("attempt 2/2: \\x1b[2J\\x1b[8mhidden\\u202e") and note.endswith("...")
     assert "\x1b" not in note and "\u202e" not in note and "second line" not in note
-    assert len(note) < ERROR_SHOWN + 60
+    assert len(note) <= len("attempt 2/2: ") + ERROR_SHOWN + len("...")  # as shown, escapes too

@@ -503,11 +503,15 @@ def test_uploads_a_verified_server_stores_but_never_serves_are_said_so(
     """Under the verified policy ``tune --tvm``, ``tune --torch``, ``import vllm-moe``, the
     TVM database, the Inductor hook and the Triton drop-in said an untrusted token's uploads
     were stored, and nothing more: they are never served (artifacts), or only once a verifier
-    passes them (records). Each says so now; the TVM database stops writing (its quota spent
-    for nothing); the drop-in's client says it once."""
+    passes them (records). Each says so now (here: the TVM database, which stops writing, its
+    quota spent for nothing; the clients, the drop-in's too, once; the import; a push of what
+    waited in the outbox; the Inductor hook and ``tune --tvm``'s line in tests of their own).
+    """
     import shutil
 
+    from tunecache import outbox
     from tunecache.artifacts import UNSERVED_NOTE, ArtifactIn
+    from tunecache.triton.shared_client import WrapperClient
     from tunecache.tvm.remote import Remote
     from tunecache_cli import main
 
@@ -522,19 +526,27 @@ def test_uploads_a_verified_server_stores_but_never_serves_are_said_so(
         assert [r.getMessage().count(UNSERVED_NOTE) for r in caplog.records] == [1]
     finally:
         remote.close()
-    caplog.clear()
-    with Client(url, token=writer) as client, caplog.at_level(logging.WARNING, logger="tunecache"):
-        for m in (64, 128):
-            assert client.upload_later(make_record(make_key(m=m)))
-            assert client.drain(30)
-    pending = [r.getMessage() for r in caplog.records if "not served" in r.getMessage()]
-    assert len(pending) == 1 and "serves verified records only" in pending[0], pending
+    for client_class in (Client, WrapperClient):  # the drop-in's has an upload_later of its own
+        caplog.clear()
+        with client_class(url, token=writer) as client, \
+                caplog.at_level(logging.WARNING, logger="tunecache"):  # fmt: skip
+            for m in (64, 128):
+                assert client.upload_later(make_record(make_key(m=m)))
+                assert client.drain(30)
+        pending = [r.getMessage() for r in caplog.records if "not served" in r.getMessage()]
+        assert len(pending) == 1 and "serves verified records only" in pending[0], pending
     folder = tmp_path / "moe"
     shutil.copytree(Path(__file__).parent / "fixtures" / "vllm-moe-configs", folder)
     monkeypatch.setenv("TUNECACHE_TOKEN", writer)
     capsys.readouterr()
     assert main(["import", "vllm-moe", str(folder), "--server", url]) == 0
     assert UNSERVED_NOTE in capsys.readouterr().err
+    # an upload a tune left in the outbox, pushed later: its push says so too
+    outbox.release(outbox.put(url, make_record(make_key(m=256))))
+    outbox.release(outbox.put(url, items))
+    assert main(["push", "--server", url]) == 0
+    assert "pushed 2 of 2 waiting uploads" in (err := capsys.readouterr().err), err
+    assert "2 of them stored but not served: this server serves verified records" in err, err
 
 
 def test_the_inductor_hook_warns_that_a_verified_server_serves_its_upload_to_no_one(

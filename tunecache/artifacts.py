@@ -102,8 +102,10 @@ class ArtifactPutResult(_Strict):
 
 
 # How a client says an upload of artifacts is stored but never served (``served`` False).
-UNSERVED_NOTE = ("this server serves only trusted tokens' artifacts (its verified policy; no "
-                 "verifier checks artifacts): stored, but served to no one")  # fmt: skip
+UNSERVED_NOTE = (
+    "this server serves only trusted tokens' artifacts (its verified policy; no verifier checks "
+    "artifacts): this token's copies are served to no one"
+)
 
 
 def unserved(result: ArtifactPutResult) -> str:

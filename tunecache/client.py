@@ -58,7 +58,7 @@ from tunecache.jobs import JobEnqueued
 from tunecache.key import Key
 from tunecache.lookup import LookupResult
 from tunecache.measured import without_late_defaults
-from tunecache.outbox import Later
+from tunecache.outbox import Later, stored_unserved
 from tunecache.policies import VersionPolicy, caller_bucket
 from tunecache.resolver import (
     Fits,
@@ -378,19 +378,22 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
         what = f"upload of {record.key.kernel} ({record.key.backend})"
         later = Later(self.url, record, what)  # kept in the outbox till the server has it
 
-        def send() -> None:
-            result = later.send(self)
-            if result.policy == "verified" and result.status == "pending" and not self.said_pending:
-                self.said_pending = True  # once: a team's every tune would say it
-                logger.warning("%s: record #%d is stored but not served: this server serves "
-                               "verified records only (served once `tunecache daemon --verify` "
-                               "passes it; uploads of a trusted token are served at once)",
-                               self.url, result.record_id)  # fmt: skip
-
-        queued = self.server.send_later(what, send, loud=True, lost=later.lost)
+        queued = self.server.send_later(what, lambda: self.say_pending(later.send(self)),
+                                        loud=True, lost=later.lost)  # fmt: skip
         if not queued:
             later.lost()
         return queued
+
+    def say_pending(self, result: UploadResult) -> UploadResult:
+        """Warns, once a client, where ``result`` is stored but not served (pending under the
+        server's verified policy): a team's every launch would say it. Returns ``result``."""
+        if stored_unserved(result) and not self.said_pending:
+            self.said_pending = True
+            logger.warning("%s: record #%d is stored but not served: this server serves "
+                           "verified records only (served once `tunecache daemon --verify` "
+                           "passes it; uploads of a trusted token are served at once)",
+                           self.url, result.record_id)  # fmt: skip
+        return result
 
     def drain(self, timeout: float = 5.0) -> bool:
         """Waits until the background calls queued so far (uploads, miss reports, disputes) are

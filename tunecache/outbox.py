@@ -27,7 +27,7 @@ import time
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tunecache.artifacts import ArtifactIn
 from tunecache.errors import ServerError
@@ -69,6 +69,16 @@ def send(client: Any, upload: Upload) -> Any:
     if isinstance(upload, RecordCreate):
         return client.upload(upload)
     return client.put_artifacts(upload)
+
+
+def stored_unserved(answer: Any) -> bool:
+    """Whether the server's answer to an upload says it is stored but not served: a record
+    pending under the verified policy (until a verifier passes it), artifacts the policy
+    serves to no one (``served`` false: a token not trusted)."""
+    if getattr(answer, "served", None) is False:
+        return True
+    pending = getattr(answer, "status", None) == "pending"
+    return pending and getattr(answer, "policy", None) == "verified"
 
 
 def _body(url: str, upload: Upload) -> tuple[dict[str, Any], str]:
@@ -295,26 +305,38 @@ def servers(folder: Path | None = None) -> dict[str, int]:
 TAKEN_AT_ONCE = 64
 
 
-def push(client: Any, url: str, folder: Path | None = None) -> tuple[int, int, ServerError | None]:
+class Pushed(NamedTuple):
+    """What :func:`push` did: uploads sent (``unserved`` of them stored but not served:
+    :func:`stored_unserved`), refused (set aside), and the last error (``None``: none)."""
+
+    sent: int
+    refused: int
+    error: ServerError | None
+    unserved: int = 0
+
+
+def push(client: Any, url: str, folder: Path | None = None) -> Pushed:
     """Uploads what waits for ``url`` through ``client``, :data:`TAKEN_AT_ONCE` files at a
-    time, each tried once: ``(sent, refused, last error)``. Sent uploads leave; refused ones
-    move to ``rejected/``; the rest wait (after an unreachable server, the others are not
-    tried; one ``rejected/`` could not take waits too)."""
-    sent, refused, error = 0, 0, None
+    time, each tried once. Sent uploads leave; refused ones move to ``rejected/``; the rest
+    wait (after an unreachable server, the others are not tried; one ``rejected/`` could not
+    take waits too)."""
+    done = Pushed(0, 0, None)
     tried: set[str] = set()
     while items := take(url, folder, limit=TAKEN_AT_ONCE, skip=tried):
         tried.update(item.name for item in items)
-        more_sent, more_refused, failed, unreachable = _push_taken(client, items)
-        sent, refused, error = sent + more_sent, refused + more_refused, failed or error
+        more, unreachable = _push_taken(client, items)
+        done = Pushed(done.sent + more.sent, done.refused + more.refused,
+                      more.error or done.error, done.unserved + more.unserved)  # fmt: skip
         if unreachable:
             break
-    return sent, refused, error
+    return done
 
 
-def _push_taken(client: Any, items: list[Waiting]) -> tuple[int, int, ServerError | None, bool]:
-    """:func:`push` of the files taken: ``(sent, refused, last error, whether the server was
-    unreachable)``; the files not sent wait again."""
-    sent, refused, error, done_with = 0, 0, None, 0
+def _push_taken(client: Any, items: list[Waiting]) -> tuple[Pushed, bool]:
+    """:func:`push` of the files taken, and whether the server was unreachable; the files not
+    sent wait again."""
+    outcomes: list[str] = []
+    error, done_with = None, 0
     try:
         for item in items:
             outcome = _push_one(client, item)
@@ -322,29 +344,35 @@ def _push_taken(client: Any, items: list[Waiting]) -> tuple[int, int, ServerErro
             if isinstance(outcome, ServerError):
                 error = outcome
                 if outcome.status_code is None:  # unreachable: the rest would fail alike
-                    return sent, refused, error, True
+                    return _counted_outcomes(outcomes, error), True
             else:
-                sent, refused = sent + (outcome == "sent"), refused + (outcome == "refused")
-        return sent, refused, error, False
+                outcomes.append(outcome)
+        return _counted_outcomes(outcomes, error), False
     finally:  # however it ended (an error of another kind too): the rest wait again
         for rest in items[done_with:]:
             release(rest.path)
 
 
+def _counted_outcomes(outcomes: list[str], error: ServerError | None) -> Pushed:
+    sent = outcomes.count("sent") + outcomes.count("unserved")
+    return Pushed(sent, outcomes.count("refused"), error, outcomes.count("unserved"))
+
+
 def _push_one(client: Any, item: Waiting) -> str | ServerError:
-    """One taken file pushed: ``sent``, ``refused`` (set aside), ``waits`` (a ``rejected/``
-    that could not take it), or the server's error (the file waits again)."""
+    """One taken file pushed: ``sent``, ``unserved`` (sent, stored, not served), ``refused``
+    (set aside), ``waits`` (a ``rejected/`` that could not take it), or the server's error (the
+    file waits again)."""
     if item.upload is None:  # not an upload this version can send
         return "refused" if _aside(item) else "waits"
     try:
-        send(client, item.upload)
+        answer = send(client, item.upload)
     except ServerError as exc:
         if refused_for_good(exc):
             return "refused" if _aside(item) else "waits"
         release(item.path)
         return exc
     done(item.path)
-    return "sent"
+    return "unserved" if stored_unserved(answer) else "sent"
 
 
 def _aside(item: Waiting) -> bool:

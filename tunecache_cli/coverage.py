@@ -3,7 +3,8 @@
 *tuned*: a winner serves the key under the manifest's version policy; *stale*: one serves it only
 when versions are ignored (tuned under other versions); *queued* / *failed*: a job holds it;
 *missing*: nothing. A tuned key whose winner ran slower than torch eager has a note saying so; a
-failed key's note (a queued one's, after a failed attempt) is its job's last error.
+failed key's note is its job's attempts and last error; a queued one's, its last error (it waits
+for a retry, or was queued again).
 Exit 0 only when every key is tuned, 1 otherwise, 2 bad input, 3 unreachable.
 """
 
@@ -37,10 +38,11 @@ def state_of(key: Any, client: Any, anyway: Any, jobs: dict[str, Any]) -> tuple[
     """Tuned: the server answers a record a process would use (not any answer: the server is
     not trusted); stale: one under another version policy; else the key's job's state. With a
     note: a tuned key's winner that ran slower than torch eager says so (tuned, but not using
-    the kernel would be faster); a failed job's last error (a queued job's, after a failed
-    attempt: it waits for its retry), else a team's only way to learn why was the daemon's log.
+    the kernel would be faster); a failed job's attempts and last error (a queued job's last
+    error: it waits for its retry, or was queued again), else a team's only way to learn why
+    was the daemon's log.
     """
-    from tunecache_cli.pretune import is_tuned, served, why_failed
+    from tunecache_cli.pretune import is_tuned, last_error, served, why_failed
 
     if (answer := served(key, client)) is not None:
         slower = answer.record.slower_than_eager
@@ -49,8 +51,9 @@ def state_of(key: Any, client: Any, anyway: Any, jobs: dict[str, Any]) -> tuple[
         return "stale", ""
     job = jobs.get(key.digest())
     if job is not None and job.state in ("queued", "running", "failed"):
-        why = job.state == "failed" or (job.state == "queued" and job.error)
-        note = why_failed(job) if why else ""
+        note = why_failed(job) if job.state == "failed" else ""
+        if job.state == "queued" and job.error:  # waits for its retry, or queued again: what
+            note = f"last error: {last_error(job)}"  # ended the last run (not an attempt count)
         return ("failed" if job.state == "failed" else "queued"), note
     return "missing", ""
 

@@ -159,22 +159,28 @@ def say_unserved(unserved: dict[str, list[Any]]) -> int:
     return sum(len(keys) for keys in unserved.values())
 
 
+def last_error(job: Any) -> str:
+    """The first line of a job's last error, as a terminal shows it as it is (the error is a
+    worker's words, as the server keeps them: control characters escaped, then cut to
+    :data:`ERROR_SHOWN` characters)."""
+    first = shown(job.error.strip().split("\n", 1)[0].strip()) or "no reason given"
+    return first if len(first) <= ERROR_SHOWN else first[:ERROR_SHOWN] + "..."
+
+
 def why_failed(job: Any) -> str:
-    """A job's attempts and the first line of its last error, as one line a terminal shows as
-    it is (the error is a worker's words, as the server keeps them: control characters are
-    escaped, the line cut to :data:`ERROR_SHOWN` characters)."""
-    first = job.error.strip().split("\n", 1)[0].strip() or "no reason given"
-    cut = first if len(first) <= ERROR_SHOWN else first[:ERROR_SHOWN] + "..."
-    return f"attempt {job.attempts}/{job.max_attempts}: {shown(cut)}"
+    """A failed job's attempts and :func:`last_error`, one line."""
+    return f"attempt {job.attempts}/{job.max_attempts}: {last_error(job)}"
 
 
-def say_failed(jobs: dict[str, Any], hashes: list[str]) -> None:
-    """Names each followed job that failed, with :func:`why_failed` (at most
-    :data:`FAILED_NAMED`): ``pretune`` said "1 failed" and no more, the reason only in the
-    daemon's log and the dashboard."""
-    failed = [jobs[h] for h in hashes if h in jobs and jobs[h].state == "failed"]
-    for job in failed[:FAILED_NAMED]:
-        print(f"failed: {shown(job.key.to_key().short())}: {why_failed(job)}", file=sys.stderr)
+def say_failed(jobs: dict[str, Any], hashes: list[str], keys: dict[str, Any]) -> None:
+    """Names each followed job that failed, by its key in ``keys`` (by hash: the manifest's,
+    not as the server names it), with :func:`why_failed` (at most :data:`FAILED_NAMED`):
+    ``pretune`` said "1 failed" and no more, the reason only in the daemon's log and the
+    dashboard."""
+    failed = [(h, jobs[h]) for h in hashes if h in jobs and jobs[h].state == "failed"]
+    for digest, job in failed[:FAILED_NAMED]:
+        key = keys[digest] if digest in keys else job.key.to_key()
+        print(f"failed: {shown(key.short())}: {why_failed(job)}", file=sys.stderr)
     if len(failed) > FAILED_NAMED:
         print(f"and {counted(len(failed) - FAILED_NAMED, 'more failed job')}: `tunecache "
               "coverage MANIFEST` notes each one's error", file=sys.stderr)  # fmt: skip
@@ -448,7 +454,7 @@ def run(args: argparse.Namespace) -> int:
             failed = follow(client, hashes, hint=unclaimed_hint(manifest, hashes),
                             started=started)  # fmt: skip
             jobs = all_jobs(client)  # as they ended: the failed named, the unserved found
-            say_failed(jobs, hashes)
+            say_failed(jobs, hashes, {key.digest(): key for key in manifest.keys})
             left += say_unserved(unserved_after(client, manifest, hashes, jobs))
         if args.json:  # stdout holds the JSON only; progress went to stderr
             jobs = all_jobs(client) if jobs is None else jobs

@@ -58,11 +58,12 @@ def _pushed(url: str) -> int:
         return 1 if unreadable or stuck else 0
     preflight(url, "write", "pushing")
     with Client(url, timeout=Settings.from_env(with_url=False).timeout) as client:
-        sent, refused, error = outbox.push(client, url)
+        sent, refused, error, unserved = outbox.push(client, url)
     left = outbox.waiting(url)
     print(f"pushed {sent} of {count} waiting upload{'' if count == 1 else 's'} to {url}"
           + (f"; {refused} refused (in {outbox_dir() / 'rejected'})" if refused else "")
-          + (f"; {left} still waiting" if left else ""), file=sys.stderr)  # fmt: skip
+          + (f"; {left} still waiting" if left else "") + _unserved(unserved),
+          file=sys.stderr)  # fmt: skip
     _say_sending(url)
     if left and error is not None and (error.status_code is None
                                        or error.status_code in (401, 403)):  # fmt: skip
@@ -90,7 +91,7 @@ def push_quietly(client: Any, url: str) -> None:
     try:
         if not outbox.waiting(url):
             return
-        sent, refused, _ = outbox.push(client, url)
+        sent, refused, _, unserved = outbox.push(client, url)
     except OSError as exc:
         print(f"tunecache: warning: the outbox {outbox_dir()} could not be read: {exc}",
               file=sys.stderr)  # fmt: skip
@@ -101,4 +102,14 @@ def push_quietly(client: Any, url: str) -> None:
         return
     if sent or refused:
         print(f"pushed {sent} waiting upload(s) to {url}"
-              + (f"; {refused} refused" if refused else ""), file=sys.stderr)  # fmt: skip
+              + (f"; {refused} refused" if refused else "") + _unserved(unserved),
+              file=sys.stderr)  # fmt: skip
+
+
+def _unserved(count: int) -> str:
+    """What a push line ends with when ``count`` of the uploads it sent are stored, not served
+    (the server's verified policy, a token not trusted)."""
+    if not count:
+        return ""
+    return (f"; {count} of them stored but not served: this server serves verified records "
+            "(once a verifier passes them) and trusted tokens' artifacts only")  # fmt: skip

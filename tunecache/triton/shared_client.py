@@ -98,7 +98,7 @@ class WrapperClient(Client):
 
         def send() -> object:
             try:
-                return later.send(self)
+                return self.say_pending(later.send(self))
             except ServerError as exc:
                 self._note(exc)
                 raise
