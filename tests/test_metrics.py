@@ -67,6 +67,33 @@ def post_ok(http: httpx.Client, path: str, body: object, status: int) -> dict[st
     return result
 
 
+def test_records_are_counted_by_status(any_server: LiveServer) -> None:
+    """``tunecache_records`` counted every record alike: a verifier backlog (pending records
+    under the verified policy, disputes waiting) could not be alerted on."""
+    from tunecache.client import Client
+    from tunecache.schemas import CheckModel
+    from tunecache.verification import DisputeCreate
+
+    url = any_server.url
+    answer = httpx.post(f"{url}/v1/tokens", headers=AUTH,
+                        json={"name": "ci", "scope": "write", "trusted": True})  # fmt: skip
+    assert answer.status_code == 201, answer.text
+    keys = [make_key(m=m) for m in (8, 16, 24)]
+    with Client(url) as client:
+        ids = [client.upload(make_record(key)).record_id for key in keys]
+        check = CheckModel(problem=dict(keys[0].problem), seed=1, rel_error=0.5,
+                           max_abs_error=1.0, tolerance=1e-4, passed=False)  # fmt: skip
+        client.dispute(ids[0], DisputeCreate(problem=dict(keys[0].problem), check=check))
+    with Client(url, token=answer.json()["token"]) as trusted:
+        trusted.upload(make_record(make_key(m=32)))  # verified on its word
+    with httpx.Client(base_url=url, timeout=30) as http:
+        scraped = scrape(http)
+    counts = {status: scraped.value("tunecache_records_by_status", status=status)
+              for status in ("pending", "verified", "disputed", "rejected")}  # fmt: skip
+    assert counts == {"pending": 2, "verified": 1, "disputed": 1, "rejected": 0}
+    assert scraped.value("tunecache_records") == 4
+
+
 @pytest.mark.slow
 def test_metrics_count_what_the_server_did(any_server: LiveServer) -> None:
     k1, k2, k3 = make_key(m=1), make_key(m=2), make_key(m=3)
@@ -389,9 +416,11 @@ def test_every_scrape_sums_all_workers(tmp_path: Path) -> None:
         assert (metrics_requests or 0) == scraped
         # Database gauges: once, from the answering worker, with no per-worker ("pid") label.
         lines = scrape_.text.splitlines()
-        assert [line for line in lines if line.startswith("tunecache_records")] == [
+        assert [line for line in lines if line.startswith("tunecache_records ")] == [
             "tunecache_records 0.0"
         ]
+        statuses = [line for line in lines if line.startswith("tunecache_records_by_status{")]
+        assert len(statuses) == 4 and all(line.endswith(" 0.0") for line in statuses), statuses
         jobs = [line for line in lines if line.startswith("tunecache_jobs")]
         assert len(jobs) == 4 and {scrape_.value("tunecache_jobs", state=state) for state in
                                    ("queued", "running", "done", "failed")} == {0}  # fmt: skip
