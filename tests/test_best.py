@@ -165,6 +165,10 @@ def test_a_backend_without_a_record_is_listed_with_why(server: LiveServer) -> No
         (["best", "matmul", "--shape", "M=64"], "matmul"),
         (["best", "matmul", "--shape", SHAPE, "--backends", "cuda"], "--backends 'cuda': expected"),
         (["best", "matmul", "--shape", SHAPE, "--backends", ","], "--backends ',': expected some"),
+        (
+            ["best", "matmul", "--shape", SHAPE, "--backends", "tvm,trition"],
+            "unknown 'trition' (did you mean 'triton'?)",
+        ),
         (["best", "matmul", "--shape", SHAPE, "--dtype", "int8"], "no backend for int8"),
     ],
 )

@@ -336,7 +336,12 @@ def parse_backends(text: str) -> tuple[str, ...]:
     Raises:
         InvalidInput: an unknown name, or none.
     """
+    from tunecache.kernels import nearest
+
     names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
-    if not names or any(n not in BACKENDS for n in names):
-        raise InvalidInput(f"--backends {text!r}: expected some of {', '.join(BACKENDS)}")
+    unknown = [n for n in names if n not in BACKENDS]
+    if not names or unknown:
+        near = nearest(unknown[0], BACKENDS) if unknown else ""
+        raise InvalidInput(f"--backends {text!r}: expected some of {', '.join(BACKENDS)}"
+                           + (f"; unknown {unknown[0]!r}{near}" if unknown else ""))  # fmt: skip
     return names
