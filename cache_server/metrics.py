@@ -11,7 +11,9 @@ default, so apps built side by side in one process count apart). Families, with 
 - ``tunecache_jobs{state}`` (gauge; ``queued``, ``running``, ``done``, ``failed``)
 - ``tunecache_records`` (gauge)
 - ``tunecache_records_by_status{status}`` (gauge; ``pending``, ``verified``, ``disputed``,
-  ``rejected``: a verifier backlog, pending or disputed records growing, can be alerted on)
+  ``rejected``: a verifier backlog, pending or disputed records growing, can be alerted on; and
+  ``unvalidated``: records that failed their uploader's validation, whatever their status, which
+  are never served nor verified, so a backlog's alert does not count them)
 
 ``status`` is the answer's status, or ``499`` (nginx's "client closed request") for a request
 whose client went away before any answer started (it closed the connection while sending its
@@ -57,7 +59,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client import generate_latest as _generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -74,7 +76,8 @@ MISS_RULE: Final = "none"
 METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 UPLOAD_OUTCOMES: Final = ("winner", "kept", "unvalidated")
 JOB_STATES: Final[tuple[str, ...]] = get_args(JobState)
-RECORD_STATUSES: Final[tuple[str, ...]] = get_args(RecordStatus)
+UNVALIDATED: Final = "unvalidated"  # a record's label there when it failed its validation
+RECORD_STATUSES: Final[tuple[str, ...]] = (*get_args(RecordStatus), UNVALIDATED)
 # 0.5 ms (a cached lookup on SQLite) to 10 s (a large upload on a busy PostgreSQL).
 DURATION_BUCKETS: Final = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -115,9 +118,9 @@ class DatabaseCollector(Collector):
                 rows = session.execute(
                     select(JobRow.state, func.count()).group_by(JobRow.state)
                 ).all()
-                statuses = session.execute(
-                    select(RecordRow.status, func.count()).group_by(RecordRow.status)
-                ).all()
+                label = case((RecordRow.validated.is_(False), UNVALIDATED),
+                             else_=RecordRow.status)  # fmt: skip
+                statuses = session.execute(select(label, func.count()).group_by(label)).all()
         except SQLAlchemyError as exc:
             logger.warning("database gauges left out of this scrape: %s", exc)
             return []
@@ -125,8 +128,7 @@ class DatabaseCollector(Collector):
         for state, count in _counted(JOB_STATES, rows).items():
             jobs.add_metric([state], count)
         by_status = self._by_status()
-        counted = _counted(RECORD_STATUSES, statuses)
-        for status, count in counted.items():
+        for status, count in _counted(RECORD_STATUSES, statuses).items():
             by_status.add_metric([status], count)
         gauge = self._records()
         gauge.add_metric([], sum(count for _, count in statuses))

@@ -69,7 +69,8 @@ def post_ok(http: httpx.Client, path: str, body: object, status: int) -> dict[st
 
 def test_records_are_counted_by_status(any_server: LiveServer) -> None:
     """``tunecache_records`` counted every record alike: a verifier backlog (pending records
-    under the verified policy, disputes waiting) could not be alerted on."""
+    under the verified policy, disputes waiting) could not be alerted on. A record that failed
+    its validation is counted apart: no verifier takes it, and it would hold the alert up."""
     from tunecache.client import Client
     from tunecache.schemas import CheckModel
     from tunecache.verification import DisputeCreate
@@ -84,14 +85,15 @@ def test_records_are_counted_by_status(any_server: LiveServer) -> None:
         check = CheckModel(problem=dict(keys[0].problem), seed=1, rel_error=0.5,
                            max_abs_error=1.0, tolerance=1e-4, passed=False)  # fmt: skip
         client.dispute(ids[0], DisputeCreate(problem=dict(keys[0].problem), check=check))
+        client.upload(make_record(make_key(m=40), passed=False))  # no verifier ever takes it
     with Client(url, token=answer.json()["token"]) as trusted:
         trusted.upload(make_record(make_key(m=32)))  # verified on its word
     with httpx.Client(base_url=url, timeout=30) as http:
         scraped = scrape(http)
     counts = {status: scraped.value("tunecache_records_by_status", status=status)
-              for status in ("pending", "verified", "disputed", "rejected")}  # fmt: skip
-    assert counts == {"pending": 2, "verified": 1, "disputed": 1, "rejected": 0}
-    assert scraped.value("tunecache_records") == 4
+              for status in ("pending", "verified", "disputed", "rejected", "unvalidated")}  # fmt: skip
+    assert counts == {"pending": 2, "verified": 1, "disputed": 1, "rejected": 0, "unvalidated": 1}
+    assert scraped.value("tunecache_records") == 5
 
 
 @pytest.mark.slow
@@ -420,7 +422,7 @@ def test_every_scrape_sums_all_workers(tmp_path: Path) -> None:
             "tunecache_records 0.0"
         ]
         statuses = [line for line in lines if line.startswith("tunecache_records_by_status{")]
-        assert len(statuses) == 4 and all(line.endswith(" 0.0") for line in statuses), statuses
+        assert len(statuses) == 5 and all(line.endswith(" 0.0") for line in statuses), statuses
         jobs = [line for line in lines if line.startswith("tunecache_jobs")]
         assert len(jobs) == 4 and {scrape_.value("tunecache_jobs", state=state) for state in
                                    ("queued", "running", "done", "failed")} == {0}  # fmt: skip

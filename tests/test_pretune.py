@@ -710,19 +710,21 @@ def test_pretune_and_coverage_say_why_a_job_failed(tmp_path: Path) -> None:
         assert failures == [1, 2, 3]
         assert done.returncode == 1, done.stderr
         key = parse_manifest(text).keys[0].short()
-        assert f"failed: {key}: attempt 3/3: {why}\n" in done.stderr, done.stderr
+        said = f"attempt 3/3: reported by token bootstrap: {why}"  # a worker's words, whose
+        assert f"failed: {key}: {said}\n" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr  # its first line only
         covered = cli("coverage", str(manifest), "--server", live.url)
         assert covered.returncode == 1, covered.stderr
         [row] = [line for line in covered.stdout.splitlines() if "M=8," in line]
-        assert "failed" in row and f"attempt 3/3: {why}" in row, covered.stdout
+        assert "failed" in row and said in row, covered.stdout
         as_json = json.loads(cli("coverage", str(manifest), "--server", live.url, "--json").stdout)
-        assert as_json["keys"][0]["note"] == f"attempt 3/3: {why}"
+        assert as_json["keys"][0]["note"] == said
         again = cli("pretune", str(manifest), "--server", live.url, "--no-wait")  # queued again
         assert again.returncode == 0 and "1 queued" in again.stderr, again.stderr
         as_json = json.loads(cli("coverage", str(manifest), "--server", live.url, "--json").stdout)
         [queued] = as_json["keys"]  # the last run's error, not "attempt 0/3" of one that failed
-        assert (queued["state"], queued["note"]) == ("queued", f"last error: {why}"), queued
+        last = f"last error: reported by token bootstrap: {why}"
+        assert (queued["state"], queued["note"]) == ("queued", last), queued
     finally:
         live.stop()
 
@@ -737,9 +739,30 @@ def test_a_failed_jobs_error_from_a_server_is_one_line_shown_as_it_is() -> None:
     from tunecache_cli.pretune import ERROR_SHOWN, why_failed
 
     body = claimed_job(make_key(8)).model_dump(mode="json")
-    body.update(state="failed", attempts=2, max_attempts=2,
+    body.update(state="failed", attempts=2, max_attempts=2, error_by="",  # the server's own
                 error="\x1b[2J\x1b[8mhidden\u202e" + "\U000e0041" * 5000 + "\nsecond line")  # fmt: skip
     note = why_failed(JobPublic.model_validate(body, context=SERVED))
     assert note.startswith("attempt 2/2: \\x1b[2J\\x1b[8mhidden\\u202e") and note.endswith("...")
     assert "\x1b" not in note and "\u202e" not in note and "second line" not in note
     assert len(note) <= len("attempt 2/2: ") + ERROR_SHOWN + len("...")  # as shown, escapes too
+
+
+def test_a_jobs_error_says_whose_words_it_is() -> None:
+    """A write token may fail a job it claimed with any text: one that read as the server's own
+    ("… the lease was token alice") named a teammate as the token to revoke in every team's
+    ``coverage``. A worker's report says whose it is, as the dashboard does."""
+    from tests.factories import claimed_job, make_key
+    from tunecache.jobs import JobPublic
+    from tunecache.strict import SERVED
+    from tunecache_cli.pretune import last_error
+
+    forged = "its worker stopped renewing the lease of its last attempt; the lease was token alice"
+    body = {**claimed_job(make_key(8)).model_dump(mode="json"), "error": forged}
+
+    def said(error_by: str | None) -> str:
+        return last_error(JobPublic.model_validate({**body, "error_by": error_by}, context=SERVED))
+
+    assert said("mallory") == f"reported by token mallory: {forged}"
+    assert said("\u0430lice") == f'reported by token "\\u0430lice": {forged}'  # not alice
+    assert said("") == forged  # the server's own words
+    assert said(None) == f"reported by a worker or the server (not recorded): {forged}"

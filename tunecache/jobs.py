@@ -92,6 +92,10 @@ class JobPublic(_Strict):
     updated_at: Utc
     strategy: JobStrategy | None = None  # what a job may be queued with (a worker runs it)
     trials: JobTrials | None = None
+    # Whose words ``error`` is: a token's name (a worker's report, anything a write token
+    # wrote); "": the server's own (a lease run out, a verifier's finding, a withdrawal); None:
+    # not recorded (an error stored before migration 0017, or a server that does not say).
+    error_by: Annotated[str, Field(max_length=128)] | None = None
 
 
 class JobEnqueued(_Strict):

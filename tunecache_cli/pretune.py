@@ -162,9 +162,19 @@ def say_unserved(unserved: dict[str, list[Any]]) -> int:
 def last_error(job: Any) -> str:
     """The first line of a job's last error, as a terminal shows it as it is (the error is a
     worker's words, as the server keeps them: control characters escaped, then cut to
-    :data:`ERROR_SHOWN` characters)."""
-    first = shown(job.error.strip().split("\n", 1)[0].strip()) or "no reason given"
-    return first if len(first) <= ERROR_SHOWN else first[:ERROR_SHOWN] + "..."
+    :data:`ERROR_SHOWN` characters), after whose words they are: a worker's report is any
+    write token's text, and read as the server's own it named another token as the one to
+    revoke (as the dashboard, its reporter's token; nothing for the server's own)."""
+    from tunecache.tokens import name_text
+
+    first = shown(job.error.strip().split("\n", 1)[0].strip())
+    if not first:
+        return "no reason given"
+    first = first if len(first) <= ERROR_SHOWN else first[:ERROR_SHOWN] + "..."
+    by = getattr(job, "error_by", None)
+    if by is None:
+        return f"reported by a worker or the server (not recorded): {first}"
+    return f"reported by token {name_text(by)}: {first}" if by else first
 
 
 def why_failed(job: Any) -> str:
