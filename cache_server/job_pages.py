@@ -9,6 +9,8 @@ on by the count they received (``tunecache pretune``), the dashboard says so.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -18,12 +20,16 @@ from cache_server.models import JobRow
 JOB_SIZE = stored_size(JobRow.key, JobRow.error)  # what a job's row holds that may be large
 
 
-def list_jobs(session: Session, *, state: str | None = None, limit: int = 100, offset: int = 0,
-              budget: int) -> tuple[list[JobRow], int]:  # fmt: skip
-    """The jobs of ``state`` (any: ``None``) by id, ``limit`` from ``offset``, those leading
-    ones whose key and error fit in ``budget`` bytes together (at least one); and how many
-    there are of ``state``."""
+def list_jobs(
+    session: Session, *, state: str | None = None, limit: int = 100, offset: int = 0,
+    budget: int, key_hashes: Sequence[str] | None = None,
+) -> tuple[list[JobRow], int]:  # fmt: skip
+    """The jobs of ``state`` (any: ``None``; of ``key_hashes`` only, unless ``None``) by id,
+    ``limit`` from ``offset``, those leading ones whose key and error fit in ``budget`` bytes
+    together (at least one); and how many there are of those."""
     listed = select(JobRow) if state is None else select(JobRow).where(JobRow.state == state)
+    if key_hashes is not None:
+        listed = listed.where(JobRow.key_hash.in_(list(key_hashes)))
     total = session.scalar(select(func.count()).select_from(listed.subquery())) or 0
     kept = within(listed, [(JobRow.id, False)], JobRow, JOB_SIZE, budget, limit=limit,
                   offset=offset)  # fmt: skip

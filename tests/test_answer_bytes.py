@@ -141,7 +141,7 @@ def test_a_job_listing_holds_what_its_budget_allows_and_pages_on(
     """``GET /v1/jobs`` and the dashboard's queue sent every job asked for, whatever their keys
     and errors held (a write token's jobs of 13 KB keys: 17 MB a page of 1,000); now as many as
     ``answer_bytes`` holds, and ``pretune`` reads the whole queue by the counts received."""
-    from tunecache_cli.pretune import all_jobs
+    from tunecache_cli.job_reads import all_jobs
 
     url = tight_server.url
     with Client(url) as client:

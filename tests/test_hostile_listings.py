@@ -20,7 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 import tunecache.answers
-import tunecache_cli.pretune
+import tunecache_cli.job_reads
 from tests.factories import make_key, make_record
 from tests.hostile import Request, Seen, answer, serve
 from tunecache import Client, ServerError
@@ -183,13 +183,13 @@ def test_a_job_queue_that_never_ends_is_refused_at_a_bound(
 ) -> None:
     """``coverage`` and ``pretune`` read the whole queue: one of new jobs on every page grew
     them by 6 MB a page, for 1,000 pages."""
-    monkeypatch.setattr(tunecache_cli.pretune, bound, 2500 if bound == "MAX_JOBS" else 1 << 20)
+    monkeypatch.setattr(tunecache_cli.job_reads, bound, 2500 if bound == "MAX_JOBS" else 1 << 20)
     with (
         serve(endless_jobs) as (url, seen),
         Client(url, timeout=SECONDS, token="") as client,
         pytest.raises(ServerError, match=r"lists over .* more than one read holds"),
     ):
-        tunecache_cli.pretune.all_jobs(client)
+        tunecache_cli.job_reads.all_jobs(client)
     assert len(seen.requests) <= 3
 
 

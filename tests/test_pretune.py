@@ -319,7 +319,7 @@ def test_a_job_listing_that_never_ends_is_read_a_bounded_number_of_pages() -> No
     from tests.factories import make_key
     from tunecache import Client
     from tunecache.http import IDENTITY_HEADER
-    from tunecache_cli.pretune import MAX_JOB_PAGES, all_jobs
+    from tunecache_cli.job_reads import MAX_JOB_PAGES, all_jobs
 
     asked: list[int] = []
 
@@ -544,7 +544,7 @@ def test_a_lapsed_job_none_here_takes_is_not_drained_again_while_another_runs(
     clock = [1_000_000.0]
     at = dt.datetime.fromtimestamp
 
-    def jobs(_client: object) -> dict[str, SimpleNamespace]:
+    def jobs(_client: object, _hashes: object = None) -> dict[str, SimpleNamespace]:
         live = SimpleNamespace(id=2, state="running", attempts=1,
                                lease_expires_at=at(clock[0] + 60, dt.UTC))  # fmt: skip
         if clock[0] > 1_000_000.0 + 3600:  # the live one is done after an hour
@@ -562,7 +562,7 @@ def test_a_lapsed_job_none_here_takes_is_not_drained_again_while_another_runs(
     # leased still, and the job was given up for good (follow() said "1 running" forever)
     skew, taken = 10.0, []
 
-    def server_jobs(_client: object) -> dict[str, SimpleNamespace]:
+    def server_jobs(_client: object, _hashes: object = None) -> dict[str, SimpleNamespace]:
         end = dt.datetime.fromtimestamp(1_000_000.0 + 60, dt.UTC)
         done = bool(taken)
         job = SimpleNamespace(id=3, state="done" if done else "running", attempts=1,
@@ -595,7 +595,7 @@ def test_a_failed_job_none_here_takes_is_drained_at_its_retry_not_every_two_seco
     at = dt.datetime.fromtimestamp
     retry = at(1_000_000.0 + 600, dt.UTC)  # its retry, ten minutes on
 
-    def jobs(_client: object) -> dict[str, SimpleNamespace]:
+    def jobs(_client: object, _hashes: object = None) -> dict[str, SimpleNamespace]:
         waiting = SimpleNamespace(id=1, state="queued", attempts=1, lease_expires_at=retry,
                                   updated_at=at(1_000_000.0, dt.UTC))  # fmt: skip
         return {"a": waiting}
@@ -615,7 +615,7 @@ def test_a_failed_job_none_here_takes_is_drained_at_its_retry_not_every_two_seco
     overdue = at(1_000_000.0 - 600, dt.UTC)
     state = ["queued"]
 
-    def late_jobs(_client: object) -> dict[str, SimpleNamespace]:
+    def late_jobs(_client: object, _hashes: object = None) -> dict[str, SimpleNamespace]:
         job = SimpleNamespace(id=2, state=state[0], attempts=1, lease_expires_at=overdue,
                               updated_at=overdue)  # fmt: skip
         return {"b": job}
@@ -766,3 +766,61 @@ def test_a_jobs_error_says_whose_words_it_is() -> None:
     assert said("\u0430lice") == f'reported by token "\\u0430lice": {forged}'  # not alice
     assert said("") == forged  # the server's own words
     assert said(None) == f"reported by a worker or the server (not recorded): {forged}"
+
+
+def test_a_manifests_jobs_are_read_by_key_not_as_the_whole_queue(
+    server: LiveServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pretune`` and ``coverage`` read the whole queue, every poll: a write token growing it
+    with failed jobs (never open, so past the open-jobs cap) made every team's read megabytes,
+    then fail past its bounds (exit 3). Now a manifest's jobs are read by their keys."""
+    import tunecache_cli.job_reads
+    from tests.factories import make_key
+    from tunecache.client import Client
+    from tunecache.errors import ServerError
+    from tunecache_cli.job_reads import all_jobs
+
+    text = ('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\n'
+            'shapes = [{M = 8, N = 16, K = 16}, {M = 12, N = 16, K = 16}]\n')  # fmt: skip
+    manifest = tmp_path / "two.toml"
+    manifest.write_text(text)
+    ours = [key.digest() for key in parse_manifest(text).keys]
+    with Client(server.url) as client:
+        for m in range(1, 61):  # someone else's queue
+            client.create_job(make_key(m * 8 + 1000))
+        client.create_job(parse_manifest(text).keys[0])
+        monkeypatch.setattr(tunecache_cli.job_reads, "MAX_JOB_BYTES", 16_384)  # the queue: past
+        with pytest.raises(ServerError, match="more than one read holds"):
+            all_jobs(client)
+        found = all_jobs(client, ours)
+    assert list(found) == ours[:1] and found[ours[0]].state == "queued"
+    listed = httpx.get(f"{server.url}/v1/jobs", params={"key_hash": ours})
+    assert [job["key_hash"] for job in listed.json()["items"]] == ours[:1]
+    assert listed.json()["count"] == 1
+    too_many = httpx.get(f"{server.url}/v1/jobs", params={"key_hash": ours * 26})  # 52
+    assert too_many.status_code == 422, too_many.text
+    assert httpx.get(f"{server.url}/v1/jobs", params={"key_hash": "x"}).status_code == 422
+
+
+def test_a_server_without_the_key_filter_is_read_whole() -> None:
+    """An older server answers ``?key_hash=`` with every job: its listing is read whole, and
+    only the asked keys' jobs kept (none of another key's taken as this one's)."""
+    from tests.factories import claimed_job, make_key
+    from tunecache.client import Client
+    from tunecache.http import IDENTITY_HEADER
+    from tunecache_cli.job_reads import all_jobs
+
+    jobs = [claimed_job(make_key(m), job_id=m).model_dump(mode="json") for m in (8, 16, 24)]
+    asked: list[str] = []
+
+    def older(request: httpx.Request) -> httpx.Response:
+        asked.append(str(request.url))
+        offset = int(request.url.params.get("offset", 0))
+        body = {"items": jobs[offset:], "count": len(jobs)}
+        return httpx.Response(200, json=body, headers={IDENTITY_HEADER: "tunecache/test"})
+
+    wanted = [jobs[1]["key_hash"], "f" * 64]
+    with Client("http://older.test", transport=httpx.MockTransport(older)) as client:
+        found = all_jobs(client, wanted)
+    assert list(found) == [jobs[1]["key_hash"]] and found[wanted[0]].id == 16
+    assert "key_hash=" in asked[0] and "key_hash=" not in asked[-1]  # then the whole queue

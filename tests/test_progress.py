@@ -241,13 +241,14 @@ def _followed(
 
     clock = [0.0]
 
-    def list_jobs(limit: int, offset: int) -> Any:
+    def list_jobs(limit: int, offset: int = 0, key_hash: list[str] | None = None) -> Any:
         def state(t: float) -> str:
             return "done" if clock[0] >= t else "running" if clock[0] >= claimed else "queued"
 
+        listed = {h: t for h, t in done_at.items() if key_hash is None or h in key_hash}
         items = [types.SimpleNamespace(key_hash=h, state=state(t), attempts=int(clock[0] >= claimed))
-                 for h, t in done_at.items()][offset:]  # fmt: skip
-        return types.SimpleNamespace(items=items, count=len(done_at))
+                 for h, t in listed.items()][offset:]  # fmt: skip
+        return types.SimpleNamespace(items=items, count=len(listed))
 
     def sleep(seconds: float) -> None:
         clock[0] += seconds

@@ -40,6 +40,9 @@ JobStrategy = Annotated[str, Field(min_length=1, max_length=64, pattern=STRATEGY
 JobTrials = Annotated[int, Field(strict=True, ge=1, le=MAX_JOB_TRIALS), INTEGRAL]
 KeyHash = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 MAX_CLAIM_KEYS = 4096  # a claim's key filter: 270 KB of hashes at most
+# Key hashes one listing of jobs asks for (``GET /v1/jobs?key_hash=…``, a 3.7 KB query): a
+# manifest's jobs are read in such chunks, not as the whole queue anyone may grow.
+MAX_LISTED_KEYS = 50
 ClaimKeys = Annotated[list[KeyHash], Field(min_length=1, max_length=MAX_CLAIM_KEYS)]
 # Kernels a claim names the version of (a daemon: 15 built-ins on three backends, then the
 # users' kernels it imported): 79 KiB at most.

@@ -69,13 +69,13 @@ def manifest_states(
         ServerError: the server is unreachable or refused.
     """
     from tunecache.client import Client
-    from tunecache_cli.pretune import all_jobs
+    from tunecache_cli.job_reads import all_jobs
     from tunecache_cli.progress import asking
 
     keys = manifest.keys if keys is None else keys
     with (Client(url, policy=manifest.policy) as client, Client(url, policy="any") as anyway,
           asking("coverage", url)):  # fmt: skip
-        jobs = all_jobs(client)
+        jobs = all_jobs(client, [key.digest() for key in keys])
         return [(key, *state_of(key, client, anyway, jobs)) for key in keys]
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from tunecache.errors import InvalidInput
 from tunecache.settings import Settings
 from tunecache_cli.args import add_server, check_trials, preflight, server_url
+from tunecache_cli.job_reads import all_jobs
 from tunecache_cli.table import counted, shown
 
 RETRY_POLL_SECONDS = 2.0  # pretune --local: the least it waits before it looks again
@@ -45,47 +46,6 @@ def register(commands: Any) -> None:
                         "--no-wait)")  # fmt: skip
     add_server(parser)
     parser.set_defaults(run=run)
-
-
-MAX_JOB_PAGES = 1000  # of 1,000 jobs: a server answering one a page and a huge count ends
-# Jobs and bytes one read of the queue holds at most: a server answering every page with new
-# jobs and a count of a billion grew the reader by 6 MB a page, up to 1,000 pages. A real page of
-# 1,000 jobs was 635 KB (parsed: some 6 MB): 100,000 jobs, a queue of a job per key, is 64 MB
-# read and 600 MB held, more than a deployment queues; past either bound the read is an error
-# (a part of the queue would show keys as missing, or follow jobs for ever).
-MAX_JOBS = 100_000
-MAX_JOB_BYTES = 256 * 2**20
-
-
-def all_jobs(client: Any) -> dict[str, Any]:
-    """Every job on the server, by key hash (at most :data:`MAX_JOB_PAGES` pages: a server is
-    not trusted to end the listing; nor to list at most :data:`MAX_JOBS` jobs and
-    :data:`MAX_JOB_BYTES`).
-
-    Raises:
-        ServerError: the server is unreachable, refused, or lists more than those bounds.
-    """
-    from tunecache.errors import ServerError
-    from tunecache.http import answer_limit
-
-    found: dict[str, Any] = {}
-    too_many = (f"the server lists over {MAX_JOBS:,} jobs or {MAX_JOB_BYTES:,} bytes of them, "
-                "more than one read holds: not read")  # fmt: skip
-    with answer_limit(MAX_JOB_BYTES) as budget:
-        for _ in range(MAX_JOB_PAGES):
-            try:
-                page = client.list_jobs(limit=1000, offset=len(found))
-            except ServerError as exc:
-                if budget[1] >= 0:  # not this read's bound: the server failed
-                    raise
-                raise ServerError(too_many) from exc
-            before = len(found)
-            found.update({job.key_hash: job for job in page.items[:1000]})  # what was asked for
-            if len(found) == before or len(found) >= page.count:
-                break
-            if len(found) > MAX_JOBS:
-                raise ServerError(too_many)
-    return found
 
 
 def served(key: Any, client: Any) -> Any:
@@ -257,7 +217,7 @@ def follow(client: Any, hashes: list[str], poll: float = 2.0, *, hint: str = "",
     countdown, finished, before = Countdown(), 0, None  # before: jobs finished when it began
     worked = None  # when a worker was first seen on one of them: the pace counts from there
     while True:
-        jobs = {h: j for h, j in all_jobs(client).items() if h in wanted}
+        jobs = {h: j for h, j in all_jobs(client, hashes).items() if h in wanted}
         states = [j.state for j in jobs.values()]
         done, failed = states.count("done"), states.count("failed")
         running = states.count("running")
@@ -380,7 +340,7 @@ def _until_no_retry(client: Any, hashes: list[str], drain: Any) -> None:
         if due:
             drained = time.time()
             drain()
-        jobs = [j for h, j in all_jobs(client).items() if h in wanted]
+        jobs = [j for h, j in all_jobs(client, hashes).items() if h in wanted]
         # a queued job's lease_expires_at is when its retry is due (none: since it failed)
         retries = {(j.id, (j.lease_expires_at or j.updated_at).timestamp()) for j in jobs
                    if j.state == "queued" and j.attempts > 0}  # fmt: skip
@@ -463,11 +423,11 @@ def run(args: argparse.Namespace) -> int:
         if hashes and not args.no_wait:
             failed = follow(client, hashes, hint=unclaimed_hint(manifest, hashes),
                             started=started)  # fmt: skip
-            jobs = all_jobs(client)  # as they ended: the failed named, the unserved found
+            jobs = all_jobs(client, hashes)  # as they ended: the failed named, the unserved found
             say_failed(jobs, hashes, {key.digest(): key for key in manifest.keys})
             left += say_unserved(unserved_after(client, manifest, hashes, jobs))
         if args.json:  # stdout holds the JSON only; progress went to stderr
-            jobs = all_jobs(client) if jobs is None else jobs
+            jobs = all_jobs(client, hashes) if jobs is None else jobs
             print(_followed_json(jobs, hashes, len(manifest.keys), tuned))
         return 1 if failed or left else 0
 

@@ -21,6 +21,7 @@ from cache_server.settings import ServerSettings
 from tunecache.errors import InvalidInput
 from tunecache.jobs import (
     MAX_JOB_PAGE,
+    MAX_LISTED_KEYS,
     MISS_SOURCE,
     ClaimRequest,
     JobCreate,
@@ -30,6 +31,7 @@ from tunecache.jobs import (
     JobPublic,
     JobResult,
     JobState,
+    KeyHash,
     LeaseRequest,
 )
 from tunecache.kernels import KERNEL_REF, builtin_problem, registered
@@ -384,13 +386,16 @@ def list_jobs(
     state: JobState | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_JOB_PAGE)] = 100,
     offset: Annotated[int, Query(ge=0, le=INT64_MAX)] = 0,
+    key_hash: Annotated[list[KeyHash] | None, Query(max_length=MAX_LISTED_KEYS)] = None,
 ) -> JobList:
-    """Jobs of ``state`` (any, without), by id. An answer holds at most the server's
-    ``answer_bytes`` of jobs' keys and errors (8 MiB by default): fewer than ``limit`` jobs
-    then, however many ``count`` says there are. Page on with ``offset`` plus the number of
-    items received."""
+    """Jobs of ``state`` (any, without), by id; with ``key_hash`` (repeated, up to 50), only
+    those keys' jobs (a manifest's, without reading the whole queue). An answer holds at most
+    the server's ``answer_bytes`` of jobs' keys and errors (8 MiB by default): fewer than
+    ``limit`` jobs then, however many ``count`` says there are. Page on with ``offset`` plus
+    the number of items received."""
     rows, total = job_pages.list_jobs(session, state=state, limit=limit, offset=offset,
-                                      budget=settings.answer_bytes)  # fmt: skip
+                                      budget=settings.answer_bytes,
+                                      key_hashes=key_hash)  # fmt: skip
     return JobList(items=[public(r) for r in rows], count=total)
 
 
