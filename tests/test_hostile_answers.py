@@ -238,6 +238,27 @@ def test_an_unchanged_snapshot_is_read_whatever_encoding_a_proxy_names() -> None
         assert client.export_snapshot("cpu-avx2", if_none_match='"v1"') == (None, '"v1"')
 
 
+def test_a_snapshot_answer_unasked_for_is_refused_not_written() -> None:
+    """``sync`` with no snapshot of the arch here sends no ETag: a server (or a proxy) answering
+    304 had it say "is up to date", exit 0, with no file written; a snapshot of another arch
+    than asked was written as this one's. Each is a bad answer now (exit 3)."""
+    from tunecache.snapshot import SnapshotFilters, render_snapshot
+
+    other = render_snapshot(SnapshotFilters(device_arch="cpu-avx512"), [])[0]
+
+    def unasked(conn: socket.socket, request: Request, seen: Seen) -> None:
+        if "kernel=other" not in request.path:
+            conn.sendall(f'HTTP/1.1 304 Not Modified\r\nETag: "e"\r\n{IDENTITY}\r\n'.encode())
+        else:
+            answer(conn, 200, other)
+
+    with serve(unasked) as (url, _), Client(url, timeout=SECONDS, token="") as client:
+        with pytest.raises(ServerError, match="304 Not Modified where no ETag was sent"):
+            client.export_snapshot("cpu-avx2")
+        with pytest.raises(ServerError, match="a snapshot of other filters than asked"):
+            client.export_snapshot("cpu-avx2", kernel="other")
+
+
 def _served_record(key: Any, **changes: Any) -> dict[str, Any]:
     """A record of ``key`` as a server answers it, with ``changes`` to its fields."""
     data = make_record(key).model_dump(mode="json", by_alias=True)

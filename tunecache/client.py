@@ -85,7 +85,7 @@ from tunecache.settings import (
     env_url,
     snapshot_file,
 )
-from tunecache.snapshot import SnapshotImportResult, SnapshotPublic
+from tunecache.snapshot import SnapshotFilters, SnapshotImportResult, SnapshotPublic
 from tunecache.strict import SERVED, shown
 from tunecache.verification import DisputeCreate, DisputeResult
 from tunecache.worker_calls import WorkerCalls
@@ -458,17 +458,22 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
         params = {"device_arch": device_arch, **{k: v for k, v in filters.items() if v is not None}}
         headers = {"If-None-Match": if_none_match} if if_none_match else {}
         response = self._call("GET", "/v1/snapshot", params=params, headers=headers)
+        if response.status_code == NOT_MODIFIED and not if_none_match:  # "up to date" of none
+            raise ServerError("GET /v1/snapshot answered 304 Not Modified where no ETag was sent")
         if response.status_code == NOT_MODIFIED:
             return None, response.headers.get("etag", if_none_match or "")
         try:
             document: dict[str, Any] = answers.json_answer(
                 response, "/v1/snapshot", answers.SNAPSHOT_CONTAINERS)  # fmt: skip
-            SnapshotPublic.model_validate(document, context=SERVED)
+            snapshot = SnapshotPublic.model_validate(document, context=SERVED)
         except ValidationError as exc:  # one line, not pydantic's with the data
             if not is_tunecache(response):
                 raise foreign(response, "/v1/snapshot") from exc
             why = first_error(exc)
             raise ServerError(f"GET /v1/snapshot sent no valid snapshot: {why}") from exc
+        asked = {k: v for k, v in params.items() if k in SnapshotFilters.model_fields}
+        if snapshot.filters.model_dump(exclude_none=True) != asked:  # another arch's, written
+            raise ServerError("GET /v1/snapshot sent a snapshot of other filters than asked")
         return document, response.headers.get("etag", "")
 
     def import_snapshot(self, document: Mapping[str, Any] | SnapshotPublic) -> dict[str, int]:
