@@ -316,3 +316,67 @@ def test_the_client_holds_what_a_server_answers_to_the_schema() -> None:
     ]  # fmt: skip
     files, skipped = _files("X", answered)
     assert files == {MoeShape(8, 64, "X"): MoeFile({1: GOOD})} and skipped == len(answered) - 1
+
+
+def test_a_later_sync_removes_the_files_the_cache_no_longer_serves(
+    server: Any, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file written from an import stayed in the engine's folder after its token was revoked
+    (the engine kept using it; the next sync said "wrote 0 files"). A later sync removes the
+    files it wrote that the cache no longer serves, unchanged since; a file changed since, or
+    the user's own, stays; a sync that reads no imported files keeps those it wrote from them."""
+    import httpx
+
+    from tests.factories import AUTH
+    from tunecache_cli.sync_moe_ledger import ledger_path
+
+    url = server.url
+    made = httpx.post(f"{url}/v1/tokens", headers=AUTH, json={"name": "moe", "scope": "write"})
+    monkeypatch.setenv("TUNECACHE_TOKEN", made.json()["token"])
+    assert cli("import", "vllm-moe", str(FIXTURES), "--server", url) == 0
+    monkeypatch.setenv("TUNECACHE_TOKEN", TEST_TOKEN)
+    out = tmp_path / "configs"
+    sync = ["sync", "--format", "vllm-moe", "-o", str(out), "--device", "NVIDIA_H100",
+            "--device", "NVIDIA_H200", "--server", url]  # fmt: skip
+    assert cli(*sync, "--accept", "imported") == 0
+    names = sorted(p.name for p in FILES)
+    assert sorted(p.name for p in out.glob("E=*.json")) == names and ledger_path(out).is_file()
+    (out / "E=1,N=2,device_name=NVIDIA_H100.json").write_text('{"1": {}}')  # the user's own
+    assert cli(*sync) == 1  # imports not read: the files written from them are kept
+    assert sorted(p.name for p in out.glob("E=*.json")) == sorted(
+        [*names, "E=1,N=2,device_name=NVIDIA_H100.json"]
+    )
+    changed = out / names[1]
+    changed.write_text(changed.read_text() + " ")  # edited since: the user's now
+    capsys.readouterr()
+    revoked = httpx.delete(f"{url}/v1/tokens/{made.json()['info']['id']}", headers=AUTH)
+    assert revoked.status_code == 200, revoked.text
+    assert cli(*sync, "--accept", "imported") == 1  # nothing served now
+    assert f"removed 1 file it wrote before that the cache no longer serves ({names[0]})" \
+        in capsys.readouterr().err  # fmt: skip
+    assert sorted(p.name for p in out.glob("E=*.json")) == [
+        "E=1,N=2,device_name=NVIDIA_H100.json",
+        names[1],
+    ]
+
+
+def test_a_sync_writes_at_most_so_many_files_a_device(
+    server: Any, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One write token's imports of 20,000 shapes wrote 20,000 files into the engine's folder."""
+    import tunecache_cli.sync_moe
+
+    url = server.url
+    assert cli("import", "vllm-moe", str(FIXTURES), "--server", url) == 0
+    monkeypatch.setattr(tunecache_cli.sync_moe, "MAX_FILES", 1)
+    out = tmp_path / "configs"
+    capsys.readouterr()
+    assert cli("sync", "--format", "vllm-moe", "-o", str(out), "--device", "NVIDIA_H100",
+               "--device", "NVIDIA_H200", "--accept", "imported", "--server", url) == 0  # fmt: skip
+    assert len(list(out.glob("E=*.json"))) == 2  # one a device: each has one here
+    monkeypatch.setattr(tunecache_cli.sync_moe, "MAX_FILES", 0)
+    assert cli("sync", "--format", "vllm-moe", "-o", str(out), "--device", "NVIDIA_H100",
+               "--accept", "imported", "--server", url) == 1  # fmt: skip
+    said = capsys.readouterr().err
+    assert "NVIDIA_H100: the cache serves 1 shapes; the first 0 by file name are written" in said
+    assert "removed" not in said and len(list(out.glob("E=*.json"))) == 2  # served: not removed

@@ -22,7 +22,8 @@ The server is not trusted: every file and record is held to the closed schema ag
 file must be stored under its own device and shape, a record must be a served winner of the
 engine's kernel for the device; any other is skipped (counted, one line). A file is written whole
 (a rename), so a running engine never reads half of one; one that cannot be written is one line,
-exit 2.
+exit 2. A later sync removes the files it wrote that the cache no longer serves, unchanged since
+(:mod:`tunecache_cli.sync_moe_ledger`); at most :data:`MAX_FILES` a device are written.
 
 Exit 0 written, 1 nothing to write, 2 bad input, 3 the server could not be reached.
 """
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tunecache.errors import InvalidInput
@@ -49,12 +51,15 @@ from tunecache.vllm_moe import (
 from tunecache.vllm_moe_launch import launch_problem
 from tunecache.vllm_moe_tuned import tuned_files
 from tunecache_cli.args import server_url
+from tunecache_cli.sync_moe_ledger import Ledger, digest, prune, read_ledger, write_ledger
+from tunecache_cli.table import counted
 
 if TYPE_CHECKING:
     from tunecache.client import Client
     from tunecache.schemas import RecordPublic
 
 MAX_PAGES = 200  # requests of a page each: far more than every preset's shapes on one device
+MAX_FILES = 1024  # a device's files written at most: far more than every preset's shapes
 
 
 def write_folder(args: argparse.Namespace) -> int:
@@ -71,30 +76,64 @@ def write_folder(args: argparse.Namespace) -> int:
     url = server_url(args)
     with (Client(url, timeout=Timeout(write=args.timeout)) as client,
           asking("sync", url, args.timeout)):  # fmt: skip
-        winners = _winners(client, args.timeout)
+        winners, whole = _winners(client, args.timeout)
         imported = {d: client.get_artifacts(NAMESPACE, d.name, timeout=args.timeout) if
                     "imported" in args.accept else [] for d in devices}  # fmt: skip
-    written = 0
+    written, ledger = 0, read_ledger(folder)
     for device in devices:
         items = imported[device]
         files, skipped = _files(device, [(i.key, i.item, i.value) for i in items])
         tuned, passed_over = tuned_files(winners, device)
         merged = {s: _merge(files.get(s), tuned.get(s)) for s in {*files, *tuned}}
-        for shape, contents in sorted(merged.items(), key=lambda kv: kv[0].file_name()):
-            write_file(folder, shape, contents)
+        every = whole and len(merged) <= MAX_FILES  # else none is removed: some left unread
+        if len(merged) > MAX_FILES:  # one write token's imports wrote 20,000 files
+            print(f"{device.name}: the cache serves {len(merged)} shapes; the first {MAX_FILES} "
+                  "by file name are written, the others left out", file=sys.stderr)  # fmt: skip
+            kept = sorted(merged, key=lambda shape: shape.file_name())[:MAX_FILES]
+            merged = {shape: merged[shape] for shape in kept}
+        removed = _write(folder, device.name, merged, set(files), ledger,
+                         "imported" in args.accept, every)  # fmt: skip
         what = _summary(merged, tuned, "imported" in args.accept)
         skips = skipped + passed_over
         print(f"{device.name}: wrote {what} to {folder}"
               + (f"; skipped {skips} outside the schema, not served here or unfit for it"
-                 if skips else ""),
+                 if skips else "")
+              + (f"; removed {counted(len(removed), 'file')} it wrote before that the cache no "
+                 f"longer serves ({', '.join(removed[:3])}{'…' if len(removed) > 3 else ''})"
+                 if removed else ""),
               file=sys.stderr)  # fmt: skip
         written += len(merged)
+    write_ledger(folder, ledger)
     return 0 if written else 1
 
 
-def _winners(client: Client, timeout: float) -> list[RecordPublic]:
+def _write(folder: Path, device: str, merged: dict[MoeShape, MoeFile], imported: set[MoeShape],
+           ledger: Ledger, imported_read: bool, every: bool) -> list[str]:  # fmt: skip
+    """Writes a device's files (``imported``: those an imported file went into), removes those
+    an earlier sync wrote that it no longer does (where it read ``every`` file the cache
+    serves), and notes both in ``ledger``; returns the names of those removed
+    (:mod:`tunecache_cli.sync_moe_ledger`)."""
+    now: dict[str, tuple[str, bool]] = {}
+    for shape, contents in sorted(merged.items(), key=lambda kv: kv[0].file_name()):
+        path = write_file(folder, shape, contents)
+        now[path.name] = (digest(path), shape in imported)
+    before = ledger.get(device, {})
+    removed = prune(folder, now, before, imported_read) if every else []
+    left = {  # kept where unread (imports not read, or not every file): still this sync's
+        name: entry
+        for name, entry in before.items()
+        if name not in now
+        and name not in removed
+        and (not every or (entry[1] and not imported_read))
+    }
+    ledger[device] = {**left, **now}
+    return removed
+
+
+def _winners(client: Client, timeout: float) -> tuple[list[RecordPublic], bool]:
     """Every winner of the engine's kernel the server lists, page by page (a page the server
-    cut short at its byte budget is not the last: the next starts after what came)."""
+    cut short at its byte budget is not the last: the next starts after what came), and
+    whether they are all it lists."""
     from tunecache.pages import fetch_first
 
     listed = fetch_first(client, None, requests=MAX_PAGES, kernel=KERNEL, backend="triton",
@@ -103,7 +142,7 @@ def _winners(client: Client, timeout: float) -> list[RecordPublic]:
         print(f"read {len(listed.items)} of the server's {listed.count} winners in {MAX_PAGES} "
               "requests (its pages are cut short at its byte budget): the others are not "
               "written", file=sys.stderr)  # fmt: skip
-    return listed.items
+    return listed.items, len(listed.items) >= listed.count
 
 
 def _merge(imported: MoeFile | None, tuned: MoeFile | None) -> MoeFile:
