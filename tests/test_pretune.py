@@ -824,3 +824,30 @@ def test_a_server_without_the_key_filter_is_read_whole() -> None:
         found = all_jobs(client, wanted)
     assert list(found) == [jobs[1]["key_hash"]] and found[wanted[0]].id == 16
     assert "key_hash=" in asked[0] and "key_hash=" not in asked[-1]  # then the whole queue
+
+
+def test_pretune_follows_its_manifests_keys_not_those_a_server_names() -> None:
+    """``pretune`` followed (and ``--local`` claimed) the key hash the server's answer named: a
+    server answering a key's queuing with another key's job had a daemon of ``--local`` tune
+    that key, its own check passed by the very hash the server chose."""
+    from tests.factories import claimed_job, make_key, miss
+    from tunecache.client import Client
+    from tunecache.errors import ServerError
+    from tunecache.http import IDENTITY_HEADER
+    from tunecache_cli.pretune import queue
+
+    manifest = parse_manifest('[[tune]]\nkernel = "matmul"\nbackends = ["tvm"]\n'
+                              "shapes = [{M = 8, N = 16, K = 16}]\n")  # fmt: skip
+    other = claimed_job(make_key(4096)).model_dump(mode="json")
+
+    def hostile(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/lookup":
+            return miss()  # type: ignore[no-any-return]
+        return httpx.Response(201, json={"job": other, "created": True},
+                              headers={IDENTITY_HEADER: "tunecache/test"})  # fmt: skip
+
+    with (
+        Client("http://hostile.test", transport=httpx.MockTransport(hostile)) as client,
+        pytest.raises(ServerError, match="with the job of another key: a bad answer"),
+    ):
+        queue(client, manifest)

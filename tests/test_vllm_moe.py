@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import start_server
 from tests.factories import TEST_TOKEN
 from tunecache.errors import InvalidInput
 from tunecache.vllm_moe import (
@@ -340,7 +341,7 @@ def test_a_later_sync_removes_the_files_the_cache_no_longer_serves(
             "--device", "NVIDIA_H200", "--server", url]  # fmt: skip
     assert cli(*sync, "--accept", "imported") == 0
     names = sorted(p.name for p in FILES)
-    assert sorted(p.name for p in out.glob("E=*.json")) == names and ledger_path(out).is_file()
+    assert sorted(p.name for p in out.glob("E=*.json")) == names and ledger_path(out, url).is_file()
     (out / "E=1,N=2,device_name=NVIDIA_H100.json").write_text('{"1": {}}')  # the user's own
     assert cli(*sync) == 1  # imports not read: the files written from them are kept
     assert sorted(p.name for p in out.glob("E=*.json")) == sorted(
@@ -358,6 +359,42 @@ def test_a_later_sync_removes_the_files_the_cache_no_longer_serves(
         "E=1,N=2,device_name=NVIDIA_H100.json",
         names[1],
     ]
+
+
+def test_a_sync_removes_neither_a_users_file_it_overwrote_nor_another_servers_files(
+    server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger adopted a user's own file a sync overwrote (the next sync not serving its
+    shape removed it), and was one a folder: a sync from another server removed every file the
+    first one's wrote."""
+    import httpx
+
+    from tests.factories import AUTH
+
+    url = server.url
+    made = httpx.post(f"{url}/v1/tokens", headers=AUTH, json={"name": "moe", "scope": "write"})
+    monkeypatch.setenv("TUNECACHE_TOKEN", made.json()["token"])
+    assert cli("import", "vllm-moe", str(FIXTURES), "--server", url) == 0
+    monkeypatch.setenv("TUNECACHE_TOKEN", TEST_TOKEN)
+    out = tmp_path / "configs"
+    out.mkdir()
+    theirs = out / FILES[0].name
+    theirs.write_text('{"1": {}}')  # the user's, before any sync
+    sync = ["sync", "--format", "vllm-moe", "-o", str(out), "--device", "NVIDIA_H100",
+            "--device", "NVIDIA_H200", "--accept", "imported"]  # fmt: skip
+    assert cli(*sync, "--server", url) == 0  # overwritten, as a sync always did
+    other = tmp_path / "other"
+    other.mkdir()
+    live = start_server(f"sqlite:///{other / 'cache.db'}", other / "cache.db", tmp_path / "o.log")
+    try:
+        assert cli(*sync, "--server", live.url) == 1  # serves nothing: removes nothing of url's
+    finally:
+        live.stop()
+    assert sorted(p.name for p in out.glob("E=*.json")) == sorted(p.name for p in FILES)
+    revoked = httpx.delete(f"{url}/v1/tokens/{made.json()['info']['id']}", headers=AUTH)
+    assert revoked.status_code == 200, revoked.text
+    assert cli(*sync, "--server", url) == 1  # nothing served: its own file removed, not theirs
+    assert [p.name for p in out.glob("E=*.json")] == [FILES[0].name]
 
 
 def test_a_sync_writes_at_most_so_many_files_a_device(

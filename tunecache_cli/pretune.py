@@ -66,6 +66,7 @@ def queue(client: Any, manifest: Any) -> tuple[list[str], int, dict[str, list[An
     the keys whose job is done with no record served, by why (:data:`UNSERVED`): not followed,
     as "done" they read as tuned again when nothing ran."""
     from tunecache.client import Client
+    from tunecache.errors import ServerError
 
     followed, tuned, unserved = [], 0, {why: list[Any]() for why in UNSERVED}
     with Client(client.url, policy="any") as anyway:
@@ -75,6 +76,9 @@ def queue(client: Any, manifest: Any) -> tuple[list[str], int, dict[str, list[An
                 continue
             strategy, trials = manifest.budgets[key.digest()]
             job = client.create_job(key, strategy=strategy, trials=trials).job
+            if job.key_hash != key.digest():  # followed, and --local claims, by this key's
+                raise ServerError(f"POST /v1/jobs answered for {key.short()} with the job of "
+                                  "another key: a bad answer")  # fmt: skip
             if job.state == "done" and is_tuned(key, client):  # done meanwhile
                 tuned += 1
             elif job.state == "done":

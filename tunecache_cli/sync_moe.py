@@ -79,7 +79,7 @@ def write_folder(args: argparse.Namespace) -> int:
         winners, whole = _winners(client, args.timeout)
         imported = {d: client.get_artifacts(NAMESPACE, d.name, timeout=args.timeout) if
                     "imported" in args.accept else [] for d in devices}  # fmt: skip
-    written, ledger = 0, read_ledger(folder)
+    written, ledger = 0, read_ledger(folder, url)
     for device in devices:
         items = imported[device]
         files, skipped = _files(device, [(i.key, i.item, i.value) for i in items])
@@ -103,7 +103,7 @@ def write_folder(args: argparse.Namespace) -> int:
                  if removed else ""),
               file=sys.stderr)  # fmt: skip
         written += len(merged)
-    write_ledger(folder, ledger)
+        write_ledger(folder, url, ledger)  # each device's: a later one's failure keeps it
     return 0 if written else 1
 
 
@@ -114,10 +114,13 @@ def _write(folder: Path, device: str, merged: dict[MoeShape, MoeFile], imported:
     serves), and notes both in ``ledger``; returns the names of those removed
     (:mod:`tunecache_cli.sync_moe_ledger`)."""
     now: dict[str, tuple[str, bool]] = {}
-    for shape, contents in sorted(merged.items(), key=lambda kv: kv[0].file_name()):
-        path = write_file(folder, shape, contents)
-        now[path.name] = (digest(path), shape in imported)
     before = ledger.get(device, {})
+    for shape, contents in sorted(merged.items(), key=lambda kv: kv[0].file_name()):
+        name = shape.file_name()
+        theirs = (folder / name).exists() and (name not in before or _changed(folder, name, before))
+        path = write_file(folder, shape, contents)
+        if not theirs:  # a file of the user's, overwritten as ever, is never removed
+            now[path.name] = (digest(path), shape in imported)
     removed = prune(folder, now, before, imported_read) if every else []
     left = {  # kept where unread (imports not read, or not every file): still this sync's
         name: entry
@@ -128,6 +131,14 @@ def _write(folder: Path, device: str, merged: dict[MoeShape, MoeFile], imported:
     }
     ledger[device] = {**left, **now}
     return removed
+
+
+def _changed(folder: Path, name: str, before: dict[str, tuple[str, bool]]) -> bool:
+    """Whether ``name`` in ``folder`` no longer holds what the ledger says a sync wrote."""
+    try:
+        return digest(folder / name) != before[name][0]
+    except OSError:
+        return True
 
 
 def _winners(client: Client, timeout: float) -> tuple[list[RecordPublic], bool]:

@@ -10,7 +10,10 @@ later sync of that device into that folder removes those it no longer writes who
 still the ones it wrote (a file changed since, or one it never wrote, is the user's, never
 touched). A sync that reads no imported files (no ``--accept imported``) keeps the files it
 wrote from them: it cannot tell whether they are still served. The ledger is read bounded, each
-name held to the engine's file names of its device.
+name held to the engine's file names of its device. A file that was there before the sync
+wrote it, and not as the ledger has it, is the user's: overwritten (as a sync always did), never
+removed. The ledger is written after each device (a later device's failure keeps what the first
+wrote); two syncs into one folder at once may each keep only their own devices' entries.
 """
 
 from __future__ import annotations
@@ -29,19 +32,21 @@ MAX_LEDGER_BYTES = 4 * 2**20  # thousands of files' names and digests
 Ledger = dict[str, dict[str, tuple[str, bool]]]  # device -> file name -> (sha256, imported)
 
 
-def ledger_path(folder: Path) -> Path:
-    """Where the ledger of syncs into ``folder`` is kept: this user's work folder's
-    ``vllm-moe-sync``, named by the folder's resolved path."""
+def ledger_path(folder: Path, url: str) -> Path:
+    """Where the ledger of syncs from the server at ``url`` into ``folder`` is kept: this
+    user's work folder's ``vllm-moe-sync``, named by the server and the folder's resolved path
+    (a sync from another server removed every file the first one's wrote)."""
     from tunecache.settings import work_dir
 
-    name = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()
+    name = hashlib.sha256(f"{url}\0{folder.resolve()}".encode()).hexdigest()
     return work_dir() / "vllm-moe-sync" / f"{name}.json"
 
 
-def read_ledger(folder: Path) -> Ledger:
-    """The ledger of syncs into ``folder``; empty where there is none, or it cannot be read
-    as one (an entry not of its device's file names, or not a digest, is left out)."""
-    path = ledger_path(folder)
+def read_ledger(folder: Path, url: str) -> Ledger:
+    """The ledger of syncs from ``url`` into ``folder``; empty where there is none, or it
+    cannot be read as one (an entry not of its device's file names, or not a digest, is left
+    out)."""
+    path = ledger_path(folder, url)
     try:
         if path.is_symlink() or not path.is_file():
             return {}
@@ -95,13 +100,13 @@ def prune(folder: Path, written: dict[str, tuple[str, bool]], before: dict[str, 
     return removed
 
 
-def write_ledger(folder: Path, ledger: Ledger) -> None:
-    """Writes ``ledger`` as the ledger of syncs into ``folder``, whole.
+def write_ledger(folder: Path, url: str, ledger: Ledger) -> None:
+    """Writes ``ledger`` as the ledger of syncs from ``url`` into ``folder``, whole.
 
     Raises:
         InvalidInput: it cannot be written (naming it).
     """
-    path = ledger_path(folder)
+    path = ledger_path(folder, url)
     data = json.dumps({d: {n: list(e) for n, e in sorted(f.items())} for d, f in
                        sorted(ledger.items()) if f}, indent=1).encode()  # fmt: skip
     try:
