@@ -319,6 +319,25 @@ def test_the_client_holds_what_a_server_answers_to_the_schema() -> None:
     assert files == {MoeShape(8, 64, "X"): MoeFile({1: GOOD})} and skipped == len(answered) - 1
 
 
+def imported_by_a_token(url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The fixtures imported by a write token of their own; returns what revokes it (its
+    imports then served no more)."""
+    import httpx
+
+    from tests.factories import AUTH
+
+    made = httpx.post(f"{url}/v1/tokens", headers=AUTH, json={"name": "moe", "scope": "write"})
+    monkeypatch.setenv("TUNECACHE_TOKEN", made.json()["token"])
+    assert cli("import", "vllm-moe", str(FIXTURES), "--server", url) == 0
+    monkeypatch.setenv("TUNECACHE_TOKEN", TEST_TOKEN)
+
+    def revoke() -> None:
+        gone = httpx.delete(f"{url}/v1/tokens/{made.json()['info']['id']}", headers=AUTH)
+        assert gone.status_code == 200, gone.text
+
+    return revoke
+
+
 def test_a_later_sync_removes_the_files_the_cache_no_longer_serves(
     server: Any, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -326,16 +345,11 @@ def test_a_later_sync_removes_the_files_the_cache_no_longer_serves(
     (the engine kept using it; the next sync said "wrote 0 files"). A later sync removes the
     files it wrote that the cache no longer serves, unchanged since; a file changed since, or
     the user's own, stays; a sync that reads no imported files keeps those it wrote from them."""
-    import httpx
 
-    from tests.factories import AUTH
     from tunecache_cli.sync_moe_ledger import ledger_path
 
     url = server.url
-    made = httpx.post(f"{url}/v1/tokens", headers=AUTH, json={"name": "moe", "scope": "write"})
-    monkeypatch.setenv("TUNECACHE_TOKEN", made.json()["token"])
-    assert cli("import", "vllm-moe", str(FIXTURES), "--server", url) == 0
-    monkeypatch.setenv("TUNECACHE_TOKEN", TEST_TOKEN)
+    revoke = imported_by_a_token(url, monkeypatch)
     out = tmp_path / "configs"
     sync = ["sync", "--format", "vllm-moe", "-o", str(out), "--device", "NVIDIA_H100",
             "--device", "NVIDIA_H200", "--server", url]  # fmt: skip
@@ -350,8 +364,7 @@ def test_a_later_sync_removes_the_files_the_cache_no_longer_serves(
     changed = out / names[1]
     changed.write_text(changed.read_text() + " ")  # edited since: the user's now
     capsys.readouterr()
-    revoked = httpx.delete(f"{url}/v1/tokens/{made.json()['info']['id']}", headers=AUTH)
-    assert revoked.status_code == 200, revoked.text
+    revoke()
     assert cli(*sync, "--accept", "imported") == 1  # nothing served now
     assert f"removed 1 file it wrote before that the cache no longer serves ({names[0]})" \
         in capsys.readouterr().err  # fmt: skip
@@ -367,15 +380,9 @@ def test_a_sync_removes_neither_a_users_file_it_overwrote_nor_another_servers_fi
     """The ledger adopted a user's own file a sync overwrote (the next sync not serving its
     shape removed it), and was one a folder: a sync from another server removed every file the
     first one's wrote."""
-    import httpx
-
-    from tests.factories import AUTH
 
     url = server.url
-    made = httpx.post(f"{url}/v1/tokens", headers=AUTH, json={"name": "moe", "scope": "write"})
-    monkeypatch.setenv("TUNECACHE_TOKEN", made.json()["token"])
-    assert cli("import", "vllm-moe", str(FIXTURES), "--server", url) == 0
-    monkeypatch.setenv("TUNECACHE_TOKEN", TEST_TOKEN)
+    revoke = imported_by_a_token(url, monkeypatch)
     out = tmp_path / "configs"
     out.mkdir()
     theirs = out / FILES[0].name
@@ -391,8 +398,7 @@ def test_a_sync_removes_neither_a_users_file_it_overwrote_nor_another_servers_fi
     finally:
         live.stop()
     assert sorted(p.name for p in out.glob("E=*.json")) == sorted(p.name for p in FILES)
-    revoked = httpx.delete(f"{url}/v1/tokens/{made.json()['info']['id']}", headers=AUTH)
-    assert revoked.status_code == 200, revoked.text
+    revoke()
     assert cli(*sync, "--server", url) == 1  # nothing served: its own file removed, not theirs
     assert [p.name for p in out.glob("E=*.json")] == [FILES[0].name]
 
