@@ -377,7 +377,6 @@ class Client(WorkerCalls, AdminCalls, ArtifactCalls):
         verifier passes it (its verified policy) is said, once a client."""
         what = f"upload of {record.key.kernel} ({record.key.backend})"
         later = Later(self.url, record, what)  # kept in the outbox till the server has it
-
         queued = self.server.send_later(what, lambda: self.say_pending(later.send(self)),
                                         loud=True, lost=later.lost)  # fmt: skip
         if not queued:

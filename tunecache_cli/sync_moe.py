@@ -51,7 +51,14 @@ from tunecache.vllm_moe import (
 from tunecache.vllm_moe_launch import launch_problem
 from tunecache.vllm_moe_tuned import tuned_files
 from tunecache_cli.args import server_url
-from tunecache_cli.sync_moe_ledger import Ledger, digest, prune, read_ledger, write_ledger
+from tunecache_cli.sync_moe_ledger import (
+    Ledger,
+    as_written,
+    digest,
+    prune,
+    read_ledger,
+    write_ledger,
+)
 from tunecache_cli.table import counted
 
 if TYPE_CHECKING:
@@ -117,7 +124,9 @@ def _write(folder: Path, device: str, merged: dict[MoeShape, MoeFile], imported:
     before = ledger.get(device, {})
     for shape, contents in sorted(merged.items(), key=lambda kv: kv[0].file_name()):
         name = shape.file_name()
-        theirs = (folder / name).exists() and (name not in before or _changed(folder, name, before))
+        theirs = (folder / name).exists() and (
+            name not in before or not as_written(folder, name, before[name][0])
+        )
         path = write_file(folder, shape, contents)
         if not theirs:  # a file of the user's, overwritten as ever, is never removed
             now[path.name] = (digest(path), shape in imported)
@@ -131,14 +140,6 @@ def _write(folder: Path, device: str, merged: dict[MoeShape, MoeFile], imported:
     }
     ledger[device] = {**left, **now}
     return removed
-
-
-def _changed(folder: Path, name: str, before: dict[str, tuple[str, bool]]) -> bool:
-    """Whether ``name`` in ``folder`` no longer holds what the ledger says a sync wrote."""
-    try:
-        return digest(folder / name) != before[name][0]
-    except OSError:
-        return True
 
 
 def _winners(client: Client, timeout: float) -> tuple[list[RecordPublic], bool]:

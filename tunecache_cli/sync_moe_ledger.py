@@ -89,15 +89,24 @@ def prune(folder: Path, written: dict[str, tuple[str, bool]], before: dict[str, 
     for name, (sha, imported) in sorted(before.items()):
         if name in written or (imported and not imported_read):
             continue
-        path = folder / name
+        if not as_written(folder, name, sha):
+            continue  # the user's now
         try:
-            if path.is_symlink() or not path.is_file() or digest(path) != sha:
-                continue  # the user's now
-            path.unlink()
+            (folder / name).unlink()
         except OSError:
             continue
         removed.append(name)
     return removed
+
+
+def as_written(folder: Path, name: str, sha: str) -> bool:
+    """Whether ``name`` in ``folder`` is a plain file still holding the bytes of digest
+    ``sha`` (what a sync wrote), not a link, nor changed since."""
+    path = folder / name
+    try:
+        return not path.is_symlink() and path.is_file() and digest(path) == sha
+    except OSError:
+        return False
 
 
 def write_ledger(folder: Path, url: str, ledger: Ledger) -> None:
