@@ -55,8 +55,8 @@ from tunecache_cli.sync_moe_ledger import (
     Ledger,
     as_written,
     digest,
+    held,
     prune,
-    read_ledger,
     write_ledger,
 )
 from tunecache_cli.table import counted
@@ -86,32 +86,38 @@ def write_folder(args: argparse.Namespace) -> int:
         winners, whole = _winners(client, args.timeout)
         imported = {d: client.get_artifacts(NAMESPACE, d.name, timeout=args.timeout) if
                     "imported" in args.accept else [] for d in devices}  # fmt: skip
-    written, ledger = 0, read_ledger(folder, url)
-    for device in devices:
-        items = imported[device]
-        files, skipped = _files(device, [(i.key, i.item, i.value) for i in items])
-        tuned, passed_over = tuned_files(winners, device)
-        merged = {s: _merge(files.get(s), tuned.get(s)) for s in {*files, *tuned}}
-        every = whole and len(merged) <= MAX_FILES  # else none is removed: some left unread
-        if len(merged) > MAX_FILES:  # one write token's imports wrote 20,000 files
-            print(f"{device.name}: the cache serves {len(merged)} shapes; the first {MAX_FILES} "
-                  "by file name are written, the others left out", file=sys.stderr)  # fmt: skip
-            kept = sorted(merged, key=lambda shape: shape.file_name())[:MAX_FILES]
-            merged = {shape: merged[shape] for shape in kept}
-        removed = _write(folder, device.name, merged, set(files), ledger,
-                         "imported" in args.accept, every)  # fmt: skip
-        what = _summary(merged, tuned, "imported" in args.accept)
-        skips = skipped + passed_over
-        print(f"{device.name}: wrote {what} to {folder}"
-              + (f"; skipped {skips} outside the schema, not served here or unfit for it"
-                 if skips else "")
-              + (f"; removed {counted(len(removed), 'file')} it wrote before that the cache no "
-                 f"longer serves ({', '.join(removed[:3])}{'…' if len(removed) > 3 else ''})"
-                 if removed else ""),
-              file=sys.stderr)  # fmt: skip
-        written += len(merged)
-        write_ledger(folder, url, ledger)  # each device's: a later one's failure keeps it
+    written = 0
+    with held(folder, url) as ledger:  # another sync into the folder waits
+        for device in devices:
+            items = imported[device]
+            files, skipped = _files(device, [(i.key, i.item, i.value) for i in items])
+            tuned, passed_over = tuned_files(winners, device)
+            merged = {s: _merge(files.get(s), tuned.get(s)) for s in {*files, *tuned}}
+            every = whole and len(merged) <= MAX_FILES  # else none is removed: some left unread
+            if len(merged) > MAX_FILES:  # one write token's imports wrote 20,000 files
+                print(f"{device.name}: the cache serves {len(merged)} shapes; the first "
+                      f"{MAX_FILES} by file name are written, the others left out",
+                      file=sys.stderr)  # fmt: skip
+                kept = sorted(merged, key=lambda shape: shape.file_name())[:MAX_FILES]
+                merged = {shape: merged[shape] for shape in kept}
+            removed = _write(folder, device.name, merged, set(files), ledger,
+                             "imported" in args.accept, every)  # fmt: skip
+            what = _summary(merged, tuned, "imported" in args.accept)
+            print(f"{device.name}: wrote {what} to {folder}"
+                  f"{_notes(skipped + passed_over, removed)}", file=sys.stderr)  # fmt: skip
+            written += len(merged)
+            write_ledger(folder, url, ledger)  # each device's: a later one's failure keeps it
     return 0 if written else 1
+
+
+def _notes(skips: int, removed: list[str]) -> str:
+    """The end of a device's line: how many entries it skipped, which files it removed."""
+    said = f"; skipped {skips} outside the schema, not served here or unfit for it" if skips else ""
+    if removed:
+        names = ", ".join(removed[:3]) + ("…" if len(removed) > 3 else "")
+        said += (f"; removed {counted(len(removed), 'file')} it wrote before that the cache no "
+                 f"longer serves ({names})")  # fmt: skip
+    return said
 
 
 def _write(folder: Path, device: str, merged: dict[MoeShape, MoeFile], imported: set[MoeShape],

@@ -13,13 +13,19 @@ wrote from them: it cannot tell whether they are still served. The ledger is rea
 name held to the engine's file names of its device. A file that was there before the sync
 wrote it, and not as the ledger has it, is the user's: overwritten (as a sync always did), never
 removed. The ledger is written after each device (a later device's failure keeps what the first
-wrote); two syncs into one folder at once may each keep only their own devices' entries.
+wrote). A sync holds its ledger (:func:`held`) from its read to its last write: two syncs into one
+folder at once each kept only their own devices' entries, and the other's files were never
+removed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from tunecache.errors import InvalidInput
@@ -40,6 +46,44 @@ def ledger_path(folder: Path, url: str) -> Path:
 
     name = hashlib.sha256(f"{url}\0{folder.resolve()}".encode()).hexdigest()
     return work_dir() / "vllm-moe-sync" / f"{name}.json"
+
+
+@contextlib.contextmanager
+def held(folder: Path, url: str) -> Iterator[Ledger]:
+    """The ledger of syncs from ``url`` into ``folder`` (:func:`read_ledger`), held from this
+    read until the block ends: another sync of the two waits for it, said once. Its folder is
+    this user's alone, checked before anything is read in it (a link planted there had its
+    ledger read through it, to remove the engine's files it names).
+
+    Raises:
+        InvalidInput: the ledgers' folder or the lock cannot be used (naming it).
+    """
+    path = ledger_path(folder, url)
+    lock = path.with_suffix(".lock")
+    try:
+        own_folder(path.parent, "the sync ledgers' folder")
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(lock, flags, 0o600)
+    except OSError as exc:
+        raise InvalidInput(f"{lock}: cannot be used ({exc.strerror or exc})") from None
+    try:
+        _lock(fd, folder)
+        yield read_ledger(folder, url)
+    finally:
+        os.close(fd)  # the lock with it
+
+
+def _lock(fd: int, folder: Path) -> None:
+    """Takes the lock on ``fd``, waiting (said once) while another sync into ``folder`` holds
+    it."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"waiting for another sync from this server into {folder} to end",
+              file=sys.stderr)  # fmt: skip
+        fcntl.flock(fd, fcntl.LOCK_EX)
 
 
 def read_ledger(folder: Path, url: str) -> Ledger:
