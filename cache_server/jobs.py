@@ -105,14 +105,22 @@ def requeue_failed(session: Session, *, key_hash: str, max_attempts: int, priori
                 attempts=0, **asked, **opened, **NO_LEASE)  # fmt: skip
 
 
+# A lease given back before its attempt ended: queued again, claimable at once, the attempt its
+# claim spent refunded (the job's error, of an earlier attempt, kept).
+_GIVEN_BACK: dict[str, Any] = {
+    "state": "queued",
+    "attempts": case((JobRow.attempts > 0, JobRow.attempts - 1), else_=0),
+    **NO_LEASE,
+}
+
+
 def release_leases(session: Session, *, token_id: int) -> int:
     """Gives back the leases of the running jobs claimed with token ``token_id`` (revoked): each
     is queued again, claimable at once, the attempt it spent refunded. Otherwise a revoked
     token's leases held its jobs until they ran out (a day at most), or an admin failed each.
     Returns how many."""
-    refunded = case((JobRow.attempts > 0, JobRow.attempts - 1), else_=0)
     held = [JobRow.state == "running", JobRow.lease_token_id == token_id]
-    return _set(session, held, state="queued", attempts=refunded, **NO_LEASE)
+    return _set(session, held, **_GIVEN_BACK)
 
 
 def find(session: Session, *, key_hash: str) -> JobRow | None:
@@ -398,6 +406,14 @@ def heartbeat(
     token's lease); ``None`` if it no longer holds the job."""
     expires = utcnow() + timedelta(seconds=lease_seconds)
     return _change(session, job_id, worker, holder, lease_expires_at=expires)
+
+
+def release(session: Session, *, job_id: int, worker: str, holder: int | None) -> JobRow | None:
+    """Gives back the lease ``worker`` holds, taken with token ``holder`` (``None``: an admin's
+    call, any token's), its attempt unfinished (the worker stopped: Ctrl-C, a restart): queued
+    again, claimable at once, the attempt refunded. Otherwise the job waited out its lease, and
+    on its last attempt failed, a stopped worker blamed. ``None`` if it no longer holds the job."""
+    return _change(session, job_id, worker, holder, **_GIVEN_BACK)
 
 
 def complete(

@@ -273,15 +273,20 @@ def _fairest(session: Session, now: datetime, fits: Sequence[Any]) -> list[Any]:
     return [_first(now, fits, who == uploader) for uploader in uploaders]
 
 
-def release_verifications(session: Session, *, token_id: int) -> int:
-    """Gives back the live verification leases taken with token ``token_id`` (revoked): each
+def release_verifications(
+    session: Session, *, token_id: int, record_id: int | None = None, worker: str | None = None
+) -> int:
+    """Gives back the live verification leases taken with token ``token_id`` (revoked; or, with
+    ``record_id`` and ``worker``, that record's, its verifier stopped mid-way: Ctrl-C): each
     record is claimable at once, the attempt it spent refunded (as a revoked token's jobs are,
-    :func:`cache_server.jobs.release_leases`). Returns how many."""
+    :func:`cache_server.jobs.release_leases`). Otherwise each stop spent one of its attempts,
+    and a record three stops met was never verified. Returns how many."""
     refunded = case((RecordRow.verify_attempts > 0, RecordRow.verify_attempts - 1), else_=0)
+    one = [] if record_id is None else [RecordRow.id == record_id, RecordRow.verify_owner == worker]
     stmt = (
         update(RecordRow)
         .where(RecordRow.verify_token_id == token_id, RecordRow.verify_owner.is_not(None),
-               RecordRow.verify_expires_at >= utcnow())
+               RecordRow.verify_expires_at >= utcnow(), *one)
         .values(verify_owner=None, verify_token_id=None, verify_expires_at=None,
                 verify_attempts=refunded)
         .execution_options(synchronize_session=False)

@@ -51,6 +51,7 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("POST", "/v1/jobs", {"key": KEY}, "write"),
     ("POST", "/v1/jobs/claim", {"worker": "w"}, "write"),
     ("POST", "/v1/jobs/{job_id}/heartbeat", {"worker": "w"}, "write"),
+    ("POST", "/v1/jobs/{job_id}/release", {"worker": "w"}, "write"),
     ("POST", "/v1/jobs/{job_id}/complete", {"worker": "w", "record_id": 1}, "write"),
     ("POST", "/v1/jobs/{job_id}/fail", {"worker": "w"}, "write"),
     ("POST", "/v1/tokens", {"name": "x", "scope": "read"}, "admin"),
@@ -63,6 +64,7 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("POST", "/v1/records/{record_id}/disputes", DISPUTE, "token"),
     ("POST", "/v1/verifications/claim", VERIFY_CLAIM, "verify"),
     ("POST", "/v1/records/{record_id}/verification", VERIFICATION, "verify"),
+    ("POST", "/v1/records/{record_id}/verification/release", {"worker": "w"}, "verify"),
 ]
 OPEN = {"/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
 LEVEL = {"none": -1, "token": 0, "read": 0, "write": 1, "verify": 2, "admin": 3}

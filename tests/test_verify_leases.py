@@ -131,3 +131,39 @@ def test_a_claim_racing_a_revocation_never_outlives_it(
             assert taken is not None
     finally:
         engine.dispose()
+
+
+def test_a_verifier_stopped_mid_record_gives_it_back(
+    any_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verifier stopped with Ctrl-C left its record leased (10 minutes by default), each stop
+    spending one of its three attempts: a record three stops met was never verified. It is given
+    back: claimable at once, the attempt refunded. Only by its worker and token, while leased."""
+    from tuner.verify import Verifier, VerifierOptions
+
+    url = any_server.url
+    record_id = _uploaded(url, 42)
+
+    def stopped(self: Verifier, task: object, harness: object) -> None:
+        raise KeyboardInterrupt  # mid-way: the Ctrl-C a real run gets in its re-timing
+
+    monkeypatch.setattr(Verifier, "finding", stopped)
+    monkeypatch.setattr(Verifier, "arch", lambda self: CPU.arch)
+    stops = token(url, "stops", "verify")
+    for _ in range(4):  # past its three attempts: each refunded
+        with Client(url, token=stops) as client:
+            verifier = Verifier(client, VerifierOptions(backends=("tvm",), workers=1, once=True))
+            with pytest.raises(KeyboardInterrupt):
+                verifier.run()
+    with (
+        Client(url, token=token(url, "next", "verify")) as other,
+        Client(url, token=stops) as first,
+    ):
+        task = other.claim_verification("w2", device_arch=CPU.arch, backends=["tvm"])
+        assert task is not None and task.record.id == record_id
+        for client, worker in ((first, "w2"), (other, "w3")):  # not this token's, nor worker's
+            with pytest.raises(ServerError, match="not leased to worker") as refused:
+                client.release_verification(record_id, worker)
+            assert refused.value.status_code == 409
+        assert other.release_verification(record_id, "w2").id == record_id
+        assert other.claim_verification("w4", device_arch=CPU.arch, backends=["tvm"]) is not None

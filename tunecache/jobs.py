@@ -136,6 +136,13 @@ class LeaseRequest(_Strict):
     lease_seconds: LeaseSeconds = 300.0
 
 
+class LeaseRelease(_Strict):
+    """A lease given back (a job's, a record's verification), its attempt unfinished: the
+    worker that holds it."""
+
+    worker: Annotated[Line, Field(min_length=1, max_length=128)]
+
+
 class JobResult(_Strict):
     """A failed attempt: the worker, and why (``record_id`` is read by no route; kept so that
     old workers' bodies stay valid)."""

@@ -76,6 +76,14 @@ class WorkerCalls:
             )  # fmt: skip
         self._own_awaiting_said = count
 
+    def release_verification(self, record_id: int, worker: str, *,
+                             timeout: float | None = None) -> RecordPublic:  # fmt: skip
+        """Gives back a record this verifier leased, unchecked (it stops): claimable again at
+        once, the attempt refunded."""
+        path = f"/v1/records/{record_id}/verification/release"
+        response = self._call("POST", path, timeout, json={"worker": worker})
+        return parse(RecordPublic, response, path, max_containers=RECORD_CONTAINERS)
+
     def submit_verification(self, record_id: int, result: VerificationCreate) -> RecordPublic:
         """Stores a verifier's finding on a record it holds the lease of; the record as now."""
         path = f"/v1/records/{record_id}/verification"
@@ -166,6 +174,13 @@ class WorkerCalls:
         """Extends the lease of a job this worker holds."""
         body = {"worker": worker, "lease_seconds": lease_seconds}
         return self._job("POST", f"/v1/jobs/{job_id}/heartbeat", JobPublic, json=body)
+
+    def release_job(self, job_id: int, worker: str, *, timeout: float | None = None) -> JobPublic:
+        """Gives back a job this worker holds, its attempt unfinished (the worker stops): queued
+        again, claimable at once, the attempt refunded."""
+        body = {"worker": worker}
+        path = f"/v1/jobs/{job_id}/release"
+        return self._job("POST", path, JobPublic, json=body, timeout=timeout)
 
     def complete_job(self, job_id: int, worker: str, record_id: int) -> JobPublic:
         body = {"worker": worker, "record_id": record_id}

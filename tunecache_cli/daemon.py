@@ -4,14 +4,16 @@ With ``--verify`` (a token with the ``verify`` scope) it verifies instead: it cl
 records of this machine's arch, re-validates and re-times them here (:mod:`tuner.verify`), and
 the server serves them as verified or rejects them.
 
-SIGTERM or Ctrl-C: the current job is finished, then the daemon stops. Exit 0 when stopped (or,
-``--once``, out of jobs), 2 bad input, 3 server unreachable.
+SIGTERM: the current job is finished, then the daemon stops; Ctrl-C, or a second SIGTERM: it
+stops at once, the job it was tuning given back (queued again, its attempt refunded). Exit 0
+when stopped (or, ``--once``, out of jobs), 2 bad input, 3 server unreachable.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -156,9 +158,26 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _until_stopped(worker: Any) -> None:
-    """Runs a daemon or a verifier until it is done; SIGTERM and Ctrl-C let the current job or
-    record finish, then stop it."""
-    signal.signal(signal.SIGTERM, lambda *_: worker.stop())
+    """Runs a daemon or a verifier until it is done. SIGTERM lets the current job or record
+    finish, then stops it; a second SIGTERM, or Ctrl-C, stops it at once, the job it was tuning
+    given back (:func:`tuner.polling.leased`: a service manager's stop sends SIGTERM, and, a
+    job running longer than it waits, kills it, the job left to its lease)."""
+
+    def terminate(signum: int, frame: Any) -> None:
+        if not worker.stopping.is_set():
+            worker.stop()
+            # os.write: a print or a log line here, the main thread being in one, raised
+            os.write(2, b"tunecache: SIGTERM: stopping once the current job is done (a second "
+                        b"SIGTERM, or Ctrl-C: now, the job given back)\n")  # fmt: skip
+            return
+        # Asked twice: now, as Ctrl-C does (a TVM search's own handler stops it at its next
+        # step: raised inside TVM, it crashed the process).
+        interrupt = signal.getsignal(signal.SIGINT)
+        if not callable(interrupt):  # ignored (started in a script's background), or C's
+            raise KeyboardInterrupt
+        interrupt(signal.SIGINT, frame)
+
+    signal.signal(signal.SIGTERM, terminate)
     try:
         worker.run()
     except KeyboardInterrupt:

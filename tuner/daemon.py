@@ -6,7 +6,8 @@ job's key is completed with this machine's device and environment (a miss seen o
 of the arch is tuned here), tuned with :func:`tuner.tune` through one harness kept for every job,
 uploaded, and the job completed with the record id — or failed with the reason, to be retried until
 its attempts run out. While it tunes, a thread renews the lease; a daemon that dies leaves the job
-to expire and be claimed again. :meth:`Daemon.stop` (the CLI's SIGTERM) lets the current job finish.
+to expire and be claimed again, one interrupted mid-tune gives it back. :meth:`Daemon.stop` (the
+CLI's SIGTERM) lets the current job finish.
 
 Example:
     >>> with Client(url) as client:  # doctest: +SKIP
@@ -40,7 +41,7 @@ from tunecache.outbox import Later
 from tunecache.pages import fetch_first
 from tuner.handed import unasked
 from tuner.harness import Harness
-from tuner.polling import leased, passing, poll
+from tuner.polling import leased, passing, poll, release
 from tuner.tune import TuneOptions, tune
 
 logger = logging.getLogger(__name__)
@@ -238,7 +239,8 @@ class Daemon(Worker):
             with Harness(workers=self.options.workers) as harness:
                 poll(lambda: self.claim(arch), lambda job: self.work(job, harness),
                      stopping=self.stopping, once=self.options.once,
-                     every=self.options.poll_seconds)  # fmt: skip
+                     every=self.options.poll_seconds,
+                     give_back=lambda job: release(self.client, job, self.worker))  # fmt: skip
         finally:
             for _, kept, _ in self.unsent:
                 kept.lost()

@@ -15,6 +15,7 @@ from tunecache.client import Client
 from tunecache.errors import ServerError
 from tunecache.jobs import JobPublic
 from tunecache.server_source import unreachable
+from tunecache.verification import VerifyTask
 
 logger = logging.getLogger("tuner.daemon")  # the daemon's log, which its command shows
 T = TypeVar("T")
@@ -32,7 +33,8 @@ def passing(exc: ServerError) -> bool:
 
 
 def poll(claim: Callable[[], T | None], work: Callable[[T], object], *,
-         stopping: threading.Event, once: bool, every: float) -> None:  # fmt: skip
+         stopping: threading.Event, once: bool, every: float,
+         give_back: Callable[[T], object] | None = None) -> None:  # fmt: skip
     """Claims and works on what it claimed until ``stopping`` is set; when a claim finds
     nothing, waits ``every`` seconds (or, ``once``, returns). After work that failed (``work``
     returned ``False``) it waits before the next claim, 0.1 s doubling with each failure in a
@@ -42,6 +44,9 @@ def poll(claim: Callable[[], T | None], work: Callable[[T], object], *,
     A server that stops answering (:func:`passing`) is asked again, the wait doubling up to
     :data:`MAX_BACKOFF` (or what it asked for), said once when it goes and once when it is back:
     a team's daemons outlive a restart of the server. ``once``, or another refusal, raises.
+
+    Stopped while it works (Ctrl-C, an exit: no failure of the work's), it hands what it claimed
+    to ``give_back``, then raises.
     """
     down_since: float | None = None
     wait, failures = every, 0
@@ -66,7 +71,13 @@ def poll(claim: Callable[[], T | None], work: Callable[[T], object], *,
                 return
             stopping.wait(every)
             continue
-        if work(claimed) is False:
+        try:
+            worked = work(claimed)
+        except BaseException as exc:
+            if give_back is not None and not isinstance(exc, Exception):
+                give_back(claimed)
+            raise
+        if worked is False:
             failures += 1
             stopping.wait(min(every, FAILED_WAIT * 2 ** min(failures - 1, 32)))
         else:
@@ -92,3 +103,29 @@ def leased(client: Client, job: JobPublic, worker: str, seconds: float) -> Itera
     finally:
         done.set()
         thread.join(timeout=5)
+
+
+RELEASE_SECONDS = 5.0  # a stopping worker's wait to give its job back
+
+
+def release(client: Client, held: JobPublic | VerifyTask, worker: str) -> None:
+    """Gives back ``held`` (a job, a record to verify), its attempt unfinished (the worker
+    stopped: Ctrl-C, an exit): claimable again at once, the attempt refunded. Left leased, a
+    stopped worker's job waited out its lease, and on its last attempt failed, blamed on the
+    worker; a record three stops met was never verified. Never raises on the server's refusal:
+    one no longer held (completed, decided) is left as it is; else said (the lease then
+    lapses)."""
+    if isinstance(held, JobPublic):
+        what, number, call = f"job {held.id}", held.id, client.release_job
+    else:
+        what, number = f"record #{held.record.id}", held.record.id
+        call = client.release_verification  # type: ignore[assignment]
+    try:
+        call(number, worker, timeout=RELEASE_SECONDS)
+    except ServerError as exc:
+        if exc.status_code != 409:  # 409: not held any more, ended as it was
+            older = " (a server older than this client)" if exc.status_code in (404, 405) else ""
+            logger.warning("%s: stopped, not given back%s: %s; it is claimable again once its "
+                           "lease lapses", what, older, exc)  # fmt: skip
+        return
+    logger.warning("%s: stopped mid-way: given back, claimable again", what)

@@ -44,7 +44,7 @@ from tunecache.timing import DEFAULT_TIMER, TimerSettings
 from tunecache.verification import VerificationCreate, VerifyTask
 from tuner.daemon import Worker
 from tuner.harness import Harness, Task
-from tuner.polling import poll
+from tuner.polling import poll, release
 from tuner.tune import check_memory
 from workloads import get_workload
 
@@ -90,7 +90,8 @@ class Verifier(Worker):
             poll(lambda: self._claim(arch),
                  lambda task: self._report(task, self.finding(task, harness)),
                  stopping=self.stopping, once=self.options.once,
-                 every=self.options.poll_seconds)  # fmt: skip
+                 every=self.options.poll_seconds,
+                 give_back=lambda task: release(self.client, task, self.worker))  # fmt: skip
         return sum(outcome != "unverifiable" for outcome in self.outcomes.values())
 
     def _claim(self, arch: str) -> VerifyTask | None:

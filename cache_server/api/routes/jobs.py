@@ -1,4 +1,5 @@
-"""The tuning-job queue: create (deduplicated by key), claim with a lease, heartbeat, finish."""
+"""The tuning-job queue: create (deduplicated by key), claim with a lease, heartbeat, give back,
+finish."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from tunecache.jobs import (
     JobResult,
     JobState,
     KeyHash,
+    LeaseRelease,
     LeaseRequest,
 )
 from tunecache.kernels import KERNEL_REF, builtin_problem, registered
@@ -306,6 +308,17 @@ def heartbeat(
     """Renews the lease this worker holds under this token."""
     job = jobs.heartbeat(session, job_id=job_id, worker=request.worker, holder=_holder(token),
                          lease_seconds=request.lease_seconds)  # fmt: skip
+    return _held(job, job_id)
+
+
+@router.post("/jobs/{job_id}/release", responses=LEASE_LOST)
+def release(
+    job_id: IdPath, request: LeaseRelease, session: SessionDep, token: WriteAccess
+) -> JobPublic:
+    """Gives back the lease this worker holds under this token (an admin's token: any worker's
+    lease, a job a lost machine holds), its attempt unfinished: the job is queued again,
+    claimable at once, the attempt refunded."""
+    job = jobs.release(session, job_id=job_id, worker=request.worker, holder=_holder(token))
     return _held(job, job_id)
 
 

@@ -10,6 +10,7 @@ from cache_server.api.auth import IdentifiedAccess, VerifyAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import IdPath, SessionDep, SettingsDep
 from cache_server.ratelimit import too_many
+from tunecache.jobs import LeaseRelease
 from tunecache.schemas import STORED, RecordPublic
 from tunecache.tokens import name_text
 from tunecache.verification import (
@@ -126,12 +127,31 @@ def verify_record(
     row = trust.finish(session, record_id=record_id, worker=result.worker, token_id=token.id,
                        verifier=token.name, result=result)  # fmt: skip
     if row is None:
-        raise HTTPException(
-            status.HTTP_409_CONFLICT,
-            f"record {record_id} is not leased to worker {result.worker!r} under this token "
-            "for verification",
-        )
+        raise _not_leased(record_id, result.worker)
     if row.status == "rejected" and not trust.served(session, row.key_hash, settings.policy):
         why = f"record {row.id} was rejected by verifier {token.name!r}: its key is served by none"
         jobs.reopen(session, key_hash=row.key_hash, error=why)
     return _record(session, row.id)
+
+
+@router.post(
+    "/records/{record_id}/verification/release",
+    responses={409: {"description": "the record is not leased to this worker (or was decided)"}},
+)
+def release_verification(
+    record_id: IdPath, request: LeaseRelease, session: SessionDep, token: VerifyAccess
+) -> RecordPublic:
+    """Gives back a record this worker leased under this token, unchecked (the verifier
+    stopped): claimable at once, the attempt refunded."""
+    given = trust.release_verifications(session, token_id=token.id, record_id=record_id,
+                                        worker=request.worker)  # fmt: skip
+    if not given:
+        raise _not_leased(record_id, request.worker)
+    return _record(session, record_id)
+
+
+def _not_leased(record_id: int, worker: str) -> HTTPException:
+    return HTTPException(
+        status.HTTP_409_CONFLICT,
+        f"record {record_id} is not leased to worker {worker!r} under this token for verification",
+    )
