@@ -56,10 +56,11 @@ def test_a_lease_given_back_is_queued_again_its_attempt_refunded(any_server: Liv
         assert bad.status_code == 422
 
 
-def _start(server: LiveServer, *args: str) -> subprocess.Popen[str]:
-    """A daemon with Python's own SIGINT handler, whatever this process has (a background job
-    of a script inherits SIGINT ignored)."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+def _start(server: LiveServer, *args: str, ctrl_c: object = signal.default_int_handler
+           ) -> subprocess.Popen[str]:  # fmt: skip
+    """A daemon with Python's own SIGINT handler (or ``ctrl_c``), whatever this process has (a
+    background job of a script inherits SIGINT ignored)."""
+    previous = signal.signal(signal.SIGINT, ctrl_c)  # type: ignore[arg-type]
     try:
         return subprocess.Popen([sys.executable, "-m", "tunecache_cli", "daemon", "--server",
                                  server.url, "--workers", "1", "--backends", "tvm", *args],
@@ -95,7 +96,7 @@ def test_a_daemon_stopped_mid_job_gives_it_back(
         for sent in signals:
             worker.send_signal(sent)
             if sent == signal.SIGTERM and len(signals) > 1:  # taken, before the next (else one)
-                while "SIGTERM: stopping once the current job is done" not in "".join(lines):
+                while "SIGTERM: stopping once the current work is done" not in "".join(lines):
                     lines.append(worker.stderr.readline())
                     assert lines[-1], "".join(lines)
         _, stderr = worker.communicate(timeout=120)
@@ -105,8 +106,38 @@ def test_a_daemon_stopped_mid_job_gives_it_back(
             worker.kill()
             worker.communicate()
     assert worker.returncode == 0, stderr
-    assert "Traceback" not in stderr and f"job {job.id}: stopped mid-job: given back" in stderr
+    assert "Traceback" not in stderr and f"job {job.id}: stopped mid-way: given back" in stderr, (
+        stderr
+    )
     assert "0 jobs completed" in stderr, stderr
     with Client(server.url) as client:
         (back,) = client.list_jobs().items
     assert (back.id, back.state, back.attempts, back.lease_owner) == (job.id, "queued", 0, None)
+
+
+def test_where_ctrl_c_is_ignored_a_second_sigterm_says_it_cannot_stop_at_once(
+    server: LiveServer,
+) -> None:
+    """A daemon started as a script's background job (SIGINT ignored) had a second SIGTERM raise
+    inside TVM's search: the process crashed (a segfault), its job left leased. It says why it
+    cannot stop at once, and goes on."""
+    key = key_for("matmul", "tvm", {"M": 64, "N": 64, "K": 64}, "float32")
+    with Client(server.url) as client:
+        job = client.create_job(key, trials=500).job
+    worker = _start(server, "--lease", "600", ctrl_c=signal.SIG_IGN)
+    assert worker.stderr is not None
+    lines: list[str] = []
+    try:
+        _wait_running(server, job.id)
+        time.sleep(1.0)  # into the tune
+        for said in ("(Ctrl-C is ignored here: no sooner)", "so it cannot stop at once"):
+            worker.send_signal(signal.SIGTERM)
+            while said not in "".join(lines):
+                lines.append(worker.stderr.readline())
+                assert lines[-1], "".join(lines)
+        time.sleep(2.0)
+        assert worker.poll() is None, "".join(lines)  # still tuning: not crashed
+    finally:
+        worker.kill()
+        lines.append(worker.communicate()[1])
+    assert "Segfault" not in "".join(lines)

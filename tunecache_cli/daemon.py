@@ -12,6 +12,7 @@ when stopped (or, ``--once``, out of jobs), 2 bad input, 3 server unreachable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -157,25 +158,38 @@ def run(args: argparse.Namespace) -> int:
     return 1 if args.once and daemon.failed else 0  # --once: a script can tell it went wrong
 
 
+def _say(line: bytes) -> None:
+    """Writes ``line`` to stderr from a signal handler: unbuffered (a print or a log line there,
+    the main thread being in one, raised), and only to the stderr Python has (with none, the
+    descriptor 2 may be another file's now: a worker's pipe)."""
+    if sys.stderr is None:
+        return
+    with contextlib.suppress(OSError, ValueError):  # closed, full, gone: nothing to tell
+        os.write(sys.stderr.fileno(), line + b"\n")
+
+
 def _until_stopped(worker: Any) -> None:
     """Runs a daemon or a verifier until it is done. SIGTERM lets the current job or record
-    finish, then stops it; a second SIGTERM, or Ctrl-C, stops it at once, the job it was tuning
-    given back (:func:`tuner.polling.leased`: a service manager's stop sends SIGTERM, and, a
-    job running longer than it waits, kills it, the job left to its lease)."""
+    finish, then stops it; a second SIGTERM, or Ctrl-C, stops it at once, what it was working
+    on given back (:func:`tuner.polling.release`: a service manager's stop sends SIGTERM, and
+    kills what outlives its wait, the job left to its lease). Where Ctrl-C is ignored (a
+    background job of a script), a second SIGTERM says it cannot: raised inside a TVM search,
+    which stops at Ctrl-C by a handler of its own, a ``KeyboardInterrupt`` crashed the process.
+    """
 
     def terminate(signum: int, frame: Any) -> None:
+        interrupt = signal.getsignal(signal.SIGINT)  # Python's, or a TVM search's: it stops
+        now = callable(interrupt)
         if not worker.stopping.is_set():
             worker.stop()
-            # os.write: a print or a log line here, the main thread being in one, raised
-            os.write(2, b"tunecache: SIGTERM: stopping once the current job is done (a second "
-                        b"SIGTERM, or Ctrl-C: now, the job given back)\n")  # fmt: skip
-            return
-        # Asked twice: now, as Ctrl-C does (a TVM search's own handler stops it at its next
-        # step: raised inside TVM, it crashed the process).
-        interrupt = signal.getsignal(signal.SIGINT)
-        if not callable(interrupt):  # ignored (started in a script's background), or C's
-            raise KeyboardInterrupt
-        interrupt(signal.SIGINT, frame)
+            _say(b"tunecache: SIGTERM: stopping once the current work is done"
+                 + (b" (a second SIGTERM, or Ctrl-C: now, given back)" if now else
+                    b" (Ctrl-C is ignored here: no sooner)"))  # fmt: skip
+        elif callable(interrupt):
+            interrupt(signal.SIGINT, frame)  # as Ctrl-C
+        else:
+            _say(b"tunecache: SIGTERM again: Ctrl-C is ignored here (a background job of a "
+                 b"script?), so it cannot stop at once: the current work ends first")  # fmt: skip
 
     signal.signal(signal.SIGTERM, terminate)
     try:
