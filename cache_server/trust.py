@@ -294,6 +294,24 @@ def release_verifications(
     return int(getattr(session.execute(stmt), "rowcount", 0) or 0)
 
 
+def renew_verification(session: Session, *, record_id: int, worker: str, token_id: int,
+                       lease_seconds: float) -> bool:  # fmt: skip
+    """Extends the verification lease ``worker`` holds on ``record_id`` under token
+    ``token_id`` (or, taken before leases had tokens, under any), as a job's heartbeat does;
+    whether it held one. A check longer than its lease (a record disputed at 64 problems, each
+    compiled and validated anew) was claimed by another verifier meanwhile and its finding
+    refused, an attempt spent each time: three, and it was never verified."""
+    stmt = (
+        update(RecordRow)
+        .where(RecordRow.id == record_id, RecordRow.verify_owner == worker,
+               or_(RecordRow.verify_token_id == token_id, RecordRow.verify_token_id.is_(None)),
+               RecordRow.status.in_(("pending", "disputed")))
+        .values(verify_expires_at=utcnow() + timedelta(seconds=lease_seconds))
+        .execution_options(synchronize_session=False)
+    )  # fmt: skip
+    return bool(getattr(session.execute(stmt), "rowcount", 0))
+
+
 def disputed_problems(
     session: Session, *, record_id: int, at: datetime | None = None
 ) -> list[dict[str, Any]]:

@@ -65,6 +65,7 @@ ROUTES: list[tuple[str, str, dict[str, Any] | None, str]] = [
     ("POST", "/v1/verifications/claim", VERIFY_CLAIM, "verify"),
     ("POST", "/v1/records/{record_id}/verification", VERIFICATION, "verify"),
     ("POST", "/v1/records/{record_id}/verification/release", {"worker": "w"}, "verify"),
+    ("POST", "/v1/records/{record_id}/verification/heartbeat", {"worker": "w"}, "verify"),
 ]
 OPEN = {"/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
 LEVEL = {"none": -1, "token": 0, "read": 0, "write": 1, "verify": 2, "admin": 3}

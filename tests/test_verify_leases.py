@@ -167,3 +167,48 @@ def test_a_verifier_stopped_mid_record_gives_it_back(
             assert refused.value.status_code == 409
         assert other.release_verification(record_id, "w2").id == record_id
         assert other.claim_verification("w4", device_arch=CPU.arch, backends=["tvm"]) is not None
+
+
+def test_a_check_longer_than_its_lease_keeps_the_record(
+    any_server: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verifier's lease was never renewed: a check longer than it (a record disputed at 64
+    problems, each compiled and validated anew) had the record claimed by another verifier
+    meanwhile and its finding refused, an attempt spent each time. The lease is renewed while
+    the check runs; only by its worker and token."""
+    import threading
+    import time
+
+    from tuner.verify import Verifier, VerifierOptions
+
+    url = any_server.url
+    record_id = _uploaded(url, 43)
+    taken: list[object] = []
+    checking = threading.Event()
+    other = Client(url, token=token(url, "other", "verify"))
+
+    def slow(self: Verifier, task: object, harness: object) -> object:
+        checking.set()
+        time.sleep(3.0)  # past its 1 s lease: another verifier asks meanwhile
+        try:  # checked outside: the check's own errors are findings
+            other.heartbeat_verification(record_id, self.worker, lease_seconds=60)
+        except ServerError as exc:
+            taken.append(exc.status_code)
+        return self._finding("unverifiable", error="checked slowly")
+
+    def claims() -> None:
+        checking.wait(timeout=60)
+        time.sleep(1.8)
+        taken.append(other.claim_verification("w2", device_arch=CPU.arch, backends=["tvm"]))
+
+    monkeypatch.setattr(Verifier, "check", slow)
+    monkeypatch.setattr(Verifier, "arch", lambda self: CPU.arch)
+    with other, Client(url, token=token(url, "slow", "verify")) as client:
+        verifier = Verifier(client, VerifierOptions(backends=("tvm",), workers=1, once=True,
+                                                    lease_seconds=1.0))  # fmt: skip
+        asking = threading.Thread(target=claims)
+        asking.start()
+        verifier.run()
+        asking.join(timeout=30)
+    assert taken == [None, 409]  # held, renewed: not handed to another, nor its to renew
+    assert verifier.outcomes == {record_id: "unverifiable"}  # its finding stored

@@ -76,6 +76,14 @@ class WorkerCalls:
             )  # fmt: skip
         self._own_awaiting_said = count
 
+    def heartbeat_verification(self, record_id: int, worker: str, *,
+                               lease_seconds: float = 600.0) -> RecordPublic:  # fmt: skip
+        """Extends the lease of a record this verifier is checking."""
+        path = f"/v1/records/{record_id}/verification/heartbeat"
+        body = {"worker": worker, "lease_seconds": lease_seconds}
+        return parse(RecordPublic, self._call("POST", path, json=body), path,
+                     max_containers=RECORD_CONTAINERS)  # fmt: skip
+
     def release_verification(self, record_id: int, worker: str, *,
                              timeout: float | None = None) -> RecordPublic:  # fmt: skip
         """Gives back a record this verifier leased, unchecked (it stops): claimable again at

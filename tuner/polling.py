@@ -85,24 +85,38 @@ def poll(claim: Callable[[], T | None], work: Callable[[T], object], *,
 
 
 @contextlib.contextmanager
-def leased(client: Client, job: JobPublic, worker: str, seconds: float) -> Iterator[None]:
-    """Renews ``job``'s lease every third of ``seconds`` while the block runs."""
+def leased(client: Client, held: JobPublic | VerifyTask, worker: str,
+           seconds: float) -> Iterator[None]:  # fmt: skip
+    """Renews the lease of ``held`` (a job, a record to verify) every third of ``seconds``
+    while the block runs; a server that has no such route (older) is said once, and not asked
+    again."""
     done = threading.Event()
+    what, number = _named(held)
+    renew = client.heartbeat_job if isinstance(held, JobPublic) else client.heartbeat_verification
 
-    def renew() -> None:
+    def renewing() -> None:
         while not done.wait(seconds / 3):
             try:
-                client.heartbeat_job(job.id, worker, lease_seconds=seconds)
+                renew(number, worker, lease_seconds=seconds)
             except ServerError as exc:
-                logger.warning("job %d: lease not renewed: %s", job.id, exc)
+                logger.warning("%s: lease not renewed: %s", what, exc)
+                if exc.status_code in (404, 405):
+                    return
 
-    thread = threading.Thread(target=renew, daemon=True, name=f"lease-{job.id}")
+    thread = threading.Thread(target=renewing, daemon=True, name=f"lease-{what}")
     thread.start()
     try:
         yield
     finally:
         done.set()
         thread.join(timeout=5)
+
+
+def _named(held: JobPublic | VerifyTask) -> tuple[str, int]:
+    """How the log names ``held``, and its id."""
+    if isinstance(held, JobPublic):
+        return f"job {held.id}", held.id
+    return f"record #{held.record.id}", held.record.id
 
 
 RELEASE_SECONDS = 5.0  # a stopping worker's wait to give its job back
@@ -115,11 +129,8 @@ def release(client: Client, held: JobPublic | VerifyTask, worker: str) -> None:
     worker; a record three stops met was never verified. Never raises on the server's refusal:
     one no longer held (completed, decided) is left as it is; else said (the lease then
     lapses)."""
-    if isinstance(held, JobPublic):
-        what, number, call = f"job {held.id}", held.id, client.release_job
-    else:
-        what, number = f"record #{held.record.id}", held.record.id
-        call = client.release_verification  # type: ignore[assignment]
+    what, number = _named(held)
+    call = client.release_job if isinstance(held, JobPublic) else client.release_verification
     try:
         call(number, worker, timeout=RELEASE_SECONDS)
     except ServerError as exc:

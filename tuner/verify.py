@@ -44,7 +44,7 @@ from tunecache.timing import DEFAULT_TIMER, TimerSettings
 from tunecache.verification import VerificationCreate, VerifyTask
 from tuner.daemon import Worker
 from tuner.harness import Harness, Task
-from tuner.polling import poll, release
+from tuner.polling import leased, poll, release
 from tuner.tune import check_memory
 from workloads import get_workload
 
@@ -127,7 +127,8 @@ class Verifier(Worker):
         """:meth:`check`, or where the check itself raised (a record this verifier cannot run,
         a fault of its own), ``unverifiable`` saying why: the verifier goes on to the next."""
         try:
-            return self.check(task, harness)
+            with leased(self.client, task, self.worker, self.options.lease_seconds):
+                return self.check(task, harness)  # a check longer than its lease is renewed
         except (InvalidInput, TuningError, ValueError, TypeError) as exc:
             logger.warning("record #%d: not checked: %s: %s", task.record.id,
                            type(exc).__name__, exc)  # fmt: skip

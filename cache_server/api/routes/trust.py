@@ -10,7 +10,7 @@ from cache_server.api.auth import IdentifiedAccess, VerifyAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import IdPath, SessionDep, SettingsDep
 from cache_server.ratelimit import too_many
-from tunecache.jobs import LeaseRelease
+from tunecache.jobs import LeaseRelease, LeaseRequest
 from tunecache.schemas import STORED, RecordPublic
 from tunecache.tokens import name_text
 from tunecache.verification import (
@@ -23,6 +23,9 @@ from tunecache.verification import (
 )
 
 router = APIRouter(route_class=JsonRoute, prefix="/v1", tags=["trust"])
+NOT_LEASED: dict[int | str, dict[str, str]] = {
+    409: {"description": "the record is not leased to this worker (or was decided)"}
+}
 
 
 def _record(session: SessionDep, record_id: int) -> RecordPublic:
@@ -110,7 +113,7 @@ def claim_verification(
 
 @router.post(
     "/records/{record_id}/verification",
-    responses={409: {"description": "the record is not leased to this worker (or was decided)"}},
+    responses=NOT_LEASED,
 )
 def verify_record(
     record_id: IdPath,
@@ -136,7 +139,7 @@ def verify_record(
 
 @router.post(
     "/records/{record_id}/verification/release",
-    responses={409: {"description": "the record is not leased to this worker (or was decided)"}},
+    responses=NOT_LEASED,
 )
 def release_verification(
     record_id: IdPath, request: LeaseRelease, session: SessionDep, token: VerifyAccess
@@ -146,6 +149,23 @@ def release_verification(
     given = trust.release_verifications(session, token_id=token.id, record_id=record_id,
                                         worker=request.worker)  # fmt: skip
     if not given:
+        raise _not_leased(record_id, request.worker)
+    return _record(session, record_id)
+
+
+@router.post(
+    "/records/{record_id}/verification/heartbeat",
+    responses=NOT_LEASED,
+)
+def renew_verification(
+    record_id: IdPath, request: LeaseRequest, session: SessionDep, token: VerifyAccess
+) -> RecordPublic:
+    """Renews the lease this worker holds on a record under this token, while it checks it."""
+    renewed = trust.renew_verification(
+        session, record_id=record_id, worker=request.worker, token_id=token.id,
+        lease_seconds=request.lease_seconds,
+    )  # fmt: skip
+    if not renewed:
         raise _not_leased(record_id, request.worker)
     return _record(session, record_id)
 
