@@ -137,10 +137,7 @@ def verify_record(
     return _record(session, row.id)
 
 
-@router.post(
-    "/records/{record_id}/verification/release",
-    responses=NOT_LEASED,
-)
+@router.post("/records/{record_id}/verification/release", responses=NOT_LEASED)
 def release_verification(
     record_id: IdPath, request: LeaseRelease, session: SessionDep, token: VerifyAccess
 ) -> RecordPublic:
@@ -148,25 +145,24 @@ def release_verification(
     stopped): claimable at once, the attempt refunded."""
     given = trust.release_verifications(session, token_id=token.id, record_id=record_id,
                                         worker=request.worker)  # fmt: skip
-    if not given:
-        raise _not_leased(record_id, request.worker)
-    return _record(session, record_id)
+    return _leased(session, record_id, request.worker, given > 0)
 
 
-@router.post(
-    "/records/{record_id}/verification/heartbeat",
-    responses=NOT_LEASED,
-)
+@router.post("/records/{record_id}/verification/heartbeat", responses=NOT_LEASED)
 def renew_verification(
     record_id: IdPath, request: LeaseRequest, session: SessionDep, token: VerifyAccess
 ) -> RecordPublic:
     """Renews the lease this worker holds on a record under this token, while it checks it."""
-    renewed = trust.renew_verification(
-        session, record_id=record_id, worker=request.worker, token_id=token.id,
-        lease_seconds=request.lease_seconds,
-    )  # fmt: skip
-    if not renewed:
-        raise _not_leased(record_id, request.worker)
+    renewed = trust.renew_verification(session, record_id=record_id, worker=request.worker,
+                                       token_id=token.id,
+                                       lease_seconds=request.lease_seconds)  # fmt: skip
+    return _leased(session, record_id, request.worker, renewed)
+
+
+def _leased(session: SessionDep, record_id: int, worker: str, held: bool) -> RecordPublic:
+    """The record, as now, where ``worker`` held its lease under the token; else 409."""
+    if not held:
+        raise _not_leased(record_id, worker)
     return _record(session, record_id)
 
 
