@@ -296,15 +296,19 @@ def release_verifications(
 
 def renew_verification(session: Session, *, record_id: int, worker: str, token_id: int,
                        lease_seconds: float) -> bool:  # fmt: skip
-    """Extends the verification lease ``worker`` holds on ``record_id`` under token
-    ``token_id`` (or, taken before leases had tokens, under any), as a job's heartbeat does;
-    whether it held one. A check longer than its lease (a record disputed at 64 problems, each
-    compiled and validated anew) was claimed by another verifier meanwhile and its finding
-    refused, an attempt spent each time: three, and it was never verified."""
+    """Extends the live verification lease ``worker`` holds on ``record_id`` under token
+    ``token_id`` (live: read as a claim reads it), as a job's heartbeat does; whether it held
+    one. A check longer than its lease (a record disputed at 64 problems, each compiled and
+    validated anew) was claimed by another verifier meanwhile and its finding refused, an
+    attempt spent each time: three, and it was never verified. A lapsed lease is not renewed
+    (a revocation releases only live ones: a renewal crossing it held the record for a day, for
+    a token that may store no finding), nor one taken before leases had tokens."""
+    if not token_live(session, token_id):
+        return False
     stmt = (
         update(RecordRow)
         .where(RecordRow.id == record_id, RecordRow.verify_owner == worker,
-               or_(RecordRow.verify_token_id == token_id, RecordRow.verify_token_id.is_(None)),
+               RecordRow.verify_token_id == token_id, RecordRow.verify_expires_at >= utcnow(),
                RecordRow.status.in_(("pending", "disputed")))
         .values(verify_expires_at=utcnow() + timedelta(seconds=lease_seconds))
         .execution_options(synchronize_session=False)

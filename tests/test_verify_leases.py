@@ -212,3 +212,82 @@ def test_a_check_longer_than_its_lease_keeps_the_record(
         asking.join(timeout=30)
     assert taken == [None, 409]  # held, renewed: not handed to another, nor its to renew
     assert verifier.outcomes == {record_id: "unverifiable"}  # its finding stored
+
+
+def test_only_a_live_lease_of_a_live_token_is_renewed(
+    database: tuple[str, Path | None],
+) -> None:
+    """A renewal of a lapsed lease that crossed its token's revocation (which releases live
+    leases only) held the record for a day for a token that may store no finding; a lease
+    taken before leases had tokens was renewed by any verify token naming its worker."""
+    from datetime import timedelta
+
+    from cache_server import tokens, trust
+    from cache_server.db import make_sessionmaker
+    from cache_server.migrate import prepare
+    from cache_server.models import RecordRow, utcnow
+    from cache_server.queries import add_record
+
+    engine = prepare(database[0])
+    try:
+        with make_sessionmaker(engine).begin() as session:
+            _, mine = tokens.issue(session, name="mine", scope="verify")
+            record = make_record(make_key(m=44))
+            add_record(session, key_hash=record.key.digest(), record=record)
+            row = trust.claim(session, worker="w", token_id=mine.id, device_arch=CPU.arch,
+                              backends=["tvm"], lease_seconds=60)  # fmt: skip
+            assert row is not None
+
+            def renew() -> bool:
+                return trust.renew_verification(session, record_id=row.id, worker="w",
+                                                token_id=mine.id, lease_seconds=3600)  # fmt: skip
+
+            assert renew()
+            session.get(RecordRow, row.id).verify_expires_at = utcnow() - timedelta(seconds=1)
+            session.flush()
+            assert not renew()  # lapsed
+            session.get(RecordRow, row.id).verify_expires_at = utcnow() + timedelta(seconds=60)
+            session.get(RecordRow, row.id).verify_token_id = None
+            session.flush()
+            assert not renew()  # a lease of no token
+            session.get(RecordRow, row.id).verify_token_id = mine.id
+            session.flush()
+            assert renew()
+            tokens.revoke(session, token_id=mine.id)
+            assert not renew()
+    finally:
+        engine.dispose()
+
+
+def test_a_lease_refused_is_not_asked_again(caplog: pytest.LogCaptureFixture) -> None:
+    """A lost lease (409) was renewed, and warned of, every third of the lease until the check
+    ended: nine warnings in 3 s at a 1 s lease. Refused, it is said once; a server that does not
+    answer is asked again."""
+    import logging
+    import time
+    from types import SimpleNamespace
+
+    from tuner.polling import leased
+
+    class Refusing:  # the client's calls, at a boundary we own
+        def __init__(self, status: int) -> None:
+            self.status, self.calls = status, 0
+
+        def heartbeat_verification(self, *args: object, **kwargs: object) -> None:
+            self.calls += 1
+            raise ServerError("refused", status_code=self.status)
+
+    task = SimpleNamespace(record=SimpleNamespace(id=7))  # a record to verify, as leased reads it
+    for status in (409, 503):
+        client = Refusing(status)
+        caplog.clear()
+        with (
+            caplog.at_level(logging.WARNING, logger="tuner.daemon"),
+            leased(client, task, "w", 0.3),  # type: ignore[arg-type]
+        ):
+            time.sleep(1.2)  # past three renewals
+        said = [r for r in caplog.records if "record #7: lease not renewed" in r.getMessage()]
+        if status == 409:
+            assert (client.calls, len(said)) == (1, 1)
+        else:
+            assert client.calls >= 2 and len(said) == client.calls

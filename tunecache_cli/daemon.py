@@ -191,11 +191,13 @@ def _until_stopped(worker: Any) -> None:
             _say(b"tunecache: SIGTERM again: Ctrl-C is ignored here (a background job of a "
                  b"script?), so it cannot stop at once: the current work ends first")  # fmt: skip
 
-    signal.signal(signal.SIGTERM, terminate)
+    previous = signal.signal(signal.SIGTERM, terminate)
     try:
         worker.run()
     except KeyboardInterrupt:
         worker.stop()
+    finally:  # stopped: a SIGTERM now ends the process (its handler raised past this try)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_verifier(args: argparse.Namespace, kernels: tuple[str, ...],

@@ -88,8 +88,9 @@ def poll(claim: Callable[[], T | None], work: Callable[[T], object], *,
 def leased(client: Client, held: JobPublic | VerifyTask, worker: str,
            seconds: float) -> Iterator[None]:  # fmt: skip
     """Renews the lease of ``held`` (a job, a record to verify) every third of ``seconds``
-    while the block runs; a server that has no such route (older) is said once, and not asked
-    again."""
+    while the block runs: while the server does not answer (:func:`passing`), asked again
+    each time; refused (the lease lost, the token refused, a server with no such route), said
+    once and not asked again (a lost lease was warned of every third of the lease)."""
     done = threading.Event()
     what, number = _named(held)
     renew = client.heartbeat_job if isinstance(held, JobPublic) else client.heartbeat_verification
@@ -99,8 +100,10 @@ def leased(client: Client, held: JobPublic | VerifyTask, worker: str,
             try:
                 renew(number, worker, lease_seconds=seconds)
             except ServerError as exc:
+                if done.is_set():  # the block ended meanwhile (its job completed: a 409)
+                    return
                 logger.warning("%s: lease not renewed: %s", what, exc)
-                if exc.status_code in (404, 405):
+                if not passing(exc):
                     return
 
     thread = threading.Thread(target=renewing, daemon=True, name=f"lease-{what}")
