@@ -93,12 +93,14 @@ def leased(client: Client, held: JobPublic | VerifyTask, worker: str,
     once and not asked again (a lost lease was warned of every third of the lease)."""
     done = threading.Event()
     what, number = _named(held)
-    renew = client.heartbeat_job if isinstance(held, JobPublic) else client.heartbeat_verification
 
     def renewing() -> None:
         while not done.wait(seconds / 3):
             try:
-                renew(number, worker, lease_seconds=seconds)
+                if isinstance(held, JobPublic):
+                    client.heartbeat_job(number, worker, lease_seconds=seconds)
+                else:
+                    client.heartbeat_verification(number, worker, lease_seconds=seconds)
             except ServerError as exc:
                 if done.is_set():  # the block ended meanwhile (its job completed: a 409)
                     return
