@@ -24,7 +24,6 @@ from cache_server.fairness import fewest_first
 from cache_server.leases import token_live
 from cache_server.models import JobRow, RecordRow, TokenRow, utcnow
 from cache_server.settings import VERSION_WAIT_SECONDS
-from cache_server.twins import lock_slot
 from tunecache.canonical import canonical_json
 from tunecache.jobs import MISS_SOURCE
 from tunecache.key import Key, kernel_module
@@ -43,7 +42,8 @@ def enqueue(
 ) -> tuple[JobRow, bool]:
     """Queues a job for ``key`` unless one exists; returns it and whether it is new.
 
-    ``requested_by``: the caller whose miss asks for it (see :func:`count_created`).
+    ``requested_by``: the caller whose miss asks for it (see
+    :func:`cache_server.job_counts.count_created`).
     """
     now = utcnow()
     key_hash, as_json = key.digest(), key.to_json()
@@ -128,62 +128,6 @@ def find(session: Session, *, key_hash: str) -> JobRow | None:
     here bypass the session's copies)."""
     stmt = select(JobRow).where(JobRow.key_hash == key_hash)
     return session.scalar(stmt.execution_options(populate_existing=True))
-
-
-def count_created(
-    session: Session,
-    *,
-    source: str,
-    since: datetime,
-    requested_by: str | None = None,
-    callers: str | None = None,
-) -> int:
-    """Jobs from ``source`` created at or after ``since`` (whatever their state now); with
-    ``requested_by``, only those that caller asked for; with ``callers``, those the callers
-    whose names start with it asked for."""
-    stmt = select(func.count()).where(JobRow.source == source, JobRow.created_at >= since)
-    if requested_by is not None:
-        stmt = stmt.where(JobRow.requested_by == requested_by)
-    if callers is not None:
-        stmt = stmt.where(JobRow.requested_by.startswith(callers, autoescape=True))
-    return session.scalar(stmt) or 0
-
-
-def lock_miss_budget(session: Session) -> None:
-    """Holds the lock of the budget of new jobs from misses until the transaction ends, taken
-    before counting them (:func:`count_created`): the count and the insert it allows are then
-    one step. Counted first and inserted after, concurrent misses (server processes on
-    PostgreSQL: 16 jobs where the limit was 15) each read a count below the limit.
-
-    PostgreSQL: an advisory lock (:data:`cache_server.twins.LOCK_CLASS`, a slot of its own);
-    each statement after it (read committed) sees what the holder before committed. SQLite: the
-    database's write lock, taken now rather than at the insert, so that no other writer commits
-    between the count and the insert (reads run outside a transaction until the first write).
-    """
-    lock_slot(session, MISS_BUDGET_SLOT)
-
-
-MISS_BUDGET_SLOT = 256  # past the keys' slots (0-255: cache_server.twins.lock_key)
-
-
-def count_open(session: Session, *, requested_by: str) -> int:
-    """The open (queued or running) jobs ``requested_by`` asked for, whatever their source."""
-    stmt = select(func.count()).where(
-        JobRow.requested_by == requested_by, JobRow.state.in_(("queued", "running"))
-    )
-    return session.scalar(stmt) or 0
-
-
-def lock_open_jobs(session: Session, *, token_id: int) -> None:
-    """Holds the lock of token ``token_id``'s open jobs until the transaction ends, taken
-    before counting them (:func:`count_open`): concurrent requests of one token never both fit
-    under a cap that has room for one (as :func:`lock_miss_budget`; tokens share
-    :data:`OPEN_JOBS_SLOTS` slots)."""
-    lock_slot(session, OPEN_JOBS_SLOT + token_id % OPEN_JOBS_SLOTS)
-
-
-OPEN_JOBS_SLOT = 512  # 512-767: past the keys', the miss budget's and token names' (257)
-OPEN_JOBS_SLOTS = 256
 
 
 def _claimable(now: datetime) -> ColumnElement[bool]:
@@ -414,6 +358,24 @@ def release(session: Session, *, job_id: int, worker: str, holder: int | None) -
     again, claimable at once, the attempt refunded. Otherwise the job waited out its lease, and
     on its last attempt failed, a stopped worker blamed. ``None`` if it no longer holds the job."""
     return _change(session, job_id, worker, holder, **_GIVEN_BACK)
+
+
+CANCELLED = "cancelled by "  # a cancelled job's error: this, then the name of its canceller
+
+
+def cancel(session: Session, *, job_id: int, requester: str | None, by: str) -> JobRow | None:
+    """Ends job ``job_id``, if open (queued or running), as ``failed``, its error "cancelled by
+    ``by``" (a token's name), its lease dropped, its attempts as they were: no worker claims it
+    again, and one running it loses its lease (its renewal and completion are refused). Asking
+    for its key again queues it again (:func:`requeue_failed`). ``requester``: the caller it
+    must have been queued by (``None``: an admin's call, any job). ``None`` if no such open job
+    was changed."""
+    where = [JobRow.id == job_id, JobRow.state.in_(("queued", "running"))]
+    if requester is not None:
+        where.append(JobRow.requested_by == requester)
+    if not _set(session, where, state="failed", error=CANCELLED + by, error_by=SERVER, **NO_LEASE):
+        return None
+    return session.get(JobRow, job_id, populate_existing=True)
 
 
 def complete(

@@ -3,7 +3,7 @@
 Each caller (a token, or a client address when it sent none) may make ``per_minute`` requests a
 minute, in bursts of up to ``per_minute``. The buckets live in the process: with several server
 workers or replicas a caller gets up to that many a minute from each. Limits that must hold across
-processes are counted in the database instead (see :func:`cache_server.jobs.count_created`).
+processes are counted in the database instead (see :func:`cache_server.job_counts.count_created`).
 
 Example:
     >>> now = [0.0]

@@ -247,9 +247,17 @@ def test_the_cpu_pretune_example_ends_with_every_key_tuned(server: LiveServer,
     pytest.importorskip("tvm")
     manifest = block("# cpu.toml", "toml", CLI)
     (tmp_path / "cpu.toml").write_text(manifest)
-    typed, shown = console("tunecache pretune cpu.toml")
+    typed, shown = console("tunecache coverage cpu.toml")
     out = shell(typed, tmp_path, environment(tmp_path, server.url))
     assert shown[-1] in out.splitlines(), out  # the tally (the table names this machine's arch)
+
+
+@pytest.mark.slow
+def test_the_cancel_example_cancels_what_it_queued(server: LiveServer, tmp_path: Path) -> None:
+    (tmp_path / "cpu.toml").write_text(block("# cpu.toml", "toml", CLI))
+    typed, shown = console("tunecache pretune cpu.toml --cancel")
+    out = shell(typed, tmp_path, environment(tmp_path, server.url)).splitlines()
+    assert [line for line in shown if line in out] == shown, out  # each line as the page shows
 
 
 @pytest.mark.slow

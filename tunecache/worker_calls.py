@@ -116,6 +116,12 @@ class WorkerCalls:
         json = body.model_dump(mode="json", by_alias=True)
         return self._job("POST", "/v1/jobs", JobEnqueued, json=json)
 
+    def cancel_job(self, job_id: int) -> JobPublic:
+        """Cancels an open job this token queued (an admin token: any): it ends ``failed``,
+        "cancelled by" this token; a worker running it loses its lease. Asking for its key
+        again queues it again."""
+        return self._job("POST", f"/v1/jobs/{job_id}/cancel", JobPublic)
+
     def claim_job(
         self,
         worker: str,

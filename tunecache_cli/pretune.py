@@ -39,6 +39,9 @@ def register(commands: Any) -> None:
     where.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                         help="tune the jobs as Ray tasks (an existing cluster's address, or a "
                         "local Ray instance without one)")  # fmt: skip
+    where.add_argument("--cancel", action="store_true",
+                       help="cancel the manifest's queued and running jobs this token queued, "
+                       "instead of queuing")  # fmt: skip
     parser.add_argument("--no-wait", action="store_true", help="queue, do not follow")
     parser.add_argument("--trials", type=int, default=32, help="--local, --ray: budget per key")
     parser.add_argument("--json", action="store_true",
@@ -409,6 +412,12 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()  # the progress line's clock: --local's tuning counts
     check_trials("--trials", args.trials)
     manifest = load_manifest(args.manifest)  # a bad manifest stops here: nothing queued
+    if args.cancel:
+        from tunecache_cli.pretune_cancel import cancel
+
+        preflight(server_url(args), "write", "cancelling jobs")
+        with Client(server_url(args)) as client:
+            return cancel(client, manifest)
     _check_strategies(manifest)
     preflight(server_url(args), "write", "queuing jobs")
     with Client(server_url(args), policy=manifest.policy) as client:

@@ -10,7 +10,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
-from cache_server import job_pages, jobs, quota, twins
+from cache_server import job_counts, job_pages, jobs, quota, twins
 from cache_server.api.auth import READ, ReadAccess, WriteAccess
 from cache_server.api.body import JsonRoute
 from cache_server.api.deps import IdPath, SessionDep, SettingsDep
@@ -82,12 +82,15 @@ def public(job: JobRow) -> JobPublic:
     return JobPublic.model_validate(job, from_attributes=True, context=STORED)
 
 
-def _held(job: JobRow | None, job_id: int) -> JobPublic:
+def _held(job: JobRow | None, job_id: int, session: SessionDep) -> JobPublic:
+    """``job`` as answered, or where the worker no longer holds it, the 409 saying why (a
+    cancelled job's worker is told so: not a lease lost to another)."""
     if job is None:
-        raise HTTPException(
-            status.HTTP_409_CONFLICT,
-            f"job {job_id} is not running under a lease of this worker and this token",
-        )
+        why = "is not running under a lease of this worker and this token"
+        now = jobs.get_job(session, job_id=job_id)
+        if now is not None and now.state == "failed" and now.error.startswith(jobs.CANCELLED):
+            why = f"was {now.error}: it is not to be run"
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} {why}")
     return public(job)
 
 
@@ -160,9 +163,9 @@ def _check_open_jobs(session: SessionDep, settings: ServerSettings, token: Token
     """A 429 when ``token`` has ``jobs_open_per_token`` open jobs (queued or running, from
     ``POST /v1/jobs`` or its misses). Counted behind the token's lock, held until the insert
     commits: concurrent requests, in any server process, never both fit under the cap."""
-    jobs.lock_open_jobs(session, token_id=token.id)
+    job_counts.lock_open_jobs(session, token_id=token.id)
     cap = settings.jobs_open_per_token
-    if jobs.count_open(session, requested_by=f"token:{token.id}") >= cap:
+    if job_counts.count_open(session, requested_by=f"token:{token.id}") >= cap:
         raise too_many(
             f"this token has {cap} open (queued or running) jobs, the server's cap per token "
             "(TUNECACHE_SERVER_JOBS_OPEN_PER_TOKEN): wait for some to finish",
@@ -249,10 +252,10 @@ def _check_new_job_budget(session: SessionDep, settings: ServerSettings, who: st
     (60 junk jobs from 127.0.0.2-5 in a minute and a consumer's miss was refused). Counted
     behind the budget's lock, held until the insert commits: concurrent misses, in any server
     process, never both fit under a limit that has room for one."""
-    jobs.lock_miss_budget(session)
+    job_counts.lock_miss_budget(session)
     since = utcnow() - timedelta(minutes=1)
     share = settings.miss_jobs_per_caller
-    misses = functools.partial(jobs.count_created, session, source=MISS_SOURCE, since=since)
+    misses = functools.partial(job_counts.count_created, session, source=MISS_SOURCE, since=since)
     if misses(requested_by=who) >= share:
         raise too_many(
             f"this caller's misses created {share} new jobs in the last minute, its share of "
@@ -308,7 +311,7 @@ def heartbeat(
     """Renews the lease this worker holds under this token."""
     job = jobs.heartbeat(session, job_id=job_id, worker=request.worker, holder=_holder(token),
                          lease_seconds=request.lease_seconds)  # fmt: skip
-    return _held(job, job_id)
+    return _held(job, job_id, session)
 
 
 @router.post("/jobs/{job_id}/release", responses=LEASE_LOST)
@@ -319,7 +322,38 @@ def release(
     lease, a job a lost machine holds), its attempt unfinished: the job is queued again,
     claimable at once, the attempt refunded."""
     job = jobs.release(session, job_id=job_id, worker=request.worker, holder=_holder(token))
-    return _held(job, job_id)
+    return _held(job, job_id, session)
+
+
+@router.post(
+    "/jobs/{job_id}/cancel",
+    responses={
+        403: {"description": "another caller queued the job: only it or an admin cancels it"},
+        404: {"description": "no such job"},
+        409: {"description": "the job is not open: done or failed already"},
+    },
+)
+def cancel(job_id: IdPath, session: SessionDep, token: WriteAccess) -> JobPublic:
+    """Cancels an open (queued or running) job: it ends ``failed``, "cancelled by" this token,
+    and no worker claims it again; a worker running it loses its lease (its renewal and its
+    completion are refused). A write token cancels the jobs it queued (``POST /v1/jobs``, its
+    misses), an admin's any. Asking for the key again (``POST /v1/jobs``, ``tunecache
+    pretune``) queues it again."""
+    job = jobs.get_job(session, job_id=job_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
+    mine = None if _holder(token) is None else f"token:{token.id}"
+    if mine is not None and job.requested_by != mine:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"job {job_id} was queued by another "
+                            "caller: only it or an admin token may cancel it")  # fmt: skip
+    cancelled = jobs.cancel(session, job_id=job_id, requester=mine, by=token.name)
+    if cancelled is None:
+        state = session.get(JobRow, job_id, populate_existing=True)
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is "
+                            f"{state.state if state else 'gone'}: only a queued or running job "
+                            "can be cancelled")  # fmt: skip
+    quota.charge(session, token, quota.text_bytes(cancelled.error), quota=None)  # the last lock
+    return public(cancelled)
 
 
 @router.post(
@@ -349,7 +383,7 @@ def complete(
         _check_answer(session, job, request.record_id)
         job = jobs.complete(session, job_id=job_id, worker=request.worker, holder=holder,
                             record_id=request.record_id)  # fmt: skip
-    return _held(job, job_id)
+    return _held(job, job_id, session)
 
 
 _WHY_UNSERVED = {  # of each of UNSERVED_STATUSES
@@ -389,7 +423,7 @@ def fail(
                     retry_seconds=settings.retry_seconds)  # fmt: skip
     if job is not None:  # its error, charged each time it is written (the last lock)
         quota.charge(session, token, quota.text_bytes(request.error, token.name), quota=None)
-    return _held(job, job_id)
+    return _held(job, job_id, session)
 
 
 @router.get("/jobs", dependencies=[READ])

@@ -1,0 +1,115 @@
+"""Cancelling open jobs (``POST /v1/jobs/{id}/cancel``, ``tunecache pretune MANIFEST --cancel``):
+by the route, on SQLite and PostgreSQL, and by the CLI against a real server. Before, a job
+queued by mistake (a wrong manifest, a deployment called off) ran to its end on every daemon,
+unless an operator edited the database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer
+from tests.factories import AUTH, issue_token, make_key
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _name(http: httpx.Client, headers: dict[str, str]) -> str:
+    name: str = http.get("/v1/whoami", headers=headers).json()["token"]["name"]
+    return name
+
+
+def test_a_token_cancels_its_own_open_jobs_and_an_admin_any(any_server: LiveServer) -> None:
+    mine = _bearer(issue_token(any_server.url, "write"))
+    theirs = _bearer(issue_token(any_server.url, "write"))
+    reader = _bearer(issue_token(any_server.url, "read"))
+    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+        ours = http.post("/v1/jobs", json={"key": make_key(m=41).to_json(), "max_attempts": 2},
+                         headers=mine).json()["job"]  # fmt: skip
+        other = http.post("/v1/jobs", json={"key": make_key(m=42).to_json()},
+                          headers=theirs).json()["job"]  # fmt: skip
+        for token in (theirs, reader):  # another caller's job; no write scope
+            refused = http.post(f"/v1/jobs/{ours['id']}/cancel", headers=token)
+            assert refused.status_code == 403, refused.text
+        assert http.get(f"/v1/jobs/{ours['id']}").json()["state"] == "queued"
+        done = http.post(f"/v1/jobs/{ours['id']}/cancel", headers=mine)
+        assert done.status_code == 200, done.text
+        job = done.json()
+        assert (job["state"], job["attempts"], job["lease_owner"], job["error_by"]) == (
+            "failed", 0, None, "",
+        )  # fmt: skip
+        assert job["error"] == f"cancelled by {_name(http, mine)}"
+        again = http.post(f"/v1/jobs/{ours['id']}/cancel", headers=mine)
+        assert again.status_code == 409 and "is failed" in again.json()["detail"], again.text
+        assert http.post("/v1/jobs/999999/cancel", headers=mine).status_code == 404
+        # no worker claims the cancelled job: the other one is the queue's only open job
+        claimed = http.post("/v1/jobs/claim", json={"worker": "w1"}, headers=theirs).json()
+        assert claimed["id"] == other["id"]
+        cancelled = http.post(f"/v1/jobs/{other['id']}/cancel", headers=AUTH)  # running: admin
+        assert cancelled.status_code == 200 and cancelled.json()["state"] == "failed"
+        beat = http.post(f"/v1/jobs/{other['id']}/heartbeat", json={"worker": "w1"},
+                         headers=theirs)  # fmt: skip
+        assert beat.status_code == 409 and "was cancelled by" in beat.json()["detail"], beat.text
+        end = http.post(f"/v1/jobs/{other['id']}/complete", json={"worker": "w1", "record_id": 1},
+                        headers=theirs)  # fmt: skip
+        assert end.status_code == 409, end.text
+        assert http.post("/v1/jobs/claim", json={"worker": "w1"}, headers=theirs).status_code == 204
+        # asked for again, the key's job is queued again with fresh attempts
+        back = http.post("/v1/jobs", json={"key": make_key(m=41).to_json()}, headers=mine)
+        assert back.status_code == 200, back.text
+        assert (back.json()["job"]["state"], back.json()["job"]["attempts"]) == ("queued", 0)
+
+
+MANIFEST = """
+[[tune]]
+kernel = "matmul"
+backends = ["tvm"]
+shapes = [{shapes}]
+"""
+
+
+def _pretune(server: LiveServer, token: str, manifest: Path, *args: str
+             ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "tunecache_cli", "pretune", str(manifest),
+                           "--server", server.url, *args], capture_output=True, text=True,
+                          timeout=300, cwd=REPO,
+                          env={**os.environ, "TUNECACHE_TOKEN": token})  # fmt: skip
+
+
+def _write(path: Path, *sizes: int) -> Path:
+    shapes = ", ".join(f"{{M = {m}, N = 32, K = 32}}" for m in sizes)
+    path.write_text(MANIFEST.format(shapes=shapes))
+    return path
+
+
+def test_pretune_cancel_ends_the_manifests_jobs_and_names_another_callers(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    mine, theirs = issue_token(server.url, "write"), issue_token(server.url, "write")
+    assert _pretune(server, mine, _write(tmp_path / "a.toml", 32, 48), "--no-wait").returncode == 0
+    assert _pretune(server, theirs, _write(tmp_path / "b.toml", 64), "--no-wait").returncode == 0
+    every = _write(tmp_path / "all.toml", 32, 48, 64, 80)  # 80: a key with no job
+    ran = _pretune(server, mine, every, "--cancel")
+    assert ran.returncode == 4, ran.stderr  # one job left open: another caller's, named
+    assert "4 keys: 2 jobs cancelled, 1 another caller's, 1 with no queued or running job" in (
+        ran.stderr
+    )
+    assert "1 job left open, queued by another caller" in ran.stderr
+    assert "matmul[K=32,M=64,N=32]" in ran.stderr and "Traceback" not in ran.stderr
+    states = {j["key"]["problem"]["M"]: j["state"]
+              for j in httpx.get(f"{server.url}/v1/jobs").json()["items"]}  # fmt: skip
+    assert states == {32: "failed", 48: "failed", 64: "queued"}
+    admin = _pretune(server, AUTH["Authorization"].split()[1], every, "--cancel")
+    assert admin.returncode == 0, admin.stderr
+    assert "4 keys: 1 job cancelled, 0 another caller's, 3 with no" in admin.stderr
+    assert httpx.get(f"{server.url}/v1/jobs?state=queued").json()["count"] == 0
