@@ -85,9 +85,10 @@ def requeue_failed(session: Session, *, key_hash: str, max_attempts: int, priori
     With ``requester`` (a caller's ``requested_by`` name; ``None``: an admin's call), the job
     takes this call's attempts, priority and budget only if that caller asked for it: another's
     job is queued again with its own (a write token re-queued anyone's failed job with 100
-    attempts and its own priority and budget); one of no recorded requester (queued before
-    requesters were) with its priority and attempts no more than ``caps`` (a flood's job queued
-    before the bounds came back at priority 1000 with 100 attempts). The job re-opened is then
+    attempts and its own priority and budget), its priority and attempts no more than ``caps``
+    (a flood's job queued before the bounds came back at priority 1000 with 100 attempts; an
+    admin's cancelled job, asked for again by a write token, at the admin's 500, that token's
+    then to cancel). The job re-opened is then
     ``requester``'s, counted among its open jobs, whose cap the caller checked (it counted as
     its first requester's, past that one's cap). Returns how many it queued (0 or 1)."""
     asked: dict[str, Any] = {"max_attempts": max_attempts, "priority": priority,
@@ -96,10 +97,9 @@ def requeue_failed(session: Session, *, key_hash: str, max_attempts: int, priori
     if requester is not None:
         own = JobRow.requested_by == requester
         kept: dict[str, Any] = {name: getattr(JobRow, name) for name in asked}
-        if caps is not None:
+        if caps is not None:  # another's job becomes this caller's: within its bounds
             for name, cap in zip(("priority", "max_attempts"), caps, strict=True):
-                unknown = JobRow.requested_by.is_(None)
-                kept[name] = case((and_(unknown, kept[name] > cap), cap), else_=kept[name])
+                kept[name] = case((kept[name] > cap, cap), else_=kept[name])
         asked = {name: case((own, value), else_=kept[name]) for name, value in asked.items()}
     return _set(session, [JobRow.key_hash == key_hash, JobRow.state == "failed"], state="queued",
                 attempts=0, **asked, **opened, **NO_LEASE)  # fmt: skip
@@ -361,6 +361,12 @@ def release(session: Session, *, job_id: int, worker: str, holder: int | None) -
 
 
 CANCELLED = "cancelled by "  # a cancelled job's error: this, then the name of its canceller
+
+
+def cancelled(job: JobRow) -> bool:
+    """Whether ``job`` ended cancelled: its error the server's words saying so (a worker's
+    report of an attempt may say anything)."""
+    return job.state == "failed" and job.error_by == SERVER and job.error.startswith(CANCELLED)
 
 
 def cancel(session: Session, *, job_id: int, requester: str | None, by: str) -> JobRow | None:

@@ -116,6 +116,10 @@ class WorkerCalls:
         json = body.model_dump(mode="json", by_alias=True)
         return self._job("POST", "/v1/jobs", JobEnqueued, json=json)
 
+    def get_job(self, job_id: int) -> JobPublic:
+        """The job ``job_id`` as the server holds it now."""
+        return self._job("GET", f"/v1/jobs/{job_id}", JobPublic)
+
     def cancel_job(self, job_id: int) -> JobPublic:
         """Cancels an open job this token queued (an admin token: any): it ends ``failed``,
         "cancelled by" this token; a worker running it loses its lease. Asking for its key

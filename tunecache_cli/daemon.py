@@ -78,7 +78,7 @@ def register(commands: Any) -> None:
 
 def _packages(text: str | None) -> tuple[str, ...]:
     """``--kernels``: package names, each found here (before anything asks the server)."""
-    from tuner.daemon import importable
+    from tuner.kernel_versions import importable
 
     if text is None:
         return ()

@@ -415,6 +415,8 @@ def run(args: argparse.Namespace) -> int:
     if args.cancel:
         from tunecache_cli.pretune_cancel import cancel
 
+        if args.json or args.no_wait:
+            raise InvalidInput("--cancel queues and follows nothing: no --json or --no-wait")
         preflight(server_url(args), "write", "cancelling jobs")
         with Client(server_url(args)) as client:
             return cancel(client, manifest)

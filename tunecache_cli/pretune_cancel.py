@@ -41,6 +41,8 @@ def cancel(client: Any, manifest: Any) -> int:
             if exc.status_code == 403 and not exc.foreign:  # another caller queued it
                 theirs.append(keys[job.key_hash])
             elif exc.status_code != 409:  # 409: it ended meanwhile (done, failed)
+                print(f"{counted(cancelled, 'job')} cancelled before this error",
+                      file=sys.stderr)  # fmt: skip
                 raise
             continue
         cancelled += 1

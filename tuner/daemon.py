@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import platform
@@ -25,7 +24,6 @@ import secrets
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -35,13 +33,14 @@ from tunecache.configcheck import as_run
 from tunecache.device import local_device
 from tunecache.errors import InvalidInput, ServerError, SourcesChanged, TuningError, one_line
 from tunecache.jobs import MAX_CLAIM_SOURCES, MAX_JOB_PAGE, JobPublic
-from tunecache.kernels import BACKENDS, builtin_names, get_kernel
+from tunecache.kernels import BACKENDS, get_kernel
 from tunecache.key import DEVICE_KINDS, Key, kernel_module, key_for
 from tunecache.outbox import Later
 from tunecache.pages import fetch_first
 from tuner.handed import unasked
 from tuner.harness import Harness
-from tuner.polling import leased, passing, poll, release
+from tuner.kernel_versions import builtin_versions, changed_on_disk, importable
+from tuner.polling import Ended, ended, leased, passing, poll, release
 from tuner.tune import TuneOptions, tune
 
 logger = logging.getLogger(__name__)
@@ -103,48 +102,6 @@ MAX_RUNS_ONCE = 3  # runs of one job a --once worker makes (a failed job's retri
 # Jobs in a row failing as nothing foresaw after which the daemon stops: a fault of its own (a
 # broken install) failed every job it claimed, each spending an attempt.
 MAX_INTERNAL_ERRORS = 3
-
-
-def importable(packages: Sequence[str]) -> tuple[str, ...]:
-    """``packages`` when each is a package name a claim may carry and its top-level package can
-    be found here (found, not imported: nothing runs yet).
-
-    Raises:
-        InvalidInput: naming one that is not, so no job for it is claimed only to fail.
-    """
-    from pydantic import ValidationError
-
-    from tunecache.jobs import ClaimRequest
-
-    try:  # what a claim carries
-        ClaimRequest(worker="-", kernel_packages=list(packages))
-    except ValidationError:
-        raise InvalidInput(f"kernel packages {', '.join(packages)}: expected at most 64 dotted "
-                           "package names (letters, digits, _)") from None  # fmt: skip
-    for package in packages:
-        top = package.partition(".")[0]
-        if importlib.util.find_spec(top) is None:
-            raise InvalidInput(f"kernel package {top!r} cannot be imported here (not installed, "
-                               f"and not in the current directory)")  # fmt: skip
-    return tuple(packages)
-
-
-def builtin_versions(backends: Sequence[str]) -> dict[tuple[str, str], str]:
-    """The source hash here of each built-in kernel on each of ``backends`` it runs on."""
-    specs = [get_kernel(name) for name in builtin_names()]
-    return {(s.name, b): s.source_hash(b) for s in specs for b in backends if b in s.dtypes}
-
-
-def changed_on_disk(versions: dict[tuple[str, str], str]) -> str | None:
-    """Why this process's kernels are not those on disk now (``None``: they are): a pull under
-    a running daemon tuned the new code, in the processes its harness starts, under the
-    version it had read, served to processes of that version, never checked with its code."""
-    for (kernel, backend), read in versions.items():
-        if (now := get_kernel(kernel).source_hash(backend, now=True)) != read:
-            return (f"{kernel}'s sources for {backend} changed on disk since this daemon read "
-                    f"them (source hash {read}, now {now}): it would tune the new code under "
-                    "the old version's keys; restart it")  # fmt: skip
-    return None
 
 
 class Worker:
@@ -252,8 +209,8 @@ class Daemon(Worker):
 
         Raises:
             SourcesChanged: a kernel's sources changed on disk since this daemon read them
-                (:func:`changed_on_disk`): it stops, claiming nothing (the records tuned
-                before are sent; a job tuned as they changed was failed).
+                (:func:`tuner.kernel_versions.changed_on_disk`): it stops, claiming nothing
+                (the records tuned before are sent; a job tuned as they changed was failed).
         """
         self.send_unsent()
         if (why := changed_on_disk(self.versions)) is not None:
@@ -405,17 +362,17 @@ class Daemon(Worker):
             if (why := self.refused(job.key.kernel) or unasked(job, *asked)) is not None:
                 raise InvalidInput(why)
             key = self.local_key(job)
-            strategy = job.strategy or self.options.strategy  # the job's, else the daemon's
-            most = max(self.options.max_trials, self.options.trials)
-            budget = Budget(trials=min(job.trials or self.options.trials, most),
-                            seconds=self.options.job_seconds)  # fmt: skip
-            options = TuneOptions(strategy=strategy, workers=self.options.workers,
-                                  refused=self.rejected_at(job, key))  # fmt: skip
-            with leased(self.client, job, self.worker, self.options.lease_seconds):
+            budget, options = self.plan(job, key)
+            with leased(self.client, job, self.worker, self.options.lease_seconds) as lease:
                 tuning = True
-                outcome = tune(key, budget, options, harness=harness)
+                outcome = tune(key, budget, options, harness=harness, progress=lease.check)
             if (why := changed_on_disk(self.versions)) is not None:  # a pull meanwhile: the
                 raise SourcesChanged(why)  # harness may have tuned the new code (the claim stops)
+        except Ended as exc:  # cancelled meanwhile: nothing it finds would answer the job
+            logger.warning("job %d: tune stopped: %s", job.id, exc)
+            self._did(job, f"stopped its tune ({exc})")
+            harness.restart(busy_only=True)
+            return True
         except (InvalidInput, TuningError, ServerError) as exc:
             self.give_back(job, exc)
             if tuning and not isinstance(exc, InvalidInput):
@@ -444,6 +401,17 @@ class Daemon(Worker):
             logger.warning("job %d: tuned, but the server does not answer (%s): the record "
                            "waits, sent before the next claim", job.id, exc)  # fmt: skip
         return True
+
+    def plan(self, job: JobPublic, key: Key) -> tuple[Budget, TuneOptions]:
+        """How ``job`` is tuned: its strategy and trials, else this daemon's (at most its
+        ``max_trials``), within ``job_seconds``; the configs rejected at ``key`` left out."""
+        most = max(self.options.max_trials, self.options.trials)
+        budget = Budget(trials=min(job.trials or self.options.trials, most),
+                        seconds=self.options.job_seconds)  # fmt: skip
+        options = TuneOptions(strategy=job.strategy or self.options.strategy,
+                              workers=self.options.workers,
+                              refused=self.rejected_at(job, key))  # fmt: skip
+        return budget, options
 
     def handed_again(self, job: JobPublic) -> str | None:
         """``once``: why ``job``, claimed before in this run, is not run again (``None``: it may
@@ -492,7 +460,8 @@ class Daemon(Worker):
             logger.warning("job %d: record #%d stored, job not completed: %s", job.id,
                            record_id, exc)  # fmt: skip
             self._did(job, f"stored record #{record_id} for it, its completion refused ({exc})")
-            self.give_back(job, exc)
+            if exc.status_code != 409 or ended(self.client, job.id) is None:  # not cancelled,
+                self.give_back(job, exc)  # nor answered meanwhile: failed, as it had not ended
             return
         self.done.append(record_id)
         self._did(job, f"completed it with record #{record_id}")

@@ -9,12 +9,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TypeVar
 
 from tunecache.client import Client
-from tunecache.errors import ServerError
+from tunecache.errors import ServerError, TuningError
 from tunecache.jobs import JobPublic
 from tunecache.server_source import unreachable
+from tunecache.strict import shown
 from tunecache.verification import VerifyTask
 
 logger = logging.getLogger("tuner.daemon")  # the daemon's log, which its command shows
@@ -84,15 +86,42 @@ def poll(claim: Callable[[], T | None], work: Callable[[T], object], *,
             failures = 0
 
 
+class Ended(TuningError):
+    """The job ended on the server while it ran here (cancelled, or answered by another): its
+    tune stopped at its next step, as nothing it found would answer the job."""
+
+
+@dataclass
+class Lease:
+    """A lease :func:`leased` renews: ``ended`` says why the job ended on the server while it
+    ran here (``None``: it has not)."""
+
+    ended: str | None = None
+
+    def check(self, _progress: object = None) -> None:
+        """Raises :class:`Ended` once the job has ended on the server (a tune's progress
+        callback: the tune stops at its next step).
+
+        Raises:
+            Ended: the job was cancelled, or answered by another, while it ran here.
+        """
+        if self.ended is not None:
+            raise Ended(self.ended)
+
+
 @contextlib.contextmanager
 def leased(client: Client, held: JobPublic | VerifyTask, worker: str,
-           seconds: float) -> Iterator[None]:  # fmt: skip
+           seconds: float) -> Iterator[Lease]:  # fmt: skip
     """Renews the lease of ``held`` (a job, a record to verify) every third of ``seconds``
     while the block runs: while the server does not answer (:func:`passing`), asked again
     each time; refused (the lease lost, the token refused, a server with no such route), said
-    once and not asked again (a lost lease was warned of every third of the lease)."""
+    once and not asked again (a lost lease was warned of every third of the lease). A job
+    refused as no longer running because it ended on the server (cancelled: ``pretune
+    --cancel``; answered by another) sets the :class:`Lease`'s ``ended``: before, its worker
+    tuned it to the end, and every daemon's time went on a cancelled manifest's running jobs."""
     done = threading.Event()
     what, number = _named(held)
+    lease = Lease()
 
     def renewing() -> None:
         while not done.wait(seconds / 3):
@@ -105,16 +134,31 @@ def leased(client: Client, held: JobPublic | VerifyTask, worker: str,
                 if done.is_set():  # the block ended meanwhile (its job completed: a 409)
                     return
                 logger.warning("%s: lease not renewed: %s", what, exc)
+                if exc.status_code == 409 and isinstance(held, JobPublic):
+                    lease.ended = ended(client, number)
                 if not passing(exc):
                     return
 
     thread = threading.Thread(target=renewing, daemon=True, name=f"lease-{what}")
     thread.start()
     try:
-        yield
+        yield lease
     finally:
         done.set()
         thread.join(timeout=5)
+
+
+def ended(client: Client, job_id: int) -> str | None:
+    """Why job ``job_id`` ended on the server (``failed``: cancelled, say; ``done``), or
+    ``None`` (it runs on, under another's lease; the server does not say)."""
+    try:
+        job = client.get_job(job_id)
+    except ServerError:
+        return None
+    if job.state not in ("failed", "done"):
+        return None
+    why = shown(job.error.splitlines()[0][:200]) if job.error.strip() else "no error given"
+    return f"it ended on the server while it ran here ({job.state}: {why})"
 
 
 def _named(held: JobPublic | VerifyTask) -> tuple[str, int]:

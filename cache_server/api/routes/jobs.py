@@ -87,8 +87,8 @@ def _held(job: JobRow | None, job_id: int, session: SessionDep) -> JobPublic:
     cancelled job's worker is told so: not a lease lost to another)."""
     if job is None:
         why = "is not running under a lease of this worker and this token"
-        now = jobs.get_job(session, job_id=job_id)
-        if now is not None and now.state == "failed" and now.error.startswith(jobs.CANCELLED):
+        now = session.get(JobRow, job_id, populate_existing=True)  # not a copy read before
+        if now is not None and jobs.cancelled(now):
             why = f"was {now.error}: it is not to be run"
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} {why}")
     return public(job)
@@ -343,15 +343,15 @@ def cancel(job_id: IdPath, session: SessionDep, token: WriteAccess) -> JobPublic
     if job is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
     mine = None if _holder(token) is None else f"token:{token.id}"
-    if mine is not None and job.requested_by != mine:
+    if job.state in ("queued", "running") and mine is not None and job.requested_by != mine:
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"job {job_id} was queued by another "
                             "caller: only it or an admin token may cancel it")  # fmt: skip
     cancelled = jobs.cancel(session, job_id=job_id, requester=mine, by=token.name)
-    if cancelled is None:
-        state = session.get(JobRow, job_id, populate_existing=True)
-        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is "
-                            f"{state.state if state else 'gone'}: only a queued or running job "
-                            "can be cancelled")  # fmt: skip
+    if cancelled is None:  # ended (before, or meanwhile), or another's since
+        now = session.get(JobRow, job_id, populate_existing=True)
+        state = now.state if now is not None else "gone"
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is {state}: only a queued "
+                            "or running job of this caller can be cancelled")  # fmt: skip
     quota.charge(session, token, quota.text_bytes(cancelled.error), quota=None)  # the last lock
     return public(cancelled)
 
