@@ -25,7 +25,8 @@ from cache_server.leases import token_live
 from cache_server.models import JobRow, RecordRow, TokenRow, utcnow
 from cache_server.settings import VERSION_WAIT_SECONDS
 from tunecache.canonical import canonical_json
-from tunecache.jobs import MISS_SOURCE
+from tunecache.jobs import CANCELLED, MISS_SOURCE
+from tunecache.jobs import cancelled as was_cancelled
 from tunecache.key import Key, kernel_module
 
 
@@ -75,34 +76,33 @@ def _set(session: Session, where: Sequence[Any], **values: Any) -> int:
 
 
 def requeue_failed(session: Session, *, key_hash: str, max_attempts: int, priority: int,
-                   strategy: str | None, trials: int | None, requester: str | None = None,
+                   strategy: str | None, trials: int | None, requester: str,
                    caps: tuple[int, int] | None = None) -> int:  # fmt: skip
     """Queues again, with fresh attempts, the job of ``key_hash`` if it failed (ran out of its
     attempts; its last error kept, until an attempt ends): a caller asking for the key again
     (``tunecache pretune``, ``POST /v1/jobs``) after what failed was mended, or after a token
     spent its attempts on leases it let expire, is not answered with the old failure for ever.
 
-    With ``requester`` (a caller's ``requested_by`` name; ``None``: an admin's call), the job
-    takes this call's attempts, priority and budget only if that caller asked for it: another's
-    job is queued again with its own (a write token re-queued anyone's failed job with 100
-    attempts and its own priority and budget), its priority and attempts no more than ``caps``
-    (a flood's job queued before the bounds came back at priority 1000 with 100 attempts; an
-    admin's cancelled job, asked for again by a write token, at the admin's 500, that token's
-    then to cancel). The job re-opened is then
-    ``requester``'s, counted among its open jobs, whose cap the caller checked (it counted as
-    its first requester's, past that one's cap). Returns how many it queued (0 or 1)."""
+    The job re-opened is ``requester``'s (a caller's ``requested_by`` name), counted among its
+    open jobs, whose cap the caller checked (it counted as its first requester's, past that
+    one's cap). With ``caps`` (a non-admin's call), it takes this call's attempts, priority and
+    budget only if that caller asked for it: another's job is queued again with its own (a write
+    token re-queued anyone's failed job with 100 attempts and its own priority and budget), its
+    priority and attempts no more than ``caps`` (a flood's job queued before the bounds came
+    back at priority 1000 with 100 attempts; an admin's cancelled job, asked for again by a
+    write token, at the admin's 500). Without (an admin's call), this call's, whoever queued it
+    (an admin asking again for a write token's job left it that token's, uncapped). Returns how
+    many it queued (0 or 1)."""
     asked: dict[str, Any] = {"max_attempts": max_attempts, "priority": priority,
                              "strategy": strategy, "trials": trials}  # fmt: skip
-    opened: dict[str, Any] = {} if requester is None else {"requested_by": requester}
-    if requester is not None:
+    if caps is not None:
         own = JobRow.requested_by == requester
         kept: dict[str, Any] = {name: getattr(JobRow, name) for name in asked}
-        if caps is not None:  # another's job becomes this caller's: within its bounds
-            for name, cap in zip(("priority", "max_attempts"), caps, strict=True):
-                kept[name] = case((kept[name] > cap, cap), else_=kept[name])
+        for name, cap in zip(("priority", "max_attempts"), caps, strict=True):
+            kept[name] = case((kept[name] > cap, cap), else_=kept[name])
         asked = {name: case((own, value), else_=kept[name]) for name, value in asked.items()}
     return _set(session, [JobRow.key_hash == key_hash, JobRow.state == "failed"], state="queued",
-                attempts=0, **asked, **opened, **NO_LEASE)  # fmt: skip
+                attempts=0, requested_by=requester, **asked, **NO_LEASE)  # fmt: skip
 
 
 # A lease given back before its attempt ended: queued again, claimable at once, the attempt its
@@ -360,13 +360,9 @@ def release(session: Session, *, job_id: int, worker: str, holder: int | None) -
     return _change(session, job_id, worker, holder, **_GIVEN_BACK)
 
 
-CANCELLED = "cancelled by "  # a cancelled job's error: this, then the name of its canceller
-
-
 def cancelled(job: JobRow) -> bool:
-    """Whether ``job`` ended cancelled: its error the server's words saying so (a worker's
-    report of an attempt may say anything)."""
-    return job.state == "failed" and job.error_by == SERVER and job.error.startswith(CANCELLED)
+    """Whether ``job`` ended cancelled (:func:`tunecache.jobs.cancelled`)."""
+    return was_cancelled(job.state, job.error, job.error_by)
 
 
 def cancel(session: Session, *, job_id: int, requester: str | None, by: str) -> JobRow | None:

@@ -382,6 +382,25 @@ def test_a_batch_prefetched_when_the_search_stops_is_dropped() -> None:
     assert prefetched[-1] == [] and prefetched[-2] == [7, 8]  # asked, never evaluated
 
 
+def test_a_batch_prefetched_when_the_progress_callback_stops_the_search_is_dropped() -> None:
+    """A cancelled job's daemon stops its tune from the progress callback: before, the batch
+    compiling ahead stayed in the farm's queue, ahead of the next job's first batch."""
+    space = SearchSpace({"BLOCK": tuple(range(1, 41))})
+    prefetched: list[list[int]] = []
+
+    def evaluate(configs: list[Config]) -> list[Trial]:
+        return [Trial(config=c.to_json(), status="ok", time_ms=1.0) for c in configs]
+
+    def cancelled(_: object) -> None:
+        raise RuntimeError("cancelled")
+
+    with pytest.raises(RuntimeError, match="cancelled"):
+        run_search(get_strategy("exhaustive", space), evaluate, Budget(trials=40), batch_size=2,
+                   progress=cancelled,
+                   prefetch=lambda cs: prefetched.append([int(c["BLOCK"]) for c in cs]))  # fmt: skip
+    assert prefetched == [[1, 2], [3, 4], []]  # the batch after the first, taken back
+
+
 # -- out of resources at load ---------------------------------------------------------------
 
 

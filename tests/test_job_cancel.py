@@ -95,6 +95,38 @@ def test_an_admins_cancelled_job_asked_for_again_is_the_askers_within_its_bounds
         assert http.post(f"/v1/jobs/{job['id']}/cancel", headers=writer).status_code == 200
 
 
+def test_an_admin_asking_again_for_anothers_job_makes_it_its_own(any_server: LiveServer) -> None:
+    """Before, it stayed the write token's, at the admin's priority and attempts: that token's
+    to cancel, counted among its open jobs past its cap."""
+    writer = _bearer(issue_token(any_server.url, "write"))
+    key = {"key": make_key(m=45).to_json()}
+    with httpx.Client(base_url=any_server.url, timeout=30) as http:
+        job = http.post("/v1/jobs", json=key, headers=writer).json()["job"]
+        assert http.post(f"/v1/jobs/{job['id']}/cancel", headers=writer).status_code == 200
+        again = http.post("/v1/jobs", json={**key, "priority": 500}, headers=AUTH).json()["job"]
+        assert (again["state"], again["priority"]) == ("queued", 500)
+        assert http.post(f"/v1/jobs/{job['id']}/cancel", headers=writer).status_code == 403
+
+
+def test_only_a_cancelled_or_answered_job_stops_its_workers_tune(server: LiveServer) -> None:
+    """A worker cut off past its last attempt's lease (the job failed by the lapse) stores what
+    it tuned, served for the key: before the fix under review it stopped as if cancelled."""
+    from tuner.polling import ended
+
+    with Client(server.url) as client:
+        lapsed = client.create_job(make_key(m=46), max_attempts=1).job
+        claimed = client.claim_job("w1", lease_seconds=1)
+        assert claimed is not None and claimed.id == lapsed.id
+        time.sleep(1.5)
+        assert client.claim_job("w2") is None  # the lapse fails the job: its last attempt
+        assert client.get_job(lapsed.id).state == "failed"
+        assert ended(client, lapsed.id) is None
+        cancelled = client.create_job(make_key(m=47)).job
+        client.cancel_job(cancelled.id)
+        why = ended(client, cancelled.id)
+        assert why is not None and "(failed: cancelled by " in why
+
+
 def test_a_workers_own_words_do_not_read_as_a_cancel(any_server: LiveServer) -> None:
     """Only the server's words say a job was cancelled: a worker's last error saying "cancelled
     by admin" made another worker's 409 say an admin had cancelled the job."""

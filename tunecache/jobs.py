@@ -50,6 +50,13 @@ MAX_CLAIM_SOURCES = 256
 
 
 MISS_SOURCE = "miss"
+CANCELLED = "cancelled by "  # a cancelled job's error: this, then the name of its canceller
+
+
+def cancelled(state: str, error: str, error_by: str | None) -> bool:
+    """Whether a job of ``state``, ``error`` and ``error_by`` ended cancelled: its error the
+    server's own words (``error_by`` ``""``) saying so; a worker's report may say anything."""
+    return state == "failed" and error_by == "" and error.startswith(CANCELLED)
 
 
 def _not_a_miss_source(value: str) -> str:

@@ -177,6 +177,7 @@ class Daemon(Worker):
         self.options = options
         self.done: list[int] = []  # record ids stored, in order
         self.failed: list[int] = []  # job ids given back as failed
+        self.stopped: list[int] = []  # job ids whose tune stopped: cancelled meanwhile
         # job id -> (its attempts when last claimed, runs, what this run did with it): --once
         self.seen: dict[int, tuple[int, int, str]] = {}
         self.unsent: list[tuple[JobPublic, Later, float]] = []  # tuned while the server was down
@@ -370,6 +371,7 @@ class Daemon(Worker):
                 raise SourcesChanged(why)  # harness may have tuned the new code (the claim stops)
         except Ended as exc:  # cancelled meanwhile: nothing it finds would answer the job
             logger.warning("job %d: tune stopped: %s", job.id, exc)
+            self.stopped.append(job.id)
             self._did(job, f"stopped its tune ({exc})")
             harness.restart(busy_only=True)
             return True

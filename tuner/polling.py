@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from tunecache.client import Client
 from tunecache.errors import ServerError, TuningError
-from tunecache.jobs import JobPublic
+from tunecache.jobs import JobPublic, cancelled
 from tunecache.server_source import unreachable
 from tunecache.strict import shown
 from tunecache.verification import VerifyTask
@@ -88,7 +88,7 @@ def poll(claim: Callable[[], T | None], work: Callable[[T], object], *,
 
 class Ended(TuningError):
     """The job ended on the server while it ran here (cancelled, or answered by another): its
-    tune stopped at its next step, as nothing it found would answer the job."""
+    tune stopped at its next step, as nothing it found was wanted."""
 
 
 @dataclass
@@ -149,13 +149,15 @@ def leased(client: Client, held: JobPublic | VerifyTask, worker: str,
 
 
 def ended(client: Client, job_id: int) -> str | None:
-    """Why job ``job_id`` ended on the server (``failed``: cancelled, say; ``done``), or
-    ``None`` (it runs on, under another's lease; the server does not say)."""
+    """Why job ``job_id`` ended on the server so that nothing this worker finds is wanted
+    (cancelled; done: answered by another's upload), or ``None``: it runs on (under another's
+    lease), failed otherwise (its last attempt's lease lapsed while this worker was cut off:
+    its record is still worth storing, served for the key), or the server does not say."""
     try:
         job = client.get_job(job_id)
     except ServerError:
         return None
-    if job.state not in ("failed", "done"):
+    if job.state != "done" and not cancelled(job.state, job.error, job.error_by):
         return None
     why = shown(job.error.splitlines()[0][:200]) if job.error.strip() else "no error given"
     return f"it ended on the server while it ran here ({job.state}: {why})"

@@ -146,24 +146,25 @@ def run_search(
     started = searching if started is None else started
     log = SearchLog(strategy=getattr(strategy, "name", type(strategy).__name__))
     streak, asker = _Streak(), _Asker(strategy, prefetch, log, clock)
-    per_candidate = 0.0  # seconds, as the last batch took them
-    total = _total(strategy, budget)
-    while True:
-        size = min(batch_size, budget.trials - len(log))
-        ahead = per_candidate * size + (after() if after is not None else 0.0)
-        reason = _should_stop(log, budget, streak.stale, clock() - started, ahead)
-        if reason is None:
-            batch, exhausted = asker.take(size, batch_size, budget.trials - len(log))
-            spent = _evaluate(batch, evaluate, strategy, streak, log, clock, set_up)
-            per_candidate = per_candidate if spent is None else spent
-            if batch and progress is not None:
-                progress(Progress(len(log), total, streak.best,
-                                  f"{log.strategy}: {batch[-1]}"))  # fmt: skip
-            reason = "exhausted" if exhausted else None
-        if reason is not None:
-            asker.close()
-            log.stopped_because = reason
-            break
+    per_candidate, total = 0.0, _total(strategy, budget)  # per_candidate: the last batch's s
+    try:  # an error too (a cancelled job's progress) takes back the configs compiling ahead
+        while True:
+            size = min(batch_size, budget.trials - len(log))
+            ahead = per_candidate * size + (after() if after is not None else 0.0)
+            reason = _should_stop(log, budget, streak.stale, clock() - started, ahead)
+            if reason is None:
+                batch, exhausted = asker.take(size, batch_size, budget.trials - len(log))
+                spent = _evaluate(batch, evaluate, strategy, streak, log, clock, set_up)
+                per_candidate = per_candidate if spent is None else spent
+                if batch and progress is not None:
+                    progress(Progress(len(log), total, streak.best,
+                                      f"{log.strategy}: {batch[-1]}"))  # fmt: skip
+                reason = "exhausted" if exhausted else None
+            if reason is not None:
+                log.stopped_because = reason
+                break
+    finally:
+        asker.close()
     log.seconds = clock() - searching
     if logger.isEnabledFor(logging.DEBUG):  # asks ``after`` again: only when it is shown
         _say_stopped(log, clock() - started, per_candidate * size, after)

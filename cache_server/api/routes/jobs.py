@@ -139,8 +139,9 @@ def create_job(
             _check_open_jobs(session, settings, token)
     jobs.requeue_failed(session, key_hash=key_hash, max_attempts=max_attempts, priority=priority,
                         strategy=request.strategy, trials=request.trials,
-                        requester=None if admin else who,
-                        caps=(settings.job_priority_max, settings.job_attempts_max))  # fmt: skip
+                        requester=who,
+                        caps=None if admin else (settings.job_priority_max,
+                                                 settings.job_attempts_max))  # fmt: skip
     job, created = jobs.enqueue(
         session,
         request.key.to_key(),
