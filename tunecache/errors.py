@@ -47,7 +47,7 @@ class TuningError(TunecacheError):
 
 class SourcesChanged(TuningError):
     """A kernel's files changed on disk under a worker that had read them: it stops, whether it
-    was tuning or idle (``tuner.daemon.changed_on_disk``)."""
+    was tuning or idle (``tuner.kernel_versions.changed_on_disk``)."""
 
 
 class CheckUnavailable(TunecacheError):

@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         daemon = Daemon(client, options)
         _until_stopped(daemon)
     done = len(daemon.done)
-    stopped = f", {len(daemon.stopped)} stopped (cancelled)" if daemon.stopped else ""
+    stopped = f", {len(daemon.stopped)} stopped (ended on the server)" if daemon.stopped else ""
     print(f"daemon {daemon.worker}: {done} job{'' if done == 1 else 's'} completed, "
           f"{len(daemon.failed)} failed{stopped}", file=sys.stderr)  # fmt: skip
     return 1 if args.once and daemon.failed else 0  # --once: a script can tell it went wrong

@@ -116,8 +116,9 @@ def create_job(
     response: Response,
 ) -> JobEnqueued:
     """Queues a tuning job for a key; an existing job for the key is returned instead (200), a
-    failed one queued again first: with this request's attempts, priority and budget if this
-    token queued it (or is an admin's), else with its own.
+    failed (or cancelled) one queued again first, this token's from then on: with this request's
+    attempts, priority and budget if this token queued it (or is an admin's), else with its own
+    within this token's bounds.
 
     A non-admin token's job gets at most the server's ``job_priority_max`` priority and
     ``job_attempts_max`` attempts (more is lowered to them: the answer's job shows what it
