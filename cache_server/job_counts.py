@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from cache_server.models import JobRow
 from cache_server.twins import lock_slot
+from tunecache.jobs import OPEN_STATES
 
 
 def count_created(
@@ -53,7 +54,7 @@ MISS_BUDGET_SLOT = 256  # past the keys' slots (0-255: cache_server.twins.lock_k
 def count_open(session: Session, *, requested_by: str) -> int:
     """The open (queued or running) jobs ``requested_by`` asked for, whatever their source."""
     stmt = select(func.count()).where(
-        JobRow.requested_by == requested_by, JobRow.state.in_(("queued", "running"))
+        JobRow.requested_by == requested_by, JobRow.state.in_(OPEN_STATES)
     )
     return session.scalar(stmt) or 0
 

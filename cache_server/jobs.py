@@ -25,8 +25,7 @@ from cache_server.leases import token_live
 from cache_server.models import JobRow, RecordRow, TokenRow, utcnow
 from cache_server.settings import VERSION_WAIT_SECONDS
 from tunecache.canonical import canonical_json
-from tunecache.jobs import CANCELLED, MISS_SOURCE
-from tunecache.jobs import cancelled as was_cancelled
+from tunecache.jobs import CANCELLED, MISS_SOURCE, OPEN_STATES
 from tunecache.key import Key, kernel_module
 
 
@@ -257,7 +256,7 @@ def _fairest(session: Session, now: datetime, fits: Sequence[ColumnElement[bool]
     other = aliased(JobRow)
     theirs = func.coalesce(other.requested_by, "")
     open_by = (select(theirs.label("name"), func.count().label("n"))
-               .where(other.state.in_(("queued", "running"))).group_by(theirs)
+               .where(other.state.in_(OPEN_STATES)).group_by(theirs)
                .subquery("open_by"))  # fmt: skip
     requesters = fewest_first(session, waiting, open_by, FAIREST_TRIED)
     return [_oldest(now, fits, JobRow.priority == top,
@@ -360,11 +359,6 @@ def release(session: Session, *, job_id: int, worker: str, holder: int | None) -
     return _change(session, job_id, worker, holder, **_GIVEN_BACK)
 
 
-def cancelled(job: JobRow) -> bool:
-    """Whether ``job`` ended cancelled (:func:`tunecache.jobs.cancelled`)."""
-    return was_cancelled(job.state, job.error, job.error_by)
-
-
 def cancel(session: Session, *, job_id: int, requester: str | None, by: str) -> JobRow | None:
     """Ends job ``job_id``, if open (queued or running), as ``failed``, its error "cancelled by
     ``by``" (a token's name), its lease dropped, its attempts as they were: no worker claims it
@@ -372,7 +366,7 @@ def cancel(session: Session, *, job_id: int, requester: str | None, by: str) -> 
     for its key again queues it again (:func:`requeue_failed`). ``requester``: the caller it
     must have been queued by (``None``: an admin's call, any job). ``None`` if no such open job
     was changed."""
-    where = [JobRow.id == job_id, JobRow.state.in_(("queued", "running"))]
+    where = [JobRow.id == job_id, JobRow.state.in_(OPEN_STATES)]
     if requester is not None:
         where.append(JobRow.requested_by == requester)
     if not _set(session, where, state="failed", error=CANCELLED + by, error_by=SERVER, **NO_LEASE):

@@ -5,7 +5,7 @@ The queue itself is :mod:`cache_server.jobs` (server) and :mod:`tuner.daemon` (w
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 from pydantic import ConfigDict, Field, field_validator
 
@@ -50,13 +50,23 @@ MAX_CLAIM_SOURCES = 256
 
 
 MISS_SOURCE = "miss"
+OPEN_STATES = ("queued", "running")  # a job not ended: claimable, or worked on
 CANCELLED = "cancelled by "  # a cancelled job's error: this, then the name of its canceller
 
 
-def cancelled(state: str, error: str, error_by: str | None) -> bool:
-    """Whether a job of ``state``, ``error`` and ``error_by`` ended cancelled: its error the
-    server's own words (``error_by`` ``""``) saying so; a worker's report may say anything."""
-    return state == "failed" and error_by == "" and error.startswith(CANCELLED)
+class _Ended(Protocol):
+    @property
+    def state(self) -> str: ...
+    @property
+    def error(self) -> str: ...
+    @property
+    def error_by(self) -> str | None: ...
+
+
+def cancelled(job: _Ended) -> bool:
+    """Whether ``job`` (as stored, or as answered) ended cancelled: its error the server's own
+    words (``error_by`` ``""``) saying so; a worker's report may say anything."""
+    return job.state == "failed" and job.error_by == "" and job.error.startswith(CANCELLED)
 
 
 def _not_a_miss_source(value: str) -> str:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from tunecache.jobs import OPEN_STATES
 from tunecache_cli.job_reads import all_jobs
 from tunecache_cli.table import counted, shown
 
-OPEN = ("queued", "running")
 NAMED = 5  # keys named of the jobs left open; the rest counted
 
 
@@ -32,7 +32,7 @@ def cancel(client: Any, manifest: Any) -> int:
 
     keys = {key.digest(): key for key in manifest.keys}
     jobs = all_jobs(client, list(keys))
-    open_jobs = [job for digest, job in jobs.items() if digest in keys and job.state in OPEN]
+    open_jobs = [job for digest, job in jobs.items() if digest in keys and job.state in OPEN_STATES]
     cancelled, theirs = 0, []
     for job in open_jobs:
         try:

@@ -157,7 +157,7 @@ def ended(client: Client, job_id: int) -> str | None:
         job = client.get_job(job_id)
     except ServerError:
         return None
-    if job.state != "done" and not cancelled(job.state, job.error, job.error_by):
+    if job.state != "done" and not cancelled(job):
         return None
     why = shown(job.error.splitlines()[0][:200]) if job.error.strip() else "no error given"
     return f"it ended on the server while it ran here ({job.state}: {why})"

@@ -24,6 +24,7 @@ from tunecache.jobs import (
     MAX_JOB_PAGE,
     MAX_LISTED_KEYS,
     MISS_SOURCE,
+    OPEN_STATES,
     ClaimRequest,
     JobCreate,
     JobDone,
@@ -35,6 +36,7 @@ from tunecache.jobs import (
     KeyHash,
     LeaseRelease,
     LeaseRequest,
+    cancelled,
 )
 from tunecache.kernels import KERNEL_REF, builtin_problem, registered
 from tunecache.key_model import KeyModel
@@ -88,7 +90,7 @@ def _held(job: JobRow | None, job_id: int, session: SessionDep) -> JobPublic:
     if job is None:
         why = "is not running under a lease of this worker and this token"
         now = session.get(JobRow, job_id, populate_existing=True)  # not a copy read before
-        if now is not None and jobs.cancelled(now):
+        if now is not None and cancelled(now):
             why = f"was {now.error}: it is not to be run"
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} {why}")
     return public(job)
@@ -345,7 +347,7 @@ def cancel(job_id: IdPath, session: SessionDep, token: WriteAccess) -> JobPublic
     if job is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id}")
     mine = None if _holder(token) is None else f"token:{token.id}"
-    if job.state in ("queued", "running") and mine is not None and job.requested_by != mine:
+    if job.state in OPEN_STATES and mine is not None and job.requested_by != mine:
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"job {job_id} was queued by another "
                             "caller: only it or an admin token may cancel it")  # fmt: skip
     cancelled = jobs.cancel(session, job_id=job_id, requester=mine, by=token.name)
